@@ -1,0 +1,1 @@
+//! Ginza policies: pure code, no I/O (see DESIGN.md, "The core allocator").

@@ -1,0 +1,1 @@
+//! Ginza runtime (being written).

@@ -1,0 +1,2 @@
+//! Discrete-event simulator over `ginza-policy`.
+pub mod cli;
