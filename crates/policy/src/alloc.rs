@@ -1,0 +1,718 @@
+//! Core allocation between applications (Shenango §4.1): congestion
+//! detection (Algorithm 1), core and kthread selection (Algorithm 2), and the
+//! `static` and `slow` baselines, all behind [`CoreAllocator`].
+//!
+//! The caller (iokerneld, or the simulator) builds an [`AppSnap`] per
+//! application from the per-kthread shared-memory lines, calls
+//! [`CoreAllocator::pass`], and carries out the [`Decision`]s. Applications
+//! and kthreads are named by their index in the snapshot slices; an
+//! application's `key` must stay stable across passes (congestion detection
+//! remembers the previous pass per key).
+
+use std::collections::HashMap;
+
+use crate::rng::SplitMix64;
+use crate::Time;
+
+pub type CoreId = usize;
+
+/// The counters of one kthread's queue line. Each is a free-running
+/// sequence number: `tail` counts items ever pushed, `head` items ever taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    pub rq_head: u32,
+    pub rq_tail: u32,
+    pub in_head: u32,
+    pub in_tail: u32,
+}
+
+/// `a` is strictly before `b` in wrapping sequence space.
+fn seq_before(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) > 0
+}
+
+impl QueueCounters {
+    /// Something is queued now (runqueue or ingress).
+    pub fn has_items(&self) -> bool {
+        self.rq_head != self.rq_tail || self.in_head != self.in_tail
+    }
+
+    /// An item that was already queued at the previous pass is still queued:
+    /// the consumer has not reached the producer's previous position.
+    pub fn congested_since(&self, prev: &QueueCounters) -> bool {
+        seq_before(self.rq_head, prev.rq_tail) || seq_before(self.in_head, prev.in_tail)
+    }
+}
+
+/// One kthread as iokerneld sees it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KthreadSnap {
+    pub counters: QueueCounters,
+    /// The core it holds (runs on, or has been granted and is waking on).
+    pub core: Option<CoreId>,
+    /// Parked: holds no core and waits for a grant (only parked kthreads can
+    /// be woken; one being preempted is neither active nor parked).
+    pub parked: bool,
+    /// When it parked; Algorithm 2 wakes the one parked longest.
+    pub parked_since: Time,
+    /// The core it last ran on.
+    pub last_core: Option<CoreId>,
+    /// Cumulative useful (busy) time, for the utilization-based `slow` policy.
+    pub busy_time: Time,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppClass {
+    /// May preempt bursting cores of other applications.
+    LatencyCritical,
+    /// Best effort: takes idle cores only, never preempts.
+    Batch,
+}
+
+/// One application as iokerneld sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AppSnap {
+    /// Stable identity across passes.
+    pub key: u64,
+    pub class: AppClass,
+    /// Cores never preempted (the sum over apps must not exceed the cores).
+    pub guaranteed: usize,
+    pub max_cores: usize,
+    pub kthreads: Vec<KthreadSnap>,
+    /// Earliest pending timer of a parked application.
+    pub next_timer: Option<Time>,
+    /// The core this application most recently gave up.
+    pub last_yielded_core: Option<CoreId>,
+}
+
+impl AppSnap {
+    fn active(&self) -> usize {
+        self.kthreads.iter().filter(|k| k.core.is_some()).count()
+    }
+}
+
+/// Cores managed by the allocator: `0..n_cores`, with hyperthread siblings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    pub n_cores: usize,
+    pub sibling: Vec<Option<CoreId>>,
+}
+
+impl Topology {
+    /// No hyperthreads.
+    pub fn flat(n_cores: usize) -> Self {
+        Self { n_cores, sibling: vec![None; n_cores] }
+    }
+
+    /// Cores `2i` and `2i+1` are siblings.
+    pub fn paired(n_cores: usize) -> Self {
+        let sibling = (0..n_cores).map(|c| Some(c ^ 1).filter(|&s| s < n_cores)).collect();
+        Self { n_cores, sibling }
+    }
+}
+
+/// What the caller must do. A `Preempt` followed by a `Grant` of the same
+/// core means: take the core from the victim, then hand it over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Grant { app: usize, kthread: usize, core: CoreId },
+    Preempt { app: usize, kthread: usize, core: CoreId },
+}
+
+/// A core allocation policy.
+pub trait CoreAllocator {
+    /// How often the caller should run [`CoreAllocator::pass`].
+    fn interval(&self) -> Time;
+    /// One allocation pass; decisions are appended to `out`.
+    fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>);
+}
+
+/// Working state of one pass: who owns which core, updated as decisions are
+/// made so two grants in a pass never pick the same core.
+struct Board {
+    owner: Vec<Option<(usize, usize)>>,
+    active: Vec<usize>,
+    taken: Vec<Vec<bool>>,
+}
+
+impl Board {
+    fn build(topo: &Topology, apps: &[AppSnap]) -> Board {
+        let mut b = Board { owner: vec![None; topo.n_cores], active: Vec::new(), taken: Vec::new() };
+        b.taken.resize_with(apps.len(), Vec::new);
+        for (a, app) in apps.iter().enumerate() {
+            b.active.push(app.active());
+            b.taken[a].clear();
+            b.taken[a].resize(app.kthreads.len(), false);
+            for (k, kt) in app.kthreads.iter().enumerate() {
+                if let Some(c) = kt.core {
+                    if c < topo.n_cores {
+                        b.owner[c] = Some((a, k));
+                    }
+                }
+            }
+        }
+        b
+    }
+
+    fn n_idle(&self) -> usize {
+        self.owner.iter().filter(|o| o.is_none()).count()
+    }
+
+    fn bursting(&self, apps: &[AppSnap], a: usize) -> bool {
+        self.active[a] > apps[a].guaranteed
+    }
+
+    /// Algorithm 2, CANBEALLOCATED, for requester `req`.
+    fn can_be_allocated(&self, apps: &[AppSnap], req: usize, core: CoreId) -> bool {
+        match self.owner.get(core) {
+            None => false,
+            Some(None) => true,
+            Some(Some((a, _))) => {
+                *a != req
+                    && apps[req].class == AppClass::LatencyCritical
+                    && self.n_idle() == 0
+                    && self.bursting(apps, *a)
+            }
+        }
+    }
+
+    /// Algorithm 2, SELECTCORE.
+    fn select_core(&self, topo: &Topology, apps: &[AppSnap], req: usize, rng: &mut SplitMix64) -> Option<CoreId> {
+        for (c, o) in self.owner.iter().enumerate() {
+            if matches!(o, Some((a, _)) if *a == req) {
+                if let Some(s) = topo.sibling.get(c).copied().flatten() {
+                    if self.can_be_allocated(apps, req, s) {
+                        return Some(s);
+                    }
+                }
+            }
+        }
+        if let Some(r) = apps[req].last_yielded_core {
+            if self.can_be_allocated(apps, req, r) {
+                return Some(r);
+            }
+        }
+        if let Some(c) = self.owner.iter().position(|o| o.is_none()) {
+            return Some(c);
+        }
+        if apps[req].class != AppClass::LatencyCritical {
+            return None;
+        }
+        let victims: Vec<usize> = (0..apps.len()).filter(|&a| a != req && self.bursting(apps, a)).collect();
+        if victims.is_empty() {
+            return None;
+        }
+        let v = victims[rng.below(victims.len())];
+        let cores: Vec<CoreId> = (0..self.owner.len()).filter(|&c| matches!(self.owner[c], Some((a, _)) if a == v)).collect();
+        Some(cores[rng.below(cores.len())])
+    }
+
+    /// Algorithm 2, kthread choice: the parked kthread that last ran on
+    /// `core`, else the one parked longest.
+    fn select_kthread(&self, apps: &[AppSnap], req: usize, core: CoreId) -> Option<usize> {
+        let eligible = |k: &usize| {
+            let kt = &apps[req].kthreads[*k];
+            kt.parked && kt.core.is_none() && !self.taken[req][*k]
+        };
+        let ks = 0..apps[req].kthreads.len();
+        ks.clone()
+            .filter(eligible)
+            .find(|&k| apps[req].kthreads[k].last_core == Some(core))
+            .or_else(|| ks.filter(eligible).min_by_key(|&k| apps[req].kthreads[k].parked_since))
+    }
+
+    /// Tries to give `req` one more core; records the decisions.
+    fn grant_one(
+        &mut self,
+        topo: &Topology,
+        apps: &[AppSnap],
+        req: usize,
+        rng: &mut SplitMix64,
+        out: &mut Vec<Decision>,
+    ) -> bool {
+        if self.active[req] >= apps[req].max_cores {
+            return false;
+        }
+        let Some(core) = self.select_core(topo, apps, req, rng) else { return false };
+        let Some(k) = self.select_kthread(apps, req, core) else { return false };
+        if let Some((va, vk)) = self.owner[core] {
+            out.push(Decision::Preempt { app: va, kthread: vk, core });
+            self.active[va] -= 1;
+        }
+        out.push(Decision::Grant { app: req, kthread: k, core });
+        self.owner[core] = Some((req, k));
+        self.taken[req][k] = true;
+        self.active[req] += 1;
+        true
+    }
+}
+
+/// Shenango's allocator: Algorithm 1 every `interval`, Algorithm 2 to choose.
+#[derive(Debug)]
+pub struct Shenango {
+    interval: Time,
+    rng: SplitMix64,
+    prev: HashMap<u64, Vec<QueueCounters>>,
+}
+
+impl Shenango {
+    /// `interval`: congestion-detection period (Shenango: 5 µs); `seed`
+    /// drives the random choice of a bursting victim.
+    pub fn new(interval: Time, seed: u64) -> Self {
+        Self { interval, rng: SplitMix64::new(seed), prev: HashMap::new() }
+    }
+}
+
+impl CoreAllocator for Shenango {
+    fn interval(&self) -> Time {
+        self.interval
+    }
+
+    fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>) {
+        let mut b = Board::build(topo, apps);
+        for (a, app) in apps.iter().enumerate() {
+            let prev = self.prev.entry(app.key).or_default();
+            prev.resize(app.kthreads.len(), QueueCounters::default());
+            let want = if b.active[a] == 0 {
+                // No core: queued work or an expired timer gets one at once.
+                app.kthreads.iter().any(|k| k.counters.has_items()) || app.next_timer.is_some_and(|t| t <= now)
+            } else {
+                // Algorithm 1: an item seen at two consecutive passes.
+                app.kthreads
+                    .iter()
+                    .zip(prev.iter())
+                    .any(|(k, p)| k.core.is_some() && k.counters.congested_since(p))
+            };
+            for (p, k) in prev.iter_mut().zip(&app.kthreads) {
+                *p = k.counters;
+            }
+            if want {
+                b.grant_one(topo, apps, a, &mut self.rng, out);
+            }
+        }
+        // Forget applications that are gone.
+        if self.prev.len() > apps.len() {
+            self.prev.retain(|key, _| apps.iter().any(|a| a.key == *key));
+        }
+    }
+}
+
+/// ZygOS-like static provisioning: each application gets `guaranteed`
+/// spinning cores once and keeps them.
+#[derive(Debug)]
+pub struct Static {
+    interval: Time,
+    rng: SplitMix64,
+}
+
+impl Static {
+    pub fn new(interval: Time) -> Self {
+        Self { interval, rng: SplitMix64::new(0) }
+    }
+}
+
+impl CoreAllocator for Static {
+    fn interval(&self) -> Time {
+        self.interval
+    }
+
+    fn pass(&mut self, _now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>) {
+        let mut b = Board::build(topo, apps);
+        for a in 0..apps.len() {
+            while b.active[a] < apps[a].guaranteed && b.n_idle() > 0 {
+                if !b.grant_one(topo, apps, a, &mut self.rng, out) {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Arachne-like slow allocator: every `period`, sets each application's
+/// cores to `ceil(utilization / target_util)` (between guaranteed and max),
+/// from the busy time it used in the last period. Latency-critical
+/// applications are served first and may take bursting cores of others.
+#[derive(Debug)]
+pub struct Slow {
+    period: Time,
+    target_util: f64,
+    last: Option<Time>,
+    prev_busy: HashMap<u64, Time>,
+    rng: SplitMix64,
+}
+
+impl Slow {
+    pub fn new(period: Time, target_util: f64, seed: u64) -> Self {
+        assert!(target_util > 0.0 && target_util <= 1.0);
+        Self { period, target_util, last: None, prev_busy: HashMap::new(), rng: SplitMix64::new(seed) }
+    }
+
+    fn want(&self, app: &AppSnap, busy: Time, elapsed: Time) -> usize {
+        let used = busy as f64 / elapsed.max(1) as f64;
+        let mut want = (used / self.target_util).ceil() as usize;
+        if app.kthreads.iter().any(|k| k.counters.has_items()) {
+            want = want.max(1);
+        }
+        want.clamp(app.guaranteed, app.max_cores.max(app.guaranteed))
+    }
+}
+
+impl CoreAllocator for Slow {
+    fn interval(&self) -> Time {
+        self.period
+    }
+
+    fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>) {
+        let elapsed = match self.last {
+            Some(l) if now.saturating_sub(l) < self.period => return,
+            Some(l) => now - l,
+            None => self.period,
+        };
+        self.last = Some(now);
+        let mut wants = Vec::with_capacity(apps.len());
+        for app in apps {
+            let busy: Time = app.kthreads.iter().map(|k| k.busy_time).sum();
+            let prev = self.prev_busy.insert(app.key, busy);
+            let w = match prev {
+                Some(p) => self.want(app, busy.saturating_sub(p), elapsed),
+                // First look: start from whatever demand is visible.
+                None => self.want(app, 0, elapsed).max(app.active()),
+            };
+            wants.push(w);
+        }
+        let mut b = Board::build(topo, apps);
+        // Release surplus first so that others can take idle cores.
+        for (a, app) in apps.iter().enumerate() {
+            let mut extra = b.active[a].saturating_sub(wants[a]);
+            for (k, kt) in app.kthreads.iter().enumerate().rev() {
+                if extra == 0 {
+                    break;
+                }
+                if let Some(core) = kt.core {
+                    out.push(Decision::Preempt { app: a, kthread: k, core });
+                    b.owner[core] = None;
+                    b.active[a] -= 1;
+                    extra -= 1;
+                }
+            }
+        }
+        let mut order: Vec<usize> = (0..apps.len()).collect();
+        order.sort_by_key(|&a| apps[a].class != AppClass::LatencyCritical);
+        for a in order {
+            while b.active[a] < wants[a] {
+                if !b.grant_one(topo, apps, a, &mut self.rng, out) {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parked(since: Time, last: Option<CoreId>) -> KthreadSnap {
+        KthreadSnap { parked: true, parked_since: since, last_core: last, ..Default::default() }
+    }
+
+    fn running(core: CoreId) -> KthreadSnap {
+        KthreadSnap { core: Some(core), last_core: Some(core), ..Default::default() }
+    }
+
+    fn app(key: u64, class: AppClass, guaranteed: usize, kthreads: Vec<KthreadSnap>) -> AppSnap {
+        let max_cores = kthreads.len();
+        AppSnap { key, class, guaranteed, max_cores, kthreads, next_timer: None, last_yielded_core: None }
+    }
+
+    fn lc(key: u64, kthreads: Vec<KthreadSnap>) -> AppSnap {
+        app(key, AppClass::LatencyCritical, 0, kthreads)
+    }
+
+    fn queued(mut k: KthreadSnap, rq: (u32, u32), inq: (u32, u32)) -> KthreadSnap {
+        k.counters = QueueCounters { rq_head: rq.0, rq_tail: rq.1, in_head: inq.0, in_tail: inq.1 };
+        k
+    }
+
+    fn two_passes(alloc: &mut Shenango, topo: &Topology, first: &[AppSnap], second: &[AppSnap]) -> Vec<Decision> {
+        let mut out = Vec::new();
+        alloc.pass(0, topo, first, &mut out);
+        out.clear();
+        alloc.pass(5, topo, second, &mut out);
+        out
+    }
+
+    #[test]
+    fn seq_wraps() {
+        let prev = QueueCounters { rq_head: u32::MAX - 1, rq_tail: 1, ..Default::default() };
+        let now = QueueCounters { rq_head: u32::MAX, rq_tail: 3, ..Default::default() };
+        assert!(now.congested_since(&prev));
+        let now = QueueCounters { rq_head: 1, rq_tail: 3, ..Default::default() };
+        assert!(!now.congested_since(&prev));
+    }
+
+    #[test]
+    fn alg1_item_present_two_passes_grants_one_core() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let a1 = [lc(1, vec![queued(running(0), (10, 12), (0, 0)), parked(0, None)])];
+        let a2 = [lc(1, vec![queued(running(0), (11, 13), (0, 0)), parked(0, None)])];
+        // Head 11 < previous tail 12: an item waited a full interval.
+        let out = two_passes(&mut s, &topo, &a1, &a2);
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
+    }
+
+    #[test]
+    fn alg1_queue_drained_between_passes_is_not_congestion() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let a1 = [lc(1, vec![queued(running(0), (10, 12), (0, 0)), parked(0, None)])];
+        // Everything seen at the first pass was consumed; new items arrived.
+        let a2 = [lc(1, vec![queued(running(0), (12, 15), (0, 0)), parked(0, None)])];
+        assert!(two_passes(&mut s, &topo, &a1, &a2).is_empty());
+    }
+
+    #[test]
+    fn alg1_ingress_queue_counts_too() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let a1 = [lc(1, vec![queued(running(0), (0, 0), (3, 4)), parked(0, None)])];
+        let a2 = [lc(1, vec![queued(running(0), (0, 0), (3, 6)), parked(0, None)])];
+        assert_eq!(two_passes(&mut s, &topo, &a1, &a2).len(), 1);
+    }
+
+    #[test]
+    fn alg1_first_pass_never_congested_for_active_app() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let mut out = Vec::new();
+        s.pass(0, &topo, &[lc(1, vec![queued(running(0), (0, 5), (0, 0)), parked(0, None)])], &mut out);
+        assert!(out.is_empty(), "nothing was seen before");
+    }
+
+    #[test]
+    fn alg1_zero_cores_with_work_granted_at_once() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let mut out = Vec::new();
+        s.pass(0, &topo, &[lc(1, vec![queued(parked(3, None), (0, 0), (0, 1)), parked(1, None)])], &mut out);
+        // Parked longest (since 1) is kthread 1.
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 0 }]);
+    }
+
+    #[test]
+    fn alg1_expired_timer_wakes_parked_app() {
+        let topo = Topology::flat(2);
+        let mut s = Shenango::new(5, 1);
+        let mut a = lc(1, vec![parked(0, None)]);
+        a.next_timer = Some(100);
+        let mut out = Vec::new();
+        s.pass(99, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty(), "timer not yet due");
+        s.pass(100, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 0, core: 0 }]);
+    }
+
+    #[test]
+    fn alg1_idle_app_without_work_gets_nothing() {
+        let topo = Topology::flat(2);
+        let mut s = Shenango::new(5, 1);
+        let mut out = Vec::new();
+        s.pass(0, &topo, &[lc(1, vec![parked(0, None)])], &mut out);
+        s.pass(5, &topo, &[lc(1, vec![parked(0, None)])], &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn alg1_max_cores_caps_grants() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let mut a = lc(1, vec![queued(running(0), (0, 2), (0, 0)), parked(0, None)]);
+        a.max_cores = 1;
+        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
+        assert!(out.is_empty());
+    }
+
+    fn congested_app(key: u64, cores: &[CoreId], spare: usize) -> AppSnap {
+        let mut ks: Vec<KthreadSnap> = cores.iter().map(|&c| queued(running(c), (0, 4), (0, 0))).collect();
+        ks.extend((0..spare).map(|i| parked(i as Time, None)));
+        lc(key, ks)
+    }
+
+    #[test]
+    fn alg2_prefers_hyperthread_sibling() {
+        let topo = Topology::paired(4);
+        let mut s = Shenango::new(5, 1);
+        let mut a = congested_app(1, &[2], 1);
+        a.last_yielded_core = Some(0);
+        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 3 }]);
+    }
+
+    #[test]
+    fn alg2_then_most_recently_yielded_core() {
+        let topo = Topology::paired(4);
+        let mut s = Shenango::new(5, 1);
+        // Sibling 3 is busy with another (non-bursting) app.
+        let other = app(2, AppClass::LatencyCritical, 1, vec![running(3)]);
+        let mut a = congested_app(1, &[2], 1);
+        a.last_yielded_core = Some(1);
+        let apps = [a, other];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
+    }
+
+    #[test]
+    fn alg2_then_any_idle_core() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let other = app(2, AppClass::LatencyCritical, 0, vec![running(0)]);
+        let mut a = congested_app(1, &[1], 1);
+        a.last_yielded_core = Some(0); // taken by `other`, which cannot be preempted while cores idle
+        let apps = [a, other];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 2 }]);
+    }
+
+    #[test]
+    fn alg2_preempts_bursting_app_when_no_idle_core() {
+        let topo = Topology::flat(3);
+        let mut s = Shenango::new(5, 7);
+        let a = congested_app(1, &[0], 1);
+        let batch = app(2, AppClass::Batch, 0, vec![running(1), running(2)]);
+        let apps = [a, batch];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert_eq!(out.len(), 2);
+        let Decision::Preempt { app: 1, core, .. } = out[0] else { panic!("{out:?}") };
+        assert!(core == 1 || core == 2);
+        assert_eq!(out[1], Decision::Grant { app: 0, kthread: 1, core });
+    }
+
+    #[test]
+    fn alg2_guaranteed_cores_never_preempted() {
+        let topo = Topology::flat(3);
+        let mut s = Shenango::new(5, 7);
+        let a = congested_app(1, &[0], 1);
+        let other = app(2, AppClass::LatencyCritical, 2, vec![running(1), running(2)]);
+        let apps = [a, other];
+        assert!(two_passes(&mut s, &topo, &apps, &apps).is_empty());
+    }
+
+    #[test]
+    fn alg2_sibling_of_bursting_app_taken_only_without_idle_cores() {
+        let topo = Topology::paired(4);
+        let mut s = Shenango::new(5, 7);
+        let a = congested_app(1, &[0], 1);
+        let burst = app(2, AppClass::Batch, 0, vec![running(1)]);
+        let apps = [a.clone(), burst.clone()];
+        // Idle cores 2 and 3 exist: do not preempt the sibling.
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 2 }]);
+        // All other cores busy: the sibling of a bursting app is fair game.
+        let filler = app(3, AppClass::LatencyCritical, 2, vec![running(2), running(3)]);
+        let apps = [a, burst, filler];
+        let mut s = Shenango::new(5, 7);
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert_eq!(out[0], Decision::Preempt { app: 1, kthread: 0, core: 1 });
+        assert_eq!(out[1], Decision::Grant { app: 0, kthread: 1, core: 1 });
+    }
+
+    #[test]
+    fn alg2_batch_never_preempts() {
+        let topo = Topology::flat(2);
+        let mut s = Shenango::new(5, 7);
+        let b = app(1, AppClass::Batch, 0, vec![queued(running(0), (0, 1), (0, 0)), parked(0, None)]);
+        let l = lc(2, vec![running(1)]);
+        let apps = [b, l];
+        assert!(two_passes(&mut s, &topo, &apps, &apps).is_empty());
+    }
+
+    #[test]
+    fn alg2_kthread_that_last_ran_on_core_preferred() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let mut a = congested_app(1, &[0], 0);
+        a.kthreads.push(parked(0, Some(3))); // parked longest but ran elsewhere
+        a.kthreads.push(parked(10, Some(1)));
+        a.max_cores = 3;
+        a.last_yielded_core = Some(1);
+        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 2, core: 1 }]);
+    }
+
+    #[test]
+    fn alg2_else_kthread_parked_longest() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let mut a = congested_app(1, &[0], 0);
+        a.kthreads.push(parked(50, Some(3)));
+        a.kthreads.push(parked(10, Some(2)));
+        a.max_cores = 3;
+        // Core 1 is the first idle one; nobody ran there: parked longest (since 10).
+        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
+        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 2, core: 1 }]);
+    }
+
+    #[test]
+    fn alg2_no_parked_kthread_no_grant() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        let a = congested_app(1, &[0, 1], 0);
+        assert!(two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a)).is_empty());
+    }
+
+    #[test]
+    fn victim_choice_is_seeded() {
+        let topo = Topology::flat(4);
+        let a = congested_app(1, &[0], 1);
+        let b1 = app(2, AppClass::Batch, 0, vec![running(1)]);
+        let b2 = app(3, AppClass::Batch, 0, vec![running(2), running(3)]);
+        let apps = [a, b1, b2];
+        let run = |seed| two_passes(&mut Shenango::new(5, seed), &topo, &apps, &apps);
+        assert_eq!(run(42), run(42));
+        let cores: std::collections::HashSet<_> = (0..32)
+            .map(|seed| match run(seed)[0] {
+                Decision::Preempt { core, .. } => core,
+                d => panic!("{d:?}"),
+            })
+            .collect();
+        assert!(cores.len() > 1, "random victims: {cores:?}");
+    }
+
+    #[test]
+    fn static_fills_guaranteed_and_keeps_them() {
+        let topo = Topology::flat(4);
+        let mut st = Static::new(1000);
+        let a = app(1, AppClass::LatencyCritical, 2, vec![parked(0, None), parked(0, None), parked(0, None)]);
+        let mut out = Vec::new();
+        st.pass(0, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(out.len(), 2);
+        let a = app(1, AppClass::LatencyCritical, 2, vec![running(0), running(1), parked(0, None)]);
+        out.clear();
+        st.pass(1000, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn slow_follows_utilization_every_period() {
+        let topo = Topology::flat(8);
+        let mut sl = Slow::new(1000, 0.5, 1);
+        let mut ks = vec![running(0)];
+        ks.extend((0..5).map(|_| parked(0, None)));
+        let mut a = lc(1, ks);
+        let mut out = Vec::new();
+        sl.pass(0, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty(), "first look keeps the current core");
+        // One core fully busy for the period at 50 % target: want 2.
+        a.kthreads[0].busy_time = 1000;
+        sl.pass(500, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty(), "before the period ends nothing changes");
+        sl.pass(1000, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(matches!(out[0], Decision::Grant { app: 0, .. }));
+        // Idle for a period: back to 0 cores (guaranteed 0).
+        out.clear();
+        sl.pass(2000, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(out, vec![Decision::Preempt { app: 0, kthread: 0, core: 0 }]);
+    }
+}
