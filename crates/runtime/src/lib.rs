@@ -1,1 +1,43 @@
-//! Ginza runtime (being written).
+//! The Ginza runtime: the per-application library of kthreads and uthreads
+//! (see DESIGN.md, "The runtime").
+//!
+//! ```no_run
+//! let sum = ginza_runtime::run(ginza_runtime::Config::with_kthreads(2), || {
+//!     let handles: Vec<_> = (0..10u64).map(|i| ginza_runtime::spawn(move || i * i)).collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+//! })
+//! .unwrap();
+//! assert_eq!(sum, 285);
+//! ```
+//!
+//! Standalone mode: the runtime owns a fixed set of kthreads. Cores can be
+//! taken away and given back through [`Handle::revoke`] / [`Handle::grant`],
+//! the same park/unpark path iokerneld drives.
+//!
+//! Caveat of preemption, as in any user-level preemptive scheduler: code
+//! preempted inside a C library call that holds a per-thread lock (stdio,
+//! for instance) may resume on another kthread. Rust allocation is protected
+//! (the global allocator defers preemption); wrap other such calls in
+//! [`without_preemption`].
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod alloc;
+mod arch;
+mod config;
+mod error;
+mod preempt;
+mod runtime;
+mod sched;
+mod signals;
+mod stack;
+pub mod sync;
+mod task;
+
+pub use alloc::PreemptSafeAlloc;
+pub use config::Config;
+pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
+pub use preempt::without_preemption;
+pub use runtime::{run, Handle, KthreadStats};
+pub use sched::{current_kthread_id, sleep, yield_now};
+pub use sync::{Condvar, Mutex, MutexGuard, WaitGroup};
+pub use task::{spawn, JoinHandle};

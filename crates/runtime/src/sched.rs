@@ -1,0 +1,925 @@
+//! The scheduler: uthreads, kthreads, context switches, work stealing,
+//! parking, timers and preemption.
+//!
+//! Invariants that keep switching safe:
+//! * A context is only ever switched out and in with its preemption count
+//!   raised (a new uthread starts at 1, the scheduler context stays at 1,
+//!   a preempted uthread is raised by the signal handler). So a signal that
+//!   lands mid-switch is always deferred.
+//! * A uthread may be pushed to a runqueue *before* it has finished
+//!   switching out (that is how yield and wake-ups stay cheap). Whoever pops
+//!   it waits for its `on_cpu` flag, which the switch clears only after the
+//!   registers are saved.
+//! * Per-kthread state is reached through [`current_kthread`], never through
+//!   a thread-local address a caller might have cached across a switch, and
+//!   only with preemption deferred.
+
+use std::cell::{Cell, UnsafeCell};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::{null, null_mut, NonNull};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release, SeqCst},
+};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+
+use crate::arch;
+use crate::config::Plan;
+use crate::preempt::{self, PreemptState};
+use crate::stack::Stack;
+use crate::sync::spinlock::SpinLock;
+
+/// A user-level thread: a stack, a saved stack pointer, and what to run.
+pub(crate) struct UThread {
+    sp: UnsafeCell<*mut u8>,
+    /// True from the moment a kthread decides to run this context until its
+    /// registers are saved again.
+    on_cpu: AtomicBool,
+    pub(crate) preempt: PreemptState,
+    stack: UnsafeCell<Option<Stack>>,
+    entry: UnsafeCell<Option<Box<dyn FnOnce() + Send>>>,
+    rt: *const Shared,
+}
+
+impl UThread {
+    fn new_boxed(rt: *const Shared, entry: Box<dyn FnOnce() + Send>) -> URef {
+        let u = Box::new(UThread {
+            sp: UnsafeCell::new(null_mut()),
+            on_cpu: AtomicBool::new(false),
+            // New contexts start deferred; their entry lowers the count.
+            preempt: PreemptState::new(1),
+            stack: UnsafeCell::new(None),
+            entry: UnsafeCell::new(Some(entry)),
+            rt,
+        });
+        URef(NonNull::from(Box::leak(u)))
+    }
+
+    /// The scheduler's own context: runs on the kthread's pthread stack.
+    fn scheduler(rt: *const Shared) -> UThread {
+        UThread {
+            sp: UnsafeCell::new(null_mut()),
+            on_cpu: AtomicBool::new(true),
+            preempt: PreemptState::new(1),
+            stack: UnsafeCell::new(None),
+            entry: UnsafeCell::new(None),
+            rt,
+        }
+    }
+}
+
+/// A pointer to a uthread that is in exactly one place: a runqueue, a wait
+/// queue, a timer, or running.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct URef(NonNull<UThread>);
+
+// SAFETY: a URef is a handle that moves between kthreads; the protocol above
+// (on_cpu, single place) ensures only one kthread runs the uthread at a time.
+unsafe impl Send for URef {}
+
+impl URef {
+    fn ptr(self) -> *mut UThread {
+        self.0.as_ptr()
+    }
+}
+
+const RUNNING: u8 = 0;
+const SPINNING: u8 = 1;
+const PARKED: u8 = 2;
+/// A waker has claimed this parked kthread and written its eventfd.
+const WAKING: u8 = 3;
+/// Preempted and parked until granted again (the iokerneld revocation path).
+const REVOKED: u8 = 4;
+
+#[derive(Default)]
+pub(crate) struct KStats {
+    pub(crate) preemptions: AtomicU64,
+    pub(crate) steals: AtomicU64,
+    pub(crate) parks: AtomicU64,
+    pub(crate) revocations: AtomicU64,
+}
+
+/// Owner-only increment of a statistics counter (readers may be elsewhere).
+fn bump(counter: &AtomicU64) {
+    counter.store(counter.load(Relaxed) + 1, Relaxed);
+}
+
+pub(crate) struct KThread {
+    pub(crate) id: usize,
+    pub(crate) core: usize,
+    siblings: Vec<usize>,
+    rt: *const Shared,
+    local: UnsafeCell<Worker<URef>>,
+    stealer: Stealer<URef>,
+    sched: UThread,
+    current: Cell<*mut UThread>,
+    /// A uthread that exited; the next context to run frees its stack.
+    exited: Cell<*mut UThread>,
+    stack_cache: UnsafeCell<Vec<Stack>>,
+    timers: SpinLock<TimerHeap>,
+    /// Earliest timer deadline (ns since the runtime's epoch), u64::MAX if none.
+    next_deadline: AtomicU64,
+    state: AtomicU8,
+    pub(crate) revoke_requested: AtomicBool,
+    eventfd: OwnedFd,
+    pub(crate) tid: AtomicI32,
+    tick: Cell<u32>,
+    rng: Cell<u64>,
+    pub(crate) stats: KStats,
+}
+
+// SAFETY: the Cell/UnsafeCell fields (local, sched, current, exited,
+// stack_cache, tick, rng) are touched only by the kthread's own pthread;
+// everything other threads touch is atomic or behind a lock.
+unsafe impl Sync for KThread {}
+// SAFETY: see Sync; the struct is created on one thread and then shared.
+unsafe impl Send for KThread {}
+
+impl KThread {
+    /// # Safety
+    /// Only the owning kthread may call this.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn local(&self) -> &Worker<URef> {
+        // SAFETY: owner-only per the caller's contract.
+        unsafe { &*self.local.get() }
+    }
+
+    fn sched_ptr(&self) -> *mut UThread {
+        &self.sched as *const UThread as *mut UThread
+    }
+
+    fn rt(&self) -> &Shared {
+        // SAFETY: the Shared outlives its kthreads (run() joins them before dropping it).
+        unsafe { &*self.rt }
+    }
+
+    fn next_random(&self) -> u64 {
+        // xorshift64: only used to pick a steal victim.
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x
+    }
+}
+
+/// Per-kthread timers: a binary heap of (deadline, sequence, uthread).
+#[derive(Default)]
+struct TimerHeap {
+    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
+    seq: u64,
+}
+
+/// State shared by all kthreads of one runtime.
+pub(crate) struct Shared {
+    pub(crate) kthreads: Box<[KThread]>,
+    injector: Injector<URef>,
+    n_spinning: AtomicUsize,
+    n_parked: AtomicUsize,
+    pub(crate) shutdown: AtomicBool,
+    epoch: Instant,
+    stack_size: usize,
+    spin: Duration,
+    wake_cursor: AtomicUsize,
+    self_ref: Weak<Shared>,
+}
+
+impl Shared {
+    pub(crate) fn new(plan: &Plan) -> std::io::Result<Arc<Shared>> {
+        let mut eventfds = Vec::with_capacity(plan.cores.len());
+        for _ in &plan.cores {
+            // SAFETY: eventfd has no memory-safety preconditions.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `fd` is a fresh descriptor we own.
+            eventfds.push(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        }
+        Ok(Arc::new_cyclic(|weak: &Weak<Shared>| {
+            let rt = weak.as_ptr();
+            let kthreads = plan
+                .cores
+                .iter()
+                .zip(eventfds)
+                .enumerate()
+                .map(|(id, (&core, eventfd))| {
+                    let local = Worker::new_fifo();
+                    KThread {
+                        id,
+                        core,
+                        siblings: plan.siblings[id].clone(),
+                        rt,
+                        stealer: local.stealer(),
+                        local: UnsafeCell::new(local),
+                        sched: UThread::scheduler(rt),
+                        current: Cell::new(null_mut()),
+                        exited: Cell::new(null_mut()),
+                        stack_cache: UnsafeCell::new(Vec::new()),
+                        timers: SpinLock::new(TimerHeap::default()),
+                        next_deadline: AtomicU64::new(u64::MAX),
+                        state: AtomicU8::new(RUNNING),
+                        revoke_requested: AtomicBool::new(false),
+                        eventfd,
+                        tid: AtomicI32::new(0),
+                        tick: Cell::new(0),
+                        rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) << 17)),
+                        stats: KStats::default(),
+                    }
+                })
+                .collect();
+            Shared {
+                kthreads,
+                injector: Injector::new(),
+                n_spinning: AtomicUsize::new(0),
+                n_parked: AtomicUsize::new(0),
+                shutdown: AtomicBool::new(false),
+                epoch: Instant::now(),
+                stack_size: plan.stack_size,
+                spin: plan.spin_before_park,
+                wake_cursor: AtomicUsize::new(0),
+                self_ref: weak.clone(),
+            }
+        }))
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) fn arc(&self) -> Option<Arc<Shared>> {
+        self.self_ref.upgrade()
+    }
+
+    /// Wakes one parked kthread if nobody is already looking for work.
+    /// Callers have just published work; the SeqCst fence pairs with the
+    /// one in `park_idle` so that either the parker sees the work or we see
+    /// the parker.
+    fn notify_one(&self) {
+        fence(SeqCst);
+        if self.n_spinning.load(SeqCst) > 0 || self.n_parked.load(SeqCst) == 0 {
+            return;
+        }
+        let n = self.kthreads.len();
+        let start = self.wake_cursor.fetch_add(1, Relaxed);
+        for i in 0..n {
+            let k = &self.kthreads[(start + i) % n];
+            if k.state
+                .compare_exchange(PARKED, WAKING, SeqCst, Relaxed)
+                .is_ok()
+            {
+                self.n_parked.fetch_sub(1, SeqCst);
+                eventfd_signal(k);
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn wake_all_for_shutdown(&self) {
+        self.shutdown.store(true, SeqCst);
+        for k in self.kthreads.iter() {
+            eventfd_signal(k);
+        }
+    }
+
+    /// Work any idle kthread could take right now.
+    fn work_visible(&self, me: &KThread) -> bool {
+        !self.injector.is_empty()
+            || self.kthreads.iter().any(|k| !k.stealer.is_empty())
+            || me.next_deadline.load(Acquire) <= self.now_ns()
+    }
+
+    /// Frees what the runqueues still hold after every kthread has stopped.
+    /// uthreads blocked on a wait queue at this point are unreachable and
+    /// leak, as threads do at process exit.
+    pub(crate) fn drain_after_shutdown(&self) {
+        let free = |u: URef| {
+            // SAFETY: all kthreads have exited, so no context runs; each
+            // URef is in exactly one queue, so it is freed once. A uthread
+            // that had started is dropped without unwinding its stack.
+            unsafe { drop(Box::from_raw(u.ptr())) };
+        };
+        while let Steal::Success(u) = self.injector.steal() {
+            free(u);
+        }
+        for k in self.kthreads.iter() {
+            while let Steal::Success(u) = k.stealer.steal() {
+                free(u);
+            }
+            let mut timers = k.timers.lock();
+            while let Some(Reverse((_, _, addr))) = timers.heap.pop() {
+                free(URef(
+                    NonNull::new(addr as *mut UThread).expect("null timer entry"),
+                ));
+            }
+        }
+    }
+}
+
+fn eventfd_signal(k: &KThread) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
+    unsafe { libc::write(k.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Blocks on the kthread's eventfd until signalled or until `deadline` (ns
+/// since the epoch; u64::MAX for none).
+fn eventfd_wait(k: &KThread, deadline: u64) {
+    let rt = k.rt();
+    let timeout = if deadline == u64::MAX {
+        None
+    } else {
+        let ns = deadline.saturating_sub(rt.now_ns());
+        Some(libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        })
+    };
+    let mut pfd = libc::pollfd {
+        fd: k.eventfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let tp = timeout
+        .as_ref()
+        .map_or(null(), |t| t as *const libc::timespec);
+    // SAFETY: `pfd` and `tp` point to valid values for the call's duration.
+    unsafe { libc::ppoll(&mut pfd, 1, tp, null()) };
+    let mut buf = 0u64;
+    // SAFETY: reading 8 bytes into a valid u64 (non-blocking eventfd).
+    unsafe { libc::read(k.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+}
+
+thread_local! {
+    static KTHREAD: Cell<*const KThread> = const { Cell::new(null()) };
+}
+
+/// The kthread running the caller. Never inlined, so no caller can keep a
+/// thread-local address from before a migration (DESIGN.md, "Per-kthread
+/// state and TLS"). Stable only while preemption is deferred.
+#[inline(never)]
+pub(crate) fn current_kthread() -> *const KThread {
+    KTHREAD.with(|k| k.get())
+}
+
+/// Switches from `from` (running on `k`) to `to`. Both have preemption
+/// deferred. Returns when `from` is resumed — possibly on another kthread.
+///
+/// # Safety
+/// `from` must be the context running on `k`; `to` must be runnable and in no
+/// queue.
+unsafe fn switch_to(k: &KThread, from: *mut UThread, to: *mut UThread) {
+    // SAFETY: `to` is a live context handed to us by a queue or the kthread.
+    let target = unsafe { &*to };
+    if to != k.sched_ptr() {
+        // It may still be saving its registers on another core.
+        while target.on_cpu.load(Acquire) {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the target is not running anywhere, so we own its fields.
+        if unsafe { (*target.stack.get()).is_none() } {
+            // SAFETY: as above; the stack is assigned before first run.
+            unsafe { give_stack(k, to) };
+        }
+    }
+    target.on_cpu.store(true, Relaxed);
+    k.current.set(to);
+    preempt::set_current_state(&target.preempt);
+    // SAFETY: `from` is running here, `to` is suspended with a saved stack
+    // pointer on a mapped stack (or the scheduler's pthread stack).
+    unsafe { arch::switch((*from).sp.get(), *target.sp.get(), &(*from).on_cpu) };
+}
+
+/// Called by a context right after it resumes: frees a uthread that exited
+/// on the way here (its stack could not be freed while in use).
+fn finish_switch() {
+    // SAFETY: preemption is deferred in every context that resumes from a switch.
+    let k = unsafe { &*current_kthread() };
+    let dead = k.exited.replace(null_mut());
+    if !dead.is_null() {
+        // SAFETY: the exited uthread is off-CPU (we are running) and in no queue.
+        let mut u = unsafe { Box::from_raw(dead) };
+        if let Some(stack) = u.stack.get_mut().take() {
+            // SAFETY: owner-only field of the current kthread.
+            let cache = unsafe { &mut *k.stack_cache.get() };
+            if cache.len() < STACK_CACHE {
+                cache.push(stack);
+            }
+        }
+    }
+}
+
+const STACK_CACHE: usize = 64;
+
+/// # Safety
+/// `u` must not be running and must have no stack yet.
+unsafe fn give_stack(k: &KThread, u: *mut UThread) {
+    // SAFETY: owner-only field of the current kthread.
+    let cache = unsafe { &mut *k.stack_cache.get() };
+    let stack = match cache.pop() {
+        Some(s) => s,
+        None => Stack::new(k.rt().stack_size)
+            .unwrap_or_else(|e| crate::signals::fatal(&format!("cannot map a uthread stack: {e}"))),
+    };
+    // SAFETY: the stack is ours and unused; `u` is not running.
+    unsafe {
+        *(*u).sp.get() = arch::init_stack(stack.top(), uthread_entry, u.cast());
+        *(*u).stack.get() = Some(stack);
+    }
+}
+
+/// First Rust code of every uthread.
+unsafe extern "C" fn uthread_entry(arg: *mut u8) -> ! {
+    let u = arg.cast::<UThread>();
+    finish_switch();
+    // SAFETY: `u` is the running uthread; its entry is taken exactly once.
+    let entry = unsafe { (*(*u).entry.get()).take() };
+    // SAFETY: as above; `u` lives until exit below.
+    preempt::enable(unsafe { &(*u).preempt });
+    if let Some(f) = entry {
+        f(); // catches its own panics (see spawn)
+    }
+    preempt::disable();
+    // SAFETY: preemption deferred; we are the current context of this kthread.
+    let k = unsafe { &*current_kthread() };
+    k.exited.set(u);
+    // SAFETY: owner kthread, preemption deferred.
+    let next = unsafe { pick_next(k) };
+    // SAFETY: `u` runs on `k`; `next` is runnable and dequeued.
+    unsafe { switch_to(k, u, next) };
+    crate::signals::fatal("an exited uthread was resumed")
+}
+
+/// The next context for `k`: a local uthread, or the scheduler when the
+/// runqueue is empty or the kthread must stop.
+///
+/// # Safety
+/// Owner kthread only, preemption deferred.
+unsafe fn pick_next(k: &KThread) -> *mut UThread {
+    let rt = k.rt();
+    if k.revoke_requested.load(Relaxed) || rt.shutdown.load(Relaxed) {
+        return k.sched_ptr();
+    }
+    // Do not let a busy runqueue starve this kthread's timers.
+    let tick = k.tick.get().wrapping_add(1);
+    k.tick.set(tick);
+    if tick % 32 == 0 {
+        // SAFETY: owner kthread.
+        unsafe { fire_timers_locally(k, k) };
+    }
+    // SAFETY: owner kthread.
+    match unsafe { k.local() }.pop() {
+        Some(u) => u.ptr(),
+        None => k.sched_ptr(),
+    }
+}
+
+/// Leaves the running uthread `cur` for the next context; returns when `cur`
+/// runs again. The caller has deferred preemption and has already put `cur`
+/// where it will be found (a runqueue, a wait queue, a timer).
+unsafe fn schedule_away(k: &KThread, cur: *mut UThread) {
+    // SAFETY: caller's contract.
+    let next = unsafe { pick_next(k) };
+    if next == cur {
+        return;
+    }
+    // SAFETY: `cur` runs on `k`, `next` was dequeued.
+    unsafe { switch_to(k, cur, next) };
+    finish_switch();
+}
+
+/// Moves due timers of `owner` into the runqueue of `k` (the caller's kthread).
+///
+/// # Safety
+/// `k` must be the current kthread.
+unsafe fn fire_timers_locally(k: &KThread, owner: &KThread) -> usize {
+    // SAFETY: caller's contract: `k` is ours.
+    fire_timers(owner, |u| unsafe { k.local() }.push(u))
+}
+
+fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
+    let now = owner.rt().now_ns();
+    if owner.next_deadline.load(Acquire) > now {
+        return 0;
+    }
+    let Some(mut timers) = owner.timers.try_lock() else {
+        return 0;
+    };
+    let mut fired = 0;
+    while let Some(&Reverse((deadline, _, addr))) = timers.heap.peek() {
+        if deadline > now {
+            break;
+        }
+        timers.heap.pop();
+        sink(URef(
+            NonNull::new(addr as *mut UThread).expect("null timer entry"),
+        ));
+        fired += 1;
+    }
+    let next = timers.heap.peek().map_or(u64::MAX, |Reverse((d, _, _))| *d);
+    owner.next_deadline.store(next, Release);
+    fired
+}
+
+// ---- operations used by uthreads -------------------------------------------
+
+/// The running uthread and its kthread, if the caller is a uthread.
+/// Preemption must be deferred by the caller.
+pub(crate) fn current_uthread() -> Option<URef> {
+    let k = current_kthread();
+    if k.is_null() {
+        return None;
+    }
+    // SAFETY: non-null kthread pointer of the calling thread.
+    let k = unsafe { &*k };
+    let cur = k.current.get();
+    if cur == k.sched_ptr() || cur.is_null() {
+        None
+    } else {
+        NonNull::new(cur).map(URef)
+    }
+}
+
+/// Suspends the running uthread, which the caller has put on a wait queue
+/// with preemption deferred; returns after someone [`wake`]s it.
+pub(crate) fn park_current() {
+    // SAFETY: preemption is deferred by the caller, so the kthread is stable.
+    let k = unsafe { &*current_kthread() };
+    let cur = k.current.get();
+    // SAFETY: `cur` is running on `k` and has been queued by the caller.
+    unsafe { schedule_away(k, cur) };
+}
+
+/// Makes `u` runnable: on the caller's runqueue when it is a kthread of the
+/// same runtime, on the runtime's shared queue otherwise.
+pub(crate) fn wake(u: URef) {
+    let p = preempt::disable();
+    // SAFETY: `u` is a live uthread in no queue (the caller just took it off one).
+    let rt_ptr = unsafe { (*u.ptr()).rt };
+    let k = current_kthread();
+    // SAFETY: the runtime outlives its uthreads' wake-ups (run() waits for main).
+    let rt = unsafe { &*rt_ptr };
+    // SAFETY: non-null kthread of the calling thread, preemption deferred.
+    if !k.is_null() && unsafe { (*k).rt } == rt_ptr {
+        // SAFETY: owner kthread.
+        unsafe { (*k).local() }.push(u);
+    } else {
+        rt.injector.push(u);
+    }
+    rt.notify_one();
+    preempt::enable(p);
+}
+
+/// Cooperative yield: the running uthread goes to the back of its runqueue.
+pub fn yield_now() {
+    let p = preempt::disable();
+    if p.is_null() {
+        std::thread::yield_now();
+        return;
+    }
+    // SAFETY: preemption deferred, so this kthread stays ours.
+    let k = unsafe { &*current_kthread() };
+    let cur = k.current.get();
+    if cur != k.sched_ptr() {
+        // SAFETY: owner kthread; `cur` is the running uthread.
+        unsafe {
+            k.local().push(URef(NonNull::new_unchecked(cur)));
+            schedule_away(k, cur);
+        }
+    }
+    preempt::enable(p);
+}
+
+/// Suspends the running uthread for at least `duration`. Outside a runtime
+/// it sleeps the OS thread.
+pub fn sleep(duration: Duration) {
+    if duration.is_zero() {
+        return yield_now();
+    }
+    let p = preempt::disable();
+    let Some(cur) = current_uthread() else {
+        preempt::enable(p);
+        return std::thread::sleep(duration);
+    };
+    // SAFETY: preemption deferred, so this kthread stays ours.
+    let k = unsafe { &*current_kthread() };
+    let deadline = k
+        .rt()
+        .now_ns()
+        .saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64);
+    {
+        let mut timers = k.timers.lock();
+        timers.seq += 1;
+        let seq = timers.seq;
+        timers
+            .heap
+            .push(Reverse((deadline, seq, cur.ptr() as usize)));
+        if deadline < k.next_deadline.load(Relaxed) {
+            k.next_deadline.store(deadline, Release);
+        }
+    }
+    // SAFETY: `cur` runs on `k` and sits in the timer heap.
+    unsafe { schedule_away(k, cur.ptr()) };
+    preempt::enable(p);
+}
+
+/// Spawns a uthread on the runtime `rt` that runs `entry`.
+pub(crate) fn spawn_erased(rt: *const Shared, entry: Box<dyn FnOnce() + Send>) {
+    wake(UThread::new_boxed(rt, entry));
+}
+
+/// The runtime of the calling kthread, if any.
+pub(crate) fn current_runtime() -> Option<*const Shared> {
+    let k = current_kthread();
+    // SAFETY: a non-null kthread pointer of this thread.
+    (!k.is_null()).then(|| unsafe { (*k).rt })
+}
+
+/// Index of the kthread running the caller (may change at the next
+/// preemption point or yield).
+pub fn current_kthread_id() -> Option<usize> {
+    let k = current_kthread();
+    // SAFETY: a non-null kthread pointer of this thread.
+    (!k.is_null()).then(|| unsafe { (*k).id })
+}
+
+// ---- preemption --------------------------------------------------------------
+
+/// A preemption signal arrived while preemption was deferred in this
+/// context; the section has ended, so apply it now.
+pub(crate) fn apply_pending_preemption(state: *const PreemptState) {
+    // SAFETY: `state` is the running context's (preempt::enable's caller).
+    unsafe { (*state).pending.store(false, Relaxed) };
+    if current_uthread_unchecked_is_some() {
+        if let Some(k) = current_kthread_ref() {
+            bump(&k.stats.preemptions);
+        }
+        yield_now();
+    }
+}
+
+fn current_kthread_ref() -> Option<&'static KThread> {
+    let k = current_kthread();
+    // SAFETY: kthreads live as long as their thread runs code.
+    (!k.is_null()).then(|| unsafe { &*k })
+}
+
+fn current_uthread_unchecked_is_some() -> bool {
+    current_kthread_ref().is_some_and(|k| k.current.get() != k.sched_ptr())
+}
+
+/// Body of the preemption signal handler (runs on the interrupted stack).
+pub(crate) fn preempt_from_signal() {
+    let state = preempt::current_state();
+    let Some(k) = current_kthread_ref() else {
+        return;
+    };
+    if state.is_null() {
+        return;
+    }
+    // SAFETY: CURRENT points to the interrupted context's state.
+    let st = unsafe { &*state };
+    if st.count.load(Relaxed) != 0 {
+        st.pending.store(true, Relaxed);
+        return;
+    }
+    // Interrupted uthread code outside any deferred section (the scheduler's
+    // count never drops to zero). Allocation is a deferred section, so the
+    // runqueue push below cannot re-enter an interrupted allocator.
+    st.count.store(1, Relaxed);
+    bump(&k.stats.preemptions);
+    loop {
+        // SAFETY: preemption deferred; this is the running kthread.
+        let k = unsafe { &*current_kthread() };
+        let cur = k.current.get();
+        // SAFETY: owner kthread; `cur` is the interrupted uthread, now
+        // stealable by others once its registers are saved.
+        unsafe {
+            k.local().push(URef(NonNull::new_unchecked(cur)));
+        }
+        k.rt().notify_one();
+        // SAFETY: `cur` runs on `k`; the scheduler decides whether `k` parks.
+        unsafe { switch_to(k, cur, k.sched_ptr()) };
+        finish_switch();
+        // Resumed, maybe elsewhere. A request that arrived while we were
+        // switching in is honoured before returning to the interrupted code.
+        // SAFETY: preemption deferred.
+        let here = unsafe { &*current_kthread() };
+        if !st.pending.swap(false, Relaxed) && !here.revoke_requested.load(Relaxed) {
+            break;
+        }
+    }
+    st.count.store(0, Relaxed);
+}
+
+/// If `addr` is in the guard page of the running uthread's stack: the
+/// kthread id and the stack's usable size.
+pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
+    let k = current_kthread_ref()?;
+    let cur = k.current.get();
+    if cur.is_null() || cur == k.sched_ptr() {
+        return None;
+    }
+    // SAFETY: the running uthread's stack is not modified while it runs.
+    let stack = unsafe { (*(*cur).stack.get()).as_ref() }?;
+    let (lo, hi) = stack.guard_range();
+    (lo..hi)
+        .contains(&addr)
+        .then(|| (k.id, stack.usable_size()))
+}
+
+// ---- the kthread's own loop -------------------------------------------------------
+
+pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
+    let k = &rt.kthreads[id];
+    if let Err(e) = crate::config::pin_current_thread(k.core) {
+        log::warn!(
+            "kthread {id}: cannot pin to core {}: {e}; running unpinned",
+            k.core
+        );
+    }
+    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack:
+    // 1 ns instead of 50 µs, so sleeps wake on time.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    // SAFETY: gettid has no preconditions.
+    k.tid.store(unsafe { libc::gettid() }, SeqCst);
+    crate::signals::ensure_altstack();
+    KTHREAD.with(|c| c.set(k));
+    k.current.set(k.sched_ptr());
+    preempt::set_current_state(&k.sched.preempt);
+
+    // SAFETY: this is kthread `k`'s own thread.
+    unsafe { scheduler_loop(k) };
+
+    preempt::set_current_state(null());
+    KTHREAD.with(|c| c.set(null()));
+    k.tid.store(0, SeqCst);
+}
+
+/// # Safety
+/// Runs on kthread `k`'s own thread, in its scheduler context.
+unsafe fn scheduler_loop(k: &KThread) {
+    let rt = k.rt();
+    loop {
+        if rt.shutdown.load(Acquire) {
+            break;
+        }
+        k.sched.preempt.pending.store(false, Relaxed);
+        if k.revoke_requested.load(Acquire) {
+            park_revoked(k);
+            continue;
+        }
+        // SAFETY: our own kthread.
+        match unsafe { find_work(k) } {
+            Some(u) => {
+                // SAFETY: `u` was dequeued; we are in the scheduler context.
+                unsafe { switch_to(k, k.sched_ptr(), u.ptr()) };
+                finish_switch();
+            }
+            None => park_idle(k),
+        }
+    }
+}
+
+/// Local runqueue, then timers, then stealing (shared queue, hyperthread
+/// sibling, a random kthread, all of them) for up to `spin_before_park`.
+///
+/// # Safety
+/// Owner kthread, scheduler context.
+unsafe fn find_work(k: &KThread) -> Option<URef> {
+    // SAFETY: owner kthread (caller's contract) for every local() below.
+    let local = unsafe { k.local() };
+    if let Some(u) = local.pop() {
+        return Some(u);
+    }
+    let rt = k.rt();
+    let start = Instant::now();
+    k.state.store(SPINNING, Relaxed);
+    rt.n_spinning.fetch_add(1, SeqCst);
+    let found = loop {
+        if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
+            break None;
+        }
+        // SAFETY: owner kthread.
+        if unsafe { fire_timers_locally(k, k) } > 0 {
+            if let Some(u) = local.pop() {
+                break Some(u);
+            }
+        }
+        if let Some(u) = steal_once(k, local) {
+            bump(&k.stats.steals);
+            break Some(u);
+        }
+        // Timers of kthreads that are revoked or busy.
+        for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
+            // SAFETY: owner kthread.
+            unsafe { fire_timers_locally(k, other) };
+        }
+        if let Some(u) = local.pop() {
+            break Some(u);
+        }
+        if start.elapsed() >= rt.spin {
+            break None;
+        }
+        std::hint::spin_loop();
+    };
+    rt.n_spinning.fetch_sub(1, SeqCst);
+    k.state.store(RUNNING, Relaxed);
+    if found.is_some() && !local.is_empty() {
+        // We took a batch: let a parked kthread help with the rest.
+        rt.notify_one();
+    }
+    found
+}
+
+fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
+    let rt = k.rt();
+    let attempt = |src: &dyn Fn() -> Steal<URef>| loop {
+        match src() {
+            Steal::Success(u) => return Some(u),
+            Steal::Empty => return None,
+            Steal::Retry => std::hint::spin_loop(),
+        }
+    };
+    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local)) {
+        return Some(u);
+    }
+    for &s in &k.siblings {
+        if let Some(u) = attempt(&|| rt.kthreads[s].stealer.steal_batch_and_pop(local)) {
+            return Some(u);
+        }
+    }
+    let n = rt.kthreads.len();
+    if n < 2 {
+        return None;
+    }
+    let start = (k.next_random() % n as u64) as usize;
+    (0..n)
+        .map(|i| (start + i) % n)
+        .filter(|&v| v != k.id)
+        .find_map(|v| attempt(&|| rt.kthreads[v].stealer.steal_batch_and_pop(local)))
+}
+
+/// Parks an idle kthread until work is pushed for it or its next timer is due.
+fn park_idle(k: &KThread) {
+    let rt = k.rt();
+    k.state.store(PARKED, SeqCst);
+    rt.n_parked.fetch_add(1, SeqCst);
+    fence(SeqCst);
+    if !(rt.work_visible(k) || rt.shutdown.load(SeqCst) || k.revoke_requested.load(SeqCst)) {
+        bump(&k.stats.parks);
+        eventfd_wait(k, k.next_deadline.load(Acquire));
+    }
+    if k.state.swap(RUNNING, SeqCst) == PARKED {
+        rt.n_parked.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Parks a revoked kthread until it is granted again. Its timers still fire:
+/// the uthreads they wake go to the shared queue for the active kthreads.
+fn park_revoked(k: &KThread) {
+    let rt = k.rt();
+    bump(&k.stats.revocations);
+    k.state.store(REVOKED, SeqCst);
+    while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
+        eventfd_wait(k, k.next_deadline.load(Acquire));
+        if fire_timers(k, |u| rt.injector.push(u)) > 0 {
+            rt.notify_one();
+        }
+    }
+    k.state.store(RUNNING, SeqCst);
+}
+
+/// Asks kthread `id` to give up its core: a preemption signal makes it save
+/// its uthread where others can steal it, and park until [`grant`].
+pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
+    let k = &rt.kthreads[id];
+    k.revoke_requested.store(true, SeqCst);
+    let tid = k.tid.load(SeqCst);
+    if tid != 0 {
+        crate::signals::send_preempt(tid)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn grant(rt: &Shared, id: usize) {
+    let k = &rt.kthreads[id];
+    k.revoke_requested.store(false, SeqCst);
+    eventfd_signal(k);
+}
+
+pub(crate) fn kthread_state_name(rt: &Shared, id: usize) -> &'static str {
+    match rt.kthreads[id].state.load(Relaxed) {
+        RUNNING => "running",
+        SPINNING => "spinning",
+        PARKED | WAKING => "parked",
+        REVOKED => "revoked",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,228 @@
+//! Signal handlers: preemption (the handler switches away from the
+//! interrupted uthread) and stack-overflow reports (the fault handler runs on
+//! an alternate stack and names the uthread's guard page).
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::sync::Once;
+
+/// The preemption signal. SIGURG's default action is to ignore it, so a
+/// stray one never kills a process.
+pub(crate) const PREEMPT_SIGNAL: libc::c_int = libc::SIGURG;
+
+static INSTALL: Once = Once::new();
+static mut INSTALL_ERROR: Option<i32> = None;
+static mut PREVIOUS_SEGV: MaybeUninit<libc::sigaction> = MaybeUninit::uninit();
+static mut PREVIOUS_BUS: MaybeUninit<libc::sigaction> = MaybeUninit::uninit();
+
+/// Installs the handlers once per process.
+pub(crate) fn install() -> io::Result<()> {
+    INSTALL.call_once(|| {
+        // SAFETY: runs once, before any handler can read PREVIOUS_*; the
+        // handlers are async-signal-safe functions with the SA_SIGINFO signature.
+        unsafe {
+            let result = set_handler(
+                PREEMPT_SIGNAL,
+                on_preempt as *const () as usize,
+                // The handler re-enters the scheduler: it must run on the
+                // interrupted uthread's stack (no SA_ONSTACK), and a nested
+                // request is filtered by the deferral count (SA_NODEFER).
+                libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER,
+                None,
+            )
+            .and_then(|_| {
+                set_handler(
+                    libc::SIGSEGV,
+                    on_fault as *const () as usize,
+                    libc::SA_SIGINFO | libc::SA_ONSTACK,
+                    Some(&raw mut PREVIOUS_SEGV),
+                )
+            })
+            .and_then(|_| {
+                set_handler(
+                    libc::SIGBUS,
+                    on_fault as *const () as usize,
+                    libc::SA_SIGINFO | libc::SA_ONSTACK,
+                    Some(&raw mut PREVIOUS_BUS),
+                )
+            });
+            if let Err(e) = result {
+                INSTALL_ERROR = Some(e.raw_os_error().unwrap_or(libc::EINVAL));
+            }
+        }
+    });
+    // SAFETY: written only inside call_once, which has completed.
+    match unsafe { INSTALL_ERROR } {
+        Some(code) => Err(io::Error::from_raw_os_error(code)),
+        None => Ok(()),
+    }
+}
+
+/// # Safety
+/// `handler` must be a valid SA_SIGINFO handler; `previous` must be writable.
+unsafe fn set_handler(
+    sig: libc::c_int,
+    handler: usize,
+    flags: libc::c_int,
+    previous: Option<*mut MaybeUninit<libc::sigaction>>,
+) -> io::Result<()> {
+    // SAFETY: sigaction is plain data; zeroed is valid before filling it in.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = handler;
+    action.sa_flags = flags;
+    // SAFETY: sa_mask is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    let old = previous.map_or(std::ptr::null_mut(), |p| p.cast::<libc::sigaction>());
+    // SAFETY: `action` is initialised; `old` is null or writable.
+    if unsafe { libc::sigaction(sig, &action, old) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    let errno = unsafe { *libc::__errno_location() };
+    crate::sched::preempt_from_signal();
+    // The uthread may resume on another thread; restore errno there, where
+    // the interrupted code will read it.
+    // SAFETY: as above, for the thread we are on now.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    if let Some((kthread, size)) = crate::sched::guard_page_hit(addr) {
+        let mut msg = Buf::new();
+        msg.push(b"ginza: uthread stack overflow on kthread ");
+        msg.push_num(kthread as u64);
+        msg.push(b" (stack of ");
+        msg.push_num(size as u64);
+        msg.push(b" bytes, fault at 0x");
+        msg.push_hex(addr as u64);
+        msg.push(b"); raise Config::stack_size\n");
+        msg.write_stderr();
+        // SAFETY: abort is async-signal-safe.
+        unsafe { libc::abort() };
+    }
+    // Not ours: hand the fault to whoever had the handler before us.
+    let previous = if sig == libc::SIGSEGV {
+        &raw const PREVIOUS_SEGV
+    } else {
+        &raw const PREVIOUS_BUS
+    };
+    // SAFETY: PREVIOUS_* were written by sigaction before our handler was installed.
+    let prev = unsafe { (*previous).assume_init_ref() };
+    let handler = prev.sa_sigaction;
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // Reinstate the default and return: the fault repeats and kills us
+        // with the right signal.
+        // SAFETY: resetting a handler to SIG_DFL.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed with this signature.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a plain handler installed without SA_SIGINFO.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+}
+
+/// Gives the calling thread an alternate signal stack if it has none, so
+/// the fault handler can run when a stack is exhausted.
+pub(crate) fn ensure_altstack() {
+    // SAFETY: stack_t is plain data; sigaltstack only reads/writes it.
+    unsafe {
+        let mut current: libc::stack_t = std::mem::zeroed();
+        if libc::sigaltstack(std::ptr::null(), &mut current) == 0
+            && current.ss_flags & libc::SS_DISABLE == 0
+        {
+            return;
+        }
+        let size = 64 * 1024;
+        let mem = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if mem == libc::MAP_FAILED {
+            return;
+        }
+        // Deliberately never unmapped: the thread may take a signal until it exits.
+        let stack = libc::stack_t {
+            ss_sp: mem,
+            ss_flags: 0,
+            ss_size: size,
+        };
+        libc::sigaltstack(&stack, std::ptr::null_mut());
+    }
+}
+
+/// Sends the preemption signal to thread `tid` of this process.
+pub(crate) fn send_preempt(tid: libc::pid_t) -> io::Result<()> {
+    // SAFETY: tgkill only sends a signal; a stale tid gets ESRCH.
+    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, PREEMPT_SIGNAL) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reports an unrecoverable runtime failure and aborts.
+pub(crate) fn fatal(message: &str) -> ! {
+    eprintln!("ginza: fatal: {message}");
+    std::process::abort()
+}
+
+/// A fixed buffer for messages built inside signal handlers (no allocation).
+struct Buf {
+    bytes: [u8; 256],
+    len: usize,
+}
+
+impl Buf {
+    fn new() -> Self {
+        Buf {
+            bytes: [0; 256],
+            len: 0,
+        }
+    }
+    fn push(&mut self, s: &[u8]) {
+        let n = s.len().min(self.bytes.len() - self.len);
+        self.bytes[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.len += n;
+    }
+    fn push_num(&mut self, mut v: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+    fn push_hex(&mut self, v: u64) {
+        let mut digits = [0u8; 16];
+        for (i, d) in digits.iter_mut().enumerate() {
+            let nib = (v >> (60 - 4 * i)) & 0xf;
+            *d = b"0123456789abcdef"[nib as usize];
+        }
+        self.push(&digits);
+    }
+    fn write_stderr(&self) {
+        // SAFETY: writing our own initialised bytes; write is async-signal-safe.
+        unsafe { libc::write(2, self.bytes.as_ptr().cast(), self.len) };
+    }
+}
