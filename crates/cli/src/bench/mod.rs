@@ -1,6 +1,29 @@
-//! `ginza bench <experiment>` (being written).
+//! `ginza bench <experiment>`: benchmarks that print Ginza's figures next to
+//! its peers', measured in the same run on the same cores.
+//!
+//! Each experiment is one subcommand with its own arguments; add new ones
+//! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
+
+mod threadops;
+
+/// Run a benchmark and print its figures next to its peers'.
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {}
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("ginza bench is not built yet")
+pub struct BenchArgs {
+    #[command(subcommand)]
+    experiment: Experiment,
+}
+
+/// The experiments `ginza bench` can run.
+#[derive(clap::Subcommand, Debug)]
+enum Experiment {
+    /// Thread operations (spawn+join, yield and condvar ping-pong, uncontended
+    /// mutex) for Ginza uthreads, pthreads, Tokio tasks and Go goroutines.
+    Threadops(threadops::ThreadopsArgs),
+}
+
+/// Runs the experiment named on the command line.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.experiment {
+        Experiment::Threadops(args) => threadops::run(args),
+    }
 }

@@ -1,0 +1,3 @@
+module ginza/bench/peers
+
+go 1.22
