@@ -261,7 +261,13 @@ mod tests {
     #[test]
     fn kthreads_wrap_around_cores_and_find_siblings() {
         // Two physical cores with two hyperthreads each: {0,2} and {1,3}.
-        let sib = |c: usize| if c % 2 == 0 { vec![0, 2] } else { vec![1, 3] };
+        let sib = |c: usize| {
+            if c.is_multiple_of(2) {
+                vec![0, 2]
+            } else {
+                vec![1, 3]
+            }
+        };
         let plan = Config::with_kthreads(6).plan_for(&cpus(4), &sib).unwrap();
         assert_eq!(plan.cores, vec![0, 1, 2, 3, 0, 1]);
         assert_eq!(plan.siblings[0], vec![2]);

@@ -38,6 +38,6 @@ pub use config::Config;
 pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
 pub use preempt::without_preemption;
 pub use runtime::{run, Handle, KthreadStats};
-pub use sched::{current_kthread_id, sleep, yield_now};
+pub use sched::{current_kthread_id, sleep, sleep_until, yield_now};
 pub use sync::{Condvar, Mutex, MutexGuard, WaitGroup};
 pub use task::{spawn, JoinHandle};

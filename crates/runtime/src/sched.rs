@@ -295,6 +295,26 @@ impl Shared {
             || me.next_deadline.load(Acquire) <= self.now_ns()
     }
 
+    fn earliest_deadline(&self) -> u64 {
+        self.kthreads
+            .iter()
+            .map(|k| k.next_deadline.load(Acquire))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// `k` is about to be busy while it has timers pending: make sure an
+    /// idle kthread is awake to fire them on time (it parks with the earliest
+    /// deadline of all kthreads as its timeout).
+    fn watch_timers_of(&self, k: &KThread) {
+        if k.next_deadline.load(Relaxed) != u64::MAX
+            && self.n_spinning.load(Relaxed) == 0
+            && self.n_parked.load(Relaxed) > 0
+        {
+            self.notify_one();
+        }
+    }
+
     /// Frees what the runqueues still hold after every kthread has stopped.
     /// uthreads blocked on a wait queue at this point are unreachable and
     /// leak, as threads do at process exit.
@@ -469,7 +489,7 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
     // Do not let a busy runqueue starve this kthread's timers.
     let tick = k.tick.get().wrapping_add(1);
     k.tick.set(tick);
-    if tick % 32 == 0 {
+    if tick.is_multiple_of(32) {
         // SAFETY: owner kthread.
         unsafe { fire_timers_locally(k, k) };
     }
@@ -602,17 +622,22 @@ pub fn sleep(duration: Duration) {
     if duration.is_zero() {
         return yield_now();
     }
+    sleep_until(Instant::now() + duration);
+}
+
+/// Suspends the running uthread until `deadline` has passed. Outside a
+/// runtime it sleeps the OS thread.
+pub fn sleep_until(deadline: Instant) {
     let p = preempt::disable();
     let Some(cur) = current_uthread() else {
         preempt::enable(p);
-        return std::thread::sleep(duration);
+        return std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
     };
     // SAFETY: preemption deferred, so this kthread stays ours.
     let k = unsafe { &*current_kthread() };
-    let deadline = k
-        .rt()
-        .now_ns()
-        .saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64);
+    let since_epoch = deadline.saturating_duration_since(k.rt().epoch);
+    // Round up: a timer fires at the first check at or past its deadline.
+    let deadline = (since_epoch.as_nanos() + 1).min(u64::MAX as u128) as u64;
     {
         let mut timers = k.timers.lock();
         timers.seq += 1;
@@ -623,6 +648,11 @@ pub fn sleep(duration: Duration) {
         if deadline < k.next_deadline.load(Relaxed) {
             k.next_deadline.store(deadline, Release);
         }
+    }
+    // SAFETY: owner kthread.
+    if !unsafe { k.local() }.is_empty() {
+        // We go on running other uthreads; someone idle should watch the timer.
+        k.rt().watch_timers_of(k);
     }
     // SAFETY: `cur` runs on `k` and sits in the timer heap.
     unsafe { schedule_away(k, cur.ptr()) };
@@ -778,6 +808,7 @@ unsafe fn scheduler_loop(k: &KThread) {
         // SAFETY: our own kthread.
         match unsafe { find_work(k) } {
             Some(u) => {
+                rt.watch_timers_of(k);
                 // SAFETY: `u` was dequeued; we are in the scheduler context.
                 unsafe { switch_to(k, k.sched_ptr(), u.ptr()) };
                 finish_switch();
@@ -874,7 +905,9 @@ fn park_idle(k: &KThread) {
     fence(SeqCst);
     if !(rt.work_visible(k) || rt.shutdown.load(SeqCst) || k.revoke_requested.load(SeqCst)) {
         bump(&k.stats.parks);
-        eventfd_wait(k, k.next_deadline.load(Acquire));
+        // Wake for the earliest timer of any kthread: one that is busy
+        // running a long uthread cannot fire its own.
+        eventfd_wait(k, rt.earliest_deadline());
     }
     if k.state.swap(RUNNING, SeqCst) == PARKED {
         rt.n_parked.fetch_sub(1, SeqCst);
@@ -887,6 +920,11 @@ fn park_revoked(k: &KThread) {
     let rt = k.rt();
     bump(&k.stats.revocations);
     k.state.store(REVOKED, SeqCst);
+    // What is left on our runqueue (the uthread we were running, at least)
+    // must be stolen by a kthread that still has a core.
+    if !k.stealer.is_empty() {
+        rt.notify_one();
+    }
     while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
         eventfd_wait(k, k.next_deadline.load(Acquire));
         if fire_timers(k, |u| rt.injector.push(u)) > 0 {

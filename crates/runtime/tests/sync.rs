@@ -1,0 +1,122 @@
+//! Mutex, Condvar and WaitGroup between uthreads on several kthreads.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use ginza_runtime::{run, spawn, yield_now, Condvar, Config, Mutex, WaitGroup};
+
+#[test]
+fn contended_mutex_counter_is_exact_across_four_kthreads() {
+    const WORKERS: usize = 16;
+    const ROUNDS: usize = 5_000;
+    let (count, kthreads_seen) = run(Config::with_kthreads(4), || {
+        let counter = Arc::new(Mutex::new(0usize));
+        let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+        let hs: Vec<_> = (0..WORKERS)
+            .map(|_| {
+                let (counter, seen) = (counter.clone(), seen.clone());
+                spawn(move || {
+                    for i in 0..ROUNDS {
+                        let mut g = counter.lock();
+                        // A read-modify-write that tears if two holders overlap.
+                        let v = *g;
+                        if i % 64 == 0 {
+                            yield_now(); // hold the lock across a switch now and then
+                        }
+                        *g = v + 1;
+                        drop(g);
+                        seen.lock()
+                            .insert(ginza_runtime::current_kthread_id().unwrap());
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        let n = *counter.lock();
+        let k = seen.lock().len();
+        (n, k)
+    })
+    .unwrap();
+    assert_eq!(count, WORKERS * ROUNDS);
+    assert!(
+        kthreads_seen >= 2,
+        "work ran on only {kthreads_seen} kthread(s)"
+    );
+}
+
+#[test]
+fn condvar_ping_pong_alternates_strictly() {
+    const ROUNDS: usize = 2_000;
+    let trace = run(Config::with_kthreads(2), || {
+        // (whose turn: 0 or 1, trace of who ran)
+        let state = Arc::new((Mutex::new((0usize, Vec::new())), Condvar::new()));
+        let hs: Vec<_> = (0..2usize)
+            .map(|me| {
+                let state = state.clone();
+                spawn(move || {
+                    let (lock, cv) = &*state;
+                    for _ in 0..ROUNDS {
+                        let mut g = cv.wait_while(lock.lock(), |s| s.0 != me);
+                        g.1.push(me);
+                        g.0 = 1 - me;
+                        cv.notify_one();
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        let t = state.0.lock().1.clone();
+        t
+    })
+    .unwrap();
+    assert_eq!(trace.len(), 2 * ROUNDS);
+    assert!(trace.iter().enumerate().all(|(i, &who)| who == i % 2));
+}
+
+#[test]
+fn waitgroup_waits_for_every_task() {
+    let (finished, seen_at_wait) = run(Config::with_kthreads(3), || {
+        let wg = Arc::new(WaitGroup::new());
+        let finished = Arc::new(AtomicUsize::new(0));
+        wg.add(200);
+        for i in 0..200u64 {
+            let (wg, finished) = (wg.clone(), finished.clone());
+            // Detached: only the WaitGroup tells us they are done.
+            drop(spawn(move || {
+                ginza_runtime::sleep(std::time::Duration::from_micros(i % 7 * 50));
+                finished.fetch_add(1, Relaxed);
+                wg.done();
+            }));
+        }
+        wg.wait();
+        let at_wait = finished.load(Relaxed);
+        wg.wait(); // count is zero: returns at once
+        (finished.load(Relaxed), at_wait)
+    })
+    .unwrap();
+    assert_eq!(seen_at_wait, 200);
+    assert_eq!(finished, 200);
+}
+
+#[test]
+fn mutex_works_from_an_ordinary_thread_too() {
+    let m = Arc::new(Mutex::new(1));
+    let m2 = m.clone();
+    let v = run(Config::with_kthreads(1), move || {
+        let g = m2.lock();
+        let outside = {
+            let m3 = m2.clone();
+            std::thread::spawn(move || {
+                *m3.lock() += 10;
+            })
+        };
+        ginza_runtime::sleep(std::time::Duration::from_millis(2));
+        drop(g);
+        outside.join().unwrap();
+        let v = *m2.lock();
+        v
+    })
+    .unwrap();
+    assert_eq!(v, 11);
+    assert_eq!(*m.lock(), 11);
+}
