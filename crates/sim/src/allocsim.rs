@@ -1,0 +1,515 @@
+//! Core allocation between applications over time: one latency-critical
+//! application (Poisson requests, per-kthread queues, work stealing,
+//! parking) and optionally a batch application that takes every core it can,
+//! under a `ginza_policy::alloc` allocator (Shenango, static or slow).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use ginza_policy::alloc::{AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static, Topology};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::dist::{Arrivals, LoadStep, Service};
+use crate::stats::Stats;
+use crate::{ps_to_us, us_to_ps};
+
+/// Which allocator runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum AllocPolicy {
+    /// Congestion detection every `interval_us` (Shenango: 5 µs).
+    Shenango { interval_us: f64 },
+    /// The latency-critical app spins on `guaranteed` cores (ZygOS-like).
+    Static,
+    /// Utilization-based every `period_us` (Arachne-like).
+    Slow { period_us: f64, target_util: f64 },
+}
+
+/// One core-allocation simulation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AllocSim {
+    pub cores: usize,
+    pub policy: AllocPolicy,
+    pub service: Service,
+    /// Latency-critical arrivals (requests per µs, possibly stepping).
+    pub load: Vec<LoadStep>,
+    /// Kthreads (= maximum cores) of the latency-critical app.
+    pub kthreads: usize,
+    #[serde(default)]
+    pub guaranteed: usize,
+    /// Run a batch app that wants every core.
+    #[serde(default)]
+    pub batch: bool,
+    /// From a grant decision until the kthread runs on the core, µs.
+    #[serde(default)]
+    pub grant_latency_us: f64,
+    /// From a preempt decision until the victim has left the core, µs.
+    #[serde(default)]
+    pub preempt_latency_us: f64,
+    /// How long an idle kthread looks for work before it parks, µs.
+    #[serde(default = "default_spin")]
+    pub park_spin_us: f64,
+    /// Simulated time, µs (measurement starts after `warmup_us`).
+    pub duration_us: f64,
+    #[serde(default)]
+    pub warmup_us: f64,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_spin() -> f64 {
+    2.0
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct AllocResult {
+    pub stats: Stats,
+    /// Useful cycles / allocated cycles of the latency-critical app.
+    pub efficiency: f64,
+    /// Mean cores allocated to the latency-critical app.
+    pub mean_cores: f64,
+    /// Batch useful core-time / measured core-time over all cores.
+    pub batch_share: f64,
+    pub grants: u64,
+    pub preemptions: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Tick,
+    Arrival,
+    Core(usize, u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CoreState {
+    Idle,
+    /// Granted, kthread waking until the core event.
+    Waking,
+    /// Running a request (its index in `reqs`), done at the core event.
+    Busy,
+    /// Looking for work; parks at the core event.
+    Spinning,
+    Batch,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Req {
+    arrival: u64,
+    service: u64,
+    remaining: u64,
+}
+
+struct Kt {
+    q: VecDeque<Req>,
+    head: u32,
+    tail: u32,
+    core: Option<usize>,
+    parked_since: u64,
+    last_core: Option<usize>,
+    busy: u64,
+}
+
+struct Core {
+    /// (app, kthread): app 0 is latency-critical, 1 is batch.
+    owner: Option<(usize, usize)>,
+    state: CoreState,
+    gen: u32,
+    running: Option<Req>,
+    started: u64,
+    /// Start of the owner's allocation (for allocated-time accounting).
+    since: u64,
+}
+
+impl AllocSim {
+    fn allocator(&self) -> Box<dyn CoreAllocator> {
+        match &self.policy {
+            AllocPolicy::Shenango { interval_us } => Box::new(Shenango::new(us_to_ps(*interval_us).max(1), self.seed ^ 0x5eed)),
+            AllocPolicy::Static => Box::new(Static::new(us_to_ps(1000.0))),
+            AllocPolicy::Slow { period_us, target_util } => {
+                Box::new(Slow::new(us_to_ps(*period_us).max(1), *target_util, self.seed ^ 0x51))
+            }
+        }
+    }
+
+    /// Runs the simulation.
+    pub fn run(&self) -> AllocResult {
+        Engine::new(self).run()
+    }
+}
+
+struct Engine<'a> {
+    cfg: &'a AllocSim,
+    rng: SmallRng,
+    arrivals: Arrivals,
+    sampler: crate::dist::Sampler,
+    heap: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    seq: u64,
+    cores: Vec<Core>,
+    kts: [Vec<Kt>; 2],
+    last_yielded: [Option<usize>; 2],
+    alloc: Box<dyn CoreAllocator>,
+    topo: Topology,
+    parks: bool,
+    stats: Stats,
+    warm: u64,
+    end: u64,
+    useful: u64,
+    allocated: u64,
+    batch_useful: u64,
+    grants: u64,
+    preemptions: u64,
+    snaps: Vec<AppSnap>,
+    out: Vec<Decision>,
+}
+
+impl<'a> Engine<'a> {
+    fn new(cfg: &'a AllocSim) -> Self {
+        let kt = |_| Kt { q: VecDeque::new(), head: 0, tail: 0, core: None, parked_since: 0, last_core: None, busy: 0 };
+        let lc: Vec<Kt> = (0..cfg.kthreads).map(kt).collect();
+        let batch: Vec<Kt> = if cfg.batch { (0..cfg.cores).map(kt).collect() } else { Vec::new() };
+        Self {
+            cfg,
+            rng: SmallRng::seed_from_u64(cfg.seed),
+            arrivals: Arrivals::steps(&cfg.load),
+            sampler: cfg.service.sampler(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            cores: (0..cfg.cores)
+                .map(|_| Core { owner: None, state: CoreState::Idle, gen: 0, running: None, started: 0, since: 0 })
+                .collect(),
+            kts: [lc, batch],
+            last_yielded: [None, None],
+            alloc: cfg.allocator(),
+            topo: Topology::flat(cfg.cores),
+            parks: matches!(cfg.policy, AllocPolicy::Shenango { .. }),
+            stats: Stats::new(cfg.service.classes(), &[], true),
+            warm: us_to_ps(cfg.warmup_us),
+            end: us_to_ps(cfg.warmup_us + cfg.duration_us),
+            useful: 0,
+            allocated: 0,
+            batch_useful: 0,
+            grants: 0,
+            preemptions: 0,
+            snaps: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((t, self.seq, ev)));
+    }
+
+    /// Time inside the measurement window between a and b.
+    fn window(&self, a: u64, b: u64) -> u64 {
+        b.min(self.end).saturating_sub(a.max(self.warm))
+    }
+
+    fn run(mut self) -> AllocResult {
+        let first = self.arrivals.next(&mut self.rng);
+        self.push(first, Ev::Arrival);
+        self.push(0, Ev::Tick);
+        while let Some(Reverse((now, _, ev))) = self.heap.pop() {
+            if now >= self.end {
+                break;
+            }
+            match ev {
+                Ev::Tick => {
+                    self.pass(now);
+                    let next = now + self.alloc.interval();
+                    self.push(next, Ev::Tick);
+                }
+                Ev::Arrival => {
+                    self.arrive(now);
+                    let t = self.arrivals.next(&mut self.rng);
+                    if t != u64::MAX {
+                        self.push(t, Ev::Arrival);
+                    }
+                }
+                Ev::Core(c, g) if self.cores[c].gen == g => self.core_event(c, now),
+                Ev::Core(..) => {}
+            }
+        }
+        // Close the books on cores still held at the end.
+        for c in 0..self.cores.len() {
+            self.release_accounting(c, self.end);
+        }
+        let span = self.window(0, self.end) as f64 * self.cfg.cores as f64;
+        AllocResult {
+            efficiency: if self.allocated == 0 { 0.0 } else { self.useful as f64 / self.allocated as f64 },
+            mean_cores: self.allocated as f64 / self.window(0, self.end).max(1) as f64,
+            batch_share: if span > 0.0 { self.batch_useful as f64 / span } else { 0.0 },
+            grants: self.grants,
+            preemptions: self.preemptions,
+            stats: self.stats,
+        }
+    }
+
+    fn active_lc(&self) -> impl Iterator<Item = usize> + '_ {
+        self.kts[0].iter().enumerate().filter(|(_, k)| k.core.is_some()).map(|(i, _)| i)
+    }
+
+    fn arrive(&mut self, now: u64) {
+        let (s, _) = self.sampler.sample(&mut self.rng);
+        let svc = us_to_ps(s).max(1);
+        let r = Req { arrival: now, service: svc, remaining: svc };
+        // RSS over the active kthreads (iokerneld steers to running ones).
+        let active: Vec<usize> = self.active_lc().collect();
+        let k = if active.is_empty() { 0 } else { active[self.rng.random_range(0..active.len())] };
+        let kt = &mut self.kts[0][k];
+        kt.q.push_back(r);
+        kt.tail = kt.tail.wrapping_add(1);
+        // A spinning kthread (this one, or any stealer) picks it up at once.
+        let spinner = self.kts[0][k]
+            .core
+            .filter(|&c| self.cores[c].state == CoreState::Spinning)
+            .or_else(|| (0..self.cores.len()).find(|&c| self.cores[c].owner.is_some_and(|o| o.0 == 0) && self.cores[c].state == CoreState::Spinning));
+        if let Some(c) = spinner {
+            self.find_work(c, now);
+        } else if active.is_empty() && self.parks {
+            // A packet for an app with no core: iokerneld runs the policy now.
+            self.pass(now);
+        }
+    }
+
+    /// A core of the LC app looks for work: own queue, then steal from the
+    /// longest queue; else spin (then park) or keep spinning.
+    fn find_work(&mut self, c: usize, now: u64) {
+        let (_, k) = self.cores[c].owner.expect("LC core");
+        let from = if !self.kts[0][k].q.is_empty() {
+            Some(k)
+        } else {
+            (0..self.kts[0].len()).filter(|&j| !self.kts[0][j].q.is_empty()).max_by_key(|&j| self.kts[0][j].q.len())
+        };
+        let core = &mut self.cores[c];
+        core.gen = core.gen.wrapping_add(1);
+        let g = core.gen;
+        match from {
+            Some(j) => {
+                let kt = &mut self.kts[0][j];
+                let r = kt.q.pop_front().expect("non-empty");
+                kt.head = kt.head.wrapping_add(1);
+                core.state = CoreState::Busy;
+                core.started = now;
+                core.running = Some(r);
+                self.push(now + r.remaining, Ev::Core(c, g));
+            }
+            None => {
+                core.state = CoreState::Spinning;
+                if self.parks {
+                    let t = now + us_to_ps(self.cfg.park_spin_us);
+                    self.push(t, Ev::Core(c, g));
+                }
+            }
+        }
+    }
+
+    fn core_event(&mut self, c: usize, now: u64) {
+        match self.cores[c].state {
+            CoreState::Waking => {
+                let (app, _) = self.cores[c].owner.expect("waking core has an owner");
+                if app == 0 {
+                    self.find_work(c, now);
+                } else {
+                    self.cores[c].state = CoreState::Batch;
+                    self.cores[c].started = now;
+                }
+            }
+            CoreState::Busy => {
+                let r = self.cores[c].running.take().expect("busy core runs a request");
+                let (_, k) = self.cores[c].owner.expect("busy core has an owner");
+                let ran = now - self.cores[c].started;
+                self.useful += self.window(self.cores[c].started, now);
+                self.kts[0][k].busy += ran;
+                if r.arrival >= self.warm {
+                    self.stats.record(ps_to_us(now - r.arrival), ps_to_us(r.service), 0);
+                }
+                self.find_work(c, now);
+            }
+            CoreState::Spinning => self.park(c, now),
+            CoreState::Idle | CoreState::Batch => {}
+        }
+    }
+
+    fn release_accounting(&mut self, c: usize, now: u64) {
+        let core = &self.cores[c];
+        let Some((app, _)) = core.owner else { return };
+        let alloc = self.window(core.since, now);
+        if app == 0 {
+            self.allocated += alloc;
+            if core.state == CoreState::Busy {
+                self.useful += self.window(core.started, now);
+            }
+        } else if core.state == CoreState::Batch {
+            self.batch_useful += self.window(core.started, now);
+        }
+    }
+
+    fn park(&mut self, c: usize, now: u64) {
+        self.release_accounting(c, now);
+        let (app, k) = self.cores[c].owner.take().expect("parking core has an owner");
+        let core = &mut self.cores[c];
+        core.state = CoreState::Idle;
+        core.gen = core.gen.wrapping_add(1);
+        let kt = &mut self.kts[app][k];
+        kt.core = None;
+        kt.parked_since = now;
+        kt.last_core = Some(c);
+        self.last_yielded[app] = Some(c);
+    }
+
+    fn snapshots(&mut self, now: u64) {
+        let mut snaps = std::mem::take(&mut self.snaps);
+        snaps.clear();
+        for app in 0..2 {
+            if app == 1 && !self.cfg.batch {
+                continue;
+            }
+            let kthreads = self.kts[app]
+                .iter()
+                .map(|k| {
+                    let counters = if app == 1 {
+                        // Batch work is always queued: congested at every pass.
+                        QueueCounters { rq_head: 0, rq_tail: 1, ..Default::default() }
+                    } else {
+                        QueueCounters { rq_head: k.head, rq_tail: k.tail, ..Default::default() }
+                    };
+                    let busy = k.busy + k.core.map_or(0, |c| if self.cores[c].state == CoreState::Busy { now - self.cores[c].started } else { 0 });
+                    KthreadSnap {
+                        counters,
+                        core: k.core,
+                        parked: k.core.is_none(),
+                        parked_since: k.parked_since,
+                        last_core: k.last_core,
+                        busy_time: if app == 1 { 0 } else { busy },
+                    }
+                })
+                .collect();
+            snaps.push(AppSnap {
+                key: app as u64,
+                class: if app == 0 { AppClass::LatencyCritical } else { AppClass::Batch },
+                guaranteed: if app == 0 { self.cfg.guaranteed } else { 0 },
+                max_cores: self.kts[app].len(),
+                kthreads,
+                next_timer: None,
+                last_yielded_core: self.last_yielded[app],
+            });
+        }
+        self.snaps = snaps;
+    }
+
+    fn pass(&mut self, now: u64) {
+        self.snapshots(now);
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        self.alloc.pass(now, &self.topo, &self.snaps, &mut out);
+        let mut delay = 0;
+        for d in out.iter().copied() {
+            match d {
+                Decision::Preempt { app, core, .. } => {
+                    self.preemptions += 1;
+                    self.preempt(app, core, now);
+                    delay = us_to_ps(self.cfg.preempt_latency_us);
+                }
+                Decision::Grant { app, kthread, core } => {
+                    self.grants += 1;
+                    self.grant(app, kthread, core, now, delay);
+                    delay = 0;
+                }
+            }
+        }
+        self.out = out;
+    }
+
+    fn preempt(&mut self, app: usize, c: usize, now: u64) {
+        if self.cores[c].owner.is_none_or(|o| o.0 != app) {
+            return;
+        }
+        // A preempted LC request goes back where others can steal it.
+        if self.cores[c].state == CoreState::Busy {
+            let mut r = self.cores[c].running.take().expect("busy");
+            let ran = now - self.cores[c].started;
+            r.remaining -= ran.min(r.remaining - 1);
+            let (_, k) = self.cores[c].owner.expect("owned");
+            self.useful += self.window(self.cores[c].started, now);
+            self.kts[0][k].busy += ran;
+            self.cores[c].state = CoreState::Idle;
+            let kt = &mut self.kts[0][k];
+            kt.q.push_front(r);
+            kt.tail = kt.tail.wrapping_add(1);
+        }
+        self.park(c, now);
+    }
+
+    fn grant(&mut self, app: usize, k: usize, c: usize, now: u64, extra: u64) {
+        if self.cores[c].owner.is_some() || self.kts[app][k].core.is_some() {
+            return; // stale decision
+        }
+        let core = &mut self.cores[c];
+        core.owner = Some((app, k));
+        core.state = CoreState::Waking;
+        core.since = now;
+        core.gen = core.gen.wrapping_add(1);
+        let g = core.gen;
+        self.kts[app][k].core = Some(c);
+        self.kts[app][k].last_core = Some(c);
+        let t = now + extra + us_to_ps(self.cfg.grant_latency_us);
+        self.push(t, Ev::Core(c, g));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(policy: AllocPolicy, rate: f64, batch: bool) -> AllocSim {
+        AllocSim {
+            cores: 8,
+            policy,
+            service: Service::Exp { mean: 10.0 },
+            load: vec![LoadStep { duration_us: f64::INFINITY, rate_per_us: rate }],
+            kthreads: 8,
+            guaranteed: 0,
+            batch,
+            grant_latency_us: 1.0,
+            preempt_latency_us: 1.0,
+            park_spin_us: 2.0,
+            duration_us: 50_000.0,
+            warmup_us: 1_000.0,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn shenango_tracks_load_and_beats_static_efficiency() {
+        let sh = cfg(AllocPolicy::Shenango { interval_us: 5.0 }, 0.2, false).run();
+        assert!(sh.stats.n > 5_000);
+        // Load is 2 cores' worth: Shenango allocates a few, not all 8.
+        assert!(sh.mean_cores > 2.0 && sh.mean_cores < 5.0, "{}", sh.mean_cores);
+        let mut st = cfg(AllocPolicy::Static, 0.2, false);
+        st.guaranteed = 8;
+        let st = st.run();
+        assert!((st.mean_cores - 8.0).abs() < 0.1, "{}", st.mean_cores);
+        assert!(sh.efficiency > st.efficiency, "{} vs {}", sh.efficiency, st.efficiency);
+    }
+
+    #[test]
+    fn batch_takes_the_rest() {
+        let r = cfg(AllocPolicy::Shenango { interval_us: 5.0 }, 0.2, true).run();
+        // LC uses ~2 of 8 cores; batch should get most of the other 6.
+        assert!(r.batch_share > 0.5, "{}", r.batch_share);
+        assert!(r.preemptions > 0);
+        assert!(r.stats.latency_pct_us(99.0) < 500.0);
+    }
+
+    #[test]
+    fn slow_allocator_runs() {
+        let r = cfg(AllocPolicy::Slow { period_us: 1000.0, target_util: 0.8 }, 0.2, true).run();
+        assert!(r.stats.n > 5_000);
+        assert!(r.mean_cores >= 2.0, "{}", r.mean_cores);
+    }
+}
