@@ -101,12 +101,17 @@ pub struct Topology {
 impl Topology {
     /// No hyperthreads.
     pub fn flat(n_cores: usize) -> Self {
-        Self { n_cores, sibling: vec![None; n_cores] }
+        Self {
+            n_cores,
+            sibling: vec![None; n_cores],
+        }
     }
 
     /// Cores `2i` and `2i+1` are siblings.
     pub fn paired(n_cores: usize) -> Self {
-        let sibling = (0..n_cores).map(|c| Some(c ^ 1).filter(|&s| s < n_cores)).collect();
+        let sibling = (0..n_cores)
+            .map(|c| Some(c ^ 1).filter(|&s| s < n_cores))
+            .collect();
         Self { n_cores, sibling }
     }
 }
@@ -115,8 +120,16 @@ impl Topology {
 /// core means: take the core from the victim, then hand it over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    Grant { app: usize, kthread: usize, core: CoreId },
-    Preempt { app: usize, kthread: usize, core: CoreId },
+    Grant {
+        app: usize,
+        kthread: usize,
+        core: CoreId,
+    },
+    Preempt {
+        app: usize,
+        kthread: usize,
+        core: CoreId,
+    },
 }
 
 /// A core allocation policy.
@@ -137,7 +150,11 @@ struct Board {
 
 impl Board {
     fn build(topo: &Topology, apps: &[AppSnap]) -> Board {
-        let mut b = Board { owner: vec![None; topo.n_cores], active: Vec::new(), taken: Vec::new() };
+        let mut b = Board {
+            owner: vec![None; topo.n_cores],
+            active: Vec::new(),
+            taken: Vec::new(),
+        };
         b.taken.resize_with(apps.len(), Vec::new);
         for (a, app) in apps.iter().enumerate() {
             b.active.push(app.active());
@@ -177,7 +194,13 @@ impl Board {
     }
 
     /// Algorithm 2, SELECTCORE.
-    fn select_core(&self, topo: &Topology, apps: &[AppSnap], req: usize, rng: &mut SplitMix64) -> Option<CoreId> {
+    fn select_core(
+        &self,
+        topo: &Topology,
+        apps: &[AppSnap],
+        req: usize,
+        rng: &mut SplitMix64,
+    ) -> Option<CoreId> {
         for (c, o) in self.owner.iter().enumerate() {
             if matches!(o, Some((a, _)) if *a == req) {
                 if let Some(s) = topo.sibling.get(c).copied().flatten() {
@@ -198,12 +221,16 @@ impl Board {
         if apps[req].class != AppClass::LatencyCritical {
             return None;
         }
-        let victims: Vec<usize> = (0..apps.len()).filter(|&a| a != req && self.bursting(apps, a)).collect();
+        let victims: Vec<usize> = (0..apps.len())
+            .filter(|&a| a != req && self.bursting(apps, a))
+            .collect();
         if victims.is_empty() {
             return None;
         }
         let v = victims[rng.below(victims.len())];
-        let cores: Vec<CoreId> = (0..self.owner.len()).filter(|&c| matches!(self.owner[c], Some((a, _)) if a == v)).collect();
+        let cores: Vec<CoreId> = (0..self.owner.len())
+            .filter(|&c| matches!(self.owner[c], Some((a, _)) if a == v))
+            .collect();
         Some(cores[rng.below(cores.len())])
     }
 
@@ -218,7 +245,10 @@ impl Board {
         ks.clone()
             .filter(eligible)
             .find(|&k| apps[req].kthreads[k].last_core == Some(core))
-            .or_else(|| ks.filter(eligible).min_by_key(|&k| apps[req].kthreads[k].parked_since))
+            .or_else(|| {
+                ks.filter(eligible)
+                    .min_by_key(|&k| apps[req].kthreads[k].parked_since)
+            })
     }
 
     /// Tries to give `req` one more core; records the decisions.
@@ -233,13 +263,25 @@ impl Board {
         if self.active[req] >= apps[req].max_cores {
             return false;
         }
-        let Some(core) = self.select_core(topo, apps, req, rng) else { return false };
-        let Some(k) = self.select_kthread(apps, req, core) else { return false };
+        let Some(core) = self.select_core(topo, apps, req, rng) else {
+            return false;
+        };
+        let Some(k) = self.select_kthread(apps, req, core) else {
+            return false;
+        };
         if let Some((va, vk)) = self.owner[core] {
-            out.push(Decision::Preempt { app: va, kthread: vk, core });
+            out.push(Decision::Preempt {
+                app: va,
+                kthread: vk,
+                core,
+            });
             self.active[va] -= 1;
         }
-        out.push(Decision::Grant { app: req, kthread: k, core });
+        out.push(Decision::Grant {
+            app: req,
+            kthread: k,
+            core,
+        });
         self.owner[core] = Some((req, k));
         self.taken[req][k] = true;
         self.active[req] += 1;
@@ -259,7 +301,11 @@ impl Shenango {
     /// `interval`: congestion-detection period (Shenango: 5 µs); `seed`
     /// drives the random choice of a bursting victim.
     pub fn new(interval: Time, seed: u64) -> Self {
-        Self { interval, rng: SplitMix64::new(seed), prev: HashMap::new() }
+        Self {
+            interval,
+            rng: SplitMix64::new(seed),
+            prev: HashMap::new(),
+        }
     }
 }
 
@@ -275,7 +321,8 @@ impl CoreAllocator for Shenango {
             prev.resize(app.kthreads.len(), QueueCounters::default());
             let want = if b.active[a] == 0 {
                 // No core: queued work or an expired timer gets one at once.
-                app.kthreads.iter().any(|k| k.counters.has_items()) || app.next_timer.is_some_and(|t| t <= now)
+                app.kthreads.iter().any(|k| k.counters.has_items())
+                    || app.next_timer.is_some_and(|t| t <= now)
             } else {
                 // Algorithm 1: an item seen at two consecutive passes.
                 app.kthreads
@@ -292,7 +339,8 @@ impl CoreAllocator for Shenango {
         }
         // Forget applications that are gone.
         if self.prev.len() > apps.len() {
-            self.prev.retain(|key, _| apps.iter().any(|a| a.key == *key));
+            self.prev
+                .retain(|key, _| apps.iter().any(|a| a.key == *key));
         }
     }
 }
@@ -307,7 +355,10 @@ pub struct Static {
 
 impl Static {
     pub fn new(interval: Time) -> Self {
-        Self { interval, rng: SplitMix64::new(0) }
+        Self {
+            interval,
+            rng: SplitMix64::new(0),
+        }
     }
 }
 
@@ -344,7 +395,13 @@ pub struct Slow {
 impl Slow {
     pub fn new(period: Time, target_util: f64, seed: u64) -> Self {
         assert!(target_util > 0.0 && target_util <= 1.0);
-        Self { period, target_util, last: None, prev_busy: HashMap::new(), rng: SplitMix64::new(seed) }
+        Self {
+            period,
+            target_util,
+            last: None,
+            prev_busy: HashMap::new(),
+            rng: SplitMix64::new(seed),
+        }
     }
 
     fn want(&self, app: &AppSnap, busy: Time, elapsed: Time) -> usize {
@@ -389,7 +446,11 @@ impl CoreAllocator for Slow {
                     break;
                 }
                 if let Some(core) = kt.core {
-                    out.push(Decision::Preempt { app: a, kthread: k, core });
+                    out.push(Decision::Preempt {
+                        app: a,
+                        kthread: k,
+                        core,
+                    });
                     b.owner[core] = None;
                     b.active[a] -= 1;
                     extra -= 1;
@@ -413,16 +474,33 @@ mod tests {
     use super::*;
 
     fn parked(since: Time, last: Option<CoreId>) -> KthreadSnap {
-        KthreadSnap { parked: true, parked_since: since, last_core: last, ..Default::default() }
+        KthreadSnap {
+            parked: true,
+            parked_since: since,
+            last_core: last,
+            ..Default::default()
+        }
     }
 
     fn running(core: CoreId) -> KthreadSnap {
-        KthreadSnap { core: Some(core), last_core: Some(core), ..Default::default() }
+        KthreadSnap {
+            core: Some(core),
+            last_core: Some(core),
+            ..Default::default()
+        }
     }
 
     fn app(key: u64, class: AppClass, guaranteed: usize, kthreads: Vec<KthreadSnap>) -> AppSnap {
         let max_cores = kthreads.len();
-        AppSnap { key, class, guaranteed, max_cores, kthreads, next_timer: None, last_yielded_core: None }
+        AppSnap {
+            key,
+            class,
+            guaranteed,
+            max_cores,
+            kthreads,
+            next_timer: None,
+            last_yielded_core: None,
+        }
     }
 
     fn lc(key: u64, kthreads: Vec<KthreadSnap>) -> AppSnap {
@@ -430,11 +508,21 @@ mod tests {
     }
 
     fn queued(mut k: KthreadSnap, rq: (u32, u32), inq: (u32, u32)) -> KthreadSnap {
-        k.counters = QueueCounters { rq_head: rq.0, rq_tail: rq.1, in_head: inq.0, in_tail: inq.1 };
+        k.counters = QueueCounters {
+            rq_head: rq.0,
+            rq_tail: rq.1,
+            in_head: inq.0,
+            in_tail: inq.1,
+        };
         k
     }
 
-    fn two_passes(alloc: &mut Shenango, topo: &Topology, first: &[AppSnap], second: &[AppSnap]) -> Vec<Decision> {
+    fn two_passes(
+        alloc: &mut Shenango,
+        topo: &Topology,
+        first: &[AppSnap],
+        second: &[AppSnap],
+    ) -> Vec<Decision> {
         let mut out = Vec::new();
         alloc.pass(0, topo, first, &mut out);
         out.clear();
@@ -444,10 +532,22 @@ mod tests {
 
     #[test]
     fn seq_wraps() {
-        let prev = QueueCounters { rq_head: u32::MAX - 1, rq_tail: 1, ..Default::default() };
-        let now = QueueCounters { rq_head: u32::MAX, rq_tail: 3, ..Default::default() };
+        let prev = QueueCounters {
+            rq_head: u32::MAX - 1,
+            rq_tail: 1,
+            ..Default::default()
+        };
+        let now = QueueCounters {
+            rq_head: u32::MAX,
+            rq_tail: 3,
+            ..Default::default()
+        };
         assert!(now.congested_since(&prev));
-        let now = QueueCounters { rq_head: 1, rq_tail: 3, ..Default::default() };
+        let now = QueueCounters {
+            rq_head: 1,
+            rq_tail: 3,
+            ..Default::default()
+        };
         assert!(!now.congested_since(&prev));
     }
 
@@ -455,20 +555,39 @@ mod tests {
     fn alg1_item_present_two_passes_grants_one_core() {
         let topo = Topology::flat(4);
         let mut s = Shenango::new(5, 1);
-        let a1 = [lc(1, vec![queued(running(0), (10, 12), (0, 0)), parked(0, None)])];
-        let a2 = [lc(1, vec![queued(running(0), (11, 13), (0, 0)), parked(0, None)])];
+        let a1 = [lc(
+            1,
+            vec![queued(running(0), (10, 12), (0, 0)), parked(0, None)],
+        )];
+        let a2 = [lc(
+            1,
+            vec![queued(running(0), (11, 13), (0, 0)), parked(0, None)],
+        )];
         // Head 11 < previous tail 12: an item waited a full interval.
         let out = two_passes(&mut s, &topo, &a1, &a2);
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 1
+            }]
+        );
     }
 
     #[test]
     fn alg1_queue_drained_between_passes_is_not_congestion() {
         let topo = Topology::flat(4);
         let mut s = Shenango::new(5, 1);
-        let a1 = [lc(1, vec![queued(running(0), (10, 12), (0, 0)), parked(0, None)])];
+        let a1 = [lc(
+            1,
+            vec![queued(running(0), (10, 12), (0, 0)), parked(0, None)],
+        )];
         // Everything seen at the first pass was consumed; new items arrived.
-        let a2 = [lc(1, vec![queued(running(0), (12, 15), (0, 0)), parked(0, None)])];
+        let a2 = [lc(
+            1,
+            vec![queued(running(0), (12, 15), (0, 0)), parked(0, None)],
+        )];
         assert!(two_passes(&mut s, &topo, &a1, &a2).is_empty());
     }
 
@@ -476,8 +595,14 @@ mod tests {
     fn alg1_ingress_queue_counts_too() {
         let topo = Topology::flat(4);
         let mut s = Shenango::new(5, 1);
-        let a1 = [lc(1, vec![queued(running(0), (0, 0), (3, 4)), parked(0, None)])];
-        let a2 = [lc(1, vec![queued(running(0), (0, 0), (3, 6)), parked(0, None)])];
+        let a1 = [lc(
+            1,
+            vec![queued(running(0), (0, 0), (3, 4)), parked(0, None)],
+        )];
+        let a2 = [lc(
+            1,
+            vec![queued(running(0), (0, 0), (3, 6)), parked(0, None)],
+        )];
         assert_eq!(two_passes(&mut s, &topo, &a1, &a2).len(), 1);
     }
 
@@ -486,7 +611,15 @@ mod tests {
         let topo = Topology::flat(4);
         let mut s = Shenango::new(5, 1);
         let mut out = Vec::new();
-        s.pass(0, &topo, &[lc(1, vec![queued(running(0), (0, 5), (0, 0)), parked(0, None)])], &mut out);
+        s.pass(
+            0,
+            &topo,
+            &[lc(
+                1,
+                vec![queued(running(0), (0, 5), (0, 0)), parked(0, None)],
+            )],
+            &mut out,
+        );
         assert!(out.is_empty(), "nothing was seen before");
     }
 
@@ -495,9 +628,24 @@ mod tests {
         let topo = Topology::flat(4);
         let mut s = Shenango::new(5, 1);
         let mut out = Vec::new();
-        s.pass(0, &topo, &[lc(1, vec![queued(parked(3, None), (0, 0), (0, 1)), parked(1, None)])], &mut out);
+        s.pass(
+            0,
+            &topo,
+            &[lc(
+                1,
+                vec![queued(parked(3, None), (0, 0), (0, 1)), parked(1, None)],
+            )],
+            &mut out,
+        );
         // Parked longest (since 1) is kthread 1.
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 0 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 0
+            }]
+        );
     }
 
     #[test]
@@ -510,7 +658,14 @@ mod tests {
         s.pass(99, &topo, std::slice::from_ref(&a), &mut out);
         assert!(out.is_empty(), "timer not yet due");
         s.pass(100, &topo, std::slice::from_ref(&a), &mut out);
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 0, core: 0 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 0,
+                core: 0
+            }]
+        );
     }
 
     #[test]
@@ -529,12 +684,20 @@ mod tests {
         let mut s = Shenango::new(5, 1);
         let mut a = lc(1, vec![queued(running(0), (0, 2), (0, 0)), parked(0, None)]);
         a.max_cores = 1;
-        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
+        let out = two_passes(
+            &mut s,
+            &topo,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+        );
         assert!(out.is_empty());
     }
 
     fn congested_app(key: u64, cores: &[CoreId], spare: usize) -> AppSnap {
-        let mut ks: Vec<KthreadSnap> = cores.iter().map(|&c| queued(running(c), (0, 4), (0, 0))).collect();
+        let mut ks: Vec<KthreadSnap> = cores
+            .iter()
+            .map(|&c| queued(running(c), (0, 4), (0, 0)))
+            .collect();
         ks.extend((0..spare).map(|i| parked(i as Time, None)));
         lc(key, ks)
     }
@@ -545,8 +708,20 @@ mod tests {
         let mut s = Shenango::new(5, 1);
         let mut a = congested_app(1, &[2], 1);
         a.last_yielded_core = Some(0);
-        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 3 }]);
+        let out = two_passes(
+            &mut s,
+            &topo,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+        );
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 3
+            }]
+        );
     }
 
     #[test]
@@ -559,7 +734,14 @@ mod tests {
         a.last_yielded_core = Some(1);
         let apps = [a, other];
         let out = two_passes(&mut s, &topo, &apps, &apps);
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 1
+            }]
+        );
     }
 
     #[test]
@@ -571,7 +753,14 @@ mod tests {
         a.last_yielded_core = Some(0); // taken by `other`, which cannot be preempted while cores idle
         let apps = [a, other];
         let out = two_passes(&mut s, &topo, &apps, &apps);
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 2 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 2
+            }]
+        );
     }
 
     #[test]
@@ -583,9 +772,18 @@ mod tests {
         let apps = [a, batch];
         let out = two_passes(&mut s, &topo, &apps, &apps);
         assert_eq!(out.len(), 2);
-        let Decision::Preempt { app: 1, core, .. } = out[0] else { panic!("{out:?}") };
+        let Decision::Preempt { app: 1, core, .. } = out[0] else {
+            panic!("{out:?}")
+        };
         assert!(core == 1 || core == 2);
-        assert_eq!(out[1], Decision::Grant { app: 0, kthread: 1, core });
+        assert_eq!(
+            out[1],
+            Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core
+            }
+        );
     }
 
     #[test]
@@ -593,7 +791,12 @@ mod tests {
         let topo = Topology::flat(3);
         let mut s = Shenango::new(5, 7);
         let a = congested_app(1, &[0], 1);
-        let other = app(2, AppClass::LatencyCritical, 2, vec![running(1), running(2)]);
+        let other = app(
+            2,
+            AppClass::LatencyCritical,
+            2,
+            vec![running(1), running(2)],
+        );
         let apps = [a, other];
         assert!(two_passes(&mut s, &topo, &apps, &apps).is_empty());
     }
@@ -607,21 +810,52 @@ mod tests {
         let apps = [a.clone(), burst.clone()];
         // Idle cores 2 and 3 exist: do not preempt the sibling.
         let out = two_passes(&mut s, &topo, &apps, &apps);
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 2 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 2
+            }]
+        );
         // All other cores busy: the sibling of a bursting app is fair game.
-        let filler = app(3, AppClass::LatencyCritical, 2, vec![running(2), running(3)]);
+        let filler = app(
+            3,
+            AppClass::LatencyCritical,
+            2,
+            vec![running(2), running(3)],
+        );
         let apps = [a, burst, filler];
         let mut s = Shenango::new(5, 7);
         let out = two_passes(&mut s, &topo, &apps, &apps);
-        assert_eq!(out[0], Decision::Preempt { app: 1, kthread: 0, core: 1 });
-        assert_eq!(out[1], Decision::Grant { app: 0, kthread: 1, core: 1 });
+        assert_eq!(
+            out[0],
+            Decision::Preempt {
+                app: 1,
+                kthread: 0,
+                core: 1
+            }
+        );
+        assert_eq!(
+            out[1],
+            Decision::Grant {
+                app: 0,
+                kthread: 1,
+                core: 1
+            }
+        );
     }
 
     #[test]
     fn alg2_batch_never_preempts() {
         let topo = Topology::flat(2);
         let mut s = Shenango::new(5, 7);
-        let b = app(1, AppClass::Batch, 0, vec![queued(running(0), (0, 1), (0, 0)), parked(0, None)]);
+        let b = app(
+            1,
+            AppClass::Batch,
+            0,
+            vec![queued(running(0), (0, 1), (0, 0)), parked(0, None)],
+        );
         let l = lc(2, vec![running(1)]);
         let apps = [b, l];
         assert!(two_passes(&mut s, &topo, &apps, &apps).is_empty());
@@ -636,8 +870,20 @@ mod tests {
         a.kthreads.push(parked(10, Some(1)));
         a.max_cores = 3;
         a.last_yielded_core = Some(1);
-        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 2, core: 1 }]);
+        let out = two_passes(
+            &mut s,
+            &topo,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+        );
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 2,
+                core: 1
+            }]
+        );
     }
 
     #[test]
@@ -649,8 +895,20 @@ mod tests {
         a.kthreads.push(parked(10, Some(2)));
         a.max_cores = 3;
         // Core 1 is the first idle one; nobody ran there: parked longest (since 10).
-        let out = two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a));
-        assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 2, core: 1 }]);
+        let out = two_passes(
+            &mut s,
+            &topo,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a),
+        );
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 2,
+                core: 1
+            }]
+        );
     }
 
     #[test]
@@ -658,7 +916,13 @@ mod tests {
         let topo = Topology::flat(4);
         let mut s = Shenango::new(5, 1);
         let a = congested_app(1, &[0, 1], 0);
-        assert!(two_passes(&mut s, &topo, std::slice::from_ref(&a), std::slice::from_ref(&a)).is_empty());
+        assert!(two_passes(
+            &mut s,
+            &topo,
+            std::slice::from_ref(&a),
+            std::slice::from_ref(&a)
+        )
+        .is_empty());
     }
 
     #[test]
@@ -683,11 +947,21 @@ mod tests {
     fn static_fills_guaranteed_and_keeps_them() {
         let topo = Topology::flat(4);
         let mut st = Static::new(1000);
-        let a = app(1, AppClass::LatencyCritical, 2, vec![parked(0, None), parked(0, None), parked(0, None)]);
+        let a = app(
+            1,
+            AppClass::LatencyCritical,
+            2,
+            vec![parked(0, None), parked(0, None), parked(0, None)],
+        );
         let mut out = Vec::new();
         st.pass(0, &topo, std::slice::from_ref(&a), &mut out);
         assert_eq!(out.len(), 2);
-        let a = app(1, AppClass::LatencyCritical, 2, vec![running(0), running(1), parked(0, None)]);
+        let a = app(
+            1,
+            AppClass::LatencyCritical,
+            2,
+            vec![running(0), running(1), parked(0, None)],
+        );
         out.clear();
         st.pass(1000, &topo, std::slice::from_ref(&a), &mut out);
         assert!(out.is_empty());
@@ -713,6 +987,13 @@ mod tests {
         // Idle for a period: back to 0 cores (guaranteed 0).
         out.clear();
         sl.pass(2000, &topo, std::slice::from_ref(&a), &mut out);
-        assert_eq!(out, vec![Decision::Preempt { app: 0, kthread: 0, core: 0 }]);
+        assert_eq!(
+            out,
+            vec![Decision::Preempt {
+                app: 0,
+                kthread: 0,
+                core: 0
+            }]
+        );
     }
 }

@@ -28,7 +28,10 @@ pub enum SchedPolicy {
     /// Shinjuku multi-queue: one queue per request class, each with its own
     /// SLO (same time unit) and placement; idle workers take the head of the
     /// queue whose head has waited longest relative to its SLO.
-    CPreMq { quantum: Time, classes: Vec<ClassConfig> },
+    CPreMq {
+        quantum: Time,
+        classes: Vec<ClassConfig>,
+    },
 }
 
 /// Per-class settings of c-PRE-MQ.
@@ -71,7 +74,11 @@ impl<T> Dispatcher<T> {
             }
             _ => 1,
         };
-        Self { policy, queues: (0..nq).map(|_| VecDeque::new()).collect(), pending: 0 }
+        Self {
+            policy,
+            queues: (0..nq).map(|_| VecDeque::new()).collect(),
+            pending: 0,
+        }
     }
 
     pub fn policy(&self) -> &SchedPolicy {
@@ -82,7 +89,9 @@ impl<T> Dispatcher<T> {
     pub fn quantum(&self) -> Option<Time> {
         match self.policy {
             SchedPolicy::CFcfs => None,
-            SchedPolicy::CPreSq { quantum, .. } | SchedPolicy::CPreMq { quantum, .. } => Some(quantum),
+            SchedPolicy::CPreSq { quantum, .. } | SchedPolicy::CPreMq { quantum, .. } => {
+                Some(quantum)
+            }
         }
     }
 
@@ -98,7 +107,10 @@ impl<T> Dispatcher<T> {
         if self.queues.len() == 1 {
             0
         } else {
-            assert!(class < self.queues.len(), "request class {class} has no queue");
+            assert!(
+                class < self.queues.len(),
+                "request class {class} has no queue"
+            );
             class
         }
     }
@@ -169,7 +181,12 @@ mod tests {
     use super::*;
 
     fn req(id: u64, class: usize, arrival: Time) -> Request<()> {
-        Request { id, class, arrival, payload: () }
+        Request {
+            id,
+            class,
+            arrival,
+            payload: (),
+        }
     }
 
     #[test]
@@ -185,7 +202,10 @@ mod tests {
 
     #[test]
     fn sq_preempts_only_after_quantum_with_waiters() {
-        let mut d = Dispatcher::new(SchedPolicy::CPreSq { quantum: 10, placement: Placement::Tail });
+        let mut d = Dispatcher::new(SchedPolicy::CPreSq {
+            quantum: 10,
+            placement: Placement::Tail,
+        });
         assert!(!d.should_preempt(0, 100), "empty queue: keep running");
         d.enqueue(req(1, 0, 0), 0);
         assert!(!d.should_preempt(0, 9));
@@ -194,11 +214,17 @@ mod tests {
 
     #[test]
     fn sq_tail_and_head_placement() {
-        let mut d = Dispatcher::new(SchedPolicy::CPreSq { quantum: 10, placement: Placement::Tail });
+        let mut d = Dispatcher::new(SchedPolicy::CPreSq {
+            quantum: 10,
+            placement: Placement::Tail,
+        });
         d.enqueue(req(1, 0, 0), 0);
         d.requeue_preempted(req(9, 0, 0), 5);
         assert_eq!(d.next_for_idle_worker(5).unwrap().id, 1);
-        let mut d = Dispatcher::new(SchedPolicy::CPreSq { quantum: 10, placement: Placement::Head });
+        let mut d = Dispatcher::new(SchedPolicy::CPreSq {
+            quantum: 10,
+            placement: Placement::Head,
+        });
         d.enqueue(req(1, 0, 0), 0);
         d.requeue_preempted(req(9, 0, 0), 5);
         assert_eq!(d.next_for_idle_worker(5).unwrap().id, 9);
@@ -208,10 +234,19 @@ mod tests {
     #[test]
     fn mq_picks_largest_wait_to_slo_ratio() {
         let classes = vec![
-            ClassConfig { slo: 10, placement: Placement::Head },
-            ClassConfig { slo: 1000, placement: Placement::Head },
+            ClassConfig {
+                slo: 10,
+                placement: Placement::Head,
+            },
+            ClassConfig {
+                slo: 1000,
+                placement: Placement::Head,
+            },
         ];
-        let mut d = Dispatcher::new(SchedPolicy::CPreMq { quantum: 5, classes });
+        let mut d = Dispatcher::new(SchedPolicy::CPreMq {
+            quantum: 5,
+            classes,
+        });
         d.enqueue(req(1, 1, 0), 0); // long class, waited 100 → ratio 0.1
         d.enqueue(req(2, 0, 95), 95); // short class, waited 5 → ratio 0.5
         assert_eq!(d.next_for_idle_worker(100).unwrap().id, 2);
@@ -225,10 +260,19 @@ mod tests {
     #[test]
     fn mq_aging_eventually_serves_long_class() {
         let classes = vec![
-            ClassConfig { slo: 10, placement: Placement::Tail },
-            ClassConfig { slo: 100, placement: Placement::Tail },
+            ClassConfig {
+                slo: 10,
+                placement: Placement::Tail,
+            },
+            ClassConfig {
+                slo: 100,
+                placement: Placement::Tail,
+            },
         ];
-        let mut d = Dispatcher::new(SchedPolicy::CPreMq { quantum: 5, classes });
+        let mut d = Dispatcher::new(SchedPolicy::CPreMq {
+            quantum: 5,
+            classes,
+        });
         d.enqueue(req(1, 1, 0), 0); // waited 1000 at t=1000 → ratio 10
         d.enqueue(req(2, 0, 950), 950); // waited 50 → ratio 5
         assert_eq!(d.next_for_idle_worker(1000).unwrap().id, 1);
@@ -237,10 +281,19 @@ mod tests {
     #[test]
     fn mq_per_class_placement() {
         let classes = vec![
-            ClassConfig { slo: 10, placement: Placement::Head },
-            ClassConfig { slo: 10, placement: Placement::Tail },
+            ClassConfig {
+                slo: 10,
+                placement: Placement::Head,
+            },
+            ClassConfig {
+                slo: 10,
+                placement: Placement::Tail,
+            },
         ];
-        let mut d = Dispatcher::new(SchedPolicy::CPreMq { quantum: 5, classes });
+        let mut d = Dispatcher::new(SchedPolicy::CPreMq {
+            quantum: 5,
+            classes,
+        });
         d.enqueue(req(1, 0, 0), 0);
         d.requeue_preempted(req(2, 0, 0), 1);
         d.enqueue(req(3, 1, 0), 0);
@@ -249,7 +302,9 @@ mod tests {
         let first = d.next_for_idle_worker(10).unwrap();
         assert_eq!(first.id, 2);
         // Class 1 tail placement: 3 stays ahead of 4.
-        let order: Vec<u64> = std::iter::from_fn(|| d.next_for_idle_worker(10)).map(|r| r.id).collect();
-        assert_eq!(order.iter().position(|&x| x == 3) < order.iter().position(|&x| x == 4), true);
+        let order: Vec<u64> = std::iter::from_fn(|| d.next_for_idle_worker(10))
+            .map(|r| r.id)
+            .collect();
+        assert!(order.iter().position(|&x| x == 3) < order.iter().position(|&x| x == 4));
     }
 }

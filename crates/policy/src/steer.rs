@@ -54,7 +54,13 @@ mod tests {
 
     #[test]
     fn rss_in_range_and_stable() {
-        let k = FlowKey { src_ip: 1, dst_ip: 2, src_port: 3, dst_port: 4, proto: 17 };
+        let k = FlowKey {
+            src_ip: 1,
+            dst_ip: 2,
+            src_port: 3,
+            dst_port: 4,
+            proto: 17,
+        };
         let h = flow_hash(&k);
         assert_eq!(h, flow_hash(&k));
         for n in 1..40 {

@@ -6,7 +6,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use ginza_policy::alloc::{AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static, Topology};
+use ginza_policy::alloc::{
+    AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static,
+    Topology,
+};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -127,11 +130,19 @@ struct Core {
 impl AllocSim {
     fn allocator(&self) -> Box<dyn CoreAllocator> {
         match &self.policy {
-            AllocPolicy::Shenango { interval_us } => Box::new(Shenango::new(us_to_ps(*interval_us).max(1), self.seed ^ 0x5eed)),
+            AllocPolicy::Shenango { interval_us } => Box::new(Shenango::new(
+                us_to_ps(*interval_us).max(1),
+                self.seed ^ 0x5eed,
+            )),
             AllocPolicy::Static => Box::new(Static::new(us_to_ps(1000.0))),
-            AllocPolicy::Slow { period_us, target_util } => {
-                Box::new(Slow::new(us_to_ps(*period_us).max(1), *target_util, self.seed ^ 0x51))
-            }
+            AllocPolicy::Slow {
+                period_us,
+                target_util,
+            } => Box::new(Slow::new(
+                us_to_ps(*period_us).max(1),
+                *target_util,
+                self.seed ^ 0x51,
+            )),
         }
     }
 
@@ -168,9 +179,21 @@ struct Engine<'a> {
 
 impl<'a> Engine<'a> {
     fn new(cfg: &'a AllocSim) -> Self {
-        let kt = |_| Kt { q: VecDeque::new(), head: 0, tail: 0, core: None, parked_since: 0, last_core: None, busy: 0 };
+        let kt = |_| Kt {
+            q: VecDeque::new(),
+            head: 0,
+            tail: 0,
+            core: None,
+            parked_since: 0,
+            last_core: None,
+            busy: 0,
+        };
         let lc: Vec<Kt> = (0..cfg.kthreads).map(kt).collect();
-        let batch: Vec<Kt> = if cfg.batch { (0..cfg.cores).map(kt).collect() } else { Vec::new() };
+        let batch: Vec<Kt> = if cfg.batch {
+            (0..cfg.cores).map(kt).collect()
+        } else {
+            Vec::new()
+        };
         Self {
             cfg,
             rng: SmallRng::seed_from_u64(cfg.seed),
@@ -179,7 +202,14 @@ impl<'a> Engine<'a> {
             heap: BinaryHeap::new(),
             seq: 0,
             cores: (0..cfg.cores)
-                .map(|_| Core { owner: None, state: CoreState::Idle, gen: 0, running: None, started: 0, since: 0 })
+                .map(|_| Core {
+                    owner: None,
+                    state: CoreState::Idle,
+                    gen: 0,
+                    running: None,
+                    started: 0,
+                    since: 0,
+                })
                 .collect(),
             kts: [lc, batch],
             last_yielded: [None, None],
@@ -240,9 +270,17 @@ impl<'a> Engine<'a> {
         }
         let span = self.window(0, self.end) as f64 * self.cfg.cores as f64;
         AllocResult {
-            efficiency: if self.allocated == 0 { 0.0 } else { self.useful as f64 / self.allocated as f64 },
+            efficiency: if self.allocated == 0 {
+                0.0
+            } else {
+                self.useful as f64 / self.allocated as f64
+            },
             mean_cores: self.allocated as f64 / self.window(0, self.end).max(1) as f64,
-            batch_share: if span > 0.0 { self.batch_useful as f64 / span } else { 0.0 },
+            batch_share: if span > 0.0 {
+                self.batch_useful as f64 / span
+            } else {
+                0.0
+            },
             grants: self.grants,
             preemptions: self.preemptions,
             stats: self.stats,
@@ -250,16 +288,28 @@ impl<'a> Engine<'a> {
     }
 
     fn active_lc(&self) -> impl Iterator<Item = usize> + '_ {
-        self.kts[0].iter().enumerate().filter(|(_, k)| k.core.is_some()).map(|(i, _)| i)
+        self.kts[0]
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.core.is_some())
+            .map(|(i, _)| i)
     }
 
     fn arrive(&mut self, now: u64) {
         let (s, _) = self.sampler.sample(&mut self.rng);
         let svc = us_to_ps(s).max(1);
-        let r = Req { arrival: now, service: svc, remaining: svc };
+        let r = Req {
+            arrival: now,
+            service: svc,
+            remaining: svc,
+        };
         // RSS over the active kthreads (iokerneld steers to running ones).
         let active: Vec<usize> = self.active_lc().collect();
-        let k = if active.is_empty() { 0 } else { active[self.rng.random_range(0..active.len())] };
+        let k = if active.is_empty() {
+            0
+        } else {
+            active[self.rng.random_range(0..active.len())]
+        };
         let kt = &mut self.kts[0][k];
         kt.q.push_back(r);
         kt.tail = kt.tail.wrapping_add(1);
@@ -267,7 +317,12 @@ impl<'a> Engine<'a> {
         let spinner = self.kts[0][k]
             .core
             .filter(|&c| self.cores[c].state == CoreState::Spinning)
-            .or_else(|| (0..self.cores.len()).find(|&c| self.cores[c].owner.is_some_and(|o| o.0 == 0) && self.cores[c].state == CoreState::Spinning));
+            .or_else(|| {
+                (0..self.cores.len()).find(|&c| {
+                    self.cores[c].owner.is_some_and(|o| o.0 == 0)
+                        && self.cores[c].state == CoreState::Spinning
+                })
+            });
         if let Some(c) = spinner {
             self.find_work(c, now);
         } else if active.is_empty() && self.parks {
@@ -283,7 +338,9 @@ impl<'a> Engine<'a> {
         let from = if !self.kts[0][k].q.is_empty() {
             Some(k)
         } else {
-            (0..self.kts[0].len()).filter(|&j| !self.kts[0][j].q.is_empty()).max_by_key(|&j| self.kts[0][j].q.len())
+            (0..self.kts[0].len())
+                .filter(|&j| !self.kts[0][j].q.is_empty())
+                .max_by_key(|&j| self.kts[0][j].q.len())
         };
         let core = &mut self.cores[c];
         core.gen = core.gen.wrapping_add(1);
@@ -320,13 +377,17 @@ impl<'a> Engine<'a> {
                 }
             }
             CoreState::Busy => {
-                let r = self.cores[c].running.take().expect("busy core runs a request");
+                let r = self.cores[c]
+                    .running
+                    .take()
+                    .expect("busy core runs a request");
                 let (_, k) = self.cores[c].owner.expect("busy core has an owner");
                 let ran = now - self.cores[c].started;
                 self.useful += self.window(self.cores[c].started, now);
                 self.kts[0][k].busy += ran;
                 if r.arrival >= self.warm {
-                    self.stats.record(ps_to_us(now - r.arrival), ps_to_us(r.service), 0);
+                    self.stats
+                        .record(ps_to_us(now - r.arrival), ps_to_us(r.service), 0);
                 }
                 self.find_work(c, now);
             }
@@ -351,7 +412,10 @@ impl<'a> Engine<'a> {
 
     fn park(&mut self, c: usize, now: u64) {
         self.release_accounting(c, now);
-        let (app, k) = self.cores[c].owner.take().expect("parking core has an owner");
+        let (app, k) = self.cores[c]
+            .owner
+            .take()
+            .expect("parking core has an owner");
         let core = &mut self.cores[c];
         core.state = CoreState::Idle;
         core.gen = core.gen.wrapping_add(1);
@@ -374,11 +438,26 @@ impl<'a> Engine<'a> {
                 .map(|k| {
                     let counters = if app == 1 {
                         // Batch work is always queued: congested at every pass.
-                        QueueCounters { rq_head: 0, rq_tail: 1, ..Default::default() }
+                        QueueCounters {
+                            rq_head: 0,
+                            rq_tail: 1,
+                            ..Default::default()
+                        }
                     } else {
-                        QueueCounters { rq_head: k.head, rq_tail: k.tail, ..Default::default() }
+                        QueueCounters {
+                            rq_head: k.head,
+                            rq_tail: k.tail,
+                            ..Default::default()
+                        }
                     };
-                    let busy = k.busy + k.core.map_or(0, |c| if self.cores[c].state == CoreState::Busy { now - self.cores[c].started } else { 0 });
+                    let busy = k.busy
+                        + k.core.map_or(0, |c| {
+                            if self.cores[c].state == CoreState::Busy {
+                                now - self.cores[c].started
+                            } else {
+                                0
+                            }
+                        });
                     KthreadSnap {
                         counters,
                         core: k.core,
@@ -391,7 +470,11 @@ impl<'a> Engine<'a> {
                 .collect();
             snaps.push(AppSnap {
                 key: app as u64,
-                class: if app == 0 { AppClass::LatencyCritical } else { AppClass::Batch },
+                class: if app == 0 {
+                    AppClass::LatencyCritical
+                } else {
+                    AppClass::Batch
+                },
                 guaranteed: if app == 0 { self.cfg.guaranteed } else { 0 },
                 max_cores: self.kts[app].len(),
                 kthreads,
@@ -471,7 +554,10 @@ mod tests {
             cores: 8,
             policy,
             service: Service::Exp { mean: 10.0 },
-            load: vec![LoadStep { duration_us: f64::INFINITY, rate_per_us: rate }],
+            load: vec![LoadStep {
+                duration_us: f64::INFINITY,
+                rate_per_us: rate,
+            }],
             kthreads: 8,
             guaranteed: 0,
             batch,
@@ -489,12 +575,21 @@ mod tests {
         let sh = cfg(AllocPolicy::Shenango { interval_us: 5.0 }, 0.2, false).run();
         assert!(sh.stats.n > 5_000);
         // Load is 2 cores' worth: Shenango allocates a few, not all 8.
-        assert!(sh.mean_cores > 2.0 && sh.mean_cores < 5.0, "{}", sh.mean_cores);
+        assert!(
+            sh.mean_cores > 2.0 && sh.mean_cores < 5.0,
+            "{}",
+            sh.mean_cores
+        );
         let mut st = cfg(AllocPolicy::Static, 0.2, false);
         st.guaranteed = 8;
         let st = st.run();
         assert!((st.mean_cores - 8.0).abs() < 0.1, "{}", st.mean_cores);
-        assert!(sh.efficiency > st.efficiency, "{} vs {}", sh.efficiency, st.efficiency);
+        assert!(
+            sh.efficiency > st.efficiency,
+            "{} vs {}",
+            sh.efficiency,
+            st.efficiency
+        );
     }
 
     #[test]
@@ -508,7 +603,15 @@ mod tests {
 
     #[test]
     fn slow_allocator_runs() {
-        let r = cfg(AllocPolicy::Slow { period_us: 1000.0, target_util: 0.8 }, 0.2, true).run();
+        let r = cfg(
+            AllocPolicy::Slow {
+                period_us: 1000.0,
+                target_util: 0.8,
+            },
+            0.2,
+            true,
+        )
+        .run();
         assert!(r.stats.n > 5_000);
         assert!(r.mean_cores >= 2.0, "{}", r.mean_cores);
     }

@@ -11,10 +11,15 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Service {
     Constant(f64),
-    Exp { mean: f64 },
+    Exp {
+        mean: f64,
+    },
     /// Log-normal with the given mean and standard deviation (of the
     /// service time itself, not of its logarithm).
-    LogNormal { mean: f64, sd: f64 },
+    LogNormal {
+        mean: f64,
+        sd: f64,
+    },
     /// Mixture of fixed values: (probability, µs); classes are the modes.
     Modes(Vec<(f64, f64)>),
 }
@@ -24,10 +29,21 @@ impl Service {
     /// `Bimodal(p1-v1, p2-v2)` and `Trimodal(..)` (percentages, µs).
     pub fn parse(s: &str) -> anyhow::Result<Self> {
         let s = s.trim();
-        let (name, rest) = s.split_once('(').with_context(|| format!("expected NAME(ARGS): {s}"))?;
-        let args = rest.strip_suffix(')').with_context(|| format!("missing ')': {s}"))?;
-        let args: Vec<&str> = args.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
-        let num = |a: &str| a.parse::<f64>().with_context(|| format!("bad number {a:?} in {s}"));
+        let (name, rest) = s
+            .split_once('(')
+            .with_context(|| format!("expected NAME(ARGS): {s}"))?;
+        let args = rest
+            .strip_suffix(')')
+            .with_context(|| format!("missing ')': {s}"))?;
+        let args: Vec<&str> = args
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect();
+        let num = |a: &str| {
+            a.parse::<f64>()
+                .with_context(|| format!("bad number {a:?} in {s}"))
+        };
         let svc = match name.trim().to_ascii_lowercase().as_str() {
             "constant" | "fixed" if args.len() == 1 => Service::Constant(num(args[0])?),
             "exp" | "exponential" if args.len() == 1 => Service::Exp { mean: num(args[0])? },
@@ -109,7 +125,10 @@ impl Service {
                     3 => "Trimodal",
                     _ => "Modes",
                 };
-                let parts: Vec<String> = m.iter().map(|(p, v)| format!("{}-{}", fmt(p * 100.0), fmt(*v))).collect();
+                let parts: Vec<String> = m
+                    .iter()
+                    .map(|(p, v)| format!("{}-{}", fmt(p * 100.0), fmt(*v)))
+                    .collect();
                 format!("{name}({})", parts.join(", "))
             }
         }
@@ -121,7 +140,10 @@ impl Service {
             Service::Exp { mean } => Sampler::Exp(*mean),
             Service::LogNormal { mean, sd } => {
                 let s2 = (1.0 + (sd / mean).powi(2)).ln();
-                Sampler::LogNormal { mu: mean.ln() - s2 / 2.0, sigma: s2.sqrt() }
+                Sampler::LogNormal {
+                    mu: mean.ln() - s2 / 2.0,
+                    sigma: s2.sqrt(),
+                }
             }
             Service::Modes(m) => {
                 let mut acc = 0.0;
@@ -162,7 +184,10 @@ impl<'de> Deserialize<'de> for Service {
 pub enum Sampler {
     Constant(f64),
     Exp(f64),
-    LogNormal { mu: f64, sigma: f64 },
+    LogNormal {
+        mu: f64,
+        sigma: f64,
+    },
     /// Cumulative probability and value per mode.
     Modes(Vec<(f64, f64)>),
 }
@@ -182,7 +207,10 @@ impl Sampler {
             }
             Sampler::Modes(cdf) => {
                 let u: f64 = rng.random();
-                let i = cdf.iter().position(|&(c, _)| u < c).unwrap_or(cdf.len() - 1);
+                let i = cdf
+                    .iter()
+                    .position(|&(c, _)| u < c)
+                    .unwrap_or(cdf.len() - 1);
                 (cdf[i].1, i)
             }
         }
@@ -210,7 +238,10 @@ pub struct Arrivals {
 
 impl Arrivals {
     pub fn poisson(rate_per_us: f64) -> Self {
-        Self::steps(&[LoadStep { duration_us: f64::INFINITY, rate_per_us }])
+        Self::steps(&[LoadStep {
+            duration_us: f64::INFINITY,
+            rate_per_us,
+        }])
     }
 
     pub fn steps(steps: &[LoadStep]) -> Self {
@@ -219,11 +250,19 @@ impl Arrivals {
         let steps = steps
             .iter()
             .map(|s| {
-                end = if s.duration_us.is_finite() { end.saturating_add(crate::us_to_ps(s.duration_us)) } else { u64::MAX };
+                end = if s.duration_us.is_finite() {
+                    end.saturating_add(crate::us_to_ps(s.duration_us))
+                } else {
+                    u64::MAX
+                };
                 (end, s.rate_per_us)
             })
             .collect();
-        Self { steps, step: 0, now: 0 }
+        Self {
+            steps,
+            step: 0,
+            now: 0,
+        }
     }
 
     /// The next arrival time in ps.
@@ -258,9 +297,21 @@ mod tests {
 
     #[test]
     fn parse_paper_notation() {
-        assert_eq!(Service::parse("Bimodal(99.5-0.5, 0.5-500)").unwrap(), Service::Modes(vec![(0.995, 0.5), (0.005, 500.0)]));
-        assert_eq!(Service::parse("LogNormal(1, 10)").unwrap(), Service::LogNormal { mean: 1.0, sd: 10.0 });
-        assert_eq!(Service::parse("exponential(1)").unwrap(), Service::Exp { mean: 1.0 });
+        assert_eq!(
+            Service::parse("Bimodal(99.5-0.5, 0.5-500)").unwrap(),
+            Service::Modes(vec![(0.995, 0.5), (0.005, 500.0)])
+        );
+        assert_eq!(
+            Service::parse("LogNormal(1, 10)").unwrap(),
+            Service::LogNormal {
+                mean: 1.0,
+                sd: 10.0
+            }
+        );
+        assert_eq!(
+            Service::parse("exponential(1)").unwrap(),
+            Service::Exp { mean: 1.0 }
+        );
         assert!(Service::parse("Trimodal(50-1, 50-2)").is_err());
         assert!(Service::parse("Bimodal(50-1, 40-2)").is_err());
         let s = Service::parse("Trimodal(33-1, 33-10, 34-100)").unwrap();
@@ -270,7 +321,12 @@ mod tests {
     #[test]
     fn sample_means() {
         let mut rng = SmallRng::seed_from_u64(3);
-        for s in ["Exp(2)", "LogNormal(1, 2)", "Bimodal(50-1, 50-100)", "Constant(3)"] {
+        for s in [
+            "Exp(2)",
+            "LogNormal(1, 2)",
+            "Bimodal(50-1, 50-100)",
+            "Constant(3)",
+        ] {
             let svc = Service::parse(s).unwrap();
             let smp = svc.sampler();
             let n = 200_000;
@@ -284,9 +340,18 @@ mod tests {
     fn load_steps_change_rate() {
         let mut rng = SmallRng::seed_from_u64(1);
         let steps = [
-            LoadStep { duration_us: 1000.0, rate_per_us: 0.1 },
-            LoadStep { duration_us: 1000.0, rate_per_us: 1.0 },
-            LoadStep { duration_us: f64::INFINITY, rate_per_us: 0.1 },
+            LoadStep {
+                duration_us: 1000.0,
+                rate_per_us: 0.1,
+            },
+            LoadStep {
+                duration_us: 1000.0,
+                rate_per_us: 1.0,
+            },
+            LoadStep {
+                duration_us: f64::INFINITY,
+                rate_per_us: 0.1,
+            },
         ];
         let mut a = Arrivals::steps(&steps);
         let mut counts = [0u32; 3];

@@ -36,6 +36,8 @@ pub struct Chart<'a> {
     pub log_y: bool,
     /// Clip y at this value (e.g. latencies that explode past saturation).
     pub y_max: Option<f64>,
+    /// Put the legend in the lower right (when lines climb to the upper left).
+    pub legend_lower_right: bool,
 }
 
 const COLORS: [RGBColor; 8] = [
@@ -53,6 +55,11 @@ const COLORS: [RGBColor; 8] = [
 // coordinate types and the drawing code is the same.
 macro_rules! draw_lines {
     ($cc:expr, $chart:expr, $clip:expr) => {{
+        let pos = if $chart.legend_lower_right {
+            SeriesLabelPosition::LowerRight
+        } else {
+            SeriesLabelPosition::UpperLeft
+        };
         let mut cc = $cc;
         for (i, s) in $chart.series.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
@@ -64,13 +71,15 @@ macro_rules! draw_lines {
                 .collect();
             cc.draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))?
                 .label(s.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
             cc.draw_series(data.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
         }
         cc.configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(pos)
             .label_font(("sans-serif", 15))
             .draw()?;
     }};
@@ -79,7 +88,13 @@ macro_rules! draw_lines {
 /// Draws `chart` into a PNG at `path`.
 pub fn line_chart(path: &Path, chart: &Chart) -> anyhow::Result<()> {
     register_font();
-    let pts = || chart.series.iter().flat_map(|s| s.points.iter()).filter(|p| p.1.is_finite());
+    let pts = || {
+        chart
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|p| p.1.is_finite())
+    };
     let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
     let (mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in pts() {
@@ -129,13 +144,16 @@ pub fn line_chart(path: &Path, chart: &Chart) -> anyhow::Result<()> {
             .draw()?;
         draw_lines!(cc, chart, clip);
     }
-    root.present().with_context(|| format!("writing {}", path.display()))?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
 /// Writes rows under a header as CSV.
 pub fn write_csv(path: &Path, header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?);
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
     writeln!(f, "{}", header.join(","))?;
     for r in rows {
         writeln!(f, "{}", r.join(","))?;

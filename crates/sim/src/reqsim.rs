@@ -39,14 +39,23 @@ pub enum Sched {
     /// Per-core FIFO queues, requests steered by `hash(connection) % n`.
     /// `conns = None`: every request is its own connection (uniform spread,
     /// the idealized RSS of Shinjuku Fig. 1).
-    DFcfs { conns: Option<u64> },
+    DFcfs {
+        conns: Option<u64>,
+    },
     CFcfs,
     /// Processor sharing with quantum → 0 (each of k jobs on n cores runs at
     /// rate min(1, n/k)).
     Ps,
-    CPreSq { quantum_us: f64, place: Place },
+    CPreSq {
+        quantum_us: f64,
+        place: Place,
+    },
     /// One queue per service-time class (mode); SLOs per class in µs.
-    CPreMq { quantum_us: f64, slo_us: Vec<f64>, place: Place },
+    CPreMq {
+        quantum_us: f64,
+        slo_us: Vec<f64>,
+        place: Place,
+    },
 }
 
 impl Sched {
@@ -102,7 +111,14 @@ fn yes() -> bool {
 }
 
 impl ReqSim {
-    pub fn new(cores: usize, sched: Sched, service: Service, rho: f64, requests: u64, seed: u64) -> Self {
+    pub fn new(
+        cores: usize,
+        sched: Sched,
+        service: Service,
+        rho: f64,
+        requests: u64,
+        seed: u64,
+    ) -> Self {
         Self {
             cores,
             sched,
@@ -128,7 +144,11 @@ impl ReqSim {
     /// Runs the simulation to the end and returns its statistics.
     pub fn run(&self) -> Stats {
         assert!(self.cores > 0, "need at least one core");
-        let mut st = Stats::new(self.service.classes(), &self.wait_thresholds_us, self.histograms);
+        let mut st = Stats::new(
+            self.service.classes(),
+            &self.wait_thresholds_us,
+            self.histograms,
+        );
         let mut src = Source {
             rng: SmallRng::seed_from_u64(self.seed),
             arrivals: self.arrivals(),
@@ -141,16 +161,33 @@ impl ReqSim {
             Sched::Ps => run_ps(self, &mut src, &mut st),
             Sched::CFcfs => run_dispatch(self, SchedPolicy::CFcfs, &mut src, &mut st),
             Sched::CPreSq { quantum_us, place } => {
-                let p = SchedPolicy::CPreSq { quantum: us_to_ps(*quantum_us).max(1), placement: (*place).into() };
+                let p = SchedPolicy::CPreSq {
+                    quantum: us_to_ps(*quantum_us).max(1),
+                    placement: (*place).into(),
+                };
                 run_dispatch(self, p, &mut src, &mut st)
             }
-            Sched::CPreMq { quantum_us, slo_us, place } => {
-                assert_eq!(slo_us.len(), self.service.classes(), "c-PRE-MQ needs one SLO per service class");
+            Sched::CPreMq {
+                quantum_us,
+                slo_us,
+                place,
+            } => {
+                assert_eq!(
+                    slo_us.len(),
+                    self.service.classes(),
+                    "c-PRE-MQ needs one SLO per service class"
+                );
                 let classes = slo_us
                     .iter()
-                    .map(|&s| ClassConfig { slo: us_to_ps(s).max(1), placement: (*place).into() })
+                    .map(|&s| ClassConfig {
+                        slo: us_to_ps(s).max(1),
+                        placement: (*place).into(),
+                    })
                     .collect();
-                let p = SchedPolicy::CPreMq { quantum: us_to_ps(*quantum_us).max(1), classes };
+                let p = SchedPolicy::CPreMq {
+                    quantum: us_to_ps(*quantum_us).max(1),
+                    classes,
+                };
                 run_dispatch(self, p, &mut src, &mut st)
             }
         }
@@ -187,12 +224,28 @@ impl Source {
         let (s, class) = self.sampler.sample(&mut self.rng);
         let id = self.next_id;
         self.next_id += 1;
-        Some(Arrival { id, at, service: us_to_ps(s).max(1), class })
+        Some(Arrival {
+            id,
+            at,
+            service: us_to_ps(s).max(1),
+            class,
+        })
     }
 }
 
-fn record(cfg: &ReqSim, st: &mut Stats, id: u64, arrival: u64, done: u64, service: u64, class: usize) {
-    debug_assert!(done - arrival >= service, "request {id} finished faster than its service time");
+fn record(
+    cfg: &ReqSim,
+    st: &mut Stats,
+    id: u64,
+    arrival: u64,
+    done: u64,
+    service: u64,
+    class: usize,
+) {
+    debug_assert!(
+        done - arrival >= service,
+        "request {id} finished faster than its service time"
+    );
     if id >= cfg.warmup {
         st.record(ps_to_us(done - arrival), ps_to_us(service), class);
     }
@@ -290,7 +343,15 @@ fn run_ps(cfg: &ReqSim, src: &mut Source, st: &mut Stats) {
                     }
                     heap.pop();
                     let a = &jobs[i];
-                    record(cfg, st, a.id, a.at, t.max(a.at + a.service), a.service, a.class);
+                    record(
+                        cfg,
+                        st,
+                        a.id,
+                        a.at,
+                        t.max(a.at + a.service),
+                        a.service,
+                        a.class,
+                    );
                     free.push(i);
                 }
             }
@@ -321,13 +382,25 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
     let quantum = d.quantum();
     let cs = us_to_ps(cfg.ctx_switch_us);
     let pc = us_to_ps(cfg.preempt_cost_us);
-    let mut w: Vec<Worker> =
-        (0..cfg.cores).map(|_| Worker { req: None, since: 0, done_at: 0, gen: 0, overdue: false }).collect();
+    let mut w: Vec<Worker> = (0..cfg.cores)
+        .map(|_| Worker {
+            req: None,
+            since: 0,
+            done_at: 0,
+            gen: 0,
+            overdue: false,
+        })
+        .collect();
     let mut idle: Vec<usize> = (0..cfg.cores).rev().collect();
     let mut heap: BinaryHeap<Reverse<(u64, usize, u32)>> = BinaryHeap::new();
 
     // Puts `req` on worker `i` at `now` after `overhead`; schedules its event.
-    let start = |w: &mut Worker, i: usize, req: Request<Job>, now: u64, overhead: u64, heap: &mut BinaryHeap<_>| {
+    let start = |w: &mut Worker,
+                 i: usize,
+                 req: Request<Job>,
+                 now: u64,
+                 overhead: u64,
+                 heap: &mut BinaryHeap<_>| {
         w.since = now + overhead;
         w.done_at = w.since + req.payload.remaining;
         w.overdue = false;
@@ -352,7 +425,10 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
                     id: a.id,
                     class: a.class,
                     arrival: a.at,
-                    payload: Job { service: a.service, remaining: a.service },
+                    payload: Job {
+                        service: a.service,
+                        remaining: a.service,
+                    },
                 };
                 d.enqueue(req, now);
                 if let Some(i) = idle.pop() {
@@ -360,7 +436,9 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
                     start(&mut w[i], i, r, now, cs, &mut heap);
                 } else if quantum.is_some() {
                     // The dispatcher preempts the longest-running overdue worker.
-                    let victim = (0..w.len()).filter(|&i| w[i].overdue).min_by_key(|&i| w[i].since);
+                    let victim = (0..w.len())
+                        .filter(|&i| w[i].overdue)
+                        .min_by_key(|&i| w[i].since);
                     if let Some(i) = victim {
                         if d.should_preempt(w[i].since, now) {
                             preempt(&mut d, &mut w[i], i, now, cs + pc, &mut heap, &start);
@@ -408,7 +486,9 @@ fn preempt<F>(
 {
     let mut old = w.req.take().expect("preempting an idle worker");
     old.payload.remaining -= now.saturating_sub(w.since).min(old.payload.remaining - 1);
-    let next = d.next_for_idle_worker(now).expect("should_preempt saw a waiter");
+    let next = d
+        .next_for_idle_worker(now)
+        .expect("should_preempt saw a waiter");
     d.requeue_preempted(old, now);
     start(w, i, next, now, overhead, heap);
 }
@@ -433,11 +513,18 @@ mod tests {
             Sched::CFcfs,
             Sched::DFcfs { conns: None },
             Sched::Ps,
-            Sched::CPreSq { quantum_us: 5.0, place: Place::Tail },
+            Sched::CPreSq {
+                quantum_us: 5.0,
+                place: Place::Tail,
+            },
         ] {
             let c = ReqSim::new(16, sched.clone(), svc("Constant(2)"), 0.01, 2_000, 1);
             let s = c.run();
-            assert!((s.mean_sojourn_us() - 2.0).abs() < 0.05, "{sched:?}: {}", s.mean_sojourn_us());
+            assert!(
+                (s.mean_sojourn_us() - 2.0).abs() < 0.05,
+                "{sched:?}: {}",
+                s.mean_sojourn_us()
+            );
         }
     }
 
@@ -446,7 +533,10 @@ mod tests {
         // Every request finishes with latency >= its service time.
         let mut c = ReqSim::new(
             2,
-            Sched::CPreSq { quantum_us: 1.0, place: Place::Tail },
+            Sched::CPreSq {
+                quantum_us: 1.0,
+                place: Place::Tail,
+            },
             svc("Bimodal(50-0.5, 50-10)"),
             0.8,
             20_000,
@@ -463,13 +553,22 @@ mod tests {
     fn mq_runs_one_queue_per_class() {
         let c = ReqSim::new(
             4,
-            Sched::CPreMq { quantum_us: 2.0, slo_us: vec![10.0, 500.0], place: Place::Head },
+            Sched::CPreMq {
+                quantum_us: 2.0,
+                slo_us: vec![10.0, 500.0],
+                place: Place::Head,
+            },
             svc("Bimodal(50-1, 50-100)"),
             0.7,
             20_000,
             5,
         );
         let s = c.run();
-        assert!(s.class_pct_us(0, 99.0) < s.class_pct_us(1, 99.0), "{} {}", s.class_pct_us(0, 99.0), s.class_pct_us(1, 99.0));
+        assert!(
+            s.class_pct_us(0, 99.0) < s.class_pct_us(1, 99.0),
+            "{} {}",
+            s.class_pct_us(0, 99.0),
+            s.class_pct_us(1, 99.0)
+        );
     }
 }

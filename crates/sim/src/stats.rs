@@ -61,9 +61,16 @@ impl Stats {
             if let Some(h) = self.per_class.get_mut(class) {
                 put(h, ns);
             }
-            put(&mut self.slowdown, ((sojourn_us / service_us * 1000.0).round() as u64).max(1));
+            put(
+                &mut self.slowdown,
+                ((sojourn_us / service_us * 1000.0).round() as u64).max(1),
+            );
         }
-        for (t, c) in self.wait_thresholds_us.iter().zip(self.wait_exceed.iter_mut()) {
+        for (t, c) in self
+            .wait_thresholds_us
+            .iter()
+            .zip(self.wait_exceed.iter_mut())
+        {
             if wait > *t {
                 *c += 1;
             }
@@ -88,7 +95,9 @@ impl Stats {
     }
 
     pub fn class_pct_us(&self, class: usize, q: f64) -> f64 {
-        self.per_class.get(class).map_or(f64::NAN, |h| h.value_at_quantile(q / 100.0) as f64 / 1000.0)
+        self.per_class
+            .get(class)
+            .map_or(f64::NAN, |h| h.value_at_quantile(q / 100.0) as f64 / 1000.0)
     }
 
     pub fn slowdown_pct(&self, q: f64) -> f64 {
@@ -116,6 +125,9 @@ impl Stats {
 
     /// P(W > t) for each threshold given at construction.
     pub fn wait_exceed_prob(&self) -> Vec<f64> {
-        self.wait_exceed.iter().map(|&c| c as f64 / self.n.max(1) as f64).collect()
+        self.wait_exceed
+            .iter()
+            .map(|&c| c as f64 / self.n.max(1) as f64)
+            .collect()
     }
 }

@@ -17,7 +17,12 @@ pub struct Check {
 
 impl Check {
     fn new(case: String, simulated: f64, theory: f64) -> Self {
-        Self { case, simulated, theory, rel_err: (simulated - theory).abs() / theory.abs() }
+        Self {
+            case,
+            simulated,
+            theory,
+            rel_err: (simulated - theory).abs() / theory.abs(),
+        }
     }
 }
 
@@ -47,12 +52,23 @@ pub fn mmc_case(c: usize, rho: f64, requests: u64, seed: u64) -> [Check; 2] {
     let mu = 1.0;
     let lambda = rho * c as f64 * mu;
     let t = 1.0 / (c as f64 * mu - lambda);
-    let mut cfg = ReqSim::new(c, Sched::CFcfs, Service::Exp { mean: 1.0 / mu }, rho, requests, seed);
+    let mut cfg = ReqSim::new(
+        c,
+        Sched::CFcfs,
+        Service::Exp { mean: 1.0 / mu },
+        rho,
+        requests,
+        seed,
+    );
     cfg.wait_thresholds_us = vec![t];
     cfg.histograms = false;
     let st = cfg.run();
     [
-        Check::new(format!("M/M/{c} FCFS rho={rho} mean wait"), st.mean_wait_us(), theory::mmc_mean_wait(c, lambda, mu)),
+        Check::new(
+            format!("M/M/{c} FCFS rho={rho} mean wait"),
+            st.mean_wait_us(),
+            theory::mmc_mean_wait(c, lambda, mu),
+        ),
         Check::new(
             format!("M/M/{c} FCFS rho={rho} P(W>{t:.3})"),
             st.wait_exceed_prob()[0],
@@ -77,7 +93,10 @@ pub const MMC_CORES: [usize; 3] = [1, 4, 16];
 pub const MMC_RHOS: [f64; 3] = [0.5, 0.8, 0.9];
 
 pub fn ps_services() -> Vec<Service> {
-    vec![Service::Exp { mean: 1.0 }, Service::Modes(vec![(0.5, 1.0), (0.5, 100.0)])]
+    vec![
+        Service::Exp { mean: 1.0 },
+        Service::Modes(vec![(0.5, 1.0), (0.5, 100.0)]),
+    ]
 }
 
 pub const PS_RHOS: [f64; 2] = [0.5, 0.8];
@@ -92,12 +111,22 @@ pub fn run_all(scale: f64, seed: u64) -> Vec<Check> {
     let mut out = Vec::new();
     for (i, &c) in MMC_CORES.iter().enumerate() {
         for (j, &rho) in MMC_RHOS.iter().enumerate() {
-            out.extend(mmc_case(c, rho, mmc_requests(c, rho, scale), seed + (i * 10 + j) as u64));
+            out.extend(mmc_case(
+                c,
+                rho,
+                mmc_requests(c, rho, scale),
+                seed + (i * 10 + j) as u64,
+            ));
         }
     }
     for (i, s) in ps_services().iter().enumerate() {
         for (j, &rho) in PS_RHOS.iter().enumerate() {
-            out.push(ps_case(s, rho, ps_requests(rho, scale), seed + 100 + (i * 10 + j) as u64));
+            out.push(ps_case(
+                s,
+                rho,
+                ps_requests(rho, scale),
+                seed + 100 + (i * 10 + j) as u64,
+            ));
         }
     }
     out

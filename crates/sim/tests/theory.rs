@@ -23,7 +23,12 @@ fn assert_close(c: &Check) {
 
 /// Same seeds as `validate::run_all(1.0, SEED)`.
 fn mmc(ci: usize, c: usize, ri: usize, rho: f64) {
-    for check in mmc_case(c, rho, mmc_requests(c, rho, 1.0), SEED + (ci * 10 + ri) as u64) {
+    for check in mmc_case(
+        c,
+        rho,
+        mmc_requests(c, rho, 1.0),
+        SEED + (ci * 10 + ri) as u64,
+    ) {
         assert_close(&check);
     }
 }
@@ -51,7 +56,12 @@ mmc_test!(mm16_rho09, 2, 16, 2, 0.9);
 fn mg1_ps_exponential_and_bimodal() {
     for (i, s) in ps_services().iter().enumerate() {
         for (j, &rho) in ginza_sim::validate::PS_RHOS.iter().enumerate() {
-            assert_close(&ps_case(s, rho, ps_requests(rho, 1.0), SEED + 100 + (i * 10 + j) as u64));
+            assert_close(&ps_case(
+                s,
+                rho,
+                ps_requests(rho, 1.0),
+                SEED + 100 + (i * 10 + j) as u64,
+            ));
         }
     }
 }
