@@ -23,6 +23,8 @@ pub enum ConfigError {
     UnknownCore { core: usize, allowed: String },
     #[error("invalid runtime config: core {0} is listed twice")]
     DuplicateCore(usize),
+    #[error("invalid scheduling policy: {0}")]
+    Policy(String),
     #[error("this process may run on no CPU at all")]
     NoAllowedCpus,
     #[error("cannot read this process's CPU affinity: {0}")]

@@ -32,7 +32,7 @@ where
     }
     crate::signals::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
-    let shared = Shared::new(&plan)
+    let shared = Shared::new(&plan, sched::Mode::Shenango)
         .map_err(|e| RuntimeError::Start(format!("cannot create kthread eventfds: {e}")))?;
 
     let done = Arc::new((Mutex::new(None), Condvar::new()));

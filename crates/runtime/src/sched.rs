@@ -27,6 +27,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use crossbeam_utils::CachePadded;
 
 use crate::arch;
 use crate::config::Plan;
@@ -86,6 +87,11 @@ impl URef {
     fn ptr(self) -> *mut UThread {
         self.0.as_ptr()
     }
+
+    /// The uthread's address, as a key while it is alive.
+    pub(crate) fn addr(self) -> usize {
+        self.0.as_ptr() as usize
+    }
 }
 
 const RUNNING: u8 = 0;
@@ -109,8 +115,53 @@ fn bump(counter: &AtomicU64) {
     counter.store(counter.load(Relaxed) + 1, Relaxed);
 }
 
+/// How a runtime's kthreads schedule.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Mode {
+    /// Shenango: run to completion, work stealing, parking.
+    Shenango,
+    /// Shinjuku: each kthread is a worker that runs the one request context a
+    /// dispatcher assigns it, and hands it back when done, preempted or blocked.
+    Worker,
+}
+
+/// Dispatcher → worker half of a Shinjuku mailbox (its own cache line).
+#[derive(Default)]
+pub(crate) struct ToWorker {
+    /// The request context to run next (null: none).
+    pub(crate) assigned: std::sync::atomic::AtomicPtr<UThread>,
+    /// Cooperative preemption request, polled at preemption points. In
+    /// Shenango mode, set together with a revocation.
+    pub(crate) preempt: AtomicBool,
+}
+
+/// Worker → dispatcher half of a Shinjuku mailbox.
+#[derive(Default)]
+pub(crate) struct FromWorker {
+    /// One of the `REPORT_*` values; the dispatcher resets it to NONE.
+    pub(crate) report: AtomicU8,
+    /// When the reported request stopped running (ns since the epoch).
+    pub(crate) report_ns: AtomicU64,
+    /// When the worker switched into its current request (ns since the
+    /// epoch; 0 while it runs none): quanta count from here, not from the
+    /// assignment, so a worker's wake-up does not eat its request's quantum.
+    pub(crate) started_ns: AtomicU64,
+    /// Preemptions taken at preemption points (cooperative).
+    pub(crate) coop_preemptions: AtomicU64,
+}
+
+pub(crate) const REPORT_NONE: u8 = 0;
+pub(crate) const REPORT_COMPLETED: u8 = 1;
+pub(crate) const REPORT_PREEMPTED: u8 = 2;
+pub(crate) const REPORT_BLOCKED: u8 = 3;
+
 pub(crate) struct KThread {
     pub(crate) id: usize,
+    mode: Mode,
+    pub(crate) to_worker: CachePadded<ToWorker>,
+    pub(crate) from_worker: CachePadded<FromWorker>,
+    /// Worker mode: the request context that just yielded back.
+    yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
     siblings: Vec<usize>,
     rt: *const Shared,
@@ -179,7 +230,10 @@ struct TimerHeap {
 /// State shared by all kthreads of one runtime.
 pub(crate) struct Shared {
     pub(crate) kthreads: Box<[KThread]>,
-    injector: Injector<URef>,
+    mode: Mode,
+    /// Shenango mode: work for any kthread. Worker mode: request contexts
+    /// made runnable again after blocking, for the dispatcher.
+    pub(crate) injector: Injector<URef>,
     n_spinning: AtomicUsize,
     n_parked: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
@@ -191,7 +245,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(plan: &Plan) -> std::io::Result<Arc<Shared>> {
+    pub(crate) fn new(plan: &Plan, mode: Mode) -> std::io::Result<Arc<Shared>> {
         let mut eventfds = Vec::with_capacity(plan.cores.len());
         for _ in &plan.cores {
             // SAFETY: eventfd has no memory-safety preconditions.
@@ -213,6 +267,10 @@ impl Shared {
                     let local = Worker::new_fifo();
                     KThread {
                         id,
+                        mode,
+                        to_worker: CachePadded::new(ToWorker::default()),
+                        from_worker: CachePadded::new(FromWorker::default()),
+                        yielded: Cell::new(null_mut()),
                         core,
                         siblings: plan.siblings[id].clone(),
                         rt,
@@ -236,6 +294,7 @@ impl Shared {
                 .collect();
             Shared {
                 kthreads,
+                mode,
                 injector: Injector::new(),
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),
@@ -249,7 +308,7 @@ impl Shared {
         }))
     }
 
-    fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
     }
 
@@ -585,6 +644,12 @@ pub(crate) fn wake(u: URef) {
     let k = current_kthread();
     // SAFETY: the runtime outlives its uthreads' wake-ups (run() waits for main).
     let rt = unsafe { &*rt_ptr };
+    if rt.mode == Mode::Worker {
+        // Only the dispatcher decides where a request runs.
+        rt.injector.push(u);
+        preempt::enable(p);
+        return;
+    }
     // SAFETY: non-null kthread of the calling thread, preemption deferred.
     if !k.is_null() && unsafe { (*k).rt } == rt_ptr {
         // SAFETY: owner kthread.
@@ -608,12 +673,61 @@ pub fn yield_now() {
     let cur = k.current.get();
     if cur != k.sched_ptr() {
         // SAFETY: owner kthread; `cur` is the running uthread.
-        unsafe {
-            k.local().push(URef(NonNull::new_unchecked(cur)));
-            schedule_away(k, cur);
-        }
+        unsafe { requeue_and_leave(k, cur) };
     }
     preempt::enable(p);
+}
+
+/// Puts the running uthread back where it can run again and leaves it:
+/// Shenango mode, at the back of the local runqueue (stealable); worker
+/// mode, back to the dispatcher through the worker loop.
+///
+/// # Safety
+/// `cur` runs on `k`, the caller's kthread; preemption deferred.
+unsafe fn requeue_and_leave(k: &KThread, cur: *mut UThread) {
+    match k.mode {
+        Mode::Shenango => {
+            // SAFETY: owner kthread; `cur` is running.
+            unsafe {
+                k.local().push(URef(NonNull::new_unchecked(cur)));
+                schedule_away(k, cur);
+            }
+        }
+        Mode::Worker => {
+            k.yielded.set(cur);
+            // SAFETY: `cur` runs on `k`; the worker loop takes it from `yielded`.
+            unsafe { switch_to(k, cur, k.sched_ptr()) };
+            finish_switch();
+        }
+    }
+}
+
+/// A preemption point: if a preemption was requested for this kthread (the
+/// Shinjuku dispatcher's quantum expired, or the core is being revoked) and
+/// the caller is not in a deferred section, yield now. Cheap enough for the
+/// inner loop of a long request: one call and one load when nothing is asked.
+#[inline]
+pub fn preempt_point() {
+    let k = current_kthread();
+    // SAFETY: a non-null kthread of this thread; reading an atomic flag.
+    if !k.is_null() && unsafe { &*k }.to_worker.preempt.load(Relaxed) {
+        preempt_point_slow();
+    }
+}
+
+#[cold]
+fn preempt_point_slow() {
+    let state = preempt::current_state();
+    // SAFETY: the running context's state.
+    if state.is_null() || unsafe { (*state).count.load(Relaxed) } != 0 {
+        return; // deferred: the next point after the section takes it
+    }
+    if let Some(k) = current_kthread_ref() {
+        if k.mode == Mode::Worker {
+            bump(&k.from_worker.coop_preemptions);
+        }
+    }
+    yield_now();
 }
 
 /// Suspends the running uthread for at least `duration`. Outside a runtime
@@ -713,6 +827,10 @@ pub(crate) fn preempt_from_signal() {
     if state.is_null() {
         return;
     }
+    if k.mode == Mode::Worker && !k.to_worker.preempt.load(Relaxed) {
+        // A late signal for a request that has finished meanwhile.
+        return;
+    }
     // SAFETY: CURRENT points to the interrupted context's state.
     let st = unsafe { &*state };
     if st.count.load(Relaxed) != 0 {
@@ -728,15 +846,21 @@ pub(crate) fn preempt_from_signal() {
         // SAFETY: preemption deferred; this is the running kthread.
         let k = unsafe { &*current_kthread() };
         let cur = k.current.get();
-        // SAFETY: owner kthread; `cur` is the interrupted uthread, now
-        // stealable by others once its registers are saved.
-        unsafe {
-            k.local().push(URef(NonNull::new_unchecked(cur)));
+        if k.mode == Mode::Worker {
+            k.yielded.set(cur);
+        } else {
+            // SAFETY: owner kthread; `cur` is the interrupted uthread, now
+            // stealable by others once its registers are saved.
+            unsafe { k.local().push(URef(NonNull::new_unchecked(cur))) };
+            k.rt().notify_one();
         }
-        k.rt().notify_one();
-        // SAFETY: `cur` runs on `k`; the scheduler decides whether `k` parks.
+        // SAFETY: `cur` runs on `k`; the scheduler (or worker loop) decides
+        // what happens next.
         unsafe { switch_to(k, cur, k.sched_ptr()) };
         finish_switch();
+        if k.mode == Mode::Worker {
+            break; // the dispatcher re-decides on every resumption
+        }
         // Resumed, maybe elsewhere. A request that arrived while we were
         // switching in is honoured before returning to the interrupted code.
         // SAFETY: preemption deferred.
@@ -785,7 +909,12 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
     preempt::set_current_state(&k.sched.preempt);
 
     // SAFETY: this is kthread `k`'s own thread.
-    unsafe { scheduler_loop(k) };
+    unsafe {
+        match k.mode {
+            Mode::Shenango => scheduler_loop(k),
+            Mode::Worker => worker_loop(k),
+        }
+    }
 
     preempt::set_current_state(null());
     KTHREAD.with(|c| c.set(null()));
@@ -801,6 +930,9 @@ unsafe fn scheduler_loop(k: &KThread) {
             break;
         }
         k.sched.preempt.pending.store(false, Relaxed);
+        if !k.revoke_requested.load(Acquire) {
+            k.to_worker.preempt.store(false, Relaxed);
+        }
         if k.revoke_requested.load(Acquire) {
             park_revoked(k);
             continue;
@@ -816,6 +948,87 @@ unsafe fn scheduler_loop(k: &KThread) {
             None => park_idle(k),
         }
     }
+}
+
+/// Shinjuku worker: runs the request contexts the dispatcher assigns, one at
+/// a time, and reports how each one stopped.
+///
+/// # Safety
+/// Runs on kthread `k`'s own thread, in its scheduler context.
+unsafe fn worker_loop(k: &KThread) {
+    let rt = k.rt();
+    while let Some(u) = wait_for_assignment(k) {
+        let u = u.ptr();
+        k.yielded.set(null_mut());
+        k.from_worker.started_ns.store(rt.now_ns().max(1), Relaxed);
+        // SAFETY: the dispatcher handed `u` to us alone; we are in the scheduler context.
+        unsafe { switch_to(k, k.sched_ptr(), u) };
+        let completed = k.exited.get() == u;
+        finish_switch(); // frees `u` if it completed
+        let report = if completed {
+            REPORT_COMPLETED
+        } else if k.yielded.replace(null_mut()) == u {
+            REPORT_PREEMPTED
+        } else {
+            REPORT_BLOCKED // on a wait queue; a waker sends it to the dispatcher
+        };
+        k.from_worker.started_ns.store(0, Relaxed);
+        k.from_worker.report_ns.store(rt.now_ns(), Relaxed);
+        k.from_worker.report.store(report, Release);
+    }
+}
+
+/// Spins for the next assignment, then parks on the eventfd (the dispatcher
+/// signals it after assigning to a parked worker). None at shutdown.
+fn wait_for_assignment(k: &KThread) -> Option<URef> {
+    let rt = k.rt();
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let u = k.to_worker.assigned.swap(null_mut(), Acquire);
+        if let Some(u) = NonNull::new(u) {
+            return Some(URef(u));
+        }
+        if rt.shutdown.load(Acquire) {
+            return None;
+        }
+        fire_timers_to_dispatcher(k);
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < rt.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        k.state.store(PARKED, SeqCst);
+        fence(SeqCst);
+        if k.to_worker.assigned.load(SeqCst).is_null() && !rt.shutdown.load(SeqCst) {
+            bump(&k.stats.parks);
+            eventfd_wait(k, k.next_deadline.load(Acquire));
+        }
+        k.state.store(RUNNING, SeqCst);
+        idle_since = None;
+    }
+}
+
+/// Worker mode: request contexts whose sleep on worker `k` is over go back
+/// to the dispatcher. Called by the idle worker and by the dispatcher (a
+/// busy worker cannot).
+pub(crate) fn fire_timers_to_dispatcher(k: &KThread) {
+    let rt = k.rt();
+    fire_timers(k, |u| rt.injector.push(u));
+}
+
+/// Hands `u` to worker `k` (dispatcher side); wakes the worker if parked.
+pub(crate) fn assign(k: &KThread, u: URef) {
+    k.to_worker.preempt.store(false, Relaxed);
+    k.to_worker.assigned.store(u.ptr(), Release);
+    fence(SeqCst);
+    if k.state.load(SeqCst) == PARKED {
+        eventfd_signal(k);
+    }
+}
+
+/// A uthread that is not queued anywhere yet (the dispatcher holds it).
+pub(crate) fn new_unqueued(rt: *const Shared, entry: Box<dyn FnOnce() + Send>) -> URef {
+    UThread::new_boxed(rt, entry)
 }
 
 /// Local runqueue, then timers, then stealing (shared queue, hyperthread
@@ -939,6 +1152,7 @@ fn park_revoked(k: &KThread) {
 pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(true, SeqCst);
+    k.to_worker.preempt.store(true, SeqCst);
     let tid = k.tid.load(SeqCst);
     if tid != 0 {
         crate::signals::send_preempt(tid)?;
@@ -949,6 +1163,7 @@ pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
 pub(crate) fn grant(rt: &Shared, id: usize) {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(false, SeqCst);
+    k.to_worker.preempt.store(false, SeqCst);
     eventfd_signal(k);
 }
 

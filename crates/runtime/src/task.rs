@@ -116,6 +116,28 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    let (entry, handle) = packaged(f);
+    sched::spawn_erased(rt, entry);
+    handle
+}
+
+/// A uthread for `f` that is not queued anywhere: the Shinjuku dispatcher
+/// decides where and when it runs.
+pub(crate) fn unqueued<F, T>(rt: *const Shared, f: F) -> (URef, JoinHandle<T>)
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let (entry, handle) = packaged(f);
+    (sched::new_unqueued(rt, entry), handle)
+}
+
+/// `f` as a uthread entry that leaves its result (or panic) for the handle.
+fn packaged<F, T>(f: F) -> (Box<dyn FnOnce() + Send>, JoinHandle<T>)
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
     let packet = Arc::new(Packet {
         state: SpinLock::new(JoinState {
             done: false,
@@ -124,9 +146,6 @@ where
         result: UnsafeCell::new(None),
     });
     let theirs = Arc::clone(&packet);
-    sched::spawn_erased(
-        rt,
-        Box::new(move || theirs.complete(catch_unwind(AssertUnwindSafe(f)))),
-    );
-    JoinHandle { packet }
+    let entry = Box::new(move || theirs.complete(catch_unwind(AssertUnwindSafe(f))));
+    (entry, JoinHandle { packet })
 }

@@ -1,0 +1,481 @@
+//! Shinjuku mode: preemptive request scheduling inside an application,
+//! without Dune.
+//!
+//! One dispatcher thread (never running application code) owns the request
+//! queues — the `ginza-policy` [`Dispatcher`], the same object the simulator
+//! runs — and hands request contexts to worker kthreads through per-worker
+//! cache-line mailboxes. A worker runs one request at a time and reports,
+//! through its mailbox, whether it completed, was preempted, or blocked.
+//!
+//! Preemption on a stock Linux VM: a signal costs microseconds, too much for
+//! a 5 µs quantum, so the default is cooperative — the dispatcher sets the
+//! worker's flag and the request yields at its next [`crate::preempt_point`]
+//! (or runtime call) — with a signal as the backstop for a request that
+//! reaches no preemption point in time. Deferred sections
+//! ([`crate::without_preemption`], allocation, runtime internals) hold off
+//! both.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_deque::Steal;
+pub use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
+use ginza_policy::sched::{Dispatcher, Request};
+
+use crate::config::{pin_current_thread, Config};
+use crate::error::{ConfigError, JoinError, RuntimeError};
+use crate::sched::{
+    self, Shared, URef, REPORT_BLOCKED, REPORT_COMPLETED, REPORT_NONE, REPORT_PREEMPTED,
+};
+use crate::task::{unqueued, JoinHandle};
+
+/// How the dispatcher preempts a request whose quantum is spent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preemption {
+    /// Set the worker's flag; the request yields at its next preemption
+    /// point. If it has not yielded `backstop` later, send a signal.
+    Cooperative { backstop: Option<Duration> },
+    /// Send the preemption signal at once.
+    Signal,
+}
+
+impl Default for Preemption {
+    fn default() -> Self {
+        Preemption::Cooperative {
+            backstop: Some(Duration::from_micros(50)),
+        }
+    }
+}
+
+/// Configuration of a Shinjuku-mode application.
+#[derive(Clone, Debug)]
+pub struct ShinjukuConfig {
+    /// Worker kthreads (one request at a time each).
+    pub workers: usize,
+    /// Cores of the workers (worker `i` on `worker_cores[i % len]`); `None`:
+    /// every allowed CPU.
+    pub worker_cores: Option<Vec<usize>>,
+    /// Core of the dispatcher thread; `None`: unpinned.
+    pub dispatcher_core: Option<usize>,
+    /// Queueing policy; times (quantum, SLOs) in nanoseconds.
+    pub policy: SchedPolicy,
+    pub preemption: Preemption,
+    /// Usable bytes of each request's stack.
+    pub stack_size: usize,
+    /// How long an idle worker spins before it parks.
+    pub idle_spin: Duration,
+}
+
+impl Default for ShinjukuConfig {
+    fn default() -> Self {
+        ShinjukuConfig {
+            workers: 1,
+            worker_cores: None,
+            dispatcher_core: None,
+            policy: SchedPolicy::CPreSq {
+                quantum: 10_000,
+                placement: Placement::Tail,
+            },
+            preemption: Preemption::default(),
+            stack_size: 64 * 1024,
+            idle_spin: Duration::from_micros(50),
+        }
+    }
+}
+
+/// A request that has arrived.
+#[derive(Debug)]
+pub struct Arrival<Req> {
+    /// Request class (the queue under c-PRE-MQ; 0 otherwise).
+    pub class: usize,
+    /// When it arrived, in ns since the start of [`serve`] (its latency is
+    /// measured from here, so a generator passes the scheduled time).
+    pub at_ns: u64,
+    pub payload: Req,
+}
+
+/// Where requests come from: polled by the dispatcher on every pass.
+pub trait Source<Req> {
+    /// A request that has arrived by `now_ns` (ns since the start of
+    /// [`serve`]), if any.
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<Req>>;
+    /// True once no request will ever arrive again.
+    fn is_done(&self) -> bool;
+}
+
+/// One served request.
+#[derive(Debug)]
+pub struct Completion<Resp> {
+    pub id: u64,
+    pub class: usize,
+    pub arrival_ns: u64,
+    /// When its worker reported it finished (ns since the start).
+    pub finish_ns: u64,
+    /// How many times it was preempted.
+    pub preemptions: u32,
+    /// The handler's value, or its panic.
+    pub result: Result<Resp, JoinError>,
+}
+
+impl<Resp> Completion<Resp> {
+    pub fn latency_ns(&self) -> u64 {
+        self.finish_ns.saturating_sub(self.arrival_ns)
+    }
+}
+
+/// What [`serve`] did.
+#[derive(Debug)]
+pub struct ServeReport<Resp> {
+    /// Every request, in completion order.
+    pub completions: Vec<Completion<Resp>>,
+    /// Preemptions taken at preemption points.
+    pub coop_preemptions: u64,
+    /// Preemptions applied by the signal handler (or at the end of a
+    /// deferred section the signal arrived in).
+    pub signal_preemptions: u64,
+    /// Signals the dispatcher sent.
+    pub signals_sent: u64,
+    pub elapsed: Duration,
+}
+
+struct InFlight<Resp> {
+    uthread: URef,
+    handle: JoinHandle<Resp>,
+    preemptions: u32,
+}
+
+struct Running<Resp> {
+    request: Request<InFlight<Resp>>,
+    flagged: bool,
+    flagged_at: u64,
+    signaled: bool,
+}
+
+fn policy_error(message: String) -> RuntimeError {
+    RuntimeError::Config(ConfigError::Policy(message))
+}
+
+fn check_policy(policy: &SchedPolicy) -> Result<(), RuntimeError> {
+    match policy {
+        SchedPolicy::CFcfs => Ok(()),
+        SchedPolicy::CPreSq { quantum, .. } if *quantum == 0 => {
+            Err(policy_error("c-PRE-SQ quantum must be > 0 ns".into()))
+        }
+        SchedPolicy::CPreSq { .. } => Ok(()),
+        SchedPolicy::CPreMq { quantum, classes } => {
+            if *quantum == 0 {
+                return Err(policy_error("c-PRE-MQ quantum must be > 0 ns".into()));
+            }
+            if classes.is_empty() {
+                return Err(policy_error(
+                    "c-PRE-MQ needs at least one request class".into(),
+                ));
+            }
+            if let Some(i) = classes.iter().position(|c| c.slo == 0) {
+                return Err(policy_error(format!(
+                    "c-PRE-MQ class {i} has an SLO of 0 ns"
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Serves every request `source` produces with `handler`, each in its own
+/// uthread context, scheduled by `config.policy`; returns when the source is
+/// done and every request has completed.
+pub fn serve<Req, Resp, S, H>(
+    config: ShinjukuConfig,
+    mut source: S,
+    handler: H,
+) -> Result<ServeReport<Resp>, RuntimeError>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    S: Source<Req> + Send,
+    H: Fn(Req) -> Resp + Send + Sync + 'static,
+{
+    check_policy(&config.policy)?;
+    let n_classes = match &config.policy {
+        SchedPolicy::CPreMq { classes, .. } => classes.len(),
+        _ => 1,
+    };
+    let plan = Config {
+        kthreads: config.workers,
+        cores: config.worker_cores.clone(),
+        stack_size: config.stack_size,
+        spin_before_park: config.idle_spin,
+    }
+    .plan()?;
+    if let Some(core) = config.dispatcher_core {
+        let allowed = crate::config::allowed_cpus()?;
+        if !allowed.contains(&core) {
+            return Err(ConfigError::UnknownCore {
+                core,
+                allowed: allowed
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            }
+            .into());
+        }
+    }
+    crate::signals::install()
+        .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
+    let rt = Shared::new(&plan, sched::Mode::Worker)
+        .map_err(|e| RuntimeError::Start(format!("cannot create worker eventfds: {e}")))?;
+
+    let mut workers = Vec::with_capacity(plan.cores.len());
+    for id in 0..plan.cores.len() {
+        let rt2 = Arc::clone(&rt);
+        match std::thread::Builder::new()
+            .name(format!("ginza-w{id}"))
+            .spawn(move || sched::kthread_main(rt2, id))
+        {
+            Ok(t) => workers.push(t),
+            Err(e) => {
+                rt.wake_all_for_shutdown();
+                workers.into_iter().for_each(|t| drop(t.join()));
+                return Err(RuntimeError::Start(format!(
+                    "cannot start worker {id}: {e}"
+                )));
+            }
+        }
+    }
+
+    let handler = Arc::new(handler);
+    let started = Instant::now();
+    let outcome = std::thread::scope(|scope| {
+        let rt = &rt;
+        let config = &config;
+        std::thread::Builder::new()
+            .name("ginza-dispatch".into())
+            .spawn_scoped(scope, move || {
+                if let Some(core) = config.dispatcher_core {
+                    if let Err(e) = pin_current_thread(core) {
+                        log::warn!("dispatcher: cannot pin to core {core}: {e}");
+                    }
+                }
+                dispatch(rt, config, n_classes, &mut source, handler)
+            })
+            .map_err(|e| RuntimeError::Start(format!("cannot start the dispatcher: {e}")))?
+            .join()
+            .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
+    });
+    rt.wake_all_for_shutdown();
+    for t in workers {
+        let _ = t.join();
+    }
+    rt.drain_after_shutdown();
+    let (completions, signals_sent) = outcome?;
+    Ok(ServeReport {
+        completions,
+        coop_preemptions: rt
+            .kthreads
+            .iter()
+            .map(|k| k.from_worker.coop_preemptions.load(Relaxed))
+            .sum(),
+        signal_preemptions: rt
+            .kthreads
+            .iter()
+            .map(|k| k.stats.preemptions.load(Relaxed))
+            .sum(),
+        signals_sent,
+        elapsed: started.elapsed(),
+    })
+}
+
+type Served<Resp> = (Vec<Completion<Resp>>, u64);
+
+/// The dispatcher's loop: arrivals in, decisions out, no application code.
+fn dispatch<Req, Resp, S, H>(
+    rt: &Arc<Shared>,
+    config: &ShinjukuConfig,
+    n_classes: usize,
+    source: &mut S,
+    handler: Arc<H>,
+) -> Result<Served<Resp>, RuntimeError>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    S: Source<Req>,
+    H: Fn(Req) -> Resp + Send + Sync + 'static,
+{
+    let rt_ptr = Arc::as_ptr(rt);
+    let mut queues: Dispatcher<InFlight<Resp>> = Dispatcher::new(config.policy.clone());
+    let mut running: Vec<Option<Running<Resp>>> = (0..rt.kthreads.len()).map(|_| None).collect();
+    let mut blocked: HashMap<usize, Request<InFlight<Resp>>> = HashMap::new();
+    let mut woken_early: HashSet<usize> = HashSet::new();
+    let mut completions = Vec::new();
+    let mut next_id = 0u64;
+    let mut signals_sent = 0u64;
+    let mut idle_passes = 0u32;
+    loop {
+        let now = rt.now_ns();
+        let mut progress = false;
+
+        while let Some(arrival) = source.poll(now) {
+            if arrival.class >= n_classes {
+                return Err(policy_error(format!(
+                    "request {next_id} has class {}, but the policy has {n_classes} class(es)",
+                    arrival.class
+                )));
+            }
+            let h = Arc::clone(&handler);
+            let payload = arrival.payload;
+            let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
+            let request = Request {
+                id: next_id,
+                class: arrival.class,
+                arrival: arrival.at_ns,
+                payload: InFlight {
+                    uthread,
+                    handle,
+                    preemptions: 0,
+                },
+            };
+            queues.enqueue(request, now);
+            next_id += 1;
+            progress = true;
+        }
+
+        // Requests that blocked and are runnable again (woken, or their sleep ended).
+        for k in rt.kthreads.iter() {
+            sched::fire_timers_to_dispatcher(k);
+        }
+        while let Steal::Success(u) = rt.injector.steal() {
+            let key = u.addr();
+            match blocked.remove(&key) {
+                Some(request) => queues.enqueue(request, now),
+                None => {
+                    // Woken before its worker's report reached us.
+                    woken_early.insert(key);
+                }
+            }
+            progress = true;
+        }
+
+        for (w, k) in rt.kthreads.iter().enumerate() {
+            let report = k.from_worker.report.load(Acquire);
+            if report == REPORT_NONE {
+                continue;
+            }
+            let finished_at = k.from_worker.report_ns.load(Relaxed);
+            k.from_worker.report.store(REPORT_NONE, Relaxed);
+            let run = running[w]
+                .take()
+                .expect("a worker reported without an assignment");
+            let mut request = run.request;
+            match report {
+                REPORT_COMPLETED => {
+                    let InFlight {
+                        handle,
+                        preemptions,
+                        ..
+                    } = request.payload;
+                    completions.push(Completion {
+                        id: request.id,
+                        class: request.class,
+                        arrival_ns: request.arrival,
+                        finish_ns: finished_at,
+                        preemptions,
+                        result: handle.join(),
+                    });
+                }
+                REPORT_PREEMPTED => {
+                    request.payload.preemptions += 1;
+                    queues.requeue_preempted(request, now);
+                }
+                REPORT_BLOCKED => {
+                    let key = request.payload.uthread.addr();
+                    if woken_early.remove(&key) {
+                        queues.enqueue(request, now);
+                    } else {
+                        blocked.insert(key, request);
+                    }
+                }
+                other => {
+                    return Err(RuntimeError::Start(format!(
+                        "worker {w} sent unknown report {other}"
+                    )))
+                }
+            }
+            progress = true;
+        }
+
+        for (w, slot) in running.iter_mut().enumerate() {
+            let Some(run) = slot else { continue };
+            let k = &rt.kthreads[w];
+            // Reset by the worker before its report, which we consumed
+            // before assigning: non-zero means this assignment has started.
+            let started = k.from_worker.started_ns.load(Relaxed);
+            if started == 0 || !queues.should_preempt(started, now) {
+                continue;
+            }
+            let signal_now = match config.preemption {
+                Preemption::Signal => !run.signaled,
+                Preemption::Cooperative { backstop } => {
+                    if !run.flagged {
+                        false
+                    } else {
+                        backstop.is_some_and(|b| {
+                            !run.signaled
+                                && now.saturating_sub(run.flagged_at) >= b.as_nanos() as u64
+                        })
+                    }
+                }
+            };
+            if !run.flagged {
+                k.to_worker.preempt.store(true, Release);
+                run.flagged = true;
+                run.flagged_at = now;
+            }
+            if signal_now {
+                let tid = k.tid.load(Relaxed);
+                if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
+                    signals_sent += 1;
+                }
+                run.signaled = true;
+            }
+        }
+
+        for (w, slot) in running.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            let Some(request) = queues.next_for_idle_worker(now) else {
+                break;
+            };
+            sched::assign(&rt.kthreads[w], request.payload.uthread);
+            *slot = Some(Running {
+                request,
+                flagged: false,
+                flagged_at: 0,
+                signaled: false,
+            });
+            progress = true;
+        }
+
+        if source.is_done()
+            && queues.is_empty()
+            && blocked.is_empty()
+            && running.iter().all(Option::is_none)
+        {
+            return Ok((completions, signals_sent));
+        }
+        if progress {
+            idle_passes = 0;
+        } else {
+            idle_passes = idle_passes.saturating_add(1);
+            if idle_passes > 10_000 && running.iter().all(Option::is_none) {
+                // Nothing in flight: let other threads have this core.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! Shinjuku mode: a dispatcher, worker kthreads, cooperative and signal
+//! preemption, the c-FCFS / c-PRE-SQ / c-PRE-MQ policies.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ginza_runtime::shinjuku::{
+    serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, ServeReport, ShinjukuConfig,
+    Source,
+};
+use ginza_runtime::{preempt_point, without_preemption};
+
+/// Releases a fixed script of requests in one dispatcher pass, 5 ms after
+/// the start (so arrival times up to 5 ms in the past are representable),
+/// each with an arrival time relative to that pass (negative: it has
+/// already waited).
+struct Script<R> {
+    items: Vec<(usize, i64, R)>,
+}
+
+impl<R> Source<R> for Script<R> {
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<R>> {
+        if self.items.is_empty() || now_ns < 5_000_000 {
+            return None;
+        }
+        let (class, offset, payload) = self.items.remove(0);
+        Some(Arrival {
+            class,
+            at_ns: (now_ns as i64 + offset).max(0) as u64,
+            payload,
+        })
+    }
+    fn is_done(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+fn script<R>(items: Vec<(usize, i64, R)>) -> Script<R> {
+    Script { items }
+}
+
+/// Busy work with preemption points, returning a checkable value.
+fn work(iters: u64, seed: u64) -> u64 {
+    let mut x = seed;
+    for i in 0..iters {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+        if i % 64 == 63 {
+            preempt_point();
+        }
+    }
+    x
+}
+
+fn spin(d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        std::hint::spin_loop();
+    }
+}
+
+fn one_worker(policy: SchedPolicy, preemption: Preemption) -> ShinjukuConfig {
+    ShinjukuConfig {
+        workers: 1,
+        policy,
+        preemption,
+        ..ShinjukuConfig::default()
+    }
+}
+
+/// A 100 µs quantum for the order tests. Their short requests run inside
+/// `without_preemption`, so that a kthread descheduled by Linux (tests run
+/// in parallel on two cores) cannot turn into a preemption and blur what the
+/// policy decided.
+fn sq(placement: Placement) -> SchedPolicy {
+    SchedPolicy::CPreSq {
+        quantum: 100_000,
+        placement,
+    }
+}
+
+/// Long requests (≥ 1M iterations) are preemptible; short ones are not.
+fn short_unpreemptible(iters: u64) -> u64 {
+    if iters >= 1_000_000 {
+        work(iters, 1)
+    } else {
+        without_preemption(|| work(iters, 1))
+    }
+}
+
+fn completion_order<R>(report: &ServeReport<R>) -> Vec<u64> {
+    report.completions.iter().map(|c| c.id).collect()
+}
+
+#[test]
+fn preempted_requests_complete_with_correct_results() {
+    let items: Vec<_> = (0..40u64)
+        .map(|i| (0, 0, (i, if i % 4 == 0 { 400_000 } else { 2_000 })))
+        .collect();
+    let report = serve(
+        ShinjukuConfig {
+            workers: 2,
+            ..one_worker(sq(Placement::Tail), Preemption::default())
+        },
+        script(items),
+        |(seed, iters): (u64, u64)| (seed, work(iters, seed)),
+    )
+    .unwrap();
+    assert_eq!(report.completions.len(), 40);
+    for c in &report.completions {
+        let (seed, value) = c.result.as_ref().unwrap();
+        let iters = if seed % 4 == 0 { 400_000 } else { 2_000 };
+        assert_eq!(*value, work(iters, *seed), "request {seed}");
+    }
+    let preempted = report
+        .completions
+        .iter()
+        .filter(|c| c.preemptions > 0)
+        .count();
+    assert!(preempted > 0, "no long request was ever preempted");
+    assert!(report.coop_preemptions > 0);
+}
+
+#[test]
+fn c_fcfs_runs_to_completion_in_arrival_order() {
+    // Request 0 is long; 1 and 2 are short and wait behind it.
+    let report = serve(
+        one_worker(SchedPolicy::CFcfs, Preemption::default()),
+        script(vec![(0, 0, 300_000u64), (0, 0, 100), (0, 0, 100)]),
+        |iters| work(iters, 1),
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![0, 1, 2]);
+    assert!(report.completions.iter().all(|c| c.preemptions == 0));
+}
+
+#[test]
+fn sq_tail_placement_lets_short_requests_pass_a_long_one() {
+    let report = serve(
+        one_worker(sq(Placement::Tail), Preemption::default()),
+        script(vec![(0, 0, 3_000_000u64), (0, 0, 100), (0, 0, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![1, 2, 0]);
+    assert!(
+        report
+            .completions
+            .iter()
+            .find(|c| c.id == 0)
+            .unwrap()
+            .preemptions
+            >= 1
+    );
+}
+
+#[test]
+fn sq_head_placement_keeps_the_preempted_request_first() {
+    let report = serve(
+        one_worker(sq(Placement::Head), Preemption::default()),
+        script(vec![(0, 0, 3_000_000u64), (0, 0, 100), (0, 0, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![0, 1, 2]);
+    assert!(
+        report.completions[0].preemptions >= 1,
+        "it was never preempted at all"
+    );
+}
+
+fn mq() -> SchedPolicy {
+    SchedPolicy::CPreMq {
+        quantum: 100_000,
+        classes: vec![
+            ClassConfig {
+                slo: 1_000_000, // 1 ms
+                placement: Placement::Tail,
+            },
+            ClassConfig {
+                slo: 10_000, // 10 µs
+                placement: Placement::Tail,
+            },
+        ],
+    }
+}
+
+#[test]
+fn mq_picks_the_queue_with_the_largest_wait_to_slo_ratio() {
+    // Class 0 has waited 100 µs of its 1 ms SLO (0.1); class 1 only 5 µs of
+    // its 10 µs (0.5): class 1 goes first although it arrived later.
+    let report = serve(
+        one_worker(mq(), Preemption::default()),
+        script(vec![(0, -100_000, 100u64), (1, -5_000, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![1, 0]);
+    // Class 0 has now waited 2 ms (ratio 2 > 0.5): it goes first.
+    let report = serve(
+        one_worker(mq(), Preemption::default()),
+        script(vec![(0, -2_000_000, 100u64), (1, -5_000, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![0, 1]);
+}
+
+#[test]
+fn a_request_without_preemption_points_is_preempted_by_the_backstop_signal() {
+    let other_ran = Arc::new(AtomicBool::new(false));
+    let flag = other_ran.clone();
+    let report = serve(
+        one_worker(
+            sq(Placement::Tail),
+            Preemption::Cooperative {
+                backstop: Some(Duration::from_micros(50)),
+            },
+        ),
+        script(vec![(0, 0, true), (0, 0, false)]),
+        move |is_long| {
+            if !is_long {
+                flag.store(true, SeqCst);
+                return 0u64;
+            }
+            // No preemption point in here: with one worker, the short
+            // request can only have run if the signal preempted this one.
+            let give_up = Instant::now() + Duration::from_secs(20);
+            let mut spins = 0u64;
+            while !flag.load(SeqCst) && Instant::now() < give_up {
+                spins += 1;
+            }
+            spins
+        },
+    )
+    .unwrap();
+    assert!(
+        other_ran.load(SeqCst),
+        "the long request was never preempted"
+    );
+    assert!(report.signals_sent >= 1);
+    assert!(report.signal_preemptions >= 1);
+    assert_eq!(report.coop_preemptions, 0);
+    assert_eq!(completion_order(&report), vec![1, 0]);
+    assert!(report.completions[1].preemptions >= 1);
+}
+
+#[test]
+fn deferred_sections_are_never_interrupted() {
+    for preemption in [Preemption::Signal, Preemption::default()] {
+        let other_ran = Arc::new(AtomicBool::new(false));
+        let flag = other_ran.clone();
+        let report = serve(
+            one_worker(sq(Placement::Tail), preemption),
+            script(vec![(0, 0, true), (0, 0, false)]),
+            move |is_long| {
+                if !is_long {
+                    flag.store(true, SeqCst);
+                    return true;
+                }
+                let undisturbed = without_preemption(|| {
+                    let end = Instant::now() + Duration::from_millis(5);
+                    while Instant::now() < end {
+                        preempt_point(); // must be a no-op in here
+                    }
+                    !flag.load(SeqCst)
+                });
+                // Outside the section the pending preemption lets the other run.
+                work(2_000_000, 3);
+                undisturbed
+            },
+        )
+        .unwrap();
+        let long = report.completions.iter().find(|c| c.id == 0).unwrap();
+        assert!(
+            *long.result.as_ref().unwrap(),
+            "{preemption:?}: the section was interrupted"
+        );
+        assert!(
+            long.preemptions >= 1,
+            "{preemption:?}: never preempted after the section"
+        );
+        assert!(other_ran.load(SeqCst));
+        assert_eq!(completion_order(&report), vec![1, 0], "{preemption:?}");
+    }
+}
+
+#[test]
+fn requests_may_block_and_come_back() {
+    let shared = Arc::new(ginza_runtime::Mutex::new(0u64));
+    let items: Vec<_> = (0..50u64).map(|i| (0, 0, i)).collect();
+    let m = shared.clone();
+    let report = serve(
+        ShinjukuConfig {
+            workers: 2,
+            ..one_worker(sq(Placement::Tail), Preemption::default())
+        },
+        script(items),
+        move |i| {
+            ginza_runtime::sleep(Duration::from_micros(20 + i * 3));
+            let mut g = m.lock();
+            *g += i;
+            work(5_000, i) // hold the lock a while: others block on it
+        },
+    )
+    .unwrap();
+    assert_eq!(report.completions.len(), 50);
+    assert_eq!(*shared.lock(), (0..50u64).sum::<u64>());
+}
+
+#[test]
+fn a_million_requests_with_preemption_none_lost_none_twice() {
+    const N: usize = 1_000_000;
+    let runs: Arc<Vec<AtomicU8>> = Arc::new((0..N).map(|_| AtomicU8::new(0)).collect());
+    struct Burst {
+        next: usize,
+    }
+    impl Source<usize> for Burst {
+        fn poll(&mut self, now_ns: u64) -> Option<Arrival<usize>> {
+            (self.next < N).then(|| {
+                self.next += 1;
+                Arrival {
+                    class: 0,
+                    at_ns: now_ns,
+                    payload: self.next - 1,
+                }
+            })
+        }
+        fn is_done(&self) -> bool {
+            self.next == N
+        }
+    }
+    let r = runs.clone();
+    let report = serve(
+        ShinjukuConfig {
+            workers: 2,
+            policy: SchedPolicy::CPreSq {
+                quantum: 5_000,
+                placement: Placement::Tail,
+            },
+            ..ShinjukuConfig::default()
+        },
+        Burst { next: 0 },
+        move |i| {
+            r[i].fetch_add(1, SeqCst);
+            if i % 1000 == 0 {
+                work(50_000, i as u64); // long enough to be preempted
+            }
+            i
+        },
+    )
+    .unwrap();
+    assert_eq!(report.completions.len(), N);
+    assert!(
+        runs.iter().all(|c| c.load(SeqCst) == 1),
+        "a request ran twice or never"
+    );
+    let mut ids: Vec<u64> = report.completions.iter().map(|c| c.id).collect();
+    ids.sort_unstable();
+    assert!(ids.iter().enumerate().all(|(i, &id)| id == i as u64));
+    assert!(report.completions.iter().all(|c| c
+        .result
+        .as_ref()
+        .map(|&v| v as u64 == c.id)
+        .unwrap_or(false)));
+    assert!(report.coop_preemptions > 0);
+}
+
+#[test]
+fn bad_policies_are_clear_errors() {
+    let err = serve(
+        one_worker(
+            SchedPolicy::CPreMq {
+                quantum: 5_000,
+                classes: vec![],
+            },
+            Preemption::default(),
+        ),
+        script::<u8>(vec![]),
+        |x| x,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("at least one request class"),
+        "{err}"
+    );
+    let err = serve(
+        one_worker(sq(Placement::Tail), Preemption::default()),
+        script(vec![(3, 0, 1u8)]),
+        |x| x,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("class 3"), "{err}");
+}
