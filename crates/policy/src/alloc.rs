@@ -346,7 +346,8 @@ impl CoreAllocator for Shenango {
 }
 
 /// ZygOS-like static provisioning: each application gets `guaranteed`
-/// spinning cores once and keeps them.
+/// spinning cores once and keeps them; batch applications then soak up any
+/// core left idle (up to their maximum) and keep it too.
 #[derive(Debug)]
 pub struct Static {
     interval: Time,
@@ -371,6 +372,13 @@ impl CoreAllocator for Static {
         let mut b = Board::build(topo, apps);
         for a in 0..apps.len() {
             while b.active[a] < apps[a].guaranteed && b.n_idle() > 0 {
+                if !b.grant_one(topo, apps, a, &mut self.rng, out) {
+                    break;
+                }
+            }
+        }
+        for a in (0..apps.len()).filter(|&a| apps[a].class == AppClass::Batch) {
+            while b.n_idle() > 0 {
                 if !b.grant_one(topo, apps, a, &mut self.rng, out) {
                     break;
                 }
@@ -965,6 +973,35 @@ mod tests {
         out.clear();
         st.pass(1000, &topo, std::slice::from_ref(&a), &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn static_batch_takes_leftover_cores() {
+        let topo = Topology::flat(4);
+        let mut st = Static::new(1000);
+        let l = app(
+            1,
+            AppClass::LatencyCritical,
+            2,
+            vec![parked(0, None), parked(0, None)],
+        );
+        let b = app(
+            2,
+            AppClass::Batch,
+            0,
+            (0..4).map(|_| parked(0, None)).collect(),
+        );
+        let mut out = Vec::new();
+        st.pass(0, &topo, &[l, b], &mut out);
+        let lc = out
+            .iter()
+            .filter(|d| matches!(d, Decision::Grant { app: 0, .. }))
+            .count();
+        let batch = out
+            .iter()
+            .filter(|d| matches!(d, Decision::Grant { app: 1, .. }))
+            .count();
+        assert_eq!((lc, batch), (2, 2));
     }
 
     #[test]

@@ -407,6 +407,9 @@ impl<'a> Engine<'a> {
             }
         } else if core.state == CoreState::Batch {
             self.batch_useful += self.window(core.started, now);
+            let (started, k) = (core.started, core.owner.map_or(0, |o| o.1));
+            self.kts[1][k].busy += now - started;
+            self.cores[c].started = now;
         }
     }
 
@@ -452,7 +455,7 @@ impl<'a> Engine<'a> {
                     };
                     let busy = k.busy
                         + k.core.map_or(0, |c| {
-                            if self.cores[c].state == CoreState::Busy {
+                            if matches!(self.cores[c].state, CoreState::Busy | CoreState::Batch) {
                                 now - self.cores[c].started
                             } else {
                                 0
@@ -464,7 +467,7 @@ impl<'a> Engine<'a> {
                         parked: k.core.is_none(),
                         parked_since: k.parked_since,
                         last_core: k.last_core,
-                        busy_time: if app == 1 { 0 } else { busy },
+                        busy_time: busy,
                     }
                 })
                 .collect();
