@@ -21,7 +21,7 @@ where
 {
     let plan = config.plan()?;
     if plan.oversubscribed && !OVERSUBSCRIPTION_SAID.swap(true, Relaxed) {
-        log::info!(
+        log::warn!(
             "{} kthreads on {} cores: Linux will multiplex them (fine for tests, not for latency)",
             plan.cores.len(),
             plan.cores

@@ -66,6 +66,8 @@ pub struct ShinjukuConfig {
     pub stack_size: usize,
     /// How long an idle worker spins before it parks.
     pub idle_spin: Duration,
+    /// Keep a [`PreemptionSample`] for every preemption (for benchmarks).
+    pub record_preemptions: bool,
 }
 
 impl Default for ShinjukuConfig {
@@ -81,6 +83,7 @@ impl Default for ShinjukuConfig {
             preemption: Preemption::default(),
             stack_size: 64 * 1024,
             idle_spin: Duration::from_micros(50),
+            record_preemptions: false,
         }
     }
 }
@@ -125,6 +128,19 @@ impl<Resp> Completion<Resp> {
     }
 }
 
+/// One preemption as the dispatcher saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct PreemptionSample {
+    /// The request was handed back after a signal (else after the flag alone).
+    pub by_signal: bool,
+    /// Dispatcher time spent asking: the flag store, or the flag store and
+    /// `tgkill` (ns, the clock's own overhead subtracted).
+    pub dispatcher_ns: u64,
+    /// From the last ask (flag set, or signal sent) to the worker's report
+    /// that the request is off its core (ns).
+    pub handback_ns: u64,
+}
+
 /// What [`serve`] did.
 #[derive(Debug)]
 pub struct ServeReport<Resp> {
@@ -137,6 +153,8 @@ pub struct ServeReport<Resp> {
     pub signal_preemptions: u64,
     /// Signals the dispatcher sent.
     pub signals_sent: u64,
+    /// With `record_preemptions`: one sample per preemption.
+    pub preemption_samples: Vec<PreemptionSample>,
     pub elapsed: Duration,
 }
 
@@ -148,6 +166,9 @@ struct InFlight<Resp> {
 
 struct Running<Resp> {
     request: Request<InFlight<Resp>>,
+    /// Dispatcher ns spent asking for the preemption, and when it last asked.
+    ask_ns: u64,
+    asked_at: u64,
     flagged: bool,
     flagged_at: u64,
     signaled: bool,
@@ -270,9 +291,10 @@ where
         let _ = t.join();
     }
     rt.drain_after_shutdown();
-    let (completions, signals_sent) = outcome?;
+    let (completions, signals_sent, preemption_samples) = outcome?;
     Ok(ServeReport {
         completions,
+        preemption_samples,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -288,7 +310,19 @@ where
     })
 }
 
-type Served<Resp> = (Vec<Completion<Resp>>, u64);
+type Served<Resp> = (Vec<Completion<Resp>>, u64, Vec<PreemptionSample>);
+
+/// The median cost of reading the clock twice, to subtract from short timings.
+fn clock_overhead_ns() -> u64 {
+    let mut samples: Vec<u64> = (0..1001)
+        .map(|_| {
+            let t = Instant::now();
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
 
 /// The dispatcher's loop: arrivals in, decisions out, no application code.
 fn dispatch<Req, Resp, S, H>(
@@ -313,6 +347,12 @@ where
     let mut next_id = 0u64;
     let mut signals_sent = 0u64;
     let mut idle_passes = 0u32;
+    let mut samples = Vec::new();
+    let clock_overhead = if config.record_preemptions {
+        clock_overhead_ns()
+    } else {
+        0
+    };
     loop {
         let now = rt.now_ns();
         let mut progress = false;
@@ -386,6 +426,13 @@ where
                     });
                 }
                 REPORT_PREEMPTED => {
+                    if config.record_preemptions {
+                        samples.push(PreemptionSample {
+                            by_signal: run.signaled,
+                            dispatcher_ns: run.ask_ns,
+                            handback_ns: finished_at.saturating_sub(run.asked_at),
+                        });
+                    }
                     request.payload.preemptions += 1;
                     queues.requeue_preempted(request, now);
                 }
@@ -428,17 +475,24 @@ where
                     }
                 }
             };
-            if !run.flagged {
-                k.to_worker.preempt.store(true, Release);
-                run.flagged = true;
-                run.flagged_at = now;
-            }
-            if signal_now {
-                let tid = k.tid.load(Relaxed);
-                if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
-                    signals_sent += 1;
+            if !run.flagged || signal_now {
+                let asking = config.record_preemptions.then(Instant::now);
+                if !run.flagged {
+                    k.to_worker.preempt.store(true, Release);
+                    run.flagged = true;
+                    run.flagged_at = now;
                 }
-                run.signaled = true;
+                if signal_now {
+                    let tid = k.tid.load(Relaxed);
+                    if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
+                        signals_sent += 1;
+                    }
+                    run.signaled = true;
+                }
+                if let Some(t) = asking {
+                    run.ask_ns += (t.elapsed().as_nanos() as u64).saturating_sub(clock_overhead);
+                    run.asked_at = rt.now_ns();
+                }
             }
         }
 
@@ -452,6 +506,8 @@ where
             sched::assign(&rt.kthreads[w], request.payload.uthread);
             *slot = Some(Running {
                 request,
+                ask_ns: 0,
+                asked_at: 0,
                 flagged: false,
                 flagged_at: 0,
                 signaled: false,
@@ -464,7 +520,7 @@ where
             && blocked.is_empty()
             && running.iter().all(Option::is_none)
         {
-            return Ok((completions, signals_sent));
+            return Ok((completions, signals_sent, samples));
         }
         if progress {
             idle_passes = 0;
