@@ -1,0 +1,27 @@
+//! Shared memory between iokerneld and a runtime (see DESIGN.md, "Shared
+//! memory between iokerneld and a runtime").
+//!
+//! * [`region`]: the memfd-backed region, its `#[repr(C)]` header and the
+//!   validation iokerneld applies before trusting any offset in it.
+//! * [`queue_line`]: one cache line per kthread that the runtime writes and
+//!   iokerneld samples for congestion detection.
+//! * [`ring`]: the `#[repr(C)]`, pointer-free SPSC ring both processes map.
+//! * [`msg`]: the command messages of the per-kthread command rings.
+//!
+//! The two processes do not trust each other: everything read from the
+//! peer's side is copied once and checked; a broken peer yields a typed
+//! error, never an out-of-bounds access or a panic.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod msg;
+pub mod queue_line;
+pub mod region;
+pub mod ring;
+mod sync;
+mod sys;
+
+pub use msg::{CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, SendError, ToIokernel, ToKthread};
+pub use queue_line::{LineFlags, LineSnap, QueueLine};
+pub use region::{Header, HeaderError, IokernelEnd, Layout, LineRef, Region, RegionConfig, RegionError, RuntimeEnd};
+pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};

@@ -1,0 +1,270 @@
+//! Command messages carried by the per-kthread command rings, and typed
+//! sending/receiving ends over [`Producer`]/[`Consumer`] of [`RawMsg`].
+//!
+//! On the ring every message is a [`RawMsg`]: a 16-byte `#[repr(C)]` record
+//! with an explicit tag. Decoding checks the tag and every enumerated field;
+//! anything unknown is a [`DecodeError`], never undefined behaviour.
+
+use std::marker::PhantomData;
+
+use crate::ring::{Consumer, Pod, Producer, PushError, RingCorrupt};
+
+/// A message as stored in a ring slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawMsg {
+    pub tag: u32,
+    pub arg32: u32,
+    pub arg64: u64,
+}
+
+// SAFETY: three integers, no padding; every bit pattern is valid.
+unsafe impl Pod for RawMsg {}
+
+const _: () = assert!(std::mem::size_of::<RawMsg>() == 16);
+
+/// `arg64` of a `Parked` message without a pending timer.
+pub const NO_DEADLINE: u64 = u64::MAX;
+
+/// A message that has a wire form.
+pub trait Message: Copy {
+    fn encode(self) -> RawMsg;
+    fn decode(raw: RawMsg) -> Result<Self, DecodeError>;
+}
+
+/// A message that could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("unknown {dir} message tag {tag}")]
+    UnknownTag { dir: &'static str, tag: u32 },
+    #[error("unknown preemption reason {0}")]
+    UnknownReason(u32),
+}
+
+/// kthread → iokerneld.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToIokernel {
+    /// The kthread runs and reports its Linux thread id (for affinity and
+    /// signals).
+    Started { tid: u32 },
+    /// Out of work: it gave up its core and blocks on its eventfd.
+    /// `next_deadline_ns` (CLOCK_MONOTONIC) is its earliest timer, if any;
+    /// iokerneld wakes it then.
+    Parked { next_deadline_ns: Option<u64> },
+    /// It gave its core back in answer to [`ToKthread::Preempt`].
+    Yielded,
+}
+
+/// iokerneld → kthread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToKthread {
+    /// It has been granted `core` (affinity already set); run.
+    Wake { core: u32 },
+    /// Give the core back (then answer [`ToIokernel::Yielded`]).
+    Preempt { reason: PreemptReason },
+}
+
+/// Why iokerneld takes a core back.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptReason {
+    /// Another application needs the core (this one is bursting).
+    CoreNeeded = 1,
+    /// The allocation policy shrinks this application.
+    Shrink = 2,
+    /// iokerneld is shutting down or disconnecting the application.
+    Shutdown = 3,
+}
+
+impl PreemptReason {
+    fn from_u32(v: u32) -> Result<Self, DecodeError> {
+        Ok(match v {
+            1 => PreemptReason::CoreNeeded,
+            2 => PreemptReason::Shrink,
+            3 => PreemptReason::Shutdown,
+            _ => return Err(DecodeError::UnknownReason(v)),
+        })
+    }
+}
+
+mod tag {
+    pub const STARTED: u32 = 1;
+    pub const PARKED: u32 = 2;
+    pub const YIELDED: u32 = 3;
+
+    pub const WAKE: u32 = 1;
+    pub const PREEMPT: u32 = 2;
+}
+
+impl Message for ToIokernel {
+    fn encode(self) -> RawMsg {
+        match self {
+            ToIokernel::Started { tid } => RawMsg { tag: tag::STARTED, arg32: tid, arg64: 0 },
+            ToIokernel::Parked { next_deadline_ns } => {
+                RawMsg { tag: tag::PARKED, arg32: 0, arg64: next_deadline_ns.unwrap_or(NO_DEADLINE) }
+            }
+            ToIokernel::Yielded => RawMsg { tag: tag::YIELDED, arg32: 0, arg64: 0 },
+        }
+    }
+
+    fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
+        Ok(match raw.tag {
+            tag::STARTED => ToIokernel::Started { tid: raw.arg32 },
+            tag::PARKED => {
+                ToIokernel::Parked { next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE) }
+            }
+            tag::YIELDED => ToIokernel::Yielded,
+            tag => return Err(DecodeError::UnknownTag { dir: "kthread→iokerneld", tag }),
+        })
+    }
+}
+
+impl Message for ToKthread {
+    fn encode(self) -> RawMsg {
+        match self {
+            ToKthread::Wake { core } => RawMsg { tag: tag::WAKE, arg32: core, arg64: 0 },
+            ToKthread::Preempt { reason } => RawMsg { tag: tag::PREEMPT, arg32: reason as u32, arg64: 0 },
+        }
+    }
+
+    fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
+        Ok(match raw.tag {
+            tag::WAKE => ToKthread::Wake { core: raw.arg32 },
+            tag::PREEMPT => ToKthread::Preempt { reason: PreemptReason::from_u32(raw.arg32)? },
+            tag => return Err(DecodeError::UnknownTag { dir: "iokerneld→kthread", tag }),
+        })
+    }
+}
+
+/// Why a send failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error("command ring full")]
+    Full,
+    #[error(transparent)]
+    Corrupt(#[from] RingCorrupt),
+}
+
+/// Why a receive failed. Either way the peer is broken: disconnect it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    #[error(transparent)]
+    Corrupt(#[from] RingCorrupt),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
+/// Sending end of a command ring carrying `M`.
+pub struct CmdTx<M> {
+    ring: Producer<RawMsg>,
+    _m: PhantomData<fn(M)>,
+}
+
+/// Receiving end of a command ring carrying `M`.
+pub struct CmdRx<M> {
+    ring: Consumer<RawMsg>,
+    _m: PhantomData<fn() -> M>,
+}
+
+impl<M: Message> CmdTx<M> {
+    pub fn new(ring: Producer<RawMsg>) -> Self {
+        CmdTx { ring, _m: PhantomData }
+    }
+
+    pub fn send(&mut self, m: M) -> Result<(), SendError> {
+        self.ring.push(m.encode()).map_err(|e| match e {
+            PushError::Full(_) => SendError::Full,
+            PushError::Corrupt(c) => SendError::Corrupt(c),
+        })
+    }
+
+    /// The raw ring, e.g. to send hand-made (or deliberately bad) messages.
+    pub fn raw(&mut self) -> &mut Producer<RawMsg> {
+        &mut self.ring
+    }
+}
+
+impl<M: Message> CmdRx<M> {
+    pub fn new(ring: Consumer<RawMsg>) -> Self {
+        CmdRx { ring, _m: PhantomData }
+    }
+
+    /// The next message, `Ok(None)` if none is waiting. A message that does
+    /// not decode is consumed and reported.
+    pub fn recv(&mut self) -> Result<Option<M>, RecvError> {
+        match self.ring.pop()? {
+            None => Ok(None),
+            Some(raw) => Ok(Some(M::decode(raw)?)),
+        }
+    }
+
+    pub fn raw(&mut self) -> &mut Consumer<RawMsg> {
+        &mut self.ring
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::ring::heap_ring;
+
+    #[test]
+    fn round_trip() {
+        let ups = [
+            ToIokernel::Started { tid: 1234 },
+            ToIokernel::Parked { next_deadline_ns: None },
+            ToIokernel::Parked { next_deadline_ns: Some(5_000_000) },
+            ToIokernel::Yielded,
+        ];
+        for m in ups {
+            assert_eq!(ToIokernel::decode(m.encode()), Ok(m));
+        }
+        let downs = [
+            ToKthread::Wake { core: 3 },
+            ToKthread::Preempt { reason: PreemptReason::CoreNeeded },
+            ToKthread::Preempt { reason: PreemptReason::Shrink },
+            ToKthread::Preempt { reason: PreemptReason::Shutdown },
+        ];
+        for m in downs {
+            assert_eq!(ToKthread::decode(m.encode()), Ok(m));
+        }
+    }
+
+    #[test]
+    fn unknown_tags_are_errors() {
+        let e = ToIokernel::decode(RawMsg { tag: 99, ..Default::default() }).unwrap_err();
+        assert_eq!(e.to_string(), "unknown kthread→iokerneld message tag 99");
+        assert!(ToIokernel::decode(RawMsg::default()).is_err());
+        let e = ToKthread::decode(RawMsg { tag: tag::PREEMPT, arg32: 7, arg64: 0 }).unwrap_err();
+        assert_eq!(e, DecodeError::UnknownReason(7));
+    }
+
+    #[test]
+    fn typed_ends() {
+        let (p, c) = heap_ring::<RawMsg>(2).unwrap();
+        let (mut tx, mut rx) = (CmdTx::<ToIokernel>::new(p), CmdRx::<ToIokernel>::new(c));
+        tx.send(ToIokernel::Yielded).unwrap();
+        tx.raw().push(RawMsg { tag: 42, arg32: 0, arg64: 0 }).unwrap();
+        assert_eq!(tx.send(ToIokernel::Yielded), Err(SendError::Full));
+        assert_eq!(rx.recv(), Ok(Some(ToIokernel::Yielded)));
+        assert!(matches!(rx.recv(), Err(RecvError::Decode(DecodeError::UnknownTag { tag: 42, .. }))));
+        assert_eq!(rx.recv(), Ok(None));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 1024 }))]
+
+        #[test]
+        fn decode_any_bits(tag in any::<u32>(), arg32 in any::<u32>(), arg64 in any::<u64>()) {
+            let raw = RawMsg { tag, arg32, arg64 };
+            if let Ok(m) = ToIokernel::decode(raw) {
+                prop_assert_eq!(ToIokernel::decode(m.encode()), Ok(m));
+            }
+            if let Ok(m) = ToKthread::decode(raw) {
+                prop_assert_eq!(ToKthread::decode(m.encode()), Ok(m));
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The per-kthread queue line: one cache line of counters that the runtime
+//! writes and iokerneld polls for congestion detection (Shenango
+//! Algorithm 1).
+//!
+//! All fields are atomics, so any bytes a runtime leaves there are valid; a
+//! snapshot is a plain copy that iokerneld may use without further checks
+//! (the counters are free-running sequence numbers, compared in wrapping
+//! arithmetic by the policy, so no value is out of range).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use ginza_policy::alloc::{KthreadSnap, QueueCounters};
+
+/// Flag bits of a queue line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LineFlags(pub u32);
+
+impl LineFlags {
+    /// The kthread is parked (blocked on its eventfd, holding no core).
+    /// Written by the runtime.
+    pub const PARKED: LineFlags = LineFlags(1 << 0);
+    /// The kthread is looking for work (stealing) before it parks. Written
+    /// by the runtime.
+    pub const SPINNING: LineFlags = LineFlags(1 << 1);
+    /// Preemption is deferred (the kthread is in a critical section).
+    /// Written by the runtime.
+    pub const PREEMPT_DEFERRED: LineFlags = LineFlags(1 << 2);
+    /// iokerneld asks the kthread to give its core back at its next
+    /// preemption point. Set by iokerneld, cleared by the runtime.
+    pub const PREEMPT_PENDING: LineFlags = LineFlags(1 << 8);
+
+    pub fn contains(self, other: LineFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for LineFlags {
+    type Output = LineFlags;
+    fn bitor(self, rhs: LineFlags) -> LineFlags {
+        LineFlags(self.0 | rhs.0)
+    }
+}
+
+/// `next_timer_ns` when no timer is pending.
+pub const NO_TIMER: u64 = u64::MAX;
+
+/// One kthread's queue line in shared memory.
+#[repr(C, align(64))]
+pub struct QueueLine {
+    rq_head: AtomicU32,
+    rq_tail: AtomicU32,
+    in_head: AtomicU32,
+    in_tail: AtomicU32,
+    flags: AtomicU32,
+    _reserved: AtomicU32,
+    /// Earliest pending timer, CLOCK_MONOTONIC ns, or [`NO_TIMER`].
+    next_timer_ns: AtomicU64,
+    /// Cumulative busy (running uthreads) time, ns.
+    busy_ns: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<QueueLine>() == 64);
+const _: () = assert!(std::mem::align_of::<QueueLine>() == 64);
+
+impl Default for QueueLine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QueueLine {
+    pub const fn new() -> Self {
+        QueueLine {
+            rq_head: AtomicU32::new(0),
+            rq_tail: AtomicU32::new(0),
+            in_head: AtomicU32::new(0),
+            in_tail: AtomicU32::new(0),
+            flags: AtomicU32::new(0),
+            _reserved: AtomicU32::new(0),
+            next_timer_ns: AtomicU64::new(NO_TIMER),
+            busy_ns: AtomicU64::new(0),
+        }
+    }
+
+    // Runtime side. Stores are `Relaxed`: iokerneld only samples the line,
+    // and a sample that is one update behind just delays a decision by one
+    // pass.
+
+    /// Items ever taken from the runqueue.
+    pub fn set_rq_head(&self, v: u32) {
+        self.rq_head.store(v, Ordering::Relaxed)
+    }
+    /// Items ever pushed to the runqueue.
+    pub fn set_rq_tail(&self, v: u32) {
+        self.rq_tail.store(v, Ordering::Relaxed)
+    }
+    /// Packets ever taken from the ingress ring.
+    pub fn set_in_head(&self, v: u32) {
+        self.in_head.store(v, Ordering::Relaxed)
+    }
+    /// Packets ever put on the ingress ring (iokerneld may maintain this
+    /// one itself, as the ingress producer).
+    pub fn set_in_tail(&self, v: u32) {
+        self.in_tail.store(v, Ordering::Relaxed)
+    }
+    pub fn set_next_timer(&self, deadline_ns: Option<u64>) {
+        self.next_timer_ns.store(deadline_ns.unwrap_or(NO_TIMER), Ordering::Relaxed)
+    }
+    pub fn add_busy_ns(&self, ns: u64) {
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+    pub fn insert_flags(&self, f: LineFlags) {
+        self.flags.fetch_or(f.0, Ordering::AcqRel);
+    }
+    pub fn remove_flags(&self, f: LineFlags) {
+        self.flags.fetch_and(!f.0, Ordering::AcqRel);
+    }
+    pub fn flags(&self) -> LineFlags {
+        LineFlags(self.flags.load(Ordering::Acquire))
+    }
+
+    /// A copy of the line as it is now (iokerneld side).
+    pub fn snapshot(&self) -> LineSnap {
+        // Head before tail: a consumer racing ahead can only make the queue
+        // look longer than it was, never make a waiting item vanish.
+        let rq_head = self.rq_head.load(Ordering::Relaxed);
+        let in_head = self.in_head.load(Ordering::Relaxed);
+        let rq_tail = self.rq_tail.load(Ordering::Relaxed);
+        let in_tail = self.in_tail.load(Ordering::Relaxed);
+        let t = self.next_timer_ns.load(Ordering::Relaxed);
+        LineSnap {
+            counters: QueueCounters { rq_head, rq_tail, in_head, in_tail },
+            flags: LineFlags(self.flags.load(Ordering::Relaxed)),
+            next_timer_ns: (t != NO_TIMER).then_some(t),
+            busy_ns: self.busy_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A copy of a queue line. Every value is possible (the runtime is
+/// untrusted) and harmless to the policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LineSnap {
+    pub counters: QueueCounters,
+    pub flags: LineFlags,
+    pub next_timer_ns: Option<u64>,
+    pub busy_ns: u64,
+}
+
+impl From<LineSnap> for QueueCounters {
+    fn from(s: LineSnap) -> QueueCounters {
+        s.counters
+    }
+}
+
+impl LineSnap {
+    /// Updates the fields of the policy's view of a kthread that come from
+    /// the line (counters and busy time). Core, parked state and times are
+    /// iokerneld's own bookkeeping (from the command rings and its grants),
+    /// not the runtime's word, and are left alone.
+    pub fn update(&self, k: &mut KthreadSnap) {
+        k.counters = self.counters;
+        k.busy_time = self.busy_ns;
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_and_policy_view() {
+        let l = QueueLine::new();
+        assert_eq!(l.snapshot().next_timer_ns, None);
+        l.set_rq_tail(5);
+        l.set_rq_head(2);
+        l.set_in_tail(9);
+        l.set_in_head(9);
+        l.set_next_timer(Some(77));
+        l.add_busy_ns(10);
+        l.add_busy_ns(5);
+        l.insert_flags(LineFlags::PARKED | LineFlags::PREEMPT_PENDING);
+        l.remove_flags(LineFlags::PREEMPT_PENDING);
+        let s = l.snapshot();
+        assert_eq!(s.counters, QueueCounters { rq_head: 2, rq_tail: 5, in_head: 9, in_tail: 9 });
+        assert!(s.flags.contains(LineFlags::PARKED));
+        assert!(!s.flags.contains(LineFlags::PREEMPT_PENDING));
+        assert_eq!(s.next_timer_ns, Some(77));
+        let mut k = KthreadSnap { core: Some(3), ..Default::default() };
+        s.update(&mut k);
+        assert_eq!(k.counters, s.counters);
+        assert_eq!(k.busy_time, 15);
+        assert_eq!(k.core, Some(3));
+        assert!(QueueCounters::from(s).has_items());
+    }
+}
