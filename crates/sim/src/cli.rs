@@ -82,7 +82,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         (Some(SimCommand::Validate { json, scale, seed }), _) => {
             let checks = validate::run_all(*scale, *seed);
             if *json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "checks": checks }))?);
+                #[derive(serde::Serialize)]
+                struct Out<'a> {
+                    checks: &'a [validate::Check],
+                }
+                println!("{}", serde_json::to_string_pretty(&Out { checks: &checks })?);
             } else {
                 println!("{:<48} {:>12} {:>12} {:>8}", "case", "simulated", "theory", "rel_err");
                 for c in &checks {

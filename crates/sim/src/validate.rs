@@ -106,28 +106,28 @@ pub fn ps_requests(rho: f64, scale: f64) -> u64 {
     ((60_000.0 / (1.0 - rho).powi(2)) * scale).max(10_000.0) as u64
 }
 
-/// All checks; `scale` multiplies sample counts.
+/// All checks; `scale` multiplies sample counts. Cases run in parallel.
 pub fn run_all(scale: f64, seed: u64) -> Vec<Check> {
-    let mut out = Vec::new();
+    enum Job {
+        Mmc(usize, f64, u64),
+        Ps(Service, f64, u64),
+    }
+    let mut jobs = Vec::new();
     for (i, &c) in MMC_CORES.iter().enumerate() {
         for (j, &rho) in MMC_RHOS.iter().enumerate() {
-            out.extend(mmc_case(
-                c,
-                rho,
-                mmc_requests(c, rho, scale),
-                seed + (i * 10 + j) as u64,
-            ));
+            jobs.push(Job::Mmc(c, rho, seed + (i * 10 + j) as u64));
         }
     }
-    for (i, s) in ps_services().iter().enumerate() {
+    for (i, s) in ps_services().into_iter().enumerate() {
         for (j, &rho) in PS_RHOS.iter().enumerate() {
-            out.push(ps_case(
-                s,
-                rho,
-                ps_requests(rho, scale),
-                seed + 100 + (i * 10 + j) as u64,
-            ));
+            jobs.push(Job::Ps(s.clone(), rho, seed + 100 + (i * 10 + j) as u64));
         }
     }
-    out
+    crate::figs::par_map("validate", &jobs, |j| match j {
+        Job::Mmc(c, rho, sd) => mmc_case(*c, *rho, mmc_requests(*c, *rho, scale), *sd).to_vec(),
+        Job::Ps(s, rho, sd) => vec![ps_case(s, *rho, ps_requests(*rho, scale), *sd)],
+    })
+    .into_iter()
+    .flatten()
+    .collect()
 }
