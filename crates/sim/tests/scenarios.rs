@@ -5,7 +5,7 @@ use std::path::Path;
 #[test]
 fn shipped_scenarios_parse_and_load_step_runs() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
-    for f in ["load-step.toml", "preemption-costs.toml"] {
+    for f in ["load-step.toml", "preemption-costs.toml", "intervals.toml"] {
         ginza_sim::scenario::load(&dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e:#}"));
     }
     let sc = ginza_sim::scenario::load(&dir.join("load-step.toml")).unwrap();
