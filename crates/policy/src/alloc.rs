@@ -138,6 +138,22 @@ pub trait CoreAllocator {
     fn interval(&self) -> Time;
     /// One allocation pass; decisions are appended to `out`.
     fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>);
+
+    /// Work just arrived for application `app` (an index into `apps`) on
+    /// the dataplane. Shenango grants a core at once if the application has
+    /// none; this does not count as a congestion-detection pass (the
+    /// previous-pass counters are left alone). Other policies wait for their
+    /// next pass.
+    fn on_work_for(
+        &mut self,
+        now: Time,
+        topo: &Topology,
+        apps: &[AppSnap],
+        app: usize,
+        out: &mut Vec<Decision>,
+    ) {
+        let _ = (now, topo, apps, app, out);
+    }
 }
 
 /// Working state of one pass: who owns which core, updated as decisions are
@@ -341,6 +357,20 @@ impl CoreAllocator for Shenango {
         if self.prev.len() > apps.len() {
             self.prev
                 .retain(|key, _| apps.iter().any(|a| a.key == *key));
+        }
+    }
+
+    fn on_work_for(
+        &mut self,
+        _now: Time,
+        topo: &Topology,
+        apps: &[AppSnap],
+        app: usize,
+        out: &mut Vec<Decision>,
+    ) {
+        let mut b = Board::build(topo, apps);
+        if app < apps.len() && b.active[app] == 0 {
+            b.grant_one(topo, apps, app, &mut self.rng, out);
         }
     }
 }
@@ -653,6 +683,52 @@ mod tests {
                 kthread: 1,
                 core: 0
             }]
+        );
+    }
+
+    #[test]
+    fn work_for_coreless_app_is_granted_without_a_pass() {
+        let topo = Topology::flat(2);
+        let mut s = Shenango::new(5, 1);
+        let apps = [
+            lc(1, vec![queued(running(0), (0, 3), (0, 0)), parked(0, None)]),
+            lc(2, vec![parked(0, None)]),
+        ];
+        let mut out = Vec::new();
+        s.pass(0, &topo, &apps, &mut out);
+        assert!(out.is_empty());
+        s.on_work_for(1, &topo, &apps, 1, &mut out);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 1,
+                kthread: 0,
+                core: 1
+            }]
+        );
+        // An app that already runs gets nothing from the fast path.
+        out.clear();
+        s.on_work_for(1, &topo, &apps, 0, &mut out);
+        assert!(out.is_empty());
+        // The fast path did not disturb congestion detection: app 0's item
+        // seen at pass 0 is still there at the next pass, so app 0 is
+        // congested and takes the (bursting) core of app 1.
+        let apps = [apps[0].clone(), lc(2, vec![running(1)])];
+        s.pass(5, &topo, &apps, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Decision::Preempt {
+                    app: 1,
+                    kthread: 0,
+                    core: 1
+                },
+                Decision::Grant {
+                    app: 0,
+                    kthread: 1,
+                    core: 1
+                }
+            ]
         );
     }
 

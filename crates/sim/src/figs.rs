@@ -455,6 +455,7 @@ pub fn shenango_point(
         kthreads: 32,
         guaranteed: 0,
         batch: false,
+        hyperthreads: false,
         grant_latency_us,
         preempt_latency_us: 0.0,
         park_spin_us: 2.0,
