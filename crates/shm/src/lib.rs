@@ -21,7 +21,13 @@ pub mod ring;
 mod sync;
 mod sys;
 
-pub use msg::{CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, SendError, ToIokernel, ToKthread};
+pub use msg::{
+    CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, SendError, ToIokernel,
+    ToKthread,
+};
 pub use queue_line::{LineFlags, LineSnap, QueueLine};
-pub use region::{Header, HeaderError, IokernelEnd, Layout, LineRef, Region, RegionConfig, RegionError, RuntimeEnd};
+pub use region::{
+    Header, HeaderError, IokernelEnd, Layout, LineRef, Region, RegionConfig, RegionError,
+    RuntimeEnd,
+};
 pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};

@@ -99,22 +99,37 @@ mod tag {
 impl Message for ToIokernel {
     fn encode(self) -> RawMsg {
         match self {
-            ToIokernel::Started { tid } => RawMsg { tag: tag::STARTED, arg32: tid, arg64: 0 },
-            ToIokernel::Parked { next_deadline_ns } => {
-                RawMsg { tag: tag::PARKED, arg32: 0, arg64: next_deadline_ns.unwrap_or(NO_DEADLINE) }
-            }
-            ToIokernel::Yielded => RawMsg { tag: tag::YIELDED, arg32: 0, arg64: 0 },
+            ToIokernel::Started { tid } => RawMsg {
+                tag: tag::STARTED,
+                arg32: tid,
+                arg64: 0,
+            },
+            ToIokernel::Parked { next_deadline_ns } => RawMsg {
+                tag: tag::PARKED,
+                arg32: 0,
+                arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
+            },
+            ToIokernel::Yielded => RawMsg {
+                tag: tag::YIELDED,
+                arg32: 0,
+                arg64: 0,
+            },
         }
     }
 
     fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
         Ok(match raw.tag {
             tag::STARTED => ToIokernel::Started { tid: raw.arg32 },
-            tag::PARKED => {
-                ToIokernel::Parked { next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE) }
-            }
+            tag::PARKED => ToIokernel::Parked {
+                next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+            },
             tag::YIELDED => ToIokernel::Yielded,
-            tag => return Err(DecodeError::UnknownTag { dir: "kthread→iokerneld", tag }),
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    dir: "kthread→iokerneld",
+                    tag,
+                })
+            }
         })
     }
 }
@@ -122,16 +137,31 @@ impl Message for ToIokernel {
 impl Message for ToKthread {
     fn encode(self) -> RawMsg {
         match self {
-            ToKthread::Wake { core } => RawMsg { tag: tag::WAKE, arg32: core, arg64: 0 },
-            ToKthread::Preempt { reason } => RawMsg { tag: tag::PREEMPT, arg32: reason as u32, arg64: 0 },
+            ToKthread::Wake { core } => RawMsg {
+                tag: tag::WAKE,
+                arg32: core,
+                arg64: 0,
+            },
+            ToKthread::Preempt { reason } => RawMsg {
+                tag: tag::PREEMPT,
+                arg32: reason as u32,
+                arg64: 0,
+            },
         }
     }
 
     fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
         Ok(match raw.tag {
             tag::WAKE => ToKthread::Wake { core: raw.arg32 },
-            tag::PREEMPT => ToKthread::Preempt { reason: PreemptReason::from_u32(raw.arg32)? },
-            tag => return Err(DecodeError::UnknownTag { dir: "iokerneld→kthread", tag }),
+            tag::PREEMPT => ToKthread::Preempt {
+                reason: PreemptReason::from_u32(raw.arg32)?,
+            },
+            tag => {
+                return Err(DecodeError::UnknownTag {
+                    dir: "iokerneld→kthread",
+                    tag,
+                })
+            }
         })
     }
 }
@@ -168,7 +198,10 @@ pub struct CmdRx<M> {
 
 impl<M: Message> CmdTx<M> {
     pub fn new(ring: Producer<RawMsg>) -> Self {
-        CmdTx { ring, _m: PhantomData }
+        CmdTx {
+            ring,
+            _m: PhantomData,
+        }
     }
 
     pub fn send(&mut self, m: M) -> Result<(), SendError> {
@@ -186,7 +219,10 @@ impl<M: Message> CmdTx<M> {
 
 impl<M: Message> CmdRx<M> {
     pub fn new(ring: Consumer<RawMsg>) -> Self {
-        CmdRx { ring, _m: PhantomData }
+        CmdRx {
+            ring,
+            _m: PhantomData,
+        }
     }
 
     /// The next message, `Ok(None)` if none is waiting. A message that does
@@ -214,8 +250,12 @@ mod tests {
     fn round_trip() {
         let ups = [
             ToIokernel::Started { tid: 1234 },
-            ToIokernel::Parked { next_deadline_ns: None },
-            ToIokernel::Parked { next_deadline_ns: Some(5_000_000) },
+            ToIokernel::Parked {
+                next_deadline_ns: None,
+            },
+            ToIokernel::Parked {
+                next_deadline_ns: Some(5_000_000),
+            },
             ToIokernel::Yielded,
         ];
         for m in ups {
@@ -223,9 +263,15 @@ mod tests {
         }
         let downs = [
             ToKthread::Wake { core: 3 },
-            ToKthread::Preempt { reason: PreemptReason::CoreNeeded },
-            ToKthread::Preempt { reason: PreemptReason::Shrink },
-            ToKthread::Preempt { reason: PreemptReason::Shutdown },
+            ToKthread::Preempt {
+                reason: PreemptReason::CoreNeeded,
+            },
+            ToKthread::Preempt {
+                reason: PreemptReason::Shrink,
+            },
+            ToKthread::Preempt {
+                reason: PreemptReason::Shutdown,
+            },
         ];
         for m in downs {
             assert_eq!(ToKthread::decode(m.encode()), Ok(m));
@@ -234,10 +280,19 @@ mod tests {
 
     #[test]
     fn unknown_tags_are_errors() {
-        let e = ToIokernel::decode(RawMsg { tag: 99, ..Default::default() }).unwrap_err();
+        let e = ToIokernel::decode(RawMsg {
+            tag: 99,
+            ..Default::default()
+        })
+        .unwrap_err();
         assert_eq!(e.to_string(), "unknown kthread→iokerneld message tag 99");
         assert!(ToIokernel::decode(RawMsg::default()).is_err());
-        let e = ToKthread::decode(RawMsg { tag: tag::PREEMPT, arg32: 7, arg64: 0 }).unwrap_err();
+        let e = ToKthread::decode(RawMsg {
+            tag: tag::PREEMPT,
+            arg32: 7,
+            arg64: 0,
+        })
+        .unwrap_err();
         assert_eq!(e, DecodeError::UnknownReason(7));
     }
 
@@ -246,10 +301,19 @@ mod tests {
         let (p, c) = heap_ring::<RawMsg>(2).unwrap();
         let (mut tx, mut rx) = (CmdTx::<ToIokernel>::new(p), CmdRx::<ToIokernel>::new(c));
         tx.send(ToIokernel::Yielded).unwrap();
-        tx.raw().push(RawMsg { tag: 42, arg32: 0, arg64: 0 }).unwrap();
+        tx.raw()
+            .push(RawMsg {
+                tag: 42,
+                arg32: 0,
+                arg64: 0,
+            })
+            .unwrap();
         assert_eq!(tx.send(ToIokernel::Yielded), Err(SendError::Full));
         assert_eq!(rx.recv(), Ok(Some(ToIokernel::Yielded)));
-        assert!(matches!(rx.recv(), Err(RecvError::Decode(DecodeError::UnknownTag { tag: 42, .. }))));
+        assert!(matches!(
+            rx.recv(),
+            Err(RecvError::Decode(DecodeError::UnknownTag { tag: 42, .. }))
+        ));
         assert_eq!(rx.recv(), Ok(None));
     }
 

@@ -104,7 +104,8 @@ impl QueueLine {
         self.in_tail.store(v, Ordering::Relaxed)
     }
     pub fn set_next_timer(&self, deadline_ns: Option<u64>) {
-        self.next_timer_ns.store(deadline_ns.unwrap_or(NO_TIMER), Ordering::Relaxed)
+        self.next_timer_ns
+            .store(deadline_ns.unwrap_or(NO_TIMER), Ordering::Relaxed)
     }
     pub fn add_busy_ns(&self, ns: u64) {
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);
@@ -129,7 +130,12 @@ impl QueueLine {
         let in_tail = self.in_tail.load(Ordering::Relaxed);
         let t = self.next_timer_ns.load(Ordering::Relaxed);
         LineSnap {
-            counters: QueueCounters { rq_head, rq_tail, in_head, in_tail },
+            counters: QueueCounters {
+                rq_head,
+                rq_tail,
+                in_head,
+                in_tail,
+            },
             flags: LineFlags(self.flags.load(Ordering::Relaxed)),
             next_timer_ns: (t != NO_TIMER).then_some(t),
             busy_ns: self.busy_ns.load(Ordering::Relaxed),
@@ -182,11 +188,22 @@ mod tests {
         l.insert_flags(LineFlags::PARKED | LineFlags::PREEMPT_PENDING);
         l.remove_flags(LineFlags::PREEMPT_PENDING);
         let s = l.snapshot();
-        assert_eq!(s.counters, QueueCounters { rq_head: 2, rq_tail: 5, in_head: 9, in_tail: 9 });
+        assert_eq!(
+            s.counters,
+            QueueCounters {
+                rq_head: 2,
+                rq_tail: 5,
+                in_head: 9,
+                in_tail: 9
+            }
+        );
         assert!(s.flags.contains(LineFlags::PARKED));
         assert!(!s.flags.contains(LineFlags::PREEMPT_PENDING));
         assert_eq!(s.next_timer_ns, Some(77));
-        let mut k = KthreadSnap { core: Some(3), ..Default::default() };
+        let mut k = KthreadSnap {
+            core: Some(3),
+            ..Default::default()
+        };
         s.update(&mut k);
         assert_eq!(k.counters, s.counters);
         assert_eq!(k.busy_time, 15);

@@ -30,7 +30,9 @@ use std::sync::Arc;
 
 use crate::msg::{CmdRx, CmdTx, RawMsg, ToIokernel, ToKthread};
 use crate::queue_line::QueueLine;
-use crate::ring::{self, ring_bytes, Consumer, Keep, Producer, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY};
+use crate::ring::{
+    self, ring_bytes, Consumer, Keep, Producer, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY,
+};
 use crate::sys;
 
 /// `b"GINZASHM"` read as a little-endian `u64`.
@@ -117,15 +119,36 @@ pub enum HeaderError {
     #[error("{area}: capacity {found} is not a power of two in {MIN_CAPACITY}..={MAX_CAPACITY}")]
     Capacity { area: Area, found: u32 },
     #[error("{area}: stride {found} bytes, expected {expected} for its capacity")]
-    Stride { area: Area, found: u64, expected: u64 },
+    Stride {
+        area: Area,
+        found: u64,
+        expected: u64,
+    },
     #[error("{area}: size {found} bytes, expected {expected} ({n_kthreads} kthreads)")]
-    AreaSize { area: Area, found: u64, expected: u64, n_kthreads: u32 },
+    AreaSize {
+        area: Area,
+        found: u64,
+        expected: u64,
+        n_kthreads: u32,
+    },
     #[error("{area} at offset {offset:#x} is not {CACHE_LINE}-byte aligned")]
     Misaligned { area: Area, offset: u64 },
     #[error("{area} at offset {offset:#x} size {size:#x} runs past the region end {region:#x}")]
-    PastEnd { area: Area, offset: u64, size: u64, region: u64 },
+    PastEnd {
+        area: Area,
+        offset: u64,
+        size: u64,
+        region: u64,
+    },
     #[error("{a} [{a_start:#x}, {a_end:#x}) overlaps {b} [{b_start:#x}, {b_end:#x})")]
-    Overlap { a: Area, a_start: u64, a_end: u64, b: Area, b_start: u64, b_end: u64 },
+    Overlap {
+        a: Area,
+        a_start: u64,
+        a_end: u64,
+        b: Area,
+        b_start: u64,
+        b_end: u64,
+    },
     #[error("{what} does not fit in 64 bits")]
     Overflow { what: &'static str },
 }
@@ -160,7 +183,11 @@ pub struct RegionConfig {
 
 impl RegionConfig {
     pub fn new(n_kthreads: u32) -> Self {
-        RegionConfig { n_kthreads, up_capacity: 64, down_capacity: 64 }
+        RegionConfig {
+            n_kthreads,
+            up_capacity: 64,
+            down_capacity: 64,
+        }
     }
 }
 
@@ -183,25 +210,50 @@ impl Layout {
             return Err(HeaderError::NoKthreads);
         }
         if n > MAX_KTHREADS {
-            return Err(HeaderError::TooManyKthreads { found: n, max: MAX_KTHREADS });
+            return Err(HeaderError::TooManyKthreads {
+                found: n,
+                max: MAX_KTHREADS,
+            });
         }
-        let up_stride = stride_for(cfg.up_capacity)
-            .ok_or(HeaderError::Capacity { area: Area::UpRings, found: cfg.up_capacity })?;
-        let down_stride = stride_for(cfg.down_capacity)
-            .ok_or(HeaderError::Capacity { area: Area::DownRings, found: cfg.down_capacity })?;
+        let up_stride = stride_for(cfg.up_capacity).ok_or(HeaderError::Capacity {
+            area: Area::UpRings,
+            found: cfg.up_capacity,
+        })?;
+        let down_stride = stride_for(cfg.down_capacity).ok_or(HeaderError::Capacity {
+            area: Area::DownRings,
+            found: cfg.down_capacity,
+        })?;
         let lines_offset = (HEADER_SIZE as u64).next_multiple_of(CACHE_LINE as u64);
         let up_offset = lines_offset + LINE_SIZE * n as u64;
-        let up_size = up_stride.checked_mul(n as u64).ok_or(overflow("up ring area"))?;
-        let down_offset = up_offset.checked_add(up_size).ok_or(overflow("down ring offset"))?;
-        let down_size = down_stride.checked_mul(n as u64).ok_or(overflow("down ring area"))?;
-        let end = down_offset.checked_add(down_size).ok_or(overflow("region size"))?;
-        let region_size = end.checked_next_multiple_of(PAGE_SIZE).ok_or(overflow("region size"))?;
+        let up_size = up_stride
+            .checked_mul(n as u64)
+            .ok_or(overflow("up ring area"))?;
+        let down_offset = up_offset
+            .checked_add(up_size)
+            .ok_or(overflow("down ring offset"))?;
+        let down_size = down_stride
+            .checked_mul(n as u64)
+            .ok_or(overflow("down ring area"))?;
+        let end = down_offset
+            .checked_add(down_size)
+            .ok_or(overflow("region size"))?;
+        let region_size = end
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or(overflow("region size"))?;
         let layout = Layout {
             n_kthreads: n,
             region_size,
             lines_offset,
-            up: RingArea { offset: up_offset, stride: up_stride, capacity: cfg.up_capacity },
-            down: RingArea { offset: down_offset, stride: down_stride, capacity: cfg.down_capacity },
+            up: RingArea {
+                offset: up_offset,
+                stride: up_stride,
+                capacity: cfg.up_capacity,
+            },
+            down: RingArea {
+                offset: down_offset,
+                stride: down_stride,
+                capacity: cfg.down_capacity,
+            },
         };
         // Our own output must pass our own checks (and the size limit).
         layout.header().validate(region_size)
@@ -268,18 +320,38 @@ fn check_area(
     region: u64,
 ) -> Result<Span, HeaderError> {
     if stride != expected_stride {
-        return Err(HeaderError::Stride { area, found: stride, expected: expected_stride });
+        return Err(HeaderError::Stride {
+            area,
+            found: stride,
+            expected: expected_stride,
+        });
     }
-    let expected = expected_stride.checked_mul(n as u64).ok_or(overflow("area size"))?;
+    let expected = expected_stride
+        .checked_mul(n as u64)
+        .ok_or(overflow("area size"))?;
     if size != expected {
-        return Err(HeaderError::AreaSize { area, found: size, expected, n_kthreads: n });
+        return Err(HeaderError::AreaSize {
+            area,
+            found: size,
+            expected,
+            n_kthreads: n,
+        });
     }
     if offset % CACHE_LINE as u64 != 0 {
         return Err(HeaderError::Misaligned { area, offset });
     }
     match offset.checked_add(size) {
-        Some(end) if end <= region => Ok(Span { area, start: offset, end }),
-        _ => Err(HeaderError::PastEnd { area, offset, size, region }),
+        Some(end) if end <= region => Ok(Span {
+            area,
+            start: offset,
+            end,
+        }),
+        _ => Err(HeaderError::PastEnd {
+            area,
+            offset,
+            size,
+            region,
+        }),
     }
 }
 
@@ -290,43 +362,99 @@ impl Header {
     /// overlap. Never panics.
     pub fn validate(&self, mapped_len: u64) -> Result<Layout, HeaderError> {
         if mapped_len < HEADER_SIZE as u64 {
-            return Err(HeaderError::RegionTooSmall { len: mapped_len, need: HEADER_SIZE as u64 });
+            return Err(HeaderError::RegionTooSmall {
+                len: mapped_len,
+                need: HEADER_SIZE as u64,
+            });
         }
         if self.magic != MAGIC {
-            return Err(HeaderError::BadMagic { found: self.magic, expected: MAGIC });
+            return Err(HeaderError::BadMagic {
+                found: self.magic,
+                expected: MAGIC,
+            });
         }
         if self.version != LAYOUT_VERSION {
-            return Err(HeaderError::Version { found: self.version, supported: LAYOUT_VERSION });
+            return Err(HeaderError::Version {
+                found: self.version,
+                supported: LAYOUT_VERSION,
+            });
         }
         if self.header_size != HEADER_SIZE as u32 {
-            return Err(HeaderError::HeaderSize { found: self.header_size, expected: HEADER_SIZE as u32 });
+            return Err(HeaderError::HeaderSize {
+                found: self.header_size,
+                expected: HEADER_SIZE as u32,
+            });
         }
         if self.region_size != mapped_len {
-            return Err(HeaderError::RegionSize { header: self.region_size, mapped: mapped_len });
+            return Err(HeaderError::RegionSize {
+                header: self.region_size,
+                mapped: mapped_len,
+            });
         }
         let n = self.n_kthreads;
         if n == 0 {
             return Err(HeaderError::NoKthreads);
         }
         if n > MAX_KTHREADS {
-            return Err(HeaderError::TooManyKthreads { found: n, max: MAX_KTHREADS });
+            return Err(HeaderError::TooManyKthreads {
+                found: n,
+                max: MAX_KTHREADS,
+            });
         }
         if self.line_size as u64 != LINE_SIZE {
-            return Err(HeaderError::LineSize { found: self.line_size, expected: LINE_SIZE as u32 });
+            return Err(HeaderError::LineSize {
+                found: self.line_size,
+                expected: LINE_SIZE as u32,
+            });
         }
         let msg = size_of::<RawMsg>() as u32;
         if self.msg_size != msg {
-            return Err(HeaderError::MsgSize { found: self.msg_size, expected: msg });
+            return Err(HeaderError::MsgSize {
+                found: self.msg_size,
+                expected: msg,
+            });
         }
-        let up_stride =
-            stride_for(self.up_capacity).ok_or(HeaderError::Capacity { area: Area::UpRings, found: self.up_capacity })?;
-        let down_stride = stride_for(self.down_capacity)
-            .ok_or(HeaderError::Capacity { area: Area::DownRings, found: self.down_capacity })?;
+        let up_stride = stride_for(self.up_capacity).ok_or(HeaderError::Capacity {
+            area: Area::UpRings,
+            found: self.up_capacity,
+        })?;
+        let down_stride = stride_for(self.down_capacity).ok_or(HeaderError::Capacity {
+            area: Area::DownRings,
+            found: self.down_capacity,
+        })?;
         let spans = [
-            Span { area: Area::Header, start: 0, end: HEADER_SIZE as u64 },
-            check_area(Area::Lines, self.lines_offset, self.lines_size, LINE_SIZE, LINE_SIZE, n, mapped_len)?,
-            check_area(Area::UpRings, self.up_offset, self.up_size, self.up_stride, up_stride, n, mapped_len)?,
-            check_area(Area::DownRings, self.down_offset, self.down_size, self.down_stride, down_stride, n, mapped_len)?,
+            Span {
+                area: Area::Header,
+                start: 0,
+                end: HEADER_SIZE as u64,
+            },
+            check_area(
+                Area::Lines,
+                self.lines_offset,
+                self.lines_size,
+                LINE_SIZE,
+                LINE_SIZE,
+                n,
+                mapped_len,
+            )?,
+            check_area(
+                Area::UpRings,
+                self.up_offset,
+                self.up_size,
+                self.up_stride,
+                up_stride,
+                n,
+                mapped_len,
+            )?,
+            check_area(
+                Area::DownRings,
+                self.down_offset,
+                self.down_size,
+                self.down_stride,
+                down_stride,
+                n,
+                mapped_len,
+            )?,
         ];
         for (i, a) in spans.iter().enumerate() {
             for b in &spans[i + 1..] {
@@ -346,8 +474,16 @@ impl Header {
             n_kthreads: n,
             region_size: mapped_len,
             lines_offset: self.lines_offset,
-            up: RingArea { offset: self.up_offset, stride: up_stride, capacity: self.up_capacity },
-            down: RingArea { offset: self.down_offset, stride: down_stride, capacity: self.down_capacity },
+            up: RingArea {
+                offset: self.up_offset,
+                stride: up_stride,
+                capacity: self.up_capacity,
+            },
+            down: RingArea {
+                offset: self.down_offset,
+                stride: down_stride,
+                capacity: self.down_capacity,
+            },
         })
     }
 }
@@ -464,7 +600,11 @@ impl Region {
         let fd = sys::memfd(name, layout.region_size).map_err(io_err("memfd_create"))?;
         sys::add_seals(fd.as_fd(), sys::SIZE_SEALS).map_err(io_err("F_ADD_SEALS"))?;
         let base = sys::map(fd.as_fd(), len).map_err(io_err("mmap"))?;
-        let map = Mapping { base, len, backing: Backing::Memfd(fd) };
+        let map = Mapping {
+            base,
+            len,
+            backing: Backing::Memfd(fd),
+        };
         // SAFETY: a fresh zeroed mapping of `len` bytes, page-aligned, that
         // nobody else uses yet.
         unsafe { init(base, &layout) };
@@ -479,8 +619,13 @@ impl Region {
         let l = alloc::Layout::from_size_align(len, PAGE_SIZE as usize)
             .map_err(|_| overflow("region size"))?;
         // SAFETY: `len > 0`.
-        let base = NonNull::new(unsafe { alloc::alloc_zeroed(l) }).unwrap_or_else(|| alloc::handle_alloc_error(l));
-        let map = Mapping { base, len, backing: Backing::Heap(l) };
+        let base = NonNull::new(unsafe { alloc::alloc_zeroed(l) })
+            .unwrap_or_else(|| alloc::handle_alloc_error(l));
+        let map = Mapping {
+            base,
+            len,
+            backing: Backing::Heap(l),
+        };
         // SAFETY: a fresh zeroed buffer of `len` bytes, page-aligned.
         unsafe { init(base, &layout) };
         Ok(Region::new(map, layout))
@@ -495,13 +640,24 @@ impl Region {
         }
         let len = sys::size(fd.as_fd()).map_err(io_err("fstat"))?;
         if len < HEADER_SIZE as u64 {
-            return Err(HeaderError::RegionTooSmall { len, need: HEADER_SIZE as u64 }.into());
+            return Err(HeaderError::RegionTooSmall {
+                len,
+                need: HEADER_SIZE as u64,
+            }
+            .into());
         }
         if len > MAX_REGION_SIZE {
-            return Err(RegionError::TooLarge { len, max: MAX_REGION_SIZE });
+            return Err(RegionError::TooLarge {
+                len,
+                max: MAX_REGION_SIZE,
+            });
         }
         let base = sys::map(fd.as_fd(), len as usize).map_err(io_err("mmap"))?;
-        let map = Mapping { base, len: len as usize, backing: Backing::Memfd(fd) };
+        let map = Mapping {
+            base,
+            len: len as usize,
+            backing: Backing::Memfd(fd),
+        };
         // SAFETY: the mapping is at least HEADER_SIZE bytes and page-aligned;
         // `Header` is integers only, so any bytes are a valid value. The
         // read is volatile: one copy, judged below and never re-read.
@@ -565,7 +721,10 @@ impl Region {
     pub fn line(&self, k: u32) -> Result<LineRef, RegionError> {
         self.check_k(k)?;
         let line = self.at(self.0.layout.line_offset(k)).cast();
-        Ok(LineRef { _region: self.clone(), line })
+        Ok(LineRef {
+            _region: self.clone(),
+            line,
+        })
     }
 
     fn take(&self, k: u32, bit: u8, side: &'static str) -> Result<(), RegionError> {
@@ -591,9 +750,16 @@ impl Region {
         // still plain memory that the handles only read through atomics and
         // masked slots); the region is kept alive; this end is taken once.
         let (p, c) = unsafe {
-            (Producer::attach(up, l.up.capacity, self.keep()), Consumer::attach(down, l.down.capacity, self.keep()))
+            (
+                Producer::attach(up, l.up.capacity, self.keep()),
+                Consumer::attach(down, l.down.capacity, self.keep()),
+            )
         };
-        Ok(RuntimeEnd { line: self.line(k)?, to_iokernel: CmdTx::new(p), from_iokernel: CmdRx::new(c) })
+        Ok(RuntimeEnd {
+            line: self.line(k)?,
+            to_iokernel: CmdTx::new(p),
+            from_iokernel: CmdRx::new(c),
+        })
     }
 
     /// iokerneld's end of kthread `k` (once per region and kthread).
@@ -604,13 +770,20 @@ impl Region {
         let down = self.at(l.down_ring_offset(k));
         // SAFETY: as in `runtime_end`.
         let (c, p) = unsafe {
-            (Consumer::attach(up, l.up.capacity, self.keep()), Producer::attach(down, l.down.capacity, self.keep()))
+            (
+                Consumer::attach(up, l.up.capacity, self.keep()),
+                Producer::attach(down, l.down.capacity, self.keep()),
+            )
         };
-        Ok(IokernelEnd { line: self.line(k)?, from_kthread: CmdRx::new(c), to_kthread: CmdTx::new(p) })
+        Ok(IokernelEnd {
+            line: self.line(k)?,
+            from_kthread: CmdRx::new(c),
+            to_kthread: CmdTx::new(p),
+        })
     }
 
     /// Pointer to the header in the mapping, for tests that corrupt it.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn header_ptr(&self) -> *mut Header {
         self.0.map.base.as_ptr().cast()
     }
@@ -628,9 +801,18 @@ unsafe fn init(base: NonNull<u8>, layout: &Layout) {
         // SAFETY: the layout (validated by `Layout::new`) places every line
         // and ring inside the buffer, cache-line aligned, without overlap.
         unsafe {
-            base.add(layout.line_offset(k) as usize).cast::<QueueLine>().as_ptr().write(QueueLine::new());
-            ring::init_ring::<RawMsg>(base.add(layout.up_ring_offset(k) as usize), layout.up.capacity);
-            ring::init_ring::<RawMsg>(base.add(layout.down_ring_offset(k) as usize), layout.down.capacity);
+            base.add(layout.line_offset(k) as usize)
+                .cast::<QueueLine>()
+                .as_ptr()
+                .write(QueueLine::new());
+            ring::init_ring::<RawMsg>(
+                base.add(layout.up_ring_offset(k) as usize),
+                layout.up.capacity,
+            );
+            ring::init_ring::<RawMsg>(
+                base.add(layout.down_ring_offset(k) as usize),
+                layout.down.capacity,
+            );
         }
     }
 }
@@ -644,28 +826,55 @@ mod tests {
     use crate::queue_line::LineFlags;
 
     fn good() -> (Header, u64) {
-        let l = Layout::new(&RegionConfig { n_kthreads: 4, up_capacity: 16, down_capacity: 8 }).unwrap();
+        let l = Layout::new(&RegionConfig {
+            n_kthreads: 4,
+            up_capacity: 16,
+            down_capacity: 8,
+        })
+        .unwrap();
         (l.header(), l.region_size)
     }
 
     #[test]
     fn layout_for_config() {
-        let l = Layout::new(&RegionConfig { n_kthreads: 4, up_capacity: 16, down_capacity: 8 }).unwrap();
+        let l = Layout::new(&RegionConfig {
+            n_kthreads: 4,
+            up_capacity: 16,
+            down_capacity: 8,
+        })
+        .unwrap();
         assert_eq!(l.lines_offset, 128);
         assert_eq!(l.up.offset, 128 + 4 * 64);
         assert_eq!(l.up.stride, 128 + 16 * 16);
         assert_eq!(l.down.offset, l.up.offset + 4 * l.up.stride);
         assert_eq!(l.down.stride, 128 + 8 * 16);
         assert_eq!(l.region_size, 4096);
-        let big = Layout::new(&RegionConfig { n_kthreads: MAX_KTHREADS, up_capacity: MAX_CAPACITY, down_capacity: MAX_CAPACITY });
+        let big = Layout::new(&RegionConfig {
+            n_kthreads: MAX_KTHREADS,
+            up_capacity: MAX_CAPACITY,
+            down_capacity: MAX_CAPACITY,
+        });
         assert!(big.unwrap().region_size <= MAX_REGION_SIZE);
-        assert_eq!(Layout::new(&RegionConfig::new(0)), Err(HeaderError::NoKthreads));
         assert_eq!(
-            Layout::new(&RegionConfig::new(5000)).unwrap_err().to_string(),
+            Layout::new(&RegionConfig::new(0)),
+            Err(HeaderError::NoKthreads)
+        );
+        assert_eq!(
+            Layout::new(&RegionConfig::new(5000))
+                .unwrap_err()
+                .to_string(),
             "kthread count 5000 exceeds 256"
         );
-        let e = Layout::new(&RegionConfig { n_kthreads: 1, up_capacity: 3, down_capacity: 8 }).unwrap_err();
-        assert_eq!(e.to_string(), "kthread→iokerneld ring area: capacity 3 is not a power of two in 2..=65536");
+        let e = Layout::new(&RegionConfig {
+            n_kthreads: 1,
+            up_capacity: 3,
+            down_capacity: 8,
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "kthread→iokerneld ring area: capacity 3 is not a power of two in 2..=65536"
+        );
     }
 
     #[test]
@@ -681,9 +890,21 @@ mod tests {
             msg(&|b| b.magic = 0xdead_beef, len),
             format!("bad magic 0x00000000deadbeef, expected {MAGIC:#018x}")
         );
-        assert_eq!(msg(&|b| b.version = 3, len), "layout version 3, this side speaks 1");
-        assert_eq!(msg(&|b| b.n_kthreads = 5000, len), "kthread count 5000 exceeds 256");
-        assert_eq!(msg(&|_| (), len + 4096), format!("header says the region is {len} bytes, but it is {} bytes", len + 4096));
+        assert_eq!(
+            msg(&|b| b.version = 3, len),
+            "layout version 3, this side speaks 1"
+        );
+        assert_eq!(
+            msg(&|b| b.n_kthreads = 5000, len),
+            "kthread count 5000 exceeds 256"
+        );
+        assert_eq!(
+            msg(&|_| (), len + 4096),
+            format!(
+                "header says the region is {len} bytes, but it is {} bytes",
+                len + 4096
+            )
+        );
         assert_eq!(
             msg(&|b| b.region_size = 100, 100),
             "region is 100 bytes, smaller than the 112-byte header"
@@ -696,18 +917,49 @@ mod tests {
             msg(&|b| b.down_offset = u64::MAX - 63, len),
             format!("iokerneld→kthread ring area at offset {:#x} size {:#x} runs past the region end {len:#x}", u64::MAX - 63, h.down_size)
         );
-        assert_eq!(msg(&|b| b.up_offset += 8, len), format!("kthread→iokerneld ring area at offset {:#x} is not 64-byte aligned", h.up_offset + 8));
+        assert_eq!(
+            msg(&|b| b.up_offset += 8, len),
+            format!(
+                "kthread→iokerneld ring area at offset {:#x} is not 64-byte aligned",
+                h.up_offset + 8
+            )
+        );
         assert_eq!(
             msg(&|b| b.up_offset = 0, len),
-            format!("header [0x0, 0x70) overlaps kthread→iokerneld ring area [0x0, {:#x})", h.up_size)
+            format!(
+                "header [0x0, 0x70) overlaps kthread→iokerneld ring area [0x0, {:#x})",
+                h.up_size
+            )
         );
         assert!(msg(&|b| b.lines_offset = h.up_offset, len).contains("queue-line area [0x"));
-        assert_eq!(msg(&|b| b.up_capacity = 32, len), format!("kthread→iokerneld ring area: stride {} bytes, expected {} for its capacity", h.up_stride, 128 + 32 * 16));
-        assert_eq!(msg(&|b| b.lines_size = 64, len), "queue-line area: size 64 bytes, expected 256 (4 kthreads)");
-        assert_eq!(msg(&|b| b.msg_size = 32, len), "message size 32, expected 16");
-        assert_eq!(msg(&|b| b.line_size = 128, len), "queue line size 128, expected 64");
-        assert_eq!(msg(&|b| b.header_size = 4096, len), "header size 4096, expected 112");
-        assert_eq!(msg(&|b| b.n_kthreads = 0, len), "kthread count 0: a runtime has at least one kthread");
+        assert_eq!(
+            msg(&|b| b.up_capacity = 32, len),
+            format!(
+                "kthread→iokerneld ring area: stride {} bytes, expected {} for its capacity",
+                h.up_stride,
+                128 + 32 * 16
+            )
+        );
+        assert_eq!(
+            msg(&|b| b.lines_size = 64, len),
+            "queue-line area: size 64 bytes, expected 256 (4 kthreads)"
+        );
+        assert_eq!(
+            msg(&|b| b.msg_size = 32, len),
+            "message size 32, expected 16"
+        );
+        assert_eq!(
+            msg(&|b| b.line_size = 128, len),
+            "queue line size 128, expected 64"
+        );
+        assert_eq!(
+            msg(&|b| b.header_size = 4096, len),
+            "header size 4096, expected 112"
+        );
+        assert_eq!(
+            msg(&|b| b.n_kthreads = 0, len),
+            "kthread count 0: a runtime has at least one kthread"
+        );
     }
 
     fn header_bytes(h: &Header) -> [u8; HEADER_SIZE] {
@@ -733,7 +985,7 @@ mod tests {
             let len = (len as i64 + len_delta).max(0) as u64;
             if let Ok(l) = header_from(b).validate(len) {
                 let n = l.n_kthreads;
-                prop_assert!(n >= 1 && n <= MAX_KTHREADS);
+                prop_assert!((1..=MAX_KTHREADS).contains(&n));
                 prop_assert!(l.line_offset(n - 1) + 64 <= len);
                 prop_assert!(l.up_ring_offset(n - 1) + l.up.stride <= len);
                 prop_assert!(l.down_ring_offset(n - 1) + l.down.stride <= len);
@@ -756,20 +1008,52 @@ mod tests {
 
     #[test]
     fn heap_region_ends_talk() {
-        let r = Region::create_heap(&RegionConfig { n_kthreads: 2, up_capacity: 4, down_capacity: 4 }).unwrap();
+        let r = Region::create_heap(&RegionConfig {
+            n_kthreads: 2,
+            up_capacity: 4,
+            down_capacity: 4,
+        })
+        .unwrap();
         assert!(r.fd().is_none());
         let mut rt = r.runtime_end(1).unwrap();
         let mut io = r.iokernel_end(1).unwrap();
-        assert!(matches!(r.runtime_end(1), Err(RegionError::Taken { k: 1, side: "runtime" })));
-        assert!(matches!(r.iokernel_end(2), Err(RegionError::NoSuchKthread { k: 2, n: 2 })));
-        rt.to_iokernel.send(ToIokernel::Parked { next_deadline_ns: Some(99) }).unwrap();
+        assert!(matches!(
+            r.runtime_end(1),
+            Err(RegionError::Taken {
+                k: 1,
+                side: "runtime"
+            })
+        ));
+        assert!(matches!(
+            r.iokernel_end(2),
+            Err(RegionError::NoSuchKthread { k: 2, n: 2 })
+        ));
+        rt.to_iokernel
+            .send(ToIokernel::Parked {
+                next_deadline_ns: Some(99),
+            })
+            .unwrap();
         rt.line.set_rq_tail(3);
         rt.line.insert_flags(LineFlags::PARKED);
-        assert_eq!(io.from_kthread.recv().unwrap(), Some(ToIokernel::Parked { next_deadline_ns: Some(99) }));
+        assert_eq!(
+            io.from_kthread.recv().unwrap(),
+            Some(ToIokernel::Parked {
+                next_deadline_ns: Some(99)
+            })
+        );
         assert_eq!(io.line.snapshot().counters.rq_tail, 3);
-        io.to_kthread.send(ToKthread::Preempt { reason: PreemptReason::CoreNeeded }).unwrap();
+        io.to_kthread
+            .send(ToKthread::Preempt {
+                reason: PreemptReason::CoreNeeded,
+            })
+            .unwrap();
         drop(r);
-        assert_eq!(rt.from_iokernel.recv().unwrap(), Some(ToKthread::Preempt { reason: PreemptReason::CoreNeeded }));
+        assert_eq!(
+            rt.from_iokernel.recv().unwrap(),
+            Some(ToKthread::Preempt {
+                reason: PreemptReason::CoreNeeded
+            })
+        );
         // Kthread 0's rings are separate.
         let mut io0 = rt.line._region.iokernel_end(0).unwrap();
         assert_eq!(io0.from_kthread.recv(), Ok(None));
@@ -794,12 +1078,20 @@ mod tests {
         assert_eq!(a.layout(), r.layout());
         let mut rt = r.runtime_end(2).unwrap();
         let mut io = a.iokernel_end(2).unwrap();
-        rt.to_iokernel.send(ToIokernel::Started { tid: 42 }).unwrap();
+        rt.to_iokernel
+            .send(ToIokernel::Started { tid: 42 })
+            .unwrap();
         rt.line.set_in_tail(7);
-        assert_eq!(io.from_kthread.recv().unwrap(), Some(ToIokernel::Started { tid: 42 }));
+        assert_eq!(
+            io.from_kthread.recv().unwrap(),
+            Some(ToIokernel::Started { tid: 42 })
+        );
         assert_eq!(io.line.snapshot().counters.in_tail, 7);
         io.to_kthread.send(ToKthread::Wake { core: 1 }).unwrap();
-        assert_eq!(rt.from_iokernel.recv().unwrap(), Some(ToKthread::Wake { core: 1 }));
+        assert_eq!(
+            rt.from_iokernel.recv().unwrap(),
+            Some(ToKthread::Wake { core: 1 })
+        );
         // Seals hold: the runtime cannot shrink the memfd any more.
         let f = std::fs::File::from(r.fd().unwrap().try_clone_to_owned().unwrap());
         assert!(f.set_len(64).is_err());
@@ -817,7 +1109,10 @@ mod tests {
         // SAFETY: plain integers; no concurrent reader.
         unsafe { (*r.header_ptr()).version = 3 };
         let e = attach().err().unwrap();
-        assert_eq!(e.to_string(), "shared region refused: layout version 3, this side speaks 1");
+        assert_eq!(
+            e.to_string(),
+            "shared region refused: layout version 3, this side speaks 1"
+        );
         // SAFETY: as above.
         unsafe { (*r.header_ptr()).version = LAYOUT_VERSION };
         assert!(attach().is_ok());
@@ -828,11 +1123,20 @@ mod tests {
         // A sealed but empty one too.
         let fd = sys::memfd("tiny", 0).unwrap();
         sys::add_seals(fd.as_fd(), sys::SIZE_SEALS).unwrap();
-        assert!(matches!(Region::attach(fd), Err(RegionError::Header(HeaderError::RegionTooSmall { len: 0, .. }))));
+        assert!(matches!(
+            Region::attach(fd),
+            Err(RegionError::Header(HeaderError::RegionTooSmall {
+                len: 0,
+                ..
+            }))
+        ));
         // A sealed page of zeros: bad magic.
         let fd = sys::memfd("zeros", 4096).unwrap();
         sys::add_seals(fd.as_fd(), sys::SIZE_SEALS).unwrap();
         let e = Region::attach(fd).err().unwrap();
-        assert_eq!(e.to_string(), format!("shared region refused: bad magic 0x0000000000000000, expected {MAGIC:#018x}"));
+        assert_eq!(
+            e.to_string(),
+            format!("shared region refused: bad magic 0x0000000000000000, expected {MAGIC:#018x}")
+        );
     }
 }

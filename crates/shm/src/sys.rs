@@ -21,7 +21,9 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
 pub(crate) fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
     let name = CString::new(name.replace('\0', "_")).map_err(io::Error::other)?;
     // SAFETY: `name` is a valid C string; the flags are plain integers.
-    let fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
+    let fd = cvt(unsafe {
+        libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
     // SAFETY: `fd` was just returned to us and is owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let len = libc::off_t::try_from(len).map_err(io::Error::other)?;
