@@ -8,6 +8,38 @@
 //! and kthreads are named by their index in the snapshot slices; an
 //! application's `key` must stay stable across passes (congestion detection
 //! remembers the previous pass per key).
+//!
+//! How iokerneld drives it (times in ns here):
+//!
+//! ```
+//! use ginza_policy::alloc::*;
+//!
+//! let topo = Topology::paired(4); // cores 0/1 and 2/3 are hyperthread pairs
+//! let mut alloc = Shenango::new(5_000, 42); // pass every 5 µs, victim seed 42
+//! let app = AppSnap {
+//!     key: 1,
+//!     class: AppClass::LatencyCritical,
+//!     guaranteed: 0,
+//!     max_cores: 2,
+//!     kthreads: vec![
+//!         // Runs on core 0; two threads queued (pushed 5, taken 3).
+//!         KthreadSnap {
+//!             core: Some(0),
+//!             counters: QueueCounters { rq_head: 3, rq_tail: 5, ..Default::default() },
+//!             ..Default::default()
+//!         },
+//!         KthreadSnap { parked: true, ..Default::default() },
+//!     ],
+//!     next_timer: None,
+//!     last_yielded_core: None,
+//! };
+//! let mut out = Vec::new();
+//! alloc.pass(0, &topo, std::slice::from_ref(&app), &mut out);
+//! assert!(out.is_empty()); // first sight of those items
+//! alloc.pass(5_000, &topo, std::slice::from_ref(&app), &mut out);
+//! // Still queued 5 µs later: congested; the sibling of core 0 is granted.
+//! assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
+//! ```
 
 use std::collections::HashMap;
 
