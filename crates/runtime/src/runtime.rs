@@ -1,11 +1,10 @@
 //! Starting and stopping a runtime, and the handle to control a running one.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use crate::config::Config;
-use crate::error::{panic_message, RuntimeError};
+use crate::error::{JoinError, RuntimeError};
 use crate::sched::{self, Shared};
 use crate::task::{spawn_on, JoinHandle};
 
@@ -35,20 +34,8 @@ where
     let shared = Shared::new(&plan, sched::Mode::Shenango)
         .map_err(|e| RuntimeError::Start(format!("cannot create kthread eventfds: {e}")))?;
 
-    let done = Arc::new((Mutex::new(None), Condvar::new()));
-    let done_main = Arc::clone(&done);
-    sched::spawn_erased(
-        Arc::as_ptr(&shared),
-        Box::new(move || {
-            let result = catch_unwind(AssertUnwindSafe(main));
-            // A std mutex is held only for this instant, and not across a preemption.
-            crate::without_preemption(|| {
-                *done_main.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-                done_main.1.notify_one();
-            });
-        }),
-    );
-
+    // The caller's thread waits on the main uthread's handle like any joiner.
+    let main = spawn_on(Arc::as_ptr(&shared), main);
     let mut threads = Vec::with_capacity(plan.cores.len());
     for id in 0..plan.cores.len() {
         let rt = Arc::clone(&shared);
@@ -67,21 +54,13 @@ where
         }
     }
 
-    let result = {
-        let mut slot = done.0.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(r) = slot.take() {
-                break r;
-            }
-            slot = done.1.wait(slot).unwrap_or_else(|e| e.into_inner());
-        }
-    };
+    let result = main.join();
     shared.wake_all_for_shutdown();
     for t in threads {
         let _ = t.join();
     }
     shared.drain_after_shutdown();
-    result.map_err(|payload| RuntimeError::MainPanicked(panic_message(&*payload)))
+    result.map_err(|JoinError::Panicked { message, .. }| RuntimeError::MainPanicked(message))
 }
 
 /// Controls a running runtime from inside it or from another thread.

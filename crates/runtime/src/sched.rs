@@ -43,12 +43,28 @@ pub(crate) struct UThread {
     on_cpu: AtomicBool,
     pub(crate) preempt: PreemptState,
     stack: UnsafeCell<Option<Stack>>,
-    entry: UnsafeCell<Option<Box<dyn FnOnce() + Send>>>,
+    entry: UnsafeCell<Option<Entry>>,
     rt: *const Shared,
 }
 
 impl UThread {
-    fn new_boxed(rt: *const Shared, entry: Box<dyn FnOnce() + Send>) -> URef {
+    /// A new uthread, recycled (with its stack) from the calling kthread's
+    /// cache when there is one.
+    fn new_boxed(rt: *const Shared, entry: Entry) -> URef {
+        let p = preempt::disable();
+        let k = current_kthread();
+        // SAFETY: a non-null kthread of this thread, stable while deferred;
+        // its cache is owner-only.
+        let recycled = (!k.is_null() && unsafe { (*k).rt } == rt)
+            .then(|| unsafe { (*(*k).free_uthreads.get()).pop() })
+            .flatten();
+        preempt::enable(p);
+        if let Some(mut u) = recycled {
+            // Exited uthreads are cached with sp null (not started), their
+            // count at 1, no entry, and their stack kept.
+            *u.entry.get_mut() = Some(entry);
+            return URef(NonNull::from(Box::leak(u)));
+        }
         let u = Box::new(UThread {
             sp: UnsafeCell::new(null_mut()),
             on_cpu: AtomicBool::new(false),
@@ -73,6 +89,14 @@ impl UThread {
         }
     }
 }
+
+/// What a uthread runs: one allocation shared with its `JoinHandle`.
+pub(crate) trait Runnable: Send + Sync {
+    /// Called once, on the uthread's own stack; must not unwind.
+    fn run(&self);
+}
+
+pub(crate) type Entry = Arc<dyn Runnable>;
 
 /// A pointer to a uthread that is in exactly one place: a runqueue, a wait
 /// queue, a timer, or running.
@@ -171,7 +195,8 @@ pub(crate) struct KThread {
     current: Cell<*mut UThread>,
     /// A uthread that exited; the next context to run frees its stack.
     exited: Cell<*mut UThread>,
-    stack_cache: UnsafeCell<Vec<Stack>>,
+    /// Exited uthreads kept with their stacks for the next spawn.
+    free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
     timers: SpinLock<TimerHeap>,
     /// Earliest timer deadline (ns since the runtime's epoch), u64::MAX if none.
     next_deadline: AtomicU64,
@@ -185,7 +210,7 @@ pub(crate) struct KThread {
 }
 
 // SAFETY: the Cell/UnsafeCell fields (local, sched, current, exited,
-// stack_cache, tick, rng) are touched only by the kthread's own pthread;
+// free_uthreads, tick, rng) are touched only by the kthread's own pthread;
 // everything other threads touch is atomic or behind a lock.
 unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
@@ -279,7 +304,7 @@ impl Shared {
                         sched: UThread::scheduler(rt),
                         current: Cell::new(null_mut()),
                         exited: Cell::new(null_mut()),
-                        stack_cache: UnsafeCell::new(Vec::new()),
+                        free_uthreads: UnsafeCell::new(Vec::new()),
                         timers: SpinLock::new(TimerHeap::default()),
                         next_deadline: AtomicU64::new(u64::MAX),
                         state: AtomicU8::new(RUNNING),
@@ -321,6 +346,13 @@ impl Shared {
     /// one in `park_idle` so that either the parker sees the work or we see
     /// the parker.
     fn notify_one(&self) {
+        if self.kthreads.len() == 1 {
+            let k = current_kthread();
+            // SAFETY: a non-null kthread pointer of this thread.
+            if !k.is_null() && unsafe { (*k).rt } == self as *const Shared {
+                return; // the only kthread is the one publishing the work
+            }
+        }
         fence(SeqCst);
         if self.n_spinning.load(SeqCst) > 0 || self.n_parked.load(SeqCst) == 0 {
             return;
@@ -462,9 +494,9 @@ unsafe fn switch_to(k: &KThread, from: *mut UThread, to: *mut UThread) {
             std::hint::spin_loop();
         }
         // SAFETY: the target is not running anywhere, so we own its fields.
-        if unsafe { (*target.stack.get()).is_none() } {
-            // SAFETY: as above; the stack is assigned before first run.
-            unsafe { give_stack(k, to) };
+        if unsafe { (*target.sp.get()).is_null() } {
+            // SAFETY: as above: a uthread that has never run.
+            unsafe { prepare_first_run(k, to) };
         }
     }
     target.on_cpu.store(true, Relaxed);
@@ -484,33 +516,37 @@ fn finish_switch() {
     if !dead.is_null() {
         // SAFETY: the exited uthread is off-CPU (we are running) and in no queue.
         let mut u = unsafe { Box::from_raw(dead) };
-        if let Some(stack) = u.stack.get_mut().take() {
-            // SAFETY: owner-only field of the current kthread.
-            let cache = unsafe { &mut *k.stack_cache.get() };
-            if cache.len() < STACK_CACHE {
-                cache.push(stack);
-            }
+        // SAFETY: owner-only field of the current kthread.
+        let cache = unsafe { &mut *k.free_uthreads.get() };
+        if cache.len() < UTHREAD_CACHE && u.stack.get_mut().is_some() {
+            *u.sp.get_mut() = null_mut();
+            u.preempt = PreemptState::new(1);
+            cache.push(u);
         }
     }
 }
 
-const STACK_CACHE: usize = 64;
+const UTHREAD_CACHE: usize = 64;
 
+/// Gives a uthread that has never run a stack (unless it kept one from a
+/// previous life) and lays out its first frame.
+///
 /// # Safety
-/// `u` must not be running and must have no stack yet.
-unsafe fn give_stack(k: &KThread, u: *mut UThread) {
-    // SAFETY: owner-only field of the current kthread.
-    let cache = unsafe { &mut *k.stack_cache.get() };
-    let stack = match cache.pop() {
-        Some(s) => s,
-        None => Stack::new(k.rt().stack_size)
-            .unwrap_or_else(|e| crate::signals::fatal(&format!("cannot map a uthread stack: {e}"))),
-    };
-    // SAFETY: the stack is ours and unused; `u` is not running.
-    unsafe {
-        *(*u).sp.get() = arch::init_stack(stack.top(), uthread_entry, u.cast());
-        *(*u).stack.get() = Some(stack);
+/// `u` must not be running and must never have run since it was (re)spawned.
+unsafe fn prepare_first_run(k: &KThread, u: *mut UThread) {
+    // SAFETY: `u` is ours until it runs (caller's contract).
+    let stack = unsafe { &mut *(*u).stack.get() };
+    if stack.is_none() {
+        *stack = Some(Stack::new(k.rt().stack_size).unwrap_or_else(|e| {
+            crate::signals::fatal(&format!("cannot map a uthread stack: {e}"))
+        }));
     }
+    let top = stack
+        .as_ref()
+        .map(Stack::top)
+        .expect("stack assigned above");
+    // SAFETY: the stack is ours and unused; `u` is not running.
+    unsafe { *(*u).sp.get() = arch::init_stack(top, uthread_entry, u.cast()) };
 }
 
 /// First Rust code of every uthread.
@@ -521,8 +557,8 @@ unsafe extern "C" fn uthread_entry(arg: *mut u8) -> ! {
     let entry = unsafe { (*(*u).entry.get()).take() };
     // SAFETY: as above; `u` lives until exit below.
     preempt::enable(unsafe { &(*u).preempt });
-    if let Some(f) = entry {
-        f(); // catches its own panics (see spawn)
+    if let Some(task) = entry {
+        task.run(); // catches its own panics (see task.rs)
     }
     preempt::disable();
     // SAFETY: preemption deferred; we are the current context of this kthread.
@@ -774,7 +810,7 @@ pub fn sleep_until(deadline: Instant) {
 }
 
 /// Spawns a uthread on the runtime `rt` that runs `entry`.
-pub(crate) fn spawn_erased(rt: *const Shared, entry: Box<dyn FnOnce() + Send>) {
+pub(crate) fn spawn_erased(rt: *const Shared, entry: Entry) {
     wake(UThread::new_boxed(rt, entry));
 }
 
@@ -1027,7 +1063,7 @@ pub(crate) fn assign(k: &KThread, u: URef) {
 }
 
 /// A uthread that is not queued anywhere yet (the dispatcher holds it).
-pub(crate) fn new_unqueued(rt: *const Shared, entry: Box<dyn FnOnce() + Send>) -> URef {
+pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
     UThread::new_boxed(rt, entry)
 }
 

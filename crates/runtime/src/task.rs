@@ -1,4 +1,8 @@
 //! `spawn` and `JoinHandle`: the std::thread-shaped face of uthreads.
+//!
+//! A spawned closure, its result slot and the joiner's bookkeeping share one
+//! allocation (`Task`), seen by the uthread as a [`Runnable`] and by the
+//! handle as a [`Joinable`].
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -6,7 +10,7 @@ use std::sync::Arc;
 
 use crate::error::JoinError;
 use crate::preempt;
-use crate::sched::{self, Shared, URef};
+use crate::sched::{self, Runnable, Shared, URef};
 use crate::sync::spinlock::SpinLock;
 
 enum Waiter {
@@ -19,19 +23,29 @@ struct JoinState {
     waiter: Option<Waiter>,
 }
 
-/// Where a uthread leaves its result for its `JoinHandle`.
-struct Packet<T> {
+struct Task<F, T> {
+    func: UnsafeCell<Option<F>>,
     state: SpinLock<JoinState>,
     result: UnsafeCell<Option<std::thread::Result<T>>>,
 }
 
-// SAFETY: `result` is written once by the uthread before `done` is set under
-// the lock, and read only by the joiner after it saw `done` under the lock.
-unsafe impl<T: Send> Sync for Packet<T> {}
+// SAFETY: `func` is taken once by the uthread that runs the task; `result`
+// is written once by it before `done` is set under the lock, and read only
+// by the joiner after it saw `done` under the lock.
+unsafe impl<F: Send, T: Send> Sync for Task<F, T> {}
 
-impl<T> Packet<T> {
-    fn complete(&self, result: std::thread::Result<T>) {
-        // SAFETY: only the spawned uthread writes, once, before `done`.
+impl<F, T> Runnable for Task<F, T>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    fn run(&self) {
+        // SAFETY: run is called once, by the task's own uthread.
+        let Some(f) = (unsafe { (*self.func.get()).take() }) else {
+            return;
+        };
+        let result = catch_unwind(AssertUnwindSafe(f));
+        // SAFETY: the only write, before `done` is published.
         unsafe { *self.result.get() = Some(result) };
         let waiter = {
             let mut st = self.state.lock();
@@ -46,10 +60,29 @@ impl<T> Packet<T> {
     }
 }
 
+/// The joiner's view of a task.
+trait Joinable<T>: Send + Sync {
+    fn state(&self) -> &SpinLock<JoinState>;
+    /// # Safety
+    /// Only after `done` was seen under the lock, and only once.
+    unsafe fn take_result(&self) -> Option<std::thread::Result<T>>;
+}
+
+impl<F: Send, T: Send> Joinable<T> for Task<F, T> {
+    fn state(&self) -> &SpinLock<JoinState> {
+        &self.state
+    }
+    unsafe fn take_result(&self) -> Option<std::thread::Result<T>> {
+        // SAFETY: the caller saw `done`, so the write happened before; the
+        // handle is consumed by the one call.
+        unsafe { (*self.result.get()).take() }
+    }
+}
+
 /// An owned permission to wait for a uthread and take its result. Dropping
 /// it detaches the uthread.
 pub struct JoinHandle<T> {
-    packet: Arc<Packet<T>>,
+    task: Arc<dyn Joinable<T>>,
 }
 
 impl<T> JoinHandle<T> {
@@ -58,7 +91,7 @@ impl<T> JoinHandle<T> {
     /// uthread comes back as [`JoinError::Panicked`].
     pub fn join(self) -> Result<T, JoinError> {
         let guard = preempt::Guard::new();
-        let mut st = self.packet.state.lock();
+        let mut st = self.task.state().lock();
         if !st.done {
             match sched::current_uthread() {
                 Some(me) => {
@@ -70,7 +103,7 @@ impl<T> JoinHandle<T> {
                     st.waiter = Some(Waiter::Thread(std::thread::current()));
                     drop(st);
                     drop(guard);
-                    while !self.packet.state.lock().done {
+                    while !self.task.state().lock().done {
                         std::thread::park();
                     }
                     return self.take();
@@ -85,13 +118,12 @@ impl<T> JoinHandle<T> {
 
     /// Whether the uthread has finished.
     pub fn is_finished(&self) -> bool {
-        self.packet.state.lock().done
+        self.task.state().lock().done
     }
 
     fn take(self) -> Result<T, JoinError> {
-        // SAFETY: `done` was observed under the lock, so the write happened
-        // before; we are the only reader (join consumes the handle).
-        let result = unsafe { (*self.packet.result.get()).take() };
+        // SAFETY: every caller saw `done` under the lock; `self` is consumed.
+        let result = unsafe { self.task.take_result() };
         match result.expect("join: finished uthread left no result") {
             Ok(v) => Ok(v),
             Err(payload) => Err(JoinError::from_panic(payload)),
@@ -132,20 +164,19 @@ where
     (sched::new_unqueued(rt, entry), handle)
 }
 
-/// `f` as a uthread entry that leaves its result (or panic) for the handle.
-fn packaged<F, T>(f: F) -> (Box<dyn FnOnce() + Send>, JoinHandle<T>)
+fn packaged<F, T>(f: F) -> (sched::Entry, JoinHandle<T>)
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let packet = Arc::new(Packet {
+    let task = Arc::new(Task {
+        func: UnsafeCell::new(Some(f)),
         state: SpinLock::new(JoinState {
             done: false,
             waiter: None,
         }),
         result: UnsafeCell::new(None),
     });
-    let theirs = Arc::clone(&packet);
-    let entry = Box::new(move || theirs.complete(catch_unwind(AssertUnwindSafe(f))));
-    (entry, JoinHandle { packet })
+    let entry: sched::Entry = task.clone();
+    (entry, JoinHandle { task })
 }

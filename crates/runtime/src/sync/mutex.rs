@@ -1,18 +1,20 @@
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU8, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::{AtomicU32, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
 use super::{wait_on, WaitQueue, Waited};
 use crate::sched;
 
-const LOCKED: u8 = 1;
-const WAITERS: u8 = 2;
+const LOCKED: u32 = 1;
+const WAITERS: u32 = 2;
 
 /// A mutual-exclusion lock whose waiters are suspended uthreads. Unlocking
 /// with waiters hands the lock directly to the oldest one (FIFO, no barging
 /// past a woken waiter).
 pub struct Mutex<T: ?Sized> {
-    state: AtomicU8,
+    // u32 rather than u8: a full-register CAS operand avoids a partial-register
+    // merge on the uncontended path.
+    state: AtomicU32,
     waiters: WaitQueue,
     value: UnsafeCell<T>,
 }
@@ -30,7 +32,7 @@ pub struct MutexGuard<'a, T: ?Sized> {
 impl<T> Mutex<T> {
     pub const fn new(value: T) -> Self {
         Mutex {
-            state: AtomicU8::new(0),
+            state: AtomicU32::new(0),
             waiters: WaitQueue::new(std::collections::VecDeque::new()),
             value: UnsafeCell::new(value),
         }
