@@ -195,7 +195,9 @@ pub(crate) struct KThread {
     current: Cell<*mut UThread>,
     /// A uthread that exited; the next context to run frees its stack.
     exited: Cell<*mut UThread>,
-    /// Exited uthreads kept with their stacks for the next spawn.
+    /// Exited uthreads kept with their stacks for the next spawn. Boxed:
+    /// a uthread's address is its identity (URef) and must not move.
+    #[allow(clippy::vec_box)]
     free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
     timers: SpinLock<TimerHeap>,
     /// Earliest timer deadline (ns since the runtime's epoch), u64::MAX if none.
@@ -349,7 +351,7 @@ impl Shared {
         if self.kthreads.len() == 1 {
             let k = current_kthread();
             // SAFETY: a non-null kthread pointer of this thread.
-            if !k.is_null() && unsafe { (*k).rt } == self as *const Shared {
+            if !k.is_null() && std::ptr::eq(unsafe { (*k).rt }, self) {
                 return; // the only kthread is the one publishing the work
             }
         }

@@ -52,13 +52,6 @@ fn work(iters: u64, seed: u64) -> u64 {
     x
 }
 
-fn spin(d: Duration) {
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        std::hint::spin_loop();
-    }
-}
-
 fn one_worker(policy: SchedPolicy, preemption: Preemption) -> ShinjukuConfig {
     ShinjukuConfig {
         workers: 1,
