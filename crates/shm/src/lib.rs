@@ -31,3 +31,15 @@ pub use region::{
     RuntimeEnd,
 };
 pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};
+
+/// Proptest settings: `cases` normally, `miri_cases` under Miri, where
+/// failures are not persisted (Miri's isolation forbids file access).
+#[cfg(all(test, not(loom)))]
+pub(crate) fn test_config(cases: u32, miri_cases: u32) -> proptest::test_runner::Config {
+    let mut c =
+        proptest::test_runner::Config::with_cases(if cfg!(miri) { miri_cases } else { cases });
+    if cfg!(miri) {
+        c.failure_persistence = None;
+    }
+    c
+}

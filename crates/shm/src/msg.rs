@@ -318,7 +318,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 16 } else { 1024 }))]
+        #![proptest_config(crate::test_config(1024, 16))]
 
         #[test]
         fn decode_any_bits(tag in any::<u32>(), arg32 in any::<u32>(), arg64 in any::<u64>()) {

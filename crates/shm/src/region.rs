@@ -973,7 +973,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 2048 }))]
+        #![proptest_config(crate::test_config(2048, 8))]
 
         /// Flipping bytes of a good header yields Ok (and then a layout that
         /// stays inside the region) or a typed error, never a panic.

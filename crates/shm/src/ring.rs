@@ -636,7 +636,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 4 } else { 256 }))]
+        #![proptest_config(crate::test_config(256, 4))]
 
         #[test]
         fn matches_vecdeque(cap_log in 1u32..6, start in any::<u32>(), ops in proptest::collection::vec(op(), 0..200)) {
