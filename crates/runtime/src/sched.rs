@@ -112,6 +112,13 @@ impl URef {
         self.0.as_ptr()
     }
 
+    /// Whether it has never run (freshly spawned). Only for a uthread that
+    /// is in a queue, where nobody runs it.
+    pub(crate) fn never_ran(self) -> bool {
+        // SAFETY: a queued uthread's fields are not being written.
+        unsafe { (*self.ptr()).sp.get().read().is_null() }
+    }
+
     /// The uthread's address, as a key while it is alive.
     pub(crate) fn addr(self) -> usize {
         self.0.as_ptr() as usize

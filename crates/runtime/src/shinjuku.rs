@@ -160,7 +160,9 @@ pub struct ServeReport<Resp> {
 
 struct InFlight<Resp> {
     uthread: URef,
-    handle: JoinHandle<Resp>,
+    /// None for a uthread a request spawned: its spawner holds the handle,
+    /// and it is scheduled like a request but not reported as one.
+    handle: Option<JoinHandle<Resp>>,
     preemptions: u32,
 }
 
@@ -373,7 +375,7 @@ where
                 arrival: arrival.at_ns,
                 payload: InFlight {
                     uthread,
-                    handle,
+                    handle: Some(handle),
                     preemptions: 0,
                 },
             };
@@ -388,12 +390,24 @@ where
         }
         while let Steal::Success(u) = rt.injector.steal() {
             let key = u.addr();
-            match blocked.remove(&key) {
-                Some(request) => queues.enqueue(request, now),
-                None => {
-                    // Woken before its worker's report reached us.
-                    woken_early.insert(key);
-                }
+            if let Some(request) = blocked.remove(&key) {
+                queues.enqueue(request, now);
+            } else if u.never_ran() {
+                // Spawned by a request: scheduled like one, in class 0.
+                let spawned = Request {
+                    id: u64::MAX,
+                    class: 0,
+                    arrival: now,
+                    payload: InFlight {
+                        uthread: u,
+                        handle: None,
+                        preemptions: 0,
+                    },
+                };
+                queues.enqueue(spawned, now);
+            } else {
+                // Woken before its worker's report reached us.
+                woken_early.insert(key);
             }
             progress = true;
         }
@@ -416,14 +430,16 @@ where
                         preemptions,
                         ..
                     } = request.payload;
-                    completions.push(Completion {
-                        id: request.id,
-                        class: request.class,
-                        arrival_ns: request.arrival,
-                        finish_ns: finished_at,
-                        preemptions,
-                        result: handle.join(),
-                    });
+                    if let Some(handle) = handle {
+                        completions.push(Completion {
+                            id: request.id,
+                            class: request.class,
+                            arrival_ns: request.arrival,
+                            finish_ns: finished_at,
+                            preemptions,
+                            result: handle.join(),
+                        });
+                    }
                 }
                 REPORT_PREEMPTED => {
                     if config.record_preemptions {

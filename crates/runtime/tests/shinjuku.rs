@@ -302,6 +302,39 @@ fn requests_may_block_and_come_back() {
 }
 
 #[test]
+fn requests_may_spawn_and_join_uthreads() {
+    let items: Vec<_> = (0..20u64).map(|i| (0, 0, i)).collect();
+    let report = serve(
+        ShinjukuConfig {
+            workers: 2,
+            ..one_worker(sq(Placement::Tail), Preemption::default())
+        },
+        script(items),
+        |i| {
+            let children: Vec<_> = (0..3u64)
+                .map(|j| ginza_runtime::spawn(move || work(1_000, i * 10 + j)))
+                .collect();
+            children
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .fold(0u64, u64::wrapping_add)
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        report.completions.len(),
+        20,
+        "children are not reported as requests"
+    );
+    for c in &report.completions {
+        let expected = (0..3u64)
+            .map(|j| work(1_000, c.id * 10 + j))
+            .fold(0u64, u64::wrapping_add);
+        assert_eq!(*c.result.as_ref().unwrap(), expected);
+    }
+}
+
+#[test]
 fn a_million_requests_with_preemption_none_lost_none_twice() {
     const N: usize = 1_000_000;
     let runs: Arc<Vec<AtomicU8>> = Arc::new((0..N).map(|_| AtomicU8::new(0)).collect());
