@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::config::{Config, Plan};
 use crate::error::{JoinError, RuntimeError};
 use crate::sched::{self, Shared};
 use crate::task::{spawn_on, JoinHandle};
@@ -29,38 +29,62 @@ where
                 .len()
         );
     }
+    let shared = start(&plan, sched::Mode::Shenango, "ginza-k")?;
+    // The caller's thread waits on the main uthread's handle like any joiner.
+    let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
+    shared.stop();
+    result.map_err(|JoinError::Panicked { message, .. }| RuntimeError::MainPanicked(message))
+}
+
+/// A runtime's shared state and the threads of its kthreads.
+pub(crate) struct Started {
+    pub(crate) rt: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// Installs the signal handlers, builds the shared state and starts one
+/// pinned thread per kthread of `plan`, named `<name_prefix><id>`.
+pub(crate) fn start(
+    plan: &Plan,
+    mode: sched::Mode,
+    name_prefix: &str,
+) -> Result<Started, RuntimeError> {
     crate::signals::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
-    let shared = Shared::new(&plan, sched::Mode::Shenango)
+    let rt = Shared::new(plan, mode)
         .map_err(|e| RuntimeError::Start(format!("cannot create kthread eventfds: {e}")))?;
-
-    // The caller's thread waits on the main uthread's handle like any joiner.
-    let main = spawn_on(Arc::as_ptr(&shared), main);
-    let mut threads = Vec::with_capacity(plan.cores.len());
+    let mut started = Started {
+        rt,
+        threads: Vec::with_capacity(plan.cores.len()),
+    };
     for id in 0..plan.cores.len() {
-        let rt = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("ginza-k{id}"))
-            .spawn(move || sched::kthread_main(rt, id));
-        match spawned {
-            Ok(t) => threads.push(t),
+        let rt = Arc::clone(&started.rt);
+        match std::thread::Builder::new()
+            .name(format!("{name_prefix}{id}"))
+            .spawn(move || sched::kthread_main(rt, id))
+        {
+            Ok(t) => started.threads.push(t),
             Err(e) => {
-                shared.wake_all_for_shutdown();
-                threads.into_iter().for_each(|t| drop(t.join()));
+                started.stop();
                 return Err(RuntimeError::Start(format!(
                     "cannot start kthread {id}: {e}"
                 )));
             }
         }
     }
+    Ok(started)
+}
 
-    let result = main.join();
-    shared.wake_all_for_shutdown();
-    for t in threads {
-        let _ = t.join();
+impl Started {
+    /// Stops every kthread (each finishes the uthread it runs, if any) and
+    /// frees what is still queued.
+    pub(crate) fn stop(self) {
+        self.rt.wake_all_for_shutdown();
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.rt.drain_after_shutdown();
     }
-    shared.drain_after_shutdown();
-    result.map_err(|JoinError::Panicked { message, .. }| RuntimeError::MainPanicked(message))
 }
 
 /// Controls a running runtime from inside it or from another thread.

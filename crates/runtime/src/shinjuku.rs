@@ -246,29 +246,8 @@ where
             .into());
         }
     }
-    crate::signals::install()
-        .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
-    let rt = Shared::new(&plan, sched::Mode::Worker)
-        .map_err(|e| RuntimeError::Start(format!("cannot create worker eventfds: {e}")))?;
-
-    let mut workers = Vec::with_capacity(plan.cores.len());
-    for id in 0..plan.cores.len() {
-        let rt2 = Arc::clone(&rt);
-        match std::thread::Builder::new()
-            .name(format!("ginza-w{id}"))
-            .spawn(move || sched::kthread_main(rt2, id))
-        {
-            Ok(t) => workers.push(t),
-            Err(e) => {
-                rt.wake_all_for_shutdown();
-                workers.into_iter().for_each(|t| drop(t.join()));
-                return Err(RuntimeError::Start(format!(
-                    "cannot start worker {id}: {e}"
-                )));
-            }
-        }
-    }
-
+    let started_workers = crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w")?;
+    let rt = Arc::clone(&started_workers.rt);
     let handler = Arc::new(handler);
     let started = Instant::now();
     let outcome = std::thread::scope(|scope| {
@@ -288,11 +267,7 @@ where
             .join()
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
-    rt.wake_all_for_shutdown();
-    for t in workers {
-        let _ = t.join();
-    }
-    rt.drain_after_shutdown();
+    started_workers.stop();
     let (completions, signals_sent, preemption_samples) = outcome?;
     Ok(ServeReport {
         completions,
