@@ -108,6 +108,37 @@ pub trait Source<Req> {
     fn is_done(&self) -> bool;
 }
 
+/// A source whose requests are put in classes by a classifier (c-PRE-MQ's
+/// queues): the class the inner source gave is replaced by `classify(&req)`.
+pub struct Classified<S, C> {
+    source: S,
+    classify: C,
+}
+
+/// Wraps `source` so that each request's class is `classify(&request)`.
+pub fn classify<Req, S, C>(source: S, classify: C) -> Classified<S, C>
+where
+    S: Source<Req>,
+    C: FnMut(&Req) -> usize,
+{
+    Classified { source, classify }
+}
+
+impl<Req, S, C> Source<Req> for Classified<S, C>
+where
+    S: Source<Req>,
+    C: FnMut(&Req) -> usize,
+{
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<Req>> {
+        let mut arrival = self.source.poll(now_ns)?;
+        arrival.class = (self.classify)(&arrival.payload);
+        Some(arrival)
+    }
+    fn is_done(&self) -> bool {
+        self.source.is_done()
+    }
+}
+
 /// One served request.
 #[derive(Debug)]
 pub struct Completion<Resp> {

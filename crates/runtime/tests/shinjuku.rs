@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_runtime::shinjuku::{
-    serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, ServeReport, ShinjukuConfig,
-    Source,
+    classify, serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, ServeReport,
+    ShinjukuConfig, Source,
 };
 use ginza_runtime::{preempt_point, without_preemption};
 
@@ -197,6 +197,24 @@ fn mq_picks_the_queue_with_the_largest_wait_to_slo_ratio() {
     )
     .unwrap();
     assert_eq!(completion_order(&report), vec![0, 1]);
+}
+
+#[test]
+fn a_classifier_sorts_requests_into_mq_queues() {
+    // Same waits as above, but the classes come from the payload: an odd
+    // request is latency-critical (class 1).
+    let source = classify(
+        script(vec![(0, -100_000, 100u64), (0, -5_000, 101)]),
+        |iters: &u64| (*iters % 2) as usize,
+    );
+    let report = serve(
+        one_worker(mq(), Preemption::default()),
+        source,
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![1, 0]);
+    assert_eq!(report.completions[0].class, 1);
 }
 
 #[test]
