@@ -4,6 +4,7 @@
 //! Each experiment is one subcommand with its own arguments; add new ones
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
 
+mod preempt;
 mod threadops;
 
 /// Run a benchmark and print its figures next to its peers'.
@@ -19,11 +20,16 @@ enum Experiment {
     /// Thread operations (spawn+join, yield and condvar ping-pong, uncontended
     /// mutex) for Ginza uthreads, pthreads, Tokio tasks and Go goroutines.
     Threadops(threadops::ThreadopsArgs),
+    /// Shinjuku mode: the cost of one preemption (cooperative flag, signal),
+    /// the worker's throughput loss at 5/10/15 us quanta, and the
+    /// dispatcher's request rate.
+    Preempt(preempt::PreemptArgs),
 }
 
 /// Runs the experiment named on the command line.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.experiment {
         Experiment::Threadops(args) => threadops::run(args),
+        Experiment::Preempt(args) => preempt::run(args),
     }
 }

@@ -1,0 +1,822 @@
+//! `ginza bench preempt`: what one preemption costs in Shinjuku mode, for the
+//! cooperative flag and for the signal, and how many requests per second one
+//! dispatcher hands out.
+//!
+//! Everything runs in one process, in one run, with the dispatcher pinned to
+//! one CPU and a single worker pinned to another (`--cores D,W`; default: the
+//! two last CPUs this process may use).
+//!
+//! * **Preemption cost.** `--requests` identical long requests (a fixed
+//!   number of iterations of a multiply-add chain, calibrated to `--work-ms`)
+//!   are submitted at once to the worker under c-PRE-SQ (tail placement), so
+//!   another request always waits and the running one is preempted every
+//!   quantum. `coop` is `Preemption::Cooperative { backstop: None }` with the
+//!   loop calling `preempt_point()` every 64 iterations; `signal` is
+//!   `Preemption::Signal` with no preemption point in the loop. The baseline
+//!   runs the same requests under c-FCFS (never preempted) with the loop
+//!   without `preempt_point()`, so the cooperative loss includes polling.
+//!   T is the worker's makespan: last completion minus first arrival (the
+//!   worker is never idle in between for want of work; thread start-up and
+//!   shutdown are left out, unlike `ServeReport::elapsed`).
+//!   `loss_pct = (T_q - T_base) / T_base * 100`;
+//!   `worker_ns = (T_q - T_base) / preemptions` (everything the worker loses
+//!   per preemption: noticing, switching out, reporting, and waiting for the
+//!   dispatcher to hand it the next request);
+//!   `dispatcher_ns` = the dispatcher's own time to ask (flag store, or flag
+//!   store + `tgkill`), `latency_ns` = ask to the worker's report that the
+//!   request is off its core, both from `ServeReport::preemption_samples`.
+//!   Each configuration runs `--reps` times (interleaved); per-run medians
+//!   and percentiles, then the median over runs. `coop` / `signal` are given
+//!   at a 10 µs quantum; `loss_pct` at 5, 10 and 15 µs.
+//! * **Dispatcher rate.** `--tiny` requests whose handler returns at once,
+//!   from a source that always has the next one ready (a few per dispatcher
+//!   pass), c-FCFS, one worker: completions / (last completion - first
+//!   arrival). With one worker every request is a round trip between two
+//!   cores, so on a 2-CPU machine the worker, not the dispatcher alone, may
+//!   bound this figure.
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ginza_runtime::preempt_point;
+use ginza_runtime::shinjuku::{
+    serve, Arrival, Placement, Preemption, SchedPolicy, ServeReport, ShinjukuConfig, Source,
+};
+use serde::Serialize;
+
+/// Arguments of `ginza bench preempt`.
+#[derive(clap::Args, Debug)]
+pub struct PreemptArgs {
+    /// Print one JSON object on stdout (the table then goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Dispatcher and worker CPUs, `D,W` (default: the two last CPUs this
+    /// process may use).
+    #[arg(long, value_delimiter = ',')]
+    cores: Vec<usize>,
+    /// Runs per configuration; medians over runs are reported.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Long requests submitted at once in each preemption run.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
+    requests: u64,
+    /// Work of each long request, ms (converted once to an iteration count).
+    #[arg(long, default_value_t = 20.0)]
+    work_ms: f64,
+    /// Tiny requests for the dispatcher-rate run.
+    #[arg(long, default_value_t = 2_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    tiny: u64,
+}
+
+/// The quanta measured, µs.
+const QUANTA_US: [u64; 3] = [5, 10, 15];
+/// The quantum whose figures go into `coop` / `signal`.
+const REPORTED_QUANTUM_US: u64 = 10;
+/// Iterations between two preemption points in the cooperative loop.
+const POLL_EVERY: u64 = 64;
+
+/// The dispatcher's and the worker's CPU.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(super) struct Cores {
+    pub dispatcher: usize,
+    pub worker: usize,
+}
+
+impl Cores {
+    /// `requested` (`[D, W]`) checked against the affinity mask, or the two
+    /// last allowed CPUs.
+    pub(super) fn pick(requested: &[usize]) -> anyhow::Result<Cores> {
+        let allowed = allowed_cpus()?;
+        match requested {
+            [] => {
+                anyhow::ensure!(
+                    allowed.len() >= 2,
+                    "this process may only run on CPUs {allowed:?}; the dispatcher and the \
+                     worker need two (or name them with --cores D,W)"
+                );
+                Ok(Cores {
+                    dispatcher: allowed[allowed.len() - 2],
+                    worker: allowed[allowed.len() - 1],
+                })
+            }
+            &[dispatcher, worker] => {
+                for c in [dispatcher, worker] {
+                    anyhow::ensure!(
+                        allowed.contains(&c),
+                        "--cores: CPU {c} is not among the allowed CPUs {allowed:?}"
+                    );
+                }
+                if dispatcher == worker {
+                    eprintln!(
+                        "warning: dispatcher and worker share CPU {dispatcher}: figures will \
+                         mostly measure Linux time slicing"
+                    );
+                }
+                Ok(Cores { dispatcher, worker })
+            }
+            other => anyhow::bail!("--cores takes two CPUs, D,W; got {other:?}"),
+        }
+    }
+
+    /// A one-worker Shinjuku configuration on these cores.
+    pub(super) fn config(self, policy: SchedPolicy, preemption: Preemption) -> ShinjukuConfig {
+        ShinjukuConfig {
+            workers: 1,
+            worker_cores: Some(vec![self.worker]),
+            dispatcher_core: Some(self.dispatcher),
+            policy,
+            preemption,
+            ..ShinjukuConfig::default()
+        }
+    }
+}
+
+/// CPUs in this process's affinity mask, ascending.
+pub(super) fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
+    }
+    let max = 8 * std::mem::size_of_val(&set);
+    // SAFETY: `set` is initialised and every index is below CPU_SETSIZE.
+    Ok((0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Median (mean of the middle two for an even count); `None` if empty.
+pub(super) fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
+}
+
+/// Nearest-rank percentile (`q` in 0..=100) of ascending `sorted`; `None`
+/// if empty.
+pub(super) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q / 100.0 * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// The long requests' work: `iters` steps of a xorshift generator (a chain
+/// of dependent shifts and xors the compiler cannot fold), in chunks of
+/// [`POLL_EVERY`] steps; with `POLL`, a preemption point after each chunk.
+/// Both variants run the same chunked loop, so they differ only by the
+/// preemption point.
+#[inline(never)]
+pub(super) fn chain<const POLL: bool>(iters: u64, seed: u64) -> u64 {
+    chunked::<POLL>(iters, POLL_EVERY, seed)
+}
+
+/// [`chain`] with chunks of `every` steps.
+#[inline(always)]
+pub(super) fn chunked<const POLL: bool>(iters: u64, every: u64, seed: u64) -> u64 {
+    let mut x = seed | 1;
+    let mut left = iters;
+    let every = every.max(1);
+    while left > 0 {
+        let n = left.min(every);
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        left -= n;
+        if POLL {
+            preempt_point();
+        }
+    }
+    x
+}
+
+/// CPU time of the calling OS thread, ns.
+pub(super) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Nanoseconds per step of [`chain`] (without polling), best of a few tries
+/// on the calling thread.
+fn chain_ns_per_iter() -> f64 {
+    const N: u64 = 2_000_000;
+    (0..5)
+        .map(|s| {
+            let t = Instant::now();
+            black_box(chain::<false>(black_box(N), s));
+            t.elapsed().as_nanos() as f64 / N as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+        .max(0.01)
+}
+
+/// Releases `n` requests in the first dispatcher pass at least `after_ns`
+/// into the run, all arriving then.
+struct AllAtOnce {
+    left: u64,
+    after_ns: u64,
+}
+
+impl Source<u64> for AllAtOnce {
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<u64>> {
+        if self.left == 0 || now_ns < self.after_ns {
+            return None;
+        }
+        self.left -= 1;
+        Some(Arrival {
+            class: 0,
+            at_ns: now_ns,
+            payload: self.left,
+        })
+    }
+    fn is_done(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// Always has the next tiny request ready, but releases at most `per_pass`
+/// per dispatcher pass (a pass is one `now_ns`), so the worker starts at once
+/// instead of after the whole batch has been turned into uthreads.
+struct Flood {
+    left: u64,
+    per_pass: u32,
+    pass_ns: u64,
+    in_pass: u32,
+}
+
+impl Source<()> for Flood {
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<()>> {
+        if now_ns != self.pass_ns {
+            self.pass_ns = now_ns;
+            self.in_pass = 0;
+        }
+        if self.left == 0 || self.in_pass >= self.per_pass {
+            return None;
+        }
+        self.left -= 1;
+        self.in_pass += 1;
+        Some(Arrival {
+            class: 0,
+            at_ns: now_ns,
+            payload: (),
+        })
+    }
+    fn is_done(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// From the first arrival to the last completion, ns.
+pub(super) fn makespan_ns<R>(report: &ServeReport<R>) -> u64 {
+    let first = report.completions.iter().map(|c| c.arrival_ns).min();
+    let last = report.completions.iter().map(|c| c.finish_ns).max();
+    match (first, last) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => 0,
+    }
+}
+
+/// A preemption mechanism under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mech {
+    Coop,
+    Signal,
+}
+
+impl Mech {
+    const ALL: [Mech; 2] = [Mech::Coop, Mech::Signal];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mech::Coop => "coop",
+            Mech::Signal => "signal",
+        }
+    }
+}
+
+/// One run of the long requests.
+#[derive(Clone, Debug, Default)]
+struct LongRun {
+    /// The worker thread's CPU time from the first request's start to the
+    /// last one's end.
+    worker_cpu_ns: u64,
+    makespan_ns: u64,
+    /// Signals were sent but none preempted (see `meta.signal_runs_left_out`).
+    dud: bool,
+    preemptions: u64,
+    dispatcher_ns: Option<f64>,
+    p50_ns: Option<f64>,
+    p99_ns: Option<f64>,
+}
+
+/// Long requests under `mech` at `quantum_us`, or the c-FCFS baseline when
+/// `mech` is `None`.
+fn long_run(
+    cores: Cores,
+    mech: Option<(Mech, u64)>,
+    requests: u64,
+    iters: u64,
+) -> anyhow::Result<LongRun> {
+    let (policy, preemption, poll) = match mech {
+        None => (
+            SchedPolicy::CFcfs,
+            Preemption::Cooperative { backstop: None },
+            false,
+        ),
+        Some((Mech::Coop, 0)) => (
+            SchedPolicy::CFcfs,
+            Preemption::Cooperative { backstop: None },
+            true,
+        ),
+        Some((m, q_us)) => (
+            SchedPolicy::CPreSq {
+                quantum: q_us * 1000,
+                placement: Placement::Tail,
+            },
+            match m {
+                Mech::Coop => Preemption::Cooperative { backstop: None },
+                Mech::Signal => Preemption::Signal,
+            },
+            m == Mech::Coop,
+        ),
+    };
+    let config = ShinjukuConfig {
+        record_preemptions: mech.is_some(),
+        ..cores.config(policy, preemption)
+    };
+    let source = AllAtOnce {
+        left: requests,
+        after_ns: 1_000_000,
+    };
+    let report = serve(config, source, move |seed: u64| {
+        let start = thread_cpu_ns();
+        let value = if poll {
+            chain::<true>(iters, seed)
+        } else {
+            chain::<false>(iters, seed)
+        };
+        (start, thread_cpu_ns(), value)
+    })
+    .context("serving the long requests")?;
+    if std::env::var_os("GINZA_BENCH_DEBUG").is_some() {
+        for c in &report.completions {
+            eprintln!(
+                "debug: id {} arrival {} finish {} preemptions {}",
+                c.id, c.arrival_ns, c.finish_ns, c.preemptions
+            );
+        }
+        eprintln!(
+            "debug: {mech:?} elapsed {:?} signals sent {} signal preemptions {} coop {}",
+            report.elapsed, report.signals_sent, report.signal_preemptions, report.coop_preemptions
+        );
+    }
+    anyhow::ensure!(
+        report.completions.len() as u64 == requests
+            && report.completions.iter().all(|c| c.result.is_ok()),
+        "a long request was lost or failed"
+    );
+    let preemptions: u64 = report
+        .completions
+        .iter()
+        .map(|c| u64::from(c.preemptions))
+        .sum();
+    let dispatcher: Vec<f64> = report
+        .preemption_samples
+        .iter()
+        .map(|s| s.dispatcher_ns as f64)
+        .collect();
+    let mut handback: Vec<u64> = report
+        .preemption_samples
+        .iter()
+        .map(|s| s.handback_ns)
+        .collect();
+    handback.sort_unstable();
+    // One worker: every request ran on the same OS thread, so its CPU clock
+    // spans them all.
+    let cpu = |f: fn(&(u64, u64, u64)) -> u64| {
+        report
+            .completions
+            .iter()
+            .filter_map(move |c| c.result.as_ref().ok().map(f))
+    };
+    let first = cpu(|r| r.0).min().unwrap_or(0);
+    let last = cpu(|r| r.1).max().unwrap_or(0);
+    Ok(LongRun {
+        worker_cpu_ns: last.saturating_sub(first),
+        dud: report.signals_sent > 0 && report.signal_preemptions == 0,
+        makespan_ns: makespan_ns(&report),
+        preemptions,
+        dispatcher_ns: median(&dispatcher),
+        p50_ns: percentile(&handback, 50.0).map(|v| v as f64),
+        p99_ns: percentile(&handback, 99.0).map(|v| v as f64),
+    })
+}
+
+/// The tiny-request run: millions of completions per second.
+fn dispatcher_mrps(cores: Cores, n: u64) -> anyhow::Result<f64> {
+    let source = Flood {
+        left: n,
+        per_pass: 4,
+        pass_ns: u64::MAX,
+        in_pass: 0,
+    };
+    let report = serve(
+        cores.config(SchedPolicy::CFcfs, Preemption::default()),
+        source,
+        |()| (),
+    )
+    .context("serving the tiny requests")?;
+    anyhow::ensure!(
+        report.completions.len() as u64 == n,
+        "{} of {n} tiny requests completed",
+        report.completions.len()
+    );
+    let ns = makespan_ns(&report).max(1);
+    Ok(n as f64 / ns as f64 * 1e3)
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Latency {
+    p50: Option<f64>,
+    p99: Option<f64>,
+}
+
+/// One mechanism's figures at the reported quantum.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct MechFigures {
+    dispatcher_ns: Option<f64>,
+    worker_ns: Option<f64>,
+    latency_ns: Latency,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Loss {
+    coop: Option<f64>,
+    signal: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct LossPct {
+    #[serde(rename = "5us")]
+    q5: Loss,
+    #[serde(rename = "10us")]
+    q10: Loss,
+    #[serde(rename = "15us")]
+    q15: Loss,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Meta {
+    cores: Cores,
+    reps: u64,
+    requests_per_run: u64,
+    iters_per_request: u64,
+    ns_per_iter: f64,
+    poll_every_iters: u64,
+    baseline_worker_cpu_ms: Option<f64>,
+    baseline_makespan_ms: Option<f64>,
+    /// c-FCFS with the polling loop vs without: the polling cost alone.
+    poll_only_loss_pct: Option<f64>,
+    /// Per quantum (µs) and mechanism: the loss computed from wall makespans.
+    wall_loss_pct: Vec<(u64, &'static str, Option<f64>)>,
+    /// Signal runs in which signals were sent but not one preempted the
+    /// request (a runtime defect, reported separately); left out of the
+    /// medians.
+    signal_runs_left_out: usize,
+    /// Per quantum (µs) and mechanism: median preemptions per run.
+    preemptions_per_run: Vec<(u64, &'static str, Option<f64>)>,
+    reported_quantum_us: u64,
+    tiny_requests: u64,
+    time_base: &'static str,
+    statistic: &'static str,
+    note: &'static str,
+}
+
+/// The JSON document.
+#[derive(Clone, Debug, Serialize)]
+struct Report {
+    coop: MechFigures,
+    signal: MechFigures,
+    loss_pct: LossPct,
+    dispatcher_mrps: f64,
+    meta: Meta,
+}
+
+/// Every run of one (mechanism, quantum).
+#[derive(Default)]
+struct Cell {
+    runs: Vec<LongRun>,
+}
+
+impl Cell {
+    fn median_of(&self, f: impl Fn(&LongRun) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self.runs.iter().filter(|r| !r.dud).filter_map(f).collect();
+        median(&v)
+    }
+}
+
+/// Loss in % of a configuration's makespan over the baseline's.
+fn loss_pct(t_q: f64, t_base: f64) -> f64 {
+    (t_q - t_base) / t_base * 100.0
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Runs `ginza bench preempt`.
+pub fn run(args: PreemptArgs) -> anyhow::Result<()> {
+    let cores = Cores::pick(&args.cores)?;
+    let report = measure(
+        cores,
+        args.reps,
+        args.requests,
+        Duration::from_secs_f64(args.work_ms.max(0.001) / 1e3),
+        args.tiny,
+        &QUANTA_US,
+    )?;
+    let table = render_table(&report);
+    if args.json {
+        eprint!("{table}");
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        print!("{table}");
+    }
+    Ok(())
+}
+
+fn measure(
+    cores: Cores,
+    reps: u64,
+    requests: u64,
+    work: Duration,
+    tiny: u64,
+    quanta: &[u64],
+) -> anyhow::Result<Report> {
+    let ns_per_iter = chain_ns_per_iter();
+    let iters = ((work.as_nanos() as f64 / ns_per_iter).round() as u64).max(POLL_EVERY);
+    eprintln!(
+        "preempt: dispatcher on CPU {}, worker on CPU {}; {requests} requests x {iters} \
+         iterations (~{:.1} ms each), {reps} runs per configuration",
+        cores.dispatcher,
+        cores.worker,
+        iters as f64 * ns_per_iter / 1e6
+    );
+    let mut base = Cell::default();
+    let mut poll_base = Cell::default();
+    let mut cells: Vec<((u64, Mech), Cell)> = quanta
+        .iter()
+        .flat_map(|&q| Mech::ALL.map(|m| ((q, m), Cell::default())))
+        .collect();
+    for rep in 0..reps {
+        eprintln!("preempt: run {}/{reps}", rep + 1);
+        base.runs.push(long_run(cores, None, requests, iters)?);
+        poll_base
+            .runs
+            .push(long_run(cores, Some((Mech::Coop, 0)), requests, iters)?);
+        for ((q, m), cell) in cells.iter_mut() {
+            cell.runs
+                .push(long_run(cores, Some((*m, *q)), requests, iters)?);
+        }
+    }
+    let t_base = base.median_of(|r| Some(r.worker_cpu_ns as f64));
+    let wall_base = base.median_of(|r| Some(r.makespan_ns as f64));
+    let t_poll = poll_base.median_of(|r| Some(r.worker_cpu_ns as f64));
+    let cell = |q: u64, m: Mech| {
+        cells
+            .iter()
+            .find(|((cq, cm), _)| *cq == q && *cm == m)
+            .map(|(_, c)| c)
+    };
+    let loss = |q: u64, m: Mech| -> Option<f64> {
+        let c = cell(q, m)?;
+        let t = c.median_of(|r| Some(r.worker_cpu_ns as f64))?;
+        Some(round3(loss_pct(t, t_base?)))
+    };
+    let wall_loss = |q: u64, m: Mech| -> Option<f64> {
+        let t = cell(q, m)?.median_of(|r| Some(r.makespan_ns as f64))?;
+        Some(round3(loss_pct(t, wall_base?)))
+    };
+    let figures = |m: Mech| -> MechFigures {
+        let c = cell(REPORTED_QUANTUM_US, m);
+        let get = |f: &dyn Fn(&LongRun) -> Option<f64>| c.and_then(|c| c.median_of(f));
+        MechFigures {
+            dispatcher_ns: get(&|r| r.dispatcher_ns).map(round1),
+            worker_ns: get(&|r| {
+                let tb = t_base?;
+                (r.preemptions > 0).then(|| (r.worker_cpu_ns as f64 - tb) / r.preemptions as f64)
+            })
+            .map(round1),
+            latency_ns: Latency {
+                p50: get(&|r| r.p50_ns).map(round1),
+                p99: get(&|r| r.p99_ns).map(round1),
+            },
+        }
+    };
+    let loss_at = |q: u64| Loss {
+        coop: loss(q, Mech::Coop),
+        signal: loss(q, Mech::Signal),
+    };
+    let signal_runs_left_out = cells
+        .iter()
+        .map(|(_, c)| c.runs.iter().filter(|r| r.dud).count())
+        .sum();
+    let wall_loss_pct = cells
+        .iter()
+        .map(|((q, m), _)| (*q, m.name(), wall_loss(*q, *m)))
+        .collect();
+    let preemptions_per_run = cells
+        .iter()
+        .map(|((q, m), c)| (*q, m.name(), c.median_of(|r| Some(r.preemptions as f64))))
+        .collect();
+    eprintln!("preempt: {tiny} tiny requests for the dispatcher rate");
+    let mrps = dispatcher_mrps(cores, tiny)?;
+    Ok(Report {
+        coop: figures(Mech::Coop),
+        signal: figures(Mech::Signal),
+        loss_pct: LossPct {
+            q5: loss_at(5),
+            q10: loss_at(10),
+            q15: loss_at(15),
+        },
+        dispatcher_mrps: round3(mrps),
+        meta: Meta {
+            cores,
+            reps,
+            requests_per_run: requests,
+            iters_per_request: iters,
+            ns_per_iter: round3(ns_per_iter),
+            poll_every_iters: POLL_EVERY,
+            baseline_worker_cpu_ms: t_base.map(|t| round3(t / 1e6)),
+            baseline_makespan_ms: wall_base.map(|t| round3(t / 1e6)),
+            poll_only_loss_pct: t_poll.and_then(|p| Some(round3(loss_pct(p, t_base?)))),
+            wall_loss_pct,
+            signal_runs_left_out,
+            preemptions_per_run,
+            reported_quantum_us: REPORTED_QUANTUM_US,
+            tiny_requests: tiny,
+            time_base: "T = the worker thread's CPU time (CLOCK_THREAD_CPUTIME_ID) from the \
+                        first request's start to the last one's end, so time the worker was \
+                        descheduled by Linux is left out; wall_loss_pct uses the wall \
+                        makespan (first arrival to last completion) instead",
+            statistic: "median over runs of per-run medians / percentiles",
+            note: "dispatcher_mrps uses one worker: each request is a round trip between \
+                   the two CPUs, so the worker, not the dispatcher alone, may bound it",
+        },
+    })
+}
+
+fn render_table(r: &Report) -> String {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<8}{:>15}{:>12}{:>12}{:>12}   anchor (Shinjuku+Dune, cycles)",
+        "mech", "dispatcher_ns", "worker_ns", "lat p50", "lat p99"
+    );
+    let _ = writeln!(out, "{}", "-".repeat(90));
+    for (name, m) in [("coop", &r.coop), ("signal", &r.signal)] {
+        let _ = writeln!(
+            out,
+            "{name:<8}{:>15}{:>12}{:>12}{:>12}   {}",
+            f(m.dispatcher_ns),
+            f(m.worker_ns),
+            f(m.latency_ns.p50),
+            f(m.latency_ns.p99),
+            if name == "coop" {
+                "298 sender / 1,212 receiver"
+            } else {
+                "Linux signal ~4,950 end to end"
+            },
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(at a {} us quantum; latency = ask to request off the core, ns)",
+        r.meta.reported_quantum_us
+    );
+    let _ = writeln!(out, "\nthroughput loss of the worker, %:");
+    let _ = writeln!(out, "{:<8}{:>10}{:>10}", "quantum", "coop", "signal");
+    for (q, l) in [
+        ("5us", r.loss_pct.q5),
+        ("10us", r.loss_pct.q10),
+        ("15us", r.loss_pct.q15),
+    ] {
+        let g = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let _ = writeln!(out, "{q:<8}{:>10}{:>10}", g(l.coop), g(l.signal));
+    }
+    let _ = writeln!(
+        out,
+        "(worker CPU time; polling alone, c-FCFS: {} %)",
+        r.meta
+            .poll_only_loss_pct
+            .map_or("-".to_string(), |v| format!("{v:.2}"))
+    );
+    if r.meta.signal_runs_left_out > 0 {
+        let _ = writeln!(
+            out,
+            "warning: {} signal run(s) in which no signal preempted were left out",
+            r.meta.signal_runs_left_out
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\ndispatcher: {:.3} M requests/s (anchor: Shinjuku ~5 M/s per dispatcher; one \
+         worker here, which may be the bound)",
+        r.dispatcher_mrps
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_percentile() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(percentile(&[], 50.0), None);
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50));
+        assert_eq!(percentile(&v, 99.0), Some(99));
+        assert_eq!(percentile(&v, 100.0), Some(100));
+        assert_eq!(percentile(&v, 0.0), Some(1));
+        assert_eq!(percentile(&[7], 99.0), Some(7));
+    }
+
+    #[test]
+    fn loss_is_relative_to_the_baseline() {
+        assert!((loss_pct(101.0, 100.0) - 1.0).abs() < 1e-12);
+        assert!((loss_pct(100.0, 100.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn chain_polls_without_changing_its_value() {
+        assert_eq!(chain::<true>(1000, 7), chain::<false>(1000, 7));
+    }
+
+    #[test]
+    fn cores_are_checked() {
+        let allowed = allowed_cpus().unwrap();
+        assert!(Cores::pick(&[0, 1, 2]).is_err());
+        assert!(Cores::pick(&[usize::MAX - 1, allowed[0]]).is_err());
+        let c = Cores::pick(&[allowed[0], allowed[0]]).unwrap();
+        assert_eq!(c.worker, allowed[0]);
+    }
+
+    #[test]
+    fn json_has_the_issue_shape() {
+        let allowed = allowed_cpus().unwrap();
+        let cores = Cores {
+            dispatcher: allowed[0],
+            worker: *allowed.last().unwrap(),
+        };
+        let report = measure(cores, 1, 2, Duration::from_micros(300), 1000, &[10]).unwrap();
+        let v = serde_json::to_value(&report).unwrap();
+        for m in ["coop", "signal"] {
+            for k in ["dispatcher_ns", "worker_ns"] {
+                assert!(v[m].get(k).is_some(), "{m}.{k}");
+            }
+            assert!(v[m]["latency_ns"].get("p50").is_some());
+            assert!(v[m]["latency_ns"].get("p99").is_some());
+        }
+        for q in ["5us", "10us", "15us"] {
+            assert!(v["loss_pct"][q].get("coop").is_some(), "{q}");
+            assert!(v["loss_pct"][q].get("signal").is_some(), "{q}");
+        }
+        assert!(v["loss_pct"]["10us"]["coop"].is_number());
+        assert!(v["dispatcher_mrps"].as_f64().unwrap() > 0.0);
+    }
+}
