@@ -5,6 +5,7 @@
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
 
 mod preempt;
+mod shinjuku;
 mod threadops;
 
 /// Run a benchmark and print its figures next to its peers'.
@@ -24,6 +25,10 @@ enum Experiment {
     /// the worker's throughput loss at 5/10/15 us quanta, and the
     /// dispatcher's request rate.
     Preempt(preempt::PreemptArgs),
+    /// Shinjuku mode: p99 latency and achieved throughput against offered
+    /// load for two bimodal workloads under c-FCFS, c-PRE-SQ and c-PRE-MQ,
+    /// with the simulator's prediction beside them; CSV and PNG.
+    Shinjuku(shinjuku::ShinjukuArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -31,5 +36,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.experiment {
         Experiment::Threadops(args) => threadops::run(args),
         Experiment::Preempt(args) => preempt::run(args),
+        Experiment::Shinjuku(args) => shinjuku::run(args),
     }
 }

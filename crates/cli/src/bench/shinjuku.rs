@@ -1,0 +1,689 @@
+//! `ginza bench shinjuku`: p99 latency and achieved throughput against
+//! offered load for Shinjuku's bimodal workloads under c-FCFS, c-PRE-SQ and
+//! c-PRE-MQ, measured on this machine with one worker (and the dispatcher on
+//! a CPU of its own), next to the simulator's prediction for one core.
+//!
+//! * Requests come from an open-loop Poisson source whose arrival times are
+//!   drawn in advance (the simulator's `Arrivals`) and handed to the runtime
+//!   as `at_ns`, so time spent before the dispatcher saw a request counts in
+//!   its latency. Service times are drawn with the simulator's `Service`
+//!   sampler; the mode a sample came from is its class.
+//! * The handler spins for the request's service time: a calibrated number
+//!   of xorshift steps (calibrated on the worker CPU, inside the runtime),
+//!   with a `preempt_point()` about every 100 ns of work. Work, not wall
+//!   time, so a preempted request resumes where it stopped.
+//! * c-PRE-SQ: 5 µs quantum, preempted requests at the tail. c-PRE-MQ: 5 µs
+//!   quantum, one queue per mode, SLO = 10 × the mode's service time, tail
+//!   placement. Preemption is cooperative with the runtime's default backstop.
+//! * Per point, the first tenth of the requests warms up and is left out of
+//!   the percentiles; achieved throughput is all completions over first
+//!   arrival to last completion. The same arrivals are replayed for every
+//!   policy at a given distribution and load.
+//! * The simulator's prediction: `ReqSim` with 1 core, the same policy and
+//!   load, no preemption or switch cost.
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context as _;
+use ginza_runtime::shinjuku::{
+    serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, Source,
+};
+use ginza_sim::dist::{Arrivals, Service};
+use ginza_sim::figs::par_map;
+use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
+use ginza_sim::reqsim::{Place, ReqSim, Sched};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::preempt::{chunked, makespan_ns, percentile, Cores};
+
+/// Arguments of `ginza bench shinjuku`.
+#[derive(clap::Args, Debug)]
+pub struct ShinjukuArgs {
+    /// Print one JSON object on stdout (the table then goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Dispatcher and worker CPUs, `D,W` (default: the two last CPUs this
+    /// process may use).
+    #[arg(long, value_delimiter = ',')]
+    cores: Vec<usize>,
+    /// Measured requests per point (a tenth more run first, as warm-up).
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(100..))]
+    requests: u64,
+    /// Offered loads, as fractions of one worker's capacity (1 / mean service time).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0.2, 0.4, 0.6, 0.8, 0.9])]
+    loads: Vec<f64>,
+    /// Requests per simulated point.
+    #[arg(long, default_value_t = 200_000)]
+    sim_requests: u64,
+    /// Directory for the CSV and PNGs.
+    #[arg(long, default_value = "results/bench/shinjuku")]
+    out: PathBuf,
+    /// Seed of the arrivals and service times.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// The workloads, in the papers' notation.
+const DISTS: [&str; 2] = ["Bimodal(99.5-0.5, 0.5-500)", "Bimodal(50-1, 50-100)"];
+/// Quantum of both preemptive policies, µs.
+const QUANTUM_US: f64 = 5.0;
+/// c-PRE-MQ SLO of a class, as a multiple of its service time.
+const SLO_FACTOR: f64 = 10.0;
+/// Work between two preemption points in the handler, ns.
+const POLL_NS: f64 = 100.0;
+/// When the first request arrives, ns after the start of `serve`.
+const START_NS: u64 = 1_000_000;
+
+/// A policy under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)] // the papers' names
+enum Pol {
+    CFcfs,
+    CPreSq,
+    CPreMq,
+}
+
+impl Pol {
+    const ALL: [Pol; 3] = [Pol::CFcfs, Pol::CPreSq, Pol::CPreMq];
+
+    fn name(self) -> &'static str {
+        match self {
+            Pol::CFcfs => "c-FCFS",
+            Pol::CPreSq => "c-PRE-SQ",
+            Pol::CPreMq => "c-PRE-MQ",
+        }
+    }
+
+    /// The modes' service times (µs) of `svc`, or its mean for a
+    /// distribution without modes.
+    fn mode_us(svc: &Service) -> Vec<f64> {
+        match svc {
+            Service::Modes(m) => m.iter().map(|&(_, v)| v).collect(),
+            other => vec![other.mean()],
+        }
+    }
+
+    /// The runtime's policy (times in ns).
+    fn runtime(self, svc: &Service) -> SchedPolicy {
+        let quantum = (QUANTUM_US * 1e3) as u64;
+        match self {
+            Pol::CFcfs => SchedPolicy::CFcfs,
+            Pol::CPreSq => SchedPolicy::CPreSq {
+                quantum,
+                placement: Placement::Tail,
+            },
+            Pol::CPreMq => SchedPolicy::CPreMq {
+                quantum,
+                classes: Self::mode_us(svc)
+                    .into_iter()
+                    .map(|v| ClassConfig {
+                        slo: ((SLO_FACTOR * v * 1e3).round() as u64).max(1),
+                        placement: Placement::Tail,
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// The simulator's policy (times in µs).
+    fn sim(self, svc: &Service) -> Sched {
+        match self {
+            Pol::CFcfs => Sched::CFcfs,
+            Pol::CPreSq => Sched::CPreSq {
+                quantum_us: QUANTUM_US,
+                place: Place::Tail,
+            },
+            Pol::CPreMq => Sched::CPreMq {
+                quantum_us: QUANTUM_US,
+                slo_us: Self::mode_us(svc)
+                    .into_iter()
+                    .map(|v| SLO_FACTOR * v)
+                    .collect(),
+                place: Place::Tail,
+            },
+        }
+    }
+}
+
+/// Arrival rate for `load` × one worker's capacity, requests per µs (= M/s).
+fn offered_mrps(svc: &Service, load: f64) -> f64 {
+    load / svc.mean()
+}
+
+/// One request drawn in advance: arrival (ns since the start of `serve`),
+/// work (xorshift steps) and class (mode).
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    at_ns: u64,
+    iters: u64,
+    class: usize,
+}
+
+/// `n` Poisson arrivals at `rate_per_us` with service times from `svc`.
+fn plan(svc: &Service, rate_per_us: f64, n: u64, ns_per_iter: f64, seed: u64) -> Vec<Planned> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut arrivals = Arrivals::poisson(rate_per_us);
+    let sampler = svc.sampler();
+    (0..n)
+        .map(|_| {
+            let at_ps = arrivals.next(&mut rng);
+            let (us, class) = sampler.sample(&mut rng);
+            Planned {
+                at_ns: START_NS + at_ps / 1000,
+                iters: ((us * 1e3 / ns_per_iter).round() as u64).max(1),
+                class,
+            }
+        })
+        .collect()
+}
+
+/// Replays a plan: each request once its time has come.
+struct Replay<'a> {
+    plan: &'a [Planned],
+    next: usize,
+    /// Pass the class to the runtime (c-PRE-MQ); else everything is class 0.
+    classes: bool,
+}
+
+impl Source<u64> for Replay<'_> {
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<u64>> {
+        let p = self.plan.get(self.next)?;
+        if p.at_ns > now_ns {
+            return None;
+        }
+        self.next += 1;
+        Some(Arrival {
+            class: if self.classes { p.class } else { 0 },
+            at_ns: p.at_ns,
+            payload: p.iters,
+        })
+    }
+    fn is_done(&self) -> bool {
+        self.next >= self.plan.len()
+    }
+}
+
+/// ns per xorshift step of the handler's loop (with preemption points every
+/// 64 steps), measured on the worker CPU inside the runtime.
+fn calibrate(cores: Cores) -> anyhow::Result<f64> {
+    struct One(bool);
+    impl Source<()> for One {
+        fn poll(&mut self, _now_ns: u64) -> Option<Arrival<()>> {
+            (!self.0).then(|| {
+                self.0 = true;
+                Arrival {
+                    class: 0,
+                    at_ns: 0,
+                    payload: (),
+                }
+            })
+        }
+        fn is_done(&self) -> bool {
+            self.0
+        }
+    }
+    let report = serve(
+        cores.config(SchedPolicy::CFcfs, Preemption::default()),
+        One(false),
+        |()| {
+            const N: u64 = 500_000;
+            (0..7)
+                .map(|s| {
+                    let t = Instant::now();
+                    black_box(chunked::<true>(black_box(N), 64, s));
+                    t.elapsed().as_nanos() as f64 / N as f64
+                })
+                .fold(f64::INFINITY, f64::min)
+        },
+    )
+    .context("calibrating the handler")?;
+    let ns = report
+        .completions
+        .first()
+        .and_then(|c| c.result.as_ref().ok().copied())
+        .context("the calibration request failed")?;
+    anyhow::ensure!(ns.is_finite() && ns > 0.0, "calibration gave {ns} ns/step");
+    Ok(ns)
+}
+
+/// Latency and throughput of one measured point.
+#[derive(Clone, Debug)]
+struct Measured {
+    achieved_mrps: f64,
+    p99_us: f64,
+    p99_us_by_class: Vec<Option<f64>>,
+}
+
+fn measure_point(
+    cores: Cores,
+    pol: Pol,
+    svc: &Service,
+    plan: &[Planned],
+    warmup: usize,
+    chunk: u64,
+) -> anyhow::Result<Measured> {
+    let source = Replay {
+        plan,
+        next: 0,
+        classes: pol == Pol::CPreMq,
+    };
+    let report = serve(
+        cores.config(pol.runtime(svc), Preemption::default()),
+        source,
+        move |iters: u64| {
+            black_box(chunked::<true>(iters, chunk, 1));
+        },
+    )
+    .with_context(|| format!("serving {} under {}", svc, pol.name()))?;
+    anyhow::ensure!(
+        report.completions.len() == plan.len(),
+        "{} of {} requests completed",
+        report.completions.len(),
+        plan.len()
+    );
+    let classes = svc.classes();
+    let mut all = Vec::with_capacity(plan.len());
+    let mut by_class: Vec<Vec<u64>> = vec![Vec::new(); classes];
+    for c in &report.completions {
+        let id = c.id as usize;
+        if id < warmup {
+            continue;
+        }
+        let lat = c.latency_ns();
+        all.push(lat);
+        if let Some(v) = plan.get(id).and_then(|p| by_class.get_mut(p.class)) {
+            v.push(lat);
+        }
+    }
+    all.sort_unstable();
+    by_class.iter_mut().for_each(|v| v.sort_unstable());
+    let us = |ns: u64| ns as f64 / 1e3;
+    Ok(Measured {
+        achieved_mrps: report.completions.len() as f64 / makespan_ns(&report).max(1) as f64 * 1e3,
+        p99_us: percentile(&all, 99.0).map_or(f64::NAN, us),
+        p99_us_by_class: by_class
+            .iter()
+            .map(|v| percentile(v, 99.0).map(us))
+            .collect(),
+    })
+}
+
+/// One point of the JSON output.
+#[derive(Clone, Debug, Serialize)]
+struct Point {
+    dist: String,
+    policy: &'static str,
+    load: f64,
+    offered_mrps: f64,
+    achieved_mrps: f64,
+    p99_us: f64,
+    p99_us_by_class: Vec<Option<f64>>,
+    sim_p99_us: f64,
+    sim_p99_us_by_class: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Meta {
+    cores: Cores,
+    requests_per_point: u64,
+    warmup_per_point: u64,
+    sim_requests: u64,
+    sim_cores: usize,
+    quantum_us: f64,
+    placement: &'static str,
+    mq_slo: &'static str,
+    preemption: &'static str,
+    ns_per_step: f64,
+    steps_between_preemption_points: u64,
+    seed: u64,
+    csv: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Report {
+    points: Vec<Point>,
+    meta: Meta,
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// A file-name fragment for a distribution: `Bimodal(50-1, 50-100)` →
+/// `bimodal-50-1-50-100`.
+fn slug(s: &str) -> String {
+    let mut out = String::new();
+    for ch in s.chars() {
+        if ch.is_ascii_alphanumeric() || ch == '.' {
+            out.push(ch.to_ascii_lowercase());
+        } else if !out.ends_with('-') && !out.is_empty() {
+            out.push('-');
+        }
+    }
+    out.trim_end_matches('-').to_string()
+}
+
+/// Runs `ginza bench shinjuku`.
+pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
+    let cores = Cores::pick(&args.cores)?;
+    anyhow::ensure!(
+        !args.loads.is_empty() && args.loads.iter().all(|&l| l > 0.0 && l.is_finite()),
+        "--loads must be positive fractions"
+    );
+    let services: Vec<Service> = DISTS
+        .iter()
+        .map(|d| Service::parse(d))
+        .collect::<anyhow::Result<_>>()?;
+
+    // The simulator first (it uses every CPU), then the measurements.
+    let mut sim_jobs = Vec::new();
+    for (di, _) in services.iter().enumerate() {
+        for &load in &args.loads {
+            for pol in Pol::ALL {
+                sim_jobs.push((di, load, pol));
+            }
+        }
+    }
+    let sims = par_map("simulator", &sim_jobs, |&(di, load, pol)| {
+        let svc = &services[di];
+        let st = ReqSim::new(
+            1,
+            pol.sim(svc),
+            svc.clone(),
+            load,
+            args.sim_requests,
+            args.seed,
+        )
+        .run();
+        (
+            st.latency_pct_us(99.0),
+            (0..svc.classes())
+                .map(|c| st.class_pct_us(c, 99.0))
+                .collect::<Vec<_>>(),
+        )
+    });
+
+    let ns_per_step = calibrate(cores)?;
+    let chunk = ((POLL_NS / ns_per_step).round() as u64).max(1);
+    eprintln!(
+        "shinjuku: dispatcher on CPU {}, one worker on CPU {}; {:.3} ns per step, a \
+         preemption point every {chunk} steps; {} + {} warm-up requests per point",
+        cores.dispatcher,
+        cores.worker,
+        ns_per_step,
+        args.requests,
+        args.requests / 10
+    );
+    let warmup = args.requests / 10;
+    let n = args.requests + warmup;
+    let pb = ProgressBar::new(sim_jobs.len() as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len} {elapsed}<{eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut points = Vec::new();
+    let mut sims = sims.into_iter();
+    for (di, svc) in services.iter().enumerate() {
+        for (li, &load) in args.loads.iter().enumerate() {
+            let rate = offered_mrps(svc, load);
+            let seed = args.seed ^ ((di as u64) << 32 | li as u64).wrapping_mul(0x9e37_79b9);
+            let planned = plan(svc, rate, n, ns_per_step, seed);
+            for pol in Pol::ALL {
+                pb.set_message(format!("{} {load:.2}", pol.name()));
+                let m = measure_point(cores, pol, svc, &planned, warmup as usize, chunk)?;
+                let (sim_p99, sim_by_class) = sims.next().context("a simulation is missing")?;
+                points.push(Point {
+                    dist: svc.label(),
+                    policy: pol.name(),
+                    load,
+                    offered_mrps: round3(rate),
+                    achieved_mrps: round3(m.achieved_mrps),
+                    p99_us: round3(m.p99_us),
+                    p99_us_by_class: m.p99_us_by_class.iter().map(|v| v.map(round3)).collect(),
+                    sim_p99_us: round3(sim_p99),
+                    sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
+                });
+                pb.inc(1);
+            }
+        }
+    }
+    pb.finish_and_clear();
+
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let csv = args.out.join("shinjuku.csv");
+    write_outputs(&args.out, &csv, &points, &services)?;
+    let report = Report {
+        points,
+        meta: Meta {
+            cores,
+            requests_per_point: args.requests,
+            warmup_per_point: warmup,
+            sim_requests: args.sim_requests,
+            sim_cores: 1,
+            quantum_us: QUANTUM_US,
+            placement: "tail",
+            mq_slo: "one class per mode, SLO = 10 x the mode's service time",
+            preemption: "cooperative (preempt_point about every 100 ns of work), \
+                         signal backstop after 50 us",
+            ns_per_step: round3(ns_per_step),
+            steps_between_preemption_points: chunk,
+            seed: args.seed,
+            csv: csv.display().to_string(),
+        },
+    };
+    let table = render_table(&report);
+    if args.json {
+        eprint!("{table}");
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        print!("{table}");
+    }
+    Ok(())
+}
+
+fn write_outputs(
+    dir: &Path,
+    csv: &Path,
+    points: &[Point],
+    services: &[Service],
+) -> anyhow::Result<()> {
+    let cell = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|p| {
+            vec![
+                format!("\"{}\"", p.dist),
+                p.policy.to_string(),
+                format!("{}", p.load),
+                format!("{}", p.offered_mrps),
+                format!("{}", p.achieved_mrps),
+                format!("{}", p.p99_us),
+                cell(p.p99_us_by_class.first().copied().flatten()),
+                cell(p.p99_us_by_class.get(1).copied().flatten()),
+                format!("{}", p.sim_p99_us),
+                cell(p.sim_p99_us_by_class.first().copied()),
+                cell(p.sim_p99_us_by_class.get(1).copied()),
+            ]
+        })
+        .collect();
+    write_csv(
+        csv,
+        &[
+            "dist",
+            "policy",
+            "load",
+            "offered_mrps",
+            "achieved_mrps",
+            "p99_us",
+            "p99_class0_us",
+            "p99_class1_us",
+            "sim_p99_us",
+            "sim_p99_class0_us",
+            "sim_p99_class1_us",
+        ],
+        &rows,
+    )?;
+    for svc in services {
+        let label = svc.label();
+        let mine: Vec<&Point> = points.iter().filter(|p| p.dist == label).collect();
+        // (file suffix, title part, measured value, simulated value)
+        type Pick = fn(&Point) -> Option<f64>;
+        let mut charts: Vec<(&str, &str, Pick, Pick)> = vec![(
+            "p99",
+            "p99 latency, all requests",
+            |p| Some(p.p99_us),
+            |p| Some(p.sim_p99_us),
+        )];
+        if svc.classes() == 2 {
+            charts.push((
+                "p99-short",
+                "p99 latency of the short mode",
+                |p| p.p99_us_by_class.first().copied().flatten(),
+                |p| p.sim_p99_us_by_class.first().copied(),
+            ));
+        }
+        for (suffix, what, measured, simulated) in charts {
+            let mut series = Vec::new();
+            for pol in Pol::ALL {
+                let of = |f: Pick| -> Vec<(f64, f64)> {
+                    mine.iter()
+                        .filter(|p| p.policy == pol.name())
+                        .filter_map(|p| f(p).map(|v| (p.offered_mrps, v)))
+                        .collect()
+                };
+                series.push(Series {
+                    name: pol.name().to_string(),
+                    points: of(measured),
+                });
+                series.push(Series {
+                    name: format!("{} (sim, 1 core)", pol.name()),
+                    points: of(simulated),
+                });
+            }
+            let title = format!("{label}, 1 worker: {what}");
+            line_chart(
+                &dir.join(format!("{}-{suffix}.png", slug(&label))),
+                &Chart {
+                    title: &title,
+                    x_label: "offered load (M requests/s)",
+                    y_label: "p99 latency (us)",
+                    series: &series,
+                    log_y: true,
+                    y_max: None,
+                    legend_lower_right: false,
+                },
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn render_table(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "dist",
+        "policy",
+        "load",
+        "offered",
+        "achieved",
+        "p99 us",
+        "p99 c0",
+        "p99 c1",
+        "sim p99",
+        "sim c0",
+        "sim c1"
+    );
+    let _ = writeln!(out, "{}", "-".repeat(130));
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    for p in &r.points {
+        let _ = writeln!(
+            out,
+            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+            p.dist,
+            p.policy,
+            p.load,
+            p.offered_mrps,
+            p.achieved_mrps,
+            f(Some(p.p99_us)),
+            f(p.p99_us_by_class.first().copied().flatten()),
+            f(p.p99_us_by_class.get(1).copied().flatten()),
+            f(Some(p.sim_p99_us)),
+            f(p.sim_p99_us_by_class.first().copied()),
+            f(p.sim_p99_us_by_class.get(1).copied()),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "offered/achieved in M requests/s; c0/c1 = p99 of the short/long mode; sim = \
+         ReqSim, 1 core, no preemption cost; CSV and PNGs: {}",
+        r.meta.csv
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offered_rate_is_load_over_mean() {
+        let svc = Service::parse("Bimodal(50-1, 50-100)").unwrap();
+        assert!((offered_mrps(&svc, 0.5) - 0.5 / 50.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn plans_are_sorted_and_classed() {
+        let svc = Service::parse("Bimodal(50-1, 50-100)").unwrap();
+        let p = plan(&svc, 0.01, 2000, 2.0, 3);
+        assert!(p.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
+        assert!(p.iter().all(|r| r.at_ns >= START_NS));
+        for r in &p {
+            let want = if r.class == 0 { 500 } else { 50_000 };
+            assert_eq!(r.iters, want);
+        }
+        let short = p.iter().filter(|r| r.class == 0).count();
+        assert!(short > 800 && short < 1200, "{short}");
+        // Mean gap ≈ 1 / rate = 100 µs.
+        let span = (p.last().unwrap().at_ns - p[0].at_ns) as f64 / 1999.0;
+        assert!(span > 80_000.0 && span < 120_000.0, "{span}");
+    }
+
+    #[test]
+    fn mq_gets_one_slo_per_mode() {
+        let svc = Service::parse("Bimodal(99.5-0.5, 0.5-500)").unwrap();
+        match Pol::CPreMq.runtime(&svc) {
+            SchedPolicy::CPreMq { quantum, classes } => {
+                assert_eq!(quantum, 5_000);
+                assert_eq!(classes.len(), 2);
+                assert_eq!(classes[0].slo, 5_000);
+                assert_eq!(classes[1].slo, 5_000_000);
+            }
+            other => panic!("{other:?}"),
+        }
+        match Pol::CPreMq.sim(&svc) {
+            Sched::CPreMq { slo_us, .. } => assert_eq!(slo_us, vec![5.0, 5000.0]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn slugs() {
+        assert_eq!(slug("Bimodal(50-1, 50-100)"), "bimodal-50-1-50-100");
+        assert_eq!(
+            slug("Bimodal(99.5-0.5, 0.5-500)"),
+            "bimodal-99.5-0.5-0.5-500"
+        );
+    }
+}
