@@ -268,6 +268,9 @@ pub(crate) struct Shared {
     /// Shenango mode: work for any kthread. Worker mode: request contexts
     /// made runnable again after blocking, for the dispatcher.
     pub(crate) injector: Injector<URef>,
+    /// Stacks of exited uthreads, for first runs on any kthread.
+    spare_stacks: Injector<Stack>,
+    spare_count: AtomicUsize,
     n_spinning: AtomicUsize,
     n_parked: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
@@ -330,6 +333,8 @@ impl Shared {
                 kthreads,
                 mode,
                 injector: Injector::new(),
+                spare_stacks: Injector::new(),
+                spare_count: AtomicUsize::new(0),
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),
                 shutdown: AtomicBool::new(false),
@@ -344,6 +349,29 @@ impl Shared {
 
     pub(crate) fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Keeps the stack of an exited uthread for any kthread's next first
+    /// run, up to `SPARE_STACKS`; beyond that it is unmapped.
+    fn put_spare_stack(&self, stack: Stack) {
+        if self.spare_count.fetch_add(1, Relaxed) < SPARE_STACKS {
+            self.spare_stacks.push(stack);
+        } else {
+            self.spare_count.fetch_sub(1, Relaxed);
+        }
+    }
+
+    fn take_spare_stack(&self) -> Option<Stack> {
+        loop {
+            match self.spare_stacks.steal() {
+                Steal::Success(stack) => {
+                    self.spare_count.fetch_sub(1, Relaxed);
+                    return Some(stack);
+                }
+                Steal::Empty => return None,
+                Steal::Retry => std::hint::spin_loop(),
+            }
+        }
     }
 
     pub(crate) fn arc(&self) -> Option<Arc<Shared>> {
@@ -428,6 +456,7 @@ impl Shared {
         while let Steal::Success(u) = self.injector.steal() {
             free(u);
         }
+
         for k in self.kthreads.iter() {
             while let Steal::Success(u) = k.stealer.steal() {
                 free(u);
@@ -527,15 +556,20 @@ fn finish_switch() {
         let mut u = unsafe { Box::from_raw(dead) };
         // SAFETY: owner-only field of the current kthread.
         let cache = unsafe { &mut *k.free_uthreads.get() };
-        if cache.len() < UTHREAD_CACHE && u.stack.get_mut().is_some() {
+        if k.mode == Mode::Shenango && cache.len() < UTHREAD_CACHE && u.stack.get_mut().is_some() {
             *u.sp.get_mut() = null_mut();
             u.preempt = PreemptState::new(1);
             cache.push(u);
+        } else if let Some(stack) = u.stack.get_mut().take() {
+            // Shinjuku requests are created by the dispatcher, which is no
+            // kthread: their stacks go back through the runtime-wide pool.
+            k.rt().put_spare_stack(stack);
         }
     }
 }
 
 const UTHREAD_CACHE: usize = 64;
+const SPARE_STACKS: usize = 1024;
 
 /// Gives a uthread that has never run a stack (unless it kept one from a
 /// previous life) and lays out its first frame.
@@ -546,8 +580,11 @@ unsafe fn prepare_first_run(k: &KThread, u: *mut UThread) {
     // SAFETY: `u` is ours until it runs (caller's contract).
     let stack = unsafe { &mut *(*u).stack.get() };
     if stack.is_none() {
-        *stack = Some(Stack::new(k.rt().stack_size).unwrap_or_else(|e| {
-            crate::signals::fatal(&format!("cannot map a uthread stack: {e}"))
+        let rt = k.rt();
+        *stack = Some(rt.take_spare_stack().unwrap_or_else(|| {
+            Stack::new(rt.stack_size).unwrap_or_else(|e| {
+                crate::signals::fatal(&format!("cannot map a uthread stack: {e}"))
+            })
         }));
     }
     let top = stack
@@ -628,8 +665,12 @@ unsafe fn fire_timers_locally(k: &KThread, owner: &KThread) -> usize {
 }
 
 fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
+    let next = owner.next_deadline.load(Acquire);
+    if next == u64::MAX {
+        return 0; // no timer: skip reading the clock
+    }
     let now = owner.rt().now_ns();
-    if owner.next_deadline.load(Acquire) > now {
+    if next > now {
         return 0;
     }
     let Some(mut timers) = owner.timers.try_lock() else {
