@@ -29,8 +29,8 @@
 //!   and percentiles, then the median over runs. `coop` / `signal` are given
 //!   at a 10 µs quantum; `loss_pct` at 5, 10 and 15 µs.
 //! * **Dispatcher rate.** `--tiny` requests whose handler returns at once,
-//!   from a source that always has the next one ready (a few per dispatcher
-//!   pass), c-FCFS, one worker: completions / (last completion - first
+//!   from a source that always has the next one ready (up to 256 in
+//!   flight), c-FCFS, one worker: completions / (last completion - first
 //!   arrival). With one worker every request is a round trip between two
 //!   cores, so on a 2-CPU machine the worker, not the dispatcher alone, may
 //!   bound this figure.
@@ -38,6 +38,8 @@
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -258,27 +260,24 @@ impl Source<u64> for AllAtOnce {
     }
 }
 
-/// Always has the next tiny request ready, but releases at most `per_pass`
-/// per dispatcher pass (a pass is one `now_ns`), so the worker starts at once
-/// instead of after the whole batch has been turned into uthreads.
+/// Always has the next tiny request ready while fewer than `window` are in
+/// flight (released, not yet finished by the handler), so the dispatcher
+/// never waits for work and the runtime never holds more than `window`
+/// request contexts.
 struct Flood {
     left: u64,
-    per_pass: u32,
-    pass_ns: u64,
-    in_pass: u32,
+    released: u64,
+    window: u64,
+    finished: Arc<AtomicU64>,
 }
 
 impl Source<()> for Flood {
     fn poll(&mut self, now_ns: u64) -> Option<Arrival<()>> {
-        if now_ns != self.pass_ns {
-            self.pass_ns = now_ns;
-            self.in_pass = 0;
-        }
-        if self.left == 0 || self.in_pass >= self.per_pass {
+        if self.left == 0 || self.released - self.finished.load(Relaxed) >= self.window {
             return None;
         }
         self.left -= 1;
-        self.in_pass += 1;
+        self.released += 1;
         Some(Arrival {
             class: 0,
             at_ns: now_ns,
@@ -438,16 +437,19 @@ fn long_run(
 
 /// The tiny-request run: millions of completions per second.
 fn dispatcher_mrps(cores: Cores, n: u64) -> anyhow::Result<f64> {
+    let finished = Arc::new(AtomicU64::new(0));
     let source = Flood {
         left: n,
-        per_pass: 4,
-        pass_ns: u64::MAX,
-        in_pass: 0,
+        released: 0,
+        window: 256,
+        finished: Arc::clone(&finished),
     };
     let report = serve(
         cores.config(SchedPolicy::CFcfs, Preemption::default()),
         source,
-        |()| (),
+        move |()| {
+            finished.fetch_add(1, Relaxed);
+        },
     )
     .context("serving the tiny requests")?;
     anyhow::ensure!(
