@@ -1,0 +1,217 @@
+//! Carrying out the allocator's decisions on Linux threads.
+//!
+//! [`CoreActuator`] is what iokerneld calls after it has updated its own
+//! bookkeeping and written the command ring: [`LinuxActuator`] pins the
+//! kthread and writes its eventfd (grant) or signals it (revoke);
+//! [`RecordingActuator`] only records, for tests and dry runs.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
+
+use ginza_shm::PreemptReason;
+
+use crate::sys;
+
+/// The signal that asks a kthread to give its core back.
+pub const PREEMPT_SIGNAL: i32 = libc::SIGURG;
+
+/// The kthread a decision is about.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub app_id: u64,
+    pub app_name: &'a str,
+    pub kthread: usize,
+    /// The registering process (SO_PEERCRED).
+    pub pid: i32,
+    /// The kthread's Linux thread id, once it reported `Started`.
+    pub tid: Option<i32>,
+    pub eventfd: BorrowedFd<'a>,
+}
+
+/// Acts on decisions. `cpu` is a Linux CPU number (already mapped from the
+/// policy's core index).
+pub trait CoreActuator {
+    /// The kthread now owns `cpu`: let it run there.
+    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
+    /// The kthread must give `cpu` back.
+    fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
+    /// The application is gone (informational).
+    fn app_removed(&mut self, app_id: u64, name: &str) {
+        let _ = (app_id, name);
+    }
+}
+
+/// Grants by `sched_setaffinity` + eventfd write; revokes by [`PREEMPT_SIGNAL`]
+/// through `tgkill` (so a tid reused by another process is never hit).
+#[derive(Debug, Default)]
+pub struct LinuxActuator;
+
+impl CoreActuator for LinuxActuator {
+    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+        // The affinity first, so the thread wakes up on its core. Before the
+        // kthread reported its tid there is nothing to pin; the wake still
+        // goes out.
+        let pinned = match t.tid {
+            Some(tid) => sys::set_affinity(tid, cpu),
+            None => Ok(()),
+        };
+        sys::eventfd_write(t.eventfd, 1)?;
+        pinned
+    }
+
+    fn preempt(&mut self, t: &Target<'_>, _cpu: usize, _reason: PreemptReason) -> io::Result<()> {
+        match t.tid {
+            Some(tid) => sys::tgkill(t.pid, tid, PREEMPT_SIGNAL),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "kthread has not reported its tid yet",
+            )),
+        }
+    }
+}
+
+/// One recorded action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Grant {
+        app_id: u64,
+        app: String,
+        kthread: usize,
+        cpu: usize,
+    },
+    Preempt {
+        app_id: u64,
+        app: String,
+        kthread: usize,
+        cpu: usize,
+        reason: PreemptReason,
+    },
+    Removed {
+        app_id: u64,
+        app: String,
+    },
+}
+
+/// Records every action in a shared log (clone it to read from another
+/// thread).
+#[derive(Clone, Debug, Default)]
+pub struct RecordingActuator {
+    pub log: Arc<Mutex<Vec<Action>>>,
+}
+
+impl RecordingActuator {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of the actions so far.
+    pub fn actions(&self) -> Vec<Action> {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    fn push(&self, a: Action) {
+        if let Ok(mut l) = self.log.lock() {
+            l.push(a);
+        }
+    }
+}
+
+impl CoreActuator for RecordingActuator {
+    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+        self.push(Action::Grant {
+            app_id: t.app_id,
+            app: t.app_name.to_string(),
+            kthread: t.kthread,
+            cpu,
+        });
+        Ok(())
+    }
+
+    fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()> {
+        self.push(Action::Preempt {
+            app_id: t.app_id,
+            app: t.app_name.to_string(),
+            kthread: t.kthread,
+            cpu,
+            reason,
+        });
+        Ok(())
+    }
+
+    fn app_removed(&mut self, app_id: u64, name: &str) {
+        self.push(Action::Removed {
+            app_id,
+            app: name.to_string(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn grant_makes_the_eventfd_readable_and_pins() {
+        // On a thread of its own: the pinning ends with it.
+        std::thread::spawn(|| {
+            let efd = sys::eventfd().unwrap();
+            let cpu = *sys::allowed_cpus().unwrap().last().unwrap();
+            let t = Target {
+                app_id: 1,
+                app_name: "t",
+                kthread: 0,
+                pid: std::process::id() as i32,
+                tid: Some(sys::gettid()),
+                eventfd: efd.as_fd(),
+            };
+            LinuxActuator.grant(&t, cpu).unwrap();
+            assert_eq!(sys::allowed_cpus().unwrap(), vec![cpu]);
+            assert_eq!(sys::eventfd_read(efd.as_fd()).unwrap(), Some(1));
+            assert_eq!(sys::eventfd_read(efd.as_fd()).unwrap(), None);
+        })
+        .join()
+        .unwrap();
+    }
+
+    static GOT: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn on_urg(_: i32) {
+        GOT.store(true, Ordering::SeqCst);
+    }
+
+    #[test]
+    fn preempt_signals_the_thread() {
+        sys::install_handler(PREEMPT_SIGNAL, on_urg).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            tx.send(sys::gettid()).unwrap();
+            let t0 = Instant::now();
+            while !GOT.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            GOT.load(Ordering::SeqCst)
+        });
+        let tid = rx.recv().unwrap();
+        let efd = sys::eventfd().unwrap();
+        let t = Target {
+            app_id: 1,
+            app_name: "t",
+            kthread: 0,
+            pid: std::process::id() as i32,
+            tid: Some(tid),
+            eventfd: efd.as_fd(),
+        };
+        LinuxActuator
+            .preempt(&t, 0, PreemptReason::CoreNeeded)
+            .unwrap();
+        assert!(h.join().unwrap(), "SIGURG reached the target thread");
+        // No tid: a clear error, no signal to anyone.
+        let t = Target { tid: None, ..t };
+        assert!(LinuxActuator.preempt(&t, 0, PreemptReason::Shrink).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! The runtime's side of registration, and a stats reader.
+//!
+//! ```no_run
+//! use ginza_iokernel::client;
+//! use ginza_iokernel::proto::{Class, Registration};
+//! use ginza_shm::{Region, RegionConfig};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let region = Region::create("app", &RegionConfig::new(2))?;
+//! let efds = [client::eventfd()?, client::eventfd()?];
+//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2 };
+//! let conn = client::register_region("/tmp/ginza-1000/iokerneld.sock".as_ref(), &reg, &region, &efds)?;
+//! println!("registered as app {}", conn.app_id());
+//! drop(conn); // deregisters
+//! # Ok(()) }
+//! ```
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ginza_shm::Region;
+
+use crate::proto::{
+    encode, Envelope, Registration, Request, Response, StatsReport, MAX_REPLY, PROTOCOL_VERSION,
+};
+use crate::sys;
+
+/// How long a client waits for iokerneld's answer.
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why registration (or a stats query) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to iokerneld at {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("iokerneld refused the registration: {reason}")]
+    Refused { reason: String },
+    #[error("sending to iokerneld: {0}")]
+    Send(#[source] io::Error),
+    #[error("receiving from iokerneld: {0}")]
+    Recv(#[source] io::Error),
+    #[error("iokerneld did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("iokerneld closed the connection without answering")]
+    Closed,
+    #[error("unexpected answer from iokerneld: {0}")]
+    BadReply(String),
+    #[error("the region has no memfd (a heap region cannot be shared)")]
+    NoMemfd,
+}
+
+/// A registered application. Keep it alive as long as the application runs:
+/// dropping it closes the socket, which deregisters the application and
+/// gives its cores back.
+#[derive(Debug)]
+pub struct Connection {
+    sock: OwnedFd,
+    app_id: u64,
+}
+
+impl Connection {
+    /// The id iokerneld gave this application.
+    pub fn app_id(&self) -> u64 {
+        self.app_id
+    }
+}
+
+impl AsFd for Connection {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
+/// A new non-blocking eventfd, for a kthread to park on.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    sys::eventfd()
+}
+
+/// Sends one envelope with `fds` and waits for the answer; returns the
+/// socket (still connected) and the answer.
+pub fn request(
+    socket: &Path,
+    env: &Envelope,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(OwnedFd, Response), ClientError> {
+    let sock = sys::connect_seqpacket(socket).map_err(|source| ClientError::Connect {
+        path: socket.to_path_buf(),
+        source,
+    })?;
+    send_raw(sock.as_fd(), &encode(env), fds)?;
+    let resp = recv_response(sock.as_fd())?;
+    Ok((sock, resp))
+}
+
+/// Sends raw bytes (any bytes: tests send malformed ones) with `fds`.
+pub fn send_raw(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), ClientError> {
+    sys::send_with_fds(sock, bytes, fds).map_err(ClientError::Send)
+}
+
+/// Connects without sending anything (tests send raw bytes with
+/// [`send_raw`], then read with [`recv_response`]).
+pub fn connect(socket: &Path) -> Result<OwnedFd, ClientError> {
+    sys::connect_seqpacket(socket).map_err(|source| ClientError::Connect {
+        path: socket.to_path_buf(),
+        source,
+    })
+}
+
+/// Waits (at most [`REPLY_TIMEOUT`]) for one answer.
+pub fn recv_response(sock: BorrowedFd<'_>) -> Result<Response, ClientError> {
+    let mut pfd = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&sock),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(ClientError::Timeout(REPLY_TIMEOUT));
+        }
+        if sys::poll(&mut pfd, Some(left)).map_err(ClientError::Recv)? > 0 {
+            break;
+        }
+    }
+    let mut buf = vec![0u8; MAX_REPLY];
+    let r = sys::recv_with_fds(sock, &mut buf, 0, true)
+        .map_err(ClientError::Recv)?
+        .ok_or(ClientError::Closed)?;
+    if r.closed {
+        return Err(ClientError::Closed);
+    }
+    if r.truncated {
+        return Err(ClientError::BadReply(format!(
+            "answer longer than {MAX_REPLY} bytes"
+        )));
+    }
+    serde_json::from_slice(&buf[..r.len]).map_err(|e| ClientError::BadReply(e.to_string()))
+}
+
+/// Registers with an explicit envelope and descriptors (the region's memfd
+/// first, then one eventfd per kthread). Tests use it to send a wrong
+/// version or a wrong number of descriptors.
+pub fn register_with(
+    socket: &Path,
+    env: &Envelope,
+    fds: &[BorrowedFd<'_>],
+) -> Result<Connection, ClientError> {
+    let (sock, resp) = request(socket, env, fds)?;
+    match resp {
+        Response::Accepted { app_id } => Ok(Connection { sock, app_id }),
+        Response::Refused { reason } => Err(ClientError::Refused { reason }),
+        other => Err(ClientError::BadReply(format!("{other:?}"))),
+    }
+}
+
+/// Registers an application: sends `reg` with the region's memfd and the
+/// kthreads' eventfds (in kthread order).
+pub fn register<F: AsFd>(
+    socket: &Path,
+    reg: &Registration,
+    region_memfd: BorrowedFd<'_>,
+    eventfds: &[F],
+) -> Result<Connection, ClientError> {
+    let mut fds = vec![region_memfd];
+    fds.extend(eventfds.iter().map(AsFd::as_fd));
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::Register(reg.clone()),
+    };
+    register_with(socket, &env, &fds)
+}
+
+/// [`register`] with a [`Region`] created by `Region::create`.
+pub fn register_region<F: AsFd>(
+    socket: &Path,
+    reg: &Registration,
+    region: &Region,
+    eventfds: &[F],
+) -> Result<Connection, ClientError> {
+    let fd = region.fd().ok_or(ClientError::NoMemfd)?;
+    register(socket, reg, fd, eventfds)
+}
+
+/// Asks iokerneld for its stats.
+pub fn stats(socket: &Path) -> Result<StatsReport, ClientError> {
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::Stats,
+    };
+    match request(socket, &env, &[])?.1 {
+        Response::Stats(s) => Ok(s),
+        Response::Refused { reason } => Err(ClientError::Refused { reason }),
+        other => Err(ClientError::BadReply(format!("{other:?}"))),
+    }
+}

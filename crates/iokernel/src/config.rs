@@ -1,0 +1,532 @@
+//! iokerneld's configuration: a TOML file, overridden by command-line flags,
+//! then validated against the CPUs this process may use.
+//!
+//! ```toml
+//! cores = "1-3"            # managed cores (list or "a-b,c" string)
+//! core = 0                 # iokerneld's own core (pinned)
+//! interval = "5us"         # allocation pass period
+//! policy = "shenango"      # shenango | static | slow
+//! slow_period = "1ms"      # period of the `slow` policy
+//! socket = "/run/user/1000/ginza/iokerneld.sock"
+//! idle_sleep = "1ms"       # sleep instead of spinning while idle
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Which core allocator runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Shenango: congestion detection every interval.
+    Shenango,
+    /// ZygOS-like fixed cores.
+    Static,
+    /// Arachne-like utilization-based, every `period`.
+    Slow { period: Duration },
+}
+
+impl PolicyKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicyKind::Shenango => "shenango",
+            PolicyKind::Static => "static",
+            PolicyKind::Slow { .. } => "slow",
+        }
+    }
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Managed cores (Linux CPU numbers), in the order the allocator indexes
+    /// them.
+    pub cores: Vec<usize>,
+    /// iokerneld's own core; `None`: not pinned (tests, laptops).
+    pub own_core: Option<usize>,
+    /// Allocation pass period.
+    pub interval: Duration,
+    pub policy: PolicyKind,
+    /// Control socket path.
+    pub socket: PathBuf,
+    /// Sleep this long in `ppoll` (woken early by the control socket) when
+    /// no application is registered or nothing is runnable; `None`: spin.
+    pub idle_sleep: Option<Duration>,
+    /// Stop after this long (tests, benchmarks); `None`: run until stopped.
+    pub run_for: Option<Duration>,
+    /// How often the control socket and connections are polled while
+    /// spinning (a syscall, so not every pass).
+    pub control_interval: Duration,
+    /// Seed of the allocator's random victim choice.
+    pub seed: u64,
+}
+
+/// Bounds that make an interval sensible.
+pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
+pub const MAX_INTERVAL: Duration = Duration::from_secs(1);
+pub const MAX_SLOW_PERIOD: Duration = Duration::from_secs(60);
+pub const MAX_IDLE_SLEEP: Duration = Duration::from_secs(1);
+
+/// Why a configuration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {msg}")]
+    Parse { path: PathBuf, msg: String },
+    #[error("{what}: {msg}")]
+    Value { what: &'static str, msg: String },
+    #[error("no managed cores given (set `cores` in the file or --cores)")]
+    NoCores,
+    #[error("managed core {0} is listed twice")]
+    DuplicateCore(usize),
+    #[error("core {core} is unknown: this process may use cores {allowed}")]
+    UnknownCore { core: usize, allowed: String },
+    #[error("iokerneld's own core {0} is also a managed core; it must be dedicated")]
+    OwnCoreManaged(usize),
+    #[error("{what} {got:?} is out of range {min:?}..={max:?}")]
+    OutOfRange {
+        what: &'static str,
+        got: Duration,
+        min: Duration,
+        max: Duration,
+    },
+}
+
+/// Parses `5us`, `5µs`, `1.5ms`, `200ns`, `2s` (a bare number is ns).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 5us, 1ms)"))?;
+    let scale = match unit.trim() {
+        "" | "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        u => return Err(format!("unknown unit {u:?} in {s:?} (ns, us, ms, s)")),
+    };
+    let secs = v * scale;
+    if !secs.is_finite() || secs > 1e9 {
+        return Err(format!("{s:?} is too large"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses a core list: `1,2,5-7`.
+pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || format!("{part:?} is not a core or a range a-b");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let a: usize = a.trim().parse().map_err(|_| bad())?;
+                let b: usize = b.trim().parse().map_err(|_| bad())?;
+                if a > b || b - a > 4096 {
+                    return Err(format!("range {part:?} is empty or too long"));
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_policy(s: &str) -> Result<String, String> {
+    match s {
+        "shenango" | "static" | "slow" => Ok(s.to_string()),
+        _ => Err(format!("unknown policy {s:?} (shenango, static, slow)")),
+    }
+}
+
+/// A core list in a file: `[1, 2]` or `"1-2"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum CoreList {
+    List(Vec<usize>),
+    Text(String),
+}
+
+/// The TOML file: every field optional (flags and defaults fill in).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    cores: Option<CoreList>,
+    core: Option<usize>,
+    interval: Option<String>,
+    policy: Option<String>,
+    slow_period: Option<String>,
+    socket: Option<PathBuf>,
+    idle_sleep: Option<String>,
+    run_for: Option<String>,
+    control_interval: Option<String>,
+    seed: Option<u64>,
+}
+
+/// Command-line flags of `iokerneld` (they override the file).
+#[derive(Debug, Default, clap::Parser)]
+#[command(
+    name = "iokerneld",
+    about = "Ginza iokerneld: core allocation between applications"
+)]
+pub struct Cli {
+    /// TOML configuration file.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Managed cores, e.g. `1-3,5`.
+    #[arg(long, value_parser = parse_cores)]
+    pub cores: Option<Vec<usize>>,
+    /// iokerneld's own (dedicated) core.
+    #[arg(long)]
+    pub core: Option<usize>,
+    /// Do not pin iokerneld to its core even if one is configured.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Allocation interval (default 5us).
+    #[arg(long, value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+    /// shenango | static | slow.
+    #[arg(long, value_parser = parse_policy)]
+    pub policy: Option<String>,
+    /// Period of the slow policy (default 1ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub slow_period: Option<Duration>,
+    /// Control socket path.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Sleep this long instead of spinning while idle (laptops, CI).
+    #[arg(long, value_parser = parse_duration)]
+    pub idle_sleep: Option<Duration>,
+    /// Exit after this long.
+    #[arg(long, value_parser = parse_duration)]
+    pub run_for: Option<Duration>,
+    /// Seed of the allocator's random choices.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// `$XDG_RUNTIME_DIR/ginza/iokerneld.sock`, else `/tmp/ginza-<uid>/iokerneld.sock`.
+pub fn default_socket_path() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => Path::new(&d).join("ginza").join("iokerneld.sock"),
+        None => {
+            PathBuf::from(format!("/tmp/ginza-{}", crate::sys::getuid())).join("iokerneld.sock")
+        }
+    }
+}
+
+fn dur(what: &'static str, v: Option<&String>) -> Result<Option<Duration>, ConfigError> {
+    v.map(|s| parse_duration(s).map_err(|msg| ConfigError::Value { what, msg }))
+        .transpose()
+}
+
+fn check_range(
+    what: &'static str,
+    got: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<(), ConfigError> {
+    if got < min || got > max {
+        return Err(ConfigError::OutOfRange {
+            what,
+            got,
+            min,
+            max,
+        });
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Defaults for `cores`, unvalidated (tests adjust fields, then
+    /// [`Config::validate`]).
+    pub fn new(cores: Vec<usize>) -> Config {
+        Config {
+            cores,
+            own_core: None,
+            interval: Duration::from_micros(5),
+            policy: PolicyKind::Shenango,
+            socket: default_socket_path(),
+            idle_sleep: None,
+            run_for: None,
+            control_interval: Duration::from_micros(50),
+            seed: 0x5eed,
+        }
+    }
+
+    /// Builds the configuration from the file named by `cli.config` (if
+    /// any) and the flags, and validates it.
+    pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
+        let file = match &cli.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.clone(),
+                    source,
+                })?;
+                toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::Parse {
+                    path: p.clone(),
+                    msg: e.to_string(),
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let file_cores = match file.cores {
+            Some(CoreList::List(v)) => Some(v),
+            Some(CoreList::Text(s)) => {
+                Some(parse_cores(&s).map_err(|msg| ConfigError::Value { what: "cores", msg })?)
+            }
+            None => None,
+        };
+        let cores = cli
+            .cores
+            .clone()
+            .or(file_cores)
+            .ok_or(ConfigError::NoCores)?;
+        let mut c = Config::new(cores);
+        c.own_core = if cli.no_pin {
+            None
+        } else {
+            cli.core.or(file.core)
+        };
+        if let Some(i) = cli.interval.or(dur("interval", file.interval.as_ref())?) {
+            c.interval = i;
+        }
+        let period = cli
+            .slow_period
+            .or(dur("slow_period", file.slow_period.as_ref())?)
+            .unwrap_or(Duration::from_millis(1));
+        let policy = cli
+            .policy
+            .clone()
+            .or(file.policy)
+            .unwrap_or_else(|| "shenango".into());
+        c.policy = match parse_policy(&policy)
+            .map_err(|msg| ConfigError::Value {
+                what: "policy",
+                msg,
+            })?
+            .as_str()
+        {
+            "static" => PolicyKind::Static,
+            "slow" => PolicyKind::Slow { period },
+            _ => PolicyKind::Shenango,
+        };
+        if let Some(s) = cli.socket.clone().or(file.socket) {
+            c.socket = s;
+        }
+        c.idle_sleep = cli
+            .idle_sleep
+            .or(dur("idle_sleep", file.idle_sleep.as_ref())?);
+        c.run_for = cli.run_for.or(dur("run_for", file.run_for.as_ref())?);
+        if let Some(ci) = dur("control_interval", file.control_interval.as_ref())? {
+            c.control_interval = ci;
+        }
+        if let Some(s) = cli.seed.or(file.seed) {
+            c.seed = s;
+        }
+        let allowed = crate::sys::allowed_cpus().map_err(|e| ConfigError::Value {
+            what: "sched_getaffinity",
+            msg: e.to_string(),
+        })?;
+        c.validate(&allowed)?;
+        Ok(c)
+    }
+
+    /// Checks the configuration against the CPUs this process may use.
+    pub fn validate(&self, allowed: &[usize]) -> Result<(), ConfigError> {
+        if self.cores.is_empty() {
+            return Err(ConfigError::NoCores);
+        }
+        let allowed_text = || format_cores(allowed);
+        let mut seen = std::collections::BTreeSet::new();
+        for &core in &self.cores {
+            if !seen.insert(core) {
+                return Err(ConfigError::DuplicateCore(core));
+            }
+            if !allowed.contains(&core) {
+                return Err(ConfigError::UnknownCore {
+                    core,
+                    allowed: allowed_text(),
+                });
+            }
+        }
+        if let Some(own) = self.own_core {
+            if self.cores.contains(&own) {
+                return Err(ConfigError::OwnCoreManaged(own));
+            }
+            if !allowed.contains(&own) {
+                return Err(ConfigError::UnknownCore {
+                    core: own,
+                    allowed: allowed_text(),
+                });
+            }
+        }
+        check_range("interval", self.interval, MIN_INTERVAL, MAX_INTERVAL)?;
+        check_range(
+            "control interval",
+            self.control_interval,
+            MIN_INTERVAL,
+            MAX_INTERVAL,
+        )?;
+        if let PolicyKind::Slow { period } = self.policy {
+            check_range("slow period", period, self.interval, MAX_SLOW_PERIOD)?;
+        }
+        if let Some(s) = self.idle_sleep {
+            check_range("idle sleep", s, MIN_INTERVAL, MAX_IDLE_SLEEP)?;
+        }
+        if self.socket.as_os_str().is_empty() {
+            return Err(ConfigError::Value {
+                what: "socket",
+                msg: "empty path".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `0-3,6` style text of a core list.
+pub fn format_cores(cores: &[usize]) -> String {
+    let mut v = cores.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < v.len() {
+        let mut j = i;
+        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            v[i].to_string()
+        } else {
+            format!("{}-{}", v[i], v[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn durations_and_cores() {
+        assert_eq!(parse_duration("5us"), Ok(Duration::from_micros(5)));
+        assert_eq!(parse_duration("5µs"), Ok(Duration::from_micros(5)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("200"), Ok(Duration::from_nanos(200)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("1e400s").is_err());
+        assert_eq!(parse_cores("1,3-5, 7"), Ok(vec![1, 3, 4, 5, 7]));
+        assert!(parse_cores("5-3").is_err());
+        assert!(parse_cores("x").is_err());
+        assert_eq!(format_cores(&[5, 1, 2, 3, 7]), "1-3,5,7");
+    }
+
+    #[test]
+    fn validation_errors_are_clear() {
+        let allowed = [0, 1, 2, 3];
+        let mut c = Config::new(vec![1, 2]);
+        c.own_core = Some(0);
+        c.validate(&allowed).unwrap();
+
+        let mut bad = c.clone();
+        bad.cores = vec![1, 9];
+        let e = bad.validate(&allowed).unwrap_err().to_string();
+        assert!(e.contains("core 9 is unknown") && e.contains("0-3"), "{e}");
+
+        let mut bad = c.clone();
+        bad.own_core = Some(2);
+        let e = bad.validate(&allowed).unwrap_err().to_string();
+        assert!(e.contains("own core 2 is also a managed core"), "{e}");
+
+        let mut bad = c.clone();
+        bad.interval = Duration::ZERO;
+        assert!(bad
+            .validate(&allowed)
+            .unwrap_err()
+            .to_string()
+            .contains("interval"));
+        bad.interval = Duration::from_secs(3600);
+        assert!(bad
+            .validate(&allowed)
+            .unwrap_err()
+            .to_string()
+            .contains("out of range"));
+
+        let mut bad = c.clone();
+        bad.cores = vec![1, 1];
+        assert!(matches!(
+            bad.validate(&allowed),
+            Err(ConfigError::DuplicateCore(1))
+        ));
+
+        let mut bad = c.clone();
+        bad.cores.clear();
+        assert!(matches!(bad.validate(&allowed), Err(ConfigError::NoCores)));
+
+        let mut bad = c.clone();
+        bad.policy = PolicyKind::Slow {
+            period: Duration::from_nanos(10),
+        };
+        assert!(bad
+            .validate(&allowed)
+            .unwrap_err()
+            .to_string()
+            .contains("slow period"));
+    }
+
+    #[test]
+    fn file_then_flags() {
+        let dir = std::env::temp_dir().join(format!("ginza-iok-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let allowed = crate::sys::allowed_cpus().unwrap();
+        let core = allowed[0];
+        let p = dir.join("iok.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "cores = \"{core}\"\ninterval = \"10us\"\npolicy = \"slow\"\nslow_period = \"2ms\"\nsocket = \"/tmp/x.sock\"\nidle_sleep = \"1ms\"\n"
+            ),
+        )
+        .unwrap();
+        let cli =
+            Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap(), "--interval", "20us"])
+                .unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(c.cores, vec![core]);
+        assert_eq!(c.interval, Duration::from_micros(20), "flag overrides file");
+        assert_eq!(
+            c.policy,
+            PolicyKind::Slow {
+                period: Duration::from_millis(2)
+            }
+        );
+        assert_eq!(c.socket, PathBuf::from("/tmp/x.sock"));
+        assert_eq!(c.idle_sleep, Some(Duration::from_millis(1)));
+
+        std::fs::write(&p, "cores = [0]\nbogus = 1\n").unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+
+        assert!(Cli::try_parse_from(["iokerneld", "--policy", "fifo"]).is_err());
+        let cli = Cli::try_parse_from(["iokerneld"]).unwrap();
+        assert!(matches!(Config::from_cli(&cli), Err(ConfigError::NoCores)));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,0 +1,984 @@
+//! iokerneld's main loop: the control socket, the table of registered
+//! applications, and the allocation pass.
+//!
+//! Everything runs on one thread. The control socket and the connections
+//! are non-blocking and polled with a zero-timeout `ppoll` every
+//! `control_interval` (50 µs by default), not every pass: registration is
+//! rare and a `ppoll` costs about a microsecond, so checking every 5 µs pass
+//! would spend a fifth of the core on it. A separate control thread would
+//! need a lock or a channel around the application table that the pass
+//! reads every 5 µs, and a hang-up would reach the allocator one hand-over
+//! later; on one thread, a closed socket removes the application before the
+//! next pass, with no synchronization at all. Registration itself (fstat,
+//! mmap, a few /proc reads) takes tens of microseconds, once per
+//! application.
+//!
+//! When `idle_sleep` is set and nothing is runnable (no application, or no
+//! kthread holds a core and nothing is queued), the loop sleeps in `ppoll`
+//! on the sockets instead of spinning, so a new connection still wakes it
+//! at once.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ginza_policy::alloc::{
+    AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static, Topology,
+};
+use ginza_shm::{
+    IokernelEnd, LineFlags, PreemptReason, RecvError, Region, SendError, ToIokernel, ToKthread,
+};
+use log::{debug, info, warn};
+
+use crate::actuator::{CoreActuator, Target};
+use crate::config::{format_cores, Config, PolicyKind};
+use crate::proto::{
+    decode_request, encode, AppStats, Class, Registration, Removal, Request, Response, StatsReport,
+    MAX_NAME, MAX_REQUEST,
+};
+use crate::sys;
+
+/// Most kthreads per application (the region's limit).
+pub const MAX_KTHREADS: u32 = ginza_shm::region::MAX_KTHREADS;
+/// Connections that have not registered yet, at most.
+pub const MAX_PENDING: usize = 64;
+/// A connection that sends nothing this long is closed.
+pub const PENDING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Removals remembered for stats.
+const RECENT_REMOVALS: usize = 16;
+/// Target utilization of the `slow` policy.
+pub const SLOW_TARGET_UTIL: f64 = 0.8;
+
+/// Why iokerneld could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("another iokerneld is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("{op} {path}: {source}")]
+    Socket {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot pin iokerneld to core {core}: {source}")]
+    Pin {
+        core: usize,
+        #[source]
+        source: io::Error,
+    },
+    #[error("polling the control socket: {0}")]
+    Poll(#[source] io::Error),
+}
+
+/// iokerneld's bookkeeping for one kthread.
+#[derive(Clone, Debug, Default)]
+struct Kthread {
+    /// Policy core index it holds (granted, not yet given back).
+    core: Option<usize>,
+    parked: bool,
+    parked_since: u64,
+    last_core: Option<usize>,
+    tid: Option<i32>,
+    /// Deadline it reported when it parked.
+    timer: Option<u64>,
+    /// Asked to give its core back; neither active nor parked.
+    preempting: bool,
+}
+
+struct App {
+    id: u64,
+    name: String,
+    class: Class,
+    guaranteed: u32,
+    max_cores: u32,
+    pid: i32,
+    sock: OwnedFd,
+    _region: Region,
+    ends: Vec<IokernelEnd>,
+    eventfds: Vec<OwnedFd>,
+    kt: Vec<Kthread>,
+    prev: Vec<QueueCounters>,
+    last_yielded_core: Option<usize>,
+    grants: u64,
+    preemptions: u64,
+    congestion: u64,
+    ring_full: u64,
+    /// Set when the application must be removed, with the reason.
+    doomed: Option<String>,
+}
+
+impl App {
+    fn doom(&mut self, reason: String) {
+        if self.doomed.is_none() {
+            self.doomed = Some(reason);
+        }
+    }
+
+    fn cores(&self) -> Vec<usize> {
+        self.kt.iter().filter_map(|k| k.core).collect()
+    }
+}
+
+struct Pending {
+    sock: OwnedFd,
+    pid: i32,
+    since: u64,
+}
+
+/// A handle that stops a running iokerneld from another thread.
+#[derive(Clone, Debug, Default)]
+pub struct StopHandle(Arc<AtomicBool>);
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Set by SIGINT/SIGTERM once [`Iokerneld::stop_on_signals`] installed the
+/// handler.
+static TERMINATE: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_terminate(_: i32) {
+    TERMINATE.store(true, Ordering::Release);
+}
+
+/// A bound iokerneld, ready to [`Iokerneld::run`].
+pub struct Iokerneld<A: CoreActuator> {
+    cfg: Config,
+    listener: OwnedFd,
+    pending: Vec<Pending>,
+    apps: Vec<App>,
+    next_id: u64,
+    alloc: Box<dyn CoreAllocator + Send>,
+    topo: Topology,
+    actuator: A,
+    stop: StopHandle,
+    watch_signals: bool,
+    start_ns: u64,
+    passes: u64,
+    refused: u64,
+    disconnected: u64,
+    removals: VecDeque<Removal>,
+    snaps: Vec<AppSnap>,
+    decisions: Vec<Decision>,
+    pollfds: Vec<libc::pollfd>,
+    /// From the last pass: something holds a core or is queued.
+    busy: bool,
+    /// From the last pass: earliest timer of a parked kthread.
+    next_timer: Option<u64>,
+}
+
+/// Hyperthread siblings among the managed cores, from sysfs (flat if
+/// unknown).
+pub fn topology(cores: &[usize]) -> Topology {
+    let mut t = Topology::flat(cores.len());
+    for (i, &c) in cores.iter().enumerate() {
+        let p = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
+        let Ok(text) = std::fs::read_to_string(p) else {
+            continue;
+        };
+        let Ok(sibs) = crate::config::parse_cores(text.trim()) else {
+            continue;
+        };
+        t.sibling[i] = sibs
+            .iter()
+            .filter(|&&s| s != c)
+            .find_map(|s| cores.iter().position(|x| x == s));
+    }
+    t
+}
+
+fn make_policy(cfg: &Config) -> Box<dyn CoreAllocator + Send> {
+    let iv = cfg.interval.as_nanos() as u64;
+    match cfg.policy {
+        PolicyKind::Shenango => Box::new(Shenango::new(iv, cfg.seed)),
+        PolicyKind::Static => Box::new(Static::new(iv)),
+        PolicyKind::Slow { period } => Box::new(Slow::new(
+            period.as_nanos() as u64,
+            SLOW_TARGET_UTIL,
+            cfg.seed,
+        )),
+    }
+}
+
+fn valid_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(format!(
+            "application name must be 1 to {MAX_NAME} bytes, got {}",
+            name.len()
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    {
+        return Err(format!(
+            "application name {name:?} may only use ASCII letters, digits and - _ . :"
+        ));
+    }
+    Ok(())
+}
+
+fn bind(path: &std::path::Path) -> Result<OwnedFd, DaemonError> {
+    let err = |op, source| DaemonError::Socket {
+        op,
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err("create directory for", e))?;
+        }
+    }
+    if path.exists() {
+        // A live iokerneld answers a connect; a stale socket file does not.
+        if sys::connect_seqpacket(path).is_ok() {
+            return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(|e| err("remove stale socket", e))?;
+    }
+    sys::listen_seqpacket(path, 64).map_err(|e| err("listen on", e))
+}
+
+impl<A: CoreActuator> Iokerneld<A> {
+    /// Binds the control socket of an already validated configuration.
+    pub fn bind(cfg: Config, actuator: A) -> Result<Self, DaemonError> {
+        let listener = bind(&cfg.socket)?;
+        info!(
+            "iokerneld: listening on {}, managing cores {}, policy {}, interval {:?}",
+            cfg.socket.display(),
+            format_cores(&cfg.cores),
+            cfg.policy.name(),
+            cfg.interval
+        );
+        Ok(Iokerneld {
+            topo: topology(&cfg.cores),
+            alloc: make_policy(&cfg),
+            cfg,
+            listener,
+            pending: Vec::new(),
+            apps: Vec::new(),
+            next_id: 1,
+            actuator,
+            stop: StopHandle::default(),
+            watch_signals: false,
+            start_ns: sys::monotonic_ns(),
+            passes: 0,
+            refused: 0,
+            disconnected: 0,
+            removals: VecDeque::new(),
+            snaps: Vec::new(),
+            decisions: Vec::new(),
+            pollfds: Vec::new(),
+            busy: false,
+            next_timer: None,
+        })
+    }
+
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Makes SIGINT and SIGTERM stop the loop (the binary does this).
+    pub fn stop_on_signals(&mut self) -> io::Result<()> {
+        sys::install_handler(libc::SIGINT, on_terminate)?;
+        sys::install_handler(libc::SIGTERM, on_terminate)?;
+        self.watch_signals = true;
+        Ok(())
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Runs until stopped (or `run_for` elapsed); returns the final stats.
+    pub fn run(mut self) -> Result<StatsReport, DaemonError> {
+        if let Some(core) = self.cfg.own_core {
+            sys::set_affinity(0, core).map_err(|source| DaemonError::Pin { core, source })?;
+            info!("iokerneld: pinned to core {core}");
+        }
+        let iv = self.cfg.interval.as_nanos() as u64;
+        let ci = self.cfg.control_interval.as_nanos() as u64;
+        let start = sys::monotonic_ns();
+        let end = self
+            .cfg
+            .run_for
+            .map(|d| start.saturating_add(d.as_nanos() as u64));
+        let mut next_pass = start;
+        let mut next_control = start;
+        loop {
+            if self.stop.0.load(Ordering::Acquire)
+                || (self.watch_signals && TERMINATE.load(Ordering::Acquire))
+            {
+                break;
+            }
+            let now = sys::monotonic_ns();
+            if end.is_some_and(|e| now >= e) {
+                break;
+            }
+            if now >= next_control {
+                self.control(Some(Duration::ZERO), now)?;
+                next_control = now + ci;
+            }
+            if now >= next_pass {
+                self.pass(now);
+                next_pass += iv;
+                if next_pass <= now {
+                    next_pass = now + iv;
+                }
+            }
+            match self.cfg.idle_sleep {
+                Some(sleep) if !self.busy => {
+                    let mut wait = sleep.as_nanos() as u64;
+                    if let Some(t) = self.next_timer {
+                        wait = wait.min(t.saturating_sub(now));
+                    }
+                    if let Some(e) = end {
+                        wait = wait.min(e.saturating_sub(now));
+                    }
+                    self.control(Some(Duration::from_nanos(wait)), now)?;
+                    let now = sys::monotonic_ns();
+                    next_control = now + ci;
+                    next_pass = next_pass.min(now);
+                }
+                _ => std::hint::spin_loop(),
+            }
+        }
+        let report = self.report(sys::monotonic_ns());
+        let ids: Vec<u64> = self.apps.iter().map(|a| a.id).collect();
+        for id in ids {
+            self.remove(id, "iokerneld stopped".into());
+        }
+        info!("iokerneld: stopped after {} passes", report.passes);
+        Ok(report)
+    }
+
+    // ----- control socket -----
+
+    /// Polls the listener and every connection (waiting at most `timeout`)
+    /// and handles what is ready.
+    fn control(&mut self, timeout: Option<Duration>, now: u64) -> Result<(), DaemonError> {
+        let ev = libc::POLLIN;
+        self.pollfds.clear();
+        self.pollfds.push(libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: ev,
+            revents: 0,
+        });
+        for p in &self.pending {
+            self.pollfds.push(libc::pollfd {
+                fd: p.sock.as_raw_fd(),
+                events: ev,
+                revents: 0,
+            });
+        }
+        for a in &self.apps {
+            self.pollfds.push(libc::pollfd {
+                fd: a.sock.as_raw_fd(),
+                events: ev,
+                revents: 0,
+            });
+        }
+        let n = sys::poll(&mut self.pollfds, timeout).map_err(DaemonError::Poll)?;
+        let now = if timeout.is_some_and(|t| !t.is_zero()) {
+            sys::monotonic_ns()
+        } else {
+            now
+        };
+        if n > 0 {
+            let np = self.pending.len();
+            let ready: Vec<bool> = self.pollfds.iter().map(|p| p.revents != 0).collect();
+            // Apps first (indices stay valid: removal happens after).
+            for (i, _) in ready[1 + np..].iter().enumerate().filter(|(_, r)| **r) {
+                self.app_readable(i);
+            }
+            let mut keep = Vec::with_capacity(np);
+            let pending = std::mem::take(&mut self.pending);
+            for (p, r) in pending.into_iter().zip(&ready[1..1 + np]) {
+                if *r {
+                    if let Some(p) = self.pending_readable(p, now) {
+                        keep.push(p);
+                    }
+                } else {
+                    keep.push(p);
+                }
+            }
+            self.pending = keep;
+            if ready[0] {
+                self.accept(now);
+            }
+            self.reap();
+        }
+        // Silent connections do not hold a slot forever.
+        let limit = PENDING_TIMEOUT.as_nanos() as u64;
+        self.pending.retain(|p| {
+            let keep = now.saturating_sub(p.since) < limit;
+            if !keep {
+                debug!(
+                    "closing a connection from pid {} that sent nothing for {PENDING_TIMEOUT:?}",
+                    p.pid
+                );
+            }
+            keep
+        });
+        Ok(())
+    }
+
+    fn accept(&mut self, now: u64) {
+        for _ in 0..16 {
+            match sys::accept(self.listener.as_fd()) {
+                Ok(Some(sock)) => {
+                    let pid = sys::peer_pid(sock.as_fd()).unwrap_or(0);
+                    if self.pending.len() >= MAX_PENDING {
+                        warn!("refusing a connection from pid {pid}: {MAX_PENDING} connections already pending");
+                        self.refused += 1;
+                        continue;
+                    }
+                    self.pending.push(Pending {
+                        sock,
+                        pid,
+                        since: now,
+                    });
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    warn!("accept on the control socket: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Sends a reply; false if the peer is gone or not reading.
+    fn reply(sock: &OwnedFd, r: &Response) -> bool {
+        match sys::send_with_fds(sock.as_fd(), &encode(r), &[]) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!("reply not sent: {e}");
+                false
+            }
+        }
+    }
+
+    /// A pending connection is readable: a request, garbage or a hang-up.
+    /// Returns the connection if it stays open (a stats reader).
+    fn pending_readable(&mut self, p: Pending, now: u64) -> Option<Pending> {
+        let mut buf = [0u8; MAX_REQUEST];
+        let max_fds = 1 + MAX_KTHREADS as usize;
+        let r = match sys::recv_with_fds(p.sock.as_fd(), &mut buf, max_fds, true) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Some(p),
+            Err(e) => {
+                debug!("connection from pid {}: {e}", p.pid);
+                return None;
+            }
+        };
+        if r.closed {
+            return None;
+        }
+        let refuse = |me: &mut Self, reason: String| {
+            warn!("registration from pid {} refused: {reason}", p.pid);
+            me.refused += 1;
+            Self::reply(&p.sock, &Response::Refused { reason });
+            None
+        };
+        if r.truncated {
+            return refuse(self, format!("request longer than {MAX_REQUEST} bytes"));
+        }
+        if r.fds_truncated {
+            return refuse(self, format!("more than {max_fds} descriptors attached"));
+        }
+        let req = match decode_request(&buf[..r.len]) {
+            Ok(req) => req,
+            Err(e) => return refuse(self, e.to_string()),
+        };
+        match req {
+            Request::Stats => {
+                let rep = Response::Stats(self.report(now));
+                Self::reply(&p.sock, &rep).then_some(p)
+            }
+            Request::Register(reg) => match self.admit(&reg, r.fds, p.pid) {
+                Ok((region, ends, eventfds)) => {
+                    let id = self.next_id;
+                    if !Self::reply(&p.sock, &Response::Accepted { app_id: id }) {
+                        info!(
+                            "app {:?} from pid {} left before its acceptance",
+                            reg.name, p.pid
+                        );
+                        return None;
+                    }
+                    self.next_id += 1;
+                    info!(
+                        "app {:?} registered: id {id}, pid {}, {:?}, {} kthreads, guaranteed {}, max {}",
+                        reg.name, p.pid, reg.class, reg.kthreads, reg.guaranteed, reg.max_cores
+                    );
+                    let n = reg.kthreads as usize;
+                    self.apps.push(App {
+                        id,
+                        name: reg.name,
+                        class: reg.class,
+                        guaranteed: reg.guaranteed,
+                        max_cores: reg.max_cores,
+                        pid: p.pid,
+                        sock: p.sock,
+                        _region: region,
+                        ends,
+                        eventfds,
+                        kt: vec![
+                            Kthread {
+                                parked: true,
+                                parked_since: now,
+                                ..Default::default()
+                            };
+                            n
+                        ],
+                        prev: vec![QueueCounters::default(); n],
+                        last_yielded_core: None,
+                        grants: 0,
+                        preemptions: 0,
+                        congestion: 0,
+                        ring_full: 0,
+                        doomed: None,
+                    });
+                    None
+                }
+                Err(reason) => refuse(self, reason),
+            },
+        }
+    }
+
+    /// Checks a registration and its descriptors; on success the attached
+    /// region, iokerneld's ends of it and the eventfds.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &self,
+        reg: &Registration,
+        fds: Vec<OwnedFd>,
+        pid: i32,
+    ) -> Result<(Region, Vec<IokernelEnd>, Vec<OwnedFd>), String> {
+        valid_name(&reg.name)?;
+        if self.apps.iter().any(|a| a.name == reg.name) {
+            return Err(format!(
+                "an application named {:?} is already registered",
+                reg.name
+            ));
+        }
+        if reg.kthreads == 0 || reg.kthreads > MAX_KTHREADS {
+            return Err(format!(
+                "kthread count {} is not in 1..={MAX_KTHREADS}",
+                reg.kthreads
+            ));
+        }
+        if reg.max_cores == 0 || reg.guaranteed > reg.max_cores || reg.max_cores > reg.kthreads {
+            return Err(format!(
+                "need 0 <= guaranteed ({}) <= max_cores ({}) <= kthreads ({}) and max_cores >= 1",
+                reg.guaranteed, reg.max_cores, reg.kthreads
+            ));
+        }
+        let managed = self.cfg.cores.len() as u64;
+        let taken: u64 = self.apps.iter().map(|a| u64::from(a.guaranteed)).sum();
+        if taken + u64::from(reg.guaranteed) > managed {
+            return Err(format!(
+                "guaranteed cores oversubscribed: {} asked, {taken} of the {managed} managed cores already guaranteed",
+                reg.guaranteed
+            ));
+        }
+        let want = 1 + reg.kthreads as usize;
+        if fds.len() != want {
+            return Err(format!(
+                "expected {want} descriptors (the region memfd and {} eventfds), got {}",
+                reg.kthreads,
+                fds.len()
+            ));
+        }
+        let mut fds = fds.into_iter();
+        let memfd = fds.next().ok_or("no region memfd")?;
+        let eventfds: Vec<OwnedFd> = fds.collect();
+        for (k, e) in eventfds.iter().enumerate() {
+            if !sys::is_eventfd(e.as_fd()) {
+                let what = sys::fd_target(e.as_fd())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_else(|e| e.to_string());
+                return Err(format!(
+                    "descriptor {} (kthread {k}'s eventfd) is not an eventfd but {what}",
+                    k + 1
+                ));
+            }
+        }
+        let region =
+            Region::attach(memfd).map_err(|e| format!("descriptor 0 (the region memfd): {e}"))?;
+        if region.n_kthreads() != reg.kthreads {
+            return Err(format!(
+                "the region has {} kthreads, the registration says {}",
+                region.n_kthreads(),
+                reg.kthreads
+            ));
+        }
+        let ends = (0..reg.kthreads)
+            .map(|k| region.iokernel_end(k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        if pid <= 0 {
+            return Err("cannot tell the peer's pid (SO_PEERCRED)".into());
+        }
+        Ok((region, ends, eventfds))
+    }
+
+    /// A registered application's socket is readable: normally a hang-up.
+    fn app_readable(&mut self, i: usize) {
+        let now = sys::monotonic_ns();
+        let mut buf = [0u8; MAX_REQUEST];
+        let app = &mut self.apps[i];
+        match sys::recv_with_fds(app.sock.as_fd(), &mut buf, 0, true) {
+            Ok(None) => {}
+            Ok(Some(r)) if r.closed => app.doom("connection closed".into()),
+            Ok(Some(r)) => match decode_request(&buf[..r.len.min(MAX_REQUEST)]) {
+                Ok(Request::Stats) => {
+                    let rep = Response::Stats(self.report(now));
+                    let app = &mut self.apps[i];
+                    if !Self::reply(&app.sock, &rep) {
+                        app.doom("stats reply could not be sent".into());
+                    }
+                }
+                Ok(Request::Register(_)) => {
+                    let reason = format!("already registered as app {}", app.id);
+                    Self::reply(&app.sock, &Response::Refused { reason });
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    Self::reply(
+                        &app.sock,
+                        &Response::Refused {
+                            reason: reason.clone(),
+                        },
+                    );
+                    warn!(
+                        "app {:?}: bad request on its connection: {reason}",
+                        app.name
+                    );
+                }
+            },
+            Err(e) => app.doom(format!("connection error: {e}")),
+        }
+    }
+
+    /// Removes every doomed application.
+    fn reap(&mut self) {
+        while let Some(i) = self.apps.iter().position(|a| a.doomed.is_some()) {
+            let id = self.apps[i].id;
+            let reason = self.apps[i].doomed.take().unwrap_or_default();
+            self.remove(id, reason);
+        }
+    }
+
+    fn remove(&mut self, id: u64, reason: String) {
+        let Some(i) = self.apps.iter().position(|a| a.id == id) else {
+            return;
+        };
+        let app = self.apps.remove(i);
+        let cores: Vec<usize> = app.cores().iter().map(|&c| self.cfg.cores[c]).collect();
+        info!(
+            "app {:?} (id {}, pid {}) removed: {reason}; cores reclaimed: [{}]",
+            app.name,
+            app.id,
+            app.pid,
+            format_cores(&cores)
+        );
+        self.disconnected += 1;
+        self.actuator.app_removed(app.id, &app.name);
+        if self.removals.len() == RECENT_REMOVALS {
+            self.removals.pop_front();
+        }
+        self.removals.push_back(Removal {
+            app_id: app.id,
+            name: app.name,
+            reason,
+        });
+        // Dropping `app` closes its socket and eventfds and unmaps the
+        // region.
+    }
+
+    // ----- allocation pass -----
+
+    /// Drains one kthread's command ring.
+    fn drain(app: &mut App, k: usize, now: u64) {
+        let cap = app.ends[k].from_kthread.raw().capacity();
+        for _ in 0..cap {
+            let msg = match app.ends[k].from_kthread.recv() {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(RecvError::Corrupt(e)) => {
+                    return app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+                }
+                Err(RecvError::Decode(e)) => {
+                    return app.doom(format!("kthread {k} sent an undecodable command: {e}"));
+                }
+            };
+            let kt = &mut app.kt[k];
+            match msg {
+                ToIokernel::Started { tid } => {
+                    let ok = i32::try_from(tid).is_ok_and(|t| t > 0)
+                        && std::path::Path::new(&format!("/proc/{}/task/{tid}", app.pid)).exists();
+                    if !ok {
+                        return app.doom(format!(
+                            "kthread {k} reported tid {tid}, which is not a thread of pid {}",
+                            app.pid
+                        ));
+                    }
+                    kt.tid = Some(tid as i32);
+                }
+                ToIokernel::Parked { next_deadline_ns } => {
+                    if let Some(c) = kt.core.take() {
+                        kt.last_core = Some(c);
+                        app.last_yielded_core = Some(c);
+                    }
+                    kt.parked = true;
+                    kt.preempting = false;
+                    kt.parked_since = now;
+                    kt.timer = next_deadline_ns;
+                    app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
+                }
+                ToIokernel::Yielded => {
+                    if let Some(c) = kt.core.take() {
+                        kt.last_core = Some(c);
+                        app.last_yielded_core = Some(c);
+                    }
+                    kt.parked = true;
+                    kt.preempting = false;
+                    kt.parked_since = now;
+                    kt.timer = None;
+                    app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
+                }
+            }
+        }
+    }
+
+    /// One allocation pass.
+    fn pass(&mut self, now: u64) {
+        self.passes += 1;
+        for app in &mut self.apps {
+            for k in 0..app.kt.len() {
+                if app.doomed.is_some() {
+                    break;
+                }
+                Self::drain(app, k, now);
+            }
+        }
+        self.reap();
+
+        let mut busy = false;
+        let mut next_timer: Option<u64> = None;
+        self.snaps.resize_with(self.apps.len(), || AppSnap {
+            key: 0,
+            class: ginza_policy::alloc::AppClass::Batch,
+            guaranteed: 0,
+            max_cores: 0,
+            kthreads: Vec::new(),
+            next_timer: None,
+            last_yielded_core: None,
+        });
+        self.snaps.truncate(self.apps.len());
+        for (app, snap) in self.apps.iter_mut().zip(self.snaps.iter_mut()) {
+            snap.key = app.id;
+            snap.class = app.class.into();
+            snap.guaranteed = app.guaranteed as usize;
+            snap.max_cores = app.max_cores as usize;
+            snap.last_yielded_core = app.last_yielded_core;
+            snap.kthreads.clear();
+            let mut app_timer: Option<u64> = None;
+            let mut congested = false;
+            let mut active = 0;
+            for (k, kt) in app.kt.iter().enumerate() {
+                let line = app.ends[k].line.snapshot();
+                let mut ks = KthreadSnap {
+                    core: kt.core,
+                    parked: kt.parked,
+                    parked_since: kt.parked_since,
+                    last_core: kt.last_core,
+                    ..Default::default()
+                };
+                line.update(&mut ks);
+                if kt.core.is_some() {
+                    active += 1;
+                    congested |= ks.counters.congested_since(&app.prev[k]);
+                }
+                busy |= kt.core.is_some() || kt.preempting || ks.counters.has_items();
+                if kt.parked {
+                    if let Some(t) = kt.timer {
+                        app_timer = Some(app_timer.map_or(t, |x: u64| x.min(t)));
+                    }
+                }
+                app.prev[k] = ks.counters;
+                snap.kthreads.push(ks);
+            }
+            if active == 0 {
+                congested = snap.kthreads.iter().any(|k| k.counters.has_items());
+            }
+            if congested {
+                app.congestion += 1;
+            }
+            snap.next_timer = app_timer;
+            if let Some(t) = app_timer {
+                busy |= t <= now;
+                next_timer = Some(next_timer.map_or(t, |x: u64| x.min(t)));
+            }
+        }
+        self.busy = busy;
+        self.next_timer = next_timer;
+
+        self.decisions.clear();
+        self.alloc
+            .pass(now, &self.topo, &self.snaps, &mut self.decisions);
+        let decisions = std::mem::take(&mut self.decisions);
+        for (i, d) in decisions.iter().enumerate() {
+            match *d {
+                Decision::Grant { app, kthread, core } => self.grant(app, kthread, core, now),
+                Decision::Preempt { app, kthread, core } => {
+                    let handed_over = matches!(decisions.get(i + 1), Some(Decision::Grant { core: c, .. }) if *c == core);
+                    let reason = if handed_over {
+                        PreemptReason::CoreNeeded
+                    } else {
+                        PreemptReason::Shrink
+                    };
+                    self.preempt(app, kthread, core, reason);
+                }
+            }
+        }
+        self.decisions = decisions;
+        if !self.decisions.is_empty() {
+            self.busy = true;
+        }
+        self.reap();
+    }
+
+    fn target<'a>(app: &'a App, k: usize) -> Target<'a> {
+        Target {
+            app_id: app.id,
+            app_name: &app.name,
+            kthread: k,
+            pid: app.pid,
+            tid: app.kt[k].tid,
+            eventfd: app.eventfds[k].as_fd(),
+        }
+    }
+
+    fn grant(&mut self, a: usize, k: usize, core: usize, now: u64) {
+        let Some(&cpu) = self.cfg.cores.get(core) else {
+            return;
+        };
+        let Some(app) = self.apps.get_mut(a) else {
+            return;
+        };
+        if k >= app.kt.len() {
+            return;
+        }
+        let kt = &mut app.kt[k];
+        kt.core = Some(core);
+        kt.parked = false;
+        kt.preempting = false;
+        kt.timer = None;
+        let _ = now;
+        app.grants += 1;
+        match app.ends[k]
+            .to_kthread
+            .send(ToKthread::Wake { core: cpu as u32 })
+        {
+            Ok(()) => {}
+            Err(SendError::Full) => app.ring_full += 1,
+            Err(SendError::Corrupt(e)) => {
+                return app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
+            }
+        }
+        debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);
+        if let Err(e) = self.actuator.grant(&Self::target(app, k), cpu) {
+            warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
+        }
+    }
+
+    fn preempt(&mut self, a: usize, k: usize, core: usize, reason: PreemptReason) {
+        let Some(&cpu) = self.cfg.cores.get(core) else {
+            return;
+        };
+        let Some(app) = self.apps.get_mut(a) else {
+            return;
+        };
+        if k >= app.kt.len() {
+            return;
+        }
+        let kt = &mut app.kt[k];
+        if let Some(c) = kt.core.take() {
+            kt.last_core = Some(c);
+        }
+        kt.preempting = true;
+        app.preemptions += 1;
+        app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
+        match app.ends[k].to_kthread.send(ToKthread::Preempt { reason }) {
+            Ok(()) => {}
+            Err(SendError::Full) => app.ring_full += 1,
+            Err(SendError::Corrupt(e)) => {
+                return app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+            }
+        }
+        debug!(
+            "preempt: app {:?} kthread {k} off cpu {cpu} ({reason:?})",
+            app.name
+        );
+        if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {
+            warn!(
+                "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                app.name
+            );
+        }
+    }
+
+    // ----- stats -----
+
+    fn report(&self, now: u64) -> StatsReport {
+        StatsReport {
+            policy: self.cfg.policy.name().into(),
+            managed_cores: self.cfg.cores.clone(),
+            interval_ns: self.cfg.interval.as_nanos() as u64,
+            uptime_ns: now.saturating_sub(self.start_ns),
+            passes: self.passes,
+            registrations_refused: self.refused,
+            apps_disconnected: self.disconnected,
+            apps: self
+                .apps
+                .iter()
+                .map(|a| AppStats {
+                    app_id: a.id,
+                    name: a.name.clone(),
+                    pid: a.pid,
+                    class: a.class,
+                    cores_now: a.kt.iter().filter(|k| k.core.is_some()).count() as u32,
+                    guaranteed: a.guaranteed,
+                    max_cores: a.max_cores,
+                    kthreads: a.kt.len() as u32,
+                    parked_kthreads: a.kt.iter().filter(|k| k.parked).count() as u32,
+                    grants: a.grants,
+                    preemptions: a.preemptions,
+                    congestion_events: a.congestion,
+                    ring_full: a.ring_full,
+                })
+                .collect(),
+            recent_removals: self.removals.iter().cloned().collect(),
+        }
+    }
+}
+
+impl<A: CoreActuator> Drop for Iokerneld<A> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.cfg.socket);
+    }
+}

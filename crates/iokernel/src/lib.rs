@@ -1,0 +1,46 @@
+//! iokerneld, Ginza's core allocator daemon (DESIGN.md, "Processes", "The
+//! core allocator"), and the client side of its control protocol.
+//!
+//! * [`config`]: TOML file + flags, validated.
+//! * [`proto`]: the messages on the control socket (JSON over
+//!   SOCK_SEQPACKET, fds by SCM_RIGHTS).
+//! * [`client`]: what a runtime calls to register; [`client::stats`].
+//! * [`daemon`]: the main loop: registration, hang-up detection, the
+//!   allocation pass over the applications' queue lines and command rings.
+//! * [`actuator`]: carrying out grants and preemptions (eventfd, affinity,
+//!   signal), or recording them for tests.
+//!
+//! All `unsafe` code is in the private `sys` module.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod actuator;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod proto;
+mod sys;
+
+pub use actuator::{
+    Action, CoreActuator, LinuxActuator, RecordingActuator, Target, PREEMPT_SIGNAL,
+};
+pub use client::{ClientError, Connection};
+pub use config::{Cli, Config, ConfigError, PolicyKind};
+pub use daemon::{DaemonError, Iokerneld, StopHandle};
+pub use proto::{AppStats, Class, Registration, Removal, StatsReport, PROTOCOL_VERSION};
+
+/// Test and tool helpers that need a system call.
+pub mod util {
+    /// The CPUs this thread may run on.
+    pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+        crate::sys::allowed_cpus()
+    }
+    /// The calling thread's kernel thread id.
+    pub fn gettid() -> i32 {
+        crate::sys::gettid()
+    }
+    /// Reads and resets a non-blocking eventfd (`None`: counter was 0).
+    pub fn eventfd_read(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Option<u64>> {
+        crate::sys::eventfd_read(fd)
+    }
+}

@@ -1,0 +1,214 @@
+//! The control protocol between a runtime (or a stats reader) and
+//! iokerneld, over a unix SOCK_SEQPACKET socket.
+//!
+//! SOCK_SEQPACKET keeps message boundaries and is connection-oriented: one
+//! `sendmsg` is one message (no framing code), descriptors travel with it by
+//! `SCM_RIGHTS`, and the peer's exit is a hang-up iokerneld sees at once.
+//!
+//! Messages are JSON (serde_json), at most [`MAX_REQUEST`] bytes from a
+//! client. Why JSON rather than a fixed binary record: registration happens
+//! once per application, off the fast path, so its cost does not matter;
+//! JSON is self-describing, so iokerneld can read the `protocol` field of a
+//! message whose other fields have changed shape and refuse it with a
+//! precise reason ("protocol 2, iokerneld speaks 1") instead of a decode
+//! error; and a human can read it in `strace`. The fast path (queue lines,
+//! command rings) is binary shared memory, not this socket.
+//!
+//! A connection's first message is an [`Envelope`]: `Register` (the
+//! connection then stands for the application; closing it deregisters) or
+//! `Stats` (answered; more `Stats` requests may follow).
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol; a peer speaking another is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest request iokerneld reads; a longer one is refused.
+pub const MAX_REQUEST: usize = 4096;
+/// Largest reply a client reads (stats of many applications).
+pub const MAX_REPLY: usize = 256 * 1024;
+/// Longest application name.
+pub const MAX_NAME: usize = 64;
+
+/// Application class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    /// May take bursting cores of others.
+    LatencyCritical,
+    /// Best effort.
+    Batch,
+}
+
+impl From<Class> for ginza_policy::alloc::AppClass {
+    fn from(c: Class) -> Self {
+        match c {
+            Class::LatencyCritical => ginza_policy::alloc::AppClass::LatencyCritical,
+            Class::Batch => ginza_policy::alloc::AppClass::Batch,
+        }
+    }
+}
+
+/// What a runtime declares when it registers. Sent with the memfd of its
+/// region and one eventfd per kthread (in kthread order) attached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registration {
+    pub name: String,
+    pub class: Class,
+    /// Cores never taken away (the sum over applications never exceeds the
+    /// managed cores).
+    pub guaranteed: u32,
+    /// Most cores it may hold.
+    pub max_cores: u32,
+    /// Kthreads (= eventfds sent = kthreads of the region).
+    pub kthreads: u32,
+}
+
+/// A request to iokerneld.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Request {
+    Register(Registration),
+    Stats,
+}
+
+/// What a client sends: the protocol version, then the request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub protocol: u32,
+    pub request: Request,
+}
+
+/// iokerneld's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Accepted { app_id: u64 },
+    Refused { reason: String },
+    Stats(StatsReport),
+}
+
+/// Counters of one registered application. Totals since registration; a
+/// reader derives rates from two reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AppStats {
+    pub app_id: u64,
+    pub name: String,
+    pub pid: i32,
+    pub class: Class,
+    /// Cores held now.
+    pub cores_now: u32,
+    pub guaranteed: u32,
+    pub max_cores: u32,
+    pub kthreads: u32,
+    pub parked_kthreads: u32,
+    pub grants: u64,
+    pub preemptions: u64,
+    /// Passes at which an item waited since the previous pass.
+    pub congestion_events: u64,
+    /// Wake/preempt commands dropped because the kthread's command ring
+    /// was full.
+    pub ring_full: u64,
+}
+
+/// The whole stats answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsReport {
+    pub policy: String,
+    pub managed_cores: Vec<usize>,
+    pub interval_ns: u64,
+    pub uptime_ns: u64,
+    pub passes: u64,
+    pub registrations_refused: u64,
+    pub apps_disconnected: u64,
+    pub apps: Vec<AppStats>,
+    /// The last few applications removed, oldest first.
+    pub recent_removals: Vec<Removal>,
+}
+
+/// An application iokerneld removed, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Removal {
+    pub app_id: u64,
+    pub name: String,
+    pub reason: String,
+}
+
+/// Why a request could not be read. Its text is sent back in `Refused`.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("request is not JSON: {0}")]
+    NotJson(String),
+    #[error("request has no numeric `protocol` field")]
+    NoVersion,
+    #[error("protocol version {got}, iokerneld speaks {PROTOCOL_VERSION}")]
+    Version { got: u64 },
+    #[error("malformed request: {0}")]
+    Malformed(String),
+}
+
+/// Reads a request, judging the version before anything else.
+pub fn decode_request(bytes: &[u8]) -> Result<Request, DecodeError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    let got = v
+        .get("protocol")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or(DecodeError::NoVersion)?;
+    if got != u64::from(PROTOCOL_VERSION) {
+        return Err(DecodeError::Version { got });
+    }
+    let e: Envelope =
+        serde_json::from_value(v).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    Ok(e.request)
+}
+
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing these plain structs to a Vec cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_is_judged_first() {
+        let reg = Registration {
+            name: "a".into(),
+            class: Class::Batch,
+            guaranteed: 0,
+            max_cores: 1,
+            kthreads: 1,
+        };
+        let ok = encode(&Envelope {
+            protocol: PROTOCOL_VERSION,
+            request: Request::Register(reg.clone()),
+        });
+        assert_eq!(decode_request(&ok), Ok(Request::Register(reg)));
+        let e = decode_request(br#"{"protocol": 7, "request": {"totally": "different"}}"#);
+        assert_eq!(e, Err(DecodeError::Version { got: 7 }));
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("protocol version 7, iokerneld speaks 1"));
+        assert_eq!(
+            decode_request(br#"{"request": "stats"}"#),
+            Err(DecodeError::NoVersion)
+        );
+        assert!(matches!(
+            decode_request(b"\xff\x00"),
+            Err(DecodeError::NotJson(_))
+        ));
+        assert!(matches!(
+            decode_request(br#"{"protocol": 1, "request": {"register": {"name": 5}}}"#),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert_eq!(
+            decode_request(br#"{"protocol": 1, "request": "stats"}"#),
+            Ok(Request::Stats)
+        );
+    }
+}
