@@ -583,7 +583,10 @@ unsafe fn prepare_first_run(k: &KThread, u: *mut UThread) {
         let rt = k.rt();
         *stack = Some(rt.take_spare_stack().unwrap_or_else(|| {
             Stack::new(rt.stack_size).unwrap_or_else(|e| {
-                crate::signals::fatal(&format!("cannot map a uthread stack: {e}"))
+                crate::signals::fatal(&format!(
+                    "cannot map a uthread stack: {e} (every started, unfinished uthread \
+                     holds one: check vm.max_map_count and memory, or bound the requests in flight)"
+                ))
             })
         }));
     }

@@ -204,7 +204,8 @@ struct Running<Resp> {
     asked_at: u64,
     flagged: bool,
     flagged_at: u64,
-    signaled: bool,
+    /// When the last preemption signal went out, if any.
+    signaled_at: Option<u64>,
 }
 
 fn policy_error(message: String) -> RuntimeError {
@@ -450,7 +451,7 @@ where
                 REPORT_PREEMPTED => {
                     if config.record_preemptions {
                         samples.push(PreemptionSample {
-                            by_signal: run.signaled,
+                            by_signal: run.signaled_at.is_some(),
                             dispatcher_ns: run.ask_ns,
                             handback_ns: finished_at.saturating_sub(run.asked_at),
                         });
@@ -484,18 +485,24 @@ where
             if started == 0 || !queues.should_preempt(started, now) {
                 continue;
             }
-            let signal_now = match config.preemption {
-                Preemption::Signal => !run.signaled,
-                Preemption::Cooperative { backstop } => {
-                    if !run.flagged {
-                        false
-                    } else {
-                        backstop.is_some_and(|b| {
-                            !run.signaled
-                                && now.saturating_sub(run.flagged_at) >= b.as_nanos() as u64
-                        })
-                    }
+            // A signal can land where it cannot act (the worker was
+            // descheduled before switching into the request, say), so one
+            // is sent again each `period` until the request is handed back.
+            let (period, first_after) = match config.preemption {
+                Preemption::Signal => (queues.quantum().unwrap_or(u64::MAX), 0),
+                Preemption::Cooperative { backstop: None } => (u64::MAX, u64::MAX),
+                Preemption::Cooperative { backstop: Some(b) } => {
+                    let b = b.as_nanos().min(u64::MAX as u128) as u64;
+                    (b, b)
                 }
+            };
+            let signal_now = match run.signaled_at {
+                None => {
+                    first_after != u64::MAX
+                        && (first_after == 0
+                            || (run.flagged && now.saturating_sub(run.flagged_at) >= first_after))
+                }
+                Some(at) => now.saturating_sub(at) >= period,
             };
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
@@ -509,7 +516,7 @@ where
                     if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
                         signals_sent += 1;
                     }
-                    run.signaled = true;
+                    run.signaled_at = Some(now);
                 }
                 if let Some(t) = asking {
                     run.ask_ns += (t.elapsed().as_nanos() as u64).saturating_sub(clock_overhead);
@@ -532,7 +539,7 @@ where
                 asked_at: 0,
                 flagged: false,
                 flagged_at: 0,
-                signaled: false,
+                signaled_at: None,
             });
             progress = true;
         }
