@@ -4,6 +4,7 @@
 //! Each experiment is one subcommand with its own arguments; add new ones
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
 
+mod common;
 mod preempt;
 mod shinjuku;
 mod threadops;

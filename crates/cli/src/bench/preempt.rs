@@ -35,6 +35,7 @@
 //!   cores, so on a 2-CPU machine the worker, not the dispatcher alone, may
 //!   bound this figure.
 
+use super::common::{allowed_cpus, median, percentile};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::io::Write as _;
@@ -134,47 +135,6 @@ impl Cores {
             ..ShinjukuConfig::default()
         }
     }
-}
-
-/// CPUs in this process's affinity mask, ascending.
-pub(super) fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
-    }
-    let max = 8 * std::mem::size_of_val(&set);
-    // SAFETY: `set` is initialised and every index is below CPU_SETSIZE.
-    Ok((0..max)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
-}
-
-/// Median (mean of the middle two for an even count); `None` if empty.
-pub(super) fn median(values: &[f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
-}
-
-/// Nearest-rank percentile (`q` in 0..=100) of ascending `sorted`; `None`
-/// if empty.
-pub(super) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (q / 100.0 * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 /// The long requests' work: `iters` steps of a xorshift generator (a chain
@@ -381,18 +341,6 @@ fn long_run(
         (start, thread_cpu_ns(), value)
     })
     .context("serving the long requests")?;
-    if std::env::var_os("GINZA_BENCH_DEBUG").is_some() {
-        for c in &report.completions {
-            eprintln!(
-                "debug: id {} arrival {} finish {} preemptions {}",
-                c.id, c.arrival_ns, c.finish_ns, c.preemptions
-            );
-        }
-        eprintln!(
-            "debug: {mech:?} elapsed {:?} signals sent {} signal preemptions {} coop {}",
-            report.elapsed, report.signals_sent, report.signal_preemptions, report.coop_preemptions
-        );
-    }
     anyhow::ensure!(
         report.completions.len() as u64 == requests
             && report.completions.iter().all(|c| c.result.is_ok()),
@@ -765,10 +713,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn median_and_percentile() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    fn percentile_is_nearest_rank() {
         assert_eq!(percentile(&[], 50.0), None);
         let v: Vec<u64> = (1..=100).collect();
         assert_eq!(percentile(&v, 50.0), Some(50));

@@ -41,7 +41,8 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::preempt::{chunked, makespan_ns, percentile, Cores};
+use super::common::percentile;
+use super::preempt::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench shinjuku`.
 #[derive(clap::Args, Debug)]

@@ -23,6 +23,8 @@
 //! pinned there by its `Config`, and the Go peer (GOMAXPROCS=1) has the mask
 //! set in the child between fork and exec, so all of its OS threads inherit it.
 
+use super::common::allowed_cpus;
+
 mod ginza;
 mod go;
 mod pthread;
@@ -328,22 +330,6 @@ fn render_table(report: &Report) -> String {
         report.meta.samples, report.meta.iters, report.meta.core
     );
     out
-}
-
-/// CPUs in this process's affinity mask, ascending.
-fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
-    }
-    let max = 8 * std::mem::size_of_val(&set);
-    // SAFETY: `set` is initialised and every index is below CPU_SETSIZE.
-    Ok((0..max)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
 }
 
 /// A CPU set holding `core` only.

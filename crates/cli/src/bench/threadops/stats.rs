@@ -2,26 +2,12 @@
 
 use std::time::Duration;
 
+pub(crate) use crate::bench::common::median;
+
 /// Nanoseconds per operation of one sample: `elapsed` spent on `ops` operations.
 pub fn ns_per_op(elapsed: Duration, ops: u64) -> f64 {
     assert!(ops > 0, "a sample must hold at least one operation");
     elapsed.as_nanos() as f64 / ops as f64
-}
-
-/// Median of the values (the mean of the two middle ones for an even count);
-/// `None` for an empty slice. NaNs sort last.
-pub fn median(values: &[f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 {
-        v[mid]
-    } else {
-        (v[mid - 1] + v[mid]) / 2.0
-    })
 }
 
 /// Runs `one` once to warm up (discarded), then `samples` times, and returns the
@@ -51,15 +37,6 @@ mod tests {
     #[should_panic]
     fn ns_per_op_rejects_zero_ops() {
         ns_per_op(Duration::from_nanos(5), 0);
-    }
-
-    #[test]
-    fn median_odd_even_empty() {
-        assert_eq!(median(&[]), None);
-        assert_eq!(median(&[7.0]), Some(7.0));
-        assert_eq!(median(&[9.0, 1.0, 5.0]), Some(5.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(&[1.0, 1000.0, 2.0, 3.0, 2.0]), Some(2.0));
     }
 
     #[test]

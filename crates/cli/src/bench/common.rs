@@ -1,0 +1,71 @@
+//! Helpers shared by the benchmarks: the CPUs we may use, medians, percentiles.
+
+use anyhow::Context as _;
+
+/// CPUs in this process's affinity mask, ascending.
+pub(crate) fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
+    }
+    let max = 8 * std::mem::size_of_val(&set);
+    // SAFETY: `set` is initialised and every index is below CPU_SETSIZE.
+    Ok((0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Median (mean of the middle two for an even count); `None` if empty.
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
+}
+
+/// Nearest-rank percentile (`q` in 0..=100) of ascending `sorted`; `None`
+/// if empty.
+pub(crate) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q / 100.0 * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[7.0]), Some(7.0));
+        assert_eq!(median(&[9.0, 1.0, 5.0]), Some(5.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[1.0, 1000.0, 2.0, 3.0, 2.0]), Some(2.0));
+    }
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50));
+        assert_eq!(percentile(&v, 99.0), Some(99));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn this_process_may_use_some_cpu() {
+        assert!(!allowed_cpus().unwrap().is_empty());
+    }
+}
