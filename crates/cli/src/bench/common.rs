@@ -1,6 +1,22 @@
 //! Helpers shared by the benchmarks: the CPUs we may use, medians, percentiles.
 
+use std::io::Write as _;
+
 use anyhow::Context as _;
+
+/// Prints a benchmark's result: the table on stdout, or with `json` the
+/// table on stderr and one JSON object on stdout.
+pub(crate) fn emit(json: bool, table: &str, report: &impl serde::Serialize) -> anyhow::Result<()> {
+    if json {
+        eprint!("{table}");
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer(&mut out, report)?;
+        writeln!(out)?;
+    } else {
+        print!("{table}");
+    }
+    Ok(())
+}
 
 /// CPUs in this process's affinity mask, ascending.
 pub(crate) fn allowed_cpus() -> anyhow::Result<Vec<usize>> {

@@ -35,10 +35,10 @@
 //!   cores, so on a 2-CPU machine the worker, not the dispatcher alone, may
 //!   bound this figure.
 
+use super::common::emit;
 use super::common::{allowed_cpus, median, percentile};
 use std::fmt::Write as _;
 use std::hint::black_box;
-use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -514,15 +514,7 @@ pub fn run(args: PreemptArgs) -> anyhow::Result<()> {
         &QUANTA_US,
     )?;
     let table = render_table(&report);
-    if args.json {
-        eprint!("{table}");
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        print!("{table}");
-    }
-    Ok(())
+    emit(args.json, &table, &report)
 }
 
 fn measure(

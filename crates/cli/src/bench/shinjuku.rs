@@ -24,7 +24,6 @@
 
 use std::fmt::Write as _;
 use std::hint::black_box;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -41,6 +40,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
+use super::common::emit;
 use super::common::percentile;
 use super::preempt::{chunked, makespan_ns, Cores};
 
@@ -481,15 +481,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
         },
     };
     let table = render_table(&report);
-    if args.json {
-        eprint!("{table}");
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        print!("{table}");
-    }
-    Ok(())
+    emit(args.json, &table, &report)
 }
 
 fn write_outputs(

@@ -24,6 +24,7 @@
 //! set in the child between fork and exec, so all of its OS threads inherit it.
 
 use super::common::allowed_cpus;
+use super::common::emit;
 
 mod ginza;
 mod go;
@@ -32,7 +33,6 @@ mod stats;
 mod tokio_tasks;
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -208,15 +208,7 @@ pub fn run(args: ThreadopsArgs) -> anyhow::Result<()> {
     );
     let report = measure(params, &args.skip, allowed.len());
     let table = render_table(&report);
-    if args.json {
-        eprint!("{table}");
-        let mut out = std::io::stdout().lock();
-        serde_json::to_writer(&mut out, &report)?;
-        writeln!(out)?;
-    } else {
-        print!("{table}");
-    }
-    Ok(())
+    emit(args.json, &table, &report)
 }
 
 /// Measures every system not in `skip`; a system that fails is reported on
