@@ -1,0 +1,740 @@
+//! iokerneld end to end: an in-process iokerneld on a thread, clients in the
+//! test (and in a child process), real memfd regions, eventfds and a real
+//! SOCK_SEQPACKET socket.
+//!
+//! Tests that start iokerneld hold `LOCK` (its loop spins while anything
+//! holds a core), and run it with `idle_sleep` so that it sleeps when idle.
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ginza_iokernel::client::{self, ClientError};
+use ginza_iokernel::proto::{Envelope, Request, Response};
+use ginza_iokernel::{
+    Action, Class, Config, CoreActuator, Iokerneld, LinuxActuator, RecordingActuator, Registration,
+    StatsReport, StopHandle, PROTOCOL_VERSION,
+};
+use ginza_shm::{PreemptReason, RawMsg, Region, RegionConfig, ToIokernel, ToKthread};
+
+static LOCK: Mutex<()> = Mutex::new(());
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Up to two CPUs this process may use: the managed cores of the tests.
+fn test_cores() -> Vec<usize> {
+    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
+    c.truncate(2);
+    c
+}
+
+struct Daemon {
+    stop: StopHandle,
+    thread: Option<JoinHandle<StatsReport>>,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start<A: CoreActuator + Send + 'static>(actuator: A) -> Daemon {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ginza-iok-{}-{n}", std::process::id()));
+        let socket = dir.join("iokerneld.sock");
+        let mut cfg = Config::new(test_cores());
+        cfg.socket = socket.clone();
+        cfg.idle_sleep = Some(Duration::from_millis(1));
+        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
+            .unwrap();
+        let d = Iokerneld::bind(cfg, actuator).unwrap();
+        let stop = d.stop_handle();
+        let thread = std::thread::spawn(move || d.run().unwrap());
+        Daemon {
+            stop,
+            thread: Some(thread),
+            socket,
+            dir,
+        }
+    }
+
+    fn stats(&self) -> StatsReport {
+        client::stats(&self.socket).unwrap()
+    }
+
+    /// Polls the stats until `f` holds (5 s at most).
+    fn wait_for(&self, what: &str, f: impl Fn(&StatsReport) -> bool) -> StatsReport {
+        let t0 = Instant::now();
+        loop {
+            let s = self.stats();
+            if f(&s) {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "timed out waiting for {what}; stats: {s:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn finish(mut self) -> StatsReport {
+        self.stop.stop();
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32) -> Registration {
+    Registration {
+        name: name.into(),
+        class,
+        guaranteed,
+        max_cores,
+        kthreads,
+    }
+}
+
+/// A runtime's side: region and eventfds.
+struct App {
+    region: Region,
+    efds: Vec<OwnedFd>,
+}
+
+fn app(kthreads: u32) -> App {
+    App {
+        region: Region::create("test-app", &RegionConfig::new(kthreads)).unwrap(),
+        efds: (0..kthreads).map(|_| client::eventfd().unwrap()).collect(),
+    }
+}
+
+fn register(d: &Daemon, a: &App, r: &Registration) -> Result<client::Connection, ClientError> {
+    client::register_region(&d.socket, r, &a.region, &a.efds)
+}
+
+fn refused(r: Result<client::Connection, ClientError>) -> String {
+    match r {
+        Err(ClientError::Refused { reason }) => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn app_named<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_iokernel::AppStats> {
+    s.apps.iter().find(|a| a.name == name)
+}
+
+#[test]
+fn registration_accepted_end_to_end_and_disconnect_reclaims() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start(rec.clone());
+    let a = app(2);
+    let conn = register(&d, &a, &reg("web", Class::LatencyCritical, 1, 2, 2)).unwrap();
+    assert!(conn.app_id() >= 1);
+    let s = d.stats();
+    let st = app_named(&s, "web").expect("registered app in stats");
+    assert_eq!(st.app_id, conn.app_id());
+    assert_eq!(st.pid, std::process::id() as i32);
+    assert_eq!((st.guaranteed, st.max_cores, st.kthreads), (1, 2, 2));
+    assert_eq!(st.class, Class::LatencyCritical);
+    assert_eq!((st.cores_now, st.parked_kthreads), (0, 2));
+    assert_eq!(s.policy, "shenango");
+
+    // Same name twice: refused.
+    let b = app(1);
+    let why = refused(register(&d, &b, &reg("web", Class::Batch, 0, 1, 1)));
+    assert!(why.contains("already registered"), "{why}");
+
+    let id = conn.app_id();
+    drop(conn);
+    let s = d.wait_for("web removed", |s| s.apps.is_empty());
+    let r = s.recent_removals.last().unwrap();
+    assert_eq!(
+        (r.app_id, r.name.as_str(), r.reason.as_str()),
+        (id, "web", "connection closed")
+    );
+    assert!(rec.actions().contains(&Action::Removed {
+        app_id: id,
+        app: "web".into()
+    }));
+    // The name and the guarantee are free again.
+    let conn = register(
+        &d,
+        &a_fresh(2),
+        &reg("web", Class::LatencyCritical, 1, 2, 2),
+    )
+    .unwrap();
+    assert!(conn.app_id() > id);
+    let fin = d.finish();
+    assert_eq!(fin.apps.len(), 1);
+    assert!(fin.registrations_refused >= 1);
+}
+
+fn a_fresh(k: u32) -> App {
+    app(k)
+}
+
+#[test]
+fn version_mismatch_is_refused_with_its_message() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let a = app(1);
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION + 98,
+        request: Request::Register(reg("old", Class::Batch, 0, 1, 1)),
+    };
+    let mut fds = vec![a.region.fd().unwrap()];
+    fds.extend(a.efds.iter().map(|e| e.as_fd()));
+    let e = client::register_with(&d.socket, &env, &fds).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains(
+            "iokerneld refused the registration: protocol version 99, iokerneld speaks 1"
+        ),
+        "{text}"
+    );
+    assert!(d.stats().apps.is_empty());
+}
+
+#[test]
+fn oversubscribed_guarantees_are_refused() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let n = test_cores().len() as u32;
+    let a = app(n);
+    let ca = register(&d, &a, &reg("a", Class::LatencyCritical, n, n, n)).unwrap();
+    let b = app(1);
+    let why = refused(register(&d, &b, &reg("b", Class::Batch, 1, 1, 1)));
+    assert!(why.contains("guaranteed cores oversubscribed"), "{why}");
+    assert!(
+        why.contains(&format!("{n} of the {n} managed cores")),
+        "{why}"
+    );
+    // Guarantee 0 still fits.
+    let cb = register(&d, &b, &reg("b", Class::Batch, 0, 1, 1)).unwrap();
+    drop(cb);
+    drop(ca);
+    d.wait_for("both gone", |s| s.apps.is_empty());
+    register(&d, &app(1), &reg("b", Class::Batch, 1, 1, 1)).unwrap();
+}
+
+#[test]
+fn malformed_requests_are_refused_and_iokerneld_survives() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let ask = |bytes: &[u8]| -> String {
+        let s = client::connect(&d.socket).unwrap();
+        client::send_raw(s.as_fd(), bytes, &[]).unwrap();
+        match client::recv_response(s.as_fd()).unwrap() {
+            Response::Refused { reason } => reason,
+            r => panic!("expected a refusal, got {r:?}"),
+        }
+    };
+    assert!(ask(b"\x00\xffgarbage").contains("not JSON"));
+    assert!(ask(br#"{"protocol": 1, "request": {"register": {"name": "x"#).contains("not JSON"));
+    assert!(ask(br#"{"request": "stats"}"#).contains("no numeric `protocol`"));
+    let why = ask(br#"{"protocol": 1, "request": {"register": {"name": "x", "class": "batch"}}}"#);
+    assert!(
+        why.contains("malformed request") && why.contains("guaranteed"),
+        "{why}"
+    );
+    assert!(ask(&vec![b'{'; 10_000]).contains("longer than 4096 bytes"));
+    // A registration without any descriptor.
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::Register(reg("nofd", Class::Batch, 0, 1, 1)),
+    };
+    assert!(ask(&serde_json::to_vec(&env).unwrap()).contains("expected 2 descriptors"));
+    // Connect and hang up without a word; connect and send an empty message.
+    drop(client::connect(&d.socket).unwrap());
+    let s = client::connect(&d.socket).unwrap();
+    client::send_raw(s.as_fd(), b"", &[]).unwrap();
+    drop(s);
+    // Bad field values.
+    let a = app(2);
+    assert!(refused(register(&d, &a, &reg("", Class::Batch, 0, 1, 2))).contains("name"));
+    assert!(refused(register(&d, &a, &reg("a b", Class::Batch, 0, 1, 2))).contains("may only use"));
+    assert!(refused(register(&d, &a, &reg("x", Class::Batch, 2, 1, 2)))
+        .contains("guaranteed (2) <= max_cores (1)"));
+    assert!(refused(register(&d, &a, &reg("x", Class::Batch, 0, 3, 2)))
+        .contains("max_cores (3) <= kthreads (2)"));
+    assert!(refused(register(&d, &a, &reg("x", Class::Batch, 0, 0, 2))).contains("max_cores >= 1"));
+    // Still serving.
+    let c = register(&d, &a, &reg("fine", Class::Batch, 0, 2, 2)).unwrap();
+    let s = d.stats();
+    assert_eq!(s.apps.len(), 1);
+    assert!(s.registrations_refused >= 10, "{}", s.registrations_refused);
+    drop(c);
+}
+
+#[test]
+fn wrong_descriptors_are_refused() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let a = app(2);
+    let r2 = reg("x", Class::Batch, 0, 2, 2);
+    // One eventfd for two kthreads.
+    let why = refused(client::register(
+        &d.socket,
+        &r2,
+        a.region.fd().unwrap(),
+        &a.efds[..1],
+    ));
+    assert!(
+        why.contains("expected 3 descriptors (the region memfd and 2 eventfds), got 2"),
+        "{why}"
+    );
+    // Three eventfds for two kthreads.
+    let extra = [
+        client::eventfd().unwrap(),
+        client::eventfd().unwrap(),
+        client::eventfd().unwrap(),
+    ];
+    let why = refused(client::register(
+        &d.socket,
+        &r2,
+        a.region.fd().unwrap(),
+        &extra,
+    ));
+    assert!(why.contains("got 4"), "{why}");
+    // Something that is not an eventfd.
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let fds = [a.efds[0].as_fd(), null.as_fd()];
+    let why = refused(client::register(
+        &d.socket,
+        &r2,
+        a.region.fd().unwrap(),
+        &fds,
+    ));
+    assert!(
+        why.contains("kthread 1's eventfd) is not an eventfd but /dev/null"),
+        "{why}"
+    );
+    // An eventfd where the memfd should be.
+    let why = refused(client::register(&d.socket, &r2, a.efds[0].as_fd(), &a.efds));
+    assert!(why.contains("descriptor 0 (the region memfd)"), "{why}");
+    // The region has 2 kthreads, the registration says 1.
+    let why = refused(client::register(
+        &d.socket,
+        &reg("x", Class::Batch, 0, 1, 1),
+        a.region.fd().unwrap(),
+        &a.efds[..1],
+    ));
+    assert!(
+        why.contains("the region has 2 kthreads, the registration says 1"),
+        "{why}"
+    );
+    // A memfd whose header is broken.
+    let bad = app(2);
+    corrupt_header(&bad.region);
+    let why = refused(register(&d, &bad, &r2));
+    assert!(why.contains("bad magic"), "{why}");
+    assert!(d.stats().apps.is_empty());
+}
+
+/// Maps a region's memfd a second time, as a hostile runtime would.
+struct Alias {
+    base: *mut u8,
+    len: usize,
+}
+
+impl Alias {
+    fn new(region: &Region) -> Alias {
+        let len = region.len();
+        // SAFETY: maps the memfd shared, read-write, at a fresh address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                region.fd().unwrap().as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Alias {
+            base: p.cast(),
+            len,
+        }
+    }
+
+    fn write_u32(&self, off: u64, v: u32) {
+        assert!(off as usize + 4 <= self.len);
+        // SAFETY: inside the mapping, 4-aligned (callers pass ring index
+        // offsets); the region's memory is shared and accessed atomically
+        // by its users, a plain volatile store is the hostile write.
+        unsafe { std::ptr::write_volatile(self.base.add(off as usize).cast::<u32>(), v) }
+    }
+}
+
+impl Drop for Alias {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn corrupt_header(region: &Region) {
+    let a = Alias::new(region);
+    a.write_u32(0, 0xdead_beef);
+}
+
+#[test]
+fn corrupt_regions_are_disconnected_others_unaffected() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let good = app(1);
+    let _cg = register(&d, &good, &reg("good", Class::Batch, 0, 1, 1)).unwrap();
+
+    // An undecodable command.
+    let a = app(1);
+    let _ca = register(&d, &a, &reg("badtag", Class::Batch, 0, 1, 1)).unwrap();
+    let mut ra = a.region.runtime_end(0).unwrap();
+    ra.to_iokernel
+        .raw()
+        .push(RawMsg {
+            tag: 77,
+            arg32: 0,
+            arg64: 0,
+        })
+        .unwrap();
+    let s = d.wait_for("badtag removed", |s| app_named(s, "badtag").is_none());
+    let r = s
+        .recent_removals
+        .iter()
+        .find(|r| r.name == "badtag")
+        .unwrap();
+    assert!(
+        r.reason.contains(
+            "kthread 0 sent an undecodable command: unknown kthread→iokerneld message tag 77"
+        ),
+        "{}",
+        r.reason
+    );
+
+    // A ring whose producer index runs past the consumer by more than the
+    // capacity.
+    let b = app(2);
+    let _cb = register(&d, &b, &reg("badring", Class::Batch, 0, 2, 2)).unwrap();
+    let alias = Alias::new(&b.region);
+    let up = b.region.layout().up_ring_offset(1);
+    alias.write_u32(up + 64, 1_000_000); // tail, on the second cache line
+    let s = d.wait_for("badring removed", |s| app_named(s, "badring").is_none());
+    let r = s
+        .recent_removals
+        .iter()
+        .find(|r| r.name == "badring")
+        .unwrap();
+    assert!(
+        r.reason.contains("kthread 1's command ring is corrupt"),
+        "{}",
+        r.reason
+    );
+
+    // A tid that is not one of its threads (pid 1's main thread).
+    let c = app(1);
+    let _cc = register(&d, &c, &reg("badtid", Class::Batch, 0, 1, 1)).unwrap();
+    let mut rc = c.region.runtime_end(0).unwrap();
+    rc.to_iokernel.send(ToIokernel::Started { tid: 1 }).unwrap();
+    let s = d.wait_for("badtid removed", |s| app_named(s, "badtid").is_none());
+    let r = s
+        .recent_removals
+        .iter()
+        .find(|r| r.name == "badtid")
+        .unwrap();
+    assert!(
+        r.reason
+            .contains("reported tid 1, which is not a thread of pid"),
+        "{}",
+        r.reason
+    );
+
+    // Its own tid is fine; the good app never noticed anything.
+    let mut rg = good.region.runtime_end(0).unwrap();
+    rg.to_iokernel
+        .send(ToIokernel::Started {
+            tid: ginza_iokernel::util::gettid() as u32,
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let s = d.stats();
+    assert_eq!(s.apps.len(), 1);
+    assert_eq!(s.apps[0].name, "good");
+    assert_eq!(s.apps_disconnected, 3);
+}
+
+#[test]
+fn congestion_is_granted_and_parking_gives_cores_back() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start(rec.clone());
+    let cores = test_cores();
+    let n = cores.len();
+    let a = app(2);
+    let conn = register(&d, &a, &reg("lc", Class::LatencyCritical, 0, 2, 2)).unwrap();
+    let id = conn.app_id();
+    let mut k0 = a.region.runtime_end(0).unwrap();
+    let mut k1 = a.region.runtime_end(1).unwrap();
+    // Three uthreads queued on kthread 0 and never taken: with no core, a
+    // grant at once; then congestion at every pass.
+    k0.line.set_rq_tail(3);
+    let s = d.wait_for("a grant", |s| {
+        app_named(s, "lc").is_some_and(|a| a.cores_now as usize == n)
+    });
+    let st = app_named(&s, "lc").unwrap();
+    assert!(st.congestion_events >= 1);
+    assert_eq!(st.grants as usize, n);
+    let acts = rec.actions();
+    assert_eq!(
+        acts[0],
+        Action::Grant {
+            app_id: id,
+            app: "lc".into(),
+            kthread: 0,
+            cpu: cores[0]
+        }
+    );
+    if n > 1 {
+        // The second core went to the parked kthread, by congestion.
+        assert_eq!(
+            acts[1],
+            Action::Grant {
+                app_id: id,
+                app: "lc".into(),
+                kthread: 1,
+                cpu: cores[1]
+            }
+        );
+        assert_eq!(
+            k1.from_iokernel.recv().unwrap(),
+            Some(ToKthread::Wake {
+                core: cores[1] as u32
+            })
+        );
+    }
+    assert_eq!(
+        k0.from_iokernel.recv().unwrap(),
+        Some(ToKthread::Wake {
+            core: cores[0] as u32
+        })
+    );
+    // Congestion keeps being seen while the items wait.
+    let before = st.congestion_events;
+    d.wait_for("more congestion", |s| {
+        app_named(s, "lc").unwrap().congestion_events > before + 2
+    });
+
+    // The runtime drains its queue and parks both kthreads.
+    k0.line.set_rq_head(3);
+    k0.to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    k1.to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    let s = d.wait_for("cores given back", |s| {
+        let a = app_named(s, "lc").unwrap();
+        a.cores_now == 0 && a.parked_kthreads == 2
+    });
+    assert_eq!(app_named(&s, "lc").unwrap().preemptions, 0);
+    drop(conn);
+}
+
+#[test]
+fn latency_critical_app_preempts_a_bursting_batch_app() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start(rec.clone());
+    let cores = test_cores();
+    let n = cores.len() as u32;
+    let b = app(n);
+    let cb = register(&d, &b, &reg("batch", Class::Batch, 0, n, n)).unwrap();
+    let bl = b.region.line(0).unwrap();
+    bl.set_rq_tail(100);
+    d.wait_for("batch holds every core", |s| {
+        app_named(s, "batch").unwrap().cores_now == n
+    });
+
+    let a = app(1);
+    let ca = register(&d, &a, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    a.region.line(0).unwrap().set_rq_tail(1);
+    let s = d.wait_for("lc gets a core", |s| {
+        app_named(s, "lc").unwrap().cores_now == 1
+    });
+    assert_eq!(app_named(&s, "batch").unwrap().cores_now, n - 1);
+    assert_eq!(app_named(&s, "batch").unwrap().preemptions, 1);
+    let acts = rec.actions();
+    let p = acts
+        .iter()
+        .position(|a| matches!(a, Action::Preempt { app, .. } if app == "batch"))
+        .expect("a preemption");
+    let Action::Preempt { cpu, reason, .. } = &acts[p] else {
+        unreachable!()
+    };
+    assert_eq!(*reason, PreemptReason::CoreNeeded);
+    assert!(matches!(&acts[p + 1], Action::Grant { app, cpu: c, .. } if app == "lc" && c == cpu));
+    // The victim was told on its command ring and its line flag.
+    let victim = (0..n)
+        .find(|&k| {
+            b.region
+                .line(k)
+                .unwrap()
+                .flags()
+                .contains(ginza_shm::LineFlags::PREEMPT_PENDING)
+        })
+        .expect("PREEMPT_PENDING set on the victim");
+    let mut rv = b.region.runtime_end(victim).unwrap();
+    let mut got = Vec::new();
+    while let Some(m) = rv.from_iokernel.recv().unwrap() {
+        got.push(m);
+    }
+    assert_eq!(
+        got.last(),
+        Some(&ToKthread::Preempt {
+            reason: PreemptReason::CoreNeeded
+        })
+    );
+    // It yields: it is parked now.
+    rv.to_iokernel.send(ToIokernel::Yielded).unwrap();
+    d.wait_for("victim parked", |s| {
+        app_named(s, "batch").unwrap().parked_kthreads == 1
+    });
+    assert!(!b
+        .region
+        .line(victim)
+        .unwrap()
+        .flags()
+        .contains(ginza_shm::LineFlags::PREEMPT_PENDING));
+    drop(ca);
+    drop(cb);
+}
+
+#[test]
+fn linux_actuator_grant_writes_the_eventfd() {
+    let _g = lock();
+    let d = Daemon::start(LinuxActuator);
+    let a = app(1);
+    let conn = register(&d, &a, &reg("real", Class::Batch, 0, 1, 1)).unwrap();
+    let line = a.region.line(0).unwrap();
+    line.set_rq_tail(1);
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = ginza_iokernel::util::eventfd_read(a.efds[0].as_fd()).unwrap() {
+            assert_eq!(v, 1);
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "eventfd never written"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    line.set_rq_head(1);
+    drop(conn);
+}
+
+const CHILD_ENV: &str = "GINZA_IOK_TEST_CHILD_SOCKET";
+
+/// Not a test by itself: the body of the child process of
+/// `sigkill_of_a_registered_process_is_noticed` (does nothing otherwise).
+#[test]
+fn child_registers_and_waits() {
+    let Some(socket) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let a = app(1);
+    let conn = client::register_region(
+        Path::new(&socket),
+        &reg("child", Class::Batch, 0, 1, 1),
+        &a.region,
+        &a.efds,
+    )
+    .unwrap();
+    // Straight to the process's stdout (libtest captures `println!`).
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    writeln!(out, "REGISTERED {}", conn.app_id()).unwrap();
+    out.flush().unwrap();
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn sigkill_of_a_registered_process_is_noticed() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    /// Kills the child if the test fails half-way.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_registers_and_waits",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, &d.socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut child = Reap(child);
+    let mut id = None;
+    for line in out.lines() {
+        let line = line.unwrap();
+        // libtest prints "test name ... " on the same line first.
+        if let Some((_, rest)) = line.split_once("REGISTERED ") {
+            id = Some(rest.trim().parse::<u64>().unwrap());
+            break;
+        }
+    }
+    let id = id.expect("the child registered");
+    let s = d.stats();
+    let st = app_named(&s, "child").unwrap();
+    assert_eq!(st.app_id, id);
+    assert_eq!(st.pid, child.0.id() as i32);
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    let s = d.wait_for("child removed", |s| app_named(s, "child").is_none());
+    let r = s.recent_removals.last().unwrap();
+    assert_eq!((r.app_id, r.reason.as_str()), (id, "connection closed"));
+}
+
+#[test]
+fn a_second_iokerneld_on_the_same_socket_is_refused() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let mut cfg = Config::new(test_cores());
+    cfg.socket = d.socket.clone();
+    let e = Iokerneld::bind(cfg, RecordingActuator::new())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("already listening"), "{e}");
+    // The first one still answers.
+    assert!(d.stats().apps.is_empty());
+}
