@@ -142,6 +142,15 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// A `--cores` value (a newtype: clap would take a bare `Vec` for a
+/// repeated flag).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreArg(pub Vec<usize>);
+
+fn parse_core_arg(s: &str) -> Result<CoreArg, String> {
+    parse_cores(s).map(CoreArg)
+}
+
 fn parse_policy(s: &str) -> Result<String, String> {
     match s {
         "shenango" | "static" | "slow" => Ok(s.to_string()),
@@ -184,8 +193,8 @@ pub struct Cli {
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
     /// Managed cores, e.g. `1-3,5`.
-    #[arg(long, value_parser = parse_cores)]
-    pub cores: Option<Vec<usize>>,
+    #[arg(long, value_parser = parse_core_arg)]
+    pub cores: Option<CoreArg>,
     /// iokerneld's own (dedicated) core.
     #[arg(long)]
     pub core: Option<usize>,
@@ -290,6 +299,7 @@ impl Config {
         let cores = cli
             .cores
             .clone()
+            .map(|c| c.0)
             .or(file_cores)
             .ok_or(ConfigError::NoCores)?;
         let mut c = Config::new(cores);

@@ -50,6 +50,8 @@ pub const MAX_PENDING: usize = 64;
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Removals remembered for stats.
 const RECENT_REMOVALS: usize = 16;
+/// Registered applications, at most.
+pub const MAX_APPS: usize = 256;
 /// Target utilization of the `slow` policy.
 pub const SLOW_TARGET_UTIL: f64 = 0.8;
 
@@ -568,6 +570,9 @@ impl<A: CoreActuator> Iokerneld<A> {
         pid: i32,
     ) -> Result<(Region, Vec<IokernelEnd>, Vec<OwnedFd>), String> {
         valid_name(&reg.name)?;
+        if self.apps.len() >= MAX_APPS {
+            return Err(format!("{MAX_APPS} applications are already registered"));
+        }
         if self.apps.iter().any(|a| a.name == reg.name) {
             return Err(format!(
                 "an application named {:?} is already registered",
@@ -950,6 +955,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             managed_cores: self.cfg.cores.clone(),
             interval_ns: self.cfg.interval.as_nanos() as u64,
             uptime_ns: now.saturating_sub(self.start_ns),
+            loop_cpu_ns: sys::thread_cpu_ns(),
             passes: self.passes,
             registrations_refused: self.refused,
             apps_disconnected: self.disconnected,

@@ -39,6 +39,10 @@ pub mod util {
     pub fn gettid() -> i32 {
         crate::sys::gettid()
     }
+    /// CLOCK_MONOTONIC ns (the clock of `Parked { next_deadline_ns }`).
+    pub fn monotonic_ns() -> u64 {
+        crate::sys::monotonic_ns()
+    }
     /// Reads and resets a non-blocking eventfd (`None`: counter was 0).
     pub fn eventfd_read(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Option<u64>> {
         crate::sys::eventfd_read(fd)

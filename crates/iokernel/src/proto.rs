@@ -120,6 +120,9 @@ pub struct StatsReport {
     pub managed_cores: Vec<usize>,
     pub interval_ns: u64,
     pub uptime_ns: u64,
+    /// CPU time of iokerneld's loop thread so far (what `--idle-sleep`
+    /// saves; per-grant cost for benchmarks).
+    pub loop_cpu_ns: u64,
     pub passes: u64,
     pub registrations_refused: u64,
     pub apps_disconnected: u64,

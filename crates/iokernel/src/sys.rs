@@ -424,3 +424,14 @@ pub fn install_handler(sig: i32, handler: extern "C" fn(i32)) -> io::Result<()> 
     // function taking the signal number; no old action is requested.
     cvt(unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) }).map(drop)
 }
+
+/// CPU time consumed by the calling thread, ns.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is writable; the clock always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -738,3 +738,109 @@ fn a_second_iokerneld_on_the_same_socket_is_refused() {
     // The first one still answers.
     assert!(d.stats().apps.is_empty());
 }
+
+#[test]
+fn an_expired_timer_of_a_parked_app_wakes_it() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start(rec.clone());
+    let a = app(1);
+    let conn = register(&d, &a, &reg("sleepy", Class::Batch, 0, 1, 1)).unwrap();
+    let mut k = a.region.runtime_end(0).unwrap();
+    let t0 = Instant::now();
+    let deadline = ginza_iokernel::util::monotonic_ns() + 30_000_000;
+    k.to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: Some(deadline),
+        })
+        .unwrap();
+    d.wait_for("a grant at the deadline", |s| {
+        app_named(s, "sleepy").unwrap().grants == 1
+    });
+    assert!(
+        ginza_iokernel::util::monotonic_ns() >= deadline,
+        "granted before the deadline"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        k.from_iokernel.recv().unwrap(),
+        Some(ToKthread::Wake {
+            core: test_cores()[0] as u32
+        })
+    );
+    k.to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    d.wait_for("parked again", |s| {
+        app_named(s, "sleepy").unwrap().cores_now == 0
+    });
+    drop(conn);
+}
+
+#[test]
+fn idle_sleep_keeps_an_idle_iokerneld_off_the_cpu() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let a = app(1);
+    let _conn = register(&d, &a, &reg("idle", Class::Batch, 0, 1, 1)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let s = d.stats();
+    assert!(s.uptime_ns >= 300_000_000);
+    assert!(
+        s.loop_cpu_ns < 100_000_000,
+        "idle iokerneld used {} ms of CPU in {} ms",
+        s.loop_cpu_ns / 1_000_000,
+        s.uptime_ns / 1_000_000
+    );
+}
+
+#[test]
+fn the_binary_runs_for_a_while_and_refuses_bad_configs() {
+    let _g = lock();
+    let bin = env!("CARGO_BIN_EXE_iokerneld");
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("ginza-iok-bin-{}-{n}", std::process::id()));
+    let sock = dir.join("s.sock");
+    let cores = ginza_iokernel::config::format_cores(&test_cores());
+    let out = Command::new(bin)
+        .args([
+            "--cores",
+            &cores,
+            "--idle-sleep",
+            "1ms",
+            "--run-for",
+            "100ms",
+        ])
+        .arg("--socket")
+        .arg(&sock)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: StatsReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report.passes > 0);
+    assert_eq!(report.managed_cores, test_cores());
+    assert!(!sock.exists(), "socket file removed at exit");
+
+    let fail = |args: &[&str]| -> String {
+        let out = Command::new(bin).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = fail(&["--cores", "99999"]);
+    assert!(e.contains("core 99999 is unknown"), "{e}");
+    let c0 = test_cores()[0].to_string();
+    let e = fail(&["--cores", &c0, "--core", &c0]);
+    assert!(e.contains("also a managed core"), "{e}");
+    let e = fail(&["--cores", &c0, "--interval", "0us"]);
+    assert!(e.contains("interval"), "{e}");
+    let e = fail(&["--cores", &c0, "--interval", "5 fortnights"]);
+    assert!(e.contains("unknown unit"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
