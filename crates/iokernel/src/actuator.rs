@@ -36,6 +36,8 @@ pub trait CoreActuator {
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
     /// The kthread must give `cpu` back.
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
+    /// The kthread did not give `cpu` back in time: move it off the core.
+    fn evict(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
     /// The application is gone (informational).
     fn app_removed(&mut self, app_id: u64, name: &str) {
         let _ = (app_id, name);
@@ -43,9 +45,27 @@ pub trait CoreActuator {
 }
 
 /// Grants by `sched_setaffinity` + eventfd write; revokes by [`PREEMPT_SIGNAL`]
-/// through `tgkill` (so a tid reused by another process is never hit).
+/// through `tgkill` (so a tid reused by another process is never hit);
+/// evicts by moving the thread's affinity to the shared (unmanaged) cores.
 #[derive(Debug, Default)]
-pub struct LinuxActuator;
+pub struct LinuxActuator {
+    shared: Vec<usize>,
+}
+
+impl LinuxActuator {
+    /// `shared`: the cores an evicted kthread is moved to.
+    pub fn new(shared: Vec<usize>) -> Self {
+        LinuxActuator { shared }
+    }
+
+    /// Shared cores = the ones this process may use, minus the managed cores
+    /// and iokerneld's own.
+    pub fn for_config(cfg: &crate::Config) -> io::Result<Self> {
+        let mut shared = sys::allowed_cpus()?;
+        shared.retain(|c| !cfg.cores.contains(c) && cfg.own_core != Some(*c));
+        Ok(Self::new(shared))
+    }
+}
 
 impl CoreActuator for LinuxActuator {
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
@@ -69,6 +89,22 @@ impl CoreActuator for LinuxActuator {
             )),
         }
     }
+
+    fn evict(&mut self, t: &Target<'_>, _cpu: usize) -> io::Result<()> {
+        let Some(tid) = t.tid else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "kthread has not reported its tid",
+            ));
+        };
+        if self.shared.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no shared core to move it to (every usable core is managed or iokerneld's)",
+            ));
+        }
+        sys::set_affinity_set(tid, &self.shared)
+    }
 }
 
 /// One recorded action.
@@ -86,6 +122,12 @@ pub enum Action {
         kthread: usize,
         cpu: usize,
         reason: PreemptReason,
+    },
+    Evict {
+        app_id: u64,
+        app: String,
+        kthread: usize,
+        cpu: usize,
     },
     Removed {
         app_id: u64,
@@ -139,6 +181,16 @@ impl CoreActuator for RecordingActuator {
         Ok(())
     }
 
+    fn evict(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+        self.push(Action::Evict {
+            app_id: t.app_id,
+            app: t.app_name.to_string(),
+            kthread: t.kthread,
+            cpu,
+        });
+        Ok(())
+    }
+
     fn app_removed(&mut self, app_id: u64, name: &str) {
         self.push(Action::Removed {
             app_id,
@@ -169,7 +221,7 @@ mod tests {
                 tid: Some(sys::gettid()),
                 eventfd: efd.as_fd(),
             };
-            LinuxActuator.grant(&t, cpu).unwrap();
+            LinuxActuator::default().grant(&t, cpu).unwrap();
             assert_eq!(sys::allowed_cpus().unwrap(), vec![cpu]);
             assert_eq!(sys::eventfd_read(efd.as_fd()).unwrap(), Some(1));
             assert_eq!(sys::eventfd_read(efd.as_fd()).unwrap(), None);
@@ -206,12 +258,14 @@ mod tests {
             tid: Some(tid),
             eventfd: efd.as_fd(),
         };
-        LinuxActuator
+        LinuxActuator::default()
             .preempt(&t, 0, PreemptReason::CoreNeeded)
             .unwrap();
         assert!(h.join().unwrap(), "SIGURG reached the target thread");
         // No tid: a clear error, no signal to anyone.
         let t = Target { tid: None, ..t };
-        assert!(LinuxActuator.preempt(&t, 0, PreemptReason::Shrink).is_err());
+        assert!(LinuxActuator::default()
+            .preempt(&t, 0, PreemptReason::Shrink)
+            .is_err());
     }
 }

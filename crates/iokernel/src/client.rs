@@ -68,6 +68,21 @@ impl Connection {
     pub fn app_id(&self) -> u64 {
         self.app_id
     }
+
+    /// Whether iokerneld closed the connection (it exited, or removed this
+    /// application). Does not block.
+    pub fn closed_by_iokerneld(&self) -> bool {
+        let mut pfd = [libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        match sys::poll(&mut pfd, Some(Duration::ZERO)) {
+            Ok(0) => false,
+            Ok(_) => pfd[0].revents & (libc::POLLHUP | libc::POLLERR) != 0,
+            Err(_) => true,
+        }
+    }
 }
 
 impl AsFd for Connection {

@@ -9,6 +9,7 @@
 //! slow_period = "1ms"      # period of the `slow` policy
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
 //! idle_sleep = "1ms"       # sleep instead of spinning while idle
+//! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,9 @@ pub struct Config {
     /// How often the control socket and connections are polled while
     /// spinning (a syscall, so not every pass).
     pub control_interval: Duration,
+    /// A preempted kthread that has not given its core back after this
+    /// long is moved off the core and reported; its core is handed over.
+    pub preempt_deadline: Duration,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
 }
@@ -179,6 +183,7 @@ struct FileConfig {
     idle_sleep: Option<String>,
     run_for: Option<String>,
     control_interval: Option<String>,
+    preempt_deadline: Option<String>,
     seed: Option<u64>,
 }
 
@@ -219,6 +224,9 @@ pub struct Cli {
     /// Exit after this long.
     #[arg(long, value_parser = parse_duration)]
     pub run_for: Option<Duration>,
+    /// Time a preempted kthread has to give its core back (default 1ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub preempt_deadline: Option<Duration>,
     /// Seed of the allocator's random choices.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -269,6 +277,7 @@ impl Config {
             idle_sleep: None,
             run_for: None,
             control_interval: Duration::from_micros(50),
+            preempt_deadline: Duration::from_millis(1),
             seed: 0x5eed,
         }
     }
@@ -341,6 +350,12 @@ impl Config {
         if let Some(ci) = dur("control_interval", file.control_interval.as_ref())? {
             c.control_interval = ci;
         }
+        if let Some(d) = cli
+            .preempt_deadline
+            .or(dur("preempt_deadline", file.preempt_deadline.as_ref())?)
+        {
+            c.preempt_deadline = d;
+        }
         if let Some(s) = cli.seed.or(file.seed) {
             c.seed = s;
         }
@@ -391,6 +406,12 @@ impl Config {
         if let PolicyKind::Slow { period } = self.policy {
             check_range("slow period", period, self.interval, MAX_SLOW_PERIOD)?;
         }
+        check_range(
+            "preempt deadline",
+            self.preempt_deadline,
+            MIN_INTERVAL,
+            MAX_SLOW_PERIOD,
+        )?;
         if let Some(s) = self.idle_sleep {
             check_range("idle sleep", s, MIN_INTERVAL, MAX_IDLE_SLEEP)?;
         }

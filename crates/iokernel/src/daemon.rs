@@ -90,6 +90,22 @@ struct Kthread {
     timer: Option<u64>,
     /// Asked to give its core back; neither active nor parked.
     preempting: bool,
+    /// When it was asked.
+    preempt_since: u64,
+    /// Moved off its core after missing the preemption deadline.
+    evicted: bool,
+    /// The grant that waits for this kthread to give its core back.
+    handover: Option<Handover>,
+}
+
+/// A grant whose core is still held by a preempted kthread: carried out
+/// when that kthread reports `Yielded`/`Parked`, misses its deadline, or
+/// its application goes away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Handover {
+    app_id: u64,
+    kthread: usize,
+    core: usize,
 }
 
 struct App {
@@ -110,6 +126,7 @@ struct App {
     preemptions: u64,
     congestion: u64,
     ring_full: u64,
+    preempt_overdue: u64,
     /// Set when the application must be removed, with the reason.
     doomed: Option<String>,
 }
@@ -169,6 +186,8 @@ pub struct Iokerneld<A: CoreActuator> {
     removals: VecDeque<Removal>,
     snaps: Vec<AppSnap>,
     decisions: Vec<Decision>,
+    /// Hand-overs whose core is free now.
+    ready: Vec<Handover>,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -282,6 +301,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             removals: VecDeque::new(),
             snaps: Vec::new(),
             decisions: Vec::new(),
+            ready: Vec::new(),
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
@@ -421,6 +441,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 self.accept(now);
             }
             self.reap();
+            self.complete_handovers();
         }
         // Silent connections do not hold a slot forever.
         let limit = PENDING_TIMEOUT.as_nanos() as u64;
@@ -551,6 +572,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         preemptions: 0,
                         congestion: 0,
                         ring_full: 0,
+                        preempt_overdue: 0,
                         doomed: None,
                     });
                     None
@@ -692,6 +714,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             return;
         };
         let app = self.apps.remove(i);
+        // Cores it was still giving back are free now.
+        self.ready.extend(app.kt.iter().filter_map(|k| k.handover));
         let cores: Vec<usize> = app.cores().iter().map(|&c| self.cfg.cores[c]).collect();
         info!(
             "app {:?} (id {}, pid {}) removed: {reason}; cores reclaimed: [{}]",
@@ -717,7 +741,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     // ----- allocation pass -----
 
     /// Drains one kthread's command ring.
-    fn drain(app: &mut App, k: usize, now: u64) {
+    fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
         let cap = app.ends[k].from_kthread.raw().capacity();
         for _ in 0..cap {
             let msg = match app.ends[k].from_kthread.recv() {
@@ -750,8 +774,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     kt.parked = true;
                     kt.preempting = false;
+                    kt.evicted = false;
                     kt.parked_since = now;
                     kt.timer = next_deadline_ns;
+                    ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                 }
                 ToIokernel::Yielded => {
@@ -761,8 +787,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     kt.parked = true;
                     kt.preempting = false;
+                    kt.evicted = false;
                     kt.parked_since = now;
                     kt.timer = None;
+                    ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                 }
             }
@@ -777,10 +805,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                 if app.doomed.is_some() {
                     break;
                 }
-                Self::drain(app, k, now);
+                Self::drain(app, k, now, &mut self.ready);
             }
         }
         self.reap();
+        self.check_overdue(now);
+        self.complete_handovers();
 
         let mut busy = false;
         let mut next_timer: Option<u64> = None;
@@ -818,7 +848,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                     active += 1;
                     congested |= ks.counters.congested_since(&app.prev[k]);
                 }
-                busy |= kt.core.is_some() || kt.preempting || ks.counters.has_items();
+                busy |=
+                    kt.core.is_some() || (kt.preempting && !kt.evicted) || ks.counters.has_items();
                 if kt.parked {
                     if let Some(t) = kt.timer {
                         app_timer = Some(app_timer.map_or(t, |x: u64| x.min(t)));
@@ -846,9 +877,30 @@ impl<A: CoreActuator> Iokerneld<A> {
         self.alloc
             .pass(now, &self.topo, &self.snaps, &mut self.decisions);
         let decisions = std::mem::take(&mut self.decisions);
+        // A preemption whose core the next decision grants: that grant
+        // waits for the victim to give the core back.
+        let mut victim: Option<(usize, usize, usize)> = None;
         for (i, d) in decisions.iter().enumerate() {
             match *d {
-                Decision::Grant { app, kthread, core } => self.grant(app, kthread, core, now),
+                Decision::Grant { app, kthread, core } => {
+                    if !self.assign(app, kthread, core) {
+                        continue;
+                    }
+                    match victim.take() {
+                        Some((va, vk, vc)) if vc == core => {
+                            let h = Handover {
+                                app_id: self.apps[app].id,
+                                kthread,
+                                core,
+                            };
+                            match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
+                                Some(v) if v.preempting && !v.evicted => v.handover = Some(h),
+                                _ => self.ready.push(h),
+                            }
+                        }
+                        _ => self.wake(app, kthread, core),
+                    }
+                }
                 Decision::Preempt { app, kthread, core } => {
                     let handed_over = matches!(decisions.get(i + 1), Some(Decision::Grant { core: c, .. }) if *c == core);
                     let reason = if handed_over {
@@ -856,7 +908,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                     } else {
                         PreemptReason::Shrink
                     };
-                    self.preempt(app, kthread, core, reason);
+                    self.preempt(app, kthread, core, reason, now);
+                    victim = handed_over.then_some((app, kthread, core));
                 }
             }
         }
@@ -865,6 +918,49 @@ impl<A: CoreActuator> Iokerneld<A> {
             self.busy = true;
         }
         self.reap();
+        self.complete_handovers();
+    }
+
+    /// Preempted kthreads that missed the deadline are moved off their core
+    /// and reported; their hand-overs go ahead.
+    fn check_overdue(&mut self, now: u64) {
+        let deadline = self.cfg.preempt_deadline.as_nanos() as u64;
+        for app in &mut self.apps {
+            for k in 0..app.kt.len() {
+                let kt = &mut app.kt[k];
+                if !kt.preempting || kt.evicted || now.saturating_sub(kt.preempt_since) < deadline {
+                    continue;
+                }
+                kt.evicted = true;
+                let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
+                self.ready.extend(kt.handover.take());
+                app.preempt_overdue += 1;
+                warn!(
+                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off",
+                    app.name, kt.tid, self.cfg.preempt_deadline
+                );
+                if let Some(cpu) = cpu {
+                    if let Err(e) = self.actuator.evict(&Self::target(app, k), cpu) {
+                        warn!("moving app {:?} kthread {k} off cpu {cpu}: {e}", app.name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Carries out the hand-overs whose core is free.
+    fn complete_handovers(&mut self) {
+        while let Some(h) = self.ready.pop() {
+            let Some(a) = self.apps.iter().position(|a| a.id == h.app_id) else {
+                continue;
+            };
+            // Only if the receiver still holds the core (it may have been
+            // preempted or gone in between).
+            let kt = &self.apps[a].kt[h.kthread];
+            if kt.core == Some(h.core) && !kt.preempting {
+                self.wake(a, h.kthread, h.core);
+            }
+        }
     }
 
     fn target<'a>(app: &'a App, k: usize) -> Target<'a> {
@@ -878,7 +974,29 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
     }
 
-    fn grant(&mut self, a: usize, k: usize, core: usize, now: u64) {
+    /// Bookkeeping of a grant: the kthread holds `core` from now on (the
+    /// policy sees it so), whether or not it can be woken yet.
+    fn assign(&mut self, a: usize, k: usize, core: usize) -> bool {
+        if core >= self.cfg.cores.len() {
+            return false;
+        }
+        let Some(app) = self.apps.get_mut(a) else {
+            return false;
+        };
+        let Some(kt) = app.kt.get_mut(k) else {
+            return false;
+        };
+        kt.core = Some(core);
+        kt.parked = false;
+        kt.preempting = false;
+        kt.timer = None;
+        app.grants += 1;
+        true
+    }
+
+    /// Wakes a kthread on the core it was assigned: the command ring, then
+    /// the actuator (affinity, eventfd).
+    fn wake(&mut self, a: usize, k: usize, core: usize) {
         let Some(&cpu) = self.cfg.cores.get(core) else {
             return;
         };
@@ -888,13 +1006,6 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return;
         }
-        let kt = &mut app.kt[k];
-        kt.core = Some(core);
-        kt.parked = false;
-        kt.preempting = false;
-        kt.timer = None;
-        let _ = now;
-        app.grants += 1;
         match app.ends[k]
             .to_kthread
             .send(ToKthread::Wake { core: cpu as u32 })
@@ -911,7 +1022,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
     }
 
-    fn preempt(&mut self, a: usize, k: usize, core: usize, reason: PreemptReason) {
+    fn preempt(&mut self, a: usize, k: usize, core: usize, reason: PreemptReason, now: u64) {
         let Some(&cpu) = self.cfg.cores.get(core) else {
             return;
         };
@@ -926,6 +1037,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             kt.last_core = Some(c);
         }
         kt.preempting = true;
+        kt.evicted = false;
+        kt.preempt_since = now;
         app.preemptions += 1;
         app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
         match app.ends[k].to_kthread.send(ToKthread::Preempt { reason }) {
@@ -976,6 +1089,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     preemptions: a.preemptions,
                     congestion_events: a.congestion,
                     ring_full: a.ring_full,
+                    preempt_overdue: a.preempt_overdue,
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),

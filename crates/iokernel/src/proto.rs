@@ -111,6 +111,9 @@ pub struct AppStats {
     /// Wake/preempt commands dropped because the kthread's command ring
     /// was full.
     pub ring_full: u64,
+    /// Preempted kthreads that did not give their core back in time (moved
+    /// off the core).
+    pub preempt_overdue: u64,
 }
 
 /// The whole stats answer.

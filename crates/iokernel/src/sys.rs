@@ -348,6 +348,24 @@ pub fn set_affinity(tid: i32, cpu: usize) -> io::Result<()> {
     cvt(unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
 }
 
+/// Lets thread `tid` run on any of `cpus`.
+pub fn set_affinity_set(tid: i32, cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: `cpu_set_t` is a plain bit array; all zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cpu {cpu} out of range"),
+            ));
+        }
+        // SAFETY: `cpu < CPU_SETSIZE`, so the bit is inside `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    cvt(unsafe { libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set) }).map(drop)
+}
+
 /// The CPUs the calling thread may run on.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
     // SAFETY: as in `set_affinity`.

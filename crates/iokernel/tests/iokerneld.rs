@@ -45,12 +45,20 @@ struct Daemon {
 
 impl Daemon {
     fn start<A: CoreActuator + Send + 'static>(actuator: A) -> Daemon {
+        Self::start_with(actuator, |_| {})
+    }
+
+    fn start_with<A: CoreActuator + Send + 'static>(
+        actuator: A,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Daemon {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("ginza-iok-{}-{n}", std::process::id()));
         let socket = dir.join("iokerneld.sock");
         let mut cfg = Config::new(test_cores());
         cfg.socket = socket.clone();
         cfg.idle_sleep = Some(Duration::from_millis(1));
+        tweak(&mut cfg);
         cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
             .unwrap();
         let d = Iokerneld::bind(cfg, actuator).unwrap();
@@ -180,8 +188,11 @@ fn registration_accepted_end_to_end_and_disconnect_reclaims() {
     )
     .unwrap();
     assert!(conn.app_id() > id);
+    assert!(!conn.closed_by_iokerneld());
     let fin = d.finish();
     assert_eq!(fin.apps.len(), 1);
+    // iokerneld stopped: the runtime can tell.
+    assert!(conn.closed_by_iokerneld());
     assert!(fin.registrations_refused >= 1);
 }
 
@@ -560,25 +571,31 @@ fn congestion_is_granted_and_parking_gives_cores_back() {
     drop(conn);
 }
 
-#[test]
-fn latency_critical_app_preempts_a_bursting_batch_app() {
-    let _g = lock();
-    let rec = RecordingActuator::new();
-    let d = Daemon::start(rec.clone());
-    let cores = test_cores();
-    let n = cores.len() as u32;
+/// A batch application holds every managed core (bursting); a
+/// latency-critical one gets work: one batch kthread is preempted and its
+/// core is granted to the latency-critical one once it is given back.
+/// Returns the victim's kthread index and the core.
+struct Burst {
+    b: App,
+    a: App,
+    _cb: client::Connection,
+    _ca: client::Connection,
+    victim: u32,
+    cpu: usize,
+}
+
+fn burst(d: &Daemon, rec: &RecordingActuator) -> Burst {
+    let n = test_cores().len() as u32;
     let b = app(n);
-    let cb = register(&d, &b, &reg("batch", Class::Batch, 0, n, n)).unwrap();
-    let bl = b.region.line(0).unwrap();
-    bl.set_rq_tail(100);
+    let cb = register(d, &b, &reg("batch", Class::Batch, 0, n, n)).unwrap();
+    b.region.line(0).unwrap().set_rq_tail(100);
     d.wait_for("batch holds every core", |s| {
         app_named(s, "batch").unwrap().cores_now == n
     });
-
     let a = app(1);
-    let ca = register(&d, &a, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    let ca = register(d, &a, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
     a.region.line(0).unwrap().set_rq_tail(1);
-    let s = d.wait_for("lc gets a core", |s| {
+    let s = d.wait_for("lc is assigned a core", |s| {
         app_named(s, "lc").unwrap().cores_now == 1
     });
     assert_eq!(app_named(&s, "batch").unwrap().cores_now, n - 1);
@@ -588,22 +605,54 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
         .iter()
         .position(|a| matches!(a, Action::Preempt { app, .. } if app == "batch"))
         .expect("a preemption");
-    let Action::Preempt { cpu, reason, .. } = &acts[p] else {
+    let Action::Preempt {
+        cpu,
+        reason,
+        kthread,
+        ..
+    } = acts[p].clone()
+    else {
         unreachable!()
     };
-    assert_eq!(*reason, PreemptReason::CoreNeeded);
-    assert!(matches!(&acts[p + 1], Action::Grant { app, cpu: c, .. } if app == "lc" && c == cpu));
-    // The victim was told on its command ring and its line flag.
-    let victim = (0..n)
-        .find(|&k| {
-            b.region
-                .line(k)
-                .unwrap()
-                .flags()
-                .contains(ginza_shm::LineFlags::PREEMPT_PENDING)
-        })
-        .expect("PREEMPT_PENDING set on the victim");
-    let mut rv = b.region.runtime_end(victim).unwrap();
+    assert_eq!(reason, PreemptReason::CoreNeeded);
+    // The victim was told on its line flag (and its command ring).
+    assert!(b
+        .region
+        .line(kthread as u32)
+        .unwrap()
+        .flags()
+        .contains(ginza_shm::LineFlags::PREEMPT_PENDING));
+    Burst {
+        b,
+        a,
+        _cb: cb,
+        _ca: ca,
+        victim: kthread as u32,
+        cpu,
+    }
+}
+
+fn lc_granted(rec: &RecordingActuator, cpu: usize) -> bool {
+    rec.actions()
+        .iter()
+        .any(|a| matches!(a, Action::Grant { app, cpu: c, .. } if app == "lc" && *c == cpu))
+}
+
+#[test]
+fn latency_critical_app_preempts_a_bursting_batch_app() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    // A deadline this test never reaches (the next test covers it).
+    let d = Daemon::start_with(rec.clone(), |c| {
+        c.preempt_deadline = Duration::from_secs(10)
+    });
+    let x = burst(&d, &rec);
+    // The core is not handed over while the victim still holds it.
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(!lc_granted(&rec, x.cpu), "{:?}", rec.actions());
+    let mut ra = x.a.region.runtime_end(0).unwrap();
+    assert_eq!(ra.from_iokernel.recv().unwrap(), None);
+    let mut rv = x.b.region.runtime_end(x.victim).unwrap();
     let mut got = Vec::new();
     while let Some(m) = rv.from_iokernel.recv().unwrap() {
         got.push(m);
@@ -614,25 +663,67 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
             reason: PreemptReason::CoreNeeded
         })
     );
-    // It yields: it is parked now.
+    // It yields: it is parked, and the core goes to lc.
     rv.to_iokernel.send(ToIokernel::Yielded).unwrap();
     d.wait_for("victim parked", |s| {
         app_named(s, "batch").unwrap().parked_kthreads == 1
     });
-    assert!(!b
+    let t0 = Instant::now();
+    while !lc_granted(&rec, x.cpu) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no hand-over");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        ra.from_iokernel.recv().unwrap(),
+        Some(ToKthread::Wake { core: x.cpu as u32 })
+    );
+    assert!(!x
+        .b
         .region
-        .line(victim)
+        .line(x.victim)
         .unwrap()
         .flags()
         .contains(ginza_shm::LineFlags::PREEMPT_PENDING));
-    drop(ca);
-    drop(cb);
+    let s = d.stats();
+    assert_eq!(app_named(&s, "batch").unwrap().preempt_overdue, 0);
+}
+
+#[test]
+fn a_kthread_that_ignores_preemption_is_evicted_and_its_core_handed_over() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start_with(rec.clone(), |c| {
+        c.preempt_deadline = Duration::from_millis(20)
+    });
+    let t0 = Instant::now();
+    let x = burst(&d, &rec);
+    // The victim never answers.
+    let s = d.wait_for("the victim is overdue", |s| {
+        app_named(s, "batch").unwrap().preempt_overdue == 1
+    });
+    assert!(t0.elapsed() >= Duration::from_millis(20));
+    assert_eq!(app_named(&s, "lc").unwrap().cores_now, 1);
+    let acts = rec.actions();
+    let e = acts
+        .iter()
+        .position(|a| matches!(a, Action::Evict { app, .. } if app == "batch"))
+        .expect("an eviction");
+    assert!(
+        matches!(&acts[e], Action::Evict { kthread, cpu, .. } if *kthread == x.victim as usize && *cpu == x.cpu)
+    );
+    let g = acts
+        .iter()
+        .position(|a| matches!(a, Action::Grant { app, cpu, .. } if app == "lc" && *cpu == x.cpu))
+        .expect("the hand-over after the eviction");
+    assert!(g > e);
+    // Both applications still registered: only the kthread was punished.
+    assert_eq!(s.apps.len(), 2);
 }
 
 #[test]
 fn linux_actuator_grant_writes_the_eventfd() {
     let _g = lock();
-    let d = Daemon::start(LinuxActuator);
+    let d = Daemon::start(LinuxActuator::default());
     let a = app(1);
     let conn = register(&d, &a, &reg("real", Class::Batch, 0, 1, 1)).unwrap();
     let line = a.region.line(0).unwrap();

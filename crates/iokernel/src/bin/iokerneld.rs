@@ -15,7 +15,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut d = match Iokerneld::bind(cfg, LinuxActuator) {
+    let actuator = match LinuxActuator::for_config(&cfg) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("iokerneld: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut d = match Iokerneld::bind(cfg, actuator) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("iokerneld: {e}");
