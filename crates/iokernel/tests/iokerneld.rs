@@ -285,6 +285,35 @@ fn malformed_requests_are_refused_and_iokerneld_survives() {
     assert!(refused(register(&d, &a, &reg("x", Class::Batch, 0, 3, 2)))
         .contains("max_cores (3) <= kthreads (2)"));
     assert!(refused(register(&d, &a, &reg("x", Class::Batch, 0, 0, 2))).contains("max_cores >= 1"));
+    // Random bytes (some JSON-looking), some with descriptors attached:
+    // every one refused, none accepted, iokerneld unharmed.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..200 {
+        let len = (next() % 300) as usize;
+        let mut msg: Vec<u8> = if i % 2 == 0 {
+            br#"{"protocol": 1, "request": {"register": {"#.to_vec()
+        } else {
+            Vec::new()
+        };
+        msg.extend((0..len).map(|_| (next() % 256) as u8));
+        let s = client::connect(&d.socket).unwrap();
+        let fds: Vec<_> = if i % 3 == 0 {
+            vec![a.region.fd().unwrap(), a.efds[0].as_fd()]
+        } else {
+            Vec::new()
+        };
+        client::send_raw(s.as_fd(), &msg, &fds).unwrap();
+        match client::recv_response(s.as_fd()) {
+            Ok(Response::Refused { .. }) | Err(ClientError::Closed) => {}
+            other => panic!("random request {i} got {other:?}"),
+        }
+    }
     // Still serving.
     let c = register(&d, &a, &reg("fine", Class::Batch, 0, 2, 2)).unwrap();
     let s = d.stats();
