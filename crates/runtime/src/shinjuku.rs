@@ -319,6 +319,9 @@ where
     })
 }
 
+/// Shortest interval between two preemption signals to one worker.
+const RESEND_MIN_NS: u64 = 50_000;
+
 type Served<Resp> = (Vec<Completion<Resp>>, u64, Vec<PreemptionSample>);
 
 /// The median cost of reading the clock twice, to subtract from short timings.
@@ -487,13 +490,15 @@ where
             }
             // A signal can land where it cannot act (the worker was
             // descheduled before switching into the request, say), so one
-            // is sent again each `period` until the request is handed back.
+            // is sent again each `period` until the request is handed back;
+            // never faster than RESEND_MIN_NS, since a delivery alone costs
+            // microseconds and a flood would nest handlers without end.
             let (period, first_after) = match config.preemption {
-                Preemption::Signal => (queues.quantum().unwrap_or(u64::MAX), 0),
+                Preemption::Signal => (queues.quantum().unwrap_or(u64::MAX).max(RESEND_MIN_NS), 0),
                 Preemption::Cooperative { backstop: None } => (u64::MAX, u64::MAX),
                 Preemption::Cooperative { backstop: Some(b) } => {
                     let b = b.as_nanos().min(u64::MAX as u128) as u64;
-                    (b, b)
+                    (b.max(RESEND_MIN_NS), b)
                 }
             };
             let signal_now = match run.signaled_at {
