@@ -767,7 +767,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     kt.tid = Some(tid as i32);
                 }
-                ToIokernel::Parked { next_deadline_ns } => {
+                msg @ (ToIokernel::Parked { .. } | ToIokernel::Yielded) => {
+                    // Either way the kthread gave its core back; only a
+                    // parked one has a timer to be woken for.
                     if let Some(c) = kt.core.take() {
                         kt.last_core = Some(c);
                         app.last_yielded_core = Some(c);
@@ -776,20 +778,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                     kt.preempting = false;
                     kt.evicted = false;
                     kt.parked_since = now;
-                    kt.timer = next_deadline_ns;
-                    ready.extend(kt.handover.take());
-                    app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
-                }
-                ToIokernel::Yielded => {
-                    if let Some(c) = kt.core.take() {
-                        kt.last_core = Some(c);
-                        app.last_yielded_core = Some(c);
-                    }
-                    kt.parked = true;
-                    kt.preempting = false;
-                    kt.evicted = false;
-                    kt.parked_since = now;
-                    kt.timer = None;
+                    kt.timer = match msg {
+                        ToIokernel::Parked { next_deadline_ns } => next_deadline_ns,
+                        _ => None,
+                    };
                     ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                 }
