@@ -767,9 +767,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     kt.tid = Some(tid as i32);
                 }
-                msg @ (ToIokernel::Parked { .. } | ToIokernel::Yielded) => {
-                    // Either way the kthread gave its core back; only a
-                    // parked one has a timer to be woken for.
+                ToIokernel::Parked { next_deadline_ns }
+                | ToIokernel::Yielded { next_deadline_ns } => {
+                    // Either way the kthread gave its core back and waits
+                    // to be woken, at the latest for its timer.
                     if let Some(c) = kt.core.take() {
                         kt.last_core = Some(c);
                         app.last_yielded_core = Some(c);
@@ -778,10 +779,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     kt.preempting = false;
                     kt.evicted = false;
                     kt.parked_since = now;
-                    kt.timer = match msg {
-                        ToIokernel::Parked { next_deadline_ns } => next_deadline_ns,
-                        _ => None,
-                    };
+                    kt.timer = next_deadline_ns;
                     ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                 }
@@ -998,10 +996,10 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return;
         }
-        match app.ends[k]
-            .to_kthread
-            .send(ToKthread::Wake { core: cpu as u32 })
-        {
+        match app.ends[k].to_kthread.send(ToKthread::Wake {
+            core: cpu as u32,
+            decided_ns: sys::monotonic_ns(),
+        }) {
             Ok(()) => {}
             Err(SendError::Full) => app.ring_full += 1,
             Err(SendError::Corrupt(e)) => {

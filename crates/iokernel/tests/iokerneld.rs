@@ -562,17 +562,19 @@ fn congestion_is_granted_and_parking_gives_cores_back() {
             }
         );
         assert_eq!(
-            k1.from_iokernel.recv().unwrap(),
-            Some(ToKthread::Wake {
-                core: cores[1] as u32
-            })
+            k1.from_iokernel
+                .recv()
+                .unwrap()
+                .and_then(ToKthread::wake_core),
+            Some(cores[1] as u32)
         );
     }
     assert_eq!(
-        k0.from_iokernel.recv().unwrap(),
-        Some(ToKthread::Wake {
-            core: cores[0] as u32
-        })
+        k0.from_iokernel
+            .recv()
+            .unwrap()
+            .and_then(ToKthread::wake_core),
+        Some(cores[0] as u32)
     );
     // Congestion keeps being seen while the items wait.
     let before = st.congestion_events;
@@ -693,7 +695,11 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
         })
     );
     // It yields: it is parked, and the core goes to lc.
-    rv.to_iokernel.send(ToIokernel::Yielded).unwrap();
+    rv.to_iokernel
+        .send(ToIokernel::Yielded {
+            next_deadline_ns: None,
+        })
+        .unwrap();
     d.wait_for("victim parked", |s| {
         app_named(s, "batch").unwrap().parked_kthreads == 1
     });
@@ -703,8 +709,11 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(
-        ra.from_iokernel.recv().unwrap(),
-        Some(ToKthread::Wake { core: x.cpu as u32 })
+        ra.from_iokernel
+            .recv()
+            .unwrap()
+            .and_then(ToKthread::wake_core),
+        Some(x.cpu as u32)
     );
     assert!(!x
         .b
@@ -883,10 +892,11 @@ fn an_expired_timer_of_a_parked_app_wakes_it() {
     );
     assert!(t0.elapsed() < Duration::from_secs(2));
     assert_eq!(
-        k.from_iokernel.recv().unwrap(),
-        Some(ToKthread::Wake {
-            core: test_cores()[0] as u32
-        })
+        k.from_iokernel
+            .recv()
+            .unwrap()
+            .and_then(ToKthread::wake_core),
+        Some(test_cores()[0] as u32)
     );
     k.to_iokernel
         .send(ToIokernel::Parked {

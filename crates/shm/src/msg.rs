@@ -51,17 +51,31 @@ pub enum ToIokernel {
     /// `next_deadline_ns` (CLOCK_MONOTONIC) is its earliest timer, if any;
     /// iokerneld wakes it then.
     Parked { next_deadline_ns: Option<u64> },
-    /// It gave its core back in answer to [`ToKthread::Preempt`].
-    Yielded,
+    /// It gave its core back in answer to [`ToKthread::Preempt`] and blocks
+    /// on its eventfd; `next_deadline_ns` as for `Parked` (a preempted
+    /// kthread may hold the application's only pending timers).
+    Yielded { next_deadline_ns: Option<u64> },
 }
 
 /// iokerneld → kthread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToKthread {
     /// It has been granted `core` (affinity already set); run.
-    Wake { core: u32 },
+    /// `decided_ns` (CLOCK_MONOTONIC) is when iokerneld decided the grant,
+    /// so the kthread can measure decision → running.
+    Wake { core: u32, decided_ns: u64 },
     /// Give the core back (then answer [`ToIokernel::Yielded`]).
     Preempt { reason: PreemptReason },
+}
+
+impl ToKthread {
+    /// The core of a `Wake`, `None` for other messages.
+    pub fn wake_core(self) -> Option<u32> {
+        match self {
+            ToKthread::Wake { core, .. } => Some(core),
+            ToKthread::Preempt { .. } => None,
+        }
+    }
 }
 
 /// Why iokerneld takes a core back.
@@ -109,10 +123,10 @@ impl Message for ToIokernel {
                 arg32: 0,
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
-            ToIokernel::Yielded => RawMsg {
+            ToIokernel::Yielded { next_deadline_ns } => RawMsg {
                 tag: tag::YIELDED,
                 arg32: 0,
-                arg64: 0,
+                arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
         }
     }
@@ -123,7 +137,9 @@ impl Message for ToIokernel {
             tag::PARKED => ToIokernel::Parked {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
             },
-            tag::YIELDED => ToIokernel::Yielded,
+            tag::YIELDED => ToIokernel::Yielded {
+                next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+            },
             tag => {
                 return Err(DecodeError::UnknownTag {
                     dir: "kthread→iokerneld",
@@ -137,10 +153,10 @@ impl Message for ToIokernel {
 impl Message for ToKthread {
     fn encode(self) -> RawMsg {
         match self {
-            ToKthread::Wake { core } => RawMsg {
+            ToKthread::Wake { core, decided_ns } => RawMsg {
                 tag: tag::WAKE,
                 arg32: core,
-                arg64: 0,
+                arg64: decided_ns,
             },
             ToKthread::Preempt { reason } => RawMsg {
                 tag: tag::PREEMPT,
@@ -152,7 +168,10 @@ impl Message for ToKthread {
 
     fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
         Ok(match raw.tag {
-            tag::WAKE => ToKthread::Wake { core: raw.arg32 },
+            tag::WAKE => ToKthread::Wake {
+                core: raw.arg32,
+                decided_ns: raw.arg64,
+            },
             tag::PREEMPT => ToKthread::Preempt {
                 reason: PreemptReason::from_u32(raw.arg32)?,
             },
@@ -256,13 +275,21 @@ mod tests {
             ToIokernel::Parked {
                 next_deadline_ns: Some(5_000_000),
             },
-            ToIokernel::Yielded,
+            ToIokernel::Yielded {
+                next_deadline_ns: None,
+            },
+            ToIokernel::Yielded {
+                next_deadline_ns: Some(7),
+            },
         ];
         for m in ups {
             assert_eq!(ToIokernel::decode(m.encode()), Ok(m));
         }
         let downs = [
-            ToKthread::Wake { core: 3 },
+            ToKthread::Wake {
+                core: 3,
+                decided_ns: 99,
+            },
             ToKthread::Preempt {
                 reason: PreemptReason::CoreNeeded,
             },
@@ -300,7 +327,10 @@ mod tests {
     fn typed_ends() {
         let (p, c) = heap_ring::<RawMsg>(2).unwrap();
         let (mut tx, mut rx) = (CmdTx::<ToIokernel>::new(p), CmdRx::<ToIokernel>::new(c));
-        tx.send(ToIokernel::Yielded).unwrap();
+        tx.send(ToIokernel::Yielded {
+            next_deadline_ns: None,
+        })
+        .unwrap();
         tx.raw()
             .push(RawMsg {
                 tag: 42,
@@ -308,8 +338,18 @@ mod tests {
                 arg64: 0,
             })
             .unwrap();
-        assert_eq!(tx.send(ToIokernel::Yielded), Err(SendError::Full));
-        assert_eq!(rx.recv(), Ok(Some(ToIokernel::Yielded)));
+        assert_eq!(
+            tx.send(ToIokernel::Yielded {
+                next_deadline_ns: None
+            }),
+            Err(SendError::Full)
+        );
+        assert_eq!(
+            rx.recv(),
+            Ok(Some(ToIokernel::Yielded {
+                next_deadline_ns: None
+            }))
+        );
         assert!(matches!(
             rx.recv(),
             Err(RecvError::Decode(DecodeError::UnknownTag { tag: 42, .. }))

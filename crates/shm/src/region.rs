@@ -1087,10 +1087,18 @@ mod tests {
             Some(ToIokernel::Started { tid: 42 })
         );
         assert_eq!(io.line.snapshot().counters.in_tail, 7);
-        io.to_kthread.send(ToKthread::Wake { core: 1 }).unwrap();
+        io.to_kthread
+            .send(ToKthread::Wake {
+                core: 1,
+                decided_ns: 5,
+            })
+            .unwrap();
         assert_eq!(
             rt.from_iokernel.recv().unwrap(),
-            Some(ToKthread::Wake { core: 1 })
+            Some(ToKthread::Wake {
+                core: 1,
+                decided_ns: 5
+            })
         );
         // Seals hold: the runtime cannot shrink the memfd any more.
         let f = std::fs::File::from(r.fd().unwrap().try_clone_to_owned().unwrap());

@@ -57,7 +57,10 @@ fn cross_process_child() {
         for i in 0..N {
             send_spin(
                 &mut k1.to_kthread,
-                ToKthread::Wake { core: i as u32 },
+                ToKthread::Wake {
+                    core: i as u32,
+                    decided_ns: i,
+                },
                 start,
             );
         }
@@ -127,14 +130,26 @@ fn cross_process_in_order() {
     let status = loop {
         match k1.from_iokernel.recv() {
             Ok(Some(m)) => {
-                assert_eq!(m, ToKthread::Wake { core: got as u32 });
+                assert_eq!(
+                    m,
+                    ToKthread::Wake {
+                        core: got as u32,
+                        decided_ns: got as u64
+                    }
+                );
                 got += 1;
             }
             Ok(None) => {
                 if let Some(st) = child.try_wait().unwrap() {
                     // Drain what the child left before exiting.
                     while let Some(m) = k1.from_iokernel.recv().unwrap() {
-                        assert_eq!(m, ToKthread::Wake { core: got as u32 });
+                        assert_eq!(
+                            m,
+                            ToKthread::Wake {
+                                core: got as u32,
+                                decided_ns: got as u64
+                            }
+                        );
                         got += 1;
                     }
                     break st;
