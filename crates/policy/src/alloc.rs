@@ -372,11 +372,14 @@ impl CoreAllocator for Shenango {
                 app.kthreads.iter().any(|k| k.counters.has_items())
                     || app.next_timer.is_some_and(|t| t <= now)
             } else {
-                // Algorithm 1: an item seen at two consecutive passes.
+                // Algorithm 1: an item seen at two consecutive passes. Items
+                // left on a parked kthread's queue (a preempted uthread,
+                // work injected from outside the runtime) count too: they
+                // wait as surely as those of a busy kthread.
                 app.kthreads
                     .iter()
                     .zip(prev.iter())
-                    .any(|(k, p)| k.core.is_some() && k.counters.congested_since(p))
+                    .any(|(k, p)| k.counters.congested_since(p))
             };
             for (p, k) in prev.iter_mut().zip(&app.kthreads) {
                 *p = k.counters;
@@ -674,6 +677,35 @@ mod tests {
             vec![queued(running(0), (0, 0), (3, 6)), parked(0, None)],
         )];
         assert_eq!(two_passes(&mut s, &topo, &a1, &a2).len(), 1);
+    }
+
+    #[test]
+    fn alg1_items_stranded_on_a_parked_kthread_count() {
+        let topo = Topology::flat(4);
+        let mut s = Shenango::new(5, 1);
+        // kthread 0 runs with an empty queue; parked kthread 1 holds an
+        // item (say, the uthread it was running when it was preempted).
+        let stranded = || {
+            [lc(
+                1,
+                vec![
+                    queued(running(0), (4, 4), (0, 0)),
+                    queued(parked(0, None), (7, 8), (0, 0)),
+                ],
+            )]
+        };
+        let out = two_passes(&mut s, &topo, &stranded(), &stranded());
+        assert_eq!(out.len(), 1, "{out:?}");
+        // Taken between the passes (stolen by kthread 0): no congestion.
+        let mut s = Shenango::new(5, 1);
+        let taken = [lc(
+            1,
+            vec![
+                queued(running(0), (4, 4), (0, 0)),
+                queued(parked(0, None), (8, 8), (0, 0)),
+            ],
+        )];
+        assert!(two_passes(&mut s, &topo, &stranded(), &taken).is_empty());
     }
 
     #[test]

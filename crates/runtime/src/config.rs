@@ -17,6 +17,10 @@ pub struct Config {
     pub stack_size: usize,
     /// How long an idle kthread keeps looking for work before it parks.
     pub spin_before_park: Duration,
+    /// Register with iokerneld, which then decides which kthreads hold a
+    /// core (`cores` is ignored: iokerneld pins granted kthreads).
+    /// `None`: standalone.
+    pub iokernel: Option<crate::iokernel::IokernelConfig>,
 }
 
 impl Default for Config {
@@ -26,6 +30,7 @@ impl Default for Config {
             cores: None,
             stack_size: 256 * 1024,
             spin_before_park: Duration::from_micros(2),
+            iokernel: None,
         }
     }
 }

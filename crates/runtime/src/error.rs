@@ -38,6 +38,8 @@ pub enum RuntimeError {
     Config(#[from] ConfigError),
     #[error("cannot start the runtime: {0}")]
     Start(String),
+    #[error("cannot register with iokerneld: {0}")]
+    Iokernel(String),
     #[error("the application's main uthread panicked: {0}")]
     MainPanicked(String),
 }

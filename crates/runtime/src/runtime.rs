@@ -19,7 +19,8 @@ where
     T: Send + 'static,
 {
     let plan = config.plan()?;
-    if plan.oversubscribed && !OVERSUBSCRIPTION_SAID.swap(true, Relaxed) {
+    let managed = config.iokernel.is_some();
+    if plan.oversubscribed && !managed && !OVERSUBSCRIPTION_SAID.swap(true, Relaxed) {
         log::warn!(
             "{} kthreads on {} cores: Linux will multiplex them (fine for tests, not for latency)",
             plan.cores.len(),
@@ -29,7 +30,12 @@ where
                 .len()
         );
     }
-    let shared = start(&plan, sched::Mode::Shenango, "ginza-k")?;
+    let shared = start(
+        &plan,
+        sched::Mode::Shenango,
+        "ginza-k",
+        config.iokernel.as_ref(),
+    )?;
     // The caller's thread waits on the main uthread's handle like any joiner.
     let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
     shared.stop();
@@ -40,22 +46,27 @@ where
 pub(crate) struct Started {
     pub(crate) rt: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Notices when iokerneld goes away (managed runtimes only).
+    watcher: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Installs the signal handlers, builds the shared state and starts one
-/// pinned thread per kthread of `plan`, named `<name_prefix><id>`.
+/// thread per kthread of `plan`, named `<name_prefix><id>`: pinned in
+/// standalone mode, registered with iokerneld (and pinned by its grants)
+/// when `iokernel` is given.
 pub(crate) fn start(
     plan: &Plan,
     mode: sched::Mode,
     name_prefix: &str,
+    iokernel: Option<&crate::iokernel::IokernelConfig>,
 ) -> Result<Started, RuntimeError> {
     crate::signals::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
-    let rt = Shared::new(plan, mode)
-        .map_err(|e| RuntimeError::Start(format!("cannot create kthread eventfds: {e}")))?;
+    let rt = Shared::new(plan, mode, iokernel).map_err(RuntimeError::Start)?;
     let mut started = Started {
         rt,
         threads: Vec::with_capacity(plan.cores.len()),
+        watcher: None,
     };
     for id in 0..plan.cores.len() {
         let rt = Arc::clone(&started.rt);
@@ -72,7 +83,62 @@ pub(crate) fn start(
             }
         }
     }
+    if started.rt.link.is_some() {
+        if let Err(e) = started.register() {
+            started.stop();
+            return Err(e);
+        }
+    }
     Ok(started)
+}
+
+/// How often a managed runtime checks that iokerneld is still there.
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+
+impl Started {
+    /// Registers with iokerneld once every kthread has reported its tid on
+    /// its command ring (iokerneld needs it before its first grant), then
+    /// watches the connection.
+    fn register(&mut self) -> Result<(), RuntimeError> {
+        let rt = &self.rt;
+        let link = rt.link.as_ref().expect("checked by the caller");
+        let t0 = std::time::Instant::now();
+        while rt.kthreads.iter().any(|k| k.tid.load(Relaxed) == 0) {
+            if t0.elapsed() > std::time::Duration::from_secs(5) {
+                return Err(RuntimeError::Start(
+                    "kthreads did not start within 5 s".into(),
+                ));
+            }
+            std::thread::yield_now();
+        }
+        let eventfds: Vec<_> = rt.kthreads.iter().map(|k| k.eventfd()).collect();
+        let id = link.register(&eventfds).map_err(RuntimeError::Iokernel)?;
+        log::info!(
+            "registered with iokerneld as {:?} (app {id}, {} kthreads)",
+            link.cfg.name,
+            rt.kthreads.len()
+        );
+        let watched = Arc::clone(rt);
+        let watcher = std::thread::Builder::new()
+            .name("ginza-watch".into())
+            .spawn(move || {
+                let link = watched.link.as_ref().expect("managed runtime");
+                while !watched.shutdown.load(Relaxed) {
+                    if link.lost() {
+                        log::error!(
+                            "iokerneld closed the connection of {:?}: its kthreads run standalone from now on",
+                            link.cfg.name
+                        );
+                        watched.fall_back_to_standalone();
+                        return;
+                    }
+                    std::thread::sleep(WATCH_PERIOD);
+                }
+            })
+            .map_err(|e| RuntimeError::Start(format!("cannot start the iokerneld watcher: {e}")))?;
+        self.watcher = Some(watcher);
+        Ok(())
+    }
 }
 
 impl Started {
@@ -82,6 +148,12 @@ impl Started {
         self.rt.wake_all_for_shutdown();
         for t in self.threads {
             let _ = t.join();
+        }
+        if let Some(w) = self.watcher {
+            let _ = w.join();
+        }
+        if let Some(link) = &self.rt.link {
+            link.deregister();
         }
         self.rt.drain_after_shutdown();
     }
@@ -104,6 +176,19 @@ pub struct KthreadStats {
     pub steals: u64,
     pub parks: u64,
     pub revocations: u64,
+    /// Cores granted by iokerneld.
+    pub grants: u64,
+}
+
+/// Decision → running latencies of iokerneld's grants, in ns, as the
+/// kthreads measured them (CLOCK_MONOTONIC, from the decision time carried
+/// in the `Wake` command to the kthread's return from its wait).
+#[derive(Clone, Debug, Default)]
+pub struct GrantLatencies {
+    /// The kthread was blocked on its eventfd.
+    pub from_blocked_ns: Vec<u32>,
+    /// The kthread was still lingering after it parked.
+    pub while_lingering_ns: Vec<u32>,
 }
 
 impl Handle {
@@ -132,14 +217,45 @@ impl Handle {
     /// uthread where other kthreads steal it, and park until [`Handle::grant`].
     pub fn revoke(&self, id: usize) -> std::io::Result<()> {
         self.check(id)?;
+        self.check_standalone()?;
         sched::revoke(&self.rt, id)
     }
 
     /// Gives kthread `id` its core back.
     pub fn grant(&self, id: usize) -> std::io::Result<()> {
         self.check(id)?;
+        self.check_standalone()?;
         sched::grant(&self.rt, id);
         Ok(())
+    }
+
+    fn check_standalone(&self) -> std::io::Result<()> {
+        if self.rt.managed() {
+            return Err(std::io::Error::other(
+                "iokerneld allocates this runtime's cores; revoke/grant are for standalone runtimes",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the runtime is registered with iokerneld and iokerneld is
+    /// still there.
+    pub fn managed(&self) -> bool {
+        self.rt.managed()
+    }
+
+    /// Takes the grant latencies the kthreads measured so far (empty in
+    /// standalone mode).
+    pub fn take_grant_latencies(&self) -> GrantLatencies {
+        let mut out = GrantLatencies::default();
+        for k in self.rt.kthreads.iter() {
+            if let Some(io) = &k.io {
+                let mut s = io.samples.lock().unwrap_or_else(|p| p.into_inner());
+                out.from_blocked_ns.append(&mut s.from_blocked);
+                out.while_lingering_ns.append(&mut s.while_lingering);
+            }
+        }
+        out
     }
 
     fn check(&self, id: usize) -> std::io::Result<()> {
@@ -170,6 +286,7 @@ impl Handle {
                 steals: k.stats.steals.load(Relaxed),
                 parks: k.stats.parks.load(Relaxed),
                 revocations: k.stats.revocations.load(Relaxed),
+                grants: k.stats.grants.load(Relaxed),
             })
             .collect()
     }

@@ -31,6 +31,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::arch;
 use crate::config::Plan;
+use crate::iokernel::{IokernelConfig, KLink, Link};
 use crate::preempt::{self, PreemptState};
 use crate::stack::Stack;
 use crate::sync::spinlock::SpinLock;
@@ -139,6 +140,8 @@ pub(crate) struct KStats {
     pub(crate) steals: AtomicU64,
     pub(crate) parks: AtomicU64,
     pub(crate) revocations: AtomicU64,
+    /// Cores granted by iokerneld.
+    pub(crate) grants: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere).
@@ -213,6 +216,8 @@ pub(crate) struct KThread {
     pub(crate) revoke_requested: AtomicBool,
     eventfd: OwnedFd,
     pub(crate) tid: AtomicI32,
+    /// Shared state with iokerneld, when the runtime is registered.
+    pub(crate) io: Option<KLink>,
     tick: Cell<u32>,
     rng: Cell<u64>,
     pub(crate) stats: KStats,
@@ -234,6 +239,10 @@ impl KThread {
         unsafe { &*self.local.get() }
     }
 
+    pub(crate) fn eventfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.eventfd)
+    }
+
     fn sched_ptr(&self) -> *mut UThread {
         &self.sched as *const UThread as *mut UThread
     }
@@ -241,6 +250,24 @@ impl KThread {
     fn rt(&self) -> &Shared {
         // SAFETY: the Shared outlives its kthreads (run() joins them before dropping it).
         unsafe { &*self.rt }
+    }
+
+    // Queue-line counters for iokerneld's congestion detection: pushes are
+    // counted before the item is visible and takes after it is gone, so
+    // iokerneld never sees fewer items than are queued.
+
+    #[inline]
+    fn count_pushed(&self, n: u32) {
+        if let Some(io) = &self.io {
+            io.line.add_rq_tail(n);
+        }
+    }
+
+    #[inline]
+    fn count_taken(&self, n: u32) {
+        if let Some(io) = &self.io {
+            io.line.add_rq_head(n);
+        }
     }
 
     fn next_random(&self) -> u64 {
@@ -279,28 +306,49 @@ pub(crate) struct Shared {
     spin: Duration,
     wake_cursor: AtomicUsize,
     self_ref: Weak<Shared>,
+    /// Registration with iokerneld (None: standalone).
+    pub(crate) link: Option<Link>,
+    /// iokerneld went away: the kthreads run standalone from then on.
+    pub(crate) link_lost: AtomicBool,
 }
 
 impl Shared {
-    pub(crate) fn new(plan: &Plan, mode: Mode) -> std::io::Result<Arc<Shared>> {
+    pub(crate) fn new(
+        plan: &Plan,
+        mode: Mode,
+        iokernel: Option<&IokernelConfig>,
+    ) -> Result<Arc<Shared>, String> {
         let mut eventfds = Vec::with_capacity(plan.cores.len());
         for _ in &plan.cores {
             // SAFETY: eventfd has no memory-safety preconditions.
             let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
             if fd < 0 {
-                return Err(std::io::Error::last_os_error());
+                return Err(format!(
+                    "cannot create kthread eventfds: {}",
+                    std::io::Error::last_os_error()
+                ));
             }
             // SAFETY: `fd` is a fresh descriptor we own.
             eventfds.push(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
         }
+        let epoch = Instant::now();
+        let (link, mut ends) = match iokernel {
+            Some(cfg) => {
+                let (link, ends) = Link::new(cfg, plan.cores.len(), epoch)?;
+                (Some(link), ends.into_iter().map(Some).collect())
+            }
+            None => (None, Vec::new()),
+        };
+        ends.resize_with(plan.cores.len(), || None);
         Ok(Arc::new_cyclic(|weak: &Weak<Shared>| {
             let rt = weak.as_ptr();
             let kthreads = plan
                 .cores
                 .iter()
                 .zip(eventfds)
+                .zip(ends)
                 .enumerate()
-                .map(|(id, (&core, eventfd))| {
+                .map(|(id, ((&core, eventfd), io))| {
                     let local = Worker::new_fifo();
                     KThread {
                         id,
@@ -323,6 +371,7 @@ impl Shared {
                         revoke_requested: AtomicBool::new(false),
                         eventfd,
                         tid: AtomicI32::new(0),
+                        io,
                         tick: Cell::new(0),
                         rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) << 17)),
                         stats: KStats::default(),
@@ -338,13 +387,40 @@ impl Shared {
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),
                 shutdown: AtomicBool::new(false),
-                epoch: Instant::now(),
+                epoch,
                 stack_size: plan.stack_size,
                 spin: plan.spin_before_park,
                 wake_cursor: AtomicUsize::new(0),
                 self_ref: weak.clone(),
+                link,
+                link_lost: AtomicBool::new(false),
             }
         }))
+    }
+
+    /// Whether iokerneld decides which kthreads hold a core.
+    #[inline]
+    pub(crate) fn managed(&self) -> bool {
+        self.link.is_some() && !self.link_lost.load(Relaxed)
+    }
+
+    /// Injected work is counted on kthread 0's queue line: iokerneld sees
+    /// it wait there whether or not kthread 0 holds a core.
+    fn push_injector(&self, u: URef) {
+        self.kthreads[0].count_pushed(1);
+        self.injector.push(u);
+    }
+
+    /// iokerneld went away: run standalone on whatever cores the kthreads
+    /// hold now, and wake every parked kthread.
+    pub(crate) fn fall_back_to_standalone(&self) {
+        if self.link_lost.swap(true, SeqCst) {
+            return;
+        }
+        for k in self.kthreads.iter() {
+            k.revoke_requested.store(false, SeqCst);
+            eventfd_signal(k);
+        }
     }
 
     pub(crate) fn now_ns(&self) -> u64 {
@@ -383,6 +459,9 @@ impl Shared {
     /// one in `park_idle` so that either the parker sees the work or we see
     /// the parker.
     fn notify_one(&self) {
+        if self.managed() {
+            return; // only iokerneld grants cores
+        }
         if self.kthreads.len() == 1 {
             let k = current_kthread();
             // SAFETY: a non-null kthread pointer of this thread.
@@ -477,9 +556,10 @@ fn eventfd_signal(k: &KThread) {
     unsafe { libc::write(k.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
-/// Blocks on the kthread's eventfd until signalled or until `deadline` (ns
-/// since the epoch; u64::MAX for none).
-fn eventfd_wait(k: &KThread, deadline: u64) {
+/// Blocks on the kthread's eventfd until signalled, a signal interrupts, or
+/// `deadline` (ns since the epoch; u64::MAX for none). True if the eventfd
+/// had been written.
+fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
     let rt = k.rt();
     let timeout = if deadline == u64::MAX {
         None
@@ -500,9 +580,15 @@ fn eventfd_wait(k: &KThread, deadline: u64) {
         .map_or(null(), |t| t as *const libc::timespec);
     // SAFETY: `pfd` and `tp` point to valid values for the call's duration.
     unsafe { libc::ppoll(&mut pfd, 1, tp, null()) };
+    eventfd_try_read(k)
+}
+
+/// Reads and resets the eventfd without blocking; true if it was written.
+fn eventfd_try_read(k: &KThread) -> bool {
     let mut buf = 0u64;
     // SAFETY: reading 8 bytes into a valid u64 (non-blocking eventfd).
-    unsafe { libc::read(k.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+    let n = unsafe { libc::read(k.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+    n == 8 && buf > 0
 }
 
 thread_local! {
@@ -638,7 +724,7 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
         unsafe { fire_timers_locally(k, k) };
     }
     // SAFETY: owner kthread.
-    match unsafe { k.local() }.pop() {
+    match unsafe { pop_local(k) } {
         Some(u) => u.ptr(),
         None => k.sched_ptr(),
     }
@@ -664,7 +750,30 @@ unsafe fn schedule_away(k: &KThread, cur: *mut UThread) {
 /// `k` must be the current kthread.
 unsafe fn fire_timers_locally(k: &KThread, owner: &KThread) -> usize {
     // SAFETY: caller's contract: `k` is ours.
-    fire_timers(owner, |u| unsafe { k.local() }.push(u))
+    fire_timers(owner, |u| unsafe { push_local(k, u) })
+}
+
+/// Pushes to `k`'s runqueue, counted on its queue line.
+///
+/// # Safety
+/// `k` must be the current kthread.
+unsafe fn push_local(k: &KThread, u: URef) {
+    k.count_pushed(1);
+    // SAFETY: caller's contract.
+    unsafe { k.local() }.push(u);
+}
+
+/// Pops from `k`'s runqueue, counted on its queue line.
+///
+/// # Safety
+/// `k` must be the current kthread.
+unsafe fn pop_local(k: &KThread) -> Option<URef> {
+    // SAFETY: caller's contract.
+    let u = unsafe { k.local() }.pop();
+    if u.is_some() {
+        k.count_taken(1);
+    }
+    u
 }
 
 fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
@@ -742,9 +851,9 @@ pub(crate) fn wake(u: URef) {
     // SAFETY: non-null kthread of the calling thread, preemption deferred.
     if !k.is_null() && unsafe { (*k).rt } == rt_ptr {
         // SAFETY: owner kthread.
-        unsafe { (*k).local() }.push(u);
+        unsafe { push_local(&*k, u) };
     } else {
-        rt.injector.push(u);
+        rt.push_injector(u);
     }
     rt.notify_one();
     preempt::enable(p);
@@ -778,7 +887,7 @@ unsafe fn requeue_and_leave(k: &KThread, cur: *mut UThread) {
         Mode::Shenango => {
             // SAFETY: owner kthread; `cur` is running.
             unsafe {
-                k.local().push(URef(NonNull::new_unchecked(cur)));
+                push_local(k, URef(NonNull::new_unchecked(cur)));
                 schedule_away(k, cur);
             }
         }
@@ -920,6 +1029,14 @@ pub(crate) fn preempt_from_signal() {
         // A late signal for a request that has finished meanwhile.
         return;
     }
+    if k.rt().managed() {
+        // iokerneld's request is the PREEMPT_PENDING flag of the queue
+        // line; a signal without it is late (the kthread parked meanwhile).
+        match &k.io {
+            Some(io) if io.preempt_pending() => k.revoke_requested.store(true, SeqCst),
+            _ => return,
+        }
+    }
     // SAFETY: CURRENT points to the interrupted context's state.
     let st = unsafe { &*state };
     if st.count.load(Relaxed) != 0 {
@@ -940,7 +1057,7 @@ pub(crate) fn preempt_from_signal() {
         } else {
             // SAFETY: owner kthread; `cur` is the interrupted uthread, now
             // stealable by others once its registers are saved.
-            unsafe { k.local().push(URef(NonNull::new_unchecked(cur))) };
+            unsafe { push_local(k, URef(NonNull::new_unchecked(cur))) };
             k.rt().notify_one();
         }
         // SAFETY: `cur` runs on `k`; the scheduler (or worker loop) decides
@@ -981,11 +1098,14 @@ pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
 
 pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
     let k = &rt.kthreads[id];
-    if let Err(e) = crate::config::pin_current_thread(k.core) {
-        log::warn!(
-            "kthread {id}: cannot pin to core {}: {e}; running unpinned",
-            k.core
-        );
+    // Under iokerneld the grant sets the affinity.
+    if !rt.managed() {
+        if let Err(e) = crate::config::pin_current_thread(k.core) {
+            log::warn!(
+                "kthread {id}: cannot pin to core {}: {e}; running unpinned",
+                k.core
+            );
+        }
     }
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack:
     // 1 ns instead of 50 µs, so sleeps wake on time.
@@ -996,6 +1116,16 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
     preempt::set_current_state(&k.sched.preempt);
+    if let Some(io) = &k.io {
+        // SAFETY: our own kthread.
+        unsafe {
+            io.send(ginza_shm::ToIokernel::Started {
+                tid: k.tid.load(SeqCst) as u32,
+            })
+        };
+        // iokerneld counts every kthread parked until it grants it a core.
+        wait_for_grant(k, io);
+    }
 
     // SAFETY: this is kthread `k`'s own thread.
     unsafe {
@@ -1128,7 +1258,8 @@ pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
 unsafe fn find_work(k: &KThread) -> Option<URef> {
     // SAFETY: owner kthread (caller's contract) for every local() below.
     let local = unsafe { k.local() };
-    if let Some(u) = local.pop() {
+    // SAFETY: owner kthread.
+    if let Some(u) = unsafe { pop_local(k) } {
         return Some(u);
     }
     let rt = k.rt();
@@ -1141,7 +1272,8 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
         }
         // SAFETY: owner kthread.
         if unsafe { fire_timers_locally(k, k) } > 0 {
-            if let Some(u) = local.pop() {
+            // SAFETY: owner kthread.
+            if let Some(u) = unsafe { pop_local(k) } {
                 break Some(u);
             }
         }
@@ -1154,7 +1286,8 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
             // SAFETY: owner kthread.
             unsafe { fire_timers_locally(k, other) };
         }
-        if let Some(u) = local.pop() {
+        // SAFETY: owner kthread.
+        if let Some(u) = unsafe { pop_local(k) } {
             break Some(u);
         }
         if start.elapsed() >= rt.spin {
@@ -1173,18 +1306,27 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
 
 fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
     let rt = k.rt();
-    let attempt = |src: &dyn Fn() -> Steal<URef>| loop {
+    // `counted`: whose queue line the items were counted on.
+    let attempt = |src: &dyn Fn() -> Steal<URef>, counted: &KThread| loop {
+        let before = local.len();
         match src() {
-            Steal::Success(u) => return Some(u),
+            Steal::Success(u) => {
+                // One popped for us, the rest of the batch now ours.
+                let moved = local.len().saturating_sub(before) as u32;
+                k.count_pushed(moved);
+                counted.count_taken(moved + 1);
+                return Some(u);
+            }
             Steal::Empty => return None,
             Steal::Retry => std::hint::spin_loop(),
         }
     };
-    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local)) {
+    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local), &rt.kthreads[0]) {
         return Some(u);
     }
     for &s in &k.siblings {
-        if let Some(u) = attempt(&|| rt.kthreads[s].stealer.steal_batch_and_pop(local)) {
+        let v = &rt.kthreads[s];
+        if let Some(u) = attempt(&|| v.stealer.steal_batch_and_pop(local), v) {
             return Some(u);
         }
     }
@@ -1196,12 +1338,18 @@ fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
     (0..n)
         .map(|i| (start + i) % n)
         .filter(|&v| v != k.id)
-        .find_map(|v| attempt(&|| rt.kthreads[v].stealer.steal_batch_and_pop(local)))
+        .find_map(|v| {
+            let v = &rt.kthreads[v];
+            attempt(&|| v.stealer.steal_batch_and_pop(local), v)
+        })
 }
 
 /// Parks an idle kthread until work is pushed for it or its next timer is due.
 fn park_idle(k: &KThread) {
     let rt = k.rt();
+    if let (true, Some(io)) = (rt.managed(), &k.io) {
+        return park_with_iokernel(k, io, false);
+    }
     k.state.store(PARKED, SeqCst);
     rt.n_parked.fetch_add(1, SeqCst);
     fence(SeqCst);
@@ -1221,6 +1369,9 @@ fn park_idle(k: &KThread) {
 fn park_revoked(k: &KThread) {
     let rt = k.rt();
     bump(&k.stats.revocations);
+    if let (true, Some(io)) = (rt.managed(), &k.io) {
+        return park_with_iokernel(k, io, true);
+    }
     k.state.store(REVOKED, SeqCst);
     // What is left on our runqueue (the uthread we were running, at least)
     // must be stolen by a kthread that still has a core.
@@ -1229,10 +1380,80 @@ fn park_revoked(k: &KThread) {
     }
     while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
         eventfd_wait(k, k.next_deadline.load(Acquire));
-        if fire_timers(k, |u| rt.injector.push(u)) > 0 {
+        if fire_timers(k, |u| rt.push_injector(u)) > 0 {
             rt.notify_one();
         }
     }
+    k.state.store(RUNNING, SeqCst);
+}
+
+/// Gives the core back to iokerneld (`Parked` when out of work, `Yielded`
+/// in answer to a preemption, both with the earliest timer of any kthread:
+/// a busy one cannot fire its own) and waits for the next grant. What is
+/// left on the runqueue (a preempted uthread) stays counted on the queue
+/// line, where iokerneld sees it wait.
+fn park_with_iokernel(k: &KThread, io: &KLink, preempted: bool) {
+    let rt = k.rt();
+    let link = rt.link.as_ref().expect("managed runtime without a link");
+    if !preempted && rt.work_visible(k) {
+        return; // arrived after the last look: no need to give the core back
+    }
+    k.state
+        .store(if preempted { REVOKED } else { PARKED }, SeqCst);
+    io.line.insert_flags(ginza_shm::LineFlags::PARKED);
+    let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
+    // SAFETY: our own kthread.
+    unsafe {
+        io.send(if preempted {
+            ginza_shm::ToIokernel::Yielded { next_deadline_ns }
+        } else {
+            bump(&k.stats.parks);
+            ginza_shm::ToIokernel::Parked { next_deadline_ns }
+        })
+    };
+    wait_for_grant(k, io);
+}
+
+/// Blocks until iokerneld grants this kthread a core (its eventfd), the
+/// runtime shuts down, or iokerneld is lost.
+fn wait_for_grant(k: &KThread, io: &KLink) {
+    let rt = k.rt();
+    let linger = rt
+        .link
+        .as_ref()
+        .map_or(Duration::ZERO, |l| l.cfg.linger_after_park);
+    let mut lingering = false;
+    let mut granted = false;
+    if !linger.is_zero() {
+        let start = Instant::now();
+        while start.elapsed() < linger && !rt.shutdown.load(Relaxed) {
+            if eventfd_try_read(k) {
+                granted = true;
+                lingering = true;
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
+        // A preemption signal that raced with our `Parked` interrupts the
+        // wait; only the eventfd means a grant.
+        granted = eventfd_wait(k, u64::MAX);
+    }
+    // SAFETY: our own kthread.
+    let decided = unsafe { io.drain() };
+    if granted {
+        bump(&k.stats.grants);
+        if let Some(d) = decided {
+            io.record(crate::iokernel::monotonic_ns().saturating_sub(d), lingering);
+        }
+    }
+    io.line.remove_flags(ginza_shm::LineFlags::PARKED);
+    // A late signal may have set this while we were parked; iokerneld
+    // clears the flag when it reads our Parked/Yielded, so after a grant
+    // the flag is set only by a new preemption.
+    k.revoke_requested
+        .store(rt.managed() && io.preempt_pending(), SeqCst);
     k.state.store(RUNNING, SeqCst);
 }
 

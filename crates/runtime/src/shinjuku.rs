@@ -262,6 +262,7 @@ where
         cores: config.worker_cores.clone(),
         stack_size: config.stack_size,
         spin_before_park: config.idle_spin,
+        iokernel: None,
     }
     .plan()?;
     if let Some(core) = config.dispatcher_core {
@@ -278,7 +279,7 @@ where
             .into());
         }
     }
-    let started_workers = crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w")?;
+    let started_workers = crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None)?;
     let rt = Arc::clone(&started_workers.rt);
     let handler = Arc::new(handler);
     let started = Instant::now();

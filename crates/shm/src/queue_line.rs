@@ -94,6 +94,14 @@ impl QueueLine {
     pub fn set_rq_tail(&self, v: u32) {
         self.rq_tail.store(v, Ordering::Relaxed)
     }
+    /// `n` more items taken from the runqueue (by its owner or a stealer).
+    pub fn add_rq_head(&self, n: u32) {
+        self.rq_head.fetch_add(n, Ordering::Relaxed);
+    }
+    /// `n` more items pushed to the runqueue.
+    pub fn add_rq_tail(&self, n: u32) {
+        self.rq_tail.fetch_add(n, Ordering::Relaxed);
+    }
     /// Packets ever taken from the ingress ring.
     pub fn set_in_head(&self, v: u32) {
         self.in_head.store(v, Ordering::Relaxed)
