@@ -37,6 +37,10 @@ pub struct IokernelConfig {
     /// the window (another application may be granted it), so keep it to a
     /// few µs; zero blocks at once.
     pub linger_after_park: Duration,
+    /// Never park when idle: keep every granted core and spin on it (the
+    /// ZygOS-like `static` baseline, where cores are provisioned, not
+    /// shared). Preemptions are still honoured.
+    pub keep_cores_when_idle: bool,
 }
 
 impl IokernelConfig {
@@ -48,6 +52,7 @@ impl IokernelConfig {
             guaranteed: 0,
             max_cores: None,
             linger_after_park: Duration::ZERO,
+            keep_cores_when_idle: false,
         }
     }
 }

@@ -218,6 +218,9 @@ pub(crate) struct KThread {
     pub(crate) tid: AtomicI32,
     /// Shared state with iokerneld, when the runtime is registered.
     pub(crate) io: Option<KLink>,
+    /// Managed runtimes: when the kthread left its scheduler context for
+    /// uthreads (ns since the epoch), for the busy time on the queue line.
+    busy_since: Cell<u64>,
     tick: Cell<u32>,
     rng: Cell<u64>,
     pub(crate) stats: KStats,
@@ -267,6 +270,18 @@ impl KThread {
     fn count_taken(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_head(n);
+        }
+    }
+
+    /// Adds the busy time since `busy_since` to the queue line (for
+    /// utilization-based allocators) and restarts the count.
+    fn publish_busy(&self, running_on: bool) {
+        if let Some(io) = &self.io {
+            let now = self.rt().now_ns();
+            let since = self.busy_since.replace(if running_on { now } else { 0 });
+            if since != 0 {
+                io.line.add_busy_ns(now.saturating_sub(since));
+            }
         }
     }
 
@@ -372,6 +387,7 @@ impl Shared {
                         eventfd,
                         tid: AtomicI32::new(0),
                         io,
+                        busy_since: Cell::new(0),
                         tick: Cell::new(0),
                         rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) << 17)),
                         stats: KStats::default(),
@@ -722,6 +738,7 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
     if tick.is_multiple_of(32) {
         // SAFETY: owner kthread.
         unsafe { fire_timers_locally(k, k) };
+        k.publish_busy(true);
     }
     // SAFETY: owner kthread.
     match unsafe { pop_local(k) } {
@@ -1160,9 +1177,13 @@ unsafe fn scheduler_loop(k: &KThread) {
         match unsafe { find_work(k) } {
             Some(u) => {
                 rt.watch_timers_of(k);
+                if k.io.is_some() {
+                    k.busy_since.set(rt.now_ns().max(1));
+                }
                 // SAFETY: `u` was dequeued; we are in the scheduler context.
                 unsafe { switch_to(k, k.sched_ptr(), u.ptr()) };
                 finish_switch();
+                k.publish_busy(false);
             }
             None => park_idle(k),
         }
@@ -1395,8 +1416,8 @@ fn park_revoked(k: &KThread) {
 fn park_with_iokernel(k: &KThread, io: &KLink, preempted: bool) {
     let rt = k.rt();
     let link = rt.link.as_ref().expect("managed runtime without a link");
-    if !preempted && rt.work_visible(k) {
-        return; // arrived after the last look: no need to give the core back
+    if !preempted && (link.cfg.keep_cores_when_idle || rt.work_visible(k)) {
+        return; // keep spinning; or work arrived after the last look
     }
     k.state
         .store(if preempted { REVOKED } else { PARKED }, SeqCst);
