@@ -876,6 +876,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     if !self.assign(app, kthread, core) {
                         continue;
                     }
+                    // The application is awake now: whichever kthread runs
+                    // fires every due timer of the runtime, so due timers
+                    // other parked kthreads reported must not wake it again.
+                    for kt in self.apps[app].kt.iter_mut().filter(|k| k.parked) {
+                        kt.timer = kt.timer.filter(|&t| t > now);
+                    }
                     match victim.take() {
                         Some((va, vk, vc)) if vc == core => {
                             let h = Handover {

@@ -5,8 +5,8 @@
 //! machine may have only two.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -128,4 +128,331 @@ fn a_registered_runtime_runs_its_uthreads_on_granted_cores() {
     // Deregistered on exit.
     let st = d.stats();
     assert!(st.apps.iter().all(|a| a.name != "sum"), "{st:?}");
+}
+
+fn app_stats<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_iokernel::AppStats> {
+    s.apps.iter().find(|a| a.name == name)
+}
+
+/// Samples iokerneld's stats on an OS thread until stopped; returns them.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Vec<StatsReport>>>,
+}
+
+impl Sampler {
+    fn start(socket: PathBuf) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            while !s.load(Ordering::Relaxed) {
+                if let Ok(st) = client::stats(&socket) {
+                    out.push(st);
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            out
+        });
+        Sampler {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> Vec<StatsReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Spawns `n` uthreads that each spin for `each` and waits for them.
+fn burst(n: usize, each: Duration) {
+    let hs: Vec<_> = (0..n)
+        .map(|_| ginza_runtime::spawn(move || spin_for(each)))
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn bursts_get_extra_cores_which_go_back_when_idle() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let n = cores().len();
+    let sampler = Sampler::start(d.socket.clone());
+    let socket = d.socket.clone();
+    let idle_cores = ginza_runtime::run(d.app("bursty", Class::LatencyCritical, 0, n), move || {
+        for _ in 0..3 {
+            burst(40, Duration::from_micros(300));
+            ginza_runtime::sleep(Duration::from_millis(20));
+        }
+        // While the application sleeps every kthread has parked, so it
+        // holds no core: looked at from an OS thread in the middle of the
+        // sleep (asking from a uthread would hold a core while asking).
+        let probe = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(15));
+            let st = client::stats(&socket).unwrap();
+            app_stats(&st, "bursty").unwrap().cores_now
+        });
+        ginza_runtime::sleep(Duration::from_millis(40));
+        probe.join().unwrap()
+    })
+    .unwrap();
+    let samples = sampler.finish();
+    let most = samples
+        .iter()
+        .filter_map(|s| app_stats(s, "bursty"))
+        .map(|a| a.cores_now)
+        .max()
+        .unwrap_or(0);
+    assert_eq!(
+        most as usize, n,
+        "a burst should spread over every managed core"
+    );
+    assert_eq!(idle_cores, 0, "an idle application holds no core");
+    let last = samples
+        .iter()
+        .rev()
+        .find_map(|s| app_stats(s, "bursty"))
+        .unwrap();
+    assert!(last.congestion_events > 0, "{last:?}");
+}
+
+#[test]
+fn a_sleeping_managed_runtime_is_woken_for_its_timer() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let late = ginza_runtime::run(d.app("sleeper", Class::Batch, 0, 1), || {
+        let mut worst = Duration::ZERO;
+        for _ in 0..20 {
+            let t = Instant::now();
+            ginza_runtime::sleep(Duration::from_millis(2));
+            let took = t.elapsed();
+            assert!(took >= Duration::from_millis(2));
+            worst = worst.max(took - Duration::from_millis(2));
+        }
+        worst
+    })
+    .unwrap();
+    // Woken by iokerneld (its idle sleep is 1 ms, capped by the timer).
+    assert!(late < Duration::from_millis(50), "overshoot {late:?}");
+}
+
+/// A batch application whose uthreads spin until told to stop, on every
+/// kthread; returns its thread (result: the runtime's kthread stats).
+fn spinning_batch(
+    d: &Daemon,
+    name: &str,
+    guaranteed: u32,
+    kthreads: usize,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Vec<ginza_runtime::KthreadStats>> {
+    let cfg = d.app(name, Class::Batch, guaranteed, kthreads);
+    std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            let hs: Vec<_> = (0..kthreads)
+                .map(|_| {
+                    let stop = Arc::clone(&stop);
+                    ginza_runtime::spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            spin_for(Duration::from_micros(20));
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            Handle::current().unwrap().stats()
+        })
+        .unwrap()
+    })
+}
+
+fn wait_until(what: &str, d: &Daemon, f: impl Fn(&StatsReport) -> bool) -> StatsReport {
+    let t0 = Instant::now();
+    loop {
+        let s = d.stats();
+        if f(&s) {
+            return s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}: {s:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn batch_takes_free_cores_and_loses_bursting_ones_to_latency_critical_work() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let n = cores().len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let batch = spinning_batch(&d, "batch", 0, n, Arc::clone(&stop));
+    wait_until("batch on every core", &d, |s| {
+        app_stats(s, "batch").is_some_and(|a| a.cores_now as usize == n)
+    });
+    // Latency-critical work arrives: it must be served while batch spins.
+    let t = Instant::now();
+    ginza_runtime::run(d.app("lc", Class::LatencyCritical, 0, n), || {
+        for _ in 0..5 {
+            burst(20, Duration::from_micros(100));
+        }
+    })
+    .unwrap();
+    let lc_time = t.elapsed();
+    let st = d.stats();
+    let b = app_stats(&st, "batch").unwrap();
+    assert!(b.preemptions >= 1, "{b:?}");
+    stop.store(true, Ordering::Relaxed);
+    let kstats = batch.join().unwrap();
+    assert!(
+        kstats.iter().map(|k| k.revocations).sum::<u64>() >= 1,
+        "{kstats:?}"
+    );
+    // 10 ms of work on n cores; allow a lot of slack for this shared VM,
+    // but not the "never scheduled" case.
+    assert!(lc_time < Duration::from_secs(3), "lc took {lc_time:?}");
+}
+
+#[test]
+fn guaranteed_cores_are_never_taken() {
+    let _g = lock();
+    if cores().len() < 2 {
+        eprintln!("skipped: needs two CPUs");
+        return;
+    }
+    let d = Daemon::start(|_| {});
+    let stop = Arc::new(AtomicBool::new(false));
+    let batch = spinning_batch(&d, "batch", 1, 2, Arc::clone(&stop));
+    wait_until("batch on both cores", &d, |s| {
+        app_stats(s, "batch").is_some_and(|a| a.cores_now == 2)
+    });
+    let sampler = Sampler::start(d.socket.clone());
+    ginza_runtime::run(d.app("lc", Class::LatencyCritical, 1, 2), || {
+        for _ in 0..10 {
+            burst(20, Duration::from_micros(200));
+        }
+    })
+    .unwrap();
+    let samples = sampler.finish();
+    stop.store(true, Ordering::Relaxed);
+    batch.join().unwrap();
+    let batch_cores: Vec<u32> = samples
+        .iter()
+        .filter_map(|s| app_stats(s, "batch"))
+        .map(|a| a.cores_now)
+        .collect();
+    assert!(batch_cores.len() > 10, "too few samples");
+    assert!(
+        batch_cores.iter().all(|&c| c >= 1),
+        "batch lost its guaranteed core: {batch_cores:?}"
+    );
+    assert!(
+        batch_cores.contains(&1),
+        "lc never took the bursting core: {batch_cores:?}"
+    );
+}
+
+#[test]
+fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
+    let _g = lock();
+    let all = cores();
+    if all.len() < 2 {
+        eprintln!("skipped: needs two CPUs (one managed, one to move the culprit to)");
+        return;
+    }
+    // One managed core; the other is where an evicted kthread goes.
+    let d = Daemon::start(|c| {
+        c.cores = vec![all[1]];
+        c.preempt_deadline = Duration::from_millis(2);
+    });
+    let started = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&started);
+    let cfg = d.app("stubborn", Class::Batch, 0, 1);
+    let stubborn = std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            // Preemption deferred for 300 ms: the signal is ignored.
+            ginza_runtime::without_preemption(|| {
+                s2.store(true, Ordering::Relaxed);
+                spin_for(Duration::from_millis(300));
+            });
+        })
+        .unwrap()
+    });
+    while !started.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let t = Instant::now();
+    ginza_runtime::run(d.app("lc", Class::LatencyCritical, 0, 1), || {
+        burst(10, Duration::from_micros(100));
+    })
+    .unwrap();
+    let lc_time = t.elapsed();
+    let st = d.stats();
+    let s = app_stats(&st, "stubborn").unwrap();
+    assert!(s.preempt_overdue >= 1, "{s:?}");
+    assert!(
+        lc_time < Duration::from_millis(250),
+        "lc waited for the stubborn kthread: {lc_time:?}"
+    );
+    stubborn.join().unwrap();
+}
+
+#[test]
+fn refusals_come_back_as_clear_errors() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let cfg = d.app("twice", Class::Batch, 0, 1);
+    let again = d.app("twice", Class::Batch, 0, 1);
+    ginza_runtime::run(cfg, move || {
+        let err = ginza_runtime::run(again, || ()).unwrap_err().to_string();
+        assert!(err.contains("already registered"), "{err}");
+    })
+    .unwrap();
+    let mut too_many = d.app("greedy", Class::LatencyCritical, 3, 3);
+    too_many.iokernel.as_mut().unwrap().guaranteed = 99;
+    let err = ginza_runtime::run(too_many, || ()).unwrap_err().to_string();
+    assert!(err.contains("guaranteed"), "{err}");
+    let mut nobody = d.app("lonely", Class::Batch, 0, 1);
+    nobody.iokernel.as_mut().unwrap().socket = Some(d.dir.join("nobody-here.sock"));
+    let err = ginza_runtime::run(nobody, || ()).unwrap_err().to_string();
+    assert!(err.contains("nobody-here.sock"), "{err}");
+}
+
+#[test]
+fn the_runtime_goes_on_standalone_when_iokerneld_goes_away() {
+    let _g = lock();
+    let mut d = Daemon::start(|_| {});
+    let stop = d.stop.clone();
+    let daemon_thread = d.thread.take().unwrap();
+    let (sum, managed_at_end) =
+        ginza_runtime::run(d.app("orphan", Class::Batch, 0, 2), move || {
+            let mut sum = 0u64;
+            for round in 0..20u64 {
+                if round == 5 {
+                    stop.stop();
+                }
+                let hs: Vec<_> = (0..20u64)
+                    .map(|i| ginza_runtime::spawn(move || i))
+                    .collect();
+                sum += hs.into_iter().map(|h| h.join().unwrap()).sum::<u64>();
+                ginza_runtime::sleep(Duration::from_millis(2));
+            }
+            (sum, Handle::current().unwrap().managed())
+        })
+        .unwrap();
+    daemon_thread.join().unwrap();
+    assert_eq!(sum, 20 * 190);
+    assert!(!managed_at_end, "the runtime should have noticed");
 }
