@@ -456,3 +456,92 @@ fn the_runtime_goes_on_standalone_when_iokerneld_goes_away() {
     assert_eq!(sum, 20 * 190);
     assert!(!managed_at_end, "the runtime should have noticed");
 }
+
+/// Body of the child process of `sigkill_of_one_application_leaves_the_other_running`
+/// (a no-op in a normal test run).
+#[test]
+fn child_app_body() {
+    let Ok(socket) = std::env::var("GINZA_TEST_CHILD_SOCKET") else {
+        return;
+    };
+    let mut io = IokernelConfig::new("victim", Class::Batch);
+    io.socket = Some(socket.into());
+    let cfg = Config {
+        iokernel: Some(io),
+        ..Config::with_kthreads(2)
+    };
+    ginza_runtime::run(cfg, || {
+        let hs: Vec<_> = (0..2)
+            .map(|_| {
+                ginza_runtime::spawn(|| loop {
+                    spin_for(Duration::from_micros(50));
+                })
+            })
+            .collect();
+        println!("child running");
+        for h in hs {
+            h.join().unwrap();
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn sigkill_of_one_application_leaves_the_other_running() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reap(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_app_body",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("GINZA_TEST_CHILD_SOCKET", &d.socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the child on the cores", &d, |s| {
+        app_stats(s, "victim").is_some_and(|a| a.cores_now >= 1)
+    });
+    let socket = d.socket.clone();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        child.0.kill().unwrap(); // SIGKILL
+        child.0.wait().unwrap()
+    });
+    let t = Instant::now();
+    let done = ginza_runtime::run(d.app("survivor", Class::LatencyCritical, 0, 2), move || {
+        let mut rounds = 0;
+        while t.elapsed() < Duration::from_millis(150) {
+            burst(10, Duration::from_micros(50));
+            rounds += 1;
+        }
+        let st = client::stats(&socket).unwrap();
+        (rounds, app_stats(&st, "victim").is_none())
+    })
+    .unwrap();
+    let status = killer.join().unwrap();
+    assert!(!status.success());
+    assert!(
+        done.0 > 10,
+        "survivor made little progress: {} rounds",
+        done.0
+    );
+    assert!(done.1, "the killed application is still registered");
+    let st = d.stats();
+    assert!(
+        st.recent_removals.iter().any(|r| r.name == "victim"),
+        "{:?}",
+        st.recent_removals
+    );
+}
