@@ -1,5 +1,6 @@
 //! The `ginza` command.
 mod bench;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +21,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the discrete-event simulator.
     Sim(ginza_sim::cli::SimArgs),
+    /// Run iokerneld, the core allocator daemon (same flags as `iokerneld`).
+    Iokernel(ginza_iokernel::Cli),
+    /// Show iokerneld's applications, cores and rates, live.
+    Top(top::TopArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -27,5 +32,9 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => ginza_sim::cli::run(args),
+        // Exit with iokerneld's own status (2: bad configuration), which an
+        // `anyhow::Result` could not carry.
+        Command::Iokernel(args) => std::process::exit(ginza_iokernel::cli::run(&args).into()),
+        Command::Top(args) => top::run(args),
     }
 }

@@ -15,6 +15,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod actuator;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;

@@ -1,0 +1,477 @@
+//! `ginza top`: a live view of iokerneld's stats (`client::stats`).
+//!
+//! iokerneld reports totals since registration (grants, preemptions,
+//! congestion events, ...); rates are the difference between two reports
+//! divided by the time between them. That time is taken from iokerneld's
+//! own `uptime_ns`, not from this process's clock: it is the time between
+//! the two moments the counters were read, so a slow socket round trip does
+//! not skew the rates.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use ginza_iokernel::config::{default_socket_path, format_cores, parse_duration};
+use ginza_iokernel::proto::{AppStats, Class, StatsReport};
+use ginza_iokernel::{client, ClientError};
+use serde::Serialize;
+
+/// Window of the two samples of `--once` (and of the first live screen).
+pub const ONCE_WINDOW: Duration = Duration::from_millis(200);
+/// Shortest `--interval`: below it `top` would mostly measure itself.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+/// Longest `--interval` (a typo guard: `1000s` is surely not meant).
+const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+/// Removals shown under the table (iokerneld keeps 16).
+const SHOWN_REMOVALS: usize = 5;
+
+#[derive(clap::Args, Debug)]
+pub struct TopArgs {
+    /// iokerneld's control socket [default: the one iokerneld uses:
+    /// $XDG_RUNTIME_DIR/ginza/iokerneld.sock, else /tmp/ginza-<uid>/iokerneld.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Time between two screens (e.g. 500ms, 2s).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Print one table (rates over a 200 ms window) and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print each sample as one JSON line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&d) {
+        return Err(format!(
+            "{s:?} is out of range {MIN_INTERVAL:?}..={MAX_INTERVAL:?}"
+        ));
+    }
+    Ok(d)
+}
+
+/// Rates of one application between two reports. `None`: the application
+/// was not in the earlier report (it registered in between), so there is
+/// no earlier total to subtract.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AppRates {
+    pub app_id: u64,
+    pub grants_per_s: Option<f64>,
+    pub preemptions_per_s: Option<f64>,
+    pub congestion_per_s: Option<f64>,
+}
+
+/// One line of `--json`: iokerneld's totals as it sent them, and what
+/// `top` derived from the previous report.
+#[derive(Debug, Serialize)]
+pub struct Sample<'a> {
+    /// iokerneld time between the two reports the rates come from.
+    pub window_ns: Option<u64>,
+    /// iokerneld's loop CPU time over the window, % of one core.
+    pub loop_cpu_pct: Option<f64>,
+    /// Per application, in the order of `stats.apps`.
+    pub rates: Vec<AppRates>,
+    pub stats: &'a StatsReport,
+}
+
+/// iokerneld time between two reports; `None` when it did not advance
+/// (same report, or iokerneld restarted in between: its uptime went back).
+pub fn window(prev: &StatsReport, now: &StatsReport) -> Option<Duration> {
+    match now.uptime_ns.checked_sub(prev.uptime_ns) {
+        Some(d) if d > 0 => Some(Duration::from_nanos(d)),
+        _ => None,
+    }
+}
+
+/// Events per second between two totals. A total that went down (a reset)
+/// counts as no events rather than a huge wrapped difference.
+pub fn rate(prev: u64, now: u64, window: Duration) -> f64 {
+    let secs = window.as_secs_f64();
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    now.saturating_sub(prev) as f64 / secs
+}
+
+/// iokerneld's loop CPU use over the window, in % of one core.
+pub fn loop_cpu_pct(prev: &StatsReport, now: &StatsReport) -> Option<f64> {
+    let w = window(prev, now)?;
+    Some(100.0 * rate(prev.loop_cpu_ns, now.loop_cpu_ns, w) / 1e9)
+}
+
+/// Rates of every application of `now`, matched with `prev` by app id (a
+/// name can be reused by a new registration; an id cannot).
+pub fn app_rates(prev: Option<&StatsReport>, now: &StatsReport) -> Vec<AppRates> {
+    let w = prev.and_then(|p| window(p, now));
+    let before: HashMap<u64, &AppStats> = prev
+        .map(|p| p.apps.iter().map(|a| (a.app_id, a)).collect())
+        .unwrap_or_default();
+    now.apps
+        .iter()
+        .map(|a| match (w, before.get(&a.app_id)) {
+            (Some(w), Some(b)) => AppRates {
+                app_id: a.app_id,
+                grants_per_s: Some(rate(b.grants, a.grants, w)),
+                preemptions_per_s: Some(rate(b.preemptions, a.preemptions, w)),
+                congestion_per_s: Some(rate(b.congestion_events, a.congestion_events, w)),
+            },
+            _ => AppRates {
+                app_id: a.app_id,
+                ..AppRates::default()
+            },
+        })
+        .collect()
+}
+
+/// The sample `--json` prints.
+pub fn sample<'a>(prev: Option<&StatsReport>, now: &'a StatsReport) -> Sample<'a> {
+    Sample {
+        window_ns: prev
+            .and_then(|p| window(p, now))
+            .map(|w| u64::try_from(w.as_nanos()).unwrap_or(u64::MAX)),
+        loop_cpu_pct: prev.and_then(|p| loop_cpu_pct(p, now)),
+        rates: app_rates(prev, now),
+        stats: now,
+    }
+}
+
+/// `3d04h`, `1h02m`, `5m07s`, `12.3s`.
+pub fn fmt_uptime(ns: u64) -> String {
+    let s = ns / 1_000_000_000;
+    let (d, h, m) = (s / 86_400, s / 3_600 % 24, s / 60 % 60);
+    if d > 0 {
+        format!("{d}d{h:02}h")
+    } else if h > 0 {
+        format!("{h}h{m:02}m")
+    } else if m > 0 {
+        format!("{m}m{:02}s", s % 60)
+    } else {
+        format!("{:.1}s", ns as f64 / 1e9)
+    }
+}
+
+/// A rate for the table: `-` when unknown, no decimals once it is large.
+pub fn fmt_rate(r: Option<f64>) -> String {
+    match r {
+        None => "-".into(),
+        Some(r) if r >= 100.0 => format!("{r:.0}"),
+        Some(r) => format!("{r:.1}"),
+    }
+}
+
+fn class_name(c: Class) -> &'static str {
+    match c {
+        Class::LatencyCritical => "latency-critical",
+        Class::Batch => "batch",
+    }
+}
+
+/// Text from iokerneld (names, removal reasons) without control
+/// characters, so that a stray escape sequence cannot garble the terminal.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// The screen for one report (`prev`: the report before, for rates).
+pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let cpu = prev
+        .and_then(|p| loop_cpu_pct(p, now))
+        .map_or_else(|| "-".into(), |p| format!("{p:.1}%"));
+    let window = prev
+        .and_then(|p| window(p, now))
+        .map_or_else(|| "-".into(), |w| format!("{w:.1?}"));
+    // `write!` to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "iokerneld  policy {}  managed cores {} ({})  uptime {}  loop cpu {cpu}\n\
+         passes {}  apps {}  registrations refused {}  apps disconnected {}  window {window}",
+        printable(&now.policy),
+        format_cores(&now.managed_cores),
+        now.managed_cores.len(),
+        fmt_uptime(now.uptime_ns),
+        now.passes,
+        now.apps.len(),
+        now.registrations_refused,
+        now.apps_disconnected,
+    );
+    out.push('\n');
+    let rates = app_rates(prev, now);
+    let names: Vec<String> = now.apps.iter().map(|a| printable(&a.name)).collect();
+    let nw = names.iter().map(String::len).max().unwrap_or(0).max(4);
+    let _ = writeln!(
+        out,
+        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}",
+        "NAME",
+        "PID",
+        "CLASS",
+        "CORES",
+        "GUAR/MAX",
+        "GRANTS/S",
+        "PREEMPT/S",
+        "PARKED/KT",
+        "CONGEST/S",
+        "OVERDUE",
+    );
+    for ((a, r), name) in now.apps.iter().zip(&rates).zip(&names) {
+        let _ = writeln!(
+            out,
+            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}",
+            name,
+            a.pid,
+            class_name(a.class),
+            a.cores_now,
+            format!("{}/{}", a.guaranteed, a.max_cores),
+            fmt_rate(r.grants_per_s),
+            fmt_rate(r.preemptions_per_s),
+            format!("{}/{}", a.parked_kthreads, a.kthreads),
+            fmt_rate(r.congestion_per_s),
+            a.preempt_overdue,
+        );
+    }
+    if now.apps.is_empty() {
+        out.push_str("(no application registered)\n");
+    }
+    if !now.recent_removals.is_empty() {
+        out.push_str("\nlast removals (newest last):\n");
+        let skip = now.recent_removals.len().saturating_sub(SHOWN_REMOVALS);
+        for r in &now.recent_removals[skip..] {
+            let _ = writeln!(
+                out,
+                "  {} (app {}): {}",
+                printable(&r.name),
+                r.app_id,
+                printable(&r.reason)
+            );
+        }
+    }
+    out
+}
+
+/// One stats report, with an error that names the socket and says what to
+/// do when nothing listens there.
+fn fetch(socket: &Path) -> anyhow::Result<StatsReport> {
+    client::stats(socket).map_err(|e| match e {
+        ClientError::Connect { path, source } => anyhow::anyhow!(
+            "cannot reach iokerneld at {}: {source} (is it running? start it with \
+             `ginza iokernel --cores ...`, or pass --socket)",
+            path.display()
+        ),
+        other => anyhow::Error::new(other).context(format!(
+            "asking iokerneld at {} for stats",
+            socket.display()
+        )),
+    })
+}
+
+/// Prints one screen or JSON line; `redraw`: clear the terminal first.
+fn show(
+    args: &TopArgs,
+    prev: Option<&StatsReport>,
+    now: &StatsReport,
+    redraw: bool,
+) -> anyhow::Result<()> {
+    let text = if args.json {
+        let mut line = serde_json::to_string(&sample(prev, now)).context("encoding a sample")?;
+        line.push('\n');
+        line
+    } else if redraw {
+        // Home, clear screen: redraw in place without a curses dependency.
+        format!("\x1b[H\x1b[2J{}", render(prev, now))
+    } else {
+        render(prev, now)
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing to stdout")
+}
+
+pub fn run(args: TopArgs) -> anyhow::Result<()> {
+    let socket = args.socket.clone().unwrap_or_else(default_socket_path);
+    let mut prev = fetch(&socket)?;
+    // The first screen already has rates: a short window instead of
+    // making the user wait a whole interval.
+    std::thread::sleep(ONCE_WINDOW.min(args.interval));
+    let mut now = fetch(&socket)?;
+    if args.once {
+        return show(&args, Some(&prev), &now, false);
+    }
+    // Clear and redraw only on a terminal; piped output gets one table
+    // after the other, separated by a blank line.
+    let tty = !args.json && std::io::stdout().is_terminal();
+    loop {
+        show(&args, Some(&prev), &now, tty)?;
+        if !tty && !args.json {
+            println!();
+        }
+        std::thread::sleep(args.interval);
+        prev = std::mem::replace(&mut now, fetch(&socket)?);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ginza_iokernel::proto::Removal;
+
+    use super::*;
+
+    fn app(app_id: u64, name: &str, grants: u64, preemptions: u64, congestion: u64) -> AppStats {
+        AppStats {
+            app_id,
+            name: name.into(),
+            pid: 42,
+            class: Class::Batch,
+            cores_now: 1,
+            guaranteed: 0,
+            max_cores: 2,
+            kthreads: 2,
+            parked_kthreads: 1,
+            grants,
+            preemptions,
+            congestion_events: congestion,
+            ring_full: 0,
+            preempt_overdue: 3,
+        }
+    }
+
+    /// Built through serde rather than a struct literal: fields iokerneld
+    /// adds later (with `#[serde(default)]`) do not break these tests.
+    fn report(uptime_ms: u64, loop_cpu_ms: u64, apps: Vec<AppStats>) -> StatsReport {
+        serde_json::from_value(serde_json::json!({
+            "policy": "shenango",
+            "managed_cores": [0, 1],
+            "interval_ns": 5_000,
+            "uptime_ns": uptime_ms * 1_000_000,
+            "loop_cpu_ns": loop_cpu_ms * 1_000_000,
+            "passes": 7,
+            "registrations_refused": 0,
+            "apps_disconnected": 0,
+            "apps": apps,
+            "recent_removals": [],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn rates_are_differences_over_iokerneld_time() {
+        assert_eq!(rate(10, 30, Duration::from_millis(500)), 40.0);
+        assert_eq!(
+            rate(30, 10, Duration::from_secs(1)),
+            0.0,
+            "reset: no events"
+        );
+        assert_eq!(rate(0, 10, Duration::ZERO), 0.0);
+
+        let a = report(
+            1_000,
+            100,
+            vec![app(1, "a", 10, 2, 100), app(2, "b", 0, 0, 0)],
+        );
+        let b = report(
+            1_500,
+            350,
+            vec![app(1, "a", 60, 7, 100), app(3, "c", 5, 5, 5)],
+        );
+        assert_eq!(window(&a, &b), Some(Duration::from_millis(500)));
+        assert_eq!(window(&b, &a), None, "uptime went back: restarted");
+        assert_eq!(window(&a, &a), None);
+        assert_eq!(loop_cpu_pct(&a, &b), Some(50.0));
+
+        let r = app_rates(Some(&a), &b);
+        assert_eq!(
+            r,
+            vec![
+                AppRates {
+                    app_id: 1,
+                    grants_per_s: Some(100.0),
+                    preemptions_per_s: Some(10.0),
+                    congestion_per_s: Some(0.0),
+                },
+                // New since `a`: no earlier total, no rate.
+                AppRates {
+                    app_id: 3,
+                    ..AppRates::default()
+                },
+            ]
+        );
+        // No earlier report, or a restart: no rates at all.
+        assert!(app_rates(None, &b).iter().all(|r| r.grants_per_s.is_none()));
+        assert!(app_rates(Some(&b), &a)
+            .iter()
+            .all(|r| r.grants_per_s.is_none()));
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(fmt_uptime(12_345_000_000), "12.3s");
+        assert_eq!(fmt_uptime(307 * 1_000_000_000), "5m07s");
+        assert_eq!(fmt_uptime(3_720 * 1_000_000_000), "1h02m");
+        assert_eq!(
+            fmt_uptime((3 * 86_400 + 4 * 3_600) * 1_000_000_000),
+            "3d04h"
+        );
+        assert_eq!(fmt_rate(None), "-");
+        assert_eq!(fmt_rate(Some(2.25)), "2.2");
+        assert_eq!(fmt_rate(Some(1234.6)), "1235");
+        assert_eq!(printable("a\x1b[2Jb"), "a?[2Jb");
+        assert!(parse_interval("1ms").is_err());
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn the_screen_shows_every_column() {
+        let a = report(1_000, 100, vec![app(1, "memcached", 10, 2, 100)]);
+        let mut b = report(2_000, 150, vec![app(1, "memcached", 30, 4, 150)]);
+        b.recent_removals = (0..7)
+            .map(|i| Removal {
+                app_id: 10 + i,
+                name: format!("gone{i}"),
+                reason: "hung up".into(),
+            })
+            .collect();
+        let s = render(Some(&a), &b);
+        assert!(s.contains("policy shenango"), "{s}");
+        assert!(s.contains("managed cores 0-1 (2)"), "{s}");
+        assert!(s.contains("uptime 2.0s"), "{s}");
+        assert!(s.contains("loop cpu 5.0%"), "{s}");
+        let row = s.lines().find(|l| l.starts_with("memcached")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            [
+                "memcached",
+                "42",
+                "batch",
+                "1",
+                "0/2",
+                "20.0",
+                "2.0",
+                "1/2",
+                "50.0",
+                "3"
+            ]
+        );
+        // Only the last few removals, newest last.
+        assert!(!s.contains("gone1 "), "{s}");
+        assert!(s.contains("gone2 (app 12): hung up"), "{s}");
+        assert!(s.trim_end().ends_with("gone6 (app 16): hung up"), "{s}");
+
+        let empty = render(None, &report(1, 0, vec![]));
+        assert!(empty.contains("(no application registered)"), "{empty}");
+        assert!(empty.contains("loop cpu -"), "{empty}");
+
+        let line = serde_json::to_string(&sample(Some(&a), &b)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["window_ns"], 1_000_000_000u64);
+        assert_eq!(v["rates"][0]["grants_per_s"], 20.0);
+        assert_eq!(v["stats"]["apps"][0]["name"], "memcached");
+    }
+}
