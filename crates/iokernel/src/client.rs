@@ -208,9 +208,20 @@ pub fn register_region<F: AsFd>(
 
 /// Asks iokerneld for its stats.
 pub fn stats(socket: &Path) -> Result<StatsReport, ClientError> {
+    stats_request(socket, Request::Stats)
+}
+
+/// Ends iokerneld's stats window ([`StatsReport::alloc`]) and starts a new
+/// one (a benchmark calls it after its warm-up). Returns the stats of the
+/// window that ended.
+pub fn reset_stats(socket: &Path) -> Result<StatsReport, ClientError> {
+    stats_request(socket, Request::ResetStats)
+}
+
+fn stats_request(socket: &Path, req: Request) -> Result<StatsReport, ClientError> {
     let env = Envelope {
         protocol: PROTOCOL_VERSION,
-        request: Request::Stats,
+        request: req,
     };
     match request(socket, &env, &[])?.1 {
         Response::Stats(s) => Ok(s),

@@ -32,13 +32,14 @@ use ginza_policy::alloc::{
 use ginza_shm::{
     IokernelEnd, LineFlags, PreemptReason, RecvError, Region, SendError, ToIokernel, ToKthread,
 };
+use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
 use crate::actuator::{CoreActuator, Target};
 use crate::config::{format_cores, Config, PolicyKind};
 use crate::proto::{
-    decode_request, encode, AppStats, Class, Registration, Removal, Request, Response, StatsReport,
-    MAX_NAME, MAX_REQUEST,
+    decode_request, encode, AllocStats, AppStats, Class, Latency, Registration, Removal, Request,
+    Response, StatsReport, MAX_NAME, MAX_REQUEST,
 };
 use crate::sys;
 
@@ -54,6 +55,12 @@ const RECENT_REMOVALS: usize = 16;
 pub const MAX_APPS: usize = 256;
 /// Target utilization of the `slow` policy.
 pub const SLOW_TARGET_UTIL: f64 = 0.8;
+/// Longest duration the cost histograms tell apart; longer samples count
+/// as this, so recording never resizes (allocates) in the loop. A
+/// hand-over ends by the preemption deadline (at most 10 s).
+pub const HIST_MAX_NS: u64 = 60_000_000_000;
+/// Significant digits of the cost histograms: 0.1 %, about 220 KiB each.
+const HIST_SIGFIG: u8 = 3;
 
 /// Why iokerneld could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +113,97 @@ struct Handover {
     app_id: u64,
     kthread: usize,
     core: usize,
+    /// When the victim was preempted (CLOCK_MONOTONIC).
+    preempted_ns: u64,
+}
+
+/// A cost histogram (ns).
+fn histogram() -> Histogram<u64> {
+    // Constant bounds, checked by a unit test.
+    Histogram::new_with_bounds(1, HIST_MAX_NS, HIST_SIGFIG).expect("valid histogram bounds")
+}
+
+/// The summary of a cost histogram that goes into the stats.
+pub fn summarize(h: &Histogram<u64>) -> Latency {
+    if h.is_empty() {
+        return Latency::default();
+    }
+    Latency {
+        count: h.len(),
+        p50_ns: h.value_at_quantile(0.5),
+        p99_ns: h.value_at_quantile(0.99),
+        max_ns: h.max(),
+        mean_ns: h.mean().round() as u64,
+    }
+}
+
+/// The allocator's counts and costs over the current stats window
+/// ([`AllocStats`]).
+struct Meter {
+    since_ns: u64,
+    since_cpu_ns: u64,
+    grants: u64,
+    preemptions: u64,
+    reallocations: u64,
+    handovers: u64,
+    handovers_abandoned: u64,
+    /// Wakes, preemptions and evictions carried out (never reset): a pass
+    /// that changed it acted.
+    actions: u64,
+    grant_cost: Histogram<u64>,
+    pass_acted: Histogram<u64>,
+    pass_idle: Histogram<u64>,
+    handover: Histogram<u64>,
+}
+
+impl Meter {
+    fn new(now: u64, cpu: u64) -> Self {
+        Meter {
+            since_ns: now,
+            since_cpu_ns: cpu,
+            grants: 0,
+            preemptions: 0,
+            reallocations: 0,
+            handovers: 0,
+            handovers_abandoned: 0,
+            actions: 0,
+            grant_cost: histogram(),
+            pass_acted: histogram(),
+            pass_idle: histogram(),
+            handover: histogram(),
+        }
+    }
+
+    /// Starts a new window (in place: no allocation).
+    fn reset(&mut self, now: u64, cpu: u64) {
+        self.since_ns = now;
+        self.since_cpu_ns = cpu;
+        self.grants = 0;
+        self.preemptions = 0;
+        self.reallocations = 0;
+        self.handovers = 0;
+        self.handovers_abandoned = 0;
+        self.grant_cost.reset();
+        self.pass_acted.reset();
+        self.pass_idle.reset();
+        self.handover.reset();
+    }
+
+    fn report(&self, now: u64, cpu: u64) -> AllocStats {
+        AllocStats {
+            window_ns: now.saturating_sub(self.since_ns),
+            window_cpu_ns: cpu.saturating_sub(self.since_cpu_ns),
+            grants: self.grants,
+            preemptions: self.preemptions,
+            reallocations: self.reallocations,
+            handovers: self.handovers,
+            handovers_abandoned: self.handovers_abandoned,
+            grant_cost: summarize(&self.grant_cost),
+            pass_cost_with_decisions: summarize(&self.pass_acted),
+            pass_cost_idle: summarize(&self.pass_idle),
+            handover: summarize(&self.handover),
+        }
+    }
 }
 
 struct App {
@@ -193,6 +291,9 @@ pub struct Iokerneld<A: CoreActuator> {
     busy: bool,
     /// From the last pass: earliest timer of a parked kthread.
     next_timer: Option<u64>,
+    /// Per policy core index: the application that was last granted it.
+    core_holder: Vec<Option<u64>>,
+    meter: Meter,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -283,8 +384,13 @@ impl<A: CoreActuator> Iokerneld<A> {
             cfg.policy.name(),
             cfg.interval
         );
+        let start_ns = sys::monotonic_ns();
         Ok(Iokerneld {
             topo: topology(&cfg.cores),
+            core_holder: vec![None; cfg.cores.len()],
+            // The first window is iokerneld's life: its CPU time is all of
+            // `loop_cpu_ns` (the loop thread's, which may not be this one).
+            meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
             cfg,
             listener,
@@ -294,7 +400,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             actuator,
             stop: StopHandle::default(),
             watch_signals: false,
-            start_ns: sys::monotonic_ns(),
+            start_ns,
             passes: 0,
             refused: 0,
             disconnected: 0,
@@ -527,8 +633,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             Err(e) => return refuse(self, e.to_string()),
         };
         match req {
-            Request::Stats => {
-                let rep = Response::Stats(self.report(now));
+            Request::Stats | Request::ResetStats => {
+                let rep = self.stats_answer(&req, now);
                 Self::reply(&p.sock, &rep).then_some(p)
             }
             Request::Register(reg) => match self.admit(&reg, r.fds, p.pid) {
@@ -671,8 +777,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             Ok(None) => {}
             Ok(Some(r)) if r.closed => app.doom("connection closed".into()),
             Ok(Some(r)) => match decode_request(&buf[..r.len.min(MAX_REQUEST)]) {
-                Ok(Request::Stats) => {
-                    let rep = Response::Stats(self.report(now));
+                Ok(req @ (Request::Stats | Request::ResetStats)) => {
+                    let rep = self.stats_answer(&req, now);
                     let app = &mut self.apps[i];
                     if !Self::reply(&app.sock, &rep) {
                         app.doom("stats reply could not be sent".into());
@@ -787,8 +893,23 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
     }
 
-    /// One allocation pass.
+    /// One allocation pass, timed into the stats.
     fn pass(&mut self, now: u64) {
+        // Not `now`: a control poll may have run since it was read.
+        let t0 = sys::monotonic_ns();
+        let actions = self.meter.actions;
+        self.pass_inner(now);
+        let t1 = sys::monotonic_ns();
+        let m = &mut self.meter;
+        let h = if !self.decisions.is_empty() || m.actions != actions {
+            &mut m.pass_acted
+        } else {
+            &mut m.pass_idle
+        };
+        h.saturating_record(t1.saturating_sub(t0));
+    }
+
+    fn pass_inner(&mut self, now: u64) {
         self.passes += 1;
         for app in &mut self.apps {
             for k in 0..app.kt.len() {
@@ -867,12 +988,13 @@ impl<A: CoreActuator> Iokerneld<A> {
         self.alloc
             .pass(now, &self.topo, &self.snaps, &mut self.decisions);
         let decisions = std::mem::take(&mut self.decisions);
-        // A preemption whose core the next decision grants: that grant
-        // waits for the victim to give the core back.
-        let mut victim: Option<(usize, usize, usize)> = None;
+        // A preemption whose core the next decision grants (and when it
+        // was made): that grant waits for the victim to give the core back.
+        let mut victim: Option<(usize, usize, usize, u64)> = None;
         for (i, d) in decisions.iter().enumerate() {
             match *d {
                 Decision::Grant { app, kthread, core } => {
+                    let t0 = sys::monotonic_ns();
                     if !self.assign(app, kthread, core) {
                         continue;
                     }
@@ -883,18 +1005,21 @@ impl<A: CoreActuator> Iokerneld<A> {
                         kt.timer = kt.timer.filter(|&t| t > now);
                     }
                     match victim.take() {
-                        Some((va, vk, vc)) if vc == core => {
+                        Some((va, vk, vc, preempted_ns)) if vc == core => {
                             let h = Handover {
                                 app_id: self.apps[app].id,
                                 kthread,
                                 core,
+                                preempted_ns,
                             };
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
                                 Some(v) if v.preempting && !v.evicted => v.handover = Some(h),
                                 _ => self.ready.push(h),
                             }
                         }
-                        _ => self.wake(app, kthread, core),
+                        _ => {
+                            self.wake(app, kthread, core, Some(t0));
+                        }
                     }
                 }
                 Decision::Preempt { app, kthread, core } => {
@@ -904,8 +1029,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     } else {
                         PreemptReason::Shrink
                     };
+                    let since = handed_over.then(sys::monotonic_ns);
                     self.preempt(app, kthread, core, reason, now);
-                    victim = handed_over.then_some((app, kthread, core));
+                    victim = since.map(|t| (app, kthread, core, t));
                 }
             }
         }
@@ -931,6 +1057,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
                 self.ready.extend(kt.handover.take());
                 app.preempt_overdue += 1;
+                self.meter.actions += 1;
                 warn!(
                     "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off",
                     app.name, kt.tid, self.cfg.preempt_deadline
@@ -947,14 +1074,25 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// Carries out the hand-overs whose core is free.
     fn complete_handovers(&mut self) {
         while let Some(h) = self.ready.pop() {
-            let Some(a) = self.apps.iter().position(|a| a.id == h.app_id) else {
-                continue;
-            };
             // Only if the receiver still holds the core (it may have been
             // preempted or gone in between).
-            let kt = &self.apps[a].kt[h.kthread];
-            if kt.core == Some(h.core) && !kt.preempting {
-                self.wake(a, h.kthread, h.core);
+            let woke = self
+                .apps
+                .iter()
+                .position(|a| a.id == h.app_id)
+                .filter(|&a| {
+                    let kt = &self.apps[a].kt[h.kthread];
+                    kt.core == Some(h.core) && !kt.preempting
+                })
+                .and_then(|a| self.wake(a, h.kthread, h.core, None));
+            match woke {
+                Some(end) => {
+                    self.meter.handovers += 1;
+                    self.meter
+                        .handover
+                        .saturating_record(end.saturating_sub(h.preempted_ns));
+                }
+                None => self.meter.handovers_abandoned += 1,
             }
         }
     }
@@ -987,35 +1125,47 @@ impl<A: CoreActuator> Iokerneld<A> {
         kt.preempting = false;
         kt.timer = None;
         app.grants += 1;
+        self.meter.grants += 1;
+        let prev = self.core_holder[core].replace(app.id);
+        if prev.is_some_and(|p| p != app.id) {
+            self.meter.reallocations += 1;
+        }
         true
     }
 
     /// Wakes a kthread on the core it was assigned: the command ring, then
-    /// the actuator (affinity, eventfd).
-    fn wake(&mut self, a: usize, k: usize, core: usize) {
-        let Some(&cpu) = self.cfg.cores.get(core) else {
-            return;
-        };
-        let Some(app) = self.apps.get_mut(a) else {
-            return;
-        };
+    /// the actuator (affinity, eventfd). `started`: when the grant's
+    /// bookkeeping began, if it is part of this wake's cost. Returns when
+    /// the wake was done, `None` if it could not be.
+    fn wake(&mut self, a: usize, k: usize, core: usize, started: Option<u64>) -> Option<u64> {
+        let &cpu = self.cfg.cores.get(core)?;
+        let app = self.apps.get_mut(a)?;
         if k >= app.kt.len() {
-            return;
+            return None;
         }
+        // One clock read serves as the decision time and the cost's start.
+        let t0 = started.unwrap_or_else(sys::monotonic_ns);
         match app.ends[k].to_kthread.send(ToKthread::Wake {
             core: cpu as u32,
-            decided_ns: sys::monotonic_ns(),
+            decided_ns: t0,
         }) {
             Ok(()) => {}
             Err(SendError::Full) => app.ring_full += 1,
             Err(SendError::Corrupt(e)) => {
-                return app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
+                app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
+                return None;
             }
         }
         debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);
         if let Err(e) = self.actuator.grant(&Self::target(app, k), cpu) {
             warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
         }
+        let end = sys::monotonic_ns();
+        self.meter.actions += 1;
+        self.meter
+            .grant_cost
+            .saturating_record(end.saturating_sub(t0));
+        Some(end)
     }
 
     fn preempt(&mut self, a: usize, k: usize, core: usize, reason: PreemptReason, now: u64) {
@@ -1036,6 +1186,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         kt.evicted = false;
         kt.preempt_since = now;
         app.preemptions += 1;
+        self.meter.preemptions += 1;
+        self.meter.actions += 1;
         app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
         match app.ends[k].to_kthread.send(ToKthread::Preempt { reason }) {
             Ok(()) => {}
@@ -1059,12 +1211,13 @@ impl<A: CoreActuator> Iokerneld<A> {
     // ----- stats -----
 
     fn report(&self, now: u64) -> StatsReport {
+        let cpu = sys::thread_cpu_ns();
         StatsReport {
             policy: self.cfg.policy.name().into(),
             managed_cores: self.cfg.cores.clone(),
             interval_ns: self.cfg.interval.as_nanos() as u64,
             uptime_ns: now.saturating_sub(self.start_ns),
-            loop_cpu_ns: sys::thread_cpu_ns(),
+            loop_cpu_ns: cpu,
             passes: self.passes,
             registrations_refused: self.refused,
             apps_disconnected: self.disconnected,
@@ -1089,12 +1242,88 @@ impl<A: CoreActuator> Iokerneld<A> {
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
+            alloc: self.meter.report(now, cpu),
         }
+    }
+
+    /// The stats answer; for `ResetStats` the window it reports ends and a
+    /// new one starts.
+    fn stats_answer(&mut self, req: &Request, now: u64) -> Response {
+        let rep = Response::Stats(self.report(now));
+        if *req == Request::ResetStats {
+            // `now` may be older than the samples already in the window.
+            let t = sys::monotonic_ns().max(now);
+            self.meter.reset(t, sys::thread_cpu_ns());
+        }
+        rep
     }
 }
 
 impl<A: CoreActuator> Drop for Iokerneld<A> {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.cfg.socket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_of_cost_histograms() {
+        let mut h = histogram();
+        assert_eq!(summarize(&h), Latency::default());
+        // 1 µs .. 1 ms.
+        for us in 1..=1000u64 {
+            h.saturating_record(us * 1000);
+        }
+        let s = summarize(&h);
+        assert_eq!(s.count, 1000);
+        // Upper ends of 0.1 % buckets: never below the value.
+        let near = |got: u64, want: u64| got >= want && got <= want + want / 1000;
+        assert!(near(s.p50_ns, 500_000), "{s:?}");
+        assert!(near(s.p99_ns, 990_000), "{s:?}");
+        assert!(near(s.max_ns, 1_000_000), "{s:?}");
+        assert!(s.mean_ns.abs_diff(500_500) <= 500, "{s:?}");
+        // Out of range: clamped, not lost, nothing allocated.
+        h.saturating_record(u64::MAX);
+        h.saturating_record(0);
+        let s = summarize(&h);
+        assert_eq!(s.count, 1002);
+        assert!(s.max_ns >= HIST_MAX_NS && s.max_ns <= HIST_MAX_NS + HIST_MAX_NS / 1000);
+    }
+
+    #[test]
+    fn a_reset_starts_a_new_window() {
+        let mut m = Meter::new(1_000, 0);
+        m.grants = 3;
+        m.preemptions = 2;
+        m.reallocations = 1;
+        m.handovers = 1;
+        m.handovers_abandoned = 1;
+        m.actions = 9;
+        for h in [
+            &mut m.grant_cost,
+            &mut m.pass_acted,
+            &mut m.pass_idle,
+            &mut m.handover,
+        ] {
+            h.saturating_record(5_000);
+        }
+        let r = m.report(11_000, 500);
+        assert_eq!((r.window_ns, r.window_cpu_ns), (10_000, 500));
+        assert_eq!((r.grants, r.handover.count), (3, 1));
+        m.reset(20_000, 700);
+        let r = m.report(25_000, 800);
+        assert_eq!(
+            r,
+            AllocStats {
+                window_ns: 5_000,
+                window_cpu_ns: 100,
+                ..Default::default()
+            }
+        );
+        // Not a window count: passes compare it before and after.
+        assert_eq!(m.actions, 9);
     }
 }

@@ -15,8 +15,8 @@
 //! command rings) is binary shared memory, not this socket.
 //!
 //! A connection's first message is an [`Envelope`]: `Register` (the
-//! connection then stands for the application; closing it deregisters) or
-//! `Stats` (answered; more `Stats` requests may follow).
+//! connection then stands for the application; closing it deregisters),
+//! `Stats` or `ResetStats` (answered; more such requests may follow).
 
 use serde::{Deserialize, Serialize};
 
@@ -71,6 +71,10 @@ pub struct Registration {
 pub enum Request {
     Register(Registration),
     Stats,
+    /// Answered like `Stats` (the window that ends now), then the
+    /// [`AllocStats`] window starts again: a benchmark resets after its
+    /// warm-up and reads its measurement window alone.
+    ResetStats,
 }
 
 /// What a client sends: the protocol version, then the request.
@@ -82,6 +86,9 @@ pub struct Envelope {
 }
 
 /// iokerneld's answer.
+// One per request, off the fast path: its size does not matter, and
+// boxing the report would only complicate matching on it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {
@@ -116,8 +123,66 @@ pub struct AppStats {
     pub preempt_overdue: u64,
 }
 
+/// Summary of a histogram of durations, in ns. All zero when `count` is 0.
+/// Percentiles and the maximum are the upper ends of their histogram
+/// buckets (at most 0.1 % above the recorded value, never below it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: u64,
+}
+
+/// What the core allocator did and what it cost iokerneld, over a window:
+/// since iokerneld started, or since the last `ResetStats`. Unlike the
+/// per-application totals, this survives applications that leave.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocStats {
+    /// Length of the window (CLOCK_MONOTONIC).
+    pub window_ns: u64,
+    /// CPU time of iokerneld's loop thread in the window.
+    pub window_cpu_ns: u64,
+    /// Grant decisions carried out in iokerneld's bookkeeping (the kthread
+    /// holds the core from then on), hand-overs still waiting included.
+    pub grants: u64,
+    /// Kthreads asked to give their core back.
+    pub preemptions: u64,
+    /// Grants of a core whose previous holder was another application (a
+    /// core moved between applications, Shenango's "core reallocation").
+    /// A core's first grant since iokerneld started is not one; a core
+    /// granted again to the application that last held it is not one.
+    pub reallocations: u64,
+    /// Hand-overs completed: the receiving kthread was woken after the
+    /// preempted victim gave the core back, missed its deadline or went
+    /// away.
+    pub handovers: u64,
+    /// Hand-overs dropped because the receiver lost the core (preempted)
+    /// or went away before the victim gave it back.
+    pub handovers_abandoned: u64,
+    /// iokerneld's time per wake of a kthread on its granted core: for a
+    /// grant carried out at once, its bookkeeping + the `Wake` on the
+    /// command ring + `CoreActuator::grant` (`LinuxActuator`:
+    /// `sched_setaffinity` + eventfd write); for a hand-over, the wake
+    /// only (its bookkeeping was in the deciding pass). One sample per
+    /// grant once no hand-over is pending or abandoned.
+    pub grant_cost: Latency,
+    /// Wall time of each allocation pass in which the policy made a
+    /// decision or iokerneld woke, preempted or evicted a kthread.
+    pub pass_cost_with_decisions: Latency,
+    /// Wall time of each other pass (drain the rings, read the queue lines,
+    /// run the policy, nothing to do): the fixed cost of a pass. The two
+    /// counts add up to the passes of the window.
+    pub pass_cost_idle: Latency,
+    /// Per completed hand-over: from just before iokerneld signals the
+    /// victim to just after the receiving kthread's wake (its eventfd
+    /// write) returns.
+    pub handover: Latency,
+}
+
 /// The whole stats answer.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatsReport {
     pub policy: String,
     pub managed_cores: Vec<usize>,
@@ -132,6 +197,10 @@ pub struct StatsReport {
     pub apps: Vec<AppStats>,
     /// The last few applications removed, oldest first.
     pub recent_removals: Vec<Removal>,
+    /// Counts and costs of the core allocator over the current window.
+    /// Missing in a report from an older iokerneld: all zero.
+    #[serde(default)]
+    pub alloc: AllocStats,
 }
 
 /// An application iokerneld removed, and why.
@@ -216,5 +285,79 @@ mod tests {
             decode_request(br#"{"protocol": 1, "request": "stats"}"#),
             Ok(Request::Stats)
         );
+        assert_eq!(
+            decode_request(br#"{"protocol": 1, "request": "reset_stats"}"#),
+            Ok(Request::ResetStats)
+        );
+    }
+
+    /// The largest report iokerneld can send (every application slot taken
+    /// with the longest names, every removal remembered with a long reason,
+    /// the largest numbers) fits in what a client reads.
+    #[test]
+    fn the_largest_stats_reply_fits() {
+        let big = Latency {
+            count: u64::MAX,
+            p50_ns: u64::MAX,
+            p99_ns: u64::MAX,
+            max_ns: u64::MAX,
+            mean_ns: u64::MAX,
+        };
+        let name = "n".repeat(MAX_NAME);
+        let report = StatsReport {
+            policy: "shenango".into(),
+            managed_cores: (0..1024).map(|c| c + 10_000).collect(),
+            interval_ns: u64::MAX,
+            uptime_ns: u64::MAX,
+            loop_cpu_ns: u64::MAX,
+            passes: u64::MAX,
+            registrations_refused: u64::MAX,
+            apps_disconnected: u64::MAX,
+            apps: (0..crate::daemon::MAX_APPS)
+                .map(|_| AppStats {
+                    app_id: u64::MAX,
+                    name: name.clone(),
+                    pid: i32::MIN,
+                    class: Class::LatencyCritical,
+                    cores_now: u32::MAX,
+                    guaranteed: u32::MAX,
+                    max_cores: u32::MAX,
+                    kthreads: u32::MAX,
+                    parked_kthreads: u32::MAX,
+                    grants: u64::MAX,
+                    preemptions: u64::MAX,
+                    congestion_events: u64::MAX,
+                    ring_full: u64::MAX,
+                    preempt_overdue: u64::MAX,
+                })
+                .collect(),
+            recent_removals: (0..16)
+                .map(|_| Removal {
+                    app_id: u64::MAX,
+                    name: name.clone(),
+                    reason: "r".repeat(1024),
+                })
+                .collect(),
+            alloc: AllocStats {
+                window_ns: u64::MAX,
+                window_cpu_ns: u64::MAX,
+                grants: u64::MAX,
+                preemptions: u64::MAX,
+                reallocations: u64::MAX,
+                handovers: u64::MAX,
+                handovers_abandoned: u64::MAX,
+                grant_cost: big,
+                pass_cost_with_decisions: big,
+                pass_cost_idle: big,
+                handover: big,
+            },
+        };
+        let len = encode(&Response::Stats(report)).len();
+        // About 140 KB. One SOCK_SEQPACKET message must also fit in the
+        // default socket send buffer (net.core.wmem_default, 208 KiB),
+        // which is below MAX_REPLY.
+        const SEND_BUFFER: usize = 200 * 1024;
+        const _: () = assert!(SEND_BUFFER < MAX_REPLY);
+        assert!(len < SEND_BUFFER, "{len} bytes");
     }
 }

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ginza_iokernel::client::{self, ClientError};
-use ginza_iokernel::proto::{Envelope, Request, Response};
+use ginza_iokernel::proto::{Envelope, Latency, Request, Response};
 use ginza_iokernel::{
     Action, Class, Config, CoreActuator, Iokerneld, LinuxActuator, RecordingActuator, Registration,
     StatsReport, StopHandle, PROTOCOL_VERSION,
@@ -602,6 +602,113 @@ fn congestion_is_granted_and_parking_gives_cores_back() {
     drop(conn);
 }
 
+#[test]
+fn grants_are_timed_reallocations_counted_and_reset_stats_starts_a_window() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let n = test_cores().len() as u64;
+    let a = app(2);
+    let conn = register(&d, &a, &reg("lc", Class::LatencyCritical, 0, 2, 2)).unwrap();
+    let mut k0 = a.region.runtime_end(0).unwrap();
+    let mut k1 = a.region.runtime_end(1).unwrap();
+    k0.line.set_rq_tail(3);
+    let s = d.wait_for("lc holds every core", |s| {
+        app_named(s, "lc").unwrap().cores_now as u64 == n
+    });
+    let al = &s.alloc;
+    assert_eq!(al.grants, n);
+    assert_eq!(al.grant_cost.count, al.grants, "{al:#?}");
+    assert!(al.grant_cost.p50_ns > 0, "{al:#?}");
+    assert!(al.grant_cost.mean_ns > 0 && al.grant_cost.p50_ns <= al.grant_cost.max_ns);
+    // The first grant of a core moves it from no application.
+    assert_eq!(al.reallocations, 0);
+    assert_eq!((al.preemptions, al.handovers, al.handover.count), (0, 0, 0));
+    // Every pass is timed, in one histogram or the other.
+    assert!(al.pass_cost_with_decisions.count >= 1);
+    assert!(al.pass_cost_with_decisions.p50_ns > 0);
+    assert_eq!(
+        al.pass_cost_with_decisions.count + al.pass_cost_idle.count,
+        s.passes
+    );
+    // Not reset yet: the window is iokerneld's life.
+    assert_eq!(
+        (al.window_ns, al.window_cpu_ns),
+        (s.uptime_ns, s.loop_cpu_ns)
+    );
+
+    // lc parks; another application gets the cores lc held.
+    k0.line.set_rq_head(3);
+    for k in [&mut k0, &mut k1] {
+        k.to_iokernel
+            .send(ToIokernel::Parked {
+                next_deadline_ns: None,
+            })
+            .unwrap();
+    }
+    d.wait_for("lc parked", |s| app_named(s, "lc").unwrap().cores_now == 0);
+    let b = app(2);
+    let cb = register(&d, &b, &reg("other", Class::Batch, 0, 2, 2)).unwrap();
+    b.region.line(0).unwrap().set_rq_tail(1);
+    let s = d.wait_for("other holds every core", |s| {
+        app_named(s, "other").unwrap().cores_now as u64 == n
+    });
+    assert_eq!(s.alloc.grants, 2 * n);
+    assert_eq!(s.alloc.reallocations, n);
+    assert_eq!(s.alloc.grant_cost.count, 2 * n);
+
+    // The reset answers with the window it ends, then counts from zero.
+    let ended = client::reset_stats(&d.socket).unwrap();
+    assert_eq!(ended.alloc.grants, 2 * n);
+    let s = d.stats();
+    let al = &s.alloc;
+    assert_eq!(
+        (
+            al.grants,
+            al.preemptions,
+            al.reallocations,
+            al.handovers,
+            al.handovers_abandoned
+        ),
+        (0, 0, 0, 0, 0)
+    );
+    assert_eq!(al.grant_cost, Latency::default());
+    assert_eq!(al.handover, Latency::default());
+    assert!(al.window_ns < s.uptime_ns && al.window_cpu_ns < s.loop_cpu_ns);
+    assert!(al.pass_cost_with_decisions.count + al.pass_cost_idle.count < s.passes);
+    // Per-application totals are not the window's.
+    assert_eq!(app_named(&s, "lc").unwrap().grants, n);
+
+    // The new window counts: other leaves, lc gets work again.
+    drop(cb);
+    d.wait_for("other gone", |s| app_named(s, "other").is_none());
+    k0.line.set_rq_tail(4);
+    let s = d.wait_for("lc holds every core again", |s| {
+        app_named(s, "lc").unwrap().cores_now as u64 == n
+    });
+    assert_eq!(
+        (
+            s.alloc.grants,
+            s.alloc.reallocations,
+            s.alloc.grant_cost.count
+        ),
+        (n, n, n)
+    );
+
+    // A registered application's own connection may reset too.
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::ResetStats,
+    };
+    client::send_raw(conn.as_fd(), &serde_json::to_vec(&env).unwrap(), &[]).unwrap();
+    match client::recv_response(conn.as_fd()).unwrap() {
+        Response::Stats(ended) => assert_eq!(ended.alloc.grants, n),
+        r => panic!("expected stats, got {r:?}"),
+    }
+    assert_eq!(d.stats().alloc.grant_cost.count, 0);
+    k0.line.set_rq_head(4);
+    drop(conn);
+}
+
 /// A batch application holds every managed core (bursting); a
 /// latency-critical one gets work: one batch kthread is preempted and its
 /// core is granted to the latency-critical one once it is given back.
@@ -678,6 +785,8 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
         c.preempt_deadline = Duration::from_secs(10)
     });
     let x = burst(&d, &rec);
+    // The preemption happened before `burst` saw it in the stats.
+    let preempted = Instant::now();
     // The core is not handed over while the victim still holds it.
     std::thread::sleep(Duration::from_millis(5));
     assert!(!lc_granted(&rec, x.cpu), "{:?}", rec.actions());
@@ -695,6 +804,7 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
         })
     );
     // It yields: it is parked, and the core goes to lc.
+    let waited = preempted.elapsed();
     rv.to_iokernel
         .send(ToIokernel::Yielded {
             next_deadline_ns: None,
@@ -724,6 +834,24 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
         .contains(ginza_shm::LineFlags::PREEMPT_PENDING));
     let s = d.stats();
     assert_eq!(app_named(&s, "batch").unwrap().preempt_overdue, 0);
+    // One hand-over, timed from the preemption to lc's wake: at least as
+    // long as the victim took to yield.
+    let al = &s.alloc;
+    assert_eq!(
+        (al.preemptions, al.handovers, al.handovers_abandoned),
+        (1, 1, 0)
+    );
+    assert_eq!(al.handover.count, 1);
+    assert!(
+        al.handover.max_ns >= waited.as_nanos() as u64,
+        "hand-over {} ns, waited {waited:?}",
+        al.handover.max_ns
+    );
+    assert_eq!(al.handover.p50_ns, al.handover.max_ns);
+    // Only lc's grant moved a core between applications; every grant,
+    // the handed-over one included, has been carried out and timed.
+    assert_eq!(al.reallocations, 1);
+    assert_eq!(al.grant_cost.count, al.grants);
 }
 
 #[test]
@@ -756,6 +884,15 @@ fn a_kthread_that_ignores_preemption_is_evicted_and_its_core_handed_over() {
     assert!(g > e);
     // Both applications still registered: only the kthread was punished.
     assert_eq!(s.apps.len(), 2);
+    // The hand-over completed in the pass that evicted the victim, a
+    // deadline after the preemption (counted from the pass's start, a few
+    // µs before the signal: hence the margin).
+    assert_eq!((s.alloc.handovers, s.alloc.handover.count), (1, 1));
+    assert!(
+        s.alloc.handover.max_ns >= 19_000_000,
+        "{:?}",
+        s.alloc.handover
+    );
 }
 
 #[test]
@@ -778,6 +915,9 @@ fn linux_actuator_grant_writes_the_eventfd() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    let s = d.stats();
+    assert_eq!(s.alloc.grant_cost.count, 1);
+    assert!(s.alloc.grant_cost.p50_ns > 0);
     line.set_rq_head(1);
     drop(conn);
 }
@@ -956,6 +1096,13 @@ fn the_binary_runs_for_a_while_and_refuses_bad_configs() {
     let report: StatsReport = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report.passes > 0);
     assert_eq!(report.managed_cores, test_cores());
+    // The final summaries are printed too: every pass is timed.
+    let al = &report.alloc;
+    assert_eq!(
+        al.pass_cost_idle.count + al.pass_cost_with_decisions.count,
+        report.passes
+    );
+    assert!(al.pass_cost_idle.p50_ns > 0);
     assert!(!sock.exists(), "socket file removed at exit");
 
     let fail = |args: &[&str]| -> String {
