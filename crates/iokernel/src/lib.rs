@@ -19,6 +19,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+mod in_process;
 pub mod proto;
 mod sys;
 
@@ -28,6 +29,7 @@ pub use actuator::{
 pub use client::{ClientError, Connection};
 pub use config::{Cli, Config, ConfigError, PolicyKind};
 pub use daemon::{DaemonError, Iokerneld, StopHandle};
+pub use in_process::InProcess;
 pub use proto::{AppStats, Class, Registration, Removal, StatsReport, PROTOCOL_VERSION};
 
 /// Test and tool helpers that need a system call.

@@ -5,6 +5,7 @@
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
 
 mod common;
+mod corealloc;
 mod preempt;
 mod shinjuku;
 mod threadops;
@@ -30,6 +31,10 @@ enum Experiment {
     /// load for two bimodal workloads under c-FCFS, c-PRE-SQ and c-PRE-MQ,
     /// with the simulator's prediction beside them; CSV and PNG.
     Shinjuku(shinjuku::ShinjukuArgs),
+    /// iokerneld: decision → running kthread for grants (blocked and still
+    /// spinning kthreads), iokerneld's time per grant, preemption hand-over,
+    /// sustained reallocations per second, next to the eventfd wake floor.
+    Corealloc(corealloc::CoreallocArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -38,5 +43,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Threadops(args) => threadops::run(args),
         Experiment::Preempt(args) => preempt::run(args),
         Experiment::Shinjuku(args) => shinjuku::run(args),
+        Experiment::Corealloc(args) => corealloc::run(args),
     }
 }

@@ -1,0 +1,389 @@
+//! `ginza bench corealloc`: how fast iokerneld moves a core, next to the
+//! floor this machine sets, in one run.
+//!
+//! iokerneld runs in this process on its own CPU (`--iokernel-core`,
+//! default: the first allowed CPU), spinning, with the 5 µs Shenango
+//! allocator; it manages one core (`--core`, default: the last allowed
+//! CPU). Every figure is a distribution over `--grants` events, reported as
+//! p50/p99:
+//!
+//! * `eventfd_floor_us`: a thread blocked in `ppoll` on an eventfd on the
+//!   managed core, woken by an eventfd write from iokerneld's CPU; write →
+//!   woken thread running. Gaps between wakes are drawn as for `grant_us`,
+//!   so the vCPU has idled alike (a halted vCPU is slow to wake).
+//! * `grant_us`: an application with one kthread whose only uthread sleeps
+//!   for a random gap: the kthread parks (`Parked` with its timer) and
+//!   blocks; iokerneld sees the timer expire and grants the core. From the
+//!   decision (the time carried in `Wake`) to the kthread running, measured
+//!   by the kthread.
+//! * `grant_spinning_us`: the same with the kthread lingering after it
+//!   parked (`linger_after_park`) and short gaps, so the grant finds it
+//!   still polling its eventfd: no wake-up from halt.
+//! * `iokernel_ns_per_grant`: iokerneld's own time to carry out one grant
+//!   (bookkeeping, command ring, `sched_setaffinity`, eventfd write), from
+//!   its stats, over the grant runs.
+//! * `preempt_handover_us` and `reallocs_per_s`: a batch application spins
+//!   on the managed core while the latency-critical one sleeps short gaps;
+//!   every wake of the latter preempts the former (signal), and the core is
+//!   handed over when the victim reports `Yielded`; then the batch
+//!   application takes the core back when the other parks. Hand-over time
+//!   from iokerneld's stats (preemption sent → receiving kthread woken);
+//!   reallocations per second = core moves between the two applications
+//!   over the run's wall time.
+
+use std::fmt::Write as _;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ginza_iokernel::{client, Config as IokConfig, InProcess, PolicyKind, StatsReport};
+use ginza_runtime::{Class, Config, IokernelConfig};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::common::{allowed_cpus, emit, percentile};
+
+/// Arguments of `ginza bench corealloc`.
+#[derive(clap::Args, Debug)]
+pub struct CoreallocArgs {
+    /// Print one JSON object on stdout (the table then goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Events per measurement.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..))]
+    grants: u64,
+    /// iokerneld's CPU (default: the first allowed CPU).
+    #[arg(long)]
+    iokernel_core: Option<usize>,
+    /// The managed core (default: the last allowed CPU).
+    #[arg(long)]
+    core: Option<usize>,
+    /// Length of the preemption/hand-over run.
+    #[arg(long, default_value = "2s", value_parser = humantime_like)]
+    handover_for: Duration,
+}
+
+fn humantime_like(s: &str) -> Result<Duration, String> {
+    ginza_iokernel::config::parse_duration(s)
+}
+
+/// Gaps between grants when the kthread blocks (µs, uniform).
+const BLOCKED_GAP_US: (u64, u64) = (100, 300);
+/// Gaps when the kthread lingers (µs, uniform), well inside the linger.
+const LINGER_GAP_US: (u64, u64) = (10, 40);
+const LINGER: Duration = Duration::from_millis(2);
+/// Gaps of the latency-critical application in the hand-over run (µs).
+const HANDOVER_GAP_US: (u64, u64) = (20, 60);
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Pct {
+    p50: f64,
+    p99: f64,
+    n: usize,
+}
+
+impl Pct {
+    fn of_latency(l: &ginza_iokernel::proto::Latency, scale: f64) -> Option<Pct> {
+        (l.count > 0).then(|| Pct {
+            p50: l.p50_ns as f64 / scale,
+            p99: l.p99_ns as f64 / scale,
+            n: l.count as usize,
+        })
+    }
+
+    fn of_ns(mut v: Vec<u64>, scale: f64) -> Option<Pct> {
+        v.sort_unstable();
+        Some(Pct {
+            p50: percentile(&v, 50.0)? as f64 / scale,
+            p99: percentile(&v, 99.0)? as f64 / scale,
+            n: v.len(),
+        })
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    grant_us: Option<Pct>,
+    grant_spinning_us: Option<Pct>,
+    eventfd_floor_us: Option<Pct>,
+    iokernel_ns_per_grant: Option<Pct>,
+    preempt_handover_us: Option<Pct>,
+    reallocs_per_s: f64,
+    /// Decision → running for the latency-critical grants of the
+    /// hand-over run (each waits for a preemption).
+    grant_after_preemption_us: Option<Pct>,
+    iokernel_cpu: usize,
+    managed_core: usize,
+}
+
+pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
+    let allowed = allowed_cpus()?;
+    anyhow::ensure!(
+        allowed.len() >= 2,
+        "this process may only run on CPUs {allowed:?}; iokerneld and the managed core need two"
+    );
+    let io_cpu = args.iokernel_core.unwrap_or(allowed[0]);
+    let core = args.core.unwrap_or(allowed[allowed.len() - 1]);
+    for c in [io_cpu, core] {
+        anyhow::ensure!(allowed.contains(&c), "CPU {c} is not among the allowed CPUs {allowed:?}");
+    }
+    anyhow::ensure!(io_cpu != core, "iokerneld's CPU and the managed core must differ");
+    let n = args.grants as usize;
+    eprintln!("corealloc: iokerneld on CPU {io_cpu}, managed core {core}, {n} events per figure");
+
+    eprintln!("corealloc: eventfd floor");
+    let floor = eventfd_floor(io_cpu, core, n)?;
+
+    let dir = std::env::temp_dir().join(format!("ginza-corealloc-{}", std::process::id()));
+    let mut cfg = IokConfig::new(vec![core]);
+    cfg.own_core = Some(io_cpu);
+    cfg.policy = PolicyKind::Shenango;
+    cfg.socket = dir.join("iokerneld.sock");
+    cfg.validate(&allowed).context("iokerneld configuration")?;
+    let daemon = InProcess::start(cfg).context("starting iokerneld")?;
+    let socket = daemon.socket().to_path_buf();
+
+    eprintln!("corealloc: grants to a blocked kthread");
+    client::reset_stats(&socket)?;
+    let (blocked, _) = sleeper(&socket, "grant", n, BLOCKED_GAP_US, Duration::ZERO)?;
+    eprintln!("corealloc: grants to a lingering kthread");
+    let (_, lingering) = sleeper(&socket, "grant-linger", n, LINGER_GAP_US, LINGER)?;
+    // iokerneld's cost per grant over both grant runs.
+    let st_grants = daemon.stats()?;
+
+    eprintln!("corealloc: preemption hand-overs for {:?}", args.handover_for);
+    let (after_preempt, st_hand) = handover(&socket, args.handover_for)?;
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let hand = &st_hand.alloc;
+    let report = Report {
+        grant_us: Pct::of_ns(blocked, 1e3),
+        grant_spinning_us: Pct::of_ns(lingering, 1e3),
+        eventfd_floor_us: Pct::of_ns(floor, 1e3),
+        iokernel_ns_per_grant: Pct::of_latency(&st_grants.alloc.grant_cost, 1.0),
+        preempt_handover_us: Pct::of_latency(&hand.handover, 1e3),
+        reallocs_per_s: hand.reallocations as f64 / (hand.window_ns.max(1) as f64 / 1e9),
+        grant_after_preemption_us: Pct::of_ns(after_preempt, 1e3),
+        iokernel_cpu: io_cpu,
+        managed_core: core,
+    };
+    emit(args.json, &render(&report), &report)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (it came from the affinity mask).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of the size passed, for the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    anyhow::ensure!(rc == 0, "pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+fn monotonic_ns() -> u64 {
+    ginza_iokernel::util::monotonic_ns()
+}
+
+fn gap(rng: &mut impl Rng, (lo, hi): (u64, u64)) -> Duration {
+    Duration::from_micros(rng.random_range(lo..=hi))
+}
+
+/// Write → running of a thread blocked on an eventfd on `core`, written
+/// from `writer_cpu`.
+fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec<u64>> {
+    // SAFETY: eventfd has no memory-safety preconditions.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    anyhow::ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh descriptor we own.
+    let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    let sent = Arc::new(AtomicU64::new(0));
+    let waiter = {
+        let (fd, sent) = (Arc::clone(&fd), Arc::clone(&sent));
+        std::thread::spawn(move || -> anyhow::Result<Vec<u64>> {
+            pin(core)?;
+            let mut out = Vec::with_capacity(n);
+            let mut buf = 0u64;
+            while out.len() < n {
+                // SAFETY: reading 8 bytes into a valid u64; blocks until written.
+                let r = unsafe { libc::read(fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+                anyhow::ensure!(r == 8, "eventfd read: {}", std::io::Error::last_os_error());
+                out.push(monotonic_ns().saturating_sub(sent.load(Ordering::Acquire)));
+            }
+            Ok(out)
+        })
+    };
+    pin(writer_cpu)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    for _ in 0..n {
+        std::thread::sleep(gap(&mut rng, BLOCKED_GAP_US));
+        sent.store(monotonic_ns(), Ordering::Release);
+        let one = 1u64;
+        // SAFETY: writing 8 bytes from a valid u64.
+        let w = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        anyhow::ensure!(w == 8, "eventfd write: {}", std::io::Error::last_os_error());
+    }
+    let out = waiter.join().map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
+    unpin()?;
+    Ok(out)
+}
+
+/// Back to every allowed CPU.
+fn unpin() -> anyhow::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for c in allowed_cpus_of_process()? {
+        // SAFETY: `c` is below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: a valid set of the size passed, for the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    anyhow::ensure!(rc == 0, "unpinning: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+/// The process's CPUs (the calling thread may be pinned narrower).
+fn allowed_cpus_of_process() -> anyhow::Result<Vec<usize>> {
+    let s = std::fs::read_to_string("/proc/self/status")?;
+    let line = s
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .context("no Cpus_allowed_list in /proc/self/status")?;
+    let mut out = Vec::new();
+    for part in line.trim().split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<usize>()?..=b.parse::<usize>()?),
+            None => out.push(part.parse()?),
+        }
+    }
+    Ok(out)
+}
+
+fn app(socket: &std::path::Path, name: &str, class: Class, linger: Duration) -> Config {
+    let mut io = IokernelConfig::new(name, class);
+    io.socket = Some(socket.to_path_buf());
+    io.linger_after_park = linger;
+    Config {
+        iokernel: Some(io),
+        ..Config::with_kthreads(1)
+    }
+}
+
+/// An application whose one uthread sleeps `n` random gaps; the grant
+/// latencies its kthread measured (blocked, lingering).
+fn sleeper(
+    socket: &std::path::Path,
+    name: &str,
+    n: usize,
+    gaps: (u64, u64),
+    linger: Duration,
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    let lat = ginza_runtime::run(app(socket, name, Class::LatencyCritical, linger), move || {
+        let h = ginza_runtime::Handle::current().expect("inside the runtime");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+        // Warm-up grants are not measured.
+        for _ in 0..20 {
+            ginza_runtime::sleep(gap(&mut rng, gaps));
+        }
+        h.take_grant_latencies();
+        for _ in 0..n {
+            ginza_runtime::sleep(gap(&mut rng, gaps));
+        }
+        h.take_grant_latencies()
+    })?;
+    let widen = |v: Vec<u32>| v.into_iter().map(u64::from).collect::<Vec<_>>();
+    Ok((widen(lat.from_blocked_ns), widen(lat.while_lingering_ns)))
+}
+
+/// A spinning batch application and a latency-critical sleeper share the
+/// core for `length`. Returns the sleeper's grant latencies and iokerneld's
+/// stats of the run (its window starts when the sleeper starts).
+fn handover(
+    socket: &std::path::Path,
+    length: Duration,
+) -> anyhow::Result<(Vec<u64>, StatsReport)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let hog = {
+        let stop = Arc::clone(&stop);
+        let cfg = app(socket, "hog", Class::Batch, Duration::ZERO);
+        std::thread::spawn(move || {
+            ginza_runtime::run(cfg, move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    while t.elapsed() < Duration::from_micros(20) {
+                        std::hint::spin_loop();
+                    }
+                    ginza_runtime::yield_now();
+                }
+            })
+        })
+    };
+    // Let the hog take the core first.
+    let t0 = Instant::now();
+    while !client::stats(socket)?
+        .apps
+        .iter()
+        .any(|a| a.name == "hog" && a.cores_now == 1)
+    {
+        anyhow::ensure!(t0.elapsed() < Duration::from_secs(5), "the batch application got no core");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    client::reset_stats(socket)?;
+    let lat = ginza_runtime::run(
+        app(socket, "probe", Class::LatencyCritical, Duration::ZERO),
+        move || {
+            let h = ginza_runtime::Handle::current().expect("inside the runtime");
+            let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+            let t = Instant::now();
+            while t.elapsed() < length {
+                ginza_runtime::sleep(gap(&mut rng, HANDOVER_GAP_US));
+            }
+            h.take_grant_latencies()
+        },
+    )?;
+    let st = client::stats(socket)?;
+    stop.store(true, Ordering::Relaxed);
+    hog.join()
+        .map_err(|_| anyhow::anyhow!("batch application panicked"))??;
+    let lat = lat.from_blocked_ns.into_iter().map(u64::from).collect();
+    Ok((lat, st))
+}
+
+fn render(r: &Report) -> String {
+    let mut t = String::new();
+    let row = |t: &mut String, what: &str, p: &Option<Pct>, unit: &str| {
+        let _ = match p {
+            Some(p) => writeln!(
+                t,
+                "{what:<34} {:>9.2} {:>9.2} {unit:<3} (n={})",
+                p.p50, p.p99, p.n
+            ),
+            None => writeln!(t, "{what:<34} {:>9} {:>9}", "-", "-"),
+        };
+    };
+    let _ = writeln!(
+        t,
+        "core allocation (iokerneld on CPU {}, managed core {}); medians of single events",
+        r.iokernel_cpu, r.managed_core
+    );
+    let _ = writeln!(t, "{:<34} {:>9} {:>9}", "", "p50", "p99");
+    row(&mut t, "eventfd wake floor", &r.eventfd_floor_us, "µs");
+    row(&mut t, "grant, kthread blocked", &r.grant_us, "µs");
+    row(&mut t, "grant, kthread lingering", &r.grant_spinning_us, "µs");
+    row(&mut t, "iokerneld time per grant", &r.iokernel_ns_per_grant, "ns");
+    row(&mut t, "preemption → core handed over", &r.preempt_handover_us, "µs");
+    row(&mut t, "grant that waits for a preemption", &r.grant_after_preemption_us, "µs");
+    let _ = writeln!(t, "{:<34} {:>9.0} /s", "reallocations", r.reallocs_per_s);
+    if let (Some(g), Some(f)) = (&r.grant_us, &r.eventfd_floor_us) {
+        let _ = writeln!(
+            t,
+            "grant / floor (p50): {:.2} (goal: within 1.25); Shenango: 5.9 µs per reallocation, < 2 µs of IOKernel time",
+            g.p50 / f.p50
+        );
+    }
+    t
+}

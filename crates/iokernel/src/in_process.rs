@@ -1,0 +1,76 @@
+//! iokerneld on a thread of the calling process, with the Linux actuator:
+//! for the demo, benchmarks and tests, which need a real iokerneld next to
+//! the applications they start.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use crate::client::{self, ClientError};
+use crate::{Config, DaemonError, Iokerneld, LinuxActuator, StatsReport, StopHandle};
+
+/// A running in-process iokerneld; stopped (and joined) on drop.
+pub struct InProcess {
+    stop: StopHandle,
+    thread: Option<JoinHandle<Result<StatsReport, DaemonError>>>,
+    socket: PathBuf,
+}
+
+impl InProcess {
+    /// Binds `cfg.socket` and runs the loop on a new thread (pinned to
+    /// `cfg.own_core` by the loop itself). `cfg` must be validated.
+    pub fn start(cfg: Config) -> Result<InProcess, DaemonError> {
+        let socket = cfg.socket.clone();
+        let actuator = LinuxActuator::for_config(&cfg).map_err(|source| DaemonError::Socket {
+            op: "reading this process's CPU affinity for",
+            path: socket.clone(),
+            source,
+        })?;
+        let d = Iokerneld::bind(cfg, actuator)?;
+        let stop = d.stop_handle();
+        let thread = std::thread::Builder::new()
+            .name("iokerneld".into())
+            .spawn(move || d.run())
+            .map_err(|source| DaemonError::Socket {
+                op: "starting the iokerneld thread for",
+                path: socket.clone(),
+                source,
+            })?;
+        Ok(InProcess {
+            stop,
+            thread: Some(thread),
+            socket,
+        })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn stats(&self) -> Result<StatsReport, ClientError> {
+        client::stats(&self.socket)
+    }
+
+    /// Stops the loop; its final stats.
+    pub fn stop(mut self) -> Result<StatsReport, DaemonError> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> Result<StatsReport, DaemonError> {
+        self.stop.stop();
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(DaemonError::Poll(io::Error::other("iokerneld panicked")))),
+            None => Err(DaemonError::Poll(io::Error::other("already stopped"))),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.stop_and_join();
+        }
+    }
+}
