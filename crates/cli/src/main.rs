@@ -28,8 +28,14 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    // The daemon reports registrations and removals at info, as `iokerneld` does.
+    let level = match cli.command {
+        Command::Iokernel(_) => "info",
+        _ => "warn",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    match cli.command {
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => ginza_sim::cli::run(args),
         // Exit with iokerneld's own status (2: bad configuration), which an

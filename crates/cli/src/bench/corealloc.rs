@@ -111,8 +111,8 @@ struct Report {
     iokernel_ns_per_grant: Option<Pct>,
     preempt_handover_us: Option<Pct>,
     reallocs_per_s: f64,
-    /// Decision → running for the latency-critical grants of the
-    /// hand-over run (each waits for a preemption).
+    /// The latency-critical kthread's grants in the hand-over run, from
+    /// iokerneld's wake (once the victim gave the core back) to running.
     grant_after_preemption_us: Option<Pct>,
     iokernel_cpu: usize,
     managed_core: usize,
@@ -127,9 +127,15 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     let io_cpu = args.iokernel_core.unwrap_or(allowed[0]);
     let core = args.core.unwrap_or(allowed[allowed.len() - 1]);
     for c in [io_cpu, core] {
-        anyhow::ensure!(allowed.contains(&c), "CPU {c} is not among the allowed CPUs {allowed:?}");
+        anyhow::ensure!(
+            allowed.contains(&c),
+            "CPU {c} is not among the allowed CPUs {allowed:?}"
+        );
     }
-    anyhow::ensure!(io_cpu != core, "iokerneld's CPU and the managed core must differ");
+    anyhow::ensure!(
+        io_cpu != core,
+        "iokerneld's CPU and the managed core must differ"
+    );
     let n = args.grants as usize;
     eprintln!("corealloc: iokerneld on CPU {io_cpu}, managed core {core}, {n} events per figure");
 
@@ -153,7 +159,10 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     // iokerneld's cost per grant over both grant runs.
     let st_grants = daemon.stats()?;
 
-    eprintln!("corealloc: preemption hand-overs for {:?}", args.handover_for);
+    eprintln!(
+        "corealloc: preemption hand-overs for {:?}",
+        args.handover_for
+    );
     let (after_preempt, st_hand) = handover(&socket, args.handover_for)?;
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
@@ -181,7 +190,11 @@ fn pin(cpu: usize) -> anyhow::Result<()> {
     unsafe { libc::CPU_SET(cpu, &mut set) };
     // SAFETY: a valid set of the size passed, for the calling thread.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    anyhow::ensure!(rc == 0, "pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+    anyhow::ensure!(
+        rc == 0,
+        "pinning to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
     Ok(())
 }
 
@@ -227,7 +240,9 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
         let w = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
         anyhow::ensure!(w == 8, "eventfd write: {}", std::io::Error::last_os_error());
     }
-    let out = waiter.join().map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
+    let out = waiter
+        .join()
+        .map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
     unpin()?;
     Ok(out)
 }
@@ -282,19 +297,22 @@ fn sleeper(
     gaps: (u64, u64),
     linger: Duration,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
-    let lat = ginza_runtime::run(app(socket, name, Class::LatencyCritical, linger), move || {
-        let h = ginza_runtime::Handle::current().expect("inside the runtime");
-        let mut rng = rand::rngs::StdRng::seed_from_u64(2);
-        // Warm-up grants are not measured.
-        for _ in 0..20 {
-            ginza_runtime::sleep(gap(&mut rng, gaps));
-        }
-        h.take_grant_latencies();
-        for _ in 0..n {
-            ginza_runtime::sleep(gap(&mut rng, gaps));
-        }
-        h.take_grant_latencies()
-    })?;
+    let lat = ginza_runtime::run(
+        app(socket, name, Class::LatencyCritical, linger),
+        move || {
+            let h = ginza_runtime::Handle::current().expect("inside the runtime");
+            let mut rng = rand::rngs::StdRng::seed_from_u64(2);
+            // Warm-up grants are not measured.
+            for _ in 0..20 {
+                ginza_runtime::sleep(gap(&mut rng, gaps));
+            }
+            h.take_grant_latencies();
+            for _ in 0..n {
+                ginza_runtime::sleep(gap(&mut rng, gaps));
+            }
+            h.take_grant_latencies()
+        },
+    )?;
     let widen = |v: Vec<u32>| v.into_iter().map(u64::from).collect::<Vec<_>>();
     Ok((widen(lat.from_blocked_ns), widen(lat.while_lingering_ns)))
 }
@@ -302,10 +320,7 @@ fn sleeper(
 /// A spinning batch application and a latency-critical sleeper share the
 /// core for `length`. Returns the sleeper's grant latencies and iokerneld's
 /// stats of the run (its window starts when the sleeper starts).
-fn handover(
-    socket: &std::path::Path,
-    length: Duration,
-) -> anyhow::Result<(Vec<u64>, StatsReport)> {
+fn handover(socket: &std::path::Path, length: Duration) -> anyhow::Result<(Vec<u64>, StatsReport)> {
     let stop = Arc::new(AtomicBool::new(false));
     let hog = {
         let stop = Arc::clone(&stop);
@@ -329,7 +344,10 @@ fn handover(
         .iter()
         .any(|a| a.name == "hog" && a.cores_now == 1)
     {
-        anyhow::ensure!(t0.elapsed() < Duration::from_secs(5), "the batch application got no core");
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the batch application got no core"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     client::reset_stats(socket)?;
@@ -373,10 +391,30 @@ fn render(r: &Report) -> String {
     let _ = writeln!(t, "{:<34} {:>9} {:>9}", "", "p50", "p99");
     row(&mut t, "eventfd wake floor", &r.eventfd_floor_us, "µs");
     row(&mut t, "grant, kthread blocked", &r.grant_us, "µs");
-    row(&mut t, "grant, kthread lingering", &r.grant_spinning_us, "µs");
-    row(&mut t, "iokerneld time per grant", &r.iokernel_ns_per_grant, "ns");
-    row(&mut t, "preemption → core handed over", &r.preempt_handover_us, "µs");
-    row(&mut t, "grant that waits for a preemption", &r.grant_after_preemption_us, "µs");
+    row(
+        &mut t,
+        "grant, kthread lingering",
+        &r.grant_spinning_us,
+        "µs",
+    );
+    row(
+        &mut t,
+        "iokerneld time per grant",
+        &r.iokernel_ns_per_grant,
+        "ns",
+    );
+    row(
+        &mut t,
+        "preemption → core handed over",
+        &r.preempt_handover_us,
+        "µs",
+    );
+    row(
+        &mut t,
+        "hand-over wake → running",
+        &r.grant_after_preemption_us,
+        "µs",
+    );
     let _ = writeln!(t, "{:<34} {:>9.0} /s", "reallocations", r.reallocs_per_s);
     if let (Some(g), Some(f)) = (&r.grant_us, &r.eventfd_floor_us) {
         let _ = writeln!(
