@@ -43,6 +43,11 @@ impl InProcess {
         })
     }
 
+    /// Stops the loop from anywhere (the thread is joined on drop).
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
     pub fn socket(&self) -> &Path {
         &self.socket
     }

@@ -10,9 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::{
-    client, Config as IokConfig, Iokerneld, LinuxActuator, StatsReport, StopHandle,
-};
+use ginza_iokernel::{client, Config as IokConfig, InProcess, StatsReport};
 use ginza_runtime::{Class, Config, Handle, IokernelConfig};
 
 static LOCK: Mutex<()> = Mutex::new(());
@@ -29,9 +27,9 @@ fn cores() -> Vec<usize> {
     c
 }
 
+/// iokerneld on a thread of the test, with its own socket directory.
 struct Daemon {
-    stop: StopHandle,
-    thread: Option<JoinHandle<StatsReport>>,
+    io: Option<InProcess>,
     socket: PathBuf,
     dir: PathBuf,
 }
@@ -47,13 +45,8 @@ impl Daemon {
         tweak(&mut cfg);
         cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
             .unwrap();
-        let actuator = LinuxActuator::for_config(&cfg).unwrap();
-        let d = Iokerneld::bind(cfg, actuator).unwrap();
-        let stop = d.stop_handle();
-        let thread = std::thread::spawn(move || d.run().unwrap());
         Daemon {
-            stop,
-            thread: Some(thread),
+            io: Some(InProcess::start(cfg).unwrap()),
             socket,
             dir,
         }
@@ -76,10 +69,7 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        drop(self.io.take());
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -434,8 +424,7 @@ fn refusals_come_back_as_clear_errors() {
 fn the_runtime_goes_on_standalone_when_iokerneld_goes_away() {
     let _g = lock();
     let mut d = Daemon::start(|_| {});
-    let stop = d.stop.clone();
-    let daemon_thread = d.thread.take().unwrap();
+    let stop = d.io.as_ref().unwrap().stop_handle();
     let (sum, managed_at_end) =
         ginza_runtime::run(d.app("orphan", Class::Batch, 0, 2), move || {
             let mut sum = 0u64;
@@ -452,7 +441,7 @@ fn the_runtime_goes_on_standalone_when_iokerneld_goes_away() {
             (sum, Handle::current().unwrap().managed())
         })
         .unwrap();
-    daemon_thread.join().unwrap();
+    d.io.take().unwrap().stop().unwrap();
     assert_eq!(sum, 20 * 190);
     assert!(!managed_at_end, "the runtime should have noticed");
 }
