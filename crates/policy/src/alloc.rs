@@ -477,10 +477,14 @@ impl Slow {
         }
     }
 
-    fn want(&self, app: &AppSnap, busy: Time, elapsed: Time) -> usize {
+    fn want(&self, app: &AppSnap, busy: Time, elapsed: Time, now: Time) -> usize {
         let used = busy as f64 / elapsed.max(1) as f64;
         let mut want = (used / self.target_util).ceil() as usize;
-        if app.kthreads.iter().any(|k| k.counters.has_items()) {
+        // Queued work or a due timer needs at least one core (at this
+        // allocator's pace: the next period).
+        if app.kthreads.iter().any(|k| k.counters.has_items())
+            || app.next_timer.is_some_and(|t| t <= now)
+        {
             want = want.max(1);
         }
         want.clamp(app.guaranteed, app.max_cores.max(app.guaranteed))
@@ -504,9 +508,9 @@ impl CoreAllocator for Slow {
             let busy: Time = app.kthreads.iter().map(|k| k.busy_time).sum();
             let prev = self.prev_busy.insert(app.key, busy);
             let w = match prev {
-                Some(p) => self.want(app, busy.saturating_sub(p), elapsed),
+                Some(p) => self.want(app, busy.saturating_sub(p), elapsed, now),
                 // First look: start from whatever demand is visible.
-                None => self.want(app, 0, elapsed).max(app.active()),
+                None => self.want(app, 0, elapsed, now).max(app.active()),
             };
             wants.push(w);
         }
@@ -1167,6 +1171,30 @@ mod tests {
         assert_eq!(
             out,
             vec![Decision::Preempt {
+                app: 0,
+                kthread: 0,
+                core: 0
+            }]
+        );
+    }
+
+    #[test]
+    fn slow_wakes_an_idle_app_for_its_due_timer_at_the_next_period() {
+        let topo = Topology::flat(2);
+        let mut sl = Slow::new(1000, 0.8, 1);
+        let mut a = lc(1, vec![parked(0, Some(0))]);
+        let mut out = Vec::new();
+        sl.pass(0, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty(), "idle, no timer");
+        a.next_timer = Some(1500);
+        sl.pass(1000, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty(), "timer not due yet");
+        sl.pass(1700, &topo, std::slice::from_ref(&a), &mut out);
+        assert!(out.is_empty(), "due, but the period has not ended");
+        sl.pass(2000, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
                 app: 0,
                 kthread: 0,
                 core: 0
