@@ -1,5 +1,6 @@
 //! The `ginza` command.
 mod bench;
+mod demo;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -17,6 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start iokerneld, a latency-critical and a batch application here and
+    /// sweep offered load under the 5 µs, slow (1 ms) and static allocators.
+    Demo(demo::DemoArgs),
     /// Run a benchmark and print its figures next to its peers'.
     Bench(bench::BenchArgs),
     /// Run the discrete-event simulator.
@@ -32,10 +36,14 @@ fn main() -> anyhow::Result<()> {
     // The daemon reports registrations and removals at info, as `iokerneld` does.
     let level = match cli.command {
         Command::Iokernel(_) => "info",
+        // The demo reports iokerneld's overdue preemptions in its table
+        // instead of one warning line per event under the progress bar.
+        Command::Demo(_) => "warn,ginza_iokernel=error",
         _ => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Sim(args) => ginza_sim::cli::run(args),
         // Exit with iokerneld's own status (2: bad configuration), which an

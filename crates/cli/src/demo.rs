@@ -1,0 +1,1001 @@
+//! `ginza demo`: iokerneld, a latency-critical application and a batch
+//! application on this machine, under the Shenango allocator (5 µs), the
+//! `slow` one (1 ms) and `static` cores, over a sweep of offered loads.
+//!
+//! Per policy and load point, everything starts fresh (points are
+//! independent):
+//!
+//! * iokerneld on a thread of this process, pinned to its own CPU and
+//!   spinning, managing the other CPUs;
+//! * `lc`, latency-critical: one generator uthread draws burst times from a
+//!   Poisson process, sleeps until each (a parked application's timer is
+//!   woken by iokerneld) and spawns `--burst` request uthreads that each
+//!   spin for an exponential service time (mean 10 µs). Open loop: latency
+//!   is completion − the burst's intended time, and a late generator issues
+//!   the bursts it owes at once instead of skipping them;
+//! * `batch`: one uthread per kthread prices a European call by Monte
+//!   Carlo in chunks of about 25 µs, yielding between chunks.
+//!
+//! After a warm-up, the measured window: the requests that arrive in it
+//! give the latency percentiles; iokerneld's stats are sampled every 2 ms
+//! for the cores each application holds; counters read at both ends give
+//! batch paths/s and reallocations/s (cores moved from one application to
+//! the other). Achieved load is the service time of the requests completed
+//! in the window over the window × managed cores.
+
+mod plot;
+mod report;
+mod work;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+use ginza_iokernel::config::{format_cores, parse_cores, parse_duration};
+use ginza_iokernel::{
+    client, Config as IokConfig, DaemonError, InProcess, PolicyKind, StatsReport,
+};
+use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use report::Row;
+use work::{LcControl, LcOutcome, LcPlan};
+
+/// Arguments of `ginza demo`.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Managed cores, e.g. `1-3` [default: every CPU this process may use
+    /// but iokerneld's].
+    #[arg(long, value_parser = parse_core_list)]
+    cores: Option<CoreList>,
+    /// iokerneld's own CPU [default: the first allowed CPU that is not
+    /// managed].
+    #[arg(long)]
+    iokernel_core: Option<usize>,
+    /// Offered loads, as fractions of the managed cores' capacity.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0.1, 0.3, 0.5, 0.7, 0.9],
+          value_parser = parse_load)]
+    points: Vec<f64>,
+    /// Measured time per point (e.g. 1s, 500ms).
+    #[arg(long, default_value = "1s", value_parser = parse_window)]
+    duration: Duration,
+    /// Warm-up per point, before the measured time.
+    #[arg(long, default_value = "200ms", value_parser = parse_warmup)]
+    warmup: Duration,
+    /// Requests per Poisson burst.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    burst: u32,
+    /// Directory for demo.csv and demo.png.
+    #[arg(long, default_value = "results/demo")]
+    out: PathBuf,
+    /// Core allocators to compare, in this order: shenango, slow, static.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![Policy::Shenango, Policy::Slow, Policy::Static],
+          value_parser = parse_policy)]
+    policies: Vec<Policy>,
+    /// Seed of the arrivals, service times and iokerneld's victim choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also print the rows as one JSON object on stdout (the table then
+    /// goes to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+/// A `--cores` value (a newtype: clap takes a bare `Vec` for a repeated flag).
+#[derive(Clone, Debug)]
+struct CoreList(Vec<usize>);
+
+fn parse_core_list(s: &str) -> Result<CoreList, String> {
+    let v = parse_cores(s)?;
+    if v.is_empty() {
+        return Err("no cores listed".into());
+    }
+    Ok(CoreList(v))
+}
+
+fn parse_load(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    // Past 2× capacity the point only measures how fast the backlog grows.
+    if !(v > 0.0 && v <= 2.0) {
+        return Err(format!("offered load {v} is out of range (0, 2]"));
+    }
+    Ok(v)
+}
+
+fn parse_bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !(min..=max).contains(&d) {
+        return Err(format!("{s:?} is out of range {min:?}..={max:?}"));
+    }
+    Ok(d)
+}
+
+fn parse_window(s: &str) -> Result<Duration, String> {
+    // Under 50 ms a 1 ms allocator gets a few dozen periods: no measurement.
+    parse_bounded(s, Duration::from_millis(50), Duration::from_secs(600))
+}
+
+fn parse_warmup(s: &str) -> Result<Duration, String> {
+    parse_bounded(s, Duration::ZERO, Duration::from_secs(60))
+}
+
+/// A core allocator under comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Shenango,
+    Slow,
+    Static,
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    match s.trim() {
+        "shenango" => Ok(Policy::Shenango),
+        "slow" => Ok(Policy::Slow),
+        "static" => Ok(Policy::Static),
+        other => Err(format!("unknown policy {other:?} (shenango, slow, static)")),
+    }
+}
+
+/// Shenango's allocation interval.
+const INTERVAL: Duration = Duration::from_micros(5);
+/// Period of the `slow` allocator.
+const SLOW_PERIOD: Duration = Duration::from_millis(1);
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Shenango => "shenango",
+            Policy::Slow => "slow",
+            Policy::Static => "static",
+        }
+    }
+
+    fn kind(self) -> PolicyKind {
+        match self {
+            Policy::Shenango => PolicyKind::Shenango,
+            Policy::Slow => PolicyKind::Slow {
+                period: SLOW_PERIOD,
+            },
+            Policy::Static => PolicyKind::Static,
+        }
+    }
+
+    fn describe(self, n: usize) -> String {
+        match self {
+            Policy::Shenango => {
+                "Shenango allocator: congestion detection every 5 µs, cores move on demand".into()
+            }
+            Policy::Slow => {
+                "slow allocator: cores from utilization every 1 ms (Arachne-like)".into()
+            }
+            Policy::Static => format!(
+                "static: lc is provisioned all {n} managed core(s) and spins on them (ZygOS-like); \
+                 batch gets none"
+            ),
+        }
+    }
+
+    /// `static` provisions the latency-critical application for its peak:
+    /// every managed core guaranteed, kept while idle.
+    fn lc_guaranteed(self, n: usize) -> u32 {
+        match self {
+            Policy::Static => u32::try_from(n).unwrap_or(u32::MAX),
+            _ => 0,
+        }
+    }
+}
+
+/// Time between two samples of iokerneld's stats in the window.
+const SAMPLE_EVERY: Duration = Duration::from_millis(2);
+/// How long an application may take to register with iokerneld.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Between the go and the start of the point's schedule: the generator
+/// is woken from its start-up poll meanwhile.
+const START_DELAY: Duration = Duration::from_millis(2);
+
+/// What the whole run uses.
+struct Setup {
+    allowed: Vec<usize>,
+    managed: Vec<usize>,
+    iokernel_core: usize,
+    sockets: TempDir,
+    warmup: Duration,
+    duration: Duration,
+    /// How far behind the generator may fall after the window before it
+    /// stops issuing.
+    grace: Duration,
+    burst: u32,
+    seed: u64,
+}
+
+/// A directory removed on drop (the sockets' home: unix socket paths are
+/// limited to 107 bytes, so it lives in the temp dir, not under `--out`).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> anyhow::Result<TempDir> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("ginza-demo-{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating the socket directory {}", dir.display()))?;
+        Ok(TempDir(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Picks iokerneld's CPU and the managed ones.
+fn choose_cores(
+    allowed: &[usize],
+    cores: Option<&[usize]>,
+    iokernel_core: Option<usize>,
+) -> anyhow::Result<(usize, Vec<usize>)> {
+    if allowed.len() < 2 {
+        bail!(
+            "ginza demo needs at least 2 CPUs (one for iokerneld, one or more for the \
+             applications); this process may use only CPU {}",
+            format_cores(allowed)
+        );
+    }
+    let own = match (iokernel_core, cores) {
+        (Some(c), _) => c,
+        (None, Some(m)) => *allowed
+            .iter()
+            .find(|c| !m.contains(c))
+            .ok_or_else(|| anyhow!("every allowed CPU is managed: none is left for iokerneld"))?,
+        (None, None) => allowed[0],
+    };
+    let managed = match cores {
+        Some(m) => m.to_vec(),
+        None => allowed.iter().copied().filter(|&c| c != own).collect(),
+    };
+    if managed.is_empty() {
+        bail!("no CPU is left to manage besides iokerneld's CPU {own}");
+    }
+    Ok((own, managed))
+}
+
+/// iokerneld on a thread of this process; stopped and joined on drop
+/// (`InProcess` does that), on every path.
+struct Daemon {
+    running: Option<InProcess>,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(cfg: IokConfig) -> anyhow::Result<Daemon> {
+        let socket = cfg.socket.clone();
+        Ok(Daemon {
+            running: Some(InProcess::start(cfg)?),
+            socket,
+        })
+    }
+
+    /// Stops iokerneld (idempotent); the loop's error, if it failed.
+    fn stop(&mut self) -> Option<DaemonError> {
+        self.running.take().and_then(|d| d.stop().err())
+    }
+
+    fn stats(&self) -> anyhow::Result<StatsReport> {
+        client::stats(&self.socket)
+            .with_context(|| format!("asking iokerneld at {}", self.socket.display()))
+    }
+}
+
+/// One application's runtime on its own OS thread (`ginza_runtime::run`
+/// blocks until the main uthread returns); its result arrives on a channel
+/// so it can be awaited with a deadline.
+struct App<T> {
+    name: &'static str,
+    rx: Receiver<Result<T, RuntimeError>>,
+    result: Option<Result<T, RuntimeError>>,
+}
+
+impl<T: Send + 'static> App<T> {
+    fn start<F>(name: &'static str, cfg: RtConfig, main: F) -> anyhow::Result<App<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("demo-{name}"))
+            .spawn(move || {
+                let _ = tx.send(ginza_runtime::run(cfg, main));
+            })
+            .with_context(|| format!("starting the thread of {name}"))?;
+        Ok(App {
+            name,
+            rx,
+            result: None,
+        })
+    }
+
+    /// Waits until `deadline` for the application to return; `true` if it
+    /// has.
+    fn wait_until(&mut self, deadline: Instant) -> bool {
+        if self.result.is_some() {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.rx.recv_timeout(left) {
+            Ok(r) => {
+                self.result = Some(r);
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => false,
+            Err(RecvTimeoutError::Disconnected) => {
+                self.result = Some(Err(RuntimeError::Start(format!(
+                    "the thread of {} ended without a result",
+                    self.name
+                ))));
+                true
+            }
+        }
+    }
+
+    fn done(&mut self) -> bool {
+        self.wait_until(Instant::now())
+    }
+
+    /// `Some` if the application has returned: its error, or `Ok` with
+    /// the value dropped.
+    fn returned(&mut self) -> Option<anyhow::Result<()>> {
+        self.done().then(|| self.take().map(drop))
+    }
+
+    fn take(&mut self) -> anyhow::Result<T> {
+        match self.result.take() {
+            Some(r) => r.with_context(|| format!("application {}", self.name)),
+            None => Err(anyhow!("application {} has not finished", self.name)),
+        }
+    }
+}
+
+/// The flags and counters shared with the applications of one point.
+#[derive(Clone)]
+struct Shared {
+    lc: LcControl,
+    stop_batch: Arc<AtomicBool>,
+    batch_paths: Arc<AtomicU64>,
+}
+
+/// Everything one point started. Dropping it stops it all, whatever state
+/// it is in: flags first (applications return by themselves), then, for
+/// any that does not, iokerneld (the runtimes go on standalone and return).
+struct PointRun {
+    shared: Shared,
+    lc: Option<App<anyhow::Result<LcOutcome>>>,
+    batch: Option<App<f64>>,
+    daemon: Daemon,
+}
+
+/// How long a stopping application is given before iokerneld is stopped
+/// under it, and then again before it is abandoned.
+const STOP_WAIT: Duration = Duration::from_secs(3);
+/// How often the demo looks at a running point.
+const MONITOR_EVERY: Duration = Duration::from_millis(10);
+/// A generator asleep this long past its deadline while lc holds no core
+/// was forgotten: nobody will wake it.
+const STALL: Duration = Duration::from_millis(50);
+
+impl PointRun {
+    fn apps_done(&mut self, deadline: Instant) -> bool {
+        let lc = self.lc.as_mut().is_none_or(|a| a.wait_until(deadline));
+        let batch = self.batch.as_mut().is_none_or(|a| a.wait_until(deadline));
+        lc && batch
+    }
+
+    /// Waits for `name` to register (and `ready` to hold for its stats),
+    /// noticing an application that failed or an iokerneld that stopped.
+    fn wait_registered(
+        &mut self,
+        name: &str,
+        ready: impl Fn(&ginza_iokernel::AppStats) -> bool,
+    ) -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        let mut last_error = None;
+        loop {
+            let returned = match name {
+                "lc" => self.lc.as_mut().and_then(App::returned),
+                _ => self.batch.as_mut().and_then(App::returned),
+            };
+            match returned {
+                Some(Err(e)) => return Err(e),
+                Some(Ok(())) => bail!("application {name} returned before it was started"),
+                None => {}
+            }
+            match self.daemon.stats() {
+                Ok(st) if st.apps.iter().any(|a| a.name == name && ready(a)) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => last_error = Some(e),
+            }
+            if t0.elapsed() > REGISTER_TIMEOUT {
+                let err = anyhow!(
+                    "application {name} was not running under iokerneld within {REGISTER_TIMEOUT:?}"
+                );
+                return Err(match last_error {
+                    Some(e) => e.context(err),
+                    None => err,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Asks the generator to stop and wakes it: work handed to lc from
+    /// outside is queued where iokerneld sees it, so lc gets a core, its
+    /// due timers fire and the generator sees the flag.
+    fn unstick_lc(&self) {
+        self.shared.lc.abort.store(true, Relaxed);
+        if let Some(h) = self.shared.lc.handle.get() {
+            drop(h.spawn(|| ()));
+        }
+    }
+
+    /// Waits for lc to return until `deadline`, watching for a generator
+    /// whose timer nobody wakes. `Some(why)` if lc had to be stopped.
+    fn watch_lc(&mut self, deadline: Instant) -> anyhow::Result<Option<String>> {
+        let lc = self.lc.as_mut().context("lc was started")?;
+        let why = loop {
+            if lc.wait_until(Instant::now() + MONITOR_EVERY) {
+                return Ok(None);
+            }
+            let now = Instant::now();
+            if now > deadline {
+                break "lc was still running long after the window; stopped".to_string();
+            }
+            let Some(due) = self.shared.lc.sleeping_until() else {
+                continue;
+            };
+            if now < due + STALL {
+                continue;
+            }
+            if let Ok(st) = self.daemon.stats() {
+                if app_cores(&st, "lc") == 0 {
+                    break format!(
+                        "stuck: lc's timer was {:?} overdue and iokerneld had given lc no core; stopped",
+                        now - due
+                    );
+                }
+            }
+        };
+        self.unstick_lc();
+        let lc = self.lc.as_mut().context("lc was started")?;
+        if !lc.wait_until(Instant::now() + STOP_WAIT) {
+            // Without iokerneld the runtime runs standalone and finishes.
+            self.daemon.stop();
+            if !lc.wait_until(Instant::now() + STOP_WAIT) {
+                bail!("lc did not stop even without iokerneld");
+            }
+        }
+        Ok(Some(why))
+    }
+}
+
+impl Drop for PointRun {
+    fn drop(&mut self) {
+        self.unstick_lc();
+        self.shared.stop_batch.store(true, Relaxed);
+        if !self.apps_done(Instant::now() + STOP_WAIT) {
+            self.daemon.stop();
+            if !self.apps_done(Instant::now() + STOP_WAIT) {
+                log::error!("an application of the demo did not stop; leaving it behind");
+            }
+        }
+    }
+}
+
+/// What the sampler read in the window.
+struct Samples {
+    first: StatsReport,
+    last: StatsReport,
+    /// Batch paths at the first and last reading, and the time between.
+    paths: (u64, u64),
+    paths_window: Duration,
+    lc_cores: Vec<u32>,
+    batch_cores: Vec<u32>,
+    /// Failed stats requests in the window.
+    errors: u32,
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 8 * std::mem::size_of_val(&set) {
+        return Err(std::io::Error::other(format!(
+            "CPU {cpu} is beyond CPU_SETSIZE"
+        )));
+    }
+    // SAFETY: `cpu` is below CPU_SETSIZE (checked above); `set` is ours.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 is this thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn app_cores(st: &StatsReport, name: &str) -> u32 {
+    st.apps
+        .iter()
+        .find(|a| a.name == name)
+        .map_or(0, |a| a.cores_now)
+}
+
+/// Preemptions not answered within iokerneld's deadline so far.
+fn overdue(st: &StatsReport) -> u64 {
+    st.apps.iter().map(|a| a.preempt_overdue).sum()
+}
+
+/// Cores moved between applications so far: iokerneld's own count.
+fn reallocations(st: &StatsReport) -> u64 {
+    st.alloc.reallocations
+}
+
+/// Samples iokerneld from `from` to `to` on iokerneld's CPU (a
+/// monitoring thread there disturbs the managed cores least); returns
+/// early, with an error, if `cancel` is set.
+fn sample(
+    socket: PathBuf,
+    cpu: usize,
+    (from, to): (Instant, Instant),
+    paths: Arc<AtomicU64>,
+    cancel: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<anyhow::Result<Samples>> {
+    std::thread::spawn(move || {
+        if let Err(e) = pin_current_thread(cpu) {
+            log::warn!("the stats sampler runs unpinned (CPU {cpu}: {e})");
+        }
+        let sleep_until = |t: Instant| -> anyhow::Result<()> {
+            while Instant::now() < t {
+                if cancel.load(Relaxed) {
+                    bail!("sampling canceled");
+                }
+                std::thread::sleep(
+                    t.saturating_duration_since(Instant::now())
+                        .min(MONITOR_EVERY),
+                );
+            }
+            Ok(())
+        };
+        sleep_until(from)?;
+        let first =
+            client::stats(&socket).context("reading iokerneld's stats at the window start")?;
+        let p0 = paths.load(Relaxed);
+        let t0 = Instant::now();
+        let (mut lc_cores, mut batch_cores, mut errors) = (Vec::new(), Vec::new(), 0);
+        let mut next = Instant::now() + SAMPLE_EVERY;
+        while next < to {
+            sleep_until(next)?;
+            match client::stats(&socket) {
+                Ok(st) => {
+                    lc_cores.push(app_cores(&st, "lc"));
+                    batch_cores.push(app_cores(&st, "batch"));
+                }
+                Err(_) => errors += 1,
+            }
+            next += SAMPLE_EVERY;
+        }
+        sleep_until(to)?;
+        let last = client::stats(&socket).context("reading iokerneld's stats at the window end")?;
+        let p1 = paths.load(Relaxed);
+        Ok(Samples {
+            first,
+            last,
+            paths: (p0, p1),
+            paths_window: t0.elapsed(),
+            lc_cores,
+            batch_cores,
+            errors,
+        })
+    })
+}
+
+/// A runtime registered with this point's iokerneld.
+fn app_config(
+    socket: &Path,
+    name: &str,
+    class: Class,
+    n: usize,
+    guaranteed: u32,
+    keep: bool,
+) -> RtConfig {
+    let mut io = IokernelConfig::new(name, class);
+    io.socket = Some(socket.to_path_buf());
+    io.guaranteed = guaranteed;
+    io.keep_cores_when_idle = keep;
+    RtConfig {
+        iokernel: Some(io),
+        ..RtConfig::with_kthreads(n)
+    }
+}
+
+/// Runs one policy at one load.
+fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> anyhow::Result<Row> {
+    let n = setup.managed.len();
+    let socket = setup
+        .sockets
+        .0
+        .join(format!("{}-{load_index}.sock", policy.name()));
+    let mut cfg = IokConfig::new(setup.managed.clone());
+    cfg.socket = socket.clone();
+    cfg.own_core = Some(setup.iokernel_core);
+    cfg.policy = policy.kind();
+    cfg.interval = INTERVAL;
+    // Spinning, as in production: idle sleeps would add their wake-up to
+    // every grant.
+    cfg.idle_sleep = None;
+    cfg.seed = setup.seed;
+    cfg.validate(&setup.allowed)
+        .context("iokerneld's configuration")?;
+    let daemon = Daemon::start(cfg).context("starting iokerneld")?;
+    let shared = Shared {
+        lc: LcControl::new(),
+        stop_batch: Arc::default(),
+        batch_paths: Arc::default(),
+    };
+    let mut run = PointRun {
+        shared: shared.clone(),
+        lc: None,
+        batch: None,
+        daemon,
+    };
+
+    // The same arrivals for every policy at a given load.
+    let seed = setup.seed ^ (load_index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let bursts_per_s = work::bursts_per_second(load, n, work::MEAN_SERVICE, setup.burst);
+    let plan = LcPlan {
+        burst: setup.burst,
+        bursts_per_s,
+        warmup: setup.warmup,
+        duration: setup.duration,
+        grace: setup.grace,
+        seed,
+    };
+    let guaranteed = policy.lc_guaranteed(n);
+    let lc_cfg = app_config(
+        &socket,
+        "lc",
+        Class::LatencyCritical,
+        n,
+        guaranteed,
+        policy == Policy::Static,
+    );
+    let ctl = shared.lc.clone();
+    run.lc = Some(App::start("lc", lc_cfg, move || work::lc_main(plan, ctl))?);
+    // lc first, holding its guarantee before batch arrives: `static` never
+    // takes a core back, so batch must not soak it up first.
+    run.wait_registered("lc", |a| a.cores_now >= guaranteed)?;
+    let batch_cfg = app_config(&socket, "batch", Class::Batch, n, 0, false);
+    let (paths, stop) = (
+        Arc::clone(&shared.batch_paths),
+        Arc::clone(&shared.stop_batch),
+    );
+    run.batch = Some(App::start("batch", batch_cfg, move || {
+        work::batch_main(n, paths, stop, seed)
+    })?);
+    run.wait_registered("batch", |_| true)?;
+
+    let t0 = Instant::now() + START_DELAY;
+    let _ = shared.lc.start.set(t0);
+    let win_start = t0 + setup.warmup;
+    let win_end = win_start + setup.duration;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let sampler = sample(
+        socket.clone(),
+        setup.iokernel_core,
+        (win_start, win_end),
+        Arc::clone(&shared.batch_paths),
+        Arc::clone(&cancel),
+    );
+
+    let mut notes = Vec::new();
+    // Past saturation the backlog drains after the window; this bounds it.
+    let lc_deadline = win_end + 2 * setup.grace + Duration::from_secs(5);
+    let stopped = run.watch_lc(lc_deadline);
+    if !matches!(stopped, Ok(None)) {
+        cancel.store(true, Relaxed);
+    }
+    let samples = sampler
+        .join()
+        .map_err(|_| anyhow!("the stats sampler panicked"))?;
+    let stopped = stopped?;
+    let lc = run.lc.as_mut().context("lc was started")?;
+    let outcome = lc.take()??;
+    if outcome.aborted {
+        bail!("lc was told to stop before the point started");
+    }
+    run.shared.stop_batch.store(true, Relaxed);
+    let batch = run.batch.as_mut().context("batch was started")?;
+    if !batch.wait_until(Instant::now() + STOP_WAIT) {
+        run.daemon.stop();
+        if !batch.wait_until(Instant::now() + STOP_WAIT) {
+            bail!("batch did not stop");
+        }
+    }
+    let price = batch.take()?;
+    log::debug!("batch priced the call at {price:.4} (Black-Scholes: 8.0214)");
+    if let Some(e) = run.daemon.stop() {
+        return Err(anyhow!(e).context("iokerneld failed during the point"));
+    }
+
+    let nan = f64::NAN;
+    let r3 = report::round3;
+    let expected = bursts_per_s * setup.duration.as_secs_f64() * f64::from(setup.burst);
+    let mut row = Row {
+        policy: policy.name(),
+        offered_load: load,
+        achieved_load: nan,
+        p50_us: nan,
+        p99_us: nan,
+        p999_us: nan,
+        batch_mpaths_per_s: nan,
+        lc_cores: nan,
+        batch_cores: nan,
+        reallocations_per_s: nan,
+        overdue_preemptions: 0,
+        lc_requests_expected: expected.round() as u64,
+        lc_requests_completed: outcome.latencies.len(),
+        note: String::new(),
+    };
+    if let Some(why) = stopped {
+        // Latencies of a point whose generator was stopped describe the
+        // stop, not the policy: left out.
+        notes.push(why);
+    } else {
+        let samples = samples.with_context(|| format!("{} at load {load}", policy.name()))?;
+        if outcome.gave_up {
+            notes.push(format!(
+                "the generator fell {:?} behind and stopped issuing",
+                setup.grace
+            ));
+        }
+        if outcome.latencies.len() != outcome.issued_in_window {
+            notes.push(format!(
+                "{} requests issued in the window, {} latencies recorded",
+                outcome.issued_in_window,
+                outcome.latencies.len()
+            ));
+        }
+        if samples.errors > 0 {
+            notes.push(format!("{} stats samples failed", samples.errors));
+        }
+        let (p50, p99, p999) = report::percentiles_us(&outcome.latencies);
+        let window_ns = samples
+            .last
+            .uptime_ns
+            .saturating_sub(samples.first.uptime_ns);
+        let duration_ns = u64::try_from(setup.duration.as_nanos()).unwrap_or(u64::MAX);
+        let paths_ns = u64::try_from(samples.paths_window.as_nanos()).unwrap_or(u64::MAX);
+        row.achieved_load = r3(report::achieved_load(
+            outcome.service_ns_in_window,
+            duration_ns,
+            n,
+        ));
+        (row.p50_us, row.p99_us, row.p999_us) = (r3(p50), r3(p99), r3(p999));
+        row.batch_mpaths_per_s =
+            r3(report::per_second(samples.paths.0, samples.paths.1, paths_ns) / 1e6);
+        row.lc_cores = r3(report::mean(&samples.lc_cores));
+        row.batch_cores = r3(report::mean(&samples.batch_cores));
+        row.reallocations_per_s = r3(report::per_second(
+            reallocations(&samples.first),
+            reallocations(&samples.last),
+            window_ns,
+        ));
+        row.overdue_preemptions = overdue(&samples.last).saturating_sub(overdue(&samples.first));
+        if row.overdue_preemptions > 0 {
+            notes.push(format!(
+                "{} preemption(s) not answered within 1 ms",
+                row.overdue_preemptions
+            ));
+        }
+    }
+    row.note = notes.join("; ");
+    Ok(row)
+}
+
+/// The JSON output.
+#[derive(Serialize)]
+struct Report<'a> {
+    iokernel_core: usize,
+    managed_cores: &'a [usize],
+    burst: u32,
+    mean_service_us: f64,
+    warmup_ms: f64,
+    duration_ms: f64,
+    seed: u64,
+    csv: String,
+    png: String,
+    rows: &'a [Row],
+}
+
+pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let allowed =
+        ginza_iokernel::util::allowed_cpus().context("reading this process's CPU affinity")?;
+    let (iokernel_core, managed) = choose_cores(
+        &allowed,
+        args.cores.as_ref().map(|c| c.0.as_slice()),
+        args.iokernel_core,
+    )?;
+    // Checked once here for a clear message before anything starts.
+    let mut probe = IokConfig::new(managed.clone());
+    probe.own_core = Some(iokernel_core);
+    probe
+        .validate(&allowed)
+        .context("the cores given to ginza demo")?;
+    if args.policies.is_empty() || args.points.is_empty() {
+        bail!("nothing to run: give at least one policy and one load point");
+    }
+    let mut policies: Vec<Policy> = Vec::new();
+    for p in &args.policies {
+        if !policies.contains(p) {
+            policies.push(*p);
+        }
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating the output directory {}", args.out.display()))?;
+    let setup = Setup {
+        allowed,
+        managed,
+        iokernel_core,
+        sockets: TempDir::new()?,
+        warmup: args.warmup,
+        duration: args.duration,
+        grace: (args.duration / 2).max(Duration::from_millis(200)),
+        burst: args.burst,
+        seed: args.seed,
+    };
+    let n = setup.managed.len();
+    let mut head = format!(
+        "ginza demo: iokerneld on CPU {iokernel_core} (spinning), {n} managed core(s) (CPU {}) \
+         shared by lc (latency-critical) and batch\n",
+        format_cores(&setup.managed)
+    );
+    if n == 1 {
+        head.push_str(
+            "  only one managed core on this machine: the two applications take turns on it\n",
+        );
+    }
+    head.push_str(&format!(
+        "  lc: Poisson bursts of {} requests, exponential service (mean {} µs); batch: Monte Carlo \
+         option pricing; {:?} warm-up + {:?} measured per point\n",
+        setup.burst,
+        work::MEAN_SERVICE.as_micros(),
+        setup.warmup,
+        setup.duration
+    ));
+    head.push_str(
+        "  latency: completion − intended arrival (open loop); achieved: LC work completed in \
+         the window / capacity;\n  realloc/s: cores moved between lc and batch; LC done/expect: \
+         requests measured / Poisson mean\n",
+    );
+
+    let total = (policies.len() * args.points.len()) as u64;
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>18} [{bar:40}] {pos}/{len} {elapsed}<{eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for &policy in &policies {
+        for (i, &load) in args.points.iter().enumerate() {
+            pb.set_message(format!("{} @ {load:.2}", policy.name()));
+            let row = run_point(&setup, policy, load, i)
+                .with_context(|| format!("policy {} at offered load {load}", policy.name()));
+            match row {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    pb.abandon();
+                    return Err(e);
+                }
+            }
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+
+    let csv = args.out.join("demo.csv");
+    let png = args.out.join("demo.png");
+    report::write_csv(&csv, &rows)?;
+    let names: Vec<&str> = policies.iter().map(|p| p.name()).collect();
+    plot::write_png(
+        &png,
+        &rows,
+        &names,
+        &format!(
+            "ginza demo: {n} managed core(s), lc bursts of {} × exp(10 µs), {:?} per point",
+            setup.burst, setup.duration
+        ),
+    )?;
+    let described: Vec<(&'static str, String)> =
+        policies.iter().map(|p| (p.name(), p.describe(n))).collect();
+    let mut table = head;
+    table.push_str(&report::render_table(&rows, &described));
+    table.push_str(&format!(
+        "\nwrote {} and {}\n",
+        csv.display(),
+        png.display()
+    ));
+    if args.json {
+        eprint!("{table}");
+        let report = Report {
+            iokernel_core,
+            managed_cores: &setup.managed,
+            burst: setup.burst,
+            mean_service_us: work::MEAN_SERVICE.as_secs_f64() * 1e6,
+            warmup_ms: setup.warmup.as_secs_f64() * 1e3,
+            duration_ms: setup.duration.as_secs_f64() * 1e3,
+            seed: setup.seed,
+            csv: csv.display().to_string(),
+            png: png.display().to_string(),
+            rows: &rows,
+        };
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{table}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_default_to_iokerneld_on_the_first_and_the_rest_managed() {
+        assert_eq!(choose_cores(&[0, 1], None, None).unwrap(), (0, vec![1]));
+        assert_eq!(
+            choose_cores(&[2, 3, 5], None, None).unwrap(),
+            (2, vec![3, 5])
+        );
+        assert_eq!(
+            choose_cores(&[0, 1, 2], Some(&[0, 1]), None).unwrap(),
+            (2, vec![0, 1])
+        );
+        assert_eq!(
+            choose_cores(&[0, 1, 2], None, Some(1)).unwrap(),
+            (1, vec![0, 2])
+        );
+        let e = choose_cores(&[3], None, None).unwrap_err().to_string();
+        assert!(e.contains("at least 2 CPUs") && e.contains("CPU 3"), "{e}");
+        let e = choose_cores(&[0, 1], Some(&[0, 1]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("none is left for iokerneld"), "{e}");
+    }
+
+    #[test]
+    fn argument_parsers_refuse_nonsense() {
+        assert_eq!(parse_load("0.5"), Ok(0.5));
+        assert!(parse_load("0").is_err());
+        assert!(parse_load("nan").is_err());
+        assert!(parse_load("3").is_err());
+        assert_eq!(parse_policy("slow"), Ok(Policy::Slow));
+        assert!(parse_policy("fast").is_err());
+        assert!(parse_window("10ms").is_err());
+        assert_eq!(parse_window("200ms"), Ok(Duration::from_millis(200)));
+        assert!(parse_core_list("").is_err());
+        assert!(parse_core_list("1-").is_err());
+    }
+}

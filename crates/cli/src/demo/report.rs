@@ -1,0 +1,301 @@
+//! The demo's results: one row per policy and load point, the arithmetic
+//! that turns raw counters into them, the table, the CSV.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// One policy at one offered load.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub(crate) struct Row {
+    pub(crate) policy: &'static str,
+    /// Offered load, a fraction of the managed cores' capacity.
+    pub(crate) offered_load: f64,
+    /// Work of the requests completed in the window over the window ×
+    /// managed cores.
+    pub(crate) achieved_load: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+    /// Batch Monte Carlo paths per second, millions.
+    pub(crate) batch_mpaths_per_s: f64,
+    /// Cores held, averaged over the window's samples.
+    pub(crate) lc_cores: f64,
+    pub(crate) batch_cores: f64,
+    /// Cores moved from one application to the other, per second.
+    pub(crate) reallocations_per_s: f64,
+    /// Preemptions in the window that iokerneld had to enforce (not
+    /// answered within its deadline).
+    pub(crate) overdue_preemptions: u64,
+    /// Arrivals the Poisson process offers in the window (its mean).
+    pub(crate) lc_requests_expected: u64,
+    /// Requests that arrived in the window, were issued and completed.
+    pub(crate) lc_requests_completed: u64,
+    /// Empty, or what went wrong at this point.
+    pub(crate) note: String,
+}
+
+/// The CSV's header, in row order.
+pub(crate) const CSV_HEADER: [&str; 14] = [
+    "policy",
+    "offered_load",
+    "achieved_load",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "batch_mpaths_per_s",
+    "lc_cores",
+    "batch_cores",
+    "reallocations_per_s",
+    "overdue_preemptions",
+    "lc_requests_expected",
+    "lc_requests_completed",
+    "note",
+];
+
+/// Latency percentiles in µs (`(0, 0, 0)` for an empty histogram).
+pub(crate) fn percentiles_us(h: &Histogram<u64>) -> (f64, f64, f64) {
+    if h.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    (us(0.50), us(0.99), us(0.999))
+}
+
+/// Average of the samples (0 without samples).
+pub(crate) fn mean(samples: &[u32]) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.iter().map(|&c| f64::from(c)).sum::<f64>() / samples.len() as f64
+}
+
+/// Per-second rate of a counter between two readings `window_ns` apart (a
+/// counter that went backwards, i.e. was reset, counts as 0).
+pub(crate) fn per_second(before: u64, after: u64, window_ns: u64) -> f64 {
+    if window_ns == 0 {
+        return 0.0;
+    }
+    after.saturating_sub(before) as f64 * 1e9 / window_ns as f64
+}
+
+/// Busy fraction of `cores` cores that `service_ns` of work fills in
+/// `window_ns`.
+pub(crate) fn achieved_load(service_ns: u64, window_ns: u64, cores: usize) -> f64 {
+    if window_ns == 0 || cores == 0 {
+        return 0.0;
+    }
+    service_ns as f64 / (window_ns as f64 * cores as f64)
+}
+
+/// Three decimals: what the table and CSV show; noise is larger anyway.
+pub(crate) fn round3(v: f64) -> f64 {
+    if v.is_finite() {
+        (v * 1e3).round() / 1e3
+    } else {
+        v
+    }
+}
+
+/// The CSV cells of a row, in [`CSV_HEADER`] order.
+fn cells(r: &Row) -> Vec<String> {
+    // Notes are free text: quoted, inner quotes doubled.
+    let note = format!("\"{}\"", r.note.replace('"', "\"\""));
+    vec![
+        r.policy.to_string(),
+        r.offered_load.to_string(),
+        r.achieved_load.to_string(),
+        r.p50_us.to_string(),
+        r.p99_us.to_string(),
+        r.p999_us.to_string(),
+        r.batch_mpaths_per_s.to_string(),
+        r.lc_cores.to_string(),
+        r.batch_cores.to_string(),
+        r.reallocations_per_s.to_string(),
+        r.overdue_preemptions.to_string(),
+        r.lc_requests_expected.to_string(),
+        r.lc_requests_completed.to_string(),
+        note,
+    ]
+}
+
+pub(crate) fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
+    let rows: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    ginza_sim::plot::write_csv(path, &CSV_HEADER, &rows)
+}
+
+/// `v` with `decimals`, or `-` for a value the point could not measure.
+fn num(v: f64, decimals: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.decimals$}")
+    } else {
+        "-".into()
+    }
+}
+
+/// The table: one block per policy (in the order given), one line per load.
+pub(crate) fn render_table(rows: &[Row], policies: &[(&'static str, String)]) -> String {
+    let mut t = String::new();
+    for (name, what) in policies {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.policy == *name).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let _ = writeln!(t, "\n{name}: {what}");
+        let _ = writeln!(
+            t,
+            "  {:>7} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
+            "offered",
+            "achieved",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "batch Mp/s",
+            "LC cores",
+            "batch c.",
+            "realloc/s",
+            "LC done/expect"
+        );
+        for r in mine {
+            let _ = write!(
+                t,
+                "  {:>7.2} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
+                r.offered_load,
+                num(r.achieved_load, 3),
+                num(r.p50_us, 1),
+                num(r.p99_us, 1),
+                num(r.p999_us, 1),
+                num(r.batch_mpaths_per_s, 2),
+                num(r.lc_cores, 2),
+                num(r.batch_cores, 2),
+                num(r.reallocations_per_s, 0),
+                format!("{}/{}", r.lc_requests_completed, r.lc_requests_expected),
+            );
+            if !r.note.is_empty() {
+                let _ = write!(t, "  ({})", r.note);
+            }
+            t.push('\n');
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(policy: &'static str, load: f64) -> Row {
+        Row {
+            policy,
+            offered_load: load,
+            achieved_load: load,
+            p50_us: 12.0,
+            p99_us: 80.0,
+            p999_us: 120.5,
+            batch_mpaths_per_s: 30.0,
+            lc_cores: 0.3,
+            batch_cores: 0.7,
+            reallocations_per_s: 2500.0,
+            overdue_preemptions: 0,
+            lc_requests_expected: 30_000,
+            lc_requests_completed: 29_950,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn percentiles_of_a_known_histogram() {
+        let mut h = super::super::work::latency_histogram();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).unwrap(); // 1..=1000 µs
+        }
+        let (p50, p99, p999) = percentiles_us(&h);
+        assert!((p50 - 500.0).abs() < 1.0, "{p50}");
+        assert!((p99 - 990.0).abs() < 1.0, "{p99}");
+        assert!((p999 - 999.0).abs() < 1.0, "{p999}");
+        assert!(p50 <= p99 && p99 <= p999);
+        assert_eq!(
+            percentiles_us(&super::super::work::latency_histogram()),
+            (0.0, 0.0, 0.0)
+        );
+    }
+
+    #[test]
+    fn aggregation_helpers() {
+        assert_eq!(mean(&[]), 0.0);
+        assert_eq!(mean(&[0, 1, 1, 0]), 0.5);
+        assert_eq!(per_second(100, 600, 500_000_000), 1000.0);
+        assert_eq!(
+            per_second(600, 100, 1_000_000_000),
+            0.0,
+            "a reset counter is no negative rate"
+        );
+        assert_eq!(per_second(1, 2, 0), 0.0);
+        // 0.5 s of work in a 1 s window on 2 cores: a quarter of capacity.
+        assert_eq!(achieved_load(500_000_000, 1_000_000_000, 2), 0.25);
+        assert_eq!(achieved_load(5, 0, 1), 0.0);
+        assert_eq!(round3(0.123_456), 0.123);
+        assert!(round3(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn csv_has_every_column_and_quotes_notes() {
+        let dir = std::env::temp_dir().join(format!("ginza-demo-csv-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("demo.csv");
+        let mut r2 = row("static", 0.5);
+        r2.note = "stuck, \"lc\" never woke".into();
+        write_csv(&path, &[row("shenango", 0.1), r2]).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(lines[0], CSV_HEADER.join(","));
+        assert_eq!(lines[1].split(',').count(), CSV_HEADER.len());
+        assert!(
+            lines[1].starts_with("shenango,0.1,0.1,12,80,120.5,30,"),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[2].ends_with("\"stuck, \"\"lc\"\" never woke\""),
+            "{}",
+            lines[2]
+        );
+    }
+
+    #[test]
+    fn table_groups_rows_by_policy_in_the_given_order() {
+        let rows = [
+            row("shenango", 0.1),
+            row("static", 0.1),
+            row("shenango", 0.5),
+        ];
+        let t = render_table(
+            &rows,
+            &[
+                ("static", "fixed".into()),
+                ("shenango", "5 µs".into()),
+                ("slow", "1 ms".into()),
+            ],
+        );
+        let st = t.find("static: fixed").unwrap();
+        let sh = t.find("shenango: 5 µs").unwrap();
+        assert!(st < sh, "{t}");
+        assert!(
+            !t.contains("slow"),
+            "a policy without rows has no block: {t}"
+        );
+        assert_eq!(t.matches("29950/30000").count(), 3, "{t}");
+        let mut stuck = row("slow", 0.3);
+        stuck.p99_us = f64::NAN;
+        stuck.note = "stuck".into();
+        let t = render_table(&[stuck], &[("slow", "1 ms".into())]);
+        assert!(
+            t.contains(" - ") && t.contains("(stuck)") && !t.contains("NaN"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! `ginza demo` end to end: iokerneld, the latency-critical and the batch
+//! application really run (one short point per policy), and the CSV and
+//! PNG come out with sane numbers.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// CPUs this process may use (from /proc: the test needs no libc call).
+fn allowed_cpus() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| {
+                    v.trim()
+                        .split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(|p| match p.split_once('-') {
+                            Some((a, b)) => {
+                                let a: usize = a.parse().unwrap_or(0);
+                                let b: usize = b.parse().unwrap_or(a);
+                                b - a + 1
+                            }
+                            None => 1,
+                        })
+                        .sum()
+                })
+        })
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// A fresh output directory per test (tests run in parallel).
+fn out_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ginza-demo-test-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn demo_runs_two_policies_and_writes_csv_and_png() {
+    if allowed_cpus() < 2 {
+        eprintln!("skipped: ginza demo needs 2 CPUs (iokerneld's and a managed one)");
+        return;
+    }
+    let out = out_dir("run");
+    let run = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args(["demo", "--points", "0.3", "--duration", "200ms"])
+        .args([
+            "--warmup",
+            "100ms",
+            "--policies",
+            "shenango,static",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("run ginza demo");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "ginza demo failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        run.status
+    );
+    assert!(
+        stdout.contains("shenango") && stdout.contains("static"),
+        "{stdout}"
+    );
+
+    let csv = std::fs::read_to_string(out.join("demo.csv")).expect("demo.csv");
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+    for col in [
+        "policy",
+        "offered_load",
+        "achieved_load",
+        "p50_us",
+        "p99_us",
+        "p999_us",
+        "batch_mpaths_per_s",
+        "lc_cores",
+        "batch_cores",
+        "reallocations_per_s",
+        "lc_requests_expected",
+        "lc_requests_completed",
+    ] {
+        assert!(header.contains(&col), "no column {col} in {header:?}");
+    }
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    let num = |r: &[&str], name: &str| -> f64 {
+        r[col(name)]
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} = {:?} is not a number in {csv}", r[col(name)]))
+    };
+    for r in &rows {
+        let (p50, p99, p999) = (num(r, "p50_us"), num(r, "p99_us"), num(r, "p999_us"));
+        assert!(
+            p50 > 0.0 && p50 <= p99 && p99 <= p999,
+            "percentiles {p50} {p99} {p999}: {csv}"
+        );
+        assert!(num(r, "lc_requests_completed") > 0.0, "{csv}");
+        assert_eq!(num(r, "offered_load"), 0.3);
+    }
+    let shenango = rows
+        .iter()
+        .find(|r| r[col("policy")] == "shenango")
+        .expect("a shenango row");
+    assert!(num(shenango, "batch_mpaths_per_s") > 0.0, "{csv}");
+    let stat = rows
+        .iter()
+        .find(|r| r[col("policy")] == "static")
+        .expect("a static row");
+    assert!(
+        num(stat, "lc_cores") > 0.9,
+        "static lc holds its cores: {csv}"
+    );
+
+    let png = std::fs::read(out.join("demo.png")).expect("demo.png");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "demo.png is not a PNG"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn demo_refuses_bad_arguments_with_a_message() {
+    let out = out_dir("bad");
+    let run = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args(["demo", "--points", "0.3", "--policies", "fastest", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run ginza demo");
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("unknown policy \"fastest\""), "{stderr}");
+    assert!(
+        !out.exists(),
+        "nothing is written for a refused command line"
+    );
+}
+
+#[test]
+fn demo_says_why_when_iokerneld_has_nowhere_to_put_its_socket() {
+    if allowed_cpus() < 2 {
+        eprintln!("skipped: ginza demo needs 2 CPUs (iokerneld's and a managed one)");
+        return;
+    }
+    let out = out_dir("nosock");
+    let run = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args(["demo", "--points", "0.3", "--duration", "50ms", "--out"])
+        .arg(&out)
+        // The sockets live under the temp dir: make it a path that cannot exist.
+        .env("TMPDIR", "/proc/self/status/no-such-dir")
+        .output()
+        .expect("run ginza demo");
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("socket directory"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&out);
+}
