@@ -47,6 +47,7 @@ struct Line<'a> {
 fn lines<'a>(rows: &'a [Row], policies: &[&'a str], y: impl Fn(&Row) -> f64) -> Vec<Line<'a>> {
     policies
         .iter()
+        .filter(|&&policy| rows.iter().any(|r| r.policy == policy))
         .map(|&policy| {
             let mut points: Vec<(f64, f64)> = rows
                 .iter()
@@ -57,8 +58,24 @@ fn lines<'a>(rows: &'a [Row], policies: &[&'a str], y: impl Fn(&Row) -> f64) -> 
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
             Line { policy, points }
         })
-        .filter(|l| !l.points.is_empty())
         .collect()
+}
+
+/// Legend text: a policy that ran but measured nothing (a stuck point
+/// has no latency) stays in the legend, saying so.
+fn label(l: &Line) -> String {
+    if l.points.is_empty() {
+        format!("{} (no data: see the table)", l.policy)
+    } else {
+        l.policy.to_string()
+    }
+}
+
+/// Decade bounds around `lo..hi` (log axes read best between powers of 10).
+fn decades(lo: f64, hi: f64) -> (f64, f64) {
+    let lo = 10f64.powf(lo.log10().floor());
+    let hi = 10f64.powf(hi.log10().ceil());
+    (lo, if hi > lo { hi } else { lo * 10.0 })
 }
 
 /// x range with a margin; a single point gets a unit-wide range.
@@ -84,7 +101,7 @@ macro_rules! draw_lines {
         for l in $lines {
             let c = color(l.policy);
             cc.draw_series(LineSeries::new(l.points.clone(), c.stroke_width(2)))?
-                .label(l.policy.to_string())
+                .label(label(l))
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
                 });
@@ -121,7 +138,7 @@ pub(crate) fn write_png(
         .filter(|&v| v > 0.0);
     let (lo, hi) = positive.fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
     let (lo, hi) = if lo.is_finite() {
-        (lo * 0.7, (hi * 1.5).max(lo * 10.0))
+        decades(lo, hi)
     } else {
         (1.0, 1000.0)
     };
@@ -136,7 +153,8 @@ pub(crate) fn write_png(
         .y_desc("p99 latency (µs, log)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 16))
-        .y_label_formatter(&|v| format!("{v}"))
+        .y_labels(8)
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     let p99: Vec<Line> = p99
         .into_iter()
@@ -197,6 +215,12 @@ mod tests {
     }
 
     #[test]
+    fn log_axis_spans_whole_decades() {
+        assert_eq!(decades(150.0, 5800.0), (100.0, 10_000.0));
+        assert_eq!(decades(100.0, 100.0), (100.0, 1000.0));
+    }
+
+    #[test]
     fn writes_a_png_even_with_zero_latencies_and_a_single_point() {
         let dir = std::env::temp_dir().join(format!("ginza-demo-png-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -206,6 +230,7 @@ mod tests {
             row("shenango", 0.9, 400.0, 3.0),
             row("static", 0.1, 0.0, 0.0),
             row("slow", 0.5, 2000.0, 10.0),
+            row("slow", 0.7, f64::NAN, f64::NAN),
         ];
         write_png(&path, &rows, &["shenango", "slow", "static"], "test").unwrap();
         let bytes = std::fs::read(&path).unwrap();
