@@ -178,14 +178,21 @@ impl Policy {
             Policy::Shenango => {
                 "Shenango allocator: congestion detection every 5 µs, cores move on demand".into()
             }
-            Policy::Slow => {
-                "slow allocator: cores from utilization every 1 ms (Arachne-like)".into()
-            }
+            Policy::Slow => "slow allocator: cores from utilization every 1 ms; in between \
+                 each application keeps and spins on the cores it holds (Arachne-like)"
+                .into(),
             Policy::Static => format!(
                 "static: lc is provisioned all {n} managed core(s) and spins on them (ZygOS-like); \
                  batch gets none"
             ),
         }
+    }
+
+    /// Under `static` and `slow` an application keeps the cores it holds
+    /// while idle (spinning): only the allocator takes them back. Under
+    /// `shenango` an idle kthread gives its core back within microseconds.
+    fn keeps_cores(self) -> bool {
+        self != Policy::Shenango
     }
 
     /// `static` provisions the latency-critical application for its peak:
@@ -680,14 +687,14 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
         Class::LatencyCritical,
         n,
         guaranteed,
-        policy == Policy::Static,
+        policy.keeps_cores(),
     );
     let ctl = shared.lc.clone();
     run.lc = Some(App::start("lc", lc_cfg, move || work::lc_main(plan, ctl))?);
     // lc first, holding its guarantee before batch arrives: `static` never
     // takes a core back, so batch must not soak it up first.
     run.wait_registered("lc", |a| a.cores_now >= guaranteed)?;
-    let batch_cfg = app_config(&socket, "batch", Class::Batch, n, 0, false);
+    let batch_cfg = app_config(&socket, "batch", Class::Batch, n, 0, policy.keeps_cores());
     let (paths, stop) = (
         Arc::clone(&shared.batch_paths),
         Arc::clone(&shared.stop_batch),

@@ -11,7 +11,9 @@ use plotters::prelude::*;
 
 static FONT: Once = Once::new();
 
-fn register_font() {
+/// Registers the embedded DejaVu Sans as plotters' "sans-serif" (once per
+/// process): no system font libraries needed.
+pub fn register_font() {
     FONT.call_once(|| {
         let bytes: &'static [u8] = include_bytes!("../assets/DejaVuSans.ttf");
         // The embedded file is a valid TTF; failing here is a build defect.

@@ -6,26 +6,12 @@
 //! style (colors, sizes) and with the same embedded font file.
 
 use std::path::Path;
-use std::sync::Once;
 
 use anyhow::Context as _;
 use plotters::coord::combinators::IntoLogRange;
 use plotters::prelude::*;
 
 use super::report::Row;
-
-static FONT: Once = Once::new();
-
-fn register_font() {
-    FONT.call_once(|| {
-        // The simulator's copy (crates/sim/assets, with its license): the
-        // file is embedded from there rather than duplicated in the tree.
-        let bytes: &'static [u8] = include_bytes!("../../../sim/assets/DejaVuSans.ttf");
-        // A valid TTF checked into the tree; failing is a build defect.
-        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
-            .unwrap_or_else(|_| panic!("embedded DejaVuSans.ttf rejected"));
-    });
-}
 
 /// Colors per policy, fixed so the same policy has the same color in every
 /// run whatever `--policies` selects.
@@ -123,7 +109,7 @@ pub(crate) fn write_png(
     policies: &[&str],
     caption: &str,
 ) -> anyhow::Result<()> {
-    register_font();
+    ginza_sim::plot::register_font();
     let xs = x_range(rows);
     let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
     root.fill(&WHITE)?;
