@@ -215,8 +215,11 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
     // SAFETY: a fresh descriptor we own.
     let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
     let sent = Arc::new(AtomicU64::new(0));
+    // Wakes the waiter has taken: the writer waits for each one before the
+    // next gap, so two writes never coalesce into one read.
+    let taken = Arc::new(AtomicU64::new(0));
     let waiter = {
-        let (fd, sent) = (Arc::clone(&fd), Arc::clone(&sent));
+        let (fd, sent, taken) = (Arc::clone(&fd), Arc::clone(&sent), Arc::clone(&taken));
         std::thread::spawn(move || -> anyhow::Result<Vec<u64>> {
             pin(core)?;
             let mut out = Vec::with_capacity(n);
@@ -226,13 +229,22 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
                 let r = unsafe { libc::read(fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
                 anyhow::ensure!(r == 8, "eventfd read: {}", std::io::Error::last_os_error());
                 out.push(monotonic_ns().saturating_sub(sent.load(Ordering::Acquire)));
+                taken.fetch_add(1, Ordering::Release);
             }
             Ok(out)
         })
     };
     pin(writer_cpu)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    for _ in 0..n {
+    for i in 0..n as u64 {
+        let t = Instant::now();
+        while taken.load(Ordering::Acquire) < i {
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(5),
+                "the eventfd waiter on CPU {core} did not run for 5 s"
+            );
+            std::thread::yield_now();
+        }
         std::thread::sleep(gap(&mut rng, BLOCKED_GAP_US));
         sent.store(monotonic_ns(), Ordering::Release);
         let one = 1u64;
