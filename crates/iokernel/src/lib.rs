@@ -20,6 +20,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 mod in_process;
+pub mod nic;
 pub mod proto;
 mod sys;
 

@@ -1,0 +1,499 @@
+//! An open-loop traffic generator: Poisson arrivals of UDP requests that
+//! carry their own service time, latency measured from injection to reply.
+//!
+//! Open loop means arrivals follow the schedule whatever the replies do: a
+//! slow server gets a queue, not fewer requests (a closed-loop client would
+//! hide its latency by waiting). The generator has no thread and never
+//! sleeps: [`TrafficGenerator::poll`] takes the caller's clock reading,
+//! collects replies and injects every request whose scheduled time has
+//! passed. An arrival that could not be injected (no buffer, link refused it)
+//! is counted and not retried, as a late retry would distort the schedule.
+
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Exp};
+
+use ginza_net::{tx, Endpoint, Interface, MacAddr, Packet, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET};
+
+use super::{Frame, Nic};
+
+/// Bytes of [`RequestHeader`] at the start of a request's UDP payload.
+pub const REQUEST_HEADER_LEN: usize = 24;
+
+/// Histograms cover 1 ns..60 s at 3 significant digits; longer values count
+/// as 60 s.
+const HISTOGRAM_MAX_NS: u64 = 60_000_000_000;
+
+/// Replies taken from the link per `rx_burst` call.
+const RX_BURST: usize = 64;
+
+/// What a request carries, in network byte order at the start of its UDP
+/// payload. A server answers by echoing the payload; `service_ns` tells it
+/// how long to work on the request first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub seq: u64,
+    /// CLOCK_MONOTONIC ns of the injection.
+    pub send_ns: u64,
+    pub service_ns: u64,
+}
+
+impl RequestHeader {
+    /// Writes the header into the first [`REQUEST_HEADER_LEN`] bytes of
+    /// `payload` (panics if shorter).
+    pub fn encode(&self, payload: &mut [u8]) {
+        payload[0..8].copy_from_slice(&self.seq.to_be_bytes());
+        payload[8..16].copy_from_slice(&self.send_ns.to_be_bytes());
+        payload[16..24].copy_from_slice(&self.service_ns.to_be_bytes());
+    }
+
+    /// `None` if `payload` is too short to hold a header.
+    pub fn decode(payload: &[u8]) -> Option<RequestHeader> {
+        let field = |at: usize| {
+            Some(u64::from_be_bytes(
+                payload.get(at..at + 8)?.try_into().ok()?,
+            ))
+        };
+        Some(RequestHeader {
+            seq: field(0)?,
+            send_ns: field(8)?,
+            service_ns: field(16)?,
+        })
+    }
+}
+
+/// How long the server should work on a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ServiceTime {
+    Constant {
+        ns: u64,
+    },
+    Exponential {
+        mean_ns: f64,
+    },
+    /// `a_ns` with probability `p`, else `b_ns` (e.g. 90 % 5 µs, 10 % 55 µs:
+    /// `p: 0.9, a_ns: 5_000, b_ns: 55_000`).
+    Bimodal {
+        p: f64,
+        a_ns: u64,
+        b_ns: u64,
+    },
+}
+
+impl ServiceTime {
+    /// The distribution's mean in ns.
+    pub fn mean_ns(&self) -> f64 {
+        match *self {
+            ServiceTime::Constant { ns } => ns as f64,
+            ServiceTime::Exponential { mean_ns } => mean_ns,
+            ServiceTime::Bimodal { p, a_ns, b_ns } => p * a_ns as f64 + (1.0 - p) * b_ns as f64,
+        }
+    }
+
+    /// One service time, rounded to the nearest ns.
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
+        match *self {
+            ServiceTime::Constant { ns } => ns,
+            ServiceTime::Exponential { mean_ns } => {
+                // Validated positive and finite by `check`.
+                let exp = Exp::new(1.0 / mean_ns).expect("valid exponential mean");
+                exp.sample(rng).round() as u64
+            }
+            ServiceTime::Bimodal { p, a_ns, b_ns } => {
+                if rng.random::<f64>() < p {
+                    a_ns
+                } else {
+                    b_ns
+                }
+            }
+        }
+    }
+
+    fn check(&self) -> Result<(), GeneratorConfigError> {
+        match *self {
+            ServiceTime::Constant { .. } => Ok(()),
+            ServiceTime::Exponential { mean_ns } if mean_ns.is_finite() && mean_ns > 0.0 => Ok(()),
+            ServiceTime::Bimodal { p, .. } if (0.0..=1.0).contains(&p) => Ok(()),
+            other => Err(GeneratorConfigError::ServiceTime(other)),
+        }
+    }
+}
+
+/// What the generator sends, to whom, and how fast.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratorConfig {
+    /// The generator's own addresses (its switch port's MAC); replies must be
+    /// sent to them.
+    pub interface: Interface,
+    pub src_port: u16,
+    pub target_mac: MacAddr,
+    pub target: Endpoint,
+    /// Mean arrivals per second of the Poisson process.
+    pub rate_per_sec: f64,
+    pub service: ServiceTime,
+    /// UDP payload bytes per request, at least [`REQUEST_HEADER_LEN`]; the
+    /// rest is zeros.
+    pub payload_len: usize,
+    /// CLOCK_MONOTONIC ns of the start; the first arrival is one random gap
+    /// later.
+    pub start_ns: u64,
+    /// No arrival is scheduled at or after `start_ns + duration_ns`.
+    pub duration_ns: u64,
+    /// Requests awaiting a reply that the generator remembers; an older one
+    /// still unanswered when its slot is needed again counts as lost.
+    /// Rounded up to a power of two.
+    pub max_outstanding: usize,
+    /// Arrivals processed (injected or dropped) per `poll` at most, to bound
+    /// one call's time; the rest wait for the next `poll` (and show as lag).
+    pub max_burst: usize,
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum GeneratorConfigError {
+    #[error("rate {0}/s must be positive and finite")]
+    Rate(f64),
+    #[error("service time {0:?}: means must be positive and finite, p in 0..=1")]
+    ServiceTime(ServiceTime),
+    #[error("payload of {len} bytes: must be {REQUEST_HEADER_LEN}..={MAX_UDP_PAYLOAD}")]
+    PayloadLen { len: usize },
+    #[error("max_outstanding and max_burst must be at least 1")]
+    ZeroLimit,
+}
+
+/// Counts of a generator. Every scheduled arrival ends up in exactly one of
+/// `sent`, `no_buffer`, `tx_refused`, `too_large`; every sent request in
+/// `replies`, `evicted` or `outstanding`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GeneratorStats {
+    /// Arrivals whose scheduled time has come and that were processed.
+    pub scheduled: u64,
+    pub sent: u64,
+    /// The link's pool had no buffer for the request.
+    pub no_buffer: u64,
+    /// The link did not accept the request.
+    pub tx_refused: u64,
+    /// The request does not fit the link's buffers.
+    pub too_large: u64,
+    /// Replies matched to an outstanding request.
+    pub replies: u64,
+    /// Replies with a sequence number not outstanding: duplicates, replies
+    /// to requests already counted lost, or made-up ones.
+    pub unmatched_replies: u64,
+    /// Frames received that are not a reply to us (not UDP to our address
+    /// and port, or too short).
+    pub malformed_replies: u64,
+    /// Requests unanswered when their slot was reused: lost.
+    pub evicted: u64,
+    /// Requests sent and not answered yet.
+    pub outstanding: u64,
+}
+
+impl GeneratorStats {
+    /// Requests never answered: evicted ones plus those still outstanding
+    /// (meaningful as losses once the run is over and replies had time).
+    pub fn lost(&self) -> u64 {
+        self.evicted + self.outstanding
+    }
+}
+
+/// See the module documentation.
+pub struct TrafficGenerator {
+    config: GeneratorConfig,
+    rng: SmallRng,
+    inter_arrival: Exp<f64>,
+    /// Scheduled time of the next arrival; f64 so that the sum of gaps does
+    /// not drift by rounding each to a whole ns.
+    next_arrival_ns: f64,
+    end_ns: f64,
+    next_seq: u64,
+    /// `(seq, send_ns)` of outstanding requests, at `seq & slot_mask`.
+    outstanding: Vec<Option<(u64, u64)>>,
+    slot_mask: u64,
+    latency: Histogram<u64>,
+    lag: Histogram<u64>,
+    stats: GeneratorStats,
+    rx_scratch: Vec<Frame>,
+    tx_scratch: Vec<Frame>,
+    tx_seqs: Vec<u64>,
+}
+
+impl TrafficGenerator {
+    pub fn new(config: GeneratorConfig) -> Result<TrafficGenerator, GeneratorConfigError> {
+        if !(config.rate_per_sec.is_finite() && config.rate_per_sec > 0.0) {
+            return Err(GeneratorConfigError::Rate(config.rate_per_sec));
+        }
+        config.service.check()?;
+        if !(REQUEST_HEADER_LEN..=MAX_UDP_PAYLOAD).contains(&config.payload_len) {
+            return Err(GeneratorConfigError::PayloadLen {
+                len: config.payload_len,
+            });
+        }
+        if config.max_outstanding == 0 || config.max_burst == 0 {
+            return Err(GeneratorConfigError::ZeroLimit);
+        }
+        let slots = config.max_outstanding.next_power_of_two();
+        let rate_per_ns = config.rate_per_sec / 1e9;
+        let mut rng = SmallRng::seed_from_u64(config.seed);
+        let inter_arrival =
+            Exp::new(rate_per_ns).map_err(|_| GeneratorConfigError::Rate(config.rate_per_sec))?;
+        let next_arrival_ns = config.start_ns as f64 + inter_arrival.sample(&mut rng);
+        let histogram =
+            || Histogram::new_with_bounds(1, HISTOGRAM_MAX_NS, 3).expect("valid histogram bounds");
+        Ok(TrafficGenerator {
+            end_ns: config.start_ns as f64 + config.duration_ns as f64,
+            rng,
+            inter_arrival,
+            next_arrival_ns,
+            next_seq: 0,
+            outstanding: vec![None; slots],
+            slot_mask: slots as u64 - 1,
+            latency: histogram(),
+            lag: histogram(),
+            stats: GeneratorStats::default(),
+            rx_scratch: Vec::with_capacity(RX_BURST),
+            tx_scratch: Vec::with_capacity(config.max_burst),
+            tx_seqs: Vec::with_capacity(config.max_burst),
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &GeneratorConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> GeneratorStats {
+        self.stats
+    }
+
+    /// Reply latency (reply seen by `poll` − injection), ns.
+    pub fn latency(&self) -> &Histogram<u64> {
+        &self.latency
+    }
+
+    /// Per injected request: how long after its scheduled time it went out, ns.
+    pub fn lag(&self) -> &Histogram<u64> {
+        &self.lag
+    }
+
+    /// Whether every arrival of the run has been scheduled.
+    pub fn finished_sending(&self) -> bool {
+        self.next_arrival_ns >= self.end_ns
+    }
+
+    /// Collects replies waiting on `nic`, then injects the requests due by
+    /// `now_ns` (at most `max_burst`). Call it each iteration of the loop
+    /// with that iteration's clock reading.
+    pub fn poll<N: Nic + ?Sized>(&mut self, now_ns: u64, nic: &mut N) {
+        self.collect_replies(now_ns, nic);
+        self.inject_due(now_ns, nic);
+    }
+
+    fn collect_replies<N: Nic + ?Sized>(&mut self, now_ns: u64, nic: &mut N) {
+        // Taken out of `self` for the loop, which needs `self` mutably.
+        let mut received = std::mem::take(&mut self.rx_scratch);
+        while nic.rx_burst(&mut received, RX_BURST) > 0 {
+            for frame in received.drain(..) {
+                let reply = match ginza_net::parse(nic.pool().bytes(&frame), &self.config.interface)
+                {
+                    Ok(Packet::Udp(datagram)) if datagram.dst.port == self.config.src_port => {
+                        RequestHeader::decode(datagram.payload)
+                    }
+                    _ => None,
+                };
+                // The frame came from this link's pool.
+                nic.pool_mut()
+                    .free(frame)
+                    .expect("a received frame is of the link's pool");
+                match reply {
+                    Some(header) => self.match_reply(header.seq, now_ns),
+                    None => self.stats.malformed_replies += 1,
+                }
+            }
+        }
+        self.rx_scratch = received;
+    }
+
+    /// Latency from our own record of the send time: the copy echoed in the
+    /// reply is the server's word, and only the sequence number is needed.
+    fn match_reply(&mut self, seq: u64, now_ns: u64) {
+        let slot = &mut self.outstanding[(seq & self.slot_mask) as usize];
+        match *slot {
+            Some((outstanding_seq, send_ns)) if outstanding_seq == seq => {
+                *slot = None;
+                self.stats.outstanding -= 1;
+                self.stats.replies += 1;
+                self.latency
+                    .saturating_record(now_ns.saturating_sub(send_ns));
+            }
+            _ => self.stats.unmatched_replies += 1,
+        }
+    }
+
+    fn inject_due<N: Nic + ?Sized>(&mut self, now_ns: u64, nic: &mut N) {
+        let now = now_ns as f64;
+        let mut processed = 0;
+        while self.next_arrival_ns <= now
+            && self.next_arrival_ns < self.end_ns
+            && processed < self.config.max_burst
+        {
+            processed += 1;
+            let scheduled_ns = self.next_arrival_ns;
+            self.next_arrival_ns += self.inter_arrival.sample(&mut self.rng);
+            self.stats.scheduled += 1;
+            let header = RequestHeader {
+                seq: self.next_seq,
+                send_ns: now_ns,
+                service_ns: self.config.service.sample(&mut self.rng),
+            };
+            let Some(mut frame) = nic.pool_mut().alloc() else {
+                self.stats.no_buffer += 1;
+                continue;
+            };
+            let pool = nic.pool_mut();
+            match build_request(pool.buffer_mut(&mut frame), &self.config, &header) {
+                Ok(len) => {
+                    pool.set_len(&mut frame, len)
+                        .expect("built within the buffer");
+                    self.tx_scratch.push(frame);
+                    self.tx_seqs.push(header.seq);
+                    self.next_seq += 1;
+                    self.lag
+                        .saturating_record((now - scheduled_ns).max(0.0) as u64);
+                }
+                Err(_) => {
+                    self.stats.too_large += 1;
+                    pool.free(frame).expect("allocated from this pool");
+                }
+            }
+        }
+        if self.tx_scratch.is_empty() {
+            return;
+        }
+        let accepted = nic.tx_burst(&mut self.tx_scratch);
+        for index in 0..accepted {
+            let seq = self.tx_seqs[index];
+            self.remember(seq, now_ns);
+        }
+        self.stats.sent += accepted as u64;
+        self.stats.tx_refused += self.tx_scratch.len() as u64;
+        for frame in self.tx_scratch.drain(..) {
+            nic.pool_mut()
+                .free(frame)
+                .expect("allocated from this pool");
+        }
+        self.tx_seqs.clear();
+    }
+
+    fn remember(&mut self, seq: u64, send_ns: u64) {
+        let slot = &mut self.outstanding[(seq & self.slot_mask) as usize];
+        if slot.is_some() {
+            self.stats.evicted += 1;
+        } else {
+            self.stats.outstanding += 1;
+        }
+        *slot = Some((seq, send_ns));
+    }
+}
+
+/// The one place a request frame is assembled: header fields and zero padding
+/// written in place at the UDP payload offset, then Ethernet/IPv4/UDP headers
+/// in front of them (no copy). Returns the frame's length.
+fn build_request(
+    buffer: &mut [u8],
+    config: &GeneratorConfig,
+    header: &RequestHeader,
+) -> Result<usize, ginza_net::BuildError> {
+    let payload_end = UDP_PAYLOAD_OFFSET + config.payload_len;
+    if let Some(payload) = buffer.get_mut(UDP_PAYLOAD_OFFSET..payload_end) {
+        header.encode(payload);
+        payload[REQUEST_HEADER_LEN..].fill(0);
+    }
+    // Reports a buffer that is too small, whether or not the payload fit.
+    tx::write_udp_headers(
+        buffer,
+        &config.interface,
+        config.target_mac,
+        config.src_port,
+        config.target,
+        config.payload_len,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mean_and_count_of_a(service: ServiceTime, samples: usize, seed: u64) -> (f64, usize) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut sum = 0.0;
+        let mut count_of_a = 0;
+        for _ in 0..samples {
+            let ns = service.sample(&mut rng);
+            if let ServiceTime::Bimodal { a_ns, .. } = service {
+                count_of_a += usize::from(ns == a_ns);
+            }
+            sum += ns as f64;
+        }
+        (sum / samples as f64, count_of_a)
+    }
+
+    #[test]
+    fn service_time_means_match_within_five_standard_errors() {
+        const SAMPLES: usize = 200_000;
+        let constant = ServiceTime::Constant { ns: 10_000 };
+        assert_eq!(mean_and_count_of_a(constant, 100, 1).0, 10_000.0);
+
+        let exponential = ServiceTime::Exponential { mean_ns: 10_000.0 };
+        let (mean, _) = mean_and_count_of_a(exponential, SAMPLES, 2);
+        // An exponential's standard deviation is its mean.
+        let standard_error = 10_000.0 / (SAMPLES as f64).sqrt();
+        assert!(
+            (mean - 10_000.0).abs() < 5.0 * standard_error,
+            "mean {mean}"
+        );
+
+        let bimodal = ServiceTime::Bimodal {
+            p: 0.9,
+            a_ns: 5_000,
+            b_ns: 55_000,
+        };
+        assert_eq!(bimodal.mean_ns(), 10_000.0);
+        let (mean, count_of_a) = mean_and_count_of_a(bimodal, SAMPLES, 3);
+        let standard_deviation = 50_000.0 * (0.9f64 * 0.1).sqrt();
+        let standard_error = standard_deviation / (SAMPLES as f64).sqrt();
+        assert!(
+            (mean - 10_000.0).abs() < 5.0 * standard_error,
+            "mean {mean}"
+        );
+        let share = count_of_a as f64 / SAMPLES as f64;
+        let share_error = (0.9f64 * 0.1 / SAMPLES as f64).sqrt();
+        assert!((share - 0.9).abs() < 5.0 * share_error, "share {share}");
+    }
+
+    #[test]
+    fn header_round_trips_and_short_payload_is_refused() {
+        let header = RequestHeader {
+            seq: 7,
+            send_ns: u64::MAX - 1,
+            service_ns: 5_000,
+        };
+        let mut payload = [0u8; REQUEST_HEADER_LEN];
+        header.encode(&mut payload);
+        assert_eq!(RequestHeader::decode(&payload), Some(header));
+        assert_eq!(RequestHeader::decode(&payload[..23]), None);
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        assert!(ServiceTime::Exponential { mean_ns: 0.0 }.check().is_err());
+        assert!(ServiceTime::Bimodal {
+            p: 1.5,
+            a_ns: 1,
+            b_ns: 2
+        }
+        .check()
+        .is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! The NIC abstraction of iokerneld (DESIGN.md, "NIC backends", "Packet
+//! steering") and its default backend, as pure in-process code.
+//!
+//! # Design
+//!
+//! * [`Nic`] is the whole contract between iokerneld's loop and a link:
+//!   receive a burst, transmit a burst, and the [`BufferPool`] the link's
+//!   frames live in. Bursts amortize the per-call cost the way DPDK and
+//!   AF_XDP rings do; nothing blocks: an empty link returns 0 frames, a full
+//!   one refuses frames, which stay with the caller.
+//! * Buffer ownership is explicit. A [`Frame`] is a move-only handle on one
+//!   fixed-size buffer of a pool plus a length: `rx_burst` gives frames to the
+//!   caller, `tx_burst` takes the ones it accepts, and
+//!   [`BufferPool::free`] consumes the handle, so a buffer is returned at most
+//!   once by construction. Where a buffer must travel as plain numbers (a
+//!   ring to another process), [`BufferPool::lend`] turns it into a
+//!   [`BufferDescriptor`] and [`BufferPool::reclaim`] checks the descriptor
+//!   against the pool's records, refusing a second return at run time.
+//!   Pool exhaustion is a counted drop ([`PoolStats::exhausted`]), never a
+//!   block or a panic.
+//! * [`software`] is the embedded default (no root, no NIC): an in-memory
+//!   Ethernet switch with one [`SwitchPort`](software::SwitchPort) per
+//!   application, looked up by registered MAC, with broadcast and counted
+//!   drops per port and per reason (unknown destination, receive ring full,
+//!   no buffer, spoofed source, runt). Each port has its own pool and the
+//!   switch copies a frame into the destination's pool, so a port that
+//!   floods or hoards buffers exhausts only itself and the port it floods —
+//!   and later, when those pools move into shared memory, a runtime sees only
+//!   its own packets.
+//! * [`generator`] is an open-loop load generator that sits on a port:
+//!   Poisson arrivals, each request a UDP datagram carrying a sequence number,
+//!   its send time and a service time drawn from a [`ServiceTime`]
+//!   distribution; replies are matched by sequence number and their latency
+//!   recorded in an HDR histogram, along with losses and the generator's own
+//!   lag behind its schedule. Its owner drives it with
+//!   [`TrafficGenerator::poll`] from iokerneld's loop, with the loop's clock
+//!   reading; tests pass a synthetic clock, which makes them deterministic
+//!   for a seed.
+//!
+//! # Left
+//!
+//! * The `af_xdp` (and `af_packet`) backend: a UMEM is a [`BufferPool`]
+//!   whose storage is the UMEM area, and fill/completion rings carry
+//!   [`BufferDescriptor`]s; `dpdk` behind a feature.
+//! * Steering to runtime rings: iokerneld moving frames between a switch
+//!   port (or a real NIC) and each application's ingress/egress rings in the
+//!   shared region, with the `rss-mod`, `flow-affinity` and `indirection`
+//!   policies, and `on_work_for` when a packet arrives for an application
+//!   with no core.
+//! * Read-only ingress buffers: per-runtime ingress pools in shared memory,
+//!   mapped read-only into their runtime; today pools are private heap
+//!   memory. Egress buffers in the runtime's region, validated on reclaim.
+//! * Zero-copy switching (a frame handed between pools instead of copied)
+//!   where both ends trust each other, e.g. the generator.
+
+pub mod buffer;
+pub mod generator;
+pub mod software;
+
+pub use buffer::{BufferDescriptor, BufferPool, Frame, PoolError, PoolStats, DEFAULT_BUFFER_SIZE};
+pub use generator::{
+    GeneratorConfig, GeneratorConfigError, GeneratorStats, RequestHeader, ServiceTime,
+    TrafficGenerator, REQUEST_HEADER_LEN,
+};
+pub use software::{
+    PortConfig, PortCounters, PortDrops, PortId, SoftwareSwitch, SwitchError, SwitchPort,
+};
+
+/// A link iokerneld sends and receives Ethernet frames on.
+pub trait Nic {
+    /// The pool received frames come from and transmitted frames must come
+    /// from: free received frames here, allocate frames to send here.
+    fn pool(&self) -> &BufferPool;
+
+    fn pool_mut(&mut self) -> &mut BufferPool;
+
+    /// Moves up to `max` received frames to the end of `out`, oldest first,
+    /// and returns how many. The caller owns them and frees them to
+    /// [`pool_mut`](Nic::pool_mut) when done.
+    fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize;
+
+    /// Takes frames from the front of `frames` for transmission and returns
+    /// how many it took; the ones it did not accept stay in `frames`, in
+    /// order, still owned by the caller. A frame taken may still be dropped
+    /// further on (counted by the backend), never handed back.
+    fn tx_burst(&mut self, frames: &mut Vec<Frame>) -> usize;
+}

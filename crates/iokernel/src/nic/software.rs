@@ -1,0 +1,436 @@
+//! The `software` NIC backend: an in-memory Ethernet switch between ports on
+//! this host.
+//!
+//! Switching happens inside [`Nic::tx_burst`]: each frame a port transmits
+//! is copied into the destination port's pool and receive ring at once, so
+//! there is no forwarding step to schedule and a frame is never in two places.
+//! The MAC table is registration, not learning: iokerneld knows the MAC of
+//! every port it creates, and a frame whose source MAC is not its port's is
+//! dropped, so an application cannot impersonate another.
+
+use std::collections::{HashMap, VecDeque};
+
+use ginza_net::{MacAddr, ETHERNET_HEADER_LEN};
+
+use super::{BufferPool, Frame, Nic, DEFAULT_BUFFER_SIZE};
+
+/// A port of a [`SoftwareSwitch`]. Ids are never reused, so the id of a
+/// removed port stays unknown rather than naming a newer port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortId(u32);
+
+/// A new port's address and sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortConfig {
+    pub mac: MacAddr,
+    /// Buffers of the port's pool: frames waiting on its receive ring, frames
+    /// it holds, frames it is building.
+    pub buffers: usize,
+    pub buffer_size: usize,
+    /// Frames delivered but not yet taken by `rx_burst`; beyond that,
+    /// arrivals are dropped (`rx_ring_full`).
+    pub rx_ring_capacity: usize,
+}
+
+impl PortConfig {
+    /// 1024 buffers of [`DEFAULT_BUFFER_SIZE`] and a receive ring of 512.
+    pub fn new(mac: MacAddr) -> PortConfig {
+        PortConfig {
+            mac,
+            buffers: 1024,
+            buffer_size: DEFAULT_BUFFER_SIZE,
+            rx_ring_capacity: 512,
+        }
+    }
+}
+
+/// Frames a port lost, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortDrops {
+    /// Sent by this port to a MAC no port has (or a multicast group: none are
+    /// registered).
+    pub unknown_destination: u64,
+    /// Sent by this port with a source MAC other than the port's.
+    pub spoofed_source: u64,
+    /// Sent by this port, shorter than an Ethernet header.
+    pub runt: u64,
+    /// For this port, but its receive ring was full.
+    pub rx_ring_full: u64,
+    /// For this port, but its pool had no free buffer for the copy.
+    pub no_buffer: u64,
+}
+
+impl PortDrops {
+    pub fn total(&self) -> u64 {
+        self.unknown_destination
+            + self.spoofed_source
+            + self.runt
+            + self.rx_ring_full
+            + self.no_buffer
+    }
+}
+
+/// What went through a port. Frames a port sends count in its `tx_*` whether
+/// or not they are delivered; frames count in the receiver's `rx_*` when put
+/// on its receive ring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    pub drops: PortDrops,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SwitchError {
+    #[error("MAC {0} is already the address of another port")]
+    MacInUse(MacAddr),
+    #[error("MAC {0} is a group address, not a port's")]
+    GroupMac(MacAddr),
+    #[error("a port needs at least one buffer and a receive ring of at least one frame")]
+    EmptyPort,
+}
+
+#[derive(Debug)]
+struct Port {
+    mac: MacAddr,
+    pool: BufferPool,
+    rx_ring: VecDeque<Frame>,
+    rx_ring_capacity: usize,
+    counters: PortCounters,
+}
+
+impl Port {
+    /// Copies `bytes` onto the receive ring, or counts why it could not.
+    fn deliver_copy(&mut self, bytes: &[u8]) {
+        // Ring first: a full ring must not take a buffer it cannot use.
+        if self.rx_ring.len() >= self.rx_ring_capacity {
+            self.counters.drops.rx_ring_full += 1;
+            return;
+        }
+        match self.pool.alloc_copy(bytes) {
+            Some(frame) => self.enqueue(frame),
+            None => self.counters.drops.no_buffer += 1,
+        }
+    }
+
+    fn enqueue(&mut self, frame: Frame) {
+        self.counters.rx_frames += 1;
+        self.counters.rx_bytes += frame.len() as u64;
+        self.rx_ring.push_back(frame);
+    }
+}
+
+/// An in-memory Ethernet switch: one port per application (and one per
+/// traffic generator), frames switched by destination MAC, broadcast to
+/// every other port.
+#[derive(Debug, Default)]
+pub struct SoftwareSwitch {
+    ports: Vec<Option<Port>>,
+    port_by_mac: HashMap<MacAddr, PortId>,
+}
+
+impl SoftwareSwitch {
+    pub fn new() -> SoftwareSwitch {
+        SoftwareSwitch::default()
+    }
+
+    /// Adds a port answering to `config.mac`, with its own pool and ring.
+    pub fn add_port(&mut self, config: PortConfig) -> Result<PortId, SwitchError> {
+        if config.mac.is_multicast() {
+            return Err(SwitchError::GroupMac(config.mac));
+        }
+        if self.port_by_mac.contains_key(&config.mac) {
+            return Err(SwitchError::MacInUse(config.mac));
+        }
+        if config.buffers == 0 || config.buffer_size == 0 || config.rx_ring_capacity == 0 {
+            return Err(SwitchError::EmptyPort);
+        }
+        let id = PortId(self.ports.len() as u32);
+        self.ports.push(Some(Port {
+            mac: config.mac,
+            pool: BufferPool::new(config.buffers, config.buffer_size),
+            rx_ring: VecDeque::with_capacity(config.rx_ring_capacity),
+            rx_ring_capacity: config.rx_ring_capacity,
+            counters: PortCounters::default(),
+        }));
+        self.port_by_mac.insert(config.mac, id);
+        Ok(id)
+    }
+
+    /// Removes a port with its pool: frames on its ring go with it, and frames
+    /// of its pool still held elsewhere can no longer be freed anywhere
+    /// (refused as foreign). Returns whether the port existed.
+    pub fn remove_port(&mut self, id: PortId) -> bool {
+        let Some(port) = self.ports.get_mut(id.0 as usize).and_then(Option::take) else {
+            return false;
+        };
+        self.port_by_mac.remove(&port.mac);
+        true
+    }
+
+    /// The port as a [`Nic`], or `None` if it was removed.
+    pub fn port(&mut self, id: PortId) -> Option<SwitchPort<'_>> {
+        self.ports.get(id.0 as usize)?.as_ref()?;
+        Some(SwitchPort { switch: self, id })
+    }
+
+    pub fn counters(&self, id: PortId) -> Option<PortCounters> {
+        Some(self.port_ref(id)?.counters)
+    }
+
+    /// The port's pool, e.g. to check for leaks.
+    pub fn pool(&self, id: PortId) -> Option<&BufferPool> {
+        Some(&self.port_ref(id)?.pool)
+    }
+
+    pub fn port_of(&self, mac: MacAddr) -> Option<PortId> {
+        self.port_by_mac.get(&mac).copied()
+    }
+
+    fn port_ref(&self, id: PortId) -> Option<&Port> {
+        self.ports.get(id.0 as usize)?.as_ref()
+    }
+
+    /// Switches one frame sent by port `source`; the frame's buffer goes back
+    /// to the source's pool unless it is looped back to the source itself.
+    fn switch_frame(&mut self, source: usize, frame: Frame) {
+        let sender = self.ports[source].as_mut().expect("a live port sends");
+        sender.counters.tx_frames += 1;
+        sender.counters.tx_bytes += frame.len() as u64;
+        let bytes = sender.pool.bytes(&frame);
+        if bytes.len() < ETHERNET_HEADER_LEN {
+            sender.counters.drops.runt += 1;
+            return free_to(&mut sender.pool, frame);
+        }
+        let destination = mac_at(bytes, 0);
+        if mac_at(bytes, 6) != sender.mac {
+            sender.counters.drops.spoofed_source += 1;
+            return free_to(&mut sender.pool, frame);
+        }
+        if destination.is_broadcast() {
+            for receiver in 0..self.ports.len() {
+                if receiver != source && self.ports[receiver].is_some() {
+                    let (sender, receiver) = two_ports(&mut self.ports, source, receiver);
+                    receiver.deliver_copy(sender.pool.bytes(&frame));
+                }
+            }
+        } else {
+            match self.port_by_mac.get(&destination) {
+                Some(receiver) if receiver.0 as usize == source => {
+                    // Looped back: same pool, no copy needed.
+                    let sender = self.ports[source].as_mut().expect("live");
+                    if sender.rx_ring.len() < sender.rx_ring_capacity {
+                        return sender.enqueue(frame);
+                    }
+                    sender.counters.drops.rx_ring_full += 1;
+                }
+                Some(receiver) => {
+                    let (sender, receiver) =
+                        two_ports(&mut self.ports, source, receiver.0 as usize);
+                    receiver.deliver_copy(sender.pool.bytes(&frame));
+                }
+                None => {
+                    let sender = self.ports[source].as_mut().expect("live");
+                    sender.counters.drops.unknown_destination += 1;
+                }
+            }
+        }
+        let sender = self.ports[source].as_mut().expect("live");
+        free_to(&mut sender.pool, frame);
+    }
+}
+
+fn mac_at(bytes: &[u8], offset: usize) -> MacAddr {
+    let mut mac = [0; 6];
+    mac.copy_from_slice(&bytes[offset..offset + 6]);
+    MacAddr(mac)
+}
+
+fn free_to(pool: &mut BufferPool, frame: Frame) {
+    // tx_burst accepts only frames of the sender's pool.
+    pool.free(frame)
+        .expect("a sent frame comes from its port's pool");
+}
+
+/// Two distinct live ports, mutably.
+fn two_ports(ports: &mut [Option<Port>], a: usize, b: usize) -> (&mut Port, &mut Port) {
+    assert_ne!(a, b);
+    let (first, second) = if a < b {
+        let (low, high) = ports.split_at_mut(b);
+        (&mut low[a], &mut high[0])
+    } else {
+        let (low, high) = ports.split_at_mut(a);
+        (&mut high[0], &mut low[b])
+    };
+    (
+        first.as_mut().expect("live port"),
+        second.as_mut().expect("live port"),
+    )
+}
+
+/// One port of a [`SoftwareSwitch`], seen as a [`Nic`] (borrowing the switch
+/// for as long as it is used).
+#[derive(Debug)]
+pub struct SwitchPort<'a> {
+    switch: &'a mut SoftwareSwitch,
+    id: PortId,
+}
+
+impl SwitchPort<'_> {
+    pub fn id(&self) -> PortId {
+        self.id
+    }
+
+    pub fn mac(&self) -> MacAddr {
+        self.port().mac
+    }
+
+    pub fn counters(&self) -> PortCounters {
+        self.port().counters
+    }
+
+    fn port(&self) -> &Port {
+        self.switch.ports[self.id.0 as usize]
+            .as_ref()
+            .expect("a SwitchPort is made for a live port and borrows the switch")
+    }
+
+    fn port_mut(&mut self) -> &mut Port {
+        self.switch.ports[self.id.0 as usize]
+            .as_mut()
+            .expect("a SwitchPort is made for a live port and borrows the switch")
+    }
+}
+
+impl Nic for SwitchPort<'_> {
+    fn pool(&self) -> &BufferPool {
+        &self.port().pool
+    }
+
+    fn pool_mut(&mut self) -> &mut BufferPool {
+        &mut self.port_mut().pool
+    }
+
+    fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize {
+        let ring = &mut self.port_mut().rx_ring;
+        let taken = max.min(ring.len());
+        out.extend(ring.drain(..taken));
+        taken
+    }
+
+    /// Accepts frames up to the first one that is not from this port's pool
+    /// (that one and the rest stay with the caller) and switches them.
+    fn tx_burst(&mut self, frames: &mut Vec<Frame>) -> usize {
+        let pool = &self.port().pool;
+        let accepted = frames.iter().take_while(|frame| pool.owns(frame)).count();
+        let source = self.id.0 as usize;
+        for frame in frames.drain(..accepted) {
+            self.switch.switch_frame(source, frame);
+        }
+        accepted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mac(last: u8) -> MacAddr {
+        MacAddr([2, 0, 0, 0, 0, last])
+    }
+
+    fn ethernet(dst: MacAddr, src: MacAddr, fill: u8) -> Vec<u8> {
+        let mut bytes = Vec::from(dst.0);
+        bytes.extend_from_slice(&src.0);
+        bytes.extend_from_slice(&[0x08, 0x00]);
+        bytes.extend_from_slice(&[fill; 50]);
+        bytes
+    }
+
+    fn send(switch: &mut SoftwareSwitch, from: PortId, bytes: &[u8]) {
+        let mut port = switch.port(from).unwrap();
+        let frame = port.pool_mut().alloc_copy(bytes).unwrap();
+        let mut burst = vec![frame];
+        assert_eq!(port.tx_burst(&mut burst), 1);
+    }
+
+    fn receive_all(switch: &mut SoftwareSwitch, at: PortId) -> Vec<Vec<u8>> {
+        let mut port = switch.port(at).unwrap();
+        let mut frames = Vec::new();
+        port.rx_burst(&mut frames, usize::MAX);
+        frames
+            .into_iter()
+            .map(|frame| {
+                let bytes = port.pool().bytes(&frame).to_vec();
+                port.pool_mut().free(frame).unwrap();
+                bytes
+            })
+            .collect()
+    }
+
+    #[test]
+    fn duplicate_and_group_macs_are_refused() {
+        let mut switch = SoftwareSwitch::new();
+        switch.add_port(PortConfig::new(mac(1))).unwrap();
+        assert_eq!(
+            switch.add_port(PortConfig::new(mac(1))),
+            Err(SwitchError::MacInUse(mac(1)))
+        );
+        assert_eq!(
+            switch.add_port(PortConfig::new(MacAddr::BROADCAST)),
+            Err(SwitchError::GroupMac(MacAddr::BROADCAST))
+        );
+    }
+
+    #[test]
+    fn spoofed_runt_and_looped_back_frames() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        send(&mut switch, a, &ethernet(mac(2), mac(9), 0));
+        send(&mut switch, a, &[0; 13]);
+        let to_self = ethernet(mac(1), mac(1), 7);
+        send(&mut switch, a, &to_self);
+        let drops = switch.counters(a).unwrap().drops;
+        assert_eq!((drops.spoofed_source, drops.runt, drops.total()), (1, 1, 2));
+        assert_eq!(receive_all(&mut switch, a), vec![to_self]);
+        assert!(receive_all(&mut switch, b).is_empty());
+        assert_eq!(switch.pool(a).unwrap().in_use(), 0);
+    }
+
+    #[test]
+    fn removed_port_is_gone_and_its_mac_unknown() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        assert!(switch.remove_port(b));
+        assert!(!switch.remove_port(b));
+        assert!(switch.port(b).is_none());
+        send(&mut switch, a, &ethernet(mac(2), mac(1), 0));
+        assert_eq!(switch.counters(a).unwrap().drops.unknown_destination, 1);
+        // The MAC is free again, under a new id.
+        let b_again = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        assert_ne!(b, b_again);
+    }
+
+    #[test]
+    fn a_frame_of_another_pool_stays_with_the_caller() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        let mut other_pool = BufferPool::new(1, 2048);
+        let foreign = other_pool.alloc_copy(&ethernet(mac(2), mac(1), 1)).unwrap();
+        let mut port = switch.port(a).unwrap();
+        let own = port
+            .pool_mut()
+            .alloc_copy(&ethernet(mac(2), mac(1), 2))
+            .unwrap();
+        let mut burst = vec![own, foreign];
+        assert_eq!(port.tx_burst(&mut burst), 1);
+        assert_eq!(burst.len(), 1);
+        other_pool.free(burst.pop().unwrap()).unwrap();
+        assert_eq!(receive_all(&mut switch, b).len(), 1);
+    }
+}
