@@ -3,8 +3,8 @@
 //! Every clock here is synthetic, so each test is deterministic for its seeds.
 
 use ginza_iokernel::nic::{
-    BufferPool, GeneratorConfig, Nic, PoolError, PortConfig, PortId, RequestHeader, ServiceTime,
-    SoftwareSwitch, TrafficGenerator,
+    BufferPool, Frame, GeneratorConfig, Nic, PoolError, PortConfig, PortId, RequestHeader,
+    ServiceTime, SoftwareSwitch, TrafficGenerator,
 };
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 
@@ -418,4 +418,54 @@ fn a_descriptor_cannot_be_reclaimed_twice() {
         })
     );
     assert_eq!(pool.available(), 4);
+}
+
+/// A link that takes at most one frame per burst and receives nothing, like a
+/// NIC whose transmit ring is nearly full.
+struct OneSlotLink {
+    pool: BufferPool,
+    transmitted: usize,
+}
+
+impl Nic for OneSlotLink {
+    fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    fn pool_mut(&mut self) -> &mut BufferPool {
+        &mut self.pool
+    }
+
+    fn rx_burst(&mut self, _out: &mut Vec<Frame>, _max: usize) -> usize {
+        0
+    }
+
+    fn tx_burst(&mut self, frames: &mut Vec<Frame>) -> usize {
+        if frames.is_empty() {
+            return 0;
+        }
+        self.pool.free(frames.remove(0)).unwrap();
+        self.transmitted += 1;
+        1
+    }
+}
+
+#[test]
+fn requests_the_link_refuses_are_counted_and_their_buffers_freed() {
+    let mut link = OneSlotLink {
+        pool: BufferPool::new(64, 2048),
+        transmitted: 0,
+    };
+    let mut generator = TrafficGenerator::new(generator_config(1_000_000.0, 1_000_000, 4)).unwrap();
+    let start = generator.config().start_ns;
+    // Three polls with several arrivals due each: one goes out per poll.
+    for step in 1..=3 {
+        generator.poll(start + step * 20_000, &mut link);
+    }
+    let stats = generator.stats();
+    assert_eq!((stats.sent, link.transmitted as u64), (3, 3));
+    assert_eq!(stats.outstanding, 3);
+    assert!(stats.tx_refused > 20, "{stats:?}");
+    assert_eq!(stats.sent + stats.tx_refused, stats.scheduled);
+    assert_eq!(link.pool.in_use(), 0);
 }
