@@ -134,7 +134,7 @@ fn cross_process_in_order() {
                     m,
                     ToKthread::Wake {
                         core: got as u32,
-                        decided_ns: got as u64
+                        decided_ns: got
                     }
                 );
                 got += 1;
@@ -147,7 +147,7 @@ fn cross_process_in_order() {
                             m,
                             ToKthread::Wake {
                                 core: got as u32,
-                                decided_ns: got as u64
+                                decided_ns: got
                             }
                         );
                         got += 1;
