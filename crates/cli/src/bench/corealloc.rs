@@ -234,60 +234,34 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
             Ok(out)
         })
     };
-    pin(writer_cpu)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    for i in 0..n as u64 {
-        let t = Instant::now();
-        while taken.load(Ordering::Acquire) < i {
-            anyhow::ensure!(
-                t.elapsed() < Duration::from_secs(5),
-                "the eventfd waiter on CPU {core} did not run for 5 s"
-            );
-            std::thread::yield_now();
+    // The writer gets a thread of its own, so the caller's affinity is left alone.
+    let writer = std::thread::spawn(move || -> anyhow::Result<()> {
+        pin(writer_cpu)?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for i in 0..n as u64 {
+            let t = Instant::now();
+            while taken.load(Ordering::Acquire) < i {
+                anyhow::ensure!(
+                    t.elapsed() < Duration::from_secs(5),
+                    "the eventfd waiter on CPU {core} did not run for 5 s"
+                );
+                std::thread::yield_now();
+            }
+            std::thread::sleep(gap(&mut rng, BLOCKED_GAP_US));
+            sent.store(monotonic_ns(), Ordering::Release);
+            let one = 1u64;
+            // SAFETY: writing 8 bytes from a valid u64.
+            let w = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            anyhow::ensure!(w == 8, "eventfd write: {}", std::io::Error::last_os_error());
         }
-        std::thread::sleep(gap(&mut rng, BLOCKED_GAP_US));
-        sent.store(monotonic_ns(), Ordering::Release);
-        let one = 1u64;
-        // SAFETY: writing 8 bytes from a valid u64.
-        let w = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        anyhow::ensure!(w == 8, "eventfd write: {}", std::io::Error::last_os_error());
-    }
-    let out = waiter
+        Ok(())
+    });
+    writer
         .join()
-        .map_err(|_| anyhow::anyhow!("floor thread panicked"))??;
-    unpin()?;
-    Ok(out)
-}
-
-/// Back to every allowed CPU.
-fn unpin() -> anyhow::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for c in allowed_cpus_of_process()? {
-        // SAFETY: `c` is below CPU_SETSIZE.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: a valid set of the size passed, for the calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    anyhow::ensure!(rc == 0, "unpinning: {}", std::io::Error::last_os_error());
-    Ok(())
-}
-
-/// The process's CPUs (the calling thread may be pinned narrower).
-fn allowed_cpus_of_process() -> anyhow::Result<Vec<usize>> {
-    let s = std::fs::read_to_string("/proc/self/status")?;
-    let line = s
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .context("no Cpus_allowed_list in /proc/self/status")?;
-    let mut out = Vec::new();
-    for part in line.trim().split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.parse::<usize>()?..=b.parse::<usize>()?),
-            None => out.push(part.parse()?),
-        }
-    }
-    Ok(out)
+        .map_err(|_| anyhow::anyhow!("eventfd writer panicked"))??;
+    waiter
+        .join()
+        .map_err(|_| anyhow::anyhow!("eventfd waiter panicked"))?
 }
 
 fn app(socket: &std::path::Path, name: &str, class: Class, linger: Duration) -> Config {
