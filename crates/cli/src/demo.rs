@@ -524,25 +524,6 @@ struct Samples {
     errors: u32,
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= 8 * std::mem::size_of_val(&set) {
-        return Err(std::io::Error::other(format!(
-            "CPU {cpu} is beyond CPU_SETSIZE"
-        )));
-    }
-    // SAFETY: `cpu` is below CPU_SETSIZE (checked above); `set` is ours.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; 0 is this thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn app_cores(st: &StatsReport, name: &str) -> u32 {
     st.apps
         .iter()
@@ -571,7 +552,7 @@ fn sample(
     cancel: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<anyhow::Result<Samples>> {
     std::thread::spawn(move || {
-        if let Err(e) = pin_current_thread(cpu) {
+        if let Err(e) = ginza_iokernel::util::pin_current_thread(cpu) {
             log::warn!("the stats sampler runs unpinned (CPU {cpu}: {e})");
         }
         let sleep_until = |t: Instant| -> anyhow::Result<()> {

@@ -39,6 +39,10 @@ pub mod util {
     pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
         crate::sys::allowed_cpus()
     }
+    /// Pins the calling thread to `cpu`.
+    pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+        crate::sys::set_affinity(0, cpu)
+    }
     /// The calling thread's kernel thread id.
     pub fn gettid() -> i32 {
         crate::sys::gettid()

@@ -20,18 +20,7 @@ pub(crate) fn emit(json: bool, table: &str, report: &impl serde::Serialize) -> a
 
 /// CPUs in this process's affinity mask, ascending.
 pub(crate) fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
-    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error()).context("sched_getaffinity");
-    }
-    let max = 8 * std::mem::size_of_val(&set);
-    // SAFETY: `set` is initialised and every index is below CPU_SETSIZE.
-    Ok((0..max)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect())
+    ginza_iokernel::util::allowed_cpus().context("sched_getaffinity")
 }
 
 /// Median (mean of the middle two for an even count); `None` if empty.

@@ -182,22 +182,6 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     emit(args.json, &render(&report), &report)
 }
 
-/// Pins the calling thread to `cpu`.
-fn pin(cpu: usize) -> anyhow::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `cpu` is below CPU_SETSIZE (it came from the affinity mask).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: a valid set of the size passed, for the calling thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    anyhow::ensure!(
-        rc == 0,
-        "pinning to CPU {cpu}: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(())
-}
-
 fn monotonic_ns() -> u64 {
     ginza_iokernel::util::monotonic_ns()
 }
@@ -221,7 +205,8 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
     let waiter = {
         let (fd, sent, taken) = (Arc::clone(&fd), Arc::clone(&sent), Arc::clone(&taken));
         std::thread::spawn(move || -> anyhow::Result<Vec<u64>> {
-            pin(core)?;
+            ginza_iokernel::util::pin_current_thread(core)
+                .with_context(|| format!("pinning the eventfd waiter to CPU {core}"))?;
             let mut out = Vec::with_capacity(n);
             let mut buf = 0u64;
             while out.len() < n {
@@ -236,7 +221,8 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
     };
     // The writer gets a thread of its own, so the caller's affinity is left alone.
     let writer = std::thread::spawn(move || -> anyhow::Result<()> {
-        pin(writer_cpu)?;
+        ginza_iokernel::util::pin_current_thread(writer_cpu)
+            .with_context(|| format!("pinning the eventfd writer to CPU {writer_cpu}"))?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         for i in 0..n as u64 {
             let t = Instant::now();
