@@ -7,6 +7,8 @@
 //!   iokerneld samples for congestion detection.
 //! * [`ring`]: the `#[repr(C)]`, pointer-free SPSC ring both processes map.
 //! * [`msg`]: the command messages of the per-kthread command rings.
+//! * [`packet`]: packet descriptors, egress buffers, the read-only ingress
+//!   pool and iokerneld's ledger of lent buffers.
 //!
 //! The two processes do not trust each other: everything read from the
 //! peer's side is copied once and checked; a broken peer yields a typed
@@ -15,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod msg;
+pub mod packet;
 pub mod queue_line;
 pub mod region;
 pub mod ring;
@@ -24,6 +27,10 @@ mod sys;
 pub use msg::{
     CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, SendError, ToIokernel,
     ToKthread,
+};
+pub use packet::{
+    BufferLedger, EgressBuffers, IngressPool, LedgerError, PacketDesc, PoolMapError,
+    MAX_INGRESS_BUFFERS, PKT_BUFFER_SIZE,
 };
 pub use queue_line::{LineFlags, LineSnap, QueueLine};
 pub use region::{

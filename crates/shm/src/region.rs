@@ -1,14 +1,22 @@
 //! The shared region of one runtime: a sealed memfd that starts with a
-//! [`Header`], followed by one [`QueueLine`] per kthread and two command
-//! rings per kthread (kthread → iokerneld, iokerneld → kthread).
+//! [`Header`], followed by one [`QueueLine`] per kthread, two command rings
+//! per kthread (kthread → iokerneld, iokerneld → kthread), and the packet
+//! rings and egress buffers of each kthread (see [`crate::packet`]).
 //!
 //! ```text
-//! 0              Header (112 bytes)
-//! lines_offset   QueueLine × n_kthreads          (64 bytes each)
-//! up_offset      ring of RawMsg × n_kthreads      (up_stride bytes each)
-//! down_offset    ring of RawMsg × n_kthreads      (down_stride bytes each)
+//! 0              Header (232 bytes)
+//! lines_offset   QueueLine × n_kthreads            (64 bytes each)
+//! up_offset      ring of RawMsg × n_kthreads        (up_stride bytes each)
+//! down_offset    ring of RawMsg × n_kthreads        (down_stride bytes each)
+//! in_offset      ring of PacketDesc × n_kthreads    ingress: iokerneld → kthread
+//! done_offset    ring of u32 × n_kthreads           ingress buffers given back
+//! out_offset     ring of PacketDesc × n_kthreads    egress: kthread → iokerneld
+//! egress_offset  out_capacity buffers × n_kthreads  egress buffers (slot i ↔ buffer i)
 //! region_size    (a multiple of the page size)
 //! ```
+//!
+//! Ingress buffers are not here: iokerneld owns them in a pool of its own
+//! that the runtime maps read-only ([`crate::packet::IngressPool`]).
 //!
 //! The runtime creates the region ([`Region::create`]) and passes the memfd
 //! to iokerneld, which maps it ([`Region::attach`]). iokerneld reads the
@@ -29,6 +37,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crate::msg::{CmdRx, CmdTx, RawMsg, ToIokernel, ToKthread};
+use crate::packet::{EgressBuffers, PacketDesc, PKT_BUFFER_SIZE};
 use crate::queue_line::QueueLine;
 use crate::ring::{
     self, ring_bytes, Consumer, Keep, Producer, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY,
@@ -38,7 +47,7 @@ use crate::sys;
 /// `b"GINZASHM"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GINZASHM");
 /// The layout this code speaks.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Most kthreads one runtime may register.
 pub const MAX_KTHREADS: u32 = 256;
 /// Largest region iokerneld maps.
@@ -69,10 +78,28 @@ pub struct Header {
     pub down_offset: u64,
     pub down_stride: u64,
     pub down_size: u64,
+    pub pkt_desc_size: u32,
+    pub buffer_size: u32,
+    pub in_capacity: u32,
+    pub done_capacity: u32,
+    pub out_capacity: u32,
+    pub reserved2: u32,
+    pub in_offset: u64,
+    pub in_stride: u64,
+    pub in_size: u64,
+    pub done_offset: u64,
+    pub done_stride: u64,
+    pub done_size: u64,
+    pub out_offset: u64,
+    pub out_stride: u64,
+    pub out_size: u64,
+    pub egress_offset: u64,
+    pub egress_stride: u64,
+    pub egress_size: u64,
 }
 
 const HEADER_SIZE: usize = size_of::<Header>();
-const _: () = assert!(HEADER_SIZE == 112);
+const _: () = assert!(HEADER_SIZE == 232);
 
 /// A part of the region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +108,10 @@ pub enum Area {
     Lines,
     UpRings,
     DownRings,
+    IngressRings,
+    DoneRings,
+    EgressRings,
+    EgressBuffers,
 }
 
 impl fmt::Display for Area {
@@ -90,6 +121,10 @@ impl fmt::Display for Area {
             Area::Lines => "queue-line area",
             Area::UpRings => "kthread→iokerneld ring area",
             Area::DownRings => "iokerneld→kthread ring area",
+            Area::IngressRings => "ingress ring area",
+            Area::DoneRings => "ingress-done ring area",
+            Area::EgressRings => "egress ring area",
+            Area::EgressBuffers => "egress buffer area",
         })
     }
 }
@@ -116,6 +151,10 @@ pub enum HeaderError {
     LineSize { found: u32, expected: u32 },
     #[error("message size {found}, expected {expected}")]
     MsgSize { found: u32, expected: u32 },
+    #[error("packet descriptor size {found}, expected {expected}")]
+    DescSize { found: u32, expected: u32 },
+    #[error("packet buffer size {found}, expected {expected}")]
+    BufferSize { found: u32, expected: u32 },
     #[error("{area}: capacity {found} is not a power of two in {MIN_CAPACITY}..={MAX_CAPACITY}")]
     Capacity { area: Area, found: u32 },
     #[error("{area}: stride {found} bytes, expected {expected} for its capacity")]
@@ -169,6 +208,12 @@ pub struct Layout {
     pub lines_offset: u64,
     pub up: RingArea,
     pub down: RingArea,
+    pub ingress: RingArea,
+    pub done: RingArea,
+    pub egress: RingArea,
+    /// Offset of kthread 0's egress buffers; kthread `k`'s start
+    /// `egress.capacity * PKT_BUFFER_SIZE` bytes further per kthread.
+    pub egress_buffers_offset: u64,
 }
 
 /// What a runtime asks for.
@@ -179,6 +224,14 @@ pub struct RegionConfig {
     pub up_capacity: u32,
     /// Slots of each iokerneld → kthread command ring.
     pub down_capacity: u32,
+    /// Slots of each ingress ring (received packets waiting for a kthread).
+    pub ingress_capacity: u32,
+    /// Slots of each ingress-done ring; also the number of ingress buffers
+    /// iokerneld gives the application, so returning every buffer through
+    /// one kthread's ring never finds it full.
+    pub done_capacity: u32,
+    /// Slots of each egress ring, and egress buffers per kthread.
+    pub egress_capacity: u32,
 }
 
 impl RegionConfig {
@@ -187,14 +240,28 @@ impl RegionConfig {
             n_kthreads,
             up_capacity: 64,
             down_capacity: 64,
+            ingress_capacity: 512,
+            done_capacity: 4096,
+            egress_capacity: 256,
         }
     }
 }
 
 const LINE_SIZE: u64 = size_of::<QueueLine>() as u64;
 
-fn stride_for(capacity: u32) -> Option<u64> {
-    ring_bytes::<RawMsg>(capacity).map(|b| b as u64)
+/// Bytes of one ring of `T`, or the capacity error for `area`.
+fn ring_stride<T: ring::Pod>(area: Area, capacity: u32) -> Result<u64, HeaderError> {
+    ring_bytes::<T>(capacity)
+        .map(|b| b as u64)
+        .ok_or(HeaderError::Capacity {
+            area,
+            found: capacity,
+        })
+}
+
+/// Bytes of one kthread's egress buffers.
+fn egress_stride(out_capacity: u32) -> u64 {
+    u64::from(out_capacity) * u64::from(PKT_BUFFER_SIZE)
 }
 
 fn overflow(what: &'static str) -> HeaderError {
@@ -215,28 +282,38 @@ impl Layout {
                 max: MAX_KTHREADS,
             });
         }
-        let up_stride = stride_for(cfg.up_capacity).ok_or(HeaderError::Capacity {
-            area: Area::UpRings,
-            found: cfg.up_capacity,
-        })?;
-        let down_stride = stride_for(cfg.down_capacity).ok_or(HeaderError::Capacity {
-            area: Area::DownRings,
-            found: cfg.down_capacity,
-        })?;
+        let n64 = u64::from(n);
         let lines_offset = (HEADER_SIZE as u64).next_multiple_of(CACHE_LINE as u64);
-        let up_offset = lines_offset + LINE_SIZE * n as u64;
-        let up_size = up_stride
-            .checked_mul(n as u64)
-            .ok_or(overflow("up ring area"))?;
-        let down_offset = up_offset
-            .checked_add(up_size)
-            .ok_or(overflow("down ring offset"))?;
-        let down_size = down_stride
-            .checked_mul(n as u64)
-            .ok_or(overflow("down ring area"))?;
-        let end = down_offset
-            .checked_add(down_size)
-            .ok_or(overflow("region size"))?;
+        let mut end = lines_offset + LINE_SIZE * n64;
+        // Places one area of `stride` bytes per kthread at the current end.
+        let mut place = |stride: u64| -> Result<u64, HeaderError> {
+            let offset = end;
+            let size = stride.checked_mul(n64).ok_or(overflow("area size"))?;
+            end = offset.checked_add(size).ok_or(overflow("region size"))?;
+            Ok(offset)
+        };
+        let mut ring = |area, capacity, stride: fn(Area, u32) -> Result<u64, HeaderError>| {
+            let stride = stride(area, capacity)?;
+            Ok::<_, HeaderError>(RingArea {
+                offset: place(stride)?,
+                stride,
+                capacity,
+            })
+        };
+        let up = ring(Area::UpRings, cfg.up_capacity, ring_stride::<RawMsg>)?;
+        let down = ring(Area::DownRings, cfg.down_capacity, ring_stride::<RawMsg>)?;
+        let ingress = ring(
+            Area::IngressRings,
+            cfg.ingress_capacity,
+            ring_stride::<PacketDesc>,
+        )?;
+        let done = ring(Area::DoneRings, cfg.done_capacity, ring_stride::<u32>)?;
+        let egress = ring(
+            Area::EgressRings,
+            cfg.egress_capacity,
+            ring_stride::<PacketDesc>,
+        )?;
+        let egress_buffers_offset = place(egress_stride(cfg.egress_capacity))?;
         let region_size = end
             .checked_next_multiple_of(PAGE_SIZE)
             .ok_or(overflow("region size"))?;
@@ -244,16 +321,12 @@ impl Layout {
             n_kthreads: n,
             region_size,
             lines_offset,
-            up: RingArea {
-                offset: up_offset,
-                stride: up_stride,
-                capacity: cfg.up_capacity,
-            },
-            down: RingArea {
-                offset: down_offset,
-                stride: down_stride,
-                capacity: cfg.down_capacity,
-            },
+            up,
+            down,
+            ingress,
+            done,
+            egress,
+            egress_buffers_offset,
         };
         // Our own output must pass our own checks (and the size limit).
         layout.header().validate(region_size)
@@ -281,6 +354,24 @@ impl Layout {
             down_offset: self.down.offset,
             down_stride: self.down.stride,
             down_size: self.down.stride * n,
+            pkt_desc_size: size_of::<PacketDesc>() as u32,
+            buffer_size: PKT_BUFFER_SIZE,
+            in_capacity: self.ingress.capacity,
+            done_capacity: self.done.capacity,
+            out_capacity: self.egress.capacity,
+            reserved2: 0,
+            in_offset: self.ingress.offset,
+            in_stride: self.ingress.stride,
+            in_size: self.ingress.stride * n,
+            done_offset: self.done.offset,
+            done_stride: self.done.stride,
+            done_size: self.done.stride * n,
+            out_offset: self.egress.offset,
+            out_stride: self.egress.stride,
+            out_size: self.egress.stride * n,
+            egress_offset: self.egress_buffers_offset,
+            egress_stride: egress_stride(self.egress.capacity),
+            egress_size: egress_stride(self.egress.capacity) * n,
         }
     }
 
@@ -300,6 +391,17 @@ impl Layout {
     pub fn down_ring_offset(&self, k: u32) -> u64 {
         debug_assert!(k < self.n_kthreads);
         self.down.offset + self.down.stride * k as u64
+    }
+
+    /// Offset of kthread `k`'s ring in `area`.
+    pub fn ring_offset(area: &RingArea, k: u32) -> u64 {
+        area.offset + area.stride * k as u64
+    }
+
+    /// Offset of kthread `k`'s first egress buffer.
+    pub fn egress_buffers_offset(&self, k: u32) -> u64 {
+        debug_assert!(k < self.n_kthreads);
+        self.egress_buffers_offset + egress_stride(self.egress.capacity) * k as u64
     }
 }
 
@@ -414,15 +516,63 @@ impl Header {
                 expected: msg,
             });
         }
-        let up_stride = stride_for(self.up_capacity).ok_or(HeaderError::Capacity {
-            area: Area::UpRings,
-            found: self.up_capacity,
-        })?;
-        let down_stride = stride_for(self.down_capacity).ok_or(HeaderError::Capacity {
-            area: Area::DownRings,
-            found: self.down_capacity,
-        })?;
-        let spans = [
+        if self.pkt_desc_size as usize != size_of::<PacketDesc>() {
+            return Err(HeaderError::DescSize {
+                found: self.pkt_desc_size,
+                expected: size_of::<PacketDesc>() as u32,
+            });
+        }
+        if self.buffer_size != PKT_BUFFER_SIZE {
+            return Err(HeaderError::BufferSize {
+                found: self.buffer_size,
+                expected: PKT_BUFFER_SIZE,
+            });
+        }
+        // Each per-kthread area: (area, offset, size, stride, stride its
+        // capacity needs, capacity).
+        let rings = [
+            (
+                Area::UpRings,
+                self.up_offset,
+                self.up_size,
+                self.up_stride,
+                ring_stride::<RawMsg>(Area::UpRings, self.up_capacity)?,
+                self.up_capacity,
+            ),
+            (
+                Area::DownRings,
+                self.down_offset,
+                self.down_size,
+                self.down_stride,
+                ring_stride::<RawMsg>(Area::DownRings, self.down_capacity)?,
+                self.down_capacity,
+            ),
+            (
+                Area::IngressRings,
+                self.in_offset,
+                self.in_size,
+                self.in_stride,
+                ring_stride::<PacketDesc>(Area::IngressRings, self.in_capacity)?,
+                self.in_capacity,
+            ),
+            (
+                Area::DoneRings,
+                self.done_offset,
+                self.done_size,
+                self.done_stride,
+                ring_stride::<u32>(Area::DoneRings, self.done_capacity)?,
+                self.done_capacity,
+            ),
+            (
+                Area::EgressRings,
+                self.out_offset,
+                self.out_size,
+                self.out_stride,
+                ring_stride::<PacketDesc>(Area::EgressRings, self.out_capacity)?,
+                self.out_capacity,
+            ),
+        ];
+        let mut spans = vec![
             Span {
                 area: Area::Header,
                 start: 0,
@@ -438,24 +588,30 @@ impl Header {
                 mapped_len,
             )?,
             check_area(
-                Area::UpRings,
-                self.up_offset,
-                self.up_size,
-                self.up_stride,
-                up_stride,
-                n,
-                mapped_len,
-            )?,
-            check_area(
-                Area::DownRings,
-                self.down_offset,
-                self.down_size,
-                self.down_stride,
-                down_stride,
+                Area::EgressBuffers,
+                self.egress_offset,
+                self.egress_size,
+                self.egress_stride,
+                egress_stride(self.out_capacity),
                 n,
                 mapped_len,
             )?,
         ];
+        let mut areas = [RingArea {
+            offset: 0,
+            stride: 0,
+            capacity: 0,
+        }; 5];
+        for (i, &(area, offset, size, stride, expected, capacity)) in rings.iter().enumerate() {
+            spans.push(check_area(
+                area, offset, size, stride, expected, n, mapped_len,
+            )?);
+            areas[i] = RingArea {
+                offset,
+                stride,
+                capacity,
+            };
+        }
         for (i, a) in spans.iter().enumerate() {
             for b in &spans[i + 1..] {
                 if a.start < b.end && b.start < a.end {
@@ -470,20 +626,17 @@ impl Header {
                 }
             }
         }
+        let [up, down, ingress, done, egress] = areas;
         Ok(Layout {
             n_kthreads: n,
             region_size: mapped_len,
             lines_offset: self.lines_offset,
-            up: RingArea {
-                offset: self.up_offset,
-                stride: up_stride,
-                capacity: self.up_capacity,
-            },
-            down: RingArea {
-                offset: self.down_offset,
-                stride: down_stride,
-                capacity: self.down_capacity,
-            },
+            up,
+            down,
+            ingress,
+            done,
+            egress,
+            egress_buffers_offset: self.egress_offset,
         })
     }
 }
@@ -562,6 +715,14 @@ pub struct RuntimeEnd {
     pub line: LineRef,
     pub to_iokernel: CmdTx<ToIokernel>,
     pub from_iokernel: CmdRx<ToKthread>,
+    /// Received packets (descriptors of ingress-pool buffers).
+    pub ingress: Consumer<PacketDesc>,
+    /// Ingress buffers given back.
+    pub done: Producer<u32>,
+    /// Packets to send; descriptor `i` (sequence number) is in egress
+    /// buffer `i % capacity`.
+    pub egress: Producer<PacketDesc>,
+    pub egress_buffers: EgressBuffers,
 }
 
 /// iokerneld's end of one kthread's shared state.
@@ -569,6 +730,10 @@ pub struct IokernelEnd {
     pub line: LineRef,
     pub from_kthread: CmdRx<ToIokernel>,
     pub to_kthread: CmdTx<ToKthread>,
+    pub ingress: Producer<PacketDesc>,
+    pub done: Consumer<u32>,
+    pub egress: Consumer<PacketDesc>,
+    pub egress_buffers: EgressBuffers,
 }
 
 /// A kthread's queue line, keeping its region mapped.
@@ -755,10 +920,23 @@ impl Region {
                 Consumer::attach(down, l.down.capacity, self.keep()),
             )
         };
+        let (ingress, done, egress) = self.packet_rings(k);
+        // SAFETY: as above (a validated ring location, this end taken once).
+        let ends = unsafe {
+            (
+                Consumer::attach(ingress.0, ingress.1, self.keep()),
+                Producer::attach(done.0, done.1, self.keep()),
+                Producer::attach(egress.0, egress.1, self.keep()),
+            )
+        };
         Ok(RuntimeEnd {
             line: self.line(k)?,
             to_iokernel: CmdTx::new(p),
             from_iokernel: CmdRx::new(c),
+            ingress: ends.0,
+            done: ends.1,
+            egress: ends.2,
+            egress_buffers: self.egress_buffers(k),
         })
     }
 
@@ -775,11 +953,46 @@ impl Region {
                 Producer::attach(down, l.down.capacity, self.keep()),
             )
         };
+        let (ingress, done, egress) = self.packet_rings(k);
+        // SAFETY: as in `runtime_end`.
+        let ends = unsafe {
+            (
+                Producer::attach(ingress.0, ingress.1, self.keep()),
+                Consumer::attach(done.0, done.1, self.keep()),
+                Consumer::attach(egress.0, egress.1, self.keep()),
+            )
+        };
         Ok(IokernelEnd {
             line: self.line(k)?,
             from_kthread: CmdRx::new(c),
             to_kthread: CmdTx::new(p),
+            ingress: ends.0,
+            done: ends.1,
+            egress: ends.2,
+            egress_buffers: self.egress_buffers(k),
         })
+    }
+
+    /// Base and capacity of kthread `k`'s ingress, done and egress rings.
+    #[allow(clippy::type_complexity)]
+    fn packet_rings(&self, k: u32) -> ((NonNull<u8>, u32), (NonNull<u8>, u32), (NonNull<u8>, u32)) {
+        let l = &self.0.layout;
+        let at = |a: &RingArea| (self.at(Layout::ring_offset(a, k)), a.capacity);
+        (at(&l.ingress), at(&l.done), at(&l.egress))
+    }
+
+    fn egress_buffers(&self, k: u32) -> EgressBuffers {
+        let l = &self.0.layout;
+        // SAFETY: the validated egress buffer area of kthread `k`: `capacity`
+        // buffers of PKT_BUFFER_SIZE bytes inside the mapping, kept alive by
+        // the region handle.
+        unsafe {
+            EgressBuffers::new(
+                self.at(l.egress_buffers_offset(k)),
+                l.egress.capacity,
+                self.keep(),
+            )
+        }
     }
 
     /// Pointer to the header in the mapping, for tests that corrupt it.
@@ -813,6 +1026,18 @@ unsafe fn init(base: NonNull<u8>, layout: &Layout) {
                 base.add(layout.down_ring_offset(k) as usize),
                 layout.down.capacity,
             );
+            ring::init_ring::<PacketDesc>(
+                base.add(Layout::ring_offset(&layout.ingress, k) as usize),
+                layout.ingress.capacity,
+            );
+            ring::init_ring::<u32>(
+                base.add(Layout::ring_offset(&layout.done, k) as usize),
+                layout.done.capacity,
+            );
+            ring::init_ring::<PacketDesc>(
+                base.add(Layout::ring_offset(&layout.egress, k) as usize),
+                layout.egress.capacity,
+            );
         }
     }
 }
@@ -823,6 +1048,7 @@ mod tests {
 
     use super::*;
     use crate::msg::{PreemptReason, RecvError};
+    use crate::packet::{PacketDesc, PKT_BUFFER_SIZE};
     use crate::queue_line::LineFlags;
 
     fn good() -> (Header, u64) {
@@ -830,6 +1056,7 @@ mod tests {
             n_kthreads: 4,
             up_capacity: 16,
             down_capacity: 8,
+            ..RegionConfig::new(1)
         })
         .unwrap();
         (l.header(), l.region_size)
@@ -841,18 +1068,31 @@ mod tests {
             n_kthreads: 4,
             up_capacity: 16,
             down_capacity: 8,
+            ..RegionConfig::new(1)
         })
         .unwrap();
-        assert_eq!(l.lines_offset, 128);
-        assert_eq!(l.up.offset, 128 + 4 * 64);
+        assert_eq!(l.lines_offset, 256);
+        assert_eq!(l.up.offset, 256 + 4 * 64);
         assert_eq!(l.up.stride, 128 + 16 * 16);
         assert_eq!(l.down.offset, l.up.offset + 4 * l.up.stride);
         assert_eq!(l.down.stride, 128 + 8 * 16);
-        assert_eq!(l.region_size, 4096);
+        assert_eq!(l.ingress.offset, l.down.offset + 4 * l.down.stride);
+        assert_eq!(l.ingress.stride, 128 + 512 * 16);
+        assert_eq!(l.done.stride, 128 + 4096 * 4);
+        assert_eq!(l.egress.stride, 128 + 256 * 16);
+        assert_eq!(
+            l.egress_buffers_offset(1),
+            l.egress_buffers_offset + 256 * 2048
+        );
+        assert_eq!(
+            l.region_size,
+            (l.egress_buffers_offset + 4 * 256 * 2048).next_multiple_of(4096)
+        );
         let big = Layout::new(&RegionConfig {
             n_kthreads: MAX_KTHREADS,
             up_capacity: MAX_CAPACITY,
             down_capacity: MAX_CAPACITY,
+            ..RegionConfig::new(1)
         });
         assert!(big.unwrap().region_size <= MAX_REGION_SIZE);
         assert_eq!(
@@ -869,6 +1109,7 @@ mod tests {
             n_kthreads: 1,
             up_capacity: 3,
             down_capacity: 8,
+            ..RegionConfig::new(1)
         })
         .unwrap_err();
         assert_eq!(
@@ -892,7 +1133,7 @@ mod tests {
         );
         assert_eq!(
             msg(&|b| b.version = 3, len),
-            "layout version 3, this side speaks 1"
+            "layout version 3, this side speaks 2"
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 5000, len),
@@ -907,7 +1148,7 @@ mod tests {
         );
         assert_eq!(
             msg(&|b| b.region_size = 100, 100),
-            "region is 100 bytes, smaller than the 112-byte header"
+            "region is 100 bytes, smaller than the 232-byte header"
         );
         assert_eq!(
             msg(&|b| b.down_offset = len - 64, len),
@@ -927,7 +1168,7 @@ mod tests {
         assert_eq!(
             msg(&|b| b.up_offset = 0, len),
             format!(
-                "header [0x0, 0x70) overlaps kthread→iokerneld ring area [0x0, {:#x})",
+                "header [0x0, 0xe8) overlaps kthread→iokerneld ring area [0x0, {:#x})",
                 h.up_size
             )
         );
@@ -954,7 +1195,7 @@ mod tests {
         );
         assert_eq!(
             msg(&|b| b.header_size = 4096, len),
-            "header size 4096, expected 112"
+            "header size 4096, expected 232"
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 0, len),
@@ -1007,11 +1248,74 @@ mod tests {
     }
 
     #[test]
+    fn heap_region_packets_flow() {
+        let r = Region::create_heap(&RegionConfig {
+            n_kthreads: 2,
+            ingress_capacity: 4,
+            done_capacity: 8,
+            egress_capacity: 2,
+            ..RegionConfig::new(2)
+        })
+        .unwrap();
+        let mut rt = r.runtime_end(1).unwrap();
+        let mut io = r.iokernel_end(1).unwrap();
+        // Egress: fill the buffer of the next slot, then push; iokerneld
+        // copies out before releasing the slot.
+        for round in 0..5u8 {
+            assert_eq!(rt.egress.free(), Ok(2));
+            let seq = rt.egress.next_seq();
+            rt.egress_buffers.buffer_mut(seq)[..3].copy_from_slice(&[round; 3]);
+            rt.egress
+                .push(PacketDesc {
+                    len: 3,
+                    ..Default::default()
+                })
+                .unwrap();
+            let (s, d) = io.egress.peek().unwrap().unwrap();
+            assert_eq!(s, seq);
+            let mut out = [0u8; 8];
+            assert_eq!(io.egress_buffers.read(s, d.len, &mut out), 3);
+            assert_eq!(out[..3], [round; 3]);
+            io.egress.release();
+            assert_eq!(io.egress.peek(), Ok(None));
+        }
+        // A lying length is clamped to the buffer.
+        let seq = rt.egress.next_seq();
+        rt.egress
+            .push(PacketDesc {
+                len: u32::MAX,
+                ..Default::default()
+            })
+            .unwrap();
+        let mut big = vec![0u8; 4096];
+        assert_eq!(
+            io.egress_buffers.read(seq, u32::MAX, &mut big),
+            PKT_BUFFER_SIZE as usize
+        );
+        // Ingress descriptors and returned buffers.
+        let d = PacketDesc {
+            buf: 5,
+            len: 60,
+            hash: 7,
+            reserved: 0,
+        };
+        io.ingress.push(d).unwrap();
+        assert_eq!(rt.ingress.pop(), Ok(Some(d)));
+        rt.done.push(5).unwrap();
+        assert_eq!(io.done.pop(), Ok(Some(5)));
+        // Kthread 0's packet rings are separate.
+        let mut io0 = r.iokernel_end(0).unwrap();
+        assert_eq!(io0.egress.peek(), Ok(None));
+        assert_eq!(io0.done.pop(), Ok(None));
+    }
+
+    #[test]
     fn heap_region_ends_talk() {
         let r = Region::create_heap(&RegionConfig {
             n_kthreads: 2,
             up_capacity: 4,
             down_capacity: 4,
+            ..RegionConfig::new(1)
         })
         .unwrap();
         assert!(r.fd().is_none());
@@ -1119,7 +1423,7 @@ mod tests {
         let e = attach().err().unwrap();
         assert_eq!(
             e.to_string(),
-            "shared region refused: layout version 3, this side speaks 1"
+            "shared region refused: layout version 3, this side speaks 2"
         );
         // SAFETY: as above.
         unsafe { (*r.header_ptr()).version = LAYOUT_VERSION };

@@ -286,6 +286,14 @@ impl<T: Pod> Producer<T> {
         }
     }
 
+    /// Sequence number the next pushed message gets (slot
+    /// `next_seq() % capacity`): a producer that pairs each slot with a
+    /// buffer of its own fills buffer `next_seq() % capacity` before the
+    /// push, having checked [`free`](Self::free) first.
+    pub fn next_seq(&self) -> u32 {
+        self.tail
+    }
+
     /// Appends `v`, or hands it back if the ring is full.
     pub fn push(&mut self, v: T) -> Result<(), PushError<T>> {
         if let Some(c) = self.corrupt {
@@ -355,6 +363,30 @@ impl<T: Pod> Consumer<T> {
                 self.corrupt = Some(c);
                 Err(c)
             }
+        }
+    }
+
+    /// The oldest message and its sequence number, left in the ring: the
+    /// producer may not reuse its slot (nor a buffer paired with the slot)
+    /// until [`release`](Self::release).
+    pub fn peek(&mut self) -> Result<Option<(u32, T)>, RingCorrupt> {
+        if let Some(c) = self.corrupt {
+            return Err(c);
+        }
+        if self.head == self.tail_cache && self.refresh()? == 0 {
+            return Ok(None);
+        }
+        // SAFETY: as in `pop`.
+        let v = unsafe { self.ring.slot(self.head).read() };
+        Ok(Some((self.head, v)))
+    }
+
+    /// Drops the message [`peek`](Self::peek) returned. Does nothing on an
+    /// empty ring.
+    pub fn release(&mut self) {
+        if self.corrupt.is_none() && self.head != self.tail_cache {
+            self.head = self.head.wrapping_add(1);
+            self.ring.hdr().head.0.store(self.head, Ordering::Release);
         }
     }
 

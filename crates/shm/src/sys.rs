@@ -49,12 +49,21 @@ pub(crate) fn size(fd: BorrowedFd<'_>) -> io::Result<u64> {
 
 /// Maps `len` bytes of `fd` shared, readable and writable.
 pub(crate) fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    map_with(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+}
+
+/// Maps `len` bytes of `fd` shared and read-only.
+pub(crate) fn map_read_only(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
+    map_with(fd, len, libc::PROT_READ)
+}
+
+fn map_with(fd: BorrowedFd<'_>, len: usize, prot: libc::c_int) -> io::Result<NonNull<u8>> {
     // SAFETY: a fresh mapping chosen by the kernel; it aliases no Rust object.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
+            prot,
             libc::MAP_SHARED,
             fd.as_raw_fd(),
             0,

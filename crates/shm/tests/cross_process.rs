@@ -90,6 +90,7 @@ fn cross_process_in_order() {
             n_kthreads: 2,
             up_capacity: 64,
             down_capacity: 64,
+            ..RegionConfig::new(1)
         },
     )
     .unwrap();
