@@ -106,6 +106,7 @@ fn top_shows_a_registered_application() {
         guaranteed: 1,
         max_cores: 2,
         kthreads: 2,
+        net: None,
     };
     let conn = client::register_region(&d.socket, &reg, &region, &efds).unwrap();
 

@@ -7,7 +7,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let region = Region::create("app", &RegionConfig::new(2))?;
 //! let efds = [client::eventfd()?, client::eventfd()?];
-//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2 };
+//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None };
 //! let conn = client::register_region("/tmp/ginza-1000/iokerneld.sock".as_ref(), &reg, &region, &efds)?;
 //! println!("registered as app {}", conn.app_id());
 //! drop(conn); // deregisters
@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ginza_shm::Region;
+use ginza_shm::{IngressPool, Region};
 
 use crate::proto::{
     encode, Envelope, Registration, Request, Response, StatsReport, MAX_REPLY, PROTOCOL_VERSION,
@@ -52,6 +52,8 @@ pub enum ClientError {
     BadReply(String),
     #[error("the region has no memfd (a heap region cannot be shared)")]
     NoMemfd,
+    #[error("iokerneld's ingress pool: {0}")]
+    IngressPool(String),
 }
 
 /// A registered application. Keep it alive as long as the application runs:
@@ -61,12 +63,19 @@ pub enum ClientError {
 pub struct Connection {
     sock: OwnedFd,
     app_id: u64,
+    ingress: Option<IngressPool>,
 }
 
 impl Connection {
     /// The id iokerneld gave this application.
     pub fn app_id(&self) -> u64 {
         self.app_id
+    }
+
+    /// The ingress pool iokerneld sent (registered with `net`), mapped
+    /// read-only; `None` after the first call or without networking.
+    pub fn take_ingress_pool(&mut self) -> Option<IngressPool> {
+        self.ingress.take()
     }
 
     /// Whether iokerneld closed the connection (it exited, or removed this
@@ -112,6 +121,18 @@ pub fn request(
     Ok((sock, resp))
 }
 
+/// [`request`], keeping the descriptors attached to the answer.
+fn request_with_fds(
+    socket: &Path,
+    env: &Envelope,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(OwnedFd, Response, Vec<OwnedFd>), ClientError> {
+    let sock = connect(socket)?;
+    send_raw(sock.as_fd(), &encode(env), fds)?;
+    let (resp, fds) = recv_response_with_fds(sock.as_fd(), 1)?;
+    Ok((sock, resp, fds))
+}
+
 /// Sends raw bytes (any bytes: tests send malformed ones) with `fds`.
 pub fn send_raw(
     sock: BorrowedFd<'_>,
@@ -132,6 +153,14 @@ pub fn connect(socket: &Path) -> Result<OwnedFd, ClientError> {
 
 /// Waits (at most [`REPLY_TIMEOUT`]) for one answer.
 pub fn recv_response(sock: BorrowedFd<'_>) -> Result<Response, ClientError> {
+    recv_response_with_fds(sock, 0).map(|(r, _)| r)
+}
+
+/// [`recv_response`], accepting up to `max_fds` attached descriptors.
+fn recv_response_with_fds(
+    sock: BorrowedFd<'_>,
+    max_fds: usize,
+) -> Result<(Response, Vec<OwnedFd>), ClientError> {
     let mut pfd = [libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(&sock),
         events: libc::POLLIN,
@@ -148,7 +177,7 @@ pub fn recv_response(sock: BorrowedFd<'_>) -> Result<Response, ClientError> {
         }
     }
     let mut buf = vec![0u8; MAX_REPLY];
-    let r = sys::recv_with_fds(sock, &mut buf, 0, true)
+    let r = sys::recv_with_fds(sock, &mut buf, max_fds, true)
         .map_err(ClientError::Recv)?
         .ok_or(ClientError::Closed)?;
     if r.closed {
@@ -159,7 +188,9 @@ pub fn recv_response(sock: BorrowedFd<'_>) -> Result<Response, ClientError> {
             "answer longer than {MAX_REPLY} bytes"
         )));
     }
-    serde_json::from_slice(&buf[..r.len]).map_err(|e| ClientError::BadReply(e.to_string()))
+    let resp =
+        serde_json::from_slice(&buf[..r.len]).map_err(|e| ClientError::BadReply(e.to_string()))?;
+    Ok((resp, r.fds))
 }
 
 /// Registers with an explicit envelope and descriptors (the region's memfd
@@ -170,9 +201,31 @@ pub fn register_with(
     env: &Envelope,
     fds: &[BorrowedFd<'_>],
 ) -> Result<Connection, ClientError> {
-    let (sock, resp) = request(socket, env, fds)?;
+    let (sock, resp, mut fds) = request_with_fds(socket, env, fds)?;
     match resp {
-        Response::Accepted { app_id } => Ok(Connection { sock, app_id }),
+        Response::Accepted {
+            app_id,
+            ingress_buffers: 0,
+        } => Ok(Connection {
+            sock,
+            app_id,
+            ingress: None,
+        }),
+        Response::Accepted {
+            app_id,
+            ingress_buffers,
+        } => {
+            let fd = fds.pop().ok_or_else(|| {
+                ClientError::IngressPool("accepted with an ingress pool but no descriptor".into())
+            })?;
+            let pool = IngressPool::map_read_only(fd, ingress_buffers)
+                .map_err(|e| ClientError::IngressPool(e.to_string()))?;
+            Ok(Connection {
+                sock,
+                app_id,
+                ingress: Some(pool),
+            })
+        }
         Response::Refused { reason } => Err(ClientError::Refused { reason }),
         other => Err(ClientError::BadReply(format!("{other:?}"))),
     }

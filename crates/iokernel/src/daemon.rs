@@ -37,6 +37,7 @@ use log::{debug, info, warn};
 
 use crate::actuator::{CoreActuator, Target};
 use crate::config::{format_cores, Config, PolicyKind};
+use crate::dataplane::{AppNet, Dataplane, GeneratorHandle};
 use crate::proto::{
     decode_request, encode, AllocStats, AppStats, Class, Latency, Registration, Removal, Request,
     Response, StatsReport, MAX_NAME, MAX_REQUEST,
@@ -103,6 +104,9 @@ struct Kthread {
     evicted: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
+    /// It parked or yielded since its egress ring was last found empty:
+    /// drain the ring once more (only active kthreads' rings are polled).
+    drain_egress: bool,
 }
 
 /// A grant whose core is still held by a preempted kthread: carried out
@@ -227,6 +231,8 @@ struct App {
     preempt_overdue: u64,
     /// Set when the application must be removed, with the reason.
     doomed: Option<String>,
+    /// Its address, port and ingress pool, if it registered one.
+    net: Option<AppNet>,
 }
 
 impl App {
@@ -294,6 +300,11 @@ pub struct Iokerneld<A: CoreActuator> {
     /// Per policy core index: the application that was last granted it.
     core_holder: Vec<Option<u64>>,
     meter: Meter,
+    dp: Dataplane,
+    /// A packet went to an application with no core: run a pass now.
+    pass_now: bool,
+    /// Kthreads holding a core, per application (scratch).
+    active: Vec<usize>,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -411,7 +422,22 @@ impl<A: CoreActuator> Iokerneld<A> {
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
+            dp: Dataplane::new(None),
+            pass_now: false,
+            active: Vec::new(),
         })
+    }
+
+    /// Drives `nic` instead of the software NIC alone (its frames enter the
+    /// switch by a trunk port); `spec` names it in the stats.
+    pub fn with_nic(mut self, spec: String, nic: Box<dyn crate::nic::Nic + Send>) -> Self {
+        self.dp = Dataplane::new(Some((spec, nic)));
+        self
+    }
+
+    /// Runs loads on the software NIC's traffic generator.
+    pub fn generator(&self) -> GeneratorHandle {
+        self.dp.generator_handle()
     }
 
     pub fn stop_handle(&self) -> StopHandle {
@@ -455,11 +481,13 @@ impl<A: CoreActuator> Iokerneld<A> {
             if end.is_some_and(|e| now >= e) {
                 break;
             }
-            if now >= next_control {
+            let control_due = now >= next_control;
+            if control_due {
                 self.control(Some(Duration::ZERO), now)?;
                 next_control = now + ci;
             }
-            if now >= next_pass {
+            self.dataplane(now, control_due);
+            if now >= next_pass || std::mem::take(&mut self.pass_now) {
                 self.pass(now);
                 next_pass += iv;
                 if next_pass <= now {
@@ -467,7 +495,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
             }
             match self.cfg.idle_sleep {
-                Some(sleep) if !self.busy => {
+                Some(sleep) if !self.busy && !self.dp.busy() => {
                     let mut wait = sleep.as_nanos() as u64;
                     if let Some(t) = self.next_timer {
                         wait = wait.min(t.saturating_sub(now));
@@ -591,7 +619,11 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     /// Sends a reply; false if the peer is gone or not reading.
     fn reply(sock: &OwnedFd, r: &Response) -> bool {
-        match sys::send_with_fds(sock.as_fd(), &encode(r), &[]) {
+        Self::reply_with_fds(sock, r, &[])
+    }
+
+    fn reply_with_fds(sock: &OwnedFd, r: &Response, fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
+        match sys::send_with_fds(sock.as_fd(), &encode(r), fds) {
             Ok(()) => true,
             Err(e) => {
                 debug!("reply not sent: {e}");
@@ -640,7 +672,24 @@ impl<A: CoreActuator> Iokerneld<A> {
             Request::Register(reg) => match self.admit(&reg, r.fds, p.pid) {
                 Ok((region, ends, eventfds)) => {
                     let id = self.next_id;
-                    if !Self::reply(&p.sock, &Response::Accepted { app_id: id }) {
+                    let net = match reg
+                        .net
+                        .map(|iface| self.attach_net(&reg.name, iface, &region))
+                    {
+                        None => None,
+                        Some(Ok(net)) => Some(net),
+                        Some(Err(reason)) => return refuse(self, reason),
+                    };
+                    let accepted = Response::Accepted {
+                        app_id: id,
+                        ingress_buffers: net.as_ref().map_or(0, |n| n.pool().count()),
+                    };
+                    let fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
+                    let sent = Self::reply_with_fds(&p.sock, &accepted, &fds);
+                    if !sent {
+                        if let Some(net) = &net {
+                            self.dp.detach(net);
+                        }
                         info!(
                             "app {:?} from pid {} left before its acceptance",
                             reg.name, p.pid
@@ -680,6 +729,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         ring_full: 0,
                         preempt_overdue: 0,
                         doomed: None,
+                        net,
                     });
                     None
                 }
@@ -768,6 +818,29 @@ impl<A: CoreActuator> Iokerneld<A> {
         Ok((region, ends, eventfds))
     }
 
+    /// A port and an ingress pool for an application that registered an
+    /// address; its IP must be unique (the switch checks the MAC).
+    fn attach_net(
+        &mut self,
+        name: &str,
+        iface: ginza_net::Interface,
+        region: &Region,
+    ) -> Result<AppNet, String> {
+        if let Some(other) = self
+            .apps
+            .iter()
+            .find(|a| a.net.as_ref().is_some_and(|n| n.interface.ip == iface.ip))
+        {
+            return Err(format!(
+                "IP {} is already the address of application {:?}",
+                iface.ip, other.name
+            ));
+        }
+        self.dp
+            .attach(name, iface, region.layout().done.capacity)
+            .map_err(|e| format!("network interface {} / {}: {e}", iface.mac, iface.ip))
+    }
+
     /// A registered application's socket is readable: normally a hang-up.
     fn app_readable(&mut self, i: usize) {
         let now = sys::monotonic_ns();
@@ -820,6 +893,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             return;
         };
         let app = self.apps.remove(i);
+        if let Some(net) = &app.net {
+            self.dp.detach(net);
+        }
         // Cores it was still giving back are free now.
         self.ready.extend(app.kt.iter().filter_map(|k| k.handover));
         let cores: Vec<usize> = app.cores().iter().map(|&c| self.cfg.cores[c]).collect();
@@ -886,8 +962,48 @@ impl<A: CoreActuator> Iokerneld<A> {
                     kt.evicted = false;
                     kt.parked_since = now;
                     kt.timer = next_deadline_ns;
+                    kt.drain_egress = true;
                     ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
+                }
+            }
+        }
+    }
+
+    // ----- dataplane -----
+
+    /// Moves packets: links, then each application's port, egress rings
+    /// (kthreads holding a core, or parked since their ring was last
+    /// empty) and done rings. A packet for an application with no core
+    /// asks for an allocation pass at once.
+    fn dataplane(&mut self, now: u64, check_handle: bool) {
+        self.dp.poll_links(now, check_handle);
+        for app in &mut self.apps {
+            let Some(net) = &mut app.net else { continue };
+            if app.doomed.is_some() {
+                continue;
+            }
+            self.active.clear();
+            self.active.extend(
+                app.kt
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| k.core.is_some())
+                    .map(|(i, _)| i),
+            );
+            if self.dp.deliver(net, &mut app.ends, &self.active) {
+                self.pass_now = true;
+            }
+            for (k, kt) in app.kt.iter_mut().enumerate() {
+                let end = &mut app.ends[k];
+                if kt.core.is_some() || kt.preempting || kt.drain_egress {
+                    if self.dp.transmit(net, end) == 0 {
+                        kt.drain_egress = false;
+                    }
+                }
+                if let Err(reason) = Dataplane::take_back(net, end, k) {
+                    app.doomed.get_or_insert(reason);
+                    break;
                 }
             }
         }
@@ -955,6 +1071,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ..Default::default()
                 };
                 line.update(&mut ks);
+                // Packets waiting on the ingress ring: iokerneld is its
+                // producer, so it knows the tail and reads the head.
+                let ring = &mut app.ends[k].ingress;
+                let waiting = ring.free().map_or(0, |free| ring.capacity() - free);
+                ks.counters.in_tail = ring.next_seq();
+                ks.counters.in_head = ks.counters.in_tail.wrapping_sub(waiting);
                 if kt.core.is_some() {
                     active += 1;
                     congested |= ks.counters.congested_since(&app.prev[k]);
@@ -1239,10 +1361,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     congestion_events: a.congestion,
                     ring_full: a.ring_full,
                     preempt_overdue: a.preempt_overdue,
+                    net: a.net.as_ref().map(|n| n.stats),
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
             alloc: self.meter.report(now, cpu),
+            dataplane: self.dp.stats(),
         }
     }
 

@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use crate::client::{self, ClientError};
+use crate::dataplane::GeneratorHandle;
 use crate::{Config, DaemonError, Iokerneld, LinuxActuator, StatsReport, StopHandle};
 
 /// A running in-process iokerneld; stopped (and joined) on drop.
 pub struct InProcess {
     stop: StopHandle,
+    generator: GeneratorHandle,
     thread: Option<JoinHandle<Result<StatsReport, DaemonError>>>,
     socket: PathBuf,
 }
@@ -28,6 +30,7 @@ impl InProcess {
         })?;
         let d = Iokerneld::bind(cfg, actuator)?;
         let stop = d.stop_handle();
+        let generator = d.generator();
         let thread = std::thread::Builder::new()
             .name("iokerneld".into())
             .spawn(move || d.run())
@@ -38,6 +41,7 @@ impl InProcess {
             })?;
         Ok(InProcess {
             stop,
+            generator,
             thread: Some(thread),
             socket,
         })
@@ -46,6 +50,11 @@ impl InProcess {
     /// Stops the loop from anywhere (the thread is joined on drop).
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// The software NIC's traffic generator.
+    pub fn generator(&self) -> &GeneratorHandle {
+        &self.generator
     }
 
     pub fn socket(&self) -> &Path {

@@ -9,6 +9,9 @@
 //!   allocation pass over the applications' queue lines and command rings.
 //! * [`actuator`]: carrying out grants and preemptions (eventfd, affinity,
 //!   signal), or recording them for tests.
+//! * [`dataplane`]: packets between the links (software switch, traffic
+//!   generator, a real NIC) and the applications' packet rings.
+//! * [`nic`]: the NIC trait and its backends.
 //!
 //! All `unsafe` code is in the private `sys` module.
 
@@ -19,6 +22,7 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod dataplane;
 mod in_process;
 pub mod nic;
 pub mod proto;
@@ -30,6 +34,7 @@ pub use actuator::{
 pub use client::{ClientError, Connection};
 pub use config::{Cli, Config, ConfigError, PolicyKind};
 pub use daemon::{DaemonError, Iokerneld, StopHandle};
+pub use dataplane::{GeneratorHandle, LoadReport, LoadRun, NetStats, GENERATOR_MAC};
 pub use in_process::InProcess;
 pub use proto::{AppStats, Class, Registration, Removal, StatsReport, PROTOCOL_VERSION};
 

@@ -10,7 +10,7 @@
 //! once per application, off the fast path, so its cost does not matter;
 //! JSON is self-describing, so iokerneld can read the `protocol` field of a
 //! message whose other fields have changed shape and refuse it with a
-//! precise reason ("protocol 2, iokerneld speaks 1") instead of a decode
+//! precise reason ("protocol 3, iokerneld speaks 2") instead of a decode
 //! error; and a human can read it in `strace`. The fast path (queue lines,
 //! command rings) is binary shared memory, not this socket.
 //!
@@ -21,7 +21,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol; a peer speaking another is refused.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest request iokerneld reads; a longer one is refused.
 pub const MAX_REQUEST: usize = 4096;
@@ -63,6 +63,11 @@ pub struct Registration {
     pub max_cores: u32,
     /// Kthreads (= eventfds sent = kthreads of the region).
     pub kthreads: u32,
+    /// The application's own MAC and IPv4 address, if it sends and
+    /// receives packets: iokerneld steers frames for them to its kthreads
+    /// and answers with an ingress pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<ginza_net::Interface>,
 }
 
 /// A request to iokerneld.
@@ -92,8 +97,17 @@ pub struct Envelope {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Response {
-    Accepted { app_id: u64 },
-    Refused { reason: String },
+    /// With `ingress_buffers > 0` (an application with `net`), the memfd
+    /// of its ingress pool is attached: that many buffers of
+    /// `ginza_shm::PKT_BUFFER_SIZE` bytes, to be mapped read-only.
+    Accepted {
+        app_id: u64,
+        #[serde(default)]
+        ingress_buffers: u32,
+    },
+    Refused {
+        reason: String,
+    },
     Stats(StatsReport),
 }
 
@@ -121,6 +135,9 @@ pub struct AppStats {
     /// Preempted kthreads that did not give their core back in time (moved
     /// off the core).
     pub preempt_overdue: u64,
+    /// Packets, for an application registered with `net`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<crate::dataplane::NetStats>,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -201,6 +218,9 @@ pub struct StatsReport {
     /// Missing in a report from an older iokerneld: all zero.
     #[serde(default)]
     pub alloc: AllocStats,
+    /// The links: NIC and generator totals.
+    #[serde(default)]
+    pub dataplane: crate::dataplane::DataplaneStats,
 }
 
 /// An application iokerneld removed, and why.
@@ -257,6 +277,7 @@ mod tests {
             guaranteed: 0,
             max_cores: 1,
             kthreads: 1,
+            net: None,
         };
         let ok = encode(&Envelope {
             protocol: PROTOCOL_VERSION,
@@ -268,7 +289,7 @@ mod tests {
         assert!(e
             .unwrap_err()
             .to_string()
-            .contains("protocol version 7, iokerneld speaks 1"));
+            .contains("protocol version 7, iokerneld speaks 2"));
         assert_eq!(
             decode_request(br#"{"request": "stats"}"#),
             Err(DecodeError::NoVersion)
@@ -278,15 +299,15 @@ mod tests {
             Err(DecodeError::NotJson(_))
         ));
         assert!(matches!(
-            decode_request(br#"{"protocol": 1, "request": {"register": {"name": 5}}}"#),
+            decode_request(br#"{"protocol": 2, "request": {"register": {"name": 5}}}"#),
             Err(DecodeError::Malformed(_))
         ));
         assert_eq!(
-            decode_request(br#"{"protocol": 1, "request": "stats"}"#),
+            decode_request(br#"{"protocol": 2, "request": "stats"}"#),
             Ok(Request::Stats)
         );
         assert_eq!(
-            decode_request(br#"{"protocol": 1, "request": "reset_stats"}"#),
+            decode_request(br#"{"protocol": 2, "request": "reset_stats"}"#),
             Ok(Request::ResetStats)
         );
     }
@@ -329,6 +350,13 @@ mod tests {
                     congestion_events: u64::MAX,
                     ring_full: u64::MAX,
                     preempt_overdue: u64::MAX,
+                    net: Some(crate::dataplane::NetStats {
+                        rx: u64::MAX,
+                        tx: u64::MAX,
+                        drop_ingress: u64::MAX,
+                        drop_egress: u64::MAX,
+                        to_parked: u64::MAX,
+                    }),
                 })
                 .collect(),
             recent_removals: (0..16)
@@ -350,6 +378,13 @@ mod tests {
                 pass_cost_with_decisions: big,
                 pass_cost_idle: big,
                 handover: big,
+            },
+            dataplane: crate::dataplane::DataplaneStats {
+                nic: "af_xdp:".to_string() + &"i".repeat(15),
+                nic_rx_frames: u64::MAX,
+                nic_tx_frames: u64::MAX,
+                nic_drops: u64::MAX,
+                generator_runs: u64::MAX,
             },
         };
         let len = encode(&Response::Stats(report)).len();

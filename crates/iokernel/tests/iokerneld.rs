@@ -115,6 +115,7 @@ fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32)
         guaranteed,
         max_cores,
         kthreads,
+        net: None,
     }
 }
 
@@ -215,7 +216,7 @@ fn version_mismatch_is_refused_with_its_message() {
     let text = e.to_string();
     assert!(
         text.contains(
-            "iokerneld refused the registration: protocol version 99, iokerneld speaks 1"
+            &format!("iokerneld refused the registration: protocol version {}, iokerneld speaks {PROTOCOL_VERSION}", PROTOCOL_VERSION + 98)
         ),
         "{text}"
     );
@@ -257,9 +258,9 @@ fn malformed_requests_are_refused_and_iokerneld_survives() {
         }
     };
     assert!(ask(b"\x00\xffgarbage").contains("not JSON"));
-    assert!(ask(br#"{"protocol": 1, "request": {"register": {"name": "x"#).contains("not JSON"));
+    assert!(ask(br#"{"protocol": 2, "request": {"register": {"name": "x"#).contains("not JSON"));
     assert!(ask(br#"{"request": "stats"}"#).contains("no numeric `protocol`"));
-    let why = ask(br#"{"protocol": 1, "request": {"register": {"name": "x", "class": "batch"}}}"#);
+    let why = ask(br#"{"protocol": 2, "request": {"register": {"name": "x", "class": "batch"}}}"#);
     assert!(
         why.contains("malformed request") && why.contains("guaranteed"),
         "{why}"
@@ -297,7 +298,7 @@ fn malformed_requests_are_refused_and_iokerneld_survives() {
     for i in 0..200 {
         let len = (next() % 300) as usize;
         let mut msg: Vec<u8> = if i % 2 == 0 {
-            br#"{"protocol": 1, "request": {"register": {"#.to_vec()
+            br#"{"protocol": 2, "request": {"register": {"#.to_vec()
         } else {
             Vec::new()
         };

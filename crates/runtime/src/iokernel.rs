@@ -196,6 +196,7 @@ impl Link {
             guaranteed: self.cfg.guaranteed,
             max_cores: self.cfg.max_cores.unwrap_or(n),
             kthreads: n,
+            net: None,
         };
         let conn = client::register_region(&socket, &reg, &self.region, eventfds)
             .map_err(|e| e.to_string())?;

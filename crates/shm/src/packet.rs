@@ -133,6 +133,7 @@ fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> PoolMapError {
 
 /// An application's ingress buffers: written by iokerneld, read-only in the
 /// runtime.
+#[derive(Debug)]
 pub struct IngressPool {
     fd: OwnedFd,
     base: NonNull<u8>,

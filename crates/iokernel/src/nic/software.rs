@@ -30,6 +30,10 @@ pub struct PortConfig {
     /// Frames delivered but not yet taken by `rx_burst`; beyond that,
     /// arrivals are dropped (`rx_ring_full`).
     pub rx_ring_capacity: usize,
+    /// The port towards a real NIC: it may send frames from any source MAC
+    /// (hosts beyond the NIC), and frames for unknown unicast destinations
+    /// go to it instead of being dropped. At most one per switch.
+    pub trunk: bool,
 }
 
 impl PortConfig {
@@ -40,6 +44,15 @@ impl PortConfig {
             buffers: 1024,
             buffer_size: DEFAULT_BUFFER_SIZE,
             rx_ring_capacity: 512,
+            trunk: false,
+        }
+    }
+
+    /// [`new`](Self::new) as the trunk port.
+    pub fn trunk(mac: MacAddr) -> PortConfig {
+        PortConfig {
+            trunk: true,
+            ..PortConfig::new(mac)
         }
     }
 }
@@ -90,11 +103,14 @@ pub enum SwitchError {
     GroupMac(MacAddr),
     #[error("a port needs at least one buffer and a receive ring of at least one frame")]
     EmptyPort,
+    #[error("the switch already has a trunk port")]
+    SecondTrunk,
 }
 
 #[derive(Debug)]
 struct Port {
     mac: MacAddr,
+    trunk: bool,
     pool: BufferPool,
     rx_ring: VecDeque<Frame>,
     rx_ring_capacity: usize,
@@ -129,6 +145,7 @@ impl Port {
 pub struct SoftwareSwitch {
     ports: Vec<Option<Port>>,
     port_by_mac: HashMap<MacAddr, PortId>,
+    trunk: Option<PortId>,
 }
 
 impl SoftwareSwitch {
@@ -147,9 +164,16 @@ impl SoftwareSwitch {
         if config.buffers == 0 || config.buffer_size == 0 || config.rx_ring_capacity == 0 {
             return Err(SwitchError::EmptyPort);
         }
+        if config.trunk && self.trunk.is_some() {
+            return Err(SwitchError::SecondTrunk);
+        }
         let id = PortId(self.ports.len() as u32);
+        if config.trunk {
+            self.trunk = Some(id);
+        }
         self.ports.push(Some(Port {
             mac: config.mac,
+            trunk: config.trunk,
             pool: BufferPool::new(config.buffers, config.buffer_size),
             rx_ring: VecDeque::with_capacity(config.rx_ring_capacity),
             rx_ring_capacity: config.rx_ring_capacity,
@@ -167,6 +191,9 @@ impl SoftwareSwitch {
             return false;
         };
         self.port_by_mac.remove(&port.mac);
+        if self.trunk == Some(id) {
+            self.trunk = None;
+        }
         true
     }
 
@@ -205,7 +232,7 @@ impl SoftwareSwitch {
             return free_to(&mut sender.pool, frame);
         }
         let destination = mac_at(bytes, 0);
-        if mac_at(bytes, 6) != sender.mac {
+        if !sender.trunk && mac_at(bytes, 6) != sender.mac {
             sender.counters.drops.spoofed_source += 1;
             return free_to(&mut sender.pool, frame);
         }
@@ -217,7 +244,10 @@ impl SoftwareSwitch {
                 }
             }
         } else {
-            match self.port_by_mac.get(&destination) {
+            let known = self.port_by_mac.get(&destination).copied();
+            // Unknown unicast leaves through the trunk, unless it came from there.
+            let trunk = self.trunk.filter(|t| t.0 as usize != source);
+            match known.or(trunk) {
                 Some(receiver) if receiver.0 as usize == source => {
                     // Looped back: same pool, no copy needed.
                     let sender = self.ports[source].as_mut().expect("live");
@@ -413,6 +443,32 @@ mod tests {
         // The MAC is free again, under a new id.
         let b_again = switch.add_port(PortConfig::new(mac(2))).unwrap();
         assert_ne!(b, b_again);
+    }
+
+    #[test]
+    fn trunk_sends_any_source_and_takes_unknown_unicast() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let uplink = switch.add_port(PortConfig::trunk(mac(9))).unwrap();
+        assert_eq!(
+            switch.add_port(PortConfig::trunk(mac(8))),
+            Err(SwitchError::SecondTrunk)
+        );
+        // From a host beyond the NIC (source MAC not the trunk's) to `a`.
+        let inbound = ethernet(mac(1), mac(0x42), 3);
+        send(&mut switch, uplink, &inbound);
+        assert_eq!(receive_all(&mut switch, a), vec![inbound]);
+        // From `a` to a host beyond the NIC.
+        let outbound = ethernet(mac(0x42), mac(1), 4);
+        send(&mut switch, a, &outbound);
+        assert_eq!(receive_all(&mut switch, uplink), vec![outbound]);
+        // Unknown unicast from the trunk itself is dropped, not looped.
+        send(&mut switch, uplink, &ethernet(mac(0x43), mac(0x42), 5));
+        assert_eq!(
+            switch.counters(uplink).unwrap().drops.unknown_destination,
+            1
+        );
+        assert!(receive_all(&mut switch, uplink).is_empty());
     }
 
     #[test]
