@@ -496,6 +496,12 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {
+                    // A load run asked for while idle is seen here, or
+                    // after at most one sleep.
+                    self.dp.poll_links(now, true);
+                    if self.dp.busy() {
+                        continue;
+                    }
                     let mut wait = sleep.as_nanos() as u64;
                     if let Some(t) = self.next_timer {
                         wait = wait.min(t.saturating_sub(now));

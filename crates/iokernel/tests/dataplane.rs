@@ -1,0 +1,416 @@
+//! iokerneld's dataplane end to end: an in-process iokerneld (recording
+//! actuator: grants are bookkeeping, no thread is woken), applications
+//! played by the test through real memfd regions and ingress pools.
+//!
+//! Tests hold `LOCK`: iokerneld's loop spins while anything holds a core.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ginza_iokernel::client::{self, ClientError, Connection};
+use ginza_iokernel::nic::{GeneratorConfig, ServiceTime};
+use ginza_iokernel::{
+    Class, Config, GeneratorHandle, Iokerneld, LoadRun, RecordingActuator, Registration,
+    StatsReport, StopHandle, GENERATOR_MAC,
+};
+use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_shm::{IngressPool, PacketDesc, Region, RegionConfig, RuntimeEnd};
+
+static LOCK: Mutex<()> = Mutex::new(());
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+struct Daemon {
+    stop: StopHandle,
+    thread: Option<JoinHandle<StatsReport>>,
+    socket: std::path::PathBuf,
+    generator: GeneratorHandle,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ginza-dp-{}-{n}", std::process::id()));
+        let mut cores = ginza_iokernel::util::allowed_cpus().unwrap();
+        cores.truncate(2);
+        let mut cfg = Config::new(cores);
+        cfg.socket = dir.join("iokerneld.sock");
+        cfg.idle_sleep = Some(Duration::from_millis(1));
+        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
+            .unwrap();
+        let socket = cfg.socket.clone();
+        let d = Iokerneld::bind(cfg, RecordingActuator::new()).unwrap();
+        let stop = d.stop_handle();
+        let generator = d.generator();
+        let thread = Some(std::thread::spawn(move || d.run().unwrap()));
+        Daemon {
+            stop,
+            thread,
+            socket,
+            generator,
+        }
+    }
+
+    fn stats(&self) -> StatsReport {
+        client::stats(&self.socket).unwrap()
+    }
+
+    fn wait_for(&self, what: &str, f: impl Fn(&StatsReport) -> bool) -> StatsReport {
+        let t0 = Instant::now();
+        loop {
+            let s = self.stats();
+            if f(&s) {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "timed out waiting for {what}: {s:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(dir) = self.socket.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn iface(last: u8) -> Interface {
+    Interface {
+        mac: MacAddr([0x02, 0, 0, 0, 0, last]),
+        ip: Ipv4Addr::new(10, 9, 0, last),
+    }
+}
+
+/// An application played by the test: its region's kthread ends and the
+/// ingress pool iokerneld sent.
+struct TestApp {
+    _conn: Connection,
+    ends: Vec<RuntimeEnd>,
+    pool: IngressPool,
+    interface: Interface,
+}
+
+fn register(
+    d: &Daemon,
+    name: &str,
+    interface: Interface,
+    kthreads: u32,
+) -> Result<TestApp, ClientError> {
+    let region = Region::create(name, &RegionConfig::new(kthreads)).unwrap();
+    let efds: Vec<OwnedFd> = (0..kthreads).map(|_| client::eventfd().unwrap()).collect();
+    let reg = Registration {
+        name: name.into(),
+        class: Class::LatencyCritical,
+        guaranteed: 0,
+        max_cores: kthreads,
+        kthreads,
+        net: Some(interface),
+    };
+    let mut conn = client::register_region(&d.socket, &reg, &region, &efds)?;
+    let pool = conn
+        .take_ingress_pool()
+        .expect("an application with net gets a pool");
+    assert_eq!(pool.count(), RegionConfig::new(kthreads).done_capacity);
+    let ends = (0..kthreads)
+        .map(|k| region.runtime_end(k).unwrap())
+        .collect();
+    Ok(TestApp {
+        _conn: conn,
+        ends,
+        pool,
+        interface,
+    })
+}
+
+impl TestApp {
+    /// Pops one received frame from kthread `k`'s ring: its bytes, and the
+    /// descriptor to give back.
+    fn recv(&mut self, k: usize) -> Option<(Vec<u8>, PacketDesc)> {
+        let desc = self.ends[k].ingress.pop().unwrap()?;
+        let bytes = self
+            .pool
+            .frame(desc)
+            .expect("iokerneld's descriptor is in range")
+            .to_vec();
+        Some((bytes, desc))
+    }
+
+    fn give_back(&mut self, k: usize, buf: u32) {
+        self.ends[k].done.push(buf).unwrap();
+    }
+
+    /// Sends a UDP datagram from kthread `k`'s egress ring.
+    fn send_udp(
+        &mut self,
+        k: usize,
+        dst_mac: MacAddr,
+        dst: Endpoint,
+        src_port: u16,
+        payload: &[u8],
+    ) {
+        let end = &mut self.ends[k];
+        assert!(end.egress.free().unwrap() > 0, "egress ring full");
+        let seq = end.egress.next_seq();
+        let len = tx::udp_datagram(
+            end.egress_buffers.buffer_mut(seq),
+            &self.interface,
+            dst_mac,
+            src_port,
+            dst,
+            payload,
+        )
+        .unwrap();
+        end.egress
+            .push(PacketDesc {
+                len: len as u32,
+                ..Default::default()
+            })
+            .unwrap();
+    }
+
+    /// Echoes every UDP datagram received on any kthread back to its
+    /// sender, from the same kthread, until `stop`; returns the count.
+    fn echo_until(&mut self, stop: &AtomicBool) -> u64 {
+        let mut echoed = 0;
+        while !stop.load(Ordering::Acquire) {
+            let mut idle = true;
+            for k in 0..self.ends.len() {
+                while let Some((bytes, desc)) = self.recv(k) {
+                    idle = false;
+                    if let Ok(Packet::Udp(d)) = ginza_net::parse(&bytes, &self.interface) {
+                        let (mac, src, port, payload) =
+                            (d.src_mac, d.src, d.dst.port, d.payload.to_vec());
+                        self.send_udp(k, mac, src, port, &payload);
+                        echoed += 1;
+                    }
+                    self.give_back(k, desc.buf);
+                }
+            }
+            if idle {
+                std::hint::spin_loop();
+            }
+        }
+        echoed
+    }
+}
+
+fn load(target: Interface, rate: f64, ms: u64) -> LoadRun {
+    LoadRun {
+        config: GeneratorConfig {
+            interface: Interface {
+                mac: GENERATOR_MAC,
+                ip: Ipv4Addr::new(10, 9, 0, 254),
+            },
+            src_port: 40_000,
+            target_mac: target.mac,
+            target: Endpoint {
+                ip: target.ip,
+                port: 7,
+            },
+            rate_per_sec: rate,
+            service: ServiceTime::Constant { ns: 1_000 },
+            payload_len: 32,
+            start_ns: 0,
+            duration_ns: ms * 1_000_000,
+            max_outstanding: 4096,
+            max_burst: 32,
+            seed: 7,
+        },
+        drain: Duration::from_millis(50),
+    }
+}
+
+#[test]
+fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
+    let _g = lock();
+    let d = Daemon::start();
+    let mut app = register(&d, "echo", iface(1), 2).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let echo = std::thread::spawn(move || {
+        let n = app.echo_until(&stop2);
+        (n, app)
+    });
+    let report = d
+        .generator
+        .run(load(iface(1), 20_000.0, 100), Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e}: {:#?}", d.stats()));
+    stop.store(true, Ordering::Release);
+    let (echoed, _app) = echo.join().unwrap();
+    let st = report.stats;
+    assert!(st.sent > 1000, "{st:?}");
+    assert_eq!(st.replies, st.sent, "every request answered: {st:?}");
+    assert_eq!(echoed, st.sent);
+    assert_eq!(report.latency.len(), st.replies);
+    let s = d.stats();
+    let net = s.apps[0].net.unwrap();
+    assert_eq!((net.rx, net.tx), (st.sent, st.sent));
+    assert_eq!((net.drop_ingress, net.drop_egress), (0, 0));
+    // The first packet found no core: it went to a parked kthread and an
+    // allocation pass granted one.
+    assert!(net.to_parked >= 1, "{net:?}");
+    assert!(s.apps[0].grants >= 1);
+    assert_eq!(s.dataplane.generator_runs, 1);
+    assert_eq!(s.dataplane.nic, "software");
+}
+
+#[test]
+fn two_apps_talk_through_the_switch_and_cannot_spoof() {
+    let _g = lock();
+    let d = Daemon::start();
+    let mut a = register(&d, "a", iface(1), 1).unwrap();
+    let mut b = register(&d, "b", iface(2), 1).unwrap();
+    let to_b = Endpoint {
+        ip: b.interface.ip,
+        port: 9,
+    };
+    let b_mac = b.interface.mac;
+    a.send_udp(0, b_mac, to_b, 1234, b"hello b");
+    // a's kthread is parked: iokerneld drains a parked kthread's ring once
+    // it reports Parked; here it never ran, so tell iokerneld it parked.
+    a.ends[0]
+        .to_iokernel
+        .send(ginza_shm::ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    let got = loop {
+        if let Some(x) = b.recv(0) {
+            break x;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "b received nothing: {:#?}",
+            d.stats()
+        );
+        std::thread::yield_now();
+    };
+    match ginza_net::parse(&got.0, &b.interface) {
+        Ok(Packet::Udp(u)) => {
+            assert_eq!(u.payload, b"hello b");
+            assert_eq!(u.src.ip, a.interface.ip);
+        }
+        other => panic!("b got {other:?}"),
+    }
+    b.give_back(0, got.1.buf);
+    // a sends as b (b's MAC as source): the switch drops it.
+    let spoofer = a.interface;
+    a.interface.mac = b_mac;
+    a.send_udp(0, b_mac, to_b, 1234, b"forged");
+    a.interface = spoofer;
+    a.ends[0]
+        .to_iokernel
+        .send(ginza_shm::ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    let s = d.wait_for("the spoofed frame dropped", |s| {
+        s.apps
+            .iter()
+            .any(|x| x.name == "a" && x.net.unwrap().drop_egress == 1)
+    });
+    assert_eq!(
+        s.apps
+            .iter()
+            .find(|x| x.name == "b")
+            .unwrap()
+            .net
+            .unwrap()
+            .rx,
+        1
+    );
+    assert!(b.recv(0).is_none());
+}
+
+#[test]
+fn a_buffer_given_back_twice_disconnects_only_its_app() {
+    let _g = lock();
+    let d = Daemon::start();
+    let mut bad = register(&d, "bad", iface(1), 1).unwrap();
+    let _good = register(&d, "good", iface(2), 1).unwrap();
+    bad.give_back(0, 3);
+    let s = d.wait_for("bad removed", |s| s.apps.len() == 1);
+    assert_eq!(s.apps[0].name, "good");
+    let r = s.recent_removals.last().unwrap();
+    assert_eq!(r.name, "bad");
+    assert!(
+        r.reason.contains("kthread 0 gave back an ingress buffer wrongly: buffer 3 was given back but is not lent"),
+        "{}",
+        r.reason
+    );
+}
+
+#[test]
+fn bad_and_duplicate_addresses_are_refused() {
+    let _g = lock();
+    let d = Daemon::start();
+    let _a = register(&d, "a", iface(1), 1).unwrap();
+    let why = |r: Result<TestApp, ClientError>| match r {
+        Err(ClientError::Refused { reason }) => reason,
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    let mut same_ip = iface(2);
+    same_ip.ip = iface(1).ip;
+    assert_eq!(
+        why(register(&d, "b", same_ip, 1)),
+        "IP 10.9.0.1 is already the address of application \"a\""
+    );
+    let mut same_mac = iface(2);
+    same_mac.mac = iface(1).mac;
+    assert!(why(register(&d, "c", same_mac, 1)).contains("is already the address of another port"));
+    let mut group = iface(3);
+    group.mac = MacAddr([0x01, 0, 0x5e, 0, 0, 1]);
+    assert!(why(register(&d, "d", group, 1)).contains("is not a unicast address"));
+    let mut generator = iface(4);
+    generator.mac = GENERATOR_MAC;
+    assert!(why(register(&d, "e", generator, 1)).contains("already the address of another port"));
+    assert_eq!(d.stats().apps.len(), 1);
+}
+
+#[test]
+fn an_app_that_does_not_read_loses_only_its_own_packets() {
+    let _g = lock();
+    let d = Daemon::start();
+    // `sink` never reads its ingress ring: its ring and port fill up.
+    let _sink = register(&d, "sink", iface(1), 1).unwrap();
+    let report = d
+        .generator
+        .run(load(iface(1), 200_000.0, 20), Duration::from_secs(5))
+        .unwrap();
+    let s = d.stats();
+    let net = s.apps[0].net.unwrap();
+    assert_eq!(net.rx, 512, "one ingress ring's worth delivered: {net:?}");
+    assert!(net.drop_ingress > 0, "{net:?}");
+    assert_eq!(net.rx + net.drop_ingress, report.stats.sent);
+    assert_eq!(report.stats.replies, 0);
+    // iokerneld is still serving: a second app gets its packets.
+    let mut echo = register(&d, "echo", iface(2), 1).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let t = std::thread::spawn(move || echo.echo_until(&stop2));
+    let report = d
+        .generator
+        .run(load(iface(2), 10_000.0, 50), Duration::from_secs(5))
+        .unwrap();
+    stop.store(true, Ordering::Release);
+    t.join().unwrap();
+    assert!(report.stats.sent > 0);
+    assert_eq!(report.stats.replies, report.stats.sent);
+}
