@@ -26,6 +26,7 @@ pub mod dataplane;
 mod in_process;
 pub mod nic;
 pub mod proto;
+pub mod raw_app;
 mod sys;
 
 pub use actuator::{

@@ -4,20 +4,20 @@
 //!
 //! Tests hold `LOCK`: iokerneld's loop spins while anything holds a core.
 
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::client::{self, ClientError, Connection};
+use ginza_iokernel::client::{self, ClientError};
 use ginza_iokernel::nic::{GeneratorConfig, ServiceTime};
+use ginza_iokernel::raw_app::RawApp;
 use ginza_iokernel::{
-    Class, Config, GeneratorHandle, Iokerneld, LoadRun, RecordingActuator, Registration,
-    StatsReport, StopHandle, GENERATOR_MAC,
+    Config, GeneratorHandle, Iokerneld, LoadRun, RecordingActuator, StatsReport, StopHandle,
+    GENERATOR_MAC,
 };
-use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
-use ginza_shm::{IngressPool, PacketDesc, Region, RegionConfig, RuntimeEnd};
+use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_shm::RegionConfig;
 
 static LOCK: Mutex<()> = Mutex::new(());
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -96,117 +96,27 @@ fn iface(last: u8) -> Interface {
     }
 }
 
-/// An application played by the test: its region's kthread ends and the
-/// ingress pool iokerneld sent.
-struct TestApp {
-    _conn: Connection,
-    ends: Vec<RuntimeEnd>,
-    pool: IngressPool,
-    interface: Interface,
-}
-
 fn register(
     d: &Daemon,
     name: &str,
     interface: Interface,
     kthreads: u32,
-) -> Result<TestApp, ClientError> {
-    let region = Region::create(name, &RegionConfig::new(kthreads)).unwrap();
-    let efds: Vec<OwnedFd> = (0..kthreads).map(|_| client::eventfd().unwrap()).collect();
-    let reg = Registration {
-        name: name.into(),
-        class: Class::LatencyCritical,
-        guaranteed: 0,
-        max_cores: kthreads,
-        kthreads,
-        net: Some(interface),
-    };
-    let mut conn = client::register_region(&d.socket, &reg, &region, &efds)?;
-    let pool = conn
-        .take_ingress_pool()
-        .expect("an application with net gets a pool");
-    assert_eq!(pool.count(), RegionConfig::new(kthreads).done_capacity);
-    let ends = (0..kthreads)
-        .map(|k| region.runtime_end(k).unwrap())
-        .collect();
-    Ok(TestApp {
-        _conn: conn,
-        ends,
-        pool,
-        interface,
-    })
+) -> Result<RawApp, ClientError> {
+    let app = RawApp::register(&d.socket, name, interface, kthreads)?;
+    assert_eq!(app.pool.count(), RegionConfig::new(kthreads).done_capacity);
+    Ok(app)
 }
 
-impl TestApp {
-    /// Pops one received frame from kthread `k`'s ring: its bytes, and the
-    /// descriptor to give back.
-    fn recv(&mut self, k: usize) -> Option<(Vec<u8>, PacketDesc)> {
-        let desc = self.ends[k].ingress.pop().unwrap()?;
-        let bytes = self
-            .pool
-            .frame(desc)
-            .expect("iokerneld's descriptor is in range")
-            .to_vec();
-        Some((bytes, desc))
-    }
-
-    fn give_back(&mut self, k: usize, buf: u32) {
-        self.ends[k].done.push(buf).unwrap();
-    }
-
-    /// Sends a UDP datagram from kthread `k`'s egress ring.
-    fn send_udp(
-        &mut self,
-        k: usize,
-        dst_mac: MacAddr,
-        dst: Endpoint,
-        src_port: u16,
-        payload: &[u8],
-    ) {
-        let end = &mut self.ends[k];
-        assert!(end.egress.free().unwrap() > 0, "egress ring full");
-        let seq = end.egress.next_seq();
-        let len = tx::udp_datagram(
-            end.egress_buffers.buffer_mut(seq),
-            &self.interface,
-            dst_mac,
-            src_port,
-            dst,
-            payload,
-        )
-        .unwrap();
-        end.egress
-            .push(PacketDesc {
-                len: len as u32,
-                ..Default::default()
-            })
-            .unwrap();
-    }
-
-    /// Echoes every UDP datagram received on any kthread back to its
-    /// sender, from the same kthread, until `stop`; returns the count.
-    fn echo_until(&mut self, stop: &AtomicBool) -> u64 {
-        let mut echoed = 0;
-        while !stop.load(Ordering::Acquire) {
-            let mut idle = true;
-            for k in 0..self.ends.len() {
-                while let Some((bytes, desc)) = self.recv(k) {
-                    idle = false;
-                    if let Ok(Packet::Udp(d)) = ginza_net::parse(&bytes, &self.interface) {
-                        let (mac, src, port, payload) =
-                            (d.src_mac, d.src, d.dst.port, d.payload.to_vec());
-                        self.send_udp(k, mac, src, port, &payload);
-                        echoed += 1;
-                    }
-                    self.give_back(k, desc.buf);
-                }
-            }
-            if idle {
-                std::hint::spin_loop();
-            }
+/// Echoes until `stop`; returns the count.
+fn echo_until(app: &mut RawApp, stop: &AtomicBool) -> u64 {
+    let mut echoed = 0;
+    while !stop.load(Ordering::Acquire) {
+        match app.echo_waiting() {
+            0 => std::hint::spin_loop(),
+            n => echoed += n,
         }
-        echoed
     }
+    echoed
 }
 
 fn load(target: Interface, rate: f64, ms: u64) -> LoadRun {
@@ -243,7 +153,7 @@ fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let echo = std::thread::spawn(move || {
-        let n = app.echo_until(&stop2);
+        let n = echo_until(&mut app, &stop2);
         (n, app)
     });
     let report = d
@@ -280,15 +190,10 @@ fn two_apps_talk_through_the_switch_and_cannot_spoof() {
         port: 9,
     };
     let b_mac = b.interface.mac;
-    a.send_udp(0, b_mac, to_b, 1234, b"hello b");
-    // a's kthread is parked: iokerneld drains a parked kthread's ring once
-    // it reports Parked; here it never ran, so tell iokerneld it parked.
-    a.ends[0]
-        .to_iokernel
-        .send(ginza_shm::ToIokernel::Parked {
-            next_deadline_ns: None,
-        })
-        .unwrap();
+    assert!(a.send_udp(0, b_mac, to_b, 1234, b"hello b"));
+    // a's kthread holds no core: iokerneld drains its egress ring once
+    // after it reports Parked.
+    a.report_parked(0);
     let t0 = Instant::now();
     let got = loop {
         if let Some(x) = b.recv(0) {
@@ -312,14 +217,9 @@ fn two_apps_talk_through_the_switch_and_cannot_spoof() {
     // a sends as b (b's MAC as source): the switch drops it.
     let spoofer = a.interface;
     a.interface.mac = b_mac;
-    a.send_udp(0, b_mac, to_b, 1234, b"forged");
+    assert!(a.send_udp(0, b_mac, to_b, 1234, b"forged"));
     a.interface = spoofer;
-    a.ends[0]
-        .to_iokernel
-        .send(ginza_shm::ToIokernel::Parked {
-            next_deadline_ns: None,
-        })
-        .unwrap();
+    a.report_parked(0);
     let s = d.wait_for("the spoofed frame dropped", |s| {
         s.apps
             .iter()
@@ -361,7 +261,7 @@ fn bad_and_duplicate_addresses_are_refused() {
     let _g = lock();
     let d = Daemon::start();
     let _a = register(&d, "a", iface(1), 1).unwrap();
-    let why = |r: Result<TestApp, ClientError>| match r {
+    let why = |r: Result<RawApp, ClientError>| match r {
         Err(ClientError::Refused { reason }) => reason,
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("accepted"),
@@ -404,7 +304,7 @@ fn an_app_that_does_not_read_loses_only_its_own_packets() {
     let mut echo = register(&d, "echo", iface(2), 1).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    let t = std::thread::spawn(move || echo.echo_until(&stop2));
+    let t = std::thread::spawn(move || echo_until(&mut echo, &stop2));
     let report = d
         .generator
         .run(load(iface(2), 10_000.0, 50), Duration::from_secs(5))

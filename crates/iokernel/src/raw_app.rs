@@ -1,0 +1,159 @@
+//! An application without a runtime: registers with an address and drives
+//! its region's packet rings directly. Tests use it to play applications
+//! whose every move they control, and `ginza bench forward` to load
+//! iokerneld's dataplane with senders and receivers that cost almost
+//! nothing, so that iokerneld is what the benchmark measures.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use ginza_net::{tx, Endpoint, Interface, MacAddr, Packet};
+use ginza_shm::{IngressPool, LineFlags, PacketDesc, Region, RegionConfig, RuntimeEnd, ToIokernel};
+
+use crate::client::{self, ClientError, Connection};
+use crate::proto::{Class, Registration};
+
+/// A registered application and the runtime's end of each kthread.
+pub struct RawApp {
+    pub conn: Connection,
+    pub ends: Vec<RuntimeEnd>,
+    pub pool: IngressPool,
+    pub interface: Interface,
+    /// Kept for the eventfds' lifetime: iokerneld writes them on grants.
+    _eventfds: Vec<OwnedFd>,
+}
+
+impl RawApp {
+    /// Registers `name` with `interface` and `kthreads` kthreads.
+    pub fn register(
+        socket: &Path,
+        name: &str,
+        interface: Interface,
+        kthreads: u32,
+    ) -> Result<RawApp, ClientError> {
+        let region = Region::create(name, &RegionConfig::new(kthreads))
+            .map_err(|e| ClientError::BadReply(format!("cannot create a region: {e}")))?;
+        let eventfds = (0..kthreads)
+            .map(|_| client::eventfd())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ClientError::Send)?;
+        let reg = Registration {
+            name: name.into(),
+            class: Class::LatencyCritical,
+            guaranteed: 0,
+            max_cores: kthreads,
+            kthreads,
+            net: Some(interface),
+        };
+        let mut conn = client::register_region(socket, &reg, &region, &eventfds)?;
+        let pool = conn
+            .take_ingress_pool()
+            .ok_or_else(|| ClientError::IngressPool("accepted without an ingress pool".into()))?;
+        let ends = (0..kthreads)
+            .map(|k| region.runtime_end(k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ClientError::BadReply(e.to_string()))?;
+        Ok(RawApp {
+            conn,
+            ends,
+            pool,
+            interface,
+            _eventfds: eventfds,
+        })
+    }
+
+    /// Makes kthread `k` look busy for ever (an item that never leaves its
+    /// runqueue), so that iokerneld grants it a core and keeps polling its
+    /// egress ring.
+    pub fn stay_busy(&self, k: usize) {
+        let line = &self.ends[k].line;
+        line.set_rq_tail(1);
+        line.remove_flags(LineFlags::PARKED);
+    }
+
+    /// Tells iokerneld kthread `k` parked: it drains its egress ring once.
+    pub fn report_parked(&mut self, k: usize) {
+        let _ = self.ends[k].to_iokernel.send(ToIokernel::Parked {
+            next_deadline_ns: None,
+        });
+    }
+
+    /// Pops one received frame from kthread `k`'s ring: a copy of its bytes
+    /// and its descriptor (give the buffer back with [`give_back`](Self::give_back)).
+    pub fn recv(&mut self, k: usize) -> Option<(Vec<u8>, PacketDesc)> {
+        let desc = self.ends[k].ingress.pop().ok()??;
+        let bytes = self.pool.frame(desc)?.to_vec();
+        Some((bytes, desc))
+    }
+
+    /// Pops up to `max` descriptors from kthread `k`'s ring and gives their
+    /// buffers straight back, without reading them; returns how many.
+    pub fn drop_received(&mut self, k: usize, max: usize) -> usize {
+        let end = &mut self.ends[k];
+        let mut n = 0;
+        while n < max {
+            match end.ingress.pop() {
+                Ok(Some(desc)) => {
+                    let _ = end.done.push(desc.buf);
+                    n += 1;
+                }
+                _ => break,
+            }
+        }
+        n
+    }
+
+    pub fn give_back(&mut self, k: usize, buf: u32) {
+        let _ = self.ends[k].done.push(buf);
+    }
+
+    /// Queues a UDP datagram on kthread `k`'s egress ring; false if the
+    /// ring is full.
+    pub fn send_udp(
+        &mut self,
+        k: usize,
+        dst_mac: MacAddr,
+        dst: Endpoint,
+        src_port: u16,
+        payload: &[u8],
+    ) -> bool {
+        let end = &mut self.ends[k];
+        if end.egress.free().unwrap_or(0) == 0 {
+            return false;
+        }
+        let seq = end.egress.next_seq();
+        let Ok(len) = tx::udp_datagram(
+            end.egress_buffers.buffer_mut(seq),
+            &self.interface,
+            dst_mac,
+            src_port,
+            dst,
+            payload,
+        ) else {
+            return false;
+        };
+        end.egress
+            .push(PacketDesc {
+                len: len as u32,
+                ..Default::default()
+            })
+            .is_ok()
+    }
+
+    /// Echoes every UDP datagram waiting on any kthread back to its
+    /// sender, from the same kthread; returns how many.
+    pub fn echo_waiting(&mut self) -> u64 {
+        let mut echoed = 0;
+        for k in 0..self.ends.len() {
+            while let Some((bytes, desc)) = self.recv(k) {
+                if let Ok(Packet::Udp(d)) = ginza_net::parse(&bytes, &self.interface) {
+                    let (mac, src, port) = (d.src_mac, d.src, d.dst.port);
+                    let payload = d.payload.to_vec();
+                    echoed += u64::from(self.send_udp(k, mac, src, port, &payload));
+                }
+                self.give_back(k, desc.buf);
+            }
+        }
+        echoed
+    }
+}
