@@ -107,6 +107,26 @@ impl RawApp {
         let _ = self.ends[k].done.push(buf);
     }
 
+    /// Queues a prebuilt frame on kthread `k`'s egress ring; false if the
+    /// ring is full or the frame is longer than a buffer.
+    pub fn send_frame(&mut self, k: usize, frame: &[u8]) -> bool {
+        let end = &mut self.ends[k];
+        if end.egress.free().unwrap_or(0) == 0 {
+            return false;
+        }
+        let seq = end.egress.next_seq();
+        let Some(buf) = end.egress_buffers.buffer_mut(seq).get_mut(..frame.len()) else {
+            return false;
+        };
+        buf.copy_from_slice(frame);
+        end.egress
+            .push(PacketDesc {
+                len: frame.len() as u32,
+                ..Default::default()
+            })
+            .is_ok()
+    }
+
     /// Queues a UDP datagram on kthread `k`'s egress ring; false if the
     /// ring is full.
     pub fn send_udp(

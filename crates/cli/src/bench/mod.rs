@@ -6,6 +6,7 @@
 
 mod common;
 mod corealloc;
+mod forward;
 mod preempt;
 mod shinjuku;
 mod threadops;
@@ -35,6 +36,10 @@ enum Experiment {
     /// spinning kthreads), iokerneld's time per grant, preemption hand-over,
     /// sustained reallocations per second, next to the eventfd wake floor.
     Corealloc(corealloc::CoreallocArgs),
+    /// iokerneld's dataplane: packets/s moved between two applications
+    /// through the software switch, and the UDP round trip to a Ginza echo
+    /// application next to a Linux one over the same veth.
+    Forward(forward::ForwardArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -44,5 +49,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Preempt(args) => preempt::run(args),
         Experiment::Shinjuku(args) => shinjuku::run(args),
         Experiment::Corealloc(args) => corealloc::run(args),
+        Experiment::Forward(args) => forward::run(args),
     }
 }
