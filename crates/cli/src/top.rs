@@ -339,6 +339,7 @@ mod tests {
             congestion_events: congestion,
             ring_full: 0,
             preempt_overdue: 3,
+            net: None,
         }
     }
 
