@@ -1007,7 +1007,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         kt.drain_egress = false;
                     }
                 }
-                if let Err(reason) = Dataplane::take_back(net, end, k) {
+                if let Err(reason) = self.dp.take_back(net, end, k) {
                     app.doomed.get_or_insert(reason);
                     break;
                 }

@@ -314,3 +314,43 @@ fn an_app_that_does_not_read_loses_only_its_own_packets() {
     assert!(report.stats.sent > 0);
     assert_eq!(report.stats.replies, report.stats.sent);
 }
+
+#[test]
+fn bursts_between_two_busy_apps_all_arrive() {
+    let _g = lock();
+    let d = Daemon::start();
+    let mut a = register(&d, "a", iface(1), 1).unwrap();
+    let mut b = register(&d, "b", iface(2), 1).unwrap();
+    a.stay_busy(0);
+    b.stay_busy(0);
+    let mut frame = vec![0u8; 128];
+    let to_b = Endpoint {
+        ip: b.interface.ip,
+        port: 9,
+    };
+    let n =
+        ginza_net::tx::udp_datagram(&mut frame, &a.interface, b.interface.mac, 9, to_b, &[1; 22])
+            .unwrap();
+    frame.truncate(n);
+    const TOTAL: usize = 20_000;
+    let (mut sent, mut got) = (0, 0);
+    let t0 = Instant::now();
+    while got < TOTAL {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{got} of {sent} sent arrived: {:#?}",
+            d.stats().apps
+        );
+        if sent < TOTAL {
+            sent += a.send_frames(0, &frame, (TOTAL - sent).min(64));
+        }
+        got += b.drop_received(0, 256);
+    }
+    let s = d.wait_for("counts settle", |s| {
+        s.apps
+            .iter()
+            .any(|x| x.name == "b" && x.net.unwrap().rx == TOTAL as u64)
+    });
+    let a_net = s.apps.iter().find(|x| x.name == "a").unwrap().net.unwrap();
+    assert_eq!(a_net.tx, TOTAL as u64);
+}

@@ -286,6 +286,24 @@ impl<T: Pod> Producer<T> {
         }
     }
 
+    /// Appends as many of `vs` as fit, in order, publishing them with one
+    /// index store (one cache-line transfer to the consumer for the whole
+    /// burst); returns how many were taken.
+    pub fn push_slice(&mut self, vs: &[T]) -> Result<usize, RingCorrupt> {
+        let used = self.refresh()?;
+        let n = vs.len().min((self.ring.capacity - used) as usize);
+        for (i, v) in vs[..n].iter().enumerate() {
+            // SAFETY: as in `push`: slots `tail..tail + n` are free (n is at
+            // most the free count just read) and unpublished.
+            unsafe { self.ring.slot(self.tail.wrapping_add(i as u32)).write(*v) };
+        }
+        if n > 0 {
+            self.tail = self.tail.wrapping_add(n as u32);
+            self.ring.hdr().tail.0.store(self.tail, Ordering::Release);
+        }
+        Ok(n)
+    }
+
     /// Sequence number the next pushed message gets (slot
     /// `next_seq() % capacity`): a producer that pairs each slot with a
     /// buffer of its own fills buffer `next_seq() % capacity` before the
@@ -384,10 +402,41 @@ impl<T: Pod> Consumer<T> {
     /// Drops the message [`peek`](Self::peek) returned. Does nothing on an
     /// empty ring.
     pub fn release(&mut self) {
-        if self.corrupt.is_none() && self.head != self.tail_cache {
-            self.head = self.head.wrapping_add(1);
+        self.release_n(1);
+    }
+
+    /// The `i`-th waiting message (0 = the oldest) and its sequence number,
+    /// left in the ring, or `None` if fewer than `i + 1` wait (as of the
+    /// last look at the producer's index: call [`len`](Self::len) first).
+    pub fn peek_nth(&self, i: u32) -> Option<(u32, T)> {
+        if self.corrupt.is_some() || i >= self.tail_cache.wrapping_sub(self.head) {
+            return None;
+        }
+        let seq = self.head.wrapping_add(i);
+        // SAFETY: `seq` is inside `[head, tail)`, published by the acquire
+        // load of `tail` that set `tail_cache`; the producer does not reuse
+        // it before `head` moves past it.
+        Some((seq, unsafe { self.ring.slot(seq).read() }))
+    }
+
+    /// Drops the `n` oldest messages (at most those waiting as of the last
+    /// look) with one index store.
+    pub fn release_n(&mut self, n: u32) {
+        let n = n.min(self.tail_cache.wrapping_sub(self.head));
+        if self.corrupt.is_none() && n > 0 {
+            self.head = self.head.wrapping_add(n);
             self.ring.hdr().head.0.store(self.head, Ordering::Release);
         }
+    }
+
+    /// Moves up to `max` messages to the end of `out`, oldest first, with
+    /// one index store; returns how many.
+    pub fn pop_into(&mut self, out: &mut Vec<T>, max: usize) -> Result<usize, RingCorrupt> {
+        let avail = self.refresh()?;
+        let n = (avail as usize).min(max);
+        out.extend((0..n as u32).filter_map(|i| self.peek_nth(i).map(|(_, v)| v)));
+        self.release_n(n as u32);
+        Ok(n)
     }
 
     /// Takes the oldest message, `Ok(None)` if the ring is empty.
@@ -656,6 +705,10 @@ mod tests {
         Pop,
         Free,
         Len,
+        PushSlice(Vec<u64>),
+        PopInto(usize),
+        /// Peek the n-th waiting message, then release that many + 1.
+        PeekRelease(u32),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -663,7 +716,10 @@ mod tests {
             any::<u64>().prop_map(Op::Push),
             Just(Op::Pop),
             Just(Op::Free),
-            Just(Op::Len)
+            Just(Op::Len),
+            proptest::collection::vec(any::<u64>(), 0..40).prop_map(Op::PushSlice),
+            (0usize..40).prop_map(Op::PopInto),
+            (0u32..40).prop_map(Op::PeekRelease),
         ]
     }
 
@@ -689,6 +745,27 @@ mod tests {
                     Op::Pop => prop_assert_eq!(c.pop(), Ok(model.pop_front())),
                     Op::Free => prop_assert_eq!(p.free(), Ok(cap - model.len() as u32)),
                     Op::Len => prop_assert_eq!(c.len(), Ok(model.len() as u32)),
+                    Op::PushSlice(vs) => {
+                        let room = cap as usize - model.len();
+                        prop_assert_eq!(p.push_slice(&vs), Ok(vs.len().min(room)));
+                        model.extend(vs.iter().take(room));
+                    }
+                    Op::PopInto(max) => {
+                        let mut out = vec![7];
+                        let n = c.pop_into(&mut out, max).unwrap();
+                        prop_assert_eq!(n, max.min(model.len()));
+                        let expect: Vec<u64> = std::iter::once(7).chain(model.drain(..n)).collect();
+                        prop_assert_eq!(out, expect);
+                    }
+                    Op::PeekRelease(i) => {
+                        prop_assert_eq!(c.len(), Ok(model.len() as u32));
+                        let got = c.peek_nth(i).map(|(_, v)| v);
+                        prop_assert_eq!(got, model.get(i as usize).copied());
+                        if got.is_some() {
+                            c.release_n(i + 1);
+                            model.drain(..=i as usize);
+                        }
+                    }
                 }
             }
         }
@@ -774,6 +851,36 @@ mod loom_tests {
             let mut p = t.join().unwrap();
             assert_eq!(c.pop(), Ok(None));
             assert_eq!(p.free(), Ok(2));
+        });
+    }
+
+    /// Bursts: three messages through two slots with `push_slice` and
+    /// `pop_into` (one index store per burst), indices wrapping.
+    #[test]
+    fn loom_spsc_bursts() {
+        loom::model(|| {
+            let (mut p, mut c) = heap_ring_at::<u32>(2, u32::MAX - 1).unwrap();
+            let t = loom::thread::spawn(move || {
+                let msgs = [0u32, 1, 2];
+                let mut sent = 0;
+                while sent < msgs.len() {
+                    match p.push_slice(&msgs[sent..]) {
+                        Ok(0) => loom::thread::yield_now(),
+                        Ok(n) => sent += n,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+            let mut got = Vec::new();
+            while got.len() < 3 {
+                match c.pop_into(&mut got, 3) {
+                    Ok(0) => loom::thread::yield_now(),
+                    Ok(_) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(got, [0, 1, 2]);
+            t.join().unwrap();
         });
     }
 
