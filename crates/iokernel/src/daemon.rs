@@ -1002,10 +1002,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let end = &mut app.ends[k];
-                if kt.core.is_some() || kt.preempting || kt.drain_egress {
-                    if self.dp.transmit(net, end) == 0 {
-                        kt.drain_egress = false;
-                    }
+                let polled = kt.core.is_some() || kt.preempting || kt.drain_egress;
+                if polled && self.dp.transmit(net, end) == 0 {
+                    kt.drain_egress = false;
                 }
                 if let Err(reason) = self.dp.take_back(net, end, k) {
                     app.doomed.get_or_insert(reason);

@@ -13,7 +13,9 @@
 //!   generator, a real NIC) and the applications' packet rings.
 //! * [`nic`]: the NIC trait and its backends.
 //!
-//! All `unsafe` code is in the private `sys` module.
+//! `unsafe` code is in the private `sys` module and in the Linux NIC
+//! backends ([`nic::af_packet`], [`nic::af_xdp`]), each block with its
+//! `SAFETY` comment.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 

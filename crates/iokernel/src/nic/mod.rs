@@ -39,22 +39,20 @@
 //!
 //! # Left
 //!
-//! * The `af_xdp` (and `af_packet`) backend: a UMEM is a [`BufferPool`]
-//!   whose storage is the UMEM area, and fill/completion rings carry
-//!   [`BufferDescriptor`]s; `dpdk` behind a feature.
-//! * Steering to runtime rings: iokerneld moving frames between a switch
-//!   port (or a real NIC) and each application's ingress/egress rings in the
-//!   shared region, with the `rss-mod`, `flow-affinity` and `indirection`
-//!   policies, and `on_work_for` when a packet arrives for an application
-//!   with no core.
-//! * Read-only ingress buffers: per-runtime ingress pools in shared memory,
-//!   mapped read-only into their runtime; today pools are private heap
-//!   memory. Egress buffers in the runtime's region, validated on reclaim.
+//! * [`af_packet`] and [`af_xdp`] (opened by [`linux::open`]) work on a real
+//!   interface; left: a UMEM that *is* the [`BufferPool`] (today frames are
+//!   copied between them), native XDP mode, queues other than 0; `dpdk`
+//!   behind a feature.
+//! * Steering policies beyond `rss-mod` (in [`crate::dataplane`]):
+//!   `flow-affinity` and `indirection`.
 //! * Zero-copy switching (a frame handed between pools instead of copied)
 //!   where both ends trust each other, e.g. the generator.
 
+pub mod af_packet;
+pub mod af_xdp;
 pub mod buffer;
 pub mod generator;
+pub mod linux;
 pub mod software;
 
 pub use buffer::{BufferDescriptor, BufferPool, Frame, PoolError, PoolStats, DEFAULT_BUFFER_SIZE};

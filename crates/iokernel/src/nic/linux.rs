@@ -1,0 +1,283 @@
+//! Opening a NIC backend on a real Linux interface from a spec string, and
+//! what the Linux backends ([`af_packet`](super::af_packet),
+//! [`af_xdp`](super::af_xdp)) share: errors, counters, interface look-up.
+//!
+//! A spec is `software`, `af_packet:IFNAME` or `af_xdp:IFNAME`. The software
+//! switch is iokerneld's own (ports borrow the switch), so [`open`] opens
+//! only the two Linux links; [`NicSpec::parse`] tells the caller which one it
+//! has.
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+
+use super::af_packet::AfPacket;
+use super::af_xdp::AfXdp;
+use super::{BufferPool, Frame, Nic};
+
+/// The smallest buffer that holds a minimum Ethernet frame (60 bytes without
+/// FCS): smaller buffers would drop everything as oversized.
+pub const MIN_BUFFER_SIZE: usize = 64;
+
+/// An Ethernet header: destination, source, EtherType.
+pub(crate) const ETHERNET_HEADER_LEN: usize = 14;
+
+/// Which backend a spec string names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NicSpec {
+    Software,
+    AfPacket { ifname: String },
+    AfXdp { ifname: String },
+}
+
+impl NicSpec {
+    pub fn parse(spec: &str) -> Result<NicSpec, NicError> {
+        let (backend, name) = match spec.split_once(':') {
+            Some((backend, name)) => (backend, Some(name)),
+            None => (spec, None),
+        };
+        let ifname = |backend: &'static str| match name {
+            None | Some("") => Err(NicError::MissingInterface { backend }),
+            Some(name) => check_ifname(name).map(|()| name.to_string()),
+        };
+        match backend {
+            "software" if name.is_none() => Ok(NicSpec::Software),
+            "af_packet" => Ok(NicSpec::AfPacket {
+                ifname: ifname("af_packet")?,
+            }),
+            "af_xdp" => Ok(NicSpec::AfXdp {
+                ifname: ifname("af_xdp")?,
+            }),
+            _ => Err(NicError::UnknownBackend(spec.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for NicSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NicSpec::Software => write!(f, "software"),
+            NicSpec::AfPacket { ifname } => write!(f, "af_packet:{ifname}"),
+            NicSpec::AfXdp { ifname } => write!(f, "af_xdp:{ifname}"),
+        }
+    }
+}
+
+/// Opens the Linux link a spec names, with a pool of `pool_buffers` buffers
+/// of `buffer_size` bytes for its frames.
+pub fn open(
+    spec: &str,
+    pool_buffers: usize,
+    buffer_size: usize,
+) -> Result<Box<dyn Nic + Send>, NicError> {
+    Ok(Box::new(open_link(spec, pool_buffers, buffer_size)?))
+}
+
+/// [`open`], keeping the concrete link (for its [`stats`](LinuxNic::stats)).
+pub fn open_link(
+    spec: &str,
+    pool_buffers: usize,
+    buffer_size: usize,
+) -> Result<LinuxNic, NicError> {
+    match NicSpec::parse(spec)? {
+        NicSpec::Software => Err(NicError::NotALink),
+        NicSpec::AfPacket { ifname } => Ok(LinuxNic::AfPacket(AfPacket::open(
+            &ifname,
+            pool_buffers,
+            buffer_size,
+        )?)),
+        NicSpec::AfXdp { ifname } => {
+            let link = AfXdp::open(&ifname, pool_buffers, buffer_size)?;
+            Ok(LinuxNic::AfXdp(link))
+        }
+    }
+}
+
+/// Either Linux backend.
+// One per iokerneld, made once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum LinuxNic {
+    AfPacket(AfPacket),
+    AfXdp(AfXdp),
+}
+
+impl LinuxNic {
+    pub fn stats(&self) -> LinkStats {
+        match self {
+            LinuxNic::AfPacket(link) => link.stats(),
+            LinuxNic::AfXdp(link) => link.stats(),
+        }
+    }
+}
+
+impl Nic for LinuxNic {
+    fn pool(&self) -> &BufferPool {
+        match self {
+            LinuxNic::AfPacket(link) => link.pool(),
+            LinuxNic::AfXdp(link) => link.pool(),
+        }
+    }
+
+    fn pool_mut(&mut self) -> &mut BufferPool {
+        match self {
+            LinuxNic::AfPacket(link) => link.pool_mut(),
+            LinuxNic::AfXdp(link) => link.pool_mut(),
+        }
+    }
+
+    fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize {
+        match self {
+            LinuxNic::AfPacket(link) => link.rx_burst(out, max),
+            LinuxNic::AfXdp(link) => link.rx_burst(out, max),
+        }
+    }
+
+    fn tx_burst(&mut self, frames: &mut Vec<Frame>) -> usize {
+        match self {
+            LinuxNic::AfPacket(link) => link.tx_burst(frames),
+            LinuxNic::AfXdp(link) => link.tx_burst(frames),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NicError {
+    #[error("unknown NIC backend \"{0}\": expected software, af_packet:IFNAME or af_xdp:IFNAME")]
+    UnknownBackend(String),
+    #[error("{backend} needs an interface: {backend}:IFNAME")]
+    MissingInterface { backend: &'static str },
+    #[error("\"{0}\" is not an interface name (1 to 15 bytes, no '/', ':', NUL or white space)")]
+    BadInterfaceName(String),
+    #[error("interface \"{0}\" does not exist")]
+    NoSuchInterface(String),
+    #[error("{backend} needs root ({capabilities})")]
+    NeedsRoot {
+        backend: &'static str,
+        capabilities: &'static str,
+    },
+    #[error("the software backend is iokerneld's built-in switch, not a link to open")]
+    NotALink,
+    #[error("a pool of {buffers} buffers of {buffer_size} bytes: need at least one buffer of at least {MIN_BUFFER_SIZE} bytes")]
+    BadPool { buffers: usize, buffer_size: usize },
+    #[error("{backend} on \"{ifname}\": {what}: {source}")]
+    Io {
+        backend: &'static str,
+        ifname: String,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Counters of a Linux link, the same for both backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames handed to the caller by `rx_burst`, and their bytes.
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    /// Frames the kernel accepted for transmission, and their bytes.
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    pub drops: LinkDrops,
+}
+
+/// Frames lost, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkDrops {
+    /// Received frames longer than a pool buffer: dropped whole, never
+    /// truncated.
+    pub rx_oversized: u64,
+    /// Frames the kernel dropped before we read them (socket buffer or rx
+    /// ring full, no fill-ring entry), as the kernel reports them.
+    pub rx_kernel: u64,
+    /// Receive calls that failed with an unexpected error.
+    pub rx_errors: u64,
+    /// Frames taken by `tx_burst` that the interface refused as too long
+    /// (EMSGSIZE: longer than its MTU plus the Ethernet header).
+    pub tx_oversized: u64,
+    /// Frames taken by `tx_burst` shorter than an Ethernet header.
+    pub tx_runt: u64,
+    /// Frames taken by `tx_burst` that the kernel refused otherwise
+    /// (interface down, ...).
+    pub tx_errors: u64,
+}
+
+impl LinkDrops {
+    pub fn total(&self) -> u64 {
+        self.rx_oversized
+            + self.rx_kernel
+            + self.rx_errors
+            + self.tx_oversized
+            + self.tx_runt
+            + self.tx_errors
+    }
+}
+
+fn check_ifname(name: &str) -> Result<(), NicError> {
+    let ok = !name.is_empty()
+        && name.len() < libc::IFNAMSIZ
+        && !name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(NicError::BadInterfaceName(name.to_string()))
+    }
+}
+
+/// The interface's index, or [`NicError::NoSuchInterface`].
+pub(crate) fn ifindex(ifname: &str) -> Result<u32, NicError> {
+    check_ifname(ifname)?;
+    let c_name = CString::new(ifname).expect("checked: no NUL");
+    // SAFETY: `c_name` is a valid NUL-terminated string that outlives the call.
+    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+    if index == 0 {
+        return Err(NicError::NoSuchInterface(ifname.to_string()));
+    }
+    Ok(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_or_say_what_is_expected() {
+        assert_eq!(NicSpec::parse("software").unwrap(), NicSpec::Software);
+        assert_eq!(
+            NicSpec::parse("af_packet:veth0").unwrap(),
+            NicSpec::AfPacket {
+                ifname: "veth0".into()
+            }
+        );
+        assert_eq!(
+            NicSpec::parse("af_xdp:eth1").unwrap().to_string(),
+            "af_xdp:eth1"
+        );
+        assert_eq!(
+            NicSpec::parse("foo").unwrap_err().to_string(),
+            "unknown NIC backend \"foo\": expected software, af_packet:IFNAME or af_xdp:IFNAME"
+        );
+        assert_eq!(
+            NicSpec::parse("af_xdp").unwrap_err().to_string(),
+            "af_xdp needs an interface: af_xdp:IFNAME"
+        );
+        assert!(matches!(
+            NicSpec::parse("af_packet:a-name-far-too-long"),
+            Err(NicError::BadInterfaceName(_))
+        ));
+        assert!(matches!(
+            NicSpec::parse("software:eth0"),
+            Err(NicError::UnknownBackend(_))
+        ));
+    }
+
+    #[test]
+    fn a_missing_interface_is_named() {
+        let error = open("af_packet:gznoexist9", 8, 2048).err().unwrap();
+        assert_eq!(error.to_string(), "interface \"gznoexist9\" does not exist");
+        assert!(matches!(open("software", 8, 2048), Err(NicError::NotALink)));
+    }
+}

@@ -1,0 +1,3 @@
+//! Helpers shared by the integration tests of this crate.
+
+pub mod netns;

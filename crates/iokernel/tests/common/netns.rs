@@ -1,0 +1,355 @@
+//! A network namespace joined to the root namespace by a veth pair, for tests
+//! and benches that put an ordinary Linux stack (ping, UDP sockets) on the
+//! far end of a Ginza NIC backend.
+//!
+//! ```text
+//!  root namespace                 | namespace `name`
+//!  host_if (up, no address)  <--veth-->  ns_if  ns_ip/24 (10.77.N.1)
+//!  a Ginza backend opens it       |  Linux programs live here
+//! ```
+//!
+//! `peer_ip` (10.77.N.2) belongs to nobody: the test answers ARP for it.
+//! These addresses exist only inside the namespace this fixture creates.
+//!
+//! Names carry the pid and a counter, so concurrent test processes never
+//! collide; namespaces left by a killed test process (its pid gone) are
+//! removed by the next fixture. `Drop` removes the pair and the namespace,
+//! also when the test panics. IPv6 is off on both ends (no router
+//! solicitations or DAD frames to wade through) and transmit offloads are
+//! off on `ns_if`, so frames from the namespace carry full checksums.
+//!
+//! Needs root, `ip` (iproute2) and `ethtool`; without them
+//! [`NetNs::create_or_skip`] prints `skipped: <reason>` and returns `None`.
+#![allow(dead_code)] // each test binary uses a part of it
+
+use std::fs::File;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const PREFIX: &str = "gzt";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+#[derive(Debug)]
+pub struct NetNs {
+    /// The namespace's name (under /run/netns).
+    pub name: String,
+    /// The veth end in the root namespace: up, no address.
+    pub host_if: String,
+    /// The veth end in the namespace, with `ns_ip`/24.
+    pub ns_if: String,
+    pub ns_mac: [u8; 6],
+    pub ns_ip: Ipv4Addr,
+    /// An address on the namespace's subnet that nobody there owns.
+    pub peer_ip: Ipv4Addr,
+}
+
+impl NetNs {
+    /// A fresh namespace and veth pair, or `None` after printing
+    /// `skipped: <reason>` when this host cannot make one (not root, `ip` or
+    /// `ethtool` missing). Any other failure panics: it is a real error.
+    pub fn create_or_skip() -> Option<NetNs> {
+        if let Some(reason) = missing_prerequisite() {
+            println!("skipped: {reason}");
+            return None;
+        }
+        Some(NetNs::create().expect("creating a network namespace and veth pair"))
+    }
+
+    fn create() -> io::Result<NetNs> {
+        remove_stale();
+        let pid = std::process::id();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        // IFNAMSIZ: 3 + 7 (pid_max is 2^22) + 1 + at most 4 digits = 15.
+        let n = n % 10_000;
+        let subnet = (n % 250) as u8;
+        let mut ns = NetNs {
+            name: format!("{PREFIX}{pid}n{n}"),
+            host_if: format!("{PREFIX}{pid}h{n}"),
+            ns_if: format!("{PREFIX}{pid}p{n}"),
+            ns_mac: [0; 6],
+            ns_ip: Ipv4Addr::new(10, 77, subnet, 1),
+            peer_ip: Ipv4Addr::new(10, 77, subnet, 2),
+        };
+        // From here on, Drop cleans up whatever was made.
+        ip(&["netns", "add", &ns.name])?;
+        ip(&[
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns.ns_if,
+            "netns",
+            &ns.name,
+        ])?;
+        let _ = std::fs::write(
+            format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ns.host_if),
+            "1",
+        );
+        let ns_sysctl = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ns.ns_if);
+        // /proc/sys/net shows the namespace of the thread that opens it.
+        ns.run_in(move || {
+            let _ = std::fs::write(ns_sysctl, "1");
+        })?;
+        ns.exec_ok(&["ethtool", "-K", &ns.ns_if, "tx", "off"])?;
+        let address = format!("{}/24", ns.ns_ip);
+        ip(&["-n", &ns.name, "addr", "add", &address, "dev", &ns.ns_if])?;
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
+        ip(&["-n", &ns.name, "link", "set", &ns.ns_if, "up"])?;
+        ip(&["link", "set", &ns.host_if, "up"])?;
+        ns.ns_mac = ns.read_ns_mac()?;
+        Ok(ns)
+    }
+
+    /// `ip netns exec NAME args...`, not yet run (to spawn it and poll).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name]).args(args);
+        command.stdin(Stdio::null());
+        command
+    }
+
+    /// Runs `args` in the namespace to completion.
+    pub fn exec(&self, args: &[&str]) -> io::Result<Output> {
+        self.command(args).output()
+    }
+
+    /// Runs `args` in the namespace; an error if it fails.
+    pub fn exec_ok(&self, args: &[&str]) -> io::Result<Output> {
+        checked(args, self.exec(args)?)
+    }
+
+    /// Runs `f` on a new thread that has joined the namespace (sockets it
+    /// opens live there) and returns its handle.
+    pub fn spawn_in<F, R>(&self, f: F) -> io::Result<JoinHandle<R>>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let namespace = File::open(format!("/run/netns/{}", self.name))?;
+        let (joined_tx, joined_rx) = std::sync::mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            // SAFETY: `namespace` is an open namespace file; setns changes
+            // only this thread's network namespace, which it keeps until it
+            // exits.
+            let result = unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) };
+            let joined = if result == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            };
+            let ok = joined.is_ok();
+            joined_tx.send(joined).expect("the spawner waits");
+            assert!(ok, "setns failed");
+            f()
+        });
+        joined_rx.recv().expect("the thread reports")?;
+        Ok(handle)
+    }
+
+    /// Runs `f` inside the namespace and waits for it.
+    pub fn run_in<F, R>(&self, f: F) -> io::Result<R>
+    where
+        F: FnOnce() -> R + Send + 'static,
+        R: Send + 'static,
+    {
+        let handle = self.spawn_in(f)?;
+        Ok(handle
+            .join()
+            .expect("the closure run in the namespace panicked"))
+    }
+
+    /// A UDP echo server on `ns_ip:port` in the namespace: it sends every
+    /// datagram back to its sender until `duration` has passed, then returns
+    /// how many it echoed. Bounded: it never outlives `duration` by more
+    /// than its 10 ms read timeout.
+    pub fn udp_echo_server(&self, port: u16, duration: Duration) -> io::Result<JoinHandle<u64>> {
+        let bind = SocketAddrV4::new(self.ns_ip, port);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let handle = self.spawn_in(move || {
+            let socket = UdpSocket::bind(bind);
+            let socket = match socket {
+                Ok(socket) => {
+                    ready_tx.send(Ok(())).expect("the spawner waits");
+                    socket
+                }
+                Err(error) => {
+                    ready_tx.send(Err(error)).expect("the spawner waits");
+                    return 0;
+                }
+            };
+            socket
+                .set_read_timeout(Some(Duration::from_millis(10)))
+                .expect("a read timeout");
+            let deadline = Instant::now() + duration;
+            let mut buffer = [0u8; 2048];
+            let mut echoed = 0;
+            while Instant::now() < deadline {
+                if let Ok((len, from)) = socket.recv_from(&mut buffer) {
+                    if socket.send_to(&buffer[..len], from).is_ok() {
+                        echoed += 1;
+                    }
+                }
+            }
+            echoed
+        })?;
+        ready_rx.recv().expect("the server reports")?;
+        Ok(handle)
+    }
+
+    fn read_ns_mac(&self) -> io::Result<[u8; 6]> {
+        let output = checked(
+            &["ip", "link", "show"],
+            Command::new("ip")
+                .args(["-n", &self.name, "-o", "link", "show", "dev", &self.ns_if])
+                .output()?,
+        )?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mac = text
+            .split_whitespace()
+            .skip_while(|word| *word != "link/ether")
+            .nth(1)
+            .and_then(parse_mac)
+            .ok_or_else(|| io::Error::other(format!("no MAC in `ip link show`: {text}")))?;
+        Ok(mac)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting one end deletes the pair at once; deleting the namespace
+        // alone would destroy its end later, asynchronously.
+        let _ = quiet_ip(&["link", "del", &self.host_if]);
+        let _ = quiet_ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// Round trips of `count` datagrams of `payload_len` bytes from a fresh
+/// socket on `bind` to `target`, one at a time; a datagram unanswered within
+/// `timeout` counts as lost (`None`). Run it in the namespace with
+/// [`NetNs::spawn_in`].
+pub fn udp_rtt_probe(
+    bind: SocketAddrV4,
+    target: SocketAddrV4,
+    count: usize,
+    payload_len: usize,
+    timeout: Duration,
+) -> io::Result<Vec<Option<Duration>>> {
+    let socket = UdpSocket::bind(bind)?;
+    socket.connect(target)?;
+    socket.set_read_timeout(Some(timeout))?;
+    let mut payload = vec![0u8; payload_len.max(8)];
+    let mut reply = vec![0u8; 2048];
+    let mut rtts = Vec::with_capacity(count);
+    for sequence in 0..count as u64 {
+        payload[..8].copy_from_slice(&sequence.to_le_bytes());
+        let start = Instant::now();
+        socket.send(&payload)?;
+        let deadline = start + timeout;
+        let mut rtt = None;
+        // Skip late replies to earlier datagrams.
+        while Instant::now() < deadline {
+            match socket.recv(&mut reply) {
+                Ok(len) if len >= 8 && reply[..8] == sequence.to_le_bytes() => {
+                    rtt = Some(start.elapsed());
+                    break;
+                }
+                Ok(_) => {}
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        rtts.push(rtt);
+    }
+    Ok(rtts)
+}
+
+fn missing_prerequisite() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root: network namespaces and veth pairs need root".into());
+    }
+    for (tool, package) in [("ip", "iproute2"), ("ethtool", "ethtool")] {
+        let found = Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Some(format!("`{tool}` is missing (Debian package {package})"));
+        }
+    }
+    None
+}
+
+/// Removes namespaces (and their veth pairs) of test processes that died
+/// without running `Drop`.
+fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split_once('n'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = quiet_ip(&["netns", "del", &name]);
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> io::Result<Output> {
+    checked(args, Command::new("ip").args(args).output()?)
+}
+
+fn quiet_ip(args: &[&str]) -> io::Result<()> {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|_| ())
+}
+
+fn checked(args: &[&str], output: Output) -> io::Result<Output> {
+    if output.status.success() {
+        Ok(output)
+    } else {
+        Err(io::Error::other(format!(
+            "`{}` failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for byte in &mut mac {
+        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
