@@ -10,6 +10,7 @@
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
 //! idle_sleep = "1ms"       # sleep instead of spinning while idle
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
+//! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -64,6 +65,9 @@ pub struct Config {
     pub preempt_deadline: Duration,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
+    /// The link besides the software switch: `software` (none),
+    /// `af_packet:IFNAME` or `af_xdp:IFNAME`.
+    pub nic: String,
 }
 
 /// Bounds that make an interval sensible.
@@ -185,6 +189,7 @@ struct FileConfig {
     control_interval: Option<String>,
     preempt_deadline: Option<String>,
     seed: Option<u64>,
+    nic: Option<String>,
 }
 
 /// Command-line flags of `iokerneld` (they override the file).
@@ -230,6 +235,10 @@ pub struct Cli {
     /// Seed of the allocator's random choices.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// NIC: software (the built-in switch and traffic generator only),
+    /// af_packet:IFNAME or af_xdp:IFNAME (a real interface, root).
+    #[arg(long)]
+    pub nic: Option<String>,
 }
 
 /// `$XDG_RUNTIME_DIR/ginza/iokerneld.sock`, else `/tmp/ginza-<uid>/iokerneld.sock`.
@@ -279,6 +288,7 @@ impl Config {
             control_interval: Duration::from_micros(50),
             preempt_deadline: Duration::from_millis(1),
             seed: 0x5eed,
+            nic: "software".into(),
         }
     }
 
@@ -359,6 +369,9 @@ impl Config {
         if let Some(s) = cli.seed.or(file.seed) {
             c.seed = s;
         }
+        if let Some(n) = cli.nic.clone().or(file.nic) {
+            c.nic = n;
+        }
         let allowed = crate::sys::allowed_cpus().map_err(|e| ConfigError::Value {
             what: "sched_getaffinity",
             msg: e.to_string(),
@@ -415,6 +428,10 @@ impl Config {
         if let Some(s) = self.idle_sleep {
             check_range("idle sleep", s, MIN_INTERVAL, MAX_IDLE_SLEEP)?;
         }
+        crate::nic::linux::NicSpec::parse(&self.nic).map_err(|e| ConfigError::Value {
+            what: "nic",
+            msg: e.to_string(),
+        })?;
         if self.socket.as_os_str().is_empty() {
             return Err(ConfigError::Value {
                 what: "socket",

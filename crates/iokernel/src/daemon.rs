@@ -46,6 +46,8 @@ use crate::sys;
 
 /// Most kthreads per application (the region's limit).
 pub const MAX_KTHREADS: u32 = ginza_shm::region::MAX_KTHREADS;
+/// Buffers of a real NIC's pool.
+const NIC_BUFFERS: usize = 4096;
 /// Connections that have not registered yet, at most.
 pub const MAX_PENDING: usize = 64;
 /// A connection that sends nothing this long is closed.
@@ -83,6 +85,12 @@ pub enum DaemonError {
     },
     #[error("polling the control socket: {0}")]
     Poll(#[source] io::Error),
+    #[error("opening NIC {spec}: {source}")]
+    Nic {
+        spec: String,
+        #[source]
+        source: crate::nic::linux::NicError,
+    },
 }
 
 /// iokerneld's bookkeeping for one kthread.
@@ -387,6 +395,23 @@ fn bind(path: &std::path::Path) -> Result<OwnedFd, DaemonError> {
 impl<A: CoreActuator> Iokerneld<A> {
     /// Binds the control socket of an already validated configuration.
     pub fn bind(cfg: Config, actuator: A) -> Result<Self, DaemonError> {
+        // The NIC first: a refusal leaves no socket file behind.
+        let nic = match crate::nic::linux::NicSpec::parse(&cfg.nic) {
+            Ok(crate::nic::linux::NicSpec::Software) => None,
+            _ => {
+                let link = crate::nic::linux::open(
+                    &cfg.nic,
+                    NIC_BUFFERS,
+                    ginza_shm::PKT_BUFFER_SIZE as usize,
+                )
+                .map_err(|source| DaemonError::Nic {
+                    spec: cfg.nic.clone(),
+                    source,
+                })?;
+                info!("iokerneld: NIC {}", cfg.nic);
+                Some((cfg.nic.clone(), link))
+            }
+        };
         let listener = bind(&cfg.socket)?;
         info!(
             "iokerneld: listening on {}, managing cores {}, policy {}, interval {:?}",
@@ -422,17 +447,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
-            dp: Dataplane::new(None),
+            dp: Dataplane::new(nic),
             pass_now: false,
             active: Vec::new(),
         })
-    }
-
-    /// Drives `nic` instead of the software NIC alone (its frames enter the
-    /// switch by a trunk port); `spec` names it in the stats.
-    pub fn with_nic(mut self, spec: String, nic: Box<dyn crate::nic::Nic + Send>) -> Self {
-        self.dp = Dataplane::new(Some((spec, nic)));
-        self
     }
 
     /// Runs loads on the software NIC's traffic generator.
