@@ -112,6 +112,9 @@ struct Kthread {
     evicted: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
+    /// Granted a core still held by a preempted kthread (this application
+    /// id, kthread): not woken yet, so it cannot answer a preemption.
+    awaiting: Option<(u64, usize)>,
     /// It parked or yielded since its egress ring was last found empty:
     /// drain the ring once more (only active kthreads' rings are polled).
     drain_egress: bool,
@@ -987,6 +990,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     kt.parked_since = now;
                     kt.timer = next_deadline_ns;
                     kt.drain_egress = true;
+                    kt.awaiting = None;
                     ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                 }
@@ -1157,8 +1161,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                                 core,
                                 preempted_ns,
                             };
+                            let victim_id = self.apps.get(va).map(|a| a.id);
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
-                                Some(v) if v.preempting && !v.evicted => v.handover = Some(h),
+                                Some(v) if v.preempting && !v.evicted => {
+                                    v.handover = Some(h);
+                                    self.apps[app].kt[kthread].awaiting =
+                                        victim_id.map(|id| (id, vk));
+                                }
                                 _ => self.ready.push(h),
                             }
                         }
@@ -1175,8 +1184,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                         PreemptReason::Shrink
                     };
                     let since = handed_over.then(sys::monotonic_ns);
-                    self.preempt(app, kthread, core, reason, now);
-                    victim = since.map(|t| (app, kthread, core, t));
+                    let (va, vk) = self.preempt(app, kthread, core, reason, now);
+                    victim = since.map(|t| (va, vk, core, t));
                 }
             }
         }
@@ -1288,6 +1297,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return None;
         }
+        app.kt[k].awaiting = None;
         // One clock read serves as the decision time and the cost's start.
         let t0 = started.unwrap_or_else(sys::monotonic_ns);
         match app.ends[k].to_kthread.send(ToKthread::Wake {
@@ -1313,17 +1323,42 @@ impl<A: CoreActuator> Iokerneld<A> {
         Some(end)
     }
 
-    fn preempt(&mut self, a: usize, k: usize, core: usize, reason: PreemptReason, now: u64) {
+    /// Asks kthread `k` of application `a` to give `core` back. Returns
+    /// who holds the core now: the kthread itself, or — for a kthread that
+    /// was granted the core but not woken yet (its hand-over pending) — the
+    /// preempted kthread it was waiting for; that one's hand-over now goes
+    /// to whoever is granted the core next.
+    fn preempt(
+        &mut self,
+        a: usize,
+        k: usize,
+        core: usize,
+        reason: PreemptReason,
+        now: u64,
+    ) -> (usize, usize) {
         let Some(&cpu) = self.cfg.cores.get(core) else {
-            return;
+            return (a, k);
         };
         let Some(app) = self.apps.get_mut(a) else {
-            return;
+            return (a, k);
         };
         if k >= app.kt.len() {
-            return;
+            return (a, k);
         }
         let kt = &mut app.kt[k];
+        if let Some((victim_app, victim_k)) = kt.awaiting.take() {
+            // Never ran on the core: it goes back to parked, silently.
+            kt.core = None;
+            kt.parked = true;
+            kt.parked_since = now;
+            let holder = self.apps.iter().position(|x| x.id == victim_app);
+            if let Some(v) = holder.and_then(|i| self.apps[i].kt.get_mut(victim_k)) {
+                if v.handover.take().is_some() {
+                    self.meter.handovers_abandoned += 1;
+                }
+            }
+            return holder.map_or((a, k), |i| (i, victim_k));
+        }
         if let Some(c) = kt.core.take() {
             kt.last_core = Some(c);
         }
@@ -1338,7 +1373,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             Ok(()) => {}
             Err(SendError::Full) => app.ring_full += 1,
             Err(SendError::Corrupt(e)) => {
-                return app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+                app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+                return (a, k);
             }
         }
         debug!(
@@ -1351,6 +1387,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 app.name
             );
         }
+        (a, k)
     }
 
     // ----- stats -----

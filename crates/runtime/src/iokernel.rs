@@ -11,13 +11,17 @@
 
 use std::cell::UnsafeCell;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ginza_iokernel::client::{self, Connection};
 use ginza_iokernel::proto::Registration;
 pub use ginza_iokernel::Class;
-use ginza_shm::{CmdRx, CmdTx, LineFlags, LineRef, Region, RegionConfig, ToIokernel, ToKthread};
+use ginza_shm::{
+    CmdRx, CmdTx, LineFlags, LineRef, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
+};
+
+use crate::net::{KNet, NetConfig, Stack};
 
 /// How an application registers with iokerneld.
 #[derive(Clone, Debug)]
@@ -41,6 +45,9 @@ pub struct IokernelConfig {
     /// ZygOS-like `static` baseline, where cores are provisioned, not
     /// shared). Preemptions are still honoured.
     pub keep_cores_when_idle: bool,
+    /// Send and receive packets (`crate::net`): iokerneld steers frames
+    /// for this MAC/IP to the kthreads' ingress rings.
+    pub net: Option<NetConfig>,
 }
 
 impl IokernelConfig {
@@ -53,6 +60,7 @@ impl IokernelConfig {
             max_cores: None,
             linger_after_park: Duration::ZERO,
             keep_cores_when_idle: false,
+            net: None,
         }
     }
 }
@@ -77,6 +85,8 @@ pub(crate) struct KLink {
     /// Owner kthread only.
     rx: UnsafeCell<CmdRx<ToKthread>>,
     pub(crate) samples: Mutex<GrantSamples>,
+    /// The packet rings, with networking.
+    pub(crate) net: Option<KNet>,
 }
 
 // SAFETY: `tx`/`rx` are used only by the owning kthread's thread (callers'
@@ -146,6 +156,8 @@ pub(crate) struct Link {
     /// to the epoch; iokerneld speaks CLOCK_MONOTONIC).
     pub(crate) monotonic_at_epoch: u64,
     pub(crate) conn: Mutex<Option<Connection>>,
+    /// The network stack, once iokerneld has sent the ingress pool.
+    pub(crate) net: OnceLock<Stack>,
 }
 
 impl Link {
@@ -156,19 +168,34 @@ impl Link {
         epoch: Instant,
     ) -> Result<(Link, Vec<KLink>), String> {
         let n32 = u32::try_from(n).map_err(|_| format!("{n} kthreads are too many"))?;
+        if let Some(net) = &cfg.net {
+            net.check()?;
+        }
         let region = Region::create(&cfg.name, &RegionConfig::new(n32))
             .map_err(|e| format!("cannot create the shared region: {e}"))?;
         let mut ends = Vec::with_capacity(n);
         for k in 0..n32 {
-            let end = region
+            let RuntimeEnd {
+                line,
+                to_iokernel,
+                from_iokernel,
+                ingress,
+                done,
+                egress,
+                egress_buffers,
+            } = region
                 .runtime_end(k)
                 .map_err(|e| format!("shared region, kthread {k}: {e}"))?;
-            end.line.insert_flags(LineFlags::PARKED);
+            line.insert_flags(LineFlags::PARKED);
             ends.push(KLink {
-                line: end.line,
-                tx: UnsafeCell::new(end.to_iokernel),
-                rx: UnsafeCell::new(end.from_iokernel),
+                line,
+                tx: UnsafeCell::new(to_iokernel),
+                rx: UnsafeCell::new(from_iokernel),
                 samples: Mutex::new(GrantSamples::default()),
+                net: cfg
+                    .net
+                    .is_some()
+                    .then(|| KNet::new(ingress, done, egress, egress_buffers)),
             });
         }
         let monotonic_at_epoch = monotonic_ns().saturating_sub(epoch.elapsed().as_nanos() as u64);
@@ -178,6 +205,7 @@ impl Link {
                 region,
                 monotonic_at_epoch,
                 conn: Mutex::new(None),
+                net: OnceLock::new(),
             },
             ends,
         ))
@@ -196,11 +224,25 @@ impl Link {
             guaranteed: self.cfg.guaranteed,
             max_cores: self.cfg.max_cores.unwrap_or(n),
             kthreads: n,
-            net: None,
+            net: self.cfg.net.as_ref().map(|c| c.interface),
         };
-        let conn = client::register_region(&socket, &reg, &self.region, eventfds)
+        let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
             .map_err(|e| e.to_string())?;
         let id = conn.app_id();
+        if let Some(net) = &self.cfg.net {
+            let pool = conn.take_ingress_pool().ok_or_else(|| {
+                format!(
+                    "iokerneld at {} accepted {:?} with networking ({} {}) but sent no ingress pool \
+                     (an iokerneld without a dataplane?)",
+                    socket.display(),
+                    self.cfg.name,
+                    net.interface.mac,
+                    net.interface.ip
+                )
+            })?;
+            // Set once: `register` runs once per runtime.
+            let _ = self.net.set(Stack::new(net, pool));
+        }
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
         Ok(id)
     }

@@ -274,6 +274,11 @@ impl Handle {
         Ok(())
     }
 
+    /// The network stack's counters; `None` without networking.
+    pub fn net_stats(&self) -> Option<crate::net::NetStats> {
+        self.rt.net_stats()
+    }
+
     pub fn stats(&self) -> Vec<KthreadStats> {
         self.rt
             .kthreads

@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
     fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release, SeqCst},
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -32,6 +32,7 @@ use crossbeam_utils::CachePadded;
 use crate::arch;
 use crate::config::Plan;
 use crate::iokernel::{IokernelConfig, KLink, Link};
+use crate::net::{KNet, Stack as NetStack};
 use crate::preempt::{self, PreemptState};
 use crate::stack::Stack;
 use crate::sync::spinlock::SpinLock;
@@ -285,6 +286,12 @@ impl KThread {
         }
     }
 
+    /// This kthread's packet rings (managed runtimes with networking).
+    #[inline]
+    pub(crate) fn knet(&self) -> Option<&KNet> {
+        self.io.as_ref()?.net.as_ref()
+    }
+
     fn next_random(&self) -> u64 {
         // xorshift64: only used to pick a steal victim.
         let mut x = self.rng.get();
@@ -420,6 +427,23 @@ impl Shared {
         self.link.is_some() && !self.link_lost.load(Relaxed)
     }
 
+    /// The network stack (registered with networking).
+    #[inline]
+    pub(crate) fn stack(&self) -> Option<&NetStack> {
+        self.link.as_ref()?.net.get()
+    }
+
+    pub(crate) fn net_stats(&self) -> Option<crate::net::NetStats> {
+        let stack = self.stack()?;
+        Some(
+            stack.stats(
+                self.kthreads
+                    .iter()
+                    .filter_map(|k| k.knet().map(|n| (k.id, n))),
+            ),
+        )
+    }
+
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
     /// it wait there whether or not kthread 0 holds a core.
     fn push_injector(&self, u: URef) {
@@ -516,6 +540,11 @@ impl Shared {
         !self.injector.is_empty()
             || self.kthreads.iter().any(|k| !k.stealer.is_empty())
             || me.next_deadline.load(Acquire) <= self.now_ns()
+            || (self.link.is_some()
+                && self
+                    .kthreads
+                    .iter()
+                    .any(|k| k.knet().is_some_and(KNet::ingress_pending)))
     }
 
     fn earliest_deadline(&self) -> u64 {
@@ -558,6 +587,14 @@ impl Shared {
             }
             let mut timers = k.timers.lock();
             while let Some(Reverse((_, _, addr))) = timers.heap.pop() {
+                if addr & TIMER_WAITER != 0 {
+                    // A timed wait: the uthread is on a wait queue (or
+                    // already elsewhere); only the timer's reference goes.
+                    // SAFETY: made by `Arc::into_raw` in
+                    // `park_current_until`, popped once.
+                    drop(unsafe { Arc::from_raw((addr & !TIMER_WAITER) as *const Waiter) });
+                    continue;
+                }
                 free(URef(
                     NonNull::new(addr as *mut UThread).expect("null timer entry"),
                 ));
@@ -738,6 +775,11 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
     if tick.is_multiple_of(32) {
         // SAFETY: owner kthread.
         unsafe { fire_timers_locally(k, k) };
+        // Nor its packets (a kthread that never runs dry would not poll).
+        if k.io.is_some() && k.mode == Mode::Shenango {
+            // SAFETY: owner kthread, preemption deferred.
+            unsafe { poll_net(k, k) };
+        }
         k.publish_busy(true);
     }
     // SAFETY: owner kthread.
@@ -811,10 +853,11 @@ fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
             break;
         }
         timers.heap.pop();
-        sink(URef(
-            NonNull::new(addr as *mut UThread).expect("null timer entry"),
-        ));
-        fired += 1;
+        // SAFETY: popped from the heap, so taken exactly once.
+        if let Some(u) = unsafe { timer_target(addr) } {
+            sink(u);
+            fired += 1;
+        }
     }
     let next = timers.heap.peek().map_or(u64::MAX, |Reverse((d, _, _))| *d);
     owner.next_deadline.store(next, Release);
@@ -964,6 +1007,19 @@ pub fn sleep_until(deadline: Instant) {
     };
     // SAFETY: preemption deferred, so this kthread stays ours.
     let k = unsafe { &*current_kthread() };
+    // SAFETY: preemption deferred, `k` is ours.
+    unsafe { add_timer(k, deadline, cur.ptr() as usize) };
+    // SAFETY: `cur` runs on `k` and sits in the timer heap.
+    unsafe { schedule_away(k, cur.ptr()) };
+    preempt::enable(p);
+}
+
+/// Adds a timer entry (a uthread's address, or a tagged `Arc<Waiter>`) to
+/// `k`'s heap.
+///
+/// # Safety
+/// `k` is the caller's kthread, preemption deferred.
+unsafe fn add_timer(k: &KThread, deadline: Instant, entry: usize) {
     let since_epoch = deadline.saturating_duration_since(k.rt().epoch);
     // Round up: a timer fires at the first check at or past its deadline.
     let deadline = (since_epoch.as_nanos() + 1).min(u64::MAX as u128) as u64;
@@ -971,9 +1027,7 @@ pub fn sleep_until(deadline: Instant) {
         let mut timers = k.timers.lock();
         timers.seq += 1;
         let seq = timers.seq;
-        timers
-            .heap
-            .push(Reverse((deadline, seq, cur.ptr() as usize)));
+        timers.heap.push(Reverse((deadline, seq, entry)));
         if deadline < k.next_deadline.load(Relaxed) {
             k.next_deadline.store(deadline, Release);
         }
@@ -983,9 +1037,112 @@ pub fn sleep_until(deadline: Instant) {
         // We go on running other uthreads; someone idle should watch the timer.
         k.rt().watch_timers_of(k);
     }
-    // SAFETY: `cur` runs on `k` and sits in the timer heap.
-    unsafe { schedule_away(k, cur.ptr()) };
-    preempt::enable(p);
+}
+
+/// Low bit of a timer entry that is an `Arc<Waiter>` (addresses of uthreads
+/// and waiters are at least 8-aligned).
+const TIMER_WAITER: usize = 1;
+
+const WAITER_WAITING: u8 = 0;
+const WAITER_WOKEN: u8 = 1;
+const WAITER_TIMED_OUT: u8 = 2;
+
+/// A uthread waiting with a timeout, on a wait queue and in a timer heap at
+/// once: whoever claims it first (a waker, or the timer) makes it runnable,
+/// the other finds it claimed and leaves it alone.
+pub(crate) struct Waiter {
+    u: URef,
+    state: AtomicU8,
+}
+
+// SAFETY: `u` is only read (a copy) and handed to `wake` by the single
+// winner of the `state` claim.
+unsafe impl Sync for Waiter {}
+
+impl Waiter {
+    pub(crate) fn new(u: URef) -> Arc<Waiter> {
+        Arc::new(Waiter {
+            u,
+            state: AtomicU8::new(WAITER_WAITING),
+        })
+    }
+
+    /// Makes the uthread runnable unless the timer did already; true if
+    /// this call woke it.
+    pub(crate) fn wake(&self) -> bool {
+        let won = self
+            .state
+            .compare_exchange(WAITER_WAITING, WAITER_WOKEN, AcqRel, Acquire)
+            .is_ok();
+        if won {
+            wake(self.u);
+        }
+        won
+    }
+
+    /// The timer fired first.
+    pub(crate) fn timed_out(&self) -> bool {
+        self.state.load(Acquire) == WAITER_TIMED_OUT
+    }
+}
+
+/// The uthread a popped timer entry makes runnable, if any.
+///
+/// # Safety
+/// `entry` was in a timer heap and has just been taken off it.
+unsafe fn timer_target(entry: usize) -> Option<URef> {
+    if entry & TIMER_WAITER == 0 {
+        return Some(URef(
+            NonNull::new(entry as *mut UThread).expect("null timer entry"),
+        ));
+    }
+    // SAFETY: tagged entries are made by `Arc::into_raw` in
+    // `park_current_until`; the caller took this one off the heap, once.
+    let w = unsafe { Arc::from_raw((entry & !TIMER_WAITER) as *const Waiter) };
+    w.state
+        .compare_exchange(WAITER_WAITING, WAITER_TIMED_OUT, AcqRel, Acquire)
+        .is_ok()
+        .then_some(w.u)
+}
+
+/// Suspends the running uthread, which the caller has put on a wait queue
+/// as `w` with preemption deferred, until `w` is woken or `deadline`
+/// passes (then [`Waiter::timed_out`]; the caller takes `w` off its queue).
+pub(crate) fn park_current_until(w: &Arc<Waiter>, deadline: Instant) {
+    // SAFETY: preemption is deferred by the caller, so the kthread is stable.
+    let k = unsafe { &*current_kthread() };
+    let cur = k.current.get();
+    debug_assert_eq!(cur, w.u.ptr());
+    let entry = Arc::into_raw(Arc::clone(w)) as usize;
+    debug_assert_eq!(entry & TIMER_WAITER, 0);
+    // SAFETY: preemption deferred, `k` is ours.
+    unsafe { add_timer(k, deadline, entry | TIMER_WAITER) };
+    // SAFETY: `cur` runs on `k`; it is on a wait queue and in the heap.
+    unsafe { schedule_away(k, cur) };
+}
+
+/// Runs `f` on the calling kthread's packet rings with preemption deferred
+/// (so `f` may use their owner-only transmit side), if the caller runs on a
+/// kthread of `rt` with networking.
+pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&KNet) -> R) -> Option<R> {
+    let _deferred = preempt::Guard::new();
+    let k = current_kthread();
+    if k.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null kthread of this thread, stable while deferred.
+    let k = unsafe { &*k };
+    if !std::ptr::eq(k.rt, rt) {
+        return None;
+    }
+    k.knet().map(f)
+}
+
+/// The calling uthread's runtime.
+pub(crate) fn current_shared() -> Option<Arc<Shared>> {
+    let rt = current_runtime()?;
+    // SAFETY: a kthread's runtime is alive while the kthread runs.
+    unsafe { (*rt).arc() }
 }
 
 /// Spawns a uthread on the runtime `rt` that runs `entry`.
@@ -1284,7 +1441,7 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
         return Some(u);
     }
     let rt = k.rt();
-    let start = Instant::now();
+    let mut start = Instant::now();
     k.state.store(SPINNING, Relaxed);
     rt.n_spinning.fetch_add(1, SeqCst);
     let found = loop {
@@ -1298,9 +1455,29 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
                 break Some(u);
             }
         }
+        // Packets on our own ingress ring first.
+        // SAFETY: owner kthread, scheduler context.
+        if k.io.is_some() && unsafe { poll_net(k, k) } > 0 {
+            start = Instant::now(); // more are likely: keep looking
+                                    // SAFETY: owner kthread.
+            if let Some(u) = unsafe { pop_local(k) } {
+                break Some(u);
+            }
+        }
         if let Some(u) = steal_once(k, local) {
             bump(&k.stats.steals);
             break Some(u);
+        }
+        // Then the packets of kthreads that are busy (or parked).
+        if k.io.is_some() {
+            // SAFETY: owner kthread, scheduler context.
+            let (processed, u) = unsafe { steal_packets(k) };
+            if processed > 0 {
+                start = Instant::now();
+            }
+            if u.is_some() {
+                break u;
+            }
         }
         // Timers of kthreads that are revoked or busy.
         for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
@@ -1365,6 +1542,48 @@ fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
         })
 }
 
+/// Processes a batch of `ring`'s ingress ring as kthread `k` (nothing if
+/// another kthread is processing it); the frames taken. Uthreads woken by
+/// datagrams land on `k`'s runqueue.
+///
+/// # Safety
+/// Owner kthread `k`, preemption deferred.
+#[inline]
+unsafe fn poll_net(k: &KThread, ring: &KThread) -> usize {
+    let (Some(me), Some(theirs), Some(stack)) = (k.knet(), ring.knet(), k.rt().stack()) else {
+        return 0;
+    };
+    // SAFETY: caller's contract: `k`'s transmit side is ours.
+    unsafe { stack.poll(me, theirs, crate::net::POLL_BATCH) }
+}
+
+/// Steals packet processing from the other kthreads' ingress rings, from a
+/// random one on: the frames processed, and a uthread they woke, if any.
+///
+/// # Safety
+/// Owner kthread `k`, scheduler context.
+unsafe fn steal_packets(k: &KThread) -> (usize, Option<URef>) {
+    let rt = k.rt();
+    let n = rt.kthreads.len();
+    if n < 2 {
+        return (0, None);
+    }
+    let first = (k.next_random() % n as u64) as usize;
+    let mut processed = 0;
+    for v in (0..n).map(|i| (first + i) % n).filter(|&v| v != k.id) {
+        // SAFETY: caller's contract.
+        let got = unsafe { poll_net(k, &rt.kthreads[v]) };
+        if got > 0 {
+            processed += got;
+            // SAFETY: owner kthread.
+            if let Some(u) = unsafe { pop_local(k) } {
+                return (processed, Some(u));
+            }
+        }
+    }
+    (processed, None)
+}
+
 /// Parks an idle kthread until work is pushed for it or its next timer is due.
 fn park_idle(k: &KThread) {
     let rt = k.rt();
@@ -1422,6 +1641,16 @@ fn park_with_iokernel(k: &KThread, io: &KLink, preempted: bool) {
     k.state
         .store(if preempted { REVOKED } else { PARKED }, SeqCst);
     io.line.insert_flags(ginza_shm::LineFlags::PARKED);
+    if let (false, Some(net)) = (preempted, &io.net) {
+        // A frame that landed after the look above, before iokerneld could
+        // see us parked: take it rather than leave it waiting for a grant.
+        fence(SeqCst);
+        if net.ingress_pending() {
+            io.line.remove_flags(ginza_shm::LineFlags::PARKED);
+            k.state.store(RUNNING, SeqCst);
+            return;
+        }
+    }
     let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
     // SAFETY: our own kthread.
     unsafe {

@@ -1,0 +1,142 @@
+//! Networking for uthreads: the in-process stack (DESIGN.md, "The runtime",
+//! Networking) on the packet rings iokerneld fills and drains.
+//!
+//! * Each kthread polls its own ingress ring when its runqueue is empty and
+//!   steals from other kthreads' rings (a try-lock per ring), in its
+//!   scheduler context: a bounded batch of frames is parsed
+//!   ([`ginza_net::parse`]), ARP and ICMP echo are answered at once, UDP
+//!   datagrams are queued on the socket bound to their port (zero-copy: the
+//!   queue holds the read-only ingress buffer) and a waiting uthread is woken.
+//! * A uthread's [`UdpSocket::recv_from`] copies the payload out and gives
+//!   the buffer back on the done ring of the kthread it runs on;
+//!   [`UdpSocket::send_to`] builds the frame in place in its kthread's egress
+//!   buffer and pushes it on the egress ring (yielding while that ring is
+//!   full), after resolving the peer's MAC with the ARP table (datagrams for
+//!   an address being resolved are queued, a few per address).
+//!
+//! Networking is configured with [`NetConfig`] in
+//! [`IokernelConfig::net`](crate::IokernelConfig::net): it needs iokerneld.
+
+mod stack;
+#[doc(hidden)]
+pub mod testing;
+mod udp;
+
+use std::time::Duration;
+
+pub use ginza_net::{
+    ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
+    MAX_UDP_PAYLOAD,
+};
+pub(crate) use stack::{KNet, Stack, POLL_BATCH};
+pub use udp::{ToBindAddr, UdpSocket};
+
+/// An application's network configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetConfig {
+    /// The application's own MAC and IPv4 address: iokerneld steers frames
+    /// for them to its kthreads.
+    pub interface: Interface,
+    /// Fixed IPv4 → MAC mappings (peers that do not answer ARP, such as
+    /// iokerneld's traffic generator).
+    pub static_arp: Vec<StaticArpEntry>,
+    pub arp: ArpConfig,
+    /// Datagrams one socket holds before it drops more (counted in
+    /// [`NetStats::udp_queue_full`]). Each holds an ingress buffer until
+    /// the application reads it, and the pool is shared by all sockets.
+    pub udp_queue: usize,
+}
+
+impl NetConfig {
+    /// `mac` and `ip`, no static ARP entries, Linux-like ARP timing (learned
+    /// entries kept 60 s, requests retried each second, 3 s before a
+    /// queued datagram is dropped, 4 datagrams queued per address).
+    pub fn new(mac: MacAddr, ip: Ipv4Addr) -> NetConfig {
+        NetConfig {
+            interface: Interface { mac, ip },
+            static_arp: Vec::new(),
+            arp: ArpConfig::default(),
+            udp_queue: 256,
+        }
+    }
+
+    /// Adds a static ARP entry.
+    pub fn with_static_arp(mut self, ip: Ipv4Addr, mac: MacAddr) -> NetConfig {
+        self.static_arp.push(StaticArpEntry { ip, mac });
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let iface = &self.interface;
+        if iface.mac.is_multicast() || iface.mac == MacAddr::ZERO {
+            return Err(format!(
+                "net: the interface MAC {} must be a unicast, non-zero address",
+                iface.mac
+            ));
+        }
+        if iface.ip.is_unspecified() || iface.ip.is_broadcast() || iface.ip.is_multicast() {
+            return Err(format!(
+                "net: the interface IP {} must be a unicast address",
+                iface.ip
+            ));
+        }
+        if !(1..=4096).contains(&self.udp_queue) {
+            return Err(format!(
+                "net: udp_queue {} must be in 1..=4096",
+                self.udp_queue
+            ));
+        }
+        if self.arp.capacity == 0 || self.arp.retry_interval == Duration::ZERO {
+            return Err("net: the ARP table needs a capacity and a retry interval".into());
+        }
+        Ok(())
+    }
+}
+
+/// One kthread's packet counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KthreadNetStats {
+    pub id: usize,
+    /// Frames this kthread took off ingress rings (its own and others').
+    pub rx_packets: u64,
+    /// Of `rx_packets`, those taken from another kthread's ring.
+    pub rx_stolen: u64,
+    /// Frames this kthread pushed on its egress ring.
+    pub tx_packets: u64,
+}
+
+/// The network stack's counters (sums over kthreads, and per kthread).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames taken off the ingress rings.
+    pub rx_packets: u64,
+    /// Frames pushed on the egress rings.
+    pub tx_packets: u64,
+    /// Received frames dropped by [`ginza_net::parse`], by reason.
+    pub drops: DropCounters,
+    /// Datagrams queued on a socket.
+    pub udp_delivered: u64,
+    /// Datagrams for a port without a socket (or, on a connected socket,
+    /// from another peer).
+    pub udp_no_socket: u64,
+    /// Datagrams dropped because their socket's queue was full.
+    pub udp_queue_full: u64,
+    /// Ingress descriptors naming no buffer of the pool, or too long.
+    pub bad_descriptors: u64,
+    /// Frames the stack built (ARP/ICMP replies, datagrams released by ARP)
+    /// and dropped because the egress ring was full.
+    pub tx_ring_full: u64,
+    pub arp_replies: u64,
+    pub icmp_echo_replies: u64,
+    pub arp: ArpCounters,
+    /// Ingress buffers held in socket queues now.
+    pub buffers_held: u64,
+    pub kthreads: Vec<KthreadNetStats>,
+}
+
+/// The counters of the calling uthread's runtime; `None` outside a runtime
+/// or without networking.
+pub fn stats() -> Option<NetStats> {
+    let rt = crate::sched::current_shared()?;
+    rt.net_stats()
+}

@@ -1,0 +1,782 @@
+//! The stack's state: the runtime-wide part ([`Stack`]: interface, ingress
+//! pool, ARP table, sockets) and each kthread's packet rings ([`KNet`]).
+//!
+//! Which context may touch what:
+//! * a kthread's ingress consumer: whoever holds its try-lock (the owner, or
+//!   a thief stealing packet processing);
+//! * a kthread's done and egress producers: only the owner kthread, with
+//!   preemption deferred (its scheduler context, or a uthread running on it
+//!   inside a deferred section), so no preemption point falls between
+//!   filling an egress buffer and pushing its descriptor;
+//! * everything else: spinlocks, which defer preemption while held.
+
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ginza_net::{
+    parse, tx, ArpOperation, ArpTable, BuildError, DropCounters, Endpoint, Interface, MacAddr,
+    Packet, Resolution, UdpDatagram, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET,
+};
+use ginza_shm::{Consumer, EgressBuffers, IngressPool, PacketDesc, Producer, PushError};
+
+use super::{KthreadNetStats, NetConfig, NetStats};
+use crate::sched::Waiter;
+use crate::sync::spinlock::SpinLock;
+
+/// Frames one poll of one ring processes at most: bounds the time a kthread
+/// spends in its scheduler before looking at its runqueue again.
+pub(crate) const POLL_BATCH: usize = 32;
+/// Ports `bind(0)` picks from (IANA's dynamic range).
+const EPHEMERAL_FIRST: u16 = 49152;
+/// How often the ARP table is swept for addresses that never answered.
+const ARP_EXPIRE_EVERY: Duration = Duration::from_millis(100);
+
+/// Owner-only increment (readers may be elsewhere): no locked instruction.
+fn bump(c: &AtomicU64) {
+    add(c, 1);
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.store(c.load(Relaxed) + n, Relaxed);
+}
+
+/// One kthread's counters, written only by that kthread.
+#[derive(Default)]
+pub(crate) struct KNetCounters {
+    rx_packets: AtomicU64,
+    rx_stolen: AtomicU64,
+    tx_packets: AtomicU64,
+    tx_ring_full: AtomicU64,
+    udp_delivered: AtomicU64,
+    udp_no_socket: AtomicU64,
+    udp_queue_full: AtomicU64,
+    bad_descriptors: AtomicU64,
+    arp_replies: AtomicU64,
+    icmp_echo_replies: AtomicU64,
+}
+
+/// The owner-only transmit side of a kthread.
+struct KTx {
+    done: Producer<u32>,
+    egress: Producer<PacketDesc>,
+    buffers: EgressBuffers,
+    /// A corrupt ring was reported once already.
+    corrupt_said: bool,
+}
+
+/// One kthread's packet rings.
+pub(crate) struct KNet {
+    /// Received frames; try-locked by whoever processes them.
+    ingress: SpinLock<Consumer<PacketDesc>>,
+    ingress_corrupt_said: AtomicBool,
+    /// Owner kthread only, preemption deferred (see [`KNet::tx`]).
+    tx: UnsafeCell<KTx>,
+    counters: KNetCounters,
+    /// Written by the owner only; locked by readers of the stats.
+    drops: SpinLock<DropCounters>,
+}
+
+// SAFETY: `tx` is reached only through `KNet::tx`, whose contract gives one
+// context at a time exclusive use (the owner kthread, with preemption
+// deferred); everything else is atomics or behind locks.
+unsafe impl Sync for KNet {}
+
+impl KNet {
+    pub(crate) fn new(
+        ingress: Consumer<PacketDesc>,
+        done: Producer<u32>,
+        egress: Producer<PacketDesc>,
+        buffers: EgressBuffers,
+    ) -> KNet {
+        KNet {
+            ingress: SpinLock::new(ingress),
+            ingress_corrupt_said: AtomicBool::new(false),
+            tx: UnsafeCell::new(KTx {
+                done,
+                egress,
+                buffers,
+                corrupt_said: false,
+            }),
+            counters: KNetCounters::default(),
+            drops: SpinLock::new(DropCounters::default()),
+        }
+    }
+
+    /// # Safety
+    /// The caller is this kthread's owner with preemption deferred (or the
+    /// only thread using this `KNet`), and holds no other reference from
+    /// `tx` (no re-entry).
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn tx(&self) -> &mut KTx {
+        // SAFETY: exclusive per the caller's contract.
+        unsafe { &mut *self.tx.get() }
+    }
+
+    /// Whether frames wait on this kthread's ingress ring. A ring someone
+    /// is processing right now counts as non-empty: its holder may leave
+    /// part of it, and an idle kthread must look again rather than park.
+    pub(crate) fn ingress_pending(&self) -> bool {
+        match self.ingress.try_lock() {
+            Some(mut c) => c.len().is_ok_and(|n| n > 0),
+            None => true,
+        }
+    }
+
+    pub(crate) fn stats(&self, id: usize) -> KthreadNetStats {
+        KthreadNetStats {
+            id,
+            rx_packets: self.counters.rx_packets.load(Relaxed),
+            rx_stolen: self.counters.rx_stolen.load(Relaxed),
+            tx_packets: self.counters.tx_packets.load(Relaxed),
+        }
+    }
+}
+
+/// A received datagram waiting in a socket's queue: its ingress buffer and
+/// where the payload lies in it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RxItem {
+    buf: u32,
+    off: u16,
+    len: u16,
+    src: Endpoint,
+}
+
+impl RxItem {
+    pub(crate) fn buf_index(&self) -> u32 {
+        self.buf
+    }
+}
+
+struct RxQueue {
+    items: VecDeque<RxItem>,
+    capacity: usize,
+    /// The socket was closed: deliveries are refused (the deliverer gives
+    /// the buffer back).
+    closed: bool,
+}
+
+/// Why a datagram was not queued.
+enum Refused {
+    /// No socket on the port (or it is closing, or connected elsewhere).
+    NoSocket,
+    Full,
+}
+
+/// The shared part of a UDP socket.
+pub(crate) struct SocketCore {
+    /// As bound: the application's IP or 0.0.0.0, and the port.
+    pub(crate) local: SocketAddrV4,
+    /// Connected peer (`peer_key`), 0 when not connected.
+    peer: AtomicU64,
+    rx: SpinLock<RxQueue>,
+    /// Uthreads waiting for a datagram, oldest first.
+    pub(crate) waiters: SpinLock<VecDeque<Arc<Waiter>>>,
+    /// Read timeout in ns, 0 for none.
+    pub(crate) read_timeout_ns: AtomicU64,
+}
+
+fn peer_key(e: Endpoint) -> u64 {
+    1 << 48 | u64::from(u32::from(e.ip)) << 16 | u64::from(e.port)
+}
+
+impl SocketCore {
+    pub(crate) fn port(&self) -> u16 {
+        self.local.port()
+    }
+
+    pub(crate) fn peer(&self) -> Option<Endpoint> {
+        let k = self.peer.load(Relaxed);
+        (k != 0).then(|| Endpoint::new(Ipv4Addr::from((k >> 16) as u32), k as u16))
+    }
+
+    pub(crate) fn set_peer(&self, peer: Endpoint) {
+        self.peer.store(peer_key(peer), Relaxed);
+    }
+
+    /// A datagram is waiting, or the socket is closed.
+    pub(crate) fn readable(&self) -> bool {
+        let rx = self.rx.lock();
+        !rx.items.is_empty() || rx.closed
+    }
+
+    fn deliver(&self, item: RxItem) -> Result<(), (RxItem, Refused)> {
+        {
+            let mut rx = self.rx.lock();
+            if rx.closed {
+                return Err((item, Refused::NoSocket));
+            }
+            if rx.items.len() >= rx.capacity {
+                return Err((item, Refused::Full));
+            }
+            rx.items.push_back(item);
+        }
+        // A waiter that timed out meanwhile does not take the wake-up: the
+        // next one does.
+        loop {
+            let w = self.waiters.lock().pop_front();
+            match w {
+                Some(w) if !w.wake() => continue,
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    pub(crate) fn take(&self) -> Option<RxItem> {
+        self.rx.lock().items.pop_front()
+    }
+}
+
+/// A datagram waiting for its destination's MAC (a copy: egress buffers
+/// belong to a kthread and cannot wait).
+#[derive(Debug)]
+struct Outgoing {
+    src_port: u16,
+    dst: Endpoint,
+    payload: Box<[u8]>,
+}
+
+struct Arp {
+    table: ArpTable<Outgoing>,
+    last_expire: Instant,
+}
+
+struct Sockets {
+    by_port: HashMap<u16, Arc<SocketCore>>,
+    next_ephemeral: u16,
+}
+
+/// What a send did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// On the egress ring.
+    Now,
+    /// Queued until the destination answers ARP.
+    Queued,
+    /// Refused by the ARP table (its queue for the address, or the table,
+    /// is full); counted there.
+    Dropped,
+    /// The kthread's egress ring is full: try again later.
+    RingFull,
+}
+
+enum TxFail {
+    RingFull,
+    Corrupt,
+    Build(BuildError),
+}
+
+/// The runtime-wide part of the stack.
+pub(crate) struct Stack {
+    pub(crate) iface: Interface,
+    pool: IngressPool,
+    arp: SpinLock<Arp>,
+    sockets: SpinLock<Sockets>,
+    udp_queue: usize,
+    /// Buffers given back outside any kthread (a socket dropped by an OS
+    /// thread) or when a done ring was full: the next poll pushes them.
+    orphans: SpinLock<Vec<u32>>,
+    orphan_count: AtomicUsize,
+    /// Ingress buffers in socket queues.
+    held: AtomicU64,
+}
+
+impl Stack {
+    pub(crate) fn new(cfg: &NetConfig, pool: IngressPool) -> Stack {
+        Stack {
+            iface: cfg.interface,
+            pool,
+            arp: SpinLock::new(Arp {
+                table: ArpTable::new(cfg.arp, &cfg.static_arp),
+                last_expire: Instant::now(),
+            }),
+            sockets: SpinLock::new(Sockets {
+                by_port: HashMap::new(),
+                next_ephemeral: EPHEMERAL_FIRST,
+            }),
+            udp_queue: cfg.udp_queue,
+            orphans: SpinLock::new(Vec::new()),
+            orphan_count: AtomicUsize::new(0),
+            held: AtomicU64::new(0),
+        }
+    }
+
+    // ---- receive ---------------------------------------------------------
+
+    /// Processes up to `budget` frames of `ring`'s ingress ring as kthread
+    /// `me` (replies on `me`'s egress ring, buffers back on `me`'s done
+    /// ring); returns the frames taken. Does nothing if another kthread is
+    /// processing that ring.
+    ///
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    pub(crate) unsafe fn poll(&self, me: &KNet, ring: &KNet, budget: usize) -> usize {
+        if self.orphan_count.load(Relaxed) > 0 {
+            // SAFETY: caller's contract.
+            unsafe { self.flush_orphans(me) };
+        }
+        let Some(mut ingress) = ring.ingress.try_lock() else {
+            return 0;
+        };
+        // The ring stays locked while its batch is processed, so frames of
+        // one ring (and so of one flow) are handled in order.
+        let mut n = 0;
+        while n < budget {
+            let desc = match ingress.pop() {
+                Ok(Some(d)) => d,
+                Ok(None) => break,
+                Err(e) => {
+                    if !ring.ingress_corrupt_said.swap(true, Relaxed) {
+                        log::error!("an ingress ring is corrupt, no longer read: {e}");
+                    }
+                    break;
+                }
+            };
+            n += 1;
+            // SAFETY: caller's contract.
+            unsafe { self.process(me, desc) };
+        }
+        drop(ingress);
+        if n > 0 {
+            add(&me.counters.rx_packets, n as u64);
+            if !std::ptr::eq(me, ring) {
+                add(&me.counters.rx_stolen, n as u64);
+            }
+        }
+        n
+    }
+
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    unsafe fn process(&self, me: &KNet, desc: PacketDesc) {
+        let Some(frame) = self.pool.frame(desc) else {
+            bump(&me.counters.bad_descriptors);
+            log::warn!(
+                "ingress descriptor names buffer {} of {}, length {}: dropped",
+                desc.buf,
+                self.pool.count(),
+                desc.len
+            );
+            if desc.buf < self.pool.count() {
+                // SAFETY: caller's contract.
+                unsafe { self.give_back(me, desc.buf) };
+            }
+            return;
+        };
+        match parse(frame, &self.iface) {
+            Err(why) => {
+                me.drops.lock().record(&why);
+                log::trace!("received frame dropped: {why}");
+            }
+            Ok(Packet::Arp(m)) => {
+                let released = if m.sender_ip.is_unspecified() {
+                    VecDeque::new() // a probe: nothing to learn
+                } else {
+                    let now = Instant::now();
+                    self.arp.lock().table.learn(m.sender_ip, m.sender_mac, now)
+                };
+                if m.operation == ArpOperation::Request {
+                    // SAFETY: caller's contract.
+                    match unsafe { self.transmit(me, |b| tx::arp_reply(b, &self.iface, &m)) } {
+                        Ok(()) => bump(&me.counters.arp_replies),
+                        Err(f) => self.tx_failed(me, f, "ARP reply"),
+                    }
+                }
+                for out in released {
+                    // SAFETY: caller's contract.
+                    let r = unsafe {
+                        self.transmit(me, |b| {
+                            tx::udp_datagram(
+                                b,
+                                &self.iface,
+                                m.sender_mac,
+                                out.src_port,
+                                out.dst,
+                                &out.payload,
+                            )
+                        })
+                    };
+                    if let Err(f) = r {
+                        self.tx_failed(me, f, "datagram released by ARP");
+                    }
+                }
+            }
+            Ok(Packet::IcmpEchoRequest(req)) => {
+                // SAFETY: caller's contract.
+                match unsafe { self.transmit(me, |b| tx::icmp_echo_reply(b, &self.iface, &req)) } {
+                    Ok(()) => bump(&me.counters.icmp_echo_replies),
+                    Err(f) => self.tx_failed(me, f, "ICMP echo reply"),
+                }
+            }
+            Ok(Packet::Udp(d)) => {
+                // The buffer goes to a socket, or back below.
+                // SAFETY: caller's contract.
+                return unsafe { self.on_udp(me, desc.buf, frame, &d) };
+            }
+        }
+        // SAFETY: caller's contract.
+        unsafe { self.give_back(me, desc.buf) };
+    }
+
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    unsafe fn on_udp(&self, me: &KNet, buf: u32, frame: &[u8], d: &UdpDatagram<'_>) {
+        // `parse` returns a payload inside the frame (≤ 2048 bytes).
+        let off = d.payload.as_ptr() as usize - frame.as_ptr() as usize;
+        let item = RxItem {
+            buf,
+            off: off as u16,
+            len: d.payload.len() as u16,
+            src: d.src,
+        };
+        self.held.fetch_add(1, Relaxed);
+        let result = {
+            let sockets = self.sockets.lock();
+            match sockets.by_port.get(&d.dst.port) {
+                // A connected socket takes datagrams from its peer only.
+                Some(s) if s.peer().is_none_or(|p| p == d.src) => s.deliver(item),
+                _ => Err((item, Refused::NoSocket)),
+            }
+        };
+        match result {
+            Ok(()) => bump(&me.counters.udp_delivered),
+            Err((item, why)) => {
+                self.held.fetch_sub(1, Relaxed);
+                match why {
+                    Refused::Full => bump(&me.counters.udp_queue_full),
+                    Refused::NoSocket => bump(&me.counters.udp_no_socket),
+                }
+                // SAFETY: caller's contract.
+                unsafe { self.give_back(me, item.buf) };
+            }
+        }
+    }
+
+    /// Copies the payload of `item` (taken from a socket's queue) into
+    /// `out`, truncated to its length like `std::net::UdpSocket`; returns
+    /// the bytes copied. The buffer is still to be given back.
+    pub(crate) fn copy_out(&self, item: &RxItem, out: &mut [u8]) -> usize {
+        let desc = PacketDesc {
+            buf: item.buf,
+            len: u32::from(item.off) + u32::from(item.len),
+            ..Default::default()
+        };
+        // Checked when the frame was received: the same bounds hold.
+        let Some(frame) = self.pool.frame(desc) else {
+            return 0;
+        };
+        let payload = &frame[item.off as usize..];
+        let n = payload.len().min(out.len());
+        out[..n].copy_from_slice(&payload[..n]);
+        n
+    }
+
+    pub(crate) fn item_source(item: &RxItem) -> SocketAddrV4 {
+        item.src.into()
+    }
+
+    /// Gives an ingress buffer back to iokerneld on `me`'s done ring.
+    ///
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    pub(crate) unsafe fn give_back(&self, me: &KNet, buf: u32) {
+        // SAFETY: caller's contract.
+        let tx = unsafe { me.tx() };
+        match tx.done.push(buf) {
+            Ok(()) => {}
+            // It holds the whole pool: full means iokerneld is behind;
+            // keep the buffer for the next poll.
+            Err(PushError::Full(b)) => self.give_back_later(b),
+            Err(PushError::Corrupt(e)) => {
+                if !std::mem::replace(&mut tx.corrupt_said, true) {
+                    log::error!("a done ring is corrupt; ingress buffers are not given back: {e}");
+                }
+            }
+        }
+    }
+
+    /// Gives a buffer back from a context that may not use a done ring.
+    pub(crate) fn give_back_later(&self, buf: u32) {
+        self.orphans.lock().push(buf);
+        self.orphan_count.fetch_add(1, Relaxed);
+    }
+
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    unsafe fn flush_orphans(&self, me: &KNet) {
+        let bufs = std::mem::take(&mut *self.orphans.lock());
+        self.orphan_count.fetch_sub(bufs.len(), Relaxed);
+        for b in bufs {
+            // SAFETY: caller's contract.
+            unsafe { self.give_back(me, b) };
+        }
+    }
+
+    // ---- transmit --------------------------------------------------------
+
+    /// Builds a frame in `me`'s next egress buffer and pushes it.
+    ///
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    unsafe fn transmit(
+        &self,
+        me: &KNet,
+        build: impl FnOnce(&mut [u8]) -> Result<usize, BuildError>,
+    ) -> Result<(), TxFail> {
+        // SAFETY: caller's contract.
+        let tx = unsafe { me.tx() };
+        match tx.egress.free() {
+            Ok(0) => return Err(TxFail::RingFull),
+            Ok(_) => {}
+            Err(e) => {
+                if !std::mem::replace(&mut tx.corrupt_said, true) {
+                    log::error!("an egress ring is corrupt; nothing more is sent on it: {e}");
+                }
+                return Err(TxFail::Corrupt);
+            }
+        }
+        let seq = tx.egress.next_seq();
+        let len = build(tx.buffers.buffer_mut(seq)).map_err(TxFail::Build)?;
+        let desc = PacketDesc {
+            len: len as u32,
+            ..Default::default()
+        };
+        // A free slot was seen above and only we push.
+        tx.egress.push(desc).map_err(|_| TxFail::Corrupt)?;
+        bump(&me.counters.tx_packets);
+        Ok(())
+    }
+
+    fn tx_failed(&self, me: &KNet, f: TxFail, what: &str) {
+        match f {
+            TxFail::RingFull => bump(&me.counters.tx_ring_full),
+            TxFail::Corrupt => {}
+            TxFail::Build(e) => log::warn!("{what} not sent: {e}"),
+        }
+    }
+
+    /// Sends a UDP datagram from `src_port` as kthread `me`.
+    ///
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    pub(crate) unsafe fn send_udp(
+        &self,
+        me: &KNet,
+        src_port: u16,
+        dst: Endpoint,
+        payload: &[u8],
+    ) -> io::Result<Sent> {
+        if payload.len() > MAX_UDP_PAYLOAD {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "UDP payload of {} bytes is larger than {MAX_UDP_PAYLOAD} (one unfragmented datagram)",
+                    payload.len()
+                ),
+            ));
+        }
+        // A full ring is seen before anything is queued or asked for.
+        // SAFETY: caller's contract.
+        match unsafe { me.tx() }.egress.free() {
+            Ok(0) => return Ok(Sent::RingFull),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(io::Error::other(format!(
+                    "this kthread's egress ring is corrupt: {e}"
+                )))
+            }
+        }
+        let now = Instant::now();
+        let known = if dst.ip.is_broadcast() {
+            Some(MacAddr::BROADCAST)
+        } else if dst.ip == self.iface.ip {
+            Some(self.iface.mac)
+        } else {
+            self.arp.lock().table.lookup(dst.ip, now)
+        };
+        let mac = match known {
+            Some(mac) => mac,
+            None => {
+                let outgoing = Outgoing {
+                    src_port,
+                    dst,
+                    payload: payload.into(),
+                };
+                let resolution = {
+                    let mut arp = self.arp.lock();
+                    if now.saturating_duration_since(arp.last_expire) >= ARP_EXPIRE_EVERY {
+                        arp.last_expire = now;
+                        arp.table.expire(now, drop);
+                    }
+                    arp.table.resolve(dst.ip, now, outgoing)
+                };
+                let (sent, ask) = match resolution {
+                    Resolution::Known { mac, .. } => {
+                        // Learned between the lookup and now.
+                        // SAFETY: caller's contract.
+                        return unsafe { self.send_udp_to(me, mac, src_port, dst, payload) };
+                    }
+                    Resolution::Queued { send_request } => (Sent::Queued, send_request),
+                    Resolution::Refused { send_request, .. } => (Sent::Dropped, send_request),
+                };
+                if ask {
+                    // SAFETY: caller's contract.
+                    let r =
+                        unsafe { self.transmit(me, |b| tx::arp_request(b, &self.iface, dst.ip)) };
+                    if let Err(f) = r {
+                        self.tx_failed(me, f, "ARP request");
+                    }
+                }
+                return Ok(sent);
+            }
+        };
+        // SAFETY: caller's contract.
+        unsafe { self.send_udp_to(me, mac, src_port, dst, payload) }
+    }
+
+    /// # Safety
+    /// As for [`KNet::tx`] on `me`.
+    unsafe fn send_udp_to(
+        &self,
+        me: &KNet,
+        mac: MacAddr,
+        src_port: u16,
+        dst: Endpoint,
+        payload: &[u8],
+    ) -> io::Result<Sent> {
+        let build = |b: &mut [u8]| {
+            // In place: the payload is copied once, into the egress buffer.
+            b[UDP_PAYLOAD_OFFSET..UDP_PAYLOAD_OFFSET + payload.len()].copy_from_slice(payload);
+            tx::write_udp_headers(b, &self.iface, mac, src_port, dst, payload.len())
+        };
+        // SAFETY: caller's contract.
+        match unsafe { self.transmit(me, build) } {
+            Ok(()) => Ok(Sent::Now),
+            Err(TxFail::RingFull) => Ok(Sent::RingFull),
+            Err(TxFail::Corrupt) => Err(io::Error::other("this kthread's egress ring is corrupt")),
+            Err(TxFail::Build(e)) => Err(io::Error::new(io::ErrorKind::InvalidInput, e)),
+        }
+    }
+
+    // ---- sockets ---------------------------------------------------------
+
+    /// Binds `addr` (the application's IP or 0.0.0.0; port 0 picks a free
+    /// ephemeral port).
+    pub(crate) fn bind(&self, addr: SocketAddrV4) -> io::Result<Arc<SocketCore>> {
+        let ip = *addr.ip();
+        if !ip.is_unspecified() && ip != self.iface.ip {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrNotAvailable,
+                format!(
+                    "cannot bind UDP to {addr}: this application's address is {} (bind to it or to 0.0.0.0)",
+                    self.iface.ip
+                ),
+            ));
+        }
+        let mut sockets = self.sockets.lock();
+        let port = match addr.port() {
+            0 => {
+                let n = u32::from(u16::MAX - EPHEMERAL_FIRST) + 1;
+                let start = sockets.next_ephemeral;
+                let free = (0..n)
+                    .map(|i| {
+                        let off = (u32::from(start - EPHEMERAL_FIRST) + i) % n;
+                        EPHEMERAL_FIRST + off as u16
+                    })
+                    .find(|p| !sockets.by_port.contains_key(p));
+                let Some(p) = free else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!(
+                            "no free ephemeral UDP port: {EPHEMERAL_FIRST}-65535 are all bound"
+                        ),
+                    ));
+                };
+                sockets.next_ephemeral = p.checked_add(1).unwrap_or(EPHEMERAL_FIRST);
+                p
+            }
+            p if sockets.by_port.contains_key(&p) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("UDP port {p} is already bound"),
+                ));
+            }
+            p => p,
+        };
+        let core = Arc::new(SocketCore {
+            local: SocketAddrV4::new(ip, port),
+            peer: AtomicU64::new(0),
+            rx: SpinLock::new(RxQueue {
+                items: VecDeque::with_capacity(self.udp_queue),
+                capacity: self.udp_queue,
+                closed: false,
+            }),
+            waiters: SpinLock::new(VecDeque::new()),
+            read_timeout_ns: AtomicU64::new(0),
+        });
+        sockets.by_port.insert(port, Arc::clone(&core));
+        Ok(core)
+    }
+
+    /// Unbinds `core` and returns the buffers it still holds through
+    /// `give_back`.
+    pub(crate) fn close(&self, core: &Arc<SocketCore>, mut give_back: impl FnMut(u32)) {
+        {
+            let mut sockets = self.sockets.lock();
+            if sockets
+                .by_port
+                .get(&core.port())
+                .is_some_and(|s| Arc::ptr_eq(s, core))
+            {
+                sockets.by_port.remove(&core.port());
+            }
+        }
+        let items = {
+            let mut rx = core.rx.lock();
+            rx.closed = true;
+            std::mem::take(&mut rx.items)
+        };
+        self.held.fetch_sub(items.len() as u64, Relaxed);
+        items.iter().for_each(|i| give_back(i.buf));
+        // Nobody can be waiting on a socket being dropped, but wake any
+        // anyway: they see it closed.
+        let waiters = std::mem::take(&mut *core.waiters.lock());
+        waiters.iter().for_each(|w| {
+            w.wake();
+        });
+    }
+
+    /// A datagram was taken from a socket's queue.
+    pub(crate) fn taken(&self) {
+        self.held.fetch_sub(1, Relaxed);
+    }
+
+    pub(crate) fn stats<'a>(&self, knets: impl Iterator<Item = (usize, &'a KNet)>) -> NetStats {
+        let mut s = NetStats {
+            arp: self.arp.lock().table.counters().clone(),
+            buffers_held: self.held.load(Relaxed),
+            ..NetStats::default()
+        };
+        for (id, k) in knets {
+            let c = &k.counters;
+            let ks = k.stats(id);
+            s.rx_packets += ks.rx_packets;
+            s.tx_packets += ks.tx_packets;
+            s.udp_delivered += c.udp_delivered.load(Relaxed);
+            s.udp_no_socket += c.udp_no_socket.load(Relaxed);
+            s.udp_queue_full += c.udp_queue_full.load(Relaxed);
+            s.bad_descriptors += c.bad_descriptors.load(Relaxed);
+            s.tx_ring_full += c.tx_ring_full.load(Relaxed);
+            s.arp_replies += c.arp_replies.load(Relaxed);
+            s.icmp_echo_replies += c.icmp_echo_replies.load(Relaxed);
+            s.drops.merge(&k.drops.lock());
+            s.kthreads.push(ks);
+        }
+        s
+    }
+}
