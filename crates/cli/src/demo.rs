@@ -1,31 +1,32 @@
-//! `ginza demo`: iokerneld, a latency-critical application and a batch
+//! `ginza demo`: iokerneld, a latency-critical UDP server and a batch
 //! application on this machine, under the Shenango allocator (5 µs), the
-//! `slow` one (1 ms) and `static` cores, over a sweep of offered loads.
+//! `slow` one (1 ms) and `static` cores, over a sweep of offered loads and
+//! three service-time distributions (Shenango's Fig. 4 on this machine).
 //!
-//! Per policy and load point, everything starts fresh (points are
-//! independent):
+//! Per service distribution, policy and load point, everything starts
+//! fresh (points are independent):
 //!
 //! * iokerneld on a thread of this process, pinned to its own CPU and
-//!   spinning, managing the other CPUs;
-//! * `lc`, latency-critical: one generator uthread draws burst times from a
-//!   Poisson process, sleeps until each (a parked application's timer is
-//!   woken by iokerneld) and spawns `--burst` request uthreads that each
-//!   spin for an exponential service time (mean 10 µs). Open loop: latency
-//!   is completion − the burst's intended time, and a late generator issues
-//!   the bursts it owes at once instead of skipping them;
+//!   spinning, managing the other CPUs, with the software NIC;
+//! * `lc`, latency-critical: `spin-server` on a Ginza runtime with its own
+//!   MAC and IP: each UDP request carries its service time; a uthread per
+//!   request spins for it and echoes the request back;
 //! * `batch`: one uthread per kthread prices a European call by Monte
-//!   Carlo in chunks of about 25 µs, yielding between chunks.
+//!   Carlo in chunks of about 25 µs, yielding between chunks;
+//! * load: iokerneld's traffic generator, on the switch beside the
+//!   applications, sends requests with Poisson arrivals at the point's rate
+//!   and matches the replies (open loop: latency is reply − injection, as
+//!   seen by iokerneld's loop; a late loop shows as lag, not fewer
+//!   requests). First a warm-up run, then the measured run.
 //!
-//! After a warm-up, the measured window: the requests that arrive in it
-//! give the latency percentiles; iokerneld's stats are sampled every 2 ms
-//! for the cores each application holds; counters read at both ends give
-//! batch paths/s and reallocations/s (cores moved from one application to
-//! the other). Achieved load is the service time of the requests completed
-//! in the window over the window × managed cores.
+//! During the measured run, iokerneld's stats are sampled every 10 ms for the
+//! cores each application holds; counters read at both ends give batch
+//! paths/s and reallocations/s (cores moved from one application to the
+//! other). Achieved load is the service time the server spent in the run
+//! over the run × managed cores.
 
 mod plot;
 mod report;
-mod work;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -34,16 +35,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
+use ginza_apps::spin_server::{self, SpinStats};
 use ginza_iokernel::config::{format_cores, parse_cores, parse_duration};
+use ginza_iokernel::nic::{GeneratorConfig, ServiceTime};
 use ginza_iokernel::{
-    client, Config as IokConfig, DaemonError, InProcess, PolicyKind, StatsReport,
+    client, Config as IokConfig, DaemonError, InProcess, LoadReport, LoadRun, PolicyKind,
+    StatsReport, GENERATOR_MAC,
 };
+use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr};
+use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use report::Row;
-use work::{LcControl, LcOutcome, LcPlan};
 
 /// Arguments of `ginza demo`.
 #[derive(clap::Args, Debug)]
@@ -61,14 +66,16 @@ pub struct DemoArgs {
           value_parser = parse_load)]
     points: Vec<f64>,
     /// Measured time per point (e.g. 1s, 500ms).
-    #[arg(long, default_value = "1s", value_parser = parse_window)]
+    #[arg(long, default_value = "300ms", value_parser = parse_window)]
     duration: Duration,
     /// Warm-up per point, before the measured time.
-    #[arg(long, default_value = "200ms", value_parser = parse_warmup)]
+    #[arg(long, default_value = "100ms", value_parser = parse_warmup)]
     warmup: Duration,
-    /// Requests per Poisson burst.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    burst: u32,
+    /// Service-time distributions of the requests (mean 10 µs each):
+    /// exponential, constant, bimodal (90 % 5 µs, 10 % 55 µs).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![Service::Exponential, Service::Constant, Service::Bimodal],
+          value_parser = parse_service)]
+    services: Vec<Service>,
     /// Directory for demo.csv and demo.png.
     #[arg(long, default_value = "results/demo")]
     out: PathBuf,
@@ -149,6 +156,68 @@ fn parse_policy(s: &str) -> Result<Policy, String> {
     }
 }
 
+/// A service-time distribution of the latency-critical requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Service {
+    Exponential,
+    Constant,
+    Bimodal,
+}
+
+/// Mean service time of every distribution.
+const MEAN_SERVICE: Duration = Duration::from_micros(10);
+
+impl Service {
+    fn name(self) -> &'static str {
+        match self {
+            Service::Exponential => "exponential",
+            Service::Constant => "constant",
+            Service::Bimodal => "bimodal",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Service::Exponential => "exponential service times, mean 10 µs",
+            Service::Constant => "constant service times, 10 µs",
+            Service::Bimodal => "bimodal service times: 90 % 5 µs, 10 % 55 µs (mean 10 µs)",
+        }
+    }
+
+    fn distribution(self) -> ServiceTime {
+        match self {
+            Service::Exponential => ServiceTime::Exponential {
+                mean_ns: MEAN_SERVICE.as_nanos() as f64,
+            },
+            Service::Constant => ServiceTime::Constant {
+                ns: MEAN_SERVICE.as_nanos() as u64,
+            },
+            Service::Bimodal => ServiceTime::Bimodal {
+                p: 0.9,
+                a_ns: 5_000,
+                b_ns: 55_000,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn parse_service(s: &str) -> Result<Service, String> {
+    match s.trim() {
+        "exponential" | "exp" => Ok(Service::Exponential),
+        "constant" => Ok(Service::Constant),
+        "bimodal" => Ok(Service::Bimodal),
+        other => Err(format!(
+            "unknown service distribution {other:?}: expected exponential, constant or bimodal"
+        )),
+    }
+}
+
 /// Shenango's allocation interval.
 const INTERVAL: Duration = Duration::from_micros(5);
 /// Period of the `slow` allocator.
@@ -205,13 +274,20 @@ impl Policy {
     }
 }
 
-/// Time between two samples of iokerneld's stats in the window.
-const SAMPLE_EVERY: Duration = Duration::from_millis(2);
+/// Time between two samples of iokerneld's stats in the window: each
+/// costs iokerneld's loop tens of µs (a JSON reply), which the traffic
+/// generator on the same loop feels as lag.
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 /// How long an application may take to register with iokerneld.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Between the go and the start of the point's schedule: the generator
-/// is woken from its start-up poll meanwhile.
-const START_DELAY: Duration = Duration::from_millis(2);
+/// After the last arrival of a load run, how long the generator waits for
+/// replies (a backlog past saturation drains meanwhile, or is lost).
+const DRAIN: Duration = Duration::from_millis(100);
+/// The latency-critical server's addresses, and the generator's IP.
+const LC_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x01, 0x01]);
+const LC_IP: Ipv4Addr = Ipv4Addr::new(10, 47, 1, 1);
+const LC_PORT: u16 = 7;
+const GENERATOR_IP: Ipv4Addr = Ipv4Addr::new(10, 47, 0, 254);
 
 /// What the whole run uses.
 struct Setup {
@@ -221,10 +297,6 @@ struct Setup {
     sockets: TempDir,
     warmup: Duration,
     duration: Duration,
-    /// How far behind the generator may fall after the window before it
-    /// stops issuing.
-    grace: Duration,
-    burst: u32,
     seed: u64,
 }
 
@@ -378,9 +450,10 @@ impl<T: Send + 'static> App<T> {
 }
 
 /// The flags and counters shared with the applications of one point.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct Shared {
-    lc: LcControl,
+    stop_lc: Arc<AtomicBool>,
+    spin: Arc<SpinStats>,
     stop_batch: Arc<AtomicBool>,
     batch_paths: Arc<AtomicU64>,
 }
@@ -390,19 +463,16 @@ struct Shared {
 /// any that does not, iokerneld (the runtimes go on standalone and return).
 struct PointRun {
     shared: Shared,
-    lc: Option<App<anyhow::Result<LcOutcome>>>,
+    lc: Option<App<std::io::Result<()>>>,
     batch: Option<App<f64>>,
     daemon: Daemon,
 }
 
+/// How often the sampler checks for cancellation while it waits.
+const MONITOR_EVERY: Duration = Duration::from_millis(10);
 /// How long a stopping application is given before iokerneld is stopped
 /// under it, and then again before it is abandoned.
 const STOP_WAIT: Duration = Duration::from_secs(3);
-/// How often the demo looks at a running point.
-const MONITOR_EVERY: Duration = Duration::from_millis(10);
-/// A generator asleep this long past its deadline while lc holds no core
-/// was forgotten: nobody will wake it.
-const STALL: Duration = Duration::from_millis(50);
 
 impl PointRun {
     fn apps_done(&mut self, deadline: Instant) -> bool {
@@ -448,59 +518,23 @@ impl PointRun {
         }
     }
 
-    /// Asks the generator to stop and wakes it: work handed to lc from
-    /// outside is queued where iokerneld sees it, so lc gets a core, its
-    /// due timers fire and the generator sees the flag.
-    fn unstick_lc(&self) {
-        self.shared.lc.abort.store(true, Relaxed);
-        if let Some(h) = self.shared.lc.handle.get() {
-            drop(h.spawn(|| ()));
-        }
-    }
-
-    /// Waits for lc to return until `deadline`, watching for a generator
-    /// whose timer nobody wakes. `Some(why)` if lc had to be stopped.
-    fn watch_lc(&mut self, deadline: Instant) -> anyhow::Result<Option<String>> {
-        let lc = self.lc.as_mut().context("lc was started")?;
-        let why = loop {
-            if lc.wait_until(Instant::now() + MONITOR_EVERY) {
-                return Ok(None);
-            }
-            let now = Instant::now();
-            if now > deadline {
-                break "lc was still running long after the window; stopped".to_string();
-            }
-            let Some(due) = self.shared.lc.sleeping_until() else {
-                continue;
-            };
-            if now < due + STALL {
-                continue;
-            }
-            if let Ok(st) = self.daemon.stats() {
-                if app_cores(&st, "lc") == 0 {
-                    break format!(
-                        "stuck: lc's timer was {:?} overdue and iokerneld had given lc no core; stopped",
-                        now - due
-                    );
-                }
-            }
-        };
-        self.unstick_lc();
+    /// Stops `lc` (it checks its flag every 10 ms) and returns its result.
+    fn stop_lc(&mut self) -> anyhow::Result<()> {
+        self.shared.stop_lc.store(true, Relaxed);
         let lc = self.lc.as_mut().context("lc was started")?;
         if !lc.wait_until(Instant::now() + STOP_WAIT) {
-            // Without iokerneld the runtime runs standalone and finishes.
             self.daemon.stop();
             if !lc.wait_until(Instant::now() + STOP_WAIT) {
-                bail!("lc did not stop even without iokerneld");
+                bail!("lc did not stop");
             }
         }
-        Ok(Some(why))
+        lc.take()?.context("spin-server")
     }
 }
 
 impl Drop for PointRun {
     fn drop(&mut self) {
-        self.unstick_lc();
+        self.shared.stop_lc.store(true, Relaxed);
         self.shared.stop_batch.store(true, Relaxed);
         if !self.apps_done(Instant::now() + STOP_WAIT) {
             self.daemon.stop();
@@ -619,13 +653,48 @@ fn app_config(
     }
 }
 
-/// Runs one policy at one load.
-fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> anyhow::Result<Row> {
+/// A load run of the generator against `lc`: Poisson arrivals at `rate`
+/// per second for `duration`.
+fn load_run(service: Service, rate: f64, duration: Duration, seed: u64) -> LoadRun {
+    LoadRun {
+        config: GeneratorConfig {
+            interface: Interface {
+                mac: GENERATOR_MAC,
+                ip: GENERATOR_IP,
+            },
+            src_port: 40_000,
+            target_mac: LC_MAC,
+            target: Endpoint {
+                ip: LC_IP,
+                port: LC_PORT,
+            },
+            rate_per_sec: rate,
+            service: service.distribution(),
+            payload_len: 32,
+            start_ns: 0,
+            duration_ns: duration.as_nanos() as u64,
+            max_outstanding: 1 << 16,
+            max_burst: 64,
+            seed,
+        },
+        drain: DRAIN,
+    }
+}
+
+/// Runs one policy at one load with one service distribution.
+fn run_point(
+    setup: &Setup,
+    service: Service,
+    policy: Policy,
+    load: f64,
+    load_index: usize,
+) -> anyhow::Result<Row> {
     let n = setup.managed.len();
-    let socket = setup
-        .sockets
-        .0
-        .join(format!("{}-{load_index}.sock", policy.name()));
+    let socket = setup.sockets.0.join(format!(
+        "{}-{}-{load_index}.sock",
+        service.name(),
+        policy.name()
+    ));
     let mut cfg = IokConfig::new(setup.managed.clone());
     cfg.socket = socket.clone();
     cfg.own_core = Some(setup.iokernel_core);
@@ -638,11 +707,13 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
     cfg.validate(&setup.allowed)
         .context("iokerneld's configuration")?;
     let daemon = Daemon::start(cfg).context("starting iokerneld")?;
-    let shared = Shared {
-        lc: LcControl::new(),
-        stop_batch: Arc::default(),
-        batch_paths: Arc::default(),
-    };
+    let generator = daemon
+        .running
+        .as_ref()
+        .context("iokerneld was started")?
+        .generator()
+        .clone();
+    let shared = Shared::default();
     let mut run = PointRun {
         shared: shared.clone(),
         lc: None,
@@ -650,19 +721,8 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
         daemon,
     };
 
-    // The same arrivals for every policy at a given load.
-    let seed = setup.seed ^ (load_index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let bursts_per_s = work::bursts_per_second(load, n, work::MEAN_SERVICE, setup.burst);
-    let plan = LcPlan {
-        burst: setup.burst,
-        bursts_per_s,
-        warmup: setup.warmup,
-        duration: setup.duration,
-        grace: setup.grace,
-        seed,
-    };
     let guaranteed = policy.lc_guaranteed(n);
-    let lc_cfg = app_config(
+    let mut lc_cfg = app_config(
         &socket,
         "lc",
         Class::LatencyCritical,
@@ -670,8 +730,14 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
         guaranteed,
         policy.keeps_cores(),
     );
-    let ctl = shared.lc.clone();
-    run.lc = Some(App::start("lc", lc_cfg, move || work::lc_main(plan, ctl))?);
+    if let Some(io) = lc_cfg.iokernel.as_mut() {
+        // The generator answers no ARP.
+        io.net = Some(NetConfig::new(LC_MAC, LC_IP).with_static_arp(GENERATOR_IP, GENERATOR_MAC));
+    }
+    let (stop, spin) = (Arc::clone(&shared.stop_lc), Arc::clone(&shared.spin));
+    run.lc = Some(App::start("lc", lc_cfg, move || {
+        spin_server::serve(LC_PORT, stop, spin)
+    })?);
     // lc first, holding its guarantee before batch arrives: `static` never
     // takes a core back, so batch must not soak it up first.
     run.wait_registered("lc", |a| a.cores_now >= guaranteed)?;
@@ -680,40 +746,44 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
         Arc::clone(&shared.batch_paths),
         Arc::clone(&shared.stop_batch),
     );
+    // The same arrivals for every policy at a given load.
+    let seed = setup.seed ^ (load_index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     run.batch = Some(App::start("batch", batch_cfg, move || {
-        work::batch_main(n, paths, stop, seed)
+        ginza_apps::batch::price_until_stopped(n, paths, stop, seed)
     })?);
     run.wait_registered("batch", |_| true)?;
 
-    let t0 = Instant::now() + START_DELAY;
-    let _ = shared.lc.start.set(t0);
-    let win_start = t0 + setup.warmup;
-    let win_end = win_start + setup.duration;
+    let rate = load * n as f64 / MEAN_SERVICE.as_secs_f64();
+    let mut notes = Vec::new();
+    if !setup.warmup.is_zero() {
+        generator
+            .run(load_run(service, rate, setup.warmup, seed ^ 1), STOP_WAIT)
+            .map_err(|e| anyhow!(e))
+            .context("the warm-up run")?;
+    }
+    let busy0 = shared.spin.busy_ns.load(Relaxed);
+    let from = Instant::now();
     let cancel = Arc::new(AtomicBool::new(false));
     let sampler = sample(
         socket.clone(),
         setup.iokernel_core,
-        (win_start, win_end),
+        (from, from + setup.duration),
         Arc::clone(&shared.batch_paths),
         Arc::clone(&cancel),
     );
-
-    let mut notes = Vec::new();
-    // Past saturation the backlog drains after the window; this bounds it.
-    let lc_deadline = win_end + 2 * setup.grace + Duration::from_secs(5);
-    let stopped = run.watch_lc(lc_deadline);
-    if !matches!(stopped, Ok(None)) {
+    let measured = generator
+        .run(load_run(service, rate, setup.duration, seed), STOP_WAIT)
+        .map_err(|e| anyhow!(e));
+    let run_ns = from.elapsed().as_nanos() as u64;
+    if measured.is_err() {
         cancel.store(true, Relaxed);
     }
     let samples = sampler
         .join()
         .map_err(|_| anyhow!("the stats sampler panicked"))?;
-    let stopped = stopped?;
-    let lc = run.lc.as_mut().context("lc was started")?;
-    let outcome = lc.take()??;
-    if outcome.aborted {
-        bail!("lc was told to stop before the point started");
-    }
+    let report: LoadReport = measured.context("the measured run")?;
+    let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
+    run.stop_lc()?;
     run.shared.stop_batch.store(true, Relaxed);
     let batch = run.batch.as_mut().context("batch was started")?;
     if !batch.wait_until(Instant::now() + STOP_WAIT) {
@@ -728,79 +798,67 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
         return Err(anyhow!(e).context("iokerneld failed during the point"));
     }
 
-    let nan = f64::NAN;
     let r3 = report::round3;
-    let expected = bursts_per_s * setup.duration.as_secs_f64() * f64::from(setup.burst);
+    let st = report.stats;
+    let samples = samples.with_context(|| format!("{} at load {load}", policy.name()))?;
+    if samples.errors > 0 {
+        notes.push(format!("{} stats samples failed", samples.errors));
+    }
+    if st.lost() > 0 {
+        notes.push(format!("{} requests unanswered", st.lost()));
+    }
+    let lag_p99_us = report.lag.value_at_quantile(0.99) as f64 / 1e3;
+    if lag_p99_us > 50.0 {
+        notes.push(format!("generator p99 lag {lag_p99_us:.0} µs"));
+    }
+    let (p50, p99, p999) = report::percentiles_us(&report.latency);
+    let window_ns = samples
+        .last
+        .uptime_ns
+        .saturating_sub(samples.first.uptime_ns);
+    let paths_ns = u64::try_from(samples.paths_window.as_nanos()).unwrap_or(u64::MAX);
     let mut row = Row {
+        service: service.name(),
         policy: policy.name(),
         offered_load: load,
-        achieved_load: nan,
-        p50_us: nan,
-        p99_us: nan,
-        p999_us: nan,
-        batch_mpaths_per_s: nan,
-        lc_cores: nan,
-        batch_cores: nan,
-        reallocations_per_s: nan,
-        overdue_preemptions: 0,
-        lc_requests_expected: expected.round() as u64,
-        lc_requests_completed: outcome.latencies.len(),
-        note: String::new(),
-    };
-    if let Some(why) = stopped {
-        // Latencies of a point whose generator was stopped describe the
-        // stop, not the policy: left out.
-        notes.push(why);
-    } else {
-        let samples = samples.with_context(|| format!("{} at load {load}", policy.name()))?;
-        if outcome.gave_up {
-            notes.push(format!(
-                "the generator fell {:?} behind and stopped issuing",
-                setup.grace
-            ));
-        }
-        if outcome.latencies.len() != outcome.issued_in_window {
-            notes.push(format!(
-                "{} requests issued in the window, {} latencies recorded",
-                outcome.issued_in_window,
-                outcome.latencies.len()
-            ));
-        }
-        if samples.errors > 0 {
-            notes.push(format!("{} stats samples failed", samples.errors));
-        }
-        let (p50, p99, p999) = report::percentiles_us(&outcome.latencies);
-        let window_ns = samples
-            .last
-            .uptime_ns
-            .saturating_sub(samples.first.uptime_ns);
-        let duration_ns = u64::try_from(setup.duration.as_nanos()).unwrap_or(u64::MAX);
-        let paths_ns = u64::try_from(samples.paths_window.as_nanos()).unwrap_or(u64::MAX);
-        row.achieved_load = r3(report::achieved_load(
-            outcome.service_ns_in_window,
-            duration_ns,
-            n,
-        ));
-        (row.p50_us, row.p99_us, row.p999_us) = (r3(p50), r3(p99), r3(p999));
-        row.batch_mpaths_per_s =
-            r3(report::per_second(samples.paths.0, samples.paths.1, paths_ns) / 1e6);
-        row.lc_cores = r3(report::mean(&samples.lc_cores));
-        row.batch_cores = r3(report::mean(&samples.batch_cores));
-        row.reallocations_per_s = r3(report::per_second(
+        achieved_load: r3(report::achieved_load(busy_ns, run_ns, n)),
+        p50_us: r3(p50),
+        p99_us: r3(p99),
+        p999_us: r3(p999),
+        batch_mpaths_per_s: r3(
+            report::per_second(samples.paths.0, samples.paths.1, paths_ns) / 1e6,
+        ),
+        lc_cores: r3(report::mean(&samples.lc_cores)),
+        batch_cores: r3(report::mean(&samples.batch_cores)),
+        reallocations_per_s: r3(report::per_second(
             reallocations(&samples.first),
             reallocations(&samples.last),
             window_ns,
+        )),
+        overdue_preemptions: overdue(&samples.last).saturating_sub(overdue(&samples.first)),
+        lc_requests_sent: st.sent,
+        lc_requests_answered: st.replies,
+        note: String::new(),
+    };
+    if row.overdue_preemptions > 0 {
+        notes.push(format!(
+            "{} preemption(s) not answered within 1 ms",
+            row.overdue_preemptions
         ));
-        row.overdue_preemptions = overdue(&samples.last).saturating_sub(overdue(&samples.first));
-        if row.overdue_preemptions > 0 {
-            notes.push(format!(
-                "{} preemption(s) not answered within 1 ms",
-                row.overdue_preemptions
-            ));
-        }
     }
     row.note = notes.join("; ");
     Ok(row)
+}
+
+/// `v` without repeats, in first-seen order.
+fn dedup<T: PartialEq + Copy>(v: &[T]) -> Vec<T> {
+    let mut out = Vec::new();
+    for x in v {
+        if !out.contains(x) {
+            out.push(*x);
+        }
+    }
+    out
 }
 
 /// The JSON output.
@@ -808,7 +866,6 @@ fn run_point(setup: &Setup, policy: Policy, load: f64, load_index: usize) -> any
 struct Report<'a> {
     iokernel_core: usize,
     managed_cores: &'a [usize],
-    burst: u32,
     mean_service_us: f64,
     warmup_ms: f64,
     duration_ms: f64,
@@ -832,15 +889,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     probe
         .validate(&allowed)
         .context("the cores given to ginza demo")?;
-    if args.policies.is_empty() || args.points.is_empty() {
-        bail!("nothing to run: give at least one policy and one load point");
+    if args.policies.is_empty() || args.points.is_empty() || args.services.is_empty() {
+        bail!("nothing to run: give at least one policy, service distribution and load point");
     }
-    let mut policies: Vec<Policy> = Vec::new();
-    for p in &args.policies {
-        if !policies.contains(p) {
-            policies.push(*p);
-        }
-    }
+    let policies = dedup(&args.policies);
+    let services = dedup(&args.services);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating the output directory {}", args.out.display()))?;
     let setup = Setup {
@@ -850,8 +903,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         sockets: TempDir::new()?,
         warmup: args.warmup,
         duration: args.duration,
-        grace: (args.duration / 2).max(Duration::from_millis(200)),
-        burst: args.burst,
         seed: args.seed,
     };
     let n = setup.managed.len();
@@ -866,39 +917,40 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     head.push_str(&format!(
-        "  lc: Poisson bursts of {} requests, exponential service (mean {} µs); batch: Monte Carlo \
-         option pricing; {:?} warm-up + {:?} measured per point\n",
-        setup.burst,
-        work::MEAN_SERVICE.as_micros(),
-        setup.warmup,
-        setup.duration
+        "  lc: spin-server (UDP, a uthread per request spinning for the time the request carries); \
+         batch: Monte Carlo option pricing; load: iokerneld's generator, Poisson arrivals; \
+         {:?} warm-up + {:?} measured per point\n",
+        setup.warmup, setup.duration
     ));
     head.push_str(
-        "  latency: completion − intended arrival (open loop); achieved: LC work completed in \
-         the window / capacity;\n  realloc/s: cores moved between lc and batch; LC done/expect: \
-         requests measured / Poisson mean\n",
+        "  latency: reply − injection at iokerneld (open loop); achieved: LC service time spent \
+         / capacity;\n  realloc/s: cores moved between lc and batch; LC ans/sent: requests \
+         answered / sent\n",
     );
 
-    let total = (policies.len() * args.points.len()) as u64;
+    let total = (services.len() * policies.len() * args.points.len()) as u64;
     let pb = ProgressBar::new(total);
     pb.set_style(
         ProgressStyle::with_template("{msg:>18} [{bar:40}] {pos}/{len} {elapsed}<{eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut rows = Vec::new();
-    for &policy in &policies {
-        for (i, &load) in args.points.iter().enumerate() {
-            pb.set_message(format!("{} @ {load:.2}", policy.name()));
-            let row = run_point(&setup, policy, load, i)
-                .with_context(|| format!("policy {} at offered load {load}", policy.name()));
-            match row {
-                Ok(r) => rows.push(r),
-                Err(e) => {
-                    pb.abandon();
-                    return Err(e);
+    for &service in &services {
+        for &policy in &policies {
+            for (i, &load) in args.points.iter().enumerate() {
+                pb.set_message(format!("{service} {policy} @ {load:.2}"));
+                let row = run_point(&setup, service, policy, load, i).with_context(|| {
+                    format!("{service} service, policy {policy} at offered load {load}")
+                });
+                match row {
+                    Ok(r) => rows.push(r),
+                    Err(e) => {
+                        pb.abandon();
+                        return Err(e);
+                    }
                 }
+                pb.inc(1);
             }
-            pb.inc(1);
         }
     }
     pb.finish_and_clear();
@@ -907,19 +959,25 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let png = args.out.join("demo.png");
     report::write_csv(&csv, &rows)?;
     let names: Vec<&str> = policies.iter().map(|p| p.name()).collect();
+    let service_names: Vec<&str> = services.iter().map(|s| s.name()).collect();
     plot::write_png(
         &png,
         &rows,
+        &service_names,
         &names,
         &format!(
-            "ginza demo: {n} managed core(s), lc bursts of {} × exp(10 µs), {:?} per point",
-            setup.burst, setup.duration
+            "ginza demo: {n} managed core(s), UDP spin-server (mean 10 µs) + batch, {:?} per point",
+            setup.duration
         ),
     )?;
     let described: Vec<(&'static str, String)> =
         policies.iter().map(|p| (p.name(), p.describe(n))).collect();
+    let service_described: Vec<(&'static str, String)> = services
+        .iter()
+        .map(|s| (s.name(), s.describe().to_string()))
+        .collect();
     let mut table = head;
-    table.push_str(&report::render_table(&rows, &described));
+    table.push_str(&report::render_table(&rows, &service_described, &described));
     table.push_str(&format!(
         "\nwrote {} and {}\n",
         csv.display(),
@@ -930,8 +988,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         let report = Report {
             iokernel_core,
             managed_cores: &setup.managed,
-            burst: setup.burst,
-            mean_service_us: work::MEAN_SERVICE.as_secs_f64() * 1e6,
+            mean_service_us: MEAN_SERVICE.as_secs_f64() * 1e6,
             warmup_ms: setup.warmup.as_secs_f64() * 1e3,
             duration_ms: setup.duration.as_secs_f64() * 1e3,
             seed: setup.seed,
@@ -980,6 +1037,11 @@ mod tests {
         assert!(parse_load("nan").is_err());
         assert!(parse_load("3").is_err());
         assert_eq!(parse_policy("slow"), Ok(Policy::Slow));
+        assert_eq!(parse_service("bimodal"), Ok(Service::Bimodal));
+        assert!(parse_service("uniform")
+            .unwrap_err()
+            .contains("expected exponential"));
+        assert_eq!(Service::Bimodal.distribution().mean_ns(), 10_000.0);
         assert!(parse_policy("fast").is_err());
         assert!(parse_window("10ms").is_err());
         assert_eq!(parse_window("200ms"), Ok(Duration::from_millis(200)));

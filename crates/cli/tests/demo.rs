@@ -1,6 +1,7 @@
-//! `ginza demo` end to end: iokerneld, the latency-critical and the batch
-//! application really run (one short point per policy), and the CSV and
-//! PNG come out with sane numbers.
+//! `ginza demo` end to end: iokerneld, its traffic generator, the UDP
+//! spin-server and the batch application really run (one short point per
+//! policy, two service distributions), and the CSV and PNG come out with
+//! sane numbers.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -48,9 +49,11 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
         .args(["demo", "--points", "0.3", "--duration", "200ms"])
         .args([
             "--warmup",
-            "100ms",
+            "50ms",
             "--policies",
             "shenango,static",
+            "--services",
+            "exponential,bimodal",
             "--out",
         ])
         .arg(&out)
@@ -72,6 +75,7 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().expect("header").split(',').collect();
     for col in [
+        "service",
         "policy",
         "offered_load",
         "achieved_load",
@@ -82,14 +86,14 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
         "lc_cores",
         "batch_cores",
         "reallocations_per_s",
-        "lc_requests_expected",
-        "lc_requests_completed",
+        "lc_requests_sent",
+        "lc_requests_answered",
     ] {
         assert!(header.contains(&col), "no column {col} in {header:?}");
     }
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    assert_eq!(rows.len(), 2, "{csv}");
+    assert_eq!(rows.len(), 4, "{csv}");
     let num = |r: &[&str], name: &str| -> f64 {
         r[col(name)]
             .parse()
@@ -101,9 +105,14 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
             p50 > 0.0 && p50 <= p99 && p99 <= p999,
             "percentiles {p50} {p99} {p999}: {csv}"
         );
-        assert!(num(r, "lc_requests_completed") > 0.0, "{csv}");
+        let (sent, answered) = (num(r, "lc_requests_sent"), num(r, "lc_requests_answered"));
+        // 0.3 of a core at 10 µs per request for 200 ms: about 6000.
+        assert!(sent > 1000.0, "{csv}");
+        assert!(answered > 0.9 * sent, "most requests answered: {csv}");
+        assert!(num(r, "achieved_load") > 0.1, "{csv}");
         assert_eq!(num(r, "offered_load"), 0.3);
     }
+    assert!(rows.iter().any(|r| r[col("service")] == "bimodal"), "{csv}");
     let shenango = rows
         .iter()
         .find(|r| r[col("policy")] == "shenango")

@@ -1,5 +1,6 @@
-//! The demo's figure: p99 latency (log scale) and batch throughput against
-//! offered load, one line per policy, side by side in one PNG.
+//! The demo's figure: per service distribution, a row of two panels — p99
+//! latency (log scale) and batch throughput against offered load, one line
+//! per policy.
 //!
 //! `ginza_sim::plot::line_chart` draws one chart per file; two panels need
 //! their own drawing area, so this draws with plotters directly, in the same
@@ -102,19 +103,48 @@ macro_rules! draw_lines {
     }};
 }
 
-/// Writes the two-panel PNG at `path`.
+/// Height of one service distribution's row of panels.
+const ROW_HEIGHT: u32 = 520;
+
+/// Writes the PNG at `path`: one row of two panels per service.
 pub(crate) fn write_png(
     path: &Path,
     rows: &[Row],
+    services: &[&str],
     policies: &[&str],
     caption: &str,
 ) -> anyhow::Result<()> {
     ginza_sim::plot::register_font();
     let xs = x_range(rows);
-    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    let bands = services.len().max(1) as u32;
+    let root = BitMapBackend::new(path, (1400, 40 + ROW_HEIGHT * bands)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(caption, ("sans-serif", 20))?;
-    let (left, right) = root.split_horizontally(700);
+    for (area, service) in root.split_evenly((bands as usize, 1)).iter().zip(services) {
+        let mine: Vec<Row> = rows
+            .iter()
+            .filter(|r| r.service == *service)
+            .cloned()
+            .collect();
+        draw_service(area, &mine, service, policies, xs.clone())?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// One service distribution's two panels.
+fn draw_service<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    rows: &[Row],
+    service: &str,
+    policies: &[&str],
+    xs: std::ops::Range<f64>,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let (left, right) = area.split_horizontally(700);
 
     // Left: p99 latency, log scale (it spans µs to ms across policies).
     let p99 = lines(rows, policies, |r| r.p99_us);
@@ -129,7 +159,7 @@ pub(crate) fn write_png(
         (1.0, 1000.0)
     };
     let mut cc = ChartBuilder::on(&left)
-        .caption("LC p99 latency", ("sans-serif", 18))
+        .caption(format!("{service}: LC p99 latency"), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(70)
@@ -159,7 +189,7 @@ pub(crate) fn write_png(
         .fold(0.0f64, f64::max);
     let top = if top > 0.0 { top * 1.15 } else { 1.0 };
     let mut cc = ChartBuilder::on(&right)
-        .caption("batch throughput", ("sans-serif", 18))
+        .caption(format!("{service}: batch throughput"), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(70)
@@ -171,9 +201,6 @@ pub(crate) fn write_png(
         .axis_desc_style(("sans-serif", 16))
         .draw()?;
     draw_lines!(&mut cc, &batch);
-
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 
@@ -183,6 +210,7 @@ mod tests {
 
     fn row(policy: &'static str, load: f64, p99: f64, batch: f64) -> Row {
         Row {
+            service: "exponential",
             policy,
             offered_load: load,
             achieved_load: load,
@@ -194,8 +222,8 @@ mod tests {
             batch_cores: 0.5,
             reallocations_per_s: 10.0,
             overdue_preemptions: 0,
-            lc_requests_expected: 10,
-            lc_requests_completed: 10,
+            lc_requests_sent: 10,
+            lc_requests_answered: 10,
             note: String::new(),
         }
     }
@@ -218,11 +246,22 @@ mod tests {
             row("slow", 0.5, 2000.0, 10.0),
             row("slow", 0.7, f64::NAN, f64::NAN),
         ];
-        write_png(&path, &rows, &["shenango", "slow", "static"], "test").unwrap();
+        let mut bimodal = row("shenango", 0.5, 80.0, 20.0);
+        bimodal.service = "bimodal";
+        let mut rows = rows.to_vec();
+        rows.push(bimodal);
+        write_png(
+            &path,
+            &rows,
+            &["exponential", "bimodal"],
+            &["shenango", "slow", "static"],
+            "test",
+        )
+        .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
         // Nothing to draw at all still makes a figure.
-        write_png(&path, &[], &["shenango"], "empty").unwrap();
+        write_png(&path, &[], &["exponential"], &["shenango"], "empty").unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -10,11 +10,13 @@ use serde::Serialize;
 /// One policy at one offered load.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct Row {
+    /// Service-time distribution of the requests.
+    pub(crate) service: &'static str,
     pub(crate) policy: &'static str,
     /// Offered load, a fraction of the managed cores' capacity.
     pub(crate) offered_load: f64,
-    /// Work of the requests completed in the window over the window ×
-    /// managed cores.
+    /// Service time the server spent during the measured run over the run
+    /// × managed cores.
     pub(crate) achieved_load: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
@@ -29,16 +31,17 @@ pub(crate) struct Row {
     /// Preemptions in the window that iokerneld had to enforce (not
     /// answered within its deadline).
     pub(crate) overdue_preemptions: u64,
-    /// Arrivals the Poisson process offers in the window (its mean).
-    pub(crate) lc_requests_expected: u64,
-    /// Requests that arrived in the window, were issued and completed.
-    pub(crate) lc_requests_completed: u64,
+    /// Requests the generator sent in the measured run.
+    pub(crate) lc_requests_sent: u64,
+    /// Of those, answered (latency samples).
+    pub(crate) lc_requests_answered: u64,
     /// Empty, or what went wrong at this point.
     pub(crate) note: String,
 }
 
 /// The CSV's header, in row order.
-pub(crate) const CSV_HEADER: [&str; 14] = [
+pub(crate) const CSV_HEADER: [&str; 15] = [
+    "service",
     "policy",
     "offered_load",
     "achieved_load",
@@ -50,8 +53,8 @@ pub(crate) const CSV_HEADER: [&str; 14] = [
     "batch_cores",
     "reallocations_per_s",
     "overdue_preemptions",
-    "lc_requests_expected",
-    "lc_requests_completed",
+    "lc_requests_sent",
+    "lc_requests_answered",
     "note",
 ];
 
@@ -104,6 +107,7 @@ fn cells(r: &Row) -> Vec<String> {
     // Notes are free text: quoted, inner quotes doubled.
     let note = format!("\"{}\"", r.note.replace('"', "\"\""));
     vec![
+        r.service.to_string(),
         r.policy.to_string(),
         r.offered_load.to_string(),
         r.achieved_load.to_string(),
@@ -115,8 +119,8 @@ fn cells(r: &Row) -> Vec<String> {
         r.batch_cores.to_string(),
         r.reallocations_per_s.to_string(),
         r.overdue_preemptions.to_string(),
-        r.lc_requests_expected.to_string(),
-        r.lc_requests_completed.to_string(),
+        r.lc_requests_sent.to_string(),
+        r.lc_requests_answered.to_string(),
         note,
     ]
 }
@@ -135,48 +139,62 @@ fn num(v: f64, decimals: usize) -> String {
     }
 }
 
-/// The table: one block per policy (in the order given), one line per load.
-pub(crate) fn render_table(rows: &[Row], policies: &[(&'static str, String)]) -> String {
+/// The table: per service distribution, one block per policy (in the
+/// orders given), one line per load.
+pub(crate) fn render_table(
+    rows: &[Row],
+    services: &[(&'static str, String)],
+    policies: &[(&'static str, String)],
+) -> String {
     let mut t = String::new();
-    for (name, what) in policies {
-        let mine: Vec<&Row> = rows.iter().filter(|r| r.policy == *name).collect();
-        if mine.is_empty() {
+    for (service, about) in services {
+        if !rows.iter().any(|r| r.service == *service) {
             continue;
         }
-        let _ = writeln!(t, "\n{name}: {what}");
-        let _ = writeln!(
-            t,
-            "  {:>7} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
-            "offered",
-            "achieved",
-            "p50 µs",
-            "p99 µs",
-            "p99.9 µs",
-            "batch Mp/s",
-            "LC cores",
-            "batch c.",
-            "realloc/s",
-            "LC done/expect"
-        );
-        for r in mine {
-            let _ = write!(
-                t,
-                "  {:>7.2} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
-                r.offered_load,
-                num(r.achieved_load, 3),
-                num(r.p50_us, 1),
-                num(r.p99_us, 1),
-                num(r.p999_us, 1),
-                num(r.batch_mpaths_per_s, 2),
-                num(r.lc_cores, 2),
-                num(r.batch_cores, 2),
-                num(r.reallocations_per_s, 0),
-                format!("{}/{}", r.lc_requests_completed, r.lc_requests_expected),
-            );
-            if !r.note.is_empty() {
-                let _ = write!(t, "  ({})", r.note);
+        let _ = writeln!(t, "\n=== {service}: {about}");
+        for (name, what) in policies {
+            let mine: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.policy == *name && r.service == *service)
+                .collect();
+            if mine.is_empty() {
+                continue;
             }
-            t.push('\n');
+            let _ = writeln!(t, "\n{name}: {what}");
+            let _ = writeln!(
+                t,
+                "  {:>7} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
+                "offered",
+                "achieved",
+                "p50 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "batch Mp/s",
+                "LC cores",
+                "batch c.",
+                "realloc/s",
+                "LC ans/sent"
+            );
+            for r in mine {
+                let _ = write!(
+                    t,
+                    "  {:>7.2} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
+                    r.offered_load,
+                    num(r.achieved_load, 3),
+                    num(r.p50_us, 1),
+                    num(r.p99_us, 1),
+                    num(r.p999_us, 1),
+                    num(r.batch_mpaths_per_s, 2),
+                    num(r.lc_cores, 2),
+                    num(r.batch_cores, 2),
+                    num(r.reallocations_per_s, 0),
+                    format!("{}/{}", r.lc_requests_answered, r.lc_requests_sent),
+                );
+                if !r.note.is_empty() {
+                    let _ = write!(t, "  ({})", r.note);
+                }
+                t.push('\n');
+            }
         }
     }
     t
@@ -188,6 +206,7 @@ mod tests {
 
     fn row(policy: &'static str, load: f64) -> Row {
         Row {
+            service: "exponential",
             policy,
             offered_load: load,
             achieved_load: load,
@@ -199,15 +218,15 @@ mod tests {
             batch_cores: 0.7,
             reallocations_per_s: 2500.0,
             overdue_preemptions: 0,
-            lc_requests_expected: 30_000,
-            lc_requests_completed: 29_950,
+            lc_requests_sent: 30_000,
+            lc_requests_answered: 29_950,
             note: String::new(),
         }
     }
 
     #[test]
     fn percentiles_of_a_known_histogram() {
-        let mut h = super::super::work::latency_histogram();
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
         for v in 1..=1000u64 {
             h.record(v * 1000).unwrap(); // 1..=1000 µs
         }
@@ -217,7 +236,7 @@ mod tests {
         assert!((p999 - 999.0).abs() < 1.0, "{p999}");
         assert!(p50 <= p99 && p99 <= p999);
         assert_eq!(
-            percentiles_us(&super::super::work::latency_histogram()),
+            percentiles_us(&hdrhistogram::Histogram::<u64>::new(3).unwrap()),
             (0.0, 0.0, 0.0)
         );
     }
@@ -255,7 +274,7 @@ mod tests {
         assert_eq!(lines[0], CSV_HEADER.join(","));
         assert_eq!(lines[1].split(',').count(), CSV_HEADER.len());
         assert!(
-            lines[1].starts_with("shenango,0.1,0.1,12,80,120.5,30,"),
+            lines[1].starts_with("exponential,shenango,0.1,0.1,12,80,120.5,30,"),
             "{}",
             lines[1]
         );
@@ -273,8 +292,10 @@ mod tests {
             row("static", 0.1),
             row("shenango", 0.5),
         ];
+        let services = [("exponential", "exp".to_string())];
         let t = render_table(
             &rows,
+            &services,
             &[
                 ("static", "fixed".into()),
                 ("shenango", "5 µs".into()),
@@ -292,7 +313,7 @@ mod tests {
         let mut stuck = row("slow", 0.3);
         stuck.p99_us = f64::NAN;
         stuck.note = "stuck".into();
-        let t = render_table(&[stuck], &[("slow", "1 ms".into())]);
+        let t = render_table(&[stuck], &services, &[("slow", "1 ms".into())]);
         assert!(
             t.contains(" - ") && t.contains("(stuck)") && !t.contains("NaN"),
             "{t}"

@@ -1,0 +1,10 @@
+//! Ginza's applications (DESIGN.md, "Applications, load and experiments"),
+//! each a library module that runs inside a Ginza runtime and a binary that
+//! starts one:
+//!
+//! * [`spin_server`]: UDP requests that carry their own service time.
+//! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod batch;
+pub mod spin_server;
