@@ -12,10 +12,12 @@
 //! * [`dataplane`]: packets between the links (software switch, traffic
 //!   generator, a real NIC) and the applications' packet rings.
 //! * [`nic`]: the NIC trait and its backends.
+//! * [`netns`]: a network namespace joined by a veth pair, where ordinary
+//!   Linux programs talk to a Ginza NIC backend (tests, benchmarks).
 //!
-//! `unsafe` code is in the private `sys` module and in the Linux NIC
-//! backends ([`nic::af_packet`], [`nic::af_xdp`]), each block with its
-//! `SAFETY` comment.
+//! `unsafe` code is in the private `sys` module, the Linux NIC backends
+//! ([`nic::af_packet`], [`nic::af_xdp`]) and [`netns`] (`setns`), each
+//! block with its `SAFETY` comment.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -26,6 +28,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 mod in_process;
+pub mod netns;
 pub mod nic;
 pub mod proto;
 pub mod raw_app;

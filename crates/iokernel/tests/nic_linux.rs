@@ -6,14 +6,12 @@
 //! Needs root, `ip` and `ethtool`; skipped otherwise. The tests share a
 //! mutex: they run one at a time, and every loop is bounded in time.
 
-mod common;
-
 use std::net::{SocketAddrV4, UdpSocket};
 use std::process::Child;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::netns::NetNs;
+use ginza_iokernel::netns::{self, NetNs};
 use ginza_iokernel::nic::linux::{open_link, LinuxNic};
 use ginza_iokernel::nic::{Frame, Nic};
 use ginza_net::tx::{self, BuildError};
@@ -422,8 +420,8 @@ fn udp_echo_rtt() {
         let probe = ns
             .spawn_in(move || {
                 // Warm-up (ARP), then the measured run.
-                common::netns::udp_rtt_probe(bind, target, 100, 32, Duration::from_millis(100))?;
-                common::netns::udp_rtt_probe(bind, target, 2000, 32, Duration::from_millis(10))
+                netns::udp_rtt_probe(bind, target, 100, 32, Duration::from_millis(100))?;
+                netns::udp_rtt_probe(bind, target, 2000, 32, Duration::from_millis(10))
             })
             .unwrap();
         responder.serve(Duration::from_secs(20), true, |_| probe.is_finished());
@@ -461,9 +459,7 @@ fn linux_echo_peer_answers_the_probe() {
         SocketAddrV4::new(ns.ns_ip, 7),
     );
     let rtts = ns
-        .run_in(move || {
-            common::netns::udp_rtt_probe(bind, target, 10, 64, Duration::from_millis(100))
-        })
+        .run_in(move || netns::udp_rtt_probe(bind, target, 10, 64, Duration::from_millis(100)))
         .unwrap()
         .unwrap();
     assert_eq!(rtts.iter().flatten().count(), 10, "{rtts:?}");

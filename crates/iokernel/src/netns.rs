@@ -19,8 +19,8 @@
 //! off on `ns_if`, so frames from the namespace carry full checksums.
 //!
 //! Needs root, `ip` (iproute2) and `ethtool`; without them
-//! [`NetNs::create_or_skip`] prints `skipped: <reason>` and returns `None`.
-#![allow(dead_code)] // each test binary uses a part of it
+//! [`NetNs::create_or_skip`] prints `skipped: <reason>` and returns `None`
+//! (tests), and [`NetNs::create`] says what is missing (benchmarks).
 
 use std::fs::File;
 use std::io;
@@ -61,7 +61,12 @@ impl NetNs {
         Some(NetNs::create().expect("creating a network namespace and veth pair"))
     }
 
-    fn create() -> io::Result<NetNs> {
+    /// A fresh namespace and veth pair; the error says what is missing or
+    /// what failed.
+    pub fn create() -> io::Result<NetNs> {
+        if let Some(reason) = missing_prerequisite() {
+            return Err(io::Error::other(reason));
+        }
         remove_stale();
         let pid = std::process::id();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -279,7 +284,8 @@ pub fn udp_rtt_probe(
     Ok(rtts)
 }
 
-fn missing_prerequisite() -> Option<String> {
+/// Why this host cannot make a namespace and veth pair, if it cannot.
+pub fn missing_prerequisite() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root: network namespaces and veth pairs need root".into());

@@ -1,3 +1,0 @@
-//! Helpers shared by the integration tests of this crate.
-
-pub mod netns;
