@@ -1,0 +1,53 @@
+//! `ginza bench forward --json` runs end to end: packets really move
+//! between the two applications, and (as root, with `ip` and `ethtool`)
+//! both round-trip series come from answered datagrams.
+
+use std::process::Command;
+
+#[test]
+fn forward_reports_packets_per_second_and_round_trips() {
+    let cpus = ginza_iokernel::util::allowed_cpus().unwrap();
+    if cpus.len() < 2 {
+        eprintln!(
+            "skipped: iokerneld and the applications need two CPUs, this process has {cpus:?}"
+        );
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args([
+            "bench",
+            "forward",
+            "--json",
+            "--windows",
+            "2",
+            "--window-ms",
+            "50",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["forward_mpps"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(
+        v["forward_windows_mpps"].as_array().unwrap().len(),
+        2,
+        "{v}"
+    );
+    assert_eq!(v["frame_bytes"], 64);
+    match ginza_iokernel::netns::missing_prerequisite() {
+        Some(reason) => {
+            assert!(v["rtt_us"].is_null(), "{v}");
+            assert_eq!(v["rtt_skipped"].as_str(), Some(reason.as_str()));
+        }
+        None => {
+            for side in ["ginza", "linux"] {
+                let r = &v["rtt_us"][side];
+                let (p50, p99) = (r["p50"].as_f64().unwrap(), r["p99"].as_f64().unwrap());
+                assert!(0.0 < p50 && p50 <= p99, "{side}: {r}");
+                assert!(r["lost"].as_u64().unwrap() < 100, "{side}: {r}");
+            }
+            assert!(stderr.contains("p50 ratio ginza/linux"), "{stderr}");
+        }
+    }
+}
