@@ -30,7 +30,9 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::linux::{ifindex, LinkStats, NicError, ETHERNET_HEADER_LEN, MIN_BUFFER_SIZE};
+use super::linux::{
+    check_pool_and_ifindex, io_error, set_socket_option, LinkStats, NicError, ETHERNET_HEADER_LEN,
+};
 use super::{BufferPool, Frame, Nic};
 
 const BACKEND: &str = "af_packet";
@@ -56,28 +58,8 @@ impl AfPacket {
         pool_buffers: usize,
         buffer_size: usize,
     ) -> Result<AfPacket, NicError> {
-        if pool_buffers == 0 || buffer_size < MIN_BUFFER_SIZE || buffer_size > u32::MAX as usize {
-            return Err(NicError::BadPool {
-                buffers: pool_buffers,
-                buffer_size,
-            });
-        }
-        let ifindex = ifindex(ifname)?;
-        let io_error = |what, source: io::Error| {
-            if source.raw_os_error() == Some(libc::EPERM) {
-                NicError::NeedsRoot {
-                    backend: BACKEND,
-                    capabilities: "CAP_NET_RAW",
-                }
-            } else {
-                NicError::Io {
-                    backend: BACKEND,
-                    ifname: ifname.to_string(),
-                    what,
-                    source,
-                }
-            }
-        };
+        let ifindex = check_pool_and_ifindex(ifname, pool_buffers, buffer_size)?;
+        let io_error = io_error(BACKEND, "CAP_NET_RAW", ifname);
         let fd =
             promiscuous_socket(ifindex).map_err(|e| io_error("promiscuous packet socket", e))?;
         // Best effort: the kernel may predate the option (4.20); rx_burst
@@ -276,22 +258,7 @@ fn free(pool: &mut BufferPool, frame: Frame) {
 }
 
 fn set_option<T>(fd: &OwnedFd, option: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` points to a live `T` of `size_of::<T>()` bytes, which
-    // is what the option expects (callers pair options with their types).
-    let result = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            option,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if result < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    set_socket_option(fd, libc::SOL_PACKET, option, value)
 }
 
 /// A non-blocking packet socket that receives nothing yet (protocol 0) and

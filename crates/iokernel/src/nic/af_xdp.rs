@@ -46,7 +46,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::af_packet::promiscuous_socket;
-use super::linux::{ifindex, LinkStats, NicError, ETHERNET_HEADER_LEN, MIN_BUFFER_SIZE};
+use super::linux::{
+    check_pool_and_ifindex, io_error, set_socket_option, LinkStats, NicError, ETHERNET_HEADER_LEN,
+};
 use super::{BufferPool, Frame, Nic};
 
 const BACKEND: &str = "af_xdp";
@@ -108,28 +110,8 @@ impl AfXdp {
     /// Opens queue 0 of `ifname` with a pool of `pool_buffers` buffers of
     /// `buffer_size` bytes.
     pub fn open(ifname: &str, pool_buffers: usize, buffer_size: usize) -> Result<AfXdp, NicError> {
-        if pool_buffers == 0 || buffer_size < MIN_BUFFER_SIZE || buffer_size > u32::MAX as usize {
-            return Err(NicError::BadPool {
-                buffers: pool_buffers,
-                buffer_size,
-            });
-        }
-        let ifindex = ifindex(ifname)?;
-        let io_error = |what, source: io::Error| {
-            if source.raw_os_error() == Some(libc::EPERM) {
-                NicError::NeedsRoot {
-                    backend: BACKEND,
-                    capabilities: "CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW",
-                }
-            } else {
-                NicError::Io {
-                    backend: BACKEND,
-                    ifname: ifname.to_string(),
-                    what,
-                    source,
-                }
-            }
-        };
+        let ifindex = check_pool_and_ifindex(ifname, pool_buffers, buffer_size)?;
+        let io_error = io_error(BACKEND, "CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW", ifname);
         let promiscuous =
             promiscuous_socket(ifindex).map_err(|e| io_error("promiscuous packet socket", e))?;
         let mtu = interface_mtu(&promiscuous, ifname).map_err(|e| io_error("SIOCGIFMTU", e))?;
@@ -443,22 +425,7 @@ fn socket(domain: libc::c_int, kind: libc::c_int) -> io::Result<OwnedFd> {
 }
 
 fn set_xdp_option<T>(socket: &OwnedFd, option: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` points to a live `T` of `size_of::<T>()` bytes, the
-    // type the option expects (callers pair them).
-    let result = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_XDP,
-            option,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if result < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    set_socket_option(socket, libc::SOL_XDP, option, value)
 }
 
 fn interface_mtu(socket: &OwnedFd, ifname: &str) -> io::Result<usize> {

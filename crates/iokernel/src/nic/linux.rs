@@ -214,6 +214,72 @@ impl LinkDrops {
     }
 }
 
+/// Checks a backend's pool size and resolves `ifname`: what both Linux
+/// backends do first.
+pub(crate) fn check_pool_and_ifindex(
+    ifname: &str,
+    pool_buffers: usize,
+    buffer_size: usize,
+) -> Result<u32, NicError> {
+    if pool_buffers == 0 || buffer_size < MIN_BUFFER_SIZE || buffer_size > u32::MAX as usize {
+        return Err(NicError::BadPool {
+            buffers: pool_buffers,
+            buffer_size,
+        });
+    }
+    ifindex(ifname)
+}
+
+/// Turns a failed system call of `backend` on `ifname` into its error:
+/// `EPERM` names the capabilities it needs.
+pub(crate) fn io_error<'a>(
+    backend: &'static str,
+    capabilities: &'static str,
+    ifname: &'a str,
+) -> impl Fn(&'static str, io::Error) -> NicError + 'a {
+    move |what, source| {
+        if source.raw_os_error() == Some(libc::EPERM) {
+            NicError::NeedsRoot {
+                backend,
+                capabilities,
+            }
+        } else {
+            NicError::Io {
+                backend,
+                ifname: ifname.to_string(),
+                what,
+                source,
+            }
+        }
+    }
+}
+
+/// `setsockopt(fd, level, option, value)`.
+pub(crate) fn set_socket_option<T>(
+    fd: &std::os::fd::OwnedFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `value` points to a live `T` of `size_of::<T>()` bytes, the
+    // type the option expects (callers pair options with their types).
+    let result = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            option,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 fn check_ifname(name: &str) -> Result<(), NicError> {
     let ok = !name.is_empty()
         && name.len() < libc::IFNAMSIZ
