@@ -4,6 +4,8 @@
 //! Tests hold `LOCK`: iokerneld spins while anything holds a core, and this
 //! machine may have only two.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -479,26 +481,8 @@ fn child_app_body() {
 fn sigkill_of_one_application_leaves_the_other_running() {
     let _g = lock();
     let d = Daemon::start(|_| {});
-    struct Reap(std::process::Child);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Reap(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_app_body",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("GINZA_TEST_CHILD_SOCKET", &d.socket)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child =
+        common::spawn_test_child("child_app_body", "GINZA_TEST_CHILD_SOCKET", &d.socket);
     wait_until("the child on the cores", &d, |s| {
         app_stats(s, "victim").is_some_and(|a| a.cores_now >= 1)
     });

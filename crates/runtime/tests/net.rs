@@ -5,6 +5,8 @@
 //! * End to end: runtimes under an in-process iokerneld with its dataplane
 //!   (tests that start iokerneld hold `LOCK`).
 
+mod common;
+
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -970,25 +972,10 @@ fn an_application_killed_mid_traffic_does_not_disturb_another() {
     // still pending (iokerneld then gives the hand-over to the next grant;
     // before that fix a kthread could be left neither parked nor woken).
     let server = start_server(&d, "server", srv, 0, &stop, &served);
-    struct Reap(std::process::Child);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Reap(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "net_child_app_body",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("GINZA_TEST_NET_CHILD_SOCKET", &d.socket)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+    let mut child = common::spawn_test_child(
+        "net_child_app_body",
+        "GINZA_TEST_NET_CHILD_SOCKET",
+        &d.socket,
     );
     // The victim's traffic is being served.
     let t0 = Instant::now();
