@@ -37,12 +37,12 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context as _};
 use ginza_apps::spin_server::{self, SpinStats};
 use ginza_iokernel::config::{format_cores, parse_cores, parse_duration};
-use ginza_iokernel::nic::{GeneratorConfig, ServiceTime};
+use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::{
     client, Config as IokConfig, DaemonError, InProcess, LoadReport, LoadRun, PolicyKind,
-    StatsReport, GENERATOR_MAC,
+    StatsReport, GENERATOR_IP, GENERATOR_MAC,
 };
-use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr};
+use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -287,7 +287,6 @@ const DRAIN: Duration = Duration::from_millis(100);
 const LC_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x01, 0x01]);
 const LC_IP: Ipv4Addr = Ipv4Addr::new(10, 47, 1, 1);
 const LC_PORT: u16 = 7;
-const GENERATOR_IP: Ipv4Addr = Ipv4Addr::new(10, 47, 0, 254);
 
 /// What the whole run uses.
 struct Setup {
@@ -656,29 +655,14 @@ fn app_config(
 /// A load run of the generator against `lc`: Poisson arrivals at `rate`
 /// per second for `duration`.
 fn load_run(service: Service, rate: f64, duration: Duration, seed: u64) -> LoadRun {
-    LoadRun {
-        config: GeneratorConfig {
-            interface: Interface {
-                mac: GENERATOR_MAC,
-                ip: GENERATOR_IP,
-            },
-            src_port: 40_000,
-            target_mac: LC_MAC,
-            target: Endpoint {
-                ip: LC_IP,
-                port: LC_PORT,
-            },
-            rate_per_sec: rate,
-            service: service.distribution(),
-            payload_len: 32,
-            start_ns: 0,
-            duration_ns: duration.as_nanos() as u64,
-            max_outstanding: 1 << 16,
-            max_burst: 64,
-            seed,
-        },
-        drain: DRAIN,
-    }
+    let lc = Interface {
+        mac: LC_MAC,
+        ip: LC_IP,
+    };
+    let mut run = LoadRun::poisson(lc, LC_PORT, rate, service.distribution(), duration);
+    run.config.seed = seed;
+    run.drain = DRAIN;
+    run
 }
 
 /// Runs one policy at one load with one service distribution.

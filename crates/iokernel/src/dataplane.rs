@@ -120,6 +120,48 @@ pub struct LoadRun {
     pub drain: Duration,
 }
 
+/// The generator's default IP on the switch (applications that answer it
+/// need a static ARP entry: the generator answers no ARP).
+pub const GENERATOR_IP: ginza_net::Ipv4Addr = ginza_net::Ipv4Addr::new(10, 47, 0, 254);
+
+impl LoadRun {
+    /// Poisson requests at `rate_per_sec` for `duration` to `target`:`port`,
+    /// from [`GENERATOR_MAC`]/[`GENERATOR_IP`] port 40000, 32-byte payloads,
+    /// up to 65,536 outstanding, 64 per loop iteration, seed 7, 100 ms of
+    /// drain. Adjust the fields for anything else.
+    pub fn poisson(
+        target: Interface,
+        port: u16,
+        rate_per_sec: f64,
+        service: crate::nic::ServiceTime,
+        duration: Duration,
+    ) -> LoadRun {
+        LoadRun {
+            config: GeneratorConfig {
+                interface: Interface {
+                    mac: GENERATOR_MAC,
+                    ip: GENERATOR_IP,
+                },
+                src_port: 40_000,
+                target_mac: target.mac,
+                target: ginza_net::Endpoint {
+                    ip: target.ip,
+                    port,
+                },
+                rate_per_sec,
+                service,
+                payload_len: 32,
+                start_ns: 0,
+                duration_ns: duration.as_nanos() as u64,
+                max_outstanding: 1 << 16,
+                max_burst: 64,
+                seed: 7,
+            },
+            drain: Duration::from_millis(100),
+        }
+    }
+}
+
 /// What a load run measured.
 #[derive(Clone, Debug)]
 pub struct LoadReport {

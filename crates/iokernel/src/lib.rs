@@ -40,7 +40,7 @@ pub use actuator::{
 pub use client::{ClientError, Connection};
 pub use config::{Cli, Config, ConfigError, PolicyKind};
 pub use daemon::{DaemonError, Iokerneld, StopHandle};
-pub use dataplane::{GeneratorHandle, LoadReport, LoadRun, NetStats, GENERATOR_MAC};
+pub use dataplane::{GeneratorHandle, LoadReport, LoadRun, NetStats, GENERATOR_IP, GENERATOR_MAC};
 pub use in_process::InProcess;
 pub use proto::{AppStats, Class, Registration, Removal, StatsReport, PROTOCOL_VERSION};
 

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ginza_iokernel::client::{self, ClientError};
-use ginza_iokernel::nic::{GeneratorConfig, ServiceTime};
+use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
 use ginza_iokernel::{
     Config, GeneratorHandle, Iokerneld, LoadRun, RecordingActuator, StatsReport, StopHandle,
@@ -120,29 +120,15 @@ fn echo_until(app: &mut RawApp, stop: &AtomicBool) -> u64 {
 }
 
 fn load(target: Interface, rate: f64, ms: u64) -> LoadRun {
-    LoadRun {
-        config: GeneratorConfig {
-            interface: Interface {
-                mac: GENERATOR_MAC,
-                ip: Ipv4Addr::new(10, 9, 0, 254),
-            },
-            src_port: 40_000,
-            target_mac: target.mac,
-            target: Endpoint {
-                ip: target.ip,
-                port: 7,
-            },
-            rate_per_sec: rate,
-            service: ServiceTime::Constant { ns: 1_000 },
-            payload_len: 32,
-            start_ns: 0,
-            duration_ns: ms * 1_000_000,
-            max_outstanding: 4096,
-            max_burst: 32,
-            seed: 7,
-        },
-        drain: Duration::from_millis(50),
-    }
+    let mut run = LoadRun::poisson(
+        target,
+        7,
+        rate,
+        ServiceTime::Constant { ns: 1_000 },
+        Duration::from_millis(ms),
+    );
+    run.drain = Duration::from_millis(50);
+    run
 }
 
 #[test]

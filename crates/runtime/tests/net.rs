@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::nic::{GeneratorConfig, RequestHeader, ServiceTime};
-use ginza_iokernel::{client, Config as IokConfig, InProcess, LoadRun, GENERATOR_MAC};
+use ginza_iokernel::nic::{RequestHeader, ServiceTime};
+use ginza_iokernel::{
+    client, Config as IokConfig, InProcess, LoadRun, GENERATOR_IP, GENERATOR_MAC,
+};
 use ginza_net::{tx, ArpOperation, DropKind, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 use ginza_runtime::net::testing::{Harness, SendOutcome};
 use ginza_runtime::net::{NetConfig, UdpSocket};
@@ -664,8 +666,6 @@ fn sockets_need_networking_and_a_runtime() {
     assert!(ginza_runtime::net::stats().is_none());
 }
 
-const GENERATOR_IP: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 254);
-
 /// A UDP echo server on port 7: `n` uthreads share the socket, each
 /// spinning for the request's service time before echoing. Returns when
 /// `stop` is set (checked at every read timeout).
@@ -705,26 +705,13 @@ fn echo_server(n: usize, stop: Arc<AtomicBool>, served: Arc<AtomicU64>) {
 }
 
 fn load(target: Interface, rate: f64, service_ns: u64, ms: u64) -> LoadRun {
-    LoadRun {
-        config: GeneratorConfig {
-            interface: Interface {
-                mac: GENERATOR_MAC,
-                ip: GENERATOR_IP,
-            },
-            src_port: 40_000,
-            target_mac: target.mac,
-            target: Endpoint::new(target.ip, 7),
-            rate_per_sec: rate,
-            service: ServiceTime::Constant { ns: service_ns },
-            payload_len: 32,
-            start_ns: 0,
-            duration_ns: ms * 1_000_000,
-            max_outstanding: 4096,
-            max_burst: 32,
-            seed: 7,
-        },
-        drain: Duration::from_millis(100),
-    }
+    LoadRun::poisson(
+        target,
+        7,
+        rate,
+        ServiceTime::Constant { ns: service_ns },
+        Duration::from_millis(ms),
+    )
 }
 
 #[test]
