@@ -12,7 +12,9 @@
 //! * the generator collects replies and injects due requests on its port;
 //! * the real NIC's received frames enter the switch by the trunk, and what
 //!   the switch sends to the trunk leaves by the NIC;
-//! * [`Dataplane::deliver`]: frames on an application's port are copied
+//! * [`Dataplane::deliver`]: frames on an application's port (switched
+//!   there by destination MAC; of a broadcast ARP request, only the port of
+//!   the application with the target IP keeps it) are copied
 //!   into buffers of its ingress pool and steered to the ingress ring of
 //!   kthread `active[flow_hash % active.len()]` (Shenango's `rss-mod`); an
 //!   application with no active kthread gets the frame on a parked
@@ -36,7 +38,7 @@ use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_S
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use smoltcp::wire::{
-    EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
+    ArpPacket, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
 };
 
 use crate::nic::{
@@ -461,6 +463,14 @@ impl Dataplane {
         port.rx_burst(&mut self.frames, BURST);
         for frame in self.frames.drain(..) {
             let bytes = port.pool().bytes(&frame);
+            if !arp_for(bytes, net.interface.ip) {
+                // A broadcast ARP request reaches every port; only the
+                // application with that IP gets it (steering by IP).
+                port.pool_mut()
+                    .free(frame)
+                    .expect("a received frame is of its port's pool");
+                continue;
+            }
             let hash = frame_flow_hash(bytes);
             let k = match active.len() {
                 0 => {
@@ -576,6 +586,21 @@ impl Dataplane {
                 Err(e) => return Err(format!("kthread {k}'s ingress-done ring is corrupt: {e}")),
             }
         }
+    }
+}
+
+/// False for an ARP packet whose target is not `ip`; true for anything
+/// else (the runtime judges the rest).
+fn arp_for(frame: &[u8], ip: ginza_net::Ipv4Addr) -> bool {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else {
+        return true;
+    };
+    if eth.ethertype() != EthernetProtocol::Arp {
+        return true;
+    }
+    match ArpPacket::new_checked(eth.payload()) {
+        Ok(arp) => arp.target_protocol_addr() == ip.octets(),
+        Err(_) => true,
     }
 }
 

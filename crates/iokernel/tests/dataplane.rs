@@ -340,3 +340,49 @@ fn bursts_between_two_busy_apps_all_arrive() {
     let a_net = s.apps.iter().find(|x| x.name == "a").unwrap().net.unwrap();
     assert_eq!(a_net.tx, TOTAL as u64);
 }
+
+#[test]
+fn a_broadcast_arp_request_reaches_only_the_app_with_that_ip() {
+    let _g = lock();
+    let d = Daemon::start();
+    let mut a = register(&d, "a", iface(1), 1).unwrap();
+    let mut b = register(&d, "b", iface(2), 1).unwrap();
+    let mut c = register(&d, "c", iface(3), 1).unwrap();
+    for app in [&a, &b, &c] {
+        app.stay_busy(0);
+    }
+    let mut request = vec![0u8; 64];
+    let n = ginza_net::tx::arp_request(&mut request, &a.interface, b.interface.ip).unwrap();
+    assert!(a.send_frame(0, &request[..n]));
+    let t0 = Instant::now();
+    let got = loop {
+        if let Some(x) = b.recv(0) {
+            break x;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "b got no ARP request"
+        );
+        std::thread::yield_now();
+    };
+    assert!(matches!(
+        ginza_net::parse(&got.0, &b.interface),
+        Ok(Packet::Arp(_))
+    ));
+    b.give_back(0, got.1.buf);
+    // The flood reached c's port too, and stopped there.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(c.recv(0).is_none());
+    assert!(a.recv(0).is_none());
+    let s = d.stats();
+    let rx = |name: &str| {
+        s.apps
+            .iter()
+            .find(|x| x.name == name)
+            .unwrap()
+            .net
+            .unwrap()
+            .rx
+    };
+    assert_eq!((rx("a"), rx("b"), rx("c")), (0, 1, 0));
+}
