@@ -63,6 +63,12 @@ pub struct AppRates {
     pub grants_per_s: Option<f64>,
     pub preemptions_per_s: Option<f64>,
     pub congestion_per_s: Option<f64>,
+    /// Packets iokerneld put on its ingress rings / took from its egress
+    /// rings, and dropped either way, per second (applications with an
+    /// address).
+    pub rx_per_s: Option<f64>,
+    pub tx_per_s: Option<f64>,
+    pub drops_per_s: Option<f64>,
 }
 
 /// One line of `--json`: iokerneld's totals as it sent them, and what
@@ -113,12 +119,20 @@ pub fn app_rates(prev: Option<&StatsReport>, now: &StatsReport) -> Vec<AppRates>
     now.apps
         .iter()
         .map(|a| match (w, before.get(&a.app_id)) {
-            (Some(w), Some(b)) => AppRates {
-                app_id: a.app_id,
-                grants_per_s: Some(rate(b.grants, a.grants, w)),
-                preemptions_per_s: Some(rate(b.preemptions, a.preemptions, w)),
-                congestion_per_s: Some(rate(b.congestion_events, a.congestion_events, w)),
-            },
+            (Some(w), Some(b)) => {
+                let net = |f: fn(&ginza_iokernel::NetStats) -> u64| {
+                    a.net.zip(b.net).map(|(n, p)| rate(f(&p), f(&n), w))
+                };
+                AppRates {
+                    app_id: a.app_id,
+                    grants_per_s: Some(rate(b.grants, a.grants, w)),
+                    preemptions_per_s: Some(rate(b.preemptions, a.preemptions, w)),
+                    congestion_per_s: Some(rate(b.congestion_events, a.congestion_events, w)),
+                    rx_per_s: net(|n| n.rx),
+                    tx_per_s: net(|n| n.tx),
+                    drops_per_s: net(|n| n.drop_ingress + n.drop_egress),
+                }
+            }
             _ => AppRates {
                 app_id: a.app_id,
                 ..AppRates::default()
@@ -208,7 +222,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     let nw = names.iter().map(String::len).max().unwrap_or(0).max(4);
     let _ = writeln!(
         out,
-        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}",
+        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}",
         "NAME",
         "PID",
         "CLASS",
@@ -219,11 +233,14 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         "PARKED/KT",
         "CONGEST/S",
         "OVERDUE",
+        "RX/S",
+        "TX/S",
+        "DROP/S",
     );
     for ((a, r), name) in now.apps.iter().zip(&rates).zip(&names) {
         let _ = writeln!(
             out,
-            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}",
+            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}",
             name,
             a.pid,
             class_name(a.class),
@@ -234,6 +251,9 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
             format!("{}/{}", a.parked_kthreads, a.kthreads),
             fmt_rate(r.congestion_per_s),
             a.preempt_overdue,
+            fmt_rate(r.rx_per_s),
+            fmt_rate(r.tx_per_s),
+            fmt_rate(r.drops_per_s),
         );
     }
     if now.apps.is_empty() {
@@ -371,15 +391,31 @@ mod tests {
         );
         assert_eq!(rate(0, 10, Duration::ZERO), 0.0);
 
+        let with_net = |mut x: AppStats, rx, tx, drops| {
+            x.net = Some(ginza_iokernel::NetStats {
+                rx,
+                tx,
+                drop_ingress: drops,
+                drop_egress: 1,
+                to_parked: 0,
+            });
+            x
+        };
         let a = report(
             1_000,
             100,
-            vec![app(1, "a", 10, 2, 100), app(2, "b", 0, 0, 0)],
+            vec![
+                with_net(app(1, "a", 10, 2, 100), 0, 0, 0),
+                app(2, "b", 0, 0, 0),
+            ],
         );
         let b = report(
             1_500,
             350,
-            vec![app(1, "a", 60, 7, 100), app(3, "c", 5, 5, 5)],
+            vec![
+                with_net(app(1, "a", 60, 7, 100), 500, 250, 5),
+                app(3, "c", 5, 5, 5),
+            ],
         );
         assert_eq!(window(&a, &b), Some(Duration::from_millis(500)));
         assert_eq!(window(&b, &a), None, "uptime went back: restarted");
@@ -395,6 +431,9 @@ mod tests {
                     grants_per_s: Some(100.0),
                     preemptions_per_s: Some(10.0),
                     congestion_per_s: Some(0.0),
+                    rx_per_s: Some(1000.0),
+                    tx_per_s: Some(500.0),
+                    drops_per_s: Some(10.0),
                 },
                 // New since `a`: no earlier total, no rate.
                 AppRates {
@@ -457,7 +496,10 @@ mod tests {
                 "2.0",
                 "1/2",
                 "50.0",
-                "3"
+                "3",
+                "-",
+                "-",
+                "-"
             ]
         );
         // Only the last few removals, newest last.
