@@ -1019,16 +1019,25 @@ impl<A: CoreActuator> Iokerneld<A> {
                     .filter(|(_, k)| k.core.is_some())
                     .map(|(i, _)| i),
             );
-            if self.dp.deliver(net, &mut app.ends, &self.active) {
-                self.pass_now = true;
+            match self.dp.deliver(net, &mut app.ends, &self.active) {
+                Ok(to_parked) => self.pass_now |= to_parked,
+                Err(reason) => {
+                    app.doom(reason);
+                    continue;
+                }
             }
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let end = &mut app.ends[k];
-                let polled = kt.core.is_some() || kt.preempting || kt.drain_egress;
-                if polled && self.dp.transmit(net, end) == 0 {
-                    kt.drain_egress = false;
+                let mut moved = Ok(());
+                if kt.core.is_some() || kt.preempting || kt.drain_egress {
+                    moved = self.dp.transmit(net, end, k).map(|n| {
+                        if n == 0 {
+                            kt.drain_egress = false;
+                        }
+                    });
                 }
-                if let Err(reason) = self.dp.take_back(net, end, k) {
+                if let Err(reason) = moved.and_then(|()| self.dp.take_back(net, end, k)) {
+                    // A corrupt ring: the application is not followed.
                     app.doomed.get_or_insert(reason);
                     break;
                 }

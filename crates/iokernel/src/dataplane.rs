@@ -441,15 +441,16 @@ impl Dataplane {
     /// Frames waiting on an application's port → its kthreads' ingress
     /// rings. `active` lists the kthreads that hold a core. Returns whether
     /// a frame went to a parked kthread (the caller then runs an allocation
-    /// pass at once).
+    /// pass at once); an error (why the application must be disconnected)
+    /// if one of its ingress rings is corrupt.
     pub fn deliver(
         &mut self,
         net: &mut AppNet,
         ends: &mut [IokernelEnd],
         active: &[usize],
-    ) -> bool {
+    ) -> Result<bool, String> {
         let Some(mut port) = self.switch.port(net.port) else {
-            return false;
+            return Ok(false);
         };
         let d = port.counters().drops;
         let seen = (
@@ -504,14 +505,20 @@ impl Dataplane {
         }
         // One index store per ring and burst: the kthread's core pays one
         // cache-line transfer, not one per packet.
+        let mut corrupt = None;
         for (k, staged) in self
             .staged
             .iter_mut()
             .enumerate()
             .filter(|(_, s)| !s.is_empty())
         {
-            // A corrupt index takes nothing, like a full ring.
-            let taken = ends[k].ingress.push_slice(staged).unwrap_or(0);
+            let taken = match ends[k].ingress.push_slice(staged) {
+                Ok(n) => n,
+                Err(e) => {
+                    corrupt.get_or_insert(format!("kthread {k}'s ingress ring is corrupt: {e}"));
+                    0
+                }
+            };
             net.stats.rx += taken as u64;
             for d in staged.drain(..).skip(taken) {
                 // Never delivered: the buffer is still ours.
@@ -519,16 +526,26 @@ impl Dataplane {
                 net.ledger.give_back(d.buf).expect("lent just now");
             }
         }
-        to_parked
+        corrupt.map_or(Ok(to_parked), Err)
     }
 
-    /// Up to [`BURST`] frames from one kthread's egress ring into the
-    /// switch; returns how many the ring held.
-    pub fn transmit(&mut self, net: &mut AppNet, end: &mut IokernelEnd) -> usize {
+    /// Up to [`BURST`] frames from kthread `k`'s egress ring into the
+    /// switch; returns how many the ring held, or why the application must
+    /// be disconnected (a corrupt ring).
+    pub fn transmit(
+        &mut self,
+        net: &mut AppNet,
+        end: &mut IokernelEnd,
+        k: usize,
+    ) -> Result<usize, String> {
         let Some(mut port) = self.switch.port(net.port) else {
-            return 0;
+            return Ok(0);
         };
-        let waiting = end.egress.len().unwrap_or(0).min(BURST as u32);
+        let waiting = end
+            .egress
+            .len()
+            .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
+            .min(BURST as u32);
         let mut taken = 0;
         while taken < waiting {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
@@ -560,7 +577,7 @@ impl Dataplane {
             self.out.is_empty(),
             "frames of the port's own pool are taken"
         );
-        taken as usize
+        Ok(taken as usize)
     }
 
     /// Ingress buffers given back on one kthread's done ring → the ledger.

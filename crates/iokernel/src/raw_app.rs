@@ -15,6 +15,8 @@ use crate::proto::{Class, Registration};
 
 /// A registered application and the runtime's end of each kthread.
 pub struct RawApp {
+    /// The shared region (its memfd: tests write garbage through it).
+    pub region: Region,
     pub conn: Connection,
     pub ends: Vec<RuntimeEnd>,
     pub pool: IngressPool,
@@ -54,6 +56,7 @@ impl RawApp {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ClientError::BadReply(e.to_string()))?;
         Ok(RawApp {
+            region,
             conn,
             ends,
             pool,

@@ -386,3 +386,56 @@ fn a_broadcast_arp_request_reaches_only_the_app_with_that_ip() {
     };
     assert_eq!((rx("a"), rx("b"), rx("c")), (0, 1, 0));
 }
+
+/// Writes `value` at `offset` of an application's region, through its memfd
+/// (what a buggy or hostile runtime could do to its own rings).
+fn scribble(app: &RawApp, offset: u64, value: u32) {
+    use std::os::unix::fs::FileExt;
+    let fd = app.region.fd().unwrap().try_clone_to_owned().unwrap();
+    std::fs::File::from(fd)
+        .write_at(&value.to_le_bytes(), offset)
+        .unwrap();
+}
+
+#[test]
+fn corrupt_packet_rings_disconnect_only_their_app() {
+    let _g = lock();
+    let d = Daemon::start();
+    let sender = register(&d, "sender", iface(1), 1).unwrap();
+    let receiver = register(&d, "receiver", iface(2), 1).unwrap();
+    let _bystander = register(&d, "bystander", iface(3), 1).unwrap();
+    sender.stay_busy(0);
+    // The egress ring's tail (the producer's index, on the ring's second
+    // cache line) claims far more packets than the ring holds.
+    let egress = sender.region.layout().egress.offset;
+    scribble(&sender, egress + 64, 1 << 20);
+    // The ingress ring's head (the consumer's index) runs ahead of the tail.
+    let ingress = receiver.region.layout().ingress.offset;
+    scribble(&receiver, ingress, 1 << 20);
+    d.wait_for("sender removed", |s| {
+        s.apps.iter().all(|a| a.name != "sender")
+    });
+    // A request for the receiver makes iokerneld push on its ingress ring.
+    let _ = d
+        .generator
+        .run(load(iface(2), 10_000.0, 5), Duration::from_secs(5));
+    let s = d.wait_for("receiver removed", |s| s.apps.len() == 1);
+    assert_eq!(s.apps[0].name, "bystander");
+    let reason = |name: &str| {
+        s.recent_removals
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.reason.clone())
+            .unwrap()
+    };
+    assert!(
+        reason("sender").starts_with("kthread 0's egress ring is corrupt"),
+        "{}",
+        reason("sender")
+    );
+    assert!(
+        reason("receiver").starts_with("kthread 0's ingress ring is corrupt"),
+        "{}",
+        reason("receiver")
+    );
+}
