@@ -331,9 +331,14 @@ fn guaranteed_cores_are_never_taken() {
         app_stats(s, "batch").is_some_and(|a| a.cores_now == 2)
     });
     let sampler = Sampler::start(d.socket.clone());
-    ginza_runtime::run(d.app("lc", Class::LatencyCritical, 1, 2), || {
-        for _ in 0..10 {
+    // Bursts until the sampler has seen enough (a fast run could end
+    // before it looked a dozen times).
+    let t0 = Instant::now();
+    ginza_runtime::run(d.app("lc", Class::LatencyCritical, 1, 2), move || {
+        let mut bursts = 0;
+        while bursts < 10 || (t0.elapsed() < Duration::from_millis(100) && bursts < 1000) {
             burst(20, Duration::from_micros(200));
+            bursts += 1;
         }
     })
     .unwrap();
