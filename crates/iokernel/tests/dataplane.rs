@@ -4,90 +4,19 @@
 //!
 //! Tests hold `LOCK`: iokerneld's loop spins while anything holds a core.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::client::{self, ClientError};
+use ginza_iokernel::client::ClientError;
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
-use ginza_iokernel::{
-    Config, GeneratorHandle, Iokerneld, LoadRun, RecordingActuator, StatsReport, StopHandle,
-    GENERATOR_MAC,
-};
+use ginza_iokernel::{LoadRun, RecordingActuator, GENERATOR_MAC};
 use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 use ginza_shm::RegionConfig;
 
-static LOCK: Mutex<()> = Mutex::new(());
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn lock() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-struct Daemon {
-    stop: StopHandle,
-    thread: Option<JoinHandle<StatsReport>>,
-    socket: std::path::PathBuf,
-    generator: GeneratorHandle,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ginza-dp-{}-{n}", std::process::id()));
-        let mut cores = ginza_iokernel::util::allowed_cpus().unwrap();
-        cores.truncate(2);
-        let mut cfg = Config::new(cores);
-        cfg.socket = dir.join("iokerneld.sock");
-        cfg.idle_sleep = Some(Duration::from_millis(1));
-        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
-            .unwrap();
-        let socket = cfg.socket.clone();
-        let d = Iokerneld::bind(cfg, RecordingActuator::new()).unwrap();
-        let stop = d.stop_handle();
-        let generator = d.generator();
-        let thread = Some(std::thread::spawn(move || d.run().unwrap()));
-        Daemon {
-            stop,
-            thread,
-            socket,
-            generator,
-        }
-    }
-
-    fn stats(&self) -> StatsReport {
-        client::stats(&self.socket).unwrap()
-    }
-
-    fn wait_for(&self, what: &str, f: impl Fn(&StatsReport) -> bool) -> StatsReport {
-        let t0 = Instant::now();
-        loop {
-            let s = self.stats();
-            if f(&s) {
-                return s;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "timed out waiting for {what}: {s:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        if let Some(dir) = self.socket.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
+mod common;
+use common::{lock, Daemon};
 
 fn iface(last: u8) -> Interface {
     Interface {
@@ -134,7 +63,7 @@ fn load(target: Interface, rate: f64, ms: u64) -> LoadRun {
 #[test]
 fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let mut app = register(&d, "echo", iface(1), 2).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -168,7 +97,7 @@ fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
 #[test]
 fn two_apps_talk_through_the_switch_and_cannot_spoof() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let mut a = register(&d, "a", iface(1), 1).unwrap();
     let mut b = register(&d, "b", iface(2), 1).unwrap();
     let to_b = Endpoint {
@@ -227,7 +156,7 @@ fn two_apps_talk_through_the_switch_and_cannot_spoof() {
 #[test]
 fn a_buffer_given_back_twice_disconnects_only_its_app() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let mut bad = register(&d, "bad", iface(1), 1).unwrap();
     let _good = register(&d, "good", iface(2), 1).unwrap();
     bad.give_back(0, 3);
@@ -245,7 +174,7 @@ fn a_buffer_given_back_twice_disconnects_only_its_app() {
 #[test]
 fn bad_and_duplicate_addresses_are_refused() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let _a = register(&d, "a", iface(1), 1).unwrap();
     let why = |r: Result<RawApp, ClientError>| match r {
         Err(ClientError::Refused { reason }) => reason,
@@ -273,7 +202,7 @@ fn bad_and_duplicate_addresses_are_refused() {
 #[test]
 fn an_app_that_does_not_read_loses_only_its_own_packets() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     // `sink` never reads its ingress ring: its ring and port fill up.
     let _sink = register(&d, "sink", iface(1), 1).unwrap();
     let report = d
@@ -304,7 +233,7 @@ fn an_app_that_does_not_read_loses_only_its_own_packets() {
 #[test]
 fn bursts_between_two_busy_apps_all_arrive() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let mut a = register(&d, "a", iface(1), 1).unwrap();
     let mut b = register(&d, "b", iface(2), 1).unwrap();
     a.stay_busy(0);
@@ -344,7 +273,7 @@ fn bursts_between_two_busy_apps_all_arrive() {
 #[test]
 fn a_broadcast_arp_request_reaches_only_the_app_with_that_ip() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let mut a = register(&d, "a", iface(1), 1).unwrap();
     let mut b = register(&d, "b", iface(2), 1).unwrap();
     let mut c = register(&d, "c", iface(3), 1).unwrap();
@@ -400,7 +329,7 @@ fn scribble(app: &RawApp, offset: u64, value: u32) {
 #[test]
 fn corrupt_packet_rings_disconnect_only_their_app() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(RecordingActuator::new());
     let sender = register(&d, "sender", iface(1), 1).unwrap();
     let receiver = register(&d, "receiver", iface(2), 1).unwrap();
     let _bystander = register(&d, "bystander", iface(3), 1).unwrap();

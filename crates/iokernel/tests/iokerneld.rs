@@ -7,106 +7,20 @@
 
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ginza_iokernel::client::{self, ClientError};
 use ginza_iokernel::proto::{Envelope, Latency, Request, Response};
 use ginza_iokernel::{
-    Action, Class, Config, CoreActuator, Iokerneld, LinuxActuator, RecordingActuator, Registration,
-    StatsReport, StopHandle, PROTOCOL_VERSION,
+    Action, Class, Config, Iokerneld, LinuxActuator, RecordingActuator, Registration, StatsReport,
+    PROTOCOL_VERSION,
 };
 use ginza_shm::{PreemptReason, RawMsg, Region, RegionConfig, ToIokernel, ToKthread};
 
-static LOCK: Mutex<()> = Mutex::new(());
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn lock() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Up to two CPUs this process may use: the managed cores of the tests.
-fn test_cores() -> Vec<usize> {
-    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
-    c.truncate(2);
-    c
-}
-
-struct Daemon {
-    stop: StopHandle,
-    thread: Option<JoinHandle<StatsReport>>,
-    socket: PathBuf,
-    dir: PathBuf,
-}
-
-impl Daemon {
-    fn start<A: CoreActuator + Send + 'static>(actuator: A) -> Daemon {
-        Self::start_with(actuator, |_| {})
-    }
-
-    fn start_with<A: CoreActuator + Send + 'static>(
-        actuator: A,
-        tweak: impl FnOnce(&mut Config),
-    ) -> Daemon {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ginza-iok-{}-{n}", std::process::id()));
-        let socket = dir.join("iokerneld.sock");
-        let mut cfg = Config::new(test_cores());
-        cfg.socket = socket.clone();
-        cfg.idle_sleep = Some(Duration::from_millis(1));
-        tweak(&mut cfg);
-        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
-            .unwrap();
-        let d = Iokerneld::bind(cfg, actuator).unwrap();
-        let stop = d.stop_handle();
-        let thread = std::thread::spawn(move || d.run().unwrap());
-        Daemon {
-            stop,
-            thread: Some(thread),
-            socket,
-            dir,
-        }
-    }
-
-    fn stats(&self) -> StatsReport {
-        client::stats(&self.socket).unwrap()
-    }
-
-    /// Polls the stats until `f` holds (5 s at most).
-    fn wait_for(&self, what: &str, f: impl Fn(&StatsReport) -> bool) -> StatsReport {
-        let t0 = Instant::now();
-        loop {
-            let s = self.stats();
-            if f(&s) {
-                return s;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "timed out waiting for {what}; stats: {s:#?}"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
-    fn finish(mut self) -> StatsReport {
-        self.stop.stop();
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop.stop();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+mod common;
+use common::{lock, test_cores, Daemon};
 
 fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32) -> Registration {
     Registration {
@@ -1071,7 +985,7 @@ fn idle_sleep_keeps_an_idle_iokerneld_off_the_cpu() {
 fn the_binary_runs_for_a_while_and_refuses_bad_configs() {
     let _g = lock();
     let bin = env!("CARGO_BIN_EXE_iokerneld");
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let n = 0; // one binary run per test process
     let dir = std::env::temp_dir().join(format!("ginza-iok-bin-{}-{n}", std::process::id()));
     let sock = dir.join("s.sock");
     let cores = ginza_iokernel::config::format_cores(&test_cores());

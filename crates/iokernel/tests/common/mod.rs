@@ -1,0 +1,106 @@
+//! An in-process iokerneld for the integration tests: on a thread of the
+//! test, with `idle_sleep` so that it sleeps when idle, and a lock that
+//! serializes the tests that start one (its loop spins while anything holds
+//! a core).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ginza_iokernel::{
+    client, Config, CoreActuator, GeneratorHandle, Iokerneld, StatsReport, StopHandle,
+};
+
+static LOCK: Mutex<()> = Mutex::new(());
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+pub fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Up to two CPUs this process may use: the managed cores of the tests.
+pub fn test_cores() -> Vec<usize> {
+    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
+    c.truncate(2);
+    c
+}
+
+pub struct Daemon {
+    stop: StopHandle,
+    thread: Option<JoinHandle<StatsReport>>,
+    pub socket: PathBuf,
+    #[allow(dead_code)] // not every test binary needs it
+    pub generator: GeneratorHandle,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    pub fn start<A: CoreActuator + Send + 'static>(actuator: A) -> Daemon {
+        Self::start_with(actuator, |_| {})
+    }
+
+    pub fn start_with<A: CoreActuator + Send + 'static>(
+        actuator: A,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Daemon {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ginza-iok-{}-{n}", std::process::id()));
+        let socket = dir.join("iokerneld.sock");
+        let mut cfg = Config::new(test_cores());
+        cfg.socket = socket.clone();
+        cfg.idle_sleep = Some(Duration::from_millis(1));
+        tweak(&mut cfg);
+        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
+            .unwrap();
+        let d = Iokerneld::bind(cfg, actuator).unwrap();
+        let stop = d.stop_handle();
+        let generator = d.generator();
+        let thread = std::thread::spawn(move || d.run().unwrap());
+        Daemon {
+            stop,
+            thread: Some(thread),
+            socket,
+            generator,
+            dir,
+        }
+    }
+
+    pub fn stats(&self) -> StatsReport {
+        client::stats(&self.socket).unwrap()
+    }
+
+    /// Polls the stats until `f` holds (5 s at most).
+    pub fn wait_for(&self, what: &str, f: impl Fn(&StatsReport) -> bool) -> StatsReport {
+        let t0 = Instant::now();
+        loop {
+            let s = self.stats();
+            if f(&s) {
+                return s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "timed out waiting for {what}; stats: {s:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Stops iokerneld; its final stats.
+    #[allow(dead_code)] // not every test binary needs it
+    pub fn finish(mut self) -> StatsReport {
+        self.stop.stop();
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop.stop();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
