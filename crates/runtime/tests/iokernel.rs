@@ -7,74 +7,15 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::{client, Config as IokConfig, InProcess, StatsReport};
+use ginza_iokernel::{client, StatsReport};
 use ginza_runtime::{Class, Config, Handle, IokernelConfig};
 
-static LOCK: Mutex<()> = Mutex::new(());
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn lock() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Up to two CPUs this process may use: the managed cores.
-fn cores() -> Vec<usize> {
-    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
-    c.truncate(2);
-    c
-}
-
-/// iokerneld on a thread of the test, with its own socket directory.
-struct Daemon {
-    io: Option<InProcess>,
-    socket: PathBuf,
-    dir: PathBuf,
-}
-
-impl Daemon {
-    fn start(tweak: impl FnOnce(&mut IokConfig)) -> Daemon {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ginza-rt-iok-{}-{n}", std::process::id()));
-        let socket = dir.join("iokerneld.sock");
-        let mut cfg = IokConfig::new(cores());
-        cfg.socket = socket.clone();
-        cfg.idle_sleep = Some(Duration::from_millis(1));
-        tweak(&mut cfg);
-        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
-            .unwrap();
-        Daemon {
-            io: Some(InProcess::start(cfg).unwrap()),
-            socket,
-            dir,
-        }
-    }
-
-    fn stats(&self) -> StatsReport {
-        client::stats(&self.socket).unwrap()
-    }
-
-    fn app(&self, name: &str, class: Class, guaranteed: u32, kthreads: usize) -> Config {
-        let mut io = IokernelConfig::new(name, class);
-        io.socket = Some(self.socket.clone());
-        io.guaranteed = guaranteed;
-        Config {
-            iokernel: Some(io),
-            ..Config::with_kthreads(kthreads)
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        drop(self.io.take());
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use common::{cores, lock, Daemon};
 
 fn spin_for(d: Duration) {
     let t = Instant::now();

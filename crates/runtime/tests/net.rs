@@ -8,14 +8,12 @@
 mod common;
 
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_iokernel::nic::{RequestHeader, ServiceTime};
-use ginza_iokernel::{
-    client, Config as IokConfig, InProcess, LoadRun, GENERATOR_IP, GENERATOR_MAC,
-};
+use ginza_iokernel::{client, LoadRun, GENERATOR_IP, GENERATOR_MAC};
 use ginza_net::{tx, ArpOperation, DropKind, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 use ginza_runtime::net::testing::{Harness, SendOutcome};
 use ginza_runtime::net::{NetConfig, UdpSocket};
@@ -579,69 +577,15 @@ fn binding_errors_say_what_was_wrong() {
 
 // ---- end to end ------------------------------------------------------------
 
-static LOCK: Mutex<()> = Mutex::new(());
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+use common::{lock, Daemon};
 
-fn lock() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn cores() -> Vec<usize> {
-    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
-    c.truncate(2);
-    c
-}
-
-struct Daemon {
-    io: Option<InProcess>,
-    socket: std::path::PathBuf,
-    dir: std::path::PathBuf,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("ginza-rt-net-{}-{n}", std::process::id()));
-        let socket = dir.join("iokerneld.sock");
-        let mut cfg = IokConfig::new(cores());
-        cfg.socket = socket.clone();
-        cfg.idle_sleep = Some(Duration::from_millis(1));
-        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
-            .unwrap();
-        Daemon {
-            io: Some(InProcess::start(cfg).unwrap()),
-            socket,
-            dir,
-        }
+/// A latency-critical runtime with `net`, registered with `d`.
+fn net_app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig, guaranteed: u32) -> Config {
+    let mut cfg = d.app(name, Class::LatencyCritical, guaranteed, kthreads);
+    if let Some(io) = cfg.iokernel.as_mut() {
+        io.net = Some(net);
     }
-
-    fn app(&self, name: &str, kthreads: usize, net: Option<NetConfig>) -> Config {
-        self.app_guaranteed(name, kthreads, net, 0)
-    }
-
-    fn app_guaranteed(
-        &self,
-        name: &str,
-        kthreads: usize,
-        net: Option<NetConfig>,
-        guaranteed: u32,
-    ) -> Config {
-        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
-        io.socket = Some(self.socket.clone());
-        io.net = net;
-        io.guaranteed = guaranteed;
-        Config {
-            iokernel: Some(io),
-            ..Config::with_kthreads(kthreads)
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        drop(self.io.take());
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    cfg
 }
 
 fn iface(last: u8) -> Interface {
@@ -717,13 +661,13 @@ fn load(target: Interface, rate: f64, service_ns: u64, ms: u64) -> LoadRun {
 #[test]
 fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(|_| {});
     let me = iface(1);
     let net = NetConfig::new(me.mac, me.ip).with_static_arp(GENERATOR_IP, GENERATOR_MAC);
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let (s2, v2) = (Arc::clone(&stop), Arc::clone(&served));
-    let cfg = d.app("echo", 2, Some(net));
+    let cfg = net_app(&d, "echo", 2, net, 0);
     let server = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             echo_server(4, s2, v2);
@@ -784,7 +728,7 @@ fn start_server(
     served: &Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<ginza_runtime::net::NetStats> {
     let (s2, v2) = (Arc::clone(stop), Arc::clone(served));
-    let cfg = d.app_guaranteed(name, 2, Some(NetConfig::new(me.mac, me.ip)), guaranteed);
+    let cfg = net_app(d, name, 2, NetConfig::new(me.mac, me.ip), guaranteed);
     let h = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             echo_server(2, s2, v2);
@@ -850,12 +794,12 @@ fn ping_pong(server: Ipv4Addr, dur: Duration, mut tick: impl FnMut(Duration)) ->
 #[test]
 fn two_applications_echo_through_iokerneld_resolving_each_other_by_arp() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(|_| {});
     let (srv, cli) = (iface(1), iface(2));
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let server = start_server(&d, "server", srv, 0, &stop, &served);
-    let client_cfg = d.app("client", 1, Some(NetConfig::new(cli.mac, cli.ip)));
+    let client_cfg = net_app(&d, "client", 1, NetConfig::new(cli.mac, cli.ip), 0);
     let (rounds, lost, timeout_took, stats) = ginza_runtime::run(client_cfg, move || {
         // Binding: a taken port is refused by name, a dropped socket frees it.
         let a = UdpSocket::bind(SocketAddrV4::new(cli.ip, 9)).unwrap();
@@ -950,7 +894,7 @@ fn net_child_app_body() {
 #[test]
 fn an_application_killed_mid_traffic_does_not_disturb_another() {
     let _g = lock();
-    let d = Daemon::start();
+    let d = Daemon::start(|_| {});
     let srv = iface(1);
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
@@ -975,7 +919,7 @@ fn an_application_killed_mid_traffic_does_not_disturb_another() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let cli = iface(2);
-    let client_cfg = d.app_guaranteed("client", 1, Some(NetConfig::new(cli.mac, cli.ip)), 0);
+    let client_cfg = net_app(&d, "client", 1, NetConfig::new(cli.mac, cli.ip), 0);
     let mut killed_at = None;
     let (rounds, lost, after) = ginza_runtime::run(client_cfg, move || {
         let mut after = 0u64;
