@@ -36,6 +36,18 @@ fn register(
     Ok(app)
 }
 
+/// The first frame on kthread 0's ingress ring, waiting at most 5 s.
+fn recv_within_5s(app: &mut RawApp) -> (Vec<u8>, ginza_shm::PacketDesc) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(x) = app.recv(0) {
+            return x;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "nothing received");
+        std::thread::yield_now();
+    }
+}
+
 /// Echoes until `stop`; returns the count.
 fn echo_until(app: &mut RawApp, stop: &AtomicBool) -> u64 {
     let mut echoed = 0;
@@ -109,18 +121,7 @@ fn two_apps_talk_through_the_switch_and_cannot_spoof() {
     // a's kthread holds no core: iokerneld drains its egress ring once
     // after it reports Parked.
     a.report_parked(0);
-    let t0 = Instant::now();
-    let got = loop {
-        if let Some(x) = b.recv(0) {
-            break x;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "b received nothing: {:#?}",
-            d.stats()
-        );
-        std::thread::yield_now();
-    };
+    let got = recv_within_5s(&mut b);
     match ginza_net::parse(&got.0, &b.interface) {
         Ok(Packet::Udp(u)) => {
             assert_eq!(u.payload, b"hello b");
@@ -283,17 +284,7 @@ fn a_broadcast_arp_request_reaches_only_the_app_with_that_ip() {
     let mut request = vec![0u8; 64];
     let n = ginza_net::tx::arp_request(&mut request, &a.interface, b.interface.ip).unwrap();
     assert!(a.send_frame(0, &request[..n]));
-    let t0 = Instant::now();
-    let got = loop {
-        if let Some(x) = b.recv(0) {
-            break x;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "b got no ARP request"
-        );
-        std::thread::yield_now();
-    };
+    let got = recv_within_5s(&mut b);
     assert!(matches!(
         ginza_net::parse(&got.0, &b.interface),
         Ok(Packet::Arp(_))
