@@ -76,11 +76,6 @@ impl EgressBuffers {
         }
     }
 
-    /// Buffers (= the egress ring's capacity).
-    pub fn count(&self) -> u32 {
-        self.count
-    }
-
     fn ptr(&self, seq: u32) -> *mut u8 {
         let i = (seq & (self.count - 1)) as usize;
         // SAFETY: `i < count`, so the buffer lies inside the area.

@@ -200,6 +200,13 @@ pub struct RingArea {
     pub capacity: u32,
 }
 
+impl RingArea {
+    /// Offset of kthread `k`'s ring.
+    pub fn kthread_offset(&self, k: u32) -> u64 {
+        self.offset + self.stride * k as u64
+    }
+}
+
 /// A validated layout, held in the reader's own memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -384,18 +391,13 @@ impl Layout {
     /// Offset of kthread `k`'s kthread → iokerneld ring.
     pub fn up_ring_offset(&self, k: u32) -> u64 {
         debug_assert!(k < self.n_kthreads);
-        self.up.offset + self.up.stride * k as u64
+        self.up.kthread_offset(k)
     }
 
     /// Offset of kthread `k`'s iokerneld → kthread ring.
     pub fn down_ring_offset(&self, k: u32) -> u64 {
         debug_assert!(k < self.n_kthreads);
-        self.down.offset + self.down.stride * k as u64
-    }
-
-    /// Offset of kthread `k`'s ring in `area`.
-    pub fn ring_offset(area: &RingArea, k: u32) -> u64 {
-        area.offset + area.stride * k as u64
+        self.down.kthread_offset(k)
     }
 
     /// Offset of kthread `k`'s first egress buffer.
@@ -920,13 +922,12 @@ impl Region {
                 Consumer::attach(down, l.down.capacity, self.keep()),
             )
         };
-        let (ingress, done, egress) = self.packet_rings(k);
-        // SAFETY: as above (a validated ring location, this end taken once).
+        // SAFETY: as above (validated ring locations, this end taken once).
         let ends = unsafe {
             (
-                Consumer::attach(ingress.0, ingress.1, self.keep()),
-                Producer::attach(done.0, done.1, self.keep()),
-                Producer::attach(egress.0, egress.1, self.keep()),
+                Consumer::attach(self.ring(&l.ingress, k), l.ingress.capacity, self.keep()),
+                Producer::attach(self.ring(&l.done, k), l.done.capacity, self.keep()),
+                Producer::attach(self.ring(&l.egress, k), l.egress.capacity, self.keep()),
             )
         };
         Ok(RuntimeEnd {
@@ -953,13 +954,12 @@ impl Region {
                 Producer::attach(down, l.down.capacity, self.keep()),
             )
         };
-        let (ingress, done, egress) = self.packet_rings(k);
         // SAFETY: as in `runtime_end`.
         let ends = unsafe {
             (
-                Producer::attach(ingress.0, ingress.1, self.keep()),
-                Consumer::attach(done.0, done.1, self.keep()),
-                Consumer::attach(egress.0, egress.1, self.keep()),
+                Producer::attach(self.ring(&l.ingress, k), l.ingress.capacity, self.keep()),
+                Consumer::attach(self.ring(&l.done, k), l.done.capacity, self.keep()),
+                Consumer::attach(self.ring(&l.egress, k), l.egress.capacity, self.keep()),
             )
         };
         Ok(IokernelEnd {
@@ -973,12 +973,9 @@ impl Region {
         })
     }
 
-    /// Base and capacity of kthread `k`'s ingress, done and egress rings.
-    #[allow(clippy::type_complexity)]
-    fn packet_rings(&self, k: u32) -> ((NonNull<u8>, u32), (NonNull<u8>, u32), (NonNull<u8>, u32)) {
-        let l = &self.0.layout;
-        let at = |a: &RingArea| (self.at(Layout::ring_offset(a, k)), a.capacity);
-        (at(&l.ingress), at(&l.done), at(&l.egress))
+    /// Where kthread `k`'s ring of `area` starts in the mapping.
+    fn ring(&self, area: &RingArea, k: u32) -> NonNull<u8> {
+        self.at(area.kthread_offset(k))
     }
 
     fn egress_buffers(&self, k: u32) -> EgressBuffers {
@@ -1027,15 +1024,15 @@ unsafe fn init(base: NonNull<u8>, layout: &Layout) {
                 layout.down.capacity,
             );
             ring::init_ring::<PacketDesc>(
-                base.add(Layout::ring_offset(&layout.ingress, k) as usize),
+                base.add(layout.ingress.kthread_offset(k) as usize),
                 layout.ingress.capacity,
             );
             ring::init_ring::<u32>(
-                base.add(Layout::ring_offset(&layout.done, k) as usize),
+                base.add(layout.done.kthread_offset(k) as usize),
                 layout.done.capacity,
             );
             ring::init_ring::<PacketDesc>(
-                base.add(Layout::ring_offset(&layout.egress, k) as usize),
+                base.add(layout.egress.kthread_offset(k) as usize),
                 layout.egress.capacity,
             );
         }
