@@ -90,11 +90,6 @@ impl AppNet {
     pub fn pool(&self) -> &IngressPool {
         &self.pool
     }
-
-    /// Ingress buffers lent to the runtime now.
-    pub fn buffers_lent(&self) -> usize {
-        self.ledger.lent()
-    }
 }
 
 /// Dataplane totals, in [`crate::StatsReport`].
@@ -173,9 +168,6 @@ pub struct LoadReport {
     /// Injection − scheduled arrival, ns (how far the loop lagged its
     /// schedule).
     pub lag: Histogram<u64>,
-    /// From the run's start to its end (last arrival + drain, or earlier
-    /// when every reply was in), ns.
-    pub elapsed_ns: u64,
 }
 
 #[derive(Default)]
@@ -221,7 +213,6 @@ impl GeneratorHandle {
 
 struct RunningLoad {
     generator: TrafficGenerator,
-    start_ns: u64,
     send_end_ns: u64,
     drain_ns: u64,
 }
@@ -344,7 +335,7 @@ impl Dataplane {
             let done = now >= load.send_end_ns
                 && (stats.outstanding == 0 || now >= load.send_end_ns + load.drain_ns);
             if done {
-                self.finish_load(now);
+                self.finish_load();
             }
         }
         if let Some((nic, trunk)) = &mut self.nic {
@@ -413,7 +404,6 @@ impl Dataplane {
             Ok(generator) => {
                 self.load = Some(RunningLoad {
                     generator,
-                    start_ns: now,
                     send_end_ns,
                     drain_ns: run.drain.as_nanos() as u64,
                 });
@@ -422,7 +412,7 @@ impl Dataplane {
         }
     }
 
-    fn finish_load(&mut self, now: u64) {
+    fn finish_load(&mut self) {
         let Some(load) = self.load.take() else {
             return;
         };
@@ -430,7 +420,6 @@ impl Dataplane {
             stats: load.generator.stats(),
             latency: load.generator.latency().clone(),
             lag: load.generator.lag().clone(),
-            elapsed_ns: now - load.start_ns,
         };
         self.stats.generator_runs += 1;
         // Blocking here is fine: the handle holds the lock for a moment.
@@ -461,18 +450,18 @@ impl Dataplane {
         net.stats.drop_egress += seen.1 - net.switch_drops_seen.1;
         net.switch_drops_seen = seen;
         let mut to_parked = false;
+        if self.staged.len() < ends.len() {
+            self.staged.resize_with(ends.len(), Vec::new);
+        }
         port.rx_burst(&mut self.frames, BURST);
         for frame in self.frames.drain(..) {
             let bytes = port.pool().bytes(&frame);
-            if !arp_for(bytes, net.interface.ip) {
-                // A broadcast ARP request reaches every port; only the
-                // application with that IP gets it (steering by IP).
+            let Some(hash) = steer_key(bytes, net.interface.ip) else {
                 port.pool_mut()
                     .free(frame)
                     .expect("a received frame is of its port's pool");
                 continue;
-            }
-            let hash = frame_flow_hash(bytes);
+            };
             let k = match active.len() {
                 0 => {
                     to_parked = true;
@@ -488,9 +477,6 @@ impl Dataplane {
                         .pool
                         .write(buf, bytes)
                         .expect("a lent buffer is in the pool");
-                    if self.staged.len() < ends.len() {
-                        self.staged.resize_with(ends.len(), Vec::new);
-                    }
                     self.staged[k].push(PacketDesc {
                         buf,
                         len: len as u32,
@@ -606,31 +592,28 @@ impl Dataplane {
     }
 }
 
-/// False for an ARP packet whose target is not `ip`; true for anything
-/// else (the runtime judges the rest).
-fn arp_for(frame: &[u8], ip: ginza_net::Ipv4Addr) -> bool {
+/// How iokerneld steers a frame that reached the port of the application
+/// at `ip`: `None` for an ARP packet for another IP (a broadcast request
+/// reaches every port; only the application with that IP keeps it), else
+/// the flow hash — the IPv4 5-tuple of UDP and TCP frames, the IP pair of
+/// other IPv4 frames, 0 for the rest (the runtime judges those).
+fn steer_key(frame: &[u8], ip: ginza_net::Ipv4Addr) -> Option<u32> {
     let Ok(eth) = EthernetFrame::new_checked(frame) else {
-        return true;
+        return Some(0);
     };
-    if eth.ethertype() != EthernetProtocol::Arp {
-        return true;
-    }
-    match ArpPacket::new_checked(eth.payload()) {
-        Ok(arp) => arp.target_protocol_addr() == ip.octets(),
-        Err(_) => true,
+    match eth.ethertype() {
+        EthernetProtocol::Arp => {
+            let for_other = ArpPacket::new_checked(eth.payload())
+                .is_ok_and(|arp| arp.target_protocol_addr() != ip.octets());
+            (!for_other).then_some(0)
+        }
+        EthernetProtocol::Ipv4 => Some(ipv4_flow_hash(eth.payload())),
+        _ => Some(0),
     }
 }
 
-/// The flow hash iokerneld steers by: the IPv4 5-tuple of UDP and TCP
-/// frames, the IP pair of other IPv4 frames, 0 for anything else (ARP).
-pub fn frame_flow_hash(frame: &[u8]) -> u32 {
-    let Ok(eth) = EthernetFrame::new_checked(frame) else {
-        return 0;
-    };
-    if eth.ethertype() != EthernetProtocol::Ipv4 {
-        return 0;
-    }
-    let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+fn ipv4_flow_hash(packet: &[u8]) -> u32 {
+    let Ok(ip) = Ipv4Packet::new_checked(packet) else {
         return 0;
     };
     let ports = match ip.next_header() {
@@ -683,6 +666,7 @@ mod tests {
 
     #[test]
     fn flow_hash_follows_the_five_tuple() {
+        let frame_flow_hash = |f: &[u8]| steer_key(f, Ipv4Addr::new(10, 0, 0, 2)).unwrap();
         assert_eq!(
             frame_flow_hash(&udp_frame(1000)),
             frame_flow_hash(&udp_frame(1000))
@@ -701,5 +685,14 @@ mod tests {
             let _ = frame_flow_hash(&f[..cut]);
         }
         assert_eq!(frame_flow_hash(&[0xff; 10]), 0);
+        // An ARP request is kept only by the port of its target IP.
+        let mut arp = vec![0u8; 64];
+        let me = Interface {
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            ip: Ipv4Addr::new(10, 0, 0, 1),
+        };
+        let n = tx::arp_request(&mut arp, &me, Ipv4Addr::new(10, 0, 0, 2)).unwrap();
+        assert_eq!(steer_key(&arp[..n], Ipv4Addr::new(10, 0, 0, 2)), Some(0));
+        assert_eq!(steer_key(&arp[..n], Ipv4Addr::new(10, 0, 0, 3)), None);
     }
 }
