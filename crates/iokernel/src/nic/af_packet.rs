@@ -31,7 +31,8 @@ use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use super::linux::{
-    check_pool_and_ifindex, io_error, set_socket_option, LinkStats, NicError, ETHERNET_HEADER_LEN,
+    check_pool_and_ifindex, get_socket_option, io_error, set_socket_option, LinkStats, NicError,
+    ETHERNET_HEADER_LEN,
 };
 use super::{BufferPool, Frame, Nic};
 
@@ -102,21 +103,16 @@ impl AfPacket {
 
     /// The counters so far, including the kernel's drops on this socket.
     pub fn stats(&self) -> LinkStats {
-        // SAFETY: `tpacket_stats` is plain integers; all zero is valid.
-        let mut kernel: libc::tpacket_stats = unsafe { zeroed() };
-        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
-        // SAFETY: `kernel` and `len` are valid for writes and `len` holds
-        // the size of `kernel`.
+        // SAFETY: `tpacket_stats` is plain integers.
         let read = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
+            get_socket_option::<libc::tpacket_stats>(
+                &self.fd,
                 libc::SOL_PACKET,
                 libc::PACKET_STATISTICS,
-                (&mut kernel as *mut libc::tpacket_stats).cast(),
-                &mut len,
             )
         };
-        if read == 0 {
+        // The kernel resets its counters on each read: keep the sum.
+        if let Ok(kernel) = read {
             self.kernel_drops
                 .set(self.kernel_drops.get() + u64::from(kernel.tp_drops));
         }

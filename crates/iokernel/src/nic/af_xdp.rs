@@ -47,7 +47,8 @@ use std::time::{Duration, Instant};
 
 use super::af_packet::promiscuous_socket;
 use super::linux::{
-    check_pool_and_ifindex, io_error, set_socket_option, LinkStats, NicError, ETHERNET_HEADER_LEN,
+    check_pool_and_ifindex, get_socket_option, io_error, set_socket_option, LinkStats, NicError,
+    ETHERNET_HEADER_LEN,
 };
 use super::{BufferPool, Frame, Nic};
 
@@ -137,23 +138,15 @@ impl AfXdp {
         ] {
             set_xdp_option(&socket, option, &RING_SIZE).map_err(|e| io_error(what, e))?;
         }
-        // SAFETY: `xdp_mmap_offsets` is plain integers; all zero is valid.
-        let mut offsets: libc::xdp_mmap_offsets = unsafe { zeroed() };
-        let mut len = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-        // SAFETY: `offsets` and `len` are valid for writes and `len` holds
-        // the size of `offsets`.
-        let got = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
+        // SAFETY: `xdp_mmap_offsets` is plain integers.
+        let offsets = unsafe {
+            get_socket_option::<libc::xdp_mmap_offsets>(
+                &socket,
                 libc::SOL_XDP,
                 libc::XDP_MMAP_OFFSETS,
-                (&mut offsets as *mut libc::xdp_mmap_offsets).cast(),
-                &mut len,
             )
-        };
-        if got < 0 {
-            return Err(io_error("XDP_MMAP_OFFSETS", io::Error::last_os_error()));
         }
+        .map_err(|e| io_error("XDP_MMAP_OFFSETS", e))?;
         let mut fill = Ring::map(&socket, &offsets.fr, libc::XDP_UMEM_PGOFF_FILL_RING)
             .map_err(|e| io_error("mmap of the fill ring", e))?;
         let completion = Ring::map(&socket, &offsets.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING)
@@ -242,21 +235,15 @@ impl AfXdp {
     /// The counters so far, with the kernel's drops on this socket.
     pub fn stats(&self) -> LinkStats {
         let mut stats = self.stats;
-        // SAFETY: `xdp_statistics` is plain integers; all zero is valid.
-        let mut kernel: libc::xdp_statistics = unsafe { zeroed() };
-        let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
-        // SAFETY: `kernel` and `len` are valid for writes and `len` holds
-        // the size of `kernel`.
-        let got = unsafe {
-            libc::getsockopt(
-                self.socket.as_raw_fd(),
+        // SAFETY: `xdp_statistics` is plain integers.
+        let read = unsafe {
+            get_socket_option::<libc::xdp_statistics>(
+                &self.socket,
                 libc::SOL_XDP,
                 libc::XDP_STATISTICS,
-                (&mut kernel as *mut libc::xdp_statistics).cast(),
-                &mut len,
             )
         };
-        if got == 0 {
+        if let Ok(kernel) = read {
             stats.drops.rx_kernel = kernel.rx_dropped + kernel.rx_ring_full;
             stats.drops.tx_errors += kernel.tx_invalid_descs;
         }

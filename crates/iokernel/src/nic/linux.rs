@@ -280,6 +280,38 @@ pub(crate) fn set_socket_option<T>(
     }
 }
 
+/// `getsockopt(fd, level, option)` into a `T`.
+///
+/// # Safety
+/// `T` is the option's C struct: plain integers, for which every bit
+/// pattern (all zero included) is a valid value.
+pub(crate) unsafe fn get_socket_option<T>(
+    fd: &std::os::fd::OwnedFd,
+    level: libc::c_int,
+    option: libc::c_int,
+) -> io::Result<T> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all zero is a valid `T` (caller's contract).
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes and `len` holds the
+    // size of `value`.
+    let result = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            option,
+            (&mut value as *mut T).cast(),
+            &mut len,
+        )
+    };
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(value)
+    }
+}
+
 fn check_ifname(name: &str) -> Result<(), NicError> {
     let ok = !name.is_empty()
         && name.len() < libc::IFNAMSIZ
