@@ -112,24 +112,19 @@ pub fn request(
     env: &Envelope,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(OwnedFd, Response), ClientError> {
-    let sock = sys::connect_seqpacket(socket).map_err(|source| ClientError::Connect {
-        path: socket.to_path_buf(),
-        source,
-    })?;
-    send_raw(sock.as_fd(), &encode(env), fds)?;
-    let resp = recv_response(sock.as_fd())?;
-    Ok((sock, resp))
+    request_with_fds(socket, env, fds, 0).map(|(sock, resp, _)| (sock, resp))
 }
 
-/// [`request`], keeping the descriptors attached to the answer.
+/// [`request`], accepting up to `max_fds` descriptors with the answer.
 fn request_with_fds(
     socket: &Path,
     env: &Envelope,
     fds: &[BorrowedFd<'_>],
+    max_fds: usize,
 ) -> Result<(OwnedFd, Response, Vec<OwnedFd>), ClientError> {
     let sock = connect(socket)?;
     send_raw(sock.as_fd(), &encode(env), fds)?;
-    let (resp, fds) = recv_response_with_fds(sock.as_fd(), 1)?;
+    let (resp, fds) = recv_response_with_fds(sock.as_fd(), max_fds)?;
     Ok((sock, resp, fds))
 }
 
@@ -201,7 +196,8 @@ pub fn register_with(
     env: &Envelope,
     fds: &[BorrowedFd<'_>],
 ) -> Result<Connection, ClientError> {
-    let (sock, resp, mut fds) = request_with_fds(socket, env, fds)?;
+    // The acceptance carries the ingress pool's memfd, if any.
+    let (sock, resp, mut fds) = request_with_fds(socket, env, fds, 1)?;
     match resp {
         Response::Accepted {
             app_id,

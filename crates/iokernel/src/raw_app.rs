@@ -128,21 +128,11 @@ impl RawApp {
     /// Queues a prebuilt frame on kthread `k`'s egress ring; false if the
     /// ring is full or the frame is longer than a buffer.
     pub fn send_frame(&mut self, k: usize, frame: &[u8]) -> bool {
-        let end = &mut self.ends[k];
-        if end.egress.free().unwrap_or(0) == 0 {
-            return false;
-        }
-        let seq = end.egress.next_seq();
-        let Some(buf) = end.egress_buffers.buffer_mut(seq).get_mut(..frame.len()) else {
-            return false;
-        };
-        buf.copy_from_slice(frame);
-        end.egress
-            .push(PacketDesc {
-                len: frame.len() as u32,
-                ..Default::default()
-            })
-            .is_ok()
+        self.send_built(k, |buf| {
+            let dst = buf.get_mut(..frame.len())?;
+            dst.copy_from_slice(frame);
+            Some(frame.len())
+        })
     }
 
     /// Queues a UDP datagram on kthread `k`'s egress ring; false if the
@@ -155,19 +145,21 @@ impl RawApp {
         src_port: u16,
         payload: &[u8],
     ) -> bool {
+        let interface = self.interface;
+        self.send_built(k, |buf| {
+            tx::udp_datagram(buf, &interface, dst_mac, src_port, dst, payload).ok()
+        })
+    }
+
+    /// Builds a frame in the egress buffer of kthread `k`'s next slot and
+    /// pushes it; false if the ring is full or `build` fails.
+    fn send_built(&mut self, k: usize, build: impl FnOnce(&mut [u8]) -> Option<usize>) -> bool {
         let end = &mut self.ends[k];
         if end.egress.free().unwrap_or(0) == 0 {
             return false;
         }
         let seq = end.egress.next_seq();
-        let Ok(len) = tx::udp_datagram(
-            end.egress_buffers.buffer_mut(seq),
-            &self.interface,
-            dst_mac,
-            src_port,
-            dst,
-            payload,
-        ) else {
+        let Some(len) = build(end.egress_buffers.buffer_mut(seq)) else {
             return false;
         };
         end.egress
