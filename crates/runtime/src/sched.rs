@@ -1458,8 +1458,9 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
         // Packets on our own ingress ring first.
         // SAFETY: owner kthread, scheduler context.
         if k.io.is_some() && unsafe { poll_net(k, k) } > 0 {
-            start = Instant::now(); // more are likely: keep looking
-                                    // SAFETY: owner kthread.
+            // More are likely: keep looking.
+            start = Instant::now();
+            // SAFETY: owner kthread.
             if let Some(u) = unsafe { pop_local(k) } {
                 break Some(u);
             }

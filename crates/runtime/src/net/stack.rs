@@ -580,17 +580,6 @@ impl Stack {
                 ),
             ));
         }
-        // A full ring is seen before anything is queued or asked for.
-        // SAFETY: caller's contract.
-        match unsafe { me.tx() }.egress.free() {
-            Ok(0) => return Ok(Sent::RingFull),
-            Ok(_) => {}
-            Err(e) => {
-                return Err(io::Error::other(format!(
-                    "this kthread's egress ring is corrupt: {e}"
-                )))
-            }
-        }
         let now = Instant::now();
         let known = if dst.ip.is_broadcast() {
             Some(MacAddr::BROADCAST)
@@ -602,6 +591,18 @@ impl Stack {
         let mac = match known {
             Some(mac) => mac,
             None => {
+                // A full ring is seen before anything is queued or asked
+                // for (with a known MAC, `transmit` sees it).
+                // SAFETY: caller's contract.
+                match unsafe { me.tx() }.egress.free() {
+                    Ok(0) => return Ok(Sent::RingFull),
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(io::Error::other(format!(
+                            "this kthread's egress ring is corrupt: {e}"
+                        )))
+                    }
+                }
                 let outgoing = Outgoing {
                     src_port,
                     dst,
