@@ -54,6 +54,8 @@ pub enum ClientError {
     NoMemfd,
     #[error("iokerneld's ingress pool: {0}")]
     IngressPool(String),
+    #[error("the application's side: {0}")]
+    Local(String),
 }
 
 /// A registered application. Keep it alive as long as the application runs:

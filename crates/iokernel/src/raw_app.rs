@@ -34,11 +34,11 @@ impl RawApp {
         kthreads: u32,
     ) -> Result<RawApp, ClientError> {
         let region = Region::create(name, &RegionConfig::new(kthreads))
-            .map_err(|e| ClientError::BadReply(format!("cannot create a region: {e}")))?;
+            .map_err(|e| ClientError::Local(format!("cannot create the shared region: {e}")))?;
         let eventfds = (0..kthreads)
             .map(|_| client::eventfd())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(ClientError::Send)?;
+            .map_err(|e| ClientError::Local(format!("cannot create an eventfd: {e}")))?;
         let reg = Registration {
             name: name.into(),
             class: Class::LatencyCritical,
@@ -54,7 +54,7 @@ impl RawApp {
         let ends = (0..kthreads)
             .map(|k| region.runtime_end(k))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ClientError::BadReply(e.to_string()))?;
+            .map_err(|e| ClientError::Local(e.to_string()))?;
         Ok(RawApp {
             region,
             conn,
