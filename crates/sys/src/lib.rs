@@ -1,0 +1,31 @@
+//! Ginza's operating-system calls, one small module per concern (DESIGN.md,
+//! "Layout" and "Dependencies"): every other crate asks here instead of
+//! writing its own wrapper.
+//!
+//! * [`affinity`]: pinning threads to CPUs, the CPUs a thread may use.
+//! * [`cpulist`]: the kernel's CPU-list text (`0-3,5`), parsed and written.
+//! * [`topology`]: online CPUs and hyperthread siblings, from sysfs.
+//! * [`eventfd`]: the counters kthreads park on.
+//! * [`memfd`]: sealable memfds and their shared mappings.
+//! * [`clock`]: CLOCK_MONOTONIC and the calling thread's CPU time.
+//! * [`signal`]: `tgkill` and a plain signal handler.
+//! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
+//! * [`poll`]: `ppoll` over a reusable list of descriptors.
+//! * [`process`]: thread, process and user ids; what a descriptor is.
+//!
+//! Calls go through `rustix`; `libc` only where rustix has none (`tgkill`,
+//! `sigaction`, and `ppoll` on entries a caller keeps between calls). Each
+//! `unsafe` block says why it is sound.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod affinity;
+pub mod clock;
+pub mod cpulist;
+pub mod eventfd;
+pub mod memfd;
+pub mod poll;
+pub mod process;
+pub mod signal;
+pub mod socket;
+pub mod topology;
