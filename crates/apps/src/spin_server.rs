@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::nic::RequestHeader;
+use ginza_proto::RequestHeader;
 use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
 
 /// The longest service time a request may ask for; longer requests are

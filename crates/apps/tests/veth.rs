@@ -34,13 +34,13 @@ fn ping_available() -> bool {
 /// namespace's `peer_ip`; runs `check`; stops both.
 fn with_app_behind(backend: &str, ns: &NetNs, check: impl FnOnce(&InProcess)) {
     let dir = std::env::temp_dir().join(format!("ginza-veth-{}-{backend}", std::process::id()));
-    let mut cores = ginza_iokernel::util::allowed_cpus().unwrap();
+    let mut cores = ginza_sys::affinity::allowed_cpus().unwrap();
     cores.truncate(2);
     let mut cfg = IokConfig::new(cores);
     cfg.socket = dir.join("iokerneld.sock");
     cfg.idle_sleep = Some(Duration::from_millis(1));
     cfg.nic = format!("{backend}:{}", ns.host_if);
-    cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
+    cfg.validate(&ginza_sys::affinity::allowed_cpus().unwrap())
         .unwrap();
     let iokerneld =
         InProcess::start(cfg.clone()).unwrap_or_else(|e| panic!("iokerneld on {}: {e}", cfg.nic));

@@ -36,15 +36,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use ginza_apps::spin_server::{self, SpinStats};
-use ginza_iokernel::config::{format_cores, parse_cores, parse_duration};
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::{
-    client, Config as IokConfig, DaemonError, InProcess, LoadReport, LoadRun, PolicyKind,
-    StatsReport, GENERATOR_IP, GENERATOR_MAC,
+    Config as IokConfig, DaemonError, InProcess, LoadReport, LoadRun, PolicyKind, GENERATOR_IP,
+    GENERATOR_MAC,
 };
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
+use ginza_proto::{client, parse_duration, StatsReport};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
+use ginza_sys::cpulist;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
@@ -97,7 +98,7 @@ pub struct DemoArgs {
 struct CoreList(Vec<usize>);
 
 fn parse_core_list(s: &str) -> Result<CoreList, String> {
-    let v = parse_cores(s)?;
+    let v = cpulist::parse(s).map_err(|e| e.to_string())?;
     if v.is_empty() {
         return Err("no cores listed".into());
     }
@@ -331,7 +332,7 @@ fn choose_cores(
         bail!(
             "ginza demo needs at least 2 CPUs (one for iokerneld, one or more for the \
              applications); this process may use only CPU {}",
-            format_cores(allowed)
+            cpulist::format(allowed)
         );
     }
     let own = match (iokernel_core, cores) {
@@ -485,7 +486,7 @@ impl PointRun {
     fn wait_registered(
         &mut self,
         name: &str,
-        ready: impl Fn(&ginza_iokernel::AppStats) -> bool,
+        ready: impl Fn(&ginza_proto::AppStats) -> bool,
     ) -> anyhow::Result<()> {
         let t0 = Instant::now();
         let mut last_error = None;
@@ -585,7 +586,7 @@ fn sample(
     cancel: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<anyhow::Result<Samples>> {
     std::thread::spawn(move || {
-        if let Err(e) = ginza_iokernel::util::pin_current_thread(cpu) {
+        if let Err(e) = ginza_sys::affinity::pin_current_thread(cpu) {
             log::warn!("the stats sampler runs unpinned (CPU {cpu}: {e})");
         }
         let sleep_until = |t: Instant| -> anyhow::Result<()> {
@@ -861,7 +862,7 @@ struct Report<'a> {
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let allowed =
-        ginza_iokernel::util::allowed_cpus().context("reading this process's CPU affinity")?;
+        ginza_sys::affinity::allowed_cpus().context("reading this process's CPU affinity")?;
     let (iokernel_core, managed) = choose_cores(
         &allowed,
         args.cores.as_ref().map(|c| c.0.as_slice()),
@@ -893,7 +894,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut head = format!(
         "ginza demo: iokerneld on CPU {iokernel_core} (spinning), {n} managed core(s) (CPU {}) \
          shared by lc (latency-critical) and batch\n",
-        format_cores(&setup.managed)
+        cpulist::format(&setup.managed)
     );
     if n == 1 {
         head.push_str(

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ginza_iokernel::config::{default_socket_path, format_cores, parse_duration};
-use ginza_iokernel::proto::{AppStats, Class, StatsReport};
-use ginza_iokernel::{client, ClientError};
+use ginza_proto::messages::{AppStats, Class, StatsReport};
+use ginza_proto::{client, default_socket_path, parse_duration, ClientError};
+use ginza_sys::cpulist;
 use serde::Serialize;
 
 /// Window of the two samples of `--once` (and of the first live screen).
@@ -120,7 +120,7 @@ pub fn app_rates(prev: Option<&StatsReport>, now: &StatsReport) -> Vec<AppRates>
         .iter()
         .map(|a| match (w, before.get(&a.app_id)) {
             (Some(w), Some(b)) => {
-                let net = |f: fn(&ginza_iokernel::NetStats) -> u64| {
+                let net = |f: fn(&ginza_proto::messages::NetStats) -> u64| {
                     a.net.zip(b.net).map(|(n, p)| rate(f(&p), f(&n), w))
                 };
                 AppRates {
@@ -208,7 +208,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         "iokerneld  policy {}  managed cores {} ({})  uptime {}  loop cpu {cpu}\n\
          passes {}  apps {}  registrations refused {}  apps disconnected {}  window {window}",
         printable(&now.policy),
-        format_cores(&now.managed_cores),
+        cpulist::format(&now.managed_cores),
         now.managed_cores.len(),
         fmt_uptime(now.uptime_ns),
         now.passes,
@@ -339,7 +339,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use ginza_iokernel::proto::Removal;
+    use ginza_proto::messages::Removal;
 
     use super::*;
 
@@ -392,7 +392,7 @@ mod tests {
         assert_eq!(rate(0, 10, Duration::ZERO), 0.0);
 
         let with_net = |mut x: AppStats, rx, tx, drops| {
-            x.net = Some(ginza_iokernel::NetStats {
+            x.net = Some(ginza_proto::messages::NetStats {
                 rx,
                 tx,
                 drop_ingress: drops,

@@ -5,7 +5,7 @@ use std::process::Command;
 
 #[test]
 fn corealloc_reports_every_figure() {
-    let cpus = ginza_iokernel::util::allowed_cpus().unwrap();
+    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
     if cpus.len() < 2 {
         eprintln!(
             "skipped: iokerneld and the managed core need two CPUs, this process has {cpus:?}"

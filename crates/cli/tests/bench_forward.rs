@@ -6,7 +6,7 @@ use std::process::Command;
 
 #[test]
 fn forward_reports_packets_per_second_and_round_trips() {
-    let cpus = ginza_iokernel::util::allowed_cpus().unwrap();
+    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
     if cpus.len() < 2 {
         eprintln!(
             "skipped: iokerneld and the applications need two CPUs, this process has {cpus:?}"

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::client;
-use ginza_iokernel::proto::{Class, Registration};
+use ginza_proto::client;
+use ginza_proto::messages::{Class, Registration};
 use ginza_shm::{Region, RegionConfig};
 
 const GINZA: &str = env!("CARGO_BIN_EXE_ginza");
@@ -27,7 +27,7 @@ impl Daemon {
         let socket = dir.join("s.sock");
         // One CPU this process may use (the machine may have only two);
         // `--no-pin` and `--idle-sleep` keep the daemon from hogging it.
-        let core = ginza_iokernel::util::allowed_cpus().unwrap()[0].to_string();
+        let core = ginza_sys::affinity::allowed_cpus().unwrap()[0].to_string();
         let child = Command::new(GINZA)
             .args([
                 "iokernel",
@@ -99,7 +99,10 @@ fn text(out: &Output) -> (String, String) {
 fn top_shows_a_registered_application() {
     let d = Daemon::start("app");
     let region = Region::create("top-test", &RegionConfig::new(2)).unwrap();
-    let efds = [client::eventfd().unwrap(), client::eventfd().unwrap()];
+    let efds = [
+        ginza_sys::eventfd::new().unwrap(),
+        ginza_sys::eventfd::new().unwrap(),
+    ];
     let reg = Registration {
         name: "top-test".into(),
         class: Class::LatencyCritical,

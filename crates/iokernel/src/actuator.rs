@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use ginza_shm::PreemptReason;
 
-use crate::sys;
+use ginza_sys::{affinity, eventfd, signal};
 
 /// The signal that asks a kthread to give its core back.
 pub const PREEMPT_SIGNAL: i32 = libc::SIGURG;
@@ -61,7 +61,7 @@ impl LinuxActuator {
     /// Shared cores = the ones this process may use, minus the managed cores
     /// and iokerneld's own.
     pub fn for_config(cfg: &crate::Config) -> io::Result<Self> {
-        let mut shared = sys::allowed_cpus()?;
+        let mut shared = affinity::allowed_cpus()?;
         shared.retain(|c| !cfg.cores.contains(c) && cfg.own_core != Some(*c));
         Ok(Self::new(shared))
     }
@@ -73,16 +73,16 @@ impl CoreActuator for LinuxActuator {
         // kthread reported its tid there is nothing to pin; the wake still
         // goes out.
         let pinned = match t.tid {
-            Some(tid) => sys::set_affinity(tid, cpu),
+            Some(tid) => affinity::pin_thread(tid, cpu),
             None => Ok(()),
         };
-        sys::eventfd_write(t.eventfd, 1)?;
+        eventfd::write(t.eventfd, 1)?;
         pinned
     }
 
     fn preempt(&mut self, t: &Target<'_>, _cpu: usize, _reason: PreemptReason) -> io::Result<()> {
         match t.tid {
-            Some(tid) => sys::tgkill(t.pid, tid, PREEMPT_SIGNAL),
+            Some(tid) => signal::tgkill(t.pid, tid, PREEMPT_SIGNAL),
             None => Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 "kthread has not reported its tid yet",
@@ -103,7 +103,7 @@ impl CoreActuator for LinuxActuator {
                 "no shared core to move it to (every usable core is managed or iokerneld's)",
             ));
         }
-        sys::set_affinity_set(tid, &self.shared)
+        affinity::set_thread_affinity(tid, &self.shared)
     }
 }
 
@@ -205,26 +205,28 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
+    use ginza_sys::process;
+
     use super::*;
 
     #[test]
     fn grant_makes_the_eventfd_readable_and_pins() {
         // On a thread of its own: the pinning ends with it.
         std::thread::spawn(|| {
-            let efd = sys::eventfd().unwrap();
-            let cpu = *sys::allowed_cpus().unwrap().last().unwrap();
+            let efd = eventfd::new().unwrap();
+            let cpu = *affinity::allowed_cpus().unwrap().last().unwrap();
             let t = Target {
                 app_id: 1,
                 app_name: "t",
                 kthread: 0,
                 pid: std::process::id() as i32,
-                tid: Some(sys::gettid()),
+                tid: Some(process::gettid()),
                 eventfd: efd.as_fd(),
             };
             LinuxActuator::default().grant(&t, cpu).unwrap();
-            assert_eq!(sys::allowed_cpus().unwrap(), vec![cpu]);
-            assert_eq!(sys::eventfd_read(efd.as_fd()).unwrap(), Some(1));
-            assert_eq!(sys::eventfd_read(efd.as_fd()).unwrap(), None);
+            assert_eq!(affinity::allowed_cpus().unwrap(), vec![cpu]);
+            assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
+            assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
         })
         .join()
         .unwrap();
@@ -238,10 +240,10 @@ mod tests {
 
     #[test]
     fn preempt_signals_the_thread() {
-        sys::install_handler(PREEMPT_SIGNAL, on_urg).unwrap();
+        signal::install_handler(PREEMPT_SIGNAL, on_urg).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let h = std::thread::spawn(move || {
-            tx.send(sys::gettid()).unwrap();
+            tx.send(process::gettid()).unwrap();
             let t0 = Instant::now();
             while !GOT.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(5) {
                 std::thread::sleep(Duration::from_millis(1));
@@ -249,7 +251,7 @@ mod tests {
             GOT.load(Ordering::SeqCst)
         });
         let tid = rx.recv().unwrap();
-        let efd = sys::eventfd().unwrap();
+        let efd = eventfd::new().unwrap();
         let t = Target {
             app_id: 1,
             app_name: "t",

@@ -13,9 +13,11 @@
 //! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use ginza_proto::{default_socket_path, parse_duration};
+use ginza_sys::{affinity, cpulist};
 use serde::Deserialize;
 
 /// Which core allocator runs.
@@ -106,57 +108,13 @@ pub enum ConfigError {
     },
 }
 
-/// Parses `5us`, `5µs`, `1.5ms`, `200ns`, `2s` (a bare number is ns).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 5us, 1ms)"))?;
-    let scale = match unit.trim() {
-        "" | "ns" => 1e-9,
-        "us" | "µs" => 1e-6,
-        "ms" => 1e-3,
-        "s" => 1.0,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (ns, us, ms, s)")),
-    };
-    let secs = v * scale;
-    if !secs.is_finite() || secs > 1e9 {
-        return Err(format!("{s:?} is too large"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parses a core list: `1,2,5-7`.
-pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || format!("{part:?} is not a core or a range a-b");
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let a: usize = a.trim().parse().map_err(|_| bad())?;
-                let b: usize = b.trim().parse().map_err(|_| bad())?;
-                if a > b || b - a > 4096 {
-                    return Err(format!("range {part:?} is empty or too long"));
-                }
-                out.extend(a..=b);
-            }
-            None => out.push(part.parse().map_err(|_| bad())?),
-        }
-    }
-    Ok(out)
-}
-
 /// A `--cores` value (a newtype: clap would take a bare `Vec` for a
 /// repeated flag).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoreArg(pub Vec<usize>);
 
 fn parse_core_arg(s: &str) -> Result<CoreArg, String> {
-    parse_cores(s).map(CoreArg)
+    cpulist::parse(s).map(CoreArg).map_err(|e| e.to_string())
 }
 
 fn parse_policy(s: &str) -> Result<String, String> {
@@ -241,16 +199,6 @@ pub struct Cli {
     pub nic: Option<String>,
 }
 
-/// `$XDG_RUNTIME_DIR/ginza/iokerneld.sock`, else `/tmp/ginza-<uid>/iokerneld.sock`.
-pub fn default_socket_path() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => Path::new(&d).join("ginza").join("iokerneld.sock"),
-        None => {
-            PathBuf::from(format!("/tmp/ginza-{}", crate::sys::getuid())).join("iokerneld.sock")
-        }
-    }
-}
-
 fn dur(what: &'static str, v: Option<&String>) -> Result<Option<Duration>, ConfigError> {
     v.map(|s| parse_duration(s).map_err(|msg| ConfigError::Value { what, msg }))
         .transpose()
@@ -311,7 +259,10 @@ impl Config {
         let file_cores = match file.cores {
             Some(CoreList::List(v)) => Some(v),
             Some(CoreList::Text(s)) => {
-                Some(parse_cores(&s).map_err(|msg| ConfigError::Value { what: "cores", msg })?)
+                Some(cpulist::parse(&s).map_err(|e| ConfigError::Value {
+                    what: "cores",
+                    msg: e.to_string(),
+                })?)
             }
             None => None,
         };
@@ -372,7 +323,7 @@ impl Config {
         if let Some(n) = cli.nic.clone().or(file.nic) {
             c.nic = n;
         }
-        let allowed = crate::sys::allowed_cpus().map_err(|e| ConfigError::Value {
+        let allowed = affinity::allowed_cpus().map_err(|e| ConfigError::Value {
             what: "sched_getaffinity",
             msg: e.to_string(),
         })?;
@@ -385,7 +336,7 @@ impl Config {
         if self.cores.is_empty() {
             return Err(ConfigError::NoCores);
         }
-        let allowed_text = || format_cores(allowed);
+        let allowed_text = || cpulist::format(allowed);
         let mut seen = std::collections::BTreeSet::new();
         for &core in &self.cores {
             if !seen.insert(core) {
@@ -442,48 +393,11 @@ impl Config {
     }
 }
 
-/// `0-3,6` style text of a core list.
-pub fn format_cores(cores: &[usize]) -> String {
-    let mut v = cores.to_vec();
-    v.sort_unstable();
-    v.dedup();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < v.len() {
-        let mut j = i;
-        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            v[i].to_string()
-        } else {
-            format!("{}-{}", v[i], v[j])
-        });
-        i = j + 1;
-    }
-    out.join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser;
 
     use super::*;
-
-    #[test]
-    fn durations_and_cores() {
-        assert_eq!(parse_duration("5us"), Ok(Duration::from_micros(5)));
-        assert_eq!(parse_duration("5µs"), Ok(Duration::from_micros(5)));
-        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
-        assert_eq!(parse_duration("200"), Ok(Duration::from_nanos(200)));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
-        assert!(parse_duration("1e400s").is_err());
-        assert_eq!(parse_cores("1,3-5, 7"), Ok(vec![1, 3, 4, 5, 7]));
-        assert!(parse_cores("5-3").is_err());
-        assert!(parse_cores("x").is_err());
-        assert_eq!(format_cores(&[5, 1, 2, 3, 7]), "1-3,5,7");
-    }
 
     #[test]
     fn validation_errors_are_clear() {
@@ -542,7 +456,7 @@ mod tests {
     fn file_then_flags() {
         let dir = std::env::temp_dir().join(format!("ginza-iok-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let allowed = crate::sys::allowed_cpus().unwrap();
+        let allowed = affinity::allowed_cpus().unwrap();
         let core = allowed[0];
         let p = dir.join("iok.toml");
         std::fs::write(

@@ -29,20 +29,20 @@ use std::time::Duration;
 use ginza_policy::alloc::{
     AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static, Topology,
 };
+use ginza_proto::messages::{
+    decode_request, encode, AllocStats, AppStats, Class, Latency, Registration, Removal, Request,
+    Response, StatsReport, MAX_APPS, MAX_NAME, MAX_REQUEST,
+};
 use ginza_shm::{
     IokernelEnd, LineFlags, PreemptReason, RecvError, Region, SendError, ToIokernel, ToKthread,
 };
+use ginza_sys::{affinity, clock, cpulist, eventfd, poll, process, signal, socket, topology};
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
 use crate::actuator::{CoreActuator, Target};
-use crate::config::{format_cores, Config, PolicyKind};
+use crate::config::{Config, PolicyKind};
 use crate::dataplane::{AppNet, Dataplane, GeneratorHandle};
-use crate::proto::{
-    decode_request, encode, AllocStats, AppStats, Class, Latency, Registration, Removal, Request,
-    Response, StatsReport, MAX_NAME, MAX_REQUEST,
-};
-use crate::sys;
 
 /// Most kthreads per application (the region's limit).
 pub const MAX_KTHREADS: u32 = ginza_shm::region::MAX_KTHREADS;
@@ -54,8 +54,6 @@ pub const MAX_PENDING: usize = 64;
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Removals remembered for stats.
 const RECENT_REMOVALS: usize = 16;
-/// Registered applications, at most.
-pub const MAX_APPS: usize = 256;
 /// Target utilization of the `slow` policy.
 pub const SLOW_TARGET_UTIL: f64 = 0.8;
 /// Longest duration the cost histograms tell apart; longer samples count
@@ -323,11 +321,7 @@ pub struct Iokerneld<A: CoreActuator> {
 pub fn topology(cores: &[usize]) -> Topology {
     let mut t = Topology::flat(cores.len());
     for (i, &c) in cores.iter().enumerate() {
-        let p = format!("/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list");
-        let Ok(text) = std::fs::read_to_string(p) else {
-            continue;
-        };
-        let Ok(sibs) = crate::config::parse_cores(text.trim()) else {
+        let Ok(sibs) = topology::thread_siblings(c) else {
             continue;
         };
         t.sibling[i] = sibs
@@ -387,12 +381,12 @@ fn bind(path: &std::path::Path) -> Result<OwnedFd, DaemonError> {
     }
     if path.exists() {
         // A live iokerneld answers a connect; a stale socket file does not.
-        if sys::connect_seqpacket(path).is_ok() {
+        if socket::connect_seqpacket(path).is_ok() {
             return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
         }
         std::fs::remove_file(path).map_err(|e| err("remove stale socket", e))?;
     }
-    sys::listen_seqpacket(path, 64).map_err(|e| err("listen on", e))
+    socket::listen_seqpacket(path, 64).map_err(|e| err("listen on", e))
 }
 
 impl<A: CoreActuator> Iokerneld<A> {
@@ -419,11 +413,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         info!(
             "iokerneld: listening on {}, managing cores {}, policy {}, interval {:?}",
             cfg.socket.display(),
-            format_cores(&cfg.cores),
+            cpulist::format(&cfg.cores),
             cfg.policy.name(),
             cfg.interval
         );
-        let start_ns = sys::monotonic_ns();
+        let start_ns = clock::monotonic_ns();
         Ok(Iokerneld {
             topo: topology(&cfg.cores),
             core_holder: vec![None; cfg.cores.len()],
@@ -467,8 +461,8 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     /// Makes SIGINT and SIGTERM stop the loop (the binary does this).
     pub fn stop_on_signals(&mut self) -> io::Result<()> {
-        sys::install_handler(libc::SIGINT, on_terminate)?;
-        sys::install_handler(libc::SIGTERM, on_terminate)?;
+        signal::install_handler(libc::SIGINT, on_terminate)?;
+        signal::install_handler(libc::SIGTERM, on_terminate)?;
         self.watch_signals = true;
         Ok(())
     }
@@ -480,12 +474,13 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// Runs until stopped (or `run_for` elapsed); returns the final stats.
     pub fn run(mut self) -> Result<StatsReport, DaemonError> {
         if let Some(core) = self.cfg.own_core {
-            sys::set_affinity(0, core).map_err(|source| DaemonError::Pin { core, source })?;
+            affinity::pin_current_thread(core)
+                .map_err(|source| DaemonError::Pin { core, source })?;
             info!("iokerneld: pinned to core {core}");
         }
         let iv = self.cfg.interval.as_nanos() as u64;
         let ci = self.cfg.control_interval.as_nanos() as u64;
-        let start = sys::monotonic_ns();
+        let start = clock::monotonic_ns();
         let end = self
             .cfg
             .run_for
@@ -498,7 +493,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             {
                 break;
             }
-            let now = sys::monotonic_ns();
+            let now = clock::monotonic_ns();
             if end.is_some_and(|e| now >= e) {
                 break;
             }
@@ -531,14 +526,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                         wait = wait.min(e.saturating_sub(now));
                     }
                     self.control(Some(Duration::from_nanos(wait)), now)?;
-                    let now = sys::monotonic_ns();
+                    let now = clock::monotonic_ns();
                     next_control = now + ci;
                     next_pass = next_pass.min(now);
                 }
                 _ => std::hint::spin_loop(),
             }
         }
-        let report = self.report(sys::monotonic_ns());
+        let report = self.report(clock::monotonic_ns());
         let ids: Vec<u64> = self.apps.iter().map(|a| a.id).collect();
         for id in ids {
             self.remove(id, "iokerneld stopped".into());
@@ -573,9 +568,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 revents: 0,
             });
         }
-        let n = sys::poll(&mut self.pollfds, timeout).map_err(DaemonError::Poll)?;
+        let n = poll::poll_raw(&mut self.pollfds, timeout).map_err(DaemonError::Poll)?;
         let now = if timeout.is_some_and(|t| !t.is_zero()) {
-            sys::monotonic_ns()
+            clock::monotonic_ns()
         } else {
             now
         };
@@ -621,9 +616,9 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     fn accept(&mut self, now: u64) {
         for _ in 0..16 {
-            match sys::accept(self.listener.as_fd()) {
+            match socket::accept(self.listener.as_fd()) {
                 Ok(Some(sock)) => {
-                    let pid = sys::peer_pid(sock.as_fd()).unwrap_or(0);
+                    let pid = socket::peer_pid(sock.as_fd()).unwrap_or(0);
                     if self.pending.len() >= MAX_PENDING {
                         warn!("refusing a connection from pid {pid}: {MAX_PENDING} connections already pending");
                         self.refused += 1;
@@ -650,7 +645,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     }
 
     fn reply_with_fds(sock: &OwnedFd, r: &Response, fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
-        match sys::send_with_fds(sock.as_fd(), &encode(r), fds) {
+        match socket::send_with_fds(sock.as_fd(), &encode(r), fds) {
             Ok(()) => true,
             Err(e) => {
                 debug!("reply not sent: {e}");
@@ -664,7 +659,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     fn pending_readable(&mut self, p: Pending, now: u64) -> Option<Pending> {
         let mut buf = [0u8; MAX_REQUEST];
         let max_fds = 1 + MAX_KTHREADS as usize;
-        let r = match sys::recv_with_fds(p.sock.as_fd(), &mut buf, max_fds, true) {
+        let r = match socket::recv_with_fds(p.sock.as_fd(), &mut buf, max_fds, true) {
             Ok(Some(r)) => r,
             Ok(None) => return Some(p),
             Err(e) => {
@@ -816,8 +811,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         let memfd = fds.next().ok_or("no region memfd")?;
         let eventfds: Vec<OwnedFd> = fds.collect();
         for (k, e) in eventfds.iter().enumerate() {
-            if !sys::is_eventfd(e.as_fd()) {
-                let what = sys::fd_target(e.as_fd())
+            if !eventfd::is_eventfd(e.as_fd()) {
+                let what = process::fd_target(e.as_fd())
                     .map(|t| t.to_string_lossy().into_owned())
                     .unwrap_or_else(|e| e.to_string());
                 return Err(format!(
@@ -870,10 +865,10 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     /// A registered application's socket is readable: normally a hang-up.
     fn app_readable(&mut self, i: usize) {
-        let now = sys::monotonic_ns();
+        let now = clock::monotonic_ns();
         let mut buf = [0u8; MAX_REQUEST];
         let app = &mut self.apps[i];
-        match sys::recv_with_fds(app.sock.as_fd(), &mut buf, 0, true) {
+        match socket::recv_with_fds(app.sock.as_fd(), &mut buf, 0, true) {
             Ok(None) => {}
             Ok(Some(r)) if r.closed => app.doom("connection closed".into()),
             Ok(Some(r)) => match decode_request(&buf[..r.len.min(MAX_REQUEST)]) {
@@ -931,7 +926,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             app.name,
             app.id,
             app.pid,
-            format_cores(&cores)
+            cpulist::format(&cores)
         );
         self.disconnected += 1;
         self.actuator.app_removed(app.id, &app.name);
@@ -1048,10 +1043,10 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// One allocation pass, timed into the stats.
     fn pass(&mut self, now: u64) {
         // Not `now`: a control poll may have run since it was read.
-        let t0 = sys::monotonic_ns();
+        let t0 = clock::monotonic_ns();
         let actions = self.meter.actions;
         self.pass_inner(now);
-        let t1 = sys::monotonic_ns();
+        let t1 = clock::monotonic_ns();
         let m = &mut self.meter;
         let h = if !self.decisions.is_empty() || m.actions != actions {
             &mut m.pass_acted
@@ -1152,7 +1147,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         for (i, d) in decisions.iter().enumerate() {
             match *d {
                 Decision::Grant { app, kthread, core } => {
-                    let t0 = sys::monotonic_ns();
+                    let t0 = clock::monotonic_ns();
                     if !self.assign(app, kthread, core) {
                         continue;
                     }
@@ -1192,7 +1187,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     } else {
                         PreemptReason::Shrink
                     };
-                    let since = handed_over.then(sys::monotonic_ns);
+                    let since = handed_over.then(clock::monotonic_ns);
                     let (va, vk) = self.preempt(app, kthread, core, reason, now);
                     victim = since.map(|t| (va, vk, core, t));
                 }
@@ -1308,7 +1303,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         app.kt[k].awaiting = None;
         // One clock read serves as the decision time and the cost's start.
-        let t0 = started.unwrap_or_else(sys::monotonic_ns);
+        let t0 = started.unwrap_or_else(clock::monotonic_ns);
         match app.ends[k].to_kthread.send(ToKthread::Wake {
             core: cpu as u32,
             decided_ns: t0,
@@ -1324,7 +1319,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         if let Err(e) = self.actuator.grant(&Self::target(app, k), cpu) {
             warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
         }
-        let end = sys::monotonic_ns();
+        let end = clock::monotonic_ns();
         self.meter.actions += 1;
         self.meter
             .grant_cost
@@ -1402,7 +1397,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     // ----- stats -----
 
     fn report(&self, now: u64) -> StatsReport {
-        let cpu = sys::thread_cpu_ns();
+        let cpu = clock::thread_cpu_ns();
         StatsReport {
             policy: self.cfg.policy.name().into(),
             managed_cores: self.cfg.cores.clone(),
@@ -1445,8 +1440,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         let rep = Response::Stats(self.report(now));
         if *req == Request::ResetStats {
             // `now` may be older than the samples already in the window.
-            let t = sys::monotonic_ns().max(now);
-            self.meter.reset(t, sys::thread_cpu_ns());
+            let t = clock::monotonic_ns().max(now);
+            self.meter.reset(t, clock::thread_cpu_ns());
         }
         rep
     }

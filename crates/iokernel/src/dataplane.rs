@@ -34,9 +34,9 @@ use std::time::Duration;
 
 use ginza_net::{Interface, MacAddr};
 use ginza_policy::steer::{flow_hash, FlowKey};
+use ginza_proto::messages::{DataplaneStats, NetStats};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
-use serde::{Deserialize, Serialize};
 use smoltcp::wire::{
     ArpPacket, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
 };
@@ -53,25 +53,6 @@ pub const BURST: usize = 32;
 pub const GENERATOR_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0xff, 0x00, 0x01]);
 /// The trunk port's MAC (frames it sends keep their own source MACs).
 const TRUNK_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0xff, 0x00, 0x02]);
-
-/// What iokerneld did with one application's packets (totals since it
-/// registered). Short names: 256 applications' worth must fit in one stats
-/// reply.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetStats {
-    /// Frames put on its ingress rings.
-    pub rx: u64,
-    /// Frames taken from its egress rings and handed to the switch.
-    pub tx: u64,
-    /// Frames for it dropped: the chosen ingress ring was full, every
-    /// ingress buffer was lent, or its switch port's ring or pool was full.
-    pub drop_ingress: u64,
-    /// Frames it sent that were dropped: length 0 or above a buffer, or
-    /// refused by the switch (unknown destination, spoofed source, runt).
-    pub drop_egress: u64,
-    /// Frames that went to a parked kthread because none was active.
-    pub to_parked: u64,
-}
 
 /// One application's side of the dataplane.
 pub struct AppNet {
@@ -90,20 +71,6 @@ impl AppNet {
     pub fn pool(&self) -> &IngressPool {
         &self.pool
     }
-}
-
-/// Dataplane totals, in [`crate::StatsReport`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct DataplaneStats {
-    /// `software` or the real interface's spec.
-    pub nic: String,
-    pub nic_rx_frames: u64,
-    pub nic_tx_frames: u64,
-    /// Frames from the NIC the trunk port could not take, or frames for the
-    /// NIC it did not accept (its ring or pool full).
-    pub nic_drops: u64,
-    /// Generator runs completed.
-    pub generator_runs: u64,
 }
 
 /// A load run for the traffic generator: what a [`GeneratorHandle`] asks

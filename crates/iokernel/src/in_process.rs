@@ -6,9 +6,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
-use crate::client::{self, ClientError};
+use ginza_proto::client::{self, ClientError};
+use ginza_proto::StatsReport;
+
 use crate::dataplane::GeneratorHandle;
-use crate::{Config, DaemonError, Iokerneld, LinuxActuator, StatsReport, StopHandle};
+use crate::{Config, DaemonError, Iokerneld, LinuxActuator, StopHandle};
 
 /// A running in-process iokerneld; stopped (and joined) on drop.
 pub struct InProcess {

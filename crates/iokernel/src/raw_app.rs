@@ -10,8 +10,8 @@ use std::path::Path;
 use ginza_net::{tx, Endpoint, Interface, MacAddr, Packet};
 use ginza_shm::{IngressPool, LineFlags, PacketDesc, Region, RegionConfig, RuntimeEnd, ToIokernel};
 
-use crate::client::{self, ClientError, Connection};
-use crate::proto::{Class, Registration};
+use ginza_proto::client::{self, ClientError, Connection};
+use ginza_proto::messages::{Class, Registration};
 
 /// A registered application and the runtime's end of each kthread.
 pub struct RawApp {
@@ -36,7 +36,7 @@ impl RawApp {
         let region = Region::create(name, &RegionConfig::new(kthreads))
             .map_err(|e| ClientError::Local(format!("cannot create the shared region: {e}")))?;
         let eventfds = (0..kthreads)
-            .map(|_| client::eventfd())
+            .map(|_| ginza_sys::eventfd::new())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ClientError::Local(format!("cannot create an eventfd: {e}")))?;
         let reg = Registration {

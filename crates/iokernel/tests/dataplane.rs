@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::client::ClientError;
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
 use ginza_iokernel::{LoadRun, RecordingActuator, GENERATOR_MAC};
 use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_proto::client::ClientError;
 use ginza_shm::RegionConfig;
 
 mod common;

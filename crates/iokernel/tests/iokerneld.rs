@@ -11,12 +11,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::client::{self, ClientError};
-use ginza_iokernel::proto::{Envelope, Latency, Request, Response};
-use ginza_iokernel::{
-    Action, Class, Config, Iokerneld, LinuxActuator, RecordingActuator, Registration, StatsReport,
-    PROTOCOL_VERSION,
-};
+use ginza_iokernel::{Action, Config, Iokerneld, LinuxActuator, RecordingActuator};
+use ginza_proto::client::{self, ClientError};
+use ginza_proto::messages::{Envelope, Latency, Request, Response};
+use ginza_proto::{Class, Registration, StatsReport, PROTOCOL_VERSION};
 use ginza_shm::{PreemptReason, RawMsg, Region, RegionConfig, ToIokernel, ToKthread};
 
 mod common;
@@ -42,7 +40,9 @@ struct App {
 fn app(kthreads: u32) -> App {
     App {
         region: Region::create("test-app", &RegionConfig::new(kthreads)).unwrap(),
-        efds: (0..kthreads).map(|_| client::eventfd().unwrap()).collect(),
+        efds: (0..kthreads)
+            .map(|_| ginza_sys::eventfd::new().unwrap())
+            .collect(),
     }
 }
 
@@ -57,7 +57,7 @@ fn refused(r: Result<client::Connection, ClientError>) -> String {
     }
 }
 
-fn app_named<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_iokernel::AppStats> {
+fn app_named<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_proto::AppStats> {
     s.apps.iter().find(|a| a.name == name)
 }
 
@@ -256,9 +256,9 @@ fn wrong_descriptors_are_refused() {
     );
     // Three eventfds for two kthreads.
     let extra = [
-        client::eventfd().unwrap(),
-        client::eventfd().unwrap(),
-        client::eventfd().unwrap(),
+        ginza_sys::eventfd::new().unwrap(),
+        ginza_sys::eventfd::new().unwrap(),
+        ginza_sys::eventfd::new().unwrap(),
     ];
     let why = refused(client::register(
         &d.socket,
@@ -424,7 +424,7 @@ fn corrupt_regions_are_disconnected_others_unaffected() {
     let mut rg = good.region.runtime_end(0).unwrap();
     rg.to_iokernel
         .send(ToIokernel::Started {
-            tid: ginza_iokernel::util::gettid() as u32,
+            tid: ginza_sys::process::gettid() as u32,
         })
         .unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -820,7 +820,7 @@ fn linux_actuator_grant_writes_the_eventfd() {
     line.set_rq_tail(1);
     let t0 = Instant::now();
     loop {
-        if let Some(v) = ginza_iokernel::util::eventfd_read(a.efds[0].as_fd()).unwrap() {
+        if let Some(v) = ginza_sys::eventfd::read(a.efds[0].as_fd()).unwrap() {
             assert_eq!(v, 1);
             break;
         }
@@ -932,7 +932,7 @@ fn an_expired_timer_of_a_parked_app_wakes_it() {
     let conn = register(&d, &a, &reg("sleepy", Class::Batch, 0, 1, 1)).unwrap();
     let mut k = a.region.runtime_end(0).unwrap();
     let t0 = Instant::now();
-    let deadline = ginza_iokernel::util::monotonic_ns() + 30_000_000;
+    let deadline = ginza_sys::clock::monotonic_ns() + 30_000_000;
     k.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: Some(deadline),
@@ -942,7 +942,7 @@ fn an_expired_timer_of_a_parked_app_wakes_it() {
         app_named(s, "sleepy").unwrap().grants == 1
     });
     assert!(
-        ginza_iokernel::util::monotonic_ns() >= deadline,
+        ginza_sys::clock::monotonic_ns() >= deadline,
         "granted before the deadline"
     );
     assert!(t0.elapsed() < Duration::from_secs(2));
@@ -988,7 +988,7 @@ fn the_binary_runs_for_a_while_and_refuses_bad_configs() {
     let n = 0; // one binary run per test process
     let dir = std::env::temp_dir().join(format!("ginza-iok-bin-{}-{n}", std::process::id()));
     let sock = dir.join("s.sock");
-    let cores = ginza_iokernel::config::format_cores(&test_cores());
+    let cores = ginza_sys::cpulist::format(&test_cores());
     let out = Command::new(bin)
         .args([
             "--cores",

@@ -3,10 +3,11 @@
 //! Every clock here is synthetic, so each test is deterministic for its seeds.
 
 use ginza_iokernel::nic::{
-    BufferPool, Frame, GeneratorConfig, Nic, PoolError, PortConfig, PortId, RequestHeader,
-    ServiceTime, SoftwareSwitch, TrafficGenerator,
+    BufferPool, Frame, GeneratorConfig, Nic, PoolError, PortConfig, PortId, ServiceTime,
+    SoftwareSwitch, TrafficGenerator,
 };
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_proto::RequestHeader;
 
 const GENERATOR: Interface = Interface {
     mac: MacAddr([2, 0, 0, 0, 0, 1]),

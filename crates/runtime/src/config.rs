@@ -3,6 +3,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use ginza_sys::{affinity, cpulist, topology};
+
 use crate::error::ConfigError;
 
 /// How an application's runtime is set up.
@@ -103,7 +105,7 @@ impl Config {
                     if !allowed.contains(&core) {
                         return Err(ConfigError::UnknownCore {
                             core,
-                            allowed: format_cpu_list(allowed),
+                            allowed: cpulist::format(&allowed.iter().copied().collect::<Vec<_>>()),
                         });
                     }
                     if !seen.insert(core) {
@@ -139,69 +141,13 @@ impl Config {
 
 /// CPUs this process may run on (its affinity mask).
 pub(crate) fn allowed_cpus() -> Result<BTreeSet<usize>, ConfigError> {
-    // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable cpu_set_t of the size we pass.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if rc != 0 {
-        return Err(ConfigError::Affinity(
-            std::io::Error::last_os_error().to_string(),
-        ));
-    }
-    Ok((0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `cpu` is below CPU_SETSIZE and `set` is initialised.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .collect())
+    let cpus = affinity::allowed_cpus().map_err(|e| ConfigError::Affinity(e.to_string()))?;
+    Ok(cpus.into_iter().collect())
 }
 
 /// Hyperthread siblings of `cpu` (including itself) from sysfs; empty if unknown.
 fn read_siblings(cpu: usize) -> Vec<usize> {
-    let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list");
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| parse_cpu_list(&s))
-        .unwrap_or_default()
-}
-
-/// Parses the kernel's CPU list format, e.g. `0-3,8,10-11`.
-pub(crate) fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((lo, hi)) => {
-                let (lo, hi): (usize, usize) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
-                if lo > hi {
-                    return None;
-                }
-                cpus.extend(lo..=hi);
-            }
-            None => cpus.push(part.trim().parse().ok()?),
-        }
-    }
-    Some(cpus)
-}
-
-fn format_cpu_list(cpus: &BTreeSet<usize>) -> String {
-    cpus.iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// Pins the calling thread to `core`.
-pub(crate) fn pin_current_thread(core: usize) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `core` was validated against CPU_SETSIZE-bounded allowed set.
-    unsafe { libc::CPU_SET(core, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size we pass.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    topology::thread_siblings(cpu).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -210,17 +156,6 @@ mod tests {
 
     fn cpus(n: usize) -> BTreeSet<usize> {
         (0..n).collect()
-    }
-
-    #[test]
-    fn cpu_lists_parse() {
-        assert_eq!(
-            parse_cpu_list("0-3,8,10-11\n"),
-            Some(vec![0, 1, 2, 3, 8, 10, 11])
-        );
-        assert_eq!(parse_cpu_list("5"), Some(vec![5]));
-        assert_eq!(parse_cpu_list("3-1"), None);
-        assert_eq!(parse_cpu_list("a"), None);
     }
 
     #[test]

@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::client::{self, Connection};
-use ginza_iokernel::proto::Registration;
-pub use ginza_iokernel::Class;
+use ginza_proto::client::{self, Connection};
+pub use ginza_proto::messages::Class;
+use ginza_proto::messages::Registration;
 use ginza_shm::{
     CmdRx, CmdTx, LineFlags, LineRef, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
 };
@@ -198,7 +198,8 @@ impl Link {
                     .then(|| KNet::new(ingress, done, egress, egress_buffers)),
             });
         }
-        let monotonic_at_epoch = monotonic_ns().saturating_sub(epoch.elapsed().as_nanos() as u64);
+        let monotonic_at_epoch =
+            ginza_sys::clock::monotonic_ns().saturating_sub(epoch.elapsed().as_nanos() as u64);
         Ok((
             Link {
                 cfg: cfg.clone(),
@@ -215,7 +216,7 @@ impl Link {
     pub(crate) fn register<F: std::os::fd::AsFd>(&self, eventfds: &[F]) -> Result<u64, String> {
         let socket = match &self.cfg.socket {
             Some(p) => p.clone(),
-            None => ginza_iokernel::config::default_socket_path(),
+            None => client::default_socket_path(),
         };
         let n = eventfds.len() as u32;
         let reg = Registration {
@@ -265,8 +266,4 @@ impl Link {
     pub(crate) fn to_monotonic(&self, since_epoch_ns: u64) -> Option<u64> {
         (since_epoch_ns != u64::MAX).then(|| self.monotonic_at_epoch.saturating_add(since_epoch_ns))
     }
-}
-
-pub(crate) fn monotonic_ns() -> u64 {
-    ginza_iokernel::util::monotonic_ns()
 }

@@ -17,7 +17,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
     fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::CachePadded;
+use ginza_sys::eventfd;
 
 use crate::arch;
 use crate::config::Plan;
@@ -342,16 +343,8 @@ impl Shared {
     ) -> Result<Arc<Shared>, String> {
         let mut eventfds = Vec::with_capacity(plan.cores.len());
         for _ in &plan.cores {
-            // SAFETY: eventfd has no memory-safety preconditions.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(format!(
-                    "cannot create kthread eventfds: {}",
-                    std::io::Error::last_os_error()
-                ));
-            }
-            // SAFETY: `fd` is a fresh descriptor we own.
-            eventfds.push(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            let fd = eventfd::new().map_err(|e| format!("cannot create kthread eventfds: {e}"))?;
+            eventfds.push(fd);
         }
         let epoch = Instant::now();
         let (link, mut ends) = match iokernel {
@@ -604,9 +597,7 @@ impl Shared {
 }
 
 fn eventfd_signal(k: &KThread) {
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes from a valid u64 to our eventfd.
-    unsafe { libc::write(k.eventfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    let _ = eventfd::write(k.eventfd.as_fd(), 1);
 }
 
 /// Blocks on the kthread's eventfd until signalled, a signal interrupts, or
@@ -614,34 +605,15 @@ fn eventfd_signal(k: &KThread) {
 /// had been written.
 fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
     let rt = k.rt();
-    let timeout = if deadline == u64::MAX {
-        None
-    } else {
-        let ns = deadline.saturating_sub(rt.now_ns());
-        Some(libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        })
-    };
-    let mut pfd = libc::pollfd {
-        fd: k.eventfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let tp = timeout
-        .as_ref()
-        .map_or(null(), |t| t as *const libc::timespec);
-    // SAFETY: `pfd` and `tp` point to valid values for the call's duration.
-    unsafe { libc::ppoll(&mut pfd, 1, tp, null()) };
+    let timeout =
+        (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(rt.now_ns())));
+    let _ = eventfd::wait(k.eventfd.as_fd(), timeout);
     eventfd_try_read(k)
 }
 
 /// Reads and resets the eventfd without blocking; true if it was written.
 fn eventfd_try_read(k: &KThread) -> bool {
-    let mut buf = 0u64;
-    // SAFETY: reading 8 bytes into a valid u64 (non-blocking eventfd).
-    let n = unsafe { libc::read(k.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
-    n == 8 && buf > 0
+    matches!(eventfd::read(k.eventfd.as_fd()), Ok(Some(n)) if n > 0)
 }
 
 thread_local! {
@@ -1274,7 +1246,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
     let k = &rt.kthreads[id];
     // Under iokerneld the grant sets the affinity.
     if !rt.managed() {
-        if let Err(e) = crate::config::pin_current_thread(k.core) {
+        if let Err(e) = ginza_sys::affinity::pin_current_thread(k.core) {
             log::warn!(
                 "kthread {id}: cannot pin to core {}: {e}; running unpinned",
                 k.core
@@ -1284,8 +1256,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack:
     // 1 ns instead of 50 µs, so sleeps wake on time.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
-    // SAFETY: gettid has no preconditions.
-    k.tid.store(unsafe { libc::gettid() }, SeqCst);
+    k.tid.store(ginza_sys::process::gettid(), SeqCst);
     crate::signals::ensure_altstack();
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
@@ -1696,7 +1667,10 @@ fn wait_for_grant(k: &KThread, io: &KLink) {
     if granted {
         bump(&k.stats.grants);
         if let Some(d) = decided {
-            io.record(crate::iokernel::monotonic_ns().saturating_sub(d), lingering);
+            io.record(
+                ginza_sys::clock::monotonic_ns().saturating_sub(d),
+                lingering,
+            );
         }
     }
     io.line.remove_flags(ginza_shm::LineFlags::PARKED);

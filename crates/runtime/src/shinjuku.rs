@@ -23,8 +23,10 @@ use std::time::{Duration, Instant};
 use crossbeam_deque::Steal;
 pub use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
 use ginza_policy::sched::{Dispatcher, Request};
+use ginza_sys::affinity::pin_current_thread;
+use ginza_sys::cpulist;
 
-use crate::config::{pin_current_thread, Config};
+use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
 use crate::sched::{
     self, Shared, URef, REPORT_BLOCKED, REPORT_COMPLETED, REPORT_NONE, REPORT_PREEMPTED,
@@ -270,11 +272,7 @@ where
         if !allowed.contains(&core) {
             return Err(ConfigError::UnknownCore {
                 core,
-                allowed: allowed
-                    .iter()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
+                allowed: cpulist::format(&allowed.into_iter().collect::<Vec<_>>()),
             }
             .into());
         }

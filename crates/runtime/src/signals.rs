@@ -167,13 +167,8 @@ pub(crate) fn ensure_altstack() {
 
 /// Sends the preemption signal to thread `tid` of this process.
 pub(crate) fn send_preempt(tid: libc::pid_t) -> io::Result<()> {
-    // SAFETY: tgkill only sends a signal; a stale tid gets ESRCH.
-    let rc = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, PREEMPT_SIGNAL) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // A stale tid gets ESRCH.
+    ginza_sys::signal::tgkill(ginza_sys::process::getpid(), tid, PREEMPT_SIGNAL)
 }
 
 /// Reports an unrecoverable runtime failure and aborts.

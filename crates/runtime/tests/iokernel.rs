@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::{client, StatsReport};
+use ginza_proto::{client, StatsReport};
 use ginza_runtime::{Class, Config, Handle, IokernelConfig};
 
 use common::{cores, lock, Daemon};
@@ -63,7 +63,7 @@ fn a_registered_runtime_runs_its_uthreads_on_granted_cores() {
     assert!(st.apps.iter().all(|a| a.name != "sum"), "{st:?}");
 }
 
-fn app_stats<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_iokernel::AppStats> {
+fn app_stats<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_proto::AppStats> {
     s.apps.iter().find(|a| a.name == name)
 }
 

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::nic::{RequestHeader, ServiceTime};
-use ginza_iokernel::{client, LoadRun, GENERATOR_IP, GENERATOR_MAC};
+use ginza_iokernel::nic::ServiceTime;
+use ginza_iokernel::{LoadRun, GENERATOR_IP, GENERATOR_MAC};
 use ginza_net::{tx, ArpOperation, DropKind, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_proto::{client, RequestHeader};
 use ginza_runtime::net::testing::{Harness, SendOutcome};
 use ginza_runtime::net::{NetConfig, UdpSocket};
 use ginza_runtime::{Class, Config, Handle, IokernelConfig};

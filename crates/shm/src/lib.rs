@@ -22,7 +22,6 @@ pub mod queue_line;
 pub mod region;
 pub mod ring;
 mod sync;
-mod sys;
 
 pub use msg::{
     CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, SendError, ToIokernel,

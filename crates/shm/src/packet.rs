@@ -25,8 +25,9 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
+use ginza_sys::memfd::{self, Seals};
+
 use crate::ring::{Keep, Pod};
-use crate::sys;
 
 /// Bytes of every packet buffer, ingress and egress: a 1514-byte Ethernet
 /// frame fits, and buffers stay cache-line aligned.
@@ -155,8 +156,8 @@ impl IngressPool {
             return Err(PoolMapError::Count(count));
         }
         let len = Self::bytes(count);
-        let fd = sys::memfd(name, len).map_err(io_err("memfd_create"))?;
-        let base = sys::map(fd.as_fd(), len as usize).map_err(io_err("mmap"))?;
+        let fd = memfd::create(name, len).map_err(io_err("memfd_create"))?;
+        let base = memfd::map(fd.as_fd(), len as usize).map_err(io_err("mmap"))?;
         let pool = IngressPool {
             fd,
             base,
@@ -165,7 +166,7 @@ impl IngressPool {
         };
         // After our writable mapping: existing mappings keep working,
         // new writable ones (the runtime's) are refused.
-        sys::add_seals(pool.fd.as_fd(), sys::SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE)
+        memfd::add_seals(pool.fd.as_fd(), memfd::SIZE_SEALS | Seals::FUTURE_WRITE)
             .map_err(io_err("F_ADD_SEALS"))?;
         Ok(pool)
     }
@@ -176,17 +177,16 @@ impl IngressPool {
         if count == 0 || count > MAX_INGRESS_BUFFERS {
             return Err(PoolMapError::Count(count));
         }
-        let seals = sys::seals(fd.as_fd()).map_err(io_err("F_GET_SEALS"))?;
-        let need = libc::F_SEAL_SHRINK | libc::F_SEAL_FUTURE_WRITE;
-        if seals & need != need {
-            return Err(PoolMapError::NotSealed(seals));
+        let seals = memfd::seals(fd.as_fd()).map_err(io_err("F_GET_SEALS"))?;
+        if !seals.contains(Seals::SHRINK | Seals::FUTURE_WRITE) {
+            return Err(PoolMapError::NotSealed(seals.bits() as i32));
         }
-        let found = sys::size(fd.as_fd()).map_err(io_err("fstat"))?;
+        let found = memfd::size(fd.as_fd()).map_err(io_err("fstat"))?;
         let expected = Self::bytes(count);
         if found != expected {
             return Err(PoolMapError::Size { found, expected });
         }
-        let base = sys::map_read_only(fd.as_fd(), expected as usize).map_err(io_err("mmap"))?;
+        let base = memfd::map_read_only(fd.as_fd(), expected as usize).map_err(io_err("mmap"))?;
         Ok(IngressPool {
             fd,
             base,
@@ -246,9 +246,9 @@ impl IngressPool {
 
 impl Drop for IngressPool {
     fn drop(&mut self) {
-        // SAFETY: mapped by `sys::map`/`map_read_only` with this length; the
+        // SAFETY: mapped by `memfd::map`/`map_read_only` with this length; the
         // slices `frame` hands out borrow `self`, so none is left.
-        unsafe { sys::unmap(self.base, Self::bytes(self.count) as usize) };
+        unsafe { memfd::unmap(self.base, Self::bytes(self.count) as usize) };
     }
 }
 
@@ -382,7 +382,7 @@ mod tests {
         );
         // Nobody may map it writable now, nor write through the fd.
         let fd = pool.fd();
-        assert!(sys::map(fd, 4 * PKT_BUFFER_SIZE as usize).is_err());
+        assert!(memfd::map(fd, 4 * PKT_BUFFER_SIZE as usize).is_err());
         let f = std::fs::File::from(fd.try_clone_to_owned().unwrap());
         assert!(std::os::unix::fs::FileExt::write_at(&f, b"x", 0).is_err());
         // A wrong count is refused with the sizes.
@@ -393,7 +393,7 @@ mod tests {
             "ingress pool memfd is 8192 bytes, expected 16384"
         );
         // An unsealed memfd is refused.
-        let plain = sys::memfd("plain", 8192).unwrap();
+        let plain = memfd::create("plain", 8192).unwrap();
         assert!(matches!(
             IngressPool::map_read_only(plain, 4),
             Err(PoolMapError::NotSealed(_))

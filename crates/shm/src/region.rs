@@ -36,13 +36,14 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
+use ginza_sys::memfd::{self, Seals};
+
 use crate::msg::{CmdRx, CmdTx, RawMsg, ToIokernel, ToKthread};
 use crate::packet::{EgressBuffers, PacketDesc, PKT_BUFFER_SIZE};
 use crate::queue_line::QueueLine;
 use crate::ring::{
     self, ring_bytes, Consumer, Keep, Producer, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY,
 };
-use crate::sys;
 
 /// `b"GINZASHM"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GINZASHM");
@@ -683,9 +684,9 @@ struct Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         match &self.backing {
-            // SAFETY: mapped by `sys::map` with this length; every reference
+            // SAFETY: mapped by `memfd::map` with this length; every reference
             // into it is held through `Region`, which keeps us alive.
-            Backing::Memfd(_) => unsafe { sys::unmap(self.base, self.len) },
+            Backing::Memfd(_) => unsafe { memfd::unmap(self.base, self.len) },
             // SAFETY: allocated by `alloc_zeroed` with this layout; as above.
             Backing::Heap(l) => unsafe { alloc::dealloc(self.base.as_ptr(), *l) },
         }
@@ -764,9 +765,9 @@ impl Region {
     pub fn create(name: &str, cfg: &RegionConfig) -> Result<Region, RegionError> {
         let layout = Layout::new(cfg)?;
         let len = layout.region_size as usize;
-        let fd = sys::memfd(name, layout.region_size).map_err(io_err("memfd_create"))?;
-        sys::add_seals(fd.as_fd(), sys::SIZE_SEALS).map_err(io_err("F_ADD_SEALS"))?;
-        let base = sys::map(fd.as_fd(), len).map_err(io_err("mmap"))?;
+        let fd = memfd::create(name, layout.region_size).map_err(io_err("memfd_create"))?;
+        memfd::add_seals(fd.as_fd(), memfd::SIZE_SEALS).map_err(io_err("F_ADD_SEALS"))?;
+        let base = memfd::map(fd.as_fd(), len).map_err(io_err("mmap"))?;
         let map = Mapping {
             base,
             len,
@@ -801,11 +802,11 @@ impl Region {
     /// iokerneld side: maps a region received from a runtime, after checking
     /// that the memfd is sealed against shrinking, its size, and the header.
     pub fn attach(fd: OwnedFd) -> Result<Region, RegionError> {
-        let seals = sys::seals(fd.as_fd()).map_err(io_err("F_GET_SEALS"))?;
-        if seals & libc::F_SEAL_SHRINK == 0 {
-            return Err(RegionError::NotSealed(seals));
+        let seals = memfd::seals(fd.as_fd()).map_err(io_err("F_GET_SEALS"))?;
+        if !seals.contains(Seals::SHRINK) {
+            return Err(RegionError::NotSealed(seals.bits() as i32));
         }
-        let len = sys::size(fd.as_fd()).map_err(io_err("fstat"))?;
+        let len = memfd::size(fd.as_fd()).map_err(io_err("fstat"))?;
         if len < HEADER_SIZE as u64 {
             return Err(HeaderError::RegionTooSmall {
                 len,
@@ -819,7 +820,7 @@ impl Region {
                 max: MAX_REGION_SIZE,
             });
         }
-        let base = sys::map(fd.as_fd(), len as usize).map_err(io_err("mmap"))?;
+        let base = memfd::map(fd.as_fd(), len as usize).map_err(io_err("mmap"))?;
         let map = Mapping {
             base,
             len: len as usize,
@@ -1427,11 +1428,11 @@ mod tests {
         assert!(attach().is_ok());
 
         // An unsealed memfd is refused before it is mapped.
-        let fd = sys::memfd("unsealed", 4096).unwrap();
+        let fd = memfd::create("unsealed", 4096).unwrap();
         assert!(matches!(Region::attach(fd), Err(RegionError::NotSealed(_))));
         // A sealed but empty one too.
-        let fd = sys::memfd("tiny", 0).unwrap();
-        sys::add_seals(fd.as_fd(), sys::SIZE_SEALS).unwrap();
+        let fd = memfd::create("tiny", 0).unwrap();
+        memfd::add_seals(fd.as_fd(), memfd::SIZE_SEALS).unwrap();
         assert!(matches!(
             Region::attach(fd),
             Err(RegionError::Header(HeaderError::RegionTooSmall {
@@ -1440,8 +1441,8 @@ mod tests {
             }))
         ));
         // A sealed page of zeros: bad magic.
-        let fd = sys::memfd("zeros", 4096).unwrap();
-        sys::add_seals(fd.as_fd(), sys::SIZE_SEALS).unwrap();
+        let fd = memfd::create("zeros", 4096).unwrap();
+        memfd::add_seals(fd.as_fd(), memfd::SIZE_SEALS).unwrap();
         let e = Region::attach(fd).err().unwrap();
         assert_eq!(
             e.to_string(),

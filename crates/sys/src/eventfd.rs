@@ -18,6 +18,12 @@ pub fn new() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// A new blocking, close-on-exec eventfd with counter 0: [`read`] waits
+/// for a write (a benchmark measures that wake-up).
+pub fn new_blocking() -> io::Result<OwnedFd> {
+    Ok(rustix::event::eventfd(0, EventfdFlags::CLOEXEC)?)
+}
+
 /// Adds `v` to the counter (wakes a reader).
 pub fn write(fd: BorrowedFd<'_>, v: u64) -> io::Result<()> {
     let n = rustix::io::write(fd, &v.to_ne_bytes())?;
@@ -30,8 +36,8 @@ pub fn write(fd: BorrowedFd<'_>, v: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads and resets the counter; `Ok(None)` if it is 0 (the eventfd must
-/// be non-blocking).
+/// Reads and resets the counter; `Ok(None)` if it is 0 and the eventfd is
+/// non-blocking (a blocking one waits for a write).
 pub fn read(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
     let mut b = [0u8; 8];
     match rustix::io::read(fd, &mut b) {

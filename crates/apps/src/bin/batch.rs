@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser;
 use ginza_apps::batch::price_until_stopped;
-use ginza_iokernel::config::parse_duration;
+use ginza_proto::parse_duration;
 use ginza_runtime::{Class, Config, IokernelConfig};
 
 #[derive(Parser, Debug)]

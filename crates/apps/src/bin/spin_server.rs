@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Parser;
 use ginza_apps::spin_server::{serve, SpinStats};
-use ginza_iokernel::config::parse_duration;
+use ginza_proto::parse_duration;
 use ginza_runtime::net::{Ipv4Addr, MacAddr, NetConfig};
 use ginza_runtime::{Class, Config, IokernelConfig};
 

@@ -20,7 +20,7 @@ pub(crate) fn emit(json: bool, table: &str, report: &impl serde::Serialize) -> a
 
 /// CPUs in this process's affinity mask, ascending.
 pub(crate) fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
-    ginza_iokernel::util::allowed_cpus().context("sched_getaffinity")
+    ginza_sys::affinity::allowed_cpus().context("sched_getaffinity")
 }
 
 /// Median (mean of the middle two for an even count); `None` if empty.

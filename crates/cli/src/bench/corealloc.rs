@@ -32,14 +32,16 @@
 //!   over the run's wall time.
 
 use std::fmt::Write as _;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ginza_iokernel::{client, Config as IokConfig, InProcess, PolicyKind, StatsReport};
+use ginza_iokernel::{Config as IokConfig, InProcess, PolicyKind};
+use ginza_proto::{client, StatsReport};
 use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_sys::{clock, eventfd};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
@@ -66,7 +68,7 @@ pub struct CoreallocArgs {
 }
 
 fn humantime_like(s: &str) -> Result<Duration, String> {
-    ginza_iokernel::config::parse_duration(s)
+    ginza_proto::parse_duration(s)
 }
 
 /// Gaps between grants when the kthread blocks (µs, uniform).
@@ -85,7 +87,7 @@ struct Pct {
 }
 
 impl Pct {
-    fn of_latency(l: &ginza_iokernel::proto::Latency, scale: f64) -> Option<Pct> {
+    fn of_latency(l: &ginza_proto::messages::Latency, scale: f64) -> Option<Pct> {
         (l.count > 0).then(|| Pct {
             p50: l.p50_ns as f64 / scale,
             p99: l.p99_ns as f64 / scale,
@@ -182,10 +184,6 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     emit(args.json, &render(&report), &report)
 }
 
-fn monotonic_ns() -> u64 {
-    ginza_iokernel::util::monotonic_ns()
-}
-
 fn gap(rng: &mut impl Rng, (lo, hi): (u64, u64)) -> Duration {
     Duration::from_micros(rng.random_range(lo..=hi))
 }
@@ -193,11 +191,7 @@ fn gap(rng: &mut impl Rng, (lo, hi): (u64, u64)) -> Duration {
 /// Write → running of a thread blocked on an eventfd on `core`, written
 /// from `writer_cpu`.
 fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec<u64>> {
-    // SAFETY: eventfd has no memory-safety preconditions.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    anyhow::ensure!(fd >= 0, "eventfd: {}", std::io::Error::last_os_error());
-    // SAFETY: a fresh descriptor we own.
-    let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+    let fd = Arc::new(eventfd::new_blocking().context("eventfd")?);
     let sent = Arc::new(AtomicU64::new(0));
     // Wakes the waiter has taken: the writer waits for each one before the
     // next gap, so two writes never coalesce into one read.
@@ -205,15 +199,13 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
     let waiter = {
         let (fd, sent, taken) = (Arc::clone(&fd), Arc::clone(&sent), Arc::clone(&taken));
         std::thread::spawn(move || -> anyhow::Result<Vec<u64>> {
-            ginza_iokernel::util::pin_current_thread(core)
+            ginza_sys::affinity::pin_current_thread(core)
                 .with_context(|| format!("pinning the eventfd waiter to CPU {core}"))?;
             let mut out = Vec::with_capacity(n);
-            let mut buf = 0u64;
             while out.len() < n {
-                // SAFETY: reading 8 bytes into a valid u64; blocks until written.
-                let r = unsafe { libc::read(fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
-                anyhow::ensure!(r == 8, "eventfd read: {}", std::io::Error::last_os_error());
-                out.push(monotonic_ns().saturating_sub(sent.load(Ordering::Acquire)));
+                // Blocks until written.
+                eventfd::read(fd.as_fd()).context("eventfd read")?;
+                out.push(clock::monotonic_ns().saturating_sub(sent.load(Ordering::Acquire)));
                 taken.fetch_add(1, Ordering::Release);
             }
             Ok(out)
@@ -221,7 +213,7 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
     };
     // The writer gets a thread of its own, so the caller's affinity is left alone.
     let writer = std::thread::spawn(move || -> anyhow::Result<()> {
-        ginza_iokernel::util::pin_current_thread(writer_cpu)
+        ginza_sys::affinity::pin_current_thread(writer_cpu)
             .with_context(|| format!("pinning the eventfd writer to CPU {writer_cpu}"))?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         for i in 0..n as u64 {
@@ -234,11 +226,8 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
                 std::thread::yield_now();
             }
             std::thread::sleep(gap(&mut rng, BLOCKED_GAP_US));
-            sent.store(monotonic_ns(), Ordering::Release);
-            let one = 1u64;
-            // SAFETY: writing 8 bytes from a valid u64.
-            let w = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-            anyhow::ensure!(w == 8, "eventfd write: {}", std::io::Error::last_os_error());
+            sent.store(clock::monotonic_ns(), Ordering::Release);
+            eventfd::write(fd.as_fd(), 1).context("eventfd write")?;
         }
         Ok(())
     });

@@ -37,10 +37,9 @@ use std::net::SocketAddrV4;
 use ginza_apps::spin_server::{self, SpinStats};
 use ginza_iokernel::netns::{self, NetNs};
 use ginza_iokernel::raw_app::RawApp;
-use ginza_iokernel::{
-    client, Config as IokConfig, InProcess, Iokerneld, RecordingActuator, StatsReport,
-};
+use ginza_iokernel::{Config as IokConfig, InProcess, Iokerneld, RecordingActuator};
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
+use ginza_proto::{client, StatsReport};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
 use serde::Serialize;
@@ -107,7 +106,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<()> {
     let loop_thread = std::thread::spawn(move || {
         // Pinned here rather than by `own_core`: iokerneld's CPU is also a
         // managed core, which only the recording actuator makes harmless.
-        let _ = ginza_iokernel::util::pin_current_thread(iok_cpu);
+        let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
         daemon.run()
     });
     let result = measure(&args, &socket, app_cpu);
@@ -153,7 +152,7 @@ fn measure(args: &ForwardArgs, socket: &std::path::Path, app_cpu: usize) -> anyh
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let driver = std::thread::spawn(move || {
-        let _ = ginza_iokernel::util::pin_current_thread(app_cpu);
+        let _ = ginza_sys::affinity::pin_current_thread(app_cpu);
         let mut ring_full = 0u64;
         while !stop2.load(Ordering::Relaxed) {
             if sender.send_frames(0, &frame, 64) < 64 {

@@ -48,6 +48,7 @@ use ginza_runtime::preempt_point;
 use ginza_runtime::shinjuku::{
     serve, Arrival, Placement, Preemption, SchedPolicy, ServeReport, ShinjukuConfig, Source,
 };
+use ginza_sys::clock;
 use serde::Serialize;
 
 /// Arguments of `ginza bench preempt`.
@@ -166,20 +167,6 @@ pub(super) fn chunked<const POLL: bool>(iters: u64, every: u64, seed: u64) -> u6
         }
     }
     x
-}
-
-/// CPU time of the calling OS thread, ns.
-pub(super) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Nanoseconds per step of [`chain`] (without polling), best of a few tries
@@ -332,13 +319,13 @@ fn long_run(
         after_ns: 1_000_000,
     };
     let report = serve(config, source, move |seed: u64| {
-        let start = thread_cpu_ns();
+        let start = clock::thread_cpu_ns();
         let value = if poll {
             chain::<true>(iters, seed)
         } else {
             chain::<false>(iters, seed)
         };
-        (start, thread_cpu_ns(), value)
+        (start, clock::thread_cpu_ns(), value)
     })
     .context("serving the long requests")?;
     anyhow::ensure!(

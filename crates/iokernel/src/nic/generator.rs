@@ -15,11 +15,9 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
 use ginza_net::{tx, Endpoint, Interface, MacAddr, Packet, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET};
+use ginza_proto::request::{RequestHeader, REQUEST_HEADER_LEN};
 
 use super::{Frame, Nic};
-
-/// Bytes of [`RequestHeader`] at the start of a request's UDP payload.
-pub const REQUEST_HEADER_LEN: usize = 24;
 
 /// Histograms cover 1 ns..60 s at 3 significant digits; longer values count
 /// as 60 s.
@@ -27,41 +25,6 @@ const HISTOGRAM_MAX_NS: u64 = 60_000_000_000;
 
 /// Replies taken from the link per `rx_burst` call.
 const RX_BURST: usize = 64;
-
-/// What a request carries, in network byte order at the start of its UDP
-/// payload. A server answers by echoing the payload; `service_ns` tells it
-/// how long to work on the request first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestHeader {
-    pub seq: u64,
-    /// CLOCK_MONOTONIC ns of the injection.
-    pub send_ns: u64,
-    pub service_ns: u64,
-}
-
-impl RequestHeader {
-    /// Writes the header into the first [`REQUEST_HEADER_LEN`] bytes of
-    /// `payload` (panics if shorter).
-    pub fn encode(&self, payload: &mut [u8]) {
-        payload[0..8].copy_from_slice(&self.seq.to_be_bytes());
-        payload[8..16].copy_from_slice(&self.send_ns.to_be_bytes());
-        payload[16..24].copy_from_slice(&self.service_ns.to_be_bytes());
-    }
-
-    /// `None` if `payload` is too short to hold a header.
-    pub fn decode(payload: &[u8]) -> Option<RequestHeader> {
-        let field = |at: usize| {
-            Some(u64::from_be_bytes(
-                payload.get(at..at + 8)?.try_into().ok()?,
-            ))
-        };
-        Some(RequestHeader {
-            seq: field(0)?,
-            send_ns: field(8)?,
-            service_ns: field(16)?,
-        })
-    }
-}
 
 /// How long the server should work on a request.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -470,19 +433,6 @@ mod tests {
         let share = count_of_a as f64 / SAMPLES as f64;
         let share_error = (0.9f64 * 0.1 / SAMPLES as f64).sqrt();
         assert!((share - 0.9).abs() < 5.0 * share_error, "share {share}");
-    }
-
-    #[test]
-    fn header_round_trips_and_short_payload_is_refused() {
-        let header = RequestHeader {
-            seq: 7,
-            send_ns: u64::MAX - 1,
-            service_ns: 5_000,
-        };
-        let mut payload = [0u8; REQUEST_HEADER_LEN];
-        header.encode(&mut payload);
-        assert_eq!(RequestHeader::decode(&payload), Some(header));
-        assert_eq!(RequestHeader::decode(&payload[..23]), None);
     }
 
     #[test]

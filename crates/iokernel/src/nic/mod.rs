@@ -57,8 +57,7 @@ pub mod software;
 
 pub use buffer::{BufferDescriptor, BufferPool, Frame, PoolError, PoolStats, DEFAULT_BUFFER_SIZE};
 pub use generator::{
-    GeneratorConfig, GeneratorConfigError, GeneratorStats, RequestHeader, ServiceTime,
-    TrafficGenerator, REQUEST_HEADER_LEN,
+    GeneratorConfig, GeneratorConfigError, GeneratorStats, ServiceTime, TrafficGenerator,
 };
 pub use software::{
     PortConfig, PortCounters, PortDrops, PortId, SoftwareSwitch, SwitchError, SwitchPort,

@@ -9,9 +9,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::{
-    client, Config, CoreActuator, GeneratorHandle, Iokerneld, StatsReport, StopHandle,
-};
+use ginza_iokernel::{Config, CoreActuator, GeneratorHandle, Iokerneld, StopHandle};
+use ginza_proto::{client, StatsReport};
 
 static LOCK: Mutex<()> = Mutex::new(());
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -22,7 +21,7 @@ pub fn lock() -> MutexGuard<'static, ()> {
 
 /// Up to two CPUs this process may use: the managed cores of the tests.
 pub fn test_cores() -> Vec<usize> {
-    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
+    let mut c = ginza_sys::affinity::allowed_cpus().unwrap();
     c.truncate(2);
     c
 }
@@ -52,7 +51,7 @@ impl Daemon {
         cfg.socket = socket.clone();
         cfg.idle_sleep = Some(Duration::from_millis(1));
         tweak(&mut cfg);
-        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
+        cfg.validate(&ginza_sys::affinity::allowed_cpus().unwrap())
             .unwrap();
         let d = Iokerneld::bind(cfg, actuator).unwrap();
         let stop = d.stop_handle();

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use ginza_iokernel::{client, Config as IokConfig, InProcess, StatsReport};
+use ginza_iokernel::{Config as IokConfig, InProcess};
+use ginza_proto::{client, StatsReport};
 use ginza_runtime::{Class, Config, IokernelConfig};
 
 static LOCK: Mutex<()> = Mutex::new(());
@@ -20,7 +21,7 @@ pub fn lock() -> MutexGuard<'static, ()> {
 
 /// Up to two CPUs this process may use: the managed cores.
 pub fn cores() -> Vec<usize> {
-    let mut c = ginza_iokernel::util::allowed_cpus().unwrap();
+    let mut c = ginza_sys::affinity::allowed_cpus().unwrap();
     c.truncate(2);
     c
 }
@@ -41,7 +42,7 @@ impl Daemon {
         cfg.socket = socket.clone();
         cfg.idle_sleep = Some(Duration::from_millis(1));
         tweak(&mut cfg);
-        cfg.validate(&ginza_iokernel::util::allowed_cpus().unwrap())
+        cfg.validate(&ginza_sys::affinity::allowed_cpus().unwrap())
             .unwrap();
         Daemon {
             io: Some(InProcess::start(cfg).unwrap()),

@@ -35,6 +35,7 @@ mod tokio_tasks;
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
+use ginza_sys::affinity;
 use serde::{Deserialize, Serialize};
 
 /// Arguments of `ginza bench threadops`.
@@ -335,18 +336,6 @@ pub(crate) fn cpu_set_of(core: usize) -> libc::cpu_set_t {
     set
 }
 
-/// Pins the calling thread to `core`.
-pub(crate) fn pin_current_thread(core: usize) -> std::io::Result<()> {
-    let set = cpu_set_of(core);
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 = this thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// Runs `f` on a new thread pinned to `core` (threads it spawns inherit the
 /// mask) and returns its result.
 fn run_pinned<T: Send + 'static>(
@@ -356,7 +345,7 @@ fn run_pinned<T: Send + 'static>(
     std::thread::Builder::new()
         .name("threadops".into())
         .spawn(move || {
-            pin_current_thread(core).with_context(|| format!("pinning to CPU {core}"))?;
+            affinity::pin_current_thread(core).with_context(|| format!("pinning to CPU {core}"))?;
             f()
         })
         .context("spawning the measuring thread")?

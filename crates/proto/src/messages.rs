@@ -29,6 +29,9 @@ pub const MAX_REQUEST: usize = 4096;
 pub const MAX_REPLY: usize = 256 * 1024;
 /// Longest application name.
 pub const MAX_NAME: usize = 64;
+/// Most applications registered at once (so that a stats reply about all
+/// of them fits in [`MAX_REPLY`]).
+pub const MAX_APPS: usize = 256;
 
 /// Application class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +114,39 @@ pub enum Response {
     Stats(StatsReport),
 }
 
+/// What iokerneld did with one application's packets (totals since it
+/// registered). Short names: 256 applications' worth must fit in one stats
+/// reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetStats {
+    /// Frames put on its ingress rings.
+    pub rx: u64,
+    /// Frames taken from its egress rings and handed to the switch.
+    pub tx: u64,
+    /// Frames for it dropped: the chosen ingress ring was full, every
+    /// ingress buffer was lent, or its switch port's ring or pool was full.
+    pub drop_ingress: u64,
+    /// Frames it sent that were dropped: length 0 or above a buffer, or
+    /// refused by the switch (unknown destination, spoofed source, runt).
+    pub drop_egress: u64,
+    /// Frames that went to a parked kthread because none was active.
+    pub to_parked: u64,
+}
+
+/// Dataplane totals, in [`StatsReport`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataplaneStats {
+    /// `software` or the real interface's spec.
+    pub nic: String,
+    pub nic_rx_frames: u64,
+    pub nic_tx_frames: u64,
+    /// Frames from the NIC the trunk port could not take, or frames for the
+    /// NIC it did not accept (its ring or pool full).
+    pub nic_drops: u64,
+    /// Generator runs completed.
+    pub generator_runs: u64,
+}
+
 /// Counters of one registered application. Totals since registration; a
 /// reader derives rates from two reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -137,7 +173,7 @@ pub struct AppStats {
     pub preempt_overdue: u64,
     /// Packets, for an application registered with `net`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub net: Option<crate::dataplane::NetStats>,
+    pub net: Option<NetStats>,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -220,7 +256,7 @@ pub struct StatsReport {
     pub alloc: AllocStats,
     /// The links: NIC and generator totals.
     #[serde(default)]
-    pub dataplane: crate::dataplane::DataplaneStats,
+    pub dataplane: DataplaneStats,
 }
 
 /// An application iokerneld removed, and why.
@@ -334,7 +370,7 @@ mod tests {
             passes: u64::MAX,
             registrations_refused: u64::MAX,
             apps_disconnected: u64::MAX,
-            apps: (0..crate::daemon::MAX_APPS)
+            apps: (0..MAX_APPS)
                 .map(|_| AppStats {
                     app_id: u64::MAX,
                     name: name.clone(),
@@ -350,7 +386,7 @@ mod tests {
                     congestion_events: u64::MAX,
                     ring_full: u64::MAX,
                     preempt_overdue: u64::MAX,
-                    net: Some(crate::dataplane::NetStats {
+                    net: Some(NetStats {
                         rx: u64::MAX,
                         tx: u64::MAX,
                         drop_ingress: u64::MAX,
@@ -379,7 +415,7 @@ mod tests {
                 pass_cost_idle: big,
                 handover: big,
             },
-            dataplane: crate::dataplane::DataplaneStats {
+            dataplane: DataplaneStats {
                 nic: "af_xdp:".to_string() + &"i".repeat(15),
                 nic_rx_frames: u64::MAX,
                 nic_tx_frames: u64::MAX,

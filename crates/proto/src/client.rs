@@ -1,12 +1,13 @@
 //! The runtime's side of registration, and a stats reader.
 //!
 //! ```no_run
-//! use ginza_iokernel::client;
-//! use ginza_iokernel::proto::{Class, Registration};
+//! use ginza_proto::client;
+//! use ginza_proto::messages::{Class, Registration};
 //! use ginza_shm::{Region, RegionConfig};
+//! use ginza_sys::eventfd;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let region = Region::create("app", &RegionConfig::new(2))?;
-//! let efds = [client::eventfd()?, client::eventfd()?];
+//! let efds = [eventfd::new()?, eventfd::new()?];
 //! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None };
 //! let conn = client::register_region("/tmp/ginza-1000/iokerneld.sock".as_ref(), &reg, &region, &efds)?;
 //! println!("registered as app {}", conn.app_id());
@@ -20,11 +21,22 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ginza_shm::{IngressPool, Region};
+use ginza_sys::poll::{poll_one, PollFlags};
+use ginza_sys::{process, socket};
 
-use crate::proto::{
+use crate::messages::{
     encode, Envelope, Registration, Request, Response, StatsReport, MAX_REPLY, PROTOCOL_VERSION,
 };
-use crate::sys;
+
+/// iokerneld's control socket unless told otherwise:
+/// `$XDG_RUNTIME_DIR/ginza/iokerneld.sock`, else
+/// `/tmp/ginza-<uid>/iokerneld.sock`.
+pub fn default_socket_path() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => Path::new(&d).join("ginza").join("iokerneld.sock"),
+        None => PathBuf::from(format!("/tmp/ginza-{}", process::getuid())).join("iokerneld.sock"),
+    }
+}
 
 /// How long a client waits for iokerneld's answer.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -83,14 +95,8 @@ impl Connection {
     /// Whether iokerneld closed the connection (it exited, or removed this
     /// application). Does not block.
     pub fn closed_by_iokerneld(&self) -> bool {
-        let mut pfd = [libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        match sys::poll(&mut pfd, Some(Duration::ZERO)) {
-            Ok(0) => false,
-            Ok(_) => pfd[0].revents & (libc::POLLHUP | libc::POLLERR) != 0,
+        match poll_one(self.sock.as_fd(), PollFlags::IN, Some(Duration::ZERO)) {
+            Ok(ready) => ready.intersects(PollFlags::HUP | PollFlags::ERR),
             Err(_) => true,
         }
     }
@@ -100,11 +106,6 @@ impl AsFd for Connection {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.sock.as_fd()
     }
-}
-
-/// A new non-blocking eventfd, for a kthread to park on.
-pub fn eventfd() -> io::Result<OwnedFd> {
-    sys::eventfd()
 }
 
 /// Sends one envelope with `fds` and waits for the answer; returns the
@@ -136,13 +137,13 @@ pub fn send_raw(
     bytes: &[u8],
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), ClientError> {
-    sys::send_with_fds(sock, bytes, fds).map_err(ClientError::Send)
+    socket::send_with_fds(sock, bytes, fds).map_err(ClientError::Send)
 }
 
 /// Connects without sending anything (tests send raw bytes with
 /// [`send_raw`], then read with [`recv_response`]).
 pub fn connect(socket: &Path) -> Result<OwnedFd, ClientError> {
-    sys::connect_seqpacket(socket).map_err(|source| ClientError::Connect {
+    socket::connect_seqpacket(socket).map_err(|source| ClientError::Connect {
         path: socket.to_path_buf(),
         source,
     })
@@ -158,23 +159,21 @@ fn recv_response_with_fds(
     sock: BorrowedFd<'_>,
     max_fds: usize,
 ) -> Result<(Response, Vec<OwnedFd>), ClientError> {
-    let mut pfd = [libc::pollfd {
-        fd: std::os::fd::AsRawFd::as_raw_fd(&sock),
-        events: libc::POLLIN,
-        revents: 0,
-    }];
     let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             return Err(ClientError::Timeout(REPLY_TIMEOUT));
         }
-        if sys::poll(&mut pfd, Some(left)).map_err(ClientError::Recv)? > 0 {
+        if !poll_one(sock, PollFlags::IN, Some(left))
+            .map_err(ClientError::Recv)?
+            .is_empty()
+        {
             break;
         }
     }
     let mut buf = vec![0u8; MAX_REPLY];
-    let r = sys::recv_with_fds(sock, &mut buf, max_fds, true)
+    let r = socket::recv_with_fds(sock, &mut buf, max_fds, true)
         .map_err(ClientError::Recv)?
         .ok_or(ClientError::Closed)?;
     if r.closed {
