@@ -3,17 +3,9 @@
 //! instead of corrupting the neighbouring memory.
 
 use std::io;
-use std::ptr::{null_mut, NonNull};
+use std::ptr::NonNull;
 
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as usize
-    } else {
-        4096
-    }
-}
+use ginza_sys::mm;
 
 /// One mapped stack; unmapped on drop.
 pub(crate) struct Stack {
@@ -28,35 +20,18 @@ unsafe impl Send for Stack {}
 impl Stack {
     /// Maps `usable` bytes (rounded up to pages) plus one guard page.
     pub(crate) fn new(usable: usize) -> io::Result<Stack> {
-        let guard = page_size();
+        let guard = mm::page_size();
         let usable = usable.div_ceil(guard) * guard;
         let len = usable + guard;
-        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
-        let base = unsafe {
-            libc::mmap(
-                null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `base..base+guard` lies inside the mapping we just created.
-        if unsafe { libc::mprotect(base, guard, libc::PROT_NONE) } != 0 {
-            let err = io::Error::last_os_error();
+        let base = mm::map_stack(len)?;
+        // SAFETY: `base..base+guard` is the first page of the mapping just
+        // made, which nothing references yet.
+        if let Err(err) = unsafe { mm::protect_none(base, guard) } {
             // SAFETY: unmapping the mapping created above, which nothing else references.
-            unsafe { libc::munmap(base, len) };
+            unsafe { mm::unmap(base, len) };
             return Err(err);
         }
-        Ok(Stack {
-            base: NonNull::new(base.cast()).expect("mmap returned null"),
-            len,
-            guard,
-        })
+        Ok(Stack { base, len, guard })
     }
 
     /// High end of the stack (stacks grow down).
@@ -80,6 +55,6 @@ impl Drop for Stack {
     fn drop(&mut self) {
         // SAFETY: the mapping is ours and no context runs on it any more
         // (stacks are only dropped after their uthread has exited).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        unsafe { mm::unmap(self.base, self.len) };
     }
 }

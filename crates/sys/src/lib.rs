@@ -7,6 +7,7 @@
 //! * [`topology`]: online CPUs and hyperthread siblings, from sysfs.
 //! * [`eventfd`]: the counters kthreads park on.
 //! * [`memfd`]: sealable memfds and their shared mappings.
+//! * [`mm`]: private mappings (uthread stacks with a guard page).
 //! * [`clock`]: CLOCK_MONOTONIC and the calling thread's CPU time.
 //! * [`signal`]: `tgkill` and a plain signal handler.
 //! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
@@ -24,6 +25,7 @@ pub mod clock;
 pub mod cpulist;
 pub mod eventfd;
 pub mod memfd;
+pub mod mm;
 pub mod poll;
 pub mod process;
 pub mod signal;

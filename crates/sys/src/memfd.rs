@@ -66,8 +66,7 @@ fn map_with(fd: BorrowedFd<'_>, len: usize, prot: ProtFlags) -> io::Result<NonNu
 /// length, and nothing references its memory any more.
 pub unsafe fn unmap(base: NonNull<u8>, len: usize) {
     // SAFETY: the caller's contract.
-    let r = unsafe { rustix::mm::munmap(base.as_ptr().cast(), len) };
-    debug_assert!(r.is_ok(), "munmap: {r:?}");
+    unsafe { crate::mm::unmap(base, len) }
 }
 
 #[cfg(test)]
