@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ginza_policy::alloc::{
-    AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static, Topology,
+    AppSnap, CoreAllocator, Decision, KthreadSnap, Shenango, Slow, Static, Topology,
 };
 use ginza_shm::{
     IokernelEnd, LineFlags, PreemptReason, RecvError, Region, SendError, ToIokernel, ToKthread,
@@ -233,7 +233,6 @@ struct App {
     ends: Vec<IokernelEnd>,
     eventfds: Vec<OwnedFd>,
     kt: Vec<Kthread>,
-    prev: Vec<QueueCounters>,
     last_yielded_core: Option<usize>,
     grants: u64,
     preemptions: u64,
@@ -312,10 +311,21 @@ pub struct Iokerneld<A: CoreActuator> {
     core_holder: Vec<Option<u64>>,
     meter: Meter,
     dp: Dataplane,
-    /// A packet went to an application with no core: run a pass now.
-    pass_now: bool,
-    /// Kthreads holding a core, per application (scratch).
-    active: Vec<usize>,
+    /// Applications (ids) that were sent a packet while holding no core:
+    /// the policy hears of them at once ([`CoreAllocator::on_work_for`]).
+    work_arrived: Vec<u64>,
+    /// Their indices in `apps` at the pass that tells the policy (scratch).
+    work_arrived_at: Vec<usize>,
+}
+
+/// What an allocation pass asks of the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PassKind {
+    /// The periodic pass ([`CoreAllocator::pass`]).
+    Interval,
+    /// Packets reached applications with no core
+    /// ([`CoreAllocator::on_work_for`]).
+    WorkArrived,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -451,8 +461,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             busy: false,
             next_timer: None,
             dp: Dataplane::new(nic),
-            pass_now: false,
-            active: Vec::new(),
+            work_arrived: Vec::new(),
+            work_arrived_at: Vec::new(),
         })
     }
 
@@ -508,12 +518,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                 next_control = now + ci;
             }
             self.dataplane(now, control_due);
-            if now >= next_pass || std::mem::take(&mut self.pass_now) {
-                self.pass(now);
+            if now >= next_pass {
+                self.pass(now, PassKind::Interval);
                 next_pass += iv;
                 if next_pass <= now {
                     next_pass = now + iv;
                 }
+            } else if !self.work_arrived.is_empty() {
+                self.pass(now, PassKind::WorkArrived);
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {
@@ -748,7 +760,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                             };
                             n
                         ],
-                        prev: vec![QueueCounters::default(); n],
                         last_yielded_core: None,
                         grants: 0,
                         preemptions: 0,
@@ -864,7 +875,12 @@ impl<A: CoreActuator> Iokerneld<A> {
             ));
         }
         self.dp
-            .attach(name, iface, region.layout().done.capacity)
+            .attach(
+                name,
+                iface,
+                region.layout().done.capacity,
+                region.n_kthreads() as usize,
+            )
             .map_err(|e| format!("network interface {} / {}: {e}", iface.mac, iface.ip))
     }
 
@@ -1003,7 +1019,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// Moves packets: links, then each application's port, egress rings
     /// (kthreads holding a core, or parked since their ring was last
     /// empty) and done rings. A packet for an application with no core
-    /// asks for an allocation pass at once.
+    /// is reported to the policy at once.
     fn dataplane(&mut self, now: u64, check_handle: bool) {
         self.dp.poll_links(now, check_handle);
         for app in &mut self.apps {
@@ -1011,16 +1027,13 @@ impl<A: CoreActuator> Iokerneld<A> {
             if app.doomed.is_some() {
                 continue;
             }
-            self.active.clear();
-            self.active.extend(
-                app.kt
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, k)| k.core.is_some())
-                    .map(|(i, _)| i),
-            );
-            match self.dp.deliver(net, &mut app.ends, &self.active) {
-                Ok(to_parked) => self.pass_now |= to_parked,
+            net.steering
+                .sync(app.kt.iter().map(|k| k.core.is_some()), now);
+            match self.dp.deliver(net, &mut app.ends, now) {
+                Ok(true) if !self.work_arrived.contains(&app.id) => {
+                    self.work_arrived.push(app.id);
+                }
+                Ok(_) => {}
                 Err(reason) => {
                     app.doom(reason);
                     continue;
@@ -1046,11 +1059,11 @@ impl<A: CoreActuator> Iokerneld<A> {
     }
 
     /// One allocation pass, timed into the stats.
-    fn pass(&mut self, now: u64) {
+    fn pass(&mut self, now: u64, kind: PassKind) {
         // Not `now`: a control poll may have run since it was read.
         let t0 = sys::monotonic_ns();
         let actions = self.meter.actions;
-        self.pass_inner(now);
+        self.pass_inner(now, kind);
         let t1 = sys::monotonic_ns();
         let m = &mut self.meter;
         let h = if !self.decisions.is_empty() || m.actions != actions {
@@ -1061,7 +1074,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         h.saturating_record(t1.saturating_sub(t0));
     }
 
-    fn pass_inner(&mut self, now: u64) {
+    fn pass_inner(&mut self, now: u64, kind: PassKind) {
         self.passes += 1;
         for app in &mut self.apps {
             for k in 0..app.kt.len() {
@@ -1095,8 +1108,6 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.last_yielded_core = app.last_yielded_core;
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
-            let mut congested = false;
-            let mut active = 0;
             for (k, kt) in app.kt.iter().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 let mut ks = KthreadSnap {
@@ -1113,10 +1124,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let waiting = ring.free().map_or(0, |free| ring.capacity() - free);
                 ks.counters.in_tail = ring.next_seq();
                 ks.counters.in_head = ks.counters.in_tail.wrapping_sub(waiting);
-                if kt.core.is_some() {
-                    active += 1;
-                    congested |= ks.counters.congested_since(&app.prev[k]);
-                }
                 busy |=
                     kt.core.is_some() || (kt.preempting && !kt.evicted) || ks.counters.has_items();
                 if kt.parked {
@@ -1124,14 +1131,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         app_timer = Some(app_timer.map_or(t, |x: u64| x.min(t)));
                     }
                 }
-                app.prev[k] = ks.counters;
                 snap.kthreads.push(ks);
-            }
-            if active == 0 {
-                congested = snap.kthreads.iter().any(|k| k.counters.has_items());
-            }
-            if congested {
-                app.congestion += 1;
             }
             snap.next_timer = app_timer;
             if let Some(t) = app_timer {
@@ -1143,8 +1143,39 @@ impl<A: CoreActuator> Iokerneld<A> {
         self.next_timer = next_timer;
 
         self.decisions.clear();
-        self.alloc
-            .pass(now, &self.topo, &self.snaps, &mut self.decisions);
+        match kind {
+            PassKind::Interval => {
+                let congested = self
+                    .alloc
+                    .pass(now, &self.topo, &self.snaps, &mut self.decisions);
+                for &a in congested {
+                    self.apps[a].congestion += 1;
+                }
+                for (app, snap) in self.apps.iter_mut().zip(&self.snaps) {
+                    if let Some(net) = &mut app.net {
+                        net.steering
+                            .sync(app.kt.iter().map(|k| k.core.is_some()), now);
+                        net.steering.rebalance(now, &snap.kthreads);
+                    }
+                }
+            }
+            PassKind::WorkArrived => {
+                self.work_arrived_at.clear();
+                for id in &self.work_arrived {
+                    self.work_arrived_at
+                        .extend(self.apps.iter().position(|a| a.id == *id));
+                }
+                self.alloc.on_work_for(
+                    now,
+                    &self.topo,
+                    &self.snaps,
+                    &self.work_arrived_at,
+                    &mut self.decisions,
+                );
+            }
+        }
+        // An interval pass sees the waiting packets too.
+        self.work_arrived.clear();
         let decisions = std::mem::take(&mut self.decisions);
         // A preemption whose core the next decision grants (and when it
         // was made): that grant waits for the victim to give the core back.
