@@ -15,11 +15,12 @@
 //! * [`Dataplane::deliver`]: frames on an application's port (switched
 //!   there by destination MAC; of a broadcast ARP request, only the port of
 //!   the application with the target IP keeps it) are copied
-//!   into buffers of its ingress pool and steered to the ingress ring of
-//!   kthread `active[flow_hash % active.len()]` (Shenango's `rss-mod`); an
-//!   application with no active kthread gets the frame on a parked
-//!   kthread's ring and the caller runs an allocation pass at once, which
-//!   sees the waiting packet and grants a core;
+//!   into buffers of its ingress pool and steered by the application's
+//!   steering policy ([`ginza_policy::steer`]; `rss-mod`, Shenango's
+//!   `active[flow_hash % active.len()]`) to an active kthread's ingress
+//!   ring; an application with no active kthread gets the frame on a parked
+//!   kthread's ring and the caller tells the core allocator at once
+//!   (`CoreAllocator::on_work_for`), which grants a core;
 //! * [`Dataplane::transmit`]: an active kthread's egress ring is copied
 //!   into the application's port (the switch forwards it);
 //! * [`Dataplane::take_back`]: ingress buffers the runtime gave back return
@@ -32,14 +33,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
-use ginza_policy::steer::{flow_hash, FlowKey};
+use ginza_policy::steer::{AppSteering, RssMod, Steered};
 use ginza_proto::messages::{DataplaneStats, NetStats};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
-use smoltcp::wire::{
-    ArpPacket, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, TcpPacket, UdpPacket,
-};
 
 use crate::nic::{
     Frame, GeneratorConfig, GeneratorStats, Nic, PortConfig, PortId, SoftwareSwitch,
@@ -60,6 +59,9 @@ pub struct AppNet {
     port: PortId,
     pool: IngressPool,
     ledger: BufferLedger,
+    /// Which kthread's ring each frame goes to; the caller keeps its active
+    /// set up to date ([`AppSteering::sync`]).
+    pub steering: AppSteering,
     pub stats: NetStats,
     /// Switch drops already counted in `stats` (the port's counters are
     /// cumulative): frames for the port, frames from it.
@@ -246,15 +248,20 @@ impl Dataplane {
         self.load.is_some() || self.nic.is_some()
     }
 
-    /// A port and an ingress pool of `buffers` for an application that
-    /// registered `interface`; the daemon checked that no application has
-    /// its IP. Refusals name the problem.
+    /// A port, an ingress pool of `buffers` and `rss-mod` steering over
+    /// `kthreads` for an application that registered `interface`; the
+    /// daemon checked that no application has its IP. Refusals name the
+    /// problem.
     pub fn attach(
         &mut self,
         name: &str,
         interface: Interface,
         buffers: u32,
+        kthreads: usize,
     ) -> Result<AppNet, String> {
+        if kthreads == 0 {
+            return Err("no kthread to steer frames to".into());
+        }
         if interface.mac.is_multicast() || interface.mac == MacAddr([0; 6]) {
             return Err(format!("MAC {} is not a unicast address", interface.mac));
         }
@@ -275,6 +282,7 @@ impl Dataplane {
             port,
             pool,
             ledger: BufferLedger::new(buffers),
+            steering: AppSteering::new(Box::new(RssMod::new()), kthreads),
             stats: NetStats::default(),
             switch_drops_seen: (0, 0),
         })
@@ -395,15 +403,16 @@ impl Dataplane {
     }
 
     /// Frames waiting on an application's port → its kthreads' ingress
-    /// rings. `active` lists the kthreads that hold a core. Returns whether
-    /// a frame went to a parked kthread (the caller then runs an allocation
-    /// pass at once); an error (why the application must be disconnected)
-    /// if one of its ingress rings is corrupt.
+    /// rings, as `net.steering` (whose active set the caller brought up to
+    /// date) says. Returns whether a frame went to a parked kthread (the
+    /// caller then tells the core allocator at once); an error (why the
+    /// application must be disconnected) if one of its ingress rings is
+    /// corrupt.
     pub fn deliver(
         &mut self,
         net: &mut AppNet,
         ends: &mut [IokernelEnd],
-        active: &[usize],
+        now: u64,
     ) -> Result<bool, String> {
         let Some(mut port) = self.switch.port(net.port) else {
             return Ok(false);
@@ -429,13 +438,13 @@ impl Dataplane {
                     .expect("a received frame is of its port's pool");
                 continue;
             };
-            let k = match active.len() {
-                0 => {
+            let k = match net.steering.steer(u64::from(hash), now) {
+                Steered::Active(k) => k,
+                Steered::Parked(k) => {
                     to_parked = true;
                     net.stats.to_parked += 1;
-                    (hash as usize) % ends.len()
+                    k
                 }
-                n => active[(hash as usize) % n],
             };
             match net.ledger.lend() {
                 None => net.stats.drop_ingress += 1,
@@ -556,110 +565,5 @@ impl Dataplane {
                 Err(e) => return Err(format!("kthread {k}'s ingress-done ring is corrupt: {e}")),
             }
         }
-    }
-}
-
-/// How iokerneld steers a frame that reached the port of the application
-/// at `ip`: `None` for an ARP packet for another IP (a broadcast request
-/// reaches every port; only the application with that IP keeps it), else
-/// the flow hash — the IPv4 5-tuple of UDP and TCP frames, the IP pair of
-/// other IPv4 frames, 0 for the rest (the runtime judges those).
-fn steer_key(frame: &[u8], ip: ginza_net::Ipv4Addr) -> Option<u32> {
-    let Ok(eth) = EthernetFrame::new_checked(frame) else {
-        return Some(0);
-    };
-    match eth.ethertype() {
-        EthernetProtocol::Arp => {
-            let for_other = ArpPacket::new_checked(eth.payload())
-                .is_ok_and(|arp| arp.target_protocol_addr() != ip.octets());
-            (!for_other).then_some(0)
-        }
-        EthernetProtocol::Ipv4 => Some(ipv4_flow_hash(eth.payload())),
-        _ => Some(0),
-    }
-}
-
-fn ipv4_flow_hash(packet: &[u8]) -> u32 {
-    let Ok(ip) = Ipv4Packet::new_checked(packet) else {
-        return 0;
-    };
-    let ports = match ip.next_header() {
-        IpProtocol::Udp => UdpPacket::new_checked(ip.payload())
-            .map(|u| (u.src_port(), u.dst_port()))
-            .ok(),
-        IpProtocol::Tcp => TcpPacket::new_checked(ip.payload())
-            .map(|t| (t.src_port(), t.dst_port()))
-            .ok(),
-        _ => None,
-    };
-    let (src_port, dst_port) = ports.unwrap_or((0, 0));
-    let key = FlowKey {
-        src_ip: u32::from_be_bytes(ip.src_addr().octets()),
-        dst_ip: u32::from_be_bytes(ip.dst_addr().octets()),
-        src_port,
-        dst_port,
-        proto: u8::from(ip.next_header()),
-    };
-    flow_hash(&key) as u32
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ginza_net::{tx, Endpoint, Ipv4Addr};
-
-    fn udp_frame(src_port: u16) -> Vec<u8> {
-        let mut buf = vec![0u8; 256];
-        let me = Interface {
-            mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            ip: Ipv4Addr::new(10, 0, 0, 1),
-        };
-        let dst = Endpoint {
-            ip: Ipv4Addr::new(10, 0, 0, 2),
-            port: 7,
-        };
-        let n = tx::udp_datagram(
-            &mut buf,
-            &me,
-            MacAddr([2, 0, 0, 0, 0, 2]),
-            src_port,
-            dst,
-            b"hi",
-        )
-        .unwrap();
-        buf.truncate(n);
-        buf
-    }
-
-    #[test]
-    fn flow_hash_follows_the_five_tuple() {
-        let frame_flow_hash = |f: &[u8]| steer_key(f, Ipv4Addr::new(10, 0, 0, 2)).unwrap();
-        assert_eq!(
-            frame_flow_hash(&udp_frame(1000)),
-            frame_flow_hash(&udp_frame(1000))
-        );
-        let distinct: std::collections::HashSet<u32> = (1000..1064)
-            .map(|p| frame_flow_hash(&udp_frame(p)))
-            .collect();
-        assert!(
-            distinct.len() > 60,
-            "{} distinct hashes of 64 flows",
-            distinct.len()
-        );
-        // Truncated, non-IP, garbage: no panic, hash 0.
-        let f = udp_frame(1);
-        for cut in 0..f.len() {
-            let _ = frame_flow_hash(&f[..cut]);
-        }
-        assert_eq!(frame_flow_hash(&[0xff; 10]), 0);
-        // An ARP request is kept only by the port of its target IP.
-        let mut arp = vec![0u8; 64];
-        let me = Interface {
-            mac: MacAddr([2, 0, 0, 0, 0, 1]),
-            ip: Ipv4Addr::new(10, 0, 0, 1),
-        };
-        let n = tx::arp_request(&mut arp, &me, Ipv4Addr::new(10, 0, 0, 2)).unwrap();
-        assert_eq!(steer_key(&arp[..n], Ipv4Addr::new(10, 0, 0, 2)), Some(0));
-        assert_eq!(steer_key(&arp[..n], Ipv4Addr::new(10, 0, 0, 3)), None);
     }
 }

@@ -6,6 +6,7 @@
 //!   [`DropCounters`]).
 //! * The builders in [`tx`] write ARP requests/replies, ICMP echo replies and
 //!   UDP datagrams into a caller-provided buffer, without allocating.
+//! * [`flow`] names a frame's flow for steering: the 5-tuple and its hash.
 //! * [`ArpTable`] maps IPv4 addresses to MAC addresses: static entries from
 //!   configuration, learned entries that expire, and a bounded queue of
 //!   datagrams per address that is still being resolved.
@@ -16,6 +17,7 @@
 
 mod addr;
 pub mod arp;
+pub mod flow;
 pub mod rx;
 pub mod tx;
 

@@ -36,8 +36,9 @@
 //! let mut out = Vec::new();
 //! alloc.pass(0, &topo, std::slice::from_ref(&app), &mut out);
 //! assert!(out.is_empty()); // first sight of those items
-//! alloc.pass(5_000, &topo, std::slice::from_ref(&app), &mut out);
+//! let congested = alloc.pass(5_000, &topo, std::slice::from_ref(&app), &mut out);
 //! // Still queued 5 µs later: congested; the sibling of core 0 is granted.
+//! assert_eq!(congested, [0]);
 //! assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
 //! ```
 
@@ -168,23 +169,104 @@ pub enum Decision {
 pub trait CoreAllocator {
     /// How often the caller should run [`CoreAllocator::pass`].
     fn interval(&self) -> Time;
-    /// One allocation pass; decisions are appended to `out`.
-    fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>);
 
-    /// Work just arrived for application `app` (an index into `apps`) on
-    /// the dataplane. Shenango grants a core at once if the application has
-    /// none; this does not count as a congestion-detection pass (the
-    /// previous-pass counters are left alone). Other policies wait for their
-    /// next pass.
+    /// One allocation pass; decisions are appended to `out`. Returns the
+    /// applications (indices into `apps`, ascending) this pass found
+    /// congested (see [`Congestion`]), whatever it decided for them.
+    fn pass(
+        &mut self,
+        now: Time,
+        topo: &Topology,
+        apps: &[AppSnap],
+        out: &mut Vec<Decision>,
+    ) -> &[usize];
+
+    /// Work just arrived on the dataplane for the applications `wanting`
+    /// (indices into `apps`) while they hold no core. Shenango grants each
+    /// one a core at once; this does not count as a congestion-detection
+    /// pass (the previous-pass counters are left alone). Other policies wait
+    /// for their next pass. Decisions are appended to `out`.
     fn on_work_for(
         &mut self,
         now: Time,
         topo: &Topology,
         apps: &[AppSnap],
-        app: usize,
+        wanting: &[usize],
         out: &mut Vec<Decision>,
     ) {
-        let _ = (now, topo, apps, app, out);
+        let _ = (now, topo, apps, wanting, out);
+    }
+}
+
+/// Congestion detection (Shenango Algorithm 1), remembering each
+/// application's queue counters from one pass to the next by its key.
+///
+/// An application that holds a core is congested when an item that was
+/// queued at the previous pass (on any of its kthreads: items left on a
+/// parked kthread's queue wait as surely as those of a busy one) is still
+/// queued; one that holds no core is congested when anything is queued.
+#[derive(Debug, Default)]
+pub struct Congestion {
+    prev: HashMap<u64, Vec<QueueCounters>>,
+    congested: Vec<usize>,
+}
+
+impl Congestion {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts a pass: forgets the previous pass's verdicts.
+    fn begin(&mut self) {
+        self.congested.clear();
+    }
+
+    /// Algorithm 1 for application `a` (index into `apps`), which holds a
+    /// core if `has_core`; remembers its counters for the next pass and
+    /// the verdict for [`Congestion::congested`].
+    fn check(&mut self, apps: &[AppSnap], a: usize, has_core: bool) -> bool {
+        let app = &apps[a];
+        let prev = self.prev.entry(app.key).or_default();
+        prev.resize(app.kthreads.len(), QueueCounters::default());
+        let congested = if has_core {
+            app.kthreads
+                .iter()
+                .zip(prev.iter())
+                .any(|(k, p)| k.counters.congested_since(p))
+        } else {
+            app.kthreads.iter().any(|k| k.counters.has_items())
+        };
+        for (p, k) in prev.iter_mut().zip(&app.kthreads) {
+            *p = k.counters;
+        }
+        if congested {
+            self.congested.push(a);
+        }
+        congested
+    }
+
+    /// Ends a pass: forgets applications that are gone.
+    fn end(&mut self, apps: &[AppSnap]) {
+        if self.prev.len() > apps.len() {
+            self.prev
+                .retain(|key, _| apps.iter().any(|a| a.key == *key));
+        }
+    }
+
+    /// One pass over every application, each judged by whether it holds a
+    /// core in its snapshot; returns the congested ones.
+    pub fn detect(&mut self, apps: &[AppSnap]) -> &[usize] {
+        self.begin();
+        for (a, app) in apps.iter().enumerate() {
+            self.check(apps, a, app.active() > 0);
+        }
+        self.end(apps);
+        &self.congested
+    }
+
+    /// The applications the last pass found congested, ascending.
+    pub fn congested(&self) -> &[usize] {
+        &self.congested
     }
 }
 
@@ -342,7 +424,7 @@ impl Board {
 pub struct Shenango {
     interval: Time,
     rng: SplitMix64,
-    prev: HashMap<u64, Vec<QueueCounters>>,
+    congestion: Congestion,
 }
 
 impl Shenango {
@@ -352,7 +434,7 @@ impl Shenango {
         Self {
             interval,
             rng: SplitMix64::new(seed),
-            prev: HashMap::new(),
+            congestion: Congestion::new(),
         }
     }
 }
@@ -362,37 +444,28 @@ impl CoreAllocator for Shenango {
         self.interval
     }
 
-    fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>) {
+    fn pass(
+        &mut self,
+        now: Time,
+        topo: &Topology,
+        apps: &[AppSnap],
+        out: &mut Vec<Decision>,
+    ) -> &[usize] {
         let mut b = Board::build(topo, apps);
+        self.congestion.begin();
         for (a, app) in apps.iter().enumerate() {
-            let prev = self.prev.entry(app.key).or_default();
-            prev.resize(app.kthreads.len(), QueueCounters::default());
-            let want = if b.active[a] == 0 {
-                // No core: queued work or an expired timer gets one at once.
-                app.kthreads.iter().any(|k| k.counters.has_items())
-                    || app.next_timer.is_some_and(|t| t <= now)
-            } else {
-                // Algorithm 1: an item seen at two consecutive passes. Items
-                // left on a parked kthread's queue (a preempted uthread,
-                // work injected from outside the runtime) count too: they
-                // wait as surely as those of a busy kthread.
-                app.kthreads
-                    .iter()
-                    .zip(prev.iter())
-                    .any(|(k, p)| k.counters.congested_since(p))
-            };
-            for (p, k) in prev.iter_mut().zip(&app.kthreads) {
-                *p = k.counters;
-            }
+            // Judged by the cores it holds now: a grant to an earlier
+            // application may have preempted one of them.
+            let has_core = b.active[a] > 0;
+            let congested = self.congestion.check(apps, a, has_core);
+            // No core: queued work or an expired timer gets one at once.
+            let want = congested || (!has_core && app.next_timer.is_some_and(|t| t <= now));
             if want {
                 b.grant_one(topo, apps, a, &mut self.rng, out);
             }
         }
-        // Forget applications that are gone.
-        if self.prev.len() > apps.len() {
-            self.prev
-                .retain(|key, _| apps.iter().any(|a| a.key == *key));
-        }
+        self.congestion.end(apps);
+        self.congestion.congested()
     }
 
     fn on_work_for(
@@ -400,12 +473,14 @@ impl CoreAllocator for Shenango {
         _now: Time,
         topo: &Topology,
         apps: &[AppSnap],
-        app: usize,
+        wanting: &[usize],
         out: &mut Vec<Decision>,
     ) {
         let mut b = Board::build(topo, apps);
-        if app < apps.len() && b.active[app] == 0 {
-            b.grant_one(topo, apps, app, &mut self.rng, out);
+        for &app in wanting {
+            if app < apps.len() && b.active[app] == 0 {
+                b.grant_one(topo, apps, app, &mut self.rng, out);
+            }
         }
     }
 }
@@ -417,6 +492,8 @@ impl CoreAllocator for Shenango {
 pub struct Static {
     interval: Time,
     rng: SplitMix64,
+    /// Decides nothing here; reported for the caller's statistics.
+    congestion: Congestion,
 }
 
 impl Static {
@@ -424,6 +501,7 @@ impl Static {
         Self {
             interval,
             rng: SplitMix64::new(0),
+            congestion: Congestion::new(),
         }
     }
 }
@@ -433,7 +511,14 @@ impl CoreAllocator for Static {
         self.interval
     }
 
-    fn pass(&mut self, _now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>) {
+    fn pass(
+        &mut self,
+        _now: Time,
+        topo: &Topology,
+        apps: &[AppSnap],
+        out: &mut Vec<Decision>,
+    ) -> &[usize] {
+        self.congestion.detect(apps);
         let mut b = Board::build(topo, apps);
         for a in 0..apps.len() {
             while b.active[a] < apps[a].guaranteed && b.n_idle() > 0 {
@@ -449,6 +534,7 @@ impl CoreAllocator for Static {
                 }
             }
         }
+        self.congestion.congested()
     }
 }
 
@@ -463,6 +549,8 @@ pub struct Slow {
     last: Option<Time>,
     prev_busy: HashMap<u64, Time>,
     rng: SplitMix64,
+    /// Decides nothing here; reported for the caller's statistics.
+    congestion: Congestion,
 }
 
 impl Slow {
@@ -474,6 +562,7 @@ impl Slow {
             last: None,
             prev_busy: HashMap::new(),
             rng: SplitMix64::new(seed),
+            congestion: Congestion::new(),
         }
     }
 
@@ -496,9 +585,18 @@ impl CoreAllocator for Slow {
         self.period
     }
 
-    fn pass(&mut self, now: Time, topo: &Topology, apps: &[AppSnap], out: &mut Vec<Decision>) {
+    fn pass(
+        &mut self,
+        now: Time,
+        topo: &Topology,
+        apps: &[AppSnap],
+        out: &mut Vec<Decision>,
+    ) -> &[usize] {
+        // Every pass, not only at the end of a period: Algorithm 1 compares
+        // consecutive passes.
+        self.congestion.detect(apps);
         let elapsed = match self.last {
-            Some(l) if now.saturating_sub(l) < self.period => return,
+            Some(l) if now.saturating_sub(l) < self.period => return self.congestion.congested(),
             Some(l) => now - l,
             None => self.period,
         };
@@ -543,6 +641,7 @@ impl CoreAllocator for Slow {
                 }
             }
         }
+        self.congestion.congested()
     }
 }
 
@@ -765,7 +864,7 @@ mod tests {
         let mut out = Vec::new();
         s.pass(0, &topo, &apps, &mut out);
         assert!(out.is_empty());
-        s.on_work_for(1, &topo, &apps, 1, &mut out);
+        s.on_work_for(1, &topo, &apps, &[1], &mut out);
         assert_eq!(
             out,
             vec![Decision::Grant {
@@ -776,7 +875,7 @@ mod tests {
         );
         // An app that already runs gets nothing from the fast path.
         out.clear();
-        s.on_work_for(1, &topo, &apps, 0, &mut out);
+        s.on_work_for(1, &topo, &apps, &[0], &mut out);
         assert!(out.is_empty());
         // The fast path did not disturb congestion detection: app 0's item
         // seen at pass 0 is still there at the next pass, so app 0 is
@@ -1093,6 +1192,76 @@ mod tests {
             })
             .collect();
         assert!(cores.len() > 1, "random victims: {cores:?}");
+    }
+
+    #[test]
+    fn a_pass_reports_the_congested_applications() {
+        let topo = Topology::flat(8);
+        let mut s = Shenango::new(5, 1);
+        let mut timer_only = lc(3, vec![parked(0, None)]);
+        timer_only.next_timer = Some(0);
+        let apps = |busy_head: u32| {
+            [
+                // Runs; its queue advanced past what the last pass saw, or not.
+                lc(
+                    1,
+                    vec![queued(running(0), (busy_head, 9), (0, 0)), parked(0, None)],
+                ),
+                // No core, a packet waiting.
+                lc(2, vec![queued(parked(0, None), (0, 0), (4, 5))]),
+                // No core, only a due timer: woken, but not congested.
+                timer_only.clone(),
+                // Runs with nothing queued.
+                lc(4, vec![running(1)]),
+            ]
+        };
+        let mut out = Vec::new();
+        assert_eq!(s.pass(0, &topo, &apps(2), &mut out), [1]);
+        assert_eq!(out.len(), 2, "grants for the packet and the timer: {out:?}");
+        out.clear();
+        // App 0's items seen at pass 0 are still queued: congested.
+        assert_eq!(s.pass(5, &topo, &apps(3), &mut out), [0, 1]);
+        out.clear();
+        // Taken since (head 9 reached the tail seen before): not congested.
+        assert_eq!(s.pass(10, &topo, &apps(9), &mut out), [1]);
+
+        // The baselines report the same verdicts, though they do not act
+        // on them; `slow` reports at every pass, not only once a period.
+        let mut st = Static::new(5);
+        let mut sl = Slow::new(1000, 0.8, 1);
+        let mut alone = Congestion::new();
+        for (now, head, want) in [(0, 2, &[1][..]), (5, 3, &[0, 1]), (10, 9, &[1])] {
+            assert_eq!(alone.detect(&apps(head)), want, "{now}");
+            assert_eq!(st.pass(now, &topo, &apps(head), &mut out), want, "{now}");
+            assert_eq!(sl.pass(now, &topo, &apps(head), &mut out), want, "{now}");
+        }
+    }
+
+    #[test]
+    fn work_for_several_coreless_apps_never_grants_one_core_twice() {
+        let topo = Topology::flat(2);
+        let mut s = Shenango::new(5, 1);
+        // Guaranteed a core each: a granted one is not bursting, so the
+        // third application finds no core (not the second one's again).
+        let guaranteed = |key| app(key, AppClass::LatencyCritical, 1, vec![parked(0, None)]);
+        let apps = [guaranteed(1), guaranteed(2), guaranteed(3)];
+        let mut out = Vec::new();
+        s.on_work_for(0, &topo, &apps, &[0, 1, 2], &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Decision::Grant {
+                    app: 0,
+                    kthread: 0,
+                    core: 0
+                },
+                Decision::Grant {
+                    app: 1,
+                    kthread: 0,
+                    core: 1
+                },
+            ]
+        );
     }
 
     #[test]

@@ -1,77 +1,366 @@
-//! Packet steering helpers: RSS-style `hash % n` and flow hashing.
+//! Packet steering (DESIGN.md, "Packet steering"): which of an
+//! application's kthreads receives a packet, given the packet's flow hash.
+//!
+//! A policy implements [`Steering`]; [`AppSteering`] keeps one application's
+//! set of active kthreads in step with it and is what iokerneld's dataplane
+//! and the simulator call. Flow hashes come from the wire layer
+//! (`ginza_net::flow`); here a hash is just a number.
+//!
+//! Implemented: [`RssMod`] (Shenango: `active[hash % active.len()]`).
 
-/// A flow identifier (the 5-tuple, already packed by the caller).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FlowKey {
-    pub src_ip: u32,
-    pub dst_ip: u32,
-    pub src_port: u16,
-    pub dst_port: u16,
-    pub proto: u8,
-}
+use crate::alloc::KthreadSnap;
+use crate::Time;
 
-/// Mixes a flow key into a well-spread 64-bit hash. NIC RSS uses a Toeplitz
-/// hash; any hash with good avalanche gives the same balance statistics,
-/// which is all `hash % n` steering depends on.
-pub fn flow_hash(key: &FlowKey) -> u64 {
-    let a = (u64::from(key.src_ip) << 32) | u64::from(key.dst_ip);
-    let b = (u64::from(key.src_port) << 24) | (u64::from(key.dst_port) << 8) | u64::from(key.proto);
-    mix64(a ^ mix64(b))
-}
+/// Flows remembered by [`MoveCounter`] (a power of two).
+pub const MOVE_COUNTER_SLOTS: usize = 1024;
 
-/// A strong 64-bit finalizer (the SplitMix64 one).
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// A steering policy for one application.
+///
+/// Kthreads are named by their index in the application (0-based). The
+/// caller tells the policy every change of the active set (the kthreads that
+/// hold a core) before the next [`Steering::pick`], and may ask it to look
+/// at the queues once per allocation pass ([`Steering::rebalance`]). A
+/// policy that remembers flows (a flow table, buckets) keeps that state
+/// itself, sized when it is built: nothing here allocates per packet.
+pub trait Steering {
+    /// The policy's name, as configuration and reports spell it.
+    fn name(&self) -> &'static str;
 
-/// Shenango/IX steering: queue index `hash % n` (`n > 0`).
-pub fn rss_queue(hash: u64, n: usize) -> usize {
-    assert!(n > 0, "rss_queue over zero queues");
-    (hash % n as u64) as usize
-}
+    /// The kthread for a packet of the flow hashing to `hash`: one of
+    /// `active` (ascending, never empty). Called once per packet.
+    fn pick(&mut self, hash: u64, active: &[usize], now: Time) -> usize;
 
-/// Load imbalance of a queue-occupancy vector: how far the busiest queue is
-/// above the mean, relative to the mean (0.1 = 10 % above). Zero for an
-/// empty vector or no load.
-pub fn imbalance(loads: &[u64]) -> f64 {
-    if loads.is_empty() {
-        return 0.0;
+    /// `kthread` became active; `active` is the set that now includes it.
+    fn activated(&mut self, kthread: usize, active: &[usize], now: Time);
+
+    /// `kthread` became inactive; `active` is the set without it (it may
+    /// be empty).
+    fn deactivated(&mut self, kthread: usize, active: &[usize], now: Time);
+
+    /// A periodic look at the application's queues (`kthreads`, indexed
+    /// like the kthreads), for a policy that moves load between kthreads.
+    /// Called once per allocation pass; the default does nothing.
+    fn rebalance(&mut self, now: Time, active: &[usize], kthreads: &[KthreadSnap]) {
+        let _ = (now, active, kthreads);
     }
-    let total: u64 = loads.iter().sum();
-    if total == 0 {
-        return 0.0;
+
+    /// Flows moved from one kthread to another so far (DESIGN.md: "flows
+    /// moved per core change").
+    fn flows_moved(&self) -> u64;
+}
+
+/// Shenango's (and plain RSS's) steering: kthread `active[hash %
+/// active.len()]`. Stateless, so every change of the active set moves most
+/// flows; a [`MoveCounter`] counts the moves it sees.
+#[derive(Clone, Debug)]
+pub struct RssMod {
+    moves: MoveCounter,
+}
+
+impl RssMod {
+    pub fn new() -> Self {
+        RssMod {
+            moves: MoveCounter::new(),
+        }
     }
-    let mean = total as f64 / loads.len() as f64;
-    let max = *loads.iter().max().unwrap_or(&0) as f64;
-    max / mean - 1.0
+}
+
+impl Default for RssMod {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Steering for RssMod {
+    fn name(&self) -> &'static str {
+        "rss-mod"
+    }
+
+    fn pick(&mut self, hash: u64, active: &[usize], _now: Time) -> usize {
+        let kthread = active[(hash % active.len() as u64) as usize];
+        self.moves.saw(hash, kthread);
+        kthread
+    }
+
+    // The modulo needs no notice: the next packet of each flow lands where
+    // the new set says, and the move counter sees it there.
+    fn activated(&mut self, _kthread: usize, _active: &[usize], _now: Time) {}
+
+    fn deactivated(&mut self, _kthread: usize, _active: &[usize], _now: Time) {}
+
+    fn flows_moved(&self) -> u64 {
+        self.moves.moved()
+    }
+}
+
+/// Counts flows whose packet went to another kthread than the flow's
+/// previous packet, for policies that keep no flow table of their own.
+///
+/// It remembers the last kthread of recently seen flows in a fixed table of
+/// [`MOVE_COUNTER_SLOTS`] slots indexed by the hash (sized once; a flow whose
+/// slot another flow took is forgotten, so with more live flows than slots
+/// the count is a lower bound).
+#[derive(Clone, Debug)]
+pub struct MoveCounter {
+    /// Per slot: the flow's hash and its last kthread + 1 (0: empty).
+    slots: Box<[(u64, u32)]>,
+    moved: u64,
+}
+
+impl MoveCounter {
+    pub fn new() -> Self {
+        MoveCounter {
+            slots: vec![(0, 0); MOVE_COUNTER_SLOTS].into_boxed_slice(),
+            moved: 0,
+        }
+    }
+
+    /// A packet of the flow `hash` went to `kthread`.
+    pub fn saw(&mut self, hash: u64, kthread: usize) {
+        let slot = &mut self.slots[(hash as usize) & (MOVE_COUNTER_SLOTS - 1)];
+        let now = kthread as u32 + 1;
+        if slot.0 == hash && slot.1 != 0 && slot.1 != now {
+            self.moved += 1;
+        }
+        *slot = (hash, now);
+    }
+
+    /// Moves seen so far.
+    pub fn moved(&self) -> u64 {
+        self.moved
+    }
+}
+
+impl Default for MoveCounter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Where [`AppSteering::steer`] sends a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steered {
+    /// To this active kthread (the policy's pick).
+    Active(usize),
+    /// The application has no active kthread: to this parked kthread
+    /// (`hash % kthreads`), and the caller tells the core allocator that
+    /// work arrived (`CoreAllocator::on_work_for`).
+    Parked(usize),
+}
+
+/// One application's steering: its policy and its set of active kthreads,
+/// kept in step (every change reaches the policy as a notice).
+pub struct AppSteering {
+    policy: Box<dyn Steering + Send>,
+    kthreads: usize,
+    /// Ascending.
+    active: Vec<usize>,
+}
+
+impl AppSteering {
+    /// Steering over `kthreads` kthreads (`> 0`), none active yet.
+    pub fn new(policy: Box<dyn Steering + Send>, kthreads: usize) -> Self {
+        assert!(kthreads > 0, "steering over zero kthreads");
+        AppSteering {
+            policy,
+            kthreads,
+            active: Vec::with_capacity(kthreads),
+        }
+    }
+
+    /// Brings the active set up to date: `is_active` says, for kthreads
+    /// `0..kthreads` in order, whether each holds a core. Each kthread that
+    /// changed is reported to the policy, in ascending order. Allocates
+    /// nothing.
+    pub fn sync(&mut self, is_active: impl IntoIterator<Item = bool>, now: Time) {
+        let mut at = 0; // position of kthread `k` in `active`, if there
+        for (k, on) in is_active.into_iter().take(self.kthreads).enumerate() {
+            let was = self.active.get(at) == Some(&k);
+            match (was, on) {
+                (true, true) => at += 1,
+                (false, false) => {}
+                (false, true) => {
+                    self.active.insert(at, k);
+                    at += 1;
+                    self.policy.activated(k, &self.active, now);
+                }
+                (true, false) => {
+                    self.active.remove(at);
+                    self.policy.deactivated(k, &self.active, now);
+                }
+            }
+        }
+    }
+
+    /// The kthreads that hold a core, ascending.
+    pub fn active(&self) -> &[usize] {
+        &self.active
+    }
+
+    /// Where a packet of the flow `hash` goes.
+    pub fn steer(&mut self, hash: u64, now: Time) -> Steered {
+        if self.active.is_empty() {
+            return Steered::Parked((hash % self.kthreads as u64) as usize);
+        }
+        Steered::Active(self.policy.pick(hash, &self.active, now))
+    }
+
+    /// Once per allocation pass: the policy's look at the queues.
+    pub fn rebalance(&mut self, now: Time, kthreads: &[KthreadSnap]) {
+        self.policy.rebalance(now, &self.active, kthreads);
+    }
+
+    /// Flows the policy moved so far.
+    pub fn flows_moved(&self) -> u64 {
+        self.policy.flows_moved()
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+}
+
+impl std::fmt::Debug for AppSteering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppSteering")
+            .field("policy", &self.policy.name())
+            .field("kthreads", &self.kthreads)
+            .field("active", &self.active)
+            .field("flows_moved", &self.policy.flows_moved())
+            .finish()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
     #[test]
-    fn rss_in_range_and_stable() {
-        let k = FlowKey {
-            src_ip: 1,
-            dst_ip: 2,
-            src_port: 3,
-            dst_port: 4,
-            proto: 17,
-        };
-        let h = flow_hash(&k);
-        assert_eq!(h, flow_hash(&k));
-        for n in 1..40 {
-            assert!(rss_queue(h, n) < n);
+    fn rss_mod_picks_the_modulo_of_the_active_set() {
+        let mut rss = RssMod::new();
+        for active in [&[3usize][..], &[0, 1], &[1, 4, 6], &[0, 2, 5, 7, 9]] {
+            for hash in (0..500u64).chain([u64::MAX, u64::MAX - 7, 1 << 40]) {
+                let want = active[(hash % active.len() as u64) as usize];
+                assert_eq!(rss.pick(hash, active, 0), want, "{hash} over {active:?}");
+            }
+        }
+        assert_eq!(rss.name(), "rss-mod");
+    }
+
+    /// Flows `0..300` (distinct move-counter slots) over every set change:
+    /// each lands where the modulo of the new set says, and the counter
+    /// counts exactly the flows whose kthread changed.
+    #[test]
+    fn rss_mod_moves_flows_as_the_modulo_says() {
+        let mut st = AppSteering::new(Box::new(RssMod::new()), 4);
+        let flows = 0..300u64;
+        let sets: [[bool; 4]; 5] = [
+            [true, true, true, false],
+            [true, false, true, false],
+            [true, false, true, true],
+            [false, false, false, true],
+            [true, true, true, true],
+        ];
+        let mut before: Vec<usize> = Vec::new();
+        let mut moved = 0;
+        for set in sets {
+            st.sync(set, 0);
+            let active: Vec<usize> = (0..4).filter(|&k| set[k]).collect();
+            assert_eq!(st.active(), active);
+            let now: Vec<usize> = flows
+                .clone()
+                .map(|h| match st.steer(h, 0) {
+                    Steered::Active(k) => k,
+                    s => panic!("{s:?}"),
+                })
+                .collect();
+            for (h, &k) in flows.clone().zip(&now) {
+                assert_eq!(k, active[h as usize % active.len()]);
+            }
+            moved += before.iter().zip(&now).filter(|(a, b)| a != b).count() as u64;
+            assert_eq!(st.flows_moved(), moved);
+            before = now;
+        }
+        // From 3 to 2 kthreads alone, most flows moved (Calisto Figs. 2-3).
+        assert!(moved > 300, "{moved}");
+    }
+
+    #[test]
+    fn the_move_counter_forgets_a_flow_whose_slot_was_taken() {
+        let mut c = MoveCounter::new();
+        let other = 5 + MOVE_COUNTER_SLOTS as u64; // same slot as flow 5
+        c.saw(5, 1);
+        c.saw(5, 1);
+        assert_eq!(c.moved(), 0);
+        c.saw(5, 2);
+        assert_eq!(c.moved(), 1);
+        c.saw(other, 0);
+        c.saw(5, 3); // forgotten: a first sight, not a move
+        assert_eq!(c.moved(), 1);
+    }
+
+    /// A notice: `+` or `-`, the kthread, the active set after it.
+    type Notice = (char, usize, Vec<usize>);
+
+    #[derive(Clone, Default)]
+    struct Recorder(Arc<Mutex<Vec<Notice>>>);
+
+    impl Steering for Recorder {
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+        fn pick(&mut self, _hash: u64, active: &[usize], _now: Time) -> usize {
+            active[0]
+        }
+        fn activated(&mut self, kthread: usize, active: &[usize], _now: Time) {
+            self.0.lock().unwrap().push(('+', kthread, active.to_vec()));
+        }
+        fn deactivated(&mut self, kthread: usize, active: &[usize], _now: Time) {
+            self.0.lock().unwrap().push(('-', kthread, active.to_vec()));
+        }
+        fn flows_moved(&self) -> u64 {
+            0
         }
     }
 
     #[test]
-    fn imbalance_basic() {
-        assert_eq!(imbalance(&[]), 0.0);
-        assert_eq!(imbalance(&[5, 5, 5]), 0.0);
-        assert!((imbalance(&[10, 5, 0, 5]) - 1.0).abs() < 1e-12);
+    fn every_change_of_the_active_set_is_told_once() {
+        let rec = Recorder::default();
+        let mut st = AppSteering::new(Box::new(rec.clone()), 4);
+        st.sync([false, true, false, true], 0);
+        st.sync([false, true, false, true], 1);
+        st.sync([true, false, true, true], 2);
+        st.sync([false; 4], 3);
+        let log = rec.0.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            vec![
+                ('+', 1, vec![1]),
+                ('+', 3, vec![1, 3]),
+                ('+', 0, vec![0, 1, 3]),
+                ('-', 1, vec![0, 3]),
+                ('+', 2, vec![0, 2, 3]),
+                ('-', 0, vec![2, 3]),
+                ('-', 2, vec![3]),
+                ('-', 3, vec![]),
+            ]
+        );
+    }
+
+    #[test]
+    fn with_no_active_kthread_a_packet_goes_to_a_parked_one() {
+        let mut st = AppSteering::new(Box::new(RssMod::new()), 3);
+        assert_eq!(st.steer(7, 0), Steered::Parked(1));
+        assert_eq!(st.steer(9, 0), Steered::Parked(0));
+        st.sync([false, false, true], 0);
+        assert_eq!(st.steer(7, 0), Steered::Active(2));
+        // A longer list than the kthreads is cut, a shorter one leaves the
+        // rest as they were.
+        st.sync([true, true, true, true, true], 0);
+        assert_eq!(st.active(), [0, 1, 2]);
+        st.sync([false], 0);
+        assert_eq!(st.active(), [1, 2]);
     }
 }

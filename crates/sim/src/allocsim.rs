@@ -10,6 +10,7 @@ use ginza_policy::alloc::{
     AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static,
     Topology,
 };
+use ginza_policy::steer::{AppSteering, RssMod, Steered};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -166,6 +167,8 @@ struct Engine<'a> {
     kts: [Vec<Kt>; 2],
     last_yielded: [Option<usize>; 2],
     alloc: Box<dyn CoreAllocator>,
+    /// The latency-critical app's steering (iokerneld's dataplane code).
+    steering: AppSteering,
     topo: Topology,
     parks: bool,
     stats: Stats,
@@ -217,6 +220,7 @@ impl<'a> Engine<'a> {
             kts: [lc, batch],
             last_yielded: [None, None],
             alloc: cfg.allocator(),
+            steering: AppSteering::new(Box::new(RssMod::new()), cfg.kthreads.max(1)),
             topo: if cfg.hyperthreads {
                 Topology::paired(cfg.cores)
             } else {
@@ -294,14 +298,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn active_lc(&self) -> impl Iterator<Item = usize> + '_ {
-        self.kts[0]
-            .iter()
-            .enumerate()
-            .filter(|(_, k)| k.core.is_some())
-            .map(|(i, _)| i)
-    }
-
     fn arrive(&mut self, now: u64) {
         let (s, _) = self.sampler.sample(&mut self.rng);
         let svc = us_to_ps(s).max(1);
@@ -310,12 +306,13 @@ impl<'a> Engine<'a> {
             service: svc,
             remaining: svc,
         };
-        // RSS over the active kthreads (iokerneld steers to running ones).
-        let active: Vec<usize> = self.active_lc().collect();
-        let k = if active.is_empty() {
-            0
-        } else {
-            active[self.rng.random_range(0..active.len())]
+        // Every request is a new flow, steered as iokerneld steers it.
+        let flow: u64 = self.rng.random();
+        self.steering
+            .sync(self.kts[0].iter().map(|k| k.core.is_some()), now);
+        let (k, coreless) = match self.steering.steer(flow, now) {
+            Steered::Active(k) => (k, false),
+            Steered::Parked(k) => (k, true),
         };
         let kt = &mut self.kts[0][k];
         kt.q.push_back(r);
@@ -332,13 +329,13 @@ impl<'a> Engine<'a> {
             });
         if let Some(c) = spinner {
             self.find_work(c, now);
-        } else if active.is_empty() && self.parks {
+        } else if coreless && self.parks {
             // A packet for an app with no core: iokerneld asks the policy now.
             self.snapshots(now);
             let mut out = std::mem::take(&mut self.out);
             out.clear();
             self.alloc
-                .on_work_for(now, &self.topo, &self.snaps, 0, &mut out);
+                .on_work_for(now, &self.topo, &self.snaps, &[0], &mut out);
             self.apply(&out, now);
             self.out = out;
         }
@@ -503,6 +500,9 @@ impl<'a> Engine<'a> {
 
     fn pass(&mut self, now: u64) {
         self.snapshots(now);
+        self.steering
+            .sync(self.kts[0].iter().map(|k| k.core.is_some()), now);
+        self.steering.rebalance(now, &self.snaps[0].kthreads);
         let mut out = std::mem::take(&mut self.out);
         out.clear();
         self.alloc.pass(now, &self.topo, &self.snaps, &mut out);

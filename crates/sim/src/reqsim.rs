@@ -5,8 +5,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use ginza_net::flow::mix64;
 use ginza_policy::sched::{ClassConfig, Dispatcher, Placement, Request, SchedPolicy};
-use ginza_policy::steer::{mix64, rss_queue};
+use ginza_policy::steer::{AppSteering, RssMod, Steered};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -258,6 +259,9 @@ fn run_dfcfs(cfg: &ReqSim, conns: Option<u64>, src: &mut Source, st: &mut Stats)
     let mut running: Vec<Option<(Arrival, u64)>> = (0..n).map(|_| None).collect();
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let cs = us_to_ps(cfg.ctx_switch_us);
+    // iokerneld's steering over the cores, all active (a NIC's RSS).
+    let mut steering = AppSteering::new(Box::new(RssMod::new()), n);
+    steering.sync(std::iter::repeat_n(true, n), 0);
     let mut next = src.next();
     loop {
         let t_core = heap.peek().map(|r| r.0 .0);
@@ -269,7 +273,9 @@ fn run_dfcfs(cfg: &ReqSim, conns: Option<u64>, src: &mut Source, st: &mut Stats)
                     Some(c) => src.rng.random_range(0..c.max(1)),
                     None => src.rng.random(),
                 };
-                let q = rss_queue(mix64(conn), n);
+                let Steered::Active(q) = steering.steer(mix64(conn), a.at) else {
+                    unreachable!("every core is active");
+                };
                 if running[q].is_none() {
                     let done = a.at + cs + a.service;
                     heap.push(Reverse((done, q)));

@@ -2,15 +2,35 @@
 //! needs before the busiest queue is within 10 % of the mean with
 //! probability above 90 %, by Monte Carlo over random flows.
 
-use ginza_policy::steer::{flow_hash, imbalance, rss_queue, FlowKey};
+use ginza_net::flow::{flow_hash, FlowKey};
+use ginza_policy::steer::{AppSteering, RssMod, Steered};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+
+/// Load imbalance of a queue-occupancy vector: how far the busiest queue is
+/// above the mean, relative to the mean (0.1 = 10 % above). Zero for an
+/// empty vector or no load.
+pub fn imbalance(loads: &[u64]) -> f64 {
+    if loads.is_empty() {
+        return 0.0;
+    }
+    let total: u64 = loads.iter().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let mean = total as f64 / loads.len() as f64;
+    let max = *loads.iter().max().unwrap_or(&0) as f64;
+    max / mean - 1.0
+}
 
 /// Probability, over `trials` random sets of `conns` equally loaded flows,
 /// that the imbalance (busiest queue over mean, minus one) is below `limit`.
 pub fn p_balanced(queues: usize, conns: u64, limit: f64, trials: u32, seed: u64) -> f64 {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut loads = vec![0u64; queues];
+    // Every queue's core is active, as in a NIC's RSS.
+    let mut steering = AppSteering::new(Box::new(RssMod::new()), queues);
+    steering.sync(std::iter::repeat_n(true, queues), 0);
     let mut ok = 0u32;
     for _ in 0..trials {
         loads.iter_mut().for_each(|l| *l = 0);
@@ -22,7 +42,10 @@ pub fn p_balanced(queues: usize, conns: u64, limit: f64, trials: u32, seed: u64)
                 dst_port: 11211,
                 proto: 17,
             };
-            loads[rss_queue(flow_hash(&key), queues)] += 1;
+            let Steered::Active(q) = steering.steer(flow_hash(&key), 0) else {
+                unreachable!("every queue is active");
+            };
+            loads[q] += 1;
         }
         if imbalance(&loads) < limit {
             ok += 1;
@@ -59,6 +82,13 @@ pub fn connections_needed(queues: usize, limit: f64, prob: f64, trials: u32, see
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imbalance_basic() {
+        assert_eq!(imbalance(&[]), 0.0);
+        assert_eq!(imbalance(&[5, 5, 5]), 0.0);
+        assert!((imbalance(&[10, 5, 0, 5]) - 1.0).abs() < 1e-12);
+    }
 
     #[test]
     fn more_queues_need_more_connections() {

@@ -1,0 +1,474 @@
+//! Registration and control: the control socket, connections that have
+//! not registered yet, the checks a registration passes (its descriptors
+//! by SCM_RIGHTS, the region, the address) and their refusals, stats
+//! requests, hang-ups and the removal of an application.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use ginza_shm::{IokernelEnd, Region};
+use log::{debug, info, warn};
+
+use super::{
+    App, DaemonError, Iokerneld, Kthread, Pending, MAX_KTHREADS, MAX_PENDING, PENDING_TIMEOUT,
+    RECENT_REMOVALS,
+};
+use crate::actuator::CoreActuator;
+use crate::dataplane::AppNet;
+use ginza_proto::messages::{
+    decode_request, encode, Registration, Removal, Request, Response, MAX_APPS, MAX_NAME,
+    MAX_REQUEST,
+};
+use ginza_sys::{clock, cpulist, eventfd, poll, process, socket};
+
+fn valid_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(format!(
+            "application name must be 1 to {MAX_NAME} bytes, got {}",
+            name.len()
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+    {
+        return Err(format!(
+            "application name {name:?} may only use ASCII letters, digits and - _ . :"
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn bind(path: &std::path::Path) -> Result<OwnedFd, DaemonError> {
+    let err = |op, source| DaemonError::Socket {
+        op,
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err("create directory for", e))?;
+        }
+    }
+    if path.exists() {
+        // A live iokerneld answers a connect; a stale socket file does not.
+        if socket::connect_seqpacket(path).is_ok() {
+            return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(|e| err("remove stale socket", e))?;
+    }
+    socket::listen_seqpacket(path, 64).map_err(|e| err("listen on", e))
+}
+
+impl<A: CoreActuator> Iokerneld<A> {
+    /// Polls the listener and every connection (waiting at most `timeout`)
+    /// and handles what is ready.
+    pub(super) fn control(
+        &mut self,
+        timeout: Option<Duration>,
+        now: u64,
+    ) -> Result<(), DaemonError> {
+        let ev = libc::POLLIN;
+        self.pollfds.clear();
+        self.pollfds.push(libc::pollfd {
+            fd: self.listener.as_raw_fd(),
+            events: ev,
+            revents: 0,
+        });
+        for p in &self.pending {
+            self.pollfds.push(libc::pollfd {
+                fd: p.sock.as_raw_fd(),
+                events: ev,
+                revents: 0,
+            });
+        }
+        for a in &self.apps {
+            self.pollfds.push(libc::pollfd {
+                fd: a.sock.as_raw_fd(),
+                events: ev,
+                revents: 0,
+            });
+        }
+        let n = poll::poll_raw(&mut self.pollfds, timeout).map_err(DaemonError::Poll)?;
+        let now = if timeout.is_some_and(|t| !t.is_zero()) {
+            clock::monotonic_ns()
+        } else {
+            now
+        };
+        if n > 0 {
+            let np = self.pending.len();
+            let ready: Vec<bool> = self.pollfds.iter().map(|p| p.revents != 0).collect();
+            // Apps first (indices stay valid: removal happens after).
+            for (i, _) in ready[1 + np..].iter().enumerate().filter(|(_, r)| **r) {
+                self.app_readable(i);
+            }
+            let mut keep = Vec::with_capacity(np);
+            let pending = std::mem::take(&mut self.pending);
+            for (p, r) in pending.into_iter().zip(&ready[1..1 + np]) {
+                if *r {
+                    if let Some(p) = self.pending_readable(p, now) {
+                        keep.push(p);
+                    }
+                } else {
+                    keep.push(p);
+                }
+            }
+            self.pending = keep;
+            if ready[0] {
+                self.accept(now);
+            }
+            self.reap();
+            self.complete_handovers();
+        }
+        // Silent connections do not hold a slot forever.
+        let limit = PENDING_TIMEOUT.as_nanos() as u64;
+        self.pending.retain(|p| {
+            let keep = now.saturating_sub(p.since) < limit;
+            if !keep {
+                debug!(
+                    "closing a connection from pid {} that sent nothing for {PENDING_TIMEOUT:?}",
+                    p.pid
+                );
+            }
+            keep
+        });
+        Ok(())
+    }
+
+    fn accept(&mut self, now: u64) {
+        for _ in 0..16 {
+            match socket::accept(self.listener.as_fd()) {
+                Ok(Some(sock)) => {
+                    let pid = socket::peer_pid(sock.as_fd()).unwrap_or(0);
+                    if self.pending.len() >= MAX_PENDING {
+                        warn!("refusing a connection from pid {pid}: {MAX_PENDING} connections already pending");
+                        self.refused += 1;
+                        continue;
+                    }
+                    self.pending.push(Pending {
+                        sock,
+                        pid,
+                        since: now,
+                    });
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    warn!("accept on the control socket: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Sends a reply; false if the peer is gone or not reading.
+    fn reply(sock: &OwnedFd, r: &Response) -> bool {
+        Self::reply_with_fds(sock, r, &[])
+    }
+
+    fn reply_with_fds(sock: &OwnedFd, r: &Response, fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
+        match socket::send_with_fds(sock.as_fd(), &encode(r), fds) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!("reply not sent: {e}");
+                false
+            }
+        }
+    }
+
+    /// A pending connection is readable: a request, garbage or a hang-up.
+    /// Returns the connection if it stays open (a stats reader).
+    fn pending_readable(&mut self, p: Pending, now: u64) -> Option<Pending> {
+        let mut buf = [0u8; MAX_REQUEST];
+        let max_fds = 1 + MAX_KTHREADS as usize;
+        let r = match socket::recv_with_fds(p.sock.as_fd(), &mut buf, max_fds, true) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Some(p),
+            Err(e) => {
+                debug!("connection from pid {}: {e}", p.pid);
+                return None;
+            }
+        };
+        if r.closed {
+            return None;
+        }
+        let refuse = |me: &mut Self, reason: String| {
+            warn!("registration from pid {} refused: {reason}", p.pid);
+            me.refused += 1;
+            Self::reply(&p.sock, &Response::Refused { reason });
+            None
+        };
+        if r.truncated {
+            return refuse(self, format!("request longer than {MAX_REQUEST} bytes"));
+        }
+        if r.fds_truncated {
+            return refuse(self, format!("more than {max_fds} descriptors attached"));
+        }
+        let req = match decode_request(&buf[..r.len]) {
+            Ok(req) => req,
+            Err(e) => return refuse(self, e.to_string()),
+        };
+        match req {
+            Request::Stats | Request::ResetStats => {
+                let rep = self.stats_answer(&req, now);
+                Self::reply(&p.sock, &rep).then_some(p)
+            }
+            Request::Register(reg) => match self.admit(&reg, r.fds, p.pid) {
+                Ok((region, ends, eventfds)) => {
+                    let id = self.next_id;
+                    let net = match reg
+                        .net
+                        .map(|iface| self.attach_net(&reg.name, iface, &region))
+                    {
+                        None => None,
+                        Some(Ok(net)) => Some(net),
+                        Some(Err(reason)) => return refuse(self, reason),
+                    };
+                    let accepted = Response::Accepted {
+                        app_id: id,
+                        ingress_buffers: net.as_ref().map_or(0, |n| n.pool().count()),
+                    };
+                    let fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
+                    let sent = Self::reply_with_fds(&p.sock, &accepted, &fds);
+                    if !sent {
+                        if let Some(net) = &net {
+                            self.dp.detach(net);
+                        }
+                        info!(
+                            "app {:?} from pid {} left before its acceptance",
+                            reg.name, p.pid
+                        );
+                        return None;
+                    }
+                    self.next_id += 1;
+                    info!(
+                        "app {:?} registered: id {id}, pid {}, {:?}, {} kthreads, guaranteed {}, max {}",
+                        reg.name, p.pid, reg.class, reg.kthreads, reg.guaranteed, reg.max_cores
+                    );
+                    let n = reg.kthreads as usize;
+                    self.apps.push(App {
+                        id,
+                        name: reg.name,
+                        class: reg.class,
+                        guaranteed: reg.guaranteed,
+                        max_cores: reg.max_cores,
+                        pid: p.pid,
+                        sock: p.sock,
+                        _region: region,
+                        ends,
+                        eventfds,
+                        kt: vec![
+                            Kthread {
+                                parked: true,
+                                parked_since: now,
+                                ..Default::default()
+                            };
+                            n
+                        ],
+                        last_yielded_core: None,
+                        grants: 0,
+                        preemptions: 0,
+                        congestion: 0,
+                        ring_full: 0,
+                        preempt_overdue: 0,
+                        doomed: None,
+                        net,
+                    });
+                    None
+                }
+                Err(reason) => refuse(self, reason),
+            },
+        }
+    }
+
+    /// Checks a registration and its descriptors; on success the attached
+    /// region, iokerneld's ends of it and the eventfds.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &self,
+        reg: &Registration,
+        fds: Vec<OwnedFd>,
+        pid: i32,
+    ) -> Result<(Region, Vec<IokernelEnd>, Vec<OwnedFd>), String> {
+        valid_name(&reg.name)?;
+        if self.apps.len() >= MAX_APPS {
+            return Err(format!("{MAX_APPS} applications are already registered"));
+        }
+        if self.apps.iter().any(|a| a.name == reg.name) {
+            return Err(format!(
+                "an application named {:?} is already registered",
+                reg.name
+            ));
+        }
+        if reg.kthreads == 0 || reg.kthreads > MAX_KTHREADS {
+            return Err(format!(
+                "kthread count {} is not in 1..={MAX_KTHREADS}",
+                reg.kthreads
+            ));
+        }
+        if reg.max_cores == 0 || reg.guaranteed > reg.max_cores || reg.max_cores > reg.kthreads {
+            return Err(format!(
+                "need 0 <= guaranteed ({}) <= max_cores ({}) <= kthreads ({}) and max_cores >= 1",
+                reg.guaranteed, reg.max_cores, reg.kthreads
+            ));
+        }
+        let managed = self.cfg.cores.len() as u64;
+        let taken: u64 = self.apps.iter().map(|a| u64::from(a.guaranteed)).sum();
+        if taken + u64::from(reg.guaranteed) > managed {
+            return Err(format!(
+                "guaranteed cores oversubscribed: {} asked, {taken} of the {managed} managed cores already guaranteed",
+                reg.guaranteed
+            ));
+        }
+        let want = 1 + reg.kthreads as usize;
+        if fds.len() != want {
+            return Err(format!(
+                "expected {want} descriptors (the region memfd and {} eventfds), got {}",
+                reg.kthreads,
+                fds.len()
+            ));
+        }
+        let mut fds = fds.into_iter();
+        let memfd = fds.next().ok_or("no region memfd")?;
+        let eventfds: Vec<OwnedFd> = fds.collect();
+        for (k, e) in eventfds.iter().enumerate() {
+            if !eventfd::is_eventfd(e.as_fd()) {
+                let what = process::fd_target(e.as_fd())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_else(|e| e.to_string());
+                return Err(format!(
+                    "descriptor {} (kthread {k}'s eventfd) is not an eventfd but {what}",
+                    k + 1
+                ));
+            }
+        }
+        let region =
+            Region::attach(memfd).map_err(|e| format!("descriptor 0 (the region memfd): {e}"))?;
+        if region.n_kthreads() != reg.kthreads {
+            return Err(format!(
+                "the region has {} kthreads, the registration says {}",
+                region.n_kthreads(),
+                reg.kthreads
+            ));
+        }
+        let ends = (0..reg.kthreads)
+            .map(|k| region.iokernel_end(k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        if pid <= 0 {
+            return Err("cannot tell the peer's pid (SO_PEERCRED)".into());
+        }
+        Ok((region, ends, eventfds))
+    }
+
+    /// A port and an ingress pool for an application that registered an
+    /// address; its IP must be unique (the switch checks the MAC).
+    fn attach_net(
+        &mut self,
+        name: &str,
+        iface: ginza_net::Interface,
+        region: &Region,
+    ) -> Result<AppNet, String> {
+        if let Some(other) = self
+            .apps
+            .iter()
+            .find(|a| a.net.as_ref().is_some_and(|n| n.interface.ip == iface.ip))
+        {
+            return Err(format!(
+                "IP {} is already the address of application {:?}",
+                iface.ip, other.name
+            ));
+        }
+        self.dp
+            .attach(
+                name,
+                iface,
+                region.layout().done.capacity,
+                region.n_kthreads() as usize,
+            )
+            .map_err(|e| format!("network interface {} / {}: {e}", iface.mac, iface.ip))
+    }
+
+    /// A registered application's socket is readable: normally a hang-up.
+    fn app_readable(&mut self, i: usize) {
+        let now = clock::monotonic_ns();
+        let mut buf = [0u8; MAX_REQUEST];
+        let app = &mut self.apps[i];
+        match socket::recv_with_fds(app.sock.as_fd(), &mut buf, 0, true) {
+            Ok(None) => {}
+            Ok(Some(r)) if r.closed => app.doom("connection closed".into()),
+            Ok(Some(r)) => match decode_request(&buf[..r.len.min(MAX_REQUEST)]) {
+                Ok(req @ (Request::Stats | Request::ResetStats)) => {
+                    let rep = self.stats_answer(&req, now);
+                    let app = &mut self.apps[i];
+                    if !Self::reply(&app.sock, &rep) {
+                        app.doom("stats reply could not be sent".into());
+                    }
+                }
+                Ok(Request::Register(_)) => {
+                    let reason = format!("already registered as app {}", app.id);
+                    Self::reply(&app.sock, &Response::Refused { reason });
+                }
+                Err(e) => {
+                    let reason = e.to_string();
+                    Self::reply(
+                        &app.sock,
+                        &Response::Refused {
+                            reason: reason.clone(),
+                        },
+                    );
+                    warn!(
+                        "app {:?}: bad request on its connection: {reason}",
+                        app.name
+                    );
+                }
+            },
+            Err(e) => app.doom(format!("connection error: {e}")),
+        }
+    }
+
+    /// Removes every doomed application.
+    pub(super) fn reap(&mut self) {
+        while let Some(i) = self.apps.iter().position(|a| a.doomed.is_some()) {
+            let id = self.apps[i].id;
+            let reason = self.apps[i].doomed.take().unwrap_or_default();
+            self.remove(id, reason);
+        }
+    }
+
+    pub(super) fn remove(&mut self, id: u64, reason: String) {
+        let Some(i) = self.apps.iter().position(|a| a.id == id) else {
+            return;
+        };
+        let app = self.apps.remove(i);
+        if let Some(net) = &app.net {
+            self.dp.detach(net);
+        }
+        // Cores it was still giving back are free now.
+        self.ready.extend(app.kt.iter().filter_map(|k| k.handover));
+        let cores: Vec<usize> = app.cores().iter().map(|&c| self.cfg.cores[c]).collect();
+        info!(
+            "app {:?} (id {}, pid {}) removed: {reason}; cores reclaimed: [{}]",
+            app.name,
+            app.id,
+            app.pid,
+            cpulist::format(&cores)
+        );
+        self.disconnected += 1;
+        self.actuator.app_removed(app.id, &app.name);
+        if self.removals.len() == RECENT_REMOVALS {
+            self.removals.pop_front();
+        }
+        self.removals.push_back(Removal {
+            app_id: app.id,
+            name: app.name,
+            reason,
+        });
+        // Dropping `app` closes its socket and eventfds and unmaps the
+        // region.
+    }
+}

@@ -1,0 +1,50 @@
+//! The dataplane's turn in the loop: each application's packets moved,
+//! steered by its active set, and a packet for an application with no core
+//! noted for the policy.
+
+use super::Iokerneld;
+use crate::actuator::CoreActuator;
+
+impl<A: CoreActuator> Iokerneld<A> {
+    /// Moves packets: links, then each application's port, egress rings
+    /// (kthreads holding a core, or parked since their ring was last
+    /// empty) and done rings. A packet for an application with no core
+    /// is reported to the policy at once.
+    pub(super) fn dataplane(&mut self, now: u64, check_handle: bool) {
+        self.dp.poll_links(now, check_handle);
+        for app in &mut self.apps {
+            let Some(net) = &mut app.net else { continue };
+            if app.doomed.is_some() {
+                continue;
+            }
+            net.steering
+                .sync(app.kt.iter().map(|k| k.core.is_some()), now);
+            match self.dp.deliver(net, &mut app.ends, now) {
+                Ok(true) if !self.work_arrived.contains(&app.id) => {
+                    self.work_arrived.push(app.id);
+                }
+                Ok(_) => {}
+                Err(reason) => {
+                    app.doom(reason);
+                    continue;
+                }
+            }
+            for (k, kt) in app.kt.iter_mut().enumerate() {
+                let end = &mut app.ends[k];
+                let mut moved = Ok(());
+                if kt.core.is_some() || kt.preempting || kt.drain_egress {
+                    moved = self.dp.transmit(net, end, k).map(|n| {
+                        if n == 0 {
+                            kt.drain_egress = false;
+                        }
+                    });
+                }
+                if let Err(reason) = moved.and_then(|()| self.dp.take_back(net, end, k)) {
+                    // A corrupt ring: the application is not followed.
+                    app.doomed.get_or_insert(reason);
+                    break;
+                }
+            }
+        }
+    }
+}

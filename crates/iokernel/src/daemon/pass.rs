@@ -1,0 +1,459 @@
+//! The allocation pass and hand-overs: each kthread's command ring, the
+//! snapshots the policy reads, its decisions carried out (grants, wakes,
+//! preemptions), a core handed over once its preempted holder gives it
+//! back, and kthreads that miss the preemption deadline.
+
+use std::os::fd::AsFd;
+
+use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
+use ginza_shm::{LineFlags, PreemptReason, RecvError, SendError, ToIokernel, ToKthread};
+use log::{debug, warn};
+
+use super::{App, Iokerneld};
+use crate::actuator::{CoreActuator, Target};
+use ginza_sys::clock;
+
+/// What an allocation pass asks of the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PassKind {
+    /// The periodic pass ([`ginza_policy::alloc::CoreAllocator::pass`]).
+    Interval,
+    /// Packets reached applications with no core
+    /// ([`ginza_policy::alloc::CoreAllocator::on_work_for`]).
+    WorkArrived,
+}
+
+/// A grant whose core is still held by a preempted kthread: carried out
+/// when that kthread reports `Yielded`/`Parked`, misses its deadline, or
+/// its application goes away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Handover {
+    app_id: u64,
+    kthread: usize,
+    core: usize,
+    /// When the victim was preempted (CLOCK_MONOTONIC).
+    preempted_ns: u64,
+}
+
+impl<A: CoreActuator> Iokerneld<A> {
+    /// Drains one kthread's command ring.
+    fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
+        let cap = app.ends[k].from_kthread.raw().capacity();
+        for _ in 0..cap {
+            let msg = match app.ends[k].from_kthread.recv() {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(RecvError::Corrupt(e)) => {
+                    return app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+                }
+                Err(RecvError::Decode(e)) => {
+                    return app.doom(format!("kthread {k} sent an undecodable command: {e}"));
+                }
+            };
+            let kt = &mut app.kt[k];
+            match msg {
+                ToIokernel::Started { tid } => {
+                    let ok = i32::try_from(tid).is_ok_and(|t| t > 0)
+                        && std::path::Path::new(&format!("/proc/{}/task/{tid}", app.pid)).exists();
+                    if !ok {
+                        return app.doom(format!(
+                            "kthread {k} reported tid {tid}, which is not a thread of pid {}",
+                            app.pid
+                        ));
+                    }
+                    kt.tid = Some(tid as i32);
+                }
+                ToIokernel::Parked { next_deadline_ns }
+                | ToIokernel::Yielded { next_deadline_ns } => {
+                    // Either way the kthread gave its core back and waits
+                    // to be woken, at the latest for its timer.
+                    if let Some(c) = kt.core.take() {
+                        kt.last_core = Some(c);
+                        app.last_yielded_core = Some(c);
+                    }
+                    kt.parked = true;
+                    kt.preempting = false;
+                    kt.evicted = false;
+                    kt.parked_since = now;
+                    kt.timer = next_deadline_ns;
+                    kt.drain_egress = true;
+                    kt.awaiting = None;
+                    ready.extend(kt.handover.take());
+                    app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
+                }
+            }
+        }
+    }
+
+    /// One allocation pass, timed into the stats.
+    pub(super) fn pass(&mut self, now: u64, kind: PassKind) {
+        // Not `now`: a control poll may have run since it was read.
+        let t0 = clock::monotonic_ns();
+        let actions = self.meter.actions;
+        self.pass_inner(now, kind);
+        let t1 = clock::monotonic_ns();
+        let m = &mut self.meter;
+        let h = if !self.decisions.is_empty() || m.actions != actions {
+            &mut m.pass_acted
+        } else {
+            &mut m.pass_idle
+        };
+        h.saturating_record(t1.saturating_sub(t0));
+    }
+
+    fn pass_inner(&mut self, now: u64, kind: PassKind) {
+        self.passes += 1;
+        for app in &mut self.apps {
+            for k in 0..app.kt.len() {
+                if app.doomed.is_some() {
+                    break;
+                }
+                Self::drain(app, k, now, &mut self.ready);
+            }
+        }
+        self.reap();
+        self.check_overdue(now);
+        self.complete_handovers();
+
+        let mut busy = false;
+        let mut next_timer: Option<u64> = None;
+        self.snaps.resize_with(self.apps.len(), || AppSnap {
+            key: 0,
+            class: ginza_policy::alloc::AppClass::Batch,
+            guaranteed: 0,
+            max_cores: 0,
+            kthreads: Vec::new(),
+            next_timer: None,
+            last_yielded_core: None,
+        });
+        self.snaps.truncate(self.apps.len());
+        for (app, snap) in self.apps.iter_mut().zip(self.snaps.iter_mut()) {
+            snap.key = app.id;
+            snap.class = app.class.into();
+            snap.guaranteed = app.guaranteed as usize;
+            snap.max_cores = app.max_cores as usize;
+            snap.last_yielded_core = app.last_yielded_core;
+            snap.kthreads.clear();
+            let mut app_timer: Option<u64> = None;
+            for (k, kt) in app.kt.iter().enumerate() {
+                let line = app.ends[k].line.snapshot();
+                let mut ks = KthreadSnap {
+                    core: kt.core,
+                    parked: kt.parked,
+                    parked_since: kt.parked_since,
+                    last_core: kt.last_core,
+                    ..Default::default()
+                };
+                line.update(&mut ks);
+                // Packets waiting on the ingress ring: iokerneld is its
+                // producer, so it knows the tail and reads the head.
+                let ring = &mut app.ends[k].ingress;
+                let waiting = ring.free().map_or(0, |free| ring.capacity() - free);
+                ks.counters.in_tail = ring.next_seq();
+                ks.counters.in_head = ks.counters.in_tail.wrapping_sub(waiting);
+                busy |=
+                    kt.core.is_some() || (kt.preempting && !kt.evicted) || ks.counters.has_items();
+                if kt.parked {
+                    if let Some(t) = kt.timer {
+                        app_timer = Some(app_timer.map_or(t, |x: u64| x.min(t)));
+                    }
+                }
+                snap.kthreads.push(ks);
+            }
+            snap.next_timer = app_timer;
+            if let Some(t) = app_timer {
+                busy |= t <= now;
+                next_timer = Some(next_timer.map_or(t, |x: u64| x.min(t)));
+            }
+        }
+        self.busy = busy;
+        self.next_timer = next_timer;
+
+        self.decisions.clear();
+        match kind {
+            PassKind::Interval => {
+                let congested = self
+                    .alloc
+                    .pass(now, &self.topo, &self.snaps, &mut self.decisions);
+                for &a in congested {
+                    self.apps[a].congestion += 1;
+                }
+                for (app, snap) in self.apps.iter_mut().zip(&self.snaps) {
+                    if let Some(net) = &mut app.net {
+                        net.steering
+                            .sync(app.kt.iter().map(|k| k.core.is_some()), now);
+                        net.steering.rebalance(now, &snap.kthreads);
+                    }
+                }
+            }
+            PassKind::WorkArrived => {
+                self.work_arrived_at.clear();
+                for id in &self.work_arrived {
+                    self.work_arrived_at
+                        .extend(self.apps.iter().position(|a| a.id == *id));
+                }
+                self.alloc.on_work_for(
+                    now,
+                    &self.topo,
+                    &self.snaps,
+                    &self.work_arrived_at,
+                    &mut self.decisions,
+                );
+            }
+        }
+        // An interval pass sees the waiting packets too.
+        self.work_arrived.clear();
+        let decisions = std::mem::take(&mut self.decisions);
+        // A preemption whose core the next decision grants (and when it
+        // was made): that grant waits for the victim to give the core back.
+        let mut victim: Option<(usize, usize, usize, u64)> = None;
+        for (i, d) in decisions.iter().enumerate() {
+            match *d {
+                Decision::Grant { app, kthread, core } => {
+                    let t0 = clock::monotonic_ns();
+                    if !self.assign(app, kthread, core) {
+                        continue;
+                    }
+                    // The application is awake now: whichever kthread runs
+                    // fires every due timer of the runtime, so due timers
+                    // other parked kthreads reported must not wake it again.
+                    for kt in self.apps[app].kt.iter_mut().filter(|k| k.parked) {
+                        kt.timer = kt.timer.filter(|&t| t > now);
+                    }
+                    match victim.take() {
+                        Some((va, vk, vc, preempted_ns)) if vc == core => {
+                            let h = Handover {
+                                app_id: self.apps[app].id,
+                                kthread,
+                                core,
+                                preempted_ns,
+                            };
+                            let victim_id = self.apps.get(va).map(|a| a.id);
+                            match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
+                                Some(v) if v.preempting && !v.evicted => {
+                                    v.handover = Some(h);
+                                    self.apps[app].kt[kthread].awaiting =
+                                        victim_id.map(|id| (id, vk));
+                                }
+                                _ => self.ready.push(h),
+                            }
+                        }
+                        _ => {
+                            self.wake(app, kthread, core, Some(t0));
+                        }
+                    }
+                }
+                Decision::Preempt { app, kthread, core } => {
+                    let handed_over = matches!(decisions.get(i + 1), Some(Decision::Grant { core: c, .. }) if *c == core);
+                    let reason = if handed_over {
+                        PreemptReason::CoreNeeded
+                    } else {
+                        PreemptReason::Shrink
+                    };
+                    let since = handed_over.then(clock::monotonic_ns);
+                    let (va, vk) = self.preempt(app, kthread, core, reason, now);
+                    victim = since.map(|t| (va, vk, core, t));
+                }
+            }
+        }
+        self.decisions = decisions;
+        if !self.decisions.is_empty() {
+            self.busy = true;
+        }
+        self.reap();
+        self.complete_handovers();
+    }
+
+    /// Preempted kthreads that missed the deadline are moved off their core
+    /// and reported; their hand-overs go ahead.
+    fn check_overdue(&mut self, now: u64) {
+        let deadline = self.cfg.preempt_deadline.as_nanos() as u64;
+        for app in &mut self.apps {
+            for k in 0..app.kt.len() {
+                let kt = &mut app.kt[k];
+                if !kt.preempting || kt.evicted || now.saturating_sub(kt.preempt_since) < deadline {
+                    continue;
+                }
+                kt.evicted = true;
+                let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
+                self.ready.extend(kt.handover.take());
+                app.preempt_overdue += 1;
+                self.meter.actions += 1;
+                warn!(
+                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off",
+                    app.name, kt.tid, self.cfg.preempt_deadline
+                );
+                if let Some(cpu) = cpu {
+                    if let Err(e) = self.actuator.evict(&Self::target(app, k), cpu) {
+                        warn!("moving app {:?} kthread {k} off cpu {cpu}: {e}", app.name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Carries out the hand-overs whose core is free.
+    pub(super) fn complete_handovers(&mut self) {
+        while let Some(h) = self.ready.pop() {
+            // Only if the receiver still holds the core (it may have been
+            // preempted or gone in between).
+            let woke = self
+                .apps
+                .iter()
+                .position(|a| a.id == h.app_id)
+                .filter(|&a| {
+                    let kt = &self.apps[a].kt[h.kthread];
+                    kt.core == Some(h.core) && !kt.preempting
+                })
+                .and_then(|a| self.wake(a, h.kthread, h.core, None));
+            match woke {
+                Some(end) => {
+                    self.meter.handovers += 1;
+                    self.meter
+                        .handover
+                        .saturating_record(end.saturating_sub(h.preempted_ns));
+                }
+                None => self.meter.handovers_abandoned += 1,
+            }
+        }
+    }
+
+    fn target<'a>(app: &'a App, k: usize) -> Target<'a> {
+        Target {
+            app_id: app.id,
+            app_name: &app.name,
+            kthread: k,
+            pid: app.pid,
+            tid: app.kt[k].tid,
+            eventfd: app.eventfds[k].as_fd(),
+        }
+    }
+
+    /// Bookkeeping of a grant: the kthread holds `core` from now on (the
+    /// policy sees it so), whether or not it can be woken yet.
+    fn assign(&mut self, a: usize, k: usize, core: usize) -> bool {
+        if core >= self.cfg.cores.len() {
+            return false;
+        }
+        let Some(app) = self.apps.get_mut(a) else {
+            return false;
+        };
+        let Some(kt) = app.kt.get_mut(k) else {
+            return false;
+        };
+        kt.core = Some(core);
+        kt.parked = false;
+        kt.preempting = false;
+        kt.timer = None;
+        app.grants += 1;
+        self.meter.grants += 1;
+        let prev = self.core_holder[core].replace(app.id);
+        if prev.is_some_and(|p| p != app.id) {
+            self.meter.reallocations += 1;
+        }
+        true
+    }
+
+    /// Wakes a kthread on the core it was assigned: the command ring, then
+    /// the actuator (affinity, eventfd). `started`: when the grant's
+    /// bookkeeping began, if it is part of this wake's cost. Returns when
+    /// the wake was done, `None` if it could not be.
+    fn wake(&mut self, a: usize, k: usize, core: usize, started: Option<u64>) -> Option<u64> {
+        let &cpu = self.cfg.cores.get(core)?;
+        let app = self.apps.get_mut(a)?;
+        if k >= app.kt.len() {
+            return None;
+        }
+        app.kt[k].awaiting = None;
+        // One clock read serves as the decision time and the cost's start.
+        let t0 = started.unwrap_or_else(clock::monotonic_ns);
+        match app.ends[k].to_kthread.send(ToKthread::Wake {
+            core: cpu as u32,
+            decided_ns: t0,
+        }) {
+            Ok(()) => {}
+            Err(SendError::Full) => app.ring_full += 1,
+            Err(SendError::Corrupt(e)) => {
+                app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
+                return None;
+            }
+        }
+        debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);
+        if let Err(e) = self.actuator.grant(&Self::target(app, k), cpu) {
+            warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
+        }
+        let end = clock::monotonic_ns();
+        self.meter.actions += 1;
+        self.meter
+            .grant_cost
+            .saturating_record(end.saturating_sub(t0));
+        Some(end)
+    }
+
+    /// Asks kthread `k` of application `a` to give `core` back. Returns
+    /// who holds the core now: the kthread itself, or — for a kthread that
+    /// was granted the core but not woken yet (its hand-over pending) — the
+    /// preempted kthread it was waiting for; that one's hand-over now goes
+    /// to whoever is granted the core next.
+    fn preempt(
+        &mut self,
+        a: usize,
+        k: usize,
+        core: usize,
+        reason: PreemptReason,
+        now: u64,
+    ) -> (usize, usize) {
+        let Some(&cpu) = self.cfg.cores.get(core) else {
+            return (a, k);
+        };
+        let Some(app) = self.apps.get_mut(a) else {
+            return (a, k);
+        };
+        if k >= app.kt.len() {
+            return (a, k);
+        }
+        let kt = &mut app.kt[k];
+        if let Some((victim_app, victim_k)) = kt.awaiting.take() {
+            // Never ran on the core: it goes back to parked, silently.
+            kt.core = None;
+            kt.parked = true;
+            kt.parked_since = now;
+            let holder = self.apps.iter().position(|x| x.id == victim_app);
+            if let Some(v) = holder.and_then(|i| self.apps[i].kt.get_mut(victim_k)) {
+                if v.handover.take().is_some() {
+                    self.meter.handovers_abandoned += 1;
+                }
+            }
+            return holder.map_or((a, k), |i| (i, victim_k));
+        }
+        if let Some(c) = kt.core.take() {
+            kt.last_core = Some(c);
+        }
+        kt.preempting = true;
+        kt.evicted = false;
+        kt.preempt_since = now;
+        app.preemptions += 1;
+        self.meter.preemptions += 1;
+        self.meter.actions += 1;
+        app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
+        match app.ends[k].to_kthread.send(ToKthread::Preempt { reason }) {
+            Ok(()) => {}
+            Err(SendError::Full) => app.ring_full += 1,
+            Err(SendError::Corrupt(e)) => {
+                app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+                return (a, k);
+            }
+        }
+        debug!(
+            "preempt: app {:?} kthread {k} off cpu {cpu} ({reason:?})",
+            app.name
+        );
+        if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {
+            warn!(
+                "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                app.name
+            );
+        }
+        (a, k)
+    }
+}
