@@ -33,6 +33,7 @@ pub mod nic;
 pub mod proto;
 pub mod raw_app;
 mod sys;
+pub mod testing;
 
 pub use actuator::{
     Action, CoreActuator, LinuxActuator, RecordingActuator, Target, PREEMPT_SIGNAL,

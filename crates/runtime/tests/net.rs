@@ -613,8 +613,11 @@ fn sockets_need_networking_and_a_runtime() {
 /// A UDP echo server on port 7: `n` uthreads share the socket, each
 /// spinning for the request's service time before echoing. Returns when
 /// `stop` is set (checked at every read timeout).
-fn echo_server(n: usize, stop: Arc<AtomicBool>, served: Arc<AtomicU64>) {
+/// Echoes datagrams to port 7 on `n` uthreads until `stop`; sets `bound`
+/// once the socket is bound, so senders know their first datagram finds it.
+fn echo_server(n: usize, stop: Arc<AtomicBool>, served: Arc<AtomicU64>, bound: &AtomicBool) {
     let sock = Arc::new(UdpSocket::bind(7u16).unwrap());
+    bound.store(true, Ordering::Release);
     sock.set_read_timeout(Some(Duration::from_millis(5)))
         .unwrap();
     let hs: Vec<_> = (0..n)
@@ -667,24 +670,18 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let (s2, v2) = (Arc::clone(&stop), Arc::clone(&served));
+    let bound = Arc::new(AtomicBool::new(false));
+    let b2 = Arc::clone(&bound);
     let cfg = net_app(&d, "echo", 2, net, 0);
     let server = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
-            echo_server(4, s2, v2);
+            echo_server(4, s2, v2, &b2);
             Handle::current().unwrap().net_stats().unwrap()
         })
         .unwrap()
     });
     // Wait until the socket is bound (the first request would be no-socket).
-    let t0 = Instant::now();
-    while !client::stats(&d.socket)
-        .map(|s| s.apps.iter().any(|a| a.name == "echo"))
-        .unwrap_or(false)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no registration");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(50));
+    wait_bound(&bound, "echo", &server);
     // One flow (one source port): every request hashes to one kthread's
     // ring. 20 µs of work per request at 10k/s, with bursts (Poisson),
     // keeps the ring's kthread busy at times while another is idle: that
@@ -728,29 +725,32 @@ fn start_server(
     served: &Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<ginza_runtime::net::NetStats> {
     let (s2, v2) = (Arc::clone(stop), Arc::clone(served));
+    let bound = Arc::new(AtomicBool::new(false));
+    let b2 = Arc::clone(&bound);
     let cfg = net_app(d, name, 2, NetConfig::new(me.mac, me.ip), guaranteed);
     let h = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
-            echo_server(2, s2, v2);
+            echo_server(2, s2, v2, &b2);
             ginza_runtime::net::stats().unwrap()
         })
         .unwrap()
     });
-    // Bound once registered (the first uthread binds at once); give it a
-    // moment so the first datagram finds the socket.
-    let t0 = Instant::now();
-    while !client::stats(&d.socket)
-        .map(|s| s.apps.iter().any(|a| a.name == name))
-        .unwrap_or(false)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "{name} never registered"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(20));
+    // So the first datagram finds the socket.
+    wait_bound(&bound, name, &h);
     h
+}
+
+/// Waits until the echo server of application `name` has bound its socket
+/// (5 s at most, and not after its thread ended).
+fn wait_bound<T>(bound: &AtomicBool, name: &str, server: &std::thread::JoinHandle<T>) {
+    let t0 = Instant::now();
+    while !bound.load(Ordering::Acquire) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5) && !server.is_finished(),
+            "{name} never bound its socket"
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// Ping-pong from a client socket to `server`:7 for `dur`; calls `tick`
