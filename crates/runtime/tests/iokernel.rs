@@ -70,18 +70,21 @@ fn app_stats<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_iokernel::A
 /// Samples iokerneld's stats on an OS thread until stopped; returns them.
 struct Sampler {
     stop: Arc<AtomicBool>,
+    taken: Arc<AtomicU64>,
     thread: Option<JoinHandle<Vec<StatsReport>>>,
 }
 
 impl Sampler {
     fn start(socket: PathBuf) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
+        let taken = Arc::new(AtomicU64::new(0));
+        let (s, n) = (Arc::clone(&stop), Arc::clone(&taken));
         let thread = std::thread::spawn(move || {
             let mut out = Vec::new();
             while !s.load(Ordering::Relaxed) {
                 if let Ok(st) = client::stats(&socket) {
                     out.push(st);
+                    n.fetch_add(1, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_micros(500));
             }
@@ -89,8 +92,14 @@ impl Sampler {
         });
         Sampler {
             stop,
+            taken,
             thread: Some(thread),
         }
+    }
+
+    /// Samples taken so far.
+    fn taken(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.taken)
     }
 
     fn finish(mut self) -> Vec<StatsReport> {
@@ -279,12 +288,17 @@ fn guaranteed_cores_are_never_taken() {
         app_stats(s, "batch").is_some_and(|a| a.cores_now == 2)
     });
     let sampler = Sampler::start(d.socket.clone());
-    // Bursts until the sampler has seen enough (a fast run could end
-    // before it looked a dozen times).
+    // Bursts until the sampler has looked a few dozen times (a fast run, or
+    // a sampler Linux kept off the CPU, could otherwise end first).
+    let taken = sampler.taken();
     let t0 = Instant::now();
     ginza_runtime::run(d.app("lc", Class::LatencyCritical, 1, 2), move || {
         let mut bursts = 0;
-        while bursts < 10 || (t0.elapsed() < Duration::from_millis(100) && bursts < 1000) {
+        while bursts < 10 || taken.load(Ordering::Relaxed) < 30 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the sampler never ran"
+            );
             burst(20, Duration::from_micros(200));
             bursts += 1;
         }

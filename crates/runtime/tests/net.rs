@@ -680,8 +680,22 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         })
         .unwrap()
     });
-    // Wait until the socket is bound (the first request would be no-socket).
+    // Wait until the socket is bound (the first request would be no-socket)
+    // and the application has settled: both kthreads parked, start-up over,
+    // so the load meets an idle application, as it would in service.
     wait_bound(&bound, "echo", &server);
+    let t0 = Instant::now();
+    while !client::stats(&d.socket).is_ok_and(|s| {
+        s.apps
+            .iter()
+            .any(|a| a.name == "echo" && a.parked_kthreads == 2)
+    }) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "echo never went idle"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
     // One flow (one source port): every request hashes to one kthread's
     // ring. 20 µs of work per request at 10k/s, with bursts (Poisson),
     // keeps the ring's kthread busy at times while another is idle: that
