@@ -49,6 +49,43 @@ fn contended_mutex_counter_is_exact_across_four_kthreads() {
 }
 
 #[test]
+fn a_contended_lock_is_handed_to_the_uthread_waiting_for_it() {
+    // One kthread and no preemption: a uthread runs until it blocks or
+    // yields, so the interleaving below is forced, not hoped for.
+    let (handed_over, order) = run(Config::with_kthreads(1), || {
+        let m = Arc::new(Mutex::new(Vec::new()));
+        let trying = Arc::new(AtomicBool::new(false));
+        let mut g = m.lock();
+        let waiter = {
+            let (m, trying) = (m.clone(), trying.clone());
+            spawn(move || {
+                trying.store(true, Release);
+                m.lock().push("waiter");
+            })
+        };
+        // The waiter sets `trying` and goes straight into `lock`; this
+        // uthread runs again only once the waiter is suspended there.
+        while !trying.load(Acquire) {
+            yield_now();
+        }
+        g.push("holder");
+        drop(g);
+        // Unlocking with a waiter hands the lock over (it stays locked, now
+        // the waiter's): the waiting path was taken, and no barging.
+        let handed_over = m.try_lock().is_none();
+        waiter.join().unwrap();
+        let order = m.lock().clone();
+        (handed_over, order)
+    })
+    .unwrap();
+    assert!(
+        handed_over,
+        "the lock was free after unlocking with a waiter"
+    );
+    assert_eq!(order, ["holder", "waiter"]);
+}
+
+#[test]
 fn condvar_ping_pong_alternates_strictly() {
     const ROUNDS: usize = 2_000;
     let trace = run(Config::with_kthreads(2), || {
