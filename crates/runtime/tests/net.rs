@@ -178,6 +178,7 @@ fn peer(port: u16) -> SocketAddrV4 {
 
 #[test]
 fn arp_request_is_answered_and_its_sender_learned() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let b = io.deliver(0, &frame(|b| tx::arp_request(b, &PEER, APP.ip)));
     assert_eq!(h.poll(0, 0), 1);
@@ -214,6 +215,7 @@ fn arp_request_is_answered_and_its_sender_learned() {
 
 #[test]
 fn icmp_echo_is_answered() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let b = io.deliver(0, &echo_request(0x1234, 7, b"ping payload"));
     assert_eq!(h.poll(0, 0), 1);
@@ -237,6 +239,7 @@ fn icmp_echo_is_answered() {
 
 #[test]
 fn udp_goes_to_the_socket_of_its_port_and_holds_its_buffer_until_read() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let s7 = h.bind(addr(7)).unwrap();
     let s8 = h.bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8)).unwrap();
@@ -267,6 +270,7 @@ fn udp_goes_to_the_socket_of_its_port_and_holds_its_buffer_until_read() {
 
 #[test]
 fn a_full_socket_queue_drops_and_closing_returns_what_it_holds() {
+    let _g = share();
     let (h, mut io) = setup(
         1,
         NetConfig {
@@ -293,6 +297,7 @@ fn a_full_socket_queue_drops_and_closing_returns_what_it_holds() {
 
 #[test]
 fn malformed_frames_are_counted_by_reason_and_their_buffers_returned() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let _s = h.bind(addr(7)).unwrap();
     let good = udp_from_peer(1000, 7, b"payload!");
@@ -426,6 +431,7 @@ proptest::proptest! {
 
 #[test]
 fn sending_to_an_unknown_peer_asks_arp_and_sends_on_the_reply() {
+    let _g = share();
     let (h, mut io) = setup(2, cfg());
     let s = h.bind(addr(5000)).unwrap();
     assert_eq!(
@@ -477,6 +483,7 @@ fn sending_to_an_unknown_peer_asks_arp_and_sends_on_the_reply() {
 
 #[test]
 fn a_full_egress_ring_is_reported_not_overwritten() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg().with_static_arp(PEER.ip, PEER.mac));
     let s = h.bind(addr(5000)).unwrap();
     for i in 0..8u8 {
@@ -512,6 +519,7 @@ fn a_full_egress_ring_is_reported_not_overwritten() {
 
 #[test]
 fn another_kthread_steals_packet_processing() {
+    let _g = share();
     let (h, mut io) = setup(2, cfg());
     let s = h.bind(addr(7)).unwrap();
     for i in 0..40u8 {
@@ -538,6 +546,7 @@ fn another_kthread_steals_packet_processing() {
 
 #[test]
 fn binding_errors_say_what_was_wrong() {
+    let _g = share();
     let (h, _io) = setup(1, cfg());
     let _a = h.bind(addr(7)).unwrap();
     let e = h.bind(addr(7)).err().unwrap();
@@ -577,7 +586,7 @@ fn binding_errors_say_what_was_wrong() {
 
 // ---- end to end ------------------------------------------------------------
 
-use common::{lock, Daemon};
+use common::{lock, share, Daemon};
 
 /// A latency-critical runtime with `net`, registered with `d`.
 fn net_app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig, guaranteed: u32) -> Config {
@@ -597,6 +606,7 @@ fn iface(last: u8) -> Interface {
 
 #[test]
 fn sockets_need_networking_and_a_runtime() {
+    let _g = share();
     let e = UdpSocket::bind(7u16).unwrap_err().to_string();
     assert!(e.contains("must be called from a Ginza uthread"), "{e}");
     let e = ginza_runtime::run(Config::default(), || {
