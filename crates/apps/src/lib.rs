@@ -4,7 +4,7 @@
 //!
 //! * [`spin_server`]: UDP requests that carry their own service time.
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
-#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
 
 pub mod batch;
 pub mod spin_server;

@@ -5,8 +5,8 @@
 //! it. The runtime's stack answers ARP and ICMP echo itself.
 //!
 //! Needs root, `ip`, `ethtool` and `ping` (CI installs them); elsewhere the
-//! test prints `skipped: …`. iokerneld spins while it drives a NIC, so the
-//! backends run one after the other.
+//! test prints `skipped: …` (under CI as root it fails instead). iokerneld
+//! spins while it drives a NIC, so the backends run one after the other.
 
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -127,7 +127,7 @@ fn ping_and_udp_reach_the_app(backend: &str) {
 #[test]
 fn ping_and_a_linux_udp_client_reach_a_ginza_app_over_veth() {
     if !ping_available() {
-        println!("skipped: `ping` is missing (Debian package iputils-ping)");
+        ginza_iokernel::testing::skip("`ping` is missing (Debian package iputils-ping)");
         return;
     }
     ping_and_udp_reach_the_app("af_packet");

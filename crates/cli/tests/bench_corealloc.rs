@@ -7,9 +7,9 @@ use std::process::Command;
 fn corealloc_reports_every_figure() {
     let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
     if cpus.len() < 2 {
-        eprintln!(
-            "skipped: iokerneld and the managed core need two CPUs, this process has {cpus:?}"
-        );
+        ginza_iokernel::testing::skip(format!(
+            "iokerneld and the managed core need two CPUs, this process has {cpus:?}"
+        ));
         return;
     }
     let out = Command::new(env!("CARGO_BIN_EXE_ginza"))

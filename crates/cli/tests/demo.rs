@@ -41,7 +41,7 @@ fn out_dir(test: &str) -> PathBuf {
 #[test]
 fn demo_runs_two_policies_and_writes_csv_and_png() {
     if allowed_cpus() < 2 {
-        eprintln!("skipped: ginza demo needs 2 CPUs (iokerneld's and a managed one)");
+        ginza_iokernel::testing::skip("ginza demo needs 2 CPUs (iokerneld's and a managed one)");
         return;
     }
     let out = out_dir("run");
@@ -157,7 +157,7 @@ fn demo_refuses_bad_arguments_with_a_message() {
 #[test]
 fn demo_says_why_when_iokerneld_has_nowhere_to_put_its_socket() {
     if allowed_cpus() < 2 {
-        eprintln!("skipped: ginza demo needs 2 CPUs (iokerneld's and a managed one)");
+        ginza_iokernel::testing::skip("ginza demo needs 2 CPUs (iokerneld's and a managed one)");
         return;
     }
     let out = out_dir("nosock");

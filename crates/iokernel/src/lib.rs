@@ -28,6 +28,7 @@ mod in_process;
 pub mod netns;
 pub mod nic;
 pub mod raw_app;
+pub mod testing;
 
 pub use actuator::{
     Action, CoreActuator, LinuxActuator, RecordingActuator, Target, PREEMPT_SIGNAL,

@@ -19,8 +19,9 @@
 //! off on `ns_if`, so frames from the namespace carry full checksums.
 //!
 //! Needs root, `ip` (iproute2) and `ethtool`; without them
-//! [`NetNs::create_or_skip`] prints `skipped: <reason>` and returns `None`
-//! (tests), and [`NetNs::create`] says what is missing (benchmarks).
+//! [`NetNs::create_or_skip`] skips the test ([`crate::testing::skip`]: prints
+//! `skipped: <reason>`, or fails under CI as root) and returns `None`, and
+//! [`NetNs::create`] says what is missing (benchmarks).
 
 use std::fs::File;
 use std::io;
@@ -50,12 +51,14 @@ pub struct NetNs {
 }
 
 impl NetNs {
-    /// A fresh namespace and veth pair, or `None` after printing
-    /// `skipped: <reason>` when this host cannot make one (not root, `ip` or
-    /// `ethtool` missing). Any other failure panics: it is a real error.
+    /// A fresh namespace and veth pair, or `None` after skipping the test
+    /// ([`crate::testing::skip`]) when this host cannot make one (not root,
+    /// `ip` or `ethtool` missing). Any other failure panics: it is a real
+    /// error.
+    #[track_caller]
     pub fn create_or_skip() -> Option<NetNs> {
         if let Some(reason) = missing_prerequisite() {
-            println!("skipped: {reason}");
+            crate::testing::skip(reason);
             return None;
         }
         Some(NetNs::create().expect("creating a network namespace and veth pair"))
@@ -286,8 +289,7 @@ pub fn udp_rtt_probe(
 
 /// Why this host cannot make a namespace and veth pair, if it cannot.
 pub fn missing_prerequisite() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !crate::testing::running_as_root() {
         return Some("not root: network namespaces and veth pairs need root".into());
     }
     for (tool, package) in [("ip", "iproute2"), ("ethtool", "ethtool")] {

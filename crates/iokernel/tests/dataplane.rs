@@ -290,11 +290,11 @@ fn a_broadcast_arp_request_reaches_only_the_app_with_that_ip() {
         Ok(Packet::Arp(_))
     ));
     b.give_back(0, got.1.buf);
-    // The flood reached c's port too, and stopped there.
-    std::thread::sleep(Duration::from_millis(20));
+    // The flood reached c's port too, and stopped there: nothing for c or a
+    // after further dataplane polls (one per allocation pass).
+    let s = d.wait_passes(10);
     assert!(c.recv(0).is_none());
     assert!(a.recv(0).is_none());
-    let s = d.stats();
     let rx = |name: &str| {
         s.apps
             .iter()

@@ -427,8 +427,7 @@ fn corrupt_regions_are_disconnected_others_unaffected() {
             tid: ginza_sys::process::gettid() as u32,
         })
         .unwrap();
-    std::thread::sleep(Duration::from_millis(20));
-    let s = d.stats();
+    let s = d.wait_passes(10);
     assert_eq!(s.apps.len(), 1);
     assert_eq!(s.apps[0].name, "good");
     assert_eq!(s.apps_disconnected, 3);
@@ -702,9 +701,11 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
     let x = burst(&d, &rec);
     // The preemption happened before `burst` saw it in the stats.
     let preempted = Instant::now();
-    // The core is not handed over while the victim still holds it.
-    std::thread::sleep(Duration::from_millis(5));
+    // The core is not handed over while the victim still holds it: not
+    // after many passes either.
+    let s = d.wait_passes(50);
     assert!(!lc_granted(&rec, x.cpu), "{:?}", rec.actions());
+    assert_eq!(app_named(&s, "lc").unwrap().cores_now, 1, "{s:#?}");
     let mut ra = x.a.region.runtime_end(0).unwrap();
     assert_eq!(ra.from_iokernel.recv().unwrap(), None);
     let mut rv = x.b.region.runtime_end(x.victim).unwrap();

@@ -13,7 +13,7 @@
 //!
 //! Header layouts and checksums come from `smoltcp::wire`; which frames we
 //! accept, the order of the checks and the ARP policy are ours.
-#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
 
 mod addr;
 pub mod arp;

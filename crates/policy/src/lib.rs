@@ -7,6 +7,7 @@
 //! Time is a `u64` in any monotonic unit chosen by the caller (iokerneld uses
 //! nanoseconds, the simulator picoseconds); intervals, quanta and SLOs passed
 //! to a policy must be in the same unit.
+#![forbid(unsafe_code)]
 
 pub mod alloc;
 pub mod rng;

@@ -7,7 +7,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -70,18 +70,21 @@ fn app_stats<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_proto::AppS
 /// Samples iokerneld's stats on an OS thread until stopped; returns them.
 struct Sampler {
     stop: Arc<AtomicBool>,
+    taken: Arc<AtomicU64>,
     thread: Option<JoinHandle<Vec<StatsReport>>>,
 }
 
 impl Sampler {
     fn start(socket: PathBuf) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
+        let taken = Arc::new(AtomicU64::new(0));
+        let (s, n) = (Arc::clone(&stop), Arc::clone(&taken));
         let thread = std::thread::spawn(move || {
             let mut out = Vec::new();
             while !s.load(Ordering::Relaxed) {
                 if let Ok(st) = client::stats(&socket) {
                     out.push(st);
+                    n.fetch_add(1, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_micros(500));
             }
@@ -89,8 +92,14 @@ impl Sampler {
         });
         Sampler {
             stop,
+            taken,
             thread: Some(thread),
         }
+    }
+
+    /// Samples taken so far.
+    fn taken(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.taken)
     }
 
     fn finish(mut self) -> Vec<StatsReport> {
@@ -127,15 +136,22 @@ fn bursts_get_extra_cores_which_go_back_when_idle() {
             burst(40, Duration::from_micros(300));
             ginza_runtime::sleep(Duration::from_millis(20));
         }
-        // While the application sleeps every kthread has parked, so it
-        // holds no core: looked at from an OS thread in the middle of the
-        // sleep (asking from a uthread would hold a core while asking).
-        let probe = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(15));
+        // While the application sleeps every kthread parks, so it holds no
+        // core: looked at from an OS thread during the sleep (asking from a
+        // uthread would hold a core while asking), until it sees none or
+        // the sleep is over (then it reports what it saw last).
+        let awake = Arc::new(AtomicBool::new(false));
+        let over = Arc::clone(&awake);
+        let probe = std::thread::spawn(move || loop {
             let st = client::stats(&socket).unwrap();
-            app_stats(&st, "bursty").unwrap().cores_now
+            let cores_now = app_stats(&st, "bursty").unwrap().cores_now;
+            if cores_now == 0 || over.load(Ordering::Acquire) {
+                break cores_now;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         });
-        ginza_runtime::sleep(Duration::from_millis(40));
+        ginza_runtime::sleep(Duration::from_millis(200));
+        awake.store(true, Ordering::Release);
         probe.join().unwrap()
     })
     .unwrap();
@@ -262,7 +278,7 @@ fn batch_takes_free_cores_and_loses_bursting_ones_to_latency_critical_work() {
 fn guaranteed_cores_are_never_taken() {
     let _g = lock();
     if cores().len() < 2 {
-        eprintln!("skipped: needs two CPUs");
+        ginza_iokernel::testing::skip("needs two CPUs");
         return;
     }
     let d = Daemon::start(|_| {});
@@ -272,12 +288,17 @@ fn guaranteed_cores_are_never_taken() {
         app_stats(s, "batch").is_some_and(|a| a.cores_now == 2)
     });
     let sampler = Sampler::start(d.socket.clone());
-    // Bursts until the sampler has seen enough (a fast run could end
-    // before it looked a dozen times).
+    // Bursts until the sampler has looked a few dozen times (a fast run, or
+    // a sampler Linux kept off the CPU, could otherwise end first).
+    let taken = sampler.taken();
     let t0 = Instant::now();
     ginza_runtime::run(d.app("lc", Class::LatencyCritical, 1, 2), move || {
         let mut bursts = 0;
-        while bursts < 10 || (t0.elapsed() < Duration::from_millis(100) && bursts < 1000) {
+        while bursts < 10 || taken.load(Ordering::Relaxed) < 30 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the sampler never ran"
+            );
             burst(20, Duration::from_micros(200));
             bursts += 1;
         }
@@ -307,7 +328,7 @@ fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
     let _g = lock();
     let all = cores();
     if all.len() < 2 {
-        eprintln!("skipped: needs two CPUs (one managed, one to move the culprit to)");
+        ginza_iokernel::testing::skip("needs two CPUs (one managed, one to move the culprit to)");
         return;
     }
     // One managed core; the other is where an evicted kthread goes.
@@ -433,20 +454,38 @@ fn sigkill_of_one_application_leaves_the_other_running() {
         app_stats(s, "victim").is_some_and(|a| a.cores_now >= 1)
     });
     let socket = d.socket.clone();
+    // Killed while the survivor is running (it has done a few rounds).
+    let rounds = Arc::new(AtomicU64::new(0));
+    let seen = Arc::clone(&rounds);
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(30));
+        let t0 = Instant::now();
+        while seen.load(Ordering::Relaxed) < 3 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the survivor never ran"
+            );
+            // Polling, not spinning: the survivor and the victim need
+            // both CPUs.
+            std::thread::sleep(Duration::from_micros(200));
+        }
         child.0.kill().unwrap(); // SIGKILL
         child.0.wait().unwrap()
     });
     let t = Instant::now();
     let done = ginza_runtime::run(d.app("survivor", Class::LatencyCritical, 0, 2), move || {
-        let mut rounds = 0;
-        while t.elapsed() < Duration::from_millis(150) {
+        // At least 150 ms of work, and on until iokerneld has removed the
+        // victim (10 s at most).
+        loop {
             burst(10, Duration::from_micros(50));
-            rounds += 1;
+            let n = rounds.fetch_add(1, Ordering::Relaxed) + 1;
+            if t.elapsed() >= Duration::from_millis(150) {
+                let st = client::stats(&socket).unwrap();
+                let gone = app_stats(&st, "victim").is_none();
+                if gone || t.elapsed() > Duration::from_secs(10) {
+                    break (n, gone);
+                }
+            }
         }
-        let st = client::stats(&socket).unwrap();
-        (rounds, app_stats(&st, "victim").is_none())
     })
     .unwrap();
     let status = killer.join().unwrap();

@@ -179,6 +179,7 @@ fn peer(port: u16) -> SocketAddrV4 {
 
 #[test]
 fn arp_request_is_answered_and_its_sender_learned() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let b = io.deliver(0, &frame(|b| tx::arp_request(b, &PEER, APP.ip)));
     assert_eq!(h.poll(0, 0), 1);
@@ -215,6 +216,7 @@ fn arp_request_is_answered_and_its_sender_learned() {
 
 #[test]
 fn icmp_echo_is_answered() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let b = io.deliver(0, &echo_request(0x1234, 7, b"ping payload"));
     assert_eq!(h.poll(0, 0), 1);
@@ -238,6 +240,7 @@ fn icmp_echo_is_answered() {
 
 #[test]
 fn udp_goes_to_the_socket_of_its_port_and_holds_its_buffer_until_read() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let s7 = h.bind(addr(7)).unwrap();
     let s8 = h.bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 8)).unwrap();
@@ -268,6 +271,7 @@ fn udp_goes_to_the_socket_of_its_port_and_holds_its_buffer_until_read() {
 
 #[test]
 fn a_full_socket_queue_drops_and_closing_returns_what_it_holds() {
+    let _g = share();
     let (h, mut io) = setup(
         1,
         NetConfig {
@@ -294,6 +298,7 @@ fn a_full_socket_queue_drops_and_closing_returns_what_it_holds() {
 
 #[test]
 fn malformed_frames_are_counted_by_reason_and_their_buffers_returned() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg());
     let _s = h.bind(addr(7)).unwrap();
     let good = udp_from_peer(1000, 7, b"payload!");
@@ -427,6 +432,7 @@ proptest::proptest! {
 
 #[test]
 fn sending_to_an_unknown_peer_asks_arp_and_sends_on_the_reply() {
+    let _g = share();
     let (h, mut io) = setup(2, cfg());
     let s = h.bind(addr(5000)).unwrap();
     assert_eq!(
@@ -478,6 +484,7 @@ fn sending_to_an_unknown_peer_asks_arp_and_sends_on_the_reply() {
 
 #[test]
 fn a_full_egress_ring_is_reported_not_overwritten() {
+    let _g = share();
     let (h, mut io) = setup(1, cfg().with_static_arp(PEER.ip, PEER.mac));
     let s = h.bind(addr(5000)).unwrap();
     for i in 0..8u8 {
@@ -513,6 +520,7 @@ fn a_full_egress_ring_is_reported_not_overwritten() {
 
 #[test]
 fn another_kthread_steals_packet_processing() {
+    let _g = share();
     let (h, mut io) = setup(2, cfg());
     let s = h.bind(addr(7)).unwrap();
     for i in 0..40u8 {
@@ -539,6 +547,7 @@ fn another_kthread_steals_packet_processing() {
 
 #[test]
 fn binding_errors_say_what_was_wrong() {
+    let _g = share();
     let (h, _io) = setup(1, cfg());
     let _a = h.bind(addr(7)).unwrap();
     let e = h.bind(addr(7)).err().unwrap();
@@ -578,7 +587,7 @@ fn binding_errors_say_what_was_wrong() {
 
 // ---- end to end ------------------------------------------------------------
 
-use common::{lock, Daemon};
+use common::{lock, share, Daemon};
 
 /// A latency-critical runtime with `net`, registered with `d`.
 fn net_app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig, guaranteed: u32) -> Config {
@@ -598,6 +607,7 @@ fn iface(last: u8) -> Interface {
 
 #[test]
 fn sockets_need_networking_and_a_runtime() {
+    let _g = share();
     let e = UdpSocket::bind(7u16).unwrap_err().to_string();
     assert!(e.contains("must be called from a Ginza uthread"), "{e}");
     let e = ginza_runtime::run(Config::default(), || {
@@ -614,8 +624,11 @@ fn sockets_need_networking_and_a_runtime() {
 /// A UDP echo server on port 7: `n` uthreads share the socket, each
 /// spinning for the request's service time before echoing. Returns when
 /// `stop` is set (checked at every read timeout).
-fn echo_server(n: usize, stop: Arc<AtomicBool>, served: Arc<AtomicU64>) {
+/// Echoes datagrams to port 7 on `n` uthreads until `stop`; sets `bound`
+/// once the socket is bound, so senders know their first datagram finds it.
+fn echo_server(n: usize, stop: Arc<AtomicBool>, served: Arc<AtomicU64>, bound: &AtomicBool) {
     let sock = Arc::new(UdpSocket::bind(7u16).unwrap());
+    bound.store(true, Ordering::Release);
     sock.set_read_timeout(Some(Duration::from_millis(5)))
         .unwrap();
     let hs: Vec<_> = (0..n)
@@ -668,24 +681,32 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let (s2, v2) = (Arc::clone(&stop), Arc::clone(&served));
+    let bound = Arc::new(AtomicBool::new(false));
+    let b2 = Arc::clone(&bound);
     let cfg = net_app(&d, "echo", 2, net, 0);
     let server = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
-            echo_server(4, s2, v2);
+            echo_server(4, s2, v2, &b2);
             Handle::current().unwrap().net_stats().unwrap()
         })
         .unwrap()
     });
-    // Wait until the socket is bound (the first request would be no-socket).
+    // Wait until the socket is bound (the first request would be no-socket)
+    // and the application has settled: both kthreads parked, start-up over,
+    // so the load meets an idle application, as it would in service.
+    wait_bound(&bound, "echo", &server);
     let t0 = Instant::now();
-    while !client::stats(&d.socket)
-        .map(|s| s.apps.iter().any(|a| a.name == "echo"))
-        .unwrap_or(false)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no registration");
-        std::thread::sleep(Duration::from_millis(1));
+    while !client::stats(&d.socket).is_ok_and(|s| {
+        s.apps
+            .iter()
+            .any(|a| a.name == "echo" && a.parked_kthreads == 2)
+    }) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "echo never went idle"
+        );
+        std::thread::sleep(Duration::from_micros(200));
     }
-    std::thread::sleep(Duration::from_millis(50));
     // One flow (one source port): every request hashes to one kthread's
     // ring. 20 µs of work per request at 10k/s, with bursts (Poisson),
     // keeps the ring's kthread busy at times while another is idle: that
@@ -729,29 +750,32 @@ fn start_server(
     served: &Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<ginza_runtime::net::NetStats> {
     let (s2, v2) = (Arc::clone(stop), Arc::clone(served));
+    let bound = Arc::new(AtomicBool::new(false));
+    let b2 = Arc::clone(&bound);
     let cfg = net_app(d, name, 2, NetConfig::new(me.mac, me.ip), guaranteed);
     let h = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
-            echo_server(2, s2, v2);
+            echo_server(2, s2, v2, &b2);
             ginza_runtime::net::stats().unwrap()
         })
         .unwrap()
     });
-    // Bound once registered (the first uthread binds at once); give it a
-    // moment so the first datagram finds the socket.
-    let t0 = Instant::now();
-    while !client::stats(&d.socket)
-        .map(|s| s.apps.iter().any(|a| a.name == name))
-        .unwrap_or(false)
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "{name} never registered"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(20));
+    // So the first datagram finds the socket.
+    wait_bound(&bound, name, &h);
     h
+}
+
+/// Waits until the echo server of application `name` has bound its socket
+/// (5 s at most, and not after its thread ended).
+fn wait_bound<T>(bound: &AtomicBool, name: &str, server: &std::thread::JoinHandle<T>) {
+    let t0 = Instant::now();
+    while !bound.load(Ordering::Acquire) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5) && !server.is_finished(),
+            "{name} never bound its socket"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 /// Ping-pong from a client socket to `server`:7 for `dur`; calls `tick`

@@ -1,9 +1,13 @@
 //! Mutex, Condvar and WaitGroup between uthreads on several kthreads.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use ginza_runtime::{run, spawn, yield_now, Condvar, Config, Mutex, WaitGroup};
+use ginza_runtime::{run, spawn, yield_now, Condvar, Config, Handle, Mutex, WaitGroup};
 
 #[test]
 fn contended_mutex_counter_is_exact_across_four_kthreads() {
@@ -42,6 +46,43 @@ fn contended_mutex_counter_is_exact_across_four_kthreads() {
         kthreads_seen >= 2,
         "work ran on only {kthreads_seen} kthread(s)"
     );
+}
+
+#[test]
+fn a_contended_lock_is_handed_to_the_uthread_waiting_for_it() {
+    // One kthread and no preemption: a uthread runs until it blocks or
+    // yields, so the interleaving below is forced, not hoped for.
+    let (handed_over, order) = run(Config::with_kthreads(1), || {
+        let m = Arc::new(Mutex::new(Vec::new()));
+        let trying = Arc::new(AtomicBool::new(false));
+        let mut g = m.lock();
+        let waiter = {
+            let (m, trying) = (m.clone(), trying.clone());
+            spawn(move || {
+                trying.store(true, Release);
+                m.lock().push("waiter");
+            })
+        };
+        // The waiter sets `trying` and goes straight into `lock`; this
+        // uthread runs again only once the waiter is suspended there.
+        while !trying.load(Acquire) {
+            yield_now();
+        }
+        g.push("holder");
+        drop(g);
+        // Unlocking with a waiter hands the lock over (it stays locked, now
+        // the waiter's): the waiting path was taken, and no barging.
+        let handed_over = m.try_lock().is_none();
+        waiter.join().unwrap();
+        let order = m.lock().clone();
+        (handed_over, order)
+    })
+    .unwrap();
+    assert!(
+        handed_over,
+        "the lock was free after unlocking with a waiter"
+    );
+    assert_eq!(order, ["holder", "waiter"]);
 }
 
 #[test]
@@ -103,14 +144,22 @@ fn mutex_works_from_an_ordinary_thread_too() {
     let m = Arc::new(Mutex::new(1));
     let m2 = m.clone();
     let v = run(Config::with_kthreads(1), move || {
+        // An ordinary thread finds the lock held by a uthread: `try_lock`
+        // fails (the uthread lets go only after the thread has seen that),
+        // then `lock` gets it once the uthread lets go.
         let g = m2.lock();
+        let refused = Arc::new(AtomicBool::new(false));
         let outside = {
-            let m3 = m2.clone();
+            let (m3, refused) = (m2.clone(), refused.clone());
             std::thread::spawn(move || {
+                assert!(m3.try_lock().is_none(), "the uthread holds the lock");
+                refused.store(true, Release);
                 *m3.lock() += 10;
             })
         };
-        ginza_runtime::sleep(std::time::Duration::from_millis(2));
+        while !refused.load(Acquire) {
+            yield_now();
+        }
         drop(g);
         outside.join().unwrap();
         let v = *m2.lock();
@@ -119,4 +168,44 @@ fn mutex_works_from_an_ordinary_thread_too() {
     .unwrap();
     assert_eq!(v, 11);
     assert_eq!(*m.lock(), 11);
+}
+
+#[test]
+fn a_uthread_waits_for_a_lock_an_ordinary_thread_holds() {
+    // The only uthread blocks on a lock an ordinary thread holds: its
+    // kthread, with nothing else to run, parks. The thread sees that park
+    // (so the uthread is known to be waiting, suspended, not spinning), then
+    // unlocks: the wake comes from outside the runtime.
+    let m = Arc::new(Mutex::new(0u32));
+    let held = m.lock();
+    let handle_tx = std::sync::mpsc::channel::<(Handle, u64)>();
+    let (tx, rx) = handle_tx;
+    let m2 = m.clone();
+    let locker = std::thread::spawn(move || {
+        run(Config::with_kthreads(1), move || {
+            let h = Handle::current().unwrap();
+            // Parks so far; the kthread parks again only once this uthread
+            // is suspended in `lock` (nothing else runs here).
+            let parks = h.stats()[0].parks;
+            tx.send((h, parks)).unwrap();
+            let mut g = m2.lock();
+            *g += 1;
+            *g
+        })
+        .unwrap()
+    });
+    let (h, parks_before) = rx.recv().unwrap();
+    let t0 = Instant::now();
+    while h.stats()[0].parks == parks_before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10) && !locker.is_finished(),
+            "the kthread never parked: {:?}",
+            h.stats()
+        );
+        std::thread::yield_now();
+    }
+    let mut held = held;
+    *held = 10;
+    drop(held);
+    assert_eq!(locker.join().unwrap(), 11);
 }

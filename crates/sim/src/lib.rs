@@ -4,6 +4,7 @@
 //! Simulated time is a `u64` in picoseconds (`PS_PER_US` per µs), so
 //! sub-nanosecond service times stay exact enough and the policy crate gets
 //! integer time as it does in iokerneld.
+#![forbid(unsafe_code)]
 
 pub mod allocsim;
 pub mod cli;

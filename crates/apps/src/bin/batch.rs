@@ -1,6 +1,7 @@
 //! `batch`: Monte Carlo pricing on every kthread; prints paths per second
 //! each second and the price at the end. Standalone, or under iokerneld as
 //! a batch application with `--iokernel`.
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! `spin-server`: registers with iokerneld with its own MAC and IP and
 //! answers UDP requests that carry their service time (see
 //! `ginza_apps::spin_server`). Stops on SIGINT/SIGTERM or after `--run-for`.
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;

@@ -86,6 +86,21 @@ impl Daemon {
         }
     }
 
+    /// Waits until iokerneld has run `n` more allocation passes than when
+    /// asked, and returns its stats then. Its loop answers the stats request,
+    /// then polls the dataplane and runs a pass, one after the other on one
+    /// thread: whatever the test did before calling this has been through
+    /// at least `n - 1` whole iterations (packets steered, commands read,
+    /// allocation decided). So "nothing happened" is checked after counted
+    /// passes, not after a guessed sleep.
+    #[allow(dead_code)] // not every test binary needs it
+    pub fn wait_passes(&self, n: u64) -> StatsReport {
+        let from = self.stats().passes;
+        self.wait_for(&format!("{n} allocation passes after pass {from}"), |s| {
+            s.passes >= from + n
+        })
+    }
+
     /// Stops iokerneld; its final stats.
     #[allow(dead_code)] // not every test binary needs it
     pub fn finish(mut self) -> StatsReport {

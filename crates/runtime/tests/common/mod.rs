@@ -1,22 +1,32 @@
 //! What several test binaries share: an in-process iokerneld (tests that
 //! start one hold `lock()`: its loop spins while anything holds a core)
-//! and child applications.
+//! and child applications. Tests that run a standalone runtime only hold
+//! `share()`: they may run beside each other, never beside a `lock()` test,
+//! whose load and timing checks need the CPUs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_proto::{client, StatsReport};
 use ginza_runtime::{Class, Config, IokernelConfig};
 
-static LOCK: Mutex<()> = Mutex::new(());
+static LOCK: RwLock<()> = RwLock::new(());
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-pub fn lock() -> MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// For a test that starts iokerneld: it runs alone.
+pub fn lock() -> RwLockWriteGuard<'static, ()> {
+    LOCK.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// For a test with a standalone runtime only: it runs beside other such
+/// tests, never beside one holding [`lock`].
+#[allow(dead_code)] // not every test binary needs it
+pub fn share() -> RwLockReadGuard<'static, ()> {
+    LOCK.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Up to two CPUs this process may use: the managed cores.

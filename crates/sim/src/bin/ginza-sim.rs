@@ -1,5 +1,6 @@
 //! Stand-alone `ginza-sim` (the same as `ginza sim`), handy while the rest
 //! of the workspace is being built.
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 

@@ -366,7 +366,9 @@ mod tests {
             samples: 3,
             core: *allowed.last().unwrap(),
         };
-        let report = measure(params, &[System::Ginza, System::Go], allowed.len());
+        // Go is left out (it builds and runs a Go program); Ginza, pthreads
+        // and Tokio are measured, with counts small enough for a debug build.
+        let report = measure(params, &[System::Go], allowed.len());
         let v: serde_json::Value = serde_json::to_value(&report).unwrap();
         let top = v.as_object().unwrap();
         let mut keys: Vec<&str> = top.keys().map(String::as_str).collect();
@@ -384,13 +386,13 @@ mod tests {
             let mut systems: Vec<&str> = row.keys().map(String::as_str).collect();
             systems.sort_unstable();
             assert_eq!(systems, ["ginza", "go", "pthread", "tokio"], "{name}");
-            assert!(row["ginza"].is_null(), "{name}: skipped → null");
             assert!(row["go"].is_null(), "{name}: skipped → null");
-            for s in ["pthread", "tokio"] {
+            for s in ["ginza", "pthread", "tokio"] {
                 let ns = row[s]
                     .as_f64()
-                    .unwrap_or_else(|| panic!("{name}.{s} is a number"));
-                assert!(ns.is_finite() && ns >= 0.0, "{name}.{s} = {ns}");
+                    .unwrap_or_else(|| panic!("{name}.{s} is {}, not a number", row[s]));
+                // Every operation takes time: a zero would mean nothing ran.
+                assert!(ns.is_finite() && ns > 0.0, "{name}.{s} = {ns}");
             }
         }
         // The serialized text parses back as one object.
