@@ -150,13 +150,15 @@ pub fn recv_with_fds(
     }
     // The control buffer is rounded up for alignment, so it may hold more
     // than asked for; the limit is `max_fds` all the same.
+    // A message with no bytes is still a message if it carried descriptors.
+    let closed = msg.bytes == 0 && fds.is_empty();
     let fds_truncated = msg.flags.contains(ReturnFlags::CTRUNC) || fds.len() > max_fds;
     fds.truncate(max_fds);
     Ok(Some(Received {
         len: msg.bytes.min(buf.len()),
         truncated: msg.flags.contains(ReturnFlags::TRUNC),
         fds_truncated,
-        closed: msg.bytes == 0 && fds.is_empty(),
+        closed,
         fds,
     }))
 }
