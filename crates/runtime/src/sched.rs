@@ -47,6 +47,9 @@ pub(crate) struct UThread {
     stack: UnsafeCell<Option<Stack>>,
     entry: UnsafeCell<Option<Entry>>,
     rt: *const Shared,
+    /// Worker mode: the identity the dispatcher gave this context (0: none
+    /// yet). Unlike the address, never reused.
+    serial: AtomicU64,
 }
 
 impl UThread {
@@ -65,6 +68,7 @@ impl UThread {
             // Exited uthreads are cached with sp null (not started), their
             // count at 1, no entry, and their stack kept.
             *u.entry.get_mut() = Some(entry);
+            *u.serial.get_mut() = 0;
             return URef(NonNull::from(Box::leak(u)));
         }
         let u = Box::new(UThread {
@@ -75,6 +79,7 @@ impl UThread {
             stack: UnsafeCell::new(None),
             entry: UnsafeCell::new(Some(entry)),
             rt,
+            serial: AtomicU64::new(0),
         });
         URef(NonNull::from(Box::leak(u)))
     }
@@ -88,6 +93,7 @@ impl UThread {
             stack: UnsafeCell::new(None),
             entry: UnsafeCell::new(None),
             rt,
+            serial: AtomicU64::new(0),
         }
     }
 }
@@ -121,9 +127,17 @@ impl URef {
         unsafe { (*self.ptr()).sp.get().read().is_null() }
     }
 
-    /// The uthread's address, as a key while it is alive.
-    pub(crate) fn addr(self) -> usize {
-        self.0.as_ptr() as usize
+    /// The identity the Shinjuku dispatcher gave it (0: none yet).
+    pub(crate) fn serial(self) -> u64 {
+        // SAFETY: a URef names a live uthread; the field is atomic.
+        unsafe { (*self.ptr()).serial.load(Relaxed) }
+    }
+
+    /// Gives it an identity (the Shinjuku dispatcher, before it first runs
+    /// the context: the assignment publishes the store).
+    pub(crate) fn set_serial(self, serial: u64) {
+        // SAFETY: as in `serial`.
+        unsafe { (*self.ptr()).serial.store(serial, Relaxed) }
     }
 }
 
@@ -332,6 +346,10 @@ pub(crate) struct Shared {
     pub(crate) link: Option<Link>,
     /// iokerneld went away: the kthreads run standalone from then on.
     pub(crate) link_lost: AtomicBool,
+    /// Test hook (worker mode): timers fire only at a worker's periodic
+    /// check in its switch path, neither in the dispatcher nor in an idle
+    /// worker (see `shinjuku::testing`).
+    pub(crate) timers_only_at_switch_checks: AtomicBool,
 }
 
 impl Shared {
@@ -417,6 +435,7 @@ impl Shared {
                 self_ref: weak.clone(),
                 link,
                 link_lost: AtomicBool::new(false),
+                timers_only_at_switch_checks: AtomicBool::new(false),
             }
         }))
     }
@@ -772,11 +791,21 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
     // Do not let a busy runqueue starve this kthread's timers.
     let tick = k.tick.get().wrapping_add(1);
     k.tick.set(tick);
+    if k.mode == Mode::Worker {
+        // Only the dispatcher decides what a worker runs: a request whose
+        // sleep is over goes back to it, never onto this worker's runqueue.
+        // Run from here it would stop behind the dispatcher's back, which
+        // then waits for it forever (docs/runtime.md, Shinjuku mode).
+        if tick.is_multiple_of(32) {
+            fire_timers_to_dispatcher(k);
+        }
+        return k.sched_ptr();
+    }
     if tick.is_multiple_of(32) {
         // SAFETY: owner kthread.
         unsafe { fire_timers_locally(k, k) };
         // Nor its packets (a kthread that never runs dry would not poll).
-        if k.io.is_some() && k.mode == Mode::Shenango {
+        if k.io.is_some() {
             // SAFETY: owner kthread, preemption deferred.
             unsafe { poll_net(k, k) };
         }
@@ -1388,7 +1417,9 @@ fn wait_for_assignment(k: &KThread) -> Option<URef> {
         if rt.shutdown.load(Acquire) {
             return None;
         }
-        fire_timers_to_dispatcher(k);
+        if !rt.timers_only_at_switch_checks.load(Relaxed) {
+            fire_timers_to_dispatcher(k);
+        }
         let since = *idle_since.get_or_insert_with(Instant::now);
         if since.elapsed() < rt.spin {
             std::hint::spin_loop();
@@ -1420,6 +1451,14 @@ pub(crate) fn assign(k: &KThread, u: URef) {
     fence(SeqCst);
     if k.state.load(SeqCst) == PARKED {
         eventfd_signal(k);
+    }
+}
+
+/// Test hook: the calling kthread's next pass through `pick_next` takes
+/// its periodic check (timers, packets). Called with preemption deferred.
+pub(crate) fn check_timers_at_next_switch() {
+    if let Some(k) = current_kthread_ref() {
+        k.tick.set(31);
     }
 }
 

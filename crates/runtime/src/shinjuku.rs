@@ -354,8 +354,11 @@ where
     let rt_ptr = Arc::as_ptr(rt);
     let mut queues: Dispatcher<InFlight<Resp>> = Dispatcher::new(config.policy.clone());
     let mut running: Vec<Option<Running<Resp>>> = (0..rt.kthreads.len()).map(|_| None).collect();
-    let mut blocked: HashMap<usize, Request<InFlight<Resp>>> = HashMap::new();
-    let mut woken_early: HashSet<usize> = HashSet::new();
+    // Keyed by the serial the dispatcher gives each context, not by its
+    // address: a finished request's address is reused by the next one.
+    let mut blocked: HashMap<u64, Request<InFlight<Resp>>> = HashMap::new();
+    let mut woken_early: HashSet<u64> = HashSet::new();
+    let mut next_serial = 1u64;
     let mut completions = Vec::new();
     let mut next_id = 0u64;
     let mut signals_sent = 0u64;
@@ -380,6 +383,8 @@ where
             let h = Arc::clone(&handler);
             let payload = arrival.payload;
             let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
+            uthread.set_serial(next_serial);
+            next_serial += 1;
             let request = Request {
                 id: next_id,
                 class: arrival.class,
@@ -396,14 +401,19 @@ where
         }
 
         // Requests that blocked and are runnable again (woken, or their sleep ended).
-        for k in rt.kthreads.iter() {
-            sched::fire_timers_to_dispatcher(k);
+        if !rt.timers_only_at_switch_checks.load(Relaxed) {
+            for k in rt.kthreads.iter() {
+                sched::fire_timers_to_dispatcher(k);
+            }
         }
         while let Steal::Success(u) = rt.injector.steal() {
-            let key = u.addr();
+            let key = u.serial();
             if let Some(request) = blocked.remove(&key) {
                 queues.enqueue(request, now);
             } else if u.never_ran() {
+                debug_assert_eq!(key, 0, "a spawned uthread seen twice before it ran");
+                u.set_serial(next_serial);
+                next_serial += 1;
                 // Spawned by a request: scheduled like one, in class 0.
                 let spawned = Request {
                     id: u64::MAX,
@@ -464,7 +474,7 @@ where
                     queues.requeue_preempted(request, now);
                 }
                 REPORT_BLOCKED => {
-                    let key = request.payload.uthread.addr();
+                    let key = request.payload.uthread.serial();
                     if woken_early.remove(&key) {
                         queues.enqueue(request, now);
                     } else {
@@ -568,5 +578,32 @@ where
                 std::hint::spin_loop();
             }
         }
+    }
+}
+
+/// Test hooks that force interleavings the dispatcher otherwise wins by
+/// speed (for regression tests). Not a stable API.
+#[doc(hidden)]
+pub mod testing {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use crate::preempt;
+    use crate::sched;
+
+    /// From now on, the timers of the calling request's runtime fire only
+    /// at a worker's periodic check in its switch path (every 32nd pass),
+    /// neither in the dispatcher nor in an idle worker. A no-op outside a
+    /// runtime.
+    pub fn fire_timers_only_at_switch_checks() {
+        if let Some(rt) = sched::current_shared() {
+            rt.timers_only_at_switch_checks.store(true, Relaxed);
+        }
+    }
+
+    /// The calling worker's next pass through its switch path (the request
+    /// blocks, yields or returns) takes the periodic check.
+    pub fn check_timers_at_next_switch() {
+        let _deferred = preempt::Guard::new();
+        sched::check_timers_at_next_switch();
     }
 }
