@@ -116,8 +116,13 @@ pub(crate) struct URef(NonNull<UThread>);
 unsafe impl Send for URef {}
 
 impl URef {
-    fn ptr(self) -> *mut UThread {
+    pub(crate) fn ptr(self) -> *mut UThread {
         self.0.as_ptr()
+    }
+
+    /// The handle to a uthread a mailbox carried as a pointer.
+    pub(crate) fn from_nonnull(u: NonNull<UThread>) -> URef {
+        URef(u)
     }
 
     /// Whether it has never run (freshly spawned). Only for a uthread that
@@ -157,10 +162,12 @@ pub(crate) struct KStats {
     pub(crate) revocations: AtomicU64,
     /// Cores granted by iokerneld.
     pub(crate) grants: AtomicU64,
+    /// Worker mode: preemptions taken at preemption points (cooperative).
+    pub(crate) coop_preemptions: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere).
-fn bump(counter: &AtomicU64) {
+pub(crate) fn bump(counter: &AtomicU64) {
     counter.store(counter.load(Relaxed) + 1, Relaxed);
 }
 
@@ -174,43 +181,15 @@ pub(crate) enum Mode {
     Worker,
 }
 
-/// Dispatcher → worker half of a Shinjuku mailbox (its own cache line).
-#[derive(Default)]
-pub(crate) struct ToWorker {
-    /// The request context to run next (null: none).
-    pub(crate) assigned: std::sync::atomic::AtomicPtr<UThread>,
-    /// Cooperative preemption request, polled at preemption points. In
-    /// Shenango mode, set together with a revocation.
-    pub(crate) preempt: AtomicBool,
-}
-
-/// Worker → dispatcher half of a Shinjuku mailbox.
-#[derive(Default)]
-pub(crate) struct FromWorker {
-    /// One of the `REPORT_*` values; the dispatcher resets it to NONE.
-    pub(crate) report: AtomicU8,
-    /// When the reported request stopped running (ns since the epoch).
-    pub(crate) report_ns: AtomicU64,
-    /// When the worker switched into its current request (ns since the
-    /// epoch; 0 while it runs none): quanta count from here, not from the
-    /// assignment, so a worker's wake-up does not eat its request's quantum.
-    pub(crate) started_ns: AtomicU64,
-    /// Preemptions taken at preemption points (cooperative).
-    pub(crate) coop_preemptions: AtomicU64,
-}
-
-pub(crate) const REPORT_NONE: u8 = 0;
-pub(crate) const REPORT_COMPLETED: u8 = 1;
-pub(crate) const REPORT_PREEMPTED: u8 = 2;
-pub(crate) const REPORT_BLOCKED: u8 = 3;
-
 pub(crate) struct KThread {
     pub(crate) id: usize,
     mode: Mode,
-    pub(crate) to_worker: CachePadded<ToWorker>,
-    pub(crate) from_worker: CachePadded<FromWorker>,
+    /// Cooperative preemption request, polled at preemption points (its own
+    /// cache line: the Shinjuku dispatcher writes it while the kthread
+    /// polls). Set when a quantum is spent, and with a revocation.
+    pub(crate) preempt_flag: CachePadded<AtomicBool>,
     /// Worker mode: the request context that just yielded back.
-    yielded: Cell<*mut UThread>,
+    pub(crate) yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
     siblings: Vec<usize>,
     rt: *const Shared,
@@ -265,7 +244,7 @@ impl KThread {
         &self.sched as *const UThread as *mut UThread
     }
 
-    fn rt(&self) -> &Shared {
+    pub(crate) fn rt(&self) -> &Shared {
         // SAFETY: the Shared outlives its kthreads (run() joins them before dropping it).
         unsafe { &*self.rt }
     }
@@ -339,7 +318,7 @@ pub(crate) struct Shared {
     pub(crate) shutdown: AtomicBool,
     epoch: Instant,
     stack_size: usize,
-    spin: Duration,
+    pub(crate) spin: Duration,
     wake_cursor: AtomicUsize,
     self_ref: Weak<Shared>,
     /// Registration with iokerneld (None: standalone).
@@ -393,8 +372,7 @@ impl Shared {
                     KThread {
                         id,
                         mode,
-                        to_worker: CachePadded::new(ToWorker::default()),
-                        from_worker: CachePadded::new(FromWorker::default()),
+                        preempt_flag: CachePadded::new(AtomicBool::new(false)),
                         yielded: Cell::new(null_mut()),
                         core,
                         siblings: plan.siblings[id].clone(),
@@ -997,7 +975,7 @@ unsafe fn requeue_and_leave(k: &KThread, cur: *mut UThread) {
 pub fn preempt_point() {
     let k = current_kthread();
     // SAFETY: a non-null kthread of this thread; reading an atomic flag.
-    if !k.is_null() && unsafe { &*k }.to_worker.preempt.load(Relaxed) {
+    if !k.is_null() && unsafe { &*k }.preempt_flag.load(Relaxed) {
         preempt_point_slow();
     }
 }
@@ -1011,7 +989,7 @@ fn preempt_point_slow() {
     }
     if let Some(k) = current_kthread_ref() {
         if k.mode == Mode::Worker {
-            bump(&k.from_worker.coop_preemptions);
+            bump(&k.stats.coop_preemptions);
         }
     }
     yield_now();
@@ -1228,7 +1206,7 @@ pub(crate) fn preempt_from_signal() {
     if state.is_null() {
         return;
     }
-    if k.mode == Mode::Worker && !k.to_worker.preempt.load(Relaxed) {
+    if k.mode == Mode::Worker && !k.preempt_flag.load(Relaxed) {
         // A late signal for a request that has finished meanwhile.
         return;
     }
@@ -1299,7 +1277,7 @@ pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
 
 // ---- the kthread's own loop -------------------------------------------------------
 
-pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
+pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: Option<KthreadBody>) {
     let k = &rt.kthreads[id];
     // Under iokerneld the grant sets the affinity.
     if !rt.managed() {
@@ -1330,12 +1308,10 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
         wait_for_grant(k, io);
     }
 
-    // SAFETY: this is kthread `k`'s own thread.
-    unsafe {
-        match k.mode {
-            Mode::Shenango => scheduler_loop(k),
-            Mode::Worker => worker_loop(k),
-        }
+    match body {
+        Some(body) => body(k),
+        // SAFETY: this is kthread `k`'s own thread.
+        None => unsafe { scheduler_loop(k) },
     }
 
     preempt::set_current_state(null());
@@ -1353,7 +1329,7 @@ unsafe fn scheduler_loop(k: &KThread) {
         }
         k.sched.preempt.pending.store(false, Relaxed);
         if !k.revoke_requested.load(Acquire) {
-            k.to_worker.preempt.store(false, Relaxed);
+            k.preempt_flag.store(false, Relaxed);
         }
         if k.revoke_requested.load(Acquire) {
             park_revoked(k);
@@ -1376,82 +1352,72 @@ unsafe fn scheduler_loop(k: &KThread) {
     }
 }
 
-/// Shinjuku worker: runs the request contexts the dispatcher assigns, one at
-/// a time, and reports how each one stopped.
+/// What a worker kthread runs instead of the Shenango scheduler loop (the
+/// Shinjuku worker loop, `shinjuku::worker`), in its scheduler context.
+pub(crate) type KthreadBody = Arc<dyn Fn(&KThread) + Send + Sync>;
+
+/// How a request context gave its worker back.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Stopped {
+    /// It returned (and is freed).
+    Exited,
+    /// It yielded: preempted, cooperatively or by the signal.
+    Yielded,
+    /// It waits on a wait queue or a timer; its waker hands it to the
+    /// dispatcher.
+    Blocked,
+}
+
+/// Worker mode: runs `u`, which the dispatcher handed to `k` alone, until
+/// it gives the worker back.
 ///
 /// # Safety
 /// Runs on kthread `k`'s own thread, in its scheduler context.
-unsafe fn worker_loop(k: &KThread) {
-    let rt = k.rt();
-    while let Some(u) = wait_for_assignment(k) {
-        let u = u.ptr();
-        k.yielded.set(null_mut());
-        k.from_worker.started_ns.store(rt.now_ns().max(1), Relaxed);
-        // SAFETY: the dispatcher handed `u` to us alone; we are in the scheduler context.
-        unsafe { switch_to(k, k.sched_ptr(), u) };
-        let completed = k.exited.get() == u;
-        finish_switch(); // frees `u` if it completed
-        let report = if completed {
-            REPORT_COMPLETED
-        } else if k.yielded.replace(null_mut()) == u {
-            REPORT_PREEMPTED
-        } else {
-            REPORT_BLOCKED // on a wait queue; a waker sends it to the dispatcher
-        };
-        k.from_worker.started_ns.store(0, Relaxed);
-        k.from_worker.report_ns.store(rt.now_ns(), Relaxed);
-        k.from_worker.report.store(report, Release);
+pub(crate) unsafe fn run_on_worker(k: &KThread, u: URef) -> Stopped {
+    let u = u.ptr();
+    k.yielded.set(null_mut());
+    // SAFETY: the dispatcher handed `u` to us alone; we are in the
+    // scheduler context (caller's contract).
+    unsafe { switch_to(k, k.sched_ptr(), u) };
+    let exited = k.exited.get() == u;
+    finish_switch(); // frees `u` if it exited
+    if exited {
+        Stopped::Exited
+    } else if k.yielded.replace(null_mut()) == u {
+        Stopped::Yielded
+    } else {
+        Stopped::Blocked
     }
 }
 
-/// Spins for the next assignment, then parks on the eventfd (the dispatcher
-/// signals it after assigning to a parked worker). None at shutdown.
-fn wait_for_assignment(k: &KThread) -> Option<URef> {
-    let rt = k.rt();
-    let mut idle_since: Option<Instant> = None;
-    loop {
-        let u = k.to_worker.assigned.swap(null_mut(), Acquire);
-        if let Some(u) = NonNull::new(u) {
-            return Some(URef(u));
-        }
-        if rt.shutdown.load(Acquire) {
-            return None;
-        }
-        if !rt.timers_only_at_switch_checks.load(Relaxed) {
-            fire_timers_to_dispatcher(k);
-        }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < rt.spin {
-            std::hint::spin_loop();
-            continue;
-        }
-        k.state.store(PARKED, SeqCst);
-        fence(SeqCst);
-        if k.to_worker.assigned.load(SeqCst).is_null() && !rt.shutdown.load(SeqCst) {
-            bump(&k.stats.parks);
-            eventfd_wait(k, k.next_deadline.load(Acquire));
-        }
-        k.state.store(RUNNING, SeqCst);
-        idle_since = None;
+/// Worker mode: blocks the idle kthread `k` on its eventfd, unless
+/// `still_idle` says otherwise once `k` is marked parked, until
+/// [`wake_if_parked`] or its next timer.
+pub(crate) fn park_worker(k: &KThread, still_idle: impl Fn() -> bool) {
+    k.state.store(PARKED, SeqCst);
+    fence(SeqCst);
+    if still_idle() && !k.rt().shutdown.load(SeqCst) {
+        bump(&k.stats.parks);
+        eventfd_wait(k, k.next_deadline.load(Acquire));
+    }
+    k.state.store(RUNNING, SeqCst);
+}
+
+/// Worker mode: wakes `k` if it is parked; the caller has just published
+/// work for it (the SeqCst fence pairs with the one in [`park_worker`]).
+pub(crate) fn wake_if_parked(k: &KThread) {
+    fence(SeqCst);
+    if k.state.load(SeqCst) == PARKED {
+        eventfd_signal(k);
     }
 }
 
 /// Worker mode: request contexts whose sleep on worker `k` is over go back
 /// to the dispatcher. Called by the idle worker and by the dispatcher (a
-/// busy worker cannot).
+/// busy worker cannot), and every 32nd pass through a worker's `pick_next`.
 pub(crate) fn fire_timers_to_dispatcher(k: &KThread) {
     let rt = k.rt();
     fire_timers(k, |u| rt.injector.push(u));
-}
-
-/// Hands `u` to worker `k` (dispatcher side); wakes the worker if parked.
-pub(crate) fn assign(k: &KThread, u: URef) {
-    k.to_worker.preempt.store(false, Relaxed);
-    k.to_worker.assigned.store(u.ptr(), Release);
-    fence(SeqCst);
-    if k.state.load(SeqCst) == PARKED {
-        eventfd_signal(k);
-    }
 }
 
 /// Test hook: the calling kthread's next pass through `pick_next` takes
@@ -1752,7 +1718,7 @@ fn wait_for_grant(k: &KThread, io: &KLink) {
 pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(true, SeqCst);
-    k.to_worker.preempt.store(true, SeqCst);
+    k.preempt_flag.store(true, SeqCst);
     let tid = k.tid.load(SeqCst);
     if tid != 0 {
         crate::signals::send_preempt(tid)?;
@@ -1763,7 +1729,7 @@ pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
 pub(crate) fn grant(rt: &Shared, id: usize) {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(false, SeqCst);
-    k.to_worker.preempt.store(false, SeqCst);
+    k.preempt_flag.store(false, SeqCst);
     eventfd_signal(k);
 }
 

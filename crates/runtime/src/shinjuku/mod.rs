@@ -16,7 +16,7 @@
 //! both.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,10 +26,11 @@ use ginza_policy::sched::{Dispatcher, Request};
 
 use crate::config::{pin_current_thread, Config};
 use crate::error::{ConfigError, JoinError, RuntimeError};
-use crate::sched::{
-    self, Shared, URef, REPORT_BLOCKED, REPORT_COMPLETED, REPORT_NONE, REPORT_PREEMPTED,
-};
+use crate::sched::{self, KThread, KthreadBody, Shared, URef};
 use crate::task::{unqueued, JoinHandle};
+use worker::{Mailbox, Report};
+
+mod worker;
 
 /// How the dispatcher preempts a request whose quantum is spent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,7 +280,20 @@ where
             .into());
         }
     }
-    let started_workers = crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None)?;
+    let mailboxes: Arc<[Mailbox]> = (0..plan.cores.len()).map(|_| Mailbox::default()).collect();
+    let worker_body: KthreadBody = {
+        let mailboxes = Arc::clone(&mailboxes);
+        // SAFETY: kthreads run their body on their own thread, in their
+        // scheduler context.
+        Arc::new(move |k: &KThread| unsafe { worker::run(k, &mailboxes[k.id]) })
+    };
+    let started_workers = crate::runtime::start(
+        &plan,
+        sched::Mode::Worker,
+        "ginza-w",
+        None,
+        Some(worker_body),
+    )?;
     let rt = Arc::clone(&started_workers.rt);
     let handler = Arc::new(handler);
     let started = Instant::now();
@@ -294,7 +308,7 @@ where
                         log::warn!("dispatcher: cannot pin to core {core}: {e}");
                     }
                 }
-                dispatch(rt, config, n_classes, &mut source, handler)
+                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler)
             })
             .map_err(|e| RuntimeError::Start(format!("cannot start the dispatcher: {e}")))?
             .join()
@@ -308,7 +322,7 @@ where
         coop_preemptions: rt
             .kthreads
             .iter()
-            .map(|k| k.from_worker.coop_preemptions.load(Relaxed))
+            .map(|k| k.stats.coop_preemptions.load(Relaxed))
             .sum(),
         signal_preemptions: rt
             .kthreads
@@ -340,6 +354,7 @@ fn clock_overhead_ns() -> u64 {
 /// The dispatcher's loop: arrivals in, decisions out, no application code.
 fn dispatch<Req, Resp, S, H>(
     rt: &Arc<Shared>,
+    mailboxes: &[Mailbox],
     config: &ShinjukuConfig,
     n_classes: usize,
     source: &mut S,
@@ -433,19 +448,16 @@ where
             progress = true;
         }
 
-        for (w, k) in rt.kthreads.iter().enumerate() {
-            let report = k.from_worker.report.load(Acquire);
-            if report == REPORT_NONE {
+        for (w, mailbox) in mailboxes.iter().enumerate() {
+            let Some((report, finished_at)) = mailbox.take_report() else {
                 continue;
-            }
-            let finished_at = k.from_worker.report_ns.load(Relaxed);
-            k.from_worker.report.store(REPORT_NONE, Relaxed);
+            };
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
             let mut request = run.request;
             match report {
-                REPORT_COMPLETED => {
+                Report::Completed => {
                     let InFlight {
                         handle,
                         preemptions,
@@ -462,7 +474,7 @@ where
                         });
                     }
                 }
-                REPORT_PREEMPTED => {
+                Report::Preempted => {
                     if config.record_preemptions {
                         samples.push(PreemptionSample {
                             by_signal: run.signaled_at.is_some(),
@@ -473,18 +485,13 @@ where
                     request.payload.preemptions += 1;
                     queues.requeue_preempted(request, now);
                 }
-                REPORT_BLOCKED => {
+                Report::Blocked => {
                     let key = request.payload.uthread.serial();
                     if woken_early.remove(&key) {
                         queues.enqueue(request, now);
                     } else {
                         blocked.insert(key, request);
                     }
-                }
-                other => {
-                    return Err(RuntimeError::Start(format!(
-                        "worker {w} sent unknown report {other}"
-                    )))
                 }
             }
             progress = true;
@@ -493,9 +500,7 @@ where
         for (w, slot) in running.iter_mut().enumerate() {
             let Some(run) = slot else { continue };
             let k = &rt.kthreads[w];
-            // Reset by the worker before its report, which we consumed
-            // before assigning: non-zero means this assignment has started.
-            let started = k.from_worker.started_ns.load(Relaxed);
+            let started = mailboxes[w].started_ns();
             if started == 0 || !queues.should_preempt(started, now) {
                 continue;
             }
@@ -523,7 +528,7 @@ where
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
                 if !run.flagged {
-                    k.to_worker.preempt.store(true, Release);
+                    k.preempt_flag.store(true, Release);
                     run.flagged = true;
                     run.flagged_at = now;
                 }
@@ -548,7 +553,7 @@ where
             let Some(request) = queues.next_for_idle_worker(now) else {
                 break;
             };
-            sched::assign(&rt.kthreads[w], request.payload.uthread);
+            mailboxes[w].assign(&rt.kthreads[w], request.payload.uthread);
             *slot = Some(Running {
                 request,
                 ask_ns: 0,
