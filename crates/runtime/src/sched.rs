@@ -17,6 +17,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
@@ -32,7 +33,7 @@ use crossbeam_utils::CachePadded;
 use crate::arch;
 use crate::config::Plan;
 use crate::iokernel::{IokernelConfig, KLink, Link};
-use crate::net::{KNet, Stack as NetStack};
+use crate::net::{KNet, Stack as NetStack, TxSide};
 use crate::preempt::{self, PreemptState};
 use crate::stack::Stack;
 use crate::sync::spinlock::SpinLock;
@@ -56,14 +57,12 @@ impl UThread {
     /// A new uthread, recycled (with its stack) from the calling kthread's
     /// cache when there is one.
     fn new_boxed(rt: *const Shared, entry: Entry) -> URef {
-        let p = preempt::disable();
-        let k = current_kthread();
-        // SAFETY: a non-null kthread of this thread, stable while deferred;
-        // its cache is owner-only.
-        let recycled = (!k.is_null() && unsafe { (*k).rt } == rt)
-            .then(|| unsafe { (*(*k).free_uthreads.get()).pop() })
-            .flatten();
-        preempt::enable(p);
+        let recycled = {
+            let deferred = preempt::Guard::new();
+            Owner::current(&deferred)
+                .filter(|owner| owner.rt == rt)
+                .and_then(|owner| owner.take_cached_uthread())
+        };
         if let Some(mut u) = recycled {
             // Exited uthreads are cached with sp null (not started), their
             // count at 1, no entry, and their stack kept.
@@ -227,15 +226,156 @@ unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
 unsafe impl Send for KThread {}
 
-impl KThread {
+// ---- the owner token ---------------------------------------------------------
+
+/// Proof that the code holding it runs on kthread `k`'s own thread, in a
+/// context that stays on `k` while the token lives: it may use `k`'s
+/// owner-only state (the push/pop end of its runqueue, its uthread cache,
+/// its command rings to iokerneld, the transmit side of its packet rings)
+/// without locks. There are two kinds:
+/// * the scheduler context's, made once per kthread in [`kthread_main`] and
+///   lent to the scheduler (or worker) loop: that context never leaves its
+///   pthread;
+/// * a uthread's, made by [`Owner::current`] and tied to the deferral guard
+///   that keeps the uthread from being preempted. A uthread still moves to
+///   another kthread when it switches out on purpose (it yields, blocks or
+///   sleeps), so the functions that switch a uthread out take its token by
+///   value: no token survives the switch (DESIGN.md, "Per-kthread state and
+///   TLS"). Code holding a token must not call anything else that may switch
+///   (`yield_now`, `Mutex::lock`, ...); debug builds check at every use that
+///   the token's kthread is still the running one.
+///
+/// `!Send` and `!Sync`: a token never leaves the thread it was made on.
+pub(crate) struct Owner<'a> {
+    k: &'a KThread,
+    _this_thread_only: PhantomData<*const ()>,
+}
+
+impl<'a> Owner<'a> {
     /// # Safety
-    /// Only the owning kthread may call this.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn local(&self) -> &Worker<URef> {
-        // SAFETY: owner-only per the caller's contract.
-        unsafe { &*self.local.get() }
+    /// Runs on `k`'s own thread, for its scheduler context.
+    unsafe fn for_scheduler(k: &'a KThread) -> Owner<'a> {
+        Owner {
+            k,
+            _this_thread_only: PhantomData,
+        }
     }
 
+    /// The token of the running context, kept on its kthread by `deferred`;
+    /// None on a thread that is no kthread.
+    pub(crate) fn current(deferred: &'a preempt::Guard) -> Option<Owner<'a>> {
+        let _ = deferred;
+        let k = current_kthread();
+        (!k.is_null()).then(|| Owner {
+            // SAFETY: a non-null kthread pointer of this thread; the kthread
+            // outlives the code it runs, and with preemption deferred the
+            // context stays on it until it switches out on purpose, which
+            // takes the token.
+            k: unsafe { &*k },
+            _this_thread_only: PhantomData,
+        })
+    }
+
+    /// As [`Owner::current`], where preemption is deferred by other means
+    /// than a guard (a uthread's entry and exit, the signal handler, a
+    /// context that has just switched in).
+    ///
+    /// # Safety
+    /// The caller runs on a kthread, with preemption deferred for as long as
+    /// the token lives.
+    unsafe fn current_deferred() -> Owner<'a> {
+        Owner {
+            // SAFETY: the caller's contract, as in `current`.
+            k: unsafe { &*current_kthread() },
+            _this_thread_only: PhantomData,
+        }
+    }
+
+    /// Pushes to the kthread's runqueue, counted on its queue line.
+    pub(crate) fn push(&self, u: URef) {
+        self.count_pushed(1);
+        self.runqueue().push(u);
+    }
+
+    /// Pops from the kthread's runqueue, counted on its queue line.
+    pub(crate) fn pop(&self) -> Option<URef> {
+        let u = self.runqueue().pop();
+        if u.is_some() {
+            self.count_taken(1);
+        }
+        u
+    }
+
+    fn runqueue(&self) -> &'a Worker<URef> {
+        // SAFETY: the token proves we are the owner kthread's thread; a
+        // `Worker` is used through `&` only (its push/pop take `&self`).
+        unsafe { &*self.k.local.get() }
+    }
+
+    fn take_cached_uthread(&self) -> Option<Box<UThread>> {
+        // SAFETY: owner-only field (the token); no other borrow of it lives
+        // across this call.
+        unsafe { &mut *self.k.free_uthreads.get() }.pop()
+    }
+
+    /// Keeps `u` (exited, with its stack) for the next spawn, if there is
+    /// room; else gives it back.
+    fn cache_uthread(&self, u: Box<UThread>) -> Option<Box<UThread>> {
+        // SAFETY: as in `take_cached_uthread`.
+        let cache = unsafe { &mut *self.k.free_uthreads.get() };
+        if cache.len() >= UTHREAD_CACHE {
+            return Some(u);
+        }
+        cache.push(u);
+        None
+    }
+
+    /// Sends a command to iokerneld on this kthread's ring.
+    pub(crate) fn send_to_iokernel(&self, m: ginza_shm::ToIokernel) {
+        if let Some(io) = &self.k.io {
+            // SAFETY: the token proves we are the owner kthread.
+            unsafe { io.send(m) };
+        }
+    }
+
+    /// Drains iokerneld's commands to this kthread: the decision time of
+    /// the last `Wake`.
+    fn drain_from_iokernel(&self) -> Option<u64> {
+        // SAFETY: the token proves we are the owner kthread.
+        self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
+    }
+
+    /// The transmit side of this kthread's packet rings (managed runtimes
+    /// with networking). `&mut self`: one at a time per token, and the
+    /// stack's code that uses it never makes another token.
+    pub(crate) fn tx_side(&mut self) -> Option<TxSide<'_>> {
+        let knet = self.k.knet()?;
+        // SAFETY: the token proves we are the owner kthread and stay on it;
+        // the exclusive borrow of the token keeps this the only `TxSide`
+        // of this context.
+        Some(unsafe { TxSide::new(knet) })
+    }
+}
+
+impl<'a> Owner<'a> {
+    /// The token's kthread (checked, in debug builds, to be the running one).
+    pub(crate) fn kthread(&self) -> &'a KThread {
+        debug_assert!(
+            std::ptr::eq(current_kthread(), self.k),
+            "a kthread's owner token used after its uthread moved"
+        );
+        self.k
+    }
+}
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = KThread;
+    fn deref(&self) -> &KThread {
+        self.kthread()
+    }
+}
+
+impl KThread {
     pub(crate) fn eventfd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.eventfd)
     }
@@ -654,12 +794,13 @@ pub(crate) fn current_kthread() -> *const KThread {
 }
 
 /// Switches from `from` (running on `k`) to `to`. Both have preemption
-/// deferred. Returns when `from` is resumed — possibly on another kthread.
+/// deferred. Returns when `from` is resumed — possibly on another kthread,
+/// so a uthread gives up its token first (see [`switch_away`]).
 ///
 /// # Safety
 /// `from` must be the context running on `k`; `to` must be runnable and in no
 /// queue.
-unsafe fn switch_to(k: &KThread, from: *mut UThread, to: *mut UThread) {
+unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThread) {
     // SAFETY: `to` is a live context handed to us by a queue or the kthread.
     let target = unsafe { &*to };
     if to != k.sched_ptr() {
@@ -681,21 +822,43 @@ unsafe fn switch_to(k: &KThread, from: *mut UThread, to: *mut UThread) {
     unsafe { arch::switch((*from).sp.get(), *target.sp.get(), &(*from).on_cpu) };
 }
 
+/// A uthread's side of [`switch_to`]: it gives up its token, since it may
+/// resume on another kthread, and finishes the switch when it resumes.
+///
+/// # Safety
+/// As for [`switch_to`].
+unsafe fn switch_away(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+    /// Takes the token, so that it ends with the switch.
+    ///
+    /// # Safety
+    /// As for [`switch_to`].
+    unsafe fn switch_giving_up(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+        // SAFETY: the caller's contract.
+        unsafe { switch_to(&owner, from, to) }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { switch_giving_up(owner, from, to) };
+    finish_switch();
+}
+
 /// Called by a context right after it resumes: frees a uthread that exited
 /// on the way here (its stack could not be freed while in use).
 fn finish_switch() {
-    // SAFETY: preemption is deferred in every context that resumes from a switch.
-    let k = unsafe { &*current_kthread() };
+    // SAFETY: preemption is deferred in every context that resumes from a
+    // switch, until after this returns.
+    let k = unsafe { Owner::current_deferred() };
     let dead = k.exited.replace(null_mut());
     if !dead.is_null() {
         // SAFETY: the exited uthread is off-CPU (we are running) and in no queue.
         let mut u = unsafe { Box::from_raw(dead) };
-        // SAFETY: owner-only field of the current kthread.
-        let cache = unsafe { &mut *k.free_uthreads.get() };
-        if k.mode == Mode::Shenango && cache.len() < UTHREAD_CACHE && u.stack.get_mut().is_some() {
+        if k.mode == Mode::Shenango && u.stack.get_mut().is_some() {
             *u.sp.get_mut() = null_mut();
             u.preempt = PreemptState::new(1);
-            cache.push(u);
+            if let Some(mut u) = k.cache_uthread(u) {
+                if let Some(stack) = u.stack.get_mut().take() {
+                    k.rt().put_spare_stack(stack);
+                }
+            }
         } else if let Some(stack) = u.stack.get_mut().take() {
             // Shinjuku requests are created by the dispatcher, which is no
             // kthread: their stacks go back through the runtime-wide pool.
@@ -712,7 +875,7 @@ const SPARE_STACKS: usize = 1024;
 ///
 /// # Safety
 /// `u` must not be running and must never have run since it was (re)spawned.
-unsafe fn prepare_first_run(k: &KThread, u: *mut UThread) {
+unsafe fn prepare_first_run(k: &Owner<'_>, u: *mut UThread) {
     // SAFETY: `u` is ours until it runs (caller's contract).
     let stack = unsafe { &mut *(*u).stack.get() };
     if stack.is_none() {
@@ -746,22 +909,19 @@ unsafe extern "C" fn uthread_entry(arg: *mut u8) -> ! {
         task.run(); // catches its own panics (see task.rs)
     }
     preempt::disable();
-    // SAFETY: preemption deferred; we are the current context of this kthread.
-    let k = unsafe { &*current_kthread() };
+    // SAFETY: preemption deferred (for good: this context ends here).
+    let mut k = unsafe { Owner::current_deferred() };
     k.exited.set(u);
-    // SAFETY: owner kthread, preemption deferred.
-    let next = unsafe { pick_next(k) };
+    let next = pick_next(&mut k);
     // SAFETY: `u` runs on `k`; `next` is runnable and dequeued.
-    unsafe { switch_to(k, u, next) };
+    unsafe { switch_to(&k, u, next) };
     crate::signals::fatal("an exited uthread was resumed")
 }
 
 /// The next context for `k`: a local uthread, or the scheduler when the
 /// runqueue is empty or the kthread must stop.
-///
-/// # Safety
-/// Owner kthread only, preemption deferred.
-unsafe fn pick_next(k: &KThread) -> *mut UThread {
+fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
+    let k = owner.kthread();
     let rt = k.rt();
     if k.revoke_requested.load(Relaxed) || rt.shutdown.load(Relaxed) {
         return k.sched_ptr();
@@ -780,66 +940,36 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
         return k.sched_ptr();
     }
     if tick.is_multiple_of(32) {
-        // SAFETY: owner kthread.
-        unsafe { fire_timers_locally(k, k) };
+        fire_timers_locally(owner, k);
         // Nor its packets (a kthread that never runs dry would not poll).
         if k.io.is_some() {
-            // SAFETY: owner kthread, preemption deferred.
-            unsafe { poll_net(k, k) };
+            poll_net(owner, k);
         }
         k.publish_busy(true);
     }
-    // SAFETY: owner kthread.
-    match unsafe { pop_local(k) } {
+    match owner.pop() {
         Some(u) => u.ptr(),
         None => k.sched_ptr(),
     }
 }
 
-/// Leaves the running uthread `cur` for the next context; returns when `cur`
-/// runs again. The caller has deferred preemption and has already put `cur`
-/// where it will be found (a runqueue, a wait queue, a timer).
-unsafe fn schedule_away(k: &KThread, cur: *mut UThread) {
-    // SAFETY: caller's contract.
-    let next = unsafe { pick_next(k) };
+/// Leaves the running uthread for the next context; returns when it runs
+/// again, maybe on another kthread (so it gives up its token). The caller
+/// has deferred preemption and has already put the uthread where it will
+/// be found (a runqueue, a wait queue, a timer).
+fn schedule_away(mut k: Owner<'_>) {
+    let cur = k.current.get();
+    let next = pick_next(&mut k);
     if next == cur {
         return;
     }
-    // SAFETY: `cur` runs on `k`, `next` was dequeued.
-    unsafe { switch_to(k, cur, next) };
-    finish_switch();
+    // SAFETY: `cur` is the context running on `k`; `next` was dequeued.
+    unsafe { switch_away(k, cur, next) };
 }
 
-/// Moves due timers of `owner` into the runqueue of `k` (the caller's kthread).
-///
-/// # Safety
-/// `k` must be the current kthread.
-unsafe fn fire_timers_locally(k: &KThread, owner: &KThread) -> usize {
-    // SAFETY: caller's contract: `k` is ours.
-    fire_timers(owner, |u| unsafe { push_local(k, u) })
-}
-
-/// Pushes to `k`'s runqueue, counted on its queue line.
-///
-/// # Safety
-/// `k` must be the current kthread.
-unsafe fn push_local(k: &KThread, u: URef) {
-    k.count_pushed(1);
-    // SAFETY: caller's contract.
-    unsafe { k.local() }.push(u);
-}
-
-/// Pops from `k`'s runqueue, counted on its queue line.
-///
-/// # Safety
-/// `k` must be the current kthread.
-unsafe fn pop_local(k: &KThread) -> Option<URef> {
-    // SAFETY: caller's contract.
-    let u = unsafe { k.local() }.pop();
-    if u.is_some() {
-        k.count_taken(1);
-    }
-    u
+/// Moves due timers of `owner` into the runqueue of `k`.
+fn fire_timers_locally(k: &Owner<'_>, owner: &KThread) -> usize {
+    fire_timers(owner, |u| k.push(u))
 }
 
 fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
@@ -873,15 +1003,10 @@ fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
 
 // ---- operations used by uthreads -------------------------------------------
 
-/// The running uthread and its kthread, if the caller is a uthread.
-/// Preemption must be deferred by the caller.
-pub(crate) fn current_uthread() -> Option<URef> {
-    let k = current_kthread();
-    if k.is_null() {
-        return None;
-    }
-    // SAFETY: non-null kthread pointer of the calling thread.
-    let k = unsafe { &*k };
+/// The running uthread, if the caller is a uthread (kept where it is by
+/// `deferred`).
+pub(crate) fn current_uthread(deferred: &preempt::Guard) -> Option<URef> {
+    let k = Owner::current(deferred)?;
     let cur = k.current.get();
     if cur == k.sched_ptr() || cur.is_null() {
         None
@@ -891,78 +1016,61 @@ pub(crate) fn current_uthread() -> Option<URef> {
 }
 
 /// Suspends the running uthread, which the caller has put on a wait queue
-/// with preemption deferred; returns after someone [`wake`]s it.
-pub(crate) fn park_current() {
-    // SAFETY: preemption is deferred by the caller, so the kthread is stable.
-    let k = unsafe { &*current_kthread() };
-    let cur = k.current.get();
-    // SAFETY: `cur` is running on `k` and has been queued by the caller.
-    unsafe { schedule_away(k, cur) };
+/// while `deferred` kept it from being preempted; returns after someone
+/// [`wake`]s it.
+pub(crate) fn park_current(deferred: &preempt::Guard) {
+    let k = Owner::current(deferred).expect("park_current outside a kthread");
+    schedule_away(k);
 }
 
 /// Makes `u` runnable: on the caller's runqueue when it is a kthread of the
 /// same runtime, on the runtime's shared queue otherwise.
 pub(crate) fn wake(u: URef) {
-    let p = preempt::disable();
+    let deferred = preempt::Guard::new();
     // SAFETY: `u` is a live uthread in no queue (the caller just took it off one).
     let rt_ptr = unsafe { (*u.ptr()).rt };
-    let k = current_kthread();
     // SAFETY: the runtime outlives its uthreads' wake-ups (run() waits for main).
     let rt = unsafe { &*rt_ptr };
     if rt.mode == Mode::Worker {
         // Only the dispatcher decides where a request runs.
         rt.injector.push(u);
-        preempt::enable(p);
         return;
     }
-    // SAFETY: non-null kthread of the calling thread, preemption deferred.
-    if !k.is_null() && unsafe { (*k).rt } == rt_ptr {
-        // SAFETY: owner kthread.
-        unsafe { push_local(&*k, u) };
-    } else {
-        rt.push_injector(u);
+    match Owner::current(&deferred).filter(|k| k.rt == rt_ptr) {
+        Some(k) => k.push(u),
+        None => rt.push_injector(u),
     }
     rt.notify_one();
-    preempt::enable(p);
 }
 
 /// Cooperative yield: the running uthread goes to the back of its runqueue.
 pub fn yield_now() {
-    let p = preempt::disable();
-    if p.is_null() {
+    let deferred = preempt::Guard::new();
+    let Some(k) = Owner::current(&deferred) else {
         std::thread::yield_now();
         return;
+    };
+    if k.current.get() != k.sched_ptr() {
+        requeue_and_leave(k);
     }
-    // SAFETY: preemption deferred, so this kthread stays ours.
-    let k = unsafe { &*current_kthread() };
-    let cur = k.current.get();
-    if cur != k.sched_ptr() {
-        // SAFETY: owner kthread; `cur` is the running uthread.
-        unsafe { requeue_and_leave(k, cur) };
-    }
-    preempt::enable(p);
 }
 
 /// Puts the running uthread back where it can run again and leaves it:
 /// Shenango mode, at the back of the local runqueue (stealable); worker
 /// mode, back to the dispatcher through the worker loop.
-///
-/// # Safety
-/// `cur` runs on `k`, the caller's kthread; preemption deferred.
-unsafe fn requeue_and_leave(k: &KThread, cur: *mut UThread) {
+fn requeue_and_leave(k: Owner<'_>) {
+    let cur = k.current.get();
     match k.mode {
         Mode::Shenango => {
-            // SAFETY: owner kthread; `cur` is running.
-            unsafe {
-                push_local(k, URef(NonNull::new_unchecked(cur)));
-                schedule_away(k, cur);
-            }
+            // SAFETY: `cur` is the running uthread, so not null.
+            k.push(URef(unsafe { NonNull::new_unchecked(cur) }));
+            schedule_away(k);
         }
         Mode::Worker => {
             k.yielded.set(cur);
+            let to = k.sched_ptr();
             // SAFETY: `cur` runs on `k`; the worker loop takes it from `yielded`.
-            unsafe { switch_to(k, cur, k.sched_ptr()) };
-            finish_switch();
+            unsafe { switch_away(k, cur, to) };
         }
     }
 }
@@ -1007,26 +1115,20 @@ pub fn sleep(duration: Duration) {
 /// Suspends the running uthread until `deadline` has passed. Outside a
 /// runtime it sleeps the OS thread.
 pub fn sleep_until(deadline: Instant) {
-    let p = preempt::disable();
-    let Some(cur) = current_uthread() else {
-        preempt::enable(p);
+    let deferred = preempt::Guard::new();
+    let Some(cur) = current_uthread(&deferred) else {
+        drop(deferred);
         return std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
     };
-    // SAFETY: preemption deferred, so this kthread stays ours.
-    let k = unsafe { &*current_kthread() };
-    // SAFETY: preemption deferred, `k` is ours.
-    unsafe { add_timer(k, deadline, cur.ptr() as usize) };
-    // SAFETY: `cur` runs on `k` and sits in the timer heap.
-    unsafe { schedule_away(k, cur.ptr()) };
-    preempt::enable(p);
+    let k = Owner::current(&deferred).expect("a uthread runs on a kthread");
+    add_timer(&k, deadline, cur.ptr() as usize);
+    // The uthread sits in the timer heap.
+    schedule_away(k);
 }
 
 /// Adds a timer entry (a uthread's address, or a tagged `Arc<Waiter>`) to
 /// `k`'s heap.
-///
-/// # Safety
-/// `k` is the caller's kthread, preemption deferred.
-unsafe fn add_timer(k: &KThread, deadline: Instant, entry: usize) {
+fn add_timer(k: &Owner<'_>, deadline: Instant, entry: usize) {
     let since_epoch = deadline.saturating_duration_since(k.rt().epoch);
     // Round up: a timer fires at the first check at or past its deadline.
     let deadline = (since_epoch.as_nanos() + 1).min(u64::MAX as u128) as u64;
@@ -1039,8 +1141,7 @@ unsafe fn add_timer(k: &KThread, deadline: Instant, entry: usize) {
             k.next_deadline.store(deadline, Release);
         }
     }
-    // SAFETY: owner kthread.
-    if !unsafe { k.local() }.is_empty() {
+    if !k.runqueue().is_empty() {
         // We go on running other uthreads; someone idle should watch the timer.
         k.rt().watch_timers_of(k);
     }
@@ -1115,34 +1216,27 @@ unsafe fn timer_target(entry: usize) -> Option<URef> {
 /// Suspends the running uthread, which the caller has put on a wait queue
 /// as `w` with preemption deferred, until `w` is woken or `deadline`
 /// passes (then [`Waiter::timed_out`]; the caller takes `w` off its queue).
-pub(crate) fn park_current_until(w: &Arc<Waiter>, deadline: Instant) {
-    // SAFETY: preemption is deferred by the caller, so the kthread is stable.
-    let k = unsafe { &*current_kthread() };
-    let cur = k.current.get();
-    debug_assert_eq!(cur, w.u.ptr());
+pub(crate) fn park_current_until(deferred: &preempt::Guard, w: &Arc<Waiter>, deadline: Instant) {
+    let k = Owner::current(deferred).expect("park_current_until outside a kthread");
+    debug_assert_eq!(k.current.get(), w.u.ptr());
     let entry = Arc::into_raw(Arc::clone(w)) as usize;
     debug_assert_eq!(entry & TIMER_WAITER, 0);
-    // SAFETY: preemption deferred, `k` is ours.
-    unsafe { add_timer(k, deadline, entry | TIMER_WAITER) };
-    // SAFETY: `cur` runs on `k`; it is on a wait queue and in the heap.
-    unsafe { schedule_away(k, cur) };
+    add_timer(&k, deadline, entry | TIMER_WAITER);
+    // The uthread is on a wait queue and in the heap.
+    schedule_away(k);
 }
 
-/// Runs `f` on the calling kthread's packet rings with preemption deferred
-/// (so `f` may use their owner-only transmit side), if the caller runs on a
-/// kthread of `rt` with networking.
-pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&KNet) -> R) -> Option<R> {
-    let _deferred = preempt::Guard::new();
-    let k = current_kthread();
-    if k.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null kthread of this thread, stable while deferred.
-    let k = unsafe { &*k };
+/// Runs `f` on the transmit side of the calling kthread's packet rings,
+/// with preemption deferred, if the caller runs on a kthread of `rt` with
+/// networking. `f` must not switch (it cannot: it has no token to give up).
+pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&mut TxSide<'_>) -> R) -> Option<R> {
+    let deferred = preempt::Guard::new();
+    let mut k = Owner::current(&deferred)?;
     if !std::ptr::eq(k.rt, rt) {
         return None;
     }
-    k.knet().map(f)
+    let mut tx = k.tx_side()?;
+    Some(f(&mut tx))
 }
 
 /// The calling uthread's runtime.
@@ -1230,28 +1324,28 @@ pub(crate) fn preempt_from_signal() {
     st.count.store(1, Relaxed);
     bump(&k.stats.preemptions);
     loop {
-        // SAFETY: preemption deferred; this is the running kthread.
-        let k = unsafe { &*current_kthread() };
+        // SAFETY: the count stays raised (above) until after the loop.
+        let k = unsafe { Owner::current_deferred() };
         let cur = k.current.get();
-        if k.mode == Mode::Worker {
+        let worker = k.mode == Mode::Worker;
+        if worker {
             k.yielded.set(cur);
         } else {
-            // SAFETY: owner kthread; `cur` is the interrupted uthread, now
+            // SAFETY: `cur` is the interrupted uthread, so not null; it is
             // stealable by others once its registers are saved.
-            unsafe { push_local(k, URef(NonNull::new_unchecked(cur))) };
+            k.push(URef(unsafe { NonNull::new_unchecked(cur) }));
             k.rt().notify_one();
         }
+        let to = k.sched_ptr();
         // SAFETY: `cur` runs on `k`; the scheduler (or worker loop) decides
         // what happens next.
-        unsafe { switch_to(k, cur, k.sched_ptr()) };
-        finish_switch();
-        if k.mode == Mode::Worker {
+        unsafe { switch_away(k, cur, to) };
+        if worker {
             break; // the dispatcher re-decides on every resumption
         }
         // Resumed, maybe elsewhere. A request that arrived while we were
         // switching in is honoured before returning to the interrupted code.
-        // SAFETY: preemption deferred.
-        let here = unsafe { &*current_kthread() };
+        let here = current_kthread_ref().expect("a uthread resumes on a kthread");
         if !st.pending.swap(false, Relaxed) && !here.revoke_requested.load(Relaxed) {
             break;
         }
@@ -1297,21 +1391,19 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: Option<KthreadBody>
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
     preempt::set_current_state(&k.sched.preempt);
+    // SAFETY: this is `k`'s own thread, in its scheduler context.
+    let mut owner = unsafe { Owner::for_scheduler(k) };
     if let Some(io) = &k.io {
-        // SAFETY: our own kthread.
-        unsafe {
-            io.send(ginza_shm::ToIokernel::Started {
-                tid: k.tid.load(SeqCst) as u32,
-            })
-        };
+        owner.send_to_iokernel(ginza_shm::ToIokernel::Started {
+            tid: k.tid.load(SeqCst) as u32,
+        });
         // iokerneld counts every kthread parked until it grants it a core.
-        wait_for_grant(k, io);
+        wait_for_grant(&owner, io);
     }
 
     match body {
-        Some(body) => body(k),
-        // SAFETY: this is kthread `k`'s own thread.
-        None => unsafe { scheduler_loop(k) },
+        Some(body) => body(&mut owner),
+        None => scheduler_loop(&mut owner),
     }
 
     preempt::set_current_state(null());
@@ -1319,9 +1411,9 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: Option<KthreadBody>
     k.tid.store(0, SeqCst);
 }
 
-/// # Safety
-/// Runs on kthread `k`'s own thread, in its scheduler context.
-unsafe fn scheduler_loop(k: &KThread) {
+/// The Shenango scheduler: find work, run it, park when there is none.
+fn scheduler_loop(owner: &mut Owner<'_>) {
+    let k = owner.kthread();
     let rt = k.rt();
     loop {
         if rt.shutdown.load(Acquire) {
@@ -1332,29 +1424,30 @@ unsafe fn scheduler_loop(k: &KThread) {
             k.preempt_flag.store(false, Relaxed);
         }
         if k.revoke_requested.load(Acquire) {
-            park_revoked(k);
+            park_revoked(owner);
             continue;
         }
-        // SAFETY: our own kthread.
-        match unsafe { find_work(k) } {
+        match find_work(owner) {
             Some(u) => {
                 rt.watch_timers_of(k);
                 if k.io.is_some() {
                     k.busy_since.set(rt.now_ns().max(1));
                 }
-                // SAFETY: `u` was dequeued; we are in the scheduler context.
-                unsafe { switch_to(k, k.sched_ptr(), u.ptr()) };
+                let from = k.sched_ptr();
+                // SAFETY: `u` was dequeued; we are in the scheduler context,
+                // which resumes on this kthread.
+                unsafe { switch_to(owner, from, u.ptr()) };
                 finish_switch();
                 k.publish_busy(false);
             }
-            None => park_idle(k),
+            None => park_idle(owner),
         }
     }
 }
 
 /// What a worker kthread runs instead of the Shenango scheduler loop (the
 /// Shinjuku worker loop, `shinjuku::worker`), in its scheduler context.
-pub(crate) type KthreadBody = Arc<dyn Fn(&KThread) + Send + Sync>;
+pub(crate) type KthreadBody = Arc<dyn Fn(&mut Owner<'_>) + Send + Sync>;
 
 /// How a request context gave its worker back.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -1369,16 +1462,14 @@ pub(crate) enum Stopped {
 }
 
 /// Worker mode: runs `u`, which the dispatcher handed to `k` alone, until
-/// it gives the worker back.
-///
-/// # Safety
-/// Runs on kthread `k`'s own thread, in its scheduler context.
-pub(crate) unsafe fn run_on_worker(k: &KThread, u: URef) -> Stopped {
+/// it gives the worker back. `k` is the scheduler context's token.
+pub(crate) fn run_on_worker(k: &mut Owner<'_>, u: URef) -> Stopped {
     let u = u.ptr();
     k.yielded.set(null_mut());
+    let from = k.sched_ptr();
     // SAFETY: the dispatcher handed `u` to us alone; we are in the
-    // scheduler context (caller's contract).
-    unsafe { switch_to(k, k.sched_ptr(), u) };
+    // scheduler context, which resumes on this kthread.
+    unsafe { switch_to(k, from, u) };
     let exited = k.exited.get() == u;
     finish_switch(); // frees `u` if it exited
     if exited {
@@ -1435,14 +1526,9 @@ pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
 
 /// Local runqueue, then timers, then stealing (shared queue, hyperthread
 /// sibling, a random kthread, all of them) for up to `spin_before_park`.
-///
-/// # Safety
-/// Owner kthread, scheduler context.
-unsafe fn find_work(k: &KThread) -> Option<URef> {
-    // SAFETY: owner kthread (caller's contract) for every local() below.
-    let local = unsafe { k.local() };
-    // SAFETY: owner kthread.
-    if let Some(u) = unsafe { pop_local(k) } {
+fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
+    let k = owner.kthread();
+    if let Some(u) = owner.pop() {
         return Some(u);
     }
     let rt = k.rt();
@@ -1453,31 +1539,26 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
         if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
             break None;
         }
-        // SAFETY: owner kthread.
-        if unsafe { fire_timers_locally(k, k) } > 0 {
-            // SAFETY: owner kthread.
-            if let Some(u) = unsafe { pop_local(k) } {
+        if fire_timers_locally(owner, k) > 0 {
+            if let Some(u) = owner.pop() {
                 break Some(u);
             }
         }
         // Packets on our own ingress ring first.
-        // SAFETY: owner kthread, scheduler context.
-        if k.io.is_some() && unsafe { poll_net(k, k) } > 0 {
+        if k.io.is_some() && poll_net(owner, k) > 0 {
             // More are likely: keep looking.
             start = Instant::now();
-            // SAFETY: owner kthread.
-            if let Some(u) = unsafe { pop_local(k) } {
+            if let Some(u) = owner.pop() {
                 break Some(u);
             }
         }
-        if let Some(u) = steal_once(k, local) {
+        if let Some(u) = steal_once(owner) {
             bump(&k.stats.steals);
             break Some(u);
         }
         // Then the packets of kthreads that are busy (or parked).
         if k.io.is_some() {
-            // SAFETY: owner kthread, scheduler context.
-            let (processed, u) = unsafe { steal_packets(k) };
+            let (processed, u) = steal_packets(owner);
             if processed > 0 {
                 start = Instant::now();
             }
@@ -1487,11 +1568,9 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
         }
         // Timers of kthreads that are revoked or busy.
         for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
-            // SAFETY: owner kthread.
-            unsafe { fire_timers_locally(k, other) };
+            fire_timers_locally(owner, other);
         }
-        // SAFETY: owner kthread.
-        if let Some(u) = unsafe { pop_local(k) } {
+        if let Some(u) = owner.pop() {
             break Some(u);
         }
         if start.elapsed() >= rt.spin {
@@ -1501,14 +1580,16 @@ unsafe fn find_work(k: &KThread) -> Option<URef> {
     };
     rt.n_spinning.fetch_sub(1, SeqCst);
     k.state.store(RUNNING, Relaxed);
-    if found.is_some() && !local.is_empty() {
+    if found.is_some() && !owner.runqueue().is_empty() {
         // We took a batch: let a parked kthread help with the rest.
         rt.notify_one();
     }
     found
 }
 
-fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
+fn steal_once(owner: &Owner<'_>) -> Option<URef> {
+    let k = owner.kthread();
+    let local = owner.runqueue();
     let rt = k.rt();
     // `counted`: whose queue line the items were counted on.
     let attempt = |src: &dyn Fn() -> Steal<URef>, counted: &KThread| loop {
@@ -1548,27 +1629,24 @@ fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
         })
 }
 
-/// Processes a batch of `ring`'s ingress ring as kthread `k` (nothing if
-/// another kthread is processing it); the frames taken. Uthreads woken by
-/// datagrams land on `k`'s runqueue.
-///
-/// # Safety
-/// Owner kthread `k`, preemption deferred.
+/// Processes a batch of `ring`'s ingress ring as the owner's kthread
+/// (nothing if another kthread is processing it); the frames taken.
+/// Uthreads woken by datagrams land on the owner's runqueue.
 #[inline]
-unsafe fn poll_net(k: &KThread, ring: &KThread) -> usize {
-    let (Some(me), Some(theirs), Some(stack)) = (k.knet(), ring.knet(), k.rt().stack()) else {
+fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
+    let (Some(theirs), Some(stack)) = (ring.knet(), owner.kthread().rt().stack()) else {
         return 0;
     };
-    // SAFETY: caller's contract: `k`'s transmit side is ours.
-    unsafe { stack.poll(me, theirs, crate::net::POLL_BATCH) }
+    let Some(mut me) = owner.tx_side() else {
+        return 0;
+    };
+    stack.poll(&mut me, theirs, crate::net::POLL_BATCH)
 }
 
 /// Steals packet processing from the other kthreads' ingress rings, from a
 /// random one on: the frames processed, and a uthread they woke, if any.
-///
-/// # Safety
-/// Owner kthread `k`, scheduler context.
-unsafe fn steal_packets(k: &KThread) -> (usize, Option<URef>) {
+fn steal_packets(owner: &mut Owner<'_>) -> (usize, Option<URef>) {
+    let k = owner.kthread();
     let rt = k.rt();
     let n = rt.kthreads.len();
     if n < 2 {
@@ -1577,12 +1655,10 @@ unsafe fn steal_packets(k: &KThread) -> (usize, Option<URef>) {
     let first = (k.next_random() % n as u64) as usize;
     let mut processed = 0;
     for v in (0..n).map(|i| (first + i) % n).filter(|&v| v != k.id) {
-        // SAFETY: caller's contract.
-        let got = unsafe { poll_net(k, &rt.kthreads[v]) };
+        let got = poll_net(owner, &rt.kthreads[v]);
         if got > 0 {
             processed += got;
-            // SAFETY: owner kthread.
-            if let Some(u) = unsafe { pop_local(k) } {
+            if let Some(u) = owner.pop() {
                 return (processed, Some(u));
             }
         }
@@ -1591,10 +1667,11 @@ unsafe fn steal_packets(k: &KThread) -> (usize, Option<URef>) {
 }
 
 /// Parks an idle kthread until work is pushed for it or its next timer is due.
-fn park_idle(k: &KThread) {
+fn park_idle(owner: &Owner<'_>) {
+    let k = owner.kthread();
     let rt = k.rt();
     if let (true, Some(io)) = (rt.managed(), &k.io) {
-        return park_with_iokernel(k, io, false);
+        return park_with_iokernel(owner, io, false);
     }
     k.state.store(PARKED, SeqCst);
     rt.n_parked.fetch_add(1, SeqCst);
@@ -1612,11 +1689,12 @@ fn park_idle(k: &KThread) {
 
 /// Parks a revoked kthread until it is granted again. Its timers still fire:
 /// the uthreads they wake go to the shared queue for the active kthreads.
-fn park_revoked(k: &KThread) {
+fn park_revoked(owner: &Owner<'_>) {
+    let k = owner.kthread();
     let rt = k.rt();
     bump(&k.stats.revocations);
     if let (true, Some(io)) = (rt.managed(), &k.io) {
-        return park_with_iokernel(k, io, true);
+        return park_with_iokernel(owner, io, true);
     }
     k.state.store(REVOKED, SeqCst);
     // What is left on our runqueue (the uthread we were running, at least)
@@ -1638,7 +1716,8 @@ fn park_revoked(k: &KThread) {
 /// a busy one cannot fire its own) and waits for the next grant. What is
 /// left on the runqueue (a preempted uthread) stays counted on the queue
 /// line, where iokerneld sees it wait.
-fn park_with_iokernel(k: &KThread, io: &KLink, preempted: bool) {
+fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool) {
+    let k = owner.kthread();
     let rt = k.rt();
     let link = rt.link.as_ref().expect("managed runtime without a link");
     if !preempted && (link.cfg.keep_cores_when_idle || rt.work_visible(k)) {
@@ -1658,21 +1737,19 @@ fn park_with_iokernel(k: &KThread, io: &KLink, preempted: bool) {
         }
     }
     let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
-    // SAFETY: our own kthread.
-    unsafe {
-        io.send(if preempted {
-            ginza_shm::ToIokernel::Yielded { next_deadline_ns }
-        } else {
-            bump(&k.stats.parks);
-            ginza_shm::ToIokernel::Parked { next_deadline_ns }
-        })
-    };
-    wait_for_grant(k, io);
+    owner.send_to_iokernel(if preempted {
+        ginza_shm::ToIokernel::Yielded { next_deadline_ns }
+    } else {
+        bump(&k.stats.parks);
+        ginza_shm::ToIokernel::Parked { next_deadline_ns }
+    });
+    wait_for_grant(owner, io);
 }
 
 /// Blocks until iokerneld grants this kthread a core (its eventfd), the
 /// runtime shuts down, or iokerneld is lost.
-fn wait_for_grant(k: &KThread, io: &KLink) {
+fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
+    let k = owner.kthread();
     let rt = k.rt();
     let linger = rt
         .link
@@ -1696,8 +1773,7 @@ fn wait_for_grant(k: &KThread, io: &KLink) {
         // wait; only the eventfd means a grant.
         granted = eventfd_wait(k, u64::MAX);
     }
-    // SAFETY: our own kthread.
-    let decided = unsafe { io.drain() };
+    let decided = owner.drain_from_iokernel();
     if granted {
         bump(&k.stats.grants);
         if let Some(d) = decided {

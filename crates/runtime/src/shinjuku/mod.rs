@@ -26,7 +26,7 @@ use ginza_policy::sched::{Dispatcher, Request};
 
 use crate::config::{pin_current_thread, Config};
 use crate::error::{ConfigError, JoinError, RuntimeError};
-use crate::sched::{self, KThread, KthreadBody, Shared, URef};
+use crate::sched::{self, KthreadBody, Owner, Shared, URef};
 use crate::task::{unqueued, JoinHandle};
 use worker::{Mailbox, Report};
 
@@ -283,9 +283,10 @@ where
     let mailboxes: Arc<[Mailbox]> = (0..plan.cores.len()).map(|_| Mailbox::default()).collect();
     let worker_body: KthreadBody = {
         let mailboxes = Arc::clone(&mailboxes);
-        // SAFETY: kthreads run their body on their own thread, in their
-        // scheduler context.
-        Arc::new(move |k: &KThread| unsafe { worker::run(k, &mailboxes[k.id]) })
+        Arc::new(move |owner: &mut Owner<'_>| {
+            let id = owner.kthread().id;
+            worker::run(owner, &mailboxes[id])
+        })
     };
     let started_workers = crate::runtime::start(
         &plan,

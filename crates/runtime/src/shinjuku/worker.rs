@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::sched::{self, KThread, Stopped, URef, UThread};
+use crate::sched::{self, KThread, Owner, Stopped, URef, UThread};
 
 /// How the request a worker ran gave the worker back.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -133,17 +133,14 @@ impl Mailbox {
 }
 
 /// The worker loop: runs the request contexts the dispatcher assigns, one
-/// at a time, and reports how each one stopped.
-///
-/// # Safety
-/// Runs on kthread `k`'s own thread, in its scheduler context.
-pub(crate) unsafe fn run(k: &KThread, mailbox: &Mailbox) {
+/// at a time, and reports how each one stopped. `owner` is the worker's
+/// scheduler context.
+pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
+    let k = owner.kthread();
     let rt = k.rt();
     while let Some(u) = wait_for_assignment(k, mailbox) {
         mailbox.from.started_ns.store(rt.now_ns().max(1), Relaxed);
-        // SAFETY: the dispatcher handed `u` to us alone; our own thread, in
-        // its scheduler context (caller's contract).
-        let stopped = unsafe { sched::run_on_worker(k, u) };
+        let stopped = sched::run_on_worker(owner, u);
         mailbox.post(stopped.into(), rt.now_ns());
     }
 }
