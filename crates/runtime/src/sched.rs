@@ -1,5 +1,6 @@
 //! The scheduler: uthreads, kthreads, context switches, work stealing,
-//! parking, timers and preemption.
+//! parking and timers. The preemption entry points are in `preempt.rs`;
+//! the Shinjuku worker loop in `shinjuku/worker.rs`.
 //!
 //! Invariants that keep switching safe:
 //! * A context is only ever switched out and in with its preemption count
@@ -12,7 +13,9 @@
 //!   registers are saved.
 //! * Per-kthread state is reached through [`current_kthread`], never through
 //!   a thread-local address a caller might have cached across a switch, and
-//!   only with preemption deferred.
+//!   only with preemption deferred; owner-only state only through an
+//!   [`Owner`] token, which never outlives a switch (docs/runtime.md,
+//!   "Owner-only state and the owner token").
 
 use std::cell::{Cell, UnsafeCell};
 use std::cmp::Reverse;
@@ -182,7 +185,7 @@ pub(crate) enum Mode {
 
 pub(crate) struct KThread {
     pub(crate) id: usize,
-    mode: Mode,
+    pub(crate) mode: Mode,
     /// Cooperative preemption request, polled at preemption points (its own
     /// cache line: the Shinjuku dispatcher writes it while the kthread
     /// polls). Set when a quantum is spent, and with a revocation.
@@ -195,7 +198,7 @@ pub(crate) struct KThread {
     local: UnsafeCell<Worker<URef>>,
     stealer: Stealer<URef>,
     sched: UThread,
-    current: Cell<*mut UThread>,
+    pub(crate) current: Cell<*mut UThread>,
     /// A uthread that exited; the next context to run frees its stack.
     exited: Cell<*mut UThread>,
     /// Exited uthreads kept with their stacks for the next spawn. Boxed:
@@ -283,7 +286,7 @@ impl<'a> Owner<'a> {
     /// # Safety
     /// The caller runs on a kthread, with preemption deferred for as long as
     /// the token lives.
-    unsafe fn current_deferred() -> Owner<'a> {
+    pub(crate) unsafe fn current_deferred() -> Owner<'a> {
         Owner {
             // SAFETY: the caller's contract, as in `current`.
             k: unsafe { &*current_kthread() },
@@ -380,7 +383,7 @@ impl KThread {
         std::os::fd::AsFd::as_fd(&self.eventfd)
     }
 
-    fn sched_ptr(&self) -> *mut UThread {
+    pub(crate) fn sched_ptr(&self) -> *mut UThread {
         &self.sched as *const UThread as *mut UThread
     }
 
@@ -446,7 +449,7 @@ struct TimerHeap {
 /// State shared by all kthreads of one runtime.
 pub(crate) struct Shared {
     pub(crate) kthreads: Box<[KThread]>,
-    mode: Mode,
+    pub(crate) mode: Mode,
     /// Shenango mode: work for any kthread. Worker mode: request contexts
     /// made runnable again after blocking, for the dispatcher.
     pub(crate) injector: Injector<URef>,
@@ -635,7 +638,7 @@ impl Shared {
     /// Callers have just published work; the SeqCst fence pairs with the
     /// one in `park_idle` so that either the parker sees the work or we see
     /// the parker.
-    fn notify_one(&self) {
+    pub(crate) fn notify_one(&self) {
         if self.managed() {
             return; // only iokerneld grants cores
         }
@@ -827,7 +830,7 @@ unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThread) {
 ///
 /// # Safety
 /// As for [`switch_to`].
-unsafe fn switch_away(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+pub(crate) unsafe fn switch_away(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
     /// Takes the token, so that it ends with the switch.
     ///
     /// # Safety
@@ -1075,34 +1078,6 @@ fn requeue_and_leave(k: Owner<'_>) {
     }
 }
 
-/// A preemption point: if a preemption was requested for this kthread (the
-/// Shinjuku dispatcher's quantum expired, or the core is being revoked) and
-/// the caller is not in a deferred section, yield now. Cheap enough for the
-/// inner loop of a long request: one call and one load when nothing is asked.
-#[inline]
-pub fn preempt_point() {
-    let k = current_kthread();
-    // SAFETY: a non-null kthread of this thread; reading an atomic flag.
-    if !k.is_null() && unsafe { &*k }.preempt_flag.load(Relaxed) {
-        preempt_point_slow();
-    }
-}
-
-#[cold]
-fn preempt_point_slow() {
-    let state = preempt::current_state();
-    // SAFETY: the running context's state.
-    if state.is_null() || unsafe { (*state).count.load(Relaxed) } != 0 {
-        return; // deferred: the next point after the section takes it
-    }
-    if let Some(k) = current_kthread_ref() {
-        if k.mode == Mode::Worker {
-            bump(&k.stats.coop_preemptions);
-        }
-    }
-    yield_now();
-}
-
 /// Suspends the running uthread for at least `duration`. Outside a runtime
 /// it sleeps the OS thread.
 pub fn sleep(duration: Duration) {
@@ -1266,91 +1241,16 @@ pub fn current_kthread_id() -> Option<usize> {
     (!k.is_null()).then(|| unsafe { (*k).id })
 }
 
-// ---- preemption --------------------------------------------------------------
-
-/// A preemption signal arrived while preemption was deferred in this
-/// context; the section has ended, so apply it now.
-pub(crate) fn apply_pending_preemption(state: *const PreemptState) {
-    // SAFETY: `state` is the running context's (preempt::enable's caller).
-    unsafe { (*state).pending.store(false, Relaxed) };
-    if current_uthread_unchecked_is_some() {
-        if let Some(k) = current_kthread_ref() {
-            bump(&k.stats.preemptions);
-        }
-        yield_now();
-    }
-}
-
-fn current_kthread_ref() -> Option<&'static KThread> {
+/// The kthread running the caller, if any (see [`current_kthread`]).
+pub(crate) fn current_kthread_ref() -> Option<&'static KThread> {
     let k = current_kthread();
     // SAFETY: kthreads live as long as their thread runs code.
     (!k.is_null()).then(|| unsafe { &*k })
 }
 
-fn current_uthread_unchecked_is_some() -> bool {
+/// Whether a uthread (not the scheduler) is running on this kthread.
+pub(crate) fn current_uthread_unchecked_is_some() -> bool {
     current_kthread_ref().is_some_and(|k| k.current.get() != k.sched_ptr())
-}
-
-/// Body of the preemption signal handler (runs on the interrupted stack).
-pub(crate) fn preempt_from_signal() {
-    let state = preempt::current_state();
-    let Some(k) = current_kthread_ref() else {
-        return;
-    };
-    if state.is_null() {
-        return;
-    }
-    if k.mode == Mode::Worker && !k.preempt_flag.load(Relaxed) {
-        // A late signal for a request that has finished meanwhile.
-        return;
-    }
-    if k.rt().managed() {
-        // iokerneld's request is the PREEMPT_PENDING flag of the queue
-        // line; a signal without it is late (the kthread parked meanwhile).
-        match &k.io {
-            Some(io) if io.preempt_pending() => k.revoke_requested.store(true, SeqCst),
-            _ => return,
-        }
-    }
-    // SAFETY: CURRENT points to the interrupted context's state.
-    let st = unsafe { &*state };
-    if st.count.load(Relaxed) != 0 {
-        st.pending.store(true, Relaxed);
-        return;
-    }
-    // Interrupted uthread code outside any deferred section (the scheduler's
-    // count never drops to zero). Allocation is a deferred section, so the
-    // runqueue push below cannot re-enter an interrupted allocator.
-    st.count.store(1, Relaxed);
-    bump(&k.stats.preemptions);
-    loop {
-        // SAFETY: the count stays raised (above) until after the loop.
-        let k = unsafe { Owner::current_deferred() };
-        let cur = k.current.get();
-        let worker = k.mode == Mode::Worker;
-        if worker {
-            k.yielded.set(cur);
-        } else {
-            // SAFETY: `cur` is the interrupted uthread, so not null; it is
-            // stealable by others once its registers are saved.
-            k.push(URef(unsafe { NonNull::new_unchecked(cur) }));
-            k.rt().notify_one();
-        }
-        let to = k.sched_ptr();
-        // SAFETY: `cur` runs on `k`; the scheduler (or worker loop) decides
-        // what happens next.
-        unsafe { switch_away(k, cur, to) };
-        if worker {
-            break; // the dispatcher re-decides on every resumption
-        }
-        // Resumed, maybe elsewhere. A request that arrived while we were
-        // switching in is honoured before returning to the interrupted code.
-        let here = current_kthread_ref().expect("a uthread resumes on a kthread");
-        if !st.pending.swap(false, Relaxed) && !here.revoke_requested.load(Relaxed) {
-            break;
-        }
-    }
-    st.count.store(0, Relaxed);
 }
 
 /// If `addr` is in the guard page of the running uthread's stack: the
