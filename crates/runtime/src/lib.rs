@@ -35,6 +35,7 @@ mod signals;
 mod stack;
 pub mod sync;
 mod task;
+mod timer;
 
 pub use alloc::PreemptSafeAlloc;
 pub use config::Config;

@@ -18,14 +18,12 @@
 //!   "Owner-only state and the owner token").
 
 use std::cell::{Cell, UnsafeCell};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
     fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+    Ordering::{AcqRel, Acquire, Relaxed, SeqCst},
 };
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -39,7 +37,7 @@ use crate::iokernel::{IokernelConfig, KLink, Link};
 use crate::net::{KNet, Stack as NetStack, TxSide};
 use crate::preempt::{self, PreemptState};
 use crate::stack::Stack;
-use crate::sync::spinlock::SpinLock;
+use crate::timer::Timers;
 
 /// A user-level thread: a stack, a saved stack pointer, and what to run.
 pub(crate) struct UThread {
@@ -205,9 +203,7 @@ pub(crate) struct KThread {
     /// a uthread's address is its identity (URef) and must not move.
     #[allow(clippy::vec_box)]
     free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
-    timers: SpinLock<TimerHeap>,
-    /// Earliest timer deadline (ns since the runtime's epoch), u64::MAX if none.
-    next_deadline: AtomicU64,
+    timers: Timers,
     state: AtomicU8,
     pub(crate) revoke_requested: AtomicBool,
     eventfd: OwnedFd,
@@ -439,13 +435,6 @@ impl KThread {
     }
 }
 
-/// Per-kthread timers: a binary heap of (deadline, sequence, uthread).
-#[derive(Default)]
-struct TimerHeap {
-    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    seq: u64,
-}
-
 /// State shared by all kthreads of one runtime.
 pub(crate) struct Shared {
     pub(crate) kthreads: Box<[KThread]>,
@@ -526,8 +515,7 @@ impl Shared {
                         current: Cell::new(null_mut()),
                         exited: Cell::new(null_mut()),
                         free_uthreads: UnsafeCell::new(Vec::new()),
-                        timers: SpinLock::new(TimerHeap::default()),
-                        next_deadline: AtomicU64::new(u64::MAX),
+                        timers: Timers::new(),
                         state: AtomicU8::new(RUNNING),
                         revoke_requested: AtomicBool::new(false),
                         eventfd,
@@ -679,7 +667,7 @@ impl Shared {
     fn work_visible(&self, me: &KThread) -> bool {
         !self.injector.is_empty()
             || self.kthreads.iter().any(|k| !k.stealer.is_empty())
-            || me.next_deadline.load(Acquire) <= self.now_ns()
+            || me.timers.next_deadline() <= self.now_ns()
             || (self.link.is_some()
                 && self
                     .kthreads
@@ -690,7 +678,7 @@ impl Shared {
     fn earliest_deadline(&self) -> u64 {
         self.kthreads
             .iter()
-            .map(|k| k.next_deadline.load(Acquire))
+            .map(|k| k.timers.next_deadline())
             .min()
             .unwrap_or(u64::MAX)
     }
@@ -699,10 +687,7 @@ impl Shared {
     /// idle kthread is awake to fire them on time (it parks with the earliest
     /// deadline of all kthreads as its timeout).
     fn watch_timers_of(&self, k: &KThread) {
-        if k.next_deadline.load(Relaxed) != u64::MAX
-            && self.n_spinning.load(Relaxed) == 0
-            && self.n_parked.load(Relaxed) > 0
-        {
+        if k.timers.any() && self.n_spinning.load(Relaxed) == 0 && self.n_parked.load(Relaxed) > 0 {
             self.notify_one();
         }
     }
@@ -725,20 +710,19 @@ impl Shared {
             while let Steal::Success(u) = k.stealer.steal() {
                 free(u);
             }
-            let mut timers = k.timers.lock();
-            while let Some(Reverse((_, _, addr))) = timers.heap.pop() {
+            k.timers.drain(|addr| {
                 if addr & TIMER_WAITER != 0 {
                     // A timed wait: the uthread is on a wait queue (or
                     // already elsewhere); only the timer's reference goes.
                     // SAFETY: made by `Arc::into_raw` in
-                    // `park_current_until`, popped once.
+                    // `park_current_until`, taken once.
                     drop(unsafe { Arc::from_raw((addr & !TIMER_WAITER) as *const Waiter) });
-                    continue;
+                    return;
                 }
                 free(URef(
                     NonNull::new(addr as *mut UThread).expect("null timer entry"),
                 ));
-            }
+            });
         }
     }
 }
@@ -975,33 +959,20 @@ fn fire_timers_locally(k: &Owner<'_>, owner: &KThread) -> usize {
     fire_timers(owner, |u| k.push(u))
 }
 
+/// Makes the uthreads whose timers on `owner` are due runnable through
+/// `sink`; how many.
 fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
-    let next = owner.next_deadline.load(Acquire);
-    if next == u64::MAX {
-        return 0; // no timer: skip reading the clock
-    }
-    let now = owner.rt().now_ns();
-    if next > now {
-        return 0;
-    }
-    let Some(mut timers) = owner.timers.try_lock() else {
-        return 0;
-    };
-    let mut fired = 0;
-    while let Some(&Reverse((deadline, _, addr))) = timers.heap.peek() {
-        if deadline > now {
-            break;
-        }
-        timers.heap.pop();
-        // SAFETY: popped from the heap, so taken exactly once.
-        if let Some(u) = unsafe { timer_target(addr) } {
-            sink(u);
-            fired += 1;
-        }
-    }
-    let next = timers.heap.peek().map_or(u64::MAX, |Reverse((d, _, _))| *d);
-    owner.next_deadline.store(next, Release);
-    fired
+    owner.timers.fire_due(
+        || owner.rt().now_ns(),
+        // SAFETY: taken off the heap, so exactly once.
+        |entry| match unsafe { timer_target(entry) } {
+            Some(u) => {
+                sink(u);
+                true
+            }
+            None => false,
+        },
+    )
 }
 
 // ---- operations used by uthreads -------------------------------------------
@@ -1107,15 +1078,7 @@ fn add_timer(k: &Owner<'_>, deadline: Instant, entry: usize) {
     let since_epoch = deadline.saturating_duration_since(k.rt().epoch);
     // Round up: a timer fires at the first check at or past its deadline.
     let deadline = (since_epoch.as_nanos() + 1).min(u64::MAX as u128) as u64;
-    {
-        let mut timers = k.timers.lock();
-        timers.seq += 1;
-        let seq = timers.seq;
-        timers.heap.push(Reverse((deadline, seq, entry)));
-        if deadline < k.next_deadline.load(Relaxed) {
-            k.next_deadline.store(deadline, Release);
-        }
-    }
+    k.timers.add(deadline, entry);
     if !k.runqueue().is_empty() {
         // We go on running other uthreads; someone idle should watch the timer.
         k.rt().watch_timers_of(k);
@@ -1389,7 +1352,7 @@ pub(crate) fn park_worker(k: &KThread, still_idle: impl Fn() -> bool) {
     fence(SeqCst);
     if still_idle() && !k.rt().shutdown.load(SeqCst) {
         bump(&k.stats.parks);
-        eventfd_wait(k, k.next_deadline.load(Acquire));
+        eventfd_wait(k, k.timers.next_deadline());
     }
     k.state.store(RUNNING, SeqCst);
 }
@@ -1603,7 +1566,7 @@ fn park_revoked(owner: &Owner<'_>) {
         rt.notify_one();
     }
     while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
-        eventfd_wait(k, k.next_deadline.load(Acquire));
+        eventfd_wait(k, k.timers.next_deadline());
         if fire_timers(k, |u| rt.push_injector(u)) > 0 {
             rt.notify_one();
         }
