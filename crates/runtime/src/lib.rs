@@ -25,6 +25,7 @@ mod alloc;
 mod arch;
 mod config;
 mod error;
+mod idle;
 mod iokernel;
 pub mod net;
 mod preempt;

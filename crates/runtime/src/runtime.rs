@@ -35,7 +35,7 @@ where
         sched::Mode::Shenango,
         "ginza-k",
         config.iokernel.as_ref(),
-        None,
+        Arc::new(crate::idle::scheduler_loop),
     )?;
     // The caller's thread waits on the main uthread's handle like any joiner.
     let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
@@ -60,7 +60,7 @@ pub(crate) fn start(
     mode: sched::Mode,
     name_prefix: &str,
     iokernel: Option<&crate::iokernel::IokernelConfig>,
-    body: Option<sched::KthreadBody>,
+    body: sched::KthreadBody,
 ) -> Result<Started, RuntimeError> {
     crate::signals::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;

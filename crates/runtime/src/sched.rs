@@ -146,13 +146,13 @@ impl URef {
     }
 }
 
-const RUNNING: u8 = 0;
-const SPINNING: u8 = 1;
-const PARKED: u8 = 2;
+pub(crate) const RUNNING: u8 = 0;
+pub(crate) const SPINNING: u8 = 1;
+pub(crate) const PARKED: u8 = 2;
 /// A waker has claimed this parked kthread and written its eventfd.
 const WAKING: u8 = 3;
 /// Preempted and parked until granted again (the iokerneld revocation path).
-const REVOKED: u8 = 4;
+pub(crate) const REVOKED: u8 = 4;
 
 #[derive(Default)]
 pub(crate) struct KStats {
@@ -191,11 +191,11 @@ pub(crate) struct KThread {
     /// Worker mode: the request context that just yielded back.
     pub(crate) yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
-    siblings: Vec<usize>,
+    pub(crate) siblings: Vec<usize>,
     rt: *const Shared,
     local: UnsafeCell<Worker<URef>>,
-    stealer: Stealer<URef>,
-    sched: UThread,
+    pub(crate) stealer: Stealer<URef>,
+    pub(crate) sched: UThread,
     pub(crate) current: Cell<*mut UThread>,
     /// A uthread that exited; the next context to run frees its stack.
     exited: Cell<*mut UThread>,
@@ -203,8 +203,8 @@ pub(crate) struct KThread {
     /// a uthread's address is its identity (URef) and must not move.
     #[allow(clippy::vec_box)]
     free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
-    timers: Timers,
-    state: AtomicU8,
+    pub(crate) timers: Timers,
+    pub(crate) state: AtomicU8,
     pub(crate) revoke_requested: AtomicBool,
     eventfd: OwnedFd,
     pub(crate) tid: AtomicI32,
@@ -212,7 +212,7 @@ pub(crate) struct KThread {
     pub(crate) io: Option<KLink>,
     /// Managed runtimes: when the kthread left its scheduler context for
     /// uthreads (ns since the epoch), for the busy time on the queue line.
-    busy_since: Cell<u64>,
+    pub(crate) busy_since: Cell<u64>,
     tick: Cell<u32>,
     rng: Cell<u64>,
     pub(crate) stats: KStats,
@@ -305,7 +305,7 @@ impl<'a> Owner<'a> {
         u
     }
 
-    fn runqueue(&self) -> &'a Worker<URef> {
+    pub(crate) fn runqueue(&self) -> &'a Worker<URef> {
         // SAFETY: the token proves we are the owner kthread's thread; a
         // `Worker` is used through `&` only (its push/pop take `&self`).
         unsafe { &*self.k.local.get() }
@@ -393,14 +393,14 @@ impl KThread {
     // iokerneld never sees fewer items than are queued.
 
     #[inline]
-    fn count_pushed(&self, n: u32) {
+    pub(crate) fn count_pushed(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_tail(n);
         }
     }
 
     #[inline]
-    fn count_taken(&self, n: u32) {
+    pub(crate) fn count_taken(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_head(n);
         }
@@ -408,7 +408,7 @@ impl KThread {
 
     /// Adds the busy time since `busy_since` to the queue line (for
     /// utilization-based allocators) and restarts the count.
-    fn publish_busy(&self, running_on: bool) {
+    pub(crate) fn publish_busy(&self, running_on: bool) {
         if let Some(io) = &self.io {
             let now = self.rt().now_ns();
             let since = self.busy_since.replace(if running_on { now } else { 0 });
@@ -424,7 +424,7 @@ impl KThread {
         self.io.as_ref()?.net.as_ref()
     }
 
-    fn next_random(&self) -> u64 {
+    pub(crate) fn next_random(&self) -> u64 {
         // xorshift64: only used to pick a steal victim.
         let mut x = self.rng.get();
         x ^= x << 13;
@@ -445,8 +445,8 @@ pub(crate) struct Shared {
     /// Stacks of exited uthreads, for first runs on any kthread.
     spare_stacks: Injector<Stack>,
     spare_count: AtomicUsize,
-    n_spinning: AtomicUsize,
-    n_parked: AtomicUsize,
+    pub(crate) n_spinning: AtomicUsize,
+    pub(crate) n_parked: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
     epoch: Instant,
     stack_size: usize,
@@ -574,7 +574,7 @@ impl Shared {
 
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
     /// it wait there whether or not kthread 0 holds a core.
-    fn push_injector(&self, u: URef) {
+    pub(crate) fn push_injector(&self, u: URef) {
         self.kthreads[0].count_pushed(1);
         self.injector.push(u);
     }
@@ -664,7 +664,7 @@ impl Shared {
     }
 
     /// Work any idle kthread could take right now.
-    fn work_visible(&self, me: &KThread) -> bool {
+    pub(crate) fn work_visible(&self, me: &KThread) -> bool {
         !self.injector.is_empty()
             || self.kthreads.iter().any(|k| !k.stealer.is_empty())
             || me.timers.next_deadline() <= self.now_ns()
@@ -675,7 +675,7 @@ impl Shared {
                     .any(|k| k.knet().is_some_and(KNet::ingress_pending)))
     }
 
-    fn earliest_deadline(&self) -> u64 {
+    pub(crate) fn earliest_deadline(&self) -> u64 {
         self.kthreads
             .iter()
             .map(|k| k.timers.next_deadline())
@@ -686,7 +686,7 @@ impl Shared {
     /// `k` is about to be busy while it has timers pending: make sure an
     /// idle kthread is awake to fire them on time (it parks with the earliest
     /// deadline of all kthreads as its timeout).
-    fn watch_timers_of(&self, k: &KThread) {
+    pub(crate) fn watch_timers_of(&self, k: &KThread) {
         if k.timers.any() && self.n_spinning.load(Relaxed) == 0 && self.n_parked.load(Relaxed) > 0 {
             self.notify_one();
         }
@@ -736,7 +736,7 @@ fn eventfd_signal(k: &KThread) {
 /// Blocks on the kthread's eventfd until signalled, a signal interrupts, or
 /// `deadline` (ns since the epoch; u64::MAX for none). True if the eventfd
 /// had been written.
-fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
+pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
     let rt = k.rt();
     let timeout = if deadline == u64::MAX {
         None
@@ -787,7 +787,7 @@ pub(crate) fn current_kthread() -> *const KThread {
 /// # Safety
 /// `from` must be the context running on `k`; `to` must be runnable and in no
 /// queue.
-unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThread) {
+pub(crate) unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThread) {
     // SAFETY: `to` is a live context handed to us by a queue or the kthread.
     let target = unsafe { &*to };
     if to != k.sched_ptr() {
@@ -830,7 +830,7 @@ pub(crate) unsafe fn switch_away(owner: Owner<'_>, from: *mut UThread, to: *mut 
 
 /// Called by a context right after it resumes: frees a uthread that exited
 /// on the way here (its stack could not be freed while in use).
-fn finish_switch() {
+pub(crate) fn finish_switch() {
     // SAFETY: preemption is deferred in every context that resumes from a
     // switch, until after this returns.
     let k = unsafe { Owner::current_deferred() };
@@ -955,13 +955,13 @@ fn schedule_away(mut k: Owner<'_>) {
 }
 
 /// Moves due timers of `owner` into the runqueue of `k`.
-fn fire_timers_locally(k: &Owner<'_>, owner: &KThread) -> usize {
+pub(crate) fn fire_timers_locally(k: &Owner<'_>, owner: &KThread) -> usize {
     fire_timers(owner, |u| k.push(u))
 }
 
 /// Makes the uthreads whose timers on `owner` are due runnable through
 /// `sink`; how many.
-fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
+pub(crate) fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
     owner.timers.fire_due(
         || owner.rt().now_ns(),
         // SAFETY: taken off the heap, so exactly once.
@@ -1234,7 +1234,7 @@ pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
 
 // ---- the kthread's own loop -------------------------------------------------------
 
-pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: Option<KthreadBody>) {
+pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     let k = &rt.kthreads[id];
     // Under iokerneld the grant sets the affinity.
     if !rt.managed() {
@@ -1264,52 +1264,16 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: Option<KthreadBody>
         wait_for_grant(&owner, io);
     }
 
-    match body {
-        Some(body) => body(&mut owner),
-        None => scheduler_loop(&mut owner),
-    }
+    body(&mut owner);
 
     preempt::set_current_state(null());
     KTHREAD.with(|c| c.set(null()));
     k.tid.store(0, SeqCst);
 }
 
-/// The Shenango scheduler: find work, run it, park when there is none.
-fn scheduler_loop(owner: &mut Owner<'_>) {
-    let k = owner.kthread();
-    let rt = k.rt();
-    loop {
-        if rt.shutdown.load(Acquire) {
-            break;
-        }
-        k.sched.preempt.pending.store(false, Relaxed);
-        if !k.revoke_requested.load(Acquire) {
-            k.preempt_flag.store(false, Relaxed);
-        }
-        if k.revoke_requested.load(Acquire) {
-            park_revoked(owner);
-            continue;
-        }
-        match find_work(owner) {
-            Some(u) => {
-                rt.watch_timers_of(k);
-                if k.io.is_some() {
-                    k.busy_since.set(rt.now_ns().max(1));
-                }
-                let from = k.sched_ptr();
-                // SAFETY: `u` was dequeued; we are in the scheduler context,
-                // which resumes on this kthread.
-                unsafe { switch_to(owner, from, u.ptr()) };
-                finish_switch();
-                k.publish_busy(false);
-            }
-            None => park_idle(owner),
-        }
-    }
-}
-
-/// What a worker kthread runs instead of the Shenango scheduler loop (the
-/// Shinjuku worker loop, `shinjuku::worker`), in its scheduler context.
+/// What a kthread runs in its scheduler context: the Shenango scheduler
+/// loop (`idle::scheduler_loop`) or the Shinjuku worker loop
+/// (`shinjuku::worker`).
 pub(crate) type KthreadBody = Arc<dyn Fn(&mut Owner<'_>) + Send + Sync>;
 
 /// How a request context gave its worker back.
@@ -1387,116 +1351,11 @@ pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
     UThread::new_boxed(rt, entry)
 }
 
-/// Local runqueue, then timers, then stealing (shared queue, hyperthread
-/// sibling, a random kthread, all of them) for up to `spin_before_park`.
-fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
-    let k = owner.kthread();
-    if let Some(u) = owner.pop() {
-        return Some(u);
-    }
-    let rt = k.rt();
-    let mut start = Instant::now();
-    k.state.store(SPINNING, Relaxed);
-    rt.n_spinning.fetch_add(1, SeqCst);
-    let found = loop {
-        if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
-            break None;
-        }
-        if fire_timers_locally(owner, k) > 0 {
-            if let Some(u) = owner.pop() {
-                break Some(u);
-            }
-        }
-        // Packets on our own ingress ring first.
-        if k.io.is_some() && poll_net(owner, k) > 0 {
-            // More are likely: keep looking.
-            start = Instant::now();
-            if let Some(u) = owner.pop() {
-                break Some(u);
-            }
-        }
-        if let Some(u) = steal_once(owner) {
-            bump(&k.stats.steals);
-            break Some(u);
-        }
-        // Then the packets of kthreads that are busy (or parked).
-        if k.io.is_some() {
-            let (processed, u) = steal_packets(owner);
-            if processed > 0 {
-                start = Instant::now();
-            }
-            if u.is_some() {
-                break u;
-            }
-        }
-        // Timers of kthreads that are revoked or busy.
-        for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
-            fire_timers_locally(owner, other);
-        }
-        if let Some(u) = owner.pop() {
-            break Some(u);
-        }
-        if start.elapsed() >= rt.spin {
-            break None;
-        }
-        std::hint::spin_loop();
-    };
-    rt.n_spinning.fetch_sub(1, SeqCst);
-    k.state.store(RUNNING, Relaxed);
-    if found.is_some() && !owner.runqueue().is_empty() {
-        // We took a batch: let a parked kthread help with the rest.
-        rt.notify_one();
-    }
-    found
-}
-
-fn steal_once(owner: &Owner<'_>) -> Option<URef> {
-    let k = owner.kthread();
-    let local = owner.runqueue();
-    let rt = k.rt();
-    // `counted`: whose queue line the items were counted on.
-    let attempt = |src: &dyn Fn() -> Steal<URef>, counted: &KThread| loop {
-        let before = local.len();
-        match src() {
-            Steal::Success(u) => {
-                // One popped for us, the rest of the batch now ours.
-                let moved = local.len().saturating_sub(before) as u32;
-                k.count_pushed(moved);
-                counted.count_taken(moved + 1);
-                return Some(u);
-            }
-            Steal::Empty => return None,
-            Steal::Retry => std::hint::spin_loop(),
-        }
-    };
-    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local), &rt.kthreads[0]) {
-        return Some(u);
-    }
-    for &s in &k.siblings {
-        let v = &rt.kthreads[s];
-        if let Some(u) = attempt(&|| v.stealer.steal_batch_and_pop(local), v) {
-            return Some(u);
-        }
-    }
-    let n = rt.kthreads.len();
-    if n < 2 {
-        return None;
-    }
-    let start = (k.next_random() % n as u64) as usize;
-    (0..n)
-        .map(|i| (start + i) % n)
-        .filter(|&v| v != k.id)
-        .find_map(|v| {
-            let v = &rt.kthreads[v];
-            attempt(&|| v.stealer.steal_batch_and_pop(local), v)
-        })
-}
-
 /// Processes a batch of `ring`'s ingress ring as the owner's kthread
 /// (nothing if another kthread is processing it); the frames taken.
 /// Uthreads woken by datagrams land on the owner's runqueue.
 #[inline]
-fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
+pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
     let (Some(theirs), Some(stack)) = (ring.knet(), owner.kthread().rt().stack()) else {
         return 0;
     };
@@ -1506,80 +1365,12 @@ fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
     stack.poll(&mut me, theirs, crate::net::POLL_BATCH)
 }
 
-/// Steals packet processing from the other kthreads' ingress rings, from a
-/// random one on: the frames processed, and a uthread they woke, if any.
-fn steal_packets(owner: &mut Owner<'_>) -> (usize, Option<URef>) {
-    let k = owner.kthread();
-    let rt = k.rt();
-    let n = rt.kthreads.len();
-    if n < 2 {
-        return (0, None);
-    }
-    let first = (k.next_random() % n as u64) as usize;
-    let mut processed = 0;
-    for v in (0..n).map(|i| (first + i) % n).filter(|&v| v != k.id) {
-        let got = poll_net(owner, &rt.kthreads[v]);
-        if got > 0 {
-            processed += got;
-            if let Some(u) = owner.pop() {
-                return (processed, Some(u));
-            }
-        }
-    }
-    (processed, None)
-}
-
-/// Parks an idle kthread until work is pushed for it or its next timer is due.
-fn park_idle(owner: &Owner<'_>) {
-    let k = owner.kthread();
-    let rt = k.rt();
-    if let (true, Some(io)) = (rt.managed(), &k.io) {
-        return park_with_iokernel(owner, io, false);
-    }
-    k.state.store(PARKED, SeqCst);
-    rt.n_parked.fetch_add(1, SeqCst);
-    fence(SeqCst);
-    if !(rt.work_visible(k) || rt.shutdown.load(SeqCst) || k.revoke_requested.load(SeqCst)) {
-        bump(&k.stats.parks);
-        // Wake for the earliest timer of any kthread: one that is busy
-        // running a long uthread cannot fire its own.
-        eventfd_wait(k, rt.earliest_deadline());
-    }
-    if k.state.swap(RUNNING, SeqCst) == PARKED {
-        rt.n_parked.fetch_sub(1, SeqCst);
-    }
-}
-
-/// Parks a revoked kthread until it is granted again. Its timers still fire:
-/// the uthreads they wake go to the shared queue for the active kthreads.
-fn park_revoked(owner: &Owner<'_>) {
-    let k = owner.kthread();
-    let rt = k.rt();
-    bump(&k.stats.revocations);
-    if let (true, Some(io)) = (rt.managed(), &k.io) {
-        return park_with_iokernel(owner, io, true);
-    }
-    k.state.store(REVOKED, SeqCst);
-    // What is left on our runqueue (the uthread we were running, at least)
-    // must be stolen by a kthread that still has a core.
-    if !k.stealer.is_empty() {
-        rt.notify_one();
-    }
-    while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
-        eventfd_wait(k, k.timers.next_deadline());
-        if fire_timers(k, |u| rt.push_injector(u)) > 0 {
-            rt.notify_one();
-        }
-    }
-    k.state.store(RUNNING, SeqCst);
-}
-
 /// Gives the core back to iokerneld (`Parked` when out of work, `Yielded`
 /// in answer to a preemption, both with the earliest timer of any kthread:
 /// a busy one cannot fire its own) and waits for the next grant. What is
 /// left on the runqueue (a preempted uthread) stays counted on the queue
 /// line, where iokerneld sees it wait.
-fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool) {
+pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool) {
     let k = owner.kthread();
     let rt = k.rt();
     let link = rt.link.as_ref().expect("managed runtime without a link");

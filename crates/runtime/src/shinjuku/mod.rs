@@ -288,13 +288,8 @@ where
             worker::run(owner, &mailboxes[id])
         })
     };
-    let started_workers = crate::runtime::start(
-        &plan,
-        sched::Mode::Worker,
-        "ginza-w",
-        None,
-        Some(worker_body),
-    )?;
+    let started_workers =
+        crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
     let handler = Arc::new(handler);
     let started = Instant::now();
