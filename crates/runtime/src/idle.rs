@@ -16,9 +16,10 @@ use std::time::Instant;
 
 use crossbeam_deque::Steal;
 
+use crate::iokernel::park_with_iokernel;
 use crate::sched::{
-    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, park_with_iokernel,
-    poll_net, switch_to, KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
+    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, poll_net, switch_to,
+    KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
 };
 
 /// The Shenango scheduler: find work, run it, park when there is none.

@@ -339,7 +339,7 @@ impl<'a> Owner<'a> {
 
     /// Drains iokerneld's commands to this kthread: the decision time of
     /// the last `Wake`.
-    fn drain_from_iokernel(&self) -> Option<u64> {
+    pub(crate) fn drain_from_iokernel(&self) -> Option<u64> {
         // SAFETY: the token proves we are the owner kthread.
         self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
     }
@@ -761,7 +761,7 @@ pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
 }
 
 /// Reads and resets the eventfd without blocking; true if it was written.
-fn eventfd_try_read(k: &KThread) -> bool {
+pub(crate) fn eventfd_try_read(k: &KThread) -> bool {
     let mut buf = 0u64;
     // SAFETY: reading 8 bytes into a valid u64 (non-blocking eventfd).
     let n = unsafe { libc::read(k.eventfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
@@ -1261,7 +1261,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
             tid: k.tid.load(SeqCst) as u32,
         });
         // iokerneld counts every kthread parked until it grants it a core.
-        wait_for_grant(&owner, io);
+        crate::iokernel::wait_for_grant(&owner, io);
     }
 
     body(&mut owner);
@@ -1363,84 +1363,6 @@ pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
         return 0;
     };
     stack.poll(&mut me, theirs, crate::net::POLL_BATCH)
-}
-
-/// Gives the core back to iokerneld (`Parked` when out of work, `Yielded`
-/// in answer to a preemption, both with the earliest timer of any kthread:
-/// a busy one cannot fire its own) and waits for the next grant. What is
-/// left on the runqueue (a preempted uthread) stays counted on the queue
-/// line, where iokerneld sees it wait.
-pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool) {
-    let k = owner.kthread();
-    let rt = k.rt();
-    let link = rt.link.as_ref().expect("managed runtime without a link");
-    if !preempted && (link.cfg.keep_cores_when_idle || rt.work_visible(k)) {
-        return; // keep spinning; or work arrived after the last look
-    }
-    k.state
-        .store(if preempted { REVOKED } else { PARKED }, SeqCst);
-    io.line.insert_flags(ginza_shm::LineFlags::PARKED);
-    if let (false, Some(net)) = (preempted, &io.net) {
-        // A frame that landed after the look above, before iokerneld could
-        // see us parked: take it rather than leave it waiting for a grant.
-        fence(SeqCst);
-        if net.ingress_pending() {
-            io.line.remove_flags(ginza_shm::LineFlags::PARKED);
-            k.state.store(RUNNING, SeqCst);
-            return;
-        }
-    }
-    let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
-    owner.send_to_iokernel(if preempted {
-        ginza_shm::ToIokernel::Yielded { next_deadline_ns }
-    } else {
-        bump(&k.stats.parks);
-        ginza_shm::ToIokernel::Parked { next_deadline_ns }
-    });
-    wait_for_grant(owner, io);
-}
-
-/// Blocks until iokerneld grants this kthread a core (its eventfd), the
-/// runtime shuts down, or iokerneld is lost.
-fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
-    let k = owner.kthread();
-    let rt = k.rt();
-    let linger = rt
-        .link
-        .as_ref()
-        .map_or(Duration::ZERO, |l| l.cfg.linger_after_park);
-    let mut lingering = false;
-    let mut granted = false;
-    if !linger.is_zero() {
-        let start = Instant::now();
-        while start.elapsed() < linger && !rt.shutdown.load(Relaxed) {
-            if eventfd_try_read(k) {
-                granted = true;
-                lingering = true;
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
-    while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
-        // A preemption signal that raced with our `Parked` interrupts the
-        // wait; only the eventfd means a grant.
-        granted = eventfd_wait(k, u64::MAX);
-    }
-    let decided = owner.drain_from_iokernel();
-    if granted {
-        bump(&k.stats.grants);
-        if let Some(d) = decided {
-            io.record(crate::iokernel::monotonic_ns().saturating_sub(d), lingering);
-        }
-    }
-    io.line.remove_flags(ginza_shm::LineFlags::PARKED);
-    // A late signal may have set this while we were parked; iokerneld
-    // clears the flag when it reads our Parked/Yielded, so after a grant
-    // the flag is set only by a new preemption.
-    k.revoke_requested
-        .store(rt.managed() && io.preempt_pending(), SeqCst);
-    k.state.store(RUNNING, SeqCst);
 }
 
 /// Asks kthread `id` to give up its core: a preemption signal makes it save
