@@ -1,6 +1,7 @@
 //! The runtime's side of iokerneld (DESIGN.md, "Processes", "Shared memory
 //! between iokerneld and a runtime"): registration, the per-kthread queue
-//! line and command rings, and the grant latencies a kthread observes.
+//! line and command rings, the grant latencies a kthread observes, and
+//! parking under iokerneld (`park_with_iokernel`, `wait_for_grant`).
 //!
 //! In this mode a kthread holds a core only while iokerneld has granted it
 //! one: it starts parked, parks by telling iokerneld (`Parked`, with its
@@ -11,6 +12,10 @@
 
 use std::cell::UnsafeCell;
 use std::path::PathBuf;
+use std::sync::atomic::{
+    fence,
+    Ordering::{Acquire, Relaxed, SeqCst},
+};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -22,6 +27,7 @@ use ginza_shm::{
 };
 
 use crate::net::{KNet, NetConfig, Stack};
+use crate::sched::{bump, eventfd_try_read, eventfd_wait, Owner, PARKED, REVOKED, RUNNING};
 
 /// How an application registers with iokerneld.
 #[derive(Clone, Debug)]
@@ -266,4 +272,87 @@ impl Link {
     pub(crate) fn to_monotonic(&self, since_epoch_ns: u64) -> Option<u64> {
         (since_epoch_ns != u64::MAX).then(|| self.monotonic_at_epoch.saturating_add(since_epoch_ns))
     }
+}
+
+// ---- parking and grants under iokerneld --------------------------------------
+
+/// Gives the core back to iokerneld (`Parked` when out of work, `Yielded`
+/// in answer to a preemption, both with the earliest timer of any kthread:
+/// a busy one cannot fire its own) and waits for the next grant. What is
+/// left on the runqueue (a preempted uthread) stays counted on the queue
+/// line, where iokerneld sees it wait.
+pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool) {
+    let k = owner.kthread();
+    let rt = k.rt();
+    let link = rt.link.as_ref().expect("managed runtime without a link");
+    if !preempted && (link.cfg.keep_cores_when_idle || rt.work_visible(k)) {
+        return; // keep spinning; or work arrived after the last look
+    }
+    k.state
+        .store(if preempted { REVOKED } else { PARKED }, SeqCst);
+    io.line.insert_flags(ginza_shm::LineFlags::PARKED);
+    if let (false, Some(net)) = (preempted, &io.net) {
+        // A frame that landed after the look above, before iokerneld could
+        // see us parked: take it rather than leave it waiting for a grant.
+        fence(SeqCst);
+        if net.ingress_pending() {
+            io.line.remove_flags(ginza_shm::LineFlags::PARKED);
+            k.state.store(RUNNING, SeqCst);
+            return;
+        }
+    }
+    let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
+    owner.send_to_iokernel(if preempted {
+        ginza_shm::ToIokernel::Yielded { next_deadline_ns }
+    } else {
+        bump(&k.stats.parks);
+        ginza_shm::ToIokernel::Parked { next_deadline_ns }
+    });
+    wait_for_grant(owner, io);
+}
+
+/// Blocks until iokerneld grants this kthread a core (its eventfd), the
+/// runtime shuts down, or iokerneld is lost.
+pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
+    let k = owner.kthread();
+    let rt = k.rt();
+    let linger = rt
+        .link
+        .as_ref()
+        .map_or(Duration::ZERO, |l| l.cfg.linger_after_park);
+    let mut lingering = false;
+    let mut granted = false;
+    if !linger.is_zero() {
+        let start = Instant::now();
+        while start.elapsed() < linger && !rt.shutdown.load(Relaxed) {
+            if eventfd_try_read(k) {
+                granted = true;
+                lingering = true;
+                break;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
+        // A preemption signal that raced with our `Parked` interrupts the
+        // wait; only the eventfd means a grant.
+        granted = eventfd_wait(k, u64::MAX);
+    }
+    let decided = owner.drain_from_iokernel();
+    if granted {
+        bump(&k.stats.grants);
+        if let Some(d) = decided {
+            io.record(
+                ginza_sys::clock::monotonic_ns().saturating_sub(d),
+                lingering,
+            );
+        }
+    }
+    io.line.remove_flags(ginza_shm::LineFlags::PARKED);
+    // A late signal may have set this while we were parked; iokerneld
+    // clears the flag when it reads our Parked/Yielded, so after a grant
+    // the flag is set only by a new preemption.
+    k.revoke_requested
+        .store(rt.managed() && io.preempt_pending(), SeqCst);
+    k.state.store(RUNNING, SeqCst);
 }

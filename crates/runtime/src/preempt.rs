@@ -1,4 +1,6 @@
-//! Deferred preemption.
+//! Preemption: the per-context deferral count, and the entry points that
+//! preempt the running uthread (the signal handler's body, a deferred
+//! preemption applied at the end of its section, and `preempt_point`).
 //!
 //! Every execution context (each uthread, and each kthread's scheduler) owns a
 //! [`PreemptState`]. Its `count` is raised around sections that must not be
@@ -15,9 +17,12 @@
 //! keep the section's body inside.
 
 use std::cell::Cell;
+use std::ptr::NonNull;
 use std::sync::atomic::{
     compiler_fence, AtomicBool, AtomicU32, Ordering::Relaxed, Ordering::SeqCst,
 };
+
+use crate::sched::{self, Mode, URef};
 
 #[derive(Default)]
 pub(crate) struct PreemptState {
@@ -83,7 +88,7 @@ pub(crate) fn enable(state: *const PreemptState) {
     st.count.store(left, Relaxed);
     compiler_fence(SeqCst);
     if left == 0 && st.pending.load(Relaxed) {
-        crate::sched::apply_pending_preemption(state);
+        apply_pending_preemption(state);
     }
 }
 
@@ -109,4 +114,109 @@ impl Drop for Guard {
 pub fn without_preemption<R>(f: impl FnOnce() -> R) -> R {
     let _guard = Guard::new();
     f()
+}
+
+// ---- the preemption entry points (docs/runtime.md, Preemption) ----------------
+
+/// A preemption point: if a preemption was requested for this kthread (the
+/// Shinjuku dispatcher's quantum expired, or the core is being revoked) and
+/// the caller is not in a deferred section, yield now. Cheap enough for the
+/// inner loop of a long request: one call and one load when nothing is asked.
+#[inline]
+pub fn preempt_point() {
+    let k = sched::current_kthread();
+    // SAFETY: a non-null kthread of this thread; reading an atomic flag.
+    if !k.is_null() && unsafe { &*k }.preempt_flag.load(Relaxed) {
+        preempt_point_slow();
+    }
+}
+
+#[cold]
+fn preempt_point_slow() {
+    let state = current_state();
+    // SAFETY: the running context's state.
+    if state.is_null() || unsafe { (*state).count.load(Relaxed) } != 0 {
+        return; // deferred: the next point after the section takes it
+    }
+    if let Some(k) = sched::current_kthread_ref() {
+        if k.mode == Mode::Worker {
+            sched::bump(&k.stats.coop_preemptions);
+        }
+    }
+    sched::yield_now();
+}
+
+/// A preemption signal arrived while preemption was deferred in this
+/// context; the section has ended, so apply it now.
+pub(crate) fn apply_pending_preemption(state: *const PreemptState) {
+    // SAFETY: `state` is the running context's (preempt::enable's caller).
+    unsafe { (*state).pending.store(false, Relaxed) };
+    if sched::current_uthread_unchecked_is_some() {
+        if let Some(k) = sched::current_kthread_ref() {
+            sched::bump(&k.stats.preemptions);
+        }
+        sched::yield_now();
+    }
+}
+
+/// Body of the preemption signal handler (runs on the interrupted stack).
+pub(crate) fn preempt_from_signal() {
+    let state = current_state();
+    let Some(k) = sched::current_kthread_ref() else {
+        return;
+    };
+    if state.is_null() {
+        return;
+    }
+    if k.mode == Mode::Worker && !k.preempt_flag.load(Relaxed) {
+        // A late signal for a request that has finished meanwhile.
+        return;
+    }
+    if k.rt().managed() {
+        // iokerneld's request is the PREEMPT_PENDING flag of the queue
+        // line; a signal without it is late (the kthread parked meanwhile).
+        match &k.io {
+            Some(io) if io.preempt_pending() => k.revoke_requested.store(true, SeqCst),
+            _ => return,
+        }
+    }
+    // SAFETY: CURRENT points to the interrupted context's state.
+    let st = unsafe { &*state };
+    if st.count.load(Relaxed) != 0 {
+        st.pending.store(true, Relaxed);
+        return;
+    }
+    // Interrupted uthread code outside any deferred section (the scheduler's
+    // count never drops to zero). Allocation is a deferred section, so the
+    // runqueue push below cannot re-enter an interrupted allocator.
+    st.count.store(1, Relaxed);
+    sched::bump(&k.stats.preemptions);
+    loop {
+        // SAFETY: the count stays raised (above) until after the loop.
+        let k = unsafe { sched::Owner::current_deferred() };
+        let cur = k.current.get();
+        let worker = k.mode == Mode::Worker;
+        if worker {
+            k.yielded.set(cur);
+        } else {
+            // SAFETY: `cur` is the interrupted uthread, so not null; it is
+            // stealable by others once its registers are saved.
+            k.push(URef::from_nonnull(unsafe { NonNull::new_unchecked(cur) }));
+            k.rt().notify_one();
+        }
+        let to = k.sched_ptr();
+        // SAFETY: `cur` runs on `k`; the scheduler (or worker loop) decides
+        // what happens next.
+        unsafe { sched::switch_away(k, cur, to) };
+        if worker {
+            break; // the dispatcher re-decides on every resumption
+        }
+        // Resumed, maybe elsewhere. A request that arrived while we were
+        // switching in is honoured before returning to the interrupted code.
+        let here = sched::current_kthread_ref().expect("a uthread resumes on a kthread");
+        if !st.pending.swap(false, Relaxed) && !here.revoke_requested.load(Relaxed) {
+            break;
+        }
+    }
+    st.count.store(0, Relaxed);
 }

@@ -35,6 +35,7 @@ where
         sched::Mode::Shenango,
         "ginza-k",
         config.iokernel.as_ref(),
+        Arc::new(crate::idle::scheduler_loop),
     )?;
     // The caller's thread waits on the main uthread's handle like any joiner.
     let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
@@ -59,6 +60,7 @@ pub(crate) fn start(
     mode: sched::Mode,
     name_prefix: &str,
     iokernel: Option<&crate::iokernel::IokernelConfig>,
+    body: sched::KthreadBody,
 ) -> Result<Started, RuntimeError> {
     crate::signals::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
@@ -70,9 +72,10 @@ pub(crate) fn start(
     };
     for id in 0..plan.cores.len() {
         let rt = Arc::clone(&started.rt);
+        let body = body.clone();
         match std::thread::Builder::new()
             .name(format!("{name_prefix}{id}"))
-            .spawn(move || sched::kthread_main(rt, id))
+            .spawn(move || sched::kthread_main(rt, id, body))
         {
             Ok(t) => started.threads.push(t),
             Err(e) => {

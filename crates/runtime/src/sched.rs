@@ -1,5 +1,6 @@
 //! The scheduler: uthreads, kthreads, context switches, work stealing,
-//! parking, timers and preemption.
+//! parking and timers. The preemption entry points are in `preempt.rs`;
+//! the Shinjuku worker loop in `shinjuku/worker.rs`.
 //!
 //! Invariants that keep switching safe:
 //! * A context is only ever switched out and in with its preemption count
@@ -12,16 +13,17 @@
 //!   registers are saved.
 //! * Per-kthread state is reached through [`current_kthread`], never through
 //!   a thread-local address a caller might have cached across a switch, and
-//!   only with preemption deferred.
+//!   only with preemption deferred; owner-only state only through an
+//!   [`Owner`] token, which never outlives a switch (docs/runtime.md,
+//!   "Owner-only state and the owner token").
 
 use std::cell::{Cell, UnsafeCell};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::marker::PhantomData;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
     fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+    Ordering::{AcqRel, Acquire, Relaxed, SeqCst},
 };
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -33,10 +35,10 @@ use ginza_sys::eventfd;
 use crate::arch;
 use crate::config::Plan;
 use crate::iokernel::{IokernelConfig, KLink, Link};
-use crate::net::{KNet, Stack as NetStack};
+use crate::net::{KNet, Stack as NetStack, TxSide};
 use crate::preempt::{self, PreemptState};
 use crate::stack::Stack;
-use crate::sync::spinlock::SpinLock;
+use crate::timer::Timers;
 
 /// A user-level thread: a stack, a saved stack pointer, and what to run.
 pub(crate) struct UThread {
@@ -48,24 +50,26 @@ pub(crate) struct UThread {
     stack: UnsafeCell<Option<Stack>>,
     entry: UnsafeCell<Option<Entry>>,
     rt: *const Shared,
+    /// Worker mode: the identity the dispatcher gave this context (0: none
+    /// yet). Unlike the address, never reused.
+    serial: AtomicU64,
 }
 
 impl UThread {
     /// A new uthread, recycled (with its stack) from the calling kthread's
     /// cache when there is one.
     fn new_boxed(rt: *const Shared, entry: Entry) -> URef {
-        let p = preempt::disable();
-        let k = current_kthread();
-        // SAFETY: a non-null kthread of this thread, stable while deferred;
-        // its cache is owner-only.
-        let recycled = (!k.is_null() && unsafe { (*k).rt } == rt)
-            .then(|| unsafe { (*(*k).free_uthreads.get()).pop() })
-            .flatten();
-        preempt::enable(p);
+        let recycled = {
+            let deferred = preempt::Guard::new();
+            Owner::current(&deferred)
+                .filter(|owner| owner.rt == rt)
+                .and_then(|owner| owner.take_cached_uthread())
+        };
         if let Some(mut u) = recycled {
             // Exited uthreads are cached with sp null (not started), their
             // count at 1, no entry, and their stack kept.
             *u.entry.get_mut() = Some(entry);
+            *u.serial.get_mut() = 0;
             return URef(NonNull::from(Box::leak(u)));
         }
         let u = Box::new(UThread {
@@ -76,6 +80,7 @@ impl UThread {
             stack: UnsafeCell::new(None),
             entry: UnsafeCell::new(Some(entry)),
             rt,
+            serial: AtomicU64::new(0),
         });
         URef(NonNull::from(Box::leak(u)))
     }
@@ -89,6 +94,7 @@ impl UThread {
             stack: UnsafeCell::new(None),
             entry: UnsafeCell::new(None),
             rt,
+            serial: AtomicU64::new(0),
         }
     }
 }
@@ -111,8 +117,13 @@ pub(crate) struct URef(NonNull<UThread>);
 unsafe impl Send for URef {}
 
 impl URef {
-    fn ptr(self) -> *mut UThread {
+    pub(crate) fn ptr(self) -> *mut UThread {
         self.0.as_ptr()
+    }
+
+    /// The handle to a uthread a mailbox carried as a pointer.
+    pub(crate) fn from_nonnull(u: NonNull<UThread>) -> URef {
+        URef(u)
     }
 
     /// Whether it has never run (freshly spawned). Only for a uthread that
@@ -122,19 +133,27 @@ impl URef {
         unsafe { (*self.ptr()).sp.get().read().is_null() }
     }
 
-    /// The uthread's address, as a key while it is alive.
-    pub(crate) fn addr(self) -> usize {
-        self.0.as_ptr() as usize
+    /// The identity the Shinjuku dispatcher gave it (0: none yet).
+    pub(crate) fn serial(self) -> u64 {
+        // SAFETY: a URef names a live uthread; the field is atomic.
+        unsafe { (*self.ptr()).serial.load(Relaxed) }
+    }
+
+    /// Gives it an identity (the Shinjuku dispatcher, before it first runs
+    /// the context: the assignment publishes the store).
+    pub(crate) fn set_serial(self, serial: u64) {
+        // SAFETY: as in `serial`.
+        unsafe { (*self.ptr()).serial.store(serial, Relaxed) }
     }
 }
 
-const RUNNING: u8 = 0;
-const SPINNING: u8 = 1;
-const PARKED: u8 = 2;
+pub(crate) const RUNNING: u8 = 0;
+pub(crate) const SPINNING: u8 = 1;
+pub(crate) const PARKED: u8 = 2;
 /// A waker has claimed this parked kthread and written its eventfd.
 const WAKING: u8 = 3;
 /// Preempted and parked until granted again (the iokerneld revocation path).
-const REVOKED: u8 = 4;
+pub(crate) const REVOKED: u8 = 4;
 
 #[derive(Default)]
 pub(crate) struct KStats {
@@ -144,10 +163,12 @@ pub(crate) struct KStats {
     pub(crate) revocations: AtomicU64,
     /// Cores granted by iokerneld.
     pub(crate) grants: AtomicU64,
+    /// Worker mode: preemptions taken at preemption points (cooperative).
+    pub(crate) coop_preemptions: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere).
-fn bump(counter: &AtomicU64) {
+pub(crate) fn bump(counter: &AtomicU64) {
     counter.store(counter.load(Relaxed) + 1, Relaxed);
 }
 
@@ -161,60 +182,30 @@ pub(crate) enum Mode {
     Worker,
 }
 
-/// Dispatcher → worker half of a Shinjuku mailbox (its own cache line).
-#[derive(Default)]
-pub(crate) struct ToWorker {
-    /// The request context to run next (null: none).
-    pub(crate) assigned: std::sync::atomic::AtomicPtr<UThread>,
-    /// Cooperative preemption request, polled at preemption points. In
-    /// Shenango mode, set together with a revocation.
-    pub(crate) preempt: AtomicBool,
-}
-
-/// Worker → dispatcher half of a Shinjuku mailbox.
-#[derive(Default)]
-pub(crate) struct FromWorker {
-    /// One of the `REPORT_*` values; the dispatcher resets it to NONE.
-    pub(crate) report: AtomicU8,
-    /// When the reported request stopped running (ns since the epoch).
-    pub(crate) report_ns: AtomicU64,
-    /// When the worker switched into its current request (ns since the
-    /// epoch; 0 while it runs none): quanta count from here, not from the
-    /// assignment, so a worker's wake-up does not eat its request's quantum.
-    pub(crate) started_ns: AtomicU64,
-    /// Preemptions taken at preemption points (cooperative).
-    pub(crate) coop_preemptions: AtomicU64,
-}
-
-pub(crate) const REPORT_NONE: u8 = 0;
-pub(crate) const REPORT_COMPLETED: u8 = 1;
-pub(crate) const REPORT_PREEMPTED: u8 = 2;
-pub(crate) const REPORT_BLOCKED: u8 = 3;
-
 pub(crate) struct KThread {
     pub(crate) id: usize,
-    mode: Mode,
-    pub(crate) to_worker: CachePadded<ToWorker>,
-    pub(crate) from_worker: CachePadded<FromWorker>,
+    pub(crate) mode: Mode,
+    /// Cooperative preemption request, polled at preemption points (its own
+    /// cache line: the Shinjuku dispatcher writes it while the kthread
+    /// polls). Set when a quantum is spent, and with a revocation.
+    pub(crate) preempt_flag: CachePadded<AtomicBool>,
     /// Worker mode: the request context that just yielded back.
-    yielded: Cell<*mut UThread>,
+    pub(crate) yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
-    siblings: Vec<usize>,
+    pub(crate) siblings: Vec<usize>,
     rt: *const Shared,
     local: UnsafeCell<Worker<URef>>,
-    stealer: Stealer<URef>,
-    sched: UThread,
-    current: Cell<*mut UThread>,
+    pub(crate) stealer: Stealer<URef>,
+    pub(crate) sched: UThread,
+    pub(crate) current: Cell<*mut UThread>,
     /// A uthread that exited; the next context to run frees its stack.
     exited: Cell<*mut UThread>,
     /// Exited uthreads kept with their stacks for the next spawn. Boxed:
     /// a uthread's address is its identity (URef) and must not move.
     #[allow(clippy::vec_box)]
     free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
-    timers: SpinLock<TimerHeap>,
-    /// Earliest timer deadline (ns since the runtime's epoch), u64::MAX if none.
-    next_deadline: AtomicU64,
-    state: AtomicU8,
+    pub(crate) timers: Timers,
+    pub(crate) state: AtomicU8,
     pub(crate) revoke_requested: AtomicBool,
     eventfd: OwnedFd,
     pub(crate) tid: AtomicI32,
@@ -222,7 +213,7 @@ pub(crate) struct KThread {
     pub(crate) io: Option<KLink>,
     /// Managed runtimes: when the kthread left its scheduler context for
     /// uthreads (ns since the epoch), for the busy time on the queue line.
-    busy_since: Cell<u64>,
+    pub(crate) busy_since: Cell<u64>,
     tick: Cell<u32>,
     rng: Cell<u64>,
     pub(crate) stats: KStats,
@@ -235,24 +226,165 @@ unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
 unsafe impl Send for KThread {}
 
-impl KThread {
+// ---- the owner token ---------------------------------------------------------
+
+/// Proof that the code holding it runs on kthread `k`'s own thread, in a
+/// context that stays on `k` while the token lives: it may use `k`'s
+/// owner-only state (the push/pop end of its runqueue, its uthread cache,
+/// its command rings to iokerneld, the transmit side of its packet rings)
+/// without locks. There are two kinds:
+/// * the scheduler context's, made once per kthread in [`kthread_main`] and
+///   lent to the scheduler (or worker) loop: that context never leaves its
+///   pthread;
+/// * a uthread's, made by [`Owner::current`] and tied to the deferral guard
+///   that keeps the uthread from being preempted. A uthread still moves to
+///   another kthread when it switches out on purpose (it yields, blocks or
+///   sleeps), so the functions that switch a uthread out take its token by
+///   value: no token survives the switch (DESIGN.md, "Per-kthread state and
+///   TLS"). Code holding a token must not call anything else that may switch
+///   (`yield_now`, `Mutex::lock`, ...); debug builds check at every use that
+///   the token's kthread is still the running one.
+///
+/// `!Send` and `!Sync`: a token never leaves the thread it was made on.
+pub(crate) struct Owner<'a> {
+    k: &'a KThread,
+    _this_thread_only: PhantomData<*const ()>,
+}
+
+impl<'a> Owner<'a> {
     /// # Safety
-    /// Only the owning kthread may call this.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn local(&self) -> &Worker<URef> {
-        // SAFETY: owner-only per the caller's contract.
-        unsafe { &*self.local.get() }
+    /// Runs on `k`'s own thread, for its scheduler context.
+    unsafe fn for_scheduler(k: &'a KThread) -> Owner<'a> {
+        Owner {
+            k,
+            _this_thread_only: PhantomData,
+        }
     }
 
+    /// The token of the running context, kept on its kthread by `deferred`;
+    /// None on a thread that is no kthread.
+    pub(crate) fn current(deferred: &'a preempt::Guard) -> Option<Owner<'a>> {
+        let _ = deferred;
+        let k = current_kthread();
+        (!k.is_null()).then(|| Owner {
+            // SAFETY: a non-null kthread pointer of this thread; the kthread
+            // outlives the code it runs, and with preemption deferred the
+            // context stays on it until it switches out on purpose, which
+            // takes the token.
+            k: unsafe { &*k },
+            _this_thread_only: PhantomData,
+        })
+    }
+
+    /// As [`Owner::current`], where preemption is deferred by other means
+    /// than a guard (a uthread's entry and exit, the signal handler, a
+    /// context that has just switched in).
+    ///
+    /// # Safety
+    /// The caller runs on a kthread, with preemption deferred for as long as
+    /// the token lives.
+    pub(crate) unsafe fn current_deferred() -> Owner<'a> {
+        Owner {
+            // SAFETY: the caller's contract, as in `current`.
+            k: unsafe { &*current_kthread() },
+            _this_thread_only: PhantomData,
+        }
+    }
+
+    /// Pushes to the kthread's runqueue, counted on its queue line.
+    pub(crate) fn push(&self, u: URef) {
+        self.count_pushed(1);
+        self.runqueue().push(u);
+    }
+
+    /// Pops from the kthread's runqueue, counted on its queue line.
+    pub(crate) fn pop(&self) -> Option<URef> {
+        let u = self.runqueue().pop();
+        if u.is_some() {
+            self.count_taken(1);
+        }
+        u
+    }
+
+    pub(crate) fn runqueue(&self) -> &'a Worker<URef> {
+        // SAFETY: the token proves we are the owner kthread's thread; a
+        // `Worker` is used through `&` only (its push/pop take `&self`).
+        unsafe { &*self.k.local.get() }
+    }
+
+    fn take_cached_uthread(&self) -> Option<Box<UThread>> {
+        // SAFETY: owner-only field (the token); no other borrow of it lives
+        // across this call.
+        unsafe { &mut *self.k.free_uthreads.get() }.pop()
+    }
+
+    /// Keeps `u` (exited, with its stack) for the next spawn, if there is
+    /// room; else gives it back.
+    fn cache_uthread(&self, u: Box<UThread>) -> Option<Box<UThread>> {
+        // SAFETY: as in `take_cached_uthread`.
+        let cache = unsafe { &mut *self.k.free_uthreads.get() };
+        if cache.len() >= UTHREAD_CACHE {
+            return Some(u);
+        }
+        cache.push(u);
+        None
+    }
+
+    /// Sends a command to iokerneld on this kthread's ring.
+    pub(crate) fn send_to_iokernel(&self, m: ginza_shm::ToIokernel) {
+        if let Some(io) = &self.k.io {
+            // SAFETY: the token proves we are the owner kthread.
+            unsafe { io.send(m) };
+        }
+    }
+
+    /// Drains iokerneld's commands to this kthread: the decision time of
+    /// the last `Wake`.
+    pub(crate) fn drain_from_iokernel(&self) -> Option<u64> {
+        // SAFETY: the token proves we are the owner kthread.
+        self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
+    }
+
+    /// The transmit side of this kthread's packet rings (managed runtimes
+    /// with networking). `&mut self`: one at a time per token, and the
+    /// stack's code that uses it never makes another token.
+    pub(crate) fn tx_side(&mut self) -> Option<TxSide<'_>> {
+        let knet = self.k.knet()?;
+        // SAFETY: the token proves we are the owner kthread and stay on it;
+        // the exclusive borrow of the token keeps this the only `TxSide`
+        // of this context.
+        Some(unsafe { TxSide::new(knet) })
+    }
+}
+
+impl<'a> Owner<'a> {
+    /// The token's kthread (checked, in debug builds, to be the running one).
+    pub(crate) fn kthread(&self) -> &'a KThread {
+        debug_assert!(
+            std::ptr::eq(current_kthread(), self.k),
+            "a kthread's owner token used after its uthread moved"
+        );
+        self.k
+    }
+}
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = KThread;
+    fn deref(&self) -> &KThread {
+        self.kthread()
+    }
+}
+
+impl KThread {
     pub(crate) fn eventfd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.eventfd)
     }
 
-    fn sched_ptr(&self) -> *mut UThread {
+    pub(crate) fn sched_ptr(&self) -> *mut UThread {
         &self.sched as *const UThread as *mut UThread
     }
 
-    fn rt(&self) -> &Shared {
+    pub(crate) fn rt(&self) -> &Shared {
         // SAFETY: the Shared outlives its kthreads (run() joins them before dropping it).
         unsafe { &*self.rt }
     }
@@ -262,14 +394,14 @@ impl KThread {
     // iokerneld never sees fewer items than are queued.
 
     #[inline]
-    fn count_pushed(&self, n: u32) {
+    pub(crate) fn count_pushed(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_tail(n);
         }
     }
 
     #[inline]
-    fn count_taken(&self, n: u32) {
+    pub(crate) fn count_taken(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_head(n);
         }
@@ -277,7 +409,7 @@ impl KThread {
 
     /// Adds the busy time since `busy_since` to the queue line (for
     /// utilization-based allocators) and restarts the count.
-    fn publish_busy(&self, running_on: bool) {
+    pub(crate) fn publish_busy(&self, running_on: bool) {
         if let Some(io) = &self.io {
             let now = self.rt().now_ns();
             let since = self.busy_since.replace(if running_on { now } else { 0 });
@@ -293,7 +425,7 @@ impl KThread {
         self.io.as_ref()?.net.as_ref()
     }
 
-    fn next_random(&self) -> u64 {
+    pub(crate) fn next_random(&self) -> u64 {
         // xorshift64: only used to pick a steal victim.
         let mut x = self.rng.get();
         x ^= x << 13;
@@ -304,35 +436,32 @@ impl KThread {
     }
 }
 
-/// Per-kthread timers: a binary heap of (deadline, sequence, uthread).
-#[derive(Default)]
-struct TimerHeap {
-    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    seq: u64,
-}
-
 /// State shared by all kthreads of one runtime.
 pub(crate) struct Shared {
     pub(crate) kthreads: Box<[KThread]>,
-    mode: Mode,
+    pub(crate) mode: Mode,
     /// Shenango mode: work for any kthread. Worker mode: request contexts
     /// made runnable again after blocking, for the dispatcher.
     pub(crate) injector: Injector<URef>,
     /// Stacks of exited uthreads, for first runs on any kthread.
     spare_stacks: Injector<Stack>,
     spare_count: AtomicUsize,
-    n_spinning: AtomicUsize,
-    n_parked: AtomicUsize,
+    pub(crate) n_spinning: AtomicUsize,
+    pub(crate) n_parked: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
     epoch: Instant,
     stack_size: usize,
-    spin: Duration,
+    pub(crate) spin: Duration,
     wake_cursor: AtomicUsize,
     self_ref: Weak<Shared>,
     /// Registration with iokerneld (None: standalone).
     pub(crate) link: Option<Link>,
     /// iokerneld went away: the kthreads run standalone from then on.
     pub(crate) link_lost: AtomicBool,
+    /// Test hook (worker mode): timers fire only at a worker's periodic
+    /// check in its switch path, neither in the dispatcher nor in an idle
+    /// worker (see `shinjuku::testing`).
+    pub(crate) timers_only_at_switch_checks: AtomicBool,
 }
 
 impl Shared {
@@ -368,8 +497,7 @@ impl Shared {
                     KThread {
                         id,
                         mode,
-                        to_worker: CachePadded::new(ToWorker::default()),
-                        from_worker: CachePadded::new(FromWorker::default()),
+                        preempt_flag: CachePadded::new(AtomicBool::new(false)),
                         yielded: Cell::new(null_mut()),
                         core,
                         siblings: plan.siblings[id].clone(),
@@ -380,8 +508,7 @@ impl Shared {
                         current: Cell::new(null_mut()),
                         exited: Cell::new(null_mut()),
                         free_uthreads: UnsafeCell::new(Vec::new()),
-                        timers: SpinLock::new(TimerHeap::default()),
-                        next_deadline: AtomicU64::new(u64::MAX),
+                        timers: Timers::new(),
                         state: AtomicU8::new(RUNNING),
                         revoke_requested: AtomicBool::new(false),
                         eventfd,
@@ -410,6 +537,7 @@ impl Shared {
                 self_ref: weak.clone(),
                 link,
                 link_lost: AtomicBool::new(false),
+                timers_only_at_switch_checks: AtomicBool::new(false),
             }
         }))
     }
@@ -439,7 +567,7 @@ impl Shared {
 
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
     /// it wait there whether or not kthread 0 holds a core.
-    fn push_injector(&self, u: URef) {
+    pub(crate) fn push_injector(&self, u: URef) {
         self.kthreads[0].count_pushed(1);
         self.injector.push(u);
     }
@@ -491,7 +619,7 @@ impl Shared {
     /// Callers have just published work; the SeqCst fence pairs with the
     /// one in `park_idle` so that either the parker sees the work or we see
     /// the parker.
-    fn notify_one(&self) {
+    pub(crate) fn notify_one(&self) {
         if self.managed() {
             return; // only iokerneld grants cores
         }
@@ -529,10 +657,10 @@ impl Shared {
     }
 
     /// Work any idle kthread could take right now.
-    fn work_visible(&self, me: &KThread) -> bool {
+    pub(crate) fn work_visible(&self, me: &KThread) -> bool {
         !self.injector.is_empty()
             || self.kthreads.iter().any(|k| !k.stealer.is_empty())
-            || me.next_deadline.load(Acquire) <= self.now_ns()
+            || me.timers.next_deadline() <= self.now_ns()
             || (self.link.is_some()
                 && self
                     .kthreads
@@ -540,10 +668,10 @@ impl Shared {
                     .any(|k| k.knet().is_some_and(KNet::ingress_pending)))
     }
 
-    fn earliest_deadline(&self) -> u64 {
+    pub(crate) fn earliest_deadline(&self) -> u64 {
         self.kthreads
             .iter()
-            .map(|k| k.next_deadline.load(Acquire))
+            .map(|k| k.timers.next_deadline())
             .min()
             .unwrap_or(u64::MAX)
     }
@@ -551,11 +679,8 @@ impl Shared {
     /// `k` is about to be busy while it has timers pending: make sure an
     /// idle kthread is awake to fire them on time (it parks with the earliest
     /// deadline of all kthreads as its timeout).
-    fn watch_timers_of(&self, k: &KThread) {
-        if k.next_deadline.load(Relaxed) != u64::MAX
-            && self.n_spinning.load(Relaxed) == 0
-            && self.n_parked.load(Relaxed) > 0
-        {
+    pub(crate) fn watch_timers_of(&self, k: &KThread) {
+        if k.timers.any() && self.n_spinning.load(Relaxed) == 0 && self.n_parked.load(Relaxed) > 0 {
             self.notify_one();
         }
     }
@@ -578,20 +703,19 @@ impl Shared {
             while let Steal::Success(u) = k.stealer.steal() {
                 free(u);
             }
-            let mut timers = k.timers.lock();
-            while let Some(Reverse((_, _, addr))) = timers.heap.pop() {
+            k.timers.drain(|addr| {
                 if addr & TIMER_WAITER != 0 {
                     // A timed wait: the uthread is on a wait queue (or
                     // already elsewhere); only the timer's reference goes.
                     // SAFETY: made by `Arc::into_raw` in
-                    // `park_current_until`, popped once.
+                    // `park_current_until`, taken once.
                     drop(unsafe { Arc::from_raw((addr & !TIMER_WAITER) as *const Waiter) });
-                    continue;
+                    return;
                 }
                 free(URef(
                     NonNull::new(addr as *mut UThread).expect("null timer entry"),
                 ));
-            }
+            });
         }
     }
 }
@@ -603,7 +727,7 @@ fn eventfd_signal(k: &KThread) {
 /// Blocks on the kthread's eventfd until signalled, a signal interrupts, or
 /// `deadline` (ns since the epoch; u64::MAX for none). True if the eventfd
 /// had been written.
-fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
+pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
     let rt = k.rt();
     let timeout =
         (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(rt.now_ns())));
@@ -612,7 +736,7 @@ fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
 }
 
 /// Reads and resets the eventfd without blocking; true if it was written.
-fn eventfd_try_read(k: &KThread) -> bool {
+pub(crate) fn eventfd_try_read(k: &KThread) -> bool {
     matches!(eventfd::read(k.eventfd.as_fd()), Ok(Some(n)) if n > 0)
 }
 
@@ -629,12 +753,13 @@ pub(crate) fn current_kthread() -> *const KThread {
 }
 
 /// Switches from `from` (running on `k`) to `to`. Both have preemption
-/// deferred. Returns when `from` is resumed — possibly on another kthread.
+/// deferred. Returns when `from` is resumed — possibly on another kthread,
+/// so a uthread gives up its token first (see [`switch_away`]).
 ///
 /// # Safety
 /// `from` must be the context running on `k`; `to` must be runnable and in no
 /// queue.
-unsafe fn switch_to(k: &KThread, from: *mut UThread, to: *mut UThread) {
+pub(crate) unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThread) {
     // SAFETY: `to` is a live context handed to us by a queue or the kthread.
     let target = unsafe { &*to };
     if to != k.sched_ptr() {
@@ -656,21 +781,43 @@ unsafe fn switch_to(k: &KThread, from: *mut UThread, to: *mut UThread) {
     unsafe { arch::switch((*from).sp.get(), *target.sp.get(), &(*from).on_cpu) };
 }
 
+/// A uthread's side of [`switch_to`]: it gives up its token, since it may
+/// resume on another kthread, and finishes the switch when it resumes.
+///
+/// # Safety
+/// As for [`switch_to`].
+pub(crate) unsafe fn switch_away(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+    /// Takes the token, so that it ends with the switch.
+    ///
+    /// # Safety
+    /// As for [`switch_to`].
+    unsafe fn switch_giving_up(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+        // SAFETY: the caller's contract.
+        unsafe { switch_to(&owner, from, to) }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { switch_giving_up(owner, from, to) };
+    finish_switch();
+}
+
 /// Called by a context right after it resumes: frees a uthread that exited
 /// on the way here (its stack could not be freed while in use).
-fn finish_switch() {
-    // SAFETY: preemption is deferred in every context that resumes from a switch.
-    let k = unsafe { &*current_kthread() };
+pub(crate) fn finish_switch() {
+    // SAFETY: preemption is deferred in every context that resumes from a
+    // switch, until after this returns.
+    let k = unsafe { Owner::current_deferred() };
     let dead = k.exited.replace(null_mut());
     if !dead.is_null() {
         // SAFETY: the exited uthread is off-CPU (we are running) and in no queue.
         let mut u = unsafe { Box::from_raw(dead) };
-        // SAFETY: owner-only field of the current kthread.
-        let cache = unsafe { &mut *k.free_uthreads.get() };
-        if k.mode == Mode::Shenango && cache.len() < UTHREAD_CACHE && u.stack.get_mut().is_some() {
+        if k.mode == Mode::Shenango && u.stack.get_mut().is_some() {
             *u.sp.get_mut() = null_mut();
             u.preempt = PreemptState::new(1);
-            cache.push(u);
+            if let Some(mut u) = k.cache_uthread(u) {
+                if let Some(stack) = u.stack.get_mut().take() {
+                    k.rt().put_spare_stack(stack);
+                }
+            }
         } else if let Some(stack) = u.stack.get_mut().take() {
             // Shinjuku requests are created by the dispatcher, which is no
             // kthread: their stacks go back through the runtime-wide pool.
@@ -687,7 +834,7 @@ const SPARE_STACKS: usize = 1024;
 ///
 /// # Safety
 /// `u` must not be running and must never have run since it was (re)spawned.
-unsafe fn prepare_first_run(k: &KThread, u: *mut UThread) {
+unsafe fn prepare_first_run(k: &Owner<'_>, u: *mut UThread) {
     // SAFETY: `u` is ours until it runs (caller's contract).
     let stack = unsafe { &mut *(*u).stack.get() };
     if stack.is_none() {
@@ -721,22 +868,19 @@ unsafe extern "C" fn uthread_entry(arg: *mut u8) -> ! {
         task.run(); // catches its own panics (see task.rs)
     }
     preempt::disable();
-    // SAFETY: preemption deferred; we are the current context of this kthread.
-    let k = unsafe { &*current_kthread() };
+    // SAFETY: preemption deferred (for good: this context ends here).
+    let mut k = unsafe { Owner::current_deferred() };
     k.exited.set(u);
-    // SAFETY: owner kthread, preemption deferred.
-    let next = unsafe { pick_next(k) };
+    let next = pick_next(&mut k);
     // SAFETY: `u` runs on `k`; `next` is runnable and dequeued.
-    unsafe { switch_to(k, u, next) };
+    unsafe { switch_to(&k, u, next) };
     crate::signals::fatal("an exited uthread was resumed")
 }
 
 /// The next context for `k`: a local uthread, or the scheduler when the
 /// runqueue is empty or the kthread must stop.
-///
-/// # Safety
-/// Owner kthread only, preemption deferred.
-unsafe fn pick_next(k: &KThread) -> *mut UThread {
+fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
+    let k = owner.kthread();
     let rt = k.rt();
     if k.revoke_requested.load(Relaxed) || rt.shutdown.load(Relaxed) {
         return k.sched_ptr();
@@ -744,109 +888,71 @@ unsafe fn pick_next(k: &KThread) -> *mut UThread {
     // Do not let a busy runqueue starve this kthread's timers.
     let tick = k.tick.get().wrapping_add(1);
     k.tick.set(tick);
+    if k.mode == Mode::Worker {
+        // Only the dispatcher decides what a worker runs: a request whose
+        // sleep is over goes back to it, never onto this worker's runqueue.
+        // Run from here it would stop behind the dispatcher's back, which
+        // then waits for it forever (docs/runtime.md, Shinjuku mode).
+        if tick.is_multiple_of(32) {
+            fire_timers_to_dispatcher(k);
+        }
+        return k.sched_ptr();
+    }
     if tick.is_multiple_of(32) {
-        // SAFETY: owner kthread.
-        unsafe { fire_timers_locally(k, k) };
+        fire_timers_locally(owner, k);
         // Nor its packets (a kthread that never runs dry would not poll).
-        if k.io.is_some() && k.mode == Mode::Shenango {
-            // SAFETY: owner kthread, preemption deferred.
-            unsafe { poll_net(k, k) };
+        if k.io.is_some() {
+            poll_net(owner, k);
         }
         k.publish_busy(true);
     }
-    // SAFETY: owner kthread.
-    match unsafe { pop_local(k) } {
+    match owner.pop() {
         Some(u) => u.ptr(),
         None => k.sched_ptr(),
     }
 }
 
-/// Leaves the running uthread `cur` for the next context; returns when `cur`
-/// runs again. The caller has deferred preemption and has already put `cur`
-/// where it will be found (a runqueue, a wait queue, a timer).
-unsafe fn schedule_away(k: &KThread, cur: *mut UThread) {
-    // SAFETY: caller's contract.
-    let next = unsafe { pick_next(k) };
+/// Leaves the running uthread for the next context; returns when it runs
+/// again, maybe on another kthread (so it gives up its token). The caller
+/// has deferred preemption and has already put the uthread where it will
+/// be found (a runqueue, a wait queue, a timer).
+fn schedule_away(mut k: Owner<'_>) {
+    let cur = k.current.get();
+    let next = pick_next(&mut k);
     if next == cur {
         return;
     }
-    // SAFETY: `cur` runs on `k`, `next` was dequeued.
-    unsafe { switch_to(k, cur, next) };
-    finish_switch();
+    // SAFETY: `cur` is the context running on `k`; `next` was dequeued.
+    unsafe { switch_away(k, cur, next) };
 }
 
-/// Moves due timers of `owner` into the runqueue of `k` (the caller's kthread).
-///
-/// # Safety
-/// `k` must be the current kthread.
-unsafe fn fire_timers_locally(k: &KThread, owner: &KThread) -> usize {
-    // SAFETY: caller's contract: `k` is ours.
-    fire_timers(owner, |u| unsafe { push_local(k, u) })
+/// Moves due timers of `owner` into the runqueue of `k`.
+pub(crate) fn fire_timers_locally(k: &Owner<'_>, owner: &KThread) -> usize {
+    fire_timers(owner, |u| k.push(u))
 }
 
-/// Pushes to `k`'s runqueue, counted on its queue line.
-///
-/// # Safety
-/// `k` must be the current kthread.
-unsafe fn push_local(k: &KThread, u: URef) {
-    k.count_pushed(1);
-    // SAFETY: caller's contract.
-    unsafe { k.local() }.push(u);
-}
-
-/// Pops from `k`'s runqueue, counted on its queue line.
-///
-/// # Safety
-/// `k` must be the current kthread.
-unsafe fn pop_local(k: &KThread) -> Option<URef> {
-    // SAFETY: caller's contract.
-    let u = unsafe { k.local() }.pop();
-    if u.is_some() {
-        k.count_taken(1);
-    }
-    u
-}
-
-fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
-    let next = owner.next_deadline.load(Acquire);
-    if next == u64::MAX {
-        return 0; // no timer: skip reading the clock
-    }
-    let now = owner.rt().now_ns();
-    if next > now {
-        return 0;
-    }
-    let Some(mut timers) = owner.timers.try_lock() else {
-        return 0;
-    };
-    let mut fired = 0;
-    while let Some(&Reverse((deadline, _, addr))) = timers.heap.peek() {
-        if deadline > now {
-            break;
-        }
-        timers.heap.pop();
-        // SAFETY: popped from the heap, so taken exactly once.
-        if let Some(u) = unsafe { timer_target(addr) } {
-            sink(u);
-            fired += 1;
-        }
-    }
-    let next = timers.heap.peek().map_or(u64::MAX, |Reverse((d, _, _))| *d);
-    owner.next_deadline.store(next, Release);
-    fired
+/// Makes the uthreads whose timers on `owner` are due runnable through
+/// `sink`; how many.
+pub(crate) fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
+    owner.timers.fire_due(
+        || owner.rt().now_ns(),
+        // SAFETY: taken off the heap, so exactly once.
+        |entry| match unsafe { timer_target(entry) } {
+            Some(u) => {
+                sink(u);
+                true
+            }
+            None => false,
+        },
+    )
 }
 
 // ---- operations used by uthreads -------------------------------------------
 
-/// The running uthread and its kthread, if the caller is a uthread.
-/// Preemption must be deferred by the caller.
-pub(crate) fn current_uthread() -> Option<URef> {
-    let k = current_kthread();
-    if k.is_null() {
-        return None;
-    }
-    // SAFETY: non-null kthread pointer of the calling thread.
-    let k = unsafe { &*k };
+/// The running uthread, if the caller is a uthread (kept where it is by
+/// `deferred`).
+pub(crate) fn current_uthread(deferred: &preempt::Guard) -> Option<URef> {
+    let k = Owner::current(deferred)?;
     let cur = k.current.get();
     if cur == k.sched_ptr() || cur.is_null() {
         None
@@ -856,108 +962,63 @@ pub(crate) fn current_uthread() -> Option<URef> {
 }
 
 /// Suspends the running uthread, which the caller has put on a wait queue
-/// with preemption deferred; returns after someone [`wake`]s it.
-pub(crate) fn park_current() {
-    // SAFETY: preemption is deferred by the caller, so the kthread is stable.
-    let k = unsafe { &*current_kthread() };
-    let cur = k.current.get();
-    // SAFETY: `cur` is running on `k` and has been queued by the caller.
-    unsafe { schedule_away(k, cur) };
+/// while `deferred` kept it from being preempted; returns after someone
+/// [`wake`]s it.
+pub(crate) fn park_current(deferred: &preempt::Guard) {
+    let k = Owner::current(deferred).expect("park_current outside a kthread");
+    schedule_away(k);
 }
 
 /// Makes `u` runnable: on the caller's runqueue when it is a kthread of the
 /// same runtime, on the runtime's shared queue otherwise.
 pub(crate) fn wake(u: URef) {
-    let p = preempt::disable();
+    let deferred = preempt::Guard::new();
     // SAFETY: `u` is a live uthread in no queue (the caller just took it off one).
     let rt_ptr = unsafe { (*u.ptr()).rt };
-    let k = current_kthread();
     // SAFETY: the runtime outlives its uthreads' wake-ups (run() waits for main).
     let rt = unsafe { &*rt_ptr };
     if rt.mode == Mode::Worker {
         // Only the dispatcher decides where a request runs.
         rt.injector.push(u);
-        preempt::enable(p);
         return;
     }
-    // SAFETY: non-null kthread of the calling thread, preemption deferred.
-    if !k.is_null() && unsafe { (*k).rt } == rt_ptr {
-        // SAFETY: owner kthread.
-        unsafe { push_local(&*k, u) };
-    } else {
-        rt.push_injector(u);
+    match Owner::current(&deferred).filter(|k| k.rt == rt_ptr) {
+        Some(k) => k.push(u),
+        None => rt.push_injector(u),
     }
     rt.notify_one();
-    preempt::enable(p);
 }
 
 /// Cooperative yield: the running uthread goes to the back of its runqueue.
 pub fn yield_now() {
-    let p = preempt::disable();
-    if p.is_null() {
+    let deferred = preempt::Guard::new();
+    let Some(k) = Owner::current(&deferred) else {
         std::thread::yield_now();
         return;
+    };
+    if k.current.get() != k.sched_ptr() {
+        requeue_and_leave(k);
     }
-    // SAFETY: preemption deferred, so this kthread stays ours.
-    let k = unsafe { &*current_kthread() };
-    let cur = k.current.get();
-    if cur != k.sched_ptr() {
-        // SAFETY: owner kthread; `cur` is the running uthread.
-        unsafe { requeue_and_leave(k, cur) };
-    }
-    preempt::enable(p);
 }
 
 /// Puts the running uthread back where it can run again and leaves it:
 /// Shenango mode, at the back of the local runqueue (stealable); worker
 /// mode, back to the dispatcher through the worker loop.
-///
-/// # Safety
-/// `cur` runs on `k`, the caller's kthread; preemption deferred.
-unsafe fn requeue_and_leave(k: &KThread, cur: *mut UThread) {
+fn requeue_and_leave(k: Owner<'_>) {
+    let cur = k.current.get();
     match k.mode {
         Mode::Shenango => {
-            // SAFETY: owner kthread; `cur` is running.
-            unsafe {
-                push_local(k, URef(NonNull::new_unchecked(cur)));
-                schedule_away(k, cur);
-            }
+            // SAFETY: `cur` is the running uthread, so not null.
+            k.push(URef(unsafe { NonNull::new_unchecked(cur) }));
+            schedule_away(k);
         }
         Mode::Worker => {
             k.yielded.set(cur);
+            let to = k.sched_ptr();
             // SAFETY: `cur` runs on `k`; the worker loop takes it from `yielded`.
-            unsafe { switch_to(k, cur, k.sched_ptr()) };
-            finish_switch();
+            unsafe { switch_away(k, cur, to) };
         }
     }
-}
-
-/// A preemption point: if a preemption was requested for this kthread (the
-/// Shinjuku dispatcher's quantum expired, or the core is being revoked) and
-/// the caller is not in a deferred section, yield now. Cheap enough for the
-/// inner loop of a long request: one call and one load when nothing is asked.
-#[inline]
-pub fn preempt_point() {
-    let k = current_kthread();
-    // SAFETY: a non-null kthread of this thread; reading an atomic flag.
-    if !k.is_null() && unsafe { &*k }.to_worker.preempt.load(Relaxed) {
-        preempt_point_slow();
-    }
-}
-
-#[cold]
-fn preempt_point_slow() {
-    let state = preempt::current_state();
-    // SAFETY: the running context's state.
-    if state.is_null() || unsafe { (*state).count.load(Relaxed) } != 0 {
-        return; // deferred: the next point after the section takes it
-    }
-    if let Some(k) = current_kthread_ref() {
-        if k.mode == Mode::Worker {
-            bump(&k.from_worker.coop_preemptions);
-        }
-    }
-    yield_now();
 }
 
 /// Suspends the running uthread for at least `duration`. Outside a runtime
@@ -972,40 +1033,25 @@ pub fn sleep(duration: Duration) {
 /// Suspends the running uthread until `deadline` has passed. Outside a
 /// runtime it sleeps the OS thread.
 pub fn sleep_until(deadline: Instant) {
-    let p = preempt::disable();
-    let Some(cur) = current_uthread() else {
-        preempt::enable(p);
+    let deferred = preempt::Guard::new();
+    let Some(cur) = current_uthread(&deferred) else {
+        drop(deferred);
         return std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
     };
-    // SAFETY: preemption deferred, so this kthread stays ours.
-    let k = unsafe { &*current_kthread() };
-    // SAFETY: preemption deferred, `k` is ours.
-    unsafe { add_timer(k, deadline, cur.ptr() as usize) };
-    // SAFETY: `cur` runs on `k` and sits in the timer heap.
-    unsafe { schedule_away(k, cur.ptr()) };
-    preempt::enable(p);
+    let k = Owner::current(&deferred).expect("a uthread runs on a kthread");
+    add_timer(&k, deadline, cur.ptr() as usize);
+    // The uthread sits in the timer heap.
+    schedule_away(k);
 }
 
 /// Adds a timer entry (a uthread's address, or a tagged `Arc<Waiter>`) to
 /// `k`'s heap.
-///
-/// # Safety
-/// `k` is the caller's kthread, preemption deferred.
-unsafe fn add_timer(k: &KThread, deadline: Instant, entry: usize) {
+fn add_timer(k: &Owner<'_>, deadline: Instant, entry: usize) {
     let since_epoch = deadline.saturating_duration_since(k.rt().epoch);
     // Round up: a timer fires at the first check at or past its deadline.
     let deadline = (since_epoch.as_nanos() + 1).min(u64::MAX as u128) as u64;
-    {
-        let mut timers = k.timers.lock();
-        timers.seq += 1;
-        let seq = timers.seq;
-        timers.heap.push(Reverse((deadline, seq, entry)));
-        if deadline < k.next_deadline.load(Relaxed) {
-            k.next_deadline.store(deadline, Release);
-        }
-    }
-    // SAFETY: owner kthread.
-    if !unsafe { k.local() }.is_empty() {
+    k.timers.add(deadline, entry);
+    if !k.runqueue().is_empty() {
         // We go on running other uthreads; someone idle should watch the timer.
         k.rt().watch_timers_of(k);
     }
@@ -1080,34 +1126,27 @@ unsafe fn timer_target(entry: usize) -> Option<URef> {
 /// Suspends the running uthread, which the caller has put on a wait queue
 /// as `w` with preemption deferred, until `w` is woken or `deadline`
 /// passes (then [`Waiter::timed_out`]; the caller takes `w` off its queue).
-pub(crate) fn park_current_until(w: &Arc<Waiter>, deadline: Instant) {
-    // SAFETY: preemption is deferred by the caller, so the kthread is stable.
-    let k = unsafe { &*current_kthread() };
-    let cur = k.current.get();
-    debug_assert_eq!(cur, w.u.ptr());
+pub(crate) fn park_current_until(deferred: &preempt::Guard, w: &Arc<Waiter>, deadline: Instant) {
+    let k = Owner::current(deferred).expect("park_current_until outside a kthread");
+    debug_assert_eq!(k.current.get(), w.u.ptr());
     let entry = Arc::into_raw(Arc::clone(w)) as usize;
     debug_assert_eq!(entry & TIMER_WAITER, 0);
-    // SAFETY: preemption deferred, `k` is ours.
-    unsafe { add_timer(k, deadline, entry | TIMER_WAITER) };
-    // SAFETY: `cur` runs on `k`; it is on a wait queue and in the heap.
-    unsafe { schedule_away(k, cur) };
+    add_timer(&k, deadline, entry | TIMER_WAITER);
+    // The uthread is on a wait queue and in the heap.
+    schedule_away(k);
 }
 
-/// Runs `f` on the calling kthread's packet rings with preemption deferred
-/// (so `f` may use their owner-only transmit side), if the caller runs on a
-/// kthread of `rt` with networking.
-pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&KNet) -> R) -> Option<R> {
-    let _deferred = preempt::Guard::new();
-    let k = current_kthread();
-    if k.is_null() {
-        return None;
-    }
-    // SAFETY: a non-null kthread of this thread, stable while deferred.
-    let k = unsafe { &*k };
+/// Runs `f` on the transmit side of the calling kthread's packet rings,
+/// with preemption deferred, if the caller runs on a kthread of `rt` with
+/// networking. `f` must not switch (it cannot: it has no token to give up).
+pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&mut TxSide<'_>) -> R) -> Option<R> {
+    let deferred = preempt::Guard::new();
+    let mut k = Owner::current(&deferred)?;
     if !std::ptr::eq(k.rt, rt) {
         return None;
     }
-    k.knet().map(f)
+    let mut tx = k.tx_side()?;
+    Some(f(&mut tx))
 }
 
 /// The calling uthread's runtime.
@@ -1137,91 +1176,16 @@ pub fn current_kthread_id() -> Option<usize> {
     (!k.is_null()).then(|| unsafe { (*k).id })
 }
 
-// ---- preemption --------------------------------------------------------------
-
-/// A preemption signal arrived while preemption was deferred in this
-/// context; the section has ended, so apply it now.
-pub(crate) fn apply_pending_preemption(state: *const PreemptState) {
-    // SAFETY: `state` is the running context's (preempt::enable's caller).
-    unsafe { (*state).pending.store(false, Relaxed) };
-    if current_uthread_unchecked_is_some() {
-        if let Some(k) = current_kthread_ref() {
-            bump(&k.stats.preemptions);
-        }
-        yield_now();
-    }
-}
-
-fn current_kthread_ref() -> Option<&'static KThread> {
+/// The kthread running the caller, if any (see [`current_kthread`]).
+pub(crate) fn current_kthread_ref() -> Option<&'static KThread> {
     let k = current_kthread();
     // SAFETY: kthreads live as long as their thread runs code.
     (!k.is_null()).then(|| unsafe { &*k })
 }
 
-fn current_uthread_unchecked_is_some() -> bool {
+/// Whether a uthread (not the scheduler) is running on this kthread.
+pub(crate) fn current_uthread_unchecked_is_some() -> bool {
     current_kthread_ref().is_some_and(|k| k.current.get() != k.sched_ptr())
-}
-
-/// Body of the preemption signal handler (runs on the interrupted stack).
-pub(crate) fn preempt_from_signal() {
-    let state = preempt::current_state();
-    let Some(k) = current_kthread_ref() else {
-        return;
-    };
-    if state.is_null() {
-        return;
-    }
-    if k.mode == Mode::Worker && !k.to_worker.preempt.load(Relaxed) {
-        // A late signal for a request that has finished meanwhile.
-        return;
-    }
-    if k.rt().managed() {
-        // iokerneld's request is the PREEMPT_PENDING flag of the queue
-        // line; a signal without it is late (the kthread parked meanwhile).
-        match &k.io {
-            Some(io) if io.preempt_pending() => k.revoke_requested.store(true, SeqCst),
-            _ => return,
-        }
-    }
-    // SAFETY: CURRENT points to the interrupted context's state.
-    let st = unsafe { &*state };
-    if st.count.load(Relaxed) != 0 {
-        st.pending.store(true, Relaxed);
-        return;
-    }
-    // Interrupted uthread code outside any deferred section (the scheduler's
-    // count never drops to zero). Allocation is a deferred section, so the
-    // runqueue push below cannot re-enter an interrupted allocator.
-    st.count.store(1, Relaxed);
-    bump(&k.stats.preemptions);
-    loop {
-        // SAFETY: preemption deferred; this is the running kthread.
-        let k = unsafe { &*current_kthread() };
-        let cur = k.current.get();
-        if k.mode == Mode::Worker {
-            k.yielded.set(cur);
-        } else {
-            // SAFETY: owner kthread; `cur` is the interrupted uthread, now
-            // stealable by others once its registers are saved.
-            unsafe { push_local(k, URef(NonNull::new_unchecked(cur))) };
-            k.rt().notify_one();
-        }
-        // SAFETY: `cur` runs on `k`; the scheduler (or worker loop) decides
-        // what happens next.
-        unsafe { switch_to(k, cur, k.sched_ptr()) };
-        finish_switch();
-        if k.mode == Mode::Worker {
-            break; // the dispatcher re-decides on every resumption
-        }
-        // Resumed, maybe elsewhere. A request that arrived while we were
-        // switching in is honoured before returning to the interrupted code.
-        // SAFETY: preemption deferred.
-        let here = unsafe { &*current_kthread() };
-        if !st.pending.swap(false, Relaxed) && !here.revoke_requested.load(Relaxed) {
-            break;
-        }
-    }
-    st.count.store(0, Relaxed);
 }
 
 /// If `addr` is in the guard page of the running uthread's stack: the
@@ -1242,7 +1206,7 @@ pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
 
 // ---- the kthread's own loop -------------------------------------------------------
 
-pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
+pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     let k = &rt.kthreads[id];
     // Under iokerneld the grant sets the affinity.
     if !rt.managed() {
@@ -1261,136 +1225,95 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize) {
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
     preempt::set_current_state(&k.sched.preempt);
+    // SAFETY: this is `k`'s own thread, in its scheduler context.
+    let mut owner = unsafe { Owner::for_scheduler(k) };
     if let Some(io) = &k.io {
-        // SAFETY: our own kthread.
-        unsafe {
-            io.send(ginza_shm::ToIokernel::Started {
-                tid: k.tid.load(SeqCst) as u32,
-            })
-        };
+        owner.send_to_iokernel(ginza_shm::ToIokernel::Started {
+            tid: k.tid.load(SeqCst) as u32,
+        });
         // iokerneld counts every kthread parked until it grants it a core.
-        wait_for_grant(k, io);
+        crate::iokernel::wait_for_grant(&owner, io);
     }
 
-    // SAFETY: this is kthread `k`'s own thread.
-    unsafe {
-        match k.mode {
-            Mode::Shenango => scheduler_loop(k),
-            Mode::Worker => worker_loop(k),
-        }
-    }
+    body(&mut owner);
 
     preempt::set_current_state(null());
     KTHREAD.with(|c| c.set(null()));
     k.tid.store(0, SeqCst);
 }
 
-/// # Safety
-/// Runs on kthread `k`'s own thread, in its scheduler context.
-unsafe fn scheduler_loop(k: &KThread) {
-    let rt = k.rt();
-    loop {
-        if rt.shutdown.load(Acquire) {
-            break;
-        }
-        k.sched.preempt.pending.store(false, Relaxed);
-        if !k.revoke_requested.load(Acquire) {
-            k.to_worker.preempt.store(false, Relaxed);
-        }
-        if k.revoke_requested.load(Acquire) {
-            park_revoked(k);
-            continue;
-        }
-        // SAFETY: our own kthread.
-        match unsafe { find_work(k) } {
-            Some(u) => {
-                rt.watch_timers_of(k);
-                if k.io.is_some() {
-                    k.busy_since.set(rt.now_ns().max(1));
-                }
-                // SAFETY: `u` was dequeued; we are in the scheduler context.
-                unsafe { switch_to(k, k.sched_ptr(), u.ptr()) };
-                finish_switch();
-                k.publish_busy(false);
-            }
-            None => park_idle(k),
-        }
+/// What a kthread runs in its scheduler context: the Shenango scheduler
+/// loop (`idle::scheduler_loop`) or the Shinjuku worker loop
+/// (`shinjuku::worker`).
+pub(crate) type KthreadBody = Arc<dyn Fn(&mut Owner<'_>) + Send + Sync>;
+
+/// How a request context gave its worker back.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Stopped {
+    /// It returned (and is freed).
+    Exited,
+    /// It yielded: preempted, cooperatively or by the signal.
+    Yielded,
+    /// It waits on a wait queue or a timer; its waker hands it to the
+    /// dispatcher.
+    Blocked,
+}
+
+/// Worker mode: runs `u`, which the dispatcher handed to `k` alone, until
+/// it gives the worker back. `k` is the scheduler context's token.
+pub(crate) fn run_on_worker(k: &mut Owner<'_>, u: URef) -> Stopped {
+    let u = u.ptr();
+    k.yielded.set(null_mut());
+    let from = k.sched_ptr();
+    // SAFETY: the dispatcher handed `u` to us alone; we are in the
+    // scheduler context, which resumes on this kthread.
+    unsafe { switch_to(k, from, u) };
+    let exited = k.exited.get() == u;
+    finish_switch(); // frees `u` if it exited
+    if exited {
+        Stopped::Exited
+    } else if k.yielded.replace(null_mut()) == u {
+        Stopped::Yielded
+    } else {
+        Stopped::Blocked
     }
 }
 
-/// Shinjuku worker: runs the request contexts the dispatcher assigns, one at
-/// a time, and reports how each one stopped.
-///
-/// # Safety
-/// Runs on kthread `k`'s own thread, in its scheduler context.
-unsafe fn worker_loop(k: &KThread) {
-    let rt = k.rt();
-    while let Some(u) = wait_for_assignment(k) {
-        let u = u.ptr();
-        k.yielded.set(null_mut());
-        k.from_worker.started_ns.store(rt.now_ns().max(1), Relaxed);
-        // SAFETY: the dispatcher handed `u` to us alone; we are in the scheduler context.
-        unsafe { switch_to(k, k.sched_ptr(), u) };
-        let completed = k.exited.get() == u;
-        finish_switch(); // frees `u` if it completed
-        let report = if completed {
-            REPORT_COMPLETED
-        } else if k.yielded.replace(null_mut()) == u {
-            REPORT_PREEMPTED
-        } else {
-            REPORT_BLOCKED // on a wait queue; a waker sends it to the dispatcher
-        };
-        k.from_worker.started_ns.store(0, Relaxed);
-        k.from_worker.report_ns.store(rt.now_ns(), Relaxed);
-        k.from_worker.report.store(report, Release);
+/// Worker mode: blocks the idle kthread `k` on its eventfd, unless
+/// `still_idle` says otherwise once `k` is marked parked, until
+/// [`wake_if_parked`] or its next timer.
+pub(crate) fn park_worker(k: &KThread, still_idle: impl Fn() -> bool) {
+    k.state.store(PARKED, SeqCst);
+    fence(SeqCst);
+    if still_idle() && !k.rt().shutdown.load(SeqCst) {
+        bump(&k.stats.parks);
+        eventfd_wait(k, k.timers.next_deadline());
     }
+    k.state.store(RUNNING, SeqCst);
 }
 
-/// Spins for the next assignment, then parks on the eventfd (the dispatcher
-/// signals it after assigning to a parked worker). None at shutdown.
-fn wait_for_assignment(k: &KThread) -> Option<URef> {
-    let rt = k.rt();
-    let mut idle_since: Option<Instant> = None;
-    loop {
-        let u = k.to_worker.assigned.swap(null_mut(), Acquire);
-        if let Some(u) = NonNull::new(u) {
-            return Some(URef(u));
-        }
-        if rt.shutdown.load(Acquire) {
-            return None;
-        }
-        fire_timers_to_dispatcher(k);
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < rt.spin {
-            std::hint::spin_loop();
-            continue;
-        }
-        k.state.store(PARKED, SeqCst);
-        fence(SeqCst);
-        if k.to_worker.assigned.load(SeqCst).is_null() && !rt.shutdown.load(SeqCst) {
-            bump(&k.stats.parks);
-            eventfd_wait(k, k.next_deadline.load(Acquire));
-        }
-        k.state.store(RUNNING, SeqCst);
-        idle_since = None;
+/// Worker mode: wakes `k` if it is parked; the caller has just published
+/// work for it (the SeqCst fence pairs with the one in [`park_worker`]).
+pub(crate) fn wake_if_parked(k: &KThread) {
+    fence(SeqCst);
+    if k.state.load(SeqCst) == PARKED {
+        eventfd_signal(k);
     }
 }
 
 /// Worker mode: request contexts whose sleep on worker `k` is over go back
 /// to the dispatcher. Called by the idle worker and by the dispatcher (a
-/// busy worker cannot).
+/// busy worker cannot), and every 32nd pass through a worker's `pick_next`.
 pub(crate) fn fire_timers_to_dispatcher(k: &KThread) {
     let rt = k.rt();
     fire_timers(k, |u| rt.injector.push(u));
 }
 
-/// Hands `u` to worker `k` (dispatcher side); wakes the worker if parked.
-pub(crate) fn assign(k: &KThread, u: URef) {
-    k.to_worker.preempt.store(false, Relaxed);
-    k.to_worker.assigned.store(u.ptr(), Release);
-    fence(SeqCst);
-    if k.state.load(SeqCst) == PARKED {
-        eventfd_signal(k);
+/// Test hook: the calling kthread's next pass through `pick_next` takes
+/// its periodic check (timers, packets). Called with preemption deferred.
+pub(crate) fn check_timers_at_next_switch() {
+    if let Some(k) = current_kthread_ref() {
+        k.tick.set(31);
     }
 }
 
@@ -1399,287 +1322,18 @@ pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
     UThread::new_boxed(rt, entry)
 }
 
-/// Local runqueue, then timers, then stealing (shared queue, hyperthread
-/// sibling, a random kthread, all of them) for up to `spin_before_park`.
-///
-/// # Safety
-/// Owner kthread, scheduler context.
-unsafe fn find_work(k: &KThread) -> Option<URef> {
-    // SAFETY: owner kthread (caller's contract) for every local() below.
-    let local = unsafe { k.local() };
-    // SAFETY: owner kthread.
-    if let Some(u) = unsafe { pop_local(k) } {
-        return Some(u);
-    }
-    let rt = k.rt();
-    let mut start = Instant::now();
-    k.state.store(SPINNING, Relaxed);
-    rt.n_spinning.fetch_add(1, SeqCst);
-    let found = loop {
-        if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
-            break None;
-        }
-        // SAFETY: owner kthread.
-        if unsafe { fire_timers_locally(k, k) } > 0 {
-            // SAFETY: owner kthread.
-            if let Some(u) = unsafe { pop_local(k) } {
-                break Some(u);
-            }
-        }
-        // Packets on our own ingress ring first.
-        // SAFETY: owner kthread, scheduler context.
-        if k.io.is_some() && unsafe { poll_net(k, k) } > 0 {
-            // More are likely: keep looking.
-            start = Instant::now();
-            // SAFETY: owner kthread.
-            if let Some(u) = unsafe { pop_local(k) } {
-                break Some(u);
-            }
-        }
-        if let Some(u) = steal_once(k, local) {
-            bump(&k.stats.steals);
-            break Some(u);
-        }
-        // Then the packets of kthreads that are busy (or parked).
-        if k.io.is_some() {
-            // SAFETY: owner kthread, scheduler context.
-            let (processed, u) = unsafe { steal_packets(k) };
-            if processed > 0 {
-                start = Instant::now();
-            }
-            if u.is_some() {
-                break u;
-            }
-        }
-        // Timers of kthreads that are revoked or busy.
-        for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
-            // SAFETY: owner kthread.
-            unsafe { fire_timers_locally(k, other) };
-        }
-        // SAFETY: owner kthread.
-        if let Some(u) = unsafe { pop_local(k) } {
-            break Some(u);
-        }
-        if start.elapsed() >= rt.spin {
-            break None;
-        }
-        std::hint::spin_loop();
-    };
-    rt.n_spinning.fetch_sub(1, SeqCst);
-    k.state.store(RUNNING, Relaxed);
-    if found.is_some() && !local.is_empty() {
-        // We took a batch: let a parked kthread help with the rest.
-        rt.notify_one();
-    }
-    found
-}
-
-fn steal_once(k: &KThread, local: &Worker<URef>) -> Option<URef> {
-    let rt = k.rt();
-    // `counted`: whose queue line the items were counted on.
-    let attempt = |src: &dyn Fn() -> Steal<URef>, counted: &KThread| loop {
-        let before = local.len();
-        match src() {
-            Steal::Success(u) => {
-                // One popped for us, the rest of the batch now ours.
-                let moved = local.len().saturating_sub(before) as u32;
-                k.count_pushed(moved);
-                counted.count_taken(moved + 1);
-                return Some(u);
-            }
-            Steal::Empty => return None,
-            Steal::Retry => std::hint::spin_loop(),
-        }
-    };
-    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local), &rt.kthreads[0]) {
-        return Some(u);
-    }
-    for &s in &k.siblings {
-        let v = &rt.kthreads[s];
-        if let Some(u) = attempt(&|| v.stealer.steal_batch_and_pop(local), v) {
-            return Some(u);
-        }
-    }
-    let n = rt.kthreads.len();
-    if n < 2 {
-        return None;
-    }
-    let start = (k.next_random() % n as u64) as usize;
-    (0..n)
-        .map(|i| (start + i) % n)
-        .filter(|&v| v != k.id)
-        .find_map(|v| {
-            let v = &rt.kthreads[v];
-            attempt(&|| v.stealer.steal_batch_and_pop(local), v)
-        })
-}
-
-/// Processes a batch of `ring`'s ingress ring as kthread `k` (nothing if
-/// another kthread is processing it); the frames taken. Uthreads woken by
-/// datagrams land on `k`'s runqueue.
-///
-/// # Safety
-/// Owner kthread `k`, preemption deferred.
+/// Processes a batch of `ring`'s ingress ring as the owner's kthread
+/// (nothing if another kthread is processing it); the frames taken.
+/// Uthreads woken by datagrams land on the owner's runqueue.
 #[inline]
-unsafe fn poll_net(k: &KThread, ring: &KThread) -> usize {
-    let (Some(me), Some(theirs), Some(stack)) = (k.knet(), ring.knet(), k.rt().stack()) else {
+pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
+    let (Some(theirs), Some(stack)) = (ring.knet(), owner.kthread().rt().stack()) else {
         return 0;
     };
-    // SAFETY: caller's contract: `k`'s transmit side is ours.
-    unsafe { stack.poll(me, theirs, crate::net::POLL_BATCH) }
-}
-
-/// Steals packet processing from the other kthreads' ingress rings, from a
-/// random one on: the frames processed, and a uthread they woke, if any.
-///
-/// # Safety
-/// Owner kthread `k`, scheduler context.
-unsafe fn steal_packets(k: &KThread) -> (usize, Option<URef>) {
-    let rt = k.rt();
-    let n = rt.kthreads.len();
-    if n < 2 {
-        return (0, None);
-    }
-    let first = (k.next_random() % n as u64) as usize;
-    let mut processed = 0;
-    for v in (0..n).map(|i| (first + i) % n).filter(|&v| v != k.id) {
-        // SAFETY: caller's contract.
-        let got = unsafe { poll_net(k, &rt.kthreads[v]) };
-        if got > 0 {
-            processed += got;
-            // SAFETY: owner kthread.
-            if let Some(u) = unsafe { pop_local(k) } {
-                return (processed, Some(u));
-            }
-        }
-    }
-    (processed, None)
-}
-
-/// Parks an idle kthread until work is pushed for it or its next timer is due.
-fn park_idle(k: &KThread) {
-    let rt = k.rt();
-    if let (true, Some(io)) = (rt.managed(), &k.io) {
-        return park_with_iokernel(k, io, false);
-    }
-    k.state.store(PARKED, SeqCst);
-    rt.n_parked.fetch_add(1, SeqCst);
-    fence(SeqCst);
-    if !(rt.work_visible(k) || rt.shutdown.load(SeqCst) || k.revoke_requested.load(SeqCst)) {
-        bump(&k.stats.parks);
-        // Wake for the earliest timer of any kthread: one that is busy
-        // running a long uthread cannot fire its own.
-        eventfd_wait(k, rt.earliest_deadline());
-    }
-    if k.state.swap(RUNNING, SeqCst) == PARKED {
-        rt.n_parked.fetch_sub(1, SeqCst);
-    }
-}
-
-/// Parks a revoked kthread until it is granted again. Its timers still fire:
-/// the uthreads they wake go to the shared queue for the active kthreads.
-fn park_revoked(k: &KThread) {
-    let rt = k.rt();
-    bump(&k.stats.revocations);
-    if let (true, Some(io)) = (rt.managed(), &k.io) {
-        return park_with_iokernel(k, io, true);
-    }
-    k.state.store(REVOKED, SeqCst);
-    // What is left on our runqueue (the uthread we were running, at least)
-    // must be stolen by a kthread that still has a core.
-    if !k.stealer.is_empty() {
-        rt.notify_one();
-    }
-    while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
-        eventfd_wait(k, k.next_deadline.load(Acquire));
-        if fire_timers(k, |u| rt.push_injector(u)) > 0 {
-            rt.notify_one();
-        }
-    }
-    k.state.store(RUNNING, SeqCst);
-}
-
-/// Gives the core back to iokerneld (`Parked` when out of work, `Yielded`
-/// in answer to a preemption, both with the earliest timer of any kthread:
-/// a busy one cannot fire its own) and waits for the next grant. What is
-/// left on the runqueue (a preempted uthread) stays counted on the queue
-/// line, where iokerneld sees it wait.
-fn park_with_iokernel(k: &KThread, io: &KLink, preempted: bool) {
-    let rt = k.rt();
-    let link = rt.link.as_ref().expect("managed runtime without a link");
-    if !preempted && (link.cfg.keep_cores_when_idle || rt.work_visible(k)) {
-        return; // keep spinning; or work arrived after the last look
-    }
-    k.state
-        .store(if preempted { REVOKED } else { PARKED }, SeqCst);
-    io.line.insert_flags(ginza_shm::LineFlags::PARKED);
-    if let (false, Some(net)) = (preempted, &io.net) {
-        // A frame that landed after the look above, before iokerneld could
-        // see us parked: take it rather than leave it waiting for a grant.
-        fence(SeqCst);
-        if net.ingress_pending() {
-            io.line.remove_flags(ginza_shm::LineFlags::PARKED);
-            k.state.store(RUNNING, SeqCst);
-            return;
-        }
-    }
-    let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
-    // SAFETY: our own kthread.
-    unsafe {
-        io.send(if preempted {
-            ginza_shm::ToIokernel::Yielded { next_deadline_ns }
-        } else {
-            bump(&k.stats.parks);
-            ginza_shm::ToIokernel::Parked { next_deadline_ns }
-        })
+    let Some(mut me) = owner.tx_side() else {
+        return 0;
     };
-    wait_for_grant(k, io);
-}
-
-/// Blocks until iokerneld grants this kthread a core (its eventfd), the
-/// runtime shuts down, or iokerneld is lost.
-fn wait_for_grant(k: &KThread, io: &KLink) {
-    let rt = k.rt();
-    let linger = rt
-        .link
-        .as_ref()
-        .map_or(Duration::ZERO, |l| l.cfg.linger_after_park);
-    let mut lingering = false;
-    let mut granted = false;
-    if !linger.is_zero() {
-        let start = Instant::now();
-        while start.elapsed() < linger && !rt.shutdown.load(Relaxed) {
-            if eventfd_try_read(k) {
-                granted = true;
-                lingering = true;
-                break;
-            }
-            std::hint::spin_loop();
-        }
-    }
-    while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
-        // A preemption signal that raced with our `Parked` interrupts the
-        // wait; only the eventfd means a grant.
-        granted = eventfd_wait(k, u64::MAX);
-    }
-    // SAFETY: our own kthread.
-    let decided = unsafe { io.drain() };
-    if granted {
-        bump(&k.stats.grants);
-        if let Some(d) = decided {
-            io.record(
-                ginza_sys::clock::monotonic_ns().saturating_sub(d),
-                lingering,
-            );
-        }
-    }
-    io.line.remove_flags(ginza_shm::LineFlags::PARKED);
-    // A late signal may have set this while we were parked; iokerneld
-    // clears the flag when it reads our Parked/Yielded, so after a grant
-    // the flag is set only by a new preemption.
-    k.revoke_requested
-        .store(rt.managed() && io.preempt_pending(), SeqCst);
-    k.state.store(RUNNING, SeqCst);
+    stack.poll(&mut me, theirs, crate::net::POLL_BATCH)
 }
 
 /// Asks kthread `id` to give up its core: a preemption signal makes it save
@@ -1687,7 +1341,7 @@ fn wait_for_grant(k: &KThread, io: &KLink) {
 pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(true, SeqCst);
-    k.to_worker.preempt.store(true, SeqCst);
+    k.preempt_flag.store(true, SeqCst);
     let tid = k.tid.load(SeqCst);
     if tid != 0 {
         crate::signals::send_preempt(tid)?;
@@ -1698,7 +1352,7 @@ pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
 pub(crate) fn grant(rt: &Shared, id: usize) {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(false, SeqCst);
-    k.to_worker.preempt.store(false, SeqCst);
+    k.preempt_flag.store(false, SeqCst);
     eventfd_signal(k);
 }
 

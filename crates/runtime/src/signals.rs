@@ -83,7 +83,7 @@ unsafe fn set_handler(
 extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno slot.
     let errno = unsafe { *libc::__errno_location() };
-    crate::sched::preempt_from_signal();
+    crate::preempt::preempt_from_signal();
     // The uthread may resume on another thread; restore errno there, where
     // the interrupted code will read it.
     // SAFETY: as above, for the thread we are on now.

@@ -93,11 +93,11 @@ impl<T> JoinHandle<T> {
         let guard = preempt::Guard::new();
         let mut st = self.task.state().lock();
         if !st.done {
-            match sched::current_uthread() {
+            match sched::current_uthread(&guard) {
                 Some(me) => {
                     st.waiter = Some(Waiter::UThread(me));
                     drop(st);
-                    sched::park_current();
+                    sched::park_current(&guard);
                 }
                 None => {
                     st.waiter = Some(Waiter::Thread(std::thread::current()));

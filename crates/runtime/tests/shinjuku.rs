@@ -2,12 +2,12 @@
 //! preemption, the c-FCFS / c-PRE-SQ / c-PRE-MQ policies.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ginza_runtime::shinjuku::{
-    classify, serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, ServeReport,
-    ShinjukuConfig, Source,
+    classify, serve, testing, Arrival, ClassConfig, Placement, Preemption, SchedPolicy,
+    ServeReport, ShinjukuConfig, Source,
 };
 use ginza_runtime::{preempt_point, without_preemption};
 
@@ -344,6 +344,50 @@ fn requests_may_block_and_come_back() {
     .unwrap();
     assert_eq!(report.completions.len(), 50);
     assert_eq!(*shared.lock(), (0..50u64).sum::<u64>());
+}
+
+/// Regression (issue #11, "the hang"): a request whose sleep ends while its
+/// worker runs another request goes back to the dispatcher. It used to be
+/// run straight from the worker's periodic timer check, behind the
+/// dispatcher's back: the dispatcher, which held its BLOCKED report, never
+/// heard of it again and waited for it forever. The hooks make the one
+/// interleaving that did it certain: request 0's timer can fire only at
+/// the check that request 1's return takes.
+#[test]
+fn a_sleep_ending_while_its_worker_is_busy_goes_back_to_the_dispatcher() {
+    let deadline = Arc::new(OnceLock::new());
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let report = serve(
+            one_worker(SchedPolicy::CFcfs, Preemption::default()),
+            script(vec![(0, 0, 0u8), (0, 0, 1)]),
+            move |i| {
+                if i == 0 {
+                    testing::fire_timers_only_at_switch_checks();
+                    let d = Instant::now() + Duration::from_micros(200);
+                    deadline.set(d).unwrap();
+                    ginza_runtime::sleep_until(d);
+                } else {
+                    // One worker, c-FCFS: request 0 has run and is asleep.
+                    let d = *deadline.get().expect("request 0 ran first");
+                    while Instant::now() < d {
+                        std::hint::spin_loop();
+                    }
+                    testing::check_timers_at_next_switch();
+                }
+                i
+            },
+        );
+        let _ = done_tx.send(report);
+    });
+    let report = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the dispatcher never saw the sleeping request again")
+        .unwrap();
+    assert_eq!(completion_order(&report), vec![1, 0]);
+    for c in &report.completions {
+        assert_eq!(*c.result.as_ref().unwrap() as u64, c.id);
+    }
 }
 
 #[test]

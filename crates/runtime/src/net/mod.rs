@@ -28,7 +28,7 @@ pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
-pub(crate) use stack::{KNet, Stack, POLL_BATCH};
+pub(crate) use stack::{KNet, Stack, TxSide, POLL_BATCH};
 pub use udp::{ToBindAddr, UdpSocket};
 
 /// An application's network configuration.

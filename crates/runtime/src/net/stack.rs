@@ -13,6 +13,7 @@
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::marker::PhantomData;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -81,10 +82,46 @@ pub(crate) struct KNet {
     drops: SpinLock<DropCounters>,
 }
 
-// SAFETY: `tx` is reached only through `KNet::tx`, whose contract gives one
-// context at a time exclusive use (the owner kthread, with preemption
-// deferred); everything else is atomics or behind locks.
+// SAFETY: `tx` is reached only through a `TxSide`, whose constructor's
+// contract gives one context at a time exclusive use (the owner kthread,
+// with preemption deferred); everything else is atomics or behind locks.
 unsafe impl Sync for KNet {}
+
+/// Exclusive use of one kthread's transmit side (its done and egress
+/// producers) for as long as it lives. Made by the kthread's owner token
+/// (`sched::Owner::tx_side`) or by a single-threaded test harness; the
+/// stack's receive and transmit code takes one, so it is safe code.
+/// `!Send`: it stays in the context that made it.
+pub(crate) struct TxSide<'a> {
+    knet: &'a KNet,
+    _this_thread_only: PhantomData<*const ()>,
+}
+
+impl<'a> TxSide<'a> {
+    /// # Safety
+    /// While the value lives no other context and no other `TxSide` uses
+    /// `knet`'s transmit side: the caller is its kthread's owner with
+    /// preemption deferred, or the only thread using `knet`.
+    pub(crate) unsafe fn new(knet: &'a KNet) -> TxSide<'a> {
+        TxSide {
+            knet,
+            _this_thread_only: PhantomData,
+        }
+    }
+
+    fn tx(&mut self) -> &mut KTx {
+        // SAFETY: exclusive per `new`'s contract; `&mut self` makes this
+        // the only borrow of it at a time.
+        unsafe { &mut *self.knet.tx.get() }
+    }
+}
+
+impl std::ops::Deref for TxSide<'_> {
+    type Target = KNet;
+    fn deref(&self) -> &KNet {
+        self.knet
+    }
+}
 
 impl KNet {
     pub(crate) fn new(
@@ -105,16 +142,6 @@ impl KNet {
             counters: KNetCounters::default(),
             drops: SpinLock::new(DropCounters::default()),
         }
-    }
-
-    /// # Safety
-    /// The caller is this kthread's owner with preemption deferred (or the
-    /// only thread using this `KNet`), and holds no other reference from
-    /// `tx` (no re-entry).
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn tx(&self) -> &mut KTx {
-        // SAFETY: exclusive per the caller's contract.
-        unsafe { &mut *self.tx.get() }
     }
 
     /// Whether frames wait on this kthread's ingress ring. A ring someone
@@ -313,12 +340,9 @@ impl Stack {
     /// ring); returns the frames taken. Does nothing if another kthread is
     /// processing that ring.
     ///
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    pub(crate) unsafe fn poll(&self, me: &KNet, ring: &KNet, budget: usize) -> usize {
+    pub(crate) fn poll(&self, me: &mut TxSide<'_>, ring: &KNet, budget: usize) -> usize {
         if self.orphan_count.load(Relaxed) > 0 {
-            // SAFETY: caller's contract.
-            unsafe { self.flush_orphans(me) };
+            self.flush_orphans(me);
         }
         let Some(mut ingress) = ring.ingress.try_lock() else {
             return 0;
@@ -338,22 +362,19 @@ impl Stack {
                 }
             };
             n += 1;
-            // SAFETY: caller's contract.
-            unsafe { self.process(me, desc) };
+            self.process(me, desc);
         }
         drop(ingress);
         if n > 0 {
             add(&me.counters.rx_packets, n as u64);
-            if !std::ptr::eq(me, ring) {
+            if !std::ptr::eq(&**me, ring) {
                 add(&me.counters.rx_stolen, n as u64);
             }
         }
         n
     }
 
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    unsafe fn process(&self, me: &KNet, desc: PacketDesc) {
+    fn process(&self, me: &mut TxSide<'_>, desc: PacketDesc) {
         let Some(frame) = self.pool.frame(desc) else {
             bump(&me.counters.bad_descriptors);
             log::warn!(
@@ -363,8 +384,7 @@ impl Stack {
                 desc.len
             );
             if desc.buf < self.pool.count() {
-                // SAFETY: caller's contract.
-                unsafe { self.give_back(me, desc.buf) };
+                self.give_back(me, desc.buf);
             }
             return;
         };
@@ -381,51 +401,42 @@ impl Stack {
                     self.arp.lock().table.learn(m.sender_ip, m.sender_mac, now)
                 };
                 if m.operation == ArpOperation::Request {
-                    // SAFETY: caller's contract.
-                    match unsafe { self.transmit(me, |b| tx::arp_reply(b, &self.iface, &m)) } {
+                    match self.transmit(me, |b| tx::arp_reply(b, &self.iface, &m)) {
                         Ok(()) => bump(&me.counters.arp_replies),
                         Err(f) => self.tx_failed(me, f, "ARP reply"),
                     }
                 }
                 for out in released {
-                    // SAFETY: caller's contract.
-                    let r = unsafe {
-                        self.transmit(me, |b| {
-                            tx::udp_datagram(
-                                b,
-                                &self.iface,
-                                m.sender_mac,
-                                out.src_port,
-                                out.dst,
-                                &out.payload,
-                            )
-                        })
-                    };
+                    let r = self.transmit(me, |b| {
+                        tx::udp_datagram(
+                            b,
+                            &self.iface,
+                            m.sender_mac,
+                            out.src_port,
+                            out.dst,
+                            &out.payload,
+                        )
+                    });
                     if let Err(f) = r {
                         self.tx_failed(me, f, "datagram released by ARP");
                     }
                 }
             }
             Ok(Packet::IcmpEchoRequest(req)) => {
-                // SAFETY: caller's contract.
-                match unsafe { self.transmit(me, |b| tx::icmp_echo_reply(b, &self.iface, &req)) } {
+                match self.transmit(me, |b| tx::icmp_echo_reply(b, &self.iface, &req)) {
                     Ok(()) => bump(&me.counters.icmp_echo_replies),
                     Err(f) => self.tx_failed(me, f, "ICMP echo reply"),
                 }
             }
             Ok(Packet::Udp(d)) => {
                 // The buffer goes to a socket, or back below.
-                // SAFETY: caller's contract.
-                return unsafe { self.on_udp(me, desc.buf, frame, &d) };
+                return self.on_udp(me, desc.buf, frame, &d);
             }
         }
-        // SAFETY: caller's contract.
-        unsafe { self.give_back(me, desc.buf) };
+        self.give_back(me, desc.buf);
     }
 
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    unsafe fn on_udp(&self, me: &KNet, buf: u32, frame: &[u8], d: &UdpDatagram<'_>) {
+    fn on_udp(&self, me: &mut TxSide<'_>, buf: u32, frame: &[u8], d: &UdpDatagram<'_>) {
         // `parse` returns a payload inside the frame (≤ 2048 bytes).
         let off = d.payload.as_ptr() as usize - frame.as_ptr() as usize;
         let item = RxItem {
@@ -451,8 +462,7 @@ impl Stack {
                     Refused::Full => bump(&me.counters.udp_queue_full),
                     Refused::NoSocket => bump(&me.counters.udp_no_socket),
                 }
-                // SAFETY: caller's contract.
-                unsafe { self.give_back(me, item.buf) };
+                self.give_back(me, item.buf);
             }
         }
     }
@@ -482,11 +492,8 @@ impl Stack {
 
     /// Gives an ingress buffer back to iokerneld on `me`'s done ring.
     ///
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    pub(crate) unsafe fn give_back(&self, me: &KNet, buf: u32) {
-        // SAFETY: caller's contract.
-        let tx = unsafe { me.tx() };
+    pub(crate) fn give_back(&self, me: &mut TxSide<'_>, buf: u32) {
+        let tx = me.tx();
         match tx.done.push(buf) {
             Ok(()) => {}
             // It holds the whole pool: full means iokerneld is behind;
@@ -506,14 +513,11 @@ impl Stack {
         self.orphan_count.fetch_add(1, Relaxed);
     }
 
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    unsafe fn flush_orphans(&self, me: &KNet) {
+    fn flush_orphans(&self, me: &mut TxSide<'_>) {
         let bufs = std::mem::take(&mut *self.orphans.lock());
         self.orphan_count.fetch_sub(bufs.len(), Relaxed);
         for b in bufs {
-            // SAFETY: caller's contract.
-            unsafe { self.give_back(me, b) };
+            self.give_back(me, b);
         }
     }
 
@@ -521,15 +525,12 @@ impl Stack {
 
     /// Builds a frame in `me`'s next egress buffer and pushes it.
     ///
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    unsafe fn transmit(
+    fn transmit(
         &self,
-        me: &KNet,
+        me: &mut TxSide<'_>,
         build: impl FnOnce(&mut [u8]) -> Result<usize, BuildError>,
     ) -> Result<(), TxFail> {
-        // SAFETY: caller's contract.
-        let tx = unsafe { me.tx() };
+        let tx = me.tx();
         match tx.egress.free() {
             Ok(0) => return Err(TxFail::RingFull),
             Ok(_) => {}
@@ -562,11 +563,9 @@ impl Stack {
 
     /// Sends a UDP datagram from `src_port` as kthread `me`.
     ///
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    pub(crate) unsafe fn send_udp(
+    pub(crate) fn send_udp(
         &self,
-        me: &KNet,
+        me: &mut TxSide<'_>,
         src_port: u16,
         dst: Endpoint,
         payload: &[u8],
@@ -593,8 +592,7 @@ impl Stack {
             None => {
                 // A full ring is seen before anything is queued or asked
                 // for (with a known MAC, `transmit` sees it).
-                // SAFETY: caller's contract.
-                match unsafe { me.tx() }.egress.free() {
+                match me.tx().egress.free() {
                     Ok(0) => return Ok(Sent::RingFull),
                     Ok(_) => {}
                     Err(e) => {
@@ -619,16 +617,13 @@ impl Stack {
                 let (sent, ask) = match resolution {
                     Resolution::Known { mac, .. } => {
                         // Learned between the lookup and now.
-                        // SAFETY: caller's contract.
-                        return unsafe { self.send_udp_to(me, mac, src_port, dst, payload) };
+                        return self.send_udp_to(me, mac, src_port, dst, payload);
                     }
                     Resolution::Queued { send_request } => (Sent::Queued, send_request),
                     Resolution::Refused { send_request, .. } => (Sent::Dropped, send_request),
                 };
                 if ask {
-                    // SAFETY: caller's contract.
-                    let r =
-                        unsafe { self.transmit(me, |b| tx::arp_request(b, &self.iface, dst.ip)) };
+                    let r = self.transmit(me, |b| tx::arp_request(b, &self.iface, dst.ip));
                     if let Err(f) = r {
                         self.tx_failed(me, f, "ARP request");
                     }
@@ -636,15 +631,12 @@ impl Stack {
                 return Ok(sent);
             }
         };
-        // SAFETY: caller's contract.
-        unsafe { self.send_udp_to(me, mac, src_port, dst, payload) }
+        self.send_udp_to(me, mac, src_port, dst, payload)
     }
 
-    /// # Safety
-    /// As for [`KNet::tx`] on `me`.
-    unsafe fn send_udp_to(
+    fn send_udp_to(
         &self,
-        me: &KNet,
+        me: &mut TxSide<'_>,
         mac: MacAddr,
         src_port: u16,
         dst: Endpoint,
@@ -655,8 +647,7 @@ impl Stack {
             b[UDP_PAYLOAD_OFFSET..UDP_PAYLOAD_OFFSET + payload.len()].copy_from_slice(payload);
             tx::write_udp_headers(b, &self.iface, mac, src_port, dst, payload.len())
         };
-        // SAFETY: caller's contract.
-        match unsafe { self.transmit(me, build) } {
+        match self.transmit(me, build) {
             Ok(()) => Ok(Sent::Now),
             Err(TxFail::RingFull) => Ok(Sent::RingFull),
             Err(TxFail::Corrupt) => Err(io::Error::other("this kthread's egress ring is corrupt")),

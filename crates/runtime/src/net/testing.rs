@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ginza_shm::{IngressPool, Region, RuntimeEnd};
 
-use super::stack::{KNet, Sent, SocketCore, Stack, POLL_BATCH};
+use super::stack::{KNet, Sent, SocketCore, Stack, TxSide, POLL_BATCH};
 use super::{NetConfig, NetStats};
 
 /// The stack of one application and the runtime ends of its kthreads'
@@ -67,12 +67,8 @@ impl Harness {
     /// As kthread `k`, processes a batch (32 frames at most) of kthread
     /// `ring`'s ingress ring; the frames processed.
     pub fn poll(&self, k: usize, ring: usize) -> usize {
-        // SAFETY: `Harness` is !Sync and `poll` does not re-enter: this
-        // thread is the only user of kthread `k`'s transmit side.
-        unsafe {
-            self.stack
-                .poll(&self.knets[k], &self.knets[ring], POLL_BATCH)
-        }
+        self.stack
+            .poll(&mut self.tx_side(k), &self.knets[ring], POLL_BATCH)
     }
 
     /// Whether frames wait on kthread `k`'s ingress ring.
@@ -90,8 +86,7 @@ impl Harness {
         let item = s.0.take()?;
         self.stack.taken();
         let n = self.stack.copy_out(&item, out);
-        // SAFETY: as in `poll`.
-        unsafe { self.stack.give_back(&self.knets[k], item.buf_index()) };
+        self.stack.give_back(&mut self.tx_side(k), item.buf_index());
         Some((n, Stack::item_source(&item)))
     }
 
@@ -103,11 +98,9 @@ impl Harness {
         payload: &[u8],
         dst: SocketAddrV4,
     ) -> io::Result<SendOutcome> {
-        // SAFETY: as in `poll`.
-        let r = unsafe {
-            self.stack
-                .send_udp(&self.knets[k], s.0.port(), dst.into(), payload)
-        }?;
+        let r = self
+            .stack
+            .send_udp(&mut self.tx_side(k), s.0.port(), dst.into(), payload)?;
         Ok(match r {
             Sent::Now => SendOutcome::Sent,
             Sent::Queued => SendOutcome::QueuedForArp,
@@ -118,10 +111,17 @@ impl Harness {
 
     /// As kthread `k`, unbinds `s` and gives back what it holds.
     pub fn close(&self, k: usize, s: Socket) {
-        let me = &self.knets[k];
-        // SAFETY: as in `poll`.
-        self.stack
-            .close(&s.0, |b| unsafe { self.stack.give_back(me, b) });
+        let mut me = self.tx_side(k);
+        self.stack.close(&s.0, |b| self.stack.give_back(&mut me, b));
+    }
+
+    /// Kthread `k`'s transmit side. Callers hold one at a time (each call
+    /// of the harness takes one and drops it before returning).
+    fn tx_side(&self, k: usize) -> TxSide<'_> {
+        // SAFETY: `Harness` is !Sync and none of its calls re-enters: this
+        // thread is the only user of kthread `k`'s transmit side, through
+        // this one value.
+        unsafe { TxSide::new(&self.knets[k]) }
     }
 
     pub fn stats(&self) -> NetStats {

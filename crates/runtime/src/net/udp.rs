@@ -162,12 +162,8 @@ impl UdpSocket {
         let port = self.core.port();
         loop {
             let stack = self.stack();
-            // SAFETY: `with_current_knet` runs the closure on the calling
-            // kthread's own rings with preemption deferred.
-            let r = sched::with_current_knet(&self.rt, |me| unsafe {
-                stack.send_udp(me, port, dst, buf)
-            })
-            .ok_or_else(|| {
+            let r = sched::with_current_knet(&self.rt, |me| stack.send_udp(me, port, dst, buf))
+                .ok_or_else(|| {
                 no_runtime("UdpSocket::send_to (on a uthread of the socket's runtime)")
             })??;
             match r {
@@ -237,11 +233,7 @@ impl UdpSocket {
         stack.taken();
         let n = stack.copy_out(&item, buf);
         let buf_index = item.buf_index();
-        // SAFETY: the closure runs on the calling kthread's own rings with
-        // preemption deferred.
-        if sched::with_current_knet(&self.rt, |me| unsafe { stack.give_back(me, buf_index) })
-            .is_none()
-        {
+        if sched::with_current_knet(&self.rt, |me| stack.give_back(me, buf_index)).is_none() {
             stack.give_back_later(buf_index);
         }
         Some((n, Stack::item_source(&item)))
@@ -255,9 +247,7 @@ impl Drop for UdpSocket {
         };
         let rt = &self.rt;
         stack.close(&self.core, |b| {
-            // SAFETY: the closure runs on the calling kthread's own rings
-            // with preemption deferred.
-            if sched::with_current_knet(rt, |me| unsafe { stack.give_back(me, b) }).is_none() {
+            if sched::with_current_knet(rt, |me| stack.give_back(me, b)).is_none() {
                 stack.give_back_later(b);
             }
         });
@@ -279,8 +269,8 @@ enum Wait {
 fn wait_readable(core: &SocketCore, deadline: Option<Instant>) -> Wait {
     // Deferred from before queueing until after resuming: a preemption in
     // between would put this uthread on a runqueue too.
-    let _deferred = preempt::Guard::new();
-    let Some(me) = sched::current_uthread() else {
+    let deferred = preempt::Guard::new();
+    let Some(me) = sched::current_uthread(&deferred) else {
         return Wait::NotAUthread;
     };
     if deadline.is_some_and(|d| d <= Instant::now()) {
@@ -295,8 +285,8 @@ fn wait_readable(core: &SocketCore, deadline: Option<Instant>) -> Wait {
         q.push_back(Arc::clone(&w));
     }
     match deadline {
-        None => sched::park_current(),
-        Some(d) => sched::park_current_until(&w, d),
+        None => sched::park_current(&deferred),
+        Some(d) => sched::park_current_until(&deferred, &w, d),
     }
     if w.timed_out() {
         core.waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));

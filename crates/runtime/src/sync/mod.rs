@@ -39,8 +39,8 @@ pub(crate) enum Waited {
 pub(crate) fn wait_on(queue: &WaitQueue, decide: impl FnOnce() -> bool) -> Waited {
     // Deferred from before queueing until after resuming: a preemption in
     // between would put this uthread on a runqueue too.
-    let _deferred = preempt::Guard::new();
-    let Some(me) = sched::current_uthread() else {
+    let deferred = preempt::Guard::new();
+    let Some(me) = sched::current_uthread(&deferred) else {
         return Waited::NotAUthread;
     };
     let mut q = queue.lock();
@@ -49,7 +49,7 @@ pub(crate) fn wait_on(queue: &WaitQueue, decide: impl FnOnce() -> bool) -> Waite
     }
     q.push_back(me);
     drop(q);
-    sched::park_current();
+    sched::park_current(&deferred);
     Waited::Woken
 }
 

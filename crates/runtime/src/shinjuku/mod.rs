@@ -16,7 +16,7 @@
 //! both.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,10 +28,11 @@ use ginza_sys::cpulist;
 
 use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
-use crate::sched::{
-    self, Shared, URef, REPORT_BLOCKED, REPORT_COMPLETED, REPORT_NONE, REPORT_PREEMPTED,
-};
+use crate::sched::{self, KthreadBody, Owner, Shared, URef};
 use crate::task::{unqueued, JoinHandle};
+use worker::{Mailbox, Report};
+
+mod worker;
 
 /// How the dispatcher preempts a request whose quantum is spent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,7 +278,16 @@ where
             .into());
         }
     }
-    let started_workers = crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None)?;
+    let mailboxes: Arc<[Mailbox]> = (0..plan.cores.len()).map(|_| Mailbox::default()).collect();
+    let worker_body: KthreadBody = {
+        let mailboxes = Arc::clone(&mailboxes);
+        Arc::new(move |owner: &mut Owner<'_>| {
+            let id = owner.kthread().id;
+            worker::run(owner, &mailboxes[id])
+        })
+    };
+    let started_workers =
+        crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
     let handler = Arc::new(handler);
     let started = Instant::now();
@@ -292,7 +302,7 @@ where
                         log::warn!("dispatcher: cannot pin to core {core}: {e}");
                     }
                 }
-                dispatch(rt, config, n_classes, &mut source, handler)
+                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler)
             })
             .map_err(|e| RuntimeError::Start(format!("cannot start the dispatcher: {e}")))?
             .join()
@@ -306,7 +316,7 @@ where
         coop_preemptions: rt
             .kthreads
             .iter()
-            .map(|k| k.from_worker.coop_preemptions.load(Relaxed))
+            .map(|k| k.stats.coop_preemptions.load(Relaxed))
             .sum(),
         signal_preemptions: rt
             .kthreads
@@ -338,6 +348,7 @@ fn clock_overhead_ns() -> u64 {
 /// The dispatcher's loop: arrivals in, decisions out, no application code.
 fn dispatch<Req, Resp, S, H>(
     rt: &Arc<Shared>,
+    mailboxes: &[Mailbox],
     config: &ShinjukuConfig,
     n_classes: usize,
     source: &mut S,
@@ -352,8 +363,11 @@ where
     let rt_ptr = Arc::as_ptr(rt);
     let mut queues: Dispatcher<InFlight<Resp>> = Dispatcher::new(config.policy.clone());
     let mut running: Vec<Option<Running<Resp>>> = (0..rt.kthreads.len()).map(|_| None).collect();
-    let mut blocked: HashMap<usize, Request<InFlight<Resp>>> = HashMap::new();
-    let mut woken_early: HashSet<usize> = HashSet::new();
+    // Keyed by the serial the dispatcher gives each context, not by its
+    // address: a finished request's address is reused by the next one.
+    let mut blocked: HashMap<u64, Request<InFlight<Resp>>> = HashMap::new();
+    let mut woken_early: HashSet<u64> = HashSet::new();
+    let mut next_serial = 1u64;
     let mut completions = Vec::new();
     let mut next_id = 0u64;
     let mut signals_sent = 0u64;
@@ -378,6 +392,8 @@ where
             let h = Arc::clone(&handler);
             let payload = arrival.payload;
             let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
+            uthread.set_serial(next_serial);
+            next_serial += 1;
             let request = Request {
                 id: next_id,
                 class: arrival.class,
@@ -394,14 +410,19 @@ where
         }
 
         // Requests that blocked and are runnable again (woken, or their sleep ended).
-        for k in rt.kthreads.iter() {
-            sched::fire_timers_to_dispatcher(k);
+        if !rt.timers_only_at_switch_checks.load(Relaxed) {
+            for k in rt.kthreads.iter() {
+                sched::fire_timers_to_dispatcher(k);
+            }
         }
         while let Steal::Success(u) = rt.injector.steal() {
-            let key = u.addr();
+            let key = u.serial();
             if let Some(request) = blocked.remove(&key) {
                 queues.enqueue(request, now);
             } else if u.never_ran() {
+                debug_assert_eq!(key, 0, "a spawned uthread seen twice before it ran");
+                u.set_serial(next_serial);
+                next_serial += 1;
                 // Spawned by a request: scheduled like one, in class 0.
                 let spawned = Request {
                     id: u64::MAX,
@@ -421,19 +442,16 @@ where
             progress = true;
         }
 
-        for (w, k) in rt.kthreads.iter().enumerate() {
-            let report = k.from_worker.report.load(Acquire);
-            if report == REPORT_NONE {
+        for (w, mailbox) in mailboxes.iter().enumerate() {
+            let Some((report, finished_at)) = mailbox.take_report() else {
                 continue;
-            }
-            let finished_at = k.from_worker.report_ns.load(Relaxed);
-            k.from_worker.report.store(REPORT_NONE, Relaxed);
+            };
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
             let mut request = run.request;
             match report {
-                REPORT_COMPLETED => {
+                Report::Completed => {
                     let InFlight {
                         handle,
                         preemptions,
@@ -450,7 +468,7 @@ where
                         });
                     }
                 }
-                REPORT_PREEMPTED => {
+                Report::Preempted => {
                     if config.record_preemptions {
                         samples.push(PreemptionSample {
                             by_signal: run.signaled_at.is_some(),
@@ -461,18 +479,13 @@ where
                     request.payload.preemptions += 1;
                     queues.requeue_preempted(request, now);
                 }
-                REPORT_BLOCKED => {
-                    let key = request.payload.uthread.addr();
+                Report::Blocked => {
+                    let key = request.payload.uthread.serial();
                     if woken_early.remove(&key) {
                         queues.enqueue(request, now);
                     } else {
                         blocked.insert(key, request);
                     }
-                }
-                other => {
-                    return Err(RuntimeError::Start(format!(
-                        "worker {w} sent unknown report {other}"
-                    )))
                 }
             }
             progress = true;
@@ -481,9 +494,7 @@ where
         for (w, slot) in running.iter_mut().enumerate() {
             let Some(run) = slot else { continue };
             let k = &rt.kthreads[w];
-            // Reset by the worker before its report, which we consumed
-            // before assigning: non-zero means this assignment has started.
-            let started = k.from_worker.started_ns.load(Relaxed);
+            let started = mailboxes[w].started_ns();
             if started == 0 || !queues.should_preempt(started, now) {
                 continue;
             }
@@ -511,7 +522,7 @@ where
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
                 if !run.flagged {
-                    k.to_worker.preempt.store(true, Release);
+                    k.preempt_flag.store(true, Release);
                     run.flagged = true;
                     run.flagged_at = now;
                 }
@@ -536,7 +547,7 @@ where
             let Some(request) = queues.next_for_idle_worker(now) else {
                 break;
             };
-            sched::assign(&rt.kthreads[w], request.payload.uthread);
+            mailboxes[w].assign(&rt.kthreads[w], request.payload.uthread);
             *slot = Some(Running {
                 request,
                 ask_ns: 0,
@@ -566,5 +577,32 @@ where
                 std::hint::spin_loop();
             }
         }
+    }
+}
+
+/// Test hooks that force interleavings the dispatcher otherwise wins by
+/// speed (for regression tests). Not a stable API.
+#[doc(hidden)]
+pub mod testing {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use crate::preempt;
+    use crate::sched;
+
+    /// From now on, the timers of the calling request's runtime fire only
+    /// at a worker's periodic check in its switch path (every 32nd pass),
+    /// neither in the dispatcher nor in an idle worker. A no-op outside a
+    /// runtime.
+    pub fn fire_timers_only_at_switch_checks() {
+        if let Some(rt) = sched::current_shared() {
+            rt.timers_only_at_switch_checks.store(true, Relaxed);
+        }
+    }
+
+    /// The calling worker's next pass through its switch path (the request
+    /// blocks, yields or returns) takes the periodic check.
+    pub fn check_timers_at_next_switch() {
+        let _deferred = preempt::Guard::new();
+        sched::check_timers_at_next_switch();
     }
 }

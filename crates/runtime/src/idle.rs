@@ -1,0 +1,230 @@
+//! The Shenango scheduler loop of a kthread (docs/runtime.md, "Scheduling
+//! (Shenango mode)"): run what is local, else look for work — its timers,
+//! its packets, the shared queue, the hyperthread sibling, a random
+//! kthread, all of them, the other kthreads' packets and timers — for
+//! `spin_before_park`, then park (with iokerneld, or on its eventfd).
+//! A revoked kthread parks until it is granted again.
+//!
+//! Every function takes the scheduler context's [`Owner`] token: this is
+//! owner-only work on the kthread's runqueue, and safe code.
+
+use std::sync::atomic::{
+    fence,
+    Ordering::{Acquire, Relaxed, SeqCst},
+};
+use std::time::Instant;
+
+use crossbeam_deque::Steal;
+
+use crate::iokernel::park_with_iokernel;
+use crate::sched::{
+    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, poll_net, switch_to,
+    KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
+};
+
+/// The Shenango scheduler: find work, run it, park when there is none.
+pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
+    let k = owner.kthread();
+    let rt = k.rt();
+    loop {
+        if rt.shutdown.load(Acquire) {
+            break;
+        }
+        k.sched.preempt.pending.store(false, Relaxed);
+        if !k.revoke_requested.load(Acquire) {
+            k.preempt_flag.store(false, Relaxed);
+        }
+        if k.revoke_requested.load(Acquire) {
+            park_revoked(owner);
+            continue;
+        }
+        match find_work(owner) {
+            Some(u) => {
+                rt.watch_timers_of(k);
+                if k.io.is_some() {
+                    k.busy_since.set(rt.now_ns().max(1));
+                }
+                let from = k.sched_ptr();
+                // SAFETY: `u` was dequeued; we are in the scheduler context,
+                // which resumes on this kthread.
+                unsafe { switch_to(owner, from, u.ptr()) };
+                finish_switch();
+                k.publish_busy(false);
+            }
+            None => park_idle(owner),
+        }
+    }
+}
+
+/// Local runqueue, then timers, then stealing (shared queue, hyperthread
+/// sibling, a random kthread, all of them) for up to `spin_before_park`.
+fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
+    let k = owner.kthread();
+    if let Some(u) = owner.pop() {
+        return Some(u);
+    }
+    let rt = k.rt();
+    let mut start = Instant::now();
+    k.state.store(SPINNING, Relaxed);
+    rt.n_spinning.fetch_add(1, SeqCst);
+    let found = loop {
+        if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
+            break None;
+        }
+        if fire_timers_locally(owner, k) > 0 {
+            if let Some(u) = owner.pop() {
+                break Some(u);
+            }
+        }
+        // Packets on our own ingress ring first.
+        if k.io.is_some() && poll_net(owner, k) > 0 {
+            // More are likely: keep looking.
+            start = Instant::now();
+            if let Some(u) = owner.pop() {
+                break Some(u);
+            }
+        }
+        if let Some(u) = steal_once(owner) {
+            bump(&k.stats.steals);
+            break Some(u);
+        }
+        // Then the packets of kthreads that are busy (or parked).
+        if k.io.is_some() {
+            let (processed, u) = steal_packets(owner);
+            if processed > 0 {
+                start = Instant::now();
+            }
+            if u.is_some() {
+                break u;
+            }
+        }
+        // Timers of kthreads that are revoked or busy.
+        for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
+            fire_timers_locally(owner, other);
+        }
+        if let Some(u) = owner.pop() {
+            break Some(u);
+        }
+        if start.elapsed() >= rt.spin {
+            break None;
+        }
+        std::hint::spin_loop();
+    };
+    rt.n_spinning.fetch_sub(1, SeqCst);
+    k.state.store(RUNNING, Relaxed);
+    if found.is_some() && !owner.runqueue().is_empty() {
+        // We took a batch: let a parked kthread help with the rest.
+        rt.notify_one();
+    }
+    found
+}
+
+fn steal_once(owner: &Owner<'_>) -> Option<URef> {
+    let k = owner.kthread();
+    let local = owner.runqueue();
+    let rt = k.rt();
+    // `counted`: whose queue line the items were counted on.
+    let attempt = |src: &dyn Fn() -> Steal<URef>, counted: &KThread| loop {
+        let before = local.len();
+        match src() {
+            Steal::Success(u) => {
+                // One popped for us, the rest of the batch now ours.
+                let moved = local.len().saturating_sub(before) as u32;
+                k.count_pushed(moved);
+                counted.count_taken(moved + 1);
+                return Some(u);
+            }
+            Steal::Empty => return None,
+            Steal::Retry => std::hint::spin_loop(),
+        }
+    };
+    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local), &rt.kthreads[0]) {
+        return Some(u);
+    }
+    for &s in &k.siblings {
+        let v = &rt.kthreads[s];
+        if let Some(u) = attempt(&|| v.stealer.steal_batch_and_pop(local), v) {
+            return Some(u);
+        }
+    }
+    let n = rt.kthreads.len();
+    if n < 2 {
+        return None;
+    }
+    let start = (k.next_random() % n as u64) as usize;
+    (0..n)
+        .map(|i| (start + i) % n)
+        .filter(|&v| v != k.id)
+        .find_map(|v| {
+            let v = &rt.kthreads[v];
+            attempt(&|| v.stealer.steal_batch_and_pop(local), v)
+        })
+}
+
+/// Steals packet processing from the other kthreads' ingress rings, from a
+/// random one on: the frames processed, and a uthread they woke, if any.
+fn steal_packets(owner: &mut Owner<'_>) -> (usize, Option<URef>) {
+    let k = owner.kthread();
+    let rt = k.rt();
+    let n = rt.kthreads.len();
+    if n < 2 {
+        return (0, None);
+    }
+    let first = (k.next_random() % n as u64) as usize;
+    let mut processed = 0;
+    for v in (0..n).map(|i| (first + i) % n).filter(|&v| v != k.id) {
+        let got = poll_net(owner, &rt.kthreads[v]);
+        if got > 0 {
+            processed += got;
+            if let Some(u) = owner.pop() {
+                return (processed, Some(u));
+            }
+        }
+    }
+    (processed, None)
+}
+
+/// Parks an idle kthread until work is pushed for it or its next timer is due.
+fn park_idle(owner: &Owner<'_>) {
+    let k = owner.kthread();
+    let rt = k.rt();
+    if let (true, Some(io)) = (rt.managed(), &k.io) {
+        return park_with_iokernel(owner, io, false);
+    }
+    k.state.store(PARKED, SeqCst);
+    rt.n_parked.fetch_add(1, SeqCst);
+    fence(SeqCst);
+    if !(rt.work_visible(k) || rt.shutdown.load(SeqCst) || k.revoke_requested.load(SeqCst)) {
+        bump(&k.stats.parks);
+        // Wake for the earliest timer of any kthread: one that is busy
+        // running a long uthread cannot fire its own.
+        eventfd_wait(k, rt.earliest_deadline());
+    }
+    if k.state.swap(RUNNING, SeqCst) == PARKED {
+        rt.n_parked.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Parks a revoked kthread until it is granted again. Its timers still fire:
+/// the uthreads they wake go to the shared queue for the active kthreads.
+fn park_revoked(owner: &Owner<'_>) {
+    let k = owner.kthread();
+    let rt = k.rt();
+    bump(&k.stats.revocations);
+    if let (true, Some(io)) = (rt.managed(), &k.io) {
+        return park_with_iokernel(owner, io, true);
+    }
+    k.state.store(REVOKED, SeqCst);
+    // What is left on our runqueue (the uthread we were running, at least)
+    // must be stolen by a kthread that still has a core.
+    if !k.stealer.is_empty() {
+        rt.notify_one();
+    }
+    while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
+        eventfd_wait(k, k.timers.next_deadline());
+        if fire_timers(k, |u| rt.push_injector(u)) > 0 {
+            rt.notify_one();
+        }
+    }
+    k.state.store(RUNNING, SeqCst);
+}
