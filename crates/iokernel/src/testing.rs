@@ -28,6 +28,5 @@ pub fn skips_are_failures() -> bool {
 
 /// True when the effective uid is 0.
 pub fn running_as_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    ginza_sys::process::geteuid() == 0
 }

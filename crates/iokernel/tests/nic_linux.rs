@@ -408,7 +408,7 @@ fn af_xdp_oversized_and_runt_frames_are_counted() {
 /// a check: `cargo test -p ginza-iokernel --test nic_linux -- --ignored
 /// --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "a measurement, not a check: run with --ignored --nocapture"]
 fn udp_echo_rtt() {
     for backend in BACKENDS {
         let _serial = serial();

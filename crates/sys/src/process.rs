@@ -19,6 +19,11 @@ pub fn getuid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
+/// The calling process's effective user id (0: root).
+pub fn geteuid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
 /// What `/proc/self/fd/<fd>` says the descriptor is (e.g.
 /// `anon_inode:[eventfd]`, `/memfd:name (deleted)`, `/dev/null`).
 pub fn fd_target(fd: BorrowedFd<'_>) -> io::Result<OsString> {
@@ -38,6 +43,7 @@ mod tests {
         let other = std::thread::spawn(gettid).join().unwrap();
         assert_ne!(main, other);
         let _ = getuid();
+        let _ = geteuid();
     }
 
     #[test]
