@@ -11,7 +11,6 @@
 //! detection) and grants cores.
 
 use std::cell::UnsafeCell;
-use std::path::PathBuf;
 use std::sync::atomic::{
     fence,
     Ordering::{Acquire, Relaxed, SeqCst},
@@ -20,56 +19,14 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ginza_proto::client::{self, Connection};
-pub use ginza_proto::messages::Class;
 use ginza_proto::messages::Registration;
 use ginza_shm::{
     CmdRx, CmdTx, LineFlags, LineRef, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
 };
 
-use crate::net::{KNet, NetConfig, Stack};
+use crate::config::IokernelConfig;
+use crate::net::{KNet, Stack};
 use crate::sched::{bump, eventfd_try_read, eventfd_wait, Owner, PARKED, REVOKED, RUNNING};
-
-/// How an application registers with iokerneld.
-#[derive(Clone, Debug)]
-pub struct IokernelConfig {
-    /// iokerneld's control socket; `None`: its default path.
-    pub socket: Option<PathBuf>,
-    /// Unique among registered applications: 1..64 of `[A-Za-z0-9-_.:]`.
-    pub name: String,
-    pub class: Class,
-    /// Cores iokerneld never takes away while the application wants them.
-    pub guaranteed: u32,
-    /// Most cores at once; `None`: one per kthread.
-    pub max_cores: Option<u32>,
-    /// After telling iokerneld it parks, a kthread keeps polling its
-    /// eventfd this long before it blocks: a grant that comes within the
-    /// window costs no wake-up from halt. The core is iokerneld's during
-    /// the window (another application may be granted it), so keep it to a
-    /// few µs; zero blocks at once.
-    pub linger_after_park: Duration,
-    /// Never park when idle: keep every granted core and spin on it (the
-    /// ZygOS-like `static` baseline, where cores are provisioned, not
-    /// shared). Preemptions are still honoured.
-    pub keep_cores_when_idle: bool,
-    /// Send and receive packets (`crate::net`): iokerneld steers frames
-    /// for this MAC/IP to the kthreads' ingress rings.
-    pub net: Option<NetConfig>,
-}
-
-impl IokernelConfig {
-    pub fn new(name: impl Into<String>, class: Class) -> Self {
-        IokernelConfig {
-            socket: None,
-            name: name.into(),
-            class,
-            guaranteed: 0,
-            max_cores: None,
-            linger_after_park: Duration::ZERO,
-            keep_cores_when_idle: false,
-            net: None,
-        }
-    }
-}
 
 /// Samples kept per kthread and kind of grant (a bench reads them).
 const MAX_SAMPLES: usize = 1 << 20;

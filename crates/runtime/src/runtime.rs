@@ -59,10 +59,10 @@ pub(crate) fn start(
     plan: &Plan,
     mode: sched::Mode,
     name_prefix: &str,
-    iokernel: Option<&crate::iokernel::IokernelConfig>,
+    iokernel: Option<&crate::config::IokernelConfig>,
     body: sched::KthreadBody,
 ) -> Result<Started, RuntimeError> {
-    crate::signals::install()
+    crate::preempt::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
     let rt = Shared::new(plan, mode, iokernel).map_err(RuntimeError::Start)?;
     let mut started = Started {

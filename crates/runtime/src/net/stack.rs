@@ -25,9 +25,10 @@ use ginza_net::{
 };
 use ginza_shm::{Consumer, EgressBuffers, IngressPool, PacketDesc, Producer, PushError};
 
-use super::{KthreadNetStats, NetConfig, NetStats};
+use super::{KthreadNetStats, NetStats};
+use crate::config::NetConfig;
 use crate::sched::Waiter;
-use crate::sync::spinlock::SpinLock;
+use crate::spinlock::SpinLock;
 
 /// Frames one poll of one ring processes at most: bounds the time a kthread
 /// spends in its scheduler before looking at its runqueue again.

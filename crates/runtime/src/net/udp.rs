@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ginza_net::Endpoint;
 
 use super::stack::{Sent, SocketCore, Stack};
-use crate::preempt;
+use crate::deferral;
 use crate::sched::{self, Shared, Waiter};
 
 /// What [`UdpSocket::bind`] accepts: a `SocketAddrV4`, a `SocketAddr`
@@ -269,7 +269,7 @@ enum Wait {
 fn wait_readable(core: &SocketCore, deadline: Option<Instant>) -> Wait {
     // Deferred from before queueing until after resuming: a preemption in
     // between would put this uthread on a runqueue too.
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     let Some(me) = sched::current_uthread(&deferred) else {
         return Wait::NotAUthread;
     };

@@ -20,10 +20,10 @@ use crossbeam_utils::CachePadded;
 use ginza_sys::eventfd;
 
 use super::{URef, UThread, Waiter, TIMER_WAITER};
-use crate::config::Plan;
-use crate::iokernel::{IokernelConfig, KLink, Link};
+use crate::config::{IokernelConfig, Plan};
+use crate::deferral;
+use crate::iokernel::{KLink, Link};
 use crate::net::{KNet, Stack as NetStack, TxSide};
-use crate::preempt;
 use crate::stack::Stack;
 use crate::timer::Timers;
 
@@ -143,7 +143,7 @@ impl<'a> Owner<'a> {
 
     /// The token of the running context, kept on its kthread by `deferred`;
     /// None on a thread that is no kthread.
-    pub(crate) fn current(deferred: &'a preempt::Guard) -> Option<Owner<'a>> {
+    pub(crate) fn current(deferred: &'a deferral::Guard) -> Option<Owner<'a>> {
         let _ = deferred;
         let k = current_kthread();
         (!k.is_null()).then(|| Owner {
@@ -595,7 +595,7 @@ pub(crate) fn current_kthread() -> *const KThread {
 /// with preemption deferred, if the caller runs on a kthread of `rt` with
 /// networking. `f` must not switch (it cannot: it has no token to give up).
 pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&mut TxSide<'_>) -> R) -> Option<R> {
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     let mut k = Owner::current(&deferred)?;
     if !std::ptr::eq(k.rt, rt) {
         return None;
@@ -653,7 +653,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     crate::signals::ensure_altstack();
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
-    preempt::set_current_state(&k.sched.preempt);
+    deferral::set_current_state(&k.sched.preempt);
     // SAFETY: this is `k`'s own thread, in its scheduler context.
     let mut owner = unsafe { Owner::for_scheduler(k) };
     if let Some(io) = &k.io {
@@ -666,7 +666,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
 
     body(&mut owner);
 
-    preempt::set_current_state(null());
+    deferral::set_current_state(null());
     KTHREAD.with(|c| c.set(null()));
     k.tid.store(0, SeqCst);
 }

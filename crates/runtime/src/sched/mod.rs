@@ -37,7 +37,7 @@ use std::sync::atomic::{
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::preempt;
+use crate::deferral;
 
 /// The next context for `k`: a local uthread, or the scheduler when the
 /// runqueue is empty or the kthread must stop.
@@ -113,7 +113,7 @@ pub(crate) fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize 
 
 /// The running uthread, if the caller is a uthread (kept where it is by
 /// `deferred`).
-pub(crate) fn current_uthread(deferred: &preempt::Guard) -> Option<URef> {
+pub(crate) fn current_uthread(deferred: &deferral::Guard) -> Option<URef> {
     let k = Owner::current(deferred)?;
     let cur = k.current.get();
     if cur == k.sched_ptr() || cur.is_null() {
@@ -126,7 +126,7 @@ pub(crate) fn current_uthread(deferred: &preempt::Guard) -> Option<URef> {
 /// Suspends the running uthread, which the caller has put on a wait queue
 /// while `deferred` kept it from being preempted; returns after someone
 /// [`wake`]s it.
-pub(crate) fn park_current(deferred: &preempt::Guard) {
+pub(crate) fn park_current(deferred: &deferral::Guard) {
     let k = Owner::current(deferred).expect("park_current outside a kthread");
     schedule_away(k);
 }
@@ -134,7 +134,7 @@ pub(crate) fn park_current(deferred: &preempt::Guard) {
 /// Makes `u` runnable: on the caller's runqueue when it is a kthread of the
 /// same runtime, on the runtime's shared queue otherwise.
 pub(crate) fn wake(u: URef) {
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     // SAFETY: `u` is a live uthread in no queue (the caller just took it off one).
     let rt_ptr = unsafe { (*u.ptr()).rt };
     // SAFETY: the runtime outlives its uthreads' wake-ups (run() waits for main).
@@ -153,7 +153,7 @@ pub(crate) fn wake(u: URef) {
 
 /// Cooperative yield: the running uthread goes to the back of its runqueue.
 pub fn yield_now() {
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     let Some(k) = Owner::current(&deferred) else {
         std::thread::yield_now();
         return;
@@ -195,7 +195,7 @@ pub fn sleep(duration: Duration) {
 /// Suspends the running uthread until `deadline` has passed. Outside a
 /// runtime it sleeps the OS thread.
 pub fn sleep_until(deadline: Instant) {
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     let Some(cur) = current_uthread(&deferred) else {
         drop(deferred);
         return std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
@@ -288,7 +288,7 @@ unsafe fn timer_target(entry: usize) -> Option<URef> {
 /// Suspends the running uthread, which the caller has put on a wait queue
 /// as `w` with preemption deferred, until `w` is woken or `deadline`
 /// passes (then [`Waiter::timed_out`]; the caller takes `w` off its queue).
-pub(crate) fn park_current_until(deferred: &preempt::Guard, w: &Arc<Waiter>, deadline: Instant) {
+pub(crate) fn park_current_until(deferred: &deferral::Guard, w: &Arc<Waiter>, deadline: Instant) {
     let k = Owner::current(deferred).expect("park_current_until outside a kthread");
     debug_assert_eq!(k.current.get(), w.u.ptr());
     let entry = Arc::into_raw(Arc::clone(w)) as usize;

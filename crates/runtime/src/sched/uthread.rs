@@ -12,7 +12,7 @@ use crossbeam_deque::Steal;
 
 use super::{current_kthread_ref, pick_next, Mode, Owner, Shared};
 use crate::arch;
-use crate::preempt::{self, PreemptState};
+use crate::deferral::{self, PreemptState};
 use crate::stack::Stack;
 
 /// A user-level thread: a stack, a saved stack pointer, and what to run.
@@ -35,7 +35,7 @@ impl UThread {
     /// cache when there is one.
     pub(super) fn new_boxed(rt: *const Shared, entry: Entry) -> URef {
         let recycled = {
-            let deferred = preempt::Guard::new();
+            let deferred = deferral::Guard::new();
             Owner::current(&deferred)
                 .filter(|owner| owner.rt == rt)
                 .and_then(|owner| owner.take_cached_uthread())
@@ -145,7 +145,7 @@ pub(crate) unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThre
     }
     target.on_cpu.store(true, Relaxed);
     k.current.set(to);
-    preempt::set_current_state(&target.preempt);
+    deferral::set_current_state(&target.preempt);
     // SAFETY: `from` is running here, `to` is suspended with a saved stack
     // pointer on a mapped stack (or the scheduler's pthread stack).
     unsafe { arch::switch((*from).sp.get(), *target.sp.get(), &(*from).on_cpu) };
@@ -233,11 +233,11 @@ unsafe extern "C" fn uthread_entry(arg: *mut u8) -> ! {
     // SAFETY: `u` is the running uthread; its entry is taken exactly once.
     let entry = unsafe { (*(*u).entry.get()).take() };
     // SAFETY: as above; `u` lives until exit below.
-    preempt::enable(unsafe { &(*u).preempt });
+    deferral::enable(unsafe { &(*u).preempt });
     if let Some(task) = entry {
         task.run(); // catches its own panics (see task.rs)
     }
-    preempt::disable();
+    deferral::disable();
     // SAFETY: preemption deferred (for good: this context ends here).
     let mut k = unsafe { Owner::current_deferred() };
     k.exited.set(u);
