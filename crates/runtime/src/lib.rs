@@ -28,6 +28,7 @@ mod deferral;
 mod error;
 mod idle;
 mod iokernel;
+mod link;
 pub mod net;
 mod preempt;
 mod runtime;

@@ -55,7 +55,7 @@ fn preempt_point_slow() {
 /// context; the section has ended, so apply it now (called by
 /// `deferral::enable`, through the hook [`install`] sets).
 fn apply_pending_preemption(state: *const PreemptState) {
-    // SAFETY: `state` is the running context's (preempt::enable's caller).
+    // SAFETY: `state` is the running context's (`deferral::enable`'s caller).
     unsafe { (*state).pending.store(false, Relaxed) };
     if sched::current_uthread_unchecked_is_some() {
         if let Some(k) = sched::current_kthread_ref() {

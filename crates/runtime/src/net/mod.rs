@@ -23,11 +23,13 @@ pub mod testing;
 mod udp;
 
 pub use crate::config::NetConfig;
+use crate::sched::Shared;
 pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
-pub(crate) use stack::{KNet, Stack, TxSide, POLL_BATCH};
+pub(crate) use stack::Stack;
+use std::any::Any;
 pub use udp::{ToBindAddr, UdpSocket};
 
 /// One kthread's packet counts.
@@ -75,5 +77,23 @@ pub struct NetStats {
 /// or without networking.
 pub fn stats() -> Option<NetStats> {
     let rt = crate::sched::current_shared()?;
-    rt.net_stats()
+    stats_of(&rt)
+}
+
+/// The network stack of `rt` (registered with networking).
+pub(crate) fn stack_of(rt: &Shared) -> Option<&Stack> {
+    let stack: &dyn Any = rt.packet_stack()?;
+    stack.downcast_ref()
+}
+
+/// The counters of `rt`'s stack and of each kthread's packet rings.
+pub(crate) fn stats_of(rt: &Shared) -> Option<NetStats> {
+    let stack = stack_of(rt)?;
+    Some(
+        stack.stats(
+            rt.kthreads
+                .iter()
+                .filter_map(|k| k.knet().map(|n| (k.id, n))),
+        ),
+    )
 }

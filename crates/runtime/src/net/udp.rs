@@ -85,12 +85,12 @@ impl UdpSocket {
     pub fn bind(addr: impl ToBindAddr) -> io::Result<UdpSocket> {
         let addr = addr.to_bind_addr()?;
         let rt = sched::current_shared().ok_or_else(|| no_runtime("UdpSocket::bind"))?;
-        let core = rt.stack().ok_or_else(no_net)?.bind(addr)?;
+        let core = super::stack_of(&rt).ok_or_else(no_net)?.bind(addr)?;
         Ok(UdpSocket { rt, core })
     }
 
     fn stack(&self) -> &Stack {
-        self.rt.stack().expect("a socket exists only with a stack")
+        super::stack_of(&self.rt).expect("a socket exists only with a stack")
     }
 
     /// The address bound (the IP given to `bind`, which may be 0.0.0.0).
@@ -242,7 +242,7 @@ impl UdpSocket {
 
 impl Drop for UdpSocket {
     fn drop(&mut self) {
-        let Some(stack) = self.rt.stack() else {
+        let Some(stack) = super::stack_of(&self.rt) else {
             return;
         };
         let rt = &self.rt;

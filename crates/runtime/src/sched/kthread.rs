@@ -22,8 +22,7 @@ use ginza_sys::eventfd;
 use super::{URef, UThread, Waiter, TIMER_WAITER};
 use crate::config::{IokernelConfig, Plan};
 use crate::deferral;
-use crate::iokernel::{KLink, Link};
-use crate::net::{KNet, Stack as NetStack, TxSide};
+use crate::link::{KLink, KNet, Link, PacketStack, TxSide};
 use crate::stack::Stack;
 use crate::timer::Timers;
 
@@ -410,21 +409,11 @@ impl Shared {
         self.link.is_some() && !self.link_lost.load(Relaxed)
     }
 
-    /// The network stack (registered with networking).
+    /// The network stack (registered with networking), as the scheduler
+    /// polls it; `net::stack_of` gives the stack itself.
     #[inline]
-    pub(crate) fn stack(&self) -> Option<&NetStack> {
-        self.link.as_ref()?.net.get()
-    }
-
-    pub(crate) fn net_stats(&self) -> Option<crate::net::NetStats> {
-        let stack = self.stack()?;
-        Some(
-            stack.stats(
-                self.kthreads
-                    .iter()
-                    .filter_map(|k| k.knet().map(|n| (k.id, n))),
-            ),
-        )
+    pub(crate) fn packet_stack(&self) -> Option<&dyn PacketStack> {
+        self.link.as_ref()?.net.get().map(|s| &**s)
     }
 
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
@@ -656,14 +645,8 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     deferral::set_current_state(&k.sched.preempt);
     // SAFETY: this is `k`'s own thread, in its scheduler context.
     let mut owner = unsafe { Owner::for_scheduler(k) };
-    if let Some(io) = &k.io {
-        owner.send_to_iokernel(ginza_shm::ToIokernel::Started {
-            tid: k.tid.load(SeqCst) as u32,
-        });
-        // iokerneld counts every kthread parked until it grants it a core.
-        crate::iokernel::wait_for_grant(&owner, io);
-    }
-
+    // Under iokerneld the body starts by waiting for the first grant
+    // (`runtime::start` wraps it: `iokernel::wait_for_first_grant`).
     body(&mut owner);
 
     deferral::set_current_state(null());

@@ -366,11 +366,11 @@ pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
 /// Uthreads woken by datagrams land on the owner's runqueue.
 #[inline]
 pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
-    let (Some(theirs), Some(stack)) = (ring.knet(), owner.kthread().rt().stack()) else {
+    let (Some(theirs), Some(stack)) = (ring.knet(), owner.kthread().rt().packet_stack()) else {
         return 0;
     };
     let Some(mut me) = owner.tx_side() else {
         return 0;
     };
-    stack.poll(&mut me, theirs, crate::net::POLL_BATCH)
+    stack.poll(&mut me, theirs, crate::link::POLL_BATCH)
 }
