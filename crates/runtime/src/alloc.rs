@@ -5,7 +5,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use crate::preempt;
+use crate::deferral;
 
 /// The system allocator with preemption deferred around each call.
 pub struct PreemptSafeAlloc;
@@ -13,33 +13,33 @@ pub struct PreemptSafeAlloc;
 // SAFETY: delegates every call unchanged to the system allocator.
 unsafe impl GlobalAlloc for PreemptSafeAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = preempt::disable();
+        let p = deferral::disable();
         // SAFETY: forwarded with the caller's guarantees.
         let ptr = unsafe { System.alloc(layout) };
-        preempt::enable(p);
+        deferral::enable(p);
         ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        let p = preempt::disable();
+        let p = deferral::disable();
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { System.dealloc(ptr, layout) };
-        preempt::enable(p);
+        deferral::enable(p);
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = preempt::disable();
+        let p = deferral::disable();
         // SAFETY: forwarded with the caller's guarantees.
         let ptr = unsafe { System.alloc_zeroed(layout) };
-        preempt::enable(p);
+        deferral::enable(p);
         ptr
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = preempt::disable();
+        let p = deferral::disable();
         // SAFETY: forwarded with the caller's guarantees.
         let new = unsafe { System.realloc(ptr, layout, new_size) };
-        preempt::enable(p);
+        deferral::enable(p);
         new
     }
 }

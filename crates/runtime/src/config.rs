@@ -1,8 +1,13 @@
-//! Runtime configuration, its validation, and the CPU topology it is checked against.
+//! Runtime configuration (the runtime's, iokerneld registration's, the
+//! network's), its validation, and the CPU topology it is checked against.
+//! A leaf: it imports nothing of the crate but the error types.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use ginza_net::{ArpConfig, Interface, Ipv4Addr, MacAddr, StaticArpEntry};
+pub use ginza_proto::messages::Class;
 use ginza_sys::{affinity, cpulist, topology};
 
 use crate::error::ConfigError;
@@ -22,7 +27,7 @@ pub struct Config {
     /// Register with iokerneld, which then decides which kthreads hold a
     /// core (`cores` is ignored: iokerneld pins granted kthreads).
     /// `None`: standalone.
-    pub iokernel: Option<crate::iokernel::IokernelConfig>,
+    pub iokernel: Option<IokernelConfig>,
 }
 
 impl Default for Config {
@@ -148,6 +153,110 @@ pub(crate) fn allowed_cpus() -> Result<BTreeSet<usize>, ConfigError> {
 /// Hyperthread siblings of `cpu` (including itself) from sysfs; empty if unknown.
 fn read_siblings(cpu: usize) -> Vec<usize> {
     topology::thread_siblings(cpu).unwrap_or_default()
+}
+
+/// How an application registers with iokerneld.
+#[derive(Clone, Debug)]
+pub struct IokernelConfig {
+    /// iokerneld's control socket; `None`: its default path.
+    pub socket: Option<PathBuf>,
+    /// Unique among registered applications: 1..64 of `[A-Za-z0-9-_.:]`.
+    pub name: String,
+    pub class: Class,
+    /// Cores iokerneld never takes away while the application wants them.
+    pub guaranteed: u32,
+    /// Most cores at once; `None`: one per kthread.
+    pub max_cores: Option<u32>,
+    /// After telling iokerneld it parks, a kthread keeps polling its
+    /// eventfd this long before it blocks: a grant that comes within the
+    /// window costs no wake-up from halt. The core is iokerneld's during
+    /// the window (another application may be granted it), so keep it to a
+    /// few µs; zero blocks at once.
+    pub linger_after_park: Duration,
+    /// Never park when idle: keep every granted core and spin on it (the
+    /// ZygOS-like `static` baseline, where cores are provisioned, not
+    /// shared). Preemptions are still honoured.
+    pub keep_cores_when_idle: bool,
+    /// Send and receive packets (`crate::net`): iokerneld steers frames
+    /// for this MAC/IP to the kthreads' ingress rings.
+    pub net: Option<NetConfig>,
+}
+
+impl IokernelConfig {
+    pub fn new(name: impl Into<String>, class: Class) -> Self {
+        IokernelConfig {
+            socket: None,
+            name: name.into(),
+            class,
+            guaranteed: 0,
+            max_cores: None,
+            linger_after_park: Duration::ZERO,
+            keep_cores_when_idle: false,
+            net: None,
+        }
+    }
+}
+
+/// An application's network configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetConfig {
+    /// The application's own MAC and IPv4 address: iokerneld steers frames
+    /// for them to its kthreads.
+    pub interface: Interface,
+    /// Fixed IPv4 → MAC mappings (peers that do not answer ARP, such as
+    /// iokerneld's traffic generator).
+    pub static_arp: Vec<StaticArpEntry>,
+    pub arp: ArpConfig,
+    /// Datagrams one socket holds before it drops more (counted in
+    /// [`NetStats::udp_queue_full`](crate::net::NetStats::udp_queue_full)). Each holds an ingress buffer until
+    /// the application reads it, and the pool is shared by all sockets.
+    pub udp_queue: usize,
+}
+
+impl NetConfig {
+    /// `mac` and `ip`, no static ARP entries, Linux-like ARP timing (learned
+    /// entries kept 60 s, requests retried each second, 3 s before a
+    /// queued datagram is dropped, 4 datagrams queued per address).
+    pub fn new(mac: MacAddr, ip: Ipv4Addr) -> NetConfig {
+        NetConfig {
+            interface: Interface { mac, ip },
+            static_arp: Vec::new(),
+            arp: ArpConfig::default(),
+            udp_queue: 256,
+        }
+    }
+
+    /// Adds a static ARP entry.
+    pub fn with_static_arp(mut self, ip: Ipv4Addr, mac: MacAddr) -> NetConfig {
+        self.static_arp.push(StaticArpEntry { ip, mac });
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let iface = &self.interface;
+        if iface.mac.is_multicast() || iface.mac == MacAddr::ZERO {
+            return Err(format!(
+                "net: the interface MAC {} must be a unicast, non-zero address",
+                iface.mac
+            ));
+        }
+        if iface.ip.is_unspecified() || iface.ip.is_broadcast() || iface.ip.is_multicast() {
+            return Err(format!(
+                "net: the interface IP {} must be a unicast address",
+                iface.ip
+            ));
+        }
+        if !(1..=4096).contains(&self.udp_queue) {
+            return Err(format!(
+                "net: udp_queue {} must be in 1..=4096",
+                self.udp_queue
+            ));
+        }
+        if self.arp.capacity == 0 || self.arp.retry_interval == Duration::ZERO {
+            return Err("net: the ARP table needs a capacity and a retry interval".into());
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

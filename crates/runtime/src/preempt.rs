@@ -1,119 +1,24 @@
-//! Preemption: the per-context deferral count, and the entry points that
-//! preempt the running uthread (the signal handler's body, a deferred
-//! preemption applied at the end of its section, and `preempt_point`).
-//!
-//! Every execution context (each uthread, and each kthread's scheduler) owns a
-//! [`PreemptState`]. Its `count` is raised around sections that must not be
-//! preempted: the scheduler, per-kthread state, allocator calls, and an
-//! application's [`without_preemption`]. A preemption signal that arrives
-//! while the count is non-zero only sets `pending`; the section's end applies
-//! it.
-//!
-//! The count belongs to the context, not to the kthread, because a uthread
-//! preempted between reading "where am I" and raising the count may resume on
-//! another kthread: raising its own count stays correct there. Only the
-//! signal handler on the same thread ever races with these updates, so plain
-//! load/store pairs suffice (no locked instructions) with compiler fences to
-//! keep the section's body inside.
+//! Preemption: the entry points that preempt the running uthread (the
+//! signal handler's body, a preemption deferred to the end of its section,
+//! and `preempt_point`), and [`install`], which wires them to the signal
+//! handlers and to the deferral count (`deferral.rs`, which sits below the
+//! scheduler and so cannot call it directly).
 
-use std::cell::Cell;
+use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{
-    compiler_fence, AtomicBool, AtomicU32, Ordering::Relaxed, Ordering::SeqCst,
-};
+use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 
+use crate::deferral::{current_state, PreemptState};
 use crate::sched::{self, Mode, URef};
+use crate::signals;
 
-#[derive(Default)]
-pub(crate) struct PreemptState {
-    pub(crate) count: AtomicU32,
-    pub(crate) pending: AtomicBool,
-}
-
-impl PreemptState {
-    pub(crate) const fn new(count: u32) -> Self {
-        PreemptState {
-            count: AtomicU32::new(count),
-            pending: AtomicBool::new(false),
-        }
-    }
-}
-
-thread_local! {
-    /// The running context's preemption state; null on threads that are not
-    /// kthreads. Read with a single thread-pointer-relative load, so the read
-    /// itself cannot straddle a migration.
-    static CURRENT: Cell<*const PreemptState> = const { Cell::new(std::ptr::null()) };
-}
-
-#[inline(always)]
-pub(crate) fn current_state() -> *const PreemptState {
-    CURRENT.with(|c| c.get())
-}
-
-/// Makes `state` the running context's; called only with preemption deferred
-/// in both the old and the new context.
-#[inline(always)]
-pub(crate) fn set_current_state(state: *const PreemptState) {
-    CURRENT.with(|c| c.set(state));
-}
-
-/// Raises the running context's count; returns the state to pass to
-/// [`enable`] (null outside the runtime, where both are no-ops).
-#[inline(always)]
-pub(crate) fn disable() -> *const PreemptState {
-    let state = current_state();
-    if !state.is_null() {
-        // SAFETY: a non-null CURRENT points to the running context's state,
-        // which lives as long as the context (it is this very context).
-        let count = unsafe { &(*state).count };
-        count.store(count.load(Relaxed) + 1, Relaxed);
-        compiler_fence(SeqCst);
-    }
-    state
-}
-
-/// Lowers the count raised by [`disable`]; applies a preemption that arrived
-/// meanwhile.
-#[inline(always)]
-pub(crate) fn enable(state: *const PreemptState) {
-    if state.is_null() {
-        return;
-    }
-    compiler_fence(SeqCst);
-    // SAFETY: `state` came from `disable` in this same context and the
-    // context is still alive (it is running this code).
-    let st = unsafe { &*state };
-    let left = st.count.load(Relaxed) - 1;
-    st.count.store(left, Relaxed);
-    compiler_fence(SeqCst);
-    if left == 0 && st.pending.load(Relaxed) {
-        apply_pending_preemption(state);
-    }
-}
-
-/// RAII form of [`disable`]/[`enable`].
-pub(crate) struct Guard(*const PreemptState);
-
-impl Guard {
-    #[inline(always)]
-    pub(crate) fn new() -> Guard {
-        Guard(disable())
-    }
-}
-
-impl Drop for Guard {
-    #[inline(always)]
-    fn drop(&mut self) {
-        enable(self.0);
-    }
-}
-
-/// Runs `f` with preemption deferred: a preemption signal that arrives inside
-/// is applied when `f` returns. Outside a Ginza runtime it just runs `f`.
-pub fn without_preemption<R>(f: impl FnOnce() -> R) -> R {
-    let _guard = Guard::new();
-    f()
+/// Installs the preemption entry points: the signal handlers (preemption,
+/// and the stack-overflow report, which asks the scheduler about guard
+/// pages) and what ends a deferred section with a preemption pending.
+/// Idempotent; called before any kthread starts.
+pub(crate) fn install() -> io::Result<()> {
+    crate::deferral::set_apply_pending(apply_pending_preemption);
+    signals::install(preempt_from_signal, sched::guard_page_hit)
 }
 
 // ---- the preemption entry points (docs/runtime.md, Preemption) ----------------
@@ -147,9 +52,10 @@ fn preempt_point_slow() {
 }
 
 /// A preemption signal arrived while preemption was deferred in this
-/// context; the section has ended, so apply it now.
-pub(crate) fn apply_pending_preemption(state: *const PreemptState) {
-    // SAFETY: `state` is the running context's (preempt::enable's caller).
+/// context; the section has ended, so apply it now (called by
+/// `deferral::enable`, through the hook [`install`] sets).
+fn apply_pending_preemption(state: *const PreemptState) {
+    // SAFETY: `state` is the running context's (`deferral::enable`'s caller).
     unsafe { (*state).pending.store(false, Relaxed) };
     if sched::current_uthread_unchecked_is_some() {
         if let Some(k) = sched::current_kthread_ref() {
@@ -160,7 +66,7 @@ pub(crate) fn apply_pending_preemption(state: *const PreemptState) {
 }
 
 /// Body of the preemption signal handler (runs on the interrupted stack).
-pub(crate) fn preempt_from_signal() {
+fn preempt_from_signal() {
     let state = current_state();
     let Some(k) = sched::current_kthread_ref() else {
         return;

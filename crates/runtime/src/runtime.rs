@@ -59,12 +59,16 @@ pub(crate) fn start(
     plan: &Plan,
     mode: sched::Mode,
     name_prefix: &str,
-    iokernel: Option<&crate::iokernel::IokernelConfig>,
+    iokernel: Option<&crate::config::IokernelConfig>,
     body: sched::KthreadBody,
 ) -> Result<Started, RuntimeError> {
-    crate::signals::install()
+    crate::preempt::install()
         .map_err(|e| RuntimeError::Start(format!("cannot install signal handlers: {e}")))?;
     let rt = Shared::new(plan, mode, iokernel).map_err(RuntimeError::Start)?;
+    let body: sched::KthreadBody = Arc::new(move |owner: &mut sched::Owner<'_>| {
+        crate::iokernel::wait_for_first_grant(owner);
+        body(owner)
+    });
     let mut started = Started {
         rt,
         threads: Vec::with_capacity(plan.cores.len()),
@@ -115,7 +119,11 @@ impl Started {
             std::thread::yield_now();
         }
         let eventfds: Vec<_> = rt.kthreads.iter().map(|k| k.eventfd()).collect();
-        let id = link.register(&eventfds).map_err(RuntimeError::Iokernel)?;
+        let id = link
+            .register(&eventfds, |cfg, pool| {
+                Box::new(crate::net::Stack::new(cfg, pool))
+            })
+            .map_err(RuntimeError::Iokernel)?;
         log::info!(
             "registered with iokerneld as {:?} (app {id}, {} kthreads)",
             link.cfg.name,
@@ -279,7 +287,7 @@ impl Handle {
 
     /// The network stack's counters; `None` without networking.
     pub fn net_stats(&self) -> Option<crate::net::NetStats> {
-        self.rt.net_stats()
+        crate::net::stats_of(&self.rt)
     }
 
     pub fn stats(&self) -> Vec<KthreadStats> {

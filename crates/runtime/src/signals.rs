@@ -1,23 +1,45 @@
 //! Signal handlers: preemption (the handler switches away from the
 //! interrupted uthread) and stack-overflow reports (the fault handler runs on
-//! an alternate stack and names the uthread's guard page).
+//! an alternate stack and names the uthread's guard page). What the handlers
+//! do is the scheduler's, given to [`install`] (`preempt::install`): this
+//! module imports nothing of the crate, so the scheduler can use
+//! [`fatal`] and [`send_preempt`] without an import circle.
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 /// The preemption signal. SIGURG's default action is to ignore it, so a
 /// stray one never kills a process.
 pub(crate) const PREEMPT_SIGNAL: libc::c_int = libc::SIGURG;
 
+/// What the handlers ask of the scheduler; set once, before the handlers
+/// are installed (reading it is one atomic load: async-signal-safe).
+struct Hooks {
+    /// The preemption handler's body (`preempt::preempt_from_signal`).
+    preempt: fn(),
+    /// Whether a fault address is in the guard page of the running
+    /// uthread's stack: the kthread id and the stack's usable size.
+    guard_page_hit: fn(usize) -> Option<(usize, usize)>,
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
 static INSTALL: Once = Once::new();
 static mut INSTALL_ERROR: Option<i32> = None;
 static mut PREVIOUS_SEGV: MaybeUninit<libc::sigaction> = MaybeUninit::uninit();
 static mut PREVIOUS_BUS: MaybeUninit<libc::sigaction> = MaybeUninit::uninit();
 
-/// Installs the handlers once per process.
-pub(crate) fn install() -> io::Result<()> {
+/// Installs the handlers once per process: `preempt` runs on a preemption
+/// signal, `guard_page_hit` names the stack a fault overflowed.
+pub(crate) fn install(
+    preempt: fn(),
+    guard_page_hit: fn(usize) -> Option<(usize, usize)>,
+) -> io::Result<()> {
     INSTALL.call_once(|| {
+        let _ = HOOKS.set(Hooks {
+            preempt,
+            guard_page_hit,
+        });
         // SAFETY: runs once, before any handler can read PREVIOUS_*; the
         // handlers are async-signal-safe functions with the SA_SIGINFO signature.
         unsafe {
@@ -83,7 +105,9 @@ unsafe fn set_handler(
 extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: __errno_location returns this thread's errno slot.
     let errno = unsafe { *libc::__errno_location() };
-    crate::preempt::preempt_from_signal();
+    if let Some(hooks) = HOOKS.get() {
+        (hooks.preempt)();
+    }
     // The uthread may resume on another thread; restore errno there, where
     // the interrupted code will read it.
     // SAFETY: as above, for the thread we are on now.
@@ -93,7 +117,7 @@ extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
-    if let Some((kthread, size)) = crate::sched::guard_page_hit(addr) {
+    if let Some((kthread, size)) = HOOKS.get().and_then(|hooks| (hooks.guard_page_hit)(addr)) {
         let mut msg = Buf::new();
         msg.push(b"ginza: uthread stack overflow on kthread ");
         msg.push_num(kthread as u64);

@@ -8,10 +8,10 @@ use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
+use crate::deferral;
 use crate::error::JoinError;
-use crate::preempt;
 use crate::sched::{self, Runnable, Shared, URef};
-use crate::sync::spinlock::SpinLock;
+use crate::spinlock::SpinLock;
 
 enum Waiter {
     UThread(URef),
@@ -90,7 +90,7 @@ impl<T> JoinHandle<T> {
     /// uthread; from an ordinary thread it blocks that thread. A panic in the
     /// uthread comes back as [`JoinError::Panicked`].
     pub fn join(self) -> Result<T, JoinError> {
-        let guard = preempt::Guard::new();
+        let guard = deferral::Guard::new();
         let mut st = self.task.state().lock();
         if !st.done {
             match sched::current_uthread(&guard) {

@@ -13,7 +13,7 @@ use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-use crate::sync::spinlock::SpinLock;
+use crate::spinlock::SpinLock;
 
 #[derive(Default)]
 struct Heap {

@@ -22,76 +22,15 @@ mod stack;
 pub mod testing;
 mod udp;
 
-use std::time::Duration;
-
+pub use crate::config::NetConfig;
+use crate::sched::Shared;
 pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
-pub(crate) use stack::{KNet, Stack, TxSide, POLL_BATCH};
+pub(crate) use stack::Stack;
+use std::any::Any;
 pub use udp::{ToBindAddr, UdpSocket};
-
-/// An application's network configuration.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NetConfig {
-    /// The application's own MAC and IPv4 address: iokerneld steers frames
-    /// for them to its kthreads.
-    pub interface: Interface,
-    /// Fixed IPv4 → MAC mappings (peers that do not answer ARP, such as
-    /// iokerneld's traffic generator).
-    pub static_arp: Vec<StaticArpEntry>,
-    pub arp: ArpConfig,
-    /// Datagrams one socket holds before it drops more (counted in
-    /// [`NetStats::udp_queue_full`]). Each holds an ingress buffer until
-    /// the application reads it, and the pool is shared by all sockets.
-    pub udp_queue: usize,
-}
-
-impl NetConfig {
-    /// `mac` and `ip`, no static ARP entries, Linux-like ARP timing (learned
-    /// entries kept 60 s, requests retried each second, 3 s before a
-    /// queued datagram is dropped, 4 datagrams queued per address).
-    pub fn new(mac: MacAddr, ip: Ipv4Addr) -> NetConfig {
-        NetConfig {
-            interface: Interface { mac, ip },
-            static_arp: Vec::new(),
-            arp: ArpConfig::default(),
-            udp_queue: 256,
-        }
-    }
-
-    /// Adds a static ARP entry.
-    pub fn with_static_arp(mut self, ip: Ipv4Addr, mac: MacAddr) -> NetConfig {
-        self.static_arp.push(StaticArpEntry { ip, mac });
-        self
-    }
-
-    pub(crate) fn check(&self) -> Result<(), String> {
-        let iface = &self.interface;
-        if iface.mac.is_multicast() || iface.mac == MacAddr::ZERO {
-            return Err(format!(
-                "net: the interface MAC {} must be a unicast, non-zero address",
-                iface.mac
-            ));
-        }
-        if iface.ip.is_unspecified() || iface.ip.is_broadcast() || iface.ip.is_multicast() {
-            return Err(format!(
-                "net: the interface IP {} must be a unicast address",
-                iface.ip
-            ));
-        }
-        if !(1..=4096).contains(&self.udp_queue) {
-            return Err(format!(
-                "net: udp_queue {} must be in 1..=4096",
-                self.udp_queue
-            ));
-        }
-        if self.arp.capacity == 0 || self.arp.retry_interval == Duration::ZERO {
-            return Err("net: the ARP table needs a capacity and a retry interval".into());
-        }
-        Ok(())
-    }
-}
 
 /// One kthread's packet counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -138,5 +77,23 @@ pub struct NetStats {
 /// or without networking.
 pub fn stats() -> Option<NetStats> {
     let rt = crate::sched::current_shared()?;
-    rt.net_stats()
+    stats_of(&rt)
+}
+
+/// The network stack of `rt` (registered with networking).
+pub(crate) fn stack_of(rt: &Shared) -> Option<&Stack> {
+    let stack: &dyn Any = rt.packet_stack()?;
+    stack.downcast_ref()
+}
+
+/// The counters of `rt`'s stack and of each kthread's packet rings.
+pub(crate) fn stats_of(rt: &Shared) -> Option<NetStats> {
+    let stack = stack_of(rt)?;
+    Some(
+        stack.stats(
+            rt.kthreads
+                .iter()
+                .filter_map(|k| k.knet().map(|n| (k.id, n))),
+        ),
+    )
 }

@@ -1,5 +1,6 @@
 //! The stack's state: the runtime-wide part ([`Stack`]: interface, ingress
-//! pool, ARP table, sockets) and each kthread's packet rings ([`KNet`]).
+//! pool, ARP table, sockets); each kthread's packet rings ([`KNet`]) are in
+//! `link.rs`, below the scheduler, which holds them.
 //!
 //! Which context may touch what:
 //! * a kthread's ingress consumer: whoever holds its try-lock (the owner, or
@@ -10,28 +11,25 @@
 //!   filling an egress buffer and pushing its descriptor;
 //! * everything else: spinlocks, which defer preemption while held.
 
-use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::marker::PhantomData;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_net::{
-    parse, tx, ArpOperation, ArpTable, BuildError, DropCounters, Endpoint, Interface, MacAddr,
-    Packet, Resolution, UdpDatagram, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET,
+    parse, tx, ArpOperation, ArpTable, BuildError, Endpoint, Interface, MacAddr, Packet,
+    Resolution, UdpDatagram, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET,
 };
-use ginza_shm::{Consumer, EgressBuffers, IngressPool, PacketDesc, Producer, PushError};
+use ginza_shm::{IngressPool, PacketDesc, PushError};
 
-use super::{KthreadNetStats, NetConfig, NetStats};
+use super::{KthreadNetStats, NetStats};
+use crate::config::NetConfig;
+use crate::link::{KNet, PacketStack, TxSide};
 use crate::sched::Waiter;
-use crate::sync::spinlock::SpinLock;
+use crate::spinlock::SpinLock;
 
-/// Frames one poll of one ring processes at most: bounds the time a kthread
-/// spends in its scheduler before looking at its runqueue again.
-pub(crate) const POLL_BATCH: usize = 32;
 /// Ports `bind(0)` picks from (IANA's dynamic range).
 const EPHEMERAL_FIRST: u16 = 49152;
 /// How often the ARP table is swept for addresses that never answered.
@@ -46,114 +44,8 @@ fn add(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed) + n, Relaxed);
 }
 
-/// One kthread's counters, written only by that kthread.
-#[derive(Default)]
-pub(crate) struct KNetCounters {
-    rx_packets: AtomicU64,
-    rx_stolen: AtomicU64,
-    tx_packets: AtomicU64,
-    tx_ring_full: AtomicU64,
-    udp_delivered: AtomicU64,
-    udp_no_socket: AtomicU64,
-    udp_queue_full: AtomicU64,
-    bad_descriptors: AtomicU64,
-    arp_replies: AtomicU64,
-    icmp_echo_replies: AtomicU64,
-}
-
-/// The owner-only transmit side of a kthread.
-struct KTx {
-    done: Producer<u32>,
-    egress: Producer<PacketDesc>,
-    buffers: EgressBuffers,
-    /// A corrupt ring was reported once already.
-    corrupt_said: bool,
-}
-
-/// One kthread's packet rings.
-pub(crate) struct KNet {
-    /// Received frames; try-locked by whoever processes them.
-    ingress: SpinLock<Consumer<PacketDesc>>,
-    ingress_corrupt_said: AtomicBool,
-    /// Owner kthread only, preemption deferred (see [`KNet::tx`]).
-    tx: UnsafeCell<KTx>,
-    counters: KNetCounters,
-    /// Written by the owner only; locked by readers of the stats.
-    drops: SpinLock<DropCounters>,
-}
-
-// SAFETY: `tx` is reached only through a `TxSide`, whose constructor's
-// contract gives one context at a time exclusive use (the owner kthread,
-// with preemption deferred); everything else is atomics or behind locks.
-unsafe impl Sync for KNet {}
-
-/// Exclusive use of one kthread's transmit side (its done and egress
-/// producers) for as long as it lives. Made by the kthread's owner token
-/// (`sched::Owner::tx_side`) or by a single-threaded test harness; the
-/// stack's receive and transmit code takes one, so it is safe code.
-/// `!Send`: it stays in the context that made it.
-pub(crate) struct TxSide<'a> {
-    knet: &'a KNet,
-    _this_thread_only: PhantomData<*const ()>,
-}
-
-impl<'a> TxSide<'a> {
-    /// # Safety
-    /// While the value lives no other context and no other `TxSide` uses
-    /// `knet`'s transmit side: the caller is its kthread's owner with
-    /// preemption deferred, or the only thread using `knet`.
-    pub(crate) unsafe fn new(knet: &'a KNet) -> TxSide<'a> {
-        TxSide {
-            knet,
-            _this_thread_only: PhantomData,
-        }
-    }
-
-    fn tx(&mut self) -> &mut KTx {
-        // SAFETY: exclusive per `new`'s contract; `&mut self` makes this
-        // the only borrow of it at a time.
-        unsafe { &mut *self.knet.tx.get() }
-    }
-}
-
-impl std::ops::Deref for TxSide<'_> {
-    type Target = KNet;
-    fn deref(&self) -> &KNet {
-        self.knet
-    }
-}
-
+/// Counters of one kthread's packet rings (the rings themselves: `link.rs`).
 impl KNet {
-    pub(crate) fn new(
-        ingress: Consumer<PacketDesc>,
-        done: Producer<u32>,
-        egress: Producer<PacketDesc>,
-        buffers: EgressBuffers,
-    ) -> KNet {
-        KNet {
-            ingress: SpinLock::new(ingress),
-            ingress_corrupt_said: AtomicBool::new(false),
-            tx: UnsafeCell::new(KTx {
-                done,
-                egress,
-                buffers,
-                corrupt_said: false,
-            }),
-            counters: KNetCounters::default(),
-            drops: SpinLock::new(DropCounters::default()),
-        }
-    }
-
-    /// Whether frames wait on this kthread's ingress ring. A ring someone
-    /// is processing right now counts as non-empty: its holder may leave
-    /// part of it, and an idle kthread must look again rather than park.
-    pub(crate) fn ingress_pending(&self) -> bool {
-        match self.ingress.try_lock() {
-            Some(mut c) => c.len().is_ok_and(|n| n > 0),
-            None => true,
-        }
-    }
-
     pub(crate) fn stats(&self, id: usize) -> KthreadNetStats {
         KthreadNetStats {
             id,
@@ -161,6 +53,12 @@ impl KNet {
             rx_stolen: self.counters.rx_stolen.load(Relaxed),
             tx_packets: self.counters.tx_packets.load(Relaxed),
         }
+    }
+}
+
+impl PacketStack for Stack {
+    fn poll(&self, me: &mut TxSide<'_>, ring: &KNet, budget: usize) -> usize {
+        Stack::poll(self, me, ring, budget)
     }
 }
 

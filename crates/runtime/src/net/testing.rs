@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use ginza_shm::{IngressPool, Region, RuntimeEnd};
 
-use super::stack::{KNet, Sent, SocketCore, Stack, TxSide, POLL_BATCH};
+use super::stack::{Sent, SocketCore, Stack};
 use super::{NetConfig, NetStats};
+use crate::link::{KNet, TxSide, POLL_BATCH};
 
 /// The stack of one application and the runtime ends of its kthreads'
 /// packet rings. Single-threaded (`!Sync`): each call acts as the kthread

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ginza_net::Endpoint;
 
 use super::stack::{Sent, SocketCore, Stack};
-use crate::preempt;
+use crate::deferral;
 use crate::sched::{self, Shared, Waiter};
 
 /// What [`UdpSocket::bind`] accepts: a `SocketAddrV4`, a `SocketAddr`
@@ -85,12 +85,12 @@ impl UdpSocket {
     pub fn bind(addr: impl ToBindAddr) -> io::Result<UdpSocket> {
         let addr = addr.to_bind_addr()?;
         let rt = sched::current_shared().ok_or_else(|| no_runtime("UdpSocket::bind"))?;
-        let core = rt.stack().ok_or_else(no_net)?.bind(addr)?;
+        let core = super::stack_of(&rt).ok_or_else(no_net)?.bind(addr)?;
         Ok(UdpSocket { rt, core })
     }
 
     fn stack(&self) -> &Stack {
-        self.rt.stack().expect("a socket exists only with a stack")
+        super::stack_of(&self.rt).expect("a socket exists only with a stack")
     }
 
     /// The address bound (the IP given to `bind`, which may be 0.0.0.0).
@@ -242,7 +242,7 @@ impl UdpSocket {
 
 impl Drop for UdpSocket {
     fn drop(&mut self) {
-        let Some(stack) = self.rt.stack() else {
+        let Some(stack) = super::stack_of(&self.rt) else {
             return;
         };
         let rt = &self.rt;
@@ -269,7 +269,7 @@ enum Wait {
 fn wait_readable(core: &SocketCore, deadline: Option<Instant>) -> Wait {
     // Deferred from before queueing until after resuming: a preemption in
     // between would put this uthread on a runqueue too.
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     let Some(me) = sched::current_uthread(&deferred) else {
         return Wait::NotAUthread;
     };

@@ -586,7 +586,7 @@ where
 pub mod testing {
     use std::sync::atomic::Ordering::Relaxed;
 
-    use crate::preempt;
+    use crate::deferral;
     use crate::sched;
 
     /// From now on, the timers of the calling request's runtime fire only
@@ -602,7 +602,7 @@ pub mod testing {
     /// The calling worker's next pass through its switch path (the request
     /// blocks, yields or returns) takes the periodic check.
     pub fn check_timers_at_next_switch() {
-        let _deferred = preempt::Guard::new();
+        let _deferred = deferral::Guard::new();
         sched::check_timers_at_next_switch();
     }
 }

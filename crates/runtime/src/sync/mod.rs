@@ -5,7 +5,6 @@
 
 mod condvar;
 mod mutex;
-pub(crate) mod spinlock;
 mod waitgroup;
 
 pub use condvar::Condvar;
@@ -14,9 +13,9 @@ pub use waitgroup::WaitGroup;
 
 use std::collections::VecDeque;
 
-use crate::preempt;
+use crate::deferral;
 use crate::sched::{self, URef};
-use spinlock::SpinLock;
+use crate::spinlock::SpinLock;
 
 /// FIFO of suspended uthreads.
 pub(crate) type WaitQueue = SpinLock<VecDeque<URef>>;
@@ -39,7 +38,7 @@ pub(crate) enum Waited {
 pub(crate) fn wait_on(queue: &WaitQueue, decide: impl FnOnce() -> bool) -> Waited {
     // Deferred from before queueing until after resuming: a preemption in
     // between would put this uthread on a runqueue too.
-    let deferred = preempt::Guard::new();
+    let deferred = deferral::Guard::new();
     let Some(me) = sched::current_uthread(&deferred) else {
         return Waited::NotAUthread;
     };

@@ -7,7 +7,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 
-use crate::preempt;
+use crate::deferral;
 
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
@@ -21,7 +21,7 @@ unsafe impl<T: Send> Send for SpinLock<T> {}
 
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
-    preempt: *const preempt::PreemptState,
+    preempt: *const deferral::PreemptState,
 }
 
 impl<T> SpinLock<T> {
@@ -33,7 +33,7 @@ impl<T> SpinLock<T> {
     }
 
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
-        let preempt = preempt::disable();
+        let preempt = deferral::disable();
         let mut spins = 0u32;
         while self
             .locked
@@ -57,7 +57,7 @@ impl<T> SpinLock<T> {
     }
 
     pub(crate) fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        let preempt = preempt::disable();
+        let preempt = deferral::disable();
         if self
             .locked
             .compare_exchange(false, true, Acquire, Relaxed)
@@ -68,7 +68,7 @@ impl<T> SpinLock<T> {
                 preempt,
             })
         } else {
-            preempt::enable(preempt);
+            deferral::enable(preempt);
             None
         }
     }
@@ -98,6 +98,6 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
         self.lock.locked.store(false, Release);
-        preempt::enable(self.preempt);
+        deferral::enable(self.preempt);
     }
 }

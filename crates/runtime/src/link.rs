@@ -1,0 +1,359 @@
+//! The runtime's end of the shared region with iokerneld (DESIGN.md,
+//! "Shared memory between iokerneld and a runtime"): registration, each
+//! kthread's queue line and command rings ([`KLink`]), the grant latencies
+//! it observes, and its packet rings ([`KNet`], used through [`TxSide`]).
+//! Below the scheduler (a `KThread` holds its `KLink`): it imports neither
+//! `sched` nor `net`; parking under iokerneld is `iokernel.rs`, the packet
+//! stack `net/`, which the scheduler polls through [`PacketStack`].
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use ginza_net::DropCounters;
+use ginza_proto::client::{self, Connection};
+use ginza_proto::messages::Registration;
+use ginza_shm::{
+    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, LineFlags, LineRef, PacketDesc, Producer,
+    Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
+};
+
+use crate::config::{IokernelConfig, NetConfig};
+use crate::spinlock::SpinLock;
+
+/// Frames one poll of one ring processes at most: bounds the time a kthread
+/// spends in its scheduler before looking at its runqueue again.
+pub(crate) const POLL_BATCH: usize = 32;
+
+/// The packet stack as the scheduler sees it: `net::Stack` implements it,
+/// so `sched` polls packet rings without importing `net` (which parks and
+/// wakes uthreads, above the scheduler).
+pub(crate) trait PacketStack: Any + Send + Sync {
+    /// Processes up to `budget` frames of `ring`'s ingress ring as the
+    /// kthread whose transmit side is `me` (nothing if another kthread is
+    /// processing it); the frames taken.
+    fn poll(&self, me: &mut TxSide<'_>, ring: &KNet, budget: usize) -> usize;
+}
+
+/// Samples kept per kthread and kind of grant (a bench reads them).
+const MAX_SAMPLES: usize = 1 << 20;
+
+/// Decision → running latencies of the grants one kthread received.
+#[derive(Default)]
+pub(crate) struct GrantSamples {
+    /// The kthread was blocked on its eventfd.
+    pub(crate) from_blocked: Vec<u32>,
+    /// The kthread was still lingering after `Parked`.
+    pub(crate) while_lingering: Vec<u32>,
+}
+
+/// One kthread's end of the shared region.
+pub(crate) struct KLink {
+    pub(crate) line: LineRef,
+    /// Owner kthread only.
+    tx: UnsafeCell<CmdTx<ToIokernel>>,
+    /// Owner kthread only.
+    rx: UnsafeCell<CmdRx<ToKthread>>,
+    pub(crate) samples: Mutex<GrantSamples>,
+    /// The packet rings, with networking.
+    pub(crate) net: Option<KNet>,
+}
+
+// SAFETY: `tx`/`rx` are used only by the owning kthread's thread (callers'
+// contract on every method that touches them); the line is atomics.
+unsafe impl Sync for KLink {}
+
+impl KLink {
+    /// Sends a command to iokerneld. A full or corrupt ring is reported;
+    /// iokerneld disconnects a runtime whose ring is corrupt, and the
+    /// watcher then falls back to standalone mode.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn send(&self, m: ToIokernel) {
+        // SAFETY: owner-only (caller's contract).
+        if let Err(e) = unsafe { &mut *self.tx.get() }.send(m) {
+            log::warn!("command {m:?} to iokerneld not sent: {e}");
+        }
+    }
+
+    /// Drains iokerneld's commands; returns the decision time of the last
+    /// `Wake`. `Preempt` messages need no action here: the queue line's
+    /// `PREEMPT_PENDING` flag (and the signal) carry the request, and a
+    /// `Preempt` read while parked is stale.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn drain(&self) -> Option<u64> {
+        // SAFETY: owner-only (caller's contract).
+        let rx = unsafe { &mut *self.rx.get() };
+        let mut decided = None;
+        loop {
+            match rx.recv() {
+                Ok(Some(ToKthread::Wake { decided_ns, .. })) => decided = Some(decided_ns),
+                Ok(Some(ToKthread::Preempt { .. })) => {}
+                Ok(None) => return decided,
+                Err(e) => {
+                    log::warn!("iokerneld's command ring: {e}");
+                    return decided;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn preempt_pending(&self) -> bool {
+        self.line.flags().contains(LineFlags::PREEMPT_PENDING)
+    }
+
+    pub(crate) fn record(&self, latency_ns: u64, lingering: bool) {
+        let mut s = self.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let v = if lingering {
+            &mut s.while_lingering
+        } else {
+            &mut s.from_blocked
+        };
+        if v.len() < MAX_SAMPLES {
+            v.push(latency_ns.min(u32::MAX as u64) as u32);
+        }
+    }
+}
+
+/// The runtime-wide part: the region and the registration.
+pub(crate) struct Link {
+    pub(crate) cfg: IokernelConfig,
+    pub(crate) region: Region,
+    /// CLOCK_MONOTONIC ns at the runtime's epoch (timers are kept relative
+    /// to the epoch; iokerneld speaks CLOCK_MONOTONIC).
+    pub(crate) monotonic_at_epoch: u64,
+    pub(crate) conn: Mutex<Option<Connection>>,
+    /// The network stack, once iokerneld has sent the ingress pool.
+    pub(crate) net: OnceLock<Box<dyn PacketStack>>,
+}
+
+impl Link {
+    /// Creates the shared region for `n` kthreads and each kthread's end.
+    pub(crate) fn new(
+        cfg: &IokernelConfig,
+        n: usize,
+        epoch: Instant,
+    ) -> Result<(Link, Vec<KLink>), String> {
+        let n32 = u32::try_from(n).map_err(|_| format!("{n} kthreads are too many"))?;
+        if let Some(net) = &cfg.net {
+            net.check()?;
+        }
+        let region = Region::create(&cfg.name, &RegionConfig::new(n32))
+            .map_err(|e| format!("cannot create the shared region: {e}"))?;
+        let mut ends = Vec::with_capacity(n);
+        for k in 0..n32 {
+            let RuntimeEnd {
+                line,
+                to_iokernel,
+                from_iokernel,
+                ingress,
+                done,
+                egress,
+                egress_buffers,
+            } = region
+                .runtime_end(k)
+                .map_err(|e| format!("shared region, kthread {k}: {e}"))?;
+            line.insert_flags(LineFlags::PARKED);
+            ends.push(KLink {
+                line,
+                tx: UnsafeCell::new(to_iokernel),
+                rx: UnsafeCell::new(from_iokernel),
+                samples: Mutex::new(GrantSamples::default()),
+                net: cfg
+                    .net
+                    .is_some()
+                    .then(|| KNet::new(ingress, done, egress, egress_buffers)),
+            });
+        }
+        let monotonic_at_epoch =
+            ginza_sys::clock::monotonic_ns().saturating_sub(epoch.elapsed().as_nanos() as u64);
+        Ok((
+            Link {
+                cfg: cfg.clone(),
+                region,
+                monotonic_at_epoch,
+                conn: Mutex::new(None),
+                net: OnceLock::new(),
+            },
+            ends,
+        ))
+    }
+
+    /// Registers with iokerneld, passing the region and the eventfds; with
+    /// networking, `make_stack` builds the stack on the ingress pool
+    /// iokerneld sends (`net::Stack`, from above this module).
+    pub(crate) fn register<F: std::os::fd::AsFd>(
+        &self,
+        eventfds: &[F],
+        make_stack: impl FnOnce(&NetConfig, IngressPool) -> Box<dyn PacketStack>,
+    ) -> Result<u64, String> {
+        let socket = match &self.cfg.socket {
+            Some(p) => p.clone(),
+            None => client::default_socket_path(),
+        };
+        let n = eventfds.len() as u32;
+        let reg = Registration {
+            name: self.cfg.name.clone(),
+            class: self.cfg.class,
+            guaranteed: self.cfg.guaranteed,
+            max_cores: self.cfg.max_cores.unwrap_or(n),
+            kthreads: n,
+            net: self.cfg.net.as_ref().map(|c| c.interface),
+        };
+        let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
+            .map_err(|e| e.to_string())?;
+        let id = conn.app_id();
+        if let Some(net) = &self.cfg.net {
+            let pool = conn.take_ingress_pool().ok_or_else(|| {
+                format!(
+                    "iokerneld at {} accepted {:?} with networking ({} {}) but sent no ingress pool \
+                     (an iokerneld without a dataplane?)",
+                    socket.display(),
+                    self.cfg.name,
+                    net.interface.mac,
+                    net.interface.ip
+                )
+            })?;
+            // Set once: `register` runs once per runtime.
+            let _ = self.net.set(make_stack(net, pool));
+        }
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+        Ok(id)
+    }
+
+    /// Whether iokerneld has gone away (or removed this application).
+    pub(crate) fn lost(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|c| c.closed_by_iokerneld())
+    }
+
+    /// Deregisters (closing the socket gives the cores back).
+    pub(crate) fn deregister(&self) {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// A deadline relative to the epoch, in iokerneld's clock.
+    pub(crate) fn to_monotonic(&self, since_epoch_ns: u64) -> Option<u64> {
+        (since_epoch_ns != u64::MAX).then(|| self.monotonic_at_epoch.saturating_add(since_epoch_ns))
+    }
+}
+
+// ---- a kthread's packet rings ----------------------------------------------
+
+/// One kthread's counters, written only by that kthread.
+#[derive(Default)]
+pub(crate) struct KNetCounters {
+    pub(crate) rx_packets: AtomicU64,
+    pub(crate) rx_stolen: AtomicU64,
+    pub(crate) tx_packets: AtomicU64,
+    pub(crate) tx_ring_full: AtomicU64,
+    pub(crate) udp_delivered: AtomicU64,
+    pub(crate) udp_no_socket: AtomicU64,
+    pub(crate) udp_queue_full: AtomicU64,
+    pub(crate) bad_descriptors: AtomicU64,
+    pub(crate) arp_replies: AtomicU64,
+    pub(crate) icmp_echo_replies: AtomicU64,
+}
+
+/// The owner-only transmit side of a kthread.
+pub(crate) struct KTx {
+    pub(crate) done: Producer<u32>,
+    pub(crate) egress: Producer<PacketDesc>,
+    pub(crate) buffers: EgressBuffers,
+    /// A corrupt ring was reported once already.
+    pub(crate) corrupt_said: bool,
+}
+
+/// One kthread's packet rings.
+pub(crate) struct KNet {
+    /// Received frames; try-locked by whoever processes them.
+    pub(crate) ingress: SpinLock<Consumer<PacketDesc>>,
+    pub(crate) ingress_corrupt_said: AtomicBool,
+    /// Owner kthread only, preemption deferred (see [`KNet::tx`]).
+    tx: UnsafeCell<KTx>,
+    pub(crate) counters: KNetCounters,
+    /// Written by the owner only; locked by readers of the stats.
+    pub(crate) drops: SpinLock<DropCounters>,
+}
+
+// SAFETY: `tx` is reached only through a `TxSide`, whose constructor's
+// contract gives one context at a time exclusive use (the owner kthread,
+// with preemption deferred); everything else is atomics or behind locks.
+unsafe impl Sync for KNet {}
+
+/// Exclusive use of one kthread's transmit side (its done and egress
+/// producers) for as long as it lives. Made by the kthread's owner token
+/// (`sched::Owner::tx_side`) or by a single-threaded test harness; the
+/// stack's receive and transmit code takes one, so it is safe code.
+/// `!Send`: it stays in the context that made it.
+pub(crate) struct TxSide<'a> {
+    knet: &'a KNet,
+    _this_thread_only: PhantomData<*const ()>,
+}
+
+impl<'a> TxSide<'a> {
+    /// # Safety
+    /// While the value lives no other context and no other `TxSide` uses
+    /// `knet`'s transmit side: the caller is its kthread's owner with
+    /// preemption deferred, or the only thread using `knet`.
+    pub(crate) unsafe fn new(knet: &'a KNet) -> TxSide<'a> {
+        TxSide {
+            knet,
+            _this_thread_only: PhantomData,
+        }
+    }
+
+    pub(crate) fn tx(&mut self) -> &mut KTx {
+        // SAFETY: exclusive per `new`'s contract; `&mut self` makes this
+        // the only borrow of it at a time.
+        unsafe { &mut *self.knet.tx.get() }
+    }
+}
+
+impl std::ops::Deref for TxSide<'_> {
+    type Target = KNet;
+    fn deref(&self) -> &KNet {
+        self.knet
+    }
+}
+
+impl KNet {
+    pub(crate) fn new(
+        ingress: Consumer<PacketDesc>,
+        done: Producer<u32>,
+        egress: Producer<PacketDesc>,
+        buffers: EgressBuffers,
+    ) -> KNet {
+        KNet {
+            ingress: SpinLock::new(ingress),
+            ingress_corrupt_said: AtomicBool::new(false),
+            tx: UnsafeCell::new(KTx {
+                done,
+                egress,
+                buffers,
+                corrupt_said: false,
+            }),
+            counters: KNetCounters::default(),
+            drops: SpinLock::new(DropCounters::default()),
+        }
+    }
+
+    /// Whether frames wait on this kthread's ingress ring. A ring someone
+    /// is processing right now counts as non-empty: its holder may leave
+    /// part of it, and an idle kthread must look again rather than park.
+    pub(crate) fn ingress_pending(&self) -> bool {
+        match self.ingress.try_lock() {
+            Some(mut c) => c.len().is_ok_and(|n| n > 0),
+            None => true,
+        }
+    }
+}

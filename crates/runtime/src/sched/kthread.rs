@@ -1,0 +1,712 @@
+//! Kthreads: one pinned pthread per core the runtime may use, its owner
+//! token ([`Owner`]), the state all kthreads of a runtime share
+//! ([`Shared`]: injector, spare stacks, spinning and parked counts), eventfd
+//! park and notify, and how per-kthread state is reached
+//! ([`current_kthread`]; DESIGN.md, "Per-kthread state and TLS").
+
+use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::{null, null_mut, NonNull};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering::{Relaxed, SeqCst},
+};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+use crossbeam_utils::CachePadded;
+use ginza_sys::eventfd;
+
+use super::{URef, UThread, Waiter, TIMER_WAITER};
+use crate::config::{IokernelConfig, Plan};
+use crate::deferral;
+use crate::link::{KLink, KNet, Link, PacketStack, TxSide};
+use crate::stack::Stack;
+use crate::timer::Timers;
+
+pub(crate) const RUNNING: u8 = 0;
+pub(crate) const SPINNING: u8 = 1;
+pub(crate) const PARKED: u8 = 2;
+/// A waker has claimed this parked kthread and written its eventfd.
+const WAKING: u8 = 3;
+/// Preempted and parked until granted again (the iokerneld revocation path).
+pub(crate) const REVOKED: u8 = 4;
+
+#[derive(Default)]
+pub(crate) struct KStats {
+    pub(crate) preemptions: AtomicU64,
+    pub(crate) steals: AtomicU64,
+    pub(crate) parks: AtomicU64,
+    pub(crate) revocations: AtomicU64,
+    /// Cores granted by iokerneld.
+    pub(crate) grants: AtomicU64,
+    /// Worker mode: preemptions taken at preemption points (cooperative).
+    pub(crate) coop_preemptions: AtomicU64,
+}
+
+/// Owner-only increment of a statistics counter (readers may be elsewhere).
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.store(counter.load(Relaxed) + 1, Relaxed);
+}
+
+/// How a runtime's kthreads schedule.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Mode {
+    /// Shenango: run to completion, work stealing, parking.
+    Shenango,
+    /// Shinjuku: each kthread is a worker that runs the one request context a
+    /// dispatcher assigns it, and hands it back when done, preempted or blocked.
+    Worker,
+}
+
+pub(crate) struct KThread {
+    pub(crate) id: usize,
+    pub(crate) mode: Mode,
+    /// Cooperative preemption request, polled at preemption points (its own
+    /// cache line: the Shinjuku dispatcher writes it while the kthread
+    /// polls). Set when a quantum is spent, and with a revocation.
+    pub(crate) preempt_flag: CachePadded<AtomicBool>,
+    /// Worker mode: the request context that just yielded back.
+    pub(crate) yielded: Cell<*mut UThread>,
+    pub(crate) core: usize,
+    pub(crate) siblings: Vec<usize>,
+    pub(super) rt: *const Shared,
+    local: UnsafeCell<Worker<URef>>,
+    pub(crate) stealer: Stealer<URef>,
+    pub(crate) sched: UThread,
+    pub(crate) current: Cell<*mut UThread>,
+    /// A uthread that exited; the next context to run frees its stack.
+    pub(super) exited: Cell<*mut UThread>,
+    /// Exited uthreads kept with their stacks for the next spawn. Boxed:
+    /// a uthread's address is its identity (URef) and must not move.
+    #[allow(clippy::vec_box)]
+    pub(super) free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
+    pub(crate) timers: Timers,
+    pub(crate) state: AtomicU8,
+    pub(crate) revoke_requested: AtomicBool,
+    eventfd: OwnedFd,
+    pub(crate) tid: AtomicI32,
+    /// Shared state with iokerneld, when the runtime is registered.
+    pub(crate) io: Option<KLink>,
+    /// Managed runtimes: when the kthread left its scheduler context for
+    /// uthreads (ns since the epoch), for the busy time on the queue line.
+    pub(crate) busy_since: Cell<u64>,
+    pub(super) tick: Cell<u32>,
+    rng: Cell<u64>,
+    pub(crate) stats: KStats,
+}
+
+// SAFETY: the Cell/UnsafeCell fields (local, sched, current, exited,
+// free_uthreads, tick, rng) are touched only by the kthread's own pthread;
+// everything other threads touch is atomic or behind a lock.
+unsafe impl Sync for KThread {}
+// SAFETY: see Sync; the struct is created on one thread and then shared.
+unsafe impl Send for KThread {}
+
+// ---- the owner token ---------------------------------------------------------
+
+/// Proof that the code holding it runs on kthread `k`'s own thread, in a
+/// context that stays on `k` while the token lives: it may use `k`'s
+/// owner-only state (the push/pop end of its runqueue, its uthread cache,
+/// its command rings to iokerneld, the transmit side of its packet rings)
+/// without locks. There are two kinds:
+/// * the scheduler context's, made once per kthread in [`kthread_main`] and
+///   lent to the scheduler (or worker) loop: that context never leaves its
+///   pthread;
+/// * a uthread's, made by [`Owner::current`] and tied to the deferral guard
+///   that keeps the uthread from being preempted. A uthread still moves to
+///   another kthread when it switches out on purpose (it yields, blocks or
+///   sleeps), so the functions that switch a uthread out take its token by
+///   value: no token survives the switch (DESIGN.md, "Per-kthread state and
+///   TLS"). Code holding a token must not call anything else that may switch
+///   (`yield_now`, `Mutex::lock`, ...); debug builds check at every use that
+///   the token's kthread is still the running one.
+///
+/// `!Send` and `!Sync`: a token never leaves the thread it was made on.
+pub(crate) struct Owner<'a> {
+    pub(super) k: &'a KThread,
+    _this_thread_only: PhantomData<*const ()>,
+}
+
+impl<'a> Owner<'a> {
+    /// # Safety
+    /// Runs on `k`'s own thread, for its scheduler context.
+    unsafe fn for_scheduler(k: &'a KThread) -> Owner<'a> {
+        Owner {
+            k,
+            _this_thread_only: PhantomData,
+        }
+    }
+
+    /// The token of the running context, kept on its kthread by `deferred`;
+    /// None on a thread that is no kthread.
+    pub(crate) fn current(deferred: &'a deferral::Guard) -> Option<Owner<'a>> {
+        let _ = deferred;
+        let k = current_kthread();
+        (!k.is_null()).then(|| Owner {
+            // SAFETY: a non-null kthread pointer of this thread; the kthread
+            // outlives the code it runs, and with preemption deferred the
+            // context stays on it until it switches out on purpose, which
+            // takes the token.
+            k: unsafe { &*k },
+            _this_thread_only: PhantomData,
+        })
+    }
+
+    /// As [`Owner::current`], where preemption is deferred by other means
+    /// than a guard (a uthread's entry and exit, the signal handler, a
+    /// context that has just switched in).
+    ///
+    /// # Safety
+    /// The caller runs on a kthread, with preemption deferred for as long as
+    /// the token lives.
+    pub(crate) unsafe fn current_deferred() -> Owner<'a> {
+        Owner {
+            // SAFETY: the caller's contract, as in `current`.
+            k: unsafe { &*current_kthread() },
+            _this_thread_only: PhantomData,
+        }
+    }
+
+    /// Pushes to the kthread's runqueue, counted on its queue line.
+    pub(crate) fn push(&self, u: URef) {
+        self.count_pushed(1);
+        self.runqueue().push(u);
+    }
+
+    /// Pops from the kthread's runqueue, counted on its queue line.
+    pub(crate) fn pop(&self) -> Option<URef> {
+        let u = self.runqueue().pop();
+        if u.is_some() {
+            self.count_taken(1);
+        }
+        u
+    }
+
+    pub(crate) fn runqueue(&self) -> &'a Worker<URef> {
+        // SAFETY: the token proves we are the owner kthread's thread; a
+        // `Worker` is used through `&` only (its push/pop take `&self`).
+        unsafe { &*self.k.local.get() }
+    }
+
+    /// Sends a command to iokerneld on this kthread's ring.
+    pub(crate) fn send_to_iokernel(&self, m: ginza_shm::ToIokernel) {
+        if let Some(io) = &self.k.io {
+            // SAFETY: the token proves we are the owner kthread.
+            unsafe { io.send(m) };
+        }
+    }
+
+    /// Drains iokerneld's commands to this kthread: the decision time of
+    /// the last `Wake`.
+    pub(crate) fn drain_from_iokernel(&self) -> Option<u64> {
+        // SAFETY: the token proves we are the owner kthread.
+        self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
+    }
+
+    /// The transmit side of this kthread's packet rings (managed runtimes
+    /// with networking). `&mut self`: one at a time per token, and the
+    /// stack's code that uses it never makes another token.
+    pub(crate) fn tx_side(&mut self) -> Option<TxSide<'_>> {
+        let knet = self.k.knet()?;
+        // SAFETY: the token proves we are the owner kthread and stay on it;
+        // the exclusive borrow of the token keeps this the only `TxSide`
+        // of this context.
+        Some(unsafe { TxSide::new(knet) })
+    }
+}
+
+impl<'a> Owner<'a> {
+    /// The token's kthread (checked, in debug builds, to be the running one).
+    pub(crate) fn kthread(&self) -> &'a KThread {
+        debug_assert!(
+            std::ptr::eq(current_kthread(), self.k),
+            "a kthread's owner token used after its uthread moved"
+        );
+        self.k
+    }
+}
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = KThread;
+    fn deref(&self) -> &KThread {
+        self.kthread()
+    }
+}
+
+impl KThread {
+    pub(crate) fn eventfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.eventfd)
+    }
+
+    pub(crate) fn sched_ptr(&self) -> *mut UThread {
+        &self.sched as *const UThread as *mut UThread
+    }
+
+    pub(crate) fn rt(&self) -> &Shared {
+        // SAFETY: the Shared outlives its kthreads (run() joins them before dropping it).
+        unsafe { &*self.rt }
+    }
+
+    // Queue-line counters for iokerneld's congestion detection: pushes are
+    // counted before the item is visible and takes after it is gone, so
+    // iokerneld never sees fewer items than are queued.
+
+    #[inline]
+    pub(crate) fn count_pushed(&self, n: u32) {
+        if let Some(io) = &self.io {
+            io.line.add_rq_tail(n);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn count_taken(&self, n: u32) {
+        if let Some(io) = &self.io {
+            io.line.add_rq_head(n);
+        }
+    }
+
+    /// Adds the busy time since `busy_since` to the queue line (for
+    /// utilization-based allocators) and restarts the count.
+    pub(crate) fn publish_busy(&self, running_on: bool) {
+        if let Some(io) = &self.io {
+            let now = self.rt().now_ns();
+            let since = self.busy_since.replace(if running_on { now } else { 0 });
+            if since != 0 {
+                io.line.add_busy_ns(now.saturating_sub(since));
+            }
+        }
+    }
+
+    /// This kthread's packet rings (managed runtimes with networking).
+    #[inline]
+    pub(crate) fn knet(&self) -> Option<&KNet> {
+        self.io.as_ref()?.net.as_ref()
+    }
+
+    pub(crate) fn next_random(&self) -> u64 {
+        // xorshift64: only used to pick a steal victim.
+        let mut x = self.rng.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.set(x);
+        x
+    }
+}
+
+/// State shared by all kthreads of one runtime.
+pub(crate) struct Shared {
+    pub(crate) kthreads: Box<[KThread]>,
+    pub(crate) mode: Mode,
+    /// Shenango mode: work for any kthread. Worker mode: request contexts
+    /// made runnable again after blocking, for the dispatcher.
+    pub(crate) injector: Injector<URef>,
+    /// Stacks of exited uthreads, for first runs on any kthread.
+    pub(super) spare_stacks: Injector<Stack>,
+    pub(super) spare_count: AtomicUsize,
+    pub(crate) n_spinning: AtomicUsize,
+    pub(crate) n_parked: AtomicUsize,
+    pub(crate) shutdown: AtomicBool,
+    pub(super) epoch: Instant,
+    pub(super) stack_size: usize,
+    pub(crate) spin: Duration,
+    wake_cursor: AtomicUsize,
+    self_ref: Weak<Shared>,
+    /// Registration with iokerneld (None: standalone).
+    pub(crate) link: Option<Link>,
+    /// iokerneld went away: the kthreads run standalone from then on.
+    pub(crate) link_lost: AtomicBool,
+    /// Test hook (worker mode): timers fire only at a worker's periodic
+    /// check in its switch path, neither in the dispatcher nor in an idle
+    /// worker (see `shinjuku::testing`).
+    pub(crate) timers_only_at_switch_checks: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        plan: &Plan,
+        mode: Mode,
+        iokernel: Option<&IokernelConfig>,
+    ) -> Result<Arc<Shared>, String> {
+        let mut eventfds = Vec::with_capacity(plan.cores.len());
+        for _ in &plan.cores {
+            let fd = eventfd::new().map_err(|e| format!("cannot create kthread eventfds: {e}"))?;
+            eventfds.push(fd);
+        }
+        let epoch = Instant::now();
+        let (link, mut ends) = match iokernel {
+            Some(cfg) => {
+                let (link, ends) = Link::new(cfg, plan.cores.len(), epoch)?;
+                (Some(link), ends.into_iter().map(Some).collect())
+            }
+            None => (None, Vec::new()),
+        };
+        ends.resize_with(plan.cores.len(), || None);
+        Ok(Arc::new_cyclic(|weak: &Weak<Shared>| {
+            let rt = weak.as_ptr();
+            let kthreads = plan
+                .cores
+                .iter()
+                .zip(eventfds)
+                .zip(ends)
+                .enumerate()
+                .map(|(id, ((&core, eventfd), io))| {
+                    let local = Worker::new_fifo();
+                    KThread {
+                        id,
+                        mode,
+                        preempt_flag: CachePadded::new(AtomicBool::new(false)),
+                        yielded: Cell::new(null_mut()),
+                        core,
+                        siblings: plan.siblings[id].clone(),
+                        rt,
+                        stealer: local.stealer(),
+                        local: UnsafeCell::new(local),
+                        sched: UThread::scheduler(rt),
+                        current: Cell::new(null_mut()),
+                        exited: Cell::new(null_mut()),
+                        free_uthreads: UnsafeCell::new(Vec::new()),
+                        timers: Timers::new(),
+                        state: AtomicU8::new(RUNNING),
+                        revoke_requested: AtomicBool::new(false),
+                        eventfd,
+                        tid: AtomicI32::new(0),
+                        io,
+                        busy_since: Cell::new(0),
+                        tick: Cell::new(0),
+                        rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) << 17)),
+                        stats: KStats::default(),
+                    }
+                })
+                .collect();
+            Shared {
+                kthreads,
+                mode,
+                injector: Injector::new(),
+                spare_stacks: Injector::new(),
+                spare_count: AtomicUsize::new(0),
+                n_spinning: AtomicUsize::new(0),
+                n_parked: AtomicUsize::new(0),
+                shutdown: AtomicBool::new(false),
+                epoch,
+                stack_size: plan.stack_size,
+                spin: plan.spin_before_park,
+                wake_cursor: AtomicUsize::new(0),
+                self_ref: weak.clone(),
+                link,
+                link_lost: AtomicBool::new(false),
+                timers_only_at_switch_checks: AtomicBool::new(false),
+            }
+        }))
+    }
+
+    /// Whether iokerneld decides which kthreads hold a core.
+    #[inline]
+    pub(crate) fn managed(&self) -> bool {
+        self.link.is_some() && !self.link_lost.load(Relaxed)
+    }
+
+    /// The network stack (registered with networking), as the scheduler
+    /// polls it; `net::stack_of` gives the stack itself.
+    #[inline]
+    pub(crate) fn packet_stack(&self) -> Option<&dyn PacketStack> {
+        self.link.as_ref()?.net.get().map(|s| &**s)
+    }
+
+    /// Injected work is counted on kthread 0's queue line: iokerneld sees
+    /// it wait there whether or not kthread 0 holds a core.
+    pub(crate) fn push_injector(&self, u: URef) {
+        self.kthreads[0].count_pushed(1);
+        self.injector.push(u);
+    }
+
+    /// iokerneld went away: run standalone on whatever cores the kthreads
+    /// hold now, and wake every parked kthread.
+    pub(crate) fn fall_back_to_standalone(&self) {
+        if self.link_lost.swap(true, SeqCst) {
+            return;
+        }
+        for k in self.kthreads.iter() {
+            k.revoke_requested.store(false, SeqCst);
+            eventfd_signal(k);
+        }
+    }
+
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) fn arc(&self) -> Option<Arc<Shared>> {
+        self.self_ref.upgrade()
+    }
+
+    /// Wakes one parked kthread if nobody is already looking for work.
+    /// Callers have just published work; the SeqCst fence pairs with the
+    /// one in `park_idle` so that either the parker sees the work or we see
+    /// the parker.
+    pub(crate) fn notify_one(&self) {
+        if self.managed() {
+            return; // only iokerneld grants cores
+        }
+        if self.kthreads.len() == 1 {
+            let k = current_kthread();
+            // SAFETY: a non-null kthread pointer of this thread.
+            if !k.is_null() && std::ptr::eq(unsafe { (*k).rt }, self) {
+                return; // the only kthread is the one publishing the work
+            }
+        }
+        fence(SeqCst);
+        if self.n_spinning.load(SeqCst) > 0 || self.n_parked.load(SeqCst) == 0 {
+            return;
+        }
+        let n = self.kthreads.len();
+        let start = self.wake_cursor.fetch_add(1, Relaxed);
+        for i in 0..n {
+            let k = &self.kthreads[(start + i) % n];
+            if k.state
+                .compare_exchange(PARKED, WAKING, SeqCst, Relaxed)
+                .is_ok()
+            {
+                self.n_parked.fetch_sub(1, SeqCst);
+                eventfd_signal(k);
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn wake_all_for_shutdown(&self) {
+        self.shutdown.store(true, SeqCst);
+        for k in self.kthreads.iter() {
+            eventfd_signal(k);
+        }
+    }
+
+    /// Work any idle kthread could take right now.
+    pub(crate) fn work_visible(&self, me: &KThread) -> bool {
+        !self.injector.is_empty()
+            || self.kthreads.iter().any(|k| !k.stealer.is_empty())
+            || me.timers.next_deadline() <= self.now_ns()
+            || (self.link.is_some()
+                && self
+                    .kthreads
+                    .iter()
+                    .any(|k| k.knet().is_some_and(KNet::ingress_pending)))
+    }
+
+    pub(crate) fn earliest_deadline(&self) -> u64 {
+        self.kthreads
+            .iter()
+            .map(|k| k.timers.next_deadline())
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// `k` is about to be busy while it has timers pending: make sure an
+    /// idle kthread is awake to fire them on time (it parks with the earliest
+    /// deadline of all kthreads as its timeout).
+    pub(crate) fn watch_timers_of(&self, k: &KThread) {
+        if k.timers.any() && self.n_spinning.load(Relaxed) == 0 && self.n_parked.load(Relaxed) > 0 {
+            self.notify_one();
+        }
+    }
+
+    /// Frees what the runqueues still hold after every kthread has stopped.
+    /// uthreads blocked on a wait queue at this point are unreachable and
+    /// leak, as threads do at process exit.
+    pub(crate) fn drain_after_shutdown(&self) {
+        let free = |u: URef| {
+            // SAFETY: all kthreads have exited, so no context runs; each
+            // URef is in exactly one queue, so it is freed once. A uthread
+            // that had started is dropped without unwinding its stack.
+            unsafe { drop(Box::from_raw(u.ptr())) };
+        };
+        while let Steal::Success(u) = self.injector.steal() {
+            free(u);
+        }
+
+        for k in self.kthreads.iter() {
+            while let Steal::Success(u) = k.stealer.steal() {
+                free(u);
+            }
+            k.timers.drain(|addr| {
+                if addr & TIMER_WAITER != 0 {
+                    // A timed wait: the uthread is on a wait queue (or
+                    // already elsewhere); only the timer's reference goes.
+                    // SAFETY: made by `Arc::into_raw` in
+                    // `park_current_until`, taken once.
+                    drop(unsafe { Arc::from_raw((addr & !TIMER_WAITER) as *const Waiter) });
+                    return;
+                }
+                free(URef(
+                    NonNull::new(addr as *mut UThread).expect("null timer entry"),
+                ));
+            });
+        }
+    }
+}
+
+fn eventfd_signal(k: &KThread) {
+    let _ = eventfd::write(k.eventfd.as_fd(), 1);
+}
+
+/// Blocks on the kthread's eventfd until signalled, a signal interrupts, or
+/// `deadline` (ns since the epoch; u64::MAX for none). True if the eventfd
+/// had been written.
+pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
+    let rt = k.rt();
+    let timeout =
+        (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(rt.now_ns())));
+    let _ = eventfd::wait(k.eventfd.as_fd(), timeout);
+    eventfd_try_read(k)
+}
+
+/// Reads and resets the eventfd without blocking; true if it was written.
+pub(crate) fn eventfd_try_read(k: &KThread) -> bool {
+    matches!(eventfd::read(k.eventfd.as_fd()), Ok(Some(n)) if n > 0)
+}
+
+thread_local! {
+    static KTHREAD: Cell<*const KThread> = const { Cell::new(null()) };
+}
+
+/// The kthread running the caller. Never inlined, so no caller can keep a
+/// thread-local address from before a migration (DESIGN.md, "Per-kthread
+/// state and TLS"). Stable only while preemption is deferred.
+#[inline(never)]
+pub(crate) fn current_kthread() -> *const KThread {
+    KTHREAD.with(|k| k.get())
+}
+
+/// Runs `f` on the transmit side of the calling kthread's packet rings,
+/// with preemption deferred, if the caller runs on a kthread of `rt` with
+/// networking. `f` must not switch (it cannot: it has no token to give up).
+pub(crate) fn with_current_knet<R>(rt: &Shared, f: impl FnOnce(&mut TxSide<'_>) -> R) -> Option<R> {
+    let deferred = deferral::Guard::new();
+    let mut k = Owner::current(&deferred)?;
+    if !std::ptr::eq(k.rt, rt) {
+        return None;
+    }
+    let mut tx = k.tx_side()?;
+    Some(f(&mut tx))
+}
+
+/// The calling uthread's runtime.
+pub(crate) fn current_shared() -> Option<Arc<Shared>> {
+    let rt = current_runtime()?;
+    // SAFETY: a kthread's runtime is alive while the kthread runs.
+    unsafe { (*rt).arc() }
+}
+
+/// The runtime of the calling kthread, if any.
+pub(crate) fn current_runtime() -> Option<*const Shared> {
+    let k = current_kthread();
+    // SAFETY: a non-null kthread pointer of this thread.
+    (!k.is_null()).then(|| unsafe { (*k).rt })
+}
+
+/// Index of the kthread running the caller (may change at the next
+/// preemption point or yield).
+pub fn current_kthread_id() -> Option<usize> {
+    let k = current_kthread();
+    // SAFETY: a non-null kthread pointer of this thread.
+    (!k.is_null()).then(|| unsafe { (*k).id })
+}
+
+/// The kthread running the caller, if any (see [`current_kthread`]).
+pub(crate) fn current_kthread_ref() -> Option<&'static KThread> {
+    let k = current_kthread();
+    // SAFETY: kthreads live as long as their thread runs code.
+    (!k.is_null()).then(|| unsafe { &*k })
+}
+
+// ---- the kthread's own loop -------------------------------------------------------
+
+pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
+    let k = &rt.kthreads[id];
+    // Under iokerneld the grant sets the affinity.
+    if !rt.managed() {
+        if let Err(e) = ginza_sys::affinity::pin_current_thread(k.core) {
+            log::warn!(
+                "kthread {id}: cannot pin to core {}: {e}; running unpinned",
+                k.core
+            );
+        }
+    }
+    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack:
+    // 1 ns instead of 50 µs, so sleeps wake on time.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
+    k.tid.store(ginza_sys::process::gettid(), SeqCst);
+    crate::signals::ensure_altstack();
+    KTHREAD.with(|c| c.set(k));
+    k.current.set(k.sched_ptr());
+    deferral::set_current_state(&k.sched.preempt);
+    // SAFETY: this is `k`'s own thread, in its scheduler context.
+    let mut owner = unsafe { Owner::for_scheduler(k) };
+    // Under iokerneld the body starts by waiting for the first grant
+    // (`runtime::start` wraps it: `iokernel::wait_for_first_grant`).
+    body(&mut owner);
+
+    deferral::set_current_state(null());
+    KTHREAD.with(|c| c.set(null()));
+    k.tid.store(0, SeqCst);
+}
+
+/// What a kthread runs in its scheduler context: the Shenango scheduler
+/// loop (`idle::scheduler_loop`) or the Shinjuku worker loop
+/// (`shinjuku::worker`).
+pub(crate) type KthreadBody = Arc<dyn Fn(&mut Owner<'_>) + Send + Sync>;
+
+/// Worker mode: blocks the idle kthread `k` on its eventfd, unless
+/// `still_idle` says otherwise once `k` is marked parked, until
+/// [`wake_if_parked`] or its next timer.
+pub(crate) fn park_worker(k: &KThread, still_idle: impl Fn() -> bool) {
+    k.state.store(PARKED, SeqCst);
+    fence(SeqCst);
+    if still_idle() && !k.rt().shutdown.load(SeqCst) {
+        bump(&k.stats.parks);
+        eventfd_wait(k, k.timers.next_deadline());
+    }
+    k.state.store(RUNNING, SeqCst);
+}
+
+/// Worker mode: wakes `k` if it is parked; the caller has just published
+/// work for it (the SeqCst fence pairs with the one in [`park_worker`]).
+pub(crate) fn wake_if_parked(k: &KThread) {
+    fence(SeqCst);
+    if k.state.load(SeqCst) == PARKED {
+        eventfd_signal(k);
+    }
+}
+
+/// Asks kthread `id` to give up its core: a preemption signal makes it save
+/// its uthread where others can steal it, and park until [`grant`].
+pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
+    let k = &rt.kthreads[id];
+    k.revoke_requested.store(true, SeqCst);
+    k.preempt_flag.store(true, SeqCst);
+    let tid = k.tid.load(SeqCst);
+    if tid != 0 {
+        crate::signals::send_preempt(tid)?;
+    }
+    Ok(())
+}
+
+pub(crate) fn grant(rt: &Shared, id: usize) {
+    let k = &rt.kthreads[id];
+    k.revoke_requested.store(false, SeqCst);
+    k.preempt_flag.store(false, SeqCst);
+    eventfd_signal(k);
+}
+
+pub(crate) fn kthread_state_name(rt: &Shared, id: usize) -> &'static str {
+    match rt.kthreads[id].state.load(Relaxed) {
+        RUNNING => "running",
+        SPINNING => "spinning",
+        PARKED | WAKING => "parked",
+        REVOKED => "revoked",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,309 @@
+//! Uthreads: the context ([`UThread`]) and its handle ([`URef`]), the
+//! switch between contexts (`switch_to`, `finish_switch`, a uthread's
+//! first run), and the caches that keep exited uthreads and their stacks
+//! for the next spawn.
+
+use std::cell::UnsafeCell;
+use std::ptr::{null_mut, NonNull};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::Arc;
+
+use crossbeam_deque::Steal;
+
+use super::{current_kthread_ref, pick_next, Mode, Owner, Shared};
+use crate::arch;
+use crate::deferral::{self, PreemptState};
+use crate::stack::Stack;
+
+/// A user-level thread: a stack, a saved stack pointer, and what to run.
+pub(crate) struct UThread {
+    pub(super) sp: UnsafeCell<*mut u8>,
+    /// True from the moment a kthread decides to run this context until its
+    /// registers are saved again.
+    on_cpu: AtomicBool,
+    pub(crate) preempt: PreemptState,
+    pub(super) stack: UnsafeCell<Option<Stack>>,
+    entry: UnsafeCell<Option<Entry>>,
+    pub(super) rt: *const Shared,
+    /// Worker mode: the identity the dispatcher gave this context (0: none
+    /// yet). Unlike the address, never reused.
+    serial: AtomicU64,
+}
+
+impl UThread {
+    /// A new uthread, recycled (with its stack) from the calling kthread's
+    /// cache when there is one.
+    pub(super) fn new_boxed(rt: *const Shared, entry: Entry) -> URef {
+        let recycled = {
+            let deferred = deferral::Guard::new();
+            Owner::current(&deferred)
+                .filter(|owner| owner.rt == rt)
+                .and_then(|owner| owner.take_cached_uthread())
+        };
+        if let Some(mut u) = recycled {
+            // Exited uthreads are cached with sp null (not started), their
+            // count at 1, no entry, and their stack kept.
+            *u.entry.get_mut() = Some(entry);
+            *u.serial.get_mut() = 0;
+            return URef(NonNull::from(Box::leak(u)));
+        }
+        let u = Box::new(UThread {
+            sp: UnsafeCell::new(null_mut()),
+            on_cpu: AtomicBool::new(false),
+            // New contexts start deferred; their entry lowers the count.
+            preempt: PreemptState::new(1),
+            stack: UnsafeCell::new(None),
+            entry: UnsafeCell::new(Some(entry)),
+            rt,
+            serial: AtomicU64::new(0),
+        });
+        URef(NonNull::from(Box::leak(u)))
+    }
+
+    /// The scheduler's own context: runs on the kthread's pthread stack.
+    pub(super) fn scheduler(rt: *const Shared) -> UThread {
+        UThread {
+            sp: UnsafeCell::new(null_mut()),
+            on_cpu: AtomicBool::new(true),
+            preempt: PreemptState::new(1),
+            stack: UnsafeCell::new(None),
+            entry: UnsafeCell::new(None),
+            rt,
+            serial: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a uthread runs: one allocation shared with its `JoinHandle`.
+pub(crate) trait Runnable: Send + Sync {
+    /// Called once, on the uthread's own stack; must not unwind.
+    fn run(&self);
+}
+
+pub(crate) type Entry = Arc<dyn Runnable>;
+
+/// A pointer to a uthread that is in exactly one place: a runqueue, a wait
+/// queue, a timer, or running.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct URef(pub(super) NonNull<UThread>);
+
+// SAFETY: a URef is a handle that moves between kthreads; the protocol above
+// (on_cpu, single place) ensures only one kthread runs the uthread at a time.
+unsafe impl Send for URef {}
+
+impl URef {
+    pub(crate) fn ptr(self) -> *mut UThread {
+        self.0.as_ptr()
+    }
+
+    /// The handle to a uthread a mailbox carried as a pointer.
+    pub(crate) fn from_nonnull(u: NonNull<UThread>) -> URef {
+        URef(u)
+    }
+
+    /// Whether it has never run (freshly spawned). Only for a uthread that
+    /// is in a queue, where nobody runs it.
+    pub(crate) fn never_ran(self) -> bool {
+        // SAFETY: a queued uthread's fields are not being written.
+        unsafe { (*self.ptr()).sp.get().read().is_null() }
+    }
+
+    /// The identity the Shinjuku dispatcher gave it (0: none yet).
+    pub(crate) fn serial(self) -> u64 {
+        // SAFETY: a URef names a live uthread; the field is atomic.
+        unsafe { (*self.ptr()).serial.load(Relaxed) }
+    }
+
+    /// Gives it an identity (the Shinjuku dispatcher, before it first runs
+    /// the context: the assignment publishes the store).
+    pub(crate) fn set_serial(self, serial: u64) {
+        // SAFETY: as in `serial`.
+        unsafe { (*self.ptr()).serial.store(serial, Relaxed) }
+    }
+}
+
+/// Switches from `from` (running on `k`) to `to`. Both have preemption
+/// deferred. Returns when `from` is resumed — possibly on another kthread,
+/// so a uthread gives up its token first (see [`switch_away`]).
+///
+/// # Safety
+/// `from` must be the context running on `k`; `to` must be runnable and in no
+/// queue.
+pub(crate) unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThread) {
+    // SAFETY: `to` is a live context handed to us by a queue or the kthread.
+    let target = unsafe { &*to };
+    if to != k.sched_ptr() {
+        // It may still be saving its registers on another core.
+        while target.on_cpu.load(Acquire) {
+            std::hint::spin_loop();
+        }
+        // SAFETY: the target is not running anywhere, so we own its fields.
+        if unsafe { (*target.sp.get()).is_null() } {
+            // SAFETY: as above: a uthread that has never run.
+            unsafe { prepare_first_run(k, to) };
+        }
+    }
+    target.on_cpu.store(true, Relaxed);
+    k.current.set(to);
+    deferral::set_current_state(&target.preempt);
+    // SAFETY: `from` is running here, `to` is suspended with a saved stack
+    // pointer on a mapped stack (or the scheduler's pthread stack).
+    unsafe { arch::switch((*from).sp.get(), *target.sp.get(), &(*from).on_cpu) };
+}
+
+/// A uthread's side of [`switch_to`]: it gives up its token, since it may
+/// resume on another kthread, and finishes the switch when it resumes.
+///
+/// # Safety
+/// As for [`switch_to`].
+pub(crate) unsafe fn switch_away(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+    /// Takes the token, so that it ends with the switch.
+    ///
+    /// # Safety
+    /// As for [`switch_to`].
+    unsafe fn switch_giving_up(owner: Owner<'_>, from: *mut UThread, to: *mut UThread) {
+        // SAFETY: the caller's contract.
+        unsafe { switch_to(&owner, from, to) }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { switch_giving_up(owner, from, to) };
+    finish_switch();
+}
+
+/// Called by a context right after it resumes: frees a uthread that exited
+/// on the way here (its stack could not be freed while in use).
+pub(crate) fn finish_switch() {
+    // SAFETY: preemption is deferred in every context that resumes from a
+    // switch, until after this returns.
+    let k = unsafe { Owner::current_deferred() };
+    let dead = k.exited.replace(null_mut());
+    if !dead.is_null() {
+        // SAFETY: the exited uthread is off-CPU (we are running) and in no queue.
+        let mut u = unsafe { Box::from_raw(dead) };
+        if k.mode == Mode::Shenango && u.stack.get_mut().is_some() {
+            *u.sp.get_mut() = null_mut();
+            u.preempt = PreemptState::new(1);
+            if let Some(mut u) = k.cache_uthread(u) {
+                if let Some(stack) = u.stack.get_mut().take() {
+                    k.rt().put_spare_stack(stack);
+                }
+            }
+        } else if let Some(stack) = u.stack.get_mut().take() {
+            // Shinjuku requests are created by the dispatcher, which is no
+            // kthread: their stacks go back through the runtime-wide pool.
+            k.rt().put_spare_stack(stack);
+        }
+    }
+}
+
+const UTHREAD_CACHE: usize = 64;
+const SPARE_STACKS: usize = 1024;
+
+/// Gives a uthread that has never run a stack (unless it kept one from a
+/// previous life) and lays out its first frame.
+///
+/// # Safety
+/// `u` must not be running and must never have run since it was (re)spawned.
+unsafe fn prepare_first_run(k: &Owner<'_>, u: *mut UThread) {
+    // SAFETY: `u` is ours until it runs (caller's contract).
+    let stack = unsafe { &mut *(*u).stack.get() };
+    if stack.is_none() {
+        let rt = k.rt();
+        *stack = Some(rt.take_spare_stack().unwrap_or_else(|| {
+            Stack::new(rt.stack_size).unwrap_or_else(|e| {
+                crate::signals::fatal(&format!(
+                    "cannot map a uthread stack: {e} (every started, unfinished uthread \
+                     holds one: check vm.max_map_count and memory, or bound the requests in flight)"
+                ))
+            })
+        }));
+    }
+    let top = stack
+        .as_ref()
+        .map(Stack::top)
+        .expect("stack assigned above");
+    // SAFETY: the stack is ours and unused; `u` is not running.
+    unsafe { *(*u).sp.get() = arch::init_stack(top, uthread_entry, u.cast()) };
+}
+
+/// First Rust code of every uthread.
+unsafe extern "C" fn uthread_entry(arg: *mut u8) -> ! {
+    let u = arg.cast::<UThread>();
+    finish_switch();
+    // SAFETY: `u` is the running uthread; its entry is taken exactly once.
+    let entry = unsafe { (*(*u).entry.get()).take() };
+    // SAFETY: as above; `u` lives until exit below.
+    deferral::enable(unsafe { &(*u).preempt });
+    if let Some(task) = entry {
+        task.run(); // catches its own panics (see task.rs)
+    }
+    deferral::disable();
+    // SAFETY: preemption deferred (for good: this context ends here).
+    let mut k = unsafe { Owner::current_deferred() };
+    k.exited.set(u);
+    let next = pick_next(&mut k);
+    // SAFETY: `u` runs on `k`; `next` is runnable and dequeued.
+    unsafe { switch_to(&k, u, next) };
+    crate::signals::fatal("an exited uthread was resumed")
+}
+
+impl Owner<'_> {
+    fn take_cached_uthread(&self) -> Option<Box<UThread>> {
+        // SAFETY: owner-only field (the token); no other borrow of it lives
+        // across this call.
+        unsafe { &mut *self.k.free_uthreads.get() }.pop()
+    }
+
+    /// Keeps `u` (exited, with its stack) for the next spawn, if there is
+    /// room; else gives it back.
+    fn cache_uthread(&self, u: Box<UThread>) -> Option<Box<UThread>> {
+        // SAFETY: as in `take_cached_uthread`.
+        let cache = unsafe { &mut *self.k.free_uthreads.get() };
+        if cache.len() >= UTHREAD_CACHE {
+            return Some(u);
+        }
+        cache.push(u);
+        None
+    }
+}
+
+impl Shared {
+    /// Keeps the stack of an exited uthread for any kthread's next first
+    /// run, up to `SPARE_STACKS`; beyond that it is unmapped.
+    fn put_spare_stack(&self, stack: Stack) {
+        if self.spare_count.fetch_add(1, Relaxed) < SPARE_STACKS {
+            self.spare_stacks.push(stack);
+        } else {
+            self.spare_count.fetch_sub(1, Relaxed);
+        }
+    }
+
+    fn take_spare_stack(&self) -> Option<Stack> {
+        loop {
+            match self.spare_stacks.steal() {
+                Steal::Success(stack) => {
+                    self.spare_count.fetch_sub(1, Relaxed);
+                    return Some(stack);
+                }
+                Steal::Empty => return None,
+                Steal::Retry => std::hint::spin_loop(),
+            }
+        }
+    }
+}
+
+/// If `addr` is in the guard page of the running uthread's stack: the
+/// kthread id and the stack's usable size.
+pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
+    let k = current_kthread_ref()?;
+    let cur = k.current.get();
+    if cur.is_null() || cur == k.sched_ptr() {
+        return None;
+    }
+    // SAFETY: the running uthread's stack is not modified while it runs.
+    let stack = unsafe { (*(*cur).stack.get()).as_ref() }?;
+    let (lo, hi) = stack.guard_range();
+    (lo..hi)
+        .contains(&addr)
+        .then(|| (k.id, stack.usable_size()))
+}
