@@ -11,11 +11,13 @@
 //! idle_sleep = "1ms"       # sleep instead of spinning while idle
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
 //! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
+//! steering = "rss-mod"     # rss-mod | flow-affinity | indirection
 //! ```
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ginza_policy::steer::SteeringKind;
 use ginza_proto::{default_socket_path, parse_duration};
 use ginza_sys::{affinity, cpulist};
 use serde::Deserialize;
@@ -70,6 +72,8 @@ pub struct Config {
     /// The link besides the software switch: `software` (none),
     /// `af_packet:IFNAME` or `af_xdp:IFNAME`.
     pub nic: String,
+    /// Packet steering of an application whose registration asks for none.
+    pub steering: SteeringKind,
 }
 
 /// Bounds that make an interval sensible.
@@ -148,6 +152,7 @@ struct FileConfig {
     preempt_deadline: Option<String>,
     seed: Option<u64>,
     nic: Option<String>,
+    steering: Option<String>,
 }
 
 /// Command-line flags of `iokerneld` (they override the file).
@@ -197,6 +202,10 @@ pub struct Cli {
     /// af_packet:IFNAME or af_xdp:IFNAME (a real interface, root).
     #[arg(long)]
     pub nic: Option<String>,
+    /// Packet steering of applications that do not ask for one: rss-mod
+    /// (default), flow-affinity or indirection.
+    #[arg(long)]
+    pub steering: Option<SteeringKind>,
 }
 
 fn dur(what: &'static str, v: Option<&String>) -> Result<Option<Duration>, ConfigError> {
@@ -237,6 +246,7 @@ impl Config {
             preempt_deadline: Duration::from_millis(1),
             seed: 0x5eed,
             nic: "software".into(),
+            steering: SteeringKind::RssMod,
         }
     }
 
@@ -322,6 +332,14 @@ impl Config {
         }
         if let Some(n) = cli.nic.clone().or(file.nic) {
             c.nic = n;
+        }
+        if let Some(kind) = cli.steering {
+            c.steering = kind;
+        } else if let Some(name) = &file.steering {
+            c.steering = name.parse().map_err(|msg| ConfigError::Value {
+                what: "steering",
+                msg,
+            })?;
         }
         let allowed = affinity::allowed_cpus().map_err(|e| ConfigError::Value {
             what: "sched_getaffinity",
@@ -462,7 +480,7 @@ mod tests {
         std::fs::write(
             &p,
             format!(
-                "cores = \"{core}\"\ninterval = \"10us\"\npolicy = \"slow\"\nslow_period = \"2ms\"\nsocket = \"/tmp/x.sock\"\nidle_sleep = \"1ms\"\n"
+                "cores = \"{core}\"\ninterval = \"10us\"\npolicy = \"slow\"\nslow_period = \"2ms\"\nsocket = \"/tmp/x.sock\"\nidle_sleep = \"1ms\"\nsteering = \"flow-affinity\"\n"
             ),
         )
         .unwrap();
@@ -480,6 +498,28 @@ mod tests {
         );
         assert_eq!(c.socket, PathBuf::from("/tmp/x.sock"));
         assert_eq!(c.idle_sleep, Some(Duration::from_millis(1)));
+        assert_eq!(c.steering, SteeringKind::FlowAffinity);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "-c",
+            p.to_str().unwrap(),
+            "--steering",
+            "indirection",
+        ])
+        .unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(c.steering, SteeringKind::Indirection, "flag overrides file");
+        assert!(Cli::try_parse_from(["iokerneld", "--steering", "random"]).is_err());
+
+        std::fs::write(&p, format!("cores = [{core}]\nsteering = \"random\"\n")).unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("steering"), "{e}");
+        let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap();
+        assert_eq!(
+            Config::from_cli(&cli).unwrap().steering,
+            SteeringKind::RssMod
+        );
 
         std::fs::write(&p, "cores = [0]\nbogus = 1\n").unwrap();
         let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();

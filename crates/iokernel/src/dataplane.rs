@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
-use ginza_policy::steer::{AppSteering, RssMod, Steered};
+use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
 use ginza_proto::messages::{DataplaneStats, NetStats};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
@@ -69,6 +69,17 @@ pub struct AppNet {
 }
 
 impl AppNet {
+    /// Its counters for a stats report, the steering policy's included.
+    pub fn report(&self) -> NetStats {
+        let steer = self.steering.stats();
+        NetStats {
+            mv: steer.flows_moved,
+            ev: steer.table_evictions,
+            tb: u32::try_from(steer.table_bytes).unwrap_or(u32::MAX),
+            ..self.stats
+        }
+    }
+
     /// The pool's memfd, sent to the runtime with its acceptance.
     pub fn pool(&self) -> &IngressPool {
         &self.pool
@@ -248,16 +259,16 @@ impl Dataplane {
         self.load.is_some() || self.nic.is_some()
     }
 
-    /// A port, an ingress pool of `buffers` and `rss-mod` steering over
-    /// `kthreads` for an application that registered `interface`; the
-    /// daemon checked that no application has its IP. Refusals name the
-    /// problem.
+    /// A port, an ingress pool of `buffers` and `steering` over `kthreads`
+    /// for an application that registered `interface`; the daemon checked
+    /// that no application has its IP. Refusals name the problem.
     pub fn attach(
         &mut self,
         name: &str,
         interface: Interface,
         buffers: u32,
         kthreads: usize,
+        steering: SteeringKind,
     ) -> Result<AppNet, String> {
         if kthreads == 0 {
             return Err("no kthread to steer frames to".into());
@@ -282,8 +293,14 @@ impl Dataplane {
             port,
             pool,
             ledger: BufferLedger::new(buffers),
-            steering: AppSteering::new(Box::new(RssMod::new()), kthreads),
-            stats: NetStats::default(),
+            steering: AppSteering::new(
+                steering.build(kthreads, &SteeringOptions::default()),
+                kthreads,
+            ),
+            stats: NetStats {
+                st: steering.code(),
+                ..NetStats::default()
+            },
             switch_drops_seen: (0, 0),
         })
     }
