@@ -16,8 +16,9 @@
 //!   there by destination MAC; of a broadcast ARP request, only the port of
 //!   the application with the target IP keeps it) are copied
 //!   into buffers of its ingress pool and steered by the application's
-//!   steering policy ([`ginza_policy::steer`]; `rss-mod`, Shenango's
-//!   `active[flow_hash % active.len()]`) to an active kthread's ingress
+//!   steering policy ([`ginza_policy::steer`]: `rss-mod`, Shenango's
+//!   `active[flow_hash % active.len()]`, by default; `flow-affinity` or
+//!   `indirection` by configuration or registration) to an active kthread's ingress
 //!   ring; an application with no active kthread gets the frame on a parked
 //!   kthread's ring and the caller tells the core allocator at once
 //!   (`CoreAllocator::on_work_for`), which grants a core;
