@@ -320,3 +320,69 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// For any sequence of active sets: a `flow-affinity` flow whose
+    /// kthread stays active never moves; an `indirection` flow moves only
+    /// off a kthread that left or onto one that just came; and
+    /// `indirection`'s buckets stay spread within one of even.
+    #[test]
+    fn flows_keep_their_kthread_across_any_core_changes(
+        sets in proptest::collection::vec(proptest::collection::vec(any::<bool>(), 5), 1..30),
+    ) {
+        let flows: Vec<u64> = (0..200).map(|i| i * 0x9E37 + 3).collect();
+        for kind in [SteeringKind::FlowAffinity, SteeringKind::Indirection] {
+            let mut st = AppSteering::new(kind.build(5, &SteeringOptions::default()), 5);
+            let mut ind = Indirection::new(64);
+            let mut before: Vec<Option<usize>> = vec![None; flows.len()];
+            let mut was = vec![false; 5];
+            for (t, set) in sets.iter().enumerate() {
+                st.sync(set.iter().copied(), t as u64);
+                if !set.iter().any(|&on| on) {
+                    was.clone_from(set); // all come back as newcomers
+                    continue;
+                }
+                for (i, &h) in flows.iter().enumerate() {
+                    let Steered::Active(k) = st.steer(h, t as u64) else {
+                        panic!("no active kthread");
+                    };
+                    if let Some(b) = before[i] {
+                        if b != k && set[b] {
+                            prop_assert!(
+                                kind == SteeringKind::Indirection && !was[k],
+                                "{kind}: flow {i} moved from active {b} to {k}"
+                            );
+                        }
+                    }
+                    before[i] = Some(k);
+                }
+                was.clone_from(set);
+            }
+            // Bucket balance, on a bare table driven by the same sets.
+            let mut active: Vec<usize> = Vec::new();
+            for set in &sets {
+                for k in 0..5 {
+                    let on = active.contains(&k);
+                    if on && !set[k] {
+                        active.retain(|&j| j != k);
+                        ind.deactivated(k, &active, 0);
+                    } else if !on && set[k] {
+                        active.push(k);
+                        active.sort_unstable();
+                        ind.activated(k, &active, 0);
+                    }
+                }
+                if !active.is_empty() {
+                    let owners: Vec<Option<usize>> = ind.owners().collect();
+                    let counts: Vec<usize> = active
+                        .iter()
+                        .map(|&k| owners.iter().filter(|&&o| o == Some(k)).count())
+                        .collect();
+                    prop_assert_eq!(counts.iter().sum::<usize>(), 64, "{:?}", owners);
+                    let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+                    prop_assert!(hi - lo <= 1, "{:?} over {:?}", counts, active);
+                }
+            }
+        }
+    }
+}
