@@ -361,12 +361,12 @@ proptest! {
             // Bucket balance, on a bare table driven by the same sets.
             let mut active: Vec<usize> = Vec::new();
             for set in &sets {
-                for k in 0..5 {
+                for (k, &want) in set.iter().enumerate() {
                     let on = active.contains(&k);
-                    if on && !set[k] {
+                    if on && !want {
                         active.retain(|&j| j != k);
                         ind.deactivated(k, &active, 0);
-                    } else if !on && set[k] {
+                    } else if !on && want {
                         active.push(k);
                         active.sort_unstable();
                         ind.activated(k, &active, 0);
