@@ -212,6 +212,10 @@ pub struct Dataplane {
     /// Buffer indices popped from a done ring (scratch).
     returned: Vec<u32>,
     stats: DataplaneStats,
+    /// Sizes of the steering policies [`Dataplane::attach`] builds, and the
+    /// flow table's warm-up after each attach.
+    steering_options: SteeringOptions,
+    flow_warm_up: Duration,
 }
 
 impl Dataplane {
@@ -243,6 +247,8 @@ impl Dataplane {
                 nic: name,
                 ..Default::default()
             },
+            steering_options: SteeringOptions::default(),
+            flow_warm_up: Duration::ZERO,
         }
     }
 
@@ -252,6 +258,14 @@ impl Dataplane {
 
     pub fn stats(&self) -> DataplaneStats {
         self.stats.clone()
+    }
+
+    /// Sizes the steering policies of applications attached from now on;
+    /// `flow_warm_up` after its attach, a `flow-affinity` table steers every
+    /// other new flow round-robin (`warm_up_until` of `options` is ignored).
+    pub fn set_steering_options(&mut self, options: SteeringOptions, flow_warm_up: Duration) {
+        self.steering_options = options;
+        self.flow_warm_up = flow_warm_up;
     }
 
     /// Whether the links have anything in flight: a load run, or a real NIC
@@ -283,6 +297,13 @@ impl Dataplane {
         {
             return Err(format!("IP {} is not a host address", interface.ip));
         }
+        let options = SteeringOptions {
+            warm_up_until: match self.flow_warm_up {
+                Duration::ZERO => 0,
+                d => ginza_sys::clock::monotonic_ns().saturating_add(d.as_nanos() as u64),
+            },
+            ..self.steering_options.clone()
+        };
         let pool = IngressPool::create(&format!("ginza-ingress-{name}"), buffers)
             .map_err(|e| format!("cannot create the ingress pool: {e}"))?;
         let port = self
@@ -294,10 +315,7 @@ impl Dataplane {
             port,
             pool,
             ledger: BufferLedger::new(buffers),
-            steering: AppSteering::new(
-                steering.build(kthreads, &SteeringOptions::default()),
-                kthreads,
-            ),
+            steering: AppSteering::new(steering.build(kthreads, &options), kthreads),
             stats: NetStats {
                 st: steering.code(),
                 ..NetStats::default()
