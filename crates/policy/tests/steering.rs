@@ -254,10 +254,24 @@ fn rebalance_moves_load_off_a_hot_kthread() {
     }
     assert!(after[1] > load[1] + 700, "{load:?} -> {after:?}");
     assert!(after[0] < load[0], "{load:?} -> {after:?}");
-    // One packet per bucket since: near even, the next rebalance moves
-    // nothing.
+    // Too few packets since (one per bucket) to look again.
     let before = st.stats().buckets_moved;
     st.rebalance(2, &snaps);
+    assert_eq!(st.stats().buckets_moved, before);
+    // Even load (20 buckets of each kthread, 10 packets each), enough
+    // packets: a look moves nothing.
+    let mut used = [0; 2];
+    for b in 0..64u64 {
+        let k = owner_of(&mut st, b);
+        if used[k] < 20 {
+            used[k] += 1;
+            for _ in 0..10 {
+                owner_of(&mut st, b);
+            }
+        }
+    }
+    assert_eq!(used, [20, 20]);
+    st.rebalance(3, &snaps);
     assert_eq!(st.stats().buckets_moved, before);
 }
 

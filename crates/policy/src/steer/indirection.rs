@@ -5,7 +5,7 @@
 //! kthreads holding most), so flows of kthreads that stay active stay put;
 //! [`Steering::rebalance`] moves hot buckets off the most loaded kthread,
 //! a bounded number per call, by the packets each bucket steered since the
-//! previous call.
+//! previous look (it looks once enough packets were steered to tell).
 
 use super::{MoveCounter, SteerStats, Steering};
 use crate::alloc::KthreadSnap;
@@ -27,6 +27,12 @@ const MIN_IMBALANCE_PACKETS: u64 = 32;
 /// …and more than this fraction (1/4) of the coldest's packets.
 const IMBALANCE_SHIFT: u32 = 2;
 
+/// A rebalance looks at the buckets only once this many packets per bucket
+/// were steered since the last look: iokerneld offers one every allocation
+/// pass (5 µs), far too few packets apart to tell a hot bucket, and a look
+/// costs a pass over the table.
+const REBALANCE_PACKETS_PER_BUCKET: u64 = 8;
+
 /// The bucket table; see the module docs.
 #[derive(Clone, Debug)]
 pub struct Indirection {
@@ -40,6 +46,8 @@ pub struct Indirection {
     is_active: Vec<bool>,
     load: Vec<u64>,
     max_moves: usize,
+    /// Packets steered since the last look at the buckets.
+    since_rebalance: u64,
     moves: MoveCounter,
     stats: SteerStats,
 }
@@ -62,6 +70,7 @@ impl Indirection {
             is_active: Vec::new(),
             load: Vec::new(),
             max_moves: DEFAULT_MAX_MOVES_PER_REBALANCE,
+            since_rebalance: 0,
             moves: MoveCounter::new(),
             stats,
         }
@@ -122,6 +131,7 @@ impl Steering for Indirection {
     fn pick(&mut self, hash: u64, active: &[usize], _now: Time) -> usize {
         let bucket = (hash % self.owner.len() as u64) as usize;
         self.packets[bucket] = self.packets[bucket].saturating_add(1);
+        self.since_rebalance += 1;
         let owner = self.owner[bucket];
         let k = if self.owner_active(owner) {
             owner as usize
@@ -194,6 +204,10 @@ impl Steering for Indirection {
     }
 
     fn rebalance(&mut self, _now: Time, active: &[usize], _kthreads: &[KthreadSnap]) {
+        if self.since_rebalance < REBALANCE_PACKETS_PER_BUCKET * self.owner.len() as u64 {
+            return; // too few packets yet to tell hot buckets (and cheap)
+        }
+        self.since_rebalance = 0;
         if active.len() >= 2 && self.max_moves > 0 {
             for &k in active {
                 self.know(k);
