@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ginza_proto::messages::{AppStats, Class, StatsReport};
+use ginza_proto::messages::{AppStats, Class, NetStats, StatsReport};
 use ginza_proto::{client, default_socket_path, parse_duration, ClientError};
 use ginza_sys::cpulist;
 use serde::Serialize;
@@ -69,6 +69,10 @@ pub struct AppRates {
     pub rx_per_s: Option<f64>,
     pub tx_per_s: Option<f64>,
     pub drops_per_s: Option<f64>,
+    /// Flows its steering policy moved between kthreads, and flows evicted
+    /// from its flow table, per second.
+    pub flows_moved_per_s: Option<f64>,
+    pub evictions_per_s: Option<f64>,
 }
 
 /// One line of `--json`: iokerneld's totals as it sent them, and what
@@ -120,9 +124,8 @@ pub fn app_rates(prev: Option<&StatsReport>, now: &StatsReport) -> Vec<AppRates>
         .iter()
         .map(|a| match (w, before.get(&a.app_id)) {
             (Some(w), Some(b)) => {
-                let net = |f: fn(&ginza_proto::messages::NetStats) -> u64| {
-                    a.net.zip(b.net).map(|(n, p)| rate(f(&p), f(&n), w))
-                };
+                let net =
+                    |f: fn(&NetStats) -> u64| a.net.zip(b.net).map(|(n, p)| rate(f(&p), f(&n), w));
                 AppRates {
                     app_id: a.app_id,
                     grants_per_s: Some(rate(b.grants, a.grants, w)),
@@ -131,6 +134,8 @@ pub fn app_rates(prev: Option<&StatsReport>, now: &StatsReport) -> Vec<AppRates>
                     rx_per_s: net(|n| n.rx),
                     tx_per_s: net(|n| n.tx),
                     drops_per_s: net(|n| n.drop_ingress + n.drop_egress),
+                    flows_moved_per_s: net(|n| n.mv),
+                    evictions_per_s: net(|n| n.ev),
                 }
             }
             _ => AppRates {
@@ -174,6 +179,18 @@ pub fn fmt_rate(r: Option<f64>) -> String {
         None => "-".into(),
         Some(r) if r >= 100.0 => format!("{r:.0}"),
         Some(r) => format!("{r:.1}"),
+    }
+}
+
+/// The steering column: the policy's name and its table's size, `-` for an
+/// application without an address.
+fn steering_cell(net: Option<&NetStats>) -> String {
+    let Some(n) = net else { return "-".into() };
+    let name = n.steering_name();
+    match n.tb {
+        0 => name.into(),
+        b if b < 1 << 20 => format!("{name}:{}K", b.div_ceil(1 << 10)),
+        b => format!("{name}:{}M", b.div_ceil(1 << 20)),
     }
 }
 
@@ -222,7 +239,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     let nw = names.iter().map(String::len).max().unwrap_or(0).max(4);
     let _ = writeln!(
         out,
-        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}",
+        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
         "NAME",
         "PID",
         "CLASS",
@@ -236,11 +253,14 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         "RX/S",
         "TX/S",
         "DROP/S",
+        "STEERING:TABLE",
+        "MOVED/S",
+        "EVICT/S",
     );
     for ((a, r), name) in now.apps.iter().zip(&rates).zip(&names) {
         let _ = writeln!(
             out,
-            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}",
+            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
             name,
             a.pid,
             class_name(a.class),
@@ -254,6 +274,9 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
             fmt_rate(r.rx_per_s),
             fmt_rate(r.tx_per_s),
             fmt_rate(r.drops_per_s),
+            steering_cell(a.net.as_ref()),
+            fmt_rate(r.flows_moved_per_s),
+            fmt_rate(r.evictions_per_s),
         );
     }
     if now.apps.is_empty() {
@@ -392,12 +415,16 @@ mod tests {
         assert_eq!(rate(0, 10, Duration::ZERO), 0.0);
 
         let with_net = |mut x: AppStats, rx, tx, drops| {
-            x.net = Some(ginza_proto::messages::NetStats {
+            x.net = Some(NetStats {
                 rx,
                 tx,
                 drop_ingress: drops,
                 drop_egress: 1,
                 to_parked: 0,
+                st: 1,
+                mv: drops * 2,
+                ev: drops * 3,
+                tb: 196_608,
             });
             x
         };
@@ -434,6 +461,8 @@ mod tests {
                     rx_per_s: Some(1000.0),
                     tx_per_s: Some(500.0),
                     drops_per_s: Some(10.0),
+                    flows_moved_per_s: Some(20.0),
+                    evictions_per_s: Some(30.0),
                 },
                 // New since `a`: no earlier total, no rate.
                 AppRates {
@@ -499,9 +528,25 @@ mod tests {
                 "3",
                 "-",
                 "-",
+                "-",
+                "-",
+                "-",
                 "-"
             ]
         );
+        let net = NetStats {
+            st: 2,
+            tb: 4096,
+            ..NetStats::default()
+        };
+        assert_eq!(steering_cell(Some(&net)), "indirection:4K");
+        let net = NetStats {
+            st: 1,
+            tb: 3 << 20,
+            ..NetStats::default()
+        };
+        assert_eq!(steering_cell(Some(&net)), "flow-affinity:3M");
+        assert_eq!(steering_cell(Some(&NetStats::default())), "rss-mod");
         // Only the last few removals, newest last.
         assert!(!s.contains("gone1 "), "{s}");
         assert!(s.contains("gone2 (app 12): hung up"), "{s}");

@@ -11,11 +11,18 @@
 //! idle_sleep = "1ms"       # sleep instead of spinning while idle
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
 //! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
+//! steering = "rss-mod"     # rss-mod | flow-affinity | indirection
+//! flow_table = 8192        # flow-affinity: flows per application's table
+//! flow_prepopulate = false # flow-affinity: hash ranges assigned in advance
+//! flow_warm_up = "0s"      # flow-affinity: round-robin for every other new
+//!                          # flow during this long after registration
+//! steering_buckets = 512   # indirection: buckets per application
 //! ```
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ginza_policy::steer::{SteeringKind, SteeringOptions};
 use ginza_proto::{default_socket_path, parse_duration};
 use ginza_sys::{affinity, cpulist};
 use serde::Deserialize;
@@ -70,7 +77,19 @@ pub struct Config {
     /// The link besides the software switch: `software` (none),
     /// `af_packet:IFNAME` or `af_xdp:IFNAME`.
     pub nic: String,
+    /// Packet steering of an application whose registration asks for none.
+    pub steering: SteeringKind,
+    /// Sizes of every application's steering policy (`warm_up_until` is
+    /// not used: see `flow_warm_up`).
+    pub steering_options: SteeringOptions,
+    /// `flow-affinity`: the warm-up after each registration.
+    pub flow_warm_up: Duration,
 }
+
+/// Largest flow table per application (24 bytes a flow: 96 MiB).
+pub const MAX_FLOW_TABLE: usize = 1 << 22;
+/// Most indirection buckets per application.
+pub const MAX_STEERING_BUCKETS: usize = 1 << 16;
 
 /// Bounds that make an interval sensible.
 pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
@@ -148,6 +167,11 @@ struct FileConfig {
     preempt_deadline: Option<String>,
     seed: Option<u64>,
     nic: Option<String>,
+    steering: Option<String>,
+    flow_table: Option<usize>,
+    flow_prepopulate: Option<bool>,
+    flow_warm_up: Option<String>,
+    steering_buckets: Option<usize>,
 }
 
 /// Command-line flags of `iokerneld` (they override the file).
@@ -197,6 +221,23 @@ pub struct Cli {
     /// af_packet:IFNAME or af_xdp:IFNAME (a real interface, root).
     #[arg(long)]
     pub nic: Option<String>,
+    /// Packet steering of applications that do not ask for one: rss-mod
+    /// (default), flow-affinity or indirection.
+    #[arg(long)]
+    pub steering: Option<SteeringKind>,
+    /// flow-affinity: flows each application's table holds (default 8192).
+    #[arg(long)]
+    pub flow_table: Option<usize>,
+    /// flow-affinity: assign hash ranges in advance (no warm-up).
+    #[arg(long)]
+    pub flow_prepopulate: bool,
+    /// flow-affinity: round-robin for every other new flow during this
+    /// long after an application registers.
+    #[arg(long, value_parser = parse_duration)]
+    pub flow_warm_up: Option<Duration>,
+    /// indirection: buckets per application (default 512).
+    #[arg(long)]
+    pub steering_buckets: Option<usize>,
 }
 
 fn dur(what: &'static str, v: Option<&String>) -> Result<Option<Duration>, ConfigError> {
@@ -237,6 +278,9 @@ impl Config {
             preempt_deadline: Duration::from_millis(1),
             seed: 0x5eed,
             nic: "software".into(),
+            steering: SteeringKind::RssMod,
+            steering_options: SteeringOptions::default(),
+            flow_warm_up: Duration::ZERO,
         }
     }
 
@@ -323,6 +367,28 @@ impl Config {
         if let Some(n) = cli.nic.clone().or(file.nic) {
             c.nic = n;
         }
+        if let Some(kind) = cli.steering {
+            c.steering = kind;
+        } else if let Some(name) = &file.steering {
+            c.steering = name.parse().map_err(|msg| ConfigError::Value {
+                what: "steering",
+                msg,
+            })?;
+        }
+        if let Some(n) = cli.flow_table.or(file.flow_table) {
+            c.steering_options.flow_table_capacity = n;
+        }
+        c.steering_options.prepopulate =
+            cli.flow_prepopulate || file.flow_prepopulate == Some(true);
+        if let Some(d) = cli
+            .flow_warm_up
+            .or(dur("flow_warm_up", file.flow_warm_up.as_ref())?)
+        {
+            c.flow_warm_up = d;
+        }
+        if let Some(n) = cli.steering_buckets.or(file.steering_buckets) {
+            c.steering_options.buckets = n;
+        }
         let allowed = affinity::allowed_cpus().map_err(|e| ConfigError::Value {
             what: "sched_getaffinity",
             msg: e.to_string(),
@@ -376,6 +442,20 @@ impl Config {
             MIN_INTERVAL,
             MAX_SLOW_PERIOD,
         )?;
+        let table = self.steering_options.flow_table_capacity;
+        if !(1..=MAX_FLOW_TABLE).contains(&table) {
+            return Err(ConfigError::Value {
+                what: "flow_table",
+                msg: format!("{table} flows: 1 to {MAX_FLOW_TABLE}"),
+            });
+        }
+        let buckets = self.steering_options.buckets;
+        if !(1..=MAX_STEERING_BUCKETS).contains(&buckets) {
+            return Err(ConfigError::Value {
+                what: "steering_buckets",
+                msg: format!("{buckets} buckets: 1 to {MAX_STEERING_BUCKETS}"),
+            });
+        }
         if let Some(s) = self.idle_sleep {
             check_range("idle sleep", s, MIN_INTERVAL, MAX_IDLE_SLEEP)?;
         }
@@ -462,7 +542,7 @@ mod tests {
         std::fs::write(
             &p,
             format!(
-                "cores = \"{core}\"\ninterval = \"10us\"\npolicy = \"slow\"\nslow_period = \"2ms\"\nsocket = \"/tmp/x.sock\"\nidle_sleep = \"1ms\"\n"
+                "cores = \"{core}\"\ninterval = \"10us\"\npolicy = \"slow\"\nslow_period = \"2ms\"\nsocket = \"/tmp/x.sock\"\nidle_sleep = \"1ms\"\nsteering = \"flow-affinity\"\n"
             ),
         )
         .unwrap();
@@ -480,6 +560,57 @@ mod tests {
         );
         assert_eq!(c.socket, PathBuf::from("/tmp/x.sock"));
         assert_eq!(c.idle_sleep, Some(Duration::from_millis(1)));
+        assert_eq!(c.steering, SteeringKind::FlowAffinity);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "-c",
+            p.to_str().unwrap(),
+            "--steering",
+            "indirection",
+        ])
+        .unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(c.steering, SteeringKind::Indirection, "flag overrides file");
+        assert!(Cli::try_parse_from(["iokerneld", "--steering", "random"]).is_err());
+        assert_eq!(c.steering_options, SteeringOptions::default());
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--flow-table",
+            "100000",
+            "--flow-prepopulate",
+            "--flow-warm-up",
+            "50ms",
+            "--steering-buckets",
+            "1024",
+        ])
+        .unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(c.steering_options.flow_table_capacity, 100_000);
+        assert!(c.steering_options.prepopulate);
+        assert_eq!(c.flow_warm_up, Duration::from_millis(50));
+        assert_eq!(c.steering_options.buckets, 1024);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--steering-buckets",
+            "0",
+        ])
+        .unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("steering_buckets"), "{e}");
+
+        std::fs::write(&p, format!("cores = [{core}]\nsteering = \"random\"\n")).unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("steering"), "{e}");
+        let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap();
+        assert_eq!(
+            Config::from_cli(&cli).unwrap().steering,
+            SteeringKind::RssMod
+        );
 
         std::fs::write(&p, "cores = [0]\nbogus = 1\n").unwrap();
         let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();

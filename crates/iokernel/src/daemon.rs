@@ -269,13 +269,16 @@ impl<A: CoreActuator> Iokerneld<A> {
         };
         let listener = control::bind(&cfg.socket)?;
         info!(
-            "iokerneld: listening on {}, managing cores {}, policy {}, interval {:?}",
+            "iokerneld: listening on {}, managing cores {}, policy {}, interval {:?}, steering {}",
             cfg.socket.display(),
             cpulist::format(&cfg.cores),
             cfg.policy.name(),
-            cfg.interval
+            cfg.interval,
+            cfg.steering
         );
         let start_ns = clock::monotonic_ns();
+        let mut dp = Dataplane::new(nic);
+        dp.set_steering_options(cfg.steering_options.clone(), cfg.flow_warm_up);
         Ok(Iokerneld {
             topo: topology(&cfg.cores),
             core_holder: vec![None; cfg.cores.len()],
@@ -302,7 +305,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
-            dp: Dataplane::new(nic),
+            dp,
             work_arrived: Vec::new(),
             work_arrived_at: Vec::new(),
         })

@@ -16,8 +16,9 @@
 //!   there by destination MAC; of a broadcast ARP request, only the port of
 //!   the application with the target IP keeps it) are copied
 //!   into buffers of its ingress pool and steered by the application's
-//!   steering policy ([`ginza_policy::steer`]; `rss-mod`, Shenango's
-//!   `active[flow_hash % active.len()]`) to an active kthread's ingress
+//!   steering policy ([`ginza_policy::steer`]: `rss-mod`, Shenango's
+//!   `active[flow_hash % active.len()]`, by default; `flow-affinity` or
+//!   `indirection` by configuration or registration) to an active kthread's ingress
 //!   ring; an application with no active kthread gets the frame on a parked
 //!   kthread's ring and the caller tells the core allocator at once
 //!   (`CoreAllocator::on_work_for`), which grants a core;
@@ -35,7 +36,7 @@ use std::time::Duration;
 
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
-use ginza_policy::steer::{AppSteering, RssMod, Steered};
+use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
 use ginza_proto::messages::{DataplaneStats, NetStats};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
@@ -69,6 +70,17 @@ pub struct AppNet {
 }
 
 impl AppNet {
+    /// Its counters for a stats report, the steering policy's included.
+    pub fn report(&self) -> NetStats {
+        let steer = self.steering.stats();
+        NetStats {
+            mv: steer.flows_moved,
+            ev: steer.table_evictions,
+            tb: u32::try_from(steer.table_bytes).unwrap_or(u32::MAX),
+            ..self.stats
+        }
+    }
+
     /// The pool's memfd, sent to the runtime with its acceptance.
     pub fn pool(&self) -> &IngressPool {
         &self.pool
@@ -200,6 +212,10 @@ pub struct Dataplane {
     /// Buffer indices popped from a done ring (scratch).
     returned: Vec<u32>,
     stats: DataplaneStats,
+    /// Sizes of the steering policies [`Dataplane::attach`] builds, and the
+    /// flow table's warm-up after each attach.
+    steering_options: SteeringOptions,
+    flow_warm_up: Duration,
 }
 
 impl Dataplane {
@@ -231,6 +247,8 @@ impl Dataplane {
                 nic: name,
                 ..Default::default()
             },
+            steering_options: SteeringOptions::default(),
+            flow_warm_up: Duration::ZERO,
         }
     }
 
@@ -242,22 +260,30 @@ impl Dataplane {
         self.stats.clone()
     }
 
+    /// Sizes the steering policies of applications attached from now on;
+    /// `flow_warm_up` after its attach, a `flow-affinity` table steers every
+    /// other new flow round-robin (`warm_up_until` of `options` is ignored).
+    pub fn set_steering_options(&mut self, options: SteeringOptions, flow_warm_up: Duration) {
+        self.steering_options = options;
+        self.flow_warm_up = flow_warm_up;
+    }
+
     /// Whether the links have anything in flight: a load run, or a real NIC
     /// (which may receive at any time).
     pub fn busy(&self) -> bool {
         self.load.is_some() || self.nic.is_some()
     }
 
-    /// A port, an ingress pool of `buffers` and `rss-mod` steering over
-    /// `kthreads` for an application that registered `interface`; the
-    /// daemon checked that no application has its IP. Refusals name the
-    /// problem.
+    /// A port, an ingress pool of `buffers` and `steering` over `kthreads`
+    /// for an application that registered `interface`; the daemon checked
+    /// that no application has its IP. Refusals name the problem.
     pub fn attach(
         &mut self,
         name: &str,
         interface: Interface,
         buffers: u32,
         kthreads: usize,
+        steering: SteeringKind,
     ) -> Result<AppNet, String> {
         if kthreads == 0 {
             return Err("no kthread to steer frames to".into());
@@ -271,6 +297,13 @@ impl Dataplane {
         {
             return Err(format!("IP {} is not a host address", interface.ip));
         }
+        let options = SteeringOptions {
+            warm_up_until: match self.flow_warm_up {
+                Duration::ZERO => 0,
+                d => ginza_sys::clock::monotonic_ns().saturating_add(d.as_nanos() as u64),
+            },
+            ..self.steering_options.clone()
+        };
         let pool = IngressPool::create(&format!("ginza-ingress-{name}"), buffers)
             .map_err(|e| format!("cannot create the ingress pool: {e}"))?;
         let port = self
@@ -282,8 +315,11 @@ impl Dataplane {
             port,
             pool,
             ledger: BufferLedger::new(buffers),
-            steering: AppSteering::new(Box::new(RssMod::new()), kthreads),
-            stats: NetStats::default(),
+            steering: AppSteering::new(steering.build(kthreads, &options), kthreads),
+            stats: NetStats {
+                st: steering.code(),
+                ..NetStats::default()
+            },
             switch_drops_seen: (0, 0),
         })
     }

@@ -33,6 +33,18 @@ impl RawApp {
         interface: Interface,
         kthreads: u32,
     ) -> Result<RawApp, ClientError> {
+        Self::register_steered(socket, name, interface, kthreads, None)
+    }
+
+    /// [`RawApp::register`], asking for the packet steering policy named
+    /// `steering` (`None`: iokerneld's configured one).
+    pub fn register_steered(
+        socket: &Path,
+        name: &str,
+        interface: Interface,
+        kthreads: u32,
+        steering: Option<&str>,
+    ) -> Result<RawApp, ClientError> {
         let region = Region::create(name, &RegionConfig::new(kthreads))
             .map_err(|e| ClientError::Local(format!("cannot create the shared region: {e}")))?;
         let eventfds = (0..kthreads)
@@ -47,7 +59,13 @@ impl RawApp {
             kthreads,
             net: Some(interface),
         };
-        let mut conn = client::register_region(socket, &reg, &region, &eventfds)?;
+        let mut conn = match steering {
+            None => client::register_region(socket, &reg, &region, &eventfds)?,
+            Some(steering) => {
+                let memfd = region.fd().ok_or(ClientError::NoMemfd)?;
+                client::register_steered(socket, &reg, steering, memfd, &eventfds)?
+            }
+        };
         let pool = conn
             .take_ingress_pool()
             .ok_or_else(|| ClientError::IngressPool("accepted without an ingress pool".into()))?;

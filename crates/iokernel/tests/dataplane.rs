@@ -12,6 +12,7 @@ use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
 use ginza_iokernel::{LoadRun, RecordingActuator, GENERATOR_MAC};
 use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_policy::steer::SteeringKind;
 use ginza_proto::client::ClientError;
 use ginza_shm::RegionConfig;
 
@@ -104,6 +105,65 @@ fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
     assert!(s.apps[0].grants >= 1);
     assert_eq!(s.dataplane.generator_runs, 1);
     assert_eq!(s.dataplane.nic, "software");
+}
+
+#[test]
+fn a_registration_gets_the_steering_policy_it_asks_for() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let mut app =
+        RawApp::register_steered(&d.socket, "ind", iface(1), 4, Some("indirection")).unwrap();
+    let _plain = register(&d, "plain", iface(2), 1).unwrap();
+    match RawApp::register_steered(&d.socket, "odd", iface(3), 1, Some("random")) {
+        Err(ClientError::Refused { reason }) => {
+            assert!(reason.contains("unknown steering policy"), "{reason}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("accepted"),
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let echo = std::thread::spawn(move || {
+        let n = echo_until(&mut app, &stop2);
+        (n, app)
+    });
+    let report = d
+        .generator
+        .run(load(iface(1), 20_000.0, 50), Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e}: {:#?}", d.stats()));
+    stop.store(true, Ordering::Release);
+    let (echoed, _app) = echo.join().unwrap();
+    assert!(echoed > 0 && echoed <= report.stats.sent, "{echoed}");
+    let s = d.stats();
+    assert_eq!(s.apps.len(), 2);
+    let ind = s.apps[0].net.unwrap();
+    assert_eq!(ind.steering(), Some(SteeringKind::Indirection), "{ind:?}");
+    assert_eq!(ind.tb, 512 * 8, "{ind:?}");
+    assert_eq!(ind.ev, 0);
+    assert!(ind.rx >= echoed, "{ind:?}");
+    let plain = s.apps[1].net.unwrap();
+    assert_eq!(plain.steering(), Some(SteeringKind::RssMod), "{plain:?}");
+    assert_eq!(plain.tb, 0);
+}
+
+#[test]
+fn the_configured_steering_and_sizes_reach_every_application() {
+    let _g = lock();
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.steering = SteeringKind::FlowAffinity;
+        c.steering_options.flow_table_capacity = 1000;
+        c.steering_options.buckets = 64;
+    });
+    let _fa = register(&d, "fa", iface(1), 2).unwrap();
+    let _ind =
+        RawApp::register_steered(&d.socket, "ind", iface(2), 2, Some("indirection")).unwrap();
+    let s = d.stats();
+    let fa = s.apps[0].net.unwrap();
+    assert_eq!(fa.steering(), Some(SteeringKind::FlowAffinity));
+    assert_eq!(fa.tb, 1024 * 24, "1000 flows round up to 1024");
+    let ind = s.apps[1].net.unwrap();
+    assert_eq!(ind.steering(), Some(SteeringKind::Indirection));
+    assert_eq!(ind.tb, 64 * 8);
 }
 
 #[test]

@@ -6,10 +6,19 @@
 //! and the simulator call. Flow hashes come from the wire layer
 //! (`ginza_net::flow`); here a hash is just a number.
 //!
-//! Implemented: [`RssMod`] (Shenango: `active[hash % active.len()]`).
+//! Implemented: [`RssMod`] (Shenango: `active[hash % active.len()]`),
+//! [`FlowAffinity`] (Calisto: a bounded flow → kthread table) and
+//! [`Indirection`] (after RSS++: buckets → kthread, moved consistently);
+//! [`SteeringKind`] names them for configuration.
 
 use crate::alloc::KthreadSnap;
 use crate::Time;
+
+mod affinity;
+mod indirection;
+
+pub use affinity::{FlowAffinity, AFFINITY_WAYS, DEFAULT_FLOW_TABLE_CAPACITY};
+pub use indirection::{Indirection, DEFAULT_BUCKETS, DEFAULT_MAX_MOVES_PER_REBALANCE};
 
 /// Flows remembered by [`MoveCounter`] (a power of two).
 pub const MOVE_COUNTER_SLOTS: usize = 1024;
@@ -47,6 +56,146 @@ pub trait Steering {
     /// Flows moved from one kthread to another so far (DESIGN.md: "flows
     /// moved per core change").
     fn flows_moved(&self) -> u64;
+
+    /// The policy's counters so far; the default knows only
+    /// [`Steering::flows_moved`].
+    fn stats(&self) -> SteerStats {
+        SteerStats {
+            flows_moved: self.flows_moved(),
+            ..Default::default()
+        }
+    }
+}
+
+/// What a policy counted (zero where it keeps no such state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SteerStats {
+    /// Flows moved from one kthread to another.
+    pub flows_moved: u64,
+    /// Flows entered into a flow table.
+    pub table_inserts: u64,
+    /// Packets whose flow the table knew.
+    pub table_hits: u64,
+    /// Flows evicted from a full table to make room for a new one.
+    pub table_evictions: u64,
+    /// New flows left out of a table whose set held only busy flows.
+    pub table_full: u64,
+    /// Memory of the policy's table(s), fixed at construction.
+    pub table_bytes: u64,
+    /// Buckets moved from one kthread to another (indirection).
+    pub buckets_moved: u64,
+}
+
+/// The steering policies, as configuration names them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SteeringKind {
+    /// [`RssMod`].
+    #[default]
+    RssMod,
+    /// [`FlowAffinity`].
+    FlowAffinity,
+    /// [`Indirection`].
+    Indirection,
+}
+
+impl SteeringKind {
+    /// Every policy, in a stable order.
+    pub const ALL: [SteeringKind; 3] = [
+        SteeringKind::RssMod,
+        SteeringKind::FlowAffinity,
+        SteeringKind::Indirection,
+    ];
+
+    /// The name configuration and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            SteeringKind::RssMod => "rss-mod",
+            SteeringKind::FlowAffinity => "flow-affinity",
+            SteeringKind::Indirection => "indirection",
+        }
+    }
+
+    /// A small number for the wire (`0` is `rss-mod`).
+    pub fn code(self) -> u8 {
+        match self {
+            SteeringKind::RssMod => 0,
+            SteeringKind::FlowAffinity => 1,
+            SteeringKind::Indirection => 2,
+        }
+    }
+
+    /// The kind [`SteeringKind::code`] gave `code`.
+    pub fn from_code(code: u8) -> Option<SteeringKind> {
+        SteeringKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// The policy for an application of `kthreads` kthreads.
+    pub fn build(self, kthreads: usize, options: &SteeringOptions) -> Box<dyn Steering + Send> {
+        match self {
+            SteeringKind::RssMod => Box::new(RssMod::new()),
+            SteeringKind::FlowAffinity => {
+                let mut table = FlowAffinity::new(options.flow_table_capacity)
+                    .warm_up_round_robin(options.warm_up_until)
+                    .min_idle(options.flow_min_idle);
+                if options.prepopulate {
+                    table = table.prepopulated(kthreads);
+                }
+                Box::new(table)
+            }
+            SteeringKind::Indirection => Box::new(
+                Indirection::new(options.buckets).max_moves_per_rebalance(options.max_bucket_moves),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for SteeringKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SteeringKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        SteeringKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                format!("unknown steering policy {s:?} (rss-mod, flow-affinity, indirection)")
+            })
+    }
+}
+
+/// The sizes and options [`SteeringKind::build`] gives a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SteeringOptions {
+    /// `flow-affinity`: flows the table holds.
+    pub flow_table_capacity: usize,
+    /// `flow-affinity`: hash ranges pre-assigned, no warm-up.
+    pub prepopulate: bool,
+    /// `flow-affinity`: round-robin for every other new flow before this time.
+    pub warm_up_until: Time,
+    /// `flow-affinity`: flows seen within this are never evicted.
+    pub flow_min_idle: Time,
+    /// `indirection`: buckets of the table.
+    pub buckets: usize,
+    /// `indirection`: buckets moved per rebalance at most.
+    pub max_bucket_moves: usize,
+}
+
+impl Default for SteeringOptions {
+    fn default() -> Self {
+        SteeringOptions {
+            flow_table_capacity: DEFAULT_FLOW_TABLE_CAPACITY,
+            prepopulate: false,
+            warm_up_until: 0,
+            flow_min_idle: 0,
+            buckets: DEFAULT_BUCKETS,
+            max_bucket_moves: DEFAULT_MAX_MOVES_PER_REBALANCE,
+        }
+    }
 }
 
 /// Shenango's (and plain RSS's) steering: kthread `active[hash %
@@ -218,6 +367,11 @@ impl AppSteering {
     /// The policy's name.
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// The policy's counters.
+    pub fn stats(&self) -> SteerStats {
+        self.policy.stats()
     }
 }
 

@@ -245,6 +245,28 @@ pub fn register<F: AsFd>(
     register_with(socket, &env, &fds)
 }
 
+/// [`register`], asking for the packet steering policy named `steering`
+/// (`rss-mod`, `flow-affinity`, `indirection`) instead of iokerneld's
+/// configured one.
+pub fn register_steered<F: AsFd>(
+    socket: &Path,
+    reg: &Registration,
+    steering: &str,
+    region_memfd: BorrowedFd<'_>,
+    eventfds: &[F],
+) -> Result<Connection, ClientError> {
+    let mut fds = vec![region_memfd];
+    fds.extend(eventfds.iter().map(AsFd::as_fd));
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::RegisterSteered {
+            registration: reg.clone(),
+            steering: steering.into(),
+        },
+    };
+    register_with(socket, &env, &fds)
+}
+
 /// [`register`] with a [`Region`] created by `Region::create`.
 pub fn register_region<F: AsFd>(
     socket: &Path,

@@ -78,6 +78,15 @@ pub struct Registration {
 #[serde(rename_all = "snake_case")]
 pub enum Request {
     Register(Registration),
+    /// A registration that asks for a packet steering policy (a
+    /// `ginza_policy::steer::SteeringKind` name: `rss-mod`, `flow-affinity`,
+    /// `indirection`) instead of iokerneld's configured one. A variant of
+    /// its own rather than a field of [`Registration`], so that every
+    /// existing registration is the same message as before.
+    RegisterSteered {
+        registration: Registration,
+        steering: String,
+    },
     Stats,
     /// Answered like `Stats` (the window that ends now), then the
     /// [`AllocStats`] window starts again: a benchmark resets after its
@@ -131,6 +140,32 @@ pub struct NetStats {
     pub drop_egress: u64,
     /// Frames that went to a parked kthread because none was active.
     pub to_parked: u64,
+    /// Its packet steering policy: `ginza_policy::steer::SteeringKind`'s
+    /// code (0 `rss-mod`, 1 `flow-affinity`, 2 `indirection`).
+    #[serde(default)]
+    pub st: u8,
+    /// Flows its steering policy moved from one kthread to another.
+    #[serde(default)]
+    pub mv: u64,
+    /// Flows evicted from its steering policy's flow table.
+    #[serde(default)]
+    pub ev: u64,
+    /// Bytes of its steering policy's table(s) (fixed when it registered).
+    #[serde(default)]
+    pub tb: u32,
+}
+
+impl NetStats {
+    /// The steering policy [`NetStats::st`] names (`None`: a code this
+    /// build does not know).
+    pub fn steering(&self) -> Option<ginza_policy::steer::SteeringKind> {
+        ginza_policy::steer::SteeringKind::from_code(self.st)
+    }
+
+    /// Its name (`?` for a code this build does not know).
+    pub fn steering_name(&self) -> &'static str {
+        self.steering().map_or("?", |k| k.name())
+    }
 }
 
 /// Dataplane totals, in [`StatsReport`].
@@ -392,6 +427,10 @@ mod tests {
                         drop_ingress: u64::MAX,
                         drop_egress: u64::MAX,
                         to_parked: u64::MAX,
+                        st: u8::MAX,
+                        mv: u64::MAX,
+                        ev: u64::MAX,
+                        tb: u32::MAX,
                     }),
                 })
                 .collect(),

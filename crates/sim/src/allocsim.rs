@@ -10,13 +10,14 @@ use ginza_policy::alloc::{
     AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static,
     Topology,
 };
-use ginza_policy::steer::{AppSteering, RssMod, Steered};
+use ginza_policy::steer::{AppSteering, SteerStats, Steered};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::dist::{Arrivals, LoadStep, Service};
 use crate::stats::Stats;
+use crate::steering::SteeringSpec;
 use crate::{ps_to_us, us_to_ps};
 
 /// Which allocator runs.
@@ -64,6 +65,9 @@ pub struct AllocSim {
     pub warmup_us: f64,
     #[serde(default)]
     pub seed: u64,
+    /// How iokerneld steers the latency-critical app's requests.
+    #[serde(default)]
+    pub steering: SteeringSpec,
 }
 
 fn default_spin() -> f64 {
@@ -82,6 +86,8 @@ pub struct AllocResult {
     pub batch_share: f64,
     pub grants: u64,
     pub preemptions: u64,
+    /// What the steering policy counted.
+    pub steering: SteerStats,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -220,7 +226,10 @@ impl<'a> Engine<'a> {
             kts: [lc, batch],
             last_yielded: [None, None],
             alloc: cfg.allocator(),
-            steering: AppSteering::new(Box::new(RssMod::new()), cfg.kthreads.max(1)),
+            steering: AppSteering::new(
+                cfg.steering.build(cfg.kthreads.max(1)),
+                cfg.kthreads.max(1),
+            ),
             topo: if cfg.hyperthreads {
                 Topology::paired(cfg.cores)
             } else {
@@ -294,6 +303,7 @@ impl<'a> Engine<'a> {
             },
             grants: self.grants,
             preemptions: self.preemptions,
+            steering: self.steering.stats(),
             stats: self.stats,
         }
     }
@@ -306,8 +316,9 @@ impl<'a> Engine<'a> {
             service: svc,
             remaining: svc,
         };
-        // Every request is a new flow, steered as iokerneld steers it.
-        let flow: u64 = self.rng.random();
+        // A request of a flow (by default each its own), steered as
+        // iokerneld steers it.
+        let flow = self.cfg.steering.next_flow(&mut self.rng);
         self.steering
             .sync(self.kts[0].iter().map(|k| k.core.is_some()), now);
         let (k, coreless) = match self.steering.steer(flow, now) {
@@ -588,6 +599,7 @@ mod tests {
             duration_us: 50_000.0,
             warmup_us: 1_000.0,
             seed: 1,
+            steering: SteeringSpec::default(),
         }
     }
 
@@ -610,6 +622,46 @@ mod tests {
             "{} vs {}",
             sh.efficiency,
             st.efficiency
+        );
+    }
+
+    /// The same policy objects as iokerneld: with cores coming and going
+    /// (kthreads spin 200 µs before they park, so the active set changes
+    /// a few times, not between every two requests as with a 2 µs spin),
+    /// `indirection` and `flow-affinity` move far fewer of 500 flows than
+    /// `rss-mod`, and the flow table, big enough, evicts none.
+    #[test]
+    fn the_steering_policy_is_chosen_per_run() {
+        use ginza_policy::steer::SteeringKind;
+        const SPIN: f64 = 200.0;
+        let run = |kind| {
+            let mut c = cfg(AllocPolicy::Shenango { interval_us: 5.0 }, 0.2, false);
+            c.duration_us = 20_000.0;
+            c.park_spin_us = SPIN;
+            c.steering = SteeringSpec {
+                flows: 500,
+                ..SteeringSpec::of(kind)
+            };
+            c.run()
+        };
+        let rss = run(SteeringKind::RssMod);
+        let fa = run(SteeringKind::FlowAffinity);
+        let ind = run(SteeringKind::Indirection);
+        for r in [&rss, &fa, &ind] {
+            assert!(r.stats.n > 2_000, "{}", r.stats.n);
+            assert!(r.grants > 3, "the cores changed: {}", r.grants);
+        }
+        assert_eq!(rss.steering.table_bytes, 0);
+        assert!(fa.steering.table_inserts >= 400 && fa.steering.table_inserts <= 500);
+        assert_eq!(fa.steering.table_evictions, 0);
+        assert!(ind.steering.buckets_moved > 0);
+        assert!(
+            fa.steering.flows_moved * 2 < rss.steering.flows_moved
+                && ind.steering.flows_moved * 2 < rss.steering.flows_moved,
+            "rss-mod {:?}, flow-affinity {:?}, indirection {:?}",
+            rss.steering,
+            fa.steering,
+            ind.steering
         );
     }
 

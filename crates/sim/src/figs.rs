@@ -425,6 +425,7 @@ pub fn slow_bound_cores(load_cores: f64, seed: u64, quick: bool) -> (usize, f64)
                 ctx_switch_us: 0.0,
                 wait_thresholds_us: Vec::new(),
                 histograms: true,
+                steering: Default::default(),
             };
             all.merge(&cfg.run());
         }
@@ -462,6 +463,7 @@ pub fn shenango_point(
         duration_us: if quick { 20_000.0 } else { 200_000.0 },
         warmup_us: 2_000.0,
         seed,
+        steering: Default::default(),
     }
     .run()
 }

@@ -15,6 +15,7 @@ pub mod reqsim;
 pub mod rss;
 pub mod scenario;
 pub mod stats;
+pub mod steering;
 pub mod theory;
 pub mod validate;
 

@@ -7,13 +7,14 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use ginza_net::flow::mix64;
 use ginza_policy::sched::{ClassConfig, Dispatcher, Placement, Request, SchedPolicy};
-use ginza_policy::steer::{AppSteering, RssMod, Steered};
+use ginza_policy::steer::{AppSteering, Steered};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::dist::{Arrivals, LoadStep, Service};
 use crate::stats::Stats;
+use crate::steering::SteeringSpec;
 use crate::{ps_to_us, us_to_ps};
 
 /// Where preempted requests go.
@@ -105,6 +106,10 @@ pub struct ReqSim {
     /// Keep latency histograms (percentiles); off for mean-only checks.
     #[serde(default = "yes")]
     pub histograms: bool,
+    /// d-FCFS: the steering policy over the cores (the flows are the
+    /// connections, `Sched::DFcfs::conns`; its `flows` is not used here).
+    #[serde(default)]
+    pub steering: SteeringSpec,
 }
 
 fn yes() -> bool {
@@ -132,6 +137,7 @@ impl ReqSim {
             ctx_switch_us: 0.0,
             wait_thresholds_us: Vec::new(),
             histograms: true,
+            steering: SteeringSpec::default(),
         }
     }
 
@@ -260,7 +266,7 @@ fn run_dfcfs(cfg: &ReqSim, conns: Option<u64>, src: &mut Source, st: &mut Stats)
     let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let cs = us_to_ps(cfg.ctx_switch_us);
     // iokerneld's steering over the cores, all active (a NIC's RSS).
-    let mut steering = AppSteering::new(Box::new(RssMod::new()), n);
+    let mut steering = AppSteering::new(cfg.steering.build(n), n);
     steering.sync(std::iter::repeat_n(true, n), 0);
     let mut next = src.next();
     loop {

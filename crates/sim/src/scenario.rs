@@ -13,6 +13,7 @@
 //! name = "shenango"
 //! cores = 8
 //! ...                            # the fields of `allocsim::AllocSim`
+//! steering = { policy = "indirection", flows = 10000 }  # `steering::SteeringSpec`
 //! ```
 
 use std::path::Path;
@@ -25,6 +26,7 @@ use crate::dist::Service;
 use crate::figs::par_map;
 use crate::plot::{line_chart, write_csv, Chart, Series};
 use crate::reqsim::{ReqSim, Sched};
+use crate::steering::SteeringSpec;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,6 +53,9 @@ pub struct RequestSweep {
     pub preempt_cost_us: f64,
     #[serde(default)]
     pub ctx_switch_us: f64,
+    /// The steering of d-FCFS runs.
+    #[serde(default)]
+    pub steering: SteeringSpec,
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +91,7 @@ pub fn run(sc: &Scenario, out: &Path) -> anyhow::Result<String> {
             );
             c.preempt_cost_us = rs.preempt_cost_us;
             c.ctx_switch_us = rs.ctx_switch_us;
+            c.steering = rs.steering.clone();
             c.run()
         });
         let mut rows = Vec::new();
@@ -148,6 +154,9 @@ pub fn run(sc: &Scenario, out: &Path) -> anyhow::Result<String> {
             "batch_share",
             "grants",
             "preemptions",
+            "steering",
+            "flows_moved",
+            "table_evictions",
         ];
         let mut rows = Vec::new();
         summary += &format!(
@@ -166,6 +175,9 @@ pub fn run(sc: &Scenario, out: &Path) -> anyhow::Result<String> {
                 format!("{:.4}", r.batch_share),
                 r.grants.to_string(),
                 r.preemptions.to_string(),
+                a.sim.steering.policy.name().into(),
+                r.steering.flows_moved.to_string(),
+                r.steering.table_evictions.to_string(),
             ];
             summary += &format!("| {} |\n", row.join(" | "));
             rows.push(row);

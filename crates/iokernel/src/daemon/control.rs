@@ -15,6 +15,7 @@ use super::{
 };
 use crate::actuator::CoreActuator;
 use crate::dataplane::AppNet;
+use ginza_policy::steer::SteeringKind;
 use ginza_proto::messages::{
     decode_request, encode, Registration, Removal, Request, Response, MAX_APPS, MAX_NAME,
     MAX_REQUEST,
@@ -212,76 +213,84 @@ impl<A: CoreActuator> Iokerneld<A> {
             Ok(req) => req,
             Err(e) => return refuse(self, e.to_string()),
         };
-        match req {
+        let (reg, steering) = match req {
             Request::Stats | Request::ResetStats => {
                 let rep = self.stats_answer(&req, now);
-                Self::reply(&p.sock, &rep).then_some(p)
+                return Self::reply(&p.sock, &rep).then_some(p);
             }
-            Request::Register(reg) => match self.admit(&reg, r.fds, p.pid) {
-                Ok((region, ends, eventfds)) => {
-                    let id = self.next_id;
-                    let net = match reg
-                        .net
-                        .map(|iface| self.attach_net(&reg.name, iface, &region))
-                    {
-                        None => None,
-                        Some(Ok(net)) => Some(net),
-                        Some(Err(reason)) => return refuse(self, reason),
-                    };
-                    let accepted = Response::Accepted {
-                        app_id: id,
-                        ingress_buffers: net.as_ref().map_or(0, |n| n.pool().count()),
-                    };
-                    let fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
-                    let sent = Self::reply_with_fds(&p.sock, &accepted, &fds);
-                    if !sent {
-                        if let Some(net) = &net {
-                            self.dp.detach(net);
-                        }
-                        info!(
-                            "app {:?} from pid {} left before its acceptance",
-                            reg.name, p.pid
-                        );
-                        return None;
+            Request::Register(reg) => (reg, self.cfg.steering),
+            Request::RegisterSteered {
+                registration,
+                steering,
+            } => match steering.parse::<SteeringKind>() {
+                Ok(kind) => (registration, kind),
+                Err(reason) => return refuse(self, reason),
+            },
+        };
+        match self.admit(&reg, r.fds, p.pid) {
+            Ok((region, ends, eventfds)) => {
+                let id = self.next_id;
+                let net = match reg
+                    .net
+                    .map(|iface| self.attach_net(&reg.name, iface, &region, steering))
+                {
+                    None => None,
+                    Some(Ok(net)) => Some(net),
+                    Some(Err(reason)) => return refuse(self, reason),
+                };
+                let accepted = Response::Accepted {
+                    app_id: id,
+                    ingress_buffers: net.as_ref().map_or(0, |n| n.pool().count()),
+                };
+                let fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
+                let sent = Self::reply_with_fds(&p.sock, &accepted, &fds);
+                if !sent {
+                    if let Some(net) = &net {
+                        self.dp.detach(net);
                     }
-                    self.next_id += 1;
                     info!(
-                        "app {:?} registered: id {id}, pid {}, {:?}, {} kthreads, guaranteed {}, max {}",
+                        "app {:?} from pid {} left before its acceptance",
+                        reg.name, p.pid
+                    );
+                    return None;
+                }
+                self.next_id += 1;
+                info!(
+                        "app {:?} registered: id {id}, pid {}, {:?}, {} kthreads, guaranteed {}, max {}, steering {steering}",
                         reg.name, p.pid, reg.class, reg.kthreads, reg.guaranteed, reg.max_cores
                     );
-                    let n = reg.kthreads as usize;
-                    self.apps.push(App {
-                        id,
-                        name: reg.name,
-                        class: reg.class,
-                        guaranteed: reg.guaranteed,
-                        max_cores: reg.max_cores,
-                        pid: p.pid,
-                        sock: p.sock,
-                        _region: region,
-                        ends,
-                        eventfds,
-                        kt: vec![
-                            Kthread {
-                                parked: true,
-                                parked_since: now,
-                                ..Default::default()
-                            };
-                            n
-                        ],
-                        last_yielded_core: None,
-                        grants: 0,
-                        preemptions: 0,
-                        congestion: 0,
-                        ring_full: 0,
-                        preempt_overdue: 0,
-                        doomed: None,
-                        net,
-                    });
-                    None
-                }
-                Err(reason) => refuse(self, reason),
-            },
+                let n = reg.kthreads as usize;
+                self.apps.push(App {
+                    id,
+                    name: reg.name,
+                    class: reg.class,
+                    guaranteed: reg.guaranteed,
+                    max_cores: reg.max_cores,
+                    pid: p.pid,
+                    sock: p.sock,
+                    _region: region,
+                    ends,
+                    eventfds,
+                    kt: vec![
+                        Kthread {
+                            parked: true,
+                            parked_since: now,
+                            ..Default::default()
+                        };
+                        n
+                    ],
+                    last_yielded_core: None,
+                    grants: 0,
+                    preemptions: 0,
+                    congestion: 0,
+                    ring_full: 0,
+                    preempt_overdue: 0,
+                    doomed: None,
+                    net,
+                });
+                None
+            }
+            Err(reason) => refuse(self, reason),
         }
     }
 
@@ -372,6 +381,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         name: &str,
         iface: ginza_net::Interface,
         region: &Region,
+        steering: SteeringKind,
     ) -> Result<AppNet, String> {
         if let Some(other) = self
             .apps
@@ -389,6 +399,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 iface,
                 region.layout().done.capacity,
                 region.n_kthreads() as usize,
+                steering,
             )
             .map_err(|e| format!("network interface {} / {}: {e}", iface.mac, iface.ip))
     }
@@ -409,7 +420,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         app.doom("stats reply could not be sent".into());
                     }
                 }
-                Ok(Request::Register(_)) => {
+                Ok(Request::Register(_) | Request::RegisterSteered { .. }) => {
                     let reason = format!("already registered as app {}", app.id);
                     Self::reply(&app.sock, &Response::Refused { reason });
                 }

@@ -5,6 +5,7 @@ use hdrhistogram::Histogram;
 
 use super::Iokerneld;
 use crate::actuator::CoreActuator;
+use crate::dataplane::AppNet;
 use ginza_proto::messages::{AllocStats, AppStats, Latency, Request, Response, StatsReport};
 use ginza_sys::clock;
 
@@ -135,7 +136,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     congestion_events: a.congestion,
                     ring_full: a.ring_full,
                     preempt_overdue: a.preempt_overdue,
-                    net: a.net.as_ref().map(|n| n.stats),
+                    net: a.net.as_ref().map(AppNet::report),
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),

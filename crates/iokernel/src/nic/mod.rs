@@ -43,8 +43,9 @@
 //!   interface; left: a UMEM that *is* the [`BufferPool`] (today frames are
 //!   copied between them), native XDP mode, queues other than 0; `dpdk`
 //!   behind a feature.
-//! * Steering policies beyond `rss-mod` (in [`crate::dataplane`]):
-//!   `flow-affinity` and `indirection`.
+//! * Steering measurements in iokerneld itself (in [`crate::dataplane`]):
+//!   packets out of order per flow and ns per steering decision (the
+//!   policies, `rss-mod`, `flow-affinity` and `indirection`, are there).
 //! * Zero-copy switching (a frame handed between pools instead of copied)
 //!   where both ends trust each other, e.g. the generator.
 
