@@ -1,4 +1,4 @@
-//! Ginza's applications (DESIGN.md, "Applications, load and experiments"),
+//! Ginza's applications (docs/design.md, "Applications, load and experiments"),
 //! each a library module that runs inside a Ginza runtime and a binary that
 //! starts one:
 //!

@@ -1,4 +1,4 @@
-//! iokerneld's dataplane (DESIGN.md, "Packet steering", "NIC backends"):
+//! iokerneld's dataplane (docs/design.md, "Packet steering", "NIC backends"):
 //! frames between the links and the applications' packet rings.
 //!
 //! The fabric is a [`SoftwareSwitch`] with one port per application that

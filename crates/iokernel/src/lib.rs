@@ -1,4 +1,4 @@
-//! iokerneld, Ginza's core allocator daemon (DESIGN.md, "Processes", "The
+//! iokerneld, Ginza's core allocator daemon (docs/design.md, "Processes", "The
 //! core allocator"). The protocol it speaks, and the client side of it, are
 //! `ginza_proto`'s; its system calls are `ginza_sys`'s.
 //!

@@ -1,4 +1,4 @@
-//! Flow identification for packet steering (DESIGN.md, "Packet steering"):
+//! Flow identification for packet steering (docs/design.md, "Packet steering"):
 //! a frame's flow key and its hash. What a hash steers to is a policy
 //! decision (`ginza_policy::steer`); this is only the wire side.
 

@@ -1,4 +1,4 @@
-//! Ginza policies: pure code, no I/O (see DESIGN.md, "The core allocator").
+//! Ginza policies: pure code, no I/O (see docs/design.md, "The core allocator").
 //!
 //! Everything here is a plain function of its inputs (queue snapshots,
 //! topology, time, an injected seed) so that iokerneld, the runtime and the

@@ -1,4 +1,4 @@
-//! Packet steering (DESIGN.md, "Packet steering"): which of an
+//! Packet steering (docs/design.md, "Packet steering"): which of an
 //! application's kthreads receives a packet, given the packet's flow hash.
 //!
 //! A policy implements [`Steering`]; [`AppSteering`] keeps one application's
@@ -53,7 +53,7 @@ pub trait Steering {
         let _ = (now, active, kthreads);
     }
 
-    /// Flows moved from one kthread to another so far (DESIGN.md: "flows
+    /// Flows moved from one kthread to another so far (docs/design.md: "flows
     /// moved per core change").
     fn flows_moved(&self) -> u64;
 

@@ -1,4 +1,4 @@
-//! The steering policies on crafted sequences (DESIGN.md, "Packet steering").
+//! The steering policies on crafted sequences (docs/design.md, "Packet steering").
 
 use ginza_policy::alloc::KthreadSnap;
 use ginza_policy::steer::{

@@ -1,4 +1,4 @@
-//! The runtime ⇄ iokerneld protocol (DESIGN.md, "Processes", "Layout"):
+//! The runtime ⇄ iokerneld protocol (docs/design.md, "Processes", "Layout"):
 //! what an application links to talk to iokerneld, without the daemon.
 //!
 //! * [`messages`]: the messages on the control socket (JSON over

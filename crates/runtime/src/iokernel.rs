@@ -1,4 +1,4 @@
-//! The runtime's side of iokerneld (DESIGN.md, "Processes", "Shared memory
+//! The runtime's side of iokerneld (docs/design.md, "Processes", "Shared memory
 //! between iokerneld and a runtime"): registration, the per-kthread queue
 //! line and command rings, the grant latencies a kthread observes, and
 //! parking under iokerneld (`park_with_iokernel`, `wait_for_grant`).

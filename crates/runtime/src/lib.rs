@@ -1,5 +1,5 @@
 //! The Ginza runtime: the per-application library of kthreads and uthreads
-//! (see DESIGN.md, "The runtime").
+//! (see docs/design.md, "The runtime").
 //!
 //! ```no_run
 //! let sum = ginza_runtime::run(ginza_runtime::Config::with_kthreads(2), || {

@@ -1,4 +1,4 @@
-//! The runtime's end of the shared region with iokerneld (DESIGN.md,
+//! The runtime's end of the shared region with iokerneld (docs/design.md,
 //! "Shared memory between iokerneld and a runtime"): registration, each
 //! kthread's queue line and command rings ([`KLink`]), the grant latencies
 //! it observes, and its packet rings ([`KNet`], used through [`TxSide`]).

@@ -1,4 +1,4 @@
-//! Shared memory between iokerneld and a runtime (see DESIGN.md, "Shared
+//! Shared memory between iokerneld and a runtime (see docs/design.md, "Shared
 //! memory between iokerneld and a runtime").
 //!
 //! * [`region`]: the memfd-backed region, its `#[repr(C)]` header and the

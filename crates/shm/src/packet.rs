@@ -1,4 +1,4 @@
-//! Packets between iokerneld and a runtime (DESIGN.md, "Shared memory
+//! Packets between iokerneld and a runtime (docs/design.md, "Shared memory
 //! between iokerneld and a runtime").
 //!
 //! * **Ingress**: iokerneld copies each received frame into a buffer of the

@@ -1,4 +1,4 @@
-//! The packet steering a simulation uses (DESIGN.md, "Packet steering"):
+//! The packet steering a simulation uses (docs/design.md, "Packet steering"):
 //! the very policy objects of `ginza_policy::steer` that iokerneld runs,
 //! chosen and sized in a scenario.
 //!

@@ -1,4 +1,4 @@
-//! Ginza's operating-system calls, one small module per concern (DESIGN.md,
+//! Ginza's operating-system calls, one small module per concern (docs/design.md,
 //! "Layout" and "Dependencies"): every other crate asks here instead of
 //! writing its own wrapper.
 //!

@@ -1,5 +1,5 @@
 //! A [`Nic`] on a real Linux interface through an `AF_PACKET` raw socket
-//! (DESIGN.md, "NIC backends"): the portable fallback to [`af_xdp`](super::af_xdp).
+//! (docs/design.md, "NIC backends"): the portable fallback to [`af_xdp`](super::af_xdp).
 //!
 //! * One `SOCK_RAW` socket for `ETH_P_ALL`, bound to the interface by index,
 //!   non-blocking. Plain `recvfrom`/`send` per frame, straight into and out

@@ -1,5 +1,5 @@
 //! A [`Nic`] on a real Linux interface through an AF_XDP socket in copy mode
-//! (DESIGN.md, "NIC backends").
+//! (docs/design.md, "NIC backends").
 //!
 //! * **XDP program.** There is no BPF compiler here, so the program is five
 //!   hand-assembled instructions, loaded with the raw `bpf(2)` system call:

@@ -1,4 +1,4 @@
-//! The NIC abstraction of iokerneld (DESIGN.md, "NIC backends", "Packet
+//! The NIC abstraction of iokerneld (docs/design.md, "NIC backends", "Packet
 //! steering") and its default backend, as pure in-process code.
 //!
 //! # Design

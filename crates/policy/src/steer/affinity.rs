@@ -1,4 +1,4 @@
-//! Calisto's flow-affinity steering (DESIGN.md, "Packet steering"): a
+//! Calisto's flow-affinity steering (docs/design.md, "Packet steering"): a
 //! bounded flow → kthread table. The first packet of a flow picks a kthread
 //! round-robin over the active ones and later packets follow it; when that
 //! kthread holds no core, the flow gets the next round-robin kthread and the

@@ -1,4 +1,4 @@
-//! Indirection steering (DESIGN.md, "Packet steering"; after RSS++): a
+//! Indirection steering (docs/design.md, "Packet steering"; after RSS++): a
 //! fixed table of buckets, bucket → kthread, `hash % buckets` picking the
 //! bucket. A change of the active set moves only the buckets that must move
 //! (the lost kthread's, or a fair share for the new one taken from the

@@ -1,4 +1,4 @@
-//! Networking for uthreads: the in-process stack (DESIGN.md, "The runtime",
+//! Networking for uthreads: the in-process stack (docs/design.md, "The runtime",
 //! Networking) on the packet rings iokerneld fills and drains.
 //!
 //! * Each kthread polls its own ingress ring when its runqueue is empty and

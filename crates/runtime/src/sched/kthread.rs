@@ -2,7 +2,7 @@
 //! token ([`Owner`]), the state all kthreads of a runtime share
 //! ([`Shared`]: injector, spare stacks, spinning and parked counts), eventfd
 //! park and notify, and how per-kthread state is reached
-//! ([`current_kthread`]; DESIGN.md, "Per-kthread state and TLS").
+//! ([`current_kthread`]; docs/design.md, "Per-kthread state and TLS").
 
 use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
@@ -119,7 +119,7 @@ unsafe impl Send for KThread {}
 ///   that keeps the uthread from being preempted. A uthread still moves to
 ///   another kthread when it switches out on purpose (it yields, blocks or
 ///   sleeps), so the functions that switch a uthread out take its token by
-///   value: no token survives the switch (DESIGN.md, "Per-kthread state and
+///   value: no token survives the switch (docs/design.md, "Per-kthread state and
 ///   TLS"). Code holding a token must not call anything else that may switch
 ///   (`yield_now`, `Mutex::lock`, ...); debug builds check at every use that
 ///   the token's kthread is still the running one.
@@ -573,7 +573,7 @@ thread_local! {
 }
 
 /// The kthread running the caller. Never inlined, so no caller can keep a
-/// thread-local address from before a migration (DESIGN.md, "Per-kthread
+/// thread-local address from before a migration (docs/design.md, "Per-kthread
 /// state and TLS"). Stable only while preemption is deferred.
 #[inline(never)]
 pub(crate) fn current_kthread() -> *const KThread {
