@@ -110,6 +110,7 @@ fn top_shows_a_registered_application() {
         max_cores: 2,
         kthreads: 2,
         net: None,
+        steering: None,
     };
     let conn = client::register_region(&d.socket, &reg, &region, &efds).unwrap();
 

@@ -58,14 +58,9 @@ impl RawApp {
             max_cores: kthreads,
             kthreads,
             net: Some(interface),
+            steering: steering.map(Into::into),
         };
-        let mut conn = match steering {
-            None => client::register_region(socket, &reg, &region, &eventfds)?,
-            Some(steering) => {
-                let memfd = region.fd().ok_or(ClientError::NoMemfd)?;
-                client::register_steered(socket, &reg, steering, memfd, &eventfds)?
-            }
-        };
+        let mut conn = client::register_region(socket, &reg, &region, &eventfds)?;
         let pool = conn
             .take_ingress_pool()
             .ok_or_else(|| ClientError::IngressPool("accepted without an ingress pool".into()))?;

@@ -28,6 +28,7 @@ fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32)
         max_cores,
         kthreads,
         net: None,
+        steering: None,
     }
 }
 

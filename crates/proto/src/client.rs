@@ -8,7 +8,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let region = Region::create("app", &RegionConfig::new(2))?;
 //! let efds = [eventfd::new()?, eventfd::new()?];
-//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None };
+//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None, steering: None };
 //! let conn = client::register_region("/tmp/ginza-1000/iokerneld.sock".as_ref(), &reg, &region, &efds)?;
 //! println!("registered as app {}", conn.app_id());
 //! drop(conn); // deregisters
@@ -241,28 +241,6 @@ pub fn register<F: AsFd>(
     let env = Envelope {
         protocol: PROTOCOL_VERSION,
         request: Request::Register(reg.clone()),
-    };
-    register_with(socket, &env, &fds)
-}
-
-/// [`register`], asking for the packet steering policy named `steering`
-/// (`rss-mod`, `flow-affinity`, `indirection`) instead of iokerneld's
-/// configured one.
-pub fn register_steered<F: AsFd>(
-    socket: &Path,
-    reg: &Registration,
-    steering: &str,
-    region_memfd: BorrowedFd<'_>,
-    eventfds: &[F],
-) -> Result<Connection, ClientError> {
-    let mut fds = vec![region_memfd];
-    fds.extend(eventfds.iter().map(AsFd::as_fd));
-    let env = Envelope {
-        protocol: PROTOCOL_VERSION,
-        request: Request::RegisterSteered {
-            registration: reg.clone(),
-            steering: steering.into(),
-        },
     };
     register_with(socket, &env, &fds)
 }

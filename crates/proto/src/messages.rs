@@ -71,6 +71,12 @@ pub struct Registration {
     /// and answers with an ingress pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<ginza_net::Interface>,
+    /// The packet steering policy it asks for (a
+    /// `ginza_policy::steer::SteeringKind` name: `rss-mod`, `flow-affinity`,
+    /// `indirection`); none: iokerneld's configured one. Left out of the
+    /// message when none, so older registrations read the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steering: Option<String>,
 }
 
 /// A request to iokerneld.
@@ -78,15 +84,6 @@ pub struct Registration {
 #[serde(rename_all = "snake_case")]
 pub enum Request {
     Register(Registration),
-    /// A registration that asks for a packet steering policy (a
-    /// `ginza_policy::steer::SteeringKind` name: `rss-mod`, `flow-affinity`,
-    /// `indirection`) instead of iokerneld's configured one. A variant of
-    /// its own rather than a field of [`Registration`], so that every
-    /// existing registration is the same message as before.
-    RegisterSteered {
-        registration: Registration,
-        steering: String,
-    },
     Stats,
     /// Answered like `Stats` (the window that ends now), then the
     /// [`AllocStats`] window starts again: a benchmark resets after its
@@ -349,6 +346,7 @@ mod tests {
             max_cores: 1,
             kthreads: 1,
             net: None,
+            steering: None,
         };
         let ok = encode(&Envelope {
             protocol: PROTOCOL_VERSION,

@@ -180,6 +180,9 @@ pub struct IokernelConfig {
     /// Send and receive packets (`crate::net`): iokerneld steers frames
     /// for this MAC/IP to the kthreads' ingress rings.
     pub net: Option<NetConfig>,
+    /// The packet steering policy to ask iokerneld for (None: its
+    /// configured default).
+    pub steering: Option<ginza_policy::steer::SteeringKind>,
 }
 
 impl IokernelConfig {
@@ -193,6 +196,7 @@ impl IokernelConfig {
             linger_after_park: Duration::ZERO,
             keep_cores_when_idle: false,
             net: None,
+            steering: None,
         }
     }
 }

@@ -205,6 +205,7 @@ impl Link {
             max_cores: self.cfg.max_cores.unwrap_or(n),
             kthreads: n,
             net: self.cfg.net.as_ref().map(|c| c.interface),
+            steering: self.cfg.steering.map(|s| s.name().to_string()),
         };
         let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
             .map_err(|e| e.to_string())?;

@@ -218,13 +218,11 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let rep = self.stats_answer(&req, now);
                 return Self::reply(&p.sock, &rep).then_some(p);
             }
-            Request::Register(reg) => (reg, self.cfg.steering),
-            Request::RegisterSteered {
-                registration,
-                steering,
-            } => match steering.parse::<SteeringKind>() {
-                Ok(kind) => (registration, kind),
-                Err(reason) => return refuse(self, reason),
+            Request::Register(reg) => match reg.steering.as_deref().map(str::parse::<SteeringKind>)
+            {
+                None => (reg, self.cfg.steering),
+                Some(Ok(kind)) => (reg, kind),
+                Some(Err(reason)) => return refuse(self, reason),
             },
         };
         match self.admit(&reg, r.fds, p.pid) {
@@ -420,7 +418,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         app.doom("stats reply could not be sent".into());
                     }
                 }
-                Ok(Request::Register(_) | Request::RegisterSteered { .. }) => {
+                Ok(Request::Register(_)) => {
                     let reason = format!("already registered as app {}", app.id);
                     Self::reply(&app.sock, &Response::Refused { reason });
                 }
