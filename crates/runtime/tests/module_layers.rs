@@ -72,13 +72,17 @@ fn collect(dir: &Path, src: &Path, graph: &mut Graph) {
             continue;
         };
         let text = fs::read_to_string(&path).expect("read a source file");
+        // Comments dropped, lines joined: a `use crate::{…}` group that
+        // rustfmt spreads over several lines is read whole.
+        let code: String = text
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ");
         let edges = graph.entry(module.clone()).or_default();
-        for line in text.lines() {
-            let code = line.split("//").next().unwrap_or("");
-            for target in mentions(code) {
-                if target != module {
-                    edges.insert(target);
-                }
+        for target in mentions(&code) {
+            if target != module {
+                edges.insert(target);
             }
         }
     }
@@ -152,6 +156,11 @@ fn mentions_are_parsed() {
     assert_eq!(mentions("    crate::signals::fatal(\"x\")"), ["signals"]);
     assert_eq!(
         mentions("use crate::{config, net::Stack};"),
+        ["config", "net"]
+    );
+    // A group rustfmt spread over lines, as `collect` joins it.
+    assert_eq!(
+        mentions("use crate::{     config,     net::Stack, };"),
         ["config", "net"]
     );
     assert!(mentions("use ginza_crate::x; $crate::y").is_empty());
