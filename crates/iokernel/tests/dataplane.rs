@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
-use ginza_iokernel::{LoadRun, RecordingActuator, GENERATOR_MAC};
+use ginza_iokernel::{LoadReport, LoadRun, RecordingActuator, GENERATOR_MAC};
 use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 use ginza_policy::steer::SteeringKind;
 use ginza_proto::client::ClientError;
@@ -61,6 +61,25 @@ fn echo_until(app: &mut RawApp, stop: &AtomicBool) -> u64 {
     echoed
 }
 
+/// Runs `run` from the generator while a thread echoes for `app`; the
+/// generator's report, how many requests `app` echoed, and `app` (still
+/// registered, for the stats the caller reads next).
+fn echo_during(d: &Daemon, mut app: RawApp, run: LoadRun) -> (LoadReport, u64, RawApp) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let echo = std::thread::spawn(move || {
+        let n = echo_until(&mut app, &stop2);
+        (n, app)
+    });
+    let report = d
+        .generator
+        .run(run, Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e}: {:#?}", d.stats()));
+    stop.store(true, Ordering::Release);
+    let (echoed, app) = echo.join().unwrap();
+    (report, echoed, app)
+}
+
 fn load(target: Interface, rate: f64, ms: u64) -> LoadRun {
     let mut run = LoadRun::poisson(
         target,
@@ -77,19 +96,8 @@ fn load(target: Interface, rate: f64, ms: u64) -> LoadRun {
 fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
     let _g = lock();
     let d = Daemon::start(RecordingActuator::new());
-    let mut app = register(&d, "echo", iface(1), 2).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let echo = std::thread::spawn(move || {
-        let n = echo_until(&mut app, &stop2);
-        (n, app)
-    });
-    let report = d
-        .generator
-        .run(load(iface(1), 20_000.0, 100), Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("{e}: {:#?}", d.stats()));
-    stop.store(true, Ordering::Release);
-    let (echoed, _app) = echo.join().unwrap();
+    let app = register(&d, "echo", iface(1), 2).unwrap();
+    let (report, echoed, _app) = echo_during(&d, app, load(iface(1), 20_000.0, 100));
     let st = report.stats;
     assert!(st.sent > 1000, "{st:?}");
     assert_eq!(st.replies, st.sent, "every request answered: {st:?}");
@@ -111,8 +119,7 @@ fn generator_requests_are_steered_to_the_app_and_its_echoes_come_back() {
 fn a_registration_gets_the_steering_policy_it_asks_for() {
     let _g = lock();
     let d = Daemon::start(RecordingActuator::new());
-    let mut app =
-        RawApp::register_steered(&d.socket, "ind", iface(1), 4, Some("indirection")).unwrap();
+    let app = RawApp::register_steered(&d.socket, "ind", iface(1), 4, Some("indirection")).unwrap();
     let _plain = register(&d, "plain", iface(2), 1).unwrap();
     match RawApp::register_steered(&d.socket, "odd", iface(3), 1, Some("random")) {
         Err(ClientError::Refused { reason }) => {
@@ -121,18 +128,7 @@ fn a_registration_gets_the_steering_policy_it_asks_for() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("accepted"),
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let echo = std::thread::spawn(move || {
-        let n = echo_until(&mut app, &stop2);
-        (n, app)
-    });
-    let report = d
-        .generator
-        .run(load(iface(1), 20_000.0, 50), Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("{e}: {:#?}", d.stats()));
-    stop.store(true, Ordering::Release);
-    let (echoed, _app) = echo.join().unwrap();
+    let (report, echoed, _app) = echo_during(&d, app, load(iface(1), 20_000.0, 50));
     assert!(echoed > 0 && echoed <= report.stats.sent, "{echoed}");
     let s = d.stats();
     assert_eq!(s.apps.len(), 2);
@@ -277,16 +273,8 @@ fn an_app_that_does_not_read_loses_only_its_own_packets() {
     assert_eq!(net.rx + net.drop_ingress, report.stats.sent);
     assert_eq!(report.stats.replies, 0);
     // iokerneld is still serving: a second app gets its packets.
-    let mut echo = register(&d, "echo", iface(2), 1).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let t = std::thread::spawn(move || echo_until(&mut echo, &stop2));
-    let report = d
-        .generator
-        .run(load(iface(2), 10_000.0, 50), Duration::from_secs(5))
-        .unwrap();
-    stop.store(true, Ordering::Release);
-    t.join().unwrap();
+    let echo = register(&d, "echo", iface(2), 1).unwrap();
+    let (report, _, _echo) = echo_during(&d, echo, load(iface(2), 10_000.0, 50));
     assert!(report.stats.sent > 0);
     assert_eq!(report.stats.replies, report.stats.sent);
 }
