@@ -19,6 +19,7 @@ mod addr;
 pub mod arp;
 pub mod flow;
 pub mod rx;
+pub mod tcp;
 pub mod tx;
 
 pub use addr::{Endpoint, Interface, MacAddr, MacAddrParseError};

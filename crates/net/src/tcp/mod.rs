@@ -1,0 +1,63 @@
+//! TCP as a sans-IO state machine (docs/design.md, "The runtime" → Networking).
+//!
+//! Nothing here reads a clock, owns a socket or starts a thread: segments and
+//! the current time go in ([`Connection::on_segment`], [`Connection::on_timer`]),
+//! and out come segments to send ([`Connection::poll_transmit`]), bytes for
+//! the reader ([`Connection::recv`]), wake-ups ([`Connection::take_events`])
+//! and the next timer deadline ([`Connection::next_deadline`]). The in-process
+//! stack in the runtime, the protected netstack, the simulator and the tests
+//! all drive this same code.
+//!
+//! * [`seq`]: sequence-number arithmetic (RFC 9293 §3.4, modulo 2³²).
+//! * [`segment`]: the segment as the state machine sees it (ports and
+//!   addresses are the driver's business: it demultiplexes by 4-tuple).
+//! * [`conn`]: one connection (the TCB): handshake, data, teardown, timers.
+//! * [`isn`]: RFC 6528 initial sequence numbers.
+//! * [`listen`]: a listening port's bounded half-open set and accept backlog.
+//! * [`wire`]: [`Segment`] to and from smoltcp's TCP header view.
+
+pub mod conn;
+pub mod isn;
+pub mod listen;
+pub mod segment;
+pub mod seq;
+pub mod wire;
+
+pub use conn::{Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
+pub use isn::IsnGenerator;
+pub use segment::{Flags, Segment};
+pub use seq::Seq;
+
+use std::time::Duration;
+
+/// A point in time as the driver counts it: nanoseconds since an epoch the
+/// driver chooses (the runtime's start, the simulator's zero). Only
+/// differences matter to the state machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(pub u64);
+
+impl Instant {
+    pub const fn from_nanos(nanos: u64) -> Instant {
+        Instant(nanos)
+    }
+
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// `self - earlier`, zero when `earlier` is later.
+    pub fn saturating_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl std::ops::Add<Duration> for Instant {
+    type Output = Instant;
+
+    fn add(self, d: Duration) -> Instant {
+        Instant(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
