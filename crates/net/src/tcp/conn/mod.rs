@@ -472,13 +472,12 @@ impl Connection {
             if buf.is_empty() {
                 return Ok(0);
             }
-            let before = self.advertisable_window();
             let n = self.recv.read(buf);
             // RFC 9293 §3.8.6.2.2 (receiver SWS avoidance): announce the
             // opened window once it grew by min(half the buffer, one MSS).
             let grown = self
                 .advertisable_window()
-                .saturating_sub(before.max(self.advertised_window()));
+                .saturating_sub(self.advertised_window());
             let threshold = (self.config.recv_buffer / 2).min(usize::from(self.config.mss));
             if self.is_synchronized() && grown as usize >= threshold.max(1) {
                 self.ack_now = true;

@@ -37,9 +37,12 @@ impl Connection {
             self.stats.segments_out += 1;
             return Some(rst);
         }
-        let plan = self.plan(now)?;
-        let segment = self.emit(plan, now);
-        Some(segment)
+        let Some(plan) = self.plan(now) else {
+            // Data queued since the last call may need the persist timer.
+            self.update_timers(now);
+            return None;
+        };
+        Some(self.emit(plan, now))
     }
 
     fn plan(&mut self, now: Instant) -> Option<Plan> {
@@ -188,6 +191,7 @@ impl Connection {
                 segment.window_scale = Some(self.rcv_wscale);
             }
         }
+        self.update_timers(now);
         if len > 0 {
             segment.payload = self.send.slice(seq, len);
         }
