@@ -735,24 +735,33 @@ fn three_duplicate_acks_fast_retransmit_and_newreno_recovery() {
     let out = drain(&mut conn, t(0));
     assert_eq!(out.len(), 10);
     let una = ISS + 1;
-    // Segment 0 is lost; 1, 2, 3 arrive: three duplicate ACKs.
-    for _ in 0..2 {
-        conn.on_segment(&seg(PEER + 1).ack(una), t(1));
-        nothing(&mut conn, t(1));
-    }
+    let seq_of = |segment: &Owned| segment.header.seq.0;
+    // Segment 0 is lost; 1, 2, 3 arrive: three duplicate ACKs. The first
+    // two each let one new segment out (RFC 3042 limited transmit).
+    conn.on_segment(&seg(PEER + 1).ack(una), t(1));
+    assert_eq!(seq_of(&one(&mut conn, t(1))), una + 10 * 1460);
+    conn.on_segment(&seg(PEER + 1).ack(una), t(1));
+    assert_eq!(seq_of(&one(&mut conn, t(1))), una + 11 * 1460);
     conn.on_segment(&seg(PEER + 1).ack(una), t(1));
     let retransmit = one(&mut conn, t(1));
     assert_eq!(retransmit, out[0], "fast retransmit of the first segment");
     assert_eq!(conn.stats().fast_retransmits, 1);
     assert!(conn.in_fast_recovery());
-    assert_eq!(conn.slow_start_threshold(), 5 * 1460, "half the flight");
-    assert_eq!(conn.congestion_window(), 8 * 1460, "ssthresh + 3 SMSS");
-    // More duplicates inflate the window: new data goes out (RFC 5681 §3.2 step 4).
+    assert_eq!(
+        conn.slow_start_threshold(),
+        6 * 1460,
+        "half the flight of 12"
+    );
+    assert_eq!(conn.congestion_window(), 9 * 1460, "ssthresh + 3 SMSS");
+    // More duplicates inflate the window: new data goes out once it
+    // exceeds the flight (RFC 5681 §3.2 step 4).
     for _ in 0..3 {
         conn.on_segment(&seg(PEER + 1).ack(una), t(1));
     }
-    assert_eq!(conn.congestion_window(), 11 * 1460);
-    assert_eq!(drain(&mut conn, t(1)).len(), 1, "flight 10, window 11");
+    nothing(&mut conn, t(1));
+    conn.on_segment(&seg(PEER + 1).ack(una), t(1));
+    assert_eq!(conn.congestion_window(), 13 * 1460);
+    assert_eq!(seq_of(&one(&mut conn, t(1))), una + 12 * 1460);
     // Partial ACK: segments 0..4 acknowledged, 5 lost too: retransmitted.
     conn.on_segment(&seg(PEER + 1).ack(una + 5 * 1460), t(2));
     let partial = drain(&mut conn, t(2));
@@ -761,8 +770,8 @@ fn three_duplicate_acks_fast_retransmit_and_newreno_recovery() {
         "RFC 6582 partial ACK retransmits the next hole"
     );
     assert!(conn.in_fast_recovery());
-    // Full ACK: all eleven segments; recovery ends with cwnd = ssthresh.
-    conn.on_segment(&seg(PEER + 1).ack(una + 11 * 1460), t(3));
+    // Full ACK of all thirteen segments: recovery ends, the window deflates.
+    conn.on_segment(&seg(PEER + 1).ack(una + 13 * 1460), t(3));
     assert!(!conn.in_fast_recovery());
     assert_eq!(
         conn.congestion_window(),

@@ -57,6 +57,17 @@ impl NewReno {
         self.cwnd
     }
 
+    /// The window for sending new data: cwnd plus RFC 3042's limited
+    /// transmit (one new segment for each of the first two duplicate ACKs,
+    /// so a small window still produces the third).
+    pub(super) fn send_window(&self) -> u32 {
+        if self.recovery.is_some() {
+            return self.cwnd;
+        }
+        self.cwnd
+            .saturating_add(self.duplicate_acks.min(2) * self.mss)
+    }
+
     pub(super) fn ssthresh(&self) -> u32 {
         self.ssthresh
     }

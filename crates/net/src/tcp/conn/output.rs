@@ -97,7 +97,7 @@ impl Connection {
             });
         }
         let in_flight = self.snd_nxt.distance_from(self.snd_una);
-        let window = self.snd_wnd.min(self.cc.window());
+        let window = self.snd_wnd.min(self.cc.send_window());
         let usable = window.saturating_sub(in_flight) as usize;
         let available = self.send.available_from(self.snd_nxt);
         let len = available.min(mss).min(usable);
