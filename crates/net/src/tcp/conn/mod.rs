@@ -645,6 +645,11 @@ impl Connection {
         (self.snd_una, self.snd_nxt, self.rcv_nxt)
     }
 
+    /// Our initial sequence number and the peer's (zero until known).
+    pub fn initial_sequence_numbers(&self) -> (Seq, Seq) {
+        (self.iss, self.irs)
+    }
+
     /// Bytes queued but not acknowledged yet.
     pub fn send_queued(&self) -> usize {
         self.send.len()
