@@ -342,6 +342,27 @@ fn fin_acked_with_peer_fin_goes_straight_to_time_wait() {
 }
 
 #[test]
+fn orphaned_fin_wait_2_times_out() {
+    let mut conn = passive(&config());
+    conn.close();
+    one(&mut conn, t(1));
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 2), t(2));
+    assert_eq!(conn.state(), State::FinWait2);
+    assert_eq!(conn.next_deadline(), Some(t(60_002)));
+    conn.on_timer(t(60_002));
+    assert_eq!(conn.state(), State::Closed);
+    // After shutdown() alone the application still reads: no such timer.
+    let mut conn = passive(&config());
+    conn.shutdown();
+    one(&mut conn, t(1));
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 2), t(2));
+    assert_eq!(
+        (conn.state(), conn.next_deadline()),
+        (State::FinWait2, None)
+    );
+}
+
+#[test]
 fn close_with_unread_data_resets() {
     let mut conn = passive(&config());
     conn.on_segment(&seg(PEER + 1).ack(ISS + 1).data(b"unread"), t(1));

@@ -365,7 +365,8 @@ impl Connection {
     /// delayed ACK, TIME-WAIT).
     pub fn on_timer(&mut self, now: Instant) {
         if self.time_wait_at.is_some_and(|at| at <= now) {
-            // RFC 9293 §3.10.8: the 2 MSL wait is over.
+            // RFC 9293 §3.10.8: the 2 MSL wait is over (or an orphaned
+            // FIN-WAIT-2 waited as long for the peer's FIN).
             self.time_wait_at = None;
             self.enter_closed();
         }
@@ -439,6 +440,13 @@ impl Connection {
         // when a segment goes out (output) and restarted by new ACKs (input).
         if self.snd_nxt == self.snd_una {
             self.rto_at = None;
+        }
+        // FIN-WAIT-2 after close(): nobody reads, and a peer that never
+        // sends its FIN must not hold the connection forever; it gets as
+        // long as TIME-WAIT would (Linux's tcp_fin_timeout, RFC 9293 leaves
+        // this to the implementation).
+        if self.state == State::FinWait2 && self.app_closed && self.time_wait_at.is_none() {
+            self.time_wait_at = Some(now + self.config.time_wait);
         }
         let persist = self.can_send_data()
             && self.snd_wnd == 0
