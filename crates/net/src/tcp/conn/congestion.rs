@@ -76,9 +76,9 @@ impl NewReno {
         self.recovery.is_some()
     }
 
-    /// An ACK for new data (`acked` bytes, now acknowledged up to `ack`).
-    /// Returns what to do and whether to restart the retransmission timer
-    /// for a partial ACK (it is always restarted for a full one).
+    /// An ACK for new data (`acked` bytes, now acknowledged up to `ack`;
+    /// `flight_before` bytes were outstanding). `Retransmit` for a partial
+    /// ACK in fast recovery.
     pub(super) fn on_new_ack(&mut self, ack: Seq, acked: u32, flight_before: u32) -> AckAction {
         self.duplicate_acks = 0;
         if let Some(recover) = self.recovery {

@@ -37,7 +37,7 @@ impl Connection {
             self.stats.segments_out += 1;
             return Some(rst);
         }
-        let Some(plan) = self.plan(now) else {
+        let Some(plan) = self.plan() else {
             // Data queued since the last call may need the persist timer.
             self.update_timers(now);
             return None;
@@ -45,7 +45,7 @@ impl Connection {
         Some(self.emit(plan, now))
     }
 
-    fn plan(&mut self, now: Instant) -> Option<Plan> {
+    fn plan(&mut self) -> Option<Plan> {
         match self.state {
             State::Closed => return None,
             State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {
@@ -62,7 +62,6 @@ impl Connection {
                 return Some(plan);
             }
         }
-        let _ = now;
         // A lone ACK carries the highest number sent: after a go-back-N
         // SND.NXT lies behind what the peer already received, and a
         // sequence number left of its window would make it drop the ACK.
