@@ -702,6 +702,19 @@ fn reading_sends_a_window_update() {
     let update = one(&mut conn, t(2));
     assert!(is_ack(&update, ISS + 1, PEER + 4001));
     assert_eq!(update.header.window, 2000);
+    // Receiver SWS avoidance: a small read moves no edge, even on an ACK
+    // sent for other reasons.
+    conn.recv(&mut buf[..100]).unwrap();
+    conn.on_segment(&seg(PEER + 4001).ack(ISS + 1).data(b"x"), t(3));
+    let ack = one(&mut conn, t(3));
+    assert_eq!(ack.header.window, 1999, "the old edge, not 2099");
+}
+
+/// `Connection` crosses kthreads inside the runtime's lock.
+#[test]
+fn connection_is_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<Connection>();
 }
 
 #[test]

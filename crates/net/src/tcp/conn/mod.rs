@@ -486,8 +486,7 @@ impl Connection {
             let grown = self
                 .advertisable_window()
                 .saturating_sub(self.advertised_window());
-            let threshold = (self.config.recv_buffer / 2).min(usize::from(self.config.mss));
-            if self.is_synchronized() && grown as usize >= threshold.max(1) {
+            if self.is_synchronized() && grown >= self.window_update_threshold() {
                 self.ack_now = true;
             }
             return Ok(n);
@@ -709,6 +708,24 @@ impl Connection {
         } else {
             0
         }
+    }
+
+    /// Receiver silly-window avoidance (RFC 9293 §3.8.6.2.2): the right
+    /// edge moves only by min(half the buffer, one MSS) at a time, so a
+    /// reader taking a few bytes does not invite a few-byte segment.
+    fn window_to_advertise(&self) -> u32 {
+        let advertised = self.advertised_window();
+        let possible = self.advertisable_window();
+        if possible.saturating_sub(advertised) >= self.window_update_threshold() {
+            possible
+        } else {
+            advertised
+        }
+    }
+
+    fn window_update_threshold(&self) -> u32 {
+        let threshold = (self.config.recv_buffer / 2).min(usize::from(self.config.mss));
+        threshold.max(1) as u32
     }
 
     /// RCV.WND: the larger of what we advertised and what we could (both

@@ -164,7 +164,7 @@ impl Connection {
             // RFC 7323 §2.2: the window in a SYN is never scaled.
             self.advertisable_window().min(u32::from(u16::MAX))
         } else {
-            (self.receive_window() >> self.rcv_wscale).min(u32::from(u16::MAX))
+            (self.window_to_advertise() >> self.rcv_wscale).min(u32::from(u16::MAX))
         };
         let advertised = if syn {
             window
