@@ -1,0 +1,192 @@
+//! Fault injection end to end (docs/fault-injection.md): an in-process
+//! iokerneld whose switch drops or reorders frames towards one
+//! application, two applications played by the test (`RawApp`), and the
+//! counters in iokerneld's stats checked against what arrived.
+//!
+//! Tests hold `lock()`: iokerneld's loop spins while anything holds a core.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use ginza_iokernel::raw_app::RawApp;
+use ginza_iokernel::{FaultRule, RecordingActuator};
+use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_proto::messages::FaultStats;
+use ginza_proto::StatsReport;
+
+mod common;
+use common::{lock, Daemon};
+
+fn iface(last: u8) -> Interface {
+    Interface {
+        mac: MacAddr([0x02, 0, 0, 0, 0, last]),
+        ip: Ipv4Addr::new(10, 9, 0, last),
+    }
+}
+
+fn rule(text: &str) -> FaultRule {
+    text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+/// Two busy applications, `a` and `b`, on `d`.
+fn pair(d: &Daemon) -> (RawApp, RawApp) {
+    let a = RawApp::register(&d.socket, "a", iface(1), 1).unwrap();
+    let b = RawApp::register(&d.socket, "b", iface(2), 1).unwrap();
+    a.stay_busy(0);
+    b.stay_busy(0);
+    (a, b)
+}
+
+/// The UDP payloads (sequence numbers) `b` has received so far, appended
+/// to `got` in arrival order.
+fn receive(b: &mut RawApp, got: &mut Vec<u32>) {
+    while let Some((bytes, desc)) = b.recv(0) {
+        if let Ok(Packet::Udp(u)) = ginza_net::parse(&bytes, &b.interface) {
+            if let Ok(n) = <[u8; 4]>::try_from(u.payload) {
+                got.push(u32::from_be_bytes(n));
+            }
+        }
+        b.give_back(0, desc.buf);
+    }
+}
+
+/// `a` sends datagrams 0..n to `b` (bursts of at most 16, `b` reading
+/// between them); returns what `b` received by the time the rule's
+/// counters and `b`'s own account for all `n`.
+fn stream(d: &Daemon, a: &mut RawApp, b: &mut RawApp, n: u32) -> (Vec<u32>, StatsReport) {
+    let to_b = Endpoint {
+        ip: b.interface.ip,
+        port: 9,
+    };
+    let b_mac = b.interface.mac;
+    let mut got = Vec::new();
+    let mut next = 0;
+    let t0 = Instant::now();
+    while next < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "sent {next} of {n}: {:#?}",
+            d.stats().dataplane
+        );
+        let burst = (n - next).min(16);
+        for i in next..next + burst {
+            if !a.send_udp(0, b_mac, to_b, 1234, &i.to_be_bytes()) {
+                break;
+            }
+            next += 1;
+        }
+        receive(b, &mut got);
+    }
+    // Everything sent is accounted for: received (or still on its way to
+    // b's ring), dropped by the rule, or dropped by b's port.
+    loop {
+        receive(b, &mut got);
+        let s = d.stats();
+        let faults = &s.dataplane.faults[0];
+        let net = s.apps.iter().find(|x| x.name == "b").unwrap().net.unwrap();
+        let held_back = faults.reordered + faults.delayed;
+        if faults.frames == u64::from(n)
+            && got.len() as u64 + faults.lost() + net.drop_ingress == u64::from(n)
+        {
+            return (got, s);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{} of {n} received, faults {faults:?} ({held_back} held back), b's port {net:?}",
+            got.len()
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn dropped_frames_are_the_missing_datagrams_and_are_counted() {
+    let _g = lock();
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.faults = vec![rule("drop=10%,port=app:b,seed=3")];
+    });
+    let (mut a, mut b) = pair(&d);
+    const N: u32 = 3_000;
+    let (got, s) = stream(&d, &mut a, &mut b, N);
+    let faults: &FaultStats = &s.dataplane.faults[0];
+    assert_eq!(faults.port, "app:b");
+    let unique: HashSet<u32> = got.iter().copied().collect();
+    assert_eq!(unique.len(), got.len(), "no datagram twice");
+    let b_net = s.apps.iter().find(|x| x.name == "b").unwrap().net.unwrap();
+    assert_eq!(b_net.drop_ingress, 0, "the port itself dropped nothing");
+    assert_eq!(
+        got.len() as u64,
+        u64::from(N) - faults.dropped,
+        "missing = dropped: {faults:?}"
+    );
+    // 10 % of 3,000: 300 ± 5 standard deviations (16.4).
+    assert!((218..=382).contains(&faults.dropped), "{faults:?}");
+    assert_eq!(
+        (faults.duplicated, faults.reordered, faults.held_overflow),
+        (0, 0, 0)
+    );
+    // a's frames were not subject to the rule on their way out: a's port
+    // sent them all.
+    let a_net = s.apps.iter().find(|x| x.name == "a").unwrap().net.unwrap();
+    assert_eq!((a_net.tx, a_net.drop_egress), (u64::from(N), 0));
+}
+
+#[test]
+fn reordered_frames_arrive_out_of_order_and_none_is_lost() {
+    let _g = lock();
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.faults = vec![rule("reorder=10%,gap=2,port=02:00:00:00:00:02,seed=9")];
+    });
+    let (mut a, mut b) = pair(&d);
+    const N: u32 = 2_000;
+    let (got, s) = stream(&d, &mut a, &mut b, N);
+    let faults = &s.dataplane.faults[0];
+    assert_eq!(faults.port, "02:00:00:00:00:02");
+    let mut sorted = got.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..N).collect::<Vec<_>>(), "all arrived, once");
+    let late = got.windows(2).filter(|w| w[1] < w[0]).count() as u64;
+    assert!(faults.reordered > 100, "{faults:?}");
+    assert!(
+        late > 0 && late <= faults.reordered,
+        "{late} arrivals out of order, {faults:?}"
+    );
+}
+
+#[test]
+fn faults_set_while_running_apply_at_once_and_can_be_lifted() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let (mut a, mut b) = pair(&d);
+    assert!(
+        d.stats().dataplane.faults.is_empty(),
+        "no rule, no fault stats"
+    );
+    d.faults.set_specs(&["drop=100%,port=app:b"]).unwrap();
+    let (got, s) = stream(&d, &mut a, &mut b, 50);
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(s.dataplane.faults[0].dropped, 50);
+    // Lifted: the next datagrams arrive, and the counters are gone.
+    d.faults.set(Vec::new()).unwrap();
+    assert!(d.stats().dataplane.faults.is_empty());
+    let to_b = Endpoint {
+        ip: b.interface.ip,
+        port: 9,
+    };
+    assert!(a.send_udp(0, b.interface.mac, to_b, 1234, &7u32.to_be_bytes()));
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while got.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "nothing arrived");
+        receive(&mut b, &mut got);
+    }
+    assert_eq!(got, [7]);
+    // Bad rules are refused before they reach the loop.
+    let e = d.faults.set_specs(&["drop=150%"]).unwrap_err();
+    assert!(
+        e.contains("drop=150%: a probability must be between 0 % and 100 %"),
+        "{e}"
+    );
+    let five = vec![rule("drop=1%"); 5];
+    assert!(d.faults.set(five).unwrap_err().contains("at most 4"));
+}
