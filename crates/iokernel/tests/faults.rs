@@ -68,11 +68,8 @@ fn stream(d: &Daemon, a: &mut RawApp, b: &mut RawApp, n: u32) -> (Vec<u32>, Stat
             "sent {next} of {n}: {:#?}",
             d.stats().dataplane
         );
-        let burst = (n - next).min(16);
-        for i in next..next + burst {
-            if !a.send_udp(0, b_mac, to_b, 1234, &i.to_be_bytes()) {
-                break;
-            }
+        let end = next + (n - next).min(16);
+        while next < end && a.send_udp(0, b_mac, to_b, 1234, &next.to_be_bytes()) {
             next += 1;
         }
         receive(b, &mut got);
