@@ -187,3 +187,121 @@ fn faults_set_while_running_apply_at_once_and_can_be_lifted() {
     let five = vec![rule("drop=1%"); 5];
     assert!(d.faults.set(five).unwrap_err().contains("at most 4"));
 }
+
+/// The use the faults are for: a Linux peer in a network namespace behind
+/// a veth, iokerneld on the veth's other end (AF_PACKET, the trunk port),
+/// `port=trunk` dropping in both directions. A Linux UDP client sends
+/// numbered requests one at a time; an application echoes them; every
+/// reply that never came is one frame the rule dropped (a request or its
+/// reply), and no other frame is lost.
+#[test]
+fn a_linux_peer_behind_the_trunk_loses_what_the_rule_drops() {
+    use std::net::{SocketAddrV4, UdpSocket};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let _g = lock();
+    let Some(ns) = ginza_iokernel::netns::NetNs::create_or_skip() else {
+        return;
+    };
+    let nic = format!("af_packet:{}", ns.host_if);
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.nic = nic;
+        c.faults = vec![rule("drop=10%,port=trunk,proto=udp,seed=11")];
+    });
+    let server = Interface {
+        mac: MacAddr([0x02, 0, 0, 0, 0, 0x77]),
+        ip: Ipv4Addr::from(ns.peer_ip.octets()),
+    };
+    let mut app = RawApp::register(&d.socket, "echo", server, 1).unwrap();
+    app.stay_busy(0);
+    // The application answers no ARP: a static entry on the Linux side.
+    ns.exec_ok(&[
+        "ip",
+        "neigh",
+        "replace",
+        &ns.peer_ip.to_string(),
+        "lladdr",
+        &server.mac.to_string(),
+        "dev",
+        &ns.ns_if,
+    ])
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                if app.echo_waiting() == 0 {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    const N: u32 = 300;
+    let replies = Arc::new(Mutex::new(HashSet::new()));
+    let received = Arc::new(AtomicU64::new(0));
+    let client_stop = Arc::new(AtomicBool::new(false));
+    let bind = SocketAddrV4::new(ns.ns_ip, 0);
+    let target = SocketAddrV4::new(ns.peer_ip, 7);
+    let client = {
+        let (replies, received, client_stop) =
+            (replies.clone(), received.clone(), client_stop.clone());
+        ns.spawn_in(move || -> std::io::Result<()> {
+            let socket = UdpSocket::bind(bind)?;
+            // Short: a request whose reply does not come within it was
+            // probably dropped; a reply that comes later still counts.
+            socket.set_read_timeout(Some(Duration::from_millis(5)))?;
+            let mut buffer = [0u8; 64];
+            let mut take_replies = |socket: &UdpSocket| {
+                while let Ok((4, _)) = socket.recv_from(&mut buffer) {
+                    let n = u32::from_be_bytes(buffer[..4].try_into().unwrap());
+                    if replies.lock().unwrap().insert(n) {
+                        received.fetch_add(1, Ordering::Release);
+                    }
+                }
+            };
+            for i in 0..N {
+                socket.send_to(&i.to_be_bytes(), target)?;
+                take_replies(&socket);
+            }
+            while !client_stop.load(Ordering::Acquire) {
+                take_replies(&socket);
+            }
+            Ok(())
+        })
+        .unwrap()
+    };
+    // Every request answered or dropped (the request or its reply).
+    let t0 = Instant::now();
+    let faults = loop {
+        let s = d.stats();
+        let faults = s.dataplane.faults[0].clone();
+        let got = received.load(Ordering::Acquire);
+        if got + faults.lost() == u64::from(N) {
+            break faults;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{got} replies of {N}, {faults:?}, {:?}",
+            s.dataplane
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    client_stop.store(true, Ordering::Release);
+    client.join().unwrap().unwrap();
+    stop.store(true, Ordering::Release);
+    echo.join().unwrap();
+    let replies = replies.lock().unwrap();
+    assert_eq!(replies.len() as u64, u64::from(N) - faults.dropped);
+    assert!(replies.iter().all(|&n| n < N));
+    // 10 % of the 300 requests and of the ~270 replies: about 57.
+    assert!((20..=100).contains(&faults.dropped), "{faults:?}");
+    // The rule saw each request, and each reply to a request it let through.
+    let requests_dropped = 2 * u64::from(N) - faults.frames;
+    assert!(
+        requests_dropped > 0 && requests_dropped < faults.dropped,
+        "{faults:?}"
+    );
+    assert_eq!(faults.held_overflow, 0);
+}
