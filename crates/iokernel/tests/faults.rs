@@ -188,6 +188,58 @@ fn faults_set_while_running_apply_at_once_and_can_be_lifted() {
     assert!(d.faults.set(five).unwrap_err().contains("at most 4"));
 }
 
+/// The generator's replies lost and doubled on their way back
+/// (`port=generator,dir=in`): its own accounting agrees with the rule's.
+#[test]
+fn the_generator_sees_the_losses_and_duplicates_the_rule_counts() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use ginza_iokernel::nic::ServiceTime;
+    use ginza_iokernel::LoadRun;
+
+    let _g = lock();
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.faults = vec![rule("drop=5%,duplicate=5%,port=generator,dir=in,seed=5")];
+    });
+    let mut app = RawApp::register(&d.socket, "echo", iface(1), 1).unwrap();
+    // Holding a core: its egress ring is polled all along.
+    app.stay_busy(0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                if app.echo_waiting() == 0 {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    let run = LoadRun::poisson(
+        iface(1),
+        7,
+        20_000.0,
+        ServiceTime::Constant { ns: 1_000 },
+        Duration::from_millis(100),
+    );
+    let report = d.generator.run(run, Duration::from_secs(5)).unwrap();
+    stop.store(true, Ordering::Release);
+    echo.join().unwrap();
+    let st = report.stats;
+    let s = d.stats();
+    let faults = &s.dataplane.faults[0];
+    assert_eq!(faults.port, "generator");
+    assert!(st.sent > 1_000, "{st:?}");
+    // Requests went out untouched (the rule is on the way in); every reply
+    // came through the rule.
+    assert_eq!(faults.frames, st.sent, "{faults:?} {st:?}");
+    assert_eq!(st.lost(), faults.dropped, "{faults:?} {st:?}");
+    assert_eq!(st.unmatched_replies, faults.duplicated, "{faults:?} {st:?}");
+    assert_eq!(st.replies, st.sent - faults.dropped);
+    assert!(faults.dropped > 0 && faults.duplicated > 0, "{faults:?}");
+}
+
 /// The use the faults are for: a Linux peer in a network namespace behind
 /// a veth, iokerneld on the veth's other end (AF_PACKET, the trunk port),
 /// `port=trunk` dropping in both directions. A Linux UDP client sends
