@@ -291,9 +291,9 @@ pub struct Cli {
     /// file's `[[faults]]`). Keys: drop, duplicate, reorder, corrupt
     /// (probabilities with %), delay (e.g. 200us), gap (frames overtaking a
     /// reordered one, default 1), hold (frames held at most, default 128),
-    /// seed, port (all [default], trunk, generator, a MAC, app:NAME), dir
-    /// (in, out, both [default; out for port=all]), proto (any, ip, tcp,
-    /// udp). See docs/fault-injection.md.
+    /// seed, port (all by default, trunk, generator, a MAC, app:NAME), dir
+    /// (in, out, both; by default both, out for port=all), proto (any, ip,
+    /// tcp, udp). See docs/fault-injection.md.
     #[arg(long = "faults", value_name = "RULE", value_parser = parse_fault_rule)]
     pub faults: Vec<FaultRule>,
 }
