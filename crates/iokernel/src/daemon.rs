@@ -40,7 +40,7 @@ use log::info;
 
 use crate::actuator::CoreActuator;
 use crate::config::{Config, PolicyKind};
-use crate::dataplane::{AppNet, Dataplane, GeneratorHandle};
+use crate::dataplane::{AppNet, Dataplane, FaultsHandle, GeneratorHandle};
 use ginza_proto::messages::{Class, Removal, StatsReport};
 use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
@@ -279,6 +279,12 @@ impl<A: CoreActuator> Iokerneld<A> {
         let start_ns = clock::monotonic_ns();
         let mut dp = Dataplane::new(nic);
         dp.set_steering_options(cfg.steering_options.clone(), cfg.flow_warm_up);
+        if !cfg.faults.is_empty() {
+            for rule in &cfg.faults {
+                info!("iokerneld: fault injection {rule}");
+            }
+            dp.set_faults(cfg.faults.clone());
+        }
         Ok(Iokerneld {
             topo: topology(&cfg.cores),
             core_holder: vec![None; cfg.cores.len()],
@@ -318,6 +324,11 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// Changes the fault injection of the running loop (`--faults`).
+    pub fn faults_handle(&self) -> FaultsHandle {
+        self.dp.faults_handle()
     }
 
     /// Makes SIGINT and SIGTERM stop the loop (the binary does this).

@@ -30,6 +30,13 @@
 //! Nothing here blocks or grows: full rings and empty pools are counted
 //! drops ([`NetStats`]), and one application's floods fill only its own
 //! rings and pool.
+//!
+//! Fault injection (`--faults`, docs/fault-injection.md): each port gets,
+//! when it is created (the generator's and the trunk at start, an
+//! application's when it attaches), the injectors of the first rules that
+//! name it ([`crate::nic::faults`]); the switch's clock is advanced at the
+//! start of every [`Dataplane::poll_links`]. Counted per rule in
+//! [`DataplaneStats::faults`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,10 +44,13 @@ use std::time::Duration;
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
 use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
-use ginza_proto::messages::{DataplaneStats, NetStats};
+use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
 
+use crate::nic::faults::{
+    stream_of, Direction, FaultCounters, FaultInjector, FaultRule, PortIdentity, MAX_FAULT_RULES,
+};
 use crate::nic::{
     Frame, GeneratorConfig, GeneratorStats, Nic, PortConfig, PortId, SoftwareSwitch,
     TrafficGenerator,
@@ -192,6 +202,64 @@ impl GeneratorHandle {
     }
 }
 
+#[derive(Default)]
+struct FaultsSlot {
+    /// Rules asked for, not yet taken by the loop.
+    pending: Option<Vec<FaultRule>>,
+    /// Requests made, and requests the loop carried out.
+    asked: u64,
+    applied: u64,
+}
+
+/// Changes the fault injection of a running iokerneld
+/// ([`crate::InProcess::faults`], [`crate::Iokerneld::faults_handle`]):
+/// tests run the same setup clean, then lossy.
+#[derive(Clone, Default)]
+pub struct FaultsHandle(Arc<Mutex<FaultsSlot>>);
+
+impl FaultsHandle {
+    /// Replaces iokerneld's fault rules with `rules` (empty: none) on every
+    /// port, and waits (at most 5 s) until its loop did. Counters start
+    /// again from zero. Refused: more than [`MAX_FAULT_RULES`] rules, or a
+    /// loop that does not answer.
+    pub fn set(&self, rules: Vec<FaultRule>) -> Result<(), String> {
+        if rules.len() > MAX_FAULT_RULES {
+            return Err(format!(
+                "{} fault rules: at most {MAX_FAULT_RULES}",
+                rules.len()
+            ));
+        }
+        let ticket = {
+            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            slot.pending = Some(rules);
+            slot.asked += 1;
+            slot.asked
+        };
+        let start = std::time::Instant::now();
+        loop {
+            if self.0.lock().unwrap_or_else(|p| p.into_inner()).applied >= ticket {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(
+                    "iokerneld did not take the fault rules within 5 s (is it running?)".into(),
+                );
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// [`set`](Self::set) from rules written as for `--faults`
+    /// (`["drop=5%,port=trunk"]`); a bad one is refused with its message.
+    pub fn set_specs(&self, specs: &[&str]) -> Result<(), String> {
+        let rules = specs
+            .iter()
+            .map(|s| s.parse().map_err(|e| format!("--faults {s}: {e}")))
+            .collect::<Result<Vec<FaultRule>, String>>()?;
+        self.set(rules)
+    }
+}
+
 struct RunningLoad {
     generator: TrafficGenerator,
     send_end_ns: u64,
@@ -204,6 +272,7 @@ pub struct Dataplane {
     nic: Option<(Box<dyn Nic + Send>, PortId)>,
     generator_port: PortId,
     handle: GeneratorHandle,
+    faults_handle: FaultsHandle,
     load: Option<RunningLoad>,
     frames: Vec<Frame>,
     out: Vec<Frame>,
@@ -216,6 +285,13 @@ pub struct Dataplane {
     /// flow table's warm-up after each attach.
     steering_options: SteeringOptions,
     flow_warm_up: Duration,
+    /// `--faults`, in the order given.
+    fault_rules: Vec<FaultRule>,
+    /// Per rule: what its injectors on ports since removed (or replaced)
+    /// did.
+    retired_faults: Vec<FaultCounters>,
+    /// Applications' ports, to match rules set while they are attached.
+    app_ports: Vec<(PortId, String, MacAddr)>,
 }
 
 impl Dataplane {
@@ -238,6 +314,7 @@ impl Dataplane {
             nic,
             generator_port,
             handle: GeneratorHandle::default(),
+            faults_handle: FaultsHandle::default(),
             load: None,
             frames: Vec::with_capacity(BURST),
             out: Vec::with_capacity(BURST),
@@ -249,7 +326,109 @@ impl Dataplane {
             },
             steering_options: SteeringOptions::default(),
             flow_warm_up: Duration::ZERO,
+            fault_rules: Vec::new(),
+            retired_faults: Vec::new(),
+            app_ports: Vec::new(),
         }
+    }
+
+    /// Fault injection by `rules` (validated) on every port, in place of
+    /// any before (frames those held are lost; counters start from zero);
+    /// applications that attach later get theirs when they do.
+    pub fn set_faults(&mut self, rules: Vec<FaultRule>) {
+        self.fault_rules = rules;
+        let mut ports = vec![(self.generator_port, None, GENERATOR_MAC)];
+        if let Some((_, trunk)) = self.nic {
+            ports.push((trunk, None, TRUNK_MAC));
+        }
+        for (port, name, mac) in &self.app_ports {
+            ports.push((*port, Some(name.clone()), *mac));
+        }
+        for (port, name, mac) in ports {
+            let identity = match &name {
+                Some(name) => PortIdentity::App { name, mac },
+                None if port == self.generator_port => PortIdentity::Generator(mac),
+                None => PortIdentity::Trunk(mac),
+            };
+            self.install_faults(port, identity);
+        }
+        // After the installs: what the replaced injectors did is not
+        // counted under the new rules.
+        self.retired_faults = vec![FaultCounters::default(); self.fault_rules.len()];
+    }
+
+    /// Changes the fault rules of the running loop.
+    pub fn faults_handle(&self) -> FaultsHandle {
+        self.faults_handle.clone()
+    }
+
+    /// Rules asked for through the [`FaultsHandle`], set now.
+    fn check_faults(&mut self) {
+        let Ok(mut slot) = self.faults_handle.0.try_lock() else {
+            return;
+        };
+        if let Some(rules) = slot.pending.take() {
+            let applied = slot.asked;
+            drop(slot);
+            for rule in &rules {
+                log::info!("iokerneld: fault injection {rule}");
+            }
+            if rules.is_empty() {
+                log::info!("iokerneld: no fault injection");
+            }
+            self.set_faults(rules);
+            let mut slot = self
+                .faults_handle
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            slot.applied = slot.applied.max(applied);
+        }
+    }
+
+    /// The rules of [`Dataplane::set_faults`].
+    pub fn fault_rules(&self) -> &[FaultRule] {
+        &self.fault_rules
+    }
+
+    /// Gives `port` the injectors of the first rules naming it, one per
+    /// direction (or none).
+    fn install_faults(&mut self, port: PortId, identity: PortIdentity<'_>) {
+        self.retire_faults(port);
+        let injector = |dir: Direction| {
+            self.fault_rules
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.dir.covers(dir) && r.port.matches(&identity))
+                .map(|(i, r)| FaultInjector::new(r, i, stream_of(identity.mac(), dir)))
+        };
+        let (ingress, egress) = (injector(Direction::In), injector(Direction::Out));
+        self.switch.set_faults(port, ingress, egress);
+    }
+
+    /// Keeps the counters of `port`'s injectors before they go.
+    fn retire_faults(&mut self, port: PortId) {
+        let (ingress, egress) = self.switch.faults(port);
+        for injector in ingress.into_iter().chain(egress) {
+            if let Some(total) = self.retired_faults.get_mut(injector.tag()) {
+                *total += injector.counters();
+            }
+        }
+    }
+
+    /// Per rule, what its injectors did so far.
+    pub fn fault_stats(&self) -> Vec<FaultStats> {
+        let mut totals = self.retired_faults.clone();
+        for injector in self.switch.injectors() {
+            if let Some(total) = totals.get_mut(injector.tag()) {
+                *total += injector.counters();
+            }
+        }
+        totals
+            .iter()
+            .zip(&self.fault_rules)
+            .map(|(c, rule)| c.report(rule.port.to_string()))
+            .collect()
     }
 
     pub fn generator_handle(&self) -> GeneratorHandle {
@@ -257,7 +436,10 @@ impl Dataplane {
     }
 
     pub fn stats(&self) -> DataplaneStats {
-        self.stats.clone()
+        DataplaneStats {
+            faults: self.fault_stats(),
+            ..self.stats.clone()
+        }
     }
 
     /// Sizes the steering policies of applications attached from now on;
@@ -268,10 +450,10 @@ impl Dataplane {
         self.flow_warm_up = flow_warm_up;
     }
 
-    /// Whether the links have anything in flight: a load run, or a real NIC
-    /// (which may receive at any time).
+    /// Whether the links have anything in flight: a load run, a real NIC
+    /// (which may receive at any time), or frames a fault injector holds.
     pub fn busy(&self) -> bool {
-        self.load.is_some() || self.nic.is_some()
+        self.load.is_some() || self.nic.is_some() || self.switch.holds_frames()
     }
 
     /// A port, an ingress pool of `buffers` and `steering` over `kthreads`
@@ -310,6 +492,11 @@ impl Dataplane {
             .switch
             .add_port(PortConfig::new(interface.mac))
             .map_err(|e| e.to_string())?;
+        self.app_ports.push((port, name.to_string(), interface.mac));
+        if !self.fault_rules.is_empty() {
+            let mac = interface.mac;
+            self.install_faults(port, PortIdentity::App { name, mac });
+        }
         Ok(AppNet {
             interface,
             port,
@@ -326,6 +513,8 @@ impl Dataplane {
 
     /// Removes an application's port (frames waiting there go with it).
     pub fn detach(&mut self, net: &AppNet) {
+        self.retire_faults(net.port);
+        self.app_ports.retain(|(port, _, _)| *port != net.port);
         self.switch.remove_port(net.port);
     }
 
@@ -333,8 +522,11 @@ impl Dataplane {
     /// load run asked for by the [`GeneratorHandle`] (checked every
     /// `check_handle` call, not every iteration: it takes a lock).
     pub fn poll_links(&mut self, now: u64, check_handle: bool) {
+        // Frames held by fault injectors that are due leave first.
+        self.switch.advance(now);
         if check_handle {
             self.check_load(now);
+            self.check_faults();
         }
         if let Some(load) = &mut self.load {
             let mut port = self
