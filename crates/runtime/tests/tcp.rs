@@ -453,3 +453,216 @@ fn a_client_killed_mid_transfer_ends_its_connection_and_nothing_else() {
         stats.tcp
     );
 }
+
+// ---- a SYN flood, the stack driven directly ----------------------------------
+
+mod flood {
+    use super::*;
+    use ginza_net::tcp::{Flags, Segment, Seq};
+    use ginza_net::{tx, Endpoint, Packet};
+    use ginza_runtime::net::testing::Harness;
+    use ginza_shm::{
+        BufferLedger, IngressPool, IokernelEnd, PacketDesc, Region, RegionConfig, PKT_BUFFER_SIZE,
+    };
+
+    const POOL: u32 = 64;
+
+    /// The test as iokerneld for one kthread.
+    struct Fake {
+        end: IokernelEnd,
+        pool: IngressPool,
+        ledger: BufferLedger,
+    }
+
+    impl Fake {
+        fn deliver(&mut self, frame: &[u8]) {
+            let buf = self.ledger.lend().expect("a free ingress buffer");
+            let len = self.pool.write(buf, frame).unwrap() as u32;
+            let desc = PacketDesc {
+                buf,
+                len,
+                hash: 0,
+                reserved: 0,
+            };
+            self.end.ingress.push(desc).unwrap();
+        }
+
+        /// Takes the buffers given back and the frames sent.
+        fn drain(&mut self) -> Vec<Vec<u8>> {
+            while let Some(b) = self.end.done.pop().unwrap() {
+                self.ledger.give_back(b).expect("a buffer given back once");
+            }
+            let mut out = Vec::new();
+            while let Some((seq, d)) = self.end.egress.peek().unwrap() {
+                let mut f = vec![0u8; PKT_BUFFER_SIZE as usize];
+                let n = self.end.egress_buffers.read(seq, d.len, &mut f);
+                f.truncate(n);
+                self.end.egress.release();
+                out.push(f);
+            }
+            out
+        }
+    }
+
+    fn segment_frame(from: Endpoint, mac: MacAddr, seg: &Segment<'_>) -> Vec<u8> {
+        let mut b = vec![0u8; 2048];
+        let sender = Interface { mac, ip: from.ip };
+        let dst = Endpoint::new(iface(SERVER).ip, PORT);
+        let n = tx::tcp_segment(&mut b, &sender, iface(SERVER).mac, from.port, dst, seg).unwrap();
+        b.truncate(n);
+        b
+    }
+
+    fn syn(seq: u32) -> Segment<'static> {
+        Segment {
+            seq: Seq(seq),
+            ack: None,
+            flags: Flags {
+                syn: true,
+                ..Flags::default()
+            },
+            window: 65535,
+            mss: Some(1460),
+            window_scale: None,
+            payload: &[],
+        }
+    }
+
+    /// The segments in `frames` sent to `to`.
+    fn segments_to(frames: &[Vec<u8>], to: Endpoint) -> Vec<(Seq, Option<Seq>, Flags)> {
+        let them = Interface {
+            mac: iface(CLIENT).mac,
+            ip: to.ip,
+        };
+        frames
+            .iter()
+            .filter_map(|f| match ginza_net::parse(f, &them) {
+                Ok(Packet::Tcp(t)) if t.dst == to => {
+                    Some((t.segment.seq, t.segment.ack, t.segment.flags))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn resident_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    /// A cheap deterministic generator (the flood's sources).
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    #[test]
+    fn a_syn_flood_stays_bounded_and_an_established_connection_keeps_working() {
+        let _g = lock(); // alone: the resident-memory check
+        const HALF_OPEN: usize = 256;
+        let mut cfg = net(SERVER);
+        cfg.tcp_listen.half_open = HALF_OPEN;
+        cfg.tcp_listen.backlog = 16;
+        // Each segment is acknowledged at once (no timer to wait for here).
+        cfg.tcp.delayed_ack = None;
+        let region = Region::create_heap(&RegionConfig {
+            ingress_capacity: 64,
+            done_capacity: 64,
+            egress_capacity: 64,
+            ..RegionConfig::new(1)
+        })
+        .unwrap();
+        let pool = IngressPool::create("ginza-tcp-flood-test", POOL).unwrap();
+        let ro = IngressPool::map_read_only(pool.fd().try_clone_to_owned().unwrap(), POOL).unwrap();
+        let h = Harness::new(&cfg, &region, ro).unwrap();
+        let mut io = Fake {
+            end: region.iokernel_end(0).unwrap(),
+            pool,
+            ledger: BufferLedger::new(POOL),
+        };
+        let listening = h.tcp_listen(PORT).unwrap();
+        let mut send = |frame: &[u8]| -> Vec<Vec<u8>> {
+            io.deliver(frame);
+            while h.poll(0, 0) > 0 {}
+            io.drain()
+        };
+
+        // A genuine client completes its handshake.
+        let genuine = Endpoint::new(iface(CLIENT).ip, 40000);
+        let mac = iface(CLIENT).mac;
+        let out = send(&segment_frame(genuine, mac, &syn(1000)));
+        let &[(server_iss, Some(Seq(1001)), flags)] = &segments_to(&out, genuine)[..] else {
+            panic!("no SYN-ACK: {out:?}");
+        };
+        assert!(flags.syn);
+        let mut client_next = 1001u32;
+        let ack = Seq(server_iss.0.wrapping_add(1));
+        let data = |seq: u32, payload: &'static [u8]| Segment {
+            seq: Seq(seq),
+            ack: Some(ack),
+            flags: Flags::default(),
+            window: 65535,
+            mss: None,
+            window_scale: None,
+            payload,
+        };
+        send(&segment_frame(genuine, mac, &data(client_next, b"")));
+        assert_eq!(listening.backlog_len(), 1, "the handshake completed");
+
+        // 100,000 SYNs from random addresses and ports; the genuine
+        // connection sends data every 10,000 and must see it acknowledged.
+        let before = resident_bytes();
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for i in 0..100_000u32 {
+            let r = next(&mut x);
+            let from = Endpoint::new(
+                Ipv4Addr::new(10, 8, (r >> 8) as u8, (r >> 16) as u8 | 4),
+                1024 + (r >> 24) as u16 % 60000,
+            );
+            send(&segment_frame(
+                from,
+                MacAddr([2, 0x66, 0, 0, 0, 1]),
+                &syn(r as u32),
+            ));
+            if i % 10_000 == 9_999 {
+                let out = send(&segment_frame(
+                    genuine,
+                    mac,
+                    &data(client_next, b"still here"),
+                ));
+                client_next += 10;
+                let acks = segments_to(&out, genuine);
+                assert!(
+                    acks.iter()
+                        .any(|&(_, a, f)| a == Some(Seq(client_next)) && !f.rst),
+                    "after {} SYNs the data was not acknowledged: {acks:?}",
+                    i + 1
+                );
+                assert!(listening.half_open_len() <= HALF_OPEN);
+            }
+        }
+        let grown = resident_bytes().saturating_sub(before);
+        let stats = h.stats();
+        eprintln!(
+            "{:?}; resident memory grew by {} KiB",
+            stats.tcp,
+            grown / 1024
+        );
+        assert!(grown < 10 << 20, "resident memory grew by {grown} bytes");
+        assert_eq!(listening.backlog_len(), 1);
+        assert!(listening.half_open_len() <= HALF_OPEN);
+        assert!(
+            stats.tcp.connections_open <= HALF_OPEN as u64 + 1,
+            "{:?}",
+            stats.tcp
+        );
+        assert!(
+            stats.tcp.syns_evicted >= 100_000 - HALF_OPEN as u64,
+            "{:?}",
+            stats.tcp
+        );
+    }
+}

@@ -41,7 +41,7 @@ use crate::deferral;
 use crate::link::TxSide;
 use crate::sched::{self, Shared, Waiter};
 use crate::spinlock::SpinLock;
-use listener::ListenerCore;
+pub(crate) use listener::ListenerCore;
 use table::{FourTuple, Table};
 use timers::Deadlines;
 
