@@ -328,6 +328,11 @@ fn a_writer_blocks_while_its_peer_does_not_read_and_resumes_when_it_does() {
         s.set_write_timeout(None).unwrap();
         let rest = vec![7u8; TOTAL - written];
         s.write_all(&rest).unwrap();
+        // Until the server has it all: this runtime's stack ends with it.
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut nothing = Vec::new();
+        s.read_to_end(&mut nothing).unwrap();
+        assert!(nothing.is_empty());
         blocked_at
     });
     // Our 64 KiB send buffer and the peer's 64 KiB window, at most.
