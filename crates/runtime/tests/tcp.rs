@@ -226,6 +226,51 @@ fn connect_accept_echo_and_the_errors_around_them() {
 }
 
 #[test]
+fn dropping_a_listener_resets_the_connections_it_did_not_hand_out() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let connected = Arc::new(AtomicBool::new(false));
+    let listening = Arc::new(AtomicBool::new(false));
+    let reset_seen = Arc::new(AtomicBool::new(false));
+    let (c2, l2, r2) = (
+        Arc::clone(&connected),
+        Arc::clone(&listening),
+        Arc::clone(&reset_seen),
+    );
+    let cfg = app(&d, "server", 1, net(SERVER));
+    let server = std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
+            l2.store(true, Ordering::Release);
+            // The client's handshake completes into the backlog; never accepted.
+            while !c2.load(Ordering::Acquire) {
+                ginza_runtime::sleep(Duration::from_millis(1));
+            }
+            drop(l);
+            // This runtime (and its stack) ends once the client saw the RST.
+            while !r2.load(Ordering::Acquire) {
+                ginza_runtime::sleep(Duration::from_millis(1));
+            }
+            ginza_runtime::net::stats().unwrap()
+        })
+        .unwrap()
+    });
+    wait_for("the server to listen", Duration::from_secs(10), || {
+        listening.load(Ordering::Acquire)
+    });
+    let e = client(&d, 1, move || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        connected.store(true, Ordering::Release);
+        let e = s.read(&mut [0u8; 16]).unwrap_err();
+        reset_seen.store(true, Ordering::Release);
+        e
+    });
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    let stats = server.join().unwrap();
+    assert!(stats.tcp.resets_sent >= 1, "{:?}", stats.tcp);
+}
+
+#[test]
 fn half_close_lets_the_client_read_the_reply_after_its_fin() {
     let _g = lock();
     let d = Daemon::start(|_| {});
