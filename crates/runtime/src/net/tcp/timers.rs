@@ -99,9 +99,12 @@ impl<T: Item> Deadlines<T> {
         self.earliest.load(SeqCst)
     }
 
-    /// Arms `item` at `deadline`; wakes the timer uthread if it sleeps
-    /// past it.
-    pub(crate) fn arm(&self, deadline: u64, item: T) {
+    /// Arms `item` at `deadline`; returns the timer uthread if it sleeps
+    /// past it: the caller wakes it ([`Waiter::wake`]) once its locks are
+    /// released, after the uthreads its own change made runnable, so they
+    /// run first.
+    #[must_use]
+    pub(crate) fn arm(&self, deadline: u64, item: T) -> Option<Arc<Waiter>> {
         {
             let mut h = self.heap.lock();
             if h.heap.len() >= SWEEP_FLOOR.max(2 * h.swept_len) {
@@ -124,14 +127,9 @@ impl<T: Item> Deadlines<T> {
         // Pairs with `sleep`: it publishes `sleeping_until`, then reads
         // `earliest`; we published `earliest`, then read `sleeping_until`.
         if deadline < self.sleeping_until.load(SeqCst) {
-            self.wake_sleeper();
+            return self.sleeper.lock().take();
         }
-    }
-
-    fn wake_sleeper(&self) {
-        if let Some(w) = self.sleeper.lock().take() {
-            w.wake();
-        }
+        None
     }
 
     /// Takes every item due by `now`; nothing if another context is taking
@@ -193,10 +191,10 @@ mod tests {
     fn entries_of_gone_items_are_swept_as_the_heap_doubles() {
         let d = Deadlines::new();
         for _ in 0..10 * SWEEP_FLOOR {
-            d.arm(1, "gone");
+            assert!(d.arm(1, "gone").is_none(), "nobody sleeps");
             assert!(d.len() <= SWEEP_FLOOR + 1, "{}", d.len());
         }
-        d.arm(5, "live");
+        let _ = d.arm(5, "live");
         let mut out = Vec::new();
         d.take_due(10, &mut out);
         assert!(out.contains(&(5, "live")));
@@ -205,10 +203,9 @@ mod tests {
     #[test]
     fn due_items_come_out_in_deadline_order() {
         let d = Deadlines::new();
-        d.arm(30, "c");
-        d.arm(10, "a");
-        d.arm(20, "b");
-        d.arm(10, "a2");
+        for (deadline, item) in [(30, "c"), (10, "a"), (20, "b"), (10, "a2")] {
+            assert!(d.arm(deadline, item).is_none());
+        }
         assert_eq!(d.earliest(), 10);
         let mut out = Vec::new();
         d.take_due(5, &mut out);
