@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ginza_net::tcp::{ListenConfig, TcpConfig};
 use ginza_net::{ArpConfig, Interface, Ipv4Addr, MacAddr, StaticArpEntry};
 pub use ginza_proto::messages::Class;
 use ginza_sys::{affinity, cpulist, topology};
@@ -215,6 +216,11 @@ pub struct NetConfig {
     /// [`NetStats::udp_queue_full`](crate::net::NetStats::udp_queue_full)). Each holds an ingress buffer until
     /// the application reads it, and the pool is shared by all sockets.
     pub udp_queue: usize,
+    /// Every TCP connection's tunables (buffers, MSS, timers);
+    /// `TcpConfig::default()`'s datacenter values unless changed.
+    pub tcp: TcpConfig,
+    /// Every listener's bounds: half-open connections and accept backlog.
+    pub tcp_listen: ListenConfig,
 }
 
 impl NetConfig {
@@ -227,6 +233,8 @@ impl NetConfig {
             static_arp: Vec::new(),
             arp: ArpConfig::default(),
             udp_queue: 256,
+            tcp: TcpConfig::default(),
+            tcp_listen: ListenConfig::default(),
         }
     }
 
