@@ -1,0 +1,139 @@
+//! `echo-server`: the Echo protocol (RFC 862) on one port, over UDP and TCP.
+//!
+//! * UDP: every datagram is sent back to its sender as it came, by one
+//!   receiver uthread (an echo costs less than spawning a uthread for it).
+//! * TCP: one uthread per connection reads and writes back until the peer
+//!   closes its side, then closes ours; any number of connections at once.
+//!
+//! Both stop when the stop flag is set (checked at least every
+//! [`STOP_POLL`]). Counters in [`EchoStats`].
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
+
+/// How often a receiver waiting for data checks the stop flag.
+pub const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// The protocols to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocols {
+    pub udp: bool,
+    pub tcp: bool,
+}
+
+impl Protocols {
+    pub const BOTH: Protocols = Protocols {
+        udp: true,
+        tcp: true,
+    };
+}
+
+/// Counts of one server run.
+#[derive(Debug, Default)]
+pub struct EchoStats {
+    /// Datagrams echoed.
+    pub udp_echoed: AtomicU64,
+    /// Datagrams whose echo could not be sent.
+    pub udp_send_errors: AtomicU64,
+    /// TCP connections accepted.
+    pub tcp_accepted: AtomicU64,
+    /// TCP connections being served now.
+    pub tcp_open: AtomicU64,
+    /// Bytes echoed over TCP.
+    pub tcp_bytes: AtomicU64,
+    /// TCP connections that ended with an error (reset, timed out) rather
+    /// than the peer's close.
+    pub tcp_errors: AtomicU64,
+}
+
+/// True for the errors a read with a timeout returns when nothing came.
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Serves `port` over `protocols` until `stop` is set. Must run on a
+/// uthread of a runtime with networking. The first error of either
+/// protocol ends both.
+pub fn serve(
+    port: u16,
+    protocols: Protocols,
+    stop: Arc<AtomicBool>,
+    stats: Arc<EchoStats>,
+) -> io::Result<()> {
+    if !protocols.udp && !protocols.tcp {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "echo-server: neither UDP nor TCP asked for",
+        ));
+    }
+    let udp = if protocols.udp {
+        // Bound here, so that a port in use is this call's error.
+        let socket = UdpSocket::bind(port)?;
+        let (stop, stats) = (stop.clone(), stats.clone());
+        Some(ginza_runtime::spawn(move || {
+            let result = echo_udp(&socket, &stop, &stats);
+            // The other protocol stops too.
+            stop.store(true, Relaxed);
+            result
+        }))
+    } else {
+        None
+    };
+    let tcp = if protocols.tcp {
+        let result = tcp::serve(port, &stop, &stats);
+        stop.store(true, Relaxed);
+        result
+    } else {
+        Ok(())
+    };
+    let udp = match udp {
+        Some(handle) => handle
+            .join()
+            .map_err(|e| io::Error::other(format!("the UDP echo uthread: {e}")))?,
+        None => Ok(()),
+    };
+    tcp.and(udp)
+}
+
+/// Serves UDP `port` until `stop` is set.
+pub fn serve_udp(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io::Result<()> {
+    let socket = UdpSocket::bind(port)?;
+    echo_udp(&socket, &stop, &stats)
+}
+
+fn echo_udp(socket: &UdpSocket, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
+    while !stop.load(Relaxed) {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e) if is_timeout(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        match socket.send_to(&buf[..n], from) {
+            Ok(_) => stats.udp_echoed.fetch_add(1, Relaxed),
+            Err(_) => stats.udp_send_errors.fetch_add(1, Relaxed),
+        };
+    }
+    Ok(())
+}
+
+mod tcp {
+    use super::*;
+
+    /// TCP comes with the runtime's sockets; until then asking for it is a
+    /// clear error.
+    pub(super) fn serve(_port: u16, _stop: &AtomicBool, _stats: &EchoStats) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "echo-server: TCP is not available in this runtime yet",
+        ))
+    }
+}
