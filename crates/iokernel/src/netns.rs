@@ -32,6 +32,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod content;
+pub mod tcp;
+
 const PREFIX: &str = "gzt";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
