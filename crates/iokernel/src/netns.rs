@@ -32,7 +32,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub mod content;
 pub mod tcp;
 
 const PREFIX: &str = "gzt";

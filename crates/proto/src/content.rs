@@ -1,4 +1,5 @@
-//! The bytes that bulk transfers carry, and how both ends compare them.
+//! The bytes that bulk transfers carry, and how both ends compare them
+//! (Ginza's and Linux's peers in the TCP tests and `ginza bench tcp`).
 //!
 //! [`Pattern`] makes a reproducible byte stream from a seed (a sender and a
 //! checker agree on it without sharing a buffer), and [`ContentHash`] hashes
@@ -11,6 +12,73 @@
 //! duplicated, reordered or corrupted segment changes it except with
 //! probability about 2⁻⁶⁴ per transfer. It processes 8 bytes per step, so
 //! that hashing 64 MiB stays well under a second in a debug build.
+
+/// The receipt a sink sends once its sender has shut down its side: the
+/// count of bytes it received and their [`ContentHash`], both
+/// little-endian `u64`.
+pub const RECEIPT_LEN: usize = 16;
+
+/// The sink's receipt for what `hash` has seen.
+pub fn receipt(hash: &ContentHash) -> [u8; RECEIPT_LEN] {
+    let mut r = [0u8; RECEIPT_LEN];
+    r[..8].copy_from_slice(&hash.len().to_le_bytes());
+    r[8..].copy_from_slice(&hash.finish().to_le_bytes());
+    r
+}
+
+/// Count and hash from a receipt.
+pub fn parse_receipt(r: &[u8; RECEIPT_LEN]) -> (u64, u64) {
+    let word = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().expect("8 bytes"));
+    (word(0), word(8))
+}
+
+/// What a bulk transfer moved and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer {
+    /// Bytes sent.
+    pub sent: u64,
+    /// Hash of what was sent.
+    pub sent_hash: u64,
+    /// Bytes received back (the echo, or the sink's count).
+    pub received: u64,
+    /// Hash of what was received (the echo's, or the sink's).
+    pub received_hash: u64,
+    /// From connecting to the last byte (or the receipt).
+    pub elapsed: std::time::Duration,
+}
+
+impl Transfer {
+    /// Everything sent came back whole, in order.
+    pub fn intact(&self) -> bool {
+        self.sent == self.received && self.sent_hash == self.received_hash
+    }
+
+    /// Bytes sent per second, in Mbit/s.
+    pub fn mbps(&self) -> f64 {
+        self.sent as f64 * 8.0 / self.elapsed.as_secs_f64().max(1e-9) / 1e6
+    }
+}
+
+/// Writes `bytes` of [`Pattern`] `seed` with `write_all`; returns their
+/// hash.
+pub fn send_pattern<E>(
+    bytes: u64,
+    seed: u64,
+    mut write_all: impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<u64, E> {
+    let mut pattern = Pattern::new(seed);
+    let mut hash = ContentHash::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        pattern.fill(&mut buf[..n]);
+        hash.update(&buf[..n]);
+        write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(hash.finish())
+}
 
 /// The odd constant (2⁶⁴ / golden ratio) that spreads each word.
 const MIX: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -189,6 +257,22 @@ mod tests {
         assert_ne!(content_hash(&flipped), whole);
         // Trailing zeros count (the length is hashed).
         assert_ne!(content_hash(&[0u8; 3]), content_hash(&[0u8; 4]));
+    }
+
+    #[test]
+    fn a_receipt_round_trips() {
+        let mut h = ContentHash::new();
+        h.update(b"hello, sink");
+        assert_eq!(parse_receipt(&receipt(&h)), (11, h.finish()));
+        let mut sent = Vec::new();
+        let hash = send_pattern::<()>(100_000, 3, |b| {
+            sent.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(sent.len(), 100_000);
+        assert_eq!(hash, content_hash(&sent));
+        assert_eq!(hash, Pattern::hash_of(3, 100_000));
     }
 
     #[test]
