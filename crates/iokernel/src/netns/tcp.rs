@@ -556,7 +556,7 @@ mod tests {
             assert!(rtt.quantile_us(0.5) > 0.0);
             let timed =
                 rtt_probe_for(server.addr(), 0, Duration::from_millis(20), 64, WAIT).unwrap();
-            assert!(timed.histogram.len() > 0);
+            assert!(!timed.histogram.is_empty());
             let t = echo_transfer(server.addr(), 3_000_001, 5, WAIT).unwrap();
             assert!(t.intact(), "{mode:?}: {t:?}");
             assert_eq!(t.sent_hash, Pattern::hash_of(5, 3_000_001));
