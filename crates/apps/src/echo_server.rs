@@ -125,8 +125,20 @@ fn echo_udp(socket: &UdpSocket, stop: &AtomicBool, stats: &EchoStats) -> io::Res
     Ok(())
 }
 
+/// A TCP sink on `port` until `stop`: reads each connection to its end,
+/// then answers with a receipt (count and content hash,
+/// [`ginza_proto::content::receipt`]) and closes. Not part of RFC 862: the
+/// receiving end of one-way transfers in tests and `ginza bench tcp`.
+pub fn serve_sink(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io::Result<()> {
+    tcp::sink(port, &stop, &stats)
+}
+
 mod tcp {
     use super::*;
+
+    pub(super) fn sink(_port: u16, _stop: &AtomicBool, _stats: &EchoStats) -> io::Result<()> {
+        serve(_port, _stop, _stats)
+    }
 
     /// TCP comes with the runtime's sockets; until then asking for it is a
     /// clear error.
