@@ -17,11 +17,18 @@
 //! flow_warm_up = "0s"      # flow-affinity: round-robin for every other new
 //!                          # flow during this long after registration
 //! steering_buckets = 512   # indirection: buckets per application
+//!
+//! [[faults]]               # fault injection in the switch (repeatable,
+//! port = "trunk"           # at most 4 rules; docs/fault-injection.md):
+//! drop = "5%"              # the keys of `--faults`, values as strings
+//! reorder = "2%"           # or numbers
+//! seed = 42
 //! ```
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::nic::faults::{FaultRule, FaultRuleError, MAX_FAULT_RULES};
 use ginza_policy::steer::{SteeringKind, SteeringOptions};
 use ginza_proto::{default_socket_path, parse_duration};
 use ginza_sys::{affinity, cpulist};
@@ -84,6 +91,9 @@ pub struct Config {
     pub steering_options: SteeringOptions,
     /// `flow-affinity`: the warm-up after each registration.
     pub flow_warm_up: Duration,
+    /// Fault injection in the software switch (`--faults`), at most
+    /// [`MAX_FAULT_RULES`]; empty: none.
+    pub faults: Vec<FaultRule>,
 }
 
 /// Largest flow table per application (24 bytes a flow: 96 MiB).
@@ -136,6 +146,42 @@ fn parse_core_arg(s: &str) -> Result<CoreArg, String> {
     cpulist::parse(s).map(CoreArg).map_err(|e| e.to_string())
 }
 
+fn parse_fault_rule(s: &str) -> Result<FaultRule, String> {
+    s.parse().map_err(|e: FaultRuleError| e.to_string())
+}
+
+/// `[[faults]]` tables of the file → rules, through the flag's parser (so
+/// keys, values and messages are the same); numbers are taken as their
+/// text (`seed = 42`, `gap = 2`).
+fn file_fault_rules(tables: &[toml::Table]) -> Result<Vec<FaultRule>, ConfigError> {
+    tables
+        .iter()
+        .enumerate()
+        .map(|(i, table)| {
+            let bad = |msg: String| ConfigError::Value {
+                what: "faults",
+                msg: format!("rule {} ([[faults]] table {}): {msg}", i + 1, i + 1),
+            };
+            let mut pairs = Vec::new();
+            for (key, value) in table {
+                let text = match value {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(n) => n.to_string(),
+                    toml::Value::Float(x) => x.to_string(),
+                    other => {
+                        return Err(bad(format!(
+                            "{key} = {other}: expected a string or a number"
+                        )))
+                    }
+                };
+                pairs.push((key.as_str(), text));
+            }
+            FaultRule::from_pairs(pairs.iter().map(|(k, v)| (*k, v.as_str())))
+                .map_err(|e| bad(e.to_string()))
+        })
+        .collect()
+}
+
 fn parse_policy(s: &str) -> Result<String, String> {
     match s {
         "shenango" | "static" | "slow" => Ok(s.to_string()),
@@ -172,6 +218,8 @@ struct FileConfig {
     flow_prepopulate: Option<bool>,
     flow_warm_up: Option<String>,
     steering_buckets: Option<usize>,
+    #[serde(default)]
+    faults: Vec<toml::Table>,
 }
 
 /// Command-line flags of `iokerneld` (they override the file).
@@ -238,6 +286,16 @@ pub struct Cli {
     /// indirection: buckets per application (default 512).
     #[arg(long)]
     pub steering_buckets: Option<usize>,
+    /// Fault injection in the software switch, e.g.
+    /// `drop=5%,reorder=2%,port=trunk` (repeatable, at most 4; replaces the
+    /// file's `[[faults]]`). Keys: drop, duplicate, reorder, corrupt
+    /// (probabilities with %), delay (e.g. 200us), gap (frames overtaking a
+    /// reordered one, default 1), hold (frames held at most, default 128),
+    /// seed, port (all [default], trunk, generator, a MAC, app:NAME), dir
+    /// (in, out, both [default; out for port=all]), proto (any, ip, tcp,
+    /// udp). See docs/fault-injection.md.
+    #[arg(long = "faults", value_name = "RULE", value_parser = parse_fault_rule)]
+    pub faults: Vec<FaultRule>,
 }
 
 fn dur(what: &'static str, v: Option<&String>) -> Result<Option<Duration>, ConfigError> {
@@ -281,6 +339,7 @@ impl Config {
             steering: SteeringKind::RssMod,
             steering_options: SteeringOptions::default(),
             flow_warm_up: Duration::ZERO,
+            faults: Vec::new(),
         }
     }
 
@@ -389,6 +448,11 @@ impl Config {
         if let Some(n) = cli.steering_buckets.or(file.steering_buckets) {
             c.steering_options.buckets = n;
         }
+        c.faults = if cli.faults.is_empty() {
+            file_fault_rules(&file.faults)?
+        } else {
+            cli.faults.clone()
+        };
         let allowed = affinity::allowed_cpus().map_err(|e| ConfigError::Value {
             what: "sched_getaffinity",
             msg: e.to_string(),
@@ -463,6 +527,15 @@ impl Config {
             what: "nic",
             msg: e.to_string(),
         })?;
+        if self.faults.len() > MAX_FAULT_RULES {
+            return Err(ConfigError::Value {
+                what: "faults",
+                msg: format!(
+                    "{} rules: at most {MAX_FAULT_RULES} (one rule may name every port: port=all)",
+                    self.faults.len()
+                ),
+            });
+        }
         if self.socket.as_os_str().is_empty() {
             return Err(ConfigError::Value {
                 what: "socket",

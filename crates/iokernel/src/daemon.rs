@@ -279,6 +279,12 @@ impl<A: CoreActuator> Iokerneld<A> {
         let start_ns = clock::monotonic_ns();
         let mut dp = Dataplane::new(nic);
         dp.set_steering_options(cfg.steering_options.clone(), cfg.flow_warm_up);
+        if !cfg.faults.is_empty() {
+            for rule in &cfg.faults {
+                info!("iokerneld: fault injection {rule}");
+            }
+            dp.set_faults(cfg.faults.clone());
+        }
         Ok(Iokerneld {
             topo: topology(&cfg.cores),
             core_holder: vec![None; cfg.cores.len()],

@@ -30,6 +30,13 @@
 //! Nothing here blocks or grows: full rings and empty pools are counted
 //! drops ([`NetStats`]), and one application's floods fill only its own
 //! rings and pool.
+//!
+//! Fault injection (`--faults`, docs/fault-injection.md): each port gets,
+//! when it is created (the generator's and the trunk at start, an
+//! application's when it attaches), the injectors of the first rules that
+//! name it ([`crate::nic::faults`]); the switch's clock is advanced at the
+//! start of every [`Dataplane::poll_links`]. Counted per rule in
+//! [`DataplaneStats::faults`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,10 +44,13 @@ use std::time::Duration;
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
 use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
-use ginza_proto::messages::{DataplaneStats, NetStats};
+use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
 
+use crate::nic::faults::{
+    stream_of, Direction, FaultCounters, FaultInjector, FaultRule, PortIdentity,
+};
 use crate::nic::{
     Frame, GeneratorConfig, GeneratorStats, Nic, PortConfig, PortId, SoftwareSwitch,
     TrafficGenerator,
@@ -216,6 +226,11 @@ pub struct Dataplane {
     /// flow table's warm-up after each attach.
     steering_options: SteeringOptions,
     flow_warm_up: Duration,
+    /// `--faults`, in the order given.
+    fault_rules: Vec<FaultRule>,
+    /// Per rule: what its injectors on ports since removed (or replaced)
+    /// did.
+    retired_faults: Vec<FaultCounters>,
 }
 
 impl Dataplane {
@@ -249,7 +264,66 @@ impl Dataplane {
             },
             steering_options: SteeringOptions::default(),
             flow_warm_up: Duration::ZERO,
+            fault_rules: Vec::new(),
+            retired_faults: Vec::new(),
         }
+    }
+
+    /// Fault injection by `rules` (validated), in place of any before: the
+    /// generator's and trunk's ports get theirs now, applications' ports
+    /// when they attach (those attached already keep what they have).
+    pub fn set_faults(&mut self, rules: Vec<FaultRule>) {
+        self.retired_faults = vec![FaultCounters::default(); rules.len()];
+        self.fault_rules = rules;
+        self.install_faults(self.generator_port, PortIdentity::Generator(GENERATOR_MAC));
+        if let Some((_, trunk)) = self.nic {
+            self.install_faults(trunk, PortIdentity::Trunk(TRUNK_MAC));
+        }
+    }
+
+    /// The rules of [`Dataplane::set_faults`].
+    pub fn fault_rules(&self) -> &[FaultRule] {
+        &self.fault_rules
+    }
+
+    /// Gives `port` the injectors of the first rules naming it, one per
+    /// direction (or none).
+    fn install_faults(&mut self, port: PortId, identity: PortIdentity<'_>) {
+        self.retire_faults(port);
+        let injector = |dir: Direction| {
+            self.fault_rules
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.dir.covers(dir) && r.port.matches(&identity))
+                .map(|(i, r)| FaultInjector::new(r, i, stream_of(identity.mac(), dir)))
+        };
+        let (ingress, egress) = (injector(Direction::In), injector(Direction::Out));
+        self.switch.set_faults(port, ingress, egress);
+    }
+
+    /// Keeps the counters of `port`'s injectors before they go.
+    fn retire_faults(&mut self, port: PortId) {
+        let (ingress, egress) = self.switch.faults(port);
+        for injector in ingress.into_iter().chain(egress) {
+            if let Some(total) = self.retired_faults.get_mut(injector.tag()) {
+                *total += injector.counters();
+            }
+        }
+    }
+
+    /// Per rule, what its injectors did so far.
+    pub fn fault_stats(&self) -> Vec<FaultStats> {
+        let mut totals = self.retired_faults.clone();
+        for injector in self.switch.injectors() {
+            if let Some(total) = totals.get_mut(injector.tag()) {
+                *total += injector.counters();
+            }
+        }
+        totals
+            .iter()
+            .zip(&self.fault_rules)
+            .map(|(c, rule)| c.report(rule.port.to_string()))
+            .collect()
     }
 
     pub fn generator_handle(&self) -> GeneratorHandle {
@@ -257,7 +331,10 @@ impl Dataplane {
     }
 
     pub fn stats(&self) -> DataplaneStats {
-        self.stats.clone()
+        DataplaneStats {
+            faults: self.fault_stats(),
+            ..self.stats.clone()
+        }
     }
 
     /// Sizes the steering policies of applications attached from now on;
@@ -268,10 +345,10 @@ impl Dataplane {
         self.flow_warm_up = flow_warm_up;
     }
 
-    /// Whether the links have anything in flight: a load run, or a real NIC
-    /// (which may receive at any time).
+    /// Whether the links have anything in flight: a load run, a real NIC
+    /// (which may receive at any time), or frames a fault injector holds.
     pub fn busy(&self) -> bool {
-        self.load.is_some() || self.nic.is_some()
+        self.load.is_some() || self.nic.is_some() || self.switch.holds_frames()
     }
 
     /// A port, an ingress pool of `buffers` and `steering` over `kthreads`
@@ -310,6 +387,10 @@ impl Dataplane {
             .switch
             .add_port(PortConfig::new(interface.mac))
             .map_err(|e| e.to_string())?;
+        if !self.fault_rules.is_empty() {
+            let mac = interface.mac;
+            self.install_faults(port, PortIdentity::App { name, mac });
+        }
         Ok(AppNet {
             interface,
             port,
@@ -326,6 +407,7 @@ impl Dataplane {
 
     /// Removes an application's port (frames waiting there go with it).
     pub fn detach(&mut self, net: &AppNet) {
+        self.retire_faults(net.port);
         self.switch.remove_port(net.port);
     }
 
@@ -333,6 +415,8 @@ impl Dataplane {
     /// load run asked for by the [`GeneratorHandle`] (checked every
     /// `check_handle` call, not every iteration: it takes a lock).
     pub fn poll_links(&mut self, now: u64, check_handle: bool) {
+        // Frames held by fault injectors that are due leave first.
+        self.switch.advance(now);
         if check_handle {
             self.check_load(now);
         }

@@ -29,6 +29,10 @@ pub const MAX_REQUEST: usize = 4096;
 pub const MAX_REPLY: usize = 256 * 1024;
 /// Longest application name.
 pub const MAX_NAME: usize = 64;
+/// Most `--faults` rules of iokerneld (so that their counters, one
+/// [`FaultStats`] each, fit in a stats reply beside [`MAX_APPS`]
+/// applications).
+pub const MAX_FAULT_RULES: usize = 4;
 /// Most applications registered at once (so that a stats reply about all
 /// of them fits in [`MAX_REPLY`]).
 pub const MAX_APPS: usize = 256;
@@ -177,6 +181,49 @@ pub struct DataplaneStats {
     pub nic_drops: u64,
     /// Generator runs completed.
     pub generator_runs: u64,
+    /// Fault injection in the switch: one entry per `--faults` rule, in
+    /// the order given (none without rules). Totals since iokerneld
+    /// started, over every port the rule applied to (ports removed since
+    /// included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<FaultStats>,
+}
+
+/// What one fault-injection rule did (iokerneld's `--faults`,
+/// docs/fault-injection.md). Short names, as in [`NetStats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultStats {
+    /// The rule's ports as written in it: `all`, `trunk`, `generator`, a
+    /// MAC or `app:NAME`.
+    pub port: String,
+    /// Frames the rule looked at (those its `proto` selects).
+    #[serde(rename = "n")]
+    pub frames: u64,
+    /// Dropped at random (`drop=`).
+    #[serde(rename = "dr")]
+    pub dropped: u64,
+    /// Sent twice.
+    #[serde(rename = "du")]
+    pub duplicated: u64,
+    /// Held back until later frames passed them.
+    #[serde(rename = "ro")]
+    pub reordered: u64,
+    /// Held for `delay=`.
+    #[serde(rename = "de")]
+    pub delayed: u64,
+    /// With one byte flipped.
+    #[serde(rename = "co")]
+    pub corrupted: u64,
+    /// Dropped because the port's holding queue was full (`hold=`).
+    #[serde(rename = "ov")]
+    pub held_overflow: u64,
+}
+
+impl FaultStats {
+    /// Frames the rule lost: dropped at random or for want of room.
+    pub fn lost(&self) -> u64 {
+        self.dropped + self.held_overflow
+    }
 }
 
 /// Counters of one registered application. Totals since registration; a
@@ -458,6 +505,18 @@ mod tests {
                 nic_tx_frames: u64::MAX,
                 nic_drops: u64::MAX,
                 generator_runs: u64::MAX,
+                faults: (0..MAX_FAULT_RULES)
+                    .map(|_| FaultStats {
+                        port: format!("app:{name}"),
+                        frames: u64::MAX,
+                        dropped: u64::MAX,
+                        duplicated: u64::MAX,
+                        reordered: u64::MAX,
+                        delayed: u64::MAX,
+                        corrupted: u64::MAX,
+                        held_overflow: u64::MAX,
+                    })
+                    .collect(),
             },
         };
         let len = encode(&Response::Stats(report)).len();

@@ -52,6 +52,7 @@
 pub mod af_packet;
 pub mod af_xdp;
 pub mod buffer;
+pub mod faults;
 pub mod generator;
 pub mod linux;
 pub mod software;

@@ -7,11 +7,24 @@
 //! The MAC table is registration, not learning: iokerneld knows the MAC of
 //! every port it creates, and a frame whose source MAC is not its port's is
 //! dropped, so an application cannot impersonate another.
+//!
+//! Fault injection ([`super::faults`], docs/fault-injection.md): a port may
+//! have a [`FaultInjector`] on the frames it sends (`out`, applied before
+//! switching) and one on the frames delivered to it (`in`, applied before
+//! its receive ring). Frames they hold are let go by
+//! [`SoftwareSwitch::advance`], which the owner calls with the clock once
+//! per loop iteration; that reading is also the time of every frame
+//! switched until the next call. Without injectors the switch pays one
+//! branch per burst and per `advance`, and frames take the path they
+//! always took; with any, every frame is first copied out of its buffer
+//! (which is freed at once), so that a held or duplicated frame never
+//! pins a port's buffer.
 
 use std::collections::{HashMap, VecDeque};
 
 use ginza_net::{MacAddr, ETHERNET_HEADER_LEN};
 
+use super::faults::{FaultCounters, FaultInjector};
 use super::{BufferPool, Frame, Nic, DEFAULT_BUFFER_SIZE};
 
 /// A port of a [`SoftwareSwitch`]. Ids are never reused, so the id of a
@@ -146,6 +159,68 @@ pub struct SoftwareSwitch {
     ports: Vec<Option<Port>>,
     port_by_mac: HashMap<MacAddr, PortId>,
     trunk: Option<PortId>,
+    /// `None` while no port has an injector: the fast path.
+    faults: Option<Box<SwitchFaults>>,
+}
+
+/// The injectors of the ports, by port index, and the switch's clock.
+#[derive(Debug, Default)]
+struct SwitchFaults {
+    /// Set by [`SoftwareSwitch::advance`].
+    now_ns: u64,
+    /// On frames delivered to the port.
+    ingress: Vec<Option<FaultInjector>>,
+    /// On frames the port sends.
+    egress: Vec<Option<FaultInjector>>,
+    /// The frame being switched, copied out of its buffer.
+    scratch: Vec<u8>,
+}
+
+/// The parts of the switch a frame travels through once it is out of its
+/// buffer (borrowed apart from the injectors that emit it).
+struct Fabric<'a> {
+    ports: &'a mut [Option<Port>],
+    port_by_mac: &'a HashMap<MacAddr, PortId>,
+    trunk: Option<PortId>,
+    ingress: &'a mut [Option<FaultInjector>],
+    now_ns: u64,
+}
+
+impl Fabric<'_> {
+    /// Switches `bytes` sent by port `source` (already checked: not a
+    /// runt, not spoofed).
+    fn route(&mut self, source: usize, bytes: &[u8]) {
+        let destination = mac_at(bytes, 0);
+        if destination.is_broadcast() {
+            for receiver in 0..self.ports.len() {
+                if receiver != source && self.ports[receiver].is_some() {
+                    self.deliver(receiver, bytes);
+                }
+            }
+            return;
+        }
+        let known = self.port_by_mac.get(&destination).copied();
+        let trunk = self.trunk.filter(|t| t.0 as usize != source);
+        match known.or(trunk) {
+            Some(receiver) => self.deliver(receiver.0 as usize, bytes),
+            None => {
+                if let Some(sender) = self.ports.get_mut(source).and_then(Option::as_mut) {
+                    sender.counters.drops.unknown_destination += 1;
+                }
+            }
+        }
+    }
+
+    /// Through the receiver's ingress injector, if any, onto its ring.
+    fn deliver(&mut self, receiver: usize, bytes: &[u8]) {
+        let Some(port) = self.ports.get_mut(receiver).and_then(Option::as_mut) else {
+            return;
+        };
+        match self.ingress.get_mut(receiver).and_then(Option::as_mut) {
+            Some(injector) => injector.offer(bytes, self.now_ns, &mut |b| port.deliver_copy(b)),
+            None => port.deliver_copy(bytes),
+        }
+    }
 }
 
 impl SoftwareSwitch {
@@ -180,6 +255,10 @@ impl SoftwareSwitch {
             counters: PortCounters::default(),
         }));
         self.port_by_mac.insert(config.mac, id);
+        if let Some(faults) = &mut self.faults {
+            faults.ingress.resize_with(self.ports.len(), || None);
+            faults.egress.resize_with(self.ports.len(), || None);
+        }
         Ok(id)
     }
 
@@ -194,7 +273,116 @@ impl SoftwareSwitch {
         if self.trunk == Some(id) {
             self.trunk = None;
         }
+        // Its injectors go with it, and the frames they held.
+        self.set_faults(id, None, None);
         true
+    }
+
+    /// Gives port `id` these injectors (`None`: none), replacing any it
+    /// had (with the frames they held). Returns whether the port exists.
+    pub fn set_faults(
+        &mut self,
+        id: PortId,
+        ingress: Option<FaultInjector>,
+        egress: Option<FaultInjector>,
+    ) -> bool {
+        let index = id.0 as usize;
+        let live = self.port_ref(id).is_some();
+        let (ingress, egress) = if live {
+            (ingress, egress)
+        } else {
+            (None, None)
+        };
+        if ingress.is_none() && egress.is_none() && self.faults.is_none() {
+            return live;
+        }
+        let n = self.ports.len();
+        let faults = self.faults.get_or_insert_with(Box::default);
+        faults.ingress.resize_with(n, || None);
+        faults.egress.resize_with(n, || None);
+        if index < n {
+            faults.ingress[index] = ingress;
+            faults.egress[index] = egress;
+        }
+        if faults
+            .ingress
+            .iter()
+            .chain(&faults.egress)
+            .all(Option::is_none)
+        {
+            // Back to the fast path.
+            self.faults = None;
+        }
+        live
+    }
+
+    /// The injectors of port `id`: on frames delivered to it, on frames it
+    /// sends.
+    pub fn faults(&self, id: PortId) -> (Option<&FaultInjector>, Option<&FaultInjector>) {
+        let index = id.0 as usize;
+        match &self.faults {
+            None => (None, None),
+            Some(f) => (
+                f.ingress.get(index).and_then(Option::as_ref),
+                f.egress.get(index).and_then(Option::as_ref),
+            ),
+        }
+    }
+
+    /// Every injector of every port.
+    pub fn injectors(&self) -> impl Iterator<Item = &FaultInjector> {
+        self.faults
+            .iter()
+            .flat_map(|f| f.ingress.iter().chain(&f.egress))
+            .flatten()
+    }
+
+    /// Whether an injector holds frames (they leave on a later
+    /// [`advance`](Self::advance)).
+    pub fn holds_frames(&self) -> bool {
+        self.injectors().any(|i| i.held() > 0)
+    }
+
+    /// The counters of port `id`'s injectors, added up.
+    pub fn fault_counters(&self, id: PortId) -> FaultCounters {
+        let (ingress, egress) = self.faults(id);
+        let mut total = FaultCounters::default();
+        for injector in ingress.into_iter().chain(egress) {
+            total += injector.counters();
+        }
+        total
+    }
+
+    /// Sets the switch's clock (ns, monotonic) and lets go of the frames
+    /// the injectors hold that are due. Without injectors, one branch.
+    pub fn advance(&mut self, now_ns: u64) {
+        let Some(faults) = self.faults.as_deref_mut() else {
+            return;
+        };
+        faults.now_ns = now_ns;
+        let SwitchFaults {
+            ingress, egress, ..
+        } = faults;
+        let mut fabric = Fabric {
+            ports: &mut self.ports,
+            port_by_mac: &self.port_by_mac,
+            trunk: self.trunk,
+            ingress,
+            now_ns,
+        };
+        for (source, injector) in egress.iter_mut().enumerate() {
+            if let Some(injector) = injector.as_mut().filter(|i| i.held() > 0) {
+                injector.release(now_ns, &mut |b| fabric.route(source, b));
+            }
+        }
+        for (receiver, injector) in fabric.ingress.iter_mut().enumerate() {
+            let Some(injector) = injector.as_mut().filter(|i| i.held() > 0) else {
+                continue;
+            };
+            if let Some(port) = fabric.ports[receiver].as_mut() {
+                injector.release(now_ns, &mut |b| port.deliver_copy(b));
+            }
+        }
     }
 
     /// The port as a [`Nic`], or `None` if it was removed.
@@ -218,6 +406,49 @@ impl SoftwareSwitch {
 
     fn port_ref(&self, id: PortId) -> Option<&Port> {
         self.ports.get(id.0 as usize)?.as_ref()
+    }
+
+    /// [`switch_frame`](Self::switch_frame) when some port has an injector:
+    /// the frame is copied out and its buffer freed, then it goes through
+    /// the sender's egress injector (if any), and each copy that leaves it
+    /// through the receiver's ingress injector (if any).
+    fn switch_frame_with_faults(&mut self, source: usize, frame: Frame) {
+        let sender = self.ports[source].as_mut().expect("a live port sends");
+        sender.counters.tx_frames += 1;
+        sender.counters.tx_bytes += frame.len() as u64;
+        let bytes = sender.pool.bytes(&frame);
+        let refused = if bytes.len() < ETHERNET_HEADER_LEN {
+            Some(&mut sender.counters.drops.runt)
+        } else if !sender.trunk && mac_at(bytes, 6) != sender.mac {
+            Some(&mut sender.counters.drops.spoofed_source)
+        } else {
+            None
+        };
+        if let Some(counter) = refused {
+            *counter += 1;
+            return free_to(&mut sender.pool, frame);
+        }
+        let faults = self.faults.as_deref_mut().expect("called with injectors");
+        faults.scratch.clear();
+        faults.scratch.extend_from_slice(bytes);
+        free_to(&mut sender.pool, frame);
+        let SwitchFaults {
+            now_ns,
+            ingress,
+            egress,
+            scratch,
+        } = faults;
+        let mut fabric = Fabric {
+            ports: &mut self.ports,
+            port_by_mac: &self.port_by_mac,
+            trunk: self.trunk,
+            ingress,
+            now_ns: *now_ns,
+        };
+        match egress.get_mut(source).and_then(Option::as_mut) {
+            Some(injector) => injector.offer(scratch, *now_ns, &mut |b| fabric.route(source, b)),
+            None => fabric.route(source, scratch),
+        }
     }
 
     /// Switches one frame sent by port `source`; the frame's buffer goes back
@@ -356,8 +587,14 @@ impl Nic for SwitchPort<'_> {
         let pool = &self.port().pool;
         let accepted = frames.iter().take_while(|frame| pool.owns(frame)).count();
         let source = self.id.0 as usize;
-        for frame in frames.drain(..accepted) {
-            self.switch.switch_frame(source, frame);
+        if self.switch.faults.is_none() {
+            for frame in frames.drain(..accepted) {
+                self.switch.switch_frame(source, frame);
+            }
+        } else {
+            for frame in frames.drain(..accepted) {
+                self.switch.switch_frame_with_faults(source, frame);
+            }
         }
         accepted
     }
