@@ -58,6 +58,7 @@ fn tcp_reports_round_trips_streams_and_a_lossy_transfer() {
             assert_eq!(lossy["bytes"], 2 << 20, "{v}");
             assert_eq!(lossy["intact"], true, "{v}");
             assert!(lossy["seconds"].as_f64().unwrap() > 0.0, "{v}");
+            assert!(lossy["frames_dropped"].as_u64().unwrap() > 0, "{v}");
             assert!(stderr.contains("busy-polling"), "{stderr}");
         }
     }

@@ -116,6 +116,10 @@ struct Lossy {
     bytes: u64,
     intact: bool,
     seconds: f64,
+    /// Frames iokerneld dropped and reordered on the veth port (both
+    /// directions).
+    frames_dropped: u64,
+    frames_reordered: u64,
 }
 
 /// One round's values, for the record.
@@ -338,9 +342,13 @@ fn start_iokerneld(
     Ok((iokerneld, dir))
 }
 
-/// Fault injection comes with iokerneld's `--faults`.
-fn set_faults(_cfg: &mut IokConfig, faults: &str) -> anyhow::Result<()> {
-    anyhow::bail!("iokerneld cannot inject faults ({faults}) in this build")
+/// iokerneld's fault injection (`--faults RULE`).
+fn set_faults(cfg: &mut IokConfig, faults: &str) -> anyhow::Result<()> {
+    let rule = faults
+        .parse()
+        .map_err(|e| anyhow!("the fault rule {faults:?}: {e}"))?;
+    cfg.faults = vec![rule];
+    Ok(())
 }
 
 /// The Ginza server side of a veth round: echo on 7 and a sink on 9.
@@ -370,7 +378,7 @@ fn with_ginza_on_veth<R>(
     ns: &NetNs,
     cpus: Cpus,
     faults: Option<&str>,
-    measure: impl FnOnce() -> anyhow::Result<R>,
+    measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
 ) -> anyhow::Result<(String, R)> {
     let mut failures = Vec::new();
     for backend in ["af_xdp", "af_packet"] {
@@ -388,7 +396,7 @@ fn with_ginza_on_veth<R>(
             ginza_servers(s2)
         })
         .and_then(|mut app| {
-            let measured = measure();
+            let measured = measure(&iokerneld);
             stop.store(true, Ordering::Relaxed);
             // A server that failed explains a failed measurement.
             let served = app
@@ -447,7 +455,7 @@ fn ginza_round(
         SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
         SocketAddrV4::new(ns.peer_ip, SINK_PORT),
     );
-    let (backend, (rtt, mbps)) = with_ginza_on_veth(ns, cpus, faults, || {
+    let (backend, (rtt, mbps)) = with_ginza_on_veth(ns, cpus, faults, |_| {
         let rtt = probe(ns, echo, args.duration)?;
         let t = stream(ns, sink, args.stream_mb)?;
         Ok((rtt, Some(t.mbps())))
@@ -514,17 +522,26 @@ fn switch_round(cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Quantiles> {
 /// `--lossy-mb` from the namespace to Ginza's sink through 5 % loss and
 /// reordering on iokerneld's veth port.
 fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
-    let faults = format!("drop={LOSS_PCT}%,reorder=5%");
+    let faults = format!("drop={LOSS_PCT}%,reorder=5%,port=trunk,seed=12");
     let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
     let bytes = args.lossy_mb << 20;
-    let (_, t) = with_ginza_on_veth(ns, cpus, Some(&faults), || {
-        Ok(ns.run_in(move || linux::sink_transfer(sink, bytes, 0x1055, IO_TIMEOUT))??)
+    let (_, (t, dropped, reordered)) = with_ginza_on_veth(ns, cpus, Some(&faults), |iokerneld| {
+        let t = ns.run_in(move || linux::sink_transfer(sink, bytes, 0x1055, IO_TIMEOUT))??;
+        let stats = iokerneld.stats()?;
+        let rule = stats
+            .dataplane
+            .faults
+            .first()
+            .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
+        Ok((t, rule.dropped, rule.reordered))
     })?;
     Ok(Lossy {
         loss_pct: LOSS_PCT,
         bytes: t.sent,
         intact: t.intact(),
         seconds: t.elapsed.as_secs_f64(),
+        frames_dropped: dropped,
+        frames_reordered: reordered,
     })
 }
 
@@ -580,11 +597,13 @@ fn render(r: &Report, args: &TcpArgs) -> String {
         (Some(l), _) => {
             let _ = writeln!(
                 s,
-                "{} MiB through {}% loss and reordering: intact {}, {:.2} s",
+                "{} MiB through {}% loss and reordering: intact {}, {:.2} s ({} frames dropped, {} reordered)",
                 l.bytes >> 20,
                 l.loss_pct,
                 l.intact,
-                l.seconds
+                l.seconds,
+                l.frames_dropped,
+                l.frames_reordered
             );
         }
         (None, Some(why)) => {
