@@ -2,10 +2,10 @@
 //!
 //! * [`parse`] classifies a received Ethernet frame into what the stack acts
 //!   on ([`Packet`]: an ARP request/reply, an ICMP echo request, a UDP
-//!   datagram) or says why it was dropped ([`Drop`], counted by
+//!   datagram, a TCP segment) or says why it was dropped ([`Drop`], counted by
 //!   [`DropCounters`]).
 //! * The builders in [`tx`] write ARP requests/replies, ICMP echo replies and
-//!   UDP datagrams into a caller-provided buffer, without allocating.
+//!   UDP datagrams and TCP segments into a caller-provided buffer, without allocating.
 //! * [`flow`] names a frame's flow for steering: the 5-tuple and its hash.
 //! * [`ArpTable`] maps IPv4 addresses to MAC addresses: static entries from
 //!   configuration, learned entries that expire, and a bounded queue of
@@ -26,7 +26,7 @@ pub use addr::{Endpoint, Interface, MacAddr, MacAddrParseError};
 pub use arp::{ArpConfig, ArpCounters, ArpTable, Resolution, StaticArpEntry};
 pub use rx::{
     parse, ArpMessage, ArpOperation, Drop, DropCounters, DropKind, EchoRequest, Layer, Packet,
-    UdpDatagram,
+    TcpFrame, UdpDatagram,
 };
 pub use std::net::Ipv4Addr;
 pub use tx::BuildError;

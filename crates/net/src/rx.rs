@@ -4,6 +4,8 @@
 //! makes [`parse`] panic; smoltcp's accessors index without checking, which is
 //! why each layer's length is validated here before its `Packet` view is made.
 
+use crate::tcp::wire::{self, WireError};
+use crate::tcp::Segment;
 use crate::{Endpoint, Interface, MacAddr, ETHERNET_HEADER_LEN, MAX_FRAME_LEN, UDP_HEADER_LEN};
 use crate::{ARP_PACKET_LEN, IPV4_HEADER_LEN};
 use smoltcp::wire::{
@@ -22,6 +24,7 @@ pub enum Packet<'a> {
     Arp(ArpMessage),
     IcmpEchoRequest(EchoRequest<'a>),
     Udp(UdpDatagram<'a>),
+    Tcp(TcpFrame<'a>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,17 @@ pub struct UdpDatagram<'a> {
     pub payload: &'a [u8],
 }
 
+/// A TCP segment addressed to us, its header checked (see
+/// [`crate::tcp::wire::parse`]); the payload borrows from the frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpFrame<'a> {
+    /// The Ethernet source: where replies go (the next hop).
+    pub src_mac: MacAddr,
+    pub src: Endpoint,
+    pub dst: Endpoint,
+    pub segment: Segment<'a>,
+}
+
 /// The header a [`Drop::Truncated`] frame ran out in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layer {
@@ -70,6 +84,7 @@ pub enum Layer {
     Ipv4,
     Icmp,
     Udp,
+    Tcp,
 }
 
 impl fmt::Display for Layer {
@@ -80,6 +95,7 @@ impl fmt::Display for Layer {
             Layer::Ipv4 => "IPv4",
             Layer::Icmp => "ICMP",
             Layer::Udp => "UDP",
+            Layer::Tcp => "TCP",
         })
     }
 }
@@ -157,6 +173,26 @@ pub enum Drop {
         ip_payload_len: usize,
     },
     BadUdpChecksum,
+    /// The TCP data offset is below the 20-byte fixed header.
+    BadTcpDataOffset {
+        header_len: usize,
+    },
+    /// A TCP option overruns the header or has an impossible length.
+    BadTcpOptions {
+        offset: usize,
+    },
+    BadTcpChecksum,
+    /// More than one of SYN, FIN and RST.
+    BadTcpFlags {
+        syn: bool,
+        fin: bool,
+        rst: bool,
+    },
+    /// A TCP source or destination port of 0.
+    TcpPortZero {
+        src_port: u16,
+        dst_port: u16,
+    },
 }
 
 impl fmt::Display for Drop {
@@ -202,6 +238,11 @@ impl fmt::Display for Drop {
                 "bad UDP length {udp_len}: must be between {UDP_HEADER_LEN} and the IPv4 payload ({ip_payload_len})"
             ),
             Drop::BadUdpChecksum => f.write_str("bad UDP checksum"),
+            Drop::BadTcpDataOffset { header_len } => WireError::BadDataOffset { header_len }.fmt(f),
+            Drop::BadTcpOptions { offset } => WireError::BadOptions { offset }.fmt(f),
+            Drop::BadTcpChecksum => WireError::BadChecksum.fmt(f),
+            Drop::BadTcpFlags { syn, fin, rst } => WireError::BadFlags { syn, fin, rst }.fmt(f),
+            Drop::TcpPortZero { src_port, dst_port } => WireError::PortZero { src_port, dst_port }.fmt(f),
         }
     }
 }
@@ -239,6 +280,7 @@ drop_kinds! {
     TruncatedIpv4 => "truncated-ipv4",
     TruncatedIcmp => "truncated-icmp",
     TruncatedUdp => "truncated-udp",
+    TruncatedTcp => "truncated-tcp",
     Oversized => "oversized",
     NotOurMac => "not-our-mac",
     NotOurIp => "not-our-ip",
@@ -255,6 +297,11 @@ drop_kinds! {
     BadIcmpChecksum => "bad-icmp-checksum",
     BadUdpLength => "bad-udp-length",
     BadUdpChecksum => "bad-udp-checksum",
+    BadTcpDataOffset => "bad-tcp-data-offset",
+    BadTcpOptions => "bad-tcp-options",
+    BadTcpChecksum => "bad-tcp-checksum",
+    BadTcpFlags => "bad-tcp-flags",
+    TcpPortZero => "tcp-port-zero",
 }
 
 impl fmt::Display for DropKind {
@@ -272,6 +319,7 @@ impl Drop {
                 Layer::Ipv4 => DropKind::TruncatedIpv4,
                 Layer::Icmp => DropKind::TruncatedIcmp,
                 Layer::Udp => DropKind::TruncatedUdp,
+                Layer::Tcp => DropKind::TruncatedTcp,
             },
             Drop::Oversized { .. } => DropKind::Oversized,
             Drop::NotOurMac { .. } => DropKind::NotOurMac,
@@ -289,6 +337,11 @@ impl Drop {
             Drop::BadIcmpChecksum => DropKind::BadIcmpChecksum,
             Drop::BadUdpLength { .. } => DropKind::BadUdpLength,
             Drop::BadUdpChecksum => DropKind::BadUdpChecksum,
+            Drop::BadTcpDataOffset { .. } => DropKind::BadTcpDataOffset,
+            Drop::BadTcpOptions { .. } => DropKind::BadTcpOptions,
+            Drop::BadTcpChecksum => DropKind::BadTcpChecksum,
+            Drop::BadTcpFlags { .. } => DropKind::BadTcpFlags,
+            Drop::TcpPortZero { .. } => DropKind::TcpPortZero,
         }
     }
 }
@@ -350,7 +403,7 @@ fn need(layer: Layer, needed: usize, available: usize) -> Result<(), Drop> {
 ///
 /// Accepts frames unicast to our MAC or broadcast; ARP requests/replies whose
 /// target is our IP; unfragmented IPv4 to our IP carrying an ICMP echo request
-/// or UDP. Anything else is a [`Drop`] saying why.
+/// UDP or TCP. Anything else is a [`Drop`] saying why.
 pub fn parse<'a>(frame: &'a [u8], iface: &Interface) -> Result<Packet<'a>, Drop> {
     need(Layer::Ethernet, ETHERNET_HEADER_LEN, frame.len())?;
     if frame.len() > MAX_FRAME_LEN {
@@ -470,6 +523,7 @@ fn parse_ipv4<'a>(
             parse_icmp(payload, src_mac, src_ip, dst_ip).map(Packet::IcmpEchoRequest)
         }
         IpProtocol::Udp => parse_udp(payload, src_mac, src_ip, dst_ip).map(Packet::Udp),
+        IpProtocol::Tcp => parse_tcp(payload, src_mac, src_ip, dst_ip).map(Packet::Tcp),
         other => Err(Drop::UnsupportedIpProtocol {
             protocol: u8::from(other),
         }),
@@ -528,5 +582,31 @@ fn parse_udp<'a>(
         src: Endpoint::new(src_ip, udp.src_port()),
         dst: Endpoint::new(dst_ip, udp.dst_port()),
         payload: udp.payload(),
+    })
+}
+
+fn parse_tcp<'a>(
+    bytes: &'a [u8],
+    src_mac: MacAddr,
+    src_ip: Ipv4Addr,
+    dst_ip: Ipv4Addr,
+) -> Result<TcpFrame<'a>, Drop> {
+    let header = wire::parse(bytes, src_ip, dst_ip).map_err(|e| match e {
+        WireError::Truncated { needed, available } => Drop::Truncated {
+            layer: Layer::Tcp,
+            needed,
+            available,
+        },
+        WireError::BadDataOffset { header_len } => Drop::BadTcpDataOffset { header_len },
+        WireError::BadOptions { offset } => Drop::BadTcpOptions { offset },
+        WireError::BadChecksum => Drop::BadTcpChecksum,
+        WireError::BadFlags { syn, fin, rst } => Drop::BadTcpFlags { syn, fin, rst },
+        WireError::PortZero { src_port, dst_port } => Drop::TcpPortZero { src_port, dst_port },
+    })?;
+    Ok(TcpFrame {
+        src_mac,
+        src: Endpoint::new(src_ip, header.src_port),
+        dst: Endpoint::new(dst_ip, header.dst_port),
+        segment: header.segment,
     })
 }

@@ -6,6 +6,7 @@
 //! NIC (or iokerneld's software switch) pads.
 
 use crate::rx::{ArpMessage, EchoRequest};
+use crate::tcp::{wire, Segment};
 use crate::{Endpoint, Interface, MacAddr, ARP_FRAME_LEN, ETHERNET_HEADER_LEN, IPV4_HEADER_LEN};
 use crate::{MAX_UDP_PAYLOAD, MTU, UDP_HEADER_LEN, UDP_PAYLOAD_OFFSET};
 use smoltcp::wire::{
@@ -202,4 +203,44 @@ pub fn write_udp_headers(
     udp.fill_checksum(&IpAddress::Ipv4(iface.ip), &IpAddress::Ipv4(dst.ip));
     write_ipv4(packet, iface.ip, dst.ip, IpProtocol::Udp);
     Ok(frame_len)
+}
+
+/// The frame [`tcp_segment`] writes for `segment`, in bytes.
+pub fn tcp_frame_len(segment: &Segment<'_>) -> usize {
+    ETHERNET_HEADER_LEN + IPV4_HEADER_LEN + wire::header_len(segment) + segment.payload.len()
+}
+
+/// A TCP segment from `iface.ip:src_port` to `dst`, sent to `dst_mac`: the
+/// Ethernet, IPv4 and TCP headers (checksums included) and the payload,
+/// copied once.
+pub fn tcp_segment(
+    buf: &mut [u8],
+    iface: &Interface,
+    dst_mac: MacAddr,
+    src_port: u16,
+    dst: Endpoint,
+    segment: &Segment<'_>,
+) -> Result<usize, BuildError> {
+    let max = MTU - IPV4_HEADER_LEN - wire::header_len(segment);
+    if segment.payload.len() > max {
+        return Err(BuildError::PayloadTooLarge {
+            len: segment.payload.len(),
+            max,
+        });
+    }
+    let frame = frame_of(buf, tcp_frame_len(segment))?;
+    write_ethernet(frame, dst_mac, iface.mac, EthernetProtocol::Ipv4);
+    let packet = &mut frame[ETHERNET_HEADER_LEN..];
+    // The length was computed from the same segment: `emit` accepts it.
+    let written = wire::emit(
+        &mut packet[IPV4_HEADER_LEN..],
+        iface.ip,
+        src_port,
+        dst.ip,
+        dst.port,
+        segment,
+    );
+    debug_assert!(written.is_some());
+    write_ipv4(packet, iface.ip, dst.ip, IpProtocol::Tcp);
+    Ok(frame.len())
 }

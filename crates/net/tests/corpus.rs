@@ -75,6 +75,24 @@ fn set_total_len(frame: &mut [u8], total_len: u16) {
 fn corpus() -> Vec<CorpusFile> {
     use DropKind::*;
     let udp = udp_frame(b"corpus!");
+    let tcp = tcp_frame(b"corpus!");
+    // A header edit that keeps the checksum right, so the edit is what is seen.
+    let tcp_edited = |edit: &dyn Fn(&mut Vec<u8>)| {
+        edited(&tcp, |f| {
+            edit(f);
+            fix_tcp_checksum(f);
+        })
+    };
+    // Four option bytes inserted after the fixed header (data offset 6).
+    let tcp_options = |options: [u8; 4]| {
+        tcp_edited(&|f| {
+            f.splice(L4 + 20..L4 + 20, options);
+            f[L4 + 12] = 0x60;
+            let total_len = (f.len() - IP) as u16;
+            f[IP + 2..IP + 4].copy_from_slice(&total_len.to_be_bytes());
+            fix_ip_checksum(f);
+        })
+    };
     let echo = echo_request_frame(1, 1, b"ping");
     let mut arp = vec![0u8; 64];
     let arp_len = ginza_net::tx::arp_request(&mut arp, &PEER, US.ip).unwrap();
@@ -104,7 +122,28 @@ fn corpus() -> Vec<CorpusFile> {
         // IHL says 24 bytes of header, the frame holds 20.
         (TruncatedIpv4, edited(&udp[..L4], |f| f[IP] = 0x46)),
     ];
+    let tcp_file = CorpusFile {
+        name: "tcp",
+        about: "TCP headers cut short, with bad data offsets, overrunning options, bad checksums, flags or ports",
+        frames: vec![
+            (TruncatedTcp, edited(&tcp[..L4 + 19], |f| set_total_len(f, 39))),
+            (TruncatedTcp, tcp_edited(&|f| f[L4 + 12] = 0xf0)),
+            (BadTcpDataOffset, tcp_edited(&|f| f[L4 + 12] = 0x40)),
+            (BadTcpDataOffset, tcp_edited(&|f| f[L4 + 12] = 0x00)),
+            (BadTcpOptions, tcp_options([1, 1, 2, 4])),
+            (BadTcpOptions, tcp_options([8, 12, 0, 0])),
+            (BadTcpOptions, tcp_options([2, 3, 5, 0])),
+            (BadTcpChecksum, edited(&tcp, |f| f[L4 + 20] ^= 1)),
+            (BadTcpChecksum, edited(&tcp, |f| f[L4 + 4] ^= 0x80)),
+            (BadTcpFlags, tcp_edited(&|f| f[L4 + 13] = 0x03)),
+            (BadTcpFlags, tcp_edited(&|f| f[L4 + 13] = 0x06)),
+            (BadTcpFlags, tcp_edited(&|f| f[L4 + 13] = 0x15)),
+            (TcpPortZero, tcp_edited(&|f| f[L4..L4 + 2].fill(0))),
+            (TcpPortZero, tcp_edited(&|f| f[L4 + 2..L4 + 4].fill(0))),
+        ],
+    };
     vec![
+        tcp_file,
         CorpusFile { name: "truncated_udp", about: "a valid UDP frame cut at every length", frames: truncated_udp },
         CorpusFile { name: "truncated_other", about: "ARP, ICMP and UDP headers cut short", frames: truncated_other },
         CorpusFile {
@@ -150,7 +189,7 @@ fn corpus() -> Vec<CorpusFile> {
                 (UnsupportedEtherType, edited(&udp, |f| f[12..14].copy_from_slice(&[0x81, 0x00]))),
                 (UnsupportedEtherType, edited(&udp, |f| f[12..14].fill(0))),
                 (UnsupportedIpVersion, edited(&udp, |f| f[IP] = 0x65)),
-                (UnsupportedIpProtocol, edited(&udp, |f| { f[IP + 9] = 6; fix_ip_checksum(f) })),
+                (UnsupportedIpProtocol, edited(&udp, |f| { f[IP + 9] = 47; fix_ip_checksum(f) })),
                 (UnsupportedIcmp, edited(&echo, |f| { f[L4] = 0; f[L4 + 2] = f[L4 + 2].wrapping_add(8) })),
                 (UnsupportedArp, edited(&arp, |f| f[14 + 1] = 6)),
                 (UnsupportedArp, edited(&arp, |f| f[14 + 4] = 8)),

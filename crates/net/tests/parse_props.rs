@@ -18,6 +18,7 @@ fn seeds() -> Vec<Vec<u8>> {
         udp_frame(b""),
         echo_request_frame(9, 9, b"ping ping"),
         arp,
+        tcp_frame(b"seed segment"),
     ]
 }
 
@@ -73,6 +74,7 @@ fn check_borrows_within(frame: &[u8], packet: &Packet<'_>) {
     let payload = match packet {
         Packet::Udp(datagram) => datagram.payload,
         Packet::IcmpEchoRequest(request) => request.payload,
+        Packet::Tcp(tcp) => tcp.segment.payload,
         Packet::Arp(_) => return,
     };
     let range = frame.as_ptr_range();
@@ -92,7 +94,7 @@ proptest! {
 
     #[test]
     fn mutated_valid_frames_never_panic(
-        seed in 0..4usize,
+        seed in 0..5usize,
         mutations in proptest::collection::vec(mutation(), 1..6),
         fix_checksum in any::<bool>(),
     ) {
@@ -108,8 +110,45 @@ proptest! {
                 fix_ip_checksum(&mut frame);
             }
         }
+        if fix_checksum && seed == 4 && frame.len() >= L4 + 20 && frame[IP] == 0x45 {
+            fix_tcp_checksum(&mut frame);
+        }
         if let Ok(packet) = parse(&frame, &US) {
             check_borrows_within(&frame, &packet);
+        }
+    }
+
+    #[test]
+    fn tcp_build_parse_round_trip(
+        src in any::<[u8; 4]>(), dst in any::<[u8; 4]>(),
+        src_port in 1..=u16::MAX, dst_port in 1..=u16::MAX,
+        seq in any::<u32>(), ack in proptest::option::of(any::<u32>()),
+        syn in any::<bool>(), window in any::<u16>(),
+        payload in proptest::collection::vec(any::<u8>(), 0..=1452), // fits beside SYN options
+    ) {
+        use ginza_net::tcp::{Flags, Segment, Seq};
+        let sender = Interface { mac: MacAddr([2, 1, 2, 3, 4, 5]), ip: Ipv4Addr::from(src) };
+        let receiver = Interface { mac: MacAddr([2, 9, 8, 7, 6, 5]), ip: Ipv4Addr::from(dst) };
+        let segment = Segment {
+            seq: Seq(seq),
+            ack: ack.map(Seq),
+            flags: Flags { syn, psh: !payload.is_empty(), ..Flags::default() },
+            window,
+            mss: syn.then_some(1460),
+            window_scale: syn.then_some(7),
+            payload: &payload,
+        };
+        let mut buf = [0u8; ginza_net::MAX_FRAME_LEN];
+        let len = tx::tcp_segment(&mut buf, &sender, receiver.mac, src_port, Endpoint::new(receiver.ip, dst_port), &segment).unwrap();
+        prop_assert_eq!(len, tx::tcp_frame_len(&segment));
+        match parse(&buf[..len], &receiver) {
+            Ok(Packet::Tcp(tcp)) => {
+                prop_assert_eq!(tcp.src, Endpoint::new(sender.ip, src_port));
+                prop_assert_eq!(tcp.dst, Endpoint::new(receiver.ip, dst_port));
+                prop_assert_eq!(tcp.src_mac, sender.mac);
+                prop_assert_eq!(tcp.segment, segment);
+            }
+            other => prop_assert!(false, "expected TCP, got {:?}", other),
         }
     }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ginza_net::tcp::{ListenConfig, TcpConfig};
 use ginza_net::{ArpConfig, Interface, Ipv4Addr, MacAddr, StaticArpEntry};
 pub use ginza_proto::messages::Class;
 use ginza_sys::{affinity, cpulist, topology};
@@ -215,6 +216,29 @@ pub struct NetConfig {
     /// [`NetStats::udp_queue_full`](crate::net::NetStats::udp_queue_full)). Each holds an ingress buffer until
     /// the application reads it, and the pool is shared by all sockets.
     pub udp_queue: usize,
+    /// Every TCP connection's tunables (buffers, MSS, timers).
+    pub tcp: TcpConfig,
+    /// Every listener's bounds: half-open connections and accept backlog.
+    pub tcp_listen: ListenConfig,
+}
+
+/// The runtime's TCP defaults: a datacenter's RPC traffic (short RTTs,
+/// no Nagle).
+fn default_tcp_config() -> TcpConfig {
+    TcpConfig {
+        mss: 1460,
+        recv_buffer: 256 * 1024,
+        send_buffer: 256 * 1024,
+        reassembly_limit: 256 * 1024,
+        nodelay: true,
+        rto_initial: Duration::from_millis(200),
+        rto_min: Duration::from_millis(10),
+        rto_max: Duration::from_secs(10),
+        max_retransmissions: 12,
+        max_syn_retransmissions: 6,
+        time_wait: Duration::from_secs(1),
+        delayed_ack: None,
+    }
 }
 
 impl NetConfig {
@@ -227,6 +251,8 @@ impl NetConfig {
             static_arp: Vec::new(),
             arp: ArpConfig::default(),
             udp_queue: 256,
+            tcp: default_tcp_config(),
+            tcp_listen: ListenConfig::default(),
         }
     }
 

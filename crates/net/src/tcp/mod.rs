@@ -25,6 +25,7 @@ pub mod wire;
 
 pub use conn::{Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
 pub use isn::IsnGenerator;
+pub use listen::{Admission, ListenConfig, ListenStats, Listener};
 pub use segment::{Flags, Segment};
 pub use seq::Seq;
 

@@ -29,3 +29,41 @@ pub struct Segment<'a> {
     pub window_scale: Option<u8>,
     pub payload: &'a [u8],
 }
+
+impl<'a> Segment<'a> {
+    /// A segment with no flags, no ACK, no options and no payload; set the
+    /// fields you need (tests and the reset builder start here).
+    pub const fn new(seq: Seq) -> Segment<'static> {
+        Segment {
+            seq,
+            ack: None,
+            flags: Flags {
+                syn: false,
+                fin: false,
+                rst: false,
+                psh: false,
+            },
+            window: 0,
+            mss: None,
+            window_scale: None,
+            payload: &[],
+        }
+    }
+
+    /// SEG.LEN (RFC 9293 §3.4): the payload plus one for SYN and one for FIN.
+    pub fn seq_len(&self) -> usize {
+        self.payload.len() + usize::from(self.flags.syn) + usize::from(self.flags.fin)
+    }
+
+    /// The same segment with its payload copied, so it outlives the buffer
+    /// it borrowed (tests and drivers that queue segments).
+    pub fn to_owned_payload(&self) -> (Segment<'static>, Vec<u8>) {
+        let mut header = Segment::new(self.seq);
+        header.ack = self.ack;
+        header.flags = self.flags;
+        header.window = self.window;
+        header.mss = self.mss;
+        header.window_scale = self.window_scale;
+        (header, self.payload.to_vec())
+    }
+}

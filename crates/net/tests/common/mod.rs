@@ -33,6 +33,48 @@ pub fn udp_frame(payload: &[u8]) -> Vec<u8> {
     buf
 }
 
+/// A TCP segment (ACK, PSH) from PEER:5000 to US:80 as PEER would send it.
+pub fn tcp_frame(payload: &[u8]) -> Vec<u8> {
+    let segment = ginza_net::tcp::Segment {
+        seq: ginza_net::tcp::Seq(1000),
+        ack: Some(ginza_net::tcp::Seq(2000)),
+        flags: ginza_net::tcp::Flags {
+            psh: true,
+            ..Default::default()
+        },
+        window: 4096,
+        mss: None,
+        window_scale: None,
+        payload,
+    };
+    let mut buf = vec![0; 1514];
+    let len = tx::tcp_segment(
+        &mut buf,
+        &PEER,
+        US.mac,
+        5000,
+        Endpoint::new(US.ip, 80),
+        &segment,
+    )
+    .unwrap();
+    buf.truncate(len);
+    buf
+}
+
+/// Recomputes the TCP checksum of an Ethernet + IPv4 (no options) + TCP
+/// frame after a test has edited the segment on purpose.
+pub fn fix_tcp_checksum(frame: &mut [u8]) {
+    let tcp_len = frame.len() - L4;
+    frame[L4 + 16..L4 + 18].fill(0);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&frame[IP + 12..IP + 20]);
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&(tcp_len as u16).to_be_bytes());
+    pseudo.extend_from_slice(&frame[L4..]);
+    let checksum = internet_checksum(&pseudo);
+    frame[L4 + 16..L4 + 18].copy_from_slice(&checksum.to_be_bytes());
+}
+
 /// An ICMP echo request from PEER to US, written byte by byte.
 pub fn echo_request_frame(ident: u16, seq_no: u16, payload: &[u8]) -> Vec<u8> {
     let mut frame = Vec::new();

@@ -14,22 +14,29 @@
 //!   full), after resolving the peer's MAC with the ARP table (datagrams for
 //!   an address being resolved are queued, a few per address).
 //!
+//! * TCP: [`TcpListener`] and [`TcpStream`] drive `ginza_net::tcp`'s
+//!   state machine (one lock per connection, a socket table by 4-tuple);
+//!   see `tcp/mod.rs` and docs/runtime.md, "TCP sockets".
+//!
 //! Networking is configured with [`NetConfig`] in
 //! [`IokernelConfig::net`](crate::IokernelConfig::net): it needs iokerneld.
 
 mod stack;
+mod tcp;
 #[doc(hidden)]
 pub mod testing;
 mod udp;
 
 pub use crate::config::NetConfig;
 use crate::sched::Shared;
+pub use ginza_net::tcp::{ListenConfig, TcpConfig};
 pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
 pub(crate) use stack::Stack;
 use std::any::Any;
+pub use tcp::{Incoming, TcpListener, TcpStats, TcpStream};
 pub use udp::{ToBindAddr, UdpSocket};
 
 /// One kthread's packet counts.
@@ -70,6 +77,8 @@ pub struct NetStats {
     pub arp: ArpCounters,
     /// Ingress buffers held in socket queues now.
     pub buffers_held: u64,
+    /// TCP's counters.
+    pub tcp: TcpStats,
     pub kthreads: Vec<KthreadNetStats>,
 }
 

@@ -24,6 +24,7 @@ use ginza_net::{
 };
 use ginza_shm::{IngressPool, PacketDesc, PushError};
 
+use super::tcp::Tcp;
 use super::{KthreadNetStats, NetStats};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
@@ -157,13 +158,18 @@ impl SocketCore {
     }
 }
 
-/// A datagram waiting for its destination's MAC (a copy: egress buffers
-/// belong to a kthread and cannot wait).
+/// What waits in the ARP table for a destination's MAC.
 #[derive(Debug)]
-struct Outgoing {
-    src_port: u16,
-    dst: Endpoint,
-    payload: Box<[u8]>,
+enum Outgoing {
+    /// A datagram (a copy: egress buffers belong to a kthread and cannot
+    /// wait).
+    Datagram {
+        src_port: u16,
+        dst: Endpoint,
+        payload: Box<[u8]>,
+    },
+    /// A TCP connect asking for the address: it looks at the table itself.
+    Probe,
 }
 
 struct Arp {
@@ -190,7 +196,7 @@ pub(crate) enum Sent {
     RingFull,
 }
 
-enum TxFail {
+pub(super) enum TxFail {
     RingFull,
     Corrupt,
     Build(BuildError),
@@ -203,6 +209,8 @@ pub(crate) struct Stack {
     arp: SpinLock<Arp>,
     sockets: SpinLock<Sockets>,
     udp_queue: usize,
+    arp_retry_interval: Duration,
+    pub(crate) tcp: Arc<Tcp>,
     /// Buffers given back outside any kthread (a socket dropped by an OS
     /// thread) or when a done ring was full: the next poll pushes them.
     orphans: SpinLock<Vec<u32>>,
@@ -225,6 +233,8 @@ impl Stack {
                 next_ephemeral: EPHEMERAL_FIRST,
             }),
             udp_queue: cfg.udp_queue,
+            arp_retry_interval: cfg.arp.retry_interval,
+            tcp: Arc::new(Tcp::new(cfg.tcp.clone(), cfg.tcp_listen)),
             orphans: SpinLock::new(Vec::new()),
             orphan_count: AtomicUsize::new(0),
             held: AtomicU64::new(0),
@@ -242,6 +252,7 @@ impl Stack {
         if self.orphan_count.load(Relaxed) > 0 {
             self.flush_orphans(me);
         }
+        self.tcp.poll(self, me);
         let Some(mut ingress) = ring.ingress.try_lock() else {
             return 0;
         };
@@ -305,15 +316,16 @@ impl Stack {
                     }
                 }
                 for out in released {
+                    let Outgoing::Datagram {
+                        src_port,
+                        dst,
+                        payload,
+                    } = out
+                    else {
+                        continue;
+                    };
                     let r = self.transmit(me, |b| {
-                        tx::udp_datagram(
-                            b,
-                            &self.iface,
-                            m.sender_mac,
-                            out.src_port,
-                            out.dst,
-                            &out.payload,
-                        )
+                        tx::udp_datagram(b, &self.iface, m.sender_mac, src_port, dst, &payload)
                     });
                     if let Err(f) = r {
                         self.tx_failed(me, f, "datagram released by ARP");
@@ -330,6 +342,8 @@ impl Stack {
                 // The buffer goes to a socket, or back below.
                 return self.on_udp(me, desc.buf, frame, &d);
             }
+            // The state machine copies the payload: the buffer goes back.
+            Ok(Packet::Tcp(t)) => self.tcp.input(self, me, &t),
         }
         self.give_back(me, desc.buf);
     }
@@ -423,7 +437,7 @@ impl Stack {
 
     /// Builds a frame in `me`'s next egress buffer and pushes it.
     ///
-    fn transmit(
+    pub(super) fn transmit(
         &self,
         me: &mut TxSide<'_>,
         build: impl FnOnce(&mut [u8]) -> Result<usize, BuildError>,
@@ -451,7 +465,7 @@ impl Stack {
         Ok(())
     }
 
-    fn tx_failed(&self, me: &KNet, f: TxFail, what: &str) {
+    pub(super) fn tx_failed(&self, me: &KNet, f: TxFail, what: &str) {
         match f {
             TxFail::RingFull => bump(&me.counters.tx_ring_full),
             TxFail::Corrupt => {}
@@ -499,7 +513,7 @@ impl Stack {
                         )))
                     }
                 }
-                let outgoing = Outgoing {
+                let outgoing = Outgoing::Datagram {
                     src_port,
                     dst,
                     payload: payload.into(),
@@ -551,6 +565,40 @@ impl Stack {
             Err(TxFail::Corrupt) => Err(io::Error::other("this kthread's egress ring is corrupt")),
             Err(TxFail::Build(e)) => Err(io::Error::new(io::ErrorKind::InvalidInput, e)),
         }
+    }
+
+    /// The MAC of `ip` if the ARP table knows it (our own for our IP).
+    pub(super) fn lookup_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
+        if ip == self.iface.ip {
+            return Some(self.iface.mac);
+        }
+        self.arp.lock().table.lookup(ip, Instant::now())
+    }
+
+    /// Asks for `ip`'s MAC (an ARP request, unless one is outstanding).
+    pub(super) fn ask_mac(&self, me: &mut TxSide<'_>, ip: Ipv4Addr) {
+        let resolution = self
+            .arp
+            .lock()
+            .table
+            .resolve(ip, Instant::now(), Outgoing::Probe);
+        let ask = match resolution {
+            Resolution::Known { .. } => false,
+            Resolution::Queued { send_request } | Resolution::Refused { send_request, .. } => {
+                send_request
+            }
+        };
+        if ask {
+            let r = self.transmit(me, |b| tx::arp_request(b, &self.iface, ip));
+            if let Err(f) = r {
+                self.tx_failed(me, f, "ARP request");
+            }
+        }
+    }
+
+    /// How often ARP asks an address again.
+    pub(super) fn arp_retry_interval(&self) -> Duration {
+        self.arp_retry_interval
     }
 
     // ---- sockets ---------------------------------------------------------
@@ -650,6 +698,7 @@ impl Stack {
         let mut s = NetStats {
             arp: self.arp.lock().table.counters().clone(),
             buffers_held: self.held.load(Relaxed),
+            tcp: self.tcp.stats(),
             ..NetStats::default()
         };
         for (id, k) in knets {

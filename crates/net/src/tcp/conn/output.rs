@@ -1,0 +1,196 @@
+//! What to send next: the SYN or SYN-ACK, a retransmission, a zero-window
+//! probe, new data within min(peer window, cwnd) with Nagle and sender-side
+//! silly-window avoidance, the FIN, or a lone ACK.
+
+use super::{Connection, State};
+use crate::tcp::segment::Flags;
+use crate::tcp::{Instant, Segment, Seq};
+
+/// One segment to build.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    seq: Seq,
+    len: usize,
+    syn: bool,
+    fin: bool,
+    /// A zero-window probe: sent beyond the window, SND.NXT does not move.
+    probe: bool,
+}
+
+impl Plan {
+    fn ack_only(seq: Seq) -> Plan {
+        Plan {
+            seq,
+            len: 0,
+            syn: false,
+            fin: false,
+            probe: false,
+        }
+    }
+}
+
+impl Connection {
+    /// The next segment to send now, if any; call until `None`. The payload
+    /// borrows the send buffer.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Segment<'_>> {
+        if let Some(rst) = self.pending_rst.take() {
+            self.stats.segments_out += 1;
+            return Some(rst);
+        }
+        let plan = self.plan(now)?;
+        let segment = self.emit(plan, now);
+        Some(segment)
+    }
+
+    fn plan(&mut self, now: Instant) -> Option<Plan> {
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {
+                return Some(Plan {
+                    syn: true,
+                    ..Plan::ack_only(self.iss)
+                });
+            }
+            State::SynSent => return None,
+            _ => {}
+        }
+        if self.can_send_data() {
+            if let Some(plan) = self.plan_data() {
+                return Some(plan);
+            }
+        }
+        let _ = now;
+        // A lone ACK carries the highest number sent: after a go-back-N
+        // SND.NXT lies behind what the peer already received, and a
+        // sequence number left of its window would make it drop the ACK.
+        self.ack_now.then(|| Plan::ack_only(self.snd_max))
+    }
+
+    fn plan_data(&mut self) -> Option<Plan> {
+        let mss = usize::from(self.send_mss);
+        let fin_seq = self.fin_seq();
+        // Fast retransmit (RFC 5681 §3.2 step 2) or a partial ACK's
+        // retransmission (RFC 6582 §3.2 step 5): the first unacknowledged
+        // segment, whatever the windows say.
+        if std::mem::take(&mut self.retransmit_now) && self.snd_una != self.snd_max {
+            let len = self.send.available_from(self.snd_una).min(mss);
+            let fin = fin_seq == Some(self.snd_una + len);
+            if len > 0 || fin {
+                return Some(Plan {
+                    len,
+                    fin,
+                    ..Plan::ack_only(self.snd_una)
+                });
+            }
+        }
+        // RFC 9293 §3.8.6.1: the persist timer fired, one byte beyond the
+        // zero window.
+        if std::mem::take(&mut self.probe_now) && self.send.available_from(self.snd_nxt) > 0 {
+            self.stats.zero_window_probes += 1;
+            return Some(Plan {
+                len: 1,
+                probe: true,
+                ..Plan::ack_only(self.snd_nxt)
+            });
+        }
+        let in_flight = self.snd_nxt.distance_from(self.snd_una);
+        let window = self.snd_wnd.min(self.cc.window());
+        let usable = window.saturating_sub(in_flight) as usize;
+        let available = self.send.available_from(self.snd_nxt);
+        let len = available.min(mss).min(usable);
+        let fin = fin_seq == Some(self.snd_nxt + len) && len == available;
+        if len == 0 && !fin {
+            return None;
+        }
+        if len < mss && !fin {
+            if len < available {
+                // Sender SWS avoidance (RFC 9293 §3.8.6.2.1): a window too
+                // small for a full segment is used only when nothing is in
+                // flight or it is half the largest window the peer offered.
+                if in_flight > 0 && (len as u32) < self.max_snd_wnd / 2 {
+                    return None;
+                }
+            } else if !self.config.nodelay && in_flight > 0 {
+                // Nagle (RFC 9293 §3.7.4): at most one small segment
+                // unacknowledged.
+                return None;
+            }
+        }
+        Some(Plan {
+            len,
+            fin,
+            ..Plan::ack_only(self.snd_nxt)
+        })
+    }
+
+    /// Builds the planned segment and does the sender's bookkeeping.
+    fn emit(&mut self, plan: Plan, now: Instant) -> Segment<'_> {
+        let Plan {
+            seq,
+            len,
+            syn,
+            fin,
+            probe,
+        } = plan;
+        let end = seq + len + usize::from(syn) + usize::from(fin);
+        let occupies = end != seq;
+        self.stats.segments_out += 1;
+        if occupies && !probe {
+            if seq.lt(self.snd_max) {
+                // Karn's rule: no RTT sample across a retransmission.
+                self.stats.retransmissions += 1;
+                self.rtt.on_retransmit();
+            } else {
+                self.rtt.on_send(end, now);
+            }
+            self.snd_nxt = self.snd_nxt.max(end);
+            if self.rto_at.is_none() {
+                // RFC 6298 §5.1.
+                self.rto_at = Some(now + self.rtt.rto());
+            }
+        }
+        self.snd_max = self.snd_max.max(end);
+
+        // Every segment but the first SYN carries an ACK (RFC 9293 §3.10.7).
+        let ack = (self.state != State::SynSent).then_some(self.rcv_nxt);
+        if ack.is_some() {
+            self.ack_now = false;
+            self.ack_at = None;
+            self.segments_unacked = 0;
+        }
+        let window = if syn {
+            // RFC 7323 §2.2: the window in a SYN is never scaled.
+            self.advertisable_window().min(u32::from(u16::MAX))
+        } else {
+            (self.receive_window() >> self.rcv_wscale).min(u32::from(u16::MAX))
+        };
+        let advertised = if syn {
+            window
+        } else {
+            window << self.rcv_wscale
+        };
+        self.rcv_adv = self.rcv_adv.max(self.rcv_nxt + advertised);
+
+        let mut segment = Segment::new(seq);
+        segment.ack = ack;
+        segment.flags = Flags {
+            syn,
+            fin,
+            rst: false,
+            psh: len > 0 && seq + len == self.send.end(),
+        };
+        segment.window = window as u16;
+        if syn {
+            segment.mss = Some(self.config.mss);
+            // RFC 7323 §2.2: offered on our SYN; on a SYN-ACK only when the
+            // peer's SYN offered it.
+            if self.state == State::SynSent || self.peer_window_scale {
+                segment.window_scale = Some(self.rcv_wscale);
+            }
+        }
+        if len > 0 {
+            segment.payload = self.send.slice(seq, len);
+        }
+        segment
+    }
+}

@@ -1,0 +1,681 @@
+//! TCP sockets for uthreads (docs/runtime.md, "TCP sockets"): the sans-IO
+//! state machine of `ginza_net::tcp` bound to the runtime.
+//!
+//! * [`table`]: connections by 4-tuple, listeners by port, ephemeral ports.
+//! * [`timers`]: the stack's heap of connection deadlines, and the timer
+//!   uthread that sleeps until the earliest one.
+//! * [`listener`]: `TcpListener` (bind, accept, incoming) over
+//!   `ginza_net::tcp::Listener`'s bounded half-open set and backlog.
+//! * [`stream`]: `TcpStream` (connect, read, write, shutdown, timeouts).
+//! * here: [`Tcp`], the stack's TCP part, and the one path every change to
+//!   a connection takes ([`Tcp::settle`]): with the connection locked,
+//!   segments out (`poll_transmit`, built in the running kthread's egress
+//!   buffer), events in (`take_events`: waiters to wake, a handshake to
+//!   hand to its listener), its deadline armed, and, once the state machine
+//!   says it is finished, out of the table.
+//!
+//! Locks, always taken in this order: a waiter queue, a connection, a
+//! listener's state, the table, the deadline heap. Waiters are woken after
+//! every lock is released.
+
+mod listener;
+mod stream;
+mod table;
+mod timers;
+
+pub use listener::{Incoming, TcpListener};
+pub use stream::TcpStream;
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use ginza_net::tcp::{
+    conn::reset_for, Connection, IsnGenerator, ListenConfig, State, TcpConfig, TcpError,
+};
+use ginza_net::{tx, MacAddr, TcpFrame};
+
+use super::stack::Stack;
+use crate::deferral;
+use crate::link::TxSide;
+use crate::sched::{self, Shared, Waiter};
+use crate::spinlock::SpinLock;
+use listener::ListenerCore;
+use table::{FourTuple, Table};
+use timers::Deadlines;
+
+/// The stack's TCP counters (sums over connections and kthreads).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TcpStats {
+    pub segments_in: u64,
+    pub segments_out: u64,
+    /// Segments sent again (by the retransmission timer or fast
+    /// retransmit), over every connection, open or gone.
+    pub retransmissions: u64,
+    /// RSTs sent, by connections and for segments that reached no socket.
+    pub resets_sent: u64,
+    /// Segments for a port without a listener or a connection.
+    pub no_socket: u64,
+    /// Handshakes completed while their listener's backlog was full (reset).
+    pub listen_overflows: u64,
+    /// Half-open connections evicted by newer SYNs (see
+    /// `ginza_net::tcp::listen`).
+    pub syns_evicted: u64,
+    /// Connections in the table now (half-open to TIME-WAIT).
+    pub connections_open: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    segments_in: AtomicU64,
+    segments_out: AtomicU64,
+    resets_sent: AtomicU64,
+    no_socket: AtomicU64,
+    listen_overflows: AtomicU64,
+    syns_evicted: AtomicU64,
+    /// Retransmissions of connections that left the table.
+    gone_retransmissions: AtomicU64,
+}
+
+fn count(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+/// One connection as the runtime holds it.
+pub(crate) struct Conn {
+    key: FourTuple,
+    inner: SpinLock<ConnInner>,
+    /// Uthreads waiting for anything on this connection (readers, writers,
+    /// a connect); all are woken on any event and look again.
+    waiters: SpinLock<Vec<Arc<Waiter>>>,
+}
+
+struct ConnInner {
+    tcb: Connection,
+    /// Where its segments go: the source of its latest segment (the next
+    /// hop), or what ARP said at connect.
+    peer_mac: MacAddr,
+    /// Not accepted yet: the listener it is half-open on or waiting in.
+    listener: Option<Arc<ListenerCore>>,
+    /// In the listener's backlog (rather than half-open).
+    in_backlog: bool,
+    /// The deadline armed in the heap, if any.
+    armed: Option<u64>,
+    /// On the stack's list of connections with segments to send.
+    tx_pending: bool,
+    in_table: bool,
+}
+
+impl Conn {
+    fn new(
+        key: FourTuple,
+        tcb: Connection,
+        peer_mac: MacAddr,
+        listener: Option<Arc<ListenerCore>>,
+    ) -> Arc<Conn> {
+        Arc::new(Conn {
+            key,
+            inner: SpinLock::new(ConnInner {
+                tcb,
+                peer_mac,
+                listener,
+                in_backlog: false,
+                armed: None,
+                tx_pending: false,
+                in_table: true,
+            }),
+            waiters: SpinLock::new(Vec::new()),
+        })
+    }
+}
+
+/// Uthreads to wake once every lock is released.
+#[derive(Default)]
+#[must_use]
+pub(crate) struct Wake {
+    conn: Option<Arc<Conn>>,
+    listener: Option<Arc<ListenerCore>>,
+}
+
+fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
+    let woken = std::mem::take(&mut *waiters.lock());
+    for w in woken {
+        w.wake();
+    }
+}
+
+impl Wake {
+    fn run(self) {
+        if let Some(c) = self.conn {
+            wake_all(&c.waiters);
+        }
+        if let Some(l) = self.listener {
+            wake_all(&l.waiters);
+        }
+    }
+}
+
+/// The stack's TCP part.
+pub(crate) struct Tcp {
+    config: TcpConfig,
+    listen: ListenConfig,
+    /// Made at the first TCP use (it draws a random key).
+    isn: OnceLock<IsnGenerator>,
+    /// Time 0 of the state machines' clock.
+    epoch: Instant,
+    table: SpinLock<Table<Arc<Conn>, Arc<ListenerCore>>>,
+    deadlines: Deadlines<Weak<Conn>>,
+    /// Connections whose segments found the egress ring full.
+    tx_pending: SpinLock<Vec<Arc<Conn>>>,
+    tx_pending_count: AtomicUsize,
+    timer_started: AtomicBool,
+    counters: Counters,
+}
+
+/// Where a connection's segments are built: the running kthread's egress
+/// ring, or none (an OS thread: the next poll sends them).
+type Egress<'a, 'b> = Option<&'a mut TxSide<'b>>;
+
+impl Tcp {
+    pub(crate) fn new(config: TcpConfig, listen: ListenConfig) -> Tcp {
+        Tcp {
+            config,
+            listen,
+            isn: OnceLock::new(),
+            epoch: Instant::now(),
+            table: SpinLock::new(Table::new()),
+            deadlines: Deadlines::new(),
+            tx_pending: SpinLock::new(Vec::new()),
+            tx_pending_count: AtomicUsize::new(0),
+            timer_started: AtomicBool::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    fn now(&self) -> ginza_net::tcp::Instant {
+        ginza_net::tcp::Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn instant_of(&self, nanos: u64) -> Instant {
+        self.epoch + Duration::from_nanos(nanos)
+    }
+
+    fn isn(&self) -> &IsnGenerator {
+        self.isn.get_or_init(IsnGenerator::new)
+    }
+
+    // ---- receive -----------------------------------------------------------
+
+    /// A segment for us, in the scheduler context of the kthread `me`.
+    pub(crate) fn input(&self, stack: &Stack, me: &mut TxSide<'_>, f: &TcpFrame<'_>) {
+        count(&self.counters.segments_in);
+        let key = FourTuple {
+            local: f.dst,
+            remote: f.src,
+        };
+        let now = self.now();
+        let conn = self.table.lock().get(&key);
+        if let Some(conn) = conn {
+            let wake = {
+                let mut inner = conn.inner.lock();
+                inner.peer_mac = f.src_mac;
+                inner.tcb.on_segment(&f.segment, now);
+                self.settle(stack, Some(me), &conn, &mut inner, now)
+            };
+            return wake.run();
+        }
+        let seg = &f.segment;
+        if seg.flags.syn && seg.ack.is_none() && !seg.flags.rst {
+            let listener = self.table.lock().listener(f.dst.port);
+            if let Some(l) = listener {
+                return self.on_syn(stack, me, &l, f, now);
+            }
+        }
+        count(&self.counters.no_socket);
+        self.reset(stack, me, f);
+    }
+
+    /// Answers a segment that reached no connection (RFC 9293 §3.10.7.1).
+    fn reset(&self, stack: &Stack, me: &mut TxSide<'_>, f: &TcpFrame<'_>) {
+        if let Some(rst) = reset_for(&f.segment) {
+            let r = stack.transmit(me, |b| {
+                tx::tcp_segment(b, &stack.iface, f.src_mac, f.dst.port, f.src, &rst)
+            });
+            match r {
+                Ok(()) => {
+                    count(&self.counters.segments_out);
+                    count(&self.counters.resets_sent);
+                }
+                Err(e) => stack.tx_failed(me, e, "TCP reset"),
+            }
+        }
+    }
+
+    fn on_syn(
+        &self,
+        stack: &Stack,
+        me: &mut TxSide<'_>,
+        l: &Arc<ListenerCore>,
+        f: &TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+    ) {
+        use ginza_net::tcp::Admission;
+        let admission = {
+            let mut state = l.state.lock();
+            (!state.closed).then(|| state.backlog.on_syn(f.src))
+        };
+        let key = FourTuple {
+            local: f.dst,
+            remote: f.src,
+        };
+        match admission {
+            None => return self.reset(stack, me, f),
+            // Its connection is being made by another kthread right now.
+            Some(Admission::Known) => return,
+            Some(Admission::Admit) => {}
+            Some(Admission::AdmitEvicting(old)) => {
+                count(&self.counters.syns_evicted);
+                self.evict(FourTuple {
+                    local: f.dst,
+                    remote: old,
+                });
+            }
+        }
+        let iss = self.isn().isn(key.local, key.remote, now);
+        let tcb = Connection::accept(&self.config, key.local, key.remote, &f.segment, iss, now);
+        let conn = Conn::new(key, tcb, f.src_mac, Some(Arc::clone(l)));
+        if !self.table.lock().insert(key, Arc::clone(&conn)) {
+            l.state.lock().backlog.forget(key.remote);
+            return;
+        }
+        let wake = {
+            let mut inner = conn.inner.lock();
+            self.settle(stack, Some(me), &conn, &mut inner, now)
+        };
+        wake.run();
+    }
+
+    /// Forgets a half-open connection without a word (its peer never
+    /// completed the handshake; under a flood, it never will).
+    fn evict(&self, key: FourTuple) {
+        let conn = self.table.lock().remove(&key);
+        if let Some(conn) = conn {
+            let mut inner = conn.inner.lock();
+            inner.in_table = false;
+            inner.listener = None;
+        }
+    }
+
+    // ---- every change to a connection ends here -----------------------------
+
+    /// Sends what `inner` has to send, takes its events, arms its deadline,
+    /// hands a completed handshake to its listener and removes it from the
+    /// table once finished; returns whom to wake once the lock is released.
+    fn settle(
+        &self,
+        stack: &Stack,
+        mut me: Egress<'_, '_>,
+        conn: &Arc<Conn>,
+        inner: &mut ConnInner,
+        now: ginza_net::tcp::Instant,
+    ) -> Wake {
+        self.send(stack, me.as_deref_mut(), conn, inner, now);
+        let events = inner.tcb.take_events();
+        let mut wake = Wake::default();
+        if events.readable || events.writable || events.connected || events.closed {
+            wake.conn = Some(Arc::clone(conn));
+        }
+        if let Some(l) = inner.listener.clone() {
+            let dead = inner.tcb.error().is_some() || inner.tcb.state() == State::Closed;
+            if dead {
+                l.state.lock().backlog.forget(conn.key.remote);
+                inner.listener = None;
+                wake.listener = Some(l);
+            } else if !inner.in_backlog && inner.tcb.state() != State::SynReceived {
+                if l.state.lock().backlog.established(conn.key.remote) {
+                    inner.in_backlog = true;
+                    wake.listener = Some(l);
+                } else {
+                    // A full backlog (or a listener gone): the peer learns
+                    // at once rather than sending into a void.
+                    count(&self.counters.listen_overflows);
+                    inner.listener = None;
+                    inner.tcb.abort();
+                    self.send(stack, me, conn, inner, now);
+                    let _ = inner.tcb.take_events();
+                }
+            }
+        }
+        if inner.in_table {
+            if let Some(d) = inner.tcb.next_deadline() {
+                let d = d.as_nanos();
+                if inner.armed.is_none_or(|armed| d < armed) {
+                    inner.armed = Some(d);
+                    self.deadlines.arm(d, Arc::downgrade(conn));
+                }
+            }
+            if inner.tcb.is_finished() {
+                inner.in_table = false;
+                self.table.lock().remove(&conn.key);
+                self.counters
+                    .gone_retransmissions
+                    .fetch_add(inner.tcb.stats().retransmissions, Relaxed);
+            }
+        }
+        wake
+    }
+
+    /// Builds `inner`'s segments in `me`'s egress buffers while its ring has
+    /// room; what is left waits for the next poll.
+    fn send(
+        &self,
+        stack: &Stack,
+        me: Egress<'_, '_>,
+        conn: &Arc<Conn>,
+        inner: &mut ConnInner,
+        now: ginza_net::tcp::Instant,
+    ) {
+        let Some(me) = me else {
+            return self.defer_send(conn, inner);
+        };
+        let (mac, key) = (inner.peer_mac, conn.key);
+        loop {
+            match me.tx().egress.free() {
+                Ok(0) => return self.defer_send(conn, inner),
+                Ok(_) => {}
+                // Reported by `transmit` elsewhere; nothing is sent on it.
+                Err(_) => return,
+            }
+            let Some(seg) = inner.tcb.poll_transmit(now) else {
+                return;
+            };
+            let rst = seg.flags.rst;
+            let r = stack.transmit(me, |b| {
+                tx::tcp_segment(b, &stack.iface, mac, key.local.port, key.remote, &seg)
+            });
+            match r {
+                Ok(()) => {
+                    count(&self.counters.segments_out);
+                    if rst {
+                        count(&self.counters.resets_sent);
+                    }
+                }
+                Err(e) => stack.tx_failed(me, e, "TCP segment"),
+            }
+        }
+    }
+
+    fn defer_send(&self, conn: &Arc<Conn>, inner: &mut ConnInner) {
+        if !inner.tx_pending {
+            inner.tx_pending = true;
+            self.tx_pending.lock().push(Arc::clone(conn));
+            self.tx_pending_count.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Runs `f` on the connection, then settles it (segments out on the
+    /// calling kthread's ring, or the next poll's).
+    fn with_conn<R>(
+        &self,
+        rt: &Shared,
+        stack: &Stack,
+        conn: &Arc<Conn>,
+        f: impl FnOnce(&mut ConnInner) -> R,
+    ) -> R {
+        let (r, wake) = {
+            let mut inner = conn.inner.lock();
+            let r = f(&mut inner);
+            let now = self.now();
+            let wake = match sched::with_current_knet(rt, |me| {
+                self.settle(stack, Some(me), conn, &mut inner, now)
+            }) {
+                Some(w) => w,
+                None => self.settle(stack, None, conn, &mut inner, now),
+            };
+            (r, wake)
+        };
+        wake.run();
+        r
+    }
+
+    /// Waits (parking the uthread; an OS thread polls) until `attempt`,
+    /// run on the connection and settled after, gives `Some`, or until
+    /// `deadline` (then `None`).
+    fn wait_on<R>(
+        &self,
+        rt: &Shared,
+        stack: &Stack,
+        conn: &Arc<Conn>,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut(&mut ConnInner) -> Option<R>,
+    ) -> Option<R> {
+        wait_until(&conn.waiters, deadline, || {
+            let mut inner = conn.inner.lock();
+            let r = attempt(&mut inner)?;
+            let now = self.now();
+            let wake = match sched::with_current_knet(rt, |me| {
+                self.settle(stack, Some(me), conn, &mut inner, now)
+            }) {
+                Some(w) => w,
+                None => self.settle(stack, None, conn, &mut inner, now),
+            };
+            Some((r, wake))
+        })
+    }
+
+    // ---- polled by kthreads, and the timer uthread ---------------------------
+
+    /// Sends what waited for egress room and fires due deadlines, as the
+    /// kthread `me` polling its rings.
+    pub(crate) fn poll(&self, stack: &Stack, me: &mut TxSide<'_>) {
+        if self.tx_pending_count.load(Relaxed) > 0 {
+            let pending = std::mem::take(&mut *self.tx_pending.lock());
+            self.tx_pending_count.fetch_sub(pending.len(), Relaxed);
+            let now = self.now();
+            for conn in pending {
+                let wake = {
+                    let mut inner = conn.inner.lock();
+                    inner.tx_pending = false;
+                    self.settle(stack, Some(me), &conn, &mut inner, now)
+                };
+                wake.run();
+            }
+        }
+        if self.deadlines.earliest() != u64::MAX {
+            self.fire(stack, me, self.now());
+        }
+    }
+
+    fn fire(&self, stack: &Stack, me: &mut TxSide<'_>, now: ginza_net::tcp::Instant) {
+        let mut due = Vec::new();
+        self.deadlines.take_due(now.as_nanos(), &mut due);
+        for (deadline, conn) in due {
+            let Some(conn) = conn.upgrade() else {
+                continue;
+            };
+            let wake = {
+                let mut inner = conn.inner.lock();
+                if !inner.in_table || inner.armed != Some(deadline) {
+                    continue; // stale: gone, or re-armed earlier
+                }
+                inner.armed = None;
+                inner.tcb.on_timer(now);
+                self.settle(stack, Some(me), &conn, &mut inner, now)
+            };
+            wake.run();
+        }
+    }
+
+    /// Starts the timer uthread once per stack (on the first socket).
+    fn start_timer(self: &Arc<Self>, rt: &Arc<Shared>) {
+        if self.timer_started.swap(true, Relaxed) {
+            return;
+        }
+        let (tcp, weak_rt) = (Arc::clone(self), Arc::downgrade(rt));
+        // Detached: it ends with the runtime (or is freed or leaked with the
+        // uthreads still parked at its end).
+        drop(crate::task::spawn_on(Arc::as_ptr(rt), move || {
+            timer_loop(&tcp, &weak_rt)
+        }));
+    }
+
+    pub(crate) fn stats(&self) -> TcpStats {
+        let (conns, open): (Vec<Arc<Conn>>, usize) = {
+            let table = self.table.lock();
+            (table.conns().cloned().collect(), table.len())
+        };
+        let live: u64 = conns
+            .iter()
+            .map(|c| c.inner.lock().tcb.stats().retransmissions)
+            .sum();
+        let c = &self.counters;
+        TcpStats {
+            segments_in: c.segments_in.load(Relaxed),
+            segments_out: c.segments_out.load(Relaxed),
+            retransmissions: live + c.gone_retransmissions.load(Relaxed),
+            resets_sent: c.resets_sent.load(Relaxed),
+            no_socket: c.no_socket.load(Relaxed),
+            listen_overflows: c.listen_overflows.load(Relaxed),
+            syns_evicted: c.syns_evicted.load(Relaxed),
+            connections_open: open as u64,
+        }
+    }
+}
+
+/// The timer uthread: fires due deadlines, then sleeps until the earliest
+/// (or until an earlier one is armed). Holds no strong reference to the
+/// runtime while it sleeps, so a runtime that ends with it parked is freed.
+fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
+    loop {
+        {
+            let Some(rt) = rt.upgrade() else { return };
+            if rt.shutdown.load(Relaxed) {
+                return;
+            }
+            let Some(stack) = super::stack_of(&rt) else {
+                return;
+            };
+            tcp.deadlines.awake();
+            let now = tcp.now();
+            sched::with_current_knet(&rt, |me| tcp.fire(stack, me, now));
+        }
+        let until = tcp.deadlines.earliest();
+        let deferred = deferral::Guard::new();
+        let Some(me) = sched::current_uthread(&deferred) else {
+            return;
+        };
+        let w = Waiter::new(me);
+        if !tcp.deadlines.sleep(&w, until) {
+            continue;
+        }
+        if until == u64::MAX {
+            sched::park_current(&deferred);
+        } else {
+            sched::park_current_until(&deferred, &w, tcp.instant_of(until));
+        }
+    }
+}
+
+/// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
+/// queue's lock is released) or `deadline` passes (`None`). The attempt and
+/// the queueing happen under the waiters' lock, which wakers take after
+/// changing what the attempt looks at, so no wake-up is lost.
+fn wait_until<R>(
+    waiters: &SpinLock<Vec<Arc<Waiter>>>,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut() -> Option<(R, Wake)>,
+) -> Option<R> {
+    let mut timed_out = false;
+    loop {
+        // Deferred from before queueing until after resuming: a preemption
+        // in between would put this uthread on a runqueue too.
+        let deferred = deferral::Guard::new();
+        let me = sched::current_uthread(&deferred);
+        let w = {
+            let mut q = waiters.lock();
+            if let Some((r, wake)) = attempt() {
+                drop(q);
+                wake.run();
+                return Some(r);
+            }
+            if timed_out || deadline.is_some_and(|d| d <= Instant::now()) {
+                return None;
+            }
+            me.map(|me| {
+                let w = Waiter::new(me);
+                q.push(Arc::clone(&w));
+                w
+            })
+        };
+        let Some(w) = w else {
+            // An OS thread: poll.
+            drop(deferred);
+            std::thread::sleep(Duration::from_micros(20));
+            continue;
+        };
+        match deadline {
+            None => sched::park_current(&deferred),
+            Some(d) => sched::park_current_until(&deferred, &w, d),
+        }
+        if w.timed_out() {
+            waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
+            timed_out = true; // one more look, then give up
+        }
+    }
+}
+
+/// The `io::Error` a Rust programmer expects for `e` on `key`.
+fn io_error(e: TcpError, writing: bool, key: &FourTuple) -> io::Error {
+    use io::ErrorKind as K;
+    let (kind, what) = match e {
+        TcpError::WouldBlock => (K::WouldBlock, "operation would block"),
+        TcpError::Refused => (
+            K::ConnectionRefused,
+            "connection refused (the peer answered our SYN with a reset)",
+        ),
+        TcpError::Reset if writing => (K::BrokenPipe, "broken pipe: the peer reset the connection"),
+        TcpError::Reset => (K::ConnectionReset, "connection reset by the peer"),
+        TcpError::TimedOut => (
+            K::TimedOut,
+            "connection timed out: the peer stopped acknowledging",
+        ),
+        TcpError::Closed => (
+            K::BrokenPipe,
+            "broken pipe: the connection was shut down for writing",
+        ),
+        TcpError::NotConnected => (K::NotConnected, "not connected"),
+    };
+    io::Error::new(kind, format!("TCP {} -> {}: {what}", key.local, key.remote))
+}
+
+fn no_runtime(what: &str) -> io::Error {
+    io::Error::other(format!(
+        "{what} must be called from a Ginza uthread (inside ginza_runtime::run)"
+    ))
+}
+
+fn no_net() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        "networking needs Config::iokernel with net set (IokernelConfig::net = Some(NetConfig::new(mac, ip)))",
+    )
+}
+
+/// The first IPv4 address of `addr` (the stack speaks IPv4 only).
+fn first_v4(addr: impl std::net::ToSocketAddrs) -> io::Result<std::net::SocketAddrV4> {
+    let mut v6 = None;
+    for a in addr.to_socket_addrs()? {
+        match a {
+            std::net::SocketAddr::V4(a) => return Ok(a),
+            std::net::SocketAddr::V6(a) => v6 = Some(a),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        match v6 {
+            Some(a) => format!("{a}: the Ginza stack speaks IPv4 only"),
+            None => "no address to use".to_string(),
+        },
+    ))
+}

@@ -1,0 +1,374 @@
+//! `TcpStream`: one connection of the calling uthread's runtime, shaped
+//! like `std::net::TcpStream`.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ginza_net::tcp::{Connection, State, TcpError};
+use ginza_net::{Endpoint, MacAddr};
+
+use super::{first_v4, io_error, no_net, no_runtime, Conn, FourTuple, Tcp};
+use crate::net::stack::Stack;
+use crate::sched::{self, Shared};
+
+/// How long `connect` waits between looks at the ARP table.
+const ARP_POLL: Duration = Duration::from_micros(100);
+/// How long `connect` without a timeout waits for ARP.
+const ARP_GIVE_UP: Duration = Duration::from_secs(3);
+
+/// What every handle of one connection shares; the last one to go closes
+/// the connection.
+struct Handle {
+    rt: Arc<Shared>,
+    conn: Arc<Conn>,
+    /// ns, 0 for none.
+    read_timeout: AtomicU64,
+    write_timeout: AtomicU64,
+    /// `shutdown(Read)`: reads return 0 from now on.
+    read_shut: AtomicBool,
+}
+
+/// A TCP connection. Blocking calls suspend the uthread (its kthread runs
+/// other work meanwhile). `Sync`; [`try_clone`](Self::try_clone) gives
+/// another handle, so one uthread can read while another writes. Dropping
+/// the last handle closes the connection (FIN after the data queued; RST if
+/// received data was left unread); it lives on in the stack until its
+/// state machine is done (TIME-WAIT included).
+pub struct TcpStream {
+    handle: Arc<Handle>,
+}
+
+impl fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpStream")
+            .field("local", &self.handle.conn.key.local)
+            .field("peer", &self.handle.conn.key.remote)
+            .finish()
+    }
+}
+
+fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
+    match timeout {
+        None => Ok(0),
+        Some(d) if d.is_zero() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cannot set a 0 duration timeout",
+        )),
+        Some(d) => Ok(d.as_nanos().clamp(1, u64::MAX as u128) as u64),
+    }
+}
+
+fn timeout_of(ns: &AtomicU64) -> Option<Duration> {
+    let ns = ns.load(Relaxed);
+    (ns != 0).then(|| Duration::from_nanos(ns))
+}
+
+impl TcpStream {
+    pub(super) fn new(rt: Arc<Shared>, conn: Arc<Conn>) -> TcpStream {
+        TcpStream {
+            handle: Arc::new(Handle {
+                rt,
+                conn,
+                read_timeout: AtomicU64::new(0),
+                write_timeout: AtomicU64::new(0),
+                read_shut: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Connects to `addr` (the first IPv4 address it names) from an
+    /// ephemeral port: `ConnectionRefused` if the peer resets our SYN,
+    /// `TimedOut` if the SYN's retransmissions give up.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
+        connect(first_v4(addr)?, None)
+    }
+
+    /// [`connect`](Self::connect), giving up after `timeout` (`TimedOut`).
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+        if timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot set a 0 duration timeout",
+            ));
+        }
+        connect(first_v4(*addr)?, Some(timeout))
+    }
+
+    fn parts(&self) -> (&Shared, &Stack, &Tcp, &Arc<Conn>) {
+        let h = &*self.handle;
+        let stack = super::super::stack_of(&h.rt).expect("a stream exists only with a stack");
+        (&h.rt, stack, &stack.tcp, &h.conn)
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        Ok(SocketAddr::V4(self.handle.conn.key.remote.into()))
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(SocketAddr::V4(self.handle.conn.key.local.into()))
+    }
+
+    /// Another handle to the same connection (sharing its timeouts).
+    pub fn try_clone(&self) -> io::Result<TcpStream> {
+        Ok(TcpStream {
+            handle: Arc::clone(&self.handle),
+        })
+    }
+
+    /// `Write`: FIN after the data queued (reading goes on); `Read`: reads
+    /// return 0 from now on; `Both`: both.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        if matches!(how, Shutdown::Read | Shutdown::Both) {
+            self.handle.read_shut.store(true, Relaxed);
+            super::wake_all(&self.handle.conn.waiters);
+        }
+        if matches!(how, Shutdown::Write | Shutdown::Both) {
+            let (rt, stack, tcp, conn) = self.parts();
+            let state = tcp.with_conn(rt, stack, conn, |inner| {
+                let state = inner.tcb.state();
+                if state != State::SynSent && state != State::SynReceived {
+                    inner.tcb.shutdown();
+                }
+                state
+            });
+            if matches!(state, State::SynSent | State::SynReceived) {
+                return Err(io_error(TcpError::NotConnected, true, &conn.key));
+            }
+        }
+        Ok(())
+    }
+
+    /// `TCP_NODELAY`: segments go out at once rather than waiting to fill
+    /// one (on by default).
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        let (rt, stack, tcp, conn) = self.parts();
+        tcp.with_conn(rt, stack, conn, |inner| inner.tcb.set_nodelay(nodelay));
+        Ok(())
+    }
+
+    pub fn nodelay(&self) -> io::Result<bool> {
+        Ok(self.handle.conn.inner.lock().tcb.nodelay())
+    }
+
+    /// `read` gives up after `timeout` with `WouldBlock` (as std does on
+    /// Linux). `None`: wait forever; a zero duration is an error.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.handle
+            .read_timeout
+            .store(timeout_ns(timeout)?, Relaxed);
+        Ok(())
+    }
+
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(timeout_of(&self.handle.read_timeout))
+    }
+
+    /// `write` gives up after `timeout` with `WouldBlock` when the send
+    /// buffer stays full.
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.handle
+            .write_timeout
+            .store(timeout_ns(timeout)?, Relaxed);
+        Ok(())
+    }
+
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(timeout_of(&self.handle.write_timeout))
+    }
+
+    fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() || self.handle.read_shut.load(Relaxed) {
+            return Ok(0);
+        }
+        let (rt, stack, tcp, conn) = self.parts();
+        let timeout = timeout_of(&self.handle.read_timeout);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let shut = &self.handle.read_shut;
+        let r = tcp.wait_on(rt, stack, conn, deadline, |inner| {
+            if shut.load(Relaxed) {
+                return Some(Ok(0));
+            }
+            match inner.tcb.recv(buf) {
+                Err(TcpError::WouldBlock) => None,
+                r => Some(r),
+            }
+        });
+        match r {
+            Some(Ok(n)) => Ok(n),
+            Some(Err(e)) => Err(io_error(e, false, &conn.key)),
+            None => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "TCP {} -> {}: nothing to read within the read timeout {:?}",
+                    conn.key.local,
+                    conn.key.remote,
+                    timeout.unwrap_or_default()
+                ),
+            )),
+        }
+    }
+
+    fn write_bytes(&self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let (rt, stack, tcp, conn) = self.parts();
+        let timeout = timeout_of(&self.handle.write_timeout);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let r = tcp.wait_on(rt, stack, conn, deadline, |inner| {
+            match inner.tcb.send(buf) {
+                Err(TcpError::WouldBlock) => None,
+                r => Some(r),
+            }
+        });
+        match r {
+            Some(Ok(n)) => Ok(n),
+            Some(Err(e)) => Err(io_error(e, true, &conn.key)),
+            None => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "TCP {} -> {}: the send buffer stayed full for the write timeout {:?}",
+                    conn.key.local,
+                    conn.key.remote,
+                    timeout.unwrap_or_default()
+                ),
+            )),
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let Some(stack) = super::super::stack_of(&self.rt) else {
+            return;
+        };
+        stack
+            .tcp
+            .with_conn(&self.rt, stack, &self.conn, |inner| inner.tcb.close());
+    }
+}
+
+impl Read for TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_bytes(buf)
+    }
+}
+
+impl Read for &TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_bytes(buf)
+    }
+}
+
+impl Write for TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_bytes(buf)
+    }
+
+    /// Segments leave at each `write` (or as the window allows): nothing to
+    /// flush.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for &TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_bytes(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_broadcast() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("cannot connect TCP to {addr}"),
+        ));
+    }
+    let rt = sched::current_shared().ok_or_else(|| no_runtime("TcpStream::connect"))?;
+    let stack = super::super::stack_of(&rt).ok_or_else(no_net)?;
+    let tcp = &stack.tcp;
+    tcp.start_timer(&rt);
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let remote = Endpoint::from(addr);
+    let mac = resolve(&rt, stack, remote, deadline)?;
+    let conn = {
+        let mut table = tcp.table.lock();
+        let port = table.ephemeral_port(stack.iface.ip, remote)?;
+        let key = FourTuple {
+            local: Endpoint::new(stack.iface.ip, port),
+            remote,
+        };
+        let now = tcp.now();
+        let iss = tcp.isn().isn(key.local, remote, now);
+        let tcb = Connection::connect(&tcp.config, key.local, remote, iss, now);
+        let conn = Conn::new(key, tcb, mac, None);
+        table.insert(key, Arc::clone(&conn));
+        conn
+    };
+    // The SYN goes out in the first look.
+    let r = tcp.wait_on(&rt, stack, &conn, deadline, |inner| {
+        match (inner.tcb.error(), inner.tcb.state()) {
+            (Some(e), _) => Some(Err(e)),
+            (None, State::SynSent) => None,
+            (None, State::Closed) => Some(Err(TcpError::NotConnected)),
+            (None, _) => Some(Ok(())),
+        }
+    });
+    let stream = TcpStream::new(Arc::clone(&rt), Arc::clone(&conn));
+    match r {
+        Some(Ok(())) => Ok(stream),
+        Some(Err(e)) => Err(io_error(e, false, &conn.key)),
+        None => {
+            tcp.with_conn(&rt, stack, &conn, |inner| inner.tcb.abort());
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "TCP connect to {addr}: no answer within {:?}",
+                    timeout.unwrap_or_default()
+                ),
+            ))
+        }
+    }
+}
+
+/// The MAC `remote`'s frames go to: the ARP table's, after asking for it
+/// if needed (polling the table until it answers or `deadline`).
+fn resolve(
+    rt: &Shared,
+    stack: &Stack,
+    remote: Endpoint,
+    deadline: Option<Instant>,
+) -> io::Result<MacAddr> {
+    let give_up = deadline.unwrap_or_else(|| Instant::now() + ARP_GIVE_UP);
+    let mut asked_at: Option<Instant> = None;
+    loop {
+        if let Some(mac) = stack.lookup_mac(remote.ip) {
+            return Ok(mac);
+        }
+        let now = Instant::now();
+        if now >= give_up {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
+            ));
+        }
+        if asked_at.is_none_or(|t| now.duration_since(t) >= stack.arp_retry_interval()) {
+            asked_at = Some(now);
+            if sched::with_current_knet(rt, |me| stack.ask_mac(me, remote.ip)).is_none() {
+                return Err(no_runtime(
+                    "TcpStream::connect (on a uthread of the runtime)",
+                ));
+            }
+        }
+        sched::sleep(ARP_POLL);
+    }
+}

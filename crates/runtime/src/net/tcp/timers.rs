@@ -1,0 +1,167 @@
+//! Connection deadlines (retransmission, persist, delayed ACK, TIME-WAIT):
+//! one heap per stack, fired by whoever looks first (docs/runtime.md, "TCP
+//! sockets" → Timers):
+//! * a kthread polling its packet rings (`Stack::poll`: idle kthreads in
+//!   their steal loop, busy ones every 32 switches) fires what is due, at
+//!   the cost of one atomic load when nothing is;
+//! * a timer uthread, started with the first TCP socket, sleeps on the
+//!   runtime's own timers until the earliest deadline, so a runtime whose
+//!   kthreads all parked (with iokerneld, or on their eventfds) wakes for
+//!   it. An arming that moves the earliest deadline before the one it
+//!   sleeps until wakes it.
+//!
+//! Entries are lazy: a connection remembers the one deadline it armed, and
+//! an entry that no longer matches it when popped is stale and dropped.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+
+use crate::sched::Waiter;
+use crate::spinlock::SpinLock;
+
+struct Entry<T> {
+    deadline: u64,
+    seq: u64,
+    item: T,
+}
+
+impl<T> PartialEq for Entry<T> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.deadline, self.seq) == (other.deadline, other.seq)
+    }
+}
+impl<T> Eq for Entry<T> {}
+impl<T> PartialOrd for Entry<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Entry<T> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.deadline, self.seq).cmp(&(other.deadline, other.seq))
+    }
+}
+
+/// A heap of (deadline in ns, item), with its earliest deadline readable
+/// without the lock.
+pub(crate) struct Deadlines<T> {
+    heap: SpinLock<(BinaryHeap<Reverse<Entry<T>>>, u64)>,
+    earliest: AtomicU64,
+    /// The timer uthread parked until this deadline (`u64::MAX`: without
+    /// one; 0: it is awake and will look at the heap before parking).
+    sleeping_until: AtomicU64,
+    sleeper: SpinLock<Option<Arc<Waiter>>>,
+}
+
+impl<T> Deadlines<T> {
+    pub(crate) fn new() -> Self {
+        Deadlines {
+            heap: SpinLock::new((BinaryHeap::new(), 0)),
+            earliest: AtomicU64::new(u64::MAX),
+            sleeping_until: AtomicU64::new(0),
+            sleeper: SpinLock::new(None),
+        }
+    }
+
+    /// The earliest deadline (`u64::MAX`: none).
+    pub(crate) fn earliest(&self) -> u64 {
+        self.earliest.load(SeqCst)
+    }
+
+    /// Arms `item` at `deadline`; wakes the timer uthread if it sleeps
+    /// past it.
+    pub(crate) fn arm(&self, deadline: u64, item: T) {
+        {
+            let mut guard = self.heap.lock();
+            let (heap, seq) = &mut *guard;
+            *seq += 1;
+            heap.push(Reverse(Entry {
+                deadline,
+                seq: *seq,
+                item,
+            }));
+            if deadline < self.earliest.load(SeqCst) {
+                self.earliest.store(deadline, SeqCst);
+            }
+        }
+        // Pairs with `sleep`: it publishes `sleeping_until`, then reads
+        // `earliest`; we published `earliest`, then read `sleeping_until`.
+        if deadline < self.sleeping_until.load(SeqCst) {
+            self.wake_sleeper();
+        }
+    }
+
+    fn wake_sleeper(&self) {
+        if let Some(w) = self.sleeper.lock().take() {
+            w.wake();
+        }
+    }
+
+    /// Takes every item due by `now`; nothing if another context is taking
+    /// them.
+    pub(crate) fn take_due(&self, now: u64, out: &mut Vec<(u64, T)>) {
+        if self.earliest.load(SeqCst) > now {
+            return;
+        }
+        let Some(mut guard) = self.heap.try_lock() else {
+            return;
+        };
+        let heap = &mut guard.0;
+        while heap.peek().is_some_and(|Reverse(e)| e.deadline <= now) {
+            if let Some(Reverse(e)) = heap.pop() {
+                out.push((e.deadline, e.item));
+            }
+        }
+        let next = heap.peek().map_or(u64::MAX, |Reverse(e)| e.deadline);
+        self.earliest.store(next, SeqCst);
+    }
+
+    /// Entries in the heap, stale ones included.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.heap.lock().0.len()
+    }
+
+    /// The timer uthread is about to park as `w` until `until` (`u64::MAX`:
+    /// no deadline): false if a deadline before it was armed meanwhile (look
+    /// again instead).
+    pub(crate) fn sleep(&self, w: &Arc<Waiter>, until: u64) -> bool {
+        *self.sleeper.lock() = Some(Arc::clone(w));
+        self.sleeping_until.store(until, SeqCst);
+        if self.earliest.load(SeqCst) < until {
+            self.awake();
+            return false;
+        }
+        true
+    }
+
+    /// The timer uthread runs again.
+    pub(crate) fn awake(&self) {
+        self.sleeping_until.store(0, SeqCst);
+        self.sleeper.lock().take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_items_come_out_in_deadline_order() {
+        let d = Deadlines::new();
+        d.arm(30, "c");
+        d.arm(10, "a");
+        d.arm(20, "b");
+        d.arm(10, "a2");
+        assert_eq!(d.earliest(), 10);
+        let mut out = Vec::new();
+        d.take_due(5, &mut out);
+        assert!(out.is_empty());
+        d.take_due(20, &mut out);
+        assert_eq!(out, vec![(10, "a"), (10, "a2"), (20, "b")]);
+        assert_eq!(d.earliest(), 30);
+        assert_eq!(d.len(), 1);
+    }
+}
