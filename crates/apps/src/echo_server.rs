@@ -133,19 +133,118 @@ pub fn serve_sink(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io
     tcp::sink(port, &stop, &stats)
 }
 
+/// Serves TCP echo on `port` until `stop` is set.
+pub fn serve_tcp(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io::Result<()> {
+    tcp::serve(port, &stop, &stats)
+}
+
 mod tcp {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::Shutdown;
 
-    pub(super) fn sink(_port: u16, _stop: &AtomicBool, _stats: &EchoStats) -> io::Result<()> {
-        serve(_port, _stop, _stats)
+    use ginza_proto::content::{receipt, ContentHash};
+    use ginza_runtime::net::{TcpListener, TcpStream};
+
+    /// What a connection's uthread does with it.
+    type Handler = fn(TcpStream, &AtomicBool, &EchoStats) -> io::Result<()>;
+
+    /// Echo (RFC 862) on `port` until `stop`.
+    pub(super) fn serve(
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        stats: &Arc<EchoStats>,
+    ) -> io::Result<()> {
+        listen(port, stop, stats, echo_one)
     }
 
-    /// TCP comes with the runtime's sockets; until then asking for it is a
-    /// clear error.
-    pub(super) fn serve(_port: u16, _stop: &AtomicBool, _stats: &EchoStats) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "echo-server: TCP is not available in this runtime yet",
-        ))
+    /// The sink on `port` until `stop`.
+    pub(super) fn sink(
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        stats: &Arc<EchoStats>,
+    ) -> io::Result<()> {
+        listen(port, stop, stats, sink_one)
+    }
+
+    /// Binds `port`; an acceptor uthread gives each connection a uthread
+    /// running `handler`, while this one waits for `stop`. `accept` cannot
+    /// be interrupted: the acceptor stays blocked when we return, and goes
+    /// with the runtime.
+    fn listen(
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        stats: &Arc<EchoStats>,
+        handler: Handler,
+    ) -> io::Result<()> {
+        let listener = TcpListener::bind(("0.0.0.0", port))?;
+        let (stop2, stats2) = (stop.clone(), stats.clone());
+        let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
+            loop {
+                let (stream, _peer) = listener.accept()?;
+                stats2.tcp_accepted.fetch_add(1, Relaxed);
+                stats2.tcp_open.fetch_add(1, Relaxed);
+                let (stop, stats) = (stop2.clone(), stats2.clone());
+                ginza_runtime::spawn(move || {
+                    if handler(stream, &stop, &stats).is_err() {
+                        stats.tcp_errors.fetch_add(1, Relaxed);
+                    }
+                    stats.tcp_open.fetch_sub(1, Relaxed);
+                });
+            }
+        });
+        while !stop.load(Relaxed) {
+            if acceptor.is_finished() {
+                let result = acceptor
+                    .join()
+                    .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
+                return result.map_err(|e| {
+                    io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
+                });
+            }
+            ginza_runtime::sleep(STOP_POLL);
+        }
+        Ok(())
+    }
+
+    /// Reads until the peer's FIN, writing everything back; then closes.
+    fn echo_one(stream: TcpStream, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
+        stream.set_read_timeout(Some(STOP_POLL))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        while !stop.load(Relaxed) {
+            match (&stream).read(&mut buf) {
+                Ok(0) => return stream.shutdown(Shutdown::Write),
+                Ok(n) => {
+                    (&stream).write_all(&buf[..n])?;
+                    stats.tcp_bytes.fetch_add(n as u64, Relaxed);
+                }
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads until the peer's FIN, hashing; then sends the receipt and
+    /// closes.
+    fn sink_one(stream: TcpStream, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
+        stream.set_read_timeout(Some(STOP_POLL))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut hash = ContentHash::new();
+        while !stop.load(Relaxed) {
+            match (&stream).read(&mut buf) {
+                Ok(0) => {
+                    (&stream).write_all(&receipt(&hash))?;
+                    return stream.shutdown(Shutdown::Write);
+                }
+                Ok(n) => {
+                    hash.update(&buf[..n]);
+                    stats.tcp_bytes.fetch_add(n as u64, Relaxed);
+                }
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 }

@@ -331,10 +331,17 @@ fn start_iokerneld(
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
-    let mut cfg = IokConfig::new(vec![cpus.app]);
-    cfg.own_core = Some(cpus.iokernel);
+    let mut cfg = if nic.is_empty() {
+        let mut cfg = IokConfig::new(vec![cpus.iokernel, cpus.app]);
+        cfg.idle_sleep = Some(Duration::from_millis(1));
+        cfg
+    } else {
+        let mut cfg = IokConfig::new(vec![cpus.app]);
+        cfg.own_core = Some(cpus.iokernel);
+        cfg.nic = nic.to_string();
+        cfg
+    };
     cfg.socket = dir.join("iokerneld.sock");
-    cfg.nic = nic.to_string();
     if let Some(f) = faults {
         set_faults(&mut cfg, f)?;
     }
@@ -508,9 +515,19 @@ fn switch_round(cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Quantiles> {
             echo_client::rtt_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT)
         });
         let rtts = client.and_then(|mut c| c.join());
+        // What the switch saw, for an error's sake.
+        let seen = iokerneld.stats().map(|s| {
+            s.apps
+                .iter()
+                .map(|a| format!("{}: {:?}", a.name, a.net))
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
         stop.store(true, Ordering::Relaxed);
         let served = server.join();
-        let rtts = rtts?.context("the Ginza client's round trips")?;
+        let rtts = rtts?.with_context(|| {
+            format!("the Ginza client's round trips (iokerneld's counts: {seen:?})")
+        })?;
         served?.context("the Ginza echo server")?;
         quantiles(rtts)
     })();
