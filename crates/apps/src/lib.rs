@@ -1,10 +1,15 @@
 //! Ginza's applications (docs/design.md, "Applications, load and experiments"),
 //! each a library module that runs inside a Ginza runtime and a binary that
-//! starts one:
+//! starts one (the flags they share: [`app_args`]):
 //!
 //! * [`spin_server`]: UDP requests that carry their own service time.
+//! * [`echo_server`]: echo (RFC 862) over UDP and TCP, many connections.
+//! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
 #![forbid(unsafe_code)]
 
+pub mod app_args;
 pub mod batch;
+pub mod echo_client;
+pub mod echo_server;
 pub mod spin_server;

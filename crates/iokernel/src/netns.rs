@@ -32,6 +32,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub mod tcp;
+
 const PREFIX: &str = "gzt";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -9,6 +9,8 @@
 //!   path](default_socket_path).
 //! * [`request`]: the [`RequestHeader`] of the synthetic workload that the
 //!   traffic generator sends and spin-server answers.
+//! * [`content`]: the reproducible bytes of bulk transfers, their hash and
+//!   a sink's receipt (the TCP tests and benchmark).
 //! * [`duration`]: durations as every Ginza command line writes them.
 //!
 //! The fast path (queue lines, command and packet rings) is shared memory,
@@ -18,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod content;
 pub mod duration;
 pub mod messages;
 pub mod request;

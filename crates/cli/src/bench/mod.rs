@@ -9,6 +9,7 @@ mod corealloc;
 mod forward;
 mod preempt;
 mod shinjuku;
+mod tcp;
 mod threadops;
 
 /// Run a benchmark and print its figures next to its peers'.
@@ -40,6 +41,11 @@ enum Experiment {
     /// through the software switch, and the UDP round trip to a Ginza echo
     /// application next to a Linux one over the same veth.
     Forward(forward::ForwardArgs),
+    /// TCP: 64-byte round trips from a Linux client over veth to Ginza's
+    /// echo-server and to Linux echo servers (blocking, busy-polling), a
+    /// one-way stream to each, Ginza ⇄ Ginza through the software switch,
+    /// and a transfer through 5 % loss.
+    Tcp(tcp::TcpArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -50,5 +56,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Shinjuku(args) => shinjuku::run(args),
         Experiment::Corealloc(args) => corealloc::run(args),
         Experiment::Forward(args) => forward::run(args),
+        Experiment::Tcp(args) => tcp::run(args),
     }
 }

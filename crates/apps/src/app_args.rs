@@ -1,0 +1,148 @@
+//! The command-line flags every networked application binary shares (its
+//! address on iokerneld's switch, its kthreads and guaranteed cores,
+//! iokerneld's socket, when to stop), and what they turn into: the runtime's
+//! [`Config`] and a stop flag set by SIGINT/SIGTERM or `--run-for`.
+//!
+//! A binary flattens [`AppArgs`] into its own `clap::Parser` next to its own
+//! flags; one that wants other default addresses (so that two applications
+//! started with defaults do not share a MAC) overrides them with
+//! [`AppArgs::with_defaults`].
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ginza_proto::parse_duration;
+use ginza_runtime::net::{Ipv4Addr, MacAddr, NetConfig};
+use ginza_runtime::{Class, Config, IokernelConfig};
+
+/// Flags shared by the networked applications.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AppArgs {
+    /// The application's MAC address on iokerneld's switch.
+    #[arg(long, default_value = "02:47:5a:00:01:01")]
+    pub mac: MacAddr,
+    /// The application's IPv4 address.
+    #[arg(long, default_value = "10.47.1.1")]
+    pub ip: Ipv4Addr,
+    /// Kthreads (cores it may use at most).
+    #[arg(long, default_value_t = 2)]
+    pub kthreads: usize,
+    /// Cores iokerneld never takes away.
+    #[arg(long, default_value_t = 0)]
+    pub guaranteed: u32,
+    /// Name at iokerneld [default: the program's name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// iokerneld's control socket [default: its default path].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Static ARP entries `IP=MAC` (peers that do not answer ARP).
+    #[arg(long = "static-arp", value_parser = parse_arp)]
+    pub static_arp: Vec<(Ipv4Addr, MacAddr)>,
+    /// Stop after this long (e.g. 10s) [default: run until SIGINT/SIGTERM].
+    #[arg(long, value_parser = parse_duration)]
+    pub run_for: Option<Duration>,
+}
+
+impl AppArgs {
+    /// `command` with the defaults of `--mac` and `--ip` replaced (call it
+    /// on `Parser::command()` before `get_matches`).
+    pub fn with_defaults(
+        command: clap::Command,
+        mac: &'static str,
+        ip: &'static str,
+    ) -> clap::Command {
+        command
+            .mut_arg("mac", |a| a.default_value(mac))
+            .mut_arg("ip", |a| a.default_value(ip))
+    }
+
+    /// The name at iokerneld: `--name`, else `program`.
+    pub fn name_or(&self, program: &str) -> String {
+        self.name.clone().unwrap_or_else(|| program.to_string())
+    }
+
+    /// A latency-critical runtime with networking at `--mac`/`--ip`,
+    /// registered as `name`.
+    pub fn runtime_config(&self, name: &str) -> Config {
+        let mut net = NetConfig::new(self.mac, self.ip);
+        for &(ip, mac) in &self.static_arp {
+            net = net.with_static_arp(ip, mac);
+        }
+        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
+        io.socket = self.socket.clone();
+        io.guaranteed = self.guaranteed;
+        io.net = Some(net);
+        Config {
+            iokernel: Some(io),
+            ..Config::with_kthreads(self.kthreads)
+        }
+    }
+
+    /// A flag set on SIGINT/SIGTERM and after `--run-for`.
+    pub fn stop_flag(&self) -> anyhow::Result<Arc<AtomicBool>> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let on_signal = stop.clone();
+        ctrlc::set_handler(move || on_signal.store(true, Relaxed))
+            .context("installing the SIGINT/SIGTERM handler")?;
+        if let Some(d) = self.run_for {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(d);
+                stop.store(true, Relaxed);
+            });
+        }
+        Ok(stop)
+    }
+}
+
+/// Parses a static ARP entry, `IP=MAC`.
+pub fn parse_arp(s: &str) -> Result<(Ipv4Addr, MacAddr), String> {
+    let (ip, mac) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected IP=MAC"))?;
+    let ip = ip.parse().map_err(|e| format!("{ip:?}: {e}"))?;
+    let mac = mac.parse().map_err(|e| format!("{mac:?}: {e}"))?;
+    Ok((ip, mac))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        app: AppArgs,
+    }
+
+    #[test]
+    fn defaults_can_be_replaced_per_program() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(cli.app.ip, Ipv4Addr::new(10, 47, 1, 1));
+        let command = AppArgs::with_defaults(Cli::command(), "02:47:5a:00:07:01", "10.47.7.1");
+        let matches = command.try_get_matches_from(["x"]).unwrap();
+        let cli = Cli::from_arg_matches(&matches).unwrap();
+        assert_eq!(cli.app.ip, Ipv4Addr::new(10, 47, 7, 1));
+        assert_eq!(cli.app.mac.to_string(), "02:47:5a:00:07:01");
+        assert_eq!(cli.app.name_or("echo-server"), "echo-server");
+    }
+
+    #[test]
+    fn a_bad_static_arp_entry_says_why() {
+        assert!(parse_arp("10.0.0.1")
+            .unwrap_err()
+            .contains("expected IP=MAC"));
+        assert!(parse_arp("10.0.0.x=02:00:00:00:00:01")
+            .unwrap_err()
+            .contains("10.0.0.x"));
+        let (ip, _) = parse_arp("10.0.0.1=02:00:00:00:00:01").unwrap();
+        assert_eq!(ip, Ipv4Addr::new(10, 0, 0, 1));
+        let err = Cli::try_parse_from(["x", "--kthreads", "many"]).unwrap_err();
+        assert!(err.to_string().contains("many"), "{err}");
+    }
+}

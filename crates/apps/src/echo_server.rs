@@ -1,0 +1,250 @@
+//! `echo-server`: the Echo protocol (RFC 862) on one port, over UDP and TCP.
+//!
+//! * UDP: every datagram is sent back to its sender as it came, by one
+//!   receiver uthread (an echo costs less than spawning a uthread for it).
+//! * TCP: one uthread per connection reads and writes back until the peer
+//!   closes its side, then closes ours; any number of connections at once.
+//!
+//! Both stop when the stop flag is set (checked at least every
+//! [`STOP_POLL`]). Counters in [`EchoStats`].
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
+
+/// How often a receiver waiting for data checks the stop flag.
+pub const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// The protocols to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocols {
+    pub udp: bool,
+    pub tcp: bool,
+}
+
+impl Protocols {
+    pub const BOTH: Protocols = Protocols {
+        udp: true,
+        tcp: true,
+    };
+}
+
+/// Counts of one server run.
+#[derive(Debug, Default)]
+pub struct EchoStats {
+    /// Datagrams echoed.
+    pub udp_echoed: AtomicU64,
+    /// Datagrams whose echo could not be sent.
+    pub udp_send_errors: AtomicU64,
+    /// TCP connections accepted.
+    pub tcp_accepted: AtomicU64,
+    /// TCP connections being served now.
+    pub tcp_open: AtomicU64,
+    /// Bytes echoed over TCP.
+    pub tcp_bytes: AtomicU64,
+    /// TCP connections that ended with an error (reset, timed out) rather
+    /// than the peer's close.
+    pub tcp_errors: AtomicU64,
+}
+
+/// True for the errors a read with a timeout returns when nothing came.
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Serves `port` over `protocols` until `stop` is set. Must run on a
+/// uthread of a runtime with networking. The first error of either
+/// protocol ends both.
+pub fn serve(
+    port: u16,
+    protocols: Protocols,
+    stop: Arc<AtomicBool>,
+    stats: Arc<EchoStats>,
+) -> io::Result<()> {
+    if !protocols.udp && !protocols.tcp {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "echo-server: neither UDP nor TCP asked for",
+        ));
+    }
+    let udp = if protocols.udp {
+        // Bound here, so that a port in use is this call's error.
+        let socket = UdpSocket::bind(port)?;
+        let (stop, stats) = (stop.clone(), stats.clone());
+        Some(ginza_runtime::spawn(move || {
+            let result = echo_udp(&socket, &stop, &stats);
+            // The other protocol stops too.
+            stop.store(true, Relaxed);
+            result
+        }))
+    } else {
+        None
+    };
+    let tcp = if protocols.tcp {
+        let result = tcp::serve(port, &stop, &stats);
+        stop.store(true, Relaxed);
+        result
+    } else {
+        Ok(())
+    };
+    let udp = match udp {
+        Some(handle) => handle
+            .join()
+            .map_err(|e| io::Error::other(format!("the UDP echo uthread: {e}")))?,
+        None => Ok(()),
+    };
+    tcp.and(udp)
+}
+
+/// Serves UDP `port` until `stop` is set.
+pub fn serve_udp(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io::Result<()> {
+    let socket = UdpSocket::bind(port)?;
+    echo_udp(&socket, &stop, &stats)
+}
+
+fn echo_udp(socket: &UdpSocket, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
+    while !stop.load(Relaxed) {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e) if is_timeout(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        match socket.send_to(&buf[..n], from) {
+            Ok(_) => stats.udp_echoed.fetch_add(1, Relaxed),
+            Err(_) => stats.udp_send_errors.fetch_add(1, Relaxed),
+        };
+    }
+    Ok(())
+}
+
+/// A TCP sink on `port` until `stop`: reads each connection to its end,
+/// then answers with a receipt (count and content hash,
+/// [`ginza_proto::content::receipt`]) and closes. Not part of RFC 862: the
+/// receiving end of one-way transfers in tests and `ginza bench tcp`.
+pub fn serve_sink(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io::Result<()> {
+    tcp::sink(port, &stop, &stats)
+}
+
+/// Serves TCP echo on `port` until `stop` is set.
+pub fn serve_tcp(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io::Result<()> {
+    tcp::serve(port, &stop, &stats)
+}
+
+mod tcp {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::Shutdown;
+
+    use ginza_proto::content::{receipt, ContentHash};
+    use ginza_runtime::net::{TcpListener, TcpStream};
+
+    /// What a connection's uthread does with it.
+    type Handler = fn(TcpStream, &AtomicBool, &EchoStats) -> io::Result<()>;
+
+    /// Echo (RFC 862) on `port` until `stop`.
+    pub(super) fn serve(
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        stats: &Arc<EchoStats>,
+    ) -> io::Result<()> {
+        listen(port, stop, stats, echo_one)
+    }
+
+    /// The sink on `port` until `stop`.
+    pub(super) fn sink(
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        stats: &Arc<EchoStats>,
+    ) -> io::Result<()> {
+        listen(port, stop, stats, sink_one)
+    }
+
+    /// Binds `port`; an acceptor uthread gives each connection a uthread
+    /// running `handler`, while this one waits for `stop`. `accept` cannot
+    /// be interrupted: the acceptor stays blocked when we return, and goes
+    /// with the runtime.
+    fn listen(
+        port: u16,
+        stop: &Arc<AtomicBool>,
+        stats: &Arc<EchoStats>,
+        handler: Handler,
+    ) -> io::Result<()> {
+        let listener = TcpListener::bind(("0.0.0.0", port))?;
+        let (stop2, stats2) = (stop.clone(), stats.clone());
+        let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
+            loop {
+                let (stream, _peer) = listener.accept()?;
+                stats2.tcp_accepted.fetch_add(1, Relaxed);
+                stats2.tcp_open.fetch_add(1, Relaxed);
+                let (stop, stats) = (stop2.clone(), stats2.clone());
+                ginza_runtime::spawn(move || {
+                    if handler(stream, &stop, &stats).is_err() {
+                        stats.tcp_errors.fetch_add(1, Relaxed);
+                    }
+                    stats.tcp_open.fetch_sub(1, Relaxed);
+                });
+            }
+        });
+        while !stop.load(Relaxed) {
+            if acceptor.is_finished() {
+                let result = acceptor
+                    .join()
+                    .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
+                return result.map_err(|e| {
+                    io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
+                });
+            }
+            ginza_runtime::sleep(STOP_POLL);
+        }
+        Ok(())
+    }
+
+    /// Reads until the peer's FIN, writing everything back; then closes.
+    fn echo_one(stream: TcpStream, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
+        stream.set_read_timeout(Some(STOP_POLL))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        while !stop.load(Relaxed) {
+            match (&stream).read(&mut buf) {
+                Ok(0) => return stream.shutdown(Shutdown::Write),
+                Ok(n) => {
+                    (&stream).write_all(&buf[..n])?;
+                    stats.tcp_bytes.fetch_add(n as u64, Relaxed);
+                }
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads until the peer's FIN, hashing; then sends the receipt and
+    /// closes.
+    fn sink_one(stream: TcpStream, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
+        stream.set_read_timeout(Some(STOP_POLL))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut hash = ContentHash::new();
+        while !stop.load(Relaxed) {
+            match (&stream).read(&mut buf) {
+                Ok(0) => {
+                    (&stream).write_all(&receipt(&hash))?;
+                    return stream.shutdown(Shutdown::Write);
+                }
+                Ok(n) => {
+                    hash.update(&buf[..n]);
+                    stats.tcp_bytes.fetch_add(n as u64, Relaxed);
+                }
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,127 @@
+//! What the veth tests share: iokerneld driving the host end of a
+//! [`NetNs`]'s veth pair, and Ginza applications behind it.
+#![allow(dead_code)] // each test binary uses a part
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ginza_iokernel::netns::NetNs;
+use ginza_iokernel::{Config as IokConfig, InProcess};
+use ginza_net::{Ipv4Addr, MacAddr};
+use ginza_runtime::net::NetConfig;
+use ginza_runtime::{Class, Config, IokernelConfig, RuntimeError};
+
+/// iokerneld spins while it drives a NIC: one at a time per test binary.
+pub fn lock() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// iokerneld on `backend:host_if` (af_xdp, af_packet); `tweak` adjusts its
+/// configuration first (fault injection). Removes its directory on drop.
+pub struct Daemon {
+    pub iokerneld: Option<InProcess>,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    pub fn on(ns: &NetNs, backend: &str, tweak: impl FnOnce(&mut IokConfig)) -> Daemon {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "ginza-apps-veth-{}-{backend}-{n}",
+            std::process::id()
+        ));
+        let mut cores = ginza_sys::affinity::allowed_cpus().unwrap();
+        cores.truncate(2);
+        let mut cfg = IokConfig::new(cores);
+        cfg.socket = dir.join("iokerneld.sock");
+        cfg.idle_sleep = Some(Duration::from_millis(1));
+        cfg.nic = format!("{backend}:{}", ns.host_if);
+        tweak(&mut cfg);
+        cfg.validate(&ginza_sys::affinity::allowed_cpus().unwrap())
+            .unwrap();
+        let iokerneld = InProcess::start(cfg.clone())
+            .unwrap_or_else(|e| panic!("iokerneld on {}: {e}", cfg.nic));
+        Daemon {
+            iokerneld: Some(iokerneld),
+            dir,
+        }
+    }
+
+    pub fn get(&self) -> &InProcess {
+        self.iokerneld.as_ref().expect("running")
+    }
+
+    /// Starts a Ginza runtime at `ip`/`mac` running `main` and waits until
+    /// it has registered as `name`.
+    pub fn start_app<T, F>(
+        &self,
+        name: &str,
+        mac: MacAddr,
+        ip: Ipv4Addr,
+        kthreads: usize,
+        main: F,
+    ) -> App<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
+        io.socket = Some(self.get().socket().to_path_buf());
+        io.net = Some(NetConfig::new(mac, ip));
+        let config = Config {
+            iokernel: Some(io),
+            ..Config::with_kthreads(kthreads)
+        };
+        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
+        let t0 = Instant::now();
+        while !self
+            .get()
+            .stats()
+            .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10) && !thread.is_finished(),
+                "{name} did not register"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        App { thread }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        drop(self.iokerneld.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Ginza runtime on its own thread.
+pub struct App<T> {
+    thread: std::thread::JoinHandle<Result<T, RuntimeError>>,
+}
+
+impl<T> App<T> {
+    /// Waits (at most `limit`) for `main` to return and gives its value.
+    pub fn join(self, limit: Duration) -> T {
+        let t0 = Instant::now();
+        while !self.thread.is_finished() {
+            assert!(
+                t0.elapsed() < limit,
+                "the Ginza application is still running after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.thread
+            .join()
+            .expect("the runtime thread")
+            .expect("the runtime")
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+}

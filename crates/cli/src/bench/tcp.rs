@@ -1,0 +1,632 @@
+//! `ginza bench tcp`: Ginza's TCP next to Linux's, in one run.
+//!
+//! Over a veth pair whose far end is in a network namespace (as
+//! `ginza bench forward`), with a Linux client in the namespace:
+//!
+//! * `rtt_us`: 64-byte requests answered by their echo, one at a time on
+//!   one persistent connection (`TCP_NODELAY`), for `--duration` after a
+//!   warm-up, to three servers at the veth's host end: `echo-server` on a
+//!   Ginza runtime behind iokerneld (AF_XDP, else AF_PACKET; iokerneld on
+//!   the first CPU, the application's kthread on the second); a Linux echo
+//!   server (a thread per connection blocked in `read`); and a Linux echo
+//!   server busy-polling non-blocking sockets, pinned to the second CPU
+//!   (the strongest kernel peer). The Linux servers listen on an address
+//!   given to the host end for their turn (iokerneld is not attached then).
+//! * `stream_mbps`: `--stream-mb` MiB sent one way from the namespace to a
+//!   sink at the host end (Ginza's or a Linux thread's), which answers with
+//!   the count and content hash of what it got; Mbit/s from connect to
+//!   receipt.
+//! * `switch_rtt_us`: the same round trips between two Ginza runtimes
+//!   through iokerneld's software switch (no NIC).
+//! * `lossy`: `--lossy-mb` MiB from the namespace to Ginza's sink while
+//!   iokerneld drops 5 % of the frames on the veth port and reorders
+//!   some: bytes, whether they arrived intact (count and hash), seconds.
+//!
+//! Rounds are interleaved (Ginza, Linux, Linux busy-poll, switch; again…)
+//! so that drifts of the machine hit every server alike; each figure is the
+//! median over `--rounds` rounds of that round's value (p50 and p99 are
+//! medians of per-round percentiles). Without root, `ip` or `ethtool` the
+//! veth figures are null and `veth_skipped` says why.
+
+use std::fmt::Write as _;
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use ginza_apps::echo_client;
+use ginza_apps::echo_server::{self, EchoStats, Protocols};
+use ginza_iokernel::netns::tcp::{self as linux, EchoMode, LinuxServer};
+use ginza_iokernel::netns::NetNs;
+use ginza_iokernel::{Config as IokConfig, InProcess};
+use ginza_net::{Ipv4Addr, MacAddr};
+use ginza_proto::content::Transfer;
+use ginza_proto::parse_duration;
+use ginza_runtime::net::NetConfig;
+use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
+use serde::Serialize;
+
+use super::common::{allowed_cpus, emit, median, percentile};
+
+/// Arguments of `ginza bench tcp`.
+#[derive(clap::Args, Debug)]
+pub struct TcpArgs {
+    /// Print one JSON object on stdout (the table then goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Interleaved rounds; each figure is the median over them.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Length of one round-trip series (after its warm-up), e.g. 1s.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    duration: Duration,
+    /// MiB sent one way per round for `stream_mbps`.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    stream_mb: u64,
+    /// MiB sent through 5 % loss for `lossy` (once).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    lossy_mb: u64,
+}
+
+/// Request and reply size of the round trips.
+const PAYLOAD: usize = 64;
+/// Round trips before each measured series.
+const WARMUP: usize = 1000;
+/// The longest wait for one read or write before a run is declared stuck.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+const ECHO_PORT: u16 = 7;
+const SINK_PORT: u16 = 9;
+/// The host end's address for the Linux servers' turns (`.3`).
+const LINUX_HOST_OCTET: u8 = 3;
+/// Frames iokerneld drops on the veth port in the lossy run.
+const LOSS_PCT: u32 = 5;
+const GINZA_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x12]);
+const SWITCH_SERVER: (MacAddr, Ipv4Addr) = (
+    MacAddr([0x02, 0x47, 0x5a, 0x00, 0x12, 0x01]),
+    Ipv4Addr::new(10, 47, 12, 1),
+);
+const SWITCH_CLIENT: (MacAddr, Ipv4Addr) = (
+    MacAddr([0x02, 0x47, 0x5a, 0x00, 0x12, 0x02]),
+    Ipv4Addr::new(10, 47, 12, 2),
+);
+
+#[derive(Serialize, Clone, Copy, Debug, Default)]
+struct Quantiles {
+    p50: f64,
+    p99: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct RttSet {
+    ginza: Quantiles,
+    linux: Quantiles,
+    linux_busy_poll: Quantiles,
+}
+
+#[derive(Serialize, Debug)]
+struct StreamSet {
+    ginza: f64,
+    linux: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct Lossy {
+    loss_pct: u32,
+    bytes: u64,
+    intact: bool,
+    seconds: f64,
+    /// Frames iokerneld dropped and reordered on the veth port (both
+    /// directions).
+    frames_dropped: u64,
+    frames_reordered: u64,
+}
+
+/// One round's values, for the record.
+#[derive(Serialize, Debug, Default)]
+struct Round {
+    ginza: Option<Quantiles>,
+    linux: Option<Quantiles>,
+    linux_busy_poll: Option<Quantiles>,
+    switch: Option<Quantiles>,
+    stream_ginza_mbps: Option<f64>,
+    stream_linux_mbps: Option<f64>,
+}
+
+#[derive(Serialize, Debug)]
+struct Report {
+    rtt_us: Option<RttSet>,
+    stream_mbps: Option<StreamSet>,
+    switch_rtt_us: Option<Quantiles>,
+    lossy: Option<Lossy>,
+    /// The NIC backend Ginza's veth figures went through.
+    backend: Option<String>,
+    payload_bytes: usize,
+    rounds: Vec<Round>,
+    /// Why the veth figures are null.
+    veth_skipped: Option<String>,
+    /// Why `lossy` is null.
+    lossy_skipped: Option<String>,
+}
+
+pub fn run(args: TcpArgs) -> anyhow::Result<()> {
+    let cpus = allowed_cpus()?;
+    anyhow::ensure!(
+        cpus.len() >= 2,
+        "ginza bench tcp needs two CPUs (iokerneld and the applications), this process may use {cpus:?}"
+    );
+    let cpus = Cpus {
+        iokernel: cpus[0],
+        app: cpus[1],
+    };
+    let ns = NetNs::create();
+    let veth_skipped = ns.as_ref().err().map(|e| e.to_string());
+    let mut rounds = Vec::new();
+    let mut backend = None;
+    for round in 0..args.rounds {
+        let mut r = Round::default();
+        if let Ok(ns) = &ns {
+            let (used, rtt, mbps) = ginza_round(ns, cpus, &args, None)
+                .with_context(|| format!("round {round}: Ginza over veth"))?;
+            backend = Some(used);
+            r.ginza = Some(rtt);
+            r.stream_ginza_mbps = mbps;
+            let (rtt, mbps) = linux_round(ns, cpus, &args, EchoMode::Blocking)
+                .with_context(|| format!("round {round}: Linux over veth"))?;
+            r.linux = Some(rtt);
+            r.stream_linux_mbps = mbps;
+            let (rtt, _) = linux_round(
+                ns,
+                cpus,
+                &args,
+                EchoMode::BusyPoll {
+                    cpu: Some(cpus.app),
+                },
+            )
+            .with_context(|| format!("round {round}: Linux busy-polling over veth"))?;
+            r.linux_busy_poll = Some(rtt);
+        }
+        r.switch = Some(
+            switch_round(cpus, &args)
+                .with_context(|| format!("round {round}: Ginza ⇄ Ginza through the switch"))?,
+        );
+        rounds.push(r);
+    }
+    let mut lossy_skipped = None;
+    let lossy = match &ns {
+        Err(_) => None,
+        Ok(ns) => match lossy_run(ns, cpus, &args) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                lossy_skipped = Some(format!("{e:#}"));
+                None
+            }
+        },
+    };
+    let med = |f: &dyn Fn(&Round) -> Option<Quantiles>| -> Option<Quantiles> {
+        let v: Vec<Quantiles> = rounds.iter().filter_map(f).collect();
+        Some(Quantiles {
+            p50: median(&v.iter().map(|q| q.p50).collect::<Vec<_>>())?,
+            p99: median(&v.iter().map(|q| q.p99).collect::<Vec<_>>())?,
+        })
+    };
+    let med_f = |f: &dyn Fn(&Round) -> Option<f64>| -> Option<f64> {
+        median(&rounds.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    let rtt_us = match (
+        med(&|r| r.ginza),
+        med(&|r| r.linux),
+        med(&|r| r.linux_busy_poll),
+    ) {
+        (Some(ginza), Some(linux), Some(linux_busy_poll)) => Some(RttSet {
+            ginza,
+            linux,
+            linux_busy_poll,
+        }),
+        _ => None,
+    };
+    let stream_mbps = match (
+        med_f(&|r| r.stream_ginza_mbps),
+        med_f(&|r| r.stream_linux_mbps),
+    ) {
+        (Some(ginza), Some(linux)) => Some(StreamSet { ginza, linux }),
+        _ => None,
+    };
+    let report = Report {
+        rtt_us,
+        stream_mbps,
+        switch_rtt_us: med(&|r| r.switch),
+        lossy,
+        backend,
+        payload_bytes: PAYLOAD,
+        rounds,
+        veth_skipped,
+        lossy_skipped,
+    };
+    emit(args.json, &render(&report, &args), &report)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Cpus {
+    iokernel: usize,
+    app: usize,
+}
+
+/// p50 and p99 in µs of round trips in ns.
+fn quantiles(mut ns: Vec<u64>) -> anyhow::Result<Quantiles> {
+    ns.sort_unstable();
+    let us = |q| percentile(&ns, q).map(|v| v as f64 / 1e3);
+    Ok(Quantiles {
+        p50: us(50.0).ok_or_else(|| anyhow!("no round trip measured"))?,
+        p99: us(99.0).ok_or_else(|| anyhow!("no round trip measured"))?,
+    })
+}
+
+/// A Ginza runtime running `main` on its own thread.
+struct App<T> {
+    name: String,
+    thread: Option<std::thread::JoinHandle<Result<T, RuntimeError>>>,
+}
+
+impl<T: Send + 'static> App<T> {
+    /// Starts it on `iokerneld` and waits until it has registered.
+    fn start(
+        iokerneld: &InProcess,
+        name: &str,
+        (mac, ip): (MacAddr, Ipv4Addr),
+        main: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<App<T>> {
+        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
+        io.socket = Some(iokerneld.socket().to_path_buf());
+        io.net = Some(NetConfig::new(mac, ip));
+        let config = RtConfig {
+            iokernel: Some(io),
+            ..RtConfig::with_kthreads(1)
+        };
+        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
+        let mut app = App {
+            name: name.to_string(),
+            thread: Some(thread),
+        };
+        let t0 = Instant::now();
+        while !iokerneld
+            .stats()
+            .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
+        {
+            if app.thread.as_ref().is_some_and(|t| t.is_finished()) {
+                app.join()?;
+                anyhow::bail!("{name} returned before it registered");
+            }
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{name} did not register with iokerneld within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(app)
+    }
+
+    fn join(&mut self) -> anyhow::Result<T> {
+        let thread = self
+            .thread
+            .take()
+            .ok_or_else(|| anyhow!("{} was joined already", self.name))?;
+        thread
+            .join()
+            .map_err(|_| anyhow!("the thread of {} panicked", self.name))?
+            .with_context(|| format!("the runtime of {}", self.name))
+    }
+}
+
+/// iokerneld on `nic` ("" for none) managing the application's CPU, its
+/// loop on its own; `faults` for the veth port when given.
+fn start_iokerneld(
+    nic: &str,
+    cpus: Cpus,
+    faults: Option<&str>,
+) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "ginza-bench-tcp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut cfg = if nic.is_empty() {
+        let mut cfg = IokConfig::new(vec![cpus.iokernel, cpus.app]);
+        cfg.idle_sleep = Some(Duration::from_millis(1));
+        cfg
+    } else {
+        let mut cfg = IokConfig::new(vec![cpus.app]);
+        cfg.own_core = Some(cpus.iokernel);
+        cfg.nic = nic.to_string();
+        cfg
+    };
+    cfg.socket = dir.join("iokerneld.sock");
+    if let Some(f) = faults {
+        set_faults(&mut cfg, f)?;
+    }
+    let iokerneld = InProcess::start(cfg).map_err(|e| anyhow!("iokerneld on {nic:?}: {e}"))?;
+    Ok((iokerneld, dir))
+}
+
+/// iokerneld's fault injection (`--faults RULE`).
+fn set_faults(cfg: &mut IokConfig, faults: &str) -> anyhow::Result<()> {
+    let rule = faults
+        .parse()
+        .map_err(|e| anyhow!("the fault rule {faults:?}: {e}"))?;
+    cfg.faults = vec![rule];
+    Ok(())
+}
+
+/// The Ginza server side of a veth round: echo on 7 and a sink on 9.
+fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    let stats = Arc::new(EchoStats::default());
+    let (s2, st2) = (stop.clone(), stats.clone());
+    let sink = ginza_runtime::spawn(move || echo_server::serve_sink(SINK_PORT, s2, st2));
+    let echo = echo_server::serve(
+        ECHO_PORT,
+        Protocols {
+            udp: false,
+            tcp: true,
+        },
+        stop.clone(),
+        stats,
+    );
+    stop.store(true, Ordering::Relaxed);
+    let sink = sink
+        .join()
+        .map_err(|e| std::io::Error::other(format!("the sink uthread: {e}")))?;
+    echo.and(sink)
+}
+
+/// iokerneld and Ginza's servers on the veth (AF_XDP, else AF_PACKET),
+/// with `faults` on its port; `measure` runs while they serve.
+fn with_ginza_on_veth<R>(
+    ns: &NetNs,
+    cpus: Cpus,
+    faults: Option<&str>,
+    measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
+) -> anyhow::Result<(String, R)> {
+    let mut failures = Vec::new();
+    for backend in ["af_xdp", "af_packet"] {
+        let nic = format!("{backend}:{}", ns.host_if);
+        let (iokerneld, dir) = match start_iokerneld(&nic, cpus, faults) {
+            Ok(d) => d,
+            Err(e) => {
+                failures.push(format!("{e:#}"));
+                continue;
+            }
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let result = App::start(&iokerneld, "tcp-echo", (GINZA_MAC, ns.peer_ip), move || {
+            ginza_servers(s2)
+        })
+        .and_then(|mut app| {
+            let measured = measure(&iokerneld);
+            stop.store(true, Ordering::Relaxed);
+            // A server that failed explains a failed measurement.
+            let served = app
+                .join()
+                .and_then(|r| r.context("Ginza's echo server and sink"));
+            match (measured, served) {
+                (Ok(m), Ok(())) => Ok(m),
+                (Err(m), Err(s)) => Err(s.context(format!("(the client: {m:#})"))),
+                (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
+            }
+        });
+        drop(iokerneld);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok((backend.to_string(), result?));
+    }
+    Err(anyhow!("no NIC backend opened: {}", failures.join("; ")))
+}
+
+/// Round trips from the namespace to `target` for `--duration`.
+fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<Quantiles> {
+    let report =
+        ns.run_in(move || linux::rtt_probe_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT))??;
+    let h = &report.histogram;
+    anyhow::ensure!(
+        !h.is_empty(),
+        "no round trip to {target} within {duration:?}"
+    );
+    Ok(Quantiles {
+        p50: report.quantile_us(0.5),
+        p99: report.quantile_us(0.99),
+    })
+}
+
+/// One way from the namespace to the sink at `target`; checks the receipt.
+fn stream(ns: &NetNs, target: SocketAddrV4, mib: u64) -> anyhow::Result<Transfer> {
+    let bytes = mib << 20;
+    let t = ns.run_in(move || linux::sink_transfer(target, bytes, 0x5eed, IO_TIMEOUT))??;
+    anyhow::ensure!(
+        t.intact(),
+        "the sink at {target} received {} bytes (hash {:#x}), {} were sent (hash {:#x})",
+        t.received,
+        t.received_hash,
+        t.sent,
+        t.sent_hash
+    );
+    Ok(t)
+}
+
+fn ginza_round(
+    ns: &NetNs,
+    cpus: Cpus,
+    args: &TcpArgs,
+    faults: Option<&str>,
+) -> anyhow::Result<(String, Quantiles, Option<f64>)> {
+    let (echo, sink) = (
+        SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
+        SocketAddrV4::new(ns.peer_ip, SINK_PORT),
+    );
+    let (backend, (rtt, mbps)) = with_ginza_on_veth(ns, cpus, faults, |_| {
+        let rtt = probe(ns, echo, args.duration)?;
+        let t = stream(ns, sink, args.stream_mb)?;
+        Ok((rtt, Some(t.mbps())))
+    })?;
+    Ok((backend, rtt, mbps))
+}
+
+fn linux_round(
+    ns: &NetNs,
+    cpus: Cpus,
+    args: &TcpArgs,
+    mode: EchoMode,
+) -> anyhow::Result<(Quantiles, Option<f64>)> {
+    let _ = cpus;
+    let host = ns.add_host_address(LINUX_HOST_OCTET)?;
+    let echo: LinuxServer = linux::echo_server(SocketAddrV4::new(host.ip, ECHO_PORT), mode)?;
+    let rtt = probe(ns, echo.addr(), args.duration);
+    echo.stop()?;
+    let rtt = rtt?;
+    if mode != EchoMode::Blocking {
+        return Ok((rtt, None));
+    }
+    let sink = linux::sink_server(SocketAddrV4::new(host.ip, SINK_PORT))?;
+    let t = stream(ns, sink.addr(), args.stream_mb);
+    sink.stop()?;
+    Ok((rtt, Some(t?.mbps())))
+}
+
+/// Two Ginza runtimes on an iokerneld without a NIC: echo-server and a
+/// client measuring round trips through the software switch.
+fn switch_round(cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Quantiles> {
+    let (iokerneld, dir) = start_iokerneld("", cpus, None)?;
+    let result = (|| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let mut server = App::start(&iokerneld, "switch-echo", SWITCH_SERVER, move || {
+            echo_server::serve(
+                ECHO_PORT,
+                Protocols {
+                    udp: false,
+                    tcp: true,
+                },
+                s2,
+                Arc::new(EchoStats::default()),
+            )
+        })?;
+        let target = SocketAddrV4::new(SWITCH_SERVER.1, ECHO_PORT);
+        let duration = args.duration;
+        let client = App::start(&iokerneld, "switch-client", SWITCH_CLIENT, move || {
+            echo_client::rtt_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT)
+        });
+        let rtts = client.and_then(|mut c| c.join());
+        // What the switch saw, for an error's sake.
+        let seen = iokerneld.stats().map(|s| {
+            s.apps
+                .iter()
+                .map(|a| format!("{}: {:?}", a.name, a.net))
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        stop.store(true, Ordering::Relaxed);
+        let served = server.join();
+        let rtts = rtts?.with_context(|| {
+            format!("the Ginza client's round trips (iokerneld's counts: {seen:?})")
+        })?;
+        served?.context("the Ginza echo server")?;
+        quantiles(rtts)
+    })();
+    drop(iokerneld);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// `--lossy-mb` from the namespace to Ginza's sink through 5 % loss and
+/// reordering on iokerneld's veth port.
+fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
+    let faults = format!("drop={LOSS_PCT}%,reorder=5%,port=trunk,seed=12");
+    let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
+    let bytes = args.lossy_mb << 20;
+    let (_, (t, dropped, reordered)) = with_ginza_on_veth(ns, cpus, Some(&faults), |iokerneld| {
+        let t = ns.run_in(move || linux::sink_transfer(sink, bytes, 0x1055, IO_TIMEOUT))??;
+        let stats = iokerneld.stats()?;
+        let rule = stats
+            .dataplane
+            .faults
+            .first()
+            .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
+        Ok((t, rule.dropped, rule.reordered))
+    })?;
+    Ok(Lossy {
+        loss_pct: LOSS_PCT,
+        bytes: t.sent,
+        intact: t.intact(),
+        seconds: t.elapsed.as_secs_f64(),
+        frames_dropped: dropped,
+        frames_reordered: reordered,
+    })
+}
+
+fn render(r: &Report, args: &TcpArgs) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "TCP, median of {} interleaved rounds, {PAYLOAD}-byte round trips for {:?} each:",
+        r.rounds.len(),
+        args.duration
+    );
+    let row = |s: &mut String, name: &str, q: &Quantiles| {
+        let _ = writeln!(s, "  {name:<34} p50 {:>8.1}  p99 {:>8.1}", q.p50, q.p99);
+    };
+    match &r.rtt_us {
+        Some(rtt) => {
+            let _ = writeln!(
+                s,
+                "round trip, Linux client in a namespace → veth → echo server, µs:"
+            );
+            let backend = r.backend.as_deref().unwrap_or("?");
+            row(
+                &mut s,
+                &format!("ginza echo-server ({backend})"),
+                &rtt.ginza,
+            );
+            row(&mut s, "linux, blocking thread", &rtt.linux);
+            row(&mut s, "linux, busy-polling (pinned)", &rtt.linux_busy_poll);
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "veth figures skipped: {}",
+                r.veth_skipped.as_deref().unwrap_or("unknown reason")
+            );
+        }
+    }
+    if let Some(st) = &r.stream_mbps {
+        let _ = writeln!(
+            s,
+            "one-way stream, {} MiB from the namespace to a sink, Mbit/s:  ginza {:.0}  linux {:.0}",
+            args.stream_mb, st.ginza, st.linux
+        );
+    }
+    if let Some(q) = &r.switch_rtt_us {
+        let _ = writeln!(
+            s,
+            "round trip, Ginza ⇄ Ginza through the software switch, µs:"
+        );
+        row(&mut s, "ginza client → ginza echo-server", q);
+    }
+    match (&r.lossy, &r.lossy_skipped) {
+        (Some(l), _) => {
+            let _ = writeln!(
+                s,
+                "{} MiB through {}% loss and reordering: intact {}, {:.2} s ({} frames dropped, {} reordered)",
+                l.bytes >> 20,
+                l.loss_pct,
+                l.intact,
+                l.seconds,
+                l.frames_dropped,
+                l.frames_reordered
+            );
+        }
+        (None, Some(why)) => {
+            let _ = writeln!(s, "lossy transfer skipped: {why}");
+        }
+        (None, None) => {}
+    }
+    s
+}

@@ -1,0 +1,65 @@
+//! `ginza bench tcp --json` runs end to end in a short mode: Ginza ⇄
+//! Ginza round trips through the switch always, and (as root, with `ip`
+//! and `ethtool`) the veth figures from answered round trips, streams whose
+//! receipts matched, and an intact transfer through 5 % loss.
+
+use std::process::Command;
+
+#[test]
+fn tcp_reports_round_trips_streams_and_a_lossy_transfer() {
+    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
+    if cpus.len() < 2 {
+        ginza_iokernel::testing::skip(format!(
+            "iokerneld and the applications need two CPUs, this process has {cpus:?}"
+        ));
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args([
+            "bench",
+            "tcp",
+            "--json",
+            "--rounds",
+            "1",
+            "--duration",
+            "100ms",
+            "--stream-mb",
+            "2",
+            "--lossy-mb",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let positive_quantiles = |q: &serde_json::Value, what: &str| {
+        let (p50, p99) = (q["p50"].as_f64().unwrap(), q["p99"].as_f64().unwrap());
+        assert!(0.0 < p50 && p50 <= p99, "{what}: {q}");
+    };
+    positive_quantiles(&v["switch_rtt_us"], "switch_rtt_us");
+    assert_eq!(v["rounds"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["payload_bytes"], 64);
+    match ginza_iokernel::netns::missing_prerequisite() {
+        Some(reason) => {
+            assert!(v["rtt_us"].is_null() && v["lossy"].is_null(), "{v}");
+            assert_eq!(v["veth_skipped"].as_str(), Some(reason.as_str()));
+            ginza_iokernel::testing::skip(format!("the veth figures: {reason}"));
+        }
+        None => {
+            for side in ["ginza", "linux", "linux_busy_poll"] {
+                positive_quantiles(&v["rtt_us"][side], side);
+            }
+            for side in ["ginza", "linux"] {
+                assert!(v["stream_mbps"][side].as_f64().unwrap() > 0.0, "{v}");
+            }
+            let lossy = &v["lossy"];
+            assert_eq!(lossy["loss_pct"], 5, "{v}");
+            assert_eq!(lossy["bytes"], 2 << 20, "{v}");
+            assert_eq!(lossy["intact"], true, "{v}");
+            assert!(lossy["seconds"].as_f64().unwrap() > 0.0, "{v}");
+            assert!(lossy["frames_dropped"].as_u64().unwrap() > 0, "{v}");
+            assert!(stderr.contains("busy-polling"), "{stderr}");
+        }
+    }
+}
