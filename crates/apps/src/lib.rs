@@ -5,6 +5,7 @@
 //! * [`spin_server`]: UDP requests that carry their own service time.
 //! * [`echo_server`]: echo (RFC 862) over UDP and TCP, many connections.
 //! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
+//! * [`http_server`]: HTTP/1.1 with keep-alive, `GET /` and `GET /bytes/N`.
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
 #![forbid(unsafe_code)]
 
@@ -12,4 +13,5 @@ pub mod app_args;
 pub mod batch;
 pub mod echo_client;
 pub mod echo_server;
+pub mod http_server;
 pub mod spin_server;
