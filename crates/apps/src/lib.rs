@@ -6,6 +6,7 @@
 //! * [`echo_server`]: echo (RFC 862) over UDP and TCP, many connections.
 //! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
 //! * [`http_server`]: HTTP/1.1 with keep-alive, `GET /` and `GET /bytes/N`.
+//! * [`scan_server`]: GET and range SCAN over an ordered map (UDP, TCP; Shinjuku mode).
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
 #![forbid(unsafe_code)]
 
@@ -14,4 +15,5 @@ pub mod batch;
 pub mod echo_client;
 pub mod echo_server;
 pub mod http_server;
+pub mod scan_server;
 pub mod spin_server;
