@@ -81,6 +81,13 @@ impl Switch {
     {
         let config = self.config(name, last, kthreads);
         let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
+        self.wait_registered(name, || thread.is_finished());
+        App { thread }
+    }
+
+    /// Waits (at most 10 s, and while `gone()` is false) until an
+    /// application has registered as `name`.
+    pub fn wait_registered(&self, name: &str, gone: impl Fn() -> bool) {
         let t0 = Instant::now();
         while !self
             .get()
@@ -88,12 +95,11 @@ impl Switch {
             .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
         {
             assert!(
-                t0.elapsed() < Duration::from_secs(10) && !thread.is_finished(),
+                t0.elapsed() < Duration::from_secs(10) && !gone(),
                 "{name} did not register"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        App { thread }
     }
 
     /// Runs `body` on a runtime at `iface(last)` on this thread.
