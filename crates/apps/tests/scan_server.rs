@@ -56,15 +56,11 @@ fn udp_round_trip(socket: &UdpSocket, bytes: &[u8], id: u64) -> Response {
     let mut buf = [0u8; 64];
     for _ in 0..20 {
         socket.send_to(bytes, server_addr()).unwrap();
-        loop {
-            match socket.recv_from(&mut buf) {
-                Ok((n, _)) => {
-                    let r = Response::decode(&buf[..n]).expect("a well-formed response");
-                    if r.id == id {
-                        return r;
-                    }
-                }
-                Err(_) => break, // lost: send again
+        // A timeout means lost: send again.
+        while let Ok((n, _)) = socket.recv_from(&mut buf) {
+            let r = Response::decode(&buf[..n]).expect("a well-formed response");
+            if r.id == id {
+                return r;
             }
         }
     }
@@ -215,5 +211,6 @@ fn shinjuku_mode_preempts_long_scans_over_udp() {
         "no SCAN was preempted: {summary:?}"
     );
     assert!(summary.coop_preemptions + summary.signal_preemptions > 0);
-    assert!(stats.scans.load(Relaxed) >= 4 + 3 + 1);
+    // 4 long SCANs, 3 short ones, 1 over TCP.
+    assert!(stats.scans.load(Relaxed) >= 8);
 }
