@@ -529,6 +529,10 @@ fn serve_connection(stream: &TcpStream, stop: &AtomicBool, stats: &HttpStats) ->
             (&*stream).write_all(&out)?;
             out.clear();
         }
+        if out.capacity() > 16 * 1024 {
+            // An idle connection keeps no large buffer.
+            out = Vec::new();
+        }
         for r in &responses {
             stats.count(r);
         }
