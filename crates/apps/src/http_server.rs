@@ -413,7 +413,19 @@ impl<'a> Head<'a> {
         if body_len > MAX_REQUEST_BODY {
             return Response::error(413, head_only, true);
         }
-        let path = self.path.split_once('?').map_or(self.path, |(p, _)| p);
+        // Absolute form (RFC 9112 §3.2.2): the path after the authority.
+        let path = ["http://", "https://"]
+            .iter()
+            .find_map(|scheme| {
+                let rest = self
+                    .path
+                    .get(..scheme.len())?
+                    .eq_ignore_ascii_case(scheme)
+                    .then(|| &self.path[scheme.len()..])?;
+                Some(rest.find('/').map_or("/", |i| &rest[i..]))
+            })
+            .unwrap_or(self.path);
+        let path = path.split_once('?').map_or(path, |(p, _)| p);
         let entity = if path == "/" {
             Ok(Body::Static(ROOT_BODY))
         } else if let Some(digits) = path.strip_prefix("/bytes/") {
@@ -653,6 +665,10 @@ mod tests {
         assert_eq!(header(&head(&r), "content-length"), Some("1234"));
         assert_eq!(r.body, Body::None);
         assert_eq!(r.to_bytes(), r.head);
+        let r = one("GET http://x/bytes/4?q HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(r.body, Body::Filler(4), "absolute form");
+        let r = one("GET HTTP://x HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(r.body, Body::Static(ROOT_BODY));
         let r = one("HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n");
         assert_eq!(r.status, 404);
         assert_eq!(r.body, Body::None);

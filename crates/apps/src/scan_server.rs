@@ -544,6 +544,16 @@ pub fn mq_policy(quantum: Duration, get_slo: Duration, scan_slo: Duration) -> Sc
     }
 }
 
+/// The class a request gets under `policy`: its own ([`Request::class`])
+/// when the policy has a queue per class (c-PRE-MQ with two classes or
+/// more), else 0 (c-PRE-SQ and c-FCFS have one queue).
+pub fn class_under(policy: &SchedPolicy, request: &Request) -> usize {
+    match policy {
+        SchedPolicy::CPreMq { classes, .. } if classes.len() > CLASS_SCAN => request.class(),
+        _ => 0,
+    }
+}
+
 /// A request on its way from the front runtime to a worker.
 type Inbound = (Request, SocketAddrV4);
 /// A response on its way back to the front runtime.
@@ -620,6 +630,7 @@ pub fn run_shinjuku(
             })?
     };
     let handler_stats = stats.clone();
+    let policy = shinjuku.policy.clone();
     let served = shinjuku::serve(
         shinjuku,
         shinjuku::classify(
@@ -627,7 +638,7 @@ pub fn run_shinjuku(
                 requests,
                 done: false,
             },
-            |(r, _): &Inbound| r.class(),
+            move |(r, _): &Inbound| class_under(&policy, r),
         ),
         move |(request, from): Inbound| {
             let response = store.execute(&request);
@@ -859,6 +870,28 @@ mod tests {
         }
         // The order matters to the checksum.
         assert_ne!(checksum([(1, 2), (3, 4)]), checksum([(3, 4), (1, 2)]));
+    }
+
+    #[test]
+    fn gets_and_scans_are_classes_under_mq_only() {
+        let get = Request::get(1, 2);
+        let scan = Request::scan(1, 2, 3);
+        let mq = mq_policy(
+            Duration::from_micros(10),
+            Duration::from_micros(50),
+            Duration::from_millis(5),
+        );
+        assert_eq!(class_under(&mq, &get), CLASS_GET);
+        assert_eq!(class_under(&mq, &scan), CLASS_SCAN);
+        assert_ne!(CLASS_GET, CLASS_SCAN);
+        let sq = SchedPolicy::CPreSq {
+            quantum: 10_000,
+            placement: Placement::Tail,
+        };
+        for policy in [sq, SchedPolicy::CFcfs] {
+            assert_eq!(class_under(&policy, &scan), 0);
+            assert_eq!(class_under(&policy, &get), 0);
+        }
     }
 
     proptest! {
