@@ -20,6 +20,9 @@
 //! and closed. A request body announced by `Content-Length` (on any method)
 //! is read and discarded.
 //!
+//! A request whose head or body is still arriving [`Options::request_timeout`]
+//! (30 s) after its first byte gets 408 and is closed.
+//!
 //! Connections: HTTP/1.1 stays open unless the request says
 //! `Connection: close`; HTTP/1.0 closes unless it says
 //! `Connection: keep-alive`. Requests may be pipelined: the responses go out
@@ -118,6 +121,7 @@ impl Response {
             400 => b"bad request\n" as &'static [u8],
             404 => b"not found\n",
             405 => b"method not allowed\n",
+            408 => b"request timeout\n",
             413 => b"request body too large\n",
             431 => b"request header fields too large\n",
             501 => b"transfer-encoding not implemented\n",
@@ -146,6 +150,7 @@ fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         413 => "Content Too Large",
         431 => "Request Header Fields Too Large",
         501 => "Not Implemented",
@@ -230,6 +235,20 @@ impl Session {
     /// nothing more will be read.
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// True while part of a request (its head, or a body being skipped)
+    /// has arrived and the rest has not.
+    pub fn is_mid_request(&self) -> bool {
+        !self.closed && (!self.pending.is_empty() || self.discard > 0)
+    }
+
+    /// The response when the rest of a request took too long: 408, and the
+    /// connection closes.
+    pub fn timed_out(&mut self) -> Response {
+        self.closed = true;
+        self.pending = Vec::new();
+        Response::error(408, false, true)
     }
 
     /// Takes the next bytes the client sent; returns the responses to the
@@ -486,11 +505,39 @@ impl HttpStats {
 /// for unread data.
 const LINGER: Duration = Duration::from_secs(1);
 
+/// Settings of a server.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// How long a request may take to arrive once its first byte has: a
+    /// client that sends slower gets 408 and is closed (it costs a uthread,
+    /// never a kthread, but should not hold one for ever).
+    pub request_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves HTTP on TCP `port` with the default [`Options`] until `stop` is
+/// set (see [`serve_with`]).
+pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<HttpStats>) -> io::Result<()> {
+    serve_with(port, Options::default(), stop, stats)
+}
+
 /// Serves HTTP on TCP `port` until `stop` is set: an acceptor uthread
 /// gives each connection its own uthread. Must run on a uthread of a
 /// runtime with networking. `accept` cannot be interrupted: the acceptor
 /// stays blocked when this returns, and goes with the runtime.
-pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<HttpStats>) -> io::Result<()> {
+pub fn serve_with(
+    port: u16,
+    options: Options,
+    stop: Arc<AtomicBool>,
+    stats: Arc<HttpStats>,
+) -> io::Result<()> {
     let listener = TcpListener::bind(("0.0.0.0", port))?;
     let (stop2, stats2) = (stop.clone(), stats.clone());
     let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
@@ -500,7 +547,7 @@ pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<HttpStats>) -> io::Res
             stats2.open.fetch_add(1, Relaxed);
             let (stop, stats) = (stop2.clone(), stats2.clone());
             ginza_runtime::spawn(move || {
-                if serve_connection(&stream, &stop, &stats).is_err() {
+                if serve_connection(&stream, options, &stop, &stats).is_err() {
                     stats.socket_errors.fetch_add(1, Relaxed);
                 }
                 stats.open.fetch_sub(1, Relaxed);
@@ -522,17 +569,32 @@ pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<HttpStats>) -> io::Res
 }
 
 /// Runs one connection's [`Session`] until it or the client closes.
-fn serve_connection(stream: &TcpStream, stop: &AtomicBool, stats: &HttpStats) -> io::Result<()> {
+fn serve_connection(
+    stream: &TcpStream,
+    options: Options,
+    stop: &AtomicBool,
+    stats: &HttpStats,
+) -> io::Result<()> {
     stream.set_read_timeout(Some(STOP_POLL))?;
     let mut session = Session::new();
-    // On the uthread's stack: an idle connection touches little of it.
-    let mut buf = [0u8; 8 * 1024];
+    // One page on the uthread's stack: an idle connection costs little.
+    let mut buf = [0u8; 4 * 1024];
     let mut out = Vec::new();
+    // When the request now arriving started to.
+    let mut request_started: Option<Instant> = None;
     while !stop.load(Relaxed) {
         let n = match (&*stream).read(&mut buf) {
             Ok(0) => return Ok(()),
             Ok(n) => n,
-            Err(e) if is_timeout(&e) => continue,
+            Err(e) if is_timeout(&e) => {
+                if request_started.is_some_and(|t| t.elapsed() >= options.request_timeout) {
+                    let r = session.timed_out();
+                    (&*stream).write_all(&r.to_bytes())?;
+                    stats.count(&r);
+                    return linger_close(stream, &mut buf);
+                }
+                continue;
+            }
             Err(e) => return Err(e),
         };
         let responses = session.feed(&buf[..n]);
@@ -551,6 +613,12 @@ fn serve_connection(stream: &TcpStream, stop: &AtomicBool, stats: &HttpStats) ->
         if session.is_closed() {
             return linger_close(stream, &mut buf);
         }
+        // A request still arriving keeps its start; a new one starts now.
+        request_started = match (session.is_mid_request(), responses.is_empty()) {
+            (false, _) => None,
+            (true, true) => request_started.or_else(|| Some(Instant::now())),
+            (true, false) => Some(Instant::now()),
+        };
     }
     Ok(())
 }
@@ -808,6 +876,24 @@ mod tests {
             MAX_REQUEST_BODY + 1
         ));
         assert_eq!((r.status, r.close), (413, true));
+    }
+
+    #[test]
+    fn a_request_in_flight_is_known_and_can_time_out() {
+        let mut s = Session::new();
+        assert!(!s.is_mid_request());
+        assert!(s.feed(b"GET / HT").is_empty());
+        assert!(s.is_mid_request());
+        let r = s.timed_out();
+        assert_eq!((r.status, r.close), (408, true));
+        assert!(s.is_closed() && !s.is_mid_request());
+        assert!(s.feed(b"TP/1.1\r\nHost: x\r\n\r\n").is_empty());
+        // A body being skipped is a request in flight too.
+        let mut s = Session::new();
+        s.feed(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab");
+        assert!(s.is_mid_request());
+        s.feed(b"cd");
+        assert!(!s.is_mid_request());
     }
 
     #[test]

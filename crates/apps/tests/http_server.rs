@@ -10,9 +10,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ginza_apps::http_server::{self, HttpStats, ROOT_BODY};
+use ginza_apps::http_server::{self, HttpStats, Options, ROOT_BODY};
 use ginza_runtime::net::TcpStream;
 use http_scan_common::{connect, iface, lock, Switch};
 
@@ -124,12 +124,17 @@ impl Client {
 /// http-server on the switch; runs `client` on a Ginza runtime, then stops
 /// the server and returns its counters.
 fn with_server(client: impl FnOnce() + Send + 'static) -> Arc<HttpStats> {
+    with_server_options(Options::default(), client)
+}
+
+/// [`with_server`] with `options`.
+fn with_server_options(options: Options, client: impl FnOnce() + Send + 'static) -> Arc<HttpStats> {
     let switch = Switch::start();
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(HttpStats::default());
     let (s2, st2) = (stop.clone(), stats.clone());
     let server = switch.start_app("http-server", SERVER, 1, move || {
-        http_server::serve(PORT, s2, st2)
+        http_server::serve_with(PORT, options, s2, st2)
     });
     switch.run_client(CLIENT, client);
     stop.store(true, Relaxed);
@@ -235,4 +240,45 @@ fn a_bad_request_gets_400_and_the_connection_is_closed() {
     assert_eq!(stats.accepted.load(Relaxed), 3);
     assert_eq!(stats.client_errors.load(Relaxed), 1);
     assert_eq!(stats.server_errors.load(Relaxed), 1);
+}
+
+#[test]
+fn a_slow_client_holds_no_kthread_and_times_out_with_408() {
+    let _lock = lock();
+    let timeout = Duration::from_millis(300);
+    let stats = with_server_options(
+        Options {
+            request_timeout: timeout,
+        },
+        move || {
+            // A client sending its request a byte at a time, slowly.
+            let slow = ginza_runtime::spawn(move || {
+                let mut c = Client::connect();
+                let t0 = Instant::now();
+                for b in "GET / HTTP/1.1\r\nHost: slow\r\n\r\n".bytes() {
+                    if c.stream.write_all(&[b]).is_err() {
+                        break; // closed by the server
+                    }
+                    ginza_runtime::sleep(Duration::from_millis(20));
+                    if t0.elapsed() > 3 * timeout {
+                        break;
+                    }
+                }
+                let r = c.reply(false);
+                (r.status, t0.elapsed(), c.closed_by_server())
+            });
+            // Meanwhile the server (one kthread) answers others at once.
+            for _ in 0..5 {
+                let mut c = Client::connect();
+                c.send("GET /bytes/100 HTTP/1.1\r\nHost: g\r\n\r\n");
+                assert_eq!(c.reply(false).body.len(), 100);
+            }
+            let (status, took, closed) = slow.join().unwrap();
+            assert_eq!(status, 408);
+            assert!(took >= timeout, "408 after {took:?}");
+            assert!(closed);
+        },
+    );
+    assert_eq!(stats.ok.load(Relaxed), 5);
+    assert_eq!(stats.client_errors.load(Relaxed), 1);
 }
