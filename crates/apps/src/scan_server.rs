@@ -10,6 +10,12 @@
 //! client with the seed can ask for keys that exist), its value
 //! [`value_of`]`(seed, key)`. It is read-only while served.
 //!
+//! Costs (an optimised build on the development VM, 100,000 keys): a GET
+//! looks its key up in about 0.25 µs; a SCAN walks about 5–8 ns a key, so
+//! 50,000 keys take about 340 µs — the client picks a SCAN's length (a SCAN
+//! from key 0 walks the first keys in order, so it walks its full length
+//! whenever the map has that many keys).
+//!
 //! # Wire format
 //!
 //! Every integer is big-endian. A **request** is [`REQUEST_LEN`] = 24 bytes:
