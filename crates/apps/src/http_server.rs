@@ -20,6 +20,8 @@
 //! and closed. A request body announced by `Content-Length` (on any method)
 //! is read and discarded.
 //!
+//! Responses carry `Date` ([`http_date`]).
+//!
 //! A request whose head or body is still arriving [`Options::request_timeout`]
 //! (30 s) after its first byte gets 408 and is closed.
 //!
@@ -37,7 +39,7 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ginza_runtime::net::{TcpListener, TcpStream};
 
@@ -212,6 +214,9 @@ pub struct Session {
     discard: u64,
     /// A response that closes the connection has been produced.
     closed: bool,
+    /// The `Date` header field's line, if the caller gave the time
+    /// ([`Session::set_date`]), and the second it shows.
+    date: Option<(u64, String)>,
 }
 
 /// The parts of a request head that decide the response.
@@ -237,6 +242,31 @@ impl Session {
         self.closed
     }
 
+    /// Responses from now on carry `now` as their `Date` (RFC 9110
+    /// §6.6.1); without it they carry none (the unit tests' responses do
+    /// not depend on the clock). Cheap when the second has not changed.
+    pub fn set_date(&mut self, now: SystemTime) {
+        let secs = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if self.date.as_ref().is_none_or(|(at, _)| *at != secs) {
+            self.date = Some((secs, format!("Date: {}\r\n", http_date(secs))));
+        }
+    }
+
+    /// `r` with the `Date` line after its status line, if there is one.
+    fn stamp(&self, mut r: Response) -> Response {
+        if let Some((_, line)) = &self.date {
+            let after_status = r
+                .head
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .map_or(r.head.len(), |i| i + 2);
+            r.head.splice(after_status..after_status, line.bytes());
+        }
+        r
+    }
+
     /// True while part of a request (its head, or a body being skipped)
     /// has arrived and the rest has not.
     pub fn is_mid_request(&self) -> bool {
@@ -248,7 +278,7 @@ impl Session {
     pub fn timed_out(&mut self) -> Response {
         self.closed = true;
         self.pending = Vec::new();
-        Response::error(408, false, true)
+        self.stamp(Response::error(408, false, true))
     }
 
     /// Takes the next bytes the client sent; returns the responses to the
@@ -279,7 +309,7 @@ impl Session {
             match self.next_request() {
                 Some(r) => {
                     self.closed = r.close;
-                    responses.push(r);
+                    responses.push(self.stamp(r));
                 }
                 None => break,
             }
@@ -469,6 +499,41 @@ impl<'a> Head<'a> {
     }
 }
 
+/// `secs` after the Unix epoch as an HTTP date (IMF-fixdate, RFC 9110
+/// §5.6.7): `Sun, 06 Nov 1994 08:49:37 GMT`.
+pub fn http_date(secs: u64) -> String {
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = secs / 86_400;
+    let of_day = secs % 86_400;
+    // The civil date of a day count, with years starting on 1 March so
+    // that the leap day ends a year (eras of 400 years, 146,097 days).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153; // 0 = March
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!(
+        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
+        WEEKDAYS[(days % 7) as usize],
+        MONTHS[(month - 1) as usize],
+        of_day / 3_600,
+        of_day / 60 % 60,
+        of_day % 60
+    )
+}
+
 /// Counts of one server run.
 #[derive(Debug, Default)]
 pub struct HttpStats {
@@ -588,6 +653,7 @@ fn serve_connection(
             Ok(n) => n,
             Err(e) if is_timeout(&e) => {
                 if request_started.is_some_and(|t| t.elapsed() >= options.request_timeout) {
+                    session.set_date(SystemTime::now());
                     let r = session.timed_out();
                     (&*stream).write_all(&r.to_bytes())?;
                     stats.count(&r);
@@ -597,6 +663,7 @@ fn serve_connection(
             }
             Err(e) => return Err(e),
         };
+        session.set_date(SystemTime::now());
         let responses = session.feed(&buf[..n]);
         write_responses(&responses, &mut out, |b| (&*stream).write_all(b))?;
         if !out.is_empty() {
@@ -894,6 +961,32 @@ mod tests {
         assert!(s.is_mid_request());
         s.feed(b"cd");
         assert!(!s.is_mid_request());
+    }
+
+    #[test]
+    fn dates_are_imf_fixdates() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(http_date(784_111_777), "Sun, 06 Nov 1994 08:49:37 GMT");
+        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+        assert_eq!(http_date(1_709_251_199), "Thu, 29 Feb 2024 23:59:59 GMT");
+        assert_eq!(http_date(4_102_444_800), "Fri, 01 Jan 2100 00:00:00 GMT");
+    }
+
+    #[test]
+    fn responses_carry_the_date_they_were_given() {
+        let mut s = Session::new();
+        s.set_date(SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777));
+        let r = s.feed(GET_ROOT.as_bytes()).remove(0);
+        let h = head(&r);
+        assert!(
+            h.starts_with("HTTP/1.1 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n"),
+            "{h}"
+        );
+        assert_eq!(
+            header(&h, "content-length"),
+            Some(&*ROOT_BODY.len().to_string())
+        );
+        assert!(head(&s.timed_out()).contains("\r\nDate: Sun, 06 Nov 1994"));
     }
 
     #[test]

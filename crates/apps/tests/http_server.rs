@@ -153,6 +153,10 @@ fn keep_alive_serves_several_requests_on_one_connection() {
             assert_eq!(r.status, 200);
             assert_eq!(r.body, ROOT_BODY);
             assert_eq!(r.header("connection"), Some("keep-alive"));
+            assert!(
+                r.header("date").is_some_and(|d| d.ends_with(" GMT")),
+                "{r:?}"
+            );
         }
         c.send("HEAD /bytes/777 HTTP/1.1\r\nHost: ginza\r\n\r\n");
         let r = c.reply(true);
