@@ -26,6 +26,9 @@ pub struct ArpConfig {
     pub entry_ttl: Duration,
     /// Datagrams queued per address while it is being resolved; more are refused.
     pub max_pending_per_ip: usize,
+    /// Datagrams queued over all addresses: what bounds the queues' memory
+    /// when many addresses are pending at once (replies to spoofed sources).
+    pub max_pending_total: usize,
     /// While unresolved, ask again at most this often.
     pub retry_interval: Duration,
     /// Give up on an address (and drop its queue) after this long unanswered.
@@ -34,12 +37,15 @@ pub struct ArpConfig {
 
 impl Default for ArpConfig {
     // Linux-like: entries are reconfirmed about once a minute, requests
-    // retried each second, three tries before giving up.
+    // retried each second, three tries before giving up; a burst of replies
+    // to a new peer is queued, not lost (Linux queues about 100 packets per
+    // neighbour), while the total stays a few hundred datagrams.
     fn default() -> Self {
         ArpConfig {
             capacity: 1024,
             entry_ttl: Duration::from_secs(60),
-            max_pending_per_ip: 4,
+            max_pending_per_ip: 64,
+            max_pending_total: 256,
             retry_interval: Duration::from_secs(1),
             pending_timeout: Duration::from_secs(3),
         }
@@ -89,6 +95,8 @@ pub struct ArpTable<T> {
     config: ArpConfig,
     statics: HashMap<Ipv4Addr, MacAddr>,
     dynamic: HashMap<Ipv4Addr, Dynamic<T>>,
+    /// Datagrams in all pending queues.
+    pending_total: usize,
     counters: ArpCounters,
 }
 
@@ -98,6 +106,7 @@ impl<T> ArpTable<T> {
             config,
             statics: statics.iter().map(|entry| (entry.ip, entry.mac)).collect(),
             dynamic: HashMap::new(),
+            pending_total: 0,
             counters: ArpCounters::default(),
         }
     }
@@ -161,7 +170,9 @@ impl<T> ArpTable<T> {
         if send_request {
             self.counters.requests_asked += 1;
         }
-        if queue.len() >= self.config.max_pending_per_ip {
+        if queue.len() >= self.config.max_pending_per_ip
+            || self.pending_total >= self.config.max_pending_total
+        {
             self.counters.refused_queue_full += 1;
             return Resolution::Refused {
                 datagram,
@@ -169,6 +180,7 @@ impl<T> ArpTable<T> {
             };
         }
         queue.push_back(datagram);
+        self.pending_total += 1;
         self.counters.queued += 1;
         Resolution::Queued { send_request }
     }
@@ -190,7 +202,10 @@ impl<T> ArpTable<T> {
             expires: now + self.config.entry_ttl,
         };
         match self.dynamic.insert(ip, learned) {
-            Some(Dynamic::Pending { queue, .. }) => queue,
+            Some(Dynamic::Pending { queue, .. }) => {
+                self.pending_total -= queue.len();
+                queue
+            }
             _ => VecDeque::new(),
         }
     }
@@ -200,6 +215,7 @@ impl<T> ArpTable<T> {
     pub fn expire(&mut self, now: Instant, mut on_dropped: impl FnMut(T)) {
         let pending_timeout = self.config.pending_timeout;
         let counters = &mut self.counters;
+        let pending_total = &mut self.pending_total;
         self.dynamic.retain(|_, entry| match entry {
             Dynamic::Learned { expires, .. } => now < *expires,
             Dynamic::Pending {
@@ -209,6 +225,7 @@ impl<T> ArpTable<T> {
                     return true;
                 }
                 counters.timed_out += queue.len() as u64;
+                *pending_total -= queue.len();
                 queue.drain(..).for_each(&mut on_dropped);
                 false
             }
@@ -288,6 +305,31 @@ mod tests {
             arp.lookup(gateway, now + 1000 * SECOND),
             Some(MacAddr([2, 0, 0, 0, 0, 0xfe]))
         );
+    }
+
+    #[test]
+    fn pending_queues_are_bounded_in_total_and_freed_on_learn_and_expiry() {
+        let mut arp = table(ArpConfig {
+            max_pending_per_ip: 3,
+            max_pending_total: 4,
+            ..ArpConfig::default()
+        });
+        let now = Instant::now();
+        let a = Ipv4Addr::new(10, 0, 0, 10);
+        let b = Ipv4Addr::new(10, 0, 0, 11);
+        let queued = |r: &Resolution<u32>| matches!(r, Resolution::Queued { .. });
+        assert!((0..3).all(|d| queued(&arp.resolve(a, now, d))));
+        assert!(queued(&arp.resolve(b, now, 3)));
+        // Room for b alone, but the table holds four datagrams already.
+        assert!(!queued(&arp.resolve(b, now, 4)));
+        assert_eq!(arp.counters().refused_queue_full, 1);
+        assert_eq!(arp.learn(a, PEER_MAC, now).len(), 3);
+        assert!(queued(&arp.resolve(b, now, 5)));
+        arp.expire(now + 10 * SECOND, drop);
+        // b's two datagrams were given up: the total has room for four again.
+        let later = now + 100 * SECOND;
+        assert!((6..9).all(|d| queued(&arp.resolve(a, later, d))));
+        assert!(queued(&arp.resolve(b, later, 9)));
     }
 
     #[test]
