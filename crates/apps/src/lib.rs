@@ -5,6 +5,8 @@
 //! * [`spin_server`]: UDP requests that carry their own service time.
 //! * [`echo_server`]: echo (RFC 862) over UDP and TCP, many connections.
 //! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
+//! * [`kv`]: a memcached-compatible key-value server (text and binary
+//!   protocols over TCP, UDP frames).
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
 #![forbid(unsafe_code)]
 
@@ -12,4 +14,5 @@ pub mod app_args;
 pub mod batch;
 pub mod echo_client;
 pub mod echo_server;
+pub mod kv;
 pub mod spin_server;
