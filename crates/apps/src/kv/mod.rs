@@ -1,5 +1,5 @@
-//! `kv-server`: a memcached-compatible key-value server (docs/apps.md,
-//! "kv-server"), one module per mechanism:
+//! `kv-server`: a memcached-compatible key-value server (docs/design.md,
+//! "Applications, load and experiments"), one module per mechanism:
 //!
 //! * [`store`]: the items (cas, expiry, the memory limit with LRU eviction,
 //!   the item-size limit), sharded behind uthread locks.

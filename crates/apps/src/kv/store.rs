@@ -3,7 +3,7 @@
 //!
 //! * Every mutation of one key (set, cas, incr/decr, append, ...) runs
 //!   under its shard's lock, so cas and incr are atomic with respect to
-//!   each other (docs/apps.md, "kv-server").
+//!   each other (docs/design.md, "Applications, load and experiments").
 //! * Expiration times follow memcached: 0 never expires; up to 30 days is
 //!   relative to now; more is an absolute unix time; negative is already
 //!   expired. Expired and flushed items are dropped when met.

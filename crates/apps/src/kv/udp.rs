@@ -1,5 +1,4 @@
-//! memcached's UDP frame header (docs/apps.md, "kv-server"): every
-//! datagram starts with 8 bytes, four big-endian u16s: the request ID
+//! memcached's UDP frame header: every datagram starts with 8 bytes, four big-endian u16s: the request ID
 //! (echoed back), the sequence number of this datagram in its message, the
 //! message's datagram count, and 0. A request must fit one datagram; a
 //! reply is cut into as many datagrams as it needs.
