@@ -28,7 +28,7 @@ use crate::echo_server::Protocols;
 /// How often a uthread waiting for data checks the stop flag.
 pub const STOP_POLL: Duration = Duration::from_millis(10);
 /// Bytes asked of one `read`.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = 4 * 1024;
 
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
@@ -138,15 +138,28 @@ pub fn serve_tcp(port: u16, kv: Kv, stop: &Arc<AtomicBool>) -> io::Result<()> {
 pub fn serve_connection(stream: &TcpStream, kv: &Kv, stop: &AtomicBool) -> io::Result<()> {
     stream.set_read_timeout(Some(STOP_POLL))?;
     let mut io = stream;
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    // An idle connection holds no buffer: bytes are read into `chunk` on
+    // the uthread's stack and kept in `buf` only while a request is not
+    // whole (docs/design.md: 10,000 idle connections must stay cheap).
+    let mut chunk = [0u8; READ_CHUNK];
+    let mut buf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut session: Option<Session> = None;
     // Bytes `buf` must hold before the session can make progress.
     let mut need: usize = 1;
     while !stop.load(Relaxed) {
         let start = buf.len();
-        buf.resize(start + READ_CHUNK.max(need.saturating_sub(start)), 0);
-        let n = match io.read(&mut buf[start..]) {
+        // A large value is read straight into its place.
+        let direct = need > start + READ_CHUNK;
+        if direct {
+            buf.resize(need, 0);
+        }
+        let read = if direct {
+            io.read(&mut buf[start..])
+        } else {
+            io.read(&mut chunk)
+        };
+        let n = match read {
             Ok(n) => n,
             Err(e) => {
                 buf.truncate(start);
@@ -156,7 +169,11 @@ pub fn serve_connection(stream: &TcpStream, kv: &Kv, stop: &AtomicBool) -> io::R
                 return Err(e);
             }
         };
-        buf.truncate(start + n);
+        if direct {
+            buf.truncate(start + n);
+        } else {
+            buf.extend_from_slice(&chunk[..n]);
+        }
         if n == 0 {
             return Ok(());
         }
@@ -176,9 +193,11 @@ pub fn serve_connection(stream: &TcpStream, kv: &Kv, stop: &AtomicBool) -> io::R
         if flow == Flow::Close {
             return stream.shutdown(Shutdown::Write);
         }
-        // Do not keep a large buffer around for an idle connection.
-        if buf.is_empty() && buf.capacity() > 4 * READ_CHUNK {
-            buf = Vec::with_capacity(READ_CHUNK);
+        if buf.is_empty() {
+            buf = Vec::new();
+        }
+        if out.capacity() > 4 * READ_CHUNK {
+            out = Vec::new();
         }
     }
     Ok(())
