@@ -5,11 +5,13 @@
 //!   the item-size limit), sharded behind uthread locks.
 //! * [`text`]: memcached's text protocol, a pure incremental parser and
 //!   the executor of its commands.
+//! * [`meta`]: the text protocol's meta commands (mg, ms, md).
 //! * [`binary`]: memcached's binary protocol.
 //! * [`udp`]: the 8-byte frame header memcached puts on UDP datagrams.
 //! * [`server`]: the TCP and UDP serving loops on `ginza_runtime::net`.
 
 pub mod binary;
+pub mod meta;
 pub mod server;
 pub mod store;
 pub mod text;

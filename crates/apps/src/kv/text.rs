@@ -11,6 +11,7 @@
 
 use std::io::Write as _;
 
+use super::meta::{self, Meta};
 use super::store::{DeleteOutcome, DeltaOutcome, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
 use super::{Kv, KvStats, VERSION};
 
@@ -76,6 +77,15 @@ pub enum Command<'a> {
     Quit,
     /// `mn`.
     MetaNoop,
+    /// `mg`, `ms`, `md`.
+    Meta(Meta<'a>),
+    /// Reply `line` (always), remove `unlink`'s item, and swallow
+    /// `swallow` bytes of data (a refused `ms`).
+    Swallow {
+        line: &'static str,
+        swallow: usize,
+        unlink: Option<&'a [u8]>,
+    },
     /// A fixed reply line (errors), not sent under noreply.
     Reply {
         line: &'static str,
@@ -231,7 +241,7 @@ fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
     hay.iter().position(|&b| b == needle)
 }
 
-enum Line<'a> {
+pub(super) enum Line<'a> {
     Done(Command<'a>),
     /// A storage command with its data block (`data_len` bytes with the
     /// "\r\n").
@@ -268,6 +278,7 @@ fn command<'a>(line: &'a [u8], after: &'a [u8], item_size_max: usize) -> Line<'a
     let want = |ok: bool, then: &dyn Fn() -> Line<'a>| if ok { then() } else { reply(ERROR) };
     match name {
         b"mn" => Line::Done(Command::MetaNoop),
+        b"mg" | b"ms" | b"md" => meta::parse(name[1], &tokens, ntokens, after, item_size_max),
         _ if name.len() == 2 && name[0] == b'm' => reply(ERROR),
         b"get" | b"gets" | b"gat" | b"gats" | b"bget" => {
             if ntokens < 3 {
@@ -667,6 +678,13 @@ pub fn execute(cmd: &Command<'_>, kv: &Kv, out: &mut Vec<u8>) -> Flow {
         Command::Verbosity { noreply } => say("OK", noreply),
         Command::Quit => return Flow::Close,
         Command::MetaNoop => say("MN", false),
+        Command::Meta(ref m) => meta::execute(m, kv, out),
+        Command::Swallow { line, unlink, .. } => {
+            if let Some(key) = unlink {
+                store.delete(key, 0);
+            }
+            say(line, false);
+        }
         Command::Reply { line, noreply } => say(line, noreply),
         Command::Close => return Flow::Close,
     }
@@ -708,7 +726,9 @@ impl TextSession {
                 Parsed::Need(n) => return (at, at + n, Flow::Continue),
                 Parsed::Request(cmd, used) => {
                     at += used;
-                    if let Command::TooLarge { swallow, .. } = cmd {
+                    if let Command::TooLarge { swallow, .. } | Command::Swallow { swallow, .. } =
+                        cmd
+                    {
                         self.swallow = swallow;
                     }
                     if execute(&cmd, kv, out) == Flow::Close {
@@ -955,7 +975,15 @@ mod tests {
             err("verbosity x\r\n"),
             "CLIENT_ERROR bad command line format"
         );
-        assert_eq!(err("mg k v\r\n"), "ERROR");
+        assert_eq!(err("ma k\r\n"), "ERROR");
+        assert_eq!(err("mg\r\n"), "ERROR");
+        assert_eq!(err("mg k v v\r\n"), "CLIENT_ERROR duplicate flag");
+        assert_eq!(err("mg k !\r\n"), "CLIENT_ERROR invalid flag");
+        assert_eq!(
+            err("mg k Tx\r\n"),
+            "CLIENT_ERROR bad token in command line format"
+        );
+        assert_eq!(err("md k zz\r\n"), "CLIENT_ERROR invalid or duplicate flag");
         assert_eq!(
             cmd("set k 0 0 3\r\nabcde"),
             Command::Reply {

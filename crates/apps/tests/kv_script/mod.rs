@@ -1,5 +1,6 @@
 //! What the kv-server tests against real memcached share: a scripted
-//! sequence of raw text-protocol requests (well-formed and malformed), a
+//! sequence of raw text-protocol requests (well-formed and malformed, meta
+//! commands included), a
 //! runner that sends them over any byte stream and cuts the replies, what
 //! is masked before comparing, and Debian's `memcached` as a child process.
 #![allow(dead_code)] // each test binary uses a part
@@ -164,6 +165,46 @@ pub fn script() -> Vec<Vec<Step>> {
         step("get q f c sp2\r\n"),
         step("set z 0 0 1\r\nz\r\nflush_all noreply\r\nget z\r\n"),
         step("flush_all 0\r\n"),
+        // Meta commands.
+        step("ms mk 2\r\nhi\r\n"),
+        step("ms mk 2 c k Oabc T0 F5\r\nhi\r\n"),
+        step("mg mk v f s k Oop t\r\n"),
+        step("mg mk\r\n"),
+        step("mg mk c\r\n"),
+        step("mg mk q v\r\n"),
+        step("mg nokey v\r\n"),
+        step("mg nokey v q\r\n"),
+        step("mg nokey k Ox\r\n"),
+        step("mg mk v v\r\n"),
+        step("mg mk !\r\n"),
+        step("mg mk Tabc\r\n"),
+        step("mg\r\n"),
+        step("mg mk T100 t\r\n"),
+        step(format!("mg {long_key} v\r\n")),
+        step("ms mk 2 MX\r\nhi\r\n"),
+        step("ms mk 2 ME\r\nhi\r\n"),
+        step("ms mnew 2 ME\r\nhi\r\n"),
+        step("ms mk 2 MA\r\n!!\r\nmg mk v\r\n"),
+        step("ms mk 1 MP\r\n<\r\nmg mk v\r\n"),
+        step("ms nokey2 1 MR\r\nx\r\n"),
+        step("ms mk 2 C1\r\nhi\r\n"),
+        step("ms nokey3 2 C1\r\nhi\r\n"),
+        step("ms mk 2 q\r\nhi\r\n"),
+        step("ms mk 2 q ME\r\nhi\r\n"),
+        step("ms mk x\r\n"),
+        step("ms mk\r\n"),
+        step("ms mk 2 v v\r\nhi\r\n"),
+        step("ms mk 2 MEE\r\nhi\r\n"),
+        step("ms mk 3\r\nabcde\r\n"),
+        step("ms mk 2 Fx\r\nhi\r\n"),
+        step("md mk\r\n"),
+        step("md mk\r\n"),
+        step("md mk q\r\n"),
+        step("md mnew q\r\nmg mnew\r\n"),
+        step("md x Oab k\r\n"),
+        step("md x v v\r\n"),
+        step("md\r\n"),
+        step("mz x\r\n"),
         step("version\r\n"),
         step("get a\r\nquit\r\n"),
     ];
@@ -250,7 +291,8 @@ pub fn exchange<S: Read + Write>(s: &mut S, step: &Step) -> Vec<u8> {
 }
 
 /// What legitimately differs between two servers, masked: the cas unique
-/// of `gets`/`gats` lines and the version string.
+/// of `gets`/`gats` lines and of meta replies' `c` flag, and the version
+/// string.
 pub fn mask(reply: &[u8]) -> String {
     let text = String::from_utf8_lossy(reply);
     text.split_inclusive("\r\n")
@@ -261,6 +303,23 @@ pub fn mask(reply: &[u8]) -> String {
             let words: Vec<&str> = line.trim_end_matches("\r\n").split(' ').collect();
             if words.len() == 5 && words[0] == "VALUE" {
                 return format!("VALUE {} {} {} <cas>\r\n", words[1], words[2], words[3]);
+            }
+            // Meta replies: the `c` flag's cas unique.
+            if ["HD", "VA", "EN", "NS", "EX", "NF"].contains(&words[0]) {
+                let masked: Vec<String> = words
+                    .iter()
+                    .map(|w| {
+                        if w.len() > 1
+                            && w.starts_with('c')
+                            && w[1..].bytes().all(|b| b.is_ascii_digit())
+                        {
+                            "c<cas>".to_string()
+                        } else {
+                            w.to_string()
+                        }
+                    })
+                    .collect();
+                return format!("{}\r\n", masked.join(" "));
             }
             line.to_string()
         })
