@@ -874,6 +874,47 @@ mod tests {
     }
 
     #[test]
+    fn cas_and_incr_are_atomic_across_threads() {
+        // Plain threads: the store's uthread Mutex spins outside a runtime.
+        let (s, _) = store(1 << 20, 4);
+        let s = Arc::new(s);
+        set(&s, "c", "0");
+        set(&s, "i", "0");
+        const THREADS: u64 = 6;
+        const EACH: u64 = 300;
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..EACH {
+                        loop {
+                            let item = s.get(b"c").unwrap();
+                            let n: u64 = std::str::from_utf8(&item.value)
+                                .unwrap()
+                                .trim()
+                                .parse()
+                                .unwrap();
+                            let next = (n + 1).to_string();
+                            match s.store(StoreMode::Cas(item.cas), b"c", next.as_bytes(), 0, 0) {
+                                StoreOutcome::Stored(_) => break,
+                                StoreOutcome::Exists => continue,
+                                other => panic!("{other:?}"),
+                            }
+                        }
+                        assert!(matches!(s.delta(b"i", true, 1, 0), DeltaOutcome::Value(..)));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let n = (THREADS * EACH).to_string();
+        assert_eq!(value(&s, "c").as_deref(), Some(n.as_str()));
+        assert_eq!(value(&s, "i").as_deref(), Some(n.as_str()));
+    }
+
+    #[test]
     fn the_item_size_limit() {
         let (s, _) = store(8 << 20, 1);
         set(&s, "k", "old");
