@@ -1,18 +1,19 @@
-//! memcached's meta commands `mg` (get), `ms` (set) and `md` (delete) of
+//! memcached's meta commands `mg` (get), `ms` (set), `md` (delete) and
+//! `ma` (arithmetic) of
 //! the text protocol (`mn` is in [`super::text`]): a key, then one-letter
 //! flags, some with a token (`T30`, `Oopaque`), echoed in the reply in the
 //! order given.
 //!
 //! Supported flags: mg `v c f k O q s t T u` (and `h l`, answered as never
 //! fetched / accessed now); ms `c C F I k O q T M` (modes E A P R S); md
-//! `C k O q`. Not supported (memcached 1.6's stale-while-revalidate and
-//! binary keys): `b`, `N`, `R`, and `I` as "mark stale" (md deletes) —
-//! `b` is refused as an invalid flag, `N`/`R` have no effect. `ma` is not
-//! served (ERROR).
+//! `C k O q`; ma `N J D T M C q t c v k O`. Not supported (memcached
+//! 1.6's stale-while-revalidate and binary keys): `b`, mg's `N` and `R`,
+//! and `I` as "mark stale" (md deletes) — `b` is refused as an invalid
+//! flag, `N`/`R` have no effect on mg.
 
 use std::io::Write as _;
 
-use super::store::{DeleteOutcome, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
+use super::store::{DeleteOutcome, DeltaOutcome, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
 use super::text::{strtol32, strtoul32, strtoull, Command, Line};
 use super::{Kv, KvStats};
 
@@ -47,6 +48,19 @@ pub enum Meta<'a> {
         cas: Option<u64>,
         quiet: bool,
     },
+    Arithmetic {
+        key: &'a [u8],
+        flags: Vec<&'a [u8]>,
+        incr: bool,
+        delta: u64,
+        /// N: create a missing item with this TTL, holding `initial`.
+        vivify: Option<i64>,
+        initial: u64,
+        ttl: Option<i64>,
+        cas: Option<u64>,
+        value: bool,
+        quiet: bool,
+    },
 }
 
 /// What the flags of one command say.
@@ -55,9 +69,12 @@ struct Flags {
     value: bool,
     quiet: bool,
     ttl: Option<i64>,
+    vivify: Option<i64>,
     client_flags: u32,
     cas: Option<u64>,
     mode: Option<u8>,
+    initial: Option<u64>,
+    delta: Option<u64>,
 }
 
 /// memcached's `_meta_flag_preparse`.
@@ -73,7 +90,11 @@ fn preparse(tokens: &[&[u8]], default_error: &'static str) -> Result<Flags, &'st
         seen[o as usize] = true;
         let arg = &t[1..];
         match o {
-            b'N' | b'R' => {
+            b'N' => match strtol32(arg) {
+                Some(v) => f.vivify = Some(v.into()),
+                None => error = Some("CLIENT_ERROR bad token in command line format"),
+            },
+            b'R' => {
                 if strtol32(arg).is_none() {
                     error = Some("CLIENT_ERROR bad token in command line format");
                 }
@@ -100,16 +121,14 @@ fn preparse(tokens: &[&[u8]], default_error: &'static str) -> Result<Flags, &'st
                     f.mode = Some(t[1]);
                 }
             }
-            b'J' => {
-                if strtoull(arg).is_none() {
-                    error = Some("CLIENT_ERROR invalid numeric initial value");
-                }
-            }
-            b'D' => {
-                if strtoull(arg).is_none() {
-                    error = Some("CLIENT_ERROR invalid numeric delta value");
-                }
-            }
+            b'J' => match strtoull(arg) {
+                Some(v) => f.initial = Some(v),
+                None => error = Some("CLIENT_ERROR invalid numeric initial value"),
+            },
+            b'D' => match strtoull(arg) {
+                Some(v) => f.delta = Some(v),
+                None => error = Some("CLIENT_ERROR invalid numeric delta value"),
+            },
             _ => return Err("CLIENT_ERROR invalid flag"),
         }
     }
@@ -248,6 +267,44 @@ pub(super) fn parse<'a>(
                 }),
                 data_len,
             }
+        }
+        b'a' => {
+            if key.len() > KEY_MAX_LENGTH {
+                return err(BAD_FORMAT);
+            }
+            if ntokens > MAX_OPT_TOKENS {
+                return err("CLIENT_ERROR options flags too long");
+            }
+            let f = match preparse(&kept[2..], BAD_FORMAT) {
+                Ok(f) => f,
+                Err(_) => return err("CLIENT_ERROR invalid or duplicate flag"),
+            };
+            if kept[2..].iter().any(|t| t[0] == b'b') {
+                return err("CLIENT_ERROR invalid or duplicate flag");
+            }
+            let incr = match f.mode {
+                None | Some(b'I') | Some(b'+') => true,
+                Some(b'D') | Some(b'-') => false,
+                Some(_) => return err("CLIENT_ERROR invalid mode for ma M token"),
+            };
+            if kept[2..]
+                .iter()
+                .any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE)
+            {
+                return err("CLIENT_ERROR opaque token too long");
+            }
+            Line::Done(Command::Meta(Meta::Arithmetic {
+                key,
+                flags: kept[2..].to_vec(),
+                incr,
+                delta: f.delta.unwrap_or(1),
+                vivify: f.vivify,
+                initial: f.initial.unwrap_or(0),
+                ttl: f.ttl,
+                cas: f.cas,
+                value: f.value,
+                quiet: f.quiet,
+            }))
         }
         _ => {
             if key.len() > KEY_MAX_LENGTH {
@@ -417,6 +474,109 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                 }
             }
             out.extend_from_slice(b"\r\n");
+        }
+        Meta::Arithmetic {
+            key,
+            ref flags,
+            incr,
+            delta,
+            vivify,
+            initial,
+            ttl,
+            cas,
+            value,
+            quiet,
+        } => {
+            let (number, new_cas) = match store.delta(key, incr, delta, cas.unwrap_or(0)) {
+                DeltaOutcome::Value(v, c) => {
+                    KvStats::bump(if incr {
+                        &kv.stats.incr_hits
+                    } else {
+                        &kv.stats.decr_hits
+                    });
+                    if quiet {
+                        if let Some(t) = ttl {
+                            store.touch(key, t);
+                        }
+                        return;
+                    }
+                    (v, c)
+                }
+                DeltaOutcome::NonNumeric => {
+                    out.extend_from_slice(
+                        b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+                    );
+                    return;
+                }
+                DeltaOutcome::NotFound if vivify.is_some() => {
+                    let digits = initial.to_string();
+                    let exptime = vivify.unwrap_or(0);
+                    match store.store(StoreMode::Add, key, digits.as_bytes(), 0, exptime) {
+                        StoreOutcome::Stored(c) => (initial, c),
+                        _ => {
+                            out.extend_from_slice(b"NS");
+                            opaque_and_key(out, flags, key);
+                            out.extend_from_slice(b"\r\n");
+                            return;
+                        }
+                    }
+                }
+                DeltaOutcome::NotFound => {
+                    KvStats::bump(if incr {
+                        &kv.stats.incr_misses
+                    } else {
+                        &kv.stats.decr_misses
+                    });
+                    out.extend_from_slice(b"NF");
+                    opaque_and_key(out, flags, key);
+                    out.extend_from_slice(b"\r\n");
+                    return;
+                }
+                DeltaOutcome::Exists => {
+                    out.extend_from_slice(b"EX");
+                    opaque_and_key(out, flags, key);
+                    out.extend_from_slice(b"\r\n");
+                    return;
+                }
+            };
+            if let Some(t) = ttl {
+                store.touch(key, t);
+            }
+            let digits = number.to_string();
+            if value {
+                let _ = write!(out, "VA {}", digits.len());
+            } else {
+                out.extend_from_slice(b"HD");
+            }
+            for t in flags {
+                match t[0] {
+                    b'c' => {
+                        let _ = write!(out, " c{new_cas}");
+                    }
+                    b't' => {
+                        let expires = store.get(key).map_or(0, |i| i.expires);
+                        if expires == 0 {
+                            out.extend_from_slice(b" t-1");
+                        } else {
+                            let _ = write!(out, " t{}", expires.saturating_sub(store.now()));
+                        }
+                    }
+                    b'O' => {
+                        out.push(b' ');
+                        out.extend_from_slice(t);
+                    }
+                    b'k' => {
+                        out.extend_from_slice(b" k");
+                        out.extend_from_slice(key);
+                    }
+                    _ => {}
+                }
+            }
+            out.extend_from_slice(b"\r\n");
+            if value {
+                out.extend_from_slice(digits.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
         }
         Meta::Delete {
             key,

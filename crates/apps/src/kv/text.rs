@@ -77,7 +77,7 @@ pub enum Command<'a> {
     Quit,
     /// `mn`.
     MetaNoop,
-    /// `mg`, `ms`, `md`.
+    /// `mg`, `ms`, `md`, `ma`.
     Meta(Meta<'a>),
     /// Reply `line` (always), remove `unlink`'s item, and swallow
     /// `swallow` bytes of data (a refused `ms`).
@@ -278,7 +278,9 @@ fn command<'a>(line: &'a [u8], after: &'a [u8], item_size_max: usize) -> Line<'a
     let want = |ok: bool, then: &dyn Fn() -> Line<'a>| if ok { then() } else { reply(ERROR) };
     match name {
         b"mn" => Line::Done(Command::MetaNoop),
-        b"mg" | b"ms" | b"md" => meta::parse(name[1], &tokens, ntokens, after, item_size_max),
+        b"mg" | b"ms" | b"md" | b"ma" => {
+            meta::parse(name[1], &tokens, ntokens, after, item_size_max)
+        }
         _ if name.len() == 2 && name[0] == b'm' => reply(ERROR),
         b"get" | b"gets" | b"gat" | b"gats" | b"bget" => {
             if ntokens < 3 {
@@ -975,7 +977,7 @@ mod tests {
             err("verbosity x\r\n"),
             "CLIENT_ERROR bad command line format"
         );
-        assert_eq!(err("ma k\r\n"), "ERROR");
+        assert_eq!(err("me k\r\n"), "ERROR");
         assert_eq!(err("mg\r\n"), "ERROR");
         assert_eq!(err("mg k v v\r\n"), "CLIENT_ERROR duplicate flag");
         assert_eq!(err("mg k !\r\n"), "CLIENT_ERROR invalid flag");
