@@ -234,9 +234,15 @@ impl BinarySession {
                 return (input.len(), input.len() + 1, Flow::Close);
             }
             let Some(ok) = well_formed(&h) else {
-                // Unknown opcode: answer, then skip its body.
+                // Unknown opcode: answer, then skip its body — as memcached
+                // does, the whole body length after the extras and key it
+                // has already read (so a request with extras or a key eats
+                // that many bytes of the next).
+                if rest.len() < HEADER_LEN + e + k {
+                    return (at, at + HEADER_LEN + e + k, Flow::Continue);
+                }
                 error(out, &h, status::UNKNOWN_COMMAND);
-                at += HEADER_LEN;
+                at += HEADER_LEN + e + k;
                 self.swallow = b;
                 continue;
             };
@@ -663,7 +669,7 @@ mod tests {
             (r[0].0.vbucket_or_status, flow),
             (status::EINVAL, Flow::Close)
         );
-        let mut two = request(0x55, &[], b"abc", b"zz", 0);
+        let mut two = request(0x55, &[], &[], b"zz", 0);
         two.extend(request(op::NOOP, &[], &[], &[], 0));
         let (r, flow) = run(&kv, &two);
         assert_eq!(flow, Flow::Continue);
