@@ -9,7 +9,8 @@
 //!   number of increments. The same with `incr`.
 //! * a client sending a request byte by byte does not hold the server's
 //!   only kthread: another client is served meanwhile;
-//! * the binary protocol over TCP, and UDP with memcached's frame header.
+//! * the binary protocol over TCP, and UDP with memcached's frame header;
+//! * clients that vanish mid-request (FIN, RST) leave nothing behind.
 //!
 //! Every test starts iokerneld and holds the test lock.
 
@@ -421,4 +422,46 @@ fn binary_over_tcp_and_text_over_udp() {
         assert_eq!(&reply[..8], &[0x12, 0x34, 0, 0, 0, 1, 0, 0]);
         assert_eq!(&reply[8..], b"VALUE bk 3 5\r\nvalue\r\nEND\r\n");
     });
+}
+
+#[test]
+fn clients_gone_mid_request_harm_no_one() {
+    let _lock = common::lock();
+    let switch = Switch::start();
+    let server = Server::start(&switch, 1);
+    let stats = server.kv.stats.clone();
+    client(&switch, 1, move || {
+        // Half a set, then a close (FIN).
+        let mut s = connect();
+        s.write_all(b"set k 0 0 100\r\nabc").unwrap();
+        drop(s);
+        // A request whose reply is never read, half another, then a close
+        // with unread data (RST).
+        let mut s = connect();
+        s.write_all(b"get k\r\nset j 0 0 5\r\nab").unwrap();
+        // Its reply is on the way back once the get is counted.
+        let t0 = Instant::now();
+        while stats.get_misses.load(Relaxed) == 0 {
+            assert!(t0.elapsed() < WAIT, "the get was never served");
+            ginza_runtime::sleep(Duration::from_millis(1));
+        }
+        drop(s);
+        let mut s = connect();
+        assert_eq!(request(&mut s, "get k j\r\n", "END\r\n"), "END\r\n");
+        // The connections' uthreads ended: only this one is open.
+        let t0 = Instant::now();
+        while stats.curr_connections.load(Relaxed) != 1 {
+            assert!(
+                t0.elapsed() < WAIT,
+                "{} connections still open",
+                stats.curr_connections.load(Relaxed)
+            );
+            ginza_runtime::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            request(&mut s, "set k 0 0 1\r\nv\r\nget k\r\n", "END\r\n"),
+            "STORED\r\nVALUE k 0 1\r\nv\r\nEND\r\n"
+        );
+    });
+    assert_eq!(server.kv.stats.total_connections.load(Relaxed), 3);
 }
