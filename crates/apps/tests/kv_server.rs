@@ -10,7 +10,9 @@
 //! * a client sending a request byte by byte does not hold the server's
 //!   only kthread: another client is served meanwhile;
 //! * the binary protocol over TCP, and UDP with memcached's frame header;
-//! * clients that vanish mid-request (FIN, RST) leave nothing behind.
+//! * clients that vanish mid-request (FIN, RST) leave nothing behind;
+//! * the `kv-server` binary with its flags: LRU eviction under
+//!   `--memory-limit`, refusal over `--item-size-max`.
 //!
 //! Every test starts iokerneld and holds the test lock.
 
@@ -464,4 +466,81 @@ fn clients_gone_mid_request_harm_no_one() {
         );
     });
     assert_eq!(server.kv.stats.total_connections.load(Relaxed), 3);
+}
+
+/// The `kv-server` binary as a child process registered with `switch`'s
+/// iokerneld; killed on drop.
+struct Binary(std::process::Child);
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_kv_server_binary_evicts_under_its_memory_limit_and_refuses_large_items() {
+    let _lock = common::lock();
+    let switch = Switch::start();
+    let socket = switch.io.as_ref().unwrap().socket().to_path_buf();
+    let mut child = Binary(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kv-server"))
+            .args(["--mac", "02:4b:56:00:00:01", "--ip", &SERVER_IP.to_string()])
+            .args(["--port", &PORT.to_string(), "--kthreads", "1"])
+            .args(["--memory-limit", "1", "--item-size-max", "65536"])
+            .args(["--run-for", "60s", "--socket"])
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("starting kv-server"),
+    );
+    let (oldest, newest, too_large, stats) = client(&switch, 1, || {
+        let mut s = connect();
+        let value = "v".repeat(50_000);
+        // 40 × 50 KB in 1 MiB: the first ones must go.
+        for i in 0..40 {
+            let r = request(
+                &mut s,
+                &format!("set item{i} 0 0 {}\r\n{value}\r\n", value.len()),
+                "\r\n",
+            );
+            assert_eq!(r, "STORED\r\n", "item{i}");
+        }
+        let oldest = request(&mut s, "get item0\r\n", "END\r\n");
+        let newest = request(&mut s, "get item39\r\n", "END\r\n");
+        let big = "b".repeat(70_000);
+        let too_large = request(
+            &mut s,
+            &format!("set big 0 0 {}\r\n{big}\r\n", big.len()),
+            "\r\n",
+        );
+        let stats = request(&mut s, "stats\r\n", "END\r\n");
+        (oldest, newest, too_large, stats)
+    });
+    assert_eq!(
+        oldest, "END\r\n",
+        "the least recently used item was evicted"
+    );
+    assert!(
+        newest.starts_with("VALUE item39 0 50000\r\n"),
+        "{}",
+        &newest[..40.min(newest.len())]
+    );
+    assert_eq!(too_large, "SERVER_ERROR object too large for cache\r\n");
+    let stat = |name: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+            .unwrap_or_else(|| panic!("no {name} in {stats}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(stat("evictions") > 0);
+    assert!(stat("bytes") <= 1 << 20);
+    assert_eq!(stat("limit_maxbytes"), 1 << 20);
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "kv-server is still serving"
+    );
 }
