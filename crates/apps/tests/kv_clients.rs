@@ -270,6 +270,11 @@ fn a_linux_udp_client_gets_framed_replies() {
                         let mut got = Vec::new();
                         let mut buf = [0u8; 2048];
                         while let Ok((n, _)) = s.recv_from(&mut buf) {
+                            // A late reply to an earlier try of another
+                            // request is not this one's.
+                            if n < 8 || buf[..2] != id.to_be_bytes() {
+                                continue;
+                            }
                             got.push(buf[..n].to_vec());
                             let total = u16::from_be_bytes([buf[4], buf[5]]) as usize;
                             if got.len() == total {
