@@ -9,6 +9,27 @@
 //! * [`binary`]: memcached's binary protocol.
 //! * [`udp`]: the 8-byte frame header memcached puts on UDP datagrams.
 //! * [`server`]: the TCP and UDP serving loops on `ginza_runtime::net`.
+//!
+//! Replies are memcached 1.6's byte for byte (the differential tests in
+//! `crates/apps/tests/kv_differential.rs` hold both protocols to Debian's
+//! memcached), except where this server differs on purpose or does less:
+//!
+//! * `version` says [`VERSION`]; cas uniques are this server's own; `stats`
+//!   reports a subset of memcached's counters (`stats settings` and
+//!   `stats reset` too; other `stats` arguments, `slabs`, `lru`,
+//!   `lru_crawler`, `watch`, `cache_memlimit` and `me` get `ERROR`);
+//!   `shutdown` is always disabled.
+//! * Memory: each shard of the store holds `memory_limit / shards` and
+//!   evicts its own least recently used items (memcached's LRUs are per
+//!   slab class, so neither is one global LRU). An item is charged
+//!   memcached's item size (header, key, value), which also decides the
+//!   item-size limit exactly as memcached's `-I` does.
+//! * A delayed `flush_all` drops the items stored before its time comes
+//!   (memcached compares their last access time).
+//! * Meta commands: see [`meta`] for the flags not supported.
+//! * A get line without a newline is buffered up to 1 MiB (memcached:
+//!   unbounded); other lines over 2048 bytes close the connection, as in
+//!   memcached.
 
 pub mod binary;
 pub mod meta;
