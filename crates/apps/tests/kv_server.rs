@@ -12,7 +12,8 @@
 //! * the binary protocol over TCP, and UDP with memcached's frame header;
 //! * clients that vanish mid-request (FIN, RST) leave nothing behind;
 //! * the `kv-server` binary with its flags: LRU eviction under
-//!   `--memory-limit`, refusal over `--item-size-max`.
+//!   `--memory-limit`, refusal over `--item-size-max`; and its resident
+//!   memory with 10,000 idle connections (under 200 MiB).
 //!
 //! Every test starts iokerneld and holds the test lock.
 
@@ -542,5 +543,66 @@ fn the_kv_server_binary_evicts_under_its_memory_limit_and_refuses_large_items() 
     assert!(
         child.0.try_wait().unwrap().is_none(),
         "kv-server is still serving"
+    );
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+#[test]
+fn ten_thousand_idle_connections_cost_the_server_less_than_200_mib() {
+    let _lock = common::lock();
+    let switch = Switch::start();
+    let socket = switch.io.as_ref().unwrap().socket().to_path_buf();
+    let child = Binary(
+        std::process::Command::new(env!("CARGO_BIN_EXE_kv-server"))
+            .args(["--mac", "02:4b:56:00:00:01", "--ip", &SERVER_IP.to_string()])
+            .args(["--port", &PORT.to_string(), "--kthreads", "1"])
+            .args(["--run-for", "120s", "--socket"])
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("starting kv-server"),
+    );
+    let pid = child.0.id();
+    const CONNECTIONS: usize = 10_000;
+    let (before, after) = client(&switch, 1, move || {
+        let mut first = connect();
+        assert_eq!(request(&mut first, "get x\r\n", "END\r\n"), "END\r\n");
+        let before = resident(pid);
+        let mut open = Vec::with_capacity(CONNECTIONS);
+        for _ in 1..CONNECTIONS {
+            open.push(TcpStream::connect(server_addr()).expect("connecting"));
+        }
+        // Every connection is served: one request on the last and the
+        // first.
+        let mut last = open.pop().unwrap();
+        last.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        assert_eq!(request(&mut last, "get x\r\n", "END\r\n"), "END\r\n");
+        assert_eq!(request(&mut first, "get x\r\n", "END\r\n"), "END\r\n");
+        let after = resident(pid);
+        drop(open);
+        (before, after)
+    });
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "kv-server resident: {:.1} MiB with 1 connection, {:.1} MiB with {CONNECTIONS} ({:.1} KiB each)",
+        mib(before),
+        mib(after),
+        (after - before) as f64 / 1024.0 / CONNECTIONS as f64
+    );
+    assert!(
+        after < 200 << 20,
+        "{:.1} MiB resident with {CONNECTIONS} idle connections",
+        mib(after)
     );
 }

@@ -28,7 +28,7 @@ use crate::echo_server::Protocols;
 /// How often a uthread waiting for data checks the stop flag.
 pub const STOP_POLL: Duration = Duration::from_millis(10);
 /// Bytes asked of one `read`.
-const READ_CHUNK: usize = 4 * 1024;
+const READ_CHUNK: usize = 2 * 1024;
 
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
