@@ -7,6 +7,8 @@
 //! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
 //! * [`http_server`]: HTTP/1.1 with keep-alive, `GET /` and `GET /bytes/N`.
 //! * [`scan_server`]: GET and range SCAN over an ordered map (UDP, TCP; Shinjuku mode).
+//! * [`kv`]: a memcached-compatible key-value server (text and binary
+//!   protocols over TCP, UDP frames).
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
 #![forbid(unsafe_code)]
 
@@ -15,5 +17,6 @@ pub mod batch;
 pub mod echo_client;
 pub mod echo_server;
 pub mod http_server;
+pub mod kv;
 pub mod scan_server;
 pub mod spin_server;

@@ -1,0 +1,256 @@
+//! The serving loops of `kv-server` on `ginza_runtime::net`:
+//!
+//! * TCP: an acceptor uthread gives each connection its own uthread, which
+//!   reads into a buffer and runs every whole request in it; the first
+//!   byte picks the protocol (0x80: binary, else text), as memcached
+//!   negotiates. A request not yet whole leaves the uthread blocked in
+//!   `read`, so a client sending byte by byte holds no kthread.
+//! * UDP: one receiver uthread; each datagram is one request behind
+//!   memcached's frame header ([`super::udp`]), answered in as many
+//!   datagrams as the reply needs.
+//!
+//! Both stop when the stop flag is set (checked at least every
+//! [`STOP_POLL`]).
+
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ginza_runtime::net::{TcpListener, TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
+
+use super::binary::BinarySession;
+use super::text::{Flow, TextSession};
+use super::{udp, Kv};
+use crate::echo_server::Protocols;
+
+/// How often a uthread waiting for data checks the stop flag.
+pub const STOP_POLL: Duration = Duration::from_millis(10);
+/// Bytes asked of one `read`.
+const READ_CHUNK: usize = 2 * 1024;
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// One connection's protocol, picked by its first byte.
+#[derive(Debug)]
+pub enum Session {
+    Text(TextSession),
+    Binary(BinarySession),
+}
+
+impl Session {
+    /// The protocol a connection whose first byte is `first` speaks.
+    pub fn for_first_byte(first: u8) -> Session {
+        if first == super::binary::REQUEST_MAGIC {
+            Session::Binary(BinarySession::new())
+        } else {
+            Session::Text(TextSession::new())
+        }
+    }
+
+    /// As [`TextSession::process`].
+    pub fn process(&mut self, input: &[u8], kv: &Kv, out: &mut Vec<u8>) -> (usize, usize, Flow) {
+        match self {
+            Session::Text(s) => s.process(input, kv, out),
+            Session::Binary(s) => s.process(input, kv, out),
+        }
+    }
+}
+
+/// Serves `port` over `protocols` until `stop` is set. Must run on a
+/// uthread of a runtime with networking. The first error of either
+/// protocol ends both.
+pub fn serve(port: u16, protocols: Protocols, kv: Kv, stop: Arc<AtomicBool>) -> io::Result<()> {
+    if !protocols.udp && !protocols.tcp {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "kv-server: neither UDP nor TCP asked for",
+        ));
+    }
+    let udp = if protocols.udp {
+        let socket = UdpSocket::bind(port)?;
+        let (stop, kv) = (stop.clone(), kv.clone());
+        Some(ginza_runtime::spawn(move || {
+            let result = serve_udp_socket(&socket, &kv, &stop);
+            stop.store(true, Relaxed);
+            result
+        }))
+    } else {
+        None
+    };
+    let tcp = if protocols.tcp {
+        let result = serve_tcp(port, kv, &stop);
+        stop.store(true, Relaxed);
+        result
+    } else {
+        Ok(())
+    };
+    let udp = match udp {
+        Some(handle) => handle
+            .join()
+            .map_err(|e| io::Error::other(format!("the UDP uthread: {e}")))?,
+        None => Ok(()),
+    };
+    tcp.and(udp)
+}
+
+/// Serves TCP `port` until `stop`. `accept` cannot be interrupted: the
+/// acceptor stays blocked when this returns, and goes with the runtime.
+pub fn serve_tcp(port: u16, kv: Kv, stop: &Arc<AtomicBool>) -> io::Result<()> {
+    let listener = TcpListener::bind(("0.0.0.0", port))?;
+    let stop2 = stop.clone();
+    let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
+        loop {
+            let (stream, _peer) = listener.accept()?;
+            let (kv, stop) = (kv.clone(), stop2.clone());
+            ginza_runtime::spawn(move || {
+                kv.stats.curr_connections.fetch_add(1, Relaxed);
+                kv.stats.total_connections.fetch_add(1, Relaxed);
+                if let Err(e) = serve_connection(&stream, &kv, &stop) {
+                    log::debug!("kv-server: a connection ended: {e}");
+                }
+                kv.stats.curr_connections.fetch_sub(1, Relaxed);
+            });
+        }
+    });
+    while !stop.load(Relaxed) {
+        if acceptor.is_finished() {
+            let result = acceptor
+                .join()
+                .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
+            return result.map_err(|e| {
+                io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
+            });
+        }
+        ginza_runtime::sleep(STOP_POLL);
+    }
+    Ok(())
+}
+
+/// Serves one connection until the peer closes it, a request closes it,
+/// or `stop`.
+pub fn serve_connection(stream: &TcpStream, kv: &Kv, stop: &AtomicBool) -> io::Result<()> {
+    stream.set_read_timeout(Some(STOP_POLL))?;
+    let mut io = stream;
+    // An idle connection holds no buffer: bytes are read into `chunk` on
+    // the uthread's stack and kept in `buf` only while a request is not
+    // whole (docs/design.md: 10,000 idle connections must stay cheap).
+    let mut chunk = [0u8; READ_CHUNK];
+    let mut buf: Vec<u8> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    let mut session: Option<Session> = None;
+    // Bytes `buf` must hold before the session can make progress.
+    let mut need: usize = 1;
+    while !stop.load(Relaxed) {
+        let start = buf.len();
+        // A large value is read straight into its place.
+        let direct = need > start + READ_CHUNK;
+        if direct {
+            buf.resize(need, 0);
+        }
+        let read = if direct {
+            io.read(&mut buf[start..])
+        } else {
+            io.read(&mut chunk)
+        };
+        let n = match read {
+            Ok(n) => n,
+            Err(e) => {
+                buf.truncate(start);
+                if is_timeout(&e) {
+                    continue;
+                }
+                return Err(e);
+            }
+        };
+        if direct {
+            buf.truncate(start + n);
+        } else {
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        kv.stats.bytes_read.fetch_add(n as u64, Relaxed);
+        if buf.len() < need {
+            continue;
+        }
+        let session = session.get_or_insert_with(|| Session::for_first_byte(buf[0]));
+        let (used, next_need, flow) = session.process(&buf, kv, &mut out);
+        buf.drain(..used);
+        need = next_need - used;
+        if !out.is_empty() {
+            io.write_all(&out)?;
+            kv.stats.bytes_written.fetch_add(out.len() as u64, Relaxed);
+            out.clear();
+        }
+        if flow == Flow::Close {
+            return stream.shutdown(Shutdown::Write);
+        }
+        if buf.is_empty() {
+            buf = Vec::new();
+        }
+        if out.capacity() > 4 * READ_CHUNK {
+            out = Vec::new();
+        }
+    }
+    Ok(())
+}
+
+/// Serves UDP `port` until `stop`.
+pub fn serve_udp(port: u16, kv: Kv, stop: Arc<AtomicBool>) -> io::Result<()> {
+    let socket = UdpSocket::bind(port)?;
+    serve_udp_socket(&socket, &kv, &stop)
+}
+
+/// The reply to one UDP datagram, framed; empty when nothing is to be
+/// sent.
+pub fn answer_datagram(datagram: &[u8], kv: &Kv) -> Vec<Vec<u8>> {
+    let (frame, request) = match udp::parse(datagram) {
+        Ok(r) => r,
+        Err(udp::FrameError::Truncated) => return Vec::new(),
+        Err(udp::FrameError::MultiPacket(id)) => {
+            return udp::frames(id, b"SERVER_ERROR multi-packet request not supported\r\n")
+                .unwrap_or_default();
+        }
+    };
+    if request.is_empty() {
+        return Vec::new();
+    }
+    let mut session = Session::for_first_byte(request[0]);
+    let mut out = Vec::new();
+    // One datagram, one request stream: run what is whole, ignore a tail.
+    let _ = session.process(request, kv, &mut out);
+    udp::frames(frame.request_id, &out).unwrap_or_else(|| {
+        udp::frames(
+            frame.request_id,
+            b"SERVER_ERROR out of memory writing get response\r\n",
+        )
+        .unwrap_or_default()
+    })
+}
+
+fn serve_udp_socket(socket: &UdpSocket, kv: &Kv, stop: &AtomicBool) -> io::Result<()> {
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
+    while !stop.load(Relaxed) {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e) if is_timeout(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        kv.stats.udp_requests.fetch_add(1, Relaxed);
+        for datagram in answer_datagram(&buf[..n], kv) {
+            if socket.send_to(&datagram, from).is_err() {
+                kv.stats.udp_errors.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    Ok(())
+}
