@@ -45,10 +45,10 @@ pub struct LoadgenArgs {
     /// The server, HOST:PORT (required unless --calibrate).
     #[arg(long, short = 't')]
     pub target: Option<String>,
-    /// The request protocol.
+    /// The request protocol (what requests and answers look like).
     #[arg(long, value_enum, default_value = "echo")]
     pub protocol: ProtocolName,
-    /// UDP or TCP.
+    /// The transport: UDP datagrams or TCP connections.
     #[arg(long, value_enum, default_value = "udp")]
     pub transport: Transport,
     /// Linux sockets or the Ginza runtime.
@@ -111,13 +111,13 @@ pub struct LoadgenArgs {
     /// this close.
     #[arg(long, value_parser = parse_duration, default_value = "50us")]
     pub spin: Duration,
-    /// Seed of the arrival times and the request mix.
+    /// Seed of the arrival times and of the request mix.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// How long a TCP connection may take to open.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub connect_timeout: Duration,
-    /// Print the report as JSON.
+    /// Print the report as one JSON object instead of the summary.
     #[arg(long)]
     pub json: bool,
     /// Measure the generator's own capacity (requests/s per core) against
