@@ -145,15 +145,18 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
     let start_ns = now_ns() + START_DELAY_NS;
     let measure_from = start_ns + cfg.warmup.as_nanos() as u64;
     let classes = cfg.workload.classes().len();
+    let step_ends = cfg.step_ends_ns(start_ns);
     let stop = Arc::new(AtomicBool::new(false));
     let workload = Arc::new(cfg.workload.clone());
     let receivers: Vec<_> = conns
         .iter()
         .map(|conn| {
             let (conn, stop, workload) = (conn.clone(), stop.clone(), workload.clone());
+            let step_ends = step_ends.clone();
             let (transport, timeout_ns) = (cfg.transport, cfg.timeout.as_nanos() as u64);
             ginza_runtime::spawn(move || {
-                let mut rec = Recorder::new(classes, measure_from);
+                let mut rec = Recorder::new(classes, 0);
+                rec.set_window(measure_from, step_ends.clone());
                 receive(&conn, &workload, transport, timeout_ns, &stop, &mut rec);
                 rec
             })
@@ -161,7 +164,8 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
         .collect();
 
     // The sender, on this uthread.
-    let mut rec = Recorder::new(classes, measure_from);
+    let mut rec = Recorder::new(classes, 0);
+    rec.set_window(measure_from, step_ends.clone());
     let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 1u64.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut out = Vec::with_capacity(2048);
     let end_ns = start_ns + cfg.arrivals.duration().as_nanos() as u64;

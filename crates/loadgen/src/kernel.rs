@@ -180,7 +180,11 @@ pub fn run(cfg: &RunConfig) -> anyhow::Result<Report> {
     });
     let start_ns = *start.get().expect("set");
     let classes = cfg.workload.classes();
-    let mut rec = Recorder::new(classes.len(), start_ns + cfg.warmup.as_nanos() as u64);
+    let mut rec = Recorder::new(classes.len(), 0);
+    rec.set_window(
+        start_ns + cfg.warmup.as_nanos() as u64,
+        cfg.step_ends_ns(start_ns),
+    );
     let (mut cpu, mut wall) = (0, 0);
     for r in results {
         let (r, c, w) = r?;
@@ -270,7 +274,10 @@ impl<'a> Worker<'a> {
     }
 
     fn run(&mut self, start_ns: u64, plan: &[(u64, u32)]) -> anyhow::Result<()> {
-        self.rec.measure_from_ns = start_ns + self.cfg.warmup.as_nanos() as u64;
+        self.rec.set_window(
+            start_ns + self.cfg.warmup.as_nanos() as u64,
+            self.cfg.step_ends_ns(start_ns),
+        );
         let timeout_ns = self.cfg.timeout.as_nanos() as u64;
         let spin_ns = self.cfg.spin.as_nanos() as u64;
         let sweep_every = (timeout_ns / 4).clamp(1_000_000, 100_000_000);

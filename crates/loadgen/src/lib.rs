@@ -128,6 +128,38 @@ impl RunConfig {
             max_lag_ns: self.max_lag.as_nanos() as u64,
             cpu_ns: 0,
             wall_ns: 0,
+            steps: self
+                .step_spans()
+                .into_iter()
+                .map(|(r, a, b)| (r, a.as_secs_f64(), b.as_secs_f64()))
+                .collect(),
+            step_offered: self
+                .step_spans()
+                .into_iter()
+                .map(|(_, a, b)| self.arrivals.offered_between(a, b))
+                .collect(),
         }
+    }
+
+    /// Each step's rate and its measured span (after the warm-up; empty
+    /// for a step wholly inside it).
+    pub fn step_spans(&self) -> Vec<(f64, Duration, Duration)> {
+        let mut start = Duration::ZERO;
+        let mut out = Vec::new();
+        for s in &self.arrivals.steps {
+            let end = start + s.duration;
+            out.push((s.rate, start.max(self.warmup).min(end), end));
+            start = end;
+        }
+        out
+    }
+
+    /// Where each step ends, ns on the generator's clock, for a run that
+    /// starts at `start_ns`.
+    pub fn step_ends_ns(&self, start_ns: u64) -> Vec<u64> {
+        self.step_spans()
+            .iter()
+            .map(|&(_, _, end)| start_ns + end.as_nanos() as u64)
+            .collect()
     }
 }

@@ -18,6 +18,26 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_NS, 3).expect("valid bounds")
 }
 
+/// The measurements of one load step (all classes together).
+#[derive(Debug, Clone)]
+pub struct StepRecorder {
+    pub latency: Histogram<u64>,
+    pub send_lag: Histogram<u64>,
+    pub sent: u64,
+    pub ok: u64,
+}
+
+impl StepRecorder {
+    fn new() -> StepRecorder {
+        StepRecorder {
+            latency: histogram(),
+            send_lag: histogram(),
+            sent: 0,
+            ok: 0,
+        }
+    }
+}
+
 /// One worker's (or, merged, the run's) measurements. Requests scheduled
 /// before `measure_from_ns` (the warm-up) are sent but not counted.
 #[derive(Debug, Clone)]
@@ -46,6 +66,10 @@ pub struct Recorder {
     pub unmatched: u64,
     /// Why connections failed, and how often.
     pub error_kinds: BTreeMap<String, u64>,
+    /// Where each load step ends (ns on the generator's clock), ascending.
+    pub step_ends_ns: Vec<u64>,
+    /// By load step.
+    pub steps: Vec<StepRecorder>,
 }
 
 impl Recorder {
@@ -62,7 +86,24 @@ impl Recorder {
             unsent: 0,
             unmatched: 0,
             error_kinds: BTreeMap::new(),
+            step_ends_ns: Vec::new(),
+            steps: Vec::new(),
         }
+    }
+
+    /// Measures from `measure_from_ns`, by the steps that end at
+    /// `step_ends_ns`.
+    pub fn set_window(&mut self, measure_from_ns: u64, step_ends_ns: Vec<u64>) {
+        self.measure_from_ns = measure_from_ns;
+        self.steps = step_ends_ns.iter().map(|_| StepRecorder::new()).collect();
+        self.step_ends_ns = step_ends_ns;
+    }
+
+    fn step(&mut self, scheduled_ns: u64) -> Option<&mut StepRecorder> {
+        let i = self
+            .step_ends_ns
+            .partition_point(|&end| end <= scheduled_ns);
+        self.steps.get_mut(i)
     }
 
     fn measured(&self, p: &Pending) -> bool {
@@ -73,8 +114,12 @@ impl Recorder {
     pub fn sent(&mut self, p: &Pending, now_ns: u64) {
         if self.measured(p) {
             self.sent += 1;
-            self.send_lag
-                .saturating_record(now_ns.saturating_sub(p.scheduled_ns).max(1));
+            let lag = now_ns.saturating_sub(p.scheduled_ns).max(1);
+            self.send_lag.saturating_record(lag);
+            if let Some(s) = self.step(p.scheduled_ns) {
+                s.sent += 1;
+                s.send_lag.saturating_record(lag);
+            }
         }
     }
 
@@ -88,6 +133,10 @@ impl Recorder {
             let lat = now_ns.saturating_sub(p.scheduled_ns).max(1);
             if let Some(h) = self.latency.get_mut(p.class as usize) {
                 h.saturating_record(lat);
+            }
+            if let Some(s) = self.step(p.scheduled_ns) {
+                s.ok += 1;
+                s.latency.saturating_record(lat);
             }
         } else {
             self.error_answers += 1;
@@ -130,6 +179,15 @@ impl Recorder {
         self.errors += other.errors;
         self.unmatched += other.unmatched;
         self.unsent += other.unsent;
+        if self.steps.is_empty() {
+            self.set_window(other.measure_from_ns, other.step_ends_ns.clone());
+        }
+        for (a, b) in self.steps.iter_mut().zip(&other.steps) {
+            a.latency.add(&b.latency).expect("same bounds");
+            a.send_lag.add(&b.send_lag).expect("same bounds");
+            a.sent += b.sent;
+            a.ok += b.ok;
+        }
         for (k, v) in &other.error_kinds {
             *self.error_kinds.entry(k.clone()).or_insert(0) += v;
         }

@@ -57,6 +57,27 @@ pub struct Lag {
     pub max_us: f64,
 }
 
+/// One load step's results (a sweep is a run with several steps).
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// The step's rate, requests/s.
+    pub rate: f64,
+    /// Where its measured part starts and ends, s from the run's start.
+    pub start_s: f64,
+    pub end_s: f64,
+    pub offered_rps: f64,
+    pub achieved_rps: f64,
+    pub sent: u64,
+    pub completed: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub send_lag_p99_us: f64,
+    /// The generator could not keep this step's schedule: its latencies
+    /// are not the server's.
+    pub generator_saturated: bool,
+}
+
 /// Everything a run reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -88,6 +109,8 @@ pub struct Report {
     pub error_kinds: BTreeMap<String, u64>,
     /// All classes together.
     pub latency: Summary,
+    /// By load step (one for a plain run), measured part only.
+    pub steps: Vec<StepReport>,
     /// By class name.
     pub classes: BTreeMap<String, Summary>,
     pub send_lag: Lag,
@@ -125,6 +148,11 @@ pub struct RunFacts {
     pub max_lag_ns: u64,
     pub cpu_ns: u64,
     pub wall_ns: u64,
+    /// Each step's rate and measured span (s from the start): the steps
+    /// wholly inside the warm-up are left out.
+    pub steps: Vec<(f64, f64, f64)>,
+    /// Requests offered in each of those spans.
+    pub step_offered: Vec<f64>,
 }
 
 impl Report {
@@ -156,6 +184,30 @@ impl Report {
             None
         };
         let window = facts.duration_s.max(1e-9);
+        let mut steps = Vec::new();
+        for (i, &(rate, start_s, end_s)) in facts.steps.iter().enumerate() {
+            let Some(r) = rec.steps.get(i) else { break };
+            if end_s <= start_s {
+                continue;
+            }
+            let span = end_s - start_s;
+            let lag_p99 = r.send_lag.value_at_quantile(0.99);
+            let q = |x: f64| r.latency.value_at_quantile(x) as f64 / 1e3;
+            steps.push(StepReport {
+                rate,
+                start_s,
+                end_s,
+                offered_rps: facts.step_offered[i] / span,
+                achieved_rps: r.ok as f64 / span,
+                sent: r.sent,
+                completed: r.ok,
+                p50_us: q(0.5),
+                p99_us: q(0.99),
+                p999_us: q(0.999),
+                send_lag_p99_us: lag_p99 as f64 / 1e3,
+                generator_saturated: lag_p99 > facts.max_lag_ns,
+            });
+        }
         Report {
             backend: facts.backend.to_string(),
             transport: facts.transport,
@@ -177,6 +229,7 @@ impl Report {
             unsent: rec.unsent,
             error_kinds: rec.error_kinds.clone(),
             latency: Summary::of(&all),
+            steps,
             classes: by_class,
             send_lag: lag,
             max_lag_us: facts.max_lag_ns as f64 / 1e3,
@@ -247,6 +300,30 @@ impl Report {
             self.generator_cpu_s,
             self.generator_cpu_util * 100.0
         );
+        if self.steps.len() > 1 {
+            let _ = writeln!(
+                s,
+                "{:>10} {:>12} {:>12} {:>10} {:>10} {:>10}  generator",
+                "step rate", "offered/s", "achieved/s", "p50 µs", "p99 µs", "p99.9 µs"
+            );
+            for st in &self.steps {
+                let _ = writeln!(
+                    s,
+                    "{:>10.0} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>10.1}  {}",
+                    st.rate,
+                    st.offered_rps,
+                    st.achieved_rps,
+                    st.p50_us,
+                    st.p99_us,
+                    st.p999_us,
+                    if st.generator_saturated {
+                        "SATURATED"
+                    } else {
+                        "ok"
+                    }
+                );
+            }
+        }
         if !self.error_kinds.is_empty() {
             let kinds: Vec<String> = self
                 .error_kinds

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{TcpServer, UdpEcho};
 use ginza_loadgen::protocol::echo::Echo;
+use ginza_loadgen::protocol::http::Http;
 use ginza_loadgen::protocol::memcached::{Memcached, Mix};
 use ginza_loadgen::protocol::{Transport, Workload};
 use ginza_loadgen::report::Report;
@@ -217,4 +218,76 @@ fn a_schedule_the_generator_cannot_keep_is_reported_saturated() {
     assert!(r.saturation_reason.is_some());
     assert!(r.summary().contains("GENERATOR SATURATED"));
     assert!(r.json().contains("\"generator_saturated\": true"));
+}
+
+#[test]
+fn load_steps_are_reported_step_by_step() {
+    let _serial = lock();
+    let server = UdpEcho::start(false);
+    let mut cfg = config(server.addr, Transport::Udp, 0.0, Duration::ZERO);
+    cfg.arrivals = Arrivals {
+        process: Process::Constant,
+        steps: ginza_loadgen::schedule::parse_steps("1k:300ms,3k:300ms").unwrap(),
+    };
+    cfg.warmup = Duration::from_millis(100);
+    let r = run(&cfg);
+    assert_eq!(r.steps.len(), 2);
+    let (a, b) = (&r.steps[0], &r.steps[1]);
+    // The warm-up takes the first 100 ms of the first step.
+    assert_eq!((a.sent, a.completed), (200, 200));
+    assert_eq!((b.sent, b.completed), (900, 900));
+    assert!((a.offered_rps - 1000.0).abs() < 1.0 && (b.offered_rps - 3000.0).abs() < 1.0);
+    assert!((a.achieved_rps - 1000.0).abs() < 1.0 && (b.achieved_rps - 3000.0).abs() < 1.0);
+    assert!((a.start_s - 0.1).abs() < 1e-9 && (b.start_s - 0.3).abs() < 1e-9);
+    assert!(a.p50_us > 0.0 && b.p99_us >= b.p50_us);
+    assert_eq!(r.sent, 1100);
+}
+
+#[test]
+fn http_over_tcp_counts_error_statuses() {
+    let _serial = lock();
+    let server = TcpServer::start(common::http_connection);
+    let mut cfg = config(
+        server.addr,
+        Transport::Tcp,
+        1000.0,
+        Duration::from_millis(400),
+    );
+    cfg.workload = Workload::Http(Http::new("/", "localhost").unwrap());
+    cfg.connections = 3;
+    let r = run(&cfg);
+    assert!(r.sent > 150);
+    assert_eq!(r.completed, r.sent, "{:?}", r.error_kinds);
+    assert_eq!(r.timeouts + r.errors + r.error_answers + r.unmatched, 0);
+    assert_eq!(server.used.load(Relaxed), 3);
+    // A path the server does not have: every answer a 404, counted as an
+    // error answer, none as a good one.
+    cfg.workload = Workload::Http(Http::new("/missing", "localhost").unwrap());
+    let r = run(&cfg);
+    assert_eq!(r.error_answers, r.sent);
+    assert_eq!(r.completed, 0);
+}
+
+#[test]
+fn memcached_over_udp_matches_answers_by_request_id() {
+    let _serial = lock();
+    let server = common::MemcachedUdp::start();
+    let mut cfg = config(
+        server.addr,
+        Transport::Udp,
+        2000.0,
+        Duration::from_millis(400),
+    );
+    cfg.workload = Workload::Memcached(Memcached {
+        mix: Mix::Etc,
+        keys: 100,
+        preload: false,
+    });
+    cfg.connections = 2;
+    let r = run(&cfg);
+    assert_eq!(r.protocol, "memcached-etc");
+    assert!(r.sent > 300);
+    assert_eq!(r.completed, r.sent);
+    assert_eq!(r.timeouts + r.errors + r.error_answers + r.unmatched, 0);
+    assert!(r.classes["set"].count > 0 && r.classes["get"].count > r.classes["set"].count);
 }

@@ -227,3 +227,89 @@ pub fn tcp_ping_pong_p50(target: SocketAddr, size: usize, n: usize, gap: Duratio
     rtts.sort();
     rtts[n / 2]
 }
+
+/// A keep-alive HTTP/1.1 server answering every request (up to its blank
+/// line) with `200 OK` and a 5-byte body, or `404` for paths other than `/`.
+pub fn http_connection(s: TcpStream, used: &AtomicU64) {
+    let _ = s.set_nodelay(true);
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let mut first = true;
+    loop {
+        let mut request_line = String::new();
+        match r.read_line(&mut request_line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        loop {
+            let mut header = String::new();
+            match r.read_line(&mut header) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if header == "\r\n" => break,
+                Ok(_) => {}
+            }
+        }
+        if first {
+            used.fetch_add(1, Relaxed);
+            first = false;
+        }
+        let answer: &[u8] = if request_line.starts_with("GET / ") {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+        } else {
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+        };
+        if w.write_all(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// memcached over UDP, as far as the generator needs: each datagram's
+/// frame header comes back with a miss (`END`) or `STORED`.
+pub struct MemcachedUdp {
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MemcachedUdp {
+    pub fn start() -> MemcachedUdp {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let addr = s.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !stop2.load(Relaxed) {
+                let Ok((n, from)) = s.recv_from(&mut buf) else {
+                    continue;
+                };
+                if n < 8 {
+                    continue;
+                }
+                let mut answer = buf[..8].to_vec();
+                answer.extend_from_slice(if buf[8..n].starts_with(b"get ") {
+                    b"END\r\n"
+                } else {
+                    b"STORED\r\n"
+                });
+                let _ = s.send_to(&answer, from);
+            }
+        });
+        MemcachedUdp {
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for MemcachedUdp {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
