@@ -141,7 +141,6 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
         }
     }
     let conns = open(cfg, target)?;
-    let plan = cfg.plan_by_worker(1).pop().unwrap_or_default();
     let start_ns = now_ns() + START_DELAY_NS;
     let measure_from = start_ns + cfg.warmup.as_nanos() as u64;
     let classes = cfg.workload.classes().len();
@@ -163,63 +162,42 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
         })
         .collect();
 
-    // The sender, on this uthread.
-    let mut rec = Recorder::new(classes, 0);
-    rec.set_window(measure_from, step_ends.clone());
-    let mut rng = SmallRng::seed_from_u64(cfg.seed ^ 1u64.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let mut out = Vec::with_capacity(2048);
+    // One sender per kthread, each with its share of the schedule and of
+    // the connections (the first on this uthread).
     let end_ns = start_ns + cfg.arrivals.duration().as_nanos() as u64;
-    let give_up_ns = end_ns + cfg.timeout.as_nanos() as u64;
-    for (seq, &(offset, c)) in plan.iter().enumerate() {
-        let due = start_ns + offset;
-        wait_until(due);
-        let now = now_ns();
-        if now >= give_up_ns {
-            // Still behind when the run's time is up.
-            rec.unsent(plan[seq..].iter().map(|&(t, _)| start_ns + t));
-            break;
-        }
-        out.clear();
-        let p = workload.encode(cfg.transport, seq as u64 + 1, due, &mut rng, &mut out);
-        let conn = &conns[c as usize];
-        {
-            let mut set = conn.pending.lock();
-            if set.dead {
-                rec.failed(&p);
-                continue;
-            }
-            match conn.sock {
-                Sock::Tcp(_) => set.fifo.push_back(p),
-                Sock::Udp(_) => {
-                    if let Some(old) = set.by_id.insert(p.id, p) {
-                        rec.timed_out(&old);
-                    }
-                }
-            }
-        }
-        rec.sent(&p, now);
-        let sent = match &conn.sock {
-            Sock::Tcp(s) => (&*s).write_all(&out),
-            Sock::Udp(s) => s.send(&out).map(|_| ()),
-        };
-        if let Err(e) = sent {
-            rec.error_kind(format!("send: {}", e.kind()));
-            let mut set = conn.pending.lock();
-            match conn.sock {
-                Sock::Tcp(_) => {
-                    // The stream is broken: everything on it is lost.
-                    set.dead = true;
-                    for p in set.fifo.drain(..) {
-                        rec.failed(&p);
-                    }
-                }
-                Sock::Udp(_) => {
-                    if let Some(p) = set.by_id.remove(&p.id) {
-                        rec.failed(&p);
-                    }
-                }
-            }
-        }
+    let workers = cfg.threads.min(cfg.connections);
+    let mut plans = cfg.plan_by_worker(workers);
+    let first_plan = std::mem::take(&mut plans[0]);
+    let senders: Vec<_> = plans
+        .into_iter()
+        .enumerate()
+        .skip(1)
+        .map(|(w, plan)| {
+            let sender = Sender {
+                cfg: cfg.clone(),
+                conns: conns.clone(),
+                workload: workload.clone(),
+                start_ns,
+                measure_from,
+                step_ends: step_ends.clone(),
+            };
+            ginza_runtime::spawn(move || sender.send(w, workers, &plan))
+        })
+        .collect();
+    let mut rec = Sender {
+        cfg: cfg.clone(),
+        conns: conns.clone(),
+        workload: workload.clone(),
+        start_ns,
+        measure_from,
+        step_ends: step_ends.clone(),
+    }
+    .send(0, workers, &first_plan);
+    for s in senders {
+        let r = s
+            .join()
+            .map_err(|e| anyhow::anyhow!("a sender uthread: {e}"))?;
+        rec.merge(&r);
     }
     // Wait for the last answers (at most the timeout), then stop.
     let drain_until = end_ns + cfg.timeout.as_nanos() as u64;
@@ -242,6 +220,90 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
     }
     let wall = now_ns().saturating_sub(start_ns);
     Ok((rec, start_ns, wall))
+}
+
+/// A sender uthread's share of the run.
+struct Sender {
+    cfg: RunConfig,
+    conns: Vec<Arc<Shared>>,
+    workload: Arc<Workload>,
+    start_ns: u64,
+    measure_from: u64,
+    step_ends: Vec<u64>,
+}
+
+impl Sender {
+    /// Sends sender `w`'s (of `workers`) part of the schedule: `plan`
+    /// names its connections by their index among its own.
+    fn send(self, w: usize, workers: usize, plan: &[(u64, u32)]) -> Recorder {
+        let Sender {
+            cfg,
+            conns,
+            workload,
+            start_ns,
+            measure_from,
+            step_ends,
+        } = self;
+        let mut rec = Recorder::new(workload.classes().len(), 0);
+        rec.set_window(measure_from, step_ends);
+        let mut rng =
+            SmallRng::seed_from_u64(cfg.seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut out = Vec::with_capacity(2048);
+        let end_ns = start_ns + cfg.arrivals.duration().as_nanos() as u64;
+        let give_up_ns = end_ns + cfg.timeout.as_nanos() as u64;
+        for (seq, &(offset, local)) in plan.iter().enumerate() {
+            let due = start_ns + offset;
+            wait_until(due);
+            let now = now_ns();
+            if now >= give_up_ns {
+                // Still behind when the run's time is up.
+                rec.unsent(plan[seq..].iter().map(|&(t, _)| start_ns + t));
+                break;
+            }
+            out.clear();
+            let p = workload.encode(cfg.transport, seq as u64 + 1, due, &mut rng, &mut out);
+            let conn = &conns[w + local as usize * workers];
+            {
+                let mut set = conn.pending.lock();
+                if set.dead {
+                    rec.failed(&p);
+                    continue;
+                }
+                match conn.sock {
+                    Sock::Tcp(_) => set.fifo.push_back(p),
+                    Sock::Udp(_) => {
+                        if let Some(old) = set.by_id.insert(p.id, p) {
+                            rec.timed_out(&old);
+                        }
+                    }
+                }
+            }
+            rec.sent(&p, now);
+            let sent = match &conn.sock {
+                Sock::Tcp(s) => (&*s).write_all(&out),
+                Sock::Udp(s) => s.send(&out).map(|_| ()),
+            };
+            if let Err(e) = sent {
+                rec.error_kind(format!("send: {}", e.kind()));
+                let mut set = conn.pending.lock();
+                match conn.sock {
+                    Sock::Tcp(_) => {
+                        // The stream is broken: everything on it is lost.
+                        set.dead = true;
+                        for p in set.fifo.drain(..) {
+                            rec.failed(&p);
+                        }
+                    }
+                    Sock::Udp(_) => {
+                        if let Some(p) = set.by_id.remove(&p.id) {
+                            rec.failed(&p);
+                        }
+                    }
+                }
+            }
+        }
+        rec
+    }
 }
 
 /// Sleeps until shortly before `due_ns`, then yields until it.

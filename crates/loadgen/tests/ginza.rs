@@ -175,7 +175,10 @@ fn echo_over_udp_and_tcp_through_the_software_switch() {
     assert!(server.stats.udp_echoed.load(Relaxed) >= r.completed);
 
     // TCP: the listener is up by now (bound right after the UDP socket).
-    let r = ginza::run(&config(Transport::Tcp, 8), &generator(&d)).unwrap();
+    // Two kthreads: two senders, each with half the connections.
+    let mut cfg = config(Transport::Tcp, 8);
+    cfg.threads = 2;
+    let r = ginza::run(&cfg, &generator(&d)).unwrap();
     eprintln!("{}", r.summary());
     assert_eq!(r.transport, "tcp");
     assert!(r.sent > 300, "{} sent", r.sent);
