@@ -15,6 +15,8 @@
 //!   `generator_saturated` when the generator fell behind its schedule.
 //! * [`args`]: the command line (`ginza loadgen`, `loadgen`).
 //! * [`calibrate`]: the generator's own capacity on this machine.
+//!
+//! How it works and what it measured: docs/loadgen.md.
 
 #![forbid(unsafe_code)]
 

@@ -291,3 +291,21 @@ fn memcached_over_udp_matches_answers_by_request_id() {
     assert_eq!(r.timeouts + r.errors + r.error_answers + r.unmatched, 0);
     assert!(r.classes["set"].count > 0 && r.classes["get"].count > r.classes["set"].count);
 }
+
+#[test]
+fn calibration_measures_the_generators_own_capacity() {
+    let _serial = lock();
+    let r = ginza_loadgen::calibrate::calibrate(Duration::from_millis(300), vec![]).unwrap();
+    let capacity = r.generator_capacity_rps_per_core.unwrap();
+    // Offered far beyond one worker: it is saturated by construction, and
+    // what it answered per CPU-second is its capacity (even a debug build
+    // on this VM does thousands per second).
+    assert!(r.generator_saturated);
+    assert!(r.completed > 0 && r.generator_cpu_s > 0.0);
+    assert!(
+        (capacity - r.completed as f64 / r.generator_cpu_s).abs() < 1e-6 * capacity
+            && capacity > 1000.0,
+        "{capacity} req/s per core"
+    );
+    assert!(r.summary().contains("generator capacity"));
+}
