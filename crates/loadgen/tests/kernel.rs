@@ -309,3 +309,32 @@ fn calibration_measures_the_generators_own_capacity() {
     );
     assert!(r.summary().contains("generator capacity"));
 }
+
+#[test]
+fn a_tcp_server_that_never_answers_times_out_and_its_connections_close() {
+    let _serial = lock();
+    let server = TcpServer::start(common::silent_connection);
+    let mut cfg = config(
+        server.addr,
+        Transport::Tcp,
+        500.0,
+        Duration::from_millis(600),
+    );
+    cfg.arrivals = Arrivals::steady(Process::Constant, 500.0, Duration::from_millis(600));
+    cfg.warmup = Duration::ZERO;
+    cfg.connections = 2;
+    cfg.timeout = Duration::from_millis(100);
+    let r = run(&cfg);
+    assert_eq!(r.completed, 0);
+    assert_eq!(r.sent + r.errors, 300, "every request sent or lost");
+    // The requests on a connection until its oldest timed out are timeouts;
+    // the schedule's later requests on the closed connection are errors.
+    assert!(
+        r.timeouts >= 2 && r.errors > 0,
+        "{} timeouts, {} errors",
+        r.timeouts,
+        r.errors
+    );
+    assert_eq!(r.timeouts + r.errors, 300);
+    assert_eq!(r.error_kinds["an answer timed out; connection closed"], 2);
+}

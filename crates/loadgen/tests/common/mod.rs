@@ -313,3 +313,18 @@ impl Drop for MemcachedUdp {
         }
     }
 }
+
+/// A TCP server that reads requests and never answers.
+pub fn silent_connection(mut s: TcpStream, used: &AtomicU64) {
+    let mut buf = [0u8; 4096];
+    let mut first = true;
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            return;
+        }
+        if first {
+            used.fetch_add(1, Relaxed);
+            first = false;
+        }
+    }
+}
