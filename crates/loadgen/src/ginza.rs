@@ -39,8 +39,15 @@ pub struct GinzaConfig {
 }
 
 /// How often a receiver waiting for an answer looks at timeouts and the
-/// end of the run.
-const POLL: Duration = Duration::from_millis(5);
+/// end of the run: a quarter of the timeout, within these bounds (each
+/// wake-up is a timer; thousands of receivers waking every few ms would
+/// keep the kthreads busy with nothing).
+const POLL_MIN: Duration = Duration::from_millis(5);
+const POLL_MAX: Duration = Duration::from_millis(100);
+
+fn poll_interval(cfg: &RunConfig) -> Duration {
+    (cfg.timeout / 4).clamp(POLL_MIN, POLL_MAX)
+}
 /// The sender sleeps until this long before a send, then yields.
 const SLEEP_MARGIN_NS: u64 = 100_000;
 /// Delay between the end of setup and the schedule's start.
@@ -107,14 +114,14 @@ fn open(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<Vec<Arc<Shared>
                         format!("TCP connection {i} of {} to {target}", cfg.connections)
                     })?;
                 s.set_nodelay(true)?;
-                s.set_read_timeout(Some(POLL))?;
+                s.set_read_timeout(Some(poll_interval(cfg)))?;
                 Sock::Tcp(s)
             }
             Transport::Udp => {
                 let s = UdpSocket::bind(0u16)
                     .with_context(|| format!("UDP socket {i} of {}", cfg.connections))?;
                 s.connect(target)?;
-                s.set_read_timeout(Some(POLL))?;
+                s.set_read_timeout(Some(poll_interval(cfg)))?;
                 Sock::Udp(s)
             }
         };
@@ -147,17 +154,26 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
     let step_ends = cfg.step_ends_ns(start_ns);
     let stop = Arc::new(AtomicBool::new(false));
     let workload = Arc::new(cfg.workload.clone());
+    // One recorder per sender, shared with the receivers of its
+    // connections (an HDR histogram is a few hundred KiB: not one per
+    // connection).
+    let workers = cfg.threads.min(cfg.connections);
+    let recs: Vec<Arc<Mutex<Recorder>>> = (0..workers)
+        .map(|_| {
+            let mut rec = Recorder::new(classes, 0);
+            rec.set_window(measure_from, step_ends.clone());
+            Arc::new(Mutex::new(rec))
+        })
+        .collect();
     let receivers: Vec<_> = conns
         .iter()
-        .map(|conn| {
+        .enumerate()
+        .map(|(c, conn)| {
             let (conn, stop, workload) = (conn.clone(), stop.clone(), workload.clone());
-            let step_ends = step_ends.clone();
+            let rec = recs[c % workers].clone();
             let (transport, timeout_ns) = (cfg.transport, cfg.timeout.as_nanos() as u64);
             ginza_runtime::spawn(move || {
-                let mut rec = Recorder::new(classes, 0);
-                rec.set_window(measure_from, step_ends.clone());
-                receive(&conn, &workload, transport, timeout_ns, &stop, &mut rec);
-                rec
+                receive(&conn, &workload, transport, timeout_ns, &stop, &rec)
             })
         })
         .collect();
@@ -165,39 +181,28 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
     // One sender per kthread, each with its share of the schedule and of
     // the connections (the first on this uthread).
     let end_ns = start_ns + cfg.arrivals.duration().as_nanos() as u64;
-    let workers = cfg.threads.min(cfg.connections);
     let mut plans = cfg.plan_by_worker(workers);
     let first_plan = std::mem::take(&mut plans[0]);
+    let sender = |w: usize| Sender {
+        cfg: cfg.clone(),
+        conns: conns.clone(),
+        workload: workload.clone(),
+        start_ns,
+        rec: recs[w].clone(),
+    };
     let senders: Vec<_> = plans
         .into_iter()
         .enumerate()
         .skip(1)
         .map(|(w, plan)| {
-            let sender = Sender {
-                cfg: cfg.clone(),
-                conns: conns.clone(),
-                workload: workload.clone(),
-                start_ns,
-                measure_from,
-                step_ends: step_ends.clone(),
-            };
+            let sender = sender(w);
             ginza_runtime::spawn(move || sender.send(w, workers, &plan))
         })
         .collect();
-    let mut rec = Sender {
-        cfg: cfg.clone(),
-        conns: conns.clone(),
-        workload: workload.clone(),
-        start_ns,
-        measure_from,
-        step_ends: step_ends.clone(),
-    }
-    .send(0, workers, &first_plan);
+    sender(0).send(0, workers, &first_plan);
     for s in senders {
-        let r = s
-            .join()
+        s.join()
             .map_err(|e| anyhow::anyhow!("a sender uthread: {e}"))?;
-        rec.merge(&r);
     }
     // Wait for the last answers (at most the timeout), then stop.
     let drain_until = end_ns + cfg.timeout.as_nanos() as u64;
@@ -205,11 +210,20 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
         ginza_runtime::sleep(Duration::from_millis(1));
     }
     stop.store(true, Relaxed);
+    // Wake the receivers still blocked in a read at once.
+    for c in &conns {
+        if let Sock::Tcp(s) = &c.sock {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
     for r in receivers {
-        let r = r
-            .join()
+        r.join()
             .map_err(|e| anyhow::anyhow!("a receiver uthread: {e}"))?;
-        rec.merge(&r);
+    }
+    let mut rec = Recorder::new(classes, 0);
+    rec.set_window(measure_from, step_ends);
+    for r in &recs {
+        rec.merge(&r.lock());
     }
     for c in &conns {
         let mut set = c.pending.lock();
@@ -228,24 +242,21 @@ struct Sender {
     conns: Vec<Arc<Shared>>,
     workload: Arc<Workload>,
     start_ns: u64,
-    measure_from: u64,
-    step_ends: Vec<u64>,
+    /// Shared with the receivers of this sender's connections.
+    rec: Arc<Mutex<Recorder>>,
 }
 
 impl Sender {
     /// Sends sender `w`'s (of `workers`) part of the schedule: `plan`
     /// names its connections by their index among its own.
-    fn send(self, w: usize, workers: usize, plan: &[(u64, u32)]) -> Recorder {
+    fn send(self, w: usize, workers: usize, plan: &[(u64, u32)]) {
         let Sender {
             cfg,
             conns,
             workload,
             start_ns,
-            measure_from,
-            step_ends,
+            rec,
         } = self;
-        let mut rec = Recorder::new(workload.classes().len(), 0);
-        rec.set_window(measure_from, step_ends);
         let mut rng =
             SmallRng::seed_from_u64(cfg.seed ^ (w as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut out = Vec::with_capacity(2048);
@@ -257,7 +268,8 @@ impl Sender {
             let now = now_ns();
             if now >= give_up_ns {
                 // Still behind when the run's time is up.
-                rec.unsent(plan[seq..].iter().map(|&(t, _)| start_ns + t));
+                rec.lock()
+                    .unsent(plan[seq..].iter().map(|&(t, _)| start_ns + t));
                 break;
             }
             out.clear();
@@ -266,43 +278,42 @@ impl Sender {
             {
                 let mut set = conn.pending.lock();
                 if set.dead {
-                    rec.failed(&p);
+                    rec.lock().failed(&p);
                     continue;
                 }
                 match conn.sock {
                     Sock::Tcp(_) => set.fifo.push_back(p),
                     Sock::Udp(_) => {
                         if let Some(old) = set.by_id.insert(p.id, p) {
-                            rec.timed_out(&old);
+                            rec.lock().timed_out(&old);
                         }
                     }
                 }
             }
-            rec.sent(&p, now);
+            rec.lock().sent(&p, now);
             let sent = match &conn.sock {
                 Sock::Tcp(s) => (&*s).write_all(&out),
                 Sock::Udp(s) => s.send(&out).map(|_| ()),
             };
             if let Err(e) = sent {
-                rec.error_kind(format!("send: {}", e.kind()));
+                rec.lock().error_kind(format!("send: {}", e.kind()));
                 let mut set = conn.pending.lock();
                 match conn.sock {
                     Sock::Tcp(_) => {
                         // The stream is broken: everything on it is lost.
                         set.dead = true;
                         for p in set.fifo.drain(..) {
-                            rec.failed(&p);
+                            rec.lock().failed(&p);
                         }
                     }
                     Sock::Udp(_) => {
                         if let Some(p) = set.by_id.remove(&p.id) {
-                            rec.failed(&p);
+                            rec.lock().failed(&p);
                         }
                     }
                 }
             }
         }
-        rec
     }
 }
 
@@ -331,7 +342,7 @@ fn receive(
     transport: Transport,
     timeout_ns: u64,
     stop: &AtomicBool,
-    rec: &mut Recorder,
+    rec: &Mutex<Recorder>,
 ) {
     let mut buf = vec![0u8; MAX_UDP_PAYLOAD.max(64 * 1024)];
     let mut rx: Vec<u8> = Vec::new();
@@ -344,6 +355,8 @@ fn receive(
         };
         let now = now_ns();
         match got {
+            // The end of the run shuts the connections down: not a failure.
+            _ if stop.load(Relaxed) => return,
             Ok(0) if matches!(conn.sock, Sock::Tcp(_)) => {
                 fail(conn, rec, "the server closed the connection");
                 return;
@@ -356,10 +369,10 @@ fn receive(
                         .and_then(|id| conn.pending.lock().by_id.remove(&id));
                     match p {
                         Some(p) => match workload.parse(transport, &p, datagram) {
-                            Parsed::Done { ok, .. } => rec.answered(&p, now, ok),
-                            _ => rec.answered(&p, now, false),
+                            Parsed::Done { ok, .. } => rec.lock().answered(&p, now, ok),
+                            _ => rec.lock().answered(&p, now, false),
                         },
-                        None => rec.unmatched += 1,
+                        None => rec.lock().unmatched += 1,
                     }
                 }
                 Sock::Tcp(_) => {
@@ -373,7 +386,7 @@ fn receive(
                             Parsed::Done { consumed, ok } => {
                                 pos += consumed;
                                 set.fifo.pop_front();
-                                rec.answered(&p, now, ok);
+                                rec.lock().answered(&p, now, ok);
                             }
                             Parsed::Invalid(why) => {
                                 broken = Some(format!("unparsable answer: {why}"));
@@ -382,7 +395,7 @@ fn receive(
                         }
                     }
                     if broken.is_none() && set.fifo.is_empty() && pos < rx.len() {
-                        rec.unmatched += 1;
+                        rec.lock().unmatched += 1;
                         pos = rx.len();
                     }
                     drop(set);
@@ -399,7 +412,7 @@ fn receive(
                     fail(conn, rec, &format!("receive: {}", e.kind()));
                     return;
                 }
-                rec.error_kind(format!("UDP receive: {}", e.kind()));
+                rec.lock().error_kind(format!("UDP receive: {}", e.kind()));
             }
         }
         if now < next_sweep {
@@ -411,7 +424,7 @@ fn receive(
             Sock::Udp(_) => set.by_id.retain(|_, p| {
                 let keep = p.scheduled_ns + timeout_ns > now;
                 if !keep {
-                    rec.timed_out(p);
+                    rec.lock().timed_out(p);
                 }
                 keep
             }),
@@ -423,9 +436,10 @@ fn receive(
                 {
                     set.dead = true;
                     for p in set.fifo.drain(..) {
-                        rec.timed_out(&p);
+                        rec.lock().timed_out(&p);
                     }
-                    rec.error_kind("an answer timed out; connection closed");
+                    rec.lock()
+                        .error_kind("an answer timed out; connection closed");
                     drop(set);
                     if let Sock::Tcp(s) = &conn.sock {
                         let _ = s.shutdown(std::net::Shutdown::Both);
@@ -438,11 +452,11 @@ fn receive(
 }
 
 /// Marks `conn` failed: its pending requests are lost.
-fn fail(conn: &Shared, rec: &mut Recorder, why: &str) {
+fn fail(conn: &Shared, rec: &Mutex<Recorder>, why: &str) {
     let mut set = conn.pending.lock();
     set.dead = true;
     for p in set.fifo.drain(..) {
-        rec.failed(&p);
+        rec.lock().failed(&p);
     }
-    rec.error_kind(why);
+    rec.lock().error_kind(why);
 }

@@ -217,3 +217,22 @@ fn spin_requests_echoed_by_a_ginza_server_are_matched_by_their_header() {
     assert_eq!(r.errors + r.error_answers + r.unmatched, 0);
     assert!(r.classes["short"].count > 50 && r.classes["long"].count > 50);
 }
+
+#[test]
+fn hundreds_of_tcp_connections_through_the_switch() {
+    let _g = lock();
+    let d = Daemon::start();
+    let server = EchoServer::start(&d);
+    // Wait until the echo server listens: a UDP round of the warm-up.
+    let r = ginza::run(&config(Transport::Udp, 1), &generator(&d)).unwrap();
+    assert_eq!(r.completed, r.sent);
+    let mut cfg = config(Transport::Tcp, 500);
+    cfg.arrivals = Arrivals::steady(Process::Constant, 2000.0, Duration::from_millis(700));
+    cfg.threads = 2;
+    let r = ginza::run(&cfg, &generator(&d)).unwrap();
+    eprintln!("{}", r.summary());
+    assert_eq!(r.sent, 1000);
+    assert_eq!(r.completed, r.sent, "{:?}", r.error_kinds);
+    assert_eq!(r.timeouts + r.errors + r.error_answers + r.unmatched, 0);
+    assert!(server.stats.tcp_accepted.load(Relaxed) >= 500);
+}
