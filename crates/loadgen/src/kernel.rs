@@ -147,18 +147,25 @@ pub fn run(cfg: &RunConfig) -> anyhow::Result<Report> {
                 std::thread::Builder::new()
                     .name(format!("loadgen-{w}"))
                     .spawn_scoped(scope, move || {
-                        if !cfg.cpus.is_empty() {
-                            let cpu = cfg.cpus[w % cfg.cpus.len()];
-                            let mut set = rustix::thread::CpuSet::new();
-                            set.set(cpu);
-                            rustix::thread::sched_setaffinity(None, &set)
-                                .with_context(|| format!("pinning worker {w} to CPU {cpu}"))?;
-                        }
+                        let pinned = match cfg.cpus.get(w % cfg.cpus.len().max(1)) {
+                            Some(&cpu) => {
+                                let mut set = rustix::thread::CpuSet::new();
+                                if cpu < rustix::thread::CpuSet::MAX_CPU {
+                                    set.set(cpu);
+                                }
+                                rustix::thread::sched_setaffinity(None, &set)
+                                    .with_context(|| format!("pinning worker {w} to CPU {cpu}"))
+                            }
+                            None => Ok(()),
+                        };
                         // Timers fire when asked, not up to 50 µs later.
                         let _ = rustix::thread::set_current_timer_slack(NonZeroU64::new(1));
                         let worker = Worker::new(cfg, w as u64, socks);
+                        // Every worker reaches the barrier, even one that
+                        // failed, so that none waits for it forever.
                         barrier.wait();
                         let start_ns: u64 = *start.get().expect("set before the barrier");
+                        pinned?;
                         let mut worker = worker?;
                         let cpu0 = thread_cpu_ns();
                         worker.run(start_ns, &plan)?;
