@@ -29,6 +29,11 @@ enum Command {
     Iokernel(ginza_iokernel::Cli),
     /// Show iokerneld's applications, cores and rates, live.
     Top(top::TopArgs),
+    /// Open-loop load generator: Poisson, constant or stepped arrivals
+    /// planned in advance, latency from each request's scheduled send
+    /// (echo, spin, memcached, http over UDP or TCP; Linux sockets or the
+    /// Ginza runtime).
+    Loadgen(ginza_loadgen::args::LoadgenArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,5 +55,6 @@ fn main() -> anyhow::Result<()> {
         // `anyhow::Result` could not carry.
         Command::Iokernel(args) => std::process::exit(ginza_iokernel::cli::run(&args).into()),
         Command::Top(args) => top::run(args),
+        Command::Loadgen(args) => ginza_loadgen::args::run(args),
     }
 }

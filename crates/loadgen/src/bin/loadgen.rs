@@ -1,0 +1,20 @@
+//! `loadgen`: the same as `ginza loadgen` (see `--help`).
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(
+    name = "loadgen",
+    version,
+    about = "Open-loop load generator: arrivals planned in advance, latency from each request's scheduled send"
+)]
+struct Cli {
+    #[command(flatten)]
+    args: ginza_loadgen::args::LoadgenArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    ginza_loadgen::args::run(Cli::parse().args)
+}
