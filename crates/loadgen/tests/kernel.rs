@@ -50,16 +50,19 @@ fn run(cfg: &RunConfig) -> Report {
 
 /// The self-check: at low load the generator's median latency agrees with
 /// a closed-loop ping-pong on the same socket type and the same server,
-/// paced at the same mean gap. Tolerance: within 2× or 50 µs of it,
+/// paced at the same mean gap. Tolerance: within 3× or 100 µs of it,
 /// whichever is looser. Both measure the same kernel path (loopback, a
 /// server thread woken per request); what differs is only how the client
 /// waits (epoll and a timerfd against a blocking `recv`), and on this
 /// 2-vCPU VM a wake-up alone costs 6–28 µs (docs/design.md, "Numbers to
-/// beat"), so the two medians may differ by a few tens of µs but not by a
-/// factor.
+/// beat"): on a quiet machine the generator's median is 50–70 µs against
+/// the ping-pong's 30 (docs/loadgen.md), and 83 against 31 was seen while
+/// other builds loaded both CPUs. What the check exists to catch —
+/// latency measured from the wrong send time, or a generator that falls
+/// behind its schedule — shows as milliseconds, not tens of µs.
 fn agrees(generator_p50_us: f64, ping_pong: Duration) {
     let pp = ping_pong.as_secs_f64() * 1e6;
-    let bound = (2.0 * pp).max(pp + 50.0);
+    let bound = (3.0 * pp).max(pp + 100.0);
     assert!(
         generator_p50_us <= bound && generator_p50_us >= pp / 2.0 - 50.0,
         "generator p50 {generator_p50_us:.1} µs vs ping-pong {pp:.1} µs (bound {bound:.1})"
