@@ -68,9 +68,25 @@ impl Daemon {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        self.start_app_with(name, NetConfig::new(mac, ip), kthreads, main)
+    }
+
+    /// [`Daemon::start_app`] with a network configuration of its own (TCP
+    /// tunables, static ARP entries).
+    pub fn start_app_with<T, F>(
+        &self,
+        name: &str,
+        net: NetConfig,
+        kthreads: usize,
+        main: F,
+    ) -> App<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
         let mut io = IokernelConfig::new(name, Class::LatencyCritical);
         io.socket = Some(self.get().socket().to_path_buf());
-        io.net = Some(NetConfig::new(mac, ip));
+        io.net = Some(net);
         let config = Config {
             iokernel: Some(io),
             ..Config::with_kthreads(kthreads)
