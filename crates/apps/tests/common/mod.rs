@@ -2,6 +2,8 @@
 //! [`NetNs`]'s veth pair, and Ginza applications behind it.
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod raw_tcp;
+
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -91,7 +93,7 @@ impl Daemon {
             iokernel: Some(io),
             ..Config::with_kthreads(kthreads)
         };
-        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
+        let app = App::spawn(config, main);
         let t0 = Instant::now();
         while !self
             .get()
@@ -99,12 +101,12 @@ impl Daemon {
             .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
         {
             assert!(
-                t0.elapsed() < Duration::from_secs(10) && !thread.is_finished(),
+                t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
                 "{name} did not register"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        App { thread }
+        app
     }
 }
 
@@ -118,6 +120,15 @@ impl Drop for Daemon {
 /// A Ginza runtime on its own thread.
 pub struct App<T> {
     thread: std::thread::JoinHandle<Result<T, RuntimeError>>,
+}
+
+impl<T: Send + 'static> App<T> {
+    /// Runs `main` on a runtime of `config` on a thread of its own.
+    pub fn spawn(config: Config, main: impl FnOnce() -> T + Send + 'static) -> App<T> {
+        App {
+            thread: std::thread::spawn(move || ginza_runtime::run(config, main)),
+        }
+    }
 }
 
 impl<T> App<T> {
