@@ -216,29 +216,11 @@ pub struct NetConfig {
     /// [`NetStats::udp_queue_full`](crate::net::NetStats::udp_queue_full)). Each holds an ingress buffer until
     /// the application reads it, and the pool is shared by all sockets.
     pub udp_queue: usize,
-    /// Every TCP connection's tunables (buffers, MSS, timers).
+    /// Every TCP connection's tunables (buffers, MSS, timers);
+    /// `TcpConfig::default()`'s datacenter values unless changed.
     pub tcp: TcpConfig,
     /// Every listener's bounds: half-open connections and accept backlog.
     pub tcp_listen: ListenConfig,
-}
-
-/// The runtime's TCP defaults: a datacenter's RPC traffic (short RTTs,
-/// no Nagle).
-fn default_tcp_config() -> TcpConfig {
-    TcpConfig {
-        mss: 1460,
-        recv_buffer: 256 * 1024,
-        send_buffer: 256 * 1024,
-        reassembly_limit: 256 * 1024,
-        nodelay: true,
-        rto_initial: Duration::from_millis(200),
-        rto_min: Duration::from_millis(10),
-        rto_max: Duration::from_secs(10),
-        max_retransmissions: 12,
-        max_syn_retransmissions: 6,
-        time_wait: Duration::from_secs(1),
-        delayed_ack: None,
-    }
 }
 
 impl NetConfig {
@@ -251,7 +233,7 @@ impl NetConfig {
             static_arp: Vec::new(),
             arp: ArpConfig::default(),
             udp_queue: 256,
-            tcp: default_tcp_config(),
+            tcp: TcpConfig::default(),
             tcp_listen: ListenConfig::default(),
         }
     }

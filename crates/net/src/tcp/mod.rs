@@ -23,7 +23,7 @@ pub mod segment;
 pub mod seq;
 pub mod wire;
 
-pub use conn::{Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
+pub use conn::{reset_for, Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
 pub use isn::IsnGenerator;
 pub use listen::{Admission, ListenConfig, ListenStats, Listener};
 pub use segment::{Flags, Segment};

@@ -1,4 +1,4 @@
-//! [`Segment`](super::Segment) to and from the TCP header, through
+//! [`Segment`] to and from the TCP header, through
 //! `smoltcp::wire` (parsing, options, checksums).
 //!
 //! [`parse`] checks a received TCP header (length, data offset, options,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use ginza_shm::{IngressPool, Region, RuntimeEnd};
 
 use super::stack::{Sent, SocketCore, Stack};
+use super::tcp::ListenerCore;
 use super::{NetConfig, NetStats};
 use crate::link::{KNet, TxSide, POLL_BATCH};
 
@@ -30,6 +31,21 @@ pub struct Socket(Arc<SocketCore>);
 impl Socket {
     pub fn local_addr(&self) -> SocketAddrV4 {
         self.0.local
+    }
+}
+
+/// A listening TCP port made through a [`Harness`]: no `accept` (that needs
+/// a runtime), but its bounds can be watched.
+pub struct Listening(Arc<ListenerCore>);
+
+impl Listening {
+    /// Connections whose handshake completed, waiting for `accept`.
+    pub fn backlog_len(&self) -> usize {
+        self.0.backlog_len()
+    }
+
+    pub fn half_open_len(&self) -> usize {
+        self.0.half_open_len()
     }
 }
 
@@ -79,6 +95,15 @@ impl Harness {
 
     pub fn bind(&self, addr: SocketAddrV4) -> io::Result<Socket> {
         self.stack.bind(addr).map(Socket)
+    }
+
+    /// Listens on TCP `port` of the interface.
+    pub fn tcp_listen(&self, port: u16) -> io::Result<Listening> {
+        let addr = SocketAddrV4::new(self.stack.iface.ip, port);
+        self.stack
+            .tcp
+            .listen(self.stack.iface.ip, addr)
+            .map(Listening)
     }
 
     /// As kthread `k`, takes a queued datagram, if any: copies it into

@@ -57,6 +57,17 @@ impl NewReno {
         self.cwnd
     }
 
+    /// The window for sending new data: cwnd plus RFC 3042's limited
+    /// transmit (one new segment for each of the first two duplicate ACKs,
+    /// so a small window still produces the third).
+    pub(super) fn send_window(&self) -> u32 {
+        if self.recovery.is_some() {
+            return self.cwnd;
+        }
+        self.cwnd
+            .saturating_add(self.duplicate_acks.min(2) * self.mss)
+    }
+
     pub(super) fn ssthresh(&self) -> u32 {
         self.ssthresh
     }
@@ -65,9 +76,9 @@ impl NewReno {
         self.recovery.is_some()
     }
 
-    /// An ACK for new data (`acked` bytes, now acknowledged up to `ack`).
-    /// Returns what to do and whether to restart the retransmission timer
-    /// for a partial ACK (it is always restarted for a full one).
+    /// An ACK for new data (`acked` bytes, now acknowledged up to `ack`;
+    /// `flight_before` bytes were outstanding). `Retransmit` for a partial
+    /// ACK in fast recovery.
     pub(super) fn on_new_ack(&mut self, ack: Seq, acked: u32, flight_before: u32) -> AckAction {
         self.duplicate_acks = 0;
         if let Some(recover) = self.recovery {

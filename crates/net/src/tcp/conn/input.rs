@@ -291,9 +291,10 @@ impl Connection {
     /// SND.UNA advances: free the buffer, sample the RTT, grow the window,
     /// restart the retransmission timer (RFC 6298 §5.3).
     fn on_new_ack(&mut self, ack: Seq, now: Instant) {
-        let acked = ack.distance_from(self.snd_una);
         let flight_before = self.snd_max.distance_from(self.snd_una);
-        if self.send.acknowledge(ack) > 0 {
+        // Data bytes only: the SYN and FIN grow no window.
+        let acked = self.send.acknowledge(ack);
+        if acked > 0 {
             self.events.writable = true;
         }
         self.snd_una = ack;
@@ -301,7 +302,7 @@ impl Connection {
         self.snd_nxt = self.snd_nxt.max(ack);
         self.rtt.on_ack(ack, now);
         self.retries = 0;
-        let restart = match self.cc.on_new_ack(ack, acked, flight_before) {
+        let restart = match self.cc.on_new_ack(ack, acked as u32, flight_before) {
             AckAction::Retransmit => {
                 // RFC 6582 §3.2 step 5: a partial ACK; only the first one
                 // restarts the timer.

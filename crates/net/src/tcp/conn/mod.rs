@@ -365,7 +365,8 @@ impl Connection {
     /// delayed ACK, TIME-WAIT).
     pub fn on_timer(&mut self, now: Instant) {
         if self.time_wait_at.is_some_and(|at| at <= now) {
-            // RFC 9293 §3.10.8: the 2 MSL wait is over.
+            // RFC 9293 §3.10.8: the 2 MSL wait is over (or an orphaned
+            // FIN-WAIT-2 waited as long for the peer's FIN).
             self.time_wait_at = None;
             self.enter_closed();
         }
@@ -440,6 +441,13 @@ impl Connection {
         if self.snd_nxt == self.snd_una {
             self.rto_at = None;
         }
+        // FIN-WAIT-2 after close(): nobody reads, and a peer that never
+        // sends its FIN must not hold the connection forever; it gets as
+        // long as TIME-WAIT would (Linux's tcp_fin_timeout, RFC 9293 leaves
+        // this to the implementation).
+        if self.state == State::FinWait2 && self.app_closed && self.time_wait_at.is_none() {
+            self.time_wait_at = Some(now + self.config.time_wait);
+        }
         let persist = self.can_send_data()
             && self.snd_wnd == 0
             && self.snd_nxt == self.snd_una
@@ -472,15 +480,13 @@ impl Connection {
             if buf.is_empty() {
                 return Ok(0);
             }
-            let before = self.advertisable_window();
             let n = self.recv.read(buf);
             // RFC 9293 §3.8.6.2.2 (receiver SWS avoidance): announce the
             // opened window once it grew by min(half the buffer, one MSS).
             let grown = self
                 .advertisable_window()
-                .saturating_sub(before.max(self.advertised_window()));
-            let threshold = (self.config.recv_buffer / 2).min(usize::from(self.config.mss));
-            if self.is_synchronized() && grown as usize >= threshold.max(1) {
+                .saturating_sub(self.advertised_window());
+            if self.is_synchronized() && grown >= self.window_update_threshold() {
                 self.ack_now = true;
             }
             return Ok(n);
@@ -646,6 +652,11 @@ impl Connection {
         (self.snd_una, self.snd_nxt, self.rcv_nxt)
     }
 
+    /// Our initial sequence number and the peer's (zero until known).
+    pub fn initial_sequence_numbers(&self) -> (Seq, Seq) {
+        (self.iss, self.irs)
+    }
+
     /// Bytes queued but not acknowledged yet.
     pub fn send_queued(&self) -> usize {
         self.send.len()
@@ -697,6 +708,24 @@ impl Connection {
         } else {
             0
         }
+    }
+
+    /// Receiver silly-window avoidance (RFC 9293 §3.8.6.2.2): the right
+    /// edge moves only by min(half the buffer, one MSS) at a time, so a
+    /// reader taking a few bytes does not invite a few-byte segment.
+    fn window_to_advertise(&self) -> u32 {
+        let advertised = self.advertised_window();
+        let possible = self.advertisable_window();
+        if possible.saturating_sub(advertised) >= self.window_update_threshold() {
+            possible
+        } else {
+            advertised
+        }
+    }
+
+    fn window_update_threshold(&self) -> u32 {
+        let threshold = (self.config.recv_buffer / 2).min(usize::from(self.config.mss));
+        threshold.max(1) as u32
     }
 
     /// RCV.WND: the larger of what we advertised and what we could (both

@@ -37,12 +37,15 @@ impl Connection {
             self.stats.segments_out += 1;
             return Some(rst);
         }
-        let plan = self.plan(now)?;
-        let segment = self.emit(plan, now);
-        Some(segment)
+        let Some(plan) = self.plan() else {
+            // Data queued since the last call may need the persist timer.
+            self.update_timers(now);
+            return None;
+        };
+        Some(self.emit(plan, now))
     }
 
-    fn plan(&mut self, now: Instant) -> Option<Plan> {
+    fn plan(&mut self) -> Option<Plan> {
         match self.state {
             State::Closed => return None,
             State::SynSent | State::SynReceived if self.snd_nxt == self.iss => {
@@ -59,7 +62,6 @@ impl Connection {
                 return Some(plan);
             }
         }
-        let _ = now;
         // A lone ACK carries the highest number sent: after a go-back-N
         // SND.NXT lies behind what the peer already received, and a
         // sequence number left of its window would make it drop the ACK.
@@ -94,7 +96,7 @@ impl Connection {
             });
         }
         let in_flight = self.snd_nxt.distance_from(self.snd_una);
-        let window = self.snd_wnd.min(self.cc.window());
+        let window = self.snd_wnd.min(self.cc.send_window());
         let usable = window.saturating_sub(in_flight) as usize;
         let available = self.send.available_from(self.snd_nxt);
         let len = available.min(mss).min(usable);
@@ -162,7 +164,7 @@ impl Connection {
             // RFC 7323 §2.2: the window in a SYN is never scaled.
             self.advertisable_window().min(u32::from(u16::MAX))
         } else {
-            (self.receive_window() >> self.rcv_wscale).min(u32::from(u16::MAX))
+            (self.window_to_advertise() >> self.rcv_wscale).min(u32::from(u16::MAX))
         };
         let advertised = if syn {
             window
@@ -188,6 +190,7 @@ impl Connection {
                 segment.window_scale = Some(self.rcv_wscale);
             }
         }
+        self.update_timers(now);
         if len > 0 {
             segment.payload = self.send.slice(seq, len);
         }

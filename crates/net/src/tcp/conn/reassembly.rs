@@ -41,9 +41,11 @@ impl ReceiveBuffer {
 
     pub(super) fn read(&mut self, buf: &mut [u8]) -> usize {
         let n = buf.len().min(self.ready.len());
-        for (dst, src) in buf.iter_mut().zip(self.ready.drain(..n)) {
-            *dst = src;
-        }
+        let (front, back) = self.ready.as_slices();
+        let from_front = n.min(front.len());
+        buf[..from_front].copy_from_slice(&front[..from_front]);
+        buf[from_front..n].copy_from_slice(&back[..n - from_front]);
+        self.ready.drain(..n);
         n
     }
 

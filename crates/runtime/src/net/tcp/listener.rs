@@ -44,6 +44,43 @@ impl fmt::Debug for TcpListener {
     }
 }
 
+impl ListenerCore {
+    /// Connections waiting for `accept`.
+    pub(crate) fn backlog_len(&self) -> usize {
+        self.state.lock().backlog.backlog_len()
+    }
+
+    pub(crate) fn half_open_len(&self) -> usize {
+        self.state.lock().backlog.half_open_len()
+    }
+}
+
+impl Tcp {
+    /// Makes `addr`'s port (0: an ephemeral one) a listening port of the
+    /// interface address `our_ip`.
+    pub(crate) fn listen(
+        &self,
+        our_ip: std::net::Ipv4Addr,
+        addr: SocketAddrV4,
+    ) -> io::Result<Arc<ListenerCore>> {
+        let mut table = self.table.lock();
+        let port = match addr.port() {
+            0 => table.ephemeral_port(our_ip, Endpoint::new(*addr.ip(), 0))?,
+            p => p,
+        };
+        let core = Arc::new(ListenerCore {
+            local: SocketAddrV4::new(*addr.ip(), port),
+            state: SpinLock::new(ListenState {
+                backlog: Listener::new(self.listen),
+                closed: false,
+            }),
+            waiters: SpinLock::new(Vec::new()),
+        });
+        table.listen(port, Arc::clone(&core))?;
+        Ok(core)
+    }
+}
+
 impl TcpListener {
     /// Listens on `addr`: the application's IP or 0.0.0.0, and a port (0
     /// picks a free one in 49152-65535). `AddrInUse` if a listener has the
@@ -63,25 +100,8 @@ impl TcpListener {
                 ),
             ));
         }
-        let tcp = &stack.tcp;
-        tcp.start_timer(&rt);
-        let core = {
-            let mut table = tcp.table.lock();
-            let port = match addr.port() {
-                0 => table.ephemeral_port(stack.iface.ip, Endpoint::new(ip, 0))?,
-                p => p,
-            };
-            let core = Arc::new(ListenerCore {
-                local: SocketAddrV4::new(ip, port),
-                state: SpinLock::new(ListenState {
-                    backlog: Listener::new(tcp.listen),
-                    closed: false,
-                }),
-                waiters: SpinLock::new(Vec::new()),
-            });
-            table.listen(port, Arc::clone(&core))?;
-            core
-        };
+        stack.tcp.start_timer(&rt);
+        let core = stack.tcp.listen(stack.iface.ip, addr)?;
         Ok(TcpListener { rt, core })
     }
 

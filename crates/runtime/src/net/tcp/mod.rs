@@ -41,7 +41,7 @@ use crate::deferral;
 use crate::link::TxSide;
 use crate::sched::{self, Shared, Waiter};
 use crate::spinlock::SpinLock;
-use listener::ListenerCore;
+pub(crate) use listener::ListenerCore;
 use table::{FourTuple, Table};
 use timers::Deadlines;
 
@@ -136,6 +136,9 @@ impl Conn {
 pub(crate) struct Wake {
     conn: Option<Arc<Conn>>,
     listener: Option<Arc<ListenerCore>>,
+    /// The timer uthread, to sleep until an earlier deadline: last, so the
+    /// uthreads above run before it.
+    timer: Option<Arc<Waiter>>,
 }
 
 fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
@@ -152,6 +155,9 @@ impl Wake {
         }
         if let Some(l) = self.listener {
             wake_all(&l.waiters);
+        }
+        if let Some(t) = self.timer {
+            t.wake();
         }
     }
 }
@@ -352,7 +358,7 @@ impl Tcp {
                 let d = d.as_nanos();
                 if inner.armed.is_none_or(|armed| d < armed) {
                     inner.armed = Some(d);
-                    self.deadlines.arm(d, Arc::downgrade(conn));
+                    wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
                 }
             }
             if inner.tcb.is_finished() {

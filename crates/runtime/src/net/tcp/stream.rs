@@ -314,7 +314,8 @@ fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStrea
         table.insert(key, Arc::clone(&conn));
         conn
     };
-    // The SYN goes out in the first look.
+    // The SYN goes out.
+    tcp.with_conn(&rt, stack, &conn, |_| ());
     let r = tcp.wait_on(&rt, stack, &conn, deadline, |inner| {
         match (inner.tcb.error(), inner.tcb.state()) {
             (Some(e), _) => Some(Err(e)),

@@ -12,6 +12,10 @@
 //!
 //! Entries are lazy: a connection remembers the one deadline it armed, and
 //! an entry that no longer matches it when popped is stale and dropped.
+//! Entries of items that are gone (a connection evicted under a SYN flood
+//! leaves its retransmission entry behind) are swept whenever the heap has
+//! doubled since the last sweep, so the heap stays within a constant factor
+//! of the live items however fast they come and go.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -20,6 +24,27 @@ use std::sync::Arc;
 
 use crate::sched::Waiter;
 use crate::spinlock::SpinLock;
+
+/// What the heap needs to know of an item: whether it is gone.
+pub(crate) trait Item {
+    fn gone(&self) -> bool;
+}
+
+impl<T> Item for std::sync::Weak<T> {
+    fn gone(&self) -> bool {
+        self.strong_count() == 0
+    }
+}
+
+/// Entries below which no sweep is worth it.
+const SWEEP_FLOOR: usize = 1024;
+
+struct Heap<T> {
+    heap: BinaryHeap<Reverse<Entry<T>>>,
+    seq: u64,
+    /// Entries after the last sweep.
+    swept_len: usize,
+}
 
 struct Entry<T> {
     deadline: u64,
@@ -47,7 +72,7 @@ impl<T> Ord for Entry<T> {
 /// A heap of (deadline in ns, item), with its earliest deadline readable
 /// without the lock.
 pub(crate) struct Deadlines<T> {
-    heap: SpinLock<(BinaryHeap<Reverse<Entry<T>>>, u64)>,
+    heap: SpinLock<Heap<T>>,
     earliest: AtomicU64,
     /// The timer uthread parked until this deadline (`u64::MAX`: without
     /// one; 0: it is awake and will look at the heap before parking).
@@ -55,10 +80,14 @@ pub(crate) struct Deadlines<T> {
     sleeper: SpinLock<Option<Arc<Waiter>>>,
 }
 
-impl<T> Deadlines<T> {
+impl<T: Item> Deadlines<T> {
     pub(crate) fn new() -> Self {
         Deadlines {
-            heap: SpinLock::new((BinaryHeap::new(), 0)),
+            heap: SpinLock::new(Heap {
+                heap: BinaryHeap::new(),
+                seq: 0,
+                swept_len: 0,
+            }),
             earliest: AtomicU64::new(u64::MAX),
             sleeping_until: AtomicU64::new(0),
             sleeper: SpinLock::new(None),
@@ -70,16 +99,25 @@ impl<T> Deadlines<T> {
         self.earliest.load(SeqCst)
     }
 
-    /// Arms `item` at `deadline`; wakes the timer uthread if it sleeps
-    /// past it.
-    pub(crate) fn arm(&self, deadline: u64, item: T) {
+    /// Arms `item` at `deadline`; returns the timer uthread if it sleeps
+    /// past it: the caller wakes it ([`Waiter::wake`]) once its locks are
+    /// released, after the uthreads its own change made runnable, so they
+    /// run first.
+    #[must_use]
+    pub(crate) fn arm(&self, deadline: u64, item: T) -> Option<Arc<Waiter>> {
         {
-            let mut guard = self.heap.lock();
-            let (heap, seq) = &mut *guard;
-            *seq += 1;
-            heap.push(Reverse(Entry {
+            let mut h = self.heap.lock();
+            if h.heap.len() >= SWEEP_FLOOR.max(2 * h.swept_len) {
+                h.heap.retain(|Reverse(e)| !e.item.gone());
+                h.swept_len = h.heap.len();
+                let next = h.heap.peek().map_or(u64::MAX, |Reverse(e)| e.deadline);
+                self.earliest.store(next, SeqCst);
+            }
+            h.seq += 1;
+            let seq = h.seq;
+            h.heap.push(Reverse(Entry {
                 deadline,
-                seq: *seq,
+                seq,
                 item,
             }));
             if deadline < self.earliest.load(SeqCst) {
@@ -89,14 +127,9 @@ impl<T> Deadlines<T> {
         // Pairs with `sleep`: it publishes `sleeping_until`, then reads
         // `earliest`; we published `earliest`, then read `sleeping_until`.
         if deadline < self.sleeping_until.load(SeqCst) {
-            self.wake_sleeper();
+            return self.sleeper.lock().take();
         }
-    }
-
-    fn wake_sleeper(&self) {
-        if let Some(w) = self.sleeper.lock().take() {
-            w.wake();
-        }
+        None
     }
 
     /// Takes every item due by `now`; nothing if another context is taking
@@ -108,7 +141,7 @@ impl<T> Deadlines<T> {
         let Some(mut guard) = self.heap.try_lock() else {
             return;
         };
-        let heap = &mut guard.0;
+        let heap = &mut guard.heap;
         while heap.peek().is_some_and(|Reverse(e)| e.deadline <= now) {
             if let Some(Reverse(e)) = heap.pop() {
                 out.push((e.deadline, e.item));
@@ -121,7 +154,7 @@ impl<T> Deadlines<T> {
     /// Entries in the heap, stale ones included.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.heap.lock().0.len()
+        self.heap.lock().heap.len()
     }
 
     /// The timer uthread is about to park as `w` until `until` (`u64::MAX`:
@@ -148,13 +181,31 @@ impl<T> Deadlines<T> {
 mod tests {
     use super::*;
 
+    impl Item for &'static str {
+        fn gone(&self) -> bool {
+            self.starts_with("gone")
+        }
+    }
+
+    #[test]
+    fn entries_of_gone_items_are_swept_as_the_heap_doubles() {
+        let d = Deadlines::new();
+        for _ in 0..10 * SWEEP_FLOOR {
+            assert!(d.arm(1, "gone").is_none(), "nobody sleeps");
+            assert!(d.len() <= SWEEP_FLOOR + 1, "{}", d.len());
+        }
+        let _ = d.arm(5, "live");
+        let mut out = Vec::new();
+        d.take_due(10, &mut out);
+        assert!(out.contains(&(5, "live")));
+    }
+
     #[test]
     fn due_items_come_out_in_deadline_order() {
         let d = Deadlines::new();
-        d.arm(30, "c");
-        d.arm(10, "a");
-        d.arm(20, "b");
-        d.arm(10, "a2");
+        for (deadline, item) in [(30, "c"), (10, "a"), (20, "b"), (10, "a2")] {
+            assert!(d.arm(deadline, item).is_none());
+        }
         assert_eq!(d.earliest(), 10);
         let mut out = Vec::new();
         d.take_due(5, &mut out);

@@ -1,0 +1,718 @@
+//! TCP between Ginza applications through the in-process iokerneld's
+//! software switch: `TcpListener` / `TcpStream` over the state machine
+//! (docs/runtime.md, "TCP sockets"). Every test starts iokerneld and holds
+//! the test lock.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{lock, Daemon};
+use ginza_net::{Interface, Ipv4Addr, MacAddr};
+use ginza_runtime::net::{NetConfig, NetStats, TcpListener, TcpStream};
+use ginza_runtime::{Class, Config, IokernelConfig};
+
+fn iface(last: u8) -> Interface {
+    Interface {
+        mac: MacAddr([0x02, 0x54, 0x00, 0x00, 0x00, last]),
+        ip: Ipv4Addr::new(10, 8, 0, last),
+    }
+}
+
+const SERVER: u8 = 1;
+const CLIENT: u8 = 2;
+const CHILD: u8 = 3;
+const PORT: u16 = 7;
+
+/// Timers short enough that a vanished peer is given up on in about a
+/// second, and buffers small enough that a blocked writer shows quickly.
+fn net(last: u8) -> NetConfig {
+    let me = iface(last);
+    let mut n = NetConfig::new(me.mac, me.ip);
+    n.tcp.rto_initial = Duration::from_millis(100);
+    n.tcp.rto_min = Duration::from_millis(20);
+    n.tcp.rto_max = Duration::from_millis(200);
+    n.tcp.max_retransmissions = 6;
+    n.tcp.time_wait = Duration::from_millis(200);
+    n.tcp.send_buffer = 64 * 1024;
+    n.tcp.recv_buffer = 64 * 1024;
+    n.tcp.reassembly_limit = 64 * 1024;
+    n
+}
+
+fn app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig) -> Config {
+    let mut cfg = d.app(name, Class::LatencyCritical, 0, kthreads);
+    if let Some(io) = cfg.iokernel.as_mut() {
+        io.net = Some(net);
+    }
+    cfg
+}
+
+fn server_addr() -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(iface(SERVER).ip, PORT))
+}
+
+/// Waits for `cond` (with a deadline that fails the test), polling.
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Echoes until EOF or an error; the bytes echoed.
+fn echo(mut s: TcpStream) -> u64 {
+    let mut buf = [0u8; 4096];
+    let mut total = 0;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return total,
+            Ok(n) => {
+                if s.write_all(&buf[..n]).is_err() {
+                    return total;
+                }
+                total += n as u64;
+            }
+        }
+    }
+}
+
+/// A server application on its own thread: listens on `PORT` and runs
+/// `handler` on a uthread per connection until `stop`; its thread returns
+/// the runtime's net stats.
+struct Server {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<NetStats>>,
+}
+
+impl Server {
+    fn start(
+        d: &Daemon,
+        kthreads: usize,
+        net: NetConfig,
+        handler: impl Fn(TcpStream) + Clone + Send + 'static,
+    ) -> Server {
+        let stop = Arc::new(AtomicBool::new(false));
+        let bound = Arc::new(AtomicBool::new(false));
+        let (s2, b2) = (Arc::clone(&stop), Arc::clone(&bound));
+        let cfg = app(d, "server", kthreads, net);
+        let thread = std::thread::spawn(move || {
+            ginza_runtime::run(cfg, move || {
+                let listener = Arc::new(
+                    TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, PORT)).unwrap(),
+                );
+                b2.store(true, Ordering::Release);
+                let l2 = Arc::clone(&listener);
+                ginza_runtime::spawn(move || {
+                    for s in l2.incoming() {
+                        let s = s.unwrap();
+                        let handler = handler.clone();
+                        ginza_runtime::spawn(move || handler(s));
+                    }
+                });
+                while !s2.load(Ordering::Relaxed) {
+                    ginza_runtime::sleep(Duration::from_millis(1));
+                }
+                ginza_runtime::net::stats().unwrap()
+            })
+            .unwrap()
+        });
+        let t0 = Instant::now();
+        while !bound.load(Ordering::Acquire) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10) && !thread.is_finished(),
+                "the server never listened"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Server {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn stop(mut self) -> NetStats {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn client<T: Send + 'static>(
+    d: &Daemon,
+    kthreads: usize,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    ginza_runtime::run(app(d, "client", kthreads, net(CLIENT)), body).unwrap()
+}
+
+#[test]
+fn connect_accept_echo_and_the_errors_around_them() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let server = Server::start(&d, 2, net(SERVER), |s| {
+        echo(s);
+    });
+    let stats = client(&d, 1, || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        assert_eq!(s.peer_addr().unwrap(), server_addr());
+        let local = s.local_addr().unwrap();
+        assert_eq!(local.ip(), std::net::IpAddr::V4(iface(CLIENT).ip));
+        assert!(local.port() >= 49152, "{local}");
+        assert!(s.nodelay().unwrap(), "TCP_NODELAY is on by default");
+        for round in 0..50u32 {
+            let msg = format!("request number {round}");
+            s.write_all(msg.as_bytes()).unwrap();
+            let mut back = vec![0u8; msg.len()];
+            s.read_exact(&mut back).unwrap();
+            assert_eq!(back, msg.as_bytes());
+        }
+        // A larger transfer, through &TcpStream from two uthreads.
+        let s = Arc::new(s);
+        let s2 = Arc::clone(&s);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 256) as u8).collect();
+        let sent = data.clone();
+        let writer = ginza_runtime::spawn(move || (&*s2).write_all(&sent).unwrap());
+        let mut back = vec![0u8; data.len()];
+        (&*s).read_exact(&mut back).unwrap();
+        writer.join().unwrap();
+        assert!(back == data, "the echo differs from what was sent");
+        // A read timeout is WouldBlock, as with std on Linux.
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let t = Instant::now();
+        let e = (&*s).read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::WouldBlock, "{e}");
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        assert_eq!(
+            s.set_read_timeout(Some(Duration::ZERO)).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+        // A closed port answers with RST: ConnectionRefused.
+        let closed = SocketAddr::V4(SocketAddrV4::new(iface(SERVER).ip, 9));
+        let e = TcpStream::connect(closed).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+        // A listening port is taken once; dropping the listener frees it.
+        let l = TcpListener::bind("0.0.0.0:8080").unwrap();
+        let e = TcpListener::bind("0.0.0.0:8080").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AddrInUse, "{e}");
+        drop(l);
+        let l = TcpListener::bind("0.0.0.0:0").unwrap();
+        assert!(l.local_addr().unwrap().port() >= 49152);
+        let e = TcpListener::bind(SocketAddrV4::new(iface(SERVER).ip, 1)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::AddrNotAvailable, "{e}");
+        drop(s);
+        ginza_runtime::net::stats().unwrap()
+    });
+    let server_stats = server.stop();
+    eprintln!("client: {:?}\nserver: {:?}", stats.tcp, server_stats.tcp);
+    assert!(stats.tcp.segments_out > 100, "{:?}", stats.tcp);
+    assert!(stats.tcp.segments_in > 100, "{:?}", stats.tcp);
+    assert!(
+        server_stats.tcp.resets_sent >= 1,
+        "the refused SYN: {:?}",
+        server_stats.tcp
+    );
+    assert!(server_stats.tcp.no_socket >= 1, "{:?}", server_stats.tcp);
+}
+
+#[test]
+fn dropping_a_listener_resets_the_connections_it_did_not_hand_out() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let connected = Arc::new(AtomicBool::new(false));
+    let listening = Arc::new(AtomicBool::new(false));
+    let reset_seen = Arc::new(AtomicBool::new(false));
+    let (c2, l2, r2) = (
+        Arc::clone(&connected),
+        Arc::clone(&listening),
+        Arc::clone(&reset_seen),
+    );
+    let cfg = app(&d, "server", 1, net(SERVER));
+    let server = std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
+            l2.store(true, Ordering::Release);
+            // The client's handshake completes into the backlog; never accepted.
+            while !c2.load(Ordering::Acquire) {
+                ginza_runtime::sleep(Duration::from_millis(1));
+            }
+            drop(l);
+            // This runtime (and its stack) ends once the client saw the RST.
+            while !r2.load(Ordering::Acquire) {
+                ginza_runtime::sleep(Duration::from_millis(1));
+            }
+            ginza_runtime::net::stats().unwrap()
+        })
+        .unwrap()
+    });
+    wait_for("the server to listen", Duration::from_secs(10), || {
+        listening.load(Ordering::Acquire)
+    });
+    let e = client(&d, 1, move || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        connected.store(true, Ordering::Release);
+        let e = s.read(&mut [0u8; 16]).unwrap_err();
+        reset_seen.store(true, Ordering::Release);
+        e
+    });
+    assert_eq!(e.kind(), ErrorKind::ConnectionReset, "{e}");
+    let stats = server.join().unwrap();
+    assert!(stats.tcp.resets_sent >= 1, "{:?}", stats.tcp);
+}
+
+#[test]
+fn half_close_lets_the_client_read_the_reply_after_its_fin() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    // Reads the whole request (to EOF), then answers with its length.
+    let server = Server::start(&d, 1, net(SERVER), |mut s| {
+        let mut request = Vec::new();
+        s.read_to_end(&mut request).unwrap();
+        let reply = format!("got {} bytes", request.len());
+        s.write_all(reply.as_bytes()).unwrap();
+    });
+    let reply = client(&d, 1, || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        s.write_all(&[42u8; 10_000]).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let e = s.write(b"more").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BrokenPipe, "{e}");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    });
+    assert_eq!(reply, "got 10000 bytes");
+    server.stop();
+}
+
+#[test]
+fn a_thousand_concurrent_connections_each_echo() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let server = Server::start(&d, 2, net(SERVER), |s| {
+        echo(s);
+    });
+    const N: usize = 1000;
+    let (ok, stats) = client(&d, 2, || {
+        let handles: Vec<_> = (0..N)
+            .map(|i| {
+                ginza_runtime::spawn(move || {
+                    let mut s = TcpStream::connect(server_addr())
+                        .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+                    let msg: Vec<u8> = (0..200).map(|j| (i + j) as u8).collect();
+                    s.write_all(&msg).unwrap();
+                    let mut back = vec![0u8; msg.len()];
+                    s.read_exact(&mut back).unwrap();
+                    back == msg
+                })
+            })
+            .collect();
+        let ok = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&ok| ok)
+            .count();
+        (ok, ginza_runtime::net::stats().unwrap())
+    });
+    let server_stats = server.stop();
+    eprintln!("client: {:?}\nserver: {:?}", stats.tcp, server_stats.tcp);
+    assert_eq!(ok, N);
+    assert_eq!(server_stats.tcp.listen_overflows, 0);
+}
+
+#[test]
+fn a_writer_blocks_while_its_peer_does_not_read_and_resumes_when_it_does() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let start_reading = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(AtomicU64::new(0));
+    let (go, got) = (Arc::clone(&start_reading), Arc::clone(&received));
+    let server = Server::start(&d, 1, net(SERVER), move |mut s| {
+        while !go.load(Ordering::Relaxed) {
+            ginza_runtime::sleep(Duration::from_millis(1));
+        }
+        let mut buf = [0u8; 8192];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    got.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    const TOTAL: usize = 4 << 20;
+    let go = Arc::clone(&start_reading);
+    let blocked_at = client(&d, 1, move || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        s.set_write_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let chunk = [7u8; 16 * 1024];
+        let mut written = 0usize;
+        // Writes until the send buffer stays full for the write timeout.
+        let blocked_at = loop {
+            match s.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break written,
+                Err(e) => panic!("write: {e}"),
+            }
+            assert!(written < TOTAL, "the writer never blocked");
+        };
+        // Now the peer reads: the rest goes through.
+        go.store(true, Ordering::Relaxed);
+        s.set_write_timeout(None).unwrap();
+        let rest = vec![7u8; TOTAL - written];
+        s.write_all(&rest).unwrap();
+        // Until the server has it all: this runtime's stack ends with it.
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut nothing = Vec::new();
+        s.read_to_end(&mut nothing).unwrap();
+        assert!(nothing.is_empty());
+        blocked_at
+    });
+    // Our 64 KiB send buffer and the peer's 64 KiB window, at most.
+    assert!(
+        blocked_at <= 160 * 1024,
+        "{blocked_at} bytes accepted by a peer that does not read"
+    );
+    assert!(blocked_at >= 64 * 1024, "blocked after {blocked_at} bytes");
+    wait_for(
+        "the server to read everything",
+        Duration::from_secs(20),
+        || received.load(Ordering::Relaxed) == TOTAL as u64,
+    );
+    server.stop();
+}
+
+/// Body of the child process of `a_client_killed_mid_transfer_...` (a
+/// no-op in a normal test run): streams to the server and reads its echo.
+#[test]
+fn tcp_child_client_body() {
+    let Ok(socket) = std::env::var("GINZA_TEST_TCP_CHILD_SOCKET") else {
+        return;
+    };
+    let mut io = IokernelConfig::new("victim", Class::Batch);
+    io.socket = Some(socket.into());
+    io.net = Some(net(CHILD));
+    let cfg = Config {
+        iokernel: Some(io),
+        ..Config::with_kthreads(1)
+    };
+    ginza_runtime::run(cfg, || {
+        let s = Arc::new(TcpStream::connect(server_addr()).unwrap());
+        let s2 = Arc::clone(&s);
+        ginza_runtime::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while (&*s2).read(&mut buf).is_ok_and(|n| n > 0) {}
+        });
+        let chunk = [1u8; 4096];
+        loop {
+            (&*s).write_all(&chunk).unwrap();
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_client_killed_mid_transfer_ends_its_connection_and_nothing_else() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let from_child = Arc::new(AtomicU64::new(0));
+    let ended = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (fc, en) = (Arc::clone(&from_child), Arc::clone(&ended));
+    // Echoes; a connection from the child counts its bytes. Quiet for a
+    // while, it sends a heartbeat byte, so a vanished peer shows up as
+    // retransmissions given up on (a peer that never speaks again is
+    // otherwise indistinguishable from a quiet one).
+    let server = Server::start(&d, 2, net(SERVER), move |mut s| {
+        let child = s.peer_addr().unwrap().ip() == std::net::IpAddr::V4(iface(CHILD).ip);
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 8192];
+        let outcome = loop {
+            match s.read(&mut buf) {
+                Ok(0) => break "EOF".to_string(),
+                Ok(n) => {
+                    if child {
+                        fc.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    if let Err(e) = s.write_all(&buf[..n]) {
+                        break format!("write: {e}");
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if let Err(e) = s.write_all(b".") {
+                        break format!("write: {e}");
+                    }
+                }
+                Err(e) => break format!("read: {:?}", e.kind()),
+            }
+        };
+        if child {
+            en.lock().unwrap().push(outcome);
+        }
+    });
+    let mut child = common::spawn_test_child(
+        "tcp_child_client_body",
+        "GINZA_TEST_TCP_CHILD_SOCKET",
+        &d.socket,
+    );
+    wait_for(
+        "the child's stream to flow",
+        Duration::from_secs(20),
+        || from_child.load(Ordering::Relaxed) > 1 << 20,
+    );
+    child.0.kill().unwrap(); // SIGKILL, mid-transfer
+    child.0.wait().unwrap();
+    wait_for(
+        "the server to see the child's connection end",
+        Duration::from_secs(30),
+        || !ended.lock().unwrap().is_empty(),
+    );
+    let outcome = ended.lock().unwrap()[0].clone();
+    assert!(
+        outcome == "EOF"
+            || outcome.contains("TimedOut")
+            || outcome.contains("timed out")
+            || outcome.contains("reset"),
+        "{outcome}"
+    );
+    // The server goes on: a new client is served.
+    let back = client(&d, 1, || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        s.write_all(b"still there?").unwrap();
+        let mut back = [0u8; 12];
+        s.read_exact(&mut back).unwrap();
+        back
+    });
+    assert_eq!(&back, b"still there?");
+    let stats = server.stop();
+    eprintln!("child's connection: {outcome}; server: {:?}", stats.tcp);
+    assert!(
+        stats.tcp.retransmissions > 0 || outcome == "EOF",
+        "{:?}",
+        stats.tcp
+    );
+}
+
+// ---- a SYN flood, the stack driven directly ----------------------------------
+
+mod flood {
+    use super::*;
+    use ginza_net::tcp::{Flags, Segment, Seq};
+    use ginza_net::{tx, Endpoint, Packet};
+    use ginza_runtime::net::testing::Harness;
+    use ginza_shm::{
+        BufferLedger, IngressPool, IokernelEnd, PacketDesc, Region, RegionConfig, PKT_BUFFER_SIZE,
+    };
+
+    const POOL: u32 = 64;
+
+    /// The test as iokerneld for one kthread.
+    struct Fake {
+        end: IokernelEnd,
+        pool: IngressPool,
+        ledger: BufferLedger,
+    }
+
+    impl Fake {
+        fn deliver(&mut self, frame: &[u8]) {
+            let buf = self.ledger.lend().expect("a free ingress buffer");
+            let len = self.pool.write(buf, frame).unwrap() as u32;
+            let desc = PacketDesc {
+                buf,
+                len,
+                hash: 0,
+                reserved: 0,
+            };
+            self.end.ingress.push(desc).unwrap();
+        }
+
+        /// Takes the buffers given back and the frames sent.
+        fn drain(&mut self) -> Vec<Vec<u8>> {
+            while let Some(b) = self.end.done.pop().unwrap() {
+                self.ledger.give_back(b).expect("a buffer given back once");
+            }
+            let mut out = Vec::new();
+            while let Some((seq, d)) = self.end.egress.peek().unwrap() {
+                let mut f = vec![0u8; PKT_BUFFER_SIZE as usize];
+                let n = self.end.egress_buffers.read(seq, d.len, &mut f);
+                f.truncate(n);
+                self.end.egress.release();
+                out.push(f);
+            }
+            out
+        }
+    }
+
+    fn segment_frame(from: Endpoint, mac: MacAddr, seg: &Segment<'_>) -> Vec<u8> {
+        let mut b = vec![0u8; 2048];
+        let sender = Interface { mac, ip: from.ip };
+        let dst = Endpoint::new(iface(SERVER).ip, PORT);
+        let n = tx::tcp_segment(&mut b, &sender, iface(SERVER).mac, from.port, dst, seg).unwrap();
+        b.truncate(n);
+        b
+    }
+
+    fn syn(seq: u32) -> Segment<'static> {
+        Segment {
+            seq: Seq(seq),
+            ack: None,
+            flags: Flags {
+                syn: true,
+                ..Flags::default()
+            },
+            window: 65535,
+            mss: Some(1460),
+            window_scale: None,
+            payload: &[],
+        }
+    }
+
+    /// The segments in `frames` sent to `to`.
+    fn segments_to(frames: &[Vec<u8>], to: Endpoint) -> Vec<(Seq, Option<Seq>, Flags)> {
+        let them = Interface {
+            mac: iface(CLIENT).mac,
+            ip: to.ip,
+        };
+        frames
+            .iter()
+            .filter_map(|f| match ginza_net::parse(f, &them) {
+                Ok(Packet::Tcp(t)) if t.dst == to => {
+                    Some((t.segment.seq, t.segment.ack, t.segment.flags))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn resident_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    /// A cheap deterministic generator (the flood's sources).
+    fn next(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    #[test]
+    fn a_syn_flood_stays_bounded_and_an_established_connection_keeps_working() {
+        let _g = lock(); // alone: the resident-memory check
+        const HALF_OPEN: usize = 256;
+        let mut cfg = net(SERVER);
+        cfg.tcp_listen.half_open = HALF_OPEN;
+        cfg.tcp_listen.backlog = 16;
+        // Each segment is acknowledged at once (no timer to wait for here).
+        cfg.tcp.delayed_ack = None;
+        let region = Region::create_heap(&RegionConfig {
+            ingress_capacity: 64,
+            done_capacity: 64,
+            egress_capacity: 64,
+            ..RegionConfig::new(1)
+        })
+        .unwrap();
+        let pool = IngressPool::create("ginza-tcp-flood-test", POOL).unwrap();
+        let ro = IngressPool::map_read_only(pool.fd().try_clone_to_owned().unwrap(), POOL).unwrap();
+        let h = Harness::new(&cfg, &region, ro).unwrap();
+        let mut io = Fake {
+            end: region.iokernel_end(0).unwrap(),
+            pool,
+            ledger: BufferLedger::new(POOL),
+        };
+        let listening = h.tcp_listen(PORT).unwrap();
+        let mut send = |frame: &[u8]| -> Vec<Vec<u8>> {
+            io.deliver(frame);
+            while h.poll(0, 0) > 0 {}
+            io.drain()
+        };
+
+        // A genuine client completes its handshake.
+        let genuine = Endpoint::new(iface(CLIENT).ip, 40000);
+        let mac = iface(CLIENT).mac;
+        let out = send(&segment_frame(genuine, mac, &syn(1000)));
+        let &[(server_iss, Some(Seq(1001)), flags)] = &segments_to(&out, genuine)[..] else {
+            panic!("no SYN-ACK: {out:?}");
+        };
+        assert!(flags.syn);
+        let mut client_next = 1001u32;
+        let ack = Seq(server_iss.0.wrapping_add(1));
+        let data = |seq: u32, payload: &'static [u8]| Segment {
+            seq: Seq(seq),
+            ack: Some(ack),
+            flags: Flags::default(),
+            window: 65535,
+            mss: None,
+            window_scale: None,
+            payload,
+        };
+        send(&segment_frame(genuine, mac, &data(client_next, b"")));
+        assert_eq!(listening.backlog_len(), 1, "the handshake completed");
+
+        // 100,000 SYNs from random addresses and ports; the genuine
+        // connection sends data every 10,000 and must see it acknowledged.
+        let before = resident_bytes();
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for i in 0..100_000u32 {
+            let r = next(&mut x);
+            let from = Endpoint::new(
+                Ipv4Addr::new(10, 8, (r >> 8) as u8, (r >> 16) as u8 | 4),
+                1024 + (r >> 24) as u16 % 60000,
+            );
+            send(&segment_frame(
+                from,
+                MacAddr([2, 0x66, 0, 0, 0, 1]),
+                &syn(r as u32),
+            ));
+            if i % 10_000 == 9_999 {
+                let out = send(&segment_frame(
+                    genuine,
+                    mac,
+                    &data(client_next, b"still here"),
+                ));
+                client_next += 10;
+                let acks = segments_to(&out, genuine);
+                assert!(
+                    acks.iter()
+                        .any(|&(_, a, f)| a == Some(Seq(client_next)) && !f.rst),
+                    "after {} SYNs the data was not acknowledged: {acks:?}",
+                    i + 1
+                );
+                assert!(listening.half_open_len() <= HALF_OPEN);
+            }
+        }
+        let grown = resident_bytes().saturating_sub(before);
+        let stats = h.stats();
+        eprintln!(
+            "{:?}; resident memory grew by {} KiB",
+            stats.tcp,
+            grown / 1024
+        );
+        assert!(grown < 10 << 20, "resident memory grew by {grown} bytes");
+        assert_eq!(listening.backlog_len(), 1);
+        assert!(listening.half_open_len() <= HALF_OPEN);
+        assert!(
+            stats.tcp.connections_open <= HALF_OPEN as u64 + 1,
+            "{:?}",
+            stats.tcp
+        );
+        assert!(
+            stats.tcp.syns_evicted >= 100_000 - HALF_OPEN as u64,
+            "{:?}",
+            stats.tcp
+        );
+    }
+}
