@@ -546,8 +546,21 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
     let bytes = args.lossy_mb << 20;
     let (_, (t, dropped, reordered)) = with_ginza_on_veth(ns, cpus, Some(&faults), |iokerneld| {
-        let t =
-            ns.run_in(move || linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))??;
+        let t = ns
+            .run_in(move || linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))?
+            .map_err(|e| {
+                // What the Linux sender's socket and the switch saw, to
+                // tell a stall from slowness.
+                let socket = ns
+                    .exec(&["ss", "-tni", "dst", &sink.to_string()])
+                    .map(|o| {
+                        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                        text.split_whitespace().collect::<Vec<_>>().join(" ")
+                    })
+                    .unwrap_or_default();
+                let faults = iokerneld.stats().map(|s| s.dataplane.faults);
+                anyhow!("{e}; the sender's socket: {socket}; iokerneld's faults: {faults:?}")
+            })?;
         let stats = iokerneld.stats()?;
         let rule = stats
             .dataplane
