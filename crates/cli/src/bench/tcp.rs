@@ -558,8 +558,20 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
                         text.split_whitespace().collect::<Vec<_>>().join(" ")
                     })
                     .unwrap_or_default();
-                let faults = iokerneld.stats().map(|s| s.dataplane.faults);
-                anyhow!("{e}; the sender's socket: {socket}; iokerneld's faults: {faults:?}")
+                let seen = iokerneld.stats().map(|s| {
+                    let apps: Vec<String> = s
+                        .apps
+                        .iter()
+                        .map(|a| {
+                            format!(
+                                "{}: cores {} parked kthreads {} grants {} net {:?}",
+                                a.name, a.cores_now, a.parked_kthreads, a.grants, a.net
+                            )
+                        })
+                        .collect();
+                    format!("faults {:?}; apps {}", s.dataplane.faults, apps.join(", "))
+                });
+                anyhow!("{e}; the sender's socket: {socket}; iokerneld: {seen:?}")
             })?;
         let stats = iokerneld.stats()?;
         let rule = stats
