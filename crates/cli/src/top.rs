@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ginza_proto::messages::{AppStats, Class, NetStats, StatsReport};
+use ginza_proto::messages::{AppStats, Class, FaultStats, NetStats, StatsReport};
 use ginza_proto::{client, default_socket_path, parse_duration, ClientError};
 use ginza_sys::cpulist;
 use serde::Serialize;
@@ -282,6 +282,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     if now.apps.is_empty() {
         out.push_str("(no application registered)\n");
     }
+    render_faults(&mut out, &now.dataplane.faults);
     if !now.recent_removals.is_empty() {
         out.push_str("\nlast removals (newest last):\n");
         let skip = now.recent_removals.len().saturating_sub(SHOWN_REMOVALS);
@@ -296,6 +297,43 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         }
     }
     out
+}
+
+/// The fault-injection section (iokerneld's `--faults`): one line per
+/// rule, totals since the rules were set; nothing when there is no rule,
+/// so the usual screen stays as it was.
+fn render_faults(out: &mut String, faults: &[FaultStats]) {
+    use std::fmt::Write as _;
+    if faults.is_empty() {
+        return;
+    }
+    let ports: Vec<String> = faults.iter().map(|f| printable(&f.port)).collect();
+    let pw = ports.iter().map(String::len).max().unwrap_or(0).max(4);
+    let _ = writeln!(
+        out,
+        "\nfault injection (totals)\n{:<4}  {:<pw$}  {:>10}  {:>10}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+        "RULE", "PORT", "FRAMES", "DROPPED", "LOST%", "DUPLICATED", "REORDERED", "DELAYED", "CORRUPTED", "OVERFLOW",
+    );
+    for (i, (f, port)) in faults.iter().zip(&ports).enumerate() {
+        let lost = match f.frames {
+            0 => "-".to_string(),
+            n => format!("{:.2}", 100.0 * f.lost() as f64 / n as f64),
+        };
+        let _ = writeln!(
+            out,
+            "{:<4}  {:<pw$}  {:>10}  {:>10}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+            i + 1,
+            port,
+            f.frames,
+            f.dropped,
+            lost,
+            f.duplicated,
+            f.reordered,
+            f.delayed,
+            f.corrupted,
+            f.held_overflow,
+        );
+    }
 }
 
 /// One stats report, with an error that names the socket and says what to
@@ -561,5 +599,50 @@ mod tests {
         assert_eq!(v["window_ns"], 1_000_000_000u64);
         assert_eq!(v["rates"][0]["grants_per_s"], 20.0);
         assert_eq!(v["stats"]["apps"][0]["name"], "memcached");
+    }
+
+    #[test]
+    fn fault_counters_show_only_when_rules_are_set() {
+        let a = report(1_000, 100, vec![app(1, "echo", 0, 0, 0)]);
+        let plain = render(None, &a);
+        assert!(!plain.contains("fault"), "{plain}");
+        let mut b = report(2_000, 150, vec![app(1, "echo", 0, 0, 0)]);
+        b.dataplane.faults = vec![
+            FaultStats {
+                port: "trunk".into(),
+                frames: 2_000,
+                dropped: 95,
+                duplicated: 1,
+                reordered: 40,
+                delayed: 0,
+                corrupted: 2,
+                held_overflow: 5,
+            },
+            FaultStats {
+                port: "app:echo\x1b".into(),
+                ..FaultStats::default()
+            },
+        ];
+        let s = render(Some(&a), &b);
+        assert!(s.contains("fault injection (totals)"), "{s}");
+        let row = |start: &str| -> Vec<String> {
+            s.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no {start} row: {s}"))
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(
+            row("1 "),
+            ["1", "trunk", "2000", "95", "5.00", "1", "40", "0", "2", "5"]
+        );
+        assert_eq!(
+            row("2 "),
+            ["2", "app:echo?", "0", "0", "-", "0", "0", "0", "0", "0"]
+        );
+        // And in --json, under the stats as iokerneld sent them.
+        let v = serde_json::to_value(sample(Some(&a), &b)).unwrap();
+        assert_eq!(v["stats"]["dataplane"]["faults"][0]["dr"], 95);
     }
 }

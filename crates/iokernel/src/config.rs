@@ -291,9 +291,9 @@ pub struct Cli {
     /// file's `[[faults]]`). Keys: drop, duplicate, reorder, corrupt
     /// (probabilities with %), delay (e.g. 200us), gap (frames overtaking a
     /// reordered one, default 1), hold (frames held at most, default 128),
-    /// seed, port (all [default], trunk, generator, a MAC, app:NAME), dir
-    /// (in, out, both [default; out for port=all]), proto (any, ip, tcp,
-    /// udp). See docs/fault-injection.md.
+    /// seed, port (all by default, trunk, generator, a MAC, app:NAME), dir
+    /// (in, out, both; by default both, out for port=all), proto (any, ip,
+    /// tcp, udp). See docs/fault-injection.md.
     #[arg(long = "faults", value_name = "RULE", value_parser = parse_fault_rule)]
     pub faults: Vec<FaultRule>,
 }
@@ -693,6 +693,100 @@ mod tests {
         assert!(Cli::try_parse_from(["iokerneld", "--policy", "fifo"]).is_err());
         let cli = Cli::try_parse_from(["iokerneld"]).unwrap();
         assert!(matches!(Config::from_cli(&cli), Err(ConfigError::NoCores)));
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn fault_rules_from_flags_and_file() {
+        use crate::nic::faults::{Direction, PortSelector, Probability};
+        let dir = std::env::temp_dir().join(format!("ginza-iok-faults-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let core = affinity::allowed_cpus().unwrap()[0].to_string();
+        let p = dir.join("iok.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "cores = \"{core}\"\n\n[[faults]]\nport = \"trunk\"\ndrop = \"5%\"\nreorder = \"2%\"\nseed = 42\n\n[[faults]]\nport = \"app:echo\"\ndelay = \"200us\"\ngap = 2\n"
+            ),
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(c.faults.len(), 2);
+        assert_eq!(c.faults[0].port, PortSelector::Trunk);
+        assert_eq!(c.faults[0].drop, Probability::from_percent(5.0).unwrap());
+        assert_eq!((c.faults[0].seed, c.faults[0].dir), (42, Direction::Both));
+        assert_eq!(c.faults[1].port, PortSelector::App("echo".into()));
+        assert_eq!(
+            (c.faults[1].delay, c.faults[1].gap),
+            (Duration::from_micros(200), 2)
+        );
+
+        // Flags replace the file's rules.
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "-c",
+            p.to_str().unwrap(),
+            "--faults",
+            "drop=1%",
+            "--faults",
+            "duplicate=3%,port=generator,dir=in",
+        ])
+        .unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(
+            c.faults.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "drop=1%,port=all,dir=out",
+                "duplicate=3%,port=generator,dir=in"
+            ]
+        );
+
+        // A bad flag: clap's error carries the rule's message.
+        let e = Cli::try_parse_from(["iokerneld", "--faults", "drop=150%"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--faults")
+                && e.contains("drop=150%: a probability must be between 0 % and 100 %"),
+            "{e}"
+        );
+        // A bad table: the rule's number and the key.
+        std::fs::write(
+            &p,
+            format!("cores = \"{core}\"\n[[faults]]\ndrop = \"1%\"\n[[faults]]\nloss = \"5%\"\n"),
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(
+            e.starts_with("faults: rule 2 ([[faults]] table 2): loss=5%: unknown key"),
+            "{e}"
+        );
+        std::fs::write(&p, format!("cores = \"{core}\"\n[[faults]]\ndrop = true\n")).unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(
+            e.contains("drop = true: expected a string or a number"),
+            "{e}"
+        );
+        std::fs::write(&p, format!("cores = \"{core}\"\n[[faults]]\ndrop = 5\n")).unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(
+            e.contains("drop=5: write a probability as a percentage"),
+            "{e}"
+        );
+
+        // Too many rules.
+        let mut args = vec!["iokerneld".to_string(), "--cores".into(), core.clone()];
+        for i in 0..=MAX_FAULT_RULES {
+            args.push("--faults".into());
+            args.push(format!("drop={i}%"));
+        }
+        let cli = Cli::try_parse_from(&args).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("faults: 5 rules: at most 4"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -40,7 +40,7 @@ use log::info;
 
 use crate::actuator::CoreActuator;
 use crate::config::{Config, PolicyKind};
-use crate::dataplane::{AppNet, Dataplane, GeneratorHandle};
+use crate::dataplane::{AppNet, Dataplane, FaultsHandle, GeneratorHandle};
 use ginza_proto::messages::{Class, Removal, StatsReport};
 use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
@@ -324,6 +324,11 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// Changes the fault injection of the running loop (`--faults`).
+    pub fn faults_handle(&self) -> FaultsHandle {
+        self.dp.faults_handle()
     }
 
     /// Makes SIGINT and SIGTERM stop the loop (the binary does this).

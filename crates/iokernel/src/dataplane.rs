@@ -49,7 +49,7 @@ use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_S
 use hdrhistogram::Histogram;
 
 use crate::nic::faults::{
-    stream_of, Direction, FaultCounters, FaultInjector, FaultRule, PortIdentity,
+    stream_of, Direction, FaultCounters, FaultInjector, FaultRule, PortIdentity, MAX_FAULT_RULES,
 };
 use crate::nic::{
     Frame, GeneratorConfig, GeneratorStats, Nic, PortConfig, PortId, SoftwareSwitch,
@@ -202,6 +202,64 @@ impl GeneratorHandle {
     }
 }
 
+#[derive(Default)]
+struct FaultsSlot {
+    /// Rules asked for, not yet taken by the loop.
+    pending: Option<Vec<FaultRule>>,
+    /// Requests made, and requests the loop carried out.
+    asked: u64,
+    applied: u64,
+}
+
+/// Changes the fault injection of a running iokerneld
+/// ([`crate::InProcess::faults`], [`crate::Iokerneld::faults_handle`]):
+/// tests run the same setup clean, then lossy.
+#[derive(Clone, Default)]
+pub struct FaultsHandle(Arc<Mutex<FaultsSlot>>);
+
+impl FaultsHandle {
+    /// Replaces iokerneld's fault rules with `rules` (empty: none) on every
+    /// port, and waits (at most 5 s) until its loop did. Counters start
+    /// again from zero. Refused: more than [`MAX_FAULT_RULES`] rules, or a
+    /// loop that does not answer.
+    pub fn set(&self, rules: Vec<FaultRule>) -> Result<(), String> {
+        if rules.len() > MAX_FAULT_RULES {
+            return Err(format!(
+                "{} fault rules: at most {MAX_FAULT_RULES}",
+                rules.len()
+            ));
+        }
+        let ticket = {
+            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            slot.pending = Some(rules);
+            slot.asked += 1;
+            slot.asked
+        };
+        let start = std::time::Instant::now();
+        loop {
+            if self.0.lock().unwrap_or_else(|p| p.into_inner()).applied >= ticket {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                return Err(
+                    "iokerneld did not take the fault rules within 5 s (is it running?)".into(),
+                );
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// [`set`](Self::set) from rules written as for `--faults`
+    /// (`["drop=5%,port=trunk"]`); a bad one is refused with its message.
+    pub fn set_specs(&self, specs: &[&str]) -> Result<(), String> {
+        let rules = specs
+            .iter()
+            .map(|s| s.parse().map_err(|e| format!("--faults {s}: {e}")))
+            .collect::<Result<Vec<FaultRule>, String>>()?;
+        self.set(rules)
+    }
+}
+
 struct RunningLoad {
     generator: TrafficGenerator,
     send_end_ns: u64,
@@ -214,6 +272,7 @@ pub struct Dataplane {
     nic: Option<(Box<dyn Nic + Send>, PortId)>,
     generator_port: PortId,
     handle: GeneratorHandle,
+    faults_handle: FaultsHandle,
     load: Option<RunningLoad>,
     frames: Vec<Frame>,
     out: Vec<Frame>,
@@ -231,6 +290,8 @@ pub struct Dataplane {
     /// Per rule: what its injectors on ports since removed (or replaced)
     /// did.
     retired_faults: Vec<FaultCounters>,
+    /// Applications' ports, to match rules set while they are attached.
+    app_ports: Vec<(PortId, String, MacAddr)>,
 }
 
 impl Dataplane {
@@ -253,6 +314,7 @@ impl Dataplane {
             nic,
             generator_port,
             handle: GeneratorHandle::default(),
+            faults_handle: FaultsHandle::default(),
             load: None,
             frames: Vec::with_capacity(BURST),
             out: Vec::with_capacity(BURST),
@@ -266,18 +328,61 @@ impl Dataplane {
             flow_warm_up: Duration::ZERO,
             fault_rules: Vec::new(),
             retired_faults: Vec::new(),
+            app_ports: Vec::new(),
         }
     }
 
-    /// Fault injection by `rules` (validated), in place of any before: the
-    /// generator's and trunk's ports get theirs now, applications' ports
-    /// when they attach (those attached already keep what they have).
+    /// Fault injection by `rules` (validated) on every port, in place of
+    /// any before (frames those held are lost; counters start from zero);
+    /// applications that attach later get theirs when they do.
     pub fn set_faults(&mut self, rules: Vec<FaultRule>) {
-        self.retired_faults = vec![FaultCounters::default(); rules.len()];
         self.fault_rules = rules;
-        self.install_faults(self.generator_port, PortIdentity::Generator(GENERATOR_MAC));
+        let mut ports = vec![(self.generator_port, None, GENERATOR_MAC)];
         if let Some((_, trunk)) = self.nic {
-            self.install_faults(trunk, PortIdentity::Trunk(TRUNK_MAC));
+            ports.push((trunk, None, TRUNK_MAC));
+        }
+        for (port, name, mac) in &self.app_ports {
+            ports.push((*port, Some(name.clone()), *mac));
+        }
+        for (port, name, mac) in ports {
+            let identity = match &name {
+                Some(name) => PortIdentity::App { name, mac },
+                None if port == self.generator_port => PortIdentity::Generator(mac),
+                None => PortIdentity::Trunk(mac),
+            };
+            self.install_faults(port, identity);
+        }
+        // After the installs: what the replaced injectors did is not
+        // counted under the new rules.
+        self.retired_faults = vec![FaultCounters::default(); self.fault_rules.len()];
+    }
+
+    /// Changes the fault rules of the running loop.
+    pub fn faults_handle(&self) -> FaultsHandle {
+        self.faults_handle.clone()
+    }
+
+    /// Rules asked for through the [`FaultsHandle`], set now.
+    fn check_faults(&mut self) {
+        let Ok(mut slot) = self.faults_handle.0.try_lock() else {
+            return;
+        };
+        if let Some(rules) = slot.pending.take() {
+            let applied = slot.asked;
+            drop(slot);
+            for rule in &rules {
+                log::info!("iokerneld: fault injection {rule}");
+            }
+            if rules.is_empty() {
+                log::info!("iokerneld: no fault injection");
+            }
+            self.set_faults(rules);
+            let mut slot = self
+                .faults_handle
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            slot.applied = slot.applied.max(applied);
         }
     }
 
@@ -387,6 +492,7 @@ impl Dataplane {
             .switch
             .add_port(PortConfig::new(interface.mac))
             .map_err(|e| e.to_string())?;
+        self.app_ports.push((port, name.to_string(), interface.mac));
         if !self.fault_rules.is_empty() {
             let mac = interface.mac;
             self.install_faults(port, PortIdentity::App { name, mac });
@@ -408,6 +514,7 @@ impl Dataplane {
     /// Removes an application's port (frames waiting there go with it).
     pub fn detach(&mut self, net: &AppNet) {
         self.retire_faults(net.port);
+        self.app_ports.retain(|(port, _, _)| *port != net.port);
         self.switch.remove_port(net.port);
     }
 
@@ -419,6 +526,7 @@ impl Dataplane {
         self.switch.advance(now);
         if check_handle {
             self.check_load(now);
+            self.check_faults();
         }
         if let Some(load) = &mut self.load {
             let mut port = self

@@ -9,13 +9,14 @@ use std::thread::JoinHandle;
 use ginza_proto::client::{self, ClientError};
 use ginza_proto::StatsReport;
 
-use crate::dataplane::GeneratorHandle;
+use crate::dataplane::{FaultsHandle, GeneratorHandle};
 use crate::{Config, DaemonError, Iokerneld, LinuxActuator, StopHandle};
 
 /// A running in-process iokerneld; stopped (and joined) on drop.
 pub struct InProcess {
     stop: StopHandle,
     generator: GeneratorHandle,
+    faults: FaultsHandle,
     thread: Option<JoinHandle<Result<StatsReport, DaemonError>>>,
     socket: PathBuf,
 }
@@ -33,6 +34,7 @@ impl InProcess {
         let d = Iokerneld::bind(cfg, actuator)?;
         let stop = d.stop_handle();
         let generator = d.generator();
+        let faults = d.faults_handle();
         let thread = std::thread::Builder::new()
             .name("iokerneld".into())
             .spawn(move || d.run())
@@ -44,6 +46,7 @@ impl InProcess {
         Ok(InProcess {
             stop,
             generator,
+            faults,
             thread: Some(thread),
             socket,
         })
@@ -57,6 +60,12 @@ impl InProcess {
     /// The software NIC's traffic generator.
     pub fn generator(&self) -> &GeneratorHandle {
         &self.generator
+    }
+
+    /// Changes fault injection while it runs (`cfg.faults` sets it from
+    /// the start): `d.faults().set_specs(&["drop=5%,port=trunk"])`.
+    pub fn faults(&self) -> &FaultsHandle {
+        &self.faults
     }
 
     pub fn socket(&self) -> &Path {

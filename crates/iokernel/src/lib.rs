@@ -35,5 +35,8 @@ pub use actuator::{
 };
 pub use config::{Cli, Config, ConfigError, PolicyKind};
 pub use daemon::{DaemonError, Iokerneld, StopHandle};
-pub use dataplane::{GeneratorHandle, LoadReport, LoadRun, GENERATOR_IP, GENERATOR_MAC};
+pub use dataplane::{
+    FaultsHandle, GeneratorHandle, LoadReport, LoadRun, GENERATOR_IP, GENERATOR_MAC,
+};
 pub use in_process::InProcess;
+pub use nic::faults::{FaultRule, FaultRuleError};

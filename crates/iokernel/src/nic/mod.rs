@@ -27,6 +27,9 @@
 //!   floods or hoards buffers exhausts only itself and the port it floods —
 //!   and later, when those pools move into shared memory, a runtime sees only
 //!   its own packets.
+//! * [`faults`]: seeded fault injection (drop, duplicate, reorder, delay,
+//!   corrupt) that the switch applies per port and direction (iokerneld's
+//!   `--faults`, docs/fault-injection.md); pure decision logic, no clock.
 //! * [`generator`] is an open-loop load generator that sits on a port:
 //!   Poisson arrivals, each request a UDP datagram carrying a sequence number,
 //!   its send time and a service time drawn from a [`ServiceTime`]

@@ -726,4 +726,103 @@ mod tests {
         other_pool.free(burst.pop().unwrap()).unwrap();
         assert_eq!(receive_all(&mut switch, b).len(), 1);
     }
+
+    fn injector(rule: &str) -> FaultInjector {
+        FaultInjector::new(&rule.parse().unwrap(), 0, 0)
+    }
+
+    #[test]
+    fn an_ingress_injector_drops_frames_for_its_port_only() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        let c = switch.add_port(PortConfig::new(mac(3))).unwrap();
+        assert!(switch.set_faults(b, Some(injector("drop=100%,dir=in,port=all")), None));
+        switch.advance(0);
+        for _ in 0..10 {
+            send(&mut switch, a, &ethernet(mac(2), mac(1), 1));
+            send(&mut switch, a, &ethernet(mac(3), mac(1), 2));
+        }
+        assert!(receive_all(&mut switch, b).is_empty());
+        assert_eq!(receive_all(&mut switch, c).len(), 10);
+        let counted = switch.fault_counters(b);
+        assert_eq!((counted.frames, counted.dropped), (10, 10));
+        assert_eq!(switch.fault_counters(c), FaultCounters::default());
+        // Switch drops are not fault drops.
+        assert_eq!(switch.counters(b).unwrap().drops.total(), 0);
+        // Every buffer went back: frames are copied out before injection.
+        assert_eq!(switch.pool(a).unwrap().in_use(), 0);
+        // Injectors removed: the fast path again, frames arrive.
+        switch.set_faults(b, None, None);
+        assert!(switch.faults.is_none());
+        send(&mut switch, a, &ethernet(mac(2), mac(1), 3));
+        assert_eq!(receive_all(&mut switch, b).len(), 1);
+    }
+
+    #[test]
+    fn delayed_frames_leave_when_the_clock_passes_their_delay() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        switch.set_faults(a, None, Some(injector("delay=100us")));
+        switch.advance(1_000_000);
+        let frames: Vec<Vec<u8>> = (0..3).map(|i| ethernet(mac(2), mac(1), i)).collect();
+        for f in &frames {
+            send(&mut switch, a, f);
+        }
+        assert!(switch.holds_frames());
+        switch.advance(1_099_999);
+        assert!(receive_all(&mut switch, b).is_empty());
+        switch.advance(1_100_000);
+        assert_eq!(receive_all(&mut switch, b), frames);
+        assert!(!switch.holds_frames());
+        assert_eq!(switch.fault_counters(a).delayed, 3);
+    }
+
+    #[test]
+    fn egress_and_ingress_injectors_both_apply_and_duplicates_arrive_twice() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let uplink = switch.add_port(PortConfig::trunk(mac(9))).unwrap();
+        switch.set_faults(
+            uplink,
+            Some(injector("duplicate=100%,port=trunk")),
+            Some(injector("corrupt=100%,port=trunk")),
+        );
+        switch.advance(0);
+        // To the trunk (its ingress): twice.
+        let outbound = ethernet(mac(0x42), mac(1), 4);
+        send(&mut switch, a, &outbound);
+        assert_eq!(
+            receive_all(&mut switch, uplink),
+            vec![outbound.clone(), outbound]
+        );
+        // From the trunk (its egress): one byte past the header differs.
+        let inbound = ethernet(mac(1), mac(0x42), 3);
+        send(&mut switch, uplink, &inbound);
+        let got = receive_all(&mut switch, a);
+        assert_eq!(got.len(), 1);
+        let differing: Vec<usize> = (0..inbound.len())
+            .filter(|&i| got[0][i] != inbound[i])
+            .collect();
+        assert!(differing.len() == 1 && differing[0] >= ETHERNET_HEADER_LEN);
+        // A removed port takes its injectors along.
+        assert!(switch.remove_port(uplink));
+        assert_eq!(switch.injectors().count(), 0);
+        assert!(switch.faults.is_none());
+    }
+
+    #[test]
+    fn spoofed_and_runt_frames_are_refused_before_injection() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        switch.add_port(PortConfig::new(mac(2))).unwrap();
+        switch.set_faults(a, None, Some(injector("duplicate=100%")));
+        send(&mut switch, a, &ethernet(mac(2), mac(9), 0));
+        send(&mut switch, a, &[0; 13]);
+        let drops = switch.counters(a).unwrap().drops;
+        assert_eq!((drops.spoofed_source, drops.runt), (1, 1));
+        assert_eq!(switch.fault_counters(a).frames, 0);
+        assert_eq!(switch.pool(a).unwrap().in_use(), 0);
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::{Config, CoreActuator, GeneratorHandle, Iokerneld, StopHandle};
+use ginza_iokernel::{Config, CoreActuator, FaultsHandle, GeneratorHandle, Iokerneld, StopHandle};
 use ginza_proto::{client, StatsReport};
 
 static LOCK: Mutex<()> = Mutex::new(());
@@ -32,6 +32,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     #[allow(dead_code)] // not every test binary needs it
     pub generator: GeneratorHandle,
+    #[allow(dead_code)] // not every test binary needs it
+    pub faults: FaultsHandle,
     dir: PathBuf,
 }
 
@@ -56,12 +58,14 @@ impl Daemon {
         let d = Iokerneld::bind(cfg, actuator).unwrap();
         let stop = d.stop_handle();
         let generator = d.generator();
+        let faults = d.faults_handle();
         let thread = std::thread::spawn(move || d.run().unwrap());
         Daemon {
             stop,
             thread: Some(thread),
             socket,
             generator,
+            faults,
             dir,
         }
     }
