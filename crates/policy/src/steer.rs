@@ -304,6 +304,8 @@ pub struct AppSteering {
     kthreads: usize,
     /// Ascending.
     active: Vec<usize>,
+    /// Changes of the active set told to the policy.
+    changes: u64,
 }
 
 impl AppSteering {
@@ -314,6 +316,7 @@ impl AppSteering {
             policy,
             kthreads,
             active: Vec::with_capacity(kthreads),
+            changes: 0,
         }
     }
 
@@ -331,10 +334,12 @@ impl AppSteering {
                 (false, true) => {
                     self.active.insert(at, k);
                     at += 1;
+                    self.changes += 1;
                     self.policy.activated(k, &self.active, now);
                 }
                 (true, false) => {
                     self.active.remove(at);
+                    self.changes += 1;
                     self.policy.deactivated(k, &self.active, now);
                 }
             }
@@ -357,6 +362,13 @@ impl AppSteering {
     /// Once per allocation pass: the policy's look at the queues.
     pub fn rebalance(&mut self, now: Time, kthreads: &[KthreadSnap]) {
         self.policy.rebalance(now, &self.active, kthreads);
+    }
+
+    /// Changes of the active set so far: each kthread that gained or lost
+    /// its core counts one (docs/design.md: "flows moved per core change"
+    /// is [`AppSteering::flows_moved`] over this).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Flows the policy moved so far.
@@ -488,6 +500,7 @@ mod tests {
         st.sync([true, false, true, true], 2);
         st.sync([false; 4], 3);
         let log = rec.0.lock().unwrap().clone();
+        assert_eq!(st.changes(), log.len() as u64);
         assert_eq!(
             log,
             vec![
