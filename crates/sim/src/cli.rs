@@ -72,6 +72,10 @@ pub struct CalistoArgs {
     /// Simulated time per point, ms.
     #[arg(long, default_value_t = 1000.0)]
     pub duration_ms: f64,
+    /// Offered loads, packets/s, comma-separated [default: the paper's
+    /// 2000,5000,8000,10000,12000,14000].
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -136,16 +140,19 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         }
         (Some(SimCommand::Calisto(a)), _) => {
             anyhow::ensure!(
-                a.insert_us >= 0.0 && a.migration_us >= 0.0 && a.service_us > 0.0 && a.duration_ms > 0.0,
-                "--insert-us and --migration-us must be >= 0, --service-us and --duration-ms > 0"
+                a.insert_us >= 0.0 && a.migration_us >= 0.0 && a.service_us > 0.0 && a.duration_ms > 0.0
+                    && a.rates.iter().all(|r| r.is_finite() && *r > 0.0),
+                "--insert-us and --migration-us must be >= 0, --service-us, --duration-ms and --rates > 0"
             );
+            let paper = crate::calisto::CalistoOpts::paper(a.out.join("calisto"), a.seed);
             let o = crate::calisto::CalistoOpts {
                 flows: a.flows,
                 table_insert_us: a.insert_us,
                 migration_us: a.migration_us,
                 service_us: a.service_us,
                 duration_us: a.duration_ms * 1000.0,
-                ..crate::calisto::CalistoOpts::paper(a.out.join("calisto"), a.seed)
+                rates: if a.rates.is_empty() { paper.rates.clone() } else { a.rates.clone() },
+                ..paper
             };
             let (_, summary) = crate::calisto::run(&o)?;
             println!("## calisto (written under {})\n\n{summary}", o.out.display());
