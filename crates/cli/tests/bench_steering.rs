@@ -33,6 +33,7 @@ fn steering_reports_every_policy() {
         let p = &v["policies"][policy];
         for key in [
             "reordered_pct",
+            "stolen_pct",
             "flows_moved_per_change",
             "p50_us",
             "p99_us",

@@ -56,6 +56,10 @@ use crate::nic::{
     TrafficGenerator,
 };
 
+/// A burst's steering timed longer than this was preempted (a burst of
+/// [`BURST`] decisions takes a few µs): not counted in the stats.
+const STEER_TIMING_OUTLIER_NS: u64 = 50_000;
+
 /// Frames moved per link or ring per call: bounds one iteration's work.
 pub const BURST: usize = 32;
 
@@ -708,8 +712,14 @@ impl Dataplane {
                 .map(|hash| (hash, net.steering.steer(u64::from(hash), now)));
             self.picks.push(pick);
         }
-        net.steer_ns += started.elapsed().as_nanos() as u64;
-        net.steer_decisions += self.frames.len() as u64;
+        // A burst during which the loop lost its CPU (tens of µs at least)
+        // says nothing about steering: left out, so that a noisy machine
+        // does not inflate the mean.
+        let took = started.elapsed().as_nanos() as u64;
+        if took < STEER_TIMING_OUTLIER_NS {
+            net.steer_ns += took;
+            net.steer_decisions += self.frames.len() as u64;
+        }
         for (frame, pick) in self.frames.drain(..).zip(&self.picks) {
             let bytes = port.pool().bytes(&frame);
             let Some((hash, steered)) = *pick else {

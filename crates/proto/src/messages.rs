@@ -183,8 +183,9 @@ pub struct SteeringStats {
     pub ch: u64,
     /// Flows the policy moved from one kthread to another.
     pub mv: u64,
-    /// Steering decisions, and iokerneld's ns spent on them (flow key and
-    /// policy pick of a burst timed together, two clock reads per burst).
+    /// Steering decisions timed, and iokerneld's ns spent on them (flow key
+    /// and policy pick of a burst timed together, two clock reads per
+    /// burst; a burst that took over 50 µs, preempted, is left out).
     pub sd: u64,
     pub sn: u64,
     /// Bytes of the policy's tables.

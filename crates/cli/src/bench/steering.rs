@@ -19,6 +19,9 @@
 //! * `reordered_pct`: replies that came back after the reply to a later
 //!   request of their flow, % of replies (the generator's count: reply
 //!   order is the observable proxy for packets processed out of order);
+//! * `stolen_pct`: replies the harness took from a parked kthread's ring
+//!   (the harness's steals: a runtime's steals are counted by the runtime,
+//!   `KthreadStats::steals`, not by iokerneld), % of replies;
 //! * `flows_moved_per_change`: flows whose packet went to another kthread
 //!   than their previous packet, per change of the active set (iokerneld's
 //!   counts);
@@ -84,6 +87,7 @@ struct Run {
     replies: u64,
     dropped: u64,
     reordered_pct: f64,
+    stolen_pct: f64,
     changes: u64,
     flows_moved: u64,
     flows_moved_per_change: f64,
@@ -97,6 +101,9 @@ struct Run {
 #[derive(Clone, Debug, Serialize)]
 struct PolicyFigures {
     reordered_pct: f64,
+    /// Replies the harness took from a parked kthread's ring (its steals),
+    /// % of replies.
+    stolen_pct: f64,
     flows_moved_per_change: f64,
     p50_us: f64,
     p99_us: f64,
@@ -151,6 +158,7 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
         };
         let figures = PolicyFigures {
             reordered_pct: med(|r| r.reordered_pct),
+            stolen_pct: med(|r| r.stolen_pct),
             flows_moved_per_change: med(|r| r.flows_moved_per_change),
             p50_us: med(|r| r.p50_us),
             p99_us: med(|r| r.p99_us),
@@ -216,9 +224,10 @@ impl Lines {
 }
 
 /// Echoes every datagram on every ring; a parked kthread's replies leave by
-/// the next kthread's egress ring.
-fn echo(app: &mut RawApp, parked: Option<usize>) -> u64 {
-    let mut echoed = 0;
+/// the next kthread's egress ring. Returns how many were echoed, and how
+/// many of those were stolen (taken from a parked kthread's ring).
+fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
+    let (mut echoed, mut stolen) = (0, 0);
     for k in 0..KTHREADS {
         let out = if parked == Some(k) {
             (k + 1) % KTHREADS
@@ -229,12 +238,16 @@ fn echo(app: &mut RawApp, parked: Option<usize>) -> u64 {
             if let Ok(Packet::Udp(d)) = ginza_net::parse(&bytes, &app.interface) {
                 let (mac, src, port) = (d.src_mac, d.src, d.dst.port);
                 let payload = d.payload.to_vec();
-                echoed += u64::from(app.send_udp(out, mac, src, port, &payload));
+                let sent = u64::from(app.send_udp(out, mac, src, port, &payload));
+                echoed += sent;
+                if parked == Some(k) {
+                    stolen += sent;
+                }
             }
             app.give_back(k, desc.buf);
         }
     }
-    echoed
+    (echoed, stolen)
 }
 
 fn one_run(args: &SteeringArgs, round: u32, policy: SteeringKind) -> anyhow::Result<Run> {
@@ -304,8 +317,9 @@ fn drive(
     let driver = std::thread::spawn(move || {
         let (mut step, mut parked) = (0usize, None::<usize>);
         let (started, mut phase_start) = (Instant::now(), Instant::now());
+        let mut stolen = 0u64;
         while !stop2.load(Ordering::Acquire) {
-            echo(&mut app, parked);
+            stolen += echo(&mut app, parked).1;
             if started.elapsed() > sending {
                 if let Some(k) = parked.take() {
                     lines.busy(&app, k);
@@ -329,7 +343,7 @@ fn drive(
                 Some(k) => lines.busy(&app, k),
             }
         }
-        app
+        (app, stolen)
     });
     let mut load = LoadRun::poisson(me, 7, args.rate, ServiceTime::Constant { ns: 0 }, sending);
     load.config.flows = args.flows;
@@ -337,7 +351,7 @@ fn drive(
     load.drain = Duration::from_millis(300);
     let report = generator.run(load, Duration::from_secs(10));
     stop.store(true, Ordering::Release);
-    let app = driver
+    let (app, stolen) = driver
         .join()
         .map_err(|_| anyhow::anyhow!("the echo thread panicked"))?;
     let report = report.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -364,6 +378,7 @@ fn drive(
         replies: st.replies,
         dropped: net.drop_ingress,
         reordered_pct: 100.0 * st.reordered as f64 / st.replies.max(1) as f64,
+        stolen_pct: 100.0 * stolen as f64 / st.replies.max(1) as f64,
         changes: steer.ch,
         flows_moved: steer.mv,
         flows_moved_per_change: steer.moved_per_change().unwrap_or(0.0),
@@ -386,6 +401,7 @@ fn write_outputs(dir: &Path, csv: &Path, runs: &[Run]) -> anyhow::Result<()> {
                 r.replies.to_string(),
                 r.dropped.to_string(),
                 format!("{:.4}", r.reordered_pct),
+                format!("{:.4}", r.stolen_pct),
                 r.changes.to_string(),
                 r.flows_moved.to_string(),
                 format!("{:.2}", r.flows_moved_per_change),
@@ -405,6 +421,7 @@ fn write_outputs(dir: &Path, csv: &Path, runs: &[Run]) -> anyhow::Result<()> {
             "replies",
             "dropped",
             "reordered_pct",
+            "stolen_pct",
             "changes",
             "flows_moved",
             "flows_moved_per_change",
