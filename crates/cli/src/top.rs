@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ginza_proto::messages::{AppStats, Class, FaultStats, NetStats, StatsReport};
+use ginza_proto::messages::{AppStats, Class, DataplaneStats, FaultStats, NetStats, StatsReport};
 use ginza_proto::{client, default_socket_path, parse_duration, ClientError};
 use ginza_sys::cpulist;
 use serde::Serialize;
@@ -282,6 +282,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     if now.apps.is_empty() {
         out.push_str("(no application registered)\n");
     }
+    render_steering(&mut out, &now.dataplane);
     render_faults(&mut out, &now.dataplane.faults);
     if !now.recent_removals.is_empty() {
         out.push_str("\nlast removals (newest last):\n");
@@ -297,6 +298,58 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         }
     }
     out
+}
+
+/// The steering section: per policy in use, iokerneld's ns per decision,
+/// flows moved per change of the active set and table memory (totals over
+/// the applications using it), then the generator's replies out of order
+/// within their flow. Nothing when no application has a network.
+fn render_steering(out: &mut String, dp: &DataplaneStats) {
+    use std::fmt::Write as _;
+    if dp.steering.is_empty() && dp.generator_replies == 0 {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "
+steering (totals)
+{:<14}  {:>4}  {:>9}  {:>10}  {:>8}  {:>10}  {:>8}",
+        "POLICY", "APPS", "NS/DECIS", "CHANGES", "MOVED/CH", "DECISIONS", "TABLE"
+    );
+    for st in &dp.steering {
+        let _ = writeln!(
+            out,
+            "{:<14}  {:>4}  {:>9}  {:>10}  {:>8}  {:>10}  {:>8}",
+            st.steering_name(),
+            st.apps,
+            st.ns_per_decision()
+                .map_or("-".into(), |v| format!("{v:.1}")),
+            st.ch,
+            st.moved_per_change()
+                .map_or("-".into(), |v| format!("{v:.2}")),
+            st.sd,
+            fmt_bytes(st.tb),
+        );
+    }
+    if dp.generator_replies > 0 {
+        let _ = writeln!(
+            out,
+            "generator: {} replies, {} out of order within their flow ({:.3} %)",
+            dp.generator_replies,
+            dp.generator_reordered,
+            100.0 * dp.generator_reordered as f64 / dp.generator_replies as f64
+        );
+    }
+}
+
+/// Bytes as `512`, `4K`, `3M`.
+fn fmt_bytes(bytes: u64) -> String {
+    match bytes {
+        0 => "0".into(),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
+        b if b >= 1 << 10 => format!("{}K", b >> 10),
+        b => b.to_string(),
+    }
 }
 
 /// The fault-injection section (iokerneld's `--faults`): one line per
@@ -403,6 +456,7 @@ mod tests {
     use ginza_proto::messages::Removal;
 
     use super::*;
+    use ginza_proto::messages::SteeringStats;
 
     fn app(app_id: u64, name: &str, grants: u64, preemptions: u64, congestion: u64) -> AppStats {
         AppStats {
@@ -599,6 +653,55 @@ mod tests {
         assert_eq!(v["window_ns"], 1_000_000_000u64);
         assert_eq!(v["rates"][0]["grants_per_s"], 20.0);
         assert_eq!(v["stats"]["apps"][0]["name"], "memcached");
+    }
+
+    #[test]
+    fn steering_lines_show_per_policy_measurements() {
+        let a = report(1_000, 100, vec![app(1, "echo", 0, 0, 0)]);
+        assert!(!render(None, &a).contains("steering (totals)"));
+        let mut b = a.clone();
+        b.dataplane.steering = vec![
+            SteeringStats {
+                st: 0,
+                apps: 1,
+                ch: 4,
+                mv: 10,
+                sd: 200,
+                sn: 3_000,
+                tb: 8192,
+            },
+            SteeringStats {
+                st: 2,
+                apps: 2,
+                ..SteeringStats::default()
+            },
+        ];
+        b.dataplane.generator_replies = 1000;
+        b.dataplane.generator_reordered = 5;
+        let s = render(None, &b);
+        let row = |start: &str| -> Vec<String> {
+            s.lines()
+                .find(|l| l.starts_with(start))
+                .unwrap_or_else(|| panic!("no {start} row: {s}"))
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(
+            row("rss-mod"),
+            ["rss-mod", "1", "15.0", "4", "2.50", "200", "8K"]
+        );
+        assert_eq!(
+            row("indirection"),
+            ["indirection", "2", "-", "0", "-", "0", "0"]
+        );
+        assert!(
+            s.contains("1000 replies, 5 out of order within their flow (0.500 %)"),
+            "{s}"
+        );
+        let v = serde_json::to_value(sample(None, &b)).unwrap();
+        assert_eq!(v["stats"]["dataplane"]["st"][0]["sn"], 3000);
+        assert_eq!(v["stats"]["dataplane"]["go"], 5);
     }
 
     #[test]

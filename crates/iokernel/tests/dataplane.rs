@@ -134,7 +134,7 @@ fn a_registration_gets_the_steering_policy_it_asks_for() {
     assert_eq!(s.apps.len(), 2);
     let ind = s.apps[0].net.unwrap();
     assert_eq!(ind.steering(), Some(SteeringKind::Indirection), "{ind:?}");
-    assert_eq!(ind.tb, 512 * 8, "{ind:?}");
+    assert_eq!(ind.tb, 512 * 12, "{ind:?}");
     assert_eq!(ind.ev, 0);
     assert!(ind.rx >= echoed, "{ind:?}");
     let plain = s.apps[1].net.unwrap();
@@ -159,7 +159,7 @@ fn the_configured_steering_and_sizes_reach_every_application() {
     assert_eq!(fa.tb, 1024 * 24, "1000 flows round up to 1024");
     let ind = s.apps[1].net.unwrap();
     assert_eq!(ind.steering(), Some(SteeringKind::Indirection));
-    assert_eq!(ind.tb, 64 * 8);
+    assert_eq!(ind.tb, 64 * 12);
 }
 
 #[test]

@@ -25,6 +25,7 @@ fn generator_config(rate_per_sec: f64, duration_ns: u64, seed: u64) -> Generator
         src_port: 40_000,
         target_mac: SERVER.mac,
         target: Endpoint::new(SERVER.ip, SERVER_PORT),
+        flows: 1,
         rate_per_sec,
         service: ServiceTime::Bimodal {
             p: 0.9,
@@ -469,4 +470,82 @@ fn requests_the_link_refuses_are_counted_and_their_buffers_freed() {
     assert!(stats.tx_refused > 20, "{stats:?}");
     assert_eq!(stats.sent + stats.tx_refused, stats.scheduled);
     assert_eq!(link.pool.in_use(), 0);
+}
+
+/// Requests of 8 flows, answered a burst at a time in reverse: the
+/// generator counts as reordered exactly the replies that come after a
+/// later request of their flow was answered (the server works that out from
+/// the source port and the number after the header), and echoing in order
+/// counts none.
+#[test]
+fn replies_out_of_order_within_a_flow_are_counted() {
+    for reverse in [false, true] {
+        let (mut switch, generator_port, server_port) = two_port_switch();
+        let mut config = generator_config(500_000.0, 2_000_000, 5);
+        config.flows = 8;
+        let mut generator = TrafficGenerator::new(config).unwrap();
+        let mut answered = std::collections::HashMap::<u16, u64>::new();
+        let (mut expected, mut ports_seen) = (0u64, std::collections::HashSet::new());
+        let mut now = generator.config().start_ns;
+        let mut drain_steps = 3;
+        while drain_steps > 0 {
+            generator.poll(now, &mut switch.port(generator_port).unwrap());
+            let mut nic = switch.port(server_port).unwrap();
+            let mut received = Vec::new();
+            nic.rx_burst(&mut received, usize::MAX);
+            if reverse {
+                received.reverse();
+            }
+            let mut replies = Vec::new();
+            for request in received {
+                let mut reply = [0u8; 2048];
+                let len = match ginza_net::parse(nic.pool().bytes(&request), &SERVER) {
+                    Ok(Packet::Udp(d)) => {
+                        let number = u64::from_be_bytes(d.payload[24..32].try_into().unwrap());
+                        let high = answered.entry(d.src.port).or_insert(0);
+                        if number < *high {
+                            expected += 1;
+                        } else {
+                            *high = number + 1;
+                        }
+                        ports_seen.insert(d.src.port);
+                        tx::udp_datagram(
+                            &mut reply, &SERVER, d.src_mac, d.dst.port, d.src, d.payload,
+                        )
+                        .unwrap()
+                    }
+                    other => panic!("the server got {other:?}"),
+                };
+                nic.pool_mut().free(request).unwrap();
+                replies.push(nic.pool_mut().alloc_copy(&reply[..len]).unwrap());
+            }
+            let n = replies.len();
+            assert_eq!(nic.tx_burst(&mut replies), n);
+            if generator.finished_sending() {
+                drain_steps -= 1;
+            }
+            now += 20_000;
+        }
+        let st = generator.stats();
+        assert_eq!(st.replies, st.sent, "{st:?}");
+        assert_eq!(ports_seen, (40_000..40_008).collect(), "every flow is used");
+        assert_eq!(st.reordered, expected, "{st:?}");
+        if reverse {
+            assert!(st.reordered > 0, "{st:?}");
+        } else {
+            assert_eq!(st.reordered, 0, "{st:?}");
+        }
+    }
+}
+
+#[test]
+fn flows_beyond_the_last_port_are_refused() {
+    let mut config = generator_config(1000.0, 1_000, 1);
+    config.flows = 0;
+    assert!(TrafficGenerator::new(config.clone()).is_err());
+    config.src_port = 65_000;
+    config.flows = 537;
+    assert!(TrafficGenerator::new(config.clone()).is_err());
+    config.flows = 536;
+    assert!(TrafficGenerator::new(config).is_ok());
 }

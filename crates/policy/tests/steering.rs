@@ -289,7 +289,8 @@ fn steering_kinds_parse_and_build() {
     let fa = SteeringKind::FlowAffinity.build(4, &SteeringOptions::default());
     assert_eq!(fa.stats().table_bytes, 8192 * 24);
     let ind = SteeringKind::Indirection.build(4, &SteeringOptions::default());
-    assert_eq!(ind.stats().table_bytes, 512 * 8);
+    // Owner, home and packet count per bucket.
+    assert_eq!(ind.stats().table_bytes, 512 * 12);
 }
 
 #[derive(Clone, Debug)]
@@ -398,5 +399,42 @@ proptest! {
                 }
             }
         }
+    }
+}
+
+/// `indirection`: a kthread that loses its core and gets it back takes back
+/// the buckets it had (its flows come home), not a fresh share, so a core
+/// that comes and goes moves the same quarter of the flows each time.
+#[test]
+fn indirection_gives_a_returning_kthread_its_own_buckets_back() {
+    let mut st = AppSteering::new(
+        SteeringKind::Indirection.build(4, &SteeringOptions::default()),
+        4,
+    );
+    st.sync([true; 4], 0);
+    let flows: Vec<u64> = (0..2000u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9) + 1)
+        .collect();
+    let at = |st: &mut AppSteering| -> Vec<usize> {
+        flows
+            .iter()
+            .map(|&h| match st.steer(h, 0) {
+                Steered::Active(k) => k,
+                s => panic!("{s:?}"),
+            })
+            .collect()
+    };
+    let first = at(&mut st);
+    for k in 0..4 {
+        let mut set = [true; 4];
+        set[k] = false;
+        st.sync(set, 0);
+        let away = at(&mut st);
+        // Only kthread k's flows moved.
+        for (a, b) in first.iter().zip(&away) {
+            assert!(a == b || *a == k, "{a} -> {b} while {k} is away");
+        }
+        st.sync([true; 4], 0);
+        assert_eq!(at(&mut st), first, "kthread {k} came back");
     }
 }

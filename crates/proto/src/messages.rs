@@ -169,6 +169,46 @@ impl NetStats {
     }
 }
 
+/// One steering policy's measurements, summed over the applications that
+/// use it now (in [`DataplaneStats::steering`]: per policy, not per
+/// application, so that it fits in a stats reply whatever the number of
+/// applications). Short names, as in [`NetStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SteeringStats {
+    /// The policy: `ginza_policy::steer::SteeringKind`'s code.
+    pub st: u8,
+    /// Applications using it.
+    pub apps: u32,
+    /// Changes of their active sets (a kthread gained or lost its core).
+    pub ch: u64,
+    /// Flows the policy moved from one kthread to another.
+    pub mv: u64,
+    /// Steering decisions timed, and iokerneld's ns spent on them (flow key
+    /// and policy pick of a burst timed together, two clock reads per
+    /// burst; a burst that took over 50 µs, preempted, is left out).
+    pub sd: u64,
+    pub sn: u64,
+    /// Bytes of the policy's tables.
+    pub tb: u64,
+}
+
+impl SteeringStats {
+    /// The policy's name (`?` for a code this build does not know).
+    pub fn steering_name(&self) -> &'static str {
+        ginza_policy::steer::SteeringKind::from_code(self.st).map_or("?", |k| k.name())
+    }
+
+    /// Flows moved per change of the active set (`None` before a change).
+    pub fn moved_per_change(&self) -> Option<f64> {
+        (self.ch > 0).then(|| self.mv as f64 / self.ch as f64)
+    }
+
+    /// iokerneld's mean ns per steering decision (`None` before one).
+    pub fn ns_per_decision(&self) -> Option<f64> {
+        (self.sd > 0).then(|| self.sn as f64 / self.sd as f64)
+    }
+}
+
 /// Dataplane totals, in [`StatsReport`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DataplaneStats {
@@ -181,6 +221,19 @@ pub struct DataplaneStats {
     pub nic_drops: u64,
     /// Generator runs completed.
     pub generator_runs: u64,
+    /// Replies the generator matched, over every run (the one running
+    /// included).
+    #[serde(default, rename = "gr")]
+    pub generator_replies: u64,
+    /// Of those, replies that came back out of order within their flow
+    /// (after a later request of the same flow was answered): the
+    /// observable proxy for packets processed out of order within a flow.
+    #[serde(default, rename = "go")]
+    pub generator_reordered: u64,
+    /// Per steering policy in use, its measurements (at most one entry per
+    /// policy).
+    #[serde(default, rename = "st", skip_serializing_if = "Vec::is_empty")]
+    pub steering: Vec<SteeringStats>,
     /// Fault injection in the switch: one entry per `--faults` rule, in
     /// the order given (none without rules). Totals since iokerneld
     /// started, over every port the rule applied to (ports removed since
@@ -505,6 +558,19 @@ mod tests {
                 nic_tx_frames: u64::MAX,
                 nic_drops: u64::MAX,
                 generator_runs: u64::MAX,
+                generator_replies: u64::MAX,
+                generator_reordered: u64::MAX,
+                steering: (0..3)
+                    .map(|_| SteeringStats {
+                        st: u8::MAX,
+                        apps: u32::MAX,
+                        ch: u64::MAX,
+                        mv: u64::MAX,
+                        sd: u64::MAX,
+                        sn: u64::MAX,
+                        tb: u64::MAX,
+                    })
+                    .collect(),
                 faults: (0..MAX_FAULT_RULES)
                     .map(|_| FaultStats {
                         port: format!("app:{name}"),

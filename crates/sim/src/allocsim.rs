@@ -6,13 +6,14 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use ginza_net::flow::mix64;
 use ginza_policy::alloc::{
     AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static,
     Topology,
 };
 use ginza_policy::steer::{AppSteering, SteerStats, Steered};
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::dist::{Arrivals, LoadStep, Service};
@@ -68,6 +69,22 @@ pub struct AllocSim {
     /// How iokerneld steers the latency-critical app's requests.
     #[serde(default)]
     pub steering: SteeringSpec,
+    /// iokerneld's time per flow-table insertion, µs: it steers requests
+    /// one at a time, so a request whose decision inserted a flow (and
+    /// every request behind it) reaches its kthread this much later
+    /// (Calisto's start-up cost; docs/simulator.md, "Calisto").
+    #[serde(default)]
+    pub table_insert_us: f64,
+    /// Extra service time of a request run by another kthread than its
+    /// flow's previous request, µs (the flow's state is cold there): the
+    /// cost flow affinity saves. Needs `steering.flows` > 0.
+    #[serde(default)]
+    pub migration_us: f64,
+    /// Before the run, every flow is steered once with all kthreads
+    /// active, so a flow table starts full (after warm-up), and each flow's
+    /// state is warm on the kthread it was steered to.
+    #[serde(default)]
+    pub warm_table: bool,
 }
 
 fn default_spin() -> f64 {
@@ -94,6 +111,8 @@ pub struct AllocResult {
 enum Ev {
     Tick,
     Arrival,
+    /// iokerneld is done steering the oldest of `pending`.
+    Deliver,
     Core(usize, u32),
 }
 
@@ -114,7 +133,11 @@ struct Req {
     arrival: u64,
     service: u64,
     remaining: u64,
+    /// Index of its flow ([`NO_FLOW`]: each request its own).
+    flow: u32,
 }
+
+const NO_FLOW: u32 = u32::MAX;
 
 struct Kt {
     q: VecDeque<Req>,
@@ -187,6 +210,13 @@ struct Engine<'a> {
     preemptions: u64,
     snaps: Vec<AppSnap>,
     out: Vec<Decision>,
+    /// When iokerneld is done with the requests it steered so far.
+    iok_free: u64,
+    /// Steered requests not yet on their kthread's queue, oldest first:
+    /// the request, its kthread, whether that kthread held no core.
+    pending: VecDeque<(Req, usize, bool)>,
+    /// Per flow: the kthread that ran its last request (`NO_FLOW`: none).
+    flow_last: Vec<u32>,
 }
 
 impl<'a> Engine<'a> {
@@ -246,6 +276,13 @@ impl<'a> Engine<'a> {
             preemptions: 0,
             snaps: Vec::new(),
             out: Vec::new(),
+            iok_free: 0,
+            pending: VecDeque::new(),
+            flow_last: if cfg.migration_us > 0.0 && cfg.steering.flows > 0 {
+                vec![NO_FLOW; cfg.steering.flows.min(u64::from(NO_FLOW)) as usize]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -260,6 +297,19 @@ impl<'a> Engine<'a> {
     }
 
     fn run(mut self) -> AllocResult {
+        if self.cfg.warm_table {
+            let n = self.kts[0].len();
+            self.steering.sync(std::iter::repeat_n(true, n), 0);
+            for i in 0..self.cfg.steering.flows {
+                if let Steered::Active(k) = self.steering.steer(mix64(i), 0) {
+                    // As if each flow's last request ran where it steered.
+                    if let Some(last) = self.flow_last.get_mut(i as usize) {
+                        *last = k as u32;
+                    }
+                }
+            }
+            self.steering.sync(std::iter::repeat_n(false, n), 0);
+        }
         let first = self.arrivals.next(&mut self.rng);
         self.push(first, Ev::Arrival);
         self.push(0, Ev::Tick);
@@ -278,6 +328,11 @@ impl<'a> Engine<'a> {
                     let t = self.arrivals.next(&mut self.rng);
                     if t != u64::MAX {
                         self.push(t, Ev::Arrival);
+                    }
+                }
+                Ev::Deliver => {
+                    if let Some((r, k, coreless)) = self.pending.pop_front() {
+                        self.enqueue(r, k, coreless, now);
                     }
                 }
                 Ev::Core(c, g) if self.cores[c].gen == g => self.core_event(c, now),
@@ -311,20 +366,46 @@ impl<'a> Engine<'a> {
     fn arrive(&mut self, now: u64) {
         let (s, _) = self.sampler.sample(&mut self.rng);
         let svc = us_to_ps(s).max(1);
+        // A request of a flow (by default each its own), steered as
+        // iokerneld steers it (`SteeringSpec::next_flow`, with the index).
+        let (flow, index) = match self.cfg.steering.flows {
+            0 => (self.rng.random(), NO_FLOW),
+            n => {
+                let i = self.rng.random_range(0..n);
+                (mix64(i), u32::try_from(i).unwrap_or(NO_FLOW))
+            }
+        };
         let r = Req {
             arrival: now,
             service: svc,
             remaining: svc,
+            flow: index,
         };
-        // A request of a flow (by default each its own), steered as
-        // iokerneld steers it.
-        let flow = self.cfg.steering.next_flow(&mut self.rng);
         self.steering
             .sync(self.kts[0].iter().map(|k| k.core.is_some()), now);
+        let inserts = self.steering.stats().table_inserts;
         let (k, coreless) = match self.steering.steer(flow, now) {
             Steered::Active(k) => (k, false),
             Steered::Parked(k) => (k, true),
         };
+        // iokerneld's own time: an insertion delays this request and the
+        // ones behind it.
+        let cost = if self.steering.stats().table_inserts > inserts {
+            us_to_ps(self.cfg.table_insert_us)
+        } else {
+            0
+        };
+        if cost == 0 && self.pending.is_empty() && self.iok_free <= now {
+            return self.enqueue(r, k, coreless, now);
+        }
+        self.iok_free = self.iok_free.max(now) + cost;
+        self.pending.push_back((r, k, coreless));
+        let at = self.iok_free;
+        self.push(at, Ev::Deliver);
+    }
+
+    /// A steered request reaches kthread `k`'s queue.
+    fn enqueue(&mut self, r: Req, k: usize, coreless: bool, now: u64) {
         let kt = &mut self.kts[0][k];
         kt.q.push_back(r);
         kt.tail = kt.tail.wrapping_add(1);
@@ -369,8 +450,16 @@ impl<'a> Engine<'a> {
         match from {
             Some(j) => {
                 let kt = &mut self.kts[0][j];
-                let r = kt.q.pop_front().expect("non-empty");
+                let mut r = kt.q.pop_front().expect("non-empty");
                 kt.head = kt.head.wrapping_add(1);
+                // The flow's state is warm only on the kthread that ran its
+                // previous request.
+                if let Some(last) = self.flow_last.get_mut(r.flow as usize) {
+                    if *last != NO_FLOW && *last != k as u32 && r.remaining == r.service {
+                        r.remaining += us_to_ps(self.cfg.migration_us);
+                    }
+                    *last = k as u32;
+                }
                 core.state = CoreState::Busy;
                 core.started = now;
                 core.running = Some(r);
@@ -600,6 +689,9 @@ mod tests {
             warmup_us: 1_000.0,
             seed: 1,
             steering: SteeringSpec::default(),
+            table_insert_us: 0.0,
+            migration_us: 0.0,
+            warm_table: false,
         }
     }
 

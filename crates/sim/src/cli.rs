@@ -44,6 +44,38 @@ pub enum SimCommand {
     RssConnections(FigArgs),
     /// All four reproductions.
     All(FigArgs),
+    /// Calisto Figs. 6–7: p99 vs packets/s on 10 cores, ~700,000 flows,
+    /// rss-mod / flow-affinity / indirection, before and after warm-up.
+    Calisto(CalistoArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CalistoArgs {
+    /// Output folder (`calisto/` is created in it).
+    #[arg(long, default_value = "results/sim")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Flows the requests come from.
+    #[arg(long, default_value_t = 700_000)]
+    pub flows: u64,
+    /// iokerneld's time per flow-table insertion, µs.
+    #[arg(long, default_value_t = 0.5)]
+    pub insert_us: f64,
+    /// Extra service time of a request run away from its flow's previous
+    /// kthread, µs.
+    #[arg(long, default_value_t = 1.0)]
+    pub migration_us: f64,
+    /// Mean (exponential) service time, µs.
+    #[arg(long, default_value_t = 10.0)]
+    pub service_us: f64,
+    /// Simulated time per point, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    pub duration_ms: f64,
+    /// Offered loads, packets/s, comma-separated [default: the paper's
+    /// 2000,5000,8000,10000,12000,14000].
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -106,6 +138,26 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             report("shenango-fig1", &o, figs::shenango_fig1(&o))?;
             report("rss-connections", &o, figs::rss_connections(&o))
         }
+        (Some(SimCommand::Calisto(a)), _) => {
+            anyhow::ensure!(
+                a.insert_us >= 0.0 && a.migration_us >= 0.0 && a.service_us > 0.0 && a.duration_ms > 0.0
+                    && a.rates.iter().all(|r| r.is_finite() && *r > 0.0),
+                "--insert-us and --migration-us must be >= 0, --service-us, --duration-ms and --rates > 0"
+            );
+            let paper = crate::calisto::CalistoOpts::paper(a.out.join("calisto"), a.seed);
+            let o = crate::calisto::CalistoOpts {
+                flows: a.flows,
+                table_insert_us: a.insert_us,
+                migration_us: a.migration_us,
+                service_us: a.service_us,
+                duration_us: a.duration_ms * 1000.0,
+                rates: if a.rates.is_empty() { paper.rates.clone() } else { a.rates.clone() },
+                ..paper
+            };
+            let (_, summary) = crate::calisto::run(&o)?;
+            println!("## calisto (written under {})\n\n{summary}", o.out.display());
+            Ok(())
+        }
         (None, Some(path)) => {
             let sc = crate::scenario::load(path)?;
             let s = crate::scenario::run(&sc, &args.out)?;
@@ -113,7 +165,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             Ok(())
         }
         (None, None) => anyhow::bail!(
-            "give a subcommand (validate, shenango-fig1, shinjuku-fig1, shinjuku-fig2, rss-connections, all) or a scenario.toml"
+            "give a subcommand (validate, shenango-fig1, shinjuku-fig1, shinjuku-fig2, rss-connections, all, calisto) or a scenario.toml"
         ),
     }
 }

@@ -464,6 +464,9 @@ pub fn shenango_point(
         warmup_us: 2_000.0,
         seed,
         steering: Default::default(),
+        table_insert_us: 0.0,
+        migration_us: 0.0,
+        warm_table: false,
     }
     .run()
 }

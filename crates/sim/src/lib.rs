@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allocsim;
+pub mod calisto;
 pub mod cli;
 pub mod dist;
 pub mod figs;

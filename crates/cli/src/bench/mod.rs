@@ -9,6 +9,7 @@ mod corealloc;
 mod forward;
 mod preempt;
 mod shinjuku;
+mod steering;
 mod tcp;
 mod threadops;
 
@@ -46,6 +47,11 @@ enum Experiment {
     /// one-way stream to each, Ginza ⇄ Ginza through the software switch,
     /// and a transfer through 5 % loss.
     Tcp(tcp::TcpArgs),
+    /// Packet steering: rss-mod, flow-affinity and indirection in one run,
+    /// rounds interleaved, while an application's cores come and go: replies
+    /// out of order within a flow, flows moved per change of the active
+    /// set, p50/p99, iokerneld's ns per decision, table memory; CSV and PNG.
+    Steering(steering::SteeringArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -57,5 +63,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Corealloc(args) => corealloc::run(args),
         Experiment::Forward(args) => forward::run(args),
         Experiment::Tcp(args) => tcp::run(args),
+        Experiment::Steering(args) => steering::run(args),
     }
 }

@@ -141,7 +141,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
             alloc: self.meter.report(now, cpu),
-            dataplane: self.dp.stats(),
+            dataplane: {
+                let mut dp = self.dp.stats();
+                for net in self.apps.iter().filter_map(|a| a.net.as_ref()) {
+                    net.add_steering(&mut dp.steering);
+                }
+                dp.steering.sort_by_key(|t| t.st);
+                dp
+            },
         }
     }
 

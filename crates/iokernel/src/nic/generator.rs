@@ -8,6 +8,14 @@
 //! collects replies and injects every request whose scheduled time has
 //! passed. An arrival that could not be injected (no buffer, link refused it)
 //! is counted and not retried, as a late retry would distort the schedule.
+//!
+//! Requests belong to `flows` flows (source ports `src_port..src_port +
+//! flows`, each request's flow drawn uniformly) and each flow numbers its
+//! requests (the number also travels in the payload after the header, where
+//! it fits). A reply to a flow's request that comes back after a reply to a
+//! later request of the same flow counts as reordered: the observable proxy
+//! for packets processed out of order within a flow (docs/design.md,
+//! "Packet steering").
 
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
@@ -92,6 +100,8 @@ pub struct GeneratorConfig {
     pub src_port: u16,
     pub target_mac: MacAddr,
     pub target: Endpoint,
+    /// Flows (source ports from `src_port` on), at least 1.
+    pub flows: u32,
     /// Mean arrivals per second of the Poisson process.
     pub rate_per_sec: f64,
     pub service: ServiceTime,
@@ -123,6 +133,8 @@ pub enum GeneratorConfigError {
     PayloadLen { len: usize },
     #[error("max_outstanding and max_burst must be at least 1")]
     ZeroLimit,
+    #[error("{flows} flows from source port {src_port}: must be 1 or more, ports up to 65535")]
+    Flows { flows: u32, src_port: u16 },
 }
 
 /// Counts of a generator. Every scheduled arrival ends up in exactly one of
@@ -151,6 +163,9 @@ pub struct GeneratorStats {
     pub evicted: u64,
     /// Requests sent and not answered yet.
     pub outstanding: u64,
+    /// Replies (of `replies`) that came back after the reply to a later
+    /// request of their flow.
+    pub reordered: u64,
 }
 
 impl GeneratorStats {
@@ -171,15 +186,29 @@ pub struct TrafficGenerator {
     next_arrival_ns: f64,
     end_ns: f64,
     next_seq: u64,
-    /// `(seq, send_ns)` of outstanding requests, at `seq & slot_mask`.
-    outstanding: Vec<Option<(u64, u64)>>,
+    /// Outstanding requests, at `seq & slot_mask`.
+    outstanding: Vec<Option<Outstanding>>,
+    /// Per flow: the number its next request gets.
+    flow_next: Vec<u32>,
+    /// Per flow: 1 + the highest request number answered (0: none yet).
+    flow_answered: Vec<u32>,
     slot_mask: u64,
     latency: Histogram<u64>,
     lag: Histogram<u64>,
     stats: GeneratorStats,
     rx_scratch: Vec<Frame>,
     tx_scratch: Vec<Frame>,
-    tx_seqs: Vec<u64>,
+    /// Per frame of `tx_scratch`: its seq, flow and number in the flow.
+    tx_seqs: Vec<(u64, u32, u32)>,
+}
+
+/// What the generator remembers of a request until its reply.
+#[derive(Clone, Copy, Debug)]
+struct Outstanding {
+    seq: u64,
+    send_ns: u64,
+    flow: u32,
+    flow_seq: u32,
 }
 
 impl TrafficGenerator {
@@ -196,6 +225,12 @@ impl TrafficGenerator {
         if config.max_outstanding == 0 || config.max_burst == 0 {
             return Err(GeneratorConfigError::ZeroLimit);
         }
+        if config.flows == 0 || u32::from(config.src_port) + config.flows > 65_536 {
+            return Err(GeneratorConfigError::Flows {
+                flows: config.flows,
+                src_port: config.src_port,
+            });
+        }
         let slots = config.max_outstanding.next_power_of_two();
         let rate_per_ns = config.rate_per_sec / 1e9;
         let mut rng = SmallRng::seed_from_u64(config.seed);
@@ -211,6 +246,8 @@ impl TrafficGenerator {
             next_arrival_ns,
             next_seq: 0,
             outstanding: vec![None; slots],
+            flow_next: vec![0; config.flows as usize],
+            flow_answered: vec![0; config.flows as usize],
             slot_mask: slots as u64 - 1,
             latency: histogram(),
             lag: histogram(),
@@ -256,11 +293,16 @@ impl TrafficGenerator {
     fn collect_replies<N: Nic + ?Sized>(&mut self, now_ns: u64, nic: &mut N) {
         // Taken out of `self` for the loop, which needs `self` mutably.
         let mut received = std::mem::take(&mut self.rx_scratch);
+        // Ports `src_port..src_port + flows` (checked to fit in `new`): a
+        // port below `src_port` wraps to at least `65536 - src_port`.
+        let (first_port, flows) = (self.config.src_port, self.config.flows);
         while nic.rx_burst(&mut received, RX_BURST) > 0 {
             for frame in received.drain(..) {
                 let reply = match ginza_net::parse(nic.pool().bytes(&frame), &self.config.interface)
                 {
-                    Ok(Packet::Udp(datagram)) if datagram.dst.port == self.config.src_port => {
+                    Ok(Packet::Udp(datagram))
+                        if u32::from(datagram.dst.port.wrapping_sub(first_port)) < flows =>
+                    {
                         RequestHeader::decode(datagram.payload)
                     }
                     _ => None,
@@ -283,12 +325,18 @@ impl TrafficGenerator {
     fn match_reply(&mut self, seq: u64, now_ns: u64) {
         let slot = &mut self.outstanding[(seq & self.slot_mask) as usize];
         match *slot {
-            Some((outstanding_seq, send_ns)) if outstanding_seq == seq => {
+            Some(o) if o.seq == seq => {
                 *slot = None;
                 self.stats.outstanding -= 1;
                 self.stats.replies += 1;
                 self.latency
-                    .saturating_record(now_ns.saturating_sub(send_ns));
+                    .saturating_record(now_ns.saturating_sub(o.send_ns));
+                let answered = &mut self.flow_answered[o.flow as usize];
+                if o.flow_seq < *answered {
+                    self.stats.reordered += 1;
+                } else {
+                    *answered = o.flow_seq + 1;
+                }
             }
             _ => self.stats.unmatched_replies += 1,
         }
@@ -305,6 +353,12 @@ impl TrafficGenerator {
             let scheduled_ns = self.next_arrival_ns;
             self.next_arrival_ns += self.inter_arrival.sample(&mut self.rng);
             self.stats.scheduled += 1;
+            let flow = if self.config.flows == 1 {
+                0
+            } else {
+                self.rng.random_range(0..self.config.flows)
+            };
+            let flow_seq = self.flow_next[flow as usize];
             let header = RequestHeader {
                 seq: self.next_seq,
                 send_ns: now_ns,
@@ -315,13 +369,21 @@ impl TrafficGenerator {
                 continue;
             };
             let pool = nic.pool_mut();
-            match build_request(pool.buffer_mut(&mut frame), &self.config, &header) {
+            let src_port = self.config.src_port + flow as u16;
+            match build_request(
+                pool.buffer_mut(&mut frame),
+                &self.config,
+                src_port,
+                &header,
+                flow_seq,
+            ) {
                 Ok(len) => {
                     pool.set_len(&mut frame, len)
                         .expect("built within the buffer");
                     self.tx_scratch.push(frame);
-                    self.tx_seqs.push(header.seq);
+                    self.tx_seqs.push((header.seq, flow, flow_seq));
                     self.next_seq += 1;
+                    self.flow_next[flow as usize] = flow_seq.wrapping_add(1);
                     self.lag
                         .saturating_record((now - scheduled_ns).max(0.0) as u64);
                 }
@@ -336,8 +398,13 @@ impl TrafficGenerator {
         }
         let accepted = nic.tx_burst(&mut self.tx_scratch);
         for index in 0..accepted {
-            let seq = self.tx_seqs[index];
-            self.remember(seq, now_ns);
+            let (seq, flow, flow_seq) = self.tx_seqs[index];
+            self.remember(Outstanding {
+                seq,
+                send_ns: now_ns,
+                flow,
+                flow_seq,
+            });
         }
         self.stats.sent += accepted as u64;
         self.stats.tx_refused += self.tx_scratch.len() as u64;
@@ -349,36 +416,43 @@ impl TrafficGenerator {
         self.tx_seqs.clear();
     }
 
-    fn remember(&mut self, seq: u64, send_ns: u64) {
-        let slot = &mut self.outstanding[(seq & self.slot_mask) as usize];
+    fn remember(&mut self, request: Outstanding) {
+        let slot = &mut self.outstanding[(request.seq & self.slot_mask) as usize];
         if slot.is_some() {
             self.stats.evicted += 1;
         } else {
             self.stats.outstanding += 1;
         }
-        *slot = Some((seq, send_ns));
+        *slot = Some(request);
     }
 }
 
 /// The one place a request frame is assembled: header fields and zero padding
 /// written in place at the UDP payload offset, then Ethernet/IPv4/UDP headers
-/// in front of them (no copy). Returns the frame's length.
+/// in front of them (no copy); the request's number in its flow follows the
+/// header (big-endian u64) where the payload has room. Returns the frame's
+/// length.
 fn build_request(
     buffer: &mut [u8],
     config: &GeneratorConfig,
+    src_port: u16,
     header: &RequestHeader,
+    flow_seq: u32,
 ) -> Result<usize, ginza_net::BuildError> {
     let payload_end = UDP_PAYLOAD_OFFSET + config.payload_len;
     if let Some(payload) = buffer.get_mut(UDP_PAYLOAD_OFFSET..payload_end) {
         header.encode(payload);
         payload[REQUEST_HEADER_LEN..].fill(0);
+        if let Some(number) = payload.get_mut(REQUEST_HEADER_LEN..REQUEST_HEADER_LEN + 8) {
+            number.copy_from_slice(&u64::from(flow_seq).to_be_bytes());
+        }
     }
     // Reports a buffer that is too small, whether or not the payload fit.
     tx::write_udp_headers(
         buffer,
         &config.interface,
         config.target_mac,
-        config.src_port,
+        src_port,
         config.target,
         config.payload_len,
     )

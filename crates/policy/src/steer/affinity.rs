@@ -28,11 +28,9 @@ struct Entry {
     kthread: u32,
 }
 
-/// Spreads a flow hash over the table's sets and the pre-assigned ranges
-/// (the wire hash may carry little entropy in its low bits).
-fn mix(hash: u64) -> u64 {
-    hash.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-}
+// `mix` spreads a flow hash over the table's sets and the pre-assigned
+// ranges (the wire hash may carry little entropy in its low bits).
+use super::mix;
 
 /// Calisto's flow → kthread table; see the module docs.
 #[derive(Clone, Debug)]

@@ -2,7 +2,12 @@
 //! fixed table of buckets, bucket → kthread, `hash % buckets` picking the
 //! bucket. A change of the active set moves only the buckets that must move
 //! (the lost kthread's, or a fair share for the new one taken from the
-//! kthreads holding most), so flows of kthreads that stay active stay put;
+//! kthreads holding most), so flows of kthreads that stay active stay put.
+//! Each bucket remembers its home kthread (the last it was given to by a
+//! fair share or a rebalance): a kthread that comes back takes its fair
+//! share from the buckets whose home it is first, so a core lost and
+//! regained moves the same flows away and back rather than a fresh share
+//! each time;
 //! [`Steering::rebalance`] moves hot buckets off the most loaded kthread,
 //! a bounded number per call, by the packets each bucket steered since the
 //! previous look (it looks once enough packets were steered to tell).
@@ -38,6 +43,9 @@ const REBALANCE_PACKETS_PER_BUCKET: u64 = 8;
 pub struct Indirection {
     /// Bucket → kthread (`NONE` before the first activation).
     owner: Box<[u32]>,
+    /// Bucket → the kthread it returns to when that one is active
+    /// (`NONE`: none yet).
+    home: Box<[u32]>,
     /// Packets per bucket since the previous rebalance.
     packets: Box<[u32]>,
     /// Per kthread: the buckets it owns, whether it is active, and scratch
@@ -59,12 +67,16 @@ impl Indirection {
         assert!(buckets > 0, "an indirection table of zero buckets");
         let owner = vec![NONE; buckets].into_boxed_slice();
         let packets = vec![0u32; buckets].into_boxed_slice();
+        let home = owner.clone();
         let stats = SteerStats {
-            table_bytes: (std::mem::size_of_val(&*owner) + std::mem::size_of_val(&*packets)) as u64,
+            table_bytes: (std::mem::size_of_val(&*owner)
+                + std::mem::size_of_val(&*home)
+                + std::mem::size_of_val(&*packets)) as u64,
             ..Default::default()
         };
         Indirection {
             owner,
+            home,
             packets,
             owned: Vec::new(),
             is_active: Vec::new(),
@@ -99,6 +111,12 @@ impl Indirection {
 
     fn owner_active(&self, k: u32) -> bool {
         k != NONE && self.is_active.get(k as usize) == Some(&true)
+    }
+
+    /// [`Indirection::give`], making `to` the bucket's home.
+    fn settle(&mut self, bucket: usize, to: usize) {
+        self.home[bucket] = to as u32;
+        self.give(bucket, to);
     }
 
     fn give(&mut self, bucket: usize, to: usize) {
@@ -158,7 +176,11 @@ impl Steering for Indirection {
                 } else {
                     self.least_owned(active)
                 };
-                self.give(b, to);
+                if self.home[b] == NONE {
+                    self.settle(b, to);
+                } else {
+                    self.give(b, to);
+                }
             }
         }
         // The newcomer's fair share, taken one bucket at a time from the
@@ -180,11 +202,18 @@ impl Steering for Indirection {
             self.load[donor] += 1;
             taken += 1;
         }
-        for b in 0..self.owner.len() {
-            let from = self.owner[b] as usize;
-            if from != kthread && self.load[from] > 0 {
-                self.load[from] -= 1;
-                self.give(b, kthread);
+        // Which buckets each donor gives: first those whose home is the
+        // newcomer (they come back), then any.
+        for homecoming in [true, false] {
+            for b in 0..self.owner.len() {
+                let from = self.owner[b] as usize;
+                if from != kthread
+                    && self.load[from] > 0
+                    && (!homecoming || self.home[b] == kthread as u32)
+                {
+                    self.load[from] -= 1;
+                    self.settle(b, kthread);
+                }
             }
         }
     }
@@ -234,7 +263,7 @@ impl Steering for Indirection {
                     .filter(|&(_, p)| p > 0 && p < gap)
                     .max_by_key(|&(_, p)| p);
                 let Some((b, p)) = best else { break };
-                self.give(b, cold);
+                self.settle(b, cold);
                 self.load[hot] -= p;
                 self.load[cold] += p;
             }

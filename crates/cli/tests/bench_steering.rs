@@ -1,0 +1,76 @@
+//! `ginza bench steering --json` runs end to end in a quick mode: every
+//! policy answers, and the JSON has the shape.
+
+use std::process::Command;
+
+#[test]
+fn steering_reports_every_policy() {
+    let out_dir = std::env::temp_dir().join(format!("ginza-bench-steering-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args([
+            "bench",
+            "steering",
+            "--json",
+            "--rounds",
+            "1",
+            "--flows",
+            "200",
+            "--rate",
+            "10000",
+            "--send-ms",
+            "120",
+            "--phase-ms",
+            "20",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for policy in ["rss-mod", "flow-affinity", "indirection"] {
+        let p = &v["policies"][policy];
+        for key in [
+            "reordered_pct",
+            "stolen_pct",
+            "flows_moved_per_change",
+            "p50_us",
+            "p99_us",
+            "ns_per_decision",
+            "table_bytes",
+        ] {
+            assert!(p[key].is_number(), "{policy}.{key}: {v}");
+        }
+        assert!(p["sent"].as_u64().unwrap() > 0, "{v}");
+        let pct = p["reordered_pct"].as_f64().unwrap();
+        assert!((0.0..=100.0).contains(&pct), "{v}");
+        assert!(
+            p["p50_us"].as_f64().unwrap() <= p["p99_us"].as_f64().unwrap(),
+            "{v}"
+        );
+        assert!(p["ns_per_decision"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    assert_eq!(v["policies"]["rss-mod"]["table_bytes"], 0);
+    assert!(
+        v["policies"]["indirection"]["table_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(v["runs"].as_array().unwrap().len(), 3);
+    // Interleaved: one policy after the other within the round.
+    let order: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ["rss-mod", "flow-affinity", "indirection"]);
+    let csv = std::fs::read_to_string(out_dir.join("steering.csv")).unwrap();
+    assert!(csv.starts_with("round,policy,"), "{csv}");
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(out_dir.join("moved.png").exists());
+    assert!(out_dir.join("p99.png").exists());
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
