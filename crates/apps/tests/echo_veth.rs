@@ -31,10 +31,8 @@ fn a_linux_udp_client_gets_every_datagram_echoed() {
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(EchoStats::default());
     let (s2, st2) = (stop.clone(), stats.clone());
-    let protocols = Protocols {
-        udp: true,
-        tcp: false,
-    };
+    // Both protocols on the one port, as `echo-server` runs by default.
+    let protocols = Protocols::BOTH;
     let app = daemon.start_app("echo-udp", ECHO_MAC, ns.peer_ip, 1, move || {
         echo_server::serve(PORT, protocols, s2, st2)
     });

@@ -55,9 +55,12 @@ fn main() -> anyhow::Result<()> {
         },
         args.app.kthreads
     );
-    ginza_runtime::run(config, move || serve(port, protocols, stop, s2))
-        .context("starting the runtime")?
-        .with_context(|| format!("echoing on port {port}"))?;
+    let (served, net) = ginza_runtime::run(config, move || {
+        let served = serve(port, protocols, stop, s2);
+        (served, ginza_runtime::net::stats())
+    })
+    .context("starting the runtime")?;
+    served.with_context(|| format!("echoing on port {port}"))?;
     let secs = started.elapsed().as_secs_f64();
     println!(
         "{secs:.1} s: {} datagrams echoed ({} send errors); {} TCP connections, {} bytes echoed, {} ended in an error",
@@ -67,5 +70,17 @@ fn main() -> anyhow::Result<()> {
         stats.tcp_bytes.load(Relaxed),
         stats.tcp_errors.load(Relaxed),
     );
+    if let Some(tcp) = net.map(|n| n.tcp) {
+        println!(
+            "tcp: {} segments in, {} out, {} retransmitted, {} resets sent; {} half-open evicted, {} backlog overflows; {} connections open",
+            tcp.segments_in,
+            tcp.segments_out,
+            tcp.retransmissions,
+            tcp.resets_sent,
+            tcp.syns_evicted,
+            tcp.listen_overflows,
+            tcp.connections_open,
+        );
+    }
     Ok(())
 }

@@ -2,6 +2,8 @@
 //! [`NetNs`]'s veth pair, and Ginza applications behind it.
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod raw_tcp;
+
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -68,14 +70,30 @@ impl Daemon {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        self.start_app_with(name, NetConfig::new(mac, ip), kthreads, main)
+    }
+
+    /// [`Daemon::start_app`] with a network configuration of its own (TCP
+    /// tunables, static ARP entries).
+    pub fn start_app_with<T, F>(
+        &self,
+        name: &str,
+        net: NetConfig,
+        kthreads: usize,
+        main: F,
+    ) -> App<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
         let mut io = IokernelConfig::new(name, Class::LatencyCritical);
         io.socket = Some(self.get().socket().to_path_buf());
-        io.net = Some(NetConfig::new(mac, ip));
+        io.net = Some(net);
         let config = Config {
             iokernel: Some(io),
             ..Config::with_kthreads(kthreads)
         };
-        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
+        let app = App::spawn(config, main);
         let t0 = Instant::now();
         while !self
             .get()
@@ -83,12 +101,12 @@ impl Daemon {
             .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
         {
             assert!(
-                t0.elapsed() < Duration::from_secs(10) && !thread.is_finished(),
+                t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
                 "{name} did not register"
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        App { thread }
+        app
     }
 }
 
@@ -102,6 +120,15 @@ impl Drop for Daemon {
 /// A Ginza runtime on its own thread.
 pub struct App<T> {
     thread: std::thread::JoinHandle<Result<T, RuntimeError>>,
+}
+
+impl<T: Send + 'static> App<T> {
+    /// Runs `main` on a runtime of `config` on a thread of its own.
+    pub fn spawn(config: Config, main: impl FnOnce() -> T + Send + 'static) -> App<T> {
+        App {
+            thread: std::thread::spawn(move || ginza_runtime::run(config, main)),
+        }
+    }
 }
 
 impl<T> App<T> {

@@ -157,7 +157,10 @@ impl RawTcpPeer {
         let synack = self
             .recv_for(port, deadline)
             .expect("a SYN-ACK from the server");
-        assert!(synack.flags.syn && synack.ack == Some(iss.wrapping_add(1)), "{synack:?}");
+        assert!(
+            synack.flags.syn && synack.ack == Some(iss.wrapping_add(1)),
+            "{synack:?}"
+        );
         let conn = RawConn {
             port,
             snd_nxt: iss.wrapping_add(1),
@@ -178,20 +181,33 @@ impl RawTcpPeer {
     }
 
     /// Sends `payload` on `conn` and reads its echo back (ACKing what
-    /// comes), failing the test if it does not come whole.
+    /// comes), failing the test if it does not come whole within [`WAIT`].
+    /// Like any sender, it sends the data again while nothing comes back
+    /// (a busy server may have dropped it).
     pub fn echo(&mut self, conn: &mut RawConn, payload: &[u8]) -> Vec<u8> {
-        self.data(conn, payload);
+        const RESEND: Duration = Duration::from_millis(200);
+        let first_seq = conn.snd_nxt;
+        self.send(conn.port, &conn.segment(first_seq, payload));
         conn.snd_nxt = conn.snd_nxt.wrapping_add(payload.len() as u32);
         let mut echoed = Vec::new();
         let deadline = Instant::now() + WAIT;
+        let mut sent_at = Instant::now();
         while echoed.len() < payload.len() {
-            let Some(r) = self.recv_for(conn.port, deadline) else {
-                panic!(
+            let Some(r) = self.recv_for(conn.port, (sent_at + RESEND).min(deadline)) else {
+                assert!(
+                    Instant::now() < deadline,
                     "{} of {} bytes echoed on port {}",
                     echoed.len(),
                     payload.len(),
                     conn.port
                 );
+                if echoed.is_empty() {
+                    self.send(conn.port, &conn.segment(first_seq, payload));
+                } else {
+                    self.ack(conn);
+                }
+                sent_at = Instant::now();
+                continue;
             };
             assert!(!r.flags.rst, "the server reset the connection: {r:?}");
             // In-order data only (a retransmission of what we have is

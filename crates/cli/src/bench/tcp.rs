@@ -75,6 +75,9 @@ const PAYLOAD: usize = 64;
 const WARMUP: usize = 1000;
 /// The longest wait for one read or write before a run is declared stuck.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The same through loss: retransmission timeouts back off (200 ms,
+/// 400 ms, …) when a segment is lost again and again.
+const LOSSY_IO_TIMEOUT: Duration = Duration::from_secs(60);
 const ECHO_PORT: u16 = 7;
 const SINK_PORT: u16 = 9;
 /// The host end's address for the Linux servers' turns (`.3`).
@@ -145,8 +148,8 @@ struct Report {
     rounds: Vec<Round>,
     /// Why the veth figures are null.
     veth_skipped: Option<String>,
-    /// Why `lossy` is null.
-    lossy_skipped: Option<String>,
+    /// Why `lossy` is null (its transfer failed).
+    lossy_error: Option<String>,
 }
 
 pub fn run(args: TcpArgs) -> anyhow::Result<()> {
@@ -192,13 +195,13 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         );
         rounds.push(r);
     }
-    let mut lossy_skipped = None;
+    let mut lossy_error = None;
     let lossy = match &ns {
         Err(_) => None,
         Ok(ns) => match lossy_run(ns, cpus, &args) {
             Ok(l) => Some(l),
             Err(e) => {
-                lossy_skipped = Some(format!("{e:#}"));
+                lossy_error = Some(format!("{e:#}"));
                 None
             }
         },
@@ -241,7 +244,7 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         payload_bytes: PAYLOAD,
         rounds,
         veth_skipped,
-        lossy_skipped,
+        lossy_error,
     };
     emit(args.json, &render(&report, &args), &report)
 }
@@ -543,7 +546,33 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
     let bytes = args.lossy_mb << 20;
     let (_, (t, dropped, reordered)) = with_ginza_on_veth(ns, cpus, Some(&faults), |iokerneld| {
-        let t = ns.run_in(move || linux::sink_transfer(sink, bytes, 0x1055, IO_TIMEOUT))??;
+        let t = ns
+            .run_in(move || linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))?
+            .map_err(|e| {
+                // What the Linux sender's socket and the switch saw, to
+                // tell a stall from slowness.
+                let socket = ns
+                    .exec(&["ss", "-tni", "dst", &sink.to_string()])
+                    .map(|o| {
+                        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                        text.split_whitespace().collect::<Vec<_>>().join(" ")
+                    })
+                    .unwrap_or_default();
+                let seen = iokerneld.stats().map(|s| {
+                    let apps: Vec<String> = s
+                        .apps
+                        .iter()
+                        .map(|a| {
+                            format!(
+                                "{}: cores {} parked kthreads {} grants {} net {:?}",
+                                a.name, a.cores_now, a.parked_kthreads, a.grants, a.net
+                            )
+                        })
+                        .collect();
+                    format!("faults {:?}; apps {}", s.dataplane.faults, apps.join(", "))
+                });
+                anyhow!("{e}; the sender's socket: {socket}; iokerneld: {seen:?}")
+            })?;
         let stats = iokerneld.stats()?;
         let rule = stats
             .dataplane
@@ -610,7 +639,7 @@ fn render(r: &Report, args: &TcpArgs) -> String {
         );
         row(&mut s, "ginza client → ginza echo-server", q);
     }
-    match (&r.lossy, &r.lossy_skipped) {
+    match (&r.lossy, &r.lossy_error) {
         (Some(l), _) => {
             let _ = writeln!(
                 s,
@@ -624,7 +653,7 @@ fn render(r: &Report, args: &TcpArgs) -> String {
             );
         }
         (None, Some(why)) => {
-            let _ = writeln!(s, "lossy transfer skipped: {why}");
+            let _ = writeln!(s, "lossy transfer failed: {why}");
         }
         (None, None) => {}
     }

@@ -519,7 +519,21 @@ pub fn sink_transfer(
     let mut stream = TcpStream::connect_timeout(&target.into(), timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
-    let sent_hash = send_pattern(bytes, seed, |b| stream.write_all(b))?;
+    let mut written = 0u64;
+    let sent_hash = send_pattern(bytes, seed, |b| {
+        stream.write_all(b)?;
+        written += b.len() as u64;
+        Ok::<(), io::Error>(())
+    })
+    .map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "sending to the sink at {target}: {e} after {written} of {bytes} bytes, {:.1} s",
+                start.elapsed().as_secs_f64()
+            ),
+        )
+    })?;
     stream.shutdown(Shutdown::Write)?;
     let mut r = [0u8; RECEIPT_LEN];
     stream.read_exact(&mut r).map_err(|e| {
