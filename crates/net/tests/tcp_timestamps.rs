@@ -68,7 +68,11 @@ fn the_ack_of_a_retransmission_that_fills_a_hole_echoes_its_timestamp() {
         conn.on_segment(&data(n, tsval, &payload), at_ms(11));
         let dup = drain(&mut conn, at_ms(11));
         assert_eq!(dup.len(), 1);
-        assert_eq!(dup[0].header.ack, Some(Seq(PEER + 1 + 1448)), "duplicate ACK");
+        assert_eq!(
+            dup[0].header.ack,
+            Some(Seq(PEER + 1 + 1448)),
+            "duplicate ACK"
+        );
         assert_eq!(
             dup[0].header.timestamp.map(|t| t.echo),
             Some(200),
