@@ -138,12 +138,12 @@ pub fn parse(bytes: &[u8], src_ip: Ipv4Addr, dst_ip: Ipv4Addr) -> Result<TcpHead
     })
 }
 
-/// The MSS and window-scale options; unknown options are skipped, as RFC
-/// 9293 §3.2 requires.
-#[allow(clippy::type_complexity)]
-fn parse_options(
-    mut options: &[u8],
-) -> Result<(Option<u16>, Option<u8>, Option<Timestamp>), WireError> {
+/// The options the state machine uses: MSS, window scale, timestamps.
+type Options = (Option<u16>, Option<u8>, Option<Timestamp>);
+
+/// The MSS, window-scale and timestamps options; unknown options are
+/// skipped, as RFC 9293 §3.2 requires.
+fn parse_options(mut options: &[u8]) -> Result<Options, WireError> {
     let total = options.len();
     let (mut mss, mut window_scale, mut timestamp) = (None, None, None);
     while !options.is_empty() {
@@ -433,6 +433,7 @@ mod tests {
             window in any::<u16>(),
             mss in proptest::option::of(any::<u16>()),
             scale in proptest::option::of(0..=14u8),
+            ts in proptest::option::of(any::<(u32, u32)>()),
             payload in proptest::collection::vec(any::<u8>(), 0..64),
         ) {
             let segment = Segment {
@@ -442,7 +443,7 @@ mod tests {
                 window,
                 mss: mss.filter(|_| syn),
                 window_scale: scale.filter(|_| syn),
-                timestamp: None,
+                timestamp: ts.map(|(value, echo)| Timestamp { value, echo }),
                 payload: &payload,
             };
             let bytes = built(&segment);
