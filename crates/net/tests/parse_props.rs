@@ -136,6 +136,7 @@ proptest! {
             window,
             mss: syn.then_some(1460),
             window_scale: syn.then_some(7),
+            timestamp: None,
             payload: &payload,
         };
         let mut buf = [0u8; ginza_net::MAX_FRAME_LEN];

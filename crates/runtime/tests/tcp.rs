@@ -574,6 +574,7 @@ mod flood {
             window: 65535,
             mss: Some(1460),
             window_scale: None,
+            timestamp: None,
             payload: &[],
         }
     }
@@ -657,6 +658,7 @@ mod flood {
             window: 65535,
             mss: None,
             window_scale: None,
+            timestamp: None,
             payload,
         };
         send(&segment_frame(genuine, mac, &data(client_next, b"")));

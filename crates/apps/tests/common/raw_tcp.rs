@@ -145,6 +145,7 @@ impl RawTcpPeer {
                 window: 65535,
                 mss: Some(1460),
                 window_scale: None,
+                timestamp: None,
                 payload,
             },
         );
@@ -235,6 +236,7 @@ impl RawConn {
             window: 65535,
             mss: None,
             window_scale: None,
+            timestamp: None,
             payload,
         }
     }

@@ -26,7 +26,7 @@ pub mod wire;
 pub use conn::{reset_for, Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
 pub use isn::IsnGenerator;
 pub use listen::{Admission, ListenConfig, ListenStats, Listener};
-pub use segment::{Flags, Segment};
+pub use segment::{Flags, Segment, Timestamp};
 pub use seq::Seq;
 
 use std::time::Duration;

@@ -27,7 +27,17 @@ pub struct Segment<'a> {
     pub mss: Option<u16>,
     /// The window-scale option's shift (SYN segments only).
     pub window_scale: Option<u8>,
+    /// The timestamps option (RFC 7323 §3), on any segment.
+    pub timestamp: Option<Timestamp>,
     pub payload: &'a [u8],
+}
+
+/// RFC 7323 §3's timestamps option: the sender's clock, and the latest
+/// value it received (`echo`, TSecr; 0 on a SYN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timestamp {
+    pub value: u32,
+    pub echo: u32,
 }
 
 impl<'a> Segment<'a> {
@@ -46,6 +56,7 @@ impl<'a> Segment<'a> {
             window: 0,
             mss: None,
             window_scale: None,
+            timestamp: None,
             payload: &[],
         }
     }
@@ -64,6 +75,7 @@ impl<'a> Segment<'a> {
         header.window = self.window;
         header.mss = self.mss;
         header.window_scale = self.window_scale;
+        header.timestamp = self.timestamp;
         (header, self.payload.to_vec())
     }
 }

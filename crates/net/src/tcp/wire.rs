@@ -7,6 +7,7 @@
 //! caller's buffer without allocating. The IPv4 and Ethernet layers around
 //! them are `rx.rs` and `tx.rs`.
 
+use super::segment::Timestamp;
 use super::{Flags, Segment, Seq};
 use smoltcp::wire::{IpAddress, TcpOption, TcpPacket, TcpSeqNumber};
 use std::fmt;
@@ -114,7 +115,7 @@ pub fn parse(bytes: &[u8], src_ip: Ipv4Addr, dst_ip: Ipv4Addr) -> Result<TcpHead
     if src_port == 0 || dst_port == 0 {
         return Err(WireError::PortZero { src_port, dst_port });
     }
-    let (mss, window_scale) = parse_options(&bytes[TCP_HEADER_LEN..header_len])?;
+    let (mss, window_scale, timestamp) = parse_options(&bytes[TCP_HEADER_LEN..header_len])?;
     Ok(TcpHeader {
         src_port,
         dst_port,
@@ -131,16 +132,20 @@ pub fn parse(bytes: &[u8], src_ip: Ipv4Addr, dst_ip: Ipv4Addr) -> Result<TcpHead
             // RFC 9293 §3.2: MSS and window scale mean something on SYNs only.
             mss: mss.filter(|_| syn),
             window_scale: window_scale.filter(|_| syn),
+            timestamp,
             payload: &bytes[header_len..],
         },
     })
 }
 
-/// The MSS and window-scale options; unknown options are skipped, as RFC
-/// 9293 §3.2 requires.
-fn parse_options(mut options: &[u8]) -> Result<(Option<u16>, Option<u8>), WireError> {
+/// The options the state machine uses: MSS, window scale, timestamps.
+type Options = (Option<u16>, Option<u8>, Option<Timestamp>);
+
+/// The MSS, window-scale and timestamps options; unknown options are
+/// skipped, as RFC 9293 §3.2 requires.
+fn parse_options(mut options: &[u8]) -> Result<Options, WireError> {
     let total = options.len();
-    let (mut mss, mut window_scale) = (None, None);
+    let (mut mss, mut window_scale, mut timestamp) = (None, None, None);
     while !options.is_empty() {
         let offset = TCP_HEADER_LEN + total - options.len();
         let (rest, option) =
@@ -149,6 +154,12 @@ fn parse_options(mut options: &[u8]) -> Result<(Option<u16>, Option<u8>), WireEr
             TcpOption::EndOfList => break,
             TcpOption::MaxSegmentSize(value) => mss = Some(value),
             TcpOption::WindowScale(shift) => window_scale = Some(shift.min(MAX_WINDOW_SCALE)),
+            TcpOption::TimeStamp { tsval, tsecr } => {
+                timestamp = Some(Timestamp {
+                    value: tsval,
+                    echo: tsecr,
+                })
+            }
             _ => {}
         }
         // A length below 2 would not advance (smoltcp then returns the
@@ -158,13 +169,15 @@ fn parse_options(mut options: &[u8]) -> Result<(Option<u16>, Option<u8>), WireEr
         }
         options = rest;
     }
-    Ok((mss, window_scale))
+    Ok((mss, window_scale, timestamp))
 }
 
 /// The header length [`emit`] writes for `segment` (options padded to a
 /// 4-byte boundary).
 pub fn header_len(segment: &Segment<'_>) -> usize {
-    let options: usize = segment.mss.map_or(0, |_| 4) + segment.window_scale.map_or(0, |_| 3);
+    let options: usize = segment.mss.map_or(0, |_| 4)
+        + segment.window_scale.map_or(0, |_| 3)
+        + segment.timestamp.map_or(0, |_| 12);
     TCP_HEADER_LEN + options.div_ceil(4) * 4
 }
 
@@ -205,6 +218,16 @@ pub fn emit(
     if let Some(shift) = segment.window_scale {
         options = TcpOption::WindowScale(shift).emit(options);
     }
+    if let Some(ts) = segment.timestamp {
+        // Two no-ops first keep it 4-byte aligned (RFC 7323 Appendix A).
+        options = TcpOption::NoOperation.emit(options);
+        options = TcpOption::NoOperation.emit(options);
+        options = TcpOption::TimeStamp {
+            tsval: ts.value,
+            tsecr: ts.echo,
+        }
+        .emit(options);
+    }
     if !options.is_empty() {
         // Pads with end-of-list bytes.
         TcpOption::EndOfList.emit(options);
@@ -239,6 +262,7 @@ mod tests {
             window: 65535,
             mss: Some(1460),
             window_scale: Some(7),
+            timestamp: None,
             payload: &[],
         }
     }
@@ -255,6 +279,7 @@ mod tests {
             window: 1234,
             mss: None,
             window_scale: None,
+            timestamp: None,
             payload,
         }
     }
@@ -408,6 +433,7 @@ mod tests {
             window in any::<u16>(),
             mss in proptest::option::of(any::<u16>()),
             scale in proptest::option::of(0..=14u8),
+            ts in proptest::option::of(any::<(u32, u32)>()),
             payload in proptest::collection::vec(any::<u8>(), 0..64),
         ) {
             let segment = Segment {
@@ -417,6 +443,7 @@ mod tests {
                 window,
                 mss: mss.filter(|_| syn),
                 window_scale: scale.filter(|_| syn),
+                timestamp: ts.map(|(value, echo)| Timestamp { value, echo }),
                 payload: &payload,
             };
             let bytes = built(&segment);

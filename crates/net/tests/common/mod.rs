@@ -45,6 +45,7 @@ pub fn tcp_frame(payload: &[u8]) -> Vec<u8> {
         window: 4096,
         mss: None,
         window_scale: None,
+        timestamp: None,
         payload,
     };
     let mut buf = vec![0; 1514];

@@ -204,6 +204,14 @@ impl Connection {
             payload = &[];
             fin = false;
         }
+        // RFC 7323 §4.3: TS.Recent follows the segment that the next ACK
+        // acknowledges (SEG.SEQ <= Last.ACK.sent); a retransmission that
+        // fills a hole is echoed, so the peer measures its round trip.
+        if let Some(ts) = seg.timestamp.filter(|_| self.ts_enabled) {
+            if seg.seq.le(self.last_ack_sent) && Seq(ts.value).ge(Seq(self.ts_recent)) {
+                self.ts_recent = ts.value;
+            }
+        }
         // Fifth step: no ACK, drop.
         let Some(ack) = seg.ack else {
             self.stats.dropped += 1;

@@ -186,6 +186,20 @@ pub struct Connection {
     snd_wscale: u8,
     /// The peer's SYN carried the window-scale option.
     peer_window_scale: bool,
+    /// RFC 7323 timestamps are on: every segment carries our clock and
+    /// echoes [`ts_recent`](Self::ts_recent). A peer without SACK or
+    /// timestamps can take no RTT sample from the ACK of a retransmission
+    /// (Karn's rule), so its backed-off RTO is not reset after a
+    /// loss-recovery episode; on a lossy path that backs off to minutes
+    /// (docs/results.md, the lossy `ginza bench tcp` run). With them it
+    /// can.
+    ts_enabled: bool,
+    /// TS.Recent: the peer's timestamp to echo (RFC 7323 §4.3).
+    ts_recent: u32,
+    /// The last timestamp we sent (kept monotonic for the peer's PAWS).
+    ts_sent: u32,
+    /// Last.ACK.sent: the acknowledgement number we sent last.
+    last_ack_sent: Seq,
     /// The largest payload we send: min(our MSS, the peer's).
     send_mss: u16,
     send: SendBuffer,
@@ -257,6 +271,10 @@ impl Connection {
             snd_wl2: iss,
             snd_wscale: 0,
             peer_window_scale: false,
+            ts_enabled: false,
+            ts_recent: 0,
+            ts_sent: 0,
+            last_ack_sent: Seq(0),
             send_mss,
             send: SendBuffer::new(config.send_buffer, iss + 1u32),
             fin_queued: false,
@@ -342,6 +360,19 @@ impl Connection {
         self.snd_wnd = u32::from(syn.window);
         self.max_snd_wnd = self.snd_wnd;
         self.snd_wl1 = syn.seq;
+        // RFC 7323 §3.2: timestamps are on when both SYNs carry them; we
+        // answer a peer's offer (a passive open) and do not offer our own.
+        if let Some(ts) = syn.timestamp.filter(|_| self.passive) {
+            self.ts_enabled = true;
+            self.ts_recent = ts.value;
+        }
+    }
+
+    /// The largest payload of one segment: the MSS less the timestamps
+    /// option when it is on (RFC 7323 §3.2, RFC 6691).
+    fn payload_mss(&self) -> usize {
+        let options = if self.ts_enabled { 12 } else { 0 };
+        usize::from(self.send_mss).saturating_sub(options).max(1)
     }
 
     pub fn local(&self) -> Endpoint {

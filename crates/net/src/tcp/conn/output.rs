@@ -69,7 +69,7 @@ impl Connection {
     }
 
     fn plan_data(&mut self) -> Option<Plan> {
-        let mss = usize::from(self.send_mss);
+        let mss = self.payload_mss();
         let fin_seq = self.fin_seq();
         // Fast retransmit (RFC 5681 §3.2 step 2) or a partial ACK's
         // retransmission (RFC 6582 §3.2 step 5): the first unacknowledged
@@ -155,7 +155,8 @@ impl Connection {
 
         // Every segment but the first SYN carries an ACK (RFC 9293 §3.10.7).
         let ack = (self.state != State::SynSent).then_some(self.rcv_nxt);
-        if ack.is_some() {
+        if let Some(ack) = ack {
+            self.last_ack_sent = ack;
             self.ack_now = false;
             self.ack_at = None;
             self.segments_unacked = 0;
@@ -182,6 +183,18 @@ impl Connection {
             psh: len > 0 && seq + len == self.send.end(),
         };
         segment.window = window as u16;
+        if self.ts_enabled {
+            // Our clock in milliseconds (RFC 7323 §5.4: 1 ms to 1 s a
+            // tick), never going back.
+            let clock = (now.as_nanos() / 1_000_000) as u32;
+            if Seq(clock).gt(Seq(self.ts_sent)) {
+                self.ts_sent = clock;
+            }
+            segment.timestamp = Some(crate::tcp::Timestamp {
+                value: self.ts_sent,
+                echo: self.ts_recent,
+            });
+        }
         if syn {
             segment.mss = Some(self.config.mss);
             // RFC 7323 §2.2: offered on our SYN; on a SYN-ACK only when the
