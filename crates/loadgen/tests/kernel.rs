@@ -74,10 +74,13 @@ fn agrees(generator_p50_us: f64, ping_pong: Duration) {
 /// `generator_saturated` flag, is not asserted here: on this shared 2-vCPU
 /// machine, builds running beside the tests deschedule the generator for
 /// milliseconds now and then, which it rightly reports; the flag has its
-/// own test below.)
+/// own test below.) Bound: 100 µs, the latency check's own slack — the
+/// worker wakes from its timerfd 50 µs before a send and a wake-up on this
+/// VM can take longer than that (a median lag of 45 µs was seen once in a
+/// full test run); falling behind the schedule shows as milliseconds.
 fn on_time(r: &Report) {
     assert!(
-        r.send_lag.p50_us < 20.0,
+        r.send_lag.p50_us < 100.0,
         "median send lag {} µs",
         r.send_lag.p50_us
     );
