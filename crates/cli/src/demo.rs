@@ -26,7 +26,7 @@
 //! over the run × managed cores.
 
 mod plot;
-mod report;
+pub(crate) mod report;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -136,7 +136,7 @@ fn parse_warmup(s: &str) -> Result<Duration, String> {
 
 /// A core allocator under comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Policy {
+pub(crate) enum Policy {
     Shenango,
     Slow,
     Static,
@@ -185,7 +185,7 @@ impl Service {
         }
     }
 
-    fn distribution(self) -> ServiceTime {
+    pub(crate) fn distribution(self) -> ServiceTime {
         match self {
             Service::Exponential => ServiceTime::Exponential {
                 mean_ns: MEAN_SERVICE.as_nanos() as f64,
@@ -290,7 +290,7 @@ const LC_IP: Ipv4Addr = Ipv4Addr::new(10, 47, 1, 1);
 const LC_PORT: u16 = 7;
 
 /// What the whole run uses.
-struct Setup {
+pub(crate) struct Setup {
     allowed: Vec<usize>,
     managed: Vec<usize>,
     iokernel_core: usize,
@@ -298,6 +298,37 @@ struct Setup {
     warmup: Duration,
     duration: Duration,
     seed: u64,
+}
+
+impl Setup {
+    /// iokerneld's CPU and the managed ones (as `ginza demo` picks them),
+    /// checked against this process's affinity, and a socket directory.
+    pub(crate) fn new(
+        cores: Option<&[usize]>,
+        iokernel_core: Option<usize>,
+        warmup: Duration,
+        duration: Duration,
+        seed: u64,
+    ) -> anyhow::Result<Setup> {
+        let allowed =
+            ginza_sys::affinity::allowed_cpus().context("reading this process's CPU affinity")?;
+        let (iokernel_core, managed) = choose_cores(&allowed, cores, iokernel_core)?;
+        // Checked once here for a clear message before anything starts.
+        let mut probe = IokConfig::new(managed.clone());
+        probe.own_core = Some(iokernel_core);
+        probe
+            .validate(&allowed)
+            .context("the cores given to ginza demo")?;
+        Ok(Setup {
+            allowed,
+            managed,
+            iokernel_core,
+            sockets: TempDir::new()?,
+            warmup,
+            duration,
+            seed,
+        })
+    }
 }
 
 /// A directory removed on drop (the sockets' home: unix socket paths are
@@ -655,21 +686,39 @@ fn app_config(
 
 /// A load run of the generator against `lc`: Poisson arrivals at `rate`
 /// per second for `duration`.
-fn load_run(service: Service, rate: f64, duration: Duration, seed: u64) -> LoadRun {
+fn load_run(service: ServiceTime, rate: f64, duration: Duration, seed: u64) -> LoadRun {
     let lc = Interface {
         mac: LC_MAC,
         ip: LC_IP,
     };
-    let mut run = LoadRun::poisson(lc, LC_PORT, rate, service.distribution(), duration);
+    let mut run = LoadRun::poisson(lc, LC_PORT, rate, service, duration);
     run.config.seed = seed;
     run.drain = DRAIN;
     run
 }
 
-/// Runs one policy at one load with one service distribution.
-fn run_point(
+/// A service-time distribution with its name (the CSV's `service`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) dist: ServiceTime,
+}
+
+impl From<Service> for Workload {
+    fn from(s: Service) -> Workload {
+        Workload {
+            name: s.name(),
+            dist: s.distribution(),
+        }
+    }
+}
+
+/// Runs one policy at one load (a fraction of the managed cores' capacity)
+/// with one service distribution: the point `ginza demo` and `ginza bench
+/// run` (docs/experiments.md) share.
+pub(crate) fn run_point(
     setup: &Setup,
-    service: Service,
+    service: Workload,
     policy: Policy,
     load: f64,
     load_index: usize,
@@ -677,7 +726,7 @@ fn run_point(
     let n = setup.managed.len();
     let socket = setup.sockets.0.join(format!(
         "{}-{}-{load_index}.sock",
-        service.name(),
+        service.name,
         policy.name()
     ));
     let mut cfg = IokConfig::new(setup.managed.clone());
@@ -738,11 +787,11 @@ fn run_point(
     })?);
     run.wait_registered("batch", |_| true)?;
 
-    let rate = load * n as f64 / MEAN_SERVICE.as_secs_f64();
+    let rate = load * n as f64 * 1e9 / service.dist.mean_ns();
     let mut notes = Vec::new();
     if !setup.warmup.is_zero() {
         generator
-            .run(load_run(service, rate, setup.warmup, seed ^ 1), STOP_WAIT)
+            .run(load_run(service.dist, rate, setup.warmup, seed ^ 1), STOP_WAIT)
             .map_err(|e| anyhow!(e))
             .context("the warm-up run")?;
     }
@@ -757,7 +806,7 @@ fn run_point(
         Arc::clone(&cancel),
     );
     let measured = generator
-        .run(load_run(service, rate, setup.duration, seed), STOP_WAIT)
+        .run(load_run(service.dist, rate, setup.duration, seed), STOP_WAIT)
         .map_err(|e| anyhow!(e));
     let run_ns = from.elapsed().as_nanos() as u64;
     if measured.is_err() {
@@ -803,7 +852,7 @@ fn run_point(
         .saturating_sub(samples.first.uptime_ns);
     let paths_ns = u64::try_from(samples.paths_window.as_nanos()).unwrap_or(u64::MAX);
     let mut row = Row {
-        service: service.name(),
+        service: service.name,
         policy: policy.name(),
         offered_load: load,
         achieved_load: r3(report::achieved_load(busy_ns, run_ns, n)),
@@ -861,19 +910,6 @@ struct Report<'a> {
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let allowed =
-        ginza_sys::affinity::allowed_cpus().context("reading this process's CPU affinity")?;
-    let (iokernel_core, managed) = choose_cores(
-        &allowed,
-        args.cores.as_ref().map(|c| c.0.as_slice()),
-        args.iokernel_core,
-    )?;
-    // Checked once here for a clear message before anything starts.
-    let mut probe = IokConfig::new(managed.clone());
-    probe.own_core = Some(iokernel_core);
-    probe
-        .validate(&allowed)
-        .context("the cores given to ginza demo")?;
     if args.policies.is_empty() || args.points.is_empty() || args.services.is_empty() {
         bail!("nothing to run: give at least one policy, service distribution and load point");
     }
@@ -881,15 +917,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let services = dedup(&args.services);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating the output directory {}", args.out.display()))?;
-    let setup = Setup {
-        allowed,
-        managed,
-        iokernel_core,
-        sockets: TempDir::new()?,
-        warmup: args.warmup,
-        duration: args.duration,
-        seed: args.seed,
-    };
+    let setup = Setup::new(
+        args.cores.as_ref().map(|c| c.0.as_slice()),
+        args.iokernel_core,
+        args.warmup,
+        args.duration,
+        args.seed,
+    )?;
+    let iokernel_core = setup.iokernel_core;
     let n = setup.managed.len();
     let mut head = format!(
         "ginza demo: iokerneld on CPU {iokernel_core} (spinning), {n} managed core(s) (CPU {}) \
@@ -924,7 +959,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         for &policy in &policies {
             for (i, &load) in args.points.iter().enumerate() {
                 pb.set_message(format!("{service} {policy} @ {load:.2}"));
-                let row = run_point(&setup, service, policy, load, i).with_context(|| {
+                let row = run_point(&setup, service.into(), policy, load, i).with_context(|| {
                     format!("{service} service, policy {policy} at offered load {load}")
                 });
                 match row {

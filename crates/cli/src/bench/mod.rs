@@ -6,6 +6,7 @@
 
 mod common;
 mod corealloc;
+pub(crate) mod experiment;
 mod forward;
 mod preempt;
 mod shinjuku;
@@ -52,6 +53,13 @@ enum Experiment {
     /// out of order within a flow, flows moved per change of the active
     /// set, p50/p99, iokerneld's ns per decision, table memory; CSV and PNG.
     Steering(steering::SteeringArgs),
+    /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
+    /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
+    Run(experiment::RunArgs),
+    /// List the experiment files: name, status, estimated time, paper figure.
+    List(experiment::ListArgs),
+    /// Run every experiment marked `in_all` that can run on this machine.
+    All(experiment::AllArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -64,5 +72,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Forward(args) => forward::run(args),
         Experiment::Tcp(args) => tcp::run(args),
         Experiment::Steering(args) => steering::run(args),
+        Experiment::Run(args) => experiment::run(args),
+        Experiment::List(args) => experiment::list(args),
+        Experiment::All(args) => experiment::all(args),
     }
 }

@@ -80,7 +80,7 @@ pub struct SteeringArgs {
 
 /// One policy's run.
 #[derive(Clone, Debug, Serialize)]
-struct Run {
+pub(super) struct Run {
     round: u32,
     policy: &'static str,
     sent: u64,
@@ -250,7 +250,7 @@ fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
     (echoed, stolen)
 }
 
-fn one_run(args: &SteeringArgs, round: u32, policy: SteeringKind) -> anyhow::Result<Run> {
+pub(super) fn one_run(args: &SteeringArgs, round: u32, policy: SteeringKind) -> anyhow::Result<Run> {
     let dir = std::env::temp_dir().join(format!(
         "ginza-bench-steering-{}-{round}-{policy}",
         std::process::id()

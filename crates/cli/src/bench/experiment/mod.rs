@@ -1,0 +1,530 @@
+//! Experiments as files: `ginza bench run FILE…`, `ginza bench list`,
+//! `ginza bench all` (docs/experiments.md). One sweep engine: a file names
+//! the applications, the system under test and its baselines, and the load;
+//! the engine runs every (round, load, system) point with the systems
+//! interleaved within each round, behind a progress bar, and writes CSV,
+//! JSON and one PNG per plotted metric under `results/<experiment>/`.
+
+pub mod row;
+pub mod runners;
+pub mod spec;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ginza_sim::plot::{line_chart, Chart, Series};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use row::Row;
+use runners::{Runner, Settings};
+use spec::{Generator, Loaded, SystemKind};
+
+/// Arguments of `ginza bench run`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Experiment files (`bench/experiments/*.toml`).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Arguments of `ginza bench all`.
+#[derive(clap::Args, Debug)]
+pub struct AllArgs {
+    /// Where the experiment files are [default: bench/experiments].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Arguments of `ginza bench list`.
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {
+    /// Where the experiment files are [default: bench/experiments].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct CommonArgs {
+    /// A tiny version: two load points, one round, a few ms per point
+    /// (the tests run every file this way; the figures mean nothing).
+    #[arg(long)]
+    tiny: bool,
+    /// Output root: each experiment writes under `<out>/<name>/`.
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// Print one JSON object per experiment on stdout (tables go to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The experiments folder: `bench/experiments` here, else the one of the
+/// source tree this binary was built from.
+fn default_dir() -> PathBuf {
+    let here = PathBuf::from("bench/experiments");
+    if here.is_dir() {
+        return here;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/experiments")
+}
+
+/// The `*.toml` files of `dir`, sorted.
+fn files_in(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// A file with a runner chosen for each of its systems.
+pub struct Plan {
+    pub loaded: Loaded,
+    /// The system under test first, then the baselines.
+    pub systems: Vec<(spec::System, Runner)>,
+    pub settings: Settings,
+    /// The load points.
+    pub offered: Vec<f64>,
+    pub rounds: u64,
+}
+
+impl Plan {
+    /// Checks `loaded` and picks runners; `tiny` shrinks the run.
+    pub fn new(loaded: Loaded, tiny: bool) -> anyhow::Result<Plan> {
+        let spec = &loaded.spec;
+        let mut systems = Vec::new();
+        let mut labels = Vec::new();
+        for sys in std::iter::once(&spec.system).chain(&spec.baselines) {
+            if labels.contains(&sys.label()) {
+                return Err(loaded.error_at(
+                    sys.label.span().start,
+                    "label",
+                    &format!("two systems are labelled {:?}", sys.label()),
+                ));
+            }
+            labels.push(sys.label());
+            systems.push((sys.clone(), runners::choose(&loaded, sys)?));
+        }
+        let load = &spec.load;
+        let mut offered: Vec<f64> = load.offered.iter().map(|p| p.0).collect();
+        if offered.is_empty() && load.steps.is_empty() {
+            return Err(loaded.error_at(
+                loaded.text.find("[load]").unwrap_or(0),
+                "offered",
+                "[load] needs offered = [...] (or steps)",
+            ));
+        }
+        let default_duration = match load.generator {
+            Generator::Simulated | Generator::InProcess => Duration::from_millis(100),
+            _ => Duration::from_millis(300),
+        };
+        let mut settings = Settings {
+            duration: load.duration.map_or(default_duration, |d| d.0),
+            warmup: load.warmup.map_or(Duration::ZERO, |d| d.0),
+            requests: load.requests.map_or(100_000, |r| r.0),
+            seed: load.seed,
+            tiny,
+        };
+        let mut rounds = spec.experiment.rounds.0;
+        if tiny {
+            offered.truncate(2);
+            rounds = 1;
+            settings.duration = settings.duration.min(Duration::from_millis(20));
+            settings.warmup = settings.warmup.min(Duration::from_millis(5));
+            settings.requests = settings.requests.min(2_000);
+        }
+        Ok(Plan {
+            loaded,
+            systems,
+            settings,
+            offered,
+            rounds,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.loaded.spec.experiment.name.0
+    }
+
+    /// Systems that can run here.
+    fn runnable(&self) -> impl Iterator<Item = &(spec::System, Runner)> {
+        self.systems.iter().filter(|(_, r)| r.available())
+    }
+
+    /// Roughly how long the run takes (a guide for `bench list` and `bench
+    /// all`, not a promise).
+    pub fn estimate(&self) -> Duration {
+        let s = &self.settings;
+        let per_point = |r: &Runner| -> Duration {
+            match r {
+                Runner::Unavailable(_) => Duration::ZERO,
+                Runner::SpinBatch { .. } => s.warmup + s.duration + Duration::from_millis(400),
+                Runner::Steering { .. } => s.duration + Duration::from_millis(200),
+                Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
+                Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
+                Runner::SimSteering { .. } => Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0),
+                Runner::SimAllocator { .. } | Runner::SimSlowBound => {
+                    Duration::from_millis(if s.tiny { 200 } else { 1500 })
+                }
+            }
+        };
+        let one_round: Duration = self
+            .systems
+            .iter()
+            .map(|(_, r)| per_point(r) * self.offered.len() as u32)
+            .sum();
+        one_round * self.rounds as u32
+    }
+
+    /// `runnable`, `partly runnable` or `not available yet`.
+    pub fn status(&self) -> &'static str {
+        let n = self.runnable().count();
+        if n == self.systems.len() {
+            "runnable"
+        } else if n > 0 {
+            "partly runnable"
+        } else {
+            "not available yet"
+        }
+    }
+}
+
+/// A system left out, and why.
+#[derive(Serialize)]
+struct Unavailable {
+    system: String,
+    reason: String,
+}
+
+/// The JSON written beside the CSV (and printed with `--json`).
+#[derive(Serialize)]
+struct Report<'a> {
+    experiment: &'a str,
+    reproduces: &'a str,
+    description: &'a str,
+    file: String,
+    tiny: bool,
+    /// Figures of a debug build are not the system's real cost.
+    debug_build: bool,
+    rounds: u64,
+    offered: &'a [f64],
+    unit: &'static str,
+    systems: Vec<&'a str>,
+    unavailable: Vec<Unavailable>,
+    elapsed_s: f64,
+    columns: &'static [&'static str],
+    /// Every point of every round.
+    rows: &'a [Row],
+    /// Per system and load: the median over rounds.
+    medians: &'a [Row],
+    csv: String,
+    png: Vec<String>,
+}
+
+/// What one experiment produced.
+pub struct Outcome {
+    pub medians: Vec<Row>,
+    pub dir: PathBuf,
+    pub json: serde_json::Value,
+}
+
+/// Runs a plan's points and writes its outputs under `out/<name>/`.
+pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
+    let spec = &plan.loaded.spec;
+    let unavailable: Vec<Unavailable> = plan
+        .systems
+        .iter()
+        .filter_map(|(s, r)| match r {
+            Runner::Unavailable(why) => Some(Unavailable {
+                system: s.label().to_string(),
+                reason: why.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    if plan.runnable().next().is_none() {
+        let why: Vec<String> = unavailable
+            .iter()
+            .map(|u| format!("  {}: {}", u.system, u.reason))
+            .collect();
+        anyhow::bail!(
+            "{}: nothing in this experiment can run on this branch yet:\n{}",
+            plan.loaded.path.display(),
+            why.join("\n")
+        );
+    }
+    for u in &unavailable {
+        eprintln!("{}: skipping {}: {}", plan.name(), u.system, u.reason);
+    }
+    let dir = out.join(plan.name());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let unit = spec.load.unit.name();
+    let runnable: Vec<&(spec::System, Runner)> = plan.runnable().collect();
+    let total = plan.rounds * plan.offered.len() as u64 * runnable.len() as u64;
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>32} [{bar:30}] {pos}/{len} {elapsed}<{eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = Instant::now();
+    let mut ctx = runners::Context::default();
+    let mut rows = Vec::new();
+    // Rounds outermost, systems innermost: Ginza, peer, Ginza, peer …
+    for round in 0..plan.rounds {
+        for (i, &x) in plan.offered.iter().enumerate() {
+            for (sys, runner) in &runnable {
+                pb.set_message(format!("{} @ {x}", sys.label()));
+                let mut row = Row {
+                    experiment: plan.name().to_string(),
+                    system: sys.label().to_string(),
+                    kind: match sys.kind {
+                        SystemKind::Ginza => "ginza",
+                        SystemKind::Linux => "linux",
+                        SystemKind::Simulator => "simulator",
+                    },
+                    round,
+                    offered: x,
+                    unit,
+                    ..Row::default()
+                };
+                let r = runners::run_point(
+                    &mut ctx,
+                    &plan.loaded,
+                    runner,
+                    &plan.settings,
+                    x,
+                    i,
+                    round,
+                    &mut row,
+                );
+                if let Err(e) = r {
+                    pb.abandon();
+                    return Err(e.context(format!(
+                        "{}: system {}, round {round}, offered {x} {unit}",
+                        plan.name(),
+                        sys.label()
+                    )));
+                }
+                rows.push(row);
+                pb.inc(1);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    let elapsed = started.elapsed();
+
+    let mut medians = Vec::new();
+    for (sys, _) in &runnable {
+        for &x in &plan.offered {
+            let same: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.system == sys.label() && r.offered == x)
+                .collect();
+            if let Some(m) = Row::median_of(&same) {
+                medians.push(m);
+            }
+        }
+    }
+
+    let csv = dir.join(format!("{}.csv", plan.name()));
+    write_csv(&csv, &rows)?;
+    let mut pngs = Vec::new();
+    for metric in &spec.plot.y {
+        let series: Vec<Series> = runnable
+            .iter()
+            .map(|(sys, _)| Series {
+                name: if sys.kind == SystemKind::Simulator {
+                    format!("{} (simulated)", sys.label())
+                } else {
+                    sys.label().to_string()
+                },
+                points: medians
+                    .iter()
+                    .filter(|r| r.system == sys.label())
+                    .filter_map(|r| r.metric(&metric.0).map(|v| (r.offered, v)))
+                    .collect(),
+            })
+            .collect();
+        if series.iter().all(|s| s.points.is_empty()) {
+            continue;
+        }
+        let png = dir.join(format!("{}-{}.png", plan.name(), metric.0));
+        let title = format!("{} — {} [cf. {}]", plan.name(), metric.0, spec.experiment.reproduces);
+        line_chart(
+            &png,
+            &Chart {
+                title: &title,
+                x_label: &format!("offered load ({unit})"),
+                y_label: &metric.0,
+                series: &series,
+                log_y: spec.plot.log_y,
+                y_max: spec.plot.y_max,
+                legend_lower_right: false,
+            },
+        )?;
+        pngs.push(png.display().to_string());
+    }
+    let report = Report {
+        experiment: plan.name(),
+        reproduces: &spec.experiment.reproduces,
+        description: &spec.experiment.description,
+        file: plan.loaded.path.display().to_string(),
+        tiny: plan.settings.tiny,
+        debug_build: cfg!(debug_assertions),
+        rounds: plan.rounds,
+        offered: &plan.offered,
+        unit,
+        systems: runnable.iter().map(|(s, _)| s.label()).collect(),
+        unavailable,
+        elapsed_s: elapsed.as_secs_f64(),
+        columns: &row::COLUMNS,
+        rows: &rows,
+        medians: &medians,
+        csv: csv.display().to_string(),
+        png: pngs,
+    };
+    let json = serde_json::to_value(&report)?;
+    let json_path = dir.join(format!("{}.json", plan.name()));
+    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    Ok(Outcome {
+        medians,
+        dir,
+        json,
+    })
+}
+
+fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
+    let mut s = row::COLUMNS.join(",");
+    s.push('\n');
+    for r in rows {
+        s.push_str(&r.cells().join(","));
+        s.push('\n');
+    }
+    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The medians as a table.
+fn render(plan: &Plan, o: &Outcome) -> String {
+    let spec = &plan.loaded.spec;
+    let mut t = format!(
+        "## {} — reproduces {}\n{:<24} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}  note\n",
+        plan.name(),
+        spec.experiment.reproduces,
+        "system",
+        "offered",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "batch ops/s",
+        "cores"
+    );
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
+    for r in &o.medians {
+        t.push_str(&format!(
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}  {}\n",
+            r.system,
+            r.offered,
+            f(r.p50_us),
+            f(r.p99_us),
+            f(r.p999_us),
+            f(r.batch_ops_per_s),
+            f(r.lc_cores),
+            r.note
+        ));
+    }
+    t.push_str(&format!("wrote {}\n", o.dir.display()));
+    t
+}
+
+fn run_files(files: &[PathBuf], common: &CommonArgs, keep_going: bool) -> anyhow::Result<()> {
+    // Every file is checked before anything runs: a typo in the last one
+    // should not wait for the first one's sweep.
+    let mut plans = Vec::new();
+    for f in files {
+        plans.push(Plan::new(spec::load(f)?, common.tiny)?);
+    }
+    let mut failed = Vec::new();
+    for plan in &plans {
+        match execute(plan, &common.out) {
+            Ok(o) => {
+                let table = render(plan, &o);
+                if common.json {
+                    eprint!("{table}");
+                    println!("{}", serde_json::to_string(&o.json)?);
+                } else {
+                    print!("{table}");
+                }
+            }
+            Err(e) if keep_going => {
+                eprintln!("{}: {e:#}", plan.name());
+                failed.push(plan.name().to_string());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    anyhow::ensure!(failed.is_empty(), "experiments that failed: {}", failed.join(", "));
+    Ok(())
+}
+
+/// `ginza bench run FILE…`.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    run_files(&args.files, &args.common, false)
+}
+
+/// `ginza bench list`.
+pub fn list(args: ListArgs) -> anyhow::Result<()> {
+    let dir = args.dir.unwrap_or_else(default_dir);
+    println!(
+        "{:<28} {:<18} {:>9} {:<4} reproduces",
+        "name", "status", "≈ time", "all"
+    );
+    for f in files_in(&dir)? {
+        let plan = Plan::new(spec::load(&f)?, false)?;
+        let spec = &plan.loaded.spec;
+        println!(
+            "{:<28} {:<18} {:>8.0}s {:<4} {}",
+            plan.name(),
+            plan.status(),
+            plan.estimate().as_secs_f64(),
+            if spec.experiment.in_all { "yes" } else { "no" },
+            spec.experiment.reproduces
+        );
+    }
+    Ok(())
+}
+
+/// `ginza bench all`: the experiments marked `in_all` that can run here.
+pub fn all(args: AllArgs) -> anyhow::Result<()> {
+    let dir = args.dir.clone().unwrap_or_else(default_dir);
+    let mut chosen = Vec::new();
+    let mut total = Duration::ZERO;
+    for f in files_in(&dir)? {
+        let plan = Plan::new(spec::load(&f)?, args.common.tiny)?;
+        if !plan.loaded.spec.experiment.in_all {
+            continue;
+        }
+        if plan.runnable().next().is_none() {
+            eprintln!("skipping {}: not available on this branch yet", plan.name());
+            continue;
+        }
+        total += plan.estimate();
+        chosen.push(f);
+    }
+    eprintln!(
+        "ginza bench all: {} experiment(s), about {:.0} min",
+        chosen.len(),
+        total.as_secs_f64() / 60.0
+    );
+    let started = Instant::now();
+    let r = run_files(&chosen, &args.common, true);
+    eprintln!("ginza bench all took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    r
+}

@@ -1,0 +1,166 @@
+//! One measured (or simulated) point: the CSV's row. The columns are
+//! stable (a test pins them): add new ones at the end.
+
+use serde::Serialize;
+
+/// The CSV's header, in order.
+pub const COLUMNS: [&str; 22] = [
+    "experiment",
+    "system",
+    "kind",
+    "round",
+    "offered",
+    "unit",
+    "achieved",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "p99_class0_us",
+    "p99_class1_us",
+    "batch_ops_per_s",
+    "lc_cores",
+    "batch_cores",
+    "efficiency",
+    "reallocations_per_s",
+    "flows_moved",
+    "reordered_pct",
+    "sent",
+    "answered",
+    "note",
+];
+
+/// The numeric columns a plot may put on its y axis.
+pub const METRICS: [&str; 15] = [
+    "achieved",
+    "p50_us",
+    "p99_us",
+    "p999_us",
+    "p99_class0_us",
+    "p99_class1_us",
+    "batch_ops_per_s",
+    "lc_cores",
+    "batch_cores",
+    "efficiency",
+    "reallocations_per_s",
+    "flows_moved",
+    "reordered_pct",
+    "sent",
+    "answered",
+];
+
+/// A row; `None` is an empty cell (the runner has no such figure).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Row {
+    pub experiment: String,
+    pub system: String,
+    /// `ginza`, `linux` or `simulator` (a simulated row is a model's
+    /// prediction, never a measurement).
+    pub kind: &'static str,
+    pub round: u64,
+    pub offered: f64,
+    pub unit: &'static str,
+    /// Achieved load, in the unit of `offered` where the runner can tell.
+    pub achieved: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    pub p99_class0_us: Option<f64>,
+    pub p99_class1_us: Option<f64>,
+    pub batch_ops_per_s: Option<f64>,
+    pub lc_cores: Option<f64>,
+    pub batch_cores: Option<f64>,
+    pub efficiency: Option<f64>,
+    pub reallocations_per_s: Option<f64>,
+    pub flows_moved: Option<f64>,
+    pub reordered_pct: Option<f64>,
+    pub sent: Option<f64>,
+    pub answered: Option<f64>,
+    pub note: String,
+}
+
+impl Row {
+    /// The value of metric column `name`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        match name {
+            "achieved" => self.achieved,
+            "p50_us" => self.p50_us,
+            "p99_us" => self.p99_us,
+            "p999_us" => self.p999_us,
+            "p99_class0_us" => self.p99_class0_us,
+            "p99_class1_us" => self.p99_class1_us,
+            "batch_ops_per_s" => self.batch_ops_per_s,
+            "lc_cores" => self.lc_cores,
+            "batch_cores" => self.batch_cores,
+            "efficiency" => self.efficiency,
+            "reallocations_per_s" => self.reallocations_per_s,
+            "flows_moved" => self.flows_moved,
+            "reordered_pct" => self.reordered_pct,
+            "sent" => self.sent,
+            "answered" => self.answered,
+            _ => None,
+        }
+    }
+
+    fn set_metric(&mut self, name: &str, v: Option<f64>) {
+        let slot = match name {
+            "achieved" => &mut self.achieved,
+            "p50_us" => &mut self.p50_us,
+            "p99_us" => &mut self.p99_us,
+            "p999_us" => &mut self.p999_us,
+            "p99_class0_us" => &mut self.p99_class0_us,
+            "p99_class1_us" => &mut self.p99_class1_us,
+            "batch_ops_per_s" => &mut self.batch_ops_per_s,
+            "lc_cores" => &mut self.lc_cores,
+            "batch_cores" => &mut self.batch_cores,
+            "efficiency" => &mut self.efficiency,
+            "reallocations_per_s" => &mut self.reallocations_per_s,
+            "flows_moved" => &mut self.flows_moved,
+            "reordered_pct" => &mut self.reordered_pct,
+            "sent" => &mut self.sent,
+            "answered" => &mut self.answered,
+            _ => return,
+        };
+        *slot = v;
+    }
+
+    /// The row's cells, in [`COLUMNS`] order.
+    pub fn cells(&self) -> Vec<String> {
+        let num = |v: Option<f64>| v.map_or(String::new(), |x| format!("{:.4}", x));
+        let mut out = vec![
+            self.experiment.clone(),
+            self.system.clone(),
+            self.kind.to_string(),
+            self.round.to_string(),
+            format!("{}", self.offered),
+            self.unit.to_string(),
+        ];
+        for m in METRICS {
+            out.push(num(self.metric(m)));
+        }
+        // The note may hold commas: quote it.
+        out.push(format!("\"{}\"", self.note.replace('"', "'")));
+        out
+    }
+
+    /// The median over rounds of each metric of `rows` (same system and
+    /// offered load), round 0, notes joined.
+    pub fn median_of(rows: &[&Row]) -> Option<Row> {
+        let first = rows.first()?;
+        let mut out = Row {
+            round: 0,
+            note: String::new(),
+            ..(*first).clone()
+        };
+        for m in METRICS {
+            let vals: Vec<f64> = rows.iter().filter_map(|r| r.metric(m)).collect();
+            out.set_metric(m, crate::bench::common::median(&vals));
+        }
+        let notes: Vec<&str> = rows
+            .iter()
+            .map(|r| r.note.as_str())
+            .filter(|n| !n.is_empty())
+            .collect();
+        out.note = notes.join("; ");
+        Some(out)
+    }
+}

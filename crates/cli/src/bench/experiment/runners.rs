@@ -1,0 +1,634 @@
+//! How one point of an experiment runs, per kind of system: each runner is
+//! a thin adapter over code that already exists (the simulator's models,
+//! `ginza demo`'s point, `bench steering`'s run, Shinjuku mode), so every
+//! benchmark shares this one sweep engine (docs/experiments.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ginza_apps::scan_server::{self, Request, Store};
+use ginza_iokernel::nic::ServiceTime;
+use ginza_policy::steer::SteeringKind;
+use ginza_runtime::shinjuku::{self, Arrival, Preemption, Source};
+use ginza_sim::allocsim::{AllocPolicy, AllocSim};
+use ginza_sim::dist::{Arrivals, LoadStep, Service};
+use ginza_sim::reqsim::{Place, ReqSim, Sched};
+use ginza_sim::steering::SteeringSpec;
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng as _};
+
+use super::row::Row;
+use super::spec::{
+    Allocator, Generator, LoadUnit, Loaded, Mode, Placement, Program, SchedPolicy, Scheduling,
+    ServiceDist, Steering, System, SystemKind,
+};
+use crate::bench::common::percentile;
+use crate::bench::preempt::{makespan_ns, Cores};
+use crate::demo;
+
+/// What runs the points of one system.
+#[derive(Clone, Debug)]
+pub enum Runner {
+    /// Shenango §2's bound for a 1 ms allocator: fewest cores meeting a
+    /// p99.9 of 100 µs (simulated).
+    SimSlowBound,
+    /// The 5 µs allocator, simulated, with a grant latency in µs.
+    SimAllocator { grant_us: f64 },
+    /// Request scheduling, simulated (Shinjuku's figures).
+    SimRequests { sched: Sched, cores: usize },
+    /// Steering under the 5 µs allocator, simulated (Calisto's figures).
+    SimSteering {
+        kind: SteeringKind,
+        warm: bool,
+        cores: usize,
+    },
+    /// iokerneld + spin-server + batch on this machine (`ginza demo`'s point).
+    SpinBatch { allocator: Allocator },
+    /// scan-server's store in Shinjuku mode, in process, one worker.
+    ScanShinjuku {
+        policy: SchedPolicy,
+        quantum: Duration,
+        placement: Placement,
+    },
+    /// iokerneld's steering harness (`ginza bench steering`'s run).
+    Steering { kind: SteeringKind },
+    /// Not available on this branch yet: why.
+    Unavailable(String),
+}
+
+impl Runner {
+    pub fn available(&self) -> bool {
+        !matches!(self, Runner::Unavailable(_))
+    }
+}
+
+/// The resolved knobs of a run (tiny mode shrinks them).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub requests: u64,
+    pub seed: u64,
+    pub tiny: bool,
+}
+
+/// State shared by the points of one run (made on first use).
+#[derive(Default)]
+pub struct Context {
+    demo: Option<demo::Setup>,
+    scan_store: Option<Arc<Store>>,
+}
+
+fn steering_kind(s: Steering) -> SteeringKind {
+    match s {
+        Steering::RssMod => SteeringKind::RssMod,
+        Steering::FlowAffinity => SteeringKind::FlowAffinity,
+        Steering::Indirection => SteeringKind::Indirection,
+    }
+}
+
+/// The simulator's service distribution (µs).
+pub fn sim_service(d: &ServiceDist) -> Service {
+    let us = |d: &super::spec::Dur| d.0.as_secs_f64() * 1e6;
+    match d {
+        ServiceDist::Exponential { mean } => Service::Exp { mean: us(mean) },
+        ServiceDist::Constant { value } => Service::Constant(us(value)),
+        ServiceDist::Bimodal { p, short, long } => {
+            Service::Modes(vec![(p.0, us(short)), (1.0 - p.0, us(long))])
+        }
+        ServiceDist::Lognormal { mean, sd } => Service::LogNormal {
+            mean: us(mean),
+            sd: us(sd),
+        },
+    }
+}
+
+/// iokerneld's generator's service distribution, if it has one.
+fn generator_service(d: &ServiceDist) -> Option<ServiceTime> {
+    let ns = |d: &super::spec::Dur| d.0.as_nanos().min(u64::MAX as u128) as u64;
+    Some(match d {
+        ServiceDist::Exponential { mean } => ServiceTime::Exponential {
+            mean_ns: ns(mean) as f64,
+        },
+        ServiceDist::Constant { value } => ServiceTime::Constant { ns: ns(value) },
+        ServiceDist::Bimodal { p, short, long } => ServiceTime::Bimodal {
+            p: p.0,
+            a_ns: ns(short),
+            b_ns: ns(long),
+        },
+        ServiceDist::Lognormal { .. } => return None,
+    })
+}
+
+/// Picks the runner of `sys` in experiment `l`; an error names the line
+/// and key of a file that asks for something that cannot be.
+pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
+    let spec = &l.spec;
+    let at = sys.label.span().start;
+    let err = |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    let lc = spec.apps.first();
+    let program = lc.map(|a| a.program);
+    let load = &spec.load;
+    if !load.steps.is_empty() {
+        return Ok(Runner::Unavailable(
+            "load steps (latency and cores over time) are not available yet: iokerneld's \
+             generator runs one Poisson rate per run; sample cores while stepping it \
+             (docs/experiments.md, \"What is missing\")"
+                .into(),
+        ));
+    }
+    let shinjuku = lc.and_then(|a| match &a.scheduling {
+        Scheduling::Shinjuku { policy, quantum } => Some((*policy, quantum.0)),
+        Scheduling::RunToCompletion => None,
+    });
+    let policy = sys.policy.or(shinjuku.map(|s| s.0));
+    let quantum = sys.quantum.map(|q| q.0).or(shinjuku.map(|s| s.1));
+    match sys.kind {
+        SystemKind::Simulator => {
+            if load.generator != Generator::Simulated {
+                return Err(err("kind", "a simulator system needs [load] generator = \"simulated\""));
+            }
+            if let Some(st) = sys.steering {
+                if load.unit != LoadUnit::Rps {
+                    return Err(err("steering", "the steering model takes offered loads in unit = \"rps\""));
+                }
+                return Ok(Runner::SimSteering {
+                    kind: steering_kind(st),
+                    warm: sys.warm_table,
+                    cores: sys.cores.map_or(10, |c| c.0 as usize),
+                });
+            }
+            if let Some(p) = policy {
+                let Some(svc) = &load.service else {
+                    return Err(err("policy", "a scheduling model needs [load] service"));
+                };
+                if load.unit != LoadUnit::Capacity {
+                    return Err(err("policy", "the scheduling model takes offered loads in unit = \"capacity\""));
+                }
+                let q = quantum.map_or(5.0, |q| q.as_secs_f64() * 1e6);
+                let place = match sys.placement {
+                    Some(Placement::Head) => Place::Head,
+                    _ => Place::Tail,
+                };
+                let modes: Vec<f64> = match sim_service(svc) {
+                    Service::Modes(m) => m.iter().map(|&(_, v)| v).collect(),
+                    other => vec![other.mean()],
+                };
+                let sched = match p {
+                    SchedPolicy::DFcfs => Sched::DFcfs { conns: None },
+                    SchedPolicy::CFcfs => Sched::CFcfs,
+                    SchedPolicy::Ps => Sched::Ps,
+                    SchedPolicy::CPreSq => Sched::CPreSq {
+                        quantum_us: q,
+                        place,
+                    },
+                    SchedPolicy::CPreMq => Sched::CPreMq {
+                        quantum_us: q,
+                        slo_us: modes.iter().map(|v| 10.0 * v).collect(),
+                        place,
+                    },
+                };
+                return Ok(Runner::SimRequests {
+                    sched,
+                    cores: sys.cores.map_or(16, |c| c.0 as usize),
+                });
+            }
+            if load.unit != LoadUnit::Cores {
+                return Err(err("allocator", "the allocator model takes offered loads in unit = \"cores\""));
+            }
+            match sys.allocator {
+                Some(Allocator::Slow) => Ok(Runner::SimSlowBound),
+                Some(Allocator::Shenango) => Ok(Runner::SimAllocator {
+                    grant_us: sys.grant_latency.map_or(0.0, |g| g.0.as_secs_f64() * 1e6),
+                }),
+                Some(Allocator::Static) => Err(err("allocator", "the simulator models the shenango and slow allocators")),
+                None => Err(err("kind", "a simulator system needs an allocator, a policy or a steering")),
+            }
+        }
+        SystemKind::Linux => Ok(Runner::Unavailable(match program {
+            Some(Program::KvServer) => "Linux memcached beside Ginza: `ginza bench memcached` \
+                 (kv-bench branch) is not merged yet; wire its Linux point here"
+                .into(),
+            Some(p) => format!(
+                "no Linux {p:?} peer in this harness yet (iokerneld's generator reaches \
+                 only applications on its software switch; a Linux peer needs loadgen over veth)"
+            ),
+            None => "a Linux system needs an [[app]]".into(),
+        })),
+        SystemKind::Ginza => {
+            if spec.apps.iter().any(|a| a.mode == Mode::Protected) {
+                return Ok(Runner::Unavailable(
+                    "protected mode (DLibOS, issue #15) is not available on this branch yet".into(),
+                ));
+            }
+            match program {
+                Some(Program::SpinServer) if policy.is_none() => {
+                    if load.generator != Generator::Builtin {
+                        return Ok(Runner::Unavailable(
+                            "spin-server with batch is driven by iokerneld's generator \
+                             (generator = \"builtin\"); loadgen over veth is not wired yet"
+                                .into(),
+                        ));
+                    }
+                    if sys.steering.is_some() {
+                        return Ok(Runner::Steering {
+                            kind: steering_kind(sys.steering.unwrap_or(Steering::RssMod)),
+                        });
+                    }
+                    let Some(allocator) = sys.allocator else {
+                        return Err(err("allocator", "a Ginza spin-server system needs an allocator"));
+                    };
+                    match &load.service {
+                        Some(s) if generator_service(s).is_some() => {}
+                        _ => {
+                            return Err(l.error_at(
+                                at,
+                                "service",
+                                "spin-server under iokerneld's generator needs [load] service \
+                                 = exponential, constant or bimodal",
+                            ))
+                        }
+                    }
+                    if load.unit != LoadUnit::Capacity {
+                        return Err(err("unit", "spin-server points take unit = \"capacity\""));
+                    }
+                    Ok(Runner::SpinBatch { allocator })
+                }
+                Some(Program::Echo) => match sys.steering {
+                    Some(st) => {
+                        if load.unit != LoadUnit::Rps {
+                            return Err(err("steering", "the steering harness takes unit = \"rps\""));
+                        }
+                        Ok(Runner::Steering {
+                            kind: steering_kind(st),
+                        })
+                    }
+                    None => Ok(Runner::Unavailable(
+                        "echo without a steering policy: see `ginza bench forward`/`tcp`".into(),
+                    )),
+                },
+                Some(Program::ScanServer) => {
+                    let Some(policy) = policy else {
+                        return Ok(Runner::Unavailable(
+                            "scan-server run to completion under load: loadgen has no scan \
+                             protocol yet"
+                                .into(),
+                        ));
+                    };
+                    if load.generator != Generator::InProcess {
+                        return Ok(Runner::Unavailable(
+                            "scan-server in Shinjuku mode under iokerneld (issue #16) is not \
+                             available on this branch; use generator = \"in-process\""
+                                .into(),
+                        ));
+                    }
+                    if load.mix.is_none() {
+                        return Err(err("mix", "scan-server needs [load.mix]"));
+                    }
+                    if load.unit != LoadUnit::Rps {
+                        return Err(err("unit", "scan-server points take unit = \"rps\""));
+                    }
+                    if matches!(policy, SchedPolicy::DFcfs | SchedPolicy::Ps) {
+                        return Err(err("policy", "Shinjuku mode runs c-FCFS, c-PRE-SQ or c-PRE-MQ"));
+                    }
+                    Ok(Runner::ScanShinjuku {
+                        policy,
+                        quantum: quantum.unwrap_or(Duration::from_micros(5)),
+                        placement: sys.placement.unwrap_or(Placement::Tail),
+                    })
+                }
+                Some(Program::KvServer) => Ok(Runner::Unavailable(
+                    "kv-server with batch under iokerneld: `ginza bench memcached` (kv-bench \
+                     branch) is not merged yet; wire its Ginza point here"
+                        .into(),
+                )),
+                Some(Program::HttpServer) => Ok(Runner::Unavailable(
+                    "http-server under load: loadgen's http protocol over veth is not wired \
+                     into experiments yet"
+                        .into(),
+                )),
+                Some(Program::SpinServer) => Ok(Runner::Unavailable(
+                    "spin-server in Shinjuku mode under iokerneld (issue #16) is not available \
+                     on this branch; `ginza bench shinjuku` measures it in process"
+                        .into(),
+                )),
+                Some(Program::Batch) | None => {
+                    Err(err("kind", "a Ginza system needs a latency-critical [[app]] first"))
+                }
+            }
+        }
+    }
+}
+
+/// Runs one point of `runner` at offered load `x` into `row`.
+pub fn run_point(
+    ctx: &mut Context,
+    l: &Loaded,
+    runner: &Runner,
+    settings: &Settings,
+    x: f64,
+    load_index: usize,
+    round: u64,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    let spec = &l.spec;
+    let seed = settings.seed.wrapping_add(round.wrapping_mul(0x9e37_79b9));
+    match runner {
+        Runner::Unavailable(why) => anyhow::bail!("{why}"),
+        Runner::SimSlowBound => {
+            let (n, p999) = ginza_sim::figs::slow_bound_cores(x, seed, settings.tiny);
+            row.lc_cores = Some(n as f64);
+            row.efficiency = Some(x / n as f64);
+            row.p999_us = Some(p999);
+        }
+        Runner::SimAllocator { grant_us } => {
+            let r = ginza_sim::figs::shenango_point(x, *grant_us, seed, settings.tiny);
+            row.lc_cores = Some(r.mean_cores);
+            row.efficiency = Some(r.efficiency);
+            row.p50_us = Some(r.stats.latency_pct_us(50.0));
+            row.p99_us = Some(r.stats.latency_pct_us(99.0));
+            row.p999_us = Some(r.stats.latency_pct_us(99.9));
+            row.answered = Some(r.stats.n as f64);
+        }
+        Runner::SimRequests { sched, cores } => {
+            let svc = sim_service(spec.load.service.as_ref().context("[load] service")?);
+            let s = ReqSim::new(*cores, sched.clone(), svc.clone(), x, settings.requests, seed).run();
+            row.p50_us = Some(s.latency_pct_us(50.0));
+            row.p99_us = Some(s.latency_pct_us(99.0));
+            row.p999_us = Some(s.latency_pct_us(99.9));
+            if svc.classes() > 1 {
+                row.p99_class0_us = Some(s.class_pct_us(0, 99.0));
+                row.p99_class1_us = Some(s.class_pct_us(1, 99.0));
+            }
+            row.answered = Some(s.n as f64);
+        }
+        Runner::SimSteering { kind, warm, cores } => {
+            let flows = spec.load.flows.0;
+            let mean_us = spec
+                .load
+                .service
+                .as_ref()
+                .map_or(10.0, |s| s.mean_us());
+            let r = AllocSim {
+                cores: *cores,
+                policy: AllocPolicy::Shenango { interval_us: 5.0 },
+                service: Service::Exp { mean: mean_us },
+                load: vec![LoadStep {
+                    duration_us: f64::INFINITY,
+                    rate_per_us: x / 1e6,
+                }],
+                kthreads: *cores,
+                guaranteed: 0,
+                batch: false,
+                hyperthreads: false,
+                grant_latency_us: 1.0,
+                preempt_latency_us: 1.0,
+                park_spin_us: 2.0,
+                duration_us: settings.duration.as_secs_f64() * 1e6,
+                warmup_us: 0.0,
+                seed,
+                steering: SteeringSpec {
+                    flows,
+                    flow_table_capacity: (flows as usize).next_power_of_two().max(1024),
+                    ..SteeringSpec::of(*kind)
+                },
+                table_insert_us: 0.5,
+                migration_us: 1.0,
+                warm_table: *warm,
+            }
+            .run();
+            row.p50_us = Some(r.stats.latency_pct_us(50.0));
+            row.p99_us = Some(r.stats.latency_pct_us(99.0));
+            row.p999_us = Some(r.stats.latency_pct_us(99.9));
+            row.lc_cores = Some(r.mean_cores);
+            row.flows_moved = Some(r.steering.flows_moved as f64);
+            row.answered = Some(r.stats.n as f64);
+        }
+        Runner::SpinBatch { allocator } => {
+            if ctx.demo.is_none() {
+                ctx.demo = Some(demo::Setup::new(
+                    None,
+                    None,
+                    settings.warmup,
+                    settings.duration,
+                    settings.seed,
+                )?);
+            }
+            let setup = ctx.demo.as_ref().context("the demo's setup")?;
+            let dist = spec
+                .load
+                .service
+                .as_ref()
+                .and_then(generator_service)
+                .context("[load] service")?;
+            let policy = match allocator {
+                Allocator::Shenango => demo::Policy::Shenango,
+                Allocator::Static => demo::Policy::Static,
+                Allocator::Slow => demo::Policy::Slow,
+            };
+            let r = demo::run_point(
+                setup,
+                demo::Workload {
+                    name: "experiment",
+                    dist,
+                },
+                policy,
+                x,
+                load_index,
+            )?;
+            row.achieved = Some(r.achieved_load);
+            row.p50_us = Some(r.p50_us);
+            row.p99_us = Some(r.p99_us);
+            row.p999_us = Some(r.p999_us);
+            row.batch_ops_per_s = Some(r.batch_mpaths_per_s * 1e6);
+            row.lc_cores = Some(r.lc_cores);
+            row.batch_cores = Some(r.batch_cores);
+            row.reallocations_per_s = Some(r.reallocations_per_s);
+            row.sent = Some(r.lc_requests_sent as f64);
+            row.answered = Some(r.lc_requests_answered as f64);
+            row.note = r.note;
+        }
+        Runner::ScanShinjuku {
+            policy,
+            quantum,
+            placement,
+        } => scan_point(ctx, l, *policy, *quantum, *placement, settings, x, seed, row)?,
+        Runner::Steering { kind } => steering_point(l, *kind, settings, x, round, row)?,
+    }
+    Ok(())
+}
+
+/// A request of the scan mix drawn in advance.
+struct Planned {
+    at_ns: u64,
+    request: Request,
+}
+
+/// When the first request arrives, ns after the start of `serve`.
+const START_NS: u64 = 1_000_000;
+
+struct Replay<'a> {
+    plan: &'a [Planned],
+    next: usize,
+    policy: ginza_runtime::shinjuku::SchedPolicy,
+}
+
+impl Source<Request> for Replay<'_> {
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<Request>> {
+        let p = self.plan.get(self.next)?;
+        if p.at_ns > now_ns {
+            return None;
+        }
+        self.next += 1;
+        Some(Arrival {
+            class: scan_server::class_under(&self.policy, &p.request),
+            at_ns: p.at_ns,
+            payload: p.request,
+        })
+    }
+    fn is_done(&self) -> bool {
+        self.next >= self.plan.len()
+    }
+}
+
+/// scan-server's store served in Shinjuku mode by one worker, requests
+/// replayed from a plan drawn in advance (the GET/SCAN mix at `rps`,
+/// Poisson); latency from each request's planned arrival.
+#[allow(clippy::too_many_arguments)]
+fn scan_point(
+    ctx: &mut Context,
+    l: &Loaded,
+    policy: SchedPolicy,
+    quantum: Duration,
+    placement: Placement,
+    settings: &Settings,
+    rps: f64,
+    seed: u64,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    let mix = l.spec.load.mix.as_ref().context("[load.mix]")?;
+    let store_seed = l.spec.load.seed;
+    let store = ctx
+        .scan_store
+        .get_or_insert_with(|| Arc::new(Store::generate(store_seed, mix.keys.0)))
+        .clone();
+    let place = match placement {
+        Placement::Head => ginza_runtime::shinjuku::Placement::Head,
+        Placement::Tail => ginza_runtime::shinjuku::Placement::Tail,
+    };
+    let q = quantum.as_nanos().min(u64::MAX as u128) as u64;
+    let runtime_policy = match policy {
+        SchedPolicy::CFcfs => ginza_runtime::shinjuku::SchedPolicy::CFcfs,
+        SchedPolicy::CPreSq => ginza_runtime::shinjuku::SchedPolicy::CPreSq {
+            quantum: q,
+            placement: place,
+        },
+        SchedPolicy::CPreMq => scan_server::mq_policy(quantum, mix.get_slo.0, mix.scan_slo.0),
+        other => anyhow::bail!("{} is not a Shinjuku-mode policy", other.name()),
+    };
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut arrivals = Arrivals::poisson(rps / 1e6);
+    let n = settings.requests;
+    let warmup = (n / 10) as usize;
+    let total = n + warmup as u64;
+    let plan: Vec<Planned> = (0..total)
+        .map(|id| {
+            let at_ps = arrivals.next(&mut rng);
+            let key = scan_server::key_at(store_seed, rng.random_range(0..mix.keys.0));
+            let request = if rng.random_bool(mix.get.0) {
+                Request::get(id, key)
+            } else {
+                Request::scan(id, 0, mix.scan_keys.0.min(u32::MAX as u64) as u32)
+            };
+            Planned {
+                at_ns: START_NS + at_ps / 1000,
+                request,
+            }
+        })
+        .collect();
+    let cores = Cores::pick(&[])?;
+    let source = Replay {
+        plan: &plan,
+        next: 0,
+        policy: runtime_policy.clone(),
+    };
+    let report = shinjuku::serve(
+        cores.config(runtime_policy, Preemption::default()),
+        source,
+        move |r: Request| store.execute(&r).count,
+    )
+    .with_context(|| format!("serving the scan mix under {}", policy.name()))?;
+    anyhow::ensure!(
+        report.completions.len() == plan.len(),
+        "{} of {} requests completed",
+        report.completions.len(),
+        plan.len()
+    );
+    let (mut all, mut gets, mut scans) = (Vec::new(), Vec::new(), Vec::new());
+    for c in &report.completions {
+        let id = c.id as usize;
+        if id < warmup {
+            continue;
+        }
+        let lat = c.latency_ns();
+        all.push(lat);
+        match plan.get(id).map(|p| p.request.class()) {
+            Some(scan_server::CLASS_SCAN) => scans.push(lat),
+            _ => gets.push(lat),
+        }
+    }
+    for v in [&mut all, &mut gets, &mut scans] {
+        v.sort_unstable();
+    }
+    let us = |v: &[u64], q: f64| percentile(v, q).map(|ns| ns as f64 / 1e3);
+    row.p50_us = us(&all, 50.0);
+    row.p99_us = us(&all, 99.0);
+    row.p999_us = us(&all, 99.9);
+    row.p99_class0_us = us(&gets, 99.0);
+    row.p99_class1_us = us(&scans, 99.0);
+    row.achieved =
+        Some(report.completions.len() as f64 / makespan_ns(&report).max(1) as f64 * 1e9);
+    row.sent = Some(plan.len() as f64);
+    row.answered = Some(report.completions.len() as f64);
+    Ok(())
+}
+
+/// One run of `ginza bench steering`'s harness for one policy at `rps`.
+fn steering_point(
+    l: &Loaded,
+    kind: SteeringKind,
+    settings: &Settings,
+    rps: f64,
+    round: u64,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: crate::bench::steering::SteeringArgs,
+    }
+    let send_ms = (settings.duration.as_millis() as u64).max(10);
+    let phase_ms = (send_ms / 12).max(1);
+    let out = std::env::temp_dir().join(format!("ginza-experiment-steering-{}", std::process::id()));
+    let wrap = Wrap::try_parse_from([
+        "steering".to_string(),
+        format!("--flows={}", l.spec.load.flows.0.min(20_000)),
+        format!("--rate={rps}"),
+        format!("--send-ms={send_ms}"),
+        format!("--phase-ms={phase_ms}"),
+        format!("--out={}", out.display()),
+    ])
+    .map_err(|e| anyhow::anyhow!("the steering harness's settings: {e}"))?;
+    let run = crate::bench::steering::one_run(&wrap.args, round as u32, kind)?;
+    let v = serde_json::to_value(&run)?;
+    let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
+    row.p50_us = f("p50_us");
+    row.p99_us = f("p99_us");
+    row.reordered_pct = f("reordered_pct");
+    row.flows_moved = f("flows_moved_per_change");
+    row.sent = f("sent");
+    row.answered = f("replies");
+    Ok(())
+}
