@@ -791,7 +791,10 @@ pub(crate) fn run_point(
     let mut notes = Vec::new();
     if !setup.warmup.is_zero() {
         generator
-            .run(load_run(service.dist, rate, setup.warmup, seed ^ 1), STOP_WAIT)
+            .run(
+                load_run(service.dist, rate, setup.warmup, seed ^ 1),
+                STOP_WAIT,
+            )
             .map_err(|e| anyhow!(e))
             .context("the warm-up run")?;
     }
@@ -806,7 +809,10 @@ pub(crate) fn run_point(
         Arc::clone(&cancel),
     );
     let measured = generator
-        .run(load_run(service.dist, rate, setup.duration, seed), STOP_WAIT)
+        .run(
+            load_run(service.dist, rate, setup.duration, seed),
+            STOP_WAIT,
+        )
         .map_err(|e| anyhow!(e));
     let run_ns = from.elapsed().as_nanos() as u64;
     if measured.is_err() {

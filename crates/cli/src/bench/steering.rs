@@ -250,7 +250,11 @@ fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
     (echoed, stolen)
 }
 
-pub(super) fn one_run(args: &SteeringArgs, round: u32, policy: SteeringKind) -> anyhow::Result<Run> {
+pub(super) fn one_run(
+    args: &SteeringArgs,
+    round: u32,
+    policy: SteeringKind,
+) -> anyhow::Result<Run> {
     let dir = std::env::temp_dir().join(format!(
         "ginza-bench-steering-{}-{round}-{policy}",
         std::process::id()

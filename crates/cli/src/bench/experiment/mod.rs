@@ -169,7 +169,9 @@ impl Plan {
                 Runner::Steering { .. } => s.duration + Duration::from_millis(200),
                 Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
                 Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
-                Runner::SimSteering { .. } => Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0),
+                Runner::SimSteering { .. } => {
+                    Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0)
+                }
                 Runner::SimAllocator { .. } | Runner::SimSlowBound => {
                     Duration::from_millis(if s.tiny { 200 } else { 1500 })
                 }
@@ -356,7 +358,12 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             continue;
         }
         let png = dir.join(format!("{}-{}.png", plan.name(), metric.0));
-        let title = format!("{} — {} [cf. {}]", plan.name(), metric.0, spec.experiment.reproduces);
+        let title = format!(
+            "{} — {} [cf. {}]",
+            plan.name(),
+            metric.0,
+            spec.experiment.reproduces
+        );
         line_chart(
             &png,
             &Chart {
@@ -394,11 +401,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     let json_path = dir.join(format!("{}.json", plan.name()));
     std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
-    Ok(Outcome {
-        medians,
-        dir,
-        json,
-    })
+    Ok(Outcome { medians, dir, json })
 }
 
 fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
@@ -470,7 +473,11 @@ fn run_files(files: &[PathBuf], common: &CommonArgs, keep_going: bool) -> anyhow
             Err(e) => return Err(e),
         }
     }
-    anyhow::ensure!(failed.is_empty(), "experiments that failed: {}", failed.join(", "));
+    anyhow::ensure!(
+        failed.is_empty(),
+        "experiments that failed: {}",
+        failed.join(", ")
+    );
     Ok(())
 }
 
@@ -525,6 +532,9 @@ pub fn all(args: AllArgs) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     let r = run_files(&chosen, &args.common, true);
-    eprintln!("ginza bench all took {:.1} min", started.elapsed().as_secs_f64() / 60.0);
+    eprintln!(
+        "ginza bench all took {:.1} min",
+        started.elapsed().as_secs_f64() / 60.0
+    );
     r
 }

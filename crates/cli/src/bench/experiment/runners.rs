@@ -126,7 +126,8 @@ fn generator_service(d: &ServiceDist) -> Option<ServiceTime> {
 pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     let spec = &l.spec;
     let at = sys.label.span().start;
-    let err = |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
     let lc = spec.apps.first();
     let program = lc.map(|a| a.program);
     let load = &spec.load;
@@ -147,11 +148,17 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     match sys.kind {
         SystemKind::Simulator => {
             if load.generator != Generator::Simulated {
-                return Err(err("kind", "a simulator system needs [load] generator = \"simulated\""));
+                return Err(err(
+                    "kind",
+                    "a simulator system needs [load] generator = \"simulated\"",
+                ));
             }
             if let Some(st) = sys.steering {
                 if load.unit != LoadUnit::Rps {
-                    return Err(err("steering", "the steering model takes offered loads in unit = \"rps\""));
+                    return Err(err(
+                        "steering",
+                        "the steering model takes offered loads in unit = \"rps\"",
+                    ));
                 }
                 return Ok(Runner::SimSteering {
                     kind: steering_kind(st),
@@ -164,7 +171,10 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                     return Err(err("policy", "a scheduling model needs [load] service"));
                 };
                 if load.unit != LoadUnit::Capacity {
-                    return Err(err("policy", "the scheduling model takes offered loads in unit = \"capacity\""));
+                    return Err(err(
+                        "policy",
+                        "the scheduling model takes offered loads in unit = \"capacity\"",
+                    ));
                 }
                 let q = quantum.map_or(5.0, |q| q.as_secs_f64() * 1e6);
                 let place = match sys.placement {
@@ -195,15 +205,24 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                 });
             }
             if load.unit != LoadUnit::Cores {
-                return Err(err("allocator", "the allocator model takes offered loads in unit = \"cores\""));
+                return Err(err(
+                    "allocator",
+                    "the allocator model takes offered loads in unit = \"cores\"",
+                ));
             }
             match sys.allocator {
                 Some(Allocator::Slow) => Ok(Runner::SimSlowBound),
                 Some(Allocator::Shenango) => Ok(Runner::SimAllocator {
                     grant_us: sys.grant_latency.map_or(0.0, |g| g.0.as_secs_f64() * 1e6),
                 }),
-                Some(Allocator::Static) => Err(err("allocator", "the simulator models the shenango and slow allocators")),
-                None => Err(err("kind", "a simulator system needs an allocator, a policy or a steering")),
+                Some(Allocator::Static) => Err(err(
+                    "allocator",
+                    "the simulator models the shenango and slow allocators",
+                )),
+                None => Err(err(
+                    "kind",
+                    "a simulator system needs an allocator, a policy or a steering",
+                )),
             }
         }
         SystemKind::Linux => Ok(Runner::Unavailable(match program {
@@ -237,7 +256,10 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                         });
                     }
                     let Some(allocator) = sys.allocator else {
-                        return Err(err("allocator", "a Ginza spin-server system needs an allocator"));
+                        return Err(err(
+                            "allocator",
+                            "a Ginza spin-server system needs an allocator",
+                        ));
                     };
                     match &load.service {
                         Some(s) if generator_service(s).is_some() => {}
@@ -258,7 +280,10 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                 Some(Program::Echo) => match sys.steering {
                     Some(st) => {
                         if load.unit != LoadUnit::Rps {
-                            return Err(err("steering", "the steering harness takes unit = \"rps\""));
+                            return Err(err(
+                                "steering",
+                                "the steering harness takes unit = \"rps\"",
+                            ));
                         }
                         Ok(Runner::Steering {
                             kind: steering_kind(st),
@@ -290,7 +315,10 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                         return Err(err("unit", "scan-server points take unit = \"rps\""));
                     }
                     if matches!(policy, SchedPolicy::DFcfs | SchedPolicy::Ps) {
-                        return Err(err("policy", "Shinjuku mode runs c-FCFS, c-PRE-SQ or c-PRE-MQ"));
+                        return Err(err(
+                            "policy",
+                            "Shinjuku mode runs c-FCFS, c-PRE-SQ or c-PRE-MQ",
+                        ));
                     }
                     Ok(Runner::ScanShinjuku {
                         policy,
@@ -313,9 +341,10 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                      on this branch; `ginza bench shinjuku` measures it in process"
                         .into(),
                 )),
-                Some(Program::Batch) | None => {
-                    Err(err("kind", "a Ginza system needs a latency-critical [[app]] first"))
-                }
+                Some(Program::Batch) | None => Err(err(
+                    "kind",
+                    "a Ginza system needs a latency-critical [[app]] first",
+                )),
             }
         }
     }
@@ -353,7 +382,15 @@ pub fn run_point(
         }
         Runner::SimRequests { sched, cores } => {
             let svc = sim_service(spec.load.service.as_ref().context("[load] service")?);
-            let s = ReqSim::new(*cores, sched.clone(), svc.clone(), x, settings.requests, seed).run();
+            let s = ReqSim::new(
+                *cores,
+                sched.clone(),
+                svc.clone(),
+                x,
+                settings.requests,
+                seed,
+            )
+            .run();
             row.p50_us = Some(s.latency_pct_us(50.0));
             row.p99_us = Some(s.latency_pct_us(99.0));
             row.p999_us = Some(s.latency_pct_us(99.9));
@@ -365,11 +402,7 @@ pub fn run_point(
         }
         Runner::SimSteering { kind, warm, cores } => {
             let flows = spec.load.flows.0;
-            let mean_us = spec
-                .load
-                .service
-                .as_ref()
-                .map_or(10.0, |s| s.mean_us());
+            let mean_us = spec.load.service.as_ref().map_or(10.0, |s| s.mean_us());
             let r = AllocSim {
                 cores: *cores,
                 policy: AllocPolicy::Shenango { interval_us: 5.0 },
@@ -453,7 +486,9 @@ pub fn run_point(
             policy,
             quantum,
             placement,
-        } => scan_point(ctx, l, *policy, *quantum, *placement, settings, x, seed, row)?,
+        } => scan_point(
+            ctx, l, *policy, *quantum, *placement, settings, x, seed, row,
+        )?,
         Runner::Steering { kind } => steering_point(l, *kind, settings, x, round, row)?,
     }
     Ok(())
@@ -587,8 +622,7 @@ fn scan_point(
     row.p999_us = us(&all, 99.9);
     row.p99_class0_us = us(&gets, 99.0);
     row.p99_class1_us = us(&scans, 99.0);
-    row.achieved =
-        Some(report.completions.len() as f64 / makespan_ns(&report).max(1) as f64 * 1e9);
+    row.achieved = Some(report.completions.len() as f64 / makespan_ns(&report).max(1) as f64 * 1e9);
     row.sent = Some(plan.len() as f64);
     row.answered = Some(report.completions.len() as f64);
     Ok(())
@@ -611,7 +645,8 @@ fn steering_point(
     }
     let send_ms = (settings.duration.as_millis() as u64).max(10);
     let phase_ms = (send_ms / 12).max(1);
-    let out = std::env::temp_dir().join(format!("ginza-experiment-steering-{}", std::process::id()));
+    let out =
+        std::env::temp_dir().join(format!("ginza-experiment-steering-{}", std::process::id()));
     let wrap = Wrap::try_parse_from([
         "steering".to_string(),
         format!("--flows={}", l.spec.load.flows.0.min(20_000)),

@@ -276,11 +276,22 @@ impl LoadUnit {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub enum ServiceDist {
-    Exponential { mean: Dur },
-    Constant { value: Dur },
+    Exponential {
+        mean: Dur,
+    },
+    Constant {
+        value: Dur,
+    },
     /// `short` with probability `p`, else `long`.
-    Bimodal { p: Probability, short: Dur, long: Dur },
-    Lognormal { mean: Dur, sd: Dur },
+    Bimodal {
+        p: Probability,
+        short: Dur,
+        long: Dur,
+    },
+    Lognormal {
+        mean: Dur,
+        sd: Dur,
+    },
 }
 
 impl ServiceDist {
@@ -429,8 +440,7 @@ impl<'de> Deserialize<'de> for Name {
         let s = String::deserialize(d)?;
         let ok = !s.is_empty()
             && s.len() <= 64
-            && s
-                .chars()
+            && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if !ok {
             return Err(serde::de::Error::custom(format!(
