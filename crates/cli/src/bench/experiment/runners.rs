@@ -351,6 +351,7 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
 }
 
 /// Runs one point of `runner` at offered load `x` into `row`.
+#[allow(clippy::too_many_arguments)] // the point's coordinates, spelled out
 pub fn run_point(
     ctx: &mut Context,
     l: &Loaded,
