@@ -46,7 +46,6 @@ use ginza_proto::{client, parse_duration, StatsReport};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
 use ginza_sys::cpulist;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use report::Row;
@@ -954,32 +953,24 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
          answered / sent\n",
     );
 
-    let total = (services.len() * policies.len() * args.points.len()) as u64;
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>18} [{bar:40}] {pos}/{len} {elapsed}<{eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut rows = Vec::new();
+    // The sweep engine of `ginza bench run` (docs/experiments.md).
+    let mut points = Vec::new();
     for &service in &services {
         for &policy in &policies {
             for (i, &load) in args.points.iter().enumerate() {
-                pb.set_message(format!("{service} {policy} @ {load:.2}"));
-                let row = run_point(&setup, service.into(), policy, load, i).with_context(|| {
-                    format!("{service} service, policy {policy} at offered load {load}")
-                });
-                match row {
-                    Ok(r) => rows.push(r),
-                    Err(e) => {
-                        pb.abandon();
-                        return Err(e);
-                    }
-                }
-                pb.inc(1);
+                points.push((service, policy, i, load));
             }
         }
     }
-    pb.finish_and_clear();
+    let rows = crate::bench::experiment::sweep::sweep(
+        &points,
+        |(service, policy, _, load)| format!("{service} {policy} @ {load:.2}"),
+        |_, &(service, policy, i, load)| {
+            run_point(&setup, service.into(), policy, load, i).with_context(|| {
+                format!("{service} service, policy {policy} at offered load {load}")
+            })
+        },
+    )?;
 
     let csv = args.out.join("demo.csv");
     let png = args.out.join("demo.png");

@@ -8,13 +8,13 @@
 pub mod row;
 pub mod runners;
 pub mod spec;
+pub(crate) mod sweep;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use ginza_sim::plot::{line_chart, Chart, Series};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use row::Row;
@@ -269,57 +269,49 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let unit = spec.load.unit.name();
     let runnable: Vec<&(spec::System, Runner)> = plan.runnable().collect();
-    let total = plan.rounds * plan.offered.len() as u64 * runnable.len() as u64;
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>32} [{bar:30}] {pos}/{len} {elapsed}<{eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let started = Instant::now();
-    let mut ctx = runners::Context::default();
-    let mut rows = Vec::new();
     // Rounds outermost, systems innermost: Ginza, peer, Ginza, peer …
+    let mut points = Vec::new();
     for round in 0..plan.rounds {
         for (i, &x) in plan.offered.iter().enumerate() {
-            for (sys, runner) in &runnable {
-                pb.set_message(format!("{} @ {x}", sys.label()));
-                let mut row = Row {
-                    experiment: plan.name().to_string(),
-                    system: sys.label().to_string(),
-                    kind: match sys.kind {
-                        SystemKind::Ginza => "ginza",
-                        SystemKind::Linux => "linux",
-                        SystemKind::Simulator => "simulator",
-                    },
-                    round,
-                    offered: x,
-                    unit,
-                    ..Row::default()
-                };
-                let r = runners::run_point(
-                    &mut ctx,
-                    &plan.loaded,
-                    runner,
-                    &plan.settings,
-                    x,
-                    i,
-                    round,
-                    &mut row,
-                );
-                if let Err(e) = r {
-                    pb.abandon();
-                    return Err(e.context(format!(
-                        "{}: system {}, round {round}, offered {x} {unit}",
-                        plan.name(),
-                        sys.label()
-                    )));
-                }
-                rows.push(row);
-                pb.inc(1);
+            for s in 0..runnable.len() {
+                points.push((round, i, x, s));
             }
         }
     }
-    pb.finish_and_clear();
+    let started = Instant::now();
+    let mut ctx = runners::Context::default();
+    let rows = sweep::sweep(
+        &points,
+        |&(round, _, x, s)| format!("{} @ {x} (round {round})", runnable[s].0.label()),
+        |_, &(round, i, x, s)| {
+            let (sys, runner) = runnable[s];
+            let mut row = Row {
+                experiment: plan.name().to_string(),
+                system: sys.label().to_string(),
+                kind: match sys.kind {
+                    SystemKind::Ginza => "ginza",
+                    SystemKind::Linux => "linux",
+                    SystemKind::Simulator => "simulator",
+                },
+                round,
+                offered: x,
+                unit,
+                ..Row::default()
+            };
+            runners::run_point(
+                &mut ctx,
+                &plan.loaded,
+                runner,
+                &plan.settings,
+                x,
+                i,
+                round,
+                &mut row,
+            )?;
+            Ok(row)
+        },
+    )
+    .map_err(|e| e.context(format!("{}, offered load in {unit}", plan.name())))?;
     let elapsed = started.elapsed();
 
     let mut medians = Vec::new();
