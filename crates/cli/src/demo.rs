@@ -584,6 +584,10 @@ struct Samples {
     paths_window: Duration,
     lc_cores: Vec<u32>,
     batch_cores: Vec<u32>,
+    /// When each sample was read (since the window start), and batch's
+    /// paths then.
+    at: Vec<Duration>,
+    paths_at: Vec<u64>,
     /// Failed stats requests in the window.
     errors: u32,
 }
@@ -637,6 +641,7 @@ fn sample(
         let p0 = paths.load(Relaxed);
         let t0 = Instant::now();
         let (mut lc_cores, mut batch_cores, mut errors) = (Vec::new(), Vec::new(), 0);
+        let (mut at, mut paths_at) = (Vec::new(), Vec::new());
         let mut next = Instant::now() + SAMPLE_EVERY;
         while next < to {
             sleep_until(next)?;
@@ -644,6 +649,8 @@ fn sample(
                 Ok(st) => {
                     lc_cores.push(app_cores(&st, "lc"));
                     batch_cores.push(app_cores(&st, "batch"));
+                    at.push(from.elapsed());
+                    paths_at.push(paths.load(Relaxed));
                 }
                 Err(_) => errors += 1,
             }
@@ -659,6 +666,8 @@ fn sample(
             paths_window: t0.elapsed(),
             lc_cores,
             batch_cores,
+            at,
+            paths_at,
             errors,
         })
     })
@@ -712,16 +721,22 @@ impl From<Service> for Workload {
     }
 }
 
-/// Runs one policy at one load (a fraction of the managed cores' capacity)
-/// with one service distribution: the point `ginza demo` and `ginza bench
-/// run` (docs/experiments.md) share.
-pub(crate) fn run_point(
+/// iokerneld, `lc` and `batch` of one point, started and registered.
+struct Started {
+    run: PointRun,
+    generator: ginza_iokernel::GeneratorHandle,
+    socket: PathBuf,
+    /// The arrivals' seed: the same for every policy at a given load.
+    seed: u64,
+}
+
+/// Starts one point: iokerneld with `policy`, then `lc`, then `batch`.
+fn start_point(
     setup: &Setup,
     service: Workload,
     policy: Policy,
-    load: f64,
     load_index: usize,
-) -> anyhow::Result<Row> {
+) -> anyhow::Result<Started> {
     let n = setup.managed.len();
     let socket = setup.sockets.0.join(format!(
         "{}-{}-{load_index}.sock",
@@ -785,7 +800,53 @@ pub(crate) fn run_point(
         ginza_apps::batch::price_until_stopped(n, paths, stop, seed)
     })?);
     run.wait_registered("batch", |_| true)?;
+    Ok(Started {
+        run,
+        generator,
+        socket,
+        seed,
+    })
+}
 
+impl PointRun {
+    /// Stops `lc`, then `batch`, then iokerneld; the first failure.
+    fn stop_all(&mut self) -> anyhow::Result<()> {
+        self.stop_lc()?;
+        self.shared.stop_batch.store(true, Relaxed);
+        let batch = self.batch.as_mut().context("batch was started")?;
+        if !batch.wait_until(Instant::now() + STOP_WAIT) {
+            self.daemon.stop();
+            if !batch.wait_until(Instant::now() + STOP_WAIT) {
+                bail!("batch did not stop");
+            }
+        }
+        let price = batch.take()?;
+        log::debug!("batch priced the call at {price:.4} (Black-Scholes: 8.0214)");
+        if let Some(e) = self.daemon.stop() {
+            return Err(anyhow!(e).context("iokerneld failed during the point"));
+        }
+        Ok(())
+    }
+}
+
+/// Runs one policy at one load (a fraction of the managed cores' capacity)
+/// with one service distribution: the point `ginza demo` and `ginza bench
+/// run` (docs/experiments.md) share.
+pub(crate) fn run_point(
+    setup: &Setup,
+    service: Workload,
+    policy: Policy,
+    load: f64,
+    load_index: usize,
+) -> anyhow::Result<Row> {
+    let n = setup.managed.len();
+    let Started {
+        mut run,
+        generator,
+        socket,
+        seed,
+    } = start_point(setup, service, policy, load_index)?;
+    let shared = run.shared.clone();
     let rate = load * n as f64 * 1e9 / service.dist.mean_ns();
     let mut notes = Vec::new();
     if !setup.warmup.is_zero() {
@@ -822,20 +883,7 @@ pub(crate) fn run_point(
         .map_err(|_| anyhow!("the stats sampler panicked"))?;
     let report: LoadReport = measured.context("the measured run")?;
     let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
-    run.stop_lc()?;
-    run.shared.stop_batch.store(true, Relaxed);
-    let batch = run.batch.as_mut().context("batch was started")?;
-    if !batch.wait_until(Instant::now() + STOP_WAIT) {
-        run.daemon.stop();
-        if !batch.wait_until(Instant::now() + STOP_WAIT) {
-            bail!("batch did not stop");
-        }
-    }
-    let price = batch.take()?;
-    log::debug!("batch priced the call at {price:.4} (Black-Scholes: 8.0214)");
-    if let Some(e) = run.daemon.stop() {
-        return Err(anyhow!(e).context("iokerneld failed during the point"));
-    }
+    run.stop_all()?;
 
     let r3 = report::round3;
     let st = report.stats;
@@ -887,6 +935,150 @@ pub(crate) fn run_point(
     }
     row.note = notes.join("; ");
     Ok(row)
+}
+
+/// One sample of a load-steps run (Shenango Fig. 5-like).
+#[derive(Clone, Debug)]
+pub(crate) struct StepSample {
+    /// Since the first step began.
+    pub(crate) at: Duration,
+    /// The step running then.
+    pub(crate) step: usize,
+    pub(crate) lc_cores: u32,
+    pub(crate) batch_cores: u32,
+    /// Batch paths/s since the previous sample.
+    pub(crate) batch_paths_per_s: f64,
+}
+
+/// One step's latency, as iokerneld's generator measured it.
+#[derive(Clone, Debug)]
+pub(crate) struct StepFigures {
+    pub(crate) load: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+    pub(crate) sent: u64,
+    pub(crate) answered: u64,
+    pub(crate) note: String,
+}
+
+/// A load-steps run: cores over time, and each step's latency.
+pub(crate) struct StepsReport {
+    pub(crate) samples: Vec<StepSample>,
+    pub(crate) steps: Vec<StepFigures>,
+}
+
+/// Runs `steps` (load as a fraction of capacity, for how long) back to back
+/// on one iokerneld with `lc` and `batch`, sampling the cores each holds
+/// every 10 ms: latency and cores over time under load steps (Shenango
+/// Fig. 5 on this machine). The generator starts each step when the
+/// previous one's replies are in (a gap of a few hundred µs).
+pub(crate) fn run_steps(
+    setup: &Setup,
+    service: Workload,
+    policy: Policy,
+    steps: &[(f64, Duration)],
+) -> anyhow::Result<StepsReport> {
+    anyhow::ensure!(!steps.is_empty(), "no load steps");
+    let n = setup.managed.len();
+    let Started {
+        mut run,
+        generator,
+        socket,
+        seed,
+    } = start_point(setup, service, policy, 0)?;
+    let shared = run.shared.clone();
+    let rate = |load: f64| load * n as f64 * 1e9 / service.dist.mean_ns();
+    if !setup.warmup.is_zero() {
+        generator
+            .run(
+                load_run(service.dist, rate(steps[0].0), setup.warmup, seed ^ 1),
+                STOP_WAIT,
+            )
+            .map_err(|e| anyhow!(e))
+            .context("the warm-up run")?;
+    }
+    let total: Duration = steps.iter().map(|s| s.1).sum();
+    let from = Instant::now();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let sampler = sample(
+        socket.clone(),
+        setup.iokernel_core,
+        // Each step's drain adds a little: sample past the planned end.
+        (from, from + total + DRAIN),
+        Arc::clone(&shared.batch_paths),
+        Arc::clone(&cancel),
+    );
+    let mut figures = Vec::new();
+    let mut ends = Vec::new();
+    for (i, &(load, duration)) in steps.iter().enumerate() {
+        let mut r = load_run(
+            service.dist,
+            rate(load),
+            duration,
+            seed.wrapping_add(i as u64),
+        );
+        r.drain = Duration::from_millis(20);
+        let report = match generator.run(r, STOP_WAIT).map_err(|e| anyhow!(e)) {
+            Ok(r) => r,
+            Err(e) => {
+                cancel.store(true, Relaxed);
+                let _ = sampler.join();
+                return Err(e.context(format!("load step {i}")));
+            }
+        };
+        ends.push(from.elapsed());
+        let (p50, p99, p999) = report::percentiles_us(&report.latency);
+        let st = report.stats;
+        let mut notes = Vec::new();
+        if st.lost() > 0 {
+            notes.push(format!("{} requests unanswered", st.lost()));
+        }
+        let lag_p99_us = report.lag.value_at_quantile(0.99) as f64 / 1e3;
+        if lag_p99_us > 50.0 {
+            notes.push(format!("generator p99 lag {lag_p99_us:.0} µs"));
+        }
+        figures.push(StepFigures {
+            load,
+            p50_us: report::round3(p50),
+            p99_us: report::round3(p99),
+            p999_us: report::round3(p999),
+            sent: st.sent,
+            answered: st.replies,
+            note: notes.join("; "),
+        });
+    }
+    let samples = sampler
+        .join()
+        .map_err(|_| anyhow!("the stats sampler panicked"))?
+        .context("sampling iokerneld during the steps")?;
+    run.stop_all()?;
+    let mut out = Vec::new();
+    let mut prev = (Duration::ZERO, samples.paths.0);
+    for (k, &at) in samples.at.iter().enumerate() {
+        let step = ends
+            .iter()
+            .position(|&e| at <= e)
+            .unwrap_or(steps.len() - 1);
+        let paths = samples.paths_at[k];
+        let dt = at.saturating_sub(prev.0).as_secs_f64();
+        out.push(StepSample {
+            at,
+            step,
+            lc_cores: samples.lc_cores[k],
+            batch_cores: samples.batch_cores[k],
+            batch_paths_per_s: if dt > 0.0 {
+                paths.saturating_sub(prev.1) as f64 / dt
+            } else {
+                0.0
+            },
+        });
+        prev = (at, paths);
+    }
+    Ok(StepsReport {
+        samples: out,
+        steps: figures,
+    })
 }
 
 /// `v` without repeats, in first-seen order.

@@ -14,7 +14,7 @@ static LOCK: Mutex<()> = Mutex::new(());
 /// The CSV header, pinned: add new columns at the end, never reorder.
 const COLUMNS: &str = "experiment,system,kind,round,offered,unit,achieved,p50_us,p99_us,\
 p999_us,p99_class0_us,p99_class1_us,batch_ops_per_s,lc_cores,batch_cores,efficiency,\
-reallocations_per_s,flows_moved,reordered_pct,sent,answered,note";
+reallocations_per_s,flows_moved,reordered_pct,sent,answered,t_ms,note";
 
 fn experiments() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/experiments");

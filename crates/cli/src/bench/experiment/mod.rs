@@ -114,7 +114,18 @@ impl Plan {
         }
         let load = &spec.load;
         let mut offered: Vec<f64> = load.offered.iter().map(|p| p.0).collect();
-        if offered.is_empty() && load.steps.is_empty() {
+        if !load.steps.is_empty() {
+            if !offered.is_empty() {
+                return Err(loaded.error_at(
+                    loaded.text.find("offered").unwrap_or(0),
+                    "offered",
+                    "give either offered = [...] (a sweep) or steps (a time series), not both",
+                ));
+            }
+            // One point per system and round: the steps run back to back.
+            offered = vec![load.steps[0].offered.0];
+        }
+        if offered.is_empty() {
             return Err(loaded.error_at(
                 loaded.text.find("[load]").unwrap_or(0),
                 "offered",
@@ -166,6 +177,23 @@ impl Plan {
             match r {
                 Runner::Unavailable(_) => Duration::ZERO,
                 Runner::SpinBatch { .. } => s.warmup + s.duration + Duration::from_millis(400),
+                Runner::SpinBatchSteps { .. } => {
+                    let steps: Duration = self
+                        .loaded
+                        .spec
+                        .load
+                        .steps
+                        .iter()
+                        .map(|st| {
+                            if s.tiny {
+                                st.duration.0.min(Duration::from_millis(20))
+                            } else {
+                                st.duration.0
+                            }
+                        })
+                        .sum();
+                    s.warmup + steps + Duration::from_millis(400)
+                }
                 Runner::Steering { .. } => s.duration + Duration::from_millis(200),
                 Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
                 Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
@@ -285,7 +313,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
         |&(round, _, x, s)| format!("{} @ {x} (round {round})", runnable[s].0.label()),
         |_, &(round, i, x, s)| {
             let (sys, runner) = runnable[s];
-            let mut row = Row {
+            let row = Row {
                 experiment: plan.name().to_string(),
                 system: sys.label().to_string(),
                 kind: match sys.kind {
@@ -306,23 +334,36 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
                 x,
                 i,
                 round,
-                &mut row,
-            )?;
-            Ok(row)
+                row,
+            )
         },
     )
     .map_err(|e| e.context(format!("{}, offered load in {unit}", plan.name())))?;
+    let rows: Vec<Row> = rows.into_iter().flatten().collect();
+    let steps = !spec.load.steps.is_empty();
     let elapsed = started.elapsed();
 
+    // Medians over rounds per system and load (per system and sample
+    // time for load steps: round k's n-th sample beside round j's).
     let mut medians = Vec::new();
     for (sys, _) in &runnable {
-        for &x in &plan.offered {
-            let same: Vec<&Row> = rows
-                .iter()
-                .filter(|r| r.system == sys.label() && r.offered == x)
-                .collect();
-            if let Some(m) = Row::median_of(&same) {
-                medians.push(m);
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.system == sys.label()).collect();
+        if steps {
+            let in_round0 = mine.iter().filter(|r| r.round == 0).count();
+            for k in 0..in_round0 {
+                let same: Vec<&Row> = (0..plan.rounds)
+                    .filter_map(|round| mine.iter().filter(|r| r.round == round).nth(k).copied())
+                    .collect();
+                if let Some(m) = Row::median_of(&same) {
+                    medians.push(m);
+                }
+            }
+        } else {
+            for &x in &plan.offered {
+                let same: Vec<&Row> = mine.iter().filter(|r| r.offered == x).copied().collect();
+                if let Some(m) = Row::median_of(&same) {
+                    medians.push(m);
+                }
             }
         }
     }
@@ -342,7 +383,10 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
                 points: medians
                     .iter()
                     .filter(|r| r.system == sys.label())
-                    .filter_map(|r| r.metric(&metric.0).map(|v| (r.offered, v)))
+                    .filter_map(|r| {
+                        let x = if steps { r.t_ms? } else { r.offered };
+                        r.metric(&metric.0).map(|v| (x, v))
+                    })
                     .collect(),
             })
             .collect();
@@ -360,7 +404,11 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             &png,
             &Chart {
                 title: &title,
-                x_label: &format!("offered load ({unit})"),
+                x_label: &if steps {
+                    "time since the first load step (ms)".to_string()
+                } else {
+                    format!("offered load ({unit})")
+                },
                 y_label: &metric.0,
                 series: &series,
                 log_y: spec.plot.log_y,
@@ -410,10 +458,11 @@ fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
 fn render(plan: &Plan, o: &Outcome) -> String {
     let spec = &plan.loaded.spec;
     let mut t = format!(
-        "## {} — reproduces {}\n{:<24} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}  note\n",
+        "## {} — reproduces {}\n{:<24} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}  note\n",
         plan.name(),
         spec.experiment.reproduces,
         "system",
+        "t ms",
         "offered",
         "p50 µs",
         "p99 µs",
@@ -424,8 +473,9 @@ fn render(plan: &Plan, o: &Outcome) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.2}"));
     for r in &o.medians {
         t.push_str(&format!(
-            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}  {}\n",
+            "{:<24} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}  {}\n",
             r.system,
+            r.t_ms.map_or("-".to_string(), |t| format!("{t:.0}")),
             r.offered,
             f(r.p50_us),
             f(r.p99_us),

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 /// The CSV's header, in order.
-pub const COLUMNS: [&str; 22] = [
+pub const COLUMNS: [&str; 23] = [
     "experiment",
     "system",
     "kind",
@@ -26,11 +26,12 @@ pub const COLUMNS: [&str; 22] = [
     "reordered_pct",
     "sent",
     "answered",
+    "t_ms",
     "note",
 ];
 
 /// The numeric columns a plot may put on its y axis.
-pub const METRICS: [&str; 15] = [
+pub const METRICS: [&str; 16] = [
     "achieved",
     "p50_us",
     "p99_us",
@@ -46,6 +47,7 @@ pub const METRICS: [&str; 15] = [
     "reordered_pct",
     "sent",
     "answered",
+    "t_ms",
 ];
 
 /// A row; `None` is an empty cell (the runner has no such figure).
@@ -75,6 +77,8 @@ pub struct Row {
     pub reordered_pct: Option<f64>,
     pub sent: Option<f64>,
     pub answered: Option<f64>,
+    /// Load steps: when the sample was read, ms since the first step.
+    pub t_ms: Option<f64>,
     pub note: String,
 }
 
@@ -97,6 +101,7 @@ impl Row {
             "reordered_pct" => self.reordered_pct,
             "sent" => self.sent,
             "answered" => self.answered,
+            "t_ms" => self.t_ms,
             _ => None,
         }
     }
@@ -118,6 +123,7 @@ impl Row {
             "reordered_pct" => &mut self.reordered_pct,
             "sent" => &mut self.sent,
             "answered" => &mut self.answered,
+            "t_ms" => &mut self.t_ms,
             _ => return,
         };
         *slot = v;

@@ -45,6 +45,8 @@ pub enum Runner {
     },
     /// iokerneld + spin-server + batch on this machine (`ginza demo`'s point).
     SpinBatch { allocator: Allocator },
+    /// The same under load steps: cores over time (`demo::run_steps`).
+    SpinBatchSteps { allocator: Allocator },
     /// scan-server's store in Shinjuku mode, in process, one worker.
     ScanShinjuku {
         policy: SchedPolicy,
@@ -131,11 +133,14 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     let lc = spec.apps.first();
     let program = lc.map(|a| a.program);
     let load = &spec.load;
-    if !load.steps.is_empty() {
+    let steps_ok = sys.kind == SystemKind::Ginza
+        && program == Some(Program::SpinServer)
+        && load.generator == Generator::Builtin
+        && sys.allocator.is_some();
+    if !load.steps.is_empty() && !steps_ok {
         return Ok(Runner::Unavailable(
-            "load steps (latency and cores over time) are not available yet: iokerneld's \
-             generator runs one Poisson rate per run; sample cores while stepping it \
-             (docs/experiments.md, \"What is missing\")"
+            "load steps run only for a Ginza spin-server with an allocator under iokerneld's \
+             generator (docs/experiments.md)"
                 .into(),
         ));
     }
@@ -275,6 +280,9 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                     if load.unit != LoadUnit::Capacity {
                         return Err(err("unit", "spin-server points take unit = \"capacity\""));
                     }
+                    if !load.steps.is_empty() {
+                        return Ok(Runner::SpinBatchSteps { allocator });
+                    }
                     Ok(Runner::SpinBatch { allocator })
                 }
                 Some(Program::Echo) => match sys.steering {
@@ -350,9 +358,113 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     }
 }
 
-/// Runs one point of `runner` at offered load `x` into `row`.
+fn demo_setup<'a>(ctx: &'a mut Context, settings: &Settings) -> anyhow::Result<&'a demo::Setup> {
+    if ctx.demo.is_none() {
+        ctx.demo = Some(demo::Setup::new(
+            None,
+            None,
+            settings.warmup,
+            settings.duration,
+            settings.seed,
+        )?);
+    }
+    ctx.demo.as_ref().context("the demo's setup")
+}
+
+fn demo_policy(a: Allocator) -> demo::Policy {
+    match a {
+        Allocator::Shenango => demo::Policy::Shenango,
+        Allocator::Static => demo::Policy::Static,
+        Allocator::Slow => demo::Policy::Slow,
+    }
+}
+
+/// Runs one point of `runner` at offered load `x`: the rows it measured
+/// (one, or one per sample for load steps), filled in from `template`.
 #[allow(clippy::too_many_arguments)] // the point's coordinates, spelled out
 pub fn run_point(
+    ctx: &mut Context,
+    l: &Loaded,
+    runner: &Runner,
+    settings: &Settings,
+    x: f64,
+    load_index: usize,
+    round: u64,
+    template: Row,
+) -> anyhow::Result<Vec<Row>> {
+    if let Runner::SpinBatchSteps { allocator } = runner {
+        return steps_point(ctx, l, *allocator, settings, template);
+    }
+    let mut row = template;
+    run_one(ctx, l, runner, settings, x, load_index, round, &mut row)?;
+    Ok(vec![row])
+}
+
+/// Load steps under iokerneld: a row per 10 ms sample.
+fn steps_point(
+    ctx: &mut Context,
+    l: &Loaded,
+    allocator: Allocator,
+    settings: &Settings,
+    template: Row,
+) -> anyhow::Result<Vec<Row>> {
+    let dist = l
+        .spec
+        .load
+        .service
+        .as_ref()
+        .and_then(generator_service)
+        .context("[load] service")?;
+    let steps: Vec<(f64, Duration)> = l
+        .spec
+        .load
+        .steps
+        .iter()
+        .map(|s| {
+            let d = if settings.tiny {
+                s.duration.0.min(Duration::from_millis(20))
+            } else {
+                s.duration.0
+            };
+            (s.offered.0, d)
+        })
+        .collect();
+    let setup = demo_setup(ctx, settings)?;
+    let r = demo::run_steps(
+        setup,
+        demo::Workload {
+            name: "steps",
+            dist,
+        },
+        demo_policy(allocator),
+        &steps,
+    )?;
+    Ok(r.samples
+        .iter()
+        .map(|s| {
+            let step = &r.steps[s.step];
+            // No reply in the step: no latency (not 0).
+            let lat = |v: f64| (step.answered > 0).then_some(v);
+            Row {
+                offered: step.load,
+                t_ms: Some(s.at.as_secs_f64() * 1e3),
+                p50_us: lat(step.p50_us),
+                p99_us: lat(step.p99_us),
+                p999_us: lat(step.p999_us),
+                lc_cores: Some(s.lc_cores as f64),
+                batch_cores: Some(s.batch_cores as f64),
+                batch_ops_per_s: Some(s.batch_paths_per_s),
+                sent: Some(step.sent as f64),
+                answered: Some(step.answered as f64),
+                note: step.note.clone(),
+                ..template.clone()
+            }
+        })
+        .collect())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_one(
     ctx: &mut Context,
     l: &Loaded,
     runner: &Runner,
@@ -366,6 +478,7 @@ pub fn run_point(
     let seed = settings.seed.wrapping_add(round.wrapping_mul(0x9e37_79b9));
     match runner {
         Runner::Unavailable(why) => anyhow::bail!("{why}"),
+        Runner::SpinBatchSteps { .. } => anyhow::bail!("load steps run through run_point"),
         Runner::SimSlowBound => {
             let (n, p999) = ginza_sim::figs::slow_bound_cores(x, seed, settings.tiny);
             row.lc_cores = Some(n as f64);
@@ -440,34 +553,20 @@ pub fn run_point(
             row.answered = Some(r.stats.n as f64);
         }
         Runner::SpinBatch { allocator } => {
-            if ctx.demo.is_none() {
-                ctx.demo = Some(demo::Setup::new(
-                    None,
-                    None,
-                    settings.warmup,
-                    settings.duration,
-                    settings.seed,
-                )?);
-            }
-            let setup = ctx.demo.as_ref().context("the demo's setup")?;
+            let setup = demo_setup(ctx, settings)?;
             let dist = spec
                 .load
                 .service
                 .as_ref()
                 .and_then(generator_service)
                 .context("[load] service")?;
-            let policy = match allocator {
-                Allocator::Shenango => demo::Policy::Shenango,
-                Allocator::Static => demo::Policy::Static,
-                Allocator::Slow => demo::Policy::Slow,
-            };
             let r = demo::run_point(
                 setup,
                 demo::Workload {
                     name: "experiment",
                     dist,
                 },
-                policy,
+                demo_policy(*allocator),
                 x,
                 load_index,
             )?;
