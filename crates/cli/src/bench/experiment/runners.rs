@@ -659,7 +659,17 @@ fn scan_point(
             quantum: q,
             placement: place,
         },
-        SchedPolicy::CPreMq => scan_server::mq_policy(quantum, mix.get_slo.0, mix.scan_slo.0),
+        // scan_server::mq_policy's classes, with the placement asked for.
+        SchedPolicy::CPreMq => ginza_runtime::shinjuku::SchedPolicy::CPreMq {
+            quantum: q,
+            classes: [mix.get_slo.0, mix.scan_slo.0]
+                .iter()
+                .map(|slo| ginza_runtime::shinjuku::ClassConfig {
+                    slo: (slo.as_nanos().min(u64::MAX as u128) as u64).max(1),
+                    placement: place,
+                })
+                .collect(),
+        },
         other => anyhow::bail!("{} is not a Shinjuku-mode policy", other.name()),
     };
     let mut rng = SmallRng::seed_from_u64(seed);
