@@ -35,7 +35,6 @@ use ginza_sim::dist::{Arrivals, Service};
 use ginza_sim::figs::par_map;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use ginza_sim::reqsim::{Place, ReqSim, Sched};
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -424,38 +423,41 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
     );
     let warmup = args.requests / 10;
     let n = args.requests + warmup;
-    let pb = ProgressBar::new(sim_jobs.len() as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len} {elapsed}<{eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut points = Vec::new();
-    let mut sims = sims.into_iter();
+    // The same arrivals for every policy at a distribution and load.
+    let mut plans = Vec::new();
+    let mut jobs = Vec::new();
     for (di, svc) in services.iter().enumerate() {
         for (li, &load) in args.loads.iter().enumerate() {
             let rate = offered_mrps(svc, load);
             let seed = args.seed ^ ((di as u64) << 32 | li as u64).wrapping_mul(0x9e37_79b9);
-            let planned = plan(svc, rate, n, ns_per_step, seed);
+            plans.push(plan(svc, rate, n, ns_per_step, seed));
             for pol in Pol::ALL {
-                pb.set_message(format!("{} {load:.2}", pol.name()));
-                let m = measure_point(cores, pol, svc, &planned, warmup as usize, chunk)?;
-                let (sim_p99, sim_by_class) = sims.next().context("a simulation is missing")?;
-                points.push(Point {
-                    dist: svc.label(),
-                    policy: pol.name(),
-                    load,
-                    offered_mrps: round3(rate),
-                    achieved_mrps: round3(m.achieved_mrps),
-                    p99_us: round3(m.p99_us),
-                    p99_us_by_class: m.p99_us_by_class.iter().map(|v| v.map(round3)).collect(),
-                    sim_p99_us: round3(sim_p99),
-                    sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
-                });
-                pb.inc(1);
+                jobs.push((di, plans.len() - 1, load, rate, pol));
             }
         }
     }
-    pb.finish_and_clear();
+    // The sweep engine of `ginza bench run` (docs/experiments.md).
+    let mut sims = sims.into_iter();
+    let points = crate::bench::experiment::sweep::sweep(
+        &jobs,
+        |&(_, _, load, _, pol)| format!("{} {load:.2}", pol.name()),
+        |_, &(di, pi, load, rate, pol)| {
+            let svc = &services[di];
+            let m = measure_point(cores, pol, svc, &plans[pi], warmup as usize, chunk)?;
+            let (sim_p99, sim_by_class) = sims.next().context("a simulation is missing")?;
+            Ok(Point {
+                dist: svc.label(),
+                policy: pol.name(),
+                load,
+                offered_mrps: round3(rate),
+                achieved_mrps: round3(m.achieved_mrps),
+                p99_us: round3(m.p99_us),
+                p99_us_by_class: m.p99_us_by_class.iter().map(|v| v.map(round3)).collect(),
+                sim_p99_us: round3(sim_p99),
+                sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
+            })
+        },
+    )?;
 
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
