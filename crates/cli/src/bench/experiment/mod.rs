@@ -249,6 +249,10 @@ struct Report<'a> {
     systems: Vec<&'a str>,
     unavailable: Vec<Unavailable>,
     elapsed_s: f64,
+    /// /proc/loadavg before and after the run: figures from a machine
+    /// others were loading are not a quiet machine's.
+    loadavg_before: String,
+    loadavg_after: String,
     columns: &'static [&'static str],
     /// Every point of every round.
     rows: &'a [Row],
@@ -306,6 +310,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             }
         }
     }
+    let loadavg_before = loadavg();
     let started = Instant::now();
     let mut ctx = runners::Context::default();
     let rows = sweep::sweep(
@@ -431,6 +436,8 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
         systems: runnable.iter().map(|(s, _)| s.label()).collect(),
         unavailable,
         elapsed_s: elapsed.as_secs_f64(),
+        loadavg_before,
+        loadavg_after: loadavg(),
         columns: &row::COLUMNS,
         rows: &rows,
         medians: &medians,
@@ -442,6 +449,13 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
     Ok(Outcome { medians, dir, json })
+}
+
+/// The first three fields of /proc/loadavg (empty where there is none).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
