@@ -44,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         // The demo reports iokerneld's overdue preemptions in its table
         // instead of one warning line per event under the progress bar.
         Command::Demo(_) => "warn,ginza_iokernel=error",
+        Command::Bench(ref b) if b.runs_experiments() => "warn,ginza_iokernel=error",
         _ => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();

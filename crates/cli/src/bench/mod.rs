@@ -62,6 +62,15 @@ enum Experiment {
     All(experiment::AllArgs),
 }
 
+impl BenchArgs {
+    /// Whether this command runs experiment files: iokerneld's per-event
+    /// warnings (late preemptions on a busy machine) then go to the JSON's
+    /// notes, not one line each under the progress bar.
+    pub fn runs_experiments(&self) -> bool {
+        matches!(self.experiment, Experiment::Run(_) | Experiment::All(_))
+    }
+}
+
 /// Runs the experiment named on the command line.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.experiment {

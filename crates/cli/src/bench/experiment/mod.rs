@@ -262,6 +262,9 @@ struct Report<'a> {
     png: Vec<String>,
 }
 
+/// Width of the time bins of a load-steps experiment's medians, ms.
+const STEP_BIN_MS: f64 = 10.0;
+
 /// What one experiment produced.
 pub struct Outcome {
     pub medians: Vec<Row>,
@@ -348,18 +351,21 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     let steps = !spec.load.steps.is_empty();
     let elapsed = started.elapsed();
 
-    // Medians over rounds per system and load (per system and sample
-    // time for load steps: round k's n-th sample beside round j's).
+    // Medians over rounds per system and load (per system and 10 ms of
+    // time for load steps: a sampler on a busy machine reads late, so
+    // samples of different rounds fall at different times).
     let mut medians = Vec::new();
     for (sys, _) in &runnable {
         let mine: Vec<&Row> = rows.iter().filter(|r| r.system == sys.label()).collect();
         if steps {
-            let in_round0 = mine.iter().filter(|r| r.round == 0).count();
-            for k in 0..in_round0 {
-                let same: Vec<&Row> = (0..plan.rounds)
-                    .filter_map(|round| mine.iter().filter(|r| r.round == round).nth(k).copied())
-                    .collect();
-                if let Some(m) = Row::median_of(&same) {
+            let bin = |r: &Row| r.t_ms.map_or(0, |t| (t / STEP_BIN_MS).floor() as u64);
+            let mut bins: Vec<u64> = mine.iter().map(|r| bin(r)).collect();
+            bins.sort_unstable();
+            bins.dedup();
+            for b in bins {
+                let same: Vec<&Row> = mine.iter().filter(|r| bin(r) == b).copied().collect();
+                if let Some(mut m) = Row::median_of(&same) {
+                    m.t_ms = Some(b as f64 * STEP_BIN_MS);
                     medians.push(m);
                 }
             }

@@ -161,12 +161,13 @@ impl Row {
             let vals: Vec<f64> = rows.iter().filter_map(|r| r.metric(m)).collect();
             out.set_metric(m, crate::bench::common::median(&vals));
         }
-        let notes: Vec<&str> = rows
-            .iter()
-            .map(|r| r.note.as_str())
-            .filter(|n| !n.is_empty())
-            .collect();
-        out.note = notes.join("; ");
+        let mut notes: Vec<&str> = Vec::new();
+        for r in rows {
+            if !r.note.is_empty() && !notes.contains(&r.note.as_str()) {
+                notes.push(&r.note);
+            }
+        }
+        out.note = notes.join(" | ");
         Some(out)
     }
 }
