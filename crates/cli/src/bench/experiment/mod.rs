@@ -405,12 +405,15 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             continue;
         }
         let png = dir.join(format!("{}-{}.png", plan.name(), metric.0));
-        let title = format!(
-            "{} — {} [cf. {}]",
-            plan.name(),
-            metric.0,
-            spec.experiment.reproduces
-        );
+        // The figure's name ("Shenango Fig. 1"), without the description
+        // that follows it: the title must fit the plot.
+        let figure = spec
+            .experiment
+            .reproduces
+            .split(" (")
+            .next()
+            .unwrap_or_default();
+        let title = format!("{}: {} (cf. {figure})", plan.name(), metric.0);
         line_chart(
             &png,
             &Chart {
