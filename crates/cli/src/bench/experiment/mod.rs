@@ -603,3 +603,89 @@ pub fn all(args: AllArgs) -> anyhow::Result<()> {
     );
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plans() -> Vec<Plan> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/experiments");
+        files_in(&dir)
+            .unwrap()
+            .iter()
+            .map(|f| Plan::new(spec::load(f).unwrap(), false).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn every_file_plans_and_names_its_figure() {
+        let plans = plans();
+        assert!(plans.len() >= 10);
+        let mut names: Vec<&str> = plans.iter().map(|p| p.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), plans.len(), "experiment names are unique");
+        for p in &plans {
+            let r = &p.loaded.spec.experiment.reproduces;
+            assert!(r.contains("Fig"), "{}: {r}", p.name());
+            // Every runnable experiment fits easily in `bench all`'s 30 min.
+            assert!(p.estimate() < Duration::from_secs(300), "{}", p.name());
+        }
+    }
+
+    #[test]
+    fn runners_follow_the_files() {
+        let plans = plans();
+        let runner = |name: &str, label: &str| -> Runner {
+            let p = plans.iter().find(|p| p.name() == name).unwrap();
+            p.systems
+                .iter()
+                .find(|(s, _)| s.label() == label)
+                .map(|(_, r)| r.clone())
+                .unwrap()
+        };
+        assert!(matches!(
+            runner("shenango-fig4-spin", "ginza-static"),
+            Runner::SpinBatch {
+                allocator: spec::Allocator::Static
+            }
+        ));
+        assert!(matches!(
+            runner("shenango-fig4-spin", "linux-spin"),
+            Runner::Unavailable(_)
+        ));
+        assert!(matches!(
+            runner("shenango-fig5-steps", "ginza-slow-1ms"),
+            Runner::SpinBatchSteps { .. }
+        ));
+        assert!(matches!(
+            runner("shenango-fig1", "1ms-bound"),
+            Runner::SimSlowBound
+        ));
+        assert!(matches!(
+            runner("shinjuku-scan-mix", "c-PRE-MQ"),
+            Runner::ScanShinjuku {
+                placement: spec::Placement::Head,
+                ..
+            }
+        ));
+        assert!(matches!(
+            runner("calisto-steering", "indirection"),
+            Runner::Steering { .. }
+        ));
+        match runner("dlibos-fig7", "ginza-protected") {
+            Runner::Unavailable(why) => assert!(why.contains("protected mode"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tiny_keeps_two_points_and_one_round() {
+        for p in plans() {
+            let name = p.name().to_string();
+            let t = Plan::new(p.loaded, true).unwrap();
+            assert!(t.offered.len() <= 2 && t.rounds == 1, "{name}");
+            assert!(t.settings.duration <= Duration::from_millis(20), "{name}");
+        }
+    }
+}
