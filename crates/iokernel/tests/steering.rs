@@ -41,7 +41,11 @@ fn cores_come_and_go_under_1000_flows_and_each_policy_is_measured() {
         .map(|p| (p, run(&SteeringRun::new(p))))
         .collect();
     for (policy, o) in &outcomes {
-        assert!(o.parks >= 4, "{policy}: the cores changed only {} times", o.parks);
+        assert!(
+            o.parks >= 4,
+            "{policy}: the cores changed only {} times",
+            o.parks
+        );
         let st = o.report.stats;
         assert!(st.sent > 8_000, "{policy}: {st:?}");
         // Every request iokerneld delivered was answered; on a loaded

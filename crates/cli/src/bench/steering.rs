@@ -158,7 +158,15 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
     let _ = writeln!(
         table,
         "{:<14} {:>12} {:>12} {:>10} {:>8} {:>9} {:>9} {:>12} {:>8}",
-        "policy", "reordered %", "moved/change", "seen/change", "steals", "p50 us", "p99 us", "ns/decision", "table"
+        "policy",
+        "reordered %",
+        "moved/change",
+        "seen/change",
+        "steals",
+        "p50 us",
+        "p99 us",
+        "ns/decision",
+        "table"
     );
     for policy in SteeringKind::ALL {
         let mine: Vec<&Run> = runs.iter().filter(|r| r.policy == policy.name()).collect();
