@@ -89,6 +89,9 @@ pub struct SteeringOutcome {
     /// kthread's ring.
     pub echoed: u64,
     pub stolen: u64,
+    /// Datagrams received whose echo found the egress ring full (lost: on a
+    /// loaded machine iokerneld may not drain it in time).
+    pub unsent: u64,
     /// Times a kthread parked.
     pub parks: usize,
 }
@@ -181,10 +184,10 @@ impl Lines {
 /// sender; a parked kthread's ring is stolen from by the next kthread,
 /// whose egress ring the replies leave by and whose queue line counts the
 /// steal (one per batch taken, as a runtime counts). Returns how many were
-/// echoed, and how many of those were stolen.
-fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
+/// echoed, how many of those were stolen, and how many found no room.
+fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64, u64) {
     let n = app.ends.len();
-    let (mut echoed, mut stolen) = (0, 0);
+    let (mut echoed, mut stolen, mut unsent) = (0, 0, 0);
     for k in 0..n {
         let out = if parked == Some(k) { (k + 1) % n } else { k };
         let mut took = 0u64;
@@ -195,6 +198,7 @@ fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
                 let payload = d.payload.to_vec();
                 let sent = u64::from(app.send_udp(out, mac, src, port, &payload));
                 echoed += sent;
+                unsent += 1 - sent;
                 if out != k {
                     stolen += sent;
                 }
@@ -205,7 +209,7 @@ fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
             app.ends[out].line.add_steal();
         }
     }
-    (echoed, stolen)
+    (echoed, stolen, unsent)
 }
 
 /// Runs `run` on a fresh iokerneld.
@@ -219,8 +223,8 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     let kthreads = run.kthreads;
     let d = Daemon::start(kthreads)?;
     let me = Interface {
-        mac: MacAddr([0x02, 0x47, 0x5a, 0, 0, 1]),
-        ip: Ipv4Addr::new(10, 47, 0, 1),
+        mac: MacAddr([0x02, 0, 0, 0, 0, 1]),
+        ip: Ipv4Addr::new(10, 9, 0, 1),
     };
     let mut app = RawApp::register_steered(
         &d.socket,
@@ -259,14 +263,15 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     let stop2 = stop.clone();
     let (sending, phase, parks) = (run.sending, run.phase, run.parks && kthreads > 1);
     let driver = std::thread::spawn(move || {
-        let (mut echoed, mut stolen) = (0u64, 0u64);
+        let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
         let mut step = 0usize;
         let mut parked: Option<usize> = None;
         let (started, mut phase_start) = (Instant::now(), Instant::now());
         while !stop2.load(Ordering::Acquire) {
-            let (e, s) = echo(&mut app, parked);
+            let (e, s, u) = echo(&mut app, parked);
             echoed += e;
             stolen += s;
+            unsent += u;
             if started.elapsed() > sending {
                 // The load is over: every kthread gets its core back.
                 if let Some(k) = parked.take() {
@@ -291,7 +296,7 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
                 Some(k) => lines.busy(&app, k),
             }
         }
-        (echoed, stolen, step, app)
+        (echoed, stolen, unsent, step, app)
     });
     let mut load = LoadRun::poisson(me, 7, run.rate, ServiceTime::Constant { ns: 0 }, sending);
     load.config.flows = run.flows;
@@ -299,14 +304,15 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     load.drain = Duration::from_millis(300);
     let report = d.generator.run(load, Duration::from_secs(10));
     stop.store(true, Ordering::Release);
-    let (mut echoed, mut stolen, parks, mut app) = driver
+    let (mut echoed, mut stolen, mut unsent, parks, mut app) = driver
         .join()
         .map_err(|_| "the echo thread panicked".to_string())?;
     // Replies the drain did not wait for: echoed so that the application's
     // counts add up (the generator's report is already taken).
-    let (e, s) = echo(&mut app, None);
+    let (e, s, u) = echo(&mut app, None);
     echoed += e;
     stolen += s;
+    unsent += u;
     let report = report.map_err(|e| format!("{e}: {:#?}", d.stats()))?;
     // The steals the last echo counted reach the stats at iokerneld's next
     // pass: wait for them (a pass is due within its interval).
@@ -345,6 +351,7 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
         net,
         echoed,
         stolen,
+        unsent,
         parks,
     })
 }
