@@ -625,7 +625,7 @@ mod tests {
     }
 
     /// The largest report iokerneld can send fits in [`REPLY_LIMIT`] with
-    /// room to spare (docs/iokernel.md: iokerneld's own test sends it over a
+    /// room to spare (crates/iokernel/README.md: iokerneld's own test sends it over a
     /// connection).
     #[test]
     fn the_largest_stats_reply_fits() {

@@ -169,7 +169,7 @@ pub struct LineSnap {
     pub next_timer_ns: Option<u64>,
     pub busy_ns: u64,
     /// The runtime's steal count (wrapping; untrusted: iokerneld's stats
-    /// take it through a clamp, docs/iokernel.md).
+    /// take it through a clamp, crates/iokernel/README.md).
     pub steals: u32,
 }
 

@@ -47,7 +47,7 @@ const MIN_NS_PER_STEAL: u64 = 20;
 const STEAL_SLACK: u64 = 1024;
 
 /// One kthread's steals, as iokerneld counts them from the free-running
-/// 32-bit count its runtime keeps in the queue line (docs/iokernel.md,
+/// 32-bit count its runtime keeps in the queue line (crates/iokernel/README.md,
 /// "Stats"). The runtime is untrusted: a count that went backwards (a
 /// wrapping difference of 2^31 or more) or grew faster than one steal per
 /// [`MIN_NS_PER_STEAL`] since the previous read adds nothing, and the next
