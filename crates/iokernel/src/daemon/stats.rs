@@ -259,8 +259,9 @@ mod tests {
         assert_eq!((c.total, c.distrusted), (12, 0));
         // Across the wrap of the 32-bit count.
         let mut w = StealCount::new(0);
-        w.observe(u32::MAX - 1, 1_000_000_000_000);
-        w.observe(3, 1_000_000_001_000);
+        w.observe((1 << 31) - 1, 1_000_000_000_000);
+        w.observe(u32::MAX - 1, 2_000_000_000_000);
+        w.observe(3, 2_000_000_001_000);
         assert_eq!((w.total, w.distrusted), (u64::from(u32::MAX) - 1 + 5, 0));
         // Backwards: nothing counted; the next read counts from there.
         c.observe(10, 5_000);
