@@ -26,6 +26,7 @@
 //! over the run × managed cores.
 
 mod plot;
+mod quiet;
 pub(crate) mod report;
 
 use std::path::{Path, PathBuf};
@@ -859,6 +860,7 @@ pub(crate) fn run_point(
             .context("the warm-up run")?;
     }
     let busy0 = shared.spin.busy_ns.load(Relaxed);
+    let cpus_before = quiet::snapshot();
     let from = Instant::now();
     let cancel = Arc::new(AtomicBool::new(false));
     let sampler = sample(
@@ -875,6 +877,15 @@ pub(crate) fn run_point(
         )
         .map_err(|e| anyhow!(e));
     let run_ns = from.elapsed().as_nanos() as u64;
+    let ours: Vec<usize> = setup
+        .managed
+        .iter()
+        .copied()
+        .chain([setup.iokernel_core])
+        .collect();
+    let competition = cpus_before
+        .zip(quiet::snapshot())
+        .and_then(|(a, b)| quiet::measure(&a, &b, &ours));
     if measured.is_err() {
         cancel.store(true, Relaxed);
     }
@@ -925,8 +936,18 @@ pub(crate) fn run_point(
         overdue_preemptions: overdue(&samples.last).saturating_sub(overdue(&samples.first)),
         lc_requests_sent: st.sent,
         lc_requests_answered: st.replies,
+        foreign_cpu_pct: competition.map_or(f64::NAN, |q| r3(q.foreign_cpu_pct)),
+        steal_pct: competition.map_or(f64::NAN, |q| r3(q.steal_pct)),
+        quiet: match competition.map(|q| q.is_quiet()) {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "unknown",
+        },
         note: String::new(),
     };
+    if let Some(w) = competition.and_then(|q| q.warning()) {
+        log::warn!("{} at load {load}: {w}", policy.name());
+    }
     if row.overdue_preemptions > 0 {
         notes.push(format!(
             "{} preemption(s) not answered within 1 ms",
@@ -1187,6 +1208,16 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     let mut table = head;
     table.push_str(&report::render_table(&rows, &service_described, &described));
+    let noisy = rows.iter().filter(|r| r.quiet == "no").count();
+    if noisy > 0 {
+        table.push_str(&format!(
+            "\nWARNING: {noisy} of {} points ran while other processes competed for the demo's CPUs \
+             (rows marked NOT QUIET; `quiet` in the CSV/JSON, over {:.0} % foreign or stolen time): \
+             their latencies are not a result of the allocator; rerun on a quiet machine\n",
+            rows.len(),
+            quiet::NOT_QUIET_PCT
+        ));
+    }
     table.push_str(&format!(
         "\nwrote {} and {}\n",
         csv.display(),

@@ -63,6 +63,8 @@ pub struct AppRates {
     pub grants_per_s: Option<f64>,
     pub preemptions_per_s: Option<f64>,
     pub congestion_per_s: Option<f64>,
+    /// Steals of its kthreads per second (work one took from another).
+    pub steals_per_s: Option<f64>,
     /// Packets iokerneld put on its ingress rings / took from its egress
     /// rings, and dropped either way, per second (applications with an
     /// address).
@@ -131,6 +133,7 @@ pub fn app_rates(prev: Option<&StatsReport>, now: &StatsReport) -> Vec<AppRates>
                     grants_per_s: Some(rate(b.grants, a.grants, w)),
                     preemptions_per_s: Some(rate(b.preemptions, a.preemptions, w)),
                     congestion_per_s: Some(rate(b.congestion_events, a.congestion_events, w)),
+                    steals_per_s: Some(rate(b.steals, a.steals, w)),
                     rx_per_s: net(|n| n.rx),
                     tx_per_s: net(|n| n.tx),
                     drops_per_s: net(|n| n.drop_ingress + n.drop_egress),
@@ -239,7 +242,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     let nw = names.iter().map(String::len).max().unwrap_or(0).max(4);
     let _ = writeln!(
         out,
-        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
+        "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>9}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
         "NAME",
         "PID",
         "CLASS",
@@ -250,6 +253,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         "PARKED/KT",
         "CONGEST/S",
         "OVERDUE",
+        "STEALS/S",
         "RX/S",
         "TX/S",
         "DROP/S",
@@ -260,7 +264,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     for ((a, r), name) in now.apps.iter().zip(&rates).zip(&names) {
         let _ = writeln!(
             out,
-            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
+            "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>9}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
             name,
             a.pid,
             class_name(a.class),
@@ -271,6 +275,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
             format!("{}/{}", a.parked_kthreads, a.kthreads),
             fmt_rate(r.congestion_per_s),
             a.preempt_overdue,
+            fmt_rate(r.steals_per_s),
             fmt_rate(r.rx_per_s),
             fmt_rate(r.tx_per_s),
             fmt_rate(r.drops_per_s),
@@ -301,7 +306,8 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
 }
 
 /// The steering section: per policy in use, iokerneld's ns per decision,
-/// flows moved per change of the active set and table memory (totals over
+/// flows moved (remapped) and seen moving per change of the active set,
+/// steals and table memory (totals over
 /// the applications using it), then the generator's replies out of order
 /// within their flow. Nothing when no application has a network.
 fn render_steering(out: &mut String, dp: &DataplaneStats) {
@@ -313,13 +319,21 @@ fn render_steering(out: &mut String, dp: &DataplaneStats) {
         out,
         "
 steering (totals)
-{:<14}  {:>4}  {:>9}  {:>10}  {:>8}  {:>10}  {:>8}",
-        "POLICY", "APPS", "NS/DECIS", "CHANGES", "MOVED/CH", "DECISIONS", "TABLE"
+{:<14}  {:>4}  {:>9}  {:>10}  {:>8}  {:>8}  {:>10}  {:>10}  {:>8}",
+        "POLICY",
+        "APPS",
+        "NS/DECIS",
+        "CHANGES",
+        "MOVED/CH",
+        "SEEN/CH",
+        "STEALS",
+        "DECISIONS",
+        "TABLE"
     );
     for st in &dp.steering {
         let _ = writeln!(
             out,
-            "{:<14}  {:>4}  {:>9}  {:>10}  {:>8}  {:>10}  {:>8}",
+            "{:<14}  {:>4}  {:>9}  {:>10}  {:>8}  {:>8}  {:>10}  {:>10}  {:>8}",
             st.steering_name(),
             st.apps,
             st.ns_per_decision()
@@ -327,6 +341,9 @@ steering (totals)
             st.ch,
             st.moved_per_change()
                 .map_or("-".into(), |v| format!("{v:.2}")),
+            st.seen_moving_per_change()
+                .map_or("-".into(), |v| format!("{v:.2}")),
+            st.sl,
             st.sd,
             fmt_bytes(st.tb),
         );
@@ -474,6 +491,7 @@ mod tests {
             congestion_events: congestion,
             ring_full: 0,
             preempt_overdue: 3,
+            steals: grants * 2,
             net: None,
         }
     }
@@ -550,6 +568,7 @@ mod tests {
                     grants_per_s: Some(100.0),
                     preemptions_per_s: Some(10.0),
                     congestion_per_s: Some(0.0),
+                    steals_per_s: Some(200.0),
                     rx_per_s: Some(1000.0),
                     tx_per_s: Some(500.0),
                     drops_per_s: Some(10.0),
@@ -618,6 +637,7 @@ mod tests {
                 "1/2",
                 "50.0",
                 "3",
+                "40.0",
                 "-",
                 "-",
                 "-",
@@ -666,9 +686,11 @@ mod tests {
                 apps: 1,
                 ch: 4,
                 mv: 10,
+                ms: 6,
                 sd: 200,
                 sn: 3_000,
                 tb: 8192,
+                sl: 42,
             },
             SteeringStats {
                 st: 2,
@@ -689,11 +711,11 @@ mod tests {
         };
         assert_eq!(
             row("rss-mod"),
-            ["rss-mod", "1", "15.0", "4", "2.50", "200", "8K"]
+            ["rss-mod", "1", "15.0", "4", "2.50", "1.50", "42", "200", "8K"]
         );
         assert_eq!(
             row("indirection"),
-            ["indirection", "2", "-", "0", "-", "0", "0"]
+            ["indirection", "2", "-", "0", "-", "-", "0", "0", "0"]
         );
         assert!(
             s.contains("1000 replies, 5 out of order within their flow (0.500 %)"),

@@ -33,8 +33,11 @@ fn steering_reports_every_policy() {
         let p = &v["policies"][policy];
         for key in [
             "reordered_pct",
+            "steals",
+            "steals_per_kpkt",
             "stolen_pct",
             "flows_moved_per_change",
+            "flows_seen_moving_per_change",
             "p50_us",
             "p99_us",
             "ns_per_decision",
@@ -69,6 +72,13 @@ fn steering_reports_every_policy() {
     assert_eq!(order, ["rss-mod", "flow-affinity", "indirection"]);
     let csv = std::fs::read_to_string(out_dir.join("steering.csv")).unwrap();
     assert!(csv.starts_with("round,policy,"), "{csv}");
+    assert!(
+        csv.lines()
+            .next()
+            .unwrap()
+            .contains(",steals,steals_per_kpkt,"),
+        "{csv}"
+    );
     assert_eq!(csv.lines().count(), 4, "{csv}");
     assert!(out_dir.join("moved.png").exists());
     assert!(out_dir.join("p99.png").exists());

@@ -90,6 +90,9 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
         "reallocations_per_s",
         "lc_requests_sent",
         "lc_requests_answered",
+        "foreign_cpu_pct",
+        "steal_pct",
+        "quiet",
     ] {
         assert!(header.contains(&col), "no column {col} in {header:?}");
     }
@@ -110,9 +113,19 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
         let (sent, answered) = (num(r, "lc_requests_sent"), num(r, "lc_requests_answered"));
         // 0.1 of a core at 10 µs per request for 200 ms: about 2000.
         assert!(sent > 1000.0, "{csv}");
-        assert!(answered > 0.8 * sent, "most requests answered: {csv}");
-        assert!(num(r, "achieved_load") > 0.03, "{csv}");
+        if r[col("quiet")] == "no" {
+            // Another process took the managed CPU: the demo marks the
+            // point as no result, and requests may go unanswered.
+            eprintln!("a point was not quiet; not judging its answers: {csv}");
+        } else {
+            assert!(answered > 0.8 * sent, "most requests answered: {csv}");
+            assert!(num(r, "achieved_load") > 0.03, "{csv}");
+        }
         assert_eq!(num(r, "offered_load"), 0.1);
+        // Measured, whatever the machine's load (only reported, never a
+        // failure: a loaded machine is what it warns about).
+        assert!(["yes", "no"].contains(&r[col("quiet")]), "{csv}");
+        assert!(num(r, "foreign_cpu_pct") >= 0.0, "{csv}");
     }
     assert!(rows.iter().any(|r| r[col("service")] == "bimodal"), "{csv}");
     let shenango = rows

@@ -119,6 +119,8 @@ struct Kthread {
     /// It parked or yielded since its egress ring was last found empty:
     /// drain the ring once more (only active kthreads' rings are polled).
     drain_egress: bool,
+    /// Its steals, from its queue line.
+    steals: stats::StealCount,
 }
 
 struct App {
@@ -154,6 +156,11 @@ impl App {
 
     fn cores(&self) -> Vec<usize> {
         self.kt.iter().filter_map(|k| k.core).collect()
+    }
+
+    /// Steals of its kthreads (as far as believed).
+    fn steals(&self) -> u64 {
+        self.kt.iter().map(|k| k.steals.total).sum()
     }
 }
 

@@ -91,15 +91,16 @@ impl AppNet {
     pub fn report(&self) -> NetStats {
         let steer = self.steering.stats();
         NetStats {
-            mv: steer.flows_moved,
+            mv: self.steering.flows_remapped().unwrap_or(steer.flows_moved),
             ev: steer.table_evictions,
             tb: u32::try_from(steer.table_bytes).unwrap_or(u32::MAX),
             ..self.stats
         }
     }
 
-    /// Adds its steering measurements to `totals` (one entry per policy).
-    pub fn add_steering(&self, totals: &mut Vec<SteeringStats>) {
+    /// Adds its steering measurements to `totals` (one entry per policy),
+    /// with `steals`, its application's steals.
+    pub fn add_steering(&self, totals: &mut Vec<SteeringStats>, steals: u64) {
         let steer = self.steering.stats();
         let entry = match totals.iter_mut().position(|t| t.st == self.stats.st) {
             Some(i) => &mut totals[i],
@@ -113,10 +114,12 @@ impl AppNet {
         };
         entry.apps += 1;
         entry.ch += self.steering.changes();
-        entry.mv += steer.flows_moved;
+        entry.mv += self.steering.flows_remapped().unwrap_or(0);
+        entry.ms += steer.flows_moved;
         entry.sd += self.steer_decisions;
         entry.sn += self.steer_ns;
         entry.tb += steer.table_bytes;
+        entry.sl += steals;
     }
 
     /// The pool's memfd, sent to the runtime with its acceptance.
@@ -539,7 +542,7 @@ impl Dataplane {
             port,
             pool,
             ledger: BufferLedger::new(buffers),
-            steering: AppSteering::new(steering.build(kthreads, &options), kthreads),
+            steering: AppSteering::new(steering.build(kthreads, &options), kthreads).track_remaps(),
             stats: NetStats {
                 st: steering.code(),
                 ..NetStats::default()

@@ -6,6 +6,9 @@
 //! as root with `CI=true` and installs every prerequisite, so there a skip
 //! would only hide a test that stopped checking anything: [`skip`] panics
 //! with the reason instead.
+//!
+//! [`steering`]: the packet steering harness of the end-to-end test and
+//! `ginza bench steering`.
 
 use std::fmt::Display;
 
@@ -30,3 +33,5 @@ pub fn skips_are_failures() -> bool {
 pub fn running_as_root() -> bool {
     ginza_sys::process::geteuid() == 0
 }
+
+pub mod steering;

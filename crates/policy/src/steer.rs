@@ -24,6 +24,10 @@ pub use indirection::{Indirection, DEFAULT_BUCKETS, DEFAULT_MAX_MOVES_PER_REBALA
 /// flows, 88 % have a slot of their own.
 pub const MOVE_COUNTER_SLOTS: usize = 8192;
 
+/// Flows an [`AppSteering`] tracks to count the flows each change of the
+/// active set remaps (a power of two; with more live flows, a sample).
+pub const TRACKED_FLOWS: usize = 4096;
+
 /// Spreads a flow hash over a table's slots (Fibonacci hashing: the top
 /// bits of the product depend on every bit of the hash).
 pub(crate) fn mix(hash: u64) -> u64 {
@@ -45,6 +49,17 @@ pub trait Steering {
     /// The kthread for a packet of the flow hashing to `hash`: one of
     /// `active` (ascending, never empty). Called once per packet.
     fn pick(&mut self, hash: u64, active: &[usize], now: Time) -> usize;
+
+    /// Where a packet of the flow `hash` would go now, changing nothing (no
+    /// insertion, no count), `active` as for [`Steering::pick`]; `None` when
+    /// the policy decides only at the flow's next packet (a flow table's
+    /// unknown flow, or one whose kthread lost its core). [`AppSteering`]
+    /// asks it after each change of the active set, to count the flows the
+    /// change remapped; the default knows nothing.
+    fn route(&self, hash: u64, active: &[usize]) -> Option<usize> {
+        let _ = (hash, active);
+        None
+    }
 
     /// `kthread` became active; `active` is the set that now includes it.
     fn activated(&mut self, kthread: usize, active: &[usize], now: Time);
@@ -238,6 +253,10 @@ impl Steering for RssMod {
         kthread
     }
 
+    fn route(&self, hash: u64, active: &[usize]) -> Option<usize> {
+        Some(active[(hash % active.len() as u64) as usize])
+    }
+
     // The modulo needs no notice: the next packet of each flow lands where
     // the new set says, and the move counter sees it there.
     fn activated(&mut self, _kthread: usize, _active: &[usize], _now: Time) {}
@@ -300,6 +319,52 @@ impl Default for MoveCounter {
     }
 }
 
+/// The flows an [`AppSteering`] saw lately and the kthread each is mapped
+/// to, for counting remapped flows: [`TRACKED_FLOWS`] slots indexed by the
+/// flow's hash (a flow whose slot another took is forgotten).
+#[derive(Clone, Debug)]
+struct RemapTracker {
+    /// Per slot: the flow's hash and its kthread + 1 (0: empty).
+    slots: Box<[(u64, u32)]>,
+    remapped: u64,
+}
+
+impl RemapTracker {
+    fn new() -> Self {
+        RemapTracker {
+            slots: vec![(0, 0); TRACKED_FLOWS].into_boxed_slice(),
+            remapped: 0,
+        }
+    }
+
+    /// A packet of `hash` went to `kthread`: a known flow that went
+    /// elsewhere than it was mapped to moved without a change of the active
+    /// set telling (a lazy policy's move at the flow's next packet, a
+    /// rebalance).
+    fn saw(&mut self, hash: u64, kthread: usize) {
+        let slot = &mut self.slots[(mix(hash) >> (64 - TRACKED_FLOWS.trailing_zeros())) as usize];
+        let now = kthread as u32 + 1;
+        if slot.0 == hash && slot.1 != 0 && slot.1 != now {
+            self.remapped += 1;
+        }
+        *slot = (hash, now);
+    }
+
+    /// After a change of the active set: every tracked flow the policy now
+    /// routes to another kthread is remapped.
+    fn remap(&mut self, policy: &dyn Steering, active: &[usize]) {
+        for slot in self.slots.iter_mut().filter(|s| s.1 != 0) {
+            if let Some(k) = policy.route(slot.0, active) {
+                let now = k as u32 + 1;
+                if slot.1 != now {
+                    slot.1 = now;
+                    self.remapped += 1;
+                }
+            }
+        }
+    }
+}
+
 /// Where [`AppSteering::steer`] sends a packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Steered {
@@ -320,6 +385,8 @@ pub struct AppSteering {
     active: Vec<usize>,
     /// Changes of the active set told to the policy.
     changes: u64,
+    /// Counts remapped flows, when asked for ([`AppSteering::track_remaps`]).
+    tracker: Option<RemapTracker>,
 }
 
 impl AppSteering {
@@ -331,7 +398,17 @@ impl AppSteering {
             kthreads,
             active: Vec::with_capacity(kthreads),
             changes: 0,
+            tracker: None,
         }
+    }
+
+    /// Also counts the flows each change of the active set remaps
+    /// ([`AppSteering::flows_remapped`]): [`TRACKED_FLOWS`] slots of the
+    /// flows seen lately (64 KiB), one slot write per packet, and after
+    /// each change one [`Steering::route`] per tracked flow.
+    pub fn track_remaps(mut self) -> Self {
+        self.tracker = Some(RemapTracker::new());
+        self
     }
 
     /// Brings the active set up to date: `is_active` says, for kthreads
@@ -339,6 +416,7 @@ impl AppSteering {
     /// changed is reported to the policy, in ascending order. Allocates
     /// nothing.
     pub fn sync(&mut self, is_active: impl IntoIterator<Item = bool>, now: Time) {
+        let changes = self.changes;
         let mut at = 0; // position of kthread `k` in `active`, if there
         for (k, on) in is_active.into_iter().take(self.kthreads).enumerate() {
             let was = self.active.get(at) == Some(&k);
@@ -358,6 +436,11 @@ impl AppSteering {
                 }
             }
         }
+        if let Some(t) = &mut self.tracker {
+            if self.changes != changes && !self.active.is_empty() {
+                t.remap(&*self.policy, &self.active);
+            }
+        }
     }
 
     /// The kthreads that hold a core, ascending.
@@ -370,7 +453,11 @@ impl AppSteering {
         if self.active.is_empty() {
             return Steered::Parked((hash % self.kthreads as u64) as usize);
         }
-        Steered::Active(self.policy.pick(hash, &self.active, now))
+        let k = self.policy.pick(hash, &self.active, now);
+        if let Some(t) = &mut self.tracker {
+            t.saw(hash, k);
+        }
+        Steered::Active(k)
     }
 
     /// Once per allocation pass: the policy's look at the queues.
@@ -385,9 +472,21 @@ impl AppSteering {
         self.changes
     }
 
-    /// Flows the policy moved so far.
+    /// Flows the policy moved so far, as it counts them: a packet of a flow
+    /// that went to another kthread than the flow's previous packet (a flow
+    /// with no packet while its kthread was away is not counted).
     pub fn flows_moved(&self) -> u64 {
         self.policy.flows_moved()
+    }
+
+    /// With [`AppSteering::track_remaps`]: flows remapped so far, among the
+    /// tracked flows (docs/simulator.md, "Steering measurements"): after
+    /// each change of the active set, those the policy's own mapping
+    /// ([`Steering::route`]) sends to another kthread than before, whether
+    /// or not a packet arrives before the next change; plus moves made at
+    /// a flow's next packet (a lazy policy's, a rebalance's).
+    pub fn flows_remapped(&self) -> Option<u64> {
+        self.tracker.as_ref().map(|t| t.remapped)
     }
 
     /// The policy's name.
@@ -465,6 +564,76 @@ mod tests {
         }
         // From 3 to 2 kthreads alone, most flows moved (Calisto Figs. 2-3).
         assert!(moved > 300, "{moved}");
+    }
+
+    /// The remap count is the policy's mapping, not the traffic: flows
+    /// that send nothing during a short shrink are counted all the same,
+    /// and the consistent policies remap about a quarter of rss-mod's.
+    #[test]
+    fn remapped_flows_are_counted_from_the_policy_mapping() {
+        let build = |kind: SteeringKind| {
+            AppSteering::new(kind.build(4, &SteeringOptions::default()), 4).track_remaps()
+        };
+        let flows = 0..1000u64;
+        let mut remapped = Vec::new();
+        for kind in SteeringKind::ALL {
+            let mut st = build(kind);
+            st.sync([true; 4], 0);
+            for h in flows.clone() {
+                st.steer(h, 1);
+            }
+            let tracked = st
+                .tracker
+                .as_ref()
+                .unwrap()
+                .slots
+                .iter()
+                .filter(|s| s.1 != 0)
+                .count() as u64;
+            assert!(tracked > 800, "{tracked}");
+            assert_eq!(st.flows_remapped(), Some(0));
+            // Kthread 3 away and back, no packet in between.
+            st.sync([true, true, true, false], 2);
+            let away = st.flows_remapped().unwrap();
+            st.sync([true; 4], 3);
+            let back = st.flows_remapped().unwrap() - away;
+            eprintln!("{kind}: tracked {tracked}, away {away}, back {back}");
+            match kind {
+                // Every flow not on kthread 0 or whose modulo changed: most.
+                SteeringKind::RssMod => {
+                    assert!(away * 2 > tracked && back * 2 > tracked, "{away} {back}")
+                }
+                // Kthread 3's flows move away, and back to it.
+                SteeringKind::Indirection => {
+                    assert!(away * 5 < tracked * 2 && away * 6 > tracked, "{away}");
+                    assert_eq!(back, away);
+                }
+                // Kthread 3's flows would move at their next packet: not
+                // yet, and never back once moved.
+                SteeringKind::FlowAffinity => assert_eq!((away, back), (0, 0)),
+            }
+            // Packets after the change follow the mapping: nothing more to
+            // count, except flow-affinity's moves at the next packet.
+            st.sync([true, true, true, false], 4);
+            let before = st.flows_remapped().unwrap();
+            for h in flows.clone() {
+                st.steer(h, 5);
+            }
+            let lazy = st.flows_remapped().unwrap() - before;
+            if kind == SteeringKind::FlowAffinity {
+                assert!(lazy * 6 > tracked && lazy * 5 < tracked * 2, "{lazy}");
+            } else {
+                assert_eq!(lazy, 0, "{kind}");
+            }
+            remapped.push(st.flows_remapped().unwrap());
+        }
+        // Without tracking: nothing counted.
+        assert_eq!(
+            AppSteering::new(Box::new(RssMod::new()), 2).flows_remapped(),
+            None
+        );
+        assert!(remapped[2] * 2 < remapped[0], "{remapped:?}");
+        assert!(remapped[1] * 2 < remapped[0], "{remapped:?}");
     }
 
     #[test]

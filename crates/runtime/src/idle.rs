@@ -85,7 +85,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
             }
         }
         if let Some(u) = steal_once(owner) {
-            bump(&k.stats.steals);
+            k.count_steal();
             break Some(u);
         }
         // Then the packets of kthreads that are busy (or parked).
@@ -175,6 +175,7 @@ fn steal_packets(owner: &mut Owner<'_>) -> (usize, Option<URef>) {
     for v in (0..n).map(|i| (first + i) % n).filter(|&v| v != k.id) {
         let got = poll_net(owner, &rt.kthreads[v]);
         if got > 0 {
+            k.count_steal();
             processed += got;
             if let Some(u) = owner.pop() {
                 return (processed, Some(u));

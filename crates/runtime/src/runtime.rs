@@ -184,6 +184,10 @@ pub struct KthreadStats {
     /// "running", "spinning", "parked" or "revoked".
     pub state: &'static str,
     pub preemptions: u64,
+    /// Times it took work queued for another kthread: a batch of uthreads
+    /// (another's runqueue or the shared queue), or packets from another
+    /// kthread's ingress ring. Also published in its queue line for
+    /// iokerneld's stats.
     pub steals: u64,
     pub parks: u64,
     pub revocations: u64,

@@ -52,7 +52,10 @@ pub struct QueueLine {
     in_head: AtomicU32,
     in_tail: AtomicU32,
     flags: AtomicU32,
-    _reserved: AtomicU32,
+    /// Steals: times the kthread took work queued for another (a batch of
+    /// uthreads, or packets from another kthread's ingress ring). A
+    /// free-running count, read by iokerneld for its stats only.
+    steals: AtomicU32,
     /// Earliest pending timer, CLOCK_MONOTONIC ns, or [`NO_TIMER`].
     next_timer_ns: AtomicU64,
     /// Cumulative busy (running uthreads) time, ns.
@@ -76,7 +79,7 @@ impl QueueLine {
             in_head: AtomicU32::new(0),
             in_tail: AtomicU32::new(0),
             flags: AtomicU32::new(0),
-            _reserved: AtomicU32::new(0),
+            steals: AtomicU32::new(0),
             next_timer_ns: AtomicU64::new(NO_TIMER),
             busy_ns: AtomicU64::new(0),
         }
@@ -115,6 +118,11 @@ impl QueueLine {
         self.next_timer_ns
             .store(deadline_ns.unwrap_or(NO_TIMER), Ordering::Relaxed)
     }
+    /// One more steal (owner only; wraps).
+    pub fn add_steal(&self) {
+        let v = self.steals.load(Ordering::Relaxed);
+        self.steals.store(v.wrapping_add(1), Ordering::Relaxed);
+    }
     pub fn add_busy_ns(&self, ns: u64) {
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);
     }
@@ -147,6 +155,7 @@ impl QueueLine {
             flags: LineFlags(self.flags.load(Ordering::Relaxed)),
             next_timer_ns: (t != NO_TIMER).then_some(t),
             busy_ns: self.busy_ns.load(Ordering::Relaxed),
+            steals: self.steals.load(Ordering::Relaxed),
         }
     }
 }
@@ -159,6 +168,9 @@ pub struct LineSnap {
     pub flags: LineFlags,
     pub next_timer_ns: Option<u64>,
     pub busy_ns: u64,
+    /// The runtime's steal count (wrapping; untrusted: iokerneld's stats
+    /// take it through a clamp, crates/iokernel/README.md).
+    pub steals: u32,
 }
 
 impl From<LineSnap> for QueueCounters {
@@ -193,6 +205,8 @@ mod tests {
         l.set_next_timer(Some(77));
         l.add_busy_ns(10);
         l.add_busy_ns(5);
+        l.add_steal();
+        l.add_steal();
         l.insert_flags(LineFlags::PARKED | LineFlags::PREEMPT_PENDING);
         l.remove_flags(LineFlags::PREEMPT_PENDING);
         let s = l.snapshot();
@@ -208,6 +222,7 @@ mod tests {
         assert!(s.flags.contains(LineFlags::PARKED));
         assert!(!s.flags.contains(LineFlags::PREEMPT_PENDING));
         assert_eq!(s.next_timer_ns, Some(77));
+        assert_eq!(s.steals, 2);
         let mut k = KthreadSnap {
             core: Some(3),
             ..Default::default()

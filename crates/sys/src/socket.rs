@@ -163,6 +163,18 @@ pub fn recv_with_fds(
     }))
 }
 
+/// Asks for a send buffer of at least `bytes` (the kernel caps the request
+/// at `net.core.wmem_max` and doubles it; as root, past the cap) and
+/// returns the size the socket has now. On a SOCK_SEQPACKET socket this
+/// bounds the longest message it can send.
+pub fn set_send_buffer(sock: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
+    use rustix::net::sockopt;
+    if sockopt::set_socket_send_buffer_size_force(sock, bytes).is_err() {
+        sockopt::set_socket_send_buffer_size(sock, bytes)?;
+    }
+    Ok(sockopt::socket_send_buffer_size(sock)?)
+}
+
 /// The pid of the process at the other end of a unix socket (as it was at
 /// connect time).
 pub fn peer_pid(sock: impl AsFd) -> io::Result<i32> {

@@ -1,17 +1,19 @@
 //! `ginza bench steering`: the packet steering policies side by side
 //! (docs/design.md, "Packet steering"; docs/results.md, "Steering").
 //!
-//! iokerneld's generator sends UDP spin requests (0 ns of work: the figure
-//! is steering, not service) of `--flows` flows, each flow numbering its
-//! requests, to an application of 4 kthreads while its cores change: every
-//! two phases one kthread parks (gives its core back) and the next phase
-//! it is granted one again, as a runtime's would when load steps down and
-//! up. The application is a [`RawApp`] played by one thread that echoes
-//! every ring (a parked kthread's ring is stolen from, the reply leaving by
-//! the thief's egress ring), so the figures are iokerneld's and the
-//! policy's, not a runtime's. iokerneld runs with the recording actuator
-//! and manages 4 cores that need not exist (grants are bookkeeping), so
-//! that the active set can go 4 ⇄ 3 on a 2-CPU machine.
+//! The harness is `ginza_iokernel::testing::steering` (the end-to-end
+//! test runs it too): iokerneld's generator sends UDP spin requests (0 ns
+//! of work: the figure is steering, not service) of `--flows` flows, each
+//! flow numbering its requests, to an application of 4 kthreads while its
+//! cores change: every two phases one kthread parks (gives its core back)
+//! and the next phase it is granted one again, as a runtime's would when
+//! load steps down and up. The application is a `RawApp` played by one
+//! thread that echoes every ring (a parked kthread's ring is stolen from,
+//! the reply leaving by the thief's egress ring, the steal counted in the
+//! thief's queue line as a runtime counts it), so the figures are
+//! iokerneld's and the policy's, not a runtime's. iokerneld runs with the
+//! recording actuator and manages 4 cores that need not exist (grants are
+//! bookkeeping), so that the active set can go 4 ⇄ 3 on a 2-CPU machine.
 //!
 //! Each round runs every policy once, in turn (`rss-mod`, `flow-affinity`,
 //! `indirection`, then again), each on a fresh iokerneld; the JSON holds
@@ -19,12 +21,19 @@
 //! * `reordered_pct`: replies that came back after the reply to a later
 //!   request of their flow, % of replies (the generator's count: reply
 //!   order is the observable proxy for packets processed out of order);
-//! * `stolen_pct`: replies the harness took from a parked kthread's ring
-//!   (the harness's steals: a runtime's steals are counted by the runtime,
-//!   `KthreadStats::steals`, not by iokerneld), % of replies;
-//! * `flows_moved_per_change`: flows whose packet went to another kthread
-//!   than their previous packet, per change of the active set (iokerneld's
-//!   counts);
+//! * `steals`, `steals_per_kpkt`: the application's steals as iokerneld
+//!   reports them (read from its queue lines; here one per batch of
+//!   replies taken from a parked kthread's ring), and per 1,000 replies;
+//!   `stolen_pct`: replies taken that way, % of replies;
+//! * `flows_moved_per_change`: flows the policy remapped per change of the
+//!   active set, counted from its own mapping after each change, over the
+//!   flows iokerneld tracks (up to `TRACKED_FLOWS`), whether or not a packet
+//!   of the flow arrived before the next change, plus moves made at a flow's
+//!   next packet (`flow-affinity`'s lazy moves, rebalancing);
+//!   `flows_seen_moving_per_change`: the figure `flows_moved_per_change`
+//!   was before — packets that went to another kthread than their flow's
+//!   previous packet, which misses flows that sent nothing while a kthread
+//!   was away (so it depends on how long a change lasts);
 //! * `p50_us`, `p99_us`: injection → reply, as iokerneld's loop saw it;
 //! * `ns_per_decision`: iokerneld's time per steering decision (flow key and
 //!   policy pick of a burst, timed together, divided by its packets);
@@ -32,25 +41,15 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use ginza_iokernel::nic::ServiceTime;
-use ginza_iokernel::raw_app::RawApp;
-use ginza_iokernel::{Config as IokConfig, Iokerneld, LoadRun, RecordingActuator};
-use ginza_net::{Interface, Ipv4Addr, MacAddr, Packet};
+use ginza_iokernel::testing::steering::{run_steering, SteeringRun};
 use ginza_policy::steer::SteeringKind;
-use ginza_proto::client;
-use ginza_shm::LineFlags;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use super::common::{emit, median};
-
-/// Kthreads of the application, and cores iokerneld manages.
-const KTHREADS: usize = 4;
 
 /// Arguments of `ginza bench steering`.
 #[derive(clap::Args, Debug)]
@@ -87,10 +86,13 @@ pub(super) struct Run {
     replies: u64,
     dropped: u64,
     reordered_pct: f64,
+    steals: u64,
+    steals_per_kpkt: f64,
     stolen_pct: f64,
     changes: u64,
     flows_moved: u64,
     flows_moved_per_change: f64,
+    flows_seen_moving_per_change: f64,
     p50_us: f64,
     p99_us: f64,
     ns_per_decision: f64,
@@ -101,10 +103,17 @@ pub(super) struct Run {
 #[derive(Clone, Debug, Serialize)]
 struct PolicyFigures {
     reordered_pct: f64,
-    /// Replies the harness took from a parked kthread's ring (its steals),
-    /// % of replies.
+    /// The application's steals (iokerneld's stats), and per 1,000
+    /// replies.
+    steals: f64,
+    steals_per_kpkt: f64,
+    /// Replies the harness took from a parked kthread's ring, % of replies.
     stolen_pct: f64,
+    /// Remapped by the policy per change of the active set (its mapping).
     flows_moved_per_change: f64,
+    /// Seen moving (a packet on another kthread than its flow's previous
+    /// one) per change.
+    flows_seen_moving_per_change: f64,
     p50_us: f64,
     p99_us: f64,
     ns_per_decision: f64,
@@ -138,8 +147,8 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
             let r = one_run(&args, round, policy)
                 .with_context(|| format!("round {round}, {policy}"))?;
             eprintln!(
-                "round {round} {:<13} moved/change {:>7.1}  reordered {:>6.3} %  p99 {:>8.1} us  {:>6.0} ns/decision",
-                r.policy, r.flows_moved_per_change, r.reordered_pct, r.p99_us, r.ns_per_decision
+                "round {round} {:<13} moved/change {:>7.1} (seen {:>6.1})  steals {:>6}  reordered {:>6.3} %  p99 {:>8.1} us  {:>6.0} ns/decision",
+                r.policy, r.flows_moved_per_change, r.flows_seen_moving_per_change, r.steals, r.reordered_pct, r.p99_us, r.ns_per_decision
             );
             runs.push(r);
         }
@@ -148,8 +157,16 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "{:<14} {:>12} {:>12} {:>9} {:>9} {:>12} {:>8}",
-        "policy", "reordered %", "moved/change", "p50 us", "p99 us", "ns/decision", "table"
+        "{:<14} {:>12} {:>12} {:>10} {:>8} {:>9} {:>9} {:>12} {:>8}",
+        "policy",
+        "reordered %",
+        "moved/change",
+        "seen/change",
+        "steals",
+        "p50 us",
+        "p99 us",
+        "ns/decision",
+        "table"
     );
     for policy in SteeringKind::ALL {
         let mine: Vec<&Run> = runs.iter().filter(|r| r.policy == policy.name()).collect();
@@ -158,8 +175,11 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
         };
         let figures = PolicyFigures {
             reordered_pct: med(|r| r.reordered_pct),
+            steals: med(|r| r.steals as f64),
+            steals_per_kpkt: med(|r| r.steals_per_kpkt),
             stolen_pct: med(|r| r.stolen_pct),
             flows_moved_per_change: med(|r| r.flows_moved_per_change),
+            flows_seen_moving_per_change: med(|r| r.flows_seen_moving_per_change),
             p50_us: med(|r| r.p50_us),
             p99_us: med(|r| r.p99_us),
             ns_per_decision: med(|r| r.ns_per_decision),
@@ -169,10 +189,12 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
         };
         let _ = writeln!(
             table,
-            "{:<14} {:>12.3} {:>12.1} {:>9.1} {:>9.1} {:>12.0} {:>8}",
+            "{:<14} {:>12.3} {:>12.1} {:>10.1} {:>8.0} {:>9.1} {:>9.1} {:>12.0} {:>8}",
             policy.name(),
             figures.reordered_pct,
             figures.flows_moved_per_change,
+            figures.flows_seen_moving_per_change,
+            figures.steals,
             figures.p50_us,
             figures.p99_us,
             figures.ns_per_decision,
@@ -198,198 +220,35 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
     emit(args.json, &table, &report)
 }
 
-/// The test's side of the kthreads' queue lines (as a runtime writes them).
-struct Lines {
-    queued: Vec<u32>,
-}
-
-impl Lines {
-    /// An item queued and never taken: iokerneld grants `k` a core.
-    fn busy(&mut self, app: &RawApp, k: usize) {
-        self.queued[k] += 1;
-        let line = &app.ends[k].line;
-        line.set_rq_tail(self.queued[k]);
-        line.remove_flags(LineFlags::PARKED);
-    }
-
-    fn settle(&self, app: &RawApp, k: usize) {
-        app.ends[k].line.set_rq_head(self.queued[k]);
-    }
-
-    fn park(&self, app: &mut RawApp, k: usize) {
-        self.settle(app, k);
-        app.ends[k].line.insert_flags(LineFlags::PARKED);
-        app.report_parked(k);
-    }
-}
-
-/// Echoes every datagram on every ring; a parked kthread's replies leave by
-/// the next kthread's egress ring. Returns how many were echoed, and how
-/// many of those were stolen (taken from a parked kthread's ring).
-fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64) {
-    let (mut echoed, mut stolen) = (0, 0);
-    for k in 0..KTHREADS {
-        let out = if parked == Some(k) {
-            (k + 1) % KTHREADS
-        } else {
-            k
-        };
-        while let Some((bytes, desc)) = app.recv(k) {
-            if let Ok(Packet::Udp(d)) = ginza_net::parse(&bytes, &app.interface) {
-                let (mac, src, port) = (d.src_mac, d.src, d.dst.port);
-                let payload = d.payload.to_vec();
-                let sent = u64::from(app.send_udp(out, mac, src, port, &payload));
-                echoed += sent;
-                if parked == Some(k) {
-                    stolen += sent;
-                }
-            }
-            app.give_back(k, desc.buf);
-        }
-    }
-    (echoed, stolen)
-}
-
-pub(super) fn one_run(
-    args: &SteeringArgs,
-    round: u32,
-    policy: SteeringKind,
-) -> anyhow::Result<Run> {
-    let dir = std::env::temp_dir().join(format!(
-        "ginza-bench-steering-{}-{round}-{policy}",
-        std::process::id()
-    ));
-    let cores: Vec<usize> = (0..KTHREADS).collect();
-    let mut cfg = IokConfig::new(cores.clone());
-    cfg.socket = dir.join("iokerneld.sock");
-    cfg.idle_sleep = Some(Duration::from_millis(1));
-    cfg.validate(&cores).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let socket = cfg.socket.clone();
-    let daemon = Iokerneld::bind(cfg, RecordingActuator::new())?;
-    let stop_daemon = daemon.stop_handle();
-    let generator = daemon.generator();
-    let loop_thread = std::thread::spawn(move || daemon.run());
-    let result = drive(args, &socket, &generator, round, policy);
-    stop_daemon.stop();
-    let _ = loop_thread.join();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn drive(
-    args: &SteeringArgs,
-    socket: &Path,
-    generator: &ginza_iokernel::GeneratorHandle,
-    round: u32,
-    policy: SteeringKind,
-) -> anyhow::Result<Run> {
-    let me = Interface {
-        mac: MacAddr([0x02, 0x47, 0x5a, 0, 0, 1]),
-        ip: Ipv4Addr::new(10, 47, 0, 1),
-    };
-    let mut app =
-        RawApp::register_steered(socket, "steered", me, KTHREADS as u32, Some(policy.name()))
-            .map_err(|e| anyhow::anyhow!("registration: {e}"))?;
-    let mut lines = Lines {
-        queued: vec![0; KTHREADS],
-    };
-    for k in 0..KTHREADS {
-        lines.busy(&app, k);
-    }
-    let t0 = Instant::now();
-    loop {
-        let s = client::stats(socket)?;
-        if s.apps
-            .first()
-            .is_some_and(|a| a.cores_now == KTHREADS as u32)
-        {
-            break;
-        }
-        anyhow::ensure!(
-            t0.elapsed() < Duration::from_secs(5),
-            "the application never held {KTHREADS} cores"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    for k in 0..KTHREADS {
-        lines.settle(&app, k);
-    }
-    let sending = Duration::from_millis(args.send_ms);
-    let phase = Duration::from_millis(args.phase_ms);
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let driver = std::thread::spawn(move || {
-        let (mut step, mut parked) = (0usize, None::<usize>);
-        let (started, mut phase_start) = (Instant::now(), Instant::now());
-        let mut stolen = 0u64;
-        while !stop2.load(Ordering::Acquire) {
-            stolen += echo(&mut app, parked).1;
-            if started.elapsed() > sending {
-                if let Some(k) = parked.take() {
-                    lines.busy(&app, k);
-                }
-                continue;
-            }
-            if phase_start.elapsed() < phase {
-                continue;
-            }
-            phase_start = Instant::now();
-            match parked.take() {
-                None => {
-                    for k in 0..KTHREADS {
-                        lines.settle(&app, k);
-                    }
-                    let k = step % KTHREADS;
-                    lines.park(&mut app, k);
-                    parked = Some(k);
-                    step += 1;
-                }
-                Some(k) => lines.busy(&app, k),
-            }
-        }
-        (app, stolen)
-    });
-    let mut load = LoadRun::poisson(me, 7, args.rate, ServiceTime::Constant { ns: 0 }, sending);
-    load.config.flows = args.flows;
-    load.config.seed = 11 + u64::from(round);
-    load.drain = Duration::from_millis(300);
-    let report = generator.run(load, Duration::from_secs(10));
-    stop.store(true, Ordering::Release);
-    let (app, stolen) = driver
-        .join()
-        .map_err(|_| anyhow::anyhow!("the echo thread panicked"))?;
-    let report = report.map_err(|e| anyhow::anyhow!("{e}"))?;
-    let stats = client::stats(socket)?;
-    drop(app);
-    let net = stats
-        .apps
-        .first()
-        .and_then(|a| a.net)
-        .context("no net stats")?;
-    let steer = stats
-        .dataplane
-        .steering
-        .iter()
-        .find(|s| s.st == policy.code())
-        .copied()
-        .context("no steering stats")?;
-    let st = report.stats;
-    let us = |q: f64| report.latency.value_at_quantile(q) as f64 / 1e3;
+pub(super) fn one_run(args: &SteeringArgs, round: u32, policy: SteeringKind) -> anyhow::Result<Run> {
+    let mut run = SteeringRun::new(policy);
+    run.flows = args.flows;
+    run.rate = args.rate;
+    run.sending = Duration::from_millis(args.send_ms);
+    run.phase = Duration::from_millis(args.phase_ms);
+    run.seed = 11 + u64::from(round);
+    let o = run_steering(&run).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let st = o.report.stats;
+    let replies = st.replies.max(1) as f64;
+    let us = |q: f64| o.report.latency.value_at_quantile(q) as f64 / 1e3;
     Ok(Run {
         round,
         policy: policy.name(),
         sent: st.sent,
         replies: st.replies,
-        dropped: net.drop_ingress,
-        reordered_pct: 100.0 * st.reordered as f64 / st.replies.max(1) as f64,
-        stolen_pct: 100.0 * stolen as f64 / st.replies.max(1) as f64,
-        changes: steer.ch,
-        flows_moved: steer.mv,
-        flows_moved_per_change: steer.moved_per_change().unwrap_or(0.0),
+        dropped: o.net.drop_ingress,
+        reordered_pct: 100.0 * st.reordered as f64 / replies,
+        steals: o.app.steals,
+        steals_per_kpkt: 1000.0 * o.app.steals as f64 / replies,
+        stolen_pct: 100.0 * o.stolen as f64 / replies,
+        changes: o.steering.ch,
+        flows_moved: o.steering.mv,
+        flows_moved_per_change: o.steering.moved_per_change().unwrap_or(0.0),
+        flows_seen_moving_per_change: o.steering.seen_moving_per_change().unwrap_or(0.0),
         p50_us: us(0.5),
         p99_us: us(0.99),
-        ns_per_decision: steer.ns_per_decision().unwrap_or(0.0),
-        table_bytes: steer.tb,
+        ns_per_decision: o.steering.ns_per_decision().unwrap_or(0.0),
+        table_bytes: o.steering.tb,
     })
 }
 
@@ -405,10 +264,13 @@ fn write_outputs(dir: &Path, csv: &Path, runs: &[Run]) -> anyhow::Result<()> {
                 r.replies.to_string(),
                 r.dropped.to_string(),
                 format!("{:.4}", r.reordered_pct),
+                r.steals.to_string(),
+                format!("{:.3}", r.steals_per_kpkt),
                 format!("{:.4}", r.stolen_pct),
                 r.changes.to_string(),
                 r.flows_moved.to_string(),
                 format!("{:.2}", r.flows_moved_per_change),
+                format!("{:.2}", r.flows_seen_moving_per_change),
                 format!("{:.2}", r.p50_us),
                 format!("{:.2}", r.p99_us),
                 format!("{:.1}", r.ns_per_decision),
@@ -425,10 +287,13 @@ fn write_outputs(dir: &Path, csv: &Path, runs: &[Run]) -> anyhow::Result<()> {
             "replies",
             "dropped",
             "reordered_pct",
+            "steals",
+            "steals_per_kpkt",
             "stolen_pct",
             "changes",
             "flows_moved",
             "flows_moved_per_change",
+            "flows_seen_moving_per_change",
             "p50_us",
             "p99_us",
             "ns_per_decision",

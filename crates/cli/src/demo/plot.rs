@@ -224,6 +224,9 @@ mod tests {
             overdue_preemptions: 0,
             lc_requests_sent: 10,
             lc_requests_answered: 10,
+            foreign_cpu_pct: 0.0,
+            steal_pct: 0.0,
+            quiet: "yes",
             note: String::new(),
         }
     }

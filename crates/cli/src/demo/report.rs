@@ -35,12 +35,21 @@ pub(crate) struct Row {
     pub(crate) lc_requests_sent: u64,
     /// Of those, answered (latency samples).
     pub(crate) lc_requests_answered: u64,
+    /// Busy time of other processes, and steal time, on the demo's CPUs
+    /// during the measured run, % of their time (NaN: not measured;
+    /// `super::quiet`).
+    pub(crate) foreign_cpu_pct: f64,
+    pub(crate) steal_pct: f64,
+    /// `yes`: nothing else competed for the demo's CPUs, the figures stand;
+    /// `no`: they do not (a warning under the row); `unknown`: `/proc`
+    /// could not tell.
+    pub(crate) quiet: &'static str,
     /// Empty, or what went wrong at this point.
     pub(crate) note: String,
 }
 
 /// The CSV's header, in row order.
-pub(crate) const CSV_HEADER: [&str; 15] = [
+pub(crate) const CSV_HEADER: [&str; 18] = [
     "service",
     "policy",
     "offered_load",
@@ -55,6 +64,9 @@ pub(crate) const CSV_HEADER: [&str; 15] = [
     "overdue_preemptions",
     "lc_requests_sent",
     "lc_requests_answered",
+    "foreign_cpu_pct",
+    "steal_pct",
+    "quiet",
     "note",
 ];
 
@@ -121,6 +133,9 @@ fn cells(r: &Row) -> Vec<String> {
         r.overdue_preemptions.to_string(),
         r.lc_requests_sent.to_string(),
         r.lc_requests_answered.to_string(),
+        num(r.foreign_cpu_pct, 1),
+        num(r.steal_pct, 1),
+        r.quiet.to_string(),
         note,
     ]
 }
@@ -194,6 +209,14 @@ pub(crate) fn render_table(
                     let _ = write!(t, "  ({})", r.note);
                 }
                 t.push('\n');
+                if r.quiet == "no" {
+                    let _ = writeln!(
+                        t,
+                        "  ^ NOT QUIET: other processes ran {} % and the hypervisor stole {} % of the demo's CPUs' time during this point: not a result",
+                        num(r.foreign_cpu_pct, 0),
+                        num(r.steal_pct, 0)
+                    );
+                }
             }
         }
     }
@@ -220,6 +243,9 @@ mod tests {
             overdue_preemptions: 0,
             lc_requests_sent: 30_000,
             lc_requests_answered: 29_950,
+            foreign_cpu_pct: 1.0,
+            steal_pct: 0.0,
+            quiet: "yes",
             note: String::new(),
         }
     }
@@ -316,6 +342,21 @@ mod tests {
         let t = render_table(&[stuck], &services, &[("slow", "1 ms".into())]);
         assert!(
             t.contains(" - ") && t.contains("(stuck)") && !t.contains("NaN"),
+            "{t}"
+        );
+        assert!(!t.contains("NOT QUIET"), "{t}");
+        // A point with a competitor says so under its row.
+        let mut noisy = row("slow", 0.1);
+        (noisy.foreign_cpu_pct, noisy.steal_pct, noisy.quiet) = (23.4, 1.0, "no");
+        let t = render_table(&[noisy], &services, &[("slow", "1 ms".into())]);
+        let lines: Vec<&str> = t.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains("29950/30000"))
+            .unwrap();
+        assert!(
+            lines[at + 1].contains("NOT QUIET: other processes ran 23 %")
+                && lines[at + 1].contains("not a result"),
             "{t}"
         );
     }

@@ -18,7 +18,7 @@ use crate::dataplane::AppNet;
 use ginza_policy::steer::SteeringKind;
 use ginza_proto::messages::{
     decode_request, encode, Registration, Removal, Request, Response, MAX_APPS, MAX_NAME,
-    MAX_REQUEST,
+    MAX_REQUEST, REPLY_LIMIT,
 };
 use ginza_sys::{clock, cpulist, eventfd, poll, process, socket};
 
@@ -64,6 +64,26 @@ pub(super) fn bind(path: &std::path::Path) -> Result<OwnedFd, DaemonError> {
         std::fs::remove_file(path).map_err(|e| err("remove stale socket", e))?;
     }
     socket::listen_seqpacket(path, 64).map_err(|e| err("listen on", e))
+}
+
+/// Sizes a connection's send buffer for the longest reply
+/// ([`REPLY_LIMIT`]): one SOCK_SEQPACKET message must fit in it, and the
+/// default (`net.core.wmem_default`, 208 KiB) is about what the largest
+/// stats reply needs. Says so, once, where the system caps it lower.
+pub(super) fn size_for_replies(sock: &OwnedFd) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    // A message carries some 32 bytes of the kernel's own beside the data.
+    let short = match socket::set_send_buffer(sock.as_fd(), REPLY_LIMIT) {
+        Ok(got) if got >= REPLY_LIMIT + 64 => return,
+        Ok(got) => format!("its send buffer is {got} bytes"),
+        Err(e) => format!("its send buffer could not be sized: {e}"),
+    };
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        warn!(
+            "a stats reply of many applications may not fit a connection ({short}, want {}; raise net.core.wmem_max)",
+            REPLY_LIMIT + 64
+        );
+    }
 }
 
 impl<A: CoreActuator> Iokerneld<A> {
@@ -146,6 +166,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             match socket::accept(self.listener.as_fd()) {
                 Ok(Some(sock)) => {
                     let pid = socket::peer_pid(sock.as_fd()).unwrap_or(0);
+                    size_for_replies(&sock);
                     if self.pending.len() >= MAX_PENDING {
                         warn!("refusing a connection from pid {pid}: {MAX_PENDING} connections already pending");
                         self.refused += 1;
@@ -273,6 +294,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         Kthread {
                             parked: true,
                             parked_since: now,
+                            steals: super::stats::StealCount::new(now),
                             ..Default::default()
                         };
                         n
@@ -479,5 +501,58 @@ impl<A: CoreActuator> Iokerneld<A> {
         });
         // Dropping `app` closes its socket and eventfds and unmaps the
         // region.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ginza_proto::messages::{largest_stats_report, StatsReport, MAX_REPLY};
+
+    /// The largest stats reply iokerneld can send (every application slot
+    /// taken, the largest numbers) goes through a connection sized as
+    /// iokerneld sizes them, and a client reads it whole.
+    #[test]
+    fn the_largest_stats_reply_goes_through_a_connection() {
+        let path =
+            std::env::temp_dir().join(format!("ginza-iok-reply-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = socket::listen_seqpacket(&path, 4).unwrap();
+        let client = socket::connect_seqpacket(&path).unwrap();
+        let server = loop {
+            if let Some(s) = socket::accept(listener.as_fd()).unwrap() {
+                break s;
+            }
+        };
+        std::fs::remove_file(&path).unwrap();
+        size_for_replies(&server);
+        let report = largest_stats_report();
+        let bytes = encode(&Response::Stats(report.clone()));
+        assert!(bytes.len() < REPLY_LIMIT, "{} bytes", bytes.len());
+        assert!(Iokerneld::<crate::RecordingActuator>::reply(
+            &server,
+            &Response::Stats(report.clone())
+        ));
+        let mut buf = vec![0u8; MAX_REPLY];
+        let r = socket::recv_with_fds(client.as_fd(), &mut buf, 0, false)
+            .unwrap()
+            .unwrap();
+        assert!(!r.truncated);
+        assert_eq!(r.len, bytes.len());
+        let back: Response = serde_json::from_slice(&buf[..r.len]).unwrap();
+        let Response::Stats(back) = back else {
+            panic!("not stats")
+        };
+        let back: StatsReport = back;
+        assert_eq!(back.apps.len(), ginza_proto::messages::MAX_APPS);
+        assert_eq!(back, report);
+        // And any reply up to the limit: the room promised to new fields.
+        let longest = vec![b' '; REPLY_LIMIT];
+        socket::send_with_fds(server.as_fd(), &longest, &[]).unwrap();
+        let r = socket::recv_with_fds(client.as_fd(), &mut buf, 0, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.len, r.truncated), (REPLY_LIMIT, false));
+        eprintln!("largest stats reply: {} bytes", bytes.len());
     }
 }

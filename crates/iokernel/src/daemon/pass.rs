@@ -135,8 +135,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.last_yielded_core = app.last_yielded_core;
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
-            for (k, kt) in app.kt.iter().enumerate() {
+            for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
+                kt.steals.observe(line.steals, now);
                 let mut ks = KthreadSnap {
                     core: kt.core,
                     parked: kt.parked,

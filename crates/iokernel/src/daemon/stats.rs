@@ -37,6 +37,59 @@ pub fn summarize(h: &Histogram<u64>) -> Latency {
     }
 }
 
+/// Fewest ns one steal can take (a lock or compare-and-swap on another
+/// kthread's queue and the work taken): a queue line whose steal count grew
+/// faster than this since iokerneld's previous read is not believed.
+const MIN_NS_PER_STEAL: u64 = 20;
+
+/// Steals believed beyond [`MIN_NS_PER_STEAL`]'s bound (a burst between two
+/// reads that are close together).
+const STEAL_SLACK: u64 = 1024;
+
+/// One kthread's steals, as iokerneld counts them from the free-running
+/// 32-bit count its runtime keeps in the queue line (crates/iokernel/README.md,
+/// "Stats"). The runtime is untrusted: a count that went backwards (a
+/// wrapping difference of 2^31 or more) or grew faster than one steal per
+/// [`MIN_NS_PER_STEAL`] since the previous read adds nothing, and the next
+/// read counts from the new value. Read every allocation pass, so the count
+/// cannot wrap unseen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct StealCount {
+    last_raw: u32,
+    last_ns: u64,
+    /// Steals believed so far.
+    pub(super) total: u64,
+    /// Reads whose change was not believed.
+    pub(super) distrusted: u64,
+}
+
+impl StealCount {
+    /// Counting from 0 at `now` (the line of a kthread just registered).
+    pub(super) fn new(now: u64) -> Self {
+        StealCount {
+            last_ns: now,
+            ..Default::default()
+        }
+    }
+
+    /// The line said `raw` at `now`.
+    pub(super) fn observe(&mut self, raw: u32, now: u64) {
+        let delta = raw.wrapping_sub(self.last_raw);
+        let elapsed = now.saturating_sub(self.last_ns);
+        self.last_raw = raw;
+        self.last_ns = now;
+        if delta == 0 {
+            return;
+        }
+        let bound = elapsed / MIN_NS_PER_STEAL + STEAL_SLACK;
+        if delta >= 1 << 31 || u64::from(delta) > bound {
+            self.distrusted += 1;
+        } else {
+            self.total += u64::from(delta);
+        }
+    }
+}
+
 /// The allocator's counts and costs over the current stats window
 /// ([`AllocStats`]).
 pub(super) struct Meter {
@@ -136,6 +189,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     congestion_events: a.congestion,
                     ring_full: a.ring_full,
                     preempt_overdue: a.preempt_overdue,
+                    steals: a.steals(),
                     net: a.net.as_ref().map(AppNet::report),
                 })
                 .collect(),
@@ -143,8 +197,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             alloc: self.meter.report(now, cpu),
             dataplane: {
                 let mut dp = self.dp.stats();
-                for net in self.apps.iter().filter_map(|a| a.net.as_ref()) {
-                    net.add_steering(&mut dp.steering);
+                for a in &self.apps {
+                    if let Some(net) = &a.net {
+                        net.add_steering(&mut dp.steering, a.steals());
+                    }
                 }
                 dp.steering.sort_by_key(|t| t.st);
                 dp
@@ -191,6 +247,35 @@ mod tests {
         let s = summarize(&h);
         assert_eq!(s.count, 1002);
         assert!(s.max_ns >= HIST_MAX_NS && s.max_ns <= HIST_MAX_NS + HIST_MAX_NS / 1000);
+    }
+
+    #[test]
+    fn steals_are_counted_from_the_line_and_absurd_changes_are_not_believed() {
+        let mut c = StealCount::new(1_000);
+        c.observe(0, 2_000);
+        assert_eq!(c.total, 0);
+        c.observe(5, 3_000);
+        c.observe(12, 4_000);
+        assert_eq!((c.total, c.distrusted), (12, 0));
+        // Across the wrap of the 32-bit count.
+        let mut w = StealCount::new(0);
+        w.observe((1 << 31) - 1, 1_000_000_000_000);
+        w.observe(u32::MAX - 1, 2_000_000_000_000);
+        w.observe(3, 2_000_000_001_000);
+        assert_eq!((w.total, w.distrusted), (u64::from(u32::MAX) - 1 + 5, 0));
+        // Backwards: nothing counted; the next read counts from there.
+        c.observe(10, 5_000);
+        assert_eq!((c.total, c.distrusted), (12, 1));
+        c.observe(11, 6_000);
+        assert_eq!(c.total, 13);
+        // 1 µs allows 1_000 / 20 + 1_024 = 1_074 steals, not a million.
+        c.observe(11 + 1_000_000, 7_000);
+        assert_eq!((c.total, c.distrusted), (13, 2));
+        c.observe(11 + 1_000_000 + 1_074, 8_000);
+        assert_eq!((c.total, c.distrusted), (13 + 1_074, 2));
+        // A read at the same instant still allows the slack, no more.
+        c.observe(11 + 1_000_000 + 1_074 + 1_025, 8_000);
+        assert_eq!((c.total, c.distrusted), (13 + 1_074, 3));
     }
 
     #[test]

@@ -184,6 +184,22 @@ impl Steering for FlowAffinity {
         k
     }
 
+    fn route(&self, hash: u64, active: &[usize]) -> Option<usize> {
+        let set = match self.set_bits {
+            0 => 0,
+            bits => (mix(hash) >> (64 - bits)) as usize,
+        };
+        let first = set * AFFINITY_WAYS;
+        let known = self.entries[first..first + AFFINITY_WAYS]
+            .iter()
+            .find(|e| e.kthread != 0 && e.hash == hash)
+            .map(|e| (e.kthread - 1) as usize)
+            .or_else(|| self.prepopulated_kthread(hash))?;
+        // A flow whose kthread lost its core moves at its next packet, to
+        // whichever kthread round-robin then gives.
+        active.binary_search(&known).is_ok().then_some(known)
+    }
+
     // Lazy: a flow whose kthread lost its core moves at its next packet.
     fn activated(&mut self, _kthread: usize, _active: &[usize], _now: Time) {}
 

@@ -162,6 +162,15 @@ impl Steering for Indirection {
         k
     }
 
+    fn route(&self, hash: u64, active: &[usize]) -> Option<usize> {
+        let owner = self.owner[(hash % self.owner.len() as u64) as usize];
+        Some(if self.owner_active(owner) {
+            owner as usize
+        } else {
+            active[(hash % active.len() as u64) as usize]
+        })
+    }
+
     fn activated(&mut self, kthread: usize, active: &[usize], _now: Time) {
         for &k in active {
             self.know(k);

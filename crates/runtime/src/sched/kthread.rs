@@ -268,6 +268,19 @@ impl KThread {
         }
     }
 
+    /// One steal: counted in [`KthreadStats::steals`] and, under
+    /// iokerneld, in the queue line, where iokerneld's stats read it
+    /// (docs/runtime.md).
+    ///
+    /// [`KthreadStats::steals`]: crate::KthreadStats
+    #[inline]
+    pub(crate) fn count_steal(&self) {
+        bump(&self.stats.steals);
+        if let Some(io) = &self.io {
+            io.line.add_steal();
+        }
+    }
+
     /// Adds the busy time since `busy_since` to the queue line (for
     /// utilization-based allocators) and restarts the count.
     pub(crate) fn publish_busy(&self, running_on: bool) {
