@@ -370,6 +370,12 @@ impl Netstack {
         Ok(granted)
     }
 
+    /// Answers for `iface` for good (the netstack's own address, which
+    /// applications may share).
+    pub fn add_address(&mut self, iface: Interface) {
+        self.addresses.entry(iface.ip).or_insert((iface, 0)).1 += 1;
+    }
+
     /// Applications the netstack cut off since the last call, and why (the
     /// daemon closes their sockets; they are detached already).
     pub fn take_doomed(&mut self) -> Vec<(u64, String)> {
