@@ -151,7 +151,7 @@ impl Server {
             return refuse(sock.as_fd(), "no tx pool memfd attached".into());
         };
         let doorbells: Vec<OwnedFd> = fds.collect();
-        if req.doorbells != !doorbells.is_empty() {
+        if req.doorbells == doorbells.is_empty() {
             return refuse(
                 sock.as_fd(),
                 format!(
