@@ -376,6 +376,17 @@ impl Netstack {
         self.addresses.entry(iface.ip).or_insert((iface, 0)).1 += 1;
     }
 
+    /// Time until the earliest TCP timer, if any.
+    pub fn next_deadline_in(&self) -> Option<std::time::Duration> {
+        let now = self.now();
+        self.conns
+            .handles()
+            .into_iter()
+            .filter_map(|c| self.conns.get(c)?.tcb.next_deadline())
+            .min()
+            .map(|d| d.saturating_since(now))
+    }
+
     /// Applications the netstack cut off since the last call, and why (the
     /// daemon closes their sockets; they are detached already).
     pub fn take_doomed(&mut self) -> Vec<(u64, String)> {
