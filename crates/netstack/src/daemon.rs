@@ -12,10 +12,12 @@
 //! the engine's frames on its egress ring. The engine is one, behind a
 //! lock: whichever kthread runs serves every application.
 //!
-//! Until iokerneld reads the channels itself (docs/protected.md,
-//! "Wake-ups"), a parked kthread asks to be woken every `command_poll`
-//! while applications are attached (every 10 ms otherwise), to look at
-//! their command rings.
+//! Each attached application's channel is handed to iokerneld
+//! (`Request::Protect`), which counts waiting commands as the netstack's
+//! queued work and grants it cores for them (docs/protected.md,
+//! "Wake-ups"). Until iokerneld has taken one (or if it refuses), a parked
+//! kthread asks to be woken every `command_poll` while applications are
+//! attached (every 10 ms otherwise) to look at the command rings itself.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +37,7 @@ use ginza_sys::{clock, eventfd, process};
 use log::{info, warn};
 
 use crate::engine::{Netstack, NetstackConfig, NetstackStats};
-use crate::server::{lock, Server, ServerConfig};
+use crate::server::{lock, Iokerneld, Server, ServerConfig};
 
 /// How `netstackd` runs.
 #[derive(Clone, Debug)]
@@ -79,7 +81,8 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     engine: Arc<Mutex<Netstack>>,
     threads: Vec<JoinHandle<()>>,
-    conn: Option<client::Connection>,
+    conn: Option<Arc<Mutex<client::Connection>>>,
+    watches_channels: Arc<AtomicBool>,
 }
 
 impl Daemon {
@@ -119,12 +122,18 @@ impl Daemon {
         let mut engine = Netstack::new(cfg.netstack.clone());
         engine.add_address(cfg.interface);
         let engine = Arc::new(Mutex::new(engine));
+        let conn = Arc::new(Mutex::new(conn));
+        let watches_channels = Arc::new(AtomicBool::new(false));
         let mut server = Server::bind(ServerConfig {
             path: cfg.attach_socket.clone(),
             interface: cfg.interface,
             other_addresses: false,
         })
-        .with_context(|| format!("binding {}", cfg.attach_socket.display()))?;
+        .with_context(|| format!("binding {}", cfg.attach_socket.display()))?
+        .with_iokerneld(Iokerneld {
+            conn: Arc::clone(&conn),
+            watches_channels: Arc::clone(&watches_channels),
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for (k, efd) in eventfds.into_iter().enumerate() {
@@ -139,6 +148,7 @@ impl Daemon {
                 stop: Arc::clone(&stop),
                 spin: cfg.spin,
                 command_poll: cfg.command_poll,
+                watches_channels: Arc::clone(&watches_channels),
             };
             threads.push(
                 std::thread::Builder::new()
@@ -171,11 +181,17 @@ impl Daemon {
             engine,
             threads,
             conn: Some(conn),
+            watches_channels,
         })
     }
 
     pub fn stats(&self) -> NetstackStats {
         lock(&self.engine).stats()
+    }
+
+    /// iokerneld took a channel: it wakes the netstack for commands.
+    pub fn iokerneld_watches_channels(&self) -> bool {
+        self.watches_channels.load(Ordering::Relaxed)
     }
 
     pub fn engine(&self) -> &Arc<Mutex<Netstack>> {
@@ -184,7 +200,11 @@ impl Daemon {
 
     /// iokerneld went away (its socket closed).
     pub fn iokerneld_gone(&self) -> bool {
-        self.conn.as_ref().is_none_or(|c| c.closed_by_iokerneld())
+        self.conn.as_ref().is_none_or(|c| {
+            c.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .closed_by_iokerneld()
+        })
     }
 
     /// Runs until iokerneld goes away or `stop` is set.
@@ -221,6 +241,7 @@ struct Kthread {
     stop: Arc<AtomicBool>,
     spin: Duration,
     command_poll: Duration,
+    watches_channels: Arc<AtomicBool>,
 }
 
 enum Outcome {
@@ -314,12 +335,19 @@ impl Kthread {
         // Attached applications' commands are looked at every
         // `command_poll`; without any, a new one is noticed within
         // `IDLE_LOOK` (its `listen` waits that long at most).
-        let look = if e.app_ids().is_empty() {
-            IDLE_LOOK
+        // Once iokerneld watches the channels it wakes us for commands:
+        // only the TCP timers then.
+        let look = if self.watches_channels.load(Ordering::Relaxed) {
+            None
+        } else if e.app_ids().is_empty() {
+            Some(IDLE_LOOK)
         } else {
-            self.command_poll
+            Some(self.command_poll)
         };
-        let wait = Some(e.next_deadline_in().map_or(look, |w| w.min(look)));
+        let wait = match (e.next_deadline_in(), look) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         wait.map(|w| clock::monotonic_ns().saturating_add(w.as_nanos() as u64))
     }
 

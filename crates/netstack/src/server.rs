@@ -35,6 +35,16 @@ pub struct Server {
     cfg: ServerConfig,
     listener: OwnedFd,
     attached: Vec<(u64, OwnedFd)>,
+    iokerneld: Option<Iokerneld>,
+}
+
+/// The netstack's registration with iokerneld, to hand it each channel
+/// (docs/protected.md, "Wake-ups").
+pub struct Iokerneld {
+    pub conn: Arc<Mutex<ginza_proto::client::Connection>>,
+    /// Set once iokerneld took a channel: it wakes the kthreads for
+    /// commands, they need not poll.
+    pub watches_channels: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn refuse(sock: BorrowedFd<'_>, reason: String) {
@@ -63,7 +73,23 @@ impl Server {
             cfg,
             listener,
             attached: Vec::new(),
+            iokerneld: None,
         })
+    }
+
+    /// Hands every attached application's channel to iokerneld from now on.
+    pub fn with_iokerneld(mut self, io: Iokerneld) -> Server {
+        self.iokerneld = Some(io);
+        self
+    }
+
+    fn unprotect(&self, id: u64) {
+        if let Some(io) = &self.iokerneld {
+            let conn = io.conn.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = conn.unprotect(id) {
+                warn!("iokerneld did not forget app {id}'s channel: {e}");
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -104,12 +130,14 @@ impl Server {
             for id in gone {
                 info!("app {id} hung up");
                 lock(engine).detach(id);
+                self.unprotect(id);
                 self.attached.retain(|(a, _)| *a != id);
             }
         }
         let doomed = lock(engine).take_doomed();
         for (id, why) in doomed {
             info!("app {id} cut off: {why}");
+            self.unprotect(id);
             self.attached.retain(|(a, _)| *a != id);
         }
     }
@@ -210,6 +238,18 @@ impl Server {
             warn!("cannot answer {}: {e}", req.name);
             lock(engine).detach(g.app_id);
             return;
+        }
+        if let Some(io) = &self.iokerneld {
+            let conn = io.conn.lock().unwrap_or_else(|p| p.into_inner());
+            match conn.protect(pid, g.app_id, g.channel_handle.fd()) {
+                Ok(()) => io
+                    .watches_channels
+                    .store(true, std::sync::atomic::Ordering::Relaxed),
+                Err(e) => warn!(
+                    "iokerneld does not watch {}'s channel ({e}): the netstack polls it",
+                    req.name
+                ),
+            }
         }
         self.attached.push((g.app_id, sock));
     }

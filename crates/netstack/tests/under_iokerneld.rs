@@ -139,6 +139,9 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     // Short TCP timers: a lost frame costs milliseconds, not a second.
     cfg.netstack.tcp.rto_initial = Duration::from_millis(50);
     cfg.netstack.tcp.rto_min = Duration::from_millis(20);
+    // No polling of the command rings: iokerneld must wake the netstack
+    // for commands (it watches the channels).
+    cfg.command_poll = Duration::from_secs(30);
     let ns = Daemon::start(cfg.clone()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let app = protected_echo(cfg.attach_socket.clone(), 7, Arc::clone(&stop));
@@ -151,6 +154,11 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+
+    assert!(
+        ns.iokerneld_watches_channels(),
+        "iokerneld took the channel"
+    );
 
     // The client: an ordinary Ginza application with the in-process stack.
     let mut io_cfg = IokernelConfig::new("client", Class::LatencyCritical);
