@@ -194,13 +194,28 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     assert_eq!(st.tx_bytes_copied, message.len() as u64);
     stop.store(true, Ordering::Relaxed);
     assert_eq!(app.join().unwrap(), message.len() as u64);
-    // iokerneld lists the netstack like any application.
-    let report = io.stats().unwrap();
+    // iokerneld lists the netstack like any application; it got cores
+    // for the traffic (grants), and gives them back when idle.
+    let netstack = |io: &InProcess| {
+        io.stats()
+            .unwrap()
+            .apps
+            .into_iter()
+            .find(|a| a.name == "netstack")
+            .expect("iokerneld lists the netstack")
+    };
     assert!(
-        report.apps.iter().any(|a| a.name == "netstack"),
-        "{:?}",
-        report.apps.iter().map(|a| &a.name).collect::<Vec<_>>()
+        netstack(&io).grants > 0,
+        "the netstack got cores for the traffic"
     );
+    let t0 = Instant::now();
+    while netstack(&io).cores_now > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the idle netstack kept its core"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     drop(ns);
     drop(io);
 }
