@@ -211,6 +211,13 @@ pub struct Netstack {
     next_ephemeral: u16,
     frames: VecDeque<Vec<u8>>,
     stats: NetstackStats,
+    /// No connection's timer is due before this (TCP clock, ns); may be
+    /// early (a deadline moved later), never late.
+    earliest: u64,
+    /// Connections with received bytes that found no rx chunk (or their
+    /// share used up): settled again once chunks come back.
+    starved: Vec<u32>,
+    chunks_freed: bool,
 }
 
 fn tcp_now(epoch: StdInstant) -> ginza_net::tcp::Instant {
@@ -263,6 +270,9 @@ impl Netstack {
             next_ephemeral: 49152,
             frames: VecDeque::new(),
             stats: NetstackStats::default(),
+            earliest: u64::MAX,
+            starved: Vec::new(),
+            chunks_freed: false,
         }
     }
 
@@ -378,13 +388,9 @@ impl Netstack {
 
     /// Time until the earliest TCP timer, if any.
     pub fn next_deadline_in(&self) -> Option<std::time::Duration> {
-        let now = self.now();
-        self.conns
-            .handles()
-            .into_iter()
-            .filter_map(|c| self.conns.get(c)?.tcb.next_deadline())
-            .min()
-            .map(|d| d.saturating_since(now))
+        (self.earliest != u64::MAX).then(|| {
+            ginza_net::tcp::Instant::from_nanos(self.earliest).saturating_since(self.now())
+        })
     }
 
     /// Applications the netstack cut off since the last call, and why (the
@@ -764,6 +770,16 @@ impl Netstack {
             keep = false;
         }
         if keep {
+            if let Some(d) = conn.tcb.next_deadline() {
+                self.earliest = self.earliest.min(d.as_nanos());
+            }
+            if conn.phase == Phase::Open
+                && !conn.released
+                && conn.tcb.recv_available() > 0
+                && !self.starved.contains(&c)
+            {
+                self.starved.push(c);
+            }
             self.conns.put_back(c, conn);
         } else {
             self.by_tuple.remove(&conn.key);
@@ -814,6 +830,7 @@ impl Netstack {
             }
         }
         conn.rx_held = 0;
+        self.chunks_freed = true;
         events.push((conn.pair, Event::Cleanup { conn: id }));
     }
 
@@ -893,17 +910,10 @@ impl Netstack {
             }
         }
         self.fire_timers();
-        // Connections whose payload could move (rx chunks came back, sends
-        // queued while the TCB was full).
-        let now = self.now();
-        for c in self.conns.handles() {
-            let movable = self.conns.get(c).is_some_and(|k| {
-                k.phase == Phase::Open
-                    && !k.released
-                    && ((!k.sends.is_empty() && k.tcb.send_capacity() > 0)
-                        || k.tcb.recv_available() > 0)
-            });
-            if movable {
+        // Received bytes that waited for rx chunks, now that some are back.
+        if std::mem::take(&mut self.chunks_freed) && !self.starved.is_empty() {
+            let now = self.now();
+            for c in std::mem::take(&mut self.starved) {
                 self.settle(c, now);
             }
         }
@@ -913,6 +923,10 @@ impl Netstack {
 
     fn fire_timers(&mut self) {
         let now = self.now();
+        if now.as_nanos() < self.earliest {
+            return;
+        }
+        self.earliest = u64::MAX;
         for c in self.conns.handles() {
             let due = self
                 .conns
@@ -924,6 +938,8 @@ impl Netstack {
                     k.tcb.on_timer(now);
                 }
                 self.settle(c, now);
+            } else if let Some(d) = self.conns.get(c).and_then(|k| k.tcb.next_deadline()) {
+                self.earliest = self.earliest.min(d.as_nanos());
             }
         }
     }
@@ -1175,6 +1191,7 @@ impl Netstack {
                 if let Some(k) = self.conns.get_mut(c) {
                     k.rx_held = k.rx_held.saturating_sub(freed);
                 }
+                self.chunks_freed = true;
                 self.settle(c, now);
             }
             Command::Shutdown { conn } | Command::Close { conn } => {
