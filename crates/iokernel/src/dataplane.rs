@@ -84,6 +84,9 @@ pub struct AppNet {
     /// Switch drops already counted in `stats` (the port's counters are
     /// cumulative): frames for the port, frames from it.
     switch_drops_seen: (u64, u64),
+    /// More addresses steered to this application (protected mode: a
+    /// netstack takes its applications' addresses; docs/protected.md).
+    pub aliases: Vec<Interface>,
 }
 
 impl AppNet {
@@ -545,9 +548,31 @@ impl Dataplane {
                 ..NetStats::default()
             },
             switch_drops_seen: (0, 0),
+            aliases: Vec::new(),
             steer_decisions: 0,
             steer_ns: 0,
         })
+    }
+
+    /// Steers `iface`'s frames to `net`'s port too, and lets it send from
+    /// `iface.mac` (protected mode: docs/protected.md, "Addresses").
+    pub fn add_alias(&mut self, net: &mut AppNet, iface: Interface) -> Result<(), String> {
+        if net.aliases.iter().any(|a| a.ip == iface.ip) || net.interface.ip == iface.ip {
+            return Err(format!("{} is already steered there", iface.ip));
+        }
+        self.switch
+            .add_alias(net.port, iface.mac)
+            .map_err(|e| format!("alias {} / {}: {e}", iface.mac, iface.ip))?;
+        net.aliases.push(iface);
+        Ok(())
+    }
+
+    /// Undoes [`add_alias`](Self::add_alias) for `ip`.
+    pub fn remove_alias(&mut self, net: &mut AppNet, ip: ginza_net::Ipv4Addr) {
+        if let Some(i) = net.aliases.iter().position(|a| a.ip == ip) {
+            let a = net.aliases.remove(i);
+            self.switch.remove_alias(net.port, a.mac);
+        }
     }
 
     /// Removes an application's port (frames waiting there go with it).
@@ -708,7 +733,10 @@ impl Dataplane {
         let started = std::time::Instant::now();
         self.picks.clear();
         for frame in &self.frames {
-            let pick = steer_key(port.pool().bytes(frame), net.interface.ip)
+            let bytes = port.pool().bytes(frame);
+            // Only ARP for another address gives `None`: an alias's, maybe.
+            let pick = steer_key(bytes, net.interface.ip)
+                .or_else(|| net.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
                 .map(|hash| (hash, net.steering.steer(u64::from(hash), now)));
             self.picks.push(pick);
         }

@@ -195,7 +195,7 @@ impl Server {
         let own = self.cfg.interface;
         let interface = if req.interface.ip == Ipv4Addr::UNSPECIFIED || req.interface.ip == own.ip {
             own
-        } else if self.cfg.other_addresses {
+        } else if self.cfg.other_addresses || self.iokerneld.is_some() {
             req.interface
         } else {
             return refuse(
@@ -240,11 +240,26 @@ impl Server {
             return;
         }
         if let Some(io) = &self.iokerneld {
-            let conn = io.conn.lock().unwrap_or_else(|p| p.into_inner());
-            match conn.protect(pid, g.app_id, g.channel_handle.fd()) {
+            let own_address = interface.ip == own.ip;
+            let alias = (!own_address).then_some(interface);
+            let r = io.conn.lock().unwrap_or_else(|p| p.into_inner()).protect(
+                pid,
+                g.app_id,
+                g.channel_handle.fd(),
+                alias,
+            );
+            match r {
                 Ok(()) => io
                     .watches_channels
                     .store(true, std::sync::atomic::Ordering::Relaxed),
+                // Its own address cannot reach it without iokerneld.
+                Err(e) if !own_address => {
+                    lock(engine).detach(g.app_id);
+                    return refuse(
+                        sock.as_fd(),
+                        format!("iokerneld would not steer {} here: {e}", interface.ip),
+                    );
+                }
                 Err(e) => warn!(
                     "iokerneld does not watch {}'s channel ({e}): the netstack polls it",
                     req.name

@@ -49,16 +49,18 @@ fn iokerneld(dir: &std::path::Path) -> (InProcess, PathBuf) {
 
 /// A protected echo application on the raw channel (busy-polling its
 /// event ring; standalone, not registered with iokerneld).
-fn protected_echo(path: PathBuf, port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+fn protected_echo(
+    path: PathBuf,
+    address: Interface,
+    port: u16,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let mut tx = TxPool::create("echo-tx", 1 << 20).unwrap();
         let req = AttachRequest {
             protocol: NETSTACK_PROTOCOL,
             name: "echo".into(),
-            interface: Interface {
-                mac: MacAddr::ZERO,
-                ip: Ipv4Addr::UNSPECIFIED,
-            },
+            interface: address,
             kthreads: 1,
             doorbells: false,
         };
@@ -144,10 +146,17 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     cfg.command_poll = Duration::from_secs(30);
     let ns = Daemon::start(cfg.clone()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let app = protected_echo(cfg.attach_socket.clone(), 7, Arc::clone(&stop));
-    // Wait until the protected app listens (its `listen` went through).
+    // One protected app shares the netstack's address, one has its own
+    // (iokerneld steers it to the netstack).
+    let shared = Interface {
+        mac: MacAddr::ZERO,
+        ip: Ipv4Addr::UNSPECIFIED,
+    };
+    let app = protected_echo(cfg.attach_socket.clone(), shared, 7, Arc::clone(&stop));
+    let own = protected_echo(cfg.attach_socket.clone(), iface(3), 7, Arc::clone(&stop));
+    // Wait until both protected apps listen (their `listen` went through).
     let t0 = Instant::now();
-    while ns.stats().events == 0 {
+    while ns.stats().events < 2 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "the app never listened"
@@ -175,25 +184,31 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     let message: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
     let m2 = message.clone();
     let got = ginza_runtime::run(client_cfg, move || {
-        let mut s = TcpStream::connect(SocketAddrV4::new(iface(1).ip, 7)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut back = vec![0u8; m2.len()];
-        let w = {
-            let m3 = m2.clone();
-            let mut w = s.try_clone().unwrap();
-            ginza_runtime::spawn(move || w.write_all(&m3).unwrap())
+        let echo = |to: Ipv4Addr| {
+            let mut s = TcpStream::connect(SocketAddrV4::new(to, 7)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut back = vec![0u8; m2.len()];
+            let w = {
+                let m3 = m2.clone();
+                let mut w = s.try_clone().unwrap();
+                ginza_runtime::spawn(move || w.write_all(&m3).unwrap())
+            };
+            s.read_exact(&mut back).unwrap();
+            w.join().unwrap();
+            back
         };
-        s.read_exact(&mut back).unwrap();
-        w.join().unwrap();
-        back
+        (echo(iface(1).ip), echo(iface(3).ip))
     })
     .unwrap();
+    let (got, got_own) = got;
+    assert_eq!(got_own, message, "the app at its own address echoed too");
     assert_eq!(got, message, "the protected app's echo came back intact");
     let st = ns.stats();
-    assert_eq!(st.rx_bytes_delivered, message.len() as u64);
-    assert_eq!(st.tx_bytes_copied, message.len() as u64);
+    assert_eq!(st.rx_bytes_delivered, 2 * message.len() as u64);
+    assert_eq!(st.tx_bytes_copied, 2 * message.len() as u64);
     stop.store(true, Ordering::Relaxed);
     assert_eq!(app.join().unwrap(), message.len() as u64);
+    assert_eq!(own.join().unwrap(), message.len() as u64);
     // iokerneld lists the netstack like any application; it got cores
     // for the traffic (grants), and gives them back when idle.
     let netstack = |io: &InProcess| {

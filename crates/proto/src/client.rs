@@ -103,13 +103,22 @@ impl Connection {
 
     /// Protected mode, from the netstack: asks iokerneld to read
     /// `channel`'s rings in its allocation pass (`Request::Protect`).
+    /// With `interface`, iokerneld steers that address to the netstack too.
     pub fn protect(
         &self,
         app_pid: i32,
         link: u64,
         channel: BorrowedFd<'_>,
+        interface: Option<ginza_net::Interface>,
     ) -> Result<(), ClientError> {
-        self.ask(Request::Protect { app_pid, link }, &[channel])
+        self.ask(
+            Request::Protect {
+                app_pid,
+                link,
+                interface,
+            },
+            &[channel],
+        )
     }
 
     /// Undoes [`Connection::protect`] for `link`.

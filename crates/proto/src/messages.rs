@@ -99,10 +99,14 @@ pub enum Request {
     /// commands waiting on pair `p` count as queued work of the netstack's
     /// kthread `p % kthreads`, and events waiting on pair `k` as queued
     /// work of kthread `k` of the application with pid `app_pid`
-    /// (docs/protected.md, "Wake-ups"). Answered `Accepted`.
+    /// (docs/protected.md, "Wake-ups"). With `interface`, iokerneld also
+    /// steers that address's frames to the netstack and lets it send from
+    /// it ("Addresses"). Answered `Accepted`.
     Protect {
         app_pid: i32,
         link: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interface: Option<ginza_net::Interface>,
     },
     /// The netstack forgets the channel of `Protect { link }`.
     Unprotect {

@@ -388,11 +388,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         region: &Region,
         steering: SteeringKind,
     ) -> Result<AppNet, String> {
-        if let Some(other) = self
-            .apps
-            .iter()
-            .find(|a| a.net.as_ref().is_some_and(|n| n.interface.ip == iface.ip))
-        {
+        if let Some(other) = self.apps.iter().find(|a| {
+            a.net.as_ref().is_some_and(|n| {
+                n.interface.ip == iface.ip || n.aliases.iter().any(|x| x.ip == iface.ip)
+            })
+        }) {
             return Err(format!(
                 "IP {} is already the address of application {:?}",
                 iface.ip, other.name

@@ -25,6 +25,8 @@ pub(super) struct ProtectLink {
     link: u64,
     app_pid: i32,
     channel: Channel,
+    /// The address steered to the netstack for this application, if any.
+    alias: Option<ginza_net::Ipv4Addr>,
 }
 
 impl<A: CoreActuator> Iokerneld<A> {
@@ -38,7 +40,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         let refuse = |reason: String| Response::Refused { reason };
         let app = &mut self.apps[i];
         match *req {
-            Request::Protect { app_pid, link } => {
+            Request::Protect {
+                app_pid,
+                link,
+                interface,
+            } => {
                 let Some(fd) = fds.into_iter().next() else {
                     return refuse("protect: no channel memfd attached".into());
                 };
@@ -49,20 +55,58 @@ impl<A: CoreActuator> Iokerneld<A> {
                     Ok(c) => c,
                     Err(e) => return refuse(format!("protect: {e}")),
                 };
-                app.protects.retain(|l| l.link != link);
+                let alias = match interface {
+                    None => None,
+                    Some(iface) => {
+                        let taken = self.apps.iter().any(|a| {
+                            a.net.as_ref().is_some_and(|n| {
+                                n.interface.ip == iface.ip
+                                    || n.aliases.iter().any(|x| x.ip == iface.ip)
+                            })
+                        });
+                        if taken {
+                            return refuse(format!("protect: {} is already steered", iface.ip));
+                        }
+                        let app = &mut self.apps[i];
+                        let Some(net) = app.net.as_mut() else {
+                            return refuse("protect: the netstack registered without net".into());
+                        };
+                        if let Err(e) = self.dp.add_alias(net, iface) {
+                            return refuse(format!("protect: {e}"));
+                        }
+                        Some(iface.ip)
+                    }
+                };
+                let app = &mut self.apps[i];
+                if let Some(old) = app.protects.iter().position(|l| l.link == link) {
+                    let old = app.protects.remove(old);
+                    if let (Some(ip), Some(net)) = (old.alias, app.net.as_mut()) {
+                        self.dp.remove_alias(net, ip);
+                    }
+                }
                 app.protects.push(ProtectLink {
                     link,
                     app_pid,
                     channel,
+                    alias,
                 });
                 info!(
-                    "netstack {:?} protects pid {app_pid} (link {link})",
-                    app.name
+                    "netstack {:?} protects pid {app_pid} (link {link}{})",
+                    app.name,
+                    alias.map_or(String::new(), |ip| format!(", address {ip}"))
                 );
             }
-            Request::Unprotect { link } => app.protects.retain(|l| l.link != link),
+            Request::Unprotect { link } => {
+                if let Some(old) = app.protects.iter().position(|l| l.link == link) {
+                    let old = app.protects.remove(old);
+                    if let (Some(ip), Some(net)) = (old.alias, app.net.as_mut()) {
+                        self.dp.remove_alias(net, ip);
+                    }
+                }
+            }
             _ => return refuse("not a protect request".into()),
         }
+        let app = &self.apps[i];
         let id = app.id;
         self.rebuild_protected();
         Response::Accepted {
@@ -131,6 +175,7 @@ mod tests {
             link: 1,
             app_pid: 77,
             channel: ch.clone(),
+            alias: None,
         }];
         let by_pid = vec![(77, ch.clone())];
         // Netstack with 2 kthreads: pair 2 is kthread 0's.
