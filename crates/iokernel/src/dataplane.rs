@@ -45,6 +45,9 @@ use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
 use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
 use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats, SteeringStats};
+use ginza_shm::netstack::{
+    assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
+};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
 
@@ -87,6 +90,9 @@ pub struct AppNet {
     /// More addresses steered to this application (protected mode: a
     /// netstack takes its applications' addresses; docs/protected.md).
     pub aliases: Vec<Interface>,
+    /// Protected applications' tx pools, by link, for zero-touch frames
+    /// (`ginza_shm::netstack::gather`).
+    pub tx_pools: Vec<(u64, ginza_shm::netstack::TxPoolView)>,
 }
 
 impl AppNet {
@@ -312,6 +318,8 @@ pub struct Dataplane {
     staged: Vec<Vec<PacketDesc>>,
     /// Buffer indices popped from a done ring (scratch).
     returned: Vec<u32>,
+    /// One egress buffer copied out, for zero-touch frames (scratch).
+    gather_scratch: Vec<u8>,
     /// Per frame of a burst: its flow hash and kthread, `None` for a frame
     /// with no flow key (scratch).
     picks: Vec<Option<(u32, Steered)>>,
@@ -355,6 +363,7 @@ impl Dataplane {
             out: Vec::with_capacity(BURST),
             staged: Vec::new(),
             returned: Vec::with_capacity(4 * BURST),
+            gather_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             picks: Vec::with_capacity(BURST),
             stats: DataplaneStats {
                 nic: name,
@@ -549,6 +558,7 @@ impl Dataplane {
             },
             switch_drops_seen: (0, 0),
             aliases: Vec::new(),
+            tx_pools: Vec::new(),
             steer_decisions: 0,
             steer_ns: 0,
         })
@@ -842,9 +852,35 @@ impl Dataplane {
                 break;
             };
             let pool = port.pool_mut();
-            let n = end
-                .egress_buffers
-                .read(seq, desc.len, pool.buffer_mut(&mut frame));
+            let n = if desc.reserved & EGRESS_GATHER != 0 {
+                // Zero-touch: headers here, payload in a tx pool.
+                let scratch = &mut self.gather_scratch;
+                end.egress_buffers.read(seq, PKT_BUFFER_SIZE, scratch);
+                let header = &scratch[..(desc.len as usize).min(GATHER_OFFSET)];
+                let built = GatherList::decode(&scratch[GATHER_OFFSET..]).and_then(|list| {
+                    let tx = net
+                        .tx_pools
+                        .iter()
+                        .find(|(l, _)| *l == list.link)
+                        .ok_or(GatherError::NoPool(list.link))?;
+                    assemble(header, &list, &tx.1, pool.buffer_mut(&mut frame))
+                });
+                match built {
+                    Ok(n) => n,
+                    Err(_) => {
+                        net.stats.drop_egress += 1;
+                        let _ = pool.free(frame);
+                        taken += 1;
+                        continue;
+                    }
+                }
+            } else {
+                end.egress_buffers
+                    .read(seq, desc.len, pool.buffer_mut(&mut frame))
+            };
+            if desc.reserved & EGRESS_FILL_L4_CHECKSUM != 0 {
+                crate::offload::fill_l4_checksum(&mut pool.buffer_mut(&mut frame)[..n]);
+            }
             pool.set_len(&mut frame, n).expect("read at most a buffer");
             net.stats.tx += 1;
             self.out.push(frame);

@@ -29,6 +29,7 @@ use anyhow::{anyhow, Context};
 use ginza_net::Interface;
 use ginza_proto::client;
 use ginza_proto::messages::{Class, Registration};
+use ginza_shm::netstack::{EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET};
 use ginza_shm::{
     IngressPool, LineFlags, PacketDesc, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
     PKT_BUFFER_SIZE,
@@ -58,6 +59,9 @@ pub struct DaemonConfig {
     /// While applications are attached, how often a parked kthread is
     /// woken to look at the command rings.
     pub command_poll: Duration,
+    /// Zero-touch transmit (iokerneld copies payload from the tx pools);
+    /// false: the netstack copies it (docs/protected.md, "Transmit").
+    pub zero_touch: bool,
 }
 
 impl DaemonConfig {
@@ -72,6 +76,7 @@ impl DaemonConfig {
             netstack: NetstackConfig::default(),
             spin: Duration::from_micros(50),
             command_poll: Duration::from_micros(200),
+            zero_touch: true,
         }
     }
 }
@@ -133,6 +138,7 @@ impl Daemon {
         .with_iokerneld(Iokerneld {
             conn: Arc::clone(&conn),
             watches_channels: Arc::clone(&watches_channels),
+            zero_touch: cfg.zero_touch,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
@@ -388,10 +394,27 @@ impl Kthread {
                 while self.end.egress.free().unwrap_or(0) > 0 {
                     let Some(f) = e.pop_frame() else { break };
                     let seq = self.end.egress.next_seq();
-                    let n = f.len().min(PKT_BUFFER_SIZE as usize);
-                    self.end.egress_buffers.buffer_mut(seq)[..n].copy_from_slice(&f[..n]);
+                    let buf = self.end.egress_buffers.buffer_mut(seq);
+                    let max = if f.gather.is_some() {
+                        GATHER_OFFSET
+                    } else {
+                        PKT_BUFFER_SIZE as usize
+                    };
+                    let n = f.bytes.len().min(max);
+                    buf[..n].copy_from_slice(&f.bytes[..n]);
+                    let mut flags = 0;
+                    if let Some(g) = &f.gather {
+                        // Headers only here; the payload stays in the
+                        // application's tx pool for iokerneld to copy.
+                        let _ = g.encode(&mut buf[GATHER_OFFSET..]);
+                        flags |= EGRESS_GATHER;
+                    }
+                    if f.fill_checksum {
+                        flags |= EGRESS_FILL_L4_CHECKSUM;
+                    }
                     let _ = self.end.egress.push(PacketDesc {
                         len: n as u32,
+                        reserved: flags,
                         ..Default::default()
                     });
                     worked = true;

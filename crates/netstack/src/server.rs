@@ -45,6 +45,8 @@ pub struct Iokerneld {
     /// Set once iokerneld took a channel: it wakes the kthreads for
     /// commands, they need not poll.
     pub watches_channels: Arc<std::sync::atomic::AtomicBool>,
+    /// Hand iokerneld the tx pools too and send payload zero-touch.
+    pub zero_touch: bool,
 }
 
 fn refuse(sock: BorrowedFd<'_>, reason: String) {
@@ -224,6 +226,40 @@ impl Server {
             Ok(g) => g,
             Err(e) => return refuse(sock.as_fd(), e),
         };
+        // iokerneld first: it steers the address (if the application has
+        // its own), watches the channel, maps the tx pool for zero-touch.
+        if let Some(io) = &self.iokerneld {
+            let own_address = interface.ip == own.ip;
+            let alias = (!own_address).then_some(interface);
+            let r = io.conn.lock().unwrap_or_else(|p| p.into_inner()).protect(
+                pid,
+                g.app_id,
+                g.channel_handle.fd(),
+                io.zero_touch.then(|| g.tx_pool.as_fd()),
+                alias,
+            );
+            match r {
+                Ok(()) => {
+                    io.watches_channels
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    if io.zero_touch {
+                        lock(engine).set_zero_touch(g.app_id);
+                    }
+                }
+                // Its own address cannot reach it without iokerneld.
+                Err(e) if !own_address => {
+                    lock(engine).detach(g.app_id);
+                    return refuse(
+                        sock.as_fd(),
+                        format!("iokerneld would not steer {} here: {e}", interface.ip),
+                    );
+                }
+                Err(e) => warn!(
+                    "iokerneld does not watch {}'s channel ({e}): the netstack polls it",
+                    req.name
+                ),
+            }
+        }
         let reply = AttachReply::Accepted {
             app_id: g.app_id,
             pairs: g.pairs,
@@ -238,33 +274,6 @@ impl Server {
             warn!("cannot answer {}: {e}", req.name);
             lock(engine).detach(g.app_id);
             return;
-        }
-        if let Some(io) = &self.iokerneld {
-            let own_address = interface.ip == own.ip;
-            let alias = (!own_address).then_some(interface);
-            let r = io.conn.lock().unwrap_or_else(|p| p.into_inner()).protect(
-                pid,
-                g.app_id,
-                g.channel_handle.fd(),
-                alias,
-            );
-            match r {
-                Ok(()) => io
-                    .watches_channels
-                    .store(true, std::sync::atomic::Ordering::Relaxed),
-                // Its own address cannot reach it without iokerneld.
-                Err(e) if !own_address => {
-                    lock(engine).detach(g.app_id);
-                    return refuse(
-                        sock.as_fd(),
-                        format!("iokerneld would not steer {} here: {e}", interface.ip),
-                    );
-                }
-                Err(e) => warn!(
-                    "iokerneld does not watch {}'s channel ({e}): the netstack polls it",
-                    req.name
-                ),
-            }
         }
         self.attached.push((g.app_id, sock));
     }

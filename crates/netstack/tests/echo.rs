@@ -100,7 +100,7 @@ fn connect_out_and_refused_connect() {
         remote: std::net::SocketAddrV4::new(PEER_IP, 9),
     });
     ns.poll();
-    let syn = ns.pop_frame().expect("a SYN");
+    let syn = ns.pop_frame().expect("a SYN").bytes;
     let t = match ginza_net::parse(&syn, &peer_iface()).unwrap() {
         ginza_net::Packet::Tcp(t) => t,
         other => panic!("{other:?}"),

@@ -103,21 +103,26 @@ impl Connection {
 
     /// Protected mode, from the netstack: asks iokerneld to read
     /// `channel`'s rings in its allocation pass (`Request::Protect`).
-    /// With `interface`, iokerneld steers that address to the netstack too.
+    /// With `interface`, iokerneld steers that address to the netstack too;
+    /// with `tx_pool` (the application's), it can assemble zero-touch
+    /// frames (`ginza_shm::netstack::gather`).
     pub fn protect(
         &self,
         app_pid: i32,
         link: u64,
         channel: BorrowedFd<'_>,
+        tx_pool: Option<BorrowedFd<'_>>,
         interface: Option<ginza_net::Interface>,
     ) -> Result<(), ClientError> {
+        let mut fds = vec![channel];
+        fds.extend(tx_pool);
         self.ask(
             Request::Protect {
                 app_pid,
                 link,
                 interface,
             },
-            &[channel],
+            &fds,
         )
     }
 

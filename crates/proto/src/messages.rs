@@ -101,7 +101,9 @@ pub enum Request {
     /// work of kthread `k` of the application with pid `app_pid`
     /// (docs/protected.md, "Wake-ups"). With `interface`, iokerneld also
     /// steers that address's frames to the netstack and lets it send from
-    /// it ("Addresses"). Answered `Accepted`.
+    /// it ("Addresses"). A second descriptor, if attached, is the
+    /// application's tx pool: iokerneld then assembles zero-touch frames
+    /// from it ("Transmit"). Answered `Accepted`.
     Protect {
         app_pid: i32,
         link: u64,

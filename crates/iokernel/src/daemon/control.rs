@@ -414,7 +414,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         let now = clock::monotonic_ns();
         let mut buf = [0u8; MAX_REQUEST];
         let app = &mut self.apps[i];
-        match socket::recv_with_fds(app.sock.as_fd(), &mut buf, 1, true) {
+        match socket::recv_with_fds(app.sock.as_fd(), &mut buf, 2, true) {
             Ok(None) => {}
             Ok(Some(r)) if r.closed => app.doom("connection closed".into()),
             Ok(Some(r)) => match decode_request(&buf[..r.len.min(MAX_REQUEST)]) {

@@ -11,7 +11,7 @@ use std::os::fd::OwnedFd;
 
 use ginza_policy::alloc::QueueCounters;
 use ginza_proto::messages::{Request, Response};
-use ginza_shm::netstack::Channel;
+use ginza_shm::netstack::{Channel, TxPoolView};
 use log::info;
 
 use super::Iokerneld;
@@ -45,8 +45,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                 link,
                 interface,
             } => {
-                let Some(fd) = fds.into_iter().next() else {
+                let mut fds = fds.into_iter();
+                let Some(fd) = fds.next() else {
                     return refuse("protect: no channel memfd attached".into());
+                };
+                // The application's tx pool, for zero-touch frames.
+                let tx_pool = match fds.next().map(TxPoolView::map) {
+                    None => None,
+                    Some(Ok(p)) => Some(p),
+                    Some(Err(e)) => return refuse(format!("protect: tx pool: {e}")),
                 };
                 if app.protects.len() >= MAX_LINKS {
                     return refuse(format!("protect: {MAX_LINKS} channels already"));
@@ -84,6 +91,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                         self.dp.remove_alias(net, ip);
                     }
                 }
+                if let Some(net) = app.net.as_mut() {
+                    net.tx_pools.retain(|(l, _)| *l != link);
+                    if let Some(p) = tx_pool {
+                        net.tx_pools.push((link, p));
+                    }
+                }
                 app.protects.push(ProtectLink {
                     link,
                     app_pid,
@@ -102,6 +115,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     if let (Some(ip), Some(net)) = (old.alias, app.net.as_mut()) {
                         self.dp.remove_alias(net, ip);
                     }
+                }
+                if let Some(net) = app.net.as_mut() {
+                    net.tx_pools.retain(|(l, _)| *l != link);
                 }
             }
             _ => return refuse("not a protect request".into()),
