@@ -135,6 +135,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.last_yielded_core = app.last_yielded_core;
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
+            let kthreads = app.kt.len();
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
@@ -156,7 +157,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 if !app.protects.is_empty() || !self.protected_pids.is_empty() {
                     super::protected::fold(
                         &app.protects,
-                        app.kt.len(),
+                        kthreads,
                         app.pid,
                         &self.protected_pids,
                         k,
