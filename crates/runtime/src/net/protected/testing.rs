@@ -1,0 +1,557 @@
+//! Test hooks: a fake netstack that speaks the backend's [`Wire`] in
+//! process, so the protected sockets and the asynchronous API can be
+//! tested without a netstack process. A test makes a [`FakeNetstack`] for
+//! a socket path, runs a runtime with `Config::protected` naming that path
+//! (the attach finds the fake instead of connecting), and plays the
+//! network: connections come in ([`FakeNetstack::connect_in`]), bytes are
+//! delivered into the real read-only receive pool ([`FakePeer::deliver`]),
+//! what the application sends is read from its tx pool memfd the way the
+//! netstack reads it — through the file, never writing it — and
+//! acknowledged at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use ginza_shm::{IngressPool, PacketDesc, PKT_BUFFER_SIZE};
+
+use super::wire::{Command, Event, PushError, Reason, Wire};
+
+/// Receive buffers in the fake's pool.
+const RX_BUFFERS: u32 = 1024;
+
+fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<Shared>>> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, Arc<Shared>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+/// A connection as the fake network sees it.
+#[derive(Default)]
+struct PeerConn {
+    /// What the application sent, in order.
+    received: Vec<u8>,
+    /// The application shut down writing or closed.
+    app_shut: bool,
+    app_closed: bool,
+    /// Receive buffers lent with `NewData`, in order, and their lengths.
+    lent: VecDeque<(u32, u32)>,
+    /// Bytes of the front lent buffer already given back.
+    front_done: u32,
+    accepted: bool,
+}
+
+struct State {
+    commands: Vec<VecDeque<Command>>,
+    events: Vec<VecDeque<Event>>,
+    rx_pool: IngressPool,
+    free_rx: Vec<u32>,
+    conns: HashMap<u32, PeerConn>,
+    listening: Vec<u16>,
+    next_id: u32,
+    /// The application's tx pool, read through the file.
+    tx: Option<File>,
+    /// Commands the fake refused (bad offsets, unknown ids), with why.
+    refused: Vec<String>,
+    /// Outgoing connects: the destinations, by id.
+    connects: Vec<(u32, SocketAddrV4)>,
+    refuse_connects: bool,
+}
+
+/// The fake's state, shared between the test and the application's wire.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    gone: AtomicBool,
+    ring_capacity: usize,
+    rings: usize,
+    /// Pushes refused because a command ring was full.
+    full: AtomicU64,
+    ip: Ipv4Addr,
+}
+
+/// A fake netstack registered for a socket path.
+pub struct FakeNetstack {
+    path: PathBuf,
+    shared: Arc<Shared>,
+    service: Option<std::thread::JoinHandle<()>>,
+}
+
+/// One connection of the fake network.
+pub struct FakePeer {
+    shared: Arc<Shared>,
+    pub id: u32,
+    pub ring: usize,
+}
+
+impl FakeNetstack {
+    /// A fake with `rings` network kthreads whose command rings hold
+    /// `ring_capacity` commands, for runtimes configured with `path`.
+    pub fn new(path: impl AsRef<Path>, rings: usize, ring_capacity: usize) -> FakeNetstack {
+        let rx_pool = IngressPool::create("ginza-fake-netstack-rx", RX_BUFFERS)
+            .expect("creating the fake's receive pool");
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                commands: (0..rings).map(|_| VecDeque::new()).collect(),
+                events: (0..rings).map(|_| VecDeque::new()).collect(),
+                rx_pool,
+                free_rx: (0..RX_BUFFERS).rev().collect(),
+                conns: HashMap::new(),
+                listening: Vec::new(),
+                next_id: 1,
+                tx: None,
+                refused: Vec::new(),
+                connects: Vec::new(),
+                refuse_connects: false,
+            }),
+            changed: Condvar::new(),
+            gone: AtomicBool::new(false),
+            ring_capacity,
+            rings,
+            full: AtomicU64::new(0),
+            ip: Ipv4Addr::new(10, 47, 0, 1),
+        });
+        let path = path.as_ref().to_path_buf();
+        registry()
+            .lock()
+            .unwrap()
+            .insert(path.clone(), Arc::clone(&shared));
+        let s = Arc::clone(&shared);
+        let service = std::thread::spawn(move || serve(&s));
+        FakeNetstack {
+            path,
+            shared,
+            service: Some(service),
+        }
+    }
+
+    /// Waits (up to 10 s, else panics) until `cond` holds of the fake's
+    /// state, re-checked at every change.
+    fn wait(&self, what: &str, mut cond: impl FnMut(&State) -> bool) {
+        wait_for(&self.shared, what, |s| cond(s));
+    }
+
+    /// Waits until the application listens on `port`.
+    pub fn wait_listening(&self, port: u16) {
+        self.wait("the application to listen", |s| s.listening.contains(&port));
+    }
+
+    /// A connection from `remote` to the application's `port`.
+    pub fn connect_in(&self, port: u16, remote: SocketAddrV4) -> FakePeer {
+        let mut s = self.shared.state.lock().unwrap();
+        let id = s.next_id;
+        s.next_id += 1;
+        let ring = id as usize % self.shared.rings;
+        s.conns.insert(id, PeerConn::default());
+        let local = SocketAddrV4::new(self.shared.ip, port);
+        s.events[ring].push_back(Event::NewConn {
+            id,
+            port,
+            local,
+            remote,
+        });
+        drop(s);
+        self.shared.changed.notify_all();
+        FakePeer {
+            shared: Arc::clone(&self.shared),
+            id,
+            ring,
+        }
+    }
+
+    /// Waits for the application's next outgoing connect; its peer end.
+    pub fn accept_out(&self) -> (FakePeer, SocketAddrV4) {
+        let mut got = None;
+        self.wait("an outgoing connect", |s| {
+            got = s.connects.first().copied();
+            got.is_some()
+        });
+        let (id, to) = got.expect("waited for");
+        self.shared.state.lock().unwrap().connects.remove(0);
+        let peer = FakePeer {
+            shared: Arc::clone(&self.shared),
+            id,
+            ring: 0,
+        };
+        (peer, to)
+    }
+
+    /// Connects are answered `ConnectFailed { Refused }` from now on.
+    pub fn refuse_connects(&self) {
+        self.shared.state.lock().unwrap().refuse_connects = true;
+    }
+
+    /// The netstack dies: every push fails, the watcher notices.
+    pub fn kill(&self) {
+        self.shared.gone.store(true, SeqCst);
+        self.shared.changed.notify_all();
+    }
+
+    /// Pushes refused because a command ring was full (back-pressure).
+    pub fn full_pushes(&self) -> u64 {
+        self.shared.full.load(SeqCst)
+    }
+
+    /// Commands the fake refused, with why.
+    pub fn refused(&self) -> Vec<String> {
+        self.shared.state.lock().unwrap().refused.clone()
+    }
+
+    /// Receive buffers lent to the application now.
+    pub fn rx_lent(&self) -> usize {
+        let s = self.shared.state.lock().unwrap();
+        RX_BUFFERS as usize - s.free_rx.len()
+    }
+
+    /// Waits until every receive buffer is given back (`recv_done`).
+    pub fn wait_rx_returned(&self) {
+        self.wait("every receive buffer back", |s| {
+            s.free_rx.len() == RX_BUFFERS as usize
+        });
+    }
+}
+
+impl Drop for FakeNetstack {
+    fn drop(&mut self) {
+        registry().lock().unwrap().remove(&self.path);
+        self.kill();
+        if let Some(t) = self.service.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn wait_for(shared: &Shared, what: &str, mut cond: impl FnMut(&State) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut s = shared.state.lock().unwrap();
+    while !cond(&s) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "fake netstack: timed out waiting for {what}"
+        );
+        s = shared.changed.wait_timeout(s, left).unwrap().0;
+    }
+}
+
+impl FakePeer {
+    /// Delivers `data` to the application (`NewData` items of at most one
+    /// receive buffer each).
+    pub fn deliver(&self, data: &[u8]) {
+        for part in data.chunks(PKT_BUFFER_SIZE as usize) {
+            wait_for(&self.shared, "a free receive buffer", |s| {
+                !s.free_rx.is_empty()
+            });
+            let mut s = self.shared.state.lock().unwrap();
+            let buf = s.free_rx.pop().expect("waited for");
+            s.rx_pool.write(buf, part);
+            s.conns
+                .get_mut(&self.id)
+                .expect("a peer's connection")
+                .lent
+                .push_back((buf, part.len() as u32));
+            let offset = u64::from(buf) * u64::from(PKT_BUFFER_SIZE);
+            s.events[self.ring].push_back(Event::NewData {
+                id: self.id,
+                items: vec![(offset, part.len() as u32)],
+            });
+            drop(s);
+            self.shared.changed.notify_all();
+        }
+    }
+
+    /// Waits until the application has sent `n` bytes in all; they.
+    pub fn expect_bytes(&self, n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        wait_for(&self.shared, "bytes from the application", |s| {
+            let c = &s.conns[&self.id];
+            if c.received.len() >= n {
+                out = c.received.clone();
+                true
+            } else {
+                false
+            }
+        });
+        out
+    }
+
+    /// The peer closes (FIN).
+    pub fn close(&self) {
+        let mut s = self.shared.state.lock().unwrap();
+        s.events[self.ring].push_back(Event::RemoteClosed { id: self.id });
+        drop(s);
+        self.shared.changed.notify_all();
+    }
+
+    /// The peer resets the connection.
+    pub fn reset(&self) {
+        let mut s = self.shared.state.lock().unwrap();
+        s.events[self.ring].push_back(Event::Cleanup {
+            id: self.id,
+            reason: Some(Reason::Reset),
+        });
+        drop(s);
+        self.shared.changed.notify_all();
+    }
+
+    /// Waits until the application has shut down writing (or closed).
+    pub fn wait_app_shut(&self) {
+        wait_for(&self.shared, "the application's FIN", |s| {
+            s.conns
+                .get(&self.id)
+                .is_none_or(|c| c.app_shut || c.app_closed)
+        });
+    }
+
+    /// Waits until the application has closed the connection.
+    pub fn wait_app_closed(&self) {
+        wait_for(&self.shared, "the application's close", |s| {
+            s.conns.get(&self.id).is_none_or(|c| c.app_closed)
+        });
+    }
+
+    /// Whether the application accepted it.
+    pub fn accepted(&self) -> bool {
+        self.shared.state.lock().unwrap().conns[&self.id].accepted
+    }
+}
+
+/// The fake's network kthread: takes commands and answers them.
+fn serve(shared: &Shared) {
+    let mut s = shared.state.lock().unwrap();
+    loop {
+        if shared.gone.load(SeqCst) {
+            return;
+        }
+        let mut did = false;
+        for ring in 0..shared.rings {
+            while let Some(cmd) = s.commands[ring].pop_front() {
+                did = true;
+                execute(shared, &mut s, ring, cmd);
+            }
+        }
+        if did {
+            shared.changed.notify_all();
+        }
+        s = shared
+            .changed
+            .wait_timeout(s, Duration::from_millis(5))
+            .unwrap()
+            .0;
+    }
+}
+
+fn execute(shared: &Shared, s: &mut State, ring: usize, cmd: Command) {
+    match cmd {
+        Command::Listen { port } => {
+            let result = if s.listening.contains(&port) {
+                Err(Reason::AddrInUse)
+            } else {
+                s.listening.push(port);
+                Ok(port)
+            };
+            s.events[ring].push_back(Event::Listening { port, result });
+        }
+        Command::Unlisten { port } => s.listening.retain(|&p| p != port),
+        Command::Accept { id } => match s.conns.get_mut(&id) {
+            Some(c) => c.accepted = true,
+            None => s.refused.push(format!("accept of unknown connection {id}")),
+        },
+        Command::Connect { cookie, to } => {
+            if s.refuse_connects {
+                s.events[ring].push_back(Event::ConnectFailed {
+                    cookie,
+                    reason: Reason::Refused,
+                });
+                return;
+            }
+            let id = s.next_id;
+            s.next_id += 1;
+            s.conns.insert(
+                id,
+                PeerConn {
+                    accepted: true,
+                    ..PeerConn::default()
+                },
+            );
+            s.connects.push((id, to));
+            s.events[0].push_back(Event::Connected {
+                cookie,
+                id,
+                local: SocketAddrV4::new(shared.ip, 49152 + (id as u16 % 16000)),
+            });
+        }
+        Command::Send { id, ranges } => {
+            let Some(tx) = s.tx.as_ref() else {
+                s.refused.push("send before the tx pool was given".into());
+                return;
+            };
+            let len = tx.metadata().map(|m| m.len()).unwrap_or(0);
+            let mut bytes = Vec::new();
+            let mut total = 0u64;
+            for (offset, n) in ranges {
+                if offset.checked_add(u64::from(n)).is_none_or(|end| end > len) {
+                    s.refused.push(format!(
+                        "send of {n} bytes at {offset}: outside the tx pool"
+                    ));
+                    return;
+                }
+                let at = bytes.len();
+                bytes.resize(at + n as usize, 0);
+                tx.read_exact_at(&mut bytes[at..], offset)
+                    .expect("reading the tx pool");
+                total += u64::from(n);
+            }
+            let Some(c) = s.conns.get_mut(&id) else {
+                s.refused.push(format!("send on unknown connection {id}"));
+                return;
+            };
+            c.received.extend_from_slice(&bytes);
+            s.events[ring].push_back(Event::DataAcked { id, count: total });
+        }
+        Command::RecvDone { id, count } => {
+            let State {
+                conns,
+                free_rx,
+                refused,
+                ..
+            } = s;
+            let Some(c) = conns.get_mut(&id) else {
+                refused.push(format!("recv_done on unknown connection {id}"));
+                return;
+            };
+            let mut left = count;
+            while left > 0 {
+                let Some(&(buf, len)) = c.lent.front() else {
+                    refused.push(format!("recv_done of {left} bytes never given"));
+                    return;
+                };
+                let k = left.min(len - c.front_done);
+                c.front_done += k;
+                left -= k;
+                if c.front_done == len {
+                    c.lent.pop_front();
+                    c.front_done = 0;
+                    free_rx.push(buf);
+                }
+            }
+        }
+        Command::Shutdown { id } => {
+            if let Some(c) = s.conns.get_mut(&id) {
+                c.app_shut = true;
+            }
+        }
+        Command::Close { id } => {
+            let Some(c) = s.conns.get_mut(&id) else {
+                s.refused.push(format!("close of unknown connection {id}"));
+                return;
+            };
+            c.app_closed = true;
+            let lent: Vec<u32> = c.lent.drain(..).map(|(b, _)| b).collect();
+            s.free_rx.extend(lent);
+            s.events[ring].push_back(Event::Cleanup { id, reason: None });
+        }
+    }
+}
+
+/// The application's end of the fake.
+pub(crate) struct FakeWire {
+    shared: Arc<Shared>,
+    /// The receive pool mapped read-only, as a netstack's would be.
+    rx: IngressPool,
+}
+
+/// The fake registered for `path`, attached with the application's tx
+/// pool; `None` if no fake is registered there.
+pub(crate) fn attach(path: &Path, tx_pool: BorrowedFd<'_>) -> Option<Result<FakeWire, String>> {
+    let shared = registry().lock().unwrap().get(path).cloned()?;
+    let r = (|| {
+        let mut s = shared.state.lock().unwrap();
+        let fd = s
+            .rx_pool
+            .fd()
+            .try_clone_to_owned()
+            .map_err(|e| e.to_string())?;
+        let rx = IngressPool::map_read_only(fd, RX_BUFFERS).map_err(|e| e.to_string())?;
+        s.tx = Some(File::from(
+            tx_pool.try_clone_to_owned().map_err(|e| e.to_string())?,
+        ));
+        drop(s);
+        Ok(FakeWire {
+            shared: Arc::clone(&shared),
+            rx,
+        })
+    })();
+    Some(r)
+}
+
+impl Wire for FakeWire {
+    fn rings(&self) -> usize {
+        self.shared.rings
+    }
+
+    fn push(&self, ring: usize, cmd: &Command) -> Result<(), PushError> {
+        if self.shared.gone.load(SeqCst) {
+            return Err(PushError::Gone("the fake netstack was killed".into()));
+        }
+        let mut s = self.shared.state.lock().unwrap();
+        if s.commands[ring].len() >= self.shared.ring_capacity {
+            self.shared.full.fetch_add(1, SeqCst);
+            return Err(PushError::Full);
+        }
+        s.commands[ring].push_back(cmd.clone());
+        drop(s);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    fn pop(&self, ring: usize, max: usize, out: &mut Vec<Event>) -> Result<usize, String> {
+        let Ok(mut s) = self.shared.state.try_lock() else {
+            return Ok(0);
+        };
+        let q = &mut s.events[ring];
+        let n = q.len().min(max);
+        out.extend(q.drain(..n));
+        drop(s);
+        if n > 0 {
+            self.shared.changed.notify_all();
+        }
+        Ok(n)
+    }
+
+    fn pending(&self) -> bool {
+        match self.shared.state.try_lock() {
+            Ok(s) => s.events.iter().any(|q| !q.is_empty()),
+            Err(_) => true,
+        }
+    }
+
+    fn rx(&self, offset: u64, len: u32) -> Option<&[u8]> {
+        let buf = u32::try_from(offset / u64::from(PKT_BUFFER_SIZE)).ok()?;
+        let at = (offset % u64::from(PKT_BUFFER_SIZE)) as u32;
+        let frame = self.rx.frame(PacketDesc {
+            buf,
+            len: at.checked_add(len)?,
+            ..PacketDesc::default()
+        })?;
+        frame.get(at as usize..)
+    }
+
+    fn wait_gone(&self, timeout: Duration) -> Option<String> {
+        let s = self.shared.state.lock().unwrap();
+        let _ = self
+            .shared
+            .changed
+            .wait_timeout_while(s, timeout, |_| !self.shared.gone.load(SeqCst))
+            .unwrap();
+        self.shared
+            .gone
+            .load(SeqCst)
+            .then(|| "the fake netstack was killed".to_string())
+    }
+}
