@@ -12,6 +12,8 @@
 //! * [`content`]: the reproducible bytes of bulk transfers, their hash and
 //!   a sink's receipt (the TCP tests and benchmark).
 //! * [`duration`]: durations as every Ginza command line writes them.
+//! * [`netstack`]: protected mode's commands and events (DLibOS Table 1),
+//!   their slot encoding, and the attach handshake with the netstack.
 //!
 //! The fast path (queue lines, command and packet rings) is shared memory,
 //! in `ginza_shm`; the OS calls are `ginza_sys`'s. This crate has no
@@ -23,6 +25,7 @@ pub mod client;
 pub mod content;
 pub mod duration;
 pub mod messages;
+pub mod netstack;
 pub mod request;
 
 pub use client::{default_socket_path, ClientError, Connection};

@@ -9,6 +9,8 @@
 //! * [`msg`]: the command messages of the per-kthread command rings.
 //! * [`packet`]: packet descriptors, egress buffers, the read-only ingress
 //!   pool and iokerneld's ledger of lent buffers.
+//! * [`netstack`]: protected mode's channel (command and event rings) and
+//!   payload pools (docs/protected.md).
 //!
 //! The two processes do not trust each other: everything read from the
 //! peer's side is copied once and checked; a broken peer yields a typed
@@ -17,6 +19,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod msg;
+pub mod netstack;
 pub mod packet;
 pub mod queue_line;
 pub mod region;

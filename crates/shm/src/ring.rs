@@ -544,6 +544,22 @@ pub(crate) unsafe fn init_ring<T: Pod>(base: NonNull<u8>, capacity: u32) {
     unsafe { RawRing::<T>::init(base, capacity, 0) };
 }
 
+/// The ring at `base`'s head and tail as they are now, read without
+/// taking either end: an observer (iokerneld's congestion detection)
+/// learns whether messages wait. The values are the peers' and untrusted.
+///
+/// # Safety
+/// `base` holds a ring (or plain memory of at least a ring header, aligned
+/// to [`CACHE_LINE`]) that outlives the call.
+pub(crate) unsafe fn indices_at(base: NonNull<u8>) -> (u32, u32) {
+    // SAFETY: caller's contract; the header is atomics only.
+    let hdr = unsafe { base.cast::<RingHeader>().as_ref() };
+    (
+        hdr.head.0.load(Ordering::Acquire),
+        hdr.tail.0.load(Ordering::Acquire),
+    )
+}
+
 /// The shared header of the ring at `base`, for tests that corrupt it.
 ///
 /// # Safety

@@ -42,6 +42,25 @@ pub fn size(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(rustix::fs::fstat(fd)?.st_size as u64)
 }
 
+/// A second descriptor of the same file, opened read-only (through
+/// `/proc/self/fd`): a process given only this one cannot `write` the file
+/// nor map it shared and writable.
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Ok(rustix::fs::open(
+        path.as_str(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?)
+}
+
+/// The descriptor was opened read-only.
+pub fn is_read_only(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    Ok(flags & rustix::fs::OFlags::RWMODE == rustix::fs::OFlags::RDONLY)
+}
+
 /// Maps `len` bytes of `fd` shared, readable and writable.
 pub fn map(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<u8>> {
     map_with(fd, len, ProtFlags::READ | ProtFlags::WRITE)
