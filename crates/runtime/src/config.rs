@@ -279,8 +279,14 @@ impl NetConfig {
 /// How a runtime attaches to a netstack (`Config::protected`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProtectedConfig {
-    /// The netstack's unix socket.
+    /// The netstack's unix socket
+    /// (`ginza_proto::netstack::default_netstack_socket()` by default).
     pub socket: PathBuf,
+    /// The application's name at the netstack.
+    pub name: String,
+    /// The application's MAC and IPv4 address: the netstack owns them for
+    /// it (iokerneld steers their frames to the netstack).
+    pub interface: Interface,
     /// 2 KiB chunks in the application's tx pool (its
     /// send buffers, shared by all its connections).
     pub tx_chunks: u32,
@@ -289,11 +295,13 @@ pub struct ProtectedConfig {
 }
 
 impl ProtectedConfig {
-    /// Attaches to the netstack at `socket`, 8 MiB of tx pool, 256 KiB in
-    /// flight per connection.
-    pub fn new(socket: impl Into<PathBuf>) -> ProtectedConfig {
+    /// `name` at `interface`, attached to the netstack at `socket`; 8 MiB
+    /// of tx pool, 256 KiB in flight per connection.
+    pub fn new(socket: impl Into<PathBuf>, name: &str, interface: Interface) -> ProtectedConfig {
         ProtectedConfig {
             socket: socket.into(),
+            name: name.to_string(),
+            interface,
             tx_chunks: 4096,
             tx_per_connection: 256 * 1024,
         }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ginza_runtime::net::protected::testing::FakeNetstack;
 use ginza_runtime::net::protected::{self, Channel, Command, Event, ProtectedConfig};
-use ginza_runtime::net::{TcpListener, TcpStream};
+use ginza_runtime::net::{Interface, MacAddr, TcpListener, TcpStream};
 use ginza_runtime::Config;
 
 fn socket(name: &str) -> PathBuf {
@@ -20,8 +20,12 @@ fn socket(name: &str) -> PathBuf {
 }
 
 fn config(path: &PathBuf) -> Config {
+    let me = Interface {
+        mac: MacAddr([0x02, 0x47, 0, 0, 0, 1]),
+        ip: Ipv4Addr::new(10, 47, 0, 1),
+    };
     Config {
-        protected: Some(ProtectedConfig::new(path)),
+        protected: Some(ProtectedConfig::new(path, "protected-test", me)),
         ..Config::with_kthreads(2)
     }
 }
@@ -215,7 +219,13 @@ fn the_asynchronous_channel_serves_an_echo_loop() {
             ginza_runtime::run(config(&path), || {
                 let ch = Channel::open().unwrap();
                 assert!(Channel::open().is_err(), "one channel at a time");
-                ch.submit(0, &Command::Listen { port: 5 }).unwrap();
+                let cookie = ch.cookie();
+                let listen = Command::Listen {
+                    cookie,
+                    port: 5,
+                    backlog: 16,
+                };
+                ch.submit(0, &listen).unwrap();
                 let mut echoed = 0usize;
                 let mut acked = 0u64;
                 loop {
@@ -223,25 +233,25 @@ fn the_asynchronous_channel_serves_an_echo_loop() {
                         panic!("no event in 10 s");
                     };
                     match e.event {
-                        Event::Listening { result, .. } => assert_eq!(result, Ok(5)),
-                        Event::NewConn { id, .. } => {
-                            ch.submit(e.ring, &Command::Accept { id }).unwrap()
-                        }
-                        Event::NewData { id, items } => {
-                            for (offset, len) in items {
-                                let bytes = ch.rx(offset, len).unwrap().to_vec();
+                        Event::Listening { cookie: c, .. } => assert_eq!(c, cookie),
+                        Event::NewConn { conn, listener, .. } => ch
+                            .submit(e.pair, &Command::Accept { conn, listener })
+                            .unwrap(),
+                        Event::NewData { conn, ranges } => {
+                            for &r in ranges.as_slice() {
+                                let bytes = ch.rx(r).unwrap().to_vec();
                                 let mut sent = 0;
                                 while sent < bytes.len() {
-                                    sent += ch.send(e.ring, id, &bytes[sent..]).unwrap();
+                                    sent += ch.send(e.pair, conn, &bytes[sent..]).unwrap();
                                 }
-                                ch.submit(e.ring, &Command::RecvDone { id, count: len })
-                                    .unwrap();
-                                echoed += len as usize;
+                                echoed += bytes.len();
                             }
+                            ch.submit(e.pair, &Command::RecvDone { conn, ranges })
+                                .unwrap();
                         }
-                        Event::DataAcked { count, .. } => acked += count,
-                        Event::RemoteClosed { id } => {
-                            ch.submit(e.ring, &Command::Close { id }).unwrap()
+                        Event::DataAcked { ranges, .. } => acked += ranges.bytes(),
+                        Event::RemoteClosed { conn } => {
+                            ch.submit(e.pair, &Command::Close { conn }).unwrap()
                         }
                         Event::Cleanup { .. } => break,
                         other => panic!("unexpected {other:?}"),

@@ -14,17 +14,18 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::socket::send_ranges;
 use super::tx_pool::TxPool;
-use super::{ack, of, Command, ConnState, Event, Protected};
+use super::{ack, of, Command, ConnId, ConnState, Event, Protected, Range};
 use crate::net::tcp::{wait_until, Wake};
 use crate::sched::{self, Shared};
 use crate::spinlock::SpinLock;
 
-/// An event and the network kthread ring it came from (commands about its
-/// connection go back on that ring).
+/// An event and the ring pair it came on (`Accept` on a pair pins the
+/// connection's events to it; commands are taken on any pair).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChannelEvent {
-    pub ring: usize,
+    pub pair: usize,
     pub event: Event,
 }
 
@@ -55,7 +56,7 @@ impl Channel {
                 "the asynchronous API needs protected mode (Config::protected)",
             )
         })?;
-        if !p.conns.lock().is_empty() || !p.listeners.lock().is_empty() {
+        if !p.conns.lock().is_empty() || !p.listen_cookies.lock().is_empty() {
             return Err(io::Error::other(
                 "sockets use the netstack attachment: open the channel before any socket",
             ));
@@ -74,20 +75,25 @@ impl Channel {
         of(&self.rt).expect("opened on an attached runtime")
     }
 
-    /// Network kthreads of the netstack (rings to choose from).
-    pub fn rings(&self) -> usize {
-        self.p().wire.rings()
+    /// Ring pairs (one per kthread of this runtime).
+    pub fn pairs(&self) -> usize {
+        self.p().wire.pairs()
     }
 
-    /// Pushes a command (waiting while the ring is full).
-    pub fn submit(&self, ring: usize, cmd: &Command) -> io::Result<()> {
-        self.p().command(ring, cmd)
+    /// A fresh cookie for `Listen` or `Connect`.
+    pub fn cookie(&self) -> u32 {
+        self.p().cookie()
+    }
+
+    /// Pushes a command (waiting while the ring is full: back-pressure).
+    pub fn submit(&self, pair: usize, cmd: &Command) -> io::Result<()> {
+        self.p().command(pair, cmd)
     }
 
     /// Copies `data` into the tx pool (as much as is free, up to 64 KiB)
-    /// and sends it on connection `id`: the bytes taken (0 when the pool
-    /// is full: wait for `DataAcked`).
-    pub fn send(&self, ring: usize, id: u32, data: &[u8]) -> io::Result<usize> {
+    /// and sends it on `conn`: the bytes taken (0 when the pool is full:
+    /// wait for `DataAcked`).
+    pub fn send(&self, pair: usize, conn: ConnId, data: &[u8]) -> io::Result<usize> {
         let p = self.p();
         let used = p.tx.fill(data, 32);
         if used.is_empty() {
@@ -96,21 +102,21 @@ impl Channel {
         let n = used.iter().map(|&(_, l)| l as usize).sum();
         {
             let mut map = self.unacked.lock();
-            let st = map.entry(id).or_default();
+            let st = map.entry(conn.get()).or_default();
             for &(c, l) in &used {
                 st.unacked.push_back((c, l));
                 st.unacked_bytes += u64::from(l);
             }
         }
-        let ranges = used.iter().map(|&(c, l)| (TxPool::offset(c), l)).collect();
-        p.command(ring, &Command::Send { id, ranges })?;
+        let ranges: Vec<Range> = used.iter().map(|&(c, l)| TxPool::range(c, l)).collect();
+        send_ranges(p, pair, conn, &ranges)?;
         Ok(n)
     }
 
-    /// The received bytes an `Event::NewData` item names (read-only
-    /// receive memory), or `None` for a range outside the pool.
-    pub fn rx(&self, offset: u64, len: u32) -> Option<&[u8]> {
-        self.p().wire.rx(offset, len)
+    /// The received bytes of a `NewData` range (read-only receive memory),
+    /// or `None` for a range outside the pool.
+    pub fn rx(&self, r: Range) -> Option<&[u8]> {
+        self.p().wire.rx(r)
     }
 
     /// The next event, waiting at most `timeout` (`None`: forever);
@@ -125,13 +131,13 @@ impl Channel {
                 return Some((Ok(e), Wake::default()));
             }
             let mut out = Vec::new();
-            for ring in 0..p.wire.rings() {
-                if let Err(why) = p.wire.pop(ring, 32, &mut out) {
+            for pair in 0..p.wire.pairs() {
+                if let Err(why) = p.wire.pop(pair, 32, &mut out) {
                     // `lost` wakes this queue: after its lock is released.
                     return Some((Err(why), Wake::default()));
                 }
                 let mut q = self.scratch.lock();
-                q.extend(out.drain(..).map(|event| ChannelEvent { ring, event }));
+                q.extend(out.drain(..).map(|event| ChannelEvent { pair, event }));
             }
             if let Some(e) = self.scratch.lock().pop_front() {
                 return Some((Ok(e), Wake::default()));
@@ -148,17 +154,23 @@ impl Channel {
         };
         p.counters.events.fetch_add(1, Relaxed);
         match &e.event {
-            Event::DataAcked { id, count } => {
-                let freed = self
+            Event::DataAcked { conn, ranges } => {
+                let (freed, unknown) = self
                     .unacked
                     .lock()
-                    .get_mut(id)
-                    .map(|st| ack(st, *count))
-                    .unwrap_or_default();
+                    .get_mut(&conn.get())
+                    .map(|st| ack(st, ranges.as_slice()))
+                    .unwrap_or((Vec::new(), ranges.len()));
+                if unknown > 0 {
+                    p.bad(format_args!(
+                        "DataAcked {}: {unknown} ranges were not sent on it",
+                        conn.get()
+                    ));
+                }
                 p.tx.release(freed);
             }
-            Event::Cleanup { id, .. } => {
-                if let Some(mut st) = self.unacked.lock().remove(id) {
+            Event::Cleanup { conn } => {
+                if let Some(mut st) = self.unacked.lock().remove(&conn.get()) {
                     p.tx.release(st.unacked.drain(..).map(|(c, _)| c));
                 }
             }

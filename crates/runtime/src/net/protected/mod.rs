@@ -26,7 +26,9 @@ pub mod testing;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -34,7 +36,7 @@ pub use crate::config::ProtectedConfig;
 pub use channel::{Channel, ChannelEvent};
 pub use socket::{ProtectedListener, ProtectedStream};
 pub use tx_pool::TX_CHUNK;
-pub use wire::{Command, Event, Reason};
+pub use wire::{Command, ConnId, Event, ListenId, Range, Ranges, Reason, SendFlags, MAX_RANGES};
 pub(crate) use wire::{PushError, Wire};
 
 use super::tcp::wake_all;
@@ -69,12 +71,10 @@ struct Counters {
     bad_events: AtomicU64,
 }
 
-/// Received bytes not yet consumed: `{offset, len}` of the receive pool,
-/// `used` of them read.
+/// Received bytes not yet consumed: a `NewData` range, `used` of it read.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RxItem {
-    offset: u64,
-    len: u32,
+    range: Range,
     used: u32,
 }
 
@@ -88,7 +88,9 @@ pub(crate) struct ConnState {
     error_text: String,
     /// `Cleanup` came: the id is free.
     cleaned: bool,
-    /// Chunks sent and not yet acknowledged, in order: (chunk, bytes left).
+    /// We sent `Close`.
+    closed: bool,
+    /// Chunks sent and not yet acknowledged, in order: (chunk, bytes).
     unacked: VecDeque<(u32, u32)>,
     unacked_bytes: u64,
     write_shut: bool,
@@ -96,9 +98,10 @@ pub(crate) struct ConnState {
 
 /// One connection, by the netstack's id.
 pub(crate) struct PConn {
-    id: u32,
-    /// The command ring of the network kthread that owns it.
-    ring: usize,
+    id: ConnId,
+    /// The ring pair its commands go on (and, once accepted, its events
+    /// come on).
+    pair: AtomicUsize,
     local: SocketAddrV4,
     remote: SocketAddrV4,
     state: SpinLock<ConnState>,
@@ -108,13 +111,13 @@ pub(crate) struct PConn {
 pub(crate) struct ListenState {
     /// Connections announced and not accepted yet.
     backlog: VecDeque<Arc<PConn>>,
-    /// The netstack's answer to `Listen`: the port, or why not.
-    bound: Option<Result<u16, Reason>>,
-    closed: bool,
+    /// The netstack's answer to `Listen`.
+    bound: Option<Result<ListenId, Reason>>,
 }
 
 pub(crate) struct PListener {
     port: u16,
+    cookie: u32,
     state: SpinLock<ListenState>,
     waiters: SpinLock<Vec<Arc<Waiter>>>,
 }
@@ -126,7 +129,7 @@ pub(crate) struct PendingConnect {
     waiters: SpinLock<Vec<Arc<Waiter>>>,
 }
 
-/// Raw mode ([`Channel`]): events are queued for the application.
+/// Raw mode ([`Channel`]): events are the application's to take.
 #[derive(Default)]
 struct Raw {
     on: AtomicBool,
@@ -139,9 +142,12 @@ pub(crate) struct Protected {
     tx: TxPool,
     cfg: ProtectedConfig,
     conns: SpinLock<HashMap<u32, Arc<PConn>>>,
-    listeners: SpinLock<HashMap<u16, Arc<PListener>>>,
-    connects: SpinLock<HashMap<u64, Arc<PendingConnect>>>,
-    next_cookie: AtomicU64,
+    /// Listeners by the cookie of their `Listen`, and once answered by id.
+    listen_cookies: SpinLock<HashMap<u32, Arc<PListener>>>,
+    listeners: SpinLock<HashMap<u32, Arc<PListener>>>,
+    connects: SpinLock<HashMap<u32, Arc<PendingConnect>>>,
+    next_cookie: AtomicU32,
+    next_pair: AtomicUsize,
     /// The netstack went away: why.
     gone: Mutex<Option<String>>,
     gone_flag: AtomicBool,
@@ -169,9 +175,11 @@ impl Protected {
             tx,
             cfg,
             conns: SpinLock::new(HashMap::new()),
+            listen_cookies: SpinLock::new(HashMap::new()),
             listeners: SpinLock::new(HashMap::new()),
             connects: SpinLock::new(HashMap::new()),
-            next_cookie: AtomicU64::new(1),
+            next_cookie: AtomicU32::new(1),
+            next_pair: AtomicUsize::new(0),
             gone: Mutex::new(None),
             gone_flag: AtomicBool::new(false),
             raw: Raw::default(),
@@ -209,13 +217,13 @@ impl Protected {
 
     /// Pushes `cmd` on `ring`, waiting (yielding the uthread) while the
     /// ring is full: back-pressure, counted, never dropped.
-    pub(crate) fn command(&self, ring: usize, cmd: &Command) -> io::Result<()> {
+    pub(crate) fn command(&self, pair: usize, cmd: &Command) -> io::Result<()> {
         let mut waited = false;
         loop {
             if let Some(why) = self.gone() {
                 return Err(self.gone_error(why));
             }
-            match self.wire.push(ring % self.wire.rings().max(1), cmd) {
+            match self.wire.push(pair % self.wire.pairs().max(1), cmd) {
                 Ok(()) => {
                     self.counters.commands.fetch_add(1, Relaxed);
                     return Ok(());
@@ -262,7 +270,7 @@ impl Protected {
             }
             wake_all(&c.waiters);
         }
-        let listeners: Vec<_> = self.listeners.lock().values().cloned().collect();
+        let listeners: Vec<_> = self.listen_cookies.lock().values().cloned().collect();
         for l in listeners {
             wake_all(&l.waiters);
         }
@@ -292,9 +300,9 @@ impl Protected {
             return 0;
         };
         let mut total = 0;
-        for ring in 0..self.wire.rings() {
+        for pair in 0..self.wire.pairs() {
             scratch.clear();
-            match self.wire.pop(ring, budget.min(POLL_BATCH), &mut scratch) {
+            match self.wire.pop(pair, budget.min(POLL_BATCH), &mut scratch) {
                 Ok(_) => {}
                 Err(why) => {
                     drop(scratch);
@@ -305,114 +313,137 @@ impl Protected {
             for ev in scratch.drain(..) {
                 total += 1;
                 self.counters.events.fetch_add(1, Relaxed);
-                self.dispatch(ring, ev);
+                self.dispatch(pair, ev);
             }
         }
         total
     }
 
+    /// A cookie for a `Listen` or `Connect` (one sequence for both, so a
+    /// `Refused` names one of them).
+    pub(crate) fn cookie(&self) -> u32 {
+        self.next_cookie.fetch_add(1, Relaxed)
+    }
+
+    /// The ring pair a new connection's commands go on (round robin).
+    pub(crate) fn next_pair(&self) -> usize {
+        self.next_pair.fetch_add(1, Relaxed) % self.wire.pairs().max(1)
+    }
+
     /// Hands one event to whom it concerns and wakes them.
-    fn dispatch(&self, ring: usize, ev: Event) {
+    fn dispatch(&self, pair: usize, ev: Event) {
         match ev {
-            Event::Listening { port, result } => {
-                let Some(l) = self.listeners.lock().get(&port).cloned() else {
-                    return self.bad(format_args!("Listening for unknown port {port}"));
+            Event::Listening { cookie, listener } => {
+                let Some(l) = self.listen_cookies.lock().get(&cookie).cloned() else {
+                    return self.bad(format_args!("Listening for unknown cookie {cookie}"));
                 };
-                l.state.lock().bound = Some(result);
+                l.state.lock().bound = Some(Ok(listener));
+                self.listeners.lock().insert(listener.get(), Arc::clone(&l));
                 wake_all(&l.waiters);
             }
             Event::NewConn {
-                id,
-                port,
-                local,
+                conn,
+                listener,
                 remote,
             } => {
-                let Some(l) = self.listeners.lock().get(&port).cloned() else {
-                    return self.bad(format_args!("NewConn {id} for unknown port {port}"));
+                let Some(l) = self.listeners.lock().get(&listener.get()).cloned() else {
+                    return self.bad(format_args!(
+                        "NewConn {} for unknown listener {}",
+                        conn.get(),
+                        listener.get()
+                    ));
                 };
-                let conn = self.insert_conn(id, ring, local, remote);
-                let Some(conn) = conn else {
-                    return self.bad(format_args!("NewConn {id}: the id is in use"));
+                let local = SocketAddrV4::new(self.cfg.interface.ip, l.port);
+                let Some(c) = self.insert_conn(conn, pair, local, remote) else {
+                    return self.bad(format_args!("NewConn {}: the id is in use", conn.get()));
                 };
-                l.state.lock().backlog.push_back(conn);
+                l.state.lock().backlog.push_back(c);
                 wake_all(&l.waiters);
             }
-            Event::Connected { cookie, id, local } => {
+            Event::Connected {
+                cookie,
+                conn,
+                local_port,
+            } => {
                 let Some(p) = self.connects.lock().remove(&cookie) else {
                     return self.bad(format_args!("Connected for unknown cookie {cookie}"));
                 };
-                let r = match self.insert_conn(id, ring, local, p.to) {
+                let local = SocketAddrV4::new(self.cfg.interface.ip, local_port);
+                let r = match self.insert_conn(conn, pair, local, p.to) {
                     Some(c) => Ok(c),
                     None => {
-                        self.bad(format_args!("Connected {id}: the id is in use"));
-                        Err(Reason::Refusal)
+                        self.bad(format_args!("Connected {}: the id is in use", conn.get()));
+                        Err(Reason::InvalidState)
                     }
                 };
                 *p.result.lock() = Some(r);
                 wake_all(&p.waiters);
             }
-            Event::ConnectFailed { cookie, reason } => {
-                let Some(p) = self.connects.lock().remove(&cookie) else {
-                    return self.bad(format_args!("ConnectFailed for unknown cookie {cookie}"));
-                };
-                *p.result.lock() = Some(Err(reason));
-                wake_all(&p.waiters);
-            }
-            Event::NewData { id, items } => {
-                let Some(c) = self.conn(id) else {
-                    return self.bad(format_args!("NewData for unknown connection {id}"));
+            Event::NewData { conn, ranges } => {
+                let Some(c) = self.conn(conn) else {
+                    return self.bad(format_args!(
+                        "NewData for unknown connection {}",
+                        conn.get()
+                    ));
                 };
                 {
                     let mut st = c.state.lock();
-                    for (offset, len) in items {
-                        if len == 0 {
-                            continue;
-                        }
-                        if self.wire.rx(offset, len).is_none() {
+                    for &range in ranges.as_slice() {
+                        if self.wire.rx(range).is_none() {
                             self.bad(format_args!(
-                                "NewData {id}: {len} bytes at {offset} lie outside the receive pool"
+                                "NewData {}: {range:?} lies outside the receive pool",
+                                conn.get()
                             ));
                             continue;
                         }
-                        st.rx.push_back(RxItem {
-                            offset,
-                            len,
-                            used: 0,
-                        });
+                        st.rx.push_back(RxItem { range, used: 0 });
                     }
                 }
                 wake_all(&c.waiters);
             }
-            Event::DataAcked { id, count } => {
-                let Some(c) = self.conn(id) else {
-                    return self.bad(format_args!("DataAcked for unknown connection {id}"));
+            Event::DataAcked { conn, ranges } => {
+                let Some(c) = self.conn(conn) else {
+                    return self.bad(format_args!(
+                        "DataAcked for unknown connection {}",
+                        conn.get()
+                    ));
                 };
-                let freed = {
+                let (freed, unknown) = {
                     let mut st = c.state.lock();
-                    ack(&mut st, count)
+                    ack(&mut st, ranges.as_slice())
                 };
+                if unknown > 0 {
+                    self.bad(format_args!(
+                        "DataAcked {}: {unknown} ranges were not sent on it",
+                        conn.get()
+                    ));
+                }
                 self.tx.release(freed);
                 wake_all(&c.waiters);
             }
-            Event::RemoteClosed { id } => {
-                let Some(c) = self.conn(id) else {
-                    return self.bad(format_args!("RemoteClosed for unknown connection {id}"));
+            Event::RemoteClosed { conn } => {
+                let Some(c) = self.conn(conn) else {
+                    return self.bad(format_args!(
+                        "RemoteClosed for unknown connection {}",
+                        conn.get()
+                    ));
                 };
                 c.state.lock().remote_closed = true;
                 wake_all(&c.waiters);
             }
-            Event::Cleanup { id, reason } => {
-                let Some(c) = self.conns.lock().remove(&id) else {
-                    return self.bad(format_args!("Cleanup for unknown connection {id}"));
+            Event::Cleanup { conn } => {
+                let Some(c) = self.conns.lock().remove(&conn.get()) else {
+                    return self.bad(format_args!(
+                        "Cleanup for unknown connection {}",
+                        conn.get()
+                    ));
                 };
                 let freed = {
                     let mut st = c.state.lock();
                     st.cleaned = true;
-                    if let (Some(r), None) = (reason, st.error) {
-                        let (kind, text) = reason_error(r);
-                        st.error = Some(kind);
-                        st.error_text = text.to_string();
-                    } else if st.error.is_none() && !st.remote_closed {
+                    // The netstack took its receive ranges back.
+                    st.rx.clear();
+                    if st.error.is_none() && !st.closed && !st.remote_closed {
                         st.error = Some(io::ErrorKind::ConnectionReset);
                         st.error_text = "the netstack closed the connection".into();
                     }
@@ -422,67 +453,117 @@ impl Protected {
                 self.tx.release(freed);
                 wake_all(&c.waiters);
             }
+            Event::Refused {
+                conn: Some(conn),
+                reason,
+                ..
+            } => {
+                let Some(c) = self.conn(conn) else {
+                    return self.bad(format_args!(
+                        "Refused for unknown connection {}",
+                        conn.get()
+                    ));
+                };
+                {
+                    let mut st = c.state.lock();
+                    if st.error.is_none() {
+                        let (kind, text) = reason_error(reason);
+                        st.error = Some(kind);
+                        st.error_text = text;
+                    }
+                }
+                wake_all(&c.waiters);
+            }
+            Event::Refused {
+                conn: None,
+                cookie,
+                reason,
+                ..
+            } => {
+                if let Some(l) = self.listen_cookies.lock().get(&cookie).cloned() {
+                    l.state.lock().bound = Some(Err(reason));
+                    wake_all(&l.waiters);
+                } else if let Some(p) = self.connects.lock().remove(&cookie) {
+                    *p.result.lock() = Some(Err(reason));
+                    wake_all(&p.waiters);
+                } else {
+                    self.bad(format_args!(
+                        "Refused ({reason}) for unknown cookie {cookie}"
+                    ));
+                }
+            }
+            Event::Disconnected { reason } => {
+                self.lost(format!("it disconnected this application: {reason}"));
+            }
         }
     }
 
     fn insert_conn(
         &self,
-        id: u32,
-        ring: usize,
+        id: ConnId,
+        pair: usize,
         local: SocketAddrV4,
         remote: SocketAddrV4,
     ) -> Option<Arc<PConn>> {
         let mut conns = self.conns.lock();
-        if conns.contains_key(&id) {
+        if conns.contains_key(&id.get()) {
             return None;
         }
         let c = Arc::new(PConn {
             id,
-            ring,
+            pair: AtomicUsize::new(pair),
             local,
             remote,
             state: SpinLock::new(ConnState::default()),
             waiters: SpinLock::new(Vec::new()),
         });
-        conns.insert(id, Arc::clone(&c));
+        conns.insert(id.get(), Arc::clone(&c));
         Some(c)
     }
 
-    fn conn(&self, id: u32) -> Option<Arc<PConn>> {
-        self.conns.lock().get(&id).cloned()
+    fn conn(&self, id: ConnId) -> Option<Arc<PConn>> {
+        self.conns.lock().get(&id.get()).cloned()
     }
 }
 
-/// Counts `count` acknowledged bytes off the front of `st.unacked`; the
-/// chunks now free.
-fn ack(st: &mut ConnState, mut count: u64) -> Vec<u32> {
+/// Takes the acknowledged `ranges` off `st.unacked` (each must be one that
+/// was sent on this connection: a chunk's offset and its length); the
+/// chunks now free, and how many ranges matched nothing.
+fn ack(st: &mut ConnState, ranges: &[Range]) -> (Vec<u32>, usize) {
     let mut freed = Vec::new();
-    while count > 0 {
-        let Some(front) = st.unacked.front_mut() else {
-            break; // more than was sent: the rest is ignored
-        };
-        let n = u64::from(front.1).min(count);
-        front.1 -= n as u32;
-        count -= n;
-        st.unacked_bytes -= n;
-        if front.1 == 0 {
-            freed.push(front.0);
-            st.unacked.pop_front();
+    let mut unknown = 0;
+    for r in ranges {
+        let chunk = r.offset / TX_CHUNK;
+        let found = (r.offset % TX_CHUNK == 0)
+            .then(|| {
+                st.unacked
+                    .iter()
+                    .position(|&(c, l)| c == chunk && l == r.len)
+            })
+            .flatten();
+        match found {
+            Some(i) => {
+                st.unacked.remove(i);
+                st.unacked_bytes -= u64::from(r.len);
+                freed.push(chunk);
+            }
+            None => unknown += 1,
         }
     }
-    freed
+    (freed, unknown)
 }
 
 /// The `io::Error` kind and text for a netstack's reason.
-fn reason_error(r: Reason) -> (io::ErrorKind, &'static str) {
+fn reason_error(r: Reason) -> (io::ErrorKind, String) {
     use io::ErrorKind as K;
-    match r {
-        Reason::Refused => (K::ConnectionRefused, "connection refused"),
-        Reason::Reset => (K::ConnectionReset, "connection reset by the peer"),
-        Reason::TimedOut => (K::TimedOut, "connection timed out"),
-        Reason::AddrInUse => (K::AddrInUse, "address in use"),
-        Reason::Refusal => (K::Other, "the netstack refused the command"),
-    }
+    let kind = match r {
+        Reason::ConnectionRefused => K::ConnectionRefused,
+        Reason::ConnectionReset | Reason::Shutdown => K::ConnectionReset,
+        Reason::TimedOut => K::TimedOut,
+        Reason::PortInUse => K::AddrInUse,
+        _ => K::Other,
+    };
+    (kind, format!("the netstack says: {r}"))
 }
 
 impl EventSource for Protected {
@@ -503,7 +584,7 @@ pub(crate) fn attach(rt: &Arc<Shared>, cfg: &ProtectedConfig) -> Result<(), Stri
         .map_err(|e| format!("cannot create the tx pool: {e}"))?;
     let wire: Box<dyn Wire> = match testing::attach(&cfg.socket, tx.fd()) {
         Some(fake) => Box::new(fake?),
-        None => transport::attach(&cfg.socket, &tx)?,
+        None => transport::attach(cfg, rt.kthreads.len(), &tx)?,
     };
     install(rt, Protected::new(wire, tx, cfg.clone()))
 }

@@ -6,12 +6,15 @@ use std::fmt;
 use std::io;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use ginza_proto::netstack::ListenId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::tx_pool::{TxPool, TX_CHUNK};
 use super::{
     of, reason_error, Command, ConnState, ListenState, PConn, PListener, PendingConnect, Protected,
+    Range, Ranges, SendFlags, MAX_RANGES,
 };
 use crate::net::tcp::{timeout_ns, timeout_of, wait_until, wake_all, Wake};
 use crate::sched::Shared;
@@ -20,6 +23,29 @@ use crate::spinlock::SpinLock;
 /// Chunks one `write` fills at most (it returns a partial count beyond,
 /// as std's `write` may).
 const WRITE_CHUNKS: usize = 32;
+
+/// The accept backlog a `Listen` asks for.
+const LISTEN_BACKLOG: u16 = 1024;
+
+/// Sends `ranges` of the tx pool on `conn`, `MAX_RANGES` per `send`, each
+/// but the last flagged `more`.
+pub(crate) fn send_ranges(
+    p: &Protected,
+    pair: usize,
+    conn: ginza_proto::netstack::ConnId,
+    ranges: &[Range],
+) -> io::Result<()> {
+    let n = ranges.len().div_ceil(MAX_RANGES);
+    for (i, part) in ranges.chunks(MAX_RANGES).enumerate() {
+        let cmd = Command::Send {
+            conn,
+            ranges: Ranges::from_slice(part).expect("at most MAX_RANGES non-empty ranges"),
+            flags: SendFlags { more: i + 1 < n },
+        };
+        p.command(pair, &cmd)?;
+    }
+    Ok(())
+}
 
 fn p_of(rt: &Shared) -> &Protected {
     of(rt).expect("a protected socket exists only on an attached runtime")
@@ -42,60 +68,77 @@ impl fmt::Debug for ProtectedListener {
 impl ProtectedListener {
     pub(crate) fn bind(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<ProtectedListener> {
         let p = p_of(&rt);
+        let ip = *addr.ip();
+        if !ip.is_unspecified() && ip != p.cfg.interface.ip {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrNotAvailable,
+                format!(
+                    "cannot bind TCP to {addr}: this application's address is {} (bind to it or to 0.0.0.0)",
+                    p.cfg.interface.ip
+                ),
+            ));
+        }
         if addr.port() == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "protected mode: bind to a port of your choice (0 is not supported yet)",
+                "protected mode: bind to a port of your choice (the netstack picks none)",
             ));
         }
+        let cookie = p.cookie();
         let l = Arc::new(PListener {
             port: addr.port(),
+            cookie,
             state: SpinLock::new(ListenState {
                 backlog: Default::default(),
                 bound: None,
-                closed: false,
             }),
             waiters: SpinLock::new(Vec::new()),
         });
         {
-            let mut ls = p.listeners.lock();
-            if ls.contains_key(&addr.port()) {
+            let mut ls = p.listen_cookies.lock();
+            if ls.values().any(|o| o.port == addr.port()) {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!("TCP port {} is already bound", addr.port()),
                 ));
             }
-            ls.insert(addr.port(), Arc::clone(&l));
+            ls.insert(cookie, Arc::clone(&l));
         }
+        // From here on, dropping it unlistens (once the netstack answered).
         let listener = ProtectedListener {
             rt: Arc::clone(&rt),
             l: Arc::clone(&l),
         };
-        p.command(0, &Command::Listen { port: addr.port() })?;
-        let r = wait_until(&l.waiters, None, || {
+        let listen = Command::Listen {
+            cookie,
+            port: addr.port(),
+            backlog: LISTEN_BACKLOG,
+        };
+        p.command(0, &listen)?;
+        wait_until(&l.waiters, None, || {
             if let Some(why) = p.gone() {
                 return Some((Err(p.gone_error(why)), Wake::default()));
             }
             let bound = l.state.lock().bound?;
             Some((
-                bound.map_err(|r| {
+                bound.map(|_| ()).map_err(|r| {
                     let (kind, text) = reason_error(r);
-                    io::Error::new(kind, format!("protected listen on {addr}: {text}"))
+                    io::Error::new(kind, format!("TCP listen on {addr}: {text}"))
                 }),
                 Wake::default(),
             ))
         })
-        .expect("no deadline");
-        r.map(|_| listener)
+        .expect("no deadline")?;
+        Ok(listener)
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
-        let p = p_of(&self.rt);
-        let _ = p;
-        Ok(SocketAddr::V4(SocketAddrV4::new(
-            std::net::Ipv4Addr::UNSPECIFIED,
-            self.l.port,
-        )))
+        let ip = p_of(&self.rt).cfg.interface.ip;
+        Ok(SocketAddr::V4(SocketAddrV4::new(ip, self.l.port)))
+    }
+
+    fn listen_id(&self) -> Option<ListenId> {
+        self.l.state.lock().bound.and_then(Result::ok)
     }
 
     pub(crate) fn accept(&self) -> io::Result<(ProtectedStream, SocketAddr)> {
@@ -108,7 +151,17 @@ impl ProtectedListener {
                 .map(|why| (Err(p.gone_error(why)), Wake::default()))
         })
         .expect("no deadline")?;
-        p.command(conn.ring, &Command::Accept { id: conn.id })?;
+        // Its events come on the pair the accept goes on from now on.
+        let pair = p.next_pair();
+        conn.pair.store(pair, Relaxed);
+        let listener = self.listen_id().expect("a listener that accepts was bound");
+        p.command(
+            pair,
+            &Command::Accept {
+                conn: conn.id,
+                listener,
+            },
+        )?;
         let remote = conn.remote;
         Ok((
             ProtectedStream::new(Arc::clone(&self.rt), conn),
@@ -120,15 +173,21 @@ impl ProtectedListener {
 impl Drop for ProtectedListener {
     fn drop(&mut self) {
         let Some(p) = of(&self.rt) else { return };
-        p.listeners.lock().remove(&self.l.port);
-        let backlog: Vec<_> = {
-            let mut st = self.l.state.lock();
-            st.closed = true;
-            st.backlog.drain(..).collect()
-        };
-        let _ = p.command(0, &Command::Unlisten { port: self.l.port });
+        p.listen_cookies.lock().remove(&self.l.cookie);
+        let id = self.listen_id();
+        if let Some(id) = id {
+            p.listeners.lock().remove(&id.get());
+        }
+        let backlog: Vec<_> = self.l.state.lock().backlog.drain(..).collect();
+        if p.gone().is_some() {
+            return;
+        }
+        if let Some(listener) = id {
+            let _ = p.command(0, &Command::Unlisten { listener });
+        }
         for c in backlog {
-            let _ = p.command(c.ring, &Command::Close { id: c.id });
+            c.state.lock().closed = true;
+            let _ = p.command(c.pair.load(Relaxed), &Command::Close { conn: c.id });
         }
     }
 }
@@ -144,9 +203,14 @@ struct Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         let Some(p) = of(&self.rt) else { return };
-        let cleaned = self.conn.state.lock().cleaned;
+        let cleaned = {
+            let mut st = self.conn.state.lock();
+            st.closed = true;
+            st.cleaned
+        };
         if !cleaned && p.gone().is_none() {
-            let _ = p.command(self.conn.ring, &Command::Close { id: self.conn.id });
+            let pair = self.conn.pair.load(Relaxed);
+            let _ = p.command(pair, &Command::Close { conn: self.conn.id });
         }
     }
 }
@@ -159,7 +223,7 @@ pub struct ProtectedStream {
 impl fmt::Debug for ProtectedStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProtectedStream")
-            .field("id", &self.h.conn.id)
+            .field("id", &self.h.conn.id.get())
             .field("local", &self.h.conn.local)
             .field("peer", &self.h.conn.remote)
             .finish()
@@ -195,14 +259,14 @@ impl ProtectedStream {
         timeout: Option<Duration>,
     ) -> io::Result<ProtectedStream> {
         let p = p_of(&rt);
-        let cookie = p.next_cookie.fetch_add(1, Relaxed);
+        let cookie = p.cookie();
         let pending = Arc::new(PendingConnect {
             to,
             result: SpinLock::new(None),
             waiters: SpinLock::new(Vec::new()),
         });
         p.connects.lock().insert(cookie, Arc::clone(&pending));
-        if let Err(e) = p.command(0, &Command::Connect { cookie, to }) {
+        if let Err(e) = p.command(p.next_pair(), &Command::Connect { cookie, remote: to }) {
             p.connects.lock().remove(&cookie);
             return Err(e);
         }
@@ -257,7 +321,11 @@ impl ProtectedStream {
 
     /// The netstack's id of this connection.
     pub fn id(&self) -> u32 {
-        self.h.conn.id
+        self.h.conn.id.get()
+    }
+
+    fn pair(&self) -> usize {
+        self.h.conn.pair.load(Relaxed)
     }
 
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
@@ -271,8 +339,12 @@ impl ProtectedStream {
                 !std::mem::replace(&mut st.write_shut, true)
             };
             if first {
-                self.p()
-                    .command(self.h.conn.ring, &Command::Shutdown { id: self.h.conn.id })?;
+                self.p().command(
+                    self.pair(),
+                    &Command::Shutdown {
+                        conn: self.h.conn.id,
+                    },
+                )?;
             }
         }
         Ok(())
@@ -309,67 +381,56 @@ impl ProtectedStream {
     /// Waits until the front of the received data can be looked at, then
     /// calls `f` with it (read-only receive memory, lent: no copy); `f`
     /// says how many bytes it consumed (at most the slice's length) and
-    /// what to return. An empty slice means end of stream. The consumed
-    /// bytes are given back to the netstack (`recv_done`).
+    /// what to return. An empty slice means end of stream. Ranges wholly
+    /// consumed go back to the netstack (`recv_done`).
     pub fn read_lent<R>(&self, f: impl FnOnce(&[u8]) -> (usize, R)) -> io::Result<R> {
         let mut f = Some(f);
-        let r = self.wait_rx(|st, p| {
+        self.wait_rx(|st, p, done| {
+            let f = f.take().expect("called once");
             let Some(front) = st.rx.front_mut() else {
-                // End of stream (the caller checked that it is).
-                let (_, r) = (f.take().expect("called once"))(&[]);
-                return (0, r);
+                return f(&[]).1; // end of stream
             };
-            let all = p
-                .wire
-                .rx(front.offset, front.len)
-                .expect("checked when the event came");
-            let (n, r) = (f.take().expect("called once"))(&all[front.used as usize..]);
-            let n = n.min((front.len - front.used) as usize);
-            front.used += n as u32;
-            if front.used == front.len {
+            let all = p.wire.rx(front.range).expect("checked when the event came");
+            let (n, r) = f(&all[front.used as usize..]);
+            front.used += n.min((front.range.len - front.used) as usize) as u32;
+            if front.used == front.range.len {
+                done.push(front.range);
                 st.rx.pop_front();
             }
-            (n, r)
-        })?;
-        Ok(r)
+            r
+        })
     }
 
     /// Waits for received data (or the end, or an error, or the read
-    /// timeout), then runs `take` on the connection's state, which returns
-    /// the bytes it consumed; sends `recv_done` for them.
+    /// timeout), then runs `take` on the connection's state, which notes
+    /// the ranges it consumed wholly; sends `recv_done` for them.
     fn wait_rx<R>(
         &self,
-        mut take: impl FnMut(&mut ConnState, &Protected) -> (usize, R),
+        mut take: impl FnMut(&mut ConnState, &Protected, &mut Vec<Range>) -> R,
     ) -> io::Result<R> {
         let p = self.p();
         let c = &self.h.conn;
         let timeout = timeout_of(&self.h.read_timeout);
         let deadline = timeout.map(|t| Instant::now() + t);
         let shut = &self.h.read_shut;
+        let mut done = Vec::new();
         let r = wait_until(&c.waiters, deadline, || {
             let mut st = c.state.lock();
-            if !st.rx.is_empty() && !shut.load(Relaxed) {
-                return Some((Ok(take(&mut st, p)), Wake::default()));
-            }
-            if shut.load(Relaxed) || st.remote_closed || st.cleaned && st.error.is_none() {
-                return Some((Ok(take(&mut st, p)), Wake::default()));
+            let readable = !st.rx.is_empty()
+                || shut.load(Relaxed)
+                || st.remote_closed
+                || (st.cleaned && st.error.is_none());
+            if readable {
+                return Some((Ok(take(&mut st, p, &mut done)), Wake::default()));
             }
             state_error(&st, c).map(|e| (Err(e), Wake::default()))
         });
+        for ranges in done.chunks(MAX_RANGES) {
+            let ranges = Ranges::from_slice(ranges).expect("at most MAX_RANGES non-empty ranges");
+            p.command(self.pair(), &Command::RecvDone { conn: c.id, ranges })?;
+        }
         match r {
-            Some(Ok((n, r))) => {
-                if n > 0 {
-                    p.command(
-                        c.ring,
-                        &Command::RecvDone {
-                            id: c.id,
-                            count: n as u32,
-                        },
-                    )?;
-                }
-                Ok(r)
-            }
-            Some(Err(e)) => Err(e),
+            Some(r) => r,
             None => Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
@@ -386,26 +447,24 @@ impl ProtectedStream {
         if buf.is_empty() || self.h.read_shut.load(Relaxed) {
             return Ok(0);
         }
-        self.wait_rx(|st, p| {
+        self.wait_rx(|st, p, done| {
             let mut n = 0;
             while n < buf.len() {
                 let Some(front) = st.rx.front_mut() else {
                     break;
                 };
-                let all = p
-                    .wire
-                    .rx(front.offset, front.len)
-                    .expect("checked when the event came");
+                let all = p.wire.rx(front.range).expect("checked when the event came");
                 let avail = &all[front.used as usize..];
                 let k = avail.len().min(buf.len() - n);
                 buf[n..n + k].copy_from_slice(&avail[..k]);
                 n += k;
                 front.used += k as u32;
-                if front.used == front.len {
+                if front.used == front.range.len {
+                    done.push(front.range);
                     st.rx.pop_front();
                 }
             }
-            (n, n)
+            n
         })
     }
 
@@ -417,7 +476,7 @@ impl ProtectedStream {
         let c = &self.h.conn;
         let timeout = timeout_of(&self.h.write_timeout);
         let deadline = timeout.map(|t| Instant::now() + t);
-        let limit = p.cfg.tx_per_connection;
+        let limit = p.cfg.tx_per_connection.min(p.wire.send_queue_bytes());
         let mut waited = false;
         let r = wait_until(&c.waiters, deadline, || {
             let mut st = c.state.lock();
@@ -464,15 +523,15 @@ impl ProtectedStream {
                 st.unacked_bytes += u64::from(len);
                 n += len as usize;
             }
-            let ranges = used
+            let ranges: Vec<Range> = used
                 .iter()
-                .map(|&(chunk, len)| (TxPool::offset(chunk), len))
+                .map(|&(chunk, len)| TxPool::range(chunk, len))
                 .collect();
             Some((Ok((n, ranges)), Wake::default()))
         });
         match r {
             Some(Ok((n, ranges))) => {
-                p.command(c.ring, &Command::Send { id: c.id, ranges })?;
+                send_ranges(p, self.pair(), c.id, &ranges)?;
                 Ok(n)
             }
             Some(Err(e)) => Err(e),

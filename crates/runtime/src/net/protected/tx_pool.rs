@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
+use ginza_shm::netstack::Range;
 use ginza_sys::memfd;
 
 use crate::spinlock::SpinLock;
@@ -35,10 +36,11 @@ impl TxPool {
     /// A pool of `chunks` chunks, its size sealed (the netstack may trust
     /// it not to shrink under its reads).
     pub(crate) fn create(name: &str, chunks: u32) -> io::Result<TxPool> {
-        if chunks == 0 || chunks > 1 << 20 {
+        // Whole pages (the netstack maps it), at most 1 GiB (its limit).
+        if chunks == 0 || chunks > 1 << 19 || chunks % 2 != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("a tx pool of {chunks} chunks (1 to 2^20)"),
+                format!("a tx pool of {chunks} chunks (an even number, 2 to 2^19)"),
             ));
         }
         let len = u64::from(chunks) * u64::from(TX_CHUNK);
@@ -87,9 +89,9 @@ impl TxPool {
         out
     }
 
-    /// The pool offset of `chunk`.
-    pub(crate) fn offset(chunk: u32) -> u64 {
-        u64::from(chunk) * u64::from(TX_CHUNK)
+    /// The pool range of `len` bytes of `chunk`.
+    pub(crate) fn range(chunk: u32, len: u32) -> Range {
+        Range::new(chunk * TX_CHUNK, len)
     }
 
     /// Gives chunks back.
