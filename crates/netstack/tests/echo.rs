@@ -1,0 +1,166 @@
+//! End to end in one process: a remote TCP peer ⇄ frames ⇄ the netstack
+//! engine ⇄ command/event rings and pools (real memfds) ⇄ a raw protected
+//! application that echoes.
+
+mod common;
+
+use common::*;
+use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Ranges, SendFlags};
+
+/// Listens, accepts the peer's connection, returns (conn, listener).
+pub fn accept_one(
+    ns: &mut ginza_netstack::Netstack,
+    app: &mut RawApp,
+    peer: &mut Peer,
+) -> (ConnId, ListenId) {
+    app.cmd(Command::Listen {
+        cookie: 41,
+        port: 7,
+        backlog: 8,
+    });
+    ns.poll();
+    let listener = match app.events().as_slice() {
+        [Event::Listening {
+            cookie: 41,
+            listener,
+        }] => *listener,
+        other => panic!("expected listening, got {other:?}"),
+    };
+    let mut announced = None;
+    until(ns, &mut [peer], "new_conn", |_, _| {
+        for e in app.events() {
+            match e {
+                Event::NewConn {
+                    conn,
+                    listener: l,
+                    remote,
+                } => {
+                    assert_eq!(l, listener);
+                    assert_eq!(remote.ip(), &PEER_IP);
+                    announced = Some(conn);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        announced.is_some()
+    });
+    let conn = announced.unwrap();
+    app.cmd(Command::Accept { conn, listener });
+    (conn, listener)
+}
+
+#[test]
+fn handshake_and_echo_through_the_rings() {
+    let mut ns = netstack();
+    let mut app = RawApp::attach(&mut ns, "echo", app_iface());
+    let mut peer = Peer::connect(40000, APP_IP, 7);
+    let (conn, _) = accept_one(&mut ns, &mut app, &mut peer);
+    assert!(peer.tcb.state() == ginza_net::tcp::State::Established);
+
+    let message: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    peer.tcb.send(&message).unwrap();
+    let mut echoed_to_tx = 0u32;
+    let mut acked = 0u64;
+    let mut recv_done = 0u64;
+    until(&mut ns, &mut [&mut peer], "the echo", |_, peers| {
+        for e in app.events() {
+            match e {
+                Event::NewData { conn: c, ranges } => {
+                    assert_eq!(c, conn);
+                    // Echo: copy each range into the tx pool, send it, give
+                    // the rx range back.
+                    let mut out = Ranges::default();
+                    for r in ranges.as_slice() {
+                        let bytes = app.rx.get(*r).unwrap().to_vec();
+                        let t = range(echoed_to_tx, r.len);
+                        app.tx.get_mut(t).unwrap().copy_from_slice(&bytes);
+                        echoed_to_tx += r.len;
+                        out.push(t);
+                    }
+                    app.cmd(Command::Send {
+                        conn,
+                        ranges: out,
+                        flags: SendFlags::default(),
+                    });
+                    app.cmd(Command::RecvDone { conn, ranges });
+                    recv_done += ranges.bytes();
+                }
+                Event::DataAcked { conn: c, ranges } => {
+                    assert_eq!(c, conn);
+                    acked += ranges.bytes();
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        peers[0].got.len() == message.len() && acked == message.len() as u64
+    });
+    assert_eq!(peer.got, message, "the echo came back intact");
+    assert_eq!(recv_done, message.len() as u64);
+    assert_eq!(ns.rx_lent(app.id), Some(0), "every rx chunk came back");
+    let st = ns.stats();
+    assert_eq!(st.tx_bytes_copied, message.len() as u64);
+    assert_eq!(st.rx_bytes_delivered, message.len() as u64);
+
+    // The peer closes: remote_closed; the app closes: cleanup.
+    peer.tcb.close();
+    let mut remote_closed = false;
+    until(&mut ns, &mut [&mut peer], "remote_closed", |_, _| {
+        remote_closed |= app.events().contains(&Event::RemoteClosed { conn });
+        remote_closed
+    });
+    app.cmd(Command::Close { conn });
+    let mut cleaned = false;
+    until(&mut ns, &mut [&mut peer], "cleanup", |ns, peers| {
+        cleaned |= app.events().contains(&Event::Cleanup { conn });
+        cleaned
+            && peers[0].tcb.state() == ginza_net::tcp::State::TimeWait
+            && ns.stats().connections == 0
+    });
+    // The id is dead now.
+    app.cmd(Command::Shutdown { conn });
+    ns.poll();
+    assert!(matches!(
+        app.events().as_slice(),
+        [Event::Refused {
+            conn: Some(c),
+            reason: ginza_proto::netstack::Reason::NoSuchConnection,
+            ..
+        }] if *c == conn
+    ));
+}
+
+#[test]
+fn connect_out_and_refused_connect() {
+    let mut ns = ginza_netstack::Netstack::new(ginza_netstack::NetstackConfig {
+        static_arp: vec![(PEER_IP, PEER_MAC)],
+        ..Default::default()
+    });
+    let mut app = RawApp::attach(&mut ns, "client", app_iface());
+    // A peer that answers our SYN with RST: nobody listens on port 9.
+    app.cmd(Command::Connect {
+        cookie: 5,
+        remote: std::net::SocketAddrV4::new(PEER_IP, 9),
+    });
+    ns.poll();
+    let syn = ns.pop_frame().expect("a SYN");
+    let t = match ginza_net::parse(&syn, &peer_iface()).unwrap() {
+        ginza_net::Packet::Tcp(t) => t,
+        other => panic!("{other:?}"),
+    };
+    assert!(t.segment.flags.syn);
+    let rst = ginza_net::tcp::reset_for(&t.segment).unwrap();
+    let mut b = vec![0u8; ginza_net::MAX_FRAME_LEN];
+    let n = ginza_net::tx::tcp_segment(&mut b, &peer_iface(), APP_MAC, 9, t.src, &rst).unwrap();
+    ns.on_frame(&b[..n]);
+    ns.poll();
+    assert!(matches!(
+        app.events().as_slice(),
+        [Event::Refused {
+            conn: None,
+            cookie: 5,
+            reason: ginza_proto::netstack::Reason::ConnectionRefused,
+            ..
+        }]
+    ));
+    assert_eq!(ns.stats().connections, 0);
+}
