@@ -115,10 +115,8 @@ pub fn serve_async(port: u16, stop: Arc<AtomicBool>, stats: Arc<HttpStats>) -> i
             Event::Refused { conn: Some(_), .. } => {
                 stats.socket_errors.fetch_add(1, Relaxed);
             }
-            Event::Cleanup { conn } => {
-                if conns.remove(&conn.get()).is_some() {
-                    stats.open.fetch_sub(1, Relaxed);
-                }
+            Event::Cleanup { conn } if conns.remove(&conn.get()).is_some() => {
+                stats.open.fetch_sub(1, Relaxed);
             }
             Event::Disconnected { reason } => {
                 return Err(io::Error::new(

@@ -6,7 +6,7 @@
 //! memfd. Standalone runtimes (`--standalone`): no iokerneld, no root.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ fn socket(name: &str) -> PathBuf {
 }
 
 /// The runtime configuration the binaries build from their flags.
-fn protected_args(path: &PathBuf) -> AppArgs {
+fn protected_args(path: &Path) -> AppArgs {
     let flag = format!("--protected={}", path.display());
     Cli::try_parse_from(["app", flag.as_str(), "--standalone"])
         .unwrap()

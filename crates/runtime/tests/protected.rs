@@ -7,7 +7,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddrV4};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ginza_runtime::net::protected::testing::FakeNetstack;
@@ -19,7 +19,7 @@ fn socket(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ginza-test-netstack-{}-{name}", std::process::id()))
 }
 
-fn config(path: &PathBuf) -> Config {
+fn config(path: &Path) -> Config {
     let me = Interface {
         mac: MacAddr([0x02, 0x47, 0, 0, 0, 1]),
         ip: Ipv4Addr::new(10, 47, 0, 1),

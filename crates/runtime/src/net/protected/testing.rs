@@ -516,7 +516,7 @@ impl Wire for FakeWire {
             self.shared.full.fetch_add(1, SeqCst);
             return Err(PushError::Full);
         }
-        s.commands[ring].push_back(cmd.clone());
+        s.commands[ring].push_back(*cmd);
         drop(s);
         self.shared.changed.notify_all();
         Ok(())

@@ -37,7 +37,7 @@ impl TxPool {
     /// it not to shrink under its reads).
     pub(crate) fn create(name: &str, chunks: u32) -> io::Result<TxPool> {
         // Whole pages (the netstack maps it), at most 1 GiB (its limit).
-        if chunks == 0 || chunks > 1 << 19 || chunks % 2 != 0 {
+        if chunks == 0 || chunks > 1 << 19 || !chunks.is_multiple_of(2) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a tx pool of {chunks} chunks (an even number, 2 to 2^19)"),
