@@ -370,6 +370,12 @@ impl Netstack {
         Ok(granted)
     }
 
+    /// Answers for `iface` for good (the netstack's own address, which
+    /// applications may share).
+    pub fn add_address(&mut self, iface: Interface) {
+        self.addresses.entry(iface.ip).or_insert((iface, 0)).1 += 1;
+    }
+
     /// Applications the netstack cut off since the last call, and why (the
     /// daemon closes their sockets; they are detached already).
     pub fn take_doomed(&mut self) -> Vec<(u64, String)> {
@@ -813,44 +819,52 @@ impl Netstack {
     /// Pushes waiting events on their rings; rings found full are counted
     /// and the events wait (never dropped).
     fn flush_events(&mut self) {
-        let mut full = 0;
-        let mut pushed = 0;
-        for app in self.apps.values_mut() {
-            for (p, q) in app.waiting.iter_mut().enumerate() {
-                if q.is_empty() {
-                    continue;
+        let ids: Vec<u64> = self.apps.keys().copied().collect();
+        for id in ids {
+            let pairs = self.apps.get(&id).map_or(0, |a| a.pairs.len());
+            for p in 0..pairs {
+                self.flush_pair(id, p);
+            }
+        }
+    }
+
+    /// Pushes pair `p`'s waiting events; true if none is left waiting.
+    fn flush_pair(&mut self, id: u64, p: usize) -> bool {
+        let Some(app) = self.apps.get_mut(&id) else {
+            return true;
+        };
+        let q = &mut app.waiting[p];
+        if q.is_empty() {
+            return true;
+        }
+        let ring = &mut app.pairs[p];
+        let mut n = 0;
+        while let Some(ev) = q.front() {
+            match ring.events.push(ev.encode()) {
+                Ok(()) => {
+                    q.pop_front();
+                    n += 1;
                 }
-                let ring = &mut app.pairs[p];
-                let mut n = 0;
-                while let Some(ev) = q.front() {
-                    match ring.events.push(ev.encode()) {
-                        Ok(()) => {
-                            q.pop_front();
-                            n += 1;
-                        }
-                        Err(ginza_shm::PushError::Full(_)) => {
-                            full += 1;
-                            ring.line.count_event_ring_full();
-                            break;
-                        }
-                        Err(ginza_shm::PushError::Corrupt(e)) => {
-                            app.doomed
-                                .get_or_insert_with(|| format!("event ring {p} corrupt: {e}"));
-                            break;
-                        }
-                    }
+                Err(ginza_shm::PushError::Full(_)) => {
+                    self.stats.event_ring_full += 1;
+                    ring.line.count_event_ring_full();
+                    break;
                 }
-                pushed += n;
-                if n > 0 && ring.line.app_waiting() {
-                    ring.line.set_app_waiting(false);
-                    if let Some(fd) = app.doorbells.get(p) {
-                        let _ = ginza_sys::eventfd::write(fd.as_fd(), 1);
-                    }
+                Err(ginza_shm::PushError::Corrupt(e)) => {
+                    app.doomed
+                        .get_or_insert_with(|| format!("event ring {p} corrupt: {e}"));
+                    break;
                 }
             }
         }
-        self.stats.event_ring_full += full;
-        self.stats.events += pushed;
+        self.stats.events += n;
+        if n > 0 && ring.line.app_waiting() {
+            ring.line.set_app_waiting(false);
+            if let Some(fd) = app.doorbells.get(p) {
+                let _ = ginza_sys::eventfd::write(fd.as_fd(), 1);
+            }
+        }
+        q.is_empty()
     }
 
     // ---- commands ----------------------------------------------------------
@@ -908,9 +922,17 @@ impl Netstack {
             let Some(app) = self.apps.get_mut(&id) else {
                 return;
             };
-            if app.doomed.is_some() || !app.waiting[p as usize].is_empty() {
-                return; // back-pressure: events first
+            if app.doomed.is_some() {
+                return;
             }
+            // Back-pressure: while this pair's events cannot all go out,
+            // its commands (which make more events) wait.
+            if !app.waiting[p as usize].is_empty() && !self.flush_pair(id, p as usize) {
+                return;
+            }
+            let Some(app) = self.apps.get_mut(&id) else {
+                return;
+            };
             let slot = match app.pairs[p as usize].commands.pop() {
                 Ok(Some(s)) => s,
                 Ok(None) => return,

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod engine;
+pub mod server;
 pub mod slab;
 
 pub use engine::{Attachment, Granted, Netstack, NetstackConfig, NetstackStats};

@@ -5,49 +5,7 @@
 mod common;
 
 use common::*;
-use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Ranges, SendFlags};
-
-/// Listens, accepts the peer's connection, returns (conn, listener).
-pub fn accept_one(
-    ns: &mut ginza_netstack::Netstack,
-    app: &mut RawApp,
-    peer: &mut Peer,
-) -> (ConnId, ListenId) {
-    app.cmd(Command::Listen {
-        cookie: 41,
-        port: 7,
-        backlog: 8,
-    });
-    ns.poll();
-    let listener = match app.events().as_slice() {
-        [Event::Listening {
-            cookie: 41,
-            listener,
-        }] => *listener,
-        other => panic!("expected listening, got {other:?}"),
-    };
-    let mut announced = None;
-    until(ns, &mut [peer], "new_conn", |_, _| {
-        for e in app.events() {
-            match e {
-                Event::NewConn {
-                    conn,
-                    listener: l,
-                    remote,
-                } => {
-                    assert_eq!(l, listener);
-                    assert_eq!(remote.ip(), &PEER_IP);
-                    announced = Some(conn);
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        announced.is_some()
-    });
-    let conn = announced.unwrap();
-    app.cmd(Command::Accept { conn, listener });
-    (conn, listener)
-}
+use ginza_proto::netstack::{Command, Event, Ranges, SendFlags};
 
 #[test]
 fn handshake_and_echo_through_the_rings() {

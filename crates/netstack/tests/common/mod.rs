@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ginza_net::tcp::{Connection, Seq, TcpConfig};
 use ginza_net::{parse, tx, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use ginza_netstack::{Attachment, Netstack, NetstackConfig};
-use ginza_proto::netstack::{Command, Event, Range};
+use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range};
 use ginza_shm::netstack::{AppPair, Channel, RxPoolView, TxPool, TxPoolView};
 use ginza_shm::PushError;
 
@@ -86,6 +86,9 @@ impl RawApp {
 
 /// The remote end: one TCP connection on the wire side.
 pub struct Peer {
+    /// The MAC of the address it talks to (tests give address `a.b.c.d`
+    /// the MAC `02:00:00:00:00:d`).
+    pub dst_mac: MacAddr,
     pub tcb: Connection,
     pub local: Endpoint,
     pub remote: Endpoint,
@@ -106,6 +109,7 @@ impl Peer {
             ginza_net::tcp::Instant::from_nanos(0),
         );
         Peer {
+            dst_mac: MacAddr([2, 0, 0, 0, 0, to.octets()[3]]),
             tcb,
             local,
             remote,
@@ -127,7 +131,7 @@ impl Peer {
             let n = tx::tcp_segment(
                 &mut b,
                 &peer_iface(),
-                APP_MAC,
+                self.dst_mac,
                 self.local.port,
                 self.remote,
                 &seg,
@@ -213,4 +217,46 @@ pub fn netstack() -> Netstack {
 
 pub fn range(offset: u32, len: u32) -> Range {
     Range::new(offset, len)
+}
+
+/// Listens, accepts the peer's connection, returns (conn, listener).
+pub fn accept_one(
+    ns: &mut ginza_netstack::Netstack,
+    app: &mut RawApp,
+    peer: &mut Peer,
+) -> (ConnId, ListenId) {
+    app.cmd(Command::Listen {
+        cookie: 41,
+        port: peer.remote.port,
+        backlog: 8,
+    });
+    ns.poll();
+    let listener = match app.events().as_slice() {
+        [Event::Listening {
+            cookie: 41,
+            listener,
+        }] => *listener,
+        other => panic!("expected listening, got {other:?}"),
+    };
+    let mut announced = None;
+    until(ns, &mut [peer], "new_conn", |_, _| {
+        for e in app.events() {
+            match e {
+                Event::NewConn {
+                    conn,
+                    listener: l,
+                    remote,
+                } => {
+                    assert_eq!(l, listener);
+                    assert_eq!(remote.ip(), &PEER_IP);
+                    announced = Some(conn);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        announced.is_some()
+    });
+    let conn = announced.unwrap();
+    app.cmd(Command::Accept { conn, listener });
+    (conn, listener)
 }
