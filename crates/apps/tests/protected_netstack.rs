@@ -159,3 +159,68 @@ fn echo_server_serves_a_ginza_client_through_the_netstack() {
     assert_eq!(stats.tcp_accepted.load(Relaxed), 1);
     assert_eq!(stats.tcp_bytes.load(Relaxed), 200_000);
 }
+
+#[test]
+fn http_server_async_loop_serves_a_ginza_client_through_the_netstack() {
+    use ginza_apps::http_async::serve_async;
+    use ginza_apps::http_server::HttpStats;
+    let path = socket("http");
+    let ns_stop = Arc::new(AtomicBool::new(false));
+    let ns_threads = netstack(&path, ns_stop.clone());
+    let flag = format!("--protected={}", path.display());
+    let ip = format!("--ip={SERVER_IP}");
+    let args = Cli::try_parse_from(["http-server", flag.as_str(), "--standalone", ip.as_str()])
+        .unwrap()
+        .app;
+    let server_config = args.runtime_config("http-server");
+    let client_config = Config {
+        protected: Some(ProtectedConfig::new(&path, "client", iface(CLIENT_IP))),
+        ..Config::with_kthreads(1)
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(HttpStats::default());
+    let (stop2, stats2) = (stop.clone(), stats.clone());
+    let server = std::thread::spawn(move || {
+        ginza_runtime::run(server_config, move || serve_async(80, stop2, stats2))
+    });
+    let client = std::thread::spawn(move || {
+        ginza_runtime::run(client_config, move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut c = loop {
+                match TcpStream::connect((SERVER_IP, 80)) {
+                    Ok(c) => break c,
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        log::info!("connect: {e}; again");
+                        ginza_runtime::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("connect: {e}"),
+                }
+            };
+            c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            c.write_all(b"GET /bytes/50000 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut all = Vec::new();
+            c.read_to_end(&mut all).unwrap();
+            all
+        })
+        .unwrap()
+    });
+    let all = client.join().unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    assert_eq!(text.matches("HTTP/1.1 200").count(), 2);
+    assert!(text.contains("Content-Length: 50000"));
+    let last_head = text.rfind("\r\n\r\n").unwrap() + 4;
+    assert_eq!(all.len() - last_head, 50_000, "the second body, whole");
+    stop.store(true, Relaxed);
+    server.join().unwrap().unwrap().unwrap();
+    ns_stop.store(true, Relaxed);
+    for t in ns_threads {
+        t.join().unwrap();
+    }
+    assert_eq!(stats.ok.load(Relaxed), 2);
+}
