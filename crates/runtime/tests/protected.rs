@@ -135,6 +135,38 @@ fn a_full_command_ring_is_back_pressure_not_loss() {
 }
 
 #[test]
+fn a_writer_starved_of_tx_chunks_wakes_when_another_connection_frees_some() {
+    let path = socket("starved");
+    let net = FakeNetstack::new(&path, 1, 64);
+    let mut cfg = config(&path);
+    // Two chunks: one connection's 4 KiB takes the whole pool.
+    cfg.protected.as_mut().unwrap().tx_chunks = 2;
+    net.hold_acks(true);
+    std::thread::scope(|s| {
+        let app = s.spawn(|| {
+            ginza_runtime::run(cfg, || {
+                let mut a = TcpStream::connect("10.47.0.5:80").unwrap();
+                let mut b = TcpStream::connect("10.47.0.6:80").unwrap();
+                a.write_all(&[1u8; 4096]).unwrap();
+                // Blocks: no chunk is free until `a`'s are acknowledged (a
+                // lost wake-up fails the test at the timeout, not a hang).
+                b.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                b.write_all(b"after a").unwrap();
+                protected::stats().unwrap()
+            })
+            .unwrap()
+        });
+        let (pa, _) = net.accept_out();
+        let (pb, _) = net.accept_out();
+        assert_eq!(pa.expect_bytes(4096), vec![1u8; 4096]);
+        net.hold_acks(false);
+        assert_eq!(pb.expect_bytes(7), b"after a");
+        let stats = app.join().unwrap();
+        assert!(stats.tx_waits > 0, "{stats:?}");
+    });
+}
+
+#[test]
 fn zero_copy_read_lends_the_received_bytes() {
     let path = socket("lent");
     let net = FakeNetstack::new(&path, 1, 64);

@@ -167,11 +167,11 @@ impl Channel {
                         conn.get()
                     ));
                 }
-                p.tx.release(freed);
+                p.release(freed);
             }
             Event::Cleanup { conn } => {
                 if let Some(mut st) = self.unacked.lock().remove(&conn.get()) {
-                    p.tx.release(st.unacked.drain(..).map(|(c, _)| c));
+                    p.release(st.unacked.drain(..).map(|(c, _)| c).collect());
                 }
             }
             _ => {}

@@ -153,6 +153,9 @@ pub(crate) struct Protected {
     gone_flag: AtomicBool,
     raw: Raw,
     counters: Counters,
+    /// Connections whose writers found the tx pool empty: woken when
+    /// chunks come back on any connection.
+    pool_starved: SpinLock<Vec<Arc<PConn>>>,
     /// The poll's scratch vector (one poller at a time: try-lock).
     scratch: SpinLock<Vec<Event>>,
 }
@@ -184,6 +187,7 @@ impl Protected {
             gone_flag: AtomicBool::new(false),
             raw: Raw::default(),
             counters: Counters::default(),
+            pool_starved: SpinLock::new(Vec::new()),
             scratch: SpinLock::new(Vec::with_capacity(POLL_BATCH)),
         }
     }
@@ -418,7 +422,7 @@ impl Protected {
                         conn.get()
                     ));
                 }
-                self.tx.release(freed);
+                self.release(freed);
                 wake_all(&c.waiters);
             }
             Event::RemoteClosed { conn } => {
@@ -450,7 +454,7 @@ impl Protected {
                     st.unacked_bytes = 0;
                     st.unacked.drain(..).map(|(c, _)| c).collect::<Vec<_>>()
                 };
-                self.tx.release(freed);
+                self.release(freed);
                 wake_all(&c.waiters);
             }
             Event::Refused {
@@ -519,6 +523,19 @@ impl Protected {
         });
         conns.insert(id.get(), Arc::clone(&c));
         Some(c)
+    }
+
+    /// Gives tx chunks back and wakes the writers that found the pool
+    /// empty.
+    pub(crate) fn release(&self, chunks: Vec<u32>) {
+        if chunks.is_empty() {
+            return;
+        }
+        self.tx.release(chunks);
+        let starved = std::mem::take(&mut *self.pool_starved.lock());
+        for c in starved {
+            wake_all(&c.waiters);
+        }
     }
 
     fn conn(&self, id: ConnId) -> Option<Arc<PConn>> {

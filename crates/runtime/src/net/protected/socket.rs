@@ -510,6 +510,10 @@ impl ProtectedStream {
             } else {
                 Vec::new()
             };
+            if used.is_empty() && max > 0 {
+                // The pool is empty: chunks freed by any connection wake us.
+                p.pool_starved.lock().push(Arc::clone(c));
+            }
             if used.is_empty() {
                 if !waited {
                     waited = true;

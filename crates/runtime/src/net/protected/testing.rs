@@ -61,6 +61,9 @@ struct State {
     /// Outgoing connects: id, the pair that asked, the destination.
     connects: Vec<(u32, usize, SocketAddrV4)>,
     refuse_connects: bool,
+    /// `DataAcked` events held back (the peer does not acknowledge yet).
+    hold_acks: bool,
+    held: Vec<(usize, Event)>,
 }
 
 /// The fake's state, shared between the test and the application's wire.
@@ -108,6 +111,8 @@ impl FakeNetstack {
                 refused: Vec::new(),
                 connects: Vec::new(),
                 refuse_connects: false,
+                hold_acks: false,
+                held: Vec::new(),
             }),
             changed: Condvar::new(),
             gone: AtomicBool::new(false),
@@ -184,7 +189,22 @@ impl FakeNetstack {
         (peer, to)
     }
 
-    /// Connects are answered `ConnectFailed { Refused }` from now on.
+    /// Acknowledgements are held back from now on (`true`), or sent, the
+    /// held ones first (`false`).
+    pub fn hold_acks(&self, hold: bool) {
+        let mut s = self.shared.state.lock().unwrap();
+        s.hold_acks = hold;
+        if !hold {
+            let held = std::mem::take(&mut s.held);
+            for (ring, e) in held {
+                s.events[ring].push_back(e);
+            }
+        }
+        drop(s);
+        self.shared.changed.notify_all();
+    }
+
+    /// Connects are refused (`ConnectionRefused`) from now on.
     pub fn refuse_connects(&self) {
         self.shared.state.lock().unwrap().refuse_connects = true;
     }
@@ -449,7 +469,12 @@ fn execute(s: &mut State, ring: usize, cmd: Command) {
             }
             let c = s.conns.get_mut(&conn.get()).expect("known");
             c.received.extend_from_slice(&bytes);
-            s.events[ring].push_back(Event::DataAcked { conn, ranges });
+            let ack = Event::DataAcked { conn, ranges };
+            if s.hold_acks {
+                s.held.push((ring, ack));
+            } else {
+                s.events[ring].push_back(ack);
+            }
         }
         Command::RecvDone { conn, ranges } => {
             for r in ranges.as_slice() {

@@ -95,7 +95,7 @@ impl TxPool {
     }
 
     /// Gives chunks back.
-    pub(crate) fn release(&self, chunks: impl IntoIterator<Item = u32>) {
+    pub(crate) fn release(&self, chunks: Vec<u32>) {
         let mut free = self.free.lock();
         for c in chunks {
             debug_assert!(c < self.chunks && !free.contains(&c));
