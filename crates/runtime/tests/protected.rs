@@ -397,3 +397,83 @@ fn receive_memory_cannot_be_made_writable() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The victim of `another_process_cannot_open_the_pools`: attached to a
+/// fake netstack, it prints its pid and the descriptors of its memfds,
+/// then waits for its stdin to close.
+#[test]
+fn victim_child() {
+    if std::env::var("GINZA_VICTIM").is_err() {
+        return; // run only as a child of the test below
+    }
+    let path = socket("victim");
+    let _net = FakeNetstack::new(&path, 1, 64);
+    ginza_runtime::run(config(&path), || {
+        let mut fds = Vec::new();
+        for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let target = std::fs::read_link(e.path()).unwrap_or_default();
+            if target.to_string_lossy().contains("memfd:") {
+                fds.push(e.file_name().to_string_lossy().to_string());
+            }
+        }
+        println!("VICTIM {} {}", std::process::id(), fds.join(","));
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    })
+    .unwrap();
+}
+
+#[test]
+fn another_process_cannot_open_the_pools() {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command as Cmd, Stdio};
+    // Root may open anything (CAP_SYS_PTRACE): run both sides as nobody.
+    let as_nobody = |c: &mut Cmd| {
+        if ginza_sys::process::geteuid() == 0 {
+            c.uid(65534).gid(65534);
+        }
+    };
+    let mut victim = Cmd::new(std::env::current_exe().unwrap());
+    victim
+        .args(["--exact", "victim_child", "--nocapture", "--test-threads=1"])
+        .env("GINZA_VICTIM", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    as_nobody(&mut victim);
+    let mut victim = victim.spawn().unwrap();
+    let out = std::io::BufReader::new(victim.stdout.take().unwrap());
+    let mut lines = out.lines().map_while(Result::ok);
+    let line = lines
+        .by_ref()
+        .find_map(|l| l.find("VICTIM ").map(|at| l[at..].to_string()))
+        .expect("the victim says its pid and memfds");
+    let mut words = line.split_whitespace().skip(1);
+    let pid = words.next().unwrap().to_string();
+    let fds: Vec<String> = words
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(fds.len() >= 2, "the victim holds its pools: {line}");
+    for fd in &fds {
+        let mut attacker = Cmd::new("cat");
+        attacker
+            .arg(format!("/proc/{pid}/fd/{fd}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_nobody(&mut attacker);
+        let r = attacker.output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(
+            !r.status.success() && err.contains("Permission denied"),
+            "another process opened /proc/{pid}/fd/{fd}: {:?} {err}",
+            r.status
+        );
+    }
+    drop(victim.stdin.take());
+    lines.for_each(drop); // to its end: the child writes to a pipe
+    assert!(victim.wait().unwrap().success());
+}

@@ -597,6 +597,10 @@ impl EventSource for Protected {
 /// passed; the netstack passes the rings and its receive pool, mapped
 /// read-only. Then installs the attachment (see [`install`]).
 pub(crate) fn attach(rt: &Arc<Shared>, cfg: &ProtectedConfig) -> Result<(), String> {
+    // Another process of the same user could otherwise open our pools
+    // through /proc/<pid>/fd (docs/runtime.md, "Protected mode").
+    ginza_sys::process::set_non_dumpable()
+        .map_err(|e| format!("cannot make the process non-dumpable: {e}"))?;
     let tx = TxPool::create("ginza-tx-pool", cfg.tx_chunks)
         .map_err(|e| format!("cannot create the tx pool: {e}"))?;
     let wire: Box<dyn Wire> = match testing::attach(&cfg.socket, tx.fd()) {
