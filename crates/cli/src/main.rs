@@ -34,13 +34,16 @@ enum Command {
     /// (echo, spin, memcached, http over UDP or TCP; Linux sockets or the
     /// Ginza runtime).
     Loadgen(ginza_loadgen::args::LoadgenArgs),
+    /// Run the protected-mode netstack (DLibOS) under iokerneld (same
+    /// flags as `netstackd`; docs/protected.md).
+    Netstack(ginza_netstack::cli::NetstackArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The daemon reports registrations and removals at info, as `iokerneld` does.
     let level = match cli.command {
-        Command::Iokernel(_) => "info",
+        Command::Iokernel(_) | Command::Netstack(_) => "info",
         // The demo reports iokerneld's overdue preemptions in its table
         // instead of one warning line per event under the progress bar.
         Command::Demo(_) => "warn,ginza_iokernel=error",
@@ -56,5 +59,6 @@ fn main() -> anyhow::Result<()> {
         Command::Iokernel(args) => std::process::exit(ginza_iokernel::cli::run(&args).into()),
         Command::Top(args) => top::run(args),
         Command::Loadgen(args) => ginza_loadgen::args::run(args),
+        Command::Netstack(args) => ginza_netstack::cli::run(args),
     }
 }

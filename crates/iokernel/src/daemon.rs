@@ -47,6 +47,7 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 mod control;
 mod packets;
 mod pass;
+mod protected;
 mod stats;
 
 use pass::{Handover, PassKind};
@@ -143,6 +144,8 @@ struct App {
     doomed: Option<String>,
     /// Its address, port and ingress pool, if it registered one.
     net: Option<AppNet>,
+    /// A protected-mode netstack's channels (docs/protected.md).
+    protects: Vec<protected::ProtectLink>,
 }
 
 impl App {
@@ -198,6 +201,8 @@ pub struct Iokerneld<A: CoreActuator> {
     refused: u64,
     disconnected: u64,
     removals: VecDeque<Removal>,
+    /// Every netstack channel by the pid of its protected application.
+    protected_pids: Vec<(i32, ginza_shm::netstack::Channel)>,
     snaps: Vec<AppSnap>,
     decisions: Vec<Decision>,
     /// Hand-overs whose core is free now.
@@ -305,6 +310,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             refused: 0,
             disconnected: 0,
             removals: VecDeque::new(),
+            protected_pids: Vec::new(),
             snaps: Vec::new(),
             decisions: Vec::new(),
             ready: Vec::new(),

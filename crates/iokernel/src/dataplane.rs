@@ -45,6 +45,9 @@ use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
 use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
 use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats, SteeringStats};
+use ginza_shm::netstack::{
+    assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
+};
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use hdrhistogram::Histogram;
 
@@ -84,6 +87,12 @@ pub struct AppNet {
     /// Switch drops already counted in `stats` (the port's counters are
     /// cumulative): frames for the port, frames from it.
     switch_drops_seen: (u64, u64),
+    /// More addresses steered to this application (protected mode: a
+    /// netstack takes its applications' addresses; docs/protected.md).
+    pub aliases: Vec<Interface>,
+    /// Protected applications' tx pools, by link, for zero-touch frames
+    /// (`ginza_shm::netstack::gather`).
+    pub tx_pools: Vec<(u64, ginza_shm::netstack::TxPoolView)>,
 }
 
 impl AppNet {
@@ -309,6 +318,8 @@ pub struct Dataplane {
     staged: Vec<Vec<PacketDesc>>,
     /// Buffer indices popped from a done ring (scratch).
     returned: Vec<u32>,
+    /// One egress buffer copied out, for zero-touch frames (scratch).
+    gather_scratch: Vec<u8>,
     /// Per frame of a burst: its flow hash and kthread, `None` for a frame
     /// with no flow key (scratch).
     picks: Vec<Option<(u32, Steered)>>,
@@ -352,6 +363,7 @@ impl Dataplane {
             out: Vec::with_capacity(BURST),
             staged: Vec::new(),
             returned: Vec::with_capacity(4 * BURST),
+            gather_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             picks: Vec::with_capacity(BURST),
             stats: DataplaneStats {
                 nic: name,
@@ -545,9 +557,32 @@ impl Dataplane {
                 ..NetStats::default()
             },
             switch_drops_seen: (0, 0),
+            aliases: Vec::new(),
+            tx_pools: Vec::new(),
             steer_decisions: 0,
             steer_ns: 0,
         })
+    }
+
+    /// Steers `iface`'s frames to `net`'s port too, and lets it send from
+    /// `iface.mac` (protected mode: docs/protected.md, "Addresses").
+    pub fn add_alias(&mut self, net: &mut AppNet, iface: Interface) -> Result<(), String> {
+        if net.aliases.iter().any(|a| a.ip == iface.ip) || net.interface.ip == iface.ip {
+            return Err(format!("{} is already steered there", iface.ip));
+        }
+        self.switch
+            .add_alias(net.port, iface.mac)
+            .map_err(|e| format!("alias {} / {}: {e}", iface.mac, iface.ip))?;
+        net.aliases.push(iface);
+        Ok(())
+    }
+
+    /// Undoes [`add_alias`](Self::add_alias) for `ip`.
+    pub fn remove_alias(&mut self, net: &mut AppNet, ip: ginza_net::Ipv4Addr) {
+        if let Some(i) = net.aliases.iter().position(|a| a.ip == ip) {
+            let a = net.aliases.remove(i);
+            self.switch.remove_alias(net.port, a.mac);
+        }
     }
 
     /// Removes an application's port (frames waiting there go with it).
@@ -708,7 +743,10 @@ impl Dataplane {
         let started = std::time::Instant::now();
         self.picks.clear();
         for frame in &self.frames {
-            let pick = steer_key(port.pool().bytes(frame), net.interface.ip)
+            let bytes = port.pool().bytes(frame);
+            // Only ARP for another address gives `None`: an alias's, maybe.
+            let pick = steer_key(bytes, net.interface.ip)
+                .or_else(|| net.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
                 .map(|hash| (hash, net.steering.steer(u64::from(hash), now)));
             self.picks.push(pick);
         }
@@ -814,9 +852,35 @@ impl Dataplane {
                 break;
             };
             let pool = port.pool_mut();
-            let n = end
-                .egress_buffers
-                .read(seq, desc.len, pool.buffer_mut(&mut frame));
+            let n = if desc.reserved & EGRESS_GATHER != 0 {
+                // Zero-touch: headers here, payload in a tx pool.
+                let scratch = &mut self.gather_scratch;
+                end.egress_buffers.read(seq, PKT_BUFFER_SIZE, scratch);
+                let header = &scratch[..(desc.len as usize).min(GATHER_OFFSET)];
+                let built = GatherList::decode(&scratch[GATHER_OFFSET..]).and_then(|list| {
+                    let tx = net
+                        .tx_pools
+                        .iter()
+                        .find(|(l, _)| *l == list.link)
+                        .ok_or(GatherError::NoPool(list.link))?;
+                    assemble(header, &list, &tx.1, pool.buffer_mut(&mut frame))
+                });
+                match built {
+                    Ok(n) => n,
+                    Err(_) => {
+                        net.stats.drop_egress += 1;
+                        let _ = pool.free(frame);
+                        taken += 1;
+                        continue;
+                    }
+                }
+            } else {
+                end.egress_buffers
+                    .read(seq, desc.len, pool.buffer_mut(&mut frame))
+            };
+            if desc.reserved & EGRESS_FILL_L4_CHECKSUM != 0 {
+                crate::offload::fill_l4_checksum(&mut pool.buffer_mut(&mut frame)[..n]);
+            }
             pool.set_len(&mut frame, n).expect("read at most a buffer");
             net.stats.tx += 1;
             self.out.push(frame);

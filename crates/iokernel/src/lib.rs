@@ -27,6 +27,7 @@ pub mod dataplane;
 mod in_process;
 pub mod netns;
 pub mod nic;
+pub mod offload;
 pub mod raw_app;
 pub mod testing;
 

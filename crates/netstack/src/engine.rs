@@ -20,7 +20,9 @@ use ginza_net::tcp::{
 };
 use ginza_net::{parse, tx, ArpOperation, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range, Ranges, Reason, MAX_RANGES};
-use ginza_shm::netstack::{Channel, ChannelConfig, NetPair, RxPool, TxPoolView, RX_CHUNK};
+use ginza_shm::netstack::{
+    Channel, ChannelConfig, GatherList, NetPair, RxPool, TxPoolView, RX_CHUNK,
+};
 use ginza_shm::{BufferLedger, RingCorrupt};
 use log::{debug, info, warn};
 
@@ -89,6 +91,9 @@ pub struct Granted {
     pub rx_pool: OwnedFd,
     /// The channel, for iokerneld (docs/protected.md, "Wake-ups").
     pub channel_handle: Channel,
+    /// The application's tx pool (a duplicate), for iokerneld's zero-touch
+    /// frames.
+    pub tx_pool: OwnedFd,
 }
 
 /// The netstack's counters.
@@ -109,14 +114,44 @@ pub struct NetstackStats {
     pub apps_disconnected: u64,
     /// Times an event ring was found full (events wait in the netstack).
     pub event_ring_full: u64,
-    /// Bytes copied from tx pools into connections (the copying transmit
-    /// path: docs/protected.md, "Transmit").
+    /// Bytes the netstack copied from tx pools: into connections on the
+    /// copying path, into frames when a zero-touch frame fell back
+    /// (docs/protected.md, "Transmit").
     pub tx_bytes_copied: u64,
+    /// Payload bytes sent zero-touch (per frame, retransmissions
+    /// included): the netstack named them, iokerneld copied them from the
+    /// tx pool.
+    pub tx_bytes_zero_touch: u64,
+    /// Zero-touch frames whose payload had too many pieces for one gather
+    /// list (copied by the netstack, counted in `tx_bytes_copied`).
+    pub tx_gather_fallbacks: u64,
     /// Bytes delivered into rx pools.
     pub rx_bytes_delivered: u64,
     /// Frames not sent because the peer's MAC was unknown (an ARP request
     /// went out instead).
     pub no_route: u64,
+}
+
+/// A frame to send: whole, or (zero-touch) headers plus a gather list
+/// naming the payload in the application's tx pool, which iokerneld copies
+/// (`ginza_shm::netstack::gather`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutFrame {
+    /// The frame, or only its headers when `gather` is set.
+    pub bytes: Vec<u8>,
+    pub gather: Option<GatherList>,
+    /// iokerneld must fill in the L4 checksum (always with `gather`).
+    pub fill_checksum: bool,
+}
+
+impl OutFrame {
+    fn whole(bytes: Vec<u8>) -> OutFrame {
+        OutFrame {
+            bytes,
+            gather: None,
+            fill_checksum: false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,6 +223,8 @@ struct App {
     /// Per rx chunk: the connection and length lent, if lent.
     lent: Vec<Option<(u32, u32)>>,
     tx: TxPoolView,
+    /// iokerneld maps this application's tx pool: payload goes zero-touch.
+    zero_touch: bool,
     conns: Vec<u32>,
     listeners: Vec<u32>,
     /// Why the application was cut off (the daemon closes its socket).
@@ -209,8 +246,15 @@ pub struct Netstack {
     addresses: HashMap<Ipv4Addr, (Interface, u32)>,
     arp: HashMap<Ipv4Addr, MacAddr>,
     next_ephemeral: u16,
-    frames: VecDeque<Vec<u8>>,
+    frames: VecDeque<OutFrame>,
     stats: NetstackStats,
+    /// No connection's timer is due before this (TCP clock, ns); may be
+    /// early (a deadline moved later), never late.
+    earliest: u64,
+    /// Connections with received bytes that found no rx chunk (or their
+    /// share used up): settled again once chunks come back.
+    starved: Vec<u32>,
+    chunks_freed: bool,
 }
 
 fn tcp_now(epoch: StdInstant) -> ginza_net::tcp::Instant {
@@ -263,6 +307,9 @@ impl Netstack {
             next_ephemeral: 49152,
             frames: VecDeque::new(),
             stats: NetstackStats::default(),
+            earliest: u64::MAX,
+            starved: Vec::new(),
+            chunks_freed: false,
         }
     }
 
@@ -327,6 +374,11 @@ impl Netstack {
             .try_clone_to_owned()
             .map_err(|e| format!("dup channel: {e}"))?;
         let rx_fd = rx.app_fd().map_err(|e| e.to_string())?;
+        let tx_fd = a
+            .tx_pool
+            .fd()
+            .try_clone_to_owned()
+            .map_err(|e| format!("dup tx pool: {e}"))?;
         let granted = Granted {
             app_id: id,
             pairs: a.kthreads,
@@ -336,6 +388,7 @@ impl Netstack {
             channel: channel_fd,
             rx_pool: rx_fd,
             channel_handle: channel.clone(),
+            tx_pool: tx_fd,
         };
         self.next_app += 1;
         self.addresses
@@ -362,6 +415,7 @@ impl Netstack {
                 ledger: BufferLedger::new(chunks),
                 lent: vec![None; chunks as usize],
                 tx: a.tx_pool,
+                zero_touch: false,
                 conns: Vec::new(),
                 listeners: Vec::new(),
                 doomed: None,
@@ -370,10 +424,26 @@ impl Netstack {
         Ok(granted)
     }
 
+    /// From now on application `id`'s payload goes zero-touch: iokerneld
+    /// maps its tx pool and assembles the frames (call before the
+    /// application's first command).
+    pub fn set_zero_touch(&mut self, id: u64) {
+        if let Some(a) = self.apps.get_mut(&id) {
+            a.zero_touch = true;
+        }
+    }
+
     /// Answers for `iface` for good (the netstack's own address, which
     /// applications may share).
     pub fn add_address(&mut self, iface: Interface) {
         self.addresses.entry(iface.ip).or_insert((iface, 0)).1 += 1;
+    }
+
+    /// Time until the earliest TCP timer, if any.
+    pub fn next_deadline_in(&self) -> Option<std::time::Duration> {
+        (self.earliest != u64::MAX).then(|| {
+            ginza_net::tcp::Instant::from_nanos(self.earliest).saturating_since(self.now())
+        })
     }
 
     /// Applications the netstack cut off since the last call, and why (the
@@ -414,7 +484,7 @@ impl Netstack {
             };
             self.by_tuple.remove(&conn.key);
             conn.tcb.abort();
-            self.transmit(&app.interface, &mut conn, now);
+            self.transmit(&app.interface, &mut conn, now, None);
         }
         if let Some(e) = self.addresses.get_mut(&app.interface.ip) {
             e.1 -= 1;
@@ -448,7 +518,7 @@ impl Netstack {
     // ---- frames ------------------------------------------------------------
 
     /// Next frame to send, if any.
-    pub fn pop_frame(&mut self) -> Option<Vec<u8>> {
+    pub fn pop_frame(&mut self) -> Option<OutFrame> {
         self.frames.pop_front()
     }
 
@@ -459,7 +529,7 @@ impl Netstack {
 
     fn push_frame(&mut self, f: Vec<u8>) {
         self.stats.frames_out += 1;
-        self.frames.push_back(f);
+        self.frames.push_back(OutFrame::whole(f));
     }
 
     fn build(&mut self, build: impl FnOnce(&mut [u8]) -> Result<usize, ginza_net::BuildError>) {
@@ -593,10 +663,17 @@ impl Netstack {
     }
 
     /// Sends the connection's segments.
-    fn transmit(&mut self, iface: &Interface, conn: &mut Conn, now: ginza_net::tcp::Instant) {
+    fn transmit(
+        &mut self,
+        iface: &Interface,
+        conn: &mut Conn,
+        now: ginza_net::tcp::Instant,
+        zero_touch: Option<u64>,
+    ) {
         let mac = conn
             .peer_mac
             .or_else(|| self.arp.get(&conn.key.remote.ip).copied());
+        let (iss, _) = conn.tcb.initial_sequence_numbers();
         while let Some(seg) = conn.tcb.poll_transmit(now) {
             let Some(mac) = mac else {
                 self.stats.no_route += 1;
@@ -609,14 +686,56 @@ impl Netstack {
             }
             let (port, remote) = (conn.key.local.port, conn.key.remote);
             let mut buf = vec![0u8; MAX_FRAME_LEN];
-            match tx::tcp_segment(&mut buf, iface, mac, port, remote, &seg) {
-                Ok(n) => {
-                    buf.truncate(n);
-                    self.stats.frames_out += 1;
-                    self.frames.push_back(buf);
+            let n = match tx::tcp_segment(&mut buf, iface, mac, port, remote, &seg) {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!("cannot build a TCP segment: {e}");
+                    continue;
                 }
-                Err(e) => warn!("cannot build a TCP segment: {e}"),
-            }
+            };
+            buf.truncate(n);
+            self.stats.frames_out += 1;
+            let payload = seg.payload.len();
+            let frame = match zero_touch {
+                // The payload the TCB holds is zeros (see `pump_send`):
+                // the real bytes are named in the tx pool, for iokerneld.
+                Some(link) if payload > 0 => {
+                    let pos32 = seg.seq.0.wrapping_sub(iss.0.wrapping_add(1));
+                    let pos = conn
+                        .written
+                        .wrapping_sub(u64::from((conn.written as u32).wrapping_sub(pos32)));
+                    match gather_of(&conn.sends, link, pos, payload as u64) {
+                        Some(g) => {
+                            buf.truncate(n - payload);
+                            self.stats.tx_bytes_zero_touch += payload as u64;
+                            OutFrame {
+                                bytes: buf,
+                                gather: Some(g),
+                                fill_checksum: true,
+                            }
+                        }
+                        None => {
+                            // Too many pieces for one list: this frame's
+                            // payload is copied here after all (counted),
+                            // its checksum still left to iokerneld.
+                            let tx = self.apps.get(&conn.app).map(|a| &a.tx);
+                            let out = &mut buf[n - payload..n];
+                            if !tx.is_some_and(|tx| copy_payload(tx, &conn.sends, pos, out)) {
+                                continue;
+                            }
+                            self.stats.tx_bytes_copied += payload as u64;
+                            self.stats.tx_gather_fallbacks += 1;
+                            OutFrame {
+                                bytes: buf,
+                                gather: None,
+                                fill_checksum: true,
+                            }
+                        }
+                    }
+                }
+                _ => OutFrame::whole(buf),
+            };
+            self.frames.push_back(frame);
         }
     }
 
@@ -633,6 +752,10 @@ impl Netstack {
         let mut events: Vec<(u32, Event)> = Vec::new();
         let mut keep = true;
         let iface = self.apps.get(&app_id).map(|a| a.interface);
+        let zero_touch = self
+            .apps
+            .get(&app_id)
+            .and_then(|a| a.zero_touch.then_some(a.id));
         if let Some(app) = self.apps.get_mut(&app_id) {
             if conn.phase == Phase::Open && !conn.released {
                 self.stats.tx_bytes_copied += pump_send(app, &mut conn, c, &mut events);
@@ -640,7 +763,7 @@ impl Netstack {
             }
         }
         if let Some(iface) = iface {
-            self.transmit(&iface, &mut conn, now);
+            self.transmit(&iface, &mut conn, now, zero_touch);
         }
         let _ = conn.tcb.take_events();
         let id = ConnId::new(c);
@@ -722,7 +845,7 @@ impl Netstack {
                 }
                 if !keep {
                     if let Some(iface) = iface {
-                        self.transmit(&iface, &mut conn, now);
+                        self.transmit(&iface, &mut conn, now, zero_touch);
                     }
                 }
             }
@@ -753,6 +876,16 @@ impl Netstack {
             keep = false;
         }
         if keep {
+            if let Some(d) = conn.tcb.next_deadline() {
+                self.earliest = self.earliest.min(d.as_nanos());
+            }
+            if conn.phase == Phase::Open
+                && !conn.released
+                && conn.tcb.recv_available() > 0
+                && !self.starved.contains(&c)
+            {
+                self.starved.push(c);
+            }
             self.conns.put_back(c, conn);
         } else {
             self.by_tuple.remove(&conn.key);
@@ -803,6 +936,7 @@ impl Netstack {
             }
         }
         conn.rx_held = 0;
+        self.chunks_freed = true;
         events.push((conn.pair, Event::Cleanup { conn: id }));
     }
 
@@ -882,17 +1016,10 @@ impl Netstack {
             }
         }
         self.fire_timers();
-        // Connections whose payload could move (rx chunks came back, sends
-        // queued while the TCB was full).
-        let now = self.now();
-        for c in self.conns.handles() {
-            let movable = self.conns.get(c).is_some_and(|k| {
-                k.phase == Phase::Open
-                    && !k.released
-                    && ((!k.sends.is_empty() && k.tcb.send_capacity() > 0)
-                        || k.tcb.recv_available() > 0)
-            });
-            if movable {
+        // Received bytes that waited for rx chunks, now that some are back.
+        if std::mem::take(&mut self.chunks_freed) && !self.starved.is_empty() {
+            let now = self.now();
+            for c in std::mem::take(&mut self.starved) {
                 self.settle(c, now);
             }
         }
@@ -902,6 +1029,10 @@ impl Netstack {
 
     fn fire_timers(&mut self) {
         let now = self.now();
+        if now.as_nanos() < self.earliest {
+            return;
+        }
+        self.earliest = u64::MAX;
         for c in self.conns.handles() {
             let due = self
                 .conns
@@ -913,6 +1044,8 @@ impl Netstack {
                     k.tcb.on_timer(now);
                 }
                 self.settle(c, now);
+            } else if let Some(d) = self.conns.get(c).and_then(|k| k.tcb.next_deadline()) {
+                self.earliest = self.earliest.min(d.as_nanos());
             }
         }
     }
@@ -1164,6 +1297,7 @@ impl Netstack {
                 if let Some(k) = self.conns.get_mut(c) {
                     k.rx_held = k.rx_held.saturating_sub(freed);
                 }
+                self.chunks_freed = true;
                 self.settle(c, now);
             }
             Command::Shutdown { conn } | Command::Close { conn } => {
@@ -1266,14 +1400,24 @@ fn pump_send(app: &mut App, conn: &mut Conn, c: u32, events: &mut Vec<(u32, Even
         let skip = (conn.written - start_of(s)) as u32;
         let len = (s.range.len - skip).min(buf.len() as u32);
         let r = Range::new(s.range.offset + skip, len);
-        let n = match app.tx.copy_out(r, &mut buf) {
-            Ok(n) => n,
-            Err(_) => break, // checked at `send`; the pool cannot shrink
+        let n = if app.zero_touch {
+            // Zero-touch: the TCB holds zeros in the payload's place (it
+            // needs lengths and sequence numbers, never the bytes); frames
+            // name the tx pool instead (`Netstack::transmit`).
+            buf[..len as usize].fill(0);
+            len as usize
+        } else {
+            match app.tx.copy_out(r, &mut buf) {
+                Ok(n) => n,
+                Err(_) => break, // checked at `send`; the pool cannot shrink
+            }
         };
         match conn.tcb.send(&buf[..n]) {
             Ok(k) => {
                 conn.written += k as u64;
-                copied += k as u64;
+                if !app.zero_touch {
+                    copied += k as u64;
+                }
                 if k < n {
                     break 'fill;
                 }
@@ -1381,6 +1525,44 @@ fn pump_recv(app: &mut App, conn: &mut Conn, c: u32, events: &mut Vec<(u32, Even
     delivered
 }
 
+/// The pieces of the tx pool holding stream bytes `[pos, pos + len)`.
+fn pieces(sends: &VecDeque<PendingSend>, pos: u64, len: u64) -> impl Iterator<Item = Range> + '_ {
+    let end = pos + len;
+    sends.iter().filter_map(move |s| {
+        let start = s.end - u64::from(s.range.len);
+        let (from, to) = (start.max(pos), s.end.min(end));
+        (from < to).then(|| Range::new(s.range.offset + (from - start) as u32, (to - from) as u32))
+    })
+}
+
+/// A gather list for stream bytes `[pos, pos + len)`, if they are all
+/// still held and fit one list.
+fn gather_of(sends: &VecDeque<PendingSend>, link: u64, pos: u64, len: u64) -> Option<GatherList> {
+    let mut g = GatherList {
+        link,
+        ..Default::default()
+    };
+    for r in pieces(sends, pos, len) {
+        if !g.push(r) {
+            return None;
+        }
+    }
+    (g.len() as u64 == len).then_some(g)
+}
+
+/// Copies stream bytes `[pos, pos + out.len())` from the tx pool.
+fn copy_payload(tx: &TxPoolView, sends: &VecDeque<PendingSend>, pos: u64, out: &mut [u8]) -> bool {
+    let mut at = 0;
+    for r in pieces(sends, pos, out.len() as u64) {
+        let end = at + r.len as usize;
+        if tx.copy_out(r, &mut out[at..end]).is_err() {
+            return false;
+        }
+        at = end;
+    }
+    at == out.len()
+}
+
 /// Bytes of received data one connection may have lent out at once (then
 /// the TCB's own buffer fills and its window closes: flow control).
 fn conn_recv_limit() -> u64 {
@@ -1406,5 +1588,38 @@ impl SettleSlab for Slab<Conn> {
     }
     fn free(&mut self, c: u32) {
         self.release(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sends(ranges: &[(u32, u32)]) -> VecDeque<PendingSend> {
+        let mut end = 0;
+        ranges
+            .iter()
+            .map(|&(o, l)| {
+                end += u64::from(l);
+                PendingSend {
+                    range: Range::new(o, l),
+                    end,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stream_bytes_map_to_tx_pool_pieces() {
+        let s = sends(&[(1000, 10), (5000, 5)]);
+        let g = gather_of(&s, 9, 8, 5).unwrap();
+        assert_eq!(g.link, 9);
+        assert_eq!(g.pieces(), &[Range::new(1008, 2), Range::new(5000, 3)]);
+        // Bytes no longer held (acked and returned) give no list.
+        assert_eq!(gather_of(&s, 9, 12, 10), None);
+        // More pieces than a list holds: none (the netstack copies).
+        let tiny = sends(&[(0, 1); 9]);
+        assert_eq!(gather_of(&tiny, 1, 0, 9), None);
+        assert!(gather_of(&tiny, 1, 0, 8).is_some());
     }
 }

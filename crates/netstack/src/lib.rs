@@ -12,9 +12,12 @@
 //!   `ginza_proto::netstack`).
 //! * [`daemon`]: `netstackd`: registers with iokerneld as an application,
 //!   and runs the engine on its kthreads.
+//! * [`cli`]: the flags of `netstackd` and `ginza netstack`.
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
+pub mod daemon;
 pub mod engine;
 pub mod server;
 pub mod slab;

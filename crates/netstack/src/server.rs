@@ -35,6 +35,18 @@ pub struct Server {
     cfg: ServerConfig,
     listener: OwnedFd,
     attached: Vec<(u64, OwnedFd)>,
+    iokerneld: Option<Iokerneld>,
+}
+
+/// The netstack's registration with iokerneld, to hand it each channel
+/// (docs/protected.md, "Wake-ups").
+pub struct Iokerneld {
+    pub conn: Arc<Mutex<ginza_proto::client::Connection>>,
+    /// Set once iokerneld took a channel: it wakes the kthreads for
+    /// commands, they need not poll.
+    pub watches_channels: Arc<std::sync::atomic::AtomicBool>,
+    /// Hand iokerneld the tx pools too and send payload zero-touch.
+    pub zero_touch: bool,
 }
 
 fn refuse(sock: BorrowedFd<'_>, reason: String) {
@@ -63,7 +75,23 @@ impl Server {
             cfg,
             listener,
             attached: Vec::new(),
+            iokerneld: None,
         })
+    }
+
+    /// Hands every attached application's channel to iokerneld from now on.
+    pub fn with_iokerneld(mut self, io: Iokerneld) -> Server {
+        self.iokerneld = Some(io);
+        self
+    }
+
+    fn unprotect(&self, id: u64) {
+        if let Some(io) = &self.iokerneld {
+            let conn = io.conn.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = conn.unprotect(id) {
+                warn!("iokerneld did not forget app {id}'s channel: {e}");
+            }
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -104,12 +132,14 @@ impl Server {
             for id in gone {
                 info!("app {id} hung up");
                 lock(engine).detach(id);
+                self.unprotect(id);
                 self.attached.retain(|(a, _)| *a != id);
             }
         }
         let doomed = lock(engine).take_doomed();
         for (id, why) in doomed {
             info!("app {id} cut off: {why}");
+            self.unprotect(id);
             self.attached.retain(|(a, _)| *a != id);
         }
     }
@@ -167,7 +197,7 @@ impl Server {
         let own = self.cfg.interface;
         let interface = if req.interface.ip == Ipv4Addr::UNSPECIFIED || req.interface.ip == own.ip {
             own
-        } else if self.cfg.other_addresses {
+        } else if self.cfg.other_addresses || self.iokerneld.is_some() {
             req.interface
         } else {
             return refuse(
@@ -196,6 +226,40 @@ impl Server {
             Ok(g) => g,
             Err(e) => return refuse(sock.as_fd(), e),
         };
+        // iokerneld first: it steers the address (if the application has
+        // its own), watches the channel, maps the tx pool for zero-touch.
+        if let Some(io) = &self.iokerneld {
+            let own_address = interface.ip == own.ip;
+            let alias = (!own_address).then_some(interface);
+            let r = io.conn.lock().unwrap_or_else(|p| p.into_inner()).protect(
+                pid,
+                g.app_id,
+                g.channel_handle.fd(),
+                io.zero_touch.then(|| g.tx_pool.as_fd()),
+                alias,
+            );
+            match r {
+                Ok(()) => {
+                    io.watches_channels
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    if io.zero_touch {
+                        lock(engine).set_zero_touch(g.app_id);
+                    }
+                }
+                // Its own address cannot reach it without iokerneld.
+                Err(e) if !own_address => {
+                    lock(engine).detach(g.app_id);
+                    return refuse(
+                        sock.as_fd(),
+                        format!("iokerneld would not steer {} here: {e}", interface.ip),
+                    );
+                }
+                Err(e) => warn!(
+                    "iokerneld does not watch {}'s channel ({e}): the netstack polls it",
+                    req.name
+                ),
+            }
+        }
         let reply = AttachReply::Accepted {
             app_id: g.app_id,
             pairs: g.pairs,

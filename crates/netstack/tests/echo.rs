@@ -100,7 +100,7 @@ fn connect_out_and_refused_connect() {
         remote: std::net::SocketAddrV4::new(PEER_IP, 9),
     });
     ns.poll();
-    let syn = ns.pop_frame().expect("a SYN");
+    let syn = ns.pop_frame().expect("a SYN").bytes;
     let t = match ginza_net::parse(&syn, &peer_iface()).unwrap() {
         ginza_net::Packet::Tcp(t) => t,
         other => panic!("{other:?}"),
@@ -121,4 +121,43 @@ fn connect_out_and_refused_connect() {
         }]
     ));
     assert_eq!(ns.stats().connections, 0);
+}
+
+/// Two rx chunks (4 KiB) for 40 kB: the netstack delivers what fits, the
+/// rest waits in the TCP connection (its window closes) until `recv_done`
+/// gives chunks back; everything arrives, in order.
+#[test]
+fn few_rx_chunks_are_flow_control_not_loss() {
+    let mut ns = ginza_netstack::Netstack::new(ginza_netstack::NetstackConfig {
+        rx_chunks: 2,
+        ..Default::default()
+    });
+    let mut app = RawApp::attach(&mut ns, "small", app_iface());
+    let mut peer = Peer::connect(40020, APP_IP, 7);
+    let (conn, _) = accept_one(&mut ns, &mut app, &mut peer);
+    let message: Vec<u8> = (0..40_000u32).map(|i| (i % 241) as u8).collect();
+    let mut sent = 0;
+    let mut got = Vec::new();
+    until(
+        &mut ns,
+        &mut [&mut peer],
+        "40 kB through 2 chunks",
+        |ns, peers| {
+            if sent < message.len() {
+                sent += peers[0].tcb.send(&message[sent..]).unwrap_or(0);
+            }
+            assert!(ns.rx_lent(app.id).unwrap() <= 2);
+            for e in app.events() {
+                if let Event::NewData { conn: c, ranges } = e {
+                    assert_eq!(c, conn);
+                    for r in ranges.as_slice() {
+                        got.extend_from_slice(app.rx.get(*r).unwrap());
+                    }
+                    app.cmd(Command::RecvDone { conn, ranges });
+                }
+            }
+            got.len() == message.len()
+        },
+    );
+    assert_eq!(got, message);
 }

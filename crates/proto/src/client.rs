@@ -100,6 +100,49 @@ impl Connection {
             Err(_) => true,
         }
     }
+
+    /// Protected mode, from the netstack: asks iokerneld to read
+    /// `channel`'s rings in its allocation pass (`Request::Protect`).
+    /// With `interface`, iokerneld steers that address to the netstack too;
+    /// with `tx_pool` (the application's), it can assemble zero-touch
+    /// frames (`ginza_shm::netstack::gather`).
+    pub fn protect(
+        &self,
+        app_pid: i32,
+        link: u64,
+        channel: BorrowedFd<'_>,
+        tx_pool: Option<BorrowedFd<'_>>,
+        interface: Option<ginza_net::Interface>,
+    ) -> Result<(), ClientError> {
+        let mut fds = vec![channel];
+        fds.extend(tx_pool);
+        self.ask(
+            Request::Protect {
+                app_pid,
+                link,
+                interface,
+            },
+            &fds,
+        )
+    }
+
+    /// Undoes [`Connection::protect`] for `link`.
+    pub fn unprotect(&self, link: u64) -> Result<(), ClientError> {
+        self.ask(Request::Unprotect { link }, &[])
+    }
+
+    fn ask(&self, request: Request, fds: &[BorrowedFd<'_>]) -> Result<(), ClientError> {
+        let env = Envelope {
+            protocol: PROTOCOL_VERSION,
+            request,
+        };
+        send_raw(self.sock.as_fd(), &encode(&env), fds)?;
+        match recv_response_with_fds(self.sock.as_fd(), 0)?.0 {
+            Response::Accepted { .. } => Ok(()),
+            Response::Refused { reason } => Err(ClientError::Refused { reason }),
+            other => Err(ClientError::BadReply(format!("{other:?}"))),
+        }
+    }
 }
 
 impl AsFd for Connection {

@@ -93,6 +93,27 @@ pub enum Request {
     /// [`AllocStats`] window starts again: a benchmark resets after its
     /// warm-up and reads its measurement window alone.
     ResetStats,
+    /// From the protected-mode netstack, on its own registration socket,
+    /// with a channel memfd attached (`ginza_shm::netstack::Channel`):
+    /// iokerneld reads that channel's rings in its allocation pass, so that
+    /// commands waiting on pair `p` count as queued work of the netstack's
+    /// kthread `p % kthreads`, and events waiting on pair `k` as queued
+    /// work of kthread `k` of the application with pid `app_pid`
+    /// (docs/protected.md, "Wake-ups"). With `interface`, iokerneld also
+    /// steers that address's frames to the netstack and lets it send from
+    /// it ("Addresses"). A second descriptor, if attached, is the
+    /// application's tx pool: iokerneld then assembles zero-touch frames
+    /// from it ("Transmit"). Answered `Accepted`.
+    Protect {
+        app_pid: i32,
+        link: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        interface: Option<ginza_net::Interface>,
+    },
+    /// The netstack forgets the channel of `Protect { link }`.
+    Unprotect {
+        link: u64,
+    },
 }
 
 /// What a client sends: the protocol version, then the request.

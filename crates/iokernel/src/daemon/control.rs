@@ -218,6 +218,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let rep = self.stats_answer(&req, now);
                 return Self::reply(&p.sock, &rep).then_some(p);
             }
+            Request::Protect { .. } | Request::Unprotect { .. } => {
+                return refuse(
+                    self,
+                    "protect: send it on the netstack's registration socket".into(),
+                );
+            }
             Request::Register(reg) => match reg.steering.as_deref().map(str::parse::<SteeringKind>)
             {
                 None => (reg, self.cfg.steering),
@@ -285,6 +291,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     preempt_overdue: 0,
                     doomed: None,
                     net,
+                    protects: Vec::new(),
                 });
                 None
             }
@@ -381,11 +388,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         region: &Region,
         steering: SteeringKind,
     ) -> Result<AppNet, String> {
-        if let Some(other) = self
-            .apps
-            .iter()
-            .find(|a| a.net.as_ref().is_some_and(|n| n.interface.ip == iface.ip))
-        {
+        if let Some(other) = self.apps.iter().find(|a| {
+            a.net.as_ref().is_some_and(|n| {
+                n.interface.ip == iface.ip || n.aliases.iter().any(|x| x.ip == iface.ip)
+            })
+        }) {
             return Err(format!(
                 "IP {} is already the address of application {:?}",
                 iface.ip, other.name
@@ -407,10 +414,17 @@ impl<A: CoreActuator> Iokerneld<A> {
         let now = clock::monotonic_ns();
         let mut buf = [0u8; MAX_REQUEST];
         let app = &mut self.apps[i];
-        match socket::recv_with_fds(app.sock.as_fd(), &mut buf, 0, true) {
+        match socket::recv_with_fds(app.sock.as_fd(), &mut buf, 2, true) {
             Ok(None) => {}
             Ok(Some(r)) if r.closed => app.doom("connection closed".into()),
             Ok(Some(r)) => match decode_request(&buf[..r.len.min(MAX_REQUEST)]) {
+                Ok(req @ (Request::Protect { .. } | Request::Unprotect { .. })) => {
+                    let rep = self.protect_request(i, &req, r.fds);
+                    let app = &mut self.apps[i];
+                    if !Self::reply(&app.sock, &rep) {
+                        app.doom("protect reply could not be sent".into());
+                    }
+                }
                 Ok(req @ (Request::Stats | Request::ResetStats)) => {
                     let rep = self.stats_answer(&req, now);
                     let app = &mut self.apps[i];
@@ -456,6 +470,9 @@ impl<A: CoreActuator> Iokerneld<A> {
         let app = self.apps.remove(i);
         if let Some(net) = &app.net {
             self.dp.detach(net);
+        }
+        if !app.protects.is_empty() {
+            self.rebuild_protected();
         }
         // Cores it was still giving back are free now.
         self.ready.extend(app.kt.iter().filter_map(|k| k.handover));

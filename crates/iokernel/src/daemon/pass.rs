@@ -151,6 +151,17 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let waiting = ring.free().map_or(0, |free| ring.capacity() - free);
                 ks.counters.in_tail = ring.next_seq();
                 ks.counters.in_head = ks.counters.in_tail.wrapping_sub(waiting);
+                // Protected mode: channel rings are queued work too.
+                if !app.protects.is_empty() || !self.protected_pids.is_empty() {
+                    super::protected::fold(
+                        &app.protects,
+                        app.kt.len(),
+                        app.pid,
+                        &self.protected_pids,
+                        k,
+                        &mut ks.counters,
+                    );
+                }
                 busy |=
                     kt.core.is_some() || (kt.preempting && !kt.evicted) || ks.counters.has_items();
                 if kt.parked {

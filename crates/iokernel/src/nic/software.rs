@@ -118,11 +118,16 @@ pub enum SwitchError {
     EmptyPort,
     #[error("the switch already has a trunk port")]
     SecondTrunk,
+    #[error("no such port")]
+    NoSuchPort,
 }
 
 #[derive(Debug)]
 struct Port {
     mac: MacAddr,
+    /// More MACs the port answers to and may send from (protected mode:
+    /// the netstack's port takes its applications' addresses).
+    aliases: Vec<MacAddr>,
     trunk: bool,
     pool: BufferPool,
     rx_ring: VecDeque<Frame>,
@@ -131,6 +136,11 @@ struct Port {
 }
 
 impl Port {
+    /// `mac` is the port's own address or one of its aliases.
+    fn sends_from(&self, mac: MacAddr) -> bool {
+        mac == self.mac || self.aliases.contains(&mac)
+    }
+
     /// Copies `bytes` onto the receive ring, or counts why it could not.
     fn deliver_copy(&mut self, bytes: &[u8]) {
         // Ring first: a full ring must not take a buffer it cannot use.
@@ -248,6 +258,7 @@ impl SoftwareSwitch {
         }
         self.ports.push(Some(Port {
             mac: config.mac,
+            aliases: Vec::new(),
             trunk: config.trunk,
             pool: BufferPool::new(config.buffers, config.buffer_size),
             rx_ring: VecDeque::with_capacity(config.rx_ring_capacity),
@@ -262,6 +273,38 @@ impl SoftwareSwitch {
         Ok(id)
     }
 
+    /// Makes port `id` answer to `mac` too, and send from it.
+    pub fn add_alias(&mut self, id: PortId, mac: MacAddr) -> Result<(), SwitchError> {
+        if mac.is_multicast() {
+            return Err(SwitchError::GroupMac(mac));
+        }
+        if self.port_by_mac.contains_key(&mac) {
+            return Err(SwitchError::MacInUse(mac));
+        }
+        let port = self
+            .ports
+            .get_mut(id.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(SwitchError::NoSuchPort)?;
+        port.aliases.push(mac);
+        self.port_by_mac.insert(mac, id);
+        Ok(())
+    }
+
+    /// Undoes [`add_alias`](Self::add_alias); false if it was not one.
+    pub fn remove_alias(&mut self, id: PortId, mac: MacAddr) -> bool {
+        let Some(port) = self.ports.get_mut(id.0 as usize).and_then(Option::as_mut) else {
+            return false;
+        };
+        let before = port.aliases.len();
+        port.aliases.retain(|a| *a != mac);
+        let removed = port.aliases.len() != before;
+        if removed {
+            self.port_by_mac.remove(&mac);
+        }
+        removed
+    }
+
     /// Removes a port with its pool: frames on its ring go with it, and frames
     /// of its pool still held elsewhere can no longer be freed anywhere
     /// (refused as foreign). Returns whether the port existed.
@@ -270,6 +313,9 @@ impl SoftwareSwitch {
             return false;
         };
         self.port_by_mac.remove(&port.mac);
+        for a in &port.aliases {
+            self.port_by_mac.remove(a);
+        }
         if self.trunk == Some(id) {
             self.trunk = None;
         }
@@ -419,7 +465,7 @@ impl SoftwareSwitch {
         let bytes = sender.pool.bytes(&frame);
         let refused = if bytes.len() < ETHERNET_HEADER_LEN {
             Some(&mut sender.counters.drops.runt)
-        } else if !sender.trunk && mac_at(bytes, 6) != sender.mac {
+        } else if !sender.trunk && !sender.sends_from(mac_at(bytes, 6)) {
             Some(&mut sender.counters.drops.spoofed_source)
         } else {
             None
@@ -463,7 +509,7 @@ impl SoftwareSwitch {
             return free_to(&mut sender.pool, frame);
         }
         let destination = mac_at(bytes, 0);
-        if !sender.trunk && mac_at(bytes, 6) != sender.mac {
+        if !sender.trunk && !sender.sends_from(mac_at(bytes, 6)) {
             sender.counters.drops.spoofed_source += 1;
             return free_to(&mut sender.pool, frame);
         }
@@ -665,6 +711,39 @@ mod tests {
         assert_eq!(receive_all(&mut switch, a), vec![to_self]);
         assert!(receive_all(&mut switch, b).is_empty());
         assert_eq!(switch.pool(a).unwrap().in_use(), 0);
+    }
+
+    #[test]
+    fn an_alias_is_received_and_sent_from_until_removed() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        switch.add_alias(a, mac(3)).unwrap();
+        assert_eq!(
+            switch.add_alias(b, mac(3)),
+            Err(SwitchError::MacInUse(mac(3)))
+        );
+        assert_eq!(
+            switch.add_alias(b, mac(1)),
+            Err(SwitchError::MacInUse(mac(1)))
+        );
+        // b → the alias reaches a; a may send from the alias.
+        let to_alias = ethernet(mac(3), mac(2), 1);
+        send(&mut switch, b, &to_alias);
+        assert_eq!(receive_all(&mut switch, a), vec![to_alias]);
+        let from_alias = ethernet(mac(2), mac(3), 2);
+        send(&mut switch, a, &from_alias);
+        assert_eq!(receive_all(&mut switch, b), vec![from_alias]);
+        // b may not.
+        send(&mut switch, b, &ethernet(mac(1), mac(3), 3));
+        assert_eq!(switch.counters(b).unwrap().drops.spoofed_source, 1);
+        // Removed: unknown again, and spoofed from a.
+        assert!(switch.remove_alias(a, mac(3)));
+        assert!(!switch.remove_alias(a, mac(3)));
+        send(&mut switch, b, &ethernet(mac(3), mac(2), 4));
+        assert_eq!(switch.counters(b).unwrap().drops.unknown_destination, 1);
+        send(&mut switch, a, &ethernet(mac(2), mac(3), 5));
+        assert_eq!(switch.counters(a).unwrap().drops.spoofed_source, 1);
     }
 
     #[test]

@@ -178,6 +178,8 @@ pub fn step(ns: &mut Netstack, peers: &mut [&mut Peer]) -> Vec<Vec<u8>> {
     ns.poll();
     let mut stray = Vec::new();
     while let Some(f) = ns.pop_frame() {
+        assert!(f.gather.is_none(), "zero-touch frames need iokerneld");
+        let f = f.bytes;
         if !peers.iter_mut().any(|p| p.on_frame(&f)) {
             stray.push(f);
         }

@@ -494,6 +494,23 @@ impl Channel {
         Ok((waiting(cmd), waiting(ev)))
     }
 
+    /// Pair `pair`'s (command ring, event ring) indices as an observer
+    /// sees them now, each as (head, tail) with the tail at most
+    /// `capacity` ahead of the head (the indices are the peers' and
+    /// untrusted: a forged distance is clamped, never followed).
+    pub fn indices(&self, pair: u32) -> Result<[(u32, u32); 2], ChannelError> {
+        self.check_pair(pair)?;
+        let cap = self.0.cfg.capacity;
+        let (cmd, ev) = self.rings(pair);
+        let read = |base| {
+            // SAFETY: a ring header inside the mapping, kept alive by self.
+            let (head, tail) = unsafe { ring::indices_at(base) };
+            let n = tail.wrapping_sub(head).min(cap);
+            (tail.wrapping_sub(n), tail)
+        };
+        Ok([read(cmd), read(ev)])
+    }
+
     /// Pointer to the header, for tests that corrupt it.
     #[cfg(all(test, not(loom)))]
     pub(crate) fn header_ptr(&self) -> *mut ChannelHeader {

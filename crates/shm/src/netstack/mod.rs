@@ -11,13 +11,20 @@
 //!   read-only by the application) and the transmit pool (owned and written
 //!   by the application, mapped read-only by the netstack and iokerneld),
 //!   both addressed by bounds-checked [`Range`]s.
+//! * [`gather`]: zero-touch transmit's egress format (headers + a gather
+//!   list into a tx pool) and its assembly.
 
 pub mod channel;
+pub mod gather;
 pub mod pool;
 
 pub use channel::{
     AppPair, Channel, ChannelConfig, ChannelError, ChannelHeader, NetPair, PairLine, CHANNEL_MAGIC,
     CHANNEL_VERSION, MAX_PAIRS, MAX_RING_SLOTS,
+};
+pub use gather::{
+    assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_BYTES,
+    GATHER_OFFSET, MAX_GATHER,
 };
 pub use pool::{PoolError, RxPool, RxPoolView, TxPool, TxPoolView, MAX_POOL_BYTES, RX_CHUNK};
 

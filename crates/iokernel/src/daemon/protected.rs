@@ -1,0 +1,215 @@
+//! Protected mode in iokerneld (docs/protected.md, "Wake-ups"): the
+//! netstack hands iokerneld each protected application's channel
+//! (`Request::Protect` on its registration socket), and the allocation
+//! pass counts what waits on those rings as queued work — commands as the
+//! netstack's (pair `p` → its kthread `p % kthreads`), events as the
+//! protected application's (pair `k` → its kthread `k`). A parked
+//! application with events, or a parked netstack with commands, is
+//! congested and gets a core; so network cores follow the load.
+
+use std::os::fd::OwnedFd;
+
+use ginza_policy::alloc::QueueCounters;
+use ginza_proto::messages::{Request, Response};
+use ginza_shm::netstack::{Channel, TxPoolView};
+use log::info;
+
+use super::Iokerneld;
+use crate::actuator::CoreActuator;
+
+/// Most channels one netstack may hand over.
+const MAX_LINKS: usize = 1024;
+
+/// One protected application's channel, as its netstack handed it over.
+pub(super) struct ProtectLink {
+    link: u64,
+    app_pid: i32,
+    channel: Channel,
+    /// The address steered to the netstack for this application, if any.
+    alias: Option<ginza_net::Ipv4Addr>,
+}
+
+impl<A: CoreActuator> Iokerneld<A> {
+    /// `Protect` or `Unprotect` from registered application `i`.
+    pub(super) fn protect_request(
+        &mut self,
+        i: usize,
+        req: &Request,
+        fds: Vec<OwnedFd>,
+    ) -> Response {
+        let refuse = |reason: String| Response::Refused { reason };
+        let app = &mut self.apps[i];
+        match *req {
+            Request::Protect {
+                app_pid,
+                link,
+                interface,
+            } => {
+                let mut fds = fds.into_iter();
+                let Some(fd) = fds.next() else {
+                    return refuse("protect: no channel memfd attached".into());
+                };
+                // The application's tx pool, for zero-touch frames.
+                let tx_pool = match fds.next().map(TxPoolView::map) {
+                    None => None,
+                    Some(Ok(p)) => Some(p),
+                    Some(Err(e)) => return refuse(format!("protect: tx pool: {e}")),
+                };
+                if app.protects.len() >= MAX_LINKS {
+                    return refuse(format!("protect: {MAX_LINKS} channels already"));
+                }
+                let channel = match Channel::attach(fd) {
+                    Ok(c) => c,
+                    Err(e) => return refuse(format!("protect: {e}")),
+                };
+                let alias = match interface {
+                    None => None,
+                    Some(iface) => {
+                        let taken = self.apps.iter().any(|a| {
+                            a.net.as_ref().is_some_and(|n| {
+                                n.interface.ip == iface.ip
+                                    || n.aliases.iter().any(|x| x.ip == iface.ip)
+                            })
+                        });
+                        if taken {
+                            return refuse(format!("protect: {} is already steered", iface.ip));
+                        }
+                        let app = &mut self.apps[i];
+                        let Some(net) = app.net.as_mut() else {
+                            return refuse("protect: the netstack registered without net".into());
+                        };
+                        if let Err(e) = self.dp.add_alias(net, iface) {
+                            return refuse(format!("protect: {e}"));
+                        }
+                        Some(iface.ip)
+                    }
+                };
+                let app = &mut self.apps[i];
+                if let Some(old) = app.protects.iter().position(|l| l.link == link) {
+                    let old = app.protects.remove(old);
+                    if let (Some(ip), Some(net)) = (old.alias, app.net.as_mut()) {
+                        self.dp.remove_alias(net, ip);
+                    }
+                }
+                if let Some(net) = app.net.as_mut() {
+                    net.tx_pools.retain(|(l, _)| *l != link);
+                    if let Some(p) = tx_pool {
+                        net.tx_pools.push((link, p));
+                    }
+                }
+                app.protects.push(ProtectLink {
+                    link,
+                    app_pid,
+                    channel,
+                    alias,
+                });
+                info!(
+                    "netstack {:?} protects pid {app_pid} (link {link}{})",
+                    app.name,
+                    alias.map_or(String::new(), |ip| format!(", address {ip}"))
+                );
+            }
+            Request::Unprotect { link } => {
+                if let Some(old) = app.protects.iter().position(|l| l.link == link) {
+                    let old = app.protects.remove(old);
+                    if let (Some(ip), Some(net)) = (old.alias, app.net.as_mut()) {
+                        self.dp.remove_alias(net, ip);
+                    }
+                }
+                if let Some(net) = app.net.as_mut() {
+                    net.tx_pools.retain(|(l, _)| *l != link);
+                }
+            }
+            _ => return refuse("not a protect request".into()),
+        }
+        let app = &self.apps[i];
+        let id = app.id;
+        self.rebuild_protected();
+        Response::Accepted {
+            app_id: id,
+            ingress_buffers: 0,
+        }
+    }
+
+    /// Recomputes the channels by protected pid (after any change).
+    pub(super) fn rebuild_protected(&mut self) {
+        self.protected_pids = self
+            .apps
+            .iter()
+            .flat_map(|a| a.protects.iter().map(|l| (l.app_pid, l.channel.clone())))
+            .collect();
+    }
+}
+
+/// Adds a ring's (head, tail) to the runqueue counters: sequence numbers
+/// summed in wrapping arithmetic keep "items queued" and "an item queued
+/// at the previous pass is still queued" meaning what they mean for one
+/// ring.
+fn add(c: &mut QueueCounters, (head, tail): (u32, u32)) {
+    c.rq_head = c.rq_head.wrapping_add(head);
+    c.rq_tail = c.rq_tail.wrapping_add(tail);
+}
+
+/// Folds the channel rings that are kthread `k`'s work into its counters:
+/// the command rings of a netstack's channels (`links`), and the event
+/// ring `k` of channels whose protected application has pid `pid`.
+pub(super) fn fold(
+    links: &[ProtectLink],
+    kthreads: usize,
+    pid: i32,
+    by_pid: &[(i32, Channel)],
+    k: usize,
+    c: &mut QueueCounters,
+) {
+    for l in links {
+        let pairs = l.channel.pairs() as usize;
+        for p in (k..pairs).step_by(kthreads.max(1)) {
+            if let Ok([cmd, _]) = l.channel.indices(p as u32) {
+                add(c, cmd);
+            }
+        }
+    }
+    for (_, ch) in by_pid.iter().filter(|(p, _)| *p == pid) {
+        if let Ok([_, ev]) = ch.indices(k as u32) {
+            add(c, ev);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queued_commands_and_events_show_as_work() {
+        let ch = Channel::create("t", &ginza_shm::netstack::ChannelConfig::new(3)).unwrap();
+        let mut app = ch.app_pair(2).unwrap();
+        let mut net = ch.net_pair(1).unwrap();
+        app.commands.push(Default::default()).unwrap();
+        net.events.push(Default::default()).unwrap();
+        let links = vec![ProtectLink {
+            link: 1,
+            app_pid: 77,
+            channel: ch.clone(),
+            alias: None,
+        }];
+        let by_pid = vec![(77, ch.clone())];
+        // Netstack with 2 kthreads: pair 2 is kthread 0's.
+        let mut c = QueueCounters::default();
+        fold(&links, 2, 5, &[], 0, &mut c);
+        assert!(c.has_items());
+        let mut c = QueueCounters::default();
+        fold(&links, 2, 5, &[], 1, &mut c);
+        assert!(!c.has_items());
+        // The protected app (pid 77): kthread 1 has an event waiting.
+        let mut c = QueueCounters::default();
+        fold(&[], 1, 77, &by_pid, 1, &mut c);
+        assert!(c.has_items());
+        let mut c = QueueCounters::default();
+        fold(&[], 1, 77, &by_pid, 0, &mut c);
+        assert!(!c.has_items());
+        let mut c = QueueCounters::default();
+        fold(&[], 1, 78, &by_pid, 1, &mut c);
+        assert!(!c.has_items());
+    }
+}

@@ -1,0 +1,89 @@
+//! The body of `netstackd`, shared by the `netstackd` binary and
+//! `ginza netstack` (same flags, [`NetstackArgs`]).
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::Context;
+use ginza_net::{Interface, Ipv4Addr, MacAddr};
+
+use crate::daemon::{Daemon, DaemonConfig};
+
+/// Run the protected-mode netstack (DLibOS) under iokerneld.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NetstackArgs {
+    /// The netstack's IPv4 address (protected applications share it).
+    #[arg(long)]
+    pub ip: Ipv4Addr,
+    /// The netstack's MAC address.
+    #[arg(long)]
+    pub mac: MacAddr,
+    /// Network kthreads: the most cores the netstack may hold.
+    #[arg(long, default_value_t = 2)]
+    pub kthreads: u32,
+    /// Cores never taken away from the netstack.
+    #[arg(long, default_value_t = 0)]
+    pub guaranteed: u32,
+    /// iokerneld's socket (default: ginza's usual path).
+    #[arg(long)]
+    pub iokernel_socket: Option<PathBuf>,
+    /// The attach socket protected applications connect to (default:
+    /// netstack.sock next to iokerneld's socket).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Name in iokerneld and `ginza top`.
+    #[arg(long, default_value = "netstack")]
+    pub name: String,
+    /// Receive-pool chunks (2 KiB) per protected application.
+    #[arg(long, default_value_t = 4096)]
+    pub rx_chunks: u32,
+    /// Stop after this long (default: until iokerneld goes away).
+    #[arg(long, value_parser = ginza_proto::parse_duration)]
+    pub run_for: Option<Duration>,
+}
+
+/// Runs the netstack until iokerneld goes away (or `--run-for`), then
+/// prints its counters as one JSON object.
+pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
+    let mut cfg = DaemonConfig::new(Interface {
+        mac: args.mac,
+        ip: args.ip,
+    });
+    if let Some(s) = args.iokernel_socket {
+        cfg.attach_socket = s.with_file_name("netstack.sock");
+        cfg.iokernel_socket = s;
+    }
+    if let Some(s) = args.socket {
+        cfg.attach_socket = s;
+    }
+    cfg.kthreads = args.kthreads;
+    cfg.guaranteed = args.guaranteed;
+    cfg.name = args.name;
+    cfg.netstack.rx_chunks = args.rx_chunks;
+    let d = Daemon::start(cfg).context("starting the netstack")?;
+    let stop = AtomicBool::new(false);
+    match args.run_for {
+        Some(t) => {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < t && !d.iokerneld_gone() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        None => d.wait(&stop),
+    }
+    let st = d.stats();
+    println!(
+        "{}",
+        serde_json::json!({
+            "apps": st.apps, "connections": st.connections,
+            "frames_in": st.frames_in, "frames_out": st.frames_out,
+            "commands": st.commands, "events": st.events, "refused": st.refused,
+            "apps_disconnected": st.apps_disconnected,
+            "event_ring_full": st.event_ring_full,
+            "tx_bytes_copied": st.tx_bytes_copied,
+            "rx_bytes_delivered": st.rx_bytes_delivered,
+        })
+    );
+    Ok(())
+}
