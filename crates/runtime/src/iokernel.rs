@@ -51,11 +51,6 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
     }
     k.state
         .store(if preempted { REVOKED } else { PARKED }, SeqCst);
-    if !preempted && rt.last_event_poller(k) {
-        // Protected mode: keep polling the netstack's events.
-        k.state.store(RUNNING, SeqCst);
-        return;
-    }
     io.line.insert_flags(ginza_shm::LineFlags::PARKED);
     if let (false, Some(net)) = (preempted, &io.net) {
         // A frame that landed after the look above, before iokerneld could

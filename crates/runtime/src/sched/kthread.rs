@@ -433,11 +433,14 @@ impl Shared {
         self.events.set(src)
     }
 
-    /// Protected mode: whether `me`, about to park, would leave no other
-    /// kthread awake to poll the event rings (the netstack does not wake
-    /// parked kthreads; one stays polling, as DLibOS's application cores
-    /// do). Called after `me` stored its parked state (SeqCst), so of two
-    /// kthreads parking at once at least one sees the other parked.
+    /// Protected mode, standalone: whether `me`, about to park, would
+    /// leave no other kthread awake to poll the event rings (nothing wakes
+    /// a parked standalone kthread for events; one stays polling, as
+    /// DLibOS's application cores do). Under iokerneld, parking is fine:
+    /// iokerneld counts the events waiting on our rings as queued work and
+    /// grants a core (docs/protected.md, "Wake-ups"). Called after `me`
+    /// stored its parked state (SeqCst), so of two kthreads parking at once
+    /// at least one sees the other parked.
     pub(crate) fn last_event_poller(&self, me: &KThread) -> bool {
         self.events.get().is_some()
             && self
