@@ -70,7 +70,10 @@ fn netstack(path: &Path, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<(
                 }
                 for f in frames.drain(..) {
                     busy = true;
-                    ns.on_frame(&f);
+                    // Whole frames: zero-touch (a gather list into the
+                    // tx pool) is iokerneld's to assemble, and off here.
+                    assert!(f.gather.is_none());
+                    ns.on_frame(&f.bytes);
                 }
                 busy
             };
