@@ -82,6 +82,8 @@ pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
             "apps_disconnected": st.apps_disconnected,
             "event_ring_full": st.event_ring_full,
             "tx_bytes_copied": st.tx_bytes_copied,
+            "tx_bytes_zero_touch": st.tx_bytes_zero_touch,
+            "tx_gather_fallbacks": st.tx_gather_fallbacks,
             "rx_bytes_delivered": st.rx_bytes_delivered,
         })
     );

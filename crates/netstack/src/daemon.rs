@@ -127,8 +127,11 @@ impl Daemon {
         let mut engine = Netstack::new(cfg.netstack.clone());
         engine.add_address(cfg.interface);
         let engine = Arc::new(Mutex::new(engine));
+        // An iokerneld that knows `Unprotect` (a no-op for an unknown link)
+        // watches channels: the kthreads need not poll, even before the
+        // first application attaches.
+        let watches_channels = Arc::new(AtomicBool::new(conn.unprotect(0).is_ok()));
         let conn = Arc::new(Mutex::new(conn));
-        let watches_channels = Arc::new(AtomicBool::new(false));
         let mut server = Server::bind(ServerConfig {
             path: cfg.attach_socket.clone(),
             interface: cfg.interface,

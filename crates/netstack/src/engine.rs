@@ -791,11 +791,7 @@ impl Netstack {
                         Event::Refused {
                             conn: None,
                             cookie,
-                            command: Command::Connect {
-                                cookie,
-                                remote: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 1),
-                            }
-                            .tag(),
+                            command: Command::CONNECT_TAG,
                             reason: conn
                                 .tcb
                                 .error()
@@ -1459,7 +1455,6 @@ fn pump_send(app: &mut App, conn: &mut Conn, c: u32, events: &mut Vec<(u32, Even
             },
         ));
     }
-    let _ = app.id;
     copied
 }
 

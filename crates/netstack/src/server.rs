@@ -273,6 +273,7 @@ impl Server {
         {
             warn!("cannot answer {}: {e}", req.name);
             lock(engine).detach(g.app_id);
+            self.unprotect(g.app_id);
             return;
         }
         self.attached.push((g.app_id, sock));

@@ -242,3 +242,96 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     drop(ns);
     drop(io);
 }
+
+/// Network cores by load, observed: the netstack (2 kthreads) under
+/// ping-pong traffic from 8 connections, then idle; iokerneld's view of
+/// its cores sampled every 2 ms. Prints the share of samples at 0, 1 and
+/// 2 cores in each phase. A measurement, not a check of figures:
+/// `cargo test -p ginza-netstack --test under_iokerneld -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run by hand (it prints, and wants a quiet machine)"]
+fn netstack_cores_follow_the_load() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if cores().len() < 2 {
+        return ginza_iokernel::testing::skip("needs two CPUs");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (io, socket) = iokerneld(dir.path());
+    let mut cfg = DaemonConfig::new(iface(1));
+    cfg.iokernel_socket = socket.clone();
+    cfg.attach_socket = dir.path().join("netstack.sock");
+    cfg.kthreads = 2;
+    let ns = Daemon::start(cfg.clone()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let shared = Interface {
+        mac: MacAddr::ZERO,
+        ip: Ipv4Addr::UNSPECIFIED,
+    };
+    let app = protected_echo(cfg.attach_socket.clone(), shared, 7, Arc::clone(&stop));
+    let t0 = Instant::now();
+    while ns.stats().events == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sampling = Arc::new(AtomicBool::new(true));
+    let phase = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (s2, p2, sock2) = (Arc::clone(&sampling), Arc::clone(&phase), socket.clone());
+    let sampler = std::thread::spawn(move || {
+        let mut counts = [[0u64; 3]; 2];
+        while s2.load(Ordering::Relaxed) {
+            if let Ok(r) = ginza_proto::client::stats(&sock2) {
+                if let Some(a) = r.apps.iter().find(|a| a.name == "netstack") {
+                    let p = p2.load(Ordering::Relaxed).min(1);
+                    counts[p][(a.cores_now as usize).min(2)] += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        counts
+    });
+    let mut io_cfg = IokernelConfig::new("client", Class::LatencyCritical);
+    io_cfg.socket = Some(socket.clone());
+    let me = iface(2);
+    io_cfg.net = Some(NetConfig::new(me.mac, me.ip));
+    let client_cfg = Config {
+        iokernel: Some(io_cfg),
+        ..Config::with_kthreads(2)
+    };
+    let round_trips = ginza_runtime::run(client_cfg, move || {
+        let until = Instant::now() + Duration::from_millis(1500);
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                ginza_runtime::spawn(move || {
+                    let mut s = TcpStream::connect(SocketAddrV4::new(iface(1).ip, 7)).unwrap();
+                    let mut buf = [0u8; 64];
+                    let mut n = 0u64;
+                    while Instant::now() < until {
+                        s.write_all(&buf).unwrap();
+                        s.read_exact(&mut buf).unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
+    })
+    .unwrap();
+    phase.store(1, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    sampling.store(false, Ordering::Relaxed);
+    let counts = sampler.join().unwrap();
+    let share = |c: [u64; 3]| {
+        let t = c.iter().sum::<u64>().max(1) as f64;
+        c.map(|x| format!("{:.0}%", 100.0 * x as f64 / t))
+    };
+    println!(
+        "netstack cores under load (8 connections, {round_trips} round trips of 64 B in 1.5 s): 0/1/2 cores {:?}; idle after: {:?}",
+        share(counts[0]),
+        share(counts[1])
+    );
+    stop.store(true, Ordering::Relaxed);
+    app.join().unwrap();
+    drop(ns);
+    drop(io);
+}

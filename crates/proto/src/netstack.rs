@@ -343,6 +343,9 @@ mod tag {
 
 /// The tag a command carries on the wire (what `Refused::command` names).
 impl Command {
+    /// `Refused::command` of a failed `connect`.
+    pub const CONNECT_TAG: u8 = tag::CONNECT;
+
     pub fn tag(&self) -> u8 {
         match self {
             Command::Listen { .. } => tag::LISTEN,

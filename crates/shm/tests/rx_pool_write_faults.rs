@@ -26,6 +26,7 @@ fn child() -> ! {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "needs memfd and a second process")]
 fn writing_the_rx_pool_is_sigsegv() {
     if std::env::var_os(CHILD).is_some() {
         child();
