@@ -167,6 +167,26 @@ fn a_writer_starved_of_tx_chunks_wakes_when_another_connection_frees_some() {
 }
 
 #[test]
+fn binding_port_0_picks_a_free_ephemeral_port() {
+    let path = socket("port0");
+    let net = FakeNetstack::new(&path, 1, 64);
+    let (a, b, busy) = ginza_runtime::run(config(&path), || {
+        let a = TcpListener::bind("0.0.0.0:0").unwrap();
+        let b = TcpListener::bind("0.0.0.0:0").unwrap();
+        let busy = TcpListener::bind(a.local_addr().unwrap()).map(|_| ());
+        (
+            a.local_addr().unwrap().port(),
+            b.local_addr().unwrap().port(),
+            busy.map_err(|e| e.kind()),
+        )
+    })
+    .unwrap();
+    assert!(a >= 49152 && b >= 49152 && a != b, "{a} {b}");
+    assert_eq!(busy, Err(ErrorKind::AddrInUse));
+    drop(net);
+}
+
+#[test]
 fn zero_copy_read_lends_the_received_bytes() {
     let path = socket("lent");
     let net = FakeNetstack::new(&path, 1, 64);

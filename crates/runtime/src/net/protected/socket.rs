@@ -24,6 +24,9 @@ use crate::spinlock::SpinLock;
 /// as std's `write` may).
 const WRITE_CHUNKS: usize = 32;
 
+/// Ephemeral ports `bind` to port 0 tries.
+const EPHEMERAL_TRIES: u32 = 64;
+
 /// The accept backlog a `Listen` asks for.
 const LISTEN_BACKLOG: u16 = 1024;
 
@@ -78,12 +81,33 @@ impl ProtectedListener {
                 ),
             ));
         }
-        if addr.port() == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "protected mode: bind to a port of your choice (the netstack picks none)",
-            ));
+        if addr.port() != 0 {
+            return Self::bind_port(rt, addr);
         }
+        // Port 0: the netstack picks none, so try ephemeral ports (49152-
+        // 65535, as the in-process stack) from a random one on; a port the
+        // netstack says is in use (another application's) is skipped.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+            ^ std::process::id().rotate_left(16);
+        for i in 0..EPHEMERAL_TRIES {
+            let port = 49152 + (seed.wrapping_add(i.wrapping_mul(7919)) % 16384) as u16;
+            match Self::bind_port(Arc::clone(&rt), SocketAddrV4::new(ip, port)) {
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                r => return r,
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "protected mode: no free TCP port among {EPHEMERAL_TRIES} ephemeral ones tried"
+            ),
+        ))
+    }
+
+    fn bind_port(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<ProtectedListener> {
+        let p = p_of(&rt);
         let cookie = p.cookie();
         let l = Arc::new(PListener {
             port: addr.port(),
