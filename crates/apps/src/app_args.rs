@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use ginza_proto::netstack::default_netstack_socket;
 use ginza_proto::parse_duration;
-use ginza_runtime::net::{Ipv4Addr, MacAddr, NetConfig};
+use ginza_runtime::net::protected::ProtectedConfig;
+use ginza_runtime::net::{Interface, Ipv4Addr, MacAddr, NetConfig};
 use ginza_runtime::{Class, Config, IokernelConfig};
 
 /// Flags shared by the networked applications.
@@ -45,6 +47,15 @@ pub struct AppArgs {
     /// Stop after this long (e.g. 10s) [default: run until SIGINT/SIGTERM].
     #[arg(long, value_parser = parse_duration)]
     pub run_for: Option<Duration>,
+    /// Protected mode (DLibOS): TCP through the netstack process at this
+    /// socket [default: netstack.sock next to iokerneld's] instead of the
+    /// in-process stack; `--mac`/`--ip` become the netstack's for this
+    /// application. UDP is not available then.
+    #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true)]
+    pub protected: Option<Option<PathBuf>>,
+    /// With `--protected`: run standalone (no iokerneld; fixed cores).
+    #[arg(long, requires = "protected")]
+    pub standalone: bool,
 }
 
 impl AppArgs {
@@ -66,19 +77,53 @@ impl AppArgs {
     }
 
     /// A latency-critical runtime with networking at `--mac`/`--ip`,
-    /// registered as `name`.
+    /// registered as `name`: the in-process stack, or with `--protected`
+    /// the netstack (registered with iokerneld for cores only, or
+    /// standalone with `--standalone`).
     pub fn runtime_config(&self, name: &str) -> Config {
+        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
+        io.socket = self.socket.clone();
+        io.guaranteed = self.guaranteed;
+        if let Some(path) = &self.protected {
+            let socket = path.clone().unwrap_or_else(default_netstack_socket);
+            let me = Interface {
+                mac: self.mac,
+                ip: self.ip,
+            };
+            return Config {
+                iokernel: (!self.standalone).then_some(io),
+                protected: Some(ProtectedConfig::new(socket, name, me)),
+                ..Config::with_kthreads(self.kthreads)
+            };
+        }
         let mut net = NetConfig::new(self.mac, self.ip);
         for &(ip, mac) in &self.static_arp {
             net = net.with_static_arp(ip, mac);
         }
-        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
-        io.socket = self.socket.clone();
-        io.guaranteed = self.guaranteed;
         io.net = Some(net);
         Config {
             iokernel: Some(io),
             ..Config::with_kthreads(self.kthreads)
+        }
+    }
+
+    /// Whether the application runs protected (`--protected`).
+    pub fn is_protected(&self) -> bool {
+        self.protected.is_some()
+    }
+
+    /// Whether to serve UDP beside TCP: not in protected mode (the netstack
+    /// speaks TCP only), where asking for UDP alone (`udp_only`) is an error.
+    pub fn serve_udp(&self, udp_only: bool) -> anyhow::Result<bool> {
+        match (self.is_protected(), udp_only) {
+            (false, _) => Ok(true),
+            (true, true) => anyhow::bail!(
+                "--protected: the netstack speaks TCP only, and --udp-only asks for UDP alone"
+            ),
+            (true, false) => {
+                log::info!("protected mode: TCP only (the netstack does not carry UDP)");
+                Ok(false)
+            }
         }
     }
 
@@ -144,5 +189,28 @@ mod tests {
         assert_eq!(ip, Ipv4Addr::new(10, 0, 0, 1));
         let err = Cli::try_parse_from(["x", "--kthreads", "many"]).unwrap_err();
         assert!(err.to_string().contains("many"), "{err}");
+    }
+
+    #[test]
+    fn protected_is_configuration() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        let c = cli.app.runtime_config("a");
+        assert!(c.protected.is_none());
+        assert!(c.iokernel.unwrap().net.is_some());
+
+        let cli = Cli::try_parse_from(["x", "--protected"]).unwrap();
+        let c = cli.app.runtime_config("a");
+        let p = c.protected.unwrap();
+        assert_eq!(p.socket, default_netstack_socket());
+        assert_eq!(p.interface.ip, Ipv4Addr::new(10, 47, 1, 1));
+        assert_eq!(p.name, "a");
+        // Cores from iokerneld, frames to the netstack: no `net`.
+        assert!(c.iokernel.unwrap().net.is_none());
+
+        let cli = Cli::try_parse_from(["x", "--protected=/tmp/ns.sock", "--standalone"]).unwrap();
+        let c = cli.app.runtime_config("a");
+        assert_eq!(c.protected.unwrap().socket, PathBuf::from("/tmp/ns.sock"));
+        assert!(c.iokernel.is_none());
+        assert!(Cli::try_parse_from(["x", "--standalone"]).is_err());
     }
 }

@@ -554,7 +554,7 @@ pub struct HttpStats {
 }
 
 impl HttpStats {
-    fn count(&self, r: &Response) {
+    pub(crate) fn count(&self, r: &Response) {
         let counter = match r.status {
             200..=299 => &self.ok,
             400..=499 => &self.client_errors,

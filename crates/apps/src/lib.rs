@@ -5,7 +5,8 @@
 //! * [`spin_server`]: UDP requests that carry their own service time.
 //! * [`echo_server`]: echo (RFC 862) over UDP and TCP, many connections.
 //! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
-//! * [`http_server`]: HTTP/1.1 with keep-alive, `GET /` and `GET /bytes/N`.
+//! * [`http_server`]: HTTP/1.1 with keep-alive, `GET /` and `GET /bytes/N`;
+//!   [`http_async`]: the same over the protected netstack's event loop.
 //! * [`scan_server`]: GET and range SCAN over an ordered map (UDP, TCP; Shinjuku mode).
 //! * [`kv`]: a memcached-compatible key-value server (text and binary
 //!   protocols over TCP, UDP frames).
@@ -16,6 +17,7 @@ pub mod app_args;
 pub mod batch;
 pub mod echo_client;
 pub mod echo_server;
+pub mod http_async;
 pub mod http_server;
 pub mod kv;
 pub mod scan_server;

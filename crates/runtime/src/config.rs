@@ -29,6 +29,10 @@ pub struct Config {
     /// core (`cores` is ignored: iokerneld pins granted kthreads).
     /// `None`: standalone.
     pub iokernel: Option<IokernelConfig>,
+    /// Protected mode (DLibOS): `TcpListener`/`TcpStream` go through the
+    /// netstack process at this socket rather than an in-process stack
+    /// (leave `IokernelConfig::net` unset then). `None`: in-process.
+    pub protected: Option<ProtectedConfig>,
 }
 
 impl Default for Config {
@@ -39,6 +43,7 @@ impl Default for Config {
             stack_size: 256 * 1024,
             spin_before_park: Duration::from_micros(2),
             iokernel: None,
+            protected: None,
         }
     }
 }
@@ -268,6 +273,38 @@ impl NetConfig {
             return Err("net: the ARP table needs a capacity and a retry interval".into());
         }
         Ok(())
+    }
+}
+
+/// How a runtime attaches to a netstack (`Config::protected`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProtectedConfig {
+    /// The netstack's unix socket
+    /// (`ginza_proto::netstack::default_netstack_socket()` by default).
+    pub socket: PathBuf,
+    /// The application's name at the netstack.
+    pub name: String,
+    /// The application's MAC and IPv4 address: the netstack owns them for
+    /// it (iokerneld steers their frames to the netstack).
+    pub interface: Interface,
+    /// 2 KiB chunks in the application's tx pool (its
+    /// send buffers, shared by all its connections).
+    pub tx_chunks: u32,
+    /// Bytes one connection may have sent and not yet acknowledged.
+    pub tx_per_connection: u64,
+}
+
+impl ProtectedConfig {
+    /// `name` at `interface`, attached to the netstack at `socket`; 8 MiB
+    /// of tx pool, 256 KiB in flight per connection.
+    pub fn new(socket: impl Into<PathBuf>, name: &str, interface: Interface) -> ProtectedConfig {
+        ProtectedConfig {
+            socket: socket.into(),
+            name: name.to_string(),
+            interface,
+            tx_chunks: 4096,
+            tx_per_connection: 256 * 1024,
+        }
     }
 }
 

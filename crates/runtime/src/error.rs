@@ -40,6 +40,8 @@ pub enum RuntimeError {
     Start(String),
     #[error("cannot register with iokerneld: {0}")]
     Iokernel(String),
+    #[error("cannot attach to the netstack (protected mode): {0}")]
+    Netstack(String),
     #[error("the application's main uthread panicked: {0}")]
     MainPanicked(String),
 }

@@ -18,8 +18,8 @@ use crossbeam_deque::Steal;
 
 use crate::iokernel::park_with_iokernel;
 use crate::sched::{
-    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, poll_net, switch_to,
-    KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
+    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, poll_events, poll_net,
+    switch_to, KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
 };
 
 /// The Shenango scheduler: find work, run it, park when there is none.
@@ -79,6 +79,13 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         // Packets on our own ingress ring first.
         if k.io.is_some() && poll_net(owner, k) > 0 {
             // More are likely: keep looking.
+            start = Instant::now();
+            if let Some(u) = owner.pop() {
+                break Some(u);
+            }
+        }
+        // The netstack's events (protected mode).
+        if poll_events(k) > 0 {
             start = Instant::now();
             if let Some(u) = owner.pop() {
                 break Some(u);
@@ -193,6 +200,11 @@ fn park_idle(owner: &Owner<'_>) {
         return park_with_iokernel(owner, io, false);
     }
     k.state.store(PARKED, SeqCst);
+    if rt.last_event_poller(k) {
+        // Protected mode: keep polling the netstack's events.
+        k.state.store(RUNNING, SeqCst);
+        return;
+    }
     rt.n_parked.fetch_add(1, SeqCst);
     fence(SeqCst);
     if !(rt.work_visible(k) || rt.shutdown.load(SeqCst) || k.revoke_requested.load(SeqCst)) {

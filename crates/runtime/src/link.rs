@@ -38,6 +38,17 @@ pub(crate) trait PacketStack: Any + Send + Sync {
     fn poll(&self, me: &mut TxSide<'_>, ring: &KNet, budget: usize) -> usize;
 }
 
+/// The protected backend's event rings as the scheduler sees them
+/// (`net::protected::Protected` implements it): polled where ingress rings
+/// are, so uthreads blocked on a protected socket wake without a thread of
+/// their own.
+pub(crate) trait EventSource: Any + Send + Sync {
+    /// Processes up to `budget` events per ring; the events taken.
+    fn poll(&self, budget: usize) -> usize;
+    /// Whether events wait (a cheap look, before parking).
+    fn pending(&self) -> bool;
+}
+
 /// Samples kept per kthread and kind of grant (a bench reads them).
 const MAX_SAMPLES: usize = 1 << 20;
 

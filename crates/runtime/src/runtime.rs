@@ -37,6 +37,13 @@ where
         config.iokernel.as_ref(),
         Arc::new(crate::idle::scheduler_loop),
     )?;
+    if let Some(p) = &config.protected {
+        // Before the main uthread: its first socket finds the attachment.
+        if let Err(e) = crate::net::protected::attach(&shared.rt, p) {
+            shared.stop();
+            return Err(RuntimeError::Netstack(e));
+        }
+    }
     // The caller's thread waits on the main uthread's handle like any joiner.
     let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
     shared.stop();

@@ -24,6 +24,14 @@ pub fn geteuid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
+/// Makes this process non-dumpable: no core dumps, and processes of the
+/// same user without `CAP_SYS_PTRACE` can no longer ptrace it nor open its
+/// `/proc/<pid>/fd/*` (so they cannot reach the memfds it holds).
+pub fn set_non_dumpable() -> io::Result<()> {
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)?;
+    Ok(())
+}
+
 /// What `/proc/self/fd/<fd>` says the descriptor is (e.g.
 /// `anon_inode:[eventfd]`, `/memfd:name (deleted)`, `/dev/null`).
 pub fn fd_target(fd: BorrowedFd<'_>) -> io::Result<OsString> {

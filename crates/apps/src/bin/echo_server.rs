@@ -35,7 +35,7 @@ fn main() -> anyhow::Result<()> {
     let command = AppArgs::with_defaults(Args::command(), "02:47:5a:00:07:01", "10.47.7.1");
     let args = Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     let protocols = Protocols {
-        udp: !args.tcp_only,
+        udp: !args.tcp_only && args.app.serve_udp(args.udp_only)?,
         tcp: !args.udp_only,
     };
     let stop = args.app.stop_flag()?;

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use ginza_apps::app_args::AppArgs;
+use ginza_apps::http_async::serve_async;
 use ginza_apps::http_server::{serve, HttpStats};
 
 #[derive(Parser, Debug)]
@@ -18,6 +19,10 @@ struct Args {
     /// TCP port to serve (Ginza's own stack: no privilege needed for 80).
     #[arg(long, default_value_t = 80)]
     port: u16,
+    /// With `--protected`: one event loop over the netstack's raw events
+    /// and commands instead of a uthread per connection.
+    #[arg(long, requires = "protected")]
+    protected_async: bool,
     #[command(flatten)]
     app: AppArgs,
 }
@@ -39,9 +44,16 @@ fn main() -> anyhow::Result<()> {
         args.app.ip,
         args.app.kthreads
     );
-    ginza_runtime::run(config, move || serve(port, stop, s2))
-        .context("starting the runtime")?
-        .with_context(|| format!("serving HTTP on port {port}"))?;
+    let protected_async = args.protected_async;
+    ginza_runtime::run(config, move || {
+        if protected_async {
+            serve_async(port, stop, s2)
+        } else {
+            serve(port, stop, s2)
+        }
+    })
+    .context("starting the runtime")?
+    .with_context(|| format!("serving HTTP on port {port}"))?;
     let secs = started.elapsed().as_secs_f64();
     println!(
         "{secs:.1} s: {} connections; responses: {} 2xx, {} 4xx, {} 5xx; {} body bytes; {} connections ended in a socket error",

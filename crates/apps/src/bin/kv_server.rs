@@ -56,7 +56,7 @@ fn main() -> anyhow::Result<()> {
         .filter(|&m| m >= args.item_size_max)
         .context("--memory-limit (MiB) must hold at least one largest item")?;
     let protocols = Protocols {
-        udp: !args.tcp_only,
+        udp: !args.tcp_only && args.app.serve_udp(args.udp_only)?,
         tcp: !args.udp_only,
     };
     let stop = args.app.stop_flag()?;

@@ -25,6 +25,9 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
+    if args.app.serve_udp(true).is_err() {
+        anyhow::bail!("--protected: spin-server speaks UDP only, the netstack TCP only");
+    }
     let stop = args.app.stop_flag()?;
     let name = args.app.name_or("spin-server");
     let config = args.app.runtime_config(&name);

@@ -21,6 +21,7 @@
 //! Networking is configured with [`NetConfig`] in
 //! [`IokernelConfig::net`](crate::IokernelConfig::net): it needs iokerneld.
 
+pub mod protected;
 mod stack;
 mod tcp;
 #[doc(hidden)]

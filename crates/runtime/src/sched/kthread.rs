@@ -12,7 +12,7 @@ use std::sync::atomic::{
     fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
     Ordering::{Relaxed, SeqCst},
 };
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
@@ -22,7 +22,7 @@ use ginza_sys::eventfd;
 use super::{URef, UThread, Waiter, TIMER_WAITER};
 use crate::config::{IokernelConfig, Plan};
 use crate::deferral;
-use crate::link::{KLink, KNet, Link, PacketStack, TxSide};
+use crate::link::{EventSource, KLink, KNet, Link, PacketStack, TxSide};
 use crate::stack::Stack;
 use crate::timer::Timers;
 
@@ -336,6 +336,8 @@ pub(crate) struct Shared {
     /// check in its switch path, neither in the dispatcher nor in an idle
     /// worker (see `shinjuku::testing`).
     pub(crate) timers_only_at_switch_checks: AtomicBool,
+    /// Protected mode: the netstack's event rings, polled like packets.
+    events: OnceLock<Box<dyn EventSource>>,
 }
 
 impl Shared {
@@ -412,6 +414,7 @@ impl Shared {
                 link,
                 link_lost: AtomicBool::new(false),
                 timers_only_at_switch_checks: AtomicBool::new(false),
+                events: OnceLock::new(),
             }
         }))
     }
@@ -427,6 +430,37 @@ impl Shared {
     #[inline]
     pub(crate) fn packet_stack(&self) -> Option<&dyn PacketStack> {
         self.link.as_ref()?.net.get().map(|s| &**s)
+    }
+
+    /// The protected backend's event rings, if attached.
+    #[inline]
+    pub(crate) fn event_source(&self) -> Option<&dyn EventSource> {
+        self.events.get().map(|s| &**s)
+    }
+
+    /// Attaches the protected backend (once).
+    pub(crate) fn set_event_source(
+        &self,
+        src: Box<dyn EventSource>,
+    ) -> Result<(), Box<dyn EventSource>> {
+        self.events.set(src)
+    }
+
+    /// Protected mode, standalone: whether `me`, about to park, would
+    /// leave no other kthread awake to poll the event rings (nothing wakes
+    /// a parked standalone kthread for events; one stays polling, as
+    /// DLibOS's application cores do). Under iokerneld, parking is fine:
+    /// iokerneld counts the events waiting on our rings as queued work and
+    /// grants a core (docs/protected.md, "Wake-ups"). Called after `me`
+    /// stored its parked state (SeqCst), so of two kthreads parking at once
+    /// at least one sees the other parked.
+    pub(crate) fn last_event_poller(&self, me: &KThread) -> bool {
+        self.events.get().is_some()
+            && self
+                .kthreads
+                .iter()
+                .filter(|k| k.id != me.id)
+                .all(|k| !matches!(k.state.load(SeqCst), RUNNING | SPINNING | WAKING))
     }
 
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
@@ -507,6 +541,7 @@ impl Shared {
                     .kthreads
                     .iter()
                     .any(|k| k.knet().is_some_and(KNet::ingress_pending)))
+            || self.events.get().is_some_and(|e| e.pending())
     }
 
     pub(crate) fn earliest_deadline(&self) -> u64 {

@@ -66,6 +66,7 @@ pub(super) fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
         if k.io.is_some() {
             poll_net(owner, k);
         }
+        poll_events(k);
         k.publish_busy(true);
     }
     match owner.pop() {
@@ -359,6 +360,16 @@ pub(crate) fn check_timers_at_next_switch() {
 /// A uthread that is not queued anywhere yet (the dispatcher holds it).
 pub(crate) fn new_unqueued(rt: *const Shared, entry: Entry) -> URef {
     UThread::new_boxed(rt, entry)
+}
+
+/// Protected mode: processes a batch of the netstack's events (uthreads
+/// they wake land on this kthread's runqueue); the events taken.
+#[inline]
+pub(crate) fn poll_events(k: &KThread) -> usize {
+    match k.rt().event_source() {
+        Some(src) => src.poll(crate::link::POLL_BATCH),
+        None => 0,
+    }
 }
 
 /// Processes a batch of `ring`'s ingress ring as the owner's kthread

@@ -266,6 +266,7 @@ where
         stack_size: config.stack_size,
         spin_before_park: config.idle_spin,
         iokernel: None,
+        protected: None,
     }
     .plan()?;
     if let Some(core) = config.dispatcher_core {

@@ -1,17 +1,17 @@
-//! `TcpListener`: a listening port of the calling uthread's runtime, shaped
-//! like `std::net::TcpListener`.
+//! The in-process backend of `TcpListener`: a listening port of the
+//! calling uthread's runtime's own stack.
 
 use std::fmt;
 use std::io;
-use std::net::{SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
 use ginza_net::tcp::Listener;
 use ginza_net::Endpoint;
 
-use super::{first_v4, no_net, no_runtime, wait_until, Tcp, TcpStream, Wake};
+use super::{wait_until, Tcp, TcpStream, Wake};
 use crate::net::stack::Stack;
-use crate::sched::{self, Shared, Waiter};
+use crate::sched::{Shared, Waiter};
 use crate::spinlock::SpinLock;
 
 pub(crate) struct ListenState {
@@ -29,16 +29,16 @@ pub(crate) struct ListenerCore {
     pub(crate) waiters: SpinLock<Vec<Arc<Waiter>>>,
 }
 
-/// A TCP socket listening for connections. Blocking calls suspend the
-/// uthread. `Sync`: accept from several uthreads through an `Arc`.
-pub struct TcpListener {
+/// A listening port of the in-process stack (the backend of
+/// [`TcpListener`](super::TcpListener) without `--protected`).
+pub(crate) struct InProcessListener {
     rt: Arc<Shared>,
     core: Arc<ListenerCore>,
 }
 
-impl fmt::Debug for TcpListener {
+impl fmt::Debug for InProcessListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TcpListener")
+        f.debug_struct("InProcessListener")
             .field("local", &self.core.local)
             .finish()
     }
@@ -81,15 +81,13 @@ impl Tcp {
     }
 }
 
-impl TcpListener {
+impl InProcessListener {
     /// Listens on `addr`: the application's IP or 0.0.0.0, and a port (0
     /// picks a free one in 49152-65535). `AddrInUse` if a listener has the
     /// port already. The half-open set and the accept backlog are bounded
     /// by `NetConfig::tcp_listen`.
-    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<TcpListener> {
-        let addr = first_v4(addr)?;
-        let rt = sched::current_shared().ok_or_else(|| no_runtime("TcpListener::bind"))?;
-        let stack = super::super::stack_of(&rt).ok_or_else(no_net)?;
+    pub(crate) fn bind(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<InProcessListener> {
+        let stack = super::super::stack_of(&rt).expect("the caller checked");
         let ip = *addr.ip();
         if !ip.is_unspecified() && ip != stack.iface.ip {
             return Err(io::Error::new(
@@ -102,7 +100,7 @@ impl TcpListener {
         }
         stack.tcp.start_timer(&rt);
         let core = stack.tcp.listen(stack.iface.ip, addr)?;
-        Ok(TcpListener { rt, core })
+        Ok(InProcessListener { rt, core })
     }
 
     fn stack(&self) -> &Stack {
@@ -110,12 +108,12 @@ impl TcpListener {
     }
 
     /// The address bound (the IP given to `bind`, which may be 0.0.0.0).
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(SocketAddr::V4(self.core.local))
     }
 
     /// Waits for a connection whose handshake has completed.
-    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+    pub(crate) fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let stack = self.stack();
         let tcp: &Tcp = &stack.tcp;
         loop {
@@ -137,18 +135,13 @@ impl TcpListener {
                 inner.listener = None;
                 inner.in_backlog = false;
             }
-            let stream = TcpStream::new(Arc::clone(&self.rt), conn);
+            let stream = TcpStream::in_process(Arc::clone(&self.rt), conn);
             return Ok((stream, SocketAddr::V4(remote.into())));
         }
     }
-
-    /// An endless iterator over `accept`'s connections.
-    pub fn incoming(&self) -> Incoming<'_> {
-        Incoming { listener: self }
-    }
 }
 
-impl Drop for TcpListener {
+impl Drop for InProcessListener {
     /// Stops listening and resets the connections not accepted yet.
     fn drop(&mut self) {
         let Some(stack) = super::super::stack_of(&self.rt) else {
@@ -178,19 +171,5 @@ impl Drop for TcpListener {
             }
         }
         super::wake_all(&self.core.waiters);
-    }
-}
-
-/// [`TcpListener::incoming`]'s iterator.
-#[derive(Debug)]
-pub struct Incoming<'a> {
-    listener: &'a TcpListener,
-}
-
-impl Iterator for Incoming<'_> {
-    type Item = io::Result<TcpStream>;
-
-    fn next(&mut self) -> Option<io::Result<TcpStream>> {
-        Some(self.listener.accept().map(|(s, _)| s))
     }
 }

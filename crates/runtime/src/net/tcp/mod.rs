@@ -4,9 +4,13 @@
 //! * [`table`]: connections by 4-tuple, listeners by port, ephemeral ports.
 //! * [`timers`]: the stack's heap of connection deadlines, and the timer
 //!   uthread that sleeps until the earliest one.
-//! * [`listener`]: `TcpListener` (bind, accept, incoming) over
+//! * [`sockets`]: the public `TcpListener` and `TcpStream`, each over one
+//!   of two backends: this in-process stack or the protected netstack
+//!   (`net/protected/`), chosen by configuration.
+//! * [`listener`]: the in-process listener (bind, accept) over
 //!   `ginza_net::tcp::Listener`'s bounded half-open set and backlog.
-//! * [`stream`]: `TcpStream` (connect, read, write, shutdown, timeouts).
+//! * [`stream`]: the in-process stream (connect, read, write, shutdown,
+//!   timeouts).
 //! * here: [`Tcp`], the stack's TCP part, and the one path every change to
 //!   a connection takes ([`Tcp::settle`]): with the connection locked,
 //!   segments out (`poll_transmit`, built in the running kthread's egress
@@ -19,12 +23,13 @@
 //! every lock is released.
 
 mod listener;
+mod sockets;
 mod stream;
 mod table;
 mod timers;
 
-pub use listener::{Incoming, TcpListener};
-pub use stream::TcpStream;
+pub use sockets::{Incoming, TcpListener, TcpStream};
+pub(in crate::net) use stream::{timeout_ns, timeout_of};
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -141,7 +146,7 @@ pub(crate) struct Wake {
     timer: Option<Arc<Waiter>>,
 }
 
-fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
+pub(in crate::net) fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
     let woken = std::mem::take(&mut *waiters.lock());
     for w in woken {
         w.wake();
@@ -587,7 +592,7 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
 /// queue's lock is released) or `deadline` passes (`None`). The attempt and
 /// the queueing happen under the waiters' lock, which wakers take after
 /// changing what the attempt looks at, so no wake-up is lost.
-fn wait_until<R>(
+pub(in crate::net) fn wait_until<R>(
     waiters: &SpinLock<Vec<Arc<Waiter>>>,
     deadline: Option<Instant>,
     mut attempt: impl FnMut() -> Option<(R, Wake)>,
@@ -655,7 +660,7 @@ fn io_error(e: TcpError, writing: bool, key: &FourTuple) -> io::Error {
     io::Error::new(kind, format!("TCP {} -> {}: {what}", key.local, key.remote))
 }
 
-fn no_runtime(what: &str) -> io::Error {
+pub(in crate::net) fn no_runtime(what: &str) -> io::Error {
     io::Error::other(format!(
         "{what} must be called from a Ginza uthread (inside ginza_runtime::run)"
     ))

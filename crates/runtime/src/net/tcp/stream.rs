@@ -1,9 +1,9 @@
-//! `TcpStream`: one connection of the calling uthread's runtime, shaped
-//! like `std::net::TcpStream`.
+//! The in-process backend of `TcpStream`: one connection of the calling
+//! uthread's runtime's own stack.
 
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::io;
+use std::net::{Shutdown, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use ginza_net::tcp::{Connection, State, TcpError};
 use ginza_net::{Endpoint, MacAddr};
 
-use super::{first_v4, io_error, no_net, no_runtime, Conn, FourTuple, Tcp};
+use super::{io_error, no_runtime, Conn, FourTuple, Tcp};
 use crate::net::stack::Stack;
 use crate::sched::{self, Shared};
 
@@ -32,26 +32,25 @@ struct Handle {
     read_shut: AtomicBool,
 }
 
-/// A TCP connection. Blocking calls suspend the uthread (its kthread runs
-/// other work meanwhile). `Sync`; [`try_clone`](Self::try_clone) gives
-/// another handle, so one uthread can read while another writes. Dropping
-/// the last handle closes the connection (FIN after the data queued; RST if
+/// A connection of the in-process stack (the backend of
+/// [`TcpStream`](super::TcpStream) without `--protected`). Dropping the
+/// last handle closes the connection (FIN after the data queued; RST if
 /// received data was left unread); it lives on in the stack until its
 /// state machine is done (TIME-WAIT included).
-pub struct TcpStream {
+pub(crate) struct InProcessStream {
     handle: Arc<Handle>,
 }
 
-impl fmt::Debug for TcpStream {
+impl fmt::Debug for InProcessStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TcpStream")
+        f.debug_struct("InProcessStream")
             .field("local", &self.handle.conn.key.local)
             .field("peer", &self.handle.conn.key.remote)
             .finish()
     }
 }
 
-fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
+pub(crate) fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
     match timeout {
         None => Ok(0),
         Some(d) if d.is_zero() => Err(io::Error::new(
@@ -62,14 +61,14 @@ fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
     }
 }
 
-fn timeout_of(ns: &AtomicU64) -> Option<Duration> {
+pub(crate) fn timeout_of(ns: &AtomicU64) -> Option<Duration> {
     let ns = ns.load(Relaxed);
     (ns != 0).then(|| Duration::from_nanos(ns))
 }
 
-impl TcpStream {
-    pub(super) fn new(rt: Arc<Shared>, conn: Arc<Conn>) -> TcpStream {
-        TcpStream {
+impl InProcessStream {
+    pub(super) fn new(rt: Arc<Shared>, conn: Arc<Conn>) -> InProcessStream {
+        InProcessStream {
             handle: Arc::new(Handle {
                 rt,
                 conn,
@@ -80,48 +79,30 @@ impl TcpStream {
         }
     }
 
-    /// Connects to `addr` (the first IPv4 address it names) from an
-    /// ephemeral port: `ConnectionRefused` if the peer resets our SYN,
-    /// `TimedOut` if the SYN's retransmissions give up.
-    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
-        connect(first_v4(addr)?, None)
-    }
-
-    /// [`connect`](Self::connect), giving up after `timeout` (`TimedOut`).
-    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-        if timeout.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "cannot set a 0 duration timeout",
-            ));
-        }
-        connect(first_v4(*addr)?, Some(timeout))
-    }
-
     fn parts(&self) -> (&Shared, &Stack, &Tcp, &Arc<Conn>) {
         let h = &*self.handle;
         let stack = super::super::stack_of(&h.rt).expect("a stream exists only with a stack");
         (&h.rt, stack, &stack.tcp, &h.conn)
     }
 
-    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn peer_addr(&self) -> io::Result<SocketAddr> {
         Ok(SocketAddr::V4(self.handle.conn.key.remote.into()))
     }
 
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(SocketAddr::V4(self.handle.conn.key.local.into()))
     }
 
     /// Another handle to the same connection (sharing its timeouts).
-    pub fn try_clone(&self) -> io::Result<TcpStream> {
-        Ok(TcpStream {
+    pub(crate) fn try_clone(&self) -> io::Result<InProcessStream> {
+        Ok(InProcessStream {
             handle: Arc::clone(&self.handle),
         })
     }
 
     /// `Write`: FIN after the data queued (reading goes on); `Read`: reads
     /// return 0 from now on; `Both`: both.
-    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
             self.handle.read_shut.store(true, Relaxed);
             super::wake_all(&self.handle.conn.waiters);
@@ -144,43 +125,43 @@ impl TcpStream {
 
     /// `TCP_NODELAY`: segments go out at once rather than waiting to fill
     /// one (on by default).
-    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+    pub(crate) fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
         let (rt, stack, tcp, conn) = self.parts();
         tcp.with_conn(rt, stack, conn, |inner| inner.tcb.set_nodelay(nodelay));
         Ok(())
     }
 
-    pub fn nodelay(&self) -> io::Result<bool> {
+    pub(crate) fn nodelay(&self) -> io::Result<bool> {
         Ok(self.handle.conn.inner.lock().tcb.nodelay())
     }
 
     /// `read` gives up after `timeout` with `WouldBlock` (as std does on
     /// Linux). `None`: wait forever; a zero duration is an error.
-    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.handle
             .read_timeout
             .store(timeout_ns(timeout)?, Relaxed);
         Ok(())
     }
 
-    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+    pub(crate) fn read_timeout(&self) -> io::Result<Option<Duration>> {
         Ok(timeout_of(&self.handle.read_timeout))
     }
 
     /// `write` gives up after `timeout` with `WouldBlock` when the send
     /// buffer stays full.
-    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.handle
             .write_timeout
             .store(timeout_ns(timeout)?, Relaxed);
         Ok(())
     }
 
-    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+    pub(crate) fn write_timeout(&self) -> io::Result<Option<Duration>> {
         Ok(timeout_of(&self.handle.write_timeout))
     }
 
-    fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() || self.handle.read_shut.load(Relaxed) {
             return Ok(0);
         }
@@ -212,7 +193,7 @@ impl TcpStream {
         }
     }
 
-    fn write_bytes(&self, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn write_bytes(&self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -252,49 +233,14 @@ impl Drop for Handle {
     }
 }
 
-impl Read for TcpStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_bytes(buf)
-    }
-}
-
-impl Read for &TcpStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.read_bytes(buf)
-    }
-}
-
-impl Write for TcpStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_bytes(buf)
-    }
-
-    /// Segments leave at each `write` (or as the window allows): nothing to
-    /// flush.
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Write for &TcpStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_bytes(buf)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStream> {
-    if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_broadcast() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("cannot connect TCP to {addr}"),
-        ));
-    }
-    let rt = sched::current_shared().ok_or_else(|| no_runtime("TcpStream::connect"))?;
-    let stack = super::super::stack_of(&rt).ok_or_else(no_net)?;
+/// Connects from an ephemeral port of `rt`'s stack (`addr` checked by the
+/// caller).
+pub(crate) fn connect(
+    rt: Arc<Shared>,
+    addr: SocketAddrV4,
+    timeout: Option<Duration>,
+) -> io::Result<InProcessStream> {
+    let stack = super::super::stack_of(&rt).expect("the caller checked");
     let tcp = &stack.tcp;
     tcp.start_timer(&rt);
     let deadline = timeout.map(|t| Instant::now() + t);
@@ -324,7 +270,7 @@ fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStrea
             (None, _) => Some(Ok(())),
         }
     });
-    let stream = TcpStream::new(Arc::clone(&rt), Arc::clone(&conn));
+    let stream = InProcessStream::new(Arc::clone(&rt), Arc::clone(&conn));
     match r {
         Some(Ok(())) => Ok(stream),
         Some(Err(e)) => Err(io_error(e, false, &conn.key)),

@@ -1,0 +1,294 @@
+//! `TcpListener` and `TcpStream`, shaped like `std::net`'s, over one of two
+//! backends chosen by the runtime's configuration, not by the application's
+//! code (docs/design.md, "The runtime": the same socket API has two
+//! backends): the in-process stack (run to completion, `listener.rs`,
+//! `stream.rs`) or the protected netstack process
+//! (`Config::protected`, `net/protected/`). The choice is one `match` per
+//! call; the in-process arm calls straight into the stack as before.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::listener::InProcessListener;
+use super::stream::{self, InProcessStream};
+use super::{first_v4, no_net, no_runtime, Conn};
+use crate::net::protected::{self, ProtectedListener, ProtectedStream};
+use crate::sched::{self, Shared};
+
+enum ListenerBackend {
+    InProcess(InProcessListener),
+    Protected(ProtectedListener),
+}
+
+/// A TCP socket listening for connections. Blocking calls suspend the
+/// uthread. `Sync`: accept from several uthreads through an `Arc`.
+pub struct TcpListener {
+    backend: ListenerBackend,
+}
+
+impl fmt::Debug for TcpListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.backend {
+            ListenerBackend::InProcess(l) => l.fmt(f),
+            ListenerBackend::Protected(l) => l.fmt(f),
+        }
+    }
+}
+
+/// The calling uthread's runtime, for `what`.
+fn runtime(what: &str) -> io::Result<Arc<Shared>> {
+    sched::current_shared().ok_or_else(|| no_runtime(what))
+}
+
+impl TcpListener {
+    /// Listens on `addr`: the application's IP or 0.0.0.0, and a port (0
+    /// picks a free one in 49152-65535). `AddrInUse` if a listener has the
+    /// port already. In-process, the half-open set and the accept backlog
+    /// are bounded by `NetConfig::tcp_listen`; protected, by the netstack.
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<TcpListener> {
+        let addr = first_v4(addr)?;
+        let rt = runtime("TcpListener::bind")?;
+        let backend = if crate::net::stack_of(&rt).is_some() {
+            ListenerBackend::InProcess(InProcessListener::bind(rt, addr)?)
+        } else if protected::of(&rt).is_some() {
+            ListenerBackend::Protected(ProtectedListener::bind(rt, addr)?)
+        } else {
+            return Err(no_net());
+        };
+        Ok(TcpListener { backend })
+    }
+
+    /// The address bound (the IP given to `bind`, which may be 0.0.0.0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        match &self.backend {
+            ListenerBackend::InProcess(l) => l.local_addr(),
+            ListenerBackend::Protected(l) => l.local_addr(),
+        }
+    }
+
+    /// Waits for a connection whose handshake has completed.
+    pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        match &self.backend {
+            ListenerBackend::InProcess(l) => l.accept(),
+            ListenerBackend::Protected(l) => {
+                let (s, a) = l.accept()?;
+                Ok((TcpStream::protected(s), a))
+            }
+        }
+    }
+
+    /// An endless iterator over `accept`'s connections.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self }
+    }
+
+    /// Whether this listener runs over the protected netstack.
+    pub fn is_protected(&self) -> bool {
+        matches!(self.backend, ListenerBackend::Protected(_))
+    }
+}
+
+/// [`TcpListener::incoming`]'s iterator.
+#[derive(Debug)]
+pub struct Incoming<'a> {
+    listener: &'a TcpListener,
+}
+
+impl Iterator for Incoming<'_> {
+    type Item = io::Result<TcpStream>;
+
+    fn next(&mut self) -> Option<io::Result<TcpStream>> {
+        Some(self.listener.accept().map(|(s, _)| s))
+    }
+}
+
+enum StreamBackend {
+    InProcess(InProcessStream),
+    Protected(ProtectedStream),
+}
+
+/// A TCP connection. Blocking calls suspend the uthread (its kthread runs
+/// other work meanwhile). `Sync`; [`try_clone`](Self::try_clone) gives
+/// another handle, so one uthread can read while another writes. Dropping
+/// the last handle closes the connection.
+pub struct TcpStream {
+    backend: StreamBackend,
+}
+
+impl fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.backend {
+            StreamBackend::InProcess(s) => s.fmt(f),
+            StreamBackend::Protected(s) => s.fmt(f),
+        }
+    }
+}
+
+/// Forwards a call to whichever backend the stream has.
+macro_rules! either {
+    ($self:expr, $s:ident => $e:expr) => {
+        match &$self.backend {
+            StreamBackend::InProcess($s) => $e,
+            StreamBackend::Protected($s) => $e,
+        }
+    };
+}
+
+impl TcpStream {
+    pub(super) fn in_process(rt: Arc<Shared>, conn: Arc<Conn>) -> TcpStream {
+        TcpStream {
+            backend: StreamBackend::InProcess(InProcessStream::new(rt, conn)),
+        }
+    }
+
+    pub(crate) fn protected(s: ProtectedStream) -> TcpStream {
+        TcpStream {
+            backend: StreamBackend::Protected(s),
+        }
+    }
+
+    /// Connects to `addr` (the first IPv4 address it names) from an
+    /// ephemeral port: `ConnectionRefused` if the peer resets our SYN,
+    /// `TimedOut` if the SYN's retransmissions give up.
+    pub fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
+        connect(first_v4(addr)?, None)
+    }
+
+    /// [`connect`](Self::connect), giving up after `timeout` (`TimedOut`).
+    pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+        if timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot set a 0 duration timeout",
+            ));
+        }
+        connect(first_v4(*addr)?, Some(timeout))
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        either!(self, s => s.peer_addr())
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        either!(self, s => s.local_addr())
+    }
+
+    /// Another handle to the same connection (sharing its timeouts).
+    pub fn try_clone(&self) -> io::Result<TcpStream> {
+        let backend = match &self.backend {
+            StreamBackend::InProcess(s) => StreamBackend::InProcess(s.try_clone()?),
+            StreamBackend::Protected(s) => StreamBackend::Protected(s.try_clone()),
+        };
+        Ok(TcpStream { backend })
+    }
+
+    /// `Write`: FIN after the data queued (reading goes on); `Read`: reads
+    /// return 0 from now on; `Both`: both.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        either!(self, s => s.shutdown(how))
+    }
+
+    /// `TCP_NODELAY`: segments go out at once rather than waiting to fill
+    /// one (on by default; the protected netstack always sends at once).
+    pub fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
+        either!(self, s => s.set_nodelay(nodelay))
+    }
+
+    pub fn nodelay(&self) -> io::Result<bool> {
+        either!(self, s => s.nodelay())
+    }
+
+    /// `read` gives up after `timeout` with `WouldBlock` (as std does on
+    /// Linux). `None`: wait forever; a zero duration is an error.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        either!(self, s => s.set_read_timeout(timeout))
+    }
+
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        either!(self, s => s.read_timeout())
+    }
+
+    /// `write` gives up after `timeout` with `WouldBlock` when the send
+    /// buffer stays full.
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        either!(self, s => s.set_write_timeout(timeout))
+    }
+
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        either!(self, s => s.write_timeout())
+    }
+
+    /// The protected backend of this stream (its zero-copy read), if the
+    /// runtime runs protected.
+    pub fn as_protected(&self) -> Option<&ProtectedStream> {
+        match &self.backend {
+            StreamBackend::Protected(s) => Some(s),
+            StreamBackend::InProcess(_) => None,
+        }
+    }
+
+    #[inline]
+    fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
+        either!(self, s => s.read_bytes(buf))
+    }
+
+    #[inline]
+    fn write_bytes(&self, buf: &[u8]) -> io::Result<usize> {
+        either!(self, s => s.write_bytes(buf))
+    }
+}
+
+fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_broadcast() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("cannot connect TCP to {addr}"),
+        ));
+    }
+    let rt = runtime("TcpStream::connect")?;
+    let backend = if crate::net::stack_of(&rt).is_some() {
+        StreamBackend::InProcess(stream::connect(rt, addr, timeout)?)
+    } else if protected::of(&rt).is_some() {
+        StreamBackend::Protected(ProtectedStream::connect(rt, addr, timeout)?)
+    } else {
+        return Err(no_net());
+    };
+    Ok(TcpStream { backend })
+}
+
+impl Read for TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_bytes(buf)
+    }
+}
+
+impl Read for &TcpStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.read_bytes(buf)
+    }
+}
+
+impl Write for TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_bytes(buf)
+    }
+
+    /// Segments leave at each `write` (or as the window allows): nothing to
+    /// flush.
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for &TcpStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_bytes(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
