@@ -20,6 +20,12 @@ pub const EXIT_BAD_CONFIG: u8 = 2;
 /// status (see the module doc). Errors are printed on stderr prefixed with
 /// `iokerneld:`.
 pub fn run(cli: &Cli) -> u8 {
+    // iokerneld holds every application's regions and tx pools: other processes
+    // of the same user must not open them through /proc/<pid>/fd.
+    if let Err(e) = ginza_sys::process::set_non_dumpable() {
+        eprintln!("iokerneld: cannot make the process non-dumpable: {e}");
+        return 1;
+    }
     let cfg = match Config::from_cli(cli) {
         Ok(c) => c,
         Err(e) => {

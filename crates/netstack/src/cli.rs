@@ -46,6 +46,10 @@ pub struct NetstackArgs {
 /// Runs the netstack until iokerneld goes away (or `--run-for`), then
 /// prints its counters as one JSON object.
 pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
+    // Other processes of the same user must not read the applications' receive
+    // pools through /proc/<pid>/fd (docs/protected.md, "Memory partitioning").
+    ginza_sys::process::set_non_dumpable()
+        .map_err(|e| anyhow::anyhow!("netstack: cannot make the process non-dumpable: {e}"))?;
     let mut cfg = DaemonConfig::new(Interface {
         mac: args.mac,
         ip: args.ip,
