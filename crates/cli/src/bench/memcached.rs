@@ -552,7 +552,16 @@ fn start_memcached(addr: SocketAddrV4, cpu: usize) -> anyhow::Result<Started> {
         .args(["-l", &addr.ip().to_string(), "-p", &addr.port().to_string()])
         // No UDP; one worker thread for the one server CPU (more would
         // only time-share it); 4096 connections; room for the keys.
-        .args(["-U", "0", "-t", "1", "-c", "4096", "-m", &MEMORY_MB.to_string()])
+        .args([
+            "-U",
+            "0",
+            "-t",
+            "1",
+            "-c",
+            "4096",
+            "-m",
+            &MEMORY_MB.to_string(),
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
