@@ -67,7 +67,7 @@ pub struct MemcachedArgs {
     json: bool,
     /// Offered loads, requests/s, comma-separated (e.g. 10k,50k,100k).
     #[arg(long, value_delimiter = ',', value_parser = parse_rate,
-          default_value = "10k,20k,40k,60k,80k,100k")]
+          default_value = "10k,20k,30k,40k,60k,80k")]
     loads: Vec<f64>,
     /// Measured length of each point (after its warm-up), e.g. 2s.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
@@ -84,13 +84,17 @@ pub struct MemcachedArgs {
     /// Keys in the population (all set before each point).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     keys: u64,
+    /// The systems to run, comma-separated, in the order each point runs
+    /// them.
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "ginza,linux")]
+    systems: Vec<System>,
     /// Where the CSV and PNGs go.
     #[arg(long, default_value = "results/memcached")]
     out: PathBuf,
 }
 
 /// The two servers compared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum System {
     /// kv-server and batch under iokerneld.
@@ -157,6 +161,8 @@ pub struct PointResult {
     /// Requests unanswered within the timeout, and broken ones.
     pub timeouts: u64,
     pub errors: u64,
+    /// What the errors were.
+    pub error_kinds: std::collections::BTreeMap<String, u64>,
     /// The generator's CPU utilisation (1.0: its worker always busy).
     pub generator_cpu_util: f64,
     /// The NIC backend (Ginza) or the server program (Linux).
@@ -202,6 +208,10 @@ struct Report {
     csv: String,
     /// Whether this binary was built without optimisations.
     debug_build: bool,
+    /// The machine's load averages (1, 5, 15 min) before and after the
+    /// sweep: anything else running shares the CPUs of both systems.
+    loadavg_before: Option<String>,
+    loadavg_after: Option<String>,
 }
 
 /// The p99 bound of `max_krps_at_p99_200us`.
@@ -213,7 +223,7 @@ const KV_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0d, 0x01]);
 /// Item memory of both servers, MiB.
 const MEMORY_MB: usize = 64;
 /// A request unanswered this long after its scheduled send times out.
-const TIMEOUT: Duration = Duration::from_millis(500);
+const TIMEOUT: Duration = Duration::from_secs(1);
 /// The longest a server may take to come up.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -235,10 +245,11 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     };
     let ns = NetNs::create().context("ginza bench memcached runs over a veth pair")?;
     memcached_available()?;
+    let loadavg_before = loadavg();
     let mut runs = Vec::new();
     for round in 0..args.rounds {
         for (i, &load) in args.loads.iter().enumerate() {
-            for system in System::ALL {
+            for &system in &args.systems {
                 let cfg = PointConfig {
                     system,
                     offered_rps: load,
@@ -275,8 +286,16 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         runs,
         csv: csv.display().to_string(),
         debug_build: cfg!(debug_assertions),
+        loadavg_before,
+        loadavg_after: loadavg(),
     };
     emit(args.json, &render(&report), &report)
+}
+
+/// The first three fields of /proc/loadavg.
+fn loadavg() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 /// Runs one point: starts `cfg.system`'s server and batch work, offers the
@@ -372,7 +391,8 @@ fn measure(
 }
 
 fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -> PointResult {
-    let latency = |v: f64| (!r.generator_saturated).then_some(v);
+    // No latency from a run with no answer, or whose generator fell behind.
+    let latency = |v: f64| (!r.generator_saturated && r.completed > 0).then_some(v);
     PointResult {
         system: cfg.system,
         offered_krps: cfg.offered_rps / 1e3,
@@ -385,6 +405,7 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         saturation_reason: r.saturation_reason.clone(),
         timeouts: r.timeouts,
         errors: r.errors + r.error_answers + r.unmatched,
+        error_kinds: r.error_kinds.clone(),
         generator_cpu_util: r.generator_cpu_util,
         server,
     }
@@ -867,6 +888,12 @@ fn render(r: &Report) -> String {
         opt(m.ginza),
         opt(m.linux)
     );
+    let _ = writeln!(
+        s,
+        "load average before {} after {}",
+        r.loadavg_before.as_deref().unwrap_or("?"),
+        r.loadavg_after.as_deref().unwrap_or("?")
+    );
     let _ = writeln!(s, "CSV: {} (PNGs beside it)", r.csv);
     s
 }
@@ -888,6 +915,7 @@ mod tests {
             saturation_reason: None,
             timeouts: 0,
             errors: 0,
+            error_kinds: Default::default(),
             generator_cpu_util: 0.5,
             server: String::new(),
         }
