@@ -947,7 +947,7 @@ mod tests {
 
     #[test]
     fn max_krps_keeps_only_points_within_the_bound() {
-        let runs = vec![
+        let runs = [
             result(System::Ginza, Some(100.0), 10.0, false),
             result(System::Ginza, Some(900.0), 20.0, false),
         ];
