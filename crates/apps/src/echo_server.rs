@@ -77,7 +77,7 @@ pub fn serve(
     crate::serve::udp_beside_tcp(
         "echo-server",
         udp_socket.map(|socket| move || echo_udp(&socket, &udp_stop, &udp_stats)),
-        protocols.tcp.then(|| || tcp::serve(port, &stop, &stats)),
+        protocols.tcp.then_some(|| tcp::serve(port, &stop, &stats)),
         &stop,
     )
 }

@@ -77,7 +77,7 @@ pub fn serve(port: u16, protocols: Protocols, kv: Kv, stop: Arc<AtomicBool>) -> 
     crate::serve::udp_beside_tcp(
         "kv-server",
         udp_socket.map(|socket| move || serve_udp_socket(&socket, &udp_kv, &udp_stop)),
-        protocols.tcp.then(|| || serve_tcp(port, kv, &stop)),
+        protocols.tcp.then_some(|| serve_tcp(port, kv, &stop)),
         &stop,
     )
 }
