@@ -410,7 +410,7 @@ pub fn serve(
         udp_socket.map(|socket| move || serve_udp(socket, udp_store, &udp_stop, udp_stats)),
         protocols
             .tcp
-            .then(|| || serve_tcp(port, store, &stop, stats)),
+            .then_some(|| serve_tcp(port, store, &stop, stats)),
         &stop,
     )
 }
