@@ -407,8 +407,24 @@ fn measure(
     let load = load_config(cfg, target);
     let keys = cfg.keys;
     ns.run_in(move || -> anyhow::Result<()> {
-        let s = TcpStream::connect_timeout(&target, Duration::from_secs(5))
-            .with_context(|| format!("connecting to {target} to set the keys"))?;
+        // A server registers (and is reported started) before it listens:
+        // refusals are retried for a while.
+        let t0 = Instant::now();
+        let s = loop {
+            match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
+                Ok(s) => break s,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::ConnectionRefused
+                        && t0.elapsed() < START_TIMEOUT =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("connecting to {target} to set the keys"))
+                }
+            }
+        };
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         let m = Memcached {
             mix: Mix::Usr,
