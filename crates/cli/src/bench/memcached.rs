@@ -21,7 +21,11 @@
 //! CPUs (this machine has two): the generator is pinned to the first,
 //! the servers and batch to the second in both systems; Ginza's
 //! iokerneld also sits on the first (Shenango dedicates a core to it; here
-//! it shares the generator's). The load points are swept with systems
+//! it shares the generator's). The generator sleeps until each send
+//! (loadgen's `spin` 0) at SCHED_FIFO, so its sends go ahead of
+//! iokerneld's polling loop and it leaves the rest of that CPU; the bench
+//! itself (iokerneld, the runtimes' kthreads, memcached) runs at nice -10,
+//! ahead of whatever else the machine runs. The load points are swept with systems
 //! interleaved (ginza, linux, ginza, linux, …), each point `--rounds`
 //! times; a point's figures are medians over its rounds. A round whose
 //! generator fell behind its schedule (`generator_saturated`) reports no
