@@ -218,6 +218,22 @@ pub fn script() -> Vec<Vec<Step>> {
         step("ma mk\r\n"),
         step("ma nokey4 q\r\n"),
         step("ma cnt T100 t v\r\n"),
+        // `b`: the key token is base64 ("binkey", "bcnt"); never used
+        // plain (memcached's items remember a base64 key, ours do not).
+        step("ms Ymlua2V5 2 b\r\nhi\r\n"),
+        step("mg Ymlua2V5 b v k\r\n"),
+        step("mg Ymlua2V5 b k O1 c s\r\n"),
+        step("mg Ymlua2V5 k b t\r\n"),
+        step("mg Ymlua2V5== b v\r\n"),
+        step("mg abc b v\r\n"),
+        step("mg !!!! b v k\r\n"),
+        step("ms abc 2 b\r\nhi\r\n"),
+        step("ms abc 2 b q\r\nhi\r\n"),
+        step("ma YmNudA== b N0 J5 v k\r\n"),
+        step("ma YmNudA== b v\r\n"),
+        step("md Ymlua2V5 b k q\r\nmg Ymlua2V5 b v k\r\n"),
+        step("md Ymlua2V5 b k\r\n"),
+        step("md Ymlua2V5 b b\r\n"),
         step("version\r\n"),
         step("get a\r\nquit\r\n"),
     ];
