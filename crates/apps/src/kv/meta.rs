@@ -4,11 +4,12 @@
 //! flags, some with a token (`T30`, `Oopaque`), echoed in the reply in the
 //! order given.
 //!
-//! Supported flags: mg `v c f k O q s t T u` (and `h l`, answered as never
+//! Supported flags: mg `v c f k O q s t T u N R b` (and `h l`, answered as never
 //! fetched / accessed now); ms `c C F I k O q T M` (modes E A P R S); md
 //! `C k O q`; ma `N J D T M C q t c v k O`. Not supported (memcached
-//! 1.6's stale-while-revalidate): mg's `N` and `R`, and `I` as "mark
-//! stale" (md deletes) — `N`/`R` have no effect on mg. `b` (the key token
+//! 1.6's stale-while-revalidate): `I` as "mark stale" (md deletes, and no
+//! item is ever stale: no `X` flag). mg's `N` (vivify on miss) and `R`
+//! (recache) hand out the `W`/`Z` flags as memcached does. `b` (the key token
 //! is base64) is supported on all four; unlike memcached, an item stored
 //! under a base64 key does not remember it (memcached then answers a plain
 //! `mg KEY k` with the key in base64 and `b`).
@@ -19,7 +20,7 @@ use std::io::Write as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
-use super::store::{DeleteOutcome, DeltaOutcome, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
+use super::store::{DeleteOutcome, DeltaOutcome, Recache, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
 use super::text::{strtol32, strtoul32, strtoull, Command, Line};
 use super::{Kv, KvStats};
 
@@ -38,6 +39,10 @@ pub enum Meta<'a> {
         value: bool,
         quiet: bool,
         ttl: Option<i64>,
+        /// N: on a miss, create an empty item with this TTL.
+        vivify: Option<i64>,
+        /// R: win the right to recache an item expiring within this.
+        recache: Option<i64>,
     },
     Set {
         key: &'a [u8],
@@ -76,6 +81,7 @@ struct Flags {
     quiet: bool,
     ttl: Option<i64>,
     vivify: Option<i64>,
+    recache: Option<i64>,
     client_flags: u32,
     cas: Option<u64>,
     mode: Option<u8>,
@@ -100,11 +106,10 @@ fn preparse(tokens: &[&[u8]], default_error: &'static str) -> Result<Flags, &'st
                 Some(v) => f.vivify = Some(v.into()),
                 None => error = Some("CLIENT_ERROR bad token in command line format"),
             },
-            b'R' => {
-                if strtol32(arg).is_none() {
-                    error = Some("CLIENT_ERROR bad token in command line format");
-                }
-            }
+            b'R' => match strtol32(arg) {
+                Some(v) => f.recache = Some(v.into()),
+                None => error = Some("CLIENT_ERROR bad token in command line format"),
+            },
             b'T' => match strtol32(arg) {
                 Some(v) => f.ttl = Some(v.into()),
                 None => error = Some("CLIENT_ERROR bad token in command line format"),
@@ -187,6 +192,8 @@ pub(super) fn parse<'a>(
                 value: f.value,
                 quiet: f.quiet,
                 ttl: f.ttl,
+                vivify: f.vivify,
+                recache: f.recache,
             }))
         }
         b's' => {
@@ -393,17 +400,15 @@ fn execute_on(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>
             value,
             quiet,
             ttl,
+            vivify,
+            recache,
         } => {
             if flags.iter().any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE) {
                 out.extend_from_slice(b"CLIENT_ERROR opaque token too long\r\n");
                 return;
             }
             KvStats::bump(&kv.stats.cmd_get);
-            let item = match ttl {
-                Some(t) => store.get_and_touch(key, t),
-                None => store.get(key),
-            };
-            let Some(item) = item else {
+            let Some((item, token)) = store.meta_get(key, ttl, vivify, recache) else {
                 KvStats::bump(&kv.stats.get_misses);
                 if !quiet {
                     out.extend_from_slice(b"EN");
@@ -446,6 +451,11 @@ fn execute_on(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>
                     b'k' => write_key(out, key, binary),
                     _ => {}
                 }
+            }
+            match token {
+                Recache::Win => out.extend_from_slice(b" W"),
+                Recache::Won => out.extend_from_slice(b" Z"),
+                Recache::None => {}
             }
             out.extend_from_slice(b"\r\n");
             if value {
