@@ -767,6 +767,30 @@ mod tests {
     }
 
     #[test]
+    fn the_recache_right_is_handed_out_once_per_item() {
+        let (s, clock) = store(1 << 20, 1);
+        let k = b"r".as_slice();
+        assert_eq!(s.meta_get(k, None, None, Some(100)), None);
+        let (item, token) = s.meta_get(k, None, Some(30), None).unwrap();
+        assert_eq!((item.value.len(), token), (0, Recache::Win));
+        assert_eq!(s.meta_get(k, None, None, None).unwrap().1, Recache::Won);
+        // A store makes a new item: its right is to be won again, and only
+        // once it expires within the R window.
+        s.store(StoreMode::Set, k, b"v", 0, 60);
+        assert_eq!(
+            s.meta_get(k, None, None, Some(30)).unwrap().1,
+            Recache::None
+        );
+        clock.advance(40);
+        assert_eq!(s.meta_get(k, None, None, Some(30)).unwrap().1, Recache::Win);
+        assert_eq!(s.meta_get(k, None, None, Some(30)).unwrap().1, Recache::Won);
+        // Items that never expire are never won by R.
+        set(&s, "forever", "v");
+        let never = s.meta_get(b"forever", None, None, Some(1_000_000));
+        assert_eq!(never.unwrap().1, Recache::None);
+    }
+
+    #[test]
     fn set_add_replace_append_prepend() {
         let (s, _) = store(1 << 20, 1);
         assert!(matches!(set(&s, "a", "1"), StoreOutcome::Stored(_)));
