@@ -67,39 +67,19 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     stats: Arc<EchoStats>,
 ) -> io::Result<()> {
-    if !protocols.udp && !protocols.tcp {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "echo-server: neither UDP nor TCP asked for",
-        ));
-    }
-    let udp = if protocols.udp {
-        // Bound here, so that a port in use is this call's error.
-        let socket = UdpSocket::bind(port)?;
-        let (stop, stats) = (stop.clone(), stats.clone());
-        Some(ginza_runtime::spawn(move || {
-            let result = echo_udp(&socket, &stop, &stats);
-            // The other protocol stops too.
-            stop.store(true, Relaxed);
-            result
-        }))
+    // Bound here, so that a port in use is this call's error.
+    let udp_socket = if protocols.udp {
+        Some(UdpSocket::bind(port)?)
     } else {
         None
     };
-    let tcp = if protocols.tcp {
-        let result = tcp::serve(port, &stop, &stats);
-        stop.store(true, Relaxed);
-        result
-    } else {
-        Ok(())
-    };
-    let udp = match udp {
-        Some(handle) => handle
-            .join()
-            .map_err(|e| io::Error::other(format!("the UDP echo uthread: {e}")))?,
-        None => Ok(()),
-    };
-    tcp.and(udp)
+    let (udp_stop, udp_stats) = (stop.clone(), stats.clone());
+    crate::serve::udp_beside_tcp(
+        "echo-server",
+        udp_socket.map(|socket| move || echo_udp(&socket, &udp_stop, &udp_stats)),
+        protocols.tcp.then_some(|| tcp::serve(port, &stop, &stats)),
+        &stop,
+    )
 }
 
 /// Serves UDP `port` until `stop` is set.
@@ -144,7 +124,7 @@ mod tcp {
     use std::net::Shutdown;
 
     use ginza_proto::content::{receipt, ContentHash};
-    use ginza_runtime::net::{TcpListener, TcpStream};
+    use ginza_runtime::net::TcpStream;
 
     /// What a connection's uthread does with it.
     type Handler = fn(TcpStream, &AtomicBool, &EchoStats) -> io::Result<()>;
@@ -167,44 +147,23 @@ mod tcp {
         listen(port, stop, stats, sink_one)
     }
 
-    /// Binds `port`; an acceptor uthread gives each connection a uthread
-    /// running `handler`, while this one waits for `stop`. `accept` cannot
-    /// be interrupted: the acceptor stays blocked when we return, and goes
-    /// with the runtime.
+    /// Serves `port` until `stop`, each connection on its own uthread
+    /// running `handler` ([`crate::serve::accept_until_stopped`]).
     fn listen(
         port: u16,
         stop: &Arc<AtomicBool>,
         stats: &Arc<EchoStats>,
         handler: Handler,
     ) -> io::Result<()> {
-        let listener = TcpListener::bind(("0.0.0.0", port))?;
-        let (stop2, stats2) = (stop.clone(), stats.clone());
-        let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
-            loop {
-                let (stream, _peer) = listener.accept()?;
-                stats2.tcp_accepted.fetch_add(1, Relaxed);
-                stats2.tcp_open.fetch_add(1, Relaxed);
-                let (stop, stats) = (stop2.clone(), stats2.clone());
-                ginza_runtime::spawn(move || {
-                    if handler(stream, &stop, &stats).is_err() {
-                        stats.tcp_errors.fetch_add(1, Relaxed);
-                    }
-                    stats.tcp_open.fetch_sub(1, Relaxed);
-                });
+        let (conn_stop, stats) = (stop.clone(), stats.clone());
+        crate::serve::accept_until_stopped(port, stop, move |stream| {
+            stats.tcp_accepted.fetch_add(1, Relaxed);
+            stats.tcp_open.fetch_add(1, Relaxed);
+            if handler(stream, &conn_stop, &stats).is_err() {
+                stats.tcp_errors.fetch_add(1, Relaxed);
             }
-        });
-        while !stop.load(Relaxed) {
-            if acceptor.is_finished() {
-                let result = acceptor
-                    .join()
-                    .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
-                return result.map_err(|e| {
-                    io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
-                });
-            }
-            ginza_runtime::sleep(STOP_POLL);
-        }
-        Ok(())
+            stats.tcp_open.fetch_sub(1, Relaxed);
+        })
     }
 
     /// Reads until the peer's FIN, writing everything back; then closes.

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use ginza_runtime::net::{TcpListener, TcpStream};
+use ginza_runtime::net::TcpStream;
 
 use crate::echo_server::{is_timeout, STOP_POLL};
 
@@ -603,34 +603,15 @@ pub fn serve_with(
     stop: Arc<AtomicBool>,
     stats: Arc<HttpStats>,
 ) -> io::Result<()> {
-    let listener = TcpListener::bind(("0.0.0.0", port))?;
-    let (stop2, stats2) = (stop.clone(), stats.clone());
-    let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
-        loop {
-            let (stream, _peer) = listener.accept()?;
-            stats2.accepted.fetch_add(1, Relaxed);
-            stats2.open.fetch_add(1, Relaxed);
-            let (stop, stats) = (stop2.clone(), stats2.clone());
-            ginza_runtime::spawn(move || {
-                if serve_connection(&stream, options, &stop, &stats).is_err() {
-                    stats.socket_errors.fetch_add(1, Relaxed);
-                }
-                stats.open.fetch_sub(1, Relaxed);
-            });
+    let (conn_stop, stats) = (stop.clone(), stats.clone());
+    crate::serve::accept_until_stopped(port, &stop, move |stream| {
+        stats.accepted.fetch_add(1, Relaxed);
+        stats.open.fetch_add(1, Relaxed);
+        if serve_connection(&stream, options, &conn_stop, &stats).is_err() {
+            stats.socket_errors.fetch_add(1, Relaxed);
         }
-    });
-    while !stop.load(Relaxed) {
-        if acceptor.is_finished() {
-            let result = acceptor
-                .join()
-                .map_err(|e| io::Error::other(format!("the HTTP acceptor uthread: {e}")))?;
-            return result.map_err(|e| {
-                io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
-            });
-        }
-        ginza_runtime::sleep(STOP_POLL);
-    }
-    Ok(())
+        stats.open.fetch_sub(1, Relaxed);
+    })
 }
 
 /// Runs one connection's [`Session`] until it or the client closes.

@@ -10,6 +10,8 @@
 //! * [`scan_server`]: GET and range SCAN over an ordered map (UDP, TCP; Shinjuku mode).
 //! * [`kv`]: a memcached-compatible key-value server (text and binary
 //!   protocols over TCP, UDP frames).
+//! * [`serve`]: the serving skeleton they share (a UDP uthread beside a TCP
+//!   acceptor, a stop flag).
 //! * [`batch`]: Monte Carlo option pricing, best effort, paths per second.
 #![forbid(unsafe_code)]
 
@@ -21,4 +23,5 @@ pub mod http_async;
 pub mod http_server;
 pub mod kv;
 pub mod scan_server;
+pub mod serve;
 pub mod spin_server;

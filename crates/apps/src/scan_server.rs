@@ -67,7 +67,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ginza_runtime::net::{TcpListener, TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::net::{TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
 use ginza_runtime::shinjuku::{
     self, Arrival, ClassConfig, Placement, SchedPolicy, ShinjukuConfig, Source,
 };
@@ -398,37 +398,21 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     stats: Arc<ScanStats>,
 ) -> io::Result<()> {
-    if !protocols.udp && !protocols.tcp {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "scan-server: neither UDP nor TCP asked for",
-        ));
-    }
-    let udp = if protocols.udp {
-        let socket = Arc::new(UdpSocket::bind(port)?);
-        let (store, stop, stats) = (store.clone(), stop.clone(), stats.clone());
-        Some(ginza_runtime::spawn(move || {
-            let result = serve_udp(socket, store, &stop, stats);
-            stop.store(true, Relaxed);
-            result
-        }))
+    // Bound here, so that a port in use is this call's error.
+    let udp_socket = if protocols.udp {
+        Some(Arc::new(UdpSocket::bind(port)?))
     } else {
         None
     };
-    let tcp = if protocols.tcp {
-        let result = serve_tcp(port, store, &stop, stats);
-        stop.store(true, Relaxed);
-        result
-    } else {
-        Ok(())
-    };
-    let udp = match udp {
-        Some(handle) => handle
-            .join()
-            .map_err(|e| io::Error::other(format!("the UDP receiver uthread: {e}")))?,
-        None => Ok(()),
-    };
-    tcp.and(udp)
+    let (udp_store, udp_stop, udp_stats) = (store.clone(), stop.clone(), stats.clone());
+    crate::serve::udp_beside_tcp(
+        "scan-server",
+        udp_socket.map(|socket| move || serve_udp(socket, udp_store, &udp_stop, udp_stats)),
+        protocols
+            .tcp
+            .then_some(|| serve_tcp(port, store, &stop, stats)),
+        &stop,
+    )
 }
 
 /// UDP, run to completion: a uthread per request (as spin-server does, so
@@ -470,32 +454,13 @@ fn serve_tcp(
     stop: &Arc<AtomicBool>,
     stats: Arc<ScanStats>,
 ) -> io::Result<()> {
-    let listener = TcpListener::bind(("0.0.0.0", port))?;
-    let stop2 = stop.clone();
-    let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
-        loop {
-            let (stream, _peer) = listener.accept()?;
-            stats.tcp_accepted.fetch_add(1, Relaxed);
-            let (store, stop, stats) = (store.clone(), stop2.clone(), stats.clone());
-            ginza_runtime::spawn(move || {
-                if serve_connection(&stream, &store, &stop, &stats).is_err() {
-                    stats.tcp_errors.fetch_add(1, Relaxed);
-                }
-            });
+    let conn_stop = stop.clone();
+    crate::serve::accept_until_stopped(port, stop, move |stream| {
+        stats.tcp_accepted.fetch_add(1, Relaxed);
+        if serve_connection(&stream, &store, &conn_stop, &stats).is_err() {
+            stats.tcp_errors.fetch_add(1, Relaxed);
         }
-    });
-    while !stop.load(Relaxed) {
-        if acceptor.is_finished() {
-            let result = acceptor
-                .join()
-                .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
-            return result.map_err(|e| {
-                io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
-            });
-        }
-        ginza_runtime::sleep(STOP_POLL);
-    }
-    Ok(())
+    })
 }
 
 /// Answers the requests of one connection in order until the peer closes.

@@ -4,16 +4,23 @@
 //! flags, some with a token (`T30`, `Oopaque`), echoed in the reply in the
 //! order given.
 //!
-//! Supported flags: mg `v c f k O q s t T u` (and `h l`, answered as never
+//! Supported flags: mg `v c f k O q s t T u N R b` (and `h l`, answered as never
 //! fetched / accessed now); ms `c C F I k O q T M` (modes E A P R S); md
 //! `C k O q`; ma `N J D T M C q t c v k O`. Not supported (memcached
-//! 1.6's stale-while-revalidate and binary keys): `b`, mg's `N` and `R`,
-//! and `I` as "mark stale" (md deletes) — `b` is refused as an invalid
-//! flag, `N`/`R` have no effect on mg.
+//! 1.6's stale-while-revalidate): `I` as "mark stale" (md deletes, and no
+//! item is ever stale: no `X` flag). mg's `N` (vivify on miss) and `R`
+//! (recache) hand out the `W`/`Z` flags as memcached does. `b` (the key token
+//! is base64) is supported on all four; unlike memcached, an item stored
+//! under a base64 key does not remember it (memcached then answers a plain
+//! `mg KEY k` with the key in base64 and `b`).
 
+use std::borrow::Cow;
 use std::io::Write as _;
 
-use super::store::{DeleteOutcome, DeltaOutcome, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+
+use super::store::{DeleteOutcome, DeltaOutcome, Recache, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
 use super::text::{strtol32, strtoul32, strtoull, Command, Line};
 use super::{Kv, KvStats};
 
@@ -32,6 +39,10 @@ pub enum Meta<'a> {
         value: bool,
         quiet: bool,
         ttl: Option<i64>,
+        /// N: on a miss, create an empty item with this TTL.
+        vivify: Option<i64>,
+        /// R: win the right to recache an item expiring within this.
+        recache: Option<i64>,
     },
     Set {
         key: &'a [u8],
@@ -70,6 +81,7 @@ struct Flags {
     quiet: bool,
     ttl: Option<i64>,
     vivify: Option<i64>,
+    recache: Option<i64>,
     client_flags: u32,
     cas: Option<u64>,
     mode: Option<u8>,
@@ -94,16 +106,16 @@ fn preparse(tokens: &[&[u8]], default_error: &'static str) -> Result<Flags, &'st
                 Some(v) => f.vivify = Some(v.into()),
                 None => error = Some("CLIENT_ERROR bad token in command line format"),
             },
-            b'R' => {
-                if strtol32(arg).is_none() {
-                    error = Some("CLIENT_ERROR bad token in command line format");
-                }
-            }
+            b'R' => match strtol32(arg) {
+                Some(v) => f.recache = Some(v.into()),
+                None => error = Some("CLIENT_ERROR bad token in command line format"),
+            },
             b'T' => match strtol32(arg) {
                 Some(v) => f.ttl = Some(v.into()),
                 None => error = Some("CLIENT_ERROR bad token in command line format"),
             },
-            b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'h' | b'u' | b'I' => {}
+            b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'h' | b'u' | b'I'
+            | b'b' => {}
             b'v' => f.value = true,
             b'q' => f.quiet = true,
             b'F' => match strtoul32(arg) {
@@ -174,15 +186,14 @@ pub(super) fn parse<'a>(
                 Ok(f) => f,
                 Err(e) => return err(e),
             };
-            if kept[2..].iter().any(|t| t[0] == b'b') {
-                return err("CLIENT_ERROR invalid flag");
-            }
             Line::Done(Command::Meta(Meta::Get {
                 key,
                 flags: kept[2..].to_vec(),
                 value: f.value,
                 quiet: f.quiet,
                 ttl: f.ttl,
+                vivify: f.vivify,
+                recache: f.recache,
             }))
         }
         b's' => {
@@ -209,9 +220,6 @@ pub(super) fn parse<'a>(
                 Ok(f) => f,
                 Err(e) => return refuse(e),
             };
-            if kept[3..].iter().any(|t| t[0] == b'b') {
-                return refuse("CLIENT_ERROR invalid flag");
-            }
             if kept[3..]
                 .iter()
                 .any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE)
@@ -279,9 +287,6 @@ pub(super) fn parse<'a>(
                 Ok(f) => f,
                 Err(_) => return err("CLIENT_ERROR invalid or duplicate flag"),
             };
-            if kept[2..].iter().any(|t| t[0] == b'b') {
-                return err("CLIENT_ERROR invalid or duplicate flag");
-            }
             let incr = match f.mode {
                 None | Some(b'I') | Some(b'+') => true,
                 Some(b'D') | Some(b'-') => false,
@@ -317,9 +322,6 @@ pub(super) fn parse<'a>(
                 Ok(f) => f,
                 Err(_) => return err("CLIENT_ERROR invalid or duplicate flag"),
             };
-            if kept[2..].iter().any(|t| t[0] == b'b') {
-                return err("CLIENT_ERROR invalid or duplicate flag");
-            }
             if kept[2..]
                 .iter()
                 .any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE)
@@ -336,18 +338,38 @@ pub(super) fn parse<'a>(
     }
 }
 
+/// Appends the `k` flag's return value: the key, base64-encoded and
+/// followed by the `b` flag when the request's key was (memcached's order).
+fn write_key(out: &mut Vec<u8>, key: &[u8], binary: bool) {
+    out.extend_from_slice(b" k");
+    if binary {
+        out.extend_from_slice(BASE64.encode(key).as_bytes());
+        out.extend_from_slice(b" b");
+    } else {
+        out.extend_from_slice(key);
+    }
+}
+
+/// The key a request names: with the `b` flag its token is base64
+/// (strict: canonical padding, as memcached decodes), else the token.
+fn request_key<'k>(token: &'k [u8], flags: &[&[u8]]) -> Option<(Cow<'k, [u8]>, bool)> {
+    if flags.iter().any(|t| t[0] == b'b') {
+        let decoded = BASE64.decode(token).ok().filter(|k| !k.is_empty())?;
+        Some((Cow::Owned(decoded), true))
+    } else {
+        Some((Cow::Borrowed(token), false))
+    }
+}
+
 /// Appends the `O` and `k` flags' return values.
-fn opaque_and_key(out: &mut Vec<u8>, flags: &[&[u8]], key: &[u8]) {
+fn opaque_and_key(out: &mut Vec<u8>, flags: &[&[u8]], key: &[u8], binary: bool) {
     for t in flags {
         match t[0] {
             b'O' => {
                 out.push(b' ');
                 out.extend_from_slice(t);
             }
-            b'k' => {
-                out.extend_from_slice(b" k");
-                out.extend_from_slice(key);
-            }
+            b'k' => write_key(out, key, binary),
             _ => {}
         }
     }
@@ -355,29 +377,42 @@ fn opaque_and_key(out: &mut Vec<u8>, flags: &[&[u8]], key: &[u8]) {
 
 /// Runs one meta command, appending its reply to `out`.
 pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
+    let (token, flags) = match m {
+        Meta::Get { key, flags, .. }
+        | Meta::Set { key, flags, .. }
+        | Meta::Delete { key, flags, .. }
+        | Meta::Arithmetic { key, flags, .. } => (*key, flags),
+    };
+    let Some((key, binary)) = request_key(token, flags) else {
+        out.extend_from_slice(b"CLIENT_ERROR error decoding key\r\n");
+        return;
+    };
+    execute_on(m, &key, binary, kv, out);
+}
+
+/// [`execute`] on the key the request names (`binary`: given in base64).
+fn execute_on(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>) {
     let store = &kv.store;
     match *m {
         Meta::Get {
-            key,
+            key: _,
             ref flags,
             value,
             quiet,
             ttl,
+            vivify,
+            recache,
         } => {
             if flags.iter().any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE) {
                 out.extend_from_slice(b"CLIENT_ERROR opaque token too long\r\n");
                 return;
             }
             KvStats::bump(&kv.stats.cmd_get);
-            let item = match ttl {
-                Some(t) => store.get_and_touch(key, t),
-                None => store.get(key),
-            };
-            let Some(item) = item else {
+            let Some((item, token)) = store.meta_get(key, ttl, vivify, recache) else {
                 KvStats::bump(&kv.stats.get_misses);
                 if !quiet {
                     out.extend_from_slice(b"EN");
-                    opaque_and_key(out, flags, key);
+                    opaque_and_key(out, flags, key, binary);
                     out.extend_from_slice(b"\r\n");
                 }
                 return;
@@ -413,12 +448,14 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                         out.push(b' ');
                         out.extend_from_slice(t);
                     }
-                    b'k' => {
-                        out.extend_from_slice(b" k");
-                        out.extend_from_slice(key);
-                    }
+                    b'k' => write_key(out, key, binary),
                     _ => {}
                 }
+            }
+            match token {
+                Recache::Win => out.extend_from_slice(b" W"),
+                Recache::Won => out.extend_from_slice(b" Z"),
+                Recache::None => {}
             }
             out.extend_from_slice(b"\r\n");
             if value {
@@ -427,7 +464,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
             }
         }
         Meta::Set {
-            key,
+            key: _,
             ref flags,
             data,
             mode,
@@ -463,10 +500,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                         out.push(b' ');
                         out.extend_from_slice(t);
                     }
-                    b'k' => {
-                        out.extend_from_slice(b" k");
-                        out.extend_from_slice(key);
-                    }
+                    b'k' => write_key(out, key, binary),
                     b'c' => {
                         let _ = write!(out, " c{cas}");
                     }
@@ -476,7 +510,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
             out.extend_from_slice(b"\r\n");
         }
         Meta::Arithmetic {
-            key,
+            key: _,
             ref flags,
             incr,
             delta,
@@ -515,7 +549,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                         StoreOutcome::Stored(c) => (initial, c),
                         _ => {
                             out.extend_from_slice(b"NS");
-                            opaque_and_key(out, flags, key);
+                            opaque_and_key(out, flags, key, binary);
                             out.extend_from_slice(b"\r\n");
                             return;
                         }
@@ -528,13 +562,13 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                         &kv.stats.decr_misses
                     });
                     out.extend_from_slice(b"NF");
-                    opaque_and_key(out, flags, key);
+                    opaque_and_key(out, flags, key, binary);
                     out.extend_from_slice(b"\r\n");
                     return;
                 }
                 DeltaOutcome::Exists => {
                     out.extend_from_slice(b"EX");
-                    opaque_and_key(out, flags, key);
+                    opaque_and_key(out, flags, key, binary);
                     out.extend_from_slice(b"\r\n");
                     return;
                 }
@@ -565,10 +599,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                         out.push(b' ');
                         out.extend_from_slice(t);
                     }
-                    b'k' => {
-                        out.extend_from_slice(b" k");
-                        out.extend_from_slice(key);
-                    }
+                    b'k' => write_key(out, key, binary),
                     _ => {}
                 }
             }
@@ -579,7 +610,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
             }
         }
         Meta::Delete {
-            key,
+            key: _,
             ref flags,
             cas,
             quiet,
@@ -599,7 +630,7 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
                 DeleteOutcome::Exists => "EX",
             };
             out.extend_from_slice(code.as_bytes());
-            opaque_and_key(out, flags, key);
+            opaque_and_key(out, flags, key, binary);
             out.extend_from_slice(b"\r\n");
         }
     }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ginza_runtime::net::{TcpListener, TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::net::{TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
 
 use super::binary::BinarySession;
 use super::text::{Flow, TextSession};
@@ -67,70 +67,32 @@ impl Session {
 /// uthread of a runtime with networking. The first error of either
 /// protocol ends both.
 pub fn serve(port: u16, protocols: Protocols, kv: Kv, stop: Arc<AtomicBool>) -> io::Result<()> {
-    if !protocols.udp && !protocols.tcp {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "kv-server: neither UDP nor TCP asked for",
-        ));
-    }
-    let udp = if protocols.udp {
-        let socket = UdpSocket::bind(port)?;
-        let (stop, kv) = (stop.clone(), kv.clone());
-        Some(ginza_runtime::spawn(move || {
-            let result = serve_udp_socket(&socket, &kv, &stop);
-            stop.store(true, Relaxed);
-            result
-        }))
+    // Bound here, so that a port in use is this call's error.
+    let udp_socket = if protocols.udp {
+        Some(UdpSocket::bind(port)?)
     } else {
         None
     };
-    let tcp = if protocols.tcp {
-        let result = serve_tcp(port, kv, &stop);
-        stop.store(true, Relaxed);
-        result
-    } else {
-        Ok(())
-    };
-    let udp = match udp {
-        Some(handle) => handle
-            .join()
-            .map_err(|e| io::Error::other(format!("the UDP uthread: {e}")))?,
-        None => Ok(()),
-    };
-    tcp.and(udp)
+    let (udp_kv, udp_stop) = (kv.clone(), stop.clone());
+    crate::serve::udp_beside_tcp(
+        "kv-server",
+        udp_socket.map(|socket| move || serve_udp_socket(&socket, &udp_kv, &udp_stop)),
+        protocols.tcp.then_some(|| serve_tcp(port, kv, &stop)),
+        &stop,
+    )
 }
 
-/// Serves TCP `port` until `stop`. `accept` cannot be interrupted: the
-/// acceptor stays blocked when this returns, and goes with the runtime.
+/// Serves TCP `port` until `stop` (see [`crate::serve::accept_until_stopped`]).
 pub fn serve_tcp(port: u16, kv: Kv, stop: &Arc<AtomicBool>) -> io::Result<()> {
-    let listener = TcpListener::bind(("0.0.0.0", port))?;
-    let stop2 = stop.clone();
-    let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
-        loop {
-            let (stream, _peer) = listener.accept()?;
-            let (kv, stop) = (kv.clone(), stop2.clone());
-            ginza_runtime::spawn(move || {
-                kv.stats.curr_connections.fetch_add(1, Relaxed);
-                kv.stats.total_connections.fetch_add(1, Relaxed);
-                if let Err(e) = serve_connection(&stream, &kv, &stop) {
-                    log::debug!("kv-server: a connection ended: {e}");
-                }
-                kv.stats.curr_connections.fetch_sub(1, Relaxed);
-            });
+    let conn_stop = stop.clone();
+    crate::serve::accept_until_stopped(port, stop, move |stream| {
+        kv.stats.curr_connections.fetch_add(1, Relaxed);
+        kv.stats.total_connections.fetch_add(1, Relaxed);
+        if let Err(e) = serve_connection(&stream, &kv, &conn_stop) {
+            log::debug!("kv-server: a connection ended: {e}");
         }
-    });
-    while !stop.load(Relaxed) {
-        if acceptor.is_finished() {
-            let result = acceptor
-                .join()
-                .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
-            return result.map_err(|e| {
-                io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
-            });
-        }
-        ginza_runtime::sleep(STOP_POLL);
-    }
-    Ok(())
+        kv.stats.curr_connections.fetch_sub(1, Relaxed);
+    })
 }
 
 /// Serves one connection until the peer closes it, a request closes it,

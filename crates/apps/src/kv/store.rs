@@ -149,6 +149,17 @@ pub enum DeltaOutcome {
     Exists,
 }
 
+/// Where a meta get stands on an item's right to recache it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recache {
+    /// Nothing to say (no `W` or `Z` flag).
+    None,
+    /// This get won the right (`W`).
+    Win,
+    /// An earlier get won it (`Z`).
+    Won,
+}
+
 /// Counters of a store (for `stats`).
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -165,6 +176,9 @@ struct Node {
     item: Item,
     /// Unix time it was stored (for a delayed flush_all).
     stored_at: u64,
+    /// A meta get has handed out the right to recache it (its `W` flag);
+    /// later ones see `Z` (memcached's token-sent bit).
+    token_sent: bool,
     /// Towards the most recently used end.
     prev: usize,
     /// Towards the least recently used end.
@@ -262,13 +276,15 @@ impl Shard {
         Some(self.remove_slot(slot))
     }
 
-    /// Links a new node for `key` (which must be absent) at the front.
-    fn insert(&mut self, key: Box<[u8]>, item: Item, stored_at: u64) {
+    /// Links a new node for `key` (which must be absent) at the front;
+    /// gives its slot.
+    fn insert(&mut self, key: Box<[u8]>, item: Item, stored_at: u64) -> usize {
         self.used += charge(&key, &item.value, item.flags);
         let node = Node {
             key: key.clone(),
             item,
             stored_at,
+            token_sent: false,
             prev: NIL,
             next: NIL,
         };
@@ -284,6 +300,7 @@ impl Shard {
         };
         self.map.insert(key, slot);
         self.push_front(slot);
+        slot
     }
 
     fn clear(&mut self) {
@@ -473,6 +490,59 @@ impl Store {
         Some(node.item.clone())
     }
 
+    /// A meta get (docs: [`super::meta`]): the item under `key`, its expiry
+    /// first set from `touch` when given; on a miss with `vivify`, a new
+    /// empty item expiring after it, whose recache right this caller wins;
+    /// on a hit with `recache`, the right is won when the item expires
+    /// within that many seconds. Each item's right is handed out once:
+    /// later gets are told it was ([`Recache::Won`]).
+    pub fn meta_get(
+        &self,
+        key: &[u8],
+        touch: Option<i64>,
+        vivify: Option<i64>,
+        recache: Option<i64>,
+    ) -> Option<(Item, Recache)> {
+        let now = self.now();
+        let flush = self.flush_state();
+        let new_expiry = touch.map(|t| self.expiry(t));
+        let mut shard = self.shard(key).lock();
+        let Some(slot) = self.live_slot(&mut shard, key, now, &flush) else {
+            let ttl = vivify?;
+            let item = Item {
+                value: Vec::new(),
+                flags: 0,
+                cas: self.new_cas(),
+                expires: self.expiry(ttl),
+            };
+            if self.too_large(key.len(), 0, 0)
+                || !self.make_room(&mut shard, charge(key, &[], 0), now, &flush)
+            {
+                return None;
+            }
+            let slot = shard.insert(key.into(), item.clone(), now);
+            shard.node_mut(slot).token_sent = true;
+            self.stats.total_items.fetch_add(1, Relaxed);
+            return Some((item, Recache::Win));
+        };
+        shard.bump(slot);
+        let node = shard.node_mut(slot);
+        if let Some(expires) = new_expiry {
+            node.item.expires = expires;
+        }
+        let expires_soon =
+            |r: i64| node.item.expires != 0 && (node.item.expires.saturating_sub(now) as i64) < r;
+        let token = if node.token_sent {
+            Recache::Won
+        } else if recache.is_some_and(expires_soon) {
+            node.token_sent = true;
+            Recache::Win
+        } else {
+            Recache::None
+        };
+        Some((node.item.clone(), token))
+    }
+
     /// Sets the expiry of `key` from `exptime`; false if there is none.
     pub fn touch(&self, key: &[u8], exptime: i64) -> bool {
         self.get_and_touch(key, exptime).is_some()
@@ -553,7 +623,8 @@ impl Store {
         if !self.make_room(&mut shard, need, now, &flush) {
             // Put the old one back: a store that failed changes nothing.
             if let Some(old) = old {
-                shard.insert(old.key, old.item, old.stored_at);
+                let slot = shard.insert(old.key, old.item, old.stored_at);
+                shard.node_mut(slot).token_sent = old.token_sent;
             }
             return StoreOutcome::OutOfMemory;
         }
@@ -693,6 +764,30 @@ mod tests {
     fn value(s: &Store, key: &str) -> Option<String> {
         s.get(key.as_bytes())
             .map(|i| String::from_utf8(i.value).unwrap())
+    }
+
+    #[test]
+    fn the_recache_right_is_handed_out_once_per_item() {
+        let (s, clock) = store(1 << 20, 1);
+        let k = b"r".as_slice();
+        assert_eq!(s.meta_get(k, None, None, Some(100)), None);
+        let (item, token) = s.meta_get(k, None, Some(30), None).unwrap();
+        assert_eq!((item.value.len(), token), (0, Recache::Win));
+        assert_eq!(s.meta_get(k, None, None, None).unwrap().1, Recache::Won);
+        // A store makes a new item: its right is to be won again, and only
+        // once it expires within the R window.
+        s.store(StoreMode::Set, k, b"v", 0, 60);
+        assert_eq!(
+            s.meta_get(k, None, None, Some(30)).unwrap().1,
+            Recache::None
+        );
+        clock.advance(40);
+        assert_eq!(s.meta_get(k, None, None, Some(30)).unwrap().1, Recache::Win);
+        assert_eq!(s.meta_get(k, None, None, Some(30)).unwrap().1, Recache::Won);
+        // Items that never expire are never won by R.
+        set(&s, "forever", "v");
+        let never = s.meta_get(b"forever", None, None, Some(1_000_000));
+        assert_eq!(never.unwrap().1, Recache::None);
     }
 
     #[test]

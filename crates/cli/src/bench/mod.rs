@@ -8,6 +8,7 @@ mod common;
 mod corealloc;
 pub(crate) mod experiment;
 mod forward;
+mod memcached;
 mod preempt;
 mod shinjuku;
 mod steering;
@@ -53,6 +54,11 @@ enum Experiment {
     /// out of order within a flow, flows moved per change of the active
     /// set, p50/p99, iokerneld's ns per decision, table memory; CSV and PNG.
     Steering(steering::SteeringArgs),
+    /// Shenango's Fig. 3: memcached USR load from the namespace over veth
+    /// to kv-server + batch under iokerneld and to Debian's memcached +
+    /// SCHED_IDLE batch on the same CPU: latency, achieved rate and batch
+    /// throughput against offered load, systems interleaved; CSV and PNG.
+    Memcached(memcached::MemcachedArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
     Run(experiment::RunArgs),
@@ -81,6 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Forward(args) => forward::run(args),
         Experiment::Tcp(args) => tcp::run(args),
         Experiment::Steering(args) => steering::run(args),
+        Experiment::Memcached(args) => memcached::run(args),
         Experiment::Run(args) => experiment::run(args),
         Experiment::List(args) => experiment::list(args),
         Experiment::All(args) => experiment::all(args),

@@ -1,0 +1,95 @@
+//! The serving skeleton the networked applications share: a UDP receiver
+//! on a uthread of its own beside a TCP acceptor, both ending when the
+//! stop flag is set (checked at least every [`STOP_POLL`]).
+//!
+//! * [`udp_beside_tcp`]: runs the two halves an application asks for;
+//!   whichever ends first sets the stop flag, so the other ends too.
+//! * [`accept_until_stopped`]: binds a TCP port and gives each connection
+//!   a uthread of its own running the application's per-connection
+//!   function, until the stop flag is set.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+use ginza_runtime::net::{TcpListener, TcpStream};
+
+pub use crate::echo_server::STOP_POLL;
+
+/// Runs `udp` (when given) on a uthread of its own and `tcp` (when given)
+/// on this one, until both have returned; the first to return sets
+/// `stop`. Gives TCP's error, else UDP's. `app` names the application in
+/// errors. Must run on a uthread of a runtime.
+pub fn udp_beside_tcp<U, T>(
+    app: &str,
+    udp: Option<U>,
+    tcp: Option<T>,
+    stop: &Arc<AtomicBool>,
+) -> io::Result<()>
+where
+    U: FnOnce() -> io::Result<()> + Send + 'static,
+    T: FnOnce() -> io::Result<()>,
+{
+    if udp.is_none() && tcp.is_none() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{app}: neither UDP nor TCP asked for"),
+        ));
+    }
+    let udp = udp.map(|udp| {
+        let stop = stop.clone();
+        ginza_runtime::spawn(move || {
+            let result = udp();
+            stop.store(true, Relaxed);
+            result
+        })
+    });
+    let tcp = match tcp {
+        Some(tcp) => {
+            let result = tcp();
+            stop.store(true, Relaxed);
+            result
+        }
+        None => Ok(()),
+    };
+    let udp = match udp {
+        Some(handle) => handle
+            .join()
+            .map_err(|e| io::Error::other(format!("{app}: the UDP uthread: {e}")))?,
+        None => Ok(()),
+    };
+    tcp.and(udp)
+}
+
+/// Binds TCP `port` and, until `stop` is set, gives each accepted
+/// connection a uthread running `serve_one` on it (the stream is closed
+/// when `serve_one` returns and drops it). Returns when `stop` is set, or
+/// with the acceptor's error. `accept` cannot be interrupted: the acceptor
+/// uthread stays blocked when this returns, and goes with the runtime.
+pub fn accept_until_stopped<F>(port: u16, stop: &AtomicBool, serve_one: F) -> io::Result<()>
+where
+    F: Fn(TcpStream) + Send + Sync + 'static,
+{
+    // Bound here, so that a port in use is this call's error.
+    let listener = TcpListener::bind(("0.0.0.0", port))?;
+    let serve_one = Arc::new(serve_one);
+    let acceptor = ginza_runtime::spawn(move || -> io::Result<()> {
+        loop {
+            let (stream, _peer) = listener.accept()?;
+            let serve_one = Arc::clone(&serve_one);
+            ginza_runtime::spawn(move || serve_one(stream));
+        }
+    });
+    while !stop.load(Relaxed) {
+        if acceptor.is_finished() {
+            let result = acceptor
+                .join()
+                .map_err(|e| io::Error::other(format!("the TCP acceptor uthread: {e}")))?;
+            return result.map_err(|e| {
+                io::Error::new(e.kind(), format!("accepting on TCP port {port}: {e}"))
+            });
+        }
+        ginza_runtime::sleep(STOP_POLL);
+    }
+    Ok(())
+}

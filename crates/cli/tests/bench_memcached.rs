@@ -1,0 +1,101 @@
+//! `ginza bench memcached --json` runs end to end in a short mode (two
+//! light loads, one round): as root, with `ip`, `ethtool` and Debian's
+//! `memcached`, both systems answer most of the offered load, batch work
+//! runs beside each, and the JSON, CSV and PNGs have the documented shape.
+
+use std::process::Command;
+
+#[test]
+fn memcached_bench_reports_both_systems_at_each_load() {
+    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
+    if cpus.len() < 2 {
+        ginza_iokernel::testing::skip(format!(
+            "the generator and iokerneld, and the servers, need two CPUs; this process has {cpus:?}"
+        ));
+        return;
+    }
+    if let Some(reason) = ginza_iokernel::netns::missing_prerequisite() {
+        ginza_iokernel::testing::skip(format!("the veth pair: {reason}"));
+        return;
+    }
+    if Command::new("memcached").arg("-V").output().is_err() {
+        ginza_iokernel::testing::skip("Debian's memcached is not installed (package memcached)");
+        return;
+    }
+    let out_dir =
+        std::env::temp_dir().join(format!("ginza-bench-memcached-test-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args([
+            "bench",
+            "memcached",
+            "--json",
+            "--loads",
+            "2k,4k",
+            "--rounds",
+            "1",
+            "--duration",
+            "400ms",
+            "--warmup",
+            "100ms",
+            "--keys",
+            "500",
+            "--connections",
+            "4",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 4, "{v}");
+    for (i, p) in points.iter().enumerate() {
+        let system = ["ginza", "linux"][i % 2];
+        let offered = [2.0, 4.0][i / 2];
+        assert_eq!(p["system"], system, "{p}");
+        assert_eq!(p["offered_krps"].as_f64(), Some(offered), "{p}");
+        let achieved = p["achieved_krps"].as_f64().unwrap();
+        // Light loads: a server that answers at all answers most of them.
+        assert!(
+            0.5 * offered < achieved && achieved < 1.2 * offered,
+            "{system} at {offered} krps answered {achieved} krps: {p}\n{stderr}"
+        );
+        assert!(p["batch_ops_per_s"].as_f64().unwrap() > 0.0, "{p}");
+        let saturated = p["generator_saturated"].as_bool().unwrap();
+        let quantiles: Vec<Option<f64>> = ["p50_us", "p99_us", "p999_us"]
+            .iter()
+            .map(|k| {
+                assert!(p.get(*k).is_some(), "{k} missing: {p}");
+                p[*k].as_f64()
+            })
+            .collect();
+        if saturated {
+            // The generator's lateness, not the server's latency: none.
+            assert!(quantiles.iter().all(Option::is_none), "{p}");
+        } else {
+            let q: Vec<f64> = quantiles.into_iter().map(Option::unwrap).collect();
+            assert!(0.0 < q[0] && q[0] <= q[1] && q[1] <= q[2], "{p}");
+            assert!(q[0] < 1e6, "a p50 over a second: {p}");
+        }
+    }
+    let max = &v["max_krps_at_p99_200us"];
+    for system in ["ginza", "linux"] {
+        let m = max
+            .get(system)
+            .unwrap_or_else(|| panic!("no {system}: {v}"));
+        assert!(m.is_null() || m.as_f64().is_some_and(|k| k > 0.0), "{v}");
+    }
+    assert_eq!(v["runs"].as_array().unwrap().len(), 4, "{v}");
+    let csv = std::fs::read_to_string(out_dir.join("memcached.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    assert!(
+        csv.starts_with("system,offered_krps,achieved_krps"),
+        "{csv}"
+    );
+    for png in ["p99.png", "batch.png"] {
+        assert!(out_dir.join(png).metadata().unwrap().len() > 0);
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
