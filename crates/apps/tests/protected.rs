@@ -15,6 +15,9 @@ use ginza_apps::app_args::AppArgs;
 use ginza_apps::echo_server::{self, EchoStats, Protocols};
 use ginza_apps::http_async::serve_async;
 use ginza_apps::http_server::{self, HttpStats};
+use ginza_apps::kv::server as kv_server;
+use ginza_apps::kv::store::{Store, StoreConfig, SystemClock};
+use ginza_apps::kv::Kv;
 use ginza_runtime::net::protected::testing::FakeNetstack;
 
 #[derive(Parser, Debug)]
@@ -166,4 +169,53 @@ fn http_server_async_event_loop_serves_through_the_netstack() {
     assert_eq!(stats.ok.load(Relaxed), 2);
     assert_eq!(stats.accepted.load(Relaxed), 1);
     net.wait_rx_returned();
+}
+
+#[test]
+fn kv_server_serves_memcached_text_and_binary_through_the_netstack() {
+    let path = socket("kv");
+    let net = FakeNetstack::new(&path, 2, 64);
+    let config = protected_args(&path).runtime_config("kv-server");
+    let stop = Arc::new(AtomicBool::new(false));
+    let kv = Kv::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)));
+    std::thread::scope(|s| {
+        let (stop2, kv2) = (stop.clone(), kv.clone());
+        let server = s.spawn(move || {
+            ginza_runtime::run(config, move || {
+                let tcp_only = Protocols {
+                    udp: false,
+                    tcp: true,
+                };
+                kv_server::serve(11211, tcp_only, kv2, stop2)
+            })
+            .unwrap()
+        });
+        net.wait_listening(11211);
+        let text = net.connect_in(11211, client(11));
+        text.deliver(b"set k 5 0 3\r\nabc\r\nget k\r\n");
+        let want: &[u8] = b"STORED\r\nVALUE k 5 3\r\nabc\r\nEND\r\n";
+        assert_eq!(text.expect_bytes(want.len()), want);
+        // A binary-protocol GET of the same key on a second connection:
+        // magic 0x80, opcode 0x00, key length 1; the response carries the
+        // 4-byte flags (5) and the value.
+        let binary = net.connect_in(11211, client(12));
+        let mut get = vec![0x80, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x01];
+        get.extend_from_slice(&[0; 12]);
+        get.push(b'k');
+        binary.deliver(&get);
+        let reply = binary.expect_bytes(24 + 4 + 3);
+        assert_eq!(reply[0], 0x81, "a binary response");
+        assert_eq!(&reply[6..8], &[0, 0], "status: no error");
+        assert_eq!(&reply[24..28], &5u32.to_be_bytes(), "the flags");
+        assert_eq!(&reply[28..], b"abc");
+        for p in [&text, &binary] {
+            p.close();
+            p.wait_app_closed();
+        }
+        stop.store(true, Relaxed);
+        server.join().unwrap().unwrap();
+    });
+    assert_eq!(kv.stats.total_connections.load(Relaxed), 2);
+    net.wait_rx_returned();
+    assert!(net.refused().is_empty(), "{:?}", net.refused());
 }

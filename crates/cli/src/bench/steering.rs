@@ -220,7 +220,11 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
     emit(args.json, &table, &report)
 }
 
-pub(super) fn one_run(args: &SteeringArgs, round: u32, policy: SteeringKind) -> anyhow::Result<Run> {
+pub(super) fn one_run(
+    args: &SteeringArgs,
+    round: u32,
+    policy: SteeringKind,
+) -> anyhow::Result<Run> {
     let mut run = SteeringRun::new(policy);
     run.flows = args.flows;
     run.rate = args.rate;
