@@ -42,7 +42,8 @@ pub struct SteeringRun {
     pub policy: SteeringKind,
     /// Kthreads of the application (and cores iokerneld manages).
     pub kthreads: usize,
-    /// Flows (source ports) of the generator.
+    /// Flows of the generator (source address and port pairs, up to
+    /// `nic::generator::MAX_FLOWS`; docs in `nic/generator.rs`).
     pub flows: u32,
     /// Requests per second.
     pub rate: f64,
