@@ -127,30 +127,27 @@ fn a_one_kthread_application_reports_no_steals() {
 }
 
 /// 100,000 flows (the generator's source ports of four addresses):
-/// every reply, to whichever address, is the generator's, and
-/// `flow-affinity`'s table (`DEFAULT_FLOW_TABLE_CAPACITY`, 8,192 flows)
-/// stays bounded, evicting old flows for new ones — counted in the stats.
+/// every reply, to whichever address, is the generator's, and a bounded
+/// `flow-affinity` table (512 flows here, so that even the few requests a
+/// loaded machine delivers overflow it) evicts old flows for new ones,
+/// counted in the stats (`ev`), and does not grow.
 #[test]
-fn a_hundred_thousand_flows_are_answered_and_fill_the_affinity_table() {
+fn a_hundred_thousand_flows_are_answered_and_overflow_the_affinity_table() {
     let _g = lock();
     let mut r = SteeringRun::new(SteeringKind::FlowAffinity);
     r.flows = 100_000;
+    r.flow_table_capacity = 512;
     let o = run(&r);
     let (st, net) = (o.report.stats, o.net);
     assert_eq!(st.unmatched_replies + st.malformed_replies, 0, "{st:?}");
-    assert!(st.sent > 8_000, "{st:?}");
-    assert!(st.replies * 2 > st.sent, "{st:?} {net:?}");
-    // A flow's first packet inserts it, evicting at most one flow. The
-    // table holds 2,048 sets of 4: 9,000 packets steered (delivered; a
-    // request dropped for want of an ingress buffer on a loaded machine
-    // may not be) are about 8,600 flows, 4.2 a set, and evict about
-    // 1,800; fewer (at least 4,000, as half are answered) still overflow
-    // some sets.
-    assert!(net.ev > 0, "{net:?}");
-    if net.rx > 9_000 {
-        assert!(net.ev > 1_000, "{net:?}");
-    }
-    assert!(net.ev <= st.sent, "{net:?} {st:?}");
-    // The table did not grow with the flows.
-    assert!(o.steering.tb < 1 << 20, "{:?}", o.steering);
+    assert!(st.replies > 0, "{st:?}");
+    assert_eq!(st.replies + st.evicted + st.outstanding, st.sent, "{st:?}");
+    // Each flow's first packet steered inserts it, and once the table is
+    // full each insertion evicts one: of n packets delivered, about
+    // n²/200,000 repeat a flow, so at least half of n − 512 evict.
+    assert!(net.rx > 600, "{net:?}");
+    assert!(net.ev >= (net.rx - 512) / 2, "{net:?}");
+    assert!(net.ev <= net.rx + net.drop_ingress, "{net:?}");
+    // 512 entries of a few words each.
+    assert!(o.steering.tb <= 512 * 64, "{:?}", o.steering);
 }
