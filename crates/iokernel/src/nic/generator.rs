@@ -10,8 +10,8 @@
 //! is counted and not retried, as a late retry would distort the schedule.
 //!
 //! Requests belong to `flows` flows (each request's flow drawn uniformly,
-//! up to [`MAX_FLOWS`]) and each flow numbers its requests (the number also travels in the payload after the header, where
-//! it fits). A reply to a flow's request that comes back after a reply to a
+//! up to [`MAX_FLOWS`]) and each flow numbers its requests (the number also
+//! travels in the payload after the header, where it fits). A reply to a flow's request that comes back after a reply to a
 //! later request of the same flow counts as reordered: the observable proxy
 //! for packets processed out of order within a flow (docs/design.md,
 //! "Packet steering").
@@ -19,9 +19,11 @@
 //! A flow is a source (address, port) pair: with `ports = 65536 - src_port`
 //! source ports per address, flow `f` sends from port `src_port + f % ports`
 //! of address `interface.ip + f / ports`, so up to `ports` flows use the
-//! generator's own address and more take the next addresses in turn (40,000
-//! upwards: 25,536 flows per address, 42 addresses for [`MAX_FLOWS`]).
-//! Replies to any of those addresses (at the generator's MAC) are its own.
+//! generator's own address and more take the next addresses in turn (from
+//! port 40000, iokerneld's: 25,536 flows per address, 4 addresses for
+//! 100,000 flows, 42 for [`MAX_FLOWS`]). Replies to any of those addresses
+//! (at the generator's MAC) are its own; the addresses must not wrap past
+//! 255.255.255.255 nor, when there are several, include the target's.
 
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
