@@ -2,9 +2,10 @@
 //! switch, the traffic generator against an echo server, drops by reason.
 //! Every clock here is synthetic, so each test is deterministic for its seeds.
 
+use ginza_iokernel::nic::generator::MAX_FLOWS;
 use ginza_iokernel::nic::{
-    BufferPool, Frame, GeneratorConfig, Nic, PoolError, PortConfig, PortId, ServiceTime,
-    SoftwareSwitch, TrafficGenerator,
+    BufferPool, Frame, GeneratorConfig, GeneratorConfigError, GeneratorStats, Nic, PoolError,
+    PortConfig, PortId, ServiceTime, SoftwareSwitch, TrafficGenerator,
 };
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 use ginza_proto::RequestHeader;
@@ -539,13 +540,159 @@ fn replies_out_of_order_within_a_flow_are_counted() {
 }
 
 #[test]
-fn flows_beyond_the_last_port_are_refused() {
+fn flows_beyond_the_maximum_or_onto_the_target_address_are_refused() {
     let mut config = generator_config(1000.0, 1_000, 1);
     config.flows = 0;
     assert!(TrafficGenerator::new(config.clone()).is_err());
+    config.flows = MAX_FLOWS + 1;
+    let error = TrafficGenerator::new(config.clone()).err().unwrap();
+    assert_eq!(
+        error,
+        GeneratorConfigError::Flows {
+            flows: MAX_FLOWS + 1
+        }
+    );
+    assert!(error.to_string().contains("1..=1048576"), "{error}");
+    config.flows = MAX_FLOWS;
+    config.target.ip = FAR_SERVER.ip;
+    assert!(TrafficGenerator::new(config.clone()).is_ok());
+    // 537 flows from port 65000 take two addresses, 10.0.0.1 and the
+    // server's 10.0.0.2.
+    config.target.ip = SERVER.ip;
     config.src_port = 65_000;
-    config.flows = 537;
-    assert!(TrafficGenerator::new(config.clone()).is_err());
     config.flows = 536;
-    assert!(TrafficGenerator::new(config).is_ok());
+    assert!(TrafficGenerator::new(config.clone()).is_ok());
+    config.flows = 537;
+    let error = TrafficGenerator::new(config.clone()).err().unwrap();
+    assert!(
+        matches!(error, GeneratorConfigError::FlowAddresses { last, .. } if last == SERVER.ip),
+        "{error}"
+    );
+    // Addresses that would wrap past 255.255.255.255.
+    config.interface.ip = Ipv4Addr::new(255, 255, 255, 255);
+    assert!(matches!(
+        TrafficGenerator::new(config),
+        Err(GeneratorConfigError::FlowAddresses { .. })
+    ));
+}
+
+/// A server on the switch at `SERVER`'s MAC but another address, so that
+/// many flows' source addresses (from `GENERATOR`'s on) do not reach it.
+const FAR_SERVER: Interface = Interface {
+    mac: SERVER.mac,
+    ip: Ipv4Addr::new(10, 0, 1, 2),
+};
+
+/// What [`echo_flows`] saw: per source (address, port), the numbers in the
+/// requests' flow in the order they arrived, and how many replies it sent
+/// after the reply to a later request of their flow.
+struct FlowLog {
+    numbers: std::collections::HashMap<(Ipv4Addr, u16), Vec<u64>>,
+    expected_reordered: u64,
+}
+
+/// Runs `config`'s generator against an echo server at [`FAR_SERVER`] that
+/// answers each burst in order, or in reverse.
+fn echo_flows(config: GeneratorConfig, reverse: bool) -> (GeneratorStats, FlowLog) {
+    let (mut switch, generator_port, server_port) = two_port_switch();
+    let mut generator = TrafficGenerator::new(config).unwrap();
+    let mut log = FlowLog {
+        numbers: std::collections::HashMap::new(),
+        expected_reordered: 0,
+    };
+    let mut answered = std::collections::HashMap::<(Ipv4Addr, u16), u64>::new();
+    let mut now = generator.config().start_ns;
+    let mut drain_steps = 3;
+    while drain_steps > 0 {
+        generator.poll(now, &mut switch.port(generator_port).unwrap());
+        let mut nic = switch.port(server_port).unwrap();
+        let mut received = Vec::new();
+        nic.rx_burst(&mut received, usize::MAX);
+        if reverse {
+            received.reverse();
+        }
+        let mut replies = Vec::new();
+        for request in received {
+            let mut reply = [0u8; 2048];
+            let len = match ginza_net::parse(nic.pool().bytes(&request), &FAR_SERVER) {
+                Ok(Packet::Udp(d)) => {
+                    let number = u64::from_be_bytes(d.payload[24..32].try_into().unwrap());
+                    let source = (d.src.ip, d.src.port);
+                    log.numbers.entry(source).or_default().push(number);
+                    let high = answered.entry(source).or_insert(0);
+                    if number < *high {
+                        log.expected_reordered += 1;
+                    } else {
+                        *high = number + 1;
+                    }
+                    tx::udp_datagram(
+                        &mut reply,
+                        &FAR_SERVER,
+                        d.src_mac,
+                        d.dst.port,
+                        d.src,
+                        d.payload,
+                    )
+                    .unwrap()
+                }
+                other => panic!("the server got {other:?}"),
+            };
+            nic.pool_mut().free(request).unwrap();
+            replies.push(nic.pool_mut().alloc_copy(&reply[..len]).unwrap());
+        }
+        let n = replies.len();
+        assert_eq!(nic.tx_burst(&mut replies), n);
+        if generator.finished_sending() {
+            drain_steps -= 1;
+        }
+        now += 20_000;
+    }
+    (generator.stats(), log)
+}
+
+/// 100,000 flows from port 40000: 25,536 ports of each of 10.0.0.1..=3 and
+/// 23,392 of 10.0.0.4. Every request comes from one of those (address,
+/// port) pairs, each pair numbers its requests 0, 1, 2 … (one flow per
+/// pair), and every reply, to whichever address, is matched.
+#[test]
+fn flows_past_one_address_use_the_next_addresses_and_are_answered() {
+    let mut config = generator_config(2_000_000.0, 10_000_000, 6);
+    config.flows = 100_000;
+    config.target.ip = FAR_SERVER.ip;
+    let (st, log) = echo_flows(config, false);
+    assert!(st.sent > 18_000, "{st:?}");
+    assert_eq!(st.replies, st.sent, "{st:?}");
+    assert_eq!(st.unmatched_replies + st.malformed_replies, 0, "{st:?}");
+    assert_eq!(st.reordered, 0, "{st:?}");
+    let mut addresses = std::collections::BTreeSet::new();
+    for (&(ip, port), numbers) in &log.numbers {
+        let index = u32::from(ip) - u32::from(GENERATOR.ip);
+        assert!(index < 4 && port >= 40_000, "{ip}:{port}");
+        assert!(index < 3 || port < 40_000 + 23_392, "{ip}:{port}");
+        addresses.insert(index);
+        let expected: Vec<u64> = (0..numbers.len() as u64).collect();
+        assert_eq!(numbers, &expected, "{ip}:{port}: one flow's numbering");
+    }
+    assert_eq!(addresses.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    // 20,000 uniform draws of 100,000 flows hit about 18,100 distinct ones.
+    assert!(log.numbers.len() > 17_000, "{} flows", log.numbers.len());
+    assert_eq!(
+        log.numbers.values().map(|n| n.len() as u64).sum::<u64>(),
+        st.sent
+    );
+}
+
+/// Reordering is counted per flow when flows span addresses: 12 flows of 4
+/// ports each over 3 addresses, bursts answered in reverse.
+#[test]
+fn replies_out_of_order_are_counted_per_flow_across_addresses() {
+    let mut config = generator_config(500_000.0, 2_000_000, 7);
+    config.flows = 12;
+    config.src_port = 65_532;
+    config.target.ip = FAR_SERVER.ip;
+    let (st, log) = echo_flows(config, true);
+    assert_eq!(st.replies, st.sent, "{st:?}");
+    assert_eq!(log.numbers.len(), 12, "every flow is used");
+    assert!(st.reordered > 0, "{st:?}");
+    assert_eq!(st.reordered, log.expected_reordered, "{st:?}");
 }

@@ -57,8 +57,9 @@ pub struct SteeringArgs {
     /// Print one JSON object on stdout (the table then goes to stderr).
     #[arg(long)]
     json: bool,
-    /// Flows (source ports) of the generator.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    /// Flows of the generator (source address and port pairs; up to
+    /// 25,536 ports per address, more flows take the next addresses).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     flows: u32,
     /// Requests per second.
     #[arg(long, default_value_t = 20_000.0)]

@@ -9,20 +9,31 @@
 //! passed. An arrival that could not be injected (no buffer, link refused it)
 //! is counted and not retried, as a late retry would distort the schedule.
 //!
-//! Requests belong to `flows` flows (source ports `src_port..src_port +
-//! flows`, each request's flow drawn uniformly) and each flow numbers its
-//! requests (the number also travels in the payload after the header, where
-//! it fits). A reply to a flow's request that comes back after a reply to a
+//! Requests belong to `flows` flows (each request's flow drawn uniformly,
+//! up to [`MAX_FLOWS`]) and each flow numbers its requests (the number also
+//! travels in the payload after the header, where it fits). A reply to a flow's request that comes back after a reply to a
 //! later request of the same flow counts as reordered: the observable proxy
 //! for packets processed out of order within a flow (docs/design.md,
 //! "Packet steering").
+//!
+//! A flow is a source (address, port) pair: with `ports = 65536 - src_port`
+//! source ports per address, flow `f` sends from port `src_port + f % ports`
+//! of address `interface.ip + f / ports`, so up to `ports` flows use the
+//! generator's own address and more take the next addresses in turn (from
+//! port 40000, iokerneld's: 25,536 flows per address, 4 addresses for
+//! 100,000 flows, 42 for [`MAX_FLOWS`]). Replies to any of those addresses
+//! (at the generator's MAC) are its own; the addresses must not wrap past
+//! 255.255.255.255 nor, when there are several, include the target's.
 
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp};
 
-use ginza_net::{tx, Endpoint, Interface, MacAddr, Packet, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET};
+use ginza_net::{
+    tx, Endpoint, Interface, Ipv4Addr, MacAddr, Packet, UdpDatagram, MAX_UDP_PAYLOAD,
+    UDP_PAYLOAD_OFFSET,
+};
 use ginza_proto::request::{RequestHeader, REQUEST_HEADER_LEN};
 
 use super::{Frame, Nic};
@@ -30,6 +41,9 @@ use super::{Frame, Nic};
 /// Histograms cover 1 ns..60 s at 3 significant digits; longer values count
 /// as 60 s.
 const HISTOGRAM_MAX_NS: u64 = 60_000_000_000;
+
+/// Flows a generator can send (its per-flow counters take 8 bytes a flow).
+pub const MAX_FLOWS: u32 = 1 << 20;
 
 /// Replies taken from the link per `rx_burst` call.
 const RX_BURST: usize = 64;
@@ -100,7 +114,9 @@ pub struct GeneratorConfig {
     pub src_port: u16,
     pub target_mac: MacAddr,
     pub target: Endpoint,
-    /// Flows (source ports from `src_port` on), at least 1.
+    /// Flows, 1..=[`MAX_FLOWS`]: source ports from `src_port` on, then
+    /// the same ports of the next addresses after `interface.ip` (module
+    /// documentation).
     pub flows: u32,
     /// Mean arrivals per second of the Poisson process.
     pub rate_per_sec: f64,
@@ -133,8 +149,19 @@ pub enum GeneratorConfigError {
     PayloadLen { len: usize },
     #[error("max_outstanding and max_burst must be at least 1")]
     ZeroLimit,
-    #[error("{flows} flows from source port {src_port}: must be 1 or more, ports up to 65535")]
-    Flows { flows: u32, src_port: u16 },
+    #[error("{flows} flows: must be 1..={MAX_FLOWS}")]
+    Flows { flows: u32 },
+    #[error(
+        "{flows} flows from {first} port {src_port} need source addresses {first}..={last}, \
+         which must not wrap past 255.255.255.255 nor include the target {target}"
+    )]
+    FlowAddresses {
+        flows: u32,
+        src_port: u16,
+        first: Ipv4Addr,
+        last: Ipv4Addr,
+        target: Ipv4Addr,
+    },
 }
 
 /// Counts of a generator. Every scheduled arrival ends up in exactly one of
@@ -156,8 +183,8 @@ pub struct GeneratorStats {
     /// Replies with a sequence number not outstanding: duplicates, replies
     /// to requests already counted lost, or made-up ones.
     pub unmatched_replies: u64,
-    /// Frames received that are not a reply to us (not UDP to our address
-    /// and port, or too short).
+    /// Frames received that are not a reply to us (not UDP to one of our
+    /// flows' addresses and ports, or too short).
     pub malformed_replies: u64,
     /// Requests unanswered when their slot was reused: lost.
     pub evicted: u64,
@@ -192,6 +219,11 @@ pub struct TrafficGenerator {
     flow_next: Vec<u32>,
     /// Per flow: 1 + the highest request number answered (0: none yet).
     flow_answered: Vec<u32>,
+    /// Flows' source addresses (`interface.ip` + 0..addresses, as u32)
+    /// and ports per address (module documentation).
+    first_ip: u32,
+    addresses: u32,
+    ports: u32,
     slot_mask: u64,
     latency: Histogram<u64>,
     lag: Histogram<u64>,
@@ -225,10 +257,26 @@ impl TrafficGenerator {
         if config.max_outstanding == 0 || config.max_burst == 0 {
             return Err(GeneratorConfigError::ZeroLimit);
         }
-        if config.flows == 0 || u32::from(config.src_port) + config.flows > 65_536 {
+        if !(1..=MAX_FLOWS).contains(&config.flows) {
             return Err(GeneratorConfigError::Flows {
                 flows: config.flows,
+            });
+        }
+        let ports = 65_536 - u32::from(config.src_port);
+        let addresses = config.flows.div_ceil(ports);
+        let first_ip = u32::from(config.interface.ip);
+        let last_ip = first_ip.checked_add(addresses - 1);
+        let target_ip = u32::from(config.target.ip);
+        // A source address equal to the target's would make the requests
+        // look like the target's own traffic.
+        let target_among = addresses > 1 && target_ip.wrapping_sub(first_ip) < addresses;
+        if last_ip.is_none() || target_among {
+            return Err(GeneratorConfigError::FlowAddresses {
+                flows: config.flows,
                 src_port: config.src_port,
+                first: config.interface.ip,
+                last: Ipv4Addr::from(first_ip.wrapping_add(addresses - 1)),
+                target: config.target.ip,
             });
         }
         let slots = config.max_outstanding.next_power_of_two();
@@ -248,6 +296,9 @@ impl TrafficGenerator {
             outstanding: vec![None; slots],
             flow_next: vec![0; config.flows as usize],
             flow_answered: vec![0; config.flows as usize],
+            first_ip,
+            addresses,
+            ports,
             slot_mask: slots as u64 - 1,
             latency: histogram(),
             lag: histogram(),
@@ -293,16 +344,10 @@ impl TrafficGenerator {
     fn collect_replies<N: Nic + ?Sized>(&mut self, now_ns: u64, nic: &mut N) {
         // Taken out of `self` for the loop, which needs `self` mutably.
         let mut received = std::mem::take(&mut self.rx_scratch);
-        // Ports `src_port..src_port + flows` (checked to fit in `new`): a
-        // port below `src_port` wraps to at least `65536 - src_port`.
-        let (first_port, flows) = (self.config.src_port, self.config.flows);
         while nic.rx_burst(&mut received, RX_BURST) > 0 {
             for frame in received.drain(..) {
-                let reply = match ginza_net::parse(nic.pool().bytes(&frame), &self.config.interface)
-                {
-                    Ok(Packet::Udp(datagram))
-                        if u32::from(datagram.dst.port.wrapping_sub(first_port)) < flows =>
-                    {
+                let reply = match self.parse_reply(nic.pool().bytes(&frame)) {
+                    Some(Packet::Udp(datagram)) if self.flow_of(&datagram).is_some() => {
                         RequestHeader::decode(datagram.payload)
                     }
                     _ => None,
@@ -318,6 +363,43 @@ impl TrafficGenerator {
             }
         }
         self.rx_scratch = received;
+    }
+
+    /// The frame parsed as sent to the generator: to its MAC and one of its
+    /// flows' addresses (a reply to a flow of another address than
+    /// `interface.ip` is parsed again as that address's).
+    fn parse_reply<'a>(&self, frame: &'a [u8]) -> Option<Packet<'a>> {
+        match ginza_net::parse(frame, &self.config.interface) {
+            Ok(packet) => Some(packet),
+            Err(ginza_net::Drop::NotOurIp { dst })
+                if u32::from(dst).wrapping_sub(self.first_ip) < self.addresses =>
+            {
+                let flow_address = Interface {
+                    mac: self.config.interface.mac,
+                    ip: dst,
+                };
+                ginza_net::parse(frame, &flow_address).ok()
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The flow a datagram to the generator is addressed to (`None`: an
+    /// address and port of no flow).
+    fn flow_of(&self, datagram: &UdpDatagram<'_>) -> Option<u32> {
+        let address = u32::from(datagram.dst.ip).wrapping_sub(self.first_ip);
+        // A port below `src_port` wraps to at least `ports`.
+        let port = u32::from(datagram.dst.port.wrapping_sub(self.config.src_port));
+        let flow = u64::from(address) * u64::from(self.ports) + u64::from(port);
+        (address < self.addresses && port < self.ports && flow < u64::from(self.config.flows))
+            .then_some(flow as u32)
+    }
+
+    /// The source (address, port) of flow `flow` (module documentation).
+    fn flow_source(&self, flow: u32) -> (Ipv4Addr, u16) {
+        let ip = Ipv4Addr::from(self.first_ip + flow / self.ports);
+        let port = u32::from(self.config.src_port) + flow % self.ports;
+        (ip, port as u16)
     }
 
     /// Latency from our own record of the send time: the copy echoed in the
@@ -368,12 +450,12 @@ impl TrafficGenerator {
                 self.stats.no_buffer += 1;
                 continue;
             };
+            let source = self.flow_source(flow);
             let pool = nic.pool_mut();
-            let src_port = self.config.src_port + flow as u16;
             match build_request(
                 pool.buffer_mut(&mut frame),
                 &self.config,
-                src_port,
+                source,
                 &header,
                 flow_seq,
             ) {
@@ -430,12 +512,12 @@ impl TrafficGenerator {
 /// The one place a request frame is assembled: header fields and zero padding
 /// written in place at the UDP payload offset, then Ethernet/IPv4/UDP headers
 /// in front of them (no copy); the request's number in its flow follows the
-/// header (big-endian u64) where the payload has room. Returns the frame's
-/// length.
+/// header (big-endian u64) where the payload has room. `source` is the
+/// flow's address and port. Returns the frame's length.
 fn build_request(
     buffer: &mut [u8],
     config: &GeneratorConfig,
-    src_port: u16,
+    (src_ip, src_port): (Ipv4Addr, u16),
     header: &RequestHeader,
     flow_seq: u32,
 ) -> Result<usize, ginza_net::BuildError> {
@@ -448,9 +530,13 @@ fn build_request(
         }
     }
     // Reports a buffer that is too small, whether or not the payload fit.
+    let from = Interface {
+        mac: config.interface.mac,
+        ip: src_ip,
+    };
     tx::write_udp_headers(
         buffer,
-        &config.interface,
+        &from,
         config.target_mac,
         src_port,
         config.target,
@@ -519,5 +605,59 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    #[test]
+    fn each_flow_has_its_own_source_and_replies_map_back_to_it() {
+        let config = GeneratorConfig {
+            interface: Interface {
+                mac: MacAddr([2, 0, 0, 0, 0, 1]),
+                ip: Ipv4Addr::new(10, 0, 0, 254),
+            },
+            src_port: 40_000,
+            target_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            target: Endpoint::new(Ipv4Addr::new(10, 1, 0, 1), 7),
+            flows: MAX_FLOWS,
+            rate_per_sec: 1000.0,
+            service: ServiceTime::Constant { ns: 0 },
+            payload_len: REQUEST_HEADER_LEN,
+            start_ns: 0,
+            duration_ns: 1,
+            max_outstanding: 1,
+            max_burst: 1,
+            seed: 1,
+        };
+        let generator = TrafficGenerator::new(config).unwrap();
+        let reply_to = |(ip, port): (Ipv4Addr, u16)| UdpDatagram {
+            src_mac: MacAddr([2, 0, 0, 0, 0, 2]),
+            src: Endpoint::new(Ipv4Addr::new(10, 1, 0, 1), 7),
+            dst: Endpoint::new(ip, port),
+            payload: &[],
+        };
+        let mut sources = std::collections::HashSet::new();
+        for flow in (0..MAX_FLOWS)
+            .step_by(97)
+            .chain([25_535, 25_536, MAX_FLOWS - 1])
+        {
+            let source = generator.flow_source(flow);
+            assert!(sources.insert(source), "flow {flow}: {source:?} reused");
+            assert_eq!(generator.flow_of(&reply_to(source)), Some(flow));
+        }
+        assert_eq!(
+            generator.flow_source(25_536),
+            (Ipv4Addr::new(10, 0, 0, 255), 40_000)
+        );
+        // 2^20 flows of 25,536 ports: 42 addresses, the last one's first
+        // 1,600 ports.
+        let last = Ipv4Addr::new(10, 0, 1, 39);
+        assert_eq!(generator.flow_source(MAX_FLOWS - 1), (last, 41_599));
+        for stranger in [
+            (last, 41_600),
+            (Ipv4Addr::new(10, 0, 1, 40), 40_000),
+            (Ipv4Addr::new(10, 0, 0, 253), 40_000),
+            (Ipv4Addr::new(10, 0, 0, 254), 39_999),
+        ] {
+            assert_eq!(generator.flow_of(&reply_to(stranger)), None, "{stranger:?}");
+        }
     }
 }

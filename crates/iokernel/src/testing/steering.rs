@@ -42,7 +42,8 @@ pub struct SteeringRun {
     pub policy: SteeringKind,
     /// Kthreads of the application (and cores iokerneld manages).
     pub kthreads: usize,
-    /// Flows (source ports) of the generator.
+    /// Flows of the generator (source address and port pairs, up to
+    /// `nic::generator::MAX_FLOWS`; docs in `nic/generator.rs`).
     pub flows: u32,
     /// Requests per second.
     pub rate: f64,
@@ -51,6 +52,9 @@ pub struct SteeringRun {
     /// How long a kthread stays parked, and how long all hold a core
     /// between two parks.
     pub phase: Duration,
+    /// `flow-affinity`'s table: flows it holds (iokerneld's
+    /// `flow_table_capacity`).
+    pub flow_table_capacity: usize,
     /// Whether kthreads park at all (without: the active set never
     /// changes after the start).
     pub parks: bool,
@@ -69,6 +73,7 @@ impl SteeringRun {
             rate: 20_000.0,
             sending: Duration::from_millis(720),
             phase: Duration::from_millis(60),
+            flow_table_capacity: ginza_policy::steer::DEFAULT_FLOW_TABLE_CAPACITY,
             parks: true,
             seed: 11,
         }
@@ -106,7 +111,7 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(cores: usize) -> Result<Daemon, String> {
+    fn start(cores: usize, flow_table_capacity: usize) -> Result<Daemon, String> {
         static RUNS: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "ginza-steering-{}-{}",
@@ -118,6 +123,7 @@ impl Daemon {
         let mut cfg = Config::new(cores.clone());
         cfg.socket = socket.clone();
         cfg.idle_sleep = Some(Duration::from_millis(1));
+        cfg.steering_options.flow_table_capacity = flow_table_capacity;
         cfg.validate(&cores).map_err(|e| e.to_string())?;
         let d = Iokerneld::bind(cfg, RecordingActuator::new()).map_err(|e| e.to_string())?;
         let stop = d.stop_handle();
@@ -221,7 +227,7 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
         ));
     }
     let kthreads = run.kthreads;
-    let d = Daemon::start(kthreads)?;
+    let d = Daemon::start(kthreads, run.flow_table_capacity)?;
     let me = Interface {
         mac: MacAddr([0x02, 0, 0, 0, 0, 1]),
         ip: Ipv4Addr::new(10, 9, 0, 1),
