@@ -42,6 +42,7 @@ fn steering_reports_every_policy() {
             "p99_us",
             "ns_per_decision",
             "table_bytes",
+            "table_evictions",
         ] {
             assert!(p[key].is_number(), "{policy}.{key}: {v}");
         }
@@ -55,6 +56,9 @@ fn steering_reports_every_policy() {
         assert!(p["ns_per_decision"].as_f64().unwrap() > 0.0, "{v}");
     }
     assert_eq!(v["policies"]["rss-mod"]["table_bytes"], 0);
+    // Only flow-affinity keeps a per-flow table that can evict.
+    assert_eq!(v["policies"]["rss-mod"]["table_evictions"], 0.0);
+    assert_eq!(v["policies"]["indirection"]["table_evictions"], 0.0);
     assert!(
         v["policies"]["indirection"]["table_bytes"]
             .as_u64()

@@ -98,6 +98,7 @@ pub(super) struct Run {
     p99_us: f64,
     ns_per_decision: f64,
     table_bytes: u64,
+    table_evictions: u64,
 }
 
 /// A policy's medians over rounds.
@@ -119,6 +120,9 @@ struct PolicyFigures {
     p99_us: f64,
     ns_per_decision: f64,
     table_bytes: u64,
+    /// Flows the policy's bounded table evicted to make room (flow-affinity
+    /// under more flows than its table holds), median per round.
+    table_evictions: f64,
     /// Requests sent and dropped for want of room (all rounds).
     sent: u64,
     dropped: u64,
@@ -185,6 +189,7 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
             p99_us: med(|r| r.p99_us),
             ns_per_decision: med(|r| r.ns_per_decision),
             table_bytes: mine.first().map_or(0, |r| r.table_bytes),
+            table_evictions: med(|r| r.table_evictions as f64),
             sent: mine.iter().map(|r| r.sent).sum(),
             dropped: mine.iter().map(|r| r.dropped).sum(),
         };
@@ -254,6 +259,7 @@ pub(super) fn one_run(
         p99_us: us(0.99),
         ns_per_decision: o.steering.ns_per_decision().unwrap_or(0.0),
         table_bytes: o.steering.tb,
+        table_evictions: o.net.ev,
     })
 }
 
