@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 
 use crate::Time;
 
+pub mod colocated;
+
 /// Where a preempted request goes back into its queue. Shinjuku §3.4: the
 /// tail approximates processor sharing, the head approximates c-FCFS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
