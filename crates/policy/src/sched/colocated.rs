@@ -519,7 +519,7 @@ mod tests {
             }
             // The allocator: bursting workers come and go; guaranteed ones stay.
             let w = (rng.next_u64() % workers as u64) as usize;
-            if w >= guaranteed && rng.next_u64() % 4 == 0 {
+            if w >= guaranteed && rng.next_u64().is_multiple_of(4) {
                 d.set_granted(w, !d.is_granted(w));
             }
             for w in 0..guaranteed {
