@@ -45,6 +45,8 @@ use ginza_proto::messages::{Class, Removal, StatsReport};
 use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
 mod control;
+mod dispatch;
+pub(crate) use dispatch::is_request;
 mod packets;
 mod pass;
 mod stats;
@@ -143,6 +145,8 @@ struct App {
     doomed: Option<String>,
     /// Its address, port and ingress pool, if it registered one.
     net: Option<AppNet>,
+    /// Its request queues, when iokerneld dispatches its requests.
+    dispatch: Option<dispatch::AppDispatch>,
 }
 
 impl App {

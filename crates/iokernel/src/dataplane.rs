@@ -84,6 +84,9 @@ pub struct AppNet {
     /// Switch drops already counted in `stats` (the port's counters are
     /// cumulative): frames for the port, frames from it.
     switch_drops_seen: (u64, u64),
+    /// Dispatch by iokerneld (docs/colocate.md): UDP requests are held
+    /// here for the dispatcher instead of being steered to a ring.
+    pub held: Option<Vec<PacketDesc>>,
 }
 
 impl AppNet {
@@ -96,6 +99,11 @@ impl AppNet {
             tb: u32::try_from(steer.table_bytes).unwrap_or(u32::MAX),
             ..self.stats
         }
+    }
+
+    /// The bytes of a held request's packet.
+    pub fn held_frame(&self, desc: PacketDesc) -> Option<&[u8]> {
+        self.pool.frame(desc)
     }
 
     /// Adds its steering measurements to `totals` (one entry per policy).
@@ -545,6 +553,7 @@ impl Dataplane {
                 ..NetStats::default()
             },
             switch_drops_seen: (0, 0),
+            held: None,
             steer_decisions: 0,
             steer_ns: 0,
         })
@@ -743,12 +752,16 @@ impl Dataplane {
                         .pool
                         .write(buf, bytes)
                         .expect("a lent buffer is in the pool");
-                    self.staged[k].push(PacketDesc {
+                    let desc = PacketDesc {
                         buf,
                         len: len as u32,
                         hash,
                         reserved: 0,
-                    });
+                    };
+                    match &mut net.held {
+                        Some(held) if crate::daemon::is_request(bytes) => held.push(desc),
+                        _ => self.staged[k].push(desc),
+                    }
                 }
             }
             port.pool_mut()

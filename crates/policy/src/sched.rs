@@ -124,6 +124,14 @@ impl<T> Dispatcher<T> {
         self.pending += 1;
     }
 
+    /// Puts back, at the head of its queue, a request just taken by
+    /// [`Dispatcher::next_for_idle_worker`] that could not be started.
+    pub fn put_back(&mut self, req: Request<T>) {
+        let q = self.queue_of(req.class);
+        self.queues[q].push_front(req);
+        self.pending += 1;
+    }
+
     /// The request an idle worker should run now, if any.
     pub fn next_for_idle_worker(&mut self, now: Time) -> Option<Request<T>> {
         let q = self.select_queue(now)?;

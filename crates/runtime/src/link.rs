@@ -94,7 +94,9 @@ impl KLink {
         loop {
             match rx.recv() {
                 Ok(Some(ToKthread::Wake { decided_ns, .. })) => decided = Some(decided_ns),
-                Ok(Some(ToKthread::Preempt { .. })) => {}
+                // `Run` is for dispatch by iokerneld, which a runtime asks
+                // for only in the mode that reads it (docs/colocate.md).
+                Ok(Some(ToKthread::Preempt { .. } | ToKthread::Run { .. })) => {}
                 Ok(None) => return decided,
                 Err(e) => {
                     log::warn!("iokerneld's command ring: {e}");
@@ -206,6 +208,7 @@ impl Link {
             kthreads: n,
             net: self.cfg.net.as_ref().map(|c| c.interface),
             steering: self.cfg.steering.map(|s| s.name().to_string()),
+            dispatch: None,
         };
         let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
             .map_err(|e| e.to_string())?;

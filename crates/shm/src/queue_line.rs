@@ -28,6 +28,11 @@ impl LineFlags {
     /// iokerneld asks the kthread to give its core back at its next
     /// preemption point. Set by iokerneld, cleared by the runtime.
     pub const PREEMPT_PENDING: LineFlags = LineFlags(1 << 8);
+    /// Dispatch by iokerneld (docs/colocate.md): the request running on
+    /// the kthread has used its quantum while others wait; it yields at
+    /// its next preemption point and is handed back. Set by iokerneld,
+    /// cleared by the runtime.
+    pub const YIELD_REQUEST: LineFlags = LineFlags(1 << 9);
 
     pub fn contains(self, other: LineFlags) -> bool {
         self.0 & other.0 == other.0

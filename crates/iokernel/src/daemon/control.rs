@@ -225,6 +225,23 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Some(Err(reason)) => return refuse(self, reason),
             },
         };
+        let dispatch = match &reg.dispatch {
+            None => None,
+            Some(_) if reg.net.is_none() => {
+                return refuse(
+                    self,
+                    "dispatch by iokerneld needs a network interface".into(),
+                )
+            }
+            Some(spec) => match spec.sched_policy() {
+                Ok(policy) => Some(super::dispatch::AppDispatch::new(
+                    policy,
+                    reg.kthreads as usize,
+                    spec.class_offset,
+                )),
+                Err(reason) => return refuse(self, reason),
+            },
+        };
         match self.admit(&reg, r.fds, p.pid) {
             Ok((region, ends, eventfds)) => {
                 let id = self.next_id;
@@ -233,7 +250,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     .map(|iface| self.attach_net(&reg.name, iface, &region, steering))
                 {
                     None => None,
-                    Some(Ok(net)) => Some(net),
+                    Some(Ok(mut net)) => {
+                        if dispatch.is_some() {
+                            net.held = Some(Vec::new());
+                        }
+                        Some(net)
+                    }
                     Some(Err(reason)) => return refuse(self, reason),
                 };
                 let accepted = Response::Accepted {
@@ -285,6 +307,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     preempt_overdue: 0,
                     doomed: None,
                     net,
+                    dispatch,
                 });
                 None
             }

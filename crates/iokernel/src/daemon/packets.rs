@@ -29,6 +29,27 @@ impl<A: CoreActuator> Iokerneld<A> {
                     continue;
                 }
             }
+            if let Some(d) = &mut app.dispatch {
+                // Dispatch by iokerneld (docs/colocate.md): held requests
+                // into the queues, then one dispatch step.
+                if let Some(held) = net.held.as_mut().map(std::mem::take) {
+                    for desc in &held {
+                        d.arrive(*desc, net.held_frame(*desc).unwrap_or(&[]), now);
+                    }
+                    net.held = Some(held).map(|mut v| {
+                        v.clear();
+                        v
+                    });
+                }
+                let granted = app.kt.iter().map(|k| k.core.is_some() && !k.preempting);
+                net.stats.rx += d.step(now, granted, &mut app.ends);
+                if d.queued() > 0
+                    && app.kt.iter().all(|k| k.core.is_none())
+                    && !self.work_arrived.contains(&app.id)
+                {
+                    self.work_arrived.push(app.id);
+                }
+            }
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let end = &mut app.ends[k];
                 let mut moved = Ok(());

@@ -63,8 +63,22 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     kt.tid = Some(tid as i32);
                 }
+                ToIokernel::HandBack { request, completed } => {
+                    let told = match &mut app.dispatch {
+                        Some(d) => d.hand_back(k, request, completed, now),
+                        None => Err(format!(
+                            "kthread {k} handed back request {request}, but iokerneld dispatches none of its requests"
+                        )),
+                    };
+                    if let Err(reason) = told {
+                        return app.doom(reason);
+                    }
+                }
                 ToIokernel::Parked { next_deadline_ns }
                 | ToIokernel::Yielded { next_deadline_ns } => {
+                    if let Some(d) = &mut app.dispatch {
+                        d.gave_core_back(k, now);
+                    }
                     // Either way the kthread gave its core back and waits
                     // to be woken, at the latest for its timer.
                     if let Some(c) = kt.core.take() {
@@ -145,6 +159,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ..Default::default()
                 };
                 line.update(&mut ks);
+                if let (0, Some(d)) = (k, &app.dispatch) {
+                    // The dispatch queues are this application's queued
+                    // work (docs/colocate.md): counted as kthread 0's
+                    // runqueue, which a dispatched application leaves empty.
+                    let (taken, pushed) = d.queue_counters();
+                    ks.counters.rq_head = ks.counters.rq_head.wrapping_add(taken);
+                    ks.counters.rq_tail = ks.counters.rq_tail.wrapping_add(pushed);
+                }
                 // Packets waiting on the ingress ring: iokerneld is its
                 // producer, so it knows the tail and reads the head.
                 let ring = &mut app.ends[k].ingress;

@@ -158,6 +158,21 @@ impl<T> ColocatedDispatcher<T> {
         }
     }
 
+    /// Sets every worker's core (`false`: the application is going away).
+    pub fn set_all_granted(&mut self, granted: bool) {
+        for s in &mut self.slots {
+            s.granted = granted;
+        }
+    }
+
+    /// Takes a queued request out of the system without running it (the
+    /// application is going away), in the order an idle worker would.
+    pub fn take_queued(&mut self) -> Option<Request<T>> {
+        let r = self.queues.next_for_idle_worker(Time::MAX)?;
+        self.taken = self.taken.wrapping_add(1);
+        Some(r)
+    }
+
     pub fn is_granted(&self, worker: usize) -> bool {
         self.slots.get(worker).is_some_and(|s| s.granted)
     }
@@ -226,6 +241,19 @@ impl<T> ColocatedDispatcher<T> {
             }
         }
         Ok(())
+    }
+
+    /// The caller could not start the request of an [`Action::Run`] on
+    /// `worker` (its command ring was full): it goes back to the head of
+    /// its queue, and the worker is idle again.
+    pub fn not_started(&mut self, worker: usize, request: Request<T>) {
+        if let Some(slot) = self.slots.get_mut(worker) {
+            if slot.running.is_some_and(|r| r.id == request.id) {
+                slot.running = None;
+            }
+        }
+        self.taken = self.taken.wrapping_sub(1);
+        self.queues.put_back(request);
     }
 
     /// One dispatch step at `now`: asks for the preemption of requests
