@@ -15,9 +15,15 @@
 //!
 //! Hand-backs are untrusted: one that names a request the kthread does not
 //! run is refused and counted; an application that keeps lying is
-//! disconnected. A kthread that gives its core back while it still holds a
-//! request is taken to have handed it back preempted (and counted), so a
-//! revocation never strands a request.
+//! disconnected.
+//!
+//! A `Run` can cross the kthread's `Parked`/`Yielded` on the rings (the
+//! kthread found its command ring empty, then iokerneld sent the `Run`).
+//! The kthread reads nothing more until its next `Wake`, so such a `Run`
+//! is unread: iokerneld queues the request again exactly as it was (its
+//! packet, or its preempted context), and the kthread drops every `Run`
+//! it reads before that `Wake` (stale by this rule). A revocation thus
+//! never strands a request nor runs one twice.
 
 use ginza_policy::sched::colocated::{Action, ColocatedDispatcher, HandBack};
 use ginza_policy::sched::{Request, SchedPolicy};
@@ -44,8 +50,8 @@ pub(super) enum Held {
 pub(super) struct DispatchCounters {
     /// Hand-backs refused (unknown or duplicate request).
     pub lies: u64,
-    /// Kthreads that gave their core back while holding a request.
-    pub kept_requests: u64,
+    /// `Run`s that crossed their kthread's `Parked`/`Yielded` (queued again).
+    pub stale_runs: u64,
     /// Run commands that did not fit the command ring (tried again).
     pub ring_full: u64,
 }
@@ -57,6 +63,9 @@ pub(super) struct AppDispatch {
     class_offset: usize,
     next_request: u64,
     actions: Vec<Action<Held>>,
+    /// Per kthread, the request of the last `Run` sent and what it carried,
+    /// until it is handed back.
+    sent: Vec<Option<(u64, Held)>>,
     pub counters: DispatchCounters,
 }
 
@@ -67,6 +76,7 @@ impl AppDispatch {
             class_offset: class_offset.into(),
             next_request: 0,
             actions: Vec::new(),
+            sent: vec![None; workers],
             counters: DispatchCounters::default(),
         }
     }
@@ -116,7 +126,10 @@ impl AppDispatch {
             HandBack::Preempted
         };
         match self.queues.hand_back(k, request, how, Held::Preempted, now) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.sent[k] = None;
+                Ok(())
+            }
             Err(e) => {
                 self.counters.lies += 1;
                 log::debug!("dispatch: hand-back refused: {e}");
@@ -132,15 +145,18 @@ impl AppDispatch {
         }
     }
 
-    /// Kthread `k` gave its core back (parked or yielded): a request it
-    /// still holds counts as handed back preempted.
+    /// Kthread `k` gave its core back (parked or yielded): a request still
+    /// on it was sent by a `Run` it never read (see the module docs), and
+    /// is queued again as it was.
     pub fn gave_core_back(&mut self, k: usize, now: u64) {
         self.queues.set_granted(k, false);
-        if let Some(id) = self.queues.running_on(k) {
-            self.counters.kept_requests += 1;
-            let _ = self
-                .queues
-                .hand_back(k, id, HandBack::Preempted, Held::Preempted, now);
+        let Some(id) = self.queues.running_on(k) else {
+            return;
+        };
+        if let Some((sent_id, held)) = self.sent.get_mut(k).and_then(Option::take) {
+            debug_assert_eq!(sent_id, id);
+            self.counters.stale_runs += 1;
+            let _ = self.queues.hand_back(k, id, HandBack::Preempted, held, now);
         }
     }
 
@@ -180,7 +196,10 @@ impl AppDispatch {
                         request: request.id,
                         packet,
                     }) {
-                        Ok(()) => delivered += u64::from(packet.is_some()),
+                        Ok(()) => {
+                            delivered += u64::from(packet.is_some());
+                            self.sent[worker] = Some((request.id, request.payload));
+                        }
                         Err(SendError::Full | SendError::Corrupt(_)) => {
                             // A corrupt ring is found by the command drain.
                             self.counters.ring_full += 1;
@@ -346,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn a_worker_that_gives_its_core_back_with_a_request_has_it_requeued() {
+    fn a_run_that_crossed_its_kthreads_park_is_queued_again_as_it_was() {
         let (_region, mut io, mut rt) = ends(2);
         let policy = SchedPolicy::CPreSq {
             quantum: 5_000,
@@ -355,16 +374,16 @@ mod tests {
         let mut d = AppDispatch::new(policy, 2, 0);
         d.arrive(desc(1), &frame(0), 0);
         d.step(0, [true, false].into_iter(), &mut io);
+        // The Run crossed kthread 0's Parked: it is stale, and the request
+        // goes to kthread 1 with its packet.
         d.gave_core_back(0, 5);
-        assert_eq!(d.counters.kept_requests, 1);
+        assert_eq!(d.counters.stale_runs, 1);
         d.step(6, [false, true].into_iter(), &mut io);
-        let _ = rt[0].from_iokernel.recv().unwrap();
-        assert_eq!(
-            rt[1].from_iokernel.recv().unwrap(),
-            Some(ToKthread::Run {
-                request: 0,
-                packet: None
-            })
-        );
+        let fresh = Some(ToKthread::Run {
+            request: 0,
+            packet: Some(RunPacket { buf: 1, len: 100 }),
+        });
+        assert_eq!(rt[0].from_iokernel.recv().unwrap(), fresh, "the stale one");
+        assert_eq!(rt[1].from_iokernel.recv().unwrap(), fresh);
     }
 }

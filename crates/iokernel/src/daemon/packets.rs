@@ -41,7 +41,11 @@ impl<A: CoreActuator> Iokerneld<A> {
                         v
                     });
                 }
-                let granted = app.kt.iter().map(|k| k.core.is_some() && !k.preempting);
+                // Woken (or waking): a `Run` must follow the `Wake`.
+                let granted = app
+                    .kt
+                    .iter()
+                    .map(|k| k.core.is_some() && !k.preempting && k.awaiting.is_none());
                 net.stats.rx += d.step(now, granted, &mut app.ends);
                 if d.queued() > 0
                     && app.kt.iter().all(|k| k.core.is_none())
