@@ -83,20 +83,16 @@ fn serve_all(total: u64, seed: u64) {
             }
             sent += 1;
         }
-        for k in 0..2 {
-            loop {
-                let msg = match server.ends[k].from_iokernel.recv().unwrap() {
-                    Some(m) => m,
-                    None => break,
-                };
+        for (k, worker) in workers.iter_mut().enumerate() {
+            while let Some(msg) = server.ends[k].from_iokernel.recv().unwrap() {
                 match msg {
-                    ToKthread::Wake { .. } => workers[k].granted = true,
+                    ToKthread::Wake { .. } => worker.granted = true,
                     ToKthread::Preempt { .. } => {
                         // Revoked: hand the request back, then the core.
-                        if let Some(id) = workers[k].holding.take() {
+                        if let Some(id) = worker.holding.take() {
                             hand_back(&mut server, k, id, false);
                         }
-                        workers[k].granted = false;
+                        worker.granted = false;
                         server.ends[k]
                             .to_iokernel
                             .send(ToIokernel::Yielded {
@@ -106,9 +102,9 @@ fn serve_all(total: u64, seed: u64) {
                     }
                     // Read before the Wake that follows our Parked: stale
                     // (docs/colocate.md); iokerneld queued it again.
-                    ToKthread::Run { .. } if !workers[k].granted => stale += 1,
+                    ToKthread::Run { .. } if !worker.granted => stale += 1,
                     ToKthread::Run { request, packet } => {
-                        assert!(workers[k].holding.is_none(), "worker {k} given two");
+                        assert!(worker.holding.is_none(), "worker {k} given two");
                         if let Some(p) = packet {
                             let desc = PacketDesc {
                                 buf: p.buf,
@@ -124,13 +120,13 @@ fn serve_all(total: u64, seed: u64) {
                         } else {
                             assert!(seq_of.contains_key(&request), "resumed an unknown request");
                         }
-                        workers[k].holding = Some(request);
+                        worker.holding = Some(request);
                     }
                 }
             }
         }
-        for k in 0..2 {
-            let Some(id) = workers[k].holding else {
+        for (k, worker) in workers.iter_mut().enumerate() {
+            let Some(id) = worker.holding else {
                 continue;
             };
             let asked = server.ends[k]
@@ -142,19 +138,19 @@ fn serve_all(total: u64, seed: u64) {
                     hand_back(&mut server, k, id, true);
                     completed[seq_of[&id] as usize] += 1;
                     done += 1;
-                    workers[k].holding = None;
+                    worker.holding = None;
                 }
                 6 => {
                     // Give the core back in the middle of the request.
                     hand_back(&mut server, k, id, false);
-                    workers[k] = Worker::default();
+                    *worker = Worker::default();
                     server.report_parked(k);
                     gave_back_mid_request += 1;
                 }
                 _ if asked => {
                     server.ends[k].line.remove_flags(LineFlags::YIELD_REQUEST);
                     hand_back(&mut server, k, id, false);
-                    workers[k].holding = None;
+                    worker.holding = None;
                 }
                 _ => {}
             }
