@@ -475,6 +475,7 @@ mod tests {
             ring_full: 0,
             preempt_overdue: 3,
             net: None,
+            dispatch: None,
         }
     }
 

@@ -81,6 +81,23 @@ impl AppDispatch {
         }
     }
 
+    /// Its counters for a stats report.
+    pub fn report(&self) -> ginza_proto::messages::DispatchStats {
+        let s = self.queues.stats();
+        ginza_proto::messages::DispatchStats {
+            queued: self.queues.queued() as u64,
+            on_workers: self.queues.on_workers() as u64,
+            arrived: s.arrived,
+            completed: s.completed,
+            preempted: s.preempted,
+            preempt_asked: s.preempt_asked,
+            revoked_mid_request: s.revoked_mid_request,
+            lies: self.counters.lies,
+            stale_runs: self.counters.stale_runs,
+            ring_full: self.counters.ring_full,
+        }
+    }
+
     /// Requests waiting in the queues (new and preempted).
     pub fn queued(&self) -> usize {
         self.queues.queued()
@@ -148,15 +165,12 @@ impl AppDispatch {
     /// Kthread `k` gave its core back (parked or yielded): a request still
     /// on it was sent by a `Run` it never read (see the module docs), and
     /// is queued again as it was.
-    pub fn gave_core_back(&mut self, k: usize, now: u64) {
+    pub fn gave_core_back(&mut self, k: usize) {
         self.queues.set_granted(k, false);
-        let Some(id) = self.queues.running_on(k) else {
-            return;
-        };
-        if let Some((sent_id, held)) = self.sent.get_mut(k).and_then(Option::take) {
-            debug_assert_eq!(sent_id, id);
-            self.counters.stale_runs += 1;
-            let _ = self.queues.hand_back(k, id, HandBack::Preempted, held, now);
+        if let Some((_, held)) = self.sent.get_mut(k).and_then(Option::take) {
+            if self.queues.withdraw(k, held).is_some() {
+                self.counters.stale_runs += 1;
+            }
         }
     }
 
@@ -376,7 +390,7 @@ mod tests {
         d.step(0, [true, false].into_iter(), &mut io);
         // The Run crossed kthread 0's Parked: it is stale, and the request
         // goes to kthread 1 with its packet.
-        d.gave_core_back(0, 5);
+        d.gave_core_back(0);
         assert_eq!(d.counters.stale_runs, 1);
         d.step(6, [false, true].into_iter(), &mut io);
         let fresh = Some(ToKthread::Run {

@@ -2,7 +2,7 @@
 //! steered by its active set, and a packet for an application with no core
 //! noted for the policy.
 
-use super::Iokerneld;
+use super::{Iokerneld, Kthread};
 use crate::actuator::CoreActuator;
 
 impl<A: CoreActuator> Iokerneld<A> {
@@ -42,11 +42,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     });
                 }
                 // Woken (or waking): a `Run` must follow the `Wake`.
-                let granted = app
-                    .kt
-                    .iter()
-                    .map(|k| k.core.is_some() && !k.preempting && k.awaiting.is_none());
-                net.stats.rx += d.step(now, granted, &mut app.ends);
+                net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
                 if d.queued() > 0
                     && app.kt.iter().all(|k| k.core.is_none())
                     && !self.work_arrived.contains(&app.id)
@@ -72,4 +68,21 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
     }
+
+    /// The dispatch step of every application iokerneld dispatches for
+    /// (docs/colocate.md), arrivals left to [`Self::dataplane`].
+    pub(super) fn dispatch_step(&mut self, now: u64) {
+        for app in &mut self.apps {
+            if let (Some(d), Some(net), None) = (&mut app.dispatch, &mut app.net, &app.doomed) {
+                net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
+            }
+        }
+    }
+}
+
+/// Which kthreads may be given requests: woken (or waking) and not being
+/// revoked; a `Run` must follow the kthread's `Wake`.
+pub(super) fn granted(kt: &[Kthread]) -> impl Iterator<Item = bool> + '_ {
+    kt.iter()
+        .map(|k| k.core.is_some() && !k.preempting && k.awaiting.is_none())
 }

@@ -77,7 +77,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 ToIokernel::Parked { next_deadline_ns }
                 | ToIokernel::Yielded { next_deadline_ns } => {
                     if let Some(d) = &mut app.dispatch {
-                        d.gave_core_back(k, now);
+                        d.gave_core_back(k);
                     }
                     // Either way the kthread gave its core back and waits
                     // to be woken, at the latest for its timer.
@@ -105,6 +105,9 @@ impl<A: CoreActuator> Iokerneld<A> {
         let t0 = clock::monotonic_ns();
         let actions = self.meter.actions;
         self.pass_inner(now, kind);
+        // A kthread granted now gets its request at once, not one loop
+        // later: it looks for one only briefly before it parks again.
+        self.dispatch_step(now);
         let t1 = clock::monotonic_ns();
         let m = &mut self.meter;
         let h = if !self.decisions.is_empty() || m.actions != actions {
@@ -398,6 +401,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             Err(SendError::Corrupt(e)) => {
                 app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
                 return None;
+            }
+        }
+        if let Some(d) = &mut app.dispatch {
+            // Its first request between the Wake and the eventfd: the
+            // kthread finds it as it wakes (docs/colocate.md).
+            let granted = super::packets::granted(&app.kt);
+            let sent = d.step(t0, granted, &mut app.ends);
+            if let Some(net) = &mut app.net {
+                net.stats.rx += sent;
             }
         }
         debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);

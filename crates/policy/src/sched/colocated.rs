@@ -256,6 +256,24 @@ impl<T> ColocatedDispatcher<T> {
         self.queues.put_back(request);
     }
 
+    /// `worker` never saw the request it was given (the caller's command
+    /// crossed the worker giving its core up): the request goes back to
+    /// the head of its queue with `payload`, as if never taken. Its id, if
+    /// the worker had one.
+    pub fn withdraw(&mut self, worker: usize, payload: T) -> Option<u64> {
+        let run = self.slots.get_mut(worker)?.running.take()?;
+        self.not_started(
+            worker,
+            Request {
+                id: run.id,
+                class: run.class,
+                arrival: run.arrival,
+                payload,
+            },
+        );
+        Some(run.id)
+    }
+
     /// One dispatch step at `now`: asks for the preemption of requests
     /// whose quantum is spent while others wait, then gives the queued
     /// requests to idle workers that hold a core. Actions are appended.
@@ -437,6 +455,27 @@ mod tests {
         d.hand_back(0, 1, HandBack::Preempted, 0, 61).unwrap();
         d.step(61, &mut out);
         assert_eq!(runs(&out), [(0, 2)]);
+    }
+
+    #[test]
+    fn a_withdrawn_request_goes_back_to_the_head_uncounted() {
+        let mut d = ColocatedDispatcher::new(sq(5, Placement::Tail), 2);
+        d.set_granted(0, true);
+        d.arrive(req(1, 0, 0), 0);
+        d.arrive(req(2, 0, 0), 0);
+        let mut out = Vec::new();
+        d.step(0, &mut out);
+        assert_eq!(d.queue_counters(), (1, 2));
+        d.set_granted(0, false);
+        assert_eq!(d.withdraw(0, 42), Some(1));
+        assert_eq!(d.withdraw(0, 42), None);
+        assert_eq!(d.queue_counters(), (0, 2));
+        assert_eq!(d.stats().preempted, 0);
+        d.set_granted(1, true);
+        out.clear();
+        d.step(1, &mut out);
+        assert_eq!(runs(&out), [(1, 1)]);
+        assert!(matches!(&out[0], Action::Run { request, .. } if request.payload == 42));
     }
 
     #[test]
