@@ -475,7 +475,6 @@ mod tests {
             ring_full: 0,
             preempt_overdue: 3,
             net: None,
-            dispatch: None,
         }
     }
 

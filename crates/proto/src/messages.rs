@@ -399,34 +399,6 @@ pub struct AppStats {
     /// Packets, for an application registered with `net`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetStats>,
-    /// Dispatch by iokerneld (docs/colocate.md), for an application that
-    /// asked for it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatch: Option<DispatchStats>,
-}
-
-/// What iokerneld's dispatcher did for one application (totals, and its
-/// queues now).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DispatchStats {
-    /// Requests waiting in the queues now (new and preempted).
-    pub queued: u64,
-    /// Requests on workers now.
-    pub on_workers: u64,
-    pub arrived: u64,
-    pub completed: u64,
-    /// Hand-backs of preempted requests (quantum or revocation).
-    pub preempted: u64,
-    /// Preemptions asked for (the quantum was spent while others waited).
-    pub preempt_asked: u64,
-    /// Requests handed back by a worker whose core was being revoked.
-    pub revoked_mid_request: u64,
-    /// Hand-backs refused (unknown or duplicate request).
-    pub lies: u64,
-    /// `Run`s that crossed their kthread's `Parked`/`Yielded` (queued again).
-    pub stale_runs: u64,
-    /// `Run`s that did not fit a command ring (tried again).
-    pub ring_full: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -642,7 +614,6 @@ mod tests {
                     ring_full: u64::MAX,
                     preempt_overdue: u64::MAX,
                     net: Some(NetStats {
-                        dispatch: None,
                         rx: u64::MAX,
                         tx: u64::MAX,
                         drop_ingress: u64::MAX,

@@ -82,8 +82,6 @@ fn serve_during(
             .generator()
             .run(load, Duration::from_secs(10))
             .unwrap();
-    let app = d.stats().apps.into_iter().find(|a| a.name == name);
-    eprintln!("iokerneld: {app:#?}");
     stop.store(true, Ordering::Release);
     (report, server.join().unwrap())
 }

@@ -490,6 +490,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             app.pid,
             cpulist::format(&cores)
         );
+        if let Some(d) = &app.dispatch {
+            info!("app {:?}: dispatch by iokerneld: {}", app.name, d.summary());
+        }
         self.disconnected += 1;
         self.actuator.app_removed(app.id, &app.name);
         if self.removals.len() == RECENT_REMOVALS {

@@ -81,21 +81,9 @@ impl AppDispatch {
         }
     }
 
-    /// Its counters for a stats report.
-    pub fn report(&self) -> ginza_proto::messages::DispatchStats {
-        let s = self.queues.stats();
-        ginza_proto::messages::DispatchStats {
-            queued: self.queues.queued() as u64,
-            on_workers: self.queues.on_workers() as u64,
-            arrived: s.arrived,
-            completed: s.completed,
-            preempted: s.preempted,
-            preempt_asked: s.preempt_asked,
-            revoked_mid_request: s.revoked_mid_request,
-            lies: self.counters.lies,
-            stale_runs: self.counters.stale_runs,
-            ring_full: self.counters.ring_full,
-        }
+    /// Its counters, for a log line when the application leaves.
+    pub fn summary(&self) -> String {
+        format!("{:?}, {:?}", self.queues.stats(), self.counters)
     }
 
     /// Requests waiting in the queues (new and preempted).

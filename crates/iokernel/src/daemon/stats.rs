@@ -137,7 +137,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ring_full: a.ring_full,
                     preempt_overdue: a.preempt_overdue,
                     net: a.net.as_ref().map(AppNet::report),
-                    dispatch: a.dispatch.as_ref().map(|d| d.report()),
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
