@@ -4,6 +4,7 @@
 //! Each experiment is one subcommand with its own arguments; add new ones
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
 
+mod colocate;
 mod common;
 mod corealloc;
 mod forward;
@@ -52,6 +53,12 @@ enum Experiment {
     /// out of order within a flow, flows moved per change of the active
     /// set, p50/p99, iokerneld's ns per decision, table memory; CSV and PNG.
     Steering(steering::SteeringArgs),
+    /// Shinjuku and Shenango in one system: a Shinjuku-mode spin server
+    /// (dispatch on iokerneld's core) beside batch, c-FCFS and c-PRE-SQ
+    /// under the 5 us allocator and c-PRE-SQ on static cores, sweeping
+    /// load; p50/p99, batch throughput, the server's cores, the simulator's
+    /// p99; CSV and PNG.
+    Colocate(colocate::ColocateArgs),
 }
 
 /// Runs the experiment named on the command line.
@@ -64,5 +71,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Forward(args) => forward::run(args),
         Experiment::Tcp(args) => tcp::run(args),
         Experiment::Steering(args) => steering::run(args),
+        Experiment::Colocate(args) => colocate::run(args),
     }
 }
