@@ -9,12 +9,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
-use ginza_iokernel::RecordingActuator;
+use ginza_iokernel::{LoadRun, RecordingActuator};
 use ginza_net::{Endpoint, Interface, Ipv4Addr, MacAddr};
 use ginza_policy::rng::SplitMix64;
 use ginza_proto::client::ClientError;
 use ginza_proto::messages::DispatchSpec;
+use ginza_proto::RequestHeader;
 use ginza_shm::{LineFlags, PacketDesc, ToIokernel, ToKthread};
 
 mod common;
@@ -211,4 +213,129 @@ fn a_bad_dispatch_spec_is_refused() {
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("accepted"),
     }
+}
+
+/// The allocator revokes the dispatched application's cores while its
+/// workers run requests (a rival latency-critical application always
+/// wants the same cores): each revoked worker hands its request back,
+/// another resumes it, and every request the generator sent completes
+/// exactly once.
+#[test]
+fn revoked_workers_hand_their_requests_back() {
+    let _g = lock();
+    let d = Daemon::start(RecordingActuator::new());
+    let mut server =
+        RawApp::register_dispatched(&d.socket, "shinjuku", iface(1), 2, sq(20_000)).unwrap();
+    let mut rival = RawApp::register(&d.socket, "rival", iface(3), 2).unwrap();
+    rival.stay_busy(0);
+    rival.stay_busy(1);
+    let run = {
+        let mut run = LoadRun::poisson(
+            iface(1),
+            7000,
+            20_000.0,
+            ServiceTime::Constant { ns: 1_000 },
+            Duration::from_millis(150),
+        );
+        run.drain = Duration::from_millis(10);
+        run
+    };
+    let generator = d.generator.clone();
+    let mut load = Some(std::thread::spawn(move || {
+        generator.run(run, Duration::from_secs(10))
+    }));
+    let mut rng = SplitMix64::new(5);
+    let mut workers: Vec<Worker> = (0..2).map(|_| Worker::default()).collect();
+    let mut seq_of: HashMap<u64, u64> = HashMap::new();
+    let mut arrived: HashMap<u64, u32> = HashMap::new();
+    let mut completed: HashMap<u64, u32> = HashMap::new();
+    let mut revoked_mid_request = 0u64;
+    let t0 = Instant::now();
+    let mut sent = None;
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "stuck; {:#?}",
+            d.stats()
+        );
+        if load.as_ref().is_some_and(|l| l.is_finished()) {
+            let report = load.take().unwrap().join().unwrap().unwrap();
+            sent = Some(report.stats.sent);
+        }
+        if sent.is_some_and(|s| completed.len() as u64 == s) {
+            break;
+        }
+        // The rival answers its revocations at once.
+        for k in 0..2 {
+            while let Some(m) = rival.ends[k].from_iokernel.recv().unwrap() {
+                if let ToKthread::Preempt { .. } = m {
+                    let _ = rival.ends[k].to_iokernel.send(ToIokernel::Yielded {
+                        next_deadline_ns: None,
+                    });
+                }
+            }
+        }
+        for (k, worker) in workers.iter_mut().enumerate() {
+            while let Some(msg) = server.ends[k].from_iokernel.recv().unwrap() {
+                match msg {
+                    ToKthread::Wake { .. } => worker.granted = true,
+                    ToKthread::Preempt { .. } => {
+                        if let Some(id) = worker.holding.take() {
+                            hand_back(&mut server, k, id, false);
+                            revoked_mid_request += 1;
+                        }
+                        worker.granted = false;
+                        let _ = server.ends[k].to_iokernel.send(ToIokernel::Yielded {
+                            next_deadline_ns: None,
+                        });
+                    }
+                    ToKthread::Run { .. } if !worker.granted => {}
+                    ToKthread::Run { request, packet } => {
+                        assert!(worker.holding.is_none(), "worker {k} given two");
+                        if let Some(p) = packet {
+                            let desc = PacketDesc {
+                                buf: p.buf,
+                                len: p.len.into(),
+                                ..Default::default()
+                            };
+                            let frame = server.pool.frame(desc).expect("a lent buffer").to_vec();
+                            let payload = ginza_net::rx::parse(&frame, &iface(1))
+                                .ok()
+                                .and_then(|p| match p {
+                                    ginza_net::Packet::Udp(u) => RequestHeader::decode(u.payload),
+                                    _ => None,
+                                })
+                                .expect("a request header");
+                            *arrived.entry(payload.seq).or_default() += 1;
+                            assert!(seq_of.insert(request, payload.seq).is_none(), "id reused");
+                            server.give_back(k, p.buf);
+                        } else {
+                            assert!(seq_of.contains_key(&request), "resumed an unknown request");
+                        }
+                        worker.holding = Some(request);
+                    }
+                }
+            }
+            // Requests take a few turns of this loop: revocations find them.
+            if let Some(id) = worker.holding {
+                if rng.next_u64() % 8 == 0 {
+                    hand_back(&mut server, k, id, true);
+                    *completed.entry(seq_of[&id]).or_default() += 1;
+                    worker.holding = None;
+                }
+            }
+        }
+        std::hint::spin_loop();
+    }
+    assert!(
+        arrived.values().all(|&n| n == 1),
+        "each request arrived once"
+    );
+    assert!(
+        completed.values().all(|&n| n == 1),
+        "each request completed once"
+    );
+    assert!(revoked_mid_request > 0, "no worker was revoked mid-request");
+    eprintln!("{revoked_mid_request} requests handed back by revoked workers");
+    assert_eq!(d.stats().apps.len(), 2, "nobody was disconnected");
 }
