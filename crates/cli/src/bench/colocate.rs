@@ -62,6 +62,9 @@ pub struct ColocateArgs {
     /// Managed cores (default: every allowed CPU but iokerneld's).
     #[arg(long)]
     cores: Option<usize>,
+    /// Simulated time per point of the simulator's prediction, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    sim_ms: f64,
     /// Where the CSV and PNG go.
     #[arg(long, default_value = "bench-results/colocate")]
     out: PathBuf,
@@ -163,8 +166,8 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
                 park_spin_us: SIM_PARK_SPIN_US,
                 grant_latency_us: SIM_GRANT_LATENCY_US,
                 preempt_cost_us: SIM_PREEMPT_COST_US,
-                duration_us: 1_000_000.0,
-                warmup_us: 50_000.0,
+                duration_us: args.sim_ms * 1e3,
+                warmup_us: args.sim_ms * 50.0,
                 seed: 11,
             }
             .run();
