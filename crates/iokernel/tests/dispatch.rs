@@ -123,6 +123,7 @@ fn serve_all(total: u64, seed: u64) {
                             assert!(seq_of.contains_key(&request), "resumed an unknown request");
                         }
                         worker.holding = Some(request);
+                        server.ends[k].line.set_running_request(Some(request));
                     }
                 }
             }
@@ -313,6 +314,7 @@ fn revoked_workers_hand_their_requests_back() {
                             assert!(seq_of.contains_key(&request), "resumed an unknown request");
                         }
                         worker.holding = Some(request);
+                        server.ends[k].line.set_running_request(Some(request));
                     }
                 }
             }

@@ -57,7 +57,10 @@ pub struct QueueLine {
     in_head: AtomicU32,
     in_tail: AtomicU32,
     flags: AtomicU32,
-    _reserved: AtomicU32,
+    /// Dispatch by iokerneld (docs/colocate.md): the request the kthread
+    /// has switched into, as its id's low 32 bits + 1 (0: none). Quanta
+    /// count from when iokerneld sees it, not from the `Run`.
+    running: AtomicU32,
     /// Earliest pending timer, CLOCK_MONOTONIC ns, or [`NO_TIMER`].
     next_timer_ns: AtomicU64,
     /// Cumulative busy (running uthreads) time, ns.
@@ -81,7 +84,7 @@ impl QueueLine {
             in_head: AtomicU32::new(0),
             in_tail: AtomicU32::new(0),
             flags: AtomicU32::new(0),
-            _reserved: AtomicU32::new(0),
+            running: AtomicU32::new(0),
             next_timer_ns: AtomicU64::new(NO_TIMER),
             busy_ns: AtomicU64::new(0),
         }
@@ -119,6 +122,16 @@ impl QueueLine {
     pub fn set_next_timer(&self, deadline_ns: Option<u64>) {
         self.next_timer_ns
             .store(deadline_ns.unwrap_or(NO_TIMER), Ordering::Relaxed)
+    }
+    /// Dispatch by iokerneld: the kthread switched into request `id`
+    /// (`None`: it runs none).
+    pub fn set_running_request(&self, id: Option<u64>) {
+        let v = id.map_or(0, |id| (id as u32).wrapping_add(1));
+        self.running.store(v, Ordering::Release)
+    }
+    /// Whether the kthread says it has switched into request `id`.
+    pub fn runs_request(&self, id: u64) -> bool {
+        self.running.load(Ordering::Acquire) == (id as u32).wrapping_add(1)
     }
     pub fn add_busy_ns(&self, ns: u64) {
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);

@@ -382,6 +382,7 @@ impl ColocateSim {
                         let x = &mut w[worker];
                         x.running = Some((request.id, now));
                         x.idle_since = None;
+                        d.started(worker, now.max(x.ready_at));
                     }
                     Action::Preempt { worker, .. } => {
                         w[worker].stop_at = Some(now + preempt_cost);

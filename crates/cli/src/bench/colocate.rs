@@ -104,6 +104,13 @@ struct Point {
     sim_lc_cores: f64,
     sent: u64,
     replies: u64,
+    /// The server's own counts: requests run to completion, preemptions
+    /// (quantum or revocation), new requests refused (too many in flight).
+    served: u64,
+    preempted: u64,
+    rejected: u64,
+    /// Requests iokerneld dropped for want of an ingress buffer or ring room.
+    dropped_ingress: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -320,13 +327,18 @@ fn measure(
     let paths1 = paths.load(Ordering::Relaxed);
     sampling.store(false, Ordering::Release);
     let lc_cores = sampler.join().unwrap_or(f64::NAN);
+    let dropped_ingress = client::stats(&socket)
+        .ok()
+        .and_then(|s| s.apps.into_iter().find(|a| a.name == "spin-shinjuku"))
+        .and_then(|a| a.net)
+        .map_or(0, |n| n.drop_ingress);
     stop.store(true, Ordering::Release);
     let served = server.join();
     let batched = batch.join();
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
     let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
-    served
+    let served = served
         .map_err(|_| anyhow::anyhow!("the server panicked"))?
         .context("the server")?;
     batched
@@ -345,6 +357,10 @@ fn measure(
         sim_lc_cores: f64::NAN,
         sent: report.stats.sent,
         replies: report.stats.replies,
+        served: served.served,
+        preempted: served.preempted,
+        rejected: served.rejected,
+        dropped_ingress,
     })
 }
 
@@ -366,13 +382,13 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<30} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>9}",
+        "{:<30} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>9}  server: served/preempted/rejected, iokerneld drops",
         "config", "load", "p50", "p99", "batch", "cores", "sim p99", "replies"
     );
     for p in &r.points {
         let _ = writeln!(
             s,
-            "{:<30} {:>5.2} {:>9.1} {:>9.1} {:>8.2} {:>7.2} {:>9.1} {:>4}/{}",
+            "{:<30} {:>5.2} {:>9.1} {:>9.1} {:>8.2} {:>7.2} {:>9.1} {:>4}/{}  {}/{}/{}, {}",
             label(p),
             p.load,
             p.p50_us,
@@ -381,7 +397,11 @@ fn render(r: &Report) -> String {
             p.lc_cores,
             p.sim_p99_us,
             p.replies,
-            p.sent
+            p.sent,
+            p.served,
+            p.preempted,
+            p.rejected,
+            p.dropped_ingress
         );
     }
     s
@@ -448,6 +468,10 @@ fn write_files(out: &std::path::Path, r: &Report) -> anyhow::Result<()> {
             sim_lc_cores: 0.0,
             sent: 0,
             replies: 0,
+            served: 0,
+            preempted: 0,
+            rejected: 0,
+            dropped_ingress: 0,
         });
         series.push(Series {
             name: format!("{name} (measured)"),

@@ -173,6 +173,12 @@ impl AppDispatch {
     ) -> u64 {
         for (k, g) in granted.enumerate() {
             self.queues.set_granted(k, g);
+            // Quanta count from when the worker says it switched in.
+            if let Some(id) = self.queues.running_on(k) {
+                if !self.queues.has_started(k) && ends[k].line.runs_request(id) {
+                    self.queues.started(k, now);
+                }
+            }
         }
         let mut actions = std::mem::take(&mut self.actions);
         self.queues.step(now, &mut actions);
@@ -315,8 +321,13 @@ mod tests {
             })
         );
         assert_eq!(d.queue_counters(), (1, 2));
-        // Past its quantum with request 1 waiting: asked to yield.
+        // Not started yet: no quantum runs, however long it waits.
         d.step(10_000, [false, true].into_iter(), &mut io);
+        assert!(!rt[1].line.flags().contains(LineFlags::YIELD_REQUEST));
+        rt[1].line.set_running_request(Some(0));
+        d.step(10_001, [false, true].into_iter(), &mut io);
+        // Past its quantum with request 1 waiting: asked to yield.
+        d.step(15_001, [false, true].into_iter(), &mut io);
         assert!(rt[1].line.flags().contains(LineFlags::YIELD_REQUEST));
         d.hand_back(1, 0, false, 10_500).unwrap();
         d.step(10_600, [true, true].into_iter(), &mut io);

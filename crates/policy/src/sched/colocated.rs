@@ -68,8 +68,9 @@ struct Running {
     id: u64,
     class: usize,
     arrival: Time,
-    /// When it was handed to the worker (its quantum counts from here).
-    since: Time,
+    /// When the worker started it (its quantum counts from here); `None`
+    /// until the caller says so ([`ColocatedDispatcher::started`]).
+    since: Option<Time>,
     /// A preemption has been asked for.
     asked: bool,
 }
@@ -282,7 +283,8 @@ impl<T> ColocatedDispatcher<T> {
             let Some(run) = &mut slot.running else {
                 continue;
             };
-            if !run.asked && self.queues.should_preempt(run.since, now) {
+            let Some(since) = run.since else { continue };
+            if !run.asked && self.queues.should_preempt(since, now) {
                 run.asked = true;
                 self.stats.preempt_asked += 1;
                 out.push(Action::Preempt {
@@ -303,19 +305,36 @@ impl<T> ColocatedDispatcher<T> {
                 id: request.id,
                 class: request.class,
                 arrival: request.arrival,
-                since: now,
+                since: None,
                 asked: false,
             });
             out.push(Action::Run { worker: w, request });
         }
     }
 
+    /// `worker` has switched into the request it was given (at `now`):
+    /// its quantum counts from here, so a worker slow to pick a request up
+    /// does not see it preempted before it ran (docs/colocate.md).
+    pub fn started(&mut self, worker: usize, now: Time) {
+        if let Some(Some(r)) = self.slots.get_mut(worker).map(|s| &mut s.running) {
+            r.since.get_or_insert(now);
+        }
+    }
+
+    /// Whether `worker`'s request has started (see [`Self::started`]).
+    pub fn has_started(&self, worker: usize) -> bool {
+        self.slots
+            .get(worker)
+            .and_then(|s| s.running)
+            .is_some_and(|r| r.since.is_some())
+    }
+
     /// When `worker`'s request will have used its quantum, if it runs one
-    /// and the policy preempts (the simulator's next event).
+    /// that has started and the policy preempts (the simulator's next event).
     pub fn quantum_ends(&self, worker: usize) -> Option<Time> {
         let q = self.queues.quantum()?;
         let r = self.slots.get(worker)?.running?;
-        (!r.asked).then_some(r.since.saturating_add(q))
+        (!r.asked).then_some(r.since?.saturating_add(q))
     }
 }
 
@@ -437,9 +456,12 @@ mod tests {
         let mut out = Vec::new();
         d.step(0, &mut out);
         out.clear();
-        d.step(50, &mut out);
-        assert!(out.is_empty(), "nothing waits: keep running");
-        d.arrive(req(2, 0, 55), 55);
+        d.arrive(req(2, 0, 1), 1);
+        d.step(30, &mut out);
+        assert!(out.is_empty(), "not started yet: no quantum runs");
+        d.started(0, 40);
+        d.step(45, &mut out);
+        assert!(out.is_empty(), "quantum not spent");
         d.step(55, &mut out);
         assert_eq!(
             out,
@@ -604,6 +626,7 @@ mod tests {
                             request.payload
                         );
                         given[worker] = Some(request.id);
+                        d.started(worker, now);
                     }
                     Action::Preempt { worker, request_id } => {
                         assert_eq!(given[worker], Some(request_id));

@@ -311,7 +311,11 @@ fn serve_one(
         },
     };
     loop {
-        match sched::run_on_worker(owner, uthread) {
+        // Its quantum counts from here (docs/colocate.md).
+        io.line.set_running_request(Some(request));
+        let stopped = sched::run_on_worker(owner, uthread);
+        io.line.set_running_request(None);
+        match stopped {
             Stopped::Exited => {
                 serving.in_flight.fetch_sub(1, Relaxed);
                 match handle.join() {
