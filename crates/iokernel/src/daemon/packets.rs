@@ -13,6 +13,16 @@ impl<A: CoreActuator> Iokerneld<A> {
     pub(super) fn dataplane(&mut self, now: u64, check_handle: bool) {
         self.dp.poll_links(now, check_handle);
         for app in &mut self.apps {
+            if app.dispatch.is_some() {
+                // Hand-backs every turn of the loop, not only at the
+                // allocation passes: a worker waits for its next request
+                // until its hand-back is read.
+                for k in 0..app.kt.len() {
+                    if app.doomed.is_none() {
+                        Self::drain(app, k, now, &mut self.ready);
+                    }
+                }
+            }
             let Some(net) = &mut app.net else { continue };
             if app.doomed.is_some() {
                 continue;

@@ -37,7 +37,7 @@ pub(super) struct Handover {
 
 impl<A: CoreActuator> Iokerneld<A> {
     /// Drains one kthread's command ring.
-    fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
+    pub(super) fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
         let cap = app.ends[k].from_kthread.raw().capacity();
         for _ in 0..cap {
             let msg = match app.ends[k].from_kthread.recv() {
