@@ -236,20 +236,6 @@ fn measure(
 
     let stop = Arc::new(AtomicBool::new(false));
     let paths = Arc::new(AtomicU64::new(0));
-    let batch = {
-        let mut io = IokernelConfig::new("batch", Class::Batch);
-        io.socket = Some(socket.clone());
-        let config = Config {
-            iokernel: Some(io),
-            ..Config::with_kthreads(n)
-        };
-        let (paths, stop) = (Arc::clone(&paths), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            ginza_runtime::run(config, move || {
-                ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
-            })
-        })
-    };
     let me = Interface {
         mac: MacAddr([0x02, 0x47, 0x5a, 0x00, 0x16, 0x01]),
         ip: Ipv4Addr::new(10, 47, 16, 1),
@@ -281,7 +267,36 @@ fn measure(
             dispatched::serve(cfg, move |r| answer_preemptible(r, &stats), &stop)
         })
     };
-    // Both registered, then a short settling time.
+    // The server registers first: on static cores its guaranteed core is
+    // granted before batch can take it. Then batch, then a short settling
+    // time.
+    let registered = |n: usize| -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        while client::stats(&socket)?.apps.len() < n {
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the applications did not register"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    };
+    registered(1)?;
+    let batch = {
+        let mut io = IokernelConfig::new("batch", Class::Batch);
+        io.socket = Some(socket.clone());
+        let config = Config {
+            iokernel: Some(io),
+            ..Config::with_kthreads(n)
+        };
+        let (paths, stop) = (Arc::clone(&paths), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            ginza_runtime::run(config, move || {
+                ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
+            })
+        })
+    };
+    registered(2)?;
     let t0 = Instant::now();
     loop {
         let s = client::stats(&socket)?;
