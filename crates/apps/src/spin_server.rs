@@ -75,6 +75,36 @@ pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<SpinStats>) -> io::Res
     Ok(())
 }
 
+/// Spins for `d` at preemption points: a request of a Shinjuku-mode
+/// server yields there when asked (its quantum is spent, or its core is
+/// being revoked; docs/colocate.md).
+pub fn spin_preemptible(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        ginza_runtime::preempt_point();
+    }
+}
+
+/// The request handler of the Shinjuku-mode server (dispatch by
+/// iokerneld): spins for the request's service time at preemption points,
+/// then echoes it.
+pub fn answer_preemptible(request: &[u8], stats: &SpinStats) -> Vec<u8> {
+    match RequestHeader::decode(request) {
+        None => {
+            stats.malformed.fetch_add(1, Relaxed);
+        }
+        Some(h) if h.service_ns > MAX_SERVICE.as_nanos() as u64 => {
+            stats.too_long.fetch_add(1, Relaxed);
+        }
+        Some(h) => {
+            spin_preemptible(Duration::from_nanos(h.service_ns));
+            stats.busy_ns.fetch_add(h.service_ns, Relaxed);
+        }
+    }
+    stats.served.fetch_add(1, Relaxed);
+    request.to_vec()
+}
+
 fn answer(socket: &UdpSocket, request: &[u8], from: SocketAddrV4, stats: &SpinStats) {
     match RequestHeader::decode(request) {
         None => {

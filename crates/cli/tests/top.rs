@@ -111,6 +111,7 @@ fn top_shows_a_registered_application() {
         kthreads: 2,
         net: None,
         steering: None,
+        dispatch: None,
     };
     let conn = client::register_region(&d.socket, &reg, &region, &efds).unwrap();
 

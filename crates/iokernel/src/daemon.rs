@@ -45,6 +45,8 @@ use ginza_proto::messages::{Class, Removal, StatsReport};
 use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
 mod control;
+mod dispatch;
+pub(crate) use dispatch::is_request;
 mod packets;
 mod pass;
 mod protected;
@@ -148,6 +150,8 @@ struct App {
     net: Option<AppNet>,
     /// A protected-mode netstack's channels (docs/protected.md).
     protects: Vec<protected::ProtectLink>,
+    /// Its request queues, when iokerneld dispatches its requests.
+    dispatch: Option<dispatch::AppDispatch>,
 }
 
 impl App {

@@ -93,6 +93,9 @@ pub struct AppNet {
     /// Protected applications' tx pools, by link, for zero-touch frames
     /// (`ginza_shm::netstack::gather`).
     pub tx_pools: Vec<(u64, ginza_shm::netstack::TxPoolView)>,
+    /// Dispatch by iokerneld (docs/colocate.md): UDP requests are held
+    /// here for the dispatcher instead of being steered to a ring.
+    pub held: Option<Vec<PacketDesc>>,
 }
 
 impl AppNet {
@@ -105,6 +108,11 @@ impl AppNet {
             tb: u32::try_from(steer.table_bytes).unwrap_or(u32::MAX),
             ..self.stats
         }
+    }
+
+    /// The bytes of a held request's packet.
+    pub fn held_frame(&self, desc: PacketDesc) -> Option<&[u8]> {
+        self.pool.frame(desc)
     }
 
     /// Adds its steering measurements to `totals` (one entry per policy),
@@ -562,6 +570,7 @@ impl Dataplane {
             switch_drops_seen: (0, 0),
             aliases: Vec::new(),
             tx_pools: Vec::new(),
+            held: None,
             steer_decisions: 0,
             steer_ns: 0,
         })
@@ -784,12 +793,16 @@ impl Dataplane {
                         .pool
                         .write(buf, bytes)
                         .expect("a lent buffer is in the pool");
-                    self.staged[k].push(PacketDesc {
+                    let desc = PacketDesc {
                         buf,
                         len: len as u32,
                         hash,
                         reserved: 0,
-                    });
+                    };
+                    match &mut net.held {
+                        Some(held) if crate::daemon::is_request(bytes) => held.push(desc),
+                        _ => self.staged[k].push(desc),
+                    }
                 }
             }
             port.pool_mut()

@@ -11,7 +11,7 @@ use ginza_net::{tx, Endpoint, Interface, MacAddr, Packet};
 use ginza_shm::{IngressPool, LineFlags, PacketDesc, Region, RegionConfig, RuntimeEnd, ToIokernel};
 
 use ginza_proto::client::{self, ClientError, Connection};
-use ginza_proto::messages::{Class, Registration};
+use ginza_proto::messages::{Class, DispatchSpec, Registration};
 
 /// A registered application and the runtime's end of each kthread.
 pub struct RawApp {
@@ -45,6 +45,29 @@ impl RawApp {
         kthreads: u32,
         steering: Option<&str>,
     ) -> Result<RawApp, ClientError> {
+        Self::register_with(socket, name, interface, kthreads, steering, None)
+    }
+
+    /// [`RawApp::register`] for an application whose requests iokerneld
+    /// dispatches (docs/colocate.md): the test plays its workers.
+    pub fn register_dispatched(
+        socket: &Path,
+        name: &str,
+        interface: Interface,
+        kthreads: u32,
+        dispatch: DispatchSpec,
+    ) -> Result<RawApp, ClientError> {
+        Self::register_with(socket, name, interface, kthreads, None, Some(dispatch))
+    }
+
+    fn register_with(
+        socket: &Path,
+        name: &str,
+        interface: Interface,
+        kthreads: u32,
+        steering: Option<&str>,
+        dispatch: Option<DispatchSpec>,
+    ) -> Result<RawApp, ClientError> {
         let region = Region::create(name, &RegionConfig::new(kthreads))
             .map_err(|e| ClientError::Local(format!("cannot create the shared region: {e}")))?;
         let eventfds = (0..kthreads)
@@ -59,6 +82,7 @@ impl RawApp {
             kthreads,
             net: Some(interface),
             steering: steering.map(Into::into),
+            dispatch,
         };
         let mut conn = client::register_region(socket, &reg, &region, &eventfds)?;
         let pool = conn

@@ -29,6 +29,7 @@ fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32)
         kthreads,
         net: None,
         steering: None,
+        dispatch: None,
     }
 }
 

@@ -112,6 +112,7 @@ impl Daemon {
             kthreads: n,
             net: Some(cfg.interface),
             steering: None,
+            dispatch: None,
         };
         let mut conn = client::register_region(&cfg.iokernel_socket, &reg, &region, &eventfds)
             .with_context(|| {

@@ -10,6 +10,8 @@ use std::collections::VecDeque;
 
 use crate::Time;
 
+pub mod colocated;
+
 /// Where a preempted request goes back into its queue. Shinjuku §3.4: the
 /// tail approximates processor sharing, the head approximates c-FCFS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,6 +121,14 @@ impl<T> Dispatcher<T> {
     pub fn enqueue(&mut self, req: Request<T>, _now: Time) {
         let q = self.queue_of(req.class);
         self.queues[q].push_back(req);
+        self.pending += 1;
+    }
+
+    /// Puts back, at the head of its queue, a request just taken by
+    /// [`Dispatcher::next_for_idle_worker`] that could not be started.
+    pub fn put_back(&mut self, req: Request<T>) {
+        let q = self.queue_of(req.class);
+        self.queues[q].push_front(req);
         self.pending += 1;
     }
 

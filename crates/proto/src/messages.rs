@@ -89,6 +89,99 @@ pub struct Registration {
     /// message when none, so older registrations read the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steering: Option<String>,
+    /// Dispatch by iokerneld (docs/colocate.md): a Shinjuku-mode
+    /// application whose request queues iokerneld keeps. Left out when
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch: Option<DispatchSpec>,
+}
+
+/// Longest class list of a [`DispatchSpec`].
+pub const MAX_DISPATCH_CLASSES: usize = 16;
+
+/// How iokerneld dispatches an application's requests (docs/colocate.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchSpec {
+    /// `c-fcfs`, `c-pre-sq` or `c-pre-mq`.
+    pub policy: String,
+    /// Preemption quantum (c-PRE), ns.
+    #[serde(default)]
+    pub quantum_ns: u64,
+    /// c-PRE-SQ: a preempted request goes back to the head of the queue
+    /// (else the tail).
+    #[serde(default)]
+    pub head: bool,
+    /// c-PRE-MQ: one entry per request class.
+    #[serde(default)]
+    pub classes: Vec<DispatchClass>,
+    /// c-PRE-MQ's classifier: the request's class is the byte at this
+    /// offset of its UDP payload (a missing byte, or one naming no class,
+    /// means class 0).
+    #[serde(default)]
+    pub class_offset: u16,
+}
+
+/// One c-PRE-MQ class of a [`DispatchSpec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchClass {
+    pub slo_ns: u64,
+    #[serde(default)]
+    pub head: bool,
+}
+
+impl DispatchSpec {
+    /// The policy it names, or why it names none.
+    pub fn sched_policy(&self) -> Result<ginza_policy::sched::SchedPolicy, String> {
+        use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
+        let placement = |head: bool| {
+            if head {
+                Placement::Head
+            } else {
+                Placement::Tail
+            }
+        };
+        let quantum = || {
+            if self.quantum_ns == 0 {
+                Err(format!("{} needs a quantum > 0 ns", self.policy))
+            } else {
+                Ok(self.quantum_ns)
+            }
+        };
+        match self.policy.as_str() {
+            "c-fcfs" => Ok(SchedPolicy::CFcfs),
+            "c-pre-sq" => Ok(SchedPolicy::CPreSq {
+                quantum: quantum()?,
+                placement: placement(self.head),
+            }),
+            "c-pre-mq" => {
+                if self.classes.is_empty() || self.classes.len() > MAX_DISPATCH_CLASSES {
+                    return Err(format!(
+                        "c-pre-mq needs 1 to {MAX_DISPATCH_CLASSES} classes, not {}",
+                        self.classes.len()
+                    ));
+                }
+                if let Some(i) = self.classes.iter().position(|c| c.slo_ns == 0) {
+                    return Err(format!("c-pre-mq class {i} has an SLO of 0 ns"));
+                }
+                Ok(SchedPolicy::CPreMq {
+                    quantum: quantum()?,
+                    classes: self
+                        .classes
+                        .iter()
+                        .map(|c| ClassConfig {
+                            slo: c.slo_ns,
+                            placement: placement(c.head),
+                        })
+                        .collect(),
+                })
+            }
+            other => Err(format!(
+                "unknown dispatch policy {other:?} (c-fcfs, c-pre-sq, c-pre-mq)"
+            )),
+        }
+    }
 }
 
 /// A request to iokerneld.
@@ -611,6 +704,7 @@ mod tests {
             kthreads: 1,
             net: None,
             steering: None,
+            dispatch: None,
         };
         let ok = encode(&Envelope {
             protocol: PROTOCOL_VERSION,

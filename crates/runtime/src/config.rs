@@ -189,6 +189,9 @@ pub struct IokernelConfig {
     /// The packet steering policy to ask iokerneld for (None: its
     /// configured default).
     pub steering: Option<ginza_policy::steer::SteeringKind>,
+    /// Dispatch by iokerneld (docs/colocate.md): set by
+    /// `shinjuku::dispatched::serve`, which runs the workers that read it.
+    pub dispatch: Option<ginza_proto::messages::DispatchSpec>,
 }
 
 impl IokernelConfig {
@@ -203,6 +206,7 @@ impl IokernelConfig {
             keep_cores_when_idle: false,
             net: None,
             steering: None,
+            dispatch: None,
         }
     }
 }

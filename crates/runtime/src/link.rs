@@ -71,7 +71,14 @@ pub(crate) struct KLink {
     pub(crate) samples: Mutex<GrantSamples>,
     /// The packet rings, with networking.
     pub(crate) net: Option<KNet>,
+    /// Owner kthread only. Dispatch by iokerneld (docs/colocate.md): the
+    /// `Run`s read since the last `Wake` (those read before it are stale).
+    runs: UnsafeCell<std::collections::VecDeque<Run>>,
 }
+
+/// A request iokerneld runs on a kthread (dispatch by iokerneld,
+/// docs/colocate.md): its id, and its packet when it is new.
+pub(crate) type Run = (u64, Option<ginza_shm::RunPacket>);
 
 // SAFETY: `tx`/`rx` are used only by the owning kthread's thread (callers'
 // contract on every method that touches them); the line is atomics.
@@ -101,10 +108,18 @@ impl KLink {
     pub(crate) unsafe fn drain(&self) -> Option<u64> {
         // SAFETY: owner-only (caller's contract).
         let rx = unsafe { &mut *self.rx.get() };
+        // SAFETY: owner-only (caller's contract).
+        let runs = unsafe { &mut *self.runs.get() };
         let mut decided = None;
         loop {
             match rx.recv() {
-                Ok(Some(ToKthread::Wake { decided_ns, .. })) => decided = Some(decided_ns),
+                Ok(Some(ToKthread::Wake { decided_ns, .. })) => {
+                    decided = Some(decided_ns);
+                    // Runs read before a Wake crossed our Parked/Yielded:
+                    // iokerneld has queued them again (docs/colocate.md).
+                    runs.clear();
+                }
+                Ok(Some(ToKthread::Run { request, packet })) => runs.push_back((request, packet)),
                 Ok(Some(ToKthread::Preempt { .. })) => {}
                 Ok(None) => return decided,
                 Err(e) => {
@@ -113,6 +128,30 @@ impl KLink {
                 }
             }
         }
+    }
+
+    /// The next request iokerneld runs on this kthread (dispatch by
+    /// iokerneld), if one has been sent since its last `Wake`.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn next_run(&self) -> Option<Run> {
+        // SAFETY: owner-only (caller's contract).
+        let queued = unsafe { &mut *self.runs.get() }.pop_front();
+        if queued.is_some() {
+            return queued;
+        }
+        // SAFETY: owner-only (caller's contract).
+        unsafe { self.drain() };
+        // SAFETY: owner-only (caller's contract).
+        unsafe { &mut *self.runs.get() }.pop_front()
+    }
+
+    /// iokerneld asks the running request to yield: its quantum is spent
+    /// (dispatch by iokerneld), or the core is being revoked.
+    pub(crate) fn yield_asked(&self) -> bool {
+        let f = self.line.flags();
+        f.contains(LineFlags::YIELD_REQUEST) || f.contains(LineFlags::PREEMPT_PENDING)
     }
 
     pub(crate) fn preempt_pending(&self) -> bool {
@@ -176,6 +215,7 @@ impl Link {
                 tx: UnsafeCell::new(to_iokernel),
                 rx: UnsafeCell::new(from_iokernel),
                 samples: Mutex::new(GrantSamples::default()),
+                runs: UnsafeCell::new(std::collections::VecDeque::new()),
                 net: cfg
                     .net
                     .is_some()
@@ -217,6 +257,7 @@ impl Link {
             kthreads: n,
             net: self.cfg.net.as_ref().map(|c| c.interface),
             steering: self.cfg.steering.map(|s| s.name().to_string()),
+            dispatch: self.cfg.dispatch.clone(),
         };
         let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
             .map_err(|e| e.to_string())?;

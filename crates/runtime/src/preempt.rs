@@ -30,8 +30,16 @@ pub(crate) fn install() -> io::Result<()> {
 #[inline]
 pub fn preempt_point() {
     let k = sched::current_kthread();
-    // SAFETY: a non-null kthread of this thread; reading an atomic flag.
-    if !k.is_null() && unsafe { &*k }.preempt_flag.load(Relaxed) {
+    if k.is_null() {
+        return;
+    }
+    // SAFETY: a non-null kthread of this thread; reading atomic flags.
+    let k = unsafe { &*k };
+    // A worker whose requests iokerneld dispatches is asked through its
+    // queue line (docs/colocate.md).
+    if k.preempt_flag.load(Relaxed)
+        || (k.mode == Mode::Worker && k.io.as_ref().is_some_and(|io| io.yield_asked()))
+    {
         preempt_point_slow();
     }
 }
@@ -74,7 +82,10 @@ fn preempt_from_signal() {
     if state.is_null() {
         return;
     }
-    if k.mode == Mode::Worker && !k.preempt_flag.load(Relaxed) {
+    if k.mode == Mode::Worker
+        && !k.preempt_flag.load(Relaxed)
+        && !k.io.as_ref().is_some_and(|io| io.preempt_pending())
+    {
         // A late signal for a request that has finished meanwhile.
         return;
     }

@@ -27,8 +27,8 @@ pub mod ring;
 mod sync;
 
 pub use msg::{
-    CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, SendError, ToIokernel,
-    ToKthread,
+    CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, RunPacket, SendError,
+    ToIokernel, ToKthread, MAX_REQUEST_ID,
 };
 pub use packet::{
     BufferLedger, EgressBuffers, IngressPool, LedgerError, PacketDesc, PoolMapError,

@@ -39,6 +39,8 @@ pub enum DecodeError {
     UnknownTag { dir: &'static str, tag: u32 },
     #[error("unknown preemption reason {0}")]
     UnknownReason(u32),
+    #[error("unknown hand-back kind {0}")]
+    UnknownHandBack(u32),
 }
 
 /// kthread → iokerneld.
@@ -55,6 +57,11 @@ pub enum ToIokernel {
     /// on its eventfd; `next_deadline_ns` as for `Parked` (a preempted
     /// kthread may hold the application's only pending timers).
     Yielded { next_deadline_ns: Option<u64> },
+    /// Dispatch by iokerneld (docs/colocate.md): the request iokerneld ran
+    /// on this kthread ([`ToKthread::Run`]) completed, or was preempted
+    /// (its context stays in the application, resumable by `request`).
+    /// Sent before `Yielded` when the core is revoked mid-request.
+    HandBack { request: u64, completed: bool },
 }
 
 /// iokerneld → kthread.
@@ -66,14 +73,37 @@ pub enum ToKthread {
     Wake { core: u32, decided_ns: u64 },
     /// Give the core back (then answer [`ToIokernel::Yielded`]).
     Preempt { reason: PreemptReason },
+    /// Dispatch by iokerneld (docs/colocate.md): run request `request`
+    /// (below [`MAX_REQUEST_ID`]) — a new one, whose packet is the ingress
+    /// buffer named here (lent like a ring's, given back on the done
+    /// ring), or, with no packet, a preempted one the application holds.
+    Run {
+        request: u64,
+        packet: Option<RunPacket>,
+    },
 }
+
+/// The packet of a new request in a [`ToKthread::Run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunPacket {
+    /// Ingress pool buffer.
+    pub buf: u32,
+    pub len: u16,
+}
+
+/// Request ids of [`ToKthread::Run`] fit in 48 bits (the packet length
+/// shares the word).
+pub const MAX_REQUEST_ID: u64 = 1 << 48;
+
+/// `arg32` of a `Run` with no packet.
+const NO_PACKET: u32 = u32::MAX;
 
 impl ToKthread {
     /// The core of a `Wake`, `None` for other messages.
     pub fn wake_core(self) -> Option<u32> {
         match self {
             ToKthread::Wake { core, .. } => Some(core),
-            ToKthread::Preempt { .. } => None,
+            ToKthread::Preempt { .. } | ToKthread::Run { .. } => None,
         }
     }
 }
@@ -105,9 +135,15 @@ mod tag {
     pub const STARTED: u32 = 1;
     pub const PARKED: u32 = 2;
     pub const YIELDED: u32 = 3;
+    pub const HAND_BACK: u32 = 4;
 
     pub const WAKE: u32 = 1;
     pub const PREEMPT: u32 = 2;
+    pub const RUN: u32 = 3;
+
+    /// `arg32` of a hand-back.
+    pub const COMPLETED: u32 = 1;
+    pub const PREEMPTED: u32 = 2;
 }
 
 impl Message for ToIokernel {
@@ -128,6 +164,15 @@ impl Message for ToIokernel {
                 arg32: 0,
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
+            ToIokernel::HandBack { request, completed } => RawMsg {
+                tag: tag::HAND_BACK,
+                arg32: if completed {
+                    tag::COMPLETED
+                } else {
+                    tag::PREEMPTED
+                },
+                arg64: request,
+            },
         }
     }
 
@@ -139,6 +184,14 @@ impl Message for ToIokernel {
             },
             tag::YIELDED => ToIokernel::Yielded {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+            },
+            tag::HAND_BACK => ToIokernel::HandBack {
+                request: raw.arg64,
+                completed: match raw.arg32 {
+                    tag::COMPLETED => true,
+                    tag::PREEMPTED => false,
+                    other => return Err(DecodeError::UnknownHandBack(other)),
+                },
             },
             tag => {
                 return Err(DecodeError::UnknownTag {
@@ -163,6 +216,11 @@ impl Message for ToKthread {
                 arg32: reason as u32,
                 arg64: 0,
             },
+            ToKthread::Run { request, packet } => RawMsg {
+                tag: tag::RUN,
+                arg32: packet.map_or(NO_PACKET, |p| p.buf),
+                arg64: (request % MAX_REQUEST_ID) << 16 | u64::from(packet.map_or(0, |p| p.len)),
+            },
         }
     }
 
@@ -174,6 +232,13 @@ impl Message for ToKthread {
             },
             tag::PREEMPT => ToKthread::Preempt {
                 reason: PreemptReason::from_u32(raw.arg32)?,
+            },
+            tag::RUN => ToKthread::Run {
+                request: raw.arg64 >> 16,
+                packet: (raw.arg32 != NO_PACKET).then_some(RunPacket {
+                    buf: raw.arg32,
+                    len: raw.arg64 as u16,
+                }),
             },
             tag => {
                 return Err(DecodeError::UnknownTag {
@@ -281,6 +346,14 @@ mod tests {
             ToIokernel::Yielded {
                 next_deadline_ns: Some(7),
             },
+            ToIokernel::HandBack {
+                request: u64::MAX - 1,
+                completed: true,
+            },
+            ToIokernel::HandBack {
+                request: 0,
+                completed: false,
+            },
         ];
         for m in ups {
             assert_eq!(ToIokernel::decode(m.encode()), Ok(m));
@@ -299,10 +372,31 @@ mod tests {
             ToKthread::Preempt {
                 reason: PreemptReason::Shutdown,
             },
+            ToKthread::Run {
+                request: MAX_REQUEST_ID - 1,
+                packet: Some(RunPacket { buf: 7, len: 1500 }),
+            },
+            ToKthread::Run {
+                request: 43,
+                packet: None,
+            },
         ];
         for m in downs {
             assert_eq!(ToKthread::decode(m.encode()), Ok(m));
         }
+    }
+
+    #[test]
+    fn an_unknown_hand_back_kind_is_an_error() {
+        let raw = RawMsg {
+            tag: tag::HAND_BACK,
+            arg32: 7,
+            arg64: 1,
+        };
+        assert_eq!(
+            ToIokernel::decode(raw),
+            Err(DecodeError::UnknownHandBack(7))
+        );
     }
 
     #[test]

@@ -28,6 +28,11 @@ impl LineFlags {
     /// iokerneld asks the kthread to give its core back at its next
     /// preemption point. Set by iokerneld, cleared by the runtime.
     pub const PREEMPT_PENDING: LineFlags = LineFlags(1 << 8);
+    /// Dispatch by iokerneld (docs/colocate.md): the request running on
+    /// the kthread has used its quantum while others wait; it yields at
+    /// its next preemption point and is handed back. Set by iokerneld,
+    /// cleared by the runtime.
+    pub const YIELD_REQUEST: LineFlags = LineFlags(1 << 9);
 
     pub fn contains(self, other: LineFlags) -> bool {
         self.0 & other.0 == other.0
@@ -60,6 +65,10 @@ pub struct QueueLine {
     next_timer_ns: AtomicU64,
     /// Cumulative busy (running uthreads) time, ns.
     busy_ns: AtomicU64,
+    /// Dispatch by iokerneld (docs/colocate.md): the request the kthread
+    /// has switched into, as its id's low 32 bits + 1 (0: none). Quanta
+    /// count from when iokerneld sees it, not from the `Run`.
+    running: AtomicU32,
 }
 
 const _: () = assert!(std::mem::size_of::<QueueLine>() == 64);
@@ -80,6 +89,7 @@ impl QueueLine {
             in_tail: AtomicU32::new(0),
             flags: AtomicU32::new(0),
             steals: AtomicU32::new(0),
+            running: AtomicU32::new(0),
             next_timer_ns: AtomicU64::new(NO_TIMER),
             busy_ns: AtomicU64::new(0),
         }
@@ -122,6 +132,17 @@ impl QueueLine {
     pub fn add_steal(&self) {
         let v = self.steals.load(Ordering::Relaxed);
         self.steals.store(v.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Dispatch by iokerneld: the kthread switched into request `id`
+    /// (`None`: it runs none).
+    pub fn set_running_request(&self, id: Option<u64>) {
+        let v = id.map_or(0, |id| (id as u32).wrapping_add(1));
+        self.running.store(v, Ordering::Release)
+    }
+    /// Whether the kthread says it has switched into request `id`.
+    pub fn runs_request(&self, id: u64) -> bool {
+        self.running.load(Ordering::Acquire) == (id as u32).wrapping_add(1)
     }
     pub fn add_busy_ns(&self, ns: u64) {
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);

@@ -9,6 +9,7 @@
 pub mod allocsim;
 pub mod calisto;
 pub mod cli;
+pub mod colocate;
 pub mod dist;
 pub mod figs;
 pub mod plot;

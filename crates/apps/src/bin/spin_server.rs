@@ -1,6 +1,8 @@
 //! `spin-server`: registers with iokerneld with its own MAC and IP and
 //! answers UDP requests that carry their service time (see
 //! `ginza_apps::spin_server`). Stops on SIGINT/SIGTERM or after `--run-for`.
+//! `--mode shinjuku`: requests are scheduled preemptively, the dispatch
+//! step on iokerneld's core (docs/colocate.md).
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -10,7 +12,19 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Parser;
 use ginza_apps::app_args::AppArgs;
-use ginza_apps::spin_server::{serve, SpinStats};
+use ginza_apps::spin_server::{answer_preemptible, serve, SpinStats};
+use ginza_proto::messages::DispatchSpec;
+use ginza_proto::parse_duration;
+use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig};
+
+/// How requests are scheduled.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Run to completion, one uthread per request (work stealing).
+    Shenango,
+    /// Shinjuku: preemptive, dispatched by iokerneld (docs/colocate.md).
+    Shinjuku,
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "UDP server whose requests carry their service time (spins, then echoes)")]
@@ -18,6 +32,15 @@ struct Args {
     /// UDP port to serve.
     #[arg(long, default_value_t = 7)]
     port: u16,
+    /// Request scheduling.
+    #[arg(long, value_enum, default_value_t = Mode::Shenango)]
+    mode: Mode,
+    /// With `--mode shinjuku`: c-fcfs, c-pre-sq or c-pre-mq.
+    #[arg(long, default_value = "c-pre-sq")]
+    policy: String,
+    /// With `--mode shinjuku`: the preemption quantum.
+    #[arg(long, value_parser = parse_duration, default_value = "5us")]
+    quantum: std::time::Duration,
     #[command(flatten)]
     app: AppArgs,
 }
@@ -39,9 +62,28 @@ fn main() -> anyhow::Result<()> {
         args.app.ip,
         args.app.kthreads
     );
-    ginza_runtime::run(config, move || serve(port, stop, s2))
-        .context("starting the runtime")?
-        .with_context(|| format!("serving UDP port {port}"))?;
+    match args.mode {
+        Mode::Shenango => ginza_runtime::run(config, move || serve(port, stop, s2))
+            .context("starting the runtime")?
+            .with_context(|| format!("serving UDP port {port}"))?,
+        Mode::Shinjuku => {
+            let spec = DispatchSpec {
+                policy: args.policy.clone(),
+                quantum_ns: args.quantum.as_nanos().try_into().unwrap_or(u64::MAX),
+                head: false,
+                classes: Vec::new(),
+                class_offset: 0,
+            };
+            let io = config
+                .iokernel
+                .context("shinjuku mode runs under iokerneld")?;
+            let mut cfg = DispatchedConfig::new(io, spec, port);
+            cfg.workers = args.app.kthreads;
+            let report = dispatched::serve(cfg, move |r| answer_preemptible(r, &s2), &stop)
+                .context("serving in shinjuku mode")?;
+            log::info!("{name}: {report:?}");
+        }
+    }
     let secs = started.elapsed().as_secs_f64();
     let served = stats.served.load(Relaxed);
     println!(

@@ -4,6 +4,7 @@
 //! Each experiment is one subcommand with its own arguments; add new ones
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
 
+mod colocate;
 mod common;
 mod corealloc;
 pub(crate) mod experiment;
@@ -59,6 +60,12 @@ enum Experiment {
     /// SCHED_IDLE batch on the same CPU: latency, achieved rate and batch
     /// throughput against offered load, systems interleaved; CSV and PNG.
     Memcached(memcached::MemcachedArgs),
+    /// Shinjuku and Shenango in one system: a Shinjuku-mode spin server
+    /// (dispatch on iokerneld's core) beside batch, c-FCFS and c-PRE-SQ
+    /// under the 5 us allocator and c-PRE-SQ on static cores, sweeping
+    /// load; p50/p99, batch throughput, the server's cores, the simulator's
+    /// p99; CSV and PNG.
+    Colocate(colocate::ColocateArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
     Run(experiment::RunArgs),
@@ -91,5 +98,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Run(args) => experiment::run(args),
         Experiment::List(args) => experiment::list(args),
         Experiment::All(args) => experiment::all(args),
+        Experiment::Colocate(args) => colocate::run(args),
     }
 }

@@ -252,6 +252,23 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Some(Err(reason)) => return refuse(self, reason),
             },
         };
+        let dispatch = match &reg.dispatch {
+            None => None,
+            Some(_) if reg.net.is_none() => {
+                return refuse(
+                    self,
+                    "dispatch by iokerneld needs a network interface".into(),
+                )
+            }
+            Some(spec) => match spec.sched_policy() {
+                Ok(policy) => Some(super::dispatch::AppDispatch::new(
+                    policy,
+                    reg.kthreads as usize,
+                    spec.class_offset,
+                )),
+                Err(reason) => return refuse(self, reason),
+            },
+        };
         match self.admit(&reg, r.fds, p.pid) {
             Ok((region, ends, eventfds)) => {
                 let id = self.next_id;
@@ -260,7 +277,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     .map(|iface| self.attach_net(&reg.name, iface, &region, steering))
                 {
                     None => None,
-                    Some(Ok(net)) => Some(net),
+                    Some(Ok(mut net)) => {
+                        if dispatch.is_some() {
+                            net.held = Some(Vec::new());
+                        }
+                        Some(net)
+                    }
                     Some(Err(reason)) => return refuse(self, reason),
                 };
                 let accepted = Response::Accepted {
@@ -314,6 +336,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     doomed: None,
                     net,
                     protects: Vec::new(),
+                    dispatch,
                 });
                 None
             }
@@ -506,6 +529,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             app.pid,
             cpulist::format(&cores)
         );
+        if let Some(d) = &app.dispatch {
+            info!("app {:?}: dispatch by iokerneld: {}", app.name, d.summary());
+        }
         self.disconnected += 1;
         self.actuator.app_removed(app.id, &app.name);
         if self.removals.len() == RECENT_REMOVALS {

@@ -2,7 +2,7 @@
 //! steered by its active set, and a packet for an application with no core
 //! noted for the policy.
 
-use super::Iokerneld;
+use super::{Iokerneld, Kthread};
 use crate::actuator::CoreActuator;
 
 impl<A: CoreActuator> Iokerneld<A> {
@@ -13,6 +13,16 @@ impl<A: CoreActuator> Iokerneld<A> {
     pub(super) fn dataplane(&mut self, now: u64, check_handle: bool) {
         self.dp.poll_links(now, check_handle);
         for app in &mut self.apps {
+            if app.dispatch.is_some() {
+                // Hand-backs every turn of the loop, not only at the
+                // allocation passes: a worker waits for its next request
+                // until its hand-back is read.
+                for k in 0..app.kt.len() {
+                    if app.doomed.is_none() {
+                        Self::drain(app, k, now, &mut self.ready);
+                    }
+                }
+            }
             let Some(net) = &mut app.net else { continue };
             if app.doomed.is_some() {
                 continue;
@@ -27,6 +37,27 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Err(reason) => {
                     app.doom(reason);
                     continue;
+                }
+            }
+            if let Some(d) = &mut app.dispatch {
+                // Dispatch by iokerneld (docs/colocate.md): held requests
+                // into the queues, then one dispatch step.
+                if let Some(held) = net.held.as_mut().map(std::mem::take) {
+                    for desc in &held {
+                        d.arrive(*desc, net.held_frame(*desc).unwrap_or(&[]), now);
+                    }
+                    net.held = Some(held).map(|mut v| {
+                        v.clear();
+                        v
+                    });
+                }
+                // Woken (or waking): a `Run` must follow the `Wake`.
+                net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
+                if d.queued() > 0
+                    && app.kt.iter().all(|k| k.core.is_none())
+                    && !self.work_arrived.contains(&app.id)
+                {
+                    self.work_arrived.push(app.id);
                 }
             }
             for (k, kt) in app.kt.iter_mut().enumerate() {
@@ -47,4 +78,21 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
     }
+
+    /// The dispatch step of every application iokerneld dispatches for
+    /// (docs/colocate.md), arrivals left to [`Self::dataplane`].
+    pub(super) fn dispatch_step(&mut self, now: u64) {
+        for app in &mut self.apps {
+            if let (Some(d), Some(net), None) = (&mut app.dispatch, &mut app.net, &app.doomed) {
+                net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
+            }
+        }
+    }
+}
+
+/// Which kthreads may be given requests: woken (or waking) and not being
+/// revoked; a `Run` must follow the kthread's `Wake`.
+pub(super) fn granted(kt: &[Kthread]) -> impl Iterator<Item = bool> + '_ {
+    kt.iter()
+        .map(|k| k.core.is_some() && !k.preempting && k.awaiting.is_none())
 }

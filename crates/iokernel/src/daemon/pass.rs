@@ -37,7 +37,7 @@ pub(super) struct Handover {
 
 impl<A: CoreActuator> Iokerneld<A> {
     /// Drains one kthread's command ring.
-    fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
+    pub(super) fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
         let cap = app.ends[k].from_kthread.raw().capacity();
         for _ in 0..cap {
             let msg = match app.ends[k].from_kthread.recv() {
@@ -63,8 +63,22 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     kt.tid = Some(tid as i32);
                 }
+                ToIokernel::HandBack { request, completed } => {
+                    let told = match &mut app.dispatch {
+                        Some(d) => d.hand_back(k, request, completed, now),
+                        None => Err(format!(
+                            "kthread {k} handed back request {request}, but iokerneld dispatches none of its requests"
+                        )),
+                    };
+                    if let Err(reason) = told {
+                        return app.doom(reason);
+                    }
+                }
                 ToIokernel::Parked { next_deadline_ns }
                 | ToIokernel::Yielded { next_deadline_ns } => {
+                    if let Some(d) = &mut app.dispatch {
+                        d.gave_core_back(k);
+                    }
                     // Either way the kthread gave its core back and waits
                     // to be woken, at the latest for its timer.
                     if let Some(c) = kt.core.take() {
@@ -91,6 +105,9 @@ impl<A: CoreActuator> Iokerneld<A> {
         let t0 = clock::monotonic_ns();
         let actions = self.meter.actions;
         self.pass_inner(now, kind);
+        // A kthread granted now gets its request at once, not one loop
+        // later: it looks for one only briefly before it parks again.
+        self.dispatch_step(now);
         let t1 = clock::monotonic_ns();
         let m = &mut self.meter;
         let h = if !self.decisions.is_empty() || m.actions != actions {
@@ -147,6 +164,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ..Default::default()
                 };
                 line.update(&mut ks);
+                if let (0, Some(d)) = (k, &app.dispatch) {
+                    // The dispatch queues are this application's queued
+                    // work (docs/colocate.md): counted as kthread 0's
+                    // runqueue, which a dispatched application leaves empty.
+                    let (taken, pushed) = d.queue_counters();
+                    ks.counters.rq_head = ks.counters.rq_head.wrapping_add(taken);
+                    ks.counters.rq_tail = ks.counters.rq_tail.wrapping_add(pushed);
+                }
                 // Packets waiting on the ingress ring: iokerneld is its
                 // producer, so it knows the tail and reads the head.
                 let ring = &mut app.ends[k].ingress;
@@ -389,6 +414,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             Err(SendError::Corrupt(e)) => {
                 app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
                 return None;
+            }
+        }
+        if let Some(d) = &mut app.dispatch {
+            // Its first request between the Wake and the eventfd: the
+            // kthread finds it as it wakes (docs/colocate.md).
+            let granted = super::packets::granted(&app.kt);
+            let sent = d.step(t0, granted, &mut app.ends);
+            if let Some(net) = &mut app.net {
+                net.stats.rx += sent;
             }
         }
         debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);

@@ -35,7 +35,7 @@ pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
-pub(crate) use stack::Stack;
+pub(crate) use stack::{Sent, Stack};
 use std::any::Any;
 pub use tcp::{Incoming, TcpListener, TcpStats, TcpStream};
 pub use udp::{ToBindAddr, UdpSocket};

@@ -398,6 +398,13 @@ impl Stack {
         n
     }
 
+    /// The bytes of a frame iokerneld lent outside the ingress rings (a
+    /// request it dispatches, docs/colocate.md); `None` if `desc` names
+    /// no buffer of the pool.
+    pub(crate) fn lent_frame(&self, desc: PacketDesc) -> Option<&[u8]> {
+        self.pool.frame(desc)
+    }
+
     pub(crate) fn item_source(item: &RxItem) -> SocketAddrV4 {
         item.src.into()
     }
@@ -546,7 +553,9 @@ impl Stack {
         self.send_udp_to(me, mac, src_port, dst, payload)
     }
 
-    fn send_udp_to(
+    /// Sends a UDP datagram to `dst` at the Ethernet address `mac` (a
+    /// reply to a frame that came from there: no ARP lookup).
+    pub(crate) fn send_udp_to(
         &self,
         me: &mut TxSide<'_>,
         mac: MacAddr,

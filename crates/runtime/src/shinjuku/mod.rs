@@ -32,6 +32,7 @@ use crate::sched::{self, KthreadBody, Owner, Shared, URef};
 use crate::task::{unqueued, JoinHandle};
 use worker::{Mailbox, Report};
 
+pub mod dispatched;
 mod worker;
 
 /// How the dispatcher preempts a request whose quantum is spent.

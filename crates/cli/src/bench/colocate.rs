@@ -1,0 +1,512 @@
+//! `ginza bench colocate`: Shinjuku and Shenango in one system
+//! (docs/colocate.md). Bimodal(99.5-0.5, 0.5-500) UDP requests from
+//! iokerneld's generator to a Shinjuku-mode spin server (dispatch on
+//! iokerneld's core) beside the `batch` application, sweeping load. In one
+//! run, point by point (the three configurations of a load one after the
+//! other):
+//!
+//! * `c-fcfs` / `shenango`: run to completion, cores moved by the 5 µs
+//!   allocator;
+//! * `c-pre-sq` / `shenango`: preemptive at `--quantum-us`, same allocator;
+//! * `c-pre-sq` / `static`: preemptive on cores the server keeps (spinning).
+//!
+//! Per point: p50/p99 of the generator's round trip, batch's throughput
+//! (M paths/s) over the load window, the server's mean cores (sampled from
+//! iokerneld's stats every millisecond), and the simulator's p99 for the
+//! same system (`ginza_sim::colocate`; its grant latency and preemption
+//! cost are assumptions, named in the JSON). CSV and PNG in `--out`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ginza_apps::spin_server::{answer_preemptible, SpinStats};
+use ginza_iokernel::nic::ServiceTime;
+use ginza_iokernel::{
+    Config as IokConfig, InProcess, LoadRun, PolicyKind, GENERATOR_IP, GENERATOR_MAC,
+};
+use ginza_net::{Interface, Ipv4Addr, MacAddr};
+use ginza_proto::client;
+use ginza_proto::messages::DispatchSpec;
+use ginza_runtime::net::NetConfig;
+use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig};
+use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_sim::colocate::{ColocateAlloc, ColocateSim};
+use ginza_sim::dist::Service;
+use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
+use serde::Serialize;
+
+use super::common::{allowed_cpus, emit};
+
+/// Arguments of `ginza bench colocate`.
+#[derive(clap::Args, Debug)]
+pub struct ColocateArgs {
+    /// Print one JSON object on stdout (the table then goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Offered loads, as fractions of the managed cores' capacity.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.3,0.5,0.7,0.9")]
+    loads: Vec<f64>,
+    /// How long each point's load lasts.
+    #[arg(long, default_value = "1s", value_parser = ginza_proto::parse_duration)]
+    duration: Duration,
+    /// c-PRE-SQ's quantum, µs.
+    #[arg(long, default_value_t = 5.0)]
+    quantum_us: f64,
+    /// iokerneld's CPU (default: the first allowed CPU).
+    #[arg(long)]
+    iokernel_core: Option<usize>,
+    /// Managed cores (default: every allowed CPU but iokerneld's).
+    #[arg(long)]
+    cores: Option<usize>,
+    /// Simulated time per point of the simulator's prediction, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    sim_ms: f64,
+    /// Where the CSV and PNG go.
+    #[arg(long, default_value = "bench-results/colocate")]
+    out: PathBuf,
+}
+
+const WORKLOAD: &str = "Bimodal(99.5-0.5, 0.5-500)";
+const PORT: u16 = 7;
+/// The simulator's assumptions (not measured here).
+const SIM_GRANT_LATENCY_US: f64 = 5.0;
+const SIM_PREEMPT_COST_US: f64 = 0.2;
+const SIM_PARK_SPIN_US: f64 = 5.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Sched {
+    CFcfs,
+    CPreSq,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum Alloc {
+    Shenango,
+    Static,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct Point {
+    sched: Sched,
+    alloc: Alloc,
+    load: f64,
+    p50_us: f64,
+    p99_us: f64,
+    batch_mpaths_per_s: f64,
+    lc_cores: f64,
+    sim_p99_us: f64,
+    sim_lc_cores: f64,
+    sent: u64,
+    replies: u64,
+    /// The server's own counts: requests run to completion, preemptions
+    /// (quantum or revocation), new requests refused (too many in flight).
+    served: u64,
+    preempted: u64,
+    rejected: u64,
+    /// Requests iokerneld dropped for want of an ingress buffer or ring room.
+    dropped_ingress: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    points: Vec<Point>,
+    workload: &'static str,
+    quantum_us: f64,
+    managed_cores: usize,
+    iokernel_cpu: usize,
+    duration_s: f64,
+    sim_grant_latency_us: f64,
+    sim_preempt_cost_us: f64,
+}
+
+/// Runs the benchmark.
+pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
+    let allowed = allowed_cpus()?;
+    let io_cpu = args.iokernel_core.unwrap_or(allowed[0]);
+    let mut managed: Vec<usize> = allowed.iter().copied().filter(|&c| c != io_cpu).collect();
+    if let Some(n) = args.cores {
+        managed.truncate(n);
+    }
+    anyhow::ensure!(
+        !managed.is_empty(),
+        "no CPU left to manage beside iokerneld's"
+    );
+    anyhow::ensure!(
+        args.loads.iter().all(|&l| l > 0.0 && l < 1.5),
+        "loads are fractions of capacity (0 < load < 1.5)"
+    );
+    let service = Service::parse(WORKLOAD)?;
+    let n = managed.len();
+    eprintln!(
+        "colocate: iokerneld on CPU {io_cpu}, managed cores {managed:?}, {WORKLOAD}, {:?} per point",
+        args.duration
+    );
+    let configs = [
+        (Sched::CFcfs, Alloc::Shenango),
+        (Sched::CPreSq, Alloc::Shenango),
+        (Sched::CPreSq, Alloc::Static),
+    ];
+    let mut points = Vec::new();
+    for &load in &args.loads {
+        for &(sched, alloc) in &configs {
+            eprintln!("colocate: {sched:?} / {alloc:?} at load {load}");
+            let rate = load * n as f64 / service.mean() * 1e6;
+            let measured = measure(&args, io_cpu, &managed, sched, alloc, rate)
+                .with_context(|| format!("{sched:?} / {alloc:?} at load {load}"))?;
+            let sim = ColocateSim {
+                cores: n,
+                workers: n,
+                guaranteed: if alloc == Alloc::Static { n } else { 0 },
+                alloc: match alloc {
+                    Alloc::Shenango => ColocateAlloc::Shenango { interval_us: 5.0 },
+                    Alloc::Static => ColocateAlloc::Static,
+                },
+                quantum_us: (sched == Sched::CPreSq).then_some(args.quantum_us),
+                service: service.clone(),
+                rate_per_us: rate / 1e6,
+                park_spin_us: SIM_PARK_SPIN_US,
+                grant_latency_us: SIM_GRANT_LATENCY_US,
+                preempt_cost_us: SIM_PREEMPT_COST_US,
+                duration_us: args.sim_ms * 1e3,
+                warmup_us: args.sim_ms * 50.0,
+                seed: 11,
+            }
+            .run();
+            points.push(
+                Point {
+                    sim_p99_us: sim.stats.latency_pct_us(99.0),
+                    sim_lc_cores: sim.lc_cores,
+                    ..measured
+                }
+                .at(load, sched, alloc),
+            );
+        }
+    }
+    let report = Report {
+        points,
+        workload: WORKLOAD,
+        quantum_us: args.quantum_us,
+        managed_cores: n,
+        iokernel_cpu: io_cpu,
+        duration_s: args.duration.as_secs_f64(),
+        sim_grant_latency_us: SIM_GRANT_LATENCY_US,
+        sim_preempt_cost_us: SIM_PREEMPT_COST_US,
+    };
+    write_files(&args.out, &report)?;
+    emit(args.json, &render(&report), &report)
+}
+
+impl Point {
+    fn at(mut self, load: f64, sched: Sched, alloc: Alloc) -> Point {
+        self.load = load;
+        self.sched = sched;
+        self.alloc = alloc;
+        self
+    }
+}
+
+/// One measured point: a fresh iokerneld, batch, and the server.
+fn measure(
+    args: &ColocateArgs,
+    io_cpu: usize,
+    managed: &[usize],
+    sched: Sched,
+    alloc: Alloc,
+    rate_per_s: f64,
+) -> anyhow::Result<Point> {
+    let n = managed.len();
+    let dir = std::env::temp_dir().join(format!("ginza-colocate-{}", std::process::id()));
+    let mut cfg = IokConfig::new(managed.to_vec());
+    cfg.own_core = Some(io_cpu);
+    cfg.policy = match alloc {
+        Alloc::Shenango => PolicyKind::Shenango,
+        Alloc::Static => PolicyKind::Static,
+    };
+    cfg.socket = dir.join("iokerneld.sock");
+    cfg.validate(&allowed_cpus()?)
+        .context("iokerneld configuration")?;
+    let daemon = InProcess::start(cfg).context("starting iokerneld")?;
+    let socket = daemon.socket().to_path_buf();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let paths = Arc::new(AtomicU64::new(0));
+    let me = Interface {
+        mac: MacAddr([0x02, 0x47, 0x5a, 0x00, 0x16, 0x01]),
+        ip: Ipv4Addr::new(10, 47, 16, 1),
+    };
+    let server = {
+        let mut io = IokernelConfig::new("spin-shinjuku", Class::LatencyCritical);
+        io.socket = Some(socket.clone());
+        io.net = Some(NetConfig::new(me.mac, me.ip).with_static_arp(GENERATOR_IP, GENERATOR_MAC));
+        if alloc == Alloc::Static {
+            io.guaranteed = n as u32;
+            io.keep_cores_when_idle = true;
+        }
+        let spec = DispatchSpec {
+            policy: match sched {
+                Sched::CFcfs => "c-fcfs",
+                Sched::CPreSq => "c-pre-sq",
+            }
+            .into(),
+            quantum_ns: (args.quantum_us * 1e3).round() as u64,
+            head: false,
+            classes: Vec::new(),
+            class_offset: 0,
+        };
+        let mut cfg = DispatchedConfig::new(io, spec, PORT);
+        cfg.workers = n;
+        let stop = Arc::clone(&stop);
+        let stats = Arc::new(SpinStats::default());
+        std::thread::spawn(move || {
+            dispatched::serve(cfg, move |r| answer_preemptible(r, &stats), &stop)
+        })
+    };
+    // The server registers first: on static cores its guaranteed core is
+    // granted before batch can take it. Then batch, then a short settling
+    // time.
+    let registered = |n: usize| -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        while client::stats(&socket)?.apps.len() < n {
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the applications did not register"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    };
+    registered(1)?;
+    let batch = {
+        let mut io = IokernelConfig::new("batch", Class::Batch);
+        io.socket = Some(socket.clone());
+        let config = Config {
+            iokernel: Some(io),
+            ..Config::with_kthreads(n)
+        };
+        let (paths, stop) = (Arc::clone(&paths), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            ginza_runtime::run(config, move || {
+                ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
+            })
+        })
+    };
+    registered(2)?;
+    let t0 = Instant::now();
+    loop {
+        let s = client::stats(&socket)?;
+        if s.apps.len() == 2 {
+            break;
+        }
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the applications did not register"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+
+    // The server's cores, sampled while the load runs.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (sampling, socket) = (Arc::clone(&sampling), socket.clone());
+        std::thread::spawn(move || {
+            let (mut sum, mut count) = (0u64, 0u64);
+            while sampling.load(Ordering::Acquire) {
+                if let Ok(s) = client::stats(&socket) {
+                    if let Some(a) = s.apps.iter().find(|a| a.name == "spin-shinjuku") {
+                        sum += u64::from(a.cores_now);
+                        count += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            sum as f64 / count.max(1) as f64
+        })
+    };
+    let service = ServiceTime::Bimodal {
+        p: 0.995,
+        a_ns: 500,
+        b_ns: 500_000,
+    };
+    let load = LoadRun::poisson(me, PORT, rate_per_s, service, args.duration);
+    let paths0 = paths.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let result = daemon.generator().run(load, Duration::from_secs(30));
+    let window = started.elapsed().as_secs_f64();
+    let paths1 = paths.load(Ordering::Relaxed);
+    sampling.store(false, Ordering::Release);
+    let lc_cores = sampler.join().unwrap_or(f64::NAN);
+    let dropped_ingress = client::stats(&socket)
+        .ok()
+        .and_then(|s| s.apps.into_iter().find(|a| a.name == "spin-shinjuku"))
+        .and_then(|a| a.net)
+        .map_or(0, |n| n.drop_ingress);
+    stop.store(true, Ordering::Release);
+    let served = server.join();
+    let batched = batch.join();
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    let served = served
+        .map_err(|_| anyhow::anyhow!("the server panicked"))?
+        .context("the server")?;
+    batched
+        .map_err(|_| anyhow::anyhow!("batch panicked"))?
+        .context("batch")?;
+    let q = |p: f64| report.latency.value_at_quantile(p) as f64 / 1e3;
+    Ok(Point {
+        sched,
+        alloc,
+        load: 0.0,
+        p50_us: q(0.5),
+        p99_us: q(0.99),
+        batch_mpaths_per_s: (paths1 - paths0) as f64 / window / 1e6,
+        lc_cores,
+        sim_p99_us: f64::NAN,
+        sim_lc_cores: f64::NAN,
+        sent: report.stats.sent,
+        replies: report.stats.replies,
+        served: served.served,
+        preempted: served.preempted,
+        rejected: served.rejected,
+        dropped_ingress,
+    })
+}
+
+fn label(p: &Point) -> &'static str {
+    match (p.sched, p.alloc) {
+        (Sched::CFcfs, Alloc::Shenango) => "c-FCFS, Shenango allocator",
+        (Sched::CPreSq, Alloc::Shenango) => "c-PRE-SQ, Shenango allocator",
+        (Sched::CFcfs, Alloc::Static) => "c-FCFS, static cores",
+        (Sched::CPreSq, Alloc::Static) => "c-PRE-SQ, static cores",
+    }
+}
+
+fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "colocate: {} on {} managed core(s), quantum {} us; p50/p99 measured (us), batch M paths/s, server's mean cores, simulator's p99",
+        r.workload, r.managed_cores, r.quantum_us
+    );
+    let _ = writeln!(
+        s,
+        "{:<30} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>9}  server: served/preempted/rejected, iokerneld drops",
+        "config", "load", "p50", "p99", "batch", "cores", "sim p99", "replies"
+    );
+    for p in &r.points {
+        let _ = writeln!(
+            s,
+            "{:<30} {:>5.2} {:>9.1} {:>9.1} {:>8.2} {:>7.2} {:>9.1} {:>4}/{}  {}/{}/{}, {}",
+            label(p),
+            p.load,
+            p.p50_us,
+            p.p99_us,
+            p.batch_mpaths_per_s,
+            p.lc_cores,
+            p.sim_p99_us,
+            p.replies,
+            p.sent,
+            p.served,
+            p.preempted,
+            p.rejected,
+            p.dropped_ingress
+        );
+    }
+    s
+}
+
+fn write_files(out: &std::path::Path, r: &Report) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let rows: Vec<Vec<String>> = r
+        .points
+        .iter()
+        .map(|p| {
+            vec![
+                format!("{:?}", p.sched),
+                format!("{:?}", p.alloc),
+                p.load.to_string(),
+                format!("{:.2}", p.p50_us),
+                format!("{:.2}", p.p99_us),
+                format!("{:.3}", p.batch_mpaths_per_s),
+                format!("{:.3}", p.lc_cores),
+                format!("{:.2}", p.sim_p99_us),
+                p.sent.to_string(),
+                p.replies.to_string(),
+            ]
+        })
+        .collect();
+    write_csv(
+        &out.join("colocate.csv"),
+        &[
+            "sched",
+            "alloc",
+            "load",
+            "p50_us",
+            "p99_us",
+            "batch_mpaths_per_s",
+            "lc_cores",
+            "sim_p99_us",
+            "sent",
+            "replies",
+        ],
+        &rows,
+    )?;
+    let mut series = Vec::new();
+    for (sched, alloc) in [
+        (Sched::CFcfs, Alloc::Shenango),
+        (Sched::CPreSq, Alloc::Shenango),
+        (Sched::CPreSq, Alloc::Static),
+    ] {
+        let of = |f: fn(&Point) -> f64| -> Vec<(f64, f64)> {
+            r.points
+                .iter()
+                .filter(|p| p.sched == sched && p.alloc == alloc)
+                .map(|p| (p.load, f(p)))
+                .collect()
+        };
+        let name = label(&Point {
+            sched,
+            alloc,
+            load: 0.0,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            batch_mpaths_per_s: 0.0,
+            lc_cores: 0.0,
+            sim_p99_us: 0.0,
+            sim_lc_cores: 0.0,
+            sent: 0,
+            replies: 0,
+            served: 0,
+            preempted: 0,
+            rejected: 0,
+            dropped_ingress: 0,
+        });
+        series.push(Series {
+            name: format!("{name} (measured)"),
+            points: of(|p| p.p99_us),
+        });
+        series.push(Series {
+            name: format!("{name} (simulated)"),
+            points: of(|p| p.sim_p99_us),
+        });
+    }
+    line_chart(
+        &out.join("colocate.png"),
+        &Chart {
+            title: "Shinjuku-mode server beside batch: p99 vs load",
+            x_label: "offered load (fraction of the managed cores)",
+            y_label: "p99 latency (us)",
+            series: &series,
+            log_y: true,
+            y_max: None,
+            legend_lower_right: false,
+        },
+    )
+}

@@ -1,0 +1,61 @@
+//! `ginza bench colocate --json` runs end to end in a quick mode: the three
+//! configurations at one load, in order, with the JSON shape, a CSV
+//! and a PNG. (Figures are not checked here: a debug build on a loaded
+//! machine says nothing about them.)
+
+use std::process::Command;
+
+#[test]
+fn colocate_reports_the_three_configurations() {
+    let out_dir = std::env::temp_dir().join(format!("ginza-bench-colocate-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        .args([
+            "bench",
+            "colocate",
+            "--json",
+            "--loads",
+            "0.2",
+            "--duration",
+            "100ms",
+            "--sim-ms",
+            "20",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = v["points"].as_array().unwrap();
+    let order: Vec<(&str, &str)> = points
+        .iter()
+        .map(|p| (p["sched"].as_str().unwrap(), p["alloc"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("c-fcfs", "shenango"),
+            ("c-pre-sq", "shenango"),
+            ("c-pre-sq", "static")
+        ]
+    );
+    for p in points {
+        for key in [
+            "load",
+            "p50_us",
+            "p99_us",
+            "batch_mpaths_per_s",
+            "lc_cores",
+            "sim_p99_us",
+        ] {
+            assert!(p[key].is_number(), "{key}: {v}");
+        }
+        assert!(p["sent"].as_u64().unwrap() > 0, "{v}");
+    }
+    let csv = std::fs::read_to_string(out_dir.join("colocate.csv")).unwrap();
+    assert!(csv.starts_with("sched,alloc,load,"), "{csv}");
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(out_dir.join("colocate.png").exists());
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

@@ -1,0 +1,402 @@
+//! Dispatch by iokerneld (docs/colocate.md): the Shinjuku dispatch step of
+//! the applications that ask for it, run on iokerneld's own core.
+//!
+//! iokerneld already steers every request packet and sees every kthread,
+//! so it keeps such an application's request queues (the policy crate's
+//! [`ColocatedDispatcher`], which the simulator runs too): a UDP request
+//! for the application is held, not put on an ingress ring; an idle worker
+//! kthread that holds a core gets it by [`ToKthread::Run`] on its command
+//! ring (the packet's buffer named in the command), or gets a preempted
+//! request back by its id alone — the request contexts stay in the
+//! application, where any of its kthreads can resume them. A request past
+//! its quantum while others wait is asked to yield through the worker's
+//! queue line ([`LineFlags::YIELD_REQUEST`]); workers hand requests back
+//! with [`ginza_shm::ToIokernel::HandBack`].
+//!
+//! Hand-backs are untrusted: one that names a request the kthread does not
+//! run is refused and counted; an application that keeps lying is
+//! disconnected.
+//!
+//! A `Run` can cross the kthread's `Parked`/`Yielded` on the rings (the
+//! kthread found its command ring empty, then iokerneld sent the `Run`).
+//! The kthread reads nothing more until its next `Wake`, so such a `Run`
+//! is unread: iokerneld queues the request again exactly as it was (its
+//! packet, or its preempted context), and the kthread drops every `Run`
+//! it reads before that `Wake` (stale by this rule). A revocation thus
+//! never strands a request nor runs one twice.
+
+use ginza_policy::sched::colocated::{Action, ColocatedDispatcher, HandBack};
+use ginza_policy::sched::{Request, SchedPolicy};
+use ginza_shm::{
+    IokernelEnd, LineFlags, PacketDesc, RunPacket, SendError, ToKthread, MAX_REQUEST_ID,
+};
+use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, UdpPacket};
+
+/// Refused hand-backs an application may send before it is disconnected.
+pub(super) const MAX_LIES: u64 = 16;
+
+/// A queued request as iokerneld holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Held {
+    /// Not run yet: its packet, in a buffer of the application's ingress
+    /// pool lent to nobody yet.
+    Fresh(PacketDesc),
+    /// Preempted: its context waits in the application.
+    Preempted,
+}
+
+/// Counters of one application's dispatch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct DispatchCounters {
+    /// Hand-backs refused (unknown or duplicate request).
+    pub lies: u64,
+    /// `Run`s that crossed their kthread's `Parked`/`Yielded` (queued again).
+    pub stale_runs: u64,
+    /// Run commands that did not fit the command ring (tried again).
+    pub ring_full: u64,
+}
+
+/// One application's dispatch state.
+pub(super) struct AppDispatch {
+    queues: ColocatedDispatcher<Held>,
+    /// c-PRE-MQ's classifier: the class is this byte of the UDP payload.
+    class_offset: usize,
+    next_request: u64,
+    actions: Vec<Action<Held>>,
+    /// Per kthread, the request of the last `Run` sent and what it carried,
+    /// until it is handed back.
+    sent: Vec<Option<(u64, Held)>>,
+    pub counters: DispatchCounters,
+}
+
+impl AppDispatch {
+    pub fn new(policy: SchedPolicy, workers: usize, class_offset: u16) -> AppDispatch {
+        AppDispatch {
+            queues: ColocatedDispatcher::new(policy, workers),
+            class_offset: class_offset.into(),
+            next_request: 0,
+            actions: Vec::new(),
+            sent: vec![None; workers],
+            counters: DispatchCounters::default(),
+        }
+    }
+
+    /// Its counters, for a log line when the application leaves.
+    pub fn summary(&self) -> String {
+        format!("{:?}, {:?}", self.queues.stats(), self.counters)
+    }
+
+    /// Requests waiting in the queues (new and preempted).
+    pub fn queued(&self) -> usize {
+        self.queues.queued()
+    }
+
+    /// The queues as (taken, pushed) free-running counters, for congestion
+    /// detection (added to kthread 0's runqueue counters).
+    pub fn queue_counters(&self) -> (u32, u32) {
+        self.queues.queue_counters()
+    }
+
+    /// A request packet has arrived (`frame` is its bytes).
+    pub fn arrive(&mut self, desc: PacketDesc, frame: &[u8], now: u64) {
+        let class = udp_payload(frame)
+            .and_then(|p| p.get(self.class_offset))
+            .map_or(0, |&c| usize::from(c))
+            .min(self.queues.classes() - 1);
+        let id = self.next_request;
+        self.next_request = (self.next_request + 1) % MAX_REQUEST_ID;
+        self.queues.arrive(
+            Request {
+                id,
+                class,
+                arrival: now,
+                payload: Held::Fresh(desc),
+            },
+            now,
+        );
+    }
+
+    /// Kthread `k` says how its request stopped. `Err` with the reason
+    /// when the application has lied too often and must be disconnected.
+    pub fn hand_back(
+        &mut self,
+        k: usize,
+        request: u64,
+        completed: bool,
+        now: u64,
+    ) -> Result<(), String> {
+        let how = if completed {
+            HandBack::Completed
+        } else {
+            HandBack::Preempted
+        };
+        match self.queues.hand_back(k, request, how, Held::Preempted, now) {
+            Ok(()) => {
+                self.sent[k] = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.lies += 1;
+                log::debug!("dispatch: hand-back refused: {e}");
+                if self.counters.lies >= MAX_LIES {
+                    Err(format!(
+                        "{} refused hand-backs (the last: {e})",
+                        self.counters.lies
+                    ))
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Kthread `k` gave its core back (parked or yielded): a request still
+    /// on it was sent by a `Run` it never read (see the module docs), and
+    /// is queued again as it was.
+    pub fn gave_core_back(&mut self, k: usize) {
+        self.queues.set_granted(k, false);
+        if let Some((_, held)) = self.sent.get_mut(k).and_then(Option::take) {
+            if self.queues.withdraw(k, held).is_some() {
+                self.counters.stale_runs += 1;
+            }
+        }
+    }
+
+    /// One dispatch step: `granted[k]` says whether kthread `k` holds a
+    /// core; runs queued requests on idle ones, asks overrun requests to
+    /// yield. Returns the packets that reached the application.
+    pub fn step(
+        &mut self,
+        now: u64,
+        granted: impl Iterator<Item = bool>,
+        ends: &mut [IokernelEnd],
+    ) -> u64 {
+        for (k, g) in granted.enumerate() {
+            self.queues.set_granted(k, g);
+            // Quanta count from when the worker says it switched in.
+            if let Some(id) = self.queues.running_on(k) {
+                if !self.queues.has_started(k) && ends[k].line.runs_request(id) {
+                    self.queues.started(k, now);
+                }
+            }
+        }
+        let mut actions = std::mem::take(&mut self.actions);
+        self.queues.step(now, &mut actions);
+        let mut delivered = 0;
+        for action in actions.drain(..) {
+            match action {
+                Action::Preempt { worker, .. } => {
+                    ends[worker].line.insert_flags(LineFlags::YIELD_REQUEST);
+                }
+                Action::Run { worker, request } => {
+                    let packet = match request.payload {
+                        Held::Fresh(d) => Some(RunPacket {
+                            buf: d.buf,
+                            len: d.len.min(u32::from(u16::MAX)) as u16,
+                        }),
+                        Held::Preempted => None,
+                    };
+                    let end = &mut ends[worker];
+                    // A stale ask for the previous request must not cut
+                    // this one short.
+                    end.line.remove_flags(LineFlags::YIELD_REQUEST);
+                    match end.to_kthread.send(ToKthread::Run {
+                        request: request.id,
+                        packet,
+                    }) {
+                        Ok(()) => {
+                            delivered += u64::from(packet.is_some());
+                            self.sent[worker] = Some((request.id, request.payload));
+                        }
+                        Err(SendError::Full | SendError::Corrupt(_)) => {
+                            // A corrupt ring is found by the command drain.
+                            self.counters.ring_full += 1;
+                            self.queues.not_started(worker, request);
+                        }
+                    }
+                }
+            }
+        }
+        self.actions = actions;
+        delivered
+    }
+}
+
+/// The UDP payload of an Ethernet/IPv4/UDP frame; `None` for any other.
+pub(crate) fn udp_payload(frame: &[u8]) -> Option<&[u8]> {
+    let eth = EthernetFrame::new_checked(frame).ok()?;
+    if eth.ethertype() != EthernetProtocol::Ipv4 {
+        return None;
+    }
+    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
+    if ip.next_header() != IpProtocol::Udp {
+        return None;
+    }
+    let ip_payload = ip.payload();
+    let udp = UdpPacket::new_checked(ip_payload).ok()?;
+    let len = udp.payload().len();
+    // Borrow from the frame, not from the wrapper.
+    let start = ip_payload.len() - len;
+    ip_payload.get(start..)
+}
+
+/// Whether `frame` is a request for a dispatched application (UDP to it).
+pub(crate) fn is_request(frame: &[u8]) -> bool {
+    udp_payload(frame).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use ginza_net::{tx, Endpoint, Interface, MacAddr};
+    use ginza_policy::sched::Placement;
+    use ginza_shm::{Region, RegionConfig, ToIokernel};
+
+    use super::*;
+
+    fn frame(class: u8) -> Vec<u8> {
+        let from = Interface {
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            ip: Ipv4Addr::new(10, 0, 0, 1),
+        };
+        let to = Endpoint::new(Ipv4Addr::new(10, 0, 0, 2), 2000);
+        let mut payload = vec![0u8; 32];
+        payload[24] = class;
+        let mut out = vec![0u8; 2048];
+        let n = tx::udp_datagram(
+            &mut out,
+            &from,
+            MacAddr([2, 0, 0, 0, 0, 2]),
+            1000,
+            to,
+            &payload,
+        )
+        .expect("fits");
+        out.truncate(n);
+        out
+    }
+
+    #[test]
+    fn the_classifier_reads_the_class_byte_of_the_udp_payload() {
+        let f = frame(3);
+        assert_eq!(udp_payload(&f).map(|p| p.len()), Some(32));
+        assert_eq!(udp_payload(&f).unwrap()[24], 3);
+        assert!(!is_request(&f[..20]));
+    }
+
+    fn ends(n: u32) -> (Region, Vec<IokernelEnd>, Vec<ginza_shm::RuntimeEnd>) {
+        let region = Region::create("dispatch-test", &RegionConfig::new(n)).unwrap();
+        let io = (0..n).map(|k| region.iokernel_end(k).unwrap()).collect();
+        let rt = (0..n).map(|k| region.runtime_end(k).unwrap()).collect();
+        (region, io, rt)
+    }
+
+    fn desc(buf: u32) -> PacketDesc {
+        PacketDesc {
+            buf,
+            len: 100,
+            hash: 0,
+            reserved: 0,
+        }
+    }
+
+    #[test]
+    fn requests_go_to_granted_workers_and_preempted_ones_come_back_by_id() {
+        let (_region, mut io, mut rt) = ends(2);
+        let policy = SchedPolicy::CPreSq {
+            quantum: 5_000,
+            placement: Placement::Tail,
+        };
+        let mut d = AppDispatch::new(policy, 2, 24);
+        let f = frame(0);
+        d.arrive(desc(7), &f, 0);
+        d.arrive(desc(8), &f, 0);
+        assert_eq!(d.step(1, [false, true].into_iter(), &mut io), 1);
+        assert_eq!(
+            rt[1].from_iokernel.recv().unwrap(),
+            Some(ToKthread::Run {
+                request: 0,
+                packet: Some(RunPacket { buf: 7, len: 100 })
+            })
+        );
+        assert_eq!(d.queue_counters(), (1, 2));
+        // Not started yet: no quantum runs, however long it waits.
+        d.step(10_000, [false, true].into_iter(), &mut io);
+        assert!(!rt[1].line.flags().contains(LineFlags::YIELD_REQUEST));
+        rt[1].line.set_running_request(Some(0));
+        d.step(10_001, [false, true].into_iter(), &mut io);
+        // Past its quantum with request 1 waiting: asked to yield.
+        d.step(15_001, [false, true].into_iter(), &mut io);
+        assert!(rt[1].line.flags().contains(LineFlags::YIELD_REQUEST));
+        d.hand_back(1, 0, false, 10_500).unwrap();
+        d.step(10_600, [true, true].into_iter(), &mut io);
+        let got: Vec<_> = rt
+            .iter_mut()
+            .map(|e| e.from_iokernel.recv().unwrap())
+            .collect();
+        // Tail placement: request 1 (new) first, then request 0 resumed.
+        assert_eq!(
+            got,
+            [
+                Some(ToKthread::Run {
+                    request: 1,
+                    packet: Some(RunPacket { buf: 8, len: 100 })
+                }),
+                Some(ToKthread::Run {
+                    request: 0,
+                    packet: None
+                }),
+            ]
+        );
+        assert!(!rt[1].line.flags().contains(LineFlags::YIELD_REQUEST));
+        let _ = ToIokernel::HandBack {
+            request: 0,
+            completed: true,
+        };
+    }
+
+    #[test]
+    fn lies_are_counted_then_the_application_is_disconnected() {
+        let (_region, mut io, _rt) = ends(1);
+        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0);
+        d.arrive(desc(1), &frame(0), 0);
+        d.step(0, [true].into_iter(), &mut io);
+        for i in 1..MAX_LIES {
+            assert!(
+                d.hand_back(0, 1000 + i, true, 1).is_ok(),
+                "lie {i} tolerated"
+            );
+        }
+        // The honest hand-back still works.
+        d.hand_back(0, 0, true, 1).unwrap();
+        assert!(
+            d.hand_back(0, 0, true, 1).is_err(),
+            "a duplicate: the last straw"
+        );
+        assert_eq!(d.counters.lies, MAX_LIES);
+    }
+
+    #[test]
+    fn a_run_that_crossed_its_kthreads_park_is_queued_again_as_it_was() {
+        let (_region, mut io, mut rt) = ends(2);
+        let policy = SchedPolicy::CPreSq {
+            quantum: 5_000,
+            placement: Placement::Head,
+        };
+        let mut d = AppDispatch::new(policy, 2, 0);
+        d.arrive(desc(1), &frame(0), 0);
+        d.step(0, [true, false].into_iter(), &mut io);
+        // The Run crossed kthread 0's Parked: it is stale, and the request
+        // goes to kthread 1 with its packet.
+        d.gave_core_back(0);
+        assert_eq!(d.counters.stale_runs, 1);
+        d.step(6, [false, true].into_iter(), &mut io);
+        let fresh = Some(ToKthread::Run {
+            request: 0,
+            packet: Some(RunPacket { buf: 1, len: 100 }),
+        });
+        assert_eq!(rt[0].from_iokernel.recv().unwrap(), fresh, "the stale one");
+        assert_eq!(rt[1].from_iokernel.recv().unwrap(), fresh);
+    }
+}

@@ -1,0 +1,127 @@
+//! Shinjuku mode under iokerneld with the dispatch step on iokerneld's core
+//! (docs/colocate.md): an in-process iokerneld, its traffic generator
+//! sending UDP requests that carry their service time, and a dispatched
+//! server whose handler spins at preemption points.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ginza_iokernel::nic::ServiceTime;
+use ginza_iokernel::{LoadRun, GENERATOR_IP, GENERATOR_MAC};
+use ginza_net::{Interface, Ipv4Addr, MacAddr};
+use ginza_proto::messages::DispatchSpec;
+use ginza_proto::RequestHeader;
+use ginza_runtime::net::NetConfig;
+use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig, DispatchedReport};
+use ginza_runtime::{Class, IokernelConfig};
+
+#[allow(dead_code)] // the shared test helpers: not all are used here
+mod common;
+use common::{lock, Daemon};
+
+const PORT: u16 = 7100;
+
+fn iface(last: u8) -> Interface {
+    Interface {
+        mac: MacAddr([0x02, 0x48, 0x00, 0x00, 0x00, last]),
+        ip: Ipv4Addr::new(10, 9, 1, last),
+    }
+}
+
+/// Spins for the request's service time, at preemption points.
+fn spin_handler(request: &[u8]) -> Vec<u8> {
+    if let Some(h) = RequestHeader::decode(request) {
+        let t = Instant::now();
+        let d = Duration::from_nanos(h.service_ns.min(10_000_000));
+        while t.elapsed() < d {
+            ginza_runtime::preempt_point();
+        }
+    }
+    request.to_vec()
+}
+
+fn config(d: &Daemon, name: &str, me: Interface, policy: &str) -> DispatchedConfig {
+    let mut io = IokernelConfig::new(name, Class::LatencyCritical);
+    io.socket = Some(d.socket.clone());
+    io.net = Some(NetConfig::new(me.mac, me.ip).with_static_arp(GENERATOR_IP, GENERATOR_MAC));
+    let spec = DispatchSpec {
+        policy: policy.into(),
+        quantum_ns: 5_000,
+        head: false,
+        classes: Vec::new(),
+        class_offset: 0,
+    };
+    let mut cfg = DispatchedConfig::new(io, spec, PORT);
+    cfg.workers = 2;
+    cfg
+}
+
+/// Runs the server until `load` is done; the generator's report and the
+/// server's.
+fn serve_during(
+    d: &Daemon,
+    cfg: DispatchedConfig,
+    load: LoadRun,
+) -> (ginza_iokernel::LoadReport, DispatchedReport) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let name = cfg.iokernel.name.clone();
+    let server = std::thread::spawn(move || dispatched::serve(cfg, spin_handler, &s2).unwrap());
+    let t0 = Instant::now();
+    while !d.stats().apps.iter().any(|a| a.name == name) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{name} never registered"
+        );
+        std::thread::yield_now();
+    }
+    let report =
+        d.io.as_ref()
+            .unwrap()
+            .generator()
+            .run(load, Duration::from_secs(10))
+            .unwrap();
+    stop.store(true, Ordering::Release);
+    (report, server.join().unwrap())
+}
+
+#[test]
+fn requests_are_served_and_long_ones_preempted_under_iokerneld() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let me = iface(1);
+    // 90 % 2 µs, 10 % 100 µs at 2,000/s: long requests share the workers
+    // with short ones, and are preempted when short ones wait.
+    let service = ServiceTime::Bimodal {
+        p: 0.9,
+        a_ns: 2_000,
+        b_ns: 100_000,
+    };
+    let load = LoadRun::poisson(me, PORT, 2_000.0, service, Duration::from_millis(400));
+    let (report, served) = serve_during(&d, config(&d, "dispatched", me, "c-pre-sq"), load);
+    eprintln!("generator: {:?}\nserver: {served:?}", report.stats);
+    let s = report.stats;
+    assert!(s.sent > 400, "{s:?}");
+    assert!(
+        s.replies as f64 >= 0.95 * s.sent as f64,
+        "replies {} of {} sent; server {served:?}",
+        s.replies,
+        s.sent
+    );
+    assert_eq!(s.unmatched_replies, 0, "a request answered twice: {s:?}");
+    assert!(served.served >= s.replies, "{served:?}");
+    assert_eq!(served.unknown_resumes, 0, "{served:?}");
+    assert_eq!(served.rejected, 0, "{served:?}");
+}
+
+#[test]
+fn a_dispatched_server_needs_a_network_interface() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let mut cfg = config(&d, "no-net", iface(2), "c-fcfs");
+    cfg.iokernel.net = None;
+    let stop = AtomicBool::new(true);
+    let e = dispatched::serve(cfg, spin_handler, &stop).unwrap_err();
+    assert!(e.to_string().contains("network interface"), "{e}");
+}
