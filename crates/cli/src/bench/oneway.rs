@@ -89,7 +89,7 @@ struct Throughput {
 }
 
 /// One round's one-way latencies (µs), for the record.
-#[derive(Serialize, Debug, Default)]
+#[derive(Serialize, Debug)]
 struct Round {
     rtc: Option<Quantiles>,
     protected: Option<Quantiles>,
@@ -134,17 +134,15 @@ pub fn run(args: OnewayArgs) -> anyhow::Result<()> {
     };
     let mut rounds = Vec::new();
     for r in 0..args.rounds {
-        let mut round = Round::default();
-        round.rtc = Some(half(
-            rtc_round(cpus, &args).with_context(|| format!("round {r}, rtc"))?,
-        ));
-        round.protected = Some(half(
-            protected_round(cpus, &args).with_context(|| format!("round {r}, protected"))?,
-        ));
-        round.linux = Some(half(
-            linux_round(&args).with_context(|| format!("round {r}, linux"))?,
-        ));
-        rounds.push(round);
+        let rtc = rtc_round(cpus, &args).with_context(|| format!("round {r}, rtc"))?;
+        let protected =
+            protected_round(cpus, &args).with_context(|| format!("round {r}, protected"))?;
+        let linux = linux_round(&args).with_context(|| format!("round {r}, linux"))?;
+        rounds.push(Round {
+            rtc: Some(half(rtc)),
+            protected: Some(half(protected)),
+            linux: Some(half(linux)),
+        });
     }
     let med = |pick: fn(&Round) -> Option<Quantiles>| -> anyhow::Result<Quantiles> {
         let qs: Vec<Quantiles> = rounds.iter().filter_map(pick).collect();
