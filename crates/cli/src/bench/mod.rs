@@ -10,6 +10,7 @@ mod corealloc;
 pub(crate) mod experiment;
 mod forward;
 mod memcached;
+mod oneway;
 mod preempt;
 mod shinjuku;
 mod steering;
@@ -66,6 +67,11 @@ enum Experiment {
     /// load; p50/p99, batch throughput, the server's cores, the simulator's
     /// p99; CSV and PNG.
     Colocate(colocate::ColocateArgs),
+    /// DLibOS's Figs. 5-7: one-way latency of 64-byte messages (half the
+    /// NetPIPE-style round trip) to echo-server run to completion, to the
+    /// same echo-server protected (netstackd under the same iokerneld), and
+    /// between Linux sockets over loopback, rounds interleaved.
+    Oneway(oneway::OnewayArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
     Run(experiment::RunArgs),
@@ -99,5 +105,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::List(args) => experiment::list(args),
         Experiment::All(args) => experiment::all(args),
         Experiment::Colocate(args) => colocate::run(args),
+        Experiment::Oneway(args) => oneway::run(args),
     }
 }

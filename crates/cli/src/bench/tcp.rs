@@ -70,11 +70,11 @@ pub struct TcpArgs {
 }
 
 /// Request and reply size of the round trips.
-const PAYLOAD: usize = 64;
+pub(super) const PAYLOAD: usize = 64;
 /// Round trips before each measured series.
-const WARMUP: usize = 1000;
+pub(super) const WARMUP: usize = 1000;
 /// The longest wait for one read or write before a run is declared stuck.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The same through loss: retransmission timeouts back off (200 ms,
 /// 400 ms, …) when a segment is lost again and again.
 const LOSSY_IO_TIMEOUT: Duration = Duration::from_secs(60);
@@ -95,9 +95,9 @@ const SWITCH_CLIENT: (MacAddr, Ipv4Addr) = (
 );
 
 #[derive(Serialize, Clone, Copy, Debug, Default)]
-struct Quantiles {
-    p50: f64,
-    p99: f64,
+pub(super) struct Quantiles {
+    pub(super) p50: f64,
+    pub(super) p99: f64,
 }
 
 #[derive(Serialize, Debug)]
@@ -250,13 +250,13 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Cpus {
-    iokernel: usize,
-    app: usize,
+pub(super) struct Cpus {
+    pub(super) iokernel: usize,
+    pub(super) app: usize,
 }
 
 /// p50 and p99 in µs of round trips in ns.
-fn quantiles(mut ns: Vec<u64>) -> anyhow::Result<Quantiles> {
+pub(super) fn quantiles(mut ns: Vec<u64>) -> anyhow::Result<Quantiles> {
     ns.sort_unstable();
     let us = |q| percentile(&ns, q).map(|v| v as f64 / 1e3);
     Ok(Quantiles {
@@ -266,14 +266,14 @@ fn quantiles(mut ns: Vec<u64>) -> anyhow::Result<Quantiles> {
 }
 
 /// A Ginza runtime running `main` on its own thread.
-struct App<T> {
+pub(super) struct App<T> {
     name: String,
     thread: Option<std::thread::JoinHandle<Result<T, RuntimeError>>>,
 }
 
 impl<T: Send + 'static> App<T> {
     /// Starts it on `iokerneld` and waits until it has registered.
-    fn start(
+    pub(super) fn start(
         iokerneld: &InProcess,
         name: &str,
         (mac, ip): (MacAddr, Ipv4Addr),
@@ -309,7 +309,7 @@ impl<T: Send + 'static> App<T> {
         Ok(app)
     }
 
-    fn join(&mut self) -> anyhow::Result<T> {
+    pub(super) fn join(&mut self) -> anyhow::Result<T> {
         let thread = self
             .thread
             .take()
@@ -323,7 +323,7 @@ impl<T: Send + 'static> App<T> {
 
 /// iokerneld on `nic` ("" for none) managing the application's CPU, its
 /// loop on its own; `faults` for the veth port when given.
-fn start_iokerneld(
+pub(super) fn start_iokerneld(
     nic: &str,
     cpus: Cpus,
     faults: Option<&str>,
