@@ -625,7 +625,10 @@ pub(crate) fn install(rt: &Arc<Shared>, p: Protected) -> Result<(), String> {
             }
             let Some(p) = of(&rt) else { return };
             if let Some(why) = p.wire.wait_gone(Duration::from_millis(20)) {
-                p.lost(why);
+                // A netstack stopped after this runtime finished is no loss.
+                if !rt.shutdown.load(Relaxed) {
+                    p.lost(why);
+                }
                 return;
             }
         })
