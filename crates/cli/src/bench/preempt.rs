@@ -312,6 +312,8 @@ fn long_run(
     };
     let config = ShinjukuConfig {
         record_preemptions: mech.is_some(),
+        // All of them are in flight at once: none may be refused.
+        max_in_flight: usize::try_from(requests).unwrap_or(usize::MAX),
         ..cores.config(policy, preemption)
     };
     let source = AllAtOnce {

@@ -14,6 +14,13 @@
 //! reaches no preemption point in time. Deferred sections
 //! ([`crate::without_preemption`], allocation, runtime internals) hold off
 //! both.
+//!
+//! Requests in flight (admitted and not completed: queued, running,
+//! preempted or blocked) are bounded by [`ShinjukuConfig::max_in_flight`]:
+//! each holds a stack, mapped when it is admitted. A request over the
+//! bound, or one whose stack cannot be mapped, is refused at arrival —
+//! its payload dropped, counted in [`ServeReport::rejected`] — instead of
+//! aborting the process.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -72,6 +79,9 @@ pub struct ShinjukuConfig {
     pub idle_spin: Duration,
     /// Keep a [`PreemptionSample`] for every preemption (for benchmarks).
     pub record_preemptions: bool,
+    /// Most requests in flight (admitted, not completed); an arrival over
+    /// it is refused and counted in [`ServeReport::rejected`]. Must be > 0.
+    pub max_in_flight: usize,
 }
 
 impl Default for ShinjukuConfig {
@@ -88,6 +98,7 @@ impl Default for ShinjukuConfig {
             stack_size: 64 * 1024,
             idle_spin: Duration::from_micros(50),
             record_preemptions: false,
+            max_in_flight: 4096,
         }
     }
 }
@@ -190,6 +201,11 @@ pub struct ServeReport<Resp> {
     pub signals_sent: u64,
     /// With `record_preemptions`: one sample per preemption.
     pub preemption_samples: Vec<PreemptionSample>,
+    /// Requests refused at arrival (their payloads dropped, never run):
+    /// over `max_in_flight`, or no stack could be mapped for them.
+    pub rejected: u64,
+    /// Of `rejected`: those refused because no stack could be mapped.
+    pub rejected_no_stack: u64,
     pub elapsed: Duration,
 }
 
@@ -257,6 +273,11 @@ where
     H: Fn(Req) -> Resp + Send + Sync + 'static,
 {
     check_policy(&config.policy)?;
+    if config.max_in_flight == 0 {
+        return Err(policy_error(
+            "max_in_flight must be > 0 (no request could ever be admitted)".into(),
+        ));
+    }
     let n_classes = match &config.policy {
         SchedPolicy::CPreMq { classes, .. } => classes.len(),
         _ => 1,
@@ -311,10 +332,18 @@ where
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
     started_workers.stop();
-    let (completions, signals_sent, preemption_samples) = outcome?;
+    let Served {
+        completions,
+        signals_sent,
+        samples: preemption_samples,
+        rejected,
+        rejected_no_stack,
+    } = outcome?;
     Ok(ServeReport {
         completions,
         preemption_samples,
+        rejected,
+        rejected_no_stack,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -333,7 +362,14 @@ where
 /// Shortest interval between two preemption signals to one worker.
 const RESEND_MIN_NS: u64 = 50_000;
 
-type Served<Resp> = (Vec<Completion<Resp>>, u64, Vec<PreemptionSample>);
+/// What the dispatcher's loop hands back to [`serve`].
+struct Served<Resp> {
+    completions: Vec<Completion<Resp>>,
+    signals_sent: u64,
+    samples: Vec<PreemptionSample>,
+    rejected: u64,
+    rejected_no_stack: u64,
+}
 
 /// The median cost of reading the clock twice, to subtract from short timings.
 fn clock_overhead_ns() -> u64 {
@@ -375,6 +411,11 @@ where
     let mut signals_sent = 0u64;
     let mut idle_passes = 0u32;
     let mut samples = Vec::new();
+    // Requests admitted and not completed (spawned uthreads not counted:
+    // their spawner holds them), and those refused.
+    let mut in_flight = 0usize;
+    let mut rejected = 0u64;
+    let mut rejected_no_stack = 0u64;
     let clock_overhead = if config.record_preemptions {
         clock_overhead_ns()
     } else {
@@ -391,9 +432,37 @@ where
                     arrival.class
                 )));
             }
+            progress = true;
+            if in_flight >= config.max_in_flight {
+                rejected += 1;
+                continue;
+            }
+            let stack = if testing::take_stack_map_failure() {
+                Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            } else {
+                rt.stack_for_request()
+            };
+            let stack = match stack {
+                Ok(stack) => stack,
+                Err(e) => {
+                    if rejected_no_stack == 0 {
+                        log::warn!(
+                            "shinjuku: cannot map a request stack ({e}): refusing requests \
+                             until one can be (check vm.max_map_count and memory, or lower \
+                             max_in_flight, now {})",
+                            config.max_in_flight
+                        );
+                    }
+                    rejected += 1;
+                    rejected_no_stack += 1;
+                    continue;
+                }
+            };
+            in_flight += 1;
             let h = Arc::clone(&handler);
             let payload = arrival.payload;
             let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
+            uthread.give_stack(stack);
             uthread.set_serial(next_serial);
             next_serial += 1;
             let request = Request {
@@ -408,7 +477,6 @@ where
             };
             queues.enqueue(request, now);
             next_id += 1;
-            progress = true;
         }
 
         // Requests that blocked and are runnable again (woken, or their sleep ended).
@@ -460,6 +528,7 @@ where
                         ..
                     } = request.payload;
                     if let Some(handle) = handle {
+                        in_flight -= 1;
                         completions.push(Completion {
                             id: request.id,
                             class: request.class,
@@ -566,7 +635,13 @@ where
             && blocked.is_empty()
             && running.iter().all(Option::is_none)
         {
-            return Ok((completions, signals_sent, samples));
+            return Ok(Served {
+                completions,
+                signals_sent,
+                samples,
+                rejected,
+                rejected_no_stack,
+            });
         }
         if progress {
             idle_passes = 0;
@@ -586,7 +661,7 @@ where
 /// speed (for regression tests). Not a stable API.
 #[doc(hidden)]
 pub mod testing {
-    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
     use crate::deferral;
     use crate::sched;
@@ -599,6 +674,24 @@ pub mod testing {
         if let Some(rt) = sched::current_shared() {
             rt.timers_only_at_switch_checks.store(true, Relaxed);
         }
+    }
+
+    /// Process-wide: stacks the dispatcher is still to fail to map.
+    static STACK_MAP_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+    /// Process-wide: the next `n` request stacks any dispatcher maps fail
+    /// as if the mapping did (for a test binary of its own: it affects every
+    /// runtime in the process).
+    pub fn fail_next_stack_maps(n: u64) {
+        STACK_MAP_FAILURES.store(n, Relaxed);
+    }
+
+    /// Whether this stack mapping is to fail (uses one failure up).
+    pub(super) fn take_stack_map_failure() -> bool {
+        STACK_MAP_FAILURES.load(Relaxed) != 0
+            && STACK_MAP_FAILURES
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
     }
 
     /// The calling worker's next pass through its switch path (the request
