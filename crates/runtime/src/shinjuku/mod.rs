@@ -82,6 +82,10 @@ pub struct ShinjukuConfig {
     /// Most requests in flight (admitted, not completed); an arrival over
     /// it is refused and counted in [`ServeReport::rejected`]. Must be > 0.
     pub max_in_flight: usize,
+    /// Pre-assign the next request to a busy worker (the mailbox's second
+    /// slot) when no worker is idle, so that it starts without waiting for
+    /// the dispatcher's round trip (docs/runtime.md, "Shinjuku mode").
+    pub pre_assign: bool,
 }
 
 impl Default for ShinjukuConfig {
@@ -99,6 +103,7 @@ impl Default for ShinjukuConfig {
             idle_spin: Duration::from_micros(50),
             record_preemptions: false,
             max_in_flight: 4096,
+            pre_assign: false,
         }
     }
 }
@@ -206,6 +211,10 @@ pub struct ServeReport<Resp> {
     pub rejected: u64,
     /// Of `rejected`: those refused because no stack could be mapped.
     pub rejected_no_stack: u64,
+    /// With `pre_assign`: requests put in a worker's second slot, and those
+    /// of them the dispatcher took back before the worker took them.
+    pub pre_assigned: u64,
+    pub taken_back: u64,
     pub elapsed: Duration,
 }
 
@@ -226,6 +235,19 @@ struct Running<Resp> {
     flagged_at: u64,
     /// When the last preemption signal went out, if any.
     signaled_at: Option<u64>,
+}
+
+impl<Resp> Running<Resp> {
+    fn new(request: Request<InFlight<Resp>>) -> Self {
+        Running {
+            request,
+            ask_ns: 0,
+            asked_at: 0,
+            flagged: false,
+            flagged_at: 0,
+            signaled_at: None,
+        }
+    }
 }
 
 fn policy_error(message: String) -> RuntimeError {
@@ -338,12 +360,16 @@ where
         samples: preemption_samples,
         rejected,
         rejected_no_stack,
+        pre_assigned,
+        taken_back,
     } = outcome?;
     Ok(ServeReport {
         completions,
         preemption_samples,
         rejected,
         rejected_no_stack,
+        pre_assigned,
+        taken_back,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -369,6 +395,8 @@ struct Served<Resp> {
     samples: Vec<PreemptionSample>,
     rejected: u64,
     rejected_no_stack: u64,
+    pre_assigned: u64,
+    taken_back: u64,
 }
 
 /// The median cost of reading the clock twice, to subtract from short timings.
@@ -401,6 +429,9 @@ where
     let rt_ptr = Arc::as_ptr(rt);
     let mut queues: Dispatcher<InFlight<Resp>> = Dispatcher::new(config.policy.clone());
     let mut running: Vec<Option<Running<Resp>>> = (0..rt.kthreads.len()).map(|_| None).collect();
+    // Pre-assigned behind the running request (only where one runs).
+    let mut pending: Vec<Option<Request<InFlight<Resp>>>> =
+        (0..rt.kthreads.len()).map(|_| None).collect();
     // Keyed by the serial the dispatcher gives each context, not by its
     // address: a finished request's address is reused by the next one.
     let mut blocked: HashMap<u64, Request<InFlight<Resp>>> = HashMap::new();
@@ -416,6 +447,8 @@ where
     let mut in_flight = 0usize;
     let mut rejected = 0u64;
     let mut rejected_no_stack = 0u64;
+    let mut pre_assigned = 0u64;
+    let mut taken_back = 0u64;
     let clock_overhead = if config.record_preemptions {
         clock_overhead_ns()
     } else {
@@ -513,12 +546,26 @@ where
         }
 
         for (w, mailbox) in mailboxes.iter().enumerate() {
-            let Some((report, finished_at)) = mailbox.take_report() else {
+            let Some((report, finished_at, took_next)) = mailbox.take_report() else {
                 continue;
             };
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
+            // The pre-assigned request, if any, is the worker's next: it
+            // took it as it reported, or it gets it the ordinary way now
+            // (it swapped the slot before the request was put there).
+            if let Some(next) = pending[w].take() {
+                if !took_next {
+                    let u = mailbox
+                        .take_back()
+                        .expect("a pre-assigned request left its slot unreported");
+                    mailbox.assign(&rt.kthreads[w], u);
+                }
+                running[w] = Some(Running::new(next));
+            } else {
+                debug_assert!(!took_next, "a worker took a request never pre-assigned");
+            }
             let mut request = run.request;
             match report {
                 Report::Completed => {
@@ -566,8 +613,20 @@ where
             let Some(run) = slot else { continue };
             let k = &rt.kthreads[w];
             let started = mailboxes[w].started_ns();
-            if started == 0 || !queues.should_preempt(started, now) {
+            let spent = |q: u64| now.saturating_sub(started) >= q;
+            if started == 0
+                || !(queues.should_preempt(started, now)
+                    || (pending[w].is_some() && queues.quantum().is_some_and(spent)))
+            {
                 continue;
+            }
+            // The request pre-assigned here goes back to the queue, so the
+            // policy places it and the preempted one (docs/runtime.md).
+            if !run.flagged && pending[w].is_some() && mailboxes[w].take_back().is_some() {
+                if let Some(request) = pending[w].take() {
+                    queues.put_back(request);
+                    taken_back += 1;
+                }
             }
             // A signal can land where it cannot act (the worker was
             // descheduled before switching into the request, say), so one
@@ -615,19 +674,41 @@ where
             if slot.is_some() {
                 continue;
             }
-            let Some(request) = queues.next_for_idle_worker(now) else {
+            // The queue's head, else a request pre-assigned to a busy
+            // worker that has not taken it yet.
+            let request = queues.next_for_idle_worker(now).or_else(|| {
+                (0..mailboxes.len()).find_map(|v| {
+                    if pending[v].is_some() && mailboxes[v].take_back().is_some() {
+                        taken_back += 1;
+                        pending[v].take()
+                    } else {
+                        None
+                    }
+                })
+            });
+            let Some(request) = request else {
                 break;
             };
             mailboxes[w].assign(&rt.kthreads[w], request.payload.uthread);
-            *slot = Some(Running {
-                request,
-                ask_ns: 0,
-                asked_at: 0,
-                flagged: false,
-                flagged_at: 0,
-                signaled_at: None,
-            });
+            *slot = Some(Running::new(request));
             progress = true;
+        }
+
+        if config.pre_assign {
+            for (w, slot) in pending.iter_mut().enumerate() {
+                // Not behind a request being preempted: the policy places
+                // it beside the others once it is back (the take-back above).
+                if slot.is_some() || !running[w].as_ref().is_some_and(|r| !r.flagged) {
+                    continue;
+                }
+                let Some(request) = queues.next_for_idle_worker(now) else {
+                    break;
+                };
+                mailboxes[w].pre_assign(request.payload.uthread);
+                *slot = Some(request);
+                pre_assigned += 1;
+                progress = true;
+            }
         }
 
         if source.is_done()
@@ -641,6 +722,8 @@ where
                 samples,
                 rejected,
                 rejected_no_stack,
+                pre_assigned,
+                taken_back,
             });
         }
         if progress {
