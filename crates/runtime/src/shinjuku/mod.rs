@@ -698,7 +698,7 @@ where
             for (w, slot) in pending.iter_mut().enumerate() {
                 // Not behind a request being preempted: the policy places
                 // it beside the others once it is back (the take-back above).
-                if slot.is_some() || !running[w].as_ref().is_some_and(|r| !r.flagged) {
+                if slot.is_some() || running[w].as_ref().is_none_or(|r| r.flagged) {
                     continue;
                 }
                 let Some(request) = queues.next_for_idle_worker(now) else {
