@@ -1,7 +1,7 @@
 //! Shinjuku mode: a dispatcher, worker kthreads, cooperative and signal
 //! preemption, the c-FCFS / c-PRE-SQ / c-PRE-MQ policies.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -159,6 +159,28 @@ fn sq_head_placement_keeps_the_preempted_request_first() {
     assert!(
         report.completions[0].preemptions >= 1,
         "it was never preempted at all"
+    );
+}
+
+/// With pre-assignment, the request waiting in the worker's second slot is
+/// taken back when the running one is preempted, so head placement still
+/// runs the preempted request first.
+#[test]
+fn pre_assignment_keeps_head_placement_order() {
+    let report = serve(
+        ShinjukuConfig {
+            pre_assign: true,
+            ..one_worker(sq(Placement::Head), Preemption::default())
+        },
+        script(vec![(0, 0, 3_000_000u64), (0, 0, 100), (0, 0, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![0, 1, 2]);
+    assert!(report.completions[0].preemptions >= 1, "never preempted");
+    assert!(
+        report.pre_assigned >= 1 && report.taken_back >= 1,
+        "{report:?}"
     );
 }
 
@@ -425,14 +447,33 @@ fn requests_may_spawn_and_join_uthreads() {
 
 #[test]
 fn a_million_requests_with_preemption_none_lost_none_twice() {
-    const N: usize = 1_000_000;
-    let runs: Arc<Vec<AtomicU8>> = Arc::new((0..N).map(|_| AtomicU8::new(0)).collect());
+    none_lost_none_twice(1_000_000, 2, false);
+}
+
+/// With the mailbox's second slot: pre-assigned requests are taken by
+/// their worker as it reports, taken back when it is preempted or another
+/// worker is idle, or assigned the ordinary way; each runs exactly once.
+#[test]
+fn pre_assigned_requests_under_preemption_none_lost_none_twice() {
+    none_lost_none_twice(300_000, 2, true);
+    none_lost_none_twice(100_000, 1, true);
+}
+
+fn none_lost_none_twice(n: usize, workers: usize, pre_assign: bool) {
+    /// Requests released ahead of the completions the handlers counted:
+    /// far below the runtime's bound on requests in flight (4096), so none
+    /// is refused.
+    const WINDOW: usize = 1024;
+    let runs: Arc<Vec<AtomicU8>> = Arc::new((0..n).map(|_| AtomicU8::new(0)).collect());
+    let done = Arc::new(AtomicUsize::new(0));
     struct Burst {
+        n: usize,
         next: usize,
+        done: Arc<AtomicUsize>,
     }
     impl Source<usize> for Burst {
         fn poll(&mut self, now_ns: u64) -> Option<Arrival<usize>> {
-            (self.next < N).then(|| {
+            (self.next < self.n && self.next < self.done.load(SeqCst) + WINDOW).then(|| {
                 self.next += 1;
                 Arrival {
                     class: 0,
@@ -442,30 +483,44 @@ fn a_million_requests_with_preemption_none_lost_none_twice() {
             })
         }
         fn is_done(&self) -> bool {
-            self.next == N
+            self.next == self.n
         }
     }
     let r = runs.clone();
+    let d = done.clone();
     let report = serve(
         ShinjukuConfig {
-            workers: 2,
+            workers,
             policy: SchedPolicy::CPreSq {
                 quantum: 5_000,
                 placement: Placement::Tail,
             },
+            pre_assign,
             ..ShinjukuConfig::default()
         },
-        Burst { next: 0 },
+        Burst {
+            n,
+            next: 0,
+            done: done.clone(),
+        },
         move |i| {
             r[i].fetch_add(1, SeqCst);
             if i % 1000 == 0 {
                 work(50_000, i as u64); // long enough to be preempted
             }
+            d.fetch_add(1, SeqCst);
             i
         },
     )
     .unwrap();
-    assert_eq!(report.completions.len(), N);
+    assert_eq!(report.rejected, 0);
+    assert_eq!(report.completions.len(), n);
+    assert_eq!(
+        report.pre_assigned > 0,
+        pre_assign,
+        "pre-assigned {}",
+        report.pre_assigned
+    );
     assert!(
         runs.iter().all(|c| c.load(SeqCst) == 1),
         "a request ran twice or never"

@@ -28,12 +28,18 @@
 //!   Each configuration runs `--reps` times (interleaved); per-run medians
 //!   and percentiles, then the median over runs. `coop` / `signal` are given
 //!   at a 10 µs quantum; `loss_pct` at 5, 10 and 15 µs.
-//! * **Dispatcher rate.** `--tiny` requests whose handler returns at once,
+//! * **Dispatch rates.** `--tiny` requests whose handler returns at once,
 //!   from a source that always has the next one ready (up to 256 in
-//!   flight), c-FCFS, one worker: completions / (last completion - first
-//!   arrival). With one worker every request is a round trip between two
-//!   cores, so on a 2-CPU machine the worker, not the dispatcher alone, may
-//!   bound this figure.
+//!   flight), c-FCFS: completions / (last completion - first arrival), in
+//!   three configurations, interleaved, `--reps` runs each, medians:
+//!   `handoff_roundtrip_mrps` (one worker, no pre-assignment: every request
+//!   is a round trip between the two CPUs, so this is a hand-off rate, not
+//!   the dispatcher's capacity); `preassigned_mrps` (one worker, the next
+//!   request pre-assigned in the mailbox's second slot, hiding the round
+//!   trip); `dispatcher_capacity_mrps` (pre-assignment, as many workers as
+//!   there are allowed CPUs besides the dispatcher's, `capacity_workers`).
+//!   On a 2-CPU machine the last has one worker and equals the second in
+//!   kind: the worker may still be the bound.
 
 use super::common::emit;
 use super::common::{allowed_cpus, median, percentile};
@@ -312,6 +318,8 @@ fn long_run(
     };
     let config = ShinjukuConfig {
         record_preemptions: mech.is_some(),
+        // All of them are in flight at once: none may be refused.
+        max_in_flight: usize::try_from(requests).unwrap_or(usize::MAX),
         ..cores.config(policy, preemption)
     };
     let source = AllAtOnce {
@@ -370,8 +378,15 @@ fn long_run(
     })
 }
 
-/// The tiny-request run: millions of completions per second.
-fn dispatcher_mrps(cores: Cores, n: u64) -> anyhow::Result<f64> {
+/// The tiny-request run: millions of completions per second, with
+/// `workers` (CPUs; `None`: the one worker of `cores`), with or without
+/// pre-assignment.
+fn dispatch_mrps(
+    cores: Cores,
+    n: u64,
+    workers: Option<&[usize]>,
+    pre_assign: bool,
+) -> anyhow::Result<f64> {
     let finished = Arc::new(AtomicU64::new(0));
     let source = Flood {
         left: n,
@@ -379,13 +394,17 @@ fn dispatcher_mrps(cores: Cores, n: u64) -> anyhow::Result<f64> {
         window: 256,
         finished: Arc::clone(&finished),
     };
-    let report = serve(
-        cores.config(SchedPolicy::CFcfs, Preemption::default()),
-        source,
-        move |()| {
-            finished.fetch_add(1, Relaxed);
-        },
-    )
+    let mut config = ShinjukuConfig {
+        pre_assign,
+        ..cores.config(SchedPolicy::CFcfs, Preemption::default())
+    };
+    if let Some(w) = workers {
+        config.workers = w.len();
+        config.worker_cores = Some(w.to_vec());
+    }
+    let report = serve(config, source, move |()| {
+        finished.fetch_add(1, Relaxed);
+    })
     .context("serving the tiny requests")?;
     anyhow::ensure!(
         report.completions.len() as u64 == n,
@@ -459,7 +478,13 @@ struct Report {
     coop: MechFigures,
     signal: MechFigures,
     loss_pct: LossPct,
-    dispatcher_mrps: f64,
+    /// One worker, no pre-assignment: a hand-off round-trip rate.
+    handoff_roundtrip_mrps: Option<f64>,
+    /// One worker, the next request pre-assigned.
+    preassigned_mrps: Option<f64>,
+    /// Pre-assignment, `capacity_workers` workers.
+    dispatcher_capacity_mrps: Option<f64>,
+    capacity_workers: usize,
     meta: Meta,
 }
 
@@ -588,8 +613,22 @@ fn measure(
         .iter()
         .map(|((q, m), c)| (*q, m.name(), c.median_of(|r| Some(r.preemptions as f64))))
         .collect();
-    eprintln!("preempt: {tiny} tiny requests for the dispatcher rate");
-    let mrps = dispatcher_mrps(cores, tiny)?;
+    // Every allowed CPU but the dispatcher's works in the capacity run.
+    let capacity_cores: Vec<usize> = allowed_cpus()?
+        .into_iter()
+        .filter(|&c| c != cores.dispatcher)
+        .collect();
+    anyhow::ensure!(!capacity_cores.is_empty(), "no CPU left for a worker");
+    let (mut handoff, mut preassigned, mut capacity) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..reps {
+        eprintln!(
+            "preempt: dispatch rates, run {}/{reps} ({tiny} tiny requests each)",
+            rep + 1
+        );
+        handoff.push(dispatch_mrps(cores, tiny, None, false)?);
+        preassigned.push(dispatch_mrps(cores, tiny, None, true)?);
+        capacity.push(dispatch_mrps(cores, tiny, Some(&capacity_cores), true)?);
+    }
     Ok(Report {
         coop: figures(Mech::Coop),
         signal: figures(Mech::Signal),
@@ -598,7 +637,10 @@ fn measure(
             q10: loss_at(10),
             q15: loss_at(15),
         },
-        dispatcher_mrps: round3(mrps),
+        handoff_roundtrip_mrps: median(&handoff).map(round3),
+        preassigned_mrps: median(&preassigned).map(round3),
+        dispatcher_capacity_mrps: median(&capacity).map(round3),
+        capacity_workers: capacity_cores.len(),
         meta: Meta {
             cores,
             reps,
@@ -619,14 +661,17 @@ fn measure(
                         descheduled by Linux is left out; wall_loss_pct uses the wall \
                         makespan (first arrival to last completion) instead",
             statistic: "median over runs of per-run medians / percentiles",
-            note: "dispatcher_mrps uses one worker: each request is a round trip between \
-                   the two CPUs, so the worker, not the dispatcher alone, may bound it",
+            note: "handoff_roundtrip_mrps: one worker, each request a round trip between \
+                   the two CPUs; preassigned_mrps: one worker, the next request pre-assigned; \
+                   dispatcher_capacity_mrps: pre-assignment with capacity_workers workers \
+                   (every allowed CPU but the dispatcher's); the workers may still bound it",
         },
     })
 }
 
 fn render_table(r: &Report) -> String {
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let f3 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -680,9 +725,13 @@ fn render_table(r: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "\ndispatcher: {:.3} M requests/s (anchor: Shinjuku ~5 M/s per dispatcher; one \
-         worker here, which may be the bound)",
-        r.dispatcher_mrps
+        "\ndispatch, M requests/s (anchor: Shinjuku ~5 M/s per dispatcher):\n  hand-off \
+         round trip, 1 worker: {}\n  pre-assigned, 1 worker: {}\n  capacity, pre-assigned, \
+         {} worker(s): {}",
+        f3(r.handoff_roundtrip_mrps),
+        f3(r.preassigned_mrps),
+        r.capacity_workers,
+        f3(r.dispatcher_capacity_mrps)
     );
     out
 }
@@ -765,7 +814,14 @@ mod tests {
                 number(&format!("/loss_pct/{q}/{m}"));
             }
         }
-        assert!(number("/dispatcher_mrps") > 0.0);
+        for key in [
+            "handoff_roundtrip_mrps",
+            "preassigned_mrps",
+            "dispatcher_capacity_mrps",
+        ] {
+            assert!(number(&format!("/{key}")) > 0.0, "{key}");
+        }
+        assert!(number("/capacity_workers") >= 1.0);
         assert!(number("/meta/baseline_worker_cpu_ms") > 0.0);
         assert!(number("/meta/baseline_makespan_ms") > 0.0);
         number("/meta/poll_only_loss_pct");

@@ -19,6 +19,9 @@
 //!   the percentiles; achieved throughput is all completions over first
 //!   arrival to last completion. The same arrivals are replayed for every
 //!   policy at a given distribution and load.
+//! * `rejected`: requests the runtime refused at arrival (over its bound
+//!   on requests in flight, 4096, or no stack could be mapped); they are
+//!   in no percentile.
 //! * The simulator's prediction: `ReqSim` with 1 core, the same policy and
 //!   load, no preemption or switch cost.
 
@@ -259,6 +262,7 @@ struct Measured {
     achieved_mrps: f64,
     p99_us: f64,
     p99_us_by_class: Vec<Option<f64>>,
+    rejected: u64,
 }
 
 fn measure_point(
@@ -283,10 +287,11 @@ fn measure_point(
     )
     .with_context(|| format!("serving {} under {}", svc, pol.name()))?;
     anyhow::ensure!(
-        report.completions.len() == plan.len(),
-        "{} of {} requests completed",
+        report.completions.len() as u64 + report.rejected == plan.len() as u64,
+        "{} of {} requests completed, {} refused",
         report.completions.len(),
-        plan.len()
+        plan.len(),
+        report.rejected
     );
     let classes = svc.classes();
     let mut all = Vec::with_capacity(plan.len());
@@ -312,6 +317,7 @@ fn measure_point(
             .iter()
             .map(|v| percentile(v, 99.0).map(us))
             .collect(),
+        rejected: report.rejected,
     })
 }
 
@@ -327,6 +333,9 @@ struct Point {
     p99_us_by_class: Vec<Option<f64>>,
     sim_p99_us: f64,
     sim_p99_us_by_class: Vec<f64>,
+    /// Requests refused at arrival (over the bound on requests in flight,
+    /// or no stack); in no percentile.
+    rejected: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -455,6 +464,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 p99_us_by_class: m.p99_us_by_class.iter().map(|v| v.map(round3)).collect(),
                 sim_p99_us: round3(sim_p99),
                 sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
+                rejected: m.rejected,
             })
         },
     )?;
@@ -508,6 +518,7 @@ fn write_outputs(
                 format!("{}", p.sim_p99_us),
                 cell(p.sim_p99_us_by_class.first().copied()),
                 cell(p.sim_p99_us_by_class.get(1).copied()),
+                p.rejected.to_string(),
             ]
         })
         .collect();
@@ -525,6 +536,7 @@ fn write_outputs(
             "sim_p99_us",
             "sim_p99_class0_us",
             "sim_p99_class1_us",
+            "rejected",
         ],
         &rows,
     )?;

@@ -114,6 +114,19 @@ impl URef {
         unsafe { (*self.ptr()).serial.load(Relaxed) }
     }
 
+    /// Gives a uthread that has never run the stack it will start on (the
+    /// Shinjuku dispatcher, at admission, so that a stack that cannot be
+    /// mapped is a refusal there and not an abort at first run). The
+    /// assignment publishes the store.
+    pub(crate) fn give_stack(self, stack: Stack) {
+        debug_assert!(self.never_ran());
+        // SAFETY: a uthread that has never run is touched by nobody but its
+        // creator (the dispatcher, our caller) until it is assigned.
+        let slot = unsafe { &mut *(*self.ptr()).stack.get() };
+        debug_assert!(slot.is_none(), "a fresh request context had a stack");
+        *slot = Some(stack);
+    }
+
     /// Gives it an identity (the Shinjuku dispatcher, before it first runs
     /// the context: the assignment publishes the store).
     pub(crate) fn set_serial(self, serial: u64) {
@@ -275,6 +288,14 @@ impl Shared {
             self.spare_stacks.push(stack);
         } else {
             self.spare_count.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// A stack for a new request context: a spare one, else a new mapping.
+    pub(crate) fn stack_for_request(&self) -> std::io::Result<Stack> {
+        match self.take_spare_stack() {
+            Some(stack) => Ok(stack),
+            None => Stack::new(self.stack_size),
         }
     }
 

@@ -14,6 +14,13 @@
 //! reaches no preemption point in time. Deferred sections
 //! ([`crate::without_preemption`], allocation, runtime internals) hold off
 //! both.
+//!
+//! Requests in flight (admitted and not completed: queued, running,
+//! preempted or blocked) are bounded by [`ShinjukuConfig::max_in_flight`]:
+//! each holds a stack, mapped when it is admitted. A request over the
+//! bound, or one whose stack cannot be mapped, is refused at arrival —
+//! its payload dropped, counted in [`ServeReport::rejected`] — instead of
+//! aborting the process.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::{Relaxed, Release};
@@ -72,6 +79,13 @@ pub struct ShinjukuConfig {
     pub idle_spin: Duration,
     /// Keep a [`PreemptionSample`] for every preemption (for benchmarks).
     pub record_preemptions: bool,
+    /// Most requests in flight (admitted, not completed); an arrival over
+    /// it is refused and counted in [`ServeReport::rejected`]. Must be > 0.
+    pub max_in_flight: usize,
+    /// Pre-assign the next request to a busy worker (the mailbox's second
+    /// slot) when no worker is idle, so that it starts without waiting for
+    /// the dispatcher's round trip (docs/runtime.md, "Shinjuku mode").
+    pub pre_assign: bool,
 }
 
 impl Default for ShinjukuConfig {
@@ -88,6 +102,8 @@ impl Default for ShinjukuConfig {
             stack_size: 64 * 1024,
             idle_spin: Duration::from_micros(50),
             record_preemptions: false,
+            max_in_flight: 4096,
+            pre_assign: false,
         }
     }
 }
@@ -190,6 +206,15 @@ pub struct ServeReport<Resp> {
     pub signals_sent: u64,
     /// With `record_preemptions`: one sample per preemption.
     pub preemption_samples: Vec<PreemptionSample>,
+    /// Requests refused at arrival (their payloads dropped, never run):
+    /// over `max_in_flight`, or no stack could be mapped for them.
+    pub rejected: u64,
+    /// Of `rejected`: those refused because no stack could be mapped.
+    pub rejected_no_stack: u64,
+    /// With `pre_assign`: requests put in a worker's second slot, and those
+    /// of them the dispatcher took back before the worker took them.
+    pub pre_assigned: u64,
+    pub taken_back: u64,
     pub elapsed: Duration,
 }
 
@@ -210,6 +235,19 @@ struct Running<Resp> {
     flagged_at: u64,
     /// When the last preemption signal went out, if any.
     signaled_at: Option<u64>,
+}
+
+impl<Resp> Running<Resp> {
+    fn new(request: Request<InFlight<Resp>>) -> Self {
+        Running {
+            request,
+            ask_ns: 0,
+            asked_at: 0,
+            flagged: false,
+            flagged_at: 0,
+            signaled_at: None,
+        }
+    }
 }
 
 fn policy_error(message: String) -> RuntimeError {
@@ -257,6 +295,11 @@ where
     H: Fn(Req) -> Resp + Send + Sync + 'static,
 {
     check_policy(&config.policy)?;
+    if config.max_in_flight == 0 {
+        return Err(policy_error(
+            "max_in_flight must be > 0 (no request could ever be admitted)".into(),
+        ));
+    }
     let n_classes = match &config.policy {
         SchedPolicy::CPreMq { classes, .. } => classes.len(),
         _ => 1,
@@ -311,10 +354,22 @@ where
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
     started_workers.stop();
-    let (completions, signals_sent, preemption_samples) = outcome?;
+    let Served {
+        completions,
+        signals_sent,
+        samples: preemption_samples,
+        rejected,
+        rejected_no_stack,
+        pre_assigned,
+        taken_back,
+    } = outcome?;
     Ok(ServeReport {
         completions,
         preemption_samples,
+        rejected,
+        rejected_no_stack,
+        pre_assigned,
+        taken_back,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -333,7 +388,16 @@ where
 /// Shortest interval between two preemption signals to one worker.
 const RESEND_MIN_NS: u64 = 50_000;
 
-type Served<Resp> = (Vec<Completion<Resp>>, u64, Vec<PreemptionSample>);
+/// What the dispatcher's loop hands back to [`serve`].
+struct Served<Resp> {
+    completions: Vec<Completion<Resp>>,
+    signals_sent: u64,
+    samples: Vec<PreemptionSample>,
+    rejected: u64,
+    rejected_no_stack: u64,
+    pre_assigned: u64,
+    taken_back: u64,
+}
 
 /// The median cost of reading the clock twice, to subtract from short timings.
 fn clock_overhead_ns() -> u64 {
@@ -365,6 +429,9 @@ where
     let rt_ptr = Arc::as_ptr(rt);
     let mut queues: Dispatcher<InFlight<Resp>> = Dispatcher::new(config.policy.clone());
     let mut running: Vec<Option<Running<Resp>>> = (0..rt.kthreads.len()).map(|_| None).collect();
+    // Pre-assigned behind the running request (only where one runs).
+    let mut pending: Vec<Option<Request<InFlight<Resp>>>> =
+        (0..rt.kthreads.len()).map(|_| None).collect();
     // Keyed by the serial the dispatcher gives each context, not by its
     // address: a finished request's address is reused by the next one.
     let mut blocked: HashMap<u64, Request<InFlight<Resp>>> = HashMap::new();
@@ -375,6 +442,13 @@ where
     let mut signals_sent = 0u64;
     let mut idle_passes = 0u32;
     let mut samples = Vec::new();
+    // Requests admitted and not completed (spawned uthreads not counted:
+    // their spawner holds them), and those refused.
+    let mut in_flight = 0usize;
+    let mut rejected = 0u64;
+    let mut rejected_no_stack = 0u64;
+    let mut pre_assigned = 0u64;
+    let mut taken_back = 0u64;
     let clock_overhead = if config.record_preemptions {
         clock_overhead_ns()
     } else {
@@ -391,9 +465,37 @@ where
                     arrival.class
                 )));
             }
+            progress = true;
+            if in_flight >= config.max_in_flight {
+                rejected += 1;
+                continue;
+            }
+            let stack = if testing::take_stack_map_failure() {
+                Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            } else {
+                rt.stack_for_request()
+            };
+            let stack = match stack {
+                Ok(stack) => stack,
+                Err(e) => {
+                    if rejected_no_stack == 0 {
+                        log::warn!(
+                            "shinjuku: cannot map a request stack ({e}): refusing requests \
+                             until one can be (check vm.max_map_count and memory, or lower \
+                             max_in_flight, now {})",
+                            config.max_in_flight
+                        );
+                    }
+                    rejected += 1;
+                    rejected_no_stack += 1;
+                    continue;
+                }
+            };
+            in_flight += 1;
             let h = Arc::clone(&handler);
             let payload = arrival.payload;
             let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
+            uthread.give_stack(stack);
             uthread.set_serial(next_serial);
             next_serial += 1;
             let request = Request {
@@ -408,7 +510,6 @@ where
             };
             queues.enqueue(request, now);
             next_id += 1;
-            progress = true;
         }
 
         // Requests that blocked and are runnable again (woken, or their sleep ended).
@@ -445,12 +546,26 @@ where
         }
 
         for (w, mailbox) in mailboxes.iter().enumerate() {
-            let Some((report, finished_at)) = mailbox.take_report() else {
+            let Some((report, finished_at, took_next)) = mailbox.take_report() else {
                 continue;
             };
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
+            // The pre-assigned request, if any, is the worker's next: it
+            // took it as it reported, or it gets it the ordinary way now
+            // (it swapped the slot before the request was put there).
+            if let Some(next) = pending[w].take() {
+                if !took_next {
+                    let u = mailbox
+                        .take_back()
+                        .expect("a pre-assigned request left its slot unreported");
+                    mailbox.assign(&rt.kthreads[w], u);
+                }
+                running[w] = Some(Running::new(next));
+            } else {
+                debug_assert!(!took_next, "a worker took a request never pre-assigned");
+            }
             let mut request = run.request;
             match report {
                 Report::Completed => {
@@ -460,6 +575,7 @@ where
                         ..
                     } = request.payload;
                     if let Some(handle) = handle {
+                        in_flight -= 1;
                         completions.push(Completion {
                             id: request.id,
                             class: request.class,
@@ -497,8 +613,20 @@ where
             let Some(run) = slot else { continue };
             let k = &rt.kthreads[w];
             let started = mailboxes[w].started_ns();
-            if started == 0 || !queues.should_preempt(started, now) {
+            let spent = |q: u64| now.saturating_sub(started) >= q;
+            if started == 0
+                || !(queues.should_preempt(started, now)
+                    || (pending[w].is_some() && queues.quantum().is_some_and(spent)))
+            {
                 continue;
+            }
+            // The request pre-assigned here goes back to the queue, so the
+            // policy places it and the preempted one (docs/runtime.md).
+            if !run.flagged && pending[w].is_some() && mailboxes[w].take_back().is_some() {
+                if let Some(request) = pending[w].take() {
+                    queues.put_back(request);
+                    taken_back += 1;
+                }
             }
             // A signal can land where it cannot act (the worker was
             // descheduled before switching into the request, say), so one
@@ -546,19 +674,41 @@ where
             if slot.is_some() {
                 continue;
             }
-            let Some(request) = queues.next_for_idle_worker(now) else {
+            // The queue's head, else a request pre-assigned to a busy
+            // worker that has not taken it yet.
+            let request = queues.next_for_idle_worker(now).or_else(|| {
+                (0..mailboxes.len()).find_map(|v| {
+                    if pending[v].is_some() && mailboxes[v].take_back().is_some() {
+                        taken_back += 1;
+                        pending[v].take()
+                    } else {
+                        None
+                    }
+                })
+            });
+            let Some(request) = request else {
                 break;
             };
             mailboxes[w].assign(&rt.kthreads[w], request.payload.uthread);
-            *slot = Some(Running {
-                request,
-                ask_ns: 0,
-                asked_at: 0,
-                flagged: false,
-                flagged_at: 0,
-                signaled_at: None,
-            });
+            *slot = Some(Running::new(request));
             progress = true;
+        }
+
+        if config.pre_assign {
+            for (w, slot) in pending.iter_mut().enumerate() {
+                // Not behind a request being preempted: the policy places
+                // it beside the others once it is back (the take-back above).
+                if slot.is_some() || running[w].as_ref().is_none_or(|r| r.flagged) {
+                    continue;
+                }
+                let Some(request) = queues.next_for_idle_worker(now) else {
+                    break;
+                };
+                mailboxes[w].pre_assign(request.payload.uthread);
+                *slot = Some(request);
+                pre_assigned += 1;
+                progress = true;
+            }
         }
 
         if source.is_done()
@@ -566,7 +716,15 @@ where
             && blocked.is_empty()
             && running.iter().all(Option::is_none)
         {
-            return Ok((completions, signals_sent, samples));
+            return Ok(Served {
+                completions,
+                signals_sent,
+                samples,
+                rejected,
+                rejected_no_stack,
+                pre_assigned,
+                taken_back,
+            });
         }
         if progress {
             idle_passes = 0;
@@ -586,7 +744,7 @@ where
 /// speed (for regression tests). Not a stable API.
 #[doc(hidden)]
 pub mod testing {
-    use std::sync::atomic::Ordering::Relaxed;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
     use crate::deferral;
     use crate::sched;
@@ -599,6 +757,24 @@ pub mod testing {
         if let Some(rt) = sched::current_shared() {
             rt.timers_only_at_switch_checks.store(true, Relaxed);
         }
+    }
+
+    /// Process-wide: stacks the dispatcher is still to fail to map.
+    static STACK_MAP_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+    /// Process-wide: the next `n` request stacks any dispatcher maps fail
+    /// as if the mapping did (for a test binary of its own: it affects every
+    /// runtime in the process).
+    pub fn fail_next_stack_maps(n: u64) {
+        STACK_MAP_FAILURES.store(n, Relaxed);
+    }
+
+    /// Whether this stack mapping is to fail (uses one failure up).
+    pub(super) fn take_stack_map_failure() -> bool {
+        STACK_MAP_FAILURES.load(Relaxed) != 0
+            && STACK_MAP_FAILURES
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
     }
 
     /// The calling worker's next pass through its switch path (the request

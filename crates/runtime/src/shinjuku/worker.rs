@@ -2,9 +2,18 @@
 //! (docs/runtime.md, "Shinjuku mode").
 //!
 //! Each worker kthread has a mailbox of two cache lines: dispatcher →
-//! worker (the assigned request context) and worker → dispatcher (how the
-//! request stopped, as a [`Report`], and when it started). No locks on this
-//! path. The cooperative preemption flag is the kthread's own
+//! worker (the assigned request context, and a pre-assigned next one) and
+//! worker → dispatcher (how the request stopped, as a [`Report`], and when
+//! it started). No locks on this path.
+//!
+//! The pre-assigned slot (`ShinjukuConfig::pre_assign`): the dispatcher
+//! may put the next request there while the worker runs one, so that the
+//! worker starts it as soon as its current one stops, without waiting for
+//! the dispatcher's round trip. Whoever swaps it out owns it: the worker
+//! (only as it posts a report, which then says so) or the dispatcher
+//! (taking it back for an idle worker, to apply its policy, or to assign it
+//! the ordinary way when the report says the worker did not take it). So it
+//! runs once, or goes back to the queue, never both. The cooperative preemption flag is the kthread's own
 //! (`KThread::preempt_flag`), since revocation uses it too.
 
 use std::ptr::{null_mut, NonNull};
@@ -67,6 +76,8 @@ impl From<Stopped> for Report {
 struct ToWorker {
     /// The request context to run next (null: none).
     assigned: AtomicPtr<UThread>,
+    /// The request pre-assigned behind the running one (null: none).
+    next: AtomicPtr<UThread>,
 }
 
 /// Worker → dispatcher.
@@ -98,18 +109,33 @@ impl Mailbox {
         sched::wake_if_parked(k);
     }
 
+    /// Dispatcher: puts `u` in the pre-assigned slot of a worker that runs
+    /// a request; the slot must be empty (nothing pre-assigned, or taken).
+    pub(crate) fn pre_assign(&self, u: URef) {
+        let old = self.to.next.swap(u.ptr(), Release);
+        debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
+    }
+
+    /// Dispatcher: takes the pre-assigned request back, unless the worker
+    /// has taken it (then its report says so, or it has already).
+    pub(crate) fn take_back(&self) -> Option<URef> {
+        NonNull::new(self.to.next.swap(null_mut(), Acquire)).map(URef::from_nonnull)
+    }
+
     /// Dispatcher: how the assigned request stopped, and when, if the
-    /// worker has said so.
-    pub(crate) fn take_report(&self) -> Option<(Report, u64)> {
+    /// worker has said so; and whether the worker went on to the
+    /// pre-assigned request.
+    pub(crate) fn take_report(&self) -> Option<(Report, u64, bool)> {
         let raw = self.from.report.load(Acquire);
         if raw == Report::NONE {
             return None;
         }
         let at = self.from.report_ns.load(Relaxed);
-        self.from.report.store(Report::NONE, Relaxed);
+        self.from.report.store(Report::NONE, Release);
         Some((
-            Report::decode(raw).expect("a worker wrote an unknown report"),
+            Report::decode(raw & !TOOK_NEXT).expect("a worker wrote an unknown report"),
             at,
+            raw & TOOK_NEXT != 0,
         ))
     }
 
@@ -125,12 +151,32 @@ impl Mailbox {
         NonNull::new(self.to.assigned.swap(null_mut(), Acquire)).map(URef::from_nonnull)
     }
 
-    fn post(&self, report: Report, at_ns: u64) {
+    /// Worker: reports how its request stopped, taking the pre-assigned
+    /// request (if any) in the same step; returns it. Waits first for the
+    /// dispatcher to take the previous report (one report at a time).
+    fn post(&self, k: &KThread, report: Report, at_ns: u64) -> Option<URef> {
+        while self.from.report.load(Acquire) != Report::NONE {
+            if k.rt().shutdown.load(Acquire) {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        let next = NonNull::new(self.to.next.swap(null_mut(), Acquire)).map(URef::from_nonnull);
+        let mut raw = report.encode();
+        if next.is_some() {
+            // The dispatcher's flag was for the request that just stopped.
+            k.preempt_flag.store(false, Relaxed);
+            raw |= TOOK_NEXT;
+        }
         self.from.started_ns.store(0, Relaxed);
         self.from.report_ns.store(at_ns, Relaxed);
-        self.from.report.store(report.encode(), Release);
+        self.from.report.store(raw, Release);
+        next
     }
 }
+
+/// Report bit: the worker took the pre-assigned request as it reported.
+const TOOK_NEXT: u8 = 0x80;
 
 /// The worker loop: runs the request contexts the dispatcher assigns, one
 /// at a time, and reports how each one stopped. `owner` is the worker's
@@ -138,10 +184,15 @@ impl Mailbox {
 pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     let k = owner.kthread();
     let rt = k.rt();
-    while let Some(u) = wait_for_assignment(k, mailbox) {
-        mailbox.from.started_ns.store(rt.now_ns().max(1), Relaxed);
-        let stopped = sched::run_on_worker(owner, u);
-        mailbox.post(stopped.into(), rt.now_ns());
+    while let Some(mut u) = wait_for_assignment(k, mailbox) {
+        loop {
+            mailbox.from.started_ns.store(rt.now_ns().max(1), Relaxed);
+            let stopped = sched::run_on_worker(owner, u);
+            match mailbox.post(k, stopped.into(), rt.now_ns()) {
+                Some(next) => u = next,
+                None => break,
+            }
+        }
     }
 }
 
