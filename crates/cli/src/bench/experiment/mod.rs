@@ -195,6 +195,10 @@ impl Plan {
                     s.warmup + steps + Duration::from_millis(400)
                 }
                 Runner::Steering { .. } => s.duration + Duration::from_millis(200),
+                // Preloading the keys, starting the server (and iokerneld).
+                Runner::Memcached { .. } => s.warmup + s.duration + Duration::from_millis(500),
+                // Registration and a settling time of 200 ms.
+                Runner::Colocate { .. } => s.duration + Duration::from_millis(400),
                 Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
                 Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
                 Runner::SimSteering { .. } => {
