@@ -677,6 +677,38 @@ mod tests {
             runner("calisto-steering", "indirection"),
             Runner::Steering { .. }
         ));
+        assert!(matches!(
+            runner("colocate-shinjuku-shenango", "c-PRE-SQ-static"),
+            Runner::Colocate {
+                sched: crate::bench::colocate::Sched::CPreSq,
+                alloc: crate::bench::colocate::Alloc::Static,
+                ..
+            }
+        ));
+        assert!(matches!(
+            runner("colocate-shinjuku-shenango", "c-FCFS-shenango-5us"),
+            Runner::Colocate {
+                sched: crate::bench::colocate::Sched::CFcfs,
+                alloc: crate::bench::colocate::Alloc::Shenango,
+                ..
+            }
+        ));
+        // Root, a veth pair and memcached decide whether it runs here; when
+        // not, the reason says what is missing.
+        for label in ["ginza-shenango-5us", "linux-memcached"] {
+            match runner("shenango-fig3-memcached", label) {
+                Runner::Memcached { .. } => {}
+                Runner::Unavailable(why) => assert!(
+                    why.contains("veth") || why.contains("memcached") || why.contains("CPU"),
+                    "{why}"
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
+        match runner("shenango-fig3-memcached", "ginza-static") {
+            Runner::Unavailable(why) => assert!(why.contains("allocator"), "{why}"),
+            other => panic!("{other:?}"),
+        }
         match runner("dlibos-fig7", "ginza-protected") {
             Runner::Unavailable(why) => assert!(why.contains("protected mode"), "{why}"),
             other => panic!("{other:?}"),

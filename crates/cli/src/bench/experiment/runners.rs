@@ -21,8 +21,7 @@ use rand::{Rng as _, SeedableRng as _};
 use super::row::Row;
 use super::spec::{
     Allocator, Generator, LoadUnit, Loaded, Mode, Placement, Program, Protocol, SchedPolicy,
-    Scheduling,
-    ServiceDist, Steering, System, SystemKind,
+    Scheduling, ServiceDist, Steering, System, SystemKind,
 };
 use crate::bench::colocate;
 use crate::bench::common::{allowed_cpus, percentile};
@@ -370,11 +369,7 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
 }
 
 /// `bench memcached`'s point for `system`, or why it cannot run here.
-fn memcached_runner(
-    l: &Loaded,
-    sys: &System,
-    system: memcached::System,
-) -> anyhow::Result<Runner> {
+fn memcached_runner(l: &Loaded, sys: &System, system: memcached::System) -> anyhow::Result<Runner> {
     let load = &l.spec.load;
     let at = sys.label.span().start;
     let err =
