@@ -60,7 +60,11 @@ pub enum Runner {
     /// `ginza bench memcached`'s point: kv-server and batch under iokerneld
     /// (Ginza) or Debian's memcached and a SCHED_IDLE batch thread (Linux),
     /// loadgen over a veth pair.
-    Memcached { system: memcached::System },
+    Memcached {
+        system: memcached::System,
+        /// Ginza's allocator (unused for Linux).
+        allocator: Allocator,
+    },
     /// `ginza bench colocate`'s point: a Shinjuku-mode spin server
     /// dispatched on iokerneld's core, beside batch.
     Colocate {
@@ -391,19 +395,6 @@ fn memcached_runner(l: &Loaded, sys: &System, system: memcached::System) -> anyh
         ));
     }
     if system == memcached::System::Ginza {
-        match sys.allocator {
-            Some(Allocator::Shenango) | None => {}
-            Some(a) => {
-                return Ok(Runner::Unavailable(format!(
-                    "`ginza bench memcached` runs kv-server under iokerneld's shenango (5 µs) \
-                     allocator only; the {} allocator is not passed through to it yet",
-                    match a {
-                        Allocator::Static => "static",
-                        _ => "slow (1 ms)",
-                    }
-                )))
-            }
-        }
         if sys.policy.is_some() || sys.steering.is_some() {
             return Err(err(
                 "policy",
@@ -414,7 +405,10 @@ fn memcached_runner(l: &Loaded, sys: &System, system: memcached::System) -> anyh
     if let Some(why) = memcached_missing(system) {
         return Ok(Runner::Unavailable(why));
     }
-    Ok(Runner::Memcached { system })
+    Ok(Runner::Memcached {
+        system,
+        allocator: sys.allocator.unwrap_or(Allocator::Shenango),
+    })
 }
 
 /// What this host lacks for a memcached point of `system`, if anything.
@@ -739,9 +733,9 @@ fn run_one(
             ctx, l, *policy, *quantum, *placement, settings, x, seed, row,
         )?,
         Runner::Steering { kind } => steering_point(l, *kind, settings, x, round, row)?,
-        Runner::Memcached { system } => {
-            memcached_point(ctx, l, *system, settings, x, load_index, round, row)?
-        }
+        Runner::Memcached { system, allocator } => memcached_point(
+            ctx, l, *system, *allocator, settings, x, load_index, round, row,
+        )?,
         Runner::Colocate {
             sched,
             alloc,
@@ -791,6 +785,7 @@ fn memcached_point(
     ctx: &mut Context,
     l: &Loaded,
     system: memcached::System,
+    allocator: Allocator,
     settings: &Settings,
     rps: f64,
     load_index: usize,
@@ -828,6 +823,14 @@ fn memcached_point(
             server: allowed[1],
         },
         max_lag: Duration::from_micros(500),
+        allocator: match allocator {
+            Allocator::Shenango => ginza_iokernel::PolicyKind::Shenango,
+            Allocator::Static => ginza_iokernel::PolicyKind::Static,
+            // `ginza demo`'s slow allocator: cores from utilisation every 1 ms.
+            Allocator::Slow => ginza_iokernel::PolicyKind::Slow {
+                period: Duration::from_millis(1),
+            },
+        },
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
