@@ -394,13 +394,11 @@ fn memcached_runner(l: &Loaded, sys: &System, system: memcached::System) -> anyh
                 .into(),
         ));
     }
-    if system == memcached::System::Ginza {
-        if sys.policy.is_some() || sys.steering.is_some() {
-            return Err(err(
-                "policy",
-                "kv-server runs to completion under iokerneld's default steering",
-            ));
-        }
+    if system == memcached::System::Ginza && (sys.policy.is_some() || sys.steering.is_some()) {
+        return Err(err(
+            "policy",
+            "kv-server runs to completion under iokerneld's default steering",
+        ));
     }
     if let Some(why) = memcached_missing(system) {
         return Ok(Runner::Unavailable(why));
