@@ -77,40 +77,43 @@ const SIM_GRANT_LATENCY_US: f64 = 5.0;
 const SIM_PREEMPT_COST_US: f64 = 0.2;
 const SIM_PARK_SPIN_US: f64 = 5.0;
 
+/// The server's request scheduling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-enum Sched {
+pub enum Sched {
     CFcfs,
     CPreSq,
 }
 
+/// iokerneld's core allocator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-enum Alloc {
+pub enum Alloc {
     Shenango,
     Static,
 }
 
+/// One point's figures (`measure_point`; the simulator's are NaN there).
 #[derive(Clone, Debug, Serialize)]
-struct Point {
-    sched: Sched,
-    alloc: Alloc,
-    load: f64,
-    p50_us: f64,
-    p99_us: f64,
-    batch_mpaths_per_s: f64,
-    lc_cores: f64,
-    sim_p99_us: f64,
-    sim_lc_cores: f64,
-    sent: u64,
-    replies: u64,
+pub struct Point {
+    pub sched: Sched,
+    pub alloc: Alloc,
+    pub load: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub batch_mpaths_per_s: f64,
+    pub lc_cores: f64,
+    pub sim_p99_us: f64,
+    pub sim_lc_cores: f64,
+    pub sent: u64,
+    pub replies: u64,
     /// The server's own counts: requests run to completion, preemptions
     /// (quantum or revocation), new requests refused (too many in flight).
-    served: u64,
-    preempted: u64,
-    rejected: u64,
+    pub served: u64,
+    pub preempted: u64,
+    pub rejected: u64,
     /// Requests iokerneld dropped for want of an ingress buffer or ring room.
-    dropped_ingress: u64,
+    pub dropped_ingress: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -211,7 +214,7 @@ impl Point {
     }
 }
 
-/// One measured point: a fresh iokerneld, batch, and the server.
+/// One measured point of the benchmark's workload.
 fn measure(
     args: &ColocateArgs,
     io_cpu: usize,
@@ -220,6 +223,55 @@ fn measure(
     alloc: Alloc,
     rate_per_s: f64,
 ) -> anyhow::Result<Point> {
+    let service = ServiceTime::Bimodal {
+        p: 0.995,
+        a_ns: 500,
+        b_ns: 500_000,
+    };
+    let run = PointRun {
+        io_cpu,
+        managed,
+        sched,
+        alloc,
+        quantum_us: args.quantum_us,
+        service,
+        rate_per_s,
+        duration: args.duration,
+    };
+    measure_point(&run)
+}
+
+/// What one measured point runs (`measure_point`).
+#[derive(Clone, Debug)]
+pub struct PointRun<'a> {
+    /// iokerneld's CPU and the cores it manages.
+    pub io_cpu: usize,
+    pub managed: &'a [usize],
+    pub sched: Sched,
+    pub alloc: Alloc,
+    /// c-PRE-SQ's quantum, µs.
+    pub quantum_us: f64,
+    /// The service times the generator's requests carry.
+    pub service: ServiceTime,
+    /// Requests/s offered (Poisson).
+    pub rate_per_s: f64,
+    /// How long the load lasts.
+    pub duration: Duration,
+}
+
+/// One measured point: a fresh iokerneld, batch, and the server (the
+/// simulator's figures left NaN, `load` 0).
+pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
+    let PointRun {
+        io_cpu,
+        managed,
+        sched,
+        alloc,
+        quantum_us,
+        rate_per_s,
+        duration,
+        ..
+    } = *run;
     let n = managed.len();
     let dir = std::env::temp_dir().join(format!("ginza-colocate-{}", std::process::id()));
     let mut cfg = IokConfig::new(managed.to_vec());
@@ -254,7 +306,7 @@ fn measure(
                 Sched::CPreSq => "c-pre-sq",
             }
             .into(),
-            quantum_ns: (args.quantum_us * 1e3).round() as u64,
+            quantum_ns: (quantum_us * 1e3).round() as u64,
             head: false,
             classes: Vec::new(),
             class_offset: 0,
@@ -329,12 +381,7 @@ fn measure(
             sum as f64 / count.max(1) as f64
         })
     };
-    let service = ServiceTime::Bimodal {
-        p: 0.995,
-        a_ns: 500,
-        b_ns: 500_000,
-    };
-    let load = LoadRun::poisson(me, PORT, rate_per_s, service, args.duration);
+    let load = LoadRun::poisson(me, PORT, rate_per_s, run.service, duration);
     let paths0 = paths.load(Ordering::Relaxed);
     let started = Instant::now();
     let result = daemon.generator().run(load, Duration::from_secs(30));

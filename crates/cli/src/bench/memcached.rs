@@ -48,7 +48,7 @@ use ginza_apps::echo_server::Protocols;
 use ginza_apps::kv::store::{Store, StoreConfig, SystemClock};
 use ginza_apps::kv::Kv;
 use ginza_iokernel::netns::NetNs;
-use ginza_iokernel::{Config as IokConfig, InProcess};
+use ginza_iokernel::{Config as IokConfig, InProcess, PolicyKind};
 use ginza_loadgen::protocol::memcached::{Memcached, Mix};
 use ginza_loadgen::protocol::{Transport, Workload};
 use ginza_loadgen::report::Report as LoadReport;
@@ -152,6 +152,11 @@ pub struct PointConfig {
     pub cpus: Cpus,
     /// See `--max-lag`.
     pub max_lag: Duration,
+    /// Ginza: iokerneld's core allocator (`bench memcached` runs
+    /// shenango). Under `static` kv-server is guaranteed the managed core
+    /// and keeps it while idle; under `slow` both applications keep the
+    /// cores they hold while idle (as `ginza demo` runs them).
+    pub allocator: PolicyKind,
 }
 
 /// What one point measured.
@@ -282,6 +287,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                     seed: 1 + u64::from(round) * 1000 + i as u64,
                     cpus,
                     max_lag: args.max_lag,
+                    allocator: PolicyKind::Shenango,
                 };
                 let r = run_point(&ns, &cfg).with_context(|| {
                     format!("round {round}: {} at {load:.0} requests/s", system.name())
@@ -563,6 +569,7 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         ));
         let mut icfg = IokConfig::new(vec![cfg.cpus.server]);
         icfg.own_core = Some(cfg.cpus.iokernel);
+        icfg.policy = cfg.allocator;
         icfg.nic = format!("{backend}:{}", ns.host_if);
         icfg.socket = dir.join("iokerneld.sock");
         let iokerneld = match InProcess::start(icfg) {
@@ -587,9 +594,13 @@ fn ginza_serving(
     backend: &str,
 ) -> anyhow::Result<PointResult> {
     let stop = Arc::new(AtomicBool::new(false));
+    let keeps = cfg.allocator != PolicyKind::Shenango;
+    let guaranteed = u32::from(cfg.allocator == PolicyKind::Static);
     let mut server_cfg = runtime_config(iokerneld, "kv-server", Class::LatencyCritical);
     if let Some(io) = server_cfg.iokernel.as_mut() {
         io.net = Some(NetConfig::new(KV_MAC, ns.peer_ip));
+        io.guaranteed = guaranteed;
+        io.keep_cores_when_idle = keeps;
     }
     let store = Store::new(
         StoreConfig::new(MEMORY_MB << 20, 1 << 20),
@@ -608,15 +619,21 @@ fn ginza_serving(
             s2,
         )
     })?;
+    // kv-server holds its guarantee before batch arrives: `static` never
+    // takes a core back.
+    let held = wait_for_cores(iokerneld, "kv-server", guaranteed);
     let paths = Arc::new(AtomicU64::new(0));
     let batch_stop = Arc::new(AtomicBool::new(false));
     let (p2, b2, seed) = (paths.clone(), batch_stop.clone(), cfg.seed);
-    let batch = App::start(
-        iokerneld,
-        "batch",
-        runtime_config(iokerneld, "batch", Class::Batch),
-        move || ginza_apps::batch::price_until_stopped(1, p2, b2, seed),
-    );
+    let mut batch_cfg = runtime_config(iokerneld, "batch", Class::Batch);
+    if let Some(io) = batch_cfg.iokernel.as_mut() {
+        io.keep_cores_when_idle = keeps;
+    }
+    let batch = held.and_then(|()| {
+        App::start(iokerneld, "batch", batch_cfg, move || {
+            ginza_apps::batch::price_until_stopped(1, p2, b2, seed)
+        })
+    });
     let measured = batch.and_then(|mut batch| {
         let target = SocketAddr::V4(SocketAddrV4::new(ns.peer_ip, PORT));
         let m = measure(ns, cfg, target, paths, format!("kv-server ({backend})")).map(|mut m| {
@@ -635,6 +652,9 @@ fn ginza_serving(
             m
         });
         batch_stop.store(true, Relaxed);
+        // The server first: under `static` it keeps the one managed core
+        // while idle, and batch sees its stop only once it runs.
+        stop.store(true, Relaxed);
         let price = batch.join()?;
         anyhow::ensure!(
             price == 0.0 || (price - 8.0214).abs() < 1.0,
@@ -649,6 +669,23 @@ fn ginza_serving(
         (Err(m), Err(s)) => Err(s.context(format!("(the measurement: {m:#})"))),
         (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
     }
+}
+
+/// Waits until application `name` holds at least `cores` cores.
+fn wait_for_cores(iokerneld: &InProcess, name: &str, cores: u32) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    while !iokerneld.stats().is_ok_and(|s| {
+        s.apps
+            .iter()
+            .any(|a| a.name == name && a.cores_now >= cores)
+    }) {
+        anyhow::ensure!(
+            t0.elapsed() < START_TIMEOUT,
+            "{name} did not get its {cores} guaranteed core(s) within {START_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
 }
 
 /// A process this bench started, killed on drop.

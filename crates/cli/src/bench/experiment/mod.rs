@@ -195,6 +195,10 @@ impl Plan {
                     s.warmup + steps + Duration::from_millis(400)
                 }
                 Runner::Steering { .. } => s.duration + Duration::from_millis(200),
+                // Preloading the keys, starting the server (and iokerneld).
+                Runner::Memcached { .. } => s.warmup + s.duration + Duration::from_millis(500),
+                // Registration and a settling time of 200 ms.
+                Runner::Colocate { .. } => s.duration + Duration::from_millis(400),
                 Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
                 Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
                 Runner::SimSteering { .. } => {
@@ -672,6 +676,41 @@ mod tests {
         assert!(matches!(
             runner("calisto-steering", "indirection"),
             Runner::Steering { .. }
+        ));
+        assert!(matches!(
+            runner("colocate-shinjuku-shenango", "c-PRE-SQ-static"),
+            Runner::Colocate {
+                sched: crate::bench::colocate::Sched::CPreSq,
+                alloc: crate::bench::colocate::Alloc::Static,
+                ..
+            }
+        ));
+        assert!(matches!(
+            runner("colocate-shinjuku-shenango", "c-FCFS-shenango-5us"),
+            Runner::Colocate {
+                sched: crate::bench::colocate::Sched::CFcfs,
+                alloc: crate::bench::colocate::Alloc::Shenango,
+                ..
+            }
+        ));
+        // Root, a veth pair and memcached decide whether it runs here; when
+        // not, the reason says what is missing.
+        for label in ["ginza-shenango-5us", "linux-memcached"] {
+            match runner("shenango-fig3-memcached", label) {
+                Runner::Memcached { .. } => {}
+                Runner::Unavailable(why) => assert!(
+                    why.contains("veth") || why.contains("memcached") || why.contains("CPU"),
+                    "{why}"
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(
+            runner("shenango-fig3-memcached", "ginza-static"),
+            Runner::Memcached {
+                allocator: spec::Allocator::Static,
+                ..
+            } | Runner::Unavailable(_)
         ));
         match runner("dlibos-fig7", "ginza-protected") {
             Runner::Unavailable(why) => assert!(why.contains("protected mode"), "{why}"),

@@ -20,10 +20,12 @@ use rand::{Rng as _, SeedableRng as _};
 
 use super::row::Row;
 use super::spec::{
-    Allocator, Generator, LoadUnit, Loaded, Mode, Placement, Program, SchedPolicy, Scheduling,
-    ServiceDist, Steering, System, SystemKind,
+    Allocator, Generator, LoadUnit, Loaded, Mode, Placement, Program, Protocol, SchedPolicy,
+    Scheduling, ServiceDist, Steering, System, SystemKind,
 };
-use crate::bench::common::percentile;
+use crate::bench::colocate;
+use crate::bench::common::{allowed_cpus, percentile};
+use crate::bench::memcached;
 use crate::bench::preempt::{makespan_ns, Cores};
 use crate::demo;
 
@@ -55,6 +57,21 @@ pub enum Runner {
     },
     /// iokerneld's steering harness (`ginza bench steering`'s run).
     Steering { kind: SteeringKind },
+    /// `ginza bench memcached`'s point: kv-server and batch under iokerneld
+    /// (Ginza) or Debian's memcached and a SCHED_IDLE batch thread (Linux),
+    /// loadgen over a veth pair.
+    Memcached {
+        system: memcached::System,
+        /// Ginza's allocator (unused for Linux).
+        allocator: Allocator,
+    },
+    /// `ginza bench colocate`'s point: a Shinjuku-mode spin server
+    /// dispatched on iokerneld's core, beside batch.
+    Colocate {
+        sched: colocate::Sched,
+        alloc: colocate::Alloc,
+        quantum: Duration,
+    },
     /// Not available on this branch yet: why.
     Unavailable(String),
 }
@@ -80,6 +97,9 @@ pub struct Settings {
 pub struct Context {
     demo: Option<demo::Setup>,
     scan_store: Option<Arc<Store>>,
+    /// The veth pair of the memcached points: made once per run, as
+    /// `ginza bench memcached` does.
+    netns: Option<ginza_iokernel::netns::NetNs>,
 }
 
 fn steering_kind(s: Steering) -> SteeringKind {
@@ -231,9 +251,9 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
             }
         }
         SystemKind::Linux => Ok(Runner::Unavailable(match program {
-            Some(Program::KvServer) => "Linux memcached beside Ginza: `ginza bench memcached` \
-                 (kv-bench branch) is not merged yet; wire its Linux point here"
-                .into(),
+            Some(Program::KvServer) => {
+                return memcached_runner(l, sys, memcached::System::Linux);
+            }
             Some(p) => format!(
                 "no Linux {p:?} peer in this harness yet (iokerneld's generator reaches \
                  only applications on its software switch; a Linux peer needs loadgen over veth)"
@@ -334,21 +354,15 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                         placement: sys.placement.unwrap_or(Placement::Tail),
                     })
                 }
-                Some(Program::KvServer) => Ok(Runner::Unavailable(
-                    "kv-server with batch under iokerneld: `ginza bench memcached` (kv-bench \
-                     branch) is not merged yet; wire its Ginza point here"
-                        .into(),
-                )),
+                Some(Program::KvServer) => memcached_runner(l, sys, memcached::System::Ginza),
                 Some(Program::HttpServer) => Ok(Runner::Unavailable(
                     "http-server under load: loadgen's http protocol over veth is not wired \
                      into experiments yet"
                         .into(),
                 )),
-                Some(Program::SpinServer) => Ok(Runner::Unavailable(
-                    "spin-server in Shinjuku mode under iokerneld (issue #16) is not available \
-                     on this branch; `ginza bench shinjuku` measures it in process"
-                        .into(),
-                )),
+                Some(Program::SpinServer) => {
+                    colocate_runner(l, sys, policy.unwrap_or(SchedPolicy::CFcfs), quantum)
+                }
                 Some(Program::Batch) | None => Err(err(
                     "kind",
                     "a Ginza system needs a latency-critical [[app]] first",
@@ -356,6 +370,133 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
             }
         }
     }
+}
+
+/// `bench memcached`'s point for `system`, or why it cannot run here.
+fn memcached_runner(l: &Loaded, sys: &System, system: memcached::System) -> anyhow::Result<Runner> {
+    let load = &l.spec.load;
+    let at = sys.label.span().start;
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    if load.generator != Generator::Loadgen {
+        return Err(err(
+            "generator",
+            "kv-server is measured with loadgen over veth ([load] generator = \"loadgen\")",
+        ));
+    }
+    if load.unit != LoadUnit::Rps {
+        return Err(err("unit", "memcached points take unit = \"rps\""));
+    }
+    if load.protocol != Protocol::MemcachedTcp {
+        return Ok(Runner::Unavailable(
+            "`ginza bench memcached` speaks memcached's text protocol over TCP only: \
+             use protocol = \"memcached-tcp\""
+                .into(),
+        ));
+    }
+    if system == memcached::System::Ginza && (sys.policy.is_some() || sys.steering.is_some()) {
+        return Err(err(
+            "policy",
+            "kv-server runs to completion under iokerneld's default steering",
+        ));
+    }
+    if let Some(why) = memcached_missing(system) {
+        return Ok(Runner::Unavailable(why));
+    }
+    Ok(Runner::Memcached {
+        system,
+        allocator: sys.allocator.unwrap_or(Allocator::Shenango),
+    })
+}
+
+/// What this host lacks for a memcached point of `system`, if anything.
+fn memcached_missing(system: memcached::System) -> Option<String> {
+    match allowed_cpus() {
+        Ok(c) if c.len() >= 2 => {}
+        Ok(c) => {
+            return Some(format!(
+                "the memcached points need two CPUs (the generator and iokerneld; the \
+                 servers), this process may use {c:?}"
+            ))
+        }
+        Err(e) => return Some(format!("the CPUs this process may use: {e:#}")),
+    }
+    if let Some(why) = ginza_iokernel::netns::missing_prerequisite() {
+        return Some(format!("the memcached points run over a veth pair: {why}"));
+    }
+    if system == memcached::System::Linux {
+        if let Err(e) = memcached::memcached_available() {
+            return Some(format!("Debian's memcached: {e:#}"));
+        }
+    }
+    None
+}
+
+/// `bench colocate`'s point: a Shinjuku-mode spin server under iokerneld.
+fn colocate_runner(
+    l: &Loaded,
+    sys: &System,
+    policy: SchedPolicy,
+    quantum: Option<Duration>,
+) -> anyhow::Result<Runner> {
+    let load = &l.spec.load;
+    let at = sys.label.span().start;
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    if load.generator != Generator::Builtin {
+        return Err(err(
+            "generator",
+            "a Shinjuku-mode spin-server under iokerneld is driven by its generator \
+             (generator = \"builtin\")",
+        ));
+    }
+    if load.unit != LoadUnit::Capacity {
+        return Err(err("unit", "spin-server points take unit = \"capacity\""));
+    }
+    match &load.service {
+        Some(s) if generator_service(s).is_some() => {}
+        _ => {
+            return Err(err(
+                "service",
+                "spin-server under iokerneld's generator needs [load] service = exponential, \
+                 constant or bimodal",
+            ))
+        }
+    }
+    let sched = match policy {
+        SchedPolicy::CFcfs => colocate::Sched::CFcfs,
+        SchedPolicy::CPreSq => colocate::Sched::CPreSq,
+        SchedPolicy::CPreMq => {
+            return Ok(Runner::Unavailable(
+                "c-PRE-MQ under iokerneld: `ginza bench colocate` runs c-FCFS and c-PRE-SQ \
+                 (its classes come from the request's class byte, which the generator does \
+                 not set)"
+                    .into(),
+            ))
+        }
+        SchedPolicy::DFcfs | SchedPolicy::Ps => {
+            return Err(err(
+                "policy",
+                "dispatch on iokerneld's core runs c-FCFS or c-PRE-SQ",
+            ))
+        }
+    };
+    let alloc = match sys.allocator {
+        Some(Allocator::Shenango) | None => colocate::Alloc::Shenango,
+        Some(Allocator::Static) => colocate::Alloc::Static,
+        Some(Allocator::Slow) => {
+            return Ok(Runner::Unavailable(
+                "`ginza bench colocate` runs the shenango and static allocators; the slow \
+                 (1 ms) allocator is not passed through to it yet"
+                    .into(),
+            ))
+        }
+    };
+    Ok(Runner::Colocate {
+        sched,
+        alloc,
+        quantum: quantum.unwrap_or(Duration::from_micros(5)),
+    })
 }
 
 fn demo_setup<'a>(ctx: &'a mut Context, settings: &Settings) -> anyhow::Result<&'a demo::Setup> {
@@ -590,7 +731,119 @@ fn run_one(
             ctx, l, *policy, *quantum, *placement, settings, x, seed, row,
         )?,
         Runner::Steering { kind } => steering_point(l, *kind, settings, x, round, row)?,
+        Runner::Memcached { system, allocator } => memcached_point(
+            ctx, l, *system, *allocator, settings, x, load_index, round, row,
+        )?,
+        Runner::Colocate {
+            sched,
+            alloc,
+            quantum,
+        } => {
+            let allowed = allowed_cpus()?;
+            let (&io_cpu, managed) = allowed
+                .split_first()
+                .context("no CPU this process may use")?;
+            anyhow::ensure!(
+                !managed.is_empty(),
+                "the colocate points need a CPU beside iokerneld's, this process may use \
+                 {allowed:?}"
+            );
+            let svc = spec.load.service.as_ref().context("[load] service")?;
+            let service = generator_service(svc).context("[load] service")?;
+            let p = colocate::measure_point(&colocate::PointRun {
+                io_cpu,
+                managed,
+                sched: *sched,
+                alloc: *alloc,
+                quantum_us: quantum.as_secs_f64() * 1e6,
+                service,
+                // `x` of the managed cores' capacity.
+                rate_per_s: x * managed.len() as f64 / (svc.mean_us() * 1e-6),
+                duration: settings.duration,
+            })?;
+            row.p50_us = Some(p.p50_us);
+            row.p99_us = Some(p.p99_us);
+            row.batch_ops_per_s = Some(p.batch_mpaths_per_s * 1e6);
+            row.lc_cores = Some(p.lc_cores);
+            row.sent = Some(p.sent as f64);
+            row.answered = Some(p.replies as f64);
+            row.note = format!(
+                "served {}, preempted {}, rejected {}, dropped at ingress {}",
+                p.served, p.preempted, p.rejected, p.dropped_ingress
+            );
+        }
     }
+    Ok(())
+}
+
+/// One point of `ginza bench memcached` (`memcached::run_point`) on the
+/// run's veth pair.
+#[allow(clippy::too_many_arguments)]
+fn memcached_point(
+    ctx: &mut Context,
+    l: &Loaded,
+    system: memcached::System,
+    allocator: Allocator,
+    settings: &Settings,
+    rps: f64,
+    load_index: usize,
+    round: u64,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    let allowed = allowed_cpus()?;
+    anyhow::ensure!(
+        allowed.len() >= 2,
+        "the memcached points need two CPUs, this process may use {allowed:?}"
+    );
+    if ctx.netns.is_none() {
+        ctx.netns = Some(
+            ginza_iokernel::netns::NetNs::create()
+                .context("the memcached points run over a veth pair")?,
+        );
+    }
+    let ns = ctx.netns.as_ref().context("the veth pair")?;
+    let cfg = memcached::PointConfig {
+        system,
+        offered_rps: rps,
+        duration: settings.duration,
+        warmup: settings.warmup,
+        connections: l.spec.load.connections.0.clamp(1, 10_000) as usize,
+        keys: if settings.tiny { 500 } else { 10_000 },
+        // Both systems get the same arrivals at a point (as `bench
+        // memcached` seeds them).
+        seed: settings
+            .seed
+            .wrapping_add(round.wrapping_mul(1000))
+            .wrapping_add(load_index as u64),
+        cpus: memcached::Cpus {
+            generator: allowed[0],
+            iokernel: allowed[0],
+            server: allowed[1],
+        },
+        max_lag: Duration::from_micros(500),
+        allocator: match allocator {
+            Allocator::Shenango => ginza_iokernel::PolicyKind::Shenango,
+            Allocator::Static => ginza_iokernel::PolicyKind::Static,
+            // `ginza demo`'s slow allocator: cores from utilisation every 1 ms.
+            Allocator::Slow => ginza_iokernel::PolicyKind::Slow {
+                period: Duration::from_millis(1),
+            },
+        },
+    };
+    let r = memcached::run_point(ns, &cfg)?;
+    row.achieved = Some(r.achieved_krps * 1e3);
+    row.p50_us = r.p50_us;
+    row.p99_us = r.p99_us;
+    row.p999_us = r.p999_us;
+    row.batch_ops_per_s = Some(r.batch_ops_per_s);
+    let mut note = vec![r.server.clone()];
+    if let Some(why) = &r.saturation_reason {
+        note.push(format!("generator saturated: {why}"));
+    }
+    if r.timeouts > 0 || r.errors > 0 {
+        note.push(format!("{} timeouts, {} errors", r.timeouts, r.errors));
+    }
+    row.note = note.join("; ");
     Ok(())
 }
 
