@@ -48,6 +48,19 @@ fn run(cfg: &RunConfig) -> Report {
     r
 }
 
+/// As [`run`], once more if the generator says it could not keep its
+/// schedule (the VM stalled it for milliseconds: seen once in a CI run on
+/// an otherwise idle machine, p99 send lag 10 ms). The second run's
+/// figures are asserted whatever its flag says.
+fn run_on_schedule(cfg: &RunConfig) -> Report {
+    let r = run(cfg);
+    if !r.generator_saturated {
+        return r;
+    }
+    eprintln!("the generator fell behind its schedule; measuring once more");
+    run(cfg)
+}
+
 /// The self-check: at low load the generator's median latency agrees with
 /// a closed-loop ping-pong on the same socket type and the same server,
 /// paced at the same mean gap. Tolerance: within 3× or 100 µs of it,
@@ -92,7 +105,7 @@ fn udp_latency_at_low_load_agrees_with_a_ping_pong() {
     let server = UdpEcho::start(false);
     let pp = common::udp_ping_pong_p50(server.addr, 32, 1000, Duration::from_micros(500));
     eprintln!("ping-pong p50 {pp:?}");
-    let r = run(&config(
+    let r = run_on_schedule(&config(
         server.addr,
         Transport::Udp,
         2000.0,
@@ -124,7 +137,7 @@ fn tcp_latency_at_low_load_agrees_with_a_ping_pong() {
         Duration::from_millis(700),
     );
     eprintln!("ping-pong p50 {pp:?}");
-    let r = run(&cfg);
+    let r = run_on_schedule(&cfg);
     on_time(&r);
     assert_eq!(r.timeouts + r.errors + r.error_answers + r.unsent, 0);
     assert_eq!(r.completed, r.sent);
