@@ -85,6 +85,11 @@ pub struct AfXdp {
     umem: Mapping,
     /// UMEM chunks (their offsets) free for transmission.
     tx_free: Vec<u64>,
+    /// Receive chunks read off the rx ring that the fill ring had no room
+    /// for yet: the kernel may hand a frame to the rx ring before it
+    /// publishes that it took the chunk from the fill ring. Returned first
+    /// at the next burst (never lost, or the link would run dry).
+    fill_backlog: Vec<u64>,
     /// Descriptors of the current burst, kept to avoid an allocation per
     /// burst.
     scratch: Vec<libc::xdp_desc>,
@@ -215,6 +220,7 @@ impl AfXdp {
             tx,
             umem,
             tx_free,
+            fill_backlog: Vec::with_capacity(RING_SIZE as usize),
             scratch: Vec::with_capacity(RING_SIZE as usize),
             ifname: ifname.to_string(),
             ifindex,
@@ -255,6 +261,16 @@ impl AfXdp {
         let tx_free = &mut self.tx_free;
         self.completion
             .consume(usize::MAX, |addr| tx_free.push(chunk_of(addr)));
+    }
+
+    /// Gives the fill ring as many backlogged receive chunks as it has
+    /// room for, oldest first.
+    fn return_fill_backlog(&mut self) {
+        if self.fill_backlog.is_empty() {
+            return;
+        }
+        let returned = self.fill.produce(self.fill_backlog.iter().copied());
+        self.fill_backlog.drain(..returned);
     }
 
     /// Makes the kernel transmit what is on the tx ring. Copy mode sends
@@ -306,6 +322,7 @@ impl Nic for AfXdp {
         // Frames left on the tx ring by the last burst go out now, even if
         // the caller has nothing more to send.
         self.kick();
+        self.return_fill_backlog();
         let mut descriptors = std::mem::take(&mut self.scratch);
         descriptors.clear();
         let want = max.min(self.pool.available()).min(RING_SIZE as usize);
@@ -331,11 +348,9 @@ impl Nic for AfXdp {
             out.push(frame);
             delivered += 1;
         }
-        let returned = self
-            .fill
-            .produce(descriptors.iter().map(|d| chunk_of(d.addr)));
-        // The fill ring holds every receive chunk, so there is always room.
-        debug_assert_eq!(returned, descriptors.len());
+        self.fill_backlog
+            .extend(descriptors.iter().map(|d| chunk_of(d.addr)));
+        self.return_fill_backlog();
         self.scratch = descriptors;
         delivered
     }
