@@ -547,7 +547,22 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let bytes = args.lossy_mb << 20;
     let (_, (t, dropped, reordered)) = with_ginza_on_veth(ns, cpus, Some(&faults), |iokerneld| {
         let t = ns
-            .run_in(move || linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))?
+            .run_in(move || {
+                // The application registers before its sink listens: a
+                // connection refused in that window is retried (5 s).
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    match linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT) {
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::ConnectionRefused
+                                && Instant::now() < deadline =>
+                        {
+                            std::thread::sleep(Duration::from_millis(10))
+                        }
+                        result => break result,
+                    }
+                }
+            })?
             .map_err(|e| {
                 // What the Linux sender's socket and the switch saw, to
                 // tell a stall from slowness.
