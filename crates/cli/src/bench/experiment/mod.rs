@@ -37,6 +37,10 @@ pub struct AllArgs {
     /// Where the experiment files are [default: bench/experiments].
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Print what would run and the estimated time of each experiment and
+    /// of the whole set (from durations × points × rounds), run nothing.
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -524,7 +528,20 @@ fn run_files(files: &[PathBuf], common: &CommonArgs, keep_going: bool) -> anyhow
         plans.push(Plan::new(spec::load(f)?, common.tiny)?);
     }
     let mut failed = Vec::new();
-    for plan in &plans {
+    let mut left: Duration = plans.iter().map(Plan::estimate).sum();
+    for (k, plan) in plans.iter().enumerate() {
+        if plans.len() > 1 {
+            // The set's ETA; each experiment's bar has its own.
+            eprintln!(
+                "[{}/{}] {} (about {:.0} s; the set about {:.1} min left)",
+                k + 1,
+                plans.len(),
+                plan.name(),
+                plan.estimate().as_secs_f64(),
+                left.as_secs_f64() / 60.0
+            );
+        }
+        left = left.saturating_sub(plan.estimate());
         match execute(plan, &common.out) {
             Ok(o) => {
                 let table = render(plan, &o);
@@ -577,6 +594,10 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `ginza bench all` should take: under this on the machine it
+/// reproduces the papers on (issue #18).
+pub const ALL_BUDGET: Duration = Duration::from_secs(30 * 60);
+
 /// `ginza bench all`: the experiments marked `in_all` that can run here.
 pub fn all(args: AllArgs) -> anyhow::Result<()> {
     let dir = args.dir.clone().unwrap_or_else(default_dir);
@@ -588,17 +609,39 @@ pub fn all(args: AllArgs) -> anyhow::Result<()> {
             continue;
         }
         if plan.runnable().next().is_none() {
-            eprintln!("skipping {}: not available on this branch yet", plan.name());
+            eprintln!("skipping {}: nothing in it can run here", plan.name());
             continue;
         }
-        total += plan.estimate();
+        let estimate = plan.estimate();
+        total += estimate;
+        if args.dry_run {
+            println!(
+                "{:<28} {:>7.0} s  {} point(s) × {} system(s) × {} round(s){}",
+                plan.name(),
+                estimate.as_secs_f64(),
+                plan.offered.len(),
+                plan.runnable().count(),
+                plan.rounds,
+                if plan.status() == "runnable" {
+                    String::new()
+                } else {
+                    format!(" ({})", plan.status())
+                }
+            );
+        }
         chosen.push(f);
     }
-    eprintln!(
-        "ginza bench all: {} experiment(s), about {:.0} min",
+    let summary = format!(
+        "ginza bench all: {} experiment(s), about {:.1} min (budget {:.0} min)",
         chosen.len(),
-        total.as_secs_f64() / 60.0
+        total.as_secs_f64() / 60.0,
+        ALL_BUDGET.as_secs_f64() / 60.0
     );
+    if args.dry_run {
+        println!("{summary}");
+        return Ok(());
+    }
+    eprintln!("{summary}");
     let started = Instant::now();
     let r = run_files(&chosen, &args.common, true);
     eprintln!(

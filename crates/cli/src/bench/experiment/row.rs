@@ -30,25 +30,12 @@ pub const COLUMNS: [&str; 23] = [
     "note",
 ];
 
-/// The numeric columns a plot may put on its y axis.
-pub const METRICS: [&str; 16] = [
-    "achieved",
-    "p50_us",
-    "p99_us",
-    "p999_us",
-    "p99_class0_us",
-    "p99_class1_us",
-    "batch_ops_per_s",
-    "lc_cores",
-    "batch_cores",
-    "efficiency",
-    "reallocations_per_s",
-    "flows_moved",
-    "reordered_pct",
-    "sent",
-    "answered",
-    "t_ms",
-];
+/// The numeric columns a plot may put on its y axis: every column after
+/// `unit` but the final `note`.
+pub const METRICS: &[&str] = match COLUMNS.split_at(6).1.split_last() {
+    Some((_note, metrics)) => metrics,
+    None => &[],
+};
 
 /// A row; `None` is an empty cell (the runner has no such figure).
 #[derive(Clone, Debug, Default, Serialize)]
@@ -169,5 +156,24 @@ impl Row {
         }
         out.note = notes.join(" | ");
         Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_column_has_a_field() {
+        assert_eq!(METRICS.first(), Some(&"achieved"));
+        assert_eq!(METRICS.last(), Some(&"t_ms"));
+        let mut r = Row::default();
+        for (i, m) in METRICS.iter().enumerate() {
+            r.set_metric(m, Some(i as f64));
+        }
+        for (i, m) in METRICS.iter().enumerate() {
+            assert_eq!(r.metric(m), Some(i as f64), "{m}");
+        }
+        assert_eq!(r.cells().len(), COLUMNS.len());
     }
 }
