@@ -218,7 +218,7 @@ fn tcp_only() -> Protocols {
 }
 
 /// Round trips (µs) to echo-server with the in-process stack.
-fn rtc_round(cpus: Cpus, args: &OnewayArgs) -> anyhow::Result<Quantiles> {
+pub(super) fn rtc_round(cpus: Cpus, args: &OnewayArgs) -> anyhow::Result<Quantiles> {
     let (iokerneld, dir) = start_iokerneld("", cpus, None)?;
     let result = (|| {
         let stop = Arc::new(AtomicBool::new(false));
@@ -244,7 +244,7 @@ fn rtc_round(cpus: Cpus, args: &OnewayArgs) -> anyhow::Result<Quantiles> {
 
 /// Round trips (µs) to echo-server run protected, the netstack daemon
 /// under the same iokerneld.
-fn protected_round(cpus: Cpus, args: &OnewayArgs) -> anyhow::Result<Quantiles> {
+pub(super) fn protected_round(cpus: Cpus, args: &OnewayArgs) -> anyhow::Result<Quantiles> {
     let (iokerneld, dir) = start_iokerneld("", cpus, None)?;
     let result = (|| {
         let mut ns_cfg = DaemonConfig::new(Interface {
@@ -316,7 +316,7 @@ fn protected_round(cpus: Cpus, args: &OnewayArgs) -> anyhow::Result<Quantiles> {
 }
 
 /// Round trips (µs) between Linux sockets over loopback.
-fn linux_round(args: &OnewayArgs) -> anyhow::Result<Quantiles> {
+pub(super) fn linux_round(args: &OnewayArgs) -> anyhow::Result<Quantiles> {
     let server = linux::echo_server(
         SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         EchoMode::Blocking,

@@ -204,6 +204,9 @@ impl Plan {
                 // Registration and a settling time of 200 ms.
                 Runner::Colocate { .. } => s.duration + Duration::from_millis(400),
                 Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
+                // iokerneld (and netstackd) started and stopped, warm-up
+                // round trips.
+                Runner::Oneway { .. } => s.duration + Duration::from_millis(300),
                 Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
                 Runner::SimSteering { .. } => {
                     Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0)

@@ -72,8 +72,37 @@ pub enum Runner {
         alloc: colocate::Alloc,
         quantum: Duration,
     },
+    /// `ginza bench oneway`'s round over one path: 64-byte messages
+    /// ping-ponged on one TCP connection (DLibOS Fig. 5).
+    Oneway { path: OnewayPath },
     /// Not available on this branch yet: why.
     Unavailable(String),
+}
+
+/// The three servers of `ginza bench oneway` (docs/protected.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnewayPath {
+    /// echo-server with the in-process stack, run to completion.
+    Rtc,
+    /// echo-server protected, the stack in netstackd.
+    Protected,
+    /// A Linux echo server over loopback.
+    Linux,
+}
+
+impl OnewayPath {
+    fn describe(self) -> &'static str {
+        match self {
+            OnewayPath::Rtc => {
+                "Ginza client -> iokerneld's software switch -> echo-server (in-process stack)"
+            }
+            OnewayPath::Protected => {
+                "Ginza client -> iokerneld's software switch -> netstackd -> rings -> \
+                 echo-server --protected"
+            }
+            OnewayPath::Linux => "Linux client -> kernel TCP over loopback -> Linux echo server",
+        }
+    }
 }
 
 impl Runner {
@@ -170,6 +199,10 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     });
     let policy = sys.policy.or(shinjuku.map(|s| s.0));
     let quantum = sys.quantum.map(|q| q.0).or(shinjuku.map(|s| s.1));
+    let mode = sys.mode.or(lc.map(|a| a.mode)).unwrap_or_default();
+    if load.generator == Generator::PingPong {
+        return oneway_runner(l, sys, program, mode);
+    }
     match sys.kind {
         SystemKind::Simulator => {
             if load.generator != Generator::Simulated {
@@ -261,10 +294,12 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
             None => "a Linux system needs an [[app]]".into(),
         })),
         SystemKind::Ginza => {
-            if spec.apps.iter().any(|a| a.mode == Mode::Protected) {
-                return Ok(Runner::Unavailable(
-                    "protected mode (DLibOS, issue #15) is not available on this branch yet".into(),
-                ));
+            if mode == Mode::Protected && program != Some(Program::KvServer) {
+                return Ok(Runner::Unavailable(format!(
+                    "{} in protected mode under load is not wired into experiments yet \
+                     (protected runners: echo under ping-pong, kv-server under loadgen)",
+                    program.map_or("an application", Program::name)
+                )));
             }
             match program {
                 Some(Program::SpinServer) if policy.is_none() => {
@@ -369,6 +404,53 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                 )),
             }
         }
+    }
+}
+
+/// `bench oneway`'s rounds: the echo application ping-ponged.
+fn oneway_runner(
+    l: &Loaded,
+    sys: &System,
+    program: Option<Program>,
+    mode: Mode,
+) -> anyhow::Result<Runner> {
+    let load = &l.spec.load;
+    let at = sys.label.span().start;
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    if program != Some(Program::Echo) {
+        return Err(err(
+            "program",
+            "generator = \"ping-pong\" runs the echo application",
+        ));
+    }
+    if load.unit != LoadUnit::Bytes {
+        return Err(err("unit", "ping-pong points take unit = \"bytes\""));
+    }
+    let payload = crate::bench::tcp::PAYLOAD as f64;
+    if load.offered.iter().any(|o| o.0 != payload) {
+        return Err(l.error_at(
+            l.text.find("offered").unwrap_or(0),
+            "offered",
+            &format!("`ginza bench oneway` measures {payload}-byte messages only"),
+        ));
+    }
+    let path = match (sys.kind, mode) {
+        (SystemKind::Simulator, _) => {
+            return Err(err("kind", "ping-pong is measured, not simulated"));
+        }
+        (SystemKind::Linux, _) => OnewayPath::Linux,
+        (SystemKind::Ginza, Mode::InProcess) => OnewayPath::Rtc,
+        (SystemKind::Ginza, Mode::Protected) => OnewayPath::Protected,
+    };
+    match allowed_cpus() {
+        Ok(c) if c.len() >= 2 => Ok(Runner::Oneway { path }),
+        Ok(c) => Ok(Runner::Unavailable(format!(
+            "ping-pong needs two CPUs (iokerneld; the applications), this process may use {c:?}"
+        ))),
+        Err(e) => Ok(Runner::Unavailable(format!(
+            "the CPUs this process may use: {e:#}"
+        ))),
     }
 }
 
@@ -734,6 +816,7 @@ fn run_one(
         Runner::Memcached { system, allocator } => memcached_point(
             ctx, l, *system, *allocator, settings, x, load_index, round, row,
         )?,
+        Runner::Oneway { path } => oneway_point(*path, settings, row)?,
         Runner::Colocate {
             sched,
             alloc,
@@ -773,6 +856,41 @@ fn run_one(
             );
         }
     }
+    Ok(())
+}
+
+/// One round of `ginza bench oneway` over `path`: p50 and p99 of the one-way
+/// latency (half of each round trip).
+fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow::Result<()> {
+    use crate::bench::oneway;
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: oneway::OnewayArgs,
+    }
+    let allowed = allowed_cpus()?;
+    let [iokernel, app, ..] = allowed[..] else {
+        anyhow::bail!("ping-pong needs two CPUs, this process may use {allowed:?}");
+    };
+    let cpus = crate::bench::tcp::Cpus { iokernel, app };
+    let wrap = Wrap::try_parse_from([
+        "oneway".to_string(),
+        format!("--duration={}ms", settings.duration.as_millis().max(1)),
+    ])
+    .map_err(|e| anyhow::anyhow!("bench oneway's settings: {e}"))?;
+    let rtt = match path {
+        OnewayPath::Rtc => oneway::rtc_round(cpus, &wrap.args)?,
+        OnewayPath::Protected => oneway::protected_round(cpus, &wrap.args)?,
+        OnewayPath::Linux => oneway::linux_round(&wrap.args)?,
+    };
+    row.p50_us = Some(rtt.p50 / 2.0);
+    row.p99_us = Some(rtt.p99 / 2.0);
+    row.note = format!(
+        "one way = half the round trip of {}-byte messages on one TCP connection; {}",
+        crate::bench::tcp::PAYLOAD,
+        path.describe()
+    );
     Ok(())
 }
 

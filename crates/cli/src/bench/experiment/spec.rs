@@ -68,6 +68,19 @@ pub enum Program {
     Batch,
 }
 
+impl Program {
+    pub fn name(self) -> &'static str {
+        match self {
+            Program::SpinServer => "spin-server",
+            Program::ScanServer => "scan-server",
+            Program::KvServer => "kv-server",
+            Program::HttpServer => "http-server",
+            Program::Echo => "echo",
+            Program::Batch => "batch",
+        }
+    }
+}
+
 /// In the application's process, or behind the protected netstack (DLibOS).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -136,6 +149,9 @@ pub struct System {
     pub allocator: Option<Allocator>,
     /// iokerneld's packet steering.
     pub steering: Option<Steering>,
+    /// Overrides the latency-critical application's mode (in-process or
+    /// protected): one file compares both.
+    pub mode: Option<Mode>,
     /// Overrides the applications' Shinjuku policy.
     pub policy: Option<SchedPolicy>,
     /// Overrides the applications' quantum.
@@ -236,6 +252,9 @@ pub enum Generator {
     InProcess,
     /// The simulator's own arrivals.
     Simulated,
+    /// Closed loop, NetPIPE-style: one TCP connection, the next message
+    /// sent when the last one's echo is back (`ginza bench oneway`).
+    PingPong,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -260,6 +279,8 @@ pub enum LoadUnit {
     Cores,
     /// Requests per second.
     Rps,
+    /// Message size, bytes (ping-pong: no rate is offered).
+    Bytes,
 }
 
 impl LoadUnit {
@@ -268,6 +289,7 @@ impl LoadUnit {
             LoadUnit::Capacity => "capacity",
             LoadUnit::Cores => "cores",
             LoadUnit::Rps => "rps",
+            LoadUnit::Bytes => "bytes",
         }
     }
 }
