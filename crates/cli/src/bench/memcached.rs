@@ -12,6 +12,11 @@
 //!   kthread) registered beside it as a second, best-effort runtime
 //!   application; iokerneld manages the server CPU and gives it to
 //!   whichever of the two needs it (docs/runtime.md).
+//! * **ginza-protected** (not in the default `--systems`; DLibOS Fig. 7):
+//!   the same kv-server in protected mode, its TCP/IP stack in the
+//!   netstack daemon (`netstackd`, docs/protected.md) registered under the
+//!   same iokerneld as a third application; iokerneld steers kv-server's
+//!   address to the netstack (an alias on its switch port).
 //! * **linux**: Debian's `memcached` (`-t 1`, pinned to the server CPU,
 //!   listening on an address of the veth's host end) with the same batch
 //!   work (`ginza_apps::batch`) on a thread pinned to the same CPU at
@@ -36,7 +41,7 @@
 //! can call it directly).
 
 use std::fmt::Write as _;
-use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -54,8 +59,10 @@ use ginza_loadgen::protocol::{Transport, Workload};
 use ginza_loadgen::report::Report as LoadReport;
 use ginza_loadgen::schedule::{parse_rate, Arrivals, Process};
 use ginza_loadgen::RunConfig;
-use ginza_net::MacAddr;
+use ginza_net::{Interface, MacAddr};
+use ginza_netstack::daemon::{Daemon, DaemonConfig};
 use ginza_proto::parse_duration;
+use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
@@ -103,23 +110,27 @@ pub struct MemcachedArgs {
     out: PathBuf,
 }
 
-/// The two servers compared.
+/// The servers compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum System {
     /// kv-server and batch under iokerneld.
     Ginza,
     /// Debian's memcached and a SCHED_IDLE batch thread.
     Linux,
+    /// kv-server protected (its stack in netstackd) and batch under
+    /// iokerneld.
+    GinzaProtected,
 }
 
 impl System {
-    pub const ALL: [System; 2] = [System::Ginza, System::Linux];
+    pub const ALL: [System; 3] = [System::Ginza, System::Linux, System::GinzaProtected];
 
     pub fn name(self) -> &'static str {
         match self {
             System::Ginza => "ginza",
             System::Linux => "linux",
+            System::GinzaProtected => "ginza-protected",
         }
     }
 }
@@ -245,6 +256,10 @@ const PORT: u16 = 11211;
 /// The host end's address for memcached's turns (`.3`).
 const LINUX_HOST_OCTET: u8 = 3;
 const KV_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0d, 0x01]);
+/// The netstack daemon's own address in the protected points (`.4` of the
+/// veth's subnet); kv-server keeps `peer_ip`, steered to the netstack.
+const NETSTACK_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0d, 0x02]);
+const NETSTACK_OCTET: u8 = 4;
 /// Item memory of both servers, MiB.
 const MEMORY_MB: usize = 64;
 /// A request unanswered this long after its scheduled send times out.
@@ -363,7 +378,7 @@ fn loadavg() -> Option<String> {
 /// load from the namespace, stops them.
 pub fn run_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     match cfg.system {
-        System::Ginza => ginza_point(ns, cfg),
+        System::Ginza | System::GinzaProtected => ginza_point(ns, cfg),
         System::Linux => linux_point(ns, cfg),
     }
 }
@@ -597,11 +612,42 @@ fn ginza_serving(
     let keeps = cfg.allocator != PolicyKind::Shenango;
     let guaranteed = u32::from(cfg.allocator == PolicyKind::Static);
     let mut server_cfg = runtime_config(iokerneld, "kv-server", Class::LatencyCritical);
+    let me = Interface {
+        mac: KV_MAC,
+        ip: ns.peer_ip,
+    };
+    let mut netstack = if cfg.system == System::GinzaProtected {
+        let [a, b, c, _] = ns.peer_ip.octets();
+        let mut ns_cfg = DaemonConfig::new(Interface {
+            mac: NETSTACK_MAC,
+            ip: Ipv4Addr::new(a, b, c, NETSTACK_OCTET),
+        });
+        ns_cfg.iokernel_socket = iokerneld.socket().to_path_buf();
+        ns_cfg.attach_socket = iokerneld.socket().with_file_name("netstack.sock");
+        ns_cfg.kthreads = 1;
+        // As `--protected` configures an application (`AppArgs::
+        // runtime_config`): cores from iokerneld, the stack in netstackd.
+        server_cfg.protected = Some(ProtectedConfig::new(
+            ns_cfg.attach_socket.clone(),
+            "kv-server",
+            me,
+        ));
+        Some(Daemon::start(ns_cfg).context("the netstack daemon")?)
+    } else {
+        if let Some(io) = server_cfg.iokernel.as_mut() {
+            io.net = Some(NetConfig::new(me.mac, me.ip));
+        }
+        None
+    };
     if let Some(io) = server_cfg.iokernel.as_mut() {
-        io.net = Some(NetConfig::new(KV_MAC, ns.peer_ip));
         io.guaranteed = guaranteed;
         io.keep_cores_when_idle = keeps;
     }
+    let server_name = if netstack.is_some() {
+        "kv-server --protected, its stack in netstackd"
+    } else {
+        "kv-server"
+    };
     let store = Store::new(
         StoreConfig::new(MEMORY_MB << 20, 1 << 20),
         Arc::new(SystemClock),
@@ -636,25 +682,38 @@ fn ginza_serving(
     });
     let measured = batch.and_then(|mut batch| {
         let target = SocketAddr::V4(SocketAddrV4::new(ns.peer_ip, PORT));
-        let m = measure(ns, cfg, target, paths, format!("kv-server ({backend})")).map(|mut m| {
-            m.iokerneld = iokerneld.stats().ok().map(|s| {
-                s.apps
-                    .iter()
-                    .map(|a| {
-                        format!(
-                            "{}: {} grants, {} preemptions, {} overdue",
-                            a.name, a.grants, a.preemptions, a.preempt_overdue
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ")
+        let m =
+            measure(ns, cfg, target, paths, format!("{server_name} ({backend})")).map(|mut m| {
+                m.iokerneld = iokerneld.stats().ok().map(|s| {
+                    s.apps
+                        .iter()
+                        .map(|a| {
+                            format!(
+                                "{}: {} grants, {} preemptions, {} overdue",
+                                a.name, a.grants, a.preemptions, a.preempt_overdue
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                });
+                m
             });
-            m
-        });
         batch_stop.store(true, Relaxed);
         // The server first: under `static` it keeps the one managed core
         // while idle, and batch sees its stop only once it runs.
         stop.store(true, Relaxed);
+        if netstack.is_some() {
+            // Protected: the netstack leaves iokerneld once kv-server has
+            // detached, so that batch gets the managed core to see its stop
+            // (with the netstack still registered it waited for a grant).
+            let t0 = Instant::now();
+            while !server.thread.as_ref().is_none_or(|t| t.is_finished())
+                && t0.elapsed() < START_TIMEOUT
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(netstack.take());
+        }
         let price = batch.join()?;
         anyhow::ensure!(
             price == 0.0 || (price - 8.0214).abs() < 1.0,
@@ -664,6 +723,8 @@ fn ginza_serving(
     });
     stop.store(true, Relaxed);
     let served = server.join().and_then(|r| r.context("kv-server"));
+    // After kv-server: it detaches from the netstack first.
+    drop(netstack);
     match (measured, served) {
         (Ok(m), Ok(())) => Ok(m),
         (Err(m), Err(s)) => Err(s.context(format!("(the measurement: {m:#})"))),
@@ -930,6 +991,7 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
     let series = |y: fn(&MedianPoint) -> Option<f64>| -> Vec<Series> {
         System::ALL
             .iter()
+            .filter(|&&s| points.iter().any(|p| p.system == s))
             .map(|&s| Series {
                 name: s.name().to_string(),
                 points: points

@@ -389,7 +389,14 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                         placement: sys.placement.unwrap_or(Placement::Tail),
                     })
                 }
-                Some(Program::KvServer) => memcached_runner(l, sys, memcached::System::Ginza),
+                Some(Program::KvServer) => memcached_runner(
+                    l,
+                    sys,
+                    match mode {
+                        Mode::InProcess => memcached::System::Ginza,
+                        Mode::Protected => memcached::System::GinzaProtected,
+                    },
+                ),
                 Some(Program::HttpServer) => Ok(Runner::Unavailable(
                     "http-server under load: loadgen's http protocol over veth is not wired \
                      into experiments yet"
@@ -476,7 +483,7 @@ fn memcached_runner(l: &Loaded, sys: &System, system: memcached::System) -> anyh
                 .into(),
         ));
     }
-    if system == memcached::System::Ginza && (sys.policy.is_some() || sys.steering.is_some()) {
+    if system != memcached::System::Linux && (sys.policy.is_some() || sys.steering.is_some()) {
         return Err(err(
             "policy",
             "kv-server runs to completion under iokerneld's default steering",
