@@ -105,7 +105,9 @@ pub fn answer_preemptible(request: &[u8], stats: &SpinStats) -> Vec<u8> {
     request.to_vec()
 }
 
-fn answer(socket: &UdpSocket, request: &[u8], from: SocketAddrV4, stats: &SpinStats) {
+/// Spins for the service time `request` asks for (none for a malformed or
+/// too long one, counted).
+fn work(request: &[u8], stats: &SpinStats) {
     match RequestHeader::decode(request) {
         None => {
             stats.malformed.fetch_add(1, Relaxed);
@@ -118,6 +120,10 @@ fn answer(socket: &UdpSocket, request: &[u8], from: SocketAddrV4, stats: &SpinSt
             stats.busy_ns.fetch_add(h.service_ns, Relaxed);
         }
     }
+}
+
+fn answer(socket: &UdpSocket, request: &[u8], from: SocketAddrV4, stats: &SpinStats) {
+    work(request, stats);
     match socket.send_to(request, from) {
         Ok(_) => {
             stats.served.fetch_add(1, Relaxed);
@@ -125,5 +131,79 @@ fn answer(socket: &UdpSocket, request: &[u8], from: SocketAddrV4, stats: &SpinSt
         Err(_) => {
             stats.send_errors.fetch_add(1, Relaxed);
         }
+    }
+}
+
+/// spin-server's Linux peer (docs/experiments.md, the `linux` system of
+/// `shenango-fig4-spin`): the same requests on a kernel UDP socket, served
+/// by the calling OS thread one at a time until `stop` is set (checked at
+/// least every 10 ms). Several threads may serve clones of one socket; the
+/// caller pins them.
+pub fn serve_linux(
+    socket: &std::net::UdpSocket,
+    stop: &AtomicBool,
+    stats: &SpinStats,
+) -> io::Result<()> {
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    let mut buf = vec![0u8; 65_536];
+    while !stop.load(Relaxed) {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        work(&buf[..n], stats);
+        match socket.send_to(&buf[..n], from) {
+            Ok(_) => stats.served.fetch_add(1, Relaxed),
+            Err(_) => stats.send_errors.fetch_add(1, Relaxed),
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ginza_proto::REQUEST_HEADER_LEN;
+
+    #[test]
+    fn the_linux_peer_spins_and_echoes() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(SpinStats::default());
+        let (s2, st2) = (stop.clone(), stats.clone());
+        let t = std::thread::spawn(move || serve_linux(&server, &s2, &st2));
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut req = vec![0u8; REQUEST_HEADER_LEN];
+        RequestHeader {
+            seq: 7,
+            send_ns: 1,
+            service_ns: 20_000,
+        }
+        .encode(&mut req);
+        client.send_to(&req, addr).unwrap();
+        let mut buf = [0u8; 128];
+        let (n, _) = client.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &req[..], "echoed");
+        // A datagram without a header is answered at once and counted.
+        client.send_to(&[1, 2], addr).unwrap();
+        let (n, _) = client.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &[1, 2]);
+        stop.store(true, Relaxed);
+        t.join().unwrap().unwrap();
+        assert_eq!(stats.served.load(Relaxed), 2);
+        assert_eq!(stats.busy_ns.load(Relaxed), 20_000);
+        assert_eq!(stats.malformed.load(Relaxed), 1);
     }
 }

@@ -811,7 +811,7 @@ fn start_memcached(addr: SocketAddrV4, cpu: usize) -> anyhow::Result<Started> {
 
 /// Linux's batch: the same pricing loop on a thread pinned to `cpu` at
 /// SCHED_IDLE (nice 19 when that cannot be set); says which it got.
-fn linux_batch(
+pub(crate) fn linux_batch(
     cpu: usize,
     paths: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,

@@ -5,6 +5,7 @@
 //! interleaved within each round, behind a progress bar, and writes CSV,
 //! JSON and one PNG per plotted metric under `results/<experiment>/`.
 
+pub mod linux_spin;
 pub mod row;
 pub mod runners;
 pub mod spec;
@@ -207,6 +208,7 @@ impl Plan {
                 // iokerneld (and netstackd) started and stopped, warm-up
                 // round trips.
                 Runner::Oneway { .. } => s.duration + Duration::from_millis(300),
+                Runner::LinuxSpin => s.warmup + s.duration + Duration::from_millis(100),
                 Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
                 Runner::SimSteering { .. } => {
                     Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0)
@@ -702,7 +704,19 @@ mod tests {
         ));
         assert!(matches!(
             runner("shenango-fig4-spin", "linux-spin"),
-            Runner::Unavailable(_)
+            Runner::LinuxSpin | Runner::Unavailable(_)
+        ));
+        assert!(matches!(
+            runner("dlibos-fig5", "ginza-protected"),
+            Runner::Oneway {
+                path: runners::OnewayPath::Protected
+            } | Runner::Unavailable(_)
+        ));
+        assert!(matches!(
+            runner("dlibos-fig5", "ginza-rtc"),
+            Runner::Oneway {
+                path: runners::OnewayPath::Rtc
+            } | Runner::Unavailable(_)
         ));
         assert!(matches!(
             runner("shenango-fig5-steps", "ginza-slow-1ms"),
@@ -759,7 +773,13 @@ mod tests {
             } | Runner::Unavailable(_)
         ));
         match runner("dlibos-fig7", "ginza-protected") {
-            Runner::Unavailable(why) => assert!(why.contains("protected mode"), "{why}"),
+            Runner::Memcached {
+                system: crate::bench::memcached::System::GinzaProtected,
+                ..
+            } => {}
+            Runner::Unavailable(why) => {
+                assert!(why.contains("veth") || why.contains("CPU"), "{why}")
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -72,6 +72,9 @@ pub enum Runner {
         alloc: colocate::Alloc,
         quantum: Duration,
     },
+    /// spin-server's Linux peer beside batch at SCHED_IDLE, loadgen over
+    /// loopback (`linux_spin.rs`).
+    LinuxSpin,
     /// `ginza bench oneway`'s round over one path: 64-byte messages
     /// ping-ponged on one TCP connection (DLibOS Fig. 5).
     Oneway { path: OnewayPath },
@@ -287,6 +290,7 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
             Some(Program::KvServer) => {
                 return memcached_runner(l, sys, memcached::System::Linux);
             }
+            Some(Program::SpinServer) => return linux_spin_runner(l, sys),
             Some(p) => format!(
                 "no Linux {p:?} peer in this harness yet (iokerneld's generator reaches \
                  only applications on its software switch; a Linux peer needs loadgen over veth)"
@@ -411,6 +415,43 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                 )),
             }
         }
+    }
+}
+
+/// spin-server's Linux peer, or why it cannot run here.
+fn linux_spin_runner(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
+    let load = &l.spec.load;
+    let at = sys.label.span().start;
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    if sys.allocator.is_some() || sys.policy.is_some() || sys.steering.is_some() {
+        return Err(err(
+            "kind",
+            "a Linux system has no allocator, policy or steering",
+        ));
+    }
+    if load.unit != LoadUnit::Capacity {
+        return Err(err("unit", "spin-server points take unit = \"capacity\""));
+    }
+    if !load
+        .service
+        .as_ref()
+        .is_some_and(|s| super::linux_spin::loadgen_service(s).is_some())
+    {
+        return Err(err(
+            "service",
+            "the Linux spin peer needs [load] service = exponential, constant or bimodal",
+        ));
+    }
+    match allowed_cpus() {
+        Ok(c) if c.len() >= 2 => Ok(Runner::LinuxSpin),
+        Ok(c) => Ok(Runner::Unavailable(format!(
+            "the Linux spin peer needs two CPUs (the generator; the server), this process \
+             may use {c:?}"
+        ))),
+        Err(e) => Ok(Runner::Unavailable(format!(
+            "the CPUs this process may use: {e:#}"
+        ))),
     }
 }
 
@@ -824,6 +865,25 @@ fn run_one(
             ctx, l, *system, *allocator, settings, x, load_index, round, row,
         )?,
         Runner::Oneway { path } => oneway_point(*path, settings, row)?,
+        Runner::LinuxSpin => {
+            let svc = spec.load.service.as_ref().context("[load] service")?;
+            let p = super::linux_spin::run_point(
+                svc,
+                x,
+                settings.warmup,
+                settings.duration,
+                spec.load.connections.0.clamp(1, 1024) as usize,
+                seed.wrapping_add(load_index as u64),
+            )?;
+            row.achieved = Some(p.achieved_load);
+            row.p50_us = p.p50_us;
+            row.p99_us = p.p99_us;
+            row.p999_us = p.p999_us;
+            row.batch_ops_per_s = Some(p.batch_ops_per_s);
+            row.sent = Some(p.sent as f64);
+            row.answered = Some(p.answered as f64);
+            row.note = p.note;
+        }
         Runner::Colocate {
             sched,
             alloc,
