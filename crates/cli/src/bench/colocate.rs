@@ -155,13 +155,19 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
         (Sched::CPreSq, Alloc::Shenango),
         (Sched::CPreSq, Alloc::Static),
     ];
-    let mut points = Vec::new();
-    for &load in &args.loads {
-        for &(sched, alloc) in &configs {
+    // Through the experiments' sweep loop (docs/experiments.md).
+    let plan: Vec<(f64, Sched, Alloc)> = args
+        .loads
+        .iter()
+        .flat_map(|&load| configs.map(|(sched, alloc)| (load, sched, alloc)))
+        .collect();
+    let points = super::experiment::sweep::sweep(
+        &plan,
+        |&(load, sched, alloc)| format!("{sched:?} / {alloc:?} at load {load}"),
+        |_, &(load, sched, alloc)| {
             eprintln!("colocate: {sched:?} / {alloc:?} at load {load}");
             let rate = load * n as f64 / service.mean() * 1e6;
-            let measured = measure(&args, io_cpu, &managed, sched, alloc, rate)
-                .with_context(|| format!("{sched:?} / {alloc:?} at load {load}"))?;
+            let measured = measure(&args, io_cpu, &managed, sched, alloc, rate)?;
             let sim = ColocateSim {
                 cores: n,
                 workers: n,
@@ -181,16 +187,14 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
                 seed: 11,
             }
             .run();
-            points.push(
-                Point {
-                    sim_p99_us: sim.stats.latency_pct_us(99.0),
-                    sim_lc_cores: sim.lc_cores,
-                    ..measured
-                }
-                .at(load, sched, alloc),
-            );
-        }
-    }
+            Ok(Point {
+                sim_p99_us: sim.stats.latency_pct_us(99.0),
+                sim_lc_cores: sim.lc_cores,
+                ..measured
+            }
+            .at(load, sched, alloc))
+        },
+    )?;
     let report = Report {
         points,
         workload: WORKLOAD,

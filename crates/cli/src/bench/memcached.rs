@@ -287,31 +287,40 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     memcached_available()?;
     let loadavg_before = loadavg();
     let reniced = renice_self(BENCH_NICE);
-    let mut runs = Vec::new();
+    // Rounds outermost, systems innermost (ginza, linux, ginza, …), through
+    // the experiments' sweep loop (docs/experiments.md).
+    let mut plan = Vec::new();
     for round in 0..args.rounds {
         for (i, &load) in args.loads.iter().enumerate() {
             for &system in &args.systems {
-                let cfg = PointConfig {
-                    system,
-                    offered_rps: load,
-                    duration: args.duration,
-                    warmup: args.warmup,
-                    connections: args.connections as usize,
-                    keys: args.keys,
-                    // Both systems get the same arrivals at a point.
-                    seed: 1 + u64::from(round) * 1000 + i as u64,
-                    cpus,
-                    max_lag: args.max_lag,
-                    allocator: PolicyKind::Shenango,
-                };
-                let r = run_point(&ns, &cfg).with_context(|| {
-                    format!("round {round}: {} at {load:.0} requests/s", system.name())
-                })?;
-                eprintln!("{}", row(&r));
-                runs.push(r);
+                plan.push((round, i, load, system));
             }
         }
     }
+    let runs = super::experiment::sweep::sweep(
+        &plan,
+        |&(round, _, load, system)| {
+            format!("round {round}: {} at {load:.0} requests/s", system.name())
+        },
+        |_, &(round, i, load, system)| {
+            let cfg = PointConfig {
+                system,
+                offered_rps: load,
+                duration: args.duration,
+                warmup: args.warmup,
+                connections: args.connections as usize,
+                keys: args.keys,
+                // Both systems get the same arrivals at a point.
+                seed: 1 + u64::from(round) * 1000 + i as u64,
+                cpus,
+                max_lag: args.max_lag,
+                allocator: PolicyKind::Shenango,
+            };
+            let r = run_point(&ns, &cfg)?;
+            eprintln!("{}", row(&r));
+            Ok(r)
+        },
+    )?;
     let points = medians(&runs, &args.loads);
     let csv = args.out.join("memcached.csv");
     write_outputs(&args.out, &csv, &points)?;

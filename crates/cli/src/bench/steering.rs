@@ -146,18 +146,23 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
         args.rate.is_finite() && args.rate > 0.0,
         "--rate must be positive"
     );
-    let mut runs = Vec::new();
-    for round in 0..args.rounds {
-        for policy in SteeringKind::ALL {
-            let r = one_run(&args, round, policy)
-                .with_context(|| format!("round {round}, {policy}"))?;
+    // Through the experiments' sweep loop (docs/experiments.md): rounds
+    // outermost, the policies interleaved within each.
+    let plan: Vec<(u32, SteeringKind)> = (0..args.rounds)
+        .flat_map(|round| SteeringKind::ALL.map(|policy| (round, policy)))
+        .collect();
+    let runs = super::experiment::sweep::sweep(
+        &plan,
+        |&(round, policy)| format!("round {round}, {policy}"),
+        |_, &(round, policy)| {
+            let r = one_run(&args, round, policy)?;
             eprintln!(
                 "round {round} {:<13} moved/change {:>7.1} (seen {:>6.1})  steals {:>6}  reordered {:>6.3} %  p99 {:>8.1} us  {:>6.0} ns/decision",
                 r.policy, r.flows_moved_per_change, r.flows_seen_moving_per_change, r.steals, r.reordered_pct, r.p99_us, r.ns_per_decision
             );
-            runs.push(r);
-        }
-    }
+            Ok(r)
+        },
+    )?;
     let mut policies = std::collections::BTreeMap::new();
     let mut table = String::new();
     let _ = writeln!(
