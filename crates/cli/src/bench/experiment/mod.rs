@@ -262,6 +262,9 @@ struct Report<'a> {
     systems: Vec<&'a str>,
     unavailable: Vec<Unavailable>,
     elapsed_s: f64,
+    /// What `bench list` / `bench all --dry-run` estimated beforehand (to
+    /// check the estimate against `elapsed_s`).
+    estimated_s: f64,
     /// /proc/loadavg before and after the run: figures from a machine
     /// others were loading are not a quiet machine's.
     loadavg_before: String,
@@ -458,6 +461,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
         systems: runnable.iter().map(|(s, _)| s.label()).collect(),
         unavailable,
         elapsed_s: elapsed.as_secs_f64(),
+        estimated_s: plan.estimate().as_secs_f64(),
         loadavg_before,
         loadavg_after: loadavg(),
         columns: &row::COLUMNS,
@@ -782,6 +786,16 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn bench_all_fits_its_budget() {
+        let total: Duration = plans()
+            .iter()
+            .filter(|p| p.loaded.spec.experiment.in_all)
+            .map(Plan::estimate)
+            .sum();
+        assert!(total < ALL_BUDGET, "bench all: {total:?}");
     }
 
     #[test]

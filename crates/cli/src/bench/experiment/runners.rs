@@ -298,7 +298,9 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
             None => "a Linux system needs an [[app]]".into(),
         })),
         SystemKind::Ginza => {
-            if mode == Mode::Protected && program != Some(Program::KvServer) {
+            if mode == Mode::Protected
+                && !matches!(program, Some(Program::KvServer | Program::HttpServer))
+            {
                 return Ok(Runner::Unavailable(format!(
                     "{} in protected mode under load is not wired into experiments yet \
                      (protected runners: echo under ping-pong, kv-server under loadgen)",
@@ -402,8 +404,9 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                     },
                 ),
                 Some(Program::HttpServer) => Ok(Runner::Unavailable(
-                    "http-server under load: loadgen's http protocol over veth is not wired \
-                     into experiments yet"
+                    "http-server under loadgen's HTTP load through iokerneld's switch, in \
+                     process and protected: the point is `bench oneway`'s throughput step \
+                     (`http_run`, issue #15's branch), wired here once it is merged"
                         .into(),
                 )),
                 Some(Program::SpinServer) => {
