@@ -126,7 +126,7 @@ fn every_experiment_file_runs_tiny() {
 /// The files whose points need root, a veth pair and Debian's memcached.
 fn needs_veth(file: &Path) -> bool {
     file.file_stem()
-        .is_some_and(|s| s == "shenango-fig3-memcached")
+        .is_some_and(|s| s == "shenango-fig3-memcached" || s == "dlibos-fig7")
 }
 
 fn veth_or_memcached_missing() -> Option<String> {
@@ -222,6 +222,41 @@ fn a_malformed_file_is_refused_with_its_line_and_key() {
     let e = refused("semantic", &GOOD.replace("allocator = \"shenango\"\n", ""));
     assert!(
         e.contains("bad.toml:10:") && e.contains("key `allocator`"),
+        "{e}"
+    );
+    // A system's mode that is not one (line 12).
+    let e = refused(
+        "mode",
+        &GOOD.replace(
+            "kind = \"ginza\"\n",
+            "kind = \"ginza\"\nmode = \"protekted\"\n",
+        ),
+    );
+    assert!(
+        e.contains("bad.toml:12:") && e.contains("key `mode`") && e.contains("protekted"),
+        "{e}"
+    );
+    // Ping-pong measures 64-byte messages only: the `offered` line (17).
+    let ping_pong = GOOD
+        .replace("\"spin-server\"", "\"echo\"")
+        .replace("allocator = \"shenango\"\n", "")
+        .replace(
+            "generator = \"builtin\"",
+            "generator = \"ping-pong\"\nunit = \"bytes\"",
+        )
+        .replace("[0.1]", "[128]");
+    let e = refused("ping-pong", &ping_pong);
+    assert!(
+        e.contains("bad.toml:17:") && e.contains("key `offered`") && e.contains("64-byte"),
+        "{e}"
+    );
+    // A Linux spin peer has no allocator (reported at its label, line 10).
+    let e = refused(
+        "linux-allocator",
+        &GOOD.replace("kind = \"ginza\"", "kind = \"linux\""),
+    );
+    assert!(
+        e.contains("bad.toml:10:") && e.contains("key `kind`"),
         "{e}"
     );
 }
