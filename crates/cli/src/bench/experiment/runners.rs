@@ -436,10 +436,11 @@ fn linux_spin_runner(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     if load.unit != LoadUnit::Capacity {
         return Err(err("unit", "spin-server points take unit = \"capacity\""));
     }
-    if !load
+    if load
         .service
         .as_ref()
-        .is_some_and(|s| super::linux_spin::loadgen_service(s).is_some())
+        .and_then(super::linux_spin::loadgen_service)
+        .is_none()
     {
         return Err(err(
             "service",
