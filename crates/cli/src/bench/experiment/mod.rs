@@ -174,54 +174,55 @@ impl Plan {
         self.systems.iter().filter(|(_, r)| r.available())
     }
 
-    /// Roughly how long the run takes (a guide for `bench list` and `bench
-    /// all`, not a promise).
-    pub fn estimate(&self) -> Duration {
+    /// Roughly how long one point of `r` takes (a guide for the ETA,
+    /// `bench list` and `bench all`, not a promise).
+    fn point_estimate(&self, r: &Runner) -> Duration {
         let s = &self.settings;
-        let per_point = |r: &Runner| -> Duration {
-            match r {
-                Runner::Unavailable(_) => Duration::ZERO,
-                Runner::SpinBatch { .. } => s.warmup + s.duration + Duration::from_millis(400),
-                Runner::SpinBatchSteps { .. } => {
-                    let steps: Duration = self
-                        .loaded
-                        .spec
-                        .load
-                        .steps
-                        .iter()
-                        .map(|st| {
-                            if s.tiny {
-                                st.duration.0.min(Duration::from_millis(20))
-                            } else {
-                                st.duration.0
-                            }
-                        })
-                        .sum();
-                    s.warmup + steps + Duration::from_millis(400)
-                }
-                Runner::Steering { .. } => s.duration + Duration::from_millis(200),
-                // Preloading the keys, starting the server (and iokerneld).
-                Runner::Memcached { .. } => s.warmup + s.duration + Duration::from_millis(500),
-                // Registration and a settling time of 200 ms.
-                Runner::Colocate { .. } => s.duration + Duration::from_millis(400),
-                Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
-                // iokerneld (and netstackd) started and stopped, warm-up
-                // round trips.
-                Runner::Oneway { .. } => s.duration + Duration::from_millis(300),
-                Runner::LinuxSpin => s.warmup + s.duration + Duration::from_millis(100),
-                Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
-                Runner::SimSteering { .. } => {
-                    Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0)
-                }
-                Runner::SimAllocator { .. } | Runner::SimSlowBound => {
-                    Duration::from_millis(if s.tiny { 200 } else { 1500 })
-                }
+        match r {
+            Runner::Unavailable(_) => Duration::ZERO,
+            Runner::SpinBatch { .. } => s.warmup + s.duration + Duration::from_millis(400),
+            Runner::SpinBatchSteps { .. } => {
+                let steps: Duration = self
+                    .loaded
+                    .spec
+                    .load
+                    .steps
+                    .iter()
+                    .map(|st| {
+                        if s.tiny {
+                            st.duration.0.min(Duration::from_millis(20))
+                        } else {
+                            st.duration.0
+                        }
+                    })
+                    .sum();
+                s.warmup + steps + Duration::from_millis(400)
             }
-        };
+            Runner::Steering { .. } => s.duration + Duration::from_millis(200),
+            // Preloading the keys, starting the server (and iokerneld).
+            Runner::Memcached { .. } => s.warmup + s.duration + Duration::from_millis(500),
+            // Registration and a settling time of 200 ms.
+            Runner::Colocate { .. } => s.duration + Duration::from_millis(400),
+            Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
+            // iokerneld (and netstackd) started and stopped, warm-up
+            // round trips.
+            Runner::Oneway { .. } => s.duration + Duration::from_millis(300),
+            Runner::LinuxSpin => s.warmup + s.duration + Duration::from_millis(100),
+            Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
+            Runner::SimSteering { .. } => Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0),
+            Runner::SimAllocator { .. } | Runner::SimSlowBound => {
+                Duration::from_millis(if s.tiny { 200 } else { 1500 })
+            }
+        }
+    }
+
+    /// Roughly how long the run takes: every point of every system, every
+    /// round.
+    pub fn estimate(&self) -> Duration {
         let one_round: Duration = self
             .systems
             .iter()
-            .map(|(_, r)| per_point(r) * self.offered.len() as u32)
+            .map(|(_, r)| self.point_estimate(r) * self.offered.len() as u32)
             .sum();
         one_round * self.rounds as u32
     }
@@ -332,9 +333,10 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     let loadavg_before = loadavg();
     let started = Instant::now();
     let mut ctx = runners::Context::default();
-    let rows = sweep::sweep(
+    let rows = sweep::sweep_weighted(
         &points,
         |&(round, _, x, s)| format!("{} @ {x} (round {round})", runnable[s].0.label()),
+        |&(_, _, _, s)| plan.point_estimate(&runnable[s].1).as_millis() as u64,
         |_, &(round, i, x, s)| {
             let (sys, runner) = runnable[s];
             let row = Row {

@@ -10,17 +10,30 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub(crate) fn sweep<P, R>(
     points: &[P],
     label: impl Fn(&P) -> String,
+    run: impl FnMut(usize, &P) -> anyhow::Result<R>,
+) -> anyhow::Result<Vec<R>> {
+    sweep_weighted(points, label, |_| 1, run)
+}
+
+/// [`sweep`] with each point's expected cost (any unit, e.g. ms): the bar
+/// advances by it, so that its ETA holds when points differ in length
+/// (systems of different start-up costs in one experiment).
+pub(crate) fn sweep_weighted<P, R>(
+    points: &[P],
+    label: impl Fn(&P) -> String,
+    weight: impl Fn(&P) -> u64,
     mut run: impl FnMut(usize, &P) -> anyhow::Result<R>,
 ) -> anyhow::Result<Vec<R>> {
-    let pb = ProgressBar::new(points.len() as u64);
+    let weights: Vec<u64> = points.iter().map(|p| weight(p).max(1)).collect();
+    let pb = ProgressBar::new(weights.iter().sum());
     pb.set_style(
-        ProgressStyle::with_template("{msg:>32} [{bar:30}] {pos}/{len} {elapsed}<{eta}")
+        ProgressStyle::with_template("{msg:>40} [{bar:30}] {percent:>3}% {elapsed}<{eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut out = Vec::with_capacity(points.len());
     for (i, p) in points.iter().enumerate() {
         let name = label(p);
-        pb.set_message(name.clone());
+        pb.set_message(format!("{name} ({}/{})", i + 1, points.len()));
         match run(i, p) {
             Ok(r) => out.push(r),
             Err(e) => {
@@ -28,7 +41,7 @@ pub(crate) fn sweep<P, R>(
                 return Err(e.context(name));
             }
         }
-        pb.inc(1);
+        pb.inc(weights[i]);
     }
     pb.finish_and_clear();
     Ok(out)
