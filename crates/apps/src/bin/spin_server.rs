@@ -2,7 +2,9 @@
 //! answers UDP requests that carry their service time (see
 //! `ginza_apps::spin_server`). Stops on SIGINT/SIGTERM or after `--run-for`.
 //! `--mode shinjuku`: requests are scheduled preemptively, the dispatch
-//! step on iokerneld's core (docs/colocate.md).
+//! step on iokerneld's core (docs/colocate.md). `--linux`: the Linux peer,
+//! no Ginza runtime: `--kthreads` OS threads on a kernel UDP socket bound
+//! to `--listen` (pin them with `taskset`; docs/experiments.md).
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -12,7 +14,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Parser;
 use ginza_apps::app_args::AppArgs;
-use ginza_apps::spin_server::{answer_preemptible, serve, SpinStats};
+use ginza_apps::spin_server::{answer_preemptible, serve, serve_linux, SpinStats};
 use ginza_proto::messages::DispatchSpec;
 use ginza_proto::parse_duration;
 use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig};
@@ -41,6 +43,13 @@ struct Args {
     /// With `--mode shinjuku`: the preemption quantum.
     #[arg(long, value_parser = parse_duration, default_value = "5us")]
     quantum: std::time::Duration,
+    /// The Linux peer: kernel sockets and OS threads instead of a Ginza
+    /// runtime (the baseline of Shenango's Fig. 4).
+    #[arg(long, conflicts_with = "mode")]
+    linux: bool,
+    /// With `--linux`: the address to bind (the port is `--port`).
+    #[arg(long, default_value = "0.0.0.0", requires = "linux")]
+    listen: std::net::Ipv4Addr,
     #[command(flatten)]
     app: AppArgs,
 }
@@ -57,12 +66,38 @@ fn main() -> anyhow::Result<()> {
     let stats = Arc::new(SpinStats::default());
     let started = Instant::now();
     let (port, s2) = (args.port, stats.clone());
-    log::info!(
-        "{name}: serving UDP {}:{port} ({} kthreads)",
-        args.app.ip,
-        args.app.kthreads
-    );
+    if args.linux {
+        log::info!(
+            "{name}: serving UDP {}:{port} on {} Linux thread(s)",
+            args.listen,
+            args.app.kthreads.max(1)
+        );
+    } else {
+        log::info!(
+            "{name}: serving UDP {}:{port} ({} kthreads)",
+            args.app.ip,
+            args.app.kthreads
+        );
+    }
     match args.mode {
+        _ if args.linux => {
+            let socket = std::net::UdpSocket::bind((args.listen, port))
+                .with_context(|| format!("binding UDP {}:{port}", args.listen))?;
+            let threads: Vec<_> = (0..args.app.kthreads.max(1))
+                .map(|_| {
+                    let (socket, stop, stats) = (socket.try_clone()?, stop.clone(), s2.clone());
+                    Ok(std::thread::spawn(move || {
+                        serve_linux(&socket, &stop, &stats)
+                    }))
+                })
+                .collect::<std::io::Result<_>>()
+                .context("cloning the socket")?;
+            for t in threads {
+                t.join()
+                    .map_err(|_| anyhow::anyhow!("a server thread panicked"))?
+                    .context("serving")?;
+            }
+        }
         Mode::Shenango => ginza_runtime::run(config, move || serve(port, stop, s2))
             .context("starting the runtime")?
             .with_context(|| format!("serving UDP port {port}"))?,
