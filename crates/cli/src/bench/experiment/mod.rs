@@ -180,7 +180,8 @@ impl Plan {
         let s = &self.settings;
         match r {
             Runner::Unavailable(_) => Duration::ZERO,
-            Runner::SpinBatch { .. } => s.warmup + s.duration + Duration::from_millis(400),
+            // (a loaded debug build took about 1.1 s for 0.4 s points).
+            Runner::SpinBatch { .. } => s.warmup + s.duration + Duration::from_millis(600),
             Runner::SpinBatchSteps { .. } => {
                 let steps: Duration = self
                     .loaded
@@ -206,7 +207,8 @@ impl Plan {
             Runner::ScanShinjuku { .. } => Duration::from_millis(300) + s.duration,
             // iokerneld (and netstackd) started and stopped, warm-up
             // round trips.
-            Runner::Oneway { .. } => s.duration + Duration::from_millis(300),
+            // (a loaded debug build took 2.6 s for a 1 s point).
+            Runner::Oneway { .. } => s.duration + Duration::from_millis(1000),
             Runner::LinuxSpin => s.warmup + s.duration + Duration::from_millis(100),
             Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
             Runner::SimSteering { .. } => Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0),
