@@ -221,6 +221,9 @@ pub struct MedianPoint {
 struct MaxKrps {
     ginza: Option<f64>,
     linux: Option<f64>,
+    /// Only when `--systems` ran it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ginza_protected: Option<f64>,
 }
 
 #[derive(Serialize, Debug)]
@@ -328,6 +331,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         max_krps_at_p99_200us: MaxKrps {
             ginza: max_krps(&points, System::Ginza),
             linux: max_krps(&points, System::Linux),
+            ginza_protected: max_krps(&points, System::GinzaProtected),
         },
         points,
         cpus,
@@ -948,7 +952,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn row(r: &PointResult) -> String {
     format!(
-        "{:<6} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s{}  ({})",
+        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s{}  ({})",
         r.system.name(),
         r.offered_krps,
         r.achieved_krps,
@@ -1060,12 +1064,12 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "  system  offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s"
+        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s"
     );
     for p in &r.points {
         let _ = writeln!(
             s,
-            "  {:<6} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2}{}",
+            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2}{}",
             p.system.name(),
             p.offered_krps,
             p.achieved_krps,
@@ -1083,9 +1087,11 @@ fn render(r: &Report) -> String {
     let m = &r.max_krps_at_p99_200us;
     let _ = writeln!(
         s,
-        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}",
+        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}{}",
         opt(m.ginza),
-        opt(m.linux)
+        opt(m.linux),
+        m.ginza_protected
+            .map_or(String::new(), |v| format!("  ginza-protected {v:.1}"))
     );
     let _ = writeln!(
         s,
