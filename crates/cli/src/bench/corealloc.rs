@@ -217,8 +217,9 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         iokernel_ns_per_pass: Pct::of_latency(&st_grants.alloc.pass_cost_idle, 1.0),
         preempt_handover_us: Pct::of_latency(&hand.handover, 1e3),
         reallocs_per_s: hand.reallocations as f64 / (hand.window_ns.max(1) as f64 / 1e9),
-        reallocs_ceiling_per_s: 2.0
-            / ((args.handover_gap_us.0 + args.handover_gap_us.1) as f64 / 2.0 * 1e-6),
+        // Two moves per mean gap (µs).
+        reallocs_ceiling_per_s: 2e6
+            / ((args.handover_gap_us.0 + args.handover_gap_us.1) as f64 / 2.0),
         handover_gap_us: args.handover_gap_us,
         preemptions: hand.preemptions,
         handovers: hand.handovers,
