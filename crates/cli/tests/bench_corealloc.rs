@@ -32,6 +32,8 @@ fn corealloc_reports_every_figure() {
         ("grant_spinning_us", 1),
         ("eventfd_floor_us", 30),
         ("iokernel_ns_per_grant", 30),
+        ("iokernel_ns_per_grant_blocked", 30),
+        ("iokernel_ns_per_pass", 1),
         ("preempt_handover_us", 1),
     ] {
         let p = &v[key];
@@ -43,5 +45,23 @@ fn corealloc_reports_every_figure() {
         assert!(0.0 < p50 && p50 <= p99, "{key}: p50 {p50} p99 {p99}");
     }
     assert!(v["reallocs_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    // The default gaps, 5–15 µs: two moves per 10 µs at best.
+    assert_eq!(v["handover_gap_us"], serde_json::json!([5, 15]), "{v}");
+    assert_eq!(v["reallocs_ceiling_per_s"].as_f64(), Some(200_000.0), "{v}");
+    assert!(v["preemptions"].as_u64().unwrap() >= v["handovers"].as_u64().unwrap());
     assert!(stderr.contains("grant / floor"), "{stderr}");
+}
+
+#[test]
+fn corealloc_refuses_bad_gaps_with_a_clear_error() {
+    for bad in ["15,5", "0,10", "10", "a,b"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+            .args(["bench", "corealloc", "--handover-gap-us", bad])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("--handover-gap-us"), "{bad}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{bad}: {stderr}");
+    }
 }

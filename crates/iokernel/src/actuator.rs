@@ -26,13 +26,19 @@ pub struct Target<'a> {
     pub pid: i32,
     /// The kthread's Linux thread id, once it reported `Started`.
     pub tid: Option<i32>,
+    /// The CPU iokerneld last pinned this thread to, if nothing has moved
+    /// it since (an eviction or a failed grant forgets it): a grant to that
+    /// CPU needs no `sched_setaffinity` (docs/results.md, "Core allocation").
+    pub pinned: Option<usize>,
     pub eventfd: BorrowedFd<'a>,
 }
 
 /// Acts on decisions. `cpu` is a Linux CPU number (already mapped from the
 /// policy's core index).
 pub trait CoreActuator {
-    /// The kthread now owns `cpu`: let it run there.
+    /// The kthread now owns `cpu`: let it run there. On success with a
+    /// known tid the thread is pinned to `cpu` (the caller remembers it as
+    /// [`Target::pinned`]).
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
     /// The kthread must give `cpu` back.
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
@@ -44,7 +50,9 @@ pub trait CoreActuator {
     }
 }
 
-/// Grants by `sched_setaffinity` + eventfd write; revokes by [`PREEMPT_SIGNAL`]
+/// Grants by `sched_setaffinity` (skipped when the thread is still pinned
+/// to that CPU: the system call costs about a microsecond of iokerneld's
+/// time, more than the rest of a grant) + eventfd write; revokes by [`PREEMPT_SIGNAL`]
 /// through `tgkill` (so a tid reused by another process is never hit);
 /// evicts by moving the thread's affinity to the shared (unmanaged) cores.
 #[derive(Debug, Default)]
@@ -71,8 +79,10 @@ impl CoreActuator for LinuxActuator {
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
         // The affinity first, so the thread wakes up on its core. Before the
         // kthread reported its tid there is nothing to pin; the wake still
-        // goes out.
+        // goes out. A managed kthread never changes its own affinity
+        // (docs/runtime.md), so one still pinned to `cpu` needs no call.
         let pinned = match t.tid {
+            Some(_) if t.pinned == Some(cpu) => Ok(()),
             Some(tid) => affinity::pin_thread(tid, cpu),
             None => Ok(()),
         };
@@ -221,12 +231,49 @@ mod tests {
                 kthread: 0,
                 pid: std::process::id() as i32,
                 tid: Some(process::gettid()),
+                pinned: None,
                 eventfd: efd.as_fd(),
             };
             LinuxActuator::default().grant(&t, cpu).unwrap();
             assert_eq!(affinity::allowed_cpus().unwrap(), vec![cpu]);
             assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
             assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_grant_to_the_cpu_the_thread_is_pinned_to_leaves_its_affinity_alone() {
+        let all = affinity::allowed_cpus().unwrap();
+        if all.len() < 2 {
+            eprintln!("skipped: needs two allowed CPUs, have {all:?}");
+            return;
+        }
+        std::thread::spawn(move || {
+            let efd = eventfd::new().unwrap();
+            let (first, last) = (all[0], *all.last().unwrap());
+            let t = Target {
+                app_id: 1,
+                app_name: "t",
+                kthread: 0,
+                pid: std::process::id() as i32,
+                tid: Some(process::gettid()),
+                pinned: Some(last),
+                eventfd: efd.as_fd(),
+            };
+            // Told it is still pinned to `last`: no system call, so the
+            // affinity this thread really has stays as it was.
+            LinuxActuator::default().grant(&t, last).unwrap();
+            assert_eq!(affinity::allowed_cpus().unwrap(), all);
+            assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
+            // Pinned elsewhere (or not known): pinned.
+            LinuxActuator::default().grant(&t, first).unwrap();
+            assert_eq!(affinity::allowed_cpus().unwrap(), vec![first]);
+            let t = Target { pinned: None, ..t };
+            LinuxActuator::default().grant(&t, last).unwrap();
+            assert_eq!(affinity::allowed_cpus().unwrap(), vec![last]);
+            assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(2));
         })
         .join()
         .unwrap();
@@ -258,6 +305,7 @@ mod tests {
             kthread: 0,
             pid: std::process::id() as i32,
             tid: Some(tid),
+            pinned: None,
             eventfd: efd.as_fd(),
         };
         LinuxActuator::default()

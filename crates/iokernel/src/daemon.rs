@@ -106,6 +106,9 @@ struct Kthread {
     parked_since: u64,
     last_core: Option<usize>,
     tid: Option<i32>,
+    /// The CPU its thread was last pinned to by a grant, while nothing can
+    /// have moved it ([`crate::actuator::Target::pinned`]).
+    pinned: Option<usize>,
     /// Deadline it reported when it parked.
     timer: Option<u64>,
     /// Asked to give its core back; neither active nor parked.
@@ -218,6 +221,9 @@ pub struct Iokerneld<A: CoreActuator> {
     decisions: Vec<Decision>,
     /// Hand-overs whose core is free now.
     ready: Vec<Handover>,
+    /// Some preempted kthread's hand-over waits for its `Yielded`: the loop
+    /// reads those kthreads' rings every turn, not only at passes.
+    handover_waiting: bool,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -325,6 +331,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             snaps: Vec::new(),
             decisions: Vec::new(),
             ready: Vec::new(),
+            handover_waiting: false,
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
@@ -400,6 +407,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
             } else if !self.work_arrived.is_empty() {
                 self.pass(now, PassKind::WorkArrived);
+            } else if self.handover_waiting {
+                self.poll_handovers(now);
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {

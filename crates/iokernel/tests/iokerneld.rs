@@ -840,6 +840,127 @@ fn linux_actuator_grant_writes_the_eventfd() {
     drop(conn);
 }
 
+/// A thread of this process that plays a kthread's thread: it reports its
+/// tid and, when asked, the CPUs it may run on or a new affinity.
+struct FakeKthread {
+    tid: i32,
+    ask: std::sync::mpsc::Sender<Option<Vec<usize>>>,
+    answer: std::sync::mpsc::Receiver<Vec<usize>>,
+}
+
+impl FakeKthread {
+    fn spawn() -> FakeKthread {
+        let (ask, asked) = std::sync::mpsc::channel::<Option<Vec<usize>>>();
+        let (tell, answer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tell.send(vec![ginza_sys::process::gettid() as usize])
+                .unwrap();
+            // Ends when the test drops its sender.
+            while let Ok(req) = asked.recv() {
+                if let Some(cpus) = req {
+                    ginza_sys::affinity::set_thread_affinity(0, &cpus).unwrap();
+                }
+                tell.send(ginza_sys::affinity::allowed_cpus().unwrap())
+                    .unwrap();
+            }
+        });
+        let tid = answer.recv().unwrap()[0] as i32;
+        FakeKthread { tid, ask, answer }
+    }
+
+    /// Its allowed CPUs, after setting them to `set` if given.
+    fn cpus(&self, set: Option<Vec<usize>>) -> Vec<usize> {
+        self.ask.send(set).unwrap();
+        self.answer.recv().unwrap()
+    }
+}
+
+fn wait_eventfd(efd: &OwnedFd, what: &str) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = ginza_sys::eventfd::read(efd.as_fd()).unwrap() {
+            return v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "no {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_kthread_still_pinned_to_its_core_is_granted_without_pinning_it_again() {
+    let _g = lock();
+    let d = Daemon::start(LinuxActuator::default());
+    let all = ginza_sys::affinity::allowed_cpus().unwrap();
+    let cpu = test_cores()[0];
+    let a = app(1);
+    let conn = register(&d, &a, &reg("pinned", Class::Batch, 0, 1, 1)).unwrap();
+    let mut k = a.region.runtime_end(0).unwrap();
+    let t = FakeKthread::spawn();
+    k.to_iokernel
+        .send(ToIokernel::Started { tid: t.tid as u32 })
+        .unwrap();
+    let line = a.region.line(0).unwrap();
+    line.set_rq_tail(1);
+    assert_eq!(wait_eventfd(&a.efds[0], "first grant"), 1);
+    // The first grant pins the thread.
+    assert_eq!(t.cpus(None), vec![cpu]);
+    line.set_rq_head(1);
+    k.to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    d.wait_for("parked", |s| app_named(s, "pinned").unwrap().cores_now == 0);
+    // Widened behind iokerneld's back (a managed runtime never does this):
+    // iokerneld still believes it pinned, so the next grant of the same CPU
+    // makes no `sched_setaffinity` call and the widening shows.
+    if all.len() > 1 {
+        assert_eq!(t.cpus(Some(all.clone())), all);
+    }
+    line.set_rq_tail(2);
+    assert_eq!(wait_eventfd(&a.efds[0], "second grant"), 1);
+    assert_eq!(t.cpus(None), all);
+    let s = d.stats();
+    assert_eq!(app_named(&s, "pinned").unwrap().grants, 2);
+    line.set_rq_head(2);
+    drop(conn);
+}
+
+#[test]
+fn a_hand_over_is_carried_out_when_the_victim_yields_not_at_the_next_pass() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    // Passes far apart: the hand-over must not wait for one.
+    let d = Daemon::start_with(rec.clone(), |c| {
+        c.interval = Duration::from_millis(400);
+        c.preempt_deadline = Duration::from_secs(20);
+    });
+    let x = burst(&d, &rec);
+    assert!(!lc_granted(&rec, x.cpu));
+    // Just after a pass: the next one is an interval away.
+    let s = d.wait_passes(1);
+    let mut rv = x.b.region.runtime_end(x.victim).unwrap();
+    rv.to_iokernel
+        .send(ToIokernel::Yielded {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    while !lc_granted(&rec, x.cpu) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no hand-over");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let after = d.stats();
+    assert_eq!(
+        after.passes,
+        s.passes,
+        "the hand-over waited for a pass ({:?} after the victim yielded)",
+        t0.elapsed()
+    );
+    assert_eq!(after.alloc.handovers, 1);
+    assert_eq!(app_named(&after, "batch").unwrap().preempt_overdue, 0);
+}
+
 const CHILD_ENV: &str = "GINZA_IOK_TEST_CHILD_SOCKET";
 
 /// Not a test by itself: the body of the child process of

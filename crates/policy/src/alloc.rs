@@ -271,7 +271,10 @@ impl Congestion {
 }
 
 /// Working state of one pass: who owns which core, updated as decisions are
-/// made so two grants in a pass never pick the same core.
+/// made so two grants in a pass never pick the same core. A policy that
+/// runs every few microseconds keeps one and rebuilds it in place, so a
+/// pass allocates nothing once the application table stopped growing.
+#[derive(Debug, Default)]
 struct Board {
     owner: Vec<Option<(usize, usize)>>,
     active: Vec<usize>,
@@ -280,11 +283,18 @@ struct Board {
 
 impl Board {
     fn build(topo: &Topology, apps: &[AppSnap]) -> Board {
-        let mut b = Board {
-            owner: vec![None; topo.n_cores],
-            active: Vec::new(),
-            taken: Vec::new(),
-        };
+        let mut b = Board::default();
+        b.rebuild(topo, apps);
+        b
+    }
+
+    /// This pass's board, reusing the previous pass's memory.
+    fn rebuild(&mut self, topo: &Topology, apps: &[AppSnap]) {
+        let b = self;
+        b.owner.clear();
+        b.owner.resize(topo.n_cores, None);
+        b.active.clear();
+        b.taken.truncate(apps.len());
         b.taken.resize_with(apps.len(), Vec::new);
         for (a, app) in apps.iter().enumerate() {
             b.active.push(app.active());
@@ -298,7 +308,6 @@ impl Board {
                 }
             }
         }
-        b
     }
 
     fn n_idle(&self) -> usize {
@@ -351,17 +360,22 @@ impl Board {
         if apps[req].class != AppClass::LatencyCritical {
             return None;
         }
-        let victims: Vec<usize> = (0..apps.len())
-            .filter(|&a| a != req && self.bursting(apps, a))
-            .collect();
-        if victims.is_empty() {
+        // A random bursting application, then a random core of it; counted
+        // and picked without collecting (no allocation in the pass).
+        let is_victim = |a: &usize| *a != req && self.bursting(apps, *a);
+        let n_victims = (0..apps.len()).filter(is_victim).count();
+        if n_victims == 0 {
             return None;
         }
-        let v = victims[rng.below(victims.len())];
-        let cores: Vec<CoreId> = (0..self.owner.len())
-            .filter(|&c| matches!(self.owner[c], Some((a, _)) if a == v))
-            .collect();
-        Some(cores[rng.below(cores.len())])
+        let v = (0..apps.len())
+            .filter(is_victim)
+            .nth(rng.below(n_victims))?;
+        let of_v = |c: &usize| matches!(self.owner[*c], Some((a, _)) if a == v);
+        let n_cores = (0..self.owner.len()).filter(of_v).count();
+        if n_cores == 0 {
+            return None;
+        }
+        (0..self.owner.len()).filter(of_v).nth(rng.below(n_cores))
     }
 
     /// Algorithm 2, kthread choice: the parked kthread that last ran on
@@ -425,6 +439,7 @@ pub struct Shenango {
     interval: Time,
     rng: SplitMix64,
     congestion: Congestion,
+    board: Board,
 }
 
 impl Shenango {
@@ -435,6 +450,7 @@ impl Shenango {
             interval,
             rng: SplitMix64::new(seed),
             congestion: Congestion::new(),
+            board: Board::default(),
         }
     }
 }
@@ -451,7 +467,8 @@ impl CoreAllocator for Shenango {
         apps: &[AppSnap],
         out: &mut Vec<Decision>,
     ) -> &[usize] {
-        let mut b = Board::build(topo, apps);
+        let b = &mut self.board;
+        b.rebuild(topo, apps);
         self.congestion.begin();
         for (a, app) in apps.iter().enumerate() {
             // Judged by the cores it holds now: a grant to an earlier
@@ -476,7 +493,8 @@ impl CoreAllocator for Shenango {
         wanting: &[usize],
         out: &mut Vec<Decision>,
     ) {
-        let mut b = Board::build(topo, apps);
+        let b = &mut self.board;
+        b.rebuild(topo, apps);
         for &app in wanting {
             if app < apps.len() && b.active[app] == 0 {
                 b.grant_one(topo, apps, app, &mut self.rng, out);
@@ -1369,5 +1387,41 @@ mod tests {
                 core: 0
             }]
         );
+    }
+
+    #[test]
+    fn a_reused_board_decides_as_a_fresh_one_while_the_table_changes() {
+        // Shenango keeps its pass board between passes: passes over a table
+        // that shrinks and grows must decide exactly what a fresh allocator
+        // (same seed) decides for each table.
+        let topo = Topology::flat(2);
+        let bursting = |key| {
+            app(
+                key,
+                AppClass::Batch,
+                0,
+                vec![running(0), running(1), parked(0, None)],
+            )
+        };
+        let wants = |key| lc(key, vec![queued(parked(3, None), (0, 1), (0, 0))]);
+        let tables: [Vec<AppSnap>; 4] = [
+            vec![bursting(1), wants(2), wants(3)],
+            vec![wants(4)],
+            vec![bursting(5), wants(6)],
+            vec![wants(7), bursting(8), wants(9)],
+        ];
+        let mut reused = Shenango::new(5, 7);
+        for (i, apps) in tables.iter().enumerate() {
+            let mut fresh = Shenango::new(5, 7);
+            let (mut got, mut want) = (Vec::new(), Vec::new());
+            // The fresh one draws what the reused one drew before this table.
+            for earlier in &tables[..i] {
+                fresh.pass(0, &topo, earlier, &mut Vec::new());
+            }
+            fresh.pass(0, &topo, apps, &mut want);
+            reused.pass(0, &topo, apps, &mut got);
+            assert_eq!(got, want, "table {i}");
+            assert!(!got.is_empty(), "table {i}: something was decided");
+        }
     }
 }

@@ -20,10 +20,17 @@
 //!   parked (`linger_after_park`) and short gaps, so the grant finds it
 //!   still polling its eventfd: no wake-up from halt.
 //! * `iokernel_ns_per_grant`: iokerneld's own time to carry out one grant
-//!   (bookkeeping, command ring, `sched_setaffinity`, eventfd write), from
-//!   its stats, over the grant runs.
+//!   (bookkeeping, command ring, `sched_setaffinity` unless the kthread is
+//!   still pinned to that CPU, eventfd write), from its stats, over both
+//!   grant runs; `iokernel_ns_per_grant_blocked` over the blocked run alone
+//!   (every eventfd write wakes a sleeping thread: the dearer kind).
+//! * `iokernel_ns_per_pass`: an allocation pass that decided nothing
+//!   (drain the rings, read the queue lines, run the policy), over the grant
+//!   runs: the fixed cost iokerneld pays every 5 µs.
 //! * `preempt_handover_us` and `reallocs_per_s`: a batch application spins
-//!   on the managed core while the latency-critical one sleeps short gaps;
+//!   on the managed core while the latency-critical one sleeps short gaps
+//!   (`--handover-gap-us`, default 5–15 µs: with gaps of mean g at most
+//!   2/g moves a second are possible, reported as `reallocs_ceiling_per_s`);
 //!   every wake of the latter preempts the former (signal), and the core is
 //!   handed over when the victim reports `Yielded`; then the batch
 //!   application takes the core back when the other parks. Hand-over time
@@ -65,6 +72,27 @@ pub struct CoreallocArgs {
     /// Length of the preemption/hand-over run.
     #[arg(long, default_value = "2s", value_parser = humantime_like)]
     handover_for: Duration,
+    /// The latency-critical application's sleeps in the hand-over run:
+    /// `LO,HI` µs, uniform. Every sleep moves the core twice (to the batch
+    /// application and back), so the gaps bound `reallocs_per_s`.
+    #[arg(long, default_value = "5,15", value_parser = gap_range)]
+    handover_gap_us: (u64, u64),
+}
+
+fn gap_range(s: &str) -> Result<(u64, u64), String> {
+    let (lo, hi) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: expected LO,HI (µs)"))?;
+    let num = |x: &str| {
+        x.trim()
+            .parse::<u64>()
+            .map_err(|e| format!("{x:?} in {s:?}: {e}"))
+    };
+    let (lo, hi) = (num(lo)?, num(hi)?);
+    if lo == 0 || lo > hi || hi > 1_000_000 {
+        return Err(format!("{s:?}: need 0 < LO <= HI <= 1000000 µs"));
+    }
+    Ok((lo, hi))
 }
 
 fn humantime_like(s: &str) -> Result<Duration, String> {
@@ -76,8 +104,6 @@ const BLOCKED_GAP_US: (u64, u64) = (100, 300);
 /// Gaps when the kthread lingers (µs, uniform), well inside the linger.
 const LINGER_GAP_US: (u64, u64) = (10, 40);
 const LINGER: Duration = Duration::from_millis(2);
-/// Gaps of the latency-critical application in the hand-over run (µs).
-const HANDOVER_GAP_US: (u64, u64) = (20, 60);
 
 #[derive(Clone, Copy, Debug, Serialize)]
 struct Pct {
@@ -111,8 +137,18 @@ struct Report {
     grant_spinning_us: Option<Pct>,
     eventfd_floor_us: Option<Pct>,
     iokernel_ns_per_grant: Option<Pct>,
+    iokernel_ns_per_grant_blocked: Option<Pct>,
+    iokernel_ns_per_pass: Option<Pct>,
     preempt_handover_us: Option<Pct>,
     reallocs_per_s: f64,
+    /// The most the hand-over run's gaps allow: two moves per gap of mean
+    /// length.
+    reallocs_ceiling_per_s: f64,
+    handover_gap_us: (u64, u64),
+    /// iokerneld's time per preemption it sent (line flag, command ring,
+    /// signal) is inside `preempt_handover_us`; these are the run's counts.
+    preemptions: u64,
+    handovers: u64,
     /// The latency-critical kthread's grants in the hand-over run, from
     /// iokerneld's wake (once the victim gave the core back) to running.
     grant_after_preemption_us: Option<Pct>,
@@ -156,6 +192,8 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     eprintln!("corealloc: grants to a blocked kthread");
     client::reset_stats(&socket)?;
     let (blocked, _) = sleeper(&socket, "grant", n, BLOCKED_GAP_US, Duration::ZERO)?;
+    // Not a reset: the lingering run adds to this window.
+    let st_blocked = daemon.stats()?;
     eprintln!("corealloc: grants to a lingering kthread");
     let (_, lingering) = sleeper(&socket, "grant-linger", n, LINGER_GAP_US, LINGER)?;
     // iokerneld's cost per grant over both grant runs.
@@ -165,7 +203,7 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         "corealloc: preemption hand-overs for {:?}",
         args.handover_for
     );
-    let (after_preempt, st_hand) = handover(&socket, args.handover_for)?;
+    let (after_preempt, st_hand) = handover(&socket, args.handover_for, args.handover_gap_us)?;
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -175,8 +213,16 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         grant_spinning_us: Pct::of_ns(lingering, 1e3),
         eventfd_floor_us: Pct::of_ns(floor, 1e3),
         iokernel_ns_per_grant: Pct::of_latency(&st_grants.alloc.grant_cost, 1.0),
+        iokernel_ns_per_grant_blocked: Pct::of_latency(&st_blocked.alloc.grant_cost, 1.0),
+        iokernel_ns_per_pass: Pct::of_latency(&st_grants.alloc.pass_cost_idle, 1.0),
         preempt_handover_us: Pct::of_latency(&hand.handover, 1e3),
         reallocs_per_s: hand.reallocations as f64 / (hand.window_ns.max(1) as f64 / 1e9),
+        // Two moves per mean gap (µs).
+        reallocs_ceiling_per_s: 2e6
+            / ((args.handover_gap_us.0 + args.handover_gap_us.1) as f64 / 2.0),
+        handover_gap_us: args.handover_gap_us,
+        preemptions: hand.preemptions,
+        handovers: hand.handovers,
         grant_after_preemption_us: Pct::of_ns(after_preempt, 1e3),
         iokernel_cpu: io_cpu,
         managed_core: core,
@@ -281,7 +327,11 @@ fn sleeper(
 /// A spinning batch application and a latency-critical sleeper share the
 /// core for `length`. Returns the sleeper's grant latencies and iokerneld's
 /// stats of the run (its window starts when the sleeper starts).
-fn handover(socket: &std::path::Path, length: Duration) -> anyhow::Result<(Vec<u64>, StatsReport)> {
+fn handover(
+    socket: &std::path::Path,
+    length: Duration,
+    gaps: (u64, u64),
+) -> anyhow::Result<(Vec<u64>, StatsReport)> {
     let stop = Arc::new(AtomicBool::new(false));
     let hog = {
         let stop = Arc::clone(&stop);
@@ -319,7 +369,7 @@ fn handover(socket: &std::path::Path, length: Duration) -> anyhow::Result<(Vec<u
             let mut rng = rand::rngs::StdRng::seed_from_u64(3);
             let t = Instant::now();
             while t.elapsed() < length {
-                ginza_runtime::sleep(gap(&mut rng, HANDOVER_GAP_US));
+                ginza_runtime::sleep(gap(&mut rng, gaps));
             }
             h.take_grant_latencies()
         },
@@ -366,6 +416,18 @@ fn render(r: &Report) -> String {
     );
     row(
         &mut t,
+        "  of which to a blocked kthread",
+        &r.iokernel_ns_per_grant_blocked,
+        "ns",
+    );
+    row(
+        &mut t,
+        "iokerneld pass, nothing decided",
+        &r.iokernel_ns_per_pass,
+        "ns",
+    );
+    row(
+        &mut t,
         "preemption → core handed over",
         &r.preempt_handover_us,
         "µs",
@@ -376,7 +438,17 @@ fn render(r: &Report) -> String {
         &r.grant_after_preemption_us,
         "µs",
     );
-    let _ = writeln!(t, "{:<34} {:>9.0} /s", "reallocations", r.reallocs_per_s);
+    let _ = writeln!(
+        t,
+        "{:<34} {:>9.0} /s (gaps {}–{} µs allow at most {:.0} /s; {} preemptions, {} hand-overs)",
+        "reallocations",
+        r.reallocs_per_s,
+        r.handover_gap_us.0,
+        r.handover_gap_us.1,
+        r.reallocs_ceiling_per_s,
+        r.preemptions,
+        r.handovers
+    );
     if let (Some(g), Some(f)) = (&r.grant_us, &r.eventfd_floor_us) {
         let _ = writeln!(
             t,

@@ -270,6 +270,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
                                 Some(v) if v.preempting && !v.evicted => {
                                     v.handover = Some(h);
+                                    self.handover_waiting = true;
                                     self.apps[app].kt[kthread].awaiting =
                                         victim_id.map(|id| (id, vk));
                                 }
@@ -313,6 +314,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                     continue;
                 }
                 kt.evicted = true;
+                // Moved (or maybe moved) off the CPU it was pinned to.
+                kt.pinned = None;
                 let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
                 self.ready.extend(kt.handover.take());
                 app.preempt_overdue += 1;
@@ -327,6 +330,30 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                 }
             }
+        }
+    }
+
+    /// Between passes: reads the command rings of the preempted kthreads
+    /// whose core a hand-over waits for, and carries out the hand-overs of
+    /// those that gave it back. A `Yielded` is acted on when it arrives
+    /// instead of at the next pass (up to an interval later), and no other
+    /// ring is read (docs/results.md, "Core allocation").
+    pub(super) fn poll_handovers(&mut self, now: u64) {
+        let mut waiting = false;
+        for app in &mut self.apps {
+            for k in 0..app.kt.len() {
+                if app.doomed.is_some() {
+                    break;
+                }
+                if app.kt[k].handover.is_some() {
+                    Self::drain(app, k, now, &mut self.ready);
+                    waiting |= app.kt[k].handover.is_some();
+                }
+            }
+        }
+        self.handover_waiting = waiting;
+        if !self.ready.is_empty() {
+            self.complete_handovers();
         }
     }
 
@@ -363,6 +390,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             kthread: k,
             pid: app.pid,
             tid: app.kt[k].tid,
+            pinned: app.kt[k].pinned,
             eventfd: app.eventfds[k].as_fd(),
         }
     }
@@ -426,9 +454,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
         debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);
-        if let Err(e) = self.actuator.grant(&Self::target(app, k), cpu) {
-            warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
-        }
+        let kt_tid = app.kt[k].tid;
+        app.kt[k].pinned = match self.actuator.grant(&Self::target(app, k), cpu) {
+            Ok(()) => kt_tid.map(|_| cpu),
+            Err(e) => {
+                warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
+                None
+            }
+        };
         let end = clock::monotonic_ns();
         self.meter.actions += 1;
         self.meter
