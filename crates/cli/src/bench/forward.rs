@@ -274,7 +274,13 @@ fn floor_window(
         stop2.store(true, Ordering::Relaxed);
         result
     });
-    let ring_full = drive(app_cpu, &mut sender, &mut receiver, frame, &stop);
+    // On a thread of its own: `drive` pins it.
+    let frame = frame.to_vec();
+    let driver =
+        std::thread::spawn(move || drive(app_cpu, &mut sender, &mut receiver, &frame, &stop));
+    let ring_full = driver
+        .join()
+        .map_err(|_| anyhow::anyhow!("the driver thread panicked"))?;
     let (ns, cpu, moved) = looped
         .join()
         .map_err(|_| anyhow::anyhow!("the floor thread panicked"))?
