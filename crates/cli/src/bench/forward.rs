@@ -208,6 +208,17 @@ fn measure(args: &ForwardArgs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result
     })
 }
 
+/// A thread named for profiles (`perf report --comm fwd-iokerneld`).
+fn named<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .expect("a thread can be spawned")
+}
+
 /// Warm-up before each measured window.
 fn warm_up(args: &ForwardArgs) -> Duration {
     Duration::from_millis(args.window_ms.min(100))
@@ -251,7 +262,7 @@ fn floor_window(
     let stop = Arc::new(AtomicBool::new(false));
     let (warm, window) = (warm_up(args).as_nanos() as u64, args.window_ms * 1_000_000);
     let stop2 = stop.clone();
-    let looped = std::thread::spawn(move || -> Result<(u64, u64, u64), String> {
+    let looped = named("fwd-floor", move || -> Result<(u64, u64, u64), String> {
         let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
         let start = clock::monotonic_ns();
         let mut mark = None;
@@ -276,8 +287,9 @@ fn floor_window(
     });
     // On a thread of its own: `drive` pins it.
     let frame = frame.to_vec();
-    let driver =
-        std::thread::spawn(move || drive(app_cpu, &mut sender, &mut receiver, &frame, &stop));
+    let driver = named("fwd-driver", move || {
+        drive(app_cpu, &mut sender, &mut receiver, &frame, &stop)
+    });
     let ring_full = driver
         .join()
         .map_err(|_| anyhow::anyhow!("the driver thread panicked"))?;
@@ -310,7 +322,7 @@ fn forward_window(
     let socket = cfg.socket.clone();
     let daemon = Iokerneld::bind(cfg, RecordingActuator::new())?;
     let stop_daemon = daemon.stop_handle();
-    let loop_thread = std::thread::spawn(move || {
+    let loop_thread = named("fwd-iokerneld", move || {
         // Pinned here rather than by `own_core`: iokerneld's CPU is also a
         // managed core, which only the recording actuator makes harmless.
         let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
@@ -338,7 +350,7 @@ fn forward_measured(
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let frame = frame.to_vec();
-    let driver = std::thread::spawn(move || {
+    let driver = named("fwd-driver", move || {
         drive(
             app_cpu,
             &mut sender.ends[0],
@@ -631,7 +643,7 @@ fn linux_rtt(
     }
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    let thread = std::thread::spawn(move || -> std::io::Result<()> {
+    let thread = named("linux-echo", move || -> std::io::Result<()> {
         if let LinuxServer::BusyPoll { cpu } = server {
             ginza_sys::affinity::pin_current_thread(cpu)?;
         }
