@@ -282,7 +282,7 @@ fn floor_window(
             // costs more than a pass (seen in `perf record`), and the
             // floor is the loop without overheads.
             passes = passes.wrapping_add(1);
-            if passes % 64 != 0 {
+            if !passes.is_multiple_of(64) {
                 continue;
             }
             let now = clock::monotonic_ns();
