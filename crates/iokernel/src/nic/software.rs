@@ -866,6 +866,49 @@ mod tests {
         assert_eq!(receive_all(&mut switch, b).len(), 1);
     }
 
+    #[test]
+    fn send_copy_switches_like_a_frame_of_the_pool() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        let frames: Vec<Vec<u8>> = (0..40).map(|i| ethernet(mac(2), mac(1), i)).collect();
+        for f in &frames {
+            assert!(switch.send_copy(a, f));
+        }
+        // Every frame, in order, intact; the sender's pool untouched.
+        assert_eq!(receive_all(&mut switch, b), frames);
+        assert_eq!(switch.pool(a).unwrap().stats().allocations, 0);
+        // The same refusals and counters as `tx_burst`.
+        assert!(switch.send_copy(a, &ethernet(mac(2), mac(3), 0)));
+        assert!(switch.send_copy(a, &[0; 10]));
+        assert!(switch.send_copy(a, &ethernet(mac(9), mac(1), 0)));
+        let c = switch.counters(a).unwrap();
+        assert_eq!(c.tx_frames, 43);
+        assert_eq!(
+            (
+                c.drops.spoofed_source,
+                c.drops.runt,
+                c.drops.unknown_destination
+            ),
+            (1, 1, 1)
+        );
+        assert!(receive_all(&mut switch, b).is_empty());
+        // To itself: a copy in its own pool.
+        assert!(switch.send_copy(a, &ethernet(mac(1), mac(1), 7)));
+        assert_eq!(
+            receive_all(&mut switch, a),
+            vec![ethernet(mac(1), mac(1), 7)]
+        );
+        // Through the sender's egress injector.
+        switch.set_faults(a, None, Some(injector("duplicate=100%,dir=out,port=all")));
+        switch.advance(0);
+        assert!(switch.send_copy(a, &frames[0]));
+        assert_eq!(receive_all(&mut switch, b).len(), 2);
+        // A removed port sends nothing.
+        switch.remove_port(a);
+        assert!(!switch.send_copy(a, &frames[0]));
+    }
+
     fn injector(rule: &str) -> FaultInjector {
         FaultInjector::new(&rule.parse().unwrap(), 0, 0)
     }
