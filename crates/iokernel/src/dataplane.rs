@@ -22,8 +22,10 @@
 //!   ring; an application with no active kthread gets the frame on a parked
 //!   kthread's ring and the caller tells the core allocator at once
 //!   (`CoreAllocator::on_work_for`), which grants a core;
-//! * [`Dataplane::transmit`]: an active kthread's egress ring is copied
-//!   into the application's port (the switch forwards it);
+//! * [`Dataplane::transmit`]: each frame of an active kthread's egress
+//!   ring is copied once out of shared memory into a scratch buffer, and
+//!   the switch copies it from there to its destination
+//!   ([`SoftwareSwitch::send_copy`]: no port-pool buffer per frame);
 //! * [`Dataplane::take_back`]: ingress buffers the runtime gave back return
 //!   to the ledger; a buffer that was not lent disconnects the application.
 //!

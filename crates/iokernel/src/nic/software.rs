@@ -4,6 +4,9 @@
 //! Switching happens inside [`Nic::tx_burst`]: each frame a port transmits
 //! is copied into the destination port's pool and receive ring at once, so
 //! there is no forwarding step to schedule and a frame is never in two places.
+//! [`SoftwareSwitch::send_copy`] does the same for bytes the caller holds
+//! in a buffer of its own (iokerneld's copy of an egress frame), without
+//! a buffer of the sender's pool.
 //! The MAC table is registration, not learning: iokerneld knows the MAC of
 //! every port it creates, and a frame whose source MAC is not its port's is
 //! dropped, so an application cannot impersonate another.
