@@ -22,6 +22,8 @@ fn forward_reports_packets_per_second_and_round_trips() {
             "2",
             "--window-ms",
             "50",
+            "--rtt-rounds",
+            "2",
         ])
         .output()
         .unwrap();
@@ -29,11 +31,11 @@ fn forward_reports_packets_per_second_and_round_trips() {
     assert!(out.status.success(), "{stderr}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["forward_mpps"].as_f64().unwrap() > 0.0, "{v}");
-    assert_eq!(
-        v["forward_windows_mpps"].as_array().unwrap().len(),
-        2,
-        "{v}"
-    );
+    assert!(v["copy_floor_mpps"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["forward_per_floor"].as_f64().unwrap() > 0.0, "{v}");
+    for series in ["forward_windows_mpps", "copy_floor_windows_mpps"] {
+        assert_eq!(v[series].as_array().unwrap().len(), 2, "{series}: {v}");
+    }
     assert_eq!(v["frame_bytes"], 64);
     match ginza_iokernel::netns::missing_prerequisite() {
         Some(reason) => {
@@ -42,12 +44,15 @@ fn forward_reports_packets_per_second_and_round_trips() {
             ginza_iokernel::testing::skip(format!("round trips over veth: {reason}"));
         }
         None => {
-            for side in ["ginza", "linux"] {
+            for side in ["ginza", "linux_blocking", "linux_busy_poll"] {
                 let r = &v["rtt_us"][side];
                 let (p50, p99) = (r["p50"].as_f64().unwrap(), r["p99"].as_f64().unwrap());
                 assert!(0.0 < p50 && p50 <= p99, "{side}: {r}");
-                assert!(r["lost"].as_u64().unwrap() < 100, "{side}: {r}");
+                assert!(r["lost"].as_u64().unwrap() < 200, "{side}: {r}");
+                let p50s = &v["rtt_us"][format!("{side}_p50s")];
+                assert_eq!(p50s.as_array().unwrap().len(), 2, "{side}: {v}");
             }
+            assert_eq!(v["rtt_rounds"], 2, "{v}");
             assert!(stderr.contains("p50 ratio ginza/linux"), "{stderr}");
         }
     }

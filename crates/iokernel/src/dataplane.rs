@@ -22,8 +22,10 @@
 //!   ring; an application with no active kthread gets the frame on a parked
 //!   kthread's ring and the caller tells the core allocator at once
 //!   (`CoreAllocator::on_work_for`), which grants a core;
-//! * [`Dataplane::transmit`]: an active kthread's egress ring is copied
-//!   into the application's port (the switch forwards it);
+//! * [`Dataplane::transmit`]: each frame of an active kthread's egress
+//!   ring is copied once out of shared memory into a scratch buffer, and
+//!   the switch copies it from there to its destination
+//!   ([`SoftwareSwitch::send_copy`]: no port-pool buffer per frame);
 //! * [`Dataplane::take_back`]: ingress buffers the runtime gave back return
 //!   to the ledger; a buffer that was not lent disconnects the application.
 //!
@@ -37,6 +39,8 @@
 //! name it ([`crate::nic::faults`]); the switch's clock is advanced at the
 //! start of every [`Dataplane::poll_links`]. Counted per rule in
 //! [`DataplaneStats::faults`].
+
+pub mod copy_floor;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,6 +66,10 @@ use crate::nic::{
 /// A burst's steering timed longer than this was preempted (a burst of
 /// [`BURST`] decisions takes a few µs): not counted in the stats.
 const STEER_TIMING_OUTLIER_NS: u64 = 50_000;
+
+/// One burst of steering decisions in this many is timed
+/// ([`Dataplane::deliver`]).
+const STEER_TIMING_EVERY: u32 = 8;
 
 /// Frames moved per link or ring per call: bounds one iteration's work.
 pub const BURST: usize = 32;
@@ -331,9 +339,14 @@ pub struct Dataplane {
     returned: Vec<u32>,
     /// One egress buffer copied out, for zero-touch frames (scratch).
     gather_scratch: Vec<u8>,
+    /// The frame being transmitted, copied out of its egress buffer
+    /// (scratch).
+    frame_scratch: Vec<u8>,
     /// Per frame of a burst: its flow hash and kthread, `None` for a frame
     /// with no flow key (scratch).
     picks: Vec<Option<(u32, Steered)>>,
+    /// Bursts steered, to time one in [`STEER_TIMING_EVERY`].
+    steer_bursts: u32,
     stats: DataplaneStats,
     /// Sizes of the steering policies [`Dataplane::attach`] builds, and the
     /// flow table's warm-up after each attach.
@@ -375,7 +388,9 @@ impl Dataplane {
             staged: Vec::new(),
             returned: Vec::with_capacity(4 * BURST),
             gather_scratch: vec![0; PKT_BUFFER_SIZE as usize],
+            frame_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             picks: Vec::with_capacity(BURST),
+            steer_bursts: 0,
             stats: DataplaneStats {
                 nic: name,
                 ..Default::default()
@@ -750,9 +765,12 @@ impl Dataplane {
             return Ok(false);
         }
         // The steering decisions of the burst first, timed together: two
-        // clock reads per burst, divided by its frames in the stats
-        // (`SteeringStats::sn / sd`), cost far less than timing each decision.
-        let started = std::time::Instant::now();
+        // clock reads per timed burst, divided by its frames in the stats
+        // (`SteeringStats::sn / sd`), cost far less than timing each
+        // decision; and only one burst in [`STEER_TIMING_EVERY`] is timed,
+        // which keeps the clock off the per-packet path.
+        self.steer_bursts = self.steer_bursts.wrapping_add(1);
+        let started = (self.steer_bursts % STEER_TIMING_EVERY == 1).then(std::time::Instant::now);
         self.picks.clear();
         for frame in &self.frames {
             let bytes = port.pool().bytes(frame);
@@ -765,10 +783,12 @@ impl Dataplane {
         // A burst during which the loop lost its CPU (tens of µs at least)
         // says nothing about steering: left out, so that a noisy machine
         // does not inflate the mean.
-        let took = started.elapsed().as_nanos() as u64;
-        if took < STEER_TIMING_OUTLIER_NS {
-            net.steer_ns += took;
-            net.steer_decisions += self.frames.len() as u64;
+        if let Some(started) = started {
+            let took = started.elapsed().as_nanos() as u64;
+            if took < STEER_TIMING_OUTLIER_NS {
+                net.steer_ns += took;
+                net.steer_decisions += self.frames.len() as u64;
+            }
         }
         for (frame, pick) in self.frames.drain(..).zip(&self.picks) {
             let bytes = port.pool().bytes(&frame);
@@ -844,30 +864,29 @@ impl Dataplane {
         end: &mut IokernelEnd,
         k: usize,
     ) -> Result<usize, String> {
-        let Some(mut port) = self.switch.port(net.port) else {
+        if self.switch.port(net.port).is_none() {
             return Ok(0);
-        };
+        }
         let waiting = end
             .egress
             .len()
             .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
             .min(BURST as u32);
         let mut taken = 0;
+        // Each frame is copied once out of shared memory, into a scratch
+        // buffer the runtime cannot touch, and the switch copies it from
+        // there to the receiver: no buffer of the port's pool is taken and
+        // freed per frame.
+        let frame = &mut self.frame_scratch;
         while taken < waiting {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
                 break;
             };
+            taken += 1;
             if desc.len == 0 || desc.len > PKT_BUFFER_SIZE {
                 net.stats.drop_egress += 1;
-                taken += 1;
                 continue;
             }
-            let Some(mut frame) = port.pool_mut().alloc() else {
-                // The port's pool is full of frames the switch has not
-                // taken: leave the rest on the ring for the next call.
-                break;
-            };
-            let pool = port.pool_mut();
             let n = if desc.reserved & EGRESS_GATHER != 0 {
                 // Zero-touch: headers here, payload in a tx pool.
                 let scratch = &mut self.gather_scratch;
@@ -879,36 +898,26 @@ impl Dataplane {
                         .iter()
                         .find(|(l, _)| *l == list.link)
                         .ok_or(GatherError::NoPool(list.link))?;
-                    assemble(header, &list, &tx.1, pool.buffer_mut(&mut frame))
+                    assemble(header, &list, &tx.1, frame)
                 });
                 match built {
                     Ok(n) => n,
                     Err(_) => {
                         net.stats.drop_egress += 1;
-                        let _ = pool.free(frame);
-                        taken += 1;
                         continue;
                     }
                 }
             } else {
-                end.egress_buffers
-                    .read(seq, desc.len, pool.buffer_mut(&mut frame))
+                end.egress_buffers.read(seq, desc.len, frame)
             };
             if desc.reserved & EGRESS_FILL_L4_CHECKSUM != 0 {
-                crate::offload::fill_l4_checksum(&mut pool.buffer_mut(&mut frame)[..n]);
+                crate::offload::fill_l4_checksum(&mut frame[..n]);
             }
-            pool.set_len(&mut frame, n).expect("read at most a buffer");
             net.stats.tx += 1;
-            self.out.push(frame);
-            taken += 1;
+            self.switch.send_copy(net.port, &frame[..n]);
         }
         // Copied out: the slots (and their buffers) are the runtime's again.
         end.egress.release_n(taken);
-        port.tx_burst(&mut self.out);
-        debug_assert!(
-            self.out.is_empty(),
-            "frames of the port's own pool are taken"
-        );
         Ok(taken as usize)
     }
 

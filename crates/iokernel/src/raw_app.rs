@@ -129,33 +129,13 @@ impl RawApp {
     /// Pops up to `max` descriptors from kthread `k`'s ring and gives their
     /// buffers straight back, without reading them; returns how many.
     pub fn drop_received(&mut self, k: usize, max: usize) -> usize {
-        let end = &mut self.ends[k];
-        let mut descs = Vec::with_capacity(max.min(1024));
-        let n = end.ingress.pop_into(&mut descs, max).unwrap_or(0);
-        let bufs: Vec<u32> = descs.iter().map(|d| d.buf).collect();
-        // The done ring holds every buffer of the pool: it has room.
-        let _ = end.done.push_slice(&bufs);
-        n
+        drop_received(&mut self.ends[k], max)
     }
 
     /// Queues up to `n` copies of a prebuilt frame on kthread `k`'s egress
     /// ring, published together; returns how many fit.
     pub fn send_frames(&mut self, k: usize, frame: &[u8], n: usize) -> usize {
-        let end = &mut self.ends[k];
-        let room = (end.egress.free().unwrap_or(0) as usize).min(n);
-        if frame.len() > ginza_shm::PKT_BUFFER_SIZE as usize {
-            return 0;
-        }
-        let first = end.egress.next_seq();
-        for i in 0..room as u32 {
-            end.egress_buffers.buffer_mut(first.wrapping_add(i))[..frame.len()]
-                .copy_from_slice(frame);
-        }
-        let desc = PacketDesc {
-            len: frame.len() as u32,
-            ..Default::default()
-        };
-        end.egress.push_slice(&vec![desc; room]).unwrap_or(0)
+        send_copies(&mut self.ends[k], frame, n)
     }
 
     pub fn give_back(&mut self, k: usize, buf: u32) {
@@ -223,4 +203,61 @@ impl RawApp {
         }
         echoed
     }
+}
+
+/// Descriptors or buffer indices handled per ring index store by
+/// [`send_copies`] and [`drop_received`] (on the stack: no allocation).
+const CHUNK: usize = 64;
+
+/// Pops up to `max` descriptors from `end`'s ingress ring and gives their
+/// buffers straight back on its done ring, without reading the frames, in
+/// chunks of 64 (one index store per ring and chunk); returns how many.
+/// The driver of `ginza bench forward` and of its copy floor.
+pub fn drop_received(end: &mut RuntimeEnd, max: usize) -> usize {
+    let mut dropped = 0;
+    let mut bufs = [0u32; CHUNK];
+    while dropped < max {
+        let waiting = end.ingress.len().unwrap_or(0) as usize;
+        let n = waiting.min(max - dropped).min(CHUNK);
+        if n == 0 {
+            break;
+        }
+        for (i, buf) in bufs[..n].iter_mut().enumerate() {
+            *buf = end.ingress.peek_nth(i as u32).map_or(0, |(_, d)| d.buf);
+        }
+        end.ingress.release_n(n as u32);
+        // The done ring holds every buffer of the pool: it has room.
+        let _ = end.done.push_slice(&bufs[..n]);
+        dropped += n;
+    }
+    dropped
+}
+
+/// Queues up to `n` copies of `frame` on `end`'s egress ring, each chunk
+/// of 64 published with one index store; returns how many fit (0 for a
+/// frame longer than a buffer).
+pub fn send_copies(end: &mut RuntimeEnd, frame: &[u8], n: usize) -> usize {
+    if frame.len() > ginza_shm::PKT_BUFFER_SIZE as usize {
+        return 0;
+    }
+    let room = (end.egress.free().unwrap_or(0) as usize).min(n);
+    let descs = [PacketDesc {
+        len: frame.len() as u32,
+        ..Default::default()
+    }; CHUNK];
+    let mut queued = 0;
+    while queued < room {
+        let chunk = (room - queued).min(CHUNK);
+        let first = end.egress.next_seq();
+        for i in 0..chunk as u32 {
+            end.egress_buffers.buffer_mut(first.wrapping_add(i))[..frame.len()]
+                .copy_from_slice(frame);
+        }
+        let pushed = end.egress.push_slice(&descs[..chunk]).unwrap_or(0);
+        queued += pushed;
+        if pushed < chunk {
+            break;
+        }
+    }
+    queued
 }

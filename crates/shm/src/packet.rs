@@ -224,6 +224,29 @@ impl IngressPool {
         Some(n)
     }
 
+    /// iokerneld side: buffer `buf` to copy a frame into directly (e.g.
+    /// with [`EgressBuffers::read`]: one copy instead of two through a
+    /// scratch buffer), or `None` for an index out of range. Only for a
+    /// buffer not lent to the runtime, as for [`write`](Self::write).
+    pub fn buffer_mut(&mut self, buf: u32) -> Option<&mut [u8]> {
+        assert!(self.writable, "a read-only ingress pool is not written");
+        if buf >= self.count {
+            return None;
+        }
+        // SAFETY: buffer `buf < count` lies inside the writable mapping,
+        // and `&mut self` makes this the only slice of it this value gives
+        // out; the runtime maps the pool read-only and reads only buffers
+        // lent to it, which the caller does not hand here.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base
+                    .as_ptr()
+                    .add(buf as usize * PKT_BUFFER_SIZE as usize),
+                PKT_BUFFER_SIZE as usize,
+            )
+        })
+    }
+
     /// Runtime side: the frame a descriptor names, or `None` if its buffer
     /// index or length is out of range.
     pub fn frame(&self, desc: PacketDesc) -> Option<&[u8]> {

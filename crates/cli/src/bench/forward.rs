@@ -1,30 +1,40 @@
-//! `ginza bench forward`: iokerneld's dataplane.
+//! `ginza bench forward`: iokerneld's dataplane (docs/results.md,
+//! "Dataplane").
 //!
-//! * `rtt_us`: UDP round trips (32-byte payload, one at a time, 2000 after
-//!   200 of warm-up) from an ordinary Linux socket in a network namespace,
-//!   over a veth pair, to an echo server at the root namespace's end: first
-//!   the kernel's (a thread blocked in `recv_from` on the veth end, given
-//!   an address for the run), then `spin-server` on a Ginza runtime behind
-//!   iokerneld driving that same veth end with AF_XDP (copy mode; AF_PACKET
-//!   if AF_XDP cannot be opened). Both in one run, on the same pair. Needs
-//!   root, `ip` and `ethtool`; without them `rtt_us` is null and
-//!   `rtt_skipped` says why.
 //! * `forward_mpps`: packets per second that iokerneld, spinning on one
 //!   CPU, moves from one application's egress ring to another's ingress
 //!   ring through the software switch: 64-byte frames (a 22-byte UDP
-//!   payload), egress ring → the sender's switch port → the receiver's port
-//!   → an ingress-pool buffer and an ingress ring, three copies per frame.
-//!   The two applications are [`RawApp`]s driven by one thread on the other
-//!   CPU, which only fills egress slots with a prebuilt frame and gives
-//!   ingress buffers straight back, so that iokerneld is the bottleneck.
-//!   iokerneld runs with the recording actuator (grants are bookkeeping:
-//!   no thread is pinned or woken) and manages both CPUs, so both
-//!   applications hold a core and iokerneld polls their rings. The figure
-//!   is the median over `--windows` windows of the receiver's delivered
-//!   packets (iokerneld's own count) per second. Shenango's IOKernel
-//!   forwards 6.5 M packets/s from a NIC to runtimes (its paper, §6); that
-//!   is a different path (NIC rings, no switch, one copy), on a dedicated
-//!   physical core, so the two figures are neighbours, not a ratio.
+//!   payload), egress ring → a scratch copy → the receiver's switch port →
+//!   an ingress-pool buffer and an ingress ring. The two applications are
+//!   [`RawApp`]s driven by one thread on the other CPU, which only fills
+//!   egress slots with a prebuilt frame and gives ingress buffers straight
+//!   back, so that iokerneld is the bottleneck. iokerneld runs with the
+//!   recording actuator (grants are bookkeeping: no thread is pinned or
+//!   woken) and manages both CPUs, so both applications hold a core and
+//!   iokerneld polls their rings. A window's figure is the receiver's
+//!   delivered packets (iokerneld's own count) per second of iokerneld's
+//!   own window.
+//! * `copy_floor_mpps`: the same frames, the same kind of rings and pool,
+//!   the same driver, moved by a bare loop on the same CPU
+//!   ([`CopyFloor`]: one copy per frame, no switch, no steering, no daemon
+//!   loop). Rounds alternate floor, forwarding, floor, forwarding … (a
+//!   fresh iokerneld per forwarding round, after a warm-up), and
+//!   `forward_per_floor` is the median of the rounds' ratios. Shenango's
+//!   IOKernel forwards 6.5 M packets/s from a NIC to runtimes (its paper,
+//!   §6) on a dedicated physical core: a neighbour, not a ratio.
+//! * `rtt_us`: UDP round trips (32-byte payload, one at a time, 2000 after
+//!   200 of warm-up per round and server) from an ordinary Linux socket in
+//!   a network namespace, over a veth pair, to an echo server at the root
+//!   namespace's end; rounds alternate `ginza` (`spin-server` on a Ginza
+//!   runtime behind iokerneld driving the veth end with AF_XDP, copy mode;
+//!   AF_PACKET if AF_XDP cannot be opened), `linux_blocking` (a thread
+//!   blocked in `recv_from` on the veth end, given an address for the run)
+//!   and `linux_busy_poll` (a non-blocking socket spinning on `recv_from`,
+//!   pinned to the CPU Ginza's server uses); each figure is the median of
+//!   the rounds'. The client is pinned to the CPU its server side leaves
+//!   free (Ginza: the server's, as iokerneld spins on the other; Linux:
+//!   the other). Needs root, `ip` and `ethtool`; without them `rtt_us` is
+//!   null and `rtt_skipped` says why.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,13 +45,16 @@ use anyhow::Context as _;
 use std::net::SocketAddrV4;
 
 use ginza_apps::spin_server::{self, SpinStats};
+use ginza_iokernel::dataplane::copy_floor::CopyFloor;
 use ginza_iokernel::netns::{self, NetNs};
-use ginza_iokernel::raw_app::RawApp;
+use ginza_iokernel::raw_app::{self, RawApp};
 use ginza_iokernel::{Config as IokConfig, InProcess, Iokerneld, RecordingActuator};
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
 use ginza_proto::{client, StatsReport};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
+use ginza_shm::{Region, RegionConfig, RuntimeEnd};
+use ginza_sys::clock;
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median, percentile};
@@ -52,27 +65,54 @@ pub struct ForwardArgs {
     /// Print one JSON object on stdout (the table then goes to stderr).
     #[arg(long)]
     json: bool,
-    /// Measurement windows for `forward_mpps`.
+    /// Rounds of (copy floor, forwarding) windows for `forward_mpps` and
+    /// `copy_floor_mpps`.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     windows: u32,
     /// Length of one window, in ms.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     window_ms: u64,
+    /// Rounds of UDP round trips (Ginza, Linux blocking, Linux
+    /// busy-polling in each), 2000 per server and round.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    rtt_rounds: u32,
+    /// How the round-trip client waits for an answer (the same for every
+    /// server).
+    #[arg(long, value_enum, default_value_t = Client::Blocking)]
+    rtt_client: Client,
 }
 
 #[derive(Serialize)]
 struct Report {
     forward_mpps: f64,
-    /// Each window's rate, M packets/s.
+    /// Each round's forwarding rate, M packets/s.
     forward_windows_mpps: Vec<f64>,
-    /// iokerneld's loop CPU time per forwarded packet, ns (median window).
+    /// The copy floor (`ginza_iokernel::dataplane::copy_floor`): the same
+    /// frames moved egress ring → ingress ring on the same core, one copy,
+    /// no switch or steering; median of the rounds, interleaved with the
+    /// forwarding ones.
+    copy_floor_mpps: f64,
+    copy_floor_windows_mpps: Vec<f64>,
+    /// Median over the rounds of forward / floor (each round's pair measured
+    /// back to back).
+    forward_per_floor: f64,
+    /// iokerneld's loop CPU time per forwarded packet, ns (median round).
     iokernel_ns_per_packet: f64,
+    /// The floor loop's CPU time per frame, ns (median round).
+    copy_floor_ns_per_packet: f64,
     /// Bursts of 64 the sender could not queue whole because its egress
-    /// ring was full (the driver outran iokerneld), over the whole run.
+    /// ring was full (the driver outran the loop), over all rounds.
     sender_ring_full: u64,
+    copy_floor_sender_ring_full: u64,
     frame_bytes: usize,
-    /// UDP round trips over the veth, µs; null when skipped.
-    rtt_us: Option<RttPair>,
+    /// UDP round trips over the veth, µs, medians of the rounds; null when
+    /// skipped.
+    rtt_us: Option<RttSet>,
+    /// Rounds of round trips (Ginza, Linux blocking, Linux busy-polling
+    /// each once per round).
+    rtt_rounds: usize,
+    /// `blocking` or `polling` (`--rtt-client`).
+    rtt_client: String,
     /// The NIC backend the Ginza round trips went through.
     rtt_backend: Option<String>,
     /// Why `rtt_us` is null.
@@ -96,44 +136,29 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<()> {
         "ginza bench forward needs two CPUs (iokerneld and the applications), this process may use {cpus:?}"
     );
     let (iok_cpu, app_cpu) = (cpus[0], cpus[1]);
-    let dir = std::env::temp_dir().join(format!("ginza-forward-{}", std::process::id()));
-    let mut cfg = IokConfig::new(vec![iok_cpu, app_cpu]);
-    cfg.socket = dir.join("iokerneld.sock");
-    cfg.validate(&cpus).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let socket = cfg.socket.clone();
-    let daemon = Iokerneld::bind(cfg, RecordingActuator::new())?;
-    let stop = daemon.stop_handle();
-    let loop_thread = std::thread::spawn(move || {
-        // Pinned here rather than by `own_core`: iokerneld's CPU is also a
-        // managed core, which only the recording actuator makes harmless.
-        let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
-        daemon.run()
-    });
-    let result = measure(&args, &socket, app_cpu);
-    stop.stop();
-    let _ = loop_thread.join();
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut report = result?;
+    let mut report = measure(&args, iok_cpu, app_cpu)?;
     match NetNs::create() {
         Err(e) => report.rtt_skipped = Some(e.to_string()),
         Ok(ns) => {
-            let linux = linux_rtt(&ns).context("the Linux UDP echo over veth")?;
-            let (backend, ginza) =
-                ginza_rtt(&ns, iok_cpu, app_cpu).context("the Ginza UDP echo over veth")?;
-            report.rtt_us = Some(RttPair { ginza, linux });
+            let (backend, set) = rtt_rounds(&ns, &args, iok_cpu, app_cpu)?;
+            report.rtt_us = Some(set);
+            report.rtt_rounds = args.rtt_rounds as usize;
             report.rtt_backend = Some(backend);
         }
     }
     emit(args.json, &render(&report), &report)
 }
 
-fn measure(args: &ForwardArgs, socket: &std::path::Path, app_cpu: usize) -> anyhow::Result<Report> {
-    let mut sender = RawApp::register(socket, "fwd-sender", iface(SENDER), 1)
-        .context("registering the sender")?;
-    let mut receiver = RawApp::register(socket, "fwd-receiver", iface(RECEIVER), 1)
-        .context("registering the receiver")?;
-    sender.stay_busy(0);
-    receiver.stay_busy(0);
+/// One round's figures of one loop.
+struct Window {
+    mpps: f64,
+    ns_per_packet: Option<f64>,
+    ring_full: u64,
+}
+
+/// The 64-byte frame both loops move: sender → receiver, UDP, 22 bytes of
+/// payload.
+fn test_frame() -> anyhow::Result<Vec<u8>> {
     let mut frame = vec![0u8; 2048];
     let to = Endpoint {
         ip: iface(RECEIVER).ip,
@@ -148,19 +173,206 @@ fn measure(args: &ForwardArgs, socket: &std::path::Path, app_cpu: usize) -> anyh
         &[0u8; 22],
     )?;
     frame.truncate(len);
+    Ok(frame)
+}
 
+/// Rounds of (copy floor, forwarding), each loop on `iok_cpu` fed by one
+/// driver thread on `app_cpu`.
+fn measure(args: &ForwardArgs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result<Report> {
+    let frame = test_frame()?;
+    let mut floors = Vec::new();
+    let mut forwards = Vec::new();
+    for _ in 0..args.windows {
+        floors.push(floor_window(args, &frame, iok_cpu, app_cpu).context("the copy floor")?);
+        forwards.push(forward_window(args, &frame, iok_cpu, app_cpu).context("forwarding")?);
+    }
+    let rates = |w: &[Window]| w.iter().map(|w| w.mpps).collect::<Vec<_>>();
+    let ns = |w: &[Window]| w.iter().filter_map(|w| w.ns_per_packet).collect::<Vec<_>>();
+    let ratios: Vec<f64> = forwards
+        .iter()
+        .zip(&floors)
+        .filter(|(_, f)| f.mpps > 0.0)
+        .map(|(w, f)| w.mpps / f.mpps)
+        .collect();
+    let forward_mpps = median(&rates(&forwards)).unwrap_or(0.0);
+    anyhow::ensure!(forward_mpps > 0.0, "no packet was forwarded");
+    Ok(Report {
+        forward_mpps,
+        forward_windows_mpps: rates(&forwards),
+        copy_floor_mpps: median(&rates(&floors)).unwrap_or(0.0),
+        copy_floor_windows_mpps: rates(&floors),
+        forward_per_floor: median(&ratios).unwrap_or(0.0),
+        iokernel_ns_per_packet: median(&ns(&forwards)).unwrap_or(0.0),
+        copy_floor_ns_per_packet: median(&ns(&floors)).unwrap_or(0.0),
+        sender_ring_full: forwards.iter().map(|w| w.ring_full).sum(),
+        copy_floor_sender_ring_full: floors.iter().map(|w| w.ring_full).sum(),
+        frame_bytes: frame.len(),
+        rtt_us: None,
+        rtt_rounds: 0,
+        rtt_client: format!("{:?}", args.rtt_client).to_lowercase(),
+        rtt_backend: None,
+        rtt_skipped: None,
+    })
+}
+
+/// A thread named for profiles (`perf report --comm fwd-iokerneld`).
+fn named<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .expect("a thread can be spawned")
+}
+
+/// Warm-up before each measured window.
+fn warm_up(args: &ForwardArgs) -> Duration {
+    Duration::from_millis(args.window_ms.min(100))
+}
+
+/// The driver on `cpu`: fills the sender's egress ring with copies of
+/// `frame` and gives the receiver's buffers straight back, until `stop`;
+/// returns the bursts of 64 that did not fit whole.
+fn drive(
+    cpu: usize,
+    sender: &mut RuntimeEnd,
+    receiver: &mut RuntimeEnd,
+    frame: &[u8],
+    stop: &AtomicBool,
+) -> u64 {
+    let _ = ginza_sys::affinity::pin_current_thread(cpu);
+    let mut ring_full = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        if raw_app::send_copies(sender, frame, 64) < 64 {
+            ring_full += 1;
+        }
+        raw_app::drop_received(receiver, 256);
+    }
+    ring_full
+}
+
+/// One round of the copy floor: two regions like two applications', the
+/// floor loop on `iok_cpu` timing its own window after a warm-up.
+fn floor_window(
+    args: &ForwardArgs,
+    frame: &[u8],
+    iok_cpu: usize,
+    app_cpu: usize,
+) -> anyhow::Result<Window> {
+    let a = Region::create("fwd-floor-sender", &RegionConfig::new(1))?;
+    let b = Region::create("fwd-floor-receiver", &RegionConfig::new(1))?;
+    let (mut from, mut to) = (a.iokernel_end(0)?, b.iokernel_end(0)?);
+    let (mut sender, mut receiver) = (a.runtime_end(0)?, b.runtime_end(0)?);
+    let mut floor =
+        CopyFloor::new("bench", b.layout().done.capacity).map_err(|e| anyhow::anyhow!(e))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (warm, window) = (warm_up(args).as_nanos() as u64, args.window_ms * 1_000_000);
+    let stop2 = stop.clone();
+    let looped = named("fwd-floor", move || -> Result<(u64, u64, u64), String> {
+        let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
+        let start = clock::monotonic_ns();
+        let mut mark = None;
+        let mut passes = 0u32;
+        let result = loop {
+            if let Err(e) = floor.pass(&mut from, &mut to) {
+                break Err(e);
+            }
+            // The clock only every 64 passes: a clock read in this VM
+            // costs more than a pass (seen in `perf record`), and the
+            // floor is the loop without overheads.
+            passes = passes.wrapping_add(1);
+            if !passes.is_multiple_of(64) {
+                continue;
+            }
+            let now = clock::monotonic_ns();
+            match mark {
+                None if now >= start + warm => {
+                    mark = Some((now, clock::thread_cpu_ns(), floor.moved()));
+                }
+                Some((t0, cpu0, moved0)) if now >= t0 + window => {
+                    let cpu = clock::thread_cpu_ns() - cpu0;
+                    break Ok((now - t0, cpu, floor.moved() - moved0));
+                }
+                _ => {}
+            }
+        };
+        stop2.store(true, Ordering::Relaxed);
+        result
+    });
+    // On a thread of its own: `drive` pins it.
+    let frame = frame.to_vec();
+    let driver = named("fwd-driver", move || {
+        drive(app_cpu, &mut sender, &mut receiver, &frame, &stop)
+    });
+    let ring_full = driver
+        .join()
+        .map_err(|_| anyhow::anyhow!("the driver thread panicked"))?;
+    let (ns, cpu, moved) = looped
+        .join()
+        .map_err(|_| anyhow::anyhow!("the floor thread panicked"))?
+        .map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Window {
+        mpps: moved as f64 / ns.max(1) as f64 * 1e3,
+        ns_per_packet: (moved > 0).then(|| cpu as f64 / moved as f64),
+        ring_full,
+    })
+}
+
+/// One round of forwarding: a fresh iokerneld on `iok_cpu` (with the
+/// recording actuator, so its CPU may be a managed one), the sender and
+/// the receiver registered as [`RawApp`]s; the window is iokerneld's own
+/// (two stats resets).
+fn forward_window(
+    args: &ForwardArgs,
+    frame: &[u8],
+    iok_cpu: usize,
+    app_cpu: usize,
+) -> anyhow::Result<Window> {
+    let dir = std::env::temp_dir().join(format!("ginza-forward-{}", std::process::id()));
+    let mut cfg = IokConfig::new(vec![iok_cpu, app_cpu]);
+    cfg.socket = dir.join("iokerneld.sock");
+    cfg.validate(&[iok_cpu, app_cpu])
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let socket = cfg.socket.clone();
+    let daemon = Iokerneld::bind(cfg, RecordingActuator::new())?;
+    let stop_daemon = daemon.stop_handle();
+    let loop_thread = named("fwd-iokerneld", move || {
+        // Pinned here rather than by `own_core`: iokerneld's CPU is also a
+        // managed core, which only the recording actuator makes harmless.
+        let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
+        daemon.run()
+    });
+    let result = forward_measured(args, frame, &socket, app_cpu);
+    stop_daemon.stop();
+    let _ = loop_thread.join();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn forward_measured(
+    args: &ForwardArgs,
+    frame: &[u8],
+    socket: &std::path::Path,
+    app_cpu: usize,
+) -> anyhow::Result<Window> {
+    let mut sender = RawApp::register(socket, "fwd-sender", iface(SENDER), 1)
+        .context("registering the sender")?;
+    let mut receiver = RawApp::register(socket, "fwd-receiver", iface(RECEIVER), 1)
+        .context("registering the receiver")?;
+    sender.stay_busy(0);
+    receiver.stay_busy(0);
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    let driver = std::thread::spawn(move || {
-        let _ = ginza_sys::affinity::pin_current_thread(app_cpu);
-        let mut ring_full = 0u64;
-        while !stop2.load(Ordering::Relaxed) {
-            if sender.send_frames(0, &frame, 64) < 64 {
-                ring_full += 1;
-            }
-            receiver.drop_received(0, 256);
-        }
-        ring_full
+    let frame = frame.to_vec();
+    let driver = named("fwd-driver", move || {
+        drive(
+            app_cpu,
+            &mut sender.ends[0],
+            &mut receiver.ends[0],
+            &frame,
+            &stop2,
+        )
     });
     let received = |s: &StatsReport| {
         s.apps
@@ -169,62 +381,65 @@ fn measure(args: &ForwardArgs, socket: &std::path::Path, app_cpu: usize) -> anyh
             .and_then(|a| a.net)
             .map_or(0, |n| n.rx)
     };
-    std::thread::sleep(Duration::from_millis(200)); // warm-up
-    let mut rates = Vec::new();
-    let mut cpu_per_packet = Vec::new();
+    std::thread::sleep(warm_up(args));
     // Each reset ends iokerneld's window: its length and loop CPU time are
     // iokerneld's own.
-    let mut before = client::reset_stats(socket)?;
-    for _ in 0..args.windows {
+    let measured = client::reset_stats(socket).and_then(|before| {
         std::thread::sleep(Duration::from_millis(args.window_ms));
-        let after = client::reset_stats(socket)?;
-        let packets = received(&after).saturating_sub(received(&before));
-        rates.push(packets as f64 / after.alloc.window_ns.max(1) as f64 * 1e3);
-        if packets > 0 {
-            cpu_per_packet.push(after.alloc.window_cpu_ns as f64 / packets as f64);
-        }
-        before = after;
-    }
+        client::reset_stats(socket).map(|after| (before, after))
+    });
     stop.store(true, Ordering::Relaxed);
     let ring_full = driver
         .join()
         .map_err(|_| anyhow::anyhow!("the driver thread panicked"))?;
-    let forward_mpps = median(&rates).unwrap_or(0.0);
-    anyhow::ensure!(forward_mpps > 0.0, "no packet was forwarded: {before:#?}");
-    Ok(Report {
-        forward_mpps,
-        forward_windows_mpps: rates,
-        iokernel_ns_per_packet: median(&cpu_per_packet).unwrap_or(0.0),
-        sender_ring_full: ring_full,
-        frame_bytes: len,
-        rtt_us: None,
-        rtt_backend: None,
-        rtt_skipped: None,
+    let (before, after) = measured?;
+    let packets = received(&after).saturating_sub(received(&before));
+    Ok(Window {
+        mpps: packets as f64 / after.alloc.window_ns.max(1) as f64 * 1e3,
+        ns_per_packet: (packets > 0).then(|| after.alloc.window_cpu_ns as f64 / packets as f64),
+        ring_full,
     })
 }
 
 fn render(r: &Report) -> String {
     let mut s = String::new();
+    let list = |xs: &[f64]| {
+        xs.iter()
+            .map(|x| format!("{x:.2}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     let _ = writeln!(
         s,
-        "iokerneld forwarding, app → software switch → app, {}-byte frames, one spinning CPU:",
+        "iokerneld forwarding, app → software switch → app, {}-byte frames, one spinning CPU,",
         r.frame_bytes
     );
     let _ = writeln!(
         s,
-        "  forward_mpps          {:>8.2}  (median of {} windows: {})",
-        r.forward_mpps,
-        r.forward_windows_mpps.len(),
-        r.forward_windows_mpps
-            .iter()
-            .map(|x| format!("{x:.2}"))
-            .collect::<Vec<_>>()
-            .join(" ")
+        "{} rounds of (copy floor, forwarding), medians:",
+        r.forward_windows_mpps.len()
     );
     let _ = writeln!(
         s,
-        "  iokerneld ns/packet   {:>8.0}  (loop CPU time / packets forwarded)",
-        r.iokernel_ns_per_packet
+        "  copy_floor_mpps       {:>8.2}  ({})",
+        r.copy_floor_mpps,
+        list(&r.copy_floor_windows_mpps)
+    );
+    let _ = writeln!(
+        s,
+        "  forward_mpps          {:>8.2}  ({})",
+        r.forward_mpps,
+        list(&r.forward_windows_mpps)
+    );
+    let _ = writeln!(
+        s,
+        "  forward / floor       {:>8.2}  (median of the rounds' ratios)",
+        r.forward_per_floor
+    );
+    let _ = writeln!(
+        s,
+        "  ns/packet             {:>8.0}  floor, {:.0} iokerneld (loop CPU time / packets)",
+        r.copy_floor_ns_per_packet, r.iokernel_ns_per_packet
     );
     let _ = writeln!(
         s,
@@ -235,23 +450,42 @@ fn render(r: &Report) -> String {
             let _ = writeln!(
                 s,
                 "UDP round trip, Linux socket in a namespace → veth → echo server, \
-                 {RTT_PAYLOAD}-byte payload, µs:"
+                 {RTT_PAYLOAD}-byte payload, µs, medians of {} rounds:",
+                r.rtt_rounds
             );
             let rows = [
-                (format!("ginza ({backend})"), p.ginza),
-                ("linux sockets".to_string(), p.linux),
+                (format!("ginza ({backend})"), p.ginza, &p.ginza_p50s),
+                (
+                    "linux blocking".to_string(),
+                    p.linux_blocking,
+                    &p.linux_blocking_p50s,
+                ),
+                (
+                    "linux busy-poll".to_string(),
+                    p.linux_busy_poll,
+                    &p.linux_busy_poll_p50s,
+                ),
             ];
-            for (name, x) in rows {
+            for (name, x, p50s) in rows {
                 let _ = writeln!(
                     s,
-                    "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  lost {}",
-                    x.p50, x.p99, x.lost
+                    "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  lost {}  (p50s {})",
+                    x.p50,
+                    x.p99,
+                    x.lost,
+                    p50s.iter()
+                        .map(|x| format!("{x:.1}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 );
             }
             let _ = writeln!(
                 s,
-                "  p50 ratio ginza/linux {:.2} (DLibOS: 6 µs one way vs 31 µs for Linux)",
-                p.ginza.p50 / p.linux.p50
+                "  p50 ratio ginza/linux {:.2} blocking, {:.2} busy-poll; ginza p99/p50 {:.2} \
+                 (DLibOS: 6 µs one way vs 31 µs for Linux)",
+                p.ginza.p50 / p.linux_blocking.p50,
+                p.ginza.p50 / p.linux_busy_poll.p50,
+                p.ginza.p99 / p.ginza.p50
             );
         }
         _ => {
@@ -265,8 +499,8 @@ fn render(r: &Report) -> String {
     s
 }
 
-/// Round trips measured over the veth pair.
-const RTT_ROUNDS: usize = 2000;
+/// Round trips measured per round and server, after a warm-up.
+const RTT_PINGS: usize = 2000;
 const RTT_WARMUP: usize = 200;
 const RTT_PAYLOAD: usize = 32;
 const RTT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -277,14 +511,156 @@ const GINZA_ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x02]);
 struct Rtt {
     p50: f64,
     p99: f64,
-    /// Round trips without an answer within 100 ms.
+    /// Round trips without an answer within 100 ms (all rounds).
     lost: usize,
 }
 
 #[derive(Serialize)]
-struct RttPair {
+struct RttSet {
+    /// `spin-server` on a Ginza runtime behind iokerneld (AF_XDP).
     ginza: Rtt,
-    linux: Rtt,
+    /// The kernel's UDP echo: a thread blocked in `recv_from`, unpinned.
+    linux_blocking: Rtt,
+    /// The kernel's UDP echo, busy-polling: a non-blocking socket spinning
+    /// on `recv_from` on a thread pinned to the CPU Ginza's server uses.
+    linux_busy_poll: Rtt,
+    /// Each round's p50, µs, in the order measured.
+    ginza_p50s: Vec<f64>,
+    linux_blocking_p50s: Vec<f64>,
+    linux_busy_poll_p50s: Vec<f64>,
+}
+
+/// How the kernel's echo server waits.
+#[derive(Clone, Copy, PartialEq)]
+enum LinuxServer {
+    Blocking,
+    BusyPoll { cpu: usize },
+}
+
+/// Rounds of (Ginza, Linux blocking, Linux busy-polling), medians of the
+/// rounds' p50 and p99.
+fn rtt_rounds(
+    ns: &NetNs,
+    args: &ForwardArgs,
+    iok_cpu: usize,
+    app_cpu: usize,
+) -> anyhow::Result<(String, RttSet)> {
+    let linux_ip = Ipv4Addr::new(
+        ns.ns_ip.octets()[0],
+        ns.ns_ip.octets()[1],
+        ns.ns_ip.octets()[2],
+        3,
+    );
+    // While iokerneld's XDP program is attached the kernel sees none of
+    // the frames, so the address can stay for the whole run.
+    let cidr = format!("{linux_ip}/24");
+    let status = std::process::Command::new("ip")
+        .args(["addr", "add", &cidr, "dev", &ns.host_if])
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "ip addr add {cidr} dev {} failed",
+        ns.host_if
+    );
+    let mut backend = String::new();
+    let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
+    let result = (|| -> anyhow::Result<()> {
+        for _ in 0..args.rtt_rounds {
+            let (b, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client)
+                .context("the Ginza UDP echo over veth")?;
+            backend = b;
+            ginza.push(rtt);
+            // The client runs on the CPU the server side leaves free:
+            // Ginza's iokerneld spins on `iok_cpu` and its server parks
+            // on `app_cpu`; the kernel's servers leave `iok_cpu` free.
+            blocking.push(
+                linux_rtt(
+                    ns,
+                    linux_ip,
+                    LinuxServer::Blocking,
+                    iok_cpu,
+                    args.rtt_client,
+                )
+                .context("the Linux UDP echo (blocking) over veth")?,
+            );
+            busy.push(
+                linux_rtt(
+                    ns,
+                    linux_ip,
+                    LinuxServer::BusyPoll { cpu: app_cpu },
+                    iok_cpu,
+                    args.rtt_client,
+                )
+                .context("the Linux UDP echo (busy-polling) over veth")?,
+            );
+        }
+        Ok(())
+    })();
+    let _ = std::process::Command::new("ip")
+        .args(["addr", "del", &cidr, "dev", &ns.host_if])
+        .status();
+    result?;
+    let combine = |rounds: &[Rtt]| Rtt {
+        p50: median(&rounds.iter().map(|r| r.p50).collect::<Vec<_>>()).unwrap_or(f64::NAN),
+        p99: median(&rounds.iter().map(|r| r.p99).collect::<Vec<_>>()).unwrap_or(f64::NAN),
+        lost: rounds.iter().map(|r| r.lost).sum(),
+    };
+    let p50s = |rounds: &[Rtt]| rounds.iter().map(|r| r.p50).collect::<Vec<_>>();
+    Ok((
+        backend,
+        RttSet {
+            ginza: combine(&ginza),
+            linux_blocking: combine(&blocking),
+            linux_busy_poll: combine(&busy),
+            ginza_p50s: p50s(&ginza),
+            linux_blocking_p50s: p50s(&blocking),
+            linux_busy_poll_p50s: p50s(&busy),
+        },
+    ))
+}
+
+/// How the client waits for each answer.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Client {
+    /// Blocked in `recv` (its CPU may halt between datagrams).
+    Blocking,
+    /// Polling a non-blocking socket, yielding its CPU between polls:
+    /// its CPU never halts, and a server thread woken there runs at once.
+    Polling,
+}
+
+/// [`netns::udp_rtt_probe`] with a polling client ([`Client::Polling`]).
+fn polling_probe(
+    bind: SocketAddrV4,
+    target: SocketAddrV4,
+    count: usize,
+) -> std::io::Result<Vec<Option<Duration>>> {
+    let socket = std::net::UdpSocket::bind(bind)?;
+    socket.connect(target)?;
+    socket.set_nonblocking(true)?;
+    let mut payload = [0u8; RTT_PAYLOAD];
+    let mut reply = [0u8; 2048];
+    let mut rtts = Vec::with_capacity(count);
+    for sequence in 0..count as u64 {
+        payload[..8].copy_from_slice(&sequence.to_le_bytes());
+        let start = Instant::now();
+        socket.send(&payload)?;
+        let mut rtt = None;
+        while start.elapsed() < RTT_TIMEOUT {
+            match socket.recv(&mut reply) {
+                // Late replies to earlier datagrams are skipped.
+                Ok(len) if len >= 8 && reply[..8] == sequence.to_le_bytes() => {
+                    rtt = Some(start.elapsed());
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => return Err(e),
+            }
+        }
+        rtts.push(rtt);
+    }
+    Ok(rtts)
 }
 
 /// p50/p99 in µs of the answered round trips.
@@ -299,66 +675,81 @@ fn summarize(rtts: &[Option<Duration>]) -> Rtt {
     }
 }
 
-/// Ping-pongs from a Linux UDP socket in the namespace to `target`:
-/// warm-up, then the measured rounds.
-fn probe(ns: &NetNs, target: Ipv4Addr) -> anyhow::Result<Rtt> {
+/// Ping-pongs from a Linux UDP socket in the namespace, on a thread
+/// pinned to `client_cpu`, to `target`: warm-up, then the measured ones.
+fn probe(ns: &NetNs, target: Ipv4Addr, client_cpu: usize, client: Client) -> anyhow::Result<Rtt> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
     let target = SocketAddrV4::new(target, ECHO_PORT);
     let rtts = ns.run_in(move || -> std::io::Result<Vec<Option<Duration>>> {
-        netns::udp_rtt_probe(bind, target, RTT_WARMUP, RTT_PAYLOAD, RTT_TIMEOUT)?;
-        netns::udp_rtt_probe(bind, target, RTT_ROUNDS, RTT_PAYLOAD, RTT_TIMEOUT)
+        ginza_sys::affinity::pin_current_thread(client_cpu)?;
+        match client {
+            Client::Blocking => {
+                netns::udp_rtt_probe(bind, target, RTT_WARMUP, RTT_PAYLOAD, RTT_TIMEOUT)?;
+                netns::udp_rtt_probe(bind, target, RTT_PINGS, RTT_PAYLOAD, RTT_TIMEOUT)
+            }
+            Client::Polling => {
+                polling_probe(bind, target, RTT_WARMUP)?;
+                polling_probe(bind, target, RTT_PINGS)
+            }
+        }
     })??;
     let rtt = summarize(&rtts);
     anyhow::ensure!(
-        rtt.lost < RTT_ROUNDS / 2,
-        "{} of {RTT_ROUNDS} round trips to {target} unanswered",
+        rtt.lost < RTT_PINGS / 2,
+        "{} of {RTT_PINGS} round trips to {target} unanswered",
         rtt.lost
     );
     Ok(rtt)
 }
 
-/// The kernel's UDP echo: a thread blocked in `recv_from` on the root
-/// namespace's end of the veth, which gets an address for the run.
-fn linux_rtt(ns: &NetNs) -> anyhow::Result<Rtt> {
-    let ip = Ipv4Addr::new(
-        ns.ns_ip.octets()[0],
-        ns.ns_ip.octets()[1],
-        ns.ns_ip.octets()[2],
-        3,
-    );
-    let cidr = format!("{ip}/24");
-    let status = std::process::Command::new("ip")
-        .args(["addr", "add", &cidr, "dev", &ns.host_if])
-        .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "ip addr add {cidr} dev {} failed",
-        ns.host_if
-    );
+/// The kernel's UDP echo on the root namespace's end of the veth, which
+/// has `ip` for the run.
+fn linux_rtt(
+    ns: &NetNs,
+    ip: Ipv4Addr,
+    server: LinuxServer,
+    client_cpu: usize,
+    client: Client,
+) -> anyhow::Result<Rtt> {
     let socket = std::net::UdpSocket::bind(SocketAddrV4::new(ip, ECHO_PORT))?;
-    socket.set_read_timeout(Some(Duration::from_millis(20)))?;
+    match server {
+        LinuxServer::Blocking => socket.set_read_timeout(Some(Duration::from_millis(20)))?,
+        LinuxServer::BusyPoll { .. } => socket.set_nonblocking(true)?,
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
-    let server = std::thread::spawn(move || {
+    let thread = named("linux-echo", move || -> std::io::Result<()> {
+        if let LinuxServer::BusyPoll { cpu } = server {
+            ginza_sys::affinity::pin_current_thread(cpu)?;
+        }
         let mut buf = [0u8; 2048];
         while !stop2.load(Ordering::Relaxed) {
-            if let Ok((n, from)) = socket.recv_from(&mut buf) {
-                let _ = socket.send_to(&buf[..n], from);
+            match socket.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    let _ = socket.send_to(&buf[..n], from);
+                }
+                Err(_) if server != LinuxServer::Blocking => std::hint::spin_loop(),
+                Err(_) => {}
             }
         }
+        Ok(())
     });
-    let rtt = probe(ns, ip);
+    let rtt = probe(ns, ip, client_cpu, client);
     stop.store(true, Ordering::Relaxed);
-    let _ = server.join();
-    let _ = std::process::Command::new("ip")
-        .args(["addr", "del", &cidr, "dev", &ns.host_if])
-        .status();
+    thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the echo thread panicked"))??;
     rtt
 }
 
 /// spin-server on a Ginza runtime behind iokerneld driving the same veth
 /// end (AF_XDP, else AF_PACKET): returns the backend used and the RTT.
-fn ginza_rtt(ns: &NetNs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result<(String, Rtt)> {
+fn ginza_rtt(
+    ns: &NetNs,
+    iok_cpu: usize,
+    app_cpu: usize,
+    client: Client,
+) -> anyhow::Result<(String, Rtt)> {
     let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
     let mut last_error = None;
     for backend in ["af_xdp", "af_packet"] {
@@ -396,7 +787,9 @@ fn ginza_rtt(ns: &NetNs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result<(Stri
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        let rtt = probe(ns, ns.peer_ip);
+        // The server's kthread runs on `app_cpu`; iokerneld spins on
+        // `iok_cpu`, so the client shares `app_cpu` with the server.
+        let rtt = probe(ns, ns.peer_ip, app_cpu, client);
         stop.store(true, Ordering::Relaxed);
         let _ = server.join();
         drop(iokerneld);

@@ -4,6 +4,9 @@
 //! Switching happens inside [`Nic::tx_burst`]: each frame a port transmits
 //! is copied into the destination port's pool and receive ring at once, so
 //! there is no forwarding step to schedule and a frame is never in two places.
+//! [`SoftwareSwitch::send_copy`] does the same for bytes the caller holds
+//! in a buffer of its own (iokerneld's copy of an egress frame), without
+//! a buffer of the sender's pool.
 //! The MAC table is registration, not learning: iokerneld knows the MAC of
 //! every port it creates, and a frame whose source MAC is not its port's is
 //! dropped, so an application cannot impersonate another.
@@ -21,6 +24,7 @@
 //! pins a port's buffer.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use ginza_net::{MacAddr, ETHERNET_HEADER_LEN};
 
@@ -161,13 +165,38 @@ impl Port {
     }
 }
 
+/// Hashes MAC addresses for the port table, once per switched frame.
+/// Only addresses iokerneld registered are keys (a frame's destination is
+/// only looked up), so nobody outside chooses what collides, and a
+/// multiply of the six bytes does the job of SipHash at a fraction of its
+/// cost per frame.
+#[derive(Default, Clone, Copy)]
+struct MacHasher(u64);
+
+impl Hasher for MacHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    /// The length prefix of the address's array: always 6, nothing to mix.
+    fn write_usize(&mut self, _: usize) {}
+
+    fn finish(&self) -> u64 {
+        self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+}
+
+type MacTable = HashMap<MacAddr, PortId, BuildHasherDefault<MacHasher>>;
+
 /// An in-memory Ethernet switch: one port per application (and one per
 /// traffic generator), frames switched by destination MAC, broadcast to
 /// every other port.
 #[derive(Debug, Default)]
 pub struct SoftwareSwitch {
     ports: Vec<Option<Port>>,
-    port_by_mac: HashMap<MacAddr, PortId>,
+    port_by_mac: MacTable,
     trunk: Option<PortId>,
     /// `None` while no port has an injector: the fast path.
     faults: Option<Box<SwitchFaults>>,
@@ -190,7 +219,7 @@ struct SwitchFaults {
 /// buffer (borrowed apart from the injectors that emit it).
 struct Fabric<'a> {
     ports: &'a mut [Option<Port>],
-    port_by_mac: &'a HashMap<MacAddr, PortId>,
+    port_by_mac: &'a MacTable,
     trunk: Option<PortId>,
     ingress: &'a mut [Option<FaultInjector>],
     now_ns: u64,
@@ -460,41 +489,59 @@ impl SoftwareSwitch {
     /// through the receiver's ingress injector (if any).
     fn switch_frame_with_faults(&mut self, source: usize, frame: Frame) {
         let sender = self.ports[source].as_mut().expect("a live port sends");
-        sender.counters.tx_frames += 1;
-        sender.counters.tx_bytes += frame.len() as u64;
-        let bytes = sender.pool.bytes(&frame);
-        let refused = if bytes.len() < ETHERNET_HEADER_LEN {
-            Some(&mut sender.counters.drops.runt)
-        } else if !sender.trunk && !sender.sends_from(mac_at(bytes, 6)) {
-            Some(&mut sender.counters.drops.spoofed_source)
-        } else {
-            None
-        };
-        if let Some(counter) = refused {
-            *counter += 1;
-            return free_to(&mut sender.pool, frame);
-        }
         let faults = self.faults.as_deref_mut().expect("called with injectors");
-        faults.scratch.clear();
-        faults.scratch.extend_from_slice(bytes);
+        let mut scratch = std::mem::take(&mut faults.scratch);
+        scratch.clear();
+        scratch.extend_from_slice(sender.pool.bytes(&frame));
         free_to(&mut sender.pool, frame);
-        let SwitchFaults {
-            now_ns,
-            ingress,
-            egress,
-            scratch,
-        } = faults;
+        if admit(sender, &scratch) {
+            self.switch_admitted(source, &scratch);
+        }
+        if let Some(faults) = self.faults.as_deref_mut() {
+            faults.scratch = scratch;
+        }
+    }
+
+    /// Switches `bytes` that port `source` may send ([`admit`]): through
+    /// its egress injector, if any, then by destination.
+    fn switch_admitted(&mut self, source: usize, bytes: &[u8]) {
+        let (ingress, egress, now_ns) = match self.faults.as_deref_mut() {
+            Some(f) => (
+                &mut f.ingress[..],
+                f.egress.get_mut(source).and_then(Option::as_mut),
+                f.now_ns,
+            ),
+            None => (&mut [][..], None, 0),
+        };
         let mut fabric = Fabric {
             ports: &mut self.ports,
             port_by_mac: &self.port_by_mac,
             trunk: self.trunk,
             ingress,
-            now_ns: *now_ns,
+            now_ns,
         };
-        match egress.get_mut(source).and_then(Option::as_mut) {
-            Some(injector) => injector.offer(scratch, *now_ns, &mut |b| fabric.route(source, b)),
-            None => fabric.route(source, scratch),
+        match egress {
+            Some(injector) => injector.offer(bytes, now_ns, &mut |b| fabric.route(source, b)),
+            None => fabric.route(source, bytes),
         }
+    }
+
+    /// Sends `bytes` from port `id` as [`Nic::tx_burst`] would send a frame
+    /// holding them, without a buffer of the port's pool: for a caller that
+    /// already holds its own copy (iokerneld copies an application's egress
+    /// buffer out of shared memory first, so that the frame cannot change
+    /// between the checks and the copy to the receiver). Same checks,
+    /// counters and fault injection as a frame of the pool. False if the
+    /// port does not exist.
+    pub fn send_copy(&mut self, id: PortId, bytes: &[u8]) -> bool {
+        let source = id.0 as usize;
+        let Some(sender) = self.ports.get_mut(source).and_then(Option::as_mut) else {
+            return false;
+        };
+        if admit(sender, bytes) {
+            self.switch_admitted(source, bytes);
+        }
+        true
     }
 
     /// Switches one frame sent by port `source`; the frame's buffer goes back
@@ -553,6 +600,22 @@ fn mac_at(bytes: &[u8], offset: usize) -> MacAddr {
     let mut mac = [0; 6];
     mac.copy_from_slice(&bytes[offset..offset + 6]);
     MacAddr(mac)
+}
+
+/// Counts a frame `sender` sends and says whether it may leave: not a
+/// runt, and from one of the port's MACs (any, from the trunk).
+fn admit(sender: &mut Port, bytes: &[u8]) -> bool {
+    sender.counters.tx_frames += 1;
+    sender.counters.tx_bytes += bytes.len() as u64;
+    if bytes.len() < ETHERNET_HEADER_LEN {
+        sender.counters.drops.runt += 1;
+        false
+    } else if !sender.trunk && !sender.sends_from(mac_at(bytes, 6)) {
+        sender.counters.drops.spoofed_source += 1;
+        false
+    } else {
+        true
+    }
 }
 
 fn free_to(pool: &mut BufferPool, frame: Frame) {
@@ -804,6 +867,49 @@ mod tests {
         assert_eq!(burst.len(), 1);
         other_pool.free(burst.pop().unwrap()).unwrap();
         assert_eq!(receive_all(&mut switch, b).len(), 1);
+    }
+
+    #[test]
+    fn send_copy_switches_like_a_frame_of_the_pool() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        let frames: Vec<Vec<u8>> = (0..40).map(|i| ethernet(mac(2), mac(1), i)).collect();
+        for f in &frames {
+            assert!(switch.send_copy(a, f));
+        }
+        // Every frame, in order, intact; the sender's pool untouched.
+        assert_eq!(receive_all(&mut switch, b), frames);
+        assert_eq!(switch.pool(a).unwrap().stats().allocations, 0);
+        // The same refusals and counters as `tx_burst`.
+        assert!(switch.send_copy(a, &ethernet(mac(2), mac(3), 0)));
+        assert!(switch.send_copy(a, &[0; 10]));
+        assert!(switch.send_copy(a, &ethernet(mac(9), mac(1), 0)));
+        let c = switch.counters(a).unwrap();
+        assert_eq!(c.tx_frames, 43);
+        assert_eq!(
+            (
+                c.drops.spoofed_source,
+                c.drops.runt,
+                c.drops.unknown_destination
+            ),
+            (1, 1, 1)
+        );
+        assert!(receive_all(&mut switch, b).is_empty());
+        // To itself: a copy in its own pool.
+        assert!(switch.send_copy(a, &ethernet(mac(1), mac(1), 7)));
+        assert_eq!(
+            receive_all(&mut switch, a),
+            vec![ethernet(mac(1), mac(1), 7)]
+        );
+        // Through the sender's egress injector.
+        switch.set_faults(a, None, Some(injector("duplicate=100%,dir=out,port=all")));
+        switch.advance(0);
+        assert!(switch.send_copy(a, &frames[0]));
+        assert_eq!(receive_all(&mut switch, b).len(), 2);
+        // A removed port sends nothing.
+        switch.remove_port(a);
+        assert!(!switch.send_copy(a, &frames[0]));
     }
 
     fn injector(rule: &str) -> FaultInjector {
