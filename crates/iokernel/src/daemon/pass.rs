@@ -189,8 +189,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                         &mut ks.counters,
                     );
                 }
-                busy |=
-                    kt.core.is_some() || (kt.preempting && !kt.evicted) || ks.counters.has_items();
+                // A kthread that parked since its egress ring was last
+                // drained may have left frames there (a request sent just
+                // before it parked): not idle until the dataplane has
+                // moved them, or an idle sleep would hold them up to
+                // `idle_sleep` (docs/protected.md, "Benchmark").
+                busy |= kt.core.is_some()
+                    || (kt.preempting && !kt.evicted)
+                    || kt.drain_egress
+                    || ks.counters.has_items();
                 if kt.parked {
                     if let Some(t) = kt.timer {
                         app_timer = Some(app_timer.map_or(t, |x: u64| x.min(t)));
