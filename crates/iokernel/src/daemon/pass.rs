@@ -153,6 +153,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
             let kthreads = app.kt.len();
+            // Only an application on the switch has egress rings to drain.
+            let has_egress = app.net.is_some() && app.doomed.is_none();
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
@@ -196,7 +198,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 // `idle_sleep` (docs/protected.md, "Benchmark").
                 busy |= kt.core.is_some()
                     || (kt.preempting && !kt.evicted)
-                    || kt.drain_egress
+                    || (has_egress && kt.drain_egress)
                     || ks.counters.has_items();
                 if kt.parked {
                     if let Some(t) = kt.timer {
