@@ -2,7 +2,8 @@
 //! latencies for rtc, protected and Linux from answered 64-byte round
 //! trips (every echo is checked by the clients), positive and ordered
 //! (p50 ≤ p99), each round recorded, the path of each figure named; and
-//! a tiny throughput sweep of http-server in both modes (one low load, a
+//! a tiny throughput sweep of http-server in both modes and of its Linux
+//! peer (one low load, a
 //! loose p99 bound, since a test asserts no latency) whose figures come
 //! from answered requests.
 
@@ -76,7 +77,7 @@ fn oneway_reports_rtc_protected_and_linux() {
         Some(900_000.0),
         "{v}"
     );
-    for mode in ["rtc", "protected"] {
+    for mode in ["rtc", "protected", "linux"] {
         let krps = v["throughput_krps"][mode].as_f64();
         assert!(krps.is_some_and(|k| k > 0.0), "throughput_krps.{mode}: {v}");
         let point = v["throughput_points"]

@@ -193,15 +193,20 @@ pub enum Mode {
     Rtc,
     /// The stack in `netstackd`, the application on rings.
     Protected,
+    /// The throughput sweep's peer: the same HTTP session code on kernel
+    /// sockets over loopback.
+    Linux,
 }
 
 impl Mode {
-    const ALL: [Mode; 2] = [Mode::Rtc, Mode::Protected];
+    /// What the throughput sweep runs at each step, in this order.
+    const SWEPT: [Mode; 3] = [Mode::Rtc, Mode::Protected, Mode::Linux];
 
     fn name(self) -> &'static str {
         match self {
             Mode::Rtc => "rtc",
             Mode::Protected => "protected",
+            Mode::Linux => "linux",
         }
     }
 }
@@ -217,6 +222,8 @@ pub struct OnewaySet {
 pub struct Throughput {
     pub rtc: Option<f64>,
     pub protected: Option<f64>,
+    /// The peer: `http_server::Session` on kernel sockets, loopback.
+    pub linux: Option<f64>,
 }
 
 /// One round's one-way latencies (µs), for the record, and what
@@ -321,7 +328,7 @@ const PATHS: Paths = Paths {
     rtc: "Ginza client (in-process stack) -> iokerneld software switch -> echo-server (in-process stack, run to completion); no NIC",
     protected: "Ginza client (in-process stack) -> iokerneld software switch -> netstackd -> rings -> echo-server --protected; no NIC",
     linux: "Linux client -> kernel TCP over loopback 127.0.0.1 -> Linux echo server (thread blocked in read)",
-    throughput: "ginza loadgen (Ginza backend, HTTP GET /, Poisson) -> iokerneld software switch -> http-server (rtc: in-process stack; protected: via netstackd and rings); no NIC",
+    throughput: "rtc, protected: ginza loadgen (Ginza backend, HTTP GET /, Poisson) -> iokerneld software switch -> http-server (rtc: in-process stack; protected: via netstackd and rings), no NIC; linux: ginza loadgen (kernel backend) -> loopback -> http-server's Session on kernel sockets, a thread per connection",
 };
 
 pub fn run(args: OnewayArgs) -> anyhow::Result<()> {
@@ -382,13 +389,14 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
             let tput = Throughput {
                 rtc: best(Mode::Rtc),
                 protected: best(Mode::Protected),
+                linux: best(Mode::Linux),
             };
             let bound_us = t.p99_bound.as_secs_f64() * 1e6;
             notes.push(format!(
                 "throughput_krps: highest achieved rate of http-server among the load steps whose p99 (median of {} round(s) of {:?} after {:?} warm-up, {} connections) stayed within {bound_us} µs with nothing lost",
                 t.rounds, t.duration, t.warmup, t.connections
             ));
-            for mode in Mode::ALL {
+            for mode in Mode::SWEPT {
                 if best(mode).is_none() {
                     notes.push(format!(
                         "throughput_krps.{}: null, no load step stayed within the bound",
@@ -499,6 +507,7 @@ fn with_server<R>(
             })
         }
         Mode::Protected => protected_server(&iokerneld, &dir, stop, main, measure),
+        Mode::Linux => Err(anyhow!("the Linux peer runs without iokerneld")),
     };
     drop(iokerneld);
     let _ = std::fs::remove_dir_all(&dir);
@@ -638,7 +647,7 @@ fn sweep(cpus: Cpus, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>, Ve
     anyhow::ensure!(!t.duration.is_zero(), "the step duration must be positive");
     let mut runs = Vec::new();
     let mut points = Vec::new();
-    let mut climbing: Vec<(Mode, usize)> = Mode::ALL.iter().map(|&m| (m, 0)).collect();
+    let mut climbing: Vec<(Mode, usize)> = Mode::SWEPT.iter().map(|&m| (m, 0)).collect();
     for (step, &load) in t.loads_rps.iter().enumerate() {
         if climbing.is_empty() {
             break;
@@ -731,6 +740,16 @@ fn http_run(
         cpus: Vec::new(),
         connect_timeout: Duration::from_secs(5),
     };
+    if mode == Mode::Linux {
+        let server = LinuxHttp::start()?;
+        let run = RunConfig {
+            target: server.addr,
+            ..run
+        };
+        let report = ginza_loadgen::kernel::run(&run).context("loadgen's kernel backend");
+        server.stop()?;
+        return Ok(tput_run(mode, load, &report?));
+    }
     let main: ServerMain =
         Box::new(|stop| http_server::serve(HTTP_PORT, stop, Arc::new(HttpStats::default())));
     let report = with_server(mode, cpus, main, |iokerneld| {
@@ -753,6 +772,78 @@ fn http_run(
         }
     })?;
     Ok(tput_run(mode, load, &report))
+}
+
+/// The Linux peer of the sweep: `http_server::Session` (the protocol code
+/// of `http-server`) on kernel sockets over loopback, a thread per
+/// connection blocked in `read`.
+struct LinuxHttp {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acceptor: std::thread::JoinHandle<()>,
+}
+
+impl LinuxHttp {
+    fn start() -> anyhow::Result<LinuxHttp> {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let acceptor = std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if s2.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let s3 = s2.clone();
+                std::thread::spawn(move || {
+                    let _ = linux_http_connection(stream, &s3);
+                });
+            }
+        });
+        Ok(LinuxHttp {
+            addr,
+            stop,
+            acceptor,
+        })
+    }
+
+    fn stop(self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes the acceptor blocked in `accept`.
+        let _ = std::net::TcpStream::connect(self.addr);
+        self.acceptor
+            .join()
+            .map_err(|_| anyhow!("the Linux HTTP acceptor panicked"))
+    }
+}
+
+fn linux_http_connection(stream: std::net::TcpStream, stop: &AtomicBool) -> std::io::Result<()> {
+    use std::io::{Read as _, Write as _};
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(echo_server::STOP_POLL))?;
+    let (mut session, mut buf, mut out) = (http_server::Session::new(), [0u8; 4096], Vec::new());
+    while !stop.load(Ordering::Relaxed) && !session.is_closed() {
+        let n = match (&stream).read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        session.set_date(std::time::SystemTime::now());
+        let responses = session.feed(&buf[..n]);
+        http_server::write_responses(&responses, &mut out, |b| (&stream).write_all(b))?;
+        (&stream).write_all(&out)?;
+        out.clear();
+    }
+    Ok(())
 }
 
 fn tput_run(mode: Mode, load: f64, r: &LoadReport) -> TputRun {
@@ -823,9 +914,10 @@ fn render(r: &OnewayReport) -> String {
             }
             let _ = writeln!(
                 s,
-                "throughput_krps at p99 ≤ {bound} µs: rtc {}  protected {}",
+                "throughput_krps at p99 ≤ {bound} µs: rtc {}  protected {}  linux {}",
                 opt(r.throughput_krps.rtc),
-                opt(r.throughput_krps.protected)
+                opt(r.throughput_krps.protected),
+                opt(r.throughput_krps.linux)
             );
         }
     }
