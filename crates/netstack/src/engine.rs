@@ -900,29 +900,8 @@ impl Netstack {
     fn release(&mut self, app_id: u64, conn: &mut Conn, c: u32, events: &mut Vec<(u32, Event)>) {
         conn.released = true;
         let Some(id) = ConnId::new(c) else { return };
-        let mut acked = Ranges::default();
-        for s in conn.sends.drain(..) {
-            if !acked.push(s.range) {
-                events.push((
-                    conn.pair,
-                    Event::DataAcked {
-                        conn: id,
-                        ranges: acked,
-                    },
-                ));
-                acked = Ranges::default();
-                acked.push(s.range);
-            }
-        }
-        if !acked.is_empty() {
-            events.push((
-                conn.pair,
-                Event::DataAcked {
-                    conn: id,
-                    ranges: acked,
-                },
-            ));
-        }
+        let pair = conn.pair;
+        push_data_acked(pair, id, conn.sends.drain(..).map(|s| s.range), events);
         if let Some(app) = self.apps.get_mut(&app_id) {
             for chunk in 0..app.lent.len() {
                 if matches!(app.lent[chunk], Some((owner, _)) if owner == c) {
@@ -1429,33 +1408,38 @@ fn pump_send(app: &mut App, conn: &mut Conn, c: u32, events: &mut Vec<(u32, Even
         }
     }
     let acked = conn.acked();
+    let pair = conn.pair;
+    let sends = &mut conn.sends;
+    let done = std::iter::from_fn(|| {
+        if sends.front()?.end <= acked {
+            sends.pop_front().map(|s| s.range)
+        } else {
+            None
+        }
+    });
+    push_data_acked(pair, id, done, events);
+    copied
+}
+
+/// `data_acked` events for `ranges`, in order, as many ranges to an event
+/// as it holds.
+fn push_data_acked(
+    pair: u32,
+    conn: ConnId,
+    ranges: impl Iterator<Item = Range>,
+    events: &mut Vec<(u32, Event)>,
+) {
     let mut rs = Ranges::default();
-    while conn.sends.front().is_some_and(|s| s.end <= acked) {
-        let Some(s) = conn.sends.pop_front() else {
-            break;
-        };
-        if !rs.push(s.range) {
-            events.push((
-                conn.pair,
-                Event::DataAcked {
-                    conn: id,
-                    ranges: rs,
-                },
-            ));
+    for r in ranges {
+        if !rs.push(r) {
+            events.push((pair, Event::DataAcked { conn, ranges: rs }));
             rs = Ranges::default();
-            rs.push(s.range);
+            rs.push(r);
         }
     }
     if !rs.is_empty() {
-        events.push((
-            conn.pair,
-            Event::DataAcked {
-                conn: id,
-                ranges: rs,
-            },
-        ));
+        events.push((pair, Event::DataAcked { conn, ranges: rs }));
     }
-    copied
 }
 
 /// Moves received bytes from the TCB into rx chunks (while the

@@ -153,6 +153,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
             let kthreads = app.kt.len();
+            // Only an application on the switch has egress rings to drain.
+            let has_egress = app.net.is_some() && app.doomed.is_none();
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
@@ -189,8 +191,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                         &mut ks.counters,
                     );
                 }
-                busy |=
-                    kt.core.is_some() || (kt.preempting && !kt.evicted) || ks.counters.has_items();
+                // A kthread that parked since its egress ring was last
+                // drained may have left frames there (a request sent just
+                // before it parked): not idle until the dataplane has
+                // moved them, or an idle sleep would hold them up to
+                // `idle_sleep` (docs/protected.md, "Benchmark").
+                busy |= kt.core.is_some()
+                    || (kt.preempting && !kt.evicted)
+                    || (has_egress && kt.drain_egress)
+                    || ks.counters.has_items();
                 if kt.parked {
                     if let Some(t) = kt.timer {
                         app_timer = Some(app_timer.map_or(t, |x: u64| x.min(t)));

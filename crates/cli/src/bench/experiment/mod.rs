@@ -209,6 +209,9 @@ impl Plan {
             // round trips.
             // (a loaded debug build took 2.6 s for a 1 s point).
             Runner::Oneway { .. } => s.duration + Duration::from_millis(1000),
+            // iokerneld (and netstackd), the server and loadgen's
+            // connections started and stopped.
+            Runner::Http { .. } => s.warmup + s.duration + Duration::from_millis(1000),
             Runner::LinuxSpin => s.warmup + s.duration + Duration::from_millis(100),
             Runner::SimRequests { .. } => Duration::from_secs_f64(s.requests as f64 * 2e-6),
             Runner::SimSteering { .. } => Duration::from_secs_f64(s.duration.as_secs_f64() * 2.0),

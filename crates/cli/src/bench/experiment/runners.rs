@@ -78,6 +78,10 @@ pub enum Runner {
     /// `ginza bench oneway`'s round over one path: 64-byte messages
     /// ping-ponged on one TCP connection (DLibOS Fig. 5).
     Oneway { path: OnewayPath },
+    /// `ginza bench oneway`'s throughput step: http-server in process or
+    /// protected under loadgen's HTTP load through iokerneld's switch
+    /// (DLibOS Fig. 6).
+    Http { protected: bool },
     /// Not available on this branch yet: why.
     Unavailable(String),
 }
@@ -403,12 +407,9 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
                         Mode::Protected => memcached::System::GinzaProtected,
                     },
                 ),
-                Some(Program::HttpServer) => Ok(Runner::Unavailable(
-                    "http-server under loadgen's HTTP load through iokerneld's switch, in \
-                     process and protected: the point is `bench oneway`'s throughput step \
-                     (`http_run`, issue #15's branch), wired here once it is merged"
-                        .into(),
-                )),
+                Some(Program::HttpServer) => Ok(Runner::Http {
+                    protected: mode == Mode::Protected,
+                }),
                 Some(Program::SpinServer) => {
                     colocate_runner(l, sys, policy.unwrap_or(SchedPolicy::CFcfs), quantum)
                 }
@@ -869,6 +870,18 @@ fn run_one(
             ctx, l, *system, *allocator, settings, x, load_index, round, row,
         )?,
         Runner::Oneway { path } => oneway_point(*path, settings, row)?,
+        Runner::Http { protected } => http_point(
+            if *protected {
+                crate::bench::oneway::Mode::Protected
+            } else {
+                crate::bench::oneway::Mode::Rtc
+            },
+            settings,
+            spec.load.connections.0.clamp(1, 1024) as usize,
+            x,
+            seed.wrapping_add(load_index as u64),
+            row,
+        )?,
         Runner::LinuxSpin => {
             let svc = spec.load.service.as_ref().context("[load] service")?;
             let p = super::linux_spin::run_point(
@@ -933,27 +946,12 @@ fn run_one(
 /// One round of `ginza bench oneway` over `path`: p50 and p99 of the one-way
 /// latency (half of each round trip).
 fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow::Result<()> {
-    use crate::bench::oneway;
-    use clap::Parser as _;
-    #[derive(clap::Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        args: oneway::OnewayArgs,
-    }
-    let allowed = allowed_cpus()?;
-    let [iokernel, app, ..] = allowed[..] else {
-        anyhow::bail!("ping-pong needs two CPUs, this process may use {allowed:?}");
-    };
-    let cpus = crate::bench::tcp::Cpus { iokernel, app };
-    let wrap = Wrap::try_parse_from([
-        "oneway".to_string(),
-        format!("--duration={}ms", settings.duration.as_millis().max(1)),
-    ])
-    .map_err(|e| anyhow::anyhow!("bench oneway's settings: {e}"))?;
+    use crate::bench::oneway::{self, Mode};
+    let duration = settings.duration.max(Duration::from_millis(1));
     let rtt = match path {
-        OnewayPath::Rtc => oneway::rtc_round(cpus, &wrap.args)?,
-        OnewayPath::Protected => oneway::protected_round(cpus, &wrap.args)?,
-        OnewayPath::Linux => oneway::linux_round(&wrap.args)?,
+        OnewayPath::Rtc => oneway::echo_round(Mode::Rtc, two_cpus()?, duration)?.0,
+        OnewayPath::Protected => oneway::echo_round(Mode::Protected, two_cpus()?, duration)?.0,
+        OnewayPath::Linux => oneway::linux_round(duration)?,
     };
     row.p50_us = Some(rtt.p50 / 2.0);
     row.p99_us = Some(rtt.p99 / 2.0);
@@ -962,6 +960,47 @@ fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow:
         crate::bench::tcp::PAYLOAD,
         path.describe()
     );
+    Ok(())
+}
+
+/// iokerneld's CPU and the applications' CPU for the switch-based points.
+fn two_cpus() -> anyhow::Result<crate::bench::tcp::Cpus> {
+    let allowed = allowed_cpus()?;
+    let [iokernel, app, ..] = allowed[..] else {
+        anyhow::bail!("this point needs two CPUs, this process may use {allowed:?}");
+    };
+    Ok(crate::bench::tcp::Cpus { iokernel, app })
+}
+
+/// One load step of `ginza bench oneway`'s throughput sweep: `http-server`
+/// in `mode` under loadgen's HTTP load through iokerneld's switch (DLibOS
+/// Fig. 6).
+fn http_point(
+    mode: crate::bench::oneway::Mode,
+    settings: &Settings,
+    connections: usize,
+    rps: f64,
+    seed: u64,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    use crate::bench::oneway::{self, ThroughputConfig};
+    let t = ThroughputConfig {
+        loads_rps: vec![rps],
+        duration: settings.duration,
+        warmup: settings.warmup,
+        rounds: 1,
+        connections,
+        ..ThroughputConfig::default()
+    };
+    let run = oneway::http_run(mode, two_cpus()?, &t, rps, seed)?;
+    row.achieved = Some(run.achieved_krps * 1e3);
+    row.p50_us = run.p50_us;
+    row.p99_us = run.p99_us;
+    row.note = match (&run.saturation_reason, run.failed) {
+        (Some(why), _) => format!("the generator fell behind: {why}"),
+        (None, 0) => String::new(),
+        (None, n) => format!("{n} requests failed (timeouts, broken connections, bad answers)"),
+    };
     Ok(())
 }
 
