@@ -114,6 +114,10 @@ struct Kthread {
     preempt_since: u64,
     /// Moved off its core after missing the preemption deadline.
     evicted: bool,
+    /// Runs under `SCHED_IDLE` (read when it reported its tid): a core it
+    /// is asked to give back can go to its receiver at once
+    /// (`Config::handover_from_idle_at_once`).
+    idle_class: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
     /// Granted a core still held by a preempted kthread (this application

@@ -62,6 +62,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                         ));
                     }
                     kt.tid = Some(tid as i32);
+                    kt.idle_class = matches!(
+                        ginza_sys::sched_class::policy_of(tid as i32),
+                        Ok(ginza_sys::sched_class::Policy::Idle)
+                    );
                 }
                 ToIokernel::HandBack { request, completed } => {
                     let told = match &mut app.dispatch {
@@ -267,8 +271,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                                 preempted_ns,
                             };
                             let victim_id = self.apps.get(va).map(|a| a.id);
+                            let at_once = self.cfg.handover_from_idle_at_once;
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
-                                Some(v) if v.preempting && !v.evicted => {
+                                // A SCHED_IDLE victim cannot hold the core
+                                // against the receiver: no wait for it.
+                                Some(v)
+                                    if v.preempting && !v.evicted && !(at_once && v.idle_class) =>
+                                {
                                     v.handover = Some(h);
                                     self.apps[app].kt[kthread].awaiting =
                                         victim_id.map(|id| (id, vk));
@@ -310,6 +319,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             for k in 0..app.kt.len() {
                 let kt = &mut app.kt[k];
                 if !kt.preempting || kt.evicted || now.saturating_sub(kt.preempt_since) < deadline {
+                    continue;
+                }
+                if kt.idle_class && self.cfg.handover_from_idle_at_once {
+                    // Its core went on at once; it holds nobody off it.
                     continue;
                 }
                 kt.evicted = true;
