@@ -222,6 +222,10 @@ pub struct Iokerneld<A: CoreActuator> {
     decisions: Vec<Decision>,
     /// Hand-overs whose core is free now.
     ready: Vec<Handover>,
+    /// Preemption signals to `SCHED_IDLE` victims whose core went on at
+    /// once: sent after the pass's wakes, so the receiver's wake does not
+    /// wait behind them (application id, kthread, CPU).
+    signal_after_wakes: Vec<(u64, usize, usize)>,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -329,6 +333,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             snaps: Vec::new(),
             decisions: Vec::new(),
             ready: Vec::new(),
+            signal_after_wakes: Vec::new(),
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,

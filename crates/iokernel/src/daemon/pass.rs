@@ -309,6 +309,28 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         self.reap();
         self.complete_handovers();
+        self.send_deferred_signals();
+    }
+
+    /// The preemption signals held back until the receivers were woken.
+    fn send_deferred_signals(&mut self) {
+        for (app_id, k, cpu) in std::mem::take(&mut self.signal_after_wakes) {
+            let Some(app) = self.apps.iter().find(|a| a.id == app_id) else {
+                continue;
+            };
+            if k >= app.kt.len() || !app.kt[k].preempting {
+                continue; // it answered or went away meanwhile
+            }
+            if let Err(e) =
+                self.actuator
+                    .preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded)
+            {
+                warn!(
+                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                    app.name
+                );
+            }
+        }
     }
 
     /// Preempted kthreads that missed the deadline are moved off their core
@@ -508,6 +530,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             "preempt: app {:?} kthread {k} off cpu {cpu} ({reason:?})",
             app.name
         );
+        if reason == PreemptReason::CoreNeeded
+            && app.kt[k].idle_class
+            && self.cfg.handover_from_idle_at_once
+        {
+            // Its core goes to the receiver at once: wake that one first.
+            self.signal_after_wakes.push((app.id, k, cpu));
+            return (a, k);
+        }
         if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {
             warn!(
                 "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
