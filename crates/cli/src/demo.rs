@@ -91,6 +91,27 @@ pub struct DemoArgs {
     /// goes to stderr).
     #[arg(long)]
     json: bool,
+    /// The park/wake mechanisms before `SCHED_IDLE` batch kthreads: batch
+    /// at Linux's default class, no lingering, every hand-over waits for
+    /// the preempted kthread (to compare with the default in one binary).
+    #[arg(long)]
+    classic: bool,
+    /// `lc`'s spin for work before it parks [default: the runtime's
+    /// `spin_before_park`].
+    #[arg(long, value_parser = parse_tuning)]
+    lc_spin: Option<Duration>,
+    /// How long `lc` polls for a grant after parking [default: the
+    /// runtime's, zero for a latency-critical application].
+    #[arg(long, value_parser = parse_tuning)]
+    lc_linger: Option<Duration>,
+    /// How long `batch` polls for a grant after giving its core back
+    /// [default: the runtime's `BATCH_LINGER`; zero with --classic].
+    #[arg(long, value_parser = parse_tuning)]
+    batch_linger: Option<Duration>,
+}
+
+fn parse_tuning(s: &str) -> Result<Duration, String> {
+    parse_bounded(s, Duration::ZERO, Duration::from_millis(10))
 }
 
 /// A `--cores` value (a newtype: clap takes a bare `Vec` for a repeated flag).
@@ -298,6 +319,56 @@ pub(crate) struct Setup {
     warmup: Duration,
     duration: Duration,
     seed: u64,
+    /// How the applications park and iokerneld hands cores over
+    /// (`Tuning::default()`: the runtime's and iokerneld's defaults).
+    pub(crate) tuning: Tuning,
+}
+
+/// The park/wake mechanisms of one run, so the same binary can compare
+/// them (docs/results.md, "The demo"): each defaults to what the runtime
+/// and iokerneld do by default.
+#[derive(Clone, Debug)]
+pub(crate) struct Tuning {
+    /// `lc`'s look for work before it parks (`Config::spin_before_park`).
+    pub(crate) lc_spin: Duration,
+    /// `lc` polls for a grant this long after parking
+    /// (`IokernelConfig::linger_after_park`).
+    pub(crate) lc_linger: Duration,
+    /// `batch` runs under `SCHED_IDLE` (`IokernelConfig::sched_idle`).
+    pub(crate) batch_sched_idle: bool,
+    /// `batch` polls for a grant this long after giving its core back.
+    pub(crate) batch_linger: Duration,
+    /// iokerneld wakes the receiver of a core taken from a `SCHED_IDLE`
+    /// kthread at once (`Config::handover_from_idle_at_once`).
+    pub(crate) handover_at_once: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        let lc = IokernelConfig::new("lc", Class::LatencyCritical);
+        let batch = IokernelConfig::new("batch", Class::Batch);
+        Tuning {
+            lc_spin: RtConfig::default().spin_before_park,
+            lc_linger: lc.linger_after_park,
+            batch_sched_idle: batch.sched_idle,
+            batch_linger: batch.linger_after_park,
+            handover_at_once: IokConfig::new(Vec::new()).handover_from_idle_at_once,
+        }
+    }
+}
+
+impl Tuning {
+    /// Before `SCHED_IDLE` batch kthreads (docs/results.md, "The demo"):
+    /// batch at the default class, no lingering, every hand-over waits
+    /// for the victim.
+    fn classic() -> Tuning {
+        Tuning {
+            batch_sched_idle: false,
+            batch_linger: Duration::ZERO,
+            handover_at_once: false,
+            ..Tuning::default()
+        }
+    }
 }
 
 impl Setup {
@@ -327,6 +398,7 @@ impl Setup {
             warmup,
             duration,
             seed,
+            tuning: Tuning::default(),
         })
     }
 }
@@ -693,6 +765,20 @@ fn app_config(
     }
 }
 
+/// `cfg` with the park/wake settings of `tuning` for `lc` or `batch`.
+fn tuned(mut cfg: RtConfig, tuning: &Tuning, lc: bool) -> RtConfig {
+    if let Some(io) = cfg.iokernel.as_mut() {
+        if lc {
+            cfg.spin_before_park = tuning.lc_spin;
+            io.linger_after_park = tuning.lc_linger;
+        } else {
+            io.sched_idle = tuning.batch_sched_idle;
+            io.linger_after_park = tuning.batch_linger;
+        }
+    }
+    cfg
+}
+
 /// A load run of the generator against `lc`: Poisson arrivals at `rate`
 /// per second for `duration`.
 fn load_run(service: ServiceTime, rate: f64, duration: Duration, seed: u64) -> LoadRun {
@@ -753,6 +839,7 @@ fn start_point(
     // every grant.
     cfg.idle_sleep = None;
     cfg.seed = setup.seed;
+    cfg.handover_from_idle_at_once = setup.tuning.handover_at_once;
     cfg.validate(&setup.allowed)
         .context("iokerneld's configuration")?;
     let daemon = Daemon::start(cfg).context("starting iokerneld")?;
@@ -771,13 +858,17 @@ fn start_point(
     };
 
     let guaranteed = policy.lc_guaranteed(n);
-    let mut lc_cfg = app_config(
-        &socket,
-        "lc",
-        Class::LatencyCritical,
-        n,
-        guaranteed,
-        policy.keeps_cores(),
+    let mut lc_cfg = tuned(
+        app_config(
+            &socket,
+            "lc",
+            Class::LatencyCritical,
+            n,
+            guaranteed,
+            policy.keeps_cores(),
+        ),
+        &setup.tuning,
+        true,
     );
     if let Some(io) = lc_cfg.iokernel.as_mut() {
         // The generator answers no ARP.
@@ -790,7 +881,11 @@ fn start_point(
     // lc first, holding its guarantee before batch arrives: `static` never
     // takes a core back, so batch must not soak it up first.
     run.wait_registered("lc", |a| a.cores_now >= guaranteed)?;
-    let batch_cfg = app_config(&socket, "batch", Class::Batch, n, 0, policy.keeps_cores());
+    let batch_cfg = tuned(
+        app_config(&socket, "batch", Class::Batch, n, 0, policy.keeps_cores()),
+        &setup.tuning,
+        false,
+    );
     let (paths, stop) = (
         Arc::clone(&shared.batch_paths),
         Arc::clone(&shared.stop_batch),
@@ -809,10 +904,44 @@ fn start_point(
     })
 }
 
+/// How long `batch` runs alone on the managed cores at the end of a point
+/// (its throughput alone on them, the yardstick of `batch_share_of_spare`).
+const BATCH_ALONE: Duration = Duration::from_millis(100);
+
 impl PointRun {
     /// Stops `lc`, then `batch`, then iokerneld; the first failure.
     fn stop_all(&mut self) -> anyhow::Result<()> {
         self.stop_lc()?;
+        self.stop_batch_and_daemon()
+    }
+
+    /// With `lc` stopped: waits until `batch` holds all `n` managed cores,
+    /// then counts its paths for [`BATCH_ALONE`]; paths per second, or
+    /// `None` if batch did not get the cores back in time (a `SCHED_IDLE`
+    /// kthread answers its last preemption only when it gets to run: on a
+    /// CPU another process keeps busy, that can take seconds).
+    fn batch_alone(&mut self, n: usize) -> anyhow::Result<Option<f64>> {
+        let t0 = Instant::now();
+        loop {
+            if self.batch.as_mut().and_then(App::returned).is_some() {
+                bail!("batch returned before it was stopped");
+            }
+            if app_cores(&self.daemon.stats()?, "batch") as usize >= n {
+                break;
+            }
+            if t0.elapsed() > REGISTER_TIMEOUT {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (p0, t) = (self.shared.batch_paths.load(Relaxed), Instant::now());
+        std::thread::sleep(BATCH_ALONE);
+        let done = self.shared.batch_paths.load(Relaxed).saturating_sub(p0);
+        Ok(Some(done as f64 / t.elapsed().as_secs_f64()))
+    }
+
+    /// Stops `batch`, then iokerneld; the first failure.
+    fn stop_batch_and_daemon(&mut self) -> anyhow::Result<()> {
         self.shared.stop_batch.store(true, Relaxed);
         let batch = self.batch.as_mut().context("batch was started")?;
         if !batch.wait_until(Instant::now() + STOP_WAIT) {
@@ -894,7 +1023,15 @@ pub(crate) fn run_point(
         .map_err(|_| anyhow!("the stats sampler panicked"))?;
     let report: LoadReport = measured.context("the measured run")?;
     let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
-    run.stop_all()?;
+    run.stop_lc()?;
+    let batch_alone = run.batch_alone(n).context("measuring batch alone")?;
+    run.stop_batch_and_daemon()?;
+    if batch_alone.is_none() {
+        notes.push(format!(
+            "batch did not get the managed cores back within {REGISTER_TIMEOUT:?} of lc's end: not measured alone"
+        ));
+    }
+    let batch_alone = batch_alone.unwrap_or(f64::NAN);
 
     let r3 = report::round3;
     let st = report.stats;
@@ -915,17 +1052,24 @@ pub(crate) fn run_point(
         .uptime_ns
         .saturating_sub(samples.first.uptime_ns);
     let paths_ns = u64::try_from(samples.paths_window.as_nanos()).unwrap_or(u64::MAX);
+    let batch_paths_per_s = report::per_second(samples.paths.0, samples.paths.1, paths_ns);
+    let achieved_load = report::achieved_load(busy_ns, run_ns, n);
     let mut row = Row {
         service: service.name,
         policy: policy.name(),
         offered_load: load,
-        achieved_load: r3(report::achieved_load(busy_ns, run_ns, n)),
+        achieved_load: r3(achieved_load),
         p50_us: r3(p50),
         p99_us: r3(p99),
         p999_us: r3(p999),
-        batch_mpaths_per_s: r3(
-            report::per_second(samples.paths.0, samples.paths.1, paths_ns) / 1e6,
-        ),
+        batch_mpaths_per_s: r3(batch_paths_per_s / 1e6),
+        batch_alone_mpaths_per_s: r3(batch_alone / 1e6),
+        batch_share_of_spare: r3(report::share_of_spare(
+            batch_paths_per_s,
+            batch_alone,
+            achieved_load,
+        )),
+        p50_vs_static: f64::NAN,
         lc_cores: r3(report::mean(&samples.lc_cores)),
         batch_cores: r3(report::mean(&samples.batch_cores)),
         reallocations_per_s: r3(report::per_second(
@@ -1122,6 +1266,12 @@ struct Report<'a> {
     warmup_ms: f64,
     duration_ms: f64,
     seed: u64,
+    /// The park/wake settings of the run.
+    lc_spin_us: f64,
+    lc_linger_us: f64,
+    batch_sched_idle: bool,
+    batch_linger_us: f64,
+    handover_at_once: bool,
     csv: String,
     png: String,
     rows: &'a [Row],
@@ -1135,13 +1285,22 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let services = dedup(&args.services);
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating the output directory {}", args.out.display()))?;
-    let setup = Setup::new(
+    let mut setup = Setup::new(
         args.cores.as_ref().map(|c| c.0.as_slice()),
         args.iokernel_core,
         args.warmup,
         args.duration,
         args.seed,
     )?;
+    let mut tuning = if args.classic {
+        Tuning::classic()
+    } else {
+        Tuning::default()
+    };
+    tuning.lc_spin = args.lc_spin.unwrap_or(tuning.lc_spin);
+    tuning.lc_linger = args.lc_linger.unwrap_or(tuning.lc_linger);
+    tuning.batch_linger = args.batch_linger.unwrap_or(tuning.batch_linger);
+    setup.tuning = tuning;
     let iokernel_core = setup.iokernel_core;
     let n = setup.managed.len();
     let mut head = format!(
@@ -1165,6 +1324,26 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
          / capacity;\n  realloc/s: cores moved between lc and batch; LC ans/sent: requests \
          answered / sent\n",
     );
+    let t = &setup.tuning;
+    head.push_str(&format!(
+        "  parking: lc spins {:?} before parking, lingers {:?}; batch {}, lingers {:?}; \
+         iokerneld {}\n  ×static: p50 over static's at the same load; batch/spare: batch's \
+         paths/s over its paths/s alone on the managed cores (measured after each point) × \
+         (1 − achieved)\n",
+        t.lc_spin,
+        t.lc_linger,
+        if t.batch_sched_idle {
+            "under SCHED_IDLE"
+        } else {
+            "at the default Linux class"
+        },
+        t.batch_linger,
+        if t.handover_at_once {
+            "wakes lc at once on a core taken from a SCHED_IDLE kthread"
+        } else {
+            "waits for every preempted kthread before waking lc"
+        }
+    ));
 
     // The sweep engine of `ginza bench run` (docs/experiments.md).
     let mut points = Vec::new();
@@ -1175,7 +1354,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let rows = crate::bench::experiment::sweep::sweep(
+    let mut rows = crate::bench::experiment::sweep::sweep(
         &points,
         |(service, policy, _, load)| format!("{service} {policy} @ {load:.2}"),
         |_, &(service, policy, i, load)| {
@@ -1184,6 +1363,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             })
         },
     )?;
+    report::fill_p50_vs_static(&mut rows);
 
     let csv = args.out.join("demo.csv");
     let png = args.out.join("demo.png");
@@ -1232,6 +1412,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             warmup_ms: setup.warmup.as_secs_f64() * 1e3,
             duration_ms: setup.duration.as_secs_f64() * 1e3,
             seed: setup.seed,
+            lc_spin_us: setup.tuning.lc_spin.as_secs_f64() * 1e6,
+            lc_linger_us: setup.tuning.lc_linger.as_secs_f64() * 1e6,
+            batch_sched_idle: setup.tuning.batch_sched_idle,
+            batch_linger_us: setup.tuning.batch_linger.as_secs_f64() * 1e6,
+            handover_at_once: setup.tuning.handover_at_once,
             csv: csv.display().to_string(),
             png: png.display().to_string(),
             rows: &rows,

@@ -85,6 +85,9 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
         "p99_us",
         "p999_us",
         "batch_mpaths_per_s",
+        "batch_alone_mpaths_per_s",
+        "batch_share_of_spare",
+        "p50_vs_static",
         "lc_cores",
         "batch_cores",
         "reallocations_per_s",
@@ -144,6 +147,31 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
         num(stat, "lc_cores") > 0.9,
         "static lc holds its cores: {csv}"
     );
+    // Each row against static's at its service and load: static's own is 1.
+    for r in &rows {
+        let twin = rows
+            .iter()
+            .find(|s| {
+                s[col("policy")] == "static"
+                    && s[col("service")] == r[col("service")]
+                    && s[col("offered_load")] == r[col("offered_load")]
+            })
+            .expect("a static row per service");
+        let want = num(r, "p50_us") / num(twin, "p50_us");
+        assert!(
+            (num(r, "p50_vs_static") - want).abs() < 0.01,
+            "p50_vs_static of {r:?}: {csv}"
+        );
+    }
+    // Batch alone on the core is measured at every point, under every
+    // policy (lc has stopped by then); SCHED_IDLE batch may get nothing
+    // beside another process, so judged only where the point was quiet.
+    for r in rows.iter().filter(|r| r[col("quiet")] == "yes") {
+        assert!(num(r, "batch_alone_mpaths_per_s") > 0.0, "{csv}");
+    }
+    if shenango[col("quiet")] == "yes" {
+        assert!(num(shenango, "batch_share_of_spare") > 0.0, "{csv}");
+    }
 
     let png = std::fs::read(out.join("demo.png")).expect("demo.png");
     assert!(

@@ -79,6 +79,13 @@ pub struct Config {
     /// A preempted kthread that has not given its core back after this
     /// long is moved off the core and reported; its core is handed over.
     pub preempt_deadline: Duration,
+    /// A core taken from a kthread that runs under `SCHED_IDLE` goes to
+    /// the kthread granted it at once, before the victim gives it back:
+    /// the kernel runs the woken kthread before the victim on that CPU,
+    /// and the victim answers when it next runs; it is never moved off
+    /// for missing `preempt_deadline` (docs/runtime.md, "Batch kthreads
+    /// run SCHED_IDLE"). `false`: every hand-over waits for the victim.
+    pub handover_from_idle_at_once: bool,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
     /// The link besides the software switch: `software` (none),
@@ -334,6 +341,7 @@ impl Config {
             run_for: None,
             control_interval: Duration::from_micros(50),
             preempt_deadline: Duration::from_millis(1),
+            handover_from_idle_at_once: true,
             seed: 0x5eed,
             nic: "software".into(),
             steering: SteeringKind::RssMod,

@@ -117,6 +117,10 @@ struct Kthread {
     preempt_since: u64,
     /// Moved off its core after missing the preemption deadline.
     evicted: bool,
+    /// Runs under `SCHED_IDLE` (read when it reported its tid): a core it
+    /// is asked to give back can go to its receiver at once
+    /// (`Config::handover_from_idle_at_once`).
+    idle_class: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
     /// Granted a core still held by a preempted kthread (this application
@@ -224,6 +228,10 @@ pub struct Iokerneld<A: CoreActuator> {
     /// Some preempted kthread's hand-over waits for its `Yielded`: the loop
     /// reads those kthreads' rings every turn, not only at passes.
     handover_waiting: bool,
+    /// Preemption signals to `SCHED_IDLE` victims whose core went on at
+    /// once: sent after the pass's wakes, so the receiver's wake does not
+    /// wait behind them (application id, kthread, CPU).
+    signal_after_wakes: Vec<(u64, usize, usize)>,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -332,6 +340,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             decisions: Vec::new(),
             ready: Vec::new(),
             handover_waiting: false,
+            signal_after_wakes: Vec::new(),
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,

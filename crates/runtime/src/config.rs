@@ -161,6 +161,16 @@ fn read_siblings(cpu: usize) -> Vec<usize> {
     topology::thread_siblings(cpu).unwrap_or_default()
 }
 
+/// How long a batch kthread polls for its next grant after it gave its core
+/// back (`IokernelConfig::linger_after_park` of `Class::Batch`). Under
+/// `SCHED_IDLE` the polling costs a latency-critical kthread on the core
+/// nothing, and it keeps the vCPU out of halt (a wake from halt costs
+/// about 28 µs on the development VM, docs/design.md "Numbers to beat"):
+/// long enough to outlast a latency-critical burst of a few requests,
+/// after which iokerneld gives the core back (docs/runtime.md, "Batch
+/// kthreads run SCHED_IDLE").
+pub const BATCH_LINGER: Duration = Duration::from_micros(200);
+
 /// How an application registers with iokerneld.
 #[derive(Clone, Debug)]
 pub struct IokernelConfig {
@@ -177,8 +187,18 @@ pub struct IokernelConfig {
     /// eventfd this long before it blocks: a grant that comes within the
     /// window costs no wake-up from halt. The core is iokerneld's during
     /// the window (another application may be granted it), so keep it to a
-    /// few µs; zero blocks at once.
+    /// few µs; zero blocks at once. A kthread under `SCHED_IDLE`
+    /// (`sched_idle`) may linger longer: the kernel runs any other
+    /// application's kthread woken on the core before it. `new` gives
+    /// batch applications [`BATCH_LINGER`], others zero.
     pub linger_after_park: Duration,
+    /// Run the kthreads under Linux's `SCHED_IDLE` class (docs/runtime.md,
+    /// "Batch kthreads run SCHED_IDLE"): on a core shared with a
+    /// latency-critical kthread, the kernel runs that one the moment it is
+    /// woken instead of time-sharing the core, and iokerneld wakes it
+    /// without waiting for this application's kthread to give the core
+    /// back. `new` turns it on for `Class::Batch`.
+    pub sched_idle: bool,
     /// Never park when idle: keep every granted core and spin on it (the
     /// ZygOS-like `static` baseline, where cores are provisioned, not
     /// shared). Preemptions are still honoured.
@@ -202,7 +222,12 @@ impl IokernelConfig {
             class,
             guaranteed: 0,
             max_cores: None,
-            linger_after_park: Duration::ZERO,
+            linger_after_park: if class == Class::Batch {
+                BATCH_LINGER
+            } else {
+                Duration::ZERO
+            },
+            sched_idle: class == Class::Batch,
             keep_cores_when_idle: false,
             net: None,
             steering: None,

@@ -30,6 +30,14 @@ use crate::sched::{bump, eventfd_try_read, eventfd_wait, Owner, PARKED, REVOKED,
 pub(crate) fn wait_for_first_grant(owner: &Owner<'_>) {
     let k = owner.kthread();
     if let Some(io) = &k.io {
+        let rt = k.rt();
+        if rt.link.as_ref().is_some_and(|l| l.cfg.sched_idle) {
+            // Before `Started`: iokerneld reads the class by the tid it
+            // is told (docs/runtime.md, "Batch kthreads run SCHED_IDLE").
+            if let Err(e) = ginza_sys::sched_class::set_current_idle() {
+                log::warn!("kthread {}: cannot run under SCHED_IDLE: {e}", k.id);
+            }
+        }
         owner.send_to_iokernel(ToIokernel::Started {
             tid: k.tid.load(SeqCst) as u32,
         });

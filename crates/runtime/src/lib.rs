@@ -43,7 +43,7 @@ mod timer;
 
 pub use alloc::PreemptSafeAlloc;
 pub use config::Config;
-pub use config::{Class, IokernelConfig};
+pub use config::{Class, IokernelConfig, BATCH_LINGER};
 pub use deferral::without_preemption;
 pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
 pub use net::NetConfig;

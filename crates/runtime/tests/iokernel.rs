@@ -179,7 +179,11 @@ fn bursts_get_extra_cores_which_go_back_when_idle() {
 fn a_sleeping_managed_runtime_is_woken_for_its_timer() {
     let _g = lock();
     let d = Daemon::start(|_| {});
-    let late = ginza_runtime::run(d.app("sleeper", Class::Batch, 0, 1), || {
+    let mut cfg = d.app("sleeper", Class::Batch, 0, 1);
+    // At Linux's default class: under SCHED_IDLE any other process on the
+    // CPU (a build beside the tests) delays the wake, by design.
+    cfg.iokernel.as_mut().unwrap().sched_idle = false;
+    let late = ginza_runtime::run(cfg, || {
         let mut worst = Duration::ZERO;
         for _ in 0..20 {
             let t = Instant::now();
@@ -338,7 +342,10 @@ fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
     });
     let started = Arc::new(AtomicBool::new(false));
     let s2 = Arc::clone(&started);
-    let cfg = d.app("stubborn", Class::Batch, 0, 1);
+    let mut cfg = d.app("stubborn", Class::Batch, 0, 1);
+    // At Linux's default class: a SCHED_IDLE kthread holds nobody off its
+    // core and is never moved (the next test).
+    cfg.iokernel.as_mut().unwrap().sched_idle = false;
     let stubborn = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             // Preemption deferred for 300 ms: the signal is ignored.
@@ -366,6 +373,102 @@ fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
         "lc waited for the stubborn kthread: {lc_time:?}"
     );
     stubborn.join().unwrap();
+}
+
+#[test]
+fn batch_kthreads_run_sched_idle_and_latency_critical_ones_do_not() {
+    use ginza_sys::sched_class::{policy_of, Policy};
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    // From a uthread: the thread running it is its kthread.
+    let class_of = |cfg: Config| ginza_runtime::run(cfg, || policy_of(0).unwrap()).unwrap();
+    assert_eq!(class_of(d.app("b", Class::Batch, 0, 1)), Policy::Idle);
+    assert_eq!(
+        class_of(d.app("lc", Class::LatencyCritical, 0, 1)),
+        Policy::Normal
+    );
+    let mut cfg = d.app("b2", Class::Batch, 0, 1);
+    cfg.iokernel.as_mut().unwrap().sched_idle = false;
+    assert_eq!(class_of(cfg), Policy::Normal);
+}
+
+#[test]
+fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let mut cfg = d.app("b", Class::Batch, 0, 1);
+    cfg.iokernel.as_mut().unwrap().linger_after_park = Duration::from_millis(300);
+    let (lingering, blocked) = ginza_runtime::run(cfg, || {
+        let h = Handle::current().unwrap();
+        // Each sleep parks the only kthread; iokerneld wakes it for the
+        // timer, well inside the window: it finds it still polling.
+        for _ in 0..10 {
+            ginza_runtime::sleep(Duration::from_millis(1));
+        }
+        let lingering = h.take_grant_latencies();
+        // Past the window the kthread blocks on its eventfd.
+        ginza_runtime::sleep(Duration::from_millis(900));
+        (lingering, h.take_grant_latencies())
+    })
+    .unwrap();
+    assert!(
+        !lingering.while_lingering_ns.is_empty(),
+        "no grant found the kthread polling: {lingering:?}"
+    );
+    assert!(
+        !blocked.from_blocked_ns.is_empty(),
+        "the kthread never blocked after its window: {blocked:?}"
+    );
+}
+
+#[test]
+fn a_latency_critical_kthread_gets_a_sched_idle_kthreads_core_at_once() {
+    let _g = lock();
+    let all = cores();
+    let managed = *all.last().unwrap();
+    // No eviction within the test: only the hand-over at once serves lc.
+    let d = Daemon::start(|c| {
+        c.cores = vec![managed];
+        c.preempt_deadline = Duration::from_secs(60);
+    });
+    let (started, lc_done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (s2, done2) = (Arc::clone(&started), Arc::clone(&lc_done));
+    let cfg = d.app("stubborn", Class::Batch, 0, 1);
+    let stubborn = std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            // Preemption deferred until lc is done (or 20 s): the signal
+            // cannot make this kthread give its core back.
+            ginza_runtime::without_preemption(|| {
+                s2.store(true, Ordering::Relaxed);
+                let t = Instant::now();
+                while !done2.load(Ordering::Relaxed) && t.elapsed() < Duration::from_secs(20) {
+                    std::hint::spin_loop();
+                }
+                done2.load(Ordering::Relaxed)
+            })
+        })
+        .unwrap()
+    });
+    while !started.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ginza_runtime::run(d.app("lc", Class::LatencyCritical, 0, 1), || {
+        burst(10, Duration::from_micros(100));
+    })
+    .unwrap();
+    // Read while the batch kthread is still in its section (registered).
+    let st = d.stats();
+    lc_done.store(true, Ordering::Relaxed);
+    let s = app_stats(&st, "stubborn").unwrap();
+    assert!(s.preemptions >= 1, "{s:?}");
+    assert_eq!(s.preempt_overdue, 0, "{s:?}");
+    assert!(
+        stubborn.join().unwrap(),
+        "lc ran only after the batch kthread left its section"
+    );
 }
 
 #[test]

@@ -13,10 +13,11 @@
 //! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
 //! * [`poll`]: `ppoll` over a reusable list of descriptors.
 //! * [`process`]: thread, process and user ids; what a descriptor is.
+//! * [`sched_class`]: a thread's Linux scheduling policy (`SCHED_IDLE`).
 //!
 //! Calls go through `rustix`; `libc` only where rustix has none (`tgkill`,
-//! `sigaction`, and `ppoll` on entries a caller keeps between calls). Each
-//! `unsafe` block says why it is sound.
+//! `sigaction`, `sched_setscheduler`, and `ppoll` on entries a caller
+//! keeps between calls). Each `unsafe` block says why it is sound.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -28,6 +29,7 @@ pub mod memfd;
 pub mod mm;
 pub mod poll;
 pub mod process;
+pub mod sched_class;
 pub mod signal;
 pub mod socket;
 pub mod topology;

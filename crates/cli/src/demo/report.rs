@@ -23,6 +23,17 @@ pub(crate) struct Row {
     pub(crate) p999_us: f64,
     /// Batch Monte Carlo paths per second, millions.
     pub(crate) batch_mpaths_per_s: f64,
+    /// Batch's paths per second alone on the managed cores, millions:
+    /// measured in the same point, after `lc` stopped.
+    pub(crate) batch_alone_mpaths_per_s: f64,
+    /// How much of the capacity `lc` left spare batch turned into work:
+    /// batch's rate over its rate alone × (1 − achieved load)
+    /// ([`share_of_spare`]; NaN: not measured).
+    pub(crate) batch_share_of_spare: f64,
+    /// p50 over `static`'s p50 at the same service distribution and
+    /// offered load in the same run (NaN: no such row;
+    /// [`fill_p50_vs_static`]).
+    pub(crate) p50_vs_static: f64,
     /// Cores held, averaged over the window's samples.
     pub(crate) lc_cores: f64,
     pub(crate) batch_cores: f64,
@@ -49,7 +60,7 @@ pub(crate) struct Row {
 }
 
 /// The CSV's header, in row order.
-pub(crate) const CSV_HEADER: [&str; 18] = [
+pub(crate) const CSV_HEADER: [&str; 21] = [
     "service",
     "policy",
     "offered_load",
@@ -58,6 +69,9 @@ pub(crate) const CSV_HEADER: [&str; 18] = [
     "p99_us",
     "p999_us",
     "batch_mpaths_per_s",
+    "batch_alone_mpaths_per_s",
+    "batch_share_of_spare",
+    "p50_vs_static",
     "lc_cores",
     "batch_cores",
     "reallocations_per_s",
@@ -105,6 +119,35 @@ pub(crate) fn achieved_load(service_ns: u64, window_ns: u64, cores: usize) -> f6
     service_ns as f64 / (window_ns as f64 * cores as f64)
 }
 
+/// Batch's share of the capacity `lc` left spare: its rate over its rate
+/// alone on the same cores, over the spare fraction (1 − achieved load).
+/// NaN when it cannot be told (nothing alone, or nothing spare).
+pub(crate) fn share_of_spare(batch_per_s: f64, alone_per_s: f64, achieved_load: f64) -> f64 {
+    let spare = 1.0 - achieved_load;
+    if !(alone_per_s > 0.0 && spare > 0.0) {
+        return f64::NAN;
+    }
+    batch_per_s / (alone_per_s * spare)
+}
+
+/// Sets every row's `p50_vs_static`: its p50 over the p50 of the `static`
+/// row with the same service distribution and offered load (NaN where
+/// there is none, or static's p50 is zero).
+pub(crate) fn fill_p50_vs_static(rows: &mut [Row]) {
+    let statics: Vec<(&'static str, f64, f64)> = rows
+        .iter()
+        .filter(|r| r.policy == "static")
+        .map(|r| (r.service, r.offered_load, r.p50_us))
+        .collect();
+    for r in rows.iter_mut() {
+        r.p50_vs_static = statics
+            .iter()
+            .find(|(service, load, _)| *service == r.service && *load == r.offered_load)
+            .filter(|(_, _, p50)| *p50 > 0.0)
+            .map_or(f64::NAN, |(_, _, p50)| round3(r.p50_us / p50));
+    }
+}
+
 /// Three decimals: what the table and CSV show; noise is larger anyway.
 pub(crate) fn round3(v: f64) -> f64 {
     if v.is_finite() {
@@ -127,6 +170,9 @@ fn cells(r: &Row) -> Vec<String> {
         r.p99_us.to_string(),
         r.p999_us.to_string(),
         r.batch_mpaths_per_s.to_string(),
+        num(r.batch_alone_mpaths_per_s, 3),
+        num(r.batch_share_of_spare, 3),
+        num(r.p50_vs_static, 3),
         r.lc_cores.to_string(),
         r.batch_cores.to_string(),
         r.reallocations_per_s.to_string(),
@@ -178,13 +224,15 @@ pub(crate) fn render_table(
             let _ = writeln!(t, "\n{name}: {what}");
             let _ = writeln!(
                 t,
-                "  {:>7} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
+                "  {:>7} {:>8} {:>8} {:>7} {:>8} {:>9} {:>11} {:>11} {:>8} {:>8} {:>10} {:>15}",
                 "offered",
                 "achieved",
                 "p50 µs",
+                "×static",
                 "p99 µs",
                 "p99.9 µs",
                 "batch Mp/s",
+                "batch/spare",
                 "LC cores",
                 "batch c.",
                 "realloc/s",
@@ -193,13 +241,15 @@ pub(crate) fn render_table(
             for r in mine {
                 let _ = write!(
                     t,
-                    "  {:>7.2} {:>8} {:>8} {:>8} {:>9} {:>11} {:>8} {:>8} {:>10} {:>15}",
+                    "  {:>7.2} {:>8} {:>8} {:>7} {:>8} {:>9} {:>11} {:>11} {:>8} {:>8} {:>10} {:>15}",
                     r.offered_load,
                     num(r.achieved_load, 3),
                     num(r.p50_us, 1),
+                    num(r.p50_vs_static, 2),
                     num(r.p99_us, 1),
                     num(r.p999_us, 1),
                     num(r.batch_mpaths_per_s, 2),
+                    num(r.batch_share_of_spare, 2),
                     num(r.lc_cores, 2),
                     num(r.batch_cores, 2),
                     num(r.reallocations_per_s, 0),
@@ -237,6 +287,9 @@ mod tests {
             p99_us: 80.0,
             p999_us: 120.5,
             batch_mpaths_per_s: 30.0,
+            batch_alone_mpaths_per_s: 50.0,
+            batch_share_of_spare: 0.8,
+            p50_vs_static: f64::NAN,
             lc_cores: 0.3,
             batch_cores: 0.7,
             reallocations_per_s: 2500.0,
@@ -283,6 +336,31 @@ mod tests {
         assert_eq!(achieved_load(5, 0, 1), 0.0);
         assert_eq!(round3(0.123_456), 0.123);
         assert!(round3(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn share_of_spare_and_p50_against_static() {
+        // 0.3 of the cores busy with lc: 0.7 spare; batch did 35 of the 50
+        // it does alone, all of the spare.
+        assert!((share_of_spare(35.0, 50.0, 0.3) - 1.0).abs() < 1e-9);
+        assert!((share_of_spare(14.0, 50.0, 0.3) - 0.4).abs() < 1e-9);
+        assert!(share_of_spare(1.0, 0.0, 0.1).is_nan());
+        assert!(share_of_spare(1.0, 5.0, 1.0).is_nan());
+        let mut rows = vec![
+            row("shenango", 0.1),
+            row("static", 0.1),
+            row("shenango", 0.5),
+        ];
+        rows[0].p50_us = 15.0;
+        rows[1].p50_us = 10.0;
+        fill_p50_vs_static(&mut rows);
+        assert_eq!(rows[0].p50_vs_static, 1.5);
+        assert_eq!(rows[1].p50_vs_static, 1.0);
+        assert!(rows[2].p50_vs_static.is_nan(), "no static row at 0.5");
+        let mut other = row("shenango", 0.1);
+        other.service = "bimodal";
+        fill_p50_vs_static(std::slice::from_mut(&mut other));
+        assert!(other.p50_vs_static.is_nan(), "static of another service");
     }
 
     #[test]

@@ -62,6 +62,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                         ));
                     }
                     kt.tid = Some(tid as i32);
+                    kt.idle_class = matches!(
+                        ginza_sys::sched_class::policy_of(tid as i32),
+                        Ok(ginza_sys::sched_class::Policy::Idle)
+                    );
                 }
                 ToIokernel::HandBack { request, completed } => {
                     let told = match &mut app.dispatch {
@@ -276,8 +280,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                                 preempted_ns,
                             };
                             let victim_id = self.apps.get(va).map(|a| a.id);
+                            let at_once = self.cfg.handover_from_idle_at_once;
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
-                                Some(v) if v.preempting && !v.evicted => {
+                                // A SCHED_IDLE victim cannot hold the core
+                                // against the receiver: no wait for it.
+                                Some(v)
+                                    if v.preempting && !v.evicted && !(at_once && v.idle_class) =>
+                                {
                                     v.handover = Some(h);
                                     self.handover_waiting = true;
                                     self.apps[app].kt[kthread].awaiting =
@@ -310,6 +319,28 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         self.reap();
         self.complete_handovers();
+        self.send_deferred_signals();
+    }
+
+    /// The preemption signals held back until the receivers were woken.
+    fn send_deferred_signals(&mut self) {
+        for (app_id, k, cpu) in std::mem::take(&mut self.signal_after_wakes) {
+            let Some(app) = self.apps.iter().find(|a| a.id == app_id) else {
+                continue;
+            };
+            if k >= app.kt.len() || !app.kt[k].preempting {
+                continue; // it answered or went away meanwhile
+            }
+            if let Err(e) =
+                self.actuator
+                    .preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded)
+            {
+                warn!(
+                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                    app.name
+                );
+            }
+        }
     }
 
     /// Preempted kthreads that missed the deadline are moved off their core
@@ -320,6 +351,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             for k in 0..app.kt.len() {
                 let kt = &mut app.kt[k];
                 if !kt.preempting || kt.evicted || now.saturating_sub(kt.preempt_since) < deadline {
+                    continue;
+                }
+                if kt.idle_class && self.cfg.handover_from_idle_at_once {
+                    // Its core went on at once; it holds nobody off it.
                     continue;
                 }
                 kt.evicted = true;
@@ -537,6 +572,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             "preempt: app {:?} kthread {k} off cpu {cpu} ({reason:?})",
             app.name
         );
+        if reason == PreemptReason::CoreNeeded
+            && app.kt[k].idle_class
+            && self.cfg.handover_from_idle_at_once
+        {
+            // Its core goes to the receiver at once: wake that one first.
+            self.signal_after_wakes.push((app.id, k, cpu));
+            return (a, k);
+        }
         if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {
             warn!(
                 "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
