@@ -279,13 +279,21 @@ impl<T: Send + 'static> App<T> {
         (mac, ip): (MacAddr, Ipv4Addr),
         main: impl FnOnce() -> T + Send + 'static,
     ) -> anyhow::Result<App<T>> {
-        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
-        io.socket = Some(iokerneld.socket().to_path_buf());
-        io.net = Some(NetConfig::new(mac, ip));
-        let config = RtConfig {
-            iokernel: Some(io),
-            ..RtConfig::with_kthreads(1)
-        };
+        let mut config = runtime_config(iokerneld, name, Class::LatencyCritical);
+        if let Some(io) = config.iokernel.as_mut() {
+            io.net = Some(NetConfig::new(mac, ip));
+        }
+        App::start_configured(iokerneld, name, config, main)
+    }
+
+    /// Starts it with `config` (from [`runtime_config`]) and waits until it
+    /// has registered.
+    pub(super) fn start_configured(
+        iokerneld: &InProcess,
+        name: &str,
+        config: RtConfig,
+        main: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<App<T>> {
         let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
         let mut app = App {
             name: name.to_string(),
@@ -309,6 +317,11 @@ impl<T: Send + 'static> App<T> {
         Ok(app)
     }
 
+    /// Whether its `main` has returned (or it was joined).
+    pub(super) fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     pub(super) fn join(&mut self) -> anyhow::Result<T> {
         let thread = self
             .thread
@@ -318,6 +331,17 @@ impl<T: Send + 'static> App<T> {
             .join()
             .map_err(|_| anyhow!("the thread of {} panicked", self.name))?
             .with_context(|| format!("the runtime of {}", self.name))
+    }
+}
+
+/// Application `name` on `iokerneld`: one kthread to start with, more cores
+/// as iokerneld grants them.
+pub(super) fn runtime_config(iokerneld: &InProcess, name: &str, class: Class) -> RtConfig {
+    let mut io = IokernelConfig::new(name, class);
+    io.socket = Some(iokerneld.socket().to_path_buf());
+    RtConfig {
+        iokernel: Some(io),
+        ..RtConfig::with_kthreads(1)
     }
 }
 
