@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use ginza_proto::RequestHeader;
 use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
 
+use crate::echo_server::is_timeout;
+
 /// The longest service time a request may ask for; longer requests are
 /// answered at once and counted (a client cannot make the server spin for
 /// minutes).
@@ -58,14 +60,7 @@ pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<SpinStats>) -> io::Res
     while !stop.load(Relaxed) {
         let (n, from) = match socket.recv_from(&mut buf) {
             Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
+            Err(e) if is_timeout(&e) => continue,
             Err(e) => return Err(e),
         };
         let request = buf[..n].to_vec();
@@ -149,14 +144,7 @@ pub fn serve_linux(
     while !stop.load(Relaxed) {
         let (n, from) = match socket.recv_from(&mut buf) {
             Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
+            Err(e) if is_timeout(&e) => continue,
             Err(e) => return Err(e),
         };
         work(&buf[..n], stats);

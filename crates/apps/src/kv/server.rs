@@ -23,19 +23,12 @@ use ginza_runtime::net::{TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
 use super::binary::BinarySession;
 use super::text::{Flow, TextSession};
 use super::{udp, Kv};
-use crate::echo_server::Protocols;
+use crate::echo_server::{is_timeout, Protocols};
 
 /// How often a uthread waiting for data checks the stop flag.
 pub const STOP_POLL: Duration = Duration::from_millis(10);
 /// Bytes asked of one `read`.
 const READ_CHUNK: usize = 2 * 1024;
-
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
-}
 
 /// One connection's protocol, picked by its first byte.
 #[derive(Debug)]
