@@ -69,7 +69,7 @@ use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median};
-use super::tcp::{runtime_config, App};
+use super::tcp::{self, runtime_config, App};
 
 /// Arguments of `ginza bench memcached`.
 #[derive(clap::Args, Debug)]
@@ -531,31 +531,18 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
 /// kv-server and batch under iokerneld on the veth (AF_XDP, else
 /// AF_PACKET).
 fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
-    let mut failures = Vec::new();
-    for backend in ["af_xdp", "af_packet"] {
-        let dir = std::env::temp_dir().join(format!(
-            "ginza-bench-memcached-{}-{}",
-            std::process::id(),
-            cfg.seed
-        ));
-        let mut icfg = IokConfig::new(vec![cfg.cpus.server]);
-        icfg.own_core = Some(cfg.cpus.iokernel);
+    let cpus = tcp::Cpus {
+        iokernel: cfg.cpus.iokernel,
+        app: cfg.cpus.server,
+    };
+    let configure = |icfg: &mut IokConfig| {
         icfg.policy = cfg.allocator;
-        icfg.nic = format!("{backend}:{}", ns.host_if);
-        icfg.socket = dir.join("iokerneld.sock");
-        let iokerneld = match InProcess::start(icfg) {
-            Ok(d) => d,
-            Err(e) => {
-                failures.push(format!("iokerneld on {backend}: {e}"));
-                continue;
-            }
-        };
-        let result = ginza_serving(ns, cfg, &iokerneld, backend);
-        drop(iokerneld);
-        let _ = std::fs::remove_dir_all(&dir);
-        return result;
-    }
-    Err(anyhow!("no NIC backend opened: {}", failures.join("; ")))
+        Ok(())
+    };
+    let (_, result) = tcp::with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {
+        ginza_serving(ns, cfg, iokerneld, backend)
+    })?;
+    Ok(result)
 }
 
 fn ginza_serving(
