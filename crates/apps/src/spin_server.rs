@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_proto::RequestHeader;
-use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::net::UdpSocket;
 
 use crate::echo_server::is_timeout;
 
@@ -55,19 +55,11 @@ pub fn spin_for(d: Duration) {
 /// Must run on a uthread of a runtime with networking.
 pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<SpinStats>) -> io::Result<()> {
     let socket = Arc::new(UdpSocket::bind(port)?);
-    socket.set_read_timeout(Some(STOP_POLL))?;
-    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
-    while !stop.load(Relaxed) {
-        let (n, from) = match socket.recv_from(&mut buf) {
-            Ok(r) => r,
-            Err(e) if is_timeout(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        let request = buf[..n].to_vec();
+    crate::serve::datagrams_until_stopped(&socket, &stop, |request, from| {
+        let request = request.to_vec();
         let (socket, stats) = (socket.clone(), stats.clone());
         ginza_runtime::spawn(move || answer(&socket, &request, from, &stats));
-    }
-    Ok(())
+    })
 }
 
 /// Spins for `d` at preemption points: a request of a Shinjuku-mode
