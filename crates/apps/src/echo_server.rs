@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::net::UdpSocket;
 
 /// How often a receiver waiting for data checks the stop flag.
 pub const STOP_POLL: Duration = Duration::from_millis(10);
@@ -89,20 +89,12 @@ pub fn serve_udp(port: u16, stop: Arc<AtomicBool>, stats: Arc<EchoStats>) -> io:
 }
 
 fn echo_udp(socket: &UdpSocket, stop: &AtomicBool, stats: &EchoStats) -> io::Result<()> {
-    socket.set_read_timeout(Some(STOP_POLL))?;
-    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
-    while !stop.load(Relaxed) {
-        let (n, from) = match socket.recv_from(&mut buf) {
-            Ok(r) => r,
-            Err(e) if is_timeout(&e) => continue,
-            Err(e) => return Err(e),
-        };
-        match socket.send_to(&buf[..n], from) {
+    crate::serve::datagrams_until_stopped(socket, stop, |datagram, from| {
+        match socket.send_to(datagram, from) {
             Ok(_) => stats.udp_echoed.fetch_add(1, Relaxed),
             Err(_) => stats.udp_send_errors.fetch_add(1, Relaxed),
         };
-    }
-    Ok(())
+    })
 }
 
 /// A TCP sink on `port` until `stop`: reads each connection to its end,

@@ -423,17 +423,10 @@ fn serve_udp(
     stop: &AtomicBool,
     stats: Arc<ScanStats>,
 ) -> io::Result<()> {
-    socket.set_read_timeout(Some(STOP_POLL))?;
-    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
-    while !stop.load(Relaxed) {
-        let (n, from) = match socket.recv_from(&mut buf) {
-            Ok(r) => r,
-            Err(e) if is_timeout(&e) => continue,
-            Err(e) => return Err(e),
-        };
+    crate::serve::datagrams_until_stopped(&socket, stop, |datagram, from| {
         let mut request = [0u8; REQUEST_LEN + 1];
-        let len = n.min(request.len());
-        request[..len].copy_from_slice(&buf[..len]);
+        let len = datagram.len().min(request.len());
+        request[..len].copy_from_slice(&datagram[..len]);
         let (socket, store, stats) = (socket.clone(), store.clone(), stats.clone());
         ginza_runtime::spawn(move || {
             let response = stats.answer(&store, &request[..len]);
@@ -441,8 +434,7 @@ fn serve_udp(
                 stats.send_errors.fetch_add(1, Relaxed);
             }
         });
-    }
-    Ok(())
+    })
 }
 
 /// TCP, run to completion: an acceptor uthread gives each connection a

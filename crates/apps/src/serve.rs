@@ -4,16 +4,20 @@
 //!
 //! * [`udp_beside_tcp`]: runs the two halves an application asks for;
 //!   whichever ends first sets the stop flag, so the other ends too.
+//! * [`datagrams_until_stopped`]: hands each datagram a UDP socket
+//!   receives to the application, until the stop flag is set.
 //! * [`accept_until_stopped`]: binds a TCP port and gives each connection
 //!   a uthread of its own running the application's per-connection
 //!   function, until the stop flag is set.
 
 use std::io;
+use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use ginza_runtime::net::{TcpListener, TcpStream};
+use ginza_runtime::net::{TcpListener, TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
 
+use crate::echo_server::is_timeout;
 pub use crate::echo_server::STOP_POLL;
 
 /// Runs `udp` (when given) on a uthread of its own and `tcp` (when given)
@@ -59,6 +63,28 @@ where
         None => Ok(()),
     };
     tcp.and(udp)
+}
+
+/// Receives on `socket` until `stop` is set (checked at least every
+/// [`STOP_POLL`]: it sets the socket's read timeout), handing each datagram
+/// and its sender to `handle`. Returns with the first receive error other
+/// than a timeout.
+pub fn datagrams_until_stopped(
+    socket: &UdpSocket,
+    stop: &AtomicBool,
+    mut handle: impl FnMut(&[u8], SocketAddrV4),
+) -> io::Result<()> {
+    socket.set_read_timeout(Some(STOP_POLL))?;
+    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
+    while !stop.load(Relaxed) {
+        let (n, from) = match socket.recv_from(&mut buf) {
+            Ok(r) => r,
+            Err(e) if is_timeout(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        handle(&buf[..n], from);
+    }
+    Ok(())
 }
 
 /// Binds TCP `port` and, until `stop` is set, gives each accepted

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_proto::RequestHeader;
-use ginza_runtime::net::{UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::net::UdpSocket;
+
+use crate::echo_server::is_timeout;
 
 /// The longest service time a request may ask for; longer requests are
 /// answered at once and counted (a client cannot make the server spin for
@@ -53,26 +55,11 @@ pub fn spin_for(d: Duration) {
 /// Must run on a uthread of a runtime with networking.
 pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<SpinStats>) -> io::Result<()> {
     let socket = Arc::new(UdpSocket::bind(port)?);
-    socket.set_read_timeout(Some(STOP_POLL))?;
-    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
-    while !stop.load(Relaxed) {
-        let (n, from) = match socket.recv_from(&mut buf) {
-            Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
-            Err(e) => return Err(e),
-        };
-        let request = buf[..n].to_vec();
+    crate::serve::datagrams_until_stopped(&socket, &stop, |request, from| {
+        let request = request.to_vec();
         let (socket, stats) = (socket.clone(), stats.clone());
         ginza_runtime::spawn(move || answer(&socket, &request, from, &stats));
-    }
-    Ok(())
+    })
 }
 
 /// Spins for `d` at preemption points: a request of a Shinjuku-mode
@@ -149,14 +136,7 @@ pub fn serve_linux(
     while !stop.load(Relaxed) {
         let (n, from) = match socket.recv_from(&mut buf) {
             Ok(r) => r,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                continue
-            }
+            Err(e) if is_timeout(&e) => continue,
             Err(e) => return Err(e),
         };
         work(&buf[..n], stats);

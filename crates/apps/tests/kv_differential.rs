@@ -192,23 +192,7 @@ fn kv_server_over_veth_answers_the_script_as_memcached_does() {
 
 /// One binary request.
 fn bin(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    Header {
-        magic: binary::REQUEST_MAGIC,
-        opcode,
-        key_len: key.len() as u16,
-        extras_len: extras.len() as u8,
-        data_type: 0,
-        vbucket_or_status: 0,
-        body_len: (extras.len() + key.len() + value.len()) as u32,
-        opaque: 0x0102_0304,
-        cas,
-    }
-    .write(&mut out);
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
-    out
+    binary::encode_request(opcode, extras, key, value, cas, 0x0102_0304)
 }
 
 fn set_extras(flags: u32, exptime: u32) -> Vec<u8> {

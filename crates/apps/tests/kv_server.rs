@@ -343,23 +343,7 @@ fn a_byte_by_byte_client_does_not_hold_the_only_kthread() {
 }
 
 fn bin_request(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    Header {
-        magic: binary::REQUEST_MAGIC,
-        opcode,
-        key_len: key.len() as u16,
-        extras_len: extras.len() as u8,
-        data_type: 0,
-        vbucket_or_status: 0,
-        body_len: (extras.len() + key.len() + value.len()) as u32,
-        opaque: 7,
-        cas,
-    }
-    .write(&mut out);
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
-    out
+    binary::encode_request(opcode, extras, key, value, cas, 7)
 }
 
 fn bin_response(s: &mut TcpStream) -> (Header, Vec<u8>) {

@@ -3,12 +3,12 @@
 //! and a PNG. (Figures are not checked here: a debug build on a loaded
 //! machine says nothing about them.)
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn colocate_reports_the_three_configurations() {
-    let out_dir = std::env::temp_dir().join(format!("ginza-bench-colocate-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out_dir = common::out_dir("bench-colocate");
+    let out = common::ginza()
         .args([
             "bench",
             "colocate",
@@ -24,9 +24,7 @@ fn colocate_reports_the_three_configurations() {
         .arg(&out_dir)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, _) = common::json_report(&out);
     let points = v["points"].as_array().unwrap();
     let order: Vec<(&str, &str)> = points
         .iter()

@@ -1,18 +1,14 @@
 //! `ginza bench corealloc --json` runs end to end and reports every figure
 //! the issue asks for, each from real events (counts, ordered percentiles).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn corealloc_reports_every_figure() {
-    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
-    if cpus.len() < 2 {
-        ginza_iokernel::testing::skip(format!(
-            "iokerneld and the managed core need two CPUs, this process has {cpus:?}"
-        ));
+    if !common::two_cpus("iokerneld and the managed core") {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out = common::ginza()
         .args([
             "bench",
             "corealloc",
@@ -24,9 +20,7 @@ fn corealloc_reports_every_figure() {
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, stderr) = common::json_report(&out);
     for (key, min_n) in [
         ("grant_us", 30),
         ("grant_spinning_us", 1),

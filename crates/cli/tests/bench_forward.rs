@@ -2,18 +2,14 @@
 //! between the two applications, and (as root, with `ip` and `ethtool`)
 //! both round-trip series come from answered datagrams.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn forward_reports_packets_per_second_and_round_trips() {
-    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
-    if cpus.len() < 2 {
-        ginza_iokernel::testing::skip(format!(
-            "iokerneld and the applications need two CPUs, this process has {cpus:?}"
-        ));
+    if !common::two_cpus("iokerneld and the applications") {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out = common::ginza()
         .args([
             "bench",
             "forward",
@@ -27,9 +23,7 @@ fn forward_reports_packets_per_second_and_round_trips() {
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, stderr) = common::json_report(&out);
     assert!(v["forward_mpps"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["copy_floor_mpps"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["forward_per_floor"].as_f64().unwrap() > 0.0, "{v}");

@@ -3,28 +3,19 @@
 //! `memcached`, both systems answer most of the offered load, batch work
 //! runs beside each, and the JSON, CSV and PNGs have the documented shape.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn memcached_bench_reports_both_systems_at_each_load() {
-    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
-    if cpus.len() < 2 {
-        ginza_iokernel::testing::skip(format!(
-            "the generator and iokerneld, and the servers, need two CPUs; this process has {cpus:?}"
-        ));
+    if !common::two_cpus("the generator, iokerneld and the servers") {
         return;
     }
-    if let Some(reason) = ginza_iokernel::netns::missing_prerequisite() {
-        ginza_iokernel::testing::skip(format!("the veth pair: {reason}"));
+    if let Some(why) = common::veth_or_memcached_missing() {
+        ginza_iokernel::testing::skip(why);
         return;
     }
-    if Command::new("memcached").arg("-V").output().is_err() {
-        ginza_iokernel::testing::skip("Debian's memcached is not installed (package memcached)");
-        return;
-    }
-    let out_dir =
-        std::env::temp_dir().join(format!("ginza-bench-memcached-test-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out_dir = common::out_dir("bench-memcached-test");
+    let out = common::ginza()
         .args([
             "bench",
             "memcached",
@@ -46,9 +37,7 @@ fn memcached_bench_reports_both_systems_at_each_load() {
         .arg(&out_dir)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, stderr) = common::json_report(&out);
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 4, "{v}");
     for (i, p) in points.iter().enumerate() {

@@ -7,18 +7,14 @@
 //! loose p99 bound, since a test asserts no latency) whose figures come
 //! from answered requests.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn oneway_reports_rtc_protected_and_linux() {
-    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
-    if cpus.len() < 2 {
-        ginza_iokernel::testing::skip(format!(
-            "iokerneld and the applications need two CPUs, this process has {cpus:?}"
-        ));
+    if !common::two_cpus("iokerneld and the applications") {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out = common::ginza()
         .args([
             "bench",
             "oneway",
@@ -40,17 +36,7 @@ fn oneway_reports_rtc_protected_and_linux() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "ginza bench oneway failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not one JSON object on stdout ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
+    let (v, _) = common::json_report(&out);
     for system in ["rtc", "protected", "linux"] {
         let q = &v["oneway_us"][system];
         let (p50, p99) = (q["p50"].as_f64(), q["p99"].as_f64());

@@ -1,12 +1,12 @@
 //! `ginza bench steering --json` runs end to end in a quick mode: every
 //! policy answers, and the JSON has the shape.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn steering_reports_every_policy() {
-    let out_dir = std::env::temp_dir().join(format!("ginza-bench-steering-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out_dir = common::out_dir("bench-steering");
+    let out = common::ginza()
         .args([
             "bench",
             "steering",
@@ -26,9 +26,7 @@ fn steering_reports_every_policy() {
         .arg(&out_dir)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, _) = common::json_report(&out);
     for policy in ["rss-mod", "flow-affinity", "indirection"] {
         let p = &v["policies"][policy];
         for key in [

@@ -3,18 +3,14 @@
 //! and `ethtool`) the veth figures from answered round trips, streams whose
 //! receipts matched, and an intact transfer through 5 % loss.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn tcp_reports_round_trips_streams_and_a_lossy_transfer() {
-    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
-    if cpus.len() < 2 {
-        ginza_iokernel::testing::skip(format!(
-            "iokerneld and the applications need two CPUs, this process has {cpus:?}"
-        ));
+    if !common::two_cpus("iokerneld and the applications") {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+    let out = common::ginza()
         .args([
             "bench",
             "tcp",
@@ -30,9 +26,7 @@ fn tcp_reports_round_trips_streams_and_a_lossy_transfer() {
         ])
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, stderr) = common::json_report(&out);
     let positive_quantiles = |q: &serde_json::Value, what: &str| {
         let (p50, p99) = (q["p50"].as_f64().unwrap(), q["p99"].as_f64().unwrap());
         assert!(0.0 < p50 && p50 <= p99, "{what}: {q}");

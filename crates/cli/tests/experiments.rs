@@ -4,8 +4,10 @@
 //! this branch yet); a malformed file is refused with its line and key; the
 //! CSV columns are stable.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Mutex;
 
 /// The runs that start iokerneld spin on a CPU: one at a time.
@@ -28,7 +30,7 @@ fn experiments() -> Vec<PathBuf> {
 }
 
 fn ginza(args: &[&str], files: &[&Path]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ginza"))
+    common::ginza()
         .args(args)
         .args(files)
         .env("RUST_BACKTRACE", "0")
@@ -37,13 +39,12 @@ fn ginza(args: &[&str], files: &[&Path]) -> Output {
 }
 
 fn out_dir(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ginza-experiments-{tag}-{}", std::process::id()))
+    common::out_dir(&format!("experiments-{tag}"))
 }
 
 #[test]
 fn every_experiment_file_runs_tiny() {
-    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
-        ginza_iokernel::testing::skip("the Ginza experiments need 2 CPUs (iokerneld spins on one)");
+    if !common::two_cpus("the Ginza experiments") {
         return;
     }
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -67,7 +68,7 @@ fn every_experiment_file_runs_tiny() {
         if !o.status.success() && needs_veth(file) {
             // Its points run over a veth pair (root) against Debian's
             // memcached: without them, skipped like the other veth tests.
-            if let Some(why) = veth_or_memcached_missing() {
+            if let Some(why) = common::veth_or_memcached_missing() {
                 ginza_iokernel::testing::skip(format!("{}: {why}", file.display()));
                 continue;
             }
@@ -130,16 +131,6 @@ fn every_experiment_file_runs_tiny() {
 fn needs_veth(file: &Path) -> bool {
     file.file_stem()
         .is_some_and(|s| s == "shenango-fig3-memcached" || s == "dlibos-fig7")
-}
-
-fn veth_or_memcached_missing() -> Option<String> {
-    if let Some(why) = ginza_iokernel::netns::missing_prerequisite() {
-        return Some(format!("the veth pair: {why}"));
-    }
-    if Command::new("memcached").arg("-V").output().is_err() {
-        return Some("Debian's memcached is not installed (package memcached)".into());
-    }
-    None
 }
 
 #[test]

@@ -129,6 +129,35 @@ impl Header {
     }
 }
 
+/// A request as a client sends it: the header, then extras, key and
+/// value (the server echoes `opaque` in its response).
+pub fn encode_request(
+    opcode: u8,
+    extras: &[u8],
+    key: &[u8],
+    value: &[u8],
+    cas: u64,
+    opaque: u32,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    Header {
+        magic: REQUEST_MAGIC,
+        opcode,
+        key_len: key.len() as u16,
+        extras_len: extras.len() as u8,
+        data_type: 0,
+        vbucket_or_status: 0,
+        body_len: (extras.len() + key.len() + value.len()) as u32,
+        opaque,
+        cas,
+    }
+    .write(&mut out);
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
 /// Writes a response to `req` with `status`, `cas`, extras, key, value.
 fn respond(
     out: &mut Vec<u8>,
@@ -565,23 +594,7 @@ mod tests {
     }
 
     fn request(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64) -> Vec<u8> {
-        let mut out = Vec::new();
-        Header {
-            magic: REQUEST_MAGIC,
-            opcode,
-            key_len: key.len() as u16,
-            extras_len: extras.len() as u8,
-            data_type: 0,
-            vbucket_or_status: 0,
-            body_len: (extras.len() + key.len() + value.len()) as u32,
-            opaque: 0xabcd,
-            cas,
-        }
-        .write(&mut out);
-        out.extend_from_slice(extras);
-        out.extend_from_slice(key);
-        out.extend_from_slice(value);
-        out
+        encode_request(opcode, extras, key, value, cas, 0xabcd)
     }
 
     /// Responses: (header, body).

@@ -18,24 +18,17 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ginza_runtime::net::{TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::net::{TcpStream, UdpSocket};
 
 use super::binary::BinarySession;
 use super::text::{Flow, TextSession};
 use super::{udp, Kv};
-use crate::echo_server::Protocols;
+use crate::echo_server::{is_timeout, Protocols};
 
 /// How often a uthread waiting for data checks the stop flag.
 pub const STOP_POLL: Duration = Duration::from_millis(10);
 /// Bytes asked of one `read`.
 const READ_CHUNK: usize = 2 * 1024;
-
-fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
-}
 
 /// One connection's protocol, picked by its first byte.
 #[derive(Debug)]
@@ -199,20 +192,12 @@ pub fn answer_datagram(datagram: &[u8], kv: &Kv) -> Vec<Vec<u8>> {
 }
 
 fn serve_udp_socket(socket: &UdpSocket, kv: &Kv, stop: &AtomicBool) -> io::Result<()> {
-    socket.set_read_timeout(Some(STOP_POLL))?;
-    let mut buf = vec![0u8; MAX_UDP_PAYLOAD];
-    while !stop.load(Relaxed) {
-        let (n, from) = match socket.recv_from(&mut buf) {
-            Ok(r) => r,
-            Err(e) if is_timeout(&e) => continue,
-            Err(e) => return Err(e),
-        };
+    crate::serve::datagrams_until_stopped(socket, stop, |request, from| {
         kv.stats.udp_requests.fetch_add(1, Relaxed);
-        for datagram in answer_datagram(&buf[..n], kv) {
+        for datagram in answer_datagram(request, kv) {
             if socket.send_to(&datagram, from).is_err() {
                 kv.stats.udp_errors.fetch_add(1, Relaxed);
             }
         }
-    }
-    Ok(())
+    })
 }

@@ -2,7 +2,10 @@
 //! [`NetNs`]'s veth pair, and Ginza applications behind it.
 #![allow(dead_code)] // each test binary uses a part
 
+mod app;
 pub mod raw_tcp;
+
+pub use app::App;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -12,7 +15,7 @@ use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_net::{Ipv4Addr, MacAddr};
 use ginza_runtime::net::NetConfig;
-use ginza_runtime::{Class, Config, IokernelConfig, RuntimeError};
+use ginza_runtime::{Class, Config, IokernelConfig};
 
 /// iokerneld spins while it drives a NIC: one at a time per test binary.
 pub fn lock() -> MutexGuard<'static, ()> {
@@ -114,41 +117,5 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         drop(self.iokerneld.take());
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A Ginza runtime on its own thread.
-pub struct App<T> {
-    thread: std::thread::JoinHandle<Result<T, RuntimeError>>,
-}
-
-impl<T: Send + 'static> App<T> {
-    /// Runs `main` on a runtime of `config` on a thread of its own.
-    pub fn spawn(config: Config, main: impl FnOnce() -> T + Send + 'static) -> App<T> {
-        App {
-            thread: std::thread::spawn(move || ginza_runtime::run(config, main)),
-        }
-    }
-}
-
-impl<T> App<T> {
-    /// Waits (at most `limit`) for `main` to return and gives its value.
-    pub fn join(self, limit: Duration) -> T {
-        let t0 = Instant::now();
-        while !self.thread.is_finished() {
-            assert!(
-                t0.elapsed() < limit,
-                "the Ginza application is still running after {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.thread
-            .join()
-            .expect("the runtime thread")
-            .expect("the runtime")
-    }
-
-    pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
     }
 }

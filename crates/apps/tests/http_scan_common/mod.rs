@@ -4,6 +4,9 @@
 //! to listen.
 #![allow(dead_code)] // each test binary uses a part
 
+#[path = "../common/app.rs"]
+mod app;
+
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +16,9 @@ use std::time::{Duration, Instant};
 use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_net::{Ipv4Addr, MacAddr};
 use ginza_runtime::net::{NetConfig, TcpStream};
-use ginza_runtime::{Class, Config, IokernelConfig, RuntimeError};
+use ginza_runtime::{Class, Config, IokernelConfig};
+
+pub use app::App;
 
 /// iokerneld spins while it runs: one test at a time per test binary.
 pub fn lock() -> MutexGuard<'static, ()> {
@@ -80,9 +85,9 @@ impl Switch {
         T: Send + 'static,
     {
         let config = self.config(name, last, kthreads);
-        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
-        self.wait_registered(name, || thread.is_finished());
-        App { thread }
+        let app = App::spawn(config, main);
+        self.wait_registered(name, || app.is_finished());
+        app
     }
 
     /// Waits (at most 10 s, and while `gone()` is false) until an
@@ -116,29 +121,6 @@ impl Drop for Switch {
     fn drop(&mut self) {
         drop(self.iokerneld.take());
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A Ginza runtime on its own thread.
-pub struct App<T> {
-    thread: std::thread::JoinHandle<Result<T, RuntimeError>>,
-}
-
-impl<T> App<T> {
-    /// Waits (at most `limit`) for `main` to return and gives its value.
-    pub fn join(self, limit: Duration) -> T {
-        let t0 = Instant::now();
-        while !self.thread.is_finished() {
-            assert!(
-                t0.elapsed() < limit,
-                "the Ginza application is still running after {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        self.thread
-            .join()
-            .expect("the runtime thread")
-            .expect("the runtime")
     }
 }
 

@@ -64,11 +64,12 @@ use ginza_netstack::daemon::{Daemon, DaemonConfig};
 use ginza_proto::parse_duration;
 use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::net::NetConfig;
-use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
+use ginza_runtime::Class;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median};
+use super::tcp::{self, runtime_config, App};
 
 /// Arguments of `ginza bench memcached`.
 #[derive(clap::Args, Debug)]
@@ -527,92 +528,21 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
     }
 }
 
-/// A Ginza runtime running `main` on its own thread.
-struct App<T> {
-    name: &'static str,
-    thread: Option<std::thread::JoinHandle<Result<T, RuntimeError>>>,
-}
-
-impl<T: Send + 'static> App<T> {
-    /// Starts it on `iokerneld` and waits until it has registered.
-    fn start(
-        iokerneld: &InProcess,
-        name: &'static str,
-        config: RtConfig,
-        main: impl FnOnce() -> T + Send + 'static,
-    ) -> anyhow::Result<App<T>> {
-        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
-        let mut app = App {
-            name,
-            thread: Some(thread),
-        };
-        let t0 = Instant::now();
-        while !iokerneld
-            .stats()
-            .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
-        {
-            if app.thread.as_ref().is_some_and(|t| t.is_finished()) {
-                app.join()?;
-                bail!("{name} returned before it registered");
-            }
-            anyhow::ensure!(
-                t0.elapsed() < START_TIMEOUT,
-                "{name} did not register with iokerneld within {START_TIMEOUT:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(app)
-    }
-
-    fn join(&mut self) -> anyhow::Result<T> {
-        let thread = self
-            .thread
-            .take()
-            .ok_or_else(|| anyhow!("{} was joined already", self.name))?;
-        thread
-            .join()
-            .map_err(|_| anyhow!("the thread of {} panicked", self.name))?
-            .with_context(|| format!("the runtime of {}", self.name))
-    }
-}
-
-fn runtime_config(iokerneld: &InProcess, name: &str, class: Class) -> RtConfig {
-    let mut io = IokernelConfig::new(name, class);
-    io.socket = Some(iokerneld.socket().to_path_buf());
-    RtConfig {
-        iokernel: Some(io),
-        ..RtConfig::with_kthreads(1)
-    }
-}
-
 /// kv-server and batch under iokerneld on the veth (AF_XDP, else
 /// AF_PACKET).
 fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
-    let mut failures = Vec::new();
-    for backend in ["af_xdp", "af_packet"] {
-        let dir = std::env::temp_dir().join(format!(
-            "ginza-bench-memcached-{}-{}",
-            std::process::id(),
-            cfg.seed
-        ));
-        let mut icfg = IokConfig::new(vec![cfg.cpus.server]);
-        icfg.own_core = Some(cfg.cpus.iokernel);
+    let cpus = tcp::Cpus {
+        iokernel: cfg.cpus.iokernel,
+        app: cfg.cpus.server,
+    };
+    let configure = |icfg: &mut IokConfig| {
         icfg.policy = cfg.allocator;
-        icfg.nic = format!("{backend}:{}", ns.host_if);
-        icfg.socket = dir.join("iokerneld.sock");
-        let iokerneld = match InProcess::start(icfg) {
-            Ok(d) => d,
-            Err(e) => {
-                failures.push(format!("iokerneld on {backend}: {e}"));
-                continue;
-            }
-        };
-        let result = ginza_serving(ns, cfg, &iokerneld, backend);
-        drop(iokerneld);
-        let _ = std::fs::remove_dir_all(&dir);
-        return result;
-    }
-    Err(anyhow!("no NIC backend opened: {}", failures.join("; ")))
+        Ok(())
+    };
+    let (_, result) = tcp::with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {
+        ginza_serving(ns, cfg, iokerneld, backend)
+    })?;
+    Ok(result)
 }
 
 fn ginza_serving(
@@ -667,7 +597,7 @@ fn ginza_serving(
     );
     let kv = Kv::new(store);
     let s2 = stop.clone();
-    let mut server = App::start(iokerneld, "kv-server", server_cfg, move || {
+    let mut server = App::start_configured(iokerneld, "kv-server", server_cfg, move || {
         ginza_apps::kv::server::serve(
             PORT,
             Protocols {
@@ -689,7 +619,7 @@ fn ginza_serving(
         io.keep_cores_when_idle = keeps;
     }
     let batch = held.and_then(|()| {
-        App::start(iokerneld, "batch", batch_cfg, move || {
+        App::start_configured(iokerneld, "batch", batch_cfg, move || {
             ginza_apps::batch::price_until_stopped(1, p2, b2, seed)
         })
     });
@@ -720,9 +650,7 @@ fn ginza_serving(
             // detached, so that batch gets the managed core to see its stop
             // (with the netstack still registered it waited for a grant).
             let t0 = Instant::now();
-            while !server.thread.as_ref().is_none_or(|t| t.is_finished())
-                && t0.elapsed() < START_TIMEOUT
-            {
+            while !server.is_finished() && t0.elapsed() < START_TIMEOUT {
                 std::thread::sleep(Duration::from_millis(5));
             }
             drop(netstack.take());

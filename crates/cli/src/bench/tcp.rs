@@ -279,13 +279,21 @@ impl<T: Send + 'static> App<T> {
         (mac, ip): (MacAddr, Ipv4Addr),
         main: impl FnOnce() -> T + Send + 'static,
     ) -> anyhow::Result<App<T>> {
-        let mut io = IokernelConfig::new(name, Class::LatencyCritical);
-        io.socket = Some(iokerneld.socket().to_path_buf());
-        io.net = Some(NetConfig::new(mac, ip));
-        let config = RtConfig {
-            iokernel: Some(io),
-            ..RtConfig::with_kthreads(1)
-        };
+        let mut config = runtime_config(iokerneld, name, Class::LatencyCritical);
+        if let Some(io) = config.iokernel.as_mut() {
+            io.net = Some(NetConfig::new(mac, ip));
+        }
+        App::start_configured(iokerneld, name, config, main)
+    }
+
+    /// Starts it with `config` (from [`runtime_config`]) and waits until it
+    /// has registered.
+    pub(super) fn start_configured(
+        iokerneld: &InProcess,
+        name: &str,
+        config: RtConfig,
+        main: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<App<T>> {
         let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
         let mut app = App {
             name: name.to_string(),
@@ -309,6 +317,11 @@ impl<T: Send + 'static> App<T> {
         Ok(app)
     }
 
+    /// Whether its `main` has returned (or it was joined).
+    pub(super) fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     pub(super) fn join(&mut self) -> anyhow::Result<T> {
         let thread = self
             .thread
@@ -321,6 +334,17 @@ impl<T: Send + 'static> App<T> {
     }
 }
 
+/// Application `name` on `iokerneld`: one kthread to start with, more cores
+/// as iokerneld grants them.
+pub(super) fn runtime_config(iokerneld: &InProcess, name: &str, class: Class) -> RtConfig {
+    let mut io = IokernelConfig::new(name, class);
+    io.socket = Some(iokerneld.socket().to_path_buf());
+    RtConfig {
+        iokernel: Some(io),
+        ..RtConfig::with_kthreads(1)
+    }
+}
+
 /// iokerneld on `nic` ("" for none) managing the application's CPU, its
 /// loop on its own; `faults` for the veth port when given.
 pub(super) fn start_iokerneld(
@@ -328,9 +352,22 @@ pub(super) fn start_iokerneld(
     cpus: Cpus,
     faults: Option<&str>,
 ) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
+    start_iokerneld_with(nic, cpus, |cfg| match faults {
+        Some(f) => set_faults(cfg, f),
+        None => Ok(()),
+    })
+}
+
+/// As [`start_iokerneld`], with `configure` adjusting iokerneld's
+/// configuration (allocation policy, faults) before it starts.
+pub(super) fn start_iokerneld_with(
+    nic: &str,
+    cpus: Cpus,
+    configure: impl FnOnce(&mut IokConfig) -> anyhow::Result<()>,
+) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "ginza-bench-tcp-{}-{}",
+        "ginza-bench-iokerneld-{}-{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     ));
@@ -345,9 +382,7 @@ pub(super) fn start_iokerneld(
         cfg
     };
     cfg.socket = dir.join("iokerneld.sock");
-    if let Some(f) = faults {
-        set_faults(&mut cfg, f)?;
-    }
+    configure(&mut cfg)?;
     let iokerneld = InProcess::start(cfg).map_err(|e| anyhow!("iokerneld on {nic:?}: {e}"))?;
     Ok((iokerneld, dir))
 }
@@ -382,6 +417,33 @@ fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<()> {
     echo.and(sink)
 }
 
+/// iokerneld on the veth's host end (AF_XDP, else AF_PACKET), its
+/// configuration adjusted by `configure`; `run` runs while it serves, given
+/// the backend that opened. Returns that backend and what `run` returned.
+pub(super) fn with_iokerneld_on_veth<R>(
+    ns: &NetNs,
+    cpus: Cpus,
+    configure: impl Fn(&mut IokConfig) -> anyhow::Result<()>,
+    run: impl FnOnce(&InProcess, &str) -> anyhow::Result<R>,
+) -> anyhow::Result<(String, R)> {
+    let mut failures = Vec::new();
+    for backend in ["af_xdp", "af_packet"] {
+        let nic = format!("{backend}:{}", ns.host_if);
+        let (iokerneld, dir) = match start_iokerneld_with(&nic, cpus, &configure) {
+            Ok(d) => d,
+            Err(e) => {
+                failures.push(format!("{e:#}"));
+                continue;
+            }
+        };
+        let result = run(&iokerneld, backend);
+        drop(iokerneld);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok((backend.to_string(), result?));
+    }
+    Err(anyhow!("no NIC backend opened: {}", failures.join("; ")))
+}
+
 /// iokerneld and Ginza's servers on the veth (AF_XDP, else AF_PACKET),
 /// with `faults` on its port; `measure` runs while they serve.
 fn with_ginza_on_veth<R>(
@@ -390,23 +452,18 @@ fn with_ginza_on_veth<R>(
     faults: Option<&str>,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
 ) -> anyhow::Result<(String, R)> {
-    let mut failures = Vec::new();
-    for backend in ["af_xdp", "af_packet"] {
-        let nic = format!("{backend}:{}", ns.host_if);
-        let (iokerneld, dir) = match start_iokerneld(&nic, cpus, faults) {
-            Ok(d) => d,
-            Err(e) => {
-                failures.push(format!("{e:#}"));
-                continue;
-            }
-        };
+    let configure = |cfg: &mut IokConfig| match faults {
+        Some(f) => set_faults(cfg, f),
+        None => Ok(()),
+    };
+    with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
-        let result = App::start(&iokerneld, "tcp-echo", (GINZA_MAC, ns.peer_ip), move || {
+        App::start(iokerneld, "tcp-echo", (GINZA_MAC, ns.peer_ip), move || {
             ginza_servers(s2)
         })
         .and_then(|mut app| {
-            let measured = measure(&iokerneld);
+            let measured = measure(iokerneld);
             stop.store(true, Ordering::Relaxed);
             // A server that failed explains a failed measurement.
             let served = app
@@ -417,12 +474,8 @@ fn with_ginza_on_veth<R>(
                 (Err(m), Err(s)) => Err(s.context(format!("(the client: {m:#})"))),
                 (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
             }
-        });
-        drop(iokerneld);
-        let _ = std::fs::remove_dir_all(&dir);
-        return Ok((backend.to_string(), result?));
-    }
-    Err(anyhow!("no NIC backend opened: {}", failures.join("; ")))
+        })
+    })
 }
 
 /// Round trips from the namespace to `target` for `--duration`.
