@@ -49,7 +49,7 @@ fn corealloc_reports_every_figure() {
 #[test]
 fn corealloc_refuses_bad_gaps_with_a_clear_error() {
     for bad in ["15,5", "0,10", "10", "a,b"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ginza"))
+        let out = common::ginza()
             .args(["bench", "corealloc", "--handover-gap-us", bad])
             .output()
             .unwrap();
