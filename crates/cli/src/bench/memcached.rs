@@ -446,15 +446,19 @@ fn measure(
     let load = load_config(cfg, target);
     let keys = cfg.keys;
     ns.run_in(move || -> anyhow::Result<()> {
-        // A server registers (and is reported started) before it listens:
-        // refusals are retried for a while.
+        // A server registers (and is reported started) before it listens,
+        // and a protected one's address is answered by netstackd, which may
+        // not have had a core for the kernel's ARP tries yet: refusals and
+        // an unreachable host are retried for a while.
         let t0 = Instant::now();
         let s = loop {
             match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
                 Ok(s) => break s,
                 Err(e)
-                    if e.kind() == std::io::ErrorKind::ConnectionRefused
-                        && t0.elapsed() < START_TIMEOUT =>
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::HostUnreachable
+                    ) && t0.elapsed() < START_TIMEOUT =>
                 {
                     std::thread::sleep(Duration::from_millis(10));
                 }
