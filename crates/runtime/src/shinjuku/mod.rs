@@ -718,8 +718,23 @@ where
                 }
                 Some(at) => now.saturating_sub(at) >= period,
             };
+            // The request the policy runs next goes to the worker's second
+            // slot before the flag is set, so that the worker finds it
+            // however fast it yields (docs/runtime.md, pre-assignment at
+            // the ask).
+            if !run.flagged && config.pre_assign_on_preempt && pending[w].is_none() {
+                let behind =
+                    queues.next_behind_preempted(run.request.class, run.request.arrival, now);
+                if let Some(request) = behind {
+                    mailboxes[w].pre_assign(request.payload.uthread);
+                    pending[w] = Some(request);
+                    pre_assigned += 1;
+                    pre_assigned_on_preempt += 1;
+                }
+            }
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
+                let mut withdrawn = false;
                 if !run.flagged {
                     k.preempt_flag.store(true, SeqCst);
                     run.flagged = true;
@@ -730,27 +745,16 @@ where
                     // the next, pre-assigned one) since `started` was read:
                     // it resets its start before it clears the flag
                     // (`worker::Mailbox::post`), so a start that changed
-                    // means the flag would reach the wrong request.
+                    // means the flag may reach the wrong request. (It also
+                    // changes when the request yielded to this very flag at
+                    // once; clearing it then is harmless.)
                     if mailboxes[w].started_ns() != started {
                         k.preempt_flag.store(false, SeqCst);
                         flags_withdrawn += 1;
-                        continue;
-                    }
-                    if config.pre_assign_on_preempt && pending[w].is_none() {
-                        let behind = queues.next_behind_preempted(
-                            run.request.class,
-                            run.request.arrival,
-                            now,
-                        );
-                        if let Some(request) = behind {
-                            mailboxes[w].pre_assign(request.payload.uthread);
-                            pending[w] = Some(request);
-                            pre_assigned += 1;
-                            pre_assigned_on_preempt += 1;
-                        }
+                        withdrawn = true;
                     }
                 }
-                if signal_now {
+                if signal_now && !withdrawn {
                     let tid = k.tid.load(Relaxed);
                     if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
                         signals_sent += 1;
