@@ -29,9 +29,12 @@
 //! * Per class (`by_class`): preemptions per request (mean, max), planned
 //!   work vs time on a worker (µs, means: on core above work is what
 //!   preemptions cost inside the request), and time waiting (latency minus
-//!   time on core, p50/p99). `preempt_cost`: per preemption, the time on
-//!   core above the work (`in_request_us`) plus the median gap between a
-//!   preempted request's report and the worker's next start (`gap_us`).
+//!   time on core, p50/p99). `preempt_cost`: per preemption, the median
+//!   time from the ask to the request off its core (`ask_to_off_us`) plus
+//!   the median gap between its report and the worker's next start
+//!   (`gap_us`); and, apart, the mean time on core above the work
+//!   (`in_request_us`: wall time, so on a loaded machine mostly time Linux
+//!   gave the worker's CPU to others).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -296,12 +299,19 @@ struct ClassCounters {
 /// What one preemption cost the worker in this run, µs.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 struct PreemptCost {
-    /// (Σ on core − Σ work) / Σ preemptions, every request.
+    /// (Σ on core − Σ work) / Σ preemptions, every request. On core is
+    /// wall time on the worker, so time Linux gave its CPU to another
+    /// thread counts: on a loaded machine this is mostly that.
     in_request_us: f64,
+    /// Median time from the ask (flag set) to the request's report that it
+    /// is off its core (part of it is still useful work, up to the next
+    /// preemption point).
+    ask_to_off_us: f64,
     /// Median time from a request's report that it is off its core to
     /// the worker's switch into the next one (nothing useful runs).
     gap_us: f64,
-    /// The two: the cost per preemption given to the simulator.
+    /// `ask_to_off_us + gap_us`: the cost per preemption given to the
+    /// simulator (medians, so a descheduled worker does not set it).
     total_us: f64,
     preemptions: u64,
 }
@@ -389,10 +399,17 @@ fn measure_point(
         0.0
     };
     let gap_us = median(&gaps).unwrap_or(0.0) / 1e3;
+    let handbacks: Vec<f64> = report
+        .preemption_samples
+        .iter()
+        .map(|s| s.handback_ns as f64)
+        .collect();
+    let ask_to_off_us = median(&handbacks).unwrap_or(0.0) / 1e3;
     let preempt_cost = PreemptCost {
         in_request_us: round3(in_request_us),
+        ask_to_off_us: round3(ask_to_off_us),
         gap_us: round3(gap_us),
-        total_us: round3(in_request_us + gap_us),
+        total_us: round3(ask_to_off_us + gap_us),
         preemptions: preemptions_all,
     };
     all.sort_unstable();
