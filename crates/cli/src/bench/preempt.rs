@@ -938,6 +938,15 @@ mod tests {
             x
         };
         for m in ["coop", "coop_roundtrip", "signal"] {
+            // `coop_roundtrip`, added for comparison, may have preempted in
+            // no run at all on a loaded machine (the dispatcher
+            // descheduled for the whole of a short run): then its figures
+            // are null, which is what they must be.
+            if m == "coop_roundtrip"
+                && v.pointer("/coop_roundtrip/dispatcher_ns") == Some(&serde_json::Value::Null)
+            {
+                continue;
+            }
             // Net of the clock's own overhead: a flag store may come out at
             // 0 ns, a signal (tgkill) costs microseconds.
             let dispatcher = number(&format!("/{m}/dispatcher_ns"));
@@ -967,17 +976,26 @@ mod tests {
             assert!(number(&format!("/{key}")) > 0.0, "{key}");
         }
         assert!(number("/capacity_workers") >= 1.0);
+        // The spans at 5 µs, where a configuration preempted at all (see
+        // above): without pre-assignment at the ask the worker never finds
+        // a request in its second slot; with it, the other long request is
+        // put behind nearly every preempted one (two are always in flight).
         for m in ["coop", "coop_roundtrip"] {
+            if v.pointer(&format!("/components_ns/{m}/took_next")) == Some(&serde_json::Value::Null)
+            {
+                continue;
+            }
             for span in ["late_ns", "ask_to_off_ns", "off_to_next_start_ns"] {
                 assert!(number(&format!("/components_ns/{m}/{span}")) >= 0.0);
             }
             number(&format!("/components_ns/{m}/worker_ns"));
+            let took_next = number(&format!("/components_ns/{m}/took_next"));
+            if m == "coop" {
+                assert!(took_next > 0.0, "{m}: took_next {took_next}");
+            } else {
+                assert_eq!(took_next, 0.0, "{m}");
+            }
         }
-        // Without pre-assignment at the ask the worker never finds a
-        // request in its second slot; with it, a long request is put
-        // behind nearly every preempted one (two are always in flight).
-        assert_eq!(number("/components_ns/coop_roundtrip/took_next"), 0.0);
-        assert!(number("/components_ns/coop/took_next") > 0.0);
         assert!(number("/meta/baseline_worker_cpu_ms") > 0.0);
         assert!(number("/meta/baseline_makespan_ms") > 0.0);
         number("/meta/poll_only_loss_pct");
