@@ -139,15 +139,64 @@ impl<T> Dispatcher<T> {
         self.queues[q].pop_front()
     }
 
+    /// The request an idle worker would get once a running request of
+    /// `class` that arrived at `arrival` is preempted and requeued
+    /// ([`Dispatcher::requeue_preempted`]), taken now — if that choice does
+    /// not depend on the preempted request. Then the caller can start it
+    /// behind the preempted one without waiting for the preempted one to be
+    /// handed back (docs/runtime.md, "Shinjuku mode", pre-assignment): the
+    /// order is the same as if it had waited.
+    ///
+    /// `None` when nothing waits, under c-FCFS (never preempts), and where
+    /// the preempted request would be the choice itself or change it: head
+    /// placement (it goes back in front), or under c-PRE-MQ a tail-placed
+    /// request whose queue is empty and whose ratio would beat every other
+    /// queue's head.
+    pub fn next_behind_preempted(
+        &mut self,
+        class: usize,
+        arrival: Time,
+        now: Time,
+    ) -> Option<Request<T>> {
+        if self.pending == 0 {
+            return None;
+        }
+        let q = self.queue_of(class);
+        let independent = match &self.policy {
+            SchedPolicy::CFcfs => false,
+            SchedPolicy::CPreSq { placement, .. } => *placement == Placement::Tail,
+            SchedPolicy::CPreMq { classes, .. } => {
+                classes[q].placement == Placement::Tail
+                    && (!self.queues[q].is_empty()
+                        || self.select_queue_with(now, Some((q, arrival))) != Some(q))
+            }
+        };
+        if independent {
+            self.next_for_idle_worker(now)
+        } else {
+            None
+        }
+    }
+
     /// Shinjuku's queue selection: the non-empty queue whose head has the
     /// largest (now − arrival) / SLO. Ties go to the lower class index.
     fn select_queue(&self, now: Time) -> Option<usize> {
+        self.select_queue_with(now, None)
+    }
+
+    /// [`Dispatcher::select_queue`], as if queue `extra.0`, empty, had a
+    /// head that arrived at `extra.1`.
+    fn select_queue_with(&self, now: Time, extra: Option<(usize, Time)>) -> Option<usize> {
         match &self.policy {
             SchedPolicy::CPreMq { classes, .. } => {
                 let mut best: Option<(usize, f64)> = None;
                 for (i, q) in self.queues.iter().enumerate() {
-                    if let Some(head) = q.front() {
-                        let ratio = now.saturating_sub(head.arrival) as f64 / classes[i].slo as f64;
+                    let head = q
+                        .front()
+                        .map(|h| h.arrival)
+                        .or_else(|| extra.filter(|&(e, _)| e == i).map(|(_, a)| a));
+                    if let Some(arrival) = head {
+                        let ratio = now.saturating_sub(arrival) as f64 / classes[i].slo as f64;
                         if best.is_none_or(|(_, b)| ratio > b) {
                             best = Some((i, ratio));
                         }
@@ -316,5 +365,86 @@ mod tests {
             .map(|r| r.id)
             .collect();
         assert!(order.iter().position(|&x| x == 3) < order.iter().position(|&x| x == 4));
+    }
+
+    /// The request taken behind a preempted one is, whenever one is given,
+    /// the one an idle worker would get after the preempted one had been
+    /// requeued; and one is given under c-PRE-SQ with tail placement
+    /// whenever anything waits.
+    #[test]
+    fn next_behind_preempted_is_what_requeueing_would_choose() {
+        use crate::rng::SplitMix64;
+        let mq = |a: Placement, b: Placement| SchedPolicy::CPreMq {
+            quantum: 5,
+            classes: vec![
+                ClassConfig {
+                    slo: 10,
+                    placement: a,
+                },
+                ClassConfig {
+                    slo: 1000,
+                    placement: b,
+                },
+            ],
+        };
+        let policies = [
+            SchedPolicy::CFcfs,
+            SchedPolicy::CPreSq {
+                quantum: 5,
+                placement: Placement::Tail,
+            },
+            SchedPolicy::CPreSq {
+                quantum: 5,
+                placement: Placement::Head,
+            },
+            mq(Placement::Tail, Placement::Tail),
+            mq(Placement::Head, Placement::Tail),
+        ];
+        let mut rng = SplitMix64::new(7);
+        let mut given = 0;
+        for policy in policies {
+            let classes = if matches!(policy, SchedPolicy::CPreMq { .. }) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..2000 {
+                let mut d = Dispatcher::new(policy.clone());
+                let now = 10_000;
+                for id in 0..rng.below(4) as u64 {
+                    let arrival = rng.below(10_000) as Time;
+                    d.enqueue(req(id, rng.below(classes), arrival), arrival);
+                }
+                let preempted = req(100, rng.below(classes), rng.below(10_000) as Time);
+                let mut reference = Dispatcher::new(policy.clone());
+                reference.queues = d.queues.clone();
+                reference.pending = d.pending;
+                reference.requeue_preempted(preempted.clone(), now);
+                let expected = reference.next_for_idle_worker(now).map(|r| r.id);
+                let before = d.len();
+                match d.next_behind_preempted(preempted.class, preempted.arrival, now) {
+                    Some(r) => {
+                        given += 1;
+                        assert_eq!(Some(r.id), expected, "{policy:?}");
+                        assert_eq!(d.len(), before - 1);
+                    }
+                    None => {
+                        assert_eq!(d.len(), before, "nothing taken when none is given");
+                        if policy
+                            == (SchedPolicy::CPreSq {
+                                quantum: 5,
+                                placement: Placement::Tail,
+                            })
+                        {
+                            assert_eq!(before, 0, "c-PRE-SQ tail: given whenever one waits");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            given > 1000,
+            "only {given} requests taken behind a preempted one"
+        );
     }
 }

@@ -145,6 +145,42 @@ fn sq_tail_placement_lets_short_requests_pass_a_long_one() {
             .preemptions
             >= 1
     );
+    // The first short request is put behind the long one as it is asked
+    // to yield (tail placement: the choice does not depend on it).
+    assert!(report.pre_assigned_on_preempt >= 1, "{report:?}");
+}
+
+/// Without the pre-assignment at the ask, the same order (the worker
+/// idles through the round trip instead).
+#[test]
+fn sq_tail_order_is_the_same_without_pre_assignment_on_preemption() {
+    let report = serve(
+        ShinjukuConfig {
+            pre_assign_on_preempt: false,
+            ..one_worker(sq(Placement::Tail), Preemption::default())
+        },
+        script(vec![(0, 0, 3_000_000u64), (0, 0, 100), (0, 0, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    assert_eq!(completion_order(&report), vec![1, 2, 0]);
+    assert_eq!(report.pre_assigned, 0);
+}
+
+/// Time on core is counted per request: a long request's covers its work
+/// (it is never more than its latency).
+#[test]
+fn time_on_core_is_counted_per_request() {
+    let report = serve(
+        one_worker(sq(Placement::Tail), Preemption::default()),
+        script(vec![(0, 0, 3_000_000u64), (0, 0, 100), (0, 0, 100)]),
+        short_unpreemptible,
+    )
+    .unwrap();
+    for c in &report.completions {
+        assert!(c.on_core_ns > 0, "request {} never on core", c.id);
+        assert!(c.on_core_ns <= c.latency_ns(), "request {}: {c:?}", c.id);
+    }
 }
 
 #[test]
@@ -160,6 +196,9 @@ fn sq_head_placement_keeps_the_preempted_request_first() {
         report.completions[0].preemptions >= 1,
         "it was never preempted at all"
     );
+    // Head placement: the preempted request is the next choice, so nothing
+    // is put behind it.
+    assert_eq!(report.pre_assigned_on_preempt, 0);
 }
 
 /// With pre-assignment, the request waiting in the worker's second slot is
@@ -447,7 +486,15 @@ fn requests_may_spawn_and_join_uthreads() {
 
 #[test]
 fn a_million_requests_with_preemption_none_lost_none_twice() {
-    none_lost_none_twice(1_000_000, 2, false);
+    none_lost_none_twice(1_000_000, 2, false, true);
+}
+
+/// The round trip through the dispatcher at every preemption (the next
+/// request assigned only after the report), as before pre-assignment at
+/// the ask.
+#[test]
+fn without_pre_assignment_on_preemption_none_lost_none_twice() {
+    none_lost_none_twice(100_000, 2, false, false);
 }
 
 /// With the mailbox's second slot: pre-assigned requests are taken by
@@ -455,11 +502,11 @@ fn a_million_requests_with_preemption_none_lost_none_twice() {
 /// worker is idle, or assigned the ordinary way; each runs exactly once.
 #[test]
 fn pre_assigned_requests_under_preemption_none_lost_none_twice() {
-    none_lost_none_twice(300_000, 2, true);
-    none_lost_none_twice(100_000, 1, true);
+    none_lost_none_twice(300_000, 2, true, true);
+    none_lost_none_twice(100_000, 1, true, true);
 }
 
-fn none_lost_none_twice(n: usize, workers: usize, pre_assign: bool) {
+fn none_lost_none_twice(n: usize, workers: usize, pre_assign: bool, on_preempt: bool) {
     /// Requests released ahead of the completions the handlers counted:
     /// far below the runtime's bound on requests in flight (4096), so none
     /// is refused.
@@ -496,6 +543,7 @@ fn none_lost_none_twice(n: usize, workers: usize, pre_assign: bool) {
                 placement: Placement::Tail,
             },
             pre_assign,
+            pre_assign_on_preempt: on_preempt,
             ..ShinjukuConfig::default()
         },
         Burst {
@@ -516,11 +564,22 @@ fn none_lost_none_twice(n: usize, workers: usize, pre_assign: bool) {
     assert_eq!(report.rejected, 0);
     assert_eq!(report.completions.len(), n);
     assert_eq!(
-        report.pre_assigned > 0,
+        report.pre_assigned - report.pre_assigned_on_preempt > 0,
         pre_assign,
-        "pre-assigned {}",
-        report.pre_assigned
+        "pre-assigned {}, of which at preemptions {}",
+        report.pre_assigned,
+        report.pre_assigned_on_preempt
     );
+    if !pre_assign {
+        // Every preemption happens with requests waiting (a window of
+        // 1024), so each puts the next one behind the preempted request.
+        assert_eq!(
+            report.pre_assigned_on_preempt > 0,
+            on_preempt,
+            "{}",
+            report.pre_assigned_on_preempt
+        );
+    }
     assert!(
         runs.iter().all(|c| c.load(SeqCst) == 1),
         "a request ran twice or never"

@@ -11,7 +11,11 @@
 //!   are submitted at once to the worker under c-PRE-SQ (tail placement), so
 //!   another request always waits and the running one is preempted every
 //!   quantum. `coop` is `Preemption::Cooperative { backstop: None }` with the
-//!   loop calling `preempt_point()` every 64 iterations; `signal` is
+//!   loop calling `preempt_point()` every 64 iterations, and the runtime's
+//!   default pre-assignment of the next request as the flag is set;
+//!   `coop_roundtrip` the same without it (`pre_assign_on_preempt: false`:
+//!   the worker waits for the dispatcher to see its report and assign the
+//!   next request, the behaviour before issue #16's fix); `signal` is
 //!   `Preemption::Signal` with no preemption point in the loop. The baseline
 //!   runs the same requests under c-FCFS (never preempted) with the loop
 //!   without `preempt_point()`, so the cooperative loss includes polling.
@@ -28,6 +32,14 @@
 //!   Each configuration runs `--reps` times (interleaved); per-run medians
 //!   and percentiles, then the median over runs. `coop` / `signal` are given
 //!   at a 10 µs quantum; `loss_pct` at 5, 10 and 15 µs.
+//! * **Where a cooperative preemption's time goes** (`components_ns`, 5 µs
+//!   quantum, `coop` and `coop_roundtrip`): spans stamped by the dispatcher
+//!   and the worker with the runtime's clock (`PreemptionSample`): `late_ns`
+//!   (quantum end → flag set), `ask_to_off_ns` (flag set → the request's
+//!   report that it is off its core), `off_to_next_start_ns` (→ the worker
+//!   switches into the next request), `took_next` (the fraction handed
+//!   over through the second slot), beside `worker_ns`, the CPU time lost
+//!   per preemption.
 //! * **Dispatch rates.** `--tiny` requests whose handler returns at once,
 //!   from a source that always has the next one ready (up to 256 in
 //!   flight), c-FCFS: completions / (last completion - first arrival), in
@@ -52,7 +64,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ginza_runtime::preempt_point;
 use ginza_runtime::shinjuku::{
-    serve, Arrival, Placement, Preemption, SchedPolicy, ServeReport, ShinjukuConfig, Source,
+    serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ServeReport,
+    ShinjukuConfig, Source,
 };
 use ginza_sys::clock;
 use serde::Serialize;
@@ -255,18 +268,29 @@ pub(super) fn makespan_ns<R>(report: &ServeReport<R>) -> u64 {
 /// A preemption mechanism under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mech {
+    /// The cooperative flag, the next request pre-assigned as the flag is
+    /// set (the runtime's default).
     Coop,
+    /// The cooperative flag, the next request assigned only after the
+    /// worker's report (`pre_assign_on_preempt: false`): a round trip
+    /// through the dispatcher per preemption.
+    CoopRoundTrip,
     Signal,
 }
 
 impl Mech {
-    const ALL: [Mech; 2] = [Mech::Coop, Mech::Signal];
+    const ALL: [Mech; 3] = [Mech::Coop, Mech::CoopRoundTrip, Mech::Signal];
 
     fn name(self) -> &'static str {
         match self {
             Mech::Coop => "coop",
+            Mech::CoopRoundTrip => "coop_roundtrip",
             Mech::Signal => "signal",
         }
+    }
+
+    fn polls(self) -> bool {
+        self != Mech::Signal
     }
 }
 
@@ -283,6 +307,14 @@ struct LongRun {
     dispatcher_ns: Option<f64>,
     p50_ns: Option<f64>,
     p99_ns: Option<f64>,
+    /// Medians over this run's preemptions of the spans of one preemption.
+    late_ns: Option<f64>,
+    resume_ns: Option<f64>,
+    /// Fraction of preemptions after which the worker switched straight
+    /// into a pre-assigned request.
+    took_next: Option<f64>,
+    /// Flags the dispatcher withdrew (meant for a request that had stopped).
+    flags_withdrawn: u64,
 }
 
 /// Long requests under `mech` at `quantum_us`, or the c-FCFS baseline when
@@ -310,14 +342,15 @@ fn long_run(
                 placement: Placement::Tail,
             },
             match m {
-                Mech::Coop => Preemption::Cooperative { backstop: None },
+                Mech::Coop | Mech::CoopRoundTrip => Preemption::Cooperative { backstop: None },
                 Mech::Signal => Preemption::Signal,
             },
-            m == Mech::Coop,
+            m.polls(),
         ),
     };
     let config = ShinjukuConfig {
         record_preemptions: mech.is_some(),
+        pre_assign_on_preempt: !matches!(mech, Some((Mech::CoopRoundTrip, _))),
         // All of them are in flight at once: none may be refused.
         max_in_flight: usize::try_from(requests).unwrap_or(usize::MAX),
         ..cores.config(policy, preemption)
@@ -357,6 +390,16 @@ fn long_run(
         .map(|s| s.handback_ns)
         .collect();
     handback.sort_unstable();
+    let span_median = |f: fn(&PreemptionSample) -> Option<u64>| {
+        let v: Vec<f64> = report
+            .preemption_samples
+            .iter()
+            .filter_map(f)
+            .map(|x| x as f64)
+            .collect();
+        median(&v)
+    };
+    let samples = report.preemption_samples.len();
     // One worker: every request ran on the same OS thread, so its CPU clock
     // spans them all.
     let cpu = |f: fn(&(u64, u64, u64)) -> u64| {
@@ -375,6 +418,17 @@ fn long_run(
         dispatcher_ns: median(&dispatcher),
         p50_ns: percentile(&handback, 50.0).map(|v| v as f64),
         p99_ns: percentile(&handback, 99.0).map(|v| v as f64),
+        late_ns: span_median(|s| Some(s.late_ns)),
+        resume_ns: span_median(|s| s.resume_ns),
+        took_next: (samples > 0).then(|| {
+            report
+                .preemption_samples
+                .iter()
+                .filter(|s| s.took_next)
+                .count() as f64
+                / samples as f64
+        }),
+        flags_withdrawn: report.flags_withdrawn,
     })
 }
 
@@ -432,7 +486,39 @@ struct MechFigures {
 #[derive(Clone, Copy, Debug, Serialize)]
 struct Loss {
     coop: Option<f64>,
+    coop_roundtrip: Option<f64>,
     signal: Option<f64>,
+}
+
+/// Where one cooperative preemption's time goes, at the 5 µs quantum:
+/// spans stamped with the runtime's clock by the dispatcher and the worker
+/// (`PreemptionSample`), medians over runs of per-run medians.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Spans {
+    /// Worker CPU time lost per preemption (the loss over the baseline,
+    /// divided by the preemptions).
+    worker_ns: Option<f64>,
+    /// End of the quantum → the dispatcher sets the flag (its pass).
+    late_ns: Option<f64>,
+    /// Flag set → the worker's report that the request is off its core:
+    /// the flag's cache line, the wait for the next preemption point
+    /// (useful work goes on meanwhile), the yield and the switch out.
+    ask_to_off_ns: Option<f64>,
+    /// Off its core → the worker switches into the next request: the
+    /// round trip through the dispatcher, or the hand-over of the request
+    /// pre-assigned as the flag was set (no useful work meanwhile).
+    off_to_next_start_ns: Option<f64>,
+    /// Fraction of preemptions after which the worker took the
+    /// pre-assigned request itself.
+    took_next: Option<f64>,
+    /// Flags withdrawn (meant for a request that had stopped), all runs.
+    flags_withdrawn: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Components {
+    coop: Spans,
+    coop_roundtrip: Spans,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -476,7 +562,10 @@ struct Meta {
 #[derive(Clone, Debug, Serialize)]
 struct Report {
     coop: MechFigures,
+    coop_roundtrip: MechFigures,
     signal: MechFigures,
+    /// At a 5 µs quantum.
+    components_ns: Components,
     loss_pct: LossPct,
     /// One worker, no pre-assignment: a hand-off round-trip rate.
     handoff_roundtrip_mrps: Option<f64>,
@@ -599,7 +688,24 @@ fn measure(
     };
     let loss_at = |q: u64| Loss {
         coop: loss(q, Mech::Coop),
+        coop_roundtrip: loss(q, Mech::CoopRoundTrip),
         signal: loss(q, Mech::Signal),
+    };
+    let spans = |m: Mech| -> Spans {
+        let c = cell(5, m);
+        let get = |f: &dyn Fn(&LongRun) -> Option<f64>| c.and_then(|c| c.median_of(f));
+        Spans {
+            worker_ns: get(&|r| {
+                let tb = t_base?;
+                (r.preemptions > 0).then(|| (r.worker_cpu_ns as f64 - tb) / r.preemptions as f64)
+            })
+            .map(round1),
+            late_ns: get(&|r| r.late_ns).map(round1),
+            ask_to_off_ns: get(&|r| r.p50_ns).map(round1),
+            off_to_next_start_ns: get(&|r| r.resume_ns).map(round1),
+            took_next: get(&|r| r.took_next).map(round3),
+            flags_withdrawn: c.map_or(0, |c| c.runs.iter().map(|r| r.flags_withdrawn).sum()),
+        }
     };
     let signal_runs_left_out = cells
         .iter()
@@ -631,7 +737,12 @@ fn measure(
     }
     Ok(Report {
         coop: figures(Mech::Coop),
+        coop_roundtrip: figures(Mech::CoopRoundTrip),
         signal: figures(Mech::Signal),
+        components_ns: Components {
+            coop: spans(Mech::Coop),
+            coop_roundtrip: spans(Mech::CoopRoundTrip),
+        },
         loss_pct: LossPct {
             q5: loss_at(5),
             q10: loss_at(10),
@@ -679,7 +790,11 @@ fn render_table(r: &Report) -> String {
         "mech", "dispatcher_ns", "worker_ns", "lat p50", "lat p99"
     );
     let _ = writeln!(out, "{}", "-".repeat(90));
-    for (name, m) in [("coop", &r.coop), ("signal", &r.signal)] {
+    for (name, m) in [
+        ("coop", &r.coop),
+        ("coop-rt", &r.coop_roundtrip),
+        ("signal", &r.signal),
+    ] {
         let _ = writeln!(
             out,
             "{name:<8}{:>15}{:>12}{:>12}{:>12}   {}",
@@ -687,7 +802,7 @@ fn render_table(r: &Report) -> String {
             f(m.worker_ns),
             f(m.latency_ns.p50),
             f(m.latency_ns.p99),
-            if name == "coop" {
+            if name != "signal" {
                 "298 sender / 1,212 receiver"
             } else {
                 "Linux signal ~4,950 end to end"
@@ -700,14 +815,44 @@ fn render_table(r: &Report) -> String {
         r.meta.reported_quantum_us
     );
     let _ = writeln!(out, "\nthroughput loss of the worker, %:");
-    let _ = writeln!(out, "{:<8}{:>10}{:>10}", "quantum", "coop", "signal");
+    let _ = writeln!(
+        out,
+        "{:<8}{:>10}{:>10}{:>10}",
+        "quantum", "coop", "coop-rt", "signal"
+    );
     for (q, l) in [
         ("5us", r.loss_pct.q5),
         ("10us", r.loss_pct.q10),
         ("15us", r.loss_pct.q15),
     ] {
         let g = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-        let _ = writeln!(out, "{q:<8}{:>10}{:>10}", g(l.coop), g(l.signal));
+        let _ = writeln!(
+            out,
+            "{q:<8}{:>10}{:>10}{:>10}",
+            g(l.coop),
+            g(l.coop_roundtrip),
+            g(l.signal)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\none cooperative preemption at 5 us, ns (coop-rt: next request only after the \
+         report):\n{:<8}{:>10}{:>8}{:>12}{:>12}{:>10}",
+        "", "worker", "late", "ask->off", "off->next", "took_next"
+    );
+    for (name, sp) in [
+        ("coop", &r.components_ns.coop),
+        ("coop-rt", &r.components_ns.coop_roundtrip),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name:<8}{:>10}{:>8}{:>12}{:>12}{:>10}",
+            f(sp.worker_ns),
+            f(sp.late_ns),
+            f(sp.ask_to_off_ns),
+            f(sp.off_to_next_start_ns),
+            f3(sp.took_next)
+        );
     }
     let _ = writeln!(
         out,
@@ -792,7 +937,16 @@ mod tests {
             assert!(x.is_finite(), "{path} = {x}");
             x
         };
-        for m in ["coop", "signal"] {
+        for m in ["coop", "coop_roundtrip", "signal"] {
+            // `coop_roundtrip`, added for comparison, may have preempted in
+            // no run at all on a loaded machine (the dispatcher
+            // descheduled for the whole of a short run): then its figures
+            // are null, which is what they must be.
+            if m == "coop_roundtrip"
+                && v.pointer("/coop_roundtrip/dispatcher_ns") == Some(&serde_json::Value::Null)
+            {
+                continue;
+            }
             // Net of the clock's own overhead: a flag store may come out at
             // 0 ns, a signal (tgkill) costs microseconds.
             let dispatcher = number(&format!("/{m}/dispatcher_ns"));
@@ -810,7 +964,7 @@ mod tests {
             assert!(0.0 < p50 && p50 <= p99, "{m}: latency p50 {p50} p99 {p99}");
         }
         for q in ["5us", "10us", "15us"] {
-            for m in ["coop", "signal"] {
+            for m in ["coop", "coop_roundtrip", "signal"] {
                 number(&format!("/loss_pct/{q}/{m}"));
             }
         }
@@ -822,6 +976,26 @@ mod tests {
             assert!(number(&format!("/{key}")) > 0.0, "{key}");
         }
         assert!(number("/capacity_workers") >= 1.0);
+        // The spans at 5 µs, where a configuration preempted at all (see
+        // above): without pre-assignment at the ask the worker never finds
+        // a request in its second slot; with it, the other long request is
+        // put behind nearly every preempted one (two are always in flight).
+        for m in ["coop", "coop_roundtrip"] {
+            if v.pointer(&format!("/components_ns/{m}/took_next")) == Some(&serde_json::Value::Null)
+            {
+                continue;
+            }
+            for span in ["late_ns", "ask_to_off_ns", "off_to_next_start_ns"] {
+                assert!(number(&format!("/components_ns/{m}/{span}")) >= 0.0);
+            }
+            number(&format!("/components_ns/{m}/worker_ns"));
+            let took_next = number(&format!("/components_ns/{m}/took_next"));
+            if m == "coop" {
+                assert!(took_next > 0.0, "{m}: took_next {took_next}");
+            } else {
+                assert_eq!(took_next, 0.0, "{m}");
+            }
+        }
         assert!(number("/meta/baseline_worker_cpu_ms") > 0.0);
         assert!(number("/meta/baseline_makespan_ms") > 0.0);
         number("/meta/poll_only_loss_pct");

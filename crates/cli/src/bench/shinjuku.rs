@@ -23,7 +23,18 @@
 //!   on requests in flight, 4096, or no stack could be mapped); they are
 //!   in no percentile.
 //! * The simulator's prediction: `ReqSim` with 1 core, the same policy and
-//!   load, no preemption or switch cost.
+//!   load, no preemption or switch cost (`sim_p99_us`); and again with each
+//!   preemption costing the worker what it cost in the run
+//!   (`sim_p99_us_at_measured_cost`, cost in `preempt_cost`).
+//! * Per class (`by_class`): preemptions per request (mean, max), planned
+//!   work vs time on a worker (µs, means: on core above work is what
+//!   preemptions cost inside the request), and time waiting (latency minus
+//!   time on core, p50/p99). `preempt_cost`: per preemption, the median
+//!   time from the ask to the request off its core (`ask_to_off_us`) plus
+//!   the median gap between its report and the worker's next start
+//!   (`gap_us`); and, apart, the mean time on core above the work
+//!   (`in_request_us`: wall time, so on a loaded machine mostly time Linux
+//!   gave the worker's CPU to others).
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -32,7 +43,7 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use ginza_runtime::shinjuku::{
-    serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, Source,
+    serve, Arrival, ClassConfig, Placement, Preemption, SchedPolicy, ShinjukuConfig, Source,
 };
 use ginza_sim::dist::{Arrivals, Service};
 use ginza_sim::figs::par_map;
@@ -43,7 +54,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use super::common::emit;
-use super::common::percentile;
+use super::common::{median, percentile};
 use super::preempt::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench shinjuku`.
@@ -263,6 +274,46 @@ struct Measured {
     p99_us: f64,
     p99_us_by_class: Vec<Option<f64>>,
     rejected: u64,
+    by_class: Vec<ClassCounters>,
+    preempt_cost: PreemptCost,
+}
+
+/// Where one class's requests spent their time (measured requests only).
+#[derive(Clone, Debug, Default, Serialize)]
+struct ClassCounters {
+    requests: u64,
+    /// Preemptions per request: mean and the most any request had.
+    preemptions_mean: f64,
+    preemptions_max: u32,
+    /// Mean planned work (the service time drawn) and mean time on a
+    /// worker, µs: on core above work is what preemptions cost inside the
+    /// request (switching, cold caches on its stack and data).
+    work_us_mean: f64,
+    on_core_us_mean: f64,
+    /// Latency minus time on a worker (queued, pre-assigned, handed
+    /// over), µs.
+    waiting_us_p50: Option<f64>,
+    waiting_us_p99: Option<f64>,
+}
+
+/// What one preemption cost the worker in this run, µs.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct PreemptCost {
+    /// (Σ on core − Σ work) / Σ preemptions, every request. On core is
+    /// wall time on the worker, so time Linux gave its CPU to another
+    /// thread counts: on a loaded machine this is mostly that.
+    in_request_us: f64,
+    /// Median time from the ask (flag set) to the request's report that it
+    /// is off its core (part of it is still useful work, up to the next
+    /// preemption point).
+    ask_to_off_us: f64,
+    /// Median time from a request's report that it is off its core to
+    /// the worker's switch into the next one (nothing useful runs).
+    gap_us: f64,
+    /// `ask_to_off_us + gap_us`: the cost per preemption given to the
+    /// simulator (medians, so a descheduled worker does not set it).
+    total_us: f64,
+    preemptions: u64,
 }
 
 fn measure_point(
@@ -272,6 +323,7 @@ fn measure_point(
     plan: &[Planned],
     warmup: usize,
     chunk: u64,
+    ns_per_step: f64,
 ) -> anyhow::Result<Measured> {
     let source = Replay {
         plan,
@@ -279,7 +331,10 @@ fn measure_point(
         classes: pol == Pol::CPreMq,
     };
     let report = serve(
-        cores.config(pol.runtime(svc), Preemption::default()),
+        ShinjukuConfig {
+            record_preemptions: true,
+            ..cores.config(pol.runtime(svc), Preemption::default())
+        },
         source,
         move |iters: u64| {
             black_box(chunked::<true>(iters, chunk, 1));
@@ -296,17 +351,67 @@ fn measure_point(
     let classes = svc.classes();
     let mut all = Vec::with_capacity(plan.len());
     let mut by_class: Vec<Vec<u64>> = vec![Vec::new(); classes];
+    let mut counters = vec![ClassCounters::default(); classes];
+    let mut waiting: Vec<Vec<u64>> = vec![Vec::new(); classes];
+    let (mut work_all_ns, mut on_core_all_ns, mut preemptions_all) = (0.0, 0.0, 0u64);
     for c in &report.completions {
         let id = c.id as usize;
+        let work_ns = plan.get(id).map_or(0.0, |p| p.iters as f64 * ns_per_step);
+        work_all_ns += work_ns;
+        on_core_all_ns += c.on_core_ns as f64;
+        preemptions_all += u64::from(c.preemptions);
         if id < warmup {
             continue;
         }
         let lat = c.latency_ns();
         all.push(lat);
-        if let Some(v) = plan.get(id).and_then(|p| by_class.get_mut(p.class)) {
-            v.push(lat);
+        if let Some(p) = plan.get(id) {
+            if let Some(v) = by_class.get_mut(p.class) {
+                v.push(lat);
+                let k = &mut counters[p.class];
+                k.requests += 1;
+                k.preemptions_mean += f64::from(c.preemptions);
+                k.preemptions_max = k.preemptions_max.max(c.preemptions);
+                k.work_us_mean += work_ns / 1e3;
+                k.on_core_us_mean += c.on_core_ns as f64 / 1e3;
+                waiting[p.class].push(lat.saturating_sub(c.on_core_ns));
+            }
         }
     }
+    for (k, w) in counters.iter_mut().zip(waiting.iter_mut()) {
+        let n = k.requests.max(1) as f64;
+        k.preemptions_mean = round3(k.preemptions_mean / n);
+        k.work_us_mean = round3(k.work_us_mean / n);
+        k.on_core_us_mean = round3(k.on_core_us_mean / n);
+        w.sort_unstable();
+        k.waiting_us_p50 = percentile(w, 50.0).map(|v| round3(v as f64 / 1e3));
+        k.waiting_us_p99 = percentile(w, 99.0).map(|v| round3(v as f64 / 1e3));
+    }
+    let gaps: Vec<f64> = report
+        .preemption_samples
+        .iter()
+        .filter_map(|s| s.resume_ns)
+        .map(|v| v as f64)
+        .collect();
+    let in_request_us = if preemptions_all > 0 {
+        ((on_core_all_ns - work_all_ns) / preemptions_all as f64 / 1e3).max(0.0)
+    } else {
+        0.0
+    };
+    let gap_us = median(&gaps).unwrap_or(0.0) / 1e3;
+    let handbacks: Vec<f64> = report
+        .preemption_samples
+        .iter()
+        .map(|s| s.handback_ns as f64)
+        .collect();
+    let ask_to_off_us = median(&handbacks).unwrap_or(0.0) / 1e3;
+    let preempt_cost = PreemptCost {
+        in_request_us: round3(in_request_us),
+        ask_to_off_us: round3(ask_to_off_us),
+        gap_us: round3(gap_us),
+        total_us: round3(ask_to_off_us + gap_us),
+        preemptions: preemptions_all,
+    };
     all.sort_unstable();
     by_class.iter_mut().for_each(|v| v.sort_unstable());
     let us = |ns: u64| ns as f64 / 1e3;
@@ -318,6 +423,8 @@ fn measure_point(
             .map(|v| percentile(v, 99.0).map(us))
             .collect(),
         rejected: report.rejected,
+        by_class: counters,
+        preempt_cost,
     })
 }
 
@@ -333,9 +440,15 @@ struct Point {
     p99_us_by_class: Vec<Option<f64>>,
     sim_p99_us: f64,
     sim_p99_us_by_class: Vec<f64>,
+    /// The simulator again, each preemption costing the worker what it
+    /// cost in this run (`preempt_cost.total_us`).
+    sim_p99_us_at_measured_cost: f64,
     /// Requests refused at arrival (over the bound on requests in flight,
     /// or no stack); in no percentile.
     rejected: u64,
+    /// Per class (mode): preemptions, work vs time on core, waiting.
+    by_class: Vec<ClassCounters>,
+    preempt_cost: PreemptCost,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -452,8 +565,30 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
         |&(_, _, load, _, pol)| format!("{} {load:.2}", pol.name()),
         |_, &(di, pi, load, rate, pol)| {
             let svc = &services[di];
-            let m = measure_point(cores, pol, svc, &plans[pi], warmup as usize, chunk)?;
+            let m = measure_point(
+                cores,
+                pol,
+                svc,
+                &plans[pi],
+                warmup as usize,
+                chunk,
+                ns_per_step,
+            )?;
             let (sim_p99, sim_by_class) = sims.next().context("a simulation is missing")?;
+            let sim_at_cost = if m.preempt_cost.preemptions > 0 {
+                let mut sim = ReqSim::new(
+                    1,
+                    pol.sim(svc),
+                    svc.clone(),
+                    load,
+                    args.sim_requests,
+                    args.seed,
+                );
+                sim.preempt_cost_us = m.preempt_cost.total_us;
+                sim.run().latency_pct_us(99.0)
+            } else {
+                sim_p99
+            };
             Ok(Point {
                 dist: svc.label(),
                 policy: pol.name(),
@@ -464,7 +599,10 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 p99_us_by_class: m.p99_us_by_class.iter().map(|v| v.map(round3)).collect(),
                 sim_p99_us: round3(sim_p99),
                 sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
+                sim_p99_us_at_measured_cost: round3(sim_at_cost),
                 rejected: m.rejected,
+                by_class: m.by_class,
+                preempt_cost: m.preempt_cost,
             })
         },
     )?;
@@ -519,6 +657,8 @@ fn write_outputs(
                 cell(p.sim_p99_us_by_class.first().copied()),
                 cell(p.sim_p99_us_by_class.get(1).copied()),
                 p.rejected.to_string(),
+                format!("{}", p.sim_p99_us_at_measured_cost),
+                format!("{}", p.preempt_cost.total_us),
             ]
         })
         .collect();
@@ -537,6 +677,8 @@ fn write_outputs(
             "sim_p99_class0_us",
             "sim_p99_class1_us",
             "rejected",
+            "sim_p99_at_measured_cost_us",
+            "preempt_cost_us",
         ],
         &rows,
     )?;
@@ -599,7 +741,7 @@ fn render_table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
         "dist",
         "policy",
         "load",
@@ -610,14 +752,16 @@ fn render_table(r: &Report) -> String {
         "p99 c1",
         "sim p99",
         "sim c0",
-        "sim c1"
+        "sim c1",
+        "sim@cost",
+        "cost us"
     );
-    let _ = writeln!(out, "{}", "-".repeat(130));
+    let _ = writeln!(out, "{}", "-".repeat(152));
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     for p in &r.points {
         let _ = writeln!(
             out,
-            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
             p.dist,
             p.policy,
             p.load,
@@ -629,12 +773,15 @@ fn render_table(r: &Report) -> String {
             f(Some(p.sim_p99_us)),
             f(p.sim_p99_us_by_class.first().copied()),
             f(p.sim_p99_us_by_class.get(1).copied()),
+            f(Some(p.sim_p99_us_at_measured_cost)),
+            format!("{:.3}", p.preempt_cost.total_us),
         );
     }
     let _ = writeln!(
         out,
         "offered/achieved in M requests/s; c0/c1 = p99 of the short/long mode; sim = \
-         ReqSim, 1 core, no preemption cost; CSV and PNGs: {}",
+         ReqSim, 1 core, no preemption cost; sim@cost: the same with each preemption \
+         costing the worker what it cost in the run (cost us); CSV and PNGs: {}",
         r.meta.csv
     );
     out

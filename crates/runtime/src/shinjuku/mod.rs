@@ -23,7 +23,7 @@
 //! aborting the process.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +37,7 @@ use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
 use crate::sched::{self, KthreadBody, Owner, Shared, URef};
 use crate::task::{unqueued, JoinHandle};
-use worker::{Mailbox, Report};
+use worker::{Mailbox, Posted, Report};
 
 pub mod dispatched;
 mod worker;
@@ -86,6 +86,13 @@ pub struct ShinjukuConfig {
     /// slot) when no worker is idle, so that it starts without waiting for
     /// the dispatcher's round trip (docs/runtime.md, "Shinjuku mode").
     pub pre_assign: bool,
+    /// When the dispatcher asks a worker's request to yield, it puts the
+    /// request the policy runs next in that worker's second slot at once
+    /// (where the choice does not depend on the preempted request:
+    /// `Dispatcher::next_behind_preempted`), so that the worker switches
+    /// straight into it instead of idling through the round trip of its
+    /// report and the next assignment (docs/runtime.md, "Shinjuku mode").
+    pub pre_assign_on_preempt: bool,
 }
 
 impl Default for ShinjukuConfig {
@@ -104,6 +111,7 @@ impl Default for ShinjukuConfig {
             record_preemptions: false,
             max_in_flight: 4096,
             pre_assign: false,
+            pre_assign_on_preempt: true,
         }
     }
 }
@@ -169,6 +177,10 @@ pub struct Completion<Resp> {
     pub finish_ns: u64,
     /// How many times it was preempted.
     pub preemptions: u32,
+    /// Time it ran on a worker: from each switch into it to the report
+    /// that it stopped, summed (ns). The rest of its latency it waited:
+    /// queued, pre-assigned, or handed over.
+    pub on_core_ns: u64,
     /// The handler's value, or its panic.
     pub result: Result<Resp, JoinError>,
 }
@@ -190,6 +202,18 @@ pub struct PreemptionSample {
     /// From the last ask (flag set, or signal sent) to the worker's report
     /// that the request is off its core (ns).
     pub handback_ns: u64,
+    /// How late the dispatcher asked: from the end of the request's
+    /// quantum to the first ask (ns; the dispatcher's pass, and a quantum
+    /// spent while nothing waited).
+    pub late_ns: u64,
+    /// From the worker's report that the request is off its core to its
+    /// switch into the next request (ns): the round trip through the
+    /// dispatcher, or the hand-over of a pre-assigned request. `None` if
+    /// the worker ran nothing next on this worker before the end.
+    pub resume_ns: Option<u64>,
+    /// The worker switched straight into a request pre-assigned behind
+    /// this one.
+    pub took_next: bool,
 }
 
 /// What [`serve`] did.
@@ -215,6 +239,13 @@ pub struct ServeReport<Resp> {
     /// of them the dispatcher took back before the worker took them.
     pub pre_assigned: u64,
     pub taken_back: u64,
+    /// Of `pre_assigned`: those put behind a request being preempted
+    /// (`pre_assign_on_preempt`).
+    pub pre_assigned_on_preempt: u64,
+    /// Preemption flags withdrawn because the request they were meant for
+    /// had stopped before the flag was set (else the next request would
+    /// have yielded at its first preemption point for nothing).
+    pub flags_withdrawn: u64,
     pub elapsed: Duration,
 }
 
@@ -224,6 +255,8 @@ struct InFlight<Resp> {
     /// and it is scheduled like a request but not reported as one.
     handle: Option<JoinHandle<Resp>>,
     preemptions: u32,
+    /// Time on a worker so far (ns).
+    on_core_ns: u64,
 }
 
 struct Running<Resp> {
@@ -235,6 +268,8 @@ struct Running<Resp> {
     flagged_at: u64,
     /// When the last preemption signal went out, if any.
     signaled_at: Option<u64>,
+    /// From the end of its quantum to the first ask (ns).
+    late_ns: u64,
 }
 
 impl<Resp> Running<Resp> {
@@ -246,6 +281,7 @@ impl<Resp> Running<Resp> {
             flagged: false,
             flagged_at: 0,
             signaled_at: None,
+            late_ns: 0,
         }
     }
 }
@@ -362,6 +398,8 @@ where
         rejected_no_stack,
         pre_assigned,
         taken_back,
+        pre_assigned_on_preempt,
+        flags_withdrawn,
     } = outcome?;
     Ok(ServeReport {
         completions,
@@ -370,6 +408,8 @@ where
         rejected_no_stack,
         pre_assigned,
         taken_back,
+        pre_assigned_on_preempt,
+        flags_withdrawn,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -397,6 +437,8 @@ struct Served<Resp> {
     rejected_no_stack: u64,
     pre_assigned: u64,
     taken_back: u64,
+    pre_assigned_on_preempt: u64,
+    flags_withdrawn: u64,
 }
 
 /// The median cost of reading the clock twice, to subtract from short timings.
@@ -441,7 +483,7 @@ where
     let mut next_id = 0u64;
     let mut signals_sent = 0u64;
     let mut idle_passes = 0u32;
-    let mut samples = Vec::new();
+    let mut samples: Vec<PreemptionSample> = Vec::new();
     // Requests admitted and not completed (spawned uthreads not counted:
     // their spawner holds them), and those refused.
     let mut in_flight = 0usize;
@@ -449,6 +491,11 @@ where
     let mut rejected_no_stack = 0u64;
     let mut pre_assigned = 0u64;
     let mut taken_back = 0u64;
+    let mut pre_assigned_on_preempt = 0u64;
+    let mut flags_withdrawn = 0u64;
+    // Per worker: the sample of the preemption it last reported, and
+    // when, until the worker's next start fills in its `resume_ns`.
+    let mut resume_of: Vec<Option<(usize, u64)>> = vec![None; rt.kthreads.len()];
     let clock_overhead = if config.record_preemptions {
         clock_overhead_ns()
     } else {
@@ -506,6 +553,7 @@ where
                     uthread,
                     handle: Some(handle),
                     preemptions: 0,
+                    on_core_ns: 0,
                 },
             };
             queues.enqueue(request, now);
@@ -535,6 +583,7 @@ where
                         uthread: u,
                         handle: None,
                         preemptions: 0,
+                        on_core_ns: 0,
                     },
                 };
                 queues.enqueue(spawned, now);
@@ -546,12 +595,25 @@ where
         }
 
         for (w, mailbox) in mailboxes.iter().enumerate() {
-            let Some((report, finished_at, took_next)) = mailbox.take_report() else {
+            let Some(Posted {
+                report,
+                at: finished_at,
+                started_at,
+                took_next,
+            }) = mailbox.take_report()
+            else {
                 continue;
             };
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
+            // This request's start ends the gap after the worker's last
+            // preemption.
+            if let Some((i, off)) = resume_of[w].take() {
+                if let Some(sample) = samples.get_mut(i) {
+                    sample.resume_ns = Some(started_at.saturating_sub(off));
+                }
+            }
             // The pre-assigned request, if any, is the worker's next: it
             // took it as it reported, or it gets it the ordinary way now
             // (it swapped the slot before the request was put there).
@@ -567,11 +629,13 @@ where
                 debug_assert!(!took_next, "a worker took a request never pre-assigned");
             }
             let mut request = run.request;
+            request.payload.on_core_ns += finished_at.saturating_sub(started_at);
             match report {
                 Report::Completed => {
                     let InFlight {
                         handle,
                         preemptions,
+                        on_core_ns,
                         ..
                     } = request.payload;
                     if let Some(handle) = handle {
@@ -582,16 +646,21 @@ where
                             arrival_ns: request.arrival,
                             finish_ns: finished_at,
                             preemptions,
+                            on_core_ns,
                             result: handle.join(),
                         });
                     }
                 }
                 Report::Preempted => {
                     if config.record_preemptions {
+                        resume_of[w] = Some((samples.len(), finished_at));
                         samples.push(PreemptionSample {
                             by_signal: run.signaled_at.is_some(),
                             dispatcher_ns: run.ask_ns,
                             handback_ns: finished_at.saturating_sub(run.asked_at),
+                            late_ns: run.late_ns,
+                            resume_ns: None,
+                            took_next,
                         });
                     }
                     request.payload.preemptions += 1;
@@ -649,14 +718,43 @@ where
                 }
                 Some(at) => now.saturating_sub(at) >= period,
             };
+            // The request the policy runs next goes to the worker's second
+            // slot before the flag is set, so that the worker finds it
+            // however fast it yields (docs/runtime.md, pre-assignment at
+            // the ask).
+            if !run.flagged && config.pre_assign_on_preempt && pending[w].is_none() {
+                let behind =
+                    queues.next_behind_preempted(run.request.class, run.request.arrival, now);
+                if let Some(request) = behind {
+                    mailboxes[w].pre_assign(request.payload.uthread);
+                    pending[w] = Some(request);
+                    pre_assigned += 1;
+                    pre_assigned_on_preempt += 1;
+                }
+            }
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
+                let mut withdrawn = false;
                 if !run.flagged {
-                    k.preempt_flag.store(true, Release);
+                    k.preempt_flag.store(true, SeqCst);
                     run.flagged = true;
                     run.flagged_at = now;
+                    run.late_ns =
+                        now.saturating_sub(started.saturating_add(queues.quantum().unwrap_or(0)));
+                    // The worker may have stopped this request (and started
+                    // the next, pre-assigned one) since `started` was read:
+                    // it resets its start before it clears the flag
+                    // (`worker::Mailbox::post`), so a start that changed
+                    // means the flag may reach the wrong request. (It also
+                    // changes when the request yielded to this very flag at
+                    // once; clearing it then is harmless.)
+                    if mailboxes[w].started_ns() != started {
+                        k.preempt_flag.store(false, SeqCst);
+                        flags_withdrawn += 1;
+                        withdrawn = true;
+                    }
                 }
-                if signal_now {
+                if signal_now && !withdrawn {
                     let tid = k.tid.load(Relaxed);
                     if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
                         signals_sent += 1;
@@ -724,6 +822,8 @@ where
                 rejected_no_stack,
                 pre_assigned,
                 taken_back,
+                pre_assigned_on_preempt,
+                flags_withdrawn,
             });
         }
         if progress {

@@ -87,6 +87,8 @@ struct FromWorker {
     report: AtomicU8,
     /// When the reported request stopped running (ns since the epoch).
     report_ns: AtomicU64,
+    /// When the reported request had started running (ns since the epoch).
+    report_started_ns: AtomicU64,
     /// When the worker switched into its current request (ns since the
     /// epoch; 0 while it runs none): quanta count from here, not from the
     /// assignment, so a worker's wake-up does not eat its request's quantum.
@@ -122,21 +124,22 @@ impl Mailbox {
         NonNull::new(self.to.next.swap(null_mut(), Acquire)).map(URef::from_nonnull)
     }
 
-    /// Dispatcher: how the assigned request stopped, and when, if the
-    /// worker has said so; and whether the worker went on to the
-    /// pre-assigned request.
-    pub(crate) fn take_report(&self) -> Option<(Report, u64, bool)> {
+    /// Dispatcher: how the assigned request stopped, if the worker has
+    /// said so.
+    pub(crate) fn take_report(&self) -> Option<Posted> {
         let raw = self.from.report.load(Acquire);
         if raw == Report::NONE {
             return None;
         }
         let at = self.from.report_ns.load(Relaxed);
+        let started_at = self.from.report_started_ns.load(Relaxed);
         self.from.report.store(Report::NONE, Release);
-        Some((
-            Report::decode(raw & !TOOK_NEXT).expect("a worker wrote an unknown report"),
+        Some(Posted {
+            report: Report::decode(raw & !TOOK_NEXT).expect("a worker wrote an unknown report"),
             at,
-            raw & TOOK_NEXT != 0,
-        ))
+            started_at,
+            took_next: raw & TOOK_NEXT != 0,
+        })
     }
 
     /// Dispatcher: when the worker switched into the assigned request (0:
@@ -144,7 +147,7 @@ impl Mailbox {
     /// dispatcher takes before assigning again, so non-zero means this
     /// assignment has started.
     pub(crate) fn started_ns(&self) -> u64 {
-        self.from.started_ns.load(Relaxed)
+        self.from.started_ns.load(SeqCst)
     }
 
     fn take_assignment(&self) -> Option<URef> {
@@ -161,18 +164,33 @@ impl Mailbox {
             }
             std::hint::spin_loop();
         }
+        // The start is reset before the flag is cleared: a dispatcher that
+        // sets the flag after this clear then sees the start changed and
+        // withdraws its flag (it was for the request that stopped).
+        let started = self.from.started_ns.swap(0, SeqCst);
         let next = NonNull::new(self.to.next.swap(null_mut(), Acquire)).map(URef::from_nonnull);
         let mut raw = report.encode();
         if next.is_some() {
             // The dispatcher's flag was for the request that just stopped.
-            k.preempt_flag.store(false, Relaxed);
+            k.preempt_flag.store(false, SeqCst);
             raw |= TOOK_NEXT;
         }
-        self.from.started_ns.store(0, Relaxed);
+        self.from.report_started_ns.store(started, Relaxed);
         self.from.report_ns.store(at_ns, Relaxed);
         self.from.report.store(raw, Release);
         next
     }
+}
+
+/// A report as the dispatcher takes it.
+pub(crate) struct Posted {
+    pub(crate) report: Report,
+    /// When the request stopped (ns since the epoch).
+    pub(crate) at: u64,
+    /// When it had started, this time on the worker (ns since the epoch).
+    pub(crate) started_at: u64,
+    /// The worker went on to the pre-assigned request.
+    pub(crate) took_next: bool,
 }
 
 /// Report bit: the worker took the pre-assigned request as it reported.
@@ -186,7 +204,7 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     let rt = k.rt();
     while let Some(mut u) = wait_for_assignment(k, mailbox) {
         loop {
-            mailbox.from.started_ns.store(rt.now_ns().max(1), Relaxed);
+            mailbox.from.started_ns.store(rt.now_ns().max(1), SeqCst);
             let stopped = sched::run_on_worker(owner, u);
             match mailbox.post(k, stopped.into(), rt.now_ns()) {
                 Some(next) => u = next,
