@@ -216,13 +216,16 @@ fn the_generator_sees_the_losses_and_duplicates_the_rule_counts() {
             }
         })
     };
-    let run = LoadRun::poisson(
+    let mut run = LoadRun::poisson(
         iface(1),
         7,
         20_000.0,
         ServiceTime::Constant { ns: 1_000 },
         Duration::from_millis(100),
     );
+    // Every reply not dropped must be in before the counts are compared: on
+    // a loaded machine the echo thread can be held off its CPU for a while.
+    run.drain = Duration::from_secs(2);
     let report = d.generator.run(run, Duration::from_secs(5)).unwrap();
     stop.store(true, Ordering::Release);
     echo.join().unwrap();
