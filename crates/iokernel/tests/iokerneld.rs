@@ -1219,7 +1219,13 @@ fn a_kthread_preempted_in_the_pass_that_granted_it_is_granted_again() {
     };
     let t0 = Instant::now();
     while !granted("second") && !granted("first") {
-        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", rec.actions());
+        // Before the fix `second` waited here for the `Yielded` of `first`,
+        // which was never woken.
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "neither application, both with work, was woken: {:?}",
+            rec.actions()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     // In the pass that granted `second` the core, `first` (granted it
