@@ -219,8 +219,8 @@ pub struct Iokerneld<A: CoreActuator> {
     refused: u64,
     disconnected: u64,
     removals: VecDeque<Removal>,
-    /// Every netstack channel by the pid of its protected application.
-    protected_pids: Vec<(i32, ginza_shm::netstack::Channel)>,
+    /// Every netstack channel by its protected application.
+    protected_pids: Vec<protected::ProtectedApp>,
     snaps: Vec<AppSnap>,
     decisions: Vec<Decision>,
     /// Hand-overs whose core is free now.

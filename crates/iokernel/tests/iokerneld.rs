@@ -1160,3 +1160,99 @@ fn the_binary_runs_for_a_while_and_refuses_bad_configs() {
     assert!(e.contains("unknown unit"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `SCHED_IDLE` batch kthread holds the only core when two
+/// latency-critical applications get work between two passes: the first
+/// is granted the core at once (an idle-class victim holds nobody off it,
+/// docs/runtime.md), the second preempts the first in the same pass,
+/// before the first's wake went out. The first never ran, so it is parked
+/// again and granted the core once the second parks; it must not wait for
+/// a `Yielded` it will never send, never granted again (the netstack
+/// beside kv-server and batch in `ginza bench memcached
+/// --systems ginza-protected`, docs/protected.md).
+#[test]
+fn a_kthread_preempted_in_the_pass_that_granted_it_is_granted_again() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start_with(rec.clone(), |c| {
+        c.cores = vec![test_cores()[0]];
+        // Long enough that both get their work between the same two passes.
+        c.interval = Duration::from_millis(100);
+        c.preempt_deadline = Duration::from_secs(10);
+    });
+    // The batch kthread's thread, under SCHED_IDLE like a runtime's.
+    let (tell, tid) = std::sync::mpsc::channel();
+    let (_keep, hold) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let idle = ginza_sys::sched_class::set_current_idle();
+        tell.send(idle.map(|()| ginza_sys::process::gettid()))
+            .unwrap();
+        // Ends when the test drops `_keep`.
+        let _ = hold.recv();
+    });
+    let Ok(tid) = tid.recv().unwrap() else {
+        return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+    };
+    let b = app(1);
+    let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
+    let mut kb = b.region.runtime_end(0).unwrap();
+    kb.to_iokernel
+        .send(ToIokernel::Started { tid: tid as u32 })
+        .unwrap();
+    b.region.line(0).unwrap().set_rq_tail(100);
+    d.wait_for("batch holds the core", |s| {
+        app_named(s, "batch").unwrap().cores_now == 1
+    });
+    let first = app(1);
+    let _c1 = register(&d, &first, &reg("first", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    let second = app(1);
+    let _c2 = register(&d, &second, &reg("second", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    d.wait_for("both registered", |s| s.apps.len() == 3);
+    let l1 = first.region.line(0).unwrap();
+    let l2 = second.region.line(0).unwrap();
+    l1.set_rq_tail(1);
+    l2.set_rq_tail(1);
+    let granted = |name: &str| {
+        rec.actions()
+            .iter()
+            .any(|a| matches!(a, Action::Grant { app, .. } if app == name))
+    };
+    let t0 = Instant::now();
+    while !granted("second") && !granted("first") {
+        // Before the fix `second` waited here for the `Yielded` of `first`,
+        // which was never woken.
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "neither application, both with work, was woken: {:?}",
+            rec.actions()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // In the pass that granted `second` the core, `first` (granted it
+    // first) lost it before its wake; a pass between the two stores above
+    // (100 ms apart from each other, the stores nanoseconds) would show
+    // nothing.
+    if granted("first") {
+        println!("inconclusive: a pass came between the two applications' work");
+        return;
+    }
+    // `second` runs, drains its work and parks; `first` still has work.
+    let mut k2 = second.region.runtime_end(0).unwrap();
+    l2.set_rq_head(1);
+    k2.to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    while !granted("first") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "first, with work, never granted the free core: {:?}\n{:#?}",
+            rec.actions(),
+            d.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    l1.set_rq_head(1);
+}

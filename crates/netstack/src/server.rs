@@ -233,6 +233,7 @@ impl Server {
             let alias = (!own_address).then_some(interface);
             let r = io.conn.lock().unwrap_or_else(|p| p.into_inner()).protect(
                 pid,
+                &req.name,
                 g.app_id,
                 g.channel_handle.fd(),
                 io.zero_touch.then(|| g.tx_pool.as_fd()),

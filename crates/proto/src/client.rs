@@ -102,13 +102,16 @@ impl Connection {
     }
 
     /// Protected mode, from the netstack: asks iokerneld to read
-    /// `channel`'s rings in its allocation pass (`Request::Protect`).
+    /// `channel`'s rings in its allocation pass (`Request::Protect`);
+    /// `app_name` is the application's name at the netstack, which tells
+    /// it apart from other applications of the same pid.
     /// With `interface`, iokerneld steers that address to the netstack too;
     /// with `tx_pool` (the application's), it can assemble zero-touch
     /// frames (`ginza_shm::netstack::gather`).
     pub fn protect(
         &self,
         app_pid: i32,
+        app_name: &str,
         link: u64,
         channel: BorrowedFd<'_>,
         tx_pool: Option<BorrowedFd<'_>>,
@@ -119,6 +122,7 @@ impl Connection {
         self.ask(
             Request::Protect {
                 app_pid,
+                app_name: Some(app_name.to_string()),
                 link,
                 interface,
             },

@@ -199,14 +199,18 @@ pub enum Request {
     /// iokerneld reads that channel's rings in its allocation pass, so that
     /// commands waiting on pair `p` count as queued work of the netstack's
     /// kthread `p % kthreads`, and events waiting on pair `k` as queued
-    /// work of kthread `k` of the application with pid `app_pid`
-    /// (docs/protected.md, "Wake-ups"). With `interface`, iokerneld also
+    /// work of kthread `k` of the application with pid `app_pid` — and,
+    /// when several registered applications share that pid (one process
+    /// running iokerneld, the netstack and applications as threads), the
+    /// one registered as `app_name` (docs/protected.md, "Wake-ups"). With `interface`, iokerneld also
     /// steers that address's frames to the netstack and lets it send from
     /// it ("Addresses"). A second descriptor, if attached, is the
     /// application's tx pool: iokerneld then assembles zero-touch frames
     /// from it ("Transmit"). Answered `Accepted`.
     Protect {
         app_pid: i32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        app_name: Option<String>,
         link: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         interface: Option<ginza_net::Interface>,

@@ -338,6 +338,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                     protects: Vec::new(),
                     dispatch,
                 });
+                // It may be a protected application its netstack named.
+                self.rebuild_protected();
                 None
             }
             Err(reason) => refuse(self, reason),
@@ -516,9 +518,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         if let Some(net) = &app.net {
             self.dp.detach(net);
         }
-        if !app.protects.is_empty() {
-            self.rebuild_protected();
-        }
+        // It may have been a protected application, or a netstack.
+        self.rebuild_protected();
         // Cores it was still giving back are free now.
         self.ready.extend(app.kt.iter().filter_map(|k| k.handover));
         let cores: Vec<usize> = app.cores().iter().map(|&c| self.cfg.cores[c]).collect();

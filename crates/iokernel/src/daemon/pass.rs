@@ -189,7 +189,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     super::protected::fold(
                         &app.protects,
                         kthreads,
-                        app.pid,
+                        (app.pid, &app.name),
                         &self.protected_pids,
                         k,
                         &mut ks.counters,
@@ -537,6 +537,24 @@ impl<A: CoreActuator> Iokerneld<A> {
             return (a, k);
         }
         let kt = &mut app.kt[k];
+        let id = app.id;
+        if let Some(i) = self
+            .ready
+            .iter()
+            .position(|h| h.app_id == id && h.kthread == k)
+        {
+            // Granted earlier in this pass a core nobody held it off (a
+            // SCHED_IDLE victim's, an overdue one's), its wake not sent yet:
+            // it never ran, so it goes back to parked, silently. Preempting
+            // it instead would wait for a `Yielded` from a kthread that was
+            // never woken, and it would never be granted again.
+            self.ready.swap_remove(i);
+            kt.core = None;
+            kt.parked = true;
+            kt.parked_since = now;
+            self.meter.handovers_abandoned += 1;
+            return (a, k);
+        }
         if let Some((victim_app, victim_k)) = kt.awaiting.take() {
             // Never ran on the core: it goes back to parked, silently.
             kt.core = None;

@@ -24,6 +24,8 @@ const MAX_LINKS: usize = 1024;
 pub(super) struct ProtectLink {
     link: u64,
     app_pid: i32,
+    /// The application's name at the netstack, if the netstack said it.
+    app_name: Option<String>,
     channel: Channel,
     /// The address steered to the netstack for this application, if any.
     alias: Option<ginza_net::Ipv4Addr>,
@@ -42,6 +44,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         match *req {
             Request::Protect {
                 app_pid,
+                ref app_name,
                 link,
                 interface,
             } => {
@@ -100,6 +103,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 app.protects.push(ProtectLink {
                     link,
                     app_pid,
+                    app_name: app_name.clone(),
                     channel,
                     alias,
                 });
@@ -131,13 +135,45 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
     }
 
-    /// Recomputes the channels by protected pid (after any change).
+    /// Recomputes the channels by protected application (after any
+    /// change to the channels or to the registered applications).
     pub(super) fn rebuild_protected(&mut self) {
-        self.protected_pids = self
-            .apps
+        let apps = &self.apps;
+        self.protected_pids = apps
             .iter()
-            .flat_map(|a| a.protects.iter().map(|l| (l.app_pid, l.channel.clone())))
+            .flat_map(|a| a.protects.iter())
+            .map(|l| {
+                // Threads of one process share its pid (iokerneld, the
+                // netstack and applications in one process: `ginza bench`,
+                // tests): the name picks the application out of them, so
+                // that the events are nobody else's work. A name no
+                // registered application of that pid has picks nothing
+                // out: every application of the pid counts them.
+                let name = l
+                    .app_name
+                    .clone()
+                    .filter(|n| apps.iter().any(|a| a.pid == l.app_pid && a.name == *n));
+                ProtectedApp {
+                    pid: l.app_pid,
+                    name,
+                    channel: l.channel.clone(),
+                }
+            })
             .collect();
+    }
+}
+
+/// Whose work a channel's events are: the application with pid `pid`
+/// (and name `name`, when it tells it apart from others of that pid).
+pub(super) struct ProtectedApp {
+    pid: i32,
+    name: Option<String>,
+    channel: Channel,
+}
+
+impl ProtectedApp {
+    fn is(&self, pid: i32, name: &str) -> bool {
+        self.pid == pid && self.name.as_deref().is_none_or(|n| n == name)
     }
 }
 
@@ -152,12 +188,13 @@ fn add(c: &mut QueueCounters, (head, tail): (u32, u32)) {
 
 /// Folds the channel rings that are kthread `k`'s work into its counters:
 /// the command rings of a netstack's channels (`links`), and the event
-/// ring `k` of channels whose protected application has pid `pid`.
+/// ring `k` of channels whose protected application is the one with pid
+/// `pid` and name `name`.
 pub(super) fn fold(
     links: &[ProtectLink],
     kthreads: usize,
-    pid: i32,
-    by_pid: &[(i32, Channel)],
+    (pid, name): (i32, &str),
+    by_pid: &[ProtectedApp],
     k: usize,
     c: &mut QueueCounters,
 ) {
@@ -169,8 +206,8 @@ pub(super) fn fold(
             }
         }
     }
-    for (_, ch) in by_pid.iter().filter(|(p, _)| *p == pid) {
-        if let Ok([_, ev]) = ch.indices(k as u32) {
+    for p in by_pid.iter().filter(|p| p.is(pid, name)) {
+        if let Ok([_, ev]) = p.channel.indices(k as u32) {
             add(c, ev);
         }
     }
@@ -190,26 +227,43 @@ mod tests {
         let links = vec![ProtectLink {
             link: 1,
             app_pid: 77,
+            app_name: None,
             channel: ch.clone(),
             alias: None,
         }];
-        let by_pid = vec![(77, ch.clone())];
+        let by_pid = vec![ProtectedApp {
+            pid: 77,
+            name: None,
+            channel: ch.clone(),
+        }];
         // Netstack with 2 kthreads: pair 2 is kthread 0's.
         let mut c = QueueCounters::default();
-        fold(&links, 2, 5, &[], 0, &mut c);
+        fold(&links, 2, (5, "n"), &[], 0, &mut c);
         assert!(c.has_items());
         let mut c = QueueCounters::default();
-        fold(&links, 2, 5, &[], 1, &mut c);
+        fold(&links, 2, (5, "n"), &[], 1, &mut c);
         assert!(!c.has_items());
         // The protected app (pid 77): kthread 1 has an event waiting.
         let mut c = QueueCounters::default();
-        fold(&[], 1, 77, &by_pid, 1, &mut c);
+        fold(&[], 1, (77, "a"), &by_pid, 1, &mut c);
         assert!(c.has_items());
         let mut c = QueueCounters::default();
-        fold(&[], 1, 77, &by_pid, 0, &mut c);
+        fold(&[], 1, (77, "a"), &by_pid, 0, &mut c);
         assert!(!c.has_items());
         let mut c = QueueCounters::default();
-        fold(&[], 1, 78, &by_pid, 1, &mut c);
+        fold(&[], 1, (78, "a"), &by_pid, 1, &mut c);
+        assert!(!c.has_items());
+        // Named: of the applications of pid 77, only "a" has the events.
+        let by_name = vec![ProtectedApp {
+            pid: 77,
+            name: Some("a".into()),
+            channel: ch.clone(),
+        }];
+        let mut c = QueueCounters::default();
+        fold(&[], 1, (77, "a"), &by_name, 1, &mut c);
+        assert!(c.has_items());
+        let mut c = QueueCounters::default();
+        fold(&[], 1, (77, "batch"), &by_name, 1, &mut c);
         assert!(!c.has_items());
     }
 }
