@@ -1185,12 +1185,25 @@ fn scan_point(
         move |r: Request| store.execute(&r).count,
     )
     .with_context(|| format!("serving the scan mix under {}", policy.name()))?;
+    // Requests over the dispatcher's in-flight bound are refused and
+    // counted (docs/runtime.md, "Shinjuku mode"); any other shortfall is
+    // a lost request.
+    let accounted = report.completions.len() as u64 + report.rejected;
     anyhow::ensure!(
-        report.completions.len() == plan.len(),
-        "{} of {} requests completed",
+        accounted == plan.len() as u64,
+        "{} of {} requests completed and {} refused: {} lost",
         report.completions.len(),
-        plan.len()
+        plan.len(),
+        report.rejected,
+        plan.len() as u64 - accounted.min(plan.len() as u64)
     );
+    if report.rejected > 0 {
+        row.note = format!(
+            "{} of {} requests refused over the dispatcher's in-flight bound (overload)",
+            report.rejected,
+            plan.len()
+        );
+    }
     let (mut all, mut gets, mut scans) = (Vec::new(), Vec::new(), Vec::new());
     for c in &report.completions {
         let id = c.id as usize;
