@@ -170,6 +170,7 @@ fn accept_loop(
                 stream.set_nonblocking(false)?;
                 stream.set_nodelay(true)?;
                 stream.set_read_timeout(Some(STOP_POLL))?;
+                stream.set_write_timeout(Some(STOP_POLL))?;
                 connections.push(serve(stream));
             }
             // Nothing to accept: wait a little (a server, not a test).
@@ -197,9 +198,32 @@ fn echo_blocking(mut stream: TcpStream, stop: &AtomicBool, bytes: &AtomicU64) ->
             }
             Ok(n) => {
                 bytes.fetch_add(n as u64, Relaxed);
-                stream.write_all(&buf[..n])?;
+                write_all_until_stopped(&mut stream, &buf[..n], stop)?;
             }
             Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `buf`, or gives up once `stop` is set: a peer that stopped
+/// reading (its stack gone without a reset) must not hold the connection's
+/// thread, and with it the server's `stop`, for ever.
+fn write_all_until_stopped(
+    stream: &mut TcpStream,
+    mut buf: &[u8],
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    while !buf.is_empty() {
+        match stream.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {
+                if stop.load(Relaxed) {
+                    return Ok(());
+                }
+            }
             Err(e) => return Err(e),
         }
     }
@@ -212,7 +236,7 @@ fn sink_one(mut stream: TcpStream, stop: &AtomicBool, bytes: &AtomicU64) -> io::
     while !stop.load(Relaxed) {
         match stream.read(&mut buf) {
             Ok(0) => {
-                stream.write_all(&receipt(&hash))?;
+                write_all_until_stopped(&mut stream, &receipt(&hash), stop)?;
                 return stream.shutdown(Shutdown::Write);
             }
             Ok(n) => {
