@@ -76,18 +76,7 @@ pub fn spin_preemptible(d: Duration) {
 /// iokerneld): spins for the request's service time at preemption points,
 /// then echoes it.
 pub fn answer_preemptible(request: &[u8], stats: &SpinStats) -> Vec<u8> {
-    match RequestHeader::decode(request) {
-        None => {
-            stats.malformed.fetch_add(1, Relaxed);
-        }
-        Some(h) if h.service_ns > MAX_SERVICE.as_nanos() as u64 => {
-            stats.too_long.fetch_add(1, Relaxed);
-        }
-        Some(h) => {
-            spin_preemptible(Duration::from_nanos(h.service_ns));
-            stats.busy_ns.fetch_add(h.service_ns, Relaxed);
-        }
-    }
+    work_with(request, stats, spin_preemptible);
     stats.served.fetch_add(1, Relaxed);
     request.to_vec()
 }
@@ -95,6 +84,12 @@ pub fn answer_preemptible(request: &[u8], stats: &SpinStats) -> Vec<u8> {
 /// Spins for the service time `request` asks for (none for a malformed or
 /// too long one, counted).
 fn work(request: &[u8], stats: &SpinStats) {
+    work_with(request, stats, spin_for)
+}
+
+/// `work` with the spin loop given: a plain one, or one that passes
+/// preemption points.
+fn work_with(request: &[u8], stats: &SpinStats, spin: fn(Duration)) {
     match RequestHeader::decode(request) {
         None => {
             stats.malformed.fetch_add(1, Relaxed);
@@ -103,7 +98,7 @@ fn work(request: &[u8], stats: &SpinStats) {
             stats.too_long.fetch_add(1, Relaxed);
         }
         Some(h) => {
-            spin_for(Duration::from_nanos(h.service_ns));
+            spin(Duration::from_nanos(h.service_ns));
             stats.busy_ns.fetch_add(h.service_ns, Relaxed);
         }
     }
