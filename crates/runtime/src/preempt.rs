@@ -67,10 +67,25 @@ fn apply_pending_preemption(state: *const PreemptState) {
     unsafe { (*state).pending.store(false, Relaxed) };
     if sched::current_uthread_unchecked_is_some() {
         if let Some(k) = sched::current_kthread_ref() {
+            // A signal that landed while the request was already yielding
+            // stays pending in its context; applied at its next run, it
+            // would stop a run nobody asked to stop (and let the worker
+            // take the request pre-assigned behind it).
+            if worker_not_asked(k) {
+                return;
+            }
             sched::bump(&k.stats.preemptions);
         }
         sched::yield_now();
     }
+}
+
+/// A Shinjuku worker whose dispatcher (in process or iokerneld) has not
+/// asked its running request to stop: a preemption signal now is late.
+fn worker_not_asked(k: &sched::KThread) -> bool {
+    k.mode == Mode::Worker
+        && !k.preempt_flag.load(Relaxed)
+        && !k.io.as_ref().is_some_and(|io| io.preempt_pending())
 }
 
 /// Body of the preemption signal handler (runs on the interrupted stack).
@@ -82,10 +97,7 @@ fn preempt_from_signal() {
     if state.is_null() {
         return;
     }
-    if k.mode == Mode::Worker
-        && !k.preempt_flag.load(Relaxed)
-        && !k.io.as_ref().is_some_and(|io| io.preempt_pending())
-    {
+    if worker_not_asked(k) {
         // A late signal for a request that has finished meanwhile.
         return;
     }

@@ -223,6 +223,31 @@ fn pre_assignment_keeps_head_placement_order() {
     );
 }
 
+/// A preemption signal that lands while the request is already yielding to
+/// the flag is left pending in the request's context; it must not stop the
+/// request's next run, which would let the worker take the request
+/// pre-assigned behind it and break head placement. Signal preemption sends
+/// the signal with the flag, so such late signals are frequent here.
+#[test]
+fn a_late_signal_does_not_preempt_the_next_run_of_the_request() {
+    for round in 0..20 {
+        let report = serve(
+            ShinjukuConfig {
+                pre_assign: true,
+                ..one_worker(sq(Placement::Head), Preemption::Signal)
+            },
+            script(vec![(0, 0, 3_000_000u64), (0, 0, 100), (0, 0, 100)]),
+            short_unpreemptible,
+        )
+        .unwrap();
+        assert_eq!(
+            completion_order(&report),
+            vec![0, 1, 2],
+            "round {round}: {report:?}"
+        );
+    }
+}
+
 fn mq() -> SchedPolicy {
     SchedPolicy::CPreMq {
         quantum: 100_000,
