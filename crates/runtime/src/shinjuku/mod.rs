@@ -614,17 +614,22 @@ where
                     sample.resume_ns = Some(started_at.saturating_sub(off));
                 }
             }
-            // The pre-assigned request, if any, is the worker's next: it
-            // took it as it reported, or it gets it the ordinary way now
-            // (it swapped the slot before the request was put there).
+            // The pre-assigned request, if any, is the worker's next if it
+            // took it as it reported. Otherwise (it looked before the
+            // request was put there, or it was preempted unasked and left
+            // an ordinary pre-assignment alone) the request goes back to
+            // the head of its queue before the stopped one is requeued, and
+            // the policy chooses again.
             if let Some(next) = pending[w].take() {
-                if !took_next {
-                    let u = mailbox
+                if took_next {
+                    running[w] = Some(Running::new(next));
+                } else {
+                    mailbox
                         .take_back()
                         .expect("a pre-assigned request left its slot unreported");
-                    mailbox.assign(&rt.kthreads[w], u);
+                    queues.put_back(next);
+                    taken_back += 1;
                 }
-                running[w] = Some(Running::new(next));
             } else {
                 debug_assert!(!took_next, "a worker took a request never pre-assigned");
             }
@@ -726,7 +731,7 @@ where
                 let behind =
                     queues.next_behind_preempted(run.request.class, run.request.arrival, now);
                 if let Some(request) = behind {
-                    mailboxes[w].pre_assign(request.payload.uthread);
+                    mailboxes[w].pre_assign_behind_preempted(request.payload.uthread);
                     pending[w] = Some(request);
                     pre_assigned += 1;
                     pre_assigned_on_preempt += 1;

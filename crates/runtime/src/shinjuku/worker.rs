@@ -13,8 +13,12 @@
 //! (only as it posts a report, which then says so) or the dispatcher
 //! (taking it back for an idle worker, to apply its policy, or to assign it
 //! the ordinary way when the report says the worker did not take it). So it
-//! runs once, or goes back to the queue, never both. The cooperative preemption flag is the kthread's own
-//! (`KThread::preempt_flag`), since revocation uses it too.
+//! runs once, or goes back to the queue, never both. A preempted request's
+//! successor is the policy's choice (head placement runs the preempted one
+//! again): on a preemption the worker takes only a request pre-assigned for
+//! that case (`pre_assign_behind_preempted`). The cooperative preemption
+//! flag is the kthread's own (`KThread::preempt_flag`), since revocation
+//! uses it too.
 
 use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::{
@@ -112,16 +116,27 @@ impl Mailbox {
     }
 
     /// Dispatcher: puts `u` in the pre-assigned slot of a worker that runs
-    /// a request; the slot must be empty (nothing pre-assigned, or taken).
+    /// a request, to run once that request completes or blocks; the slot
+    /// must be empty (nothing pre-assigned, or taken).
     pub(crate) fn pre_assign(&self, u: URef) {
         let old = self.to.next.swap(u.ptr(), Release);
+        debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
+    }
+
+    /// Dispatcher: as [`Mailbox::pre_assign`], for the request the policy
+    /// runs once the running one, asked to yield, is preempted.
+    pub(crate) fn pre_assign_behind_preempted(&self, u: URef) {
+        let old = self
+            .to
+            .next
+            .swap(u.ptr().wrapping_byte_add(BEHIND_PREEMPTED), Release);
         debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
     }
 
     /// Dispatcher: takes the pre-assigned request back, unless the worker
     /// has taken it (then its report says so, or it has already).
     pub(crate) fn take_back(&self) -> Option<URef> {
-        NonNull::new(self.to.next.swap(null_mut(), Acquire)).map(URef::from_nonnull)
+        untagged(self.to.next.swap(null_mut(), Acquire))
     }
 
     /// Dispatcher: how the assigned request stopped, if the worker has
@@ -168,7 +183,26 @@ impl Mailbox {
         // sets the flag after this clear then sees the start changed and
         // withdraws its flag (it was for the request that stopped).
         let started = self.from.started_ns.swap(0, SeqCst);
-        let next = NonNull::new(self.to.next.swap(null_mut(), Acquire)).map(URef::from_nonnull);
+        let next = if report == Report::Preempted {
+            // A preempted request's successor is the policy's choice: only
+            // one pre-assigned for that case is taken. An ordinary one is
+            // taken back before the dispatcher asks a request to yield, so
+            // finding it here means a preemption nobody asked for (a late
+            // signal, say); it stays for the dispatcher to requeue.
+            let slot = self.to.next.load(Acquire);
+            let tagged = slot.addr() & BEHIND_PREEMPTED != 0;
+            if tagged {
+                self.to
+                    .next
+                    .compare_exchange(slot, null_mut(), Acquire, Relaxed)
+                    .ok()
+                    .and_then(untagged)
+            } else {
+                None
+            }
+        } else {
+            untagged(self.to.next.swap(null_mut(), Acquire))
+        };
         let mut raw = report.encode();
         if next.is_some() {
             // The dispatcher's flag was for the request that just stopped.
@@ -195,6 +229,16 @@ pub(crate) struct Posted {
 
 /// Report bit: the worker took the pre-assigned request as it reported.
 const TOOK_NEXT: u8 = 0x80;
+
+/// Tag (low bit of the slot's pointer; request contexts are aligned) of a
+/// request pre-assigned behind a preemption.
+const BEHIND_PREEMPTED: usize = 1;
+const _: () = assert!(std::mem::align_of::<UThread>() > BEHIND_PREEMPTED);
+
+/// The request context in a slot value, tag removed; `None` if empty.
+fn untagged(slot: *mut UThread) -> Option<URef> {
+    NonNull::new(slot.map_addr(|a| a & !BEHIND_PREEMPTED)).map(URef::from_nonnull)
+}
 
 /// The worker loop: runs the request contexts the dispatcher assigns, one
 /// at a time, and reports how each one stopped. `owner` is the worker's
