@@ -13,6 +13,9 @@
 //!   in retransmission timeouts (200 ms floor, neither side has SACK to
 //!   use), so 64 MiB would take minutes per test; `GINZA_LOSSY_BYTES`
 //!   overrides it, and `ginza bench tcp` moves 64 MiB through the same loss.
+//! * A Ginza client whose reader stalls until both windows are closed and
+//!   its zero-window probe went out, then reads its echo (docs/tcp.md,
+//!   "Zero windows both ways").
 //! * A Linux peer that vanishes (its link goes down): the Ginza writer's
 //!   retransmissions give up with `TimedOut`.
 //!
