@@ -13,6 +13,9 @@
 //!   in retransmission timeouts (200 ms floor, neither side has SACK to
 //!   use), so 64 MiB would take minutes per test; `GINZA_LOSSY_BYTES`
 //!   overrides it, and `ginza bench tcp` moves 64 MiB through the same loss.
+//! * A Ginza client whose reader stalls until both windows are closed and
+//!   its zero-window probe went out, then reads its echo (docs/tcp.md,
+//!   "Zero windows both ways").
 //! * A Linux peer that vanishes (its link goes down): the Ginza writer's
 //!   retransmissions give up with `TimedOut`.
 //!
@@ -21,7 +24,7 @@
 
 mod common;
 
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -33,7 +36,7 @@ use ginza_apps::echo_server::{self, EchoStats, Protocols};
 use ginza_iokernel::netns::tcp::{self as linux, EchoMode};
 use ginza_iokernel::netns::NetNs;
 use ginza_net::MacAddr;
-use ginza_proto::content::{Pattern, Transfer};
+use ginza_proto::content::{send_pattern, ContentHash, Pattern, Transfer};
 use ginza_runtime::net::{NetConfig, TcpStream};
 
 const ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x08]);
@@ -220,6 +223,78 @@ fn a_ginza_client_moves_its_bytes_each_way_intact_through_5_percent_loss() {
     let t = ginza_client_echo(&ns, lossy_bytes(), lossy);
     println!("{} bytes each way through loss in {:?}", t.sent, t.elapsed);
     assert!(t.intact(), "{t:?}");
+}
+
+/// Both windows closed at once (docs/tcp.md, "Zero windows both ways"): a
+/// Ginza client writes while its reader stalls, so the Linux echo thread
+/// blocks in `send`, stops reading, and Linux's window closes too; the
+/// client's persist timer probes it. Once the reader reads again, its window
+/// updates (and its ACKs of Linux's data) must be numbered within Linux's
+/// zero window, or Linux drops them and neither side moves again (the
+/// lossy test's occasional 20 s read timeout).
+#[test]
+fn a_ginza_client_whose_reader_stalls_gets_its_echo_once_it_reads_again() {
+    let _lock = common::lock();
+    let Some(ns) = NetNs::create_or_skip() else {
+        return;
+    };
+    let server = ns.tcp_echo_server(PORT, EchoMode::Blocking).unwrap();
+    let daemon = Daemon::on(&ns, "af_xdp", |_| {});
+    let target = server.addr();
+    // More than both ends can buffer, so the client's writes block.
+    let bytes = 32 * MIB;
+    let read_now = Arc::new(AtomicBool::new(false));
+    let reader_may_go = read_now.clone();
+    let app = daemon.start_app("tcp-client", ECHO_MAC, ns.peer_ip, 1, move || {
+        let stream = TcpStream::connect_timeout(&target.into(), IO_TIMEOUT)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT * 3))?;
+        let writer = stream.try_clone()?;
+        let sending =
+            ginza_runtime::spawn(move || send_pattern(bytes, 0x5a11, |b| (&writer).write_all(b)));
+        while !reader_may_go.load(Relaxed) {
+            ginza_runtime::sleep(Duration::from_millis(1));
+        }
+        let mut received = ContentHash::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        while received.len() < bytes {
+            match (&stream).read(&mut buf)? {
+                0 => break,
+                n => received.update(&buf[..n]),
+            }
+        }
+        let sent_hash = sending
+            .join()
+            .map_err(|e| std::io::Error::other(format!("the writer: {e}")))??;
+        Ok::<_, std::io::Error>((sent_hash, received.len(), received.finish()))
+    });
+    // Both windows are closed once the Linux echo thread has received
+    // nothing for a second: far longer than the client's persist timer
+    // (one RTO, 200 ms here), so its probe went out.
+    let t0 = Instant::now();
+    let (mut seen, mut since) = (0, Instant::now());
+    loop {
+        let now = server.bytes_received();
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+        } else if seen > 0 && since.elapsed() >= Duration::from_secs(1) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60) && !app.is_finished(),
+            "the Linux echo server never stopped receiving ({seen} bytes)"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(seen < bytes, "the transfer was held up, at {seen} bytes");
+    read_now.store(true, Relaxed);
+    let (sent_hash, received, received_hash) = app
+        .join(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("the Ginza client (held up at {seen} bytes): {e}"));
+    assert_eq!(sent_hash, Pattern::hash_of(0x5a11, bytes));
+    assert_eq!(received, bytes, "the echo came back whole");
+    assert_eq!(received_hash, sent_hash, "the echo came back intact");
+    assert_eq!(server.stop().unwrap(), bytes, "the Linux server received");
 }
 
 /// A Linux peer that vanishes mid-transfer (its end of the veth goes down,

@@ -685,6 +685,81 @@ fn probe_accepted_by_the_peer_moves_on() {
     );
 }
 
+/// Both windows zero: the peer (as Linux does) refuses our probe's byte,
+/// and every segment we send that occupies no sequence number (ACKs, the
+/// window update after a read, the answer to the peer's own probe, a RST)
+/// is numbered at the peer's RCV.NXT, the only number its zero window
+/// accepts (RFC 9293 §3.10.7.4), not one past it at the probe's end.
+#[test]
+fn acks_stay_inside_a_zero_window_after_a_refused_probe() {
+    let config = TcpConfig {
+        recv_buffer: 4000,
+        ..config()
+    };
+    let mut conn = passive(&config);
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).window(0), t(0));
+    conn.send(b"blocked").unwrap();
+    // The peer fills our window too.
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).window(0).data(&[7; 4000]), t(1));
+    let ack = one(&mut conn, t(1));
+    assert!(is_ack(&ack, ISS + 1, PEER + 4001));
+    assert_eq!(ack.header.window, 0);
+    assert_eq!(conn.next_deadline(), Some(t(201)), "the persist timer");
+    conn.on_timer(t(201));
+    let probe = one(&mut conn, t(201));
+    assert_eq!((probe.header.seq, probe.payload.len()), (Seq(ISS + 1), 1));
+    // Refused: the peer's RCV.NXT stays at ISS + 1.
+    conn.on_segment(&seg(PEER + 4001).ack(ISS + 1).window(0), t(202));
+    nothing(&mut conn, t(202));
+    // The peer's zero-window probe (Linux: no data, SND.UNA − 1) is
+    // answered at once.
+    conn.on_segment(&seg(PEER + 4000).ack(ISS + 1).window(0), t(250));
+    let answer = one(&mut conn, t(250));
+    assert!(is_ack(&answer, ISS + 1, PEER + 4001), "{answer:?}");
+    // Our reader drains the buffer: the window update.
+    let mut buf = [0; 4000];
+    assert_eq!(conn.recv(&mut buf), Ok(4000));
+    let update = one(&mut conn, t(300));
+    assert!(is_ack(&update, ISS + 1, PEER + 4001), "{update:?}");
+    assert_eq!(update.header.window, 4000);
+    // And the peer's next probe gets the open window.
+    conn.on_segment(&seg(PEER + 4000).ack(ISS + 1).window(0), t(400));
+    let answer = one(&mut conn, t(400));
+    assert!(is_ack(&answer, ISS + 1, PEER + 4001), "{answer:?}");
+    assert_eq!(answer.header.window, 4000);
+    conn.abort();
+    let rst = one(&mut conn, t(500));
+    assert!(rst.header.flags.rst);
+    assert_eq!(rst.header.seq, Seq(ISS + 1), "the RST lands too");
+}
+
+/// The answers to refused probes (ACK = SND.UNA, window zero, while the
+/// probe's byte is outstanding) are no duplicate ACKs (RFC 5681 §2): three
+/// of them must not fast-retransmit a segment into the zero window.
+#[test]
+fn refused_probes_are_no_duplicate_acks() {
+    let mut conn = passive(&config());
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).window(0), t(0));
+    conn.send(&[3; 5000]).unwrap();
+    nothing(&mut conn, t(0));
+    let mut now = 0;
+    for _ in 0..4 {
+        now = conn.next_deadline().expect("the persist timer").as_nanos() / 1_000_000;
+        conn.on_timer(t(now));
+        let probe = one(&mut conn, t(now));
+        assert_eq!((probe.header.seq, probe.payload.len()), (Seq(ISS + 1), 1));
+        conn.on_segment(&seg(PEER + 1).ack(ISS + 1).window(0), t(now + 1));
+        nothing(&mut conn, t(now + 1));
+    }
+    assert_eq!(conn.stats().fast_retransmits, 0);
+    assert_eq!(conn.congestion_window(), 10 * 1460, "no loss was inferred");
+    // The window opens: the data goes from SND.UNA.
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).window(3000), t(now + 2));
+    let out = drain(&mut conn, t(now + 2));
+    assert_eq!(out[0].header.seq, Seq(ISS + 1));
+    assert_eq!(out.iter().map(|s| s.payload.len()).sum::<usize>(), 2920);
+}
+
 #[test]
 fn reading_sends_a_window_update() {
     let config = TcpConfig {

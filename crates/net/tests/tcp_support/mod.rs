@@ -168,6 +168,9 @@ struct InFlight {
     segment: Owned,
 }
 
+/// Decides whether a segment is lost: `(towards the server, segment)`.
+pub type DropFilter = Box<dyn FnMut(bool, &Owned) -> bool>;
+
 /// Two connections (client `a`, server `b`) over a simulated link.
 pub struct Net {
     pub a: Connection,
@@ -178,6 +181,9 @@ pub struct Net {
     queue: Vec<InFlight>,
     order: u64,
     pub delivered: u64,
+    /// Chooses segments to lose on purpose (`true`: dropped), before the
+    /// link's random loss: `(towards the server, segment)`.
+    pub drop_filter: Option<DropFilter>,
 }
 
 impl Net {
@@ -198,10 +204,16 @@ impl Net {
             queue: Vec::new(),
             order: 0,
             delivered: 0,
+            drop_filter: None,
         }
     }
 
     fn send(&mut self, to_server: bool, segment: Owned) {
+        if let Some(filter) = &mut self.drop_filter {
+            if filter(to_server, &segment) {
+                return;
+            }
+        }
         if self.rng.chance(self.link.loss) {
             return;
         }
@@ -241,6 +253,13 @@ impl Net {
     /// Advances virtual time to the next arrival or timer and processes it.
     /// Returns false when nothing is left to happen.
     pub fn step(&mut self) -> bool {
+        self.step_within(None)
+    }
+
+    /// [`step`](Self::step), but virtual time moves on by `most` at most
+    /// (an application that acts at a time of its own gets to run then);
+    /// with `most`, time passes even when nothing else would happen.
+    pub fn step_within(&mut self, most: Option<Duration>) -> bool {
         self.flush();
         let next = [
             self.queue.iter().map(|f| f.at).min(),
@@ -250,8 +269,13 @@ impl Net {
         .into_iter()
         .flatten()
         .min();
-        let Some(next) = next else {
-            return false;
+        let next = match (next, most) {
+            (Some(next), Some(most)) => next.min(self.now + most),
+            (Some(next), None) => next,
+            // Nothing on the link or armed: only the applications' time
+            // passes.
+            (None, Some(most)) => self.now + most,
+            (None, None) => return false,
         };
         if next > self.now {
             self.now = next;

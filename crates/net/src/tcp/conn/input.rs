@@ -259,9 +259,13 @@ impl Connection {
             && seg.payload.is_empty()
             && !seg.flags.fin
             && window == self.snd_wnd
+            && window > 0
             && self.snd_max != self.snd_una
         {
-            // RFC 5681 §2's duplicate ACK.
+            // RFC 5681 §2's duplicate ACK. Not with a zero window: that is
+            // the answer to a refused zero-window probe (whose byte is all
+            // that is outstanding), and a fast retransmission would go
+            // beyond the window.
             let flight = self.snd_max.distance_from(self.snd_una);
             if self.cc.on_duplicate_ack(self.snd_max, flight, ack) == AckAction::Retransmit {
                 self.stats.fast_retransmits += 1;

@@ -613,7 +613,7 @@ impl Connection {
                 | State::FinWait2
                 | State::CloseWait
         ) {
-            let mut rst = Segment::new(self.snd_max);
+            let mut rst = Segment::new(self.unoccupied_seq());
             rst.flags.rst = true;
             self.pending_rst = Some(rst);
         }
@@ -711,6 +711,22 @@ impl Connection {
                 | State::Closing
                 | State::LastAck
         )
+    }
+
+    /// The sequence number of a segment that occupies none (a lone ACK, a
+    /// RST): SND.MAX, but never beyond the right edge of the peer's window
+    /// (SND.WL2 + SND.WND). A zero-window probe takes SND.MAX one byte past
+    /// that edge, and a receiver whose window is zero accepts only
+    /// SEG.SEQ = RCV.NXT (RFC 9293 §3.10.7.4): numbered at SND.MAX, our
+    /// ACKs and the window updates they carry would be dropped until the
+    /// peer's window opens, which with both windows closed is never
+    /// (docs/tcp.md, "Zero windows both ways").
+    fn unoccupied_seq(&self) -> Seq {
+        if !self.is_synchronized() {
+            return self.snd_max;
+        }
+        let edge = (self.snd_wl2 + self.snd_wnd).max(self.snd_una);
+        self.snd_max.min(edge)
     }
 
     /// The sequence number of our FIN, once the application shut down.

@@ -64,8 +64,10 @@ impl Connection {
         }
         // A lone ACK carries the highest number sent: after a go-back-N
         // SND.NXT lies behind what the peer already received, and a
-        // sequence number left of its window would make it drop the ACK.
-        self.ack_now.then(|| Plan::ack_only(self.snd_max))
+        // sequence number left of its window would make it drop the ACK;
+        // but not past the window's right edge, where a refused zero-window
+        // probe leaves SND.MAX, for the same reason.
+        self.ack_now.then(|| Plan::ack_only(self.unoccupied_seq()))
     }
 
     fn plan_data(&mut self) -> Option<Plan> {
