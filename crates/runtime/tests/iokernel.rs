@@ -419,6 +419,20 @@ fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window()
         !blocked.from_blocked_ns.is_empty(),
         "the kthread never blocked after its window: {blocked:?}"
     );
+    // The lingering grants came through the grant word (no eventfd write:
+    // docs/runtime.md, "Grants without a system call"), the blocked one
+    // through the eventfd.
+    let al = d.stats().alloc;
+    assert!(
+        al.grant_cost_by_word.count as usize >= lingering.while_lingering_ns.len(),
+        "{al:#?}"
+    );
+    assert!(al.grant_cost_by_eventfd.count >= 1, "{al:#?}");
+    assert_eq!(
+        al.grant_cost_by_word.count + al.grant_cost_by_eventfd.count,
+        al.grant_cost.count,
+        "every grant delivered one way: {al:#?}"
+    );
 }
 
 #[test]

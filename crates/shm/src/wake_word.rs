@@ -53,6 +53,20 @@ pub enum BeforeSleep {
 #[repr(transparent)]
 pub struct WakeWord(AtomicU32);
 
+impl std::fmt::Debug for WakeWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.0.load(Ordering::Relaxed);
+        let name = match v {
+            AWAKE => "awake",
+            LINGERING => "lingering",
+            SLEEPING => "sleeping",
+            GRANTED => "granted",
+            _ => "(foreign value)",
+        };
+        write!(f, "WakeWord({name})")
+    }
+}
+
 impl Default for WakeWord {
     fn default() -> Self {
         Self::new()
@@ -256,7 +270,11 @@ mod tests {
         }
         let by_word = iokernel.join().unwrap();
         assert_eq!(word, by_word, "grants taken from the word = sent by it");
-        assert_eq!(eventfd.load(Ordering::Acquire), slept, "one write per sleep");
+        assert_eq!(
+            eventfd.load(Ordering::Acquire),
+            slept,
+            "one write per sleep"
+        );
         assert_eq!(word + slept, ROUNDS);
     }
 }
