@@ -398,6 +398,10 @@ fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window()
     let d = Daemon::start(|_| {});
     let mut cfg = d.app("b", Class::Batch, 0, 1);
     cfg.iokernel.as_mut().unwrap().linger_after_park = Duration::from_millis(300);
+    // At Linux's default class: a SCHED_IDLE kthread on a busy machine can
+    // be kept off the CPU for seconds, past its window and its 900 ms
+    // timer, and then finds that grant while it still "lingers".
+    cfg.iokernel.as_mut().unwrap().sched_idle = false;
     let (lingering, blocked) = ginza_runtime::run(cfg, || {
         let h = Handle::current().unwrap();
         // Each sleep parks the only kthread; iokerneld wakes it for the

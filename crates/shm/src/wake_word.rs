@@ -91,7 +91,9 @@ impl WakeWord {
     /// left by a grant that also wrote the eventfd (the eventfd still
     /// holds that one).
     pub fn begin_park(&self) {
-        self.0.store(LINGERING, Ordering::SeqCst);
+        // A swap, not a store: both sides then change the word only by
+        // read-modify-writes, which are totally ordered on it.
+        self.0.swap(LINGERING, Ordering::AcqRel);
     }
 
     /// While lingering: whether a grant came in the word (then taken).
