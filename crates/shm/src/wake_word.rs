@@ -16,10 +16,9 @@
 //! loom model below checks every interleaving).
 //!
 //! The word is in memory the runtime can write, so iokerneld treats any
-//! value but `LINGERING` (and `GRANTED`: a grant not yet taken, which a
-//! second one joins) as "write the eventfd": a broken runtime gets at most
-//! the wakes it would have had without this word, less the second of two
-//! grants in a row.
+//! value but `LINGERING` as "write the eventfd": a broken runtime, or a
+//! client that only waits on its eventfd, gets every wake it would have
+//! had without this word.
 
 use crate::sync::{AtomicU32, Ordering};
 
@@ -141,12 +140,12 @@ impl WakeWord {
 
     /// Grants: publishes `GRANTED` (after the `Wake` on the command ring,
     /// which the kthread then sees) and says whether the eventfd must be
-    /// written too. A grant the kthread has not taken yet (`GRANTED`) is
-    /// still on its way, through the word or the eventfd, so a second
-    /// one joins it, as two eventfd writes before one read do.
+    /// written too. Only a word that says `LINGERING` spares the write:
+    /// a client that knows only its eventfd never writes the word, and
+    /// still gets a write for every grant.
     pub fn grant(&self) -> GrantDelivery {
         match self.0.swap(GRANTED, Ordering::AcqRel) {
-            LINGERING | GRANTED => GrantDelivery::Word,
+            LINGERING => GrantDelivery::Word,
             _ => GrantDelivery::Eventfd,
         }
     }
@@ -202,27 +201,23 @@ mod tests {
     }
 
     #[test]
-    fn a_second_grant_joins_one_not_taken_yet() {
-        // Lingering: both in the word, taken once.
+    fn a_client_that_never_writes_the_word_gets_every_grant_by_eventfd() {
         let w = WakeWord::new();
+        for _ in 0..3 {
+            assert_eq!(w.grant(), GrantDelivery::Eventfd);
+        }
+        // A second grant while the first is still in the word of a
+        // lingering kthread: the eventfd too (a wake the kthread may find
+        // later, as a late eventfd write always was).
         w.begin_park();
         assert_eq!(w.grant(), GrantDelivery::Word);
-        assert_eq!(w.grant(), GrantDelivery::Word);
+        assert_eq!(w.grant(), GrantDelivery::Eventfd);
         assert!(w.take_grant());
-        assert!(!w.take_grant());
-        // Sleeping: the first writes the eventfd, the second joins it.
-        w.begin_park();
-        assert_eq!(w.before_sleep(), BeforeSleep::Sleep);
-        assert_eq!(w.grant(), GrantDelivery::Eventfd);
-        assert_eq!(w.grant(), GrantDelivery::Word);
-        w.awake();
-        // Taken: the next grant wakes anew.
-        assert_eq!(w.grant(), GrantDelivery::Eventfd);
     }
 
     #[test]
     fn any_foreign_value_means_the_eventfd() {
-        for v in [AWAKE, SLEEPING, 4, 77, u32::MAX] {
+        for v in [AWAKE, SLEEPING, GRANTED, 4, 77, u32::MAX] {
             let w = WakeWord(AtomicU32::new(v));
             assert_eq!(w.grant(), GrantDelivery::Eventfd, "{v}");
         }
@@ -364,8 +359,8 @@ mod loom_tests {
         });
     }
 
-    /// Two grants in a row (the second may find the first not taken yet,
-    /// and then joins it): the kthread always runs again.
+    /// Two grants in a row (the second may find the first not taken
+    /// yet): the kthread always runs again.
     #[test]
     fn loom_two_grants_wake_the_kthread() {
         loom::model(|| {
@@ -395,17 +390,12 @@ mod loom_tests {
                 w.awake();
             }
             io.join().unwrap();
-            // Woken from the word: at most the second grant wrote the
-            // eventfd (it found the first taken; that count wakes a later
-            // sleep at once, as a late eventfd write always did). Slept:
-            // the eventfd was written, once more only if the kthread had
-            // taken the first grant before the second came.
+            // Woken from the word: the first grant found it lingering, the
+            // second wrote the eventfd (a count that wakes a later sleep at
+            // once, as a late eventfd write always did). Slept: both wrote
+            // it.
             let writes = eventfd.load(Ordering::Acquire);
-            if by_word {
-                assert!(writes <= 1, "{writes}");
-            } else {
-                assert!((1..=2).contains(&writes), "{writes}");
-            }
+            assert_eq!(writes, if by_word { 1 } else { 2 });
         });
     }
 
