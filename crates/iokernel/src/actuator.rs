@@ -2,14 +2,16 @@
 //!
 //! [`CoreActuator`] is what iokerneld calls after it has updated its own
 //! bookkeeping and written the command ring: [`LinuxActuator`] pins the
-//! kthread and writes its eventfd (grant) or signals it (revoke);
+//! kthread and grants through its grant word, writing its eventfd only if
+//! the kthread sleeps (docs/runtime.md, "Grants without a system call"),
+//! or signals it (revoke);
 //! [`RecordingActuator`] only records, for tests and dry runs.
 
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
-use ginza_shm::PreemptReason;
+use ginza_shm::{GrantDelivery, PreemptReason, WakeWord};
 
 use ginza_sys::{affinity, eventfd, signal};
 
@@ -31,6 +33,8 @@ pub struct Target<'a> {
     /// CPU needs no `sched_setaffinity` (docs/results.md, "Core allocation").
     pub pinned: Option<usize>,
     pub eventfd: BorrowedFd<'a>,
+    /// The grant word in the kthread's queue line.
+    pub wake: &'a WakeWord,
 }
 
 /// Acts on decisions. `cpu` is a Linux CPU number (already mapped from the
@@ -38,8 +42,8 @@ pub struct Target<'a> {
 pub trait CoreActuator {
     /// The kthread now owns `cpu`: let it run there. On success with a
     /// known tid the thread is pinned to `cpu` (the caller remembers it as
-    /// [`Target::pinned`]).
-    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
+    /// [`Target::pinned`]). Says how the grant was delivered.
+    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery>;
     /// The kthread must give `cpu` back.
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
     /// The kthread did not give `cpu` back in time: move it off the core.
@@ -52,7 +56,9 @@ pub trait CoreActuator {
 
 /// Grants by `sched_setaffinity` (skipped when the thread is still pinned
 /// to that CPU: the system call costs about a microsecond of iokerneld's
-/// time, more than the rest of a grant) + eventfd write; revokes by [`PREEMPT_SIGNAL`]
+/// time, more than the rest of a grant) + the grant word, and an eventfd
+/// write only to a kthread that sleeps (waking a sleeping thread is most of
+/// a grant's cost); revokes by [`PREEMPT_SIGNAL`]
 /// through `tgkill` (so a tid reused by another process is never hit);
 /// evicts by moving the thread's affinity to the shared (unmanaged) cores.
 #[derive(Debug, Default)]
@@ -76,7 +82,7 @@ impl LinuxActuator {
 }
 
 impl CoreActuator for LinuxActuator {
-    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery> {
         // The affinity first, so the thread wakes up on its core. Before the
         // kthread reported its tid there is nothing to pin; the wake still
         // goes out. A managed kthread never changes its own affinity
@@ -86,8 +92,13 @@ impl CoreActuator for LinuxActuator {
             Some(tid) => affinity::pin_thread(tid, cpu),
             None => Ok(()),
         };
-        eventfd::write(t.eventfd, 1)?;
-        pinned
+        // The word after the affinity: a lingering kthread that sees it
+        // runs at once, on its core.
+        let delivery = t.wake.grant();
+        if delivery == GrantDelivery::Eventfd {
+            eventfd::write(t.eventfd, 1)?;
+        }
+        pinned.map(|()| delivery)
     }
 
     fn preempt(&mut self, t: &Target<'_>, _cpu: usize, _reason: PreemptReason) -> io::Result<()> {
@@ -170,14 +181,16 @@ impl RecordingActuator {
 }
 
 impl CoreActuator for RecordingActuator {
-    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+    /// Records only: no word, no eventfd (reported as the eventfd, the
+    /// delivery that assumes nothing about the kthread).
+    fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery> {
         self.push(Action::Grant {
             app_id: t.app_id,
             app: t.app_name.to_string(),
             kthread: t.kthread,
             cpu,
         });
-        Ok(())
+        Ok(GrantDelivery::Eventfd)
     }
 
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()> {
@@ -224,6 +237,7 @@ mod tests {
         // On a thread of its own: the pinning ends with it.
         std::thread::spawn(|| {
             let efd = eventfd::new().unwrap();
+            let word = WakeWord::new();
             let cpu = *affinity::allowed_cpus().unwrap().last().unwrap();
             let t = Target {
                 app_id: 1,
@@ -233,6 +247,7 @@ mod tests {
                 tid: Some(process::gettid()),
                 pinned: None,
                 eventfd: efd.as_fd(),
+                wake: &word,
             };
             LinuxActuator::default().grant(&t, cpu).unwrap();
             assert_eq!(affinity::allowed_cpus().unwrap(), vec![cpu]);
@@ -252,6 +267,7 @@ mod tests {
         }
         std::thread::spawn(move || {
             let efd = eventfd::new().unwrap();
+            let word = WakeWord::new();
             let (first, last) = (all[0], *all.last().unwrap());
             let t = Target {
                 app_id: 1,
@@ -261,6 +277,7 @@ mod tests {
                 tid: Some(process::gettid()),
                 pinned: Some(last),
                 eventfd: efd.as_fd(),
+                wake: &word,
             };
             // Told it is still pinned to `last`: no system call, so the
             // affinity this thread really has stays as it was.
@@ -277,6 +294,101 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn a_grant_to_a_lingering_kthread_writes_no_eventfd() {
+        let efd = eventfd::new().unwrap();
+        let word = WakeWord::new();
+        let t = Target {
+            app_id: 1,
+            app_name: "t",
+            kthread: 0,
+            pid: std::process::id() as i32,
+            tid: None,
+            pinned: None,
+            eventfd: efd.as_fd(),
+            wake: &word,
+        };
+        let mut act = LinuxActuator::default();
+        word.begin_park();
+        assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Word);
+        assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
+        assert!(word.take_grant());
+        // Gone to sleep: the eventfd.
+        word.begin_park();
+        assert_eq!(word.before_sleep(), ginza_shm::BeforeSleep::Sleep);
+        assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Eventfd);
+        assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
+    }
+
+    /// The handshake on real threads and a real eventfd: a "kthread" parks
+    /// thousands of times with a linger of a few polls, so grants land
+    /// while it polls, as it goes to sleep and after; each one must wake it
+    /// (a lost grant leaves it blocked: the deadline fails the test).
+    #[test]
+    fn stress_grants_around_the_sleep_are_never_lost() {
+        use std::sync::atomic::AtomicU64;
+        const ROUNDS: u64 = 5_000;
+        let efd = Arc::new(eventfd::new().unwrap());
+        let word = Arc::new(WakeWord::new());
+        let parked = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let kthread = {
+            let (efd, word, parked) = (efd.clone(), word.clone(), parked.clone());
+            std::thread::spawn(move || {
+                let mut slept = 0u64;
+                for round in 1..=ROUNDS {
+                    word.begin_park();
+                    parked.store(round, Ordering::Release);
+                    let polls = (round % 4) * 8;
+                    let by_word = (0..polls).any(|_| {
+                        let got = word.take_grant();
+                        std::hint::spin_loop();
+                        got
+                    }) || word.before_sleep() == ginza_shm::BeforeSleep::Granted;
+                    if !by_word {
+                        slept += 1;
+                        loop {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            assert!(!left.is_zero(), "grant {round} lost");
+                            eventfd::wait(efd.as_fd(), Some(left)).unwrap();
+                            if eventfd::read(efd.as_fd()).unwrap().is_some() {
+                                break;
+                            }
+                        }
+                        word.awake();
+                    }
+                }
+                slept
+            })
+        };
+        let mut act = LinuxActuator::default();
+        let mut writes = 0u64;
+        for round in 1..=ROUNDS {
+            while parked.load(Ordering::Acquire) < round {
+                assert!(Instant::now() < deadline, "the kthread stopped at {round}");
+                std::hint::spin_loop();
+            }
+            let t = Target {
+                app_id: 1,
+                app_name: "t",
+                kthread: 0,
+                pid: std::process::id() as i32,
+                tid: None,
+                pinned: None,
+                eventfd: efd.as_fd(),
+                wake: &word,
+            };
+            if act.grant(&t, 0).unwrap() == GrantDelivery::Eventfd {
+                writes += 1;
+            }
+        }
+        assert_eq!(
+            kthread.join().unwrap(),
+            writes,
+            "one eventfd write per sleep"
+        );
     }
 
     static GOT: AtomicBool = AtomicBool::new(false);
@@ -299,6 +411,7 @@ mod tests {
         });
         let tid = rx.recv().unwrap();
         let efd = eventfd::new().unwrap();
+        let word = WakeWord::new();
         let t = Target {
             app_id: 1,
             app_name: "t",
@@ -307,6 +420,7 @@ mod tests {
             tid: Some(tid),
             pinned: None,
             eventfd: efd.as_fd(),
+            wake: &word,
         };
         LinuxActuator::default()
             .preempt(&t, 0, PreemptReason::CoreNeeded)

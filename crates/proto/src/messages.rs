@@ -503,6 +503,14 @@ pub struct AllocStats {
     /// only (its bookkeeping was in the deciding pass). One sample per
     /// grant once no hand-over is pending or abandoned.
     pub grant_cost: Latency,
+    /// `grant_cost` of the grants delivered through the kthread's grant
+    /// word alone (it was lingering: no eventfd write).
+    #[serde(default)]
+    pub grant_cost_by_word: Latency,
+    /// `grant_cost` of the grants that wrote the kthread's eventfd (it
+    /// slept, or had not parked yet).
+    #[serde(default)]
+    pub grant_cost_by_eventfd: Latency,
     /// Wall time of each allocation pass in which the policy made a
     /// decision or iokerneld woke, preempted or evicted a kthread.
     pub pass_cost_with_decisions: Latency,
@@ -653,6 +661,8 @@ pub fn largest_stats_report() -> StatsReport {
             handovers: u64::MAX,
             handovers_abandoned: u64::MAX,
             grant_cost: big,
+            grant_cost_by_word: big,
+            grant_cost_by_eventfd: big,
             pass_cost_with_decisions: big,
             pass_cost_idle: big,
             handover: big,

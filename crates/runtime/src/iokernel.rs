@@ -6,9 +6,11 @@
 //! In this mode a kthread holds a core only while iokerneld has granted it
 //! one: it starts parked, parks by telling iokerneld (`Parked`, with its
 //! next timer), answers a preemption with `Yielded`, and runs again only
-//! when iokerneld writes its eventfd. The runtime never wakes its own
-//! kthreads; iokerneld sees queued work in the queue lines (congestion
-//! detection) and grants cores.
+//! when iokerneld grants it a core: through the grant word in its queue
+//! line while it lingers after parking, through its eventfd once it sleeps
+//! (docs/runtime.md, "Grants without a system call"). The runtime never
+//! wakes its own kthreads; iokerneld sees queued work in the queue lines
+//! (congestion detection) and grants cores.
 
 use std::sync::atomic::{
     fence,
@@ -16,10 +18,10 @@ use std::sync::atomic::{
 };
 use std::time::{Duration, Instant};
 
-use ginza_shm::ToIokernel;
+use ginza_shm::{BeforeSleep, ToIokernel};
 
 use crate::link::KLink;
-use crate::sched::{bump, eventfd_try_read, eventfd_wait, Owner, PARKED, REVOKED, RUNNING};
+use crate::sched::{bump, eventfd_wait, Owner, PARKED, REVOKED, RUNNING};
 
 // ---- parking and grants under iokerneld --------------------------------------
 
@@ -38,6 +40,9 @@ pub(crate) fn wait_for_first_grant(owner: &Owner<'_>) {
                 log::warn!("kthread {}: cannot run under SCHED_IDLE: {e}", k.id);
             }
         }
+        // From here a grant may come in the word (iokerneld only grants
+        // once it has read `Started`).
+        io.line.wake().begin_park();
         owner.send_to_iokernel(ToIokernel::Started {
             tid: k.tid.load(SeqCst) as u32,
         });
@@ -70,6 +75,9 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
             return;
         }
     }
+    // Before iokerneld can read the `Parked`/`Yielded` below: its grant
+    // may come in the word from then on.
+    io.line.wake().begin_park();
     let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
     owner.send_to_iokernel(if preempted {
         ginza_shm::ToIokernel::Yielded { next_deadline_ns }
@@ -89,12 +97,15 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
         .link
         .as_ref()
         .map_or(Duration::ZERO, |l| l.cfg.linger_after_park);
+    let word = io.line.wake();
     let mut lingering = false;
     let mut granted = false;
     if !linger.is_zero() {
+        // Polls the grant word, not the eventfd: no system call per look,
+        // and iokerneld writes no eventfd while we linger.
         let start = Instant::now();
-        while start.elapsed() < linger && !rt.shutdown.load(Relaxed) {
-            if eventfd_try_read(k) {
+        while start.elapsed() < linger && !rt.shutdown.load(Relaxed) && rt.managed() {
+            if word.take_grant() {
                 granted = true;
                 lingering = true;
                 break;
@@ -102,11 +113,17 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
             std::hint::spin_loop();
         }
     }
+    if !granted && word.before_sleep() == BeforeSleep::Granted {
+        // The grant came just as the linger ended (or before a zero one).
+        granted = true;
+        lingering = true;
+    }
     while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
         // A preemption signal that raced with our `Parked` interrupts the
         // wait; only the eventfd means a grant.
         granted = eventfd_wait(k, u64::MAX);
     }
+    word.awake();
     let decided = owner.drain_from_iokernel();
     if granted {
         bump(&k.stats.grants);

@@ -398,6 +398,10 @@ fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window()
     let d = Daemon::start(|_| {});
     let mut cfg = d.app("b", Class::Batch, 0, 1);
     cfg.iokernel.as_mut().unwrap().linger_after_park = Duration::from_millis(300);
+    // At Linux's default class: a SCHED_IDLE kthread on a busy machine can
+    // be kept off the CPU for seconds, past its window and its 900 ms
+    // timer, and then finds that grant while it still "lingers".
+    cfg.iokernel.as_mut().unwrap().sched_idle = false;
     let (lingering, blocked) = ginza_runtime::run(cfg, || {
         let h = Handle::current().unwrap();
         // Each sleep parks the only kthread; iokerneld wakes it for the
@@ -418,6 +422,20 @@ fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window()
     assert!(
         !blocked.from_blocked_ns.is_empty(),
         "the kthread never blocked after its window: {blocked:?}"
+    );
+    // The lingering grants came through the grant word (no eventfd write:
+    // docs/runtime.md, "Grants without a system call"), the blocked one
+    // through the eventfd.
+    let al = d.stats().alloc;
+    assert!(
+        al.grant_cost_by_word.count as usize >= lingering.while_lingering_ns.len(),
+        "{al:#?}"
+    );
+    assert!(al.grant_cost_by_eventfd.count >= 1, "{al:#?}");
+    assert_eq!(
+        al.grant_cost_by_word.count + al.grant_cost_by_eventfd.count,
+        al.grant_cost.count,
+        "every grant delivered one way: {al:#?}"
     );
 }
 

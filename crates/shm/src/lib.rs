@@ -5,6 +5,8 @@
 //!   validation iokerneld applies before trusting any offset in it.
 //! * [`queue_line`]: one cache line per kthread that the runtime writes and
 //!   iokerneld samples for congestion detection.
+//! * [`wake_word`]: how a grant reaches a parked kthread: a word in its
+//!   queue line while it lingers, its eventfd once it sleeps.
 //! * [`ring`]: the `#[repr(C)]`, pointer-free SPSC ring both processes map.
 //! * [`msg`]: the command messages of the per-kthread command rings.
 //! * [`packet`]: packet descriptors, egress buffers, the read-only ingress
@@ -25,6 +27,7 @@ pub mod queue_line;
 pub mod region;
 pub mod ring;
 mod sync;
+pub mod wake_word;
 
 pub use msg::{
     CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, RunPacket, SendError,
@@ -40,6 +43,7 @@ pub use region::{
     RuntimeEnd,
 };
 pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};
+pub use wake_word::{BeforeSleep, GrantDelivery, WakeWord};
 
 /// Proptest settings: `cases` normally, `miri_cases` under Miri, where
 /// failures are not persisted (Miri's isolation forbids file access).

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use ginza_policy::alloc::{KthreadSnap, QueueCounters};
 
+use crate::wake_word::WakeWord;
+
 /// Flag bits of a queue line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LineFlags(pub u32);
@@ -69,8 +71,13 @@ pub struct QueueLine {
     /// has switched into, as its id's low 32 bits + 1 (0: none). Quanta
     /// count from when iokerneld sees it, not from the `Run`.
     running: AtomicU32,
+    /// How a grant reaches the kthread: this word while it lingers, its
+    /// eventfd once it sleeps (docs/runtime.md, "Grants without a system
+    /// call").
+    wake: WakeWord,
 }
 
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<QueueLine>() == 64);
 const _: () = assert!(std::mem::align_of::<QueueLine>() == 64);
 
@@ -81,6 +88,7 @@ impl Default for QueueLine {
 }
 
 impl QueueLine {
+    #[cfg(not(loom))]
     pub const fn new() -> Self {
         QueueLine {
             rq_head: AtomicU32::new(0),
@@ -92,7 +100,30 @@ impl QueueLine {
             running: AtomicU32::new(0),
             next_timer_ns: AtomicU64::new(NO_TIMER),
             busy_ns: AtomicU64::new(0),
+            wake: WakeWord::new(),
         }
+    }
+
+    /// Under loom the wake word is loom's atomic, which has no `const` new.
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        QueueLine {
+            rq_head: AtomicU32::new(0),
+            rq_tail: AtomicU32::new(0),
+            in_head: AtomicU32::new(0),
+            in_tail: AtomicU32::new(0),
+            flags: AtomicU32::new(0),
+            steals: AtomicU32::new(0),
+            running: AtomicU32::new(0),
+            next_timer_ns: AtomicU64::new(NO_TIMER),
+            busy_ns: AtomicU64::new(0),
+            wake: WakeWord::new(),
+        }
+    }
+
+    /// The grant word (both sides).
+    pub fn wake(&self) -> &WakeWord {
+        &self.wake
     }
 
     // Runtime side. Stores are `Relaxed`: iokerneld only samples the line,

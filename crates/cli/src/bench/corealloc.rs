@@ -18,12 +18,18 @@
 //!   by the kthread.
 //! * `grant_spinning_us`: the same with the kthread lingering after it
 //!   parked (`linger_after_park`) and short gaps, so the grant finds it
-//!   still polling its eventfd: no wake-up from halt.
+//!   still polling its grant word: no wake-up from halt.
 //! * `iokernel_ns_per_grant`: iokerneld's own time to carry out one grant
 //!   (bookkeeping, command ring, `sched_setaffinity` unless the kthread is
-//!   still pinned to that CPU, eventfd write), from its stats, over both
-//!   grant runs; `iokernel_ns_per_grant_blocked` over the blocked run alone
-//!   (every eventfd write wakes a sleeping thread: the dearer kind).
+//!   still pinned to that CPU, the grant word, and the eventfd write if the
+//!   kthread sleeps), from its stats, over both grant runs: half of them
+//!   to a lingering kthread, half to a blocked one, so its p50 falls
+//!   between the two kinds and says little alone. Hence by how the grant
+//!   was delivered (docs/runtime.md, "Grants without a system call"), over
+//!   the same runs: `iokernel_ns_per_grant_lingering` (the grant word alone,
+//!   no system call) and `iokernel_ns_per_grant_blocked` (the eventfd
+//!   write that wakes a sleeping thread); and
+//!   `iokernel_ns_per_grant_handover`, every grant of the hand-over run.
 //! * `iokernel_ns_per_pass`: an allocation pass that decided nothing
 //!   (drain the rings, read the queue lines, run the policy), over the grant
 //!   runs: the fixed cost iokerneld pays every 5 µs.
@@ -32,8 +38,12 @@
 //!   (`--handover-gap-us`, default 5–15 µs: with gaps of mean g at most
 //!   2/g moves a second are possible, reported as `reallocs_ceiling_per_s`);
 //!   every wake of the latter preempts the former (signal), and the core is
-//!   handed over when the victim reports `Yielded`; then the batch
-//!   application takes the core back when the other parks. Hand-over time
+//!   handed over when the victim reports `Yielded` (or at once from a
+//!   SCHED_IDLE victim); then the batch application takes the core back
+//!   when the other parks. Both applications are configured as their class
+//!   is by default (the batch one lingers `BATCH_LINGER` after it gives
+//!   the core back, `--handover-batch-linger-us` changes it, 0: it blocks
+//!   at once, as before session 8). Hand-over time
 //!   from iokerneld's stats (preemption sent → receiving kthread woken);
 //!   reallocations per second = core moves between the two applications
 //!   over the run's wall time.
@@ -77,6 +87,10 @@ pub struct CoreallocArgs {
     /// application and back), so the gaps bound `reallocs_per_s`.
     #[arg(long, default_value = "5,15", value_parser = gap_range)]
     handover_gap_us: (u64, u64),
+    /// The batch application's linger after it gives the core back in the
+    /// hand-over run, µs [default: the runtime's `BATCH_LINGER`].
+    #[arg(long)]
+    handover_batch_linger_us: Option<u64>,
 }
 
 fn gap_range(s: &str) -> Result<(u64, u64), String> {
@@ -109,6 +123,7 @@ const LINGER: Duration = Duration::from_millis(2);
 struct Pct {
     p50: f64,
     p99: f64,
+    mean: f64,
     n: usize,
 }
 
@@ -117,6 +132,7 @@ impl Pct {
         (l.count > 0).then(|| Pct {
             p50: l.p50_ns as f64 / scale,
             p99: l.p99_ns as f64 / scale,
+            mean: l.mean_ns as f64 / scale,
             n: l.count as usize,
         })
     }
@@ -126,6 +142,7 @@ impl Pct {
         Some(Pct {
             p50: percentile(&v, 50.0)? as f64 / scale,
             p99: percentile(&v, 99.0)? as f64 / scale,
+            mean: v.iter().sum::<u64>() as f64 / v.len() as f64 / scale,
             n: v.len(),
         })
     }
@@ -137,7 +154,13 @@ struct Report {
     grant_spinning_us: Option<Pct>,
     eventfd_floor_us: Option<Pct>,
     iokernel_ns_per_grant: Option<Pct>,
+    /// The grants delivered by the grant word alone (a lingering kthread).
+    iokernel_ns_per_grant_lingering: Option<Pct>,
+    /// The grants that wrote the eventfd (a sleeping kthread).
     iokernel_ns_per_grant_blocked: Option<Pct>,
+    /// Every grant of the hand-over run (to the latency-critical kthread
+    /// after a preemption, to the batch one when the other parks).
+    iokernel_ns_per_grant_handover: Option<Pct>,
     iokernel_ns_per_pass: Option<Pct>,
     preempt_handover_us: Option<Pct>,
     reallocs_per_s: f64,
@@ -145,6 +168,8 @@ struct Report {
     /// length.
     reallocs_ceiling_per_s: f64,
     handover_gap_us: (u64, u64),
+    /// The batch application's linger in the hand-over run (µs).
+    handover_batch_linger_us: u64,
     /// iokerneld's time per preemption it sent (line flag, command ring,
     /// signal) is inside `preempt_handover_us`; these are the run's counts.
     preemptions: u64,
@@ -193,7 +218,6 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     client::reset_stats(&socket)?;
     let (blocked, _) = sleeper(&socket, "grant", n, BLOCKED_GAP_US, Duration::ZERO)?;
     // Not a reset: the lingering run adds to this window.
-    let st_blocked = daemon.stats()?;
     eprintln!("corealloc: grants to a lingering kthread");
     let (_, lingering) = sleeper(&socket, "grant-linger", n, LINGER_GAP_US, LINGER)?;
     // iokerneld's cost per grant over both grant runs.
@@ -203,7 +227,15 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         "corealloc: preemption hand-overs for {:?}",
         args.handover_for
     );
-    let (after_preempt, st_hand) = handover(&socket, args.handover_for, args.handover_gap_us)?;
+    let batch_linger = args
+        .handover_batch_linger_us
+        .map_or(ginza_runtime::BATCH_LINGER, Duration::from_micros);
+    let (after_preempt, st_hand) = handover(
+        &socket,
+        args.handover_for,
+        args.handover_gap_us,
+        batch_linger,
+    )?;
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -213,7 +245,9 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         grant_spinning_us: Pct::of_ns(lingering, 1e3),
         eventfd_floor_us: Pct::of_ns(floor, 1e3),
         iokernel_ns_per_grant: Pct::of_latency(&st_grants.alloc.grant_cost, 1.0),
-        iokernel_ns_per_grant_blocked: Pct::of_latency(&st_blocked.alloc.grant_cost, 1.0),
+        iokernel_ns_per_grant_lingering: Pct::of_latency(&st_grants.alloc.grant_cost_by_word, 1.0),
+        iokernel_ns_per_grant_blocked: Pct::of_latency(&st_grants.alloc.grant_cost_by_eventfd, 1.0),
+        iokernel_ns_per_grant_handover: Pct::of_latency(&hand.grant_cost, 1.0),
         iokernel_ns_per_pass: Pct::of_latency(&st_grants.alloc.pass_cost_idle, 1.0),
         preempt_handover_us: Pct::of_latency(&hand.handover, 1e3),
         reallocs_per_s: hand.reallocations as f64 / (hand.window_ns.max(1) as f64 / 1e9),
@@ -221,6 +255,7 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         reallocs_ceiling_per_s: 2e6
             / ((args.handover_gap_us.0 + args.handover_gap_us.1) as f64 / 2.0),
         handover_gap_us: args.handover_gap_us,
+        handover_batch_linger_us: batch_linger.as_micros() as u64,
         preemptions: hand.preemptions,
         handovers: hand.handovers,
         grant_after_preemption_us: Pct::of_ns(after_preempt, 1e3),
@@ -331,11 +366,12 @@ fn handover(
     socket: &std::path::Path,
     length: Duration,
     gaps: (u64, u64),
+    batch_linger: Duration,
 ) -> anyhow::Result<(Vec<u64>, StatsReport)> {
     let stop = Arc::new(AtomicBool::new(false));
     let hog = {
         let stop = Arc::clone(&stop);
-        let cfg = app(socket, "hog", Class::Batch, Duration::ZERO);
+        let cfg = app(socket, "hog", Class::Batch, batch_linger);
         std::thread::spawn(move || {
             ginza_runtime::run(cfg, move || {
                 while !stop.load(Ordering::Relaxed) {
@@ -416,8 +452,20 @@ fn render(r: &Report) -> String {
     );
     row(
         &mut t,
-        "  of which to a blocked kthread",
+        "  to a lingering kthread (word)",
+        &r.iokernel_ns_per_grant_lingering,
+        "ns",
+    );
+    row(
+        &mut t,
+        "  to a blocked kthread (eventfd)",
         &r.iokernel_ns_per_grant_blocked,
+        "ns",
+    );
+    row(
+        &mut t,
+        "  in the hand-over run",
+        &r.iokernel_ns_per_grant_handover,
         "ns",
     );
     row(
@@ -440,12 +488,13 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         t,
-        "{:<34} {:>9.0} /s (gaps {}–{} µs allow at most {:.0} /s; {} preemptions, {} hand-overs)",
+        "{:<34} {:>9.0} /s (gaps {}–{} µs allow at most {:.0} /s; batch linger {} µs; {} preemptions, {} hand-overs)",
         "reallocations",
         r.reallocs_per_s,
         r.handover_gap_us.0,
         r.handover_gap_us.1,
         r.reallocs_ceiling_per_s,
+        r.handover_batch_linger_us,
         r.preemptions,
         r.handovers
     );

@@ -436,6 +436,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             tid: app.kt[k].tid,
             pinned: app.kt[k].pinned,
             eventfd: app.eventfds[k].as_fd(),
+            wake: app.ends[k].line.wake(),
         }
     }
 
@@ -499,18 +500,20 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);
         let kt_tid = app.kt[k].tid;
-        app.kt[k].pinned = match self.actuator.grant(&Self::target(app, k), cpu) {
-            Ok(()) => kt_tid.map(|_| cpu),
+        let delivery = match self.actuator.grant(&Self::target(app, k), cpu) {
+            Ok(d) => {
+                app.kt[k].pinned = kt_tid.map(|_| cpu);
+                Some(d)
+            }
             Err(e) => {
                 warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
+                app.kt[k].pinned = None;
                 None
             }
         };
         let end = clock::monotonic_ns();
         self.meter.actions += 1;
-        self.meter
-            .grant_cost
-            .saturating_record(end.saturating_sub(t0));
+        self.meter.record_grant(end.saturating_sub(t0), delivery);
         Some(end)
     }
 

@@ -7,6 +7,7 @@ use super::Iokerneld;
 use crate::actuator::CoreActuator;
 use crate::dataplane::AppNet;
 use ginza_proto::messages::{AllocStats, AppStats, Latency, Request, Response, StatsReport};
+use ginza_shm::GrantDelivery;
 use ginza_sys::clock;
 
 /// Longest duration the cost histograms tell apart; longer samples count
@@ -104,6 +105,10 @@ pub(super) struct Meter {
     /// that changed it acted.
     pub(super) actions: u64,
     pub(super) grant_cost: Histogram<u64>,
+    /// `grant_cost` of the grants delivered by the grant word alone.
+    pub(super) grant_cost_word: Histogram<u64>,
+    /// `grant_cost` of the grants that wrote the eventfd.
+    pub(super) grant_cost_eventfd: Histogram<u64>,
     pub(super) pass_acted: Histogram<u64>,
     pub(super) pass_idle: Histogram<u64>,
     pub(super) handover: Histogram<u64>,
@@ -121,6 +126,8 @@ impl Meter {
             handovers_abandoned: 0,
             actions: 0,
             grant_cost: histogram(),
+            grant_cost_word: histogram(),
+            grant_cost_eventfd: histogram(),
             pass_acted: histogram(),
             pass_idle: histogram(),
             handover: histogram(),
@@ -137,9 +144,22 @@ impl Meter {
         self.handovers = 0;
         self.handovers_abandoned = 0;
         self.grant_cost.reset();
+        self.grant_cost_word.reset();
+        self.grant_cost_eventfd.reset();
         self.pass_acted.reset();
         self.pass_idle.reset();
         self.handover.reset();
+    }
+
+    /// One grant's cost, also under how it was delivered (a failed grant
+    /// counts in the total only).
+    pub(super) fn record_grant(&mut self, ns: u64, delivery: Option<GrantDelivery>) {
+        self.grant_cost.saturating_record(ns);
+        match delivery {
+            Some(GrantDelivery::Word) => self.grant_cost_word.saturating_record(ns),
+            Some(GrantDelivery::Eventfd) => self.grant_cost_eventfd.saturating_record(ns),
+            None => {}
+        }
     }
 
     fn report(&self, now: u64, cpu: u64) -> AllocStats {
@@ -152,6 +172,8 @@ impl Meter {
             handovers: self.handovers,
             handovers_abandoned: self.handovers_abandoned,
             grant_cost: summarize(&self.grant_cost),
+            grant_cost_by_word: summarize(&self.grant_cost_word),
+            grant_cost_by_eventfd: summarize(&self.grant_cost_eventfd),
             pass_cost_with_decisions: summarize(&self.pass_acted),
             pass_cost_idle: summarize(&self.pass_idle),
             handover: summarize(&self.handover),
@@ -295,9 +317,17 @@ mod tests {
         ] {
             h.saturating_record(5_000);
         }
+        m.record_grant(300, Some(GrantDelivery::Word));
+        m.record_grant(9_000, Some(GrantDelivery::Eventfd));
+        m.record_grant(9_000, None);
         let r = m.report(11_000, 500);
         assert_eq!((r.window_ns, r.window_cpu_ns), (10_000, 500));
         assert_eq!((r.grants, r.handover.count), (3, 1));
+        // Every grant in the total, each delivered one under its way.
+        assert_eq!(r.grant_cost.count, 4);
+        assert_eq!(r.grant_cost_by_word.count, 1);
+        assert_eq!(r.grant_cost_by_eventfd.count, 1);
+        assert!(r.grant_cost_by_word.max_ns < 1_000);
         m.reset(20_000, 700);
         let r = m.report(25_000, 800);
         assert_eq!(
