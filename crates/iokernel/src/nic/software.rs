@@ -23,6 +23,7 @@
 //! (which is freed at once), so that a held or duplicated frame never
 //! pins a port's buffer.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -188,7 +189,44 @@ impl Hasher for MacHasher {
     }
 }
 
-type MacTable = HashMap<MacAddr, PortId, BuildHasherDefault<MacHasher>>;
+/// The port of each registered MAC, with the last lookup remembered: the
+/// frames of a burst mostly go to one destination, and comparing six bytes
+/// costs less than hashing them (docs/results.md, "Dataplane").
+#[derive(Debug, Default)]
+struct MacTable {
+    ports: HashMap<MacAddr, PortId, BuildHasherDefault<MacHasher>>,
+    /// Forgotten whenever the table changes.
+    last: Cell<Option<(MacAddr, PortId)>>,
+}
+
+impl MacTable {
+    fn get(&self, mac: &MacAddr) -> Option<PortId> {
+        if let Some((m, id)) = self.last.get() {
+            if m == *mac {
+                return Some(id);
+            }
+        }
+        let id = self.ports.get(mac).copied();
+        if let Some(id) = id {
+            self.last.set(Some((*mac, id)));
+        }
+        id
+    }
+
+    fn contains_key(&self, mac: &MacAddr) -> bool {
+        self.ports.contains_key(mac)
+    }
+
+    fn insert(&mut self, mac: MacAddr, id: PortId) {
+        self.last.set(None);
+        self.ports.insert(mac, id);
+    }
+
+    fn remove(&mut self, mac: &MacAddr) {
+        self.last.set(None);
+        self.ports.remove(mac);
+    }
+}
 
 /// An in-memory Ethernet switch: one port per application (and one per
 /// traffic generator), frames switched by destination MAC, broadcast to
@@ -238,7 +276,7 @@ impl Fabric<'_> {
             }
             return;
         }
-        let known = self.port_by_mac.get(&destination).copied();
+        let known = self.port_by_mac.get(&destination);
         let trunk = self.trunk.filter(|t| t.0 as usize != source);
         match known.or(trunk) {
             Some(receiver) => self.deliver(receiver.0 as usize, bytes),
@@ -476,7 +514,7 @@ impl SoftwareSwitch {
     }
 
     pub fn port_of(&self, mac: MacAddr) -> Option<PortId> {
-        self.port_by_mac.get(&mac).copied()
+        self.port_by_mac.get(&mac)
     }
 
     fn port_ref(&self, id: PortId) -> Option<&Port> {
@@ -568,7 +606,7 @@ impl SoftwareSwitch {
                 }
             }
         } else {
-            let known = self.port_by_mac.get(&destination).copied();
+            let known = self.port_by_mac.get(&destination);
             // Unknown unicast leaves through the trunk, unless it came from there.
             let trunk = self.trunk.filter(|t| t.0 as usize != source);
             match known.or(trunk) {
