@@ -255,6 +255,10 @@ pub struct Iokerneld<A: CoreActuator> {
     work_arrived: Vec<u64>,
     /// Their indices in `apps` at the pass that tells the policy (scratch).
     work_arrived_at: Vec<usize>,
+    /// The loop's clock: the TSC where the kernel trusts it (one read per
+    /// turn; `clock_gettime` cost 9–19 % of a spinning loop here,
+    /// docs/results.md, "Dataplane").
+    clock: TscClock,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -356,6 +360,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             dp,
             work_arrived: Vec::new(),
             work_arrived_at: Vec::new(),
+            clock: TscClock::new(),
         })
     }
 
@@ -398,10 +403,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         // `MAX_CONTROL_GAP`; anything found brings it back to `ci`.
         let max_gap = ci.max(MAX_CONTROL_GAP.as_nanos() as u64);
         let mut control_gap = ci;
-        // The loop's clock: the TSC where the kernel trusts it (one read
-        // per turn; `clock_gettime` cost 9–19 % of a spinning loop here).
-        let mut tsc = TscClock::new();
-        let start = tsc.now_ns();
+        let start = self.clock.now_ns();
         let end = self
             .cfg
             .run_for
@@ -414,7 +416,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             {
                 break;
             }
-            let now = tsc.now_ns();
+            let now = self.clock.now_ns();
             if end.is_some_and(|e| now >= e) {
                 break;
             }
@@ -455,7 +457,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         wait = wait.min(e.saturating_sub(now));
                     }
                     self.control(Some(Duration::from_nanos(wait)), now)?;
-                    let now = tsc.now_ns();
+                    let now = self.clock.now_ns();
                     control_gap = ci;
                     next_control = now + ci;
                     next_pass = next_pass.min(now);
