@@ -14,10 +14,12 @@
 use std::time::Instant;
 
 use ginza_iokernel::dataplane::copy_floor::CopyFloor;
-use ginza_iokernel::dataplane::Dataplane;
+use ginza_iokernel::dataplane::{AppNet, Dataplane, Peers};
+use ginza_iokernel::nic::PortId;
 use ginza_iokernel::raw_app;
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
 use ginza_policy::steer::SteeringKind;
+use ginza_shm::IokernelEnd;
 use ginza_shm::{Region, RegionConfig};
 
 const BURST: usize = 32;
@@ -28,6 +30,24 @@ fn iface(last: u8) -> Interface {
     Interface {
         mac: MacAddr([0x02, 0x47, 0x5a, 0x00, 0x00, last]),
         ip: Ipv4Addr::new(10, 47, 0, last),
+    }
+}
+
+/// The receiver, as the daemon's loop shows it to the direct path.
+struct Receiver<'a> {
+    net: &'a mut AppNet,
+    ends: &'a mut [IokernelEnd],
+}
+
+impl Peers for Receiver<'_> {
+    fn peer(&mut self, port: PortId) -> Option<(&mut AppNet, &mut [IokernelEnd])> {
+        (port == self.net.port()).then_some((&mut *self.net, &mut *self.ends))
+    }
+
+    fn work_for(&mut self, _: PortId) {}
+
+    fn disconnect(&mut self, _: PortId, reason: String) {
+        panic!("{reason}");
     }
 }
 
@@ -69,7 +89,12 @@ fn main() {
         for i in 0..BURSTS {
             let sent = raw_app::send_copies(&mut s_rt, &frame, BURST);
             let t0 = Instant::now();
-            dp.transmit(&mut sender_net, &mut s_io[0], 0).unwrap();
+            let mut peers = Receiver {
+                net: &mut receiver_net,
+                ends: &mut r_io,
+            };
+            dp.transmit(&mut sender_net, &mut s_io[0], 0, &mut peers, i as u64)
+                .unwrap();
             dp.deliver(&mut receiver_net, &mut r_io, i as u64).unwrap();
             dp.take_back(&mut receiver_net, &mut r_io[0], 0).unwrap();
             let took = t0.elapsed().as_nanos() as f64;

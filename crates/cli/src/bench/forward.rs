@@ -564,8 +564,7 @@ enum LinuxServer {
 }
 
 /// Rounds of (Ginza, Linux blocking, Linux busy-polling, Ginza spinning),
-/// medians of the
-/// rounds' p50 and p99.
+/// medians of the rounds' p50 and p99.
 fn rtt_rounds(
     ns: &NetNs,
     args: &ForwardArgs,

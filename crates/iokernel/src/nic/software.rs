@@ -513,6 +513,43 @@ impl SoftwareSwitch {
         Some(&self.port_ref(id)?.pool)
     }
 
+    /// Where a unicast frame from port `from` to `destination` may go
+    /// around the switch, straight to the receiver's own buffers (iokerneld's
+    /// direct path between two applications, docs/results.md,
+    /// "Dataplane"): the receiving port, when no port has a fault injector,
+    /// `from` may send from `source`, and the destination is another
+    /// registered port (not the trunk, not `from` itself). The caller then
+    /// counts the frame with [`count_direct`](Self::count_direct).
+    pub fn direct_route(
+        &self,
+        from: PortId,
+        source: MacAddr,
+        destination: MacAddr,
+    ) -> Option<PortId> {
+        if self.faults.is_some() || destination.is_multicast() {
+            return None;
+        }
+        let sender = self.port_ref(from)?;
+        if sender.trunk || !sender.sends_from(source) {
+            return None;
+        }
+        let to = self.port_by_mac.get(&destination)?;
+        (to != from && Some(to) != self.trunk).then_some(to)
+    }
+
+    /// Counts a frame of `len` bytes that went from `from` to `to` by the
+    /// direct path as the switch would have.
+    pub fn count_direct(&mut self, from: PortId, to: PortId, len: usize) {
+        if let Some(p) = self.ports.get_mut(from.0 as usize).and_then(Option::as_mut) {
+            p.counters.tx_frames += 1;
+            p.counters.tx_bytes += len as u64;
+        }
+        if let Some(p) = self.ports.get_mut(to.0 as usize).and_then(Option::as_mut) {
+            p.counters.rx_frames += 1;
+            p.counters.rx_bytes += len as u64;
+        }
+    }
+
     pub fn port_of(&self, mac: MacAddr) -> Option<PortId> {
         self.port_by_mac.get(&mac)
     }
