@@ -921,7 +921,8 @@ impl Dataplane {
     /// the runtime cannot change it. A copy whose addresses differ from the
     /// header read first (its sender rewrote the buffer meanwhile) is
     /// dropped. It is steered and published as [`deliver`](Self::deliver)
-    /// would have done one switch hop later.
+    /// would have done one switch hop later. A protected netstack's frames
+    /// always take the switch (see below).
     pub fn transmit(
         &mut self,
         net: &mut AppNet,
@@ -944,6 +945,11 @@ impl Dataplane {
             to_parked: false,
             now,
         };
+        // A protected netstack (aliases, tx pools) mixes gathered and
+        // checksum-offload frames, which take the switch, with plain ones:
+        // all of its frames take the switch, so that none overtakes an
+        // earlier one of its flow.
+        let direct = net.aliases.is_empty() && net.tx_pools.is_empty();
         while taken < waiting {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
                 break;
@@ -953,7 +959,8 @@ impl Dataplane {
                 net.stats.drop_egress += 1;
                 continue;
             }
-            if desc.reserved & (EGRESS_GATHER | EGRESS_FILL_L4_CHECKSUM) == 0
+            if direct
+                && desc.reserved & (EGRESS_GATHER | EGRESS_FILL_L4_CHECKSUM) == 0
                 && self.transmit_direct(net, end, seq, desc.len, peers, &mut run)
             {
                 continue;
