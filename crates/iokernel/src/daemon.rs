@@ -13,7 +13,10 @@
 //! are non-blocking and polled with a zero-timeout `ppoll` every
 //! `control_interval` (50 µs by default), not every pass: registration is
 //! rare and a `ppoll` costs about a microsecond, so checking every 5 µs pass
-//! would spend a fifth of the core on it. A separate control thread would
+//! would spend a fifth of the core on it. Polls that find nothing ready
+//! double the gap to the next, up to [`MAX_CONTROL_GAP`] (1 ms), and one
+//! that finds something brings it back: a busy control plane is served
+//! every 50 µs, a quiet one costs the loop one `ppoll` per millisecond. A separate control thread would
 //! need a lock or a channel around the application table that the pass
 //! reads every 5 µs, and a hang-up would reach the allocator one hand-over
 //! later; on one thread, a closed socket removes the application before the
@@ -42,6 +45,7 @@ use crate::actuator::CoreActuator;
 use crate::config::{Config, PolicyKind};
 use crate::dataplane::{AppNet, Dataplane, FaultsHandle, GeneratorHandle};
 use ginza_proto::messages::{Class, Removal, StatsReport};
+use ginza_sys::tsc_clock::TscClock;
 use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
 mod control;
@@ -66,6 +70,11 @@ pub const MAX_PENDING: usize = 64;
 pub const PENDING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Removals remembered for stats.
 const RECENT_REMOVALS: usize = 16;
+/// The longest gap between two control polls of a spinning loop: polls
+/// that find nothing ready double the gap from `control_interval` up to
+/// this (docs/results.md, "Dataplane": a `ppoll` was 5 % of a forwarding
+/// loop's time at one per 50 µs).
+pub const MAX_CONTROL_GAP: Duration = Duration::from_millis(1);
 /// Target utilization of the `slow` policy.
 pub const SLOW_TARGET_UTIL: f64 = 0.8;
 
@@ -246,6 +255,10 @@ pub struct Iokerneld<A: CoreActuator> {
     work_arrived: Vec<u64>,
     /// Their indices in `apps` at the pass that tells the policy (scratch).
     work_arrived_at: Vec<usize>,
+    /// The loop's clock: the TSC where the kernel trusts it (one read per
+    /// turn; `clock_gettime` cost 9–19 % of a spinning loop here,
+    /// docs/results.md, "Dataplane").
+    clock: TscClock,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -347,6 +360,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             dp,
             work_arrived: Vec::new(),
             work_arrived_at: Vec::new(),
+            clock: TscClock::new(),
         })
     }
 
@@ -385,7 +399,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         let iv = self.cfg.interval.as_nanos() as u64;
         let ci = self.cfg.control_interval.as_nanos() as u64;
-        let start = clock::monotonic_ns();
+        // Polls that find nothing double the gap to the next, up to
+        // `MAX_CONTROL_GAP`; anything found brings it back to `ci`.
+        let max_gap = ci.max(MAX_CONTROL_GAP.as_nanos() as u64);
+        let mut control_gap = ci;
+        let start = self.clock.now_ns();
         let end = self
             .cfg
             .run_for
@@ -398,14 +416,18 @@ impl<A: CoreActuator> Iokerneld<A> {
             {
                 break;
             }
-            let now = clock::monotonic_ns();
+            let now = self.clock.now_ns();
             if end.is_some_and(|e| now >= e) {
                 break;
             }
             let control_due = now >= next_control;
             if control_due {
-                self.control(Some(Duration::ZERO), now)?;
-                next_control = now + ci;
+                control_gap = if self.control(Some(Duration::ZERO), now)? {
+                    ci
+                } else {
+                    (control_gap * 2).min(max_gap)
+                };
+                next_control = now + control_gap;
             }
             self.dataplane(now, control_due);
             if now >= next_pass {
@@ -435,7 +457,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                         wait = wait.min(e.saturating_sub(now));
                     }
                     self.control(Some(Duration::from_nanos(wait)), now)?;
-                    let now = clock::monotonic_ns();
+                    let now = self.clock.now_ns();
+                    control_gap = ci;
                     next_control = now + ci;
                     next_pass = next_pass.min(now);
                 }

@@ -147,6 +147,11 @@ impl AppNet {
         entry.sl += steals;
     }
 
+    /// Its port on the switch.
+    pub fn port(&self) -> PortId {
+        self.port
+    }
+
     /// The pool's memfd, sent to the runtime with its acceptance.
     pub fn pool(&self) -> &IngressPool {
         &self.pool
@@ -321,6 +326,76 @@ struct RunningLoad {
     generator: TrafficGenerator,
     send_end_ns: u64,
     drain_ns: u64,
+}
+
+/// The descriptors staged per kthread → their ingress rings, one index
+/// store per ring and burst (the kthread's core pays one cache-line
+/// transfer, not one per packet); frames a full ring refuses are counted
+/// drops and their buffers go back to the ledger. Returns why the
+/// application must be disconnected, if a ring is corrupt.
+fn publish(
+    staged: &mut [Vec<PacketDesc>],
+    net: &mut AppNet,
+    ends: &mut [IokernelEnd],
+) -> Option<String> {
+    let mut corrupt = None;
+    for (k, staged) in staged.iter_mut().enumerate().filter(|(_, s)| !s.is_empty()) {
+        let taken = match ends.get_mut(k).map(|end| end.ingress.push_slice(staged)) {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => {
+                corrupt.get_or_insert(format!("kthread {k}'s ingress ring is corrupt: {e}"));
+                0
+            }
+            None => 0,
+        };
+        net.stats.rx += taken as u64;
+        for d in staged.drain(..).skip(taken) {
+            // Never delivered: the buffer is still ours.
+            net.stats.drop_ingress += 1;
+            net.ledger.give_back(d.buf).expect("lent just now");
+        }
+    }
+    corrupt
+}
+
+/// The other applications on the switch, for [`Dataplane::transmit`]'s
+/// direct path: frames from one application to another go straight from
+/// the sender's egress buffer into the receiver's ingress pool.
+pub trait Peers {
+    /// The application attached at `port`, with its kthreads' rings, if
+    /// it takes frames by the direct path (not while it is being removed;
+    /// not where iokerneld holds its requests for dispatch).
+    fn peer(&mut self, port: PortId) -> Option<(&mut AppNet, &mut [IokernelEnd])>;
+
+    /// A frame went to a parked kthread of the application at `port`: its
+    /// core allocator must hear of it at once.
+    fn work_for(&mut self, port: PortId);
+
+    /// The application at `port` must be disconnected (a corrupt ingress
+    /// ring), for `reason`.
+    fn disconnect(&mut self, port: PortId, reason: String);
+}
+
+/// No peer takes frames directly: everything goes through the switch.
+pub struct NoPeers;
+
+impl Peers for NoPeers {
+    fn peer(&mut self, _: PortId) -> Option<(&mut AppNet, &mut [IokernelEnd])> {
+        None
+    }
+
+    fn work_for(&mut self, _: PortId) {}
+
+    fn disconnect(&mut self, _: PortId, _: String) {}
+}
+
+/// The direct path's frames of one burst in flight: the receiving port
+/// (their descriptors wait in `Dataplane::staged`), whether one went to a
+/// parked kthread, and the loop's clock for the steering policy.
+struct DirectRun {
+    port: Option<PortId>,
+    to_parked: bool,
+    now: u64,
 }
 
 /// iokerneld's links and fabric.
@@ -829,40 +904,32 @@ impl Dataplane {
                 .free(frame)
                 .expect("a received frame is of its port's pool");
         }
-        // One index store per ring and burst: the kthread's core pays one
-        // cache-line transfer, not one per packet.
-        let mut corrupt = None;
-        for (k, staged) in self
-            .staged
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, s)| !s.is_empty())
-        {
-            let taken = match ends[k].ingress.push_slice(staged) {
-                Ok(n) => n,
-                Err(e) => {
-                    corrupt.get_or_insert(format!("kthread {k}'s ingress ring is corrupt: {e}"));
-                    0
-                }
-            };
-            net.stats.rx += taken as u64;
-            for d in staged.drain(..).skip(taken) {
-                // Never delivered: the buffer is still ours.
-                net.stats.drop_ingress += 1;
-                net.ledger.give_back(d.buf).expect("lent just now");
-            }
-        }
-        corrupt.map_or(Ok(to_parked), Err)
+        publish(&mut self.staged, net, ends).map_or(Ok(to_parked), Err)
     }
 
     /// Up to [`BURST`] frames from kthread `k`'s egress ring into the
-    /// switch; returns how many the ring held, or why the application must
-    /// be disconnected (a corrupt ring).
+    /// switch, or, for a frame to another application that `peers` has,
+    /// by the direct path; returns how many the ring held, or why the
+    /// application must be disconnected (a corrupt ring).
+    ///
+    /// The direct path (docs/results.md, "Dataplane"): the frame's
+    /// Ethernet header is read first, [`SoftwareSwitch::direct_route`]
+    /// says whether it may go around the switch (no fault injector
+    /// anywhere, a source MAC the sender owns, another application's
+    /// unicast MAC), and the whole frame is then copied once, from the
+    /// egress buffer into a buffer of the receiver's ingress pool, where
+    /// the runtime cannot change it. A copy whose addresses differ from the
+    /// header read first (its sender rewrote the buffer meanwhile) is
+    /// dropped. It is steered and published as [`deliver`](Self::deliver)
+    /// would have done one switch hop later. A protected netstack's frames
+    /// always take the switch (see below).
     pub fn transmit(
         &mut self,
         net: &mut AppNet,
         end: &mut IokernelEnd,
         k: usize,
+        peers: &mut dyn Peers,
+        now: u64,
     ) -> Result<usize, String> {
         if self.switch.port(net.port).is_none() {
             return Ok(0);
@@ -873,11 +940,16 @@ impl Dataplane {
             .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
             .min(BURST as u32);
         let mut taken = 0;
-        // Each frame is copied once out of shared memory, into a scratch
-        // buffer the runtime cannot touch, and the switch copies it from
-        // there to the receiver: no buffer of the port's pool is taken and
-        // freed per frame.
-        let frame = &mut self.frame_scratch;
+        let mut run = DirectRun {
+            port: None,
+            to_parked: false,
+            now,
+        };
+        // A protected netstack (aliases, tx pools) mixes gathered and
+        // checksum-offload frames, which take the switch, with plain ones:
+        // all of its frames take the switch, so that none overtakes an
+        // earlier one of its flow.
+        let direct = net.aliases.is_empty() && net.tx_pools.is_empty();
         while taken < waiting {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
                 break;
@@ -887,38 +959,156 @@ impl Dataplane {
                 net.stats.drop_egress += 1;
                 continue;
             }
-            let n = if desc.reserved & EGRESS_GATHER != 0 {
-                // Zero-touch: headers here, payload in a tx pool.
-                let scratch = &mut self.gather_scratch;
-                end.egress_buffers.read(seq, PKT_BUFFER_SIZE, scratch);
-                let header = &scratch[..(desc.len as usize).min(GATHER_OFFSET)];
-                let built = GatherList::decode(&scratch[GATHER_OFFSET..]).and_then(|list| {
-                    let tx = net
-                        .tx_pools
-                        .iter()
-                        .find(|(l, _)| *l == list.link)
-                        .ok_or(GatherError::NoPool(list.link))?;
-                    assemble(header, &list, &tx.1, frame)
-                });
-                match built {
-                    Ok(n) => n,
-                    Err(_) => {
-                        net.stats.drop_egress += 1;
-                        continue;
-                    }
-                }
-            } else {
-                end.egress_buffers.read(seq, desc.len, frame)
-            };
-            if desc.reserved & EGRESS_FILL_L4_CHECKSUM != 0 {
-                crate::offload::fill_l4_checksum(&mut frame[..n]);
+            if direct
+                && desc.reserved & (EGRESS_GATHER | EGRESS_FILL_L4_CHECKSUM) == 0
+                && self.transmit_direct(net, end, seq, desc.len, peers, &mut run)
+            {
+                continue;
             }
-            net.stats.tx += 1;
-            self.switch.send_copy(net.port, &frame[..n]);
+            self.transmit_switched(net, end, seq, desc);
         }
+        self.finish_direct(&mut run, peers);
         // Copied out: the slots (and their buffers) are the runtime's again.
         end.egress.release_n(taken);
         Ok(taken as usize)
+    }
+
+    /// One frame by the direct path, if it may take it (false: the caller
+    /// switches it).
+    fn transmit_direct(
+        &mut self,
+        net: &mut AppNet,
+        end: &IokernelEnd,
+        seq: u32,
+        len: u32,
+        peers: &mut dyn Peers,
+        run: &mut DirectRun,
+    ) -> bool {
+        let mut header = [0u8; 14];
+        if end.egress_buffers.read(seq, 14, &mut header) < 14 || len < 14 {
+            return false;
+        }
+        let mac = |at: usize| {
+            let mut m = [0u8; 6];
+            m.copy_from_slice(&header[at..at + 6]);
+            MacAddr(m)
+        };
+        let Some(to) = self.switch.direct_route(net.port, mac(6), mac(0)) else {
+            return false;
+        };
+        if run.port != Some(to) {
+            self.finish_direct(run, peers);
+        }
+        let Some((peer, ends)) = peers.peer(to) else {
+            return false;
+        };
+        run.port = Some(to);
+        if self.staged.len() < ends.len() {
+            self.staged.resize_with(ends.len(), Vec::new);
+        }
+        net.stats.tx += 1;
+        self.switch.count_direct(net.port, to, len as usize);
+        let Some(buf) = peer.ledger.lend() else {
+            peer.stats.drop_ingress += 1;
+            return true;
+        };
+        let copy = peer
+            .pool
+            .buffer_mut(buf)
+            .expect("a lent buffer is in the pool");
+        let n = end.egress_buffers.read(seq, len, copy);
+        let bytes = &copy[..n];
+        // The addresses it was routed by, or nothing: a runtime that
+        // rewrites a frame it queued loses it.
+        let pick = (bytes[..12] == header[..12])
+            .then(|| {
+                steer_key(bytes, peer.interface.ip)
+                    .or_else(|| peer.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
+            })
+            .flatten();
+        let Some(hash) = pick else {
+            if bytes[..12] != header[..12] {
+                net.stats.drop_egress += 1;
+            }
+            peer.ledger.give_back(buf).expect("lent just now");
+            return true;
+        };
+        let k = match peer.steering.steer(u64::from(hash), run.now) {
+            Steered::Active(k) => k,
+            Steered::Parked(k) => {
+                run.to_parked = true;
+                peer.stats.to_parked += 1;
+                k
+            }
+        };
+        self.staged[k].push(PacketDesc {
+            buf,
+            len: n as u32,
+            hash,
+            reserved: 0,
+        });
+        true
+    }
+
+    /// Publishes the direct path's staged frames on the receiver's rings.
+    fn finish_direct(&mut self, run: &mut DirectRun, peers: &mut dyn Peers) {
+        let Some(port) = run.port.take() else {
+            return;
+        };
+        let corrupt = peers
+            .peer(port)
+            .and_then(|(peer, ends)| publish(&mut self.staged, peer, ends));
+        if let Some(reason) = corrupt {
+            peers.disconnect(port, reason);
+        }
+        if std::mem::take(&mut run.to_parked) {
+            peers.work_for(port);
+        }
+        for staged in &mut self.staged {
+            staged.clear();
+        }
+    }
+
+    /// One frame through the switch: copied once out of shared memory into
+    /// a scratch buffer the runtime cannot touch, and from there by the
+    /// switch to the receiver's port (no buffer of the sender's port pool
+    /// is taken and freed per frame).
+    fn transmit_switched(
+        &mut self,
+        net: &mut AppNet,
+        end: &IokernelEnd,
+        seq: u32,
+        desc: PacketDesc,
+    ) {
+        let frame = &mut self.frame_scratch;
+        let n = if desc.reserved & EGRESS_GATHER != 0 {
+            // Zero-touch: headers here, payload in a tx pool.
+            let scratch = &mut self.gather_scratch;
+            end.egress_buffers.read(seq, PKT_BUFFER_SIZE, scratch);
+            let header = &scratch[..(desc.len as usize).min(GATHER_OFFSET)];
+            let built = GatherList::decode(&scratch[GATHER_OFFSET..]).and_then(|list| {
+                let tx = net
+                    .tx_pools
+                    .iter()
+                    .find(|(l, _)| *l == list.link)
+                    .ok_or(GatherError::NoPool(list.link))?;
+                assemble(header, &list, &tx.1, frame)
+            });
+            match built {
+                Ok(n) => n,
+                Err(_) => {
+                    net.stats.drop_egress += 1;
+                    return;
+                }
+            }
+        } else {
+            end.egress_buffers.read(seq, desc.len, frame)
+        };
+        if desc.reserved & EGRESS_FILL_L4_CHECKSUM != 0 {
+            crate::offload::fill_l4_checksum(&mut frame[..n]);
+        }
+        net.stats.tx += 1;
+        self.switch.send_copy(net.port, &frame[..n]);
     }
 
     /// Ingress buffers given back on one kthread's done ring → the ledger.

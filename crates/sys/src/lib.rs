@@ -9,6 +9,7 @@
 //! * [`memfd`]: sealable memfds and their shared mappings.
 //! * [`mm`]: private mappings (uthread stacks with a guard page).
 //! * [`clock`]: CLOCK_MONOTONIC and the calling thread's CPU time.
+//! * [`tsc_clock`]: CLOCK_MONOTONIC from the TSC, for a spinning loop.
 //! * [`signal`]: `tgkill` and a plain signal handler.
 //! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
 //! * [`poll`]: `ppoll` over a reusable list of descriptors.
@@ -33,3 +34,4 @@ pub mod sched_class;
 pub mod signal;
 pub mod socket;
 pub mod topology;
+pub mod tsc_clock;

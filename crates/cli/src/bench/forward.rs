@@ -30,8 +30,10 @@
 //!   AF_PACKET if AF_XDP cannot be opened), `linux_blocking` (a thread
 //!   blocked in `recv_from` on the veth end, given an address for the run)
 //!   and `linux_busy_poll` (a non-blocking socket spinning on `recv_from`,
-//!   pinned to the CPU Ginza's server uses); each figure is the median of
-//!   the rounds'. The client is pinned to the CPU its server side leaves
+//!   pinned to the CPU Ginza's server uses) and `ginza_spin` (the Ginza
+//!   server with a spin window before parking of `--rtt-spin-us`, 100 µs
+//!   by default: its kthread polls between requests instead of parking);
+//!   each figure is the median of the rounds'. The client is pinned to the CPU its server side leaves
 //!   free (Ginza: the server's, as iokerneld spins on the other; Linux:
 //!   the other). Needs root, `ip` and `ethtool`; without them `rtt_us` is
 //!   null and `rtt_skipped` says why.
@@ -73,13 +75,20 @@ pub struct ForwardArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
     window_ms: u64,
     /// Rounds of UDP round trips (Ginza, Linux blocking, Linux
-    /// busy-polling in each), 2000 per server and round.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    /// busy-polling, Ginza spinning in each), 2000 per server and round;
+    /// 0: no round trips.
+    #[arg(long, default_value_t = 5)]
     rtt_rounds: u32,
     /// How the round-trip client waits for an answer (the same for every
     /// server).
     #[arg(long, value_enum, default_value_t = Client::Blocking)]
     rtt_client: Client,
+    /// The spin window (`spin_before_park`) of the second Ginza echo
+    /// server, `rtt_us.ginza_spin`, in µs: longer than the gap between two
+    /// requests, its kthread never parks (Ginza's answer to the busy-polling
+    /// Linux server; `rtt_us.ginza` keeps the runtime's default).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    rtt_spin_us: u64,
 }
 
 #[derive(Serialize)]
@@ -117,6 +126,8 @@ struct Report {
     rtt_backend: Option<String>,
     /// Why `rtt_us` is null.
     rtt_skipped: Option<String>,
+    /// The spin window of `rtt_us.ginza_spin`'s server, µs.
+    rtt_spin_us: u64,
 }
 
 const SENDER: u8 = 1;
@@ -137,6 +148,10 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<()> {
     );
     let (iok_cpu, app_cpu) = (cpus[0], cpus[1]);
     let mut report = measure(&args, iok_cpu, app_cpu)?;
+    if args.rtt_rounds == 0 {
+        report.rtt_skipped = Some("--rtt-rounds 0".into());
+        return emit(args.json, &render(&report), &report);
+    }
     match NetNs::create() {
         Err(e) => report.rtt_skipped = Some(e.to_string()),
         Ok(ns) => {
@@ -212,6 +227,7 @@ fn measure(args: &ForwardArgs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result
         rtt_client: format!("{:?}", args.rtt_client).to_lowercase(),
         rtt_backend: None,
         rtt_skipped: None,
+        rtt_spin_us: args.rtt_spin_us,
     })
 }
 
@@ -456,6 +472,11 @@ fn render(r: &Report) -> String {
             let rows = [
                 (format!("ginza ({backend})"), p.ginza, &p.ginza_p50s),
                 (
+                    format!("ginza spin {} µs", r.rtt_spin_us),
+                    p.ginza_spin,
+                    &p.ginza_spin_p50s,
+                ),
+                (
                     "linux blocking".to_string(),
                     p.linux_blocking,
                     &p.linux_blocking_p50s,
@@ -517,8 +538,12 @@ struct Rtt {
 
 #[derive(Serialize)]
 struct RttSet {
-    /// `spin-server` on a Ginza runtime behind iokerneld (AF_XDP).
+    /// `spin-server` on a Ginza runtime behind iokerneld (AF_XDP), the
+    /// runtime's default spin window before parking.
     ginza: Rtt,
+    /// The same with a spin window of `rtt_spin_us`: the kthread keeps
+    /// its core and polls between requests instead of parking.
+    ginza_spin: Rtt,
     /// The kernel's UDP echo: a thread blocked in `recv_from`, unpinned.
     linux_blocking: Rtt,
     /// The kernel's UDP echo, busy-polling: a non-blocking socket spinning
@@ -526,6 +551,7 @@ struct RttSet {
     linux_busy_poll: Rtt,
     /// Each round's p50, µs, in the order measured.
     ginza_p50s: Vec<f64>,
+    ginza_spin_p50s: Vec<f64>,
     linux_blocking_p50s: Vec<f64>,
     linux_busy_poll_p50s: Vec<f64>,
 }
@@ -537,8 +563,8 @@ enum LinuxServer {
     BusyPoll { cpu: usize },
 }
 
-/// Rounds of (Ginza, Linux blocking, Linux busy-polling), medians of the
-/// rounds' p50 and p99.
+/// Rounds of (Ginza, Linux blocking, Linux busy-polling, Ginza spinning),
+/// medians of the rounds' p50 and p99.
 fn rtt_rounds(
     ns: &NetNs,
     args: &ForwardArgs,
@@ -564,9 +590,11 @@ fn rtt_rounds(
     );
     let mut backend = String::new();
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ginza_spin = Vec::new();
+    let spin = Duration::from_micros(args.rtt_spin_us);
     let result = (|| -> anyhow::Result<()> {
         for _ in 0..args.rtt_rounds {
-            let (b, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client)
+            let (b, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client, None)
                 .context("the Ginza UDP echo over veth")?;
             backend = b;
             ginza.push(rtt);
@@ -593,6 +621,9 @@ fn rtt_rounds(
                 )
                 .context("the Linux UDP echo (busy-polling) over veth")?,
             );
+            let (_, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client, Some(spin))
+                .context("the Ginza UDP echo (spinning) over veth")?;
+            ginza_spin.push(rtt);
         }
         Ok(())
     })();
@@ -610,9 +641,11 @@ fn rtt_rounds(
         backend,
         RttSet {
             ginza: combine(&ginza),
+            ginza_spin: combine(&ginza_spin),
             linux_blocking: combine(&blocking),
             linux_busy_poll: combine(&busy),
             ginza_p50s: p50s(&ginza),
+            ginza_spin_p50s: p50s(&ginza_spin),
             linux_blocking_p50s: p50s(&blocking),
             linux_busy_poll_p50s: p50s(&busy),
         },
@@ -743,12 +776,14 @@ fn linux_rtt(
 }
 
 /// spin-server on a Ginza runtime behind iokerneld driving the same veth
-/// end (AF_XDP, else AF_PACKET): returns the backend used and the RTT.
+/// end (AF_XDP, else AF_PACKET), with the runtime's spin window before
+/// parking or `spin`: returns the backend used and the RTT.
 fn ginza_rtt(
     ns: &NetNs,
     iok_cpu: usize,
     app_cpu: usize,
     client: Client,
+    spin: Option<Duration>,
 ) -> anyhow::Result<(String, Rtt)> {
     let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
     let mut last_error = None;
@@ -767,10 +802,13 @@ fn ginza_rtt(
         let mut io = IokernelConfig::new("rtt-echo", Class::LatencyCritical);
         io.socket = Some(iokerneld.socket().to_path_buf());
         io.net = Some(NetConfig::new(GINZA_ECHO_MAC, ns.peer_ip));
-        let config = RtConfig {
+        let mut config = RtConfig {
             iokernel: Some(io),
             ..RtConfig::with_kthreads(1)
         };
+        if let Some(spin) = spin {
+            config.spin_before_park = spin;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let (s2, stats) = (stop.clone(), Arc::new(SpinStats::default()));
         let server = std::thread::spawn(move || {

@@ -88,12 +88,12 @@ pub(super) fn size_for_replies(sock: &OwnedFd) {
 
 impl<A: CoreActuator> Iokerneld<A> {
     /// Polls the listener and every connection (waiting at most `timeout`)
-    /// and handles what is ready.
+    /// and handles what is ready; returns whether anything was.
     pub(super) fn control(
         &mut self,
         timeout: Option<Duration>,
         now: u64,
-    ) -> Result<(), DaemonError> {
+    ) -> Result<bool, DaemonError> {
         let ev = libc::POLLIN;
         self.pollfds.clear();
         self.pollfds.push(libc::pollfd {
@@ -158,7 +158,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             keep
         });
-        Ok(())
+        Ok(n > 0)
     }
 
     fn accept(&mut self, now: u64) {

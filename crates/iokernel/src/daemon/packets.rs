@@ -2,8 +2,12 @@
 //! steered by its active set, and a packet for an application with no core
 //! noted for the policy.
 
-use super::{Iokerneld, Kthread};
+use ginza_shm::IokernelEnd;
+
+use super::{App, Iokerneld, Kthread};
 use crate::actuator::CoreActuator;
+use crate::dataplane::{AppNet, Peers};
+use crate::nic::PortId;
 
 impl<A: CoreActuator> Iokerneld<A> {
     /// Moves packets: links, then each application's port, egress rings
@@ -12,7 +16,9 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// is reported to the policy at once.
     pub(super) fn dataplane(&mut self, now: u64, check_handle: bool) {
         self.dp.poll_links(now, check_handle);
-        for app in &mut self.apps {
+        for a in 0..self.apps.len() {
+            let (before, rest) = self.apps.split_at_mut(a);
+            let (app, after) = rest.split_first_mut().expect("a < apps.len()");
             if app.dispatch.is_some() {
                 // Hand-backs every turn of the loop, not only at the
                 // allocation passes: a worker waits for its next request
@@ -60,11 +66,18 @@ impl<A: CoreActuator> Iokerneld<A> {
                     self.work_arrived.push(app.id);
                 }
             }
+            // Frames to another application go straight to its rings
+            // (the direct path, `Dataplane::transmit`).
+            let mut peers = OtherApps {
+                before,
+                after,
+                work_arrived: &mut self.work_arrived,
+            };
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let end = &mut app.ends[k];
                 let mut moved = Ok(());
                 if kt.core.is_some() || kt.preempting || kt.drain_egress {
-                    moved = self.dp.transmit(net, end, k).map(|n| {
+                    moved = self.dp.transmit(net, end, k, &mut peers, now).map(|n| {
                         if n == 0 {
                             kt.drain_egress = false;
                         }
@@ -86,6 +99,55 @@ impl<A: CoreActuator> Iokerneld<A> {
             if let (Some(d), Some(net), None) = (&mut app.dispatch, &mut app.net, &app.doomed) {
                 net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
             }
+        }
+    }
+}
+
+/// Every application but the one transmitting, as the dataplane's direct
+/// path sees them.
+struct OtherApps<'a> {
+    before: &'a mut [App],
+    after: &'a mut [App],
+    work_arrived: &'a mut Vec<u64>,
+}
+
+impl OtherApps<'_> {
+    fn find(&mut self, port: PortId) -> Option<&mut App> {
+        self.before
+            .iter_mut()
+            .chain(self.after.iter_mut())
+            .find(|a| a.net.as_ref().is_some_and(|n| n.port() == port))
+    }
+}
+
+impl Peers for OtherApps<'_> {
+    /// Not an application being removed, nor one whose requests iokerneld
+    /// holds for dispatch (those take the switch and `deliver`).
+    fn peer(&mut self, port: PortId) -> Option<(&mut AppNet, &mut [IokernelEnd])> {
+        let App {
+            net,
+            ends,
+            doomed,
+            dispatch,
+            ..
+        } = self.find(port)?;
+        if doomed.is_some() || dispatch.is_some() {
+            return None;
+        }
+        Some((net.as_mut()?, &mut ends[..]))
+    }
+
+    fn work_for(&mut self, port: PortId) {
+        if let Some(id) = self.find(port).map(|a| a.id) {
+            if !self.work_arrived.contains(&id) {
+                self.work_arrived.push(id);
+            }
+        }
+    }
+
+    fn disconnect(&mut self, port: PortId, reason: String) {
+        if let Some(app) = self.find(port) {
+            app.doom(reason);
         }
     }
 }

@@ -106,13 +106,13 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// One allocation pass, timed into the stats.
     pub(super) fn pass(&mut self, now: u64, kind: PassKind) {
         // Not `now`: a control poll may have run since it was read.
-        let t0 = clock::monotonic_ns();
+        let t0 = self.clock.now_ns();
         let actions = self.meter.actions;
         self.pass_inner(now, kind);
         // A kthread granted now gets its request at once, not one loop
         // later: it looks for one only briefly before it parks again.
         self.dispatch_step(now);
-        let t1 = clock::monotonic_ns();
+        let t1 = self.clock.now_ns();
         let m = &mut self.meter;
         let h = if !self.decisions.is_empty() || m.actions != actions {
             &mut m.pass_acted

@@ -23,6 +23,7 @@
 //! (which is freed at once), so that a held or duplicated frame never
 //! pins a port's buffer.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -188,7 +189,44 @@ impl Hasher for MacHasher {
     }
 }
 
-type MacTable = HashMap<MacAddr, PortId, BuildHasherDefault<MacHasher>>;
+/// The port of each registered MAC, with the last lookup remembered: the
+/// frames of a burst mostly go to one destination, and comparing six bytes
+/// costs less than hashing them (docs/results.md, "Dataplane").
+#[derive(Debug, Default)]
+struct MacTable {
+    ports: HashMap<MacAddr, PortId, BuildHasherDefault<MacHasher>>,
+    /// Forgotten whenever the table changes.
+    last: Cell<Option<(MacAddr, PortId)>>,
+}
+
+impl MacTable {
+    fn get(&self, mac: &MacAddr) -> Option<PortId> {
+        if let Some((m, id)) = self.last.get() {
+            if m == *mac {
+                return Some(id);
+            }
+        }
+        let id = self.ports.get(mac).copied();
+        if let Some(id) = id {
+            self.last.set(Some((*mac, id)));
+        }
+        id
+    }
+
+    fn contains_key(&self, mac: &MacAddr) -> bool {
+        self.ports.contains_key(mac)
+    }
+
+    fn insert(&mut self, mac: MacAddr, id: PortId) {
+        self.last.set(None);
+        self.ports.insert(mac, id);
+    }
+
+    fn remove(&mut self, mac: &MacAddr) {
+        self.last.set(None);
+        self.ports.remove(mac);
+    }
+}
 
 /// An in-memory Ethernet switch: one port per application (and one per
 /// traffic generator), frames switched by destination MAC, broadcast to
@@ -238,7 +276,7 @@ impl Fabric<'_> {
             }
             return;
         }
-        let known = self.port_by_mac.get(&destination).copied();
+        let known = self.port_by_mac.get(&destination);
         let trunk = self.trunk.filter(|t| t.0 as usize != source);
         match known.or(trunk) {
             Some(receiver) => self.deliver(receiver.0 as usize, bytes),
@@ -475,8 +513,45 @@ impl SoftwareSwitch {
         Some(&self.port_ref(id)?.pool)
     }
 
+    /// Where a unicast frame from port `from` to `destination` may go
+    /// around the switch, straight to the receiver's own buffers (iokerneld's
+    /// direct path between two applications, docs/results.md,
+    /// "Dataplane"): the receiving port, when no port has a fault injector,
+    /// `from` may send from `source`, and the destination is another
+    /// registered port (not the trunk, not `from` itself). The caller then
+    /// counts the frame with [`count_direct`](Self::count_direct).
+    pub fn direct_route(
+        &self,
+        from: PortId,
+        source: MacAddr,
+        destination: MacAddr,
+    ) -> Option<PortId> {
+        if self.faults.is_some() || destination.is_multicast() {
+            return None;
+        }
+        let sender = self.port_ref(from)?;
+        if sender.trunk || !sender.sends_from(source) {
+            return None;
+        }
+        let to = self.port_by_mac.get(&destination)?;
+        (to != from && Some(to) != self.trunk).then_some(to)
+    }
+
+    /// Counts a frame of `len` bytes that went from `from` to `to` by the
+    /// direct path as the switch would have.
+    pub fn count_direct(&mut self, from: PortId, to: PortId, len: usize) {
+        if let Some(p) = self.ports.get_mut(from.0 as usize).and_then(Option::as_mut) {
+            p.counters.tx_frames += 1;
+            p.counters.tx_bytes += len as u64;
+        }
+        if let Some(p) = self.ports.get_mut(to.0 as usize).and_then(Option::as_mut) {
+            p.counters.rx_frames += 1;
+            p.counters.rx_bytes += len as u64;
+        }
+    }
+
     pub fn port_of(&self, mac: MacAddr) -> Option<PortId> {
-        self.port_by_mac.get(&mac).copied()
+        self.port_by_mac.get(&mac)
     }
 
     fn port_ref(&self, id: PortId) -> Option<&Port> {
@@ -568,7 +643,7 @@ impl SoftwareSwitch {
                 }
             }
         } else {
-            let known = self.port_by_mac.get(&destination).copied();
+            let known = self.port_by_mac.get(&destination);
             // Unknown unicast leaves through the trunk, unless it came from there.
             let trunk = self.trunk.filter(|t| t.0 as usize != source);
             match known.or(trunk) {
