@@ -36,6 +36,7 @@ fn sq(quantum_ns: u64) -> DispatchSpec {
         head: false,
         classes: Vec::new(),
         class_offset: 0,
+        backstop_ns: None,
     }
 }
 

@@ -120,6 +120,11 @@ pub struct DispatchSpec {
     /// means class 0).
     #[serde(default)]
     pub class_offset: u16,
+    /// A request asked to yield (its quantum spent) that still runs this
+    /// long after the ask gets a signal (it reached no preemption point);
+    /// none: never signalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backstop_ns: Option<u64>,
 }
 
 /// One c-PRE-MQ class of a [`DispatchSpec`].
@@ -456,6 +461,39 @@ pub struct AppStats {
     /// Packets, for an application registered with `net`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetStats>,
+    /// Its requests, when iokerneld dispatches them (docs/colocate.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch: Option<DispatchStats>,
+}
+
+/// What iokerneld's dispatch step did with one application's requests
+/// (totals since it registered; docs/colocate.md). Short names: 256
+/// applications' worth must fit in one stats reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatchStats {
+    /// Requests arrived (queued).
+    pub ar: u64,
+    /// `Run` commands sent: new requests and resumed preempted ones.
+    pub ru: u64,
+    /// Requests completed (hand-backs).
+    pub co: u64,
+    /// Preempted hand-backs (quantum spent, or the core revoked).
+    pub pe: u64,
+    /// Of those, handed back by a worker whose core was being revoked.
+    pub rv: u64,
+    /// Preemptions asked (the yield flag set).
+    pub ak: u64,
+    /// Backstop signals sent to workers that had not yielded in time.
+    pub bs: u64,
+    /// Requests the application refused unrun (over its in-flight bound).
+    pub rf: u64,
+    /// `Run`s that crossed their worker's `Parked`/`Yielded`: taken back
+    /// and queued again as they were.
+    pub tb: u64,
+    /// Hand-backs refused (they named a request the worker did not hold).
+    pub li: u64,
+    /// Requests queued now.
+    pub qu: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -634,6 +672,19 @@ pub fn largest_stats_report() -> StatsReport {
                     mv: u64::MAX,
                     ev: u64::MAX,
                     tb: u32::MAX,
+                }),
+                dispatch: Some(DispatchStats {
+                    ar: u64::MAX,
+                    ru: u64::MAX,
+                    co: u64::MAX,
+                    pe: u64::MAX,
+                    rv: u64::MAX,
+                    ak: u64::MAX,
+                    bs: u64::MAX,
+                    rf: u64::MAX,
+                    tb: u64::MAX,
+                    li: u64::MAX,
+                    qu: u64::MAX,
                 }),
             })
             .collect(),

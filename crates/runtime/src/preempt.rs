@@ -84,7 +84,7 @@ fn preempt_from_signal() {
     }
     if k.mode == Mode::Worker
         && !k.preempt_flag.load(Relaxed)
-        && !k.io.as_ref().is_some_and(|io| io.preempt_pending())
+        && !k.io.as_ref().is_some_and(|io| io.yield_asked())
     {
         // A late signal for a request that has finished meanwhile.
         return;
@@ -94,6 +94,9 @@ fn preempt_from_signal() {
         // line; a signal without it is late (the kthread parked meanwhile).
         match &k.io {
             Some(io) if io.preempt_pending() => k.revoke_requested.store(true, SeqCst),
+            // iokerneld's backstop (docs/colocate.md): a dispatched request
+            // asked to yield that has not; the worker keeps its core.
+            Some(io) if k.mode == Mode::Worker && io.yield_asked() => {}
             _ => return,
         }
     }

@@ -72,6 +72,9 @@ pub struct ColocateArgs {
 
 const WORKLOAD: &str = "Bimodal(99.5-0.5, 0.5-500)";
 const PORT: u16 = 7;
+/// The dispatched server's backstop (docs/colocate.md): as the standalone
+/// Shinjuku mode's default.
+const BACKSTOP_NS: u64 = 50_000;
 /// The simulator's assumptions (not measured here).
 const SIM_GRANT_LATENCY_US: f64 = 5.0;
 const SIM_PREEMPT_COST_US: f64 = 0.2;
@@ -314,6 +317,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
             head: false,
             classes: Vec::new(),
             class_offset: 0,
+            backstop_ns: Some(BACKSTOP_NS),
         };
         let mut cfg = DispatchedConfig::new(io, spec, PORT);
         cfg.workers = n;

@@ -265,6 +265,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     policy,
                     reg.kthreads as usize,
                     spec.class_offset,
+                    spec.backstop_ns,
                 )),
                 Err(reason) => return refuse(self, reason),
             },

@@ -13,6 +13,11 @@
 //! queue line ([`LineFlags::YIELD_REQUEST`]); workers hand requests back
 //! with [`ginza_shm::ToIokernel::HandBack`].
 //!
+//! A request asked to yield that has not `backstop_ns` later (it reached
+//! no preemption point, or its worker lost the CPU before it read the
+//! flag) gets a signal, as a revocation's ([`Action::Signal`], counted);
+//! the runtime's handler yields it while the flag stands.
+//!
 //! Hand-backs are untrusted: one that names a request the kthread does not
 //! run is refused and counted; an application that keeps lying is
 //! disconnected.
@@ -27,6 +32,7 @@
 
 use ginza_policy::sched::colocated::{Action, ColocatedDispatcher, HandBack};
 use ginza_policy::sched::{Request, SchedPolicy};
+use ginza_proto::messages::DispatchStats;
 use ginza_shm::{
     IokernelEnd, LineFlags, PacketDesc, RunPacket, SendError, ToKthread, MAX_REQUEST_ID,
 };
@@ -54,6 +60,13 @@ pub(super) struct DispatchCounters {
     pub stale_runs: u64,
     /// Run commands that did not fit the command ring (tried again).
     pub ring_full: u64,
+    /// `Run` commands sent (new and resumed requests).
+    pub runs: u64,
+    /// New requests the application refused unrun (its in-flight bound).
+    pub refused: u64,
+    /// Backstop signals that could not be sent (no tid yet, or the thread
+    /// is gone).
+    pub signal_errors: u64,
 }
 
 /// One application's dispatch state.
@@ -66,19 +79,62 @@ pub(super) struct AppDispatch {
     /// Per kthread, the request of the last `Run` sent and what it carried,
     /// until it is handed back.
     sent: Vec<Option<(u64, Held)>>,
+    /// Workers whose request the last step asked to signal (the caller
+    /// sends the signals: [`AppDispatch::take_signals`]).
+    signals: Vec<usize>,
     pub counters: DispatchCounters,
 }
 
 impl AppDispatch {
-    pub fn new(policy: SchedPolicy, workers: usize, class_offset: u16) -> AppDispatch {
+    pub fn new(
+        policy: SchedPolicy,
+        workers: usize,
+        class_offset: u16,
+        backstop_ns: Option<u64>,
+    ) -> AppDispatch {
         AppDispatch {
-            queues: ColocatedDispatcher::new(policy, workers),
+            queues: ColocatedDispatcher::new(policy, workers).with_backstop(backstop_ns),
             class_offset: class_offset.into(),
             next_request: 0,
             actions: Vec::new(),
             sent: vec![None; workers],
+            signals: Vec::new(),
             counters: DispatchCounters::default(),
         }
+    }
+
+    /// Its counters, for the stats reply.
+    pub fn stats(&self) -> DispatchStats {
+        let q = self.queues.stats();
+        let c = &self.counters;
+        DispatchStats {
+            ar: q.arrived,
+            ru: c.runs,
+            co: q.completed,
+            pe: q.preempted,
+            rv: q.revoked_mid_request,
+            ak: q.preempt_asked,
+            bs: q.backstops,
+            rf: c.refused,
+            tb: c.stale_runs,
+            li: c.lies,
+            qu: self.queues.queued() as u64,
+        }
+    }
+
+    /// The workers to signal (the backstop) since the last call; the
+    /// caller sends the signals and gives the vector back
+    /// ([`AppDispatch::signals_sent`]) so that no step allocates.
+    pub fn take_signals(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.signals)
+    }
+
+    /// The vector of [`AppDispatch::take_signals`], emptied; `failed`
+    /// signals could not be sent.
+    pub fn signals_sent(&mut self, mut v: Vec<usize>, failed: u64) {
+        v.clear();
+        self.signals = v;
+        self.counters.signal_errors += failed;
     }
 
     /// Its counters, for a log line when the application leaves.
@@ -114,6 +170,17 @@ impl AppDispatch {
             },
             now,
         );
+    }
+
+    /// Kthread `k` refused its new request unrun (over the application's
+    /// in-flight bound): done, as a completed one, and counted.
+    pub fn refused(&mut self, k: usize, request: u64, now: u64) -> Result<(), String> {
+        let lies = self.counters.lies;
+        self.hand_back(k, request, true, now)?;
+        if self.counters.lies == lies {
+            self.counters.refused += 1;
+        }
+        Ok(())
     }
 
     /// Kthread `k` says how its request stopped. `Err` with the reason
@@ -188,6 +255,7 @@ impl AppDispatch {
                 Action::Preempt { worker, .. } => {
                     ends[worker].line.insert_flags(LineFlags::YIELD_REQUEST);
                 }
+                Action::Signal { worker, .. } => self.signals.push(worker),
                 Action::Run { worker, request } => {
                     let packet = match request.payload {
                         Held::Fresh(d) => Some(RunPacket {
@@ -205,6 +273,7 @@ impl AppDispatch {
                         packet,
                     }) {
                         Ok(()) => {
+                            self.counters.runs += 1;
                             delivered += u64::from(packet.is_some());
                             self.sent[worker] = Some((request.id, request.payload));
                         }
@@ -308,7 +377,7 @@ mod tests {
             quantum: 5_000,
             placement: Placement::Tail,
         };
-        let mut d = AppDispatch::new(policy, 2, 24);
+        let mut d = AppDispatch::new(policy, 2, 24, None);
         let f = frame(0);
         d.arrive(desc(7), &f, 0);
         d.arrive(desc(8), &f, 0);
@@ -359,7 +428,7 @@ mod tests {
     #[test]
     fn lies_are_counted_then_the_application_is_disconnected() {
         let (_region, mut io, _rt) = ends(1);
-        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0);
+        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0, None);
         d.arrive(desc(1), &frame(0), 0);
         d.step(0, [true].into_iter(), &mut io);
         for i in 1..MAX_LIES {
@@ -384,7 +453,7 @@ mod tests {
             quantum: 5_000,
             placement: Placement::Head,
         };
-        let mut d = AppDispatch::new(policy, 2, 0);
+        let mut d = AppDispatch::new(policy, 2, 0, None);
         d.arrive(desc(1), &frame(0), 0);
         d.step(0, [true, false].into_iter(), &mut io);
         // The Run crossed kthread 0's Parked: it is stale, and the request

@@ -2,8 +2,14 @@
 //! steered by its active set, and a packet for an application with no core
 //! noted for the policy.
 
+use log::debug;
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use super::dispatch::AppDispatch;
 use super::{Iokerneld, Kthread};
 use crate::actuator::CoreActuator;
+use crate::actuator::Target;
 
 impl<A: CoreActuator> Iokerneld<A> {
     /// Moves packets: links, then each application's port, egress rings
@@ -59,6 +65,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                 {
                     self.work_arrived.push(app.id);
                 }
+                send_backstops(
+                    &mut self.actuator,
+                    d,
+                    app.id,
+                    &app.name,
+                    app.pid,
+                    &app.kt,
+                    &app.eventfds,
+                );
             }
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let end = &mut app.ends[k];
@@ -85,6 +100,15 @@ impl<A: CoreActuator> Iokerneld<A> {
         for app in &mut self.apps {
             if let (Some(d), Some(net), None) = (&mut app.dispatch, &mut app.net, &app.doomed) {
                 net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
+                send_backstops(
+                    &mut self.actuator,
+                    d,
+                    app.id,
+                    &app.name,
+                    app.pid,
+                    &app.kt,
+                    &app.eventfds,
+                );
             }
         }
     }
@@ -95,4 +119,39 @@ impl<A: CoreActuator> Iokerneld<A> {
 pub(super) fn granted(kt: &[Kthread]) -> impl Iterator<Item = bool> + '_ {
     kt.iter()
         .map(|k| k.core.is_some() && !k.preempting && k.awaiting.is_none())
+}
+
+/// Sends the backstop signals the last dispatch step asked for
+/// (docs/colocate.md): to workers whose request was asked to yield and has
+/// not.
+fn send_backstops<A: CoreActuator>(
+    actuator: &mut A,
+    d: &mut AppDispatch,
+    app_id: u64,
+    name: &str,
+    pid: i32,
+    kt: &[Kthread],
+    eventfds: &[OwnedFd],
+) {
+    let workers = d.take_signals();
+    let mut failed = 0;
+    for &k in &workers {
+        let (Some(x), Some(fd)) = (kt.get(k), eventfds.get(k)) else {
+            continue;
+        };
+        let t = Target {
+            app_id,
+            app_name: name,
+            kthread: k,
+            pid,
+            tid: x.tid,
+            pinned: x.pinned,
+            eventfd: fd.as_fd(),
+        };
+        if let Err(e) = actuator.interrupt_request(&t) {
+            failed += 1;
+            debug!("dispatch: backstop signal to app {name:?} kthread {k}: {e}");
+        }
+    }
+    d.signals_sent(workers, failed);
 }

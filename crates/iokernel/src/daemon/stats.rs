@@ -191,6 +191,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     preempt_overdue: a.preempt_overdue,
                     steals: a.steals(),
                     net: a.net.as_ref().map(AppNet::report),
+                    dispatch: a.dispatch.as_ref().map(|d| d.stats()),
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
