@@ -224,6 +224,12 @@ pub enum Request {
     Unprotect {
         link: u64,
     },
+    /// Where the time of the requests of application `name` went
+    /// (dispatch by iokerneld, docs/colocate.md). Answered
+    /// `DispatchBreakdown`.
+    DispatchBreakdown {
+        name: String,
+    },
 }
 
 /// What a client sends: the protocol version, then the request.
@@ -253,6 +259,32 @@ pub enum Response {
         reason: String,
     },
     Stats(StatsReport),
+    /// The completed requests of a dispatched application by sojourn band
+    /// (the non-empty bands, shortest first).
+    DispatchBreakdown {
+        bands: Vec<SojournBand>,
+    },
+}
+
+/// The completed requests of a dispatched application whose sojourn in
+/// iokerneld (packet held → completed hand-back) fell in one band (from
+/// `from_ns` to twice that; the first band from 0, the last one
+/// unbounded), with the sums of where their time went (docs/colocate.md):
+/// in a queue (of that, while none of the application's workers held a
+/// core), `Run` sent → the worker seen running it, seen running → handed
+/// back (preempted or completed; a run that ended before iokerneld saw it
+/// start counts whole here), and the runs (one more than its preemptions
+/// and `Run`s taken back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SojournBand {
+    pub from_ns: u64,
+    pub count: u64,
+    pub sojourn_ns: u64,
+    pub queued_ns: u64,
+    pub no_core_ns: u64,
+    pub pickup_ns: u64,
+    pub on_core_ns: u64,
+    pub runs: u64,
 }
 
 /// What iokerneld did with one application's packets (totals since it

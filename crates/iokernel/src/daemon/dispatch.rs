@@ -32,7 +32,7 @@
 
 use ginza_policy::sched::colocated::{Action, ColocatedDispatcher, HandBack};
 use ginza_policy::sched::{Request, SchedPolicy};
-use ginza_proto::messages::DispatchStats;
+use ginza_proto::messages::{DispatchStats, SojournBand};
 use ginza_shm::{
     IokernelEnd, LineFlags, PacketDesc, RunPacket, SendError, ToKthread, MAX_REQUEST_ID,
 };
@@ -43,12 +43,44 @@ pub(super) const MAX_LIES: u64 = 16;
 
 /// A queued request as iokerneld holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Held {
+pub(super) struct Held {
     /// Not run yet: its packet, in a buffer of the application's ingress
-    /// pool lent to nobody yet.
-    Fresh(PacketDesc),
-    /// Preempted: its context waits in the application.
-    Preempted,
+    /// pool lent to nobody yet. `None`: preempted, its context waits in the
+    /// application.
+    packet: Option<PacketDesc>,
+    t: Timing,
+}
+
+/// Where a request's time has gone so far, as iokerneld sees it (the
+/// breakdown of `ginza bench colocate`, docs/colocate.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Timing {
+    arrived_at: u64,
+    /// When it was last queued (arrival, hand-back, a `Run` taken back).
+    queued_at: u64,
+    /// The application's time with no core at `queued_at`.
+    no_core_at: u64,
+    /// When its last `Run` was sent.
+    sent_at: u64,
+    /// When its worker was seen running it (0: not yet).
+    started_at: u64,
+    /// Totals: in a queue; of that, while none of the application's
+    /// workers held a core; `Run` sent → seen running; seen running →
+    /// handed back (a run that ended before iokerneld saw it start counts
+    /// whole here).
+    queued: u64,
+    no_core: u64,
+    pickup: u64,
+    on_core: u64,
+    runs: u32,
+}
+
+/// Sojourn bands of the breakdown: band `i > 0` holds sojourns in
+/// [2^i, 2^(i+1)) µs, band 0 those below 2 µs, the last one the rest.
+const BANDS: usize = 28;
+
+fn band_of(sojourn_ns: u64) -> usize {
+    ((sojourn_ns / 1000).max(1).ilog2() as usize).min(BANDS - 1)
 }
 
 /// Counters of one application's dispatch.
@@ -82,6 +114,13 @@ pub(super) struct AppDispatch {
     /// Workers whose request the last step asked to signal (the caller
     /// sends the signals: [`AppDispatch::take_signals`]).
     signals: Vec<usize>,
+    /// The application's time with none of its workers holding a core, up
+    /// to `last_step`, and whether one held a core then.
+    no_core_ns: u64,
+    last_step: u64,
+    had_core: bool,
+    /// Completed requests' time by sojourn band (sums).
+    bands: [SojournBand; BANDS],
     pub counters: DispatchCounters,
 }
 
@@ -99,6 +138,13 @@ impl AppDispatch {
             actions: Vec::new(),
             sent: vec![None; workers],
             signals: Vec::new(),
+            no_core_ns: 0,
+            last_step: 0,
+            had_core: false,
+            bands: std::array::from_fn(|i| SojournBand {
+                from_ns: if i == 0 { 0 } else { 1000 << i },
+                ..SojournBand::default()
+            }),
             counters: DispatchCounters::default(),
         }
     }
@@ -166,10 +212,35 @@ impl AppDispatch {
                 id,
                 class,
                 arrival: now,
-                payload: Held::Fresh(desc),
+                payload: Held {
+                    packet: Some(desc),
+                    t: Timing {
+                        arrived_at: now,
+                        queued_at: now,
+                        no_core_at: self.no_core_at(now),
+                        ..Timing::default()
+                    },
+                },
             },
             now,
         );
+    }
+
+    /// The application's time with no core, up to `now`.
+    fn no_core_at(&self, now: u64) -> u64 {
+        let since = now.saturating_sub(self.last_step);
+        self.no_core_ns + if self.had_core { 0 } else { since }
+    }
+
+    /// `t` goes back to a queue at `now`.
+    fn requeued(&self, t: &mut Timing, now: u64) {
+        t.queued_at = now;
+        t.no_core_at = self.no_core_at(now);
+    }
+
+    /// Completed requests' time by sojourn band (the non-empty bands).
+    pub fn breakdown(&self) -> Vec<SojournBand> {
+        self.bands.iter().filter(|b| b.count > 0).copied().collect()
     }
 
     /// Kthread `k` refused its new request unrun (over the application's
@@ -197,9 +268,35 @@ impl AppDispatch {
         } else {
             HandBack::Preempted
         };
-        match self.queues.hand_back(k, request, how, Held::Preempted, now) {
+        let mut t = match self.sent.get(k) {
+            Some(Some((id, held))) if *id == request => held.t,
+            _ => Timing::default(),
+        };
+        t.on_core += now.saturating_sub(if t.started_at != 0 {
+            t.started_at
+        } else {
+            t.sent_at
+        });
+        let mut again = t;
+        self.requeued(&mut again, now);
+        let payload = Held {
+            packet: None,
+            t: again,
+        };
+        match self.queues.hand_back(k, request, how, payload, now) {
             Ok(()) => {
                 self.sent[k] = None;
+                if completed && t.arrived_at != 0 {
+                    let sojourn = now.saturating_sub(t.arrived_at);
+                    let b = &mut self.bands[band_of(sojourn)];
+                    b.count += 1;
+                    b.sojourn_ns += sojourn;
+                    b.queued_ns += t.queued;
+                    b.no_core_ns += t.no_core;
+                    b.pickup_ns += t.pickup;
+                    b.on_core_ns += t.on_core;
+                    b.runs += u64::from(t.runs);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -220,9 +317,11 @@ impl AppDispatch {
     /// Kthread `k` gave its core back (parked or yielded): a request still
     /// on it was sent by a `Run` it never read (see the module docs), and
     /// is queued again as it was.
-    pub fn gave_core_back(&mut self, k: usize) {
+    pub fn gave_core_back(&mut self, k: usize, now: u64) {
         self.queues.set_granted(k, false);
-        if let Some((_, held)) = self.sent.get_mut(k).and_then(Option::take) {
+        if let Some((_, mut held)) = self.sent.get_mut(k).and_then(Option::take) {
+            held.t.pickup += now.saturating_sub(held.t.sent_at);
+            self.requeued(&mut held.t, now);
             if self.queues.withdraw(k, held).is_some() {
                 self.counters.stale_runs += 1;
             }
@@ -238,12 +337,20 @@ impl AppDispatch {
         granted: impl Iterator<Item = bool>,
         ends: &mut [IokernelEnd],
     ) -> u64 {
+        self.no_core_ns = self.no_core_at(now);
+        self.last_step = now;
+        self.had_core = false;
         for (k, g) in granted.enumerate() {
             self.queues.set_granted(k, g);
+            self.had_core |= g;
             // Quanta count from when the worker says it switched in.
             if let Some(id) = self.queues.running_on(k) {
                 if !self.queues.has_started(k) && ends[k].line.runs_request(id) {
                     self.queues.started(k, now);
+                    if let Some(Some((_, held))) = self.sent.get_mut(k) {
+                        held.t.started_at = now;
+                        held.t.pickup += now.saturating_sub(held.t.sent_at);
+                    }
                 }
             }
         }
@@ -256,14 +363,21 @@ impl AppDispatch {
                     ends[worker].line.insert_flags(LineFlags::YIELD_REQUEST);
                 }
                 Action::Signal { worker, .. } => self.signals.push(worker),
-                Action::Run { worker, request } => {
-                    let packet = match request.payload {
-                        Held::Fresh(d) => Some(RunPacket {
-                            buf: d.buf,
-                            len: d.len.min(u32::from(u16::MAX)) as u16,
-                        }),
-                        Held::Preempted => None,
-                    };
+                Action::Run {
+                    worker,
+                    mut request,
+                } => {
+                    let packet = request.payload.packet.map(|d| RunPacket {
+                        buf: d.buf,
+                        len: d.len.min(u32::from(u16::MAX)) as u16,
+                    });
+                    let no_core = self.no_core_at(now);
+                    let t = &mut request.payload.t;
+                    t.queued += now.saturating_sub(t.queued_at);
+                    t.no_core += no_core.saturating_sub(t.no_core_at);
+                    t.sent_at = now;
+                    t.started_at = 0;
+                    t.runs += 1;
                     let end = &mut ends[worker];
                     // A stale ask for the previous request must not cut
                     // this one short.
@@ -280,6 +394,8 @@ impl AppDispatch {
                         Err(SendError::Full | SendError::Corrupt(_)) => {
                             // A corrupt ring is found by the command drain.
                             self.counters.ring_full += 1;
+                            request.payload.t.runs -= 1;
+                            self.requeued(&mut request.payload.t, now);
                             self.queues.not_started(worker, request);
                         }
                     }
@@ -447,6 +563,55 @@ mod tests {
     }
 
     #[test]
+    fn the_breakdown_splits_a_requests_time_where_it_went() {
+        let (_region, mut io, mut rt) = ends(1);
+        let policy = SchedPolicy::CPreSq {
+            quantum: 5_000,
+            placement: Placement::Tail,
+        };
+        let mut d = AppDispatch::new(policy, 1, 0, None);
+        d.step(1_000, [false].into_iter(), &mut io);
+        d.arrive(desc(1), &frame(0), 1_000);
+        // Queued 3 µs with no core; run as soon as a worker has one.
+        d.step(4_000, [true].into_iter(), &mut io);
+        d.arrive(desc(2), &frame(0), 4_500);
+        d.step(6_000, [true].into_iter(), &mut io);
+        assert!(rt[0].from_iokernel.recv().unwrap().is_some());
+        // Seen running 3 µs after the Run; preempted after 10 µs on core.
+        rt[0].line.set_running_request(Some(0));
+        d.step(7_000, [true].into_iter(), &mut io);
+        d.hand_back(0, 0, false, 17_000).unwrap();
+        rt[0].line.set_running_request(None);
+        // Request 1 runs and completes; request 0 again: 4 µs queued (with
+        // a core), picked up at once, 2 µs on core.
+        d.step(17_000, [true].into_iter(), &mut io);
+        d.hand_back(0, 1, true, 20_000).unwrap();
+        d.step(21_000, [true].into_iter(), &mut io);
+        rt[0].line.set_running_request(Some(0));
+        d.step(21_000, [true].into_iter(), &mut io);
+        d.hand_back(0, 0, true, 23_000).unwrap();
+        let bands = d.breakdown();
+        let total: u64 = bands.iter().map(|b| b.count).sum();
+        assert_eq!(total, 2);
+        // Request 0: 22 µs in iokerneld, band [16, 32) µs.
+        let b = bands
+            .iter()
+            .find(|b| b.from_ns == 16_000)
+            .expect("its band");
+        assert_eq!(
+            (
+                b.count,
+                b.sojourn_ns,
+                b.queued_ns,
+                b.no_core_ns,
+                b.pickup_ns
+            ),
+            (1, 22_000, 3_000 + 4_000, 3_000, 3_000)
+        );
+        assert_eq!((b.on_core_ns, b.runs), (10_000 + 2_000, 2));
+    }
+
+    #[test]
     fn a_run_that_crossed_its_kthreads_park_is_queued_again_as_it_was() {
         let (_region, mut io, mut rt) = ends(2);
         let policy = SchedPolicy::CPreSq {
@@ -458,7 +623,7 @@ mod tests {
         d.step(0, [true, false].into_iter(), &mut io);
         // The Run crossed kthread 0's Parked: it is stale, and the request
         // goes to kthread 1 with its packet.
-        d.gave_core_back(0);
+        d.gave_core_back(0, 5);
         assert_eq!(d.counters.stale_runs, 1);
         d.step(6, [false, true].into_iter(), &mut io);
         let fresh = Some(ToKthread::Run {

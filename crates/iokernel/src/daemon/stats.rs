@@ -209,6 +209,23 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
     }
 
+    /// Where the time of the requests of application `name` went, if
+    /// iokerneld dispatches them (docs/colocate.md).
+    pub(super) fn dispatch_breakdown(&self, name: &str) -> Response {
+        match self
+            .apps
+            .iter()
+            .find_map(|a| a.dispatch.as_ref().filter(|_| a.name == name))
+        {
+            Some(d) => Response::DispatchBreakdown {
+                bands: d.breakdown(),
+            },
+            None => Response::Refused {
+                reason: format!("no application {name:?} whose requests iokerneld dispatches"),
+            },
+        }
+    }
+
     /// The stats answer; for `ResetStats` the window it reports ends and a
     /// new one starts.
     pub(super) fn stats_answer(&mut self, req: &Request, now: u64) -> Response {
