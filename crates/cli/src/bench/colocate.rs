@@ -56,6 +56,10 @@ pub struct ColocateArgs {
     /// c-PRE-SQ's quantum, µs.
     #[arg(long, default_value_t = 5.0)]
     quantum_us: f64,
+    /// How long an idle worker of the server spins for its next request
+    /// before it parks and gives its core back (`DispatchedConfig::idle_spin`).
+    #[arg(long, default_value = "5us", value_parser = ginza_proto::parse_duration)]
+    idle_spin: Duration,
     /// iokerneld's CPU (default: the first allowed CPU).
     #[arg(long)]
     iokernel_core: Option<usize>,
@@ -199,6 +203,8 @@ struct Report {
     points: Vec<Point>,
     workload: &'static str,
     quantum_us: f64,
+    /// The server's idle spin before parking, µs.
+    idle_spin_us: f64,
     managed_cores: usize,
     iokernel_cpu: usize,
     duration_s: f64,
@@ -277,6 +283,7 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
         points,
         workload: WORKLOAD,
         quantum_us: args.quantum_us,
+        idle_spin_us: args.idle_spin.as_secs_f64() * 1e6,
         managed_cores: n,
         iokernel_cpu: io_cpu,
         duration_s: args.duration.as_secs_f64(),
@@ -319,6 +326,7 @@ fn measure(
         service,
         rate_per_s,
         duration: args.duration,
+        idle_spin: Some(args.idle_spin),
     };
     measure_point(&run)
 }
@@ -339,6 +347,8 @@ pub struct PointRun<'a> {
     pub rate_per_s: f64,
     /// How long the load lasts.
     pub duration: Duration,
+    /// The server's idle spin before parking (`None`: its default).
+    pub idle_spin: Option<Duration>,
 }
 
 /// One measured point: a fresh iokerneld, batch, and the server (the
@@ -396,6 +406,9 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         };
         let mut cfg = DispatchedConfig::new(io, spec, PORT);
         cfg.workers = n;
+        if let Some(spin) = run.idle_spin {
+            cfg.idle_spin = spin;
+        }
         let stop = Arc::clone(&stop);
         let stats = Arc::new(SpinStats::default());
         std::thread::spawn(move || {
