@@ -113,6 +113,16 @@ fn serve_with(
         }
         std::thread::yield_now();
     };
+    // Where the requests' time went: one entry per completed request.
+    if let Some(c) = counters {
+        let bands = ginza_proto::client::dispatch_breakdown(&d.socket, &name).unwrap();
+        assert_eq!(
+            bands.iter().map(|b| b.count).sum::<u64>(),
+            c.co,
+            "{bands:?}"
+        );
+        assert!(bands.iter().all(|b| b.runs >= b.count), "{bands:?}");
+    }
     stop.store(true, Ordering::Release);
     (report, server.join().unwrap(), counters)
 }
