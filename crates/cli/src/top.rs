@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use ginza_proto::messages::{AppStats, Class, DataplaneStats, FaultStats, NetStats, StatsReport};
+use ginza_proto::messages::{
+    AppStats, Class, DataplaneStats, DispatchStats, FaultStats, NetStats, StatsReport,
+};
 use ginza_proto::{client, default_socket_path, parse_duration, ClientError};
 use ginza_sys::cpulist;
 use serde::Serialize;
@@ -287,6 +289,7 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     if now.apps.is_empty() {
         out.push_str("(no application registered)\n");
     }
+    render_dispatch(&mut out, now, &names);
     render_steering(&mut out, &now.dataplane);
     render_faults(&mut out, &now.dataplane.faults);
     if !now.recent_removals.is_empty() {
@@ -355,6 +358,34 @@ steering (totals)
             dp.generator_replies,
             dp.generator_reordered,
             100.0 * dp.generator_reordered as f64 / dp.generator_replies as f64
+        );
+    }
+}
+
+/// The dispatch section (docs/colocate.md): per application whose
+/// requests iokerneld dispatches, its totals since it registered; nothing
+/// when there is none, so the usual screen stays as it was.
+fn render_dispatch(out: &mut String, now: &StatsReport, names: &[String]) {
+    use std::fmt::Write as _;
+    let rows: Vec<(&String, &DispatchStats)> = names
+        .iter()
+        .zip(&now.apps)
+        .filter_map(|(n, a)| a.dispatch.as_ref().map(|d| (n, d)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let nw = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0).max(4);
+    let _ = writeln!(
+        out,
+        "\ndispatch by iokerneld (totals)\n{:<nw$}  {:>10}  {:>10}  {:>10}  {:>10}  {:>8}  {:>10}  {:>9}  {:>8}  {:>8}  {:>8}  {:>6}",
+        "NAME", "ARRIVED", "RUNS", "COMPLETED", "PREEMPTED", "REVOKED", "ASKED", "BACKSTOP", "REFUSED", "TAKENBK", "QUEUED", "LIES",
+    );
+    for (name, d) in rows {
+        let _ = writeln!(
+            out,
+            "{:<nw$}  {:>10}  {:>10}  {:>10}  {:>10}  {:>8}  {:>10}  {:>9}  {:>8}  {:>8}  {:>8}  {:>6}",
+            name, d.ar, d.ru, d.co, d.pe, d.rv, d.ak, d.bs, d.rf, d.tb, d.qu, d.li,
         );
     }
 }
@@ -493,6 +524,7 @@ mod tests {
             preempt_overdue: 3,
             steals: grants * 2,
             net: None,
+            dispatch: None,
         }
     }
 
@@ -663,6 +695,42 @@ mod tests {
         assert!(!s.contains("gone1 "), "{s}");
         assert!(s.contains("gone2 (app 12): hung up"), "{s}");
         assert!(s.trim_end().ends_with("gone6 (app 16): hung up"), "{s}");
+
+        assert!(!s.contains("dispatch by iokerneld"), "{s}");
+        let mut c = b.clone();
+        c.apps[0].dispatch = Some(DispatchStats {
+            ar: 100,
+            ru: 120,
+            co: 97,
+            pe: 20,
+            bs: 4,
+            rf: 1,
+            qu: 3,
+            ..DispatchStats::default()
+        });
+        let s = render(Some(&a), &c);
+        let row = s
+            .lines()
+            .skip_while(|l| !l.starts_with("dispatch by iokerneld"))
+            .find(|l| l.starts_with("memcached"))
+            .expect("a dispatch row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            [
+                "memcached",
+                "100",
+                "120",
+                "97",
+                "20",
+                "0",
+                "0",
+                "4",
+                "1",
+                "0",
+                "3",
+                "0"
+            ]
+        );
 
         let empty = render(None, &report(1, 0, vec![]));
         assert!(empty.contains("(no application registered)"), "{empty}");

@@ -48,6 +48,14 @@ pub trait CoreActuator {
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
     /// The kthread did not give `cpu` back in time: move it off the core.
     fn evict(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
+    /// The request iokerneld dispatched to the kthread was asked to yield
+    /// and has not (docs/colocate.md, the backstop): interrupt it. The
+    /// kthread keeps its core. Does nothing unless the actuator acts on
+    /// threads.
+    fn interrupt_request(&mut self, t: &Target<'_>) -> io::Result<()> {
+        let _ = t;
+        Ok(())
+    }
     /// The application is gone (informational).
     fn app_removed(&mut self, app_id: u64, name: &str) {
         let _ = (app_id, name);
@@ -102,6 +110,18 @@ impl CoreActuator for LinuxActuator {
     }
 
     fn preempt(&mut self, t: &Target<'_>, _cpu: usize, _reason: PreemptReason) -> io::Result<()> {
+        match t.tid {
+            Some(tid) => signal::tgkill(t.pid, tid, PREEMPT_SIGNAL),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "kthread has not reported its tid yet",
+            )),
+        }
+    }
+
+    fn interrupt_request(&mut self, t: &Target<'_>) -> io::Result<()> {
+        // The same signal as a revocation: the runtime's handler tells the
+        // two apart by the queue line's flags.
         match t.tid {
             Some(tid) => signal::tgkill(t.pid, tid, PREEMPT_SIGNAL),
             None => Err(io::Error::new(

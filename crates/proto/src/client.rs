@@ -25,7 +25,8 @@ use ginza_sys::poll::{poll_one, PollFlags};
 use ginza_sys::{process, socket};
 
 use crate::messages::{
-    encode, Envelope, Registration, Request, Response, StatsReport, MAX_REPLY, PROTOCOL_VERSION,
+    encode, Envelope, Registration, Request, Response, SojournBand, StatsReport, MAX_REPLY,
+    PROTOCOL_VERSION,
 };
 
 /// iokerneld's control socket unless told otherwise:
@@ -313,6 +314,20 @@ pub fn stats(socket: &Path) -> Result<StatsReport, ClientError> {
 /// window that ended.
 pub fn reset_stats(socket: &Path) -> Result<StatsReport, ClientError> {
     stats_request(socket, Request::ResetStats)
+}
+
+/// Where the time of the requests of the dispatched application `name`
+/// went, by sojourn band (docs/colocate.md).
+pub fn dispatch_breakdown(socket: &Path, name: &str) -> Result<Vec<SojournBand>, ClientError> {
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::DispatchBreakdown { name: name.into() },
+    };
+    match request(socket, &env, &[])?.1 {
+        Response::DispatchBreakdown { bands } => Ok(bands),
+        Response::Refused { reason } => Err(ClientError::Refused { reason }),
+        other => Err(ClientError::BadReply(format!("{other:?}"))),
+    }
 }
 
 fn stats_request(socket: &Path, req: Request) -> Result<StatsReport, ClientError> {

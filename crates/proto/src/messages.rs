@@ -120,6 +120,11 @@ pub struct DispatchSpec {
     /// means class 0).
     #[serde(default)]
     pub class_offset: u16,
+    /// A request asked to yield (its quantum spent) that still runs this
+    /// long after the ask gets a signal (it reached no preemption point);
+    /// none: never signalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backstop_ns: Option<u64>,
 }
 
 /// One c-PRE-MQ class of a [`DispatchSpec`].
@@ -219,6 +224,12 @@ pub enum Request {
     Unprotect {
         link: u64,
     },
+    /// Where the time of the requests of application `name` went
+    /// (dispatch by iokerneld, docs/colocate.md). Answered
+    /// `DispatchBreakdown`.
+    DispatchBreakdown {
+        name: String,
+    },
 }
 
 /// What a client sends: the protocol version, then the request.
@@ -248,6 +259,32 @@ pub enum Response {
         reason: String,
     },
     Stats(StatsReport),
+    /// The completed requests of a dispatched application by sojourn band
+    /// (the non-empty bands, shortest first).
+    DispatchBreakdown {
+        bands: Vec<SojournBand>,
+    },
+}
+
+/// The completed requests of a dispatched application whose sojourn in
+/// iokerneld (packet held → completed hand-back) fell in one band (from
+/// `from_ns` to twice that; the first band from 0, the last one
+/// unbounded), with the sums of where their time went (docs/colocate.md):
+/// in a queue (of that, while none of the application's workers held a
+/// core), `Run` sent → the worker seen running it, seen running → handed
+/// back (preempted or completed; a run that ended before iokerneld saw it
+/// start counts whole here), and the runs (one more than its preemptions
+/// and `Run`s taken back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SojournBand {
+    pub from_ns: u64,
+    pub count: u64,
+    pub sojourn_ns: u64,
+    pub queued_ns: u64,
+    pub no_core_ns: u64,
+    pub pickup_ns: u64,
+    pub on_core_ns: u64,
+    pub runs: u64,
 }
 
 /// What iokerneld did with one application's packets (totals since it
@@ -456,6 +493,39 @@ pub struct AppStats {
     /// Packets, for an application registered with `net`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetStats>,
+    /// Its requests, when iokerneld dispatches them (docs/colocate.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch: Option<DispatchStats>,
+}
+
+/// What iokerneld's dispatch step did with one application's requests
+/// (totals since it registered; docs/colocate.md). Short names: 256
+/// applications' worth must fit in one stats reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatchStats {
+    /// Requests arrived (queued).
+    pub ar: u64,
+    /// `Run` commands sent: new requests and resumed preempted ones.
+    pub ru: u64,
+    /// Requests completed (hand-backs).
+    pub co: u64,
+    /// Preempted hand-backs (quantum spent, or the core revoked).
+    pub pe: u64,
+    /// Of those, handed back by a worker whose core was being revoked.
+    pub rv: u64,
+    /// Preemptions asked (the yield flag set).
+    pub ak: u64,
+    /// Backstop signals sent to workers that had not yielded in time.
+    pub bs: u64,
+    /// Requests the application refused unrun (over its in-flight bound).
+    pub rf: u64,
+    /// `Run`s that crossed their worker's `Parked`/`Yielded`: taken back
+    /// and queued again as they were.
+    pub tb: u64,
+    /// Hand-backs refused (they named a request the worker did not hold).
+    pub li: u64,
+    /// Requests queued now.
+    pub qu: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -642,6 +712,19 @@ pub fn largest_stats_report() -> StatsReport {
                     mv: u64::MAX,
                     ev: u64::MAX,
                     tb: u32::MAX,
+                }),
+                dispatch: Some(DispatchStats {
+                    ar: u64::MAX,
+                    ru: u64::MAX,
+                    co: u64::MAX,
+                    pe: u64::MAX,
+                    rv: u64::MAX,
+                    ak: u64::MAX,
+                    bs: u64::MAX,
+                    rf: u64::MAX,
+                    tb: u64::MAX,
+                    li: u64::MAX,
+                    qu: u64::MAX,
                 }),
             })
             .collect(),

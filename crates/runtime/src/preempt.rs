@@ -85,7 +85,7 @@ fn apply_pending_preemption(state: *const PreemptState) {
 fn worker_not_asked(k: &sched::KThread) -> bool {
     k.mode == Mode::Worker
         && !k.preempt_flag.load(Relaxed)
-        && !k.io.as_ref().is_some_and(|io| io.preempt_pending())
+        && !k.io.as_ref().is_some_and(|io| io.yield_asked())
 }
 
 /// Body of the preemption signal handler (runs on the interrupted stack).
@@ -106,6 +106,9 @@ fn preempt_from_signal() {
         // line; a signal without it is late (the kthread parked meanwhile).
         match &k.io {
             Some(io) if io.preempt_pending() => k.revoke_requested.store(true, SeqCst),
+            // iokerneld's backstop (docs/colocate.md): a dispatched request
+            // asked to yield that has not; the worker keeps its core.
+            Some(io) if k.mode == Mode::Worker && io.yield_asked() => {}
             _ => return,
         }
     }

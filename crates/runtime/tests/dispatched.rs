@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::{LoadRun, GENERATOR_IP, GENERATOR_MAC};
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
-use ginza_proto::messages::DispatchSpec;
+use ginza_proto::messages::{DispatchSpec, DispatchStats};
 use ginza_proto::RequestHeader;
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig, DispatchedReport};
@@ -51,6 +51,7 @@ fn config(d: &Daemon, name: &str, me: Interface, policy: &str) -> DispatchedConf
         head: false,
         classes: Vec::new(),
         class_offset: 0,
+        backstop_ns: None,
     };
     let mut cfg = DispatchedConfig::new(io, spec, PORT);
     cfg.workers = 2;
@@ -64,10 +65,26 @@ fn serve_during(
     cfg: DispatchedConfig,
     load: LoadRun,
 ) -> (ginza_iokernel::LoadReport, DispatchedReport) {
+    let (report, served, _) = serve_with(d, cfg, load, spin_handler);
+    (report, served)
+}
+
+/// As [`serve_during`] with `handler`; also iokerneld's dispatch counters
+/// of the application once every request it took in was done.
+fn serve_with(
+    d: &Daemon,
+    cfg: DispatchedConfig,
+    load: LoadRun,
+    handler: fn(&[u8]) -> Vec<u8>,
+) -> (
+    ginza_iokernel::LoadReport,
+    DispatchedReport,
+    Option<DispatchStats>,
+) {
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = Arc::clone(&stop);
     let name = cfg.iokernel.name.clone();
-    let server = std::thread::spawn(move || dispatched::serve(cfg, spin_handler, &s2).unwrap());
+    let server = std::thread::spawn(move || dispatched::serve(cfg, handler, &s2).unwrap());
     let t0 = Instant::now();
     while !d.stats().apps.iter().any(|a| a.name == name) {
         assert!(
@@ -82,8 +99,32 @@ fn serve_during(
             .generator()
             .run(load, Duration::from_secs(10))
             .unwrap();
+    // iokerneld's counters once it has read the last hand-back.
+    let t0 = Instant::now();
+    let counters = loop {
+        let c = d
+            .stats()
+            .apps
+            .iter()
+            .find(|a| a.name == name)
+            .and_then(|a| a.dispatch);
+        if c.is_none_or(|c| c.ar == c.co) || t0.elapsed() > Duration::from_secs(10) {
+            break c;
+        }
+        std::thread::yield_now();
+    };
+    // Where the requests' time went: one entry per completed request.
+    if let Some(c) = counters {
+        let bands = ginza_proto::client::dispatch_breakdown(&d.socket, &name).unwrap();
+        assert_eq!(
+            bands.iter().map(|b| b.count).sum::<u64>(),
+            c.co,
+            "{bands:?}"
+        );
+        assert!(bands.iter().all(|b| b.runs >= b.count), "{bands:?}");
+    }
     stop.store(true, Ordering::Release);
-    (report, server.join().unwrap())
+    (report, server.join().unwrap(), counters)
 }
 
 #[test]
@@ -113,6 +154,67 @@ fn requests_are_served_and_long_ones_preempted_under_iokerneld() {
     assert!(served.served >= s.replies, "{served:?}");
     assert_eq!(served.unknown_resumes, 0, "{served:?}");
     assert_eq!(served.rejected, 0, "{served:?}");
+}
+
+/// Spins for the request's service time at no preemption point: only a
+/// signal can stop it before its end.
+fn spin_without_preemption_points(request: &[u8]) -> Vec<u8> {
+    if let Some(h) = RequestHeader::decode(request) {
+        let t = Instant::now();
+        let d = Duration::from_nanos(h.service_ns.min(10_000_000));
+        while t.elapsed() < d {
+            std::hint::spin_loop();
+        }
+    }
+    request.to_vec()
+}
+
+/// iokerneld's backstop (docs/colocate.md): long requests that never reach
+/// a preemption point are interrupted by a signal once they overstay the
+/// yield flag, then resumed to completion; none is lost or run twice.
+#[test]
+fn requests_without_preemption_points_are_preempted_by_the_backstop() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let me = iface(3);
+    // 80 % 2 µs, 20 % 2 ms at 300/s: short requests wait behind long ones
+    // far longer than the quantum (5 µs) plus the backstop (50 µs).
+    let service = ServiceTime::Bimodal {
+        p: 0.8,
+        a_ns: 2_000,
+        b_ns: 2_000_000,
+    };
+    let load = LoadRun::poisson(me, PORT, 300.0, service, Duration::from_millis(500));
+    let mut cfg = config(&d, "backstop", me, "c-pre-sq");
+    cfg.dispatch.backstop_ns = Some(50_000);
+    let (report, served, counters) = serve_with(&d, cfg, load, spin_without_preemption_points);
+    eprintln!(
+        "generator: {:?}\nserver: {served:?}\niokerneld: {counters:?}",
+        report.stats
+    );
+    let s = report.stats;
+    let c = counters.expect("iokerneld reports the application's dispatch counters");
+    assert!(s.sent > 50, "{s:?}");
+    // None lost: every request iokerneld queued completed, once.
+    assert_eq!(c.ar, c.co, "requests queued vs completed: {c:?}");
+    assert_eq!(c.co, served.served, "{c:?} {served:?}");
+    assert_eq!(s.unmatched_replies, 0, "a request answered twice: {s:?}");
+    assert!(
+        s.replies as f64 >= 0.95 * s.sent as f64,
+        "replies {} of {} sent; server {served:?}",
+        s.replies,
+        s.sent
+    );
+    // Preempted with no preemption point: by the backstop's signal, not by
+    // revocations (there is no rival for the cores).
+    assert!(c.bs > 0, "no backstop signal sent: {c:?}");
+    assert!(
+        served.preempted > served.revoked_mid_request,
+        "no request yielded to the backstop: {served:?}"
+    );
+    assert_eq!(c.pe, served.preempted, "{c:?} {served:?}");
+    assert_eq!(served.unknown_resumes, 0, "{served:?}");
+    assert_eq!((served.rejected, c.rf, c.li), (0, 0, 0), "{c:?} {served:?}");
 }
 
 #[test]

@@ -62,6 +62,9 @@ pub enum ToIokernel {
     /// (its context stays in the application, resumable by `request`).
     /// Sent before `Yielded` when the core is revoked mid-request.
     HandBack { request: u64, completed: bool },
+    /// Dispatch by iokerneld: a new request refused unrun (the application
+    /// holds as many requests as it allows); it is done, as a completed one.
+    Refused { request: u64 },
 }
 
 /// iokerneld → kthread.
@@ -144,6 +147,7 @@ mod tag {
     /// `arg32` of a hand-back.
     pub const COMPLETED: u32 = 1;
     pub const PREEMPTED: u32 = 2;
+    pub const REFUSED: u32 = 3;
 }
 
 impl Message for ToIokernel {
@@ -173,6 +177,11 @@ impl Message for ToIokernel {
                 },
                 arg64: request,
             },
+            ToIokernel::Refused { request } => RawMsg {
+                tag: tag::HAND_BACK,
+                arg32: tag::REFUSED,
+                arg64: request,
+            },
         }
     }
 
@@ -185,13 +194,13 @@ impl Message for ToIokernel {
             tag::YIELDED => ToIokernel::Yielded {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
             },
-            tag::HAND_BACK => ToIokernel::HandBack {
-                request: raw.arg64,
-                completed: match raw.arg32 {
-                    tag::COMPLETED => true,
-                    tag::PREEMPTED => false,
-                    other => return Err(DecodeError::UnknownHandBack(other)),
+            tag::HAND_BACK => match raw.arg32 {
+                tag::COMPLETED | tag::PREEMPTED => ToIokernel::HandBack {
+                    request: raw.arg64,
+                    completed: raw.arg32 == tag::COMPLETED,
                 },
+                tag::REFUSED => ToIokernel::Refused { request: raw.arg64 },
+                other => return Err(DecodeError::UnknownHandBack(other)),
             },
             tag => {
                 return Err(DecodeError::UnknownTag {
@@ -354,6 +363,7 @@ mod tests {
                 request: 0,
                 completed: false,
             },
+            ToIokernel::Refused { request: 9 },
         ];
         for m in ups {
             assert_eq!(ToIokernel::decode(m.encode()), Ok(m));

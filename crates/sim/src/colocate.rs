@@ -387,6 +387,9 @@ impl ColocateSim {
                     Action::Preempt { worker, .. } => {
                         w[worker].stop_at = Some(now + preempt_cost);
                     }
+                    // Simulated requests always reach a preemption point
+                    // (no backstop is set here).
+                    Action::Signal { .. } => {}
                 }
             }
         }

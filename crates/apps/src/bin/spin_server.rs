@@ -43,6 +43,10 @@ struct Args {
     /// With `--mode shinjuku`: the preemption quantum.
     #[arg(long, value_parser = parse_duration, default_value = "5us")]
     quantum: std::time::Duration,
+    /// With `--mode shinjuku`: a request asked to yield that has not this
+    /// long after is interrupted by a signal (`0`: never).
+    #[arg(long, value_parser = parse_duration, default_value = "50us")]
+    backstop: std::time::Duration,
     /// The Linux peer: kernel sockets and OS threads instead of a Ginza
     /// runtime (the baseline of Shenango's Fig. 4).
     #[arg(long, conflicts_with = "mode")]
@@ -108,6 +112,8 @@ fn main() -> anyhow::Result<()> {
                 head: false,
                 classes: Vec::new(),
                 class_offset: 0,
+                backstop_ns: (!args.backstop.is_zero())
+                    .then(|| args.backstop.as_nanos().try_into().unwrap_or(u64::MAX)),
             };
             let io = config
                 .iokernel

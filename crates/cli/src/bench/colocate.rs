@@ -30,7 +30,7 @@ use ginza_iokernel::{
 };
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_proto::client;
-use ginza_proto::messages::DispatchSpec;
+use ginza_proto::messages::{DispatchSpec, DispatchStats, SojournBand};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig};
 use ginza_runtime::{Class, Config, IokernelConfig};
@@ -56,6 +56,10 @@ pub struct ColocateArgs {
     /// c-PRE-SQ's quantum, µs.
     #[arg(long, default_value_t = 5.0)]
     quantum_us: f64,
+    /// How long an idle worker of the server spins for its next request
+    /// before it parks and gives its core back (`DispatchedConfig::idle_spin`).
+    #[arg(long, default_value = "5us", value_parser = ginza_proto::parse_duration)]
+    idle_spin: Duration,
     /// iokerneld's CPU (default: the first allowed CPU).
     #[arg(long)]
     iokernel_core: Option<usize>,
@@ -72,6 +76,9 @@ pub struct ColocateArgs {
 
 const WORKLOAD: &str = "Bimodal(99.5-0.5, 0.5-500)";
 const PORT: u16 = 7;
+/// The dispatched server's backstop (docs/colocate.md): as the standalone
+/// Shinjuku mode's default.
+const BACKSTOP_NS: u64 = 50_000;
 /// The simulator's assumptions (not measured here).
 const SIM_GRANT_LATENCY_US: f64 = 5.0;
 const SIM_PREEMPT_COST_US: f64 = 0.2;
@@ -114,6 +121,81 @@ pub struct Point {
     pub rejected: u64,
     /// Requests iokerneld dropped for want of an ingress buffer or ring room.
     pub dropped_ingress: u64,
+    /// iokerneld's dispatch counters of the server over the point
+    /// (`AppStats::dispatch`, docs/colocate.md).
+    pub dispatch: Option<DispatchStats>,
+    /// Where the requests' time in iokerneld went (packet held → completed
+    /// hand-back): all of them, and the tail (those in the sojourn bands
+    /// from the one holding iokerneld's p99 up; `tail_from_us` is that
+    /// band's lower end).
+    pub all: Option<Breakdown>,
+    pub tail: Option<Breakdown>,
+    pub tail_from_us: f64,
+}
+
+/// Mean time of a set of completed requests, by where it went (µs), and
+/// their mean runs (1 + preemptions + `Run`s taken back); from iokerneld's
+/// sojourn bands (`client::dispatch_breakdown`).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Breakdown {
+    pub count: u64,
+    /// In iokerneld: held packet → completed hand-back.
+    pub sojourn_us: f64,
+    /// In a queue (new or preempted).
+    pub queued_us: f64,
+    /// Of that, while none of the server's workers held a core.
+    pub queued_no_core_us: f64,
+    /// `Run` sent → the worker seen running it.
+    pub pickup_us: f64,
+    /// Seen running → handed back (service, preempted time on a core the
+    /// worker lost to Linux, the hand-back's trip).
+    pub on_core_us: f64,
+    pub runs: f64,
+}
+
+impl Breakdown {
+    fn of<'a>(bands: impl Iterator<Item = &'a SojournBand>) -> Option<Breakdown> {
+        let mut sum = SojournBand::default();
+        for b in bands {
+            sum.count += b.count;
+            sum.sojourn_ns += b.sojourn_ns;
+            sum.queued_ns += b.queued_ns;
+            sum.no_core_ns += b.no_core_ns;
+            sum.pickup_ns += b.pickup_ns;
+            sum.on_core_ns += b.on_core_ns;
+            sum.runs += b.runs;
+        }
+        let n = sum.count as f64;
+        let us = |ns: u64| ns as f64 / n / 1e3;
+        (sum.count > 0).then(|| Breakdown {
+            count: sum.count,
+            sojourn_us: us(sum.sojourn_ns),
+            queued_us: us(sum.queued_ns),
+            queued_no_core_us: us(sum.no_core_ns),
+            pickup_us: us(sum.pickup_ns),
+            on_core_us: us(sum.on_core_ns),
+            runs: sum.runs as f64 / n,
+        })
+    }
+
+    /// All of `bands`, and the tail: the bands from the one that holds the
+    /// 99th percentile up (with that band's lower end, µs).
+    fn split(bands: &[SojournBand]) -> (Option<Breakdown>, Option<Breakdown>, f64) {
+        let total: u64 = bands.iter().map(|b| b.count).sum();
+        let mut seen = 0;
+        let from = bands
+            .iter()
+            .position(|b| {
+                seen += b.count;
+                seen as f64 >= 0.99 * total as f64
+            })
+            .unwrap_or(0);
+        (
+            Self::of(bands.iter()),
+            Self::of(bands[from.min(bands.len())..].iter()),
+            bands.get(from).map_or(f64::NAN, |b| b.from_ns as f64 / 1e3),
+        )
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -121,6 +203,8 @@ struct Report {
     points: Vec<Point>,
     workload: &'static str,
     quantum_us: f64,
+    /// The server's idle spin before parking, µs.
+    idle_spin_us: f64,
     managed_cores: usize,
     iokernel_cpu: usize,
     duration_s: f64,
@@ -199,6 +283,7 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
         points,
         workload: WORKLOAD,
         quantum_us: args.quantum_us,
+        idle_spin_us: args.idle_spin.as_secs_f64() * 1e6,
         managed_cores: n,
         iokernel_cpu: io_cpu,
         duration_s: args.duration.as_secs_f64(),
@@ -241,6 +326,7 @@ fn measure(
         service,
         rate_per_s,
         duration: args.duration,
+        idle_spin: Some(args.idle_spin),
     };
     measure_point(&run)
 }
@@ -261,6 +347,8 @@ pub struct PointRun<'a> {
     pub rate_per_s: f64,
     /// How long the load lasts.
     pub duration: Duration,
+    /// The server's idle spin before parking (`None`: its default).
+    pub idle_spin: Option<Duration>,
 }
 
 /// One measured point: a fresh iokerneld, batch, and the server (the
@@ -314,9 +402,13 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
             head: false,
             classes: Vec::new(),
             class_offset: 0,
+            backstop_ns: Some(BACKSTOP_NS),
         };
         let mut cfg = DispatchedConfig::new(io, spec, PORT);
         cfg.workers = n;
+        if let Some(spin) = run.idle_spin {
+            cfg.idle_spin = spin;
+        }
         let stop = Arc::clone(&stop);
         let stats = Arc::new(SpinStats::default());
         std::thread::spawn(move || {
@@ -393,11 +485,16 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     let paths1 = paths.load(Ordering::Relaxed);
     sampling.store(false, Ordering::Release);
     let lc_cores = sampler.join().unwrap_or(f64::NAN);
-    let dropped_ingress = client::stats(&socket)
+    let server_stats = client::stats(&socket)
         .ok()
-        .and_then(|s| s.apps.into_iter().find(|a| a.name == "spin-shinjuku"))
+        .and_then(|s| s.apps.into_iter().find(|a| a.name == "spin-shinjuku"));
+    let dropped_ingress = server_stats
+        .as_ref()
         .and_then(|a| a.net)
         .map_or(0, |n| n.drop_ingress);
+    let dispatch = server_stats.and_then(|a| a.dispatch);
+    let (all, tail, tail_from_us) = client::dispatch_breakdown(&socket, "spin-shinjuku")
+        .map_or((None, None, f64::NAN), |b| Breakdown::split(&b));
     stop.store(true, Ordering::Release);
     let served = server.join();
     let batched = batch.join();
@@ -427,11 +524,15 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         preempted: served.preempted,
         rejected: served.rejected,
         dropped_ingress,
+        dispatch,
+        all,
+        tail,
+        tail_from_us,
     })
 }
 
-fn label(p: &Point) -> &'static str {
-    match (p.sched, p.alloc) {
+fn label(sched: Sched, alloc: Alloc) -> &'static str {
+    match (sched, alloc) {
         (Sched::CFcfs, Alloc::Shenango) => "c-FCFS, Shenango allocator",
         (Sched::CPreSq, Alloc::Shenango) => "c-PRE-SQ, Shenango allocator",
         (Sched::CFcfs, Alloc::Static) => "c-FCFS, static cores",
@@ -455,7 +556,7 @@ fn render(r: &Report) -> String {
         let _ = writeln!(
             s,
             "{:<30} {:>5.2} {:>9.1} {:>9.1} {:>8.2} {:>7.2} {:>9.1} {:>4}/{}  {}/{}/{}, {}",
-            label(p),
+            label(p.sched, p.alloc),
             p.load,
             p.p50_us,
             p.p99_us,
@@ -468,6 +569,36 @@ fn render(r: &Report) -> String {
             p.preempted,
             p.rejected,
             p.dropped_ingress
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back",
+        "config", "load", "tail>=", "count", "sojourn", "queued", "no core", "pickup", "on core", "runs"
+    );
+    for p in &r.points {
+        let (Some(a), Some(t)) = (p.all, p.tail) else {
+            continue;
+        };
+        let pair = |x: f64, y: f64| format!("{x:.1}/{y:.1}");
+        let d = p.dispatch.unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}",
+            label(p.sched, p.alloc),
+            p.load,
+            p.tail_from_us,
+            format!("{}/{}", a.count, t.count),
+            pair(a.sojourn_us, t.sojourn_us),
+            pair(a.queued_us, t.queued_us),
+            pair(a.queued_no_core_us, t.queued_no_core_us),
+            pair(a.pickup_us, t.pickup_us),
+            pair(a.on_core_us, t.on_core_us),
+            format!("{:.2}/{:.2}", a.runs, t.runs),
+            d.ru,
+            d.ak,
+            d.bs,
+            d.tb,
         );
     }
     s
@@ -522,23 +653,7 @@ fn write_files(out: &std::path::Path, r: &Report) -> anyhow::Result<()> {
                 .map(|p| (p.load, f(p)))
                 .collect()
         };
-        let name = label(&Point {
-            sched,
-            alloc,
-            load: 0.0,
-            p50_us: 0.0,
-            p99_us: 0.0,
-            batch_mpaths_per_s: 0.0,
-            lc_cores: 0.0,
-            sim_p99_us: 0.0,
-            sim_lc_cores: 0.0,
-            sent: 0,
-            replies: 0,
-            served: 0,
-            preempted: 0,
-            rejected: 0,
-            dropped_ingress: 0,
-        });
+        let name = label(sched, alloc);
         series.push(Series {
             name: format!("{name} (measured)"),
             points: of(|p| p.p99_us),

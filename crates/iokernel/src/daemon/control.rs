@@ -239,6 +239,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let rep = self.stats_answer(&req, now);
                 return Self::reply(&p.sock, &rep).then_some(p);
             }
+            Request::DispatchBreakdown { name } => {
+                let rep = self.dispatch_breakdown(&name);
+                return Self::reply(&p.sock, &rep).then_some(p);
+            }
             Request::Protect { .. } | Request::Unprotect { .. } => {
                 return refuse(
                     self,
@@ -265,6 +269,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     policy,
                     reg.kthreads as usize,
                     spec.class_offset,
+                    spec.backstop_ns,
                 )),
                 Err(reason) => return refuse(self, reason),
             },
@@ -477,6 +482,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                     let app = &mut self.apps[i];
                     if !Self::reply(&app.sock, &rep) {
                         app.doom("stats reply could not be sent".into());
+                    }
+                }
+                Ok(Request::DispatchBreakdown { name }) => {
+                    let rep = self.dispatch_breakdown(&name);
+                    let app = &mut self.apps[i];
+                    if !Self::reply(&app.sock, &rep) {
+                        app.doom("dispatch breakdown reply could not be sent".into());
                     }
                 }
                 Ok(Request::Register(_)) => {

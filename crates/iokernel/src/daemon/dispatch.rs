@@ -13,6 +13,11 @@
 //! queue line ([`LineFlags::YIELD_REQUEST`]); workers hand requests back
 //! with [`ginza_shm::ToIokernel::HandBack`].
 //!
+//! A request asked to yield that has not `backstop_ns` later (it reached
+//! no preemption point, or its worker lost the CPU before it read the
+//! flag) gets a signal, as a revocation's ([`Action::Signal`], counted);
+//! the runtime's handler yields it while the flag stands.
+//!
 //! Hand-backs are untrusted: one that names a request the kthread does not
 //! run is refused and counted; an application that keeps lying is
 //! disconnected.
@@ -27,6 +32,7 @@
 
 use ginza_policy::sched::colocated::{Action, ColocatedDispatcher, HandBack};
 use ginza_policy::sched::{Request, SchedPolicy};
+use ginza_proto::messages::{DispatchStats, SojournBand};
 use ginza_shm::{
     IokernelEnd, LineFlags, PacketDesc, RunPacket, SendError, ToKthread, MAX_REQUEST_ID,
 };
@@ -37,12 +43,44 @@ pub(super) const MAX_LIES: u64 = 16;
 
 /// A queued request as iokerneld holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Held {
+pub(super) struct Held {
     /// Not run yet: its packet, in a buffer of the application's ingress
-    /// pool lent to nobody yet.
-    Fresh(PacketDesc),
-    /// Preempted: its context waits in the application.
-    Preempted,
+    /// pool lent to nobody yet. `None`: preempted, its context waits in the
+    /// application.
+    packet: Option<PacketDesc>,
+    t: Timing,
+}
+
+/// Where a request's time has gone so far, as iokerneld sees it (the
+/// breakdown of `ginza bench colocate`, docs/colocate.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Timing {
+    arrived_at: u64,
+    /// When it was last queued (arrival, hand-back, a `Run` taken back).
+    queued_at: u64,
+    /// The application's time with no core at `queued_at`.
+    no_core_at: u64,
+    /// When its last `Run` was sent.
+    sent_at: u64,
+    /// When its worker was seen running it (0: not yet).
+    started_at: u64,
+    /// Totals: in a queue; of that, while none of the application's
+    /// workers held a core; `Run` sent → seen running; seen running →
+    /// handed back (a run that ended before iokerneld saw it start counts
+    /// whole here).
+    queued: u64,
+    no_core: u64,
+    pickup: u64,
+    on_core: u64,
+    runs: u32,
+}
+
+/// Sojourn bands of the breakdown: band `i > 0` holds sojourns in
+/// [2^i, 2^(i+1)) µs, band 0 those below 2 µs, the last one the rest.
+const BANDS: usize = 28;
+
+fn band_of(sojourn_ns: u64) -> usize {
+    ((sojourn_ns / 1000).max(1).ilog2() as usize).min(BANDS - 1)
 }
 
 /// Counters of one application's dispatch.
@@ -54,6 +92,13 @@ pub(super) struct DispatchCounters {
     pub stale_runs: u64,
     /// Run commands that did not fit the command ring (tried again).
     pub ring_full: u64,
+    /// `Run` commands sent (new and resumed requests).
+    pub runs: u64,
+    /// New requests the application refused unrun (its in-flight bound).
+    pub refused: u64,
+    /// Backstop signals that could not be sent (no tid yet, or the thread
+    /// is gone).
+    pub signal_errors: u64,
 }
 
 /// One application's dispatch state.
@@ -66,19 +111,76 @@ pub(super) struct AppDispatch {
     /// Per kthread, the request of the last `Run` sent and what it carried,
     /// until it is handed back.
     sent: Vec<Option<(u64, Held)>>,
+    /// Workers whose request the last step asked to signal (the caller
+    /// sends the signals: [`AppDispatch::take_signals`]).
+    signals: Vec<usize>,
+    /// The application's time with none of its workers holding a core, up
+    /// to `last_step`, and whether one held a core then.
+    no_core_ns: u64,
+    last_step: u64,
+    had_core: bool,
+    /// Completed requests' time by sojourn band (sums).
+    bands: [SojournBand; BANDS],
     pub counters: DispatchCounters,
 }
 
 impl AppDispatch {
-    pub fn new(policy: SchedPolicy, workers: usize, class_offset: u16) -> AppDispatch {
+    pub fn new(
+        policy: SchedPolicy,
+        workers: usize,
+        class_offset: u16,
+        backstop_ns: Option<u64>,
+    ) -> AppDispatch {
         AppDispatch {
-            queues: ColocatedDispatcher::new(policy, workers),
+            queues: ColocatedDispatcher::new(policy, workers).with_backstop(backstop_ns),
             class_offset: class_offset.into(),
             next_request: 0,
             actions: Vec::new(),
             sent: vec![None; workers],
+            signals: Vec::new(),
+            no_core_ns: 0,
+            last_step: 0,
+            had_core: false,
+            bands: std::array::from_fn(|i| SojournBand {
+                from_ns: if i == 0 { 0 } else { 1000 << i },
+                ..SojournBand::default()
+            }),
             counters: DispatchCounters::default(),
         }
+    }
+
+    /// Its counters, for the stats reply.
+    pub fn stats(&self) -> DispatchStats {
+        let q = self.queues.stats();
+        let c = &self.counters;
+        DispatchStats {
+            ar: q.arrived,
+            ru: c.runs,
+            co: q.completed,
+            pe: q.preempted,
+            rv: q.revoked_mid_request,
+            ak: q.preempt_asked,
+            bs: q.backstops,
+            rf: c.refused,
+            tb: c.stale_runs,
+            li: c.lies,
+            qu: self.queues.queued() as u64,
+        }
+    }
+
+    /// The workers to signal (the backstop) since the last call; the
+    /// caller sends the signals and gives the vector back
+    /// ([`AppDispatch::signals_sent`]) so that no step allocates.
+    pub fn take_signals(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.signals)
+    }
+
+    /// The vector of [`AppDispatch::take_signals`], emptied; `failed`
+    /// signals could not be sent.
+    pub fn signals_sent(&mut self, mut v: Vec<usize>, failed: u64) {
+        v.clear();
+        self.signals = v;
+        self.counters.signal_errors += failed;
     }
 
     /// Its counters, for a log line when the application leaves.
@@ -110,10 +212,46 @@ impl AppDispatch {
                 id,
                 class,
                 arrival: now,
-                payload: Held::Fresh(desc),
+                payload: Held {
+                    packet: Some(desc),
+                    t: Timing {
+                        arrived_at: now,
+                        queued_at: now,
+                        no_core_at: self.no_core_at(now),
+                        ..Timing::default()
+                    },
+                },
             },
             now,
         );
+    }
+
+    /// The application's time with no core, up to `now`.
+    fn no_core_at(&self, now: u64) -> u64 {
+        let since = now.saturating_sub(self.last_step);
+        self.no_core_ns + if self.had_core { 0 } else { since }
+    }
+
+    /// `t` goes back to a queue at `now`.
+    fn requeued(&self, t: &mut Timing, now: u64) {
+        t.queued_at = now;
+        t.no_core_at = self.no_core_at(now);
+    }
+
+    /// Completed requests' time by sojourn band (the non-empty bands).
+    pub fn breakdown(&self) -> Vec<SojournBand> {
+        self.bands.iter().filter(|b| b.count > 0).copied().collect()
+    }
+
+    /// Kthread `k` refused its new request unrun (over the application's
+    /// in-flight bound): done, as a completed one, and counted.
+    pub fn refused(&mut self, k: usize, request: u64, now: u64) -> Result<(), String> {
+        let lies = self.counters.lies;
+        self.hand_back(k, request, true, now)?;
+        if self.counters.lies == lies {
+            self.counters.refused += 1;
+        }
+        Ok(())
     }
 
     /// Kthread `k` says how its request stopped. `Err` with the reason
@@ -130,9 +268,35 @@ impl AppDispatch {
         } else {
             HandBack::Preempted
         };
-        match self.queues.hand_back(k, request, how, Held::Preempted, now) {
+        let mut t = match self.sent.get(k) {
+            Some(Some((id, held))) if *id == request => held.t,
+            _ => Timing::default(),
+        };
+        t.on_core += now.saturating_sub(if t.started_at != 0 {
+            t.started_at
+        } else {
+            t.sent_at
+        });
+        let mut again = t;
+        self.requeued(&mut again, now);
+        let payload = Held {
+            packet: None,
+            t: again,
+        };
+        match self.queues.hand_back(k, request, how, payload, now) {
             Ok(()) => {
                 self.sent[k] = None;
+                if completed && t.arrived_at != 0 {
+                    let sojourn = now.saturating_sub(t.arrived_at);
+                    let b = &mut self.bands[band_of(sojourn)];
+                    b.count += 1;
+                    b.sojourn_ns += sojourn;
+                    b.queued_ns += t.queued;
+                    b.no_core_ns += t.no_core;
+                    b.pickup_ns += t.pickup;
+                    b.on_core_ns += t.on_core;
+                    b.runs += u64::from(t.runs);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -153,9 +317,11 @@ impl AppDispatch {
     /// Kthread `k` gave its core back (parked or yielded): a request still
     /// on it was sent by a `Run` it never read (see the module docs), and
     /// is queued again as it was.
-    pub fn gave_core_back(&mut self, k: usize) {
+    pub fn gave_core_back(&mut self, k: usize, now: u64) {
         self.queues.set_granted(k, false);
-        if let Some((_, held)) = self.sent.get_mut(k).and_then(Option::take) {
+        if let Some((_, mut held)) = self.sent.get_mut(k).and_then(Option::take) {
+            held.t.pickup += now.saturating_sub(held.t.sent_at);
+            self.requeued(&mut held.t, now);
             if self.queues.withdraw(k, held).is_some() {
                 self.counters.stale_runs += 1;
             }
@@ -171,12 +337,20 @@ impl AppDispatch {
         granted: impl Iterator<Item = bool>,
         ends: &mut [IokernelEnd],
     ) -> u64 {
+        self.no_core_ns = self.no_core_at(now);
+        self.last_step = now;
+        self.had_core = false;
         for (k, g) in granted.enumerate() {
             self.queues.set_granted(k, g);
+            self.had_core |= g;
             // Quanta count from when the worker says it switched in.
             if let Some(id) = self.queues.running_on(k) {
                 if !self.queues.has_started(k) && ends[k].line.runs_request(id) {
                     self.queues.started(k, now);
+                    if let Some(Some((_, held))) = self.sent.get_mut(k) {
+                        held.t.started_at = now;
+                        held.t.pickup += now.saturating_sub(held.t.sent_at);
+                    }
                 }
             }
         }
@@ -188,14 +362,22 @@ impl AppDispatch {
                 Action::Preempt { worker, .. } => {
                     ends[worker].line.insert_flags(LineFlags::YIELD_REQUEST);
                 }
-                Action::Run { worker, request } => {
-                    let packet = match request.payload {
-                        Held::Fresh(d) => Some(RunPacket {
-                            buf: d.buf,
-                            len: d.len.min(u32::from(u16::MAX)) as u16,
-                        }),
-                        Held::Preempted => None,
-                    };
+                Action::Signal { worker, .. } => self.signals.push(worker),
+                Action::Run {
+                    worker,
+                    mut request,
+                } => {
+                    let packet = request.payload.packet.map(|d| RunPacket {
+                        buf: d.buf,
+                        len: d.len.min(u32::from(u16::MAX)) as u16,
+                    });
+                    let no_core = self.no_core_at(now);
+                    let t = &mut request.payload.t;
+                    t.queued += now.saturating_sub(t.queued_at);
+                    t.no_core += no_core.saturating_sub(t.no_core_at);
+                    t.sent_at = now;
+                    t.started_at = 0;
+                    t.runs += 1;
                     let end = &mut ends[worker];
                     // A stale ask for the previous request must not cut
                     // this one short.
@@ -205,12 +387,15 @@ impl AppDispatch {
                         packet,
                     }) {
                         Ok(()) => {
+                            self.counters.runs += 1;
                             delivered += u64::from(packet.is_some());
                             self.sent[worker] = Some((request.id, request.payload));
                         }
                         Err(SendError::Full | SendError::Corrupt(_)) => {
                             // A corrupt ring is found by the command drain.
                             self.counters.ring_full += 1;
+                            request.payload.t.runs -= 1;
+                            self.requeued(&mut request.payload.t, now);
                             self.queues.not_started(worker, request);
                         }
                     }
@@ -308,7 +493,7 @@ mod tests {
             quantum: 5_000,
             placement: Placement::Tail,
         };
-        let mut d = AppDispatch::new(policy, 2, 24);
+        let mut d = AppDispatch::new(policy, 2, 24, None);
         let f = frame(0);
         d.arrive(desc(7), &f, 0);
         d.arrive(desc(8), &f, 0);
@@ -359,7 +544,7 @@ mod tests {
     #[test]
     fn lies_are_counted_then_the_application_is_disconnected() {
         let (_region, mut io, _rt) = ends(1);
-        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0);
+        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0, None);
         d.arrive(desc(1), &frame(0), 0);
         d.step(0, [true].into_iter(), &mut io);
         for i in 1..MAX_LIES {
@@ -378,18 +563,67 @@ mod tests {
     }
 
     #[test]
+    fn the_breakdown_splits_a_requests_time_where_it_went() {
+        let (_region, mut io, mut rt) = ends(1);
+        let policy = SchedPolicy::CPreSq {
+            quantum: 5_000,
+            placement: Placement::Tail,
+        };
+        let mut d = AppDispatch::new(policy, 1, 0, None);
+        d.step(1_000, [false].into_iter(), &mut io);
+        d.arrive(desc(1), &frame(0), 1_000);
+        // Queued 3 µs with no core; run as soon as a worker has one.
+        d.step(4_000, [true].into_iter(), &mut io);
+        d.arrive(desc(2), &frame(0), 4_500);
+        d.step(6_000, [true].into_iter(), &mut io);
+        assert!(rt[0].from_iokernel.recv().unwrap().is_some());
+        // Seen running 3 µs after the Run; preempted after 10 µs on core.
+        rt[0].line.set_running_request(Some(0));
+        d.step(7_000, [true].into_iter(), &mut io);
+        d.hand_back(0, 0, false, 17_000).unwrap();
+        rt[0].line.set_running_request(None);
+        // Request 1 runs and completes; request 0 again: 4 µs queued (with
+        // a core), picked up at once, 2 µs on core.
+        d.step(17_000, [true].into_iter(), &mut io);
+        d.hand_back(0, 1, true, 20_000).unwrap();
+        d.step(21_000, [true].into_iter(), &mut io);
+        rt[0].line.set_running_request(Some(0));
+        d.step(21_000, [true].into_iter(), &mut io);
+        d.hand_back(0, 0, true, 23_000).unwrap();
+        let bands = d.breakdown();
+        let total: u64 = bands.iter().map(|b| b.count).sum();
+        assert_eq!(total, 2);
+        // Request 0: 22 µs in iokerneld, band [16, 32) µs.
+        let b = bands
+            .iter()
+            .find(|b| b.from_ns == 16_000)
+            .expect("its band");
+        assert_eq!(
+            (
+                b.count,
+                b.sojourn_ns,
+                b.queued_ns,
+                b.no_core_ns,
+                b.pickup_ns
+            ),
+            (1, 22_000, 3_000 + 4_000, 3_000, 3_000)
+        );
+        assert_eq!((b.on_core_ns, b.runs), (10_000 + 2_000, 2));
+    }
+
+    #[test]
     fn a_run_that_crossed_its_kthreads_park_is_queued_again_as_it_was() {
         let (_region, mut io, mut rt) = ends(2);
         let policy = SchedPolicy::CPreSq {
             quantum: 5_000,
             placement: Placement::Head,
         };
-        let mut d = AppDispatch::new(policy, 2, 0);
+        let mut d = AppDispatch::new(policy, 2, 0, None);
         d.arrive(desc(1), &frame(0), 0);
         d.step(0, [true, false].into_iter(), &mut io);
         // The Run crossed kthread 0's Parked: it is stale, and the request
         // goes to kthread 1 with its packet.
-        d.gave_core_back(0);
+        d.gave_core_back(0, 5);
         assert_eq!(d.counters.stale_runs, 1);
         d.step(6, [false, true].into_iter(), &mut io);
         let fresh = Some(ToKthread::Run {

@@ -78,10 +78,21 @@ impl<A: CoreActuator> Iokerneld<A> {
                         return app.doom(reason);
                     }
                 }
+                ToIokernel::Refused { request } => {
+                    let told = match &mut app.dispatch {
+                        Some(d) => d.refused(k, request, now),
+                        None => Err(format!(
+                            "kthread {k} refused request {request}, but iokerneld dispatches none of its requests"
+                        )),
+                    };
+                    if let Err(reason) = told {
+                        return app.doom(reason);
+                    }
+                }
                 ToIokernel::Parked { next_deadline_ns }
                 | ToIokernel::Yielded { next_deadline_ns } => {
                     if let Some(d) = &mut app.dispatch {
-                        d.gave_core_back(k);
+                        d.gave_core_back(k, now);
                     }
                     // Either way the kthread gave its core back and waits
                     // to be woken, at the latest for its timer.

@@ -213,6 +213,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     preempt_overdue: a.preempt_overdue,
                     steals: a.steals(),
                     net: a.net.as_ref().map(AppNet::report),
+                    dispatch: a.dispatch.as_ref().map(|d| d.stats()),
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
@@ -226,6 +227,23 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 dp.steering.sort_by_key(|t| t.st);
                 dp
+            },
+        }
+    }
+
+    /// Where the time of the requests of application `name` went, if
+    /// iokerneld dispatches them (docs/colocate.md).
+    pub(super) fn dispatch_breakdown(&self, name: &str) -> Response {
+        match self
+            .apps
+            .iter()
+            .find_map(|a| a.dispatch.as_ref().filter(|_| a.name == name))
+        {
+            Some(d) => Response::DispatchBreakdown {
+                bands: d.breakdown(),
+            },
+            None => Response::Refused {
+                reason: format!("no application {name:?} whose requests iokerneld dispatches"),
             },
         }
     }

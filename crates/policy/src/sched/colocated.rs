@@ -29,6 +29,11 @@ pub enum Action<T> {
     /// The request on `worker` has used its quantum while others wait: ask
     /// it to yield (once per run; it answers with a hand-back).
     Preempt { worker: usize, request_id: u64 },
+    /// The request on `worker` was asked to yield the backstop's time ago
+    /// and still runs (it reached no preemption point, or its worker lost
+    /// the CPU before it read the ask): signal the worker (once per ask;
+    /// [`ColocatedDispatcher::with_backstop`]).
+    Signal { worker: usize, request_id: u64 },
 }
 
 /// How a worker's request gave the worker back.
@@ -71,8 +76,10 @@ struct Running {
     /// When the worker started it (its quantum counts from here); `None`
     /// until the caller says so ([`ColocatedDispatcher::started`]).
     since: Option<Time>,
-    /// A preemption has been asked for.
-    asked: bool,
+    /// When a preemption was asked for, if it was.
+    asked: Option<Time>,
+    /// The backstop signal has been sent for that ask.
+    signalled: bool,
 }
 
 /// Counters of a [`ColocatedDispatcher`] (totals since it was made).
@@ -85,6 +92,8 @@ pub struct ColocatedStats {
     pub preempt_asked: u64,
     /// Requests handed back by a worker whose core had been revoked.
     pub revoked_mid_request: u64,
+    /// Backstop signals asked for ([`Action::Signal`]).
+    pub backstops: u64,
 }
 
 /// The queues and worker slots of one application (see the module docs).
@@ -96,6 +105,9 @@ pub struct ColocatedDispatcher<T> {
     /// the queue's counters for congestion detection.
     pushed: u32,
     taken: u32,
+    /// How long an asked request may keep running before its worker is
+    /// signalled; `None`: never signalled.
+    backstop: Option<Time>,
     stats: ColocatedStats,
 }
 
@@ -113,8 +125,17 @@ impl<T> ColocatedDispatcher<T> {
             ],
             pushed: 0,
             taken: 0,
+            backstop: None,
             stats: ColocatedStats::default(),
         }
+    }
+
+    /// A request asked to yield that still runs `backstop` later gets an
+    /// [`Action::Signal`] (as the in-process dispatcher's
+    /// `Preemption::Cooperative { backstop }`, docs/colocate.md).
+    pub fn with_backstop(mut self, backstop: Option<Time>) -> Self {
+        self.backstop = backstop;
+        self
     }
 
     pub fn policy(&self) -> &SchedPolicy {
@@ -284,13 +305,27 @@ impl<T> ColocatedDispatcher<T> {
                 continue;
             };
             let Some(since) = run.since else { continue };
-            if !run.asked && self.queues.should_preempt(since, now) {
-                run.asked = true;
-                self.stats.preempt_asked += 1;
-                out.push(Action::Preempt {
-                    worker: w,
-                    request_id: run.id,
-                });
+            match run.asked {
+                None if self.queues.should_preempt(since, now) => {
+                    run.asked = Some(now);
+                    self.stats.preempt_asked += 1;
+                    out.push(Action::Preempt {
+                        worker: w,
+                        request_id: run.id,
+                    });
+                }
+                Some(at)
+                    if !run.signalled
+                        && self.backstop.is_some_and(|b| now.saturating_sub(at) >= b) =>
+                {
+                    run.signalled = true;
+                    self.stats.backstops += 1;
+                    out.push(Action::Signal {
+                        worker: w,
+                        request_id: run.id,
+                    });
+                }
+                _ => {}
             }
         }
         for (w, slot) in self.slots.iter_mut().enumerate() {
@@ -306,7 +341,8 @@ impl<T> ColocatedDispatcher<T> {
                 class: request.class,
                 arrival: request.arrival,
                 since: None,
-                asked: false,
+                asked: None,
+                signalled: false,
             });
             out.push(Action::Run { worker: w, request });
         }
@@ -334,7 +370,7 @@ impl<T> ColocatedDispatcher<T> {
     pub fn quantum_ends(&self, worker: usize) -> Option<Time> {
         let q = self.queues.quantum()?;
         let r = self.slots.get(worker)?.running?;
-        (!r.asked).then_some(r.since?.saturating_add(q))
+        r.asked.is_none().then_some(r.since?.saturating_add(q))
     }
 }
 
@@ -480,6 +516,56 @@ mod tests {
     }
 
     #[test]
+    fn the_backstop_signals_once_an_ask_unanswered_for_its_time() {
+        let mut d = ColocatedDispatcher::new(sq(10, Placement::Tail), 2).with_backstop(Some(50));
+        d.set_granted(0, true);
+        d.arrive(req(1, 0, 0), 0);
+        let mut out = Vec::new();
+        d.step(0, &mut out);
+        d.started(0, 0);
+        d.arrive(req(2, 0, 1), 1);
+        out.clear();
+        d.step(10, &mut out);
+        assert_eq!(
+            out,
+            [Action::Preempt {
+                worker: 0,
+                request_id: 1
+            }]
+        );
+        out.clear();
+        d.step(59, &mut out);
+        assert!(out.is_empty(), "the backstop's time has not passed");
+        d.step(60, &mut out);
+        assert_eq!(
+            out,
+            [Action::Signal {
+                worker: 0,
+                request_id: 1
+            }]
+        );
+        out.clear();
+        d.step(1_000, &mut out);
+        assert!(out.is_empty(), "signalled once per ask");
+        assert_eq!(d.stats().backstops, 1);
+        // Answered: the next run of the request is asked (and signalled) anew.
+        d.hand_back(0, 1, HandBack::Preempted, 0, 1_001).unwrap();
+        d.step(1_001, &mut out);
+        assert_eq!(runs(&out), [(0, 2)]);
+        // Without a backstop, never a signal.
+        let mut d = ColocatedDispatcher::new(sq(10, Placement::Tail), 1);
+        d.set_granted(0, true);
+        d.arrive(req(1, 0, 0), 0);
+        d.arrive(req(2, 0, 0), 0);
+        out.clear();
+        d.step(0, &mut out);
+        d.started(0, 0);
+        d.step(10, &mut out);
+        d.step(1_000_000, &mut out);
+        assert!(!out.iter().any(|a| matches!(a, Action::Signal { .. })));
+    }
+
+    #[test]
     fn a_withdrawn_request_goes_back_to_the_head_uncounted() {
         let mut d = ColocatedDispatcher::new(sq(5, Placement::Tail), 2);
         d.set_granted(0, true);
@@ -588,7 +674,7 @@ mod tests {
     fn churn(requests: u64, workers: usize, guaranteed: usize, seed: u64) {
         let mut rng = SplitMix64::new(seed);
         let mut d: ColocatedDispatcher<u64> =
-            ColocatedDispatcher::new(sq(3, Placement::Tail), workers);
+            ColocatedDispatcher::new(sq(3, Placement::Tail), workers).with_backstop(Some(2));
         // What each request's context last said (the caller's token).
         let mut token: HashMap<u64, u64> = HashMap::new();
         let mut done = vec![0u8; requests as usize];
@@ -628,7 +714,8 @@ mod tests {
                         given[worker] = Some(request.id);
                         d.started(worker, now);
                     }
-                    Action::Preempt { worker, request_id } => {
+                    Action::Preempt { worker, request_id }
+                    | Action::Signal { worker, request_id } => {
                         assert_eq!(given[worker], Some(request_id));
                     }
                 }

@@ -11,6 +11,9 @@
 //! seen at preemption points) or its core revoked (the flag or the signal)
 //! — and then `HandBack` preempted, its context parked here. A revoked
 //! worker hands its request back before it gives the core up (`Yielded`).
+//! A request asked to yield that reaches no preemption point is
+//! interrupted by iokerneld's backstop signal (`DispatchSpec::backstop_ns`),
+//! whose handler yields it while the flag stands.
 //!
 //! Requests in flight (running or preempted) are bounded: a new request
 //! over the bound is refused at once, counted, and never maps a stack.
@@ -296,7 +299,8 @@ fn serve_one(
             };
             if serving.in_flight.load(Relaxed) >= serving.max_in_flight {
                 c.rejected.fetch_add(1, Relaxed);
-                return hand_back(owner, request, true);
+                // Counted by iokerneld too (its stats reply).
+                return owner.send_to_iokernel(ToIokernel::Refused { request });
             }
             serving.in_flight.fetch_add(1, Relaxed);
             let handler = Arc::clone(&serving.handler);

@@ -927,6 +927,7 @@ fn run_one(
                 // `x` of the managed cores' capacity.
                 rate_per_s: x * managed.len() as f64 / (svc.mean_us() * 1e-6),
                 duration: settings.duration,
+                idle_spin: None,
             })?;
             row.p50_us = Some(p.p50_us);
             row.p99_us = Some(p.p99_us);
