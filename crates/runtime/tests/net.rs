@@ -708,14 +708,19 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         std::thread::sleep(Duration::from_micros(200));
     }
     // One flow (one source port): every request hashes to one kthread's
-    // ring. 20 µs of work per request at 10k/s, with bursts (Poisson),
+    // ring. 200 µs of work per request at 1,500/s, with bursts (Poisson),
     // keeps the ring's kthread busy at times while another is idle: that
-    // one takes packets off the busy one's ring.
+    // one takes packets off the busy one's ring. About 450 requests, fewer
+    // than the ring holds: however late the application runs on a loaded
+    // machine, iokerneld drops none of them. The drain is a deadline: the
+    // run ends once every reply is in.
+    let mut run = load(me, 1_500.0, 200_000, 300);
+    run.drain = Duration::from_secs(20);
     let report =
         d.io.as_ref()
             .unwrap()
             .generator()
-            .run(load(me, 10_000.0, 20_000, 300), Duration::from_secs(5))
+            .run(run, Duration::from_secs(5))
             .unwrap();
     let iok = client::stats(&d.socket).unwrap();
     stop.store(true, Ordering::Relaxed);
@@ -725,7 +730,7 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         "generator: {:?}\niokerneld: {app:?}\nruntime: {stats:?}",
         report.stats
     );
-    assert!(report.stats.sent > 1000, "{:?}", report.stats);
+    assert!(report.stats.sent > 300, "{:?}", report.stats);
     assert!(
         report.stats.replies as f64 >= 0.9 * report.stats.sent as f64,
         "{:?}",
