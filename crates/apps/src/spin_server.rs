@@ -131,7 +131,8 @@ pub fn serve_linux(
     while !stop.load(Relaxed) {
         let (n, from) = match socket.recv_from(&mut buf) {
             Ok(r) => r,
-            Err(e) if is_timeout(&e) => continue,
+            // A signal to this thread (EINTR) is no reason to stop serving.
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
         work(&buf[..n], stats);

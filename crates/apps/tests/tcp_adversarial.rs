@@ -18,6 +18,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,32 +124,46 @@ fn vm_rss_kib(pid: u32) -> u64 {
 }
 
 /// Sends `count` SYNs from random ports (never `spare`) with random
-/// sequence numbers, at most `IN_FLIGHT` unanswered: each SYN-ACK that
-/// comes back lets another go (when none comes for 20 ms the unanswered
+/// sequence numbers, at most `IN_FLIGHT` unanswered: each SYN-ACK to one
+/// of them lets another go (when none comes for `SILENCE` the unanswered
 /// are given up), so that the SYNs reach the server rather than overflow
-/// its ingress ring. Returns the SYN-ACKs received.
+/// its ingress ring. A SYN-ACK the server sends again (its half-open
+/// retransmission), or one to a SYN given up, releases nothing. Returns
+/// the SYNs answered.
 fn syn_flood(peer: &mut RawTcpPeer, rng: &mut impl Rng, count: usize, spare: u16) -> usize {
     const IN_FLIGHT: usize = 128;
-    let (mut sent, mut answered, mut in_flight) = (0, 0, 0);
+    // Each time the unanswered are given up another `IN_FLIGHT` go out: a
+    // server held off its CPU for four silences would find more SYNs than
+    // its ingress ring holds. Long enough that a loaded machine's stalls
+    // rarely reach that; short enough that SYNs lost for good (a few, on
+    // such a machine) cost little time.
+    const SILENCE: Duration = Duration::from_millis(50);
+    // Port → the SYN's sequence number, for the SYNs awaiting an answer.
+    let mut in_flight: HashMap<u16, u32> = HashMap::new();
+    let (mut sent, mut answered) = (0, 0);
     while sent < count {
-        while in_flight < IN_FLIGHT && sent < count {
+        while in_flight.len() < IN_FLIGHT && sent < count {
             let port = loop {
                 let p = rng.random_range(1024..=u16::MAX);
-                if p != spare {
+                if p != spare && !in_flight.contains_key(&p) {
                     break p;
                 }
             };
-            peer.syn(port, rng.random(), &[]);
+            let iss: u32 = rng.random();
+            peer.syn(port, iss, &[]);
+            in_flight.insert(port, iss);
             sent += 1;
-            in_flight += 1;
         }
-        match peer.recv_until(Instant::now() + Duration::from_millis(20)) {
+        match peer.recv_until(Instant::now() + SILENCE) {
             Some(r) if r.flags.syn && r.ack.is_some() => {
-                answered += 1;
-                in_flight -= 1.min(in_flight);
+                let iss = in_flight.get(&r.dst_port).copied();
+                if iss.is_some_and(|iss| r.ack == Some(iss.wrapping_add(1))) {
+                    in_flight.remove(&r.dst_port);
+                    answered += 1;
+                }
             }
             Some(_) => {}
-            None => in_flight = 0,
+            None => in_flight.clear(),
         }
     }
     answered
@@ -246,6 +261,17 @@ fn a_flood_of_100000_syns_leaves_memory_bounded_and_a_connection_working() {
     let payload: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
     assert_eq!(peer.echo(&mut conn, &payload), payload, "after the flood");
     let after = vm_rss_kib(pid);
+    // What iokerneld delivered to the server and what it dropped (its
+    // rings full while it was held off its CPU), read while it is
+    // registered.
+    let server_net = iokerneld
+        .stats()
+        .unwrap()
+        .apps
+        .iter()
+        .find(|a| a.name == "echo-server")
+        .and_then(|a| a.net)
+        .expect("echo-server's net stats");
     // SIGTERM: echo-server stops and prints its counters.
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
@@ -263,7 +289,8 @@ fn a_flood_of_100000_syns_leaves_memory_bounded_and_a_connection_working() {
     let mut out = String::new();
     std::io::Read::read_to_string(server.0.stdout.as_mut().unwrap(), &mut out).unwrap();
     println!(
-        "VmRSS {before} KiB before, {after} KiB after {SYNS} SYNs ({answered} answered); {out}"
+        "VmRSS {before} KiB before, {after} KiB after {SYNS} SYNs ({answered} answered); \
+         iokerneld: {server_net:?}; {out}"
     );
     assert!(status.success(), "{out}");
     let grown_kib = after.saturating_sub(before);
@@ -272,12 +299,25 @@ fn a_flood_of_100000_syns_leaves_memory_bounded_and_a_connection_working() {
         "resident memory grew by {grown_kib} KiB"
     );
     // The SYNs reached the server (most answered; the server counts what it
-    // took in), and the half-open set stayed bounded (1024 by default) by
-    // evicting the oldest.
-    assert!(answered > SYNS / 2, "{answered} of {SYNS} SYNs answered");
-    assert!(counter(&out, "segments in") as usize >= SYNS, "{out}");
+    // took in, iokerneld what it dropped), and the half-open set stayed
+    // bounded (1024 by default) by evicting the oldest.
+    //
+    // On a loaded machine iokerneld drops SYNs while the server is held
+    // off its CPU (its ingress ring full): each SYN sent was taken in by
+    // the server or counted dropped, and the server took in at least 20
+    // times its half-open bound, so that the set was full and churned.
+    let segments_in = counter(&out, "segments in");
     assert!(
-        counter(&out, "half-open evicted") as usize >= SYNS / 2,
+        segments_in + server_net.drop_ingress >= (WARM_UP + SYNS) as u64,
+        "{server_net:?} {out}"
+    );
+    assert!(segments_in >= 20 * 1024, "{server_net:?} {out}");
+    // SYN-ACKs that come after their SYN was given up do not count (a
+    // loaded machine's stalls give up many): at least a half-open set's
+    // worth came in time.
+    assert!(answered >= 1024, "{answered} SYNs answered; {out}");
+    assert!(
+        counter(&out, "half-open evicted") >= segments_in / 2,
         "{out}"
     );
     assert!(counter(&out, "connections open") <= 1024 + 8, "{out}");

@@ -711,8 +711,12 @@ impl Dataplane {
                 .expect("the generator's port is never removed");
             load.generator.poll(now, &mut port);
             let stats = load.generator.stats();
+            // Every reply in ends the run early, but only once every
+            // arrival is out: a generator behind its schedule (the loop
+            // held off its CPU) still owes some.
+            let all_answered = load.generator.finished_sending() && stats.outstanding == 0;
             let done = now >= load.send_end_ns
-                && (stats.outstanding == 0 || now >= load.send_end_ns + load.drain_ns);
+                && (all_answered || now >= load.send_end_ns + load.drain_ns);
             if done {
                 self.finish_load();
             }

@@ -74,7 +74,7 @@ fn serve_all(total: u64, seed: u64) {
     let t0 = Instant::now();
     while done < total {
         assert!(
-            t0.elapsed() < Duration::from_secs(20),
+            t0.elapsed() < Duration::from_secs(60),
             "stuck: sent {sent}, done {done}; stats {:#?}",
             d.stats()
         );
@@ -240,6 +240,12 @@ fn revoked_workers_hand_their_requests_back() {
             Duration::from_millis(150),
         );
         run.drain = Duration::from_millis(10);
+        // After a stall of iokerneld's thread (a loaded machine), the
+        // generator catches up on its schedule with a burst every turn of
+        // the loop; no larger than what a turn moves from the switch port
+        // to the application, so the port's ring never overflows and every
+        // request sent reaches the dispatcher's queues.
+        run.config.max_burst = ginza_iokernel::dataplane::BURST / 2;
         run
     };
     let generator = d.generator.clone();
@@ -256,8 +262,9 @@ fn revoked_workers_hand_their_requests_back() {
     let mut sent = None;
     loop {
         assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "stuck; {:#?}",
+            t0.elapsed() < Duration::from_secs(60),
+            "stuck: {} of {sent:?} completed; {:#?}",
+            completed.len(),
             d.stats()
         );
         if load.as_ref().is_some_and(|l| l.is_finished()) {

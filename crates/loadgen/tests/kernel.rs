@@ -33,7 +33,10 @@ fn config(target: SocketAddr, transport: Transport, rate: f64, duration: Duratio
         warmup: Duration::from_millis(100),
         connections: 1,
         threads: 1,
-        timeout: Duration::from_millis(500),
+        // A deadline for the answer, not a measurement: on a loaded 2-CPU
+        // machine the server thread can be held off its CPU for longer
+        // than half a second. Tests of timeouts set their own.
+        timeout: Duration::from_secs(5),
         max_lag: Duration::from_micros(200),
         spin: Duration::from_micros(50),
         seed: 5,
@@ -48,17 +51,21 @@ fn run(cfg: &RunConfig) -> Report {
     r
 }
 
-/// As [`run`], once more if the generator says it could not keep its
-/// schedule (the VM stalled it for milliseconds: seen once in a CI run on
-/// an otherwise idle machine, p99 send lag 10 ms). The second run's
+/// As [`run`], again (up to four more times) while the generator says it
+/// could not keep its schedule (the VM stalled it for milliseconds: seen
+/// once in a CI run on an otherwise idle machine, p99 send lag 10 ms, and
+/// in most runs while other builds loaded both CPUs). The last run's
 /// figures are asserted whatever its flag says.
 fn run_on_schedule(cfg: &RunConfig) -> Report {
-    let r = run(cfg);
-    if !r.generator_saturated {
-        return r;
+    let mut r = run(cfg);
+    for _ in 0..4 {
+        if !r.generator_saturated {
+            break;
+        }
+        eprintln!("the generator fell behind its schedule; measuring once more");
+        r = run(cfg);
     }
-    eprintln!("the generator fell behind its schedule; measuring once more");
-    run(cfg)
+    r
 }
 
 /// The self-check: at low load the generator's median latency agrees with

@@ -708,14 +708,19 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         std::thread::sleep(Duration::from_micros(200));
     }
     // One flow (one source port): every request hashes to one kthread's
-    // ring. 20 µs of work per request at 10k/s, with bursts (Poisson),
+    // ring. 200 µs of work per request at 1,500/s, with bursts (Poisson),
     // keeps the ring's kthread busy at times while another is idle: that
-    // one takes packets off the busy one's ring.
+    // one takes packets off the busy one's ring. About 450 requests, fewer
+    // than the ring holds: however late the application runs on a loaded
+    // machine, iokerneld drops none of them. The drain is a deadline: the
+    // run ends once every reply is in.
+    let mut run = load(me, 1_500.0, 200_000, 300);
+    run.drain = Duration::from_secs(20);
     let report =
         d.io.as_ref()
             .unwrap()
             .generator()
-            .run(load(me, 10_000.0, 20_000, 300), Duration::from_secs(5))
+            .run(run, Duration::from_secs(5))
             .unwrap();
     let iok = client::stats(&d.socket).unwrap();
     stop.store(true, Ordering::Relaxed);
@@ -725,7 +730,7 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         "generator: {:?}\niokerneld: {app:?}\nruntime: {stats:?}",
         report.stats
     );
-    assert!(report.stats.sent > 1000, "{:?}", report.stats);
+    assert!(report.stats.sent > 300, "{:?}", report.stats);
     assert!(
         report.stats.replies as f64 >= 0.9 * report.stats.sent as f64,
         "{:?}",
@@ -778,19 +783,30 @@ fn wait_bound<T>(bound: &AtomicBool, name: &str, server: &std::thread::JoinHandl
     }
 }
 
-/// Ping-pong from a client socket to `server`:7 for `dur`; calls `tick`
-/// after each round trip with the time since the start. Returns (round
-/// trips, timeouts).
-fn ping_pong(server: Ipv4Addr, dur: Duration, mut tick: impl FnMut(Duration)) -> (u64, u64) {
+/// Ping-pong from a client socket to `server`:7 for `dur` and at least
+/// `min_rounds` round trips (30 s at most, then the test fails), an echo
+/// not back within `answer_within` counted lost; calls `tick` after each
+/// round trip with the time since the start. Returns (round trips,
+/// timeouts).
+fn ping_pong(
+    server: Ipv4Addr,
+    dur: Duration,
+    min_rounds: u64,
+    answer_within: Duration,
+    mut tick: impl FnMut(Duration),
+) -> (u64, u64) {
     let sock = UdpSocket::bind(0u16).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
+    sock.set_read_timeout(Some(answer_within)).unwrap();
     let dst = SocketAddrV4::new(server, 7);
     let (mut ok, mut lost) = (0u64, 0u64);
     let t0 = Instant::now();
     let mut buf = [0u8; 64];
     let mut seq = 0u64;
-    while t0.elapsed() < dur {
+    while t0.elapsed() < dur || ok < min_rounds {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{ok} round trips ({lost} lost) in 30 s"
+        );
         seq += 1;
         sock.send_to(&seq.to_le_bytes(), dst).unwrap();
         loop {
@@ -847,7 +863,15 @@ fn two_applications_echo_through_iokerneld_resolving_each_other_by_arp() {
         let mut buf = [0u8; 16];
         assert_eq!(a.recv(&mut buf).unwrap(), 9);
         assert_eq!(&buf[..9], b"connected");
-        let (rounds, lost) = ping_pong(srv.ip, Duration::from_millis(200), |_| {});
+        // A count, not a rate: on a loaded machine the server can be held
+        // off its CPU for tens of ms, so an echo has a second to come back.
+        let (rounds, lost) = ping_pong(
+            srv.ip,
+            Duration::from_millis(200),
+            51,
+            Duration::from_secs(1),
+            |_| {},
+        );
         (
             rounds,
             lost,
@@ -863,7 +887,7 @@ fn two_applications_echo_through_iokerneld_resolving_each_other_by_arp() {
         timeout_took >= Duration::from_millis(10) && timeout_took < Duration::from_secs(1),
         "{timeout_took:?}"
     );
-    assert!(rounds > 50, "{rounds} round trips in 200 ms");
+    assert!(rounds > 50, "{rounds} round trips");
     assert_eq!(lost, 0);
     // Each side asked for the other's MAC once (or answered the other's
     // request and learned from it).
@@ -952,17 +976,23 @@ fn an_application_killed_mid_traffic_does_not_disturb_another() {
     let mut killed_at = None;
     let (rounds, lost, after) = ginza_runtime::run(client_cfg, move || {
         let mut after = 0u64;
-        let (rounds, lost) = ping_pong(srv.ip, Duration::from_millis(300), |t| {
-            if t >= Duration::from_millis(100) {
-                if killed_at.is_none() {
-                    child.0.kill().unwrap(); // SIGKILL, mid-traffic
-                    child.0.wait().unwrap();
-                    killed_at = Some(t);
-                } else {
-                    after += 1;
+        let (rounds, lost) = ping_pong(
+            srv.ip,
+            Duration::from_millis(300),
+            0,
+            Duration::from_millis(50),
+            |t| {
+                if t >= Duration::from_millis(100) {
+                    if killed_at.is_none() {
+                        child.0.kill().unwrap(); // SIGKILL, mid-traffic
+                        child.0.wait().unwrap();
+                        killed_at = Some(t);
+                    } else {
+                        after += 1;
+                    }
                 }
-            }
-        });
+            },
+        );
         (rounds, lost, after)
     })
     .unwrap();

@@ -40,7 +40,11 @@ pub struct RawConn {
     pub rcv_nxt: u32,
 }
 
-pub const WAIT: Duration = Duration::from_secs(10);
+/// How long the server may take to answer before the test fails: a
+/// deadline only a broken server reaches, even on a loaded 2-CPU machine.
+pub const WAIT: Duration = Duration::from_secs(30);
+/// How long a segment goes unanswered before it is sent again.
+pub const RESEND: Duration = Duration::from_millis(200);
 
 impl RawTcpPeer {
     pub fn register(
@@ -151,13 +155,27 @@ impl RawTcpPeer {
         );
     }
 
-    /// The three-way handshake from `port` to the server.
+    /// The three-way handshake from `port` to the server. Like a TCP
+    /// client, it sends the SYN again while no SYN-ACK comes (every
+    /// [`RESEND`]), also after a reset: a server registered with iokerneld
+    /// may not be listening yet.
     pub fn connect(&mut self, port: u16, iss: u32) -> RawConn {
-        self.syn(port, iss, &[]);
         let deadline = Instant::now() + WAIT;
-        let synack = self
-            .recv_for(port, deadline)
-            .expect("a SYN-ACK from the server");
+        let mut last = None;
+        let synack = 'handshake: loop {
+            assert!(
+                Instant::now() < deadline,
+                "no SYN-ACK from the server within {WAIT:?}; the last answer: {last:?}"
+            );
+            self.syn(port, iss, &[]);
+            let resend = (Instant::now() + RESEND).min(deadline);
+            while let Some(r) = self.recv_for(port, resend) {
+                if r.flags.syn && !r.flags.rst {
+                    break 'handshake r;
+                }
+                last = Some(r);
+            }
+        };
         assert!(
             synack.flags.syn && synack.ack == Some(iss.wrapping_add(1)),
             "{synack:?}"
@@ -186,7 +204,6 @@ impl RawTcpPeer {
     /// Like any sender, it sends the data again while nothing comes back
     /// (a busy server may have dropped it).
     pub fn echo(&mut self, conn: &mut RawConn, payload: &[u8]) -> Vec<u8> {
-        const RESEND: Duration = Duration::from_millis(200);
         let first_seq = conn.snd_nxt;
         self.send(conn.port, &conn.segment(first_seq, payload));
         conn.snd_nxt = conn.snd_nxt.wrapping_add(payload.len() as u32);

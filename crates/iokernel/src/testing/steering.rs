@@ -309,6 +309,18 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     load.config.seed = run.seed;
     load.drain = Duration::from_millis(300);
     let report = d.generator.run(load, Duration::from_secs(10));
+    if let Ok(report) = &report {
+        // Requests still on the application's switch port (a burst moves
+        // per turn of the loop) reach its rings while the thread echoes.
+        let t0 = Instant::now();
+        while !d.stats()?.apps.first().is_some_and(|a| {
+            a.net
+                .is_some_and(|n| n.rx + n.drop_ingress >= report.stats.sent)
+        }) && t0.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     stop.store(true, Ordering::Release);
     let (mut echoed, mut stolen, mut unsent, parks, mut app) = driver
         .join()
@@ -331,7 +343,7 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     let stats = loop {
         let stats = d.stats()?;
         let seen = stats.apps.first().map_or(0, |a| a.steals);
-        if seen >= steals_counted || t0.elapsed() > Duration::from_secs(5) {
+        if seen >= steals_counted || t0.elapsed() > Duration::from_secs(20) {
             break stats;
         }
         std::thread::sleep(Duration::from_millis(1));
