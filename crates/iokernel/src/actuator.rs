@@ -106,6 +106,14 @@ impl CoreActuator for LinuxActuator {
         if delivery == GrantDelivery::Eventfd {
             eventfd::write(t.eventfd, 1)?;
         }
+        // Without a core of its own, iokerneld's loop may be running on
+        // the very core it just granted: it then steps aside, or the woken
+        // kthread waits behind the (busy-polling) loop until the kernel's
+        // next tick, 4 ms on a HZ=250 kernel (docs/protected.md, "Why the
+        // throughput was null"). A pinned loop never is on a managed core.
+        if rustix::thread::sched_getcpu() == cpu {
+            rustix::thread::sched_yield();
+        }
         pinned.map(|()| delivery)
     }
 

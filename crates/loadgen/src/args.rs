@@ -107,8 +107,8 @@ pub struct LoadgenArgs {
     /// beyond which the run is reported as generator-saturated.
     #[arg(long, value_parser = parse_duration, default_value = "100us")]
     pub max_lag: Duration,
-    /// Kernel backend: busy-poll instead of sleeping when the next send is
-    /// this close.
+    /// Busy-poll (kernel backend) or yield (Ginza backend) instead of
+    /// sleeping when the next send is this close.
     #[arg(long, value_parser = parse_duration, default_value = "50us")]
     pub spin: Duration,
     /// Seed of the arrival times and of the request mix.

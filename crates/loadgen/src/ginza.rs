@@ -2,9 +2,9 @@
 //! (registered with iokerneld, its packets through iokerneld's software
 //! switch; no root needed), its sockets `ginza_runtime::net`'s.
 //!
-//! One sender uthread walks the planned schedule: it sleeps until shortly
-//! before each send and yields (letting the receivers run) for the last
-//! stretch. Each connection has a receiver uthread that reads answers and
+//! One sender uthread walks the planned schedule: it sleeps until each
+//! send is due, or until `RunConfig::spin` before it and yields (letting
+//! the receivers run) for that last stretch. Each connection has a receiver uthread that reads answers and
 //! matches them with the requests the sender left in the connection's
 //! pending list (in order for TCP, by id for UDP). Requests the schedule
 //! puts on a failed connection are counted as errors.
@@ -48,8 +48,6 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 fn poll_interval(cfg: &RunConfig) -> Duration {
     (cfg.timeout / 4).clamp(POLL_MIN, POLL_MAX)
 }
-/// The sender sleeps until this long before a send, then yields.
-const SLEEP_MARGIN_NS: u64 = 100_000;
 /// Delay between the end of setup and the schedule's start.
 const START_DELAY_NS: u64 = 20_000_000;
 
@@ -262,9 +260,10 @@ impl Sender {
         let mut out = Vec::with_capacity(2048);
         let end_ns = start_ns + cfg.arrivals.duration().as_nanos() as u64;
         let give_up_ns = end_ns + cfg.timeout.as_nanos() as u64;
+        let spin_ns = cfg.spin.as_nanos() as u64;
         for (seq, &(offset, local)) in plan.iter().enumerate() {
             let due = start_ns + offset;
-            wait_until(due);
+            wait_until(due, spin_ns);
             let now = now_ns();
             if now >= give_up_ns {
                 // Still behind when the run's time is up.
@@ -317,11 +316,15 @@ impl Sender {
     }
 }
 
-/// Sleeps until shortly before `due_ns`, then yields until it.
-fn wait_until(due_ns: u64) {
+/// Sleeps until `spin_ns` before `due_ns`, then yields until it. The
+/// yielding keeps this kthread's core (and iokerneld's loop, which polls
+/// while any kthread holds a core) busy: on a machine with fewer CPUs than
+/// busy threads that spin is what delays the server, so a benchmark asks
+/// for none (docs/protected.md, "Why the throughput was null").
+fn wait_until(due_ns: u64, spin_ns: u64) {
     let now = now_ns();
-    if due_ns > now + SLEEP_MARGIN_NS {
-        ginza_runtime::sleep(Duration::from_nanos(due_ns - now - SLEEP_MARGIN_NS));
+    if due_ns > now + spin_ns {
+        ginza_runtime::sleep(Duration::from_nanos(due_ns - now - spin_ns));
     }
     while now_ns() < due_ns {
         ginza_runtime::yield_now();

@@ -54,8 +54,9 @@ pub struct RunConfig {
     pub timeout: Duration,
     /// The p99 send lag beyond which the run is marked saturated.
     pub max_lag: Duration,
-    /// Kernel backend: a worker whose next send is this close busy-polls
-    /// instead of sleeping (a sleeping CPU wakes late).
+    /// A worker whose next send is this close busy-polls (kernel backend)
+    /// or yields (Ginza backend) instead of sleeping (a sleeping CPU wakes
+    /// late; a spinning one holds a CPU the server may need).
     pub spin: Duration,
     pub seed: u64,
     /// CPUs to pin the workers to (round-robin); empty: not pinned.

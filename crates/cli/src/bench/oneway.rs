@@ -184,6 +184,8 @@ const NETSTACK: (MacAddr, Ipv4Addr) = (
 const TPUT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Steps over the bound after which a mode stops climbing.
 const STEPS_OVER_BOUND: usize = 2;
+/// How often iokerneld's counts are read during a throughput run.
+const STATS_SAMPLE: Duration = Duration::from_millis(20);
 
 /// The two Ginza modes.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,6 +273,35 @@ pub struct TputRun {
     pub saturation_reason: Option<String>,
     /// Timeouts, broken connections, error answers, unmatched answers.
     pub failed: u64,
+    /// The latency's far tail, µs (`None` if nothing was answered).
+    pub p999_us: Option<f64>,
+    pub max_us: Option<f64>,
+    /// How late the generator sent against its schedule: p99 and max, µs
+    /// (inside the latencies above, which count from the schedule).
+    pub send_lag_p99_us: f64,
+    pub send_lag_max_us: f64,
+    /// What iokerneld did during a Ginza run (`None` for the Linux peer).
+    pub iokerneld: Option<TputIokerneld>,
+}
+
+/// iokerneld's work during one throughput run, per request answered (from
+/// its last snapshot before the generator left, so slightly short of the
+/// run's totals): where a request's time can go besides the two stacks
+/// (docs/protected.md, "Why the throughput was null").
+#[derive(Serialize, Clone, Debug, Default)]
+pub struct TputIokerneld {
+    /// Core grants (a parked kthread woken) per request, per application.
+    pub grants_per_request: BTreeMap<String, f64>,
+    /// Preemptions (a core taken back) per request, per application.
+    pub preemptions_per_request: BTreeMap<String, f64>,
+    /// Preempted kthreads that kept their core past the 1 ms deadline and
+    /// were moved off it (then sharing a CPU under Linux's scheduler), per
+    /// application.
+    pub preempt_overdue: BTreeMap<String, u64>,
+    /// Frames dropped on their way into or out of each application.
+    pub frame_drops: BTreeMap<String, u64>,
+    /// CPU time of iokerneld's loop per request, µs.
+    pub loop_cpu_us_per_request: f64,
 }
 
 /// A (mode, load) step's medians over its rounds.
@@ -752,30 +783,54 @@ pub(super) fn http_run(
         };
         let report = ginza_loadgen::kernel::run(&run).context("loadgen's kernel backend");
         server.stop()?;
-        return Ok(tput_run(mode, load, &report?));
+        return Ok(tput_run(mode, load, &report?, None));
     }
     let main: ServerMain =
         Box::new(|stop| http_server::serve(HTTP_PORT, stop, Arc::new(HttpStats::default())));
-    let report = with_server(mode, cpus, main, |iokerneld| {
+    let (report, iokerneld) = with_server(mode, cpus, main, |iokerneld| {
         let generator = GinzaConfig {
             mac: CLIENT.0,
             ip: CLIENT.1,
             socket: Some(iokerneld.socket().to_path_buf()),
             name: "oneway-loadgen".into(),
         };
-        // The server may register before it listens: a refused
-        // connection is retried for a while.
-        let t0 = Instant::now();
-        loop {
-            match ginza_loadgen::ginza::run(&run, &generator) {
-                Err(e) if refused(&e) && t0.elapsed() < IO_TIMEOUT => {
-                    std::thread::sleep(Duration::from_millis(10))
+        // iokerneld's counts, the generator's included: sampled while it
+        // runs, since it leaves iokerneld's table when it stops.
+        let socket = iokerneld.socket().to_path_buf();
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let sampler = scope.spawn(|| {
+                let mut last = None;
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(s) = ginza_proto::client::stats(&socket) {
+                        if s.apps.iter().any(|a| a.name == generator.name) {
+                            last = Some(s);
+                        }
+                    }
+                    std::thread::sleep(STATS_SAMPLE);
                 }
-                other => break other.context("loadgen's Ginza backend"),
-            }
-        }
+                last
+            });
+            // The server may register before it listens: a refused
+            // connection is retried for a while.
+            let t0 = Instant::now();
+            let report = loop {
+                match ginza_loadgen::ginza::run(&run, &generator) {
+                    Err(e) if refused(&e) && t0.elapsed() < IO_TIMEOUT => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    other => break other.context("loadgen's Ginza backend"),
+                }
+            };
+            done.store(true, Ordering::Relaxed);
+            let sampled = sampler.join().ok().flatten();
+            report.map(|r| {
+                let counts = sampled.as_ref().map(|s| tput_iokerneld(s, &r));
+                (r, counts)
+            })
+        })
     })?;
-    Ok(tput_run(mode, load, &report))
+    Ok(tput_run(mode, load, &report, iokerneld))
 }
 
 /// The Linux peer of the sweep: `http_server::Session` (the protocol code
@@ -850,7 +905,7 @@ fn linux_http_connection(stream: std::net::TcpStream, stop: &AtomicBool) -> std:
     Ok(())
 }
 
-fn tput_run(mode: Mode, load: f64, r: &LoadReport) -> TputRun {
+fn tput_run(mode: Mode, load: f64, r: &LoadReport, iokerneld: Option<TputIokerneld>) -> TputRun {
     // Kept when the generator fell behind: latency counts from the
     // scheduled send, so its lag is in the figure (and the step fails).
     let latency = |v: f64| (r.completed > 0).then_some(v);
@@ -863,6 +918,37 @@ fn tput_run(mode: Mode, load: f64, r: &LoadReport) -> TputRun {
         generator_saturated: r.generator_saturated,
         saturation_reason: r.saturation_reason.clone(),
         failed: r.timeouts + r.errors + r.error_answers + r.unmatched,
+        p999_us: latency(r.latency.p999_us),
+        max_us: latency(r.latency.max_us),
+        send_lag_p99_us: r.send_lag.p99_us,
+        send_lag_max_us: r.send_lag.max_us,
+        iokerneld,
+    }
+}
+
+/// iokerneld's counts in `s` per request answered in `r`.
+fn tput_iokerneld(s: &ginza_proto::messages::StatsReport, r: &LoadReport) -> TputIokerneld {
+    let per = |v: u64| v as f64 / r.completed.max(1) as f64;
+    let by_app = |f: &dyn Fn(&ginza_proto::messages::AppStats) -> f64| {
+        s.apps.iter().map(|a| (a.name.clone(), f(a))).collect()
+    };
+    TputIokerneld {
+        grants_per_request: by_app(&|a| per(a.grants)),
+        preemptions_per_request: by_app(&|a| per(a.preemptions)),
+        preempt_overdue: s
+            .apps
+            .iter()
+            .map(|a| (a.name.clone(), a.preempt_overdue))
+            .collect(),
+        frame_drops: s
+            .apps
+            .iter()
+            .filter_map(|a| {
+                let n = a.net.as_ref()?;
+                Some((a.name.clone(), n.drop_ingress + n.drop_egress))
+            })
+            .collect(),
+        loop_cpu_us_per_request: per(s.loop_cpu_ns) / 1e3,
     }
 }
 
@@ -949,6 +1035,11 @@ mod tests {
             generator_saturated: saturated,
             saturation_reason: None,
             failed,
+            p999_us: p99,
+            max_us: p99,
+            send_lag_p99_us: 0.0,
+            send_lag_max_us: 0.0,
+            iokerneld: None,
         }
     }
 
