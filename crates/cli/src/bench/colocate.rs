@@ -58,7 +58,7 @@ pub struct ColocateArgs {
     quantum_us: f64,
     /// How long an idle worker of the server spins for its next request
     /// before it parks and gives its core back (`DispatchedConfig::idle_spin`).
-    #[arg(long, default_value = "5us", value_parser = ginza_proto::parse_duration)]
+    #[arg(long, default_value = "50us", value_parser = ginza_proto::parse_duration)]
     idle_spin: Duration,
     /// iokerneld's CPU (default: the first allowed CPU).
     #[arg(long)]

@@ -56,7 +56,11 @@ pub struct DispatchedConfig {
     pub port: u16,
     /// Usable bytes of each request's stack.
     pub stack_size: usize,
-    /// How long an idle worker looks for a `Run` before it parks.
+    /// How long an idle worker looks for a `Run` before it parks. Short
+    /// spins cost more than they save once there are several workers: a
+    /// `Run` sent as the worker parks crosses its `Parked` and the request
+    /// waits for another core (docs/results.md, "Session 8: a 16-core
+    /// machine": 5 µs on three workers queued requests for milliseconds).
     pub idle_spin: Duration,
     /// Most requests running or preempted at once; more are refused.
     pub max_in_flight: usize,
@@ -70,7 +74,7 @@ impl DispatchedConfig {
             dispatch,
             port,
             stack_size: 64 * 1024,
-            idle_spin: Duration::from_micros(5),
+            idle_spin: Duration::from_micros(50),
             max_in_flight: 4096,
         }
     }
