@@ -118,8 +118,7 @@ fn main() -> anyhow::Result<()> {
             let io = config
                 .iokernel
                 .context("shinjuku mode runs under iokerneld")?;
-            let mut cfg = DispatchedConfig::new(io, spec, port);
-            cfg.workers = args.app.kthreads;
+            let cfg = DispatchedConfig::new(io, spec, port).with_workers(args.app.kthreads);
             let report = dispatched::serve(cfg, move |r| answer_preemptible(r, &s2), &stop)
                 .context("serving in shinjuku mode")?;
             log::info!("{name}: {report:?}");

@@ -57,9 +57,11 @@ pub struct ColocateArgs {
     #[arg(long, default_value_t = 5.0)]
     quantum_us: f64,
     /// How long an idle worker of the server spins for its next request
-    /// before it parks and gives its core back (`DispatchedConfig::idle_spin`).
-    #[arg(long, default_value = "50us", value_parser = ginza_proto::parse_duration)]
-    idle_spin: Duration,
+    /// before it parks and gives its core back (default:
+    /// `DispatchedConfig::idle_spin_for` the managed cores, 5 µs for one,
+    /// 50 µs for more).
+    #[arg(long, value_parser = ginza_proto::parse_duration)]
+    idle_spin: Option<Duration>,
     /// iokerneld's CPU (default: the first allowed CPU).
     #[arg(long)]
     iokernel_core: Option<usize>,
@@ -283,7 +285,11 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
         points,
         workload: WORKLOAD,
         quantum_us: args.quantum_us,
-        idle_spin_us: args.idle_spin.as_secs_f64() * 1e6,
+        idle_spin_us: args
+            .idle_spin
+            .unwrap_or_else(|| DispatchedConfig::idle_spin_for(n))
+            .as_secs_f64()
+            * 1e6,
         managed_cores: n,
         iokernel_cpu: io_cpu,
         duration_s: args.duration.as_secs_f64(),
@@ -326,7 +332,7 @@ fn measure(
         service,
         rate_per_s,
         duration: args.duration,
-        idle_spin: Some(args.idle_spin),
+        idle_spin: args.idle_spin,
     };
     measure_point(&run)
 }
@@ -404,8 +410,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
             class_offset: 0,
             backstop_ns: Some(BACKSTOP_NS),
         };
-        let mut cfg = DispatchedConfig::new(io, spec, PORT);
-        cfg.workers = n;
+        let mut cfg = DispatchedConfig::new(io, spec, PORT).with_workers(n);
         if let Some(spin) = run.idle_spin {
             cfg.idle_spin = spin;
         }

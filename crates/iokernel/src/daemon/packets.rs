@@ -2,14 +2,11 @@
 //! steered by its active set, and a packet for an application with no core
 //! noted for the policy.
 
-use std::os::fd::{AsFd, OwnedFd};
-
 use ginza_shm::IokernelEnd;
 use log::debug;
 
-use super::dispatch::AppDispatch;
 use super::{App, Iokerneld, Kthread};
-use crate::actuator::{CoreActuator, Target};
+use crate::actuator::CoreActuator;
 use crate::dataplane::{AppNet, Peers};
 use crate::nic::PortId;
 
@@ -69,16 +66,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                 {
                     self.work_arrived.push(app.id);
                 }
-                send_backstops(
-                    &mut self.actuator,
-                    d,
-                    app.id,
-                    &app.name,
-                    app.pid,
-                    &app.kt,
-                    &app.eventfds,
-                    &app.ends,
-                );
             }
             // Frames to another application go straight to its rings
             // (the direct path, `Dataplane::transmit`).
@@ -103,6 +90,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     break;
                 }
             }
+            Self::send_backstops(&mut self.actuator, app);
         }
     }
 
@@ -112,17 +100,36 @@ impl<A: CoreActuator> Iokerneld<A> {
         for app in &mut self.apps {
             if let (Some(d), Some(net), None) = (&mut app.dispatch, &mut app.net, &app.doomed) {
                 net.stats.rx += d.step(now, granted(&app.kt), &mut app.ends);
-                send_backstops(
-                    &mut self.actuator,
-                    d,
-                    app.id,
-                    &app.name,
-                    app.pid,
-                    &app.kt,
-                    &app.eventfds,
-                    &app.ends,
+            } else {
+                continue;
+            }
+            Self::send_backstops(&mut self.actuator, app);
+        }
+    }
+
+    /// Sends the backstop signals the last dispatch step asked for
+    /// (docs/colocate.md): to workers whose request was asked to yield and
+    /// has not.
+    fn send_backstops(actuator: &mut A, app: &mut App) {
+        let Some(d) = app.dispatch.as_mut() else {
+            return;
+        };
+        let workers = d.take_signals();
+        let mut failed = 0;
+        for &k in &workers {
+            if k >= app.kt.len() {
+                continue;
+            }
+            if let Err(e) = actuator.interrupt_request(&Self::target(app, k)) {
+                failed += 1;
+                debug!(
+                    "dispatch: backstop signal to app {:?} kthread {k}: {e}",
+                    app.name
                 );
             }
+        }
+        if let Some(d) = app.dispatch.as_mut() {
+            d.signals_sent(workers, failed);
         }
     }
 }
@@ -181,41 +188,4 @@ impl Peers for OtherApps<'_> {
 pub(super) fn granted(kt: &[Kthread]) -> impl Iterator<Item = bool> + '_ {
     kt.iter()
         .map(|k| k.core.is_some() && !k.preempting && k.awaiting.is_none())
-}
-
-/// Sends the backstop signals the last dispatch step asked for
-/// (docs/colocate.md): to workers whose request was asked to yield and has
-/// not.
-fn send_backstops<A: CoreActuator>(
-    actuator: &mut A,
-    d: &mut AppDispatch,
-    app_id: u64,
-    name: &str,
-    pid: i32,
-    kt: &[Kthread],
-    eventfds: &[OwnedFd],
-    ends: &[IokernelEnd],
-) {
-    let workers = d.take_signals();
-    let mut failed = 0;
-    for &k in &workers {
-        let (Some(x), Some(fd), Some(end)) = (kt.get(k), eventfds.get(k), ends.get(k)) else {
-            continue;
-        };
-        let t = Target {
-            app_id,
-            app_name: name,
-            kthread: k,
-            pid,
-            tid: x.tid,
-            pinned: x.pinned,
-            eventfd: fd.as_fd(),
-            wake: end.line.wake(),
-        };
-        if let Err(e) = actuator.interrupt_request(&t) {
-            failed += 1;
-            debug!("dispatch: backstop signal to app {name:?} kthread {k}: {e}");
-        }
-    }
-    d.signals_sent(workers, failed);
 }

@@ -438,7 +438,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
     }
 
-    fn target<'a>(app: &'a App, k: usize) -> Target<'a> {
+    pub(super) fn target<'a>(app: &'a App, k: usize) -> Target<'a> {
         Target {
             app_id: app.id,
             app_name: &app.name,

@@ -56,11 +56,8 @@ pub struct DispatchedConfig {
     pub port: u16,
     /// Usable bytes of each request's stack.
     pub stack_size: usize,
-    /// How long an idle worker looks for a `Run` before it parks. Short
-    /// spins cost more than they save once there are several workers: a
-    /// `Run` sent as the worker parks crosses its `Parked` and the request
-    /// waits for another core (docs/results.md, "Session 8: a 16-core
-    /// machine": 5 µs on three workers queued requests for milliseconds).
+    /// How long an idle worker looks for a `Run` before it parks
+    /// ([`DispatchedConfig::idle_spin_for`] by default).
     pub idle_spin: Duration,
     /// Most requests running or preempted at once; more are refused.
     pub max_in_flight: usize,
@@ -74,9 +71,27 @@ impl DispatchedConfig {
             dispatch,
             port,
             stack_size: 64 * 1024,
-            idle_spin: Duration::from_micros(50),
+            idle_spin: Self::idle_spin_for(1),
             max_in_flight: 4096,
         }
+    }
+
+    /// `workers` worker kthreads, spinning as long as suits that many.
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self.idle_spin = Self::idle_spin_for(workers);
+        self
+    }
+
+    /// The default idle spin: 5 µs for one worker, 50 µs for more. With
+    /// several workers a short spin costs more than it saves: a `Run` sent
+    /// as its worker parks crosses the `Parked`, and the request waits for
+    /// another core (docs/results.md, "Session 8: a 16-core machine": with
+    /// three workers 5 µs sent a third of the `Run`s across a park and
+    /// queued requests for milliseconds). One worker parks seldom enough
+    /// at 5 µs, and a longer spin takes most of batch's share of its core.
+    pub fn idle_spin_for(workers: usize) -> Duration {
+        Duration::from_micros(if workers > 1 { 50 } else { 5 })
     }
 }
 
