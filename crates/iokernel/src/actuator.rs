@@ -252,13 +252,27 @@ impl CoreActuator for RecordingActuator {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, OwnedFd};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
 
     use ginza_sys::process;
 
     use super::*;
+
+    /// A kthread of this process with `efd` and `word`, not pinned.
+    fn test_target<'a>(efd: &'a OwnedFd, word: &'a WakeWord, tid: Option<i32>) -> Target<'a> {
+        Target {
+            app_id: 1,
+            app_name: "t",
+            kthread: 0,
+            pid: std::process::id() as i32,
+            tid,
+            pinned: None,
+            eventfd: efd.as_fd(),
+            wake: word,
+        }
+    }
 
     #[test]
     fn grant_makes_the_eventfd_readable_and_pins() {
@@ -267,16 +281,7 @@ mod tests {
             let efd = eventfd::new().unwrap();
             let word = WakeWord::new();
             let cpu = *affinity::allowed_cpus().unwrap().last().unwrap();
-            let t = Target {
-                app_id: 1,
-                app_name: "t",
-                kthread: 0,
-                pid: std::process::id() as i32,
-                tid: Some(process::gettid()),
-                pinned: None,
-                eventfd: efd.as_fd(),
-                wake: &word,
-            };
+            let t = test_target(&efd, &word, Some(process::gettid()));
             LinuxActuator::default().grant(&t, cpu).unwrap();
             assert_eq!(affinity::allowed_cpus().unwrap(), vec![cpu]);
             assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
@@ -298,14 +303,8 @@ mod tests {
             let word = WakeWord::new();
             let (first, last) = (all[0], *all.last().unwrap());
             let t = Target {
-                app_id: 1,
-                app_name: "t",
-                kthread: 0,
-                pid: std::process::id() as i32,
-                tid: Some(process::gettid()),
                 pinned: Some(last),
-                eventfd: efd.as_fd(),
-                wake: &word,
+                ..test_target(&efd, &word, Some(process::gettid()))
             };
             // Told it is still pinned to `last`: no system call, so the
             // affinity this thread really has stays as it was.
@@ -328,16 +327,7 @@ mod tests {
     fn a_grant_to_a_lingering_kthread_writes_no_eventfd() {
         let efd = eventfd::new().unwrap();
         let word = WakeWord::new();
-        let t = Target {
-            app_id: 1,
-            app_name: "t",
-            kthread: 0,
-            pid: std::process::id() as i32,
-            tid: None,
-            pinned: None,
-            eventfd: efd.as_fd(),
-            wake: &word,
-        };
+        let t = test_target(&efd, &word, None);
         let mut act = LinuxActuator::default();
         word.begin_park();
         assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Word);
@@ -398,16 +388,7 @@ mod tests {
                 assert!(Instant::now() < deadline, "the kthread stopped at {round}");
                 std::hint::spin_loop();
             }
-            let t = Target {
-                app_id: 1,
-                app_name: "t",
-                kthread: 0,
-                pid: std::process::id() as i32,
-                tid: None,
-                pinned: None,
-                eventfd: efd.as_fd(),
-                wake: &word,
-            };
+            let t = test_target(&efd, &word, None);
             if act.grant(&t, 0).unwrap() == GrantDelivery::Eventfd {
                 writes += 1;
             }
@@ -440,16 +421,7 @@ mod tests {
         let tid = rx.recv().unwrap();
         let efd = eventfd::new().unwrap();
         let word = WakeWord::new();
-        let t = Target {
-            app_id: 1,
-            app_name: "t",
-            kthread: 0,
-            pid: std::process::id() as i32,
-            tid: Some(tid),
-            pinned: None,
-            eventfd: efd.as_fd(),
-            wake: &word,
-        };
+        let t = test_target(&efd, &word, Some(tid));
         LinuxActuator::default()
             .preempt(&t, 0, PreemptReason::CoreNeeded)
             .unwrap();
