@@ -313,14 +313,20 @@ fn an_app_that_does_not_read_loses_only_its_own_packets() {
     assert_eq!(report.stats.replies, report.stats.sent);
 }
 
+/// Apps "a" and "b", one kthread each, both holding their core.
+fn two_busy_apps(d: &Daemon) -> (RawApp, RawApp) {
+    let a = register(d, "a", iface(1), 1).unwrap();
+    let b = register(d, "b", iface(2), 1).unwrap();
+    a.stay_busy(0);
+    b.stay_busy(0);
+    (a, b)
+}
+
 #[test]
 fn bursts_between_two_busy_apps_all_arrive() {
     let _g = lock();
     let d = Daemon::start(RecordingActuator::new());
-    let mut a = register(&d, "a", iface(1), 1).unwrap();
-    let mut b = register(&d, "b", iface(2), 1).unwrap();
-    a.stay_busy(0);
-    b.stay_busy(0);
+    let (mut a, mut b) = two_busy_apps(&d);
     let mut frame = vec![0u8; 128];
     let to_b = Endpoint {
         ip: b.interface.ip,
@@ -357,10 +363,7 @@ fn bursts_between_two_busy_apps_all_arrive() {
 fn frames_between_two_apps_arrive_in_order_and_intact() {
     let _g = lock();
     let d = Daemon::start(RecordingActuator::new());
-    let mut a = register(&d, "a", iface(1), 1).unwrap();
-    let mut b = register(&d, "b", iface(2), 1).unwrap();
-    a.stay_busy(0);
-    b.stay_busy(0);
+    let (mut a, mut b) = two_busy_apps(&d);
     let to_b = Endpoint {
         ip: b.interface.ip,
         port: 9,
