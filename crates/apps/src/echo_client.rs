@@ -46,10 +46,13 @@ pub fn rtt_for(
         }
         request[..8].copy_from_slice(&sequence.to_le_bytes());
         let start = Instant::now();
+        // Hop stamps, when a benchmark turned them on (docs/protected.md).
+        ginza_sys::hops::begin();
         (&stream).write_all(&request)?;
         (&stream).read_exact(&mut reply).map_err(|e| {
             io::Error::new(e.kind(), format!("round trip {sequence} to {target}: {e}"))
         })?;
+        ginza_sys::hops::end();
         let rtt = start.elapsed();
         if reply != request {
             return Err(io::Error::new(

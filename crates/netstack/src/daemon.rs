@@ -34,6 +34,7 @@ use ginza_shm::{
     IngressPool, LineFlags, PacketDesc, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
     PKT_BUFFER_SIZE,
 };
+use ginza_sys::hops::{self, Hop};
 use ginza_sys::{clock, eventfd, process};
 use log::{info, warn};
 
@@ -386,6 +387,9 @@ impl Kthread {
             let mut worked = false;
             descs.clear();
             let got = self.end.ingress.pop_into(&mut descs, 64).unwrap_or(0);
+            if got > 0 {
+                hops::stamp(Hop::NetstackFrameIn);
+            }
             {
                 let mut e = lock(&self.engine);
                 for d in &descs {
@@ -421,6 +425,10 @@ impl Kthread {
                         reserved: flags,
                         ..Default::default()
                     });
+                    if f.gather.is_some() {
+                        // A segment with payload (zero-touch), not an ACK.
+                        hops::stamp(Hop::NetstackFrameOut);
+                    }
                     worked = true;
                 }
             }

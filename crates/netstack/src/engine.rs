@@ -967,6 +967,9 @@ impl Netstack {
             }
         }
         self.stats.events += n;
+        if n > 0 {
+            ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackEventOut);
+        }
         if n > 0 && ring.line.app_waiting() {
             ring.line.set_app_waiting(false);
             if let Some(fd) = app.doorbells.get(p) {
@@ -1042,7 +1045,10 @@ impl Netstack {
                 return;
             };
             let slot = match app.pairs[p as usize].commands.pop() {
-                Ok(Some(s)) => s,
+                Ok(Some(s)) => {
+                    ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackCommandIn);
+                    s
+                }
                 Ok(None) => return,
                 Err(RingCorrupt { head, tail, .. }) => {
                     return self.cut_off(

@@ -157,15 +157,21 @@ fn tsc_trusted() -> bool {
         .is_ok_and(|s| s.trim() == "tsc")
 }
 
+/// Whether the TSC can be read as a clock here (cached `tsc_trusted`).
+pub(crate) fn tsc_usable() -> bool {
+    static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *USABLE.get_or_init(tsc_trusted)
+}
+
 #[cfg(target_arch = "x86_64")]
-fn read_tsc() -> u64 {
+pub(crate) fn read_tsc() -> u64 {
     // SAFETY: `rdtsc` reads a counter; it has no memory effects and every
     // x86_64 CPU has it.
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn read_tsc() -> u64 {
+pub(crate) fn read_tsc() -> u64 {
     // Never called: `tsc_trusted` is false off x86_64.
     monotonic_ns()
 }

@@ -60,6 +60,7 @@ use ginza_loadgen::RunConfig;
 use ginza_net::{Interface, MacAddr};
 use ginza_netstack::daemon::{Daemon, DaemonConfig};
 use ginza_proto::parse_duration;
+use ginza_sys::hops::{self, Hop};
 use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
 use serde::Serialize;
@@ -237,6 +238,31 @@ pub struct Round {
     pub linux: Option<Quantiles>,
     pub rtc_wakes: Option<Wakes>,
     pub protected_wakes: Option<Wakes>,
+    /// Where the protected round trip's time went, hop by hop.
+    pub protected_hops: Option<Hops>,
+}
+
+/// The protected round trip cut at its hops (TSC stamps,
+/// `ginza_sys::hops`; docs/protected.md, "Where the one-way time goes"):
+/// for each stretch between two consecutive hops, its p50 and p99 over the
+/// round trips in which every hop was seen, µs.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct Hops {
+    /// Round trips stamped at every hop (the others are left out).
+    pub complete: usize,
+    /// Round trips measured.
+    pub round_trips: usize,
+    /// Each stretch between consecutive hops, in path order.
+    pub stretches: Vec<Stretch>,
+}
+
+/// The time from one hop to the next, µs.
+#[derive(Serialize, Debug, Clone)]
+pub struct Stretch {
+    pub from: &'static str,
+    pub to: &'static str,
+    pub p50_us: f64,
+    pub p99_us: f64,
 }
 
 /// iokerneld's work per round trip of an echo series (warm-up and set-up
@@ -394,6 +420,7 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
             linux: Some(half(linux)),
             rtc_wakes: Some(rtc.1),
             protected_wakes: Some(protected.1),
+            protected_hops: protected.2,
         });
     }
     let med = |pick: fn(&Round) -> Option<Quantiles>| -> anyhow::Result<Quantiles> {
@@ -622,17 +649,55 @@ pub(super) fn echo_round(
     mode: Mode,
     cpus: Cpus,
     duration: Duration,
-) -> anyhow::Result<(Quantiles, Wakes)> {
+) -> anyhow::Result<(Quantiles, Wakes, Option<Hops>)> {
     let main: ServerMain = Box::new(|stop| {
         echo_server::serve(ECHO_PORT, tcp_only(), stop, Arc::new(EchoStats::default()))
     });
-    let (rtts, wakes) = with_server(mode, cpus, main, |iokerneld| {
-        let rtts = ginza_client(iokerneld, SocketAddrV4::new(SERVER.1, ECHO_PORT), duration)?;
+    // Every party is a thread of this process: the hop stamps line up.
+    let traced = mode == Mode::Protected;
+    let (rtts, wakes, stamps) = with_server(mode, cpus, main, |iokerneld| {
+        hops::enable(traced);
+        let rtts = ginza_client(iokerneld, SocketAddrV4::new(SERVER.1, ECHO_PORT), duration);
+        hops::enable(false);
+        let rtts = rtts?;
+        let stamps = hops::take();
         let stats = iokerneld.stats()?;
         let wakes = wakes(&stats, (rtts.len() + WARMUP) as u64);
-        Ok((rtts, wakes))
+        Ok((rtts, wakes, stamps))
     })?;
-    Ok((quantiles(rtts)?, wakes))
+    let hops = traced.then(|| hop_stretches(&stamps, hops::ticks_per_us(Duration::from_millis(5))));
+    Ok((quantiles(rtts)?, wakes, hops))
+}
+
+/// The stretches between consecutive hops of the round trips stamped at
+/// every hop (`per_us`: stamp units per µs).
+fn hop_stretches(stamps: &[hops::Stamps], per_us: f64) -> Hops {
+    let complete: Vec<&hops::Stamps> = stamps
+        .iter()
+        .filter(|s| s.iter().all(|&t| t > 0) && s.windows(2).all(|w| w[0] <= w[1]))
+        .collect();
+    let stretches = Hop::ALL
+        .windows(2)
+        .filter_map(|w| {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            let ns: Vec<u64> = complete
+                .iter()
+                .map(|s| ((s[b] - s[a]) as f64 * 1e3 / per_us) as u64)
+                .collect();
+            let q = quantiles(ns).ok()?;
+            Some(Stretch {
+                from: w[0].name(),
+                to: w[1].name(),
+                p50_us: q.p50,
+                p99_us: q.p99,
+            })
+        })
+        .collect();
+    Hops {
+        complete: complete.len(),
+        round_trips: stamps.len(),
+        stretches,
+    }
 }
 
 fn wakes(s: &ginza_proto::messages::StatsReport, round_trips: u64) -> Wakes {

@@ -384,6 +384,7 @@ impl Protected {
                 wake_all(&p.waiters);
             }
             Event::NewData { conn, ranges } => {
+                ginza_sys::hops::stamp(ginza_sys::hops::Hop::AppEventIn);
                 let Some(c) = self.conn(conn) else {
                     return self.bad(format_args!(
                         "NewData for unknown connection {}",

@@ -19,6 +19,7 @@ use super::{
 use crate::net::tcp::{timeout_ns, timeout_of, wait_until, wake_all, Wake};
 use crate::sched::Shared;
 use crate::spinlock::SpinLock;
+use ginza_sys::hops::{self, Hop};
 
 /// Chunks one `write` fills at most (it returns a partial count beyond,
 /// as std's `write` may).
@@ -47,6 +48,7 @@ pub(crate) fn send_ranges(
         };
         p.command(pair, &cmd)?;
     }
+    hops::stamp(Hop::AppSendOut);
     Ok(())
 }
 
@@ -449,6 +451,7 @@ impl ProtectedStream {
             }
             state_error(&st, c).map(|e| (Err(e), Wake::default()))
         });
+        hops::stamp(Hop::AppRead);
         for ranges in done.chunks(MAX_RANGES) {
             let ranges = Ranges::from_slice(ranges).expect("at most MAX_RANGES non-empty ranges");
             p.command(self.pair(), &Command::RecvDone { conn: c.id, ranges })?;
