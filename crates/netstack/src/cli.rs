@@ -38,6 +38,10 @@ pub struct NetstackArgs {
     /// Receive-pool chunks (2 KiB) per protected application.
     #[arg(long, default_value_t = 4096)]
     pub rx_chunks: u32,
+    /// Idle time before a network kthread parks while an application owes
+    /// an answer (docs/protected.md, "Where the one-way time goes").
+    #[arg(long, default_value = "500us", value_parser = ginza_proto::parse_duration)]
+    pub reply_spin: Duration,
     /// Stop after this long (default: until iokerneld goes away).
     #[arg(long, value_parser = ginza_proto::parse_duration)]
     pub run_for: Option<Duration>,
@@ -65,6 +69,7 @@ pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
     cfg.guaranteed = args.guaranteed;
     cfg.name = args.name;
     cfg.netstack.rx_chunks = args.rx_chunks;
+    cfg.reply_spin = args.reply_spin;
     let d = Daemon::start(cfg).context("starting the netstack")?;
     let stop = AtomicBool::new(false);
     match args.run_for {

@@ -57,6 +57,12 @@ pub struct DaemonConfig {
     pub netstack: NetstackConfig,
     /// Idle time before a kthread parks.
     pub spin: Duration,
+    /// Idle time before a kthread parks while an application owes an
+    /// answer (events unread, or received data not yet returned): its
+    /// command then comes while the kthread still runs, with no wake in
+    /// between (docs/protected.md, "Where the one-way time goes").
+    /// iokerneld can still take the core for another application.
+    pub reply_spin: Duration,
     /// While applications are attached, how often a parked kthread is
     /// woken to look at the command rings.
     pub command_poll: Duration,
@@ -76,6 +82,7 @@ impl DaemonConfig {
             guaranteed: 0,
             netstack: NetstackConfig::default(),
             spin: Duration::from_micros(50),
+            reply_spin: Duration::from_micros(500),
             command_poll: Duration::from_micros(200),
             zero_touch: true,
         }
@@ -158,6 +165,7 @@ impl Daemon {
                 engine: Arc::clone(&engine),
                 stop: Arc::clone(&stop),
                 spin: cfg.spin,
+                reply_spin: cfg.reply_spin.max(cfg.spin),
                 command_poll: cfg.command_poll,
                 watches_channels: Arc::clone(&watches_channels),
             };
@@ -251,6 +259,7 @@ struct Kthread {
     engine: Arc<Mutex<Netstack>>,
     stop: Arc<AtomicBool>,
     spin: Duration,
+    reply_spin: Duration,
     command_poll: Duration,
     watches_channels: Arc<AtomicBool>,
 }
@@ -387,9 +396,6 @@ impl Kthread {
             let mut worked = false;
             descs.clear();
             let got = self.end.ingress.pop_into(&mut descs, 64).unwrap_or(0);
-            if got > 0 {
-                hops::stamp(Hop::NetstackFrameIn);
-            }
             {
                 let mut e = lock(&self.engine);
                 for d in &descs {
@@ -420,15 +426,15 @@ impl Kthread {
                     if f.fill_checksum {
                         flags |= EGRESS_FILL_L4_CHECKSUM;
                     }
+                    if f.gather.is_some() {
+                        // A segment with payload (zero-touch), not an ACK.
+                        hops::stamp(Hop::NetstackFrameOut);
+                    }
                     let _ = self.end.egress.push(PacketDesc {
                         len: n as u32,
                         reserved: flags,
                         ..Default::default()
                     });
-                    if f.gather.is_some() {
-                        // A segment with payload (zero-touch), not an ACK.
-                        hops::stamp(Hop::NetstackFrameOut);
-                    }
                     worked = true;
                 }
             }
@@ -436,7 +442,9 @@ impl Kthread {
             let _ = self.end.done.push_slice(&bufs);
             if worked {
                 idle_since = Instant::now();
-            } else if idle_since.elapsed() >= self.spin {
+            } else if idle_since.elapsed() >= self.spin
+                && (idle_since.elapsed() >= self.reply_spin || !lock(&self.engine).reply_due())
+            {
                 // A frame that landed after the last look is taken first.
                 if self.end.ingress.is_empty().unwrap_or(true) {
                     return Outcome::Park;

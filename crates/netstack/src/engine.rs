@@ -509,6 +509,22 @@ impl Netstack {
         self.apps.keys().copied().collect()
     }
 
+    /// Whether some attached application owes an answer: events wait on
+    /// its rings unread (it is being woken), or it holds received data (a
+    /// `recv_done`, most likely with a reply, is due). The daemon keeps its
+    /// core a while longer then (`DaemonConfig::reply_spin`), so that the
+    /// command is taken at once rather than after a wake of its own
+    /// (docs/protected.md, "Where the one-way time goes").
+    pub fn reply_due(&self) -> bool {
+        self.apps.values().any(|a| {
+            a.doomed.is_none()
+                && (a.ledger.lent() > 0
+                    || a.waiting.iter().any(|q| !q.is_empty())
+                    || (0..a.pairs.len() as u32)
+                        .any(|p| a.channel.pending(p).is_ok_and(|(_, ev)| ev > 0)))
+        })
+    }
+
     /// Rx chunks lent to application `id` now (tests check that a reset
     /// frees them).
     pub fn rx_lent(&self, id: u64) -> Option<usize> {
@@ -568,6 +584,9 @@ impl Netstack {
             Packet::IcmpEchoRequest(e) => self.build(|b| tx::icmp_echo_reply(b, &iface, &e)),
             Packet::Udp(_) => self.stats.frames_not_ours += 1,
             Packet::Tcp(f) => {
+                if !f.segment.payload.is_empty() {
+                    ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackFrameIn);
+                }
                 self.stats.segments_in += 1;
                 self.arp.insert(f.src.ip, f.src_mac);
                 let key = FourTuple {
@@ -949,6 +968,10 @@ impl Netstack {
         let ring = &mut app.pairs[p];
         let mut n = 0;
         while let Some(ev) = q.front() {
+            if matches!(ev, Event::NewData { .. }) {
+                // Before the push: the application may take it at once.
+                ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackEventOut);
+            }
             match ring.events.push(ev.encode()) {
                 Ok(()) => {
                     q.pop_front();
@@ -967,9 +990,6 @@ impl Netstack {
             }
         }
         self.stats.events += n;
-        if n > 0 {
-            ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackEventOut);
-        }
         if n > 0 && ring.line.app_waiting() {
             ring.line.set_app_waiting(false);
             if let Some(fd) = app.doorbells.get(p) {
@@ -1045,10 +1065,7 @@ impl Netstack {
                 return;
             };
             let slot = match app.pairs[p as usize].commands.pop() {
-                Ok(Some(s)) => {
-                    ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackCommandIn);
-                    s
-                }
+                Ok(Some(s)) => s,
                 Ok(None) => return,
                 Err(RingCorrupt { head, tail, .. }) => {
                     return self.cut_off(
@@ -1061,7 +1078,12 @@ impl Netstack {
             };
             self.stats.commands += 1;
             match Command::decode(&slot) {
-                Ok(cmd) => self.on_command(id, p, cmd),
+                Ok(cmd) => {
+                    if matches!(cmd, Command::Send { .. }) {
+                        ginza_sys::hops::stamp(ginza_sys::hops::Hop::NetstackCommandIn);
+                    }
+                    self.on_command(id, p, cmd)
+                }
                 Err(e) => {
                     return self.cut_off(
                         id,

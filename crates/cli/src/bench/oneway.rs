@@ -252,6 +252,11 @@ pub struct Hops {
     pub complete: usize,
     /// Round trips measured.
     pub round_trips: usize,
+    /// Of them, stamped at each hop, in path order: a hop seen in fewer
+    /// round trips is one a round trip need not pass.
+    pub seen: Vec<(&'static str, usize)>,
+    /// Round trips stamped at every hop but not in path order.
+    pub out_of_order: usize,
     /// Each stretch between consecutive hops, in path order.
     pub stretches: Vec<Stretch>,
 }
@@ -672,9 +677,13 @@ pub(super) fn echo_round(
 /// The stretches between consecutive hops of the round trips stamped at
 /// every hop (`per_us`: stamp units per µs).
 fn hop_stretches(stamps: &[hops::Stamps], per_us: f64) -> Hops {
-    let complete: Vec<&hops::Stamps> = stamps
+    let all_seen = |s: &&hops::Stamps| s.iter().all(|&t| t > 0);
+    let in_order = |s: &&hops::Stamps| s.windows(2).all(|w| w[0] <= w[1]);
+    let complete: Vec<&hops::Stamps> = stamps.iter().filter(all_seen).filter(in_order).collect();
+    let out_of_order = stamps.iter().filter(all_seen).count() - complete.len();
+    let seen = Hop::ALL
         .iter()
-        .filter(|s| s.iter().all(|&t| t > 0) && s.windows(2).all(|w| w[0] <= w[1]))
+        .map(|&h| (h.name(), stamps.iter().filter(|s| s[h as usize] > 0).count()))
         .collect();
     let stretches = Hop::ALL
         .windows(2)
@@ -696,6 +705,8 @@ fn hop_stretches(stamps: &[hops::Stamps], per_us: f64) -> Hops {
     Hops {
         complete: complete.len(),
         round_trips: stamps.len(),
+        seen,
+        out_of_order,
         stretches,
     }
 }

@@ -46,9 +46,10 @@ pub(crate) fn send_ranges(
             ranges: Ranges::from_slice(part).expect("at most MAX_RANGES non-empty ranges"),
             flags: SendFlags { more: i + 1 < n },
         };
+        // Before the push: the netstack may take the command at once.
+        hops::stamp(Hop::AppSendOut);
         p.command(pair, &cmd)?;
     }
-    hops::stamp(Hop::AppSendOut);
     Ok(())
 }
 
@@ -451,7 +452,10 @@ impl ProtectedStream {
             }
             state_error(&st, c).map(|e| (Err(e), Wake::default()))
         });
-        hops::stamp(Hop::AppRead);
+        if !done.is_empty() {
+            // Bytes read (not a read timeout).
+            hops::stamp(Hop::AppRead);
+        }
         for ranges in done.chunks(MAX_RANGES) {
             let ranges = Ranges::from_slice(ranges).expect("at most MAX_RANGES non-empty ranges");
             p.command(self.pair(), &Command::RecvDone { conn: c.id, ranges })?;
