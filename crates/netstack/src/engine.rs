@@ -509,19 +509,21 @@ impl Netstack {
         self.apps.keys().copied().collect()
     }
 
-    /// Whether some attached application owes an answer: events wait on
-    /// its rings unread (it is being woken), or it holds received data (a
-    /// `recv_done`, most likely with a reply, is due). The daemon keeps its
-    /// core a while longer then (`DaemonConfig::reply_spin`), so that the
-    /// command is taken at once rather than after a wake of its own
-    /// (docs/protected.md, "Where the one-way time goes").
+    /// Whether some attached application is answering now: it took every
+    /// event it was given (so it runs, or ran) and still holds received
+    /// data (a `recv_done`, most likely with a reply, is due). The daemon
+    /// keeps its core a while longer then (`DaemonConfig::reply_spin`), so
+    /// that the command is taken at once rather than after a wake of its
+    /// own. An application with events still unread is not running: it
+    /// may need this very core (docs/protected.md, "Where the one-way time
+    /// goes").
     pub fn reply_due(&self) -> bool {
         self.apps.values().any(|a| {
             a.doomed.is_none()
-                && (a.ledger.lent() > 0
-                    || a.waiting.iter().any(|q| !q.is_empty())
-                    || (0..a.pairs.len() as u32)
-                        .any(|p| a.channel.pending(p).is_ok_and(|(_, ev)| ev > 0)))
+                && a.ledger.lent() > 0
+                && a.waiting.iter().all(|q| q.is_empty())
+                && (0..a.pairs.len() as u32)
+                    .all(|p| a.channel.pending(p).is_ok_and(|(_, ev)| ev == 0))
         })
     }
 

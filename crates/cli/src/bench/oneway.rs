@@ -60,9 +60,9 @@ use ginza_loadgen::RunConfig;
 use ginza_net::{Interface, MacAddr};
 use ginza_netstack::daemon::{Daemon, DaemonConfig};
 use ginza_proto::parse_duration;
-use ginza_sys::hops::{self, Hop};
 use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
+use ginza_sys::hops::{self, Hop};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median};
@@ -683,7 +683,12 @@ fn hop_stretches(stamps: &[hops::Stamps], per_us: f64) -> Hops {
     let out_of_order = stamps.iter().filter(all_seen).count() - complete.len();
     let seen = Hop::ALL
         .iter()
-        .map(|&h| (h.name(), stamps.iter().filter(|s| s[h as usize] > 0).count()))
+        .map(|&h| {
+            (
+                h.name(),
+                stamps.iter().filter(|s| s[h as usize] > 0).count(),
+            )
+        })
         .collect();
     let stretches = Hop::ALL
         .windows(2)
