@@ -32,6 +32,7 @@
 //!     ],
 //!     next_timer: None,
 //!     last_yielded_core: None,
+//!     netstack: None,
 //! };
 //! let mut out = Vec::new();
 //! alloc.pass(0, &topo, std::slice::from_ref(&app), &mut out);
@@ -116,6 +117,14 @@ pub struct AppSnap {
     pub next_timer: Option<Time>,
     /// The core this application most recently gave up.
     pub last_yielded_core: Option<CoreId>,
+    /// Protected mode: the key of the netstack its TCP/IP stack runs in.
+    /// That netstack never takes a core from it (docs/protected.md, "A
+    /// protected application beside batch"): serving one request takes
+    /// turns of both on a core, and a preemption in between interrupts the
+    /// very request the netstack waits for. The application may still take
+    /// its netstack's core, as any latency-critical one takes a bursting
+    /// one's.
+    pub netstack: Option<u64>,
 }
 
 impl AppSnap {
@@ -270,6 +279,12 @@ impl Congestion {
     }
 }
 
+/// Whether application `netstack` runs application `app`'s stack
+/// (protected mode): it never preempts `app` ([`AppSnap::netstack`]).
+fn serves(apps: &[AppSnap], netstack: usize, app: usize) -> bool {
+    apps[app].netstack == Some(apps[netstack].key)
+}
+
 /// Working state of one pass: who owns which core, updated as decisions are
 /// made so two grants in a pass never pick the same core. A policy that
 /// runs every few microseconds keeps one and rebuilds it in place, so a
@@ -328,6 +343,7 @@ impl Board {
                     && apps[req].class == AppClass::LatencyCritical
                     && self.n_idle() == 0
                     && self.bursting(apps, *a)
+                    && !serves(apps, req, *a)
             }
         }
     }
@@ -362,7 +378,7 @@ impl Board {
         }
         // A random bursting application, then a random core of it; counted
         // and picked without collecting (no allocation in the pass).
-        let is_victim = |a: &usize| *a != req && self.bursting(apps, *a);
+        let is_victim = |a: &usize| *a != req && self.bursting(apps, *a) && !serves(apps, req, *a);
         let n_victims = (0..apps.len()).filter(is_victim).count();
         if n_victims == 0 {
             return None;
@@ -694,6 +710,7 @@ mod tests {
             kthreads,
             next_timer: None,
             last_yielded_core: None,
+            netstack: None,
         }
     }
 
@@ -1052,6 +1069,69 @@ mod tests {
                 kthread: 1,
                 core
             }
+        );
+    }
+
+    #[test]
+    fn a_netstack_never_preempts_its_protected_application() {
+        // One core, held by the protected application (key 1); its
+        // netstack (key 2) has work and no core.
+        let topo = Topology::flat(1);
+        let mut s = Shenango::new(5, 7);
+        let mut protected = lc(1, vec![running(0)]);
+        protected.netstack = Some(2);
+        let netstack = lc(2, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+        let apps = [protected.clone(), netstack.clone()];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert!(out.is_empty(), "{out:?}");
+        // Another latency-critical application in the netstack's place
+        // takes the core, as Algorithm 2 says.
+        let mut s = Shenango::new(5, 7);
+        let mut unrelated = protected.clone();
+        unrelated.netstack = Some(9);
+        let apps = [unrelated, netstack.clone()];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert!(
+            matches!(
+                out[..],
+                [
+                    Decision::Preempt {
+                        app: 0,
+                        core: 0,
+                        ..
+                    },
+                    Decision::Grant {
+                        app: 1,
+                        core: 0,
+                        ..
+                    }
+                ]
+            ),
+            "{out:?}"
+        );
+        // The other way round, the application takes its netstack's core.
+        let mut s = Shenango::new(5, 7);
+        let mut waiting = lc(1, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+        waiting.netstack = Some(2);
+        let apps = [waiting, lc(2, vec![running(0)])];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert!(
+            matches!(
+                out[..],
+                [
+                    Decision::Preempt {
+                        app: 1,
+                        core: 0,
+                        ..
+                    },
+                    Decision::Grant {
+                        app: 0,
+                        core: 0,
+                        ..
+                    }
+                ]
+            ),
+            "{out:?}"
         );
     }
 

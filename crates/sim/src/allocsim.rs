@@ -593,6 +593,7 @@ impl<'a> Engine<'a> {
                 kthreads,
                 next_timer: None,
                 last_yielded_core: self.last_yielded[app],
+                netstack: None,
             });
         }
         self.snaps = snaps;

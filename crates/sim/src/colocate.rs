@@ -299,6 +299,7 @@ impl ColocateSim {
                         .collect(),
                     next_timer: None,
                     last_yielded_core: None,
+                    netstack: None,
                 });
                 snaps.push(AppSnap {
                     key: 2,
@@ -323,6 +324,7 @@ impl ColocateSim {
                         .collect(),
                     next_timer: None,
                     last_yielded_core: None,
+                    netstack: None,
                 });
                 out.clear();
                 if pass_due {

@@ -157,6 +157,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             kthreads: Vec::new(),
             next_timer: None,
             last_yielded_core: None,
+            netstack: None,
         });
         self.snaps.truncate(self.apps.len());
         for (app, snap) in self.apps.iter_mut().zip(self.snaps.iter_mut()) {
@@ -165,6 +166,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.guaranteed = app.guaranteed as usize;
             snap.max_cores = app.max_cores as usize;
             snap.last_yielded_core = app.last_yielded_core;
+            snap.netstack = super::protected::netstack_of(&self.protected_pids, app);
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
             let kthreads = app.kt.len();

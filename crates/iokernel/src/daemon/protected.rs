@@ -141,8 +141,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         let apps = &self.apps;
         self.protected_pids = apps
             .iter()
-            .flat_map(|a| a.protects.iter())
-            .map(|l| {
+            .flat_map(|a| a.protects.iter().map(move |l| (a.id, l)))
+            .map(|(netstack, l)| {
                 // Threads of one process share its pid (iokerneld, the
                 // netstack and applications in one process: `ginza bench`,
                 // tests): the name picks the application out of them, so
@@ -157,6 +157,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     pid: l.app_pid,
                     name,
                     channel: l.channel.clone(),
+                    netstack,
                 }
             })
             .collect();
@@ -169,12 +170,26 @@ pub(super) struct ProtectedApp {
     pid: i32,
     name: Option<String>,
     channel: Channel,
+    /// The netstack's application id.
+    netstack: u64,
 }
 
 impl ProtectedApp {
     fn is(&self, pid: i32, name: &str) -> bool {
         self.pid == pid && self.name.as_deref().is_none_or(|n| n == name)
     }
+}
+
+/// The id of the netstack that runs `app`'s stack, if `app` is a
+/// protected application it named when it attached (the allocator keeps
+/// that netstack from preempting it: `AppSnap::netstack`, docs/protected.md,
+/// "A protected application beside batch"). Unnamed channels pair nobody:
+/// they may be any application of the pid's, batch included.
+pub(super) fn netstack_of(by_pid: &[ProtectedApp], app: &super::App) -> Option<u64> {
+    by_pid
+        .iter()
+        .find(|p| p.name.is_some() && p.is(app.pid, &app.name) && p.netstack != app.id)
+        .map(|p| p.netstack)
 }
 
 /// Adds a ring's (head, tail) to the runqueue counters: sequence numbers
@@ -235,6 +250,7 @@ mod tests {
             pid: 77,
             name: None,
             channel: ch.clone(),
+            netstack: 5,
         }];
         // Netstack with 2 kthreads: pair 2 is kthread 0's.
         let mut c = QueueCounters::default();
@@ -258,6 +274,7 @@ mod tests {
             pid: 77,
             name: Some("a".into()),
             channel: ch.clone(),
+            netstack: 5,
         }];
         let mut c = QueueCounters::default();
         fold(&[], 1, (77, "a"), &by_name, 1, &mut c);
