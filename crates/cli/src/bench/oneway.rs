@@ -1056,6 +1056,23 @@ fn render(r: &OnewayReport) -> String {
             q.p50, q.p99
         );
     }
+    let _ = writeln!(
+        s,
+        "protected round trip hop by hop, p50 µs per round (rounds[].protected_hops):"
+    );
+    for (i, h) in r
+        .rounds
+        .iter()
+        .filter_map(|r| r.protected_hops.as_ref())
+        .enumerate()
+    {
+        let parts: Vec<String> = h
+            .stretches
+            .iter()
+            .map(|x| format!("{}->{} {:.1}", x.from, x.to, x.p50_us))
+            .collect();
+        let _ = writeln!(s, "  round {}: {}", i + 1, parts.join(", "));
+    }
     match r.throughput_p99_bound_us {
         None => {
             let _ = writeln!(s, "throughput_krps: not measured");
@@ -1122,6 +1139,23 @@ mod tests {
             send_lag_max_us: 0.0,
             iokerneld: None,
         }
+    }
+
+    #[test]
+    fn hop_stretches_use_only_round_trips_stamped_everywhere_in_order() {
+        let full: hops::Stamps = [10, 20, 30, 40, 50, 60, 70, 80, 90];
+        let mut missing = full;
+        missing[3] = 0;
+        let mut backwards = full;
+        backwards[5] = 35;
+        // 10 units per µs: each stretch of `full` is 1 µs.
+        let h = hop_stretches(&[full, missing, backwards, full], 10.0);
+        assert_eq!((h.round_trips, h.complete, h.out_of_order), (4, 2, 1));
+        assert_eq!(h.stretches.len(), Hop::COUNT - 1);
+        assert_eq!(h.stretches[0].from, "client_send");
+        assert_eq!(h.stretches[7].to, "client_recv");
+        assert!(h.stretches.iter().all(|x| (x.p50_us - 1.0).abs() < 1e-9));
+        assert_eq!(h.seen[Hop::AppEventIn as usize], ("app_event_in", 3));
     }
 
     #[test]
