@@ -161,3 +161,36 @@ fn few_rx_chunks_are_flow_control_not_loss() {
     );
     assert_eq!(got, message);
 }
+
+/// `reply_due` (the daemon's longer spin, docs/protected.md, "Where the
+/// one-way time goes"): not while the application has events unread (it
+/// is not running), yes once it took them and holds received data, no
+/// again once it gave the data back.
+#[test]
+fn a_reply_is_due_while_the_application_holds_what_it_took() {
+    let mut ns = netstack();
+    let mut app = RawApp::attach(&mut ns, "echo", app_iface());
+    let mut peer = Peer::connect(40001, APP_IP, 7);
+    let (conn, _) = accept_one(&mut ns, &mut app, &mut peer);
+    assert!(!ns.reply_due(), "nothing delivered yet");
+    peer.tcb.send(b"ping").unwrap();
+    until(
+        &mut ns,
+        &mut [&mut peer],
+        "new_data on the ring",
+        |ns, _| ns.stats().rx_bytes_delivered == 4,
+    );
+    assert!(!ns.reply_due(), "the event waits unread");
+    let ranges = app
+        .events()
+        .into_iter()
+        .find_map(|e| match e {
+            Event::NewData { conn: c, ranges } if c == conn => Some(ranges),
+            _ => None,
+        })
+        .expect("new_data");
+    assert!(ns.reply_due(), "taken, and the data held");
+    app.cmd(Command::RecvDone { conn, ranges });
+    ns.poll();
+    assert!(!ns.reply_due(), "the data came back");
+}
