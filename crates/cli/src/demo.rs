@@ -25,6 +25,7 @@
 //! other). Achieved load is the service time the server spent in the run
 //! over the run × managed cores.
 
+mod phases;
 mod plot;
 mod quiet;
 pub(crate) mod report;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
+use ginza_apps::request_trace::RequestTrace;
 use ginza_apps::spin_server::{self, SpinStats};
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::{
@@ -552,6 +554,11 @@ impl<T: Send + 'static> App<T> {
     }
 }
 
+/// Requests whose stamps one point keeps (docs/results.md, "Where a
+/// request's time goes"): 56 bytes each; enough for 0.7 s of 300,000
+/// requests/s, the warm-up included (more are counted, not traced).
+const TRACE_CAPACITY: usize = 1 << 18;
+
 /// The flags and counters shared with the applications of one point.
 #[derive(Clone, Default)]
 struct Shared {
@@ -849,7 +856,13 @@ fn start_point(
         .context("iokerneld was started")?
         .generator()
         .clone();
-    let shared = Shared::default();
+    let shared = Shared {
+        spin: Arc::new(SpinStats {
+            trace: RequestTrace::with_capacity(TRACE_CAPACITY),
+            ..SpinStats::default()
+        }),
+        ..Shared::default()
+    };
     let mut run = PointRun {
         shared: shared.clone(),
         lc: None,
@@ -991,6 +1004,7 @@ pub(crate) fn run_point(
     let busy0 = shared.spin.busy_ns.load(Relaxed);
     let cpus_before = quiet::snapshot();
     let from = Instant::now();
+    let from_ns = ginza_sys::clock::monotonic_ns();
     let cancel = Arc::new(AtomicBool::new(false));
     let sampler = sample(
         socket.clone(),
@@ -1006,6 +1020,7 @@ pub(crate) fn run_point(
         )
         .map_err(|e| anyhow!(e));
     let run_ns = from.elapsed().as_nanos() as u64;
+    let to_ns = ginza_sys::clock::monotonic_ns();
     let ours: Vec<usize> = setup
         .managed
         .iter()
@@ -1024,6 +1039,13 @@ pub(crate) fn run_point(
     let report: LoadReport = measured.context("the measured run")?;
     let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
     run.stop_lc()?;
+    // lc has returned: its trace is complete.
+    let phases = phases::breakdown(
+        &shared.spin.trace.records(),
+        (from_ns, to_ns),
+        shared.spin.trace.dropped(),
+        &report.reply_transit,
+    );
     let batch_alone = run.batch_alone(n).context("measuring batch alone")?;
     run.stop_batch_and_daemon()?;
     if batch_alone.is_none() {
@@ -1088,6 +1110,7 @@ pub(crate) fn run_point(
             None => "unknown",
         },
         note: String::new(),
+        phases: Some(phases),
     };
     if let Some(w) = competition.and_then(|q| q.warning()) {
         log::warn!("{} at load {load}: {w}", policy.name());
@@ -1388,6 +1411,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     let mut table = head;
     table.push_str(&report::render_table(&rows, &service_described, &described));
+    table.push_str("\nwhere the requests' time went (p50s, µs; `phases` in the JSON):\n");
+    for r in &rows {
+        if let Some(p) = &r.phases {
+            table.push_str(&format!(
+                "  {} {} @ {:.2}: {}\n",
+                r.service,
+                r.policy,
+                r.offered_load,
+                phases::describe(p)
+            ));
+        }
+    }
     let noisy = rows.iter().filter(|r| r.quiet == "no").count();
     if noisy > 0 {
         table.push_str(&format!(

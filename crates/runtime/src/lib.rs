@@ -45,6 +45,7 @@ pub use alloc::PreemptSafeAlloc;
 pub use config::Config;
 pub use config::{Class, IokernelConfig, BATCH_LINGER};
 pub use deferral::without_preemption;
+pub use iokernel::{last_wake, WakeStamps};
 pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
 pub use net::NetConfig;
 pub use preempt::preempt_point;

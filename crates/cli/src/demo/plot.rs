@@ -231,6 +231,7 @@ mod tests {
             steal_pct: 0.0,
             quiet: "yes",
             note: String::new(),
+            phases: None,
         }
     }
 

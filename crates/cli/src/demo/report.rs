@@ -57,6 +57,8 @@ pub(crate) struct Row {
     pub(crate) quiet: &'static str,
     /// Empty, or what went wrong at this point.
     pub(crate) note: String,
+    /// Where the requests' time went (JSON only; `super::phases`).
+    pub(crate) phases: Option<super::phases::Phases>,
 }
 
 /// The CSV's header, in row order.
@@ -300,6 +302,7 @@ mod tests {
             steal_pct: 0.0,
             quiet: "yes",
             note: String::new(),
+            phases: None,
         }
     }
 
