@@ -110,6 +110,12 @@ pub struct DemoArgs {
     /// [default: the runtime's `BATCH_LINGER`; zero with --classic].
     #[arg(long, value_parser = parse_tuning)]
     batch_linger: Option<Duration>,
+    /// How long iokerneld waits before signalling a SCHED_IDLE batch
+    /// kthread whose core went to lc; if lc gives the core back first,
+    /// the preemption is withdrawn [default: iokerneld's; 0: signal at once,
+    /// the mechanism before].
+    #[arg(long, value_parser = parse_tuning)]
+    idle_victim_grace: Option<Duration>,
 }
 
 fn parse_tuning(s: &str) -> Result<Duration, String> {
@@ -343,6 +349,8 @@ pub(crate) struct Tuning {
     /// iokerneld wakes the receiver of a core taken from a `SCHED_IDLE`
     /// kthread at once (`Config::handover_from_idle_at_once`).
     pub(crate) handover_at_once: bool,
+    /// iokerneld's `Config::idle_victim_grace`.
+    pub(crate) idle_victim_grace: Duration,
 }
 
 impl Default for Tuning {
@@ -355,6 +363,7 @@ impl Default for Tuning {
             batch_sched_idle: batch.sched_idle,
             batch_linger: batch.linger_after_park,
             handover_at_once: IokConfig::new(Vec::new()).handover_from_idle_at_once,
+            idle_victim_grace: IokConfig::new(Vec::new()).idle_victim_grace,
         }
     }
 }
@@ -847,6 +856,7 @@ fn start_point(
     cfg.idle_sleep = None;
     cfg.seed = setup.seed;
     cfg.handover_from_idle_at_once = setup.tuning.handover_at_once;
+    cfg.idle_victim_grace = setup.tuning.idle_victim_grace;
     cfg.validate(&setup.allowed)
         .context("iokerneld's configuration")?;
     let daemon = Daemon::start(cfg).context("starting iokerneld")?;
@@ -1099,6 +1109,11 @@ pub(crate) fn run_point(
             reallocations(&samples.last),
             window_ns,
         )),
+        withdrawn_per_s: r3(report::per_second(
+            samples.first.alloc.preemptions_withdrawn,
+            samples.last.alloc.preemptions_withdrawn,
+            window_ns,
+        )),
         overdue_preemptions: overdue(&samples.last).saturating_sub(overdue(&samples.first)),
         lc_requests_sent: st.sent,
         lc_requests_answered: st.replies,
@@ -1295,6 +1310,7 @@ struct Report<'a> {
     batch_sched_idle: bool,
     batch_linger_us: f64,
     handover_at_once: bool,
+    idle_victim_grace_us: f64,
     csv: String,
     png: String,
     rows: &'a [Row],
@@ -1323,6 +1339,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     tuning.lc_spin = args.lc_spin.unwrap_or(tuning.lc_spin);
     tuning.lc_linger = args.lc_linger.unwrap_or(tuning.lc_linger);
     tuning.batch_linger = args.batch_linger.unwrap_or(tuning.batch_linger);
+    tuning.idle_victim_grace = args.idle_victim_grace.unwrap_or(tuning.idle_victim_grace);
     setup.tuning = tuning;
     let iokernel_core = setup.iokernel_core;
     let n = setup.managed.len();
@@ -1362,9 +1379,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         t.batch_linger,
         if t.handover_at_once {
-            "wakes lc at once on a core taken from a SCHED_IDLE kthread"
+            format!(
+                "wakes lc at once on a core taken from a SCHED_IDLE kthread, signals that \
+                 kthread after {:?} unless lc gave the core back (withdrawn)",
+                t.idle_victim_grace
+            )
         } else {
-            "waits for every preempted kthread before waking lc"
+            "waits for every preempted kthread before waking lc".to_string()
         }
     ));
 
@@ -1452,6 +1473,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             batch_sched_idle: setup.tuning.batch_sched_idle,
             batch_linger_us: setup.tuning.batch_linger.as_secs_f64() * 1e6,
             handover_at_once: setup.tuning.handover_at_once,
+            idle_victim_grace_us: setup.tuning.idle_victim_grace.as_secs_f64() * 1e6,
             csv: csv.display().to_string(),
             png: png.display().to_string(),
             rows: &rows,

@@ -232,6 +232,7 @@ mod tests {
             quiet: "yes",
             note: String::new(),
             phases: None,
+            withdrawn_per_s: 0.0,
         }
     }
 
