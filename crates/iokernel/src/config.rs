@@ -531,10 +531,10 @@ impl Config {
             MIN_INTERVAL,
             MAX_SLOW_PERIOD,
         )?;
-        if self.idle_victim_grace > MAX_IDLE_SLEEP {
+        if self.idle_victim_grace > MAX_SLOW_PERIOD {
             return Err(ConfigError::Value {
                 what: "idle_victim_grace",
-                msg: format!("{:?}: at most {MAX_IDLE_SLEEP:?}", self.idle_victim_grace),
+                msg: format!("{:?}: at most {MAX_SLOW_PERIOD:?}", self.idle_victim_grace),
             });
         }
         let table = self.steering_options.flow_table_capacity;
