@@ -1046,7 +1046,14 @@ pub(crate) fn run_point(
     let samples = sampler
         .join()
         .map_err(|_| anyhow!("the stats sampler panicked"))?;
-    let report: LoadReport = measured.context("the measured run")?;
+    // A run that failed while other processes held the CPUs says so: the
+    // competition, not the allocator, is the likely cause.
+    let report: LoadReport = measured
+        .context("the measured run")
+        .map_err(|e| match competition.and_then(|q| q.warning()) {
+            Some(w) => e.context(w),
+            None => e,
+        })?;
     let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
     run.stop_lc()?;
     // lc has returned: its trace is complete.

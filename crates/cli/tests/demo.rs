@@ -269,7 +269,13 @@ fn demo_marks_a_point_not_quiet_when_another_process_spins_on_its_core() {
         .output()
         .expect("run ginza demo");
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{stderr}");
+    if !run.status.success() {
+        // Starved outright (the load run could not finish beside the hog
+        // on a loaded machine): the error must say why.
+        assert!(stderr.contains("NOT QUIET"), "{stderr}");
+        let _ = std::fs::remove_dir_all(&out);
+        return;
+    }
     let v: serde_json::Value = serde_json::from_slice(&run.stdout).expect("one JSON object");
     let row = &v["rows"][0];
     assert_eq!(row["quiet"], "no", "{row}\n{stderr}");
