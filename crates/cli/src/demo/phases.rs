@@ -6,7 +6,9 @@
 //! Phases, CLOCK_MONOTONIC on both sides (one process):
 //! * `inject_to_decided`: the generator's injection → iokerneld's decision
 //!   to grant `lc` a core (iokerneld steering the packet, its congestion
-//!   or work-arrived pass) — only requests that found `lc` parked;
+//!   or work-arrived pass) — only requests that found `lc` parked, and
+//!   of those only the ones injected before the decision (one that came
+//!   while a wake was already under way has no such span);
 //! * `decided_to_running`: → `lc`'s kthread running (the grant word or
 //!   the eventfd write, and the kernel's wake-up of the thread on a CPU
 //!   running `batch`);
@@ -145,22 +147,30 @@ pub(crate) fn breakdown(
     }
 }
 
-/// One line of the table's breakdown (p50s, µs).
+/// One line of the table's breakdown (p50s, µs; `-`: no request took
+/// that way).
 pub(crate) fn describe(p: &Phases) -> String {
+    let us = |s: &Span| {
+        if s.n == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}", s.p50_us)
+        }
+    };
     let w = &p.woken;
     format!(
-        "{:.0} % found lc parked: injected → decided {:.1}, → running {:.1}, → picked {:.1} \
-         (in all {:.1}); found running: injected → picked {:.1}; picked → started {:.1}, \
-         → reply {:.1}, → seen {:.1}",
+        "{:.0} % found lc parked: injected → decided {}, → running {}, → picked {} \
+         (in all {}); found running: injected → picked {}; picked → started {}, \
+         → reply {}, → seen {}",
         p.waited_for_wake_share * 100.0,
-        w.inject_to_decided.p50_us,
-        w.decided_to_running.p50_us,
-        w.running_to_picked.p50_us,
-        w.inject_to_picked.p50_us,
-        p.found_running_inject_to_picked.p50_us,
-        p.picked_to_started.p50_us,
-        p.started_to_reply.p50_us,
-        p.reply_to_seen.p50_us,
+        us(&w.inject_to_decided),
+        us(&w.decided_to_running),
+        us(&w.running_to_picked),
+        us(&w.inject_to_picked),
+        us(&p.found_running_inject_to_picked),
+        us(&p.picked_to_started),
+        us(&p.started_to_reply),
+        us(&p.reply_to_seen),
     )
 }
 
@@ -213,7 +223,13 @@ mod tests {
         assert_eq!(p.picked_to_started.p50_us, 1.0);
         assert_eq!(p.started_to_reply.p50_us, 10.0);
         assert_eq!(p.reply_to_seen.n, 1);
-        assert!(describe(&p).starts_with("67 % found lc parked"));
+        assert!(describe(&p).starts_with("67 % found lc parked: injected → decided 2.0,"));
+        let none_woken = breakdown(&records[2..3], (0, 500_000), 0, &h);
+        assert!(
+            describe(&none_woken).contains("decided -, → running -"),
+            "{}",
+            describe(&none_woken)
+        );
         let empty = breakdown(&[], (0, 1), 0, &Histogram::new(3).unwrap());
         assert_eq!(empty.inject_to_picked, Span::default());
         assert_eq!(empty.waited_for_wake_share, 0.0);
