@@ -3,6 +3,8 @@
 //! starts one (the flags they share: [`app_args`]):
 //!
 //! * [`spin_server`]: UDP requests that carry their own service time.
+//! * [`request_trace`]: per-request stamps of the spin-server (where a
+//!   request's time goes, for `ginza demo`).
 //! * [`echo_server`]: echo (RFC 862) over UDP and TCP, many connections.
 //! * [`echo_client`]: round trips and bulk transfers to echo servers and sinks.
 //! * [`http_server`]: HTTP/1.1 with keep-alive, `GET /` and `GET /bytes/N`;
@@ -22,6 +24,7 @@ pub mod echo_server;
 pub mod http_async;
 pub mod http_server;
 pub mod kv;
+pub mod request_trace;
 pub mod scan_server;
 pub mod serve;
 pub mod spin_server;

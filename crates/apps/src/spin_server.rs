@@ -18,6 +18,7 @@ use ginza_proto::RequestHeader;
 use ginza_runtime::net::UdpSocket;
 
 use crate::echo_server::is_timeout;
+use crate::request_trace::{RequestStamps, RequestTrace};
 
 /// The longest service time a request may ask for; longer requests are
 /// answered at once and counted (a client cannot make the server spin for
@@ -40,6 +41,10 @@ pub struct SpinStats {
     pub too_long: AtomicU64,
     /// Replies that could not be sent.
     pub send_errors: AtomicU64,
+    /// Per-request stamps, when given a capacity (`ginza demo`'s phase
+    /// breakdown); a traced reply carries its own posting time in the
+    /// header's `send_ns` (the generator keeps its own send time).
+    pub trace: RequestTrace,
 }
 
 /// Spins (wall clock) for `d`: the request's work. Long requests reach
@@ -56,10 +61,25 @@ pub fn spin_for(d: Duration) {
 pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<SpinStats>) -> io::Result<()> {
     let socket = Arc::new(UdpSocket::bind(port)?);
     crate::serve::datagrams_until_stopped(&socket, &stop, |request, from| {
+        let stamps = stats.trace.enabled().then(|| picked(request));
         let request = request.to_vec();
         let (socket, stats) = (socket.clone(), stats.clone());
-        ginza_runtime::spawn(move || answer(&socket, &request, from, &stats));
+        ginza_runtime::spawn(move || answer(&socket, request, from, &stats, stamps));
     })
+}
+
+/// The stamps of a request the receiver has just taken: its injection and
+/// the grant its kthread last ran after.
+fn picked(request: &[u8]) -> RequestStamps {
+    let picked_ns = ginza_sys::clock::monotonic_ns();
+    let wake = ginza_runtime::last_wake();
+    RequestStamps {
+        inject_ns: RequestHeader::decode(request).map_or(0, |h| h.send_ns),
+        decided_ns: wake.map_or(0, |w| w.decided_ns),
+        running_ns: wake.map_or(0, |w| w.running_ns),
+        picked_ns,
+        ..Default::default()
+    }
 }
 
 /// Spins for `d` at preemption points: a request of a Shinjuku-mode
@@ -104,9 +124,26 @@ fn work_with(request: &[u8], stats: &SpinStats, spin: fn(Duration)) {
     }
 }
 
-fn answer(socket: &UdpSocket, request: &[u8], from: SocketAddrV4, stats: &SpinStats) {
-    work(request, stats);
-    match socket.send_to(request, from) {
+fn answer(
+    socket: &UdpSocket,
+    mut request: Vec<u8>,
+    from: SocketAddrV4,
+    stats: &SpinStats,
+    stamps: Option<RequestStamps>,
+) {
+    let started_ns = stamps.map(|_| ginza_sys::clock::monotonic_ns());
+    work(&request, stats);
+    if let (Some(mut s), Some(started_ns)) = (stamps, started_ns) {
+        s.started_ns = started_ns;
+        s.reply_ns = ginza_sys::clock::monotonic_ns();
+        if let Some(mut h) = RequestHeader::decode(&request) {
+            s.service_ns = h.service_ns;
+            h.send_ns = s.reply_ns;
+            h.encode(&mut request);
+        }
+        stats.trace.record(&s);
+    }
+    match socket.send_to(&request, from) {
         Ok(_) => {
             stats.served.fetch_add(1, Relaxed);
         }

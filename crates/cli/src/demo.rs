@@ -25,6 +25,7 @@
 //! other). Achieved load is the service time the server spent in the run
 //! over the run × managed cores.
 
+mod phases;
 mod plot;
 mod quiet;
 pub(crate) mod report;
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
+use ginza_apps::request_trace::RequestTrace;
 use ginza_apps::spin_server::{self, SpinStats};
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::{
@@ -108,6 +110,12 @@ pub struct DemoArgs {
     /// [default: the runtime's `BATCH_LINGER`; zero with --classic].
     #[arg(long, value_parser = parse_tuning)]
     batch_linger: Option<Duration>,
+    /// How long iokerneld waits before signalling a SCHED_IDLE batch
+    /// kthread whose core went to lc; if lc gives the core back first,
+    /// the preemption is withdrawn [default: iokerneld's; 0: signal at once,
+    /// the mechanism before].
+    #[arg(long, value_parser = parse_tuning)]
+    idle_victim_grace: Option<Duration>,
 }
 
 fn parse_tuning(s: &str) -> Result<Duration, String> {
@@ -341,6 +349,8 @@ pub(crate) struct Tuning {
     /// iokerneld wakes the receiver of a core taken from a `SCHED_IDLE`
     /// kthread at once (`Config::handover_from_idle_at_once`).
     pub(crate) handover_at_once: bool,
+    /// iokerneld's `Config::idle_victim_grace`.
+    pub(crate) idle_victim_grace: Duration,
 }
 
 impl Default for Tuning {
@@ -353,6 +363,7 @@ impl Default for Tuning {
             batch_sched_idle: batch.sched_idle,
             batch_linger: batch.linger_after_park,
             handover_at_once: IokConfig::new(Vec::new()).handover_from_idle_at_once,
+            idle_victim_grace: IokConfig::new(Vec::new()).idle_victim_grace,
         }
     }
 }
@@ -551,6 +562,11 @@ impl<T: Send + 'static> App<T> {
         }
     }
 }
+
+/// Requests whose stamps one point keeps (docs/results.md, "Where a
+/// request's time goes"): 56 bytes each; enough for 0.7 s of 300,000
+/// requests/s, the warm-up included (more are counted, not traced).
+const TRACE_CAPACITY: usize = 1 << 18;
 
 /// The flags and counters shared with the applications of one point.
 #[derive(Clone, Default)]
@@ -840,6 +856,7 @@ fn start_point(
     cfg.idle_sleep = None;
     cfg.seed = setup.seed;
     cfg.handover_from_idle_at_once = setup.tuning.handover_at_once;
+    cfg.idle_victim_grace = setup.tuning.idle_victim_grace;
     cfg.validate(&setup.allowed)
         .context("iokerneld's configuration")?;
     let daemon = Daemon::start(cfg).context("starting iokerneld")?;
@@ -849,7 +866,13 @@ fn start_point(
         .context("iokerneld was started")?
         .generator()
         .clone();
-    let shared = Shared::default();
+    let shared = Shared {
+        spin: Arc::new(SpinStats {
+            trace: RequestTrace::with_capacity(TRACE_CAPACITY),
+            ..SpinStats::default()
+        }),
+        ..Shared::default()
+    };
     let mut run = PointRun {
         shared: shared.clone(),
         lc: None,
@@ -991,6 +1014,7 @@ pub(crate) fn run_point(
     let busy0 = shared.spin.busy_ns.load(Relaxed);
     let cpus_before = quiet::snapshot();
     let from = Instant::now();
+    let from_ns = ginza_sys::clock::monotonic_ns();
     let cancel = Arc::new(AtomicBool::new(false));
     let sampler = sample(
         socket.clone(),
@@ -1006,6 +1030,7 @@ pub(crate) fn run_point(
         )
         .map_err(|e| anyhow!(e));
     let run_ns = from.elapsed().as_nanos() as u64;
+    let to_ns = ginza_sys::clock::monotonic_ns();
     let ours: Vec<usize> = setup
         .managed
         .iter()
@@ -1021,9 +1046,23 @@ pub(crate) fn run_point(
     let samples = sampler
         .join()
         .map_err(|_| anyhow!("the stats sampler panicked"))?;
-    let report: LoadReport = measured.context("the measured run")?;
+    // A run that failed while other processes held the CPUs says so: the
+    // competition, not the allocator, is the likely cause.
+    let report: LoadReport = measured
+        .context("the measured run")
+        .map_err(|e| match competition.and_then(|q| q.warning()) {
+            Some(w) => e.context(w),
+            None => e,
+        })?;
     let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
     run.stop_lc()?;
+    // lc has returned: its trace is complete.
+    let phases = phases::breakdown(
+        &shared.spin.trace.records(),
+        (from_ns, to_ns),
+        shared.spin.trace.dropped(),
+        &report.reply_transit,
+    );
     let batch_alone = run.batch_alone(n).context("measuring batch alone")?;
     run.stop_batch_and_daemon()?;
     if batch_alone.is_none() {
@@ -1077,6 +1116,11 @@ pub(crate) fn run_point(
             reallocations(&samples.last),
             window_ns,
         )),
+        withdrawn_per_s: r3(report::per_second(
+            samples.first.alloc.preemptions_withdrawn,
+            samples.last.alloc.preemptions_withdrawn,
+            window_ns,
+        )),
         overdue_preemptions: overdue(&samples.last).saturating_sub(overdue(&samples.first)),
         lc_requests_sent: st.sent,
         lc_requests_answered: st.replies,
@@ -1088,6 +1132,7 @@ pub(crate) fn run_point(
             None => "unknown",
         },
         note: String::new(),
+        phases: Some(phases),
     };
     if let Some(w) = competition.and_then(|q| q.warning()) {
         log::warn!("{} at load {load}: {w}", policy.name());
@@ -1272,6 +1317,7 @@ struct Report<'a> {
     batch_sched_idle: bool,
     batch_linger_us: f64,
     handover_at_once: bool,
+    idle_victim_grace_us: f64,
     csv: String,
     png: String,
     rows: &'a [Row],
@@ -1300,6 +1346,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     tuning.lc_spin = args.lc_spin.unwrap_or(tuning.lc_spin);
     tuning.lc_linger = args.lc_linger.unwrap_or(tuning.lc_linger);
     tuning.batch_linger = args.batch_linger.unwrap_or(tuning.batch_linger);
+    tuning.idle_victim_grace = args.idle_victim_grace.unwrap_or(tuning.idle_victim_grace);
     setup.tuning = tuning;
     let iokernel_core = setup.iokernel_core;
     let n = setup.managed.len();
@@ -1339,9 +1386,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         t.batch_linger,
         if t.handover_at_once {
-            "wakes lc at once on a core taken from a SCHED_IDLE kthread"
+            format!(
+                "wakes lc at once on a core taken from a SCHED_IDLE kthread, signals that \
+                 kthread after {:?} unless lc gave the core back (withdrawn)",
+                t.idle_victim_grace
+            )
         } else {
-            "waits for every preempted kthread before waking lc"
+            "waits for every preempted kthread before waking lc".to_string()
         }
     ));
 
@@ -1388,6 +1439,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .collect();
     let mut table = head;
     table.push_str(&report::render_table(&rows, &service_described, &described));
+    table.push_str("\nwhere the requests' time went (p50s, µs; `phases` in the JSON):\n");
+    for r in &rows {
+        if let Some(p) = &r.phases {
+            table.push_str(&format!(
+                "  {} {} @ {:.2}: {}\n",
+                r.service,
+                r.policy,
+                r.offered_load,
+                phases::describe(p)
+            ));
+        }
+    }
     let noisy = rows.iter().filter(|r| r.quiet == "no").count();
     if noisy > 0 {
         table.push_str(&format!(
@@ -1417,6 +1480,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             batch_sched_idle: setup.tuning.batch_sched_idle,
             batch_linger_us: setup.tuning.batch_linger.as_secs_f64() * 1e6,
             handover_at_once: setup.tuning.handover_at_once,
+            idle_victim_grace_us: setup.tuning.idle_victim_grace.as_secs_f64() * 1e6,
             csv: csv.display().to_string(),
             png: png.display().to_string(),
             rows: &rows,

@@ -86,6 +86,16 @@ pub struct Config {
     /// for missing `preempt_deadline` (docs/runtime.md, "Batch kthreads
     /// run SCHED_IDLE"). `false`: every hand-over waits for the victim.
     pub handover_from_idle_at_once: bool,
+    /// With `handover_from_idle_at_once`: a `SCHED_IDLE` victim of a
+    /// hand-over is not signalled for this long. If the kthread granted its
+    /// core gives it back first (a latency-critical kthread that served a
+    /// request and parked), the preemption is withdrawn and the victim,
+    /// which the kernel ran again as soon as the core was free, keeps the
+    /// core without ever handling a signal, yielding or waiting for a grant;
+    /// past it the victim is signalled and yields as before. Zero: the
+    /// signal follows the receiver's wake at once (docs/runtime.md,
+    /// "Preemptions withdrawn").
+    pub idle_victim_grace: Duration,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
     /// The link besides the software switch: `software` (none),
@@ -113,6 +123,12 @@ pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
 pub const MAX_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_SLOW_PERIOD: Duration = Duration::from_secs(60);
 pub const MAX_IDLE_SLEEP: Duration = Duration::from_secs(1);
+/// `Config::idle_victim_grace` by default: several times the time a
+/// latency-critical kthread holds a core for one short request here
+/// (docs/results.md, "Where a request's time goes"), so that at low load
+/// nearly every hand-over is withdrawn, while a receiver that keeps the
+/// core lets the victim yield soon.
+pub const DEFAULT_IDLE_VICTIM_GRACE: Duration = Duration::from_micros(100);
 
 /// Why a configuration is refused.
 #[derive(Debug, thiserror::Error)]
@@ -342,6 +358,7 @@ impl Config {
             control_interval: Duration::from_micros(50),
             preempt_deadline: Duration::from_millis(1),
             handover_from_idle_at_once: true,
+            idle_victim_grace: DEFAULT_IDLE_VICTIM_GRACE,
             seed: 0x5eed,
             nic: "software".into(),
             steering: SteeringKind::RssMod,
@@ -514,6 +531,12 @@ impl Config {
             MIN_INTERVAL,
             MAX_SLOW_PERIOD,
         )?;
+        if self.idle_victim_grace > MAX_SLOW_PERIOD {
+            return Err(ConfigError::Value {
+                what: "idle_victim_grace",
+                msg: format!("{:?}: at most {MAX_SLOW_PERIOD:?}", self.idle_victim_grace),
+            });
+        }
         let table = self.steering_options.flow_table_capacity;
         if !(1..=MAX_FLOW_TABLE).contains(&table) {
             return Err(ConfigError::Value {

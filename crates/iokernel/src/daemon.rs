@@ -132,6 +132,10 @@ struct Kthread {
     idle_class: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
+    /// A `SCHED_IDLE` victim not signalled yet: when it will be, unless
+    /// the core comes back first and the preemption is withdrawn
+    /// (`Config::idle_victim_grace`).
+    signal_due: Option<u64>,
     /// Granted a core still held by a preempted kthread (this application
     /// id, kthread): not woken yet, so it cannot answer a preemption.
     awaiting: Option<(u64, usize)>,

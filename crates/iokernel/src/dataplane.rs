@@ -221,6 +221,9 @@ pub struct LoadReport {
     /// Injection − scheduled arrival, ns (how far the loop lagged its
     /// schedule).
     pub lag: Histogram<u64>,
+    /// Reply posted by the server → seen, ns, for servers that stamp their
+    /// replies (`TrafficGenerator::reply_transit`).
+    pub reply_transit: Histogram<u64>,
 }
 
 #[derive(Default)]
@@ -803,6 +806,7 @@ impl Dataplane {
             stats: load.generator.stats(),
             latency: load.generator.latency().clone(),
             lag: load.generator.lag().clone(),
+            reply_transit: load.generator.reply_transit().clone(),
         };
         self.stats.generator_runs += 1;
         self.stats.generator_replies += report.stats.replies;

@@ -1256,3 +1256,104 @@ fn a_kthread_preempted_in_the_pass_that_granted_it_is_granted_again() {
     }
     l1.set_rq_head(1);
 }
+
+/// A `SCHED_IDLE` batch kthread under `with(thread id)`, ending when the
+/// returned sender is dropped; `None` if the class cannot be set here.
+fn idle_class_thread() -> Option<(u32, std::sync::mpsc::Sender<()>)> {
+    let (tell, tid) = std::sync::mpsc::channel();
+    let (keep, hold) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let idle = ginza_sys::sched_class::set_current_idle();
+        tell.send(idle.map(|()| ginza_sys::process::gettid()))
+            .unwrap();
+        let _ = hold.recv();
+    });
+    let tid = tid.recv().unwrap().ok()?;
+    Some((tid as u32, keep))
+}
+
+/// docs/runtime.md, "Preemptions withdrawn": a latency-critical kthread
+/// takes the core of a `SCHED_IDLE` batch kthread and gives it back within
+/// `idle_victim_grace`: the batch kthread is never signalled, keeps the
+/// core (its preemption flag cleared), and the move back counts as a
+/// reallocation and a withdrawal. Past the grace, the victim is signalled.
+#[test]
+fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_first() {
+    for grace in [Duration::from_secs(30), Duration::from_millis(1)] {
+        let _g = lock();
+        let rec = RecordingActuator::new();
+        let d = Daemon::start_with(rec.clone(), |c| {
+            c.cores = vec![test_cores()[0]];
+            c.preempt_deadline = Duration::from_secs(10);
+            c.idle_victim_grace = grace;
+        });
+        let Some((tid, _keep)) = idle_class_thread() else {
+            return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+        };
+        let b = app(1);
+        let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
+        let mut kb = b.region.runtime_end(0).unwrap();
+        kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
+        b.region.line(0).unwrap().set_rq_tail(100);
+        d.wait_for("batch holds the core", |s| {
+            app_named(s, "batch").unwrap().cores_now == 1
+        });
+        let lc = app(1);
+        let _cl = register(&d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+        let line = lc.region.line(0).unwrap();
+        line.set_rq_tail(1);
+        d.wait_for("lc holds the core", |s| {
+            app_named(s, "lc").unwrap().cores_now == 1
+        });
+        let batch_line = b.region.line(0).unwrap();
+        assert!(
+            batch_line
+                .flags()
+                .contains(ginza_shm::LineFlags::PREEMPT_PENDING),
+            "batch is asked (by its queue line) to give the core back"
+        );
+        let signalled = || {
+            rec.actions()
+                .iter()
+                .any(|a| matches!(a, Action::Preempt { app, .. } if app == "batch"))
+        };
+        if grace < Duration::from_millis(500) {
+            // lc keeps the core past the grace: batch is signalled.
+            let t0 = Instant::now();
+            while !signalled() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(5),
+                    "batch never signalled after its grace: {:?}",
+                    rec.actions()
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            continue;
+        }
+        // lc serves its request and parks, well within the grace.
+        let mut kl = lc.region.runtime_end(0).unwrap();
+        line.set_rq_head(1);
+        kl.to_iokernel
+            .send(ToIokernel::Parked {
+                next_deadline_ns: None,
+            })
+            .unwrap();
+        d.wait_for("batch keeps the core", |s| {
+            app_named(s, "batch").unwrap().cores_now == 1 && s.alloc.preemptions_withdrawn == 1
+        });
+        assert!(!signalled(), "no signal to batch: {:?}", rec.actions());
+        assert!(!batch_line
+            .flags()
+            .contains(ginza_shm::LineFlags::PREEMPT_PENDING));
+        // Two moves: batch → lc, and back (the first grant of the core to
+        // batch is not one).
+        assert_eq!(d.stats().alloc.reallocations, 2);
+        // Batch was never told to stop, so it gets no new grant.
+        let batch_grants = rec
+            .actions()
+            .iter()
+            .filter(|a| matches!(a, Action::Grant { app, .. } if app == "batch"))
+            .count();
+        assert_eq!(batch_grants, 1, "{:?}", rec.actions());
+    }
+}

@@ -566,6 +566,11 @@ pub struct AllocStats {
     /// Hand-overs dropped because the receiver lost the core (preempted)
     /// or went away before the victim gave it back.
     pub handovers_abandoned: u64,
+    /// Preemptions of `SCHED_IDLE` kthreads withdrawn before they were
+    /// signalled: the core came back first, and they kept it (counted in
+    /// `reallocations` too; `Config::idle_victim_grace` of iokerneld).
+    #[serde(default)]
+    pub preemptions_withdrawn: u64,
     /// iokerneld's time per wake of a kthread on its granted core: for a
     /// grant carried out at once, its bookkeeping + the `Wake` on the
     /// command ring + `CoreActuator::grant` (`LinuxActuator`:
@@ -743,6 +748,7 @@ pub fn largest_stats_report() -> StatsReport {
             reallocations: u64::MAX,
             handovers: u64::MAX,
             handovers_abandoned: u64::MAX,
+            preemptions_withdrawn: u64::MAX,
             grant_cost: big,
             grant_cost_by_word: big,
             grant_cost_by_eventfd: big,

@@ -128,10 +128,10 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     if granted {
         bump(&k.stats.grants);
         if let Some(d) = decided {
-            io.record(
-                ginza_sys::clock::monotonic_ns().saturating_sub(d),
-                lingering,
-            );
+            let running = ginza_sys::clock::monotonic_ns();
+            io.record(running.saturating_sub(d), lingering);
+            io.last_wake[0].store(d, Relaxed);
+            io.last_wake[1].store(running, Relaxed);
         }
     }
     io.line.remove_flags(ginza_shm::LineFlags::PARKED);
@@ -141,4 +141,25 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     k.revoke_requested
         .store(rt.managed() && io.preempt_pending(), SeqCst);
     k.state.store(RUNNING, SeqCst);
+}
+
+/// The last grant the caller's kthread ran after, under iokerneld: when
+/// iokerneld decided it and when the kthread ran, CLOCK_MONOTONIC ns
+/// (docs/results.md, "Where a request's time goes"). `None` outside a
+/// managed kthread or before its first grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WakeStamps {
+    pub decided_ns: u64,
+    pub running_ns: u64,
+}
+
+/// See [`WakeStamps`]: two relaxed loads, cheap enough per request.
+pub fn last_wake() -> Option<WakeStamps> {
+    let k = crate::sched::current_kthread_ref()?;
+    let io = k.io.as_ref()?;
+    let running_ns = io.last_wake[1].load(Relaxed);
+    (running_ns != 0).then(|| WakeStamps {
+        decided_ns: io.last_wake[0].load(Relaxed),
+        running_ns,
+    })
 }

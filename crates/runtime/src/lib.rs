@@ -46,6 +46,7 @@ pub use config::Config;
 pub use config::{Class, IokernelConfig, BATCH_LINGER};
 pub use deferral::without_preemption;
 pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
+pub use iokernel::{last_wake, WakeStamps};
 pub use net::NetConfig;
 pub use preempt::preempt_point;
 pub use runtime::{run, GrantLatencies, Handle, KthreadStats};

@@ -74,6 +74,10 @@ pub(crate) struct KLink {
     /// Owner kthread only. Dispatch by iokerneld (docs/colocate.md): the
     /// `Run`s read since the last `Wake` (those read before it are stale).
     runs: UnsafeCell<std::collections::VecDeque<Run>>,
+    /// The last grant this kthread ran after: iokerneld's decision and the
+    /// kthread running, CLOCK_MONOTONIC ns (0: none yet). Written by the
+    /// owner kthread, read by the uthreads it runs ([`crate::last_wake`]).
+    pub(crate) last_wake: [AtomicU64; 2],
 }
 
 /// A request iokerneld runs on a kthread (dispatch by iokerneld,
@@ -216,6 +220,7 @@ impl Link {
                 rx: UnsafeCell::new(from_iokernel),
                 samples: Mutex::new(GrantSamples::default()),
                 runs: UnsafeCell::new(std::collections::VecDeque::new()),
+                last_wake: [AtomicU64::new(0), AtomicU64::new(0)],
                 net: cfg
                     .net
                     .is_some()

@@ -91,6 +91,13 @@ pub struct CoreallocArgs {
     /// hand-over run, µs [default: the runtime's `BATCH_LINGER`].
     #[arg(long)]
     handover_batch_linger_us: Option<u64>,
+    /// iokerneld's grace before it signals a SCHED_IDLE batch kthread whose
+    /// core went to the latency-critical one, µs; a core given back
+    /// within it withdraws the preemption [default: iokerneld's; 0: signal
+    /// at once, the mechanism before] (docs/runtime.md, "Preemptions
+    /// withdrawn").
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=60_000_000))]
+    idle_victim_grace_us: Option<u64>,
 }
 
 fn gap_range(s: &str) -> Result<(u64, u64), String> {
@@ -174,6 +181,10 @@ struct Report {
     /// signal) is inside `preempt_handover_us`; these are the run's counts.
     preemptions: u64,
     handovers: u64,
+    /// Preemptions of the batch kthread withdrawn (the core came back
+    /// before it was signalled), and the grace that allowed it (µs).
+    preemptions_withdrawn: u64,
+    idle_victim_grace_us: u64,
     /// The latency-critical kthread's grants in the hand-over run, from
     /// iokerneld's wake (once the victim gave the core back) to running.
     grant_after_preemption_us: Option<Pct>,
@@ -210,6 +221,10 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     cfg.own_core = Some(io_cpu);
     cfg.policy = PolicyKind::Shenango;
     cfg.socket = dir.join("iokerneld.sock");
+    if let Some(us) = args.idle_victim_grace_us {
+        cfg.idle_victim_grace = Duration::from_micros(us);
+    }
+    let grace = cfg.idle_victim_grace;
     cfg.validate(&allowed).context("iokerneld configuration")?;
     let daemon = InProcess::start(cfg).context("starting iokerneld")?;
     let socket = daemon.socket().to_path_buf();
@@ -258,6 +273,8 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         handover_batch_linger_us: batch_linger.as_micros() as u64,
         preemptions: hand.preemptions,
         handovers: hand.handovers,
+        preemptions_withdrawn: hand.preemptions_withdrawn,
+        idle_victim_grace_us: grace.as_micros() as u64,
         grant_after_preemption_us: Pct::of_ns(after_preempt, 1e3),
         iokernel_cpu: io_cpu,
         managed_core: core,
@@ -488,7 +505,7 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         t,
-        "{:<34} {:>9.0} /s (gaps {}–{} µs allow at most {:.0} /s; batch linger {} µs; {} preemptions, {} hand-overs)",
+        "{:<34} {:>9.0} /s (gaps {}–{} µs allow at most {:.0} /s; batch linger {} µs; {} preemptions, {} hand-overs, {} withdrawn within {} µs)",
         "reallocations",
         r.reallocs_per_s,
         r.handover_gap_us.0,
@@ -496,7 +513,9 @@ fn render(r: &Report) -> String {
         r.reallocs_ceiling_per_s,
         r.handover_batch_linger_us,
         r.preemptions,
-        r.handovers
+        r.handovers,
+        r.preemptions_withdrawn,
+        r.idle_victim_grace_us
     );
     if let (Some(g), Some(f)) = (&r.grant_us, &r.eventfd_floor_us) {
         let _ = writeln!(

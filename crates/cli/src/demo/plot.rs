@@ -231,6 +231,8 @@ mod tests {
             steal_pct: 0.0,
             quiet: "yes",
             note: String::new(),
+            phases: None,
+            withdrawn_per_s: 0.0,
         }
     }
 

@@ -39,6 +39,9 @@ pub(crate) struct Row {
     pub(crate) batch_cores: f64,
     /// Cores moved from one application to the other, per second.
     pub(crate) reallocations_per_s: f64,
+    /// Of those, preemptions of batch withdrawn (the core came back before
+    /// batch was signalled), per second (JSON only).
+    pub(crate) withdrawn_per_s: f64,
     /// Preemptions in the window that iokerneld had to enforce (not
     /// answered within its deadline).
     pub(crate) overdue_preemptions: u64,
@@ -57,6 +60,8 @@ pub(crate) struct Row {
     pub(crate) quiet: &'static str,
     /// Empty, or what went wrong at this point.
     pub(crate) note: String,
+    /// Where the requests' time went (JSON only; `super::phases`).
+    pub(crate) phases: Option<super::phases::Phases>,
 }
 
 /// The CSV's header, in row order.
@@ -300,6 +305,8 @@ mod tests {
             steal_pct: 0.0,
             quiet: "yes",
             note: String::new(),
+            phases: None,
+            withdrawn_per_s: 0.0,
         }
     }
 

@@ -107,6 +107,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     kt.timer = next_deadline_ns;
                     kt.drain_egress = true;
                     kt.awaiting = None;
+                    kt.signal_due = None;
                     ready.extend(kt.handover.take());
                     app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                 }
@@ -146,6 +147,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         self.reap();
         self.check_overdue(now);
         self.complete_handovers();
+        self.withdraw_or_signal(now);
 
         let mut busy = false;
         let mut next_timer: Option<u64> = None;
@@ -352,6 +354,61 @@ impl<A: CoreActuator> Iokerneld<A> {
                     "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
                     app.name
                 );
+            }
+        }
+    }
+
+    /// `SCHED_IDLE` victims not signalled yet (docs/runtime.md,
+    /// "Preemptions withdrawn"): one whose core nobody holds any more (the
+    /// receiver gave it back) keeps it — the preemption is withdrawn, its
+    /// queue line's flag cleared, and the kernel already runs it there
+    /// since the receiver blocked; one whose grace has run out is
+    /// signalled and yields as any victim.
+    fn withdraw_or_signal(&mut self, now: u64) {
+        for a in 0..self.apps.len() {
+            for k in 0..self.apps[a].kt.len() {
+                let kt = &self.apps[a].kt[k];
+                let Some(due) = kt.signal_due else { continue };
+                let core = kt.last_core.filter(|_| kt.preempting && !kt.evicted);
+                let Some(core) = core else {
+                    self.apps[a].kt[k].signal_due = None;
+                    continue;
+                };
+                let held = self
+                    .apps
+                    .iter()
+                    .any(|x| x.kt.iter().any(|o| o.core == Some(core)));
+                let app = &mut self.apps[a];
+                if !held && app.doomed.is_none() {
+                    let kt = &mut app.kt[k];
+                    kt.signal_due = None;
+                    kt.preempting = false;
+                    kt.core = Some(core);
+                    app.ends[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
+                    self.meter.withdrawn += 1;
+                    self.meter.actions += 1;
+                    let prev = self.core_holder[core].replace(app.id);
+                    if prev.is_some_and(|p| p != app.id) {
+                        self.meter.reallocations += 1;
+                    }
+                    continue;
+                }
+                if now < due {
+                    continue;
+                }
+                app.kt[k].signal_due = None;
+                let Some(&cpu) = self.cfg.cores.get(core) else {
+                    continue;
+                };
+                if let Err(e) =
+                    self.actuator
+                        .preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded)
+                {
+                    warn!(
+                        "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                        app.name
+                    );
+                }
             }
         }
     }
@@ -610,8 +667,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             && app.kt[k].idle_class
             && self.cfg.handover_from_idle_at_once
         {
-            // Its core goes to the receiver at once: wake that one first.
-            self.signal_after_wakes.push((app.id, k, cpu));
+            // Its core goes to the receiver at once.
+            let grace = self.cfg.idle_victim_grace.as_nanos() as u64;
+            if grace > 0 {
+                // Not signalled yet: withdrawn if the core comes back first.
+                app.kt[k].signal_due = Some(now.saturating_add(grace));
+            } else {
+                // Signalled once the receiver has been woken.
+                self.signal_after_wakes.push((app.id, k, cpu));
+            }
             return (a, k);
         }
         if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {

@@ -101,6 +101,7 @@ pub(super) struct Meter {
     pub(super) reallocations: u64,
     pub(super) handovers: u64,
     pub(super) handovers_abandoned: u64,
+    pub(super) withdrawn: u64,
     /// Wakes, preemptions and evictions carried out (never reset): a pass
     /// that changed it acted.
     pub(super) actions: u64,
@@ -124,6 +125,7 @@ impl Meter {
             reallocations: 0,
             handovers: 0,
             handovers_abandoned: 0,
+            withdrawn: 0,
             actions: 0,
             grant_cost: histogram(),
             grant_cost_word: histogram(),
@@ -143,6 +145,7 @@ impl Meter {
         self.reallocations = 0;
         self.handovers = 0;
         self.handovers_abandoned = 0;
+        self.withdrawn = 0;
         self.grant_cost.reset();
         self.grant_cost_word.reset();
         self.grant_cost_eventfd.reset();
@@ -171,6 +174,7 @@ impl Meter {
             reallocations: self.reallocations,
             handovers: self.handovers,
             handovers_abandoned: self.handovers_abandoned,
+            preemptions_withdrawn: self.withdrawn,
             grant_cost: summarize(&self.grant_cost),
             grant_cost_by_word: summarize(&self.grant_cost_word),
             grant_cost_by_eventfd: summarize(&self.grant_cost_eventfd),

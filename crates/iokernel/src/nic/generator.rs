@@ -227,6 +227,10 @@ pub struct TrafficGenerator {
     slot_mask: u64,
     latency: Histogram<u64>,
     lag: Histogram<u64>,
+    /// Reply seen − the posting time a server wrote into the reply's
+    /// `send_ns` (a traced spin-server does; others echo ours back, which
+    /// is not counted here).
+    reply_transit: Histogram<u64>,
     stats: GeneratorStats,
     rx_scratch: Vec<Frame>,
     tx_scratch: Vec<Frame>,
@@ -302,6 +306,7 @@ impl TrafficGenerator {
             slot_mask: slots as u64 - 1,
             latency: histogram(),
             lag: histogram(),
+            reply_transit: histogram(),
             stats: GeneratorStats::default(),
             rx_scratch: Vec::with_capacity(RX_BURST),
             tx_scratch: Vec::with_capacity(config.max_burst),
@@ -326,6 +331,13 @@ impl TrafficGenerator {
     /// Per injected request: how long after its scheduled time it went out, ns.
     pub fn lag(&self) -> &Histogram<u64> {
         &self.lag
+    }
+
+    /// Reply posted by the server → seen by `poll`, ns, for replies whose
+    /// server stamped its posting time into the header's `send_ns` (after
+    /// our own send time, not after now); empty for a plain echo.
+    pub fn reply_transit(&self) -> &Histogram<u64> {
+        &self.reply_transit
     }
 
     /// Whether every arrival of the run has been scheduled.
@@ -357,7 +369,7 @@ impl TrafficGenerator {
                     .free(frame)
                     .expect("a received frame is of the link's pool");
                 match reply {
-                    Some(header) => self.match_reply(header.seq, now_ns),
+                    Some(header) => self.match_reply(&header, now_ns),
                     None => self.stats.malformed_replies += 1,
                 }
             }
@@ -404,7 +416,8 @@ impl TrafficGenerator {
 
     /// Latency from our own record of the send time: the copy echoed in the
     /// reply is the server's word, and only the sequence number is needed.
-    fn match_reply(&mut self, seq: u64, now_ns: u64) {
+    fn match_reply(&mut self, header: &RequestHeader, now_ns: u64) {
+        let seq = header.seq;
         let slot = &mut self.outstanding[(seq & self.slot_mask) as usize];
         match *slot {
             Some(o) if o.seq == seq => {
@@ -413,6 +426,12 @@ impl TrafficGenerator {
                 self.stats.replies += 1;
                 self.latency
                     .saturating_record(now_ns.saturating_sub(o.send_ns));
+                // The server's stamp is its word: counted only if it is
+                // between our send and now.
+                if header.send_ns > o.send_ns && header.send_ns <= now_ns {
+                    self.reply_transit
+                        .saturating_record(now_ns - header.send_ns);
+                }
                 let answered = &mut self.flow_answered[o.flow as usize];
                 if o.flow_seq < *answered {
                     self.stats.reordered += 1;
