@@ -10,6 +10,7 @@
 //! * [`mm`]: private mappings (uthread stacks with a guard page).
 //! * [`clock`]: CLOCK_MONOTONIC and the calling thread's CPU time.
 //! * [`tsc_clock`]: CLOCK_MONOTONIC from the TSC, for a spinning loop.
+//! * [`hop_stamps`]: TSC stamps of a datagram's hops, for a bench's breakdown.
 //! * [`signal`]: `tgkill` and a plain signal handler.
 //! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
 //! * [`poll`]: `ppoll` over a reusable list of descriptors.
@@ -26,6 +27,7 @@ pub mod affinity;
 pub mod clock;
 pub mod cpulist;
 pub mod eventfd;
+pub mod hop_stamps;
 pub mod memfd;
 pub mod mm;
 pub mod poll;

@@ -33,10 +33,14 @@
 //!   pinned to the CPU Ginza's server uses) and `ginza_spin` (the Ginza
 //!   server with a spin window before parking of `--rtt-spin-us`, 100 µs
 //!   by default: its kthread polls between requests instead of parking);
-//!   each figure is the median of the rounds'. The client is pinned to the CPU its server side leaves
-//!   free (Ginza: the server's, as iokerneld spins on the other; Linux:
-//!   the other). Needs root, `ip` and `ethtool`; without them `rtt_us` is
-//!   null and `rtt_skipped` says why.
+//!   each figure is the median of the rounds'. The client is pinned as
+//!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a CPU neither
+//!   server side uses, which on two CPUs means the server's own for Ginza,
+//!   as iokerneld spins on the other). Ginza's rounds also give where the
+//!   time went, hop by hop (`rtt_us.ginza_spans`: TSC stamps taken by
+//!   iokerneld, the runtime and the client, [`super::rtt_spans`]). Needs
+//!   root, `ip` and `ethtool`; without them `rtt_us` is null and
+//!   `rtt_skipped` says why.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +52,7 @@ use std::net::SocketAddrV4;
 
 use ginza_apps::spin_server::{self, SpinStats};
 use ginza_iokernel::dataplane::copy_floor::CopyFloor;
-use ginza_iokernel::netns::{self, NetNs};
+use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::raw_app::{self, RawApp};
 use ginza_iokernel::{Config as IokConfig, InProcess, Iokerneld, RecordingActuator};
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
@@ -57,9 +61,11 @@ use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
 use ginza_shm::{Region, RegionConfig, RuntimeEnd};
 use ginza_sys::clock;
+use ginza_sys::hop_stamps::{self, Hop, HOPS};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median, percentile};
+use super::rtt_spans::Spans;
 
 /// Arguments of `ginza bench forward`.
 #[derive(clap::Args, Debug)]
@@ -83,6 +89,10 @@ pub struct ForwardArgs {
     /// server).
     #[arg(long, value_enum, default_value_t = Client::Blocking)]
     rtt_client: Client,
+    /// Where the round-trip client runs (the same rule for every server;
+    /// the JSON says which CPUs it got).
+    #[arg(long, value_enum, default_value_t = ClientCpu::Free)]
+    rtt_client_cpu: ClientCpu,
     /// The spin window (`spin_before_park`) of the second Ginza echo
     /// server, `rtt_us.ginza_spin`, in µs: longer than the gap between two
     /// requests, its kthread never parks (Ginza's answer to the busy-polling
@@ -155,7 +165,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<()> {
     match NetNs::create() {
         Err(e) => report.rtt_skipped = Some(e.to_string()),
         Ok(ns) => {
-            let (backend, set) = rtt_rounds(&ns, &args, iok_cpu, app_cpu)?;
+            let (backend, set) = rtt_rounds(&ns, &args, &cpus, iok_cpu, app_cpu)?;
             report.rtt_us = Some(set);
             report.rtt_rounds = args.rtt_rounds as usize;
             report.rtt_backend = Some(backend);
@@ -508,6 +518,19 @@ fn render(r: &Report) -> String {
                 p.ginza.p50 / p.linux_busy_poll.p50,
                 p.ginza.p99 / p.ginza.p50
             );
+            let _ = writeln!(
+                s,
+                "  client on CPU {} (Ginza) / {} (Linux); iokerneld on {}, servers on {}",
+                p.client_cpu_ginza, p.client_cpu_linux, p.iokernel_cpu, p.server_cpu
+            );
+            for (name, spans) in [
+                ("ginza", &p.ginza_spans),
+                ("ginza spin", &p.ginza_spin_spans),
+            ] {
+                if let Some(spans) = spans {
+                    let _ = writeln!(s, "  {name:<10} spans µs: {}", spans.line());
+                }
+            }
         }
         _ => {
             let _ = writeln!(
@@ -554,6 +577,21 @@ struct RttSet {
     ginza_spin_p50s: Vec<f64>,
     linux_blocking_p50s: Vec<f64>,
     linux_busy_poll_p50s: Vec<f64>,
+    /// Where `ginza`'s round trips spent their time, hop by hop (TSC
+    /// stamps, `rtt_spans`): the medians of the rounds'; null where the
+    /// TSC cannot be compared across CPUs.
+    ginza_spans: Option<Spans>,
+    ginza_spin_spans: Option<Spans>,
+    /// Each round's spans, in the order measured.
+    ginza_spans_rounds: Vec<Spans>,
+    ginza_spin_spans_rounds: Vec<Spans>,
+    /// The CPU the client ran on against Ginza's servers and against the
+    /// kernel's (`--rtt-client-cpu`), and the CPUs of iokerneld and of
+    /// the servers (Ginza's kthread; the busy-polling Linux thread).
+    client_cpu_ginza: usize,
+    client_cpu_linux: usize,
+    iokernel_cpu: usize,
+    server_cpu: usize,
 }
 
 /// How the kernel's echo server waits.
@@ -563,11 +601,45 @@ enum LinuxServer {
     BusyPoll { cpu: usize },
 }
 
+/// Where the round-trip client runs (`--rtt-client-cpu`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum ClientCpu {
+    /// A CPU neither server side uses: with three CPUs or more, a third
+    /// one for every server (like with like); with two, the CPU each
+    /// server side leaves free — the other one for the kernel's servers,
+    /// the server's own for Ginza's (iokerneld spins on the other).
+    Free,
+    /// The CPU of the server (Ginza's kthread, the busy-polling Linux
+    /// thread) for every server.
+    Server,
+    /// iokerneld's CPU for every server (the kernel's servers leave it
+    /// free).
+    Iokernel,
+}
+
+/// The client's CPU against Ginza's servers and against the kernel's.
+fn client_cpus(
+    choice: ClientCpu,
+    cpus: &[usize],
+    iok_cpu: usize,
+    app_cpu: usize,
+) -> (usize, usize) {
+    match choice {
+        ClientCpu::Free => match cpus.get(2) {
+            Some(&third) => (third, third),
+            None => (app_cpu, iok_cpu),
+        },
+        ClientCpu::Server => (app_cpu, app_cpu),
+        ClientCpu::Iokernel => (iok_cpu, iok_cpu),
+    }
+}
+
 /// Rounds of (Ginza, Linux blocking, Linux busy-polling, Ginza spinning),
-/// medians of the rounds' p50 and p99.
+/// medians of the rounds' p50 and p99, and Ginza's spans.
 fn rtt_rounds(
     ns: &NetNs,
     args: &ForwardArgs,
+    cpus: &[usize],
     iok_cpu: usize,
     app_cpu: usize,
 ) -> anyhow::Result<(String, RttSet)> {
@@ -588,25 +660,29 @@ fn rtt_rounds(
         "ip addr add {cidr} dev {} failed",
         ns.host_if
     );
+    let (ginza_client, linux_client) = client_cpus(args.rtt_client_cpu, cpus, iok_cpu, app_cpu);
+    let ticks_per_us = hop_stamps::ticks_per_us(Duration::from_millis(20));
+    hop_stamps::enable(ticks_per_us.is_some());
+    let spans = |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_round(stamps, t));
     let mut backend = String::new();
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
     let mut ginza_spin = Vec::new();
+    let (mut ginza_spans, mut ginza_spin_spans) = (Vec::new(), Vec::new());
     let spin = Duration::from_micros(args.rtt_spin_us);
     let result = (|| -> anyhow::Result<()> {
         for _ in 0..args.rtt_rounds {
-            let (b, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client, None)
-                .context("the Ginza UDP echo over veth")?;
+            let (b, (rtt, stamps)) =
+                ginza_rtt(ns, iok_cpu, app_cpu, ginza_client, args.rtt_client, None)
+                    .context("the Ginza UDP echo over veth")?;
             backend = b;
             ginza.push(rtt);
-            // The client runs on the CPU the server side leaves free:
-            // Ginza's iokerneld spins on `iok_cpu` and its server parks
-            // on `app_cpu`; the kernel's servers leave `iok_cpu` free.
+            ginza_spans.extend(spans(&stamps));
             blocking.push(
                 linux_rtt(
                     ns,
                     linux_ip,
                     LinuxServer::Blocking,
-                    iok_cpu,
+                    linux_client,
                     args.rtt_client,
                 )
                 .context("the Linux UDP echo (blocking) over veth")?,
@@ -616,17 +692,26 @@ fn rtt_rounds(
                     ns,
                     linux_ip,
                     LinuxServer::BusyPoll { cpu: app_cpu },
-                    iok_cpu,
+                    linux_client,
                     args.rtt_client,
                 )
                 .context("the Linux UDP echo (busy-polling) over veth")?,
             );
-            let (_, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client, Some(spin))
-                .context("the Ginza UDP echo (spinning) over veth")?;
+            let (_, (rtt, stamps)) = ginza_rtt(
+                ns,
+                iok_cpu,
+                app_cpu,
+                ginza_client,
+                args.rtt_client,
+                Some(spin),
+            )
+            .context("the Ginza UDP echo (spinning) over veth")?;
             ginza_spin.push(rtt);
+            ginza_spin_spans.extend(spans(&stamps));
         }
         Ok(())
     })();
+    hop_stamps::enable(false);
     let _ = std::process::Command::new("ip")
         .args(["addr", "del", &cidr, "dev", &ns.host_if])
         .status();
@@ -648,6 +733,14 @@ fn rtt_rounds(
             ginza_spin_p50s: p50s(&ginza_spin),
             linux_blocking_p50s: p50s(&blocking),
             linux_busy_poll_p50s: p50s(&busy),
+            ginza_spans: Spans::median_of(&ginza_spans),
+            ginza_spin_spans: Spans::median_of(&ginza_spin_spans),
+            ginza_spans_rounds: ginza_spans,
+            ginza_spin_spans_rounds: ginza_spin_spans,
+            client_cpu_ginza: ginza_client,
+            client_cpu_linux: linux_client,
+            iokernel_cpu: iok_cpu,
+            server_cpu: app_cpu,
         },
     ))
 }
@@ -662,77 +755,104 @@ pub enum Client {
     Polling,
 }
 
-/// [`netns::udp_rtt_probe`] with a polling client ([`Client::Polling`]).
-fn polling_probe(
+/// One round trip's outcome: its time if answered, and the hops' TSC
+/// stamps ([`hop_stamps`], all 0 while stamping is off).
+type Trip = (Option<Duration>, [u64; HOPS]);
+
+/// Round trips of `count` datagrams from a fresh socket on `bind` to
+/// `target`, one at a time, waiting as `client` says; a datagram
+/// unanswered within [`RTT_TIMEOUT`] counts as lost. Late replies to
+/// earlier datagrams are skipped.
+fn ping_pong(
     bind: SocketAddrV4,
     target: SocketAddrV4,
     count: usize,
-) -> std::io::Result<Vec<Option<Duration>>> {
+    client: Client,
+) -> std::io::Result<Vec<Trip>> {
     let socket = std::net::UdpSocket::bind(bind)?;
     socket.connect(target)?;
-    socket.set_nonblocking(true)?;
+    match client {
+        Client::Blocking => socket.set_read_timeout(Some(RTT_TIMEOUT))?,
+        Client::Polling => socket.set_nonblocking(true)?,
+    }
     let mut payload = [0u8; RTT_PAYLOAD];
     let mut reply = [0u8; 2048];
-    let mut rtts = Vec::with_capacity(count);
+    let mut trips = Vec::with_capacity(count);
     for sequence in 0..count as u64 {
         payload[..8].copy_from_slice(&sequence.to_le_bytes());
+        hop_stamps::clear();
+        hop_stamps::stamp(Hop::ClientSend);
         let start = Instant::now();
         socket.send(&payload)?;
         let mut rtt = None;
         while start.elapsed() < RTT_TIMEOUT {
             match socket.recv(&mut reply) {
-                // Late replies to earlier datagrams are skipped.
                 Ok(len) if len >= 8 && reply[..8] == sequence.to_le_bytes() => {
                     rtt = Some(start.elapsed());
+                    hop_stamps::stamp(Hop::ClientRecv);
                     break;
                 }
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock && client == Client::Polling =>
+                {
+                    std::thread::yield_now()
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break
+                }
                 Err(e) => return Err(e),
             }
         }
-        rtts.push(rtt);
+        trips.push((rtt, hop_stamps::take()));
     }
-    Ok(rtts)
+    Ok(trips)
 }
 
 /// p50/p99 in µs of the answered round trips.
-fn summarize(rtts: &[Option<Duration>]) -> Rtt {
-    let mut ns: Vec<u64> = rtts.iter().flatten().map(|d| d.as_nanos() as u64).collect();
+fn summarize(trips: &[Trip]) -> Rtt {
+    let mut ns: Vec<u64> = trips
+        .iter()
+        .filter_map(|t| t.0)
+        .map(|d| d.as_nanos() as u64)
+        .collect();
     ns.sort_unstable();
     let us = |q| percentile(&ns, q).map_or(f64::NAN, |v| v as f64 / 1e3);
     Rtt {
         p50: us(50.0),
         p99: us(99.0),
-        lost: rtts.len() - ns.len(),
+        lost: trips.len() - ns.len(),
     }
 }
 
 /// Ping-pongs from a Linux UDP socket in the namespace, on a thread
-/// pinned to `client_cpu`, to `target`: warm-up, then the measured ones.
-fn probe(ns: &NetNs, target: Ipv4Addr, client_cpu: usize, client: Client) -> anyhow::Result<Rtt> {
+/// pinned to `client_cpu`, to `target`: warm-up, then the measured ones,
+/// and each measured one's hop stamps.
+fn probe(
+    ns: &NetNs,
+    target: Ipv4Addr,
+    client_cpu: usize,
+    client: Client,
+) -> anyhow::Result<(Rtt, Vec<[u64; HOPS]>)> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
     let target = SocketAddrV4::new(target, ECHO_PORT);
-    let rtts = ns.run_in(move || -> std::io::Result<Vec<Option<Duration>>> {
+    let trips = ns.run_in(move || -> std::io::Result<Vec<Trip>> {
         ginza_sys::affinity::pin_current_thread(client_cpu)?;
-        match client {
-            Client::Blocking => {
-                netns::udp_rtt_probe(bind, target, RTT_WARMUP, RTT_PAYLOAD, RTT_TIMEOUT)?;
-                netns::udp_rtt_probe(bind, target, RTT_PINGS, RTT_PAYLOAD, RTT_TIMEOUT)
-            }
-            Client::Polling => {
-                polling_probe(bind, target, RTT_WARMUP)?;
-                polling_probe(bind, target, RTT_PINGS)
-            }
-        }
+        ping_pong(bind, target, RTT_WARMUP, client)?;
+        ping_pong(bind, target, RTT_PINGS, client)
     })??;
-    let rtt = summarize(&rtts);
+    let rtt = summarize(&trips);
     anyhow::ensure!(
         rtt.lost < RTT_PINGS / 2,
         "{} of {RTT_PINGS} round trips to {target} unanswered",
         rtt.lost
     );
-    Ok(rtt)
+    Ok((rtt, trips.into_iter().map(|t| t.1).collect()))
 }
 
 /// The kernel's UDP echo on the root namespace's end of the veth, which
@@ -767,7 +887,7 @@ fn linux_rtt(
         }
         Ok(())
     });
-    let rtt = probe(ns, ip, client_cpu, client);
+    let rtt = probe(ns, ip, client_cpu, client).map(|(rtt, _)| rtt);
     stop.store(true, Ordering::Relaxed);
     thread
         .join()
@@ -782,9 +902,10 @@ fn ginza_rtt(
     ns: &NetNs,
     iok_cpu: usize,
     app_cpu: usize,
+    client_cpu: usize,
     client: Client,
     spin: Option<Duration>,
-) -> anyhow::Result<(String, Rtt)> {
+) -> anyhow::Result<(String, (Rtt, Vec<[u64; HOPS]>))> {
     let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
     let mut last_error = None;
     for backend in ["af_xdp", "af_packet"] {
@@ -825,9 +946,10 @@ fn ginza_rtt(
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        // The server's kthread runs on `app_cpu`; iokerneld spins on
-        // `iok_cpu`, so the client shares `app_cpu` with the server.
-        let rtt = probe(ns, ns.peer_ip, app_cpu, client);
+        // The server's kthread runs on `app_cpu` and iokerneld spins on
+        // `iok_cpu`: on two CPUs the client shares one of them
+        // (`ClientCpu`).
+        let rtt = probe(ns, ns.peer_ip, client_cpu, client);
         stop.store(true, Ordering::Relaxed);
         let _ = server.join();
         drop(iokerneld);

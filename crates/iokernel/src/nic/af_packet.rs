@@ -35,6 +35,7 @@ use super::linux::{
     ETHERNET_HEADER_LEN,
 };
 use super::{BufferPool, Frame, Nic};
+use ginza_sys::hop_stamps::{self, Hop};
 
 const BACKEND: &str = "af_packet";
 
@@ -179,6 +180,7 @@ impl Nic for AfPacket {
                         .expect("checked against the buffer size");
                     self.stats.rx_frames += 1;
                     self.stats.rx_bytes += len as u64;
+                    hop_stamps::stamp(Hop::NicRx);
                     out.push(frame);
                     delivered += 1;
                     continue;
@@ -226,6 +228,7 @@ impl Nic for AfPacket {
                     libc::MSG_DONTWAIT,
                 )
             };
+            hop_stamps::stamp(Hop::Kicked);
             if sent >= 0 {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += bytes.len() as u64;
