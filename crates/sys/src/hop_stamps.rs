@@ -32,8 +32,10 @@ pub enum Hop {
     Replied,
     /// iokerneld took the reply off the egress ring.
     Egress,
-    /// The NIC's transmit call for it returned (AF_XDP: the `sendto` kick,
-    /// which on a veth also runs the peer's receive).
+    /// iokerneld calls the NIC's transmit (AF_XDP: the `sendto` kick).
+    Kick,
+    /// That call returned (on a veth it runs the peer's receive, and the
+    /// client's wake, inside it).
     Kicked,
     /// The client has the answer.
     ClientRecv,

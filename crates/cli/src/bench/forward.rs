@@ -34,9 +34,9 @@
 //!   server with a spin window before parking of `--rtt-spin-us`, 100 µs
 //!   by default: its kthread polls between requests instead of parking);
 //!   each figure is the median of the rounds'. The client is pinned as
-//!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a CPU neither
-//!   server side uses, which on two CPUs means the server's own for Ginza,
-//!   as iokerneld spins on the other). Ginza's rounds also give where the
+//!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a third CPU for
+//!   every server, and on two CPUs beside the thread that sends the
+//!   replies: iokerneld for Ginza, the server thread for Linux). Ginza's rounds also give where the
 //!   time went, hop by hop (`rtt_us.ginza_spans`: TSC stamps taken by
 //!   iokerneld, the runtime and the client, [`super::rtt_spans`]). Needs
 //!   root, `ip` and `ethtool`; without them `rtt_us` is null and
@@ -91,7 +91,7 @@ pub struct ForwardArgs {
     rtt_client: Client,
     /// Where the round-trip client runs (the same rule for every server;
     /// the JSON says which CPUs it got).
-    #[arg(long, value_enum, default_value_t = ClientCpu::Free)]
+    #[arg(long, value_enum, default_value_t = ClientCpu::Auto)]
     rtt_client_cpu: ClientCpu,
     /// The spin window (`spin_before_park`) of the second Ginza echo
     /// server, `rtt_us.ginza_spin`, in µs: longer than the gap between two
@@ -132,6 +132,9 @@ struct Report {
     rtt_rounds: usize,
     /// `blocking` or `polling` (`--rtt-client`).
     rtt_client: String,
+    /// Where the client ran (`--rtt-client-cpu`); the CPUs themselves are
+    /// in `rtt_us.client_cpu_*`.
+    rtt_client_cpu: String,
     /// The NIC backend the Ginza round trips went through.
     rtt_backend: Option<String>,
     /// Why `rtt_us` is null.
@@ -235,6 +238,7 @@ fn measure(args: &ForwardArgs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result
         rtt_us: None,
         rtt_rounds: 0,
         rtt_client: format!("{:?}", args.rtt_client).to_lowercase(),
+        rtt_client_cpu: format!("{:?}", args.rtt_client_cpu),
         rtt_backend: None,
         rtt_skipped: None,
         rtt_spin_us: args.rtt_spin_us,
@@ -526,9 +530,11 @@ fn render(r: &Report) -> String {
             for (name, spans) in [
                 ("ginza", &p.ginza_spans),
                 ("ginza spin", &p.ginza_spin_spans),
+                ("ginza slowest 1 %", &p.ginza_tail_spans),
+                ("ginza spin slowest 1 %", &p.ginza_spin_tail_spans),
             ] {
                 if let Some(spans) = spans {
-                    let _ = writeln!(s, "  {name:<10} spans µs: {}", spans.line());
+                    let _ = writeln!(s, "  {name:<22} spans µs: {}", spans.line());
                 }
             }
         }
@@ -585,6 +591,10 @@ struct RttSet {
     /// Each round's spans, in the order measured.
     ginza_spans_rounds: Vec<Spans>,
     ginza_spin_spans_rounds: Vec<Spans>,
+    /// The same over each round's slowest 1 % of round trips (where the
+    /// p99's time went), medians of the rounds'.
+    ginza_tail_spans: Option<Spans>,
+    ginza_spin_tail_spans: Option<Spans>,
     /// The CPU the client ran on against Ginza's servers and against the
     /// kernel's (`--rtt-client-cpu`), and the CPUs of iokerneld and of
     /// the servers (Ginza's kthread; the busy-polling Linux thread).
@@ -601,19 +611,29 @@ enum LinuxServer {
     BusyPoll { cpu: usize },
 }
 
-/// Where the round-trip client runs (`--rtt-client-cpu`).
+/// Where the round-trip client runs (`--rtt-client-cpu`). On two CPUs
+/// Ginza's server side holds both (iokerneld spins on one, the server's
+/// kthread runs on the other), so the client must share one of them;
+/// which one decides whether the reply's wake-up of the client crosses
+/// CPUs, and on this VM that is most of a round trip (docs/results.md,
+/// "Dataplane").
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum ClientCpu {
-    /// A CPU neither server side uses: with three CPUs or more, a third
-    /// one for every server (like with like); with two, the CPU each
-    /// server side leaves free — the other one for the kernel's servers,
-    /// the server's own for Ginza's (iokerneld spins on the other).
-    Free,
-    /// The CPU of the server (Ginza's kthread, the busy-polling Linux
-    /// thread) for every server.
+    /// A CPU no server side uses, the same for every server, where there
+    /// is a third CPU; else `beside-sender`.
+    Auto,
+    /// Like with like on two CPUs: the client shares the CPU of the
+    /// thread that polls for the requests and puts the replies on the
+    /// link — iokerneld's for Ginza, the server thread's for Linux.
+    BesideSender,
+    /// Main's placement before session 9: the server kthread's CPU for
+    /// Ginza, the other one (which the kernel's servers leave free) for
+    /// Linux.
+    Split,
+    /// The server's CPU (Ginza's kthread, the busy-polling Linux thread)
+    /// for every server.
     Server,
-    /// iokerneld's CPU for every server (the kernel's servers leave it
-    /// free).
+    /// iokerneld's CPU for every server.
     Iokernel,
 }
 
@@ -625,10 +645,12 @@ fn client_cpus(
     app_cpu: usize,
 ) -> (usize, usize) {
     match choice {
-        ClientCpu::Free => match cpus.get(2) {
+        ClientCpu::Auto => match cpus.get(2) {
             Some(&third) => (third, third),
-            None => (app_cpu, iok_cpu),
+            None => (iok_cpu, app_cpu),
         },
+        ClientCpu::BesideSender => (iok_cpu, app_cpu),
+        ClientCpu::Split => (app_cpu, iok_cpu),
         ClientCpu::Server => (app_cpu, app_cpu),
         ClientCpu::Iokernel => (iok_cpu, iok_cpu),
     }
@@ -664,6 +686,9 @@ fn rtt_rounds(
     let ticks_per_us = hop_stamps::ticks_per_us(Duration::from_millis(20));
     hop_stamps::enable(ticks_per_us.is_some());
     let spans = |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_round(stamps, t));
+    let tail =
+        |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_slowest(stamps, t, 1.0));
+    let (mut ginza_tail, mut ginza_spin_tail) = (Vec::new(), Vec::new());
     let mut backend = String::new();
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
     let mut ginza_spin = Vec::new();
@@ -677,6 +702,7 @@ fn rtt_rounds(
             backend = b;
             ginza.push(rtt);
             ginza_spans.extend(spans(&stamps));
+            ginza_tail.extend(tail(&stamps));
             blocking.push(
                 linux_rtt(
                     ns,
@@ -708,6 +734,7 @@ fn rtt_rounds(
             .context("the Ginza UDP echo (spinning) over veth")?;
             ginza_spin.push(rtt);
             ginza_spin_spans.extend(spans(&stamps));
+            ginza_spin_tail.extend(tail(&stamps));
         }
         Ok(())
     })();
@@ -737,6 +764,8 @@ fn rtt_rounds(
             ginza_spin_spans: Spans::median_of(&ginza_spin_spans),
             ginza_spans_rounds: ginza_spans,
             ginza_spin_spans_rounds: ginza_spin_spans,
+            ginza_tail_spans: Spans::median_of(&ginza_tail),
+            ginza_spin_tail_spans: Spans::median_of(&ginza_spin_tail),
             client_cpu_ginza: ginza_client,
             client_cpu_linux: linux_client,
             iokernel_cpu: iok_cpu,

@@ -28,11 +28,18 @@ pub(crate) struct Spans {
     pub app_to_reply: f64,
     /// Egress ring → iokerneld takes the reply.
     pub reply_to_iokernel: f64,
-    /// iokerneld: the reply taken → the NIC's transmit call returned (on
-    /// a veth with AF_XDP the `sendto` kick runs the peer's receive too).
-    pub iokernel_to_kicked: f64,
-    /// The transmit call returned → the client has the answer (its wake).
-    pub kicked_to_client: f64,
+    /// iokerneld: the reply taken → the NIC's transmit call (switch,
+    /// copies into the UMEM).
+    pub iokernel_to_kick: f64,
+    /// The transmit call → the client has the answer: on a veth with
+    /// AF_XDP the `sendto` kick runs the kernel's transmit, the peer's
+    /// receive and the client's wake; then the client must get its CPU.
+    pub kick_to_client: f64,
+    /// The transmit call itself (call → return), over the round trips
+    /// where it returned before the client had the answer (not when the
+    /// client shares iokerneld's CPU: it then runs before the call
+    /// returns).
+    pub kick_call: f64,
     /// Client `send` → the answer, over the same round trips.
     pub total: f64,
     /// Round trips with every hop stamped.
@@ -46,8 +53,8 @@ const PAIRS: [(Hop, Hop); 7] = [
     (Hop::Delivered, Hop::Picked),
     (Hop::Picked, Hop::Replied),
     (Hop::Replied, Hop::Egress),
-    (Hop::Egress, Hop::Kicked),
-    (Hop::Kicked, Hop::ClientRecv),
+    (Hop::Egress, Hop::Kick),
+    (Hop::Kick, Hop::ClientRecv),
 ];
 
 impl Spans {
@@ -71,17 +78,43 @@ impl Spans {
             .iter()
             .filter_map(|s| span(s, (Hop::ClientSend, Hop::ClientRecv)))
             .collect();
+        let calls: Vec<f64> = stamps
+            .iter()
+            .filter(|s| s[Hop::Kicked as usize] <= s[Hop::ClientRecv as usize])
+            .filter_map(|s| span(s, (Hop::Kick, Hop::Kicked)))
+            .collect();
         Some(Spans {
             client_to_nic_rx: m(0),
             nic_rx_to_ingress: m(1),
             ingress_to_app: m(2),
             app_to_reply: m(3),
             reply_to_iokernel: m(4),
-            iokernel_to_kicked: m(5),
-            kicked_to_client: m(6),
+            iokernel_to_kick: m(5),
+            kick_to_client: m(6),
+            kick_call: median(&calls).unwrap_or(f64::NAN),
             total: median(&totals).unwrap_or(f64::NAN),
             complete: stamps.iter().filter(|s| s.iter().all(|&t| t != 0)).count(),
         })
+    }
+
+    /// [`of_round`](Self::of_round) over the slowest `percent` % of the
+    /// round trips (by client send → answer; at least one): where the
+    /// tail's time went.
+    pub(crate) fn of_slowest(
+        stamps: &[[u64; HOPS]],
+        ticks_per_us: f64,
+        percent: f64,
+    ) -> Option<Spans> {
+        let total = |s: &[u64; HOPS]| {
+            let (a, b) = (s[Hop::ClientSend as usize], s[Hop::ClientRecv as usize]);
+            (a != 0 && b >= a).then(|| b - a)
+        };
+        let mut answered: Vec<&[u64; HOPS]> =
+            stamps.iter().filter(|s| total(s).is_some()).collect();
+        answered.sort_by_key(|s| std::cmp::Reverse(total(s)));
+        let keep = ((answered.len() as f64 * percent / 100.0).ceil() as usize).max(1);
+        let slowest: Vec<[u64; HOPS]> = answered.into_iter().take(keep).copied().collect();
+        Spans::of_round(&slowest, ticks_per_us)
     }
 
     /// The median of each span over rounds.
@@ -105,8 +138,9 @@ impl Spans {
             ingress_to_app: m(|s| s.ingress_to_app),
             app_to_reply: m(|s| s.app_to_reply),
             reply_to_iokernel: m(|s| s.reply_to_iokernel),
-            iokernel_to_kicked: m(|s| s.iokernel_to_kicked),
-            kicked_to_client: m(|s| s.kicked_to_client),
+            iokernel_to_kick: m(|s| s.iokernel_to_kick),
+            kick_to_client: m(|s| s.kick_to_client),
+            kick_call: m(|s| s.kick_call),
             total: m(|s| s.total),
             complete: rounds.iter().map(|s| s.complete).sum(),
         })
@@ -115,15 +149,16 @@ impl Spans {
     /// One line: the spans in path order.
     pub(crate) fn line(&self) -> String {
         format!(
-            "client→nic {:.1} | →ingress {:.1} | →app {:.1} | →reply {:.1} | →iokerneld {:.1} | →kicked {:.1} | →client {:.1} (total {:.1})",
+            "client→nic {:.1} | →ingress {:.1} | →app {:.1} | →reply {:.1} | →iokerneld {:.1} | →kick {:.1} | →client {:.1} (total {:.1}; the kick call {:.1})",
             self.client_to_nic_rx,
             self.nic_rx_to_ingress,
             self.ingress_to_app,
             self.app_to_reply,
             self.reply_to_iokernel,
-            self.iokernel_to_kicked,
-            self.kicked_to_client,
-            self.total
+            self.iokernel_to_kick,
+            self.kick_to_client,
+            self.total,
+            self.kick_call
         )
     }
 }
@@ -142,8 +177,10 @@ mod tests {
         let stamps = [trip(1000), trip(3000), trip(2000)];
         let s = Spans::of_round(&stamps, 1000.0).expect("Ginza's hops are there");
         assert_eq!(s.client_to_nic_rx, 2.0);
-        assert_eq!(s.kicked_to_client, 2.0);
-        assert_eq!(s.total, 14.0);
+        // Kick → ClientRecv passes Kicked.
+        assert_eq!(s.kick_to_client, 4.0);
+        assert_eq!(s.kick_call, 2.0);
+        assert_eq!(s.total, 16.0);
         assert_eq!(s.complete, 3);
     }
 
@@ -158,7 +195,8 @@ mod tests {
         assert_eq!(s.ingress_to_app, 3.0);
         // Replied → Egress: not the backward trip's (1 and 5 µs).
         assert_eq!(s.reply_to_iokernel, 3.0);
-        assert_eq!(s.iokernel_to_kicked, 5.0);
+        // Egress → Kick: 1 µs, 5 µs and the backward trip's 6,999 ticks.
+        assert_eq!(s.iokernel_to_kick, 5.0);
         assert_eq!(s.complete, 2);
     }
 
@@ -168,6 +206,16 @@ mod tests {
         client_only[Hop::ClientSend as usize] = 10;
         client_only[Hop::ClientRecv as usize] = 50;
         assert_eq!(Spans::of_round(&[client_only], 1.0), None);
+    }
+
+    #[test]
+    fn the_slowest_trips_alone() {
+        let trips: Vec<[u64; HOPS]> = (1..=100).map(|i| trip(i * 10)).collect();
+        let s = Spans::of_slowest(&trips, 1.0, 2.0).unwrap();
+        // Trips 100 and 99: steps of 1000 and 990 ticks.
+        assert_eq!(s.client_to_nic_rx, 995.0);
+        assert_eq!(s.complete, 2);
+        assert_eq!(Spans::of_slowest(&[], 1.0, 1.0), None);
     }
 
     #[test]

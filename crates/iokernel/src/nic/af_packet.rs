@@ -218,6 +218,7 @@ impl Nic for AfPacket {
                 self.stats.drops.tx_runt += 1;
                 continue;
             }
+            hop_stamps::stamp(Hop::Kick);
             // SAFETY: `bytes` is valid for reads of its length; the socket
             // is bound, so send() needs no address.
             let sent = unsafe {

@@ -284,6 +284,7 @@ impl AfXdp {
             if pending == 0 {
                 return;
             }
+            hop_stamps::stamp(Hop::Kick);
             // SAFETY: a zero-length send with no address on a valid socket.
             let sent = unsafe {
                 libc::sendto(
