@@ -25,7 +25,7 @@
 //! * `rtt_us`: UDP round trips (32-byte payload, one at a time, 2000 after
 //!   200 of warm-up per round and server) from an ordinary Linux socket in
 //!   a network namespace, over a veth pair, to an echo server at the root
-//!   namespace's end; rounds alternate `ginza` (`spin-server` on a Ginza
+//!   namespace's end; rounds alternate `ginza` (the UDP echo on a Ginza
 //!   runtime behind iokerneld driving the veth end with AF_XDP, copy mode;
 //!   AF_PACKET if AF_XDP cannot be opened), `linux_blocking` (a thread
 //!   blocked in `recv_from` on the veth end, given an address for the run)
@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use std::net::SocketAddrV4;
 
-use ginza_apps::spin_server::{self, SpinStats};
+use ginza_apps::echo_server::{self, EchoStats};
 use ginza_iokernel::dataplane::copy_floor::CopyFloor;
 use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::raw_app::{self, RawApp};
@@ -567,7 +567,7 @@ struct Rtt {
 
 #[derive(Serialize)]
 struct RttSet {
-    /// `spin-server` on a Ginza runtime behind iokerneld (AF_XDP), the
+    /// The UDP echo on a Ginza runtime behind iokerneld (AF_XDP), the
     /// runtime's default spin window before parking.
     ginza: Rtt,
     /// The same with a spin window of `rtt_spin_us`: the kthread keeps
@@ -924,7 +924,7 @@ fn linux_rtt(
     rtt
 }
 
-/// spin-server on a Ginza runtime behind iokerneld driving the same veth
+/// The UDP echo server on a Ginza runtime behind iokerneld driving the same veth
 /// end (AF_XDP, else AF_PACKET), with the runtime's spin window before
 /// parking or `spin`: returns the backend used and the RTT.
 fn ginza_rtt(
@@ -960,9 +960,12 @@ fn ginza_rtt(
             config.spin_before_park = spin;
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let (s2, stats) = (stop.clone(), Arc::new(SpinStats::default()));
+        // The echo answers in the uthread that received, as the kernel's
+        // echo threads do (`spin-server`, before session 9, spawned a
+        // uthread per request: not like with like).
+        let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
         let server = std::thread::spawn(move || {
-            ginza_runtime::run(config, move || spin_server::serve(ECHO_PORT, s2, stats))
+            ginza_runtime::run(config, move || echo_server::serve_udp(ECHO_PORT, s2, stats))
         });
         let t0 = Instant::now();
         while !iokerneld
