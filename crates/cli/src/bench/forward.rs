@@ -784,6 +784,9 @@ pub enum Client {
     Polling,
 }
 
+/// A probe's figures and each measured round trip's hop stamps.
+type Probed = (Rtt, Vec<[u64; HOPS]>);
+
 /// One round trip's outcome: its time if answered, and the hops' TSC
 /// stamps ([`hop_stamps`], all 0 while stamping is off).
 type Trip = (Option<Duration>, [u64; HOPS]);
@@ -867,7 +870,7 @@ fn probe(
     target: Ipv4Addr,
     client_cpu: usize,
     client: Client,
-) -> anyhow::Result<(Rtt, Vec<[u64; HOPS]>)> {
+) -> anyhow::Result<Probed> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
     let target = SocketAddrV4::new(target, ECHO_PORT);
     let trips = ns.run_in(move || -> std::io::Result<Vec<Trip>> {
@@ -934,7 +937,7 @@ fn ginza_rtt(
     client_cpu: usize,
     client: Client,
     spin: Option<Duration>,
-) -> anyhow::Result<(String, (Rtt, Vec<[u64; HOPS]>))> {
+) -> anyhow::Result<(String, Probed)> {
     let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
     let mut last_error = None;
     for backend in ["af_xdp", "af_packet"] {
