@@ -53,6 +53,7 @@ use ginza_shm::netstack::{
     assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
 };
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
+use ginza_sys::hop_stamps::{self, Hop};
 use hdrhistogram::Histogram;
 
 use crate::nic::faults::{
@@ -744,8 +745,25 @@ impl Dataplane {
             port.tx_burst(&mut self.out);
             // Frames of the trunk's pool are always accepted by its port.
             debug_assert!(self.out.is_empty());
-            // switch → NIC.
+        }
+        self.flush_to_nic();
+    }
+
+    /// What the switch holds for the real NIC (the trunk port) → the NIC.
+    /// [`poll_links`](Self::poll_links) does it, and the daemon again at
+    /// the end of its loop turn, so that a reply the applications queued
+    /// in that turn leaves at once rather than a turn later
+    /// (docs/results.md, "Dataplane").
+    pub fn flush_to_nic(&mut self) {
+        if let Some((nic, trunk)) = &mut self.nic {
+            let mut port = self
+                .switch
+                .port(*trunk)
+                .expect("the trunk is never removed");
             port.rx_burst(&mut self.frames, BURST);
+            if self.frames.is_empty() {
+                return;
+            }
             for frame in self.frames.drain(..) {
                 match nic.pool_mut().alloc_copy(port.pool().bytes(&frame)) {
                     Some(copy) => self.out.push(copy),
@@ -912,7 +930,9 @@ impl Dataplane {
                 .free(frame)
                 .expect("a received frame is of its port's pool");
         }
-        publish(&mut self.staged, net, ends).map_or(Ok(to_parked), Err)
+        let published = publish(&mut self.staged, net, ends);
+        hop_stamps::stamp(Hop::Delivered);
+        published.map_or(Ok(to_parked), Err)
     }
 
     /// Up to [`BURST`] frames from kthread `k`'s egress ring into the
@@ -947,6 +967,9 @@ impl Dataplane {
             .len()
             .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
             .min(BURST as u32);
+        if waiting > 0 {
+            hop_stamps::stamp(Hop::Egress);
+        }
         let mut taken = 0;
         let mut run = DirectRun {
             port: None,

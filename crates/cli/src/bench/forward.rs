@@ -25,7 +25,7 @@
 //! * `rtt_us`: UDP round trips (32-byte payload, one at a time, 2000 after
 //!   200 of warm-up per round and server) from an ordinary Linux socket in
 //!   a network namespace, over a veth pair, to an echo server at the root
-//!   namespace's end; rounds alternate `ginza` (`spin-server` on a Ginza
+//!   namespace's end; rounds alternate `ginza` (the UDP echo on a Ginza
 //!   runtime behind iokerneld driving the veth end with AF_XDP, copy mode;
 //!   AF_PACKET if AF_XDP cannot be opened), `linux_blocking` (a thread
 //!   blocked in `recv_from` on the veth end, given an address for the run)
@@ -33,10 +33,14 @@
 //!   pinned to the CPU Ginza's server uses) and `ginza_spin` (the Ginza
 //!   server with a spin window before parking of `--rtt-spin-us`, 100 µs
 //!   by default: its kthread polls between requests instead of parking);
-//!   each figure is the median of the rounds'. The client is pinned to the CPU its server side leaves
-//!   free (Ginza: the server's, as iokerneld spins on the other; Linux:
-//!   the other). Needs root, `ip` and `ethtool`; without them `rtt_us` is
-//!   null and `rtt_skipped` says why.
+//!   each figure is the median of the rounds'. The client is pinned as
+//!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a third CPU for
+//!   every server, and on two CPUs beside the thread that sends the
+//!   replies: iokerneld for Ginza, the server thread for Linux). Ginza's rounds also give where the
+//!   time went, hop by hop (`rtt_us.ginza_spans`: TSC stamps taken by
+//!   iokerneld, the runtime and the client, [`super::rtt_spans`]). Needs
+//!   root, `ip` and `ethtool`; without them `rtt_us` is null and
+//!   `rtt_skipped` says why.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,9 +50,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use std::net::SocketAddrV4;
 
-use ginza_apps::spin_server::{self, SpinStats};
+use ginza_apps::echo_server::{self, EchoStats};
 use ginza_iokernel::dataplane::copy_floor::CopyFloor;
-use ginza_iokernel::netns::{self, NetNs};
+use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::raw_app::{self, RawApp};
 use ginza_iokernel::{Config as IokConfig, InProcess, Iokerneld, RecordingActuator};
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
@@ -57,9 +61,11 @@ use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
 use ginza_shm::{Region, RegionConfig, RuntimeEnd};
 use ginza_sys::clock;
+use ginza_sys::hop_stamps::{self, Hop, HOPS};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median, percentile};
+use super::rtt_spans::Spans;
 
 /// Arguments of `ginza bench forward`.
 #[derive(clap::Args, Debug)]
@@ -83,6 +89,10 @@ pub struct ForwardArgs {
     /// server).
     #[arg(long, value_enum, default_value_t = Client::Blocking)]
     rtt_client: Client,
+    /// Where the round-trip client runs (the same rule for every server;
+    /// the JSON says which CPUs it got).
+    #[arg(long, value_enum, default_value_t = ClientCpu::Auto)]
+    rtt_client_cpu: ClientCpu,
     /// The spin window (`spin_before_park`) of the second Ginza echo
     /// server, `rtt_us.ginza_spin`, in µs: longer than the gap between two
     /// requests, its kthread never parks (Ginza's answer to the busy-polling
@@ -122,6 +132,9 @@ struct Report {
     rtt_rounds: usize,
     /// `blocking` or `polling` (`--rtt-client`).
     rtt_client: String,
+    /// Where the client ran (`--rtt-client-cpu`); the CPUs themselves are
+    /// in `rtt_us.client_cpu_*`.
+    rtt_client_cpu: String,
     /// The NIC backend the Ginza round trips went through.
     rtt_backend: Option<String>,
     /// Why `rtt_us` is null.
@@ -155,7 +168,7 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<()> {
     match NetNs::create() {
         Err(e) => report.rtt_skipped = Some(e.to_string()),
         Ok(ns) => {
-            let (backend, set) = rtt_rounds(&ns, &args, iok_cpu, app_cpu)?;
+            let (backend, set) = rtt_rounds(&ns, &args, &cpus, iok_cpu, app_cpu)?;
             report.rtt_us = Some(set);
             report.rtt_rounds = args.rtt_rounds as usize;
             report.rtt_backend = Some(backend);
@@ -225,6 +238,7 @@ fn measure(args: &ForwardArgs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result
         rtt_us: None,
         rtt_rounds: 0,
         rtt_client: format!("{:?}", args.rtt_client).to_lowercase(),
+        rtt_client_cpu: format!("{:?}", args.rtt_client_cpu),
         rtt_backend: None,
         rtt_skipped: None,
         rtt_spin_us: args.rtt_spin_us,
@@ -508,6 +522,21 @@ fn render(r: &Report) -> String {
                 p.ginza.p50 / p.linux_busy_poll.p50,
                 p.ginza.p99 / p.ginza.p50
             );
+            let _ = writeln!(
+                s,
+                "  client on CPU {} (Ginza) / {} (Linux); iokerneld on {}, servers on {}",
+                p.client_cpu_ginza, p.client_cpu_linux, p.iokernel_cpu, p.server_cpu
+            );
+            for (name, spans) in [
+                ("ginza", &p.ginza_spans),
+                ("ginza spin", &p.ginza_spin_spans),
+                ("ginza slowest 1 %", &p.ginza_tail_spans),
+                ("ginza spin slowest 1 %", &p.ginza_spin_tail_spans),
+            ] {
+                if let Some(spans) = spans {
+                    let _ = writeln!(s, "  {name:<22} spans µs: {}", spans.line());
+                }
+            }
         }
         _ => {
             let _ = writeln!(
@@ -538,7 +567,7 @@ struct Rtt {
 
 #[derive(Serialize)]
 struct RttSet {
-    /// `spin-server` on a Ginza runtime behind iokerneld (AF_XDP), the
+    /// The UDP echo on a Ginza runtime behind iokerneld (AF_XDP), the
     /// runtime's default spin window before parking.
     ginza: Rtt,
     /// The same with a spin window of `rtt_spin_us`: the kthread keeps
@@ -554,6 +583,25 @@ struct RttSet {
     ginza_spin_p50s: Vec<f64>,
     linux_blocking_p50s: Vec<f64>,
     linux_busy_poll_p50s: Vec<f64>,
+    /// Where `ginza`'s round trips spent their time, hop by hop (TSC
+    /// stamps, `rtt_spans`): the medians of the rounds'; null where the
+    /// TSC cannot be compared across CPUs.
+    ginza_spans: Option<Spans>,
+    ginza_spin_spans: Option<Spans>,
+    /// Each round's spans, in the order measured.
+    ginza_spans_rounds: Vec<Spans>,
+    ginza_spin_spans_rounds: Vec<Spans>,
+    /// The same over each round's slowest 1 % of round trips (where the
+    /// p99's time went), medians of the rounds'.
+    ginza_tail_spans: Option<Spans>,
+    ginza_spin_tail_spans: Option<Spans>,
+    /// The CPU the client ran on against Ginza's servers and against the
+    /// kernel's (`--rtt-client-cpu`), and the CPUs of iokerneld and of
+    /// the servers (Ginza's kthread; the busy-polling Linux thread).
+    client_cpu_ginza: usize,
+    client_cpu_linux: usize,
+    iokernel_cpu: usize,
+    server_cpu: usize,
 }
 
 /// How the kernel's echo server waits.
@@ -563,11 +611,57 @@ enum LinuxServer {
     BusyPoll { cpu: usize },
 }
 
+/// Where the round-trip client runs (`--rtt-client-cpu`). On two CPUs
+/// Ginza's server side holds both (iokerneld spins on one, the server's
+/// kthread runs on the other), so the client must share one of them;
+/// which one decides whether the reply's wake-up of the client crosses
+/// CPUs, and on this VM that is most of a round trip (docs/results.md,
+/// "Dataplane").
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum ClientCpu {
+    /// A CPU no server side uses, the same for every server, where there
+    /// is a third CPU; else `beside-sender`.
+    Auto,
+    /// Like with like on two CPUs: the client shares the CPU of the
+    /// thread that polls for the requests and puts the replies on the
+    /// link — iokerneld's for Ginza, the server thread's for Linux.
+    BesideSender,
+    /// Main's placement before session 9: the server kthread's CPU for
+    /// Ginza, the other one (which the kernel's servers leave free) for
+    /// Linux.
+    Split,
+    /// The server's CPU (Ginza's kthread, the busy-polling Linux thread)
+    /// for every server.
+    Server,
+    /// iokerneld's CPU for every server.
+    Iokernel,
+}
+
+/// The client's CPU against Ginza's servers and against the kernel's.
+fn client_cpus(
+    choice: ClientCpu,
+    cpus: &[usize],
+    iok_cpu: usize,
+    app_cpu: usize,
+) -> (usize, usize) {
+    match choice {
+        ClientCpu::Auto => match cpus.get(2) {
+            Some(&third) => (third, third),
+            None => (iok_cpu, app_cpu),
+        },
+        ClientCpu::BesideSender => (iok_cpu, app_cpu),
+        ClientCpu::Split => (app_cpu, iok_cpu),
+        ClientCpu::Server => (app_cpu, app_cpu),
+        ClientCpu::Iokernel => (iok_cpu, iok_cpu),
+    }
+}
+
 /// Rounds of (Ginza, Linux blocking, Linux busy-polling, Ginza spinning),
-/// medians of the rounds' p50 and p99.
+/// medians of the rounds' p50 and p99, and Ginza's spans.
 fn rtt_rounds(
     ns: &NetNs,
     args: &ForwardArgs,
+    cpus: &[usize],
     iok_cpu: usize,
     app_cpu: usize,
 ) -> anyhow::Result<(String, RttSet)> {
@@ -588,25 +682,33 @@ fn rtt_rounds(
         "ip addr add {cidr} dev {} failed",
         ns.host_if
     );
+    let (ginza_client, linux_client) = client_cpus(args.rtt_client_cpu, cpus, iok_cpu, app_cpu);
+    let ticks_per_us = hop_stamps::ticks_per_us(Duration::from_millis(20));
+    hop_stamps::enable(ticks_per_us.is_some());
+    let spans = |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_round(stamps, t));
+    let tail =
+        |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_slowest(stamps, t, 1.0));
+    let (mut ginza_tail, mut ginza_spin_tail) = (Vec::new(), Vec::new());
     let mut backend = String::new();
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
     let mut ginza_spin = Vec::new();
+    let (mut ginza_spans, mut ginza_spin_spans) = (Vec::new(), Vec::new());
     let spin = Duration::from_micros(args.rtt_spin_us);
     let result = (|| -> anyhow::Result<()> {
         for _ in 0..args.rtt_rounds {
-            let (b, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client, None)
-                .context("the Ginza UDP echo over veth")?;
+            let (b, (rtt, stamps)) =
+                ginza_rtt(ns, iok_cpu, app_cpu, ginza_client, args.rtt_client, None)
+                    .context("the Ginza UDP echo over veth")?;
             backend = b;
             ginza.push(rtt);
-            // The client runs on the CPU the server side leaves free:
-            // Ginza's iokerneld spins on `iok_cpu` and its server parks
-            // on `app_cpu`; the kernel's servers leave `iok_cpu` free.
+            ginza_spans.extend(spans(&stamps));
+            ginza_tail.extend(tail(&stamps));
             blocking.push(
                 linux_rtt(
                     ns,
                     linux_ip,
                     LinuxServer::Blocking,
-                    iok_cpu,
+                    linux_client,
                     args.rtt_client,
                 )
                 .context("the Linux UDP echo (blocking) over veth")?,
@@ -616,17 +718,27 @@ fn rtt_rounds(
                     ns,
                     linux_ip,
                     LinuxServer::BusyPoll { cpu: app_cpu },
-                    iok_cpu,
+                    linux_client,
                     args.rtt_client,
                 )
                 .context("the Linux UDP echo (busy-polling) over veth")?,
             );
-            let (_, rtt) = ginza_rtt(ns, iok_cpu, app_cpu, args.rtt_client, Some(spin))
-                .context("the Ginza UDP echo (spinning) over veth")?;
+            let (_, (rtt, stamps)) = ginza_rtt(
+                ns,
+                iok_cpu,
+                app_cpu,
+                ginza_client,
+                args.rtt_client,
+                Some(spin),
+            )
+            .context("the Ginza UDP echo (spinning) over veth")?;
             ginza_spin.push(rtt);
+            ginza_spin_spans.extend(spans(&stamps));
+            ginza_spin_tail.extend(tail(&stamps));
         }
         Ok(())
     })();
+    hop_stamps::enable(false);
     let _ = std::process::Command::new("ip")
         .args(["addr", "del", &cidr, "dev", &ns.host_if])
         .status();
@@ -648,6 +760,16 @@ fn rtt_rounds(
             ginza_spin_p50s: p50s(&ginza_spin),
             linux_blocking_p50s: p50s(&blocking),
             linux_busy_poll_p50s: p50s(&busy),
+            ginza_spans: Spans::median_of(&ginza_spans),
+            ginza_spin_spans: Spans::median_of(&ginza_spin_spans),
+            ginza_spans_rounds: ginza_spans,
+            ginza_spin_spans_rounds: ginza_spin_spans,
+            ginza_tail_spans: Spans::median_of(&ginza_tail),
+            ginza_spin_tail_spans: Spans::median_of(&ginza_spin_tail),
+            client_cpu_ginza: ginza_client,
+            client_cpu_linux: linux_client,
+            iokernel_cpu: iok_cpu,
+            server_cpu: app_cpu,
         },
     ))
 }
@@ -662,77 +784,107 @@ pub enum Client {
     Polling,
 }
 
-/// [`netns::udp_rtt_probe`] with a polling client ([`Client::Polling`]).
-fn polling_probe(
+/// A probe's figures and each measured round trip's hop stamps.
+type Probed = (Rtt, Vec<[u64; HOPS]>);
+
+/// One round trip's outcome: its time if answered, and the hops' TSC
+/// stamps ([`hop_stamps`], all 0 while stamping is off).
+type Trip = (Option<Duration>, [u64; HOPS]);
+
+/// Round trips of `count` datagrams from a fresh socket on `bind` to
+/// `target`, one at a time, waiting as `client` says; a datagram
+/// unanswered within [`RTT_TIMEOUT`] counts as lost. Late replies to
+/// earlier datagrams are skipped.
+fn ping_pong(
     bind: SocketAddrV4,
     target: SocketAddrV4,
     count: usize,
-) -> std::io::Result<Vec<Option<Duration>>> {
+    client: Client,
+) -> std::io::Result<Vec<Trip>> {
     let socket = std::net::UdpSocket::bind(bind)?;
     socket.connect(target)?;
-    socket.set_nonblocking(true)?;
+    match client {
+        Client::Blocking => socket.set_read_timeout(Some(RTT_TIMEOUT))?,
+        Client::Polling => socket.set_nonblocking(true)?,
+    }
     let mut payload = [0u8; RTT_PAYLOAD];
     let mut reply = [0u8; 2048];
-    let mut rtts = Vec::with_capacity(count);
+    let mut trips = Vec::with_capacity(count);
     for sequence in 0..count as u64 {
         payload[..8].copy_from_slice(&sequence.to_le_bytes());
+        hop_stamps::clear();
+        hop_stamps::stamp(Hop::ClientSend);
         let start = Instant::now();
         socket.send(&payload)?;
         let mut rtt = None;
         while start.elapsed() < RTT_TIMEOUT {
             match socket.recv(&mut reply) {
-                // Late replies to earlier datagrams are skipped.
                 Ok(len) if len >= 8 && reply[..8] == sequence.to_le_bytes() => {
                     rtt = Some(start.elapsed());
+                    hop_stamps::stamp(Hop::ClientRecv);
                     break;
                 }
                 Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock && client == Client::Polling =>
+                {
+                    std::thread::yield_now()
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break
+                }
                 Err(e) => return Err(e),
             }
         }
-        rtts.push(rtt);
+        trips.push((rtt, hop_stamps::take()));
     }
-    Ok(rtts)
+    Ok(trips)
 }
 
 /// p50/p99 in µs of the answered round trips.
-fn summarize(rtts: &[Option<Duration>]) -> Rtt {
-    let mut ns: Vec<u64> = rtts.iter().flatten().map(|d| d.as_nanos() as u64).collect();
+fn summarize(trips: &[Trip]) -> Rtt {
+    let mut ns: Vec<u64> = trips
+        .iter()
+        .filter_map(|t| t.0)
+        .map(|d| d.as_nanos() as u64)
+        .collect();
     ns.sort_unstable();
     let us = |q| percentile(&ns, q).map_or(f64::NAN, |v| v as f64 / 1e3);
     Rtt {
         p50: us(50.0),
         p99: us(99.0),
-        lost: rtts.len() - ns.len(),
+        lost: trips.len() - ns.len(),
     }
 }
 
 /// Ping-pongs from a Linux UDP socket in the namespace, on a thread
-/// pinned to `client_cpu`, to `target`: warm-up, then the measured ones.
-fn probe(ns: &NetNs, target: Ipv4Addr, client_cpu: usize, client: Client) -> anyhow::Result<Rtt> {
+/// pinned to `client_cpu`, to `target`: warm-up, then the measured ones,
+/// and each measured one's hop stamps.
+fn probe(
+    ns: &NetNs,
+    target: Ipv4Addr,
+    client_cpu: usize,
+    client: Client,
+) -> anyhow::Result<Probed> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
     let target = SocketAddrV4::new(target, ECHO_PORT);
-    let rtts = ns.run_in(move || -> std::io::Result<Vec<Option<Duration>>> {
+    let trips = ns.run_in(move || -> std::io::Result<Vec<Trip>> {
         ginza_sys::affinity::pin_current_thread(client_cpu)?;
-        match client {
-            Client::Blocking => {
-                netns::udp_rtt_probe(bind, target, RTT_WARMUP, RTT_PAYLOAD, RTT_TIMEOUT)?;
-                netns::udp_rtt_probe(bind, target, RTT_PINGS, RTT_PAYLOAD, RTT_TIMEOUT)
-            }
-            Client::Polling => {
-                polling_probe(bind, target, RTT_WARMUP)?;
-                polling_probe(bind, target, RTT_PINGS)
-            }
-        }
+        ping_pong(bind, target, RTT_WARMUP, client)?;
+        ping_pong(bind, target, RTT_PINGS, client)
     })??;
-    let rtt = summarize(&rtts);
+    let rtt = summarize(&trips);
     anyhow::ensure!(
         rtt.lost < RTT_PINGS / 2,
         "{} of {RTT_PINGS} round trips to {target} unanswered",
         rtt.lost
     );
-    Ok(rtt)
+    Ok((rtt, trips.into_iter().map(|t| t.1).collect()))
 }
 
 /// The kernel's UDP echo on the root namespace's end of the veth, which
@@ -767,7 +919,7 @@ fn linux_rtt(
         }
         Ok(())
     });
-    let rtt = probe(ns, ip, client_cpu, client);
+    let rtt = probe(ns, ip, client_cpu, client).map(|(rtt, _)| rtt);
     stop.store(true, Ordering::Relaxed);
     thread
         .join()
@@ -775,16 +927,17 @@ fn linux_rtt(
     rtt
 }
 
-/// spin-server on a Ginza runtime behind iokerneld driving the same veth
+/// The UDP echo server on a Ginza runtime behind iokerneld driving the same veth
 /// end (AF_XDP, else AF_PACKET), with the runtime's spin window before
 /// parking or `spin`: returns the backend used and the RTT.
 fn ginza_rtt(
     ns: &NetNs,
     iok_cpu: usize,
     app_cpu: usize,
+    client_cpu: usize,
     client: Client,
     spin: Option<Duration>,
-) -> anyhow::Result<(String, Rtt)> {
+) -> anyhow::Result<(String, Probed)> {
     let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
     let mut last_error = None;
     for backend in ["af_xdp", "af_packet"] {
@@ -810,9 +963,12 @@ fn ginza_rtt(
             config.spin_before_park = spin;
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let (s2, stats) = (stop.clone(), Arc::new(SpinStats::default()));
+        // The echo answers in the uthread that received, as the kernel's
+        // echo threads do (`spin-server`, before session 9, spawned a
+        // uthread per request: not like with like).
+        let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
         let server = std::thread::spawn(move || {
-            ginza_runtime::run(config, move || spin_server::serve(ECHO_PORT, s2, stats))
+            ginza_runtime::run(config, move || echo_server::serve_udp(ECHO_PORT, s2, stats))
         });
         let t0 = Instant::now();
         while !iokerneld
@@ -825,9 +981,10 @@ fn ginza_rtt(
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        // The server's kthread runs on `app_cpu`; iokerneld spins on
-        // `iok_cpu`, so the client shares `app_cpu` with the server.
-        let rtt = probe(ns, ns.peer_ip, app_cpu, client);
+        // The server's kthread runs on `app_cpu` and iokerneld spins on
+        // `iok_cpu`: on two CPUs the client shares one of them
+        // (`ClientCpu`).
+        let rtt = probe(ns, ns.peer_ip, client_cpu, client);
         stop.store(true, Ordering::Relaxed);
         let _ = server.join();
         drop(iokerneld);

@@ -12,6 +12,7 @@ mod forward;
 mod memcached;
 mod oneway;
 mod preempt;
+mod rtt_spans;
 mod shinjuku;
 mod steering;
 mod tcp;

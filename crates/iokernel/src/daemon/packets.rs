@@ -92,6 +92,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             Self::send_backstops(&mut self.actuator, app);
         }
+        // Replies queued for the NIC in this turn leave now, not after
+        // the next turn's receive (docs/results.md, "Dataplane").
+        self.dp.flush_to_nic();
     }
 
     /// The dispatch step of every application iokerneld dispatches for

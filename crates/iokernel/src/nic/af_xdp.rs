@@ -51,6 +51,7 @@ use super::linux::{
     ETHERNET_HEADER_LEN,
 };
 use super::{BufferPool, Frame, Nic};
+use ginza_sys::hop_stamps::{self, Hop};
 
 const BACKEND: &str = "af_xdp";
 
@@ -283,6 +284,7 @@ impl AfXdp {
             if pending == 0 {
                 return;
             }
+            hop_stamps::stamp(Hop::Kick);
             // SAFETY: a zero-length send with no address on a valid socket.
             let sent = unsafe {
                 libc::sendto(
@@ -294,6 +296,7 @@ impl AfXdp {
                     0,
                 )
             };
+            hop_stamps::stamp(Hop::Kicked);
             if sent < 0 {
                 match io::Error::last_os_error().raw_os_error() {
                     Some(libc::EAGAIN) if self.tx.pending() < pending => continue,
@@ -326,8 +329,13 @@ impl Nic for AfXdp {
         let mut descriptors = std::mem::take(&mut self.scratch);
         descriptors.clear();
         let want = max.min(self.pool.available()).min(RING_SIZE as usize);
-        self.rx
-            .consume(want, |descriptor| descriptors.push(descriptor));
+        if self
+            .rx
+            .consume(want, |descriptor| descriptors.push(descriptor))
+            > 0
+        {
+            hop_stamps::stamp(Hop::NicRx);
+        }
         let mut delivered = 0;
         for descriptor in &descriptors {
             let len = descriptor.len as usize;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_net::Endpoint;
+use ginza_sys::hop_stamps::{self, Hop};
 
 use super::stack::{Sent, SocketCore, Stack};
 use crate::deferral;
@@ -167,7 +168,11 @@ impl UdpSocket {
                 no_runtime("UdpSocket::send_to (on a uthread of the socket's runtime)")
             })??;
             match r {
-                Sent::Now | Sent::Queued | Sent::Dropped => return Ok(buf.len()),
+                Sent::Now | Sent::Queued => {
+                    hop_stamps::stamp(Hop::Replied);
+                    return Ok(buf.len());
+                }
+                Sent::Dropped => return Ok(buf.len()),
                 Sent::RingFull => {
                     if !self.rt.managed() {
                         return Err(io::Error::new(
