@@ -53,7 +53,7 @@ use ginza_shm::netstack::{
     assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
 };
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
-use ginza_sys::hop_stamps::{self, Hop};
+use ginza_sys::hops::{self, Hop};
 use hdrhistogram::Histogram;
 
 use crate::nic::faults::{
@@ -931,7 +931,7 @@ impl Dataplane {
                 .expect("a received frame is of its port's pool");
         }
         let published = publish(&mut self.staged, net, ends);
-        hop_stamps::stamp(Hop::Delivered);
+        hops::stamp(Hop::Delivered);
         published.map_or(Ok(to_parked), Err)
     }
 
@@ -968,7 +968,7 @@ impl Dataplane {
             .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
             .min(BURST as u32);
         if waiting > 0 {
-            hop_stamps::stamp(Hop::Egress);
+            hops::stamp(Hop::Egress);
         }
         let mut taken = 0;
         let mut run = DirectRun {

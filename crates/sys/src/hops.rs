@@ -1,13 +1,15 @@
-//! Hop stamps: where one message's time goes on its way through the
-//! protected path (docs/protected.md, "Where the one-way time goes").
+//! Hop stamps: where one message's time goes on its way through Ginza,
+//! for the breakdowns of `ginza bench forward` (a UDP echo through
+//! iokerneld and a runtime; docs/results.md, "Dataplane") and `ginza bench
+//! oneway` (the protected path; docs/protected.md, "Where the one-way time
+//! goes").
 //!
-//! A benchmark that runs every party as threads of one process (`ginza
-//! bench oneway`: client, iokerneld, `netstackd`, the protected server)
-//! turns stamping on, calls [`begin`] before each request and [`end`] once
-//! its answer is read; the parties stamp their [`Hop`]s in between. Each
-//! hop keeps only its *first* stamp after `begin` (a later pure ACK or a
-//! second event does not move it). Off (the default), a stamp is one
-//! relaxed load. One request at a time: a ping-pong, not a load.
+//! A benchmark that runs every party as threads of one process turns
+//! stamping on, calls [`begin`] before each request, and [`current`] or
+//! [`end`] once its answer is read; the parties stamp their [`Hop`]s in
+//! between. Each hop keeps only its *first* stamp after `begin` (a later
+//! pure ACK or a second event does not move it). Off (the default), a stamp
+//! is one relaxed load. One request at a time: a ping-pong, not a load.
 //!
 //! Stamps are TSC ticks where the kernel's clocksource is the TSC
 //! (synchronised across CPUs), CLOCK_MONOTONIC ns otherwise;
@@ -16,12 +18,28 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-/// The points a request passes, in order (their stamps, per round trip).
+/// The points a request passes. A path uses some of them, in the order of
+/// [`Hop::UDP_ECHO`] or [`Hop::PROTECTED`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Hop {
     /// The client is about to write the request.
     ClientSend,
+    /// iokerneld took the frame off the NIC's receive ring.
+    NicRx,
+    /// iokerneld published it on a kthread's ingress ring.
+    Delivered,
+    /// A kthread of the runtime took it off its ingress ring.
+    Picked,
+    /// The application's reply is on its egress ring.
+    Replied,
+    /// iokerneld took the reply off the egress ring.
+    Egress,
+    /// iokerneld calls the NIC's transmit (AF_XDP: the `sendto` kick).
+    Kick,
+    /// That call returned (on a veth it runs the peer's receive, and the
+    /// client's wake, inside it).
+    Kicked,
     /// A netstack kthread took the request's frame off its ingress ring.
     NetstackFrameIn,
     /// The netstack pushed the `new_data` event on the server's ring.
@@ -36,13 +54,29 @@ pub enum Hop {
     NetstackCommandIn,
     /// The netstack put the answer's frame on its egress ring.
     NetstackFrameOut,
-    /// The client read the answer.
+    /// The client has the answer.
     ClientRecv,
 }
 
+/// How many hops there are.
+pub const HOPS: usize = Hop::ClientRecv as usize + 1;
+
 impl Hop {
-    pub const COUNT: usize = 9;
-    pub const ALL: [Hop; Hop::COUNT] = [
+    /// A UDP echo through iokerneld's NIC and a runtime, in path order.
+    pub const UDP_ECHO: [Hop; 9] = [
+        Hop::ClientSend,
+        Hop::NicRx,
+        Hop::Delivered,
+        Hop::Picked,
+        Hop::Replied,
+        Hop::Egress,
+        Hop::Kick,
+        Hop::Kicked,
+        Hop::ClientRecv,
+    ];
+
+    /// A TCP echo through a protected server's netstack, in path order.
+    pub const PROTECTED: [Hop; 9] = [
         Hop::ClientSend,
         Hop::NetstackFrameIn,
         Hop::NetstackEventOut,
@@ -58,6 +92,13 @@ impl Hop {
     pub fn name(self) -> &'static str {
         match self {
             Hop::ClientSend => "client_send",
+            Hop::NicRx => "nic_rx",
+            Hop::Delivered => "delivered",
+            Hop::Picked => "picked",
+            Hop::Replied => "replied",
+            Hop::Egress => "egress",
+            Hop::Kick => "kick",
+            Hop::Kicked => "kicked",
             Hop::NetstackFrameIn => "netstack_frame_in",
             Hop::NetstackEventOut => "netstack_event_out",
             Hop::AppEventIn => "app_event_in",
@@ -71,13 +112,13 @@ impl Hop {
 }
 
 /// One round trip's stamps, by [`Hop`] (0: the hop was not seen).
-pub type Stamps = [u64; Hop::COUNT];
+pub type Stamps = [u64; HOPS];
 
 /// Most round trips kept until [`take`].
 const MAX_KEPT: usize = 1 << 20;
 
 static ON: AtomicBool = AtomicBool::new(false);
-static STAMPS: [AtomicU64; Hop::COUNT] = [const { AtomicU64::new(0) }; Hop::COUNT];
+static STAMPS: [AtomicU64; HOPS] = [const { AtomicU64::new(0) }; HOPS];
 static KEPT: Mutex<Vec<Stamps>> = Mutex::new(Vec::new());
 
 /// Turns stamping on or off (process-wide); on forgets what was kept.
@@ -124,13 +165,18 @@ pub fn begin() {
     STAMPS[Hop::ClientSend as usize].store(now().max(1), Relaxed);
 }
 
+/// This round trip's stamps so far (0 for a hop not passed).
+pub fn current() -> Stamps {
+    std::array::from_fn(|i| STAMPS[i].load(Relaxed))
+}
+
 /// The round trip is over: stamps the receive and keeps its stamps.
 pub fn end() {
     if !ON.load(Relaxed) {
         return;
     }
     stamp(Hop::ClientRecv);
-    let stamps: Stamps = std::array::from_fn(|i| STAMPS[i].load(Relaxed));
+    let stamps = current();
     let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
     if kept.len() < MAX_KEPT {
         kept.push(stamps);

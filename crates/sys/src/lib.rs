@@ -11,7 +11,6 @@
 //! * [`clock`]: CLOCK_MONOTONIC and the calling thread's CPU time.
 //! * [`tsc_clock`]: CLOCK_MONOTONIC from the TSC, for a spinning loop.
 //! * [`hops`]: TSC stamps of one request's hops (benchmarks' breakdowns).
-//! * [`hop_stamps`]: TSC stamps of a datagram's hops, for a bench's breakdown.
 //! * [`signal`]: `tgkill` and a plain signal handler.
 //! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
 //! * [`poll`]: `ppoll` over a reusable list of descriptors.
@@ -29,7 +28,6 @@ pub mod clock;
 pub mod cpulist;
 pub mod eventfd;
 pub mod hops;
-pub mod hop_stamps;
 pub mod memfd;
 pub mod mm;
 pub mod poll;

@@ -61,7 +61,7 @@ use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
 use ginza_shm::{Region, RegionConfig, RuntimeEnd};
 use ginza_sys::clock;
-use ginza_sys::hop_stamps::{self, Hop, HOPS};
+use ginza_sys::hops::{self, Hop, Stamps};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median, percentile};
@@ -683,11 +683,10 @@ fn rtt_rounds(
         ns.host_if
     );
     let (ginza_client, linux_client) = client_cpus(args.rtt_client_cpu, cpus, iok_cpu, app_cpu);
-    let ticks_per_us = hop_stamps::ticks_per_us(Duration::from_millis(20));
-    hop_stamps::enable(ticks_per_us.is_some());
-    let spans = |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_round(stamps, t));
-    let tail =
-        |stamps: &[[u64; HOPS]]| ticks_per_us.and_then(|t| Spans::of_slowest(stamps, t, 1.0));
+    let ticks_per_us = hops::ticks_per_us(Duration::from_millis(20));
+    hops::enable(true);
+    let spans = |stamps: &[Stamps]| Spans::of_round(stamps, ticks_per_us);
+    let tail = |stamps: &[Stamps]| Spans::of_slowest(stamps, ticks_per_us, 1.0);
     let (mut ginza_tail, mut ginza_spin_tail) = (Vec::new(), Vec::new());
     let mut backend = String::new();
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
@@ -738,7 +737,7 @@ fn rtt_rounds(
         }
         Ok(())
     })();
-    hop_stamps::enable(false);
+    hops::enable(false);
     let _ = std::process::Command::new("ip")
         .args(["addr", "del", &cidr, "dev", &ns.host_if])
         .status();
@@ -785,11 +784,11 @@ pub enum Client {
 }
 
 /// A probe's figures and each measured round trip's hop stamps.
-type Probed = (Rtt, Vec<[u64; HOPS]>);
+type Probed = (Rtt, Vec<Stamps>);
 
 /// One round trip's outcome: its time if answered, and the hops' TSC
-/// stamps ([`hop_stamps`], all 0 while stamping is off).
-type Trip = (Option<Duration>, [u64; HOPS]);
+/// stamps ([`hops`], all 0 while stamping is off).
+type Trip = (Option<Duration>, Stamps);
 
 /// Round trips of `count` datagrams from a fresh socket on `bind` to
 /// `target`, one at a time, waiting as `client` says; a datagram
@@ -812,8 +811,7 @@ fn ping_pong(
     let mut trips = Vec::with_capacity(count);
     for sequence in 0..count as u64 {
         payload[..8].copy_from_slice(&sequence.to_le_bytes());
-        hop_stamps::clear();
-        hop_stamps::stamp(Hop::ClientSend);
+        hops::begin();
         let start = Instant::now();
         socket.send(&payload)?;
         let mut rtt = None;
@@ -821,7 +819,7 @@ fn ping_pong(
             match socket.recv(&mut reply) {
                 Ok(len) if len >= 8 && reply[..8] == sequence.to_le_bytes() => {
                     rtt = Some(start.elapsed());
-                    hop_stamps::stamp(Hop::ClientRecv);
+                    hops::stamp(Hop::ClientRecv);
                     break;
                 }
                 Ok(_) => {}
@@ -841,7 +839,7 @@ fn ping_pong(
                 Err(e) => return Err(e),
             }
         }
-        trips.push((rtt, hop_stamps::take()));
+        trips.push((rtt, hops::current()));
     }
     Ok(trips)
 }

@@ -677,31 +677,28 @@ pub(super) fn echo_round(
 /// The stretches between consecutive hops of the round trips stamped at
 /// every hop (`per_us`: stamp units per µs).
 fn hop_stretches(stamps: &[hops::Stamps], per_us: f64) -> Hops {
-    let all_seen = |s: &&hops::Stamps| s.iter().all(|&t| t > 0);
-    let in_order = |s: &&hops::Stamps| s.windows(2).all(|w| w[0] <= w[1]);
-    let complete: Vec<&hops::Stamps> = stamps.iter().filter(all_seen).filter(in_order).collect();
-    let out_of_order = stamps.iter().filter(all_seen).count() - complete.len();
-    let seen = Hop::ALL
+    let path = Hop::PROTECTED;
+    let on_path: Vec<[u64; 9]> = stamps.iter().map(|s| path.map(|h| s[h as usize])).collect();
+    let all_seen = |s: &&[u64; 9]| s.iter().all(|&t| t > 0);
+    let in_order = |s: &&[u64; 9]| s.windows(2).all(|w| w[0] <= w[1]);
+    let complete: Vec<&[u64; 9]> = on_path.iter().filter(all_seen).filter(in_order).collect();
+    let out_of_order = on_path.iter().filter(all_seen).count() - complete.len();
+    let seen = path
         .iter()
-        .map(|&h| {
-            (
-                h.name(),
-                stamps.iter().filter(|s| s[h as usize] > 0).count(),
-            )
-        })
+        .enumerate()
+        .map(|(i, h)| (h.name(), on_path.iter().filter(|s| s[i] > 0).count()))
         .collect();
-    let stretches = Hop::ALL
-        .windows(2)
-        .filter_map(|w| {
-            let (a, b) = (w[0] as usize, w[1] as usize);
+    let stretches = (1..path.len())
+        .filter_map(|b| {
+            let a = b - 1;
             let ns: Vec<u64> = complete
                 .iter()
                 .map(|s| ((s[b] - s[a]) as f64 * 1e3 / per_us) as u64)
                 .collect();
             let q = quantiles(ns).ok()?;
             Some(Stretch {
-                from: w[0].name(),
-                to: w[1].name(),
+                from: path[a].name(),
+                to: path[b].name(),
                 p50_us: q.p50,
                 p99_us: q.p99,
             })
@@ -1143,19 +1140,22 @@ mod tests {
 
     #[test]
     fn hop_stretches_use_only_round_trips_stamped_everywhere_in_order() {
-        let full: hops::Stamps = [10, 20, 30, 40, 50, 60, 70, 80, 90];
+        let mut full: hops::Stamps = [0; hops::HOPS];
+        for (i, h) in Hop::PROTECTED.into_iter().enumerate() {
+            full[h as usize] = 10 * (i as u64 + 1);
+        }
         let mut missing = full;
-        missing[3] = 0;
+        missing[Hop::AppEventIn as usize] = 0;
         let mut backwards = full;
-        backwards[5] = 35;
+        backwards[Hop::AppSendOut as usize] = 35;
         // 10 units per µs: each stretch of `full` is 1 µs.
         let h = hop_stretches(&[full, missing, backwards, full], 10.0);
         assert_eq!((h.round_trips, h.complete, h.out_of_order), (4, 2, 1));
-        assert_eq!(h.stretches.len(), Hop::COUNT - 1);
+        assert_eq!(h.stretches.len(), Hop::PROTECTED.len() - 1);
         assert_eq!(h.stretches[0].from, "client_send");
         assert_eq!(h.stretches[7].to, "client_recv");
         assert!(h.stretches.iter().all(|x| (x.p50_us - 1.0).abs() < 1e-9));
-        assert_eq!(h.seen[Hop::AppEventIn as usize], ("app_event_in", 3));
+        assert_eq!(h.seen[3], ("app_event_in", 3));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Where a Ginza UDP round trip's time goes, hop by hop, from the TSC
-//! stamps of [`ginza_sys::hop_stamps`] (docs/results.md, "Dataplane").
+//! stamps of [`ginza_sys::hops`] (docs/results.md, "Dataplane").
 //!
 //! Each round trip gives one stamp per hop it passed; a span is the time
 //! between two consecutive hops. A round's figure for a span is its median
@@ -7,7 +7,7 @@
 //! reply that never came); the spans' medians need not add up to the
 //! round trip's median.
 
-use ginza_sys::hop_stamps::{Hop, HOPS};
+use ginza_sys::hops::{Hop, Stamps};
 use serde::Serialize;
 
 use super::common::median;
@@ -61,8 +61,8 @@ impl Spans {
     /// One round's spans from each round trip's stamps (TSC ticks, 0 for a
     /// hop not passed) and the TSC's rate; `None` if no round trip had any
     /// of Ginza's hops (e.g. a Linux server).
-    pub(crate) fn of_round(stamps: &[[u64; HOPS]], ticks_per_us: f64) -> Option<Spans> {
-        let span = |s: &[u64; HOPS], (from, to): (Hop, Hop)| {
+    pub(crate) fn of_round(stamps: &[Stamps], ticks_per_us: f64) -> Option<Spans> {
+        let span = |s: &Stamps, (from, to): (Hop, Hop)| {
             let (a, b) = (s[from as usize], s[to as usize]);
             (a != 0 && b >= a).then(|| (b - a) as f64 / ticks_per_us)
         };
@@ -93,27 +93,25 @@ impl Spans {
             kick_to_client: m(6),
             kick_call: median(&calls).unwrap_or(f64::NAN),
             total: median(&totals).unwrap_or(f64::NAN),
-            complete: stamps.iter().filter(|s| s.iter().all(|&t| t != 0)).count(),
+            complete: stamps
+                .iter()
+                .filter(|s| Hop::UDP_ECHO.iter().all(|&h| s[h as usize] != 0))
+                .count(),
         })
     }
 
     /// [`of_round`](Self::of_round) over the slowest `percent` % of the
     /// round trips (by client send → answer; at least one): where the
     /// tail's time went.
-    pub(crate) fn of_slowest(
-        stamps: &[[u64; HOPS]],
-        ticks_per_us: f64,
-        percent: f64,
-    ) -> Option<Spans> {
-        let total = |s: &[u64; HOPS]| {
+    pub(crate) fn of_slowest(stamps: &[Stamps], ticks_per_us: f64, percent: f64) -> Option<Spans> {
+        let total = |s: &Stamps| {
             let (a, b) = (s[Hop::ClientSend as usize], s[Hop::ClientRecv as usize]);
             (a != 0 && b >= a).then(|| b - a)
         };
-        let mut answered: Vec<&[u64; HOPS]> =
-            stamps.iter().filter(|s| total(s).is_some()).collect();
+        let mut answered: Vec<&Stamps> = stamps.iter().filter(|s| total(s).is_some()).collect();
         answered.sort_by_key(|s| std::cmp::Reverse(total(s)));
         let keep = ((answered.len() as f64 * percent / 100.0).ceil() as usize).max(1);
-        let slowest: Vec<[u64; HOPS]> = answered.into_iter().take(keep).copied().collect();
+        let slowest: Vec<Stamps> = answered.into_iter().take(keep).copied().collect();
         Spans::of_round(&slowest, ticks_per_us)
     }
 
@@ -167,9 +165,13 @@ impl Spans {
 mod tests {
     use super::*;
 
-    /// Stamps 1 µs apart at 1000 ticks per µs, hop `i` at `(i + 1) * step`.
-    fn trip(step: u64) -> [u64; HOPS] {
-        std::array::from_fn(|i| (i as u64 + 1) * step)
+    /// The UDP echo's hop `i` stamped at `(i + 1) * step`, the others 0.
+    fn trip(step: u64) -> Stamps {
+        let mut s = [0; ginza_sys::hops::HOPS];
+        for (i, h) in Hop::UDP_ECHO.into_iter().enumerate() {
+            s[h as usize] = (i as u64 + 1) * step;
+        }
+        s
     }
 
     #[test]
@@ -202,7 +204,7 @@ mod tests {
 
     #[test]
     fn a_linux_round_has_no_spans() {
-        let mut client_only = [0u64; HOPS];
+        let mut client_only = [0u64; ginza_sys::hops::HOPS];
         client_only[Hop::ClientSend as usize] = 10;
         client_only[Hop::ClientRecv as usize] = 50;
         assert_eq!(Spans::of_round(&[client_only], 1.0), None);
@@ -210,7 +212,7 @@ mod tests {
 
     #[test]
     fn the_slowest_trips_alone() {
-        let trips: Vec<[u64; HOPS]> = (1..=100).map(|i| trip(i * 10)).collect();
+        let trips: Vec<Stamps> = (1..=100).map(|i| trip(i * 10)).collect();
         let s = Spans::of_slowest(&trips, 1.0, 2.0).unwrap();
         // Trips 100 and 99: steps of 1000 and 990 ticks.
         assert_eq!(s.client_to_nic_rx, 995.0);

@@ -35,7 +35,7 @@ use super::linux::{
     ETHERNET_HEADER_LEN,
 };
 use super::{BufferPool, Frame, Nic};
-use ginza_sys::hop_stamps::{self, Hop};
+use ginza_sys::hops::{self, Hop};
 
 const BACKEND: &str = "af_packet";
 
@@ -180,7 +180,7 @@ impl Nic for AfPacket {
                         .expect("checked against the buffer size");
                     self.stats.rx_frames += 1;
                     self.stats.rx_bytes += len as u64;
-                    hop_stamps::stamp(Hop::NicRx);
+                    hops::stamp(Hop::NicRx);
                     out.push(frame);
                     delivered += 1;
                     continue;
@@ -218,7 +218,7 @@ impl Nic for AfPacket {
                 self.stats.drops.tx_runt += 1;
                 continue;
             }
-            hop_stamps::stamp(Hop::Kick);
+            hops::stamp(Hop::Kick);
             // SAFETY: `bytes` is valid for reads of its length; the socket
             // is bound, so send() needs no address.
             let sent = unsafe {
@@ -229,7 +229,7 @@ impl Nic for AfPacket {
                     libc::MSG_DONTWAIT,
                 )
             };
-            hop_stamps::stamp(Hop::Kicked);
+            hops::stamp(Hop::Kicked);
             if sent >= 0 {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += bytes.len() as u64;

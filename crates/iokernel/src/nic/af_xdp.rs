@@ -51,7 +51,7 @@ use super::linux::{
     ETHERNET_HEADER_LEN,
 };
 use super::{BufferPool, Frame, Nic};
-use ginza_sys::hop_stamps::{self, Hop};
+use ginza_sys::hops::{self, Hop};
 
 const BACKEND: &str = "af_xdp";
 
@@ -284,7 +284,7 @@ impl AfXdp {
             if pending == 0 {
                 return;
             }
-            hop_stamps::stamp(Hop::Kick);
+            hops::stamp(Hop::Kick);
             // SAFETY: a zero-length send with no address on a valid socket.
             let sent = unsafe {
                 libc::sendto(
@@ -296,7 +296,7 @@ impl AfXdp {
                     0,
                 )
             };
-            hop_stamps::stamp(Hop::Kicked);
+            hops::stamp(Hop::Kicked);
             if sent < 0 {
                 match io::Error::last_os_error().raw_os_error() {
                     Some(libc::EAGAIN) if self.tx.pending() < pending => continue,
@@ -334,7 +334,7 @@ impl Nic for AfXdp {
             .consume(want, |descriptor| descriptors.push(descriptor))
             > 0
         {
-            hop_stamps::stamp(Hop::NicRx);
+            hops::stamp(Hop::NicRx);
         }
         let mut delivered = 0;
         for descriptor in &descriptors {

@@ -23,7 +23,7 @@ use ginza_net::{
     Resolution, UdpDatagram, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET,
 };
 use ginza_shm::{IngressPool, PacketDesc, PushError};
-use ginza_sys::hop_stamps::{self, Hop};
+use ginza_sys::hops::{self, Hop};
 
 use super::tcp::Tcp;
 use super::{KthreadNetStats, NetStats};
@@ -272,7 +272,7 @@ impl Stack {
                 }
             };
             n += 1;
-            hop_stamps::stamp(Hop::Picked);
+            hops::stamp(Hop::Picked);
             self.process(me, desc);
         }
         drop(ingress);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_net::Endpoint;
-use ginza_sys::hop_stamps::{self, Hop};
+use ginza_sys::hops::{self, Hop};
 
 use super::stack::{Sent, SocketCore, Stack};
 use crate::deferral;
@@ -169,7 +169,7 @@ impl UdpSocket {
             })??;
             match r {
                 Sent::Now | Sent::Queued => {
-                    hop_stamps::stamp(Hop::Replied);
+                    hops::stamp(Hop::Replied);
                     return Ok(buf.len());
                 }
                 Sent::Dropped => return Ok(buf.len()),
