@@ -74,6 +74,10 @@ pub(crate) struct KLink {
     /// Owner kthread only. Dispatch by iokerneld (docs/colocate.md): the
     /// `Run`s read since the last `Wake` (those read before it are stale).
     runs: UnsafeCell<std::collections::VecDeque<Run>>,
+    /// Owner kthread only: the kthread gave its core back (or never had
+    /// one) and has read no `Wake` since: every `Run` read now crossed its
+    /// `Parked`/`Yielded` and iokerneld has queued it again.
+    awaiting_wake: UnsafeCell<bool>,
 }
 
 /// A request iokerneld runs on a kthread (dispatch by iokerneld,
@@ -110,6 +114,8 @@ impl KLink {
         let rx = unsafe { &mut *self.rx.get() };
         // SAFETY: owner-only (caller's contract).
         let runs = unsafe { &mut *self.runs.get() };
+        // SAFETY: owner-only (caller's contract).
+        let awaiting_wake = unsafe { &mut *self.awaiting_wake.get() };
         let mut decided = None;
         loop {
             match rx.recv() {
@@ -118,7 +124,11 @@ impl KLink {
                     // Runs read before a Wake crossed our Parked/Yielded:
                     // iokerneld has queued them again (docs/colocate.md).
                     runs.clear();
+                    *awaiting_wake = false;
                 }
+                // Stale: it crossed our Parked/Yielded (even when a wake
+                // came with no `Wake` read, as after a full ring).
+                Ok(Some(ToKthread::Run { .. })) if *awaiting_wake => {}
                 Ok(Some(ToKthread::Run { request, packet })) => runs.push_back((request, packet)),
                 Ok(Some(ToKthread::Preempt { .. })) => {}
                 Ok(None) => return decided,
@@ -128,6 +138,20 @@ impl KLink {
                 }
             }
         }
+    }
+
+    /// The kthread is about to give its core back (`Parked`/`Yielded`):
+    /// `Run`s it has read and not started, and those it reads until its
+    /// next `Wake`, are stale (iokerneld queues them again when it reads
+    /// the `Parked`/`Yielded`, docs/colocate.md).
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn expect_wake(&self) {
+        // SAFETY: owner-only (caller's contract).
+        unsafe { &mut *self.runs.get() }.clear();
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.awaiting_wake.get() = true };
     }
 
     /// The next request iokerneld runs on this kthread (dispatch by
@@ -216,6 +240,8 @@ impl Link {
                 rx: UnsafeCell::new(from_iokernel),
                 samples: Mutex::new(GrantSamples::default()),
                 runs: UnsafeCell::new(std::collections::VecDeque::new()),
+                // Every kthread starts parked: its first grant sends a Wake.
+                awaiting_wake: UnsafeCell::new(true),
                 net: cfg
                     .net
                     .is_some()

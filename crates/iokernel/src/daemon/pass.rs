@@ -493,7 +493,12 @@ impl<A: CoreActuator> Iokerneld<A> {
             core: cpu as u32,
             decided_ns: t0,
         }) {
-            Ok(()) => {}
+            Ok(()) => {
+                if let Some(d) = &mut app.dispatch {
+                    // `Run`s may follow now (docs/colocate.md).
+                    d.woken(k);
+                }
+            }
             Err(SendError::Full) => app.ring_full += 1,
             Err(SendError::Corrupt(e)) => {
                 app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));
