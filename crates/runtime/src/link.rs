@@ -140,6 +140,19 @@ impl KLink {
         }
     }
 
+    /// Whether iokerneld has read every command this kthread sent (its
+    /// last hand-back included): from then on, what it had to send back
+    /// (the next `Run`) is on its way. A corrupt ring says yes.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn sent_all_read(&self) -> bool {
+        // SAFETY: owner-only (caller's contract).
+        let ring = unsafe { &mut *self.tx.get() }.raw();
+        let capacity = ring.capacity();
+        ring.free().map_or(true, |free| free == capacity)
+    }
+
     /// The kthread is about to give its core back (`Parked`/`Yielded`):
     /// `Run`s it has read and not started, and those it reads until its
     /// next `Wake`, are stale (iokerneld queues them again when it reads
