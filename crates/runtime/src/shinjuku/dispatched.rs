@@ -83,15 +83,17 @@ impl DispatchedConfig {
         self
     }
 
-    /// The default idle spin: 5 µs for one worker, 50 µs for more. With
-    /// several workers a short spin costs more than it saves: a `Run` sent
-    /// as its worker parks crosses the `Parked`, and the request waits for
-    /// another core (docs/results.md, "Session 8: a 16-core machine": with
-    /// three workers 5 µs sent a third of the `Run`s across a park and
-    /// queued requests for milliseconds). One worker parks seldom enough
-    /// at 5 µs, and a longer spin takes most of batch's share of its core.
+    /// The default idle spin: 5 µs, whatever the number of workers. It
+    /// counts from when iokerneld has read the worker's last hand-back,
+    /// and of several idle workers iokerneld gives the next request to the
+    /// one idle the shortest (docs/colocate.md, "Several workers"). Before
+    /// both (session 8), three workers needed 50 µs: with 5 µs a third of
+    /// the `Run`s crossed their worker's `Parked` and requests queued for
+    /// milliseconds (docs/results.md, "Session 8: a 16-core machine"). A
+    /// longer spin takes batch's share of the cores.
     pub fn idle_spin_for(workers: usize) -> Duration {
-        Duration::from_micros(if workers > 1 { 50 } else { 5 })
+        let _ = workers;
+        Duration::from_micros(5)
     }
 }
 
