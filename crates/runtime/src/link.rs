@@ -449,3 +449,87 @@ impl KNet {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use ginza_shm::{RunPacket, ToIokernel, ToKthread};
+
+    use super::Link;
+    use crate::config::IokernelConfig;
+    use crate::Class;
+
+    fn run(request: u64) -> ToKthread {
+        ToKthread::Run {
+            request,
+            packet: Some(RunPacket { buf: 1, len: 60 }),
+        }
+    }
+
+    fn wake() -> ToKthread {
+        ToKthread::Wake {
+            core: 0,
+            decided_ns: 1,
+        }
+    }
+
+    /// Dispatch by iokerneld (docs/colocate.md, "The worker state
+    /// machine"): `Run`s read between the kthread's `Parked` and its next
+    /// `Wake` crossed the park and are dropped, even when the wake comes
+    /// with no `Wake` read; those after the `Wake` are kept.
+    #[test]
+    fn runs_before_the_next_wake_are_stale() {
+        let cfg = IokernelConfig::new("klink-runs-test", Class::LatencyCritical);
+        let (link, ks) = Link::new(&cfg, 1, Instant::now()).unwrap();
+        let k = &ks[0];
+        let mut io = link.region.iokernel_end(0).unwrap();
+        // A new kthread waits for its first grant: a Run before it is stale.
+        io.to_kthread.send(run(1)).unwrap();
+        io.to_kthread.send(wake()).unwrap();
+        io.to_kthread.send(run(2)).unwrap();
+        // SAFETY: the test is the only user of this kthread's end.
+        unsafe {
+            assert_eq!(k.next_run().map(|r| r.0), Some(2));
+            assert_eq!(k.next_run(), None);
+            // Running: Runs are kept.
+            io.to_kthread.send(run(3)).unwrap();
+            assert_eq!(k.next_run().map(|r| r.0), Some(3));
+            // It parks; a Run crosses the Parked; it wakes with no Wake
+            // read (its grant's Wake did not fit the ring).
+            io.to_kthread.send(run(4)).unwrap();
+            k.expect_wake();
+            assert_eq!(k.next_run(), None, "crossed its park");
+            io.to_kthread.send(run(5)).unwrap();
+            assert_eq!(k.next_run(), None, "still no Wake");
+            io.to_kthread.send(wake()).unwrap();
+            io.to_kthread.send(run(6)).unwrap();
+            assert_eq!(k.next_run().map(|r| r.0), Some(6));
+        }
+    }
+
+    /// An idle worker's spin starts when iokerneld has read its last
+    /// hand-back (docs/colocate.md, "Several workers").
+    #[test]
+    fn the_kthread_sees_when_iokerneld_has_read_its_commands() {
+        let cfg = IokernelConfig::new("klink-read-test", Class::LatencyCritical);
+        let (link, ks) = Link::new(&cfg, 1, Instant::now()).unwrap();
+        let k = &ks[0];
+        let mut io = link.region.iokernel_end(0).unwrap();
+        // SAFETY: the test is the only user of this kthread's end.
+        unsafe {
+            assert!(k.sent_all_read());
+            k.send(ToIokernel::HandBack {
+                request: 7,
+                completed: true,
+            });
+            assert!(!k.sent_all_read());
+        }
+        assert!(matches!(
+            io.from_kthread.recv(),
+            Ok(Some(ToIokernel::HandBack { request: 7, .. }))
+        ));
+        // SAFETY: as above.
+        assert!(unsafe { k.sent_all_read() });
+    }
+}
