@@ -591,7 +591,7 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back",
+        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back/parked with work queued",
         "config", "load", "tail>=", "count", "sojourn", "queued", "no core", "pickup", "on core", "runs"
     );
     for p in &r.points {
@@ -602,7 +602,7 @@ fn render(r: &Report) -> String {
         let d = p.dispatch.unwrap_or_default();
         let _ = writeln!(
             s,
-            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}",
+            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}/{}",
             label(p.sched, p.alloc),
             p.load,
             p.tail_from_us,
@@ -617,6 +617,7 @@ fn render(r: &Report) -> String {
             d.ak,
             d.bs,
             d.tb,
+            d.pq,
         );
     }
     s

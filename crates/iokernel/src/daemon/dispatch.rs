@@ -99,6 +99,9 @@ pub(super) struct DispatchCounters {
     /// Backstop signals that could not be sent (no tid yet, or the thread
     /// is gone).
     pub signal_errors: u64,
+    /// `Parked`s read while requests were queued (a `Run` taken back
+    /// included).
+    pub parked_with_queue: u64,
 }
 
 /// One application's dispatch state.
@@ -173,6 +176,7 @@ impl AppDispatch {
             tb: c.stale_runs,
             li: c.lies,
             qu: self.queues.queued() as u64,
+            pq: c.parked_with_queue,
         }
     }
 
@@ -322,10 +326,10 @@ impl AppDispatch {
         }
     }
 
-    /// Kthread `k` gave its core back (parked or yielded): a request still
-    /// on it was sent by a `Run` it never read (see the module docs), and
-    /// is queued again as it was.
-    pub fn gave_core_back(&mut self, k: usize, now: u64) {
+    /// Kthread `k` gave its core back (`parked`, or yielded): a request
+    /// still on it was sent by a `Run` it never read (see the module
+    /// docs), and is queued again as it was.
+    pub fn gave_core_back(&mut self, k: usize, parked: bool, now: u64) {
         self.queues.set_granted(k, false);
         if let Some(a) = self.awake.get_mut(k) {
             *a = false;
@@ -336,6 +340,9 @@ impl AppDispatch {
             if self.queues.withdraw(k, held).is_some() {
                 self.counters.stale_runs += 1;
             }
+        }
+        if parked && self.queues.queued() > 0 {
+            self.counters.parked_with_queue += 1;
         }
     }
 
@@ -652,8 +659,9 @@ mod tests {
         d.step(0, [true, false].into_iter(), &mut io);
         // The Run crossed kthread 0's Parked: it is stale, and the request
         // goes to kthread 1 with its packet.
-        d.gave_core_back(0, 5);
+        d.gave_core_back(0, true, 5);
         assert_eq!(d.counters.stale_runs, 1);
+        assert_eq!(d.stats().pq, 1, "it parked with a request queued");
         d.woken(1);
         d.step(6, [false, true].into_iter(), &mut io);
         let fresh = Some(ToKthread::Run {

@@ -92,7 +92,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                 ToIokernel::Parked { next_deadline_ns }
                 | ToIokernel::Yielded { next_deadline_ns } => {
                     if let Some(d) = &mut app.dispatch {
-                        d.gave_core_back(k, now);
+                        let parked = matches!(msg, ToIokernel::Parked { .. });
+                        d.gave_core_back(k, parked, now);
                     }
                     // Either way the kthread gave its core back and waits
                     // to be woken, at the latest for its timer.

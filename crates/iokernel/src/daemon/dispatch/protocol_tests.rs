@@ -186,7 +186,8 @@ impl Model {
                         self.d.hand_back(k, request, completed, now).unwrap();
                     }
                     ToIokernel::Parked { .. } | ToIokernel::Yielded { .. } => {
-                        self.d.gave_core_back(k, now);
+                        let parked = matches!(m, ToIokernel::Parked { .. });
+                        self.d.gave_core_back(k, parked, now);
                         self.view[k] = IoView {
                             parked: true,
                             ..IoView::default()
