@@ -526,6 +526,11 @@ pub struct DispatchStats {
     pub li: u64,
     /// Requests queued now.
     pub qu: u64,
+    /// `Parked`s read while requests were queued (a worker gave its core
+    /// back with work waiting for it, which then waits for a grant;
+    /// docs/colocate.md, "Several workers"). Absent from older replies.
+    #[serde(default)]
+    pub pq: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -730,6 +735,7 @@ pub fn largest_stats_report() -> StatsReport {
                     tb: u64::MAX,
                     li: u64::MAX,
                     qu: u64::MAX,
+                    pq: u64::MAX,
                 }),
             })
             .collect(),

@@ -79,6 +79,9 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
     // may come in the word from then on.
     io.line.wake().begin_park();
     let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
+    // Dispatch by iokerneld: a `Run` read from here to the next `Wake`
+    // crossed this `Parked`/`Yielded` (docs/colocate.md).
+    owner.expect_wake_from_iokernel();
     owner.send_to_iokernel(if preempted {
         ginza_shm::ToIokernel::Yielded { next_deadline_ns }
     } else {

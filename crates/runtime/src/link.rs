@@ -78,6 +78,10 @@ pub(crate) struct KLink {
     /// kthread running, CLOCK_MONOTONIC ns (0: none yet). Written by the
     /// owner kthread, read by the uthreads it runs ([`crate::last_wake`]).
     pub(crate) last_wake: [AtomicU64; 2],
+    /// Owner kthread only: the kthread gave its core back (or never had
+    /// one) and has read no `Wake` since: every `Run` read now crossed its
+    /// `Parked`/`Yielded` and iokerneld has queued it again.
+    awaiting_wake: UnsafeCell<bool>,
 }
 
 /// A request iokerneld runs on a kthread (dispatch by iokerneld,
@@ -114,6 +118,8 @@ impl KLink {
         let rx = unsafe { &mut *self.rx.get() };
         // SAFETY: owner-only (caller's contract).
         let runs = unsafe { &mut *self.runs.get() };
+        // SAFETY: owner-only (caller's contract).
+        let awaiting_wake = unsafe { &mut *self.awaiting_wake.get() };
         let mut decided = None;
         loop {
             match rx.recv() {
@@ -122,7 +128,11 @@ impl KLink {
                     // Runs read before a Wake crossed our Parked/Yielded:
                     // iokerneld has queued them again (docs/colocate.md).
                     runs.clear();
+                    *awaiting_wake = false;
                 }
+                // Stale: it crossed our Parked/Yielded (even when a wake
+                // came with no `Wake` read, as after a full ring).
+                Ok(Some(ToKthread::Run { .. })) if *awaiting_wake => {}
                 Ok(Some(ToKthread::Run { request, packet })) => runs.push_back((request, packet)),
                 Ok(Some(ToKthread::Preempt { .. })) => {}
                 Ok(None) => return decided,
@@ -132,6 +142,33 @@ impl KLink {
                 }
             }
         }
+    }
+
+    /// Whether iokerneld has read every command this kthread sent (its
+    /// last hand-back included): from then on, what it had to send back
+    /// (the next `Run`) is on its way. A corrupt ring says yes.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn sent_all_read(&self) -> bool {
+        // SAFETY: owner-only (caller's contract).
+        let ring = unsafe { &mut *self.tx.get() }.raw();
+        let capacity = ring.capacity();
+        ring.free().map_or(true, |free| free == capacity)
+    }
+
+    /// The kthread is about to give its core back (`Parked`/`Yielded`):
+    /// `Run`s it has read and not started, and those it reads until its
+    /// next `Wake`, are stale (iokerneld queues them again when it reads
+    /// the `Parked`/`Yielded`, docs/colocate.md).
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn expect_wake(&self) {
+        // SAFETY: owner-only (caller's contract).
+        unsafe { &mut *self.runs.get() }.clear();
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.awaiting_wake.get() = true };
     }
 
     /// The next request iokerneld runs on this kthread (dispatch by
@@ -221,6 +258,8 @@ impl Link {
                 samples: Mutex::new(GrantSamples::default()),
                 runs: UnsafeCell::new(std::collections::VecDeque::new()),
                 last_wake: [AtomicU64::new(0), AtomicU64::new(0)],
+                // Every kthread starts parked: its first grant sends a Wake.
+                awaiting_wake: UnsafeCell::new(true),
                 net: cfg
                     .net
                     .is_some()
@@ -413,5 +452,89 @@ impl KNet {
             Some(mut c) => c.len().is_ok_and(|n| n > 0),
             None => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use ginza_shm::{RunPacket, ToIokernel, ToKthread};
+
+    use super::Link;
+    use crate::config::IokernelConfig;
+    use crate::Class;
+
+    fn run(request: u64) -> ToKthread {
+        ToKthread::Run {
+            request,
+            packet: Some(RunPacket { buf: 1, len: 60 }),
+        }
+    }
+
+    fn wake() -> ToKthread {
+        ToKthread::Wake {
+            core: 0,
+            decided_ns: 1,
+        }
+    }
+
+    /// Dispatch by iokerneld (docs/colocate.md, "The worker state
+    /// machine"): `Run`s read between the kthread's `Parked` and its next
+    /// `Wake` crossed the park and are dropped, even when the wake comes
+    /// with no `Wake` read; those after the `Wake` are kept.
+    #[test]
+    fn runs_before_the_next_wake_are_stale() {
+        let cfg = IokernelConfig::new("klink-runs-test", Class::LatencyCritical);
+        let (link, ks) = Link::new(&cfg, 1, Instant::now()).unwrap();
+        let k = &ks[0];
+        let mut io = link.region.iokernel_end(0).unwrap();
+        // A new kthread waits for its first grant: a Run before it is stale.
+        io.to_kthread.send(run(1)).unwrap();
+        io.to_kthread.send(wake()).unwrap();
+        io.to_kthread.send(run(2)).unwrap();
+        // SAFETY: the test is the only user of this kthread's end.
+        unsafe {
+            assert_eq!(k.next_run().map(|r| r.0), Some(2));
+            assert_eq!(k.next_run(), None);
+            // Running: Runs are kept.
+            io.to_kthread.send(run(3)).unwrap();
+            assert_eq!(k.next_run().map(|r| r.0), Some(3));
+            // It parks; a Run crosses the Parked; it wakes with no Wake
+            // read (its grant's Wake did not fit the ring).
+            io.to_kthread.send(run(4)).unwrap();
+            k.expect_wake();
+            assert_eq!(k.next_run(), None, "crossed its park");
+            io.to_kthread.send(run(5)).unwrap();
+            assert_eq!(k.next_run(), None, "still no Wake");
+            io.to_kthread.send(wake()).unwrap();
+            io.to_kthread.send(run(6)).unwrap();
+            assert_eq!(k.next_run().map(|r| r.0), Some(6));
+        }
+    }
+
+    /// An idle worker's spin starts when iokerneld has read its last
+    /// hand-back (docs/colocate.md, "Several workers").
+    #[test]
+    fn the_kthread_sees_when_iokerneld_has_read_its_commands() {
+        let cfg = IokernelConfig::new("klink-read-test", Class::LatencyCritical);
+        let (link, ks) = Link::new(&cfg, 1, Instant::now()).unwrap();
+        let k = &ks[0];
+        let mut io = link.region.iokernel_end(0).unwrap();
+        // SAFETY: the test is the only user of this kthread's end.
+        unsafe {
+            assert!(k.sent_all_read());
+            k.send(ToIokernel::HandBack {
+                request: 7,
+                completed: true,
+            });
+            assert!(!k.sent_all_read());
+        }
+        assert!(matches!(
+            io.from_kthread.recv(),
+            Ok(Some(ToIokernel::HandBack { request: 7, .. }))
+        ));
+        // SAFETY: as above.
+        assert!(unsafe { k.sent_all_read() });
     }
 }

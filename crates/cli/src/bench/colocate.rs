@@ -58,8 +58,8 @@ pub struct ColocateArgs {
     quantum_us: f64,
     /// How long an idle worker of the server spins for its next request
     /// before it parks and gives its core back (default:
-    /// `DispatchedConfig::idle_spin_for` the managed cores, 5 µs for one,
-    /// 50 µs for more).
+    /// `DispatchedConfig::idle_spin_for`: 5 µs; session 8's default was
+    /// 50 µs for more than one worker).
     #[arg(long, value_parser = ginza_proto::parse_duration)]
     idle_spin: Option<Duration>,
     /// iokerneld's CPU (default: the first allowed CPU).
@@ -68,6 +68,11 @@ pub struct ColocateArgs {
     /// Managed cores (default: every allowed CPU but iokerneld's).
     #[arg(long)]
     cores: Option<usize>,
+    /// The server's worker kthreads (default: one per managed core). More
+    /// workers than cores shows the dispatch of several workers on a
+    /// machine with few CPUs (docs/colocate.md, "Several workers").
+    #[arg(long)]
+    workers: Option<usize>,
     /// Simulated time per point of the simulator's prediction, ms.
     #[arg(long, default_value_t = 1000.0)]
     sim_ms: f64,
@@ -208,6 +213,8 @@ struct Report {
     /// The server's idle spin before parking, µs.
     idle_spin_us: f64,
     managed_cores: usize,
+    /// The server's worker kthreads.
+    workers: usize,
     iokernel_cpu: usize,
     duration_s: f64,
     sim_grant_latency_us: f64,
@@ -232,6 +239,8 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
     );
     let service = Service::parse(WORKLOAD)?;
     let n = managed.len();
+    let workers = args.workers.unwrap_or(n);
+    anyhow::ensure!(workers > 0, "the server needs a worker");
     eprintln!(
         "colocate: iokerneld on CPU {io_cpu}, managed cores {managed:?}, {WORKLOAD}, {:?} per point",
         args.duration
@@ -256,7 +265,7 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
             let measured = measure(&args, io_cpu, &managed, sched, alloc, rate)?;
             let sim = ColocateSim {
                 cores: n,
-                workers: n,
+                workers,
                 guaranteed: if alloc == Alloc::Static { n } else { 0 },
                 alloc: match alloc {
                     Alloc::Shenango => ColocateAlloc::Shenango { interval_us: 5.0 },
@@ -287,10 +296,11 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
         quantum_us: args.quantum_us,
         idle_spin_us: args
             .idle_spin
-            .unwrap_or_else(|| DispatchedConfig::idle_spin_for(n))
+            .unwrap_or_else(|| DispatchedConfig::idle_spin_for(workers))
             .as_secs_f64()
             * 1e6,
         managed_cores: n,
+        workers,
         iokernel_cpu: io_cpu,
         duration_s: args.duration.as_secs_f64(),
         sim_grant_latency_us: SIM_GRANT_LATENCY_US,
@@ -333,6 +343,7 @@ fn measure(
         rate_per_s,
         duration: args.duration,
         idle_spin: args.idle_spin,
+        workers: args.workers,
     };
     measure_point(&run)
 }
@@ -355,6 +366,8 @@ pub struct PointRun<'a> {
     pub duration: Duration,
     /// The server's idle spin before parking (`None`: its default).
     pub idle_spin: Option<Duration>,
+    /// The server's worker kthreads (`None`: one per managed core).
+    pub workers: Option<usize>,
 }
 
 /// One measured point: a fresh iokerneld, batch, and the server (the
@@ -395,7 +408,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         io.socket = Some(socket.clone());
         io.net = Some(NetConfig::new(me.mac, me.ip).with_static_arp(GENERATOR_IP, GENERATOR_MAC));
         if alloc == Alloc::Static {
-            io.guaranteed = n as u32;
+            io.guaranteed = n.min(run.workers.unwrap_or(n)) as u32;
             io.keep_cores_when_idle = true;
         }
         let spec = DispatchSpec {
@@ -410,7 +423,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
             class_offset: 0,
             backstop_ns: Some(BACKSTOP_NS),
         };
-        let mut cfg = DispatchedConfig::new(io, spec, PORT).with_workers(n);
+        let mut cfg = DispatchedConfig::new(io, spec, PORT).with_workers(run.workers.unwrap_or(n));
         if let Some(spin) = run.idle_spin {
             cfg.idle_spin = spin;
         }
@@ -578,7 +591,7 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back",
+        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back/parked with work queued",
         "config", "load", "tail>=", "count", "sojourn", "queued", "no core", "pickup", "on core", "runs"
     );
     for p in &r.points {
@@ -589,7 +602,7 @@ fn render(r: &Report) -> String {
         let d = p.dispatch.unwrap_or_default();
         let _ = writeln!(
             s,
-            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}",
+            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}/{}",
             label(p.sched, p.alloc),
             p.load,
             p.tail_from_us,
@@ -604,6 +617,7 @@ fn render(r: &Report) -> String {
             d.ak,
             d.bs,
             d.tb,
+            d.pq,
         );
     }
     s

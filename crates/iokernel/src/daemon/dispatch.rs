@@ -99,6 +99,9 @@ pub(super) struct DispatchCounters {
     /// Backstop signals that could not be sent (no tid yet, or the thread
     /// is gone).
     pub signal_errors: u64,
+    /// `Parked`s read while requests were queued (a `Run` taken back
+    /// included).
+    pub parked_with_queue: u64,
 }
 
 /// One application's dispatch state.
@@ -111,6 +114,13 @@ pub(super) struct AppDispatch {
     /// Per kthread, the request of the last `Run` sent and what it carried,
     /// until it is handed back.
     sent: Vec<Option<(u64, Held)>>,
+    /// Per kthread: a `Wake` is on its command ring since iokerneld last
+    /// read its `Parked`/`Yielded` ([`AppDispatch::woken`]). Only then may
+    /// it be sent a `Run`: the kthread drops every `Run` it reads before
+    /// its next `Wake` (see the module docs), so a `Run` sent to a kthread
+    /// granted a core but not woken yet would be dropped while iokerneld
+    /// counts it as running there (docs/colocate.md, "Several workers").
+    awake: Vec<bool>,
     /// Workers whose request the last step asked to signal (the caller
     /// sends the signals: [`AppDispatch::take_signals`]).
     signals: Vec<usize>,
@@ -137,6 +147,7 @@ impl AppDispatch {
             next_request: 0,
             actions: Vec::new(),
             sent: vec![None; workers],
+            awake: vec![false; workers],
             signals: Vec::new(),
             no_core_ns: 0,
             last_step: 0,
@@ -165,6 +176,7 @@ impl AppDispatch {
             tb: c.stale_runs,
             li: c.lies,
             qu: self.queues.queued() as u64,
+            pq: c.parked_with_queue,
         }
     }
 
@@ -314,11 +326,14 @@ impl AppDispatch {
         }
     }
 
-    /// Kthread `k` gave its core back (parked or yielded): a request still
-    /// on it was sent by a `Run` it never read (see the module docs), and
-    /// is queued again as it was.
-    pub fn gave_core_back(&mut self, k: usize, now: u64) {
+    /// Kthread `k` gave its core back (`parked`, or yielded): a request
+    /// still on it was sent by a `Run` it never read (see the module
+    /// docs), and is queued again as it was.
+    pub fn gave_core_back(&mut self, k: usize, parked: bool, now: u64) {
         self.queues.set_granted(k, false);
+        if let Some(a) = self.awake.get_mut(k) {
+            *a = false;
+        }
         if let Some((_, mut held)) = self.sent.get_mut(k).and_then(Option::take) {
             held.t.pickup += now.saturating_sub(held.t.sent_at);
             self.requeued(&mut held.t, now);
@@ -326,11 +341,23 @@ impl AppDispatch {
                 self.counters.stale_runs += 1;
             }
         }
+        if parked && self.queues.queued() > 0 {
+            self.counters.parked_with_queue += 1;
+        }
+    }
+
+    /// A `Wake` has just been put on kthread `k`'s command ring: `Run`s
+    /// sent from now on follow it, and the kthread reads them.
+    pub fn woken(&mut self, k: usize) {
+        if let Some(a) = self.awake.get_mut(k) {
+            *a = true;
+        }
     }
 
     /// One dispatch step: `granted[k]` says whether kthread `k` holds a
-    /// core; runs queued requests on idle ones, asks overrun requests to
-    /// yield. Returns the packets that reached the application.
+    /// core; runs queued requests on idle ones that have been sent their
+    /// `Wake` ([`AppDispatch::woken`]), asks overrun requests to yield.
+    /// Returns the packets that reached the application.
     pub fn step(
         &mut self,
         now: u64,
@@ -340,9 +367,10 @@ impl AppDispatch {
         self.no_core_ns = self.no_core_at(now);
         self.last_step = now;
         self.had_core = false;
-        for (k, g) in granted.enumerate() {
+        for (k, holds) in granted.enumerate() {
+            self.had_core |= holds;
+            let g = holds && self.awake.get(k).copied().unwrap_or(false);
             self.queues.set_granted(k, g);
-            self.had_core |= g;
             // Quanta count from when the worker says it switched in.
             if let Some(id) = self.queues.running_on(k) {
                 if !self.queues.has_started(k) && ends[k].line.runs_request(id) {
@@ -431,6 +459,9 @@ pub(crate) fn is_request(frame: &[u8]) -> bool {
 }
 
 #[cfg(test)]
+mod protocol_tests;
+
+#[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
 
@@ -497,6 +528,7 @@ mod tests {
         let f = frame(0);
         d.arrive(desc(7), &f, 0);
         d.arrive(desc(8), &f, 0);
+        d.woken(1);
         assert_eq!(d.step(1, [false, true].into_iter(), &mut io), 1);
         assert_eq!(
             rt[1].from_iokernel.recv().unwrap(),
@@ -515,6 +547,7 @@ mod tests {
         d.step(15_001, [false, true].into_iter(), &mut io);
         assert!(rt[1].line.flags().contains(LineFlags::YIELD_REQUEST));
         d.hand_back(1, 0, false, 10_500).unwrap();
+        d.woken(0);
         d.step(10_600, [true, true].into_iter(), &mut io);
         let got: Vec<_> = rt
             .iter_mut()
@@ -546,6 +579,7 @@ mod tests {
         let (_region, mut io, _rt) = ends(1);
         let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0, None);
         d.arrive(desc(1), &frame(0), 0);
+        d.woken(0);
         d.step(0, [true].into_iter(), &mut io);
         for i in 1..MAX_LIES {
             assert!(
@@ -573,6 +607,7 @@ mod tests {
         d.step(1_000, [false].into_iter(), &mut io);
         d.arrive(desc(1), &frame(0), 1_000);
         // Queued 3 µs with no core; run as soon as a worker has one.
+        d.woken(0);
         d.step(4_000, [true].into_iter(), &mut io);
         d.arrive(desc(2), &frame(0), 4_500);
         d.step(6_000, [true].into_iter(), &mut io);
@@ -620,11 +655,14 @@ mod tests {
         };
         let mut d = AppDispatch::new(policy, 2, 0, None);
         d.arrive(desc(1), &frame(0), 0);
+        d.woken(0);
         d.step(0, [true, false].into_iter(), &mut io);
         // The Run crossed kthread 0's Parked: it is stale, and the request
         // goes to kthread 1 with its packet.
-        d.gave_core_back(0, 5);
+        d.gave_core_back(0, true, 5);
         assert_eq!(d.counters.stale_runs, 1);
+        assert_eq!(d.stats().pq, 1, "it parked with a request queued");
+        d.woken(1);
         d.step(6, [false, true].into_iter(), &mut io);
         let fresh = Some(ToKthread::Run {
             request: 0,

@@ -92,7 +92,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                 ToIokernel::Parked { next_deadline_ns }
                 | ToIokernel::Yielded { next_deadline_ns } => {
                     if let Some(d) = &mut app.dispatch {
-                        d.gave_core_back(k, now);
+                        let parked = matches!(msg, ToIokernel::Parked { .. });
+                        d.gave_core_back(k, parked, now);
                     }
                     // Either way the kthread gave its core back and waits
                     // to be woken, at the latest for its timer.
@@ -552,7 +553,12 @@ impl<A: CoreActuator> Iokerneld<A> {
             core: cpu as u32,
             decided_ns: t0,
         }) {
-            Ok(()) => {}
+            Ok(()) => {
+                if let Some(d) = &mut app.dispatch {
+                    // `Run`s may follow now (docs/colocate.md).
+                    d.woken(k);
+                }
+            }
             Err(SendError::Full) => app.ring_full += 1,
             Err(SendError::Corrupt(e)) => {
                 app.doom(format!("kthread {k}'s wake ring is corrupt: {e}"));

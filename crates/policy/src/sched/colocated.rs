@@ -9,6 +9,12 @@
 //! carries out the [`Action`]s of each [`ColocatedDispatcher::step`]: run
 //! a request on a worker, or ask a worker's request to yield its core.
 //!
+//! Of several idle workers holding a core, the one that became idle last
+//! gets the next request: an idle worker spins only a short while before
+//! it parks and gives its core back, so the one idle longest is the one
+//! whose `Run` most likely crosses its park (docs/colocate.md, "Several
+//! workers").
+//!
 //! A request is in exactly one place at any time: a queue, or one worker's
 //! slot. It leaves a slot only by that worker's hand-back
 //! ([`ColocatedDispatcher::hand_back`]): completed (gone), or preempted
@@ -66,6 +72,10 @@ pub enum HandBackError {
 struct Slot {
     granted: bool,
     running: Option<Running>,
+    /// When it last became idle (granted, or its request gone), as a
+    /// sequence number: the idle worker with the largest gets the next
+    /// request.
+    idle_seq: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -105,6 +115,8 @@ pub struct ColocatedDispatcher<T> {
     /// the queue's counters for congestion detection.
     pushed: u32,
     taken: u32,
+    /// The last [`Slot::idle_seq`] given.
+    idle_seq: u64,
     /// How long an asked request may keep running before its worker is
     /// signalled; `None`: never signalled.
     backstop: Option<Time>,
@@ -120,11 +132,13 @@ impl<T> ColocatedDispatcher<T> {
                 Slot {
                     granted: false,
                     running: None,
+                    idle_seq: 0,
                 };
                 workers
             ],
             pushed: 0,
             taken: 0,
+            idle_seq: 0,
             backstop: None,
             stats: ColocatedStats::default(),
         }
@@ -176,8 +190,30 @@ impl<T> ColocatedDispatcher<T> {
     /// Whether `worker` holds a core (idle workers with one get requests).
     pub fn set_granted(&mut self, worker: usize, granted: bool) {
         if let Some(s) = self.slots.get_mut(worker) {
+            if granted && !s.granted {
+                self.idle_seq += 1;
+                s.idle_seq = self.idle_seq;
+            }
             s.granted = granted;
         }
+    }
+
+    /// `worker`'s slot has just become free: it is the freshest idle worker.
+    fn freed(&mut self, worker: usize) {
+        if let Some(s) = self.slots.get_mut(worker) {
+            self.idle_seq += 1;
+            s.idle_seq = self.idle_seq;
+        }
+    }
+
+    /// The granted idle worker that became idle last, if any.
+    fn freshest_idle(&self) -> Option<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.granted && s.running.is_none())
+            .max_by_key(|(_, s)| s.idle_seq)
+            .map(|(w, _)| w)
     }
 
     /// Sets every worker's core (`false`: the application is going away).
@@ -246,6 +282,7 @@ impl<T> ColocatedDispatcher<T> {
         if !slot.granted && how == HandBack::Preempted {
             self.stats.revoked_mid_request += 1;
         }
+        self.freed(worker);
         match how {
             HandBack::Completed => self.stats.completed += 1,
             HandBack::Preempted => {
@@ -274,6 +311,7 @@ impl<T> ColocatedDispatcher<T> {
                 slot.running = None;
             }
         }
+        self.freed(worker);
         self.taken = self.taken.wrapping_sub(1);
         self.queues.put_back(request);
     }
@@ -328,15 +366,13 @@ impl<T> ColocatedDispatcher<T> {
                 _ => {}
             }
         }
-        for (w, slot) in self.slots.iter_mut().enumerate() {
-            if !slot.granted || slot.running.is_some() {
-                continue;
-            }
+        // The freshest idle worker first (see the module docs).
+        while let Some(w) = self.freshest_idle() {
             let Some(request) = self.queues.next_for_idle_worker(now) else {
                 break;
             };
             self.taken = self.taken.wrapping_add(1);
-            slot.running = Some(Running {
+            self.slots[w].running = Some(Running {
                 id: request.id,
                 class: request.class,
                 arrival: request.arrival,
@@ -420,6 +456,41 @@ mod tests {
         assert_eq!(runs(&out), [(2, 1)]);
         assert_eq!(d.queued(), 1);
         assert_eq!(d.queue_counters(), (1, 2));
+    }
+
+    /// Of several idle workers, the one that became idle last gets the
+    /// next request: the one idle longest is the closest to parking, and
+    /// a `Run` sent as it parks waits for another grant (docs/colocate.md,
+    /// "Several workers").
+    #[test]
+    fn the_freshest_idle_worker_gets_the_next_request() {
+        let mut d = ColocatedDispatcher::new(SchedPolicy::CFcfs, 3);
+        for w in 0..3 {
+            d.set_granted(w, true);
+        }
+        let mut out = Vec::new();
+        d.arrive(req(1, 0, 0), 0);
+        d.step(0, &mut out);
+        assert_eq!(runs(&out), [(2, 1)], "granted last");
+        d.arrive(req(2, 0, 1), 1);
+        d.arrive(req(3, 0, 1), 1);
+        out.clear();
+        d.step(1, &mut out);
+        assert_eq!(runs(&out), [(1, 2), (0, 3)]);
+        // Worker 0 finishes, then worker 2: worker 2 is the freshest.
+        d.hand_back(0, 3, HandBack::Completed, 0, 2).unwrap();
+        d.hand_back(2, 1, HandBack::Completed, 0, 3).unwrap();
+        d.arrive(req(4, 0, 4), 4);
+        out.clear();
+        d.step(4, &mut out);
+        assert_eq!(runs(&out), [(2, 4)]);
+        // Regranted after losing its core: freshest again.
+        d.set_granted(0, false);
+        d.set_granted(0, true);
+        d.arrive(req(5, 0, 5), 5);
+        out.clear();
+        d.step(5, &mut out);
+        assert_eq!(runs(&out), [(0, 5)]);
     }
 
     #[test]

@@ -206,6 +206,15 @@ impl<'a> Owner<'a> {
         self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
     }
 
+    /// About to give the core back to iokerneld: `Run`s read until the
+    /// next `Wake` are stale (`KLink::expect_wake`).
+    pub(crate) fn expect_wake_from_iokernel(&self) {
+        if let Some(io) = &self.k.io {
+            // SAFETY: the token proves we are the owner kthread.
+            unsafe { io.expect_wake() };
+        }
+    }
+
     /// The transmit side of this kthread's packet rings (managed runtimes
     /// with networking). `&mut self`: one at a time per token, and the
     /// stack's code that uses it never makes another token.

@@ -83,15 +83,17 @@ impl DispatchedConfig {
         self
     }
 
-    /// The default idle spin: 5 µs for one worker, 50 µs for more. With
-    /// several workers a short spin costs more than it saves: a `Run` sent
-    /// as its worker parks crosses the `Parked`, and the request waits for
-    /// another core (docs/results.md, "Session 8: a 16-core machine": with
-    /// three workers 5 µs sent a third of the `Run`s across a park and
-    /// queued requests for milliseconds). One worker parks seldom enough
-    /// at 5 µs, and a longer spin takes most of batch's share of its core.
+    /// The default idle spin: 5 µs, whatever the number of workers. It
+    /// counts from when iokerneld has read the worker's last hand-back,
+    /// and of several idle workers iokerneld gives the next request to the
+    /// one idle the shortest (docs/colocate.md, "Several workers"). Before
+    /// both (session 8), three workers needed 50 µs: with 5 µs a third of
+    /// the `Run`s crossed their worker's `Parked` and requests queued for
+    /// milliseconds (docs/results.md, "Session 8: a 16-core machine"). A
+    /// longer spin takes batch's share of the cores.
     pub fn idle_spin_for(workers: usize) -> Duration {
-        Duration::from_micros(if workers > 1 { 50 } else { 5 })
+        let _ = workers;
+        Duration::from_micros(5)
     }
 }
 
@@ -220,6 +222,11 @@ where
     })
 }
 
+/// The longest an idle worker waits for iokerneld to read its last
+/// hand-back before its idle spin starts anyway (iokerneld is
+/// descheduled: its loop reads every dispatched worker's ring each turn).
+const MAX_UNREAD_WAIT: Duration = Duration::from_millis(1);
+
 /// A worker kthread's body: runs what iokerneld sends, parks when idle,
 /// gives its core back when revoked.
 fn run(owner: &mut Owner<'_>, serving: &Serving) {
@@ -229,28 +236,51 @@ fn run(owner: &mut Owner<'_>, serving: &Serving) {
         return; // iokerneld went away before the first grant
     };
     let mut idle_since: Option<Instant> = None;
+    // Since when the worker has waited for iokerneld to read its last
+    // hand-back (idle, its idle spin not started yet).
+    let mut unread_since: Option<Instant> = None;
     while !rt.shutdown.load(Acquire) && rt.managed() {
         if k.revoke_requested.load(Acquire) || io.preempt_pending() {
             // Revoked with no request on us: the core goes back.
             park_with_iokernel(owner, io, true);
             idle_since = None;
+            unread_since = None;
             continue;
         }
         // SAFETY: this is the kthread's own body (its owner thread).
         match unsafe { io.next_run() } {
             Some((request, packet)) => {
                 idle_since = None;
+                unread_since = None;
                 serve_one(owner, io, serving, request, packet);
             }
             None => {
                 // Frames that are no request (ARP) are the stack's.
                 sched::poll_net(owner, k);
+                // The idle spin counts from when iokerneld has read our
+                // last hand-back: only then could it send the next
+                // request. Counted from the hand-back, a spin shorter than
+                // iokerneld's round trip parked a worker with requests
+                // queued for it, and each then waited for a grant
+                // (docs/colocate.md, "Several workers"). A ring left
+                // unread for `MAX_UNREAD_WAIT` (iokerneld descheduled)
+                // starts the spin anyway.
+                if idle_since.is_none() {
+                    let waited = *unread_since.get_or_insert_with(Instant::now);
+                    // SAFETY: this is the kthread's own body.
+                    if !unsafe { io.sent_all_read() } && waited.elapsed() < MAX_UNREAD_WAIT {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    unread_since = None;
+                }
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= rt.spin {
                     // A `Run` sent after our look crosses our `Parked`:
                     // iokerneld queues it again (docs/colocate.md).
                     park_with_iokernel(owner, io, false);
                     idle_since = None;
+                    unread_since = None;
                 } else {
                     std::hint::spin_loop();
                 }

@@ -928,6 +928,7 @@ fn run_one(
                 rate_per_s: x * managed.len() as f64 / (svc.mean_us() * 1e-6),
                 duration: settings.duration,
                 idle_spin: None,
+                workers: None,
             })?;
             row.p50_us = Some(p.p50_us);
             row.p99_us = Some(p.p99_us);

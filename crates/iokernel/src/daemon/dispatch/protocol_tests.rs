@@ -1,0 +1,578 @@
+//! The dispatch protocol between iokerneld and a dispatched application's
+//! workers, message by message (docs/colocate.md, "The worker state
+//! machine"): [`AppDispatch`] driven as the daemon drives it (hand-backs
+//! and parks read from the command rings, grants with their `Wake`, the
+//! dispatch step), and the workers played by a model of the runtime's
+//! rules (`runtime/src/link.rs`, `shinjuku/dispatched.rs`): a `Run` read
+//! before the `Wake` that follows the worker's `Parked`/`Yielded` is stale.
+//!
+//! After every event the model checks that each request iokerneld counts
+//! on a worker is owed to that worker — held by it, read and kept, on its
+//! ring where it will be kept, or about to be taken back because the
+//! worker's park crossed it — so no request waits in iokerneld's queue
+//! while a worker holds a core and no `Run` is on its way to it; and at
+//! the end that every request completed exactly once with no hand-back
+//! refused.
+
+use std::collections::VecDeque;
+
+use ginza_policy::rng::SplitMix64;
+use ginza_policy::sched::{Placement, SchedPolicy};
+use ginza_shm::{
+    LineFlags, PacketDesc, PreemptReason, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
+};
+use proptest::prelude::*;
+
+use super::{AppDispatch, IokernelEnd};
+
+/// iokerneld's view of one kthread (the daemon's `Kthread`, reduced).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct IoView {
+    core: bool,
+    parked: bool,
+    preempting: bool,
+    /// Granted, its `Wake` not sent yet (a hand-over waiting for the end
+    /// of the pass, `daemon/pass.rs`).
+    wake_pending: bool,
+}
+
+/// One worker as the runtime runs it.
+#[derive(Clone, Debug, Default)]
+struct Worker {
+    /// It runs (granted, or woken some other way); parked otherwise.
+    running: bool,
+    /// No `Wake` read since it gave its core back (`KLink::expect_wake`).
+    awaiting_wake: bool,
+    /// `Run`s read and kept, not started.
+    runs: VecDeque<u64>,
+    holding: Option<u64>,
+    /// Commands iokerneld sent it, not read yet.
+    inbox: VecDeque<ToKthread>,
+    /// Its `Parked`/`Yielded` is on the ring, unread by iokerneld.
+    park_unread: bool,
+    /// Requests it handed back, the hand-back unread by iokerneld.
+    returned: Vec<u64>,
+    /// A grant's eventfd (or word) is waiting for it.
+    woken: bool,
+}
+
+struct Model {
+    _region: Region,
+    io: Vec<IokernelEnd>,
+    rt: Vec<RuntimeEnd>,
+    d: AppDispatch,
+    view: Vec<IoView>,
+    w: Vec<Worker>,
+    now: u64,
+    arrived: u64,
+    done: Vec<u32>,
+    /// `Run`s that reached a worker after their request was taken back
+    /// and that it kept (would run a request twice).
+    kept_stale: u64,
+}
+
+fn frame() -> Vec<u8> {
+    use ginza_net::{tx, Endpoint, Interface, MacAddr};
+    use std::net::Ipv4Addr;
+    let from = Interface {
+        mac: MacAddr([2, 0, 0, 0, 0, 1]),
+        ip: Ipv4Addr::new(10, 0, 0, 1),
+    };
+    let to = Endpoint::new(Ipv4Addr::new(10, 0, 0, 2), 2000);
+    let mut out = vec![0u8; 2048];
+    let n = tx::udp_datagram(
+        &mut out,
+        &from,
+        MacAddr([2, 0, 0, 0, 0, 2]),
+        1000,
+        to,
+        &[0u8; 32],
+    )
+    .expect("fits");
+    out.truncate(n);
+    out
+}
+
+impl Model {
+    fn new(workers: usize, policy: SchedPolicy) -> Model {
+        let n = workers as u32;
+        let region = Region::create("dispatch-protocol", &RegionConfig::new(n)).unwrap();
+        let io = (0..n).map(|k| region.iokernel_end(k).unwrap()).collect();
+        let rt = (0..n).map(|k| region.runtime_end(k).unwrap()).collect();
+        Model {
+            _region: region,
+            io,
+            rt,
+            d: AppDispatch::new(policy, workers, 0, Some(20)),
+            view: vec![
+                IoView {
+                    parked: true,
+                    ..IoView::default()
+                };
+                workers
+            ],
+            w: vec![
+                Worker {
+                    awaiting_wake: true,
+                    ..Worker::default()
+                };
+                workers
+            ],
+            now: 1,
+            arrived: 0,
+            done: Vec::new(),
+            kept_stale: 0,
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.now += 1;
+        self.now
+    }
+
+    fn granted(&self) -> Vec<bool> {
+        // `daemon/packets.rs::granted`: holds a core, not being revoked,
+        // not waiting for a hand-over (a pending wake is none of these).
+        self.view.iter().map(|v| v.core && !v.preempting).collect()
+    }
+
+    /// Moves what iokerneld put on the command rings to the workers'
+    /// inboxes (the ring is only transport; the worker reads the inbox
+    /// by the runtime's rules when it runs).
+    fn post(&mut self) {
+        for (k, w) in self.w.iter_mut().enumerate() {
+            while let Some(m) = self.rt[k].from_iokernel.recv().unwrap() {
+                w.inbox.push_back(m);
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let now = self.tick();
+        let g = self.granted();
+        self.d.step(now, g.into_iter(), &mut self.io);
+        self.post();
+        self.check(true);
+    }
+
+    // ---- iokerneld's side
+
+    fn arrive(&mut self) {
+        let now = self.tick();
+        let f = frame();
+        self.d.arrive(
+            PacketDesc {
+                buf: (self.arrived % 1024) as u32,
+                len: f.len() as u32,
+                hash: 0,
+                reserved: 0,
+            },
+            &f,
+            now,
+        );
+        self.arrived += 1;
+        self.done.push(0);
+    }
+
+    /// The loop's turn: every command ring read (`daemon/pass.rs::drain`),
+    /// then the dispatch step (`daemon/packets.rs`).
+    fn io_turn(&mut self) {
+        for k in 0..self.io.len() {
+            while let Some(m) = self.io[k].from_kthread.recv().unwrap() {
+                let now = self.tick();
+                match m {
+                    ToIokernel::HandBack { request, completed } => {
+                        self.w[k].returned.retain(|&r| r != request);
+                        self.d.hand_back(k, request, completed, now).unwrap();
+                    }
+                    ToIokernel::Parked { .. } | ToIokernel::Yielded { .. } => {
+                        let parked = matches!(m, ToIokernel::Parked { .. });
+                        self.d.gave_core_back(k, parked, now);
+                        self.view[k] = IoView {
+                            parked: true,
+                            ..IoView::default()
+                        };
+                        self.w[k].park_unread = false;
+                        self.io[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
+                    }
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
+        self.step();
+    }
+
+    /// The allocator grants a parked kthread a core: the `Wake`, then its
+    /// first request (`daemon/pass.rs::wake`); with `deferred`, only the
+    /// bookkeeping now, the `Wake` at the end of the pass (a hand-over).
+    fn grant(&mut self, k: usize, deferred: bool) {
+        if !self.view[k].parked {
+            return;
+        }
+        self.view[k] = IoView {
+            core: true,
+            wake_pending: true,
+            ..IoView::default()
+        };
+        if !deferred {
+            self.send_wake(k);
+        }
+    }
+
+    fn send_wake(&mut self, k: usize) {
+        if !self.view[k].wake_pending {
+            return;
+        }
+        self.view[k].wake_pending = false;
+        let now = self.tick();
+        self.io[k]
+            .to_kthread
+            .send(ToKthread::Wake {
+                core: 0,
+                decided_ns: now,
+            })
+            .unwrap();
+        self.d.woken(k);
+        self.step();
+        self.w[k].woken = true;
+    }
+
+    /// A kthread granted in this pass, its `Wake` not sent, is preempted
+    /// by a later decision of the pass: it goes back to parked silently
+    /// (`daemon/pass.rs::preempt`), and iokerneld's dispatch is not told.
+    fn cancel(&mut self, k: usize) {
+        if self.view[k].wake_pending {
+            self.view[k] = IoView {
+                parked: true,
+                ..IoView::default()
+            };
+        }
+    }
+
+    /// Revocation (`daemon/pass.rs::preempt`).
+    fn revoke(&mut self, k: usize) {
+        let v = self.view[k];
+        if !v.core || v.preempting || v.wake_pending {
+            return;
+        }
+        self.view[k].core = false;
+        self.view[k].preempting = true;
+        self.io[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
+        self.io[k]
+            .to_kthread
+            .send(ToKthread::Preempt {
+                reason: PreemptReason::CoreNeeded,
+            })
+            .unwrap();
+        self.post();
+        self.check(false);
+    }
+
+    // ---- the worker's side (the runtime's rules)
+
+    /// `KLink::drain`.
+    fn read(&mut self, k: usize) {
+        let w = &mut self.w[k];
+        while let Some(m) = w.inbox.pop_front() {
+            match m {
+                ToKthread::Wake { .. } => {
+                    w.runs.clear();
+                    w.awaiting_wake = false;
+                }
+                ToKthread::Run { .. } if w.awaiting_wake => {}
+                ToKthread::Run { request, .. } => {
+                    if self.d.queues.running_on(k) != Some(request) {
+                        self.kept_stale += 1;
+                    }
+                    w.runs.push_back(request);
+                }
+                ToKthread::Preempt { .. } => {}
+            }
+        }
+    }
+
+    /// One look of worker `k`'s loop (`shinjuku/dispatched.rs::run`).
+    fn worker(&mut self, k: usize, roll: u64) {
+        if !self.w[k].running {
+            // Parked: only a grant wakes it (`iokernel.rs::wait_for_grant`).
+            if std::mem::take(&mut self.w[k].woken) {
+                self.w[k].running = true;
+                self.read(k);
+            }
+            return;
+        }
+        let flags = self.rt[k].line.flags();
+        let revoked = flags.contains(LineFlags::PREEMPT_PENDING);
+        if let Some(id) = self.w[k].holding {
+            if roll % 4 == 0 {
+                self.finish(k, id, true);
+            } else if flags.contains(LineFlags::YIELD_REQUEST) || revoked {
+                self.rt[k].line.remove_flags(LineFlags::YIELD_REQUEST);
+                self.finish(k, id, false);
+            }
+            return;
+        }
+        if revoked {
+            return self.park(k, true);
+        }
+        self.read(k);
+        if let Some(id) = self.w[k].runs.pop_front() {
+            self.w[k].holding = Some(id);
+            self.rt[k].line.set_running_request(Some(id));
+        } else if roll % 3 == 0 {
+            // Its idle spin is over.
+            self.park(k, false);
+        }
+    }
+
+    fn finish(&mut self, k: usize, id: u64, completed: bool) {
+        self.rt[k].line.set_running_request(None);
+        self.w[k].holding = None;
+        self.w[k].returned.push(id);
+        if completed {
+            self.done[id as usize] += 1;
+        }
+        self.rt[k]
+            .to_iokernel
+            .send(ToIokernel::HandBack {
+                request: id,
+                completed,
+            })
+            .unwrap();
+    }
+
+    /// `iokernel.rs::park_with_iokernel`.
+    fn park(&mut self, k: usize, revoked: bool) {
+        let w = &mut self.w[k];
+        w.runs.clear();
+        w.awaiting_wake = true;
+        w.running = false;
+        w.park_unread = true;
+        let m = if revoked {
+            ToIokernel::Yielded {
+                next_deadline_ns: None,
+            }
+        } else {
+            ToIokernel::Parked {
+                next_deadline_ns: None,
+            }
+        };
+        self.rt[k].to_iokernel.send(m).unwrap();
+    }
+
+    // ---- the invariants
+
+    /// Every request iokerneld counts on a worker is owed to it; right
+    /// after a dispatch step (`stepped`), none waits queued while a woken
+    /// worker holds a core and idles.
+    fn check(&self, stepped: bool) {
+        for (k, w) in self.w.iter().enumerate() {
+            let Some(r) = self.d.queues.running_on(k) else {
+                continue;
+            };
+            if w.holding == Some(r)
+                || w.runs.contains(&r)
+                || w.returned.contains(&r)
+                || w.park_unread
+            {
+                continue;
+            }
+            // On its ring: kept if a `Wake` comes before it, or if the
+            // worker runs and expects none.
+            let mut keeps = w.running && !w.awaiting_wake;
+            let mut owed = false;
+            for m in &w.inbox {
+                match m {
+                    ToKthread::Wake { .. } => keeps = true,
+                    ToKthread::Run { request, .. } if *request == r => owed = keeps,
+                    _ => {}
+                }
+            }
+            assert!(
+                owed,
+                "request {r} waits on worker {k}, which will never run it: {w:?}, iokerneld sees {:?}",
+                self.view[k]
+            );
+        }
+        // And so none waits queued while a worker that holds a core and
+        // was woken idles with nothing on its way.
+        if stepped && self.d.queued() > 0 {
+            for (k, v) in self.view.iter().enumerate() {
+                let idle = self.d.queues.running_on(k).is_none();
+                assert!(
+                    !(v.core && !v.preempting && !v.wake_pending && idle && !self.w[k].park_unread),
+                    "a request is queued while worker {k} holds a core and idles"
+                );
+            }
+        }
+        assert_eq!(self.kept_stale, 0, "a taken-back Run was kept");
+        assert!(self.done.iter().all(|&n| n <= 1), "a request ran twice");
+    }
+
+    /// No more arrivals: everything is served to the end.
+    fn settle(&mut self) {
+        for _ in 0..100_000 {
+            if self.done.iter().all(|&n| n == 1) {
+                break;
+            }
+            if self.d.queued() > 0 {
+                for k in 0..self.w.len() {
+                    self.grant(k, false);
+                }
+            }
+            for k in 0..self.w.len() {
+                self.worker(k, 0);
+            }
+            self.io_turn();
+        }
+        assert!(
+            self.done.iter().all(|&n| n == 1),
+            "every request completed once: {:?}",
+            self.done
+        );
+        assert_eq!(self.d.counters.lies, 0, "no hand-back refused");
+    }
+}
+
+fn sq() -> SchedPolicy {
+    SchedPolicy::CPreSq {
+        quantum: 5,
+        placement: Placement::Tail,
+    }
+}
+
+/// Two grants in one pass, the first one's `Wake` held back until the
+/// end of the pass (a hand-over): the second grant's dispatch step must
+/// not send the first kthread a `Run` ahead of its `Wake`, which the
+/// worker would drop as stale while iokerneld counts it running there.
+#[test]
+fn a_kthread_granted_but_not_woken_gets_no_run() {
+    let mut m = Model::new(3, sq());
+    m.arrive();
+    m.arrive();
+    m.grant(0, true);
+    m.grant(1, false);
+    m.send_wake(0);
+    for _ in 0..4 {
+        for k in 0..3 {
+            m.worker(k, 1);
+        }
+        m.io_turn();
+    }
+    assert!(m.w[0].holding.is_some() && m.w[1].holding.is_some());
+    m.settle();
+}
+
+/// A `Run` crossing the worker's `Parked`, then a new grant: the request
+/// is taken back and runs once, on the new grant.
+#[test]
+fn a_run_that_crosses_a_park_runs_once_after_the_next_wake() {
+    let mut m = Model::new(3, sq());
+    m.grant(0, false);
+    m.worker(0, 1);
+    // The worker looks (nothing), parks; the request arrives and is sent
+    // to it before iokerneld reads the Parked.
+    m.worker(0, 0);
+    assert!(!m.w[0].running);
+    m.arrive();
+    m.step();
+    assert_eq!(m.d.queues.running_on(0), Some(0));
+    m.io_turn();
+    assert_eq!(m.d.counters.stale_runs, 1);
+    assert_eq!(m.d.queued(), 1);
+    m.grant(0, false);
+    m.worker(0, 1);
+    m.worker(0, 1);
+    assert_eq!(m.w[0].holding, Some(0));
+    m.settle();
+}
+
+/// A worker woken with no `Wake` read (its ring was full): it must not
+/// keep the `Run` that crossed its last park.
+#[test]
+fn a_wake_without_its_message_keeps_no_stale_run() {
+    let mut m = Model::new(1, sq());
+    m.grant(0, false);
+    m.worker(0, 1);
+    m.worker(0, 0); // parks
+    m.arrive();
+    m.step(); // the Run crosses the Parked
+    m.io_turn(); // taken back
+                 // Granted again, but the Wake did not fit: iokerneld marks it woken
+                 // only when the Wake is on the ring, so it sends no Run; the worker
+                 // wakes by its eventfd and reads the crossed Run alone.
+    m.view[0] = IoView {
+        core: true,
+        wake_pending: true,
+        ..IoView::default()
+    };
+    m.w[0].woken = true;
+    m.step();
+    m.worker(0, 1);
+    m.worker(0, 1);
+    assert_eq!(m.w[0].holding, None, "the crossed Run is stale");
+    m.worker(0, 0); // its spin ends: it parks
+    m.io_turn();
+    m.settle();
+}
+
+/// Random interleavings of arrivals, grants (at once or at the end of a
+/// pass), revocations, iokerneld's turns and the workers' looks, for
+/// several workers.
+fn interleave(seed: u64, workers: usize, events: usize) {
+    let mut m = Model::new(workers, sq());
+    let mut rng = SplitMix64::new(seed);
+    let mut deferred: Vec<usize> = Vec::new();
+    for _ in 0..events {
+        let k = (rng.next_u64() % workers as u64) as usize;
+        match rng.next_u64() % 16 {
+            0..=2 => m.arrive(),
+            3 => m.grant(k, false),
+            4 => {
+                m.grant(k, true);
+                deferred.push(k);
+            }
+            5 => {
+                // The end of the pass: the held-back wakes go out, or one
+                // of them was preempted before its wake.
+                let cancel = rng.next_u64() % 4 == 0;
+                for k in std::mem::take(&mut deferred) {
+                    if cancel {
+                        m.cancel(k);
+                    } else {
+                        m.send_wake(k);
+                    }
+                }
+            }
+            6 => m.revoke(k),
+            7..=9 => m.io_turn(),
+            r => {
+                let roll = rng.next_u64();
+                m.worker(k, roll ^ r);
+            }
+        }
+    }
+    for k in std::mem::take(&mut deferred) {
+        m.send_wake(k);
+    }
+    m.settle();
+}
+
+#[test]
+fn three_workers_under_random_interleavings() {
+    for seed in 0..200 {
+        interleave(seed, 3, 2_000);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn any_interleaving_keeps_every_request_owed(
+        seed in any::<u64>(),
+        workers in 1usize..5,
+        events in 10usize..3_000,
+    ) {
+        interleave(seed, workers, events);
+    }
+}
