@@ -41,6 +41,7 @@
 //! [`DataplaneStats::faults`].
 
 pub mod copy_floor;
+mod direct;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -387,15 +388,6 @@ impl Peers for NoPeers {
     fn work_for(&mut self, _: PortId) {}
 
     fn disconnect(&mut self, _: PortId, _: String) {}
-}
-
-/// The direct path's frames of one burst in flight: the receiving port
-/// (their descriptors wait in `Dataplane::staged`), whether one went to a
-/// parked kthread, and the loop's clock for the steering policy.
-struct DirectRun {
-    port: Option<PortId>,
-    to_parked: bool,
-    now: u64,
 }
 
 /// iokerneld's links and fabric.
@@ -912,21 +904,10 @@ impl Dataplane {
     }
 
     /// Up to [`BURST`] frames from kthread `k`'s egress ring into the
-    /// switch, or, for a frame to another application that `peers` has,
-    /// by the direct path; returns how many the ring held, or why the
-    /// application must be disconnected (a corrupt ring).
-    ///
-    /// The direct path (docs/results.md, "Dataplane"): the frame's
-    /// Ethernet header is read first, [`SoftwareSwitch::direct_route`]
-    /// says whether it may go around the switch (no fault injector
-    /// anywhere, a source MAC the sender owns, another application's
-    /// unicast MAC), and the whole frame is then copied once, from the
-    /// egress buffer into a buffer of the receiver's ingress pool, where
-    /// the runtime cannot change it. A copy whose addresses differ from the
-    /// header read first (its sender rewrote the buffer meanwhile) is
-    /// dropped. It is steered and published as [`deliver`](Self::deliver)
-    /// would have done one switch hop later. A protected netstack's frames
-    /// always take the switch (see below).
+    /// switch, or, for frames to another application that `peers` has,
+    /// by the direct path ([`direct`]); returns how many the ring held, or
+    /// why the application must be disconnected (a corrupt ring). A
+    /// protected netstack's frames always take the switch (see below).
     pub fn transmit(
         &mut self,
         net: &mut AppNet,
@@ -943,134 +924,34 @@ impl Dataplane {
             .len()
             .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
             .min(BURST as u32);
-        let mut taken = 0;
-        let mut run = DirectRun {
-            port: None,
-            to_parked: false,
-            now,
-        };
         // A protected netstack (aliases, tx pools) mixes gathered and
         // checksum-offload frames, which take the switch, with plain ones:
         // all of its frames take the switch, so that none overtakes an
         // earlier one of its flow.
         let direct = net.aliases.is_empty() && net.tx_pools.is_empty();
+        let mut taken = 0;
         while taken < waiting {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
                 break;
             };
-            taken += 1;
             if desc.len == 0 || desc.len > PKT_BUFFER_SIZE {
                 net.stats.drop_egress += 1;
+                taken += 1;
                 continue;
             }
-            if direct
-                && desc.reserved & (EGRESS_GATHER | EGRESS_FILL_L4_CHECKSUM) == 0
-                && self.transmit_direct(net, end, seq, desc.len, peers, &mut run)
-            {
-                continue;
+            if direct && desc.reserved & direct::SWITCHED_FLAGS == 0 {
+                // Frames from this one on, while they go to the same peer.
+                if let Some(n) = self.transmit_direct(net, end, taken, waiting, peers, now) {
+                    taken += n;
+                    continue;
+                }
             }
             self.transmit_switched(net, end, seq, desc);
+            taken += 1;
         }
-        self.finish_direct(&mut run, peers);
         // Copied out: the slots (and their buffers) are the runtime's again.
         end.egress.release_n(taken);
         Ok(taken as usize)
-    }
-
-    /// One frame by the direct path, if it may take it (false: the caller
-    /// switches it).
-    fn transmit_direct(
-        &mut self,
-        net: &mut AppNet,
-        end: &IokernelEnd,
-        seq: u32,
-        len: u32,
-        peers: &mut dyn Peers,
-        run: &mut DirectRun,
-    ) -> bool {
-        let mut header = [0u8; 14];
-        if end.egress_buffers.read(seq, 14, &mut header) < 14 || len < 14 {
-            return false;
-        }
-        let mac = |at: usize| {
-            let mut m = [0u8; 6];
-            m.copy_from_slice(&header[at..at + 6]);
-            MacAddr(m)
-        };
-        let Some(to) = self.switch.direct_route(net.port, mac(6), mac(0)) else {
-            return false;
-        };
-        if run.port != Some(to) {
-            self.finish_direct(run, peers);
-        }
-        let Some((peer, ends)) = peers.peer(to) else {
-            return false;
-        };
-        run.port = Some(to);
-        if self.staged.len() < ends.len() {
-            self.staged.resize_with(ends.len(), Vec::new);
-        }
-        net.stats.tx += 1;
-        self.switch.count_direct(net.port, to, len as usize);
-        let Some(buf) = peer.ledger.lend() else {
-            peer.stats.drop_ingress += 1;
-            return true;
-        };
-        let copy = peer
-            .pool
-            .buffer_mut(buf)
-            .expect("a lent buffer is in the pool");
-        let n = end.egress_buffers.read(seq, len, copy);
-        let bytes = &copy[..n];
-        // The addresses it was routed by, or nothing: a runtime that
-        // rewrites a frame it queued loses it.
-        let pick = (bytes[..12] == header[..12])
-            .then(|| {
-                steer_key(bytes, peer.interface.ip)
-                    .or_else(|| peer.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
-            })
-            .flatten();
-        let Some(hash) = pick else {
-            if bytes[..12] != header[..12] {
-                net.stats.drop_egress += 1;
-            }
-            peer.ledger.give_back(buf).expect("lent just now");
-            return true;
-        };
-        let k = match peer.steering.steer(u64::from(hash), run.now) {
-            Steered::Active(k) => k,
-            Steered::Parked(k) => {
-                run.to_parked = true;
-                peer.stats.to_parked += 1;
-                k
-            }
-        };
-        self.staged[k].push(PacketDesc {
-            buf,
-            len: n as u32,
-            hash,
-            reserved: 0,
-        });
-        true
-    }
-
-    /// Publishes the direct path's staged frames on the receiver's rings.
-    fn finish_direct(&mut self, run: &mut DirectRun, peers: &mut dyn Peers) {
-        let Some(port) = run.port.take() else {
-            return;
-        };
-        let corrupt = peers
-            .peer(port)
-            .and_then(|(peer, ends)| publish(&mut self.staged, peer, ends));
-        if let Some(reason) = corrupt {
-            peers.disconnect(port, reason);
-        }
-        if std::mem::take(&mut run.to_parked) {
-            peers.work_for(port);
-        }
-        for staged in &mut self.staged {
-            staged.clear();
-        }
     }
 
     /// One frame through the switch: copied once out of shared memory into

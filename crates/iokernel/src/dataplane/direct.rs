@@ -1,0 +1,167 @@
+//! The direct path (docs/results.md, "Dataplane"): frames from one
+//! application to another go around the switch, copied once from the
+//! sender's egress buffer into a buffer of the receiver's ingress pool, then
+//! steered and published on the receiver's rings as
+//! [`Dataplane::deliver`] would have done one switch hop later.
+//!
+//! A *run* is the frames of one egress burst, back to back, that go to the
+//! same application from the same source MAC. What does not change within
+//! a run is decided once per run: the route
+//! ([`SoftwareSwitch::direct_route`](crate::nic::SoftwareSwitch::direct_route):
+//! no fault injector anywhere, a source MAC the sender owns, another
+//! application's unicast MAC), the receiver's lookup, the switch's
+//! counters, and the publication on the receiver's rings (one index store
+//! per ring). Per frame there is only the copy, the check that the copy's
+//! addresses are the run's (12 bytes compared), the flow hash and the
+//! steering decision.
+//!
+//! Everything from shared memory stays untrusted: the run's first header is
+//! read out of the egress buffer to choose the receiver, and every frame's
+//! addresses are then checked on the copy, where the runtime cannot change
+//! them. A copy that does not match ends the run and the frame is looked at
+//! again as the first of the next; a run's first frame whose copy differs
+//! from the header read just before (its sender rewrote the buffer
+//! meanwhile) is dropped, so that every call makes progress.
+
+use ginza_net::flow::steer_key;
+use ginza_net::MacAddr;
+use ginza_policy::steer::Steered;
+use ginza_shm::netstack::{EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER};
+use ginza_shm::{IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
+
+use super::{publish, AppNet, Dataplane, Peers};
+
+/// Egress flags whose frames always take the switch (gathered and
+/// checksum-offload frames are built on the way).
+pub(super) const SWITCHED_FLAGS: u32 = EGRESS_GATHER | EGRESS_FILL_L4_CHECKSUM;
+
+/// Destination and source MAC: what a run's frames share.
+const ADDRESSES: usize = 12;
+/// An Ethernet header.
+const ETHERNET_HEADER: usize = 14;
+
+impl Dataplane {
+    /// The run that starts at the `first` frame of `end`'s egress ring
+    /// (whose length the caller checked) and ends before `waiting`: how
+    /// many frames it took (at least the first), or `None` when the first
+    /// does not take the direct path (the caller switches it).
+    pub(super) fn transmit_direct(
+        &mut self,
+        net: &mut AppNet,
+        end: &IokernelEnd,
+        first: u32,
+        waiting: u32,
+        peers: &mut dyn Peers,
+        now: u64,
+    ) -> Option<u32> {
+        let (seq, desc) = end.egress.peek_nth(first)?;
+        let mut header = [0u8; ETHERNET_HEADER];
+        if desc.len < ETHERNET_HEADER as u32
+            || end
+                .egress_buffers
+                .read(seq, ETHERNET_HEADER as u32, &mut header)
+                < ETHERNET_HEADER
+        {
+            return None;
+        }
+        let mac = |at: usize| {
+            let mut m = [0u8; 6];
+            m.copy_from_slice(&header[at..at + 6]);
+            MacAddr(m)
+        };
+        let to = self.switch.direct_route(net.port, mac(6), mac(0))?;
+        let (peer, ends) = peers.peer(to)?;
+        let mut addresses = [0u8; ADDRESSES];
+        addresses.copy_from_slice(&header[..ADDRESSES]);
+        if self.staged.len() < ends.len() {
+            self.staged.resize_with(ends.len(), Vec::new);
+        }
+        let (mut frames, mut bytes, mut to_parked) = (0u64, 0u64, false);
+        let mut taken = first;
+        while taken < waiting {
+            let Some((seq, desc)) = end.egress.peek_nth(taken) else {
+                break;
+            };
+            if desc.len < ETHERNET_HEADER as u32
+                || desc.len > PKT_BUFFER_SIZE
+                || desc.reserved & SWITCHED_FLAGS != 0
+            {
+                // Not for this run: the caller looks at it.
+                break;
+            }
+            let Some(buf) = peer.ledger.lend() else {
+                // The receiver has no buffer free: a drop of the receiver's,
+                // if the frame was for it (its header says; read anew).
+                if taken != first
+                    && (end
+                        .egress_buffers
+                        .read(seq, ETHERNET_HEADER as u32, &mut header)
+                        < ETHERNET_HEADER
+                        || header[..ADDRESSES] != addresses)
+                {
+                    break;
+                }
+                frames += 1;
+                bytes += u64::from(desc.len);
+                peer.stats.drop_ingress += 1;
+                taken += 1;
+                continue;
+            };
+            let copy = peer
+                .pool
+                .buffer_mut(buf)
+                .expect("a lent buffer is in the pool");
+            let n = end.egress_buffers.read(seq, desc.len, copy);
+            let copy = &copy[..n];
+            if copy[..ADDRESSES] != addresses {
+                peer.ledger.give_back(buf).expect("lent just now");
+                if taken != first {
+                    // Another destination or source: the next run's.
+                    break;
+                }
+                // Rewritten since its header was read: lost.
+                frames += 1;
+                bytes += n as u64;
+                net.stats.drop_egress += 1;
+                taken += 1;
+                continue;
+            }
+            taken += 1;
+            frames += 1;
+            bytes += n as u64;
+            let Some(hash) = steer_key(copy, peer.interface.ip)
+                .or_else(|| peer.aliases.iter().find_map(|a| steer_key(copy, a.ip)))
+            else {
+                // An ARP request for another address.
+                peer.ledger.give_back(buf).expect("lent just now");
+                continue;
+            };
+            let k = match peer.steering.steer(u64::from(hash), now) {
+                Steered::Active(k) => k,
+                Steered::Parked(k) => {
+                    to_parked = true;
+                    peer.stats.to_parked += 1;
+                    k
+                }
+            };
+            self.staged[k].push(PacketDesc {
+                buf,
+                len: n as u32,
+                hash,
+                reserved: 0,
+            });
+        }
+        // Once per run: the switch's counters, the sender's, and one
+        // publication per receiving ring.
+        net.stats.tx += frames;
+        self.switch.count_direct(net.port, to, frames, bytes);
+        let corrupt = publish(&mut self.staged, peer, ends);
+        if let Some(reason) = corrupt {
+            peers.disconnect(to, reason);
+        }
+        if to_parked {
+            peers.work_for(to);
+        }
+        Some(taken - first)
+    }
+}
