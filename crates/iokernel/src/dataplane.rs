@@ -412,6 +412,11 @@ pub struct Dataplane {
     /// Per frame of a burst: its flow hash and kthread, `None` for a frame
     /// with no flow key (scratch).
     picks: Vec<Option<(u32, Steered)>>,
+    /// The direct path's copies of one run, before their steering
+    /// (scratch).
+    copies: Vec<PacketDesc>,
+    /// Their flow hashes, `None` for a frame with no flow key (scratch).
+    keys: Vec<Option<u32>>,
     /// Bursts steered, to time one in [`STEER_TIMING_EVERY`].
     steer_bursts: u32,
     stats: DataplaneStats,
@@ -457,6 +462,8 @@ impl Dataplane {
             gather_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             frame_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             picks: Vec::with_capacity(BURST),
+            copies: Vec::with_capacity(BURST),
+            keys: Vec::with_capacity(BURST),
             steer_bursts: 0,
             stats: DataplaneStats {
                 nic: name,

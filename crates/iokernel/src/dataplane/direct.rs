@@ -129,13 +129,37 @@ impl Dataplane {
             taken += 1;
             frames += 1;
             bytes += n as u64;
-            let Some(hash) = steer_key(copy, peer.interface.ip)
-                .or_else(|| peer.aliases.iter().find_map(|a| steer_key(copy, a.ip)))
-            else {
+            self.copies.push(PacketDesc {
+                buf,
+                len: n as u32,
+                hash: 0,
+                reserved: 0,
+            });
+        }
+        // The run's flow hashes after all its copies, and its steering
+        // decisions after all its hashes: a frame's header is read long
+        // after the copy's stores (a header field straddling two of the
+        // copy's vector stores, read at once, stalls the load), and the
+        // hashes (two dependent SplitMix64 rounds each) overlap instead of
+        // each waiting for the previous frame's steering.
+        self.keys.clear();
+        for desc in &self.copies {
+            let copy = peer
+                .pool
+                .frame(*desc)
+                .expect("copied into the pool just now");
+            self.keys.push(
+                steer_key(copy, peer.interface.ip)
+                    .or_else(|| peer.aliases.iter().find_map(|a| steer_key(copy, a.ip))),
+            );
+        }
+        for (mut desc, key) in self.copies.drain(..).zip(&self.keys) {
+            let Some(hash) = *key else {
                 // An ARP request for another address.
-                peer.ledger.give_back(buf).expect("lent just now");
+                peer.ledger.give_back(desc.buf).expect("lent just now");
                 continue;
             };
+            desc.hash = hash;
             let k = match peer.steering.steer(u64::from(hash), now) {
                 Steered::Active(k) => k,
                 Steered::Parked(k) => {
@@ -144,12 +168,7 @@ impl Dataplane {
                     k
                 }
             };
-            self.staged[k].push(PacketDesc {
-                buf,
-                len: n as u32,
-                hash,
-                reserved: 0,
-            });
+            self.staged[k].push(desc);
         }
         // Once per run: the switch's counters, the sender's, and one
         // publication per receiving ring.
