@@ -415,8 +415,10 @@ pub struct Dataplane {
     /// The direct path's copies of one run, before their steering
     /// (scratch).
     copies: Vec<PacketDesc>,
-    /// Their flow hashes, `None` for a frame with no flow key (scratch).
-    keys: Vec<Option<u32>>,
+    /// Flow hashes of a burst, and the kthreads steering picked for them
+    /// (scratch).
+    hashes: Vec<u64>,
+    kthreads: Vec<usize>,
     /// Bursts steered, to time one in [`STEER_TIMING_EVERY`].
     steer_bursts: u32,
     stats: DataplaneStats,
@@ -463,7 +465,8 @@ impl Dataplane {
             frame_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             picks: Vec::with_capacity(BURST),
             copies: Vec::with_capacity(BURST),
-            keys: Vec::with_capacity(BURST),
+            hashes: Vec::with_capacity(BURST),
+            kthreads: Vec::with_capacity(BURST),
             steer_bursts: 0,
             stats: DataplaneStats {
                 nic: name,

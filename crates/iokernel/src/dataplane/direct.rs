@@ -25,7 +25,6 @@
 
 use ginza_net::flow::steer_key;
 use ginza_net::MacAddr;
-use ginza_policy::steer::Steered;
 use ginza_shm::netstack::{EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER};
 use ginza_shm::{IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 
@@ -142,32 +141,36 @@ impl Dataplane {
         // copy's vector stores, read at once, stalls the load), and the
         // hashes (two dependent SplitMix64 rounds each) overlap instead of
         // each waiting for the previous frame's steering.
-        self.keys.clear();
-        for desc in &self.copies {
+        self.hashes.clear();
+        let mut copied = 0;
+        for i in 0..self.copies.len() {
+            let mut desc = self.copies[i];
             let copy = peer
                 .pool
-                .frame(*desc)
+                .frame(desc)
                 .expect("copied into the pool just now");
-            self.keys.push(
-                steer_key(copy, peer.interface.ip)
-                    .or_else(|| peer.aliases.iter().find_map(|a| steer_key(copy, a.ip))),
-            );
-        }
-        for (mut desc, key) in self.copies.drain(..).zip(&self.keys) {
-            let Some(hash) = *key else {
+            let Some(hash) = steer_key(copy, peer.interface.ip)
+                .or_else(|| peer.aliases.iter().find_map(|a| steer_key(copy, a.ip)))
+            else {
                 // An ARP request for another address.
                 peer.ledger.give_back(desc.buf).expect("lent just now");
                 continue;
             };
             desc.hash = hash;
-            let k = match peer.steering.steer(u64::from(hash), now) {
-                Steered::Active(k) => k,
-                Steered::Parked(k) => {
-                    to_parked = true;
-                    peer.stats.to_parked += 1;
-                    k
-                }
-            };
+            self.copies[copied] = desc;
+            copied += 1;
+            self.hashes.push(u64::from(hash));
+        }
+        self.copies.truncate(copied);
+        if peer
+            .steering
+            .steer_burst(&self.hashes, now, &mut self.kthreads)
+            && copied > 0
+        {
+            to_parked = true;
+            peer.stats.to_parked += copied as u64;
+        }
+        for (desc, &k) in self.copies.drain(..).zip(&self.kthreads) {
             self.staged[k].push(desc);
         }
         // Once per run: the switch's counters, the sender's, and one
