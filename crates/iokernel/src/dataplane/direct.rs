@@ -54,24 +54,17 @@ impl Dataplane {
         now: u64,
     ) -> Option<u32> {
         let (seq, desc) = end.egress.peek_nth(first)?;
-        let mut header = [0u8; ETHERNET_HEADER];
-        if desc.len < ETHERNET_HEADER as u32
-            || end
-                .egress_buffers
-                .read(seq, ETHERNET_HEADER as u32, &mut header)
-                < ETHERNET_HEADER
-        {
+        if desc.len < ETHERNET_HEADER as u32 {
             return None;
         }
+        let addresses: [u8; ADDRESSES] = end.egress_buffers.prefix(seq);
         let mac = |at: usize| {
             let mut m = [0u8; 6];
-            m.copy_from_slice(&header[at..at + 6]);
+            m.copy_from_slice(&addresses[at..at + 6]);
             MacAddr(m)
         };
         let to = self.switch.direct_route(net.port, mac(6), mac(0))?;
         let (peer, ends) = peers.peer(to)?;
-        let mut addresses = [0u8; ADDRESSES];
-        addresses.copy_from_slice(&header[..ADDRESSES]);
         if self.staged.len() < ends.len() {
             self.staged.resize_with(ends.len(), Vec::new);
         }
@@ -81,29 +74,21 @@ impl Dataplane {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
                 break;
             };
+            // Read in place: another destination or source, a bad length,
+            // a frame that takes the switch end the run (the caller looks
+            // at it).
             if desc.len < ETHERNET_HEADER as u32
                 || desc.len > PKT_BUFFER_SIZE
                 || desc.reserved & SWITCHED_FLAGS != 0
+                || (taken != first && end.egress_buffers.prefix(seq) != addresses)
             {
-                // Not for this run: the caller looks at it.
                 break;
             }
+            taken += 1;
+            frames += 1;
+            bytes += u64::from(desc.len);
             let Some(buf) = peer.ledger.lend() else {
-                // The receiver has no buffer free: a drop of the receiver's,
-                // if the frame was for it (its header says; read anew).
-                if taken != first
-                    && (end
-                        .egress_buffers
-                        .read(seq, ETHERNET_HEADER as u32, &mut header)
-                        < ETHERNET_HEADER
-                        || header[..ADDRESSES] != addresses)
-                {
-                    break;
-                }
-                frames += 1;
-                bytes += u64::from(desc.len);
                 peer.stats.drop_ingress += 1;
-                taken += 1;
                 continue;
             };
             let copy = peer
@@ -111,23 +96,6 @@ impl Dataplane {
                 .buffer_mut(buf)
                 .expect("a lent buffer is in the pool");
             let n = end.egress_buffers.read(seq, desc.len, copy);
-            let copy = &copy[..n];
-            if copy[..ADDRESSES] != addresses {
-                peer.ledger.give_back(buf).expect("lent just now");
-                if taken != first {
-                    // Another destination or source: the next run's.
-                    break;
-                }
-                // Rewritten since its header was read: lost.
-                frames += 1;
-                bytes += n as u64;
-                net.stats.drop_egress += 1;
-                taken += 1;
-                continue;
-            }
-            taken += 1;
-            frames += 1;
-            bytes += n as u64;
             self.copies.push(PacketDesc {
                 buf,
                 len: n as u32,
@@ -135,12 +103,12 @@ impl Dataplane {
                 reserved: 0,
             });
         }
-        // The run's flow hashes after all its copies, and its steering
-        // decisions after all its hashes: a frame's header is read long
-        // after the copy's stores (a header field straddling two of the
-        // copy's vector stores, read at once, stalls the load), and the
-        // hashes (two dependent SplitMix64 rounds each) overlap instead of
-        // each waiting for the previous frame's steering.
+        // Then the copies' checks and flow hashes, and the steering
+        // decisions after all the hashes: a copy is read long after its
+        // stores (a load of bytes that two of the copy's vector stores
+        // wrote, issued at once, stalls), and the hashes (two dependent
+        // SplitMix64 rounds each) overlap instead of each waiting for the
+        // previous frame's steering.
         self.hashes.clear();
         let mut copied = 0;
         for i in 0..self.copies.len() {
@@ -149,6 +117,12 @@ impl Dataplane {
                 .pool
                 .frame(desc)
                 .expect("copied into the pool just now");
+            if copy[..ADDRESSES] != addresses {
+                // Rewritten by its sender since its header was read: lost.
+                net.stats.drop_egress += 1;
+                peer.ledger.give_back(desc.buf).expect("lent just now");
+                continue;
+            }
             let Some(hash) = steer_key(copy, peer.interface.ip)
                 .or_else(|| peer.aliases.iter().find_map(|a| steer_key(copy, a.ip)))
             else {
@@ -170,9 +144,21 @@ impl Dataplane {
             to_parked = true;
             peer.stats.to_parked += copied as u64;
         }
-        for (desc, &k) in self.copies.drain(..).zip(&self.kthreads) {
-            self.staged[k].push(desc);
+        match self.kthreads.first() {
+            // All to one kthread (one active, or one flow): the run's
+            // descriptors are that ring's as they are.
+            Some(&k)
+                if self.staged[k].is_empty() && self.kthreads.iter().all(|&other| other == k) =>
+            {
+                std::mem::swap(&mut self.staged[k], &mut self.copies);
+            }
+            _ => {
+                for (desc, &k) in self.copies.iter().zip(&self.kthreads) {
+                    self.staged[k].push(*desc);
+                }
+            }
         }
+        self.copies.clear();
         // Once per run: the switch's counters, the sender's, and one
         // publication per receiving ring.
         net.stats.tx += frames;
