@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
-use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
+use ginza_policy::steer::{AppSteering, SteeringKind, SteeringOptions};
 use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats, SteeringStats};
 use ginza_shm::netstack::{
     assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
@@ -409,9 +409,9 @@ pub struct Dataplane {
     /// The frame being transmitted, copied out of its egress buffer
     /// (scratch).
     frame_scratch: Vec<u8>,
-    /// Per frame of a burst: its flow hash and kthread, `None` for a frame
-    /// with no flow key (scratch).
-    picks: Vec<Option<(u32, Steered)>>,
+    /// Per frame of a burst: its flow hash, `None` for a frame with no
+    /// flow key (scratch).
+    keys: Vec<Option<u32>>,
     /// The direct path's copies of one run, before their steering
     /// (scratch).
     copies: Vec<PacketDesc>,
@@ -463,7 +463,7 @@ impl Dataplane {
             returned: Vec::with_capacity(4 * BURST),
             gather_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             frame_scratch: vec![0; PKT_BUFFER_SIZE as usize],
-            picks: Vec::with_capacity(BURST),
+            keys: Vec::with_capacity(BURST),
             copies: Vec::with_capacity(BURST),
             hashes: Vec::with_capacity(BURST),
             kthreads: Vec::with_capacity(BURST),
@@ -845,22 +845,27 @@ impl Dataplane {
         if self.frames.is_empty() {
             return Ok(false);
         }
-        // The steering decisions of the burst first, timed together: two
+        // The steering decisions of the burst first (its flow keys, then
+        // one `steer_burst`), timed together: two
         // clock reads per timed burst, divided by its frames in the stats
         // (`SteeringStats::sn / sd`), cost far less than timing each
         // decision; and only one burst in [`STEER_TIMING_EVERY`] is timed,
         // which keeps the clock off the per-packet path.
         self.steer_bursts = self.steer_bursts.wrapping_add(1);
         let started = (self.steer_bursts % STEER_TIMING_EVERY == 1).then(std::time::Instant::now);
-        self.picks.clear();
+        self.keys.clear();
+        self.hashes.clear();
         for frame in &self.frames {
             let bytes = port.pool().bytes(frame);
             // Only ARP for another address gives `None`: an alias's, maybe.
-            let pick = steer_key(bytes, net.interface.ip)
-                .or_else(|| net.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
-                .map(|hash| (hash, net.steering.steer(u64::from(hash), now)));
-            self.picks.push(pick);
+            let key = steer_key(bytes, net.interface.ip)
+                .or_else(|| net.aliases.iter().find_map(|a| steer_key(bytes, a.ip)));
+            self.hashes.extend(key.map(u64::from));
+            self.keys.push(key);
         }
+        let parked = net
+            .steering
+            .steer_burst(&self.hashes, now, &mut self.kthreads);
         // A burst during which the loop lost its CPU (tens of µs at least)
         // says nothing about steering: left out, so that a noisy machine
         // does not inflate the mean.
@@ -871,22 +876,20 @@ impl Dataplane {
                 net.steer_decisions += self.frames.len() as u64;
             }
         }
-        for (frame, pick) in self.frames.drain(..).zip(&self.picks) {
+        let mut picked = self.kthreads.iter();
+        for (frame, key) in self.frames.drain(..).zip(&self.keys) {
             let bytes = port.pool().bytes(&frame);
-            let Some((hash, steered)) = *pick else {
+            let Some(hash) = *key else {
                 port.pool_mut()
                     .free(frame)
                     .expect("a received frame is of its port's pool");
                 continue;
             };
-            let k = match steered {
-                Steered::Active(k) => k,
-                Steered::Parked(k) => {
-                    to_parked = true;
-                    net.stats.to_parked += 1;
-                    k
-                }
-            };
+            let k = *picked.next().expect("a kthread per flow key");
+            if parked {
+                to_parked = true;
+                net.stats.to_parked += 1;
+            }
             match net.ledger.lend() {
                 None => net.stats.drop_ingress += 1,
                 Some(buf) => {

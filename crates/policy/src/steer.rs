@@ -697,6 +697,65 @@ mod tests {
         assert!(remapped[1] * 2 < remapped[0], "{remapped:?}");
     }
 
+    /// A burst's decisions and counts are those of its packets steered
+    /// one by one, for every policy, across changes of the active set
+    /// (none active included), with flows repeated back to back (the move
+    /// counters' shortcut) and interleaved.
+    #[test]
+    fn a_burst_steers_as_its_packets_one_by_one() {
+        let sets: [[bool; 4]; 6] = [
+            [true; 4],
+            [true, true, true, false],
+            [false; 4],
+            [false, true, false, true],
+            [true, false, false, false],
+            [true; 4],
+        ];
+        let flows: Vec<u64> = (0..40u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9) ^ (i << 40))
+            .collect();
+        for kind in SteeringKind::ALL {
+            let build =
+                || AppSteering::new(kind.build(4, &SteeringOptions::default()), 4).track_remaps();
+            let (mut one, mut burst) = (build(), build());
+            let (mut seed, mut last) = (7u64, 0u64);
+            let mut out = Vec::new();
+            for (t, set) in sets.iter().enumerate() {
+                let now = t as Time * 1_000;
+                one.sync(*set, now);
+                burst.sync(*set, now);
+                for _ in 0..40 {
+                    let hashes: Vec<u64> = (0..32)
+                        .map(|_| {
+                            seed = seed
+                                .wrapping_mul(6_364_136_223_846_793_005)
+                                .wrapping_add(1_442_695_040_888_963_407);
+                            if (seed >> 60) >= 6 {
+                                last = flows[(seed >> 33) as usize % flows.len()];
+                            }
+                            last
+                        })
+                        .collect();
+                    let parked = burst.steer_burst(&hashes, now, &mut out);
+                    assert_eq!(out.len(), hashes.len());
+                    for (&hash, &k) in hashes.iter().zip(&out) {
+                        match one.steer(hash, now) {
+                            Steered::Active(want) => assert!(!parked && want == k, "{kind}"),
+                            Steered::Parked(want) => assert!(parked && want == k, "{kind}"),
+                        }
+                    }
+                    assert_eq!(one.stats(), burst.stats(), "{kind}");
+                    assert_eq!(one.flows_remapped(), burst.flows_remapped(), "{kind}");
+                }
+            }
+            // Not vacuous: flows moved and were remapped.
+            assert!(burst.flows_remapped().unwrap() > 0, "{kind}");
+            if kind != SteeringKind::FlowAffinity {
+                assert!(burst.flows_moved() > 0, "{kind}");
+            }
+        }
+    }
+
     #[test]
     fn the_move_counter_forgets_a_flow_whose_slot_was_taken() {
         let mut c = MoveCounter::new();

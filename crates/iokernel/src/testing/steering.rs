@@ -10,7 +10,13 @@
 //! requests (0 ns of work: the figures are steering, not service) of many
 //! flows, each flow numbering its requests, to a [`RawApp`] whose kthreads
 //! one thread plays as a runtime would: every two phases one kthread parks
-//! (gives its core back) and the next phase it is granted one again. The
+//! (gives its core back) and the next phase it is granted one again. A
+//! phase is counted in requests, not in time: it starts once iokerneld's
+//! stats show the change made (the kthread's core taken, or given back)
+//! and lasts while the thread echoes the requests of [`SteeringRun::phase`]
+//! at the run's rate, so that a loaded machine, where iokerneld or the
+//! thread lose their CPU for milliseconds, makes the phases longer, not
+//! fewer or emptier. The
 //! thread echoes every ring; a parked kthread's ring is stolen from, the
 //! reply leaving by the thief's egress ring, and the thief counts a steal
 //! in its queue line as a runtime does, so iokerneld's stats report steals.
@@ -50,7 +56,8 @@ pub struct SteeringRun {
     /// How long the generator sends.
     pub sending: Duration,
     /// How long a kthread stays parked, and how long all hold a core
-    /// between two parks.
+    /// between two parks, as the requests the generator sends in that time
+    /// (`rate × phase`, echoed after iokerneld made the change).
     pub phase: Duration,
     /// `flow-affinity`'s table: flows it holds (iokerneld's
     /// `flow_table_capacity`).
@@ -265,30 +272,57 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     for k in 0..kthreads {
         lines.settle(&app, k);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let (sending, phase, parks) = (run.sending, run.phase, run.parks && kthreads > 1);
+    let (stop, load_over) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (stop2, load_over2) = (stop.clone(), load_over.clone());
+    let parks = run.parks && kthreads > 1;
+    let phase_requests = ((run.rate * run.phase.as_secs_f64()) as u64).max(1);
+    let socket = d.socket.clone();
     let driver = std::thread::spawn(move || {
         let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
         let mut step = 0usize;
         let mut parked: Option<usize> = None;
-        let (started, mut phase_start) = (Instant::now(), Instant::now());
+        // Cores the application holds once iokerneld made the last change;
+        // `None` once it did (the phase runs).
+        let mut awaited: Option<u32> = None;
+        let mut phase_echoed = 0u64;
+        let mut last_look = Instant::now();
         while !stop2.load(Ordering::Acquire) {
             let (e, s, u) = echo(&mut app, parked);
             echoed += e;
             stolen += s;
             unsent += u;
-            if started.elapsed() > sending {
+            if load_over2.load(Ordering::Acquire) {
                 // The load is over: every kthread gets its core back.
                 if let Some(k) = parked.take() {
                     lines.busy(&app, k);
                 }
                 continue;
             }
-            if !parks || phase_start.elapsed() < phase {
+            if !parks {
                 continue;
             }
-            phase_start = Instant::now();
+            if let Some(cores) = awaited {
+                // iokerneld's stats, at most once a millisecond, until they
+                // show the change made.
+                if last_look.elapsed() < Duration::from_millis(1) {
+                    continue;
+                }
+                last_look = Instant::now();
+                let made = client::stats(&socket)
+                    .is_ok_and(|s| s.apps.first().is_some_and(|a| a.cores_now == cores));
+                if made {
+                    awaited = None;
+                    phase_echoed = 0;
+                }
+                continue;
+            }
+            phase_echoed += e;
+            if phase_echoed < phase_requests {
+                continue;
+            }
             match parked.take() {
                 None => {
                     for k in 0..kthreads {
@@ -298,17 +332,28 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
                     lines.park(&mut app, k);
                     parked = Some(k);
                     step += 1;
+                    awaited = Some(kthreads as u32 - 1);
                 }
-                Some(k) => lines.busy(&app, k),
+                Some(k) => {
+                    lines.busy(&app, k);
+                    awaited = Some(kthreads as u32);
+                }
             }
         }
         (echoed, stolen, unsent, step, app)
     });
-    let mut load = LoadRun::poisson(me, 7, run.rate, ServiceTime::Constant { ns: 0 }, sending);
+    let mut load = LoadRun::poisson(
+        me,
+        7,
+        run.rate,
+        ServiceTime::Constant { ns: 0 },
+        run.sending,
+    );
     load.config.flows = run.flows;
     load.config.seed = run.seed;
     load.drain = Duration::from_millis(300);
     let report = d.generator.run(load, Duration::from_secs(10));
+    load_over.store(true, Ordering::Release);
     if let Ok(report) = &report {
         // Requests still on the application's switch port (a burst moves
         // per turn of the loop) reach its rings while the thread echoes.
