@@ -11,12 +11,11 @@
 //! flows, each flow numbering its requests, to a [`RawApp`] whose kthreads
 //! one thread plays as a runtime would: every two phases one kthread parks
 //! (gives its core back) and the next phase it is granted one again. A
-//! phase is counted in requests, not in time: it starts once iokerneld's
-//! stats show the change made (the kthread's core taken, or given back)
-//! and lasts while the thread echoes the requests of [`SteeringRun::phase`]
-//! at the run's rate, so that a loaded machine, where iokerneld or the
-//! thread lose their CPU for milliseconds, makes the phases longer, not
-//! fewer or emptier. The
+//! phase lasts `phase`, and until iokerneld's stats show its change made
+//! (a park: one more change of the active set than when it was asked for;
+//! a grant: every kthread holding a core), so that on a loaded machine,
+//! where iokerneld may lose its CPU for longer than a phase, a park is
+//! never undone before iokerneld saw it. The
 //! thread echoes every ring; a parked kthread's ring is stolen from, the
 //! reply leaving by the thief's egress ring, and the thief counts a steal
 //! in its queue line as a runtime does, so iokerneld's stats report steals.
@@ -56,8 +55,7 @@ pub struct SteeringRun {
     /// How long the generator sends.
     pub sending: Duration,
     /// How long a kthread stays parked, and how long all hold a core
-    /// between two parks, as the requests the generator sends in that time
-    /// (`rate × phase`, echoed after iokerneld made the change).
+    /// between two parks (longer while iokerneld has not made the change).
     pub phase: Duration,
     /// `flow-affinity`'s table: flows it holds (iokerneld's
     /// `flow_table_capacity`).
@@ -278,17 +276,26 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     );
     let (stop2, load_over2) = (stop.clone(), load_over.clone());
     let parks = run.parks && kthreads > 1;
-    let phase_requests = ((run.rate * run.phase.as_secs_f64()) as u64).max(1);
+    let (phase, policy) = (run.phase, run.policy.code());
     let socket = d.socket.clone();
     let driver = std::thread::spawn(move || {
         let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
         let mut step = 0usize;
         let mut parked: Option<usize> = None;
-        // Cores the application holds once iokerneld made the last change;
-        // `None` once it did (the phase runs).
-        let mut awaited: Option<u32> = None;
-        let mut phase_echoed = 0u64;
-        let mut last_look = Instant::now();
+        // The change asked for and not seen made yet: a park (iokerneld's
+        // count of active-set changes when it was asked for), or a core
+        // given back (`None`).
+        let changes = || {
+            client::stats(&socket).ok().and_then(|s| {
+                s.dataplane
+                    .steering
+                    .iter()
+                    .find(|st| st.st == policy)
+                    .map(|st| st.ch)
+            })
+        };
+        let mut awaited: Option<Option<u64>> = None;
+        let (mut phase_start, mut last_look) = (Instant::now(), Instant::now());
         while !stop2.load(Ordering::Acquire) {
             let (e, s, u) = echo(&mut app, parked);
             echoed += e;
@@ -304,39 +311,52 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
             if !parks {
                 continue;
             }
-            if let Some(cores) = awaited {
+            if let Some(before) = awaited {
                 // iokerneld's stats, at most once a millisecond, until they
                 // show the change made.
                 if last_look.elapsed() < Duration::from_millis(1) {
                     continue;
                 }
                 last_look = Instant::now();
-                let made = client::stats(&socket)
-                    .is_ok_and(|s| s.apps.first().is_some_and(|a| a.cores_now == cores));
+                let made = client::stats(&socket).is_ok_and(|s| match before {
+                    // The park seen: one more change of the active set
+                    // (iokerneld may grant the core again at once, for
+                    // requests on the kthread's ring).
+                    Some(before) => s
+                        .dataplane
+                        .steering
+                        .iter()
+                        .any(|st| st.st == policy && st.ch > before),
+                    // Every kthread holds a core again.
+                    None => s
+                        .apps
+                        .first()
+                        .is_some_and(|a| a.cores_now == kthreads as u32),
+                });
                 if made {
                     awaited = None;
-                    phase_echoed = 0;
                 }
                 continue;
             }
-            phase_echoed += e;
-            if phase_echoed < phase_requests {
+            if phase_start.elapsed() < phase {
                 continue;
             }
+            phase_start = Instant::now();
             match parked.take() {
                 None => {
                     for k in 0..kthreads {
                         lines.settle(&app, k);
                     }
                     let k = step % kthreads;
+                    let before = changes().unwrap_or(0);
                     lines.park(&mut app, k);
                     parked = Some(k);
                     step += 1;
-                    awaited = Some(kthreads as u32 - 1);
+                    awaited = Some(Some(before));
                 }
                 Some(k) => {
                     lines.busy(&app, k);
-                    awaited = Some(kthreads as u32);
+                    awaited = Some(None);
                 }
             }
         }
