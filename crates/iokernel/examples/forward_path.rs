@@ -134,9 +134,12 @@ fn main() {
         sender_net.steering.sync([true], 0);
         receiver_net.steering.sync(vec![true; kthreads], 0);
         let (mut s_rt, mut s_io) = (a.runtime_end(0).unwrap(), vec![a.iokernel_end(0).unwrap()]);
-        let mut r_rt: Vec<RuntimeEnd> = (0..kthreads).map(|k| b.runtime_end(k).unwrap()).collect();
-        let mut r_io: Vec<IokernelEnd> =
-            (0..kthreads).map(|k| b.iokernel_end(k).unwrap()).collect();
+        let mut r_rt: Vec<RuntimeEnd> = (0..kthreads as u32)
+            .map(|k| b.runtime_end(k).unwrap())
+            .collect();
+        let mut r_io: Vec<IokernelEnd> = (0..kthreads as u32)
+            .map(|k| b.iokernel_end(k).unwrap())
+            .collect();
         let mut ns = Vec::with_capacity(BURSTS);
         let (mut moved, mut next) = (0, 0);
         for i in 0..BURSTS {
