@@ -282,9 +282,8 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
         let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
         let mut step = 0usize;
         let mut parked: Option<usize> = None;
-        // The change asked for and not seen made yet: a park (iokerneld's
-        // count of active-set changes when it was asked for), or a core
-        // given back (`None`).
+        // iokerneld's count of changes of the active set (a failed look
+        // gives 0: the park then counts as seen at once, as before).
         let changes = || {
             client::stats(&socket).ok().and_then(|s| {
                 s.dataplane
@@ -294,6 +293,8 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
                     .map(|st| st.ch)
             })
         };
+        // The change asked for and not seen made yet: a park (the count
+        // of changes when it was asked for), or a core given back (`None`).
         let mut awaited: Option<Option<u64>> = None;
         let (mut phase_start, mut last_look) = (Instant::now(), Instant::now());
         while !stop2.load(Ordering::Acquire) {
