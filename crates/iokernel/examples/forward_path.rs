@@ -9,7 +9,13 @@
 //! and without the daemon loop around it). Median of many bursts, rounds
 //! interleaved.
 //!
-//! `cargo run --release -p ginza-iokernel --example forward_path`
+//! `cargo run --release -p ginza-iokernel --example forward_path [FLOWS [KTHREADS]]`
+//!
+//! By default every frame is of one flow and the receiver has one kthread
+//! (as in `ginza bench forward`); with `FLOWS` each burst cycles through
+//! that many flows (source ports), steered over `KTHREADS` active kthreads
+//! of the receiver: the path without the shortcuts a burst of one flow to
+//! one kthread takes (one hash per burst's repeats, one ring).
 
 use std::time::Instant;
 
@@ -19,8 +25,7 @@ use ginza_iokernel::nic::PortId;
 use ginza_iokernel::raw_app;
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
 use ginza_policy::steer::SteeringKind;
-use ginza_shm::IokernelEnd;
-use ginza_shm::{Region, RegionConfig};
+use ginza_shm::{IokernelEnd, PacketDesc, Region, RegionConfig, RuntimeEnd};
 
 const BURST: usize = 32;
 const BURSTS: usize = 20_000;
@@ -56,21 +61,67 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Queues `n` frames, cycling through `frames` from `next`.
+fn send_cycling(end: &mut RuntimeEnd, frames: &[Vec<u8>], next: &mut usize, n: usize) -> usize {
+    let mut sent = 0;
+    while sent < n && end.egress.free().unwrap_or(0) > 0 {
+        let frame = &frames[*next % frames.len()];
+        *next += 1;
+        let seq = end.egress.next_seq();
+        end.egress_buffers.buffer_mut(seq)[..frame.len()].copy_from_slice(frame);
+        let desc = PacketDesc {
+            len: frame.len() as u32,
+            ..Default::default()
+        };
+        if end.egress.push(desc).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    sent
+}
+
 fn main() {
-    let mut frame = vec![0u8; 2048];
-    let to = Endpoint {
-        ip: iface(2).ip,
-        port: 9,
-    };
-    let len = tx::udp_datagram(&mut frame, &iface(1), iface(2).mac, 9, to, &[0u8; 22]).unwrap();
-    frame.truncate(len);
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>());
+    let flows = args
+        .next()
+        .map_or(Ok(1), |a| a)
+        .expect("FLOWS: a number")
+        .max(1);
+    let kthreads = args
+        .next()
+        .map_or(Ok(1), |a| a)
+        .expect("KTHREADS: a number")
+        .max(1);
+    let frames: Vec<Vec<u8>> = (0..flows)
+        .map(|i| {
+            let mut frame = vec![0u8; 2048];
+            let to = Endpoint {
+                ip: iface(2).ip,
+                port: 9,
+            };
+            let src_port = 9 + i as u16;
+            let len = tx::udp_datagram(
+                &mut frame,
+                &iface(1),
+                iface(2).mac,
+                src_port,
+                to,
+                &[0u8; 22],
+            )
+            .unwrap();
+            frame.truncate(len);
+            frame
+        })
+        .collect();
+    let frame = frames[0].clone();
 
     let (mut forward, mut floor) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         // Forwarding: two applications on the switch.
         let (a, b) = (
             Region::create_heap(&RegionConfig::new(1)).unwrap(),
-            Region::create_heap(&RegionConfig::new(1)).unwrap(),
+            Region::create_heap(&RegionConfig::new(kthreads as u32)).unwrap(),
         );
         let mut dp = Dataplane::new(None);
         let buffers = b.layout().done.capacity;
@@ -78,16 +129,25 @@ fn main() {
             .attach("s", iface(1), buffers, 1, SteeringKind::RssMod)
             .unwrap();
         let mut receiver_net = dp
-            .attach("r", iface(2), buffers, 1, SteeringKind::RssMod)
+            .attach("r", iface(2), buffers, kthreads, SteeringKind::RssMod)
             .unwrap();
         sender_net.steering.sync([true], 0);
-        receiver_net.steering.sync([true], 0);
+        receiver_net.steering.sync(vec![true; kthreads], 0);
         let (mut s_rt, mut s_io) = (a.runtime_end(0).unwrap(), vec![a.iokernel_end(0).unwrap()]);
-        let (mut r_rt, mut r_io) = (b.runtime_end(0).unwrap(), vec![b.iokernel_end(0).unwrap()]);
+        let mut r_rt: Vec<RuntimeEnd> = (0..kthreads as u32)
+            .map(|k| b.runtime_end(k).unwrap())
+            .collect();
+        let mut r_io: Vec<IokernelEnd> = (0..kthreads as u32)
+            .map(|k| b.iokernel_end(k).unwrap())
+            .collect();
         let mut ns = Vec::with_capacity(BURSTS);
-        let mut moved = 0;
+        let (mut moved, mut next) = (0, 0);
         for i in 0..BURSTS {
-            let sent = raw_app::send_copies(&mut s_rt, &frame, BURST);
+            // One flow: queued as `ginza bench forward`'s driver does.
+            let sent = match flows {
+                1 => raw_app::send_copies(&mut s_rt, &frame, BURST),
+                _ => send_cycling(&mut s_rt, &frames, &mut next, BURST),
+            };
             let t0 = Instant::now();
             let mut peers = Receiver {
                 net: &mut receiver_net,
@@ -96,9 +156,14 @@ fn main() {
             dp.transmit(&mut sender_net, &mut s_io[0], 0, &mut peers, i as u64)
                 .unwrap();
             dp.deliver(&mut receiver_net, &mut r_io, i as u64).unwrap();
-            dp.take_back(&mut receiver_net, &mut r_io[0], 0).unwrap();
+            for (k, end) in r_io.iter_mut().enumerate() {
+                dp.take_back(&mut receiver_net, end, k).unwrap();
+            }
             let took = t0.elapsed().as_nanos() as f64;
-            let got = raw_app::drop_received(&mut r_rt, 256);
+            let got: usize = r_rt
+                .iter_mut()
+                .map(|end| raw_app::drop_received(end, 256))
+                .sum();
             moved += got;
             if sent == BURST && got == BURST {
                 ns.push(took / BURST as f64);
@@ -130,7 +195,7 @@ fn main() {
     }
     let (fw, fl) = (median(forward.clone()), median(floor.clone()));
     println!(
-        "{{\"path_ns_per_frame\": {fw:.1}, \"floor_ns_per_frame\": {fl:.1}, \"floor_per_path\": {:.3}, \"rounds_path\": {forward:?}, \"rounds_floor\": {floor:?}}}",
+        "{{\"flows\": {flows}, \"kthreads\": {kthreads}, \"path_ns_per_frame\": {fw:.1}, \"floor_ns_per_frame\": {fl:.1}, \"floor_per_path\": {:.3}, \"rounds_path\": {forward:?}, \"rounds_floor\": {floor:?}}}",
         fl / fw
     );
 }

@@ -41,13 +41,14 @@
 //! [`DataplaneStats::faults`].
 
 pub mod copy_floor;
+mod direct;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
-use ginza_policy::steer::{AppSteering, Steered, SteeringKind, SteeringOptions};
+use ginza_policy::steer::{AppSteering, SteeringKind, SteeringOptions};
 use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats, SteeringStats};
 use ginza_shm::netstack::{
     assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
@@ -393,15 +394,6 @@ impl Peers for NoPeers {
     fn disconnect(&mut self, _: PortId, _: String) {}
 }
 
-/// The direct path's frames of one burst in flight: the receiving port
-/// (their descriptors wait in `Dataplane::staged`), whether one went to a
-/// parked kthread, and the loop's clock for the steering policy.
-struct DirectRun {
-    port: Option<PortId>,
-    to_parked: bool,
-    now: u64,
-}
-
 /// iokerneld's links and fabric.
 pub struct Dataplane {
     switch: SoftwareSwitch,
@@ -421,9 +413,16 @@ pub struct Dataplane {
     /// The frame being transmitted, copied out of its egress buffer
     /// (scratch).
     frame_scratch: Vec<u8>,
-    /// Per frame of a burst: its flow hash and kthread, `None` for a frame
-    /// with no flow key (scratch).
-    picks: Vec<Option<(u32, Steered)>>,
+    /// Per frame of a burst: its flow hash, `None` for a frame with no
+    /// flow key (scratch).
+    keys: Vec<Option<u32>>,
+    /// The direct path's copies of one run, before their steering
+    /// (scratch).
+    copies: Vec<PacketDesc>,
+    /// Flow hashes of a burst, and the kthreads steering picked for them
+    /// (scratch).
+    hashes: Vec<u64>,
+    kthreads: Vec<usize>,
     /// Bursts steered, to time one in [`STEER_TIMING_EVERY`].
     steer_bursts: u32,
     stats: DataplaneStats,
@@ -468,7 +467,10 @@ impl Dataplane {
             returned: Vec::with_capacity(4 * BURST),
             gather_scratch: vec![0; PKT_BUFFER_SIZE as usize],
             frame_scratch: vec![0; PKT_BUFFER_SIZE as usize],
-            picks: Vec::with_capacity(BURST),
+            keys: Vec::with_capacity(BURST),
+            copies: Vec::with_capacity(BURST),
+            hashes: Vec::with_capacity(BURST),
+            kthreads: Vec::with_capacity(BURST),
             steer_bursts: 0,
             stats: DataplaneStats {
                 nic: name,
@@ -865,22 +867,27 @@ impl Dataplane {
         if self.frames.is_empty() {
             return Ok(false);
         }
-        // The steering decisions of the burst first, timed together: two
+        // The steering decisions of the burst first (its flow keys, then
+        // one `steer_burst`), timed together: two
         // clock reads per timed burst, divided by its frames in the stats
         // (`SteeringStats::sn / sd`), cost far less than timing each
         // decision; and only one burst in [`STEER_TIMING_EVERY`] is timed,
         // which keeps the clock off the per-packet path.
         self.steer_bursts = self.steer_bursts.wrapping_add(1);
         let started = (self.steer_bursts % STEER_TIMING_EVERY == 1).then(std::time::Instant::now);
-        self.picks.clear();
+        self.keys.clear();
+        self.hashes.clear();
         for frame in &self.frames {
             let bytes = port.pool().bytes(frame);
             // Only ARP for another address gives `None`: an alias's, maybe.
-            let pick = steer_key(bytes, net.interface.ip)
-                .or_else(|| net.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
-                .map(|hash| (hash, net.steering.steer(u64::from(hash), now)));
-            self.picks.push(pick);
+            let key = steer_key(bytes, net.interface.ip)
+                .or_else(|| net.aliases.iter().find_map(|a| steer_key(bytes, a.ip)));
+            self.hashes.extend(key.map(u64::from));
+            self.keys.push(key);
         }
+        let parked = net
+            .steering
+            .steer_burst(&self.hashes, now, &mut self.kthreads);
         // A burst during which the loop lost its CPU (tens of µs at least)
         // says nothing about steering: left out, so that a noisy machine
         // does not inflate the mean.
@@ -891,22 +898,20 @@ impl Dataplane {
                 net.steer_decisions += self.frames.len() as u64;
             }
         }
-        for (frame, pick) in self.frames.drain(..).zip(&self.picks) {
+        let mut picked = self.kthreads.iter();
+        for (frame, key) in self.frames.drain(..).zip(&self.keys) {
             let bytes = port.pool().bytes(&frame);
-            let Some((hash, steered)) = *pick else {
+            let Some(hash) = *key else {
                 port.pool_mut()
                     .free(frame)
                     .expect("a received frame is of its port's pool");
                 continue;
             };
-            let k = match steered {
-                Steered::Active(k) => k,
-                Steered::Parked(k) => {
-                    to_parked = true;
-                    net.stats.to_parked += 1;
-                    k
-                }
-            };
+            let k = *picked.next().expect("a kthread per flow key");
+            if parked {
+                to_parked = true;
+                net.stats.to_parked += 1;
+            }
             match net.ledger.lend() {
                 None => net.stats.drop_ingress += 1,
                 Some(buf) => {
@@ -936,21 +941,10 @@ impl Dataplane {
     }
 
     /// Up to [`BURST`] frames from kthread `k`'s egress ring into the
-    /// switch, or, for a frame to another application that `peers` has,
-    /// by the direct path; returns how many the ring held, or why the
-    /// application must be disconnected (a corrupt ring).
-    ///
-    /// The direct path (docs/results.md, "Dataplane"): the frame's
-    /// Ethernet header is read first, [`SoftwareSwitch::direct_route`]
-    /// says whether it may go around the switch (no fault injector
-    /// anywhere, a source MAC the sender owns, another application's
-    /// unicast MAC), and the whole frame is then copied once, from the
-    /// egress buffer into a buffer of the receiver's ingress pool, where
-    /// the runtime cannot change it. A copy whose addresses differ from the
-    /// header read first (its sender rewrote the buffer meanwhile) is
-    /// dropped. It is steered and published as [`deliver`](Self::deliver)
-    /// would have done one switch hop later. A protected netstack's frames
-    /// always take the switch (see below).
+    /// switch, or, for frames to another application that `peers` has,
+    /// by the direct path ([`direct`]); returns how many the ring held, or
+    /// why the application must be disconnected (a corrupt ring). A
+    /// protected netstack's frames always take the switch (see below).
     pub fn transmit(
         &mut self,
         net: &mut AppNet,
@@ -970,134 +964,34 @@ impl Dataplane {
         if waiting > 0 {
             hops::stamp(Hop::Egress);
         }
-        let mut taken = 0;
-        let mut run = DirectRun {
-            port: None,
-            to_parked: false,
-            now,
-        };
         // A protected netstack (aliases, tx pools) mixes gathered and
         // checksum-offload frames, which take the switch, with plain ones:
         // all of its frames take the switch, so that none overtakes an
         // earlier one of its flow.
         let direct = net.aliases.is_empty() && net.tx_pools.is_empty();
+        let mut taken = 0;
         while taken < waiting {
             let Some((seq, desc)) = end.egress.peek_nth(taken) else {
                 break;
             };
-            taken += 1;
             if desc.len == 0 || desc.len > PKT_BUFFER_SIZE {
                 net.stats.drop_egress += 1;
+                taken += 1;
                 continue;
             }
-            if direct
-                && desc.reserved & (EGRESS_GATHER | EGRESS_FILL_L4_CHECKSUM) == 0
-                && self.transmit_direct(net, end, seq, desc.len, peers, &mut run)
-            {
-                continue;
+            if direct && desc.reserved & direct::SWITCHED_FLAGS == 0 {
+                // Frames from this one on, while they go to the same peer.
+                if let Some(n) = self.transmit_direct(net, end, taken, waiting, peers, now) {
+                    taken += n;
+                    continue;
+                }
             }
             self.transmit_switched(net, end, seq, desc);
+            taken += 1;
         }
-        self.finish_direct(&mut run, peers);
         // Copied out: the slots (and their buffers) are the runtime's again.
         end.egress.release_n(taken);
         Ok(taken as usize)
-    }
-
-    /// One frame by the direct path, if it may take it (false: the caller
-    /// switches it).
-    fn transmit_direct(
-        &mut self,
-        net: &mut AppNet,
-        end: &IokernelEnd,
-        seq: u32,
-        len: u32,
-        peers: &mut dyn Peers,
-        run: &mut DirectRun,
-    ) -> bool {
-        let mut header = [0u8; 14];
-        if end.egress_buffers.read(seq, 14, &mut header) < 14 || len < 14 {
-            return false;
-        }
-        let mac = |at: usize| {
-            let mut m = [0u8; 6];
-            m.copy_from_slice(&header[at..at + 6]);
-            MacAddr(m)
-        };
-        let Some(to) = self.switch.direct_route(net.port, mac(6), mac(0)) else {
-            return false;
-        };
-        if run.port != Some(to) {
-            self.finish_direct(run, peers);
-        }
-        let Some((peer, ends)) = peers.peer(to) else {
-            return false;
-        };
-        run.port = Some(to);
-        if self.staged.len() < ends.len() {
-            self.staged.resize_with(ends.len(), Vec::new);
-        }
-        net.stats.tx += 1;
-        self.switch.count_direct(net.port, to, len as usize);
-        let Some(buf) = peer.ledger.lend() else {
-            peer.stats.drop_ingress += 1;
-            return true;
-        };
-        let copy = peer
-            .pool
-            .buffer_mut(buf)
-            .expect("a lent buffer is in the pool");
-        let n = end.egress_buffers.read(seq, len, copy);
-        let bytes = &copy[..n];
-        // The addresses it was routed by, or nothing: a runtime that
-        // rewrites a frame it queued loses it.
-        let pick = (bytes[..12] == header[..12])
-            .then(|| {
-                steer_key(bytes, peer.interface.ip)
-                    .or_else(|| peer.aliases.iter().find_map(|a| steer_key(bytes, a.ip)))
-            })
-            .flatten();
-        let Some(hash) = pick else {
-            if bytes[..12] != header[..12] {
-                net.stats.drop_egress += 1;
-            }
-            peer.ledger.give_back(buf).expect("lent just now");
-            return true;
-        };
-        let k = match peer.steering.steer(u64::from(hash), run.now) {
-            Steered::Active(k) => k,
-            Steered::Parked(k) => {
-                run.to_parked = true;
-                peer.stats.to_parked += 1;
-                k
-            }
-        };
-        self.staged[k].push(PacketDesc {
-            buf,
-            len: n as u32,
-            hash,
-            reserved: 0,
-        });
-        true
-    }
-
-    /// Publishes the direct path's staged frames on the receiver's rings.
-    fn finish_direct(&mut self, run: &mut DirectRun, peers: &mut dyn Peers) {
-        let Some(port) = run.port.take() else {
-            return;
-        };
-        let corrupt = peers
-            .peer(port)
-            .and_then(|(peer, ends)| publish(&mut self.staged, peer, ends));
-        if let Some(reason) = corrupt {
-            peers.disconnect(port, reason);
-        }
-        if std::mem::take(&mut run.to_parked) {
-            peers.work_for(port);
-        }
-        for staged in &mut self.staged {
-            staged.clear();
-        }
     }
 
     /// One frame through the switch: copied once out of shared memory into

@@ -37,6 +37,7 @@ pub fn mix64(mut z: u64) -> u64 {
 /// the flow hash (the low 32 bits of [`flow_hash`]) — the IPv4 5-tuple of
 /// UDP and TCP frames, the IP pair of other IPv4 frames, 0 for the rest
 /// (the runtime judges those).
+#[inline]
 pub fn steer_key(frame: &[u8], ip: Ipv4Addr) -> Option<u32> {
     // Fixed offsets, not smoltcp's wire types: this runs once per frame on
     // iokerneld's forwarding path, where the typed parse was a tenth of the

@@ -50,6 +50,14 @@ pub trait Steering {
     /// `active` (ascending, never empty). Called once per packet.
     fn pick(&mut self, hash: u64, active: &[usize], now: Time) -> usize;
 
+    /// [`Steering::pick`] for each of `hashes` in turn, into `out` (cleared
+    /// first): the same decisions and counts, one call per burst of
+    /// packets (iokerneld's dataplane steers a burst at a time).
+    fn pick_burst(&mut self, hashes: &[u64], active: &[usize], now: Time, out: &mut Vec<usize>) {
+        out.clear();
+        out.extend(hashes.iter().map(|&hash| self.pick(hash, active, now)));
+    }
+
     /// Where a packet of the flow `hash` would go now, changing nothing (no
     /// insertion, no count), `active` as for [`Steering::pick`]; `None` when
     /// the policy decides only at the flow's next packet (a flow table's
@@ -245,7 +253,7 @@ impl Default for RssMod {
 /// `hash % n` (n > 0), without the division where `n` is a power of two
 /// (one active kthread, two, four …): a 64-bit division is a few ns, and
 /// this runs once per packet on iokerneld's forwarding path.
-fn modulo(hash: u64, n: usize) -> usize {
+pub(crate) fn modulo(hash: u64, n: usize) -> usize {
     if n.is_power_of_two() {
         (hash & (n as u64 - 1)) as usize
     } else {
@@ -291,6 +299,10 @@ pub struct MoveCounter {
     /// Per slot: the flow's hash and its last kthread + 1 (0: empty).
     slots: Box<[(u64, u32)]>,
     moved: u64,
+    /// The last packet seen, as its slot now holds it (kthread + 1; 0:
+    /// none): a packet of the same flow to the same kthread changes
+    /// nothing, and a burst of one flow is mostly such packets.
+    last: (u64, u32),
 }
 
 impl MoveCounter {
@@ -298,19 +310,26 @@ impl MoveCounter {
         MoveCounter {
             slots: vec![(0, 0); MOVE_COUNTER_SLOTS].into_boxed_slice(),
             moved: 0,
+            last: (0, 0),
         }
     }
 
     /// A packet of the flow `hash` went to `kthread`.
     pub fn saw(&mut self, hash: u64, kthread: usize) {
+        let now = kthread as u32 + 1;
+        // Only `saw` writes the slots: the last packet's slot still holds
+        // it, and this one would not count and write the same.
+        if self.last == (hash, now) {
+            return;
+        }
         // Mixed: the wire hash may carry little entropy in its low bits,
         // and flows sharing a slot forget each other.
         let slot = &mut self.slots[Self::slot(hash)];
-        let now = kthread as u32 + 1;
         if slot.0 == hash && slot.1 != 0 && slot.1 != now {
             self.moved += 1;
         }
         *slot = (hash, now);
+        self.last = (hash, now);
     }
 
     /// The slot of flow `hash`: the top bits of the mixed hash.
@@ -338,6 +357,9 @@ struct RemapTracker {
     /// Per slot: the flow's hash and its kthread + 1 (0: empty).
     slots: Box<[(u64, u32)]>,
     remapped: u64,
+    /// The last packet seen, as its slot still holds it (kthread + 1; 0:
+    /// none), as in [`MoveCounter`]; forgotten when `remap` writes slots.
+    last: (u64, u32),
 }
 
 impl RemapTracker {
@@ -345,6 +367,7 @@ impl RemapTracker {
         RemapTracker {
             slots: vec![(0, 0); TRACKED_FLOWS].into_boxed_slice(),
             remapped: 0,
+            last: (0, 0),
         }
     }
 
@@ -353,17 +376,22 @@ impl RemapTracker {
     /// set telling (a lazy policy's move at the flow's next packet, a
     /// rebalance).
     fn saw(&mut self, hash: u64, kthread: usize) {
-        let slot = &mut self.slots[(mix(hash) >> (64 - TRACKED_FLOWS.trailing_zeros())) as usize];
         let now = kthread as u32 + 1;
+        if self.last == (hash, now) {
+            return;
+        }
+        let slot = &mut self.slots[(mix(hash) >> (64 - TRACKED_FLOWS.trailing_zeros())) as usize];
         if slot.0 == hash && slot.1 != 0 && slot.1 != now {
             self.remapped += 1;
         }
         *slot = (hash, now);
+        self.last = (hash, now);
     }
 
     /// After a change of the active set: every tracked flow the policy now
     /// routes to another kthread is remapped.
     fn remap(&mut self, policy: &dyn Steering, active: &[usize]) {
+        self.last = (0, 0);
         for slot in self.slots.iter_mut().filter(|s| s.1 != 0) {
             if let Some(k) = policy.route(slot.0, active) {
                 let now = k as u32 + 1;
@@ -469,6 +497,28 @@ impl AppSteering {
             t.saw(hash, k);
         }
         Steered::Active(k)
+    }
+
+    /// [`AppSteering::steer`] for each of `hashes` in turn, with the same
+    /// decisions and counts, one policy call per burst: the kthreads into
+    /// `out` (cleared first); returns whether they are parked ones (no
+    /// kthread is active: each packet goes to `hash % kthreads` and the
+    /// caller tells the core allocator).
+    pub fn steer_burst(&mut self, hashes: &[u64], now: Time, out: &mut Vec<usize>) -> bool {
+        out.clear();
+        if self.active.is_empty() {
+            let n = self.kthreads as u64;
+            out.extend(hashes.iter().map(|&hash| (hash % n) as usize));
+            return true;
+        }
+        self.policy.pick_burst(hashes, &self.active, now, out);
+        // The tracker after the policy: neither reads the other's state.
+        if let Some(t) = &mut self.tracker {
+            for (&hash, &k) in hashes.iter().zip(out.iter()) {
+                t.saw(hash, k);
+            }
+        }
+        false
     }
 
     /// Once per allocation pass: the policy's look at the queues.
@@ -645,6 +695,65 @@ mod tests {
         );
         assert!(remapped[2] * 2 < remapped[0], "{remapped:?}");
         assert!(remapped[1] * 2 < remapped[0], "{remapped:?}");
+    }
+
+    /// A burst's decisions and counts are those of its packets steered
+    /// one by one, for every policy, across changes of the active set
+    /// (none active included), with flows repeated back to back (the move
+    /// counters' shortcut) and interleaved.
+    #[test]
+    fn a_burst_steers_as_its_packets_one_by_one() {
+        let sets: [[bool; 4]; 6] = [
+            [true; 4],
+            [true, true, true, false],
+            [false; 4],
+            [false, true, false, true],
+            [true, false, false, false],
+            [true; 4],
+        ];
+        let flows: Vec<u64> = (0..40u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9) ^ (i << 40))
+            .collect();
+        for kind in SteeringKind::ALL {
+            let build =
+                || AppSteering::new(kind.build(4, &SteeringOptions::default()), 4).track_remaps();
+            let (mut one, mut burst) = (build(), build());
+            let (mut seed, mut last) = (7u64, 0u64);
+            let mut out = Vec::new();
+            for (t, set) in sets.iter().enumerate() {
+                let now = t as Time * 1_000;
+                one.sync(*set, now);
+                burst.sync(*set, now);
+                for _ in 0..40 {
+                    let hashes: Vec<u64> = (0..32)
+                        .map(|_| {
+                            seed = seed
+                                .wrapping_mul(6_364_136_223_846_793_005)
+                                .wrapping_add(1_442_695_040_888_963_407);
+                            if (seed >> 60) >= 6 {
+                                last = flows[(seed >> 33) as usize % flows.len()];
+                            }
+                            last
+                        })
+                        .collect();
+                    let parked = burst.steer_burst(&hashes, now, &mut out);
+                    assert_eq!(out.len(), hashes.len());
+                    for (&hash, &k) in hashes.iter().zip(&out) {
+                        match one.steer(hash, now) {
+                            Steered::Active(want) => assert!(!parked && want == k, "{kind}"),
+                            Steered::Parked(want) => assert!(parked && want == k, "{kind}"),
+                        }
+                    }
+                    assert_eq!(one.stats(), burst.stats(), "{kind}");
+                    assert_eq!(one.flows_remapped(), burst.flows_remapped(), "{kind}");
+                }
+            }
+            // Not vacuous: flows moved and were remapped.
+            assert!(burst.flows_remapped().unwrap() > 0, "{kind}");
+            if kind != SteeringKind::FlowAffinity {
+                assert!(burst.flows_moved() > 0, "{kind}");
+            }
+        }
     }
 
     #[test]

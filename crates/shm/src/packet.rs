@@ -77,6 +77,7 @@ impl EgressBuffers {
         }
     }
 
+    #[inline]
     fn ptr(&self, seq: u32) -> *mut u8 {
         let i = (seq & (self.count - 1)) as usize;
         // SAFETY: `i < count`, so the buffer lies inside the area.
@@ -91,6 +92,19 @@ impl EgressBuffers {
         // reference this handle gives out, and the ring protocol keeps the
         // consumer off a free slot's buffer.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(seq), PKT_BUFFER_SIZE as usize) }
+    }
+
+    /// iokerneld side: the first `N` bytes (at most a buffer) of the packet
+    /// with sequence number `seq`, read in place, without a call: for a
+    /// header looked at before the frame is copied. The runtime may change
+    /// the buffer meanwhile, so what the header decided must be checked
+    /// again on the copy.
+    #[inline]
+    pub fn prefix<const N: usize>(&self, seq: u32) -> [u8; N] {
+        const { assert!(N <= PKT_BUFFER_SIZE as usize) };
+        // SAFETY: `N <= PKT_BUFFER_SIZE` bytes inside the buffer, read
+        // unaligned; every byte pattern is a valid array.
+        unsafe { std::ptr::read_unaligned(self.ptr(seq).cast::<[u8; N]>()) }
     }
 
     /// iokerneld side: copies the first `len` bytes (clamped to the buffer)

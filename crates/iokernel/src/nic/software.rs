@@ -537,16 +537,17 @@ impl SoftwareSwitch {
         (to != from && Some(to) != self.trunk).then_some(to)
     }
 
-    /// Counts a frame of `len` bytes that went from `from` to `to` by the
-    /// direct path as the switch would have.
-    pub fn count_direct(&mut self, from: PortId, to: PortId, len: usize) {
+    /// Counts `frames` frames of `bytes` bytes in all that went from `from`
+    /// to `to` by the direct path as the switch would have (once per run
+    /// of frames, not per frame).
+    pub fn count_direct(&mut self, from: PortId, to: PortId, frames: u64, bytes: u64) {
         if let Some(p) = self.ports.get_mut(from.0 as usize).and_then(Option::as_mut) {
-            p.counters.tx_frames += 1;
-            p.counters.tx_bytes += len as u64;
+            p.counters.tx_frames += frames;
+            p.counters.tx_bytes += bytes;
         }
         if let Some(p) = self.ports.get_mut(to.0 as usize).and_then(Option::as_mut) {
-            p.counters.rx_frames += 1;
-            p.counters.rx_bytes += len as u64;
+            p.counters.rx_frames += frames;
+            p.counters.rx_bytes += bytes;
         }
     }
 

@@ -10,7 +10,12 @@
 //! requests (0 ns of work: the figures are steering, not service) of many
 //! flows, each flow numbering its requests, to a [`RawApp`] whose kthreads
 //! one thread plays as a runtime would: every two phases one kthread parks
-//! (gives its core back) and the next phase it is granted one again. The
+//! (gives its core back) and the next phase it is granted one again. A
+//! phase lasts `phase`, and until iokerneld's stats show its change made
+//! (a park: one more change of the active set than when it was asked for;
+//! a grant: every kthread holding a core), so that on a loaded machine,
+//! where iokerneld may lose its CPU for longer than a phase, a park is
+//! never undone before iokerneld saw it. The
 //! thread echoes every ring; a parked kthread's ring is stolen from, the
 //! reply leaving by the thief's egress ring, and the thief counts a steal
 //! in its queue line as a runtime does, so iokerneld's stats report steals.
@@ -50,7 +55,7 @@ pub struct SteeringRun {
     /// How long the generator sends.
     pub sending: Duration,
     /// How long a kthread stays parked, and how long all hold a core
-    /// between two parks.
+    /// between two parks (longer while iokerneld has not made the change).
     pub phase: Duration,
     /// `flow-affinity`'s table: flows it holds (iokerneld's
     /// `flow_table_capacity`).
@@ -265,27 +270,76 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     for k in 0..kthreads {
         lines.settle(&app, k);
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let (sending, phase, parks) = (run.sending, run.phase, run.parks && kthreads > 1);
+    let (stop, load_over) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (stop2, load_over2) = (stop.clone(), load_over.clone());
+    let parks = run.parks && kthreads > 1;
+    let (phase, policy) = (run.phase, run.policy.code());
+    let socket = d.socket.clone();
     let driver = std::thread::spawn(move || {
         let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
         let mut step = 0usize;
         let mut parked: Option<usize> = None;
-        let (started, mut phase_start) = (Instant::now(), Instant::now());
+        // iokerneld's count of changes of the active set (a failed look
+        // gives 0: the park then counts as seen at once, as before).
+        let changes = || {
+            client::stats(&socket).ok().and_then(|s| {
+                s.dataplane
+                    .steering
+                    .iter()
+                    .find(|st| st.st == policy)
+                    .map(|st| st.ch)
+            })
+        };
+        // The change asked for and not seen made yet: a park (the count
+        // of changes when it was asked for), or a core given back (`None`).
+        let mut awaited: Option<Option<u64>> = None;
+        let (mut phase_start, mut last_look) = (Instant::now(), Instant::now());
         while !stop2.load(Ordering::Acquire) {
             let (e, s, u) = echo(&mut app, parked);
             echoed += e;
             stolen += s;
             unsent += u;
-            if started.elapsed() > sending {
+            if load_over2.load(Ordering::Acquire) {
                 // The load is over: every kthread gets its core back.
                 if let Some(k) = parked.take() {
                     lines.busy(&app, k);
                 }
                 continue;
             }
-            if !parks || phase_start.elapsed() < phase {
+            if !parks {
+                continue;
+            }
+            if let Some(before) = awaited {
+                // iokerneld's stats, at most once a millisecond, until they
+                // show the change made.
+                if last_look.elapsed() < Duration::from_millis(1) {
+                    continue;
+                }
+                last_look = Instant::now();
+                let made = client::stats(&socket).is_ok_and(|s| match before {
+                    // The park seen: one more change of the active set
+                    // (iokerneld may grant the core again at once, for
+                    // requests on the kthread's ring).
+                    Some(before) => s
+                        .dataplane
+                        .steering
+                        .iter()
+                        .any(|st| st.st == policy && st.ch > before),
+                    // Every kthread holds a core again.
+                    None => s
+                        .apps
+                        .first()
+                        .is_some_and(|a| a.cores_now == kthreads as u32),
+                });
+                if made {
+                    awaited = None;
+                }
+                continue;
+            }
+            if phase_start.elapsed() < phase {
                 continue;
             }
             phase_start = Instant::now();
@@ -295,20 +349,32 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
                         lines.settle(&app, k);
                     }
                     let k = step % kthreads;
+                    let before = changes().unwrap_or(0);
                     lines.park(&mut app, k);
                     parked = Some(k);
                     step += 1;
+                    awaited = Some(Some(before));
                 }
-                Some(k) => lines.busy(&app, k),
+                Some(k) => {
+                    lines.busy(&app, k);
+                    awaited = Some(None);
+                }
             }
         }
         (echoed, stolen, unsent, step, app)
     });
-    let mut load = LoadRun::poisson(me, 7, run.rate, ServiceTime::Constant { ns: 0 }, sending);
+    let mut load = LoadRun::poisson(
+        me,
+        7,
+        run.rate,
+        ServiceTime::Constant { ns: 0 },
+        run.sending,
+    );
     load.config.flows = run.flows;
     load.config.seed = run.seed;
     load.drain = Duration::from_millis(300);
     let report = d.generator.run(load, Duration::from_secs(10));
+    load_over.store(true, Ordering::Release);
     if let Ok(report) = &report {
         // Requests still on the application's switch port (a burst moves
         // per turn of the loop) reach its rings while the thread echoes.

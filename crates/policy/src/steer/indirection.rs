@@ -12,7 +12,7 @@
 //! a bounded number per call, by the packets each bucket steered since the
 //! previous look (it looks once enough packets were steered to tell).
 
-use super::{MoveCounter, SteerStats, Steering};
+use super::{modulo, MoveCounter, SteerStats, Steering};
 use crate::alloc::KthreadSnap;
 use crate::Time;
 
@@ -147,7 +147,8 @@ impl Steering for Indirection {
     }
 
     fn pick(&mut self, hash: u64, active: &[usize], _now: Time) -> usize {
-        let bucket = (hash % self.owner.len() as u64) as usize;
+        // A mask for a power-of-two table (the default): once per packet.
+        let bucket = modulo(hash, self.owner.len());
         self.packets[bucket] = self.packets[bucket].saturating_add(1);
         self.since_rebalance += 1;
         let owner = self.owner[bucket];
@@ -163,7 +164,7 @@ impl Steering for Indirection {
     }
 
     fn route(&self, hash: u64, active: &[usize]) -> Option<usize> {
-        let owner = self.owner[(hash % self.owner.len() as u64) as usize];
+        let owner = self.owner[modulo(hash, self.owner.len())];
         Some(if self.owner_active(owner) {
             owner as usize
         } else {
