@@ -462,8 +462,7 @@ mod tests {
     use ginza_shm::{RunPacket, ToIokernel, ToKthread};
 
     use super::Link;
-    use crate::config::IokernelConfig;
-    use crate::Class;
+    use crate::config::{Class, IokernelConfig};
 
     fn run(request: u64) -> ToKthread {
         ToKthread::Run {
