@@ -125,13 +125,13 @@ fn main() {
     let s = &report.preemption_samples;
     println!(
         "{mode}: worker cpu {:.3} ms, {preemptions} preemptions; medians ns: late {} \
-         ask->off {} off->next {}; took next {}/{}; flags withdrawn {}",
+         ask->off {} off->next {}; took next {}/{}; stale asks ignored {}",
         (last - first) as f64 / 1e6,
         median(s.iter().map(|x| x.late_ns).collect()),
         median(s.iter().map(|x| x.handback_ns).collect()),
         median(s.iter().filter_map(|x| x.resume_ns).collect()),
         s.iter().filter(|x| x.took_next).count(),
         s.len(),
-        report.flags_withdrawn,
+        report.stale_asks_ignored,
     );
 }

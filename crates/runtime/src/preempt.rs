@@ -37,7 +37,7 @@ pub fn preempt_point() {
     let k = unsafe { &*k };
     // A worker whose requests iokerneld dispatches is asked through its
     // queue line (docs/colocate.md).
-    if k.preempt_flag.load(Relaxed)
+    if k.preempt_ask.is_set()
         || (k.mode == Mode::Worker && k.io.as_ref().is_some_and(|io| io.yield_asked()))
     {
         preempt_point_slow();
@@ -53,6 +53,15 @@ fn preempt_point_slow() {
     }
     if let Some(k) = sched::current_kthread_ref() {
         if k.mode == Mode::Worker {
+            // An in-process dispatcher's ask names the run it is for; one
+            // for a run that has ended (it raced with the worker's switch
+            // to this run) is dropped, not obeyed.
+            if k.preempt_ask.drop_stale(k.run_stamp.get()) {
+                sched::bump(&k.stats.stale_asks);
+            }
+            if worker_not_asked(k) {
+                return;
+            }
             sched::bump(&k.stats.coop_preemptions);
         }
     }
@@ -84,7 +93,7 @@ fn apply_pending_preemption(state: *const PreemptState) {
 /// asked its running request to stop: a preemption signal now is late.
 fn worker_not_asked(k: &sched::KThread) -> bool {
     k.mode == Mode::Worker
-        && !k.preempt_flag.load(Relaxed)
+        && !k.preempt_ask.asks(k.run_stamp.get())
         && !k.io.as_ref().is_some_and(|io| io.yield_asked())
 }
 

@@ -313,8 +313,8 @@ struct LongRun {
     /// Fraction of preemptions after which the worker switched straight
     /// into a pre-assigned request.
     took_next: Option<f64>,
-    /// Flags the dispatcher withdrew (meant for a request that had stopped).
-    flags_withdrawn: u64,
+    /// Asks the worker found naming a run that had ended (dropped).
+    stale_asks_ignored: u64,
 }
 
 /// Long requests under `mech` at `quantum_us`, or the c-FCFS baseline when
@@ -428,7 +428,7 @@ fn long_run(
                 .count() as f64
                 / samples as f64
         }),
-        flags_withdrawn: report.flags_withdrawn,
+        stale_asks_ignored: report.stale_asks_ignored,
     })
 }
 
@@ -511,8 +511,9 @@ struct Spans {
     /// Fraction of preemptions after which the worker took the
     /// pre-assigned request itself.
     took_next: Option<f64>,
-    /// Flags withdrawn (meant for a request that had stopped), all runs.
-    flags_withdrawn: u64,
+    /// Asks the worker found naming a run that had ended (dropped), all
+    /// runs.
+    stale_asks_ignored: u64,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -704,7 +705,7 @@ fn measure(
             ask_to_off_ns: get(&|r| r.p50_ns).map(round1),
             off_to_next_start_ns: get(&|r| r.resume_ns).map(round1),
             took_next: get(&|r| r.took_next).map(round3),
-            flags_withdrawn: c.map_or(0, |c| c.runs.iter().map(|r| r.flags_withdrawn).sum()),
+            stale_asks_ignored: c.map_or(0, |c| c.runs.iter().map(|r| r.stale_asks_ignored).sum()),
         }
     };
     let signal_runs_left_out = cells

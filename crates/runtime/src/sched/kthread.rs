@@ -44,6 +44,9 @@ pub(crate) struct KStats {
     pub(crate) grants: AtomicU64,
     /// Worker mode: preemptions taken at preemption points (cooperative).
     pub(crate) coop_preemptions: AtomicU64,
+    /// Worker mode: asks found at a preemption point for a run that had
+    /// ended (ignored; see `PreemptAsk`).
+    pub(crate) stale_asks: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere).
@@ -61,13 +64,74 @@ pub(crate) enum Mode {
     Worker,
 }
 
+/// A kthread's cooperative preemption request (docs/runtime.md, "Shinjuku
+/// mode"): none, one Shinjuku request run (named by its start stamp, which
+/// is never 0), or whatever runs (a revocation, Shenango mode). One word,
+/// so a preemption point reads it with one load, and an ask for a run that
+/// has ended cannot be mistaken for one for the run that follows it.
+#[derive(Default)]
+pub(crate) struct PreemptAsk(AtomicU64);
+
+impl PreemptAsk {
+    const NONE: u64 = 0;
+    const ANY: u64 = u64::MAX;
+
+    /// Anything asked at all (the preemption point's fast path).
+    #[inline(always)]
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Relaxed) != Self::NONE
+    }
+
+    /// Asks whatever runs to yield.
+    pub(crate) fn ask_any(&self) {
+        self.0.store(Self::ANY, SeqCst);
+    }
+
+    /// Asks the run stamped `run` (not 0) to yield.
+    pub(crate) fn ask_run(&self, run: u64) {
+        debug_assert_ne!(run, Self::NONE);
+        self.0.store(run, SeqCst);
+    }
+
+    /// Withdraws nothing asked but the ask for `run`; true if it was there.
+    pub(crate) fn withdraw(&self, run: u64) -> bool {
+        self.0
+            .compare_exchange(run, Self::NONE, SeqCst, Relaxed)
+            .is_ok()
+    }
+
+    /// Takes any ask off (ordered by the caller's next release or fence).
+    pub(crate) fn clear(&self) {
+        self.0.store(Self::NONE, Relaxed);
+    }
+
+    /// Whether the run stamped `run` is asked to yield: by name, or as
+    /// whatever runs.
+    pub(crate) fn asks(&self, run: u64) -> bool {
+        let asked = self.0.load(Relaxed);
+        asked == Self::ANY || (asked != Self::NONE && asked == run)
+    }
+
+    /// An ask for a run other than `run` (one that has ended), if any is
+    /// set, is taken off; true if one was.
+    pub(crate) fn drop_stale(&self, run: u64) -> bool {
+        let asked = self.0.load(Relaxed);
+        asked != Self::NONE && asked != Self::ANY && asked != run && self.withdraw(asked)
+    }
+}
+
 pub(crate) struct KThread {
     pub(crate) id: usize,
     pub(crate) mode: Mode,
     /// Cooperative preemption request, polled at preemption points (its own
     /// cache line: the Shinjuku dispatcher writes it while the kthread
-    /// polls). Set when a quantum is spent, and with a revocation.
-    pub(crate) preempt_flag: CachePadded<AtomicBool>,
+    /// polls). Set when a quantum is spent (naming the run it asks), and
+    /// with a revocation (asking whatever runs).
+    pub(crate) preempt_ask: CachePadded<PreemptAsk>,
+    /// Worker mode: the stamp of the request run in progress (its start,
+    /// as published in the worker's mailbox; 0 between runs). A Shinjuku
+    /// ask naming another run is stale and ignored.
+    pub(crate) run_stamp: Cell<u64>,
     /// Worker mode: the request context that just yielded back.
     pub(crate) yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
@@ -373,7 +437,8 @@ impl Shared {
                     KThread {
                         id,
                         mode,
-                        preempt_flag: CachePadded::new(AtomicBool::new(false)),
+                        preempt_ask: CachePadded::new(PreemptAsk::default()),
+                        run_stamp: Cell::new(0),
                         yielded: Cell::new(null_mut()),
                         core,
                         siblings: plan.siblings[id].clone(),
@@ -734,7 +799,7 @@ pub(crate) fn wake_if_parked(k: &KThread) {
 pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(true, SeqCst);
-    k.preempt_flag.store(true, SeqCst);
+    k.preempt_ask.ask_any();
     let tid = k.tid.load(SeqCst);
     if tid != 0 {
         crate::signals::send_preempt(tid)?;
@@ -745,7 +810,7 @@ pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
 pub(crate) fn grant(rt: &Shared, id: usize) {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(false, SeqCst);
-    k.preempt_flag.store(false, SeqCst);
+    k.preempt_ask.clear();
     eventfd_signal(k);
 }
 

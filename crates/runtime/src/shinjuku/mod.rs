@@ -23,7 +23,7 @@
 //! aborting the process.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -242,10 +242,14 @@ pub struct ServeReport<Resp> {
     /// Of `pre_assigned`: those put behind a request being preempted
     /// (`pre_assign_on_preempt`).
     pub pre_assigned_on_preempt: u64,
-    /// Preemption flags withdrawn because the request they were meant for
-    /// had stopped before the flag was set (else the next request would
-    /// have yielded at its first preemption point for nothing).
-    pub flags_withdrawn: u64,
+    /// Preemptions the dispatcher never asked for: the worker reported a
+    /// request preempted whose run it had neither flagged nor signalled (a
+    /// request calling `yield_now` itself counts here too).
+    pub unasked_preemptions: u64,
+    /// Asks a worker found at a preemption point naming a run that had
+    /// ended (the dispatcher asked as the worker switched to the next run):
+    /// dropped, not obeyed (docs/runtime.md, "Shinjuku mode").
+    pub stale_asks_ignored: u64,
     pub elapsed: Duration,
 }
 
@@ -399,7 +403,7 @@ where
         pre_assigned,
         taken_back,
         pre_assigned_on_preempt,
-        flags_withdrawn,
+        unasked_preemptions,
     } = outcome?;
     Ok(ServeReport {
         completions,
@@ -409,11 +413,16 @@ where
         pre_assigned,
         taken_back,
         pre_assigned_on_preempt,
-        flags_withdrawn,
+        unasked_preemptions,
         coop_preemptions: rt
             .kthreads
             .iter()
             .map(|k| k.stats.coop_preemptions.load(Relaxed))
+            .sum(),
+        stale_asks_ignored: rt
+            .kthreads
+            .iter()
+            .map(|k| k.stats.stale_asks.load(Relaxed))
             .sum(),
         signal_preemptions: rt
             .kthreads
@@ -438,7 +447,7 @@ struct Served<Resp> {
     pre_assigned: u64,
     taken_back: u64,
     pre_assigned_on_preempt: u64,
-    flags_withdrawn: u64,
+    unasked_preemptions: u64,
 }
 
 /// The median cost of reading the clock twice, to subtract from short timings.
@@ -492,7 +501,7 @@ where
     let mut pre_assigned = 0u64;
     let mut taken_back = 0u64;
     let mut pre_assigned_on_preempt = 0u64;
-    let mut flags_withdrawn = 0u64;
+    let mut unasked_preemptions = 0u64;
     // Per worker: the sample of the preemption it last reported, and
     // when, until the worker's next start fills in its `resume_ns`.
     let mut resume_of: Vec<Option<(usize, u64)>> = vec![None; rt.kthreads.len()];
@@ -657,6 +666,9 @@ where
                     }
                 }
                 Report::Preempted => {
+                    if !run.flagged && run.signaled_at.is_none() {
+                        unasked_preemptions += 1;
+                    }
                     if config.record_preemptions {
                         resume_of[w] = Some((samples.len(), finished_at));
                         samples.push(PreemptionSample {
@@ -739,27 +751,18 @@ where
             }
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
-                let mut withdrawn = false;
                 if !run.flagged {
-                    k.preempt_flag.store(true, SeqCst);
+                    // The ask names this run by its start stamp: should
+                    // the worker have switched to its next run meanwhile,
+                    // that run finds an ask for another and drops it
+                    // (`PreemptAsk`), so no later run yields for it.
+                    k.preempt_ask.ask_run(started);
                     run.flagged = true;
                     run.flagged_at = now;
                     run.late_ns =
                         now.saturating_sub(started.saturating_add(queues.quantum().unwrap_or(0)));
-                    // The worker may have stopped this request (and started
-                    // the next, pre-assigned one) since `started` was read:
-                    // it resets its start before it clears the flag
-                    // (`worker::Mailbox::post`), so a start that changed
-                    // means the flag may reach the wrong request. (It also
-                    // changes when the request yielded to this very flag at
-                    // once; clearing it then is harmless.)
-                    if mailboxes[w].started_ns() != started {
-                        k.preempt_flag.store(false, SeqCst);
-                        flags_withdrawn += 1;
-                        withdrawn = true;
-                    }
                 }
-                if signal_now && !withdrawn {
+                if signal_now {
                     let tid = k.tid.load(Relaxed);
                     if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
                         signals_sent += 1;
@@ -828,7 +831,7 @@ where
                 pre_assigned,
                 taken_back,
                 pre_assigned_on_preempt,
-                flags_withdrawn,
+                unasked_preemptions,
             });
         }
         if progress {

@@ -17,7 +17,7 @@
 //! successor is the policy's choice (head placement runs the preempted one
 //! again): on a preemption the worker takes only a request pre-assigned for
 //! that case (`pre_assign_behind_preempted`). The cooperative preemption
-//! flag is the kthread's own (`KThread::preempt_flag`), since revocation
+//! flag is the kthread's own (`KThread::preempt_ask`), since revocation
 //! uses it too.
 
 use std::ptr::{null_mut, NonNull};
@@ -110,7 +110,7 @@ impl Mailbox {
     /// Dispatcher: hands `u` to worker `k`, whose previous report it has
     /// taken; wakes the worker if parked.
     pub(crate) fn assign(&self, k: &KThread, u: URef) {
-        k.preempt_flag.store(false, Relaxed);
+        k.preempt_ask.clear();
         self.to.assigned.store(u.ptr(), Release);
         sched::wake_if_parked(k);
     }
@@ -205,8 +205,10 @@ impl Mailbox {
         };
         let mut raw = report.encode();
         if next.is_some() {
-            // The dispatcher's flag was for the request that just stopped.
-            k.preempt_flag.store(false, SeqCst);
+            // An ask now was for the request that just stopped (the next
+            // run, with its own stamp, would ignore it: this saves it the
+            // look).
+            k.preempt_ask.clear();
             raw |= TOOK_NEXT;
         }
         self.from.report_started_ns.store(started, Relaxed);
@@ -248,8 +250,13 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     let rt = k.rt();
     while let Some(mut u) = wait_for_assignment(k, mailbox) {
         loop {
-            mailbox.from.started_ns.store(rt.now_ns().max(1), SeqCst);
+            // The start stamps the run: the dispatcher names it when it
+            // asks it to yield (`PreemptAsk`).
+            let stamp = rt.now_ns().max(1);
+            k.run_stamp.set(stamp);
+            mailbox.from.started_ns.store(stamp, SeqCst);
             let stopped = sched::run_on_worker(owner, u);
+            k.run_stamp.set(0);
             match mailbox.post(k, stopped.into(), rt.now_ns()) {
                 Some(next) => u = next,
                 None => break,
