@@ -11,6 +11,7 @@ use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 use crate::deferral::{current_state, PreemptState};
 use crate::sched::{self, Mode, URef};
 use crate::signals;
+use ginza_sys::tsc_clock::ticks;
 
 /// Installs the preemption entry points: the signal handlers (preemption,
 /// and the stack-overflow report, which asks the scheduler about guard
@@ -63,9 +64,26 @@ fn preempt_point_slow() {
                 return;
             }
             sched::bump(&k.stats.coop_preemptions);
+            if k.spans.on.get() {
+                let now = ticks();
+                let asked = k.preempt_ask.asked_ticks();
+                if asked != 0 && now > asked {
+                    sched::add(&k.spans.observe, now - asked);
+                    sched::bump(&k.spans.observed);
+                }
+                k.spans.seen.set(now);
+            }
         }
     }
     sched::yield_now();
+    // Resumed (maybe on another worker): the switch into this request ends.
+    if let Some(k) = sched::current_kthread_ref() {
+        let since = k.spans.switched_in.get();
+        if k.mode == Mode::Worker && k.spans.on.get() && since != 0 {
+            sched::add(&k.spans.switch_in, ticks().saturating_sub(since));
+            sched::bump(&k.spans.switched);
+        }
+    }
 }
 
 /// A preemption signal arrived while preemption was deferred in this

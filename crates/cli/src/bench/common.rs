@@ -74,3 +74,10 @@ mod tests {
         assert!(!allowed_cpus().unwrap().is_empty());
     }
 }
+
+/// The load average over 1, 5 and 15 minutes (`/proc/loadavg`), to print
+/// beside figures taken on a shared machine.
+pub(crate) fn loadavg() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}

@@ -54,7 +54,7 @@
 //!   kind: the worker may still be the bound.
 
 use super::common::emit;
-use super::common::{allowed_cpus, median, percentile};
+use super::common::{allowed_cpus, loadavg, median, percentile};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -65,7 +65,7 @@ use anyhow::Context as _;
 use ginza_runtime::preempt_point;
 use ginza_runtime::shinjuku::{
     serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ServeReport,
-    ShinjukuConfig, Source,
+    ShinjukuConfig, Source, WorkerSpans,
 };
 use ginza_sys::clock;
 use serde::Serialize;
@@ -315,6 +315,17 @@ struct LongRun {
     took_next: Option<f64>,
     /// Asks the worker found naming a run that had ended (dropped).
     stale_asks_ignored: u64,
+    /// The worker's own TSC spans of its cooperative preemptions.
+    spans: Option<WorkerSpans>,
+}
+
+impl LongRun {
+    /// The worker's direct loss (its own TSC spans: yield out, hand-over,
+    /// switch in, times the preemptions) in % of `t_base`.
+    fn direct_loss_pct(&self, t_base: f64) -> Option<f64> {
+        let per = self.spans?.direct_ns_per_preemption()?;
+        Some(per * self.preemptions as f64 / t_base * 100.0)
+    }
 }
 
 /// Long requests under `mech` at `quantum_us`, or the c-FCFS baseline when
@@ -429,6 +440,7 @@ fn long_run(
                 / samples as f64
         }),
         stale_asks_ignored: report.stale_asks_ignored,
+        spans: report.worker_spans,
     })
 }
 
@@ -514,12 +526,48 @@ struct Spans {
     /// Asks the worker found naming a run that had ended (dropped), all
     /// runs.
     stale_asks_ignored: u64,
+    /// From the worker's own TSC (`ShinjukuConfig::record_preemptions`),
+    /// mean ns per preemption: the dispatcher's store of the ask → the
+    /// worker finds it at a preemption point (useful work up to the point,
+    /// and the line's transfer; two CPUs' TSCs).
+    worker_observe_ns: Option<f64>,
+    /// The ask found → the worker loop (yield path, switch out).
+    worker_yield_out_ns: Option<f64>,
+    /// The worker loop → switching into the next request (report, second
+    /// slot, stamps).
+    worker_handover_ns: Option<f64>,
+    /// Switching into the next request → its code runs again.
+    worker_switch_in_ns: Option<f64>,
+    /// The three above: the worker's direct CPU loss per preemption.
+    worker_direct_ns: Option<f64>,
+    /// `worker_direct_ns` × preemptions over the baseline's CPU time, %:
+    /// the loss the worker's own spans account for (`loss_pct` minus it is
+    /// the indirect part: cold caches after switches, polling, and noise).
+    direct_loss_pct: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
 struct Components {
     coop: Spans,
     coop_roundtrip: Spans,
+}
+
+/// Per quantum: the cooperative loss the worker's own TSC spans account
+/// for (`Spans::direct_loss_pct`).
+#[derive(Clone, Copy, Debug, Serialize)]
+struct DirectLoss {
+    coop: Option<f64>,
+    coop_roundtrip: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+struct DirectLossPct {
+    #[serde(rename = "5us")]
+    q5: DirectLoss,
+    #[serde(rename = "10us")]
+    q10: DirectLoss,
+    #[serde(rename = "15us")]
+    q15: DirectLoss,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -553,6 +601,15 @@ struct Meta {
     /// Per quantum (µs) and mechanism: median preemptions per run.
     preemptions_per_run: Vec<(u64, &'static str, Option<f64>)>,
     reported_quantum_us: u64,
+    /// `loss_pct.5us.coop` of each run (against the baseline's median), in
+    /// run order: how stable the median is.
+    loss_5us_coop_runs: Vec<f64>,
+    /// The dispatcher's and the worker's CPUs are hyperthreads of one core
+    /// (then the dispatcher's spinning slows the worker in every run).
+    cores_are_siblings: Option<bool>,
+    /// `/proc/loadavg` (1, 5, 15 minutes) before and after.
+    loadavg_before: Option<String>,
+    loadavg_after: Option<String>,
     tiny_requests: u64,
     time_base: &'static str,
     statistic: &'static str,
@@ -568,6 +625,8 @@ struct Report {
     /// At a 5 µs quantum.
     components_ns: Components,
     loss_pct: LossPct,
+    /// The part of `loss_pct` the worker's own TSC spans account for.
+    direct_loss_pct: DirectLossPct,
     /// One worker, no pre-assignment: a hand-off round-trip rate.
     handoff_roundtrip_mrps: Option<f64>,
     /// One worker, the next request pre-assigned.
@@ -627,6 +686,7 @@ fn measure(
     tiny: u64,
     quanta: &[u64],
 ) -> anyhow::Result<Report> {
+    let loadavg_before = loadavg();
     let ns_per_iter = chain_ns_per_iter();
     let iters = ((work.as_nanos() as f64 / ns_per_iter).round() as u64).max(POLL_EVERY);
     eprintln!(
@@ -687,6 +747,21 @@ fn measure(
             },
         }
     };
+    let direct = |q: u64, m: Mech| -> Option<f64> {
+        cell(q, m)?
+            .median_of(|r| r.direct_loss_pct(t_base?))
+            .map(round3)
+    };
+    let direct_at = |q: u64| DirectLoss {
+        coop: direct(q, Mech::Coop),
+        coop_roundtrip: direct(q, Mech::CoopRoundTrip),
+    };
+    let loss_5us_coop_runs = cell(5, Mech::Coop).map_or(Vec::new(), |c| {
+        c.runs
+            .iter()
+            .filter_map(|r| Some(round3(loss_pct(r.worker_cpu_ns as f64, t_base?))))
+            .collect()
+    });
     let loss_at = |q: u64| Loss {
         coop: loss(q, Mech::Coop),
         coop_roundtrip: loss(q, Mech::CoopRoundTrip),
@@ -706,6 +781,28 @@ fn measure(
             off_to_next_start_ns: get(&|r| r.resume_ns).map(round1),
             took_next: get(&|r| r.took_next).map(round3),
             stale_asks_ignored: c.map_or(0, |c| c.runs.iter().map(|r| r.stale_asks_ignored).sum()),
+            worker_observe_ns: get(&|r| {
+                let s = r.spans?;
+                WorkerSpans::mean(s.observe_ns, s.observed)
+            })
+            .map(round1),
+            worker_yield_out_ns: get(&|r| {
+                let s = r.spans?;
+                WorkerSpans::mean(s.yield_out_ns, s.preemptions)
+            })
+            .map(round1),
+            worker_handover_ns: get(&|r| {
+                let s = r.spans?;
+                WorkerSpans::mean(s.handover_ns, s.handed_over)
+            })
+            .map(round1),
+            worker_switch_in_ns: get(&|r| {
+                let s = r.spans?;
+                WorkerSpans::mean(s.switch_in_ns, s.switched)
+            })
+            .map(round1),
+            worker_direct_ns: get(&|r| r.spans?.direct_ns_per_preemption()).map(round1),
+            direct_loss_pct: get(&|r| r.direct_loss_pct(t_base?)).map(round3),
         }
     };
     let signal_runs_left_out = cells
@@ -749,6 +846,11 @@ fn measure(
             q10: loss_at(10),
             q15: loss_at(15),
         },
+        direct_loss_pct: DirectLossPct {
+            q5: direct_at(5),
+            q10: direct_at(10),
+            q15: direct_at(15),
+        },
         handoff_roundtrip_mrps: median(&handoff).map(round3),
         preassigned_mrps: median(&preassigned).map(round3),
         dispatcher_capacity_mrps: median(&capacity).map(round3),
@@ -767,6 +869,12 @@ fn measure(
             signal_runs_left_out,
             preemptions_per_run,
             reported_quantum_us: REPORTED_QUANTUM_US,
+            loss_5us_coop_runs,
+            cores_are_siblings: ginza_sys::topology::thread_siblings(cores.worker)
+                .ok()
+                .map(|s| cores.dispatcher != cores.worker && s.contains(&cores.dispatcher)),
+            loadavg_before,
+            loadavg_after: loadavg(),
             tiny_requests: tiny,
             time_base: "T = the worker thread's CPU time (CLOCK_THREAD_CPUTIME_ID) from the \
                         first request's start to the last one's end, so time the worker was \
@@ -853,6 +961,26 @@ fn render_table(r: &Report) -> String {
             f(sp.ask_to_off_ns),
             f(sp.off_to_next_start_ns),
             f3(sp.took_next)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nthe worker's own TSC spans at 5 us, ns per preemption:\n{:<8}{:>10}{:>11}{:>10}{:>11}{:>9}{:>13}",
+        "", "observe", "yield-out", "handover", "switch-in", "direct", "direct loss%"
+    );
+    for (name, sp) in [
+        ("coop", &r.components_ns.coop),
+        ("coop-rt", &r.components_ns.coop_roundtrip),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name:<8}{:>10}{:>11}{:>10}{:>11}{:>9}{:>13}",
+            f(sp.worker_observe_ns),
+            f(sp.worker_yield_out_ns),
+            f(sp.worker_handover_ns),
+            f(sp.worker_switch_in_ns),
+            f(sp.worker_direct_ns),
+            f3(sp.direct_loss_pct)
         );
     }
     let _ = writeln!(
@@ -997,6 +1125,26 @@ mod tests {
                 assert_eq!(took_next, 0.0, "{m}");
             }
         }
+        // The worker's own spans, where the cooperative configuration
+        // preempted: every part of a preemption takes some time.
+        if v.pointer("/components_ns/coop/took_next") != Some(&serde_json::Value::Null) {
+            for span in [
+                "worker_yield_out_ns",
+                "worker_handover_ns",
+                "worker_switch_in_ns",
+                "worker_direct_ns",
+            ] {
+                assert!(
+                    number(&format!("/components_ns/coop/{span}")) > 0.0,
+                    "{span}"
+                );
+            }
+            number("/components_ns/coop/direct_loss_pct");
+            number("/direct_loss_pct/5us/coop");
+        }
+        assert!(v
+            .pointer("/meta/loss_5us_coop_runs")
+            .is_some_and(|r| r.is_array()));
         assert!(number("/meta/baseline_worker_cpu_ms") > 0.0);
         assert!(number("/meta/baseline_makespan_ms") > 0.0);
         number("/meta/poll_only_loss_pct");

@@ -70,7 +70,12 @@ pub(crate) enum Mode {
 /// so a preemption point reads it with one load, and an ask for a run that
 /// has ended cannot be mistaken for one for the run that follows it.
 #[derive(Default)]
-pub(crate) struct PreemptAsk(AtomicU64);
+pub(crate) struct PreemptAsk {
+    run: AtomicU64,
+    /// When the last run ask was stored (`tsc_clock::ticks`), for the
+    /// worker's spans; on the same line, so reading it costs no transfer.
+    asked_ticks: AtomicU64,
+}
 
 impl PreemptAsk {
     const NONE: u64 = 0;
@@ -79,45 +84,85 @@ impl PreemptAsk {
     /// Anything asked at all (the preemption point's fast path).
     #[inline(always)]
     pub(crate) fn is_set(&self) -> bool {
-        self.0.load(Relaxed) != Self::NONE
+        self.run.load(Relaxed) != Self::NONE
     }
 
     /// Asks whatever runs to yield.
     pub(crate) fn ask_any(&self) {
-        self.0.store(Self::ANY, SeqCst);
+        self.run.store(Self::ANY, SeqCst);
     }
 
-    /// Asks the run stamped `run` (not 0) to yield.
-    pub(crate) fn ask_run(&self, run: u64) {
+    /// Asks the run stamped `run` (not 0) to yield; `ticks`: now, if the
+    /// worker records its spans.
+    pub(crate) fn ask_run(&self, run: u64, ticks: u64) {
         debug_assert_ne!(run, Self::NONE);
-        self.0.store(run, SeqCst);
+        self.asked_ticks.store(ticks, Relaxed);
+        self.run.store(run, SeqCst);
     }
 
-    /// Withdraws nothing asked but the ask for `run`; true if it was there.
-    pub(crate) fn withdraw(&self, run: u64) -> bool {
-        self.0
-            .compare_exchange(run, Self::NONE, SeqCst, Relaxed)
-            .is_ok()
+    /// When the last run ask was stored (0: not recorded).
+    pub(crate) fn asked_ticks(&self) -> u64 {
+        self.asked_ticks.load(Relaxed)
     }
 
     /// Takes any ask off (ordered by the caller's next release or fence).
     pub(crate) fn clear(&self) {
-        self.0.store(Self::NONE, Relaxed);
+        self.run.store(Self::NONE, Relaxed);
     }
 
     /// Whether the run stamped `run` is asked to yield: by name, or as
     /// whatever runs.
     pub(crate) fn asks(&self, run: u64) -> bool {
-        let asked = self.0.load(Relaxed);
+        let asked = self.run.load(Relaxed);
         asked == Self::ANY || (asked != Self::NONE && asked == run)
     }
 
     /// An ask for a run other than `run` (one that has ended), if any is
     /// set, is taken off; true if one was.
     pub(crate) fn drop_stale(&self, run: u64) -> bool {
-        let asked = self.0.load(Relaxed);
-        asked != Self::NONE && asked != Self::ANY && asked != run && self.withdraw(asked)
+        let asked = self.run.load(Relaxed);
+        asked != Self::NONE
+            && asked != Self::ANY
+            && asked != run
+            && self
+                .run
+                .compare_exchange(asked, Self::NONE, SeqCst, Relaxed)
+                .is_ok()
     }
+}
+
+/// Worker mode, when the dispatcher records preemptions: where each
+/// cooperative preemption's time goes on the worker, from its own TSC
+/// (`tsc_clock::ticks`; docs/results.md, "Where a cooperative preemption's
+/// time goes"). The cells are the worker's own; the sums are read once the
+/// workers have stopped.
+#[derive(Default)]
+pub(crate) struct WorkerSpans {
+    pub(crate) on: Cell<bool>,
+    /// When the running request found its ask (0: none since).
+    pub(crate) seen: Cell<u64>,
+    /// When the worker loop switched into the running request.
+    pub(crate) switched_in: Cell<u64>,
+    /// The ask's store → found at a preemption point (ticks across two
+    /// CPUs: useful work up to the next point, and the line's transfer).
+    pub(crate) observe: AtomicU64,
+    pub(crate) observed: AtomicU64,
+    /// Found → back in the worker loop (the yield path, the switch out).
+    pub(crate) yield_out: AtomicU64,
+    /// Back in the loop → switching into the next request (its report, the
+    /// second slot, the stamps), for preemptions handed straight over.
+    pub(crate) handover: AtomicU64,
+    pub(crate) handed_over: AtomicU64,
+    /// Switching into a request → it runs its own code again.
+    pub(crate) switch_in: AtomicU64,
+    pub(crate) switched: AtomicU64,
+    /// Preemptions with `yield_out` measured.
+    pub(crate) count: AtomicU64,
+}
+
+/// Owner-only addition to a sum (read elsewhere only after the owner stops).
+pub(crate) fn add(sum: &AtomicU64, x: u64) {
+    sum.store(sum.load(Relaxed).wrapping_add(x), Relaxed);
 }
 
 pub(crate) struct KThread {
@@ -132,6 +177,8 @@ pub(crate) struct KThread {
     /// as published in the worker's mailbox; 0 between runs). A Shinjuku
     /// ask naming another run is stale and ignored.
     pub(crate) run_stamp: Cell<u64>,
+    /// Worker mode: the worker's spans of its cooperative preemptions.
+    pub(crate) spans: WorkerSpans,
     /// Worker mode: the request context that just yielded back.
     pub(crate) yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
@@ -439,6 +486,7 @@ impl Shared {
                         mode,
                         preempt_ask: CachePadded::new(PreemptAsk::default()),
                         run_stamp: Cell::new(0),
+                        spans: WorkerSpans::default(),
                         yielded: Cell::new(null_mut()),
                         core,
                         siblings: plan.siblings[id].clone(),

@@ -250,7 +250,73 @@ pub struct ServeReport<Resp> {
     /// ended (the dispatcher asked as the worker switched to the next run):
     /// dropped, not obeyed (docs/runtime.md, "Shinjuku mode").
     pub stale_asks_ignored: u64,
+    /// With `record_preemptions`: where the workers' cooperative
+    /// preemptions took their time, from the workers' own TSC.
+    pub worker_spans: Option<WorkerSpans>,
     pub elapsed: Duration,
+}
+
+/// Cooperative preemptions as the workers timed them with their own TSC
+/// (`ShinjukuConfig::record_preemptions`), summed over workers, ns
+/// (docs/results.md, "Where a cooperative preemption's time goes"). The
+/// worker's direct loss per preemption is `yield_out + handover +
+/// switch_in`; `observe` is useful work (up to the next preemption point)
+/// plus the ask's cache-line transfer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkerSpans {
+    /// Preemptions timed from the ask found to the worker loop.
+    pub preemptions: u64,
+    /// The ask found at a preemption point → the worker loop (the yield
+    /// path and the switch out).
+    pub yield_out_ns: f64,
+    /// The worker loop → switching into the next request (the report, the
+    /// second slot, the stamps); `handed_over` of the preemptions.
+    pub handover_ns: f64,
+    pub handed_over: u64,
+    /// Switching into a request → its code runs again; `switched` times.
+    pub switch_in_ns: f64,
+    pub switched: u64,
+    /// The dispatcher's store of the ask → found at a preemption point
+    /// (two CPUs' TSCs); `observed` times.
+    pub observe_ns: f64,
+    pub observed: u64,
+}
+
+impl WorkerSpans {
+    fn sum(rt: &Shared, ns_per_tick: f64) -> WorkerSpans {
+        let total = |f: fn(&sched::WorkerSpans) -> &std::sync::atomic::AtomicU64| {
+            rt.kthreads
+                .iter()
+                .map(|k| f(&k.spans).load(Relaxed))
+                .sum::<u64>()
+        };
+        let ns = |ticks: u64| ticks as f64 * ns_per_tick;
+        WorkerSpans {
+            preemptions: total(|s| &s.count),
+            yield_out_ns: ns(total(|s| &s.yield_out)),
+            handover_ns: ns(total(|s| &s.handover)),
+            handed_over: total(|s| &s.handed_over),
+            switch_in_ns: ns(total(|s| &s.switch_in)),
+            switched: total(|s| &s.switched),
+            observe_ns: ns(total(|s| &s.observe)),
+            observed: total(|s| &s.observed),
+        }
+    }
+
+    /// Mean ns per event (`None` if none).
+    pub fn mean(total_ns: f64, n: u64) -> Option<f64> {
+        (n > 0).then(|| total_ns / n as f64)
+    }
+
+    /// The worker's direct loss per preemption, ns: the means of the
+    /// yield out, the hand-over and the switch in.
+    pub fn direct_ns_per_preemption(&self) -> Option<f64> {
+        Some(
+            Self::mean(self.yield_out_ns, self.preemptions)?
+                + Self::mean(self.handover_ns, self.handed_over)?
+                + Self::mean(self.switch_in_ns, self.switched)?,
+        )
+    }
 }
 
 struct InFlight<Resp> {
@@ -364,13 +430,19 @@ where
         }
     }
     let mailboxes: Arc<[Mailbox]> = (0..plan.cores.len()).map(|_| Mailbox::default()).collect();
+    let record_spans = config.record_preemptions;
     let worker_body: KthreadBody = {
         let mailboxes = Arc::clone(&mailboxes);
         Arc::new(move |owner: &mut Owner<'_>| {
             let id = owner.kthread().id;
+            owner.kthread().spans.on.set(record_spans);
             worker::run(owner, &mailboxes[id])
         })
     };
+    let ticks_at_start = (
+        ginza_sys::tsc_clock::ticks(),
+        ginza_sys::clock::monotonic_ns(),
+    );
     let started_workers =
         crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
@@ -394,6 +466,16 @@ where
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
     started_workers.stop();
+    let worker_spans = record_spans.then(|| {
+        let ticks = ginza_sys::tsc_clock::ticks().wrapping_sub(ticks_at_start.0);
+        let ns = ginza_sys::clock::monotonic_ns().saturating_sub(ticks_at_start.1);
+        let ns_per_tick = if ticks > 0 {
+            ns as f64 / ticks as f64
+        } else {
+            1.0
+        };
+        WorkerSpans::sum(&rt, ns_per_tick)
+    });
     let Served {
         completions,
         signals_sent,
@@ -414,6 +496,7 @@ where
         taken_back,
         pre_assigned_on_preempt,
         unasked_preemptions,
+        worker_spans,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -756,7 +839,12 @@ where
                     // the worker have switched to its next run meanwhile,
                     // that run finds an ask for another and drops it
                     // (`PreemptAsk`), so no later run yields for it.
-                    k.preempt_ask.ask_run(started);
+                    let ticks = if config.record_preemptions {
+                        ginza_sys::tsc_clock::ticks()
+                    } else {
+                        0
+                    };
+                    k.preempt_ask.ask_run(started, ticks);
                     run.flagged = true;
                     run.flagged_at = now;
                     run.late_ns =
