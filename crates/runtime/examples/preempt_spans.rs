@@ -125,13 +125,13 @@ fn main() {
     let s = &report.preemption_samples;
     println!(
         "{mode}: worker cpu {:.3} ms, {preemptions} preemptions; medians ns: late {} \
-         ask->off {} off->next {}; took next {}/{}; stale asks ignored {}",
+         ask->off {} off->next {}; took next {}/{}; worker's own spans {:?}",
         (last - first) as f64 / 1e6,
         median(s.iter().map(|x| x.late_ns).collect()),
         median(s.iter().map(|x| x.handback_ns).collect()),
         median(s.iter().filter_map(|x| x.resume_ns).collect()),
         s.iter().filter(|x| x.took_next).count(),
         s.len(),
-        report.stale_asks_ignored,
+        report.worker_spans,
     );
 }

@@ -38,7 +38,10 @@ pub fn preempt_point() {
     let k = unsafe { &*k };
     // A worker whose requests iokerneld dispatches is asked through its
     // queue line (docs/colocate.md).
-    if k.preempt_ask.is_set()
+    // An in-process dispatcher's ask names the run it is for: one for a
+    // run that has ended (it raced with the worker's switch to this run)
+    // does not stop this one (docs/runtime.md, "Shinjuku mode").
+    if k.preempt_ask.asks(k.run_stamp.get())
         || (k.mode == Mode::Worker && k.io.as_ref().is_some_and(|io| io.yield_asked()))
     {
         preempt_point_slow();
@@ -54,22 +57,12 @@ fn preempt_point_slow() {
     }
     if let Some(k) = sched::current_kthread_ref() {
         if k.mode == Mode::Worker {
-            // An in-process dispatcher's ask names the run it is for; one
-            // for a run that has ended (it raced with the worker's switch
-            // to this run) is dropped, not obeyed.
-            if k.preempt_ask.drop_stale(k.run_stamp.get()) {
-                sched::bump(&k.stats.stale_asks);
-            }
-            if worker_not_asked(k) {
-                return;
-            }
             sched::bump(&k.stats.coop_preemptions);
             if k.spans.on.get() {
                 let now = ticks();
                 let asked = k.preempt_ask.asked_ticks();
-                if asked != 0 && now > asked {
-                    sched::add(&k.spans.observe, now - asked);
-                    sched::bump(&k.spans.observed);
+                if asked != 0 {
+                    k.spans.observe.add(now.saturating_sub(asked));
                 }
                 k.spans.seen.set(now);
             }
@@ -80,8 +73,7 @@ fn preempt_point_slow() {
     if let Some(k) = sched::current_kthread_ref() {
         let since = k.spans.switched_in.get();
         if k.mode == Mode::Worker && k.spans.on.get() && since != 0 {
-            sched::add(&k.spans.switch_in, ticks().saturating_sub(since));
-            sched::bump(&k.spans.switched);
+            k.spans.switch_in.add(ticks().saturating_sub(since));
         }
     }
 }

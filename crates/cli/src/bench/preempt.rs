@@ -313,8 +313,6 @@ struct LongRun {
     /// Fraction of preemptions after which the worker switched straight
     /// into a pre-assigned request.
     took_next: Option<f64>,
-    /// Asks the worker found naming a run that had ended (dropped).
-    stale_asks_ignored: u64,
     /// The worker's own TSC spans of its cooperative preemptions.
     spans: Option<WorkerSpans>,
 }
@@ -439,7 +437,6 @@ fn long_run(
                 .count() as f64
                 / samples as f64
         }),
-        stale_asks_ignored: report.stale_asks_ignored,
         spans: report.worker_spans,
     })
 }
@@ -523,11 +520,8 @@ struct Spans {
     /// Fraction of preemptions after which the worker took the
     /// pre-assigned request itself.
     took_next: Option<f64>,
-    /// Asks the worker found naming a run that had ended (dropped), all
-    /// runs.
-    stale_asks_ignored: u64,
     /// From the worker's own TSC (`ShinjukuConfig::record_preemptions`),
-    /// mean ns per preemption: the dispatcher's store of the ask → the
+    /// median ns per preemption: the dispatcher's store of the ask → the
     /// worker finds it at a preemption point (useful work up to the point,
     /// and the line's transfer; two CPUs' TSCs).
     worker_observe_ns: Option<f64>,
@@ -780,27 +774,10 @@ fn measure(
             ask_to_off_ns: get(&|r| r.p50_ns).map(round1),
             off_to_next_start_ns: get(&|r| r.resume_ns).map(round1),
             took_next: get(&|r| r.took_next).map(round3),
-            stale_asks_ignored: c.map_or(0, |c| c.runs.iter().map(|r| r.stale_asks_ignored).sum()),
-            worker_observe_ns: get(&|r| {
-                let s = r.spans?;
-                WorkerSpans::mean(s.observe_ns, s.observed)
-            })
-            .map(round1),
-            worker_yield_out_ns: get(&|r| {
-                let s = r.spans?;
-                WorkerSpans::mean(s.yield_out_ns, s.preemptions)
-            })
-            .map(round1),
-            worker_handover_ns: get(&|r| {
-                let s = r.spans?;
-                WorkerSpans::mean(s.handover_ns, s.handed_over)
-            })
-            .map(round1),
-            worker_switch_in_ns: get(&|r| {
-                let s = r.spans?;
-                WorkerSpans::mean(s.switch_in_ns, s.switched)
-            })
-            .map(round1),
+            worker_observe_ns: get(&|r| r.spans?.observe.median_ns).map(round1),
+            worker_yield_out_ns: get(&|r| r.spans?.yield_out.median_ns).map(round1),
+            worker_handover_ns: get(&|r| r.spans?.handover.median_ns).map(round1),
+            worker_switch_in_ns: get(&|r| r.spans?.switch_in.median_ns).map(round1),
             worker_direct_ns: get(&|r| r.spans?.direct_ns_per_preemption()).map(round1),
             direct_loss_pct: get(&|r| r.direct_loss_pct(t_base?)).map(round3),
         }

@@ -9,7 +9,7 @@ use std::marker::PhantomData;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
-    fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
+    fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
     Ordering::{Relaxed, SeqCst},
 };
 use std::sync::{Arc, OnceLock, Weak};
@@ -44,9 +44,6 @@ pub(crate) struct KStats {
     pub(crate) grants: AtomicU64,
     /// Worker mode: preemptions taken at preemption points (cooperative).
     pub(crate) coop_preemptions: AtomicU64,
-    /// Worker mode: asks found at a preemption point for a run that had
-    /// ended (ignored; see `PreemptAsk`).
-    pub(crate) stale_asks: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere).
@@ -81,10 +78,15 @@ impl PreemptAsk {
     const NONE: u64 = 0;
     const ANY: u64 = u64::MAX;
 
-    /// Anything asked at all (the preemption point's fast path).
+    /// The preemption point's fast path: whether the run stamped `run` (0:
+    /// not a Shinjuku worker's run) is asked to yield. An ask for another
+    /// run is left where it is: the worker never writes the line the
+    /// dispatcher writes, so no transfer of it back and forth per
+    /// preemption.
     #[inline(always)]
-    pub(crate) fn is_set(&self) -> bool {
-        self.run.load(Relaxed) != Self::NONE
+    pub(crate) fn asks(&self, run: u64) -> bool {
+        let asked = self.run.load(Relaxed);
+        asked != Self::NONE && (asked == Self::ANY || asked == run)
     }
 
     /// Asks whatever runs to yield.
@@ -109,33 +111,13 @@ impl PreemptAsk {
     pub(crate) fn clear(&self) {
         self.run.store(Self::NONE, Relaxed);
     }
-
-    /// Whether the run stamped `run` is asked to yield: by name, or as
-    /// whatever runs.
-    pub(crate) fn asks(&self, run: u64) -> bool {
-        let asked = self.run.load(Relaxed);
-        asked == Self::ANY || (asked != Self::NONE && asked == run)
-    }
-
-    /// An ask for a run other than `run` (one that has ended), if any is
-    /// set, is taken off; true if one was.
-    pub(crate) fn drop_stale(&self, run: u64) -> bool {
-        let asked = self.run.load(Relaxed);
-        asked != Self::NONE
-            && asked != Self::ANY
-            && asked != run
-            && self
-                .run
-                .compare_exchange(asked, Self::NONE, SeqCst, Relaxed)
-                .is_ok()
-    }
 }
 
 /// Worker mode, when the dispatcher records preemptions: where each
 /// cooperative preemption's time goes on the worker, from its own TSC
 /// (`tsc_clock::ticks`; docs/results.md, "Where a cooperative preemption's
-/// time goes"). The cells are the worker's own; the sums are read once the
-/// workers have stopped.
+/// time goes"). The cells are the worker's own; the histograms are read
+/// once the workers have stopped.
 #[derive(Default)]
 pub(crate) struct WorkerSpans {
     pub(crate) on: Cell<bool>,
@@ -145,24 +127,53 @@ pub(crate) struct WorkerSpans {
     pub(crate) switched_in: Cell<u64>,
     /// The ask's store → found at a preemption point (ticks across two
     /// CPUs: useful work up to the next point, and the line's transfer).
-    pub(crate) observe: AtomicU64,
-    pub(crate) observed: AtomicU64,
+    pub(crate) observe: SpanHistogram,
     /// Found → back in the worker loop (the yield path, the switch out).
-    pub(crate) yield_out: AtomicU64,
+    pub(crate) yield_out: SpanHistogram,
     /// Back in the loop → switching into the next request (its report, the
     /// second slot, the stamps), for preemptions handed straight over.
-    pub(crate) handover: AtomicU64,
-    pub(crate) handed_over: AtomicU64,
+    pub(crate) handover: SpanHistogram,
     /// Switching into a request → it runs its own code again.
-    pub(crate) switch_in: AtomicU64,
-    pub(crate) switched: AtomicU64,
-    /// Preemptions with `yield_out` measured.
-    pub(crate) count: AtomicU64,
+    pub(crate) switch_in: SpanHistogram,
 }
 
-/// Owner-only addition to a sum (read elsewhere only after the owner stops).
-pub(crate) fn add(sum: &AtomicU64, x: u64) {
-    sum.store(sum.load(Relaxed).wrapping_add(x), Relaxed);
+/// Spans in ticks, counted in buckets of [`SpanHistogram::WIDTH`] ticks up
+/// to [`SpanHistogram::BUCKETS`] of them; longer ones (the thread was
+/// descheduled, most likely) only counted. Medians from buckets survive a
+/// loaded machine, where a mean does not.
+pub(crate) struct SpanHistogram {
+    buckets: [AtomicU32; Self::BUCKETS],
+    over: AtomicU64,
+}
+
+impl Default for SpanHistogram {
+    fn default() -> Self {
+        SpanHistogram {
+            buckets: [const { AtomicU32::new(0) }; Self::BUCKETS],
+            over: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SpanHistogram {
+    pub(crate) const WIDTH: u64 = 8;
+    pub(crate) const BUCKETS: usize = 1024;
+
+    /// Owner-only: counts one span.
+    pub(crate) fn add(&self, ticks: u64) {
+        match self.buckets.get((ticks / Self::WIDTH) as usize) {
+            Some(b) => b.store(b.load(Relaxed).wrapping_add(1), Relaxed),
+            None => bump(&self.over),
+        }
+    }
+
+    /// Spans counted in buckets, and those beyond.
+    pub(crate) fn counts(&self) -> (Vec<u32>, u64) {
+        (
+            self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            self.over.load(Relaxed),
+        )
+    }
 }
 
 pub(crate) struct KThread {

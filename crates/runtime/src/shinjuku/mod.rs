@@ -246,10 +246,6 @@ pub struct ServeReport<Resp> {
     /// request preempted whose run it had neither flagged nor signalled (a
     /// request calling `yield_now` itself counts here too).
     pub unasked_preemptions: u64,
-    /// Asks a worker found at a preemption point naming a run that had
-    /// ended (the dispatcher asked as the worker switched to the next run):
-    /// dropped, not obeyed (docs/runtime.md, "Shinjuku mode").
-    pub stale_asks_ignored: u64,
     /// With `record_preemptions`: where the workers' cooperative
     /// preemptions took their time, from the workers' own TSC.
     pub worker_spans: Option<WorkerSpans>,
@@ -257,65 +253,98 @@ pub struct ServeReport<Resp> {
 }
 
 /// Cooperative preemptions as the workers timed them with their own TSC
-/// (`ShinjukuConfig::record_preemptions`), summed over workers, ns
+/// (`ShinjukuConfig::record_preemptions`), all workers together
 /// (docs/results.md, "Where a cooperative preemption's time goes"). The
 /// worker's direct loss per preemption is `yield_out + handover +
 /// switch_in`; `observe` is useful work (up to the next preemption point)
 /// plus the ask's cache-line transfer.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct WorkerSpans {
-    /// Preemptions timed from the ask found to the worker loop.
-    pub preemptions: u64,
-    /// The ask found at a preemption point → the worker loop (the yield
-    /// path and the switch out).
-    pub yield_out_ns: f64,
-    /// The worker loop → switching into the next request (the report, the
-    /// second slot, the stamps); `handed_over` of the preemptions.
-    pub handover_ns: f64,
-    pub handed_over: u64,
-    /// Switching into a request → its code runs again; `switched` times.
-    pub switch_in_ns: f64,
-    pub switched: u64,
     /// The dispatcher's store of the ask → found at a preemption point
-    /// (two CPUs' TSCs); `observed` times.
-    pub observe_ns: f64,
-    pub observed: u64,
+    /// (two CPUs' TSCs).
+    pub observe: Span,
+    /// The ask found → the worker loop (the yield path, the switch out).
+    pub yield_out: Span,
+    /// The worker loop → switching into the next request (the report, the
+    /// second slot, the stamps), for preemptions handed straight over.
+    pub handover: Span,
+    /// Switching into a request → its code runs again.
+    pub switch_in: Span,
+}
+
+/// One span of a preemption over a run: the median is read from buckets
+/// of a few ns; spans beyond the buckets' range (a few µs: the thread was
+/// descheduled, most likely) are only counted, in `over`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Span {
+    /// Spans in range.
+    pub count: u64,
+    pub median_ns: Option<f64>,
+    /// Mean of the spans in range.
+    pub mean_ns: Option<f64>,
+    pub over: u64,
+}
+
+impl Span {
+    fn of(
+        rt: &Shared,
+        hist: fn(&sched::WorkerSpans) -> &sched::SpanHistogram,
+        ns_per_tick: f64,
+    ) -> Span {
+        let mut buckets = vec![0u64; sched::SpanHistogram::BUCKETS];
+        let mut over = 0;
+        for k in rt.kthreads.iter() {
+            let (b, o) = hist(&k.spans).counts();
+            for (sum, n) in buckets.iter_mut().zip(b) {
+                *sum += u64::from(n);
+            }
+            over += o;
+        }
+        let count: u64 = buckets.iter().sum();
+        let width = sched::SpanHistogram::WIDTH as f64 * ns_per_tick;
+        // A bucket's spans are taken at its middle.
+        let at = |i: usize| (i as f64 + 0.5) * width;
+        let mut seen = 0;
+        let median = (count > 0)
+            .then(|| {
+                buckets.iter().position(|&n| {
+                    seen += n;
+                    seen * 2 >= count
+                })
+            })
+            .flatten()
+            .map(at);
+        let mean = (count > 0).then(|| {
+            buckets
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| at(i) * n as f64)
+                .sum::<f64>()
+                / count as f64
+        });
+        Span {
+            count,
+            median_ns: median,
+            mean_ns: mean,
+            over,
+        }
+    }
 }
 
 impl WorkerSpans {
     fn sum(rt: &Shared, ns_per_tick: f64) -> WorkerSpans {
-        let total = |f: fn(&sched::WorkerSpans) -> &std::sync::atomic::AtomicU64| {
-            rt.kthreads
-                .iter()
-                .map(|k| f(&k.spans).load(Relaxed))
-                .sum::<u64>()
-        };
-        let ns = |ticks: u64| ticks as f64 * ns_per_tick;
         WorkerSpans {
-            preemptions: total(|s| &s.count),
-            yield_out_ns: ns(total(|s| &s.yield_out)),
-            handover_ns: ns(total(|s| &s.handover)),
-            handed_over: total(|s| &s.handed_over),
-            switch_in_ns: ns(total(|s| &s.switch_in)),
-            switched: total(|s| &s.switched),
-            observe_ns: ns(total(|s| &s.observe)),
-            observed: total(|s| &s.observed),
+            observe: Span::of(rt, |s| &s.observe, ns_per_tick),
+            yield_out: Span::of(rt, |s| &s.yield_out, ns_per_tick),
+            handover: Span::of(rt, |s| &s.handover, ns_per_tick),
+            switch_in: Span::of(rt, |s| &s.switch_in, ns_per_tick),
         }
     }
 
-    /// Mean ns per event (`None` if none).
-    pub fn mean(total_ns: f64, n: u64) -> Option<f64> {
-        (n > 0).then(|| total_ns / n as f64)
-    }
-
-    /// The worker's direct loss per preemption, ns: the means of the
+    /// The worker's direct loss per preemption, ns: the medians of the
     /// yield out, the hand-over and the switch in.
     pub fn direct_ns_per_preemption(&self) -> Option<f64> {
-        Some(
-            Self::mean(self.yield_out_ns, self.preemptions)?
-                + Self::mean(self.handover_ns, self.handed_over)?
-                + Self::mean(self.switch_in_ns, self.switched)?,
-        )
+        Some(self.yield_out.median_ns? + self.handover.median_ns? + self.switch_in.median_ns?)
     }
 }
 
@@ -501,11 +530,6 @@ where
             .kthreads
             .iter()
             .map(|k| k.stats.coop_preemptions.load(Relaxed))
-            .sum(),
-        stale_asks_ignored: rt
-            .kthreads
-            .iter()
-            .map(|k| k.stats.stale_asks.load(Relaxed))
             .sum(),
         signal_preemptions: rt
             .kthreads

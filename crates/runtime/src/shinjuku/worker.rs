@@ -165,7 +165,7 @@ impl Mailbox {
     /// dispatcher takes before assigning again, so non-zero means this
     /// assignment has started.
     pub(crate) fn started_ns(&self) -> u64 {
-        self.from.started_ns.load(SeqCst)
+        self.from.started_ns.load(Acquire)
     }
 
     fn take_assignment(&self) -> Option<URef> {
@@ -218,14 +218,13 @@ impl Mailbox {
         // report sees this too; one that sees only this still holds the
         // stopped run, and an ask it makes now names the new stamp, a
         // quantum that has barely begun.
+        // (Release, no fence: the worker does not wait here for the line.)
         self.from
             .started_ns
-            .store(next.as_ref().map_or(0, |&(_, stamp)| stamp), SeqCst);
+            .store(next.as_ref().map_or(0, |&(_, stamp)| stamp), Release);
         if next.is_some() {
-            // An ask now was for the request that just stopped (the next
-            // run, with its own stamp, would ignore it: this saves it the
-            // look).
-            k.preempt_ask.clear();
+            // An ask left for the request that just stopped stays: the next
+            // run, with its own stamp, ignores it.
             raw |= TOOK_NEXT;
         }
         self.from.report_started_ns.store(started, Relaxed);
@@ -270,7 +269,7 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
         // The start stamps the run: the dispatcher names it when it asks
         // it to yield (`PreemptAsk`).
         let mut stamp = clock.stamp();
-        mailbox.from.started_ns.store(stamp, SeqCst);
+        mailbox.from.started_ns.store(stamp, Release);
         loop {
             k.run_stamp.set(stamp);
             if spans {
@@ -282,14 +281,12 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
             let stopped_at = clock.now_ns();
             let seen = k.spans.seen.replace(0);
             if let Some(back) = back.filter(|_| seen != 0) {
-                sched::add(&k.spans.yield_out, back.saturating_sub(seen));
-                sched::bump(&k.spans.count);
+                k.spans.yield_out.add(back.saturating_sub(seen));
             }
             match mailbox.post(k, stopped.into(), stamp, stopped_at, || clock.stamp()) {
                 Some((next, next_stamp)) => {
                     if let Some(back) = back.filter(|_| seen != 0) {
-                        sched::add(&k.spans.handover, ticks().saturating_sub(back));
-                        sched::bump(&k.spans.handed_over);
+                        k.spans.handover.add(ticks().saturating_sub(back));
                     }
                     u = next;
                     stamp = next_stamp;
