@@ -91,6 +91,7 @@ fn main() {
         policy,
         preemption: Preemption::Cooperative { backstop: None },
         record_preemptions: true,
+        record_worker_spans: true,
         pre_assign_on_preempt,
         max_in_flight: requests as usize,
         ..ShinjukuConfig::default()

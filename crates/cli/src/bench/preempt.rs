@@ -333,6 +333,7 @@ fn long_run(
     mech: Option<(Mech, u64)>,
     requests: u64,
     iters: u64,
+    worker_spans: bool,
 ) -> anyhow::Result<LongRun> {
     let (policy, preemption, poll) = match mech {
         None => (
@@ -359,6 +360,7 @@ fn long_run(
     };
     let config = ShinjukuConfig {
         record_preemptions: mech.is_some(),
+        record_worker_spans: worker_spans,
         pre_assign_on_preempt: !matches!(mech, Some((Mech::CoopRoundTrip, _))),
         // All of them are in flight at once: none may be refused.
         max_in_flight: usize::try_from(requests).unwrap_or(usize::MAX),
@@ -520,8 +522,8 @@ struct Spans {
     /// Fraction of preemptions after which the worker took the
     /// pre-assigned request itself.
     took_next: Option<f64>,
-    /// From the worker's own TSC (`ShinjukuConfig::record_preemptions`),
-    /// median ns per preemption: the dispatcher's store of the ask → the
+    /// From the worker's own TSC (`ShinjukuConfig::record_worker_spans`, in
+    /// runs of their own), median ns per preemption: the dispatcher's store of the ask → the
     /// worker finds it at a preemption point (useful work up to the point,
     /// and the line's transfer; two CPUs' TSCs).
     worker_observe_ns: Option<f64>,
@@ -554,14 +556,11 @@ struct DirectLoss {
     coop_roundtrip: Option<f64>,
 }
 
+/// At the 5 µs quantum, from runs of their own with the worker's spans on.
 #[derive(Clone, Copy, Debug, Serialize)]
 struct DirectLossPct {
     #[serde(rename = "5us")]
     q5: DirectLoss,
-    #[serde(rename = "10us")]
-    q10: DirectLoss,
-    #[serde(rename = "15us")]
-    q15: DirectLoss,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -619,7 +618,8 @@ struct Report {
     /// At a 5 µs quantum.
     components_ns: Components,
     loss_pct: LossPct,
-    /// The part of `loss_pct` the worker's own TSC spans account for.
+    /// The part of `loss_pct` the worker's own TSC spans account for (runs
+    /// of their own with `record_worker_spans`).
     direct_loss_pct: DirectLossPct,
     /// One worker, no pre-assignment: a hand-off round-trip rate.
     handoff_roundtrip_mrps: Option<f64>,
@@ -696,15 +696,29 @@ fn measure(
         .iter()
         .flat_map(|&q| Mech::ALL.map(|m| ((q, m), Cell::default())))
         .collect();
+    let mut span_cells: Vec<(Mech, Cell)> = [Mech::Coop, Mech::CoopRoundTrip]
+        .map(|m| (m, Cell::default()))
+        .into();
     for rep in 0..reps {
         eprintln!("preempt: run {}/{reps}", rep + 1);
-        base.runs.push(long_run(cores, None, requests, iters)?);
-        poll_base
-            .runs
-            .push(long_run(cores, Some((Mech::Coop, 0)), requests, iters)?);
+        base.runs
+            .push(long_run(cores, None, requests, iters, false)?);
+        poll_base.runs.push(long_run(
+            cores,
+            Some((Mech::Coop, 0)),
+            requests,
+            iters,
+            false,
+        )?);
         for ((q, m), cell) in cells.iter_mut() {
             cell.runs
-                .push(long_run(cores, Some((*m, *q)), requests, iters)?);
+                .push(long_run(cores, Some((*m, *q)), requests, iters, false)?);
+        }
+        // The worker's own spans cost a few TSC reads per preemption: runs
+        // of their own, left out of `loss_pct`.
+        for (m, cell) in span_cells.iter_mut() {
+            cell.runs
+                .push(long_run(cores, Some((*m, 5)), requests, iters, true)?);
         }
     }
     let t_base = base.median_of(|r| Some(r.worker_cpu_ns as f64));
@@ -741,14 +755,13 @@ fn measure(
             },
         }
     };
-    let direct = |q: u64, m: Mech| -> Option<f64> {
-        cell(q, m)?
+    let direct = |m: Mech| -> Option<f64> {
+        span_cells
+            .iter()
+            .find(|(sm, _)| *sm == m)?
+            .1
             .median_of(|r| r.direct_loss_pct(t_base?))
             .map(round3)
-    };
-    let direct_at = |q: u64| DirectLoss {
-        coop: direct(q, Mech::Coop),
-        coop_roundtrip: direct(q, Mech::CoopRoundTrip),
     };
     let loss_5us_coop_runs = cell(5, Mech::Coop).map_or(Vec::new(), |c| {
         c.runs
@@ -764,6 +777,8 @@ fn measure(
     let spans = |m: Mech| -> Spans {
         let c = cell(5, m);
         let get = |f: &dyn Fn(&LongRun) -> Option<f64>| c.and_then(|c| c.median_of(f));
+        let sc = span_cells.iter().find(|(sm, _)| *sm == m).map(|(_, c)| c);
+        let sget = |f: &dyn Fn(&LongRun) -> Option<f64>| sc.and_then(|c| c.median_of(f));
         Spans {
             worker_ns: get(&|r| {
                 let tb = t_base?;
@@ -774,12 +789,12 @@ fn measure(
             ask_to_off_ns: get(&|r| r.p50_ns).map(round1),
             off_to_next_start_ns: get(&|r| r.resume_ns).map(round1),
             took_next: get(&|r| r.took_next).map(round3),
-            worker_observe_ns: get(&|r| r.spans?.observe.median_ns).map(round1),
-            worker_yield_out_ns: get(&|r| r.spans?.yield_out.median_ns).map(round1),
-            worker_handover_ns: get(&|r| r.spans?.handover.median_ns).map(round1),
-            worker_switch_in_ns: get(&|r| r.spans?.switch_in.median_ns).map(round1),
-            worker_direct_ns: get(&|r| r.spans?.direct_ns_per_preemption()).map(round1),
-            direct_loss_pct: get(&|r| r.direct_loss_pct(t_base?)).map(round3),
+            worker_observe_ns: sget(&|r| r.spans?.observe.median_ns).map(round1),
+            worker_yield_out_ns: sget(&|r| r.spans?.yield_out.median_ns).map(round1),
+            worker_handover_ns: sget(&|r| r.spans?.handover.median_ns).map(round1),
+            worker_switch_in_ns: sget(&|r| r.spans?.switch_in.median_ns).map(round1),
+            worker_direct_ns: sget(&|r| r.spans?.direct_ns_per_preemption()).map(round1),
+            direct_loss_pct: sget(&|r| r.direct_loss_pct(t_base?)).map(round3),
         }
     };
     let signal_runs_left_out = cells
@@ -824,9 +839,10 @@ fn measure(
             q15: loss_at(15),
         },
         direct_loss_pct: DirectLossPct {
-            q5: direct_at(5),
-            q10: direct_at(10),
-            q15: direct_at(15),
+            q5: DirectLoss {
+                coop: direct(Mech::Coop),
+                coop_roundtrip: direct(Mech::CoopRoundTrip),
+            },
         },
         handoff_roundtrip_mrps: median(&handoff).map(round3),
         preassigned_mrps: median(&preassigned).map(round3),

@@ -79,6 +79,10 @@ pub struct ShinjukuConfig {
     pub idle_spin: Duration,
     /// Keep a [`PreemptionSample`] for every preemption (for benchmarks).
     pub record_preemptions: bool,
+    /// The workers time their own cooperative preemptions on their TSC
+    /// ([`ServeReport::worker_spans`]; a few TSC reads per preemption, so
+    /// off by default and apart from runs that measure the loss).
+    pub record_worker_spans: bool,
     /// Most requests in flight (admitted, not completed); an arrival over
     /// it is refused and counted in [`ServeReport::rejected`]. Must be > 0.
     pub max_in_flight: usize,
@@ -109,6 +113,7 @@ impl Default for ShinjukuConfig {
             stack_size: 64 * 1024,
             idle_spin: Duration::from_micros(50),
             record_preemptions: false,
+            record_worker_spans: false,
             max_in_flight: 4096,
             pre_assign: false,
             pre_assign_on_preempt: true,
@@ -246,14 +251,14 @@ pub struct ServeReport<Resp> {
     /// request preempted whose run it had neither flagged nor signalled (a
     /// request calling `yield_now` itself counts here too).
     pub unasked_preemptions: u64,
-    /// With `record_preemptions`: where the workers' cooperative
+    /// With `record_worker_spans`: where the workers' cooperative
     /// preemptions took their time, from the workers' own TSC.
     pub worker_spans: Option<WorkerSpans>,
     pub elapsed: Duration,
 }
 
 /// Cooperative preemptions as the workers timed them with their own TSC
-/// (`ShinjukuConfig::record_preemptions`), all workers together
+/// (`ShinjukuConfig::record_worker_spans`), all workers together
 /// (docs/results.md, "Where a cooperative preemption's time goes"). The
 /// worker's direct loss per preemption is `yield_out + handover +
 /// switch_in`; `observe` is useful work (up to the next preemption point)
@@ -459,7 +464,7 @@ where
         }
     }
     let mailboxes: Arc<[Mailbox]> = (0..plan.cores.len()).map(|_| Mailbox::default()).collect();
-    let record_spans = config.record_preemptions;
+    let record_spans = config.record_worker_spans;
     let worker_body: KthreadBody = {
         let mailboxes = Arc::clone(&mailboxes);
         Arc::new(move |owner: &mut Owner<'_>| {
@@ -863,7 +868,7 @@ where
                     // the worker have switched to its next run meanwhile,
                     // that run finds an ask for another and drops it
                     // (`PreemptAsk`), so no later run yields for it.
-                    let ticks = if config.record_preemptions {
+                    let ticks = if config.record_worker_spans {
                         ginza_sys::tsc_clock::ticks()
                     } else {
                         0
