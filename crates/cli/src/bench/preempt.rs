@@ -39,7 +39,11 @@
 //!   report that it is off its core), `off_to_next_start_ns` (→ the worker
 //!   switches into the next request), `took_next` (the fraction handed
 //!   over through the second slot), beside `worker_ns`, the CPU time lost
-//!   per preemption.
+//!   per preemption; and the worker's own TSC spans (`worker_*_ns`,
+//!   `ShinjukuConfig::record_worker_spans`, in runs of their own so their
+//!   TSC reads stay out of `loss_pct`): observe, yield out, hand-over,
+//!   switch in, their sum `worker_direct_ns`, and the loss it accounts
+//!   for (`direct_loss_per_quantum_pct`, `direct_loss_pct`).
 //! * **Dispatch rates.** `--tiny` requests whose handler returns at once,
 //!   from a source that always has the next one ready (up to 256 in
 //!   flight), c-FCFS: completions / (last completion - first arrival), in
@@ -536,6 +540,11 @@ struct Spans {
     worker_switch_in_ns: Option<f64>,
     /// The three above: the worker's direct CPU loss per preemption.
     worker_direct_ns: Option<f64>,
+    /// `worker_direct_ns` over the 5 µs quantum, %: the direct loss were
+    /// every quantum to end in a preemption (on a loaded machine the
+    /// dispatcher preempts less often than that, which `direct_loss_pct`
+    /// reflects and this does not).
+    direct_loss_per_quantum_pct: Option<f64>,
     /// `worker_direct_ns` × preemptions over the baseline's CPU time, %:
     /// the loss the worker's own spans account for (`loss_pct` minus it is
     /// the indirect part: cold caches after switches, polling, and noise).
@@ -794,6 +803,8 @@ fn measure(
             worker_handover_ns: sget(&|r| r.spans?.handover.median_ns).map(round1),
             worker_switch_in_ns: sget(&|r| r.spans?.switch_in.median_ns).map(round1),
             worker_direct_ns: sget(&|r| r.spans?.direct_ns_per_preemption()).map(round1),
+            direct_loss_per_quantum_pct: sget(&|r| r.spans?.direct_ns_per_preemption())
+                .map(|ns| round3(ns / 5_000.0 * 100.0)),
             direct_loss_pct: sget(&|r| r.direct_loss_pct(t_base?)).map(round3),
         }
     };
