@@ -161,7 +161,8 @@ impl Mailbox {
     }
 
     /// Dispatcher: when the worker switched into the assigned request (0:
-    /// not yet). Reset by the worker before its report, which the
+    /// not yet), also the run's stamp (`PreemptAsk`). The worker sets it to
+    /// the next run's start, or 0, as it posts a report, which the
     /// dispatcher takes before assigning again, so non-zero means this
     /// assignment has started.
     pub(crate) fn started_ns(&self) -> u64 {
