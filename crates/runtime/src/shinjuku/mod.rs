@@ -368,6 +368,8 @@ struct Running<Resp> {
     /// Dispatcher ns spent asking for the preemption, and when it last asked.
     ask_ns: u64,
     asked_at: u64,
+    /// The stamp the ask named (the run's start as last read).
+    asked_stamp: u64,
     flagged: bool,
     flagged_at: u64,
     /// When the last preemption signal went out, if any.
@@ -382,6 +384,7 @@ impl<Resp> Running<Resp> {
             request,
             ask_ns: 0,
             asked_at: 0,
+            asked_stamp: 0,
             flagged: false,
             flagged_at: 0,
             signaled_at: None,
@@ -743,7 +746,16 @@ where
             // the policy chooses again.
             if let Some(next) = pending[w].take() {
                 if took_next {
-                    running[w] = Some(Running::new(next));
+                    let mut next_run = Running::new(next);
+                    if run.flagged && run.asked_stamp != started_at {
+                        // The start read for the ask was already the next
+                        // run's (the report came in after it): the ask
+                        // names that run, so it counts as asked.
+                        next_run.flagged = true;
+                        next_run.flagged_at = run.flagged_at;
+                        next_run.asked_stamp = run.asked_stamp;
+                    }
+                    running[w] = Some(next_run);
                 } else {
                     mailbox
                         .take_back()
@@ -874,6 +886,7 @@ where
                         0
                     };
                     k.preempt_ask.ask_run(started, ticks);
+                    run.asked_stamp = started;
                     run.flagged = true;
                     run.flagged_at = now;
                     run.late_ns =
