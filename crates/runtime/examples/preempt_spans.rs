@@ -91,6 +91,7 @@ fn main() {
         policy,
         preemption: Preemption::Cooperative { backstop: None },
         record_preemptions: true,
+        record_worker_spans: true,
         pre_assign_on_preempt,
         max_in_flight: requests as usize,
         ..ShinjukuConfig::default()
@@ -125,13 +126,13 @@ fn main() {
     let s = &report.preemption_samples;
     println!(
         "{mode}: worker cpu {:.3} ms, {preemptions} preemptions; medians ns: late {} \
-         ask->off {} off->next {}; took next {}/{}; flags withdrawn {}",
+         ask->off {} off->next {}; took next {}/{}; worker's own spans {:?}",
         (last - first) as f64 / 1e6,
         median(s.iter().map(|x| x.late_ns).collect()),
         median(s.iter().map(|x| x.handback_ns).collect()),
         median(s.iter().filter_map(|x| x.resume_ns).collect()),
         s.iter().filter(|x| x.took_next).count(),
         s.len(),
-        report.flags_withdrawn,
+        report.worker_spans,
     );
 }

@@ -32,7 +32,7 @@ pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
         }
         k.sched.preempt.pending.store(false, Relaxed);
         if !k.revoke_requested.load(Acquire) {
-            k.preempt_flag.store(false, Relaxed);
+            k.preempt_ask.clear();
         }
         if k.revoke_requested.load(Acquire) {
             park_revoked(owner);

@@ -11,6 +11,7 @@ use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst};
 use crate::deferral::{current_state, PreemptState};
 use crate::sched::{self, Mode, URef};
 use crate::signals;
+use ginza_sys::tsc_clock::ticks;
 
 /// Installs the preemption entry points: the signal handlers (preemption,
 /// and the stack-overflow report, which asks the scheduler about guard
@@ -37,7 +38,10 @@ pub fn preempt_point() {
     let k = unsafe { &*k };
     // A worker whose requests iokerneld dispatches is asked through its
     // queue line (docs/colocate.md).
-    if k.preempt_flag.load(Relaxed)
+    // An in-process dispatcher's ask names the run it is for: one for a
+    // run that has ended (it raced with the worker's switch to this run)
+    // does not stop this one (docs/runtime.md, "Shinjuku mode").
+    if k.preempt_ask.asks(k.run_stamp.get())
         || (k.mode == Mode::Worker && k.io.as_ref().is_some_and(|io| io.yield_asked()))
     {
         preempt_point_slow();
@@ -54,9 +58,24 @@ fn preempt_point_slow() {
     if let Some(k) = sched::current_kthread_ref() {
         if k.mode == Mode::Worker {
             sched::bump(&k.stats.coop_preemptions);
+            if k.spans.on.get() {
+                let now = ticks();
+                let asked = k.preempt_ask.asked_ticks();
+                if asked != 0 {
+                    k.spans.observe.add(now.saturating_sub(asked));
+                }
+                k.spans.seen.set(now);
+            }
         }
     }
     sched::yield_now();
+    // Resumed (maybe on another worker): the switch into this request ends.
+    if let Some(k) = sched::current_kthread_ref() {
+        let since = k.spans.switched_in.get();
+        if k.mode == Mode::Worker && k.spans.on.get() && since != 0 {
+            k.spans.switch_in.add(ticks().saturating_sub(since));
+        }
+    }
 }
 
 /// A preemption signal arrived while preemption was deferred in this
@@ -84,7 +103,7 @@ fn apply_pending_preemption(state: *const PreemptState) {
 /// asked its running request to stop: a preemption signal now is late.
 fn worker_not_asked(k: &sched::KThread) -> bool {
     k.mode == Mode::Worker
-        && !k.preempt_flag.load(Relaxed)
+        && !k.preempt_ask.asks(k.run_stamp.get())
         && !k.io.as_ref().is_some_and(|io| io.yield_asked())
 }
 

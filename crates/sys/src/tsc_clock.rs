@@ -147,6 +147,15 @@ fn calibrate() -> Option<Scale> {
     })
 }
 
+/// A raw reading of the time stamp counter (on a CPU without one,
+/// CLOCK_MONOTONIC in ns): for short spans measured where a
+/// `clock_gettime` would cost more than the span (scale them with two
+/// `(ticks(), monotonic_ns())` pairs taken far apart).
+#[inline]
+pub fn ticks() -> u64 {
+    read_tsc()
+}
+
 /// The kernel keeps CLOCK_MONOTONIC on the TSC only when it found it
 /// invariant and synchronized across CPUs.
 fn tsc_trusted() -> bool {

@@ -48,6 +48,13 @@ pub(crate) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
+/// The load average over 1, 5 and 15 minutes (`/proc/loadavg`), to print
+/// beside figures taken on a shared machine.
+pub(crate) fn loadavg() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,7 +39,11 @@
 //!   report that it is off its core), `off_to_next_start_ns` (→ the worker
 //!   switches into the next request), `took_next` (the fraction handed
 //!   over through the second slot), beside `worker_ns`, the CPU time lost
-//!   per preemption.
+//!   per preemption; and the worker's own TSC spans (`worker_*_ns`,
+//!   `ShinjukuConfig::record_worker_spans`, in runs of their own so their
+//!   TSC reads stay out of `loss_pct`): observe, yield out, hand-over,
+//!   switch in, their sum `worker_direct_ns`, and the loss it accounts
+//!   for (`direct_loss_per_quantum_pct`, `direct_loss_pct`).
 //! * **Dispatch rates.** `--tiny` requests whose handler returns at once,
 //!   from a source that always has the next one ready (up to 256 in
 //!   flight), c-FCFS: completions / (last completion - first arrival), in
@@ -54,7 +58,7 @@
 //!   kind: the worker may still be the bound.
 
 use super::common::emit;
-use super::common::{allowed_cpus, median, percentile};
+use super::common::{allowed_cpus, loadavg, median, percentile};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -65,7 +69,7 @@ use anyhow::Context as _;
 use ginza_runtime::preempt_point;
 use ginza_runtime::shinjuku::{
     serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ServeReport,
-    ShinjukuConfig, Source,
+    ShinjukuConfig, Source, WorkerSpans,
 };
 use ginza_sys::clock;
 use serde::Serialize;
@@ -313,8 +317,17 @@ struct LongRun {
     /// Fraction of preemptions after which the worker switched straight
     /// into a pre-assigned request.
     took_next: Option<f64>,
-    /// Flags the dispatcher withdrew (meant for a request that had stopped).
-    flags_withdrawn: u64,
+    /// The worker's own TSC spans of its cooperative preemptions.
+    spans: Option<WorkerSpans>,
+}
+
+impl LongRun {
+    /// The worker's direct loss (its own TSC spans: yield out, hand-over,
+    /// switch in, times the preemptions) in % of `t_base`.
+    fn direct_loss_pct(&self, t_base: f64) -> Option<f64> {
+        let per = self.spans?.direct_ns_per_preemption()?;
+        Some(per * self.preemptions as f64 / t_base * 100.0)
+    }
 }
 
 /// Long requests under `mech` at `quantum_us`, or the c-FCFS baseline when
@@ -324,6 +337,7 @@ fn long_run(
     mech: Option<(Mech, u64)>,
     requests: u64,
     iters: u64,
+    worker_spans: bool,
 ) -> anyhow::Result<LongRun> {
     let (policy, preemption, poll) = match mech {
         None => (
@@ -350,6 +364,7 @@ fn long_run(
     };
     let config = ShinjukuConfig {
         record_preemptions: mech.is_some(),
+        record_worker_spans: worker_spans,
         pre_assign_on_preempt: !matches!(mech, Some((Mech::CoopRoundTrip, _))),
         // All of them are in flight at once: none may be refused.
         max_in_flight: usize::try_from(requests).unwrap_or(usize::MAX),
@@ -428,7 +443,7 @@ fn long_run(
                 .count() as f64
                 / samples as f64
         }),
-        flags_withdrawn: report.flags_withdrawn,
+        spans: report.worker_spans,
     })
 }
 
@@ -511,14 +526,50 @@ struct Spans {
     /// Fraction of preemptions after which the worker took the
     /// pre-assigned request itself.
     took_next: Option<f64>,
-    /// Flags withdrawn (meant for a request that had stopped), all runs.
-    flags_withdrawn: u64,
+    /// From the worker's own TSC (`ShinjukuConfig::record_worker_spans`, in
+    /// runs of their own), median ns per preemption: the dispatcher's store of the ask → the
+    /// worker finds it at a preemption point (useful work up to the point,
+    /// and the line's transfer; two CPUs' TSCs).
+    worker_observe_ns: Option<f64>,
+    /// The ask found → the worker loop (yield path, switch out).
+    worker_yield_out_ns: Option<f64>,
+    /// The worker loop → switching into the next request (report, second
+    /// slot, stamps).
+    worker_handover_ns: Option<f64>,
+    /// Switching into the next request → its code runs again.
+    worker_switch_in_ns: Option<f64>,
+    /// The three above: the worker's direct CPU loss per preemption.
+    worker_direct_ns: Option<f64>,
+    /// `worker_direct_ns` over the 5 µs quantum, %: the direct loss were
+    /// every quantum to end in a preemption (on a loaded machine the
+    /// dispatcher preempts less often than that, which `direct_loss_pct`
+    /// reflects and this does not).
+    direct_loss_per_quantum_pct: Option<f64>,
+    /// `worker_direct_ns` × preemptions over the baseline's CPU time, %:
+    /// the loss the worker's own spans account for (`loss_pct` minus it is
+    /// the indirect part: cold caches after switches, polling, and noise).
+    direct_loss_pct: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
 struct Components {
     coop: Spans,
     coop_roundtrip: Spans,
+}
+
+/// Per quantum: the cooperative loss the worker's own TSC spans account
+/// for (`Spans::direct_loss_pct`).
+#[derive(Clone, Copy, Debug, Serialize)]
+struct DirectLoss {
+    coop: Option<f64>,
+    coop_roundtrip: Option<f64>,
+}
+
+/// At the 5 µs quantum, from runs of their own with the worker's spans on.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct DirectLossPct {
+    #[serde(rename = "5us")]
+    q5: DirectLoss,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -552,6 +603,15 @@ struct Meta {
     /// Per quantum (µs) and mechanism: median preemptions per run.
     preemptions_per_run: Vec<(u64, &'static str, Option<f64>)>,
     reported_quantum_us: u64,
+    /// `loss_pct.5us.coop` of each run (against the baseline's median), in
+    /// run order: how stable the median is.
+    loss_5us_coop_runs: Vec<f64>,
+    /// The dispatcher's and the worker's CPUs are hyperthreads of one core
+    /// (then the dispatcher's spinning slows the worker in every run).
+    cores_are_siblings: Option<bool>,
+    /// `/proc/loadavg` (1, 5, 15 minutes) before and after.
+    loadavg_before: Option<String>,
+    loadavg_after: Option<String>,
     tiny_requests: u64,
     time_base: &'static str,
     statistic: &'static str,
@@ -567,6 +627,9 @@ struct Report {
     /// At a 5 µs quantum.
     components_ns: Components,
     loss_pct: LossPct,
+    /// The part of `loss_pct` the worker's own TSC spans account for (runs
+    /// of their own with `record_worker_spans`).
+    direct_loss_pct: DirectLossPct,
     /// One worker, no pre-assignment: a hand-off round-trip rate.
     handoff_roundtrip_mrps: Option<f64>,
     /// One worker, the next request pre-assigned.
@@ -626,6 +689,7 @@ fn measure(
     tiny: u64,
     quanta: &[u64],
 ) -> anyhow::Result<Report> {
+    let loadavg_before = loadavg();
     let ns_per_iter = chain_ns_per_iter();
     let iters = ((work.as_nanos() as f64 / ns_per_iter).round() as u64).max(POLL_EVERY);
     eprintln!(
@@ -641,15 +705,29 @@ fn measure(
         .iter()
         .flat_map(|&q| Mech::ALL.map(|m| ((q, m), Cell::default())))
         .collect();
+    let mut span_cells: Vec<(Mech, Cell)> = [Mech::Coop, Mech::CoopRoundTrip]
+        .map(|m| (m, Cell::default()))
+        .into();
     for rep in 0..reps {
         eprintln!("preempt: run {}/{reps}", rep + 1);
-        base.runs.push(long_run(cores, None, requests, iters)?);
-        poll_base
-            .runs
-            .push(long_run(cores, Some((Mech::Coop, 0)), requests, iters)?);
+        base.runs
+            .push(long_run(cores, None, requests, iters, false)?);
+        poll_base.runs.push(long_run(
+            cores,
+            Some((Mech::Coop, 0)),
+            requests,
+            iters,
+            false,
+        )?);
         for ((q, m), cell) in cells.iter_mut() {
             cell.runs
-                .push(long_run(cores, Some((*m, *q)), requests, iters)?);
+                .push(long_run(cores, Some((*m, *q)), requests, iters, false)?);
+        }
+        // The worker's own spans cost a few TSC reads per preemption: runs
+        // of their own, left out of `loss_pct`.
+        for (m, cell) in span_cells.iter_mut() {
+            cell.runs
+                .push(long_run(cores, Some((*m, 5)), requests, iters, true)?);
         }
     }
     let t_base = base.median_of(|r| Some(r.worker_cpu_ns as f64));
@@ -686,6 +764,20 @@ fn measure(
             },
         }
     };
+    let direct = |m: Mech| -> Option<f64> {
+        span_cells
+            .iter()
+            .find(|(sm, _)| *sm == m)?
+            .1
+            .median_of(|r| r.direct_loss_pct(t_base?))
+            .map(round3)
+    };
+    let loss_5us_coop_runs = cell(5, Mech::Coop).map_or(Vec::new(), |c| {
+        c.runs
+            .iter()
+            .filter_map(|r| Some(round3(loss_pct(r.worker_cpu_ns as f64, t_base?))))
+            .collect()
+    });
     let loss_at = |q: u64| Loss {
         coop: loss(q, Mech::Coop),
         coop_roundtrip: loss(q, Mech::CoopRoundTrip),
@@ -694,6 +786,8 @@ fn measure(
     let spans = |m: Mech| -> Spans {
         let c = cell(5, m);
         let get = |f: &dyn Fn(&LongRun) -> Option<f64>| c.and_then(|c| c.median_of(f));
+        let sc = span_cells.iter().find(|(sm, _)| *sm == m).map(|(_, c)| c);
+        let sget = |f: &dyn Fn(&LongRun) -> Option<f64>| sc.and_then(|c| c.median_of(f));
         Spans {
             worker_ns: get(&|r| {
                 let tb = t_base?;
@@ -704,7 +798,14 @@ fn measure(
             ask_to_off_ns: get(&|r| r.p50_ns).map(round1),
             off_to_next_start_ns: get(&|r| r.resume_ns).map(round1),
             took_next: get(&|r| r.took_next).map(round3),
-            flags_withdrawn: c.map_or(0, |c| c.runs.iter().map(|r| r.flags_withdrawn).sum()),
+            worker_observe_ns: sget(&|r| r.spans?.observe.median_ns).map(round1),
+            worker_yield_out_ns: sget(&|r| r.spans?.yield_out.median_ns).map(round1),
+            worker_handover_ns: sget(&|r| r.spans?.handover.median_ns).map(round1),
+            worker_switch_in_ns: sget(&|r| r.spans?.switch_in.median_ns).map(round1),
+            worker_direct_ns: sget(&|r| r.spans?.direct_ns_per_preemption()).map(round1),
+            direct_loss_per_quantum_pct: sget(&|r| r.spans?.direct_ns_per_preemption())
+                .map(|ns| round3(ns / 5_000.0 * 100.0)),
+            direct_loss_pct: sget(&|r| r.direct_loss_pct(t_base?)).map(round3),
         }
     };
     let signal_runs_left_out = cells
@@ -748,6 +849,12 @@ fn measure(
             q10: loss_at(10),
             q15: loss_at(15),
         },
+        direct_loss_pct: DirectLossPct {
+            q5: DirectLoss {
+                coop: direct(Mech::Coop),
+                coop_roundtrip: direct(Mech::CoopRoundTrip),
+            },
+        },
         handoff_roundtrip_mrps: median(&handoff).map(round3),
         preassigned_mrps: median(&preassigned).map(round3),
         dispatcher_capacity_mrps: median(&capacity).map(round3),
@@ -766,6 +873,12 @@ fn measure(
             signal_runs_left_out,
             preemptions_per_run,
             reported_quantum_us: REPORTED_QUANTUM_US,
+            loss_5us_coop_runs,
+            cores_are_siblings: ginza_sys::topology::thread_siblings(cores.worker)
+                .ok()
+                .map(|s| cores.dispatcher != cores.worker && s.contains(&cores.dispatcher)),
+            loadavg_before,
+            loadavg_after: loadavg(),
             tiny_requests: tiny,
             time_base: "T = the worker thread's CPU time (CLOCK_THREAD_CPUTIME_ID) from the \
                         first request's start to the last one's end, so time the worker was \
@@ -852,6 +965,26 @@ fn render_table(r: &Report) -> String {
             f(sp.ask_to_off_ns),
             f(sp.off_to_next_start_ns),
             f3(sp.took_next)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nthe worker's own TSC spans at 5 us, ns per preemption:\n{:<8}{:>10}{:>11}{:>10}{:>11}{:>9}{:>13}",
+        "", "observe", "yield-out", "handover", "switch-in", "direct", "direct loss%"
+    );
+    for (name, sp) in [
+        ("coop", &r.components_ns.coop),
+        ("coop-rt", &r.components_ns.coop_roundtrip),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name:<8}{:>10}{:>11}{:>10}{:>11}{:>9}{:>13}",
+            f(sp.worker_observe_ns),
+            f(sp.worker_yield_out_ns),
+            f(sp.worker_handover_ns),
+            f(sp.worker_switch_in_ns),
+            f(sp.worker_direct_ns),
+            f3(sp.direct_loss_pct)
         );
     }
     let _ = writeln!(
@@ -996,6 +1129,26 @@ mod tests {
                 assert_eq!(took_next, 0.0, "{m}");
             }
         }
+        // The worker's own spans, where the cooperative configuration
+        // preempted: every part of a preemption takes some time.
+        if v.pointer("/components_ns/coop/took_next") != Some(&serde_json::Value::Null) {
+            for span in [
+                "worker_yield_out_ns",
+                "worker_handover_ns",
+                "worker_switch_in_ns",
+                "worker_direct_ns",
+            ] {
+                assert!(
+                    number(&format!("/components_ns/coop/{span}")) > 0.0,
+                    "{span}"
+                );
+            }
+            number("/components_ns/coop/direct_loss_pct");
+            number("/direct_loss_pct/5us/coop");
+        }
+        assert!(v
+            .pointer("/meta/loss_5us_coop_runs")
+            .is_some_and(|r| r.is_array()));
         assert!(number("/meta/baseline_worker_cpu_ms") > 0.0);
         assert!(number("/meta/baseline_makespan_ms") > 0.0);
         number("/meta/poll_only_loss_pct");

@@ -9,7 +9,7 @@ use std::marker::PhantomData;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::{null, null_mut, NonNull};
 use std::sync::atomic::{
-    fence, AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
+    fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
     Ordering::{Relaxed, SeqCst},
 };
 use std::sync::{Arc, OnceLock, Weak};
@@ -61,13 +61,135 @@ pub(crate) enum Mode {
     Worker,
 }
 
+/// A kthread's cooperative preemption request (docs/runtime.md, "Shinjuku
+/// mode"): none, one Shinjuku request run (named by its start stamp, which
+/// is never 0), or whatever runs (a revocation, Shenango mode). One word,
+/// so a preemption point reads it with one load, and an ask for a run that
+/// has ended cannot be mistaken for one for the run that follows it.
+#[derive(Default)]
+pub(crate) struct PreemptAsk {
+    run: AtomicU64,
+    /// When the last run ask was stored (`tsc_clock::ticks`), for the
+    /// worker's spans; on the same line, so reading it costs no transfer.
+    asked_ticks: AtomicU64,
+}
+
+impl PreemptAsk {
+    const NONE: u64 = 0;
+    const ANY: u64 = u64::MAX;
+
+    /// The preemption point's fast path: whether the run stamped `run` (0:
+    /// not a Shinjuku worker's run) is asked to yield. An ask for another
+    /// run is left where it is: the worker never writes the line the
+    /// dispatcher writes, so no transfer of it back and forth per
+    /// preemption.
+    #[inline(always)]
+    pub(crate) fn asks(&self, run: u64) -> bool {
+        let asked = self.run.load(Relaxed);
+        asked != Self::NONE && (asked == Self::ANY || asked == run)
+    }
+
+    /// Asks whatever runs to yield.
+    pub(crate) fn ask_any(&self) {
+        self.run.store(Self::ANY, SeqCst);
+    }
+
+    /// Asks the run stamped `run` (not 0) to yield; `ticks`: now, if the
+    /// worker records its spans.
+    pub(crate) fn ask_run(&self, run: u64, ticks: u64) {
+        debug_assert_ne!(run, Self::NONE);
+        self.asked_ticks.store(ticks, Relaxed);
+        self.run.store(run, SeqCst);
+    }
+
+    /// When the last run ask was stored (0: not recorded).
+    pub(crate) fn asked_ticks(&self) -> u64 {
+        self.asked_ticks.load(Relaxed)
+    }
+
+    /// Takes any ask off (ordered by the caller's next release or fence).
+    pub(crate) fn clear(&self) {
+        self.run.store(Self::NONE, Relaxed);
+    }
+}
+
+/// Worker mode, when the dispatcher records preemptions: where each
+/// cooperative preemption's time goes on the worker, from its own TSC
+/// (`tsc_clock::ticks`; docs/results.md, "Where a cooperative preemption's
+/// time goes"). The cells are the worker's own; the histograms are read
+/// once the workers have stopped.
+#[derive(Default)]
+pub(crate) struct WorkerSpans {
+    pub(crate) on: Cell<bool>,
+    /// When the running request found its ask (0: none since).
+    pub(crate) seen: Cell<u64>,
+    /// When the worker loop switched into the running request.
+    pub(crate) switched_in: Cell<u64>,
+    /// The ask's store → found at a preemption point (ticks across two
+    /// CPUs: useful work up to the next point, and the line's transfer).
+    pub(crate) observe: SpanHistogram,
+    /// Found → back in the worker loop (the yield path, the switch out).
+    pub(crate) yield_out: SpanHistogram,
+    /// Back in the loop → switching into the next request (its report, the
+    /// second slot, the stamps), for preemptions handed straight over.
+    pub(crate) handover: SpanHistogram,
+    /// Switching into a request → it runs its own code again.
+    pub(crate) switch_in: SpanHistogram,
+}
+
+/// Spans in ticks, counted in buckets of [`SpanHistogram::WIDTH`] ticks up
+/// to [`SpanHistogram::BUCKETS`] of them; longer ones (the thread was
+/// descheduled, most likely) only counted. Medians from buckets survive a
+/// loaded machine, where a mean does not.
+pub(crate) struct SpanHistogram {
+    buckets: [AtomicU32; Self::BUCKETS],
+    over: AtomicU64,
+}
+
+impl Default for SpanHistogram {
+    fn default() -> Self {
+        SpanHistogram {
+            buckets: [const { AtomicU32::new(0) }; Self::BUCKETS],
+            over: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SpanHistogram {
+    pub(crate) const WIDTH: u64 = 8;
+    pub(crate) const BUCKETS: usize = 1024;
+
+    /// Owner-only: counts one span.
+    pub(crate) fn add(&self, ticks: u64) {
+        match self.buckets.get((ticks / Self::WIDTH) as usize) {
+            Some(b) => b.store(b.load(Relaxed).wrapping_add(1), Relaxed),
+            None => bump(&self.over),
+        }
+    }
+
+    /// Spans counted in buckets, and those beyond.
+    pub(crate) fn counts(&self) -> (Vec<u32>, u64) {
+        (
+            self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            self.over.load(Relaxed),
+        )
+    }
+}
+
 pub(crate) struct KThread {
     pub(crate) id: usize,
     pub(crate) mode: Mode,
     /// Cooperative preemption request, polled at preemption points (its own
     /// cache line: the Shinjuku dispatcher writes it while the kthread
-    /// polls). Set when a quantum is spent, and with a revocation.
-    pub(crate) preempt_flag: CachePadded<AtomicBool>,
+    /// polls). Set when a quantum is spent (naming the run it asks), and
+    /// with a revocation (asking whatever runs).
+    pub(crate) preempt_ask: CachePadded<PreemptAsk>,
+    /// Worker mode: the stamp of the request run in progress (its start,
+    /// as published in the worker's mailbox; 0 between runs). A Shinjuku
+    /// ask naming another run is stale and ignored.
+    pub(crate) run_stamp: Cell<u64>,
+    /// Worker mode: the worker's spans of its cooperative preemptions.
+    pub(crate) spans: WorkerSpans,
     /// Worker mode: the request context that just yielded back.
     pub(crate) yielded: Cell<*mut UThread>,
     pub(crate) core: usize,
@@ -382,7 +504,9 @@ impl Shared {
                     KThread {
                         id,
                         mode,
-                        preempt_flag: CachePadded::new(AtomicBool::new(false)),
+                        preempt_ask: CachePadded::new(PreemptAsk::default()),
+                        run_stamp: Cell::new(0),
+                        spans: WorkerSpans::default(),
                         yielded: Cell::new(null_mut()),
                         core,
                         siblings: plan.siblings[id].clone(),
@@ -743,7 +867,7 @@ pub(crate) fn wake_if_parked(k: &KThread) {
 pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(true, SeqCst);
-    k.preempt_flag.store(true, SeqCst);
+    k.preempt_ask.ask_any();
     let tid = k.tid.load(SeqCst);
     if tid != 0 {
         crate::signals::send_preempt(tid)?;
@@ -754,7 +878,7 @@ pub(crate) fn revoke(rt: &Shared, id: usize) -> std::io::Result<()> {
 pub(crate) fn grant(rt: &Shared, id: usize) {
     let k = &rt.kthreads[id];
     k.revoke_requested.store(false, SeqCst);
-    k.preempt_flag.store(false, SeqCst);
+    k.preempt_ask.clear();
     eventfd_signal(k);
 }
 

@@ -23,7 +23,7 @@
 //! aborting the process.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,6 +79,10 @@ pub struct ShinjukuConfig {
     pub idle_spin: Duration,
     /// Keep a [`PreemptionSample`] for every preemption (for benchmarks).
     pub record_preemptions: bool,
+    /// The workers time their own cooperative preemptions on their TSC
+    /// ([`ServeReport::worker_spans`]; a few TSC reads per preemption, so
+    /// off by default and apart from runs that measure the loss).
+    pub record_worker_spans: bool,
     /// Most requests in flight (admitted, not completed); an arrival over
     /// it is refused and counted in [`ServeReport::rejected`]. Must be > 0.
     pub max_in_flight: usize,
@@ -109,6 +113,7 @@ impl Default for ShinjukuConfig {
             stack_size: 64 * 1024,
             idle_spin: Duration::from_micros(50),
             record_preemptions: false,
+            record_worker_spans: false,
             max_in_flight: 4096,
             pre_assign: false,
             pre_assign_on_preempt: true,
@@ -242,11 +247,110 @@ pub struct ServeReport<Resp> {
     /// Of `pre_assigned`: those put behind a request being preempted
     /// (`pre_assign_on_preempt`).
     pub pre_assigned_on_preempt: u64,
-    /// Preemption flags withdrawn because the request they were meant for
-    /// had stopped before the flag was set (else the next request would
-    /// have yielded at its first preemption point for nothing).
-    pub flags_withdrawn: u64,
+    /// Preemptions the dispatcher never asked for: the worker reported a
+    /// request preempted whose run it had neither flagged nor signalled (a
+    /// request calling `yield_now` itself counts here too).
+    pub unasked_preemptions: u64,
+    /// With `record_worker_spans`: where the workers' cooperative
+    /// preemptions took their time, from the workers' own TSC.
+    pub worker_spans: Option<WorkerSpans>,
     pub elapsed: Duration,
+}
+
+/// Cooperative preemptions as the workers timed them with their own TSC
+/// (`ShinjukuConfig::record_worker_spans`), all workers together
+/// (docs/results.md, "Where a cooperative preemption's time goes"). The
+/// worker's direct loss per preemption is `yield_out + handover +
+/// switch_in`; `observe` is useful work (up to the next preemption point)
+/// plus the ask's cache-line transfer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkerSpans {
+    /// The dispatcher's store of the ask → found at a preemption point
+    /// (two CPUs' TSCs).
+    pub observe: Span,
+    /// The ask found → the worker loop (the yield path, the switch out).
+    pub yield_out: Span,
+    /// The worker loop → switching into the next request (the report, the
+    /// second slot, the stamps), for preemptions handed straight over.
+    pub handover: Span,
+    /// Switching into a request → its code runs again.
+    pub switch_in: Span,
+}
+
+/// One span of a preemption over a run: the median is read from buckets
+/// of a few ns; spans beyond the buckets' range (a few µs: the thread was
+/// descheduled, most likely) are only counted, in `over`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Span {
+    /// Spans in range.
+    pub count: u64,
+    pub median_ns: Option<f64>,
+    /// Mean of the spans in range.
+    pub mean_ns: Option<f64>,
+    pub over: u64,
+}
+
+impl Span {
+    fn of(
+        rt: &Shared,
+        hist: fn(&sched::WorkerSpans) -> &sched::SpanHistogram,
+        ns_per_tick: f64,
+    ) -> Span {
+        let mut buckets = vec![0u64; sched::SpanHistogram::BUCKETS];
+        let mut over = 0;
+        for k in rt.kthreads.iter() {
+            let (b, o) = hist(&k.spans).counts();
+            for (sum, n) in buckets.iter_mut().zip(b) {
+                *sum += u64::from(n);
+            }
+            over += o;
+        }
+        let count: u64 = buckets.iter().sum();
+        let width = sched::SpanHistogram::WIDTH as f64 * ns_per_tick;
+        // A bucket's spans are taken at its middle.
+        let at = |i: usize| (i as f64 + 0.5) * width;
+        let mut seen = 0;
+        let median = (count > 0)
+            .then(|| {
+                buckets.iter().position(|&n| {
+                    seen += n;
+                    seen * 2 >= count
+                })
+            })
+            .flatten()
+            .map(at);
+        let mean = (count > 0).then(|| {
+            buckets
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| at(i) * n as f64)
+                .sum::<f64>()
+                / count as f64
+        });
+        Span {
+            count,
+            median_ns: median,
+            mean_ns: mean,
+            over,
+        }
+    }
+}
+
+impl WorkerSpans {
+    fn sum(rt: &Shared, ns_per_tick: f64) -> WorkerSpans {
+        WorkerSpans {
+            observe: Span::of(rt, |s| &s.observe, ns_per_tick),
+            yield_out: Span::of(rt, |s| &s.yield_out, ns_per_tick),
+            handover: Span::of(rt, |s| &s.handover, ns_per_tick),
+            switch_in: Span::of(rt, |s| &s.switch_in, ns_per_tick),
+        }
+    }
+
+    /// The worker's direct loss per preemption, ns: the medians of the
+    /// yield out, the hand-over and the switch in.
+    pub fn direct_ns_per_preemption(&self) -> Option<f64> {
+        Some(self.yield_out.median_ns? + self.handover.median_ns? + self.switch_in.median_ns?)
+    }
 }
 
 struct InFlight<Resp> {
@@ -264,6 +368,8 @@ struct Running<Resp> {
     /// Dispatcher ns spent asking for the preemption, and when it last asked.
     ask_ns: u64,
     asked_at: u64,
+    /// The stamp the ask named (the run's start as last read).
+    asked_stamp: u64,
     flagged: bool,
     flagged_at: u64,
     /// When the last preemption signal went out, if any.
@@ -278,6 +384,7 @@ impl<Resp> Running<Resp> {
             request,
             ask_ns: 0,
             asked_at: 0,
+            asked_stamp: 0,
             flagged: false,
             flagged_at: 0,
             signaled_at: None,
@@ -360,13 +467,19 @@ where
         }
     }
     let mailboxes: Arc<[Mailbox]> = (0..plan.cores.len()).map(|_| Mailbox::default()).collect();
+    let record_spans = config.record_worker_spans;
     let worker_body: KthreadBody = {
         let mailboxes = Arc::clone(&mailboxes);
         Arc::new(move |owner: &mut Owner<'_>| {
             let id = owner.kthread().id;
+            owner.kthread().spans.on.set(record_spans);
             worker::run(owner, &mailboxes[id])
         })
     };
+    let ticks_at_start = (
+        ginza_sys::tsc_clock::ticks(),
+        ginza_sys::clock::monotonic_ns(),
+    );
     let started_workers =
         crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
@@ -390,6 +503,16 @@ where
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
     started_workers.stop();
+    let worker_spans = record_spans.then(|| {
+        let ticks = ginza_sys::tsc_clock::ticks().wrapping_sub(ticks_at_start.0);
+        let ns = ginza_sys::clock::monotonic_ns().saturating_sub(ticks_at_start.1);
+        let ns_per_tick = if ticks > 0 {
+            ns as f64 / ticks as f64
+        } else {
+            1.0
+        };
+        WorkerSpans::sum(&rt, ns_per_tick)
+    });
     let Served {
         completions,
         signals_sent,
@@ -399,7 +522,7 @@ where
         pre_assigned,
         taken_back,
         pre_assigned_on_preempt,
-        flags_withdrawn,
+        unasked_preemptions,
     } = outcome?;
     Ok(ServeReport {
         completions,
@@ -409,7 +532,8 @@ where
         pre_assigned,
         taken_back,
         pre_assigned_on_preempt,
-        flags_withdrawn,
+        unasked_preemptions,
+        worker_spans,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -438,7 +562,7 @@ struct Served<Resp> {
     pre_assigned: u64,
     taken_back: u64,
     pre_assigned_on_preempt: u64,
-    flags_withdrawn: u64,
+    unasked_preemptions: u64,
 }
 
 /// The median cost of reading the clock twice, to subtract from short timings.
@@ -492,7 +616,7 @@ where
     let mut pre_assigned = 0u64;
     let mut taken_back = 0u64;
     let mut pre_assigned_on_preempt = 0u64;
-    let mut flags_withdrawn = 0u64;
+    let mut unasked_preemptions = 0u64;
     // Per worker: the sample of the preemption it last reported, and
     // when, until the worker's next start fills in its `resume_ns`.
     let mut resume_of: Vec<Option<(usize, u64)>> = vec![None; rt.kthreads.len()];
@@ -622,7 +746,16 @@ where
             // the policy chooses again.
             if let Some(next) = pending[w].take() {
                 if took_next {
-                    running[w] = Some(Running::new(next));
+                    let mut next_run = Running::new(next);
+                    if run.flagged && run.asked_stamp != started_at {
+                        // The start read for the ask was already the next
+                        // run's (the report came in after it): the ask
+                        // names that run, so it counts as asked.
+                        next_run.flagged = true;
+                        next_run.flagged_at = run.flagged_at;
+                        next_run.asked_stamp = run.asked_stamp;
+                    }
+                    running[w] = Some(next_run);
                 } else {
                     mailbox
                         .take_back()
@@ -657,6 +790,9 @@ where
                     }
                 }
                 Report::Preempted => {
+                    if !run.flagged && run.signaled_at.is_none() {
+                        unasked_preemptions += 1;
+                    }
                     if config.record_preemptions {
                         resume_of[w] = Some((samples.len(), finished_at));
                         samples.push(PreemptionSample {
@@ -739,27 +875,24 @@ where
             }
             if !run.flagged || signal_now {
                 let asking = config.record_preemptions.then(Instant::now);
-                let mut withdrawn = false;
                 if !run.flagged {
-                    k.preempt_flag.store(true, SeqCst);
+                    // The ask names this run by its start stamp: should
+                    // the worker have switched to its next run meanwhile,
+                    // that run finds an ask for another and drops it
+                    // (`PreemptAsk`), so no later run yields for it.
+                    let ticks = if config.record_worker_spans {
+                        ginza_sys::tsc_clock::ticks()
+                    } else {
+                        0
+                    };
+                    k.preempt_ask.ask_run(started, ticks);
+                    run.asked_stamp = started;
                     run.flagged = true;
                     run.flagged_at = now;
                     run.late_ns =
                         now.saturating_sub(started.saturating_add(queues.quantum().unwrap_or(0)));
-                    // The worker may have stopped this request (and started
-                    // the next, pre-assigned one) since `started` was read:
-                    // it resets its start before it clears the flag
-                    // (`worker::Mailbox::post`), so a start that changed
-                    // means the flag may reach the wrong request. (It also
-                    // changes when the request yielded to this very flag at
-                    // once; clearing it then is harmless.)
-                    if mailboxes[w].started_ns() != started {
-                        k.preempt_flag.store(false, SeqCst);
-                        flags_withdrawn += 1;
-                        withdrawn = true;
-                    }
                 }
-                if signal_now && !withdrawn {
+                if signal_now {
                     let tid = k.tid.load(Relaxed);
                     if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
                         signals_sent += 1;
@@ -828,7 +961,7 @@ where
                 pre_assigned,
                 taken_back,
                 pre_assigned_on_preempt,
-                flags_withdrawn,
+                unasked_preemptions,
             });
         }
         if progress {

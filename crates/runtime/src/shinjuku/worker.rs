@@ -17,7 +17,7 @@
 //! successor is the policy's choice (head placement runs the preempted one
 //! again): on a preemption the worker takes only a request pre-assigned for
 //! that case (`pre_assign_behind_preempted`). The cooperative preemption
-//! flag is the kthread's own (`KThread::preempt_flag`), since revocation
+//! flag is the kthread's own (`KThread::preempt_ask`), since revocation
 //! uses it too.
 
 use std::ptr::{null_mut, NonNull};
@@ -29,7 +29,10 @@ use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
-use crate::sched::{self, KThread, Owner, Stopped, URef, UThread};
+use ginza_sys::clock::monotonic_ns;
+use ginza_sys::tsc_clock::{ticks, TscClock};
+
+use crate::sched::{self, KThread, Owner, Shared, Stopped, URef, UThread};
 
 /// How the request a worker ran gave the worker back.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -110,7 +113,7 @@ impl Mailbox {
     /// Dispatcher: hands `u` to worker `k`, whose previous report it has
     /// taken; wakes the worker if parked.
     pub(crate) fn assign(&self, k: &KThread, u: URef) {
-        k.preempt_flag.store(false, Relaxed);
+        k.preempt_ask.clear();
         self.to.assigned.store(u.ptr(), Release);
         sched::wake_if_parked(k);
     }
@@ -158,31 +161,38 @@ impl Mailbox {
     }
 
     /// Dispatcher: when the worker switched into the assigned request (0:
-    /// not yet). Reset by the worker before its report, which the
+    /// not yet), also the run's stamp (`PreemptAsk`). The worker sets it to
+    /// the next run's start, or 0, as it posts a report, which the
     /// dispatcher takes before assigning again, so non-zero means this
     /// assignment has started.
     pub(crate) fn started_ns(&self) -> u64 {
-        self.from.started_ns.load(SeqCst)
+        self.from.started_ns.load(Acquire)
     }
 
     fn take_assignment(&self) -> Option<URef> {
         NonNull::new(self.to.assigned.swap(null_mut(), Acquire)).map(URef::from_nonnull)
     }
 
-    /// Worker: reports how its request stopped, taking the pre-assigned
-    /// request (if any) in the same step; returns it. Waits first for the
+    /// Worker: reports how its request (started at `started`) stopped at
+    /// `stopped_at`, taking the pre-assigned request (if any) in the same
+    /// step; returns it, with the start `stamp_next` gave it, which is
+    /// published with the report (one store, where a reset and a second
+    /// stamp would move the mailbox's line twice). Waits first for the
     /// dispatcher to take the previous report (one report at a time).
-    fn post(&self, k: &KThread, report: Report, at_ns: u64) -> Option<URef> {
+    fn post(
+        &self,
+        k: &KThread,
+        report: Report,
+        started: u64,
+        stopped_at: u64,
+        stamp_next: impl FnOnce() -> u64,
+    ) -> Option<(URef, u64)> {
         while self.from.report.load(Acquire) != Report::NONE {
             if k.rt().shutdown.load(Acquire) {
                 return None;
             }
             std::hint::spin_loop();
         }
-        // The start is reset before the flag is cleared: a dispatcher that
-        // sets the flag after this clear then sees the start changed and
-        // withdraws its flag (it was for the request that stopped).
-        let started = self.from.started_ns.swap(0, SeqCst);
         let next = if report == Report::Preempted {
             // A preempted request's successor is the policy's choice: only
             // one pre-assigned for that case is taken. An ordinary one is
@@ -204,13 +214,22 @@ impl Mailbox {
             untagged(self.to.next.swap(null_mut(), Acquire))
         };
         let mut raw = report.encode();
+        let next = next.map(|u| (u, stamp_next()));
+        // The next run's start, or 0 (no run): a dispatcher that sees the
+        // report sees this too; one that sees only this still holds the
+        // stopped run, and an ask it makes now names the new stamp, a
+        // quantum that has barely begun.
+        // (Release, no fence: the worker does not wait here for the line.)
+        self.from
+            .started_ns
+            .store(next.as_ref().map_or(0, |&(_, stamp)| stamp), Release);
         if next.is_some() {
-            // The dispatcher's flag was for the request that just stopped.
-            k.preempt_flag.store(false, SeqCst);
+            // An ask left for the request that just stopped stays: the next
+            // run, with its own stamp, ignores it.
             raw |= TOOK_NEXT;
         }
         self.from.report_started_ns.store(started, Relaxed);
-        self.from.report_ns.store(at_ns, Relaxed);
+        self.from.report_ns.store(stopped_at, Relaxed);
         self.from.report.store(raw, Release);
         next
     }
@@ -245,16 +264,82 @@ fn untagged(slot: *mut UThread) -> Option<URef> {
 /// scheduler context.
 pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     let k = owner.kthread();
-    let rt = k.rt();
+    let mut clock = WorkerClock::new(k.rt());
+    let spans = k.spans.on.get();
     while let Some(mut u) = wait_for_assignment(k, mailbox) {
+        // The start stamps the run: the dispatcher names it when it asks
+        // it to yield (`PreemptAsk`).
+        let mut stamp = clock.stamp();
+        mailbox.from.started_ns.store(stamp, Release);
         loop {
-            mailbox.from.started_ns.store(rt.now_ns().max(1), SeqCst);
+            k.run_stamp.set(stamp);
+            if spans {
+                k.spans.switched_in.set(ticks());
+            }
             let stopped = sched::run_on_worker(owner, u);
-            match mailbox.post(k, stopped.into(), rt.now_ns()) {
-                Some(next) => u = next,
+            k.run_stamp.set(0);
+            let back = spans.then(ticks);
+            let stopped_at = clock.now_ns();
+            let seen = k.spans.seen.replace(0);
+            if let Some(back) = back.filter(|_| seen != 0) {
+                k.spans.yield_out.add(back.saturating_sub(seen));
+            }
+            match mailbox.post(k, stopped.into(), stamp, stopped_at, || clock.stamp()) {
+                Some((next, next_stamp)) => {
+                    if let Some(back) = back.filter(|_| seen != 0) {
+                        k.spans.handover.add(ticks().saturating_sub(back));
+                    }
+                    u = next;
+                    stamp = next_stamp;
+                }
                 None => break,
             }
         }
+    }
+}
+
+/// The worker's clock for its stamps (run starts, reports): the runtime's
+/// time line (ns since its epoch) read from the TSC where the kernel trusts
+/// it (`ginza_sys::tsc_clock`). A `clock_gettime` costs ~150 ns on a VM,
+/// and the worker read it twice per preemption (docs/results.md, "Where a
+/// cooperative preemption's time goes"). Stamps strictly increase, so each
+/// names one run.
+struct WorkerClock {
+    tsc: TscClock,
+    /// CLOCK_MONOTONIC at the runtime's epoch, ns.
+    epoch_ns: u64,
+    last_stamp: u64,
+}
+
+impl WorkerClock {
+    fn new(rt: &Shared) -> WorkerClock {
+        // The epoch on CLOCK_MONOTONIC: the pair of readings closest in
+        // time of a few (the runtime's clock is CLOCK_MONOTONIC too).
+        let epoch_ns = (0..5)
+            .map(|_| {
+                let before = rt.now_ns();
+                let mono = monotonic_ns();
+                let after = rt.now_ns();
+                (after - before, mono.saturating_sub(before / 2 + after / 2))
+            })
+            .min()
+            .map_or(0, |(_, epoch)| epoch);
+        WorkerClock {
+            tsc: TscClock::new(),
+            epoch_ns,
+            last_stamp: 0,
+        }
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        self.tsc.now_ns().saturating_sub(self.epoch_ns)
+    }
+
+    /// Now, as the stamp of a run: never 0, never one given before.
+    fn stamp(&mut self) -> u64 {
+        let stamp = self.now_ns().max(self.last_stamp + 1).max(1);
+        self.last_stamp = stamp;
+        stamp
     }
 }
 
