@@ -289,7 +289,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     };
     let ns = NetNs::create().context("ginza bench memcached runs over a veth pair")?;
     memcached_available()?;
-    let loadavg_before = loadavg();
+    let loadavg_before = super::common::loadavg();
     let reniced = renice_self(BENCH_NICE);
     // Rounds outermost, systems innermost (ginza, linux, ginza, …), through
     // the experiments' sweep loop (docs/experiments.md).
@@ -344,7 +344,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         csv: csv.display().to_string(),
         debug_build: cfg!(debug_assertions),
         loadavg_before,
-        loadavg_after: loadavg(),
+        loadavg_after: super::common::loadavg(),
         bench_nice: reniced.then(|| BENCH_NICE.to_string()),
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
     };
@@ -380,12 +380,6 @@ fn renice_self(nice: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-/// The first three fields of /proc/loadavg.
-fn loadavg() -> Option<String> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 /// Runs one point: starts `cfg.system`'s server and batch work, offers the

@@ -411,7 +411,7 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
         iokernel: cpus[0],
         app: cpus[1],
     };
-    let loadavg_before = loadavg();
+    let loadavg_before = super::common::loadavg();
     let mut rounds = Vec::new();
     for r in 0..cfg.rounds {
         let rtc =
@@ -486,14 +486,8 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
         notes,
         debug_build: cfg!(debug_assertions),
         loadavg_before,
-        loadavg_after: loadavg(),
+        loadavg_after: super::common::loadavg(),
     })
-}
-
-/// The first three fields of /proc/loadavg.
-fn loadavg() -> Option<String> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 /// One way = half the round trip.

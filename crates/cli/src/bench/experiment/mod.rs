@@ -335,7 +335,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             }
         }
     }
-    let loadavg_before = loadavg();
+    let loadavg_before = crate::bench::common::loadavg().unwrap_or_default();
     let started = Instant::now();
     let mut ctx = runners::Context::default();
     let rows = sweep::sweep_weighted(
@@ -470,7 +470,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
         elapsed_s: elapsed.as_secs_f64(),
         estimated_s: plan.estimate().as_secs_f64(),
         loadavg_before,
-        loadavg_after: loadavg(),
+        loadavg_after: crate::bench::common::loadavg().unwrap_or_default(),
         columns: &row::COLUMNS,
         rows: &rows,
         medians: &medians,
@@ -482,13 +482,6 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
     Ok(Outcome { medians, dir, json })
-}
-
-/// The first three fields of /proc/loadavg (empty where there is none).
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 fn write_csv(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
