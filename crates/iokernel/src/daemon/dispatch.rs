@@ -471,7 +471,8 @@ mod tests {
 
     use super::*;
 
-    fn frame(class: u8) -> Vec<u8> {
+    /// A request of `class` (its payload's byte 24), 32 bytes of payload.
+    pub(super) fn frame(class: u8) -> Vec<u8> {
         let from = Interface {
             mac: MacAddr([2, 0, 0, 0, 0, 1]),
             ip: Ipv4Addr::new(10, 0, 0, 1),

@@ -347,15 +347,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             if k >= app.kt.len() || !app.kt[k].preempting {
                 continue; // it answered or went away meanwhile
             }
-            if let Err(e) =
-                self.actuator
-                    .preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded)
-            {
-                warn!(
-                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
-                    app.name
-                );
-            }
+            Self::signal_core_needed(&mut self.actuator, app, k, cpu);
         }
     }
 
@@ -401,15 +393,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let Some(&cpu) = self.cfg.cores.get(core) else {
                     continue;
                 };
-                if let Err(e) =
-                    self.actuator
-                        .preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded)
-                {
-                    warn!(
-                        "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
-                        app.name
-                    );
-                }
+                Self::signal_core_needed(&mut self.actuator, app, k, cpu);
             }
         }
     }
@@ -495,6 +479,17 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 None => self.meter.handovers_abandoned += 1,
             }
+        }
+    }
+
+    /// The preemption signal for a core another kthread needs (held back
+    /// until now); a failure is logged.
+    fn signal_core_needed(actuator: &mut A, app: &App, k: usize, cpu: usize) {
+        if let Err(e) = actuator.preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded) {
+            warn!(
+                "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                app.name
+            );
         }
     }
 

@@ -71,28 +71,6 @@ struct Model {
     kept_stale: u64,
 }
 
-fn frame() -> Vec<u8> {
-    use ginza_net::{tx, Endpoint, Interface, MacAddr};
-    use std::net::Ipv4Addr;
-    let from = Interface {
-        mac: MacAddr([2, 0, 0, 0, 0, 1]),
-        ip: Ipv4Addr::new(10, 0, 0, 1),
-    };
-    let to = Endpoint::new(Ipv4Addr::new(10, 0, 0, 2), 2000);
-    let mut out = vec![0u8; 2048];
-    let n = tx::udp_datagram(
-        &mut out,
-        &from,
-        MacAddr([2, 0, 0, 0, 0, 2]),
-        1000,
-        to,
-        &[0u8; 32],
-    )
-    .expect("fits");
-    out.truncate(n);
-    out
-}
-
 impl Model {
     fn new(workers: usize, policy: SchedPolicy) -> Model {
         let n = workers as u32;
@@ -159,7 +137,7 @@ impl Model {
 
     fn arrive(&mut self) {
         let now = self.tick();
-        let f = frame();
+        let f = super::tests::frame(0);
         self.d.arrive(
             PacketDesc {
                 buf: (self.arrived % 1024) as u32,
