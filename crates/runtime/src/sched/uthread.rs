@@ -16,12 +16,6 @@ use crate::deferral::{self, PreemptState};
 use crate::stack::Stack;
 
 /// A user-level thread: a stack, a saved stack pointer, and what to run.
-/// Its own cache lines (128 bytes: two lines, as the adjacent-line
-/// prefetcher pairs them): a kthread writes it at every switch, and a
-/// Shinjuku request's context is allocated by the dispatcher, next to the
-/// dispatcher's own busy data (docs/results.md, "Where a cooperative
-/// preemption's time goes").
-#[repr(align(128))]
 pub(crate) struct UThread {
     pub(super) sp: UnsafeCell<*mut u8>,
     /// True from the moment a kthread decides to run this context until its
