@@ -975,3 +975,53 @@ fn reset_for_a_closed_port() {
     assert_eq!((rst.seq, rst.ack), (Seq(77), None));
     assert!(reset_for(&seg(1).rst()).is_none(), "never a RST for a RST");
 }
+
+// ---- A sender's own segment boundaries (the protected netstack's gather lists)
+
+/// Segments sent with a limit end at the caller's boundaries (here every
+/// 500 bytes of the stream), first sends and retransmissions alike; the
+/// FIN rides on the last piece only.
+#[test]
+fn a_limit_cuts_segments_at_the_callers_boundaries() {
+    const EVERY: u32 = 500;
+    let mut conn = passive(&config());
+    let data: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+    assert_eq!(conn.send(&data), Ok(3000));
+    conn.close();
+    let first = ISS + 1;
+    let limit = |seq: Seq| (EVERY - seq.0.wrapping_sub(first) % EVERY) as usize;
+    let sent = |conn: &mut Connection, now| {
+        let mut out = Vec::new();
+        while let Some(s) = conn.poll_transmit_within(now, limit) {
+            out.push(Owned::from(&s));
+        }
+        out
+    };
+    let out = sent(&mut conn, t(0));
+    let shape: Vec<(u32, usize, bool)> = out
+        .iter()
+        .map(|s| (s.header.seq.0 - first, s.payload.len(), s.header.flags.fin))
+        .collect();
+    let want: Vec<(u32, usize, bool)> = (0..6).map(|i| (i * EVERY, 500, i == 5)).collect();
+    assert_eq!(shape, want, "six 500-byte segments, the FIN on the last");
+    let back: Vec<u8> = out.iter().flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(back, data);
+
+    // Nothing acknowledged: the retransmission timeout resends the first
+    // unacknowledged segment, cut at the first boundary again.
+    let rto = conn.next_deadline().expect("the retransmission timer runs");
+    conn.on_timer(rto);
+    let again = sent(&mut conn, rto);
+    assert!(!again.is_empty(), "a retransmission after the timeout");
+    assert_eq!(again[0].header.seq, Seq(first));
+    assert_eq!(again[0].payload.len(), 500);
+
+    // Without a limit the same data leaves in MSS-sized segments.
+    let mut plain = passive(&config());
+    plain.send(&data).unwrap();
+    let sizes: Vec<usize> = drain(&mut plain, t(0))
+        .iter()
+        .map(|s| s.payload.len())
+        .collect();
+    assert_eq!(sizes, vec![1460, 1460, 80]);
+}

@@ -92,7 +92,7 @@ pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
             "event_ring_full": st.event_ring_full,
             "tx_bytes_copied": st.tx_bytes_copied,
             "tx_bytes_zero_touch": st.tx_bytes_zero_touch,
-            "tx_gather_fallbacks": st.tx_gather_fallbacks,
+            "tx_frames_unnamed": st.tx_frames_unnamed,
             "rx_bytes_delivered": st.rx_bytes_delivered,
         })
     );

@@ -15,13 +15,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant as StdInstant;
 
 use ginza_net::tcp::{
-    reset_for, Admission, Connection, IsnGenerator, ListenConfig, Listener, State, TcpConfig,
+    reset_for, Admission, Connection, IsnGenerator, ListenConfig, Listener, Seq, State, TcpConfig,
     TcpError,
 };
 use ginza_net::{parse, tx, ArpOperation, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range, Ranges, Reason, MAX_RANGES};
 use ginza_shm::netstack::{
-    Channel, ChannelConfig, GatherList, NetPair, RxPool, TxPoolView, RX_CHUNK,
+    Channel, ChannelConfig, GatherList, NetPair, RxPool, TxPoolView, MAX_GATHER, RX_CHUNK,
 };
 use ginza_shm::{BufferLedger, RingCorrupt};
 use log::{debug, info, warn};
@@ -114,17 +114,18 @@ pub struct NetstackStats {
     pub apps_disconnected: u64,
     /// Times an event ring was found full (events wait in the netstack).
     pub event_ring_full: u64,
-    /// Bytes the netstack copied from tx pools: into connections on the
-    /// copying path, into frames when a zero-touch frame fell back
+    /// Bytes the netstack copied from tx pools into connections: the
+    /// copying path only, never under iokerneld's zero-touch transmit
     /// (docs/protected.md, "Transmit").
     pub tx_bytes_copied: u64,
     /// Payload bytes sent zero-touch (per frame, retransmissions
     /// included): the netstack named them, iokerneld copied them from the
     /// tx pool.
     pub tx_bytes_zero_touch: u64,
-    /// Zero-touch frames whose payload had too many pieces for one gather
-    /// list (copied by the netstack, counted in `tx_bytes_copied`).
-    pub tx_gather_fallbacks: u64,
+    /// Zero-touch frames dropped because their payload could not be named
+    /// by one gather list. Segments are cut at gather-list boundaries, so
+    /// this stays 0 unless the netstack has a bug; counted, not copied.
+    pub tx_frames_unnamed: u64,
     /// Bytes delivered into rx pools.
     pub rx_bytes_delivered: u64,
     /// Frames not sent because the peer's MAC was unknown (an ARP request
@@ -695,7 +696,13 @@ impl Netstack {
             .peer_mac
             .or_else(|| self.arp.get(&conn.key.remote.ip).copied());
         let (iss, _) = conn.tcb.initial_sequence_numbers();
-        while let Some(seg) = conn.tcb.poll_transmit(now) {
+        let (sends, written) = (&conn.sends, conn.written);
+        // Zero-touch: a segment ends where one gather list's pieces end.
+        let limit = |seq: Seq| match zero_touch {
+            Some(_) => gather_reach(sends, stream_pos(written, iss, seq)) as usize,
+            None => usize::MAX,
+        };
+        while let Some(seg) = conn.tcb.poll_transmit_within(now, limit) {
             let Some(mac) = mac else {
                 self.stats.no_route += 1;
                 let ip = conn.key.remote.ip;
@@ -721,37 +728,23 @@ impl Netstack {
                 // The payload the TCB holds is zeros (see `pump_send`):
                 // the real bytes are named in the tx pool, for iokerneld.
                 Some(link) if payload > 0 => {
-                    let pos32 = seg.seq.0.wrapping_sub(iss.0.wrapping_add(1));
-                    let pos = conn
-                        .written
-                        .wrapping_sub(u64::from((conn.written as u32).wrapping_sub(pos32)));
-                    match gather_of(&conn.sends, link, pos, payload as u64) {
-                        Some(g) => {
-                            buf.truncate(n - payload);
-                            self.stats.tx_bytes_zero_touch += payload as u64;
-                            OutFrame {
-                                bytes: buf,
-                                gather: Some(g),
-                                fill_checksum: true,
-                            }
-                        }
-                        None => {
-                            // Too many pieces for one list: this frame's
-                            // payload is copied here after all (counted),
-                            // its checksum still left to iokerneld.
-                            let tx = self.apps.get(&conn.app).map(|a| &a.tx);
-                            let out = &mut buf[n - payload..n];
-                            if !tx.is_some_and(|tx| copy_payload(tx, &conn.sends, pos, out)) {
-                                continue;
-                            }
-                            self.stats.tx_bytes_copied += payload as u64;
-                            self.stats.tx_gather_fallbacks += 1;
-                            OutFrame {
-                                bytes: buf,
-                                gather: None,
-                                fill_checksum: true,
-                            }
-                        }
+                    let pos = stream_pos(written, iss, seg.seq);
+                    let Some(g) = gather_of(sends, link, pos, payload as u64) else {
+                        // `limit` keeps every segment within one list.
+                        warn!(
+                            "{}: {payload} payload bytes at stream position {pos} \
+                             not named by one gather list: frame dropped",
+                            conn.key.remote
+                        );
+                        self.stats.tx_frames_unnamed += 1;
+                        continue;
+                    };
+                    buf.truncate(n - payload);
+                    self.stats.tx_bytes_zero_touch += payload as u64;
+                    OutFrame {
+                        bytes: buf,
+                        gather: Some(g),
+                        fill_checksum: true,
                     }
                 }
                 _ => OutFrame::whole(buf),
@@ -1559,17 +1552,21 @@ fn gather_of(sends: &VecDeque<PendingSend>, link: u64, pos: u64, len: u64) -> Op
     (g.len() as u64 == len).then_some(g)
 }
 
-/// Copies stream bytes `[pos, pos + out.len())` from the tx pool.
-fn copy_payload(tx: &TxPoolView, sends: &VecDeque<PendingSend>, pos: u64, out: &mut [u8]) -> bool {
-    let mut at = 0;
-    for r in pieces(sends, pos, out.len() as u64) {
-        let end = at + r.len as usize;
-        if tx.copy_out(r, &mut out[at..end]).is_err() {
-            return false;
-        }
-        at = end;
-    }
-    at == out.len()
+/// Stream bytes from `pos` on that one gather list can name: those of the
+/// first `MAX_GATHER` send ranges still held from there.
+fn gather_reach(sends: &VecDeque<PendingSend>, pos: u64) -> u64 {
+    pieces(sends, pos, u64::MAX - pos)
+        .take(MAX_GATHER)
+        .map(|r| u64::from(r.len))
+        .sum()
+}
+
+/// The stream position (bytes since the first `send`) of sequence number
+/// `seq`, the nearest to `written` (positions are 64-bit, sequence numbers
+/// wrap at 32).
+fn stream_pos(written: u64, iss: Seq, seq: Seq) -> u64 {
+    let pos32 = seq.0.wrapping_sub(iss.0.wrapping_add(1));
+    written.wrapping_sub(u64::from((written as u32).wrapping_sub(pos32)))
 }
 
 /// Bytes of received data one connection may have lent out at once (then

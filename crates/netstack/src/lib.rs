@@ -22,4 +22,4 @@ pub mod engine;
 pub mod server;
 pub mod slab;
 
-pub use engine::{Attachment, Granted, Netstack, NetstackConfig, NetstackStats};
+pub use engine::{Attachment, Granted, Netstack, NetstackConfig, NetstackStats, OutFrame};

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{Connection, Seq, TcpConfig};
 use ginza_net::{parse, tx, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
-use ginza_netstack::{Attachment, Netstack, NetstackConfig};
+use ginza_netstack::{Attachment, Netstack, NetstackConfig, OutFrame};
 use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range};
-use ginza_shm::netstack::{AppPair, Channel, RxPoolView, TxPool, TxPoolView};
+use ginza_shm::netstack::{gather, AppPair, Channel, RxPoolView, TxPool, TxPoolView};
 use ginza_shm::PushError;
 
 pub const APP_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -170,6 +170,16 @@ impl Peer {
 /// One round of the "wire": frames both ways, the netstack polled.
 /// Returns the frames the netstack sent that no peer took.
 pub fn step(ns: &mut Netstack, peers: &mut [&mut Peer]) -> Vec<Vec<u8>> {
+    step_with(ns, peers, None)
+}
+
+/// As [`step`]; zero-touch frames are assembled from `tx` (the sending
+/// application's tx pool) and their checksum filled in, as iokerneld does.
+pub fn step_with(
+    ns: &mut Netstack,
+    peers: &mut [&mut Peer],
+    tx: Option<&TxPoolView>,
+) -> Vec<Vec<u8>> {
     for p in peers.iter_mut() {
         for f in p.frames() {
             ns.on_frame(&f);
@@ -178,8 +188,7 @@ pub fn step(ns: &mut Netstack, peers: &mut [&mut Peer]) -> Vec<Vec<u8>> {
     ns.poll();
     let mut stray = Vec::new();
     while let Some(f) = ns.pop_frame() {
-        assert!(f.gather.is_none(), "zero-touch frames need iokerneld");
-        let f = f.bytes;
+        let f = on_the_wire(f, tx);
         if !peers.iter_mut().any(|p| p.on_frame(&f)) {
             stray.push(f);
         }
@@ -191,6 +200,23 @@ pub fn step(ns: &mut Netstack, peers: &mut [&mut Peer]) -> Vec<Vec<u8>> {
         }
     }
     stray
+}
+
+/// A frame the netstack sent, as it leaves iokerneld: a zero-touch frame
+/// assembled from `tx` (the sending application's tx pool) with its
+/// checksum filled in.
+pub fn on_the_wire(f: OutFrame, tx: Option<&TxPoolView>) -> Vec<u8> {
+    match (&f.gather, tx) {
+        (None, _) => f.bytes,
+        (Some(list), Some(pool)) => {
+            let mut frame = vec![0u8; MAX_FRAME_LEN];
+            let n = gather::assemble(&f.bytes, list, pool, &mut frame).unwrap();
+            frame.truncate(n);
+            assert!(ginza_iokernel::offload::fill_l4_checksum(&mut frame));
+            frame
+        }
+        (Some(_), None) => panic!("zero-touch frames need iokerneld"),
+    }
 }
 
 /// Steps until `done` says so, or fails after a generous deadline.

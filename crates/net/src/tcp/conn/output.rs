@@ -18,6 +18,23 @@ struct Plan {
 }
 
 impl Plan {
+    /// Cut to at most `limit(seq)` payload bytes (never below one); a cut
+    /// segment leaves its FIN to the next.
+    fn limited(self, limit: impl Fn(Seq) -> usize) -> Plan {
+        if self.len == 0 {
+            return self;
+        }
+        let most = limit(self.seq).max(1);
+        if self.len <= most {
+            return self;
+        }
+        Plan {
+            len: most,
+            fin: false,
+            ..self
+        }
+    }
+
     fn ack_only(seq: Seq) -> Plan {
         Plan {
             seq,
@@ -33,11 +50,25 @@ impl Connection {
     /// The next segment to send now, if any; call until `None`. The payload
     /// borrows the send buffer.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Segment<'_>> {
+        self.poll_transmit_within(now, |_| usize::MAX)
+    }
+
+    /// As [`Connection::poll_transmit`], with a data segment starting at
+    /// sequence number `seq` carrying at most `limit(seq)` bytes (at least
+    /// one): for a sender whose payload must stay within boundaries of its
+    /// own, such as the protected netstack's gather lists. The windows, Nagle
+    /// and silly-window avoidance decide as without the limit; the limit only
+    /// cuts the segment they chose, and the rest follows in the next.
+    pub fn poll_transmit_within(
+        &mut self,
+        now: Instant,
+        limit: impl Fn(Seq) -> usize,
+    ) -> Option<Segment<'_>> {
         if let Some(rst) = self.pending_rst.take() {
             self.stats.segments_out += 1;
             return Some(rst);
         }
-        let Some(plan) = self.plan() else {
+        let Some(plan) = self.plan().map(|p| p.limited(&limit)) else {
             // Data queued since the last call may need the persist timer.
             self.update_timers(now);
             return None;
