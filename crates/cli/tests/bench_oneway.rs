@@ -1,5 +1,6 @@
 //! `ginza bench oneway --json` runs end to end in a short mode: one-way
-//! latencies for rtc, protected and Linux from answered 64-byte round
+//! latencies for rtc, protected and Linux (blocking and busy-polling) from
+//! answered 64-byte round
 //! trips (every echo is checked by the clients), positive and ordered
 //! (p50 ≤ p99), each round recorded, the path of each figure named; and
 //! a tiny throughput sweep of http-server in both modes and of its Linux
@@ -37,7 +38,7 @@ fn oneway_reports_rtc_protected_and_linux() {
         .output()
         .unwrap();
     let (v, _) = common::json_report(&out);
-    for system in ["rtc", "protected", "linux"] {
+    for system in ["rtc", "protected", "linux", "linux_busy_poll"] {
         let q = &v["oneway_us"][system];
         let (p50, p99) = (q["p50"].as_f64(), q["p99"].as_f64());
         let (Some(p50), Some(p99)) = (p50, p99) else {
@@ -52,7 +53,7 @@ fn oneway_reports_rtc_protected_and_linux() {
     let rounds = v["rounds"].as_array().expect("rounds");
     assert_eq!(rounds.len(), 2, "{v}");
     for r in rounds {
-        for system in ["rtc", "protected", "linux"] {
+        for system in ["rtc", "protected", "linux", "linux_busy_poll"] {
             assert!(r[system]["p50"].as_f64().is_some(), "round {r}");
         }
     }

@@ -17,10 +17,16 @@
 //!   switch;
 //! * `linux`: a Linux echo server (a thread per connection blocked in
 //!   `read`) and a Linux client, kernel sockets over loopback (`127.0.0.1`):
-//!   no NIC, as for the two others (the switch is a memory copy too).
+//!   no NIC, as for the two others (the switch is a memory copy too);
+//! * `linux_busy_poll`: Linux as its best users would run it for latency,
+//!   over the same loopback: the echo server one thread spinning over
+//!   non-blocking sockets pinned to the CPU Ginza's applications use, the
+//!   client spinning too, pinned to the CPU iokerneld uses in the Ginza
+//!   rounds (`SO_BUSY_POLL` on both): no sleep or wake-up on either side.
 //!
 //! Each round starts its own iokerneld (no NIC) and ends it. Rounds are
-//! interleaved (rtc, protected, linux, rtc, …); p50 and p99 are the medians
+//! interleaved (rtc, protected, linux, linux_busy_poll, rtc, …); p50 and
+//! p99 are the medians
 //! over rounds of each round's percentiles.
 //!
 //! **Throughput**: `http-server` (the same code in both modes) under the
@@ -219,6 +225,7 @@ pub struct OnewaySet {
     pub rtc: Quantiles,
     pub protected: Quantiles,
     pub linux: Quantiles,
+    pub linux_busy_poll: Quantiles,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -236,6 +243,7 @@ pub struct Round {
     pub rtc: Option<Quantiles>,
     pub protected: Option<Quantiles>,
     pub linux: Option<Quantiles>,
+    pub linux_busy_poll: Option<Quantiles>,
     pub rtc_wakes: Option<Wakes>,
     pub protected_wakes: Option<Wakes>,
     /// Where the protected round trip's time went, hop by hop.
@@ -383,6 +391,7 @@ pub struct Paths {
     pub rtc: &'static str,
     pub protected: &'static str,
     pub linux: &'static str,
+    pub linux_busy_poll: &'static str,
     pub throughput: &'static str,
 }
 
@@ -390,6 +399,7 @@ const PATHS: Paths = Paths {
     rtc: "Ginza client (in-process stack) -> iokerneld software switch -> echo-server (in-process stack, run to completion); no NIC",
     protected: "Ginza client (in-process stack) -> iokerneld software switch -> netstackd -> rings -> echo-server --protected; no NIC",
     linux: "Linux client -> kernel TCP over loopback 127.0.0.1 -> Linux echo server (thread blocked in read)",
+    linux_busy_poll: "Linux client spinning on a non-blocking socket, pinned to iokerneld's CPU of the Ginza rounds -> kernel TCP over loopback 127.0.0.1 -> Linux echo server spinning over non-blocking sockets, pinned to the applications' CPU (SO_BUSY_POLL both)",
     throughput: "rtc, protected: ginza loadgen (Ginza backend, HTTP GET /, Poisson) -> iokerneld software switch -> http-server (rtc: in-process stack; protected: via netstackd and rings), no NIC; linux: ginza loadgen (kernel backend) -> loopback -> http-server's Session on kernel sockets, a thread per connection",
 };
 
@@ -419,10 +429,13 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
         let protected = echo_round(Mode::Protected, cpus, cfg.duration)
             .with_context(|| format!("round {r}, protected"))?;
         let linux = linux_round(cfg.duration).with_context(|| format!("round {r}, linux"))?;
+        let busy = linux_busy_poll_round(cpus, cfg.duration)
+            .with_context(|| format!("round {r}, linux_busy_poll"))?;
         rounds.push(Round {
             rtc: Some(half(rtc.0)),
             protected: Some(half(protected.0)),
             linux: Some(half(linux)),
+            linux_busy_poll: Some(half(busy)),
             rtc_wakes: Some(rtc.1),
             protected_wakes: Some(protected.1),
             protected_hops: protected.2,
@@ -475,6 +488,7 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
             rtc: med(|r| r.rtc)?,
             protected: med(|r| r.protected)?,
             linux: med(|r| r.linux)?,
+            linux_busy_poll: med(|r| r.linux_busy_poll)?,
         },
         throughput_krps,
         throughput_p99_bound_us: bound,
@@ -735,6 +749,36 @@ pub(super) fn linux_round(duration: Duration) -> anyhow::Result<Quantiles> {
     let report = linux::rtt_probe_for(server.addr(), WARMUP, duration, PAYLOAD, IO_TIMEOUT);
     server.stop()?;
     let report = report.context("the Linux client's round trips")?;
+    anyhow::ensure!(!report.histogram.is_empty(), "no Linux round trip");
+    Ok(Quantiles {
+        p50: report.quantile_us(0.5),
+        p99: report.quantile_us(0.99),
+    })
+}
+
+/// Round trips (µs) between busy-polling Linux sockets over loopback: the
+/// server spinning on `cpus.app`, the client spinning on `cpus.iokernel`.
+fn linux_busy_poll_round(cpus: Cpus, duration: Duration) -> anyhow::Result<Quantiles> {
+    let server = linux::echo_server(
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+        EchoMode::BusyPoll {
+            cpu: Some(cpus.app),
+        },
+    )?;
+    let target = server.addr();
+    let client = std::thread::Builder::new()
+        .name("linux-busy-client".into())
+        .spawn(move || -> anyhow::Result<_> {
+            ginza_sys::affinity::pin_current_thread(cpus.iokernel)?;
+            Ok(linux::rtt_probe_spinning_for(
+                target, WARMUP, duration, PAYLOAD, IO_TIMEOUT,
+            )?)
+        })?;
+    let report = client
+        .join()
+        .map_err(|_| anyhow!("the busy-polling Linux client panicked"));
+    server.stop()?;
+    let report = report?.context("the busy-polling Linux client's round trips")?;
     anyhow::ensure!(!report.histogram.is_empty(), "no Linux round trip");
     Ok(Quantiles {
         p50: report.quantile_us(0.5),
@@ -1040,10 +1084,15 @@ fn render(r: &OnewayReport) -> String {
         ("rtc", r.oneway_us.rtc, r.paths.rtc),
         ("protected", r.oneway_us.protected, r.paths.protected),
         ("linux", r.oneway_us.linux, r.paths.linux),
+        (
+            "linux_busy_poll",
+            r.oneway_us.linux_busy_poll,
+            r.paths.linux_busy_poll,
+        ),
     ] {
         let _ = writeln!(
             s,
-            "  {name:<10} p50 {:>8.2}  p99 {:>8.2}   ({path})",
+            "  {name:<15} p50 {:>8.2}  p99 {:>8.2}   ({path})",
             q.p50, q.p99
         );
     }

@@ -427,9 +427,14 @@ pub fn rtt_probe(
     payload_len: usize,
     timeout: Duration,
 ) -> io::Result<RttReport> {
-    rtt_series(target, warmup, payload_len, timeout, |n, _| {
-        n >= count as u64
-    })
+    rtt_series(
+        target,
+        warmup,
+        payload_len,
+        timeout,
+        ClientWait::Blocking,
+        |n, _| n >= count as u64,
+    )
 }
 
 /// As [`rtt_probe`], measuring for `duration` (after the warm-up) instead
@@ -441,7 +446,70 @@ pub fn rtt_probe_for(
     payload_len: usize,
     timeout: Duration,
 ) -> io::Result<RttReport> {
-    rtt_series(target, warmup, payload_len, timeout, |_, t| t >= duration)
+    rtt_series(
+        target,
+        warmup,
+        payload_len,
+        timeout,
+        ClientWait::Blocking,
+        |_, t| t >= duration,
+    )
+}
+
+/// As [`rtt_probe_for`], the client spinning on a non-blocking socket
+/// instead of sleeping in `read` (the busy-polling peer: no sleep or
+/// wake-up on the client's side either; pin the calling thread first).
+pub fn rtt_probe_spinning_for(
+    target: SocketAddrV4,
+    warmup: usize,
+    duration: Duration,
+    payload_len: usize,
+    timeout: Duration,
+) -> io::Result<RttReport> {
+    rtt_series(
+        target,
+        warmup,
+        payload_len,
+        timeout,
+        ClientWait::Spinning,
+        |_, t| t >= duration,
+    )
+}
+
+/// How a probe's client waits for each echo.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClientWait {
+    /// In `read`, with the timeout as the socket's read timeout.
+    Blocking,
+    /// Polling a non-blocking socket until the echo is in or the timeout
+    /// has passed.
+    Spinning,
+}
+
+/// Reads exactly `buf.len()` bytes from a non-blocking `stream`, spinning,
+/// within `timeout`.
+fn read_exact_spinning(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut at = 0;
+    while at < buf.len() {
+        match stream.read(&mut buf[at..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(io::ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Ping-pong until `done(measured, time measuring)`.
@@ -450,12 +518,19 @@ fn rtt_series(
     warmup: usize,
     payload_len: usize,
     timeout: Duration,
+    wait: ClientWait,
     done: impl Fn(u64, Duration) -> bool,
 ) -> io::Result<RttReport> {
     let mut stream = TcpStream::connect_timeout(&target.into(), timeout)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
+    if wait == ClientWait::Spinning {
+        // 64-byte requests, one at a time: a write never finds the send
+        // buffer full, so only reads spin.
+        stream.set_nonblocking(true)?;
+        busy_poll(&stream, 50);
+    }
     let mut request = vec![0u8; payload_len.max(8)];
     let mut reply = vec![0u8; request.len()];
     let mut histogram = rtt_histogram();
@@ -472,9 +547,11 @@ fn rtt_series(
         request[..8].copy_from_slice(&sequence.to_le_bytes());
         let start = Instant::now();
         stream.write_all(&request)?;
-        stream.read_exact(&mut reply).map_err(|e| {
-            io::Error::new(e.kind(), format!("round trip {sequence} to {target}: {e}"))
-        })?;
+        match wait {
+            ClientWait::Blocking => stream.read_exact(&mut reply),
+            ClientWait::Spinning => read_exact_spinning(&mut stream, &mut reply, timeout),
+        }
+        .map_err(|e| io::Error::new(e.kind(), format!("round trip {sequence} to {target}: {e}")))?;
         let rtt = start.elapsed();
         if reply != request {
             return Err(io::Error::new(
@@ -595,11 +672,16 @@ mod tests {
             let timed =
                 rtt_probe_for(server.addr(), 0, Duration::from_millis(20), 64, WAIT).unwrap();
             assert!(!timed.histogram.is_empty());
+            let spun =
+                rtt_probe_spinning_for(server.addr(), 0, Duration::from_millis(20), 64, WAIT)
+                    .unwrap();
+            assert!(!spun.histogram.is_empty(), "{mode:?}");
             let t = echo_transfer(server.addr(), 3_000_001, 5, WAIT).unwrap();
             assert!(t.intact(), "{mode:?}: {t:?}");
             assert_eq!(t.sent_hash, Pattern::hash_of(5, 3_000_001));
             let received = server.stop().unwrap();
-            assert!(received >= 3_000_001 + 110 * 64, "{mode:?}");
+            let round_trips = 110 + timed.histogram.len() + spun.histogram.len();
+            assert!(received >= 3_000_001 + round_trips * 64, "{mode:?}");
         }
     }
 
