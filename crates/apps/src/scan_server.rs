@@ -58,6 +58,12 @@
 //!   it. The classifier puts GET and SCAN in different classes (c-PRE-MQ's
 //!   queues). TCP, if asked for, is served by the front runtime, run to
 //!   completion.
+//! * Shinjuku mode dispatched by iokerneld over UDP ([`run_dispatched`];
+//!   docs/colocate.md): the dispatch step runs on iokerneld's core, which
+//!   classifies each request by its op byte ([`OP_OFFSET`]: class `k` is
+//!   op `k`, see [`dispatch_spec`]), and the application's kthreads are
+//!   the workers, granted and revoked by the core allocator like any
+//!   others. UDP only.
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -67,11 +73,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ginza_proto::messages::{DispatchClass, DispatchSpec};
 use ginza_runtime::net::{TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
+use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig, DispatchedReport};
 use ginza_runtime::shinjuku::{
     self, Arrival, ClassConfig, Placement, SchedPolicy, ShinjukuConfig, Source,
 };
-use ginza_runtime::Config;
+use ginza_runtime::{Config, RuntimeError};
 
 use crate::echo_server::{is_timeout, Protocols, STOP_POLL};
 
@@ -86,6 +94,9 @@ const PREEMPT_EVERY: usize = 64;
 
 const OP_GET: u8 = 1;
 const OP_SCAN: u8 = 2;
+/// Offset of the op byte in a request: iokerneld's c-PRE-MQ classifier
+/// reads it in dispatched mode.
+pub const OP_OFFSET: u16 = 8;
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -517,6 +528,59 @@ pub fn class_under(policy: &SchedPolicy, request: &Request) -> usize {
     }
 }
 
+/// The dispatch step iokerneld runs for scan-server (dispatched mode):
+/// `policy` is `c-fcfs`, `c-pre-sq` or `c-pre-mq`; under c-PRE-MQ
+/// iokerneld reads a request's class from its op byte, so the classes are
+/// indexed by op: GETs get `get_slo`, SCANs `scan_slo`, and class 0 (a
+/// datagram naming no op: answered BAD_REQUEST at once by the worker)
+/// `get_slo`. A request asked to yield that runs on for `backstop` gets a
+/// signal.
+pub fn dispatch_spec(
+    policy: &str,
+    quantum: Duration,
+    get_slo: Duration,
+    scan_slo: Duration,
+    backstop: Option<Duration>,
+) -> DispatchSpec {
+    let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
+    let mq = policy == "c-pre-mq";
+    let mut classes = Vec::new();
+    if mq {
+        let class = |slo| DispatchClass {
+            slo_ns: ns(slo).max(1),
+            head: false,
+        };
+        classes = vec![class(get_slo); usize::from(OP_SCAN) + 1];
+        classes[usize::from(OP_SCAN)] = class(scan_slo);
+    }
+    DispatchSpec {
+        policy: policy.into(),
+        quantum_ns: ns(quantum),
+        head: false,
+        classes,
+        class_offset: if mq { OP_OFFSET } else { 0 },
+        backstop_ns: backstop.map(ns),
+    }
+}
+
+/// Serves `store` over UDP on `config.port` in Shinjuku mode dispatched by
+/// iokerneld (`config.dispatch`, e.g. from [`dispatch_spec`]) until `stop`
+/// is set: each request runs on a worker kthread (a SCAN yields at its
+/// preemption points when asked). Blocks the calling thread (not a
+/// uthread).
+pub fn run_dispatched(
+    config: DispatchedConfig,
+    store: Arc<Store>,
+    stop: &AtomicBool,
+    stats: Arc<ScanStats>,
+) -> Result<DispatchedReport, RuntimeError> {
+    dispatched::serve(
+        config,
+        move |datagram| stats.answer(&store, datagram).encode().to_vec(),
+        stop,
+    )
+}
+
 /// A request on its way from the front runtime to a worker.
 type Inbound = (Request, SocketAddrV4);
 /// A response on its way back to the front runtime.
@@ -715,6 +779,30 @@ mod tests {
 
     fn store() -> Store {
         Store::generate(7, 10_000)
+    }
+
+    /// iokerneld's classifier reads the byte at `class_offset`: under
+    /// c-PRE-MQ a GET lands in a class with the GET SLO and a SCAN in one
+    /// with the SCAN SLO; other policies name no classes.
+    #[test]
+    fn the_dispatch_spec_classifies_by_the_op_byte() {
+        let us = Duration::from_micros;
+        let spec = dispatch_spec("c-pre-mq", us(10), us(50), us(5_000), None);
+        let class_of = |r: Request| {
+            let byte = r.encode()[usize::from(spec.class_offset)];
+            spec.classes[usize::from(byte)].slo_ns
+        };
+        assert_eq!(class_of(Request::get(1, 2)), 50_000);
+        assert_eq!(class_of(Request::scan(1, 2, 10)), 5_000_000);
+        // A datagram naming no op falls to class 0: the GET SLO.
+        assert_eq!(spec.classes[0].slo_ns, 50_000);
+        assert!(spec.sched_policy().is_ok(), "{spec:?}");
+        for policy in ["c-fcfs", "c-pre-sq"] {
+            let spec = dispatch_spec(policy, us(10), us(50), us(5_000), Some(us(50)));
+            assert!(spec.classes.is_empty() && spec.class_offset == 0);
+            assert_eq!(spec.backstop_ns, Some(50_000));
+            assert!(spec.sched_policy().is_ok(), "{spec:?}");
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ use ginza_apps::scan_server::{
     self, key_at, mq_policy, Request, Response, ScanStats, Status, Store, RESPONSE_LEN,
 };
 use ginza_runtime::net::UdpSocket;
+use ginza_runtime::shinjuku::dispatched::DispatchedConfig;
 use ginza_runtime::shinjuku::ShinjukuConfig;
 use http_scan_common::{connect, iface, lock, Switch};
 
@@ -131,6 +132,59 @@ fn get_and_scan_over_udp_and_tcp_agree_with_the_map() {
     assert_eq!(stats.tcp_accepted.load(Relaxed), 1);
 }
 
+fn scan_rounds() -> u64 {
+    std::env::var("SCAN_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS)
+}
+
+/// From a client uthread: the short requests one at a time, then rounds
+/// of two long SCANs (the whole map) each followed by GETs sent while it
+/// runs, so the GETs wait and the SCANs are preempted at their quantum;
+/// every answer checked against `expected`.
+fn short_then_long_over_udp(expected: &Store) {
+    let socket = UdpSocket::bind(0).unwrap();
+    // The short requests first, one at a time.
+    for r in requests() {
+        check(expected, &r, &udp_round_trip(&socket, &r.encode(), r.id));
+    }
+    // Long SCANs (the whole map) with GETs sent while they run: the
+    // GETs wait, so the SCANs are preempted at their quantum. In
+    // rounds, each answered in full before the next.
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let rounds = scan_rounds();
+    let mut id = 100;
+    for round in 0..rounds {
+        let mut sent = HashMap::new();
+        for _ in 0..2 {
+            let scan = Request::scan(id, 0, KEYS as u32);
+            socket.send_to(&scan.encode(), server_addr()).unwrap();
+            sent.insert(id, scan);
+            id += 1;
+            for i in 0..5 {
+                let get = Request::get(id, key_at(SEED, round * 10 + i));
+                socket.send_to(&get.encode(), server_addr()).unwrap();
+                sent.insert(id, get);
+                id += 1;
+            }
+        }
+        let mut buf = [0u8; 64];
+        let mut answered = 0;
+        while answered < sent.len() {
+            let (n, _) = socket.recv_from(&mut buf).unwrap_or_else(|e| {
+                panic!("round {round}: {answered} of {} answered: {e}", sent.len())
+            });
+            let got = Response::decode(&buf[..n]).unwrap();
+            let request = sent.get(&got.id).expect("an id we sent");
+            check(expected, request, &got);
+            answered += 1;
+        }
+    }
+}
+
 #[test]
 fn shinjuku_mode_preempts_long_scans_over_udp() {
     let _lock = lock();
@@ -155,48 +209,7 @@ fn shinjuku_mode_preempts_long_scans_over_udp() {
     switch.wait_registered("scan-front", || server.is_finished());
     let expected = Store::generate(SEED, KEYS);
     switch.run_client(CLIENT, move || {
-        let socket = UdpSocket::bind(0).unwrap();
-        // The short requests first, one at a time.
-        for r in requests() {
-            check(&expected, &r, &udp_round_trip(&socket, &r.encode(), r.id));
-        }
-        // Long SCANs (the whole map) with GETs sent while they run: the
-        // GETs wait, so the SCANs are preempted at their quantum. In
-        // rounds, each answered in full before the next.
-        socket
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let rounds: u64 = std::env::var("SCAN_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(ROUNDS);
-        let mut id = 100;
-        for round in 0..rounds {
-            let mut sent = HashMap::new();
-            for _ in 0..2 {
-                let scan = Request::scan(id, 0, KEYS as u32);
-                socket.send_to(&scan.encode(), server_addr()).unwrap();
-                sent.insert(id, scan);
-                id += 1;
-                for i in 0..5 {
-                    let get = Request::get(id, key_at(SEED, round * 10 + i));
-                    socket.send_to(&get.encode(), server_addr()).unwrap();
-                    sent.insert(id, get);
-                    id += 1;
-                }
-            }
-            let mut buf = [0u8; 64];
-            let mut answered = 0;
-            while answered < sent.len() {
-                let (n, _) = socket.recv_from(&mut buf).unwrap_or_else(|e| {
-                    panic!("round {round}: {answered} of {} answered: {e}", sent.len())
-                });
-                let got = Response::decode(&buf[..n]).unwrap();
-                let request = sent.get(&got.id).expect("an id we sent");
-                check(&expected, request, &got);
-                answered += 1;
-            }
-        }
+        short_then_long_over_udp(&expected);
         // TCP beside it, run to completion on the front runtime.
         let mut stream = http_scan_common::connect(SocketAddr::V4(server_addr()));
         stream
@@ -222,4 +235,60 @@ fn shinjuku_mode_preempts_long_scans_over_udp() {
     assert!(summary.coop_preemptions + summary.signal_preemptions > 0);
     // 2 long SCANs a round, 3 short ones, 1 over TCP.
     assert!(stats.scans.load(Relaxed) >= 2 * ROUNDS + 4);
+}
+
+/// The same GETs and long SCANs with the dispatch step on iokerneld's core
+/// (`--dispatched`): c-PRE-MQ with the classes read from the op byte, one
+/// worker kthread granted by the core allocator; every answer correct and
+/// SCANs preempted.
+#[test]
+fn dispatched_mode_preempts_long_scans_over_udp() {
+    let _lock = lock();
+    let switch = Switch::start();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(ScanStats::default());
+    let store = Arc::new(Store::generate(SEED, KEYS));
+    let io = switch
+        .config("scan-dispatched", SERVER, 1)
+        .iokernel
+        .expect("an iokerneld configuration");
+    let spec = scan_server::dispatch_spec(
+        "c-pre-mq",
+        Duration::from_micros(20),
+        Duration::from_micros(50),
+        Duration::from_millis(5),
+        Some(Duration::from_micros(200)),
+    );
+    let cfg = DispatchedConfig::new(io, spec, PORT).with_workers(1);
+    let (s2, st2) = (stop.clone(), stats.clone());
+    let server = std::thread::spawn(move || scan_server::run_dispatched(cfg, store, &s2, st2));
+    switch.wait_registered("scan-dispatched", || server.is_finished());
+    let expected = Store::generate(SEED, KEYS);
+    switch.run_client(CLIENT, move || short_then_long_over_udp(&expected));
+    let rounds = scan_rounds();
+    // iokerneld dispatched them: its counters for the application agree.
+    let dispatch = switch
+        .get()
+        .stats()
+        .unwrap()
+        .apps
+        .into_iter()
+        .find(|a| a.name == "scan-dispatched")
+        .and_then(|a| a.dispatch)
+        .expect("iokerneld's dispatch counters of the application");
+    assert!(dispatch.ar >= 6 + 12 * rounds, "{dispatch:?}");
+    assert!(
+        dispatch.pe > 0,
+        "iokerneld saw no preempted hand-back: {dispatch:?}"
+    );
+    stop.store(true, Relaxed);
+    let report = server
+        .join()
+        .expect("the server thread")
+        .expect("scan-server dispatched by iokerneld");
+    println!("{report:?}");
+    assert!(report.served >= 6 + 12 * rounds, "{report:?}");
+    assert!(report.preempted > 0, "no SCAN was preempted: {report:?}");
+    assert_eq!(report.rejected + report.panicked + report.send_errors, 0);
+    assert!(stats.scans.load(Relaxed) >= 2 * rounds + 3);
 }

@@ -2,7 +2,8 @@
 //! answers GET and range SCAN requests over an in-memory ordered map (see
 //! `ginza_apps::scan_server`, which documents the wire format) over UDP and
 //! TCP; with `--shinjuku`, UDP requests run in Shinjuku mode (long SCANs
-//! preempted). Stops on SIGINT/SIGTERM or after `--run-for`.
+//! preempted); with `--dispatched`, in Shinjuku mode dispatched by
+//! iokerneld (UDP only). Stops on SIGINT/SIGTERM or after `--run-for`.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -13,8 +14,11 @@ use anyhow::Context as _;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use ginza_apps::app_args::AppArgs;
 use ginza_apps::echo_server::Protocols;
-use ginza_apps::scan_server::{mq_policy, run_shinjuku, serve, ScanStats, Store};
+use ginza_apps::scan_server::{
+    dispatch_spec, mq_policy, run_dispatched, run_shinjuku, serve, ScanStats, Store,
+};
 use ginza_proto::parse_duration;
+use ginza_runtime::shinjuku::dispatched::DispatchedConfig;
 use ginza_runtime::shinjuku::{Placement, SchedPolicy, ShinjukuConfig};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -48,6 +52,17 @@ struct Args {
     /// Run UDP requests in Shinjuku mode (TCP stays run to completion).
     #[arg(long)]
     shinjuku: bool,
+    /// Run UDP requests in Shinjuku mode dispatched by iokerneld: the
+    /// dispatch step on iokerneld's core, c-PRE-MQ classes from the op
+    /// byte, this application's kthreads (`--kthreads`) the workers,
+    /// granted and revoked by the core allocator (docs/colocate.md).
+    /// UDP only: give `--udp-only`.
+    #[arg(long, conflicts_with = "shinjuku", requires = "udp_only")]
+    dispatched: bool,
+    /// Dispatched mode: a request asked to yield that has not this long
+    /// after is interrupted by a signal (`0`: never).
+    #[arg(long, value_parser = parse_duration, default_value = "50us")]
+    backstop: Duration,
     /// Shinjuku mode: worker kthreads.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -57,7 +72,7 @@ struct Args {
     /// Shinjuku mode: the queueing policy.
     #[arg(long, value_enum, default_value_t = Policy::Mq)]
     policy: Policy,
-    /// Shinjuku mode: the quantum (e.g. 10us).
+    /// Shinjuku and dispatched modes: the quantum (e.g. 10us).
     #[arg(long, value_parser = parse_duration, default_value = "10us")]
     quantum: Duration,
     /// Shinjuku mode, c-PRE-MQ: the GET class's SLO.
@@ -104,7 +119,34 @@ fn main() -> anyhow::Result<()> {
     let stats = Arc::new(ScanStats::default());
     let started = Instant::now();
     let port = args.port;
-    if args.shinjuku {
+    if args.dispatched {
+        let policy = match args.policy {
+            Policy::Mq => "c-pre-mq",
+            Policy::Sq => "c-pre-sq",
+            Policy::Fcfs => "c-fcfs",
+        };
+        let spec = dispatch_spec(
+            policy,
+            args.quantum,
+            args.get_slo,
+            args.scan_slo,
+            (!args.backstop.is_zero()).then_some(args.backstop),
+        );
+        let io = config
+            .iokernel
+            .context("dispatched mode runs under iokerneld")?;
+        let cfg = DispatchedConfig::new(io, spec, port).with_workers(args.app.kthreads);
+        log::info!(
+            "{name}: UDP dispatched by iokerneld, {policy}, {} worker(s)",
+            cfg.workers
+        );
+        let report = run_dispatched(cfg, store, &stop, stats.clone())
+            .context("serving in dispatched mode")?;
+        println!(
+            "dispatched mode: {} requests served, {} preemptions ({} while a core was revoked), {} refused over the in-flight bound",
+            report.served, report.preempted, report.revoked_mid_request, report.rejected
+        );
+    } else if args.shinjuku {
         let ns = |d: Duration| d.as_nanos().min(u64::MAX as u128) as u64;
         let policy = match args.policy {
             Policy::Mq => mq_policy(args.quantum, args.get_slo, args.scan_slo),
