@@ -71,10 +71,14 @@ fn serve_all(total: u64, seed: u64) {
     let mut completed = vec![0u32; total as usize];
     let (mut sent, mut done, mut gave_back_mid_request) = (0u64, 0u64, 0u64);
     let mut stale = 0u64;
-    let t0 = Instant::now();
+    // Stuck: no request completed for this long.
+    let (mut progress_at, mut done_then) = (Instant::now(), 0u64);
     while done < total {
+        if done != done_then {
+            (progress_at, done_then) = (Instant::now(), done);
+        }
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
+            progress_at.elapsed() < Duration::from_secs(20),
             "stuck: sent {sent}, done {done}; stats {:#?}",
             d.stats()
         );
@@ -177,9 +181,10 @@ fn every_request_runs_to_completion_exactly_once_while_cores_come_and_go() {
     serve_all(3_000, 1);
 }
 
-/// The figure: a million requests (run with `--ignored`).
+/// A million requests through iokerneld (run with `--ignored`: about
+/// 1,500 requests/s in a debug build on the 2-vCPU machine, 11 minutes).
 #[test]
-#[ignore]
+#[ignore = "a million requests take about 11 minutes in a debug build"]
 fn a_million_requests_through_iokerneld() {
     serve_all(1_000_000, 2);
 }
