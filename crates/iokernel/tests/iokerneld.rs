@@ -1403,7 +1403,10 @@ fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
                 if let Some(fd) = batch_line.take_doorbell() {
                     break fd;
                 }
-                assert!(t0.elapsed() < Duration::from_secs(5), "no doorbell rung on batch");
+                assert!(
+                    t0.elapsed() < Duration::from_secs(5),
+                    "no doorbell rung on batch"
+                );
                 std::thread::yield_now();
             };
             // SAFETY: `fd` is iokerneld's copy of lc's eventfd, open while

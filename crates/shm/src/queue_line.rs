@@ -354,7 +354,10 @@ mod tests {
                     std::thread::spawn(move || l.take_doorbell())
                 })
                 .collect();
-            let got: Vec<_> = takers.into_iter().filter_map(|t| t.join().unwrap()).collect();
+            let got: Vec<_> = takers
+                .into_iter()
+                .filter_map(|t| t.join().unwrap())
+                .collect();
             assert_eq!(got, vec![round]);
         }
     }

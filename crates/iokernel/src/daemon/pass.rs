@@ -621,7 +621,11 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// wake its kthreads, are answered now (the latter by nobody: their
     /// eventfds close with it).
     pub(super) fn forget_doorbells_of(&mut self, id: u64) {
-        if self.doorbells.iter().all(|d| d.victim.0 != id && d.woken.0 != id) {
+        if self
+            .doorbells
+            .iter()
+            .all(|d| d.victim.0 != id && d.woken.0 != id)
+        {
             return;
         }
         let mut keep = Vec::with_capacity(self.doorbells.len());
