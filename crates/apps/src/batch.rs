@@ -26,6 +26,12 @@ const YEARS: f64 = 1.0;
 /// still real work; a preemption signal does not wait for the chunk's end.
 pub const PATHS_PER_CHUNK: u64 = 2560;
 
+/// Paths between two preemption points inside a chunk (about 2.5 µs): a
+/// request asked of the kthread there (a local wake, docs/runtime.md
+/// "Local wakes") waits at most that long; a point that finds nothing
+/// asked costs a load or two.
+pub const PATHS_PER_POINT: u64 = 256;
+
 /// Sum of the call's payoffs at expiry over `n` simulated paths
 /// (geometric Brownian motion, one step).
 pub fn payoff_sum<R: Rng>(rng: &mut R, n: u64) -> f64 {
@@ -67,7 +73,10 @@ pub fn price_until_stopped(
                 let mut rng = SmallRng::seed_from_u64(seed ^ (i + 1).wrapping_mul(0x9e37_79b9));
                 let (mut sum, mut n) = (0.0, 0u64);
                 while !stop.load(Relaxed) {
-                    sum += black_box(payoff_sum(&mut rng, PATHS_PER_CHUNK));
+                    for _ in 0..PATHS_PER_CHUNK / PATHS_PER_POINT {
+                        sum += black_box(payoff_sum(&mut rng, PATHS_PER_POINT));
+                        ginza_runtime::preempt_point();
+                    }
                     n += PATHS_PER_CHUNK;
                     paths.fetch_add(PATHS_PER_CHUNK, Relaxed);
                     ginza_runtime::yield_now();

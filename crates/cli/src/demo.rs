@@ -116,6 +116,13 @@ pub struct DemoArgs {
     /// the mechanism before].
     #[arg(long, value_parser = parse_tuning)]
     idle_victim_grace: Option<Duration>,
+    /// An experiment: batch's kthread on the core wakes lc there (a wake
+    /// on the same CPU, no inter-processor interrupt), taking iokerneld's
+    /// doorbell at its preemption points; iokerneld wakes lc itself if
+    /// the doorbell is still there after this wait [default: off]
+    /// (docs/runtime.md, "Local wakes").
+    #[arg(long, value_parser = parse_tuning)]
+    local_wake: Option<Duration>,
 }
 
 fn parse_tuning(s: &str) -> Result<Duration, String> {
@@ -351,6 +358,8 @@ pub(crate) struct Tuning {
     pub(crate) handover_at_once: bool,
     /// iokerneld's `Config::idle_victim_grace`.
     pub(crate) idle_victim_grace: Duration,
+    /// iokerneld's `Config::local_wake_wait` (batch then takes doorbells).
+    pub(crate) local_wake: Option<Duration>,
 }
 
 impl Default for Tuning {
@@ -364,6 +373,7 @@ impl Default for Tuning {
             batch_linger: batch.linger_after_park,
             handover_at_once: IokConfig::new(Vec::new()).handover_from_idle_at_once,
             idle_victim_grace: IokConfig::new(Vec::new()).idle_victim_grace,
+            local_wake: IokConfig::new(Vec::new()).local_wake_wait,
         }
     }
 }
@@ -790,6 +800,8 @@ fn tuned(mut cfg: RtConfig, tuning: &Tuning, lc: bool) -> RtConfig {
         } else {
             io.sched_idle = tuning.batch_sched_idle;
             io.linger_after_park = tuning.batch_linger;
+            // The demo runs iokerneld in this process.
+            io.local_wakes = tuning.local_wake.is_some();
         }
     }
     cfg
@@ -857,6 +869,7 @@ fn start_point(
     cfg.seed = setup.seed;
     cfg.handover_from_idle_at_once = setup.tuning.handover_at_once;
     cfg.idle_victim_grace = setup.tuning.idle_victim_grace;
+    cfg.local_wake_wait = setup.tuning.local_wake;
     cfg.validate(&setup.allowed)
         .context("iokerneld's configuration")?;
     let daemon = Daemon::start(cfg).context("starting iokerneld")?;
@@ -1121,6 +1134,16 @@ pub(crate) fn run_point(
             samples.last.alloc.preemptions_withdrawn,
             window_ns,
         )),
+        local_wakes_per_s: r3(report::per_second(
+            samples.first.alloc.local_wakes,
+            samples.last.alloc.local_wakes,
+            window_ns,
+        )),
+        local_wakes_by_iokernel_per_s: r3(report::per_second(
+            samples.first.alloc.local_wakes_by_iokernel,
+            samples.last.alloc.local_wakes_by_iokernel,
+            window_ns,
+        )),
         overdue_preemptions: overdue(&samples.last).saturating_sub(overdue(&samples.first)),
         lc_requests_sent: st.sent,
         lc_requests_answered: st.replies,
@@ -1318,6 +1341,8 @@ struct Report<'a> {
     batch_linger_us: f64,
     handover_at_once: bool,
     idle_victim_grace_us: f64,
+    /// `--local-wake`'s wait, µs (absent: off).
+    local_wake_us: Option<f64>,
     csv: String,
     png: String,
     rows: &'a [Row],
@@ -1347,6 +1372,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     tuning.lc_linger = args.lc_linger.unwrap_or(tuning.lc_linger);
     tuning.batch_linger = args.batch_linger.unwrap_or(tuning.batch_linger);
     tuning.idle_victim_grace = args.idle_victim_grace.unwrap_or(tuning.idle_victim_grace);
+    tuning.local_wake = args.local_wake.or(tuning.local_wake);
     setup.tuning = tuning;
     let iokernel_core = setup.iokernel_core;
     let n = setup.managed.len();
@@ -1395,6 +1421,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             "waits for every preempted kthread before waking lc".to_string()
         }
     ));
+    if let Some(w) = t.local_wake {
+        head.push_str(&format!(
+            "  local wakes: batch's kthread on the core wakes lc (iokerneld's doorbell, taken at \
+             batch's preemption points); iokerneld wakes lc itself after {w:?}\n"
+        ));
+    }
 
     // The sweep engine of `ginza bench run` (docs/experiments.md).
     let mut points = Vec::new();
@@ -1481,6 +1513,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             batch_linger_us: setup.tuning.batch_linger.as_secs_f64() * 1e6,
             handover_at_once: setup.tuning.handover_at_once,
             idle_victim_grace_us: setup.tuning.idle_victim_grace.as_secs_f64() * 1e6,
+            local_wake_us: setup.tuning.local_wake.map(|w| w.as_secs_f64() * 1e6),
             csv: csv.display().to_string(),
             png: png.display().to_string(),
             rows: &rows,

@@ -8,10 +8,10 @@
 //! [`RecordingActuator`] only records, for tests and dry runs.
 
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
 
-use ginza_shm::{GrantDelivery, PreemptReason, WakeWord};
+use ginza_shm::{GrantDelivery, PreemptReason, QueueLine, WakeWord};
 
 use ginza_sys::{affinity, eventfd, signal};
 
@@ -35,6 +35,10 @@ pub struct Target<'a> {
     pub eventfd: BorrowedFd<'a>,
     /// The grant word in the kthread's queue line.
     pub wake: &'a WakeWord,
+    /// A kthread of iokerneld's own process running on the granted core,
+    /// to be asked to write the eventfd if one is needed (its queue line;
+    /// `Config::local_wake_wait`).
+    pub doorbell: Option<&'a QueueLine>,
 }
 
 /// Acts on decisions. `cpu` is a Linux CPU number (already mapped from the
@@ -102,9 +106,17 @@ impl CoreActuator for LinuxActuator {
         };
         // The word after the affinity: a lingering kthread that sees it
         // runs at once, on its core.
-        let delivery = t.wake.grant();
+        let mut delivery = t.wake.grant();
         if delivery == GrantDelivery::Eventfd {
-            eventfd::write(t.eventfd, 1)?;
+            match t.doorbell {
+                // The same CPU's kthread wakes it there: no inter-processor
+                // interrupt (docs/runtime.md, "Local wakes").
+                Some(line) => {
+                    line.ring_doorbell(t.eventfd.as_raw_fd());
+                    delivery = GrantDelivery::Doorbell;
+                }
+                None => eventfd::write(t.eventfd, 1)?,
+            }
         }
         // Without a core of its own, iokerneld's loop may be running on
         // the very core it just granted: it then steps aside, or the woken
@@ -210,7 +222,9 @@ impl RecordingActuator {
 
 impl CoreActuator for RecordingActuator {
     /// Records only: no word, no eventfd (reported as the eventfd, the
-    /// delivery that assumes nothing about the kthread).
+    /// delivery that assumes nothing about the kthread); but a doorbell
+    /// offered is rung, as `LinuxActuator` rings it for a kthread that
+    /// sleeps, so that iokerneld's side of local wakes can be tested.
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery> {
         self.push(Action::Grant {
             app_id: t.app_id,
@@ -218,6 +232,10 @@ impl CoreActuator for RecordingActuator {
             kthread: t.kthread,
             cpu,
         });
+        if let Some(line) = t.doorbell {
+            line.ring_doorbell(t.eventfd.as_raw_fd());
+            return Ok(GrantDelivery::Doorbell);
+        }
         Ok(GrantDelivery::Eventfd)
     }
 
@@ -271,6 +289,7 @@ mod tests {
             pinned: None,
             eventfd: efd.as_fd(),
             wake: word,
+            doorbell: None,
         }
     }
 
@@ -338,6 +357,29 @@ mod tests {
         assert_eq!(word.before_sleep(), ginza_shm::BeforeSleep::Sleep);
         assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Eventfd);
         assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
+    }
+
+    #[test]
+    fn a_grant_with_a_doorbell_asks_the_core_s_kthread_to_write() {
+        let efd = eventfd::new().unwrap();
+        let word = WakeWord::new();
+        let victim = QueueLine::new();
+        let t = Target {
+            doorbell: Some(&victim),
+            ..test_target(&efd, &word, None)
+        };
+        let mut act = LinuxActuator::default();
+        // Lingering: the word alone, the doorbell stays quiet.
+        word.begin_park();
+        assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Word);
+        assert!(!victim.doorbell_rung());
+        assert!(word.take_grant());
+        // Asleep: no write by iokerneld; the doorbell names the eventfd.
+        word.begin_park();
+        assert_eq!(word.before_sleep(), ginza_shm::BeforeSleep::Sleep);
+        assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Doorbell);
+        assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
+        assert_eq!(victim.take_doorbell(), Some(efd.as_raw_fd()));
     }
 
     /// The handshake on real threads and a real eventfd: a "kthread" parks

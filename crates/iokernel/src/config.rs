@@ -96,6 +96,16 @@ pub struct Config {
     /// signal follows the receiver's wake at once (docs/runtime.md,
     /// "Preemptions withdrawn").
     pub idle_victim_grace: Duration,
+    /// An experiment, off by default (docs/runtime.md, "Local wakes"):
+    /// with `handover_from_idle_at_once`, a kthread woken onto a core that
+    /// a `SCHED_IDLE` kthread of iokerneld's own process holds is woken by
+    /// that kthread (its queue line's doorbell, taken at its preemption
+    /// points: a wake on the same CPU, no inter-processor interrupt);
+    /// iokerneld writes the eventfd itself if nobody took the doorbell
+    /// within this wait. Only for applications in iokerneld's process (an
+    /// in-process iokerneld, as in `ginza demo`): the doorbell carries a
+    /// descriptor number of this process.
+    pub local_wake_wait: Option<Duration>,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
     /// The link besides the software switch: `software` (none),
@@ -359,6 +369,7 @@ impl Config {
             preempt_deadline: Duration::from_millis(1),
             handover_from_idle_at_once: true,
             idle_victim_grace: DEFAULT_IDLE_VICTIM_GRACE,
+            local_wake_wait: None,
             seed: 0x5eed,
             nic: "software".into(),
             steering: SteeringKind::RssMod,

@@ -245,6 +245,10 @@ pub struct Iokerneld<A: CoreActuator> {
     /// once: sent after the pass's wakes, so the receiver's wake does not
     /// wait behind them (application id, kthread, CPU).
     signal_after_wakes: Vec<(u64, usize, usize)>,
+    /// Local wakes asked of `SCHED_IDLE` victims (`Config::local_wake_wait`):
+    /// the victim (application id, kthread), the woken kthread (application
+    /// id, kthread) and when iokerneld writes the eventfd itself.
+    doorbells: Vec<pass::Doorbell>,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -358,6 +362,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             ready: Vec::new(),
             handover_waiting: false,
             signal_after_wakes: Vec::new(),
+            doorbells: Vec::new(),
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
@@ -444,6 +449,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 self.pass(now, PassKind::WorkArrived);
             } else if self.handover_waiting {
                 self.poll_handovers(now);
+            }
+            if !self.doorbells.is_empty() {
+                self.answer_doorbells(now, false);
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {

@@ -1357,3 +1357,73 @@ fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_f
         assert_eq!(batch_grants, 1, "{:?}", rec.actions());
     }
 }
+
+/// docs/runtime.md, "Local wakes": with `local_wake_wait`, the wake of a
+/// latency-critical kthread onto the core of a `SCHED_IDLE` batch kthread
+/// of iokerneld's own process is a doorbell in the batch kthread's queue
+/// line, naming the eventfd to write. Taken by the batch kthread, it is
+/// counted as a local wake and iokerneld writes nothing; left there, iokerneld
+/// takes it after the wait and writes the eventfd itself. Either way the
+/// kthread is woken exactly once.
+#[test]
+fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
+    for batch_answers in [true, false] {
+        let _g = lock();
+        let rec = RecordingActuator::new();
+        let d = Daemon::start_with(rec.clone(), |c| {
+            c.cores = vec![test_cores()[0]];
+            c.preempt_deadline = Duration::from_secs(10);
+            c.idle_victim_grace = Duration::from_secs(30);
+            c.local_wake_wait = Some(Duration::from_millis(if batch_answers { 5_000 } else { 2 }));
+        });
+        let Some((tid, _keep)) = idle_class_thread() else {
+            return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+        };
+        let b = app(1);
+        let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
+        let mut kb = b.region.runtime_end(0).unwrap();
+        kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
+        b.region.line(0).unwrap().set_rq_tail(100);
+        d.wait_for("batch holds the core", |s| {
+            app_named(s, "batch").unwrap().cores_now == 1
+        });
+        let lc = app(1);
+        let _cl = register(&d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+        let batch_line = b.region.line(0).unwrap();
+        lc.region.line(0).unwrap().set_rq_tail(1);
+        d.wait_for("lc holds the core", |s| {
+            app_named(s, "lc").unwrap().cores_now == 1
+        });
+        let lc_efd = lc.efds[0].as_fd();
+        if batch_answers {
+            // The batch kthread's preemption point: it writes the eventfd
+            // the doorbell names (a descriptor of this process).
+            let t0 = Instant::now();
+            let fd = loop {
+                if let Some(fd) = batch_line.take_doorbell() {
+                    break fd;
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(5),
+                    "no doorbell rung on batch"
+                );
+                std::thread::yield_now();
+            };
+            // SAFETY: `fd` is iokerneld's copy of lc's eventfd, open while
+            // lc is registered (it is, until the end of this block).
+            let named = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            ginza_sys::eventfd::write(named, 1).unwrap();
+            d.wait_for("the local wake counted", |s| s.alloc.local_wakes == 1);
+            assert_eq!(d.stats().alloc.local_wakes_by_iokernel, 0);
+        } else {
+            d.wait_for("iokerneld woke lc itself", |s| {
+                s.alloc.local_wakes_by_iokernel == 1
+            });
+            assert!(!batch_line.doorbell_rung(), "iokerneld took the doorbell");
+            assert_eq!(d.stats().alloc.local_wakes, 0);
+        }
+        // Exactly one write reached lc's eventfd.
+        assert_eq!(ginza_sys::eventfd::read(lc_efd).unwrap(), Some(1));
+        assert_eq!(ginza_sys::eventfd::read(lc_efd).unwrap(), None);
+    }
+}

@@ -576,6 +576,13 @@ pub struct AllocStats {
     /// `reallocations` too; `Config::idle_victim_grace` of iokerneld).
     #[serde(default)]
     pub preemptions_withdrawn: u64,
+    /// Local wakes (`Config::local_wake_wait` of iokerneld): kthreads woken
+    /// by the `SCHED_IDLE` kthread on their core, and those iokerneld
+    /// woke itself because nobody took the doorbell in time.
+    #[serde(default)]
+    pub local_wakes: u64,
+    #[serde(default)]
+    pub local_wakes_by_iokernel: u64,
     /// iokerneld's time per wake of a kthread on its granted core: for a
     /// grant carried out at once, its bookkeeping + the `Wake` on the
     /// command ring + `CoreActuator::grant` (`LinuxActuator`:
@@ -755,6 +762,8 @@ pub fn largest_stats_report() -> StatsReport {
             handovers: u64::MAX,
             handovers_abandoned: u64::MAX,
             preemptions_withdrawn: u64::MAX,
+            local_wakes: u64::MAX,
+            local_wakes_by_iokernel: u64::MAX,
             grant_cost: big,
             grant_cost_by_word: big,
             grant_cost_by_eventfd: big,

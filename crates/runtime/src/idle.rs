@@ -31,6 +31,7 @@ pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
             break;
         }
         k.sched.preempt.pending.store(false, Relaxed);
+        crate::iokernel::answer_doorbell(k);
         if !k.revoke_requested.load(Acquire) {
             k.preempt_ask.clear();
         }

@@ -36,6 +36,9 @@ pub fn preempt_point() {
     }
     // SAFETY: a non-null kthread of this thread; reading atomic flags.
     let k = unsafe { &*k };
+    // A kthread woken onto this CPU waits for us (docs/runtime.md, "Local
+    // wakes"); answered before any yield.
+    crate::iokernel::answer_doorbell(k);
     // A worker whose requests iokerneld dispatches is asked through its
     // queue line (docs/colocate.md).
     // An in-process dispatcher's ask names the run it is for: one for a

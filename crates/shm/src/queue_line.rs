@@ -75,11 +75,26 @@ pub struct QueueLine {
     /// eventfd once it sleeps (docs/runtime.md, "Grants without a system
     /// call").
     wake: WakeWord,
+    /// A local wake asked of this kthread (docs/runtime.md, "Local
+    /// wakes"): iokerneld's descriptor number of an eventfd + 1 (0: none).
+    /// Whoever swaps it to 0 first writes that eventfd: the kthread on the
+    /// CPU (no inter-processor interrupt) or iokerneld after its wait.
+    doorbell: AtomicU32,
 }
 
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<QueueLine>() == 64);
 const _: () = assert!(std::mem::align_of::<QueueLine>() == 64);
+
+impl std::fmt::Debug for QueueLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueLine")
+            .field("snapshot", &self.snapshot())
+            .field("wake", &self.wake)
+            .field("doorbell_rung", &self.doorbell_rung())
+            .finish()
+    }
+}
 
 impl Default for QueueLine {
     fn default() -> Self {
@@ -101,6 +116,7 @@ impl QueueLine {
             next_timer_ns: AtomicU64::new(NO_TIMER),
             busy_ns: AtomicU64::new(0),
             wake: WakeWord::new(),
+            doorbell: AtomicU32::new(0),
         }
     }
 
@@ -118,7 +134,30 @@ impl QueueLine {
             next_timer_ns: AtomicU64::new(NO_TIMER),
             busy_ns: AtomicU64::new(0),
             wake: WakeWord::new(),
+            doorbell: AtomicU32::new(0),
         }
+    }
+
+    /// iokerneld: asks the kthread to write eventfd `fd` (a descriptor of
+    /// iokerneld's process) for it. Replaces an earlier ask nobody took.
+    pub fn ring_doorbell(&self, fd: i32) {
+        let v = u32::try_from(fd).map_or(0, |fd| fd.wrapping_add(1));
+        self.doorbell.store(v, Ordering::Release);
+    }
+    /// Either side: takes the pending ask, if any; exactly one taker gets
+    /// it. The number is only meaningful in iokerneld's process.
+    pub fn take_doorbell(&self) -> Option<i32> {
+        if self.doorbell.load(Ordering::Relaxed) == 0 {
+            return None; // the common case: no write to the shared line
+        }
+        match self.doorbell.swap(0, Ordering::AcqRel) {
+            0 => None,
+            v => i32::try_from(v - 1).ok(),
+        }
+    }
+    /// Whether an ask is pending (one load).
+    pub fn doorbell_rung(&self) -> bool {
+        self.doorbell.load(Ordering::Relaxed) != 0
     }
 
     /// The grant word (both sides).
@@ -284,5 +323,42 @@ mod tests {
         assert_eq!(k.busy_time, 15);
         assert_eq!(k.core, Some(3));
         assert!(QueueCounters::from(s).has_items());
+    }
+
+    #[test]
+    fn a_doorbell_is_taken_once() {
+        let l = QueueLine::new();
+        assert!(!l.doorbell_rung());
+        assert_eq!(l.take_doorbell(), None);
+        l.ring_doorbell(0);
+        assert!(l.doorbell_rung());
+        assert_eq!(l.take_doorbell(), Some(0));
+        assert_eq!(l.take_doorbell(), None);
+        l.ring_doorbell(41);
+        l.ring_doorbell(42);
+        assert_eq!(l.take_doorbell(), Some(42));
+        assert_eq!(l.take_doorbell(), None);
+        // Not a descriptor: nothing to ring.
+        l.ring_doorbell(-1);
+        assert!(!l.doorbell_rung());
+    }
+
+    #[test]
+    fn two_takers_race_and_one_wins() {
+        for round in 0..200 {
+            let l = std::sync::Arc::new(QueueLine::new());
+            l.ring_doorbell(round);
+            let takers: Vec<_> = (0..2)
+                .map(|_| {
+                    let l = std::sync::Arc::clone(&l);
+                    std::thread::spawn(move || l.take_doorbell())
+                })
+                .collect();
+            let got: Vec<_> = takers
+                .into_iter()
+                .filter_map(|t| t.join().unwrap())
+                .collect();
+            assert_eq!(got, vec![round]);
+        }
     }
 }

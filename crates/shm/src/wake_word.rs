@@ -39,6 +39,9 @@ pub enum GrantDelivery {
     Word,
     /// The kthread sleeps (or its state is unknown): write its eventfd.
     Eventfd,
+    /// The kthread sleeps, and the kthread on the core it is granted was
+    /// asked to write its eventfd (`QueueLine::ring_doorbell`).
+    Doorbell,
 }
 
 /// What a kthread that stops lingering must do.
@@ -251,7 +254,9 @@ mod tests {
                     }
                     match w.grant() {
                         GrantDelivery::Word => by_word += 1,
-                        GrantDelivery::Eventfd => {
+                        // `WakeWord::grant` never says `Doorbell` (the
+                        // actuator does, for a sleeping kthread).
+                        GrantDelivery::Eventfd | GrantDelivery::Doorbell => {
                             eventfd.fetch_add(1, Ordering::Release);
                         }
                     }

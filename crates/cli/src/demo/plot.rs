@@ -233,6 +233,8 @@ mod tests {
             note: String::new(),
             phases: None,
             withdrawn_per_s: 0.0,
+            local_wakes_per_s: 0.0,
+            local_wakes_by_iokernel_per_s: 0.0,
         }
     }
 

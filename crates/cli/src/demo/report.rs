@@ -42,6 +42,10 @@ pub(crate) struct Row {
     /// Of those, preemptions of batch withdrawn (the core came back before
     /// batch was signalled), per second (JSON only).
     pub(crate) withdrawn_per_s: f64,
+    /// `--local-wake`: lc woken by batch's kthread on the core, and by
+    /// iokerneld after the wait, per second (JSON only).
+    pub(crate) local_wakes_per_s: f64,
+    pub(crate) local_wakes_by_iokernel_per_s: f64,
     /// Preemptions in the window that iokerneld had to enforce (not
     /// answered within its deadline).
     pub(crate) overdue_preemptions: u64,
@@ -307,6 +311,8 @@ mod tests {
             note: String::new(),
             phases: None,
             withdrawn_per_s: 0.0,
+            local_wakes_per_s: 0.0,
+            local_wakes_by_iokernel_per_s: 0.0,
         }
     }
 

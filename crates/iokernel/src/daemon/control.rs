@@ -526,6 +526,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         let Some(i) = self.apps.iter().position(|a| a.id == id) else {
             return;
         };
+        self.forget_doorbells_of(id);
         let app = self.apps.remove(i);
         if let Some(net) = &app.net {
             self.dp.detach(net);

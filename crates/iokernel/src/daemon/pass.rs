@@ -35,6 +35,20 @@ pub(super) struct Handover {
     preempted_ns: u64,
 }
 
+/// A local wake asked of a `SCHED_IDLE` kthread (`Config::local_wake_wait`;
+/// docs/runtime.md, "Local wakes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Doorbell {
+    /// The kthread asked (application id, kthread): its queue line holds
+    /// the doorbell.
+    victim: (u64, usize),
+    /// The kthread to wake (application id, kthread).
+    woken: (u64, usize),
+    /// When iokerneld writes the eventfd itself if the doorbell is still
+    /// there (CLOCK_MONOTONIC ns).
+    due: u64,
+}
+
 impl<A: CoreActuator> Iokerneld<A> {
     /// Drains one kthread's command ring.
     pub(super) fn drain(app: &mut App, k: usize, now: u64, ready: &mut Vec<Handover>) {
@@ -469,7 +483,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                     let kt = &self.apps[a].kt[h.kthread];
                     kt.core == Some(h.core) && !kt.preempting
                 })
-                .and_then(|a| self.wake(a, h.kthread, h.core, None));
+                .and_then(|a| {
+                    let waker = self.local_waker(a, h.core);
+                    self.wake_via(a, h.kthread, h.core, None, waker)
+                });
             match woke {
                 Some(end) => {
                     self.meter.handovers += 1;
@@ -503,6 +520,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             pinned: app.kt[k].pinned,
             eventfd: app.eventfds[k].as_fd(),
             wake: app.ends[k].line.wake(),
+            doorbell: None,
         }
     }
 
@@ -531,11 +549,131 @@ impl<A: CoreActuator> Iokerneld<A> {
         true
     }
 
+    /// The kthread that may wake application `a`'s kthread on `core`
+    /// (`Config::local_wake_wait`): a `SCHED_IDLE` victim of iokerneld's
+    /// own process, of another application, preempted off `core` and not
+    /// signalled yet (so still running there), whose doorbell is free.
+    fn local_waker(&self, a: usize, core: usize) -> Option<(usize, usize)> {
+        self.cfg.local_wake_wait?;
+        let own = std::process::id() as i32;
+        self.apps.iter().enumerate().find_map(|(i, app)| {
+            if i == a || app.pid != own || app.doomed.is_some() {
+                return None;
+            }
+            let k = app.kt.iter().position(|kt| {
+                kt.idle_class
+                    && kt.preempting
+                    && !kt.evicted
+                    && kt.signal_due.is_some()
+                    && kt.last_core == Some(core)
+            })?;
+            (!app.ends[k].line.doorbell_rung()).then_some((i, k))
+        })
+    }
+
+    /// Local wakes not answered yet: a doorbell the kthread asked has
+    /// taken is done (it writes the eventfd); one still there at its due
+    /// time (or with `all`) iokerneld takes and writes itself. Both sides
+    /// take it by a swap: exactly one writes.
+    pub(super) fn answer_doorbells(&mut self, now: u64, all: bool) {
+        let mut i = 0;
+        while i < self.doorbells.len() {
+            let d = self.doorbells[i];
+            let victim = self
+                .apps
+                .iter()
+                .find(|x| x.id == d.victim.0)
+                .and_then(|x| x.ends.get(d.victim.1));
+            let Some(victim) = victim else {
+                // Never: a victim's removal answers its doorbells first.
+                self.doorbells.swap_remove(i);
+                continue;
+            };
+            if !victim.line.doorbell_rung() {
+                self.meter.local_wakes += 1;
+                self.doorbells.swap_remove(i);
+                continue;
+            }
+            if !all && now < d.due {
+                i += 1;
+                continue;
+            }
+            if victim.line.take_doorbell().is_some() {
+                self.meter.local_wakes_by_iokernel += 1;
+                let woken = self
+                    .apps
+                    .iter()
+                    .find(|x| x.id == d.woken.0)
+                    .and_then(|x| x.eventfds.get(d.woken.1));
+                if let Some(fd) = woken {
+                    if let Err(e) = ginza_sys::eventfd::write(fd.as_fd(), 1) {
+                        warn!("waking app {} kthread {}: {e}", d.woken.0, d.woken.1);
+                    }
+                }
+            } else {
+                self.meter.local_wakes += 1;
+            }
+            self.doorbells.swap_remove(i);
+        }
+    }
+
+    /// Application `id` goes away: its doorbells, and those that would
+    /// wake its kthreads, are answered now (the latter by nobody: their
+    /// eventfds close with it).
+    pub(super) fn forget_doorbells_of(&mut self, id: u64) {
+        if self
+            .doorbells
+            .iter()
+            .all(|d| d.victim.0 != id && d.woken.0 != id)
+        {
+            return;
+        }
+        let mut keep = Vec::with_capacity(self.doorbells.len());
+        for d in std::mem::take(&mut self.doorbells) {
+            if d.victim.0 != id && d.woken.0 != id {
+                keep.push(d);
+                continue;
+            }
+            let Some(victim) = self
+                .apps
+                .iter()
+                .find(|x| x.id == d.victim.0)
+                .and_then(|x| x.ends.get(d.victim.1))
+            else {
+                continue;
+            };
+            if victim.line.take_doorbell().is_some() && d.woken.0 != id {
+                if let Some(fd) = self
+                    .apps
+                    .iter()
+                    .find(|x| x.id == d.woken.0)
+                    .and_then(|x| x.eventfds.get(d.woken.1))
+                {
+                    let _ = ginza_sys::eventfd::write(fd.as_fd(), 1);
+                }
+            }
+        }
+        self.doorbells = keep;
+    }
+
     /// Wakes a kthread on the core it was assigned: the command ring, then
     /// the actuator (affinity, eventfd). `started`: when the grant's
     /// bookkeeping began, if it is part of this wake's cost. Returns when
     /// the wake was done, `None` if it could not be.
     fn wake(&mut self, a: usize, k: usize, core: usize, started: Option<u64>) -> Option<u64> {
+        self.wake_via(a, k, core, started, None)
+    }
+
+    /// [`Self::wake`], where `waker` (application index, kthread), if
+    /// any, is asked to write the eventfd if one is needed.
+    fn wake_via(
+        &mut self,
+        a: usize,
+        k: usize,
+        core: usize,
+        started: Option<u64>,
+        waker: Option<(usize, usize)>,
+    ) -> Option<u64> {
         let &cpu = self.cfg.cores.get(core)?;
         let app = self.apps.get_mut(a)?;
         if k >= app.kt.len() {
@@ -571,7 +709,15 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         debug!("grant: app {:?} kthread {k} → cpu {cpu}", app.name);
         let kt_tid = app.kt[k].tid;
-        let delivery = match self.actuator.grant(&Self::target(app, k), cpu) {
+        let granted = {
+            let app = &self.apps[a];
+            let mut t = Self::target(app, k);
+            let waker = waker.filter(|&(va, _)| va != a && va < self.apps.len());
+            t.doorbell = waker.and_then(|(va, vk)| self.apps[va].ends.get(vk).map(|e| &*e.line));
+            self.actuator.grant(&t, cpu)
+        };
+        let app = &mut self.apps[a];
+        let delivery = match granted {
             Ok(d) => {
                 app.kt[k].pinned = kt_tid.map(|_| cpu);
                 Some(d)
@@ -582,6 +728,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                 None
             }
         };
+        if let (Some(ginza_shm::GrantDelivery::Doorbell), Some((va, vk))) = (delivery, waker) {
+            let wait = self.cfg.local_wake_wait.unwrap_or_default().as_nanos() as u64;
+            self.doorbells.push(Doorbell {
+                victim: (self.apps[va].id, vk),
+                woken: (self.apps[a].id, k),
+                due: clock::monotonic_ns().saturating_add(wait),
+            });
+        }
         let end = clock::monotonic_ns();
         self.meter.actions += 1;
         self.meter.record_grant(end.saturating_sub(t0), delivery);

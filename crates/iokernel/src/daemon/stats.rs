@@ -102,6 +102,9 @@ pub(super) struct Meter {
     pub(super) handovers: u64,
     pub(super) handovers_abandoned: u64,
     pub(super) withdrawn: u64,
+    /// Doorbells taken by the kthread asked, and by iokerneld after the wait.
+    pub(super) local_wakes: u64,
+    pub(super) local_wakes_by_iokernel: u64,
     /// Wakes, preemptions and evictions carried out (never reset): a pass
     /// that changed it acted.
     pub(super) actions: u64,
@@ -126,6 +129,8 @@ impl Meter {
             handovers: 0,
             handovers_abandoned: 0,
             withdrawn: 0,
+            local_wakes: 0,
+            local_wakes_by_iokernel: 0,
             actions: 0,
             grant_cost: histogram(),
             grant_cost_word: histogram(),
@@ -146,6 +151,8 @@ impl Meter {
         self.handovers = 0;
         self.handovers_abandoned = 0;
         self.withdrawn = 0;
+        self.local_wakes = 0;
+        self.local_wakes_by_iokernel = 0;
         self.grant_cost.reset();
         self.grant_cost_word.reset();
         self.grant_cost_eventfd.reset();
@@ -161,6 +168,7 @@ impl Meter {
         match delivery {
             Some(GrantDelivery::Word) => self.grant_cost_word.saturating_record(ns),
             Some(GrantDelivery::Eventfd) => self.grant_cost_eventfd.saturating_record(ns),
+            Some(GrantDelivery::Doorbell) => {}
             None => {}
         }
     }
@@ -175,6 +183,8 @@ impl Meter {
             handovers: self.handovers,
             handovers_abandoned: self.handovers_abandoned,
             preemptions_withdrawn: self.withdrawn,
+            local_wakes: self.local_wakes,
+            local_wakes_by_iokernel: self.local_wakes_by_iokernel,
             grant_cost: summarize(&self.grant_cost),
             grant_cost_by_word: summarize(&self.grant_cost_word),
             grant_cost_by_eventfd: summarize(&self.grant_cost_eventfd),
