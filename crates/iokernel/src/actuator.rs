@@ -111,11 +111,10 @@ impl CoreActuator for LinuxActuator {
             match t.doorbell {
                 // The same CPU's kthread wakes it there: no inter-processor
                 // interrupt (docs/runtime.md, "Local wakes").
-                Some(line) => {
-                    line.ring_doorbell(t.eventfd.as_raw_fd());
+                Some(line) if line.ring_doorbell(t.eventfd.as_raw_fd()) => {
                     delivery = GrantDelivery::Doorbell;
                 }
-                None => eventfd::write(t.eventfd, 1)?,
+                _ => eventfd::write(t.eventfd, 1)?,
             }
         }
         // Without a core of its own, iokerneld's loop may be running on
@@ -232,8 +231,9 @@ impl CoreActuator for RecordingActuator {
             kthread: t.kthread,
             cpu,
         });
-        if let Some(line) = t.doorbell {
-            line.ring_doorbell(t.eventfd.as_raw_fd());
+        if t.doorbell
+            .is_some_and(|line| line.ring_doorbell(t.eventfd.as_raw_fd()))
+        {
             return Ok(GrantDelivery::Doorbell);
         }
         Ok(GrantDelivery::Eventfd)

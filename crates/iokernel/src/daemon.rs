@@ -249,6 +249,9 @@ pub struct Iokerneld<A: CoreActuator> {
     /// the victim (application id, kthread), the woken kthread (application
     /// id, kthread) and when iokerneld writes the eventfd itself.
     doorbells: Vec<pass::Doorbell>,
+    /// Eventfds of removed applications that a kthread was writing for a
+    /// local wake when they went: closed once no line shows them answered.
+    eventfds_answered: Vec<OwnedFd>,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -363,6 +366,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             handover_waiting: false,
             signal_after_wakes: Vec::new(),
             doorbells: Vec::new(),
+            eventfds_answered: Vec::new(),
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
@@ -452,6 +456,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             if !self.doorbells.is_empty() {
                 self.answer_doorbells(now, false);
+            }
+            if !self.eventfds_answered.is_empty() {
+                self.close_answered_eventfds(Vec::new());
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {

@@ -1399,20 +1399,19 @@ fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
             // The batch kthread's preemption point: it writes the eventfd
             // the doorbell names (a descriptor of this process).
             let t0 = Instant::now();
-            let fd = loop {
-                if let Some(fd) = batch_line.take_doorbell() {
-                    break fd;
-                }
+            while !batch_line.answer_doorbell(|fd| {
+                // SAFETY: `fd` is iokerneld's copy of lc's eventfd, open
+                // while lc is registered (it is, until the end of this
+                // block).
+                let named = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                ginza_sys::eventfd::write(named, 1).unwrap();
+            }) {
                 assert!(
                     t0.elapsed() < Duration::from_secs(5),
                     "no doorbell rung on batch"
                 );
                 std::thread::yield_now();
-            };
-            // SAFETY: `fd` is iokerneld's copy of lc's eventfd, open while
-            // lc is registered (it is, until the end of this block).
-            let named = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            ginza_sys::eventfd::write(named, 1).unwrap();
+            }
             d.wait_for("the local wake counted", |s| s.alloc.local_wakes == 1);
             assert_eq!(d.stats().alloc.local_wakes_by_iokernel, 0);
         } else {
@@ -1426,4 +1425,55 @@ fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
         assert_eq!(ginza_sys::eventfd::read(lc_efd).unwrap(), Some(1));
         assert_eq!(ginza_sys::eventfd::read(lc_efd).unwrap(), None);
     }
+}
+
+/// The application a local wake is for goes away while the batch kthread
+/// is writing its eventfd: iokerneld keeps its copy of the descriptor open
+/// until the write is done, so the write reaches that eventfd and not a
+/// descriptor that reused the number.
+#[test]
+fn a_local_wake_being_answered_keeps_its_eventfd_open_when_the_app_leaves() {
+    let _g = lock();
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.cores = vec![test_cores()[0]];
+        c.preempt_deadline = Duration::from_secs(10);
+        c.idle_victim_grace = Duration::from_secs(30);
+        c.local_wake_wait = Some(Duration::from_secs(5));
+    });
+    let Some((tid, _keep)) = idle_class_thread() else {
+        return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+    };
+    let b = app(1);
+    let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
+    let mut kb = b.region.runtime_end(0).unwrap();
+    kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
+    b.region.line(0).unwrap().set_rq_tail(100);
+    d.wait_for("batch holds the core", |s| {
+        app_named(s, "batch").unwrap().cores_now == 1
+    });
+    let lc = app(1);
+    let cl = register(&d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    lc.region.line(0).unwrap().set_rq_tail(1);
+    let batch_line = b.region.line(0).unwrap();
+    let t0 = Instant::now();
+    while !batch_line.doorbell_rung() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no doorbell rung");
+        std::thread::yield_now();
+    }
+    let mut cl = Some(cl);
+    let answered = batch_line.answer_doorbell(|fd| {
+        // lc leaves before the write.
+        drop(cl.take());
+        d.wait_for("lc removed", |s| app_named(s, "lc").is_none());
+        // SAFETY: `fd` is iokerneld's copy of lc's eventfd, kept open
+        // while this line shows it answered (what this test checks).
+        let named = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        ginza_sys::eventfd::write(named, 1).expect("the descriptor is still open");
+    });
+    assert!(answered);
+    // The write reached lc's eventfd (the test holds its own copy).
+    assert_eq!(
+        ginza_sys::eventfd::read(lc.efds[0].as_fd()).unwrap(),
+        Some(1)
+    );
 }

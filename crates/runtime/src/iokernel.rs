@@ -167,14 +167,16 @@ fn answer_doorbell_slow(k: &crate::sched::KThread, io: &KLink) {
     if !takes {
         return; // iokerneld writes the eventfd itself after its wait
     }
-    if let Some(fd) = io.line.take_doorbell() {
+    // A preemption between taking the ask and the write would leave the
+    // woken kthread waiting until this uthread runs again: deferred.
+    let _deferred = crate::deferral::Guard::new();
+    io.line.answer_doorbell(|fd| {
         let one = 1u64.to_ne_bytes();
         // SAFETY: `one` is 8 valid bytes for the call. `fd` is a descriptor
-        // number of this process (the application runs in iokerneld's,
-        // `local_wakes`): an eventfd iokerneld holds open, or, if the
-        // application that owns it went away meanwhile, a closed or reused
-        // number, whose write fails or lands in that descriptor (the
-        // documented limit of this experiment); no memory is touched.
+        // of this process (the application runs in iokerneld's,
+        // `local_wakes`): iokerneld's copy of an eventfd, which it keeps
+        // open while the line shows it being answered, even if the
+        // application that owns it goes away meanwhile.
         let r = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
         if r != 8 {
             log::debug!(
@@ -182,7 +184,7 @@ fn answer_doorbell_slow(k: &crate::sched::KThread, io: &KLink) {
                 std::io::Error::last_os_error()
             );
         }
-    }
+    });
 }
 
 /// The last grant the caller's kthread ran after, under iokerneld: when

@@ -76,11 +76,16 @@ pub struct QueueLine {
     /// call").
     wake: WakeWord,
     /// A local wake asked of this kthread (docs/runtime.md, "Local
-    /// wakes"): iokerneld's descriptor number of an eventfd + 1 (0: none).
-    /// Whoever swaps it to 0 first writes that eventfd: the kthread on the
-    /// CPU (no inter-processor interrupt) or iokerneld after its wait.
+    /// wakes"): iokerneld's descriptor number of an eventfd + 1 (0: none),
+    /// with [`DOORBELL_ANSWERING`] while the kthread writes it. Whoever
+    /// takes it first writes that eventfd: the kthread on the CPU (no
+    /// inter-processor interrupt) or iokerneld after its wait.
     doorbell: AtomicU32,
 }
+
+/// In `QueueLine::doorbell`: the kthread took the ask and is writing the
+/// eventfd; iokerneld keeps that descriptor open until it is done.
+const DOORBELL_ANSWERING: u32 = 1 << 31;
 
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<QueueLine>() == 64);
@@ -139,25 +144,69 @@ impl QueueLine {
     }
 
     /// iokerneld: asks the kthread to write eventfd `fd` (a descriptor of
-    /// iokerneld's process) for it. Replaces an earlier ask nobody took.
-    pub fn ring_doorbell(&self, fd: i32) {
-        let v = u32::try_from(fd).map_or(0, |fd| fd.wrapping_add(1));
-        self.doorbell.store(v, Ordering::Release);
+    /// iokerneld's process) for it; false if an earlier ask is still there
+    /// (or `fd` is no descriptor): then iokerneld writes it itself.
+    pub fn ring_doorbell(&self, fd: i32) -> bool {
+        let Some(v) = u32::try_from(fd)
+            .ok()
+            .filter(|&fd| fd < DOORBELL_ANSWERING - 1)
+        else {
+            return false;
+        };
+        self.doorbell
+            .compare_exchange(0, v + 1, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
     }
-    /// Either side: takes the pending ask, if any; exactly one taker gets
+
+    /// iokerneld: takes the pending ask nobody answers yet, if any; of it
+    /// and the kthread's [`QueueLine::answer_doorbell`], exactly one gets
     /// it. The number is only meaningful in iokerneld's process.
     pub fn take_doorbell(&self) -> Option<i32> {
-        if self.doorbell.load(Ordering::Relaxed) == 0 {
+        let v = self.doorbell.load(Ordering::Relaxed);
+        if v == 0 || v & DOORBELL_ANSWERING != 0 {
             return None; // the common case: no write to the shared line
         }
-        match self.doorbell.swap(0, Ordering::AcqRel) {
-            0 => None,
-            v => i32::try_from(v - 1).ok(),
-        }
+        self.doorbell
+            .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|v| (v - 1) as i32)
     }
-    /// Whether an ask is pending (one load).
+
+    /// The kthread: answers the pending ask, if any, by calling `write`
+    /// with its descriptor. Meanwhile the line shows the descriptor as
+    /// being answered ([`QueueLine::doorbell_answering`]), so iokerneld
+    /// does not close it under the write. True if it answered.
+    pub fn answer_doorbell(&self, write: impl FnOnce(i32)) -> bool {
+        let v = self.doorbell.load(Ordering::Relaxed);
+        if v == 0 || v & DOORBELL_ANSWERING != 0 {
+            return false;
+        }
+        if self
+            .doorbell
+            .compare_exchange(
+                v,
+                v | DOORBELL_ANSWERING,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return false;
+        }
+        write((v - 1) as i32);
+        self.doorbell.store(0, Ordering::Release);
+        true
+    }
+
+    /// Whether an ask is pending or being answered (one load).
     pub fn doorbell_rung(&self) -> bool {
         self.doorbell.load(Ordering::Relaxed) != 0
+    }
+
+    /// The descriptor the kthread is writing now, if any.
+    pub fn doorbell_answering(&self) -> Option<i32> {
+        let v = self.doorbell.load(Ordering::Acquire);
+        (v & DOORBELL_ANSWERING != 0).then(|| ((v & !DOORBELL_ANSWERING) - 1) as i32)
     }
 
     /// The grant word (both sides).
@@ -330,28 +379,59 @@ mod tests {
         let l = QueueLine::new();
         assert!(!l.doorbell_rung());
         assert_eq!(l.take_doorbell(), None);
-        l.ring_doorbell(0);
+        assert!(l.ring_doorbell(0));
         assert!(l.doorbell_rung());
         assert_eq!(l.take_doorbell(), Some(0));
         assert_eq!(l.take_doorbell(), None);
-        l.ring_doorbell(41);
-        l.ring_doorbell(42);
-        assert_eq!(l.take_doorbell(), Some(42));
+        // An ask not taken yet is not replaced.
+        assert!(l.ring_doorbell(41));
+        assert!(!l.ring_doorbell(42));
+        assert_eq!(l.take_doorbell(), Some(41));
         assert_eq!(l.take_doorbell(), None);
         // Not a descriptor: nothing to ring.
-        l.ring_doorbell(-1);
+        assert!(!l.ring_doorbell(-1));
         assert!(!l.doorbell_rung());
+    }
+
+    /// While the kthread writes, the descriptor shows as answered: iokerneld
+    /// can neither take the ask nor ring another, and keeps it open.
+    #[test]
+    fn an_answered_doorbell_shows_its_descriptor_until_written() {
+        let l = QueueLine::new();
+        assert!(!l.answer_doorbell(|_| panic!("nothing was asked")));
+        assert!(l.ring_doorbell(7));
+        let mut wrote = None;
+        assert!(l.answer_doorbell(|fd| {
+            assert_eq!(l.doorbell_answering(), Some(7));
+            assert!(l.doorbell_rung());
+            assert_eq!(l.take_doorbell(), None);
+            assert!(!l.ring_doorbell(8));
+            wrote = Some(fd);
+        }));
+        assert_eq!(wrote, Some(7));
+        assert_eq!(l.doorbell_answering(), None);
+        assert!(!l.doorbell_rung());
+        assert!(!l.answer_doorbell(|_| panic!("answered twice")));
     }
 
     #[test]
     fn two_takers_race_and_one_wins() {
         for round in 0..200 {
             let l = std::sync::Arc::new(QueueLine::new());
-            l.ring_doorbell(round);
+            assert!(l.ring_doorbell(round));
+            // iokerneld's take against the kthread's answer.
             let takers: Vec<_> = (0..2)
-                .map(|_| {
+                .map(|side| {
                     let l = std::sync::Arc::clone(&l);
-                    std::thread::spawn(move || l.take_doorbell())
+                    std::thread::spawn(move || {
+                        if side == 0 {
+                            l.take_doorbell()
+                        } else {
+                            let mut got = None;
+                            l.answer_doorbell(|fd| got = Some(fd));
+                            got
+                        }
+                    })
                 })
                 .collect();
             let got: Vec<_> = takers

@@ -527,7 +527,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             return;
         };
         self.forget_doorbells_of(id);
-        let app = self.apps.remove(i);
+        let mut app = self.apps.remove(i);
+        self.close_answered_eventfds(std::mem::take(&mut app.eventfds));
         if let Some(net) = &app.net {
             self.dp.detach(net);
         }
@@ -556,8 +557,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             name: app.name,
             reason,
         });
-        // Dropping `app` closes its socket and eventfds and unmaps the
-        // region.
+        // Dropping `app` closes its socket and unmaps the region (its
+        // eventfds went above).
     }
 }
 

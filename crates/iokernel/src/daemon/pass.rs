@@ -3,7 +3,7 @@
 //! preemptions), a core handed over once its preempted holder gives it
 //! back, and kthreads that miss the preemption deadline.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
 use ginza_shm::{LineFlags, PreemptReason, RecvError, SendError, ToIokernel, ToKthread};
@@ -615,6 +615,21 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             self.doorbells.swap_remove(i);
         }
+    }
+
+    /// Closes `eventfds` (of a removed application) and those kept
+    /// earlier, except the ones a kthread is still writing for a local
+    /// wake: those stay open until it is done, so its write never lands in
+    /// a descriptor that reused the number.
+    pub(super) fn close_answered_eventfds(&mut self, eventfds: Vec<OwnedFd>) {
+        let answering: Vec<i32> = self
+            .apps
+            .iter()
+            .flat_map(|a| a.ends.iter().filter_map(|e| e.line.doorbell_answering()))
+            .collect();
+        self.eventfds_answered.extend(eventfds);
+        self.eventfds_answered
+            .retain(|fd| answering.contains(&fd.as_raw_fd()));
     }
 
     /// Application `id` goes away: its doorbells, and those that would
