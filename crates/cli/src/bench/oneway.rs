@@ -55,7 +55,7 @@ use anyhow::{anyhow, Context as _};
 use ginza_apps::echo_client;
 use ginza_apps::echo_server::{self, EchoStats, Protocols};
 use ginza_apps::http_server::{self, HttpStats};
-use ginza_iokernel::netns::tcp::{self as linux, EchoMode};
+use ginza_iokernel::netns::tcp::{self as linux, ClientWait, EchoMode};
 use ginza_iokernel::InProcess;
 use ginza_loadgen::ginza::GinzaConfig;
 use ginza_loadgen::protocol::http::Http;
@@ -746,7 +746,14 @@ pub(super) fn linux_round(duration: Duration) -> anyhow::Result<Quantiles> {
         SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         EchoMode::Blocking,
     )?;
-    let report = linux::rtt_probe_for(server.addr(), WARMUP, duration, PAYLOAD, IO_TIMEOUT);
+    let report = linux::rtt_probe_for(
+        server.addr(),
+        WARMUP,
+        duration,
+        PAYLOAD,
+        IO_TIMEOUT,
+        ClientWait::Blocking,
+    );
     server.stop()?;
     let report = report.context("the Linux client's round trips")?;
     anyhow::ensure!(!report.histogram.is_empty(), "no Linux round trip");
@@ -770,8 +777,13 @@ fn linux_busy_poll_round(cpus: Cpus, duration: Duration) -> anyhow::Result<Quant
         .name("linux-busy-client".into())
         .spawn(move || -> anyhow::Result<_> {
             ginza_sys::affinity::pin_current_thread(cpus.iokernel)?;
-            Ok(linux::rtt_probe_spinning_for(
-                target, WARMUP, duration, PAYLOAD, IO_TIMEOUT,
+            Ok(linux::rtt_probe_for(
+                target,
+                WARMUP,
+                duration,
+                PAYLOAD,
+                IO_TIMEOUT,
+                ClientWait::Spinning,
             )?)
         })?;
     let report = client

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use ginza_apps::echo_client;
 use ginza_apps::echo_server::{self, EchoStats, Protocols};
-use ginza_iokernel::netns::tcp::{self as linux, EchoMode, LinuxServer};
+use ginza_iokernel::netns::tcp::{self as linux, ClientWait, EchoMode, LinuxServer};
 use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_net::{Ipv4Addr, MacAddr};
@@ -480,8 +480,16 @@ fn with_ginza_on_veth<R>(
 
 /// Round trips from the namespace to `target` for `--duration`.
 fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<Quantiles> {
-    let report =
-        ns.run_in(move || linux::rtt_probe_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT))??;
+    let report = ns.run_in(move || {
+        linux::rtt_probe_for(
+            target,
+            WARMUP,
+            duration,
+            PAYLOAD,
+            IO_TIMEOUT,
+            ClientWait::Blocking,
+        )
+    })??;
     let h = &report.histogram;
     anyhow::ensure!(
         !h.is_empty(),

@@ -438,51 +438,28 @@ pub fn rtt_probe(
 }
 
 /// As [`rtt_probe`], measuring for `duration` (after the warm-up) instead
-/// of a count.
+/// of a count, the client waiting for each echo as `wait` says.
 pub fn rtt_probe_for(
     target: SocketAddrV4,
     warmup: usize,
     duration: Duration,
     payload_len: usize,
     timeout: Duration,
+    wait: ClientWait,
 ) -> io::Result<RttReport> {
-    rtt_series(
-        target,
-        warmup,
-        payload_len,
-        timeout,
-        ClientWait::Blocking,
-        |_, t| t >= duration,
-    )
-}
-
-/// As [`rtt_probe_for`], the client spinning on a non-blocking socket
-/// instead of sleeping in `read` (the busy-polling peer: no sleep or
-/// wake-up on the client's side either; pin the calling thread first).
-pub fn rtt_probe_spinning_for(
-    target: SocketAddrV4,
-    warmup: usize,
-    duration: Duration,
-    payload_len: usize,
-    timeout: Duration,
-) -> io::Result<RttReport> {
-    rtt_series(
-        target,
-        warmup,
-        payload_len,
-        timeout,
-        ClientWait::Spinning,
-        |_, t| t >= duration,
-    )
+    rtt_series(target, warmup, payload_len, timeout, wait, |_, t| {
+        t >= duration
+    })
 }
 
 /// How a probe's client waits for each echo.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ClientWait {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientWait {
     /// In `read`, with the timeout as the socket's read timeout.
     Blocking,
     /// Polling a non-blocking socket until the echo is in or the timeout
-    /// has passed.
+    /// has passed (the busy-polling peer: no sleep or wake-up on the
+    /// client's side either; pin the calling thread first).
     Spinning,
 }
 
@@ -669,12 +646,12 @@ mod tests {
             let rtt = rtt_probe(server.addr(), 10, 100, 64, WAIT).unwrap();
             assert_eq!(rtt.histogram.len(), 100, "{mode:?}");
             assert!(rtt.quantile_us(0.5) > 0.0);
-            let timed =
-                rtt_probe_for(server.addr(), 0, Duration::from_millis(20), 64, WAIT).unwrap();
+            let probe = |wait| {
+                rtt_probe_for(server.addr(), 0, Duration::from_millis(20), 64, WAIT, wait).unwrap()
+            };
+            let timed = probe(ClientWait::Blocking);
             assert!(!timed.histogram.is_empty());
-            let spun =
-                rtt_probe_spinning_for(server.addr(), 0, Duration::from_millis(20), 64, WAIT)
-                    .unwrap();
+            let spun = probe(ClientWait::Spinning);
             assert!(!spun.histogram.is_empty(), "{mode:?}");
             let t = echo_transfer(server.addr(), 3_000_001, 5, WAIT).unwrap();
             assert!(t.intact(), "{mode:?}: {t:?}");
