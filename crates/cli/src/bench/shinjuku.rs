@@ -49,12 +49,13 @@ use ginza_sim::dist::{Arrivals, Service};
 use ginza_sim::figs::par_map;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use ginza_sim::reqsim::{Place, ReqSim, Sched};
+use ginza_sys::sched_stat::SchedStat;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
 use super::common::emit;
-use super::common::{median, percentile};
+use super::common::{loadavg, median, percentile};
 use super::preempt::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench shinjuku`.
@@ -82,6 +83,11 @@ pub struct ShinjukuArgs {
     /// Seed of the arrivals and service times.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Niceness of the bench's threads (dispatcher, worker), ahead of
+    /// whatever else runs on the machine; needs root below 0, else the
+    /// bench runs at its own niceness and `meta.bench_nice` says so.
+    #[arg(long, default_value_t = -10, allow_negative_numbers = true)]
+    nice: i32,
 }
 
 /// The workloads, in the papers' notation.
@@ -274,8 +280,82 @@ struct Measured {
     p99_us: f64,
     p99_us_by_class: Vec<Option<f64>>,
     rejected: u64,
+    stacks_mapped: u64,
     by_class: Vec<ClassCounters>,
     preempt_cost: PreemptCost,
+    cpu: CpuGot,
+}
+
+/// What Linux gave the bench's two threads during one point, and how late
+/// the dispatcher (which is also the load generator: it polls the planned
+/// arrivals) took requests in. On a CPU shared with other programs the
+/// worker runs only part of the time and every latency carries the
+/// difference; these tell that apart from the runtime's own delays.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct CpuGot {
+    /// Wall time of the point, ms.
+    wall_ms: f64,
+    /// Share of the wall time each thread ran, and the time it was
+    /// runnable but waited for its CPU (ms), with the times Linux took
+    /// the CPU from it.
+    dispatcher_on_cpu_share: Option<f64>,
+    dispatcher_waiting_ms: Option<f64>,
+    dispatcher_involuntary_switches: Option<u64>,
+    worker_on_cpu_share: Option<f64>,
+    worker_waiting_ms: Option<f64>,
+    worker_involuntary_switches: Option<u64>,
+    /// Gaps of over 20 µs between two passes of the dispatcher's loop:
+    /// count, total (ms) and the longest (µs).
+    dispatcher_stalls: u64,
+    dispatcher_stalled_ms: f64,
+    dispatcher_longest_stall_us: f64,
+    /// Times the idle dispatcher gave its CPU away (`sched_yield`; 0 here:
+    /// the bench's dispatcher owns its CPU), and those it got back only
+    /// after a stall (over 20 µs).
+    dispatcher_yields: u64,
+    dispatcher_yield_stalls: u64,
+    /// Admission − planned arrival of the measured requests (the
+    /// generator's lateness, counted in their latency), µs.
+    admission_lag_us_p50: Option<f64>,
+    admission_lag_us_p99: Option<f64>,
+    admission_lag_us_max: Option<f64>,
+}
+
+impl CpuGot {
+    /// The larger share of the wall time the dispatcher or the worker
+    /// spent runnable but waiting for its CPU, %: over a few %, the
+    /// point's tail is the machine's CPU sharing, not the runtime's.
+    fn waited_pct(&self) -> Option<f64> {
+        let d = self.dispatcher_waiting_ms?;
+        let w = self.worker_waiting_ms?;
+        Some(round3(d.max(w) / self.wall_ms.max(1e-9) * 100.0))
+    }
+
+    fn of(t: &ginza_runtime::shinjuku::ThreadTimes, mut lags_ns: Vec<u64>) -> CpuGot {
+        let wall = t.wall_ns.max(1) as f64;
+        let share = |s: Option<SchedStat>| s.map(|s| round3(s.on_cpu_ns as f64 / wall));
+        let waiting = |s: Option<SchedStat>| s.map(|s| round3(s.runnable_waiting_ns as f64 / 1e6));
+        let worker = t.workers.first().copied().flatten();
+        lags_ns.sort_unstable();
+        let us = |v: u64| round3(v as f64 / 1e3);
+        CpuGot {
+            wall_ms: round3(wall / 1e6),
+            dispatcher_on_cpu_share: share(t.dispatcher),
+            dispatcher_waiting_ms: waiting(t.dispatcher),
+            dispatcher_involuntary_switches: t.dispatcher.map(|s| s.involuntary_switches),
+            worker_on_cpu_share: share(worker),
+            worker_waiting_ms: waiting(worker),
+            worker_involuntary_switches: worker.map(|s| s.involuntary_switches),
+            dispatcher_stalls: t.dispatcher_stalls,
+            dispatcher_stalled_ms: round3(t.dispatcher_stalled_ns as f64 / 1e6),
+            dispatcher_longest_stall_us: us(t.dispatcher_longest_stall_ns),
+            dispatcher_yields: t.dispatcher_yields,
+            dispatcher_yield_stalls: t.dispatcher_yield_stalls,
+            admission_lag_us_p50: percentile(&lags_ns, 50.0).map(us),
+            admission_lag_us_p99: percentile(&lags_ns, 99.0).map(us),
+            admission_lag_us_max: lags_ns.last().copied().map(us),
+        }
+    }
 }
 
 /// Where one class's requests spent their time (measured requests only).
@@ -290,6 +370,10 @@ struct ClassCounters {
     /// request (switching, cold caches on its stack and data).
     work_us_mean: f64,
     on_core_us_mean: f64,
+    /// Time on a worker per request, µs, median and p99 (the mean is set
+    /// by a few requests whose worker Linux descheduled).
+    on_core_us_p50: Option<f64>,
+    on_core_us_p99: Option<f64>,
     /// Latency minus time on a worker (queued, pre-assigned, handed
     /// over), µs.
     waiting_us_p50: Option<f64>,
@@ -333,6 +417,10 @@ fn measure_point(
     let report = serve(
         ShinjukuConfig {
             record_preemptions: true,
+            // As in Shinjuku, the dispatcher owns its CPU: a yield on a
+            // shared CPU can hand it over for milliseconds while requests
+            // arrive unseen (docs/results.md, session 10).
+            yield_when_idle: false,
             ..cores.config(pol.runtime(svc), Preemption::default())
         },
         source,
@@ -353,6 +441,8 @@ fn measure_point(
     let mut by_class: Vec<Vec<u64>> = vec![Vec::new(); classes];
     let mut counters = vec![ClassCounters::default(); classes];
     let mut waiting: Vec<Vec<u64>> = vec![Vec::new(); classes];
+    let mut on_core: Vec<Vec<u64>> = vec![Vec::new(); classes];
+    let mut lags = Vec::with_capacity(plan.len());
     let (mut work_all_ns, mut on_core_all_ns, mut preemptions_all) = (0.0, 0.0, 0u64);
     for c in &report.completions {
         let id = c.id as usize;
@@ -365,6 +455,7 @@ fn measure_point(
         }
         let lat = c.latency_ns();
         all.push(lat);
+        lags.push(c.admitted_ns.saturating_sub(c.arrival_ns));
         if let Some(p) = plan.get(id) {
             if let Some(v) = by_class.get_mut(p.class) {
                 v.push(lat);
@@ -375,10 +466,18 @@ fn measure_point(
                 k.work_us_mean += work_ns / 1e3;
                 k.on_core_us_mean += c.on_core_ns as f64 / 1e3;
                 waiting[p.class].push(lat.saturating_sub(c.on_core_ns));
+                on_core[p.class].push(c.on_core_ns);
             }
         }
     }
-    for (k, w) in counters.iter_mut().zip(waiting.iter_mut()) {
+    for ((k, w), oc) in counters
+        .iter_mut()
+        .zip(waiting.iter_mut())
+        .zip(on_core.iter_mut())
+    {
+        oc.sort_unstable();
+        k.on_core_us_p50 = percentile(oc, 50.0).map(|v| round3(v as f64 / 1e3));
+        k.on_core_us_p99 = percentile(oc, 99.0).map(|v| round3(v as f64 / 1e3));
         let n = k.requests.max(1) as f64;
         k.preemptions_mean = round3(k.preemptions_mean / n);
         k.work_us_mean = round3(k.work_us_mean / n);
@@ -423,8 +522,10 @@ fn measure_point(
             .map(|v| percentile(v, 99.0).map(us))
             .collect(),
         rejected: report.rejected,
+        stacks_mapped: report.stacks_mapped,
         by_class: counters,
         preempt_cost,
+        cpu: CpuGot::of(&report.threads, lags),
     })
 }
 
@@ -446,9 +547,15 @@ struct Point {
     /// Requests refused at arrival (over the bound on requests in flight,
     /// or no stack); in no percentile.
     rejected: u64,
+    /// Request stacks newly mapped (the others reused a completed
+    /// request's): at most the most requests in flight at once.
+    stacks_mapped: u64,
     /// Per class (mode): preemptions, work vs time on core, waiting.
     by_class: Vec<ClassCounters>,
     preempt_cost: PreemptCost,
+    /// What Linux gave the dispatcher and the worker, and the generator's
+    /// lateness.
+    cpu: CpuGot,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -466,6 +573,62 @@ struct Meta {
     steps_between_preemption_points: u64,
     seed: u64,
     csv: String,
+    /// `/proc/loadavg` (1, 5, 15 minutes) before and after.
+    loadavg_before: Option<String>,
+    loadavg_after: Option<String>,
+    /// The niceness the bench's threads ran at (`None`: `--nice` could not
+    /// be set, they ran at the caller's).
+    bench_nice: Option<i32>,
+    /// The niceness of the bench's autogroup (its session) while it ran
+    /// (`None`: no autogroups, or it could not be set). Where Linux shares
+    /// CPUs between sessions first (`autogroups_enabled`), this, not the
+    /// threads' niceness, puts the bench ahead of other sessions' work.
+    autogroup_nice: Option<i32>,
+    autogroups_enabled: bool,
+}
+
+/// The bench's threads ahead of the machine's other work for as long as
+/// it runs: their niceness, and their autogroup's (put back on drop).
+struct Priority {
+    thread_nice: Option<i32>,
+    autogroup_nice: Option<i32>,
+    autogroup_before: Option<i32>,
+}
+
+impl Priority {
+    /// Sets `nice` on the calling thread (runtime threads started later
+    /// inherit it) and on its autogroup.
+    fn raise(nice: i32) -> Priority {
+        use ginza_sys::sched_class::{autogroup_nice, set_autogroup_nice, set_nice};
+        let thread_nice = match set_nice(0, nice) {
+            Ok(()) => Some(nice),
+            Err(e) => {
+                eprintln!("warning: cannot set niceness {nice} ({e}): running at the caller's");
+                None
+            }
+        };
+        let autogroup_before = autogroup_nice();
+        let autogroup_nice = autogroup_before.and_then(|_| match set_autogroup_nice(nice) {
+            Ok(()) => Some(nice),
+            Err(e) => {
+                eprintln!("warning: cannot set the autogroup's niceness to {nice} ({e})");
+                None
+            }
+        });
+        Priority {
+            thread_nice,
+            autogroup_nice,
+            autogroup_before,
+        }
+    }
+}
+
+impl Drop for Priority {
+    fn drop(&mut self) {
+        if let (Some(_), Some(before)) = (self.autogroup_nice, self.autogroup_before) {
+            let _ = ginza_sys::sched_class::set_autogroup_nice(before);
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -532,6 +695,8 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
         )
     });
 
+    let loadavg_before = loadavg();
+    let priority = Priority::raise(args.nice);
     let ns_per_step = calibrate(cores)?;
     let chunk = ((POLL_NS / ns_per_step).round() as u64).max(1);
     eprintln!(
@@ -601,8 +766,10 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
                 sim_p99_us_at_measured_cost: round3(sim_at_cost),
                 rejected: m.rejected,
+                stacks_mapped: m.stacks_mapped,
                 by_class: m.by_class,
                 preempt_cost: m.preempt_cost,
+                cpu: m.cpu,
             })
         },
     )?;
@@ -628,6 +795,11 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
             steps_between_preemption_points: chunk,
             seed: args.seed,
             csv: csv.display().to_string(),
+            loadavg_before,
+            loadavg_after: loadavg(),
+            bench_nice: priority.thread_nice,
+            autogroup_nice: priority.autogroup_nice,
+            autogroups_enabled: ginza_sys::sched_class::autogroups_enabled(),
         },
     };
     let table = render_table(&report);
@@ -659,6 +831,7 @@ fn write_outputs(
                 p.rejected.to_string(),
                 format!("{}", p.sim_p99_us_at_measured_cost),
                 format!("{}", p.preempt_cost.total_us),
+                cell(p.cpu.waited_pct()),
             ]
         })
         .collect();
@@ -679,6 +852,7 @@ fn write_outputs(
             "rejected",
             "sim_p99_at_measured_cost_us",
             "preempt_cost_us",
+            "cpu_waited_pct",
         ],
         &rows,
     )?;
@@ -741,7 +915,7 @@ fn render_table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
         "dist",
         "policy",
         "load",
@@ -754,14 +928,15 @@ fn render_table(r: &Report) -> String {
         "sim c0",
         "sim c1",
         "sim@cost",
-        "cost us"
+        "cost us",
+        "waited"
     );
-    let _ = writeln!(out, "{}", "-".repeat(152));
+    let _ = writeln!(out, "{}", "-".repeat(161));
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     for p in &r.points {
         let _ = writeln!(
             out,
-            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}",
+            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
             p.dist,
             p.policy,
             p.load,
@@ -775,13 +950,17 @@ fn render_table(r: &Report) -> String {
             f(p.sim_p99_us_by_class.get(1).copied()),
             f(Some(p.sim_p99_us_at_measured_cost)),
             format!("{:.3}", p.preempt_cost.total_us),
+            p.cpu.waited_pct().map_or("-".into(), |v| format!("{v:.1}%")),
         );
     }
     let _ = writeln!(
         out,
         "offered/achieved in M requests/s; c0/c1 = p99 of the short/long mode; sim = \
          ReqSim, 1 core, no preemption cost; sim@cost: the same with each preemption \
-         costing the worker what it cost in the run (cost us); CSV and PNGs: {}",
+         costing the worker what it cost in the run (cost us); waited: the larger \
+         share of the point's wall time the dispatcher or the worker was runnable but \
+         waiting for its CPU (over a few %, the tail is the machine's CPU sharing); \
+         CSV and PNGs: {}",
         r.meta.csv
     );
     out
