@@ -1,6 +1,15 @@
-//! Scratch: time on core of tiny requests against how many are in flight.
+//! Shinjuku mode: what a short request (~0.5 µs of work) costs its worker
+//! when a burst of N requests is in flight, measured on a second burst of
+//! N that arrives after the first has drained (so on reused stacks), and
+//! how many stacks the two bursts mapped (docs/results.md, "Shinjuku
+//! policies", session 10: before, a burst over 1024 unmapped and remapped
+//! a stack per request).
+//!
+//! `cargo run --release -p ginza-runtime --example inflight_cost`
+//! (dispatcher on the first allowed CPU, the worker on the second).
 use ginza_runtime::shinjuku::{serve, Arrival, SchedPolicy, ShinjukuConfig, Source};
 
+/// `n` requests at once, then `n` more 500 ms later.
 struct Burst {
     left: u64,
     n: u64,
@@ -24,11 +33,12 @@ impl Source<u64> for Burst {
 }
 
 fn main() {
+    let cpus = ginza_sys::affinity::allowed_cpus().expect("the allowed CPUs");
     for n in [200u64, 1000, 1100, 2000, 4000] {
         let config = ShinjukuConfig {
             workers: 1,
-            dispatcher_core: Some(0),
-            worker_cores: Some(vec![1]),
+            dispatcher_core: cpus.first().copied(),
+            worker_cores: cpus.get(1).map(|&c| vec![c]),
             policy: SchedPolicy::CFcfs,
             ..ShinjukuConfig::default()
         };
@@ -52,12 +62,13 @@ fn main() {
         let p = |q: f64| oc[((oc.len() - 1) as f64 * q) as usize];
         let w = report.threads.workers[0].unwrap_or_default();
         println!(
-            "n {n}: {} done, {} rejected, on core p50 {} p90 {} p99 {} ns, {:.1} ms wall, worker cpu {:.1} ms wait {:.1} ms",
-            oc.len(),
-            report.rejected,
+            "burst of {n}: second burst on core p50 {} p90 {} p99 ns; {} stacks mapped for both, \
+             {} rejected; {:.1} ms wall, worker on CPU {:.1} ms, waiting for it {:.1} ms",
             p(0.5),
             p(0.9),
             p(0.99),
+            report.stacks_mapped,
+            report.rejected,
             report.elapsed.as_secs_f64() * 1e3,
             w.on_cpu_ns as f64 / 1e6,
             w.runnable_waiting_ns as f64 / 1e6

@@ -25,7 +25,22 @@
 //! * The simulator's prediction: `ReqSim` with 1 core, the same policy and
 //!   load, no preemption or switch cost (`sim_p99_us`); and again with each
 //!   preemption costing the worker what it cost in the run
-//!   (`sim_p99_us_at_measured_cost`, cost in `preempt_cost`).
+//!   (`sim_p99_us_at_measured_cost`, cost in `preempt_cost`), and at
+//!   the cost inside the request by the medians of time on core
+//!   (`sim_p99_us_at_on_core_cost`, `preempt_cost.on_core_us`).
+//! * What Linux gave the bench (`cpu`): the dispatcher's and the worker's
+//!   share of the wall time on their CPUs, time runnable but waiting for
+//!   them, the dispatcher's stalls (gaps over 20 µs between passes of its
+//!   loop), and the admission lag (the dispatcher is also the generator:
+//!   how late it took each request in after its planned arrival, counted
+//!   in its latency). The table's `waited` is the larger waiting share:
+//!   over a few %, a point's tail is the machine's CPU sharing. The bench
+//!   runs at `--nice` (-10), its autogroup too (where Linux shares CPUs
+//!   between sessions first, a thread's niceness alone does not put it
+//!   ahead of another session's work), and its dispatcher never yields
+//!   its CPU (`ShinjukuConfig::yield_when_idle` off), as in Shinjuku.
+//! * `stacks_mapped`: request stacks newly mapped in the point; the
+//!   others reused a completed request's (up to `max_in_flight` are kept).
 //! * Per class (`by_class`): preemptions per request (mean, max), planned
 //!   work vs time on a worker (µs, means: on core above work is what
 //!   preemptions cost inside the request), and time waiting (latency minus
@@ -212,8 +227,13 @@ struct Replay<'a> {
     classes: bool,
 }
 
-impl Source<u64> for Replay<'_> {
-    fn poll(&mut self, now_ns: u64) -> Option<Arrival<u64>> {
+/// A request's payload: its index in the plan (the handler returns it: the
+/// runtime's ids skip refused requests, so they are no index into the
+/// plan) and its work in steps.
+type Payload = (usize, u64);
+
+impl Source<Payload> for Replay<'_> {
+    fn poll(&mut self, now_ns: u64) -> Option<Arrival<Payload>> {
         let p = self.plan.get(self.next)?;
         if p.at_ns > now_ns {
             return None;
@@ -222,7 +242,7 @@ impl Source<u64> for Replay<'_> {
         Some(Arrival {
             class: if self.classes { p.class } else { 0 },
             at_ns: p.at_ns,
-            payload: p.iters,
+            payload: (self.next - 1, p.iters),
         })
     }
     fn is_done(&self) -> bool {
@@ -397,6 +417,12 @@ struct PreemptCost {
     /// `ask_to_off_us + gap_us`: the cost per preemption given to the
     /// simulator (medians, so a descheduled worker does not set it).
     total_us: f64,
+    /// What a preemption cost inside the request, from the median time on
+    /// a worker of the most-preempted class: (on-core p50 − work) /
+    /// preemptions per request. Unlike `in_request_us` (means), a worker
+    /// descheduled now and then does not set it; unlike `total_us`, it
+    /// counts the worker's own yield, hand-over and cold caches.
+    on_core_us: f64,
     preemptions: u64,
 }
 
@@ -424,8 +450,9 @@ fn measure_point(
             ..cores.config(pol.runtime(svc), Preemption::default())
         },
         source,
-        move |iters: u64| {
+        move |(index, iters): Payload| {
             black_box(chunked::<true>(iters, chunk, 1));
+            index
         },
     )
     .with_context(|| format!("serving {} under {}", svc, pol.name()))?;
@@ -445,7 +472,11 @@ fn measure_point(
     let mut lags = Vec::with_capacity(plan.len());
     let (mut work_all_ns, mut on_core_all_ns, mut preemptions_all) = (0.0, 0.0, 0u64);
     for c in &report.completions {
-        let id = c.id as usize;
+        // The plan's index, which the handler returned (a request that
+        // panicked has none; none does).
+        let Ok(&id) = c.result.as_ref() else {
+            continue;
+        };
         let work_ns = plan.get(id).map_or(0.0, |p| p.iters as f64 * ns_per_step);
         work_all_ns += work_ns;
         on_core_all_ns += c.on_core_ns as f64;
@@ -504,11 +535,18 @@ fn measure_point(
         .map(|s| s.handback_ns as f64)
         .collect();
     let ask_to_off_us = median(&handbacks).unwrap_or(0.0) / 1e3;
+    let on_core_us = counters
+        .iter()
+        .filter(|k| k.preemptions_mean >= 1.0)
+        .max_by(|a, b| a.preemptions_mean.total_cmp(&b.preemptions_mean))
+        .and_then(|k| Some((k.on_core_us_p50? - k.work_us_mean) / k.preemptions_mean))
+        .map_or(0.0, |c| c.max(0.0));
     let preempt_cost = PreemptCost {
         in_request_us: round3(in_request_us),
         ask_to_off_us: round3(ask_to_off_us),
         gap_us: round3(gap_us),
         total_us: round3(ask_to_off_us + gap_us),
+        on_core_us: round3(on_core_us),
         preemptions: preemptions_all,
     };
     all.sort_unstable();
@@ -544,6 +582,9 @@ struct Point {
     /// The simulator again, each preemption costing the worker what it
     /// cost in this run (`preempt_cost.total_us`).
     sim_p99_us_at_measured_cost: f64,
+    /// The same at `preempt_cost.on_core_us` (what each preemption cost
+    /// inside the request, by the medians of time on core).
+    sim_p99_us_at_on_core_cost: f64,
     /// Requests refused at arrival (over the bound on requests in flight,
     /// or no stack); in no percentile.
     rejected: u64,
@@ -740,20 +781,24 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 ns_per_step,
             )?;
             let (sim_p99, sim_by_class) = sims.next().context("a simulation is missing")?;
-            let sim_at_cost = if m.preempt_cost.preemptions > 0 {
-                let mut sim = ReqSim::new(
-                    1,
-                    pol.sim(svc),
-                    svc.clone(),
-                    load,
-                    args.sim_requests,
-                    args.seed,
-                );
-                sim.preempt_cost_us = m.preempt_cost.total_us;
-                sim.run().latency_pct_us(99.0)
-            } else {
-                sim_p99
+            let sim_at = |cost_us: f64| {
+                if m.preempt_cost.preemptions > 0 && cost_us > 0.0 {
+                    let mut sim = ReqSim::new(
+                        1,
+                        pol.sim(svc),
+                        svc.clone(),
+                        load,
+                        args.sim_requests,
+                        args.seed,
+                    );
+                    sim.preempt_cost_us = cost_us;
+                    sim.run().latency_pct_us(99.0)
+                } else {
+                    sim_p99
+                }
             };
+            let sim_at_cost = sim_at(m.preempt_cost.total_us);
+            let sim_at_on_core_cost = sim_at(m.preempt_cost.on_core_us);
             Ok(Point {
                 dist: svc.label(),
                 policy: pol.name(),
@@ -765,6 +810,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 sim_p99_us: round3(sim_p99),
                 sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
                 sim_p99_us_at_measured_cost: round3(sim_at_cost),
+                sim_p99_us_at_on_core_cost: round3(sim_at_on_core_cost),
                 rejected: m.rejected,
                 stacks_mapped: m.stacks_mapped,
                 by_class: m.by_class,
@@ -830,6 +876,7 @@ fn write_outputs(
                 cell(p.sim_p99_us_by_class.get(1).copied()),
                 p.rejected.to_string(),
                 format!("{}", p.sim_p99_us_at_measured_cost),
+                format!("{}", p.sim_p99_us_at_on_core_cost),
                 format!("{}", p.preempt_cost.total_us),
                 cell(p.cpu.waited_pct()),
             ]
@@ -851,6 +898,7 @@ fn write_outputs(
             "sim_p99_class1_us",
             "rejected",
             "sim_p99_at_measured_cost_us",
+            "sim_p99_at_on_core_cost_us",
             "preempt_cost_us",
             "cpu_waited_pct",
         ],
@@ -915,7 +963,7 @@ fn render_table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
+        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
         "dist",
         "policy",
         "load",
@@ -928,15 +976,16 @@ fn render_table(r: &Report) -> String {
         "sim c0",
         "sim c1",
         "sim@cost",
+        "sim@core",
         "cost us",
         "waited"
     );
-    let _ = writeln!(out, "{}", "-".repeat(161));
+    let _ = writeln!(out, "{}", "-".repeat(172));
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     for p in &r.points {
         let _ = writeln!(
             out,
-            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
+            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
             p.dist,
             p.policy,
             p.load,
@@ -949,6 +998,7 @@ fn render_table(r: &Report) -> String {
             f(p.sim_p99_us_by_class.first().copied()),
             f(p.sim_p99_us_by_class.get(1).copied()),
             f(Some(p.sim_p99_us_at_measured_cost)),
+            f(Some(p.sim_p99_us_at_on_core_cost)),
             format!("{:.3}", p.preempt_cost.total_us),
             p.cpu.waited_pct().map_or("-".into(), |v| format!("{v:.1}%")),
         );
@@ -957,7 +1007,8 @@ fn render_table(r: &Report) -> String {
         out,
         "offered/achieved in M requests/s; c0/c1 = p99 of the short/long mode; sim = \
          ReqSim, 1 core, no preemption cost; sim@cost: the same with each preemption \
-         costing the worker what it cost in the run (cost us); waited: the larger \
+         costing the worker what it cost in the run (cost us); sim@core: the same at \
+         the cost inside the request by the medians of time on core; waited: the larger \
          share of the point's wall time the dispatcher or the worker was runnable but \
          waiting for its CPU (over a few %, the tail is the machine's CPU sharing); \
          CSV and PNGs: {}",
@@ -969,6 +1020,39 @@ fn render_table(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Requests refused at arrival take no id in the runtime, so the
+    /// completions are matched to the plan by the index the handler
+    /// returns. Here 5,000 short requests arrive at once (4,096 admitted,
+    /// the rest refused), then 100 long ones once the burst has drained:
+    /// they must be counted as long ones (before, matched by id, they were
+    /// taken for plan entries 4,096.. of the short burst).
+    #[test]
+    fn refused_requests_do_not_shift_the_plan() {
+        let allowed = super::super::common::allowed_cpus().unwrap();
+        let cores = Cores {
+            dispatcher: allowed[0],
+            worker: *allowed.last().unwrap(),
+        };
+        let svc = Service::parse("Bimodal(50-1, 50-100)").unwrap();
+        let short = (0..5_000).map(|_| Planned {
+            at_ns: START_NS,
+            iters: 1,
+            class: 0,
+        });
+        // 1 s later: the short burst has long drained.
+        let long = (0..100).map(|_| Planned {
+            at_ns: START_NS + 1_000_000_000,
+            iters: 1_000,
+            class: 1,
+        });
+        let plan: Vec<Planned> = short.chain(long).collect();
+        let m = measure_point(cores, Pol::CFcfs, &svc, &plan, 0, 64, 1.0).unwrap();
+        assert_eq!(m.rejected, 5_000 - 4_096);
+        assert_eq!(m.by_class[1].requests, 100, "{:?}", m.by_class);
+        assert_eq!(m.by_class[0].requests, 4_096, "{:?}", m.by_class);
+        assert!((m.by_class[1].work_us_mean - 1.0).abs() < 1e-9);
+    }
 
     #[test]
     fn offered_rate_is_load_over_mean() {
