@@ -102,8 +102,9 @@ mod tests {
         }
         let d = SchedStat::of_current().unwrap().since(&before);
         // Ran or waited for most of the 20 ms (a loaded machine may keep
-        // it waiting, but the two add up to the wall time it spun).
-        assert!(d.on_cpu_ns + d.runnable_waiting_ns >= 15_000_000, "{d:?}");
+        // it waiting, but the two add up to the wall time it spun, less
+        // the part of a tick the kernel has not accounted yet).
+        assert!(d.on_cpu_ns + d.runnable_waiting_ns >= 10_000_000, "{d:?}");
         assert!(d.on_cpu_ns > 0, "{d:?}");
     }
 }
