@@ -16,6 +16,7 @@
 //! * [`poll`]: `ppoll` over a reusable list of descriptors.
 //! * [`process`]: thread, process and user ids; what a descriptor is.
 //! * [`sched_class`]: a thread's Linux scheduling policy (`SCHED_IDLE`).
+//! * [`sched_stat`]: how much CPU a thread got, and how long it waited for one.
 //!
 //! Calls go through `rustix`; `libc` only where rustix has none (`tgkill`,
 //! `sigaction`, `sched_setscheduler`, and `ppoll` on entries a caller
@@ -33,6 +34,7 @@ pub mod mm;
 pub mod poll;
 pub mod process;
 pub mod sched_class;
+pub mod sched_stat;
 pub mod signal;
 pub mod socket;
 pub mod topology;

@@ -47,6 +47,70 @@ pub fn set_current_idle() -> io::Result<()> {
     }
 }
 
+/// Sets the niceness of thread `tid` (0: the calling thread) to `nice`
+/// (absolute, -20..=19); threads it creates afterwards inherit it. Below 0
+/// needs `CAP_SYS_NICE`.
+pub fn set_nice(tid: i32, nice: i32) -> io::Result<()> {
+    let who = if tid == 0 {
+        crate::process::gettid()
+    } else {
+        tid
+    };
+    // SAFETY: integer arguments only; on Linux `PRIO_PROCESS` with a thread
+    // id changes that one thread's niceness.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, who as libc::id_t, nice) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The niceness of thread `tid` (0: the calling thread).
+pub fn nice_of(tid: i32) -> io::Result<i32> {
+    let who = if tid == 0 {
+        crate::process::gettid()
+    } else {
+        tid
+    };
+    // SAFETY: as in `set_nice`. -1 is a valid niceness, so errno tells an
+    // error apart: it is cleared first.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: integer arguments only; it reads the thread's niceness.
+    let r = unsafe { libc::getpriority(libc::PRIO_PROCESS, who as libc::id_t) };
+    let err = io::Error::last_os_error();
+    if r == -1 && err.raw_os_error().is_some_and(|e| e != 0) {
+        Err(err)
+    } else {
+        Ok(r)
+    }
+}
+
+/// The niceness of the calling process's autogroup (`/proc/self/autogroup`,
+/// "/autogroup-N nice K"); `None` where the kernel has no autogroups.
+///
+/// With `kernel.sched_autogroup_enabled`, Linux first shares a CPU fairly
+/// between sessions (autogroups), and only then between the threads of
+/// one by their niceness: a thread's niceness does not put it ahead of
+/// another session's work, its autogroup's niceness does.
+pub fn autogroup_nice() -> Option<i32> {
+    let text = std::fs::read_to_string("/proc/self/autogroup").ok()?;
+    text.split_ascii_whitespace().last()?.parse().ok()
+}
+
+/// Sets the niceness of the calling process's autogroup (every process of
+/// its session); below 0 needs `CAP_SYS_NICE`.
+pub fn set_autogroup_nice(nice: i32) -> io::Result<()> {
+    std::fs::write("/proc/self/autogroup", nice.to_string())
+}
+
+/// Whether Linux shares CPUs between sessions first
+/// (`kernel.sched_autogroup_enabled`).
+pub fn autogroups_enabled() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|v| v.trim() == "1")
+}
+
 /// The policy of thread `tid` (0: the calling thread).
 pub fn policy_of(tid: i32) -> io::Result<Policy> {
     // SAFETY: an integer argument only; it reads the thread's policy.
@@ -76,6 +140,20 @@ mod tests {
         // That thread is gone: its tid names no thread now (or another one).
         let _ = policy_of(tid);
         assert_eq!(policy_of(0).unwrap(), Policy::Normal);
+    }
+
+    #[test]
+    fn a_thread_raised_to_nice_10_reads_back_10() {
+        let before = nice_of(0).unwrap();
+        let seen = std::thread::spawn(move || {
+            // Raising the niceness (lowering priority) needs no privilege.
+            set_nice(0, (before + 10).min(19)).unwrap();
+            nice_of(0).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, (before + 10).min(19));
+        assert_eq!(nice_of(0).unwrap(), before);
     }
 
     #[test]

@@ -451,6 +451,11 @@ pub(crate) struct Shared {
     /// Stacks of exited uthreads, for first runs on any kthread.
     pub(super) spare_stacks: Injector<Stack>,
     pub(super) spare_count: AtomicUsize,
+    /// Most spare stacks kept; beyond it an exited uthread's stack is
+    /// unmapped (`Shared::keep_spare_stacks`).
+    pub(super) spare_limit: AtomicUsize,
+    /// Stacks mapped for request contexts (the rest reused spares).
+    pub(crate) request_stacks_mapped: AtomicU64,
     pub(crate) n_spinning: AtomicUsize,
     pub(crate) n_parked: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
@@ -536,6 +541,8 @@ impl Shared {
                 injector: Injector::new(),
                 spare_stacks: Injector::new(),
                 spare_count: AtomicUsize::new(0),
+                spare_limit: AtomicUsize::new(super::uthread::SPARE_STACKS),
+                request_stacks_mapped: AtomicU64::new(0),
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),
                 shutdown: AtomicBool::new(false),

@@ -210,7 +210,8 @@ pub(crate) fn finish_switch() {
 }
 
 const UTHREAD_CACHE: usize = 64;
-const SPARE_STACKS: usize = 1024;
+/// Spare stacks kept by default (`Shared::keep_spare_stacks` raises it).
+pub(super) const SPARE_STACKS: usize = 1024;
 
 /// Gives a uthread that has never run a stack (unless it kept one from a
 /// previous life) and lays out its first frame.
@@ -282,20 +283,37 @@ impl Owner<'_> {
 
 impl Shared {
     /// Keeps the stack of an exited uthread for any kthread's next first
-    /// run, up to `SPARE_STACKS`; beyond that it is unmapped.
+    /// run, up to `spare_limit`; beyond that it is unmapped.
     fn put_spare_stack(&self, stack: Stack) {
-        if self.spare_count.fetch_add(1, Relaxed) < SPARE_STACKS {
+        if self.spare_count.fetch_add(1, Relaxed) < self.spare_limit.load(Relaxed) {
             self.spare_stacks.push(stack);
         } else {
             self.spare_count.fetch_sub(1, Relaxed);
         }
     }
 
+    /// Keeps up to `n` spare stacks (never fewer than `SPARE_STACKS`).
+    ///
+    /// Shinjuku mode bounds its requests in flight, each holding a stack:
+    /// keeping that many spares means that after a burst its stacks are
+    /// reused, not unmapped one by one as the backlog drains. An unmapping
+    /// (a TLB shootdown across the process's CPUs) and the next request's
+    /// new mapping and page faults cost the worker ~10 µs a request on a
+    /// VM, more than the work of a short request, so a backlog once over
+    /// the default never drained (docs/results.md, "Shinjuku policies",
+    /// session 10).
+    pub(crate) fn keep_spare_stacks(&self, n: usize) {
+        self.spare_limit.store(n.max(SPARE_STACKS), Relaxed);
+    }
+
     /// A stack for a new request context: a spare one, else a new mapping.
     pub(crate) fn stack_for_request(&self) -> std::io::Result<Stack> {
         match self.take_spare_stack() {
             Some(stack) => Ok(stack),
-            None => Stack::new(self.stack_size),
+            None => {
+                self.request_stacks_mapped.fetch_add(1, Relaxed);
+                Stack::new(self.stack_size)
+            }
         }
     }
 

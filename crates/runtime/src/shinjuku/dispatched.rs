@@ -205,6 +205,7 @@ where
         Some(&iokernel),
         body,
     )?;
+    started.rt.keep_spare_stacks(config.max_in_flight);
     while !stop.load(Acquire) && started.rt.managed() {
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -32,6 +32,7 @@ pub use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
 use ginza_policy::sched::{Dispatcher, Request};
 use ginza_sys::affinity::pin_current_thread;
 use ginza_sys::cpulist;
+use ginza_sys::sched_stat::SchedStat;
 
 use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
@@ -97,6 +98,13 @@ pub struct ShinjukuConfig {
     /// straight into it instead of idling through the round trip of its
     /// report and the next assignment (docs/runtime.md, "Shinjuku mode").
     pub pre_assign_on_preempt: bool,
+    /// The dispatcher, with nothing running and no arrival for 10,000
+    /// passes, gives its CPU away (`sched_yield`) before it polls again.
+    /// Polite on a CPU shared with other programs, but there a yield may
+    /// hand the CPU over for a scheduler slice (milliseconds) while
+    /// requests arrive unseen; off, the dispatcher owns its CPU as in
+    /// Shinjuku (benchmarks).
+    pub yield_when_idle: bool,
 }
 
 impl Default for ShinjukuConfig {
@@ -117,6 +125,7 @@ impl Default for ShinjukuConfig {
             max_in_flight: 4096,
             pre_assign: false,
             pre_assign_on_preempt: true,
+            yield_when_idle: true,
         }
     }
 }
@@ -178,6 +187,10 @@ pub struct Completion<Resp> {
     pub id: u64,
     pub class: usize,
     pub arrival_ns: u64,
+    /// When the dispatcher took it from its source (ns since the start):
+    /// `admitted_ns - arrival_ns` is how late the source was polled (a
+    /// dispatcher that lost its CPU, or fell behind).
+    pub admitted_ns: u64,
     /// When its worker reported it finished (ns since the start).
     pub finish_ns: u64,
     /// How many times it was preempted.
@@ -240,6 +253,10 @@ pub struct ServeReport<Resp> {
     pub rejected: u64,
     /// Of `rejected`: those refused because no stack could be mapped.
     pub rejected_no_stack: u64,
+    /// Stacks the dispatcher mapped for requests; the others reused the
+    /// stack of a completed one. Up to `max_in_flight` spares are kept, so
+    /// this is at most the most requests ever in flight at once.
+    pub stacks_mapped: u64,
     /// With `pre_assign`: requests put in a worker's second slot, and those
     /// of them the dispatcher took back before the worker took them.
     pub pre_assigned: u64,
@@ -254,8 +271,45 @@ pub struct ServeReport<Resp> {
     /// With `record_worker_spans`: where the workers' cooperative
     /// preemptions took their time, from the workers' own TSC.
     pub worker_spans: Option<WorkerSpans>,
+    /// What Linux gave the dispatcher and the workers while requests were
+    /// served: CPU time, time runnable but waiting for a CPU, and the
+    /// dispatcher's own view of the gaps in its loop.
+    pub threads: ThreadTimes,
     pub elapsed: Duration,
 }
+
+/// The CPU the dispatcher and the workers got from Linux over the
+/// dispatcher's loop (docs/runtime.md, "Shinjuku mode"). A thread that
+/// shares its CPU with another program runs only part of the wall time;
+/// these tell the runtime's delays from the machine's.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadTimes {
+    /// Wall time of the dispatcher's loop, ns.
+    pub wall_ns: u64,
+    /// The dispatcher's counters over its loop (`None`: unreadable).
+    pub dispatcher: Option<ginza_sys::sched_stat::SchedStat>,
+    /// Each worker's counters over the same span.
+    pub workers: Vec<Option<ginza_sys::sched_stat::SchedStat>>,
+    /// Passes of the dispatcher's loop.
+    pub dispatcher_passes: u64,
+    /// Gaps of more than [`DISPATCHER_STALL_NS`] between two passes (the
+    /// thread was descheduled, or a pass was slow), their total and the
+    /// longest, ns.
+    pub dispatcher_stalls: u64,
+    pub dispatcher_stalled_ns: u64,
+    pub dispatcher_longest_stall_ns: u64,
+    /// Times the dispatcher, with nothing running and no arrival for
+    /// 10,000 passes, gave its CPU away (`sched_yield`,
+    /// `ShinjukuConfig::yield_when_idle`), and of them those it got back
+    /// only after a stall, with their total, ns.
+    pub dispatcher_yields: u64,
+    pub dispatcher_yield_stalls: u64,
+    pub dispatcher_yield_stalled_ns: u64,
+}
+
+/// A gap between two passes of the dispatcher's loop longer than this
+/// counts as a stall (a pass takes well under a µs).
+pub const DISPATCHER_STALL_NS: u64 = 20_000;
 
 /// Cooperative preemptions as the workers timed them with their own TSC
 /// (`ShinjukuConfig::record_worker_spans`), all workers together
@@ -361,6 +415,8 @@ struct InFlight<Resp> {
     preemptions: u32,
     /// Time on a worker so far (ns).
     on_core_ns: u64,
+    /// When the dispatcher took it from the source (ns since the start).
+    admitted_ns: u64,
 }
 
 struct Running<Resp> {
@@ -483,6 +539,7 @@ where
     let started_workers =
         crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
+    rt.keep_spare_stacks(config.max_in_flight);
     let handler = Arc::new(handler);
     let started = Instant::now();
     let outcome = std::thread::scope(|scope| {
@@ -523,17 +580,20 @@ where
         taken_back,
         pre_assigned_on_preempt,
         unasked_preemptions,
+        threads,
     } = outcome?;
     Ok(ServeReport {
         completions,
         preemption_samples,
         rejected,
         rejected_no_stack,
+        stacks_mapped: rt.request_stacks_mapped.load(Relaxed),
         pre_assigned,
         taken_back,
         pre_assigned_on_preempt,
         unasked_preemptions,
         worker_spans,
+        threads,
         coop_preemptions: rt
             .kthreads
             .iter()
@@ -563,6 +623,74 @@ struct Served<Resp> {
     taken_back: u64,
     pre_assigned_on_preempt: u64,
     unasked_preemptions: u64,
+    threads: ThreadTimes,
+}
+
+/// The CPU Linux gives the dispatcher and the workers, counted from the
+/// dispatcher's first pass ([`ThreadTimes`]).
+struct ThreadClock {
+    started_ns: u64,
+    dispatcher: Option<SchedStat>,
+    /// Filled once each worker's thread id is known.
+    workers: Vec<Option<SchedStat>>,
+    last_pass_ns: u64,
+    times: ThreadTimes,
+}
+
+impl ThreadClock {
+    fn new(rt: &Shared) -> ThreadClock {
+        let now = rt.now_ns();
+        let mut clock = ThreadClock {
+            started_ns: now,
+            dispatcher: SchedStat::of_current().ok(),
+            workers: vec![None; rt.kthreads.len()],
+            last_pass_ns: now,
+            times: ThreadTimes::default(),
+        };
+        clock.find_workers(rt);
+        clock
+    }
+
+    /// Reads the baseline of the workers whose threads have started.
+    fn find_workers(&mut self, rt: &Shared) {
+        for (base, k) in self.workers.iter_mut().zip(rt.kthreads.iter()) {
+            let tid = k.tid.load(Relaxed);
+            if base.is_none() && tid != 0 {
+                *base = SchedStat::of_thread(tid).ok();
+            }
+        }
+    }
+
+    /// One pass of the dispatcher's loop, at `now`.
+    fn pass(&mut self, rt: &Shared, now: u64) {
+        let t = &mut self.times;
+        t.dispatcher_passes += 1;
+        let gap = now.saturating_sub(self.last_pass_ns);
+        self.last_pass_ns = now;
+        if gap > DISPATCHER_STALL_NS {
+            t.dispatcher_stalls += 1;
+            t.dispatcher_stalled_ns += gap;
+            t.dispatcher_longest_stall_ns = t.dispatcher_longest_stall_ns.max(gap);
+        }
+        if self.workers.iter().any(Option::is_none) {
+            self.find_workers(rt);
+        }
+    }
+
+    fn finish(mut self, rt: &Shared) -> ThreadTimes {
+        let since = |base: Option<SchedStat>, now: std::io::Result<SchedStat>| {
+            Some(now.ok()?.since(&base?))
+        };
+        self.times.wall_ns = rt.now_ns().saturating_sub(self.started_ns);
+        self.times.dispatcher = since(self.dispatcher, SchedStat::of_current());
+        self.times.workers = self
+            .workers
+            .iter()
+            .zip(rt.kthreads.iter())
+            .map(|(&base, k)| since(base, SchedStat::of_thread(k.tid.load(Relaxed))))
+            .collect();
+        self.times
+    }
 }
 
 /// The median cost of reading the clock twice, to subtract from short timings.
@@ -625,8 +753,10 @@ where
     } else {
         0
     };
+    let mut thread_clock = ThreadClock::new(rt);
     loop {
         let now = rt.now_ns();
+        thread_clock.pass(rt, now);
         let mut progress = false;
 
         while let Some(arrival) = source.poll(now) {
@@ -678,6 +808,7 @@ where
                     handle: Some(handle),
                     preemptions: 0,
                     on_core_ns: 0,
+                    admitted_ns: now,
                 },
             };
             queues.enqueue(request, now);
@@ -708,6 +839,7 @@ where
                         handle: None,
                         preemptions: 0,
                         on_core_ns: 0,
+                        admitted_ns: now,
                     },
                 };
                 queues.enqueue(spawned, now);
@@ -774,6 +906,7 @@ where
                         handle,
                         preemptions,
                         on_core_ns,
+                        admitted_ns,
                         ..
                     } = request.payload;
                     if let Some(handle) = handle {
@@ -782,6 +915,7 @@ where
                             id: request.id,
                             class: request.class,
                             arrival_ns: request.arrival,
+                            admitted_ns,
                             finish_ns: finished_at,
                             preemptions,
                             on_core_ns,
@@ -962,15 +1096,25 @@ where
                 taken_back,
                 pre_assigned_on_preempt,
                 unasked_preemptions,
+                threads: thread_clock.finish(rt),
             });
         }
         if progress {
             idle_passes = 0;
         } else {
             idle_passes = idle_passes.saturating_add(1);
-            if idle_passes > 10_000 && running.iter().all(Option::is_none) {
+            if config.yield_when_idle && idle_passes > 10_000 && running.iter().all(Option::is_none)
+            {
                 // Nothing in flight: let other threads have this core.
+                let before = rt.now_ns();
                 std::thread::yield_now();
+                let t = &mut thread_clock.times;
+                t.dispatcher_yields += 1;
+                let away = rt.now_ns().saturating_sub(before);
+                if away > DISPATCHER_STALL_NS {
+                    t.dispatcher_yield_stalls += 1;
+                    t.dispatcher_yield_stalled_ns += away;
+                }
             } else {
                 std::hint::spin_loop();
             }

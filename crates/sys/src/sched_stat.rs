@@ -1,0 +1,110 @@
+//! How much CPU Linux gave a thread, and how long it kept it waiting: the
+//! kernel's per-thread scheduler statistics (`/proc/self/task/<tid>/schedstat`
+//! and the context-switch counts of `.../status`).
+//!
+//! A spinning thread (a dispatcher, a worker) that another program shares
+//! a CPU with runs only part of the wall time; these say how much, so a
+//! benchmark can tell the runtime's delays from the machine's.
+
+use std::io;
+
+/// A thread's scheduler counters since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedStat {
+    /// Time it ran on a CPU, ns.
+    pub on_cpu_ns: u64,
+    /// Time it was runnable but waited on a run queue for a CPU, ns.
+    pub runnable_waiting_ns: u64,
+    /// Times Linux took the CPU from it while it could still run.
+    pub involuntary_switches: u64,
+}
+
+impl SchedStat {
+    /// Counters of thread `tid` of this process.
+    pub fn of_thread(tid: i32) -> io::Result<SchedStat> {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))?;
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))?;
+        parse(&stat, &status)
+    }
+
+    /// Counters of the calling thread.
+    pub fn of_current() -> io::Result<SchedStat> {
+        SchedStat::of_thread(crate::process::gettid())
+    }
+
+    /// What happened between `earlier` and `self` (counters of one thread).
+    pub fn since(&self, earlier: &SchedStat) -> SchedStat {
+        SchedStat {
+            on_cpu_ns: self.on_cpu_ns.saturating_sub(earlier.on_cpu_ns),
+            runnable_waiting_ns: self
+                .runnable_waiting_ns
+                .saturating_sub(earlier.runnable_waiting_ns),
+            involuntary_switches: self
+                .involuntary_switches
+                .saturating_sub(earlier.involuntary_switches),
+        }
+    }
+}
+
+fn bad(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("unexpected {what}"))
+}
+
+/// `schedstat` is `on_cpu_ns waiting_ns timeslices`; `status` has a line
+/// `nonvoluntary_ctxt_switches:\tN`.
+fn parse(schedstat: &str, status: &str) -> io::Result<SchedStat> {
+    let mut fields = schedstat.split_ascii_whitespace().map(str::parse::<u64>);
+    let (Some(Ok(on_cpu_ns)), Some(Ok(runnable_waiting_ns))) = (fields.next(), fields.next())
+    else {
+        return Err(bad("schedstat"));
+    };
+    let involuntary_switches = status
+        .lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| bad("status (no nonvoluntary_ctxt_switches)"))?;
+    Ok(SchedStat {
+        on_cpu_ns,
+        runnable_waiting_ns,
+        involuntary_switches,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_kernels_text() {
+        let s = parse(
+            "107991 6454339 2\n",
+            "Name:\tx\nvoluntary_ctxt_switches:\t3\nnonvoluntary_ctxt_switches:\t7\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            SchedStat {
+                on_cpu_ns: 107_991,
+                runnable_waiting_ns: 6_454_339,
+                involuntary_switches: 7
+            }
+        );
+        assert!(parse("x y z", "nonvoluntary_ctxt_switches:\t1").is_err());
+        assert!(parse("1 2 3", "voluntary_ctxt_switches:\t1").is_err());
+    }
+
+    #[test]
+    fn a_spinning_thread_accumulates_cpu_time() {
+        let before = SchedStat::of_current().unwrap();
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let d = SchedStat::of_current().unwrap().since(&before);
+        // Ran or waited for most of the 20 ms (a loaded machine may keep
+        // it waiting, but the two add up to the wall time it spun, less
+        // the part of a tick the kernel has not accounted yet).
+        assert!(d.on_cpu_ns + d.runnable_waiting_ns >= 10_000_000, "{d:?}");
+        assert!(d.on_cpu_ns > 0, "{d:?}");
+    }
+}
