@@ -100,6 +100,7 @@ fn serve_all(total: u64, seed: u64) {
                             .to_iokernel
                             .send(ToIokernel::Yielded {
                                 next_deadline_ns: None,
+                                grant: ginza_shm::UNNUMBERED_GRANT,
                             })
                             .unwrap();
                     }
@@ -292,6 +293,7 @@ fn revoked_workers_hand_their_requests_back() {
                 if let ToKthread::Preempt { .. } = m {
                     let _ = rival.ends[k].to_iokernel.send(ToIokernel::Yielded {
                         next_deadline_ns: None,
+                        grant: ginza_shm::UNNUMBERED_GRANT,
                     });
                 }
             }
@@ -308,6 +310,7 @@ fn revoked_workers_hand_their_requests_back() {
                         worker.granted = false;
                         let _ = server.ends[k].to_iokernel.send(ToIokernel::Yielded {
                             next_deadline_ns: None,
+                            grant: ginza_shm::UNNUMBERED_GRANT,
                         });
                     }
                     ToKthread::Run { .. } if !worker.granted => {}

@@ -485,6 +485,11 @@ pub struct AppStats {
     /// Preempted kthreads that did not give their core back in time (moved
     /// off the core).
     pub preempt_overdue: u64,
+    /// `Parked`/`Yielded` ignored because they answered a grant already
+    /// answered (sent after a wake-up that was no grant; docs/colocate.md,
+    /// "Grant numbers"). Absent from older replies.
+    #[serde(default)]
+    pub stale_parks: u64,
     /// Times its kthreads took work queued for another of its kthreads, as
     /// its runtime counts them in the queue lines (untrusted: iokerneld
     /// believes no count that goes backwards or grows absurdly fast).
@@ -711,6 +716,7 @@ pub fn largest_stats_report() -> StatsReport {
                 congestion_events: u64::MAX,
                 ring_full: u64::MAX,
                 preempt_overdue: u64::MAX,
+                stale_parks: u64::MAX,
                 steals: u64::MAX,
                 net: Some(NetStats {
                     rx: u64::MAX,

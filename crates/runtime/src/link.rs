@@ -82,6 +82,10 @@ pub(crate) struct KLink {
     /// one) and has read no `Wake` since: every `Run` read now crossed its
     /// `Parked`/`Yielded` and iokerneld has queued it again.
     awaiting_wake: UnsafeCell<bool>,
+    /// Owner kthread only: the number of the last `Wake` read — the grant
+    /// the kthread runs under, which its next `Parked`/`Yielded` answers
+    /// (0 before the first: iokerneld's first grant is 1).
+    grant: UnsafeCell<u16>,
 }
 
 /// A request iokerneld runs on a kthread (dispatch by iokerneld,
@@ -123,8 +127,12 @@ impl KLink {
         let mut decided = None;
         loop {
             match rx.recv() {
-                Ok(Some(ToKthread::Wake { decided_ns, .. })) => {
+                Ok(Some(ToKthread::Wake {
+                    decided_ns, grant, ..
+                })) => {
                     decided = Some(decided_ns);
+                    // SAFETY: owner-only (caller's contract).
+                    unsafe { *self.grant.get() = grant };
                     // Runs read before a Wake crossed our Parked/Yielded:
                     // iokerneld has queued them again (docs/colocate.md).
                     runs.clear();
@@ -160,15 +168,20 @@ impl KLink {
     /// The kthread is about to give its core back (`Parked`/`Yielded`):
     /// `Run`s it has read and not started, and those it reads until its
     /// next `Wake`, are stale (iokerneld queues them again when it reads
-    /// the `Parked`/`Yielded`, docs/colocate.md).
+    /// the `Parked`/`Yielded`, docs/colocate.md). Returns the grant the
+    /// `Parked`/`Yielded` answers (the last `Wake`'s number): iokerneld
+    /// ignores one that answers a grant already answered, as after a
+    /// wake-up that was no grant.
     ///
     /// # Safety
     /// Owner kthread only.
-    pub(crate) unsafe fn expect_wake(&self) {
+    pub(crate) unsafe fn expect_wake(&self) -> u16 {
         // SAFETY: owner-only (caller's contract).
         unsafe { &mut *self.runs.get() }.clear();
         // SAFETY: owner-only (caller's contract).
         unsafe { *self.awaiting_wake.get() = true };
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.grant.get() }
     }
 
     /// The next request iokerneld runs on this kthread (dispatch by
@@ -260,6 +273,7 @@ impl Link {
                 last_wake: [AtomicU64::new(0), AtomicU64::new(0)],
                 // Every kthread starts parked: its first grant sends a Wake.
                 awaiting_wake: UnsafeCell::new(true),
+                grant: UnsafeCell::new(0),
                 net: cfg
                     .net
                     .is_some()
@@ -471,10 +485,11 @@ mod tests {
         }
     }
 
-    fn wake() -> ToKthread {
+    fn wake(grant: u16) -> ToKthread {
         ToKthread::Wake {
             core: 0,
             decided_ns: 1,
+            grant,
         }
     }
 
@@ -490,7 +505,7 @@ mod tests {
         let mut io = link.region.iokernel_end(0).unwrap();
         // A new kthread waits for its first grant: a Run before it is stale.
         io.to_kthread.send(run(1)).unwrap();
-        io.to_kthread.send(wake()).unwrap();
+        io.to_kthread.send(wake(1)).unwrap();
         io.to_kthread.send(run(2)).unwrap();
         // SAFETY: the test is the only user of this kthread's end.
         unsafe {
@@ -502,13 +517,14 @@ mod tests {
             // It parks; a Run crosses the Parked; it wakes with no Wake
             // read (its grant's Wake did not fit the ring).
             io.to_kthread.send(run(4)).unwrap();
-            k.expect_wake();
+            assert_eq!(k.expect_wake(), 1, "the park answers grant 1");
             assert_eq!(k.next_run(), None, "crossed its park");
             io.to_kthread.send(run(5)).unwrap();
             assert_eq!(k.next_run(), None, "still no Wake");
-            io.to_kthread.send(wake()).unwrap();
+            io.to_kthread.send(wake(2)).unwrap();
             io.to_kthread.send(run(6)).unwrap();
             assert_eq!(k.next_run().map(|r| r.0), Some(6));
+            assert_eq!(k.expect_wake(), 2, "the next park answers grant 2");
         }
     }
 

@@ -41,6 +41,22 @@ pub enum DecodeError {
     UnknownReason(u32),
     #[error("unknown hand-back kind {0}")]
     UnknownHandBack(u32),
+    #[error("grant number {0} is out of range")]
+    BadGrant(u32),
+}
+
+/// The grant number of a `Parked`/`Yielded` from a client that does not
+/// number its parks: it answers whatever grant is current (no staleness
+/// check). The runtime always numbers them.
+pub const UNNUMBERED_GRANT: u16 = u16::MAX;
+
+/// The grant number after `grant` (iokerneld numbers each `Wake` it puts
+/// on a kthread's ring; [`UNNUMBERED_GRANT`] is skipped).
+pub fn next_grant(grant: u16) -> u16 {
+    match grant.wrapping_add(1) {
+        UNNUMBERED_GRANT => 0,
+        g => g,
+    }
 }
 
 /// kthread → iokerneld.
@@ -51,12 +67,22 @@ pub enum ToIokernel {
     Started { tid: u32 },
     /// Out of work: it gave up its core and blocks on its eventfd.
     /// `next_deadline_ns` (CLOCK_MONOTONIC) is its earliest timer, if any;
-    /// iokerneld wakes it then.
-    Parked { next_deadline_ns: Option<u64> },
+    /// iokerneld wakes it then. `grant`: the number of the last
+    /// [`ToKthread::Wake`] it read — the grant this park answers; iokerneld
+    /// ignores (and counts) a park that answers a grant it has already
+    /// seen answered, such as one sent after a wake-up that was no grant
+    /// ([`UNNUMBERED_GRANT`]: no check).
+    Parked {
+        next_deadline_ns: Option<u64>,
+        grant: u16,
+    },
     /// It gave its core back in answer to [`ToKthread::Preempt`] and blocks
-    /// on its eventfd; `next_deadline_ns` as for `Parked` (a preempted
-    /// kthread may hold the application's only pending timers).
-    Yielded { next_deadline_ns: Option<u64> },
+    /// on its eventfd; `next_deadline_ns` and `grant` as for `Parked` (a
+    /// preempted kthread may hold the application's only pending timers).
+    Yielded {
+        next_deadline_ns: Option<u64>,
+        grant: u16,
+    },
     /// Dispatch by iokerneld (docs/colocate.md): the request iokerneld ran
     /// on this kthread ([`ToKthread::Run`]) completed, or was preempted
     /// (its context stays in the application, resumable by `request`).
@@ -70,10 +96,16 @@ pub enum ToIokernel {
 /// iokerneld → kthread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToKthread {
-    /// It has been granted `core` (affinity already set); run.
-    /// `decided_ns` (CLOCK_MONOTONIC) is when iokerneld decided the grant,
-    /// so the kthread can measure decision → running.
-    Wake { core: u32, decided_ns: u64 },
+    /// It has been granted `core` (affinity already set, below 65,536);
+    /// run. `decided_ns` (CLOCK_MONOTONIC) is when iokerneld decided the
+    /// grant, so the kthread can measure decision → running. `grant`
+    /// numbers the grants of this kthread ([`next_grant`]): its next
+    /// `Parked`/`Yielded` carries it back.
+    Wake {
+        core: u32,
+        decided_ns: u64,
+        grant: u16,
+    },
     /// Give the core back (then answer [`ToIokernel::Yielded`]).
     Preempt { reason: PreemptReason },
     /// Dispatch by iokerneld (docs/colocate.md): run request `request`
@@ -158,14 +190,20 @@ impl Message for ToIokernel {
                 arg32: tid,
                 arg64: 0,
             },
-            ToIokernel::Parked { next_deadline_ns } => RawMsg {
+            ToIokernel::Parked {
+                next_deadline_ns,
+                grant,
+            } => RawMsg {
                 tag: tag::PARKED,
-                arg32: 0,
+                arg32: grant.into(),
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
-            ToIokernel::Yielded { next_deadline_ns } => RawMsg {
+            ToIokernel::Yielded {
+                next_deadline_ns,
+                grant,
+            } => RawMsg {
                 tag: tag::YIELDED,
-                arg32: 0,
+                arg32: grant.into(),
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
             ToIokernel::HandBack { request, completed } => RawMsg {
@@ -190,9 +228,11 @@ impl Message for ToIokernel {
             tag::STARTED => ToIokernel::Started { tid: raw.arg32 },
             tag::PARKED => ToIokernel::Parked {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+                grant: u16::try_from(raw.arg32).map_err(|_| DecodeError::BadGrant(raw.arg32))?,
             },
             tag::YIELDED => ToIokernel::Yielded {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+                grant: u16::try_from(raw.arg32).map_err(|_| DecodeError::BadGrant(raw.arg32))?,
             },
             tag::HAND_BACK => match raw.arg32 {
                 tag::COMPLETED | tag::PREEMPTED => ToIokernel::HandBack {
@@ -215,9 +255,13 @@ impl Message for ToIokernel {
 impl Message for ToKthread {
     fn encode(self) -> RawMsg {
         match self {
-            ToKthread::Wake { core, decided_ns } => RawMsg {
+            ToKthread::Wake {
+                core,
+                decided_ns,
+                grant,
+            } => RawMsg {
                 tag: tag::WAKE,
-                arg32: core,
+                arg32: (core & 0xffff) | u32::from(grant) << 16,
                 arg64: decided_ns,
             },
             ToKthread::Preempt { reason } => RawMsg {
@@ -236,8 +280,9 @@ impl Message for ToKthread {
     fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
         Ok(match raw.tag {
             tag::WAKE => ToKthread::Wake {
-                core: raw.arg32,
+                core: raw.arg32 & 0xffff,
                 decided_ns: raw.arg64,
+                grant: (raw.arg32 >> 16) as u16,
             },
             tag::PREEMPT => ToKthread::Preempt {
                 reason: PreemptReason::from_u32(raw.arg32)?,
@@ -345,15 +390,19 @@ mod tests {
             ToIokernel::Started { tid: 1234 },
             ToIokernel::Parked {
                 next_deadline_ns: None,
+                grant: 0,
             },
             ToIokernel::Parked {
                 next_deadline_ns: Some(5_000_000),
+                grant: UNNUMBERED_GRANT,
             },
             ToIokernel::Yielded {
                 next_deadline_ns: None,
+                grant: 65_534,
             },
             ToIokernel::Yielded {
                 next_deadline_ns: Some(7),
+                grant: 3,
             },
             ToIokernel::HandBack {
                 request: u64::MAX - 1,
@@ -372,6 +421,12 @@ mod tests {
             ToKthread::Wake {
                 core: 3,
                 decided_ns: 99,
+                grant: 0,
+            },
+            ToKthread::Wake {
+                core: 65_535,
+                decided_ns: u64::MAX,
+                grant: 65_534,
             },
             ToKthread::Preempt {
                 reason: PreemptReason::CoreNeeded,
@@ -394,6 +449,19 @@ mod tests {
         for m in downs {
             assert_eq!(ToKthread::decode(m.encode()), Ok(m));
         }
+    }
+
+    #[test]
+    fn grant_numbers_skip_the_unnumbered_value_and_wrap() {
+        assert_eq!(next_grant(0), 1);
+        assert_eq!(next_grant(UNNUMBERED_GRANT - 1), 0);
+        assert_eq!(next_grant(UNNUMBERED_GRANT), 0);
+        let raw = RawMsg {
+            tag: tag::PARKED,
+            arg32: 1 << 16,
+            arg64: NO_DEADLINE,
+        };
+        assert_eq!(ToIokernel::decode(raw), Err(DecodeError::BadGrant(1 << 16)));
     }
 
     #[test]
@@ -433,6 +501,7 @@ mod tests {
         let (mut tx, mut rx) = (CmdTx::<ToIokernel>::new(p), CmdRx::<ToIokernel>::new(c));
         tx.send(ToIokernel::Yielded {
             next_deadline_ns: None,
+            grant: 1,
         })
         .unwrap();
         tx.raw()
@@ -444,14 +513,16 @@ mod tests {
             .unwrap();
         assert_eq!(
             tx.send(ToIokernel::Yielded {
-                next_deadline_ns: None
+                next_deadline_ns: None,
+                grant: 1,
             }),
             Err(SendError::Full)
         );
         assert_eq!(
             rx.recv(),
             Ok(Some(ToIokernel::Yielded {
-                next_deadline_ns: None
+                next_deadline_ns: None,
+                grant: 1,
             }))
         );
         assert!(matches!(

@@ -338,6 +338,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     congestion: 0,
                     ring_full: 0,
                     preempt_overdue: 0,
+                    stale_parks: 0,
                     doomed: None,
                     net,
                     protects: Vec::new(),

@@ -6,6 +6,11 @@
 //! rules (`runtime/src/link.rs`, `shinjuku/dispatched.rs`): a `Run` read
 //! before the `Wake` that follows the worker's `Parked`/`Yielded` is stale.
 //!
+//! Each `Wake` carries a grant number and each `Parked`/`Yielded` the
+//! number of the last `Wake` its worker read; iokerneld ignores one that
+//! answers a grant already answered (`daemon/pass.rs::GrantNumbers`). A
+//! worker may also wake with no grant (a stray wake-up) and park again.
+//!
 //! After every event the model checks that each request iokerneld counts
 //! on a worker is owed to that worker — held by it, read and kept, on its
 //! ring where it will be kept, or about to be taken back because the
@@ -23,6 +28,7 @@ use ginza_shm::{
 };
 use proptest::prelude::*;
 
+use super::super::pass::GrantNumbers;
 use super::{AppDispatch, IokernelEnd};
 
 /// iokerneld's view of one kthread (the daemon's `Kthread`, reduced).
@@ -34,6 +40,7 @@ struct IoView {
     /// Granted, its `Wake` not sent yet (a hand-over waiting for the end
     /// of the pass, `daemon/pass.rs`).
     wake_pending: bool,
+    grants: GrantNumbers,
 }
 
 /// One worker as the runtime runs it.
@@ -48,8 +55,11 @@ struct Worker {
     holding: Option<u64>,
     /// Commands iokerneld sent it, not read yet.
     inbox: VecDeque<ToKthread>,
-    /// Its `Parked`/`Yielded` is on the ring, unread by iokerneld.
-    park_unread: bool,
+    /// The grant numbers of its `Parked`/`Yielded` on the ring, unread by
+    /// iokerneld (oldest first).
+    parks_unread: VecDeque<u16>,
+    /// The number of the last `Wake` it read.
+    grant: u16,
     /// Requests it handed back, the hand-back unread by iokerneld.
     returned: Vec<u64>,
     /// A grant's eventfd (or word) is waiting for it.
@@ -69,6 +79,8 @@ struct Model {
     /// `Run`s that reached a worker after their request was taken back
     /// and that it kept (would run a request twice).
     kept_stale: u64,
+    /// Parks iokerneld ignored: they answered a grant already answered.
+    stale_parks: u64,
 }
 
 impl Model {
@@ -100,6 +112,7 @@ impl Model {
             arrived: 0,
             done: Vec::new(),
             kept_stale: 0,
+            stale_parks: 0,
         }
     }
 
@@ -163,14 +176,19 @@ impl Model {
                         self.w[k].returned.retain(|&r| r != request);
                         self.d.hand_back(k, request, completed, now).unwrap();
                     }
-                    ToIokernel::Parked { .. } | ToIokernel::Yielded { .. } => {
+                    ToIokernel::Parked { grant, .. } | ToIokernel::Yielded { grant, .. } => {
+                        self.w[k].parks_unread.pop_front();
+                        if !self.view[k].grants.answers(grant) {
+                            self.stale_parks += 1;
+                            continue;
+                        }
                         let parked = matches!(m, ToIokernel::Parked { .. });
                         self.d.gave_core_back(k, parked, now);
                         self.view[k] = IoView {
                             parked: true,
+                            grants: self.view[k].grants,
                             ..IoView::default()
                         };
-                        self.w[k].park_unread = false;
                         self.io[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                     }
                     other => panic!("unexpected {other:?}"),
@@ -190,6 +208,7 @@ impl Model {
         self.view[k] = IoView {
             core: true,
             wake_pending: true,
+            grants: self.view[k].grants,
             ..IoView::default()
         };
         if !deferred {
@@ -203,13 +222,16 @@ impl Model {
         }
         self.view[k].wake_pending = false;
         let now = self.tick();
+        let grant = self.view[k].grants.next();
         self.io[k]
             .to_kthread
             .send(ToKthread::Wake {
                 core: 0,
                 decided_ns: now,
+                grant,
             })
             .unwrap();
+        self.view[k].grants.granted(Some(grant));
         self.d.woken(k);
         self.step();
         self.w[k].woken = true;
@@ -222,6 +244,7 @@ impl Model {
         if self.view[k].wake_pending {
             self.view[k] = IoView {
                 parked: true,
+                grants: self.view[k].grants,
                 ..IoView::default()
             };
         }
@@ -253,9 +276,10 @@ impl Model {
         let w = &mut self.w[k];
         while let Some(m) = w.inbox.pop_front() {
             match m {
-                ToKthread::Wake { .. } => {
+                ToKthread::Wake { grant, .. } => {
                     w.runs.clear();
                     w.awaiting_wake = false;
+                    w.grant = grant;
                 }
                 ToKthread::Run { .. } if w.awaiting_wake => {}
                 ToKthread::Run { request, .. } => {
@@ -319,20 +343,32 @@ impl Model {
             .unwrap();
     }
 
+    /// A parked worker wakes with no grant (a stray wake-up: nothing in
+    /// the runtime does this under iokerneld, but a park must not be
+    /// trusted to answer the current grant because of it).
+    fn stray_wake(&mut self, k: usize) {
+        if !self.w[k].running {
+            self.w[k].woken = true;
+        }
+    }
+
     /// `iokernel.rs::park_with_iokernel`.
     fn park(&mut self, k: usize, revoked: bool) {
         let w = &mut self.w[k];
         w.runs.clear();
         w.awaiting_wake = true;
         w.running = false;
-        w.park_unread = true;
+        w.parks_unread.push_back(w.grant);
+        let grant = w.grant;
         let m = if revoked {
             ToIokernel::Yielded {
                 next_deadline_ns: None,
+                grant,
             }
         } else {
             ToIokernel::Parked {
                 next_deadline_ns: None,
+                grant,
             }
         };
         self.rt[k].to_iokernel.send(m).unwrap();
@@ -348,10 +384,13 @@ impl Model {
             let Some(r) = self.d.queues.running_on(k) else {
                 continue;
             };
-            if w.holding == Some(r)
-                || w.runs.contains(&r)
-                || w.returned.contains(&r)
-                || w.park_unread
+            // A park on its way that answers the open grant takes it back.
+            let grants = self.view[k].grants;
+            let taken_back = w.parks_unread.iter().any(|&g| {
+                let mut open = grants;
+                open.answers(g)
+            });
+            if w.holding == Some(r) || w.runs.contains(&r) || w.returned.contains(&r) || taken_back
             {
                 continue;
             }
@@ -378,7 +417,11 @@ impl Model {
             for (k, v) in self.view.iter().enumerate() {
                 let idle = self.d.queues.running_on(k).is_none();
                 assert!(
-                    !(v.core && !v.preempting && !v.wake_pending && idle && !self.w[k].park_unread),
+                    !(v.core
+                        && !v.preempting
+                        && !v.wake_pending
+                        && idle
+                        && self.w[k].parks_unread.is_empty()),
                     "a request is queued while worker {k} holds a core and idles"
                 );
             }
@@ -482,8 +525,11 @@ fn a_wake_without_its_message_keeps_no_stale_run() {
     m.view[0] = IoView {
         core: true,
         wake_pending: true,
+        grants: m.view[0].grants,
         ..IoView::default()
     };
+    // No `Wake` sent: the park answers with the last one's number.
+    m.view[0].grants.granted(None);
     m.w[0].woken = true;
     m.step();
     m.worker(0, 1);
@@ -494,16 +540,49 @@ fn a_wake_without_its_message_keeps_no_stale_run() {
     m.settle();
 }
 
+/// A worker woken with no grant parks again: its park answers the grant
+/// iokerneld has already seen answered. Read after the next grant's `Wake`
+/// and `Run`, it must take neither the core nor the request from the
+/// worker, which wakes for that grant and runs the request (before grant
+/// numbers: the `Run` was taken back and queued again, and the worker,
+/// reading it after the `Wake`, ran it too).
+#[test]
+fn a_park_after_a_stray_wake_takes_nothing_from_the_next_grant() {
+    let mut m = Model::new(1, sq());
+    m.grant(0, false);
+    m.worker(0, 1); // wakes for grant 1
+    m.worker(0, 0); // its spin ends: it parks, answering grant 1
+    m.io_turn();
+    m.stray_wake(0);
+    m.worker(0, 1); // runs with no grant: nothing to read
+    m.worker(0, 0); // and parks again, answering grant 1 again
+    m.arrive();
+    m.grant(0, false); // grant 2: its Wake, then request 0's Run
+    assert_eq!(m.d.queues.running_on(0), Some(0));
+    m.io_turn(); // reads the second park
+    assert_eq!(
+        m.stale_parks, 1,
+        "the park answering grant 1 again is ignored"
+    );
+    assert_eq!(m.d.counters.stale_runs, 0, "nothing taken back");
+    assert_eq!(m.d.queues.running_on(0), Some(0));
+    m.worker(0, 1); // wakes for grant 2: its Wake, then the Run
+    m.worker(0, 1);
+    assert_eq!(m.w[0].holding, Some(0));
+    m.check(false);
+    m.settle();
+}
+
 /// Random interleavings of arrivals, grants (at once or at the end of a
-/// pass), revocations, iokerneld's turns and the workers' looks, for
-/// several workers.
+/// pass), revocations, stray wake-ups, iokerneld's turns and the workers'
+/// looks, for several workers.
 fn interleave(seed: u64, workers: usize, events: usize) {
     let mut m = Model::new(workers, sq());
     let mut rng = SplitMix64::new(seed);
     let mut deferred: Vec<usize> = Vec::new();
     for _ in 0..events {
         let k = (rng.next_u64() % workers as u64) as usize;
-        match rng.next_u64() % 16 {
+        match rng.next_u64() % 17 {
             0..=2 => m.arrive(),
             3 => m.grant(k, false),
             4 => {
@@ -524,6 +603,7 @@ fn interleave(seed: u64, workers: usize, events: usize) {
             }
             6 => m.revoke(k),
             7..=9 => m.io_turn(),
+            16 => m.stray_wake(k),
             r => {
                 let roll = rng.next_u64();
                 m.worker(k, roll ^ r);
