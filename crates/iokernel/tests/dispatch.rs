@@ -37,6 +37,7 @@ fn sq(quantum_ns: u64) -> DispatchSpec {
         classes: Vec::new(),
         class_offset: 0,
         backstop_ns: None,
+        pre_assign: None,
     }
 }
 
@@ -106,6 +107,7 @@ fn serve_all(total: u64, seed: u64) {
                     }
                     // Read before the Wake that follows our Parked: stale
                     // (docs/colocate.md); iokerneld queued it again.
+                    ToKthread::RunNext { .. } => panic!("pre-assignment is off for this server"),
                     ToKthread::Run { .. } if !worker.granted => stale += 1,
                     ToKthread::Run { request, packet } => {
                         assert!(worker.holding.is_none(), "worker {k} given two");
@@ -313,6 +315,7 @@ fn revoked_workers_hand_their_requests_back() {
                             grant: ginza_shm::UNNUMBERED_GRANT,
                         });
                     }
+                    ToKthread::RunNext { .. } => panic!("pre-assignment is off for this server"),
                     ToKthread::Run { .. } if !worker.granted => {}
                     ToKthread::Run { request, packet } => {
                         assert!(worker.holding.is_none(), "worker {k} given two");

@@ -125,6 +125,12 @@ pub struct DispatchSpec {
     /// none: never signalled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backstop_ns: Option<u64>,
+    /// Pre-assignment (docs/colocate.md, "Pre-assignment"): iokerneld
+    /// sends a busy worker its next request ahead (`RunNext`) while
+    /// requests wait; preemptive policies only. None:
+    /// [`DispatchSpec::PRE_ASSIGN_DEFAULT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_assign: Option<bool>,
 }
 
 /// One c-PRE-MQ class of a [`DispatchSpec`].
@@ -137,6 +143,14 @@ pub struct DispatchClass {
 }
 
 impl DispatchSpec {
+    /// Whether iokerneld pre-assigns when the spec does not say.
+    pub const PRE_ASSIGN_DEFAULT: bool = false;
+
+    /// Whether iokerneld pre-assigns this application's requests.
+    pub fn pre_assigns(&self) -> bool {
+        self.pre_assign.unwrap_or(Self::PRE_ASSIGN_DEFAULT)
+    }
+
     /// The policy it names, or why it names none.
     pub fn sched_policy(&self) -> Result<ginza_policy::sched::SchedPolicy, String> {
         use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
@@ -536,6 +550,15 @@ pub struct DispatchStats {
     /// docs/colocate.md, "Several workers"). Absent from older replies.
     #[serde(default)]
     pub pq: u64,
+    /// Requests pre-assigned to busy workers (`RunNext`, counted in `ru`
+    /// too; docs/colocate.md, "Pre-assignment"). Absent from older replies.
+    #[serde(default)]
+    pub pa: u64,
+    /// Of those, taken back unrun (the worker's request was handed back
+    /// preempted, or the worker gave its core up). Absent from older
+    /// replies.
+    #[serde(default)]
+    pub pb: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -742,6 +765,8 @@ pub fn largest_stats_report() -> StatsReport {
                     li: u64::MAX,
                     qu: u64::MAX,
                     pq: u64::MAX,
+                    pa: u64::MAX,
+                    pb: u64::MAX,
                 }),
             })
             .collect(),

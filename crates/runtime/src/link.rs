@@ -72,8 +72,14 @@ pub(crate) struct KLink {
     /// The packet rings, with networking.
     pub(crate) net: Option<KNet>,
     /// Owner kthread only. Dispatch by iokerneld (docs/colocate.md): the
-    /// `Run`s read since the last `Wake` (those read before it are stale).
-    runs: UnsafeCell<std::collections::VecDeque<Run>>,
+    /// `Run`s read since the last `Wake` (those read before it are stale),
+    /// each with whether it was pre-assigned (`RunNext`).
+    runs: UnsafeCell<std::collections::VecDeque<(Run, bool)>>,
+    /// Owner kthread only: the kthread handed a request back preempted,
+    /// and has read no plain `Run` since: a `RunNext` read now was
+    /// pre-assigned behind that request, and iokerneld takes it back when
+    /// it reads the hand-back (docs/colocate.md, "Pre-assignment").
+    drop_pre_assigned: UnsafeCell<bool>,
     /// The last grant this kthread ran after: iokerneld's decision and the
     /// kthread running, CLOCK_MONOTONIC ns (0: none yet). Written by the
     /// owner kthread, read by the uthreads it runs ([`crate::last_wake`]).
@@ -124,6 +130,8 @@ impl KLink {
         let runs = unsafe { &mut *self.runs.get() };
         // SAFETY: owner-only (caller's contract).
         let awaiting_wake = unsafe { &mut *self.awaiting_wake.get() };
+        // SAFETY: owner-only (caller's contract).
+        let drop_pre_assigned = unsafe { &mut *self.drop_pre_assigned.get() };
         let mut decided = None;
         loop {
             match rx.recv() {
@@ -137,11 +145,22 @@ impl KLink {
                     // iokerneld has queued them again (docs/colocate.md).
                     runs.clear();
                     *awaiting_wake = false;
+                    *drop_pre_assigned = false;
                 }
                 // Stale: it crossed our Parked/Yielded (even when a wake
                 // came with no `Wake` read, as after a full ring).
-                Ok(Some(ToKthread::Run { .. })) if *awaiting_wake => {}
-                Ok(Some(ToKthread::Run { request, packet })) => runs.push_back((request, packet)),
+                Ok(Some(ToKthread::Run { .. } | ToKthread::RunNext { .. })) if *awaiting_wake => {}
+                Ok(Some(ToKthread::Run { request, packet })) => {
+                    // Sent after iokerneld read our last hand-back.
+                    *drop_pre_assigned = false;
+                    runs.push_back(((request, packet), false));
+                }
+                // Pre-assigned behind a request we handed back preempted:
+                // taken back.
+                Ok(Some(ToKthread::RunNext { .. })) if *drop_pre_assigned => {}
+                Ok(Some(ToKthread::RunNext { request, packet })) => {
+                    runs.push_back(((request, packet), true));
+                }
                 Ok(Some(ToKthread::Preempt { .. })) => {}
                 Ok(None) => return decided,
                 Err(e) => {
@@ -192,13 +211,29 @@ impl KLink {
     pub(crate) unsafe fn next_run(&self) -> Option<Run> {
         // SAFETY: owner-only (caller's contract).
         let queued = unsafe { &mut *self.runs.get() }.pop_front();
-        if queued.is_some() {
-            return queued;
+        if let Some((run, _)) = queued {
+            return Some(run);
         }
         // SAFETY: owner-only (caller's contract).
         unsafe { self.drain() };
         // SAFETY: owner-only (caller's contract).
-        unsafe { &mut *self.runs.get() }.pop_front()
+        unsafe { &mut *self.runs.get() }
+            .pop_front()
+            .map(|(run, _)| run)
+    }
+
+    /// The kthread is about to hand its request back preempted: a request
+    /// pre-assigned behind it (`RunNext`), read or not, is dropped —
+    /// iokerneld takes it back when it reads the hand-back, and the
+    /// policy chooses again (docs/colocate.md, "Pre-assignment").
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn handing_back_preempted(&self) {
+        // SAFETY: owner-only (caller's contract).
+        unsafe { &mut *self.runs.get() }.retain(|&(_, pre_assigned)| !pre_assigned);
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.drop_pre_assigned.get() = true };
     }
 
     /// iokerneld asks the running request to yield: its quantum is spent
@@ -273,6 +308,7 @@ impl Link {
                 last_wake: [AtomicU64::new(0), AtomicU64::new(0)],
                 // Every kthread starts parked: its first grant sends a Wake.
                 awaiting_wake: UnsafeCell::new(true),
+                drop_pre_assigned: UnsafeCell::new(false),
                 grant: UnsafeCell::new(0),
                 net: cfg
                     .net

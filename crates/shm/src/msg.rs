@@ -116,6 +116,14 @@ pub enum ToKthread {
         request: u64,
         packet: Option<RunPacket>,
     },
+    /// Dispatch by iokerneld, pre-assignment (docs/colocate.md): run
+    /// `request` (as in `Run`) next, as soon as the request this kthread
+    /// runs is handed back completed; a preempted hand-back drops it
+    /// (iokerneld takes it back when it reads that hand-back).
+    RunNext {
+        request: u64,
+        packet: Option<RunPacket>,
+    },
 }
 
 /// The packet of a new request in a [`ToKthread::Run`].
@@ -138,7 +146,7 @@ impl ToKthread {
     pub fn wake_core(self) -> Option<u32> {
         match self {
             ToKthread::Wake { core, .. } => Some(core),
-            ToKthread::Preempt { .. } | ToKthread::Run { .. } => None,
+            ToKthread::Preempt { .. } | ToKthread::Run { .. } | ToKthread::RunNext { .. } => None,
         }
     }
 }
@@ -175,6 +183,7 @@ mod tag {
     pub const WAKE: u32 = 1;
     pub const PREEMPT: u32 = 2;
     pub const RUN: u32 = 3;
+    pub const RUN_NEXT: u32 = 4;
 
     /// `arg32` of a hand-back.
     pub const COMPLETED: u32 = 1;
@@ -269,11 +278,8 @@ impl Message for ToKthread {
                 arg32: reason as u32,
                 arg64: 0,
             },
-            ToKthread::Run { request, packet } => RawMsg {
-                tag: tag::RUN,
-                arg32: packet.map_or(NO_PACKET, |p| p.buf),
-                arg64: (request % MAX_REQUEST_ID) << 16 | u64::from(packet.map_or(0, |p| p.len)),
-            },
+            ToKthread::Run { request, packet } => encode_run(tag::RUN, request, packet),
+            ToKthread::RunNext { request, packet } => encode_run(tag::RUN_NEXT, request, packet),
         }
     }
 
@@ -287,13 +293,14 @@ impl Message for ToKthread {
             tag::PREEMPT => ToKthread::Preempt {
                 reason: PreemptReason::from_u32(raw.arg32)?,
             },
-            tag::RUN => ToKthread::Run {
-                request: raw.arg64 >> 16,
-                packet: (raw.arg32 != NO_PACKET).then_some(RunPacket {
-                    buf: raw.arg32,
-                    len: raw.arg64 as u16,
-                }),
-            },
+            tag::RUN => {
+                let (request, packet) = decode_run(raw);
+                ToKthread::Run { request, packet }
+            }
+            tag::RUN_NEXT => {
+                let (request, packet) = decode_run(raw);
+                ToKthread::RunNext { request, packet }
+            }
             tag => {
                 return Err(DecodeError::UnknownTag {
                     dir: "iokerneld→kthread",
@@ -302,6 +309,22 @@ impl Message for ToKthread {
             }
         })
     }
+}
+
+fn encode_run(tag: u32, request: u64, packet: Option<RunPacket>) -> RawMsg {
+    RawMsg {
+        tag,
+        arg32: packet.map_or(NO_PACKET, |p| p.buf),
+        arg64: (request % MAX_REQUEST_ID) << 16 | u64::from(packet.map_or(0, |p| p.len)),
+    }
+}
+
+fn decode_run(raw: RawMsg) -> (u64, Option<RunPacket>) {
+    let packet = (raw.arg32 != NO_PACKET).then_some(RunPacket {
+        buf: raw.arg32,
+        len: raw.arg64 as u16,
+    });
+    (raw.arg64 >> 16, packet)
 }
 
 /// Why a send failed.
@@ -443,6 +466,14 @@ mod tests {
             },
             ToKthread::Run {
                 request: 43,
+                packet: None,
+            },
+            ToKthread::RunNext {
+                request: 44,
+                packet: Some(RunPacket { buf: 8, len: 60 }),
+            },
+            ToKthread::RunNext {
+                request: 45,
                 packet: None,
             },
         ];

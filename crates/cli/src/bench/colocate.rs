@@ -73,6 +73,11 @@ pub struct ColocateArgs {
     /// machine with few CPUs (docs/colocate.md, "Several workers").
     #[arg(long)]
     workers: Option<usize>,
+    /// iokerneld pre-assigns the server's next request to a busy worker
+    /// (`true`/`false`; default: `DispatchSpec::PRE_ASSIGN_DEFAULT`;
+    /// docs/colocate.md, "Pre-assignment").
+    #[arg(long)]
+    pre_assign: Option<bool>,
     /// Simulated time per point of the simulator's prediction, ms.
     #[arg(long, default_value_t = 1000.0)]
     sim_ms: f64,
@@ -344,6 +349,7 @@ fn measure(
         duration: args.duration,
         idle_spin: args.idle_spin,
         workers: args.workers,
+        pre_assign: args.pre_assign,
     };
     measure_point(&run)
 }
@@ -368,6 +374,8 @@ pub struct PointRun<'a> {
     pub idle_spin: Option<Duration>,
     /// The server's worker kthreads (`None`: one per managed core).
     pub workers: Option<usize>,
+    /// Pre-assignment (`None`: iokerneld's default).
+    pub pre_assign: Option<bool>,
 }
 
 /// One measured point: a fresh iokerneld, batch, and the server (the
@@ -422,6 +430,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
             classes: Vec::new(),
             class_offset: 0,
             backstop_ns: Some(BACKSTOP_NS),
+            pre_assign: run.pre_assign,
         };
         let mut cfg = DispatchedConfig::new(io, spec, PORT).with_workers(run.workers.unwrap_or(n));
         if let Some(spin) = run.idle_spin {
@@ -591,7 +600,7 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back/parked with work queued",
+        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back/parked with work queued/pre-assigned/of those taken back",
         "config", "load", "tail>=", "count", "sojourn", "queued", "no core", "pickup", "on core", "runs"
     );
     for p in &r.points {
@@ -602,7 +611,7 @@ fn render(r: &Report) -> String {
         let d = p.dispatch.unwrap_or_default();
         let _ = writeln!(
             s,
-            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}/{}",
+            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}/{}/{}/{}",
             label(p.sched, p.alloc),
             p.load,
             p.tail_from_us,
@@ -618,6 +627,8 @@ fn render(r: &Report) -> String {
             d.bs,
             d.tb,
             d.pq,
+            d.pa,
+            d.pb,
         );
     }
     s

@@ -270,6 +270,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     reg.kthreads as usize,
                     spec.class_offset,
                     spec.backstop_ns,
+                    spec.pre_assigns(),
                 )),
                 Err(reason) => return refuse(self, reason),
             },
