@@ -522,7 +522,6 @@ mod tests {
             congestion_events: congestion,
             ring_full: 0,
             preempt_overdue: 3,
-            stale_parks: 0,
             steals: grants * 2,
             net: None,
             dispatch: None,

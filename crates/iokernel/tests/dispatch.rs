@@ -37,7 +37,8 @@ fn sq(quantum_ns: u64) -> DispatchSpec {
         classes: Vec::new(),
         class_offset: 0,
         backstop_ns: None,
-        pre_assign: None,
+        // The workers played here know no `RunNext`.
+        pre_assign: Some(false),
     }
 }
 

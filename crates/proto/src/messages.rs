@@ -143,8 +143,9 @@ pub struct DispatchClass {
 }
 
 impl DispatchSpec {
-    /// Whether iokerneld pre-assigns when the spec does not say.
-    pub const PRE_ASSIGN_DEFAULT: bool = false;
+    /// Whether iokerneld pre-assigns when the spec does not say: yes,
+    /// chosen by measurement (docs/results.md, "Session 10").
+    pub const PRE_ASSIGN_DEFAULT: bool = true;
 
     /// Whether iokerneld pre-assigns this application's requests.
     pub fn pre_assigns(&self) -> bool {
@@ -499,11 +500,6 @@ pub struct AppStats {
     /// Preempted kthreads that did not give their core back in time (moved
     /// off the core).
     pub preempt_overdue: u64,
-    /// `Parked`/`Yielded` ignored because they answered a grant already
-    /// answered (sent after a wake-up that was no grant; docs/colocate.md,
-    /// "Grant numbers"). Absent from older replies.
-    #[serde(default)]
-    pub stale_parks: u64,
     /// Times its kthreads took work queued for another of its kthreads, as
     /// its runtime counts them in the queue lines (untrusted: iokerneld
     /// believes no count that goes backwards or grows absurdly fast).
@@ -538,8 +534,10 @@ pub struct DispatchStats {
     pub bs: u64,
     /// Requests the application refused unrun (over its in-flight bound).
     pub rf: u64,
-    /// `Run`s that crossed their worker's `Parked`/`Yielded`: taken back
-    /// and queued again as they were.
+    /// `Run`s taken back unrun and queued again as they were: they
+    /// crossed their worker's `Parked`/`Yielded`, or were pre-assigned
+    /// behind a request handed back preempted (docs/colocate.md,
+    /// "Pre-assignment").
     pub tb: u64,
     /// Hand-backs refused (they named a request the worker did not hold).
     pub li: u64,
@@ -551,14 +549,10 @@ pub struct DispatchStats {
     #[serde(default)]
     pub pq: u64,
     /// Requests pre-assigned to busy workers (`RunNext`, counted in `ru`
-    /// too; docs/colocate.md, "Pre-assignment"). Absent from older replies.
+    /// too; those taken back unrun are in `tb`; docs/colocate.md,
+    /// "Pre-assignment"). Absent from older replies.
     #[serde(default)]
     pub pa: u64,
-    /// Of those, taken back unrun (the worker's request was handed back
-    /// preempted, or the worker gave its core up). Absent from older
-    /// replies.
-    #[serde(default)]
-    pub pb: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -645,6 +639,13 @@ pub struct StatsReport {
     pub passes: u64,
     pub registrations_refused: u64,
     pub apps_disconnected: u64,
+    /// `Parked`/`Yielded` iokerneld ignored because they answered a grant
+    /// already answered (sent after a wake-up that was no grant;
+    /// docs/colocate.md, "Grant numbers"), by the applications registered
+    /// now. One total, not one per application: a stats reply about
+    /// [`MAX_APPS`] applications must fit. Absent from older replies.
+    #[serde(default)]
+    pub stale_parks: u64,
     pub apps: Vec<AppStats>,
     /// The last few applications removed, oldest first.
     pub recent_removals: Vec<Removal>,
@@ -723,6 +724,7 @@ pub fn largest_stats_report() -> StatsReport {
         passes: u64::MAX,
         registrations_refused: u64::MAX,
         apps_disconnected: u64::MAX,
+        stale_parks: u64::MAX,
         apps: (0..MAX_APPS)
             .map(|_| AppStats {
                 app_id: u64::MAX,
@@ -739,7 +741,6 @@ pub fn largest_stats_report() -> StatsReport {
                 congestion_events: u64::MAX,
                 ring_full: u64::MAX,
                 preempt_overdue: u64::MAX,
-                stale_parks: u64::MAX,
                 steals: u64::MAX,
                 net: Some(NetStats {
                     rx: u64::MAX,
@@ -766,7 +767,6 @@ pub fn largest_stats_report() -> StatsReport {
                     qu: u64::MAX,
                     pq: u64::MAX,
                     pa: u64::MAX,
-                    pb: u64::MAX,
                 }),
             })
             .collect(),

@@ -108,6 +108,8 @@ pub(super) struct DispatchCounters {
     /// `Parked`s read while requests were queued (a `Run` taken back
     /// included).
     pub parked_with_queue: u64,
+    /// Pre-assigned requests taken back by a preempted hand-back.
+    pub pre_dropped: u64,
 }
 
 /// One application's dispatch state.
@@ -187,12 +189,11 @@ impl AppDispatch {
             ak: q.preempt_asked,
             bs: q.backstops,
             rf: c.refused,
-            tb: c.stale_runs,
+            tb: c.stale_runs + c.pre_dropped,
             li: c.lies,
             qu: self.queues.queued() as u64,
             pq: c.parked_with_queue,
             pa: q.pre_assigned,
-            pb: q.pre_taken_back,
         }
     }
 
@@ -300,8 +301,11 @@ impl AppDispatch {
             // The worker drops the request pre-assigned behind this one:
             // back to the head of its queue before this one is placed.
             if let Some((_, mut held)) = self.sent_next.get_mut(k).and_then(Option::take) {
+                held.t.pickup += now.saturating_sub(held.t.sent_at);
                 self.requeued(&mut held.t, now);
-                self.queues.take_back_next(k, held);
+                if self.queues.take_back_next(k, held).is_some() {
+                    self.counters.pre_dropped += 1;
+                }
             }
         }
         let mut t = match self.sent.get(k) {

@@ -197,6 +197,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             passes: self.passes,
             registrations_refused: self.refused,
             apps_disconnected: self.disconnected,
+            stale_parks: self.apps.iter().map(|a| a.stale_parks).sum(),
             apps: self
                 .apps
                 .iter()
@@ -215,7 +216,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                     congestion_events: a.congestion,
                     ring_full: a.ring_full,
                     preempt_overdue: a.preempt_overdue,
-                    stale_parks: a.stale_parks,
                     steals: a.steals(),
                     net: a.net.as_ref().map(AppNet::report),
                     dispatch: a.dispatch.as_ref().map(|d| d.stats()),

@@ -650,7 +650,7 @@ fn a_pre_assigned_request_starts_as_its_worker_completes_the_one_before() {
     assert_eq!(m.d.queues.running_on(0), Some(1));
     assert_eq!(m.d.queues.pre_assigned_on(0), Some(2));
     m.settle();
-    assert_eq!(m.d.stats().pb, 0, "nothing taken back");
+    assert_eq!(m.d.queues.stats().pre_taken_back, 0, "nothing taken back");
 }
 
 /// A preempted hand-back takes the pre-assigned request back: the worker
@@ -675,7 +675,8 @@ fn a_preempted_hand_back_takes_the_pre_assigned_request_back() {
     assert!(m.w[0].runs.is_empty(), "the pre-assigned Run is dropped");
     m.check(false);
     m.io_turn();
-    assert_eq!(m.d.stats().pb, 1);
+    assert_eq!(m.d.counters.pre_dropped, 1);
+    assert_eq!(m.d.stats().tb, 1, "counted as taken back");
     assert_eq!(m.d.queues.running_on(0), Some(1), "by a plain Run");
     assert_eq!(m.d.queues.pre_assigned_on(0), Some(0));
     m.worker(0, 1);
