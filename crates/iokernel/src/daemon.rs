@@ -144,6 +144,9 @@ struct Kthread {
     drain_egress: bool,
     /// Its steals, from its queue line.
     steals: stats::StealCount,
+    /// Its grants' numbers: which `Parked`/`Yielded` answers the current
+    /// one.
+    grants: pass::GrantNumbers,
 }
 
 struct App {
@@ -164,6 +167,8 @@ struct App {
     congestion: u64,
     ring_full: u64,
     preempt_overdue: u64,
+    /// `Parked`/`Yielded` that answered a grant already answered: ignored.
+    stale_parks: u64,
     /// Set when the application must be removed, with the reason.
     doomed: Option<String>,
     /// Its address, port and ingress pool, if it registered one.

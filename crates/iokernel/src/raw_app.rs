@@ -115,6 +115,7 @@ impl RawApp {
     pub fn report_parked(&mut self, k: usize) {
         let _ = self.ends[k].to_iokernel.send(ToIokernel::Parked {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         });
     }
 

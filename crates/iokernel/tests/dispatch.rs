@@ -37,6 +37,8 @@ fn sq(quantum_ns: u64) -> DispatchSpec {
         classes: Vec::new(),
         class_offset: 0,
         backstop_ns: None,
+        // The workers played here know no `RunNext`.
+        pre_assign: Some(false),
     }
 }
 
@@ -104,11 +106,13 @@ fn serve_all(total: u64, seed: u64) {
                             .to_iokernel
                             .send(ToIokernel::Yielded {
                                 next_deadline_ns: None,
+                                grant: ginza_shm::UNNUMBERED_GRANT,
                             })
                             .unwrap();
                     }
                     // Read before the Wake that follows our Parked: stale
                     // (docs/colocate.md); iokerneld queued it again.
+                    ToKthread::RunNext { .. } => panic!("pre-assignment is off for this server"),
                     ToKthread::Run { .. } if !worker.granted => stale += 1,
                     ToKthread::Run { request, packet } => {
                         assert!(worker.holding.is_none(), "worker {k} given two");
@@ -298,6 +302,7 @@ fn revoked_workers_hand_their_requests_back() {
                 if let ToKthread::Preempt { .. } = m {
                     let _ = rival.ends[k].to_iokernel.send(ToIokernel::Yielded {
                         next_deadline_ns: None,
+                        grant: ginza_shm::UNNUMBERED_GRANT,
                     });
                 }
             }
@@ -314,8 +319,10 @@ fn revoked_workers_hand_their_requests_back() {
                         worker.granted = false;
                         let _ = server.ends[k].to_iokernel.send(ToIokernel::Yielded {
                             next_deadline_ns: None,
+                            grant: ginza_shm::UNNUMBERED_GRANT,
                         });
                     }
+                    ToKthread::RunNext { .. } => panic!("pre-assignment is off for this server"),
                     ToKthread::Run { .. } if !worker.granted => {}
                     ToKthread::Run { request, packet } => {
                         assert!(worker.holding.is_none(), "worker {k} given two");

@@ -503,11 +503,13 @@ fn congestion_is_granted_and_parking_gives_cores_back() {
     k0.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     k1.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     let s = d.wait_for("cores given back", |s| {
@@ -558,6 +560,7 @@ fn grants_are_timed_reallocations_counted_and_reset_stats_starts_a_window() {
         k.to_iokernel
             .send(ToIokernel::Parked {
                 next_deadline_ns: None,
+                grant: ginza_shm::UNNUMBERED_GRANT,
             })
             .unwrap();
     }
@@ -726,6 +729,7 @@ fn latency_critical_app_preempts_a_bursting_batch_app() {
     rv.to_iokernel
         .send(ToIokernel::Yielded {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     d.wait_for("victim parked", |s| {
@@ -908,6 +912,7 @@ fn a_kthread_still_pinned_to_its_core_is_granted_without_pinning_it_again() {
     k.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     d.wait_for("parked", |s| app_named(s, "pinned").unwrap().cores_now == 0);
@@ -943,6 +948,7 @@ fn a_hand_over_is_carried_out_when_the_victim_yields_not_at_the_next_pass() {
     rv.to_iokernel
         .send(ToIokernel::Yielded {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     let t0 = Instant::now();
@@ -1060,6 +1066,7 @@ fn an_expired_timer_of_a_parked_app_wakes_it() {
     k.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: Some(deadline),
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     d.wait_for("a grant at the deadline", |s| {
@@ -1080,6 +1087,7 @@ fn an_expired_timer_of_a_parked_app_wakes_it() {
     k.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     d.wait_for("parked again", |s| {
@@ -1242,6 +1250,7 @@ fn a_kthread_preempted_in_the_pass_that_granted_it_is_granted_again() {
     k2.to_iokernel
         .send(ToIokernel::Parked {
             next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
         })
         .unwrap();
     let t0 = Instant::now();
@@ -1336,6 +1345,7 @@ fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_f
         kl.to_iokernel
             .send(ToIokernel::Parked {
                 next_deadline_ns: None,
+                grant: ginza_shm::UNNUMBERED_GRANT,
             })
             .unwrap();
         d.wait_for("batch keeps the core", |s| {

@@ -282,6 +282,7 @@ impl Kthread {
         if self
             .send(ToIokernel::Parked {
                 next_deadline_ns: first,
+                grant: ginza_shm::UNNUMBERED_GRANT,
             })
             .is_err()
         {
@@ -297,9 +298,11 @@ impl Kthread {
                 Outcome::Stop => return,
                 Outcome::Park => ToIokernel::Parked {
                     next_deadline_ns: deadline,
+                    grant: ginza_shm::UNNUMBERED_GRANT,
                 },
                 Outcome::Yield => ToIokernel::Yielded {
                     next_deadline_ns: deadline,
+                    grant: ginza_shm::UNNUMBERED_GRANT,
                 },
             };
             self.end.line.insert_flags(LineFlags::PARKED);

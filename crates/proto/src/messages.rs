@@ -125,6 +125,12 @@ pub struct DispatchSpec {
     /// none: never signalled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backstop_ns: Option<u64>,
+    /// Pre-assignment (docs/colocate.md, "Pre-assignment"): iokerneld
+    /// sends a busy worker its next request ahead (`RunNext`) while
+    /// requests wait; preemptive policies only. None:
+    /// [`DispatchSpec::PRE_ASSIGN_DEFAULT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_assign: Option<bool>,
 }
 
 /// One c-PRE-MQ class of a [`DispatchSpec`].
@@ -137,6 +143,15 @@ pub struct DispatchClass {
 }
 
 impl DispatchSpec {
+    /// Whether iokerneld pre-assigns when the spec does not say: yes,
+    /// chosen by measurement (docs/results.md, "Session 10").
+    pub const PRE_ASSIGN_DEFAULT: bool = true;
+
+    /// Whether iokerneld pre-assigns this application's requests.
+    pub fn pre_assigns(&self) -> bool {
+        self.pre_assign.unwrap_or(Self::PRE_ASSIGN_DEFAULT)
+    }
+
     /// The policy it names, or why it names none.
     pub fn sched_policy(&self) -> Result<ginza_policy::sched::SchedPolicy, String> {
         use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
@@ -519,8 +534,10 @@ pub struct DispatchStats {
     pub bs: u64,
     /// Requests the application refused unrun (over its in-flight bound).
     pub rf: u64,
-    /// `Run`s that crossed their worker's `Parked`/`Yielded`: taken back
-    /// and queued again as they were.
+    /// `Run`s taken back unrun and queued again as they were: they
+    /// crossed their worker's `Parked`/`Yielded`, or were pre-assigned
+    /// behind a request handed back preempted (docs/colocate.md,
+    /// "Pre-assignment").
     pub tb: u64,
     /// Hand-backs refused (they named a request the worker did not hold).
     pub li: u64,
@@ -531,6 +548,11 @@ pub struct DispatchStats {
     /// docs/colocate.md, "Several workers"). Absent from older replies.
     #[serde(default)]
     pub pq: u64,
+    /// Requests pre-assigned to busy workers (`RunNext`, counted in `ru`
+    /// too; those taken back unrun are in `tb`; docs/colocate.md,
+    /// "Pre-assignment"). Absent from older replies.
+    #[serde(default)]
+    pub pa: u64,
 }
 
 /// Summary of a histogram of durations, in ns. All zero when `count` is 0.
@@ -624,6 +646,13 @@ pub struct StatsReport {
     pub passes: u64,
     pub registrations_refused: u64,
     pub apps_disconnected: u64,
+    /// `Parked`/`Yielded` iokerneld ignored because they answered a grant
+    /// already answered (sent after a wake-up that was no grant;
+    /// docs/colocate.md, "Grant numbers"), by the applications registered
+    /// now. One total, not one per application: a stats reply about
+    /// [`MAX_APPS`] applications must fit. Absent from older replies.
+    #[serde(default)]
+    pub stale_parks: u64,
     pub apps: Vec<AppStats>,
     /// The last few applications removed, oldest first.
     pub recent_removals: Vec<Removal>,
@@ -702,6 +731,7 @@ pub fn largest_stats_report() -> StatsReport {
         passes: u64::MAX,
         registrations_refused: u64::MAX,
         apps_disconnected: u64::MAX,
+        stale_parks: u64::MAX,
         apps: (0..MAX_APPS)
             .map(|_| AppStats {
                 app_id: u64::MAX,
@@ -743,6 +773,7 @@ pub fn largest_stats_report() -> StatsReport {
                     li: u64::MAX,
                     qu: u64::MAX,
                     pq: u64::MAX,
+                    pa: u64::MAX,
                 }),
             })
             .collect(),

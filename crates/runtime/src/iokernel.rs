@@ -81,12 +81,21 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
     let next_deadline_ns = link.to_monotonic(rt.earliest_deadline());
     // Dispatch by iokerneld: a `Run` read from here to the next `Wake`
     // crossed this `Parked`/`Yielded` (docs/colocate.md).
-    owner.expect_wake_from_iokernel();
+    // The park answers the grant of the last `Wake` read: iokerneld
+    // ignores it if that grant was answered already (a wake-up that was no
+    // grant), so it cannot take a later grant's core or requests.
+    let grant = owner.expect_wake_from_iokernel();
     owner.send_to_iokernel(if preempted {
-        ginza_shm::ToIokernel::Yielded { next_deadline_ns }
+        ginza_shm::ToIokernel::Yielded {
+            next_deadline_ns,
+            grant,
+        }
     } else {
         bump(&k.stats.parks);
-        ginza_shm::ToIokernel::Parked { next_deadline_ns }
+        ginza_shm::ToIokernel::Parked {
+            next_deadline_ns,
+            grant,
+        }
     });
     wait_for_grant(owner, io);
 }

@@ -72,8 +72,14 @@ pub(crate) struct KLink {
     /// The packet rings, with networking.
     pub(crate) net: Option<KNet>,
     /// Owner kthread only. Dispatch by iokerneld (docs/colocate.md): the
-    /// `Run`s read since the last `Wake` (those read before it are stale).
-    runs: UnsafeCell<std::collections::VecDeque<Run>>,
+    /// `Run`s read since the last `Wake` (those read before it are stale),
+    /// each with whether it was pre-assigned (`RunNext`).
+    runs: UnsafeCell<std::collections::VecDeque<(Run, bool)>>,
+    /// Owner kthread only: the kthread handed a request back preempted,
+    /// and has read no plain `Run` since: a `RunNext` read now was
+    /// pre-assigned behind that request, and iokerneld takes it back when
+    /// it reads the hand-back (docs/colocate.md, "Pre-assignment").
+    drop_pre_assigned: UnsafeCell<bool>,
     /// The last grant this kthread ran after: iokerneld's decision and the
     /// kthread running, CLOCK_MONOTONIC ns (0: none yet). Written by the
     /// owner kthread, read by the uthreads it runs ([`crate::last_wake`]).
@@ -82,6 +88,10 @@ pub(crate) struct KLink {
     /// one) and has read no `Wake` since: every `Run` read now crossed its
     /// `Parked`/`Yielded` and iokerneld has queued it again.
     awaiting_wake: UnsafeCell<bool>,
+    /// Owner kthread only: the number of the last `Wake` read — the grant
+    /// the kthread runs under, which its next `Parked`/`Yielded` answers
+    /// (0 before the first: iokerneld's first grant is 1).
+    grant: UnsafeCell<u16>,
 }
 
 /// A request iokerneld runs on a kthread (dispatch by iokerneld,
@@ -120,20 +130,37 @@ impl KLink {
         let runs = unsafe { &mut *self.runs.get() };
         // SAFETY: owner-only (caller's contract).
         let awaiting_wake = unsafe { &mut *self.awaiting_wake.get() };
+        // SAFETY: owner-only (caller's contract).
+        let drop_pre_assigned = unsafe { &mut *self.drop_pre_assigned.get() };
         let mut decided = None;
         loop {
             match rx.recv() {
-                Ok(Some(ToKthread::Wake { decided_ns, .. })) => {
+                Ok(Some(ToKthread::Wake {
+                    decided_ns, grant, ..
+                })) => {
                     decided = Some(decided_ns);
+                    // SAFETY: owner-only (caller's contract).
+                    unsafe { *self.grant.get() = grant };
                     // Runs read before a Wake crossed our Parked/Yielded:
                     // iokerneld has queued them again (docs/colocate.md).
                     runs.clear();
                     *awaiting_wake = false;
+                    *drop_pre_assigned = false;
                 }
                 // Stale: it crossed our Parked/Yielded (even when a wake
                 // came with no `Wake` read, as after a full ring).
-                Ok(Some(ToKthread::Run { .. })) if *awaiting_wake => {}
-                Ok(Some(ToKthread::Run { request, packet })) => runs.push_back((request, packet)),
+                Ok(Some(ToKthread::Run { .. } | ToKthread::RunNext { .. })) if *awaiting_wake => {}
+                Ok(Some(ToKthread::Run { request, packet })) => {
+                    // Sent after iokerneld read our last hand-back.
+                    *drop_pre_assigned = false;
+                    runs.push_back(((request, packet), false));
+                }
+                // Pre-assigned behind a request we handed back preempted:
+                // taken back.
+                Ok(Some(ToKthread::RunNext { .. })) if *drop_pre_assigned => {}
+                Ok(Some(ToKthread::RunNext { request, packet })) => {
+                    runs.push_back(((request, packet), true));
+                }
                 Ok(Some(ToKthread::Preempt { .. })) => {}
                 Ok(None) => return decided,
                 Err(e) => {
@@ -160,15 +187,20 @@ impl KLink {
     /// The kthread is about to give its core back (`Parked`/`Yielded`):
     /// `Run`s it has read and not started, and those it reads until its
     /// next `Wake`, are stale (iokerneld queues them again when it reads
-    /// the `Parked`/`Yielded`, docs/colocate.md).
+    /// the `Parked`/`Yielded`, docs/colocate.md). Returns the grant the
+    /// `Parked`/`Yielded` answers (the last `Wake`'s number): iokerneld
+    /// ignores one that answers a grant already answered, as after a
+    /// wake-up that was no grant.
     ///
     /// # Safety
     /// Owner kthread only.
-    pub(crate) unsafe fn expect_wake(&self) {
+    pub(crate) unsafe fn expect_wake(&self) -> u16 {
         // SAFETY: owner-only (caller's contract).
         unsafe { &mut *self.runs.get() }.clear();
         // SAFETY: owner-only (caller's contract).
         unsafe { *self.awaiting_wake.get() = true };
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.grant.get() }
     }
 
     /// The next request iokerneld runs on this kthread (dispatch by
@@ -179,13 +211,29 @@ impl KLink {
     pub(crate) unsafe fn next_run(&self) -> Option<Run> {
         // SAFETY: owner-only (caller's contract).
         let queued = unsafe { &mut *self.runs.get() }.pop_front();
-        if queued.is_some() {
-            return queued;
+        if let Some((run, _)) = queued {
+            return Some(run);
         }
         // SAFETY: owner-only (caller's contract).
         unsafe { self.drain() };
         // SAFETY: owner-only (caller's contract).
-        unsafe { &mut *self.runs.get() }.pop_front()
+        unsafe { &mut *self.runs.get() }
+            .pop_front()
+            .map(|(run, _)| run)
+    }
+
+    /// The kthread is about to hand its request back preempted: a request
+    /// pre-assigned behind it (`RunNext`), read or not, is dropped —
+    /// iokerneld takes it back when it reads the hand-back, and the
+    /// policy chooses again (docs/colocate.md, "Pre-assignment").
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn handing_back_preempted(&self) {
+        // SAFETY: owner-only (caller's contract).
+        unsafe { &mut *self.runs.get() }.retain(|&(_, pre_assigned)| !pre_assigned);
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.drop_pre_assigned.get() = true };
     }
 
     /// iokerneld asks the running request to yield: its quantum is spent
@@ -260,6 +308,8 @@ impl Link {
                 last_wake: [AtomicU64::new(0), AtomicU64::new(0)],
                 // Every kthread starts parked: its first grant sends a Wake.
                 awaiting_wake: UnsafeCell::new(true),
+                drop_pre_assigned: UnsafeCell::new(false),
+                grant: UnsafeCell::new(0),
                 net: cfg
                     .net
                     .is_some()
@@ -471,10 +521,11 @@ mod tests {
         }
     }
 
-    fn wake() -> ToKthread {
+    fn wake(grant: u16) -> ToKthread {
         ToKthread::Wake {
             core: 0,
             decided_ns: 1,
+            grant,
         }
     }
 
@@ -490,7 +541,7 @@ mod tests {
         let mut io = link.region.iokernel_end(0).unwrap();
         // A new kthread waits for its first grant: a Run before it is stale.
         io.to_kthread.send(run(1)).unwrap();
-        io.to_kthread.send(wake()).unwrap();
+        io.to_kthread.send(wake(1)).unwrap();
         io.to_kthread.send(run(2)).unwrap();
         // SAFETY: the test is the only user of this kthread's end.
         unsafe {
@@ -502,13 +553,14 @@ mod tests {
             // It parks; a Run crosses the Parked; it wakes with no Wake
             // read (its grant's Wake did not fit the ring).
             io.to_kthread.send(run(4)).unwrap();
-            k.expect_wake();
+            assert_eq!(k.expect_wake(), 1, "the park answers grant 1");
             assert_eq!(k.next_run(), None, "crossed its park");
             io.to_kthread.send(run(5)).unwrap();
             assert_eq!(k.next_run(), None, "still no Wake");
-            io.to_kthread.send(wake()).unwrap();
+            io.to_kthread.send(wake(2)).unwrap();
             io.to_kthread.send(run(6)).unwrap();
             assert_eq!(k.next_run().map(|r| r.0), Some(6));
+            assert_eq!(k.expect_wake(), 2, "the next park answers grant 2");
         }
     }
 

@@ -52,6 +52,7 @@ fn config(d: &Daemon, name: &str, me: Interface, policy: &str) -> DispatchedConf
         classes: Vec::new(),
         class_offset: 0,
         backstop_ns: None,
+        pre_assign: None,
     };
     let mut cfg = DispatchedConfig::new(io, spec, PORT);
     cfg.workers = 2;
@@ -150,6 +151,39 @@ fn requests_are_served_and_long_ones_preempted_under_iokerneld() {
         s.replies,
         s.sent
     );
+    assert_eq!(s.unmatched_replies, 0, "a request answered twice: {s:?}");
+    assert!(served.served >= s.replies, "{served:?}");
+    assert_eq!(served.unknown_resumes, 0, "{served:?}");
+    assert_eq!(served.rejected, 0, "{served:?}");
+}
+
+/// With pre-assignment (docs/colocate.md, "Pre-assignment"): busy
+/// workers get their next request ahead and start it as they complete
+/// theirs; every request is answered once, and every request iokerneld
+/// queued completes once (pre-assigned ones taken back included).
+#[test]
+fn pre_assigned_requests_are_served_once_under_iokerneld() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let me = iface(1);
+    let service = ServiceTime::Bimodal {
+        p: 0.9,
+        a_ns: 2_000,
+        b_ns: 100_000,
+    };
+    let load = LoadRun::poisson(me, PORT, 10_000.0, service, Duration::from_millis(400));
+    let mut cfg = config(&d, "pre-assigned", me, "c-pre-sq");
+    cfg.dispatch.pre_assign = Some(true);
+    let (report, served, counters) = serve_with(&d, cfg, load, spin_handler);
+    eprintln!(
+        "generator: {:?}\nserver: {served:?}\niokerneld: {counters:?}",
+        report.stats
+    );
+    let s = report.stats;
+    let c = counters.expect("iokerneld's dispatch counters");
+    assert!(c.pa > 0, "nothing was pre-assigned: {c:?}");
+    assert_eq!(c.ar, c.co, "every queued request completed once: {c:?}");
+    assert_eq!(c.li, 0, "no hand-back refused: {c:?}");
     assert_eq!(s.unmatched_replies, 0, "a request answered twice: {s:?}");
     assert!(served.served >= s.replies, "{served:?}");
     assert_eq!(served.unknown_resumes, 0, "{served:?}");

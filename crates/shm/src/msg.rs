@@ -41,6 +41,22 @@ pub enum DecodeError {
     UnknownReason(u32),
     #[error("unknown hand-back kind {0}")]
     UnknownHandBack(u32),
+    #[error("grant number {0} is out of range")]
+    BadGrant(u32),
+}
+
+/// The grant number of a `Parked`/`Yielded` from a client that does not
+/// number its parks: it answers whatever grant is current (no staleness
+/// check). The runtime always numbers them.
+pub const UNNUMBERED_GRANT: u16 = u16::MAX;
+
+/// The grant number after `grant` (iokerneld numbers each `Wake` it puts
+/// on a kthread's ring; [`UNNUMBERED_GRANT`] is skipped).
+pub fn next_grant(grant: u16) -> u16 {
+    match grant.wrapping_add(1) {
+        UNNUMBERED_GRANT => 0,
+        g => g,
+    }
 }
 
 /// kthread → iokerneld.
@@ -51,12 +67,22 @@ pub enum ToIokernel {
     Started { tid: u32 },
     /// Out of work: it gave up its core and blocks on its eventfd.
     /// `next_deadline_ns` (CLOCK_MONOTONIC) is its earliest timer, if any;
-    /// iokerneld wakes it then.
-    Parked { next_deadline_ns: Option<u64> },
+    /// iokerneld wakes it then. `grant`: the number of the last
+    /// [`ToKthread::Wake`] it read — the grant this park answers; iokerneld
+    /// ignores (and counts) a park that answers a grant it has already
+    /// seen answered, such as one sent after a wake-up that was no grant
+    /// ([`UNNUMBERED_GRANT`]: no check).
+    Parked {
+        next_deadline_ns: Option<u64>,
+        grant: u16,
+    },
     /// It gave its core back in answer to [`ToKthread::Preempt`] and blocks
-    /// on its eventfd; `next_deadline_ns` as for `Parked` (a preempted
-    /// kthread may hold the application's only pending timers).
-    Yielded { next_deadline_ns: Option<u64> },
+    /// on its eventfd; `next_deadline_ns` and `grant` as for `Parked` (a
+    /// preempted kthread may hold the application's only pending timers).
+    Yielded {
+        next_deadline_ns: Option<u64>,
+        grant: u16,
+    },
     /// Dispatch by iokerneld (docs/colocate.md): the request iokerneld ran
     /// on this kthread ([`ToKthread::Run`]) completed, or was preempted
     /// (its context stays in the application, resumable by `request`).
@@ -70,10 +96,16 @@ pub enum ToIokernel {
 /// iokerneld → kthread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToKthread {
-    /// It has been granted `core` (affinity already set); run.
-    /// `decided_ns` (CLOCK_MONOTONIC) is when iokerneld decided the grant,
-    /// so the kthread can measure decision → running.
-    Wake { core: u32, decided_ns: u64 },
+    /// It has been granted `core` (affinity already set, below 65,536);
+    /// run. `decided_ns` (CLOCK_MONOTONIC) is when iokerneld decided the
+    /// grant, so the kthread can measure decision → running. `grant`
+    /// numbers the grants of this kthread ([`next_grant`]): its next
+    /// `Parked`/`Yielded` carries it back.
+    Wake {
+        core: u32,
+        decided_ns: u64,
+        grant: u16,
+    },
     /// Give the core back (then answer [`ToIokernel::Yielded`]).
     Preempt { reason: PreemptReason },
     /// Dispatch by iokerneld (docs/colocate.md): run request `request`
@@ -81,6 +113,14 @@ pub enum ToKthread {
     /// buffer named here (lent like a ring's, given back on the done
     /// ring), or, with no packet, a preempted one the application holds.
     Run {
+        request: u64,
+        packet: Option<RunPacket>,
+    },
+    /// Dispatch by iokerneld, pre-assignment (docs/colocate.md): run
+    /// `request` (as in `Run`) next, as soon as the request this kthread
+    /// runs is handed back completed; a preempted hand-back drops it
+    /// (iokerneld takes it back when it reads that hand-back).
+    RunNext {
         request: u64,
         packet: Option<RunPacket>,
     },
@@ -106,7 +146,7 @@ impl ToKthread {
     pub fn wake_core(self) -> Option<u32> {
         match self {
             ToKthread::Wake { core, .. } => Some(core),
-            ToKthread::Preempt { .. } | ToKthread::Run { .. } => None,
+            ToKthread::Preempt { .. } | ToKthread::Run { .. } | ToKthread::RunNext { .. } => None,
         }
     }
 }
@@ -143,6 +183,7 @@ mod tag {
     pub const WAKE: u32 = 1;
     pub const PREEMPT: u32 = 2;
     pub const RUN: u32 = 3;
+    pub const RUN_NEXT: u32 = 4;
 
     /// `arg32` of a hand-back.
     pub const COMPLETED: u32 = 1;
@@ -158,14 +199,20 @@ impl Message for ToIokernel {
                 arg32: tid,
                 arg64: 0,
             },
-            ToIokernel::Parked { next_deadline_ns } => RawMsg {
+            ToIokernel::Parked {
+                next_deadline_ns,
+                grant,
+            } => RawMsg {
                 tag: tag::PARKED,
-                arg32: 0,
+                arg32: grant.into(),
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
-            ToIokernel::Yielded { next_deadline_ns } => RawMsg {
+            ToIokernel::Yielded {
+                next_deadline_ns,
+                grant,
+            } => RawMsg {
                 tag: tag::YIELDED,
-                arg32: 0,
+                arg32: grant.into(),
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
             ToIokernel::HandBack { request, completed } => RawMsg {
@@ -190,9 +237,11 @@ impl Message for ToIokernel {
             tag::STARTED => ToIokernel::Started { tid: raw.arg32 },
             tag::PARKED => ToIokernel::Parked {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+                grant: u16::try_from(raw.arg32).map_err(|_| DecodeError::BadGrant(raw.arg32))?,
             },
             tag::YIELDED => ToIokernel::Yielded {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+                grant: u16::try_from(raw.arg32).map_err(|_| DecodeError::BadGrant(raw.arg32))?,
             },
             tag::HAND_BACK => match raw.arg32 {
                 tag::COMPLETED | tag::PREEMPTED => ToIokernel::HandBack {
@@ -215,9 +264,13 @@ impl Message for ToIokernel {
 impl Message for ToKthread {
     fn encode(self) -> RawMsg {
         match self {
-            ToKthread::Wake { core, decided_ns } => RawMsg {
+            ToKthread::Wake {
+                core,
+                decided_ns,
+                grant,
+            } => RawMsg {
                 tag: tag::WAKE,
-                arg32: core,
+                arg32: (core & 0xffff) | u32::from(grant) << 16,
                 arg64: decided_ns,
             },
             ToKthread::Preempt { reason } => RawMsg {
@@ -225,30 +278,29 @@ impl Message for ToKthread {
                 arg32: reason as u32,
                 arg64: 0,
             },
-            ToKthread::Run { request, packet } => RawMsg {
-                tag: tag::RUN,
-                arg32: packet.map_or(NO_PACKET, |p| p.buf),
-                arg64: (request % MAX_REQUEST_ID) << 16 | u64::from(packet.map_or(0, |p| p.len)),
-            },
+            ToKthread::Run { request, packet } => encode_run(tag::RUN, request, packet),
+            ToKthread::RunNext { request, packet } => encode_run(tag::RUN_NEXT, request, packet),
         }
     }
 
     fn decode(raw: RawMsg) -> Result<Self, DecodeError> {
         Ok(match raw.tag {
             tag::WAKE => ToKthread::Wake {
-                core: raw.arg32,
+                core: raw.arg32 & 0xffff,
                 decided_ns: raw.arg64,
+                grant: (raw.arg32 >> 16) as u16,
             },
             tag::PREEMPT => ToKthread::Preempt {
                 reason: PreemptReason::from_u32(raw.arg32)?,
             },
-            tag::RUN => ToKthread::Run {
-                request: raw.arg64 >> 16,
-                packet: (raw.arg32 != NO_PACKET).then_some(RunPacket {
-                    buf: raw.arg32,
-                    len: raw.arg64 as u16,
-                }),
-            },
+            tag::RUN => {
+                let (request, packet) = decode_run(raw);
+                ToKthread::Run { request, packet }
+            }
+            tag::RUN_NEXT => {
+                let (request, packet) = decode_run(raw);
+                ToKthread::RunNext { request, packet }
+            }
             tag => {
                 return Err(DecodeError::UnknownTag {
                     dir: "iokerneld→kthread",
@@ -257,6 +309,22 @@ impl Message for ToKthread {
             }
         })
     }
+}
+
+fn encode_run(tag: u32, request: u64, packet: Option<RunPacket>) -> RawMsg {
+    RawMsg {
+        tag,
+        arg32: packet.map_or(NO_PACKET, |p| p.buf),
+        arg64: (request % MAX_REQUEST_ID) << 16 | u64::from(packet.map_or(0, |p| p.len)),
+    }
+}
+
+fn decode_run(raw: RawMsg) -> (u64, Option<RunPacket>) {
+    let packet = (raw.arg32 != NO_PACKET).then_some(RunPacket {
+        buf: raw.arg32,
+        len: raw.arg64 as u16,
+    });
+    (raw.arg64 >> 16, packet)
 }
 
 /// Why a send failed.
@@ -345,15 +413,19 @@ mod tests {
             ToIokernel::Started { tid: 1234 },
             ToIokernel::Parked {
                 next_deadline_ns: None,
+                grant: 0,
             },
             ToIokernel::Parked {
                 next_deadline_ns: Some(5_000_000),
+                grant: UNNUMBERED_GRANT,
             },
             ToIokernel::Yielded {
                 next_deadline_ns: None,
+                grant: 65_534,
             },
             ToIokernel::Yielded {
                 next_deadline_ns: Some(7),
+                grant: 3,
             },
             ToIokernel::HandBack {
                 request: u64::MAX - 1,
@@ -372,6 +444,12 @@ mod tests {
             ToKthread::Wake {
                 core: 3,
                 decided_ns: 99,
+                grant: 0,
+            },
+            ToKthread::Wake {
+                core: 65_535,
+                decided_ns: u64::MAX,
+                grant: 65_534,
             },
             ToKthread::Preempt {
                 reason: PreemptReason::CoreNeeded,
@@ -390,10 +468,31 @@ mod tests {
                 request: 43,
                 packet: None,
             },
+            ToKthread::RunNext {
+                request: 44,
+                packet: Some(RunPacket { buf: 8, len: 60 }),
+            },
+            ToKthread::RunNext {
+                request: 45,
+                packet: None,
+            },
         ];
         for m in downs {
             assert_eq!(ToKthread::decode(m.encode()), Ok(m));
         }
+    }
+
+    #[test]
+    fn grant_numbers_skip_the_unnumbered_value_and_wrap() {
+        assert_eq!(next_grant(0), 1);
+        assert_eq!(next_grant(UNNUMBERED_GRANT - 1), 0);
+        assert_eq!(next_grant(UNNUMBERED_GRANT), 0);
+        let raw = RawMsg {
+            tag: tag::PARKED,
+            arg32: 1 << 16,
+            arg64: NO_DEADLINE,
+        };
+        assert_eq!(ToIokernel::decode(raw), Err(DecodeError::BadGrant(1 << 16)));
     }
 
     #[test]
@@ -433,6 +532,7 @@ mod tests {
         let (mut tx, mut rx) = (CmdTx::<ToIokernel>::new(p), CmdRx::<ToIokernel>::new(c));
         tx.send(ToIokernel::Yielded {
             next_deadline_ns: None,
+            grant: 1,
         })
         .unwrap();
         tx.raw()
@@ -444,14 +544,16 @@ mod tests {
             .unwrap();
         assert_eq!(
             tx.send(ToIokernel::Yielded {
-                next_deadline_ns: None
+                next_deadline_ns: None,
+                grant: 1,
             }),
             Err(SendError::Full)
         );
         assert_eq!(
             rx.recv(),
             Ok(Some(ToIokernel::Yielded {
-                next_deadline_ns: None
+                next_deadline_ns: None,
+                grant: 1,
             }))
         );
         assert!(matches!(

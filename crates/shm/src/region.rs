@@ -590,6 +590,7 @@ mod tests {
         rt.to_iokernel
             .send(ToIokernel::Parked {
                 next_deadline_ns: Some(99),
+                grant: crate::UNNUMBERED_GRANT,
             })
             .unwrap();
         rt.line.set_rq_tail(3);
@@ -597,7 +598,8 @@ mod tests {
         assert_eq!(
             io.from_kthread.recv().unwrap(),
             Some(ToIokernel::Parked {
-                next_deadline_ns: Some(99)
+                next_deadline_ns: Some(99),
+                grant: crate::UNNUMBERED_GRANT,
             })
         );
         assert_eq!(io.line.snapshot().counters.rq_tail, 3);
@@ -650,13 +652,15 @@ mod tests {
             .send(ToKthread::Wake {
                 core: 1,
                 decided_ns: 5,
+                grant: 7,
             })
             .unwrap();
         assert_eq!(
             rt.from_iokernel.recv().unwrap(),
             Some(ToKthread::Wake {
                 core: 1,
-                decided_ns: 5
+                decided_ns: 5,
+                grant: 7,
             })
         );
         // Seals hold: the runtime cannot shrink the memfd any more.

@@ -58,8 +58,9 @@ fn cross_process_child() {
             send_spin(
                 &mut k1.to_kthread,
                 ToKthread::Wake {
-                    core: i as u32,
+                    core: (i & 0xffff) as u32,
                     decided_ns: i,
+                    grant: (i >> 16) as u16,
                 },
                 start,
             );
@@ -71,7 +72,8 @@ fn cross_process_child() {
         assert_eq!(
             m,
             ToIokernel::Parked {
-                next_deadline_ns: Some(i)
+                next_deadline_ns: Some(i),
+                grant: ginza_shm::UNNUMBERED_GRANT,
             }
         );
     }
@@ -121,6 +123,7 @@ fn cross_process_in_order() {
                 &mut k0.to_iokernel,
                 ToIokernel::Parked {
                     next_deadline_ns: Some(i),
+                    grant: ginza_shm::UNNUMBERED_GRANT,
                 },
                 start,
             );
@@ -134,8 +137,9 @@ fn cross_process_in_order() {
                 assert_eq!(
                     m,
                     ToKthread::Wake {
-                        core: got as u32,
-                        decided_ns: got
+                        core: (got & 0xffff) as u32,
+                        decided_ns: got,
+                        grant: (got >> 16) as u16,
                     }
                 );
                 got += 1;
@@ -147,8 +151,9 @@ fn cross_process_in_order() {
                         assert_eq!(
                             m,
                             ToKthread::Wake {
-                                core: got as u32,
-                                decided_ns: got
+                                core: (got & 0xffff) as u32,
+                                decided_ns: got,
+                                grant: (got >> 16) as u16,
                             }
                         );
                         got += 1;

@@ -392,6 +392,10 @@ impl ColocateSim {
                     // Simulated requests always reach a preemption point
                     // (no backstop is set here).
                     Action::Signal { .. } => {}
+                    // The simulated dispatcher does not pre-assign.
+                    Action::PreAssign { .. } => {
+                        unreachable!("pre-assignment is off in the simulator")
+                    }
                 }
             }
         }

@@ -47,6 +47,10 @@ struct Args {
     /// long after is interrupted by a signal (`0`: never).
     #[arg(long, value_parser = parse_duration, default_value = "50us")]
     backstop: std::time::Duration,
+    /// With `--mode shinjuku`: iokerneld pre-assigns the next request to a
+    /// busy worker (`true`/`false`; default: iokerneld's).
+    #[arg(long)]
+    pre_assign: Option<bool>,
     /// The Linux peer: kernel sockets and OS threads instead of a Ginza
     /// runtime (the baseline of Shenango's Fig. 4).
     #[arg(long, conflicts_with = "mode")]
@@ -114,6 +118,7 @@ fn main() -> anyhow::Result<()> {
                 class_offset: 0,
                 backstop_ns: (!args.backstop.is_zero())
                     .then(|| args.backstop.as_nanos().try_into().unwrap_or(u64::MAX)),
+                pre_assign: args.pre_assign,
             };
             let io = config
                 .iokernel

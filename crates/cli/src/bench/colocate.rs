@@ -73,6 +73,11 @@ pub struct ColocateArgs {
     /// machine with few CPUs (docs/colocate.md, "Several workers").
     #[arg(long)]
     workers: Option<usize>,
+    /// iokerneld pre-assigns the server's next request to a busy worker
+    /// (`true`/`false`; default: `DispatchSpec::PRE_ASSIGN_DEFAULT`;
+    /// docs/colocate.md, "Pre-assignment").
+    #[arg(long)]
+    pre_assign: Option<bool>,
     /// Simulated time per point of the simulator's prediction, ms.
     #[arg(long, default_value_t = 1000.0)]
     sim_ms: f64,
@@ -131,6 +136,9 @@ pub struct Point {
     /// iokerneld's dispatch counters of the server over the point
     /// (`AppStats::dispatch`, docs/colocate.md).
     pub dispatch: Option<DispatchStats>,
+    /// `Parked`/`Yielded` iokerneld ignored as answering a grant already
+    /// answered, server and batch together (`StatsReport::stale_parks`).
+    pub stale_parks: u64,
     /// Where the requests' time in iokerneld went (packet held → completed
     /// hand-back): all of them, and the tail (those in the sojourn bands
     /// from the one holding iokerneld's p99 up; `tail_from_us` is that
@@ -215,6 +223,8 @@ struct Report {
     managed_cores: usize,
     /// The server's worker kthreads.
     workers: usize,
+    /// Whether iokerneld pre-assigned the server's requests (c-PRE-SQ).
+    pre_assign: bool,
     iokernel_cpu: usize,
     duration_s: f64,
     sim_grant_latency_us: f64,
@@ -301,6 +311,7 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
             * 1e6,
         managed_cores: n,
         workers,
+        pre_assign: args.pre_assign.unwrap_or(DispatchSpec::PRE_ASSIGN_DEFAULT),
         iokernel_cpu: io_cpu,
         duration_s: args.duration.as_secs_f64(),
         sim_grant_latency_us: SIM_GRANT_LATENCY_US,
@@ -344,6 +355,7 @@ fn measure(
         duration: args.duration,
         idle_spin: args.idle_spin,
         workers: args.workers,
+        pre_assign: args.pre_assign,
     };
     measure_point(&run)
 }
@@ -368,6 +380,8 @@ pub struct PointRun<'a> {
     pub idle_spin: Option<Duration>,
     /// The server's worker kthreads (`None`: one per managed core).
     pub workers: Option<usize>,
+    /// Pre-assignment (`None`: iokerneld's default).
+    pub pre_assign: Option<bool>,
 }
 
 /// One measured point: a fresh iokerneld, batch, and the server (the
@@ -422,6 +436,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
             classes: Vec::new(),
             class_offset: 0,
             backstop_ns: Some(BACKSTOP_NS),
+            pre_assign: run.pre_assign,
         };
         let mut cfg = DispatchedConfig::new(io, spec, PORT).with_workers(run.workers.unwrap_or(n));
         if let Some(spin) = run.idle_spin {
@@ -503,9 +518,10 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     let paths1 = paths.load(Ordering::Relaxed);
     sampling.store(false, Ordering::Release);
     let lc_cores = sampler.join().unwrap_or(f64::NAN);
-    let server_stats = client::stats(&socket)
-        .ok()
-        .and_then(|s| s.apps.into_iter().find(|a| a.name == "spin-shinjuku"));
+    let report_now = client::stats(&socket).ok();
+    let stale_parks = report_now.as_ref().map_or(0, |s| s.stale_parks);
+    let server_stats =
+        report_now.and_then(|s| s.apps.into_iter().find(|a| a.name == "spin-shinjuku"));
     let dropped_ingress = server_stats
         .as_ref()
         .and_then(|a| a.net)
@@ -543,6 +559,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         rejected: served.rejected,
         dropped_ingress,
         dispatch,
+        stale_parks,
         all,
         tail,
         tail_from_us,
@@ -591,7 +608,7 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back/parked with work queued",
+        "\nwhere the time in iokerneld went, mean us per request (all / tail: the sojourn bands from iokerneld's p99 up):\n{:<30} {:>5} {:>6} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  dispatch: runs/asked/backstops/taken back/parked with work queued/pre-assigned",
         "config", "load", "tail>=", "count", "sojourn", "queued", "no core", "pickup", "on core", "runs"
     );
     for p in &r.points {
@@ -602,7 +619,7 @@ fn render(r: &Report) -> String {
         let d = p.dispatch.unwrap_or_default();
         let _ = writeln!(
             s,
-            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}/{}",
+            "{:<30} {:>5.2} {:>6.0} {:>8} {:>17} {:>17} {:>17} {:>15} {:>15} {:>11}  {}/{}/{}/{}/{}/{}",
             label(p.sched, p.alloc),
             p.load,
             p.tail_from_us,
@@ -618,6 +635,7 @@ fn render(r: &Report) -> String {
             d.bs,
             d.tb,
             d.pq,
+            d.pa,
         );
     }
     s

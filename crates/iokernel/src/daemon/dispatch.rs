@@ -22,6 +22,12 @@
 //! run is refused and counted; an application that keeps lying is
 //! disconnected.
 //!
+//! With pre-assignment ([`ColocatedDispatcher::with_pre_assign`]) a busy
+//! worker may also get the next request ahead ([`ToKthread::RunNext`]),
+//! which it starts as soon as it hands its request back completed; a
+//! preempted hand-back takes it back (the worker drops it), and so does
+//! the worker's `Parked`/`Yielded`, as for a `Run`.
+//!
 //! A `Run` can cross the kthread's `Parked`/`Yielded` on the rings (the
 //! kthread found its command ring empty, then iokerneld sent the `Run`).
 //! The kthread reads nothing more until its next `Wake`, so such a `Run`
@@ -102,6 +108,8 @@ pub(super) struct DispatchCounters {
     /// `Parked`s read while requests were queued (a `Run` taken back
     /// included).
     pub parked_with_queue: u64,
+    /// Pre-assigned requests taken back by a preempted hand-back.
+    pub pre_dropped: u64,
 }
 
 /// One application's dispatch state.
@@ -114,6 +122,10 @@ pub(super) struct AppDispatch {
     /// Per kthread, the request of the last `Run` sent and what it carried,
     /// until it is handed back.
     sent: Vec<Option<(u64, Held)>>,
+    /// Per kthread, the request pre-assigned behind it (`RunNext`) and what
+    /// it carried, until it moves to `sent` (a completed hand-back) or is
+    /// taken back.
+    sent_next: Vec<Option<(u64, Held)>>,
     /// Per kthread: a `Wake` is on its command ring since iokerneld last
     /// read its `Parked`/`Yielded` ([`AppDispatch::woken`]). Only then may
     /// it be sent a `Run`: the kthread drops every `Run` it reads before
@@ -140,13 +152,17 @@ impl AppDispatch {
         workers: usize,
         class_offset: u16,
         backstop_ns: Option<u64>,
+        pre_assign: bool,
     ) -> AppDispatch {
         AppDispatch {
-            queues: ColocatedDispatcher::new(policy, workers).with_backstop(backstop_ns),
+            queues: ColocatedDispatcher::new(policy, workers)
+                .with_backstop(backstop_ns)
+                .with_pre_assign(pre_assign),
             class_offset: class_offset.into(),
             next_request: 0,
             actions: Vec::new(),
             sent: vec![None; workers],
+            sent_next: vec![None; workers],
             awake: vec![false; workers],
             signals: Vec::new(),
             no_core_ns: 0,
@@ -173,10 +189,11 @@ impl AppDispatch {
             ak: q.preempt_asked,
             bs: q.backstops,
             rf: c.refused,
-            tb: c.stale_runs,
+            tb: c.stale_runs + c.pre_dropped,
             li: c.lies,
             qu: self.queues.queued() as u64,
             pq: c.parked_with_queue,
+            pa: q.pre_assigned,
         }
     }
 
@@ -280,6 +297,17 @@ impl AppDispatch {
         } else {
             HandBack::Preempted
         };
+        if !completed && self.queues.running_on(k) == Some(request) {
+            // The worker drops the request pre-assigned behind this one:
+            // back to the head of its queue before this one is placed.
+            if let Some((_, mut held)) = self.sent_next.get_mut(k).and_then(Option::take) {
+                held.t.pickup += now.saturating_sub(held.t.sent_at);
+                self.requeued(&mut held.t, now);
+                if self.queues.take_back_next(k, held).is_some() {
+                    self.counters.pre_dropped += 1;
+                }
+            }
+        }
         let mut t = match self.sent.get(k) {
             Some(Some((id, held))) if *id == request => held.t,
             _ => Timing::default(),
@@ -297,7 +325,8 @@ impl AppDispatch {
         };
         match self.queues.hand_back(k, request, how, payload, now) {
             Ok(()) => {
-                self.sent[k] = None;
+                // The worker has started its pre-assigned request, if any.
+                self.sent[k] = self.sent_next[k].take();
                 if completed && t.arrived_at != 0 {
                     let sojourn = now.saturating_sub(t.arrived_at);
                     let b = &mut self.bands[band_of(sojourn)];
@@ -333,6 +362,15 @@ impl AppDispatch {
         self.queues.set_granted(k, false);
         if let Some(a) = self.awake.get_mut(k) {
             *a = false;
+        }
+        // The pre-assigned request first, so that the running one lands
+        // ahead of it at the head of the queue.
+        if let Some((_, mut held)) = self.sent_next.get_mut(k).and_then(Option::take) {
+            held.t.pickup += now.saturating_sub(held.t.sent_at);
+            self.requeued(&mut held.t, now);
+            if self.queues.take_back_next(k, held).is_some() {
+                self.counters.stale_runs += 1;
+            }
         }
         if let Some((_, mut held)) = self.sent.get_mut(k).and_then(Option::take) {
             held.t.pickup += now.saturating_sub(held.t.sent_at);
@@ -387,51 +425,87 @@ impl AppDispatch {
         let mut delivered = 0;
         for action in actions.drain(..) {
             match action {
-                Action::Preempt { worker, .. } => {
-                    ends[worker].line.insert_flags(LineFlags::YIELD_REQUEST);
+                Action::Preempt { worker, request_id } => {
+                    // Only while the worker shows that request: one that
+                    // stopped meanwhile needs no ask, and the worker may
+                    // have started its pre-assigned one.
+                    let line = &ends[worker].line;
+                    if line.runs_request(request_id) {
+                        line.insert_flags(LineFlags::YIELD_REQUEST);
+                    }
                 }
                 Action::Signal { worker, .. } => self.signals.push(worker),
-                Action::Run {
-                    worker,
-                    mut request,
-                } => {
-                    let packet = request.payload.packet.map(|d| RunPacket {
-                        buf: d.buf,
-                        len: d.len.min(u32::from(u16::MAX)) as u16,
-                    });
-                    let no_core = self.no_core_at(now);
-                    let t = &mut request.payload.t;
-                    t.queued += now.saturating_sub(t.queued_at);
-                    t.no_core += no_core.saturating_sub(t.no_core_at);
-                    t.sent_at = now;
-                    t.started_at = 0;
-                    t.runs += 1;
-                    let end = &mut ends[worker];
-                    // A stale ask for the previous request must not cut
-                    // this one short.
-                    end.line.remove_flags(LineFlags::YIELD_REQUEST);
-                    match end.to_kthread.send(ToKthread::Run {
-                        request: request.id,
-                        packet,
-                    }) {
-                        Ok(()) => {
-                            self.counters.runs += 1;
-                            delivered += u64::from(packet.is_some());
-                            self.sent[worker] = Some((request.id, request.payload));
-                        }
-                        Err(SendError::Full | SendError::Corrupt(_)) => {
-                            // A corrupt ring is found by the command drain.
-                            self.counters.ring_full += 1;
-                            request.payload.t.runs -= 1;
-                            self.requeued(&mut request.payload.t, now);
-                            self.queues.not_started(worker, request);
-                        }
-                    }
+                Action::Run { worker, request } => {
+                    delivered += self.send_run(now, worker, request, false, ends);
+                }
+                Action::PreAssign { worker, request } => {
+                    delivered += self.send_run(now, worker, request, true, ends);
                 }
             }
         }
         self.actions = actions;
         delivered
+    }
+
+    /// Sends `request`'s `Run` (or, `pre_assigned`, its `RunNext`) to
+    /// `worker`; a command that does not fit the ring puts it back. The
+    /// packets that reached the application (0 or 1).
+    fn send_run(
+        &mut self,
+        now: u64,
+        worker: usize,
+        mut request: Request<Held>,
+        pre_assigned: bool,
+        ends: &mut [IokernelEnd],
+    ) -> u64 {
+        let packet = request.payload.packet.map(|d| RunPacket {
+            buf: d.buf,
+            len: d.len.min(u32::from(u16::MAX)) as u16,
+        });
+        let no_core = self.no_core_at(now);
+        let t = &mut request.payload.t;
+        t.queued += now.saturating_sub(t.queued_at);
+        t.no_core += no_core.saturating_sub(t.no_core_at);
+        t.sent_at = now;
+        t.started_at = 0;
+        t.runs += 1;
+        let end = &mut ends[worker];
+        let command = if pre_assigned {
+            // The worker's request still runs: an ask for it stands (the
+            // worker clears one left when its request completes).
+            ToKthread::RunNext {
+                request: request.id,
+                packet,
+            }
+        } else {
+            // A stale ask for the previous request must not cut this one
+            // short.
+            end.line.remove_flags(LineFlags::YIELD_REQUEST);
+            ToKthread::Run {
+                request: request.id,
+                packet,
+            }
+        };
+        match end.to_kthread.send(command) {
+            Ok(()) => {
+                self.counters.runs += 1;
+                let slot = if pre_assigned {
+                    &mut self.sent_next[worker]
+                } else {
+                    &mut self.sent[worker]
+                };
+                *slot = Some((request.id, request.payload));
+                u64::from(packet.is_some())
+            }
+            Err(SendError::Full | SendError::Corrupt(_)) => {
+                // A corrupt ring is found by the command drain.
+                self.counters.ring_full += 1;
+                request.payload.t.runs -= 1;
+                self.requeued(&mut request.payload.t, now);
+                self.queues.not_started(worker, request);
+                0
+            }
+        }
     }
 }
 
@@ -525,7 +599,7 @@ mod tests {
             quantum: 5_000,
             placement: Placement::Tail,
         };
-        let mut d = AppDispatch::new(policy, 2, 24, None);
+        let mut d = AppDispatch::new(policy, 2, 24, None, false);
         let f = frame(0);
         d.arrive(desc(7), &f, 0);
         d.arrive(desc(8), &f, 0);
@@ -578,7 +652,7 @@ mod tests {
     #[test]
     fn lies_are_counted_then_the_application_is_disconnected() {
         let (_region, mut io, _rt) = ends(1);
-        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0, None);
+        let mut d = AppDispatch::new(SchedPolicy::CFcfs, 1, 0, None, false);
         d.arrive(desc(1), &frame(0), 0);
         d.woken(0);
         d.step(0, [true].into_iter(), &mut io);
@@ -604,7 +678,7 @@ mod tests {
             quantum: 5_000,
             placement: Placement::Tail,
         };
-        let mut d = AppDispatch::new(policy, 1, 0, None);
+        let mut d = AppDispatch::new(policy, 1, 0, None, false);
         d.step(1_000, [false].into_iter(), &mut io);
         d.arrive(desc(1), &frame(0), 1_000);
         // Queued 3 µs with no core; run as soon as a worker has one.
@@ -654,7 +728,7 @@ mod tests {
             quantum: 5_000,
             placement: Placement::Head,
         };
-        let mut d = AppDispatch::new(policy, 2, 0, None);
+        let mut d = AppDispatch::new(policy, 2, 0, None, false);
         d.arrive(desc(1), &frame(0), 0);
         d.woken(0);
         d.step(0, [true, false].into_iter(), &mut io);

@@ -6,7 +6,10 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
-use ginza_shm::{LineFlags, PreemptReason, RecvError, SendError, ToIokernel, ToKthread};
+use ginza_shm::{
+    next_grant, LineFlags, PreemptReason, RecvError, SendError, ToIokernel, ToKthread,
+    UNNUMBERED_GRANT,
+};
 use log::{debug, warn};
 
 use super::{App, Iokerneld};
@@ -21,6 +24,58 @@ pub(super) enum PassKind {
     /// Packets reached applications with no core
     /// ([`ginza_policy::alloc::CoreAllocator::on_work_for`]).
     WorkArrived,
+}
+
+/// One kthread's grant numbers (docs/colocate.md, "Grant numbers"): each
+/// `Wake` carries the next number, and the kthread's `Parked`/`Yielded`
+/// carries back the number of the last `Wake` it read — the grant it
+/// answers. A park with an older number, or a second one for the same
+/// grant, was sent after a wake-up that was no grant: taken, it would
+/// take the current grant's core and requests from a kthread that runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct GrantNumbers {
+    /// The number of the last `Wake` put on the kthread's ring.
+    last: u16,
+    /// That grant has not been answered yet.
+    open: bool,
+}
+
+impl GrantNumbers {
+    /// The number the next grant's `Wake` carries.
+    pub(super) fn next(&self) -> u16 {
+        next_grant(self.last)
+    }
+
+    /// A grant was made: `sent` its `Wake` carrying `number`, or `None`
+    /// when the `Wake` did not fit the ring — then the kthread, which reads
+    /// every `Wake` before it first, answers with the last one's number.
+    pub(super) fn granted(&mut self, sent: Option<u16>) {
+        if let Some(n) = sent {
+            self.last = n;
+        }
+        self.open = true;
+    }
+
+    /// Whether a `Parked`/`Yielded` carrying `grant` answers the open
+    /// grant (then it is closed); `false`: stale, to be ignored.
+    /// [`UNNUMBERED_GRANT`] (a client that does not number its parks) is
+    /// always taken.
+    pub(super) fn answers(&mut self, grant: u16) -> bool {
+        if grant == UNNUMBERED_GRANT || (self.open && grant == self.last) {
+            self.open = false;
+            return true;
+        }
+        false
+    }
+
+    /// Whether a grant is open (for the log).
+    pub(super) fn is_open(&self) -> bool {
+        self.open
+    }
+
+    pub(super) fn last(&self) -> u16 {
+        self.last
+    }
 }
 
 /// A grant whose core is still held by a preempted kthread: carried out
@@ -103,8 +158,29 @@ impl<A: CoreActuator> Iokerneld<A> {
                         return app.doom(reason);
                     }
                 }
-                ToIokernel::Parked { next_deadline_ns }
-                | ToIokernel::Yielded { next_deadline_ns } => {
+                ToIokernel::Parked {
+                    next_deadline_ns,
+                    grant,
+                }
+                | ToIokernel::Yielded {
+                    next_deadline_ns,
+                    grant,
+                } => {
+                    if !kt.grants.answers(grant) {
+                        // It answers a grant already answered: sent after
+                        // a wake-up that was no grant. Taken, it would
+                        // take the current grant's core and its requests
+                        // from a kthread that runs (docs/colocate.md,
+                        // "Grant numbers").
+                        app.stale_parks += 1;
+                        debug!(
+                            "app {:?} kthread {k}: a park answering grant {grant} ignored (grant {} is {})",
+                            app.name,
+                            kt.grants.last(),
+                            if kt.grants.is_open() { "open" } else { "answered" }
+                        );
+                        continue;
+                    }
                     if let Some(d) = &mut app.dispatch {
                         let parked = matches!(msg, ToIokernel::Parked { .. });
                         d.gave_core_back(k, parked, now);
@@ -697,10 +773,15 @@ impl<A: CoreActuator> Iokerneld<A> {
         app.kt[k].awaiting = None;
         // One clock read serves as the decision time and the cost's start.
         let t0 = started.unwrap_or_else(clock::monotonic_ns);
-        match app.ends[k].to_kthread.send(ToKthread::Wake {
+        let grant = app.kt[k].grants.next();
+        let sent = app.ends[k].to_kthread.send(ToKthread::Wake {
             core: cpu as u32,
             decided_ns: t0,
-        }) {
+            grant,
+        });
+        // Its next `Parked`/`Yielded` answers this grant.
+        app.kt[k].grants.granted(sent.is_ok().then_some(grant));
+        match sent {
             Ok(()) => {
                 if let Some(d) = &mut app.dispatch {
                     // `Run`s may follow now (docs/colocate.md).

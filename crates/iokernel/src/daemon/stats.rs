@@ -207,6 +207,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             passes: self.passes,
             registrations_refused: self.refused,
             apps_disconnected: self.disconnected,
+            stale_parks: self.apps.iter().map(|a| a.stale_parks).sum(),
             apps: self
                 .apps
                 .iter()

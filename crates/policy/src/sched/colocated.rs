@@ -15,8 +15,21 @@
 //! whose `Run` most likely crosses its park (docs/colocate.md, "Several
 //! workers").
 //!
+//! Pre-assignment ([`ColocatedDispatcher::with_pre_assign`], preemptive
+//! policies only): when no granted worker is idle and requests wait, a
+//! busy worker whose request has not been asked to yield gets the next
+//! one in a second slot ([`Action::PreAssign`]), which it starts as soon
+//! as it hands its request back completed — without waiting for the
+//! caller to hear of the hand-back and send the next run. A preempted
+//! hand-back takes the pre-assigned request back first
+//! ([`ColocatedDispatcher::take_back_next`]: the head of its queue, as if
+//! never taken), so the policy places it and the preempted one as without
+//! pre-assignment, and chooses again. A request with one pre-assigned
+//! behind it is asked to yield when its quantum is spent, as if that one
+//! waited in the queue.
+//!
 //! A request is in exactly one place at any time: a queue, or one worker's
-//! slot. It leaves a slot only by that worker's hand-back
+//! slot (its running one or its pre-assigned one). It leaves a slot only by that worker's hand-back
 //! ([`ColocatedDispatcher::hand_back`]): completed (gone), or preempted
 //! (queued again by the policy's placement). A worker whose core is revoked
 //! keeps its request until it hands it back — the runtime does that before
@@ -32,6 +45,10 @@ use super::{Dispatcher, Request, SchedPolicy};
 pub enum Action<T> {
     /// Run `request` on `worker` (which holds a core and ran nothing).
     Run { worker: usize, request: Request<T> },
+    /// Pre-assign `request` to `worker` (which holds a core and runs a
+    /// request): the worker starts it when it hands its request back
+    /// completed, and drops it when it hands it back preempted.
+    PreAssign { worker: usize, request: Request<T> },
     /// The request on `worker` has used its quantum while others wait: ask
     /// it to yield (once per run; it answers with a hand-back).
     Preempt { worker: usize, request_id: u64 },
@@ -72,6 +89,8 @@ pub enum HandBackError {
 struct Slot {
     granted: bool,
     running: Option<Running>,
+    /// The request pre-assigned behind `running` (see the module docs).
+    next: Option<Running>,
     /// When it last became idle (granted, or its request gone), as a
     /// sequence number: the idle worker with the largest gets the next
     /// request.
@@ -104,6 +123,10 @@ pub struct ColocatedStats {
     pub revoked_mid_request: u64,
     /// Backstop signals asked for ([`Action::Signal`]).
     pub backstops: u64,
+    /// Requests pre-assigned ([`Action::PreAssign`]).
+    pub pre_assigned: u64,
+    /// Of those, taken back unrun ([`ColocatedDispatcher::take_back_next`]).
+    pub pre_taken_back: u64,
 }
 
 /// The queues and worker slots of one application (see the module docs).
@@ -120,6 +143,8 @@ pub struct ColocatedDispatcher<T> {
     /// How long an asked request may keep running before its worker is
     /// signalled; `None`: never signalled.
     backstop: Option<Time>,
+    /// Pre-assignment is on (and the policy preempts).
+    pre_assign: bool,
     stats: ColocatedStats,
 }
 
@@ -132,6 +157,7 @@ impl<T> ColocatedDispatcher<T> {
                 Slot {
                     granted: false,
                     running: None,
+                    next: None,
                     idle_seq: 0,
                 };
                 workers
@@ -140,8 +166,28 @@ impl<T> ColocatedDispatcher<T> {
             taken: 0,
             idle_seq: 0,
             backstop: None,
+            pre_assign: false,
             stats: ColocatedStats::default(),
         }
+    }
+
+    /// Pre-assigns the next request to busy workers (see the module docs).
+    /// Ignored for a policy that never preempts: a pre-assigned request
+    /// would wait behind a long one for its whole service time, and no
+    /// take-back rule could move it to a worker that becomes idle.
+    pub fn with_pre_assign(mut self, on: bool) -> Self {
+        self.pre_assign = on && self.queues.quantum().is_some();
+        self
+    }
+
+    /// Whether pre-assignment is on.
+    pub fn pre_assigns(&self) -> bool {
+        self.pre_assign
+    }
+
+    /// The request pre-assigned to `worker`, if any.
+    pub fn pre_assigned_on(&self, worker: usize) -> Option<u64> {
+        self.slots.get(worker)?.next.map(|r| r.id)
     }
 
     /// A request asked to yield that still runs `backstop` later gets an
@@ -169,9 +215,13 @@ impl<T> ColocatedDispatcher<T> {
         self.queues.len()
     }
 
-    /// Requests on workers (running, or preempted and not yet handed back).
+    /// Requests on workers (running, or preempted and not yet handed back,
+    /// or pre-assigned).
     pub fn on_workers(&self) -> usize {
-        self.slots.iter().filter(|s| s.running.is_some()).count()
+        self.slots
+            .iter()
+            .map(|s| usize::from(s.running.is_some()) + usize::from(s.next.is_some()))
+            .sum()
     }
 
     /// The request `worker` holds, if any.
@@ -254,7 +304,9 @@ impl<T> ColocatedDispatcher<T> {
     /// `worker` gave its request back. A preempted request is queued again
     /// with `payload` (what resumes it: the caller's token). A hand-back
     /// that does not match the worker's request is refused and changes
-    /// nothing.
+    /// nothing. A completed hand-back makes the request pre-assigned to the
+    /// worker its running one; before a preempted one the caller takes that
+    /// request back ([`ColocatedDispatcher::take_back_next`]).
     pub fn hand_back(
         &mut self,
         worker: usize,
@@ -282,7 +334,15 @@ impl<T> ColocatedDispatcher<T> {
         if !slot.granted && how == HandBack::Preempted {
             self.stats.revoked_mid_request += 1;
         }
-        self.freed(worker);
+        debug_assert!(
+            how == HandBack::Completed || slot.next.is_none(),
+            "a preempted hand-back with a request pre-assigned behind it"
+        );
+        // The worker starts its pre-assigned request at once.
+        slot.running = slot.next.take();
+        if slot.running.is_none() {
+            self.freed(worker);
+        }
         match how {
             HandBack::Completed => self.stats.completed += 1,
             HandBack::Preempted => {
@@ -307,13 +367,38 @@ impl<T> ColocatedDispatcher<T> {
     /// its queue, and the worker is idle again.
     pub fn not_started(&mut self, worker: usize, request: Request<T>) {
         if let Some(slot) = self.slots.get_mut(worker) {
-            if slot.running.is_some_and(|r| r.id == request.id) {
-                slot.running = None;
+            if slot.next.is_some_and(|r| r.id == request.id) {
+                slot.next = None;
+                self.stats.pre_taken_back += 1;
+            } else {
+                if slot.running.is_some_and(|r| r.id == request.id) {
+                    slot.running = None;
+                }
+                self.freed(worker);
             }
         }
-        self.freed(worker);
         self.taken = self.taken.wrapping_sub(1);
         self.queues.put_back(request);
+    }
+
+    /// The request pre-assigned to `worker` goes back to the head of its
+    /// queue with `payload`, as if never taken: the worker's request is
+    /// being handed back preempted (the worker drops the pre-assigned one
+    /// then), or the worker gave its core up. Take it back before the
+    /// preempted request is queued again, and before the worker's running
+    /// one is withdrawn, so each lands where it would have without
+    /// pre-assignment. Its id, if there was one.
+    pub fn take_back_next(&mut self, worker: usize, payload: T) -> Option<u64> {
+        let run = self.slots.get_mut(worker)?.next.take()?;
+        self.stats.pre_taken_back += 1;
+        self.taken = self.taken.wrapping_sub(1);
+        self.queues.put_back(Request {
+            id: run.id,
+            class: run.class,
+            arrival: run.arrival,
+            payload,
+        });
+        Some(run.id)
     }
 
     /// `worker` never saw the request it was given (the caller's command
@@ -343,8 +428,11 @@ impl<T> ColocatedDispatcher<T> {
                 continue;
             };
             let Some(since) = run.since else { continue };
+            // A pre-assigned request waits behind this one as if queued.
+            let spent = |q: Time| now.saturating_sub(since) >= q;
+            let behind = slot.next.is_some() && self.queues.quantum().is_some_and(spent);
             match run.asked {
-                None if self.queues.should_preempt(since, now) => {
+                None if behind || self.queues.should_preempt(since, now) => {
                     run.asked = Some(now);
                     self.stats.preempt_asked += 1;
                     out.push(Action::Preempt {
@@ -381,6 +469,32 @@ impl<T> ColocatedDispatcher<T> {
                 signalled: false,
             });
             out.push(Action::Run { worker: w, request });
+        }
+        if !self.pre_assign || self.queues.is_empty() {
+            return;
+        }
+        // No granted worker is idle now: pre-assign behind busy ones whose
+        // request is not being asked to yield (that hand-back would take
+        // it back at once).
+        for (w, slot) in self.slots.iter_mut().enumerate() {
+            let busy = slot.running.is_some_and(|r| r.asked.is_none());
+            if !slot.granted || !busy || slot.next.is_some() {
+                continue;
+            }
+            let Some(request) = self.queues.next_for_idle_worker(now) else {
+                break;
+            };
+            self.taken = self.taken.wrapping_add(1);
+            self.stats.pre_assigned += 1;
+            slot.next = Some(Running {
+                id: request.id,
+                class: request.class,
+                arrival: request.arrival,
+                since: None,
+                asked: None,
+                signalled: false,
+            });
+            out.push(Action::PreAssign { worker: w, request });
         }
     }
 
@@ -742,14 +856,18 @@ mod tests {
     /// and revokes cores at random and workers finish or get preempted at
     /// random; every request completes exactly once, and a worker only
     /// ever runs what it was given.
-    fn churn(requests: u64, workers: usize, guaranteed: usize, seed: u64) {
+    fn churn(requests: u64, workers: usize, guaranteed: usize, seed: u64, pre_assign: bool) {
         let mut rng = SplitMix64::new(seed);
         let mut d: ColocatedDispatcher<u64> =
-            ColocatedDispatcher::new(sq(3, Placement::Tail), workers).with_backstop(Some(2));
+            ColocatedDispatcher::new(sq(3, Placement::Tail), workers)
+                .with_backstop(Some(2))
+                .with_pre_assign(pre_assign);
         // What each request's context last said (the caller's token).
         let mut token: HashMap<u64, u64> = HashMap::new();
         let mut done = vec![0u8; requests as usize];
         let mut given: Vec<Option<u64>> = vec![None; workers];
+        // Pre-assigned, with the token it came with.
+        let mut behind: Vec<Option<(u64, u64)>> = vec![None; workers];
         for w in 0..guaranteed {
             d.set_granted(w, true);
         }
@@ -785,6 +903,19 @@ mod tests {
                         given[worker] = Some(request.id);
                         d.started(worker, now);
                     }
+                    Action::PreAssign { worker, request } => {
+                        assert!(
+                            d.is_granted(worker),
+                            "pre-assigned to a worker with no core"
+                        );
+                        assert!(given[worker].is_some(), "pre-assigned to an idle worker");
+                        assert!(behind[worker].is_none(), "worker {worker} pre-assigned two");
+                        assert_eq!(
+                            token.get(&request.id).copied().unwrap_or(0),
+                            request.payload
+                        );
+                        behind[worker] = Some((request.id, request.payload));
+                    }
                     Action::Preempt { worker, request_id }
                     | Action::Signal { worker, request_id } => {
                         assert_eq!(given[worker], Some(request_id));
@@ -803,13 +934,31 @@ mod tests {
                     continue;
                 };
                 let t = rng.next_u64();
+                if how == HandBack::Preempted {
+                    // The worker drops its pre-assigned request.
+                    if let Some((next, was)) = behind[w].take() {
+                        assert_eq!(d.take_back_next(w, was), Some(next));
+                    }
+                }
                 d.hand_back(w, id, how, t, now).unwrap();
                 if how == HandBack::Completed {
                     done[id as usize] += 1;
                 } else {
                     token.insert(id, t);
                 }
+                // The worker starts its pre-assigned request at once, if
+                // it still holds a core; else it gives the core up and the
+                // request goes back.
                 *g = None;
+                if let Some((next, was)) = behind[w].take() {
+                    if d.is_granted(w) {
+                        assert_eq!(d.running_on(w), Some(next));
+                        d.started(w, now);
+                        *g = Some(next);
+                    } else {
+                        assert_eq!(d.withdraw(w, was), Some(next));
+                    }
+                }
             }
             assert_eq!(
                 d.queued() + d.on_workers() + d.stats().completed as usize,
@@ -826,20 +975,133 @@ mod tests {
 
     #[test]
     fn no_request_lost_or_run_twice_under_core_churn() {
-        churn(20_000, 4, 1, 1);
+        churn(20_000, 4, 1, 1, false);
+        churn(20_000, 4, 1, 1, true);
     }
 
     /// A million requests (about 8 s in a debug build).
     #[test]
     fn a_million_requests_under_core_churn() {
-        churn(1_000_000, 4, 1, 7);
+        churn(1_000_000, 4, 1, 7, false);
+        churn(1_000_000, 4, 1, 7, true);
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
         #[test]
-        fn churn_holds_for_any_seed(seed in any::<u64>(), workers in 1usize..6, g in 0usize..3) {
-            churn(2_000, workers, g.min(workers), seed);
+        fn churn_holds_for_any_seed(
+            seed in any::<u64>(),
+            workers in 1usize..6,
+            g in 0usize..3,
+            pre_assign in any::<bool>(),
+        ) {
+            churn(2_000, workers, g.min(workers), seed, pre_assign);
         }
+    }
+
+    fn pre_assigned(out: &[Action<u64>]) -> Vec<(usize, u64)> {
+        out.iter()
+            .filter_map(|a| match a {
+                Action::PreAssign { worker, request } => Some((*worker, request.id)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A busy worker gets the next request in its second slot while
+    /// requests wait and no worker is idle; it becomes the worker's
+    /// running request when the worker hands its own back completed.
+    #[test]
+    fn a_pre_assigned_request_runs_when_the_worker_completes_its_own() {
+        let mut d = ColocatedDispatcher::new(sq(5, Placement::Tail), 2).with_pre_assign(true);
+        d.set_granted(0, true);
+        for id in 1..=4 {
+            d.arrive(req(id, 0, 0), 0);
+        }
+        let mut out = Vec::new();
+        d.step(0, &mut out);
+        assert_eq!(runs(&out), [(0, 1)]);
+        assert_eq!(pre_assigned(&out), [(0, 2)]);
+        assert_eq!(d.on_workers(), 2);
+        assert_eq!(d.queue_counters(), (2, 4));
+        d.started(0, 1);
+        d.hand_back(0, 1, HandBack::Completed, 0, 2).unwrap();
+        assert_eq!(d.running_on(0), Some(2));
+        assert_eq!(d.pre_assigned_on(0), None);
+        // A newly granted idle worker gets the queue's head before anyone
+        // is pre-assigned again.
+        d.set_granted(1, true);
+        out.clear();
+        d.step(3, &mut out);
+        assert_eq!(runs(&out), [(1, 3)]);
+        assert_eq!(pre_assigned(&out), [(0, 4)]);
+        assert_eq!(d.stats().pre_assigned, 2);
+    }
+
+    /// A preempted hand-back takes the pre-assigned request back to the
+    /// head of its queue before the preempted one is placed, so the policy
+    /// chooses as without pre-assignment: head placement resumes the
+    /// preempted request first, tail placement runs the other one.
+    #[test]
+    fn a_preempted_hand_back_takes_the_pre_assigned_request_back() {
+        for (placement, order) in [(Placement::Head, [1, 2]), (Placement::Tail, [2, 1])] {
+            let mut d = ColocatedDispatcher::new(sq(5, placement), 1).with_pre_assign(true);
+            d.set_granted(0, true);
+            d.arrive(req(1, 0, 0), 0);
+            d.arrive(req(2, 0, 0), 0);
+            let mut out = Vec::new();
+            d.step(0, &mut out);
+            assert_eq!(pre_assigned(&out), [(0, 2)]);
+            d.started(0, 0);
+            // The queue is empty, but request 2 waits behind request 1.
+            out.clear();
+            d.step(5, &mut out);
+            assert!(matches!(
+                out[..],
+                [Action::Preempt {
+                    worker: 0,
+                    request_id: 1
+                }]
+            ));
+            assert_eq!(d.take_back_next(0, 0), Some(2));
+            d.hand_back(0, 1, HandBack::Preempted, 0, 6).unwrap();
+            assert_eq!(d.stats().pre_taken_back, 1);
+            out.clear();
+            d.step(6, &mut out);
+            assert_eq!(runs(&out), [(0, order[0])]);
+            assert_eq!(pre_assigned(&out), [(0, order[1])]);
+        }
+    }
+
+    /// Nothing is pre-assigned behind a request asked to yield, and a
+    /// policy that never preempts never pre-assigns.
+    #[test]
+    fn no_pre_assignment_behind_an_ask_nor_without_preemption() {
+        let mut d = ColocatedDispatcher::new(sq(5, Placement::Tail), 1).with_pre_assign(true);
+        d.set_granted(0, true);
+        d.arrive(req(1, 0, 0), 0);
+        let mut out = Vec::new();
+        d.step(0, &mut out);
+        d.started(0, 0);
+        d.arrive(req(2, 0, 1), 1);
+        out.clear();
+        d.step(5, &mut out);
+        assert!(matches!(
+            out[..],
+            [Action::Preempt {
+                worker: 0,
+                request_id: 1
+            }]
+        ));
+        assert!(pre_assigned(&out).is_empty());
+        let mut f = ColocatedDispatcher::new(SchedPolicy::CFcfs, 1).with_pre_assign(true);
+        assert!(!f.pre_assigns());
+        f.set_granted(0, true);
+        f.arrive(req(1, 0, 0), 0);
+        f.arrive(req(2, 0, 0), 0);
+        out.clear();
+        f.step(0, &mut out);
+        assert_eq!(runs(&out), [(0, 1)]);
+        assert!(pre_assigned(&out).is_empty());
     }
 }

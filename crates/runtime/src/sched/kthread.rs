@@ -329,11 +329,13 @@ impl<'a> Owner<'a> {
     }
 
     /// About to give the core back to iokerneld: `Run`s read until the
-    /// next `Wake` are stale (`KLink::expect_wake`).
-    pub(crate) fn expect_wake_from_iokernel(&self) {
-        if let Some(io) = &self.k.io {
+    /// next `Wake` are stale (`KLink::expect_wake`). Returns the grant the
+    /// park answers (unnumbered without iokerneld).
+    pub(crate) fn expect_wake_from_iokernel(&self) -> u16 {
+        match &self.k.io {
             // SAFETY: the token proves we are the owner kthread.
-            unsafe { io.expect_wake() };
+            Some(io) => unsafe { io.expect_wake() },
+            None => ginza_shm::UNNUMBERED_GRANT,
         }
     }
 

@@ -15,6 +15,11 @@
 //! interrupted by iokerneld's backstop signal (`DispatchSpec::backstop_ns`),
 //! whose handler yields it while the flag stands.
 //!
+//! With pre-assignment (`DispatchSpec::pre_assign`), iokerneld may send a
+//! busy worker the next request ahead (`RunNext`): the worker starts it as
+//! soon as it hands its own request back completed, and drops it when it
+//! hands its request back preempted (iokerneld takes it back then).
+//!
 //! Requests in flight (running or preempted) are bounded: a new request
 //! over the bound is refused at once, counted, and never maps a stack.
 
@@ -372,6 +377,12 @@ fn serve_one(
         io.line.set_running_request(None);
         match stopped {
             Stopped::Exited => {
+                // An ask for this request that came as it completed must
+                // not stop the one pre-assigned behind it, which starts
+                // next without iokerneld clearing the flag first.
+                if io.line.flags().contains(LineFlags::YIELD_REQUEST) {
+                    io.line.remove_flags(LineFlags::YIELD_REQUEST);
+                }
                 serving.in_flight.fetch_sub(1, Relaxed);
                 match handle.join() {
                     Ok(bytes) => send_reply(owner, serving, reply, &bytes),
@@ -397,6 +408,10 @@ fn serve_one(
                         reply,
                     },
                 );
+                // A request pre-assigned behind this one is taken back
+                // by iokerneld as it reads the hand-back.
+                // SAFETY: this is the kthread's own body.
+                unsafe { io.handing_back_preempted() };
                 // Handed back before the core goes (the loop parks next).
                 return hand_back(owner, request, false);
             }

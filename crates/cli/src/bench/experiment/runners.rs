@@ -929,6 +929,7 @@ fn run_one(
                 duration: settings.duration,
                 idle_spin: None,
                 workers: None,
+                pre_assign: None,
             })?;
             row.p50_us = Some(p.p50_us);
             row.p99_us = Some(p.p99_us);

@@ -6,6 +6,15 @@
 //! rules (`runtime/src/link.rs`, `shinjuku/dispatched.rs`): a `Run` read
 //! before the `Wake` that follows the worker's `Parked`/`Yielded` is stale.
 //!
+//! With pre-assignment a busy worker may get a `RunNext`: it starts it
+//! once it hands its request back completed, and drops it (iokerneld takes
+//! it back) when it hands its request back preempted.
+//!
+//! Each `Wake` carries a grant number and each `Parked`/`Yielded` the
+//! number of the last `Wake` its worker read; iokerneld ignores one that
+//! answers a grant already answered (`daemon/pass.rs::GrantNumbers`). A
+//! worker may also wake with no grant (a stray wake-up) and park again.
+//!
 //! After every event the model checks that each request iokerneld counts
 //! on a worker is owed to that worker — held by it, read and kept, on its
 //! ring where it will be kept, or about to be taken back because the
@@ -23,6 +32,7 @@ use ginza_shm::{
 };
 use proptest::prelude::*;
 
+use super::super::pass::GrantNumbers;
 use super::{AppDispatch, IokernelEnd};
 
 /// iokerneld's view of one kthread (the daemon's `Kthread`, reduced).
@@ -34,6 +44,7 @@ struct IoView {
     /// Granted, its `Wake` not sent yet (a hand-over waiting for the end
     /// of the pass, `daemon/pass.rs`).
     wake_pending: bool,
+    grants: GrantNumbers,
 }
 
 /// One worker as the runtime runs it.
@@ -43,15 +54,23 @@ struct Worker {
     running: bool,
     /// No `Wake` read since it gave its core back (`KLink::expect_wake`).
     awaiting_wake: bool,
-    /// `Run`s read and kept, not started.
-    runs: VecDeque<u64>,
+    /// `Run`s read and kept, not started, each with whether it was
+    /// pre-assigned (`RunNext`).
+    runs: VecDeque<(u64, bool)>,
+    /// It handed a request back preempted and has read no plain `Run`
+    /// since: `RunNext`s are dropped (`KLink::handing_back_preempted`).
+    drop_pre: bool,
     holding: Option<u64>,
     /// Commands iokerneld sent it, not read yet.
     inbox: VecDeque<ToKthread>,
-    /// Its `Parked`/`Yielded` is on the ring, unread by iokerneld.
-    park_unread: bool,
-    /// Requests it handed back, the hand-back unread by iokerneld.
-    returned: Vec<u64>,
+    /// The grant numbers of its `Parked`/`Yielded` on the ring, unread by
+    /// iokerneld (oldest first).
+    parks_unread: VecDeque<u16>,
+    /// The number of the last `Wake` it read.
+    grant: u16,
+    /// Requests it handed back (and whether completed), the hand-back
+    /// unread by iokerneld.
+    returned: Vec<(u64, bool)>,
     /// A grant's eventfd (or word) is waiting for it.
     woken: bool,
 }
@@ -69,10 +88,12 @@ struct Model {
     /// `Run`s that reached a worker after their request was taken back
     /// and that it kept (would run a request twice).
     kept_stale: u64,
+    /// Parks iokerneld ignored: they answered a grant already answered.
+    stale_parks: u64,
 }
 
 impl Model {
-    fn new(workers: usize, policy: SchedPolicy) -> Model {
+    fn new(workers: usize, policy: SchedPolicy, pre_assign: bool) -> Model {
         let n = workers as u32;
         let region = Region::create("dispatch-protocol", &RegionConfig::new(n)).unwrap();
         let io = (0..n).map(|k| region.iokernel_end(k).unwrap()).collect();
@@ -81,7 +102,7 @@ impl Model {
             _region: region,
             io,
             rt,
-            d: AppDispatch::new(policy, workers, 0, Some(20)),
+            d: AppDispatch::new(policy, workers, 0, Some(20), pre_assign),
             view: vec![
                 IoView {
                     parked: true,
@@ -100,6 +121,7 @@ impl Model {
             arrived: 0,
             done: Vec::new(),
             kept_stale: 0,
+            stale_parks: 0,
         }
     }
 
@@ -160,17 +182,22 @@ impl Model {
                 let now = self.tick();
                 match m {
                     ToIokernel::HandBack { request, completed } => {
-                        self.w[k].returned.retain(|&r| r != request);
+                        self.w[k].returned.retain(|&(r, _)| r != request);
                         self.d.hand_back(k, request, completed, now).unwrap();
                     }
-                    ToIokernel::Parked { .. } | ToIokernel::Yielded { .. } => {
+                    ToIokernel::Parked { grant, .. } | ToIokernel::Yielded { grant, .. } => {
+                        self.w[k].parks_unread.pop_front();
+                        if !self.view[k].grants.answers(grant) {
+                            self.stale_parks += 1;
+                            continue;
+                        }
                         let parked = matches!(m, ToIokernel::Parked { .. });
                         self.d.gave_core_back(k, parked, now);
                         self.view[k] = IoView {
                             parked: true,
+                            grants: self.view[k].grants,
                             ..IoView::default()
                         };
-                        self.w[k].park_unread = false;
                         self.io[k].line.remove_flags(LineFlags::PREEMPT_PENDING);
                     }
                     other => panic!("unexpected {other:?}"),
@@ -190,6 +217,7 @@ impl Model {
         self.view[k] = IoView {
             core: true,
             wake_pending: true,
+            grants: self.view[k].grants,
             ..IoView::default()
         };
         if !deferred {
@@ -203,13 +231,16 @@ impl Model {
         }
         self.view[k].wake_pending = false;
         let now = self.tick();
+        let grant = self.view[k].grants.next();
         self.io[k]
             .to_kthread
             .send(ToKthread::Wake {
                 core: 0,
                 decided_ns: now,
+                grant,
             })
             .unwrap();
+        self.view[k].grants.granted(Some(grant));
         self.d.woken(k);
         self.step();
         self.w[k].woken = true;
@@ -222,6 +253,7 @@ impl Model {
         if self.view[k].wake_pending {
             self.view[k] = IoView {
                 parked: true,
+                grants: self.view[k].grants,
                 ..IoView::default()
             };
         }
@@ -253,16 +285,24 @@ impl Model {
         let w = &mut self.w[k];
         while let Some(m) = w.inbox.pop_front() {
             match m {
-                ToKthread::Wake { .. } => {
+                ToKthread::Wake { grant, .. } => {
                     w.runs.clear();
                     w.awaiting_wake = false;
+                    w.drop_pre = false;
+                    w.grant = grant;
                 }
-                ToKthread::Run { .. } if w.awaiting_wake => {}
-                ToKthread::Run { request, .. } => {
-                    if self.d.queues.running_on(k) != Some(request) {
+                ToKthread::Run { .. } | ToKthread::RunNext { .. } if w.awaiting_wake => {}
+                ToKthread::RunNext { .. } if w.drop_pre => {}
+                ToKthread::Run { request, .. } | ToKthread::RunNext { request, .. } => {
+                    let pre = matches!(m, ToKthread::RunNext { .. });
+                    if !pre {
+                        w.drop_pre = false;
+                    }
+                    let q = &self.d.queues;
+                    if q.running_on(k) != Some(request) && q.pre_assigned_on(k) != Some(request) {
                         self.kept_stale += 1;
                     }
-                    w.runs.push_back(request);
+                    w.runs.push_back((request, pre));
                 }
                 ToKthread::Preempt { .. } => {}
             }
@@ -294,7 +334,7 @@ impl Model {
             return self.park(k, true);
         }
         self.read(k);
-        if let Some(id) = self.w[k].runs.pop_front() {
+        if let Some((id, _)) = self.w[k].runs.pop_front() {
             self.w[k].holding = Some(id);
             self.rt[k].line.set_running_request(Some(id));
         } else if roll % 3 == 0 {
@@ -305,10 +345,16 @@ impl Model {
 
     fn finish(&mut self, k: usize, id: u64, completed: bool) {
         self.rt[k].line.set_running_request(None);
-        self.w[k].holding = None;
-        self.w[k].returned.push(id);
+        let w = &mut self.w[k];
+        w.holding = None;
+        w.returned.push((id, completed));
         if completed {
             self.done[id as usize] += 1;
+            self.rt[k].line.remove_flags(LineFlags::YIELD_REQUEST);
+        } else {
+            // Its pre-assigned request is taken back.
+            w.runs.retain(|&(_, pre)| !pre);
+            w.drop_pre = true;
         }
         self.rt[k]
             .to_iokernel
@@ -319,20 +365,32 @@ impl Model {
             .unwrap();
     }
 
+    /// A parked worker wakes with no grant (a stray wake-up: nothing in
+    /// the runtime does this under iokerneld, but a park must not be
+    /// trusted to answer the current grant because of it).
+    fn stray_wake(&mut self, k: usize) {
+        if !self.w[k].running {
+            self.w[k].woken = true;
+        }
+    }
+
     /// `iokernel.rs::park_with_iokernel`.
     fn park(&mut self, k: usize, revoked: bool) {
         let w = &mut self.w[k];
         w.runs.clear();
         w.awaiting_wake = true;
         w.running = false;
-        w.park_unread = true;
+        w.parks_unread.push_back(w.grant);
+        let grant = w.grant;
         let m = if revoked {
             ToIokernel::Yielded {
                 next_deadline_ns: None,
+                grant,
             }
         } else {
             ToIokernel::Parked {
                 next_deadline_ns: None,
+                grant,
             }
         };
         self.rt[k].to_iokernel.send(m).unwrap();
@@ -345,40 +403,80 @@ impl Model {
     /// worker holds a core and idles.
     fn check(&self, stepped: bool) {
         for (k, w) in self.w.iter().enumerate() {
-            let Some(r) = self.d.queues.running_on(k) else {
-                continue;
-            };
-            if w.holding == Some(r)
-                || w.runs.contains(&r)
-                || w.returned.contains(&r)
-                || w.park_unread
-            {
-                continue;
+            let running = self.d.queues.running_on(k);
+            let pre = self.d.queues.pre_assigned_on(k);
+            for r in running.into_iter().chain(pre) {
+                self.check_owed(k, w, r, pre == Some(r));
             }
-            // On its ring: kept if a `Wake` comes before it, or if the
-            // worker runs and expects none.
-            let mut keeps = w.running && !w.awaiting_wake;
-            let mut owed = false;
-            for m in &w.inbox {
-                match m {
-                    ToKthread::Wake { .. } => keeps = true,
-                    ToKthread::Run { request, .. } if *request == r => owed = keeps,
-                    _ => {}
-                }
-            }
-            assert!(
-                owed,
-                "request {r} waits on worker {k}, which will never run it: {w:?}, iokerneld sees {:?}",
-                self.view[k]
-            );
         }
+        self.check_idle(stepped);
+    }
+
+    /// `r`, which iokerneld counts on worker `k` (`pre_assigned` behind its
+    /// running request, or running), is owed to it.
+    fn check_owed(&self, k: usize, w: &Worker, r: u64, pre_assigned: bool) {
+        // A park on its way that answers the open grant takes it back.
+        let grants = self.view[k].grants;
+        let taken_back = w.parks_unread.iter().any(|&g| {
+            let mut open = grants;
+            open.answers(g)
+        });
+        // A preempted hand-back on its way takes the pre-assigned one
+        // back.
+        let running = self.d.queues.running_on(k);
+        let dropped = pre_assigned
+            && w.returned
+                .iter()
+                .any(|&(x, done)| Some(x) == running && !done);
+        if w.holding == Some(r)
+            || w.runs.iter().any(|&(x, _)| x == r)
+            || w.returned.iter().any(|&(x, _)| x == r)
+            || taken_back
+            || dropped
+        {
+            return;
+        }
+        // On its ring: kept if a `Wake` comes before it, or if the
+        // worker runs and expects none (a `RunNext`: and has not handed
+        // its request back preempted since its last plain `Run`).
+        let mut awaiting = !w.running || w.awaiting_wake;
+        let mut drop_pre = w.drop_pre;
+        let mut owed = false;
+        for m in &w.inbox {
+            match *m {
+                ToKthread::Wake { .. } => {
+                    awaiting = false;
+                    drop_pre = false;
+                }
+                ToKthread::Run { request, .. } if !awaiting => {
+                    drop_pre = false;
+                    owed |= request == r;
+                }
+                ToKthread::RunNext { request, .. } if !awaiting && !drop_pre => {
+                    owed |= request == r;
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            owed,
+            "request {r} waits on worker {k}, which will never run it: {w:?}, iokerneld sees {:?}",
+            self.view[k]
+        );
+    }
+
+    fn check_idle(&self, stepped: bool) {
         // And so none waits queued while a worker that holds a core and
         // was woken idles with nothing on its way.
         if stepped && self.d.queued() > 0 {
             for (k, v) in self.view.iter().enumerate() {
                 let idle = self.d.queues.running_on(k).is_none();
                 assert!(
-                    !(v.core && !v.preempting && !v.wake_pending && idle && !self.w[k].park_unread),
+                    !(v.core
+                        && !v.preempting
+                        && !v.wake_pending
+                        && idle
+                        && self.w[k].parks_unread.is_empty()),
                     "a request is queued while worker {k} holds a core and idles"
                 );
             }
@@ -425,7 +523,7 @@ fn sq() -> SchedPolicy {
 /// worker would drop as stale while iokerneld counts it running there.
 #[test]
 fn a_kthread_granted_but_not_woken_gets_no_run() {
-    let mut m = Model::new(3, sq());
+    let mut m = Model::new(3, sq(), false);
     m.arrive();
     m.arrive();
     m.grant(0, true);
@@ -445,7 +543,7 @@ fn a_kthread_granted_but_not_woken_gets_no_run() {
 /// is taken back and runs once, on the new grant.
 #[test]
 fn a_run_that_crosses_a_park_runs_once_after_the_next_wake() {
-    let mut m = Model::new(3, sq());
+    let mut m = Model::new(3, sq(), false);
     m.grant(0, false);
     m.worker(0, 1);
     // The worker looks (nothing), parks; the request arrives and is sent
@@ -469,7 +567,7 @@ fn a_run_that_crosses_a_park_runs_once_after_the_next_wake() {
 /// keep the `Run` that crossed its last park.
 #[test]
 fn a_wake_without_its_message_keeps_no_stale_run() {
-    let mut m = Model::new(1, sq());
+    let mut m = Model::new(1, sq(), false);
     m.grant(0, false);
     m.worker(0, 1);
     m.worker(0, 0); // parks
@@ -482,8 +580,11 @@ fn a_wake_without_its_message_keeps_no_stale_run() {
     m.view[0] = IoView {
         core: true,
         wake_pending: true,
+        grants: m.view[0].grants,
         ..IoView::default()
     };
+    // No `Wake` sent: the park answers with the last one's number.
+    m.view[0].grants.granted(None);
     m.w[0].woken = true;
     m.step();
     m.worker(0, 1);
@@ -494,16 +595,105 @@ fn a_wake_without_its_message_keeps_no_stale_run() {
     m.settle();
 }
 
+/// A worker woken with no grant parks again: its park answers the grant
+/// iokerneld has already seen answered. Read after the next grant's `Wake`
+/// and `Run`, it must take neither the core nor the request from the
+/// worker, which wakes for that grant and runs the request (before grant
+/// numbers: the `Run` was taken back and queued again, and the worker,
+/// reading it after the `Wake`, ran it too).
+#[test]
+fn a_park_after_a_stray_wake_takes_nothing_from_the_next_grant() {
+    let mut m = Model::new(1, sq(), false);
+    m.grant(0, false);
+    m.worker(0, 1); // wakes for grant 1
+    m.worker(0, 0); // its spin ends: it parks, answering grant 1
+    m.io_turn();
+    m.stray_wake(0);
+    m.worker(0, 1); // runs with no grant: nothing to read
+    m.worker(0, 0); // and parks again, answering grant 1 again
+    m.arrive();
+    m.grant(0, false); // grant 2: its Wake, then request 0's Run
+    assert_eq!(m.d.queues.running_on(0), Some(0));
+    m.io_turn(); // reads the second park
+    assert_eq!(
+        m.stale_parks, 1,
+        "the park answering grant 1 again is ignored"
+    );
+    assert_eq!(m.d.counters.stale_runs, 0, "nothing taken back");
+    assert_eq!(m.d.queues.running_on(0), Some(0));
+    m.worker(0, 1); // wakes for grant 2: its Wake, then the Run
+    m.worker(0, 1);
+    assert_eq!(m.w[0].holding, Some(0));
+    m.check(false);
+    m.settle();
+}
+
+/// With pre-assignment, a worker that completes its request starts the
+/// pre-assigned one before iokerneld has read the hand-back.
+#[test]
+fn a_pre_assigned_request_starts_as_its_worker_completes_the_one_before() {
+    let mut m = Model::new(1, sq(), true);
+    m.arrive();
+    m.arrive();
+    m.arrive();
+    m.grant(0, false); // its Wake, request 0's Run, request 1's RunNext
+    assert_eq!(m.d.queues.running_on(0), Some(0));
+    assert_eq!(m.d.queues.pre_assigned_on(0), Some(1));
+    m.worker(0, 1); // wakes, reads all three
+    m.worker(0, 1); // starts request 0
+    m.worker(0, 0); // completes it
+    m.worker(0, 1); // starts request 1 at once
+    assert_eq!(m.w[0].holding, Some(1));
+    assert_eq!(m.d.queues.running_on(0), Some(0), "the hand-back is unread");
+    m.check(false);
+    m.io_turn(); // reads it: request 1 runs there, request 2 is pre-assigned
+    assert_eq!(m.d.queues.running_on(0), Some(1));
+    assert_eq!(m.d.queues.pre_assigned_on(0), Some(2));
+    m.settle();
+    assert_eq!(m.d.queues.stats().pre_taken_back, 0, "nothing taken back");
+}
+
+/// A preempted hand-back takes the pre-assigned request back: the worker
+/// drops it (read or not), iokerneld queues it at the head, and the
+/// policy places both as without pre-assignment (tail placement: the
+/// pre-assigned one runs next, by a plain `Run` the worker keeps).
+#[test]
+fn a_preempted_hand_back_takes_the_pre_assigned_request_back() {
+    let mut m = Model::new(1, sq(), true);
+    m.arrive();
+    m.arrive();
+    m.grant(0, false);
+    m.worker(0, 1);
+    m.worker(0, 1); // starts request 0, request 1's RunNext read
+    assert_eq!(m.w[0].runs, [(1, true)]);
+    // Asked to yield (its quantum spent, request 1 waiting behind it).
+    for _ in 0..8 {
+        m.step();
+    }
+    assert!(m.rt[0].line.flags().contains(LineFlags::YIELD_REQUEST));
+    m.worker(0, 1); // yields: hands request 0 back preempted
+    assert!(m.w[0].runs.is_empty(), "the pre-assigned Run is dropped");
+    m.check(false);
+    m.io_turn();
+    assert_eq!(m.d.counters.pre_dropped, 1);
+    assert_eq!(m.d.stats().tb, 1, "counted as taken back");
+    assert_eq!(m.d.queues.running_on(0), Some(1), "by a plain Run");
+    assert_eq!(m.d.queues.pre_assigned_on(0), Some(0));
+    m.worker(0, 1);
+    assert_eq!(m.w[0].holding, Some(1));
+    m.settle();
+}
+
 /// Random interleavings of arrivals, grants (at once or at the end of a
-/// pass), revocations, iokerneld's turns and the workers' looks, for
-/// several workers.
-fn interleave(seed: u64, workers: usize, events: usize) {
-    let mut m = Model::new(workers, sq());
+/// pass), revocations, stray wake-ups, iokerneld's turns and the workers'
+/// looks, for several workers.
+fn interleave(seed: u64, workers: usize, events: usize, pre_assign: bool) -> u64 {
+    let mut m = Model::new(workers, sq(), pre_assign);
     let mut rng = SplitMix64::new(seed);
     let mut deferred: Vec<usize> = Vec::new();
     for _ in 0..events {
         let k = (rng.next_u64() % workers as u64) as usize;
-        match rng.next_u64() % 16 {
+        match rng.next_u64() % 17 {
             0..=2 => m.arrive(),
             3 => m.grant(k, false),
             4 => {
@@ -524,6 +714,7 @@ fn interleave(seed: u64, workers: usize, events: usize) {
             }
             6 => m.revoke(k),
             7..=9 => m.io_turn(),
+            16 => m.stray_wake(k),
             r => {
                 let roll = rng.next_u64();
                 m.worker(k, roll ^ r);
@@ -534,13 +725,23 @@ fn interleave(seed: u64, workers: usize, events: usize) {
         m.send_wake(k);
     }
     m.settle();
+    m.d.stats().pa
 }
 
 #[test]
 fn three_workers_under_random_interleavings() {
     for seed in 0..200 {
-        interleave(seed, 3, 2_000);
+        interleave(seed, 3, 2_000, false);
     }
+}
+
+#[test]
+fn three_workers_under_random_interleavings_with_pre_assignment() {
+    let mut pre_assigned = 0;
+    for seed in 0..200 {
+        pre_assigned += interleave(seed, 3, 2_000, true);
+    }
+    assert!(pre_assigned > 1_000, "{pre_assigned} pre-assigned");
 }
 
 proptest! {
@@ -550,7 +751,8 @@ proptest! {
         seed in any::<u64>(),
         workers in 1usize..5,
         events in 10usize..3_000,
+        pre_assign in any::<bool>(),
     ) {
-        interleave(seed, workers, events);
+        interleave(seed, workers, events, pre_assign);
     }
 }
