@@ -560,6 +560,7 @@ pub fn dispatch_spec(
         classes,
         class_offset: if mq { OP_OFFSET } else { 0 },
         backstop_ns: backstop.map(ns),
+        pre_assign: None,
     }
 }
 
