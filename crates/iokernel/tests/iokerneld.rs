@@ -1281,6 +1281,42 @@ fn idle_class_thread() -> Option<(u32, std::sync::mpsc::Sender<()>)> {
     Some((tid as u32, keep))
 }
 
+/// Batch (one kthread under `SCHED_IDLE`) holding the one managed core,
+/// then a latency-critical application with a request queued, asking for
+/// it; `None` if a thread cannot be put under `SCHED_IDLE` here.
+struct IdleVictimScene {
+    b: App,
+    lc: App,
+    /// lc's registration: dropping it makes lc leave.
+    cl: Option<client::Connection>,
+    _batch: (
+        client::Connection,
+        ginza_shm::RuntimeEnd,
+        std::sync::mpsc::Sender<()>,
+    ),
+}
+
+fn batch_then_lc(d: &Daemon) -> Option<IdleVictimScene> {
+    let (tid, keep) = idle_class_thread()?;
+    let b = app(1);
+    let cb = register(d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
+    let mut kb = b.region.runtime_end(0).unwrap();
+    kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
+    b.region.line(0).unwrap().set_rq_tail(100);
+    d.wait_for("batch holds the core", |s| {
+        app_named(s, "batch").unwrap().cores_now == 1
+    });
+    let lc = app(1);
+    let cl = register(d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    lc.region.line(0).unwrap().set_rq_tail(1);
+    Some(IdleVictimScene {
+        b,
+        lc,
+        cl: Some(cl),
+        _batch: (cb, kb, keep),
+    })
+}
+
 /// docs/runtime.md, "Preemptions withdrawn": a latency-critical kthread
 /// takes the core of a `SCHED_IDLE` batch kthread and gives it back within
 /// `idle_victim_grace`: the batch kthread is never signalled, keeps the
@@ -1296,21 +1332,11 @@ fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_f
             c.preempt_deadline = Duration::from_secs(10);
             c.idle_victim_grace = grace;
         });
-        let Some((tid, _keep)) = idle_class_thread() else {
+        let Some(scene) = batch_then_lc(&d) else {
             return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
         };
-        let b = app(1);
-        let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
-        let mut kb = b.region.runtime_end(0).unwrap();
-        kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
-        b.region.line(0).unwrap().set_rq_tail(100);
-        d.wait_for("batch holds the core", |s| {
-            app_named(s, "batch").unwrap().cores_now == 1
-        });
-        let lc = app(1);
-        let _cl = register(&d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+        let (b, lc) = (&scene.b, &scene.lc);
         let line = lc.region.line(0).unwrap();
-        line.set_rq_tail(1);
         d.wait_for("lc holds the core", |s| {
             app_named(s, "lc").unwrap().cores_now == 1
         });
@@ -1386,21 +1412,11 @@ fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
             c.idle_victim_grace = Duration::from_secs(30);
             c.local_wake_wait = Some(Duration::from_millis(if batch_answers { 5_000 } else { 2 }));
         });
-        let Some((tid, _keep)) = idle_class_thread() else {
+        let Some(scene) = batch_then_lc(&d) else {
             return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
         };
-        let b = app(1);
-        let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
-        let mut kb = b.region.runtime_end(0).unwrap();
-        kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
-        b.region.line(0).unwrap().set_rq_tail(100);
-        d.wait_for("batch holds the core", |s| {
-            app_named(s, "batch").unwrap().cores_now == 1
-        });
-        let lc = app(1);
-        let _cl = register(&d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+        let (b, lc) = (&scene.b, &scene.lc);
         let batch_line = b.region.line(0).unwrap();
-        lc.region.line(0).unwrap().set_rq_tail(1);
         d.wait_for("lc holds the core", |s| {
             app_named(s, "lc").unwrap().cores_now == 1
         });
@@ -1450,30 +1466,18 @@ fn a_local_wake_being_answered_keeps_its_eventfd_open_when_the_app_leaves() {
         c.idle_victim_grace = Duration::from_secs(30);
         c.local_wake_wait = Some(Duration::from_secs(5));
     });
-    let Some((tid, _keep)) = idle_class_thread() else {
+    let Some(mut scene) = batch_then_lc(&d) else {
         return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
     };
-    let b = app(1);
-    let _cb = register(&d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
-    let mut kb = b.region.runtime_end(0).unwrap();
-    kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
-    b.region.line(0).unwrap().set_rq_tail(100);
-    d.wait_for("batch holds the core", |s| {
-        app_named(s, "batch").unwrap().cores_now == 1
-    });
-    let lc = app(1);
-    let cl = register(&d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
-    lc.region.line(0).unwrap().set_rq_tail(1);
-    let batch_line = b.region.line(0).unwrap();
+    let batch_line = scene.b.region.line(0).unwrap();
     let t0 = Instant::now();
     while !batch_line.doorbell_rung() {
         assert!(t0.elapsed() < Duration::from_secs(5), "no doorbell rung");
         std::thread::yield_now();
     }
-    let mut cl = Some(cl);
     let answered = batch_line.answer_doorbell(|fd| {
         // lc leaves before the write.
-        drop(cl.take());
+        drop(scene.cl.take());
         d.wait_for("lc removed", |s| app_named(s, "lc").is_none());
         // SAFETY: `fd` is iokerneld's copy of lc's eventfd, kept open
         // while this line shows it answered (what this test checks).
@@ -1483,7 +1487,7 @@ fn a_local_wake_being_answered_keeps_its_eventfd_open_when_the_app_leaves() {
     assert!(answered);
     // The write reached lc's eventfd (the test holds its own copy).
     assert_eq!(
-        ginza_sys::eventfd::read(lc.efds[0].as_fd()).unwrap(),
+        ginza_sys::eventfd::read(scene.lc.efds[0].as_fd()).unwrap(),
         Some(1)
     );
 }
