@@ -1,5 +1,5 @@
 //! Linux scheduling classes of threads: `sched_setscheduler` and
-//! `sched_getscheduler` (no rustix call, so on `libc`).
+//! `sched_getscheduler` (no rustix call, so on `libc`), and `sched_yield`.
 //!
 //! The runtime runs batch kthreads under `SCHED_IDLE` (docs/runtime.md,
 //! "Batch kthreads run SCHED_IDLE"): the kernel then runs a normal thread
@@ -45,6 +45,12 @@ pub fn set_current_idle() -> io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Gives the calling thread's CPU to another thread runnable on it, if
+/// any (`sched_yield`); returns at once when there is none.
+pub fn yield_cpu() {
+    rustix::thread::sched_yield();
 }
 
 /// The policy of thread `tid` (0: the calling thread).
