@@ -515,9 +515,11 @@ fn render(r: &Report) -> String {
             for (name, x, p50s) in rows {
                 let _ = writeln!(
                     s,
-                    "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  lost {}  (p50s {})",
+                    "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  p99.9 {:>8.1}  over 1 ms {}  lost {}  (p50s {})",
                     x.p50,
                     x.p99,
+                    x.p999,
+                    x.over_1ms,
                     x.lost,
                     p50s.iter()
                         .map(|x| format!("{x:.1}"))
@@ -572,6 +574,9 @@ const GINZA_ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x02]);
 struct Rtt {
     p50: f64,
     p99: f64,
+    p999: f64,
+    /// Answered round trips that took over 1 ms (all rounds).
+    over_1ms: usize,
     /// Round trips without an answer within 100 ms (all rounds).
     lost: usize,
 }
@@ -750,10 +755,17 @@ fn rtt_rounds(
         .args(["addr", "del", &cidr, "dev", &ns.host_if])
         .status();
     result?;
-    let combine = |rounds: &[Rtt]| Rtt {
-        p50: median(&rounds.iter().map(|r| r.p50).collect::<Vec<_>>()).unwrap_or(f64::NAN),
-        p99: median(&rounds.iter().map(|r| r.p99).collect::<Vec<_>>()).unwrap_or(f64::NAN),
-        lost: rounds.iter().map(|r| r.lost).sum(),
+    let combine = |rounds: &[Rtt]| {
+        let m = |f: fn(&Rtt) -> f64| {
+            median(&rounds.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+        };
+        Rtt {
+            p50: m(|r| r.p50),
+            p99: m(|r| r.p99),
+            p999: m(|r| r.p999),
+            over_1ms: rounds.iter().map(|r| r.over_1ms).sum(),
+            lost: rounds.iter().map(|r| r.lost).sum(),
+        }
     };
     let p50s = |rounds: &[Rtt]| rounds.iter().map(|r| r.p50).collect::<Vec<_>>();
     Ok((
@@ -864,6 +876,8 @@ fn summarize(trips: &[Trip]) -> Rtt {
     Rtt {
         p50: us(50.0),
         p99: us(99.0),
+        p999: us(99.9),
+        over_1ms: ns.iter().filter(|&&t| t > 1_000_000).count(),
         lost: trips.len() - ns.len(),
     }
 }
