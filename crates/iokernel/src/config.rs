@@ -11,6 +11,8 @@
 //! idle_sleep = "1ms"       # sleep instead of spinning while idle
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
 //! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
+//! yield_after_nic_tx = true # sched_yield at the first idle turn after a
+//!                          # NIC transmit (a thread it woke on this CPU runs)
 //! steering = "rss-mod"     # rss-mod | flow-affinity | indirection
 //! flow_table = 8192        # flow-affinity: flows per application's table
 //! flow_prepopulate = false # flow-affinity: hash ranges assigned in advance
@@ -111,6 +113,11 @@ pub struct Config {
     /// The link besides the software switch: `software` (none),
     /// `af_packet:IFNAME` or `af_xdp:IFNAME`.
     pub nic: String,
+    /// At the first loop turn without NIC traffic after a NIC transmit,
+    /// `sched_yield`: a thread the transmit woke on iokerneld's own CPU (a
+    /// veth peer's receiver) runs now instead of at the scheduler's next
+    /// tick (`daemon::tx_yield`).
+    pub yield_after_nic_tx: bool,
     /// Packet steering of an application whose registration asks for none.
     pub steering: SteeringKind,
     /// Sizes of every application's steering policy (`warm_up_until` is
@@ -246,6 +253,7 @@ struct FileConfig {
     preempt_deadline: Option<String>,
     seed: Option<u64>,
     nic: Option<String>,
+    yield_after_nic_tx: Option<bool>,
     steering: Option<String>,
     flow_table: Option<usize>,
     flow_prepopulate: Option<bool>,
@@ -302,6 +310,10 @@ pub struct Cli {
     /// af_packet:IFNAME or af_xdp:IFNAME (a real interface, root).
     #[arg(long)]
     pub nic: Option<String>,
+    /// Keep spinning after a NIC transmit instead of yielding the CPU once
+    /// at the next idle turn (`yield_after_nic_tx = false`).
+    #[arg(long)]
+    pub no_yield_after_nic_tx: bool,
     /// Packet steering of applications that do not ask for one: rss-mod
     /// (default), flow-affinity or indirection.
     #[arg(long)]
@@ -372,6 +384,7 @@ impl Config {
             local_wake_wait: None,
             seed: 0x5eed,
             nic: "software".into(),
+            yield_after_nic_tx: true,
             steering: SteeringKind::RssMod,
             steering_options: SteeringOptions::default(),
             flow_warm_up: Duration::ZERO,
@@ -462,6 +475,8 @@ impl Config {
         if let Some(n) = cli.nic.clone().or(file.nic) {
             c.nic = n;
         }
+        c.yield_after_nic_tx =
+            !cli.no_yield_after_nic_tx && file.yield_after_nic_tx.unwrap_or(true);
         if let Some(kind) = cli.steering {
             c.steering = kind;
         } else if let Some(name) = &file.steering {
@@ -722,10 +737,24 @@ mod tests {
         let e = Config::from_cli(&cli).unwrap_err().to_string();
         assert!(e.contains("steering"), "{e}");
         let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap();
-        assert_eq!(
-            Config::from_cli(&cli).unwrap().steering,
-            SteeringKind::RssMod
-        );
+        let c = Config::from_cli(&cli).unwrap();
+        assert_eq!(c.steering, SteeringKind::RssMod);
+        assert!(c.yield_after_nic_tx, "on by default");
+        std::fs::write(
+            &p,
+            format!("cores = [{core}]\nyield_after_nic_tx = false\n"),
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        assert!(!Config::from_cli(&cli).unwrap().yield_after_nic_tx);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--no-yield-after-nic-tx",
+        ])
+        .unwrap();
+        assert!(!Config::from_cli(&cli).unwrap().yield_after_nic_tx);
 
         std::fs::write(&p, "cores = [0]\nbogus = 1\n").unwrap();
         let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();

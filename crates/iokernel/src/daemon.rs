@@ -55,10 +55,12 @@ mod packets;
 mod pass;
 mod protected;
 mod stats;
+mod tx_yield;
 
 use pass::{Handover, PassKind};
 use stats::Meter;
 pub use stats::{summarize, HIST_MAX_NS};
+use tx_yield::TxYield;
 
 /// Most kthreads per application (the region's limit).
 pub const MAX_KTHREADS: u32 = ginza_shm::region::MAX_KTHREADS;
@@ -275,6 +277,8 @@ pub struct Iokerneld<A: CoreActuator> {
     /// turn; `clock_gettime` cost 9–19 % of a spinning loop here,
     /// docs/results.md, "Dataplane").
     clock: TscClock,
+    /// When to hand the CPU over after a NIC transmit.
+    tx_yield: TxYield,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -351,6 +355,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             // `loop_cpu_ns` (the loop thread's, which may not be this one).
             meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
+            tx_yield: TxYield::new(cfg.yield_after_nic_tx),
             cfg,
             listener,
             pending: Vec::new(),
@@ -486,7 +491,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                     next_control = now + ci;
                     next_pass = next_pass.min(now);
                 }
-                _ => std::hint::spin_loop(),
+                _ => {
+                    let (rx, tx) = self.dp.nic_frames();
+                    if self.tx_yield.after_turn(rx, tx) {
+                        ginza_sys::sched_class::yield_cpu();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
             }
         }
         let report = self.report(clock::monotonic_ns());

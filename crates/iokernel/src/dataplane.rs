@@ -606,6 +606,12 @@ impl Dataplane {
         self.flow_warm_up = flow_warm_up;
     }
 
+    /// Frames the real NIC has received and transmitted so far (0, 0
+    /// without one).
+    pub fn nic_frames(&self) -> (u64, u64) {
+        (self.stats.nic_rx_frames, self.stats.nic_tx_frames)
+    }
+
     /// Whether the links have anything in flight: a load run, a real NIC
     /// (which may receive at any time), or frames a fault injector holds.
     pub fn busy(&self) -> bool {

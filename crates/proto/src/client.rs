@@ -93,6 +93,14 @@ impl Connection {
         self.ingress.take()
     }
 
+    /// A second descriptor of the connection's socket, for a thread that
+    /// waits for iokerneld's hang-up (`poll` reports it unasked). It keeps
+    /// the socket open: close it before counting on the connection's drop
+    /// to deregister.
+    pub fn socket_clone(&self) -> std::io::Result<OwnedFd> {
+        self.sock.try_clone()
+    }
+
     /// Whether iokerneld closed the connection (it exited, or removed this
     /// application). Does not block.
     pub fn closed_by_iokerneld(&self) -> bool {

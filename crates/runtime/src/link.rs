@@ -374,13 +374,14 @@ impl Link {
         Ok(id)
     }
 
-    /// Whether iokerneld has gone away (or removed this application).
-    pub(crate) fn lost(&self) -> bool {
+    /// A second descriptor of the connection to iokerneld, to wait for its
+    /// hang-up on (`None` once deregistered).
+    pub(crate) fn connection_fd(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
         self.conn
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
-            .is_some_and(|c| c.closed_by_iokerneld())
+            .map(|c| c.socket_clone())
     }
 
     /// Deregisters (closing the socket gives the cores back).

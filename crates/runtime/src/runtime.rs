@@ -1,5 +1,6 @@
 //! Starting and stopping a runtime, and the handle to control a running one.
 
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -56,6 +57,8 @@ pub(crate) struct Started {
     threads: Vec<std::thread::JoinHandle<()>>,
     /// Notices when iokerneld goes away (managed runtimes only).
     watcher: Option<std::thread::JoinHandle<()>>,
+    /// Written by [`Started::stop`] to end the watcher's wait.
+    watch_stop: Option<OwnedFd>,
 }
 
 /// Installs the signal handlers, builds the shared state and starts one
@@ -80,6 +83,7 @@ pub(crate) fn start(
         rt,
         threads: Vec::with_capacity(plan.cores.len()),
         watcher: None,
+        watch_stop: None,
     };
     for id in 0..plan.cores.len() {
         let rt = Arc::clone(&started.rt);
@@ -106,8 +110,33 @@ pub(crate) fn start(
     Ok(started)
 }
 
-/// How often a managed runtime checks that iokerneld is still there.
-const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+/// The longest a managed runtime's watcher waits between two looks at the
+/// shutdown flag (a safety net: [`Started::stop`] wakes it at once).
+const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Blocks until iokerneld hangs up `connection` (`true`; also on a failed
+/// poll), `stop` is written or [`WATCH_PERIOD`] passes (`false`). No
+/// periodic wake-up: a watcher that polled every few milliseconds put
+/// timer interrupts and context switches on the CPUs of the round trips it
+/// shares them with (docs/results.md, "Dataplane", session 10).
+fn wait_for_hangup(connection: BorrowedFd<'_>, stop: BorrowedFd<'_>) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd: connection.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: stop.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    match ginza_sys::poll::poll_raw(&mut fds, Some(WATCH_PERIOD)) {
+        Ok(_) => fds[0].revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0,
+        Err(_) => true,
+    }
+}
 
 impl Started {
     /// Registers with iokerneld once every kthread has reported its tid on
@@ -136,13 +165,26 @@ impl Started {
             link.cfg.name,
             rt.kthreads.len()
         );
+        let start_error = |what: &str, e: std::io::Error| {
+            RuntimeError::Start(format!("cannot start the iokerneld watcher: {what}: {e}"))
+        };
+        let connection = link
+            .connection_fd()
+            .expect("registered just above")
+            .map_err(|e| start_error("dup of the connection", e))?;
+        let stop = ginza_sys::eventfd::new().map_err(|e| start_error("eventfd", e))?;
+        let stop_seen = stop
+            .try_clone()
+            .map_err(|e| start_error("dup of the eventfd", e))?;
         let watched = Arc::clone(rt);
         let watcher = std::thread::Builder::new()
             .name("ginza-watch".into())
             .spawn(move || {
                 let link = watched.link.as_ref().expect("managed runtime");
                 while !watched.shutdown.load(Relaxed) {
-                    if link.lost() {
+                    if wait_for_hangup(connection.as_fd(), stop_seen.as_fd())
+                        && !watched.shutdown.load(Relaxed)
+                    {
                         log::error!(
                             "iokerneld closed the connection of {:?}: its kthreads run standalone from now on",
                             link.cfg.name
@@ -150,10 +192,10 @@ impl Started {
                         watched.fall_back_to_standalone();
                         return;
                     }
-                    std::thread::sleep(WATCH_PERIOD);
                 }
             })
-            .map_err(|e| RuntimeError::Start(format!("cannot start the iokerneld watcher: {e}")))?;
+            .map_err(|e| start_error("thread", e))?;
+        self.watch_stop = Some(stop);
         self.watcher = Some(watcher);
         Ok(())
     }
@@ -166,6 +208,10 @@ impl Started {
         self.rt.wake_all_for_shutdown();
         for t in self.threads {
             let _ = t.join();
+        }
+        if let Some(stop) = &self.watch_stop {
+            // The flag is set: the watcher returns at its next look.
+            let _ = ginza_sys::eventfd::write(stop.as_fd(), 1);
         }
         if let Some(w) = self.watcher {
             let _ = w.join();

@@ -15,7 +15,8 @@
 //! * [`socket`]: unix SOCK_SEQPACKET sockets with descriptor passing.
 //! * [`poll`]: `ppoll` over a reusable list of descriptors.
 //! * [`process`]: thread, process and user ids; what a descriptor is.
-//! * [`sched_class`]: a thread's Linux scheduling policy (`SCHED_IDLE`).
+//! * [`sched_class`]: a thread's Linux scheduling policy (`SCHED_IDLE`),
+//!   niceness, `sched_yield`.
 //! * [`sched_stat`]: how much CPU a thread got, and how long it waited for one.
 //!
 //! Calls go through `rustix`; `libc` only where rustix has none (`tgkill`,

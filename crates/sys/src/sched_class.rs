@@ -1,5 +1,5 @@
 //! Linux scheduling classes of threads: `sched_setscheduler` and
-//! `sched_getscheduler` (no rustix call, so on `libc`).
+//! `sched_getscheduler` (no rustix call, so on `libc`), and `sched_yield`.
 //!
 //! The runtime runs batch kthreads under `SCHED_IDLE` (docs/runtime.md,
 //! "Batch kthreads run SCHED_IDLE"): the kernel then runs a normal thread
@@ -109,6 +109,12 @@ pub fn set_autogroup_nice(nice: i32) -> io::Result<()> {
 pub fn autogroups_enabled() -> bool {
     std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
         .is_ok_and(|v| v.trim() == "1")
+}
+
+/// Gives the calling thread's CPU to another thread runnable on it, if
+/// any (`sched_yield`); returns at once when there is none.
+pub fn yield_cpu() {
+    rustix::thread::sched_yield();
 }
 
 /// The policy of thread `tid` (0: the calling thread).

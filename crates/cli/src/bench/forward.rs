@@ -99,6 +99,17 @@ pub struct ForwardArgs {
     /// Linux server; `rtt_us.ginza` keeps the runtime's default).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     rtt_spin_us: u64,
+    /// Append every measured round trip (server, round, µs or null, the
+    /// hop stamps) to this file as JSON lines, with the stamps' rate and
+    /// one (stamp, CLOCK_MONOTONIC ns) pair to line them up with a
+    /// kernel trace (`perf record -k mono`).
+    #[arg(long)]
+    rtt_dump: Option<std::path::PathBuf>,
+    /// iokerneld keeps spinning after a NIC transmit instead of yielding
+    /// its CPU once at the next idle turn (`yield_after_nic_tx = false`,
+    /// for comparison).
+    #[arg(long)]
+    rtt_no_yield: bool,
 }
 
 #[derive(Serialize)]
@@ -504,9 +515,11 @@ fn render(r: &Report) -> String {
             for (name, x, p50s) in rows {
                 let _ = writeln!(
                     s,
-                    "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  lost {}  (p50s {})",
+                    "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  p99.9 {:>8.1}  over 1 ms {}  lost {}  (p50s {})",
                     x.p50,
                     x.p99,
+                    x.p999,
+                    x.over_1ms,
                     x.lost,
                     p50s.iter()
                         .map(|x| format!("{x:.1}"))
@@ -561,6 +574,9 @@ const GINZA_ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x02]);
 struct Rtt {
     p50: f64,
     p99: f64,
+    p999: f64,
+    /// Answered round trips that took over 1 ms (all rounds).
+    over_1ms: usize,
     /// Round trips without an answer within 100 ms (all rounds).
     lost: usize,
 }
@@ -693,44 +709,41 @@ fn rtt_rounds(
     let mut ginza_spin = Vec::new();
     let (mut ginza_spans, mut ginza_spin_spans) = (Vec::new(), Vec::new());
     let spin = Duration::from_micros(args.rtt_spin_us);
+    let mut dump = Dump::open(args.rtt_dump.as_deref(), ticks_per_us)?;
     let result = (|| -> anyhow::Result<()> {
-        for _ in 0..args.rtt_rounds {
-            let (b, (rtt, stamps)) =
-                ginza_rtt(ns, iok_cpu, app_cpu, ginza_client, args.rtt_client, None)
-                    .context("the Ginza UDP echo over veth")?;
+        for round in 0..args.rtt_rounds {
+            let (b, (rtt, trips)) = ginza_rtt(ns, args, iok_cpu, app_cpu, ginza_client, None)
+                .context("the Ginza UDP echo over veth")?;
+            dump.round("ginza", round, &trips)?;
+            let stamps = stamps_of(&trips);
             backend = b;
             ginza.push(rtt);
             ginza_spans.extend(spans(&stamps));
             ginza_tail.extend(tail(&stamps));
-            blocking.push(
-                linux_rtt(
-                    ns,
-                    linux_ip,
-                    LinuxServer::Blocking,
-                    linux_client,
-                    args.rtt_client,
-                )
-                .context("the Linux UDP echo (blocking) over veth")?,
-            );
-            busy.push(
-                linux_rtt(
-                    ns,
-                    linux_ip,
-                    LinuxServer::BusyPoll { cpu: app_cpu },
-                    linux_client,
-                    args.rtt_client,
-                )
-                .context("the Linux UDP echo (busy-polling) over veth")?,
-            );
-            let (_, (rtt, stamps)) = ginza_rtt(
+            let (rtt, trips) = linux_rtt(
                 ns,
-                iok_cpu,
-                app_cpu,
-                ginza_client,
+                linux_ip,
+                LinuxServer::Blocking,
+                linux_client,
                 args.rtt_client,
-                Some(spin),
             )
-            .context("the Ginza UDP echo (spinning) over veth")?;
+            .context("the Linux UDP echo (blocking) over veth")?;
+            dump.round("linux_blocking", round, &trips)?;
+            blocking.push(rtt);
+            let (rtt, trips) = linux_rtt(
+                ns,
+                linux_ip,
+                LinuxServer::BusyPoll { cpu: app_cpu },
+                linux_client,
+                args.rtt_client,
+            )
+            .context("the Linux UDP echo (busy-polling) over veth")?;
+            dump.round("linux_busy_poll", round, &trips)?;
+            busy.push(rtt);
+            let (_, (rtt, trips)) = ginza_rtt(ns, args, iok_cpu, app_cpu, ginza_client, Some(spin))
+                .context("the Ginza UDP echo (spinning) over veth")?;
+            dump.round("ginza_spin", round, &trips)?;
+            let stamps = stamps_of(&trips);
             ginza_spin.push(rtt);
             ginza_spin_spans.extend(spans(&stamps));
             ginza_spin_tail.extend(tail(&stamps));
@@ -742,10 +755,17 @@ fn rtt_rounds(
         .args(["addr", "del", &cidr, "dev", &ns.host_if])
         .status();
     result?;
-    let combine = |rounds: &[Rtt]| Rtt {
-        p50: median(&rounds.iter().map(|r| r.p50).collect::<Vec<_>>()).unwrap_or(f64::NAN),
-        p99: median(&rounds.iter().map(|r| r.p99).collect::<Vec<_>>()).unwrap_or(f64::NAN),
-        lost: rounds.iter().map(|r| r.lost).sum(),
+    let combine = |rounds: &[Rtt]| {
+        let m = |f: fn(&Rtt) -> f64| {
+            median(&rounds.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+        };
+        Rtt {
+            p50: m(|r| r.p50),
+            p99: m(|r| r.p99),
+            p999: m(|r| r.p999),
+            over_1ms: rounds.iter().map(|r| r.over_1ms).sum(),
+            lost: rounds.iter().map(|r| r.lost).sum(),
+        }
     };
     let p50s = |rounds: &[Rtt]| rounds.iter().map(|r| r.p50).collect::<Vec<_>>();
     Ok((
@@ -783,8 +803,8 @@ pub enum Client {
     Polling,
 }
 
-/// A probe's figures and each measured round trip's hop stamps.
-type Probed = (Rtt, Vec<Stamps>);
+/// A probe's figures and each measured round trip.
+type Probed = (Rtt, Vec<Trip>);
 
 /// One round trip's outcome: its time if answered, and the hops' TSC
 /// stamps ([`hops`], all 0 while stamping is off).
@@ -856,6 +876,8 @@ fn summarize(trips: &[Trip]) -> Rtt {
     Rtt {
         p50: us(50.0),
         p99: us(99.0),
+        p999: us(99.9),
+        over_1ms: ns.iter().filter(|&&t| t > 1_000_000).count(),
         lost: trips.len() - ns.len(),
     }
 }
@@ -882,7 +904,66 @@ fn probe(
         "{} of {RTT_PINGS} round trips to {target} unanswered",
         rtt.lost
     );
-    Ok((rtt, trips.into_iter().map(|t| t.1).collect()))
+    Ok((rtt, trips))
+}
+
+/// The trips' hop stamps.
+fn stamps_of(trips: &[Trip]) -> Vec<Stamps> {
+    trips.iter().map(|t| t.1).collect()
+}
+
+/// `--rtt-dump`: every measured round trip as a JSON line, after a first
+/// line with the stamps' rate; a (stamp, CLOCK_MONOTONIC) pair before
+/// each round.
+struct Dump(Option<std::io::BufWriter<std::fs::File>>);
+
+impl Dump {
+    fn open(path: Option<&std::path::Path>, ticks_per_us: f64) -> anyhow::Result<Dump> {
+        let Some(path) = path else {
+            return Ok(Dump(None));
+        };
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        let (stamp, monotonic_ns) = (hops::now(), clock::monotonic_ns());
+        let header = serde_json::json!({
+            "ticks_per_us": ticks_per_us,
+            "stamp": stamp,
+            "monotonic_ns": monotonic_ns,
+            "hops": (0..hops::HOPS).map(hop_name).collect::<Vec<_>>(),
+        });
+        std::io::Write::write_all(&mut out, format!("{header}\n").as_bytes())?;
+        Ok(Dump(Some(out)))
+    }
+
+    fn round(&mut self, server: &str, round: u32, trips: &[Trip]) -> anyhow::Result<()> {
+        let Some(out) = &mut self.0 else {
+            return Ok(());
+        };
+        let anchor =
+            serde_json::json!({"stamp": hops::now(), "monotonic_ns": clock::monotonic_ns()});
+        std::io::Write::write_all(out, format!("{anchor}\n").as_bytes())?;
+        for (rtt, stamps) in trips {
+            let line = serde_json::json!({
+                "server": server,
+                "round": round,
+                "us": rtt.map(|d| d.as_nanos() as f64 / 1e3),
+                "stamps": stamps,
+            });
+            std::io::Write::write_all(out, format!("{line}\n").as_bytes())?;
+        }
+        std::io::Write::flush(out)?;
+        Ok(())
+    }
+}
+
+/// The name of hop number `i` ([`Hop`]'s order).
+fn hop_name(i: usize) -> &'static str {
+    Hop::UDP_ECHO
+        .iter()
+        .chain(Hop::PROTECTED.iter())
+        .find(|h| **h as usize == i)
+        .map_or("?", |h| h.name())
 }
 
 /// The kernel's UDP echo on the root namespace's end of the veth, which
@@ -893,7 +974,7 @@ fn linux_rtt(
     server: LinuxServer,
     client_cpu: usize,
     client: Client,
-) -> anyhow::Result<Rtt> {
+) -> anyhow::Result<Probed> {
     let socket = std::net::UdpSocket::bind(SocketAddrV4::new(ip, ECHO_PORT))?;
     match server {
         LinuxServer::Blocking => socket.set_read_timeout(Some(Duration::from_millis(20)))?,
@@ -917,7 +998,7 @@ fn linux_rtt(
         }
         Ok(())
     });
-    let rtt = probe(ns, ip, client_cpu, client).map(|(rtt, _)| rtt);
+    let rtt = probe(ns, ip, client_cpu, client);
     stop.store(true, Ordering::Relaxed);
     thread
         .join()
@@ -930,12 +1011,13 @@ fn linux_rtt(
 /// parking or `spin`: returns the backend used and the RTT.
 fn ginza_rtt(
     ns: &NetNs,
+    args: &ForwardArgs,
     iok_cpu: usize,
     app_cpu: usize,
     client_cpu: usize,
-    client: Client,
     spin: Option<Duration>,
 ) -> anyhow::Result<(String, Probed)> {
+    let client = args.rtt_client;
     let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
     let mut last_error = None;
     for backend in ["af_xdp", "af_packet"] {
@@ -943,6 +1025,7 @@ fn ginza_rtt(
         cfg.own_core = Some(iok_cpu);
         cfg.socket = dir.join("iokerneld.sock");
         cfg.nic = format!("{backend}:{}", ns.host_if);
+        cfg.yield_after_nic_tx = !args.rtt_no_yield;
         let iokerneld = match InProcess::start(cfg) {
             Ok(d) => d,
             Err(e) => {
