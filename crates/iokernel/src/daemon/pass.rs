@@ -647,10 +647,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         })
     }
 
-    /// Local wakes not answered yet: a doorbell the kthread asked has
-    /// taken is done (it writes the eventfd); one still there at its due
-    /// time (or with `all`) iokerneld takes and writes itself. Both sides
-    /// take it by a swap: exactly one writes.
+    /// Local wakes not answered yet: a doorbell no longer rung was
+    /// answered by the kthread asked (it wrote the eventfd); one still
+    /// pending at its due time (or with `all`) iokerneld takes and writes
+    /// itself. Both sides take it by a compare-and-swap: exactly one
+    /// writes.
     pub(super) fn answer_doorbells(&mut self, now: u64, all: bool) {
         let mut i = 0;
         while i < self.doorbells.len() {

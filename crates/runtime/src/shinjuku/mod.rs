@@ -631,8 +631,10 @@ struct Served<Resp> {
 struct ThreadClock {
     started_ns: u64,
     dispatcher: Option<SchedStat>,
-    /// Filled once each worker's thread id is known.
-    workers: Vec<Option<SchedStat>>,
+    /// Each worker's baseline, read once its thread id is known (outer
+    /// `None`: not yet; inner `None`: unreadable — never read again, so a
+    /// pass does no file I/O after the start).
+    workers: Vec<Option<Option<SchedStat>>>,
     last_pass_ns: u64,
     times: ThreadTimes,
 }
@@ -656,7 +658,7 @@ impl ThreadClock {
         for (base, k) in self.workers.iter_mut().zip(rt.kthreads.iter()) {
             let tid = k.tid.load(Relaxed);
             if base.is_none() && tid != 0 {
-                *base = SchedStat::of_thread(tid).ok();
+                *base = Some(SchedStat::of_thread(tid).ok());
             }
         }
     }
@@ -687,7 +689,7 @@ impl ThreadClock {
             .workers
             .iter()
             .zip(rt.kthreads.iter())
-            .map(|(&base, k)| since(base, SchedStat::of_thread(k.tid.load(Relaxed))))
+            .map(|(&base, k)| since(base.flatten(), SchedStat::of_thread(k.tid.load(Relaxed))))
             .collect();
         self.times
     }
