@@ -81,3 +81,22 @@ fn oneway_reports_rtc_protected_and_linux() {
         "{v}"
     );
 }
+
+/// Asking for more CPUs than the process may use is refused, naming what
+/// was asked and what there is, before anything starts.
+#[test]
+fn more_application_cpus_than_allowed_are_refused_clearly() {
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let out = common::ginza()
+        .args(["bench", "oneway", "--no-throughput", "--app-cpus"])
+        .arg(allowed.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("needs {} CPUs", allowed + 1))
+            && err.contains(&format!("{allowed} for the applications")),
+        "{err}"
+    );
+}

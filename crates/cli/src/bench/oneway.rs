@@ -72,7 +72,9 @@ use ginza_sys::hops::{self, Hop};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit, median};
-use super::tcp::{quantiles, start_iokerneld, App, Cpus, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
+use super::tcp::{
+    quantiles, start_iokerneld_with, App, Cpus, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP,
+};
 
 /// Arguments of `ginza bench oneway`.
 #[derive(clap::Args, Debug)]
@@ -110,6 +112,18 @@ pub struct OnewayArgs {
     /// Latency only: `throughput_krps` is null.
     #[arg(long)]
     no_throughput: bool,
+    /// CPUs iokerneld manages for the applications. With 1 (the 2-CPU
+    /// layout) iokerneld's loop shares the two CPUs with them; with more,
+    /// its loop busy-polls on a CPU of its own and the client, the server
+    /// and netstackd can each get a core (DLibOS's setting).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    app_cpus: u32,
+    /// How long the client's, the server's and netstackd's idle kthreads
+    /// look for work before they park, e.g. 50us (default: the runtime's
+    /// and netstackd's own). Spinning on a core of its own is what a
+    /// latency-first user does with `--app-cpus 3` or more.
+    #[arg(long, value_parser = parse_duration)]
+    spin_before_park: Option<Duration>,
 }
 
 /// What [`measure`] runs.
@@ -121,6 +135,99 @@ pub struct OnewayConfig {
     pub duration: Duration,
     /// The throughput sweep; `None`: not run (`throughput_krps` null).
     pub throughput: Option<ThroughputConfig>,
+    /// CPUs iokerneld manages for the applications (at least one).
+    pub app_cpus: usize,
+    /// The parties' spin before parking; `None`: their defaults.
+    pub spin_before_park: Option<Duration>,
+}
+
+/// Where iokerneld and the applications run, and how they wait.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// iokerneld's CPU and the first it manages; the Linux peers' client and
+    /// server spin on these two.
+    pub cpus: Cpus,
+    /// Further CPUs iokerneld manages. With none, iokerneld's loop is
+    /// unpinned and sleeps when idle, so that it shares two CPUs with the
+    /// applications; with some, it busy-polls on `cpus.iokernel` alone.
+    pub more_app_cpus: Vec<usize>,
+    /// The client's, the server's and netstackd's spin before parking;
+    /// `None`: their defaults.
+    pub spin_before_park: Option<Duration>,
+}
+
+impl Setup {
+    /// The 2-CPU layout.
+    pub fn shared(cpus: Cpus) -> Setup {
+        Setup {
+            cpus,
+            more_app_cpus: Vec::new(),
+            spin_before_park: None,
+        }
+    }
+
+    /// iokerneld on the first allowed CPU, `app_cpus` managed ones after it.
+    fn from_allowed(app_cpus: usize, spin_before_park: Option<Duration>) -> anyhow::Result<Setup> {
+        let allowed = allowed_cpus()?;
+        anyhow::ensure!(
+            app_cpus >= 1 && allowed.len() > app_cpus,
+            "ginza bench oneway needs {} CPUs (iokerneld and {app_cpus} for the applications), this process may use {allowed:?}",
+            app_cpus + 1
+        );
+        Ok(Setup {
+            cpus: Cpus {
+                iokernel: allowed[0],
+                app: allowed[1],
+            },
+            more_app_cpus: allowed[2..=app_cpus].to_vec(),
+            spin_before_park,
+        })
+    }
+
+    fn describe(&self) -> String {
+        let spin = match self.spin_before_park {
+            Some(d) => format!(", idle kthreads spin {d:?} before parking"),
+            None => String::new(),
+        };
+        let cpus = if self.more_app_cpus.is_empty() {
+            format!(
+                "iokerneld manages CPUs {} and {} (its loop unpinned)",
+                self.cpus.iokernel, self.cpus.app
+            )
+        } else {
+            format!(
+                "iokerneld busy-polls on CPU {} and manages CPUs {:?}",
+                self.cpus.iokernel,
+                self.app_cores()
+            )
+        };
+        cpus + &spin
+    }
+
+    /// Its spin, on a runtime's configuration.
+    fn tune(&self, config: &mut RtConfig) {
+        if let Some(spin) = self.spin_before_park {
+            config.spin_before_park = spin;
+        }
+    }
+
+    fn app_cores(&self) -> Vec<usize> {
+        std::iter::once(self.cpus.app)
+            .chain(self.more_app_cpus.iter().copied())
+            .collect()
+    }
+
+    /// A fresh iokerneld on the software switch laid out so.
+    fn start_iokerneld(&self) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
+        start_iokerneld_with("", self.cpus, |cfg| {
+            if !self.more_app_cpus.is_empty() {
+                cfg.cores = self.app_cores();
+                cfg.own_core = Some(self.cpus.iokernel);
+                cfg.idle_sleep = None;
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The throughput sweep of [`measure`].
@@ -167,6 +274,8 @@ impl OnewayArgs {
                 connections: self.tput_connections as usize,
                 p99_bound: self.p99_bound,
             }),
+            app_cpus: self.app_cpus as usize,
+            spin_before_park: self.spin_before_park,
         }
     }
 }
@@ -412,21 +521,14 @@ pub fn run(args: OnewayArgs) -> anyhow::Result<()> {
 /// throughput sweep) and returns its report.
 pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
     anyhow::ensure!(cfg.rounds >= 1, "at least one latency round is needed");
-    let cpus = allowed_cpus()?;
-    anyhow::ensure!(
-        cpus.len() >= 2,
-        "ginza bench oneway needs two CPUs (iokerneld and the applications), this process may use {cpus:?}"
-    );
-    let cpus = Cpus {
-        iokernel: cpus[0],
-        app: cpus[1],
-    };
+    let setup = Setup::from_allowed(cfg.app_cpus, cfg.spin_before_park)?;
+    let cpus = setup.cpus;
     let loadavg_before = super::common::loadavg();
     let mut rounds = Vec::new();
     for r in 0..cfg.rounds {
-        let rtc =
-            echo_round(Mode::Rtc, cpus, cfg.duration).with_context(|| format!("round {r}, rtc"))?;
-        let protected = echo_round(Mode::Protected, cpus, cfg.duration)
+        let rtc = echo_round(Mode::Rtc, &setup, cfg.duration)
+            .with_context(|| format!("round {r}, rtc"))?;
+        let protected = echo_round(Mode::Protected, &setup, cfg.duration)
             .with_context(|| format!("round {r}, protected"))?;
         let linux = linux_round(cfg.duration).with_context(|| format!("round {r}, linux"))?;
         let busy = linux_busy_poll_round(cpus, cfg.duration)
@@ -451,8 +553,10 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
         })
     };
     let mut notes = vec![format!(
-        "one way = half of each round trip; {} interleaved rounds of {:?} each after {WARMUP} warm-up round trips; iokerneld manages CPUs {} and {} (its loop unpinned), every application's kthread runs on a core it grants",
-        cfg.rounds, cfg.duration, cpus.iokernel, cpus.app
+        "one way = half of each round trip; {} interleaved rounds of {:?} each after {WARMUP} warm-up round trips; {}, every application's kthread runs on a core it grants",
+        cfg.rounds,
+        cfg.duration,
+        setup.describe()
     )];
     let (throughput_krps, bound, points, runs) = match &cfg.throughput {
         None => {
@@ -460,7 +564,7 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
             (Throughput::default(), None, Vec::new(), Vec::new())
         }
         Some(t) => {
-            let (points, runs) = sweep(cpus, t)?;
+            let (points, runs) = sweep(&setup, t)?;
             let best = |mode| max_within_bound(&points, mode);
             let tput = Throughput {
                 rtc: best(Mode::Rtc),
@@ -526,10 +630,12 @@ fn refused(e: &anyhow::Error) -> bool {
 /// for up to `IO_TIMEOUT`.
 fn ginza_client(
     iokerneld: &InProcess,
+    setup: &Setup,
     target: SocketAddrV4,
     duration: Duration,
 ) -> anyhow::Result<Vec<u64>> {
-    let mut client = App::start(iokerneld, "oneway-client", CLIENT, move || {
+    let tune = |c: &mut RtConfig| setup.tune(c);
+    let mut client = App::start_tuned(iokerneld, "oneway-client", CLIENT, tune, move || {
         let t0 = Instant::now();
         loop {
             match echo_client::rtt_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT) {
@@ -561,23 +667,26 @@ type ServerMain = Box<dyn FnOnce(Arc<AtomicBool>) -> std::io::Result<()> + Send>
 /// that failed explains a failed measurement, so its error comes first.
 fn with_server<R>(
     mode: Mode,
-    cpus: Cpus,
+    setup: &Setup,
     main: ServerMain,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
 ) -> anyhow::Result<R> {
-    let (iokerneld, dir) = start_iokerneld("", cpus, None)?;
+    let (iokerneld, dir) = setup.start_iokerneld()?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let result = match mode {
         Mode::Rtc => {
-            App::start(&iokerneld, "server", SERVER, move || main(s2)).and_then(|mut server| {
-                let measured = measure(&iokerneld);
-                stop.store(true, Ordering::Relaxed);
-                let served = server.join().and_then(|r| r.context("the server"));
-                first_error(measured, served)
-            })
+            let tune = |c: &mut RtConfig| setup.tune(c);
+            App::start_tuned(&iokerneld, "server", SERVER, tune, move || main(s2)).and_then(
+                |mut server| {
+                    let measured = measure(&iokerneld);
+                    stop.store(true, Ordering::Relaxed);
+                    let served = server.join().and_then(|r| r.context("the server"));
+                    first_error(measured, served)
+                },
+            )
         }
-        Mode::Protected => protected_server(&iokerneld, &dir, stop, main, measure),
+        Mode::Protected => protected_server(&iokerneld, setup, &dir, stop, main, measure),
         Mode::Linux => Err(anyhow!("the Linux peer runs without iokerneld")),
     };
     drop(iokerneld);
@@ -599,6 +708,7 @@ fn first_error<R>(measured: anyhow::Result<R>, served: anyhow::Result<()>) -> an
 /// once the server listens.
 fn protected_server<R>(
     iokerneld: &InProcess,
+    setup: &Setup,
     dir: &Path,
     stop: Arc<AtomicBool>,
     main: ServerMain,
@@ -611,6 +721,10 @@ fn protected_server<R>(
     ns_cfg.iokernel_socket = iokerneld.socket().to_path_buf();
     ns_cfg.attach_socket = dir.join("netstack.sock");
     ns_cfg.kthreads = 1;
+    if let Some(spin) = setup.spin_before_park {
+        ns_cfg.spin = spin;
+        ns_cfg.reply_spin = ns_cfg.reply_spin.max(spin);
+    }
     let netstack = Daemon::start(ns_cfg.clone()).context("the netstack daemon")?;
     let mut io = IokernelConfig::new("server", Class::LatencyCritical);
     io.socket = Some(iokerneld.socket().to_path_buf());
@@ -618,7 +732,7 @@ fn protected_server<R>(
         mac: SERVER.0,
         ip: SERVER.1,
     };
-    let config = RtConfig {
+    let mut config = RtConfig {
         iokernel: Some(io),
         protected: Some(ProtectedConfig::new(
             ns_cfg.attach_socket.clone(),
@@ -627,6 +741,7 @@ fn protected_server<R>(
         )),
         ..RtConfig::with_kthreads(1)
     };
+    setup.tune(&mut config);
     let s2 = stop.clone();
     let server: std::thread::JoinHandle<Result<std::io::Result<()>, RuntimeError>> =
         std::thread::spawn(move || ginza_runtime::run(config, move || main(s2)));
@@ -660,7 +775,7 @@ fn protected_server<R>(
 /// them.
 pub(super) fn echo_round(
     mode: Mode,
-    cpus: Cpus,
+    setup: &Setup,
     duration: Duration,
 ) -> anyhow::Result<(Quantiles, Wakes, Option<Hops>)> {
     let main: ServerMain = Box::new(|stop| {
@@ -668,9 +783,14 @@ pub(super) fn echo_round(
     });
     // Every party is a thread of this process: the hop stamps line up.
     let traced = mode == Mode::Protected;
-    let (rtts, wakes, stamps) = with_server(mode, cpus, main, |iokerneld| {
+    let (rtts, wakes, stamps) = with_server(mode, setup, main, |iokerneld| {
         hops::enable(traced);
-        let rtts = ginza_client(iokerneld, SocketAddrV4::new(SERVER.1, ECHO_PORT), duration);
+        let rtts = ginza_client(
+            iokerneld,
+            setup,
+            SocketAddrV4::new(SERVER.1, ECHO_PORT),
+            duration,
+        );
         hops::enable(false);
         let rtts = rtts?;
         let stamps = hops::take();
@@ -801,7 +921,7 @@ fn linux_busy_poll_round(cpus: Cpus, duration: Duration) -> anyhow::Result<Quant
 /// The throughput sweep: loads ascending, at each both modes interleaved
 /// for `t.rounds` rounds; a mode drops out after `STEPS_OVER_BOUND` steps
 /// over the bound.
-fn sweep(cpus: Cpus, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>, Vec<TputRun>)> {
+fn sweep(setup: &Setup, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>, Vec<TputRun>)> {
     anyhow::ensure!(
         !t.loads_rps.is_empty() && t.loads_rps.iter().all(|&l| l > 0.0),
         "the throughput sweep needs at least one positive load"
@@ -820,7 +940,7 @@ fn sweep(cpus: Cpus, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>, Ve
             for &(mode, _) in &climbing {
                 // Both modes get the same arrivals at a step.
                 let seed = 1 + u64::from(round) * 1000 + step as u64;
-                let r = http_run(mode, cpus, t, load, seed).with_context(|| {
+                let r = http_run(mode, setup, t, load, seed).with_context(|| {
                     format!(
                         "throughput round {round}: {} at {load:.0} requests/s",
                         mode.name()
@@ -877,7 +997,7 @@ fn max_within_bound(points: &[TputPoint], mode: Mode) -> Option<f64> {
 /// backend through the same switch.
 pub(super) fn http_run(
     mode: Mode,
-    cpus: Cpus,
+    setup: &Setup,
     t: &ThroughputConfig,
     load: f64,
     seed: u64,
@@ -915,7 +1035,7 @@ pub(super) fn http_run(
     }
     let main: ServerMain =
         Box::new(|stop| http_server::serve(HTTP_PORT, stop, Arc::new(HttpStats::default())));
-    let (report, iokerneld) = with_server(mode, cpus, main, |iokerneld| {
+    let (report, iokerneld) = with_server(mode, setup, main, |iokerneld| {
         let generator = GinzaConfig {
             mac: CLIENT.0,
             ip: CLIENT.1,

@@ -279,10 +279,22 @@ impl<T: Send + 'static> App<T> {
         (mac, ip): (MacAddr, Ipv4Addr),
         main: impl FnOnce() -> T + Send + 'static,
     ) -> anyhow::Result<App<T>> {
+        App::start_tuned(iokerneld, name, (mac, ip), |_| {}, main)
+    }
+
+    /// As [`App::start`], with `tune` adjusting its configuration first.
+    pub(super) fn start_tuned(
+        iokerneld: &InProcess,
+        name: &str,
+        (mac, ip): (MacAddr, Ipv4Addr),
+        tune: impl FnOnce(&mut RtConfig),
+        main: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<App<T>> {
         let mut config = runtime_config(iokerneld, name, Class::LatencyCritical);
         if let Some(io) = config.iokernel.as_mut() {
             io.net = Some(NetConfig::new(mac, ip));
         }
+        tune(&mut config);
         App::start_configured(iokerneld, name, config, main)
     }
 

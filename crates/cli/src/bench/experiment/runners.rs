@@ -952,8 +952,17 @@ fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow:
     use crate::bench::oneway::{self, Mode};
     let duration = settings.duration.max(Duration::from_millis(1));
     let rtt = match path {
-        OnewayPath::Rtc => oneway::echo_round(Mode::Rtc, two_cpus()?, duration)?.0,
-        OnewayPath::Protected => oneway::echo_round(Mode::Protected, two_cpus()?, duration)?.0,
+        OnewayPath::Rtc => {
+            oneway::echo_round(Mode::Rtc, &oneway::Setup::shared(two_cpus()?), duration)?.0
+        }
+        OnewayPath::Protected => {
+            oneway::echo_round(
+                Mode::Protected,
+                &oneway::Setup::shared(two_cpus()?),
+                duration,
+            )?
+            .0
+        }
         OnewayPath::Linux => oneway::linux_round(duration)?,
     };
     row.p50_us = Some(rtt.p50 / 2.0);
@@ -995,7 +1004,7 @@ fn http_point(
         connections,
         ..ThroughputConfig::default()
     };
-    let run = oneway::http_run(mode, two_cpus()?, &t, rps, seed)?;
+    let run = oneway::http_run(mode, &oneway::Setup::shared(two_cpus()?), &t, rps, seed)?;
     row.achieved = Some(run.achieved_krps * 1e3);
     row.p50_us = run.p50_us;
     row.p99_us = run.p99_us;
