@@ -65,8 +65,9 @@ pub struct ColocateArgs {
     /// iokerneld's CPU (default: the first allowed CPU).
     #[arg(long)]
     iokernel_core: Option<usize>,
-    /// Managed cores (default: every allowed CPU but iokerneld's).
-    #[arg(long)]
+    /// How many CPUs iokerneld manages, the first allowed ones beside its
+    /// own, e.g. 4 (default: every allowed CPU but iokerneld's).
+    #[arg(long, value_name = "COUNT")]
     cores: Option<usize>,
     /// The server's worker kthreads (default: one per managed core). More
     /// workers than cores shows the dispatch of several workers on a
