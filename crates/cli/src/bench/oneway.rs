@@ -109,6 +109,11 @@ pub struct OnewayArgs {
     /// "Benchmark", for the choice).
     #[arg(long, default_value = "5ms", value_parser = parse_duration)]
     p99_bound: Duration,
+    /// After the listed loads, keep raising the load by half while a mode
+    /// stays within the bound (at most 12 more steps), so that a machine
+    /// with cores to spare reports a capacity, not the sweep's top.
+    #[arg(long)]
+    tput_extend: bool,
     /// Latency only: `throughput_krps` is null.
     #[arg(long)]
     no_throughput: bool,
@@ -245,6 +250,9 @@ pub struct ThroughputConfig {
     pub connections: usize,
     /// The p99 both figures are taken at.
     pub p99_bound: Duration,
+    /// Whether the loads go on past the list, by half each step, while a
+    /// mode stays within the bound.
+    pub extend: bool,
 }
 
 /// The default sweep, as `ginza bench oneway` runs it.
@@ -257,6 +265,7 @@ impl Default for ThroughputConfig {
             rounds: 1,
             connections: 16,
             p99_bound: Duration::from_millis(5),
+            extend: false,
         }
     }
 }
@@ -272,6 +281,7 @@ impl OnewayArgs {
                 warmup: self.tput_warmup,
                 rounds: self.tput_rounds,
                 connections: self.tput_connections as usize,
+                extend: self.tput_extend,
                 p99_bound: self.p99_bound,
             }),
             app_cpus: self.app_cpus as usize,
@@ -300,6 +310,9 @@ const NETSTACK: (MacAddr, Ipv4Addr) = (
 const TPUT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Steps over the bound after which a mode stops climbing.
 const STEPS_OVER_BOUND: usize = 2;
+
+/// Steps `ThroughputConfig::extend` adds at most past the listed loads.
+const EXTRA_STEPS: usize = 12;
 /// How often iokerneld's counts are read during a throughput run.
 const STATS_SAMPLE: Duration = Duration::from_millis(20);
 
@@ -938,10 +951,10 @@ fn sweep(setup: &Setup, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>,
     let mut runs = Vec::new();
     let mut points = Vec::new();
     let mut climbing: Vec<(Mode, usize)> = Mode::SWEPT.iter().map(|&m| (m, 0)).collect();
-    for (step, &load) in t.loads_rps.iter().enumerate() {
-        if climbing.is_empty() {
-            break;
-        }
+    let mut loads = t.loads_rps.clone();
+    let mut step = 0;
+    while step < loads.len() && !climbing.is_empty() {
+        let load = loads[step];
         let mut this: Vec<TputRun> = Vec::new();
         for round in 0..t.rounds {
             for &(mode, _) in &climbing {
@@ -964,6 +977,10 @@ fn sweep(setup: &Setup, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>,
         }
         climbing.retain(|&(_, over)| over < STEPS_OVER_BOUND);
         runs.append(&mut this);
+        step += 1;
+        if t.extend && step == loads.len() && loads.len() < t.loads_rps.len() + EXTRA_STEPS {
+            loads.push(load * 1.5);
+        }
     }
     Ok((points, runs))
 }
