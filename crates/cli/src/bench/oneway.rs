@@ -978,11 +978,18 @@ fn sweep(setup: &Setup, t: &ThroughputConfig) -> anyhow::Result<(Vec<TputPoint>,
         climbing.retain(|&(_, over)| over < STEPS_OVER_BOUND);
         runs.append(&mut this);
         step += 1;
-        if t.extend && step == loads.len() && loads.len() < t.loads_rps.len() + EXTRA_STEPS {
-            loads.push(load * 1.5);
+        if step == loads.len() {
+            loads.extend(extra_load(t, &loads));
         }
     }
     Ok((points, runs))
+}
+
+/// The step after the last of `loads` when the sweep extends past
+/// `t.loads_rps` (half as much again, at most `EXTRA_STEPS` times).
+fn extra_load(t: &ThroughputConfig, loads: &[f64]) -> Option<f64> {
+    let last = *loads.last()?;
+    (t.extend && loads.len() < t.loads_rps.len() + EXTRA_STEPS).then_some(last * 1.5)
 }
 
 /// A step's medians over its rounds, and whether it counts.
@@ -1318,6 +1325,23 @@ fn render(r: &OnewayReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_extended_sweep_goes_on_by_half_for_at_most_twelve_steps() {
+        let mut t = ThroughputConfig {
+            loads_rps: vec![1e3, 2e3],
+            ..ThroughputConfig::default()
+        };
+        assert_eq!(extra_load(&t, &t.loads_rps), None, "off by default");
+        t.extend = true;
+        let mut loads = t.loads_rps.clone();
+        while let Some(next) = extra_load(&t, &loads) {
+            loads.push(next);
+        }
+        assert_eq!(loads.len(), 2 + EXTRA_STEPS);
+        assert_eq!(loads[2], 3e3);
+        assert!(loads.windows(2).all(|w| w[1] > w[0]));
+    }
 
     fn run(mode: Mode, p99: Option<f64>, achieved: f64, saturated: bool, failed: u64) -> TputRun {
         TputRun {
