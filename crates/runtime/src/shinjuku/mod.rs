@@ -148,6 +148,15 @@ pub trait Source<Req> {
     fn poll(&mut self, now_ns: u64) -> Option<Arrival<Req>>;
     /// True once no request will ever arrive again.
     fn is_done(&self) -> bool;
+    /// Told of each admitted request that completed, once, by its id (as in
+    /// [`Completion::id`], ids counting admitted requests from 0), as the
+    /// dispatcher takes its worker's report. A source that bounds the
+    /// requests it has outstanding counts completions here, on the
+    /// dispatcher's thread, rather than in the handler, whose count every
+    /// worker would write and the dispatcher read on every poll.
+    fn completed(&mut self, id: u64) {
+        let _ = id;
+    }
 }
 
 /// A source whose requests are put in classes by a classifier (c-PRE-MQ's
@@ -178,6 +187,9 @@ where
     }
     fn is_done(&self) -> bool {
         self.source.is_done()
+    }
+    fn completed(&mut self, id: u64) {
+        self.source.completed(id);
     }
 }
 
@@ -540,7 +552,8 @@ where
         crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
     rt.keep_spare_stacks(config.max_in_flight);
-    let handler = Arc::new(handler);
+    let handler = KeptHandler::new(handler);
+    let handler_ref = handler.reference();
     let started = Instant::now();
     let outcome = std::thread::scope(|scope| {
         let rt = &rt;
@@ -553,13 +566,14 @@ where
                         log::warn!("dispatcher: cannot pin to core {core}: {e}");
                     }
                 }
-                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler)
+                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler_ref)
             })
             .map_err(|e| RuntimeError::Start(format!("cannot start the dispatcher: {e}")))?
             .join()
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
     started_workers.stop();
+    handler.workers_stopped();
     let worker_spans = record_spans.then(|| {
         let ticks = ginza_sys::tsc_clock::ticks().wrapping_sub(ticks_at_start.0);
         let ns = ginza_sys::clock::monotonic_ns().saturating_sub(ticks_at_start.1);
@@ -607,6 +621,69 @@ where
         signals_sent,
         elapsed: started.elapsed(),
     })
+}
+
+/// The handler, kept by [`serve`] until its workers have stopped, so that
+/// requests may call it through a plain pointer ([`HandlerRef`]): a
+/// reference count raised by the dispatcher and lowered by a worker for
+/// every request would move a cache line between them twice a request.
+/// Should `serve` unwind before the workers stop, the handler is leaked,
+/// never freed under a running request.
+struct KeptHandler<H> {
+    handler: Option<Box<H>>,
+}
+
+impl<H> KeptHandler<H> {
+    fn new(handler: H) -> Self {
+        KeptHandler {
+            handler: Some(Box::new(handler)),
+        }
+    }
+
+    fn reference(&self) -> HandlerRef<H> {
+        HandlerRef(self.handler.as_deref().expect("the handler is kept") as *const H)
+    }
+
+    /// No request can run any more: the handler may be freed.
+    fn workers_stopped(mut self) {
+        drop(self.handler.take());
+    }
+}
+
+impl<H> Drop for KeptHandler<H> {
+    fn drop(&mut self) {
+        // Reached with the handler still here only by unwinding, with the
+        // workers perhaps still running requests that call it.
+        if let Some(handler) = self.handler.take() {
+            std::mem::forget(handler);
+        }
+    }
+}
+
+/// A request's way to its handler (see [`KeptHandler`]).
+struct HandlerRef<H>(*const H);
+
+impl<H> Clone for HandlerRef<H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<H> Copy for HandlerRef<H> {}
+
+// SAFETY: it only ever gives out `&H`, and H is Sync (the handler is
+// called from every worker at once).
+unsafe impl<H: Sync> Send for HandlerRef<H> {}
+
+impl<H> HandlerRef<H> {
+    fn call<Req, Resp>(self, request: Req) -> Resp
+    where
+        H: Fn(Req) -> Resp,
+    {
+        // SAFETY: `serve` keeps the handler until its workers have stopped
+        // (or leaks it), and requests run only on its workers.
+        let handler = unsafe { &*self.0 };
+        handler(request)
+    }
 }
 
 /// Shortest interval between two preemption signals to one worker.
@@ -714,7 +791,7 @@ fn dispatch<Req, Resp, S, H>(
     config: &ShinjukuConfig,
     n_classes: usize,
     source: &mut S,
-    handler: Arc<H>,
+    handler: HandlerRef<H>,
 ) -> Result<Served<Resp>, RuntimeError>
 where
     Req: Send + 'static,
@@ -795,9 +872,8 @@ where
                 }
             };
             in_flight += 1;
-            let h = Arc::clone(&handler);
             let payload = arrival.payload;
-            let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
+            let (uthread, handle) = unqueued(rt_ptr, move || handler.call(payload));
             uthread.give_stack(stack);
             uthread.set_serial(next_serial);
             next_serial += 1;
@@ -913,6 +989,7 @@ where
                     } = request.payload;
                     if let Some(handle) = handle {
                         in_flight -= 1;
+                        source.completed(request.id);
                         completions.push(Completion {
                             id: request.id,
                             class: request.class,

@@ -25,7 +25,6 @@ use std::sync::atomic::{
     AtomicPtr, AtomicU64, AtomicU8,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
-use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
@@ -169,7 +168,13 @@ impl Mailbox {
         self.from.started_ns.load(Acquire)
     }
 
+    /// Worker: the assigned request, if any. Looks before it swaps: a
+    /// spinning worker that wrote the line on every look would pull it
+    /// away from the dispatcher, whose assignment then waits for it.
     fn take_assignment(&self) -> Option<URef> {
+        if self.to.assigned.load(Relaxed).is_null() {
+            return None;
+        }
         NonNull::new(self.to.assigned.swap(null_mut(), Acquire)).map(URef::from_nonnull)
     }
 
@@ -210,6 +215,11 @@ impl Mailbox {
             } else {
                 None
             }
+        } else if self.to.next.load(Relaxed).is_null() {
+            // Nothing pre-assigned: leave the line unwritten (as if the
+            // swap had come before a pre-assignment the dispatcher now
+            // makes, which it takes back when the report says so).
+            None
         } else {
             untagged(self.to.next.swap(null_mut(), Acquire))
         };
@@ -266,7 +276,7 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     let k = owner.kthread();
     let mut clock = WorkerClock::new(k.rt());
     let spans = k.spans.on.get();
-    while let Some(mut u) = wait_for_assignment(k, mailbox) {
+    while let Some(mut u) = wait_for_assignment(k, mailbox, &mut clock) {
         // The start stamps the run: the dispatcher names it when it asks
         // it to yield (`PreemptAsk`).
         let mut stamp = clock.stamp();
@@ -344,10 +354,13 @@ impl WorkerClock {
 }
 
 /// Spins for the next assignment, then parks on the eventfd (the dispatcher
-/// signals it after assigning to a parked worker). None at shutdown.
-fn wait_for_assignment(k: &KThread, mailbox: &Mailbox) -> Option<URef> {
+/// signals it after assigning to a parked worker). None at shutdown. The
+/// spin is timed on the worker's clock (the TSC, not a `clock_gettime` a
+/// look).
+fn wait_for_assignment(k: &KThread, mailbox: &Mailbox, clock: &mut WorkerClock) -> Option<URef> {
     let rt = k.rt();
-    let mut idle_since: Option<Instant> = None;
+    let spin_ns = rt.spin.as_nanos().min(u128::from(u64::MAX)) as u64;
+    let mut idle_since: Option<u64> = None;
     loop {
         if let Some(u) = mailbox.take_assignment() {
             return Some(u);
@@ -358,8 +371,9 @@ fn wait_for_assignment(k: &KThread, mailbox: &Mailbox) -> Option<URef> {
         if !rt.timers_only_at_switch_checks.load(Relaxed) {
             sched::fire_timers_to_dispatcher(k);
         }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < rt.spin {
+        let now = clock.now_ns();
+        let since = *idle_since.get_or_insert(now);
+        if now.saturating_sub(since) < spin_ns {
             std::hint::spin_loop();
             continue;
         }
