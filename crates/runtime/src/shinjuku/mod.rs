@@ -36,9 +36,9 @@ use ginza_sys::sched_stat::SchedStat;
 
 use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
-use crate::sched::{self, KthreadBody, Owner, Shared, URef};
-use crate::task::{unqueued, JoinHandle};
-use worker::{Mailbox, Posted, Report};
+use crate::sched::{self, KthreadBody, Owner, Shared, SpareContext, URef};
+use crate::task::{unqueued, unqueued_on, JoinHandle};
+use worker::{Mailbox, Posted, Report, WorkerClock};
 
 pub mod dispatched;
 mod worker;
@@ -717,8 +717,7 @@ struct ThreadClock {
 }
 
 impl ThreadClock {
-    fn new(rt: &Shared) -> ThreadClock {
-        let now = rt.now_ns();
+    fn new(rt: &Shared, now: u64) -> ThreadClock {
         let mut clock = ThreadClock {
             started_ns: now,
             dispatcher: SchedStat::of_current().ok(),
@@ -760,7 +759,7 @@ impl ThreadClock {
         let since = |base: Option<SchedStat>, now: std::io::Result<SchedStat>| {
             Some(now.ok()?.since(&base?))
         };
-        self.times.wall_ns = rt.now_ns().saturating_sub(self.started_ns);
+        self.times.wall_ns = self.last_pass_ns.saturating_sub(self.started_ns);
         self.times.dispatcher = since(self.dispatcher, SchedStat::of_current());
         self.times.workers = self
             .workers
@@ -832,9 +831,13 @@ where
     } else {
         0
     };
-    let mut thread_clock = ThreadClock::new(rt);
+    let mut clock = WorkerClock::new(rt);
+    let mut thread_clock = ThreadClock::new(rt, clock.now_ns());
+    // Contexts of completed requests, with their stacks, for the next ones
+    // (up to `max_in_flight`; beyond, a context and its stack are freed).
+    let mut spare_contexts: Vec<SpareContext> = Vec::new();
     loop {
-        let now = rt.now_ns();
+        let now = clock.now_ns();
         thread_clock.pass(rt, now);
         let mut progress = false;
 
@@ -850,13 +853,17 @@ where
                 rejected += 1;
                 continue;
             }
-            let stack = if testing::take_stack_map_failure() {
+            // The context (and stack) of a completed request, else a new
+            // one on a spare stack or a new mapping.
+            let context = if testing::take_stack_map_failure() {
                 Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            } else if let Some(spare) = spare_contexts.pop() {
+                Ok(Ok(spare))
             } else {
-                rt.stack_for_request()
+                rt.stack_for_request().map(Err)
             };
-            let stack = match stack {
-                Ok(stack) => stack,
+            let context = match context {
+                Ok(context) => context,
                 Err(e) => {
                     if rejected_no_stack == 0 {
                         log::warn!(
@@ -873,8 +880,15 @@ where
             };
             in_flight += 1;
             let payload = arrival.payload;
-            let (uthread, handle) = unqueued(rt_ptr, move || handler.call(payload));
-            uthread.give_stack(stack);
+            let run = move || handler.call(payload);
+            let (uthread, handle) = match context {
+                Ok(spare) => unqueued_on(spare, run),
+                Err(stack) => {
+                    let (uthread, handle) = unqueued(rt_ptr, run);
+                    uthread.give_stack(stack);
+                    (uthread, handle)
+                }
+            };
             uthread.set_serial(next_serial);
             next_serial += 1;
             let request = Request {
@@ -934,10 +948,16 @@ where
                 at: finished_at,
                 started_at,
                 took_next,
+                spare,
             }) = mailbox.take_report()
             else {
                 continue;
             };
+            if let Some(spare) = spare {
+                if spare_contexts.len() < config.max_in_flight {
+                    spare_contexts.push(spare);
+                }
+            }
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
@@ -1114,7 +1134,7 @@ where
                 }
                 if let Some(t) = asking {
                     run.ask_ns += (t.elapsed().as_nanos() as u64).saturating_sub(clock_overhead);
-                    run.asked_at = rt.now_ns();
+                    run.asked_at = clock.now_ns();
                 }
             }
         }

@@ -31,7 +31,7 @@ use crossbeam_utils::CachePadded;
 use ginza_sys::clock::monotonic_ns;
 use ginza_sys::tsc_clock::{ticks, TscClock};
 
-use crate::sched::{self, KThread, Owner, Shared, Stopped, URef, UThread};
+use crate::sched::{self, KThread, Owner, Shared, SpareContext, Stopped, URef, UThread};
 
 /// How the request a worker ran gave the worker back.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -95,6 +95,9 @@ struct FromWorker {
     report_ns: AtomicU64,
     /// When the reported request had started running (ns since the epoch).
     report_started_ns: AtomicU64,
+    /// A completed request's context, kept with its stack for the
+    /// dispatcher's next request (`SpareContext`; null: none).
+    report_spare: AtomicPtr<UThread>,
     /// When the worker switched into its current request (ns since the
     /// epoch; 0 while it runs none): quanta count from here, not from the
     /// assignment, so a worker's wake-up does not eat its request's quantum.
@@ -150,12 +153,18 @@ impl Mailbox {
         }
         let at = self.from.report_ns.load(Relaxed);
         let started_at = self.from.report_started_ns.load(Relaxed);
+        let spare = NonNull::new(self.from.report_spare.swap(null_mut(), Relaxed)).map(|u| {
+            // SAFETY: the worker put it there with this report, from
+            // `SpareContext::into_raw`; the report is taken once.
+            unsafe { SpareContext::from_raw(u) }
+        });
         self.from.report.store(Report::NONE, Release);
         Some(Posted {
             report: Report::decode(raw & !TOOK_NEXT).expect("a worker wrote an unknown report"),
             at,
             started_at,
             took_next: raw & TOOK_NEXT != 0,
+            spare,
         })
     }
 
@@ -190,6 +199,7 @@ impl Mailbox {
         report: Report,
         started: u64,
         stopped_at: u64,
+        spare: Option<SpareContext>,
         stamp_next: impl FnOnce() -> u64,
     ) -> Option<(URef, u64)> {
         while self.from.report.load(Acquire) != Report::NONE {
@@ -240,6 +250,8 @@ impl Mailbox {
         }
         self.from.report_started_ns.store(started, Relaxed);
         self.from.report_ns.store(stopped_at, Relaxed);
+        let spare = spare.map_or(null_mut(), |c| c.into_raw().as_ptr());
+        self.from.report_spare.store(spare, Relaxed);
         self.from.report.store(raw, Release);
         next
     }
@@ -254,6 +266,8 @@ pub(crate) struct Posted {
     pub(crate) started_at: u64,
     /// The worker went on to the pre-assigned request.
     pub(crate) took_next: bool,
+    /// The completed request's context, for the next request.
+    pub(crate) spare: Option<SpareContext>,
 }
 
 /// Report bit: the worker took the pre-assigned request as it reported.
@@ -286,7 +300,7 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
             if spans {
                 k.spans.switched_in.set(ticks());
             }
-            let stopped = sched::run_on_worker(owner, u);
+            let (stopped, spare) = sched::run_on_worker_keeping(owner, u);
             k.run_stamp.set(0);
             let back = spans.then(ticks);
             let stopped_at = clock.now_ns();
@@ -294,7 +308,9 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
             if let Some(back) = back.filter(|_| seen != 0) {
                 k.spans.yield_out.add(back.saturating_sub(seen));
             }
-            match mailbox.post(k, stopped.into(), stamp, stopped_at, || clock.stamp()) {
+            match mailbox.post(k, stopped.into(), stamp, stopped_at, spare, || {
+                clock.stamp()
+            }) {
                 Some((next, next_stamp)) => {
                     if let Some(back) = back.filter(|_| seen != 0) {
                         k.spans.handover.add(ticks().saturating_sub(back));
@@ -308,13 +324,14 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     }
 }
 
-/// The worker's clock for its stamps (run starts, reports): the runtime's
-/// time line (ns since its epoch) read from the TSC where the kernel trusts
-/// it (`ginza_sys::tsc_clock`). A `clock_gettime` costs ~150 ns on a VM,
-/// and the worker read it twice per preemption (docs/results.md, "Where a
-/// cooperative preemption's time goes"). Stamps strictly increase, so each
-/// names one run.
-struct WorkerClock {
+/// The workers' clock for their stamps (run starts, reports), and the
+/// dispatcher's for its passes: the runtime's time line (ns since its
+/// epoch) read from the TSC where the kernel trusts it
+/// (`ginza_sys::tsc_clock`). A `clock_gettime` costs ~150 ns on a VM; the
+/// worker read it twice per preemption (docs/results.md, "Where a
+/// cooperative preemption's time goes") and the dispatcher once a pass.
+/// Stamps strictly increase, so each names one run.
+pub(super) struct WorkerClock {
     tsc: TscClock,
     /// CLOCK_MONOTONIC at the runtime's epoch, ns.
     epoch_ns: u64,
@@ -322,7 +339,7 @@ struct WorkerClock {
 }
 
 impl WorkerClock {
-    fn new(rt: &Shared) -> WorkerClock {
+    pub(super) fn new(rt: &Shared) -> WorkerClock {
         // The epoch on CLOCK_MONOTONIC: the pair of readings closest in
         // time of a few (the runtime's clock is CLOCK_MONOTONIC too).
         let epoch_ns = (0..5)
@@ -341,7 +358,7 @@ impl WorkerClock {
         }
     }
 
-    fn now_ns(&mut self) -> u64 {
+    pub(super) fn now_ns(&mut self) -> u64 {
         self.tsc.now_ns().saturating_sub(self.epoch_ns)
     }
 
