@@ -913,7 +913,11 @@ where
                 sched::fire_timers_to_dispatcher(k);
             }
         }
-        while let Steal::Success(u) = rt.injector.steal() {
+        // Looked at first: a steal from an empty queue costs a full fence.
+        while !rt.injector.is_empty() {
+            let Steal::Success(u) = rt.injector.steal() else {
+                continue;
+            };
             let key = u.serial();
             if let Some(request) = blocked.remove(&key) {
                 queues.enqueue(request, now);
@@ -1054,6 +1058,11 @@ where
 
         for (w, slot) in running.iter_mut().enumerate() {
             let Some(run) = slot else { continue };
+            // Nothing to preempt for (no quantum, nothing waiting): the
+            // worker's line is not read.
+            if queues.quantum().is_none() || (queues.is_empty() && pending[w].is_none()) {
+                continue;
+            }
             let k = &rt.kthreads[w];
             let started = mailboxes[w].started_ns();
             let spent = |q: u64| now.saturating_sub(started) >= q;
