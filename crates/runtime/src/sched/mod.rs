@@ -330,10 +330,7 @@ pub(crate) fn run_on_worker(k: &mut Owner<'_>, u: URef) -> Stopped {
 /// As [`run_on_worker`], but a context that exited is not freed: it comes
 /// back, with its stack, for the dispatcher to reuse (Shinjuku mode, where
 /// the dispatcher makes every request's context).
-pub(crate) fn run_on_worker_keeping(
-    k: &mut Owner<'_>,
-    u: URef,
-) -> (Stopped, Option<SpareContext>) {
+pub(crate) fn run_on_worker_keeping(k: &mut Owner<'_>, u: URef) -> (Stopped, Option<SpareContext>) {
     run_until_stopped(k, u, true)
 }
 
