@@ -124,18 +124,25 @@ impl Mailbox {
     /// a request, to run once that request completes or blocks; the slot
     /// must be empty (nothing pre-assigned, or taken).
     pub(crate) fn pre_assign(&self, u: URef) {
-        let old = self.to.next.swap(u.ptr(), Release);
-        debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
+        self.fill_next(u.ptr());
     }
 
     /// Dispatcher: as [`Mailbox::pre_assign`], for the request the policy
     /// runs once the running one, asked to yield, is preempted.
     pub(crate) fn pre_assign_behind_preempted(&self, u: URef) {
-        let old = self
-            .to
-            .next
-            .swap(u.ptr().wrapping_byte_add(BEHIND_PREEMPTED), Release);
-        debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
+        self.fill_next(u.ptr().wrapping_byte_add(BEHIND_PREEMPTED));
+    }
+
+    /// Fills the empty second slot. A plain store, not a swap: only the
+    /// dispatcher ever fills it, so it is known empty, and a store does not
+    /// hold the dispatcher until the line arrives (the stores to several
+    /// workers' slots in one pass overlap).
+    fn fill_next(&self, slot: *mut UThread) {
+        debug_assert!(
+            self.to.next.load(Relaxed).is_null(),
+            "pre-assigned over a pre-assigned request"
+        );
+        self.to.next.store(slot, Release);
     }
 
     /// Dispatcher: takes the pre-assigned request back, unless the worker
