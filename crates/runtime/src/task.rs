@@ -164,6 +164,16 @@ where
     (sched::new_unqueued(rt, entry), handle)
 }
 
+/// As [`unqueued`], on the context (and stack) of a request that exited.
+pub(crate) fn unqueued_on<F, T>(spare: sched::SpareContext, f: F) -> (URef, JoinHandle<T>)
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let (entry, handle) = packaged(f);
+    (spare.reuse(entry), handle)
+}
+
 fn packaged<F, T>(f: F) -> (sched::Entry, JoinHandle<T>)
 where
     F: FnOnce() -> T + Send + 'static,

@@ -13,6 +13,8 @@ use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
+use crossbeam_utils::CachePadded;
+
 use crate::spinlock::SpinLock;
 
 #[derive(Default)]
@@ -26,15 +28,18 @@ struct Heap {
 /// One kthread's timers.
 pub(crate) struct Timers {
     heap: SpinLock<Heap>,
-    /// Earliest deadline, `u64::MAX` if none.
-    next_deadline: AtomicU64,
+    /// Earliest deadline, `u64::MAX` if none. A line of its own: the
+    /// Shinjuku dispatcher reads every worker's on every pass, and beside
+    /// state the worker writes per request that would be a transfer per
+    /// worker and pass.
+    next_deadline: CachePadded<AtomicU64>,
 }
 
 impl Timers {
     pub(crate) fn new() -> Timers {
         Timers {
             heap: SpinLock::new(Heap::default()),
-            next_deadline: AtomicU64::new(u64::MAX),
+            next_deadline: CachePadded::new(AtomicU64::new(u64::MAX)),
         }
     }
 

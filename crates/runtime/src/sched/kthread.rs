@@ -108,8 +108,12 @@ impl PreemptAsk {
     }
 
     /// Takes any ask off (ordered by the caller's next release or fence).
+    /// Writes only if there is one: the line stays shared with the worker
+    /// that polls it, rather than moving on every assignment.
     pub(crate) fn clear(&self) {
-        self.run.store(Self::NONE, Relaxed);
+        if self.run.load(Relaxed) != Self::NONE {
+            self.run.store(Self::NONE, Relaxed);
+        }
     }
 }
 
@@ -206,7 +210,10 @@ pub(crate) struct KThread {
     #[allow(clippy::vec_box)]
     pub(super) free_uthreads: UnsafeCell<Vec<Box<UThread>>>,
     pub(crate) timers: Timers,
-    pub(crate) state: AtomicU8,
+    /// A line of its own: read by the Shinjuku dispatcher at each
+    /// assignment (is the worker parked?) while the worker writes its
+    /// other fields per request.
+    pub(crate) state: CachePadded<AtomicU8>,
     pub(crate) revoke_requested: AtomicBool,
     eventfd: OwnedFd,
     pub(crate) tid: AtomicI32,
@@ -452,7 +459,9 @@ pub(crate) struct Shared {
     pub(crate) injector: Injector<URef>,
     /// Stacks of exited uthreads, for first runs on any kthread.
     pub(super) spare_stacks: Injector<Stack>,
-    pub(super) spare_count: AtomicUsize,
+    /// A line of its own: written as stacks come and go, beside fields
+    /// every kthread reads all the time (the epoch, `shutdown`).
+    pub(super) spare_count: CachePadded<AtomicUsize>,
     /// Most spare stacks kept; beyond it an exited uthread's stack is
     /// unmapped (`Shared::keep_spare_stacks`).
     pub(super) spare_limit: AtomicUsize,
@@ -525,7 +534,7 @@ impl Shared {
                         exited: Cell::new(null_mut()),
                         free_uthreads: UnsafeCell::new(Vec::new()),
                         timers: Timers::new(),
-                        state: AtomicU8::new(RUNNING),
+                        state: CachePadded::new(AtomicU8::new(RUNNING)),
                         revoke_requested: AtomicBool::new(false),
                         eventfd,
                         tid: AtomicI32::new(0),
@@ -542,7 +551,7 @@ impl Shared {
                 mode,
                 injector: Injector::new(),
                 spare_stacks: Injector::new(),
-                spare_count: AtomicUsize::new(0),
+                spare_count: CachePadded::new(AtomicUsize::new(0)),
                 spare_limit: AtomicUsize::new(super::uthread::SPARE_STACKS),
                 request_stacks_mapped: AtomicU64::new(0),
                 n_spinning: AtomicUsize::new(0),

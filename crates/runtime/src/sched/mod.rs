@@ -324,6 +324,21 @@ pub(crate) enum Stopped {
 /// Worker mode: runs `u`, which the dispatcher handed to `k` alone, until
 /// it gives the worker back. `k` is the scheduler context's token.
 pub(crate) fn run_on_worker(k: &mut Owner<'_>, u: URef) -> Stopped {
+    run_until_stopped(k, u, false).0
+}
+
+/// As [`run_on_worker`], but a context that exited is not freed: it comes
+/// back, with its stack, for the dispatcher to reuse (Shinjuku mode, where
+/// the dispatcher makes every request's context).
+pub(crate) fn run_on_worker_keeping(k: &mut Owner<'_>, u: URef) -> (Stopped, Option<SpareContext>) {
+    run_until_stopped(k, u, true)
+}
+
+fn run_until_stopped(
+    k: &mut Owner<'_>,
+    u: URef,
+    keep_exited: bool,
+) -> (Stopped, Option<SpareContext>) {
     let u = u.ptr();
     k.yielded.set(null_mut());
     let from = k.sched_ptr();
@@ -331,14 +346,23 @@ pub(crate) fn run_on_worker(k: &mut Owner<'_>, u: URef) -> Stopped {
     // scheduler context, which resumes on this kthread.
     unsafe { switch_to(k, from, u) };
     let exited = k.exited.get() == u;
-    finish_switch(); // frees `u` if it exited
-    if exited {
+    let spare = if exited && keep_exited {
+        // SAFETY: `u` exited and switched to us (it is off its CPU, its
+        // stack unused) and is in no queue; taken from `exited`, so
+        // `finish_switch` leaves it alone.
+        unsafe { SpareContext::of_exited(k.exited.replace(null_mut())) }
+    } else {
+        None
+    };
+    finish_switch(); // frees `u` if it exited and is not kept
+    let stopped = if exited {
         Stopped::Exited
     } else if k.yielded.replace(null_mut()) == u {
         Stopped::Yielded
     } else {
         Stopped::Blocked
-    }
+    };
+    (stopped, spare)
 }
 
 /// Worker mode: request contexts whose sleep on worker `k` is over go back

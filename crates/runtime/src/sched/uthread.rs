@@ -74,6 +74,52 @@ impl UThread {
     }
 }
 
+/// Worker mode: a request context that exited, kept with its stack for the
+/// dispatcher's next request. It goes back to the dispatcher in the
+/// worker's report instead of being freed on the worker: no allocation on
+/// one thread freed on another, and no shared stack pool, per request.
+pub(crate) struct SpareContext(Box<UThread>);
+
+impl SpareContext {
+    /// Keeps the exited context `u` (None if it has no stack to keep, or
+    /// is null), reset to its never-run state.
+    ///
+    /// # Safety
+    /// `u` exited, is off its CPU, and is referenced from nowhere else.
+    pub(super) unsafe fn of_exited(u: *mut UThread) -> Option<SpareContext> {
+        if u.is_null() {
+            return None;
+        }
+        // SAFETY: the caller's contract: ours alone.
+        let mut u = unsafe { Box::from_raw(u) };
+        u.stack.get_mut().as_ref()?;
+        *u.sp.get_mut() = null_mut();
+        *u.entry.get_mut() = None;
+        u.preempt = PreemptState::new(1);
+        Some(SpareContext(u))
+    }
+
+    /// As a pointer, to travel through a mailbox.
+    pub(crate) fn into_raw(self) -> NonNull<UThread> {
+        NonNull::from(Box::leak(self.0))
+    }
+
+    /// # Safety
+    /// `u` came from [`SpareContext::into_raw`], and is taken back once.
+    pub(crate) unsafe fn from_raw(u: NonNull<UThread>) -> SpareContext {
+        // SAFETY: the caller's contract.
+        SpareContext(unsafe { Box::from_raw(u.as_ptr()) })
+    }
+
+    /// A new context that runs `entry` on this one's stack.
+    pub(crate) fn reuse(self, entry: Entry) -> URef {
+        let mut u = self.0;
+        *u.entry.get_mut() = Some(entry);
+        *u.serial.get_mut() = 0;
+        URef(NonNull::from(Box::leak(u)))
+    }
+}
+
 /// What a uthread runs: one allocation shared with its `JoinHandle`.
 pub(crate) trait Runnable: Send + Sync {
     /// Called once, on the uthread's own stack; must not unwind.

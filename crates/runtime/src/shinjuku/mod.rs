@@ -36,9 +36,9 @@ use ginza_sys::sched_stat::SchedStat;
 
 use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
-use crate::sched::{self, KthreadBody, Owner, Shared, URef};
-use crate::task::{unqueued, JoinHandle};
-use worker::{Mailbox, Posted, Report};
+use crate::sched::{self, KthreadBody, Owner, Shared, SpareContext, URef};
+use crate::task::{unqueued, unqueued_on, JoinHandle};
+use worker::{Mailbox, Posted, Report, WorkerClock};
 
 pub mod dispatched;
 mod worker;
@@ -148,6 +148,15 @@ pub trait Source<Req> {
     fn poll(&mut self, now_ns: u64) -> Option<Arrival<Req>>;
     /// True once no request will ever arrive again.
     fn is_done(&self) -> bool;
+    /// Told of each admitted request that completed, once, by its id (as in
+    /// [`Completion::id`], ids counting admitted requests from 0), as the
+    /// dispatcher takes its worker's report. A source that bounds the
+    /// requests it has outstanding counts completions here, on the
+    /// dispatcher's thread, rather than in the handler, whose count every
+    /// worker would write and the dispatcher read on every poll.
+    fn completed(&mut self, id: u64) {
+        let _ = id;
+    }
 }
 
 /// A source whose requests are put in classes by a classifier (c-PRE-MQ's
@@ -178,6 +187,9 @@ where
     }
     fn is_done(&self) -> bool {
         self.source.is_done()
+    }
+    fn completed(&mut self, id: u64) {
+        self.source.completed(id);
     }
 }
 
@@ -540,7 +552,8 @@ where
         crate::runtime::start(&plan, sched::Mode::Worker, "ginza-w", None, worker_body)?;
     let rt = Arc::clone(&started_workers.rt);
     rt.keep_spare_stacks(config.max_in_flight);
-    let handler = Arc::new(handler);
+    let handler = KeptHandler::new(handler);
+    let handler_ref = handler.reference();
     let started = Instant::now();
     let outcome = std::thread::scope(|scope| {
         let rt = &rt;
@@ -553,13 +566,14 @@ where
                         log::warn!("dispatcher: cannot pin to core {core}: {e}");
                     }
                 }
-                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler)
+                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler_ref)
             })
             .map_err(|e| RuntimeError::Start(format!("cannot start the dispatcher: {e}")))?
             .join()
             .map_err(|p| RuntimeError::MainPanicked(crate::error::panic_message(&*p)))?
     });
     started_workers.stop();
+    handler.workers_stopped();
     let worker_spans = record_spans.then(|| {
         let ticks = ginza_sys::tsc_clock::ticks().wrapping_sub(ticks_at_start.0);
         let ns = ginza_sys::clock::monotonic_ns().saturating_sub(ticks_at_start.1);
@@ -609,6 +623,69 @@ where
     })
 }
 
+/// The handler, kept by [`serve`] until its workers have stopped, so that
+/// requests may call it through a plain pointer ([`HandlerRef`]): a
+/// reference count raised by the dispatcher and lowered by a worker for
+/// every request would move a cache line between them twice a request.
+/// Should `serve` unwind before the workers stop, the handler is leaked,
+/// never freed under a running request.
+struct KeptHandler<H> {
+    handler: Option<Box<H>>,
+}
+
+impl<H> KeptHandler<H> {
+    fn new(handler: H) -> Self {
+        KeptHandler {
+            handler: Some(Box::new(handler)),
+        }
+    }
+
+    fn reference(&self) -> HandlerRef<H> {
+        HandlerRef(self.handler.as_deref().expect("the handler is kept") as *const H)
+    }
+
+    /// No request can run any more: the handler may be freed.
+    fn workers_stopped(mut self) {
+        drop(self.handler.take());
+    }
+}
+
+impl<H> Drop for KeptHandler<H> {
+    fn drop(&mut self) {
+        // Reached with the handler still here only by unwinding, with the
+        // workers perhaps still running requests that call it.
+        if let Some(handler) = self.handler.take() {
+            std::mem::forget(handler);
+        }
+    }
+}
+
+/// A request's way to its handler (see [`KeptHandler`]).
+struct HandlerRef<H>(*const H);
+
+impl<H> Clone for HandlerRef<H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<H> Copy for HandlerRef<H> {}
+
+// SAFETY: it only ever gives out `&H`, and H is Sync (the handler is
+// called from every worker at once).
+unsafe impl<H: Sync> Send for HandlerRef<H> {}
+
+impl<H> HandlerRef<H> {
+    fn call<Req, Resp>(self, request: Req) -> Resp
+    where
+        H: Fn(Req) -> Resp,
+    {
+        // SAFETY: `serve` keeps the handler until its workers have stopped
+        // (or leaks it), and requests run only on its workers.
+        let handler = unsafe { &*self.0 };
+        handler(request)
+    }
+}
+
 /// Shortest interval between two preemption signals to one worker.
 const RESEND_MIN_NS: u64 = 50_000;
 
@@ -640,8 +717,7 @@ struct ThreadClock {
 }
 
 impl ThreadClock {
-    fn new(rt: &Shared) -> ThreadClock {
-        let now = rt.now_ns();
+    fn new(rt: &Shared, now: u64) -> ThreadClock {
         let mut clock = ThreadClock {
             started_ns: now,
             dispatcher: SchedStat::of_current().ok(),
@@ -683,7 +759,7 @@ impl ThreadClock {
         let since = |base: Option<SchedStat>, now: std::io::Result<SchedStat>| {
             Some(now.ok()?.since(&base?))
         };
-        self.times.wall_ns = rt.now_ns().saturating_sub(self.started_ns);
+        self.times.wall_ns = self.last_pass_ns.saturating_sub(self.started_ns);
         self.times.dispatcher = since(self.dispatcher, SchedStat::of_current());
         self.times.workers = self
             .workers
@@ -714,7 +790,7 @@ fn dispatch<Req, Resp, S, H>(
     config: &ShinjukuConfig,
     n_classes: usize,
     source: &mut S,
-    handler: Arc<H>,
+    handler: HandlerRef<H>,
 ) -> Result<Served<Resp>, RuntimeError>
 where
     Req: Send + 'static,
@@ -755,9 +831,13 @@ where
     } else {
         0
     };
-    let mut thread_clock = ThreadClock::new(rt);
+    let mut clock = WorkerClock::new(rt);
+    let mut thread_clock = ThreadClock::new(rt, clock.now_ns());
+    // Contexts of completed requests, with their stacks, for the next ones
+    // (up to `max_in_flight`; beyond, a context and its stack are freed).
+    let mut spare_contexts: Vec<SpareContext> = Vec::new();
     loop {
-        let now = rt.now_ns();
+        let now = clock.now_ns();
         thread_clock.pass(rt, now);
         let mut progress = false;
 
@@ -773,13 +853,17 @@ where
                 rejected += 1;
                 continue;
             }
-            let stack = if testing::take_stack_map_failure() {
+            // The context (and stack) of a completed request, else a new
+            // one on a spare stack or a new mapping.
+            let context = if testing::take_stack_map_failure() {
                 Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            } else if let Some(spare) = spare_contexts.pop() {
+                Ok(Ok(spare))
             } else {
-                rt.stack_for_request()
+                rt.stack_for_request().map(Err)
             };
-            let stack = match stack {
-                Ok(stack) => stack,
+            let context = match context {
+                Ok(context) => context,
                 Err(e) => {
                     if rejected_no_stack == 0 {
                         log::warn!(
@@ -795,10 +879,16 @@ where
                 }
             };
             in_flight += 1;
-            let h = Arc::clone(&handler);
             let payload = arrival.payload;
-            let (uthread, handle) = unqueued(rt_ptr, move || h(payload));
-            uthread.give_stack(stack);
+            let run = move || handler.call(payload);
+            let (uthread, handle) = match context {
+                Ok(spare) => unqueued_on(spare, run),
+                Err(stack) => {
+                    let (uthread, handle) = unqueued(rt_ptr, run);
+                    uthread.give_stack(stack);
+                    (uthread, handle)
+                }
+            };
             uthread.set_serial(next_serial);
             next_serial += 1;
             let request = Request {
@@ -819,11 +909,17 @@ where
 
         // Requests that blocked and are runnable again (woken, or their sleep ended).
         if !rt.timers_only_at_switch_checks.load(Relaxed) {
-            for k in rt.kthreads.iter() {
+            // The look at each worker's next deadline is inline (its own
+            // line, shared while no timer changes); the call only if one is set.
+            for k in rt.kthreads.iter().filter(|k| k.timers.any()) {
                 sched::fire_timers_to_dispatcher(k);
             }
         }
-        while let Steal::Success(u) = rt.injector.steal() {
+        // Looked at first: a steal from an empty queue costs a full fence.
+        while !rt.injector.is_empty() {
+            let Steal::Success(u) = rt.injector.steal() else {
+                continue;
+            };
             let key = u.serial();
             if let Some(request) = blocked.remove(&key) {
                 queues.enqueue(request, now);
@@ -858,10 +954,16 @@ where
                 at: finished_at,
                 started_at,
                 took_next,
+                spare,
             }) = mailbox.take_report()
             else {
                 continue;
             };
+            if let Some(spare) = spare {
+                if spare_contexts.len() < config.max_in_flight {
+                    spare_contexts.push(spare);
+                }
+            }
             let run = running[w]
                 .take()
                 .expect("a worker reported without an assignment");
@@ -913,6 +1015,7 @@ where
                     } = request.payload;
                     if let Some(handle) = handle {
                         in_flight -= 1;
+                        source.completed(request.id);
                         completions.push(Completion {
                             id: request.id,
                             class: request.class,
@@ -957,6 +1060,11 @@ where
 
         for (w, slot) in running.iter_mut().enumerate() {
             let Some(run) = slot else { continue };
+            // Nothing to preempt for (no quantum, nothing waiting): the
+            // worker's line is not read.
+            if queues.quantum().is_none() || (queues.is_empty() && pending[w].is_none()) {
+                continue;
+            }
             let k = &rt.kthreads[w];
             let started = mailboxes[w].started_ns();
             let spent = |q: u64| now.saturating_sub(started) >= q;
@@ -1037,7 +1145,7 @@ where
                 }
                 if let Some(t) = asking {
                     run.ask_ns += (t.elapsed().as_nanos() as u64).saturating_sub(clock_overhead);
-                    run.asked_at = rt.now_ns();
+                    run.asked_at = clock.now_ns();
                 }
             }
         }

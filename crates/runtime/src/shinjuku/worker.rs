@@ -25,14 +25,13 @@ use std::sync::atomic::{
     AtomicPtr, AtomicU64, AtomicU8,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
-use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
 
 use ginza_sys::clock::monotonic_ns;
 use ginza_sys::tsc_clock::{ticks, TscClock};
 
-use crate::sched::{self, KThread, Owner, Shared, Stopped, URef, UThread};
+use crate::sched::{self, KThread, Owner, Shared, SpareContext, Stopped, URef, UThread};
 
 /// How the request a worker ran gave the worker back.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -96,6 +95,9 @@ struct FromWorker {
     report_ns: AtomicU64,
     /// When the reported request had started running (ns since the epoch).
     report_started_ns: AtomicU64,
+    /// A completed request's context, kept with its stack for the
+    /// dispatcher's next request (`SpareContext`; null: none).
+    report_spare: AtomicPtr<UThread>,
     /// When the worker switched into its current request (ns since the
     /// epoch; 0 while it runs none): quanta count from here, not from the
     /// assignment, so a worker's wake-up does not eat its request's quantum.
@@ -122,18 +124,25 @@ impl Mailbox {
     /// a request, to run once that request completes or blocks; the slot
     /// must be empty (nothing pre-assigned, or taken).
     pub(crate) fn pre_assign(&self, u: URef) {
-        let old = self.to.next.swap(u.ptr(), Release);
-        debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
+        self.fill_next(u.ptr());
     }
 
     /// Dispatcher: as [`Mailbox::pre_assign`], for the request the policy
     /// runs once the running one, asked to yield, is preempted.
     pub(crate) fn pre_assign_behind_preempted(&self, u: URef) {
-        let old = self
-            .to
-            .next
-            .swap(u.ptr().wrapping_byte_add(BEHIND_PREEMPTED), Release);
-        debug_assert!(old.is_null(), "pre-assigned over a pre-assigned request");
+        self.fill_next(u.ptr().wrapping_byte_add(BEHIND_PREEMPTED));
+    }
+
+    /// Fills the empty second slot. A plain store, not a swap: only the
+    /// dispatcher ever fills it, so it is known empty, and a store does not
+    /// hold the dispatcher until the line arrives (the stores to several
+    /// workers' slots in one pass overlap).
+    fn fill_next(&self, slot: *mut UThread) {
+        debug_assert!(
+            self.to.next.load(Relaxed).is_null(),
+            "pre-assigned over a pre-assigned request"
+        );
+        self.to.next.store(slot, Release);
     }
 
     /// Dispatcher: takes the pre-assigned request back, unless the worker
@@ -151,12 +160,18 @@ impl Mailbox {
         }
         let at = self.from.report_ns.load(Relaxed);
         let started_at = self.from.report_started_ns.load(Relaxed);
+        let spare = NonNull::new(self.from.report_spare.swap(null_mut(), Relaxed)).map(|u| {
+            // SAFETY: the worker put it there with this report, from
+            // `SpareContext::into_raw`; the report is taken once.
+            unsafe { SpareContext::from_raw(u) }
+        });
         self.from.report.store(Report::NONE, Release);
         Some(Posted {
             report: Report::decode(raw & !TOOK_NEXT).expect("a worker wrote an unknown report"),
             at,
             started_at,
             took_next: raw & TOOK_NEXT != 0,
+            spare,
         })
     }
 
@@ -169,7 +184,13 @@ impl Mailbox {
         self.from.started_ns.load(Acquire)
     }
 
+    /// Worker: the assigned request, if any. Looks before it swaps: a
+    /// spinning worker that wrote the line on every look would pull it
+    /// away from the dispatcher, whose assignment then waits for it.
     fn take_assignment(&self) -> Option<URef> {
+        if self.to.assigned.load(Relaxed).is_null() {
+            return None;
+        }
         NonNull::new(self.to.assigned.swap(null_mut(), Acquire)).map(URef::from_nonnull)
     }
 
@@ -185,6 +206,7 @@ impl Mailbox {
         report: Report,
         started: u64,
         stopped_at: u64,
+        spare: Option<SpareContext>,
         stamp_next: impl FnOnce() -> u64,
     ) -> Option<(URef, u64)> {
         while self.from.report.load(Acquire) != Report::NONE {
@@ -210,6 +232,11 @@ impl Mailbox {
             } else {
                 None
             }
+        } else if self.to.next.load(Relaxed).is_null() {
+            // Nothing pre-assigned: leave the line unwritten (as if the
+            // swap had come before a pre-assignment the dispatcher now
+            // makes, which it takes back when the report says so).
+            None
         } else {
             untagged(self.to.next.swap(null_mut(), Acquire))
         };
@@ -230,6 +257,8 @@ impl Mailbox {
         }
         self.from.report_started_ns.store(started, Relaxed);
         self.from.report_ns.store(stopped_at, Relaxed);
+        let spare = spare.map_or(null_mut(), |c| c.into_raw().as_ptr());
+        self.from.report_spare.store(spare, Relaxed);
         self.from.report.store(raw, Release);
         next
     }
@@ -244,6 +273,8 @@ pub(crate) struct Posted {
     pub(crate) started_at: u64,
     /// The worker went on to the pre-assigned request.
     pub(crate) took_next: bool,
+    /// The completed request's context, for the next request.
+    pub(crate) spare: Option<SpareContext>,
 }
 
 /// Report bit: the worker took the pre-assigned request as it reported.
@@ -266,7 +297,7 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     let k = owner.kthread();
     let mut clock = WorkerClock::new(k.rt());
     let spans = k.spans.on.get();
-    while let Some(mut u) = wait_for_assignment(k, mailbox) {
+    while let Some(mut u) = wait_for_assignment(k, mailbox, &mut clock) {
         // The start stamps the run: the dispatcher names it when it asks
         // it to yield (`PreemptAsk`).
         let mut stamp = clock.stamp();
@@ -276,7 +307,7 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
             if spans {
                 k.spans.switched_in.set(ticks());
             }
-            let stopped = sched::run_on_worker(owner, u);
+            let (stopped, spare) = sched::run_on_worker_keeping(owner, u);
             k.run_stamp.set(0);
             let back = spans.then(ticks);
             let stopped_at = clock.now_ns();
@@ -284,7 +315,9 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
             if let Some(back) = back.filter(|_| seen != 0) {
                 k.spans.yield_out.add(back.saturating_sub(seen));
             }
-            match mailbox.post(k, stopped.into(), stamp, stopped_at, || clock.stamp()) {
+            match mailbox.post(k, stopped.into(), stamp, stopped_at, spare, || {
+                clock.stamp()
+            }) {
                 Some((next, next_stamp)) => {
                     if let Some(back) = back.filter(|_| seen != 0) {
                         k.spans.handover.add(ticks().saturating_sub(back));
@@ -298,13 +331,14 @@ pub(crate) fn run(owner: &mut Owner<'_>, mailbox: &Mailbox) {
     }
 }
 
-/// The worker's clock for its stamps (run starts, reports): the runtime's
-/// time line (ns since its epoch) read from the TSC where the kernel trusts
-/// it (`ginza_sys::tsc_clock`). A `clock_gettime` costs ~150 ns on a VM,
-/// and the worker read it twice per preemption (docs/results.md, "Where a
-/// cooperative preemption's time goes"). Stamps strictly increase, so each
-/// names one run.
-struct WorkerClock {
+/// The workers' clock for their stamps (run starts, reports), and the
+/// dispatcher's for its passes: the runtime's time line (ns since its
+/// epoch) read from the TSC where the kernel trusts it
+/// (`ginza_sys::tsc_clock`). A `clock_gettime` costs ~150 ns on a VM; the
+/// worker read it twice per preemption (docs/results.md, "Where a
+/// cooperative preemption's time goes") and the dispatcher once a pass.
+/// Stamps strictly increase, so each names one run.
+pub(super) struct WorkerClock {
     tsc: TscClock,
     /// CLOCK_MONOTONIC at the runtime's epoch, ns.
     epoch_ns: u64,
@@ -312,7 +346,7 @@ struct WorkerClock {
 }
 
 impl WorkerClock {
-    fn new(rt: &Shared) -> WorkerClock {
+    pub(super) fn new(rt: &Shared) -> WorkerClock {
         // The epoch on CLOCK_MONOTONIC: the pair of readings closest in
         // time of a few (the runtime's clock is CLOCK_MONOTONIC too).
         let epoch_ns = (0..5)
@@ -331,7 +365,7 @@ impl WorkerClock {
         }
     }
 
-    fn now_ns(&mut self) -> u64 {
+    pub(super) fn now_ns(&mut self) -> u64 {
         self.tsc.now_ns().saturating_sub(self.epoch_ns)
     }
 
@@ -344,10 +378,13 @@ impl WorkerClock {
 }
 
 /// Spins for the next assignment, then parks on the eventfd (the dispatcher
-/// signals it after assigning to a parked worker). None at shutdown.
-fn wait_for_assignment(k: &KThread, mailbox: &Mailbox) -> Option<URef> {
+/// signals it after assigning to a parked worker). None at shutdown. The
+/// spin is timed on the worker's clock (the TSC, not a `clock_gettime` a
+/// look).
+fn wait_for_assignment(k: &KThread, mailbox: &Mailbox, clock: &mut WorkerClock) -> Option<URef> {
     let rt = k.rt();
-    let mut idle_since: Option<Instant> = None;
+    let spin_ns = rt.spin.as_nanos().min(u128::from(u64::MAX)) as u64;
+    let mut idle_since: Option<u64> = None;
     loop {
         if let Some(u) = mailbox.take_assignment() {
             return Some(u);
@@ -358,8 +395,9 @@ fn wait_for_assignment(k: &KThread, mailbox: &Mailbox) -> Option<URef> {
         if !rt.timers_only_at_switch_checks.load(Relaxed) {
             sched::fire_timers_to_dispatcher(k);
         }
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < rt.spin {
+        let now = clock.now_ns();
+        let since = *idle_since.get_or_insert(now);
+        if now.saturating_sub(since) < spin_ns {
             std::hint::spin_loop();
             continue;
         }
