@@ -498,7 +498,7 @@ impl KNet {
     /// part of it, and an idle kthread must look again rather than park.
     pub(crate) fn ingress_pending(&self) -> bool {
         match self.ingress.try_lock() {
-            Some(mut c) => !c.is_empty(),
+            Some(mut c) => c.len() > 0,
             None => true,
         }
     }
