@@ -153,7 +153,8 @@ fn main() {
                 net: &mut receiver_net,
                 ends: &mut r_io,
             };
-            dp.transmit(&mut sender_net, &mut s_io[0], &mut peers, i as u64);
+            dp.transmit(&mut sender_net, &mut s_io[0], 0, &mut peers, i as u64)
+                .unwrap();
             dp.deliver(&mut receiver_net, &mut r_io, i as u64).unwrap();
             for (k, end) in r_io.iter_mut().enumerate() {
                 dp.take_back(&mut receiver_net, end, k).unwrap();

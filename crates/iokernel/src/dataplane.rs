@@ -948,19 +948,25 @@ impl Dataplane {
 
     /// Up to [`BURST`] frames from kthread `k`'s egress ring into the
     /// switch, or, for frames to another application that `peers` has,
-    /// by the direct path ([`direct`]); returns how many the ring held. A
+    /// by the direct path ([`direct`]); returns how many the ring held, or
+    /// why the application must be disconnected (a corrupt ring). A
     /// protected netstack's frames always take the switch (see below).
     pub fn transmit(
         &mut self,
         net: &mut AppNet,
         end: &mut IokernelEnd,
+        k: usize,
         peers: &mut dyn Peers,
         now: u64,
-    ) -> usize {
+    ) -> Result<usize, String> {
         if self.switch.port(net.port).is_none() {
-            return 0;
+            return Ok(0);
         }
-        let waiting = end.egress.len().min(BURST as u32);
+        let waiting = end
+            .egress
+            .len()
+            .map_err(|e| format!("kthread {k}'s egress ring is corrupt: {e}"))?
+            .min(BURST as u32);
         if waiting > 0 {
             hops::stamp(Hop::Egress);
         }
@@ -991,7 +997,7 @@ impl Dataplane {
         }
         // Copied out: the slots (and their buffers) are the runtime's again.
         end.egress.release_n(taken);
-        taken as usize
+        Ok(taken as usize)
     }
 
     /// One frame through the switch: copied once out of shared memory into
@@ -1047,13 +1053,16 @@ impl Dataplane {
     ) -> Result<(), String> {
         loop {
             self.returned.clear();
-            if end.done.pop_into(&mut self.returned, 4 * BURST) == 0 {
-                return Ok(());
-            }
-            for &buf in &self.returned {
-                net.ledger
-                    .give_back(buf)
-                    .map_err(|e| format!("kthread {k} gave back an ingress buffer wrongly: {e}"))?;
+            match end.done.pop_into(&mut self.returned, 4 * BURST) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {
+                    for &buf in &self.returned {
+                        net.ledger.give_back(buf).map_err(|e| {
+                            format!("kthread {k} gave back an ingress buffer wrongly: {e}")
+                        })?;
+                    }
+                }
+                Err(e) => return Err(format!("kthread {k}'s ingress-done ring is corrupt: {e}")),
             }
         }
     }

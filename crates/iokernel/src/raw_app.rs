@@ -122,7 +122,7 @@ impl RawApp {
     /// Pops one received frame from kthread `k`'s ring: a copy of its bytes
     /// and its descriptor (give the buffer back with [`give_back`](Self::give_back)).
     pub fn recv(&mut self, k: usize) -> Option<(Vec<u8>, PacketDesc)> {
-        let desc = self.ends[k].ingress.pop()?;
+        let desc = self.ends[k].ingress.pop().ok()??;
         let bytes = self.pool.frame(desc)?.to_vec();
         Some((bytes, desc))
     }
@@ -224,7 +224,7 @@ pub fn drop_received(end: &mut RuntimeEnd, max: usize) -> usize {
     let mut dropped = 0;
     let mut bufs = [0u32; CHUNK];
     while dropped < max {
-        let waiting = end.ingress.len() as usize;
+        let waiting = end.ingress.len().unwrap_or(0) as usize;
         let n = waiting.min(max - dropped).min(CHUNK);
         if n == 0 {
             break;

@@ -398,7 +398,7 @@ impl Kthread {
             }
             let mut worked = false;
             descs.clear();
-            let got = self.end.ingress.pop_into(&mut descs, 64);
+            let got = self.end.ingress.pop_into(&mut descs, 64).unwrap_or(0);
             {
                 let mut e = lock(&self.engine);
                 for d in &descs {
@@ -449,7 +449,7 @@ impl Kthread {
                 && (idle_since.elapsed() >= self.reply_spin || !lock(&self.engine).reply_due())
             {
                 // A frame that landed after the last look is taken first.
-                if self.end.ingress.is_empty() {
+                if self.end.ingress.is_empty().unwrap_or(true) {
                     return Outcome::Park;
                 }
             } else {

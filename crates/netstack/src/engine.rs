@@ -23,7 +23,7 @@ use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range, Ranges, Rea
 use ginza_shm::netstack::{
     Channel, ChannelConfig, GatherList, NetPair, RxPool, TxPoolView, MAX_GATHER, RX_CHUNK,
 };
-use ginza_shm::BufferLedger;
+use ginza_shm::{BufferLedger, RingCorrupt};
 use log::{debug, info, warn};
 
 use crate::slab::Slab;
@@ -1059,8 +1059,17 @@ impl Netstack {
             let Some(app) = self.apps.get_mut(&id) else {
                 return;
             };
-            let Some(slot) = app.pairs[p as usize].commands.pop() else {
-                return;
+            let slot = match app.pairs[p as usize].commands.pop() {
+                Ok(Some(s)) => s,
+                Ok(None) => return,
+                Err(RingCorrupt { head, tail, .. }) => {
+                    return self.cut_off(
+                        id,
+                        p,
+                        Reason::RingCorrupt,
+                        format!("command ring {p} corrupt (head {head}, tail {tail})"),
+                    );
+                }
             };
             self.stats.commands += 1;
             match Command::decode(&slot) {

@@ -86,7 +86,7 @@ fn attach_gives_a_working_channel_and_a_read_only_rx_pool() {
         )
         .unwrap();
     lock(&ns).poll();
-    let ev = Event::decode(&pair.events.pop().unwrap()).unwrap();
+    let ev = Event::decode(&pair.events.pop().unwrap().unwrap()).unwrap();
     assert!(matches!(ev, Event::Listening { cookie: 3, .. }), "{ev:?}");
     // Hanging up detaches.
     drop(att.socket);

@@ -85,7 +85,7 @@ fn protected_echo(
         let mut next_tx = 0u32;
         let mut echoed = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let Some(slot) = pair.events.pop() else {
+            let Ok(Some(slot)) = pair.events.pop() else {
                 std::thread::yield_now();
                 continue;
             };

@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -425,6 +425,7 @@ pub(crate) struct KTx {
 pub(crate) struct KNet {
     /// Received frames; try-locked by whoever processes them.
     pub(crate) ingress: SpinLock<Consumer<PacketDesc>>,
+    pub(crate) ingress_corrupt_said: AtomicBool,
     /// Owner kthread only, preemption deferred (see [`KNet::tx`]).
     tx: UnsafeCell<KTx>,
     pub(crate) counters: KNetCounters,
@@ -482,6 +483,7 @@ impl KNet {
     ) -> KNet {
         KNet {
             ingress: SpinLock::new(ingress),
+            ingress_corrupt_said: AtomicBool::new(false),
             tx: UnsafeCell::new(KTx {
                 done,
                 egress,
@@ -498,7 +500,7 @@ impl KNet {
     /// part of it, and an idle kthread must look again rather than park.
     pub(crate) fn ingress_pending(&self) -> bool {
         match self.ingress.try_lock() {
-            Some(mut c) => c.len() > 0,
+            Some(mut c) => c.len().is_ok_and(|n| n > 0),
             None => true,
         }
     }

@@ -86,7 +86,7 @@ impl FakeIokerneld {
     fn take_done(&mut self) -> Vec<u32> {
         let mut out = Vec::new();
         for end in &mut self.ends {
-            while let Some(b) = end.done.pop() {
+            while let Some(b) = end.done.pop().unwrap() {
                 self.ledger.give_back(b).expect("a buffer given back once");
                 out.push(b);
             }
@@ -99,7 +99,7 @@ impl FakeIokerneld {
     fn take_egress(&mut self, k: usize) -> Vec<Vec<u8>> {
         let end = &mut self.ends[k];
         let mut out = Vec::new();
-        while let Some((seq, d)) = end.egress.peek() {
+        while let Some((seq, d)) = end.egress.peek().unwrap() {
             let mut f = vec![0u8; PKT_BUFFER_SIZE as usize];
             let n = end.egress_buffers.read(seq, d.len, &mut f);
             f.truncate(n);

@@ -543,11 +543,11 @@ mod flood {
 
         /// Takes the buffers given back and the frames sent.
         fn drain(&mut self) -> Vec<Vec<u8>> {
-            while let Some(b) = self.end.done.pop() {
+            while let Some(b) = self.end.done.pop().unwrap() {
                 self.ledger.give_back(b).expect("a buffer given back once");
             }
             let mut out = Vec::new();
-            while let Some((seq, d)) = self.end.egress.peek() {
+            while let Some((seq, d)) = self.end.egress.peek().unwrap() {
                 let mut f = vec![0u8; PKT_BUFFER_SIZE as usize];
                 let n = self.end.egress_buffers.read(seq, d.len, &mut f);
                 f.truncate(n);

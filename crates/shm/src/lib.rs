@@ -30,8 +30,8 @@ mod sync;
 pub mod wake_word;
 
 pub use msg::{
-    next_grant, CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RunPacket, SendError,
-    ToIokernel, ToKthread, MAX_REQUEST_ID, UNNUMBERED_GRANT,
+    next_grant, CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, RunPacket,
+    SendError, ToIokernel, ToKthread, MAX_REQUEST_ID, UNNUMBERED_GRANT,
 };
 pub use packet::{
     BufferLedger, EgressBuffers, IngressPool, LedgerError, PacketDesc, PoolMapError,

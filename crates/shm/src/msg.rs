@@ -336,6 +336,15 @@ pub enum SendError {
     Corrupt(#[from] RingCorrupt),
 }
 
+/// Why a receive failed. Either way the peer is broken: disconnect it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    #[error(transparent)]
+    Corrupt(#[from] RingCorrupt),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+}
+
 /// Sending end of a command ring carrying `M`.
 pub struct CmdTx<M> {
     ring: Producer<RawMsg>,
@@ -378,10 +387,12 @@ impl<M: Message> CmdRx<M> {
     }
 
     /// The next message, `Ok(None)` if none is waiting. A message that does
-    /// not decode is consumed and reported: the peer is broken, disconnect
-    /// it.
-    pub fn recv(&mut self) -> Result<Option<M>, DecodeError> {
-        self.ring.pop().map(M::decode).transpose()
+    /// not decode is consumed and reported.
+    pub fn recv(&mut self) -> Result<Option<M>, RecvError> {
+        match self.ring.pop()? {
+            None => Ok(None),
+            Some(raw) => Ok(Some(M::decode(raw)?)),
+        }
     }
 
     pub fn raw(&mut self) -> &mut Consumer<RawMsg> {
@@ -547,7 +558,7 @@ mod tests {
         );
         assert!(matches!(
             rx.recv(),
-            Err(DecodeError::UnknownTag { tag: 42, .. })
+            Err(RecvError::Decode(DecodeError::UnknownTag { tag: 42, .. }))
         ));
         assert_eq!(rx.recv(), Ok(None));
     }

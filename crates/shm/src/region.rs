@@ -454,7 +454,7 @@ mod tests {
 
     use super::layout::tests::good;
     use super::*;
-    use crate::msg::PreemptReason;
+    use crate::msg::{PreemptReason, RecvError};
     use crate::packet::{PacketDesc, PKT_BUFFER_SIZE};
     use crate::queue_line::LineFlags;
 
@@ -526,13 +526,13 @@ mod tests {
                     ..Default::default()
                 })
                 .unwrap();
-            let (s, d) = io.egress.peek().unwrap();
+            let (s, d) = io.egress.peek().unwrap().unwrap();
             assert_eq!(s, seq);
             let mut out = [0u8; 8];
             assert_eq!(io.egress_buffers.read(s, d.len, &mut out), 3);
             assert_eq!(out[..3], [round; 3]);
             io.egress.release();
-            assert_eq!(io.egress.peek(), None);
+            assert_eq!(io.egress.peek(), Ok(None));
         }
         // A lying length is clamped to the buffer.
         let seq = rt.egress.next_seq();
@@ -555,13 +555,13 @@ mod tests {
             reserved: 0,
         };
         io.ingress.push(d).unwrap();
-        assert_eq!(rt.ingress.pop(), Some(d));
+        assert_eq!(rt.ingress.pop(), Ok(Some(d)));
         rt.done.push(5).unwrap();
-        assert_eq!(io.done.pop(), Some(5));
+        assert_eq!(io.done.pop(), Ok(Some(5)));
         // Kthread 0's packet rings are separate.
         let mut io0 = r.iokernel_end(0).unwrap();
-        assert_eq!(io0.egress.peek(), None);
-        assert_eq!(io0.done.pop(), None);
+        assert_eq!(io0.egress.peek(), Ok(None));
+        assert_eq!(io0.done.pop(), Ok(None));
     }
 
     #[test]
@@ -621,13 +621,13 @@ mod tests {
     }
 
     #[test]
-    fn a_forged_ring_tail_in_a_region_delivers_nothing() {
+    fn corrupt_ring_index_in_region() {
         let r = Region::create_heap(&RegionConfig::new(1)).unwrap();
         let mut io = r.iokernel_end(0).unwrap();
         let up = r.at(r.layout().up_ring_offset(0));
         // SAFETY: the ring lives as long as `r`.
         unsafe { ring::header_at(up) }.store_tail(1000);
-        assert_eq!(io.from_kthread.recv(), Ok(None));
+        assert!(matches!(io.from_kthread.recv(), Err(RecvError::Corrupt(_))));
     }
 
     #[test]
@@ -678,11 +678,11 @@ mod tests {
         let r = Region::create("ginza-test", &RegionConfig::new(1)).unwrap();
         let attach = || Region::attach(r.fd().unwrap().try_clone_to_owned().unwrap());
         // SAFETY: plain integers; no concurrent reader.
-        unsafe { (*r.header_ptr()).version = 2 };
+        unsafe { (*r.header_ptr()).version = 3 };
         let e = attach().err().unwrap();
         assert_eq!(
             e.to_string(),
-            "shared region refused: layout version 2, this side speaks 3"
+            "shared region refused: layout version 3, this side speaks 2"
         );
         // SAFETY: as above.
         unsafe { (*r.header_ptr()).version = LAYOUT_VERSION };

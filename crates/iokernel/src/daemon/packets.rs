@@ -76,14 +76,16 @@ impl<A: CoreActuator> Iokerneld<A> {
             };
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let end = &mut app.ends[k];
-                if (kt.core.is_some() || kt.preempting || kt.drain_egress)
-                    && self.dp.transmit(net, end, &mut peers, now) == 0
-                {
-                    kt.drain_egress = false;
+                let mut moved = Ok(());
+                if kt.core.is_some() || kt.preempting || kt.drain_egress {
+                    moved = self.dp.transmit(net, end, k, &mut peers, now).map(|n| {
+                        if n == 0 {
+                            kt.drain_egress = false;
+                        }
+                    });
                 }
-                if let Err(reason) = self.dp.take_back(net, end, k) {
-                    // A buffer given back that was not lent: the
-                    // application is not followed.
+                if let Err(reason) = moved.and_then(|()| self.dp.take_back(net, end, k)) {
+                    // A corrupt ring: the application is not followed.
                     app.doomed.get_or_insert(reason);
                     break;
                 }

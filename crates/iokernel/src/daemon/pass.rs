@@ -7,7 +7,8 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
 use ginza_shm::{
-    next_grant, LineFlags, PreemptReason, SendError, ToIokernel, ToKthread, UNNUMBERED_GRANT,
+    next_grant, LineFlags, PreemptReason, RecvError, SendError, ToIokernel, ToKthread,
+    UNNUMBERED_GRANT,
 };
 use log::{debug, warn};
 
@@ -111,7 +112,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             let msg = match app.ends[k].from_kthread.recv() {
                 Ok(Some(m)) => m,
                 Ok(None) => return,
-                Err(e) => {
+                Err(RecvError::Corrupt(e)) => {
+                    return app.doom(format!("kthread {k}'s command ring is corrupt: {e}"));
+                }
+                Err(RecvError::Decode(e)) => {
                     return app.doom(format!("kthread {k} sent an undecodable command: {e}"));
                 }
             };

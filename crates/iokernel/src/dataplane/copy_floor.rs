@@ -59,7 +59,11 @@ impl CopyFloor {
     /// delivered; an error names a corrupt ring or a buffer given back
     /// that was not lent.
     pub fn pass(&mut self, from: &mut IokernelEnd, to: &mut IokernelEnd) -> Result<usize, String> {
-        let waiting = from.egress.len().min(BURST as u32);
+        let waiting = from
+            .egress
+            .len()
+            .map_err(|e| format!("the egress ring is corrupt: {e}"))?
+            .min(BURST as u32);
         let mut taken = 0;
         while taken < waiting {
             let Some((seq, desc)) = from.egress.peek_nth(taken) else {
@@ -97,13 +101,16 @@ impl CopyFloor {
         }
         loop {
             self.returned.clear();
-            if to.done.pop_into(&mut self.returned, 4 * BURST) == 0 {
-                break;
-            }
-            for &buf in &self.returned {
-                self.ledger
-                    .give_back(buf)
-                    .map_err(|e| format!("an ingress buffer given back wrongly: {e}"))?;
+            match to.done.pop_into(&mut self.returned, 4 * BURST) {
+                Ok(0) => break,
+                Ok(_) => {
+                    for &buf in &self.returned {
+                        self.ledger
+                            .give_back(buf)
+                            .map_err(|e| format!("an ingress buffer given back wrongly: {e}"))?;
+                    }
+                }
+                Err(e) => return Err(format!("the ingress-done ring is corrupt: {e}")),
             }
         }
         Ok(pushed)
@@ -146,7 +153,7 @@ mod tests {
             }
             floor.pass(&mut from, &mut to).unwrap();
             descs.clear();
-            receiver.ingress.pop_into(&mut descs, 17);
+            receiver.ingress.pop_into(&mut descs, 17).unwrap();
             for d in &descs {
                 let bytes = floor.pool().frame(*d).unwrap();
                 let n = u32::from_le_bytes(bytes[..4].try_into().unwrap());

@@ -240,7 +240,7 @@ mod tests {
     /// checked against the frames sent.
     fn received(net: &AppNet, end: &mut RuntimeEnd, to: u8) -> Vec<u16> {
         let mut descs = Vec::new();
-        end.ingress.pop_into(&mut descs, 1024);
+        end.ingress.pop_into(&mut descs, 1024).unwrap();
         descs
             .iter()
             .map(|d| {
@@ -315,7 +315,9 @@ mod tests {
             apps: [(&mut b[0], &mut ib[0][..]), (&mut c[0], &mut ic[0][..])],
             work_for: Vec::new(),
         };
-        let taken = dp.transmit(sender, &mut io_sender[0], &mut peers, 1);
+        let taken = dp
+            .transmit(sender, &mut io_sender[0], 0, &mut peers, 1)
+            .unwrap();
         assert_eq!(taken, plan.len());
         assert!(peers.work_for.is_empty(), "every kthread is active");
         assert_eq!(received(&nets[1], &mut rt[1], 2), [0, 1, 2, 3, 4, 8, 9]);

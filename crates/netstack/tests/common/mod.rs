@@ -77,7 +77,7 @@ impl RawApp {
 
     pub fn events(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
-        while let Some(s) = self.pair.events.pop() {
+        while let Some(s) = self.pair.events.pop().unwrap() {
             out.push(Event::decode(&s).unwrap());
         }
         out

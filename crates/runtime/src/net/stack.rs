@@ -261,7 +261,16 @@ impl Stack {
         // one ring (and so of one flow) are handled in order.
         let mut n = 0;
         while n < budget {
-            let Some(desc) = ingress.pop() else { break };
+            let desc = match ingress.pop() {
+                Ok(Some(d)) => d,
+                Ok(None) => break,
+                Err(e) => {
+                    if !ring.ingress_corrupt_said.swap(true, Relaxed) {
+                        log::error!("an ingress ring is corrupt, no longer read: {e}");
+                    }
+                    break;
+                }
+            };
             n += 1;
             hops::stamp(Hop::Picked);
             self.process(me, desc);

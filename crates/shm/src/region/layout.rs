@@ -17,11 +17,11 @@ use crate::ring::{self, ring_bytes, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY};
 /// `b"GINZASHM"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GINZASHM");
 /// The layout this code speaks.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 2;
 /// Most kthreads one runtime may register.
 pub const MAX_KTHREADS: u32 = 256;
 /// Largest region iokerneld maps.
-pub const MAX_REGION_SIZE: u64 = 1 << 31;
+pub const MAX_REGION_SIZE: u64 = 1 << 30;
 /// Regions are whole pages.
 pub const PAGE_SIZE: u64 = 4096;
 
@@ -640,13 +640,13 @@ pub(super) mod tests {
         .unwrap();
         assert_eq!(l.lines_offset, 256);
         assert_eq!(l.up.offset, 256 + 4 * 64);
-        assert_eq!(l.up.stride, 128 + 16 * 32);
+        assert_eq!(l.up.stride, 128 + 16 * 16);
         assert_eq!(l.down.offset, l.up.offset + 4 * l.up.stride);
-        assert_eq!(l.down.stride, 128 + 8 * 32);
+        assert_eq!(l.down.stride, 128 + 8 * 16);
         assert_eq!(l.ingress.offset, l.down.offset + 4 * l.down.stride);
-        assert_eq!(l.ingress.stride, 128 + 512 * 32);
-        assert_eq!(l.done.stride, 128 + 4096 * 16);
-        assert_eq!(l.egress.stride, 128 + 256 * 32);
+        assert_eq!(l.ingress.stride, 128 + 512 * 16);
+        assert_eq!(l.done.stride, 128 + 4096 * 4);
+        assert_eq!(l.egress.stride, 128 + 256 * 16);
         assert_eq!(
             l.egress_buffers_offset(1),
             l.egress_buffers_offset + 256 * 2048
@@ -699,8 +699,8 @@ pub(super) mod tests {
             format!("bad magic 0x00000000deadbeef, expected {MAGIC:#018x}")
         );
         assert_eq!(
-            msg(&|b| b.version = 2, len),
-            "layout version 2, this side speaks 3"
+            msg(&|b| b.version = 3, len),
+            "layout version 3, this side speaks 2"
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 5000, len),
@@ -745,7 +745,7 @@ pub(super) mod tests {
             format!(
                 "kthread→iokerneld ring area: stride {} bytes, expected {} for its capacity",
                 h.up_stride,
-                128 + 32 * 32
+                128 + 32 * 16
             )
         );
         assert_eq!(

@@ -116,11 +116,16 @@ impl Wire for Transport {
         };
         let mut n = 0;
         while n < max {
-            let Some(slot) = ring.pop() else { break };
-            let ev = Event::decode(&slot)
-                .map_err(|e| format!("event ring {pair}: a slot does not decode: {e}"))?;
-            out.push(ev);
-            n += 1;
+            match ring.pop() {
+                Ok(Some(slot)) => {
+                    let ev = Event::decode(&slot)
+                        .map_err(|e| format!("event ring {pair}: a slot does not decode: {e}"))?;
+                    out.push(ev);
+                    n += 1;
+                }
+                Ok(None) => break,
+                Err(e) => return Err(format!("event ring {pair} is corrupt: {e}")),
+            }
         }
         Ok(n)
     }
