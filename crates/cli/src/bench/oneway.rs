@@ -216,6 +216,15 @@ impl Setup {
         }
     }
 
+    /// Its spin, on netstackd's: idle, and while an application owes an
+    /// answer (never shorter than the idle one).
+    fn tune_netstack(&self, config: &mut DaemonConfig) {
+        if let Some(spin) = self.spin_before_park {
+            config.spin = spin;
+            config.reply_spin = config.reply_spin.max(spin);
+        }
+    }
+
     fn app_cores(&self) -> Vec<usize> {
         std::iter::once(self.cpus.app)
             .chain(self.more_app_cpus.iter().copied())
@@ -736,10 +745,7 @@ fn protected_server<R>(
     ns_cfg.iokernel_socket = iokerneld.socket().to_path_buf();
     ns_cfg.attach_socket = dir.join("netstack.sock");
     ns_cfg.kthreads = 1;
-    if let Some(spin) = setup.spin_before_park {
-        ns_cfg.spin = spin;
-        ns_cfg.reply_spin = ns_cfg.reply_spin.max(spin);
-    }
+    setup.tune_netstack(&mut ns_cfg);
     let netstack = Daemon::start(ns_cfg.clone()).context("the netstack daemon")?;
     let mut io = IokernelConfig::new("server", Class::LatencyCritical);
     io.socket = Some(iokerneld.socket().to_path_buf());
