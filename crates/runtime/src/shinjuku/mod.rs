@@ -686,6 +686,14 @@ impl<H> HandlerRef<H> {
     }
 }
 
+/// Where an admitted request's context comes from.
+enum NewContext {
+    /// A completed request's context, with its stack.
+    Reused(SpareContext),
+    /// A fresh context on this stack (a spare one or a new mapping).
+    OnStack(crate::stack::Stack),
+}
+
 /// Shortest interval between two preemption signals to one worker.
 const RESEND_MIN_NS: u64 = 50_000;
 
@@ -858,9 +866,9 @@ where
             let context = if testing::take_stack_map_failure() {
                 Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
             } else if let Some(spare) = spare_contexts.pop() {
-                Ok(Ok(spare))
+                Ok(NewContext::Reused(spare))
             } else {
-                rt.stack_for_request().map(Err)
+                rt.stack_for_request().map(NewContext::OnStack)
             };
             let context = match context {
                 Ok(context) => context,
@@ -882,8 +890,8 @@ where
             let payload = arrival.payload;
             let run = move || handler.call(payload);
             let (uthread, handle) = match context {
-                Ok(spare) => unqueued_on(spare, run),
-                Err(stack) => {
+                NewContext::Reused(spare) => unqueued_on(spare, run),
+                NewContext::OnStack(stack) => {
                     let (uthread, handle) = unqueued(rt_ptr, run);
                     uthread.give_stack(stack);
                     (uthread, handle)
