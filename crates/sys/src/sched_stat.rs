@@ -46,6 +46,33 @@ impl SchedStat {
     }
 }
 
+/// The counters of this process's threads whose name starts with
+/// `prefix` (`/proc/self/task/*/comm`), by thread id; a thread that ends
+/// while they are read is left out.
+pub fn threads_named(prefix: &str) -> io::Result<Vec<(i32, SchedStat)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let Some(tid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let named = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+            .is_ok_and(|name| name.trim_end().starts_with(prefix));
+        if !named {
+            continue;
+        }
+        match SchedStat::of_thread(tid) {
+            Ok(s) => found.push((tid, s)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(found)
+}
+
 fn bad(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("unexpected {what}"))
 }
@@ -91,6 +118,24 @@ mod tests {
         );
         assert!(parse("x y z", "nonvoluntary_ctxt_switches:\t1").is_err());
         assert!(parse("1 2 3", "voluntary_ctxt_switches:\t1").is_err());
+    }
+
+    #[test]
+    fn threads_are_found_by_their_name() {
+        let (named, stop) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let t = std::thread::Builder::new()
+            .name("sched-stat-probe".into())
+            .spawn(move || {
+                named.0.send(crate::process::gettid()).unwrap();
+                let _ = stop.1.recv();
+            })
+            .unwrap();
+        let tid = named.1.recv().unwrap();
+        let found = threads_named("sched-stat-pro").unwrap();
+        assert_eq!(found.iter().map(|(t, _)| *t).collect::<Vec<_>>(), vec![tid]);
+        assert!(threads_named("no-thread-is-named-so").unwrap().is_empty());
+        stop.0.send(()).unwrap();
+        t.join().unwrap();
     }
 
     #[test]

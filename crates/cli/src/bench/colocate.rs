@@ -37,6 +37,7 @@ use ginza_runtime::{Class, Config, IokernelConfig};
 use ginza_sim::colocate::{ColocateAlloc, ColocateSim};
 use ginza_sim::dist::Service;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
+use ginza_sys::sched_stat::{threads_named, SchedStat};
 use serde::Serialize;
 
 use super::common::{allowed_cpus, emit};
@@ -147,6 +148,56 @@ pub struct Point {
     pub all: Option<Breakdown>,
     pub tail: Option<Breakdown>,
     pub tail_from_us: f64,
+    /// What Linux kept from the threads that spin during the load.
+    pub cpu_waited: Option<CpuWaited>,
+}
+
+/// Time iokerneld's thread and the server's workers were runnable but
+/// waited for their CPU during the load, and how often Linux took the CPU
+/// from them (`/proc` schedstat). Every request queued behind such a wait
+/// waits as long: when it is milliseconds, the tail is the machine's CPU
+/// sharing, not the dispatch (docs/colocate.md, "What the tail is made of").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CpuWaited {
+    pub iokerneld_ms: f64,
+    pub iokerneld_preemptions: u64,
+    pub workers_ms: f64,
+    pub workers_preemptions: u64,
+}
+
+/// The thread names of iokerneld's loop and of the server's workers.
+const SPINNING_THREADS: [&str; 2] = ["iokerneld", "ginza-dw"];
+
+/// The spinning threads' counters now, per name of [`SPINNING_THREADS`].
+fn spinning_threads() -> Option<[Vec<(i32, SchedStat)>; 2]> {
+    Some([
+        threads_named(SPINNING_THREADS[0]).ok()?,
+        threads_named(SPINNING_THREADS[1]).ok()?,
+    ])
+}
+
+impl CpuWaited {
+    /// What the threads of `before` waited until `after` (threads in both).
+    fn between(before: &[Vec<(i32, SchedStat)>; 2], after: &[Vec<(i32, SchedStat)>; 2]) -> Self {
+        let sum = |b: &[(i32, SchedStat)], a: &[(i32, SchedStat)]| {
+            a.iter()
+                .filter_map(|(tid, now)| {
+                    let then = b.iter().find(|(t, _)| t == tid)?;
+                    Some(now.since(&then.1))
+                })
+                .fold((0u64, 0u64), |(ns, n), d| {
+                    (ns + d.runnable_waiting_ns, n + d.involuntary_switches)
+                })
+        };
+        let (io_ns, io_n) = sum(&before[0], &after[0]);
+        let (wk_ns, wk_n) = sum(&before[1], &after[1]);
+        CpuWaited {
+            iokerneld_ms: io_ns as f64 / 1e6,
+            iokerneld_preemptions: io_n,
+            workers_ms: wk_ns as f64 / 1e6,
+            workers_preemptions: wk_n,
+        }
+    }
 }
 
 /// Mean time of a set of completed requests, by where it went (µs), and
@@ -513,10 +564,14 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     };
     let load = LoadRun::poisson(me, PORT, rate_per_s, run.service, duration);
     let paths0 = paths.load(Ordering::Relaxed);
+    let threads_before = spinning_threads();
     let started = Instant::now();
     let result = daemon.generator().run(load, Duration::from_secs(30));
     let window = started.elapsed().as_secs_f64();
     let paths1 = paths.load(Ordering::Relaxed);
+    let cpu_waited = threads_before
+        .zip(spinning_threads())
+        .map(|(before, after)| CpuWaited::between(&before, &after));
     sampling.store(false, Ordering::Release);
     let lc_cores = sampler.join().unwrap_or(f64::NAN);
     let report_now = client::stats(&socket).ok();
@@ -564,6 +619,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         all,
         tail,
         tail_from_us,
+        cpu_waited,
     })
 }
 
@@ -580,18 +636,24 @@ fn render(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "colocate: {} on {} managed core(s), quantum {} us; p50/p99 measured (us), batch M paths/s, server's mean cores, simulator's p99",
+        "colocate: {} on {} managed core(s), quantum {} us; p50/p99 measured (us), batch M paths/s, server's mean cores, simulator's p99; ms iokerneld / the workers waited for their CPU (times Linux took it)",
         r.workload, r.managed_cores, r.quantum_us
     );
     let _ = writeln!(
         s,
-        "{:<30} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>9}  server: served/preempted/rejected, iokerneld drops",
-        "config", "load", "p50", "p99", "batch", "cores", "sim p99", "replies"
+        "{:<30} {:>5} {:>9} {:>9} {:>8} {:>7} {:>9} {:>21} {:>9}  server: served/preempted/rejected, iokerneld drops",
+        "config", "load", "p50", "p99", "batch", "cores", "sim p99", "CPU waited", "replies"
     );
     for p in &r.points {
+        let waited = p.cpu_waited.map_or("-".into(), |w| {
+            format!(
+                "{:.1} ({}) / {:.1} ({})",
+                w.iokerneld_ms, w.iokerneld_preemptions, w.workers_ms, w.workers_preemptions
+            )
+        });
         let _ = writeln!(
             s,
-            "{:<30} {:>5.2} {:>9.1} {:>9.1} {:>8.2} {:>7.2} {:>9.1} {:>4}/{}  {}/{}/{}, {}",
+            "{:<30} {:>5.2} {:>9.1} {:>9.1} {:>8.2} {:>7.2} {:>9.1} {:>21} {:>4}/{}  {}/{}/{}, {}",
             label(p.sched, p.alloc),
             p.load,
             p.p50_us,
@@ -599,6 +661,7 @@ fn render(r: &Report) -> String {
             p.batch_mpaths_per_s,
             p.lc_cores,
             p.sim_p99_us,
+            waited,
             p.replies,
             p.sent,
             p.served,
