@@ -50,6 +50,18 @@ fn colocate_reports_the_three_configurations() {
             assert!(p[key].is_number(), "{key}: {v}");
         }
         assert!(p["sent"].as_u64().unwrap() > 0, "{v}");
+        // The spinning threads were found: what Linux kept from them is
+        // reported (the figures themselves depend on the machine).
+        let waited = &p["cpu_waited"];
+        for key in ["iokerneld_ms", "workers_ms"] {
+            assert!(
+                waited[key].as_f64().is_some_and(|ms| ms >= 0.0),
+                "{key}: {v}"
+            );
+        }
+        for key in ["iokerneld_preemptions", "workers_preemptions"] {
+            assert!(waited[key].is_u64(), "{key}: {v}");
+        }
     }
     let csv = std::fs::read_to_string(out_dir.join("colocate.csv")).unwrap();
     assert!(csv.starts_with("sched,alloc,load,"), "{csv}");

@@ -43,7 +43,7 @@
 pub mod copy_floor;
 mod direct;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use ginza_net::flow::steer_key;
@@ -235,37 +235,49 @@ struct GeneratorSlot {
 }
 
 /// Runs loads on the generator of an iokerneld running in this process
-/// ([`crate::InProcess::generator`]).
+/// ([`crate::InProcess::generator`]). The waiting caller sleeps on a
+/// condition variable that iokerneld's loop signals once, with the report:
+/// on a machine with few CPUs a caller that polled would take a spinning
+/// thread's CPU hundreds of times a second while the load runs.
 #[derive(Clone, Default)]
-pub struct GeneratorHandle(Arc<Mutex<GeneratorSlot>>);
+pub struct GeneratorHandle(Arc<Mutex<GeneratorSlot>>, Arc<Condvar>);
 
 impl GeneratorHandle {
     /// Starts `run` on iokerneld's loop and waits for its report, at most
     /// the run's duration + drain + `slack`.
     pub fn run(&self, run: LoadRun, slack: Duration) -> Result<LoadReport, String> {
         let limit = Duration::from_nanos(run.config.duration_ns) + run.drain + slack;
-        {
-            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.request.is_some() {
-                return Err("a load run is already waiting to start".into());
-            }
-            slot.result = None;
-            slot.request = Some(run);
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.request.is_some() {
+            return Err("a load run is already waiting to start".into());
         }
+        slot.result = None;
+        slot.request = Some(run);
         let start = std::time::Instant::now();
         loop {
-            std::thread::sleep(Duration::from_millis(2));
-            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(r) = slot.result.take() {
                 return r;
             }
-            if start.elapsed() > limit {
+            let left = limit.saturating_sub(start.elapsed());
+            if left.is_zero() {
                 slot.request = None;
                 return Err(format!(
                     "the load run did not finish within {limit:?} (is iokerneld running?)"
                 ));
             }
+            slot = self
+                .1
+                .wait_timeout(slot, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
+    }
+
+    /// iokerneld's loop: the report (or why there is none) for the caller
+    /// of [`GeneratorHandle::run`], which is woken.
+    fn post(&self, slot: &mut GeneratorSlot, result: Result<LoadReport, String>) {
+        slot.result = Some(result);
+        self.1.notify_all();
     }
 }
 
@@ -803,10 +815,11 @@ impl Dataplane {
             return;
         };
         if run.config.interface.mac != GENERATOR_MAC {
-            slot.result = Some(Err(format!(
+            let why = format!(
                 "the generator sends from MAC {GENERATOR_MAC}, not {}",
                 run.config.interface.mac
-            )));
+            );
+            self.handle.post(&mut slot, Err(why));
             return;
         }
         let mut config = run.config;
@@ -820,7 +833,9 @@ impl Dataplane {
                     drain_ns: run.drain.as_nanos() as u64,
                 });
             }
-            Err(e) => slot.result = Some(Err(format!("bad load run: {e}"))),
+            Err(e) => self
+                .handle
+                .post(&mut slot, Err(format!("bad load run: {e}"))),
         }
     }
 
@@ -839,7 +854,7 @@ impl Dataplane {
         self.stats.generator_reordered += report.stats.reordered;
         // Blocking here is fine: the handle holds the lock for a moment.
         let mut slot = self.handle.0.lock().unwrap_or_else(|p| p.into_inner());
-        slot.result = Some(Ok(report));
+        self.handle.post(&mut slot, Ok(report));
     }
 
     /// Frames waiting on an application's port → its kthreads' ingress

@@ -165,15 +165,21 @@ pub struct CpuWaited {
     pub workers_preemptions: u64,
 }
 
+/// How often the server's cores are sampled during the load: each sample
+/// is a stats request iokerneld answers on its loop, from a thread that
+/// takes a spinning thread's CPU while it runs (every millisecond, it made
+/// a thousand such interruptions a second).
+const CORES_SAMPLED_EVERY: Duration = Duration::from_millis(10);
+
 /// The thread names of iokerneld's loop and of the server's workers.
 const SPINNING_THREADS: [&str; 2] = ["iokerneld", "ginza-dw"];
 
-/// The spinning threads' counters now, per name of [`SPINNING_THREADS`].
+/// The spinning threads' counters now, per name of [`SPINNING_THREADS`];
+/// `None` when `/proc` cannot tell or a name has no thread (then nothing is
+/// reported rather than a wait of zero).
 fn spinning_threads() -> Option<[Vec<(i32, SchedStat)>; 2]> {
-    Some([
-        threads_named(SPINNING_THREADS[0]).ok()?,
-        threads_named(SPINNING_THREADS[1]).ok()?,
-    ])
+    let named = |name: &str| threads_named(name).ok().filter(|t| !t.is_empty());
+    Some([named(SPINNING_THREADS[0])?, named(SPINNING_THREADS[1])?])
 }
 
 impl CpuWaited {
@@ -557,7 +563,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
                         count += 1;
                     }
                 }
-                std::thread::sleep(Duration::from_millis(1));
+                std::thread::sleep(CORES_SAMPLED_EVERY);
             }
             sum as f64 / count.max(1) as f64
         })

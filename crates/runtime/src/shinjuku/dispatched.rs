@@ -212,7 +212,7 @@ where
     )?;
     started.rt.keep_spare_stacks(config.max_in_flight);
     while !stop.load(Acquire) && started.rt.managed() {
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(STOP_POLL);
     }
     started.stop();
     let c = &serving.counters;
@@ -227,6 +227,11 @@ where
         send_errors: c.send_errors.load(Relaxed),
     })
 }
+
+/// How often [`serve`]'s caller looks at its stop flag. Each look wakes a
+/// thread that, on a machine with few CPUs, takes a spinning worker's or
+/// iokerneld's CPU for a moment: rarely, then.
+const STOP_POLL: Duration = Duration::from_millis(10);
 
 /// The longest an idle worker waits for iokerneld to read its last
 /// hand-back before its idle spin starts anyway (iokerneld is
