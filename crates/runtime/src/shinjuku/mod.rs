@@ -260,14 +260,16 @@ pub struct ServeReport<Resp> {
     pub signals_sent: u64,
     /// With `record_preemptions`: one sample per preemption.
     pub preemption_samples: Vec<PreemptionSample>,
-    /// Requests refused at arrival (their payloads dropped, never run):
-    /// over `max_in_flight`, or no stack could be mapped for them.
+    /// Requests refused (their payloads dropped, never run): at arrival,
+    /// over `max_in_flight`, or when a worker was first to run them and no
+    /// stack could be mapped for them.
     pub rejected: u64,
     /// Of `rejected`: those refused because no stack could be mapped.
     pub rejected_no_stack: u64,
     /// Stacks the dispatcher mapped for requests; the others reused the
-    /// stack of a completed one. Up to `max_in_flight` spares are kept, so
-    /// this is at most the most requests ever in flight at once.
+    /// stack of a completed one. A request gets its stack when a worker
+    /// first runs it, and up to `max_in_flight` spares are kept, so this is
+    /// at most the most requests ever started and unfinished at once.
     pub stacks_mapped: u64,
     /// With `pre_assign`: requests put in a worker's second slot, and those
     /// of them the dispatcher took back before the worker took them.
@@ -419,11 +421,8 @@ impl WorkerSpans {
     }
 }
 
-struct InFlight<Resp> {
-    uthread: URef,
-    /// None for a uthread a request spawned: its spawner holds the handle,
-    /// and it is scheduled like a request but not reported as one.
-    handle: Option<JoinHandle<Resp>>,
+struct InFlight<Req, Resp> {
+    context: Context<Req, Resp>,
     preemptions: u32,
     /// Time on a worker so far (ns).
     on_core_ns: u64,
@@ -431,8 +430,34 @@ struct InFlight<Resp> {
     admitted_ns: u64,
 }
 
-struct Running<Resp> {
-    request: Request<InFlight<Resp>>,
+/// A request's execution context. It is made when a worker first gets the
+/// request, not at admission: a queue of thousands then holds payloads, not
+/// thousands of mapped stacks, and the dispatcher maps none while a burst
+/// arrives.
+enum Context<Req, Resp> {
+    /// Admitted, never given to a worker: its payload.
+    Unmade(Req),
+    Made {
+        uthread: URef,
+        /// None for a uthread a request spawned: its spawner holds the
+        /// handle, and it is scheduled like a request but not reported as
+        /// one.
+        handle: Option<JoinHandle<Resp>>,
+    },
+}
+
+impl<Req, Resp> InFlight<Req, Resp> {
+    /// The context of a request that has been given to a worker.
+    fn made(&self) -> URef {
+        match &self.context {
+            Context::Made { uthread, .. } => *uthread,
+            Context::Unmade(_) => unreachable!("a request given to a worker has its context"),
+        }
+    }
+}
+
+struct Running<Req, Resp> {
+    request: Request<InFlight<Req, Resp>>,
     /// Dispatcher ns spent asking for the preemption, and when it last asked.
     ask_ns: u64,
     asked_at: u64,
@@ -446,8 +471,8 @@ struct Running<Resp> {
     late_ns: u64,
 }
 
-impl<Resp> Running<Resp> {
-    fn new(request: Request<InFlight<Resp>>) -> Self {
+impl<Req, Resp> Running<Req, Resp> {
+    fn new(request: Request<InFlight<Req, Resp>>) -> Self {
         Running {
             request,
             ask_ns: 0,
@@ -686,12 +711,97 @@ impl<H> HandlerRef<H> {
     }
 }
 
-/// Where an admitted request's context comes from.
-enum NewContext {
-    /// A completed request's context, with its stack.
-    Reused(SpareContext),
-    /// A fresh context on this stack (a spare one or a new mapping).
-    OnStack(crate::stack::Stack),
+/// Makes requests' contexts as workers first get them (see [`Context`]): a
+/// completed request's context with its stack, else a fresh one on a spare
+/// stack or a new mapping. A request whose stack cannot be mapped is
+/// refused (its payload dropped, counted) and the dispatcher goes on.
+struct Contexts {
+    /// Contexts of completed requests, with their stacks (up to `keep`;
+    /// beyond, a context and its stack are freed).
+    spare: Vec<SpareContext>,
+    keep: usize,
+    /// The identity the next context gets (see `blocked` in `dispatch`).
+    next_serial: u64,
+    /// Requests refused for want of a stack.
+    refused: u64,
+}
+
+impl Contexts {
+    fn new(keep: usize) -> Contexts {
+        Contexts {
+            spare: Vec::new(),
+            keep,
+            next_serial: 1,
+            refused: 0,
+        }
+    }
+
+    /// A completed request's context, for the next one.
+    fn keep(&mut self, spare: SpareContext) {
+        if self.spare.len() < self.keep {
+            self.spare.push(spare);
+        }
+    }
+
+    fn serial(&mut self) -> u64 {
+        self.next_serial += 1;
+        self.next_serial - 1
+    }
+
+    /// `request` with its context made (or as it was, if it had one), and
+    /// that context; `None` if it was refused.
+    fn make<Req, Resp, H>(
+        &mut self,
+        mut request: Request<InFlight<Req, Resp>>,
+        rt: *const Shared,
+        handler: HandlerRef<H>,
+    ) -> Option<(Request<InFlight<Req, Resp>>, URef)>
+    where
+        Req: Send + 'static,
+        Resp: Send + 'static,
+        H: Fn(Req) -> Resp + Send + Sync + 'static,
+    {
+        let payload = match request.payload.context {
+            Context::Made { uthread, .. } => return Some((request, uthread)),
+            Context::Unmade(payload) => payload,
+        };
+        let run = move || handler.call(payload);
+        let (uthread, handle) = if let Some(spare) = self.spare.pop() {
+            unqueued_on(spare, run)
+        } else {
+            let stack = if testing::take_stack_map_failure() {
+                Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            } else {
+                // SAFETY: `rt` is the runtime `serve` keeps alive while it
+                // dispatches.
+                unsafe { &*rt }.stack_for_request()
+            };
+            match stack {
+                Ok(stack) => {
+                    let (uthread, handle) = unqueued(rt, run);
+                    uthread.give_stack(stack);
+                    (uthread, handle)
+                }
+                Err(e) => {
+                    if self.refused == 0 {
+                        log::warn!(
+                            "shinjuku: cannot map a request stack ({e}): refusing requests \
+                             until one can be (check vm.max_map_count and memory, or lower \
+                             max_in_flight)"
+                        );
+                    }
+                    self.refused += 1;
+                    return None;
+                }
+            }
+        };
+        uthread.set_serial(self.serial());
+        request.payload.context = Context::Made {
+            uthread,
+            handle: Some(handle),
+        };
+        Some((request, uthread))
+    }
 }
 
 /// Shortest interval between two preemption signals to one worker.
@@ -807,16 +917,16 @@ where
     H: Fn(Req) -> Resp + Send + Sync + 'static,
 {
     let rt_ptr = Arc::as_ptr(rt);
-    let mut queues: Dispatcher<InFlight<Resp>> = Dispatcher::new(config.policy.clone());
-    let mut running: Vec<Option<Running<Resp>>> = (0..rt.kthreads.len()).map(|_| None).collect();
+    let mut queues: Dispatcher<InFlight<Req, Resp>> = Dispatcher::new(config.policy.clone());
+    let mut running: Vec<Option<Running<Req, Resp>>> =
+        (0..rt.kthreads.len()).map(|_| None).collect();
     // Pre-assigned behind the running request (only where one runs).
-    let mut pending: Vec<Option<Request<InFlight<Resp>>>> =
+    let mut pending: Vec<Option<Request<InFlight<Req, Resp>>>> =
         (0..rt.kthreads.len()).map(|_| None).collect();
     // Keyed by the serial the dispatcher gives each context, not by its
     // address: a finished request's address is reused by the next one.
-    let mut blocked: HashMap<u64, Request<InFlight<Resp>>> = HashMap::new();
+    let mut blocked: HashMap<u64, Request<InFlight<Req, Resp>>> = HashMap::new();
     let mut woken_early: HashSet<u64> = HashSet::new();
-    let mut next_serial = 1u64;
     let mut completions = Vec::new();
     let mut next_id = 0u64;
     let mut signals_sent = 0u64;
@@ -826,7 +936,6 @@ where
     // their spawner holds them), and those refused.
     let mut in_flight = 0usize;
     let mut rejected = 0u64;
-    let mut rejected_no_stack = 0u64;
     let mut pre_assigned = 0u64;
     let mut taken_back = 0u64;
     let mut pre_assigned_on_preempt = 0u64;
@@ -841,9 +950,7 @@ where
     };
     let mut clock = WorkerClock::new(rt);
     let mut thread_clock = ThreadClock::new(rt, clock.now_ns());
-    // Contexts of completed requests, with their stacks, for the next ones
-    // (up to `max_in_flight`; beyond, a context and its stack are freed).
-    let mut spare_contexts: Vec<SpareContext> = Vec::new();
+    let mut contexts = Contexts::new(config.max_in_flight);
     loop {
         let now = clock.now_ns();
         thread_clock.pass(rt, now);
@@ -861,51 +968,13 @@ where
                 rejected += 1;
                 continue;
             }
-            // The context (and stack) of a completed request, else a new
-            // one on a spare stack or a new mapping.
-            let context = if testing::take_stack_map_failure() {
-                Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory))
-            } else if let Some(spare) = spare_contexts.pop() {
-                Ok(NewContext::Reused(spare))
-            } else {
-                rt.stack_for_request().map(NewContext::OnStack)
-            };
-            let context = match context {
-                Ok(context) => context,
-                Err(e) => {
-                    if rejected_no_stack == 0 {
-                        log::warn!(
-                            "shinjuku: cannot map a request stack ({e}): refusing requests \
-                             until one can be (check vm.max_map_count and memory, or lower \
-                             max_in_flight, now {})",
-                            config.max_in_flight
-                        );
-                    }
-                    rejected += 1;
-                    rejected_no_stack += 1;
-                    continue;
-                }
-            };
             in_flight += 1;
-            let payload = arrival.payload;
-            let run = move || handler.call(payload);
-            let (uthread, handle) = match context {
-                NewContext::Reused(spare) => unqueued_on(spare, run),
-                NewContext::OnStack(stack) => {
-                    let (uthread, handle) = unqueued(rt_ptr, run);
-                    uthread.give_stack(stack);
-                    (uthread, handle)
-                }
-            };
-            uthread.set_serial(next_serial);
-            next_serial += 1;
             let request = Request {
                 id: next_id,
                 class: arrival.class,
                 arrival: arrival.at_ns,
                 payload: InFlight {
-                    uthread,
-                    handle: Some(handle),
+                    context: Context::Unmade(arrival.payload),
                     preemptions: 0,
                     on_core_ns: 0,
                     admitted_ns: now,
@@ -933,16 +1002,17 @@ where
                 queues.enqueue(request, now);
             } else if u.never_ran() {
                 debug_assert_eq!(key, 0, "a spawned uthread seen twice before it ran");
-                u.set_serial(next_serial);
-                next_serial += 1;
+                u.set_serial(contexts.serial());
                 // Spawned by a request: scheduled like one, in class 0.
                 let spawned = Request {
                     id: u64::MAX,
                     class: 0,
                     arrival: now,
                     payload: InFlight {
-                        uthread: u,
-                        handle: None,
+                        context: Context::Made {
+                            uthread: u,
+                            handle: None,
+                        },
                         preemptions: 0,
                         on_core_ns: 0,
                         admitted_ns: now,
@@ -968,9 +1038,7 @@ where
                 continue;
             };
             if let Some(spare) = spare {
-                if spare_contexts.len() < config.max_in_flight {
-                    spare_contexts.push(spare);
-                }
+                contexts.keep(spare);
             }
             let run = running[w]
                 .take()
@@ -1015,13 +1083,16 @@ where
             match report {
                 Report::Completed => {
                     let InFlight {
-                        handle,
+                        context,
                         preemptions,
                         on_core_ns,
                         admitted_ns,
-                        ..
                     } = request.payload;
-                    if let Some(handle) = handle {
+                    if let Context::Made {
+                        handle: Some(handle),
+                        ..
+                    } = context
+                    {
                         in_flight -= 1;
                         source.completed(request.id);
                         completions.push(Completion {
@@ -1055,7 +1126,7 @@ where
                     queues.requeue_preempted(request, now);
                 }
                 Report::Blocked => {
-                    let key = request.payload.uthread.serial();
+                    let key = request.payload.made().serial();
                     if woken_early.remove(&key) {
                         queues.enqueue(request, now);
                     } else {
@@ -1116,10 +1187,19 @@ where
             // however fast it yields (docs/runtime.md, pre-assignment at
             // the ask).
             if !run.flagged && config.pre_assign_on_preempt && pending[w].is_none() {
-                let behind =
-                    queues.next_behind_preempted(run.request.class, run.request.arrival, now);
-                if let Some(request) = behind {
-                    mailboxes[w].pre_assign_behind_preempted(request.payload.uthread);
+                let behind = loop {
+                    let Some(request) =
+                        queues.next_behind_preempted(run.request.class, run.request.arrival, now)
+                    else {
+                        break None;
+                    };
+                    match contexts.make(request, rt_ptr, handler) {
+                        Some(made) => break Some(made),
+                        None => in_flight -= 1,
+                    }
+                };
+                if let Some((request, uthread)) = behind {
+                    mailboxes[w].pre_assign_behind_preempted(uthread);
                     pending[w] = Some(request);
                     pre_assigned += 1;
                     pre_assigned_on_preempt += 1;
@@ -1164,20 +1244,29 @@ where
             }
             // The queue's head, else a request pre-assigned to a busy
             // worker that has not taken it yet.
-            let request = queues.next_for_idle_worker(now).or_else(|| {
-                (0..mailboxes.len()).find_map(|v| {
-                    if pending[v].is_some() && mailboxes[v].take_back().is_some() {
-                        taken_back += 1;
-                        pending[v].take()
-                    } else {
-                        None
-                    }
-                })
-            });
-            let Some(request) = request else {
+            let next = loop {
+                let request = queues.next_for_idle_worker(now).or_else(|| {
+                    (0..mailboxes.len()).find_map(|v| {
+                        if pending[v].is_some() && mailboxes[v].take_back().is_some() {
+                            taken_back += 1;
+                            pending[v].take()
+                        } else {
+                            None
+                        }
+                    })
+                });
+                let Some(request) = request else {
+                    break None;
+                };
+                match contexts.make(request, rt_ptr, handler) {
+                    Some(made) => break Some(made),
+                    None => in_flight -= 1,
+                }
+            };
+            let Some((request, uthread)) = next else {
                 break;
             };
-            mailboxes[w].assign(&rt.kthreads[w], request.payload.uthread);
+            mailboxes[w].assign(&rt.kthreads[w], uthread);
             *slot = Some(Running::new(request));
             progress = true;
         }
@@ -1192,10 +1281,14 @@ where
                 let Some(request) = queues.next_for_idle_worker(now) else {
                     break;
                 };
-                mailboxes[w].pre_assign(request.payload.uthread);
+                progress = true;
+                let Some((request, uthread)) = contexts.make(request, rt_ptr, handler) else {
+                    in_flight -= 1;
+                    continue;
+                };
+                mailboxes[w].pre_assign(uthread);
                 *slot = Some(request);
                 pre_assigned += 1;
-                progress = true;
             }
         }
 
@@ -1208,8 +1301,8 @@ where
                 completions,
                 signals_sent,
                 samples,
-                rejected,
-                rejected_no_stack,
+                rejected: rejected + contexts.refused,
+                rejected_no_stack: contexts.refused,
                 pre_assigned,
                 taken_back,
                 pre_assigned_on_preempt,
