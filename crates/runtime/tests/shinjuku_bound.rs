@@ -1,6 +1,6 @@
 //! Shinjuku mode's bound on requests in flight (docs/runtime.md, "Shinjuku
-//! mode"): a request over the bound, or one whose stack cannot be mapped,
-//! is refused and counted; the others complete; nothing aborts. A binary of
+//! mode"): a request over the bound, or one whose stack cannot be mapped
+//! when a worker is to run it first, is refused and counted; the others complete; nothing aborts. A binary of
 //! its own: the stack-failure hook is process-wide.
 
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -83,8 +83,8 @@ fn requests_over_the_bound_are_refused_and_counted() {
 #[test]
 fn a_stack_that_cannot_be_mapped_refuses_the_request() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // A fresh runtime has no spare stacks: each admission maps one, and
-    // the first three mappings fail.
+    // A fresh runtime has no spare stacks: the first requests given to the
+    // worker map one each, and the first three mappings fail.
     testing::fail_next_stack_maps(3);
     let report = serve(config(4096), Burst { next: 0, n: 8 }, |i| i + 1);
     testing::fail_next_stack_maps(0);
