@@ -426,6 +426,7 @@ pub fn slow_bound_cores(load_cores: f64, seed: u64, quick: bool) -> (usize, f64)
                 wait_thresholds_us: Vec::new(),
                 histograms: true,
                 steering: Default::default(),
+                outages_us: Vec::new(),
             };
             all.merge(&cfg.run());
         }

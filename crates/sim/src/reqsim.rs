@@ -110,6 +110,13 @@ pub struct ReqSim {
     /// connections, `Sched::DFcfs::conns`; its `flows` is not used here).
     #[serde(default)]
     pub steering: SteeringSpec,
+    /// Spans of the arrival clock, µs (start, length), in which the whole
+    /// server stops: no request makes progress, none starts or is
+    /// preempted, arrivals queue. They replay the stalls a real run
+    /// measured (`ginza bench shinjuku`, `sim_p99_us_with_stalls`). Modelled
+    /// for the dispatcher's policies (c-FCFS, c-PRE-SQ, c-PRE-MQ) only.
+    #[serde(default)]
+    pub outages_us: Vec<(f64, f64)>,
 }
 
 fn yes() -> bool {
@@ -138,6 +145,7 @@ impl ReqSim {
             wait_thresholds_us: Vec::new(),
             histograms: true,
             steering: SteeringSpec::default(),
+            outages_us: Vec::new(),
         }
     }
 
@@ -163,6 +171,10 @@ impl ReqSim {
             left: self.warmup + self.requests,
             next_id: 0,
         };
+        assert!(
+            self.outages_us.is_empty() || !matches!(self.sched, Sched::DFcfs { .. } | Sched::Ps),
+            "outages are modelled for c-FCFS, c-PRE-SQ and c-PRE-MQ only"
+        );
         match &self.sched {
             Sched::DFcfs { conns } => run_dfcfs(self, *conns, &mut src, &mut st),
             Sched::Ps => run_ps(self, &mut src, &mut st),
@@ -425,11 +437,70 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
         w.req = Some(req);
     };
 
+    // The outages still to come, and the end of the one under way: a heap
+    // entry for worker THAW at that end starts the idle workers again.
+    let mut outages: Vec<(u64, u64)> = cfg
+        .outages_us
+        .iter()
+        .map(|&(at, len)| (us_to_ps(at), us_to_ps(len)))
+        .filter(|&(_, len)| len > 0)
+        .collect();
+    outages.sort_unstable();
+    let mut outages: VecDeque<(u64, u64)> = outages.into();
+    let mut frozen_until = 0u64;
+    const THAW: usize = usize::MAX;
+
     let mut next = src.next();
     loop {
         let t_core = heap.peek().map(|r| r.0 .0);
+        // An outage begins before anything else due at its start (and only
+        // while something is left to happen).
+        if let Some(&(at, len)) = outages.front() {
+            let arrival_first = next.as_ref().is_some_and(|a| a.at < at);
+            let core_first = t_core.is_some_and(|t| t < at);
+            if next.is_none() && t_core.is_none() {
+                break;
+            }
+            if !arrival_first && !core_first {
+                outages.pop_front();
+                let end = (at + len).max(frozen_until);
+                let shift = end - at.max(frozen_until);
+                frozen_until = end;
+                // Every running request stands still for the outage.
+                for (i, wk) in w.iter_mut().enumerate() {
+                    if wk.req.is_none() {
+                        continue;
+                    }
+                    wk.since += shift;
+                    wk.done_at += shift;
+                    wk.gen = wk.gen.wrapping_add(1);
+                    let event = match quantum {
+                        Some(q) if !wk.overdue && wk.done_at - wk.since > q => wk.since + q,
+                        _ => wk.done_at,
+                    };
+                    heap.push(Reverse((event, i, wk.gen)));
+                }
+                heap.push(Reverse((end, THAW, 0)));
+                continue;
+            }
+        }
         match (&next, t_core) {
             (None, None) => break,
+            (Some(a), t) if t.is_none_or(|t| a.at <= t) && a.at < frozen_until => {
+                // Queued during an outage; its end starts it.
+                let a = next.take().expect("matched Some");
+                let req = Request {
+                    id: a.id,
+                    class: a.class,
+                    arrival: a.at,
+                    payload: Job {
+                        service: a.service,
+                        remaining: a.service,
+                    },
+                };
+                d.enqueue(req, a.at);
+                next = src.next();
+            }
             (Some(a), t) if t.is_none_or(|t| a.at <= t) => {
                 let a = next.take().expect("matched Some");
                 let now = a.at;
@@ -461,6 +532,25 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
             }
             _ => {
                 let Reverse((now, i, gen)) = heap.pop().expect("peeked");
+                if i == THAW {
+                    if now < frozen_until {
+                        continue; // a later outage extended this one
+                    }
+                    while let Some(&k) = idle.last() {
+                        let Some(r) = d.next_for_idle_worker(now) else {
+                            break;
+                        };
+                        idle.pop();
+                        start(&mut w[k], k, r, now, cs, &mut heap);
+                    }
+                    // Requests still waiting: overdue runs yield to them.
+                    for (k, wk) in w.iter_mut().enumerate() {
+                        if wk.overdue && d.should_preempt(wk.since, now) {
+                            preempt(&mut d, wk, k, now, cs + pc, &mut heap, &start);
+                        }
+                    }
+                    continue;
+                }
                 if w[i].gen != gen {
                     continue;
                 }
@@ -538,6 +628,72 @@ mod tests {
                 s.mean_sojourn_us()
             );
         }
+    }
+
+    #[test]
+    fn an_outage_holds_the_requests_that_arrive_in_it() {
+        let mut c = ReqSim::new(1, Sched::CFcfs, svc("Constant(1)"), 0.01, 2_000, 3);
+        c.warmup = 0;
+        let calm = c.run();
+        assert!(calm.latency_pct_us(100.0) < 10.0);
+        // The first 50 ms of a ~200 ms run: a quarter of the requests
+        // arrive in it and wait for its end; the others do not notice.
+        c.outages_us = vec![(0.0, 50_000.0)];
+        let held = c.run();
+        assert!(
+            held.latency_pct_us(100.0) >= 49_000.0,
+            "{}",
+            held.latency_pct_us(100.0)
+        );
+        assert!(
+            held.latency_pct_us(50.0) < 5.0,
+            "{}",
+            held.latency_pct_us(50.0)
+        );
+    }
+
+    #[test]
+    fn a_running_request_stands_still_in_an_outage() {
+        // The server is out every other 100 µs: a 1 ms request that waits
+        // for nothing takes about 2 ms.
+        for sched in [
+            Sched::CFcfs,
+            Sched::CPreSq {
+                quantum_us: 5.0,
+                place: Place::Tail,
+            },
+        ] {
+            let mut c = ReqSim::new(1, sched.clone(), svc("Constant(1000)"), 0.0005, 20, 5);
+            c.warmup = 0;
+            c.outages_us = (0..500_000)
+                .map(|k| (k as f64 * 200.0 + 100.0, 100.0))
+                .collect();
+            let mean = c.run().mean_sojourn_us();
+            assert!((mean - 2000.0).abs() <= 110.0, "{sched:?}: {mean}");
+        }
+    }
+
+    #[test]
+    fn preemption_conserves_work_across_outages() {
+        // Latency >= service time for every request (`record` checks it in
+        // debug builds) while outages cut through running and queued ones.
+        let mut c = ReqSim::new(
+            1,
+            Sched::CPreSq {
+                quantum_us: 5.0,
+                place: Place::Tail,
+            },
+            svc("Bimodal(50-1, 50-100)"),
+            0.8,
+            20_000,
+            7,
+        );
+        let calm = c.run().latency_pct_us(99.0);
+        c.outages_us = (0..200)
+            .map(|k| (k as f64 * 5_000.0 + 777.0, 1_000.0))
+            .collect();
+        let stalled = c.run().latency_pct_us(99.0);
+        assert!(stalled > calm, "{stalled} <= {calm}");
     }
 
     #[test]

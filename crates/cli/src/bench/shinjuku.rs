@@ -27,7 +27,12 @@
 //!   preemption costing the worker what it cost in the run
 //!   (`sim_p99_us_at_measured_cost`, cost in `preempt_cost`), and at
 //!   the cost inside the request by the medians of time on core
-//!   (`sim_p99_us_at_on_core_cost`, `preempt_cost.on_core_us`).
+//!   (`sim_p99_us_at_on_core_cost`, `preempt_cost.on_core_us`); and on
+//!   the point's own arrivals and service times at the measured cost
+//!   (`sim_p99_us_same_arrivals`), and the same with the dispatcher's
+//!   stalls of the run replayed as spans in which the server stops
+//!   (`sim_p99_us_with_stalls`): the design's prediction on a machine that
+//!   took the CPU away as this one did.
 //! * What Linux gave the bench (`cpu`): the dispatcher's and the worker's
 //!   share of the wall time on their CPUs, time runnable but waiting for
 //!   them, the dispatcher's stalls (gaps over 20 µs between passes of its
@@ -304,6 +309,9 @@ struct Measured {
     by_class: Vec<ClassCounters>,
     preempt_cost: PreemptCost,
     cpu: CpuGot,
+    /// The dispatcher's stalls, (start, length) µs on the plan's clock (0 =
+    /// the first planned arrival's origin), for the simulator to replay.
+    stalls_us: Vec<(f64, f64)>,
 }
 
 /// What Linux gave the bench's two threads during one point, and how late
@@ -564,6 +572,12 @@ fn measure_point(
         by_class: counters,
         preempt_cost,
         cpu: CpuGot::of(&report.threads, lags),
+        stalls_us: report
+            .threads
+            .dispatcher_stall_spans
+            .iter()
+            .map(|&(at, len)| (at.saturating_sub(START_NS) as f64 / 1e3, len as f64 / 1e3))
+            .collect(),
     })
 }
 
@@ -585,6 +599,14 @@ struct Point {
     /// The same at `preempt_cost.on_core_us` (what each preemption cost
     /// inside the request, by the medians of time on core).
     sim_p99_us_at_on_core_cost: f64,
+    /// The simulator on this point's own arrivals and service times (the
+    /// same draws as the run's plan) at the measured cost: the prediction
+    /// for this sample of the workload.
+    sim_p99_us_same_arrivals: f64,
+    /// The same with the dispatcher's stalls of this run replayed as spans
+    /// in which the whole server stops: what the design predicts on a
+    /// machine that took the CPU away as this one did.
+    sim_p99_us_with_stalls: f64,
     /// Requests refused at arrival (over the bound on requests in flight,
     /// or no stack); in no percentile.
     rejected: u64,
@@ -753,12 +775,14 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
     let n = args.requests + warmup;
     // The same arrivals for every policy at a distribution and load.
     let mut plans = Vec::new();
+    let mut plan_seeds = Vec::new();
     let mut jobs = Vec::new();
     for (di, svc) in services.iter().enumerate() {
         for (li, &load) in args.loads.iter().enumerate() {
             let rate = offered_mrps(svc, load);
             let seed = args.seed ^ ((di as u64) << 32 | li as u64).wrapping_mul(0x9e37_79b9);
             plans.push(plan(svc, rate, n, ns_per_step, seed));
+            plan_seeds.push(seed);
             for pol in Pol::ALL {
                 jobs.push((di, plans.len() - 1, load, rate, pol));
             }
@@ -799,6 +823,20 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
             };
             let sim_at_cost = sim_at(m.preempt_cost.total_us);
             let sim_at_on_core_cost = sim_at(m.preempt_cost.on_core_us);
+            // The same draws as the plan: `plan` and the simulator's source
+            // take an arrival, then a service time, from one seeded stream.
+            let mut replay = ReqSim::new(
+                1,
+                pol.sim(svc),
+                svc.clone(),
+                load,
+                args.requests,
+                plan_seeds[pi],
+            );
+            replay.preempt_cost_us = m.preempt_cost.total_us;
+            let sim_same_arrivals = replay.run().latency_pct_us(99.0);
+            replay.outages_us = m.stalls_us.clone();
+            let sim_with_stalls = replay.run().latency_pct_us(99.0);
             Ok(Point {
                 dist: svc.label(),
                 policy: pol.name(),
@@ -811,6 +849,8 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 sim_p99_us_by_class: sim_by_class.into_iter().map(round3).collect(),
                 sim_p99_us_at_measured_cost: round3(sim_at_cost),
                 sim_p99_us_at_on_core_cost: round3(sim_at_on_core_cost),
+                sim_p99_us_same_arrivals: round3(sim_same_arrivals),
+                sim_p99_us_with_stalls: round3(sim_with_stalls),
                 rejected: m.rejected,
                 stacks_mapped: m.stacks_mapped,
                 by_class: m.by_class,
@@ -877,6 +917,8 @@ fn write_outputs(
                 p.rejected.to_string(),
                 format!("{}", p.sim_p99_us_at_measured_cost),
                 format!("{}", p.sim_p99_us_at_on_core_cost),
+                format!("{}", p.sim_p99_us_same_arrivals),
+                format!("{}", p.sim_p99_us_with_stalls),
                 format!("{}", p.preempt_cost.total_us),
                 cell(p.cpu.waited_pct()),
             ]
@@ -899,6 +941,8 @@ fn write_outputs(
             "rejected",
             "sim_p99_at_measured_cost_us",
             "sim_p99_at_on_core_cost_us",
+            "sim_p99_same_arrivals_us",
+            "sim_p99_with_stalls_us",
             "preempt_cost_us",
             "cpu_waited_pct",
         ],
@@ -963,7 +1007,7 @@ fn render_table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
+        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
         "dist",
         "policy",
         "load",
@@ -977,15 +1021,17 @@ fn render_table(r: &Report) -> String {
         "sim c1",
         "sim@cost",
         "sim@core",
+        "sim@same",
+        "sim@stalls",
         "cost us",
         "waited"
     );
-    let _ = writeln!(out, "{}", "-".repeat(172));
+    let _ = writeln!(out, "{}", "-".repeat(194));
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     for p in &r.points {
         let _ = writeln!(
             out,
-            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
+            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
             p.dist,
             p.policy,
             p.load,
@@ -999,6 +1045,8 @@ fn render_table(r: &Report) -> String {
             f(p.sim_p99_us_by_class.get(1).copied()),
             f(Some(p.sim_p99_us_at_measured_cost)),
             f(Some(p.sim_p99_us_at_on_core_cost)),
+            f(Some(p.sim_p99_us_same_arrivals)),
+            f(Some(p.sim_p99_us_with_stalls)),
             format!("{:.3}", p.preempt_cost.total_us),
             p.cpu.waited_pct().map_or("-".into(), |v| format!("{v:.1}%")),
         );
@@ -1008,7 +1056,10 @@ fn render_table(r: &Report) -> String {
         "offered/achieved in M requests/s; c0/c1 = p99 of the short/long mode; sim = \
          ReqSim, 1 core, no preemption cost; sim@cost: the same with each preemption \
          costing the worker what it cost in the run (cost us); sim@core: the same at \
-         the cost inside the request by the medians of time on core; waited: the larger \
+         the cost inside the request by the medians of time on core; sim@same: the \
+         point's own arrivals and service times at the measured cost; sim@stalls: the \
+         same with the dispatcher's stalls replayed as spans in which the server stops; \
+         waited: the larger \
          share of the point's wall time the dispatcher or the worker was runnable but \
          waiting for its CPU (over a few %, the tail is the machine's CPU sharing); \
          CSV and PNGs: {}",
@@ -1052,6 +1103,26 @@ mod tests {
         assert_eq!(m.by_class[1].requests, 100, "{:?}", m.by_class);
         assert_eq!(m.by_class[0].requests, 4_096, "{:?}", m.by_class);
         assert!((m.by_class[1].work_us_mean - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_simulators_replay_draws_the_plans_arrivals() {
+        // A half-µs outage around each planned arrival holds every request
+        // of the simulator ~0.25 µs only if its arrivals are the plan's.
+        let svc = Service::parse("Constant(1)").unwrap();
+        let (load, n, seed) = (0.01, 1_000u64, 42);
+        let planned = plan(&svc, offered_mrps(&svc, load), n + n / 10, 1.0, seed);
+        let mut sim = ReqSim::new(1, Sched::CFcfs, svc, load, n, seed);
+        let calm = sim.run().mean_sojourn_us();
+        sim.outages_us = planned
+            .iter()
+            .map(|p| ((p.at_ns - START_NS) as f64 / 1e3 - 0.25, 0.5))
+            .collect();
+        let held = sim.run().mean_sojourn_us();
+        // (A little over: at this load one request in ~80 queues briefly
+        // behind another.)
+        assert!((1.0..1.05).contains(&calm), "{calm}");
+        assert!((1.24..1.3).contains(&held), "{held}");
     }
 
     #[test]

@@ -312,6 +312,10 @@ pub struct ThreadTimes {
     pub dispatcher_stalls: u64,
     pub dispatcher_stalled_ns: u64,
     pub dispatcher_longest_stall_ns: u64,
+    /// The stalls themselves, (start, length) in ns since the start of
+    /// [`serve`] (the arrivals' clock), the first [`MAX_STALL_SPANS`]: a
+    /// simulator can replay them (`ginza bench shinjuku`).
+    pub dispatcher_stall_spans: Vec<(u64, u64)>,
     /// Times the dispatcher, with nothing running and no arrival for
     /// 10,000 passes, gave its CPU away (`sched_yield`,
     /// `ShinjukuConfig::yield_when_idle`), and of them those it got back
@@ -324,6 +328,9 @@ pub struct ThreadTimes {
 /// A gap between two passes of the dispatcher's loop longer than this
 /// counts as a stall (a pass takes well under a µs).
 pub const DISPATCHER_STALL_NS: u64 = 20_000;
+
+/// Stalls kept with their times ([`ThreadTimes::dispatcher_stall_spans`]).
+pub const MAX_STALL_SPANS: usize = 65_536;
 
 /// Cooperative preemptions as the workers timed them with their own TSC
 /// (`ShinjukuConfig::record_worker_spans`), all workers together
@@ -867,6 +874,9 @@ impl ThreadClock {
             t.dispatcher_stalls += 1;
             t.dispatcher_stalled_ns += gap;
             t.dispatcher_longest_stall_ns = t.dispatcher_longest_stall_ns.max(gap);
+            if t.dispatcher_stall_spans.len() < MAX_STALL_SPANS {
+                t.dispatcher_stall_spans.push((now - gap, gap));
+            }
         }
         if self.workers.iter().any(Option::is_none) {
             self.find_workers(rt);
