@@ -32,7 +32,8 @@
 //!   (`sim_p99_us_same_arrivals`), and the same with the dispatcher's
 //!   stalls of the run replayed as spans in which the server stops
 //!   (`sim_p99_us_with_stalls`): the design's prediction on a machine that
-//!   took the CPU away as this one did.
+//!   took the CPU away as this one did; and that with each request as long
+//!   as its class's mean time on the worker (`sim_p99_us_as_run`).
 //! * What Linux gave the bench (`cpu`): the dispatcher's and the worker's
 //!   share of the wall time on their CPUs, time runnable but waiting for
 //!   them, the dispatcher's stalls (gaps over 20 µs between passes of its
@@ -68,7 +69,7 @@ use ginza_runtime::shinjuku::{
 use ginza_sim::dist::{Arrivals, Service};
 use ginza_sim::figs::par_map;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
-use ginza_sim::reqsim::{Place, ReqSim, Sched};
+use ginza_sim::reqsim::{Load, Place, ReqSim, Sched};
 use ginza_sys::sched_stat::SchedStat;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
@@ -581,6 +582,24 @@ fn measure_point(
     })
 }
 
+/// `svc` with each mode as long as its class's mean time on the worker
+/// (`by_class`); `None` unless `svc` is a mixture of fixed modes and every
+/// class ran. The modes' probabilities, so the draws, are unchanged.
+fn at_on_core_times(svc: &Service, by_class: &[ClassCounters]) -> Option<Service> {
+    let Service::Modes(modes) = svc else {
+        return None;
+    };
+    let scaled = modes
+        .iter()
+        .zip(by_class)
+        .map(|(&(p, us), c)| {
+            (c.requests > 0 && c.work_us_mean > 0.0)
+                .then(|| (p, us * c.on_core_us_mean / c.work_us_mean))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    (scaled.len() == modes.len()).then_some(Service::Modes(scaled))
+}
+
 /// One point of the JSON output.
 #[derive(Clone, Debug, Serialize)]
 struct Point {
@@ -607,6 +626,12 @@ struct Point {
     /// in which the whole server stops: what the design predicts on a
     /// machine that took the CPU away as this one did.
     sim_p99_us_with_stalls: f64,
+    /// The same with each request as long as its class's mean time on the
+    /// worker in this run (which holds what preemptions cost inside it and
+    /// the worker's lost CPU, spread evenly) and no further preemption
+    /// cost: the run as the simulator sees it (NaN for a distribution
+    /// that is not a mixture of fixed modes).
+    sim_p99_us_as_run: f64,
     /// Requests refused at arrival (over the bound on requests in flight,
     /// or no stack); in no percentile.
     rejected: u64,
@@ -837,6 +862,14 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
             let sim_same_arrivals = replay.run().latency_pct_us(99.0);
             replay.outages_us = m.stalls_us.clone();
             let sim_with_stalls = replay.run().latency_pct_us(99.0);
+            // And each request as long as its class's took on the worker:
+            // the arrival rate (so the draws) unchanged.
+            let sim_as_run = at_on_core_times(svc, &m.by_class).map_or(f64::NAN, |slower| {
+                replay.load = Load::Rho(load * slower.mean() / svc.mean());
+                replay.service = slower;
+                replay.preempt_cost_us = 0.0;
+                replay.run().latency_pct_us(99.0)
+            });
             Ok(Point {
                 dist: svc.label(),
                 policy: pol.name(),
@@ -851,6 +884,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
                 sim_p99_us_at_on_core_cost: round3(sim_at_on_core_cost),
                 sim_p99_us_same_arrivals: round3(sim_same_arrivals),
                 sim_p99_us_with_stalls: round3(sim_with_stalls),
+                sim_p99_us_as_run: round3(sim_as_run),
                 rejected: m.rejected,
                 stacks_mapped: m.stacks_mapped,
                 by_class: m.by_class,
@@ -919,6 +953,7 @@ fn write_outputs(
                 format!("{}", p.sim_p99_us_at_on_core_cost),
                 format!("{}", p.sim_p99_us_same_arrivals),
                 format!("{}", p.sim_p99_us_with_stalls),
+                format!("{}", p.sim_p99_us_as_run),
                 format!("{}", p.preempt_cost.total_us),
                 cell(p.cpu.waited_pct()),
             ]
@@ -943,6 +978,7 @@ fn write_outputs(
             "sim_p99_at_on_core_cost_us",
             "sim_p99_same_arrivals_us",
             "sim_p99_with_stalls_us",
+            "sim_p99_as_run_us",
             "preempt_cost_us",
             "cpu_waited_pct",
         ],
@@ -1007,7 +1043,7 @@ fn render_table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
+        "{:<28}{:<10}{:>6}{:>10}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
         "dist",
         "policy",
         "load",
@@ -1023,15 +1059,16 @@ fn render_table(r: &Report) -> String {
         "sim@core",
         "sim@same",
         "sim@stalls",
+        "sim@run",
         "cost us",
         "waited"
     );
-    let _ = writeln!(out, "{}", "-".repeat(194));
+    let _ = writeln!(out, "{}", "-".repeat(205));
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     for p in &r.points {
         let _ = writeln!(
             out,
-            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
+            "{:<28}{:<10}{:>6.2}{:>10.4}{:>10.4}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}{:>9}",
             p.dist,
             p.policy,
             p.load,
@@ -1047,6 +1084,7 @@ fn render_table(r: &Report) -> String {
             f(Some(p.sim_p99_us_at_on_core_cost)),
             f(Some(p.sim_p99_us_same_arrivals)),
             f(Some(p.sim_p99_us_with_stalls)),
+            f(Some(p.sim_p99_us_as_run)),
             format!("{:.3}", p.preempt_cost.total_us),
             p.cpu.waited_pct().map_or("-".into(), |v| format!("{v:.1}%")),
         );
@@ -1059,6 +1097,7 @@ fn render_table(r: &Report) -> String {
          the cost inside the request by the medians of time on core; sim@same: the \
          point's own arrivals and service times at the measured cost; sim@stalls: the \
          same with the dispatcher's stalls replayed as spans in which the server stops; \
+         sim@run: that with each request as long as its class took on the worker; \
          waited: the larger \
          share of the point's wall time the dispatcher or the worker was runnable but \
          waiting for its CPU (over a few %, the tail is the machine's CPU sharing); \
@@ -1123,6 +1162,30 @@ mod tests {
         // behind another.)
         assert!((1.0..1.05).contains(&calm), "{calm}");
         assert!((1.24..1.3).contains(&held), "{held}");
+    }
+
+    #[test]
+    fn modes_take_their_class_s_time_on_the_worker() {
+        let class = |work: f64, on_core: f64| ClassCounters {
+            requests: 10,
+            preemptions_mean: 0.0,
+            preemptions_max: 0,
+            work_us_mean: work,
+            on_core_us_mean: on_core,
+            on_core_us_p50: None,
+            on_core_us_p99: None,
+            waiting_us_p50: None,
+            waiting_us_p99: None,
+        };
+        let svc = Service::parse("Bimodal(50-1, 50-100)").unwrap();
+        let slower = at_on_core_times(&svc, &[class(1.0, 1.5), class(100.0, 110.0)]).unwrap();
+        assert_eq!(slower, Service::Modes(vec![(0.5, 1.5), (0.5, 110.0)]));
+        // A class that never ran, or a distribution without modes: none.
+        let mut idle = class(1.0, 1.5);
+        idle.requests = 0;
+        assert!(at_on_core_times(&svc, &[idle, class(100.0, 110.0)]).is_none());
+        let exp = Service::parse("Exp(5)").unwrap();
+        assert!(at_on_core_times(&exp, &[class(5.0, 6.0)]).is_none());
     }
 
     #[test]
