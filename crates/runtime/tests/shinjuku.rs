@@ -345,28 +345,38 @@ fn a_request_without_preemption_points_is_preempted_by_the_backstop_signal() {
 #[test]
 fn signal_preemption_at_a_5us_quantum_completes_every_request() {
     // Deliveries cost microseconds: signals sent every quantum would nest
-    // handlers until the worker's stack overflows.
-    let report = serve(
-        one_worker(
-            SchedPolicy::CPreSq {
-                quantum: 5_000,
-                placement: Placement::Tail,
+    // handlers until the worker's stack overflows. A round in which Linux
+    // ran the dispatcher only between requests (it shares the CPUs with
+    // other tests) sends no signal and shows nothing: up to five rounds
+    // until one does; every round completes every request.
+    let mut signalled = Vec::new();
+    for _ in 0..5 {
+        let report = serve(
+            one_worker(
+                SchedPolicy::CPreSq {
+                    quantum: 5_000,
+                    placement: Placement::Tail,
+                },
+                Preemption::Signal,
+            ),
+            script((0..4u64).map(|i| (0, 0, i)).collect()),
+            |seed| {
+                let end = Instant::now() + Duration::from_millis(5);
+                let mut x = seed;
+                while Instant::now() < end {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1); // no preemption point
+                }
+                x
             },
-            Preemption::Signal,
-        ),
-        script((0..4u64).map(|i| (0, 0, i)).collect()),
-        |seed| {
-            let end = Instant::now() + Duration::from_millis(5);
-            let mut x = seed;
-            while Instant::now() < end {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1); // no preemption point
-            }
-            x
-        },
-    )
-    .unwrap();
-    assert_eq!(report.completions.len(), 4);
-    assert!(report.signal_preemptions >= 1);
+        )
+        .unwrap();
+        assert_eq!(report.completions.len(), 4);
+        signalled.push((report.signals_sent, report.signal_preemptions));
+        if report.signal_preemptions >= 1 {
+            return;
+        }
+    }
+    panic!("no round preempted a request by signal: (sent, preemptions) {signalled:?}");
 }
 
 #[test]
