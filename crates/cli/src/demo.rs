@@ -95,7 +95,8 @@ pub struct DemoArgs {
     json: bool,
     /// The park/wake mechanisms before `SCHED_IDLE` batch kthreads: batch
     /// at Linux's default class, no lingering, every hand-over waits for
-    /// the preempted kthread (to compare with the default in one binary).
+    /// the preempted kthread, no local wakes (to compare with the default
+    /// in one binary).
     #[arg(long)]
     classic: bool,
     /// `lc`'s spin for work before it parks [default: the runtime's
@@ -116,11 +117,12 @@ pub struct DemoArgs {
     /// the mechanism before].
     #[arg(long, value_parser = parse_tuning)]
     idle_victim_grace: Option<Duration>,
-    /// An experiment: batch's kthread on the core wakes lc there (a wake
-    /// on the same CPU, no inter-processor interrupt), taking iokerneld's
-    /// doorbell at its preemption points; iokerneld wakes lc itself if
-    /// the doorbell is still there after this wait [default: off]
-    /// (docs/runtime.md, "Local wakes").
+    /// Local wakes: batch's kthread on the core wakes lc there (a wake on
+    /// the same CPU, no inter-processor interrupt), taking iokerneld's
+    /// doorbell at its preemption points; iokerneld wakes lc itself if the
+    /// doorbell is still there after this wait [default: 5us, as the
+    /// demo's applications run in iokerneld's process; 0: off, as with
+    /// --classic] (docs/runtime.md, "Local wakes").
     #[arg(long, value_parser = parse_tuning)]
     local_wake: Option<Duration>,
 }
@@ -341,7 +343,8 @@ pub(crate) struct Setup {
 
 /// The park/wake mechanisms of one run, so the same binary can compare
 /// them (docs/results.md, "The demo"): each defaults to what the runtime
-/// and iokerneld do by default.
+/// and iokerneld do by default, but for local wakes, which apply only to
+/// applications in iokerneld's process — the demo's layout — and are on.
 #[derive(Clone, Debug)]
 pub(crate) struct Tuning {
     /// `lc`'s look for work before it parks (`Config::spin_before_park`).
@@ -373,20 +376,26 @@ impl Default for Tuning {
             batch_linger: batch.linger_after_park,
             handover_at_once: IokConfig::new(Vec::new()).handover_from_idle_at_once,
             idle_victim_grace: IokConfig::new(Vec::new()).idle_victim_grace,
-            local_wake: IokConfig::new(Vec::new()).local_wake_wait,
+            local_wake: Some(LOCAL_WAKE_WAIT),
         }
     }
 }
 
+/// The demo's wait for a local wake before iokerneld writes the eventfd
+/// itself (batch takes a doorbell within ~2.5 µs: it reaches a preemption
+/// point every 256 paths).
+const LOCAL_WAKE_WAIT: Duration = Duration::from_micros(5);
+
 impl Tuning {
     /// Before `SCHED_IDLE` batch kthreads (docs/results.md, "The demo"):
     /// batch at the default class, no lingering, every hand-over waits
-    /// for the victim.
+    /// for the victim, no local wakes.
     fn classic() -> Tuning {
         Tuning {
             batch_sched_idle: false,
             batch_linger: Duration::ZERO,
             handover_at_once: false,
+            local_wake: None,
             ..Tuning::default()
         }
     }
@@ -1372,7 +1381,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     tuning.lc_linger = args.lc_linger.unwrap_or(tuning.lc_linger);
     tuning.batch_linger = args.batch_linger.unwrap_or(tuning.batch_linger);
     tuning.idle_victim_grace = args.idle_victim_grace.unwrap_or(tuning.idle_victim_grace);
-    tuning.local_wake = args.local_wake.or(tuning.local_wake);
+    tuning.local_wake = match args.local_wake {
+        Some(off) if off.is_zero() => None,
+        Some(wait) => Some(wait),
+        None => tuning.local_wake,
+    };
     setup.tuning = tuning;
     let iokernel_core = setup.iokernel_core;
     let n = setup.managed.len();

@@ -31,6 +31,14 @@ fn allowed_cpus() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// The tests that run a demo hold this: each busy-polls iokerneld's CPU
+/// and uses the managed one, so two at once would measure each other.
+static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_demo() -> std::sync::MutexGuard<'static, ()> {
+    ONE_DEMO.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A fresh output directory per test (tests run in parallel).
 fn out_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ginza-demo-test-{test}-{}", std::process::id()));
@@ -40,6 +48,7 @@ fn out_dir(test: &str) -> PathBuf {
 
 #[test]
 fn demo_runs_two_policies_and_writes_csv_and_png() {
+    let _one = one_demo();
     if allowed_cpus() < 2 {
         ginza_iokernel::testing::skip("ginza demo needs 2 CPUs (iokerneld's and a managed one)");
         return;
@@ -181,6 +190,46 @@ fn demo_runs_two_policies_and_writes_csv_and_png() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Local wakes are the demo's default (its applications run in iokerneld's
+/// process, where they apply): batch's kthread wakes lc on the core; with
+/// `--local-wake 0` iokerneld writes every wake itself.
+#[test]
+fn demo_wakes_lc_from_its_core_by_default() {
+    let _one = one_demo();
+    if allowed_cpus() < 2 {
+        ginza_iokernel::testing::skip("ginza demo needs 2 CPUs (iokerneld's and a managed one)");
+        return;
+    }
+    let demo = |extra: &[&str]| -> serde_json::Value {
+        let out = out_dir("local-wake");
+        let run = Command::new(env!("CARGO_BIN_EXE_ginza"))
+            .args(["demo", "--json", "--points", "0.1", "--duration", "200ms"])
+            .args(["--warmup", "50ms", "--policies", "shenango"])
+            .args(["--services", "constant", "--out"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .expect("run ginza demo");
+        assert!(
+            run.status.success(),
+            "ginza demo failed: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let _ = std::fs::remove_dir_all(&out);
+        serde_json::from_slice(&run.stdout).expect("the demo's JSON")
+    };
+    let on = demo(&[]);
+    assert_eq!(on["local_wake_us"], 5.0, "{on}");
+    let row = &on["rows"][0];
+    if row["quiet"] == "yes" {
+        // SCHED_IDLE batch runs only on a quiet core, and only it answers.
+        assert!(row["local_wakes_per_s"].as_f64().unwrap() > 0.0, "{on}");
+    }
+    let off = demo(&["--local-wake", "0"]);
+    assert!(off["local_wake_us"].is_null(), "{off}");
+    assert_eq!(off["rows"][0]["local_wakes_per_s"], 0.0, "{off}");
+}
+
 #[test]
 fn demo_refuses_bad_arguments_with_a_message() {
     let out = out_dir("bad");
@@ -246,6 +295,7 @@ impl Drop for Hog {
 /// CPU time it measured. Also: the point's phase breakdown is there.
 #[test]
 fn demo_marks_a_point_not_quiet_when_another_process_spins_on_its_core() {
+    let _one = one_demo();
     let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
     if cpus.len() < 2 {
         ginza_iokernel::testing::skip("ginza demo needs 2 CPUs (iokerneld's and a managed one)");
