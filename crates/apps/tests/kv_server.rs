@@ -474,7 +474,9 @@ fn the_kv_server_binary_evicts_under_its_memory_limit_and_refuses_large_items() 
             .args(["--mac", "02:4b:56:00:00:01", "--ip", &SERVER_IP.to_string()])
             .args(["--port", &PORT.to_string(), "--kthreads", "1"])
             .args(["--memory-limit", "1", "--item-size-max", "65536"])
-            .args(["--run-for", "60s", "--socket"])
+            // The server's bound, not the test's: it must outlive a slow
+            // client on a loaded machine (dropping `child` kills it).
+            .args(["--run-for", "600s", "--socket"])
             .arg(&socket)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -550,7 +552,9 @@ fn ten_thousand_idle_connections_cost_the_server_less_than_200_mib() {
         std::process::Command::new(env!("CARGO_BIN_EXE_kv-server"))
             .args(["--mac", "02:4b:56:00:00:01", "--ip", &SERVER_IP.to_string()])
             .args(["--port", &PORT.to_string(), "--kthreads", "1"])
-            .args(["--run-for", "120s", "--socket"])
+            // A bound on a test that loses its way, not on its time: slow
+            // under a loaded machine, the server must outlive the client.
+            .args(["--run-for", "600s", "--socket"])
             .arg(&socket)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -564,7 +568,9 @@ fn ten_thousand_idle_connections_cost_the_server_less_than_200_mib() {
         let before = resident(pid);
         let mut open = Vec::with_capacity(CONNECTIONS);
         for _ in 1..CONNECTIONS {
-            open.push(TcpStream::connect(server_addr()).expect("connecting"));
+            // A server that has gone answers no SYN: fail within WAIT,
+            // not after each connection's two minutes of retries.
+            open.push(TcpStream::connect_timeout(&server_addr(), WAIT).expect("connecting"));
         }
         // Every connection is served: one request on the last and the
         // first.
