@@ -1069,15 +1069,16 @@ pub(crate) fn run_point(
         .join()
         .map_err(|_| anyhow!("the stats sampler panicked"))?;
     // A run that failed while other processes held the CPUs says so: the
-    // competition, not the allocator, is the likely cause.
-    let report: LoadReport = measured
-        .context("the measured run")
-        .map_err(|e| match competition.and_then(|q| q.warning()) {
-            Some(w) => e.context(w),
-            None => e,
-        })?;
+    // competition, not the allocator, is the likely cause (an application
+    // starved past its stop deadline too: SCHED_IDLE batch gets no CPU
+    // beside a spinning program).
+    let blame = |e: anyhow::Error| match competition.and_then(|q| q.warning()) {
+        Some(w) => e.context(w),
+        None => e,
+    };
+    let report: LoadReport = measured.context("the measured run").map_err(blame)?;
     let busy_ns = shared.spin.busy_ns.load(Relaxed) - busy0;
-    run.stop_lc()?;
+    run.stop_lc().map_err(blame)?;
     // lc has returned: its trace is complete.
     let phases = phases::breakdown(
         &shared.spin.trace.records(),
@@ -1086,7 +1087,7 @@ pub(crate) fn run_point(
         &report.reply_transit,
     );
     let batch_alone = run.batch_alone(n).context("measuring batch alone")?;
-    run.stop_batch_and_daemon()?;
+    run.stop_batch_and_daemon().map_err(blame)?;
     if batch_alone.is_none() {
         notes.push(format!(
             "batch did not get the managed cores back within {REGISTER_TIMEOUT:?} of lc's end: not measured alone"

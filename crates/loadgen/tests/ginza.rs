@@ -183,7 +183,10 @@ fn echo_over_udp_and_tcp_through_the_software_switch() {
         r.sent
     );
     assert_eq!(r.errors + r.error_answers + r.unsent, 0);
-    assert!(r.latency.p50_us > 0.0 && r.latency.p50_us < 10_000.0);
+    // Measured, and no longer than the answer deadline (a figure, not a
+    // bound on speed: under a CPU hog it passed 10 ms).
+    let deadline_us = config(Transport::Udp, 4).timeout.as_secs_f64() * 1e6;
+    assert!(r.latency.p50_us > 0.0 && r.latency.p50_us <= deadline_us);
     assert!(server.stats.udp_echoed.load(Relaxed) >= r.completed);
 
     // TCP: the listener is up by now (bound right after the UDP socket).

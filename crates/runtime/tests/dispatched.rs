@@ -109,13 +109,16 @@ fn serve_with(
             .iter()
             .find(|a| a.name == name)
             .and_then(|a| a.dispatch);
-        if c.is_none_or(|c| c.ar == c.co) || t0.elapsed() > Duration::from_secs(10) {
+        if c.is_none_or(|c| c.ar == c.co) || t0.elapsed() > Duration::from_secs(60) {
             break c;
         }
         std::thread::yield_now();
     };
-    // Where the requests' time went: one entry per completed request.
+    // Where the requests' time went: one entry per completed request (read
+    // after the counters: both must have settled, or they differ by the
+    // completions in between).
     if let Some(c) = counters {
+        assert_eq!(c.ar, c.co, "requests still in flight after 60 s: {c:?}");
         let bands = ginza_proto::client::dispatch_breakdown(&d.socket, &name).unwrap();
         assert_eq!(
             bands.iter().map(|b| b.count).sum::<u64>(),
