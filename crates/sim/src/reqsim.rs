@@ -486,21 +486,6 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
         }
         match (&next, t_core) {
             (None, None) => break,
-            (Some(a), t) if t.is_none_or(|t| a.at <= t) && a.at < frozen_until => {
-                // Queued during an outage; its end starts it.
-                let a = next.take().expect("matched Some");
-                let req = Request {
-                    id: a.id,
-                    class: a.class,
-                    arrival: a.at,
-                    payload: Job {
-                        service: a.service,
-                        remaining: a.service,
-                    },
-                };
-                d.enqueue(req, a.at);
-                next = src.next();
-            }
             (Some(a), t) if t.is_none_or(|t| a.at <= t) => {
                 let a = next.take().expect("matched Some");
                 let now = a.at;
@@ -514,7 +499,9 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
                     },
                 };
                 d.enqueue(req, now);
-                if let Some(i) = idle.pop() {
+                if now < frozen_until {
+                    // Queued during an outage: its end (THAW) starts it.
+                } else if let Some(i) = idle.pop() {
                     let r = d.next_for_idle_worker(now).expect("just enqueued");
                     start(&mut w[i], i, r, now, cs, &mut heap);
                 } else if quantum.is_some() {
