@@ -400,6 +400,17 @@ struct Worker {
     overdue: bool,
 }
 
+impl Worker {
+    /// When its request next needs the dispatcher: the end of its quantum
+    /// if it runs longer (and has not overrun it already), else its end.
+    fn next_event(&self, quantum: Option<u64>) -> u64 {
+        match quantum {
+            Some(q) if !self.overdue && self.done_at - self.since > q => self.since + q,
+            _ => self.done_at,
+        }
+    }
+}
+
 /// c-FCFS, c-PRE-SQ and c-PRE-MQ: a centralized dispatcher and n workers.
 fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut Stats) {
     let mut d: Dispatcher<Job> = Dispatcher::new(policy);
@@ -429,11 +440,7 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
         w.done_at = w.since + req.payload.remaining;
         w.overdue = false;
         w.gen = w.gen.wrapping_add(1);
-        let at = match quantum {
-            Some(q) if req.payload.remaining > q => w.since + q,
-            _ => w.done_at,
-        };
-        heap.push(Reverse((at, i, w.gen)));
+        heap.push(Reverse((w.next_event(quantum), i, w.gen)));
         w.req = Some(req);
     };
 
@@ -474,11 +481,7 @@ fn run_dispatch(cfg: &ReqSim, policy: SchedPolicy, src: &mut Source, st: &mut St
                     wk.since += shift;
                     wk.done_at += shift;
                     wk.gen = wk.gen.wrapping_add(1);
-                    let event = match quantum {
-                        Some(q) if !wk.overdue && wk.done_at - wk.since > q => wk.since + q,
-                        _ => wk.done_at,
-                    };
-                    heap.push(Reverse((event, i, wk.gen)));
+                    heap.push(Reverse((wk.next_event(quantum), i, wk.gen)));
                 }
                 heap.push(Reverse((end, THAW, 0)));
                 continue;

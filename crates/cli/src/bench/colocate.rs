@@ -171,20 +171,29 @@ pub struct CpuWaited {
 /// a thousand such interruptions a second).
 const CORES_SAMPLED_EVERY: Duration = Duration::from_millis(10);
 
-/// The thread names of iokerneld's loop and of the server's workers.
-const SPINNING_THREADS: [&str; 2] = ["iokerneld", "ginza-dw"];
+/// The counters of the threads that spin during the load, by thread id:
+/// iokerneld's loop and the server's workers.
+struct Spinning {
+    iokerneld: Vec<(i32, SchedStat)>,
+    workers: Vec<(i32, SchedStat)>,
+}
 
-/// The spinning threads' counters now, per name of [`SPINNING_THREADS`];
-/// `None` when `/proc` cannot tell or a name has no thread (then nothing is
-/// reported rather than a wait of zero).
-fn spinning_threads() -> Option<[Vec<(i32, SchedStat)>; 2]> {
-    let named = |name: &str| threads_named(name).ok().filter(|t| !t.is_empty());
-    Some([named(SPINNING_THREADS[0])?, named(SPINNING_THREADS[1])?])
+impl Spinning {
+    /// Their counters now; `None` when `/proc` cannot tell or either has
+    /// no thread (then nothing is reported rather than a wait of zero).
+    fn now() -> Option<Spinning> {
+        let named = |name: &str| threads_named(name).ok().filter(|t| !t.is_empty());
+        Some(Spinning {
+            iokerneld: named("iokerneld")?,
+            workers: named("ginza-dw")?,
+        })
+    }
 }
 
 impl CpuWaited {
-    /// What the threads of `before` waited until `after` (threads in both).
-    fn between(before: &[Vec<(i32, SchedStat)>; 2], after: &[Vec<(i32, SchedStat)>; 2]) -> Self {
+    /// What the threads of `before` waited until `after` (threads in both):
+    /// ns runnable but waiting, and times preempted.
+    fn between(before: &Spinning, after: &Spinning) -> Self {
         let sum = |b: &[(i32, SchedStat)], a: &[(i32, SchedStat)]| {
             a.iter()
                 .filter_map(|(tid, now)| {
@@ -195,8 +204,8 @@ impl CpuWaited {
                     (ns + d.runnable_waiting_ns, n + d.involuntary_switches)
                 })
         };
-        let (io_ns, io_n) = sum(&before[0], &after[0]);
-        let (wk_ns, wk_n) = sum(&before[1], &after[1]);
+        let (io_ns, io_n) = sum(&before.iokerneld, &after.iokerneld);
+        let (wk_ns, wk_n) = sum(&before.workers, &after.workers);
         CpuWaited {
             iokerneld_ms: io_ns as f64 / 1e6,
             iokerneld_preemptions: io_n,
@@ -570,13 +579,13 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     };
     let load = LoadRun::poisson(me, PORT, rate_per_s, run.service, duration);
     let paths0 = paths.load(Ordering::Relaxed);
-    let threads_before = spinning_threads();
+    let threads_before = Spinning::now();
     let started = Instant::now();
     let result = daemon.generator().run(load, Duration::from_secs(30));
     let window = started.elapsed().as_secs_f64();
     let paths1 = paths.load(Ordering::Relaxed);
     let cpu_waited = threads_before
-        .zip(spinning_threads())
+        .zip(Spinning::now())
         .map(|(before, after)| CpuWaited::between(&before, &after));
     sampling.store(false, Ordering::Release);
     let lc_cores = sampler.join().unwrap_or(f64::NAN);
