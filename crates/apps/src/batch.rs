@@ -26,11 +26,13 @@ const YEARS: f64 = 1.0;
 /// still real work; a preemption signal does not wait for the chunk's end.
 pub const PATHS_PER_CHUNK: u64 = 2560;
 
-/// Paths between two preemption points inside a chunk (about 2.5 µs): a
+/// Paths between two preemption points inside a chunk (about 0.3 µs): a
 /// request asked of the kthread there (a local wake, docs/runtime.md
 /// "Local wakes") waits at most that long; a point that finds nothing
-/// asked costs a load or two.
-pub const PATHS_PER_POINT: u64 = 256;
+/// asked costs a call and a load or two. Every 256 paths (2.5 µs) made
+/// the demo's wake of `lc` about 1 µs longer (docs/results.md, "Session
+/// 13"), with no batch throughput to show for it.
+pub const PATHS_PER_POINT: u64 = 32;
 
 /// Sum of the call's payoffs at expiry over `n` simulated paths
 /// (geometric Brownian motion, one step).

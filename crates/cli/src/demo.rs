@@ -382,8 +382,8 @@ impl Default for Tuning {
 }
 
 /// The demo's wait for a local wake before iokerneld writes the eventfd
-/// itself (batch takes a doorbell within ~2.5 µs: it reaches a preemption
-/// point every 256 paths).
+/// itself (batch takes a doorbell within ~0.3 µs: it reaches a preemption
+/// point every `batch::PATHS_PER_POINT` paths).
 const LOCAL_WAKE_WAIT: Duration = Duration::from_micros(5);
 
 impl Tuning {

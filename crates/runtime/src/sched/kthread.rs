@@ -495,7 +495,10 @@ impl Shared {
     ) -> Result<Arc<Shared>, String> {
         let mut eventfds = Vec::with_capacity(plan.cores.len());
         for _ in &plan.cores {
-            let fd = eventfd::new().map_err(|e| format!("cannot create kthread eventfds: {e}"))?;
+            // Blocking: a wait with no deadline is one `read`, which the
+            // write ends (`eventfd_wait`).
+            let fd = eventfd::new_blocking()
+                .map_err(|e| format!("cannot create kthread eventfds: {e}"))?;
             eventfds.push(fd);
         }
         let epoch = Instant::now();
@@ -751,20 +754,24 @@ fn eventfd_signal(k: &KThread) {
     let _ = eventfd::write(k.eventfd.as_fd(), 1);
 }
 
-/// Blocks on the kthread's eventfd until signalled, a signal interrupts, or
-/// `deadline` (ns since the epoch; u64::MAX for none). True if the eventfd
-/// had been written.
+/// Blocks on the kthread's eventfd until signalled, or until `deadline`
+/// (ns since the epoch; u64::MAX for none) or a signal interrupts a timed
+/// wait. True if the eventfd had been written.
 pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
+    let fd = k.eventfd.as_fd();
+    if deadline == u64::MAX {
+        // One system call that the write ends: a poll and then a read
+        // cost a wake about 0.5 µs more on the development VM
+        // (docs/results.md, "Session 13"). A preemption signal restarts
+        // it (SA_RESTART): only the eventfd means a grant.
+        return matches!(eventfd::read(fd), Ok(Some(n)) if n > 0);
+    }
     let rt = k.rt();
-    let timeout =
-        (deadline != u64::MAX).then(|| Duration::from_nanos(deadline.saturating_sub(rt.now_ns())));
-    let _ = eventfd::wait(k.eventfd.as_fd(), timeout);
-    eventfd_try_read(k)
-}
-
-/// Reads and resets the eventfd without blocking; true if it was written.
-pub(crate) fn eventfd_try_read(k: &KThread) -> bool {
-    matches!(eventfd::read(k.eventfd.as_fd()), Ok(Some(n)) if n > 0)
+    let timeout = Duration::from_nanos(deadline.saturating_sub(rt.now_ns()));
+    // Read only what the poll saw: on this blocking eventfd a read of a
+    // zero count would wait.
+    eventfd::wait(fd, Some(timeout)).unwrap_or(false)
+        && matches!(eventfd::read(fd), Ok(Some(n)) if n > 0)
 }
 
 thread_local! {
