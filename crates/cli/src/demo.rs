@@ -809,8 +809,6 @@ fn tuned(mut cfg: RtConfig, tuning: &Tuning, lc: bool) -> RtConfig {
         } else {
             io.sched_idle = tuning.batch_sched_idle;
             io.linger_after_park = tuning.batch_linger;
-            // The demo runs iokerneld in this process.
-            io.local_wakes = tuning.local_wake.is_some();
         }
     }
     cfg

@@ -112,6 +112,7 @@ fn top_shows_a_registered_application() {
         net: None,
         steering: None,
         dispatch: None,
+        wake_page: false,
     };
     let conn = client::register_region(&d.socket, &reg, &region, &efds).unwrap();
 

@@ -8,10 +8,10 @@
 //! [`RecordingActuator`] only records, for tests and dry runs.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
-use ginza_shm::{GrantDelivery, PreemptReason, QueueLine, WakeWord};
+use ginza_shm::{GrantDelivery, PreemptReason, QueueLine, WakePage, WakeWord};
 
 use ginza_sys::{affinity, eventfd, signal};
 
@@ -35,8 +35,11 @@ pub struct Target<'a> {
     pub eventfd: BorrowedFd<'a>,
     /// The grant word in the kthread's queue line.
     pub wake: &'a WakeWord,
-    /// A kthread of iokerneld's own process running on the granted core,
-    /// to be asked to write the eventfd if one is needed (its queue line;
+    /// The wake page and the kthread's slot, if it sleeps there rather
+    /// than on its eventfd (`Registration::wake_page`).
+    pub wake_slot: Option<(&'a WakePage, u32)>,
+    /// A kthread running on the granted core, to be asked to wake this one
+    /// if it sleeps on the wake page (its queue line;
     /// `Config::local_wake_wait`).
     pub doorbell: Option<&'a QueueLine>,
 }
@@ -108,13 +111,20 @@ impl CoreActuator for LinuxActuator {
         // runs at once, on its core.
         let mut delivery = t.wake.grant();
         if delivery == GrantDelivery::Eventfd {
-            match t.doorbell {
-                // The same CPU's kthread wakes it there: no inter-processor
-                // interrupt (docs/runtime.md, "Local wakes").
-                Some(line) if line.ring_doorbell(t.eventfd.as_raw_fd()) => {
-                    delivery = GrantDelivery::Doorbell;
+            match t.wake_slot {
+                Some((page, slot)) => {
+                    page.bump(slot);
+                    match t.doorbell {
+                        // The same CPU's kthread wakes it there: no
+                        // inter-processor interrupt (docs/runtime.md,
+                        // "Local wakes").
+                        Some(line) if line.ring_doorbell(slot) => {
+                            delivery = GrantDelivery::Doorbell;
+                        }
+                        _ => drop(page.wake(slot)?),
+                    }
                 }
-                _ => eventfd::write(t.eventfd, 1)?,
+                None => eventfd::write(t.eventfd, 1)?,
             }
         }
         // Without a core of its own, iokerneld's loop may be running on
@@ -220,10 +230,11 @@ impl RecordingActuator {
 }
 
 impl CoreActuator for RecordingActuator {
-    /// Records only: no word, no eventfd (reported as the eventfd, the
-    /// delivery that assumes nothing about the kthread); but a doorbell
-    /// offered is rung, as `LinuxActuator` rings it for a kthread that
-    /// sleeps, so that iokerneld's side of local wakes can be tested.
+    /// Records only: no word, no eventfd, no wake page (reported as the
+    /// eventfd, the delivery that assumes nothing about the kthread); but
+    /// a doorbell offered for a kthread on the wake page is rung (its word
+    /// bumped), as `LinuxActuator` does for one that sleeps, so that
+    /// iokerneld's side of local wakes can be tested.
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery> {
         self.push(Action::Grant {
             app_id: t.app_id,
@@ -231,10 +242,11 @@ impl CoreActuator for RecordingActuator {
             kthread: t.kthread,
             cpu,
         });
-        if t.doorbell
-            .is_some_and(|line| line.ring_doorbell(t.eventfd.as_raw_fd()))
-        {
-            return Ok(GrantDelivery::Doorbell);
+        if let (Some((page, slot)), Some(line)) = (t.wake_slot, t.doorbell) {
+            if line.ring_doorbell(slot) {
+                page.bump(slot);
+                return Ok(GrantDelivery::Doorbell);
+            }
         }
         Ok(GrantDelivery::Eventfd)
     }
@@ -289,6 +301,7 @@ mod tests {
             pinned: None,
             eventfd: efd.as_fd(),
             wake: word,
+            wake_slot: None,
             doorbell: None,
         }
     }
@@ -360,26 +373,40 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_with_a_doorbell_asks_the_core_s_kthread_to_write() {
+    fn a_grant_to_a_kthread_on_the_wake_page_bumps_its_word_and_asks_the_core_s_kthread() {
         let efd = eventfd::new().unwrap();
         let word = WakeWord::new();
+        let page = WakePage::create().unwrap();
         let victim = QueueLine::new();
         let t = Target {
-            doorbell: Some(&victim),
+            wake_slot: Some((&page, 7)),
             ..test_target(&efd, &word, None)
         };
         let mut act = LinuxActuator::default();
+        // Asleep, no kthread to ask: iokerneld bumps the word and wakes it.
+        word.begin_park();
+        assert_eq!(word.before_sleep(), ginza_shm::BeforeSleep::Sleep);
+        assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Eventfd);
+        assert_eq!(page.seen(7), 1);
+        assert!(word.take_grant());
+        let t = Target {
+            doorbell: Some(&victim),
+            ..t
+        };
         // Lingering: the word alone, the doorbell stays quiet.
         word.begin_park();
         assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Word);
         assert!(!victim.doorbell_rung());
+        assert_eq!(page.seen(7), 1);
         assert!(word.take_grant());
-        // Asleep: no write by iokerneld; the doorbell names the eventfd.
+        // Asleep: the word bumped, the doorbell names the slot, and the
+        // eventfd is never written.
         word.begin_park();
         assert_eq!(word.before_sleep(), ginza_shm::BeforeSleep::Sleep);
         assert_eq!(act.grant(&t, 0).unwrap(), GrantDelivery::Doorbell);
+        assert_eq!(page.seen(7), 2);
+        assert_eq!(victim.take_doorbell(), Some(7));
         assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
-        assert_eq!(victim.take_doorbell(), Some(efd.as_raw_fd()));
     }
 
     /// The handshake on real threads and a real eventfd: a "kthread" parks

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ginza_policy::alloc::{AppSnap, CoreAllocator, Decision, Shenango, Slow, Static, Topology};
-use ginza_shm::{IokernelEnd, Region};
+use ginza_shm::{IokernelEnd, Region, WakePage};
 use log::info;
 
 use crate::actuator::CoreActuator;
@@ -162,6 +162,10 @@ struct App {
     _region: Region,
     ends: Vec<IokernelEnd>,
     eventfds: Vec<OwnedFd>,
+    /// The wake page and the slot of kthread 0, if it sleeps on the page
+    /// (`Registration::wake_page`): it is woken there, not by its eventfd,
+    /// and its kthreads can answer local wakes.
+    wake: Option<(Arc<WakePage>, u32)>,
     kt: Vec<Kthread>,
     last_yielded_core: Option<usize>,
     grants: u64,
@@ -254,11 +258,11 @@ pub struct Iokerneld<A: CoreActuator> {
     signal_after_wakes: Vec<(u64, usize, usize)>,
     /// Local wakes asked of `SCHED_IDLE` victims (`Config::local_wake_wait`):
     /// the victim (application id, kthread), the woken kthread (application
-    /// id, kthread) and when iokerneld writes the eventfd itself.
+    /// id, kthread) and when iokerneld wakes it itself.
     doorbells: Vec<pass::Doorbell>,
-    /// Eventfds of removed applications that a kthread was writing for a
-    /// local wake when they went: closed once no line shows them answered.
-    eventfds_answered: Vec<OwnedFd>,
+    /// The futex words kthreads of applications that ask for it sleep on
+    /// (docs/runtime.md, "Local wakes"); none if it could not be made.
+    wake_page: Option<Arc<WakePage>>,
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
@@ -348,6 +352,11 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             dp.set_faults(cfg.faults.clone());
         }
+        // Without it, every application is woken by its eventfd.
+        let wake_page = WakePage::create()
+            .map_err(|e| log::warn!("iokerneld: no wake page ({e}): kthreads are woken by their eventfds, no local wakes"))
+            .ok()
+            .map(Arc::new);
         Ok(Iokerneld {
             topo: topology(&cfg.cores),
             core_holder: vec![None; cfg.cores.len()],
@@ -376,7 +385,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             handover_waiting: false,
             signal_after_wakes: Vec::new(),
             doorbells: Vec::new(),
-            eventfds_answered: Vec::new(),
+            wake_page,
             pollfds: Vec::new(),
             busy: false,
             next_timer: None,
@@ -466,9 +475,6 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             if !self.doorbells.is_empty() {
                 self.answer_doorbells(now, false);
-            }
-            if !self.eventfds_answered.is_empty() {
-                self.close_answered_eventfds(Vec::new());
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {

@@ -83,6 +83,8 @@ impl RawApp {
             net: Some(interface),
             steering: steering.map(Into::into),
             dispatch,
+            // It polls its rings and reads its eventfds.
+            wake_page: false,
         };
         let mut conn = client::register_region(socket, &reg, &region, &eventfds)?;
         let pool = conn

@@ -30,6 +30,7 @@ fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32)
         net: None,
         steering: None,
         dispatch: None,
+        wake_page: false,
     }
 }
 
@@ -1287,8 +1288,10 @@ fn idle_class_thread() -> Option<(u32, std::sync::mpsc::Sender<()>)> {
 struct IdleVictimScene {
     b: App,
     lc: App,
-    /// lc's registration: dropping it makes lc leave.
-    cl: Option<client::Connection>,
+    /// lc's registration (dropping it would make lc leave).
+    _cl: client::Connection,
+    /// The wake page as lc maps it, and lc's kthread's slot.
+    lc_wake: (ginza_shm::WakePage, u32),
     _batch: (
         client::Connection,
         ginza_shm::RuntimeEnd,
@@ -1299,7 +1302,12 @@ struct IdleVictimScene {
 fn batch_then_lc(d: &Daemon) -> Option<IdleVictimScene> {
     let (tid, keep) = idle_class_thread()?;
     let b = app(1);
-    let cb = register(d, &b, &reg("batch", Class::Batch, 0, 1, 1)).unwrap();
+    // Both sleep on the wake page and answer its doorbells (as runtimes do).
+    let on_page = |mut r: Registration| {
+        r.wake_page = true;
+        r
+    };
+    let cb = register(d, &b, &on_page(reg("batch", Class::Batch, 0, 1, 1))).unwrap();
     let mut kb = b.region.runtime_end(0).unwrap();
     kb.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
     b.region.line(0).unwrap().set_rq_tail(100);
@@ -1307,12 +1315,14 @@ fn batch_then_lc(d: &Daemon) -> Option<IdleVictimScene> {
         app_named(s, "batch").unwrap().cores_now == 1
     });
     let lc = app(1);
-    let cl = register(d, &lc, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    let mut cl = register(d, &lc, &on_page(reg("lc", Class::LatencyCritical, 0, 1, 1))).unwrap();
+    let lc_wake = cl.take_wake_page().expect("iokerneld sends its wake page");
     lc.region.line(0).unwrap().set_rq_tail(1);
     Some(IdleVictimScene {
         b,
         lc,
-        cl: Some(cl),
+        _cl: cl,
+        lc_wake,
         _batch: (cb, kb, keep),
     })
 }
@@ -1395,12 +1405,12 @@ fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_f
 }
 
 /// docs/runtime.md, "Local wakes": with `local_wake_wait`, the wake of a
-/// latency-critical kthread onto the core of a `SCHED_IDLE` batch kthread
-/// of iokerneld's own process is a doorbell in the batch kthread's queue
-/// line, naming the eventfd to write. Taken by the batch kthread, it is
-/// counted as a local wake and iokerneld writes nothing; left there, iokerneld
-/// takes it after the wait and writes the eventfd itself. Either way the
-/// kthread is woken exactly once.
+/// latency-critical kthread that sleeps on the wake page, onto the core of
+/// a `SCHED_IDLE` batch kthread that maps it, is a doorbell in the batch
+/// kthread's queue line naming lc's slot. Taken by the batch kthread, it
+/// is counted as a local wake and iokerneld wakes nothing; left there,
+/// iokerneld takes it after the wait and wakes the slot itself. Either way
+/// lc's word is bumped exactly once and its eventfd is not written.
 #[test]
 fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
     for batch_answers in [true, false] {
@@ -1416,28 +1426,27 @@ fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
             return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
         };
         let (b, lc) = (&scene.b, &scene.lc);
+        let (page, lc_slot) = &scene.lc_wake;
         let batch_line = b.region.line(0).unwrap();
         d.wait_for("lc holds the core", |s| {
             app_named(s, "lc").unwrap().cores_now == 1
         });
-        let lc_efd = lc.efds[0].as_fd();
         if batch_answers {
-            // The batch kthread's preemption point: it writes the eventfd
-            // the doorbell names (a descriptor of this process).
+            // The batch kthread's preemption point: it wakes the slot the
+            // doorbell names.
             let t0 = Instant::now();
-            while !batch_line.answer_doorbell(|fd| {
-                // SAFETY: `fd` is iokerneld's copy of lc's eventfd, open
-                // while lc is registered (it is, until the end of this
-                // block).
-                let named = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-                ginza_sys::eventfd::write(named, 1).unwrap();
-            }) {
+            let slot = loop {
+                if let Some(slot) = batch_line.take_doorbell() {
+                    break slot;
+                }
                 assert!(
                     t0.elapsed() < Duration::from_secs(5),
                     "no doorbell rung on batch"
                 );
                 std::thread::yield_now();
-            }
+            };
+            assert_eq!(slot, *lc_slot, "the doorbell names lc's slot");
+            page.wake(slot).unwrap();
             d.wait_for("the local wake counted", |s| s.alloc.local_wakes == 1);
             assert_eq!(d.stats().alloc.local_wakes_by_iokernel, 0);
         } else {
@@ -1447,47 +1456,54 @@ fn a_local_wake_is_rung_on_the_idle_class_kthread_and_answered_once() {
             assert!(!batch_line.doorbell_rung(), "iokerneld took the doorbell");
             assert_eq!(d.stats().alloc.local_wakes, 0);
         }
-        // Exactly one write reached lc's eventfd.
-        assert_eq!(ginza_sys::eventfd::read(lc_efd).unwrap(), Some(1));
-        assert_eq!(ginza_sys::eventfd::read(lc_efd).unwrap(), None);
+        assert_eq!(
+            page.seen(*lc_slot),
+            1,
+            "lc's word bumped once, for its one grant"
+        );
+        assert_eq!(ginza_sys::eventfd::read(lc.efds[0].as_fd()).unwrap(), None);
     }
 }
 
-/// The application a local wake is for goes away while the batch kthread
-/// is writing its eventfd: iokerneld keeps its copy of the descriptor open
-/// until the write is done, so the write reaches that eventfd and not a
-/// descriptor that reused the number.
+/// Each application that sleeps on the wake page gets slots of its own,
+/// and the block of one that left is given again: more registrations than
+/// there are blocks all get one, as long as few are registered at once.
 #[test]
-fn a_local_wake_being_answered_keeps_its_eventfd_open_when_the_app_leaves() {
+fn wake_page_blocks_are_owned_by_one_app_and_freed_when_it_leaves() {
     let _g = lock();
-    let d = Daemon::start_with(RecordingActuator::new(), |c| {
-        c.cores = vec![test_cores()[0]];
-        c.preempt_deadline = Duration::from_secs(10);
-        c.idle_victim_grace = Duration::from_secs(30);
-        c.local_wake_wait = Some(Duration::from_secs(5));
-    });
-    let Some(mut scene) = batch_then_lc(&d) else {
-        return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+    let d = Daemon::start(RecordingActuator::new());
+    let on_page = |name: &str, kthreads: u32| {
+        let mut r = reg(name, Class::Batch, 0, 1, kthreads);
+        r.wake_page = true;
+        r
     };
-    let batch_line = scene.b.region.line(0).unwrap();
-    let t0 = Instant::now();
-    while !batch_line.doorbell_rung() {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no doorbell rung");
-        std::thread::yield_now();
-    }
-    let answered = batch_line.answer_doorbell(|fd| {
-        // lc leaves before the write.
-        drop(scene.cl.take());
-        d.wait_for("lc removed", |s| app_named(s, "lc").is_none());
-        // SAFETY: `fd` is iokerneld's copy of lc's eventfd, kept open
-        // while this line shows it answered (what this test checks).
-        let named = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        ginza_sys::eventfd::write(named, 1).expect("the descriptor is still open");
-    });
-    assert!(answered);
-    // The write reached lc's eventfd (the test holds its own copy).
-    assert_eq!(
-        ginza_sys::eventfd::read(scene.lc.efds[0].as_fd()).unwrap(),
-        Some(1)
+    let a = app(3);
+    let mut ca = register(&d, &a, &on_page("a", 3)).unwrap();
+    let (_, first_a) = ca.take_wake_page().unwrap();
+    let b = app(1);
+    let mut cb = register(&d, &b, &on_page("b", 1)).unwrap();
+    let (_, first_b) = cb.take_wake_page().unwrap();
+    // Slots `first..first + n` of two applications.
+    let apart = |(a, n): (u32, u32), (b, m): (u32, u32)| a + n <= b || b + m <= a;
+    assert!(
+        apart((first_a, 3), (first_b, 1)),
+        "b's slot {first_b} is one of a's ({first_a}..{})",
+        first_a + 3
     );
+    // Without asking, no page (it sleeps on its eventfds).
+    let c = app(1);
+    let mut cc = register(&d, &c, &reg("c", Class::Batch, 0, 1, 1)).unwrap();
+    assert!(cc.take_wake_page().is_none());
+    drop(cc);
+    for round in 0..(ginza_shm::WAKE_PAGE_BLOCKS + 20) {
+        drop(ca);
+        d.wait_for("a left", |s| app_named(s, "a").is_none());
+        ca = register(&d, &a, &on_page("a", 3))
+            .unwrap_or_else(|e| panic!("registration {round}: {e}"));
+        let (_, first) = ca.take_wake_page().unwrap();
+        assert!(
+            apart((first, 3), (first_b, 1)),
+            "round {round}: a took b's slot"
+        );
+    }
 }

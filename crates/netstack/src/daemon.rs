@@ -121,6 +121,8 @@ impl Daemon {
             net: Some(cfg.interface),
             steering: None,
             dispatch: None,
+            // Its kthreads are its own loop's, which waits on eventfds.
+            wake_page: false,
         };
         let mut conn = client::register_region(&cfg.iokernel_socket, &reg, &region, &eventfds)
             .with_context(|| {

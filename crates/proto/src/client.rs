@@ -8,7 +8,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let region = Region::create("app", &RegionConfig::new(2))?;
 //! let efds = [eventfd::new()?, eventfd::new()?];
-//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None, steering: None, dispatch: None };
+//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None, steering: None, dispatch: None, wake_page: false };
 //! let conn = client::register_region("/tmp/ginza-1000/iokerneld.sock".as_ref(), &reg, &region, &efds)?;
 //! println!("registered as app {}", conn.app_id());
 //! drop(conn); // deregisters
@@ -20,7 +20,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ginza_shm::{IngressPool, Region};
+use ginza_shm::{IngressPool, Region, WakePage};
 use ginza_sys::poll::{poll_one, PollFlags};
 use ginza_sys::{process, socket};
 
@@ -67,6 +67,8 @@ pub enum ClientError {
     NoMemfd,
     #[error("iokerneld's ingress pool: {0}")]
     IngressPool(String),
+    #[error("iokerneld's wake page: {0}")]
+    WakePage(String),
     #[error("the application's side: {0}")]
     Local(String),
 }
@@ -79,6 +81,7 @@ pub struct Connection {
     sock: OwnedFd,
     app_id: u64,
     ingress: Option<IngressPool>,
+    wake: Option<(WakePage, u32)>,
 }
 
 impl Connection {
@@ -91,6 +94,14 @@ impl Connection {
     /// read-only; `None` after the first call or without networking.
     pub fn take_ingress_pool(&mut self) -> Option<IngressPool> {
         self.ingress.take()
+    }
+
+    /// The wake page iokerneld sent (registered with `wake_page`), mapped
+    /// read-only, and the slot of kthread 0 (kthread `k` sleeps on the
+    /// slot after it by `k`); `None` after the first call, or from an
+    /// iokerneld without one.
+    pub fn take_wake_page(&mut self) -> Option<(WakePage, u32)> {
+        self.wake.take()
     }
 
     /// A second descriptor of the connection's socket, for a thread that
@@ -253,30 +264,52 @@ pub fn register_with(
     env: &Envelope,
     fds: &[BorrowedFd<'_>],
 ) -> Result<Connection, ClientError> {
-    // The acceptance carries the ingress pool's memfd, if any.
-    let (sock, resp, mut fds) = request_with_fds(socket, env, fds, 1)?;
+    // The acceptance carries the ingress pool's memfd and the wake page's,
+    // each if any, in that order.
+    let (sock, resp, fds) = request_with_fds(socket, env, fds, 2)?;
+    let kthreads = match &env.request {
+        Request::Register(r) => r.kthreads,
+        _ => 0,
+    };
     match resp {
         Response::Accepted {
             app_id,
-            ingress_buffers: 0,
-        } => Ok(Connection {
-            sock,
-            app_id,
-            ingress: None,
-        }),
-        Response::Accepted {
-            app_id,
             ingress_buffers,
+            wake_slots,
         } => {
-            let fd = fds.pop().ok_or_else(|| {
-                ClientError::IngressPool("accepted with an ingress pool but no descriptor".into())
-            })?;
-            let pool = IngressPool::map_read_only(fd, ingress_buffers)
-                .map_err(|e| ClientError::IngressPool(e.to_string()))?;
+            let want = usize::from(ingress_buffers > 0) + usize::from(wake_slots.is_some());
+            if fds.len() != want {
+                return Err(ClientError::BadReply(format!(
+                    "accepted with {want} descriptors announced (ingress pool, wake page) but {} attached",
+                    fds.len()
+                )));
+            }
+            let mut fds = fds.into_iter();
+            let ingress = match ingress_buffers {
+                0 => None,
+                n => Some(
+                    IngressPool::map_read_only(fds.next().expect("counted above"), n)
+                        .map_err(|e| ClientError::IngressPool(e.to_string()))?,
+                ),
+            };
+            let wake = match wake_slots {
+                None => None,
+                Some(first) if !WakePage::holds(first, kthreads) => {
+                    return Err(ClientError::WakePage(format!(
+                        "slots {first}.. for {kthreads} kthreads are outside the page"
+                    )))
+                }
+                Some(first) => Some((
+                    WakePage::map_read_only(fds.next().expect("counted above"))
+                        .map_err(|e| ClientError::WakePage(e.to_string()))?,
+                    first,
+                )),
+            };
             Ok(Connection {
                 sock,
                 app_id,
-                ingress: Some(pool),
+                ingress,
+                wake,
             })
         }
         Response::Refused { reason } => Err(ClientError::Refused { reason }),

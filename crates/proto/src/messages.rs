@@ -94,6 +94,12 @@ pub struct Registration {
     /// none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatch: Option<DispatchSpec>,
+    /// Its kthreads sleep for grants on iokerneld's wake page and answer
+    /// local-wake doorbells from it (docs/runtime.md, "Local wakes"):
+    /// iokerneld answers with a block of the page and its memfd. Left out
+    /// when false, so older registrations read the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wake_page: bool,
 }
 
 /// Longest class list of a [`DispatchSpec`].
@@ -264,11 +270,15 @@ pub struct Envelope {
 pub enum Response {
     /// With `ingress_buffers > 0` (an application with `net`), the memfd
     /// of its ingress pool is attached: that many buffers of
-    /// `ginza_shm::PKT_BUFFER_SIZE` bytes, to be mapped read-only.
+    /// `ginza_shm::PKT_BUFFER_SIZE` bytes, to be mapped read-only. With
+    /// `wake_slots` (asked by `Registration::wake_page`), the wake page's
+    /// memfd follows: kthread `k` sleeps on slot `wake_slots + k`.
     Accepted {
         app_id: u64,
         #[serde(default)]
         ingress_buffers: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wake_slots: Option<u32>,
     },
     Refused {
         reason: String,
@@ -854,6 +864,7 @@ mod tests {
             net: None,
             steering: None,
             dispatch: None,
+            wake_page: false,
         };
         let ok = encode(&Envelope {
             protocol: PROTOCOL_VERSION,

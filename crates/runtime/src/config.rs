@@ -212,13 +212,13 @@ pub struct IokernelConfig {
     /// Dispatch by iokerneld (docs/colocate.md): set by
     /// `shinjuku::dispatched::serve`, which runs the workers that read it.
     pub dispatch: Option<ginza_proto::messages::DispatchSpec>,
-    /// Answer iokerneld's local-wake doorbells (docs/runtime.md, "Local
+    /// Sleep for grants on iokerneld's wake page instead of the eventfds,
+    /// and answer its local-wake doorbells (docs/runtime.md, "Local
     /// wakes"; iokerneld's `Config::local_wake_wait`): at its preemption
     /// points and between uthreads, a kthread asked to wake another
-    /// application's kthread on its CPU writes that one's eventfd. Only for
-    /// an application in iokerneld's own process (the doorbell names a
-    /// descriptor of that process); off by default.
-    pub local_wakes: bool,
+    /// application's kthread on its CPU does so, from any process. On by
+    /// default; an iokerneld without a page wakes the eventfds.
+    pub wake_page: bool,
 }
 
 impl IokernelConfig {
@@ -239,7 +239,7 @@ impl IokernelConfig {
             net: None,
             steering: None,
             dispatch: None,
-            local_wakes: false,
+            wake_page: true,
         }
     }
 }

@@ -100,8 +100,9 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
     wait_for_grant(owner, io);
 }
 
-/// Blocks until iokerneld grants this kthread a core (its eventfd), the
-/// runtime shuts down, or iokerneld is lost.
+/// Blocks until iokerneld grants this kthread a core (the grant word, after
+/// a wake on the wake page or the eventfd), the runtime shuts down, or
+/// iokerneld is lost.
 pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     let k = owner.kthread();
     let rt = k.rt();
@@ -130,10 +131,18 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
         granted = true;
         lingering = true;
     }
+    let link = rt.link.as_ref().expect("managed runtime without a link");
     while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
-        // A preemption signal that raced with our `Parked` interrupts the
-        // wait; only the eventfd means a grant.
-        granted = eventfd_wait(k, u64::MAX);
+        granted = match link.wake_slot(k.id) {
+            Some((page, slot)) => sleep_on_wake_page(io, rt, page, slot),
+            // Before registration ends (the kthreads start first), or an
+            // iokerneld without a wake page. The registration's kick that
+            // sends a kthread to the page is no grant: then only the word
+            // says one came.
+            None => {
+                eventfd_wait(k, u64::MAX) && (link.wake_slot(k.id).is_none() || word.take_grant())
+            }
+        };
     }
     word.awake();
     let decided = owner.drain_from_iokernel();
@@ -155,10 +164,43 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     k.state.store(RUNNING, SeqCst);
 }
 
-/// Answers a local-wake doorbell rung on this kthread's queue line, if
-/// the application takes them (docs/runtime.md, "Local wakes"): writes the
-/// eventfd it names, which wakes a kthread blocked for a grant of the core
-/// this one runs on — from the same CPU, so without an inter-processor
+/// Sleeps on kthread `io`'s slot of the wake page until its grant word
+/// says it was granted (true), or the runtime shuts down or loses
+/// iokerneld (false). A wake from anyone else (another application may
+/// wake any slot) finds no grant and sleeps again.
+fn sleep_on_wake_page(
+    io: &KLink,
+    rt: &crate::sched::Shared,
+    page: &ginza_shm::WakePage,
+    slot: u32,
+) -> bool {
+    let word = io.line.wake();
+    // SeqCst against the flags below: `Shared::wake_page_sleepers`, which
+    // sets them first, sees this and wakes us until we have left.
+    io.sleeping_on_page.store(true, SeqCst);
+    let granted = loop {
+        // Read before the look: iokerneld bumps it after a grant, so a
+        // grant after the look ends the sleep at once.
+        let seen = page.seen(slot);
+        if word.take_grant() {
+            break true;
+        }
+        if rt.shutdown.load(SeqCst) || !rt.managed() {
+            break false;
+        }
+        if let Err(e) = page.wait(slot, seen) {
+            log::warn!("kthread sleeping on wake slot {slot}: {e}");
+            std::thread::yield_now();
+        }
+    };
+    io.sleeping_on_page.store(false, SeqCst);
+    granted
+}
+
+/// Answers a local-wake doorbell rung on this kthread's queue line
+/// (docs/runtime.md, "Local wakes"): wakes the wake-page slot it names,
+/// where a kthread of any application sleeps for a grant of the core this
+/// one runs on — from the same CPU, so without an inter-processor
 /// interrupt; the kernel then runs that kthread before this `SCHED_IDLE`
 /// one. Cheap when none is rung: one load.
 #[inline]
@@ -172,28 +214,18 @@ pub(crate) fn answer_doorbell(k: &crate::sched::KThread) {
 
 #[cold]
 fn answer_doorbell_slow(k: &crate::sched::KThread, io: &KLink) {
-    let takes = k.rt().link.as_ref().is_some_and(|l| l.cfg.local_wakes);
-    if !takes {
-        return; // iokerneld writes the eventfd itself after its wait
-    }
-    // A preemption between taking the ask and the write would leave the
+    // iokerneld rings only kthreads that map the page.
+    let Some((page, _)) = k.rt().link.as_ref().and_then(|l| l.wake_slot(k.id)) else {
+        return;
+    };
+    // A preemption between taking the ask and the wake would leave the
     // woken kthread waiting until this uthread runs again: deferred.
     let _deferred = crate::deferral::Guard::new();
-    io.line.answer_doorbell(|fd| {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: `one` is 8 valid bytes for the call. `fd` is a descriptor
-        // of this process (the application runs in iokerneld's,
-        // `local_wakes`): iokerneld's copy of an eventfd, which it keeps
-        // open while the line shows it being answered, even if the
-        // application that owns it goes away meanwhile.
-        let r = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
-        if r != 8 {
-            log::debug!(
-                "local wake of descriptor {fd}: {}",
-                std::io::Error::last_os_error()
-            );
+    if let Some(slot) = io.line.take_doorbell() {
+        if let Err(e) = page.wake(slot) {
+            log::debug!("local wake of slot {slot}: {e}");
         }
-    });
+    }
 }
 
 /// The last grant the caller's kthread ran after, under iokerneld: when

@@ -18,7 +18,7 @@ use ginza_proto::client::{self, Connection};
 use ginza_proto::messages::Registration;
 use ginza_shm::{
     CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, LineFlags, LineRef, PacketDesc, Producer,
-    Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
+    Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
 };
 
 use crate::config::{IokernelConfig, NetConfig};
@@ -88,6 +88,9 @@ pub(crate) struct KLink {
     /// one) and has read no `Wake` since: every `Run` read now crossed its
     /// `Parked`/`Yielded` and iokerneld has queued it again.
     awaiting_wake: UnsafeCell<bool>,
+    /// The kthread sleeps on its slot of the wake page (so
+    /// `Shared::wake_page_sleepers` must wake it there).
+    pub(crate) sleeping_on_page: AtomicBool,
     /// Owner kthread only: the number of the last `Wake` read — the grant
     /// the kthread runs under, which its next `Parked`/`Yielded` answers
     /// (0 before the first: iokerneld's first grant is 1).
@@ -270,6 +273,9 @@ pub(crate) struct Link {
     pub(crate) conn: Mutex<Option<Connection>>,
     /// The network stack, once iokerneld has sent the ingress pool.
     pub(crate) net: OnceLock<Box<dyn PacketStack>>,
+    /// iokerneld's wake page and kthread 0's slot, once registered with
+    /// `IokernelConfig::wake_page` (docs/runtime.md, "Local wakes").
+    wake: OnceLock<(WakePage, u32)>,
 }
 
 impl Link {
@@ -310,6 +316,7 @@ impl Link {
                 awaiting_wake: UnsafeCell::new(true),
                 drop_pre_assigned: UnsafeCell::new(false),
                 grant: UnsafeCell::new(0),
+                sleeping_on_page: AtomicBool::new(false),
                 net: cfg
                     .net
                     .is_some()
@@ -325,6 +332,7 @@ impl Link {
                 monotonic_at_epoch,
                 conn: Mutex::new(None),
                 net: OnceLock::new(),
+                wake: OnceLock::new(),
             },
             ends,
         ))
@@ -352,6 +360,7 @@ impl Link {
             net: self.cfg.net.as_ref().map(|c| c.interface),
             steering: self.cfg.steering.map(|s| s.name().to_string()),
             dispatch: self.cfg.dispatch.clone(),
+            wake_page: self.cfg.wake_page,
         };
         let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
             .map_err(|e| e.to_string())?;
@@ -370,8 +379,18 @@ impl Link {
             // Set once: `register` runs once per runtime.
             let _ = self.net.set(make_stack(net, pool));
         }
+        if let Some(wake) = conn.take_wake_page() {
+            let _ = self.wake.set(wake);
+        }
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
         Ok(id)
+    }
+
+    /// The wake page and kthread `k`'s slot on it, if iokerneld sent one.
+    pub(crate) fn wake_slot(&self, k: usize) -> Option<(&WakePage, u32)> {
+        self.wake
+            .get()
+            .map(|(page, first)| (page, first + k as u32))
     }
 
     /// A second descriptor of the connection to iokerneld, to wait for its

@@ -160,6 +160,13 @@ impl Started {
                 Box::new(crate::net::Stack::new(cfg, pool))
             })
             .map_err(RuntimeError::Iokernel)?;
+        if link.wake_slot(0).is_some() {
+            // Kthreads that went to sleep on their eventfds before the
+            // page came move to it (their wait says why: `wait_for_grant`).
+            for k in rt.kthreads.iter() {
+                let _ = ginza_sys::eventfd::write(k.eventfd(), 1);
+            }
+        }
         log::info!(
             "registered with iokerneld as {:?} (app {id}, {} kthreads)",
             link.cfg.name,

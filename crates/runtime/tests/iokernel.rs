@@ -624,3 +624,140 @@ fn sigkill_of_one_application_leaves_the_other_running() {
         st.recent_removals
     );
 }
+
+// ---- the wake page (docs/runtime.md, "Local wakes") -------------------------
+
+/// Whether this process may put a thread under `SCHED_IDLE` (tried on a
+/// thread of its own, which then ends).
+fn idle_class_allowed() -> bool {
+    std::thread::spawn(|| ginza_sys::sched_class::set_current_idle().is_ok())
+        .join()
+        .unwrap_or(false)
+}
+
+/// The child half of `a_batch_kthread_of_another_process_wakes_lc_on_its_cpu`:
+/// a batch application (its kthread under `SCHED_IDLE`) computing with a
+/// preemption point every microsecond, until killed. Does nothing unless
+/// run by that test.
+#[test]
+fn child_batch_with_preemption_points() {
+    let Ok(socket) = std::env::var("GINZA_TEST_CHILD_BATCH_SOCKET") else {
+        return;
+    };
+    let mut io = IokernelConfig::new("far-batch", Class::Batch);
+    io.socket = Some(socket.into());
+    let cfg = Config {
+        iokernel: Some(io),
+        ..Config::with_kthreads(1)
+    };
+    ginza_runtime::run(cfg, || loop {
+        spin_for(Duration::from_micros(1));
+        ginza_runtime::preempt_point();
+    })
+    .unwrap();
+}
+
+/// A latency-critical kthread of this process sleeps on the wake page; the
+/// only managed core is held by a `SCHED_IDLE` batch kthread of another
+/// process. Each time lc's timer comes due, iokerneld gives lc the core
+/// and rings the batch kthread's doorbell, and the batch kthread wakes lc
+/// from that CPU: across processes, as within one.
+#[test]
+fn a_batch_kthread_of_another_process_wakes_lc_on_its_cpu() {
+    let _g = lock();
+    if !idle_class_allowed() {
+        return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+    }
+    let d = Daemon::start(|c| {
+        c.cores = vec![cores()[0]];
+        // Long enough that iokerneld's own wakes after the wait stay few
+        // while the batch kthread answers.
+        c.local_wake_wait = Some(Duration::from_millis(20));
+    });
+    let _child = common::spawn_test_child(
+        "child_batch_with_preemption_points",
+        "GINZA_TEST_CHILD_BATCH_SOCKET",
+        &d.socket,
+    );
+    wait_until("the batch child holds the core", &d, |s| {
+        app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
+    });
+    let before = d.stats().alloc;
+    let sleeps = 200;
+    let done = ginza_runtime::run(d.app("near-lc", Class::LatencyCritical, 0, 1), move || {
+        for _ in 0..sleeps {
+            ginza_runtime::sleep(Duration::from_micros(300));
+        }
+        sleeps
+    })
+    .unwrap();
+    assert_eq!(done, sleeps);
+    let after = d.stats().alloc;
+    let local = after.local_wakes - before.local_wakes;
+    let by_iokernel = after.local_wakes_by_iokernel - before.local_wakes_by_iokernel;
+    assert!(
+        local >= sleeps / 4 && local > by_iokernel,
+        "lc's wakes made by the batch kthread in the other process: {local}, by iokerneld after its wait: {by_iokernel} ({sleeps} sleeps)"
+    );
+}
+
+/// Any application maps the wake page and may wake any slot: a parked
+/// kthread woken so finds no grant in its grant word and sleeps again.
+#[test]
+fn a_stray_wake_on_the_wake_page_is_no_grant() {
+    let _g = lock();
+    // One managed core, held by the kthread that runs the test: the other
+    // sleeps for its first grant, which never comes.
+    let d = Daemon::start(|c| c.cores = vec![cores()[0]]);
+    let socket = d.socket.clone();
+    // Registered first on a fresh iokerneld: the runtime's block is the
+    // first, its kthread k sleeps on slot k.
+    let (grants_before, grants_after, woken) =
+        ginza_runtime::run(d.app("stray", Class::LatencyCritical, 0, 2), move || {
+            let h = Handle::current().unwrap();
+            // Another application's view of the page.
+            let region =
+                ginza_shm::Region::create("stray-waker", &ginza_shm::RegionConfig::new(1)).unwrap();
+            let efd = ginza_sys::eventfd::new().unwrap();
+            let reg = ginza_proto::messages::Registration {
+                name: "stray-waker".into(),
+                class: Class::Batch,
+                guaranteed: 0,
+                max_cores: 1,
+                kthreads: 1,
+                net: None,
+                steering: None,
+                dispatch: None,
+                wake_page: true,
+            };
+            let mut conn = client::register_region(&socket, &reg, &region, &[efd]).unwrap();
+            let (page, first) = conn.take_wake_page().expect("iokerneld sends its page");
+            assert_eq!(first, 256, "the runtime holds the first block");
+            let k = h
+                .stats()
+                .iter()
+                .position(|k| k.grants == 0)
+                .unwrap_or_else(|| {
+                    panic!("both kthreads were granted the one core: {:?}", h.stats())
+                });
+            let before = h.stats()[k].grants;
+            let mut woken = 0;
+            for _ in 0..2_000 {
+                woken += page.wake(k as u32).unwrap();
+                spin_for(Duration::from_micros(5));
+            }
+            // Woken or not, it looked at its word each time: give it the
+            // time to (wrongly) run before looking at its grants.
+            spin_for(Duration::from_millis(20));
+            (before, h.stats()[k].grants, woken)
+        })
+        .unwrap();
+    assert!(
+        woken >= 1,
+        "the parked kthread never slept on its slot: the test saw nothing"
+    );
+    assert_eq!(
+        grants_after, grants_before,
+        "a stray wake passed for a grant ({woken} wakes)"
+    );
+}

@@ -6,7 +6,10 @@
 //! * [`queue_line`]: one cache line per kthread that the runtime writes and
 //!   iokerneld samples for congestion detection.
 //! * [`wake_word`]: how a grant reaches a parked kthread: a word in its
-//!   queue line while it lingers, its eventfd once it sleeps.
+//!   queue line while it lingers, its eventfd or its word of the wake
+//!   page once it sleeps.
+//! * [`wake_page`]: the futex words kthreads sleep on for a grant, which
+//!   iokerneld, or the kthread on the granted core, wakes.
 //! * [`ring`]: the `#[repr(C)]`, pointer-free SPSC ring both processes map.
 //! * [`msg`]: the command messages of the per-kthread command rings.
 //! * [`packet`]: packet descriptors, egress buffers, the read-only ingress
@@ -27,6 +30,8 @@ pub mod queue_line;
 pub mod region;
 pub mod ring;
 mod sync;
+#[cfg(not(loom))]
+pub mod wake_page;
 pub mod wake_word;
 
 pub use msg::{
@@ -43,6 +48,8 @@ pub use region::{
     RuntimeEnd,
 };
 pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};
+#[cfg(not(loom))]
+pub use wake_page::{WakePage, WakePageError, WAKE_PAGE_BLOCKS};
 pub use wake_word::{BeforeSleep, GrantDelivery, WakeWord};
 
 /// Proptest settings: `cases` normally, `miri_cases` under Miri, where

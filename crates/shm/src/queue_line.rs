@@ -76,17 +76,12 @@ pub struct QueueLine {
     /// call").
     wake: WakeWord,
     /// A local wake asked of this kthread (docs/runtime.md, "Local
-    /// wakes"): iokerneld's descriptor number of an eventfd + 1 (0: none),
-    /// with [`DOORBELL_ANSWERING`] while the kthread writes it. Whoever
-    /// takes it first writes that eventfd: the kthread on the CPU (no
-    /// inter-processor interrupt) or iokerneld after its wait (loom's atomic
-    /// under `--cfg loom`: the protocol is model-checked).
+    /// wakes"): the wake-page slot of the kthread to wake + 1 (0: none).
+    /// Whoever takes it first wakes that slot: the kthread on the CPU (no
+    /// inter-processor interrupt) or iokerneld after its wait (loom's
+    /// atomic under `--cfg loom`: the protocol is model-checked).
     doorbell: crate::sync::AtomicU32,
 }
-
-/// In `QueueLine::doorbell`: the kthread took the ask and is writing the
-/// eventfd; iokerneld keeps that descriptor open until it is done.
-const DOORBELL_ANSWERING: u32 = 1 << 31;
 
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<QueueLine>() == 64);
@@ -144,70 +139,35 @@ impl QueueLine {
         }
     }
 
-    /// iokerneld: asks the kthread to write eventfd `fd` (a descriptor of
-    /// iokerneld's process) for it; false if an earlier ask is still there
-    /// (or `fd` is no descriptor): then iokerneld writes it itself.
-    pub fn ring_doorbell(&self, fd: i32) -> bool {
-        let Some(v) = u32::try_from(fd)
-            .ok()
-            .filter(|&fd| fd < DOORBELL_ANSWERING - 1)
-        else {
+    /// iokerneld: asks the kthread to wake the kthread sleeping on
+    /// wake-page slot `slot` for it; false if an earlier ask is still there
+    /// (then iokerneld wakes it itself).
+    pub fn ring_doorbell(&self, slot: u32) -> bool {
+        let Some(v) = slot.checked_add(1) else {
             return false;
         };
         self.doorbell
-            .compare_exchange(0, v + 1, Ordering::Release, Ordering::Relaxed)
+            .compare_exchange(0, v, Ordering::Release, Ordering::Relaxed)
             .is_ok()
     }
 
-    /// iokerneld: takes the pending ask nobody answers yet, if any; of it
-    /// and the kthread's [`QueueLine::answer_doorbell`], exactly one gets
-    /// it. The number is only meaningful in iokerneld's process.
-    pub fn take_doorbell(&self) -> Option<i32> {
+    /// Takes the pending ask, if any: the kthread asked (at its preemption
+    /// points), or iokerneld once its wait is over. Of all takers exactly
+    /// one gets it, and wakes the slot.
+    pub fn take_doorbell(&self) -> Option<u32> {
         let v = self.doorbell.load(Ordering::Relaxed);
-        if v == 0 || v & DOORBELL_ANSWERING != 0 {
+        if v == 0 {
             return None; // the common case: no write to the shared line
         }
         self.doorbell
             .compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
             .ok()
-            .map(|v| (v - 1) as i32)
+            .map(|v| v - 1)
     }
 
-    /// The kthread: answers the pending ask, if any, by calling `write`
-    /// with its descriptor. Meanwhile the line shows the descriptor as
-    /// being answered ([`QueueLine::doorbell_answering`]), so iokerneld
-    /// does not close it under the write. True if it answered.
-    pub fn answer_doorbell(&self, write: impl FnOnce(i32)) -> bool {
-        let v = self.doorbell.load(Ordering::Relaxed);
-        if v == 0 || v & DOORBELL_ANSWERING != 0 {
-            return false;
-        }
-        if self
-            .doorbell
-            .compare_exchange(
-                v,
-                v | DOORBELL_ANSWERING,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            return false;
-        }
-        write((v - 1) as i32);
-        self.doorbell.store(0, Ordering::Release);
-        true
-    }
-
-    /// Whether an ask is pending or being answered (one load).
+    /// Whether an ask is pending (one load).
     pub fn doorbell_rung(&self) -> bool {
         self.doorbell.load(Ordering::Relaxed) != 0
-    }
-
-    /// The descriptor the kthread is writing now, if any.
-    pub fn doorbell_answering(&self) -> Option<i32> {
-        let v = self.doorbell.load(Ordering::Acquire);
-        (v & DOORBELL_ANSWERING != 0).then(|| ((v & !DOORBELL_ANSWERING) - 1) as i32)
     }
 
     /// The grant word (both sides).
@@ -389,30 +349,9 @@ mod tests {
         assert!(!l.ring_doorbell(42));
         assert_eq!(l.take_doorbell(), Some(41));
         assert_eq!(l.take_doorbell(), None);
-        // Not a descriptor: nothing to ring.
-        assert!(!l.ring_doorbell(-1));
+        // A slot that cannot be stored: nothing to ring.
+        assert!(!l.ring_doorbell(u32::MAX));
         assert!(!l.doorbell_rung());
-    }
-
-    /// While the kthread writes, the descriptor shows as answered: iokerneld
-    /// can neither take the ask nor ring another, and keeps it open.
-    #[test]
-    fn an_answered_doorbell_shows_its_descriptor_until_written() {
-        let l = QueueLine::new();
-        assert!(!l.answer_doorbell(|_| panic!("nothing was asked")));
-        assert!(l.ring_doorbell(7));
-        let mut wrote = None;
-        assert!(l.answer_doorbell(|fd| {
-            assert_eq!(l.doorbell_answering(), Some(7));
-            assert!(l.doorbell_rung());
-            assert_eq!(l.take_doorbell(), None);
-            assert!(!l.ring_doorbell(8));
-            wrote = Some(fd);
-        }));
-        assert_eq!(wrote, Some(7));
-        assert_eq!(l.doorbell_answering(), None);
-        assert!(!l.doorbell_rung());
-        assert!(!l.answer_doorbell(|_| panic!("answered twice")));
     }
 
     #[test]
@@ -420,19 +359,11 @@ mod tests {
         for round in 0..200 {
             let l = std::sync::Arc::new(QueueLine::new());
             assert!(l.ring_doorbell(round));
-            // iokerneld's take against the kthread's answer.
+            // iokerneld's take against the kthread's.
             let takers: Vec<_> = (0..2)
-                .map(|side| {
+                .map(|_| {
                     let l = std::sync::Arc::clone(&l);
-                    std::thread::spawn(move || {
-                        if side == 0 {
-                            l.take_doorbell()
-                        } else {
-                            let mut got = None;
-                            l.answer_doorbell(|fd| got = Some(fd));
-                            got
-                        }
-                    })
+                    std::thread::spawn(move || l.take_doorbell())
                 })
                 .collect();
             let got: Vec<_> = takers
@@ -447,39 +378,41 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use loom::sync::atomic::{AtomicBool, AtomicU32};
+    use loom::sync::atomic::AtomicU32;
     use loom::sync::Arc;
 
-    /// One ask, answered by the kthread while iokerneld, past its wait,
-    /// takes it itself, then (the woken application leaving) closes the
-    /// descriptor once no line shows it answered. Checks: exactly one side
-    /// writes, and never after the close.
+    /// One ask, taken by the kthread while iokerneld, past its wait, takes
+    /// it too and asks the next one (waking that slot itself if the line
+    /// still holds the first), then takes what is left: every slot asked
+    /// is woken exactly once.
     #[test]
-    fn a_doorbell_is_written_once_and_never_after_the_close() {
+    fn every_ask_is_taken_exactly_once() {
         loom::model(|| {
             let line = Arc::new(QueueLine::new());
             assert!(line.ring_doorbell(5));
-            let writes = Arc::new(AtomicU32::new(0));
-            let open = Arc::new(AtomicBool::new(true));
+            let woken = Arc::new(AtomicU32::new(0));
+            let wake = |w: &AtomicU32, slot: u32| {
+                w.fetch_add(1 << (slot * 4), Ordering::Relaxed);
+            };
             let kthread = {
-                let (line, writes, open) = (line.clone(), writes.clone(), open.clone());
+                let (line, woken) = (line.clone(), woken.clone());
                 loom::thread::spawn(move || {
-                    line.answer_doorbell(|fd| {
-                        assert_eq!(fd, 5);
-                        assert!(open.load(Ordering::Relaxed), "written after the close");
-                        writes.fetch_add(1, Ordering::Relaxed);
-                    });
+                    if let Some(slot) = line.take_doorbell() {
+                        wake(&woken, slot);
+                    }
                 })
             };
-            if line.take_doorbell() == Some(5) {
-                writes.fetch_add(1, Ordering::Relaxed);
+            if let Some(slot) = line.take_doorbell() {
+                wake(&woken, slot);
             }
-            while line.doorbell_answering().is_some() {
-                loom::thread::yield_now();
+            if !line.ring_doorbell(6) {
+                wake(&woken, 6);
             }
-            open.store(false, Ordering::Relaxed);
             kthread.join().unwrap();
-            assert_eq!(writes.load(Ordering::Relaxed), 1);
+            if let Some(slot) = line.take_doorbell() {
+                wake(&woken, slot);
+            }
+            assert_eq!(woken.load(Ordering::Relaxed), (1 << 20) | (1 << 24));
         });
     }
 }

@@ -6,6 +6,7 @@
 //! * [`cpulist`]: the kernel's CPU-list text (`0-3,5`), parsed and written.
 //! * [`topology`]: online CPUs and hyperthread siblings, from sysfs.
 //! * [`eventfd`]: the counters kthreads park on.
+//! * [`futex`]: waits and wakes on words of a shared mapping (the wake page).
 //! * [`memfd`]: sealable memfds and their shared mappings.
 //! * [`mm`]: private mappings (uthread stacks with a guard page).
 //! * [`clock`]: CLOCK_MONOTONIC and the calling thread's CPU time.
@@ -29,6 +30,7 @@ pub mod affinity;
 pub mod clock;
 pub mod cpulist;
 pub mod eventfd;
+pub mod futex;
 pub mod hops;
 pub mod memfd;
 pub mod mm;

@@ -6,7 +6,9 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
-use ginza_shm::{IokernelEnd, Region};
+use std::sync::Arc;
+
+use ginza_shm::{IokernelEnd, Region, WakePage};
 use log::{debug, info, warn};
 
 use super::{
@@ -291,11 +293,14 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     Some(Err(reason)) => return refuse(self, reason),
                 };
+                let wake = reg.wake_page.then(|| self.free_wake_slots()).flatten();
                 let accepted = Response::Accepted {
                     app_id: id,
                     ingress_buffers: net.as_ref().map_or(0, |n| n.pool().count()),
+                    wake_slots: wake.as_ref().map(|w| w.1),
                 };
-                let fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
+                let mut fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
+                fds.extend(wake.as_ref().map(|w| w.0.fd()));
                 let sent = Self::reply_with_fds(&p.sock, &accepted, &fds);
                 if !sent {
                     if let Some(net) = &net {
@@ -324,6 +329,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     _region: region,
                     ends,
                     eventfds,
+                    wake,
                     kt: vec![
                         Kthread {
                             parked: true,
@@ -433,6 +439,27 @@ impl<A: CoreActuator> Iokerneld<A> {
         Ok((region, ends, eventfds))
     }
 
+    // Every application can have a block.
+    const _EVERY_APP_HAS_A_WAKE_BLOCK: () = assert!(MAX_APPS as u32 <= ginza_shm::WAKE_PAGE_BLOCKS);
+
+    /// The wake page and a block of it no registered application holds
+    /// (there are as many blocks as applications may register), if there
+    /// is a page. A block freed by an application that left may still be
+    /// woken by its kthreads' leftovers: the new owner's kthreads then find
+    /// no grant and sleep again.
+    fn free_wake_slots(&self) -> Option<(Arc<WakePage>, u32)> {
+        let page = self.wake_page.as_ref()?;
+        let taken: Vec<u32> = self
+            .apps
+            .iter()
+            .filter_map(|a| a.wake.as_ref().map(|w| w.1))
+            .collect();
+        (0..ginza_shm::WAKE_PAGE_BLOCKS)
+            .filter_map(WakePage::block_start)
+            .find(|first| !taken.contains(first))
+            .map(|first| (Arc::clone(page), first))
+    }
+
     /// A port and an ingress pool for an application that registered an
     /// address; its IP must be unique (the switch checks the MAC).
     fn attach_net(
@@ -529,8 +556,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             return;
         };
         self.forget_doorbells_of(id);
-        let mut app = self.apps.remove(i);
-        self.close_answered_eventfds(std::mem::take(&mut app.eventfds));
+        let app = self.apps.remove(i);
         if let Some(net) = &app.net {
             self.dp.detach(net);
         }
@@ -559,8 +585,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             name: app.name,
             reason,
         });
-        // Dropping `app` closes its socket and unmaps the region (its
-        // eventfds went above).
+        // Dropping `app` closes its socket and eventfds, unmaps the region
+        // and frees its block of the wake page.
     }
 }
 

@@ -3,7 +3,7 @@
 //! preemptions), a core handed over once its preempted holder gives it
 //! back, and kthreads that miss the preemption deadline.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::AsFd;
 
 use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
 use ginza_shm::{
@@ -596,6 +596,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             pinned: app.kt[k].pinned,
             eventfd: app.eventfds[k].as_fd(),
             wake: app.ends[k].line.wake(),
+            wake_slot: app
+                .wake
+                .as_ref()
+                .map(|(page, first)| (&**page, first + k as u32)),
             doorbell: None,
         }
     }
@@ -626,14 +630,15 @@ impl<A: CoreActuator> Iokerneld<A> {
     }
 
     /// The kthread that may wake application `a`'s kthread on `core`
-    /// (`Config::local_wake_wait`): a `SCHED_IDLE` victim of iokerneld's
-    /// own process, of another application, preempted off `core` and not
-    /// signalled yet (so still running there), whose doorbell is free.
+    /// (`Config::local_wake_wait`), if `a` sleeps on the wake page: a
+    /// `SCHED_IDLE` victim of another application that maps the page,
+    /// preempted off `core` and not signalled yet (so still running
+    /// there), whose doorbell is free.
     fn local_waker(&self, a: usize, core: usize) -> Option<(usize, usize)> {
         self.cfg.local_wake_wait?;
-        let own = std::process::id() as i32;
+        self.apps.get(a)?.wake.as_ref()?;
         self.apps.iter().enumerate().find_map(|(i, app)| {
-            if i == a || app.pid != own || app.doomed.is_some() {
+            if i == a || app.wake.is_none() || app.doomed.is_some() {
                 return None;
             }
             let k = app.kt.iter().position(|kt| {
@@ -648,10 +653,9 @@ impl<A: CoreActuator> Iokerneld<A> {
     }
 
     /// Local wakes not answered yet: a doorbell no longer rung was
-    /// answered by the kthread asked (it wrote the eventfd); one still
-    /// pending at its due time (or with `all`) iokerneld takes and writes
-    /// itself. Both sides take it by a compare-and-swap: exactly one
-    /// writes.
+    /// answered by the kthread asked (it woke the slot); one still pending
+    /// at its due time (or with `all`) iokerneld takes and wakes itself.
+    /// Both sides take it by a compare-and-swap: exactly one wakes.
     pub(super) fn answer_doorbells(&mut self, now: u64, all: bool) {
         let mut i = 0;
         while i < self.doorbells.len() {
@@ -675,43 +679,30 @@ impl<A: CoreActuator> Iokerneld<A> {
                 i += 1;
                 continue;
             }
-            if victim.line.take_doorbell().is_some() {
-                self.meter.local_wakes_by_iokernel += 1;
-                let woken = self
-                    .apps
-                    .iter()
-                    .find(|x| x.id == d.woken.0)
-                    .and_then(|x| x.eventfds.get(d.woken.1));
-                if let Some(fd) = woken {
-                    if let Err(e) = ginza_sys::eventfd::write(fd.as_fd(), 1) {
-                        warn!("waking app {} kthread {}: {e}", d.woken.0, d.woken.1);
-                    }
+            match victim.line.take_doorbell() {
+                Some(slot) => {
+                    self.meter.local_wakes_by_iokernel += 1;
+                    self.wake_slot(slot, d.woken);
                 }
-            } else {
-                self.meter.local_wakes += 1;
+                None => self.meter.local_wakes += 1,
             }
             self.doorbells.swap_remove(i);
         }
     }
 
-    /// Closes `eventfds` (of a removed application) and those kept
-    /// earlier, except the ones a kthread is still writing for a local
-    /// wake: those stay open until it is done, so its write never lands in
-    /// a descriptor that reused the number.
-    pub(super) fn close_answered_eventfds(&mut self, eventfds: Vec<OwnedFd>) {
-        let answering: Vec<i32> = self
-            .apps
-            .iter()
-            .flat_map(|a| a.ends.iter().filter_map(|e| e.line.doorbell_answering()))
-            .collect();
-        self.eventfds_answered.extend(eventfds);
-        self.eventfds_answered
-            .retain(|fd| answering.contains(&fd.as_raw_fd()));
+    /// Wakes wake-page slot `slot` for the kthread `woken` (application
+    /// id, kthread) after a doorbell nobody answered.
+    fn wake_slot(&self, slot: u32, woken: (u64, usize)) {
+        if let Some(page) = &self.wake_page {
+            if let Err(e) = page.wake(slot) {
+                warn!("waking app {} kthread {}: {e}", woken.0, woken.1);
+            }
+        }
     }
 
     /// Application `id` goes away: its doorbells, and those that would
-    /// wake its kthreads, are answered now (the latter by nobody: their
-    /// eventfds close with it).
+    /// wake its kthreads, are answered now (the latter by nobody: its
+    /// kthreads are gone or no longer wait for grants).
     pub(super) fn forget_doorbells_of(&mut self, id: u64) {
         if self
             .doorbells
@@ -734,14 +725,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             else {
                 continue;
             };
-            if victim.line.take_doorbell().is_some() && d.woken.0 != id {
-                if let Some(fd) = self
-                    .apps
-                    .iter()
-                    .find(|x| x.id == d.woken.0)
-                    .and_then(|x| x.eventfds.get(d.woken.1))
-                {
-                    let _ = ginza_sys::eventfd::write(fd.as_fd(), 1);
+            if let Some(slot) = victim.line.take_doorbell() {
+                if d.woken.0 != id {
+                    self.wake_slot(slot, d.woken);
                 }
             }
         }

@@ -132,6 +132,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         Response::Accepted {
             app_id: id,
             ingress_buffers: 0,
+            wake_slots: None,
         }
     }
 

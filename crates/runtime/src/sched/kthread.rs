@@ -576,7 +576,9 @@ impl Shared {
     /// Whether iokerneld decides which kthreads hold a core.
     #[inline]
     pub(crate) fn managed(&self) -> bool {
-        self.link.is_some() && !self.link_lost.load(Relaxed)
+        // SeqCst (a plain load on x86): a kthread sleeping on the wake page
+        // and `fall_back_to_standalone` each see the other's store.
+        self.link.is_some() && !self.link_lost.load(SeqCst)
     }
 
     /// The network stack (registered with networking), as the scheduler
@@ -634,6 +636,7 @@ impl Shared {
             k.revoke_requested.store(false, SeqCst);
             eventfd_signal(k);
         }
+        self.wake_page_sleepers();
     }
 
     pub(crate) fn now_ns(&self) -> u64 {
@@ -682,6 +685,43 @@ impl Shared {
         self.shutdown.store(true, SeqCst);
         for k in self.kthreads.iter() {
             eventfd_signal(k);
+        }
+        self.wake_page_sleepers();
+    }
+
+    /// Wakes the kthreads sleeping on iokerneld's wake page for a grant
+    /// (after the caller set `shutdown` or `link_lost`, which they look at
+    /// when woken). The runtime cannot change their words (the page is
+    /// read-only here), so a wake that came between a kthread's look and
+    /// its sleep would be lost: repeated until each has left, at most a
+    /// second. For an OS thread (the watcher, or the one stopping the
+    /// runtime): it sleeps between rounds.
+    fn wake_page_sleepers(&self) {
+        let Some(link) = &self.link else {
+            return;
+        };
+        let t0 = Instant::now();
+        loop {
+            let mut asleep = false;
+            for k in self.kthreads.iter() {
+                if let (Some(io), Some((page, slot))) = (&k.io, link.wake_slot(k.id)) {
+                    if io.sleeping_on_page.load(SeqCst) {
+                        asleep = true;
+                        let _ = page.wake(slot);
+                    }
+                }
+            }
+            if !asleep {
+                return;
+            }
+            if t0.elapsed() > Duration::from_secs(1) {
+                log::warn!(
+                    "kthreads of {:?} still sleep on the wake page after 1 s of wakes",
+                    link.cfg.name
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(100));
         }
     }
 
