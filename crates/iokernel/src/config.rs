@@ -19,6 +19,7 @@
 //! flow_warm_up = "0s"      # flow-affinity: round-robin for every other new
 //!                          # flow during this long after registration
 //! steering_buckets = 512   # indirection: buckets per application
+//! local_wake = "5us"       # local wakes, iokerneld's wait (default off)
 //!
 //! [[faults]]               # fault injection in the switch (repeatable,
 //! port = "trunk"           # at most 4 rules; docs/fault-injection.md):
@@ -98,15 +99,15 @@ pub struct Config {
     /// signal follows the receiver's wake at once (docs/runtime.md,
     /// "Preemptions withdrawn").
     pub idle_victim_grace: Duration,
-    /// An experiment, off by default (docs/runtime.md, "Local wakes"):
-    /// with `handover_from_idle_at_once`, a kthread woken onto a core that
-    /// a `SCHED_IDLE` kthread of iokerneld's own process holds is woken by
-    /// that kthread (its queue line's doorbell, taken at its preemption
-    /// points: a wake on the same CPU, no inter-processor interrupt);
-    /// iokerneld writes the eventfd itself if nobody took the doorbell
-    /// within this wait. Only for applications in iokerneld's process (an
-    /// in-process iokerneld, as in `ginza demo`): the doorbell carries a
-    /// descriptor number of this process.
+    /// Off by default (docs/runtime.md, "Local wakes"): with
+    /// `handover_from_idle_at_once`, a kthread sleeping on the wake page,
+    /// woken onto a core that a `SCHED_IDLE` kthread of an application
+    /// mapping the page holds, is woken by that kthread (its queue line's
+    /// doorbell, taken at its preemption points: a wake on the same CPU, no
+    /// inter-processor interrupt), in any process; iokerneld wakes it
+    /// itself if nobody took the doorbell within this wait. Off by default
+    /// because a victim that seldom reaches a preemption point delays each
+    /// such wake by the whole wait.
     pub local_wake_wait: Option<Duration>,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
@@ -259,6 +260,7 @@ struct FileConfig {
     flow_prepopulate: Option<bool>,
     flow_warm_up: Option<String>,
     steering_buckets: Option<usize>,
+    local_wake: Option<String>,
     #[serde(default)]
     faults: Vec<toml::Table>,
 }
@@ -331,6 +333,13 @@ pub struct Cli {
     /// indirection: buckets per application (default 512).
     #[arg(long)]
     pub steering_buckets: Option<usize>,
+    /// Local wakes (docs/runtime.md, "Local wakes"): a kthread sleeping on
+    /// the wake page, given the core of a `SCHED_IDLE` kthread, is woken by
+    /// that kthread from the core's CPU (no inter-processor interrupt);
+    /// iokerneld wakes it itself after this wait, e.g. 5us (default: off;
+    /// 0: off).
+    #[arg(long, value_parser = parse_duration)]
+    pub local_wake: Option<Duration>,
     /// Fault injection in the software switch, e.g.
     /// `drop=5%,reorder=2%,port=trunk` (repeatable, at most 4; replaces the
     /// file's `[[faults]]`). Keys: drop, duplicate, reorder, corrupt
@@ -460,6 +469,10 @@ impl Config {
             .idle_sleep
             .or(dur("idle_sleep", file.idle_sleep.as_ref())?);
         c.run_for = cli.run_for.or(dur("run_for", file.run_for.as_ref())?);
+        c.local_wake_wait = cli
+            .local_wake
+            .or(dur("local_wake", file.local_wake.as_ref())?)
+            .filter(|w| !w.is_zero());
         if let Some(ci) = dur("control_interval", file.control_interval.as_ref())? {
             c.control_interval = ci;
         }
@@ -691,6 +704,7 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/tmp/x.sock"));
         assert_eq!(c.idle_sleep, Some(Duration::from_millis(1)));
         assert_eq!(c.steering, SteeringKind::FlowAffinity);
+        assert_eq!(c.local_wake_wait, None, "off unless asked");
         let cli = Cli::try_parse_from([
             "iokerneld",
             "-c",
@@ -701,6 +715,16 @@ mod tests {
         .unwrap();
         let c = Config::from_cli(&cli).unwrap();
         assert_eq!(c.steering, SteeringKind::Indirection, "flag overrides file");
+        for (flag, wait) in [("5us", Some(Duration::from_micros(5))), ("0", None)] {
+            let cli =
+                Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap(), "--local-wake", flag])
+                    .unwrap();
+            assert_eq!(
+                Config::from_cli(&cli).unwrap().local_wake_wait,
+                wait,
+                "--local-wake {flag}"
+            );
+        }
         assert!(Cli::try_parse_from(["iokerneld", "--steering", "random"]).is_err());
         assert_eq!(c.steering_options, SteeringOptions::default());
         let cli = Cli::try_parse_from([

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -760,4 +761,61 @@ fn a_stray_wake_on_the_wake_page_is_no_grant() {
         grants_after, grants_before,
         "a stray wake passed for a grant ({woken} wakes)"
     );
+}
+
+/// How long lc's wake takes (iokerneld's grant decision → lc's kthread
+/// running, p50 over its grants while asleep) when the only managed core is
+/// held by a `SCHED_IDLE` batch kthread of another process, three ways,
+/// interleaved: lc sleeps on its eventfd and iokerneld writes it; lc sleeps
+/// on the wake page and iokerneld wakes it; the batch kthread wakes it from
+/// that CPU (a local wake). Prints one line per round (docs/results.md,
+/// "Session 13").
+#[test]
+#[ignore = "a measurement, not a check: run with --release -- --ignored --nocapture"]
+fn local_wake_across_processes_latency() {
+    let _g = lock();
+    if !idle_class_allowed() {
+        return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+    }
+    let p50 = |mut v: Vec<u32>| {
+        v.sort_unstable();
+        v.get(v.len() / 2)
+            .map_or(f64::NAN, |&ns| f64::from(ns) / 1e3)
+    };
+    for round in 0..5 {
+        let mut line = format!("round {round}:");
+        for (name, page, local) in [
+            ("eventfd", false, false),
+            ("page", true, false),
+            ("page+local", true, true),
+        ] {
+            let d = Daemon::start(|c| {
+                c.cores = vec![cores()[0]];
+                c.local_wake_wait = local.then_some(Duration::from_millis(20));
+            });
+            let _child = common::spawn_test_child(
+                "child_batch_with_preemption_points",
+                "GINZA_TEST_CHILD_BATCH_SOCKET",
+                &d.socket,
+            );
+            wait_until("the batch child holds the core", &d, |s| {
+                app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
+            });
+            let mut cfg = d.app("near-lc", Class::LatencyCritical, 0, 1);
+            if let Some(io) = cfg.iokernel.as_mut() {
+                io.wake_page = page;
+            }
+            let woken = ginza_runtime::run(cfg, || {
+                let h = Handle::current().unwrap();
+                for _ in 0..500 {
+                    ginza_runtime::sleep(Duration::from_micros(300));
+                }
+                h.take_grant_latencies().from_blocked_ns
+            })
+            .unwrap();
+            let n = woken.len();
+            write!(line, "  {name} {:.2} µs ({n} wakes)", p50(woken)).unwrap();
+        }
+        println!("{line}");
+    }
 }
