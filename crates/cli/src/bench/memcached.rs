@@ -109,6 +109,12 @@ pub struct MemcachedArgs {
     /// Where the CSV and PNGs go.
     #[arg(long, default_value = "results/memcached")]
     out: PathBuf,
+    /// Ginza: local wakes (iokerneld's `--local-wake`): batch's kthread on
+    /// the server CPU wakes kv-server there, no inter-processor interrupt;
+    /// iokerneld wakes it itself after this wait, e.g. 5us (default: off,
+    /// as iokerneld's) (docs/runtime.md, "Local wakes").
+    #[arg(long, value_parser = parse_duration)]
+    local_wake: Option<Duration>,
 }
 
 /// The servers compared.
@@ -169,6 +175,8 @@ pub struct PointConfig {
     /// and keeps it while idle; under `slow` both applications keep the
     /// cores they hold while idle (as `ginza demo` runs them).
     pub allocator: PolicyKind,
+    /// Ginza: iokerneld's `local_wake_wait` (None: off).
+    pub local_wake: Option<Duration>,
 }
 
 /// What one point measured.
@@ -319,6 +327,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 cpus,
                 max_lag: args.max_lag,
                 allocator: PolicyKind::Shenango,
+                local_wake: args.local_wake.filter(|w| !w.is_zero()),
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -535,6 +544,7 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     };
     let configure = |icfg: &mut IokConfig| {
         icfg.policy = cfg.allocator;
+        icfg.local_wake_wait = cfg.local_wake;
         Ok(())
     };
     let (_, result) = tcp::with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {

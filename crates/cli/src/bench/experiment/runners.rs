@@ -1069,6 +1069,8 @@ fn memcached_point(
                 period: Duration::from_millis(1),
             },
         },
+        // As iokerneld runs by default.
+        local_wake: None,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
