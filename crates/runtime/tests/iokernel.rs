@@ -537,18 +537,25 @@ fn the_runtime_goes_on_standalone_when_iokerneld_goes_away() {
     assert!(!managed_at_end, "the runtime should have noticed");
 }
 
+/// In a child process run by `common::spawn_test_child`: the configuration
+/// of a batch application of `kthreads` registering with the iokerneld whose
+/// socket `env_key` names; `None` in a normal test run.
+fn child_config(env_key: &str, name: &str, kthreads: usize) -> Option<Config> {
+    let socket = std::env::var(env_key).ok()?;
+    let mut io = IokernelConfig::new(name, Class::Batch);
+    io.socket = Some(socket.into());
+    Some(Config {
+        iokernel: Some(io),
+        ..Config::with_kthreads(kthreads)
+    })
+}
+
 /// Body of the child process of `sigkill_of_one_application_leaves_the_other_running`
 /// (a no-op in a normal test run).
 #[test]
 fn child_app_body() {
-    let Ok(socket) = std::env::var("GINZA_TEST_CHILD_SOCKET") else {
+    let Some(cfg) = child_config("GINZA_TEST_CHILD_SOCKET", "victim", 2) else {
         return;
-    };
-    let mut io = IokernelConfig::new("victim", Class::Batch);
-    io.socket = Some(socket.into());
-    let cfg = Config {
-        iokernel: Some(io),
-        ..Config::with_kthreads(2)
     };
     ginza_runtime::run(cfg, || {
         let hs: Vec<_> = (0..2)
@@ -642,14 +649,8 @@ fn idle_class_allowed() -> bool {
 /// run by that test.
 #[test]
 fn child_batch_with_preemption_points() {
-    let Ok(socket) = std::env::var("GINZA_TEST_CHILD_BATCH_SOCKET") else {
+    let Some(cfg) = child_config("GINZA_TEST_CHILD_BATCH_SOCKET", "far-batch", 1) else {
         return;
-    };
-    let mut io = IokernelConfig::new("far-batch", Class::Batch);
-    io.socket = Some(socket.into());
-    let cfg = Config {
-        iokernel: Some(io),
-        ..Config::with_kthreads(1)
     };
     ginza_runtime::run(cfg, || loop {
         spin_for(Duration::from_micros(1));

@@ -129,27 +129,24 @@ impl WakePage {
         self.word(slot).map_or(0, |w| w.load(Ordering::Acquire))
     }
 
-    /// Sleeps while the word still holds `seen` (see [`ginza_sys::futex::wait`]).
-    pub fn wait(&self, slot: u32, seen: u32) -> io::Result<()> {
-        match self.word(slot) {
-            Some(w) => ginza_sys::futex::wait(w, seen),
-            None => Err(io::Error::new(
+    fn word_or_err(&self, slot: u32) -> io::Result<&AtomicU32> {
+        self.word(slot).ok_or_else(|| {
+            io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("wake slot {slot} is outside the page ({SLOTS} slots)"),
-            )),
-        }
+            )
+        })
+    }
+
+    /// Sleeps while the word still holds `seen` (see [`ginza_sys::futex::wait`]).
+    pub fn wait(&self, slot: u32, seen: u32) -> io::Result<()> {
+        ginza_sys::futex::wait(self.word_or_err(slot)?, seen)
     }
 
     /// Wakes the kthread sleeping on `slot`, from any process that maps
     /// the page; says how many were asleep there (0 or 1).
     pub fn wake(&self, slot: u32) -> io::Result<usize> {
-        match self.word(slot) {
-            Some(w) => ginza_sys::futex::wake(w),
-            None => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("wake slot {slot} is outside the page ({SLOTS} slots)"),
-            )),
-        }
+        ginza_sys::futex::wake(self.word_or_err(slot)?)
     }
 
     /// iokerneld's side: something the kthread on `slot` waits for has
