@@ -659,6 +659,26 @@ fn child_batch_with_preemption_points() {
     .unwrap();
 }
 
+/// An iokerneld managing one core (with local wakes, if asked: a 20 ms
+/// wait, long enough that iokerneld's own wakes after it stay few while the
+/// batch kthread answers), and `child_batch_with_preemption_points` in a
+/// child process, holding that core.
+fn batch_child_on_the_one_core(local_wakes: bool) -> (Daemon, common::Reap) {
+    let d = Daemon::start(|c| {
+        c.cores = vec![cores()[0]];
+        c.local_wake_wait = local_wakes.then_some(Duration::from_millis(20));
+    });
+    let child = common::spawn_test_child(
+        "child_batch_with_preemption_points",
+        "GINZA_TEST_CHILD_BATCH_SOCKET",
+        &d.socket,
+    );
+    wait_until("the batch child holds the core", &d, |s| {
+        app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
+    });
+    (d, child)
+}
+
 /// A latency-critical kthread of this process sleeps on the wake page; the
 /// only managed core is held by a `SCHED_IDLE` batch kthread of another
 /// process. Each time lc's timer comes due, iokerneld gives lc the core
@@ -670,20 +690,7 @@ fn a_batch_kthread_of_another_process_wakes_lc_on_its_cpu() {
     if !idle_class_allowed() {
         return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
     }
-    let d = Daemon::start(|c| {
-        c.cores = vec![cores()[0]];
-        // Long enough that iokerneld's own wakes after the wait stay few
-        // while the batch kthread answers.
-        c.local_wake_wait = Some(Duration::from_millis(20));
-    });
-    let _child = common::spawn_test_child(
-        "child_batch_with_preemption_points",
-        "GINZA_TEST_CHILD_BATCH_SOCKET",
-        &d.socket,
-    );
-    wait_until("the batch child holds the core", &d, |s| {
-        app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
-    });
+    let (d, _child) = batch_child_on_the_one_core(true);
     let before = d.stats().alloc;
     let sleeps = 200;
     let done = ginza_runtime::run(d.app("near-lc", Class::LatencyCritical, 0, 1), move || {
@@ -790,18 +797,7 @@ fn local_wake_across_processes_latency() {
             ("page", true, false),
             ("page+local", true, true),
         ] {
-            let d = Daemon::start(|c| {
-                c.cores = vec![cores()[0]];
-                c.local_wake_wait = local.then_some(Duration::from_millis(20));
-            });
-            let _child = common::spawn_test_child(
-                "child_batch_with_preemption_points",
-                "GINZA_TEST_CHILD_BATCH_SOCKET",
-                &d.socket,
-            );
-            wait_until("the batch child holds the core", &d, |s| {
-                app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
-            });
+            let (d, _child) = batch_child_on_the_one_core(local);
             let mut cfg = d.app("near-lc", Class::LatencyCritical, 0, 1);
             if let Some(io) = cfg.iokernel.as_mut() {
                 io.wake_page = page;
