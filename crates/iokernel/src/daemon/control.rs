@@ -4,9 +4,8 @@
 //! requests, hang-ups and the removal of an application.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::time::Duration;
-
 use std::sync::Arc;
+use std::time::Duration;
 
 use ginza_shm::{IokernelEnd, Region, WakePage};
 use log::{debug, info, warn};
