@@ -29,6 +29,16 @@ fn iface(last: u8) -> Interface {
     }
 }
 
+/// Poisson load at `rate` per second for `dur`. The generator ends a run
+/// once every reply is in, so its drain can be long: on a loaded machine
+/// the server is held off its CPUs for a while and answers late, which is
+/// not what these tests look at.
+fn poisson(me: Interface, rate: f64, service: ServiceTime, dur: Duration) -> LoadRun {
+    let mut load = LoadRun::poisson(me, PORT, rate, service, dur);
+    load.drain = Duration::from_secs(10);
+    load
+}
+
 /// Spins for the request's service time, at preemption points.
 fn spin_handler(request: &[u8]) -> Vec<u8> {
     if let Some(h) = RequestHeader::decode(request) {
@@ -143,7 +153,7 @@ fn requests_are_served_and_long_ones_preempted_under_iokerneld() {
         a_ns: 2_000,
         b_ns: 100_000,
     };
-    let load = LoadRun::poisson(me, PORT, 2_000.0, service, Duration::from_millis(400));
+    let load = poisson(me, 2_000.0, service, Duration::from_millis(400));
     let (report, served) = serve_during(&d, config(&d, "dispatched", me, "c-pre-sq"), load);
     eprintln!("generator: {:?}\nserver: {served:?}", report.stats);
     let s = report.stats;
@@ -174,7 +184,7 @@ fn pre_assigned_requests_are_served_once_under_iokerneld() {
         a_ns: 2_000,
         b_ns: 100_000,
     };
-    let load = LoadRun::poisson(me, PORT, 10_000.0, service, Duration::from_millis(400));
+    let load = poisson(me, 10_000.0, service, Duration::from_millis(400));
     let mut cfg = config(&d, "pre-assigned", me, "c-pre-sq");
     cfg.dispatch.pre_assign = Some(true);
     let (report, served, counters) = serve_with(&d, cfg, load, spin_handler);
@@ -221,7 +231,7 @@ fn requests_without_preemption_points_are_preempted_by_the_backstop() {
         a_ns: 2_000,
         b_ns: 2_000_000,
     };
-    let load = LoadRun::poisson(me, PORT, 300.0, service, Duration::from_millis(500));
+    let load = poisson(me, 300.0, service, Duration::from_millis(500));
     let mut cfg = config(&d, "backstop", me, "c-pre-sq");
     cfg.dispatch.backstop_ns = Some(50_000);
     let (report, served, counters) = serve_with(&d, cfg, load, spin_without_preemption_points);
