@@ -825,3 +825,23 @@ fn local_wake_across_processes_latency() {
         println!("{line}");
     }
 }
+
+/// A runtime that does not ask for the wake page sleeps on its eventfds,
+/// and iokerneld wakes it there: each of its sleeps ends with a grant.
+#[test]
+fn a_runtime_without_the_wake_page_is_woken_by_its_eventfd() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let mut cfg = d.app("on-eventfds", Class::LatencyCritical, 0, 1);
+    if let Some(io) = cfg.iokernel.as_mut() {
+        io.wake_page = false;
+    }
+    let grants = ginza_runtime::run(cfg, || {
+        for _ in 0..50 {
+            ginza_runtime::sleep(Duration::from_micros(300));
+        }
+        Handle::current().unwrap().stats()[0].grants
+    })
+    .unwrap();
+    assert!(grants > 50, "{grants} grants for 50 sleeps");
+}
