@@ -737,8 +737,14 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         report.stats
     );
     assert_eq!(stats.udp_no_socket, 0);
-    assert!(
-        stats.kthreads.iter().all(|k| k.rx_packets > 0),
+    // Which kthread gets the core when frames wait on a parked one's ring
+    // is the allocator's choice (the one that last ran there): in about
+    // one run in four here the stealer took every frame and the ring's
+    // owner none, so only the split is checked, and that frames were
+    // taken off another kthread's ring.
+    assert_eq!(
+        stats.kthreads.iter().map(|k| k.rx_packets).sum::<u64>(),
+        stats.rx_packets,
         "{stats:#?}"
     );
     assert!(stats.kthreads.iter().any(|k| k.rx_stolen > 0), "{stats:#?}");
