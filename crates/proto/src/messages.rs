@@ -102,6 +102,24 @@ pub struct Registration {
     pub wake_page: bool,
 }
 
+impl Registration {
+    /// `kthreads` kthreads that may all hold a core, none guaranteed; no
+    /// address, dispatch or wake page (set the fields for those).
+    pub fn new(name: impl Into<String>, class: Class, kthreads: u32) -> Self {
+        Registration {
+            name: name.into(),
+            class,
+            guaranteed: 0,
+            max_cores: kthreads,
+            kthreads,
+            net: None,
+            steering: None,
+            dispatch: None,
+            wake_page: false,
+        }
+    }
+}
+
 /// Longest class list of a [`DispatchSpec`].
 pub const MAX_DISPATCH_CLASSES: usize = 16;
 

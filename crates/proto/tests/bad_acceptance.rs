@@ -59,15 +59,8 @@ fn register_against(
     let region = Region::create(case, &RegionConfig::new(1)).unwrap();
     let efd = eventfd::new().unwrap();
     let reg = Registration {
-        name: case.into(),
-        class: Class::Batch,
-        guaranteed: 0,
-        max_cores: 1,
-        kthreads: 1,
-        net: None,
-        steering: None,
-        dispatch: None,
         wake_page: true,
+        ..Registration::new(case, Class::Batch, 1)
     };
     let r = client::register_region(&path, &reg, &region, &[efd]);
     fake.join().unwrap();

@@ -738,15 +738,8 @@ fn a_stray_wake_on_the_wake_page_is_no_grant() {
                 ginza_shm::Region::create("stray-waker", &ginza_shm::RegionConfig::new(1)).unwrap();
             let efd = ginza_sys::eventfd::new().unwrap();
             let reg = ginza_proto::messages::Registration {
-                name: "stray-waker".into(),
-                class: Class::Batch,
-                guaranteed: 0,
-                max_cores: 1,
-                kthreads: 1,
-                net: None,
-                steering: None,
-                dispatch: None,
                 wake_page: true,
+                ..ginza_proto::messages::Registration::new("stray-waker", Class::Batch, 1)
             };
             let mut conn = client::register_region(&socket, &reg, &region, &[efd]).unwrap();
             let (page, first) = conn.take_wake_page().expect("iokerneld sends its page");
