@@ -16,9 +16,17 @@
 //! loom model below checks every interleaving).
 //!
 //! The word is in memory the runtime can write, so iokerneld treats any
-//! value but `LINGERING` as "write the eventfd": a broken runtime, or a
-//! client that only waits on its eventfd, gets every wake it would have
-//! had without this word.
+//! value but `LINGERING` as "wake it": a broken runtime, or a client that
+//! only waits on its eventfd, gets every wake it would have had without
+//! this word.
+//!
+//! "Wake it" is an eventfd write, or, for a kthread that sleeps on the wake
+//! page (`wake_page`), a bump and a futex wake of its word there; that
+//! kthread then takes the grant from this word, as a lingering one does.
+//! An eventfd holds a grant made while its kthread ran, the page does not:
+//! under the page a grant must follow the kthread's `begin_park`, as
+//! iokerneld's do (it grants only kthreads whose `Started`, `Parked` or
+//! `Yielded` it has read, each sent after a `begin_park`).
 
 use crate::sync::{AtomicU32, Ordering};
 
@@ -37,10 +45,11 @@ const GRANTED: u32 = 3;
 pub enum GrantDelivery {
     /// The kthread lingers and will find the grant in the word.
     Word,
-    /// The kthread sleeps (or its state is unknown): write its eventfd.
+    /// The kthread sleeps (or its state is unknown): wake it with a system
+    /// call (its eventfd, or its word of the wake page).
     Eventfd,
-    /// The kthread sleeps, and the kthread on the core it is granted was
-    /// asked to write its eventfd (`QueueLine::ring_doorbell`).
+    /// The kthread sleeps on the wake page, and the kthread on the core it
+    /// is granted was asked to wake it (`QueueLine::ring_doorbell`).
     Doorbell,
 }
 
@@ -49,7 +58,8 @@ pub enum GrantDelivery {
 pub enum BeforeSleep {
     /// The grant came in the word: run.
     Granted,
-    /// Block on the eventfd: iokerneld will write it for the next grant.
+    /// Block (on the eventfd or the wake page): iokerneld will wake it for
+    /// the next grant.
     Sleep,
 }
 
