@@ -1,6 +1,7 @@
 //! The `ginza` command.
 mod bench;
 mod demo;
+mod run;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,9 @@ enum Command {
     /// Run the protected-mode netstack (DLibOS) under iokerneld (same
     /// flags as `netstackd`; docs/protected.md).
     Netstack(ginza_netstack::cli::NetstackArgs),
+    /// Run an unmodified, dynamically linked program on Ginza: its threads
+    /// become uthreads, standalone or under iokerneld (docs/preload.md).
+    Run(run::RunArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Command::Top(args) => top::run(args),
         Command::Loadgen(args) => ginza_loadgen::args::run(args),
         Command::Netstack(args) => ginza_netstack::cli::run(args),
+        Command::Run(args) => run::run(args),
     }
 }
