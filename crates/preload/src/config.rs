@@ -9,6 +9,7 @@
 //! | `GINZA_NAME` | the name at iokerneld (`ginza top`) | the program's name |
 //! | `GINZA_IP`, `GINZA_MAC` | the application's address on iokerneld's switch | none |
 //! | `GINZA_PROTECTED` | TCP through the netstack at this socket (empty: its default) | unset |
+//! | `GINZA_TIME_SLICE` | preempt a thread that ran this long while others wait (`0`: never) | `1ms` |
 //! | `GINZA_STACK_SIZE` | bytes of a thread's stack when its attributes name none | the stack rlimit (8 MiB usually), 2 MiB if unlimited |
 
 use std::path::PathBuf;
@@ -80,8 +81,17 @@ fn cpus() -> usize {
 pub(crate) fn from_env(program: &str) -> Result<Config, String> {
     let kthreads = number("GINZA_KTHREADS")?.unwrap_or_else(cpus);
     let stack_size = number("GINZA_STACK_SIZE")?.unwrap_or_else(default_stack);
+    let time_slice = match var("GINZA_TIME_SLICE") {
+        None => Some(std::time::Duration::from_millis(1)),
+        Some(v) => {
+            let d = ginza_proto::parse_duration(&v)
+                .map_err(|e| format!("GINZA_TIME_SLICE={v:?}: {e}"))?;
+            (!d.is_zero()).then_some(d)
+        }
+    };
     let mut config = Config {
         stack_size,
+        time_slice,
         ..Config::with_kthreads(kthreads)
     };
     let name = name(program);

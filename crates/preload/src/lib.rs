@@ -12,7 +12,7 @@
 //!
 //! One mechanism a file: `mode.rs` (who is calling, and the switch of
 //! thread pointer between C code and the runtime), `tcb.rs` (thread control
-//! blocks), `lot.rs` (waiting by address), `thread.rs`, `key.rs` (keys and
+//! blocks), `lot.rs` (waiting by address), `blocking.rs` (system calls that would block, run on a pool), `thread.rs`, `key.rs` (keys and
 //! once), `mutex.rs`, `cond.rs`, `rwlock.rs`, `barrier.rs`, `spin.rs`,
 //! `sem.rs`, `preempt_at.rs` (where a program thread may be preempted), `time.rs` (sleeps and yield), `signal.rs` (the program's
 //! signal handlers), `process.rs` (fork), `start.rs` (the runtime and
@@ -24,6 +24,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod barrier;
+mod blocking;
 mod capi;
 mod cond;
 mod config;

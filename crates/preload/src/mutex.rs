@@ -61,7 +61,7 @@ impl Mutex<'_> {
     /// Locks for the thread whose thread pointer is `me` (the caller's);
     /// ETIMEDOUT after `deadline`, EDEADLK or EAGAIN as Linux says.
     pub(crate) fn lock(&self, me: usize, deadline: Option<Instant>) -> c_int {
-        if let Some(r) = self.relock(me) {
+        if let Some(r) = self.relock(me, libc::EDEADLK) {
             return r;
         }
         if self.word.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
@@ -75,7 +75,7 @@ impl Mutex<'_> {
     }
 
     pub(crate) fn try_lock(&self, me: usize) -> c_int {
-        if let Some(r) = self.relock(me) {
+        if let Some(r) = self.relock(me, libc::EBUSY) {
             return r;
         }
         if self.word.compare_exchange(0, 1, Acquire, Relaxed).is_err() {
@@ -86,14 +86,15 @@ impl Mutex<'_> {
         0
     }
 
-    /// A lock attempt by the owner: recursive counts, errorcheck refuses.
-    fn relock(&self, me: usize) -> Option<c_int> {
+    /// A lock attempt by the owner: recursive counts, errorcheck refuses
+    /// with `refusal` (EDEADLK to lock, EBUSY to try, as glibc).
+    fn relock(&self, me: usize, refusal: c_int) -> Option<c_int> {
         let t = self.kind_type();
         if (t != RECURSIVE && t != ERRORCHECK) || self.owner.load(Relaxed) != me {
             return None;
         }
         if t == ERRORCHECK {
-            return Some(libc::EDEADLK);
+            return Some(refusal);
         }
         let n = self.count.load(Relaxed);
         if n == u32::MAX {

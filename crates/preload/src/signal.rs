@@ -4,7 +4,8 @@
 //! handler behind a trampoline: a signal that interrupts a program thread's
 //! C code, or a thread that is not the runtime's, runs the handler there
 //! and then, as on Linux; one that lands on runtime code is passed, with
-//! its `siginfo`, to a signal thread of the library, which runs it.
+//! its `siginfo` (`si_code` then reads SI_QUEUE), to a signal thread of
+//! the library, which runs it.
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
 
@@ -32,9 +33,15 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     );
     let tid = SIGNAL_TID.load(Relaxed);
     if caller() == Caller::Runtime && !synchronous && tid != 0 {
-        // SAFETY: re-queues the signal with its own siginfo to a thread of
-        // this process (allowed for any si_code within one process).
-        unsafe { libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), tid, sig, info) };
+        // SAFETY: the kernel passes a valid siginfo; a copy is re-queued to
+        // the signal thread with its sender's pid and uid and value. The
+        // kernel lets only the main thread queue a kernel or kill() si_code,
+        // so the copy says SI_QUEUE.
+        unsafe {
+            let mut copy = *info;
+            copy.si_code = libc::SI_QUEUE;
+            libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), tid, sig, &copy);
+        }
         return;
     }
     let h = HANDLER.get(i).map_or(0, |h| h.load(Relaxed));

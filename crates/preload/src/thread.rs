@@ -237,9 +237,7 @@ pub unsafe extern "C" fn pthread_create(
 ) -> c_int {
     let who = caller();
     if who == Caller::Runtime || !crate::start::running() {
-        let f = real!(pthread_create: unsafe extern "C" fn(*mut pthread_t, *const pthread_attr_t, extern "C" fn(*mut c_void) -> *mut c_void, *mut c_void) -> c_int);
-        // SAFETY: forwarding the caller's arguments.
-        return unsafe { f(out, attr, start, arg) };
+        return os_thread(out, attr, start, arg);
     }
     let (stack, detached) = attributes(attr);
     let (start, arg) = (start as usize, arg as usize);
@@ -276,6 +274,40 @@ pub unsafe extern "C" fn pthread_create(
         }
         Err(e) => e,
     }
+}
+
+/// What a thread made by glibc starts with: its start routine and argument.
+struct OsStart {
+    start: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+}
+
+/// A kernel thread made by glibc (for the runtime's own threads, and for
+/// threads made before the runtime runs or in a forked child).
+fn os_thread(
+    out: *mut pthread_t,
+    attr: *const pthread_attr_t,
+    start: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    let f = real!(pthread_create: unsafe extern "C" fn(*mut pthread_t, *const pthread_attr_t, extern "C" fn(*mut c_void) -> *mut c_void, *mut c_void) -> c_int);
+    let boxed = Box::into_raw(Box::new(OsStart { start, arg }));
+    // SAFETY: glibc's pthread_create; `os_thread_start` takes the box back.
+    let r = unsafe { f(out, attr, os_thread_start, boxed.cast()) };
+    if r != 0 {
+        // SAFETY: the thread was not made: the box is still ours.
+        drop(unsafe { Box::from_raw(boxed) });
+    }
+    r
+}
+
+/// A new kernel thread inherits its creator's GS base: it starts as no
+/// thread of the runtime's, whatever made it (a kthread marks itself).
+extern "C" fn os_thread_start(boxed: *mut c_void) -> *mut c_void {
+    ginza_runtime::foreign_tls::unmark_thread();
+    // SAFETY: made by os_thread, taken once.
+    let s = unsafe { Box::from_raw(boxed.cast::<OsStart>()) };
+    (s.start)(s.arg)
 }
 
 /// Waits for `g` to finish, until `deadline`; its result.

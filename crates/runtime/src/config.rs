@@ -33,6 +33,9 @@ pub struct Config {
     /// netstack process at this socket rather than an in-process stack
     /// (leave `IokernelConfig::net` unset then). `None`: in-process.
     pub protected: Option<ProtectedConfig>,
+    /// Preempt a uthread that has run this long while others wait
+    /// (`slicer.rs`). `None`: run to completion, as Shenango.
+    pub time_slice: Option<Duration>,
 }
 
 impl Default for Config {
@@ -44,6 +47,7 @@ impl Default for Config {
             spin_before_park: Duration::from_micros(2),
             iokernel: None,
             protected: None,
+            time_slice: None,
         }
     }
 }

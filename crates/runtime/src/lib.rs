@@ -37,6 +37,7 @@ mod runtime;
 mod sched;
 pub mod shinjuku;
 mod signals;
+mod slicer;
 mod spinlock;
 mod stack;
 pub mod sync;

@@ -131,6 +131,9 @@ fn preempt_from_signal() {
             // iokerneld's backstop (docs/colocate.md): a dispatched request
             // asked to yield that has not; the worker keeps its core.
             Some(io) if k.mode == Mode::Worker && io.yield_asked() => {}
+            // The time slicer's (slicer.rs): the uthread makes way, the
+            // kthread keeps its core.
+            _ if k.slice_asked.swap(false, SeqCst) => {}
             _ => return,
         }
     }
@@ -153,6 +156,10 @@ fn preempt_from_signal() {
         if worker {
             k.yielded.set(cur);
         } else {
+            // Sleepers whose time has come go first: the scheduler pops the
+            // runqueue before it looks at timers, and a time slice is asked
+            // for them as much as for queued uthreads (slicer.rs).
+            sched::fire_timers_locally(&k, &k);
             // SAFETY: `cur` is the interrupted uthread, so not null; it is
             // stealable by others once its registers are saved.
             k.push(URef::from_nonnull(unsafe { NonNull::new_unchecked(cur) }));

@@ -45,6 +45,9 @@ where
             return Err(RuntimeError::Netstack(e));
         }
     }
+    if let Some(period) = config.time_slice {
+        crate::slicer::start(Arc::clone(&shared.rt), period);
+    }
     // The caller's thread waits on the main uthread's handle like any joiner.
     let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
     shared.stop();

@@ -44,6 +44,9 @@ pub(crate) struct KStats {
     pub(crate) grants: AtomicU64,
     /// Worker mode: preemptions taken at preemption points (cooperative).
     pub(crate) coop_preemptions: AtomicU64,
+    /// Context switches into any context of this kthread (the time slicer
+    /// sees a uthread that has run a whole period by this not moving).
+    pub(crate) switches: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere).
@@ -215,6 +218,8 @@ pub(crate) struct KThread {
     /// other fields per request.
     pub(crate) state: CachePadded<AtomicU8>,
     pub(crate) revoke_requested: AtomicBool,
+    /// The time slicer asks the running uthread to make way (`slicer.rs`).
+    pub(crate) slice_asked: AtomicBool,
     eventfd: OwnedFd,
     pub(crate) tid: AtomicI32,
     /// Shared state with iokerneld, when the runtime is registered.
@@ -539,6 +544,7 @@ impl Shared {
                         timers: Timers::new(),
                         state: CachePadded::new(AtomicU8::new(RUNNING)),
                         revoke_requested: AtomicBool::new(false),
+                        slice_asked: AtomicBool::new(false),
                         eventfd,
                         tid: AtomicI32::new(0),
                         io,

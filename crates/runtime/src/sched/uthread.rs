@@ -235,6 +235,7 @@ pub(crate) fn finish_switch() {
     // SAFETY: preemption is deferred in every context that resumes from a
     // switch, until after this returns.
     let k = unsafe { Owner::current_deferred() };
+    super::bump(&k.stats.switches);
     let dead = k.exited.replace(null_mut());
     if !dead.is_null() {
         // SAFETY: the exited uthread is off-CPU (we are running) and in no queue.

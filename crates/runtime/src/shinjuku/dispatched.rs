@@ -189,6 +189,7 @@ where
         spin_before_park: config.idle_spin,
         iokernel: Some(iokernel.clone()),
         protected: None,
+        time_slice: None,
     }
     .plan()?;
     let serving = Arc::new(Serving {

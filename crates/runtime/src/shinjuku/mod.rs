@@ -554,6 +554,7 @@ where
         spin_before_park: config.idle_spin,
         iokernel: None,
         protected: None,
+        time_slice: None,
     }
     .plan()?;
     if let Some(core) = config.dispatcher_core {
