@@ -52,6 +52,18 @@ pub enum Demux<C, L> {
     NoSocket { reset: Option<Segment<'static>> },
 }
 
+impl<C: Clone, L: Clone> Demux<&C, &L> {
+    /// The connection or listener cloned (a driver whose table is behind
+    /// a lock keeps `Arc`s, and lets the lock go before acting).
+    pub fn cloned(self) -> Demux<C, L> {
+        match self {
+            Demux::Connection(c) => Demux::Connection(c.clone()),
+            Demux::Listener(l) => Demux::Listener(l.clone()),
+            Demux::NoSocket { reset } => Demux::NoSocket { reset },
+        }
+    }
+}
+
 /// Connections by 4-tuple, listeners by local endpoint.
 #[derive(Debug)]
 pub struct Table<C, L> {

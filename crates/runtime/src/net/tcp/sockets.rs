@@ -51,7 +51,7 @@ impl TcpListener {
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<TcpListener> {
         let addr = first_v4(addr)?;
         let rt = runtime("TcpListener::bind")?;
-        let backend = if crate::net::stack_of(&rt).is_some() {
+        let backend = if crate::net::tcp_of(&rt).is_some() {
             ListenerBackend::InProcess(InProcessListener::bind(rt, addr)?)
         } else if protected::of(&rt).is_some() {
             ListenerBackend::Protected(ProtectedListener::bind(rt, addr)?)
@@ -249,7 +249,7 @@ fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStrea
         ));
     }
     let rt = runtime("TcpStream::connect")?;
-    let backend = if crate::net::stack_of(&rt).is_some() {
+    let backend = if crate::net::tcp_of(&rt).is_some() {
         StreamBackend::InProcess(stream::connect(rt, addr, timeout)?)
     } else if protected::of(&rt).is_some() {
         StreamBackend::Protected(ProtectedStream::connect(rt, addr, timeout)?)
