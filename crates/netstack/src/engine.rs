@@ -15,8 +15,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::time::Instant as StdInstant;
 
 use ginza_net::tcp::{
-    reset_for, Admission, Connection, IsnGenerator, ListenConfig, Listener, Seq, State, TcpConfig,
-    TcpError,
+    Backlog, Connection, Demux, FourTuple, IsnGenerator, ListenConfig, Listener, Opened, Segment,
+    Seq, State, Table, TcpConfig, TcpError,
 };
 use ginza_net::{parse, tx, ArpOperation, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range, Ranges, Reason, MAX_RANGES};
@@ -155,12 +155,6 @@ impl OutFrame {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct FourTuple {
-    local: Endpoint,
-    remote: Endpoint,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// `connect` sent the SYN; `connected` or `refused` will follow.
@@ -240,13 +234,12 @@ pub struct Netstack {
     apps: HashMap<u64, App>,
     next_app: u64,
     conns: Slab<Conn>,
-    by_tuple: HashMap<FourTuple, u32>,
     listeners: Slab<ListenerEntry>,
-    by_port: HashMap<Endpoint, u32>,
+    /// Connections and listeners by address: handles into the slabs.
+    table: Table<u32, u32>,
     /// Interfaces the netstack answers for, and how many apps use each.
     addresses: HashMap<Ipv4Addr, (Interface, u32)>,
     arp: HashMap<Ipv4Addr, MacAddr>,
-    next_ephemeral: u16,
     frames: VecDeque<OutFrame>,
     stats: NetstackStats,
     /// No connection's timer is due before this (TCP clock, ns); may be
@@ -301,11 +294,9 @@ impl Netstack {
             isn: IsnGenerator::new(),
             apps: HashMap::new(),
             next_app: 1,
-            by_tuple: HashMap::new(),
-            by_port: HashMap::new(),
+            table: Table::new(),
             addresses: HashMap::new(),
             arp,
-            next_ephemeral: 49152,
             frames: VecDeque::new(),
             stats: NetstackStats::default(),
             earliest: u64::MAX,
@@ -473,9 +464,9 @@ impl Netstack {
             return;
         };
         let now = self.now();
-        for l in &app.listeners {
-            if let Some(l) = self.listeners.remove(*l) {
-                self.by_port.remove(&l.local);
+        for &l in &app.listeners {
+            if let Some(entry) = self.listeners.remove(l) {
+                self.table.unlisten(&entry.local, |&x| x == l);
             }
         }
         let n = app.conns.len();
@@ -483,7 +474,7 @@ impl Netstack {
             let Some(mut conn) = self.conns.remove(c) else {
                 continue;
             };
-            self.by_tuple.remove(&conn.key);
+            self.table.remove(&conn.key);
             conn.tcb.abort();
             self.transmit(&app.interface, &mut conn, now, None);
         }
@@ -592,25 +583,21 @@ impl Netstack {
                 }
                 self.stats.segments_in += 1;
                 self.arp.insert(f.src.ip, f.src_mac);
-                let key = FourTuple {
-                    local: f.dst,
-                    remote: f.src,
-                };
+                let key = FourTuple::of(&f);
                 let now = self.now();
-                if let Some(&c) = self.by_tuple.get(&key) {
-                    if let Some(conn) = self.conns.get_mut(c) {
-                        conn.peer_mac = Some(f.src_mac);
-                        conn.tcb.on_segment(&f.segment, now);
+                match self.table.demux(&key, &f.segment).cloned() {
+                    Demux::Connection(c) => {
+                        if let Some(conn) = self.conns.get_mut(c) {
+                            conn.peer_mac = Some(f.src_mac);
+                            conn.tcb.on_segment(&f.segment, now);
+                        }
+                        self.settle(c, now);
                     }
-                    return self.settle(c, now);
-                }
-                let seg = &f.segment;
-                if seg.flags.syn && seg.ack.is_none() && !seg.flags.rst {
-                    if let Some(&l) = self.by_port.get(&f.dst) {
-                        return self.on_syn(l, &f, now);
+                    Demux::Listener(l) => self.on_syn(l, &f, now),
+                    Demux::NoSocket { reset } => {
+                        self.reset(&iface, f.src_mac, f.dst.port, f.src, reset)
                     }
                 }
-                self.reset(&iface, f.src_mac, f.dst.port, f.src, &f.segment);
             }
         }
     }
@@ -621,9 +608,9 @@ impl Netstack {
         mac: MacAddr,
         port: u16,
         to: Endpoint,
-        seg: &ginza_net::tcp::Segment<'_>,
+        rst: Option<Segment<'static>>,
     ) {
-        if let Some(rst) = reset_for(seg) {
+        if let Some(rst) = rst {
             self.stats.resets_sent += 1;
             self.build(|b| tx::tcp_segment(b, iface, mac, port, to, &rst));
         }
@@ -633,26 +620,19 @@ impl Netstack {
         let Some(entry) = self.listeners.get_mut(l) else {
             return;
         };
-        let key = FourTuple {
-            local: f.dst,
-            remote: f.src,
-        };
+        let key = FourTuple::of(f);
         let (app, pair) = (entry.app, entry.pair);
-        match entry.backlog.on_syn(f.src) {
-            Admission::Known => return,
-            Admission::Admit => {}
-            Admission::AdmitEvicting(old) => {
-                let old = FourTuple {
-                    local: f.dst,
-                    remote: old,
-                };
-                if let Some(c) = self.by_tuple.remove(&old) {
-                    self.forget(c);
-                }
+        let opened = entry
+            .backlog
+            .admit_syn(key, &f.segment, &self.cfg.tcp, &self.isn, now);
+        let Some(Opened { tcb, evicted }) = opened else {
+            return;
+        };
+        if let Some(old) = evicted {
+            if let Some(c) = self.table.remove(&old) {
+                self.forget(c);
             }
         }
-        let iss = self.isn.isn(key.local, key.remote, now);
-        let tcb = Connection::accept(&self.cfg.tcp, key.local, key.remote, &f.segment, iss, now);
         let conn = Conn::new(
             app,
             pair,
@@ -667,7 +647,7 @@ impl Netstack {
             }
             return;
         };
-        self.by_tuple.insert(key, c);
+        self.table.insert(key, c);
         if let Some(a) = self.apps.get_mut(&app) {
             a.conns.push(c);
         }
@@ -677,7 +657,7 @@ impl Netstack {
     /// Drops a connection the application never knew of.
     fn forget(&mut self, c: u32) {
         if let Some(conn) = self.conns.remove(c) {
-            self.by_tuple.remove(&conn.key);
+            self.table.remove(&conn.key);
             if let Some(a) = self.apps.get_mut(&conn.app) {
                 a.conns.retain(|x| *x != c);
             }
@@ -816,21 +796,16 @@ impl Netstack {
                 }
             }
             Phase::HalfOpen { listener } => {
-                let dead = conn.tcb.error().is_some() || conn.tcb.state() == State::Closed;
-                let entry = self.listeners.get_mut(listener);
-                match entry {
+                match self.listeners.get_mut(listener) {
                     None => {
                         conn.tcb.abort();
                         keep = false;
                     }
-                    Some(l) if dead => {
-                        l.backlog.forget(conn.key.remote);
-                        keep = false;
-                    }
-                    Some(l) if synchronized => {
-                        // The backlog decides: room, or a reset.
-                        let admitted = l.backlog.established(conn.key.remote);
-                        if admitted {
+                    Some(l) => match l.backlog.step(conn.key.remote, &mut conn.tcb, false) {
+                        Backlog::Waiting => {}
+                        // Ended, or refused by a full backlog (a reset).
+                        Backlog::Ended | Backlog::Refused => keep = false,
+                        Backlog::Queued => {
                             conn.phase = Phase::Announced { listener };
                             conn.pair = l.pair;
                             if let (Some(id), Some(lid)) = (id, ListenId::new(listener)) {
@@ -846,12 +821,8 @@ impl Netstack {
                                     },
                                 ));
                             }
-                        } else {
-                            conn.tcb.abort();
-                            keep = false;
                         }
-                    }
-                    Some(_) => {}
+                    },
                 }
                 if !keep {
                     if let Some(iface) = iface {
@@ -898,7 +869,7 @@ impl Netstack {
             }
             self.conns.put_back(c, conn);
         } else {
-            self.by_tuple.remove(&conn.key);
+            self.table.remove(&conn.key);
             if let Some(a) = self.apps.get_mut(&app_id) {
                 a.conns.retain(|x| *x != c);
             }
@@ -1148,7 +1119,7 @@ impl Netstack {
                     return;
                 };
                 let local = Endpoint::new(iface.ip, port);
-                if self.by_port.contains_key(&local) {
+                if self.table.is_listening(&local) {
                     return self.refuse(id, p, None, cookie, &cmd, Reason::PortInUse);
                 }
                 let backlog = usize::from(backlog.clamp(1, self.cfg.max_backlog));
@@ -1164,7 +1135,7 @@ impl Netstack {
                 let Some(l) = self.listeners.insert(entry) else {
                     return self.refuse(id, p, None, cookie, &cmd, Reason::TooManyConnections);
                 };
-                self.by_port.insert(local, l);
+                let _ = self.table.listen(local, l);
                 if let Some(a) = self.apps.get_mut(&id) {
                     a.listeners.push(l);
                 }
@@ -1181,7 +1152,7 @@ impl Netstack {
                     Some(_) => {}
                 }
                 if let Some(l) = self.listeners.remove(listener.get()) {
-                    self.by_port.remove(&l.local);
+                    self.table.unlisten(&l.local, |&x| x == listener.get());
                     if let Some(a) = self.apps.get_mut(&id) {
                         a.listeners.retain(|x| *x != listener.get());
                     }
@@ -1214,13 +1185,10 @@ impl Netstack {
                     return;
                 };
                 let remote = Endpoint::new(*remote.ip(), remote.port());
-                let Some(port) = self.ephemeral_port(iface.ip, remote) else {
+                let Some(port) = self.table.ephemeral_port(iface.ip, remote) else {
                     return self.refuse(id, p, None, cookie, &cmd, Reason::TooManyConnections);
                 };
-                let key = FourTuple {
-                    local: Endpoint::new(iface.ip, port),
-                    remote,
-                };
+                let key = FourTuple::new(Endpoint::new(iface.ip, port), remote);
                 let iss = self.isn.isn(key.local, key.remote, now);
                 let tcb = Connection::connect(&self.cfg.tcp, key.local, key.remote, iss, now);
                 let mac = self.arp.get(&remote.ip).copied();
@@ -1228,7 +1196,7 @@ impl Netstack {
                 let Some(c) = self.conns.insert(conn) else {
                     return self.refuse(id, p, None, cookie, &cmd, Reason::TooManyConnections);
                 };
-                self.by_tuple.insert(key, c);
+                self.table.insert(key, c);
                 if let Some(a) = self.apps.get_mut(&id) {
                     a.conns.push(c);
                 }
@@ -1327,21 +1295,6 @@ impl Netstack {
                 self.settle(c, now);
             }
         }
-    }
-
-    fn ephemeral_port(&mut self, ip: Ipv4Addr, remote: Endpoint) -> Option<u16> {
-        for _ in 0..16384 {
-            let port = self.next_ephemeral;
-            self.next_ephemeral = if port == u16::MAX { 49152 } else { port + 1 };
-            let key = FourTuple {
-                local: Endpoint::new(ip, port),
-                remote,
-            };
-            if !self.by_tuple.contains_key(&key) && !self.by_port.contains_key(&key.local) {
-                return Some(port);
-            }
-        }
-        None
     }
 }
 
