@@ -207,3 +207,64 @@ impl Netstack {
         self.apps.get(&id).map(|a| a.ledger.lent())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ginza_net::tcp::Instant;
+    use ginza_net::{Interface, MacAddr};
+    use ginza_proto::netstack::Command;
+
+    use super::super::testing::{attachment, client, deliver, sent, App, US};
+    use super::super::{Netstack, NetstackConfig};
+
+    #[test]
+    fn attach_refuses_a_bad_request() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let (none, _tx) = attachment("attach-none", US, 0);
+        assert!(ns.attach(none).is_err(), "no kthreads");
+        let (many, _tx) = attachment("attach-many", US, 65);
+        assert!(ns.attach(many).is_err(), "beyond max_pairs");
+        let _app = App::attach(&mut ns, "attach-first");
+        let other_mac = Interface {
+            mac: MacAddr([2, 0, 0, 0, 0, 3]),
+            ..US
+        };
+        let (clash, _tx) = attachment("attach-clash", other_mac, 1);
+        let e = ns.attach(clash).err().unwrap();
+        assert!(e.contains("is served with MAC"), "{e}");
+        assert_eq!(ns.stats().apps, 1);
+    }
+
+    #[test]
+    fn detach_resets_every_connection_and_frees_the_address() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let app = App::attach(&mut ns, "attach-detach");
+        let listen = Command::Listen {
+            cookie: 1,
+            port: 80,
+            backlog: 4,
+        };
+        ns.on_command(app.id, 0, listen);
+        let mut c = client(40000, 80);
+        deliver(&mut ns, &mut c);
+        for (_, s) in sent(&mut ns).0 {
+            c.on_segment(&s, Instant(0));
+        }
+        deliver(&mut ns, &mut c);
+        let _ = sent(&mut ns);
+        assert_eq!(ns.stats().connections, 1);
+        ns.detach(app.id);
+        let (segs, _) = sent(&mut ns);
+        assert!(
+            segs.iter().any(|(to, s)| to.port == 40000 && s.flags.rst),
+            "{segs:?}"
+        );
+        let s = ns.stats();
+        assert_eq!((s.apps, s.connections, s.apps_disconnected), (0, 0, 1));
+        assert!(ns.table.is_empty());
+        // Its address is no longer served: a SYN is not ours.
+        deliver(&mut ns, &mut client(40001, 80));
+        assert_eq!(ns.frames_waiting(), 0);
+        assert_eq!(ns.stats().frames_not_ours, 1);
+    }
+}

@@ -106,7 +106,7 @@ impl Netstack {
         }
     }
 
-    fn on_command(&mut self, id: u64, p: u32, cmd: Command) {
+    pub(super) fn on_command(&mut self, id: u64, p: u32, cmd: Command) {
         let now = self.now();
         match cmd {
             Command::Listen {
@@ -294,5 +294,63 @@ impl Netstack {
                 self.settle(c, now);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddrV4;
+
+    use ginza_net::tcp::EPHEMERAL_FIRST;
+    use ginza_proto::netstack::{Command, ConnId, Event, Reason};
+
+    use super::super::testing::{App, PEER};
+    use super::super::{Netstack, NetstackConfig, Phase};
+
+    fn refusals(events: &[Event]) -> Vec<(u32, Reason)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Refused { cookie, reason, .. } => Some((*cookie, *reason)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_port_listens_once_and_a_connection_answers_to_its_owner_only() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let mut a = App::attach(&mut ns, "commands-a");
+        let mut b = App::attach(&mut ns, "commands-b");
+        let listen = |cookie| Command::Listen {
+            cookie,
+            port: 80,
+            backlog: 4,
+        };
+        ns.on_command(a.id, 0, listen(1));
+        ns.on_command(b.id, 0, listen(2));
+        let remote = SocketAddrV4::new(PEER.ip, 7);
+        ns.on_command(a.id, 0, Command::Connect { cookie: 3, remote });
+        let handle = ns.conns.handles()[0];
+        let conn = ns.conns.get(handle).unwrap();
+        assert_eq!(conn.phase, Phase::Connecting { cookie: 3 });
+        assert_eq!(conn.key.local.port, EPHEMERAL_FIRST);
+        assert_eq!(ns.stats().no_route, 1, "no MAC for the peer: ARP asked");
+        let id = ConnId::new(handle).unwrap();
+        ns.on_command(b.id, 0, Command::Close { conn: id });
+        let invented = ConnId::new(handle + 1).unwrap();
+        ns.on_command(a.id, 0, Command::Close { conn: invented });
+        ns.flush_events();
+        let (ea, eb) = (a.events(), b.events());
+        assert!(
+            matches!(ea[0], Event::Listening { cookie: 1, .. }),
+            "{ea:?}"
+        );
+        assert_eq!(refusals(&ea), [(0, Reason::NoSuchConnection)]);
+        assert_eq!(
+            refusals(&eb),
+            [(2, Reason::PortInUse), (0, Reason::NotOwner)]
+        );
+        assert_eq!(ns.stats().refused, 3);
     }
 }

@@ -72,3 +72,37 @@ impl Netstack {
         q.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ginza_proto::netstack::{Event, ListenId};
+
+    use super::super::testing::App;
+    use super::super::{Netstack, NetstackConfig};
+
+    #[test]
+    fn events_wait_while_their_ring_is_full_and_none_is_dropped() {
+        let mut ns = Netstack::new(NetstackConfig {
+            ring_capacity: 4,
+            ..NetstackConfig::default()
+        });
+        let mut app = App::attach(&mut ns, "events-full");
+        let listener = ListenId::new(1).unwrap();
+        for cookie in 0..10 {
+            ns.emit(app.id, 0, Event::Listening { cookie, listener });
+        }
+        ns.flush_events();
+        assert!(ns.stats().event_ring_full >= 1);
+        let mut cookies = Vec::new();
+        for _ in 0..10 {
+            let got = app.events();
+            cookies.extend(got.iter().map(|e| match e {
+                Event::Listening { cookie, .. } => *cookie,
+                e => panic!("{e:?}"),
+            }));
+            ns.flush_events();
+        }
+        assert_eq!(cookies, (0..10).collect::<Vec<_>>(), "all, in order");
+        assert_eq!(ns.stats().events, 10);
+    }
+}

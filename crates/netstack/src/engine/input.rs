@@ -171,3 +171,74 @@ fn destination(frame: &[u8]) -> Option<Ipv4Addr> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use ginza_net::tcp::{Instant, Segment, Seq};
+    use ginza_net::{tx, Endpoint, MAX_FRAME_LEN};
+    use ginza_proto::netstack::Command;
+
+    use super::super::testing::{client, deliver, frame_of, sent, App, PEER, US};
+    use super::super::{Netstack, NetstackConfig, Phase};
+
+    #[test]
+    fn arp_is_learned_and_answered_for_our_addresses_only() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        ns.add_address(US);
+        let mut b = vec![0u8; MAX_FRAME_LEN];
+        let n = tx::arp_request(&mut b, &PEER, US.ip).unwrap();
+        ns.on_frame(&b[..n]);
+        assert_eq!(ns.frames_waiting(), 1, "the reply");
+        assert_eq!(ns.arp.get(&PEER.ip), Some(&PEER.mac), "learned");
+        let n = tx::arp_request(&mut b, &PEER, Ipv4Addr::new(10, 0, 0, 77)).unwrap();
+        ns.on_frame(&b[..n]);
+        assert_eq!(ns.frames_waiting(), 1, "not ours: no reply");
+        assert_eq!(ns.stats().frames_not_ours, 1);
+    }
+
+    #[test]
+    fn a_segment_for_no_socket_is_answered_with_a_reset_and_a_reset_is_not() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        ns.add_address(US);
+        deliver(&mut ns, &mut client(40000, 80));
+        let (segs, other) = sent(&mut ns);
+        assert_eq!((segs.len(), other), (1, 0));
+        let (to, rst) = &segs[0];
+        assert_eq!(*to, Endpoint::new(PEER.ip, 40000));
+        assert!(rst.flags.rst && rst.ack == Some(Seq(5001)), "{rst:?}");
+        let mut r = Segment::new(Seq(1));
+        r.flags.rst = true;
+        ns.on_frame(&frame_of(&r, 40000, 80));
+        assert_eq!(ns.frames_waiting(), 0);
+        assert_eq!(ns.stats().resets_sent, 1);
+    }
+
+    #[test]
+    fn a_syn_for_a_listener_opens_one_half_open_connection() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let app = App::attach(&mut ns, "input-syn");
+        let listen = Command::Listen {
+            cookie: 1,
+            port: 80,
+            backlog: 4,
+        };
+        ns.on_command(app.id, 0, listen);
+        let mut c = client(40000, 80);
+        let syn = c.poll_transmit(Instant(0)).unwrap().to_owned_payload().0;
+        ns.on_frame(&frame_of(&syn, 40000, 80));
+        ns.on_frame(&frame_of(&syn, 40000, 80));
+        assert_eq!(ns.conns.len(), 1, "the second SYN went to the connection");
+        let handle = ns.conns.handles()[0];
+        let conn = ns.conns.get(handle).unwrap();
+        assert!(matches!(conn.phase, Phase::HalfOpen { .. }));
+        assert_eq!(ns.table.get(&conn.key), Some(&handle));
+        let (segs, _) = sent(&mut ns);
+        assert!(!segs.is_empty());
+        for (to, s) in &segs {
+            assert_eq!(*to, Endpoint::new(PEER.ip, 40000));
+            assert!(s.flags.syn && s.ack == Some(Seq(5001)), "a SYN-ACK: {s:?}");
+        }
+    }
+}

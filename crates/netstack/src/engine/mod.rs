@@ -28,6 +28,8 @@ mod events;
 mod input;
 mod pumps;
 mod settle;
+#[cfg(test)]
+mod testing;
 mod transmit;
 
 use std::collections::{HashMap, VecDeque};

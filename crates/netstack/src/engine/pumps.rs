@@ -175,3 +175,33 @@ fn conn_recv_limit() -> u64 {
 }
 
 const _: () = assert!(RX_CHUNK as usize <= 4096);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ginza_proto::netstack::MAX_RANGES;
+
+    #[test]
+    fn data_acked_events_hold_as_many_ranges_as_fit_in_order() {
+        let conn = ConnId::new(7).unwrap();
+        let ranges: Vec<Range> = (0..=MAX_RANGES as u32)
+            .map(|i| Range::new(i * 100, 10))
+            .collect();
+        let mut events = Vec::new();
+        push_data_acked(3, conn, ranges.iter().copied(), &mut events);
+        assert_eq!(events.len(), 2);
+        let mut got = Vec::new();
+        for (pair, e) in &events {
+            assert_eq!(*pair, 3);
+            let Event::DataAcked { conn: c, ranges } = e else {
+                panic!("{e:?}");
+            };
+            assert_eq!(*c, conn);
+            got.extend_from_slice(ranges.as_slice());
+        }
+        assert_eq!(got, ranges);
+        events.clear();
+        push_data_acked(3, conn, std::iter::empty(), &mut events);
+        assert!(events.is_empty(), "nothing acknowledged, no event");
+    }
+}

@@ -207,3 +207,50 @@ impl SettleSlab for Slab<Conn> {
         self.release(c)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ginza_net::tcp::{Instant, State};
+    use ginza_proto::netstack::{Command, Event};
+
+    use super::super::testing::{client, deliver, sent, App};
+    use super::super::{Netstack, NetstackConfig, Phase};
+
+    #[test]
+    fn a_completed_handshake_is_announced_and_one_past_the_backlog_is_reset() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let mut app = App::attach(&mut ns, "settle-backlog");
+        let listen = Command::Listen {
+            cookie: 1,
+            port: 80,
+            backlog: 1,
+        };
+        ns.on_command(app.id, 0, listen);
+        let mut clients = [client(40001, 80), client(40002, 80)];
+        let mut resets = Vec::new();
+        for c in &mut clients {
+            deliver(&mut ns, c);
+            for (_, s) in sent(&mut ns).0 {
+                c.on_segment(&s, Instant(0));
+            }
+            assert_eq!(c.state(), State::Established);
+            deliver(&mut ns, c);
+            resets.extend(sent(&mut ns).0.into_iter().filter(|(_, s)| s.flags.rst));
+        }
+        assert_eq!(resets.len(), 1, "{resets:?}");
+        assert_eq!(resets[0].0.port, 40002, "the second found the backlog full");
+        assert_eq!(ns.conns.len(), 1, "the refused one is freed");
+        let kept = ns.conns.get(ns.conns.handles()[0]).unwrap();
+        assert!(matches!(kept.phase, Phase::Announced { .. }));
+        ns.flush_events();
+        let events = app.events();
+        assert!(
+            matches!(
+                events.as_slice(),
+                [Event::Listening { cookie: 1, .. }, Event::NewConn { remote, .. }]
+                    if remote.port() == 40001
+            ),
+            "{events:?}"
+        );
+    }
+}

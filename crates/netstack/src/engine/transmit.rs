@@ -144,6 +144,22 @@ mod tests {
     }
 
     #[test]
+    fn stream_positions_follow_sequence_numbers_across_the_wrap() {
+        let iss = Seq(u32::MAX - 10);
+        let at = |pos: u32| Seq(iss.0.wrapping_add(1).wrapping_add(pos));
+        assert_eq!(stream_pos(0, iss, at(0)), 0);
+        assert_eq!(stream_pos(100, iss, at(50)), 50, "sequence numbers wrapped");
+        let written = (1u64 << 32) + 100;
+        assert_eq!(stream_pos(written, iss, at(90)), (1 << 32) + 90);
+        assert_eq!(stream_pos(written, iss, at(100)), written);
+        assert_eq!(
+            gather_reach(&sends(&[(0, 4); 10]), 2),
+            2 + 4 * 7,
+            "eight pieces"
+        );
+    }
+
+    #[test]
     fn stream_bytes_map_to_tx_pool_pieces() {
         let s = sends(&[(1000, 10), (5000, 5)]);
         let g = gather_of(&s, 9, 8, 5).unwrap();
