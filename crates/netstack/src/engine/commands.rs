@@ -3,9 +3,11 @@
 //! recv_done, shutdown and close, each checked (ownership, ranges, state)
 //! and refused with a reason, or an application cut off for garbage.
 
+use std::net::SocketAddrV4;
+
 use ginza_net::tcp::{Connection, FourTuple, ListenConfig, Listener};
 use ginza_net::Endpoint;
-use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Reason, MAX_RANGES};
+use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Ranges, Reason, MAX_RANGES};
 use ginza_shm::netstack::RxPool;
 use ginza_shm::RingCorrupt;
 use log::{debug, warn};
@@ -107,193 +109,219 @@ impl Netstack {
     }
 
     pub(super) fn on_command(&mut self, id: u64, p: u32, cmd: Command) {
-        let now = self.now();
         match cmd {
             Command::Listen {
                 cookie,
                 port,
                 backlog,
-            } => {
-                let Some(iface) = self.apps.get(&id).map(|a| a.interface) else {
-                    return;
-                };
-                let local = Endpoint::new(iface.ip, port);
-                if self.table.is_listening(&local) {
-                    return self.refuse(id, p, None, cookie, &cmd, Reason::PortInUse);
-                }
-                let backlog = usize::from(backlog.clamp(1, self.cfg.max_backlog));
-                let entry = ListenerEntry {
-                    app: id,
-                    pair: p,
-                    local,
-                    backlog: Listener::new(ListenConfig {
-                        half_open: backlog.max(64),
-                        backlog,
-                    }),
-                };
-                let Some(l) = self.listeners.insert(entry) else {
-                    return self.refuse(id, p, None, cookie, &cmd, Reason::TooManyConnections);
-                };
-                let _ = self.table.listen(local, l);
-                if let Some(a) = self.apps.get_mut(&id) {
-                    a.listeners.push(l);
-                }
-                if let Some(listener) = ListenId::new(l) {
-                    self.emit(id, p, Event::Listening { cookie, listener });
-                }
-            }
-            Command::Unlisten { listener } => {
-                match self.listeners.get(listener.get()) {
-                    None => return self.refuse(id, p, None, 0, &cmd, Reason::NoSuchConnection),
-                    Some(l) if l.app != id => {
-                        return self.refuse(id, p, None, 0, &cmd, Reason::NotOwner)
-                    }
-                    Some(_) => {}
-                }
-                if let Some(l) = self.listeners.remove(listener.get()) {
-                    self.table.unlisten(&l.local, |&x| x == listener.get());
-                    if let Some(a) = self.apps.get_mut(&id) {
-                        a.listeners.retain(|x| *x != listener.get());
-                    }
-                }
-            }
-            Command::Accept { conn, listener } => {
-                let c = match self.owned(id, conn) {
-                    Ok(c) => c,
-                    Err(r) => return self.refuse(id, p, Some(conn), 0, &cmd, r),
-                };
-                let ok = matches!(
-                    self.conns.get(c).map(|k| k.phase),
-                    Some(Phase::Announced { listener: l }) if l == listener.get()
-                );
-                if !ok {
-                    return self.refuse(id, p, Some(conn), 0, &cmd, Reason::InvalidState);
-                }
-                let remote = self.conns.get(c).map(|k| k.key.remote);
-                if let (Some(l), Some(remote)) = (self.listeners.get_mut(listener.get()), remote) {
-                    l.backlog.forget(remote);
-                }
-                if let Some(k) = self.conns.get_mut(c) {
-                    k.phase = Phase::Open;
-                    k.pair = p;
-                }
-                self.settle(c, now);
-            }
-            Command::Connect { cookie, remote } => {
-                let Some(iface) = self.apps.get(&id).map(|a| a.interface) else {
-                    return;
-                };
-                let remote = Endpoint::new(*remote.ip(), remote.port());
-                let Some(port) = self.table.ephemeral_port(iface.ip, remote) else {
-                    return self.refuse(id, p, None, cookie, &cmd, Reason::TooManyConnections);
-                };
-                let key = FourTuple::new(Endpoint::new(iface.ip, port), remote);
-                let iss = self.isn.isn(key.local, key.remote, now);
-                let tcb = Connection::connect(&self.cfg.tcp, key.local, key.remote, iss, now);
-                let mac = self.arp.get(&remote.ip).copied();
-                let conn = Conn::new(id, p, key, mac, tcb, Phase::Connecting { cookie });
-                let Some(c) = self.conns.insert(conn) else {
-                    return self.refuse(id, p, None, cookie, &cmd, Reason::TooManyConnections);
-                };
-                self.table.insert(key, c);
-                if let Some(a) = self.apps.get_mut(&id) {
-                    a.conns.push(c);
-                }
-                self.settle(c, now);
-            }
-            Command::Send { conn, ranges, .. } => {
-                let c = match self.owned(id, conn) {
-                    Ok(c) => c,
-                    Err(r) => return self.refuse(id, p, Some(conn), 0, &cmd, r),
-                };
-                let Some(app) = self.apps.get(&id) else {
-                    return;
-                };
-                if ranges.as_slice().iter().any(|r| app.tx.check(*r).is_err()) {
-                    return self.refuse(id, p, Some(conn), 0, &cmd, Reason::OutsideTxPool);
-                }
-                let limit = self.cfg.send_queue_bytes;
-                let Some(k) = self.conns.get_mut(c) else {
-                    return;
-                };
-                if k.phase != Phase::Open || k.shutdown_requested || k.close_requested {
-                    return self.refuse(id, p, Some(conn), 0, &cmd, Reason::InvalidState);
-                }
-                if k.named - k.acked() + ranges.bytes() > limit {
-                    return self.refuse(id, p, Some(conn), 0, &cmd, Reason::SendQueueFull);
-                }
-                for r in ranges.as_slice() {
-                    k.named += u64::from(r.len);
-                    k.sends.push_back(PendingSend {
-                        range: *r,
-                        end: k.named,
-                    });
-                }
-                self.settle(c, now);
-            }
-            Command::RecvDone { conn, ranges } => {
-                let c = match self.owned(id, conn) {
-                    Ok(c) => c,
-                    Err(r) => return self.refuse(id, p, Some(conn), 0, &cmd, r),
-                };
-                let Some(app) = self.apps.get_mut(&id) else {
-                    return;
-                };
-                // All or nothing: every range must be a chunk lent to this
-                // connection with exactly this length.
-                let mut chunks = Vec::with_capacity(MAX_RANGES);
-                for r in ranges.as_slice() {
-                    let chunk = RxPool::chunk_of(r.offset);
-                    let ok = chunk.is_some_and(|ch| {
-                        app.lent.get(ch as usize).copied().flatten() == Some((c, r.len))
-                            && !chunks.contains(&ch)
-                    });
-                    if !ok {
-                        return self.refuse(id, p, Some(conn), 0, &cmd, Reason::NotDelivered);
-                    }
-                    chunks.extend(chunk);
-                }
-                let mut freed = 0u64;
-                for (ch, r) in chunks.iter().zip(ranges.as_slice()) {
-                    app.lent[*ch as usize] = None;
-                    let _ = app.ledger.give_back(*ch);
-                    freed += u64::from(r.len);
-                }
-                if let Some(k) = self.conns.get_mut(c) {
-                    k.rx_held = k.rx_held.saturating_sub(freed);
-                }
-                self.chunks_freed = true;
-                self.settle(c, now);
-            }
+            } => self.listen(id, p, &cmd, cookie, port, backlog),
+            Command::Unlisten { listener } => self.unlisten(id, p, &cmd, listener),
+            Command::Accept { conn, listener } => self.accept(id, p, &cmd, conn, listener),
+            Command::Connect { cookie, remote } => self.connect(id, p, &cmd, cookie, remote),
+            Command::Send { conn, ranges, .. } => self.send(id, p, &cmd, conn, ranges),
+            Command::RecvDone { conn, ranges } => self.recv_done(id, p, &cmd, conn, ranges),
             Command::Shutdown { conn } | Command::Close { conn } => {
-                let c = match self.owned(id, conn) {
-                    Ok(c) => c,
-                    Err(r) => return self.refuse(id, p, Some(conn), 0, &cmd, r),
-                };
-                let close = matches!(cmd, Command::Close { .. });
-                if let Some(k) = self.conns.get_mut(c) {
-                    if close {
-                        k.close_requested = true;
-                        if k.phase != Phase::Open {
-                            // Never accepted: nothing of the application's
-                            // to send first.
-                            k.tcb.abort();
-                            k.phase = Phase::Open;
-                        }
-                    } else {
-                        k.shutdown_requested = true;
-                    }
-                    if k.sends.is_empty() || k.tcb.error().is_some() {
-                        if close {
-                            k.tcb.close();
-                        } else {
-                            k.tcb.shutdown();
-                        }
-                    }
-                }
-                self.settle(c, now);
+                self.shutdown_or_close(id, p, &cmd, conn)
             }
         }
+    }
+
+    /// A listening endpoint on the application's address.
+    fn listen(&mut self, id: u64, p: u32, cmd: &Command, cookie: u32, port: u16, backlog: u16) {
+        let Some(iface) = self.apps.get(&id).map(|a| a.interface) else {
+            return;
+        };
+        let local = Endpoint::new(iface.ip, port);
+        if self.table.is_listening(&local) {
+            return self.refuse(id, p, None, cookie, cmd, Reason::PortInUse);
+        }
+        let backlog = usize::from(backlog.clamp(1, self.cfg.max_backlog));
+        let entry = ListenerEntry {
+            app: id,
+            pair: p,
+            local,
+            backlog: Listener::new(ListenConfig {
+                half_open: backlog.max(64),
+                backlog,
+            }),
+        };
+        let Some(l) = self.listeners.insert(entry) else {
+            return self.refuse(id, p, None, cookie, cmd, Reason::TooManyConnections);
+        };
+        let _ = self.table.listen(local, l);
+        if let Some(a) = self.apps.get_mut(&id) {
+            a.listeners.push(l);
+        }
+        if let Some(listener) = ListenId::new(l) {
+            self.emit(id, p, Event::Listening { cookie, listener });
+        }
+    }
+
+    /// The listener closes (its half-open connections are reset as they
+    /// settle).
+    fn unlisten(&mut self, id: u64, p: u32, cmd: &Command, listener: ListenId) {
+        match self.listeners.get(listener.get()) {
+            None => return self.refuse(id, p, None, 0, cmd, Reason::NoSuchConnection),
+            Some(l) if l.app != id => return self.refuse(id, p, None, 0, cmd, Reason::NotOwner),
+            Some(_) => {}
+        }
+        if let Some(l) = self.listeners.remove(listener.get()) {
+            self.table.unlisten(&l.local, |&x| x == listener.get());
+            if let Some(a) = self.apps.get_mut(&id) {
+                a.listeners.retain(|x| *x != listener.get());
+            }
+        }
+    }
+
+    /// The application takes a connection `new_conn` announced.
+    fn accept(&mut self, id: u64, p: u32, cmd: &Command, conn: ConnId, listener: ListenId) {
+        let now = self.now();
+        let c = match self.owned(id, conn) {
+            Ok(c) => c,
+            Err(r) => return self.refuse(id, p, Some(conn), 0, cmd, r),
+        };
+        let ok = matches!(
+            self.conns.get(c).map(|k| k.phase),
+            Some(Phase::Announced { listener: l }) if l == listener.get()
+        );
+        if !ok {
+            return self.refuse(id, p, Some(conn), 0, cmd, Reason::InvalidState);
+        }
+        let remote = self.conns.get(c).map(|k| k.key.remote);
+        if let (Some(l), Some(remote)) = (self.listeners.get_mut(listener.get()), remote) {
+            l.backlog.forget(remote);
+        }
+        if let Some(k) = self.conns.get_mut(c) {
+            k.phase = Phase::Open;
+            k.pair = p;
+        }
+        self.settle(c, now);
+    }
+
+    /// An active open from an ephemeral port.
+    fn connect(&mut self, id: u64, p: u32, cmd: &Command, cookie: u32, remote: SocketAddrV4) {
+        let now = self.now();
+        let Some(iface) = self.apps.get(&id).map(|a| a.interface) else {
+            return;
+        };
+        let remote = Endpoint::new(*remote.ip(), remote.port());
+        let Some(port) = self.table.ephemeral_port(iface.ip, remote) else {
+            return self.refuse(id, p, None, cookie, cmd, Reason::TooManyConnections);
+        };
+        let key = FourTuple::new(Endpoint::new(iface.ip, port), remote);
+        let iss = self.isn.isn(key.local, key.remote, now);
+        let tcb = Connection::connect(&self.cfg.tcp, key.local, key.remote, iss, now);
+        let mac = self.arp.get(&remote.ip).copied();
+        let conn = Conn::new(id, p, key, mac, tcb, Phase::Connecting { cookie });
+        let Some(c) = self.conns.insert(conn) else {
+            return self.refuse(id, p, None, cookie, cmd, Reason::TooManyConnections);
+        };
+        self.table.insert(key, c);
+        if let Some(a) = self.apps.get_mut(&id) {
+            a.conns.push(c);
+        }
+        self.settle(c, now);
+    }
+
+    /// Ranges of the tx pool queued for sending.
+    fn send(&mut self, id: u64, p: u32, cmd: &Command, conn: ConnId, ranges: Ranges) {
+        let now = self.now();
+        let c = match self.owned(id, conn) {
+            Ok(c) => c,
+            Err(r) => return self.refuse(id, p, Some(conn), 0, cmd, r),
+        };
+        let Some(app) = self.apps.get(&id) else {
+            return;
+        };
+        if ranges.as_slice().iter().any(|r| app.tx.check(*r).is_err()) {
+            return self.refuse(id, p, Some(conn), 0, cmd, Reason::OutsideTxPool);
+        }
+        let limit = self.cfg.send_queue_bytes;
+        let Some(k) = self.conns.get_mut(c) else {
+            return;
+        };
+        if k.phase != Phase::Open || k.shutdown_requested || k.close_requested {
+            return self.refuse(id, p, Some(conn), 0, cmd, Reason::InvalidState);
+        }
+        if k.named - k.acked() + ranges.bytes() > limit {
+            return self.refuse(id, p, Some(conn), 0, cmd, Reason::SendQueueFull);
+        }
+        for r in ranges.as_slice() {
+            k.named += u64::from(r.len);
+            k.sends.push_back(PendingSend {
+                range: *r,
+                end: k.named,
+            });
+        }
+        self.settle(c, now);
+    }
+
+    /// Rx chunks given back, all or nothing.
+    fn recv_done(&mut self, id: u64, p: u32, cmd: &Command, conn: ConnId, ranges: Ranges) {
+        let now = self.now();
+        let c = match self.owned(id, conn) {
+            Ok(c) => c,
+            Err(r) => return self.refuse(id, p, Some(conn), 0, cmd, r),
+        };
+        let Some(app) = self.apps.get_mut(&id) else {
+            return;
+        };
+        // All or nothing: every range must be a chunk lent to this
+        // connection with exactly this length.
+        let mut chunks = Vec::with_capacity(MAX_RANGES);
+        for r in ranges.as_slice() {
+            let chunk = RxPool::chunk_of(r.offset);
+            let ok = chunk.is_some_and(|ch| {
+                app.lent.get(ch as usize).copied().flatten() == Some((c, r.len))
+                    && !chunks.contains(&ch)
+            });
+            if !ok {
+                return self.refuse(id, p, Some(conn), 0, cmd, Reason::NotDelivered);
+            }
+            chunks.extend(chunk);
+        }
+        let mut freed = 0u64;
+        for (ch, r) in chunks.iter().zip(ranges.as_slice()) {
+            app.lent[*ch as usize] = None;
+            let _ = app.ledger.give_back(*ch);
+            freed += u64::from(r.len);
+        }
+        if let Some(k) = self.conns.get_mut(c) {
+            k.rx_held = k.rx_held.saturating_sub(freed);
+        }
+        self.chunks_freed = true;
+        self.settle(c, now);
+    }
+
+    /// `shutdown` (FIN once the queued sends are out) or `close`.
+    fn shutdown_or_close(&mut self, id: u64, p: u32, cmd: &Command, conn: ConnId) {
+        let now = self.now();
+        let c = match self.owned(id, conn) {
+            Ok(c) => c,
+            Err(r) => return self.refuse(id, p, Some(conn), 0, cmd, r),
+        };
+        let close = matches!(cmd, Command::Close { .. });
+        if let Some(k) = self.conns.get_mut(c) {
+            if close {
+                k.close_requested = true;
+                if k.phase != Phase::Open {
+                    // Never accepted: nothing of the application's
+                    // to send first.
+                    k.tcb.abort();
+                    k.phase = Phase::Open;
+                }
+            } else {
+                k.shutdown_requested = true;
+            }
+            if k.sends.is_empty() || k.tcb.error().is_some() {
+                if close {
+                    k.tcb.close();
+                } else {
+                    k.tcb.shutdown();
+                }
+            }
+        }
+        self.settle(c, now);
     }
 }
 
