@@ -306,7 +306,13 @@ impl Netstack {
                 k.close_requested = true;
                 if k.phase != Phase::Open {
                     // Never accepted: nothing of the application's
-                    // to send first.
+                    // to send first, and its place in the listener's
+                    // backlog is free again.
+                    if let Phase::HalfOpen { listener } | Phase::Announced { listener } = k.phase {
+                        if let Some(l) = self.listeners.get_mut(listener) {
+                            l.backlog.forget(k.key.remote);
+                        }
+                    }
                     k.tcb.abort();
                     k.phase = Phase::Open;
                 }

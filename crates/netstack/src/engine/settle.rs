@@ -108,7 +108,13 @@ impl Netstack {
                     }
                 }
             }
-            Phase::Announced { .. } | Phase::Open => {}
+            Phase::Announced { listener } => {
+                // One that ended before `accept` leaves the backlog.
+                if let Some(l) = self.listeners.get_mut(listener) {
+                    let _ = l.backlog.step(conn.key.remote, &mut conn.tcb, true);
+                }
+            }
+            Phase::Open => {}
         }
         if keep && matches!(conn.phase, Phase::Announced { .. } | Phase::Open) && !conn.released {
             if let (Some(e), false) = (conn.tcb.error(), conn.error_sent) {
@@ -210,7 +216,7 @@ impl SettleSlab for Slab<Conn> {
 
 #[cfg(test)]
 mod tests {
-    use ginza_net::tcp::{Instant, State};
+    use ginza_net::tcp::{Connection, Instant, State};
     use ginza_proto::netstack::{Command, Event};
 
     use super::super::testing::{client, deliver, sent, App};
@@ -252,5 +258,88 @@ mod tests {
             ),
             "{events:?}"
         );
+    }
+
+    /// Handshakes with `clients` (in turn); the RSTs the netstack sent.
+    fn handshakes(ns: &mut Netstack, clients: &mut [Connection]) -> Vec<u16> {
+        let mut resets = Vec::new();
+        for c in clients {
+            deliver(ns, c);
+            for (_, s) in sent(ns).0 {
+                c.on_segment(&s, Instant(0));
+            }
+            deliver(ns, c);
+            let out = sent(ns).0;
+            resets.extend(
+                out.iter()
+                    .filter(|(_, s)| s.flags.rst)
+                    .map(|(to, _)| to.port),
+            );
+        }
+        resets
+    }
+
+    fn announced(events: &[Event]) -> Vec<u16> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                Event::NewConn { remote, .. } => Some(remote.port()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_connection_that_ends_before_accept_leaves_the_backlog() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let mut app = App::attach(&mut ns, "settle-ends-unaccepted");
+        let listen = Command::Listen {
+            cookie: 1,
+            port: 80,
+            backlog: 1,
+        };
+        ns.on_command(app.id, 0, listen);
+        let mut first = [client(40001, 80)];
+        assert!(handshakes(&mut ns, &mut first).is_empty());
+        // The peer resets it before the application accepts it.
+        first[0].abort();
+        deliver(&mut ns, &mut first[0]);
+        let mut second = [client(40002, 80)];
+        assert!(
+            handshakes(&mut ns, &mut second).is_empty(),
+            "the backlog has room again"
+        );
+        ns.flush_events();
+        assert_eq!(announced(&app.events()), [40001, 40002]);
+    }
+
+    #[test]
+    fn a_connection_closed_before_accept_leaves_the_backlog() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let mut app = App::attach(&mut ns, "settle-closed-unaccepted");
+        let listen = Command::Listen {
+            cookie: 1,
+            port: 80,
+            backlog: 1,
+        };
+        ns.on_command(app.id, 0, listen);
+        assert!(handshakes(&mut ns, &mut [client(40001, 80)]).is_empty());
+        ns.flush_events();
+        let conn = app
+            .events()
+            .iter()
+            .find_map(|e| match e {
+                Event::NewConn { conn, .. } => Some(*conn),
+                _ => None,
+            })
+            .unwrap();
+        ns.on_command(app.id, 0, Command::Close { conn });
+        assert_eq!(sent(&mut ns).0.len(), 1, "its RST");
+        assert!(
+            handshakes(&mut ns, &mut [client(40002, 80)]).is_empty(),
+            "the backlog has room again"
+        );
+        ns.flush_events();
+        assert_eq!(announced(&app.events()), [40002]);
     }
 }
