@@ -28,6 +28,7 @@ mod tcp;
 #[doc(hidden)]
 pub mod testing;
 mod udp;
+mod wait;
 
 pub use crate::config::NetConfig;
 use crate::sched::Shared;

@@ -26,7 +26,8 @@ use ginza_shm::{IngressPool, PacketDesc, PushError};
 use ginza_sys::hops::{self, Hop};
 
 use super::egress::{failed, transmit, TxFail};
-use super::tcp::{no_runtime, Tcp};
+use super::tcp::Tcp;
+use super::wait::no_runtime;
 use super::{KthreadNetStats, NetStats};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};

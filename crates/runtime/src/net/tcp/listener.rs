@@ -9,7 +9,8 @@ use std::sync::Arc;
 use ginza_net::tcp::Listener;
 use ginza_net::Endpoint;
 
-use super::{wait_until, FourTuple, Tcp, TcpStream, Wake};
+use super::super::wait::{wait_until, wake_all};
+use super::{FourTuple, Tcp, TcpStream};
 use crate::sched::{Shared, Waiter};
 use crate::spinlock::SpinLock;
 
@@ -128,7 +129,7 @@ impl InProcessListener {
         loop {
             let remote = wait_until(&self.core.waiters, None, || {
                 let remote = self.core.state.lock().backlog.accept()?;
-                Some((remote, Wake::default()))
+                Some((remote, ()))
             })
             .expect("no deadline");
             let key = FourTuple::new(Endpoint::new(tcp.our_ip(), self.core.local.port()), remote);
@@ -175,6 +176,6 @@ impl Drop for InProcessListener {
                 });
             }
         }
-        super::wake_all(&self.core.waiters);
+        wake_all(&self.core.waiters);
     }
 }

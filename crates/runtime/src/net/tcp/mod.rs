@@ -31,7 +31,6 @@ mod stream;
 mod timers;
 
 pub use sockets::{Incoming, TcpListener, TcpStream};
-pub(in crate::net) use stream::{timeout_ns, timeout_of};
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -45,6 +44,7 @@ use ginza_net::tcp::{
 use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
 
 use super::egress::{self, transmit};
+use super::wait::{wait_until, wake_all, WakeLater};
 use crate::deferral;
 use crate::link::TxSide;
 use crate::sched::{self, Shared, Waiter};
@@ -148,14 +148,7 @@ pub(crate) struct Wake {
     timer: Option<Arc<Waiter>>,
 }
 
-pub(in crate::net) fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
-    let woken = std::mem::take(&mut *waiters.lock());
-    for w in woken {
-        w.wake();
-    }
-}
-
-impl Wake {
+impl WakeLater for Wake {
     fn run(self) {
         if let Some(c) = self.conn {
             wake_all(&c.waiters);
@@ -591,54 +584,6 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
     }
 }
 
-/// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
-/// queue's lock is released) or `deadline` passes (`None`). The attempt and
-/// the queueing happen under the waiters' lock, which wakers take after
-/// changing what the attempt looks at, so no wake-up is lost.
-pub(in crate::net) fn wait_until<R>(
-    waiters: &SpinLock<Vec<Arc<Waiter>>>,
-    deadline: Option<Instant>,
-    mut attempt: impl FnMut() -> Option<(R, Wake)>,
-) -> Option<R> {
-    let mut timed_out = false;
-    loop {
-        // Deferred from before queueing until after resuming: a preemption
-        // in between would put this uthread on a runqueue too.
-        let deferred = deferral::Guard::new();
-        let me = sched::current_uthread(&deferred);
-        let w = {
-            let mut q = waiters.lock();
-            if let Some((r, wake)) = attempt() {
-                drop(q);
-                wake.run();
-                return Some(r);
-            }
-            if timed_out || deadline.is_some_and(|d| d <= Instant::now()) {
-                return None;
-            }
-            me.map(|me| {
-                let w = Waiter::new(me);
-                q.push(Arc::clone(&w));
-                w
-            })
-        };
-        let Some(w) = w else {
-            // An OS thread: poll.
-            drop(deferred);
-            std::thread::sleep(Duration::from_micros(20));
-            continue;
-        };
-        match deadline {
-            None => sched::park_current(&deferred),
-            Some(d) => sched::park_current_until(&deferred, &w, d),
-        }
-        if w.timed_out() {
-            waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
-            timed_out = true; // one more look, then give up
-        }
-    }
-}
-
 /// The `io::Error` a Rust programmer expects for `e` on `key`.
 fn io_error(e: TcpError, writing: bool, key: &FourTuple) -> io::Error {
     use io::ErrorKind as K;
@@ -671,12 +616,6 @@ fn no_ephemeral_port(remote: Endpoint) -> io::Error {
             ginza_net::tcp::EPHEMERAL_FIRST
         ),
     )
-}
-
-pub(in crate::net) fn no_runtime(what: &str) -> io::Error {
-    io::Error::other(format!(
-        "{what} must be called from a Ginza uthread (inside ginza_runtime::run)"
-    ))
 }
 
 fn no_net() -> io::Error {

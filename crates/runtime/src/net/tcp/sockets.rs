@@ -12,9 +12,10 @@ use std::net::{Shutdown, SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::wait::no_runtime;
 use super::listener::InProcessListener;
 use super::stream::{self, InProcessStream};
-use super::{first_v4, no_net, no_runtime, Conn};
+use super::{first_v4, no_net, Conn};
 use crate::net::protected::{self, ProtectedListener, ProtectedStream};
 use crate::sched::{self, Shared};
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ginza_net::tcp::{Connection, FourTuple, State, TcpError};
 use ginza_net::Endpoint;
 
+use super::super::wait::{timeout_ns, timeout_of, wake_all};
 use super::{io_error, Conn, Tcp};
 use crate::sched::Shared;
 
@@ -42,22 +43,6 @@ impl fmt::Debug for InProcessStream {
             .field("peer", &self.handle.conn.key.remote)
             .finish()
     }
-}
-
-pub(crate) fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
-    match timeout {
-        None => Ok(0),
-        Some(d) if d.is_zero() => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "cannot set a 0 duration timeout",
-        )),
-        Some(d) => Ok(d.as_nanos().clamp(1, u64::MAX as u128) as u64),
-    }
-}
-
-pub(crate) fn timeout_of(ns: &AtomicU64) -> Option<Duration> {
-    let ns = ns.load(Relaxed);
-    (ns != 0).then(|| Duration::from_nanos(ns))
 }
 
 impl InProcessStream {
@@ -99,7 +84,7 @@ impl InProcessStream {
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
             self.handle.read_shut.store(true, Relaxed);
-            super::wake_all(&self.handle.conn.waiters);
+            wake_all(&self.handle.conn.waiters);
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
             let (rt, tcp, conn) = self.parts();
