@@ -20,9 +20,19 @@
 //!   waiting, it is refused (the driver resets it) and counted.
 //! * [`Listener::accept`] takes the oldest established connection.
 //! * [`Listener::forget`]: a half-open or waiting connection ended.
+//!
+//! Two steps every driver takes the same way are here too:
+//! [`Listener::admit_syn`] (a SYN's admission, then the passive open) and
+//! [`Listener::step`] (after any change to a connection not accepted yet:
+//! ended, still waiting, into the backlog, or refused).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
+
+use super::conn::{Connection, State, TcpConfig};
+use super::table::FourTuple;
+use super::{Instant, IsnGenerator, Segment};
+use crate::Endpoint;
 
 /// Bounds of one listening port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +63,34 @@ pub enum Admission<K> {
     /// This remote is already half-open or waiting (a retransmitted SYN:
     /// the driver's table has it) — nothing new to make.
     Known,
+}
+
+/// A SYN a listener admitted ([`Listener::admit_syn`]).
+#[derive(Debug)]
+pub struct Opened {
+    /// The new connection, half-open (SYN-RECEIVED, its SYN-ACK to send):
+    /// for the driver's table.
+    pub tcb: Connection,
+    /// An older half-open connection the SYN pushed out: the driver
+    /// forgets it without a word.
+    pub evicted: Option<FourTuple>,
+}
+
+/// Where a connection not accepted yet stands ([`Listener::step`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backlog {
+    /// Still half-open, or already waiting in the backlog: nothing to do.
+    Waiting,
+    /// It ended (reset, timed out) and the listener forgot it: the driver
+    /// drops its link to the listener.
+    Ended,
+    /// Its handshake just completed and it now waits for `accept`: the
+    /// driver tells whoever accepts.
+    Queued,
+    /// Its handshake completed with the backlog full: the listener counted
+    /// it and the connection is aborted (its RST is to send), so the peer
+    /// learns at once rather than sending into a void.
+    Refused,
 }
 
 /// What a listener has seen, for stats.
@@ -185,6 +223,51 @@ impl<K: Copy + Eq + Hash> Listener<K> {
     pub fn stats(&self) -> ListenStats {
         self.stats
     }
+
+    /// The backlog step, after any change to `tcb`, the connection of
+    /// `key` that this listener admitted and nobody has accepted yet
+    /// (`queued`: it waits in the backlog already).
+    pub fn step(&mut self, key: K, tcb: &mut Connection, queued: bool) -> Backlog {
+        if tcb.error().is_some() || tcb.state() == State::Closed {
+            self.forget(key);
+            return Backlog::Ended;
+        }
+        if queued || tcb.state() == State::SynReceived {
+            return Backlog::Waiting;
+        }
+        if self.established(key) {
+            Backlog::Queued
+        } else {
+            tcb.abort();
+            Backlog::Refused
+        }
+    }
+}
+
+impl Listener<Endpoint> {
+    /// A SYN for this listener's endpoint (`key.local`) from a remote with
+    /// no connection ([`Demux::Listener`](super::Demux::Listener)): its
+    /// admission, then the passive open with an RFC 6528 initial sequence
+    /// number. `None` if the remote is half-open or waiting already (a
+    /// retransmitted SYN: the driver's table has it, or another thread is
+    /// making it right now).
+    pub fn admit_syn(
+        &mut self,
+        key: FourTuple,
+        syn: &Segment<'_>,
+        config: &TcpConfig,
+        isn: &IsnGenerator,
+        now: Instant,
+    ) -> Option<Opened> {
+        let evicted = match self.on_syn(key.remote) {
+            Admission::Known => return None,
+            Admission::Admit => None,
+            Admission::AdmitEvicting(old) => Some(FourTuple::new(key.local, old)),
+        };
+        let iss = isn.isn(key.local, key.remote, now);
+        let tcb = Connection::accept(config, key.local, key.remote, syn, iss, now);
+        Some(Opened { tcb, evicted })
+    }
 }
 
 #[cfg(test)]
@@ -270,5 +353,97 @@ mod tests {
         keys.sort();
         assert_eq!(keys, vec![0, 1, 2, 3]);
         assert_eq!((l.half_open_len(), l.backlog_len()), (0, 0));
+    }
+
+    mod driver_steps {
+        use super::*;
+        use crate::tcp::{Flags, Seq};
+        use std::net::Ipv4Addr;
+
+        const LOCAL: Endpoint = Endpoint::new(Ipv4Addr::new(10, 0, 0, 1), 80);
+
+        fn remote(port: u16) -> Endpoint {
+            Endpoint::new(Ipv4Addr::new(10, 0, 0, 2), port)
+        }
+
+        fn syn() -> Segment<'static> {
+            let mut s = Segment::new(Seq(7000));
+            s.flags = Flags {
+                syn: true,
+                ..Flags::default()
+            };
+            s.window = 65535;
+            s
+        }
+
+        /// The peer's ACK of our SYN-ACK: the handshake completes.
+        fn ack_of(tcb: &mut Connection) -> Segment<'static> {
+            let syn_ack = tcb.poll_transmit(Instant(0)).expect("a SYN-ACK");
+            assert!(syn_ack.flags.syn);
+            let mut ack = Segment::new(Seq(7001));
+            ack.ack = Some(syn_ack.seq + 1u32);
+            ack.window = 65535;
+            ack
+        }
+
+        fn admit(l: &mut Listener<Endpoint>, port: u16) -> Option<Opened> {
+            let isn = IsnGenerator::new();
+            let key = FourTuple::new(LOCAL, remote(port));
+            l.admit_syn(key, &syn(), &TcpConfig::default(), &isn, Instant(0))
+        }
+
+        #[test]
+        fn an_admitted_syn_opens_a_half_open_connection_once() {
+            let mut l = Listener::new(ListenConfig {
+                half_open: 1,
+                backlog: 4,
+            });
+            let first = admit(&mut l, 1000).expect("admitted");
+            assert_eq!(first.tcb.state(), State::SynReceived);
+            assert_eq!(
+                (first.tcb.local(), first.tcb.remote()),
+                (LOCAL, remote(1000))
+            );
+            assert_eq!(first.evicted, None);
+            assert!(admit(&mut l, 1000).is_none(), "a retransmitted SYN");
+            let second = admit(&mut l, 1001).expect("admitted");
+            assert_eq!(
+                second.evicted,
+                Some(FourTuple::new(LOCAL, remote(1000))),
+                "the oldest half-open one made room"
+            );
+        }
+
+        #[test]
+        fn the_backlog_step_queues_waits_ends_and_refuses() {
+            let mut l = Listener::new(ListenConfig {
+                half_open: 8,
+                backlog: 1,
+            });
+            let mut a = admit(&mut l, 1).unwrap().tcb;
+            let mut b = admit(&mut l, 2).unwrap().tcb;
+            let mut c = admit(&mut l, 3).unwrap().tcb;
+            assert_eq!(l.step(remote(1), &mut a, false), Backlog::Waiting);
+            let ack = ack_of(&mut a);
+            a.on_segment(&ack, Instant(1));
+            assert_eq!(a.state(), State::Established);
+            assert_eq!(l.step(remote(1), &mut a, false), Backlog::Queued);
+            assert_eq!(l.step(remote(1), &mut a, true), Backlog::Waiting);
+            // The backlog (1) is full: b is refused and aborted.
+            let ack = ack_of(&mut b);
+            b.on_segment(&ack, Instant(1));
+            assert_eq!(l.step(remote(2), &mut b, false), Backlog::Refused);
+            assert_eq!(b.state(), State::Closed);
+            assert!(b.poll_transmit(Instant(1)).is_some_and(|s| s.flags.rst));
+            assert_eq!(l.stats().overflows, 1);
+            // A half-open one that ends is forgotten.
+            c.abort();
+            assert_eq!(l.step(remote(3), &mut c, false), Backlog::Ended);
+            assert!(!l.is_half_open(remote(3)));
+            // So is a waiting one.
+            a.abort();
+            assert_eq!(l.step(remote(1), &mut a, true), Backlog::Ended);
+            assert_eq!(l.accept(), None);
+        }
     }
 }

@@ -13,7 +13,10 @@
 //!   addresses are the driver's business: it demultiplexes by 4-tuple).
 //! * [`conn`]: one connection (the TCB): handshake, data, teardown, timers.
 //! * [`isn`]: RFC 6528 initial sequence numbers.
-//! * [`listen`]: a listening port's bounded half-open set and accept backlog.
+//! * [`listen`]: a listening port's bounded half-open set and accept
+//!   backlog, a SYN's admission and the backlog step.
+//! * [`table`]: a driver's socket table (connections by 4-tuple, listeners,
+//!   ephemeral ports) and where a received segment goes.
 //! * [`wire`]: [`Segment`] to and from smoltcp's TCP header view.
 
 pub mod conn;
@@ -21,13 +24,15 @@ pub mod isn;
 pub mod listen;
 pub mod segment;
 pub mod seq;
+pub mod table;
 pub mod wire;
 
 pub use conn::{reset_for, Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
 pub use isn::IsnGenerator;
-pub use listen::{Admission, ListenConfig, ListenStats, Listener};
+pub use listen::{Admission, Backlog, ListenConfig, ListenStats, Listener, Opened};
 pub use segment::{Flags, Segment, Timestamp};
 pub use seq::Seq;
+pub use table::{Demux, FourTuple, Table, EPHEMERAL_FIRST};
 
 use std::time::Duration;
 

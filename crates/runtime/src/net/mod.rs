@@ -21,22 +21,28 @@
 //! Networking is configured with [`NetConfig`] in
 //! [`IokernelConfig::net`](crate::IokernelConfig::net): it needs iokerneld.
 
+mod egress;
 pub mod protected;
 mod stack;
 mod tcp;
 #[doc(hidden)]
 pub mod testing;
 mod udp;
+mod wait;
 
 pub use crate::config::NetConfig;
 use crate::sched::Shared;
 pub use ginza_net::tcp::{ListenConfig, TcpConfig};
+use ginza_net::Endpoint;
 pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
 pub(crate) use stack::{Sent, Stack};
 use std::any::Any;
+use std::sync::Arc;
+use std::time::Instant;
+use tcp::Tcp;
 pub use tcp::{Incoming, TcpListener, TcpStats, TcpStream};
 pub use udp::{ToBindAddr, UdpSocket};
 
@@ -94,6 +100,24 @@ pub fn stats() -> Option<NetStats> {
 pub(crate) fn stack_of(rt: &Shared) -> Option<&Stack> {
     let stack: &dyn Any = rt.packet_stack()?;
     stack.downcast_ref()
+}
+
+/// The TCP part of `rt`'s stack: the in-process sockets reach it here,
+/// never through the stack.
+pub(crate) fn tcp_of(rt: &Shared) -> Option<&Arc<Tcp>> {
+    stack_of(rt).map(|s| &s.tcp)
+}
+
+/// The MAC a TCP `connect` from `rt` to `remote` sends to, asking ARP and
+/// waiting until `deadline` if needed.
+pub(crate) fn resolve_mac(
+    rt: &Shared,
+    remote: Endpoint,
+    deadline: Option<Instant>,
+) -> std::io::Result<MacAddr> {
+    let stack = stack_of(rt)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::Unsupported, "no network stack"))?;
+    stack.resolve_mac(rt, remote, deadline)
 }
 
 /// The counters of `rt`'s stack and of each kthread's packet rings.

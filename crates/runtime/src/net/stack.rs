@@ -19,23 +19,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_net::{
-    parse, tx, ArpOperation, ArpTable, BuildError, Endpoint, Interface, MacAddr, Packet,
-    Resolution, UdpDatagram, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET,
+    parse, tx, ArpOperation, ArpTable, Endpoint, Interface, MacAddr, Packet, Resolution,
+    UdpDatagram, MAX_UDP_PAYLOAD, UDP_PAYLOAD_OFFSET,
 };
 use ginza_shm::{IngressPool, PacketDesc, PushError};
 use ginza_sys::hops::{self, Hop};
 
+use super::egress::{failed, transmit, TxFail};
 use super::tcp::Tcp;
+use super::wait::no_runtime;
 use super::{KthreadNetStats, NetStats};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
-use crate::sched::Waiter;
+use crate::sched::{self, Shared, Waiter};
 use crate::spinlock::SpinLock;
 
 /// Ports `bind(0)` picks from (IANA's dynamic range).
 const EPHEMERAL_FIRST: u16 = 49152;
 /// How often the ARP table is swept for addresses that never answered.
 const ARP_EXPIRE_EVERY: Duration = Duration::from_millis(100);
+/// How long a TCP `connect` waits between looks at the ARP table.
+const ARP_POLL: Duration = Duration::from_micros(100);
+/// How long a TCP `connect` without a timeout waits for ARP.
+const ARP_GIVE_UP: Duration = Duration::from_secs(3);
 
 /// Owner-only increment (readers may be elsewhere): no locked instruction.
 fn bump(c: &AtomicU64) {
@@ -197,12 +203,6 @@ pub(crate) enum Sent {
     RingFull,
 }
 
-pub(super) enum TxFail {
-    RingFull,
-    Corrupt,
-    Build(BuildError),
-}
-
 /// The runtime-wide part of the stack.
 pub(crate) struct Stack {
     pub(crate) iface: Interface,
@@ -235,7 +235,7 @@ impl Stack {
             }),
             udp_queue: cfg.udp_queue,
             arp_retry_interval: cfg.arp.retry_interval,
-            tcp: Arc::new(Tcp::new(cfg.tcp.clone(), cfg.tcp_listen)),
+            tcp: Arc::new(Tcp::new(cfg.interface, cfg.tcp.clone(), cfg.tcp_listen)),
             orphans: SpinLock::new(Vec::new()),
             orphan_count: AtomicUsize::new(0),
             held: AtomicU64::new(0),
@@ -253,7 +253,7 @@ impl Stack {
         if self.orphan_count.load(Relaxed) > 0 {
             self.flush_orphans(me);
         }
-        self.tcp.poll(self, me);
+        self.tcp.poll(me);
         let Some(mut ingress) = ring.ingress.try_lock() else {
             return 0;
         };
@@ -312,9 +312,9 @@ impl Stack {
                     self.arp.lock().table.learn(m.sender_ip, m.sender_mac, now)
                 };
                 if m.operation == ArpOperation::Request {
-                    match self.transmit(me, |b| tx::arp_reply(b, &self.iface, &m)) {
+                    match transmit(me, |b| tx::arp_reply(b, &self.iface, &m)) {
                         Ok(()) => bump(&me.counters.arp_replies),
-                        Err(f) => self.tx_failed(me, f, "ARP reply"),
+                        Err(f) => failed(me, f, "ARP reply"),
                     }
                 }
                 for out in released {
@@ -326,18 +326,18 @@ impl Stack {
                     else {
                         continue;
                     };
-                    let r = self.transmit(me, |b| {
+                    let r = transmit(me, |b| {
                         tx::udp_datagram(b, &self.iface, m.sender_mac, src_port, dst, &payload)
                     });
                     if let Err(f) = r {
-                        self.tx_failed(me, f, "datagram released by ARP");
+                        failed(me, f, "datagram released by ARP");
                     }
                 }
             }
             Ok(Packet::IcmpEchoRequest(req)) => {
-                match self.transmit(me, |b| tx::icmp_echo_reply(b, &self.iface, &req)) {
+                match transmit(me, |b| tx::icmp_echo_reply(b, &self.iface, &req)) {
                     Ok(()) => bump(&me.counters.icmp_echo_replies),
-                    Err(f) => self.tx_failed(me, f, "ICMP echo reply"),
+                    Err(f) => failed(me, f, "ICMP echo reply"),
                 }
             }
             Ok(Packet::Udp(d)) => {
@@ -345,7 +345,7 @@ impl Stack {
                 return self.on_udp(me, desc.buf, frame, &d);
             }
             // The state machine copies the payload: the buffer goes back.
-            Ok(Packet::Tcp(t)) => self.tcp.input(self, me, &t),
+            Ok(Packet::Tcp(t)) => self.tcp.input(me, &t),
         }
         self.give_back(me, desc.buf);
     }
@@ -444,44 +444,6 @@ impl Stack {
 
     // ---- transmit --------------------------------------------------------
 
-    /// Builds a frame in `me`'s next egress buffer and pushes it.
-    ///
-    pub(super) fn transmit(
-        &self,
-        me: &mut TxSide<'_>,
-        build: impl FnOnce(&mut [u8]) -> Result<usize, BuildError>,
-    ) -> Result<(), TxFail> {
-        let tx = me.tx();
-        match tx.egress.free() {
-            Ok(0) => return Err(TxFail::RingFull),
-            Ok(_) => {}
-            Err(e) => {
-                if !std::mem::replace(&mut tx.corrupt_said, true) {
-                    log::error!("an egress ring is corrupt; nothing more is sent on it: {e}");
-                }
-                return Err(TxFail::Corrupt);
-            }
-        }
-        let seq = tx.egress.next_seq();
-        let len = build(tx.buffers.buffer_mut(seq)).map_err(TxFail::Build)?;
-        let desc = PacketDesc {
-            len: len as u32,
-            ..Default::default()
-        };
-        // A free slot was seen above and only we push.
-        tx.egress.push(desc).map_err(|_| TxFail::Corrupt)?;
-        bump(&me.counters.tx_packets);
-        Ok(())
-    }
-
-    pub(super) fn tx_failed(&self, me: &KNet, f: TxFail, what: &str) {
-        match f {
-            TxFail::RingFull => bump(&me.counters.tx_ring_full),
-            TxFail::Corrupt => {}
-            TxFail::Build(e) => log::warn!("{what} not sent: {e}"),
-        }
-    }
-
     /// Sends a UDP datagram from `src_port` as kthread `me`.
     ///
     pub(crate) fn send_udp(
@@ -544,9 +506,9 @@ impl Stack {
                     Resolution::Refused { send_request, .. } => (Sent::Dropped, send_request),
                 };
                 if ask {
-                    let r = self.transmit(me, |b| tx::arp_request(b, &self.iface, dst.ip));
+                    let r = transmit(me, |b| tx::arp_request(b, &self.iface, dst.ip));
                     if let Err(f) = r {
-                        self.tx_failed(me, f, "ARP request");
+                        failed(me, f, "ARP request");
                     }
                 }
                 return Ok(sent);
@@ -570,7 +532,7 @@ impl Stack {
             b[UDP_PAYLOAD_OFFSET..UDP_PAYLOAD_OFFSET + payload.len()].copy_from_slice(payload);
             tx::write_udp_headers(b, &self.iface, mac, src_port, dst, payload.len())
         };
-        match self.transmit(me, build) {
+        match transmit(me, build) {
             Ok(()) => Ok(Sent::Now),
             Err(TxFail::RingFull) => Ok(Sent::RingFull),
             Err(TxFail::Corrupt) => Err(io::Error::other("this kthread's egress ring is corrupt")),
@@ -578,8 +540,42 @@ impl Stack {
         }
     }
 
+    /// The MAC a TCP `connect` to `remote` sends to: the ARP table's,
+    /// after asking for it if needed (polling the table until it answers or
+    /// `deadline`), as a uthread of `rt`.
+    pub(super) fn resolve_mac(
+        &self,
+        rt: &Shared,
+        remote: Endpoint,
+        deadline: Option<Instant>,
+    ) -> io::Result<MacAddr> {
+        let give_up = deadline.unwrap_or_else(|| Instant::now() + ARP_GIVE_UP);
+        let mut asked_at: Option<Instant> = None;
+        loop {
+            if let Some(mac) = self.lookup_mac(remote.ip) {
+                return Ok(mac);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
+                ));
+            }
+            if asked_at.is_none_or(|t| now.duration_since(t) >= self.arp_retry_interval) {
+                asked_at = Some(now);
+                if sched::with_current_knet(rt, |me| self.ask_mac(me, remote.ip)).is_none() {
+                    return Err(no_runtime(
+                        "TcpStream::connect (on a uthread of the runtime)",
+                    ));
+                }
+            }
+            sched::sleep(ARP_POLL);
+        }
+    }
+
     /// The MAC of `ip` if the ARP table knows it (our own for our IP).
-    pub(super) fn lookup_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
+    fn lookup_mac(&self, ip: Ipv4Addr) -> Option<MacAddr> {
         if ip == self.iface.ip {
             return Some(self.iface.mac);
         }
@@ -587,7 +583,7 @@ impl Stack {
     }
 
     /// Asks for `ip`'s MAC (an ARP request, unless one is outstanding).
-    pub(super) fn ask_mac(&self, me: &mut TxSide<'_>, ip: Ipv4Addr) {
+    fn ask_mac(&self, me: &mut TxSide<'_>, ip: Ipv4Addr) {
         let resolution = self
             .arp
             .lock()
@@ -600,16 +596,11 @@ impl Stack {
             }
         };
         if ask {
-            let r = self.transmit(me, |b| tx::arp_request(b, &self.iface, ip));
+            let r = transmit(me, |b| tx::arp_request(b, &self.iface, ip));
             if let Err(f) = r {
-                self.tx_failed(me, f, "ARP request");
+                failed(me, f, "ARP request");
             }
         }
-    }
-
-    /// How often ARP asks an address again.
-    pub(super) fn arp_retry_interval(&self) -> Duration {
-        self.arp_retry_interval
     }
 
     // ---- sockets ---------------------------------------------------------

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::socket::send_ranges;
 use super::tx_pool::TxPool;
 use super::{ack, of, Command, ConnId, ConnState, Event, Protected, Range};
-use crate::net::tcp::{wait_until, Wake};
+use crate::net::wait::wait_until;
 use crate::sched::{self, Shared};
 use crate::spinlock::SpinLock;
 
@@ -49,7 +49,7 @@ impl Channel {
     /// use the attachment.
     pub fn open() -> io::Result<Channel> {
         let rt =
-            sched::current_shared().ok_or_else(|| crate::net::tcp::no_runtime("Channel::open"))?;
+            sched::current_shared().ok_or_else(|| crate::net::wait::no_runtime("Channel::open"))?;
         let p = of(&rt).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -128,21 +128,21 @@ impl Channel {
         let deadline = timeout.map(|t| Instant::now() + t);
         let r = wait_until(&p.raw.waiters, deadline, || {
             if let Some(e) = self.scratch.lock().pop_front() {
-                return Some((Ok(e), Wake::default()));
+                return Some((Ok(e), ()));
             }
             let mut out = Vec::new();
             for pair in 0..p.wire.pairs() {
                 if let Err(why) = p.wire.pop(pair, 32, &mut out) {
                     // `lost` wakes this queue: after its lock is released.
-                    return Some((Err(why), Wake::default()));
+                    return Some((Err(why), ()));
                 }
                 let mut q = self.scratch.lock();
                 q.extend(out.drain(..).map(|event| ChannelEvent { pair, event }));
             }
             if let Some(e) = self.scratch.lock().pop_front() {
-                return Some((Ok(e), Wake::default()));
+                return Some((Ok(e), ()));
             }
-            p.gone().map(|why| (Err(why), Wake::default()))
+            p.gone().map(|why| (Err(why), ()))
         });
         let Some(r) = r else { return Ok(None) };
         let e = match r {

@@ -39,7 +39,7 @@ pub use tx_pool::TX_CHUNK;
 pub use wire::{Command, ConnId, Event, ListenId, Range, Ranges, Reason, SendFlags, MAX_RANGES};
 pub(crate) use wire::{PushError, Wire};
 
-use super::tcp::wake_all;
+use super::wait::wake_all;
 use crate::link::EventSource;
 use crate::sched::{self, Shared, Waiter};
 use crate::spinlock::SpinLock;

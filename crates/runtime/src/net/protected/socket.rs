@@ -16,7 +16,7 @@ use super::{
     of, reason_error, Command, ConnState, ListenState, PConn, PListener, PendingConnect, Protected,
     Range, Ranges, SendFlags, MAX_RANGES,
 };
-use crate::net::tcp::{timeout_ns, timeout_of, wait_until, wake_all, Wake};
+use crate::net::wait::{timeout_ns, timeout_of, wait_until, wake_all};
 use crate::sched::Shared;
 use crate::spinlock::SpinLock;
 use ginza_sys::hops::{self, Hop};
@@ -144,7 +144,7 @@ impl ProtectedListener {
         p.command(0, &listen)?;
         wait_until(&l.waiters, None, || {
             if let Some(why) = p.gone() {
-                return Some((Err(p.gone_error(why)), Wake::default()));
+                return Some((Err(p.gone_error(why)), ()));
             }
             let bound = l.state.lock().bound?;
             Some((
@@ -152,7 +152,7 @@ impl ProtectedListener {
                     let (kind, text) = reason_error(r);
                     io::Error::new(kind, format!("TCP listen on {addr}: {text}"))
                 }),
-                Wake::default(),
+                (),
             ))
         })
         .expect("no deadline")?;
@@ -172,10 +172,9 @@ impl ProtectedListener {
         let p = p_of(&self.rt);
         let conn = wait_until(&self.l.waiters, None, || {
             if let Some(c) = self.l.state.lock().backlog.pop_front() {
-                return Some((Ok(c), Wake::default()));
+                return Some((Ok(c), ()));
             }
-            p.gone()
-                .map(|why| (Err(p.gone_error(why)), Wake::default()))
+            p.gone().map(|why| (Err(p.gone_error(why)), ()))
         })
         .expect("no deadline")?;
         // Its events come on the pair the accept goes on from now on.
@@ -300,10 +299,9 @@ impl ProtectedStream {
         let deadline = timeout.map(|t| Instant::now() + t);
         let r = wait_until(&pending.waiters, deadline, || {
             if let Some(r) = pending.result.lock().take() {
-                return Some((Ok(r), Wake::default()));
+                return Some((Ok(r), ()));
             }
-            p.gone()
-                .map(|why| (Err(p.gone_error(why)), Wake::default()))
+            p.gone().map(|why| (Err(p.gone_error(why)), ()))
         });
         match r {
             Some(Ok(Ok(conn))) => Ok(ProtectedStream::new(rt, conn)),
@@ -448,9 +446,9 @@ impl ProtectedStream {
                 || st.remote_closed
                 || (st.cleaned && st.error.is_none());
             if readable {
-                return Some((Ok(take(&mut st, p, &mut done)), Wake::default()));
+                return Some((Ok(take(&mut st, p, &mut done)), ()));
             }
-            state_error(&st, c).map(|e| (Err(e), Wake::default()))
+            state_error(&st, c).map(|e| (Err(e), ()))
         });
         if !done.is_empty() {
             // Bytes read (not a read timeout).
@@ -520,7 +518,7 @@ impl ProtectedStream {
                     },
                     e.to_string(),
                 );
-                return Some((Err(e), Wake::default()));
+                return Some((Err(e), ()));
             }
             if st.write_shut || st.cleaned {
                 return Some((
@@ -531,7 +529,7 @@ impl ProtectedStream {
                             c.local, c.remote
                         ),
                     )),
-                    Wake::default(),
+                    (),
                 ));
             }
             let room = limit.saturating_sub(st.unacked_bytes);
@@ -562,7 +560,7 @@ impl ProtectedStream {
                 .iter()
                 .map(|&(chunk, len)| TxPool::range(chunk, len))
                 .collect();
-            Some((Ok((n, ranges)), Wake::default()))
+            Some((Ok((n, ranges)), ()))
         });
         match r {
             Some(Ok((n, ranges))) => {

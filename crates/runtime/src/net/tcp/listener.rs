@@ -9,8 +9,8 @@ use std::sync::Arc;
 use ginza_net::tcp::Listener;
 use ginza_net::Endpoint;
 
-use super::{wait_until, Tcp, TcpStream, Wake};
-use crate::net::stack::Stack;
+use super::super::wait::{wait_until, wake_all};
+use super::{FourTuple, Tcp, TcpStream};
 use crate::sched::{Shared, Waiter};
 use crate::spinlock::SpinLock;
 
@@ -56,16 +56,20 @@ impl ListenerCore {
 }
 
 impl Tcp {
+    /// The interface address connections and listeners are on.
+    pub(crate) fn our_ip(&self) -> std::net::Ipv4Addr {
+        self.iface.ip
+    }
+
     /// Makes `addr`'s port (0: an ephemeral one) a listening port of the
-    /// interface address `our_ip`.
-    pub(crate) fn listen(
-        &self,
-        our_ip: std::net::Ipv4Addr,
-        addr: SocketAddrV4,
-    ) -> io::Result<Arc<ListenerCore>> {
+    /// interface address.
+    pub(crate) fn listen(&self, addr: SocketAddrV4) -> io::Result<Arc<ListenerCore>> {
+        let our_ip = self.iface.ip;
         let mut table = self.table.lock();
         let port = match addr.port() {
-            0 => table.ephemeral_port(our_ip, Endpoint::new(*addr.ip(), 0))?,
+            0 => table
+                .ephemeral_port(our_ip, Endpoint::new(*addr.ip(), 0))
+                .ok_or_else(|| super::no_ephemeral_port(Endpoint::new(*addr.ip(), 0)))?,
             p => p,
         };
         let core = Arc::new(ListenerCore {
@@ -76,7 +80,14 @@ impl Tcp {
             }),
             waiters: SpinLock::new(Vec::new()),
         });
-        table.listen(port, Arc::clone(&core))?;
+        table
+            .listen(Endpoint::new(our_ip, port), Arc::clone(&core))
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("TCP port {port} is already listening"),
+                )
+            })?;
         Ok(core)
     }
 }
@@ -87,24 +98,24 @@ impl InProcessListener {
     /// port already. The half-open set and the accept backlog are bounded
     /// by `NetConfig::tcp_listen`.
     pub(crate) fn bind(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<InProcessListener> {
-        let stack = super::super::stack_of(&rt).expect("the caller checked");
+        let tcp = super::super::tcp_of(&rt).expect("the caller checked");
         let ip = *addr.ip();
-        if !ip.is_unspecified() && ip != stack.iface.ip {
+        if !ip.is_unspecified() && ip != tcp.our_ip() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrNotAvailable,
                 format!(
                     "cannot bind TCP to {addr}: this application's address is {} (bind to it or to 0.0.0.0)",
-                    stack.iface.ip
+                    tcp.our_ip()
                 ),
             ));
         }
-        stack.tcp.start_timer(&rt);
-        let core = stack.tcp.listen(stack.iface.ip, addr)?;
+        tcp.start_timer(&rt);
+        let core = tcp.listen(addr)?;
         Ok(InProcessListener { rt, core })
     }
 
-    fn stack(&self) -> &Stack {
-        super::super::stack_of(&self.rt).expect("a listener exists only with a stack")
+    fn tcp(&self) -> &Tcp {
+        super::super::tcp_of(&self.rt).expect("a listener exists only with a stack")
     }
 
     /// The address bound (the IP given to `bind`, which may be 0.0.0.0).
@@ -114,20 +125,16 @@ impl InProcessListener {
 
     /// Waits for a connection whose handshake has completed.
     pub(crate) fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
-        let stack = self.stack();
-        let tcp: &Tcp = &stack.tcp;
+        let tcp = self.tcp();
         loop {
             let remote = wait_until(&self.core.waiters, None, || {
                 let remote = self.core.state.lock().backlog.accept()?;
-                Some((remote, Wake::default()))
+                Some((remote, ()))
             })
             .expect("no deadline");
-            let key = super::FourTuple {
-                local: Endpoint::new(stack.iface.ip, self.core.local.port()),
-                remote,
-            };
+            let key = FourTuple::new(Endpoint::new(tcp.our_ip(), self.core.local.port()), remote);
             // Gone if it was reset between its handshake and now: try the next.
-            let Some(conn) = tcp.table.lock().get(&key) else {
+            let Some(conn) = tcp.table.lock().get(&key).cloned() else {
                 continue;
             };
             {
@@ -144,32 +151,31 @@ impl InProcessListener {
 impl Drop for InProcessListener {
     /// Stops listening and resets the connections not accepted yet.
     fn drop(&mut self) {
-        let Some(stack) = super::super::stack_of(&self.rt) else {
+        let Some(tcp) = super::super::tcp_of(&self.rt) else {
             return;
         };
-        let tcp = &stack.tcp;
-        let port = self.core.local.port();
+        let local = Endpoint::new(tcp.our_ip(), self.core.local.port());
         tcp.table
             .lock()
-            .unlisten(port, |l| Arc::ptr_eq(l, &self.core));
+            .unlisten(&local, |l| Arc::ptr_eq(l, &self.core));
         let keys = {
             let mut state = self.core.state.lock();
             state.closed = true;
             state.backlog.drain()
         };
         for remote in keys {
-            let key = super::FourTuple {
-                local: Endpoint::new(stack.iface.ip, port),
-                remote,
-            };
-            let conn = tcp.table.lock().get(&key);
+            let conn = tcp
+                .table
+                .lock()
+                .get(&FourTuple::new(local, remote))
+                .cloned();
             if let Some(conn) = conn {
-                tcp.with_conn(&self.rt, stack, &conn, |inner| {
+                tcp.with_conn(&self.rt, &conn, |inner| {
                     inner.listener = None;
                     inner.tcb.abort();
                 });
             }
         }
-        super::wake_all(&self.core.waiters);
+        wake_all(&self.core.waiters);
     }
 }

@@ -1,7 +1,9 @@
 //! TCP sockets for uthreads (docs/runtime.md, "TCP sockets"): the sans-IO
 //! state machine of `ginza_net::tcp` bound to the runtime.
 //!
-//! * [`table`]: connections by 4-tuple, listeners by port, ephemeral ports.
+//! * `ginza_net::tcp`'s [`Table`] (connections by 4-tuple, listeners,
+//!   ephemeral ports, where a segment goes), `Listener::admit_syn` and
+//!   `Listener::step`: the driver's part it shares with the netstack.
 //! * [`timers`]: the stack's heap of connection deadlines, and the timer
 //!   uthread that sleeps until the earliest one.
 //! * [`sockets`]: the public `TcpListener` and `TcpStream`, each over one
@@ -14,7 +16,8 @@
 //! * here: [`Tcp`], the stack's TCP part, and the one path every change to
 //!   a connection takes ([`Tcp::settle`]): with the connection locked,
 //!   segments out (`poll_transmit`, built in the running kthread's egress
-//!   buffer), events in (`take_events`: waiters to wake, a handshake to
+//!   buffer by `net/egress.rs`: TCP never calls back into the stack that
+//!   feeds it), events in (`take_events`: waiters to wake, a handshake to
 //!   hand to its listener), its deadline armed, and, once the state machine
 //!   says it is finished, out of the table.
 //!
@@ -25,11 +28,9 @@
 mod listener;
 mod sockets;
 mod stream;
-mod table;
 mod timers;
 
 pub use sockets::{Incoming, TcpListener, TcpStream};
-pub(in crate::net) use stream::{timeout_ns, timeout_of};
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -37,17 +38,18 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{
-    conn::reset_for, Connection, IsnGenerator, ListenConfig, State, TcpConfig, TcpError,
+    Backlog, Connection, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, Table, TcpConfig,
+    TcpError,
 };
-use ginza_net::{tx, MacAddr, TcpFrame};
+use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
 
-use super::stack::Stack;
+use super::egress::{self, transmit};
+use super::wait::{wait_until, wake_all, WakeLater};
 use crate::deferral;
 use crate::link::TxSide;
 use crate::sched::{self, Shared, Waiter};
 use crate::spinlock::SpinLock;
 pub(crate) use listener::ListenerCore;
-use table::{FourTuple, Table};
 use timers::Deadlines;
 
 /// The stack's TCP counters (sums over connections and kthreads).
@@ -146,14 +148,7 @@ pub(crate) struct Wake {
     timer: Option<Arc<Waiter>>,
 }
 
-pub(in crate::net) fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
-    let woken = std::mem::take(&mut *waiters.lock());
-    for w in woken {
-        w.wake();
-    }
-}
-
-impl Wake {
+impl WakeLater for Wake {
     fn run(self) {
         if let Some(c) = self.conn {
             wake_all(&c.waiters);
@@ -169,6 +164,8 @@ impl Wake {
 
 /// The stack's TCP part.
 pub(crate) struct Tcp {
+    /// The address its segments are built from.
+    iface: Interface,
     config: TcpConfig,
     listen: ListenConfig,
     /// Made at the first TCP use (it draws a random key).
@@ -189,8 +186,9 @@ pub(crate) struct Tcp {
 type Egress<'a, 'b> = Option<&'a mut TxSide<'b>>;
 
 impl Tcp {
-    pub(crate) fn new(config: TcpConfig, listen: ListenConfig) -> Tcp {
+    pub(crate) fn new(iface: Interface, config: TcpConfig, listen: ListenConfig) -> Tcp {
         Tcp {
+            iface,
             config,
             listen,
             isn: OnceLock::new(),
@@ -219,82 +217,83 @@ impl Tcp {
     // ---- receive -----------------------------------------------------------
 
     /// A segment for us, in the scheduler context of the kthread `me`.
-    pub(crate) fn input(&self, stack: &Stack, me: &mut TxSide<'_>, f: &TcpFrame<'_>) {
+    pub(crate) fn input(&self, me: &mut TxSide<'_>, f: &TcpFrame<'_>) {
         count(&self.counters.segments_in);
-        let key = FourTuple {
-            local: f.dst,
-            remote: f.src,
-        };
+        let key = FourTuple::of(f);
         let now = self.now();
-        let conn = self.table.lock().get(&key);
-        if let Some(conn) = conn {
-            let wake = {
-                let mut inner = conn.inner.lock();
-                inner.peer_mac = f.src_mac;
-                inner.tcb.on_segment(&f.segment, now);
-                self.settle(stack, Some(me), &conn, &mut inner, now)
-            };
-            return wake.run();
-        }
-        let seg = &f.segment;
-        if seg.flags.syn && seg.ack.is_none() && !seg.flags.rst {
-            let listener = self.table.lock().listener(f.dst.port);
-            if let Some(l) = listener {
-                return self.on_syn(stack, me, &l, f, now);
+        let target = self.table.lock().demux(&key, &f.segment).cloned();
+        match target {
+            Demux::Connection(conn) => {
+                let wake = {
+                    let mut inner = conn.inner.lock();
+                    inner.peer_mac = f.src_mac;
+                    inner.tcb.on_segment(&f.segment, now);
+                    self.settle(Some(me), &conn, &mut inner, now)
+                };
+                wake.run();
+            }
+            Demux::Listener(l) => self.on_syn(me, &l, key, f, now),
+            Demux::NoSocket { reset } => {
+                count(&self.counters.no_socket);
+                self.reset(me, f, reset);
             }
         }
-        count(&self.counters.no_socket);
-        self.reset(stack, me, f);
     }
 
-    /// Answers a segment that reached no connection (RFC 9293 §3.10.7.1).
-    fn reset(&self, stack: &Stack, me: &mut TxSide<'_>, f: &TcpFrame<'_>) {
-        if let Some(rst) = reset_for(&f.segment) {
-            let r = stack.transmit(me, |b| {
-                tx::tcp_segment(b, &stack.iface, f.src_mac, f.dst.port, f.src, &rst)
+    /// Answers a segment that reached no connection with `rst`
+    /// (RFC 9293 §3.10.7.1).
+    fn reset(
+        &self,
+        me: &mut TxSide<'_>,
+        f: &TcpFrame<'_>,
+        rst: Option<ginza_net::tcp::Segment<'static>>,
+    ) {
+        if let Some(rst) = rst {
+            let iface = &self.iface;
+            let r = transmit(me, |b| {
+                tx::tcp_segment(b, iface, f.src_mac, f.dst.port, f.src, &rst)
             });
             match r {
                 Ok(()) => {
                     count(&self.counters.segments_out);
                     count(&self.counters.resets_sent);
                 }
-                Err(e) => stack.tx_failed(me, e, "TCP reset"),
+                Err(e) => egress::failed(me, e, "TCP reset"),
             }
         }
     }
 
     fn on_syn(
         &self,
-        stack: &Stack,
         me: &mut TxSide<'_>,
         l: &Arc<ListenerCore>,
+        key: FourTuple,
         f: &TcpFrame<'_>,
         now: ginza_net::tcp::Instant,
     ) {
-        use ginza_net::tcp::Admission;
-        let admission = {
+        let opened = {
             let mut state = l.state.lock();
-            (!state.closed).then(|| state.backlog.on_syn(f.src))
-        };
-        let key = FourTuple {
-            local: f.dst,
-            remote: f.src,
-        };
-        match admission {
-            None => return self.reset(stack, me, f),
-            // Its connection is being made by another kthread right now.
-            Some(Admission::Known) => return,
-            Some(Admission::Admit) => {}
-            Some(Admission::AdmitEvicting(old)) => {
-                count(&self.counters.syns_evicted);
-                self.evict(FourTuple {
-                    local: f.dst,
-                    remote: old,
-                });
+            if state.closed {
+                None
+            } else {
+                let isn = self.isn();
+                Some(
+                    state
+                        .backlog
+                        .admit_syn(key, &f.segment, &self.config, isn, now),
+                )
             }
+        };
+        let (tcb, evicted) = match opened {
+            None => return self.reset(me, f, ginza_net::tcp::reset_for(&f.segment)),
+            // Its connection is being made by another kthread right now.
+            Some(None) => return,
+            Some(Some(Opened { tcb, evicted })) => (tcb, evicted),
+        };
+        if let Some(old) = evicted {
+            count(&self.counters.syns_evicted);
+            self.evict(old);
         }
-        let iss = self.isn().isn(key.local, key.remote, now);
-        let tcb = Connection::accept(&self.config, key.local, key.remote, &f.segment, iss, now);
         let conn = Conn::new(key, tcb, f.src_mac, Some(Arc::clone(l)));
         if !self.table.lock().insert(key, Arc::clone(&conn)) {
             l.state.lock().backlog.forget(key.remote);
@@ -302,7 +301,7 @@ impl Tcp {
         }
         let wake = {
             let mut inner = conn.inner.lock();
-            self.settle(stack, Some(me), &conn, &mut inner, now)
+            self.settle(Some(me), &conn, &mut inner, now)
         };
         wake.run();
     }
@@ -325,35 +324,37 @@ impl Tcp {
     /// table once finished; returns whom to wake once the lock is released.
     fn settle(
         &self,
-        stack: &Stack,
         mut me: Egress<'_, '_>,
         conn: &Arc<Conn>,
         inner: &mut ConnInner,
         now: ginza_net::tcp::Instant,
     ) -> Wake {
-        self.send(stack, me.as_deref_mut(), conn, inner, now);
+        self.send(me.as_deref_mut(), conn, inner, now);
         let events = inner.tcb.take_events();
         let mut wake = Wake::default();
         if events.readable || events.writable || events.connected || events.closed {
             wake.conn = Some(Arc::clone(conn));
         }
         if let Some(l) = inner.listener.clone() {
-            let dead = inner.tcb.error().is_some() || inner.tcb.state() == State::Closed;
-            if dead {
-                l.state.lock().backlog.forget(conn.key.remote);
-                inner.listener = None;
-                wake.listener = Some(l);
-            } else if !inner.in_backlog && inner.tcb.state() != State::SynReceived {
-                if l.state.lock().backlog.established(conn.key.remote) {
+            let step =
+                l.state
+                    .lock()
+                    .backlog
+                    .step(conn.key.remote, &mut inner.tcb, inner.in_backlog);
+            match step {
+                Backlog::Waiting => {}
+                Backlog::Ended => {
+                    inner.listener = None;
+                    wake.listener = Some(l);
+                }
+                Backlog::Queued => {
                     inner.in_backlog = true;
                     wake.listener = Some(l);
-                } else {
-                    // A full backlog (or a listener gone): the peer learns
-                    // at once rather than sending into a void.
+                }
+                Backlog::Refused => {
                     count(&self.counters.listen_overflows);
                     inner.listener = None;
-                    inner.tcb.abort();
-                    self.send(stack, me, conn, inner, now);
+                    self.send(me, conn, inner, now);
                     let _ = inner.tcb.take_events();
                 }
             }
@@ -381,7 +382,6 @@ impl Tcp {
     /// room; what is left waits for the next poll.
     fn send(
         &self,
-        stack: &Stack,
         me: Egress<'_, '_>,
         conn: &Arc<Conn>,
         inner: &mut ConnInner,
@@ -402,8 +402,9 @@ impl Tcp {
                 return;
             };
             let rst = seg.flags.rst;
-            let r = stack.transmit(me, |b| {
-                tx::tcp_segment(b, &stack.iface, mac, key.local.port, key.remote, &seg)
+            let iface = &self.iface;
+            let r = transmit(me, |b| {
+                tx::tcp_segment(b, iface, mac, key.local.port, key.remote, &seg)
             });
             match r {
                 Ok(()) => {
@@ -412,7 +413,7 @@ impl Tcp {
                         count(&self.counters.resets_sent);
                     }
                 }
-                Err(e) => stack.tx_failed(me, e, "TCP segment"),
+                Err(e) => egress::failed(me, e, "TCP segment"),
             }
         }
     }
@@ -430,7 +431,6 @@ impl Tcp {
     fn with_conn<R>(
         &self,
         rt: &Shared,
-        stack: &Stack,
         conn: &Arc<Conn>,
         f: impl FnOnce(&mut ConnInner) -> R,
     ) -> R {
@@ -439,10 +439,10 @@ impl Tcp {
             let r = f(&mut inner);
             let now = self.now();
             let wake = match sched::with_current_knet(rt, |me| {
-                self.settle(stack, Some(me), conn, &mut inner, now)
+                self.settle(Some(me), conn, &mut inner, now)
             }) {
                 Some(w) => w,
-                None => self.settle(stack, None, conn, &mut inner, now),
+                None => self.settle(None, conn, &mut inner, now),
             };
             (r, wake)
         };
@@ -456,7 +456,6 @@ impl Tcp {
     fn wait_on<R>(
         &self,
         rt: &Shared,
-        stack: &Stack,
         conn: &Arc<Conn>,
         deadline: Option<Instant>,
         mut attempt: impl FnMut(&mut ConnInner) -> Option<R>,
@@ -466,10 +465,10 @@ impl Tcp {
             let r = attempt(&mut inner)?;
             let now = self.now();
             let wake = match sched::with_current_knet(rt, |me| {
-                self.settle(stack, Some(me), conn, &mut inner, now)
+                self.settle(Some(me), conn, &mut inner, now)
             }) {
                 Some(w) => w,
-                None => self.settle(stack, None, conn, &mut inner, now),
+                None => self.settle(None, conn, &mut inner, now),
             };
             Some((r, wake))
         })
@@ -479,7 +478,7 @@ impl Tcp {
 
     /// Sends what waited for egress room and fires due deadlines, as the
     /// kthread `me` polling its rings.
-    pub(crate) fn poll(&self, stack: &Stack, me: &mut TxSide<'_>) {
+    pub(crate) fn poll(&self, me: &mut TxSide<'_>) {
         if self.tx_pending_count.load(Relaxed) > 0 {
             let pending = std::mem::take(&mut *self.tx_pending.lock());
             self.tx_pending_count.fetch_sub(pending.len(), Relaxed);
@@ -488,17 +487,17 @@ impl Tcp {
                 let wake = {
                     let mut inner = conn.inner.lock();
                     inner.tx_pending = false;
-                    self.settle(stack, Some(me), &conn, &mut inner, now)
+                    self.settle(Some(me), &conn, &mut inner, now)
                 };
                 wake.run();
             }
         }
         if self.deadlines.earliest() != u64::MAX {
-            self.fire(stack, me, self.now());
+            self.fire(me, self.now());
         }
     }
 
-    fn fire(&self, stack: &Stack, me: &mut TxSide<'_>, now: ginza_net::tcp::Instant) {
+    fn fire(&self, me: &mut TxSide<'_>, now: ginza_net::tcp::Instant) {
         let mut due = Vec::new();
         self.deadlines.take_due(now.as_nanos(), &mut due);
         for (deadline, conn) in due {
@@ -512,7 +511,7 @@ impl Tcp {
                 }
                 inner.armed = None;
                 inner.tcb.on_timer(now);
-                self.settle(stack, Some(me), &conn, &mut inner, now)
+                self.settle(Some(me), &conn, &mut inner, now)
             };
             wake.run();
         }
@@ -564,12 +563,9 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
             if rt.shutdown.load(Relaxed) {
                 return;
             }
-            let Some(stack) = super::stack_of(&rt) else {
-                return;
-            };
             tcp.deadlines.awake();
             let now = tcp.now();
-            sched::with_current_knet(&rt, |me| tcp.fire(stack, me, now));
+            sched::with_current_knet(&rt, |me| tcp.fire(me, now));
         }
         let until = tcp.deadlines.earliest();
         let deferred = deferral::Guard::new();
@@ -584,54 +580,6 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
             sched::park_current(&deferred);
         } else {
             sched::park_current_until(&deferred, &w, tcp.instant_of(until));
-        }
-    }
-}
-
-/// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
-/// queue's lock is released) or `deadline` passes (`None`). The attempt and
-/// the queueing happen under the waiters' lock, which wakers take after
-/// changing what the attempt looks at, so no wake-up is lost.
-pub(in crate::net) fn wait_until<R>(
-    waiters: &SpinLock<Vec<Arc<Waiter>>>,
-    deadline: Option<Instant>,
-    mut attempt: impl FnMut() -> Option<(R, Wake)>,
-) -> Option<R> {
-    let mut timed_out = false;
-    loop {
-        // Deferred from before queueing until after resuming: a preemption
-        // in between would put this uthread on a runqueue too.
-        let deferred = deferral::Guard::new();
-        let me = sched::current_uthread(&deferred);
-        let w = {
-            let mut q = waiters.lock();
-            if let Some((r, wake)) = attempt() {
-                drop(q);
-                wake.run();
-                return Some(r);
-            }
-            if timed_out || deadline.is_some_and(|d| d <= Instant::now()) {
-                return None;
-            }
-            me.map(|me| {
-                let w = Waiter::new(me);
-                q.push(Arc::clone(&w));
-                w
-            })
-        };
-        let Some(w) = w else {
-            // An OS thread: poll.
-            drop(deferred);
-            std::thread::sleep(Duration::from_micros(20));
-            continue;
-        };
-        match deadline {
-            None => sched::park_current(&deferred),
-            Some(d) => sched::park_current_until(&deferred, &w, d),
-        }
-        if w.timed_out() {
-            waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
-            timed_out = true; // one more look, then give up
         }
     }
 }
@@ -660,10 +608,14 @@ fn io_error(e: TcpError, writing: bool, key: &FourTuple) -> io::Error {
     io::Error::new(kind, format!("TCP {} -> {}: {what}", key.local, key.remote))
 }
 
-pub(in crate::net) fn no_runtime(what: &str) -> io::Error {
-    io::Error::other(format!(
-        "{what} must be called from a Ginza uthread (inside ginza_runtime::run)"
-    ))
+fn no_ephemeral_port(remote: Endpoint) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!(
+            "no free ephemeral TCP port for a connection to {remote}: {}-65535 are all used",
+            ginza_net::tcp::EPHEMERAL_FIRST
+        ),
+    )
 }
 
 fn no_net() -> io::Error {

@@ -12,9 +12,10 @@ use std::net::{Shutdown, SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::wait::no_runtime;
 use super::listener::InProcessListener;
 use super::stream::{self, InProcessStream};
-use super::{first_v4, no_net, no_runtime, Conn};
+use super::{first_v4, no_net, Conn};
 use crate::net::protected::{self, ProtectedListener, ProtectedStream};
 use crate::sched::{self, Shared};
 
@@ -51,7 +52,7 @@ impl TcpListener {
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<TcpListener> {
         let addr = first_v4(addr)?;
         let rt = runtime("TcpListener::bind")?;
-        let backend = if crate::net::stack_of(&rt).is_some() {
+        let backend = if crate::net::tcp_of(&rt).is_some() {
             ListenerBackend::InProcess(InProcessListener::bind(rt, addr)?)
         } else if protected::of(&rt).is_some() {
             ListenerBackend::Protected(ProtectedListener::bind(rt, addr)?)
@@ -249,7 +250,7 @@ fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStrea
         ));
     }
     let rt = runtime("TcpStream::connect")?;
-    let backend = if crate::net::stack_of(&rt).is_some() {
+    let backend = if crate::net::tcp_of(&rt).is_some() {
         StreamBackend::InProcess(stream::connect(rt, addr, timeout)?)
     } else if protected::of(&rt).is_some() {
         StreamBackend::Protected(ProtectedStream::connect(rt, addr, timeout)?)

@@ -8,17 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginza_net::tcp::{Connection, State, TcpError};
-use ginza_net::{Endpoint, MacAddr};
+use ginza_net::tcp::{Connection, FourTuple, State, TcpError};
+use ginza_net::Endpoint;
 
-use super::{io_error, no_runtime, Conn, FourTuple, Tcp};
-use crate::net::stack::Stack;
-use crate::sched::{self, Shared};
-
-/// How long `connect` waits between looks at the ARP table.
-const ARP_POLL: Duration = Duration::from_micros(100);
-/// How long `connect` without a timeout waits for ARP.
-const ARP_GIVE_UP: Duration = Duration::from_secs(3);
+use super::super::wait::{timeout_ns, timeout_of, wake_all};
+use super::{io_error, Conn, Tcp};
+use crate::sched::Shared;
 
 /// What every handle of one connection shares; the last one to go closes
 /// the connection.
@@ -50,22 +45,6 @@ impl fmt::Debug for InProcessStream {
     }
 }
 
-pub(crate) fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
-    match timeout {
-        None => Ok(0),
-        Some(d) if d.is_zero() => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "cannot set a 0 duration timeout",
-        )),
-        Some(d) => Ok(d.as_nanos().clamp(1, u64::MAX as u128) as u64),
-    }
-}
-
-pub(crate) fn timeout_of(ns: &AtomicU64) -> Option<Duration> {
-    let ns = ns.load(Relaxed);
-    (ns != 0).then(|| Duration::from_nanos(ns))
-}
-
 impl InProcessStream {
     pub(super) fn new(rt: Arc<Shared>, conn: Arc<Conn>) -> InProcessStream {
         InProcessStream {
@@ -79,10 +58,10 @@ impl InProcessStream {
         }
     }
 
-    fn parts(&self) -> (&Shared, &Stack, &Tcp, &Arc<Conn>) {
+    fn parts(&self) -> (&Shared, &Tcp, &Arc<Conn>) {
         let h = &*self.handle;
-        let stack = super::super::stack_of(&h.rt).expect("a stream exists only with a stack");
-        (&h.rt, stack, &stack.tcp, &h.conn)
+        let tcp = super::super::tcp_of(&h.rt).expect("a stream exists only with a stack");
+        (&h.rt, tcp, &h.conn)
     }
 
     pub(crate) fn peer_addr(&self) -> io::Result<SocketAddr> {
@@ -105,11 +84,11 @@ impl InProcessStream {
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
             self.handle.read_shut.store(true, Relaxed);
-            super::wake_all(&self.handle.conn.waiters);
+            wake_all(&self.handle.conn.waiters);
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
-            let (rt, stack, tcp, conn) = self.parts();
-            let state = tcp.with_conn(rt, stack, conn, |inner| {
+            let (rt, tcp, conn) = self.parts();
+            let state = tcp.with_conn(rt, conn, |inner| {
                 let state = inner.tcb.state();
                 if state != State::SynSent && state != State::SynReceived {
                     inner.tcb.shutdown();
@@ -126,8 +105,8 @@ impl InProcessStream {
     /// `TCP_NODELAY`: segments go out at once rather than waiting to fill
     /// one (on by default).
     pub(crate) fn set_nodelay(&self, nodelay: bool) -> io::Result<()> {
-        let (rt, stack, tcp, conn) = self.parts();
-        tcp.with_conn(rt, stack, conn, |inner| inner.tcb.set_nodelay(nodelay));
+        let (rt, tcp, conn) = self.parts();
+        tcp.with_conn(rt, conn, |inner| inner.tcb.set_nodelay(nodelay));
         Ok(())
     }
 
@@ -165,11 +144,11 @@ impl InProcessStream {
         if buf.is_empty() || self.handle.read_shut.load(Relaxed) {
             return Ok(0);
         }
-        let (rt, stack, tcp, conn) = self.parts();
+        let (rt, tcp, conn) = self.parts();
         let timeout = timeout_of(&self.handle.read_timeout);
         let deadline = timeout.map(|t| Instant::now() + t);
         let shut = &self.handle.read_shut;
-        let r = tcp.wait_on(rt, stack, conn, deadline, |inner| {
+        let r = tcp.wait_on(rt, conn, deadline, |inner| {
             if shut.load(Relaxed) {
                 return Some(Ok(0));
             }
@@ -197,14 +176,12 @@ impl InProcessStream {
         if buf.is_empty() {
             return Ok(0);
         }
-        let (rt, stack, tcp, conn) = self.parts();
+        let (rt, tcp, conn) = self.parts();
         let timeout = timeout_of(&self.handle.write_timeout);
         let deadline = timeout.map(|t| Instant::now() + t);
-        let r = tcp.wait_on(rt, stack, conn, deadline, |inner| {
-            match inner.tcb.send(buf) {
-                Err(TcpError::WouldBlock) => None,
-                r => Some(r),
-            }
+        let r = tcp.wait_on(rt, conn, deadline, |inner| match inner.tcb.send(buf) {
+            Err(TcpError::WouldBlock) => None,
+            r => Some(r),
         });
         match r {
             Some(Ok(n)) => Ok(n),
@@ -224,12 +201,10 @@ impl InProcessStream {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        let Some(stack) = super::super::stack_of(&self.rt) else {
+        let Some(tcp) = super::super::tcp_of(&self.rt) else {
             return;
         };
-        stack
-            .tcp
-            .with_conn(&self.rt, stack, &self.conn, |inner| inner.tcb.close());
+        tcp.with_conn(&self.rt, &self.conn, |inner| inner.tcb.close());
     }
 }
 
@@ -240,19 +215,18 @@ pub(crate) fn connect(
     addr: SocketAddrV4,
     timeout: Option<Duration>,
 ) -> io::Result<InProcessStream> {
-    let stack = super::super::stack_of(&rt).expect("the caller checked");
-    let tcp = &stack.tcp;
+    let tcp = super::super::tcp_of(&rt).expect("the caller checked");
     tcp.start_timer(&rt);
     let deadline = timeout.map(|t| Instant::now() + t);
     let remote = Endpoint::from(addr);
-    let mac = resolve(&rt, stack, remote, deadline)?;
+    let mac = super::super::resolve_mac(&rt, remote, deadline)?;
     let conn = {
         let mut table = tcp.table.lock();
-        let port = table.ephemeral_port(stack.iface.ip, remote)?;
-        let key = FourTuple {
-            local: Endpoint::new(stack.iface.ip, port),
-            remote,
-        };
+        let our_ip = tcp.our_ip();
+        let port = table
+            .ephemeral_port(our_ip, remote)
+            .ok_or_else(|| super::no_ephemeral_port(remote))?;
+        let key = FourTuple::new(Endpoint::new(our_ip, port), remote);
         let now = tcp.now();
         let iss = tcp.isn().isn(key.local, remote, now);
         let tcb = Connection::connect(&tcp.config, key.local, remote, iss, now);
@@ -261,8 +235,8 @@ pub(crate) fn connect(
         conn
     };
     // The SYN goes out.
-    tcp.with_conn(&rt, stack, &conn, |_| ());
-    let r = tcp.wait_on(&rt, stack, &conn, deadline, |inner| {
+    tcp.with_conn(&rt, &conn, |_| ());
+    let r = tcp.wait_on(&rt, &conn, deadline, |inner| {
         match (inner.tcb.error(), inner.tcb.state()) {
             (Some(e), _) => Some(Err(e)),
             (None, State::SynSent) => None,
@@ -275,7 +249,7 @@ pub(crate) fn connect(
         Some(Ok(())) => Ok(stream),
         Some(Err(e)) => Err(io_error(e, false, &conn.key)),
         None => {
-            tcp.with_conn(&rt, stack, &conn, |inner| inner.tcb.abort());
+            tcp.with_conn(&rt, &conn, |inner| inner.tcb.abort());
             Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
@@ -284,38 +258,5 @@ pub(crate) fn connect(
                 ),
             ))
         }
-    }
-}
-
-/// The MAC `remote`'s frames go to: the ARP table's, after asking for it
-/// if needed (polling the table until it answers or `deadline`).
-fn resolve(
-    rt: &Shared,
-    stack: &Stack,
-    remote: Endpoint,
-    deadline: Option<Instant>,
-) -> io::Result<MacAddr> {
-    let give_up = deadline.unwrap_or_else(|| Instant::now() + ARP_GIVE_UP);
-    let mut asked_at: Option<Instant> = None;
-    loop {
-        if let Some(mac) = stack.lookup_mac(remote.ip) {
-            return Ok(mac);
-        }
-        let now = Instant::now();
-        if now >= give_up {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
-            ));
-        }
-        if asked_at.is_none_or(|t| now.duration_since(t) >= stack.arp_retry_interval()) {
-            asked_at = Some(now);
-            if sched::with_current_knet(rt, |me| stack.ask_mac(me, remote.ip)).is_none() {
-                return Err(no_runtime(
-                    "TcpStream::connect (on a uthread of the runtime)",
-                ));
-            }
-        }
-        sched::sleep(ARP_POLL);
     }
 }

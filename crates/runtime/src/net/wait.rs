@@ -1,0 +1,109 @@
+//! Waiting on a socket, for uthreads (an OS thread polls): shared by the
+//! in-process TCP sockets (`tcp/`) and the protected backend
+//! (`protected/`), so neither imports the other for it.
+//!
+//! * [`wait_until`]: an attempt under a waiter queue's lock, parking until
+//!   a waker empties the queue or a deadline passes;
+//! * [`wake_all`]: the wakers' side;
+//! * timeouts as std's sockets take them, and the error for a call made
+//!   outside a runtime.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::deferral;
+use crate::sched::{self, Waiter};
+use crate::spinlock::SpinLock;
+
+/// Wake-ups an attempt leaves to run once the waiter queue's lock is
+/// released (`()`: none).
+pub(in crate::net) trait WakeLater {
+    fn run(self);
+}
+
+impl WakeLater for () {
+    fn run(self) {}
+}
+
+/// Wakes every uthread in `waiters` (each looks again).
+pub(in crate::net) fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
+    let woken = std::mem::take(&mut *waiters.lock());
+    for w in woken {
+        w.wake();
+    }
+}
+
+/// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
+/// queue's lock is released) or `deadline` passes (`None`). The attempt and
+/// the queueing happen under the waiters' lock, which wakers take after
+/// changing what the attempt looks at, so no wake-up is lost.
+pub(in crate::net) fn wait_until<R, W: WakeLater>(
+    waiters: &SpinLock<Vec<Arc<Waiter>>>,
+    deadline: Option<Instant>,
+    mut attempt: impl FnMut() -> Option<(R, W)>,
+) -> Option<R> {
+    let mut timed_out = false;
+    loop {
+        // Deferred from before queueing until after resuming: a preemption
+        // in between would put this uthread on a runqueue too.
+        let deferred = deferral::Guard::new();
+        let me = sched::current_uthread(&deferred);
+        let w = {
+            let mut q = waiters.lock();
+            if let Some((r, wake)) = attempt() {
+                drop(q);
+                wake.run();
+                return Some(r);
+            }
+            if timed_out || deadline.is_some_and(|d| d <= Instant::now()) {
+                return None;
+            }
+            me.map(|me| {
+                let w = Waiter::new(me);
+                q.push(Arc::clone(&w));
+                w
+            })
+        };
+        let Some(w) = w else {
+            // An OS thread: poll.
+            drop(deferred);
+            std::thread::sleep(Duration::from_micros(20));
+            continue;
+        };
+        match deadline {
+            None => sched::park_current(&deferred),
+            Some(d) => sched::park_current_until(&deferred, &w, d),
+        }
+        if w.timed_out() {
+            waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
+            timed_out = true; // one more look, then give up
+        }
+    }
+}
+
+/// A socket timeout as std takes it (`None`: none; zero is an error), in
+/// ns for an atomic (0: none).
+pub(in crate::net) fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
+    match timeout {
+        None => Ok(0),
+        Some(d) if d.is_zero() => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cannot set a 0 duration timeout",
+        )),
+        Some(d) => Ok(d.as_nanos().clamp(1, u64::MAX as u128) as u64),
+    }
+}
+
+/// The timeout `timeout_ns` stored.
+pub(in crate::net) fn timeout_of(ns: &AtomicU64) -> Option<Duration> {
+    let ns = ns.load(Relaxed);
+    (ns != 0).then(|| Duration::from_nanos(ns))
+}
+
+pub(in crate::net) fn no_runtime(what: &str) -> io::Error {
+    io::Error::other(format!(
+        "{what} must be called from a Ginza uthread (inside ginza_runtime::run)"
+    ))
+}
