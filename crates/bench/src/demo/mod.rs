@@ -1448,7 +1448,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let mut rows = crate::bench::experiment::sweep::sweep(
+    let mut rows = crate::experiment::sweep::sweep(
         &points,
         |(service, policy, _, load)| format!("{service} {policy} @ {load:.2}"),
         |_, &(service, policy, i, load)| {

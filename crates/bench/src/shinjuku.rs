@@ -815,7 +815,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
     }
     // The sweep engine of `ginza bench run` (docs/experiments.md).
     let mut sims = sims.into_iter();
-    let points = crate::bench::experiment::sweep::sweep(
+    let points = crate::experiment::sweep::sweep(
         &jobs,
         |&(_, _, load, _, pol)| format!("{} {load:.2}", pol.name()),
         |_, &(di, pi, load, rate, pol)| {
@@ -1119,7 +1119,7 @@ mod tests {
     /// taken for plan entries 4,096.. of the short burst).
     #[test]
     fn refused_requests_do_not_shift_the_plan() {
-        let allowed = super::super::common::allowed_cpus().unwrap();
+        let allowed = crate::common::allowed_cpus().unwrap();
         let cores = Cores {
             dispatcher: allowed[0],
             worker: *allowed.last().unwrap(),

@@ -23,10 +23,10 @@ use super::spec::{
     Allocator, Generator, LoadUnit, Loaded, Mode, Placement, Program, Protocol, SchedPolicy,
     Scheduling, ServiceDist, Steering, System, SystemKind,
 };
-use crate::bench::colocate;
-use crate::bench::common::{allowed_cpus, percentile};
-use crate::bench::memcached;
-use crate::bench::preempt::{makespan_ns, Cores};
+use crate::colocate;
+use crate::common::{allowed_cpus, percentile};
+use crate::memcached;
+use crate::preempt::{makespan_ns, Cores};
 use crate::demo;
 
 /// What runs the points of one system.
@@ -480,7 +480,7 @@ fn oneway_runner(
     if load.unit != LoadUnit::Bytes {
         return Err(err("unit", "ping-pong points take unit = \"bytes\""));
     }
-    let payload = crate::bench::tcp::PAYLOAD as f64;
+    let payload = crate::tcp::PAYLOAD as f64;
     if load.offered.iter().any(|o| o.0 != payload) {
         return Err(l.error_at(
             l.text.find("offered").unwrap_or(0),
@@ -872,9 +872,9 @@ fn run_one(
         Runner::Oneway { path } => oneway_point(*path, settings, row)?,
         Runner::Http { protected } => http_point(
             if *protected {
-                crate::bench::oneway::Mode::Protected
+                crate::oneway::Mode::Protected
             } else {
-                crate::bench::oneway::Mode::Rtc
+                crate::oneway::Mode::Rtc
             },
             settings,
             spec.load.connections.0.clamp(1, 1024) as usize,
@@ -949,7 +949,7 @@ fn run_one(
 /// One round of `ginza bench oneway` over `path`: p50 and p99 of the one-way
 /// latency (half of each round trip).
 fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow::Result<()> {
-    use crate::bench::oneway::{self, Mode};
+    use crate::oneway::{self, Mode};
     let duration = settings.duration.max(Duration::from_millis(1));
     let rtt = match path {
         OnewayPath::Rtc => {
@@ -969,33 +969,33 @@ fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow:
     row.p99_us = Some(rtt.p99 / 2.0);
     row.note = format!(
         "one way = half the round trip of {}-byte messages on one TCP connection; {}",
-        crate::bench::tcp::PAYLOAD,
+        crate::tcp::PAYLOAD,
         path.describe()
     );
     Ok(())
 }
 
 /// iokerneld's CPU and the applications' CPU for the switch-based points.
-fn two_cpus() -> anyhow::Result<crate::bench::tcp::Cpus> {
+fn two_cpus() -> anyhow::Result<crate::tcp::Cpus> {
     let allowed = allowed_cpus()?;
     let [iokernel, app, ..] = allowed[..] else {
         anyhow::bail!("this point needs two CPUs, this process may use {allowed:?}");
     };
-    Ok(crate::bench::tcp::Cpus { iokernel, app })
+    Ok(crate::tcp::Cpus { iokernel, app })
 }
 
 /// One load step of `ginza bench oneway`'s throughput sweep: `http-server`
 /// in `mode` under loadgen's HTTP load through iokerneld's switch (DLibOS
 /// Fig. 6).
 fn http_point(
-    mode: crate::bench::oneway::Mode,
+    mode: crate::oneway::Mode,
     settings: &Settings,
     connections: usize,
     rps: f64,
     seed: u64,
     row: &mut Row,
 ) -> anyhow::Result<()> {
-    use crate::bench::oneway::{self, ThroughputConfig};
+    use crate::oneway::{self, ThroughputConfig};
     let t = ThroughputConfig {
         loads_rps: vec![rps],
         duration: settings.duration,
@@ -1259,7 +1259,7 @@ fn steering_point(
     #[derive(clap::Parser)]
     struct Wrap {
         #[command(flatten)]
-        args: crate::bench::steering::SteeringArgs,
+        args: crate::steering::SteeringArgs,
     }
     let send_ms = (settings.duration.as_millis() as u64).max(10);
     let phase_ms = (send_ms / 12).max(1);
@@ -1274,7 +1274,7 @@ fn steering_point(
         format!("--out={}", out.display()),
     ])
     .map_err(|e| anyhow::anyhow!("the steering harness's settings: {e}"))?;
-    let run = crate::bench::steering::one_run(&wrap.args, round as u32, kind)?;
+    let run = crate::steering::one_run(&wrap.args, round as u32, kind)?;
     let v = serde_json::to_value(&run)?;
     let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
     row.p50_us = f("p50_us");
