@@ -25,9 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ginza_apps::spin_server::{answer_preemptible, SpinStats};
 use ginza_iokernel::nic::ServiceTime;
-use ginza_iokernel::{
-    Config as IokConfig, InProcess, LoadRun, PolicyKind, GENERATOR_IP, GENERATOR_MAC,
-};
+use ginza_iokernel::{Config as IokConfig, LoadRun, PolicyKind, GENERATOR_IP, GENERATOR_MAC};
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_proto::client;
 use ginza_proto::messages::{DispatchSpec, DispatchStats, SojournBand};
@@ -40,7 +38,8 @@ use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use ginza_sys::sched_stat::{threads_named, SchedStat};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit};
+use crate::harness::figures::{allowed_cpus, emit};
+use crate::harness::iokerneld::{socket_dir, Iokerneld};
 
 /// Arguments of `ginza bench colocate`.
 #[derive(clap::Args, Debug)]
@@ -465,7 +464,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         ..
     } = *run;
     let n = managed.len();
-    let dir = std::env::temp_dir().join(format!("ginza-colocate-{}", std::process::id()));
+    let dir = socket_dir("colocate");
     let mut cfg = IokConfig::new(managed.to_vec());
     cfg.own_core = Some(io_cpu);
     cfg.policy = match alloc {
@@ -475,7 +474,9 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     cfg.socket = dir.join("iokerneld.sock");
     cfg.validate(&allowed_cpus()?)
         .context("iokerneld configuration")?;
-    let daemon = InProcess::start(cfg).context("starting iokerneld")?;
+    let daemon = Iokerneld::start(cfg)
+        .context("starting iokerneld")?
+        .removing(dir);
     let socket = daemon.socket().to_path_buf();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -604,7 +605,6 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     let served = server.join();
     let batched = batch.join();
     drop(daemon);
-    let _ = std::fs::remove_dir_all(&dir);
     let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
     let served = served
         .map_err(|_| anyhow::anyhow!("the server panicked"))?

@@ -55,14 +55,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ginza_iokernel::{Config as IokConfig, InProcess, PolicyKind};
+use ginza_iokernel::{Config as IokConfig, PolicyKind};
 use ginza_proto::{client, StatsReport};
 use ginza_runtime::{Class, Config, IokernelConfig};
 use ginza_sys::{clock, eventfd};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit, percentile};
+use crate::harness::figures::{allowed_cpus, emit, percentile};
+use crate::harness::iokerneld::{socket_dir, Iokerneld};
 
 /// Arguments of `ginza bench corealloc`.
 #[derive(clap::Args, Debug)]
@@ -216,7 +217,7 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     eprintln!("corealloc: eventfd floor");
     let floor = eventfd_floor(io_cpu, core, n)?;
 
-    let dir = std::env::temp_dir().join(format!("ginza-corealloc-{}", std::process::id()));
+    let dir = socket_dir("corealloc");
     let mut cfg = IokConfig::new(vec![core]);
     cfg.own_core = Some(io_cpu);
     cfg.policy = PolicyKind::Shenango;
@@ -226,7 +227,9 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     }
     let grace = cfg.idle_victim_grace;
     cfg.validate(&allowed).context("iokerneld configuration")?;
-    let daemon = InProcess::start(cfg).context("starting iokerneld")?;
+    let daemon = Iokerneld::start(cfg)
+        .context("starting iokerneld")?
+        .removing(dir);
     let socket = daemon.socket().to_path_buf();
 
     eprintln!("corealloc: grants to a blocked kthread");
@@ -252,7 +255,6 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         batch_linger,
     )?;
     drop(daemon);
-    let _ = std::fs::remove_dir_all(&dir);
 
     let hand = &st_hand.alloc;
     let report = Report {

@@ -9,11 +9,11 @@
 //! public entry points.
 
 mod colocate;
-mod common;
 mod corealloc;
 pub mod demo;
 pub(crate) mod experiment;
 mod forward;
+mod harness;
 mod memcached;
 mod oneway;
 mod preempt;

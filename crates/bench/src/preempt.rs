@@ -57,20 +57,20 @@
 //!   On a 2-CPU machine the last has one worker and equals the second in
 //!   kind: the worker may still be the bound.
 
-use super::common::emit;
-use super::common::{allowed_cpus, loadavg, median, percentile};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ginza_runtime::preempt_point;
 use ginza_runtime::shinjuku::{
-    serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ServeReport,
-    ShinjukuConfig, Source, WorkerSpans,
+    serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ShinjukuConfig, Source,
+    WorkerSpans,
 };
 use ginza_sys::clock;
 use serde::Serialize;
+
+use crate::harness::figures::{allowed_cpus, emit, loadavg, median, percentile};
+use crate::harness::work::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench preempt`.
 #[derive(clap::Args, Debug)]
@@ -103,62 +103,6 @@ const REPORTED_QUANTUM_US: u64 = 10;
 /// Iterations between two preemption points in the cooperative loop.
 const POLL_EVERY: u64 = 64;
 
-/// The dispatcher's and the worker's CPU.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub(super) struct Cores {
-    pub dispatcher: usize,
-    pub worker: usize,
-}
-
-impl Cores {
-    /// `requested` (`[D, W]`) checked against the affinity mask, or the two
-    /// last allowed CPUs.
-    pub(super) fn pick(requested: &[usize]) -> anyhow::Result<Cores> {
-        let allowed = allowed_cpus()?;
-        match requested {
-            [] => {
-                anyhow::ensure!(
-                    allowed.len() >= 2,
-                    "this process may only run on CPUs {allowed:?}; the dispatcher and the \
-                     worker need two (or name them with --cores D,W)"
-                );
-                Ok(Cores {
-                    dispatcher: allowed[allowed.len() - 2],
-                    worker: allowed[allowed.len() - 1],
-                })
-            }
-            &[dispatcher, worker] => {
-                for c in [dispatcher, worker] {
-                    anyhow::ensure!(
-                        allowed.contains(&c),
-                        "--cores: CPU {c} is not among the allowed CPUs {allowed:?}"
-                    );
-                }
-                if dispatcher == worker {
-                    eprintln!(
-                        "warning: dispatcher and worker share CPU {dispatcher}: figures will \
-                         mostly measure Linux time slicing"
-                    );
-                }
-                Ok(Cores { dispatcher, worker })
-            }
-            other => anyhow::bail!("--cores takes two CPUs, D,W; got {other:?}"),
-        }
-    }
-
-    /// A one-worker Shinjuku configuration on these cores.
-    pub(super) fn config(self, policy: SchedPolicy, preemption: Preemption) -> ShinjukuConfig {
-        ShinjukuConfig {
-            workers: 1,
-            worker_cores: Some(vec![self.worker]),
-            dispatcher_core: Some(self.dispatcher),
-            policy,
-            preemption,
-            ..ShinjukuConfig::default()
-        }
-    }
-}
-
 /// The long requests' work: `iters` steps of a xorshift generator (a chain
 /// of dependent shifts and xors the compiler cannot fold), in chunks of
 /// [`POLL_EVERY`] steps; with `POLL`, a preemption point after each chunk.
@@ -167,27 +111,6 @@ impl Cores {
 #[inline(never)]
 pub(super) fn chain<const POLL: bool>(iters: u64, seed: u64) -> u64 {
     chunked::<POLL>(iters, POLL_EVERY, seed)
-}
-
-/// [`chain`] with chunks of `every` steps.
-#[inline(always)]
-pub(super) fn chunked<const POLL: bool>(iters: u64, every: u64, seed: u64) -> u64 {
-    let mut x = seed | 1;
-    let mut left = iters;
-    let every = every.max(1);
-    while left > 0 {
-        let n = left.min(every);
-        for _ in 0..n {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-        }
-        left -= n;
-        if POLL {
-            preempt_point();
-        }
-    }
-    x
 }
 
 /// Nanoseconds per step of [`chain`] (without polling), best of a few tries
@@ -260,16 +183,6 @@ impl Source<()> for Flood {
     }
     fn completed(&mut self, _id: u64) {
         self.finished += 1;
-    }
-}
-
-/// From the first arrival to the last completion, ns.
-pub(super) fn makespan_ns<R>(report: &ServeReport<R>) -> u64 {
-    let first = report.completions.iter().map(|c| c.arrival_ns).min();
-    let last = report.completions.iter().map(|c| c.finish_ns).max();
-    match (first, last) {
-        (Some(a), Some(b)) => b.saturating_sub(a),
-        _ => 0,
     }
 }
 

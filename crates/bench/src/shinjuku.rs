@@ -75,9 +75,9 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::common::emit;
-use super::common::{loadavg, median, percentile};
-use super::preempt::{chunked, makespan_ns, Cores};
+use crate::harness::figures::emit;
+use crate::harness::figures::{loadavg, median, percentile};
+use crate::harness::work::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench shinjuku`.
 #[derive(clap::Args, Debug)]
@@ -1119,7 +1119,7 @@ mod tests {
     /// taken for plan entries 4,096.. of the short burst).
     #[test]
     fn refused_requests_do_not_shift_the_plan() {
-        let allowed = crate::common::allowed_cpus().unwrap();
+        let allowed = crate::harness::figures::allowed_cpus().unwrap();
         let cores = Cores {
             dispatcher: allowed[0],
             worker: *allowed.last().unwrap(),

@@ -335,7 +335,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             }
         }
     }
-    let loadavg_before = crate::common::loadavg().unwrap_or_default();
+    let loadavg_before = crate::harness::figures::loadavg().unwrap_or_default();
     let started = Instant::now();
     let mut ctx = runners::Context::default();
     let rows = sweep::sweep_weighted(
@@ -470,7 +470,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
         elapsed_s: elapsed.as_secs_f64(),
         estimated_s: plan.estimate().as_secs_f64(),
         loadavg_before,
-        loadavg_after: crate::common::loadavg().unwrap_or_default(),
+        loadavg_after: crate::harness::figures::loadavg().unwrap_or_default(),
         columns: &row::COLUMNS,
         rows: &rows,
         medians: &medians,

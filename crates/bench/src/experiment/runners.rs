@@ -24,10 +24,10 @@ use super::spec::{
     Scheduling, ServiceDist, Steering, System, SystemKind,
 };
 use crate::colocate;
-use crate::common::{allowed_cpus, percentile};
-use crate::memcached;
-use crate::preempt::{makespan_ns, Cores};
 use crate::demo;
+use crate::harness::figures::{allowed_cpus, percentile};
+use crate::harness::work::{makespan_ns, Cores};
+use crate::memcached;
 
 /// What runs the points of one system.
 #[derive(Clone, Debug)]
@@ -480,7 +480,7 @@ fn oneway_runner(
     if load.unit != LoadUnit::Bytes {
         return Err(err("unit", "ping-pong points take unit = \"bytes\""));
     }
-    let payload = crate::tcp::PAYLOAD as f64;
+    let payload = crate::harness::rtt::PAYLOAD as f64;
     if load.offered.iter().any(|o| o.0 != payload) {
         return Err(l.error_at(
             l.text.find("offered").unwrap_or(0),
@@ -969,19 +969,19 @@ fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow:
     row.p99_us = Some(rtt.p99 / 2.0);
     row.note = format!(
         "one way = half the round trip of {}-byte messages on one TCP connection; {}",
-        crate::tcp::PAYLOAD,
+        crate::harness::rtt::PAYLOAD,
         path.describe()
     );
     Ok(())
 }
 
 /// iokerneld's CPU and the applications' CPU for the switch-based points.
-fn two_cpus() -> anyhow::Result<crate::tcp::Cpus> {
+fn two_cpus() -> anyhow::Result<crate::harness::iokerneld::Cpus> {
     let allowed = allowed_cpus()?;
     let [iokernel, app, ..] = allowed[..] else {
         anyhow::bail!("this point needs two CPUs, this process may use {allowed:?}");
     };
-    Ok(crate::tcp::Cpus { iokernel, app })
+    Ok(crate::harness::iokerneld::Cpus { iokernel, app })
 }
 
 /// One load step of `ginza bench oneway`'s throughput sweep: `http-server`
