@@ -594,6 +594,43 @@ pub fn run(args: PreemptArgs) -> anyhow::Result<()> {
     emit(args.json, &table, &report)
 }
 
+/// The dispatcher's request rates over `reps` runs of `tiny` requests
+/// each, Mrequests/s per run.
+struct DispatchRates {
+    /// One worker, each request a round trip between the two CPUs.
+    handoff: Vec<f64>,
+    /// One worker, the next request pre-assigned.
+    preassigned: Vec<f64>,
+    /// Pre-assignment with `workers` workers.
+    capacity: Vec<f64>,
+    workers: usize,
+}
+
+fn dispatch_rates(cores: Cores, reps: u64, tiny: u64) -> anyhow::Result<DispatchRates> {
+    // Every allowed CPU but the dispatcher's works in the capacity run.
+    let capacity_cores: Vec<usize> = allowed_cpus()?
+        .into_iter()
+        .filter(|&c| c != cores.dispatcher)
+        .collect();
+    anyhow::ensure!(!capacity_cores.is_empty(), "no CPU left for a worker");
+    let (mut handoff, mut preassigned, mut capacity) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..reps {
+        eprintln!(
+            "preempt: dispatch rates, run {}/{reps} ({tiny} tiny requests each)",
+            rep + 1
+        );
+        handoff.push(dispatch_mrps(cores, tiny, None, false)?);
+        preassigned.push(dispatch_mrps(cores, tiny, None, true)?);
+        capacity.push(dispatch_mrps(cores, tiny, Some(&capacity_cores), true)?);
+    }
+    Ok(DispatchRates {
+        handoff,
+        preassigned,
+        capacity,
+        workers: capacity_cores.len(),
+    })
+}
+
 fn measure(
     cores: Cores,
     reps: u64,
@@ -733,22 +770,7 @@ fn measure(
         .iter()
         .map(|((q, m), c)| (*q, m.name(), c.median_of(|r| Some(r.preemptions as f64))))
         .collect();
-    // Every allowed CPU but the dispatcher's works in the capacity run.
-    let capacity_cores: Vec<usize> = allowed_cpus()?
-        .into_iter()
-        .filter(|&c| c != cores.dispatcher)
-        .collect();
-    anyhow::ensure!(!capacity_cores.is_empty(), "no CPU left for a worker");
-    let (mut handoff, mut preassigned, mut capacity) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..reps {
-        eprintln!(
-            "preempt: dispatch rates, run {}/{reps} ({tiny} tiny requests each)",
-            rep + 1
-        );
-        handoff.push(dispatch_mrps(cores, tiny, None, false)?);
-        preassigned.push(dispatch_mrps(cores, tiny, None, true)?);
-        capacity.push(dispatch_mrps(cores, tiny, Some(&capacity_cores), true)?);
-    }
+    let rates = dispatch_rates(cores, reps, tiny)?;
     Ok(Report {
         coop: figures(Mech::Coop),
         coop_roundtrip: figures(Mech::CoopRoundTrip),
@@ -768,10 +790,10 @@ fn measure(
                 coop_roundtrip: direct(Mech::CoopRoundTrip),
             },
         },
-        handoff_roundtrip_mrps: median(&handoff).map(round3),
-        preassigned_mrps: median(&preassigned).map(round3),
-        dispatcher_capacity_mrps: median(&capacity).map(round3),
-        capacity_workers: capacity_cores.len(),
+        handoff_roundtrip_mrps: median(&rates.handoff).map(round3),
+        preassigned_mrps: median(&rates.preassigned).map(round3),
+        dispatcher_capacity_mrps: median(&rates.capacity).map(round3),
+        capacity_workers: rates.workers,
         meta: Meta {
             cores,
             reps,
