@@ -43,7 +43,7 @@
 //!   when the other parks. Both applications are configured as their class
 //!   is by default (the batch one lingers `BATCH_LINGER` after it gives
 //!   the core back, `--handover-batch-linger-us` changes it, 0: it blocks
-//!   at once, as before session 8). Hand-over time
+//!   at once, as it once did). Hand-over time
 //!   from iokerneld's stats (preemption sent → receiving kthread woken);
 //!   reallocations per second = core moves between the two applications
 //!   over the run's wall time.

@@ -454,7 +454,7 @@ fn measure_point(
             record_preemptions: true,
             // As in Shinjuku, the dispatcher owns its CPU: a yield on a
             // shared CPU can hand it over for milliseconds while requests
-            // arrive unseen (docs/results.md, session 10).
+            // arrive unseen (docs/results.md).
             yield_when_idle: false,
             ..cores.config(pol.runtime(svc), Preemption::default())
         },
