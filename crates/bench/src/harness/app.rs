@@ -21,6 +21,8 @@ enum Outcome<T> {
     Returned(Result<T, RuntimeError>),
     /// The thread ended without sending a result: it panicked.
     Lost,
+    /// [`App::take`] or [`App::join`] handed the result out.
+    Taken,
 }
 
 /// A Ginza runtime running `main` on its own thread.
@@ -132,14 +134,18 @@ impl<T: Send + 'static> App<T> {
 
     /// What `main` returned, if it has (without waiting).
     pub(crate) fn take(&mut self) -> anyhow::Result<T> {
-        match self.outcome.take() {
+        match self.outcome.replace(Outcome::Taken) {
             Some(Outcome::Returned(r)) => r.with_context(|| format!("application {}", self.name)),
             Some(Outcome::Lost) => Err(RuntimeError::Start(format!(
                 "the thread of {} ended without a result",
                 self.name
             )))
             .with_context(|| format!("application {}", self.name)),
-            None => Err(anyhow!("application {} has not finished", self.name)),
+            Some(Outcome::Taken) => Err(anyhow!("{} was joined already", self.name)),
+            None => {
+                self.outcome = None;
+                Err(anyhow!("application {} has not finished", self.name))
+            }
         }
     }
 
@@ -151,12 +157,12 @@ impl<T: Send + 'static> App<T> {
                 Err(_) => Outcome::Lost,
             });
         }
-        match self.outcome.take() {
+        match self.outcome.replace(Outcome::Taken) {
             Some(Outcome::Returned(r)) => {
                 r.with_context(|| format!("the runtime of {}", self.name))
             }
             Some(Outcome::Lost) => Err(anyhow!("the thread of {} panicked", self.name)),
-            None => Err(anyhow!("{} was joined already", self.name)),
+            Some(Outcome::Taken) | None => Err(anyhow!("{} was joined already", self.name)),
         }
     }
 }
