@@ -31,13 +31,14 @@ use ginza_proto::client;
 use ginza_proto::messages::{DispatchSpec, DispatchStats, SojournBand};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig};
-use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_runtime::{Class, IokernelConfig};
 use ginza_sim::colocate::{ColocateAlloc, ColocateSim};
 use ginza_sim::dist::Service;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use ginza_sys::sched_stat::{threads_named, SchedStat};
 use serde::Serialize;
 
+use crate::harness::app::{app_config, App};
 use crate::harness::figures::{allowed_cpus, emit};
 use crate::harness::iokerneld::{socket_dir, Iokerneld};
 
@@ -531,19 +532,12 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         Ok(())
     };
     registered(1)?;
-    let batch = {
-        let mut io = IokernelConfig::new("batch", Class::Batch);
-        io.socket = Some(socket.clone());
-        let config = Config {
-            iokernel: Some(io),
-            ..Config::with_kthreads(n)
-        };
+    let mut batch = {
+        let config = app_config(&socket, "batch", Class::Batch, n);
         let (paths, stop) = (Arc::clone(&paths), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            ginza_runtime::run(config, move || {
-                ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
-            })
-        })
+        App::spawn("batch", config, move || {
+            ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
+        })?
     };
     registered(2)?;
     let t0 = Instant::now();
@@ -609,9 +603,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     let served = served
         .map_err(|_| anyhow::anyhow!("the server panicked"))?
         .context("the server")?;
-    batched
-        .map_err(|_| anyhow::anyhow!("batch panicked"))?
-        .context("batch")?;
+    batched.context("batch")?;
     let q = |p: f64| report.latency.value_at_quantile(p) as f64 / 1e3;
     Ok(Point {
         sched,

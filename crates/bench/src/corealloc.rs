@@ -57,11 +57,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ginza_iokernel::{Config as IokConfig, PolicyKind};
 use ginza_proto::{client, StatsReport};
-use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_runtime::{Class, Config};
 use ginza_sys::{clock, eventfd};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::harness::app::{app_config, App};
 use crate::harness::figures::{allowed_cpus, emit, percentile};
 use crate::harness::iokerneld::{socket_dir, Iokerneld};
 
@@ -340,13 +341,11 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
 }
 
 fn app(socket: &std::path::Path, name: &str, class: Class, linger: Duration) -> Config {
-    let mut io = IokernelConfig::new(name, class);
-    io.socket = Some(socket.to_path_buf());
-    io.linger_after_park = linger;
-    Config {
-        iokernel: Some(io),
-        ..Config::with_kthreads(1)
+    let mut cfg = app_config(socket, name, class, 1);
+    if let Some(io) = cfg.iokernel.as_mut() {
+        io.linger_after_park = linger;
     }
+    cfg
 }
 
 /// An application whose one uthread sleeps `n` random gaps; the grant
@@ -388,20 +387,18 @@ fn handover(
     batch_linger: Duration,
 ) -> anyhow::Result<(Vec<u64>, StatsReport)> {
     let stop = Arc::new(AtomicBool::new(false));
-    let hog = {
+    let mut hog = {
         let stop = Arc::clone(&stop);
         let cfg = app(socket, "hog", Class::Batch, batch_linger);
-        std::thread::spawn(move || {
-            ginza_runtime::run(cfg, move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    while t.elapsed() < Duration::from_micros(20) {
-                        std::hint::spin_loop();
-                    }
-                    ginza_runtime::yield_now();
+        App::spawn("hog", cfg, move || {
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_micros(20) {
+                    std::hint::spin_loop();
                 }
-            })
-        })
+                ginza_runtime::yield_now();
+            }
+        })?
     };
     // Let the hog take the core first.
     let t0 = Instant::now();
@@ -431,8 +428,7 @@ fn handover(
     )?;
     let st = client::stats(socket)?;
     stop.store(true, Ordering::Relaxed);
-    hog.join()
-        .map_err(|_| anyhow::anyhow!("batch application panicked"))??;
+    hog.join()?;
     let lat = lat.from_blocked_ns.into_iter().map(u64::from).collect();
     Ok((lat, st))
 }
