@@ -82,7 +82,7 @@ pub struct DemoArgs {
     pub(super) local_wake: Option<Duration>,
 }
 
-pub(super) fn parse_tuning(s: &str) -> Result<Duration, String> {
+fn parse_tuning(s: &str) -> Result<Duration, String> {
     parse_bounded(s, Duration::ZERO, Duration::from_millis(10))
 }
 
@@ -90,7 +90,7 @@ pub(super) fn parse_tuning(s: &str) -> Result<Duration, String> {
 #[derive(Clone, Debug)]
 pub(super) struct CoreList(pub(super) Vec<usize>);
 
-pub(super) fn parse_core_list(s: &str) -> Result<CoreList, String> {
+fn parse_core_list(s: &str) -> Result<CoreList, String> {
     let v = cpulist::parse(s).map_err(|e| e.to_string())?;
     if v.is_empty() {
         return Err("no cores listed".into());
@@ -98,7 +98,7 @@ pub(super) fn parse_core_list(s: &str) -> Result<CoreList, String> {
     Ok(CoreList(v))
 }
 
-pub(super) fn parse_load(s: &str) -> Result<f64, String> {
+fn parse_load(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .trim()
         .parse()
@@ -110,7 +110,7 @@ pub(super) fn parse_load(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-pub(super) fn parse_bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+fn parse_bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if !(min..=max).contains(&d) {
         return Err(format!("{s:?} is out of range {min:?}..={max:?}"));
@@ -118,12 +118,12 @@ pub(super) fn parse_bounded(s: &str, min: Duration, max: Duration) -> Result<Dur
     Ok(d)
 }
 
-pub(super) fn parse_window(s: &str) -> Result<Duration, String> {
+fn parse_window(s: &str) -> Result<Duration, String> {
     // Under 50 ms a 1 ms allocator gets a few dozen periods: no measurement.
     parse_bounded(s, Duration::from_millis(50), Duration::from_secs(600))
 }
 
-pub(super) fn parse_warmup(s: &str) -> Result<Duration, String> {
+fn parse_warmup(s: &str) -> Result<Duration, String> {
     parse_bounded(s, Duration::ZERO, Duration::from_secs(60))
 }
 
@@ -141,7 +141,7 @@ impl std::fmt::Display for Policy {
     }
 }
 
-pub(super) fn parse_policy(s: &str) -> Result<Policy, String> {
+fn parse_policy(s: &str) -> Result<Policy, String> {
     match s.trim() {
         "shenango" => Ok(Policy::Shenango),
         "slow" => Ok(Policy::Slow),
@@ -201,7 +201,7 @@ impl std::fmt::Display for Service {
     }
 }
 
-pub(super) fn parse_service(s: &str) -> Result<Service, String> {
+fn parse_service(s: &str) -> Result<Service, String> {
     match s.trim() {
         "exponential" | "exp" => Ok(Service::Exponential),
         "constant" => Ok(Service::Constant),
@@ -216,7 +216,7 @@ pub(super) fn parse_service(s: &str) -> Result<Service, String> {
 pub(super) const INTERVAL: Duration = Duration::from_micros(5);
 
 /// Period of the `slow` allocator.
-pub(super) const SLOW_PERIOD: Duration = Duration::from_millis(1);
+const SLOW_PERIOD: Duration = Duration::from_millis(1);
 
 impl Policy {
     pub(super) fn name(self) -> &'static str {

@@ -90,7 +90,7 @@ impl Default for Tuning {
 /// The demo's wait for a local wake before iokerneld writes the eventfd
 /// itself (batch takes a doorbell within ~0.3 µs: it reaches a preemption
 /// point every `batch::PATHS_PER_POINT` paths).
-pub(super) const LOCAL_WAKE_WAIT: Duration = Duration::from_micros(5);
+const LOCAL_WAKE_WAIT: Duration = Duration::from_micros(5);
 
 impl Tuning {
     /// Before `SCHED_IDLE` batch kthreads (docs/results.md, "The demo"):
@@ -162,7 +162,7 @@ impl Drop for TempDir {
 }
 
 /// Picks iokerneld's CPU and the managed ones.
-pub(super) fn choose_cores(
+fn choose_cores(
     allowed: &[usize],
     cores: Option<&[usize]>,
     iokernel_core: Option<usize>,
@@ -195,7 +195,7 @@ pub(super) fn choose_cores(
 /// Requests whose stamps one point keeps (docs/results.md, "Where a
 /// request's time goes"): 56 bytes each; enough for 0.7 s of 300,000
 /// requests/s, the warm-up included (more are counted, not traced).
-pub(super) const TRACE_CAPACITY: usize = 1 << 18;
+const TRACE_CAPACITY: usize = 1 << 18;
 
 /// The flags and counters shared with the applications of one point.
 #[derive(Clone, Default)]
@@ -228,7 +228,7 @@ impl PointRun {
             .with_context(|| format!("asking iokerneld at {}", self.socket.display()))
     }
 
-    pub(super) fn apps_done(&mut self, deadline: Instant) -> bool {
+    fn apps_done(&mut self, deadline: Instant) -> bool {
         let lc = self.lc.as_mut().is_none_or(|a| a.wait_until(deadline));
         let batch = self.batch.as_mut().is_none_or(|a| a.wait_until(deadline));
         lc && batch
@@ -236,7 +236,7 @@ impl PointRun {
 
     /// Waits for `name` to register (and `ready` to hold for its stats),
     /// noticing an application that failed or an iokerneld that stopped.
-    pub(super) fn wait_registered(
+    fn wait_registered(
         &mut self,
         name: &str,
         ready: impl Fn(&ginza_proto::AppStats) -> bool,
@@ -304,7 +304,7 @@ fn stop(daemon: &mut Option<Iokerneld>) -> Option<DaemonError> {
 }
 
 /// A runtime registered with this point's iokerneld.
-pub(super) fn app_config(
+fn app_config(
     socket: &Path,
     name: &str,
     class: Class,
@@ -321,7 +321,7 @@ pub(super) fn app_config(
 }
 
 /// `cfg` with the park/wake settings of `tuning` for `lc` or `batch`.
-pub(super) fn tuned(mut cfg: RtConfig, tuning: &Tuning, lc: bool) -> RtConfig {
+fn tuned(mut cfg: RtConfig, tuning: &Tuning, lc: bool) -> RtConfig {
     if let Some(io) = cfg.iokernel.as_mut() {
         if lc {
             cfg.spin_before_park = tuning.lc_spin;
@@ -436,7 +436,7 @@ pub(super) fn start_point(
 
 /// How long `batch` runs alone on the managed cores at the end of a point
 /// (its throughput alone on them, the yardstick of `batch_share_of_spare`).
-pub(super) const BATCH_ALONE: Duration = Duration::from_millis(100);
+const BATCH_ALONE: Duration = Duration::from_millis(100);
 
 impl PointRun {
     /// Stops `lc`, then `batch`, then iokerneld; the first failure.

@@ -21,11 +21,11 @@ use super::{phases, quiet};
 
 /// After the last arrival of a load run, how long the generator waits for
 /// replies (a backlog past saturation drains meanwhile, or is lost).
-pub(super) const DRAIN: Duration = Duration::from_millis(100);
+const DRAIN: Duration = Duration::from_millis(100);
 
 /// A load run of the generator against `lc`: Poisson arrivals at `rate`
 /// per second for `duration`.
-pub(super) fn load_run(service: ServiceTime, rate: f64, duration: Duration, seed: u64) -> LoadRun {
+fn load_run(service: ServiceTime, rate: f64, duration: Duration, seed: u64) -> LoadRun {
     let lc = Interface {
         mac: LC_MAC,
         ip: LC_IP,

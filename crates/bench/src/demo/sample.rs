@@ -13,10 +13,10 @@ use ginza_proto::{client, StatsReport};
 /// Time between two samples of iokerneld's stats in the window: each
 /// costs iokerneld's loop tens of µs (a JSON reply), which the traffic
 /// generator on the same loop feels as lag.
-pub(super) const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
 
 /// How often the sampler checks for cancellation while it waits.
-pub(super) const MONITOR_EVERY: Duration = Duration::from_millis(10);
+const MONITOR_EVERY: Duration = Duration::from_millis(10);
 
 /// What the sampler read in the window.
 pub(super) struct Samples {
