@@ -1,4 +1,5 @@
 //! The `ginza` command.
+mod run;
 mod top;
 
 #[cfg(feature = "bench")]
@@ -41,6 +42,9 @@ enum Command {
     /// Run the protected-mode netstack (DLibOS) under iokerneld (same
     /// flags as `netstackd`; docs/protected.md).
     Netstack(ginza_netstack::cli::NetstackArgs),
+    /// Run an unmodified, dynamically linked program on Ginza: its threads
+    /// become uthreads, standalone or under iokerneld (docs/preload.md).
+    Run(run::RunArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,5 +74,6 @@ fn main() -> anyhow::Result<()> {
         Command::Top(args) => top::run(args),
         Command::Loadgen(args) => ginza_loadgen::args::run(args),
         Command::Netstack(args) => ginza_netstack::cli::run(args),
+        Command::Run(args) => run::run(args),
     }
 }

@@ -102,7 +102,15 @@ unsafe fn set_handler(
     Ok(())
 }
 
-extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // Before any thread-local is read: C code of a preload uthread runs on
+    // its own thread pointer (foreign_tls.rs).
+    let entry = crate::foreign_tls::enter_handler(ctx);
+    if matches!(entry, crate::foreign_tls::Entry::Unsafe) {
+        // Inside libc: the revocation waits for the uthread's next call
+        // into the runtime, or iokerneld's eviction deadline.
+        return;
+    }
     // SAFETY: __errno_location returns this thread's errno slot.
     let errno = unsafe { *libc::__errno_location() };
     if let Some(hooks) = HOOKS.get() {
@@ -112,6 +120,7 @@ extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, _ctx: *
     // the interrupted code will read it.
     // SAFETY: as above, for the thread we are on now.
     unsafe { *libc::__errno_location() = errno };
+    crate::foreign_tls::leave_handler(entry);
 }
 
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {

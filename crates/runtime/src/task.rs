@@ -143,6 +143,21 @@ where
     spawn_on(rt, f)
 }
 
+/// As [`spawn`], with a stack of at least `stack_size` usable bytes (the
+/// runtime's `Config::stack_size` when that is larger). Fails when the
+/// stack cannot be mapped. Panics outside a Ginza runtime.
+pub fn spawn_with_stack_size<F, T>(stack_size: usize, f: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let rt = sched::current_runtime()
+        .expect("ginza_runtime::spawn_with_stack_size called outside a Ginza runtime");
+    let (entry, handle) = packaged(f);
+    sched::spawn_erased_with_stack(rt, entry, stack_size)?;
+    Ok(handle)
+}
+
 pub(crate) fn spawn_on<F, T>(rt: *const Shared, f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,

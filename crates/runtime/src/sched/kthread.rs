@@ -886,6 +886,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
     k.tid.store(ginza_sys::process::gettid(), SeqCst);
     crate::signals::ensure_altstack();
+    crate::foreign_tls::on_kthread_start();
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
     deferral::set_current_state(&k.sched.preempt);

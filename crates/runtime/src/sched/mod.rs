@@ -304,6 +304,18 @@ pub(crate) fn spawn_erased(rt: *const Shared, entry: Entry) {
     wake(UThread::new_boxed(rt, entry));
 }
 
+/// As [`spawn_erased`], with a stack of at least `stack_size` usable bytes.
+pub(crate) fn spawn_erased_with_stack(
+    rt: *const Shared,
+    entry: Entry,
+    stack_size: usize,
+) -> std::io::Result<()> {
+    // SAFETY: just made, in no queue.
+    let u = unsafe { ensure_stack(UThread::new_boxed(rt, entry), stack_size)? };
+    wake(u);
+    Ok(())
+}
+
 /// Whether a uthread (not the scheduler) is running on this kthread.
 pub(crate) fn current_uthread_unchecked_is_some() -> bool {
     current_kthread_ref().is_some_and(|k| k.current.get() != k.sched_ptr())

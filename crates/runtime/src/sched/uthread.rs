@@ -255,6 +255,34 @@ pub(crate) fn finish_switch() {
     }
 }
 
+/// Gives `u`, which has not started, a stack of at least `size` usable
+/// bytes when the runtime's default is smaller; on failure frees `u`.
+///
+/// # Safety
+/// `u` was just made by [`UThread::new_boxed`] and is in no queue.
+pub(super) unsafe fn ensure_stack(u: URef, size: usize) -> std::io::Result<URef> {
+    // SAFETY: `u` is ours until queued (caller's contract).
+    let (stack, rt) = unsafe { (&mut *(*u.ptr()).stack.get(), &*(*u.ptr()).rt) };
+    let big_enough = match stack {
+        Some(s) => s.usable_size() >= size,
+        None => size <= rt.stack_size,
+    };
+    if big_enough {
+        return Ok(u);
+    }
+    match Stack::new(size) {
+        Ok(s) => {
+            *stack = Some(s);
+            Ok(u)
+        }
+        Err(e) => {
+            // SAFETY: made by Box::leak in new_boxed, never queued.
+            drop(unsafe { Box::from_raw(u.ptr()) });
+            Err(e)
+        }
+    }
+}
+
 const UTHREAD_CACHE: usize = 64;
 /// Spare stacks kept by default (`Shared::keep_spare_stacks` raises it).
 pub(super) const SPARE_STACKS: usize = 1024;

@@ -1,0 +1,126 @@
+//! What `ginza run` passes to the library, in the environment:
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `GINZA_KTHREADS` | kthreads (cores the program may use at most) | the CPUs it may run on |
+//! | `GINZA_IOKERNEL` | register with iokerneld at this socket (empty: its default path) | unset: standalone |
+//! | `GINZA_GUARANTEED` | cores iokerneld never takes away | 0 |
+//! | `GINZA_CLASS` | `lc` or `batch` | `lc` |
+//! | `GINZA_NAME` | the name at iokerneld (`ginza top`) | the program's name |
+//! | `GINZA_IP`, `GINZA_MAC` | the application's address on iokerneld's switch | none |
+//! | `GINZA_PROTECTED` | TCP through the netstack at this socket (empty: its default) | unset |
+//! | `GINZA_STACK_SIZE` | bytes of a thread's stack when its attributes name none | the stack rlimit (8 MiB usually), 2 MiB if unlimited |
+
+use std::path::PathBuf;
+
+use ginza_runtime::net::protected::ProtectedConfig;
+use ginza_runtime::net::{Interface, Ipv4Addr, MacAddr, NetConfig};
+use ginza_runtime::{Class, Config, IokernelConfig};
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn number(name: &str) -> Result<Option<usize>, String> {
+    var(name)
+        .map(|v| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|e| format!("{name}={v:?}: {e}"))
+        })
+        .transpose()
+}
+
+/// The name at iokerneld: `GINZA_NAME`, else the program's file name, cut
+/// to the characters and length iokerneld accepts.
+fn name(program: &str) -> String {
+    let raw = var("GINZA_NAME").unwrap_or_else(|| {
+        std::path::Path::new(program)
+            .file_name()
+            .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let clean: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.:".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if clean.is_empty() {
+        "program".into()
+    } else {
+        clean
+    }
+}
+
+fn default_stack() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: writes one rlimit.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_STACK, &mut lim) } == 0;
+    if ok && lim.rlim_cur != libc::RLIM_INFINITY {
+        (lim.rlim_cur as usize).clamp(64 << 10, 64 << 20)
+    } else {
+        2 << 20
+    }
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The runtime's configuration for `program`; Err says which variable is
+/// wrong and why.
+pub(crate) fn from_env(program: &str) -> Result<Config, String> {
+    let kthreads = number("GINZA_KTHREADS")?.unwrap_or_else(cpus);
+    let stack_size = number("GINZA_STACK_SIZE")?.unwrap_or_else(default_stack);
+    let mut config = Config {
+        stack_size,
+        ..Config::with_kthreads(kthreads)
+    };
+    let name = name(program);
+    let interface = match (var("GINZA_IP"), var("GINZA_MAC")) {
+        (Some(ip), mac) => {
+            let ip: Ipv4Addr = ip.parse().map_err(|e| format!("GINZA_IP={ip:?}: {e}"))?;
+            let mac: MacAddr = mac
+                .as_deref()
+                .unwrap_or("02:47:5a:00:09:01")
+                .parse()
+                .map_err(|e| format!("GINZA_MAC: {e}"))?;
+            Some(Interface { mac, ip })
+        }
+        (None, Some(_)) => return Err("GINZA_MAC without GINZA_IP".into()),
+        (None, None) => None,
+    };
+    if let Some(socket) = var("GINZA_IOKERNEL") {
+        let class = match var("GINZA_CLASS").as_deref() {
+            None | Some("lc") => Class::LatencyCritical,
+            Some("batch") => Class::Batch,
+            Some(other) => return Err(format!("GINZA_CLASS={other:?}: lc or batch")),
+        };
+        let mut io = IokernelConfig::new(name.as_str(), class);
+        io.socket = (!socket.is_empty()).then(|| PathBuf::from(socket));
+        io.guaranteed = number("GINZA_GUARANTEED")?.unwrap_or(0) as u32;
+        if var("GINZA_PROTECTED").is_none() {
+            io.net = interface.map(|i| NetConfig::new(i.mac, i.ip));
+        }
+        config.iokernel = Some(io);
+    }
+    if let Some(path) = var("GINZA_PROTECTED") {
+        let socket = if path.is_empty() {
+            ginza_proto::netstack::default_netstack_socket()
+        } else {
+            PathBuf::from(path)
+        };
+        let interface =
+            interface.ok_or("GINZA_PROTECTED needs GINZA_IP (the application's address)")?;
+        config.protected = Some(ProtectedConfig::new(socket, &name, interface));
+    }
+    Ok(config)
+}

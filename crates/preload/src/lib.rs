@@ -1,0 +1,44 @@
+//! `ginza run`: the preload library that makes an unmodified, dynamically
+//! linked C or C++ program a Ginza application (docs/preload.md).
+//!
+//! Loaded with `LD_PRELOAD`, it takes over `__libc_start_main`, starts a
+//! Ginza runtime (standalone, or registered with iokerneld) and runs the
+//! program's `main` and every thread it creates as uthreads. Each program
+//! thread keeps a glibc thread control block of its own, so `errno`,
+//! `__thread` variables, malloc's per-thread caches and stdio locks stay
+//! with the thread wherever it runs (`tcb.rs`, `mode.rs`). The pthread
+//! synchronization objects and sleeps are served by the runtime: a waiting
+//! thread suspends only itself, and an idle runtime gives its cores back.
+//!
+//! One mechanism a file: `mode.rs` (who is calling, and the switch of
+//! thread pointer between C code and the runtime), `tcb.rs` (thread control
+//! blocks), `lot.rs` (waiting by address), `thread.rs`, `key.rs` (keys and
+//! once), `mutex.rs`, `cond.rs`, `rwlock.rs`, `barrier.rs`, `spin.rs`,
+//! `sem.rs`, `preempt_at.rs` (where a program thread may be preempted), `time.rs` (sleeps and yield), `signal.rs` (the program's
+//! signal handlers), `process.rs` (fork), `start.rs` (the runtime and
+//! `main`), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
+//! `ginza run` sets) and `say.rs` (one line per unsupported call).
+#![deny(unsafe_op_in_unsafe_fn)]
+// Every exported function is called by C with C's contract; each documents
+// what it assumes in its SAFETY comments rather than in a `# Safety` section.
+#![allow(clippy::missing_safety_doc)]
+
+mod barrier;
+mod capi;
+mod cond;
+mod config;
+mod key;
+mod lot;
+mod mode;
+mod mutex;
+mod preempt_at;
+mod process;
+mod rwlock;
+mod say;
+mod sem;
+mod signal;
+mod spin;
+mod start;
+mod tcb;
+mod thread;
+mod time;

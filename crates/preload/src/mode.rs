@@ -1,0 +1,118 @@
+//! Who is calling an interposed function, and the switch of the thread
+//! pointer between a program thread's C code and the runtime.
+//!
+//! Three kinds of caller (`ginza_runtime::foreign_tls` keeps GS = the
+//! kthread's own thread pointer on the runtime's threads):
+//! * a program thread (uthread) in C code: GS ≠ 0 and FS ≠ GS. The call is
+//!   served by the runtime, on the kthread's thread pointer ([`serve`]);
+//! * the runtime's own code (its kthreads and service threads, and glibc as
+//!   Rust calls it, e.g. `nanosleep` from `std::thread::sleep`): FS = GS.
+//!   Such calls go to glibc unchanged ([`real!`]);
+//! * any other thread (before the runtime starts, a thread the program made
+//!   with glibc before that, the signal thread, a forked child): GS = 0.
+//!   Synchronization objects are still ours (one object may be used by
+//!   every kind of thread), served on the caller's own thread pointer;
+//!   blocking is the thread's.
+
+use ginza_runtime::foreign_tls::{enabled, fs_base, gs_base, set_fs_base};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Caller {
+    /// A program thread running C code on its own thread pointer.
+    Uthread,
+    /// The runtime's own code.
+    Runtime,
+    /// Any other thread.
+    Other,
+}
+
+#[inline(always)]
+pub(crate) fn caller() -> Caller {
+    if !enabled() {
+        return Caller::Other;
+    }
+    let gs = gs_base();
+    if gs == 0 {
+        Caller::Other
+    } else if fs_base() == gs {
+        Caller::Runtime
+    } else {
+        Caller::Uthread
+    }
+}
+
+/// Runs `f` as runtime code: for a uthread in C code, on its kthread's
+/// thread pointer, switching back to the uthread's own (wherever it then
+/// runs) before returning. Other callers run `f` as they are.
+#[inline(always)]
+pub(crate) fn serve<R>(f: impl FnOnce() -> R) -> R {
+    if caller() != Caller::Uthread {
+        return run(f);
+    }
+    let c_fs = fs_base();
+    // SAFETY: GS holds this kthread's own thread pointer (foreign_tls).
+    unsafe { set_fs_base(gs_base()) };
+    let r = run(f);
+    // SAFETY: the uthread's own block, which only it uses.
+    unsafe { set_fs_base(c_fs) };
+    r
+}
+
+/// A function boundary the compiler cannot see through, so no
+/// thread-local address computed on one thread pointer is used on the
+/// other.
+#[inline(never)]
+fn run<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// Runs `f` (C code, or Rust that touches only this library's
+/// thread-locals) on the thread pointer `tp`, from runtime code; returns
+/// on the thread pointer of the kthread the caller then runs on.
+///
+/// # Safety
+/// `tp` is a thread control block of the calling uthread (`tcb.rs`).
+#[inline(always)]
+pub(crate) unsafe fn on_thread_pointer<R>(tp: usize, f: impl FnOnce() -> R) -> R {
+    // SAFETY: the caller's contract.
+    unsafe { set_fs_base(tp) };
+    let r = run(f);
+    // SAFETY: after f, maybe on another kthread: its own block.
+    unsafe { set_fs_base(gs_base()) };
+    r
+}
+
+/// Sets the calling C code's `errno`. Call only on the C thread pointer
+/// (outside [`serve`]).
+#[inline(never)]
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: this thread pointer's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The glibc definition of an interposed function, found once with
+/// `dlsym(RTLD_NEXT)`.
+macro_rules! real {
+    ($name:ident : $ty:ty) => {{
+        static ADDR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let mut a = ADDR.load(std::sync::atomic::Ordering::Relaxed);
+        if a == 0 {
+            // SAFETY: a NUL-terminated name; RTLD_NEXT skips this library.
+            a = unsafe {
+                libc::dlsym(
+                    libc::RTLD_NEXT,
+                    concat!(stringify!($name), "\0").as_ptr().cast(),
+                )
+            } as usize;
+            if a == 0 {
+                $crate::say::line(stringify!($name), "not found in the C library");
+                // SAFETY: abort is always safe to call.
+                unsafe { libc::abort() };
+            }
+            ADDR.store(a, std::sync::atomic::Ordering::Relaxed);
+        }
+        // SAFETY: the symbol has this C signature in glibc.
+        unsafe { std::mem::transmute::<usize, $ty>(a) }
+    }};
+}
+pub(crate) use real;

@@ -1,0 +1,153 @@
+//! The program's signal handlers. A handler must not run on top of the
+//! runtime's own code (it may hold a runqueue lock, and a handler that
+//! posts a semaphore would then deadlock it), so the library installs each
+//! handler behind a trampoline: a signal that interrupts a program thread's
+//! C code, or a thread that is not the runtime's, runs the handler there
+//! and then, as on Linux; one that lands on runtime code is passed, with
+//! its `siginfo`, to a signal thread of the library, which runs it.
+
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
+
+use libc::{c_int, c_void, siginfo_t};
+
+type Action = libc::sigaction;
+
+use crate::mode::{caller, real, Caller};
+
+const NSIG: usize = 65;
+
+/// Per signal: the program's handler (0: none of ours) and its flags.
+static HANDLER: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+static FLAGS: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
+/// The signal thread's tid; 0 until it runs.
+static SIGNAL_TID: AtomicI32 = AtomicI32::new(0);
+
+type RealSigaction = unsafe extern "C" fn(c_int, *const Action, *mut Action) -> c_int;
+
+extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
+    let i = sig as usize;
+    let synchronous = matches!(
+        sig,
+        libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGTRAP
+    );
+    let tid = SIGNAL_TID.load(Relaxed);
+    if caller() == Caller::Runtime && !synchronous && tid != 0 {
+        // SAFETY: re-queues the signal with its own siginfo to a thread of
+        // this process (allowed for any si_code within one process).
+        unsafe { libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), tid, sig, info) };
+        return;
+    }
+    let h = HANDLER.get(i).map_or(0, |h| h.load(Relaxed));
+    if h <= 1 {
+        return;
+    }
+    if FLAGS[i].load(Relaxed) & libc::SA_SIGINFO != 0 {
+        // SAFETY: the program installed an SA_SIGINFO handler.
+        let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the program installed a plain handler.
+        let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
+    }
+}
+
+/// Starts the signal thread: a thread with every signal open that only
+/// waits; handlers passed to it run there.
+pub(crate) fn start_signal_thread() {
+    let spawned = std::thread::Builder::new()
+        .name("ginza-signals".into())
+        .spawn(|| {
+            // Not the runtime's: the trampoline runs handlers here.
+            ginza_runtime::foreign_tls::unmark_thread();
+            // SAFETY: an empty set unblocks every signal on this thread.
+            unsafe {
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            }
+            SIGNAL_TID.store(
+                // SAFETY: gettid has no preconditions.
+                unsafe { libc::gettid() },
+                Relaxed,
+            );
+            loop {
+                // SAFETY: waits for a signal; handlers run in between.
+                unsafe { libc::pause() };
+            }
+        });
+    if let Err(e) = spawned {
+        crate::say::line("ginza run", &format!("cannot start the signal thread: {e}"));
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sigaction(sig: c_int, act: *const Action, old: *mut Action) -> c_int {
+    let real_sigaction = real!(sigaction: RealSigaction);
+    let i = sig as usize;
+    if caller() == Caller::Runtime
+        || i == 0
+        || i >= NSIG
+        || sig == libc::SIGURG
+        || sig == libc::SIGKILL
+        || sig == libc::SIGSTOP
+    {
+        // The runtime's own handlers, and what the kernel refuses, as is.
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real_sigaction(sig, act, old) };
+    }
+    // SAFETY: reading the kernel's current action.
+    let mut current: Action = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { real_sigaction(sig, std::ptr::null(), &mut current) } != 0 {
+        return -1;
+    }
+    if !old.is_null() {
+        let mut seen = current;
+        if current.sa_sigaction == trampoline as *const () as usize {
+            seen.sa_sigaction = HANDLER[i].load(Relaxed);
+            seen.sa_flags = FLAGS[i].load(Relaxed);
+        }
+        // SAFETY: C's contract: writable.
+        unsafe { *old = seen };
+    }
+    if act.is_null() {
+        return 0;
+    }
+    // SAFETY: C's contract: a valid action.
+    let mut new = unsafe { *act };
+    let h = new.sa_sigaction;
+    if h != libc::SIG_DFL && h != libc::SIG_IGN {
+        HANDLER[i].store(h, Relaxed);
+        FLAGS[i].store(new.sa_flags, Relaxed);
+        new.sa_sigaction = trampoline as *const () as usize;
+        new.sa_flags |= libc::SA_SIGINFO;
+    } else {
+        HANDLER[i].store(0, Relaxed);
+    }
+    // SAFETY: an initialized action.
+    unsafe { real_sigaction(sig, &new, std::ptr::null_mut()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    if caller() == Caller::Runtime {
+        let f =
+            real!(signal: unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t);
+        // SAFETY: forwarding.
+        return unsafe { f(sig, handler) };
+    }
+    // glibc's signal(): BSD semantics, restarting system calls.
+    // SAFETY: zeroed is a valid sigaction before filling it in.
+    let mut act: Action = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = handler;
+    act.sa_flags = libc::SA_RESTART;
+    // SAFETY: as above.
+    let mut old: Action = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers.
+    if unsafe { sigaction(sig, &act, &mut old) } != 0 {
+        return libc::SIG_ERR;
+    }
+    old.sa_sigaction
+}

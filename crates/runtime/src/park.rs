@@ -1,0 +1,143 @@
+//! Parking for code outside the runtime that builds its own blocking
+//! primitives (the preload library's pthread mutexes, condvars, semaphores):
+//! suspend the caller — a uthread, or an ordinary thread — until an
+//! [`Unparker`] is used or a deadline passes.
+//!
+//! The caller keeps its waiters in its own structure (a queue keyed by an
+//! address, say). [`park_until`] hands it the caller's `Unparker` with
+//! preemption deferred, so "check the condition, then queue" under the
+//! caller's lock is atomic with respect to wakers who take the same lock.
+//! Exactly one of a waker and the deadline wins; the loser sees it (the
+//! waker's [`Unparker::unpark`] returns false, the timed-out parker removes
+//! itself from its queue).
+
+use std::sync::atomic::{AtomicU8, Ordering::AcqRel, Ordering::Acquire};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::deferral;
+use crate::sched::{self, Waiter};
+
+/// How a [`park_until`] ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Parked {
+    /// An [`Unparker::unpark`] woke it.
+    Woken,
+    /// The deadline passed first; the caller still has its `Unparker`
+    /// queued and must take it off.
+    TimedOut,
+    /// `enqueue` said not to wait.
+    Declined,
+}
+
+/// The right to wake one parked caller. Cloned to keep an identity for
+/// [`Unparker::same`].
+#[derive(Clone)]
+pub struct Unparker(Kind);
+
+#[derive(Clone)]
+enum Kind {
+    UThread(Arc<Waiter>),
+    Thread(Arc<ThreadWaiter>),
+}
+
+struct ThreadWaiter {
+    state: AtomicU8,
+    thread: std::thread::Thread,
+}
+
+const WAITING: u8 = 0;
+const WOKEN: u8 = 1;
+const TIMED_OUT: u8 = 2;
+
+impl Unparker {
+    /// Makes the parked caller runnable; false if it was already woken or
+    /// its deadline passed first.
+    pub fn unpark(&self) -> bool {
+        match &self.0 {
+            Kind::UThread(w) => w.wake(),
+            Kind::Thread(t) => {
+                let won = t
+                    .state
+                    .compare_exchange(WAITING, WOKEN, AcqRel, Acquire)
+                    .is_ok();
+                if won {
+                    t.thread.unpark();
+                }
+                won
+            }
+        }
+    }
+
+    /// Whether both name the same wait.
+    pub fn same(&self, other: &Unparker) -> bool {
+        match (&self.0, &other.0) {
+            (Kind::UThread(a), Kind::UThread(b)) => Arc::ptr_eq(a, b),
+            (Kind::Thread(a), Kind::Thread(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// Whether the caller is a uthread (parking suspends only it) rather than
+/// an ordinary thread (parking blocks the thread).
+pub fn in_uthread() -> bool {
+    let deferred = deferral::Guard::new();
+    sched::current_uthread(&deferred).is_some()
+}
+
+/// Parks the caller until it is unparked or `deadline` passes. `enqueue`
+/// runs first, with preemption deferred: it stores the `Unparker` where
+/// wakers will find it and returns true to wait, or false to return
+/// [`Parked::Declined`] at once.
+pub fn park_until(deadline: Option<Instant>, enqueue: impl FnOnce(Unparker) -> bool) -> Parked {
+    let deferred = deferral::Guard::new();
+    match sched::current_uthread(&deferred) {
+        Some(me) => {
+            let w = Waiter::new(me);
+            if !enqueue(Unparker(Kind::UThread(Arc::clone(&w)))) {
+                return Parked::Declined;
+            }
+            match deadline {
+                None => sched::park_current(&deferred),
+                Some(d) => sched::park_current_until(&deferred, &w, d),
+            }
+            if w.timed_out() {
+                Parked::TimedOut
+            } else {
+                Parked::Woken
+            }
+        }
+        None => {
+            drop(deferred);
+            let t = Arc::new(ThreadWaiter {
+                state: AtomicU8::new(WAITING),
+                thread: std::thread::current(),
+            });
+            if !enqueue(Unparker(Kind::Thread(Arc::clone(&t)))) {
+                return Parked::Declined;
+            }
+            loop {
+                if t.state.load(Acquire) == WOKEN {
+                    return Parked::Woken;
+                }
+                match deadline {
+                    None => std::thread::park(),
+                    Some(d) => {
+                        let now = Instant::now();
+                        if now >= d {
+                            if t.state
+                                .compare_exchange(WAITING, TIMED_OUT, AcqRel, Acquire)
+                                .is_ok()
+                            {
+                                return Parked::TimedOut;
+                            }
+                            continue; // woken just now
+                        }
+                        std::thread::park_timeout(d - now);
+                    }
+                }
+            }
+        }
+    }
+}
