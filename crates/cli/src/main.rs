@@ -1,8 +1,9 @@
 //! The `ginza` command.
-mod bench;
-mod demo;
 mod run;
 mod top;
+
+#[cfg(feature = "bench")]
+use ginza_bench::{self as bench, demo};
 
 use clap::{Parser, Subcommand};
 
@@ -21,10 +22,13 @@ struct Cli {
 enum Command {
     /// Start iokerneld, a latency-critical and a batch application here and
     /// sweep offered load under the 5 µs, slow (1 ms) and static allocators.
+    #[cfg(feature = "bench")]
     Demo(demo::DemoArgs),
     /// Run a benchmark and print its figures next to its peers'.
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
     /// Run the discrete-event simulator.
+    #[cfg(feature = "bench")]
     Sim(ginza_sim::cli::SimArgs),
     /// Run iokerneld, the core allocator daemon (same flags as `iokerneld`).
     Iokernel(ginza_iokernel::Cli),
@@ -50,14 +54,19 @@ fn main() -> anyhow::Result<()> {
         Command::Iokernel(_) | Command::Netstack(_) => "info",
         // The demo reports iokerneld's overdue preemptions in its table
         // instead of one warning line per event under the progress bar.
+        #[cfg(feature = "bench")]
         Command::Demo(_) => "warn,ginza_iokernel=error",
+        #[cfg(feature = "bench")]
         Command::Bench(ref b) if b.runs_experiments() => "warn,ginza_iokernel=error",
         _ => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     match cli.command {
+        #[cfg(feature = "bench")]
         Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(args),
+        #[cfg(feature = "bench")]
         Command::Sim(args) => ginza_sim::cli::run(args),
         // Exit with iokerneld's own status (2: bad configuration), which an
         // `anyhow::Result` could not carry.

@@ -23,8 +23,8 @@
 //! pinned there by its `Config`, and the Go peer (GOMAXPROCS=1) has the mask
 //! set in the child between fork and exec, so all of its OS threads inherit it.
 
-use super::common::allowed_cpus;
-use super::common::emit;
+use crate::harness::figures::allowed_cpus;
+use crate::harness::figures::emit;
 
 mod ginza;
 mod go;

@@ -43,11 +43,12 @@ use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_net::{Ipv4Addr, MacAddr};
 use ginza_proto::content::Transfer;
 use ginza_proto::parse_duration;
-use ginza_runtime::net::NetConfig;
-use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit, median, percentile};
+use crate::harness::app::App;
+use crate::harness::figures::{allowed_cpus, emit, median};
+use crate::harness::iokerneld::{set_faults, start_on, with_iokerneld_on_veth, Cpus};
+use crate::harness::rtt::{quantiles, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
 
 /// Arguments of `ginza bench tcp`.
 #[derive(clap::Args, Debug)]
@@ -69,12 +70,6 @@ pub struct TcpArgs {
     lossy_mb: u64,
 }
 
-/// Request and reply size of the round trips.
-pub(super) const PAYLOAD: usize = 64;
-/// Round trips before each measured series.
-pub(super) const WARMUP: usize = 1000;
-/// The longest wait for one read or write before a run is declared stuck.
-pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The same through loss: retransmission timeouts back off (200 ms,
 /// 400 ms, …) when a segment is lost again and again.
 const LOSSY_IO_TIMEOUT: Duration = Duration::from_secs(60);
@@ -93,12 +88,6 @@ const SWITCH_CLIENT: (MacAddr, Ipv4Addr) = (
     MacAddr([0x02, 0x47, 0x5a, 0x00, 0x12, 0x02]),
     Ipv4Addr::new(10, 47, 12, 2),
 );
-
-#[derive(Serialize, Clone, Copy, Debug, Default)]
-pub(super) struct Quantiles {
-    pub(super) p50: f64,
-    pub(super) p99: f64,
-}
 
 #[derive(Serialize, Debug)]
 struct RttSet {
@@ -249,165 +238,6 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
     emit(args.json, &render(&report, &args), &report)
 }
 
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Cpus {
-    pub(super) iokernel: usize,
-    pub(super) app: usize,
-}
-
-/// p50 and p99 in µs of round trips in ns.
-pub(super) fn quantiles(mut ns: Vec<u64>) -> anyhow::Result<Quantiles> {
-    ns.sort_unstable();
-    let us = |q| percentile(&ns, q).map(|v| v as f64 / 1e3);
-    Ok(Quantiles {
-        p50: us(50.0).ok_or_else(|| anyhow!("no round trip measured"))?,
-        p99: us(99.0).ok_or_else(|| anyhow!("no round trip measured"))?,
-    })
-}
-
-/// A Ginza runtime running `main` on its own thread.
-pub(super) struct App<T> {
-    name: String,
-    thread: Option<std::thread::JoinHandle<Result<T, RuntimeError>>>,
-}
-
-impl<T: Send + 'static> App<T> {
-    /// Starts it on `iokerneld` and waits until it has registered.
-    pub(super) fn start(
-        iokerneld: &InProcess,
-        name: &str,
-        (mac, ip): (MacAddr, Ipv4Addr),
-        main: impl FnOnce() -> T + Send + 'static,
-    ) -> anyhow::Result<App<T>> {
-        App::start_tuned(iokerneld, name, (mac, ip), |_| {}, main)
-    }
-
-    /// As [`App::start`], with `tune` adjusting its configuration first.
-    pub(super) fn start_tuned(
-        iokerneld: &InProcess,
-        name: &str,
-        (mac, ip): (MacAddr, Ipv4Addr),
-        tune: impl FnOnce(&mut RtConfig),
-        main: impl FnOnce() -> T + Send + 'static,
-    ) -> anyhow::Result<App<T>> {
-        let mut config = runtime_config(iokerneld, name, Class::LatencyCritical);
-        if let Some(io) = config.iokernel.as_mut() {
-            io.net = Some(NetConfig::new(mac, ip));
-        }
-        tune(&mut config);
-        App::start_configured(iokerneld, name, config, main)
-    }
-
-    /// Starts it with `config` (from [`runtime_config`]) and waits until it
-    /// has registered.
-    pub(super) fn start_configured(
-        iokerneld: &InProcess,
-        name: &str,
-        config: RtConfig,
-        main: impl FnOnce() -> T + Send + 'static,
-    ) -> anyhow::Result<App<T>> {
-        let thread = std::thread::spawn(move || ginza_runtime::run(config, main));
-        let mut app = App {
-            name: name.to_string(),
-            thread: Some(thread),
-        };
-        let t0 = Instant::now();
-        while !iokerneld
-            .stats()
-            .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
-        {
-            if app.thread.as_ref().is_some_and(|t| t.is_finished()) {
-                app.join()?;
-                anyhow::bail!("{name} returned before it registered");
-            }
-            anyhow::ensure!(
-                t0.elapsed() < Duration::from_secs(10),
-                "{name} did not register with iokerneld within 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Ok(app)
-    }
-
-    /// Whether its `main` has returned (or it was joined).
-    pub(super) fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
-    }
-
-    pub(super) fn join(&mut self) -> anyhow::Result<T> {
-        let thread = self
-            .thread
-            .take()
-            .ok_or_else(|| anyhow!("{} was joined already", self.name))?;
-        thread
-            .join()
-            .map_err(|_| anyhow!("the thread of {} panicked", self.name))?
-            .with_context(|| format!("the runtime of {}", self.name))
-    }
-}
-
-/// Application `name` on `iokerneld`: one kthread to start with, more cores
-/// as iokerneld grants them.
-pub(super) fn runtime_config(iokerneld: &InProcess, name: &str, class: Class) -> RtConfig {
-    let mut io = IokernelConfig::new(name, class);
-    io.socket = Some(iokerneld.socket().to_path_buf());
-    RtConfig {
-        iokernel: Some(io),
-        ..RtConfig::with_kthreads(1)
-    }
-}
-
-/// iokerneld on `nic` ("" for none) managing the application's CPU, its
-/// loop on its own; `faults` for the veth port when given.
-pub(super) fn start_iokerneld(
-    nic: &str,
-    cpus: Cpus,
-    faults: Option<&str>,
-) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
-    start_iokerneld_with(nic, cpus, |cfg| match faults {
-        Some(f) => set_faults(cfg, f),
-        None => Ok(()),
-    })
-}
-
-/// As [`start_iokerneld`], with `configure` adjusting iokerneld's
-/// configuration (allocation policy, faults) before it starts.
-pub(super) fn start_iokerneld_with(
-    nic: &str,
-    cpus: Cpus,
-    configure: impl FnOnce(&mut IokConfig) -> anyhow::Result<()>,
-) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "ginza-bench-iokerneld-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let mut cfg = if nic.is_empty() {
-        let mut cfg = IokConfig::new(vec![cpus.iokernel, cpus.app]);
-        cfg.idle_sleep = Some(Duration::from_millis(1));
-        cfg
-    } else {
-        let mut cfg = IokConfig::new(vec![cpus.app]);
-        cfg.own_core = Some(cpus.iokernel);
-        cfg.nic = nic.to_string();
-        cfg
-    };
-    cfg.socket = dir.join("iokerneld.sock");
-    configure(&mut cfg)?;
-    let iokerneld = InProcess::start(cfg).map_err(|e| anyhow!("iokerneld on {nic:?}: {e}"))?;
-    Ok((iokerneld, dir))
-}
-
-/// iokerneld's fault injection (`--faults RULE`).
-fn set_faults(cfg: &mut IokConfig, faults: &str) -> anyhow::Result<()> {
-    let rule = faults
-        .parse()
-        .map_err(|e| anyhow!("the fault rule {faults:?}: {e}"))?;
-    cfg.faults = vec![rule];
-    Ok(())
-}
-
 /// The Ginza server side of a veth round: echo on 7 and a sink on 9.
 fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<()> {
     let stats = Arc::new(EchoStats::default());
@@ -427,33 +257,6 @@ fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<()> {
         .join()
         .map_err(|e| std::io::Error::other(format!("the sink uthread: {e}")))?;
     echo.and(sink)
-}
-
-/// iokerneld on the veth's host end (AF_XDP, else AF_PACKET), its
-/// configuration adjusted by `configure`; `run` runs while it serves, given
-/// the backend that opened. Returns that backend and what `run` returned.
-pub(super) fn with_iokerneld_on_veth<R>(
-    ns: &NetNs,
-    cpus: Cpus,
-    configure: impl Fn(&mut IokConfig) -> anyhow::Result<()>,
-    run: impl FnOnce(&InProcess, &str) -> anyhow::Result<R>,
-) -> anyhow::Result<(String, R)> {
-    let mut failures = Vec::new();
-    for backend in ["af_xdp", "af_packet"] {
-        let nic = format!("{backend}:{}", ns.host_if);
-        let (iokerneld, dir) = match start_iokerneld_with(&nic, cpus, &configure) {
-            Ok(d) => d,
-            Err(e) => {
-                failures.push(format!("{e:#}"));
-                continue;
-            }
-        };
-        let result = run(&iokerneld, backend);
-        drop(iokerneld);
-        let _ = std::fs::remove_dir_all(&dir);
-        return Ok((backend.to_string(), result?));
-    }
-    Err(anyhow!("no NIC backend opened: {}", failures.join("; ")))
 }
 
 /// iokerneld and Ginza's servers on the veth (AF_XDP, else AF_PACKET),
@@ -570,7 +373,7 @@ fn linux_round(
 /// Two Ginza runtimes on an iokerneld without a NIC: echo-server and a
 /// client measuring round trips through the software switch.
 fn switch_round(cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Quantiles> {
-    let (iokerneld, dir) = start_iokerneld("", cpus, None)?;
+    let iokerneld = start_on("", cpus, |_| Ok(()))?;
     let result = (|| {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
@@ -608,7 +411,6 @@ fn switch_round(cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Quantiles> {
         quantiles(rtts)
     })();
     drop(iokerneld);
-    let _ = std::fs::remove_dir_all(&dir);
     result
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub(crate) use crate::bench::common::median;
+pub(crate) use crate::harness::figures::median;
 
 /// Nanoseconds per operation of one sample: `elapsed` spent on `ops` operations.
 pub fn ns_per_op(elapsed: Duration, ops: u64) -> f64 {

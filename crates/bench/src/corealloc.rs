@@ -43,7 +43,7 @@
 //!   when the other parks. Both applications are configured as their class
 //!   is by default (the batch one lingers `BATCH_LINGER` after it gives
 //!   the core back, `--handover-batch-linger-us` changes it, 0: it blocks
-//!   at once, as before session 8). Hand-over time
+//!   at once, as it once did). Hand-over time
 //!   from iokerneld's stats (preemption sent → receiving kthread woken);
 //!   reallocations per second = core moves between the two applications
 //!   over the run's wall time.
@@ -55,14 +55,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ginza_iokernel::{Config as IokConfig, InProcess, PolicyKind};
+use ginza_iokernel::{Config as IokConfig, PolicyKind};
 use ginza_proto::{client, StatsReport};
-use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_runtime::{Class, Config};
 use ginza_sys::{clock, eventfd};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit, percentile};
+use crate::harness::app::{app_config, App};
+use crate::harness::figures::{allowed_cpus, emit, percentile};
+use crate::harness::iokerneld::{socket_dir, Iokerneld};
 
 /// Arguments of `ginza bench corealloc`.
 #[derive(clap::Args, Debug)]
@@ -216,7 +218,7 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     eprintln!("corealloc: eventfd floor");
     let floor = eventfd_floor(io_cpu, core, n)?;
 
-    let dir = std::env::temp_dir().join(format!("ginza-corealloc-{}", std::process::id()));
+    let dir = socket_dir("corealloc");
     let mut cfg = IokConfig::new(vec![core]);
     cfg.own_core = Some(io_cpu);
     cfg.policy = PolicyKind::Shenango;
@@ -226,7 +228,9 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
     }
     let grace = cfg.idle_victim_grace;
     cfg.validate(&allowed).context("iokerneld configuration")?;
-    let daemon = InProcess::start(cfg).context("starting iokerneld")?;
+    let daemon = Iokerneld::start(cfg)
+        .context("starting iokerneld")?
+        .removing(dir);
     let socket = daemon.socket().to_path_buf();
 
     eprintln!("corealloc: grants to a blocked kthread");
@@ -252,7 +256,6 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
         batch_linger,
     )?;
     drop(daemon);
-    let _ = std::fs::remove_dir_all(&dir);
 
     let hand = &st_hand.alloc;
     let report = Report {
@@ -338,13 +341,11 @@ fn eventfd_floor(writer_cpu: usize, core: usize, n: usize) -> anyhow::Result<Vec
 }
 
 fn app(socket: &std::path::Path, name: &str, class: Class, linger: Duration) -> Config {
-    let mut io = IokernelConfig::new(name, class);
-    io.socket = Some(socket.to_path_buf());
-    io.linger_after_park = linger;
-    Config {
-        iokernel: Some(io),
-        ..Config::with_kthreads(1)
+    let mut cfg = app_config(socket, name, class, 1);
+    if let Some(io) = cfg.iokernel.as_mut() {
+        io.linger_after_park = linger;
     }
+    cfg
 }
 
 /// An application whose one uthread sleeps `n` random gaps; the grant
@@ -386,20 +387,18 @@ fn handover(
     batch_linger: Duration,
 ) -> anyhow::Result<(Vec<u64>, StatsReport)> {
     let stop = Arc::new(AtomicBool::new(false));
-    let hog = {
+    let mut hog = {
         let stop = Arc::clone(&stop);
         let cfg = app(socket, "hog", Class::Batch, batch_linger);
-        std::thread::spawn(move || {
-            ginza_runtime::run(cfg, move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    while t.elapsed() < Duration::from_micros(20) {
-                        std::hint::spin_loop();
-                    }
-                    ginza_runtime::yield_now();
+        App::spawn("hog", cfg, move || {
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                while t.elapsed() < Duration::from_micros(20) {
+                    std::hint::spin_loop();
                 }
-            })
-        })
+                ginza_runtime::yield_now();
+            }
+        })?
     };
     // Let the hog take the core first.
     let t0 = Instant::now();
@@ -429,8 +428,7 @@ fn handover(
     )?;
     let st = client::stats(socket)?;
     stop.store(true, Ordering::Relaxed);
-    hog.join()
-        .map_err(|_| anyhow::anyhow!("batch application panicked"))??;
+    hog.join()?;
     let lat = lat.from_blocked_ns.into_iter().map(u64::from).collect();
     Ok((lat, st))
 }

@@ -146,7 +146,7 @@ impl Row {
         };
         for m in METRICS {
             let vals: Vec<f64> = rows.iter().filter_map(|r| r.metric(m)).collect();
-            out.set_metric(m, crate::bench::common::median(&vals));
+            out.set_metric(m, crate::harness::figures::median(&vals));
         }
         let mut notes: Vec<&str> = Vec::new();
         for r in rows {

@@ -23,11 +23,11 @@ use super::spec::{
     Allocator, Generator, LoadUnit, Loaded, Mode, Placement, Program, Protocol, SchedPolicy,
     Scheduling, ServiceDist, Steering, System, SystemKind,
 };
-use crate::bench::colocate;
-use crate::bench::common::{allowed_cpus, percentile};
-use crate::bench::memcached;
-use crate::bench::preempt::{makespan_ns, Cores};
+use crate::colocate;
 use crate::demo;
+use crate::harness::figures::{allowed_cpus, percentile};
+use crate::harness::work::{makespan_ns, Cores};
+use crate::memcached;
 
 /// What runs the points of one system.
 #[derive(Clone, Debug)]
@@ -183,9 +183,6 @@ fn generator_service(d: &ServiceDist) -> Option<ServiceTime> {
 /// and key of a file that asks for something that cannot be.
 pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
     let spec = &l.spec;
-    let at = sys.label.span().start;
-    let err =
-        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
     let lc = spec.apps.first();
     let program = lc.map(|a| a.program);
     let load = &spec.load;
@@ -211,85 +208,7 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
         return oneway_runner(l, sys, program, mode);
     }
     match sys.kind {
-        SystemKind::Simulator => {
-            if load.generator != Generator::Simulated {
-                return Err(err(
-                    "kind",
-                    "a simulator system needs [load] generator = \"simulated\"",
-                ));
-            }
-            if let Some(st) = sys.steering {
-                if load.unit != LoadUnit::Rps {
-                    return Err(err(
-                        "steering",
-                        "the steering model takes offered loads in unit = \"rps\"",
-                    ));
-                }
-                return Ok(Runner::SimSteering {
-                    kind: steering_kind(st),
-                    warm: sys.warm_table,
-                    cores: sys.cores.map_or(10, |c| c.0 as usize),
-                });
-            }
-            if let Some(p) = policy {
-                let Some(svc) = &load.service else {
-                    return Err(err("policy", "a scheduling model needs [load] service"));
-                };
-                if load.unit != LoadUnit::Capacity {
-                    return Err(err(
-                        "policy",
-                        "the scheduling model takes offered loads in unit = \"capacity\"",
-                    ));
-                }
-                let q = quantum.map_or(5.0, |q| q.as_secs_f64() * 1e6);
-                let place = match sys.placement {
-                    Some(Placement::Head) => Place::Head,
-                    _ => Place::Tail,
-                };
-                let modes: Vec<f64> = match sim_service(svc) {
-                    Service::Modes(m) => m.iter().map(|&(_, v)| v).collect(),
-                    other => vec![other.mean()],
-                };
-                let sched = match p {
-                    SchedPolicy::DFcfs => Sched::DFcfs { conns: None },
-                    SchedPolicy::CFcfs => Sched::CFcfs,
-                    SchedPolicy::Ps => Sched::Ps,
-                    SchedPolicy::CPreSq => Sched::CPreSq {
-                        quantum_us: q,
-                        place,
-                    },
-                    SchedPolicy::CPreMq => Sched::CPreMq {
-                        quantum_us: q,
-                        slo_us: modes.iter().map(|v| 10.0 * v).collect(),
-                        place,
-                    },
-                };
-                return Ok(Runner::SimRequests {
-                    sched,
-                    cores: sys.cores.map_or(16, |c| c.0 as usize),
-                });
-            }
-            if load.unit != LoadUnit::Cores {
-                return Err(err(
-                    "allocator",
-                    "the allocator model takes offered loads in unit = \"cores\"",
-                ));
-            }
-            match sys.allocator {
-                Some(Allocator::Slow) => Ok(Runner::SimSlowBound),
-                Some(Allocator::Shenango) => Ok(Runner::SimAllocator {
-                    grant_us: sys.grant_latency.map_or(0.0, |g| g.0.as_secs_f64() * 1e6),
-                }),
-                Some(Allocator::Static) => Err(err(
-                    "allocator",
-                    "the simulator models the shenango and slow allocators",
-                )),
-                None => Err(err(
-                    "kind",
-                    "a simulator system needs an allocator, a policy or a steering",
-                )),
-            }
-        }
+        SystemKind::Simulator => simulator_runner(l, sys, policy, quantum),
         SystemKind::Linux => Ok(Runner::Unavailable(match program {
             Some(Program::KvServer) => {
                 return memcached_runner(l, sys, memcached::System::Linux);
@@ -301,124 +220,224 @@ pub fn choose(l: &Loaded, sys: &System) -> anyhow::Result<Runner> {
             ),
             None => "a Linux system needs an [[app]]".into(),
         })),
-        SystemKind::Ginza => {
-            if mode == Mode::Protected
-                && !matches!(program, Some(Program::KvServer | Program::HttpServer))
-            {
-                return Ok(Runner::Unavailable(format!(
-                    "{} in protected mode under load is not wired into experiments yet \
-                     (protected runners: echo under ping-pong, kv-server under loadgen)",
-                    program.map_or("an application", Program::name)
-                )));
-            }
-            match program {
-                Some(Program::SpinServer) if policy.is_none() => {
-                    if load.generator != Generator::Builtin {
-                        return Ok(Runner::Unavailable(
-                            "spin-server with batch is driven by iokerneld's generator \
-                             (generator = \"builtin\"); loadgen over veth is not wired yet"
-                                .into(),
-                        ));
-                    }
-                    if sys.steering.is_some() {
-                        return Ok(Runner::Steering {
-                            kind: steering_kind(sys.steering.unwrap_or(Steering::RssMod)),
-                        });
-                    }
-                    let Some(allocator) = sys.allocator else {
-                        return Err(err(
-                            "allocator",
-                            "a Ginza spin-server system needs an allocator",
-                        ));
-                    };
-                    match &load.service {
-                        Some(s) if generator_service(s).is_some() => {}
-                        _ => {
-                            return Err(l.error_at(
-                                at,
-                                "service",
-                                "spin-server under iokerneld's generator needs [load] service \
-                                 = exponential, constant or bimodal",
-                            ))
-                        }
-                    }
-                    if load.unit != LoadUnit::Capacity {
-                        return Err(err("unit", "spin-server points take unit = \"capacity\""));
-                    }
-                    if !load.steps.is_empty() {
-                        return Ok(Runner::SpinBatchSteps { allocator });
-                    }
-                    Ok(Runner::SpinBatch { allocator })
-                }
-                Some(Program::Echo) => match sys.steering {
-                    Some(st) => {
-                        if load.unit != LoadUnit::Rps {
-                            return Err(err(
-                                "steering",
-                                "the steering harness takes unit = \"rps\"",
-                            ));
-                        }
-                        Ok(Runner::Steering {
-                            kind: steering_kind(st),
-                        })
-                    }
-                    None => Ok(Runner::Unavailable(
-                        "echo without a steering policy: see `ginza bench forward`/`tcp`".into(),
-                    )),
-                },
-                Some(Program::ScanServer) => {
-                    let Some(policy) = policy else {
-                        return Ok(Runner::Unavailable(
-                            "scan-server run to completion under load: loadgen has no scan \
-                             protocol yet"
-                                .into(),
-                        ));
-                    };
-                    if load.generator != Generator::InProcess {
-                        return Ok(Runner::Unavailable(
-                            "scan-server in Shinjuku mode under iokerneld (issue #16) is not \
-                             available on this branch; use generator = \"in-process\""
-                                .into(),
-                        ));
-                    }
-                    if load.mix.is_none() {
-                        return Err(err("mix", "scan-server needs [load.mix]"));
-                    }
-                    if load.unit != LoadUnit::Rps {
-                        return Err(err("unit", "scan-server points take unit = \"rps\""));
-                    }
-                    if matches!(policy, SchedPolicy::DFcfs | SchedPolicy::Ps) {
-                        return Err(err(
-                            "policy",
-                            "Shinjuku mode runs c-FCFS, c-PRE-SQ or c-PRE-MQ",
-                        ));
-                    }
-                    Ok(Runner::ScanShinjuku {
-                        policy,
-                        quantum: quantum.unwrap_or(Duration::from_micros(5)),
-                        placement: sys.placement.unwrap_or(Placement::Tail),
-                    })
-                }
-                Some(Program::KvServer) => memcached_runner(
-                    l,
-                    sys,
-                    match mode {
-                        Mode::InProcess => memcached::System::Ginza,
-                        Mode::Protected => memcached::System::GinzaProtected,
-                    },
-                ),
-                Some(Program::HttpServer) => Ok(Runner::Http {
-                    protected: mode == Mode::Protected,
-                }),
-                Some(Program::SpinServer) => {
-                    colocate_runner(l, sys, policy.unwrap_or(SchedPolicy::CFcfs), quantum)
-                }
-                Some(Program::Batch) | None => Err(err(
-                    "kind",
-                    "a Ginza system needs a latency-critical [[app]] first",
-                )),
-            }
+        SystemKind::Ginza => ginza_runner(l, sys, program, mode, (policy, quantum)),
+    }
+}
+
+/// The simulator's runner for `sys`: the steering, scheduling or
+/// allocator model, by what it names.
+fn simulator_runner(
+    l: &Loaded,
+    sys: &System,
+    policy: Option<SchedPolicy>,
+    quantum: Option<Duration>,
+) -> anyhow::Result<Runner> {
+    let load = &l.spec.load;
+    let at = sys.label.span().start;
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    if load.generator != Generator::Simulated {
+        return Err(err(
+            "kind",
+            "a simulator system needs [load] generator = \"simulated\"",
+        ));
+    }
+    if let Some(st) = sys.steering {
+        if load.unit != LoadUnit::Rps {
+            return Err(err(
+                "steering",
+                "the steering model takes offered loads in unit = \"rps\"",
+            ));
         }
+        return Ok(Runner::SimSteering {
+            kind: steering_kind(st),
+            warm: sys.warm_table,
+            cores: sys.cores.map_or(10, |c| c.0 as usize),
+        });
+    }
+    if let Some(p) = policy {
+        let Some(svc) = &load.service else {
+            return Err(err("policy", "a scheduling model needs [load] service"));
+        };
+        if load.unit != LoadUnit::Capacity {
+            return Err(err(
+                "policy",
+                "the scheduling model takes offered loads in unit = \"capacity\"",
+            ));
+        }
+        let q = quantum.map_or(5.0, |q| q.as_secs_f64() * 1e6);
+        let place = match sys.placement {
+            Some(Placement::Head) => Place::Head,
+            _ => Place::Tail,
+        };
+        let modes: Vec<f64> = match sim_service(svc) {
+            Service::Modes(m) => m.iter().map(|&(_, v)| v).collect(),
+            other => vec![other.mean()],
+        };
+        let sched = match p {
+            SchedPolicy::DFcfs => Sched::DFcfs { conns: None },
+            SchedPolicy::CFcfs => Sched::CFcfs,
+            SchedPolicy::Ps => Sched::Ps,
+            SchedPolicy::CPreSq => Sched::CPreSq {
+                quantum_us: q,
+                place,
+            },
+            SchedPolicy::CPreMq => Sched::CPreMq {
+                quantum_us: q,
+                slo_us: modes.iter().map(|v| 10.0 * v).collect(),
+                place,
+            },
+        };
+        return Ok(Runner::SimRequests {
+            sched,
+            cores: sys.cores.map_or(16, |c| c.0 as usize),
+        });
+    }
+    if load.unit != LoadUnit::Cores {
+        return Err(err(
+            "allocator",
+            "the allocator model takes offered loads in unit = \"cores\"",
+        ));
+    }
+    match sys.allocator {
+        Some(Allocator::Slow) => Ok(Runner::SimSlowBound),
+        Some(Allocator::Shenango) => Ok(Runner::SimAllocator {
+            grant_us: sys.grant_latency.map_or(0.0, |g| g.0.as_secs_f64() * 1e6),
+        }),
+        Some(Allocator::Static) => Err(err(
+            "allocator",
+            "the simulator models the shenango and slow allocators",
+        )),
+        None => Err(err(
+            "kind",
+            "a simulator system needs an allocator, a policy or a steering",
+        )),
+    }
+}
+
+/// The runner of a Ginza system, by its program and mode.
+fn ginza_runner(
+    l: &Loaded,
+    sys: &System,
+    program: Option<Program>,
+    mode: Mode,
+    (policy, quantum): (Option<SchedPolicy>, Option<Duration>),
+) -> anyhow::Result<Runner> {
+    let load = &l.spec.load;
+    let at = sys.label.span().start;
+    let err =
+        |key: &str, msg: &str| l.error_at(at, key, &format!("system {:?}: {msg}", sys.label()));
+    if mode == Mode::Protected && !matches!(program, Some(Program::KvServer | Program::HttpServer))
+    {
+        return Ok(Runner::Unavailable(format!(
+            "{} in protected mode under load is not wired into experiments yet \
+                 (protected runners: echo under ping-pong, kv-server under loadgen)",
+            program.map_or("an application", Program::name)
+        )));
+    }
+    match program {
+        Some(Program::SpinServer) if policy.is_none() => {
+            if load.generator != Generator::Builtin {
+                return Ok(Runner::Unavailable(
+                    "spin-server with batch is driven by iokerneld's generator \
+                         (generator = \"builtin\"); loadgen over veth is not wired yet"
+                        .into(),
+                ));
+            }
+            if sys.steering.is_some() {
+                return Ok(Runner::Steering {
+                    kind: steering_kind(sys.steering.unwrap_or(Steering::RssMod)),
+                });
+            }
+            let Some(allocator) = sys.allocator else {
+                return Err(err(
+                    "allocator",
+                    "a Ginza spin-server system needs an allocator",
+                ));
+            };
+            match &load.service {
+                Some(s) if generator_service(s).is_some() => {}
+                _ => {
+                    return Err(l.error_at(
+                        at,
+                        "service",
+                        "spin-server under iokerneld's generator needs [load] service \
+                             = exponential, constant or bimodal",
+                    ))
+                }
+            }
+            if load.unit != LoadUnit::Capacity {
+                return Err(err("unit", "spin-server points take unit = \"capacity\""));
+            }
+            if !load.steps.is_empty() {
+                return Ok(Runner::SpinBatchSteps { allocator });
+            }
+            Ok(Runner::SpinBatch { allocator })
+        }
+        Some(Program::Echo) => match sys.steering {
+            Some(st) => {
+                if load.unit != LoadUnit::Rps {
+                    return Err(err("steering", "the steering harness takes unit = \"rps\""));
+                }
+                Ok(Runner::Steering {
+                    kind: steering_kind(st),
+                })
+            }
+            None => Ok(Runner::Unavailable(
+                "echo without a steering policy: see `ginza bench forward`/`tcp`".into(),
+            )),
+        },
+        Some(Program::ScanServer) => {
+            let Some(policy) = policy else {
+                return Ok(Runner::Unavailable(
+                    "scan-server run to completion under load: loadgen has no scan \
+                         protocol yet"
+                        .into(),
+                ));
+            };
+            if load.generator != Generator::InProcess {
+                return Ok(Runner::Unavailable(
+                    "scan-server in Shinjuku mode under iokerneld (issue #16) is not \
+                         available on this branch; use generator = \"in-process\""
+                        .into(),
+                ));
+            }
+            if load.mix.is_none() {
+                return Err(err("mix", "scan-server needs [load.mix]"));
+            }
+            if load.unit != LoadUnit::Rps {
+                return Err(err("unit", "scan-server points take unit = \"rps\""));
+            }
+            if matches!(policy, SchedPolicy::DFcfs | SchedPolicy::Ps) {
+                return Err(err(
+                    "policy",
+                    "Shinjuku mode runs c-FCFS, c-PRE-SQ or c-PRE-MQ",
+                ));
+            }
+            Ok(Runner::ScanShinjuku {
+                policy,
+                quantum: quantum.unwrap_or(Duration::from_micros(5)),
+                placement: sys.placement.unwrap_or(Placement::Tail),
+            })
+        }
+        Some(Program::KvServer) => memcached_runner(
+            l,
+            sys,
+            match mode {
+                Mode::InProcess => memcached::System::Ginza,
+                Mode::Protected => memcached::System::GinzaProtected,
+            },
+        ),
+        Some(Program::HttpServer) => Ok(Runner::Http {
+            protected: mode == Mode::Protected,
+        }),
+        Some(Program::SpinServer) => {
+            colocate_runner(l, sys, policy.unwrap_or(SchedPolicy::CFcfs), quantum)
+        }
+        Some(Program::Batch) | None => Err(err(
+            "kind",
+            "a Ginza system needs a latency-critical [[app]] first",
+        )),
     }
 }
 
@@ -480,7 +499,7 @@ fn oneway_runner(
     if load.unit != LoadUnit::Bytes {
         return Err(err("unit", "ping-pong points take unit = \"bytes\""));
     }
-    let payload = crate::bench::tcp::PAYLOAD as f64;
+    let payload = crate::harness::rtt::PAYLOAD as f64;
     if load.offered.iter().any(|o| o.0 != payload) {
         return Err(l.error_at(
             l.text.find("offered").unwrap_or(0),
@@ -791,42 +810,7 @@ fn run_one(
             row.answered = Some(s.n as f64);
         }
         Runner::SimSteering { kind, warm, cores } => {
-            let flows = spec.load.flows.0;
-            let mean_us = spec.load.service.as_ref().map_or(10.0, |s| s.mean_us());
-            let r = AllocSim {
-                cores: *cores,
-                policy: AllocPolicy::Shenango { interval_us: 5.0 },
-                service: Service::Exp { mean: mean_us },
-                load: vec![LoadStep {
-                    duration_us: f64::INFINITY,
-                    rate_per_us: x / 1e6,
-                }],
-                kthreads: *cores,
-                guaranteed: 0,
-                batch: false,
-                hyperthreads: false,
-                grant_latency_us: 1.0,
-                preempt_latency_us: 1.0,
-                park_spin_us: 2.0,
-                duration_us: settings.duration.as_secs_f64() * 1e6,
-                warmup_us: 0.0,
-                seed,
-                steering: SteeringSpec {
-                    flows,
-                    flow_table_capacity: (flows as usize).next_power_of_two().max(1024),
-                    ..SteeringSpec::of(*kind)
-                },
-                table_insert_us: 0.5,
-                migration_us: 1.0,
-                warm_table: *warm,
-            }
-            .run();
-            row.p50_us = Some(r.stats.latency_pct_us(50.0));
-            row.p99_us = Some(r.stats.latency_pct_us(99.0));
-            row.p999_us = Some(r.stats.latency_pct_us(99.9));
-            row.lc_cores = Some(r.mean_cores);
-            row.flows_moved = Some(r.steering.flows_moved as f64);
-            row.answered = Some(r.stats.n as f64);
+            sim_steering_point(spec, settings, (*kind, *warm, *cores), x, seed, row)
         }
         Runner::SpinBatch { allocator } => {
             let setup = demo_setup(ctx, settings)?;
@@ -872,9 +856,9 @@ fn run_one(
         Runner::Oneway { path } => oneway_point(*path, settings, row)?,
         Runner::Http { protected } => http_point(
             if *protected {
-                crate::bench::oneway::Mode::Protected
+                crate::oneway::Mode::Protected
             } else {
-                crate::bench::oneway::Mode::Rtc
+                crate::oneway::Mode::Rtc
             },
             settings,
             spec.load.connections.0.clamp(1, 1024) as usize,
@@ -905,51 +889,109 @@ fn run_one(
             sched,
             alloc,
             quantum,
-        } => {
-            let allowed = allowed_cpus()?;
-            let (&io_cpu, managed) = allowed
-                .split_first()
-                .context("no CPU this process may use")?;
-            anyhow::ensure!(
-                !managed.is_empty(),
-                "the colocate points need a CPU beside iokerneld's, this process may use \
-                 {allowed:?}"
-            );
-            let svc = spec.load.service.as_ref().context("[load] service")?;
-            let service = generator_service(svc).context("[load] service")?;
-            let p = colocate::measure_point(&colocate::PointRun {
-                io_cpu,
-                managed,
-                sched: *sched,
-                alloc: *alloc,
-                quantum_us: quantum.as_secs_f64() * 1e6,
-                service,
-                // `x` of the managed cores' capacity.
-                rate_per_s: x * managed.len() as f64 / (svc.mean_us() * 1e-6),
-                duration: settings.duration,
-                idle_spin: None,
-                workers: None,
-                pre_assign: None,
-            })?;
-            row.p50_us = Some(p.p50_us);
-            row.p99_us = Some(p.p99_us);
-            row.batch_ops_per_s = Some(p.batch_mpaths_per_s * 1e6);
-            row.lc_cores = Some(p.lc_cores);
-            row.sent = Some(p.sent as f64);
-            row.answered = Some(p.replies as f64);
-            row.note = format!(
-                "served {}, preempted {}, rejected {}, dropped at ingress {}",
-                p.served, p.preempted, p.rejected, p.dropped_ingress
-            );
-        }
+        } => colocate_point(spec, settings, (*sched, *alloc, *quantum), x, row)?,
     }
+    Ok(())
+}
+
+/// One point of the steering model at `x` requests/s.
+fn sim_steering_point(
+    spec: &super::spec::Experiment,
+    settings: &Settings,
+    (kind, warm, cores): (SteeringKind, bool, usize),
+    x: f64,
+    seed: u64,
+    row: &mut Row,
+) {
+    let flows = spec.load.flows.0;
+    let mean_us = spec.load.service.as_ref().map_or(10.0, |s| s.mean_us());
+    let r = AllocSim {
+        cores,
+        policy: AllocPolicy::Shenango { interval_us: 5.0 },
+        service: Service::Exp { mean: mean_us },
+        load: vec![LoadStep {
+            duration_us: f64::INFINITY,
+            rate_per_us: x / 1e6,
+        }],
+        kthreads: cores,
+        guaranteed: 0,
+        batch: false,
+        hyperthreads: false,
+        grant_latency_us: 1.0,
+        preempt_latency_us: 1.0,
+        park_spin_us: 2.0,
+        duration_us: settings.duration.as_secs_f64() * 1e6,
+        warmup_us: 0.0,
+        seed,
+        steering: SteeringSpec {
+            flows,
+            flow_table_capacity: (flows as usize).next_power_of_two().max(1024),
+            ..SteeringSpec::of(kind)
+        },
+        table_insert_us: 0.5,
+        migration_us: 1.0,
+        warm_table: warm,
+    }
+    .run();
+    row.p50_us = Some(r.stats.latency_pct_us(50.0));
+    row.p99_us = Some(r.stats.latency_pct_us(99.0));
+    row.p999_us = Some(r.stats.latency_pct_us(99.9));
+    row.lc_cores = Some(r.mean_cores);
+    row.flows_moved = Some(r.steering.flows_moved as f64);
+    row.answered = Some(r.stats.n as f64);
+}
+
+/// One point of the Shinjuku-mode spin server beside batch at `x` of the
+/// managed cores' capacity.
+fn colocate_point(
+    spec: &super::spec::Experiment,
+    settings: &Settings,
+    (sched, alloc, quantum): (colocate::Sched, colocate::Alloc, Duration),
+    x: f64,
+    row: &mut Row,
+) -> anyhow::Result<()> {
+    let allowed = allowed_cpus()?;
+    let (&io_cpu, managed) = allowed
+        .split_first()
+        .context("no CPU this process may use")?;
+    anyhow::ensure!(
+        !managed.is_empty(),
+        "the colocate points need a CPU beside iokerneld's, this process may use \
+         {allowed:?}"
+    );
+    let svc = spec.load.service.as_ref().context("[load] service")?;
+    let service = generator_service(svc).context("[load] service")?;
+    let p = colocate::measure_point(&colocate::PointRun {
+        io_cpu,
+        managed,
+        sched,
+        alloc,
+        quantum_us: quantum.as_secs_f64() * 1e6,
+        service,
+        // `x` of the managed cores' capacity.
+        rate_per_s: x * managed.len() as f64 / (svc.mean_us() * 1e-6),
+        duration: settings.duration,
+        idle_spin: None,
+        workers: None,
+        pre_assign: None,
+    })?;
+    row.p50_us = Some(p.p50_us);
+    row.p99_us = Some(p.p99_us);
+    row.batch_ops_per_s = Some(p.batch_mpaths_per_s * 1e6);
+    row.lc_cores = Some(p.lc_cores);
+    row.sent = Some(p.sent as f64);
+    row.answered = Some(p.replies as f64);
+    row.note = format!(
+        "served {}, preempted {}, rejected {}, dropped at ingress {}",
+        p.served, p.preempted, p.rejected, p.dropped_ingress
+    );
     Ok(())
 }
 
 /// One round of `ginza bench oneway` over `path`: p50 and p99 of the one-way
 /// latency (half of each round trip).
 fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow::Result<()> {
-    use crate::bench::oneway::{self, Mode};
+    use crate::oneway::{self, Mode};
     let duration = settings.duration.max(Duration::from_millis(1));
     let rtt = match path {
         OnewayPath::Rtc => {
@@ -969,33 +1011,33 @@ fn oneway_point(path: OnewayPath, settings: &Settings, row: &mut Row) -> anyhow:
     row.p99_us = Some(rtt.p99 / 2.0);
     row.note = format!(
         "one way = half the round trip of {}-byte messages on one TCP connection; {}",
-        crate::bench::tcp::PAYLOAD,
+        crate::harness::rtt::PAYLOAD,
         path.describe()
     );
     Ok(())
 }
 
 /// iokerneld's CPU and the applications' CPU for the switch-based points.
-fn two_cpus() -> anyhow::Result<crate::bench::tcp::Cpus> {
+fn two_cpus() -> anyhow::Result<crate::harness::iokerneld::Cpus> {
     let allowed = allowed_cpus()?;
     let [iokernel, app, ..] = allowed[..] else {
         anyhow::bail!("this point needs two CPUs, this process may use {allowed:?}");
     };
-    Ok(crate::bench::tcp::Cpus { iokernel, app })
+    Ok(crate::harness::iokerneld::Cpus { iokernel, app })
 }
 
 /// One load step of `ginza bench oneway`'s throughput sweep: `http-server`
 /// in `mode` under loadgen's HTTP load through iokerneld's switch (DLibOS
 /// Fig. 6).
 fn http_point(
-    mode: crate::bench::oneway::Mode,
+    mode: crate::oneway::Mode,
     settings: &Settings,
     connections: usize,
     rps: f64,
     seed: u64,
     row: &mut Row,
 ) -> anyhow::Result<()> {
-    use crate::bench::oneway::{self, ThroughputConfig};
+    use crate::oneway::{self, ThroughputConfig};
     let t = ThroughputConfig {
         loads_rps: vec![rps],
         duration: settings.duration,
@@ -1259,7 +1301,7 @@ fn steering_point(
     #[derive(clap::Parser)]
     struct Wrap {
         #[command(flatten)]
-        args: crate::bench::steering::SteeringArgs,
+        args: crate::steering::SteeringArgs,
     }
     let send_ms = (settings.duration.as_millis() as u64).max(10);
     let phase_ms = (send_ms / 12).max(1);
@@ -1274,7 +1316,7 @@ fn steering_point(
         format!("--out={}", out.display()),
     ])
     .map_err(|e| anyhow::anyhow!("the steering harness's settings: {e}"))?;
-    let run = crate::bench::steering::one_run(&wrap.args, round as u32, kind)?;
+    let run = crate::steering::one_run(&wrap.args, round as u32, kind)?;
     let v = serde_json::to_value(&run)?;
     let f = |k: &str| v.get(k).and_then(serde_json::Value::as_f64);
     row.p50_us = f("p50_us");

@@ -1,4 +1,5 @@
-//! Helpers shared by the benchmarks: the CPUs we may use, medians, percentiles.
+//! Figures and their printing, shared by the benchmarks: the CPUs we may
+//! use, medians, percentiles, the load average, the table or JSON report.
 
 use std::io::Write as _;
 

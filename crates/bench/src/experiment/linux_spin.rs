@@ -22,7 +22,7 @@ use ginza_loadgen::schedule::{Arrivals, Process};
 use ginza_loadgen::RunConfig;
 
 use super::spec::ServiceDist;
-use crate::bench::common::allowed_cpus;
+use crate::harness::figures::allowed_cpus;
 
 /// loadgen's service-time distribution for `d`, if it has one.
 pub fn loadgen_service(d: &ServiceDist) -> Option<ServiceTime> {
@@ -91,7 +91,7 @@ pub fn run_point(
                     .with_context(|| format!("pinning the spin server to CPU {cpu}"))?;
                 serve_linux(&sock, &s2, &stats).context("the Linux spin server")
             }));
-            let (batch, prio) = crate::bench::memcached::linux_batch(
+            let (batch, prio) = crate::harness::linux_batch::linux_batch(
                 cpu,
                 paths.clone(),
                 stop.clone(),

@@ -57,20 +57,20 @@
 //!   On a 2-CPU machine the last has one worker and equals the second in
 //!   kind: the worker may still be the bound.
 
-use super::common::emit;
-use super::common::{allowed_cpus, loadavg, median, percentile};
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ginza_runtime::preempt_point;
 use ginza_runtime::shinjuku::{
-    serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ServeReport,
-    ShinjukuConfig, Source, WorkerSpans,
+    serve, Arrival, Placement, Preemption, PreemptionSample, SchedPolicy, ShinjukuConfig, Source,
+    WorkerSpans,
 };
 use ginza_sys::clock;
 use serde::Serialize;
+
+use crate::harness::figures::{allowed_cpus, emit, loadavg, median, percentile};
+use crate::harness::work::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench preempt`.
 #[derive(clap::Args, Debug)]
@@ -103,62 +103,6 @@ const REPORTED_QUANTUM_US: u64 = 10;
 /// Iterations between two preemption points in the cooperative loop.
 const POLL_EVERY: u64 = 64;
 
-/// The dispatcher's and the worker's CPU.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub(super) struct Cores {
-    pub dispatcher: usize,
-    pub worker: usize,
-}
-
-impl Cores {
-    /// `requested` (`[D, W]`) checked against the affinity mask, or the two
-    /// last allowed CPUs.
-    pub(super) fn pick(requested: &[usize]) -> anyhow::Result<Cores> {
-        let allowed = allowed_cpus()?;
-        match requested {
-            [] => {
-                anyhow::ensure!(
-                    allowed.len() >= 2,
-                    "this process may only run on CPUs {allowed:?}; the dispatcher and the \
-                     worker need two (or name them with --cores D,W)"
-                );
-                Ok(Cores {
-                    dispatcher: allowed[allowed.len() - 2],
-                    worker: allowed[allowed.len() - 1],
-                })
-            }
-            &[dispatcher, worker] => {
-                for c in [dispatcher, worker] {
-                    anyhow::ensure!(
-                        allowed.contains(&c),
-                        "--cores: CPU {c} is not among the allowed CPUs {allowed:?}"
-                    );
-                }
-                if dispatcher == worker {
-                    eprintln!(
-                        "warning: dispatcher and worker share CPU {dispatcher}: figures will \
-                         mostly measure Linux time slicing"
-                    );
-                }
-                Ok(Cores { dispatcher, worker })
-            }
-            other => anyhow::bail!("--cores takes two CPUs, D,W; got {other:?}"),
-        }
-    }
-
-    /// A one-worker Shinjuku configuration on these cores.
-    pub(super) fn config(self, policy: SchedPolicy, preemption: Preemption) -> ShinjukuConfig {
-        ShinjukuConfig {
-            workers: 1,
-            worker_cores: Some(vec![self.worker]),
-            dispatcher_core: Some(self.dispatcher),
-            policy,
-            preemption,
-            ..ShinjukuConfig::default()
-        }
-    }
-}
-
 /// The long requests' work: `iters` steps of a xorshift generator (a chain
 /// of dependent shifts and xors the compiler cannot fold), in chunks of
 /// [`POLL_EVERY`] steps; with `POLL`, a preemption point after each chunk.
@@ -167,27 +111,6 @@ impl Cores {
 #[inline(never)]
 pub(super) fn chain<const POLL: bool>(iters: u64, seed: u64) -> u64 {
     chunked::<POLL>(iters, POLL_EVERY, seed)
-}
-
-/// [`chain`] with chunks of `every` steps.
-#[inline(always)]
-pub(super) fn chunked<const POLL: bool>(iters: u64, every: u64, seed: u64) -> u64 {
-    let mut x = seed | 1;
-    let mut left = iters;
-    let every = every.max(1);
-    while left > 0 {
-        let n = left.min(every);
-        for _ in 0..n {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-        }
-        left -= n;
-        if POLL {
-            preempt_point();
-        }
-    }
-    x
 }
 
 /// Nanoseconds per step of [`chain`] (without polling), best of a few tries
@@ -260,16 +183,6 @@ impl Source<()> for Flood {
     }
     fn completed(&mut self, _id: u64) {
         self.finished += 1;
-    }
-}
-
-/// From the first arrival to the last completion, ns.
-pub(super) fn makespan_ns<R>(report: &ServeReport<R>) -> u64 {
-    let first = report.completions.iter().map(|c| c.arrival_ns).min();
-    let last = report.completions.iter().map(|c| c.finish_ns).max();
-    match (first, last) {
-        (Some(a), Some(b)) => b.saturating_sub(a),
-        _ => 0,
     }
 }
 
@@ -681,6 +594,43 @@ pub fn run(args: PreemptArgs) -> anyhow::Result<()> {
     emit(args.json, &table, &report)
 }
 
+/// The dispatcher's request rates over `reps` runs of `tiny` requests
+/// each, Mrequests/s per run.
+struct DispatchRates {
+    /// One worker, each request a round trip between the two CPUs.
+    handoff: Vec<f64>,
+    /// One worker, the next request pre-assigned.
+    preassigned: Vec<f64>,
+    /// Pre-assignment with `workers` workers.
+    capacity: Vec<f64>,
+    workers: usize,
+}
+
+fn dispatch_rates(cores: Cores, reps: u64, tiny: u64) -> anyhow::Result<DispatchRates> {
+    // Every allowed CPU but the dispatcher's works in the capacity run.
+    let capacity_cores: Vec<usize> = allowed_cpus()?
+        .into_iter()
+        .filter(|&c| c != cores.dispatcher)
+        .collect();
+    anyhow::ensure!(!capacity_cores.is_empty(), "no CPU left for a worker");
+    let (mut handoff, mut preassigned, mut capacity) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..reps {
+        eprintln!(
+            "preempt: dispatch rates, run {}/{reps} ({tiny} tiny requests each)",
+            rep + 1
+        );
+        handoff.push(dispatch_mrps(cores, tiny, None, false)?);
+        preassigned.push(dispatch_mrps(cores, tiny, None, true)?);
+        capacity.push(dispatch_mrps(cores, tiny, Some(&capacity_cores), true)?);
+    }
+    Ok(DispatchRates {
+        handoff,
+        preassigned,
+        capacity,
+        workers: capacity_cores.len(),
+    })
+}
+
 fn measure(
     cores: Cores,
     reps: u64,
@@ -820,22 +770,7 @@ fn measure(
         .iter()
         .map(|((q, m), c)| (*q, m.name(), c.median_of(|r| Some(r.preemptions as f64))))
         .collect();
-    // Every allowed CPU but the dispatcher's works in the capacity run.
-    let capacity_cores: Vec<usize> = allowed_cpus()?
-        .into_iter()
-        .filter(|&c| c != cores.dispatcher)
-        .collect();
-    anyhow::ensure!(!capacity_cores.is_empty(), "no CPU left for a worker");
-    let (mut handoff, mut preassigned, mut capacity) = (Vec::new(), Vec::new(), Vec::new());
-    for rep in 0..reps {
-        eprintln!(
-            "preempt: dispatch rates, run {}/{reps} ({tiny} tiny requests each)",
-            rep + 1
-        );
-        handoff.push(dispatch_mrps(cores, tiny, None, false)?);
-        preassigned.push(dispatch_mrps(cores, tiny, None, true)?);
-        capacity.push(dispatch_mrps(cores, tiny, Some(&capacity_cores), true)?);
-    }
+    let rates = dispatch_rates(cores, reps, tiny)?;
     Ok(Report {
         coop: figures(Mech::Coop),
         coop_roundtrip: figures(Mech::CoopRoundTrip),
@@ -855,10 +790,10 @@ fn measure(
                 coop_roundtrip: direct(Mech::CoopRoundTrip),
             },
         },
-        handoff_roundtrip_mrps: median(&handoff).map(round3),
-        preassigned_mrps: median(&preassigned).map(round3),
-        dispatcher_capacity_mrps: median(&capacity).map(round3),
-        capacity_workers: capacity_cores.len(),
+        handoff_roundtrip_mrps: median(&rates.handoff).map(round3),
+        preassigned_mrps: median(&rates.preassigned).map(round3),
+        dispatcher_capacity_mrps: median(&rates.capacity).map(round3),
+        capacity_workers: rates.workers,
         meta: Meta {
             cores,
             reps,

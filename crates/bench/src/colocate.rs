@@ -25,22 +25,22 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ginza_apps::spin_server::{answer_preemptible, SpinStats};
 use ginza_iokernel::nic::ServiceTime;
-use ginza_iokernel::{
-    Config as IokConfig, InProcess, LoadRun, PolicyKind, GENERATOR_IP, GENERATOR_MAC,
-};
+use ginza_iokernel::{Config as IokConfig, LoadRun, PolicyKind, GENERATOR_IP, GENERATOR_MAC};
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_proto::client;
 use ginza_proto::messages::{DispatchSpec, DispatchStats, SojournBand};
 use ginza_runtime::net::NetConfig;
 use ginza_runtime::shinjuku::dispatched::{self, DispatchedConfig};
-use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_runtime::{Class, IokernelConfig};
 use ginza_sim::colocate::{ColocateAlloc, ColocateSim};
 use ginza_sim::dist::Service;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use ginza_sys::sched_stat::{threads_named, SchedStat};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit};
+use crate::harness::app::{app_config, App};
+use crate::harness::figures::{allowed_cpus, emit};
+use crate::harness::iokerneld::{socket_dir, Iokerneld};
 
 /// Arguments of `ginza bench colocate`.
 #[derive(clap::Args, Debug)]
@@ -465,7 +465,7 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         ..
     } = *run;
     let n = managed.len();
-    let dir = std::env::temp_dir().join(format!("ginza-colocate-{}", std::process::id()));
+    let dir = socket_dir("colocate");
     let mut cfg = IokConfig::new(managed.to_vec());
     cfg.own_core = Some(io_cpu);
     cfg.policy = match alloc {
@@ -475,7 +475,9 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     cfg.socket = dir.join("iokerneld.sock");
     cfg.validate(&allowed_cpus()?)
         .context("iokerneld configuration")?;
-    let daemon = InProcess::start(cfg).context("starting iokerneld")?;
+    let daemon = Iokerneld::start(cfg)
+        .context("starting iokerneld")?
+        .removing(dir);
     let socket = daemon.socket().to_path_buf();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -530,19 +532,12 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
         Ok(())
     };
     registered(1)?;
-    let batch = {
-        let mut io = IokernelConfig::new("batch", Class::Batch);
-        io.socket = Some(socket.clone());
-        let config = Config {
-            iokernel: Some(io),
-            ..Config::with_kthreads(n)
-        };
+    let mut batch = {
+        let config = app_config(&socket, "batch", Class::Batch, n);
         let (paths, stop) = (Arc::clone(&paths), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            ginza_runtime::run(config, move || {
-                ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
-            })
-        })
+        App::spawn("batch", config, move || {
+            ginza_apps::batch::price_until_stopped(n, paths, stop, 5)
+        })?
     };
     registered(2)?;
     let t0 = Instant::now();
@@ -604,14 +599,11 @@ pub fn measure_point(run: &PointRun) -> anyhow::Result<Point> {
     let served = server.join();
     let batched = batch.join();
     drop(daemon);
-    let _ = std::fs::remove_dir_all(&dir);
     let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
     let served = served
         .map_err(|_| anyhow::anyhow!("the server panicked"))?
         .context("the server")?;
-    batched
-        .map_err(|_| anyhow::anyhow!("batch panicked"))?
-        .context("batch")?;
+    batched.context("batch")?;
     let q = |p: f64| report.latency.value_at_quantile(p) as f64 / 1e3;
     Ok(Point {
         sched,

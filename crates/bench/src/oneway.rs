@@ -46,7 +46,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,14 +66,14 @@ use ginza_net::{Interface, MacAddr};
 use ginza_netstack::daemon::{Daemon, DaemonConfig};
 use ginza_proto::parse_duration;
 use ginza_runtime::net::protected::ProtectedConfig;
-use ginza_runtime::{Class, Config as RtConfig, IokernelConfig, RuntimeError};
+use ginza_runtime::{Class, Config as RtConfig};
 use ginza_sys::hops::{self, Hop};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit, median};
-use super::tcp::{
-    quantiles, start_iokerneld_with, App, Cpus, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP,
-};
+use crate::harness::app::{runtime_config, App};
+use crate::harness::figures::{allowed_cpus, emit, median};
+use crate::harness::iokerneld::{start_on, Cpus, Iokerneld};
+use crate::harness::rtt::{quantiles, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
 
 /// Arguments of `ginza bench oneway`.
 #[derive(clap::Args, Debug)]
@@ -232,8 +231,8 @@ impl Setup {
     }
 
     /// A fresh iokerneld on the software switch laid out so.
-    fn start_iokerneld(&self) -> anyhow::Result<(InProcess, std::path::PathBuf)> {
-        start_iokerneld_with("", self.cpus, |cfg| {
+    fn start_iokerneld(&self) -> anyhow::Result<Iokerneld> {
+        start_on("", self.cpus, |cfg| {
             if !self.more_app_cpus.is_empty() {
                 cfg.cores = self.app_cores();
                 cfg.own_core = Some(self.cpus.iokernel);
@@ -547,7 +546,7 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
     anyhow::ensure!(cfg.rounds >= 1, "at least one latency round is needed");
     let setup = Setup::from_allowed(cfg.app_cpus, cfg.spin_before_park)?;
     let cpus = setup.cpus;
-    let loadavg_before = super::common::loadavg();
+    let loadavg_before = crate::harness::figures::loadavg();
     let mut rounds = Vec::new();
     for r in 0..cfg.rounds {
         let rtc = echo_round(Mode::Rtc, &setup, cfg.duration)
@@ -628,7 +627,7 @@ pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
         notes,
         debug_build: cfg!(debug_assertions),
         loadavg_before,
-        loadavg_after: super::common::loadavg(),
+        loadavg_after: crate::harness::figures::loadavg(),
     })
 }
 
@@ -695,7 +694,7 @@ fn with_server<R>(
     main: ServerMain,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
 ) -> anyhow::Result<R> {
-    let (iokerneld, dir) = setup.start_iokerneld()?;
+    let iokerneld = setup.start_iokerneld()?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let result = match mode {
@@ -710,11 +709,10 @@ fn with_server<R>(
                 },
             )
         }
-        Mode::Protected => protected_server(&iokerneld, setup, &dir, stop, main, measure),
+        Mode::Protected => protected_server(&iokerneld, setup, stop, main, measure),
         Mode::Linux => Err(anyhow!("the Linux peer runs without iokerneld")),
     };
     drop(iokerneld);
-    let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
@@ -731,9 +729,8 @@ fn first_error<R>(measured: anyhow::Result<R>, served: anyhow::Result<()>) -> an
 /// cores from iokerneld, no `net`, the stack in the netstack); `measure`
 /// once the server listens.
 fn protected_server<R>(
-    iokerneld: &InProcess,
+    iokerneld: &Iokerneld,
     setup: &Setup,
-    dir: &Path,
     stop: Arc<AtomicBool>,
     main: ServerMain,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
@@ -743,29 +740,23 @@ fn protected_server<R>(
         ip: NETSTACK.1,
     });
     ns_cfg.iokernel_socket = iokerneld.socket().to_path_buf();
-    ns_cfg.attach_socket = dir.join("netstack.sock");
+    ns_cfg.attach_socket = iokerneld.dir().join("netstack.sock");
     ns_cfg.kthreads = 1;
     setup.tune_netstack(&mut ns_cfg);
     let netstack = Daemon::start(ns_cfg.clone()).context("the netstack daemon")?;
-    let mut io = IokernelConfig::new("server", Class::LatencyCritical);
-    io.socket = Some(iokerneld.socket().to_path_buf());
     let me = Interface {
         mac: SERVER.0,
         ip: SERVER.1,
     };
-    let mut config = RtConfig {
-        iokernel: Some(io),
-        protected: Some(ProtectedConfig::new(
-            ns_cfg.attach_socket.clone(),
-            "server",
-            me,
-        )),
-        ..RtConfig::with_kthreads(1)
-    };
+    let mut config = runtime_config(iokerneld, "server", Class::LatencyCritical);
+    config.protected = Some(ProtectedConfig::new(
+        ns_cfg.attach_socket.clone(),
+        "server",
+        me,
+    ));
     setup.tune(&mut config);
     let s2 = stop.clone();
-    let server: std::thread::JoinHandle<Result<std::io::Result<()>, RuntimeError>> =
-        std::thread::spawn(move || ginza_runtime::run(config, move || main(s2)));
+    let mut server = App::spawn("server", config, move || main(s2))?;
     // Its `listen` went through: the netstack answered it.
     let t0 = Instant::now();
     let listening = loop {
@@ -783,11 +774,7 @@ fn protected_server<R>(
     stop.store(true, Ordering::Relaxed);
     let served = server
         .join()
-        .map_err(|_| anyhow!("the protected server's thread panicked"))
-        .and_then(|r| {
-            r.context("the protected server's runtime")?
-                .context("the protected server")
-        });
+        .and_then(|r| r.context("the protected server"));
     drop(netstack);
     first_error(measured, served)
 }

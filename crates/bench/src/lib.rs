@@ -1,14 +1,19 @@
-//! `ginza bench <experiment>`: benchmarks that print Ginza's figures next to
-//! its peers', measured in the same run on the same cores.
+//! Ginza's benchmarks, the demo's runner and the experiment engine: what
+//! `ginza bench <experiment>` and `ginza demo` run. Benchmarks print Ginza's
+//! figures next to its peers', measured in the same run on the same cores.
 //!
 //! Each experiment is one subcommand with its own arguments; add new ones
 //! (`corealloc`, `forward`, `preempt`, ...) as variants of [`Experiment`].
+//! A benchmark uses only the shared harness ([`harness`]), never another
+//! benchmark's internals; the experiment engine runs them through their
+//! public entry points.
 
 mod colocate;
-mod common;
 mod corealloc;
+pub mod demo;
 pub(crate) mod experiment;
 mod forward;
+mod harness;
 mod memcached;
 mod oneway;
 mod preempt;

@@ -75,9 +75,9 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::common::emit;
-use super::common::{loadavg, median, percentile};
-use super::preempt::{chunked, makespan_ns, Cores};
+use crate::harness::figures::emit;
+use crate::harness::figures::{loadavg, median, percentile};
+use crate::harness::work::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench shinjuku`.
 #[derive(clap::Args, Debug)]
@@ -454,7 +454,7 @@ fn measure_point(
             record_preemptions: true,
             // As in Shinjuku, the dispatcher owns its CPU: a yield on a
             // shared CPU can hand it over for milliseconds while requests
-            // arrive unseen (docs/results.md, session 10).
+            // arrive unseen (docs/results.md).
             yield_when_idle: false,
             ..cores.config(pol.runtime(svc), Preemption::default())
         },
@@ -815,7 +815,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
     }
     // The sweep engine of `ginza bench run` (docs/experiments.md).
     let mut sims = sims.into_iter();
-    let points = crate::bench::experiment::sweep::sweep(
+    let points = crate::experiment::sweep::sweep(
         &jobs,
         |&(_, _, load, _, pol)| format!("{} {load:.2}", pol.name()),
         |_, &(di, pi, load, rate, pol)| {
@@ -1119,7 +1119,7 @@ mod tests {
     /// taken for plan entries 4,096.. of the short burst).
     #[test]
     fn refused_requests_do_not_shift_the_plan() {
-        let allowed = super::super::common::allowed_cpus().unwrap();
+        let allowed = crate::harness::figures::allowed_cpus().unwrap();
         let cores = Cores {
             dispatcher: allowed[0],
             worker: *allowed.last().unwrap(),

@@ -10,7 +10,7 @@
 use ginza_sys::hops::{Hop, Stamps};
 use serde::Serialize;
 
-use super::common::median;
+use crate::harness::figures::median;
 
 /// Medians of one round's round trips, µs, one per span in path order.
 #[derive(Serialize, Clone, Copy, Debug, Default, PartialEq)]

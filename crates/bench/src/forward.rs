@@ -57,18 +57,19 @@ use ginza_apps::echo_server::{self, EchoStats};
 use ginza_iokernel::dataplane::copy_floor::CopyFloor;
 use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::raw_app::{self, RawApp};
-use ginza_iokernel::{Config as IokConfig, InProcess, Iokerneld, RecordingActuator};
+use ginza_iokernel::Config as IokConfig;
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
 use ginza_proto::{client, StatsReport};
-use ginza_runtime::net::NetConfig;
-use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
+use ginza_runtime::Config as RtConfig;
 use ginza_shm::{Region, RegionConfig, RuntimeEnd};
 use ginza_sys::clock;
 use ginza_sys::hops::{self, Hop, Stamps};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit, median, percentile};
 use super::rtt_spans::Spans;
+use crate::harness::app::App;
+use crate::harness::figures::{allowed_cpus, emit, median, percentile};
+use crate::harness::iokerneld::{socket_dir, with_iokerneld_on_veth, Cpus, Recording};
 
 /// Arguments of `ginza bench forward`.
 #[derive(clap::Args, Debug)]
@@ -373,24 +374,17 @@ fn forward_window(
     iok_cpu: usize,
     app_cpu: usize,
 ) -> anyhow::Result<Window> {
-    let dir = std::env::temp_dir().join(format!("ginza-forward-{}", std::process::id()));
+    let dir = socket_dir("forward");
     let mut cfg = IokConfig::new(vec![iok_cpu, app_cpu]);
     cfg.socket = dir.join("iokerneld.sock");
     cfg.validate(&[iok_cpu, app_cpu])
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let socket = cfg.socket.clone();
-    let daemon = Iokerneld::bind(cfg, RecordingActuator::new())?;
-    let stop_daemon = daemon.stop_handle();
-    let loop_thread = named("fwd-iokerneld", move || {
-        // Pinned here rather than by `own_core`: iokerneld's CPU is also a
-        // managed core, which only the recording actuator makes harmless.
-        let _ = ginza_sys::affinity::pin_current_thread(iok_cpu);
-        daemon.run()
-    });
+    // Pinned by the harness rather than by `own_core`: iokerneld's CPU is
+    // also a managed core, which only the recording actuator makes harmless.
+    let iokerneld = Recording::start(cfg, iok_cpu, dir)?;
     let result = forward_measured(args, frame, &socket, app_cpu);
-    stop_daemon.stop();
-    let _ = loop_thread.join();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(iokerneld);
     result
 }
 
@@ -1023,50 +1017,32 @@ fn ginza_rtt(
     spin: Option<Duration>,
 ) -> anyhow::Result<(String, Probed)> {
     let client = args.rtt_client;
-    let dir = std::env::temp_dir().join(format!("ginza-rtt-{}", std::process::id()));
-    let mut last_error = None;
-    for backend in ["af_xdp", "af_packet"] {
-        let mut cfg = IokConfig::new(vec![app_cpu]);
-        cfg.own_core = Some(iok_cpu);
-        cfg.socket = dir.join("iokerneld.sock");
-        cfg.nic = format!("{backend}:{}", ns.host_if);
+    let cpus = Cpus {
+        iokernel: iok_cpu,
+        app: app_cpu,
+    };
+    let configure = |cfg: &mut IokConfig| {
         cfg.yield_after_nic_tx = !args.rtt_no_yield;
-        let iokerneld = match InProcess::start(cfg) {
-            Ok(d) => d,
-            Err(e) => {
-                last_error = Some(anyhow::anyhow!(e));
-                continue;
+        Ok(())
+    };
+    with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
+        let tune = |config: &mut RtConfig| {
+            if let Some(spin) = spin {
+                config.spin_before_park = spin;
             }
         };
-        let mut io = IokernelConfig::new("rtt-echo", Class::LatencyCritical);
-        io.socket = Some(iokerneld.socket().to_path_buf());
-        io.net = Some(NetConfig::new(GINZA_ECHO_MAC, ns.peer_ip));
-        let mut config = RtConfig {
-            iokernel: Some(io),
-            ..RtConfig::with_kthreads(1)
-        };
-        if let Some(spin) = spin {
-            config.spin_before_park = spin;
-        }
         let stop = Arc::new(AtomicBool::new(false));
         // The echo answers in the uthread that received, as the kernel's
-        // echo threads do (`spin-server`, before session 9, spawned a
-        // uthread per request: not like with like).
+        // echo threads do (a uthread per request would not be like with
+        // like).
         let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
-        let server = std::thread::spawn(move || {
-            ginza_runtime::run(config, move || echo_server::serve_udp(ECHO_PORT, s2, stats))
-        });
-        let t0 = Instant::now();
-        while !iokerneld
-            .stats()
-            .is_ok_and(|s| s.apps.iter().any(|a| a.name == "rtt-echo"))
-        {
-            anyhow::ensure!(
-                t0.elapsed() < Duration::from_secs(5) && !server.is_finished(),
-                "the Ginza echo application did not register"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut server = App::start_tuned(
+            iokerneld,
+            "rtt-echo",
+            (GINZA_ECHO_MAC, ns.peer_ip),
+            tune,
+            move || echo_server::serve_udp(ECHO_PORT, s2, stats),
+        )?;
         // The server's kthread runs on `app_cpu` and iokerneld spins on
         // `iok_cpu`: on two CPUs the client shares one of them
         // (`ClientCpu`).
@@ -1086,9 +1062,6 @@ fn ginza_rtt(
         };
         stop.store(true, Ordering::Relaxed);
         let _ = server.join();
-        drop(iokerneld);
-        let _ = std::fs::remove_dir_all(&dir);
-        return Ok((backend.to_string(), rtt?));
-    }
-    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no NIC backend opened")))
+        rtt
+    })
 }

@@ -335,7 +335,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
             }
         }
     }
-    let loadavg_before = crate::bench::common::loadavg().unwrap_or_default();
+    let loadavg_before = crate::harness::figures::loadavg().unwrap_or_default();
     let started = Instant::now();
     let mut ctx = runners::Context::default();
     let rows = sweep::sweep_weighted(
@@ -470,7 +470,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
         elapsed_s: elapsed.as_secs_f64(),
         estimated_s: plan.estimate().as_secs_f64(),
         loadavg_before,
-        loadavg_after: crate::bench::common::loadavg().unwrap_or_default(),
+        loadavg_after: crate::harness::figures::loadavg().unwrap_or_default(),
         columns: &row::COLUMNS,
         rows: &rows,
         medians: &medians,
@@ -744,16 +744,16 @@ mod tests {
         assert!(matches!(
             runner("colocate-shinjuku-shenango", "c-PRE-SQ-static"),
             Runner::Colocate {
-                sched: crate::bench::colocate::Sched::CPreSq,
-                alloc: crate::bench::colocate::Alloc::Static,
+                sched: crate::colocate::Sched::CPreSq,
+                alloc: crate::colocate::Alloc::Static,
                 ..
             }
         ));
         assert!(matches!(
             runner("colocate-shinjuku-shenango", "c-FCFS-shenango-5us"),
             Runner::Colocate {
-                sched: crate::bench::colocate::Sched::CFcfs,
-                alloc: crate::bench::colocate::Alloc::Shenango,
+                sched: crate::colocate::Sched::CFcfs,
+                alloc: crate::colocate::Alloc::Shenango,
                 ..
             }
         ));
@@ -778,7 +778,7 @@ mod tests {
         ));
         match runner("dlibos-fig7", "ginza-protected") {
             Runner::Memcached {
-                system: crate::bench::memcached::System::GinzaProtected,
+                system: crate::memcached::System::GinzaProtected,
                 ..
             } => {}
             Runner::Unavailable(why) => {

@@ -49,7 +49,7 @@ use ginza_policy::steer::SteeringKind;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
-use super::common::{emit, median};
+use crate::harness::figures::{emit, median};
 
 /// Arguments of `ginza bench steering`.
 #[derive(clap::Args, Debug)]

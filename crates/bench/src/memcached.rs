@@ -68,8 +68,10 @@ use ginza_runtime::Class;
 use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
-use super::common::{allowed_cpus, emit, median};
-use super::tcp::{self, runtime_config, App};
+use crate::harness::app::{runtime_config, App};
+use crate::harness::figures::{allowed_cpus, emit, median};
+use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus as IokCpus};
+use crate::harness::linux_batch::{linux_batch, set_policy};
 
 /// Arguments of `ginza bench memcached`.
 #[derive(clap::Args, Debug)]
@@ -297,7 +299,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     };
     let ns = NetNs::create().context("ginza bench memcached runs over a veth pair")?;
     memcached_available()?;
-    let loadavg_before = super::common::loadavg();
+    let loadavg_before = crate::harness::figures::loadavg();
     let reniced = renice_self(BENCH_NICE);
     // Rounds outermost, systems innermost (ginza, linux, ginza, …), through
     // the experiments' sweep loop (docs/experiments.md).
@@ -353,7 +355,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         csv: csv.display().to_string(),
         debug_build: cfg!(debug_assertions),
         loadavg_before,
-        loadavg_after: super::common::loadavg(),
+        loadavg_after: crate::harness::figures::loadavg(),
         bench_nice: reniced.then(|| BENCH_NICE.to_string()),
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
     };
@@ -368,16 +370,6 @@ const GENERATOR_POLICY: (&str, &str) = ("--fifo", "1");
 /// kthreads) and of memcached: both systems ahead of whatever else runs on
 /// this machine.
 const BENCH_NICE: &str = "-10";
-
-/// Sets thread `tid`'s scheduling policy and priority with `chrt`; false
-/// if it failed.
-fn set_policy(tid: i32, (policy, priority): (&str, &str)) -> bool {
-    Command::new("chrt")
-        .args([policy, "-p", priority, &tid.to_string()])
-        .stderr(Stdio::null())
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 /// Renices this thread (threads and processes started from it inherit
 /// it); false if it failed (not root).
@@ -538,7 +530,7 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
 /// kv-server and batch under iokerneld on the veth (AF_XDP, else
 /// AF_PACKET).
 fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
-    let cpus = tcp::Cpus {
+    let cpus = IokCpus {
         iokernel: cfg.cpus.iokernel,
         app: cfg.cpus.server,
     };
@@ -547,7 +539,7 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         icfg.local_wake_wait = cfg.local_wake;
         Ok(())
     };
-    let (_, result) = tcp::with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {
+    let (_, result) = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {
         ginza_serving(ns, cfg, iokerneld, backend)
     })?;
     Ok(result)
@@ -756,47 +748,6 @@ fn start_memcached(addr: SocketAddrV4, cpu: usize) -> anyhow::Result<Started> {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// Linux's batch: the same pricing loop on a thread pinned to `cpu` at
-/// SCHED_IDLE (nice 19 when that cannot be set); says which it got.
-pub(crate) fn linux_batch(
-    cpu: usize,
-    paths: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    seed: u64,
-) -> anyhow::Result<(std::thread::JoinHandle<f64>, &'static str)> {
-    use rand::SeedableRng as _;
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let pinned = ginza_sys::affinity::pin_current_thread(cpu);
-        let _ = tid_tx.send(pinned.map(|()| ginza_sys::process::gettid()));
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-        let (mut sum, mut n) = (0.0, 0u64);
-        while !stop.load(Relaxed) {
-            let chunk = ginza_apps::batch::PATHS_PER_CHUNK;
-            sum += std::hint::black_box(ginza_apps::batch::payoff_sum(&mut rng, chunk));
-            n += chunk;
-            paths.fetch_add(chunk, Relaxed);
-        }
-        ginza_apps::batch::price(sum, n)
-    });
-    let tid = tid_rx
-        .recv()
-        .context("the batch thread")?
-        .with_context(|| format!("pinning the batch thread to CPU {cpu}"))?;
-    if set_policy(tid, ("--idle", "0")) {
-        return Ok((thread, "SCHED_IDLE"));
-    }
-    let niced = Command::new("renice")
-        .args(["-n", "19", "-p", &tid.to_string()])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    anyhow::ensure!(
-        niced,
-        "neither SCHED_IDLE (chrt) nor nice 19 (renice) could be set on the batch thread"
-    );
-    Ok((thread, "nice 19"))
 }
 
 fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {

@@ -1,0 +1,59 @@
+//! Linux's batch peer: the pricing loop of Ginza's batch application on a
+//! thread at SCHED_IDLE, and setting a thread's policy with `chrt`.
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+/// Sets thread `tid`'s scheduling policy and priority with `chrt`; false
+/// if it failed.
+pub(crate) fn set_policy(tid: i32, (policy, priority): (&str, &str)) -> bool {
+    Command::new("chrt")
+        .args([policy, "-p", priority, &tid.to_string()])
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Linux's batch: the same pricing loop on a thread pinned to `cpu` at
+/// SCHED_IDLE (nice 19 when that cannot be set); says which it got.
+pub(crate) fn linux_batch(
+    cpu: usize,
+    paths: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> anyhow::Result<(std::thread::JoinHandle<f64>, &'static str)> {
+    use rand::SeedableRng as _;
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let pinned = ginza_sys::affinity::pin_current_thread(cpu);
+        let _ = tid_tx.send(pinned.map(|()| ginza_sys::process::gettid()));
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let (mut sum, mut n) = (0.0, 0u64);
+        while !stop.load(Relaxed) {
+            let chunk = ginza_apps::batch::PATHS_PER_CHUNK;
+            sum += std::hint::black_box(ginza_apps::batch::payoff_sum(&mut rng, chunk));
+            n += chunk;
+            paths.fetch_add(chunk, Relaxed);
+        }
+        ginza_apps::batch::price(sum, n)
+    });
+    let tid = tid_rx
+        .recv()
+        .context("the batch thread")?
+        .with_context(|| format!("pinning the batch thread to CPU {cpu}"))?;
+    if set_policy(tid, ("--idle", "0")) {
+        return Ok((thread, "SCHED_IDLE"));
+    }
+    let niced = Command::new("renice")
+        .args(["-n", "19", "-p", &tid.to_string()])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    anyhow::ensure!(
+        niced,
+        "neither SCHED_IDLE (chrt) nor nice 19 (renice) could be set on the batch thread"
+    );
+    Ok((thread, "nice 19"))
+}

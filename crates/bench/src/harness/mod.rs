@@ -1,0 +1,12 @@
+//! What the benchmarks and the demo share, so that none imports another's
+//! internals: one way to start iokerneld ([`iokerneld`]), one handle on a
+//! Ginza application ([`app`]), the round trips' shape and quantiles
+//! ([`rtt`]), figures and their printing ([`figures`]), the Shinjuku-mode
+//! work and CPUs ([`work`]) and Linux's batch peer ([`linux_batch`]).
+
+pub(crate) mod app;
+pub(crate) mod figures;
+pub(crate) mod iokerneld;
+pub(crate) mod linux_batch;
+pub(crate) mod rtt;
+pub(crate) mod work;
