@@ -20,59 +20,17 @@ use std::io::Write as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
+use super::command::{Command, Line};
+use super::number::{strtol32, strtoul32, strtoull};
 use super::store::{DeleteOutcome, DeltaOutcome, Recache, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
-use super::text::{strtol32, strtoul32, strtoull, Command, Line};
 use super::{Kv, KvStats};
+
+pub use super::command::Meta;
 
 /// memcached's limit on the tokens of a meta command (`ntokens`).
 const MAX_OPT_TOKENS: usize = 20;
 /// The longest opaque token.
 const MAX_OPAQUE: usize = 32;
-
-/// One meta request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Meta<'a> {
-    Get {
-        key: &'a [u8],
-        /// The flag tokens, in order.
-        flags: Vec<&'a [u8]>,
-        value: bool,
-        quiet: bool,
-        ttl: Option<i64>,
-        /// N: on a miss, create an empty item with this TTL.
-        vivify: Option<i64>,
-        /// R: win the right to recache an item expiring within this.
-        recache: Option<i64>,
-    },
-    Set {
-        key: &'a [u8],
-        flags: Vec<&'a [u8]>,
-        data: &'a [u8],
-        mode: StoreMode,
-        client_flags: u32,
-        exptime: i64,
-        quiet: bool,
-    },
-    Delete {
-        key: &'a [u8],
-        flags: Vec<&'a [u8]>,
-        cas: Option<u64>,
-        quiet: bool,
-    },
-    Arithmetic {
-        key: &'a [u8],
-        flags: Vec<&'a [u8]>,
-        incr: bool,
-        delta: u64,
-        /// N: create a missing item with this TTL, holding `initial`.
-        vivify: Option<i64>,
-        initial: u64,
-        ttl: Option<i64>,
-        cas: Option<u64>,
-        value: bool,
-        quiet: bool,
-    },
-}
 
 /// What the flags of one command say.
 #[derive(Debug, Default)]
