@@ -947,7 +947,7 @@ impl Dataplane {
                         reserved: 0,
                     };
                     match &mut net.held {
-                        Some(held) if crate::daemon::is_request(bytes) => held.push(desc),
+                        Some(held) if crate::request_frame::is_request(bytes) => held.push(desc),
                         _ => self.staged[k].push(desc),
                     }
                 }
