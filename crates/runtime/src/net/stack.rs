@@ -29,18 +29,13 @@ use super::tcp::Tcp;
 use super::{KthreadNetStats, NetStats};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
-use crate::sched::Waiter;
+use crate::sched::{bump, Waiter};
 use crate::spinlock::SpinLock;
 
 /// Ports `bind(0)` picks from (IANA's dynamic range).
 const EPHEMERAL_FIRST: u16 = 49152;
 /// How often the ARP table is swept for addresses that never answered.
 const ARP_EXPIRE_EVERY: Duration = Duration::from_millis(100);
-
-/// Owner-only increment (readers may be elsewhere): no locked instruction.
-fn bump(c: &AtomicU64) {
-    add(c, 1);
-}
 
 fn add(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed) + n, Relaxed);

@@ -46,7 +46,8 @@ pub(crate) struct KStats {
     pub(crate) coop_preemptions: AtomicU64,
 }
 
-/// Owner-only increment of a statistics counter (readers may be elsewhere).
+/// Owner-only increment of a statistics counter (readers may be elsewhere):
+/// no locked instruction. The runtime's one such increment.
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.store(counter.load(Relaxed) + 1, Relaxed);
 }
