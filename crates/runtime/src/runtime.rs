@@ -36,7 +36,7 @@ where
         sched::Mode::Shenango,
         "ginza-k",
         config.iokernel.as_ref(),
-        Arc::new(crate::idle::scheduler_loop),
+        Arc::new(crate::shenango::scheduler_loop),
     )?;
     if let Some(p) = &config.protected {
         // Before the main uthread: its first socket finds the attachment.

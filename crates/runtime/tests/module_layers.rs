@@ -859,7 +859,7 @@ fn runtime_modules_form_layers() {
         ("timer", &["spinlock"][..]),
         ("link", &["config", "spinlock"][..]),
         ("arch", &[][..]),
-        ("stack", &[][..]),
+        ("uthread_stack", &[][..]),
     ] {
         let uses = graph.get(leaf).cloned().unwrap_or_default();
         assert!(

@@ -23,8 +23,8 @@ use super::{URef, UThread, Waiter, TIMER_WAITER};
 use crate::config::{IokernelConfig, Plan};
 use crate::deferral;
 use crate::link::{EventSource, KLink, KNet, Link, PacketStack, TxSide};
-use crate::stack::Stack;
 use crate::timer::Timers;
+use crate::uthread_stack::Stack;
 
 pub(crate) const RUNNING: u8 = 0;
 pub(crate) const SPINNING: u8 = 1;
@@ -902,7 +902,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
 }
 
 /// What a kthread runs in its scheduler context: the Shenango scheduler
-/// loop (`idle::scheduler_loop`) or the Shinjuku worker loop
+/// loop (`shenango::scheduler_loop`) or the Shinjuku worker loop
 /// (`shinjuku::worker`).
 pub(crate) type KthreadBody = Arc<dyn Fn(&mut Owner<'_>) + Send + Sync>;
 

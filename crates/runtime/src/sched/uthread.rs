@@ -13,7 +13,7 @@ use crossbeam_deque::Steal;
 use super::{current_kthread_ref, pick_next, Mode, Owner, Shared};
 use crate::arch;
 use crate::deferral::{self, PreemptState};
-use crate::stack::Stack;
+use crate::uthread_stack::Stack;
 
 /// A user-level thread: a stack, a saved stack pointer, and what to run.
 pub(crate) struct UThread {
