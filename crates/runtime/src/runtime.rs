@@ -118,7 +118,8 @@ const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 /// poll), `stop` is written or [`WATCH_PERIOD`] passes (`false`). No
 /// periodic wake-up: a watcher that polled every few milliseconds put
 /// timer interrupts and context switches on the CPUs of the round trips it
-/// shares them with (docs/results.md, "Dataplane", session 10).
+/// shares them with (docs/results.md, "Dataplane": where the round trips'
+/// tail comes from).
 fn wait_for_hangup(connection: BorrowedFd<'_>, stop: BorrowedFd<'_>) -> bool {
     let mut fds = [
         libc::pollfd {

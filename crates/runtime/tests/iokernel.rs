@@ -779,7 +779,7 @@ fn a_stray_wake_on_the_wake_page_is_no_grant() {
 /// interleaved: lc sleeps on its eventfd and iokerneld writes it; lc sleeps
 /// on the wake page and iokerneld wakes it; the batch kthread wakes it from
 /// that CPU (a local wake). Prints one line per round (docs/results.md,
-/// "Session 13").
+/// local wakes across processes).
 #[test]
 #[ignore = "a measurement, not a check: run with --release -- --ignored --nocapture"]
 fn local_wake_across_processes_latency() {

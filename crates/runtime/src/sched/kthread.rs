@@ -803,8 +803,8 @@ pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
     if deadline == u64::MAX {
         // One system call that the write ends: a poll and then a read
         // cost a wake about 0.5 µs more on the development VM
-        // (docs/results.md, "Session 13"). A preemption signal restarts
-        // it (SA_RESTART): only the eventfd means a grant.
+        // (docs/results.md, the wake of a parked kthread). A preemption
+        // signal restarts it (SA_RESTART): only the eventfd means a grant.
         return matches!(eventfd::read(fd), Ok(Some(n)) if n > 0);
     }
     let rt = k.rt();

@@ -346,8 +346,8 @@ impl Shared {
     /// (a TLB shootdown across the process's CPUs) and the next request's
     /// new mapping and page faults cost the worker ~10 µs a request on a
     /// VM, more than the work of a short request, so a backlog once over
-    /// the default never drained (docs/results.md, "Shinjuku policies",
-    /// session 10).
+    /// the default never drained (docs/results.md, "Shinjuku policies": a
+    /// backlog that never drained).
     pub(crate) fn keep_spare_stacks(&self, n: usize) {
         self.spare_limit.store(n.max(SPARE_STACKS), Relaxed);
     }
