@@ -254,6 +254,9 @@ pub struct KthreadStats {
     pub revocations: u64,
     /// Cores granted by iokerneld.
     pub grants: u64,
+    /// Of `grants`, those that ended a sleep on the kthread's eventfd (a
+    /// runtime without the wake page, or before its registration ended).
+    pub grants_by_eventfd: u64,
 }
 
 /// Decision → running latencies of iokerneld's grants, in ns, as the
@@ -368,6 +371,7 @@ impl Handle {
                 parks: k.stats.parks.load(Relaxed),
                 revocations: k.stats.revocations.load(Relaxed),
                 grants: k.stats.grants.load(Relaxed),
+                grants_by_eventfd: k.stats.grants_by_eventfd.load(Relaxed),
             })
             .collect()
     }

@@ -42,6 +42,9 @@ pub(crate) struct KStats {
     pub(crate) revocations: AtomicU64,
     /// Cores granted by iokerneld.
     pub(crate) grants: AtomicU64,
+    /// Of `grants`, those that ended a sleep on the kthread's eventfd (not
+    /// on the wake page, nor found in the grant word while lingering).
+    pub(crate) grants_by_eventfd: AtomicU64,
     /// Worker mode: preemptions taken at preemption points (cooperative).
     pub(crate) coop_preemptions: AtomicU64,
 }
