@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ginza_proto::{client, StatsReport};
-use ginza_runtime::{Class, Config, Handle, IokernelConfig};
+use ginza_runtime::{Class, Config, GrantLatencies, Handle, IokernelConfig};
 
 use common::{cores, lock, Daemon};
 
@@ -397,13 +397,14 @@ fn batch_kthreads_run_sched_idle_and_latency_critical_ones_do_not() {
 fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window() {
     let _g = lock();
     let d = Daemon::start(|_| {});
+    let window = Duration::from_millis(300);
     let mut cfg = d.app("b", Class::Batch, 0, 1);
-    cfg.iokernel.as_mut().unwrap().linger_after_park = Duration::from_millis(300);
+    cfg.iokernel.as_mut().unwrap().linger_after_park = window;
     // At Linux's default class: a SCHED_IDLE kthread on a busy machine can
-    // be kept off the CPU for seconds, past its window and its 900 ms
-    // timer, and then finds that grant while it still "lingers".
+    // be kept off the CPU for seconds, past its window and its timer, and
+    // then finds that grant while it still "lingers".
     cfg.iokernel.as_mut().unwrap().sched_idle = false;
-    let (lingering, blocked) = ginza_runtime::run(cfg, || {
+    let (lingering, blocked) = ginza_runtime::run(cfg, move || {
         let h = Handle::current().unwrap();
         // Each sleep parks the only kthread; iokerneld wakes it for the
         // timer, well inside the window: it finds it still polling.
@@ -411,9 +412,16 @@ fn a_lingering_kthread_is_granted_without_blocking_and_blocks_after_its_window()
             ginza_runtime::sleep(Duration::from_millis(1));
         }
         let lingering = h.take_grant_latencies();
-        // Past the window the kthread blocks on its eventfd.
-        ginza_runtime::sleep(Duration::from_millis(900));
-        (lingering, h.take_grant_latencies())
+        // Past the window the kthread blocks on its eventfd: a timer due
+        // after the window ends such a sleep. Until one did (a kthread
+        // kept off its CPU may still linger when its timer comes), again.
+        let start = Instant::now();
+        let mut blocked = GrantLatencies::default();
+        while blocked.from_blocked_ns.is_empty() && start.elapsed() < Duration::from_secs(20) {
+            ginza_runtime::sleep(window + Duration::from_millis(100));
+            blocked = h.take_grant_latencies();
+        }
+        (lingering, blocked)
     })
     .unwrap();
     assert!(
