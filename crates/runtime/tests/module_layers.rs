@@ -23,15 +23,23 @@ use std::path::{Path, PathBuf};
 /// its closing brace): a longer one holds several mechanisms.
 const MAX_FN_LINES: usize = 200;
 
-/// Circles in code that other work of issue 33 is rewriting, allowed until
-/// it is merged, as (crate, parent module, the circle's children). The test
-/// fails once one is gone, so that it is removed from here.
-const TEMPORARY_CIRCLES_UNTIL_ISSUE_33_ITEMS_1_AND_2_MERGE: &[(&str, &str, &[&str])] = &[
+/// Circles allowed for now, as (crate, parent module, the circle's
+/// children): in code that other work of issue 33 is rewriting (until it
+/// is merged), and one left for a decision. The test fails once one is
+/// gone, so that it is removed from here.
+const TEMPORARY_CIRCLES: &[(&str, &str, &[&str])] = &[
     // Item 1, the single TCP driver: `net/stack.rs` and `net/tcp/mod.rs`
     // call each other; `net/protected` uses the TCP sockets' wait helpers
     // and `net/tcp/sockets.rs` the protected sockets.
     ("runtime", "net", &["protected", "stack", "tcp"]),
     ("runtime", "net::tcp", &["listener", "sockets"]),
+    // Not in issue 33's list, found by this test once it followed glob
+    // re-exports (`sched/mod.rs`: `pub(crate) use kthread::*`, `uthread::*`):
+    // a `UThread` points to the runtime's `Shared` (kthread.rs), which keeps
+    // the uthread caches, and the switch (uthread.rs) runs on the `Owner`
+    // token. docs/runtime.md calls `sched/` one module whose files share
+    // private fields; splitting it is left to the lead's decision.
+    ("runtime", "sched", &["kthread", "uthread"]),
     // Item 2, the benchmarks' own crate.
     ("cli", "", &["bench", "demo"]),
     (
@@ -317,6 +325,8 @@ struct Mention {
     binds: Option<String>,
     /// A `use` starting with a name that may be a child module.
     relative: bool,
+    /// A `use …::*` in the file's own module.
+    glob: bool,
 }
 
 fn mentions_in(code: &str, module: &Module) -> Vec<Mention> {
@@ -381,6 +391,7 @@ fn mentions_in(code: &str, module: &Module) -> Vec<Mention> {
                     found.push(Mention {
                         base,
                         path,
+                        glob: bound.is_none() && inline.is_empty(),
                         binds: if inline.is_empty() { bound } else { None },
                         relative,
                     });
@@ -397,6 +408,7 @@ fn mentions_in(code: &str, module: &Module) -> Vec<Mention> {
                             path,
                             binds: None,
                             relative: false,
+                            glob: false,
                         });
                     }
                 }
@@ -425,10 +437,41 @@ fn anchor(here: &Module, path: &Module) -> Option<(Module, Module, bool)> {
     }
 }
 
-/// One crate's modules, what each file imports and which names each binds.
+/// The names of the items a file defines at its top level (what a glob
+/// import of its module brings in, with its own imports).
+fn definitions(code: &str) -> BTreeSet<String> {
+    let s: Vec<char> = code.chars().collect();
+    let (mut found, mut depth, mut i) = (BTreeSet::new(), 0usize, 0);
+    while i < s.len() {
+        match s[i] {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            c if depth == 0 && is_ident(c) && (i == 0 || !is_ident(s[i - 1])) => {
+                let mut cur = Cursor { s: &s, at: i };
+                let word = cur.ident().expect("an identifier");
+                let item = matches!(
+                    word.as_str(),
+                    "fn" | "struct" | "enum" | "trait" | "type" | "const" | "static" | "union"
+                );
+                if let Some(name) = item.then(|| cur.ident()).flatten() {
+                    found.insert(name);
+                }
+                i = cur.at;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+/// One crate's modules, what each file imports and which names each binds
+/// or defines.
 struct Crate {
     modules: BTreeSet<Module>,
     mentions: BTreeMap<Module, Vec<Mention>>,
+    defines: BTreeMap<Module, BTreeSet<String>>,
 }
 
 impl Crate {
@@ -450,58 +493,77 @@ impl Crate {
         (module, None)
     }
 
-    /// The module `base::path` leads to, following a name a module imports
-    /// (`pub use linux::Foo`) to where it comes from. `None` for an outside
-    /// crate.
-    fn target(&self, mention: &Mention) -> Option<Module> {
-        let (mut base, mut path) = (mention.base.clone(), mention.path.clone());
-        if mention.relative {
-            let mut child = base.clone();
-            child.push(path[0].clone());
+    /// The module an import names, `None` for an outside crate's.
+    fn imported(&self, import: &Mention) -> Option<(Module, Option<String>)> {
+        if import.relative {
+            let mut child = import.base.clone();
+            child.push(import.path[0].clone());
             if !self.modules.contains(&child) {
                 return None;
             }
         }
-        let (mut module, mut item) = self.resolve(&base, &path);
+        Some(self.resolve(&import.base, &import.path))
+    }
+
+    /// Where `module`'s name `name` comes from when `module` imports it:
+    /// by name (`pub use linux::Foo`), or by a glob (`pub use kthread::*`)
+    /// of a module that defines it.
+    fn import_of(&self, module: &Module, name: &str) -> Option<(Module, Option<String>)> {
+        let mentions = self.mentions.get(module)?;
+        if let Some(import) = mentions.iter().find(|m| m.binds.as_deref() == Some(name)) {
+            return self.imported(import);
+        }
+        // A glob brings in what the module defines (its private imports
+        // stay private; a glob of re-exports is not followed).
+        mentions
+            .iter()
+            .filter(|m| m.glob)
+            .filter_map(|m| self.imported(m))
+            .map(|(from, _)| from)
+            .find(|from| self.defines.get(from).is_some_and(|d| d.contains(name)))
+            .map(|from| (from, None))
+    }
+
+    /// The module `mention` leads to, following a name a module imports
+    /// to where it comes from. `None` for an outside crate.
+    fn target(&self, mention: &Mention) -> Option<Module> {
+        let (mut module, mut item) = self.imported(mention)?;
         // A few hops: re-exports of re-exports; no more, so a `use` circle
         // cannot loop.
         for _ in 0..4 {
             let Some(name) = item else { break };
-            let Some(import) = self.mentions.get(&module).and_then(|ms| {
-                ms.iter()
-                    .find(|m| m.binds.as_deref() == Some(name.as_str()))
-            }) else {
+            let Some(next) = self.import_of(&module, &name) else {
                 break;
             };
-            if import.relative {
-                let mut child = import.base.clone();
-                child.push(import.path[0].clone());
-                if !self.modules.contains(&child) {
-                    break;
-                }
-            }
-            base = import.base.clone();
-            path = import.path.clone();
-            (module, item) = self.resolve(&base, &path);
+            (module, item) = next;
         }
         Some(module)
+    }
+}
+
+impl Crate {
+    fn add(&mut self, module: Module, code: &str) {
+        self.modules.insert(module.clone());
+        self.defines
+            .entry(module.clone())
+            .or_default()
+            .extend(definitions(code));
+        let found = mentions_in(code, &module);
+        self.mentions.entry(module).or_default().extend(found);
     }
 }
 
 fn crates() -> BTreeMap<String, Crate> {
     let mut crates: BTreeMap<String, Crate> = BTreeMap::new();
     for source in sources() {
-        let krate = crates.entry(source.krate.clone()).or_insert(Crate {
-            modules: BTreeSet::new(),
-            mentions: BTreeMap::new(),
-        });
-        krate.modules.insert(source.module.clone());
-        let found = mentions_in(&source.code, &source.module);
-        krate
-            .mentions
-            .entry(source.module)
-            .or_default()
-            .extend(found);
+        crates
+            .entry(source.krate.clone())
+            .or_insert(Crate {
+                modules: BTreeSet::new(),
+                mentions: BTreeMap::new(),
+                defines: BTreeMap::new(),
+            })
+            .add(source.module, &source.code);
     }
     crates
 }
@@ -738,6 +800,39 @@ fn paths_are_read() {
 }
 
 #[test]
+fn imports_are_followed_to_the_file_that_defines_the_name() {
+    let mut krate = Crate {
+        modules: BTreeSet::new(),
+        mentions: BTreeMap::new(),
+        defines: BTreeMap::new(),
+    };
+    let m = |path: &str| -> Module {
+        path.split('/')
+            .filter(|p| !p.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    krate.add(m(""), "mod s; mod nic;");
+    krate.add(
+        m("s"),
+        "mod k; mod u;\npub(crate) use k::*;\npub(crate) use u::*;",
+    );
+    krate.add(m("s/k"), "use super::U;\npub(crate) struct K { u: U }");
+    krate.add(
+        m("s/u"),
+        "pub(crate) struct U;\nfn f() { let _ = super::K::new(); }",
+    );
+    krate.add(m("nic"), "mod a; mod b;\npub use a::Ring;");
+    krate.add(m("nic/a"), "pub struct Ring;");
+    krate.add(m("nic/b"), "use super::Ring;");
+    let levels = levels(&BTreeMap::from([("c".to_owned(), krate)]));
+    let s = &levels[&("c".to_owned(), m("s"))];
+    assert_eq!(circles(s).len(), 1, "k and u import each other: {s:?}");
+    let nic = &levels[&("c".to_owned(), m("nic"))];
+    assert!(nic["b"].contains("a"), "b's Ring is a's: {nic:?}");
+}
+
+#[test]
 fn functions_are_measured() {
     let code = code_only(
         "fn a() {\n    let s = \"}\";\n}\nfn b<const N: usize>(x: [u8; N]) -> u8 {\n x[0]\n}\n\
@@ -757,13 +852,11 @@ fn no_import_circle_between_files_of_a_crate() {
     let mut excepted_seen = BTreeSet::new();
     for ((krate, parent), graph) in &levels {
         for group in circles(graph) {
-            let exception = TEMPORARY_CIRCLES_UNTIL_ISSUE_33_ITEMS_1_AND_2_MERGE
-                .iter()
-                .find(|(k, p, g)| {
-                    krate == k
-                        && parent.join("::") == *p
-                        && group.iter().map(String::as_str).eq(g.iter().copied())
-                });
+            let exception = TEMPORARY_CIRCLES.iter().find(|(k, p, g)| {
+                krate == k
+                    && parent.join("::") == *p
+                    && group.iter().map(String::as_str).eq(g.iter().copied())
+            });
             if let Some(e) = exception {
                 excepted_seen.insert(e);
                 continue;
@@ -777,14 +870,14 @@ fn no_import_circle_between_files_of_a_crate() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    let stale: Vec<_> = TEMPORARY_CIRCLES_UNTIL_ISSUE_33_ITEMS_1_AND_2_MERGE
+    let stale: Vec<_> = TEMPORARY_CIRCLES
         .iter()
         .filter(|e| !excepted_seen.contains(e))
         .collect();
     assert!(
         stale.is_empty(),
         "these circles are gone (or changed): remove them from \
-         TEMPORARY_CIRCLES_UNTIL_ISSUE_33_ITEMS_1_AND_2_MERGE: {stale:?}"
+         TEMPORARY_CIRCLES: {stale:?}"
     );
 }
 
