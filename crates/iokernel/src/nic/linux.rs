@@ -1,6 +1,6 @@
 //! Opening a NIC backend on a real Linux interface from a spec string
 //! ([`af_packet`](super::af_packet) or [`af_xdp`](super::af_xdp); what the
-//! two share is in [`linux_link`](super::linux_link)).
+//! two share is in `linux_link.rs`).
 //!
 //! A spec is `software`, `af_packet:IFNAME` or `af_xdp:IFNAME`. The software
 //! switch is iokerneld's own (ports borrow the switch), so [`open`] opens

@@ -2,9 +2,10 @@
 //! without Dune.
 //!
 //! One dispatcher thread (never running application code) owns the request
-//! queues — the `ginza-policy` [`Dispatcher`], the same object the simulator
-//! runs — and hands request contexts to worker kthreads through per-worker
-//! cache-line mailboxes. A worker runs one request at a time and reports,
+//! queues — the `ginza-policy`
+//! [`Dispatcher`](ginza_policy::sched::Dispatcher), the same object the
+//! simulator runs — and hands request contexts to worker kthreads through
+//! per-worker cache-line mailboxes. A worker runs one request at a time and reports,
 //! through its mailbox, whether it completed, was preempted, or blocked.
 //!
 //! Preemption on a stock Linux VM: a signal costs microseconds, too much for
