@@ -5,8 +5,9 @@
 //! queues — the `ginza-policy`
 //! [`Dispatcher`](ginza_policy::sched::Dispatcher), the same object the
 //! simulator runs — and hands request contexts to worker kthreads through
-//! per-worker cache-line mailboxes. A worker runs one request at a time and reports,
-//! through its mailbox, whether it completed, was preempted, or blocked.
+//! per-worker cache-line mailboxes. A worker runs one request at a time and
+//! reports, through its mailbox, whether it completed, was preempted, or
+//! blocked.
 //!
 //! Preemption on a stock Linux VM: a signal costs microseconds, too much for
 //! a 5 µs quantum, so the default is cooperative — the dispatcher sets the
