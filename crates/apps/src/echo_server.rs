@@ -11,26 +11,11 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ginza_runtime::net::UdpSocket;
 
-/// How often a receiver waiting for data checks the stop flag.
-pub const STOP_POLL: Duration = Duration::from_millis(10);
-
-/// The protocols to serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Protocols {
-    pub udp: bool,
-    pub tcp: bool,
-}
-
-impl Protocols {
-    pub const BOTH: Protocols = Protocols {
-        udp: true,
-        tcp: true,
-    };
-}
+use crate::serve::is_timeout;
+pub use crate::serve::{Protocols, STOP_POLL};
 
 /// Counts of one server run.
 #[derive(Debug, Default)]
@@ -48,14 +33,6 @@ pub struct EchoStats {
     /// TCP connections that ended with an error (reset, timed out) rather
     /// than the peer's close.
     pub tcp_errors: AtomicU64,
-}
-
-/// True for the errors a read with a timeout returns when nothing came.
-pub(crate) fn is_timeout(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
 }
 
 /// Serves `port` over `protocols` until `stop` is set. Must run on a

@@ -14,8 +14,8 @@ use std::time::SystemTime;
 
 use ginza_runtime::net::protected::{Channel, Command, ConnId, Event};
 
-use crate::echo_server::STOP_POLL;
 use crate::http_server::{write_responses, HttpStats, Session};
+use crate::serve::STOP_POLL;
 
 /// One connection of the loop.
 struct Conn {

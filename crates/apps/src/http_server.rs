@@ -43,7 +43,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ginza_runtime::net::TcpStream;
 
-use crate::echo_server::{is_timeout, STOP_POLL};
+use crate::serve::{is_timeout, STOP_POLL};
 
 /// The body of `GET /`.
 pub const ROOT_BODY: &[u8] = b"Hello from Ginza's http-server\n";

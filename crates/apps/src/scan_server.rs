@@ -81,7 +81,7 @@ use ginza_runtime::shinjuku::{
 };
 use ginza_runtime::{Config, RuntimeError};
 
-use crate::echo_server::{is_timeout, Protocols, STOP_POLL};
+use crate::serve::{is_timeout, Protocols, STOP_POLL};
 
 /// Length of a request on the wire.
 pub const REQUEST_LEN: usize = 24;

@@ -14,11 +14,34 @@ use std::io;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ginza_runtime::net::{TcpListener, TcpStream, UdpSocket, MAX_UDP_PAYLOAD};
 
-use crate::echo_server::is_timeout;
-pub use crate::echo_server::STOP_POLL;
+/// How often a receiver waiting for data checks the stop flag.
+pub const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// The protocols to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Protocols {
+    pub udp: bool,
+    pub tcp: bool,
+}
+
+impl Protocols {
+    pub const BOTH: Protocols = Protocols {
+        udp: true,
+        tcp: true,
+    };
+}
+
+/// True for the errors a read with a timeout returns when nothing came.
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
 
 /// Runs `udp` (when given) on a uthread of its own and `tcp` (when given)
 /// on this one, until both have returned; the first to return sets

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use ginza_proto::RequestHeader;
 use ginza_runtime::net::UdpSocket;
 
-use crate::echo_server::is_timeout;
 use crate::request_trace::{RequestStamps, RequestTrace};
+use crate::serve::is_timeout;
 
 /// The longest service time a request may ask for; longer requests are
 /// answered at once and counted (a client cannot make the server spin for

@@ -50,7 +50,6 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
 mod control;
 mod dispatch;
-pub(crate) use dispatch::is_request;
 mod packets;
 mod pass;
 mod protected;

@@ -38,32 +38,32 @@
 //! application's when it attaches), the injectors of the first rules that
 //! name it ([`crate::nic::faults`]); the switch's clock is advanced at the
 //! start of every [`Dataplane::poll_links`]. Counted per rule in
-//! [`DataplaneStats::faults`].
+//! [`DataplaneStats::faults`]. Set up in `dataplane/fault_setup.rs`; the
+//! generator's load runs are driven from `dataplane/load.rs`.
 
 pub mod copy_floor;
 mod direct;
+mod fault_setup;
+mod load;
 
-use std::sync::{Arc, Condvar, Mutex};
+pub use fault_setup::FaultsHandle;
+use load::RunningLoad;
+pub use load::{GeneratorHandle, LoadReport, LoadRun, GENERATOR_IP};
+
 use std::time::Duration;
 
 use ginza_net::flow::steer_key;
 use ginza_net::{Interface, MacAddr};
 use ginza_policy::steer::{AppSteering, SteeringKind, SteeringOptions};
-use ginza_proto::messages::{DataplaneStats, FaultStats, NetStats, SteeringStats};
+use ginza_proto::messages::{DataplaneStats, NetStats, SteeringStats};
 use ginza_shm::netstack::{
     assemble, GatherError, GatherList, EGRESS_FILL_L4_CHECKSUM, EGRESS_GATHER, GATHER_OFFSET,
 };
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use ginza_sys::hops::{self, Hop};
-use hdrhistogram::Histogram;
 
-use crate::nic::faults::{
-    stream_of, Direction, FaultCounters, FaultInjector, FaultRule, PortIdentity, MAX_FAULT_RULES,
-};
-use crate::nic::{
-    Frame, GeneratorConfig, GeneratorStats, Nic, PortConfig, PortId, SoftwareSwitch,
-    TrafficGenerator,
-};
+use crate::nic::faults::{FaultCounters, FaultRule, PortIdentity};
+use crate::nic::{Frame, Nic, PortConfig, PortId, SoftwareSwitch};
 
 /// A burst's steering timed longer than this was preempted (a burst of
 /// [`BURST`] decisions takes a few µs): not counted in the stats.
@@ -158,191 +158,6 @@ impl AppNet {
     pub fn pool(&self) -> &IngressPool {
         &self.pool
     }
-}
-
-/// A load run for the traffic generator: what a [`GeneratorHandle`] asks
-/// iokerneld's loop to do.
-#[derive(Clone, Debug)]
-pub struct LoadRun {
-    /// `interface.mac` must be [`GENERATOR_MAC`]; `start_ns` is set by the
-    /// loop when it picks the run up.
-    pub config: GeneratorConfig,
-    /// After the last arrival, how long to wait for outstanding replies.
-    pub drain: Duration,
-}
-
-/// The generator's default IP on the switch (applications that answer it
-/// need a static ARP entry: the generator answers no ARP).
-pub const GENERATOR_IP: ginza_net::Ipv4Addr = ginza_net::Ipv4Addr::new(10, 47, 0, 254);
-
-impl LoadRun {
-    /// Poisson requests at `rate_per_sec` for `duration` to `target`:`port`,
-    /// from [`GENERATOR_MAC`]/[`GENERATOR_IP`] port 40000, 32-byte payloads,
-    /// up to 65,536 outstanding, 64 per loop iteration, seed 7, 100 ms of
-    /// drain. Adjust the fields for anything else.
-    pub fn poisson(
-        target: Interface,
-        port: u16,
-        rate_per_sec: f64,
-        service: crate::nic::ServiceTime,
-        duration: Duration,
-    ) -> LoadRun {
-        LoadRun {
-            config: GeneratorConfig {
-                interface: Interface {
-                    mac: GENERATOR_MAC,
-                    ip: GENERATOR_IP,
-                },
-                src_port: 40_000,
-                target_mac: target.mac,
-                target: ginza_net::Endpoint {
-                    ip: target.ip,
-                    port,
-                },
-                flows: 1,
-                rate_per_sec,
-                service,
-                payload_len: 32,
-                start_ns: 0,
-                duration_ns: duration.as_nanos() as u64,
-                max_outstanding: 1 << 16,
-                max_burst: 64,
-                seed: 7,
-            },
-            drain: Duration::from_millis(100),
-        }
-    }
-}
-
-/// What a load run measured.
-#[derive(Clone, Debug)]
-pub struct LoadReport {
-    pub stats: GeneratorStats,
-    /// Injection → reply seen by iokerneld's loop, ns.
-    pub latency: Histogram<u64>,
-    /// Injection − scheduled arrival, ns (how far the loop lagged its
-    /// schedule).
-    pub lag: Histogram<u64>,
-    /// Reply posted by the server → seen, ns, for servers that stamp their
-    /// replies (`TrafficGenerator::reply_transit`).
-    pub reply_transit: Histogram<u64>,
-}
-
-#[derive(Default)]
-struct GeneratorSlot {
-    request: Option<LoadRun>,
-    result: Option<Result<LoadReport, String>>,
-}
-
-/// Runs loads on the generator of an iokerneld running in this process
-/// ([`crate::InProcess::generator`]). The waiting caller sleeps on a
-/// condition variable that iokerneld's loop signals once, with the report:
-/// on a machine with few CPUs a caller that polled would take a spinning
-/// thread's CPU hundreds of times a second while the load runs.
-#[derive(Clone, Default)]
-pub struct GeneratorHandle(Arc<Mutex<GeneratorSlot>>, Arc<Condvar>);
-
-impl GeneratorHandle {
-    /// Starts `run` on iokerneld's loop and waits for its report, at most
-    /// the run's duration + drain + `slack`.
-    pub fn run(&self, run: LoadRun, slack: Duration) -> Result<LoadReport, String> {
-        let limit = Duration::from_nanos(run.config.duration_ns) + run.drain + slack;
-        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.request.is_some() {
-            return Err("a load run is already waiting to start".into());
-        }
-        slot.result = None;
-        slot.request = Some(run);
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(r) = slot.result.take() {
-                return r;
-            }
-            let left = limit.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                slot.request = None;
-                return Err(format!(
-                    "the load run did not finish within {limit:?} (is iokerneld running?)"
-                ));
-            }
-            slot = self
-                .1
-                .wait_timeout(slot, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-
-    /// iokerneld's loop: the report (or why there is none) for the caller
-    /// of [`GeneratorHandle::run`], which is woken.
-    fn post(&self, slot: &mut GeneratorSlot, result: Result<LoadReport, String>) {
-        slot.result = Some(result);
-        self.1.notify_all();
-    }
-}
-
-#[derive(Default)]
-struct FaultsSlot {
-    /// Rules asked for, not yet taken by the loop.
-    pending: Option<Vec<FaultRule>>,
-    /// Requests made, and requests the loop carried out.
-    asked: u64,
-    applied: u64,
-}
-
-/// Changes the fault injection of a running iokerneld
-/// ([`crate::InProcess::faults`], [`crate::Iokerneld::faults_handle`]):
-/// tests run the same setup clean, then lossy.
-#[derive(Clone, Default)]
-pub struct FaultsHandle(Arc<Mutex<FaultsSlot>>);
-
-impl FaultsHandle {
-    /// Replaces iokerneld's fault rules with `rules` (empty: none) on every
-    /// port, and waits (at most 5 s) until its loop did. Counters start
-    /// again from zero. Refused: more than [`MAX_FAULT_RULES`] rules, or a
-    /// loop that does not answer.
-    pub fn set(&self, rules: Vec<FaultRule>) -> Result<(), String> {
-        if rules.len() > MAX_FAULT_RULES {
-            return Err(format!(
-                "{} fault rules: at most {MAX_FAULT_RULES}",
-                rules.len()
-            ));
-        }
-        let ticket = {
-            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            slot.pending = Some(rules);
-            slot.asked += 1;
-            slot.asked
-        };
-        let start = std::time::Instant::now();
-        loop {
-            if self.0.lock().unwrap_or_else(|p| p.into_inner()).applied >= ticket {
-                return Ok(());
-            }
-            if start.elapsed() > Duration::from_secs(5) {
-                return Err(
-                    "iokerneld did not take the fault rules within 5 s (is it running?)".into(),
-                );
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    /// [`set`](Self::set) from rules written as for `--faults`
-    /// (`["drop=5%,port=trunk"]`); a bad one is refused with its message.
-    pub fn set_specs(&self, specs: &[&str]) -> Result<(), String> {
-        let rules = specs
-            .iter()
-            .map(|s| s.parse().map_err(|e| format!("--faults {s}: {e}")))
-            .collect::<Result<Vec<FaultRule>, String>>()?;
-        self.set(rules)
-    }
-}
-
-struct RunningLoad {
-    generator: TrafficGenerator,
-    send_end_ns: u64,
-    drain_ns: u64,
 }
 
 /// The descriptors staged per kthread → their ingress rings, one index
@@ -496,111 +311,8 @@ impl Dataplane {
         }
     }
 
-    /// Fault injection by `rules` (validated) on every port, in place of
-    /// any before (frames those held are lost; counters start from zero);
-    /// applications that attach later get theirs when they do.
-    pub fn set_faults(&mut self, rules: Vec<FaultRule>) {
-        self.fault_rules = rules;
-        let mut ports = vec![(self.generator_port, None, GENERATOR_MAC)];
-        if let Some((_, trunk)) = self.nic {
-            ports.push((trunk, None, TRUNK_MAC));
-        }
-        for (port, name, mac) in &self.app_ports {
-            ports.push((*port, Some(name.clone()), *mac));
-        }
-        for (port, name, mac) in ports {
-            let identity = match &name {
-                Some(name) => PortIdentity::App { name, mac },
-                None if port == self.generator_port => PortIdentity::Generator(mac),
-                None => PortIdentity::Trunk(mac),
-            };
-            self.install_faults(port, identity);
-        }
-        // After the installs: what the replaced injectors did is not
-        // counted under the new rules.
-        self.retired_faults = vec![FaultCounters::default(); self.fault_rules.len()];
-    }
-
-    /// Changes the fault rules of the running loop.
-    pub fn faults_handle(&self) -> FaultsHandle {
-        self.faults_handle.clone()
-    }
-
-    /// Rules asked for through the [`FaultsHandle`], set now.
-    fn check_faults(&mut self) {
-        let Ok(mut slot) = self.faults_handle.0.try_lock() else {
-            return;
-        };
-        if let Some(rules) = slot.pending.take() {
-            let applied = slot.asked;
-            drop(slot);
-            for rule in &rules {
-                log::info!("iokerneld: fault injection {rule}");
-            }
-            if rules.is_empty() {
-                log::info!("iokerneld: no fault injection");
-            }
-            self.set_faults(rules);
-            let mut slot = self
-                .faults_handle
-                .0
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            slot.applied = slot.applied.max(applied);
-        }
-    }
-
-    /// The rules of [`Dataplane::set_faults`].
-    pub fn fault_rules(&self) -> &[FaultRule] {
-        &self.fault_rules
-    }
-
-    /// Gives `port` the injectors of the first rules naming it, one per
-    /// direction (or none).
-    fn install_faults(&mut self, port: PortId, identity: PortIdentity<'_>) {
-        self.retire_faults(port);
-        let injector = |dir: Direction| {
-            self.fault_rules
-                .iter()
-                .enumerate()
-                .find(|(_, r)| r.dir.covers(dir) && r.port.matches(&identity))
-                .map(|(i, r)| FaultInjector::new(r, i, stream_of(identity.mac(), dir)))
-        };
-        let (ingress, egress) = (injector(Direction::In), injector(Direction::Out));
-        self.switch.set_faults(port, ingress, egress);
-    }
-
-    /// Keeps the counters of `port`'s injectors before they go.
-    fn retire_faults(&mut self, port: PortId) {
-        let (ingress, egress) = self.switch.faults(port);
-        for injector in ingress.into_iter().chain(egress) {
-            if let Some(total) = self.retired_faults.get_mut(injector.tag()) {
-                *total += injector.counters();
-            }
-        }
-    }
-
-    /// Per rule, what its injectors did so far.
-    pub fn fault_stats(&self) -> Vec<FaultStats> {
-        let mut totals = self.retired_faults.clone();
-        for injector in self.switch.injectors() {
-            if let Some(total) = totals.get_mut(injector.tag()) {
-                *total += injector.counters();
-            }
-        }
-        totals
-            .iter()
-            .zip(&self.fault_rules)
-            .map(|(c, rule)| c.report(rule.port.to_string()))
-            .collect()
-    }
-
-    pub fn generator_handle(&self) -> GeneratorHandle {
-        self.handle.clone()
-    }
-
     pub fn stats(&self) -> DataplaneStats {
-        let running = self.load.as_ref().map(|l| l.generator.stats());
+        let running = self.running_load_stats();
         DataplaneStats {
             faults: self.fault_stats(),
             generator_replies: self.stats.generator_replies + running.map_or(0, |s| s.replies),
@@ -728,23 +440,7 @@ impl Dataplane {
             self.check_load(now);
             self.check_faults();
         }
-        if let Some(load) = &mut self.load {
-            let mut port = self
-                .switch
-                .port(self.generator_port)
-                .expect("the generator's port is never removed");
-            load.generator.poll(now, &mut port);
-            let stats = load.generator.stats();
-            // Every reply in ends the run early, but only once every
-            // arrival is out: a generator behind its schedule (the loop
-            // held off its CPU) still owes some.
-            let all_answered = load.generator.finished_sending() && stats.outstanding == 0;
-            let done = now >= load.send_end_ns
-                && (all_answered || now >= load.send_end_ns + load.drain_ns);
-            if done {
-                self.finish_load();
-            }
-        }
+        self.poll_load(now);
         if let Some((nic, trunk)) = &mut self.nic {
             // NIC → switch.
             let n = nic.rx_burst(&mut self.frames, BURST);
@@ -802,59 +498,6 @@ impl Dataplane {
                     .expect("allocated from the NIC's pool");
             }
         }
-    }
-
-    fn check_load(&mut self, now: u64) {
-        if self.load.is_some() {
-            return;
-        }
-        let Ok(mut slot) = self.handle.0.try_lock() else {
-            return;
-        };
-        let Some(run) = slot.request.take() else {
-            return;
-        };
-        if run.config.interface.mac != GENERATOR_MAC {
-            let why = format!(
-                "the generator sends from MAC {GENERATOR_MAC}, not {}",
-                run.config.interface.mac
-            );
-            self.handle.post(&mut slot, Err(why));
-            return;
-        }
-        let mut config = run.config;
-        config.start_ns = now;
-        let send_end_ns = now + config.duration_ns;
-        match TrafficGenerator::new(config) {
-            Ok(generator) => {
-                self.load = Some(RunningLoad {
-                    generator,
-                    send_end_ns,
-                    drain_ns: run.drain.as_nanos() as u64,
-                });
-            }
-            Err(e) => self
-                .handle
-                .post(&mut slot, Err(format!("bad load run: {e}"))),
-        }
-    }
-
-    fn finish_load(&mut self) {
-        let Some(load) = self.load.take() else {
-            return;
-        };
-        let report = LoadReport {
-            stats: load.generator.stats(),
-            latency: load.generator.latency().clone(),
-            lag: load.generator.lag().clone(),
-            reply_transit: load.generator.reply_transit().clone(),
-        };
-        self.stats.generator_runs += 1;
-        self.stats.generator_replies += report.stats.replies;
-        self.stats.generator_reordered += report.stats.reordered;
-        // Blocking here is fine: the handle holds the lock for a moment.
-        let mut slot = self.handle.0.lock().unwrap_or_else(|p| p.into_inner());
-        self.handle.post(&mut slot, Ok(report));
     }
 
     /// Frames waiting on an application's port → its kthreads' ingress
@@ -947,7 +590,7 @@ impl Dataplane {
                         reserved: 0,
                     };
                     match &mut net.held {
-                        Some(held) if crate::daemon::is_request(bytes) => held.push(desc),
+                        Some(held) if crate::request_frame::is_request(bytes) => held.push(desc),
                         _ => self.staged[k].push(desc),
                     }
                 }

@@ -29,6 +29,7 @@ pub mod netns;
 pub mod nic;
 pub mod offload;
 pub mod raw_app;
+mod request_frame;
 pub mod testing;
 
 pub use actuator::{

@@ -57,7 +57,7 @@ enum Sock {
 }
 
 /// What the sender and a connection's receiver share.
-struct Shared {
+struct Connection {
     sock: Sock,
     pending: Mutex<PendingSet>,
 }
@@ -102,7 +102,7 @@ pub fn run(cfg: &RunConfig, g: &GinzaConfig) -> anyhow::Result<Report> {
     Ok(Report::new(facts, &rec, &classes))
 }
 
-fn open(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<Vec<Arc<Shared>>> {
+fn open(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<Vec<Arc<Connection>>> {
     let mut conns = Vec::with_capacity(cfg.connections);
     for i in 0..cfg.connections {
         let sock = match cfg.transport {
@@ -123,7 +123,7 @@ fn open(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<Vec<Arc<Shared>
                 Sock::Udp(s)
             }
         };
-        conns.push(Arc::new(Shared {
+        conns.push(Arc::new(Connection {
             sock,
             pending: Mutex::new(PendingSet::default()),
         }));
@@ -237,7 +237,7 @@ fn run_on_uthread(cfg: &RunConfig, target: SocketAddrV4) -> anyhow::Result<(Reco
 /// A sender uthread's share of the run.
 struct Sender {
     cfg: RunConfig,
-    conns: Vec<Arc<Shared>>,
+    conns: Vec<Arc<Connection>>,
     workload: Arc<Workload>,
     start_ns: u64,
     /// Shared with the receivers of this sender's connections.
@@ -340,7 +340,7 @@ fn is_timeout(e: &io::Error) -> bool {
 
 /// A connection's receiver: reads answers until `stop`, recording them.
 fn receive(
-    conn: &Shared,
+    conn: &Connection,
     workload: &Workload,
     transport: Transport,
     timeout_ns: u64,
@@ -455,7 +455,7 @@ fn receive(
 }
 
 /// Marks `conn` failed: its pending requests are lost.
-fn fail(conn: &Shared, rec: &Mutex<Recorder>, why: &str) {
+fn fail(conn: &Connection, rec: &Mutex<Recorder>, why: &str) {
     let mut set = conn.pending.lock();
     set.dead = true;
     for p in set.fifo.drain(..) {

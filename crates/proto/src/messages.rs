@@ -168,7 +168,8 @@ pub struct DispatchClass {
 
 impl DispatchSpec {
     /// Whether iokerneld pre-assigns when the spec does not say: yes,
-    /// chosen by measurement (docs/results.md, "Session 10").
+    /// chosen by measurement (docs/results.md, pre-assignment in the
+    /// dispatched path).
     pub const PRE_ASSIGN_DEFAULT: bool = true;
 
     /// Whether iokerneld pre-assigns this application's requests.

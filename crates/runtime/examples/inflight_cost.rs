@@ -2,8 +2,8 @@
 //! when a burst of N requests is in flight, measured on a second burst of
 //! N that arrives after the first has drained (so on reused stacks), and
 //! how many stacks the two bursts mapped (docs/results.md, "Shinjuku
-//! policies", session 10: before, a burst over 1024 unmapped and remapped
-//! a stack per request).
+//! policies": without spare stacks kept for every request in flight, a
+//! burst over 1024 unmapped and remapped a stack per request).
 //!
 //! `cargo run --release -p ginza-runtime --example inflight_cost`
 //! (dispatcher on the first allowed CPU, the worker on the second).

@@ -132,6 +132,7 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
         lingering = true;
     }
     let link = rt.link.as_ref().expect("managed runtime without a link");
+    let mut by_eventfd = false;
     while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
         granted = match link.wake_slot(k.id) {
             Some((page, slot)) => sleep_on_wake_page(io, rt, page, slot),
@@ -140,7 +141,9 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
             // sends a kthread to the page is no grant: then only the word
             // says one came.
             None => {
-                eventfd_wait(k, u64::MAX) && (link.wake_slot(k.id).is_none() || word.take_grant())
+                by_eventfd = eventfd_wait(k, u64::MAX)
+                    && (link.wake_slot(k.id).is_none() || word.take_grant());
+                by_eventfd
             }
         };
     }
@@ -148,6 +151,9 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     let decided = owner.drain_from_iokernel();
     if granted {
         bump(&k.stats.grants);
+        if by_eventfd {
+            bump(&k.stats.grants_by_eventfd);
+        }
         if let Some(d) = decided {
             let running = ginza_sys::clock::monotonic_ns();
             io.record(running.saturating_sub(d), lingering);

@@ -36,7 +36,7 @@ where
         sched::Mode::Shenango,
         "ginza-k",
         config.iokernel.as_ref(),
-        Arc::new(crate::idle::scheduler_loop),
+        Arc::new(crate::shenango::scheduler_loop),
     )?;
     if let Some(p) = &config.protected {
         // Before the main uthread: its first socket finds the attachment.
@@ -121,7 +121,8 @@ const WATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 /// poll), `stop` is written or [`WATCH_PERIOD`] passes (`false`). No
 /// periodic wake-up: a watcher that polled every few milliseconds put
 /// timer interrupts and context switches on the CPUs of the round trips it
-/// shares them with (docs/results.md, "Dataplane", session 10).
+/// shares them with (docs/results.md, "Dataplane": where the round trips'
+/// tail comes from).
 fn wait_for_hangup(connection: BorrowedFd<'_>, stop: BorrowedFd<'_>) -> bool {
     let mut fds = [
         libc::pollfd {
@@ -256,6 +257,9 @@ pub struct KthreadStats {
     pub revocations: u64,
     /// Cores granted by iokerneld.
     pub grants: u64,
+    /// Of `grants`, those that ended a sleep on the kthread's eventfd (a
+    /// runtime without the wake page, or before its registration ended).
+    pub grants_by_eventfd: u64,
 }
 
 /// Decision → running latencies of iokerneld's grants, in ns, as the
@@ -370,6 +374,7 @@ impl Handle {
                 parks: k.stats.parks.load(Relaxed),
                 revocations: k.stats.revocations.load(Relaxed),
                 grants: k.stats.grants.load(Relaxed),
+                grants_by_eventfd: k.stats.grants_by_eventfd.load(Relaxed),
             })
             .collect()
     }

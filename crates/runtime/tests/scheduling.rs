@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginza_runtime::{current_kthread_id, run, sleep, sleep_until, spawn, Config, Handle, Mutex};
+use ginza_runtime::{
+    current_kthread_id, run, sleep, sleep_until, spawn, yield_now, Config, Handle, Mutex,
+};
 
 fn spin_for(d: Duration) {
     let end = Instant::now() + d;
@@ -42,11 +44,22 @@ fn work_pushed_on_one_kthread_is_stolen_by_others() {
     assert!(helpers >= 1, "no other kthread stole work: {counts:?}");
 }
 
+/// Kthreads with nothing to run park: with one uthread for three
+/// kthreads, at least two do (waited for, up to a bound far past the
+/// spin before a park).
 #[test]
 fn idle_kthreads_park() {
     let stats = run(Config::with_kthreads(3), || {
-        sleep(Duration::from_millis(20));
-        Handle::current().unwrap().stats()
+        let h = Handle::current().unwrap();
+        let start = Instant::now();
+        loop {
+            let stats = h.stats();
+            let parked = stats.iter().filter(|s| s.parks > 0).count();
+            if parked >= 2 || start.elapsed() > Duration::from_secs(10) {
+                break stats;
+            }
+            yield_now();
+        }
     })
     .unwrap();
     assert!(

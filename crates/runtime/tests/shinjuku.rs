@@ -578,7 +578,7 @@ fn two_waves(handler: impl Fn() + Send + Sync + 'static) -> ServeReport<()> {
 /// their requests completed and mapped again for the next ones, which cost
 /// the worker ~10 µs a request on a VM (an unmapping, page faults): a
 /// backlog over 1024 requests of a few µs never drained (docs/results.md,
-/// "Shinjuku policies", session 10).
+/// "Shinjuku policies": a backlog that never drained).
 #[test]
 fn a_drained_burst_leaves_its_stacks_for_the_next_one() {
     let report = two_waves(|| ginza_runtime::sleep(Duration::from_millis(2)));
@@ -597,7 +597,7 @@ fn a_drained_burst_leaves_its_stacks_for_the_next_one() {
 /// dispatcher maps none while a burst arrives. Before, each admitted
 /// request got its context at once: a backlog of thousands mapped
 /// thousands of stacks on the dispatcher's thread, which fell behind
-/// (docs/results.md, "Session 12").
+/// (docs/results.md, request contexts made at first run).
 #[test]
 fn a_backlog_that_has_not_started_holds_no_stacks() {
     let report = two_waves(|| {});

@@ -89,7 +89,8 @@ impl Drop for Spinners {
 /// request runs once with its right value.
 #[test]
 #[ignore = "fails in about 1 run of 3 under load: a run yields to an ask naming its own \
-            stamp that the dispatcher recorded against no run (docs/results.md, session 9); \
+            stamp that the dispatcher recorded against no run (docs/results.md, the unasked \
+            preemption); \
             before the stamped ask it failed in both runs tried"]
 fn under_load_no_request_is_preempted_unasked() {
     let cpus = ginza_sys::affinity::allowed_cpus().unwrap().len();

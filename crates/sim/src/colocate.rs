@@ -115,6 +115,74 @@ impl ColocateSim {
         }
     }
 
+    /// The allocator's view: the Shinjuku application (its dispatch
+    /// queues counted as kthread 0's runqueue) and batch, always queued.
+    fn fill_snaps(
+        &self,
+        snaps: &mut Vec<AppSnap>,
+        (taken, pushed): (u32, u32),
+        w: &[Worker],
+        batch: &[Option<usize>],
+        batch_last: &[Option<usize>],
+        passes: u32,
+    ) {
+        snaps.clear();
+        snaps.push(AppSnap {
+            key: 1,
+            class: AppClass::LatencyCritical,
+            guaranteed: self.guaranteed,
+            max_cores: self.workers,
+            kthreads: w
+                .iter()
+                .enumerate()
+                .map(|(i, x)| KthreadSnap {
+                    counters: if i == 0 {
+                        QueueCounters {
+                            rq_head: taken,
+                            rq_tail: pushed,
+                            ..Default::default()
+                        }
+                    } else {
+                        QueueCounters::default()
+                    },
+                    core: x.core,
+                    parked: x.core.is_none(),
+                    parked_since: x.parked_since,
+                    last_core: x.last_core,
+                    busy_time: 0,
+                })
+                .collect(),
+            next_timer: None,
+            last_yielded_core: None,
+            netstack: None,
+        });
+        snaps.push(AppSnap {
+            key: 2,
+            class: AppClass::Batch,
+            guaranteed: 0,
+            max_cores: self.cores,
+            kthreads: batch
+                .iter()
+                .zip(batch_last)
+                .map(|(c, l)| KthreadSnap {
+                    counters: QueueCounters {
+                        rq_head: passes,
+                        rq_tail: passes.wrapping_add(2),
+                        ..Default::default()
+                    },
+                    core: *c,
+                    parked: c.is_none(),
+                    parked_since: 0,
+                    last_core: *l,
+                    busy_time: 0,
+                })
+                .collect(),
+            next_timer: None,
+            last_yielded_core: None,
+            netstack: None,
+        });
+    }
+
     pub fn run(&self) -> ColocateResult {
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let sampler = self.service.sampler();
@@ -157,25 +225,15 @@ impl ColocateSim {
         while now < end {
             // The next event: an arrival, a pass, a request's end or stop,
             // a quantum's end, an idle worker's park.
-            let mut t = next_arrival.min(next_pass).min(end);
-            for (i, x) in w.iter().enumerate() {
-                if let Some((id, since)) = x.running {
-                    let start = since.max(x.ready_at);
-                    t = t.min(start + reqs[&id].left);
-                    if let Some(s) = x.stop_at {
-                        t = t.min(s);
-                    }
-                    // A quantum already spent with nobody waiting matters
-                    // at the next arrival, an event of its own.
-                    if let Some(q) = d.quantum_ends(i).filter(|&q| q > now) {
-                        t = t.min(q);
-                    }
-                } else if let (Some(s), Some(_)) = (x.idle_since, x.core) {
-                    if !keep_cores {
-                        t = t.min(s + spin);
-                    }
-                }
-            }
+            let t = next_event(
+                &d,
+                &w,
+                &reqs,
+                next_arrival.min(next_pass).min(end),
+                now,
+                spin,
+                keep_cores,
+            );
             // Same-time events are handled in one go; should one not
             // change anything, time still moves on.
             let t = if t <= now {
@@ -208,27 +266,7 @@ impl ColocateSim {
             now = t;
 
             // Requests that finished, or stopped after a preemption.
-            for (i, x) in w.iter_mut().enumerate() {
-                let Some((id, _)) = x.running else { continue };
-                if reqs[&id].left == 0 {
-                    let r = reqs.remove(&id).expect("running request");
-                    d.hand_back(i, id, HandBack::Completed, (), now)
-                        .expect("the worker's own request");
-                    if r.arrival >= warmup {
-                        stats.record(ps_to_us(now - r.arrival), ps_to_us(r.service), r.class);
-                    }
-                    x.running = None;
-                    x.stop_at = None;
-                    x.idle_since = Some(now);
-                } else if x.stop_at.is_some_and(|s| s <= now) {
-                    d.hand_back(i, id, HandBack::Preempted, (), now)
-                        .expect("the worker's own request");
-                    preemptions += 1;
-                    x.running = None;
-                    x.stop_at = None;
-                    x.idle_since = Some(now);
-                }
-            }
+            preemptions += hand_back_stopped(&mut d, &mut w, &mut reqs, &mut stats, now, warmup);
             // Idle workers past their spin park (unless cores are kept).
             for x in w.iter_mut() {
                 if !keep_cores && x.running.is_none() && d.queued() == 0 {
@@ -270,62 +308,14 @@ impl ColocateSim {
             }
             let pass_due = now >= next_pass;
             if pass_due || (work_arrived && w.iter().all(|x| x.core.is_none())) {
-                snaps.clear();
-                let (taken, pushed) = d.queue_counters();
-                snaps.push(AppSnap {
-                    key: 1,
-                    class: AppClass::LatencyCritical,
-                    guaranteed: self.guaranteed,
-                    max_cores: self.workers,
-                    kthreads: w
-                        .iter()
-                        .enumerate()
-                        .map(|(i, x)| KthreadSnap {
-                            counters: if i == 0 {
-                                QueueCounters {
-                                    rq_head: taken,
-                                    rq_tail: pushed,
-                                    ..Default::default()
-                                }
-                            } else {
-                                QueueCounters::default()
-                            },
-                            core: x.core,
-                            parked: x.core.is_none(),
-                            parked_since: x.parked_since,
-                            last_core: x.last_core,
-                            busy_time: 0,
-                        })
-                        .collect(),
-                    next_timer: None,
-                    last_yielded_core: None,
-                    netstack: None,
-                });
-                snaps.push(AppSnap {
-                    key: 2,
-                    class: AppClass::Batch,
-                    guaranteed: 0,
-                    max_cores: self.cores,
-                    kthreads: batch
-                        .iter()
-                        .zip(&batch_last)
-                        .map(|(c, l)| KthreadSnap {
-                            counters: QueueCounters {
-                                rq_head: passes,
-                                rq_tail: passes.wrapping_add(2),
-                                ..Default::default()
-                            },
-                            core: *c,
-                            parked: c.is_none(),
-                            parked_since: 0,
-                            last_core: *l,
-                            busy_time: 0,
-                        })
-                        .collect(),
-                    next_timer: None,
-                    last_yielded_core: None,
-                    netstack: None,
-                });
+                self.fill_snaps(
+                    &mut snaps,
+                    d.queue_counters(),
+                    &w,
+                    &batch,
+                    &batch_last,
+                    passes,
+                );
                 out.clear();
                 if pass_due {
                     passes = passes.wrapping_add(1);
@@ -372,32 +362,7 @@ impl ColocateSim {
                     }
                 }
             }
-            // The dispatch step.
-            for (i, x) in w.iter().enumerate() {
-                d.set_granted(i, x.core.is_some());
-            }
-            actions.clear();
-            d.step(now, &mut actions);
-            for a in actions.drain(..) {
-                match a {
-                    Action::Run { worker, request } => {
-                        let x = &mut w[worker];
-                        x.running = Some((request.id, now));
-                        x.idle_since = None;
-                        d.started(worker, now.max(x.ready_at));
-                    }
-                    Action::Preempt { worker, .. } => {
-                        w[worker].stop_at = Some(now + preempt_cost);
-                    }
-                    // Simulated requests always reach a preemption point
-                    // (no backstop is set here).
-                    Action::Signal { .. } => {}
-                    // The simulated dispatcher does not pre-assign.
-                    Action::PreAssign { .. } => {
-                        unreachable!("pre-assignment is off in the simulator")
-                    }
-                }
-            }
+            dispatch_step(&mut d, &mut w, &mut actions, now, preempt_cost);
         }
         let span = u128::from(end.saturating_sub(warmup)).max(1);
         ColocateResult {
@@ -407,6 +372,109 @@ impl ColocateSim {
             preemptions,
             revoked_mid_request: revoked,
             guaranteed_taken,
+        }
+    }
+}
+
+/// The time of the next event no later than `t`: a request's end or stop,
+/// a quantum's end, an idle worker's park.
+fn next_event(
+    d: &ColocatedDispatcher<()>,
+    w: &[Worker],
+    reqs: &HashMap<u64, Req>,
+    mut t: u64,
+    now: u64,
+    spin: u64,
+    keep_cores: bool,
+) -> u64 {
+    for (i, x) in w.iter().enumerate() {
+        if let Some((id, since)) = x.running {
+            let start = since.max(x.ready_at);
+            t = t.min(start + reqs[&id].left);
+            if let Some(s) = x.stop_at {
+                t = t.min(s);
+            }
+            // A quantum already spent with nobody waiting matters
+            // at the next arrival, an event of its own.
+            if let Some(q) = d.quantum_ends(i).filter(|&q| q > now) {
+                t = t.min(q);
+            }
+        } else if let (Some(s), Some(_)) = (x.idle_since, x.core) {
+            if !keep_cores {
+                t = t.min(s + spin);
+            }
+        }
+    }
+    t
+}
+
+/// Hands back the requests that finished (recorded past `warmup`) or
+/// stopped after a preemption; returns how many stopped.
+fn hand_back_stopped(
+    d: &mut ColocatedDispatcher<()>,
+    w: &mut [Worker],
+    reqs: &mut HashMap<u64, Req>,
+    stats: &mut Stats,
+    now: u64,
+    warmup: u64,
+) -> u64 {
+    let mut preemptions = 0;
+    for (i, x) in w.iter_mut().enumerate() {
+        let Some((id, _)) = x.running else { continue };
+        if reqs[&id].left == 0 {
+            let r = reqs.remove(&id).expect("running request");
+            d.hand_back(i, id, HandBack::Completed, (), now)
+                .expect("the worker's own request");
+            if r.arrival >= warmup {
+                stats.record(ps_to_us(now - r.arrival), ps_to_us(r.service), r.class);
+            }
+            x.running = None;
+            x.stop_at = None;
+            x.idle_since = Some(now);
+        } else if x.stop_at.is_some_and(|s| s <= now) {
+            d.hand_back(i, id, HandBack::Preempted, (), now)
+                .expect("the worker's own request");
+            preemptions += 1;
+            x.running = None;
+            x.stop_at = None;
+            x.idle_since = Some(now);
+        }
+    }
+    preemptions
+}
+
+/// The dispatch step at `now`: workers that hold a core may run requests;
+/// a preempted request stops `preempt_cost` later.
+fn dispatch_step(
+    d: &mut ColocatedDispatcher<()>,
+    w: &mut [Worker],
+    actions: &mut Vec<Action<()>>,
+    now: u64,
+    preempt_cost: u64,
+) {
+    for (i, x) in w.iter().enumerate() {
+        d.set_granted(i, x.core.is_some());
+    }
+    actions.clear();
+    d.step(now, actions);
+    for a in actions.drain(..) {
+        match a {
+            Action::Run { worker, request } => {
+                let x = &mut w[worker];
+                x.running = Some((request.id, now));
+                x.idle_since = None;
+                d.started(worker, now.max(x.ready_at));
+            }
+            Action::Preempt { worker, .. } => {
+                w[worker].stop_at = Some(now + preempt_cost);
+            }
+            // Simulated requests always reach a preemption point
+            // (no backstop is set here).
+            Action::Signal { .. } => {}
+            // The simulated dispatcher does not pre-assign.
+            Action::PreAssign { .. } => {
+                unreachable!("pre-assignment is off in the simulator")
+            }
         }
     }
 }

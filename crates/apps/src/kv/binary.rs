@@ -361,11 +361,6 @@ fn execute(
             | op::GATQ
             | op::GATKQ
     );
-    let ok = |out: &mut Vec<u8>, cas: u64, extras: &[u8], key: &[u8], value: &[u8]| {
-        if !quiet {
-            respond(out, h, status::OK, cas, extras, key, value);
-        }
-    };
     match h.opcode {
         op::GET
         | op::GETQ
@@ -376,58 +371,7 @@ fn execute(
         | op::GATQ
         | op::GATK
         | op::GATKQ => {
-            let touch = matches!(
-                h.opcode,
-                op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ
-            );
-            let with_key = matches!(h.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
-            let item = if touch {
-                KvStats::bump(&stats.cmd_touch);
-                // The binary expiration is unsigned.
-                store.get_and_touch(key, i64::from(be32(extras)))
-            } else {
-                KvStats::bump(&stats.cmd_get);
-                store.get(key)
-            };
-            match item {
-                Some(item) => {
-                    KvStats::bump(if touch {
-                        &stats.touch_hits
-                    } else {
-                        &stats.get_hits
-                    });
-                    let flags = item.flags.to_be_bytes();
-                    let v: &[u8] = if h.opcode == op::TOUCH {
-                        &[]
-                    } else {
-                        &item.value
-                    };
-                    // Hits are answered even by the quiet gets.
-                    respond(
-                        out,
-                        h,
-                        status::OK,
-                        item.cas,
-                        &flags,
-                        if with_key { key } else { &[] },
-                        v,
-                    );
-                }
-                None => {
-                    KvStats::bump(if touch {
-                        &stats.touch_misses
-                    } else {
-                        &stats.get_misses
-                    });
-                    if !quiet {
-                        if with_key {
-                            respond(out, h, status::KEY_ENOENT, 0, &[], key, &[]);
-                        } else {
-                            error(out, h, status::KEY_ENOENT);
-                        }
-                    }
-                }
-            }
+            get(h, extras, key, kv, out, quiet);
         }
         op::SET
         | op::SETQ
@@ -439,56 +383,12 @@ fn execute(
         | op::APPENDQ
         | op::PREPEND
         | op::PREPENDQ => {
-            KvStats::bump(&stats.cmd_set);
-            let (flags, exptime) = if extras.len() == 8 {
-                (be32(extras), i64::from(be32(&extras[4..])))
-            } else {
-                (0, 0)
-            };
-            let base = match h.opcode {
-                op::SET | op::SETQ => StoreMode::Set,
-                op::ADD | op::ADDQ => StoreMode::Add,
-                op::REPLACE | op::REPLACEQ => StoreMode::Replace,
-                op::APPEND | op::APPENDQ => StoreMode::Append,
-                _ => StoreMode::Prepend,
-            };
-            let appending = matches!(base, StoreMode::Append | StoreMode::Prepend);
-            let mode = if h.cas != 0 && !appending {
-                StoreMode::Cas(h.cas)
-            } else {
-                base
-            };
-            if appending && h.cas != 0 {
-                // append/prepend honour a cas: check it first.
-                match store.get(key) {
-                    Some(item) if item.cas != h.cas => {
-                        error(out, h, status::KEY_EEXISTS);
-                        return Flow::Continue;
-                    }
-                    _ => {}
-                }
-            }
-            match store.store(mode, key, value, flags, exptime) {
-                StoreOutcome::Stored(cas) => ok(out, cas, &[], &[], &[]),
-                StoreOutcome::NotStored => error(
-                    out,
-                    h,
-                    match base {
-                        StoreMode::Add => status::KEY_EEXISTS,
-                        StoreMode::Replace => status::KEY_ENOENT,
-                        _ => status::NOT_STORED,
-                    },
-                ),
-                StoreOutcome::Exists => error(out, h, status::KEY_EEXISTS),
-                StoreOutcome::NotFound => error(out, h, status::KEY_ENOENT),
-                StoreOutcome::TooLarge => error(out, h, status::E2BIG),
-                StoreOutcome::OutOfMemory => error(out, h, status::ENOMEM),
-            }
+            return store_item(h, extras, key, value, kv, out, quiet);
         }
         op::DELETE | op::DELETEQ => match store.delete(key, h.cas) {
             DeleteOutcome::Deleted => {
                 KvStats::bump(&stats.delete_hits);
-                ok(out, 0, &[], &[], &[]);
+                ok(out, h, quiet, 0, &[]);
             }
             DeleteOutcome::NotFound => {
                 KvStats::bump(&stats.delete_misses);
@@ -497,51 +397,10 @@ fn execute(
             DeleteOutcome::Exists => error(out, h, status::KEY_EEXISTS),
         },
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
-            let incr = matches!(h.opcode, op::INCREMENT | op::INCREMENTQ);
-            let delta = be64(extras);
-            let initial = be64(&extras[8..]);
-            let expiration = be32(&extras[16..]);
-            match store.delta(key, incr, delta, h.cas) {
-                DeltaOutcome::Value(v, cas) => {
-                    KvStats::bump(if incr {
-                        &stats.incr_hits
-                    } else {
-                        &stats.decr_hits
-                    });
-                    ok(out, cas, &[], &[], &v.to_be_bytes());
-                }
-                DeltaOutcome::NotFound if expiration != 0xffff_ffff && h.cas == 0 => {
-                    KvStats::bump(if incr {
-                        &stats.incr_misses
-                    } else {
-                        &stats.decr_misses
-                    });
-                    let digits = initial.to_string();
-                    match store.store(
-                        StoreMode::Add,
-                        key,
-                        digits.as_bytes(),
-                        0,
-                        i64::from(expiration),
-                    ) {
-                        StoreOutcome::Stored(cas) => ok(out, cas, &[], &[], &initial.to_be_bytes()),
-                        _ => error(out, h, status::NOT_STORED),
-                    }
-                }
-                DeltaOutcome::NotFound => {
-                    KvStats::bump(if incr {
-                        &stats.incr_misses
-                    } else {
-                        &stats.decr_misses
-                    });
-                    error(out, h, status::KEY_ENOENT);
-                }
-                DeltaOutcome::NonNumeric => error(out, h, status::DELTA_BADVAL),
-                DeltaOutcome::Exists => error(out, h, status::KEY_EEXISTS),
-            }
+            delta(h, extras, key, kv, out, quiet);
         }
         op::QUIT | op::QUITQ => {
-            ok(out, 0, &[], &[], &[]);
+            ok(out, h, quiet, 0, &[]);
             return Flow::Close;
         }
         op::FLUSH | op::FLUSHQ => {
@@ -552,10 +411,10 @@ fn execute(
                 0
             };
             store.flush_all(delay);
-            ok(out, 0, &[], &[], &[]);
+            ok(out, h, quiet, 0, &[]);
         }
-        op::NOOP => ok(out, 0, &[], &[], &[]),
-        op::VERSION => ok(out, 0, &[], &[], VERSION.as_bytes()),
+        op::NOOP => ok(out, h, quiet, 0, &[]),
+        op::VERSION => ok(out, h, quiet, 0, VERSION.as_bytes()),
         op::STAT => {
             if key.is_empty() {
                 for (name, value) in kv.general_stats() {
@@ -579,6 +438,176 @@ fn execute(
         _ => error(out, h, status::UNKNOWN_COMMAND),
     }
     Flow::Continue
+}
+
+/// The OK reply with `value` (no extras, no key), unless `quiet`.
+fn ok(out: &mut Vec<u8>, h: &Header, quiet: bool, cas: u64, value: &[u8]) {
+    if !quiet {
+        respond(out, h, status::OK, cas, &[], &[], value);
+    }
+}
+
+/// get, getk, touch, gat, gatk and their quiet forms.
+fn get(h: &Header, extras: &[u8], key: &[u8], kv: &Kv, out: &mut Vec<u8>, quiet: bool) {
+    let (store, stats) = (&kv.store, &kv.stats);
+    let touch = matches!(
+        h.opcode,
+        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ
+    );
+    let with_key = matches!(h.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
+    let item = if touch {
+        KvStats::bump(&stats.cmd_touch);
+        // The binary expiration is unsigned.
+        store.get_and_touch(key, i64::from(be32(extras)))
+    } else {
+        KvStats::bump(&stats.cmd_get);
+        store.get(key)
+    };
+    match item {
+        Some(item) => {
+            KvStats::bump(if touch {
+                &stats.touch_hits
+            } else {
+                &stats.get_hits
+            });
+            let flags = item.flags.to_be_bytes();
+            let v: &[u8] = if h.opcode == op::TOUCH {
+                &[]
+            } else {
+                &item.value
+            };
+            // Hits are answered even by the quiet gets.
+            respond(
+                out,
+                h,
+                status::OK,
+                item.cas,
+                &flags,
+                if with_key { key } else { &[] },
+                v,
+            );
+        }
+        None => {
+            KvStats::bump(if touch {
+                &stats.touch_misses
+            } else {
+                &stats.get_misses
+            });
+            if !quiet {
+                if with_key {
+                    respond(out, h, status::KEY_ENOENT, 0, &[], key, &[]);
+                } else {
+                    error(out, h, status::KEY_ENOENT);
+                }
+            }
+        }
+    }
+}
+
+/// set, add, replace, append, prepend and their quiet forms.
+fn store_item(
+    h: &Header,
+    extras: &[u8],
+    key: &[u8],
+    value: &[u8],
+    kv: &Kv,
+    out: &mut Vec<u8>,
+    quiet: bool,
+) -> Flow {
+    let (store, stats) = (&kv.store, &kv.stats);
+    KvStats::bump(&stats.cmd_set);
+    let (flags, exptime) = if extras.len() == 8 {
+        (be32(extras), i64::from(be32(&extras[4..])))
+    } else {
+        (0, 0)
+    };
+    let base = match h.opcode {
+        op::SET | op::SETQ => StoreMode::Set,
+        op::ADD | op::ADDQ => StoreMode::Add,
+        op::REPLACE | op::REPLACEQ => StoreMode::Replace,
+        op::APPEND | op::APPENDQ => StoreMode::Append,
+        _ => StoreMode::Prepend,
+    };
+    let appending = matches!(base, StoreMode::Append | StoreMode::Prepend);
+    let mode = if h.cas != 0 && !appending {
+        StoreMode::Cas(h.cas)
+    } else {
+        base
+    };
+    if appending && h.cas != 0 {
+        // append/prepend honour a cas: check it first.
+        match store.get(key) {
+            Some(item) if item.cas != h.cas => {
+                error(out, h, status::KEY_EEXISTS);
+                return Flow::Continue;
+            }
+            _ => {}
+        }
+    }
+    match store.store(mode, key, value, flags, exptime) {
+        StoreOutcome::Stored(cas) => ok(out, h, quiet, cas, &[]),
+        StoreOutcome::NotStored => error(
+            out,
+            h,
+            match base {
+                StoreMode::Add => status::KEY_EEXISTS,
+                StoreMode::Replace => status::KEY_ENOENT,
+                _ => status::NOT_STORED,
+            },
+        ),
+        StoreOutcome::Exists => error(out, h, status::KEY_EEXISTS),
+        StoreOutcome::NotFound => error(out, h, status::KEY_ENOENT),
+        StoreOutcome::TooLarge => error(out, h, status::E2BIG),
+        StoreOutcome::OutOfMemory => error(out, h, status::ENOMEM),
+    }
+    Flow::Continue
+}
+
+/// increment and decrement and their quiet forms.
+fn delta(h: &Header, extras: &[u8], key: &[u8], kv: &Kv, out: &mut Vec<u8>, quiet: bool) {
+    let (store, stats) = (&kv.store, &kv.stats);
+    let incr = matches!(h.opcode, op::INCREMENT | op::INCREMENTQ);
+    let delta = be64(extras);
+    let initial = be64(&extras[8..]);
+    let expiration = be32(&extras[16..]);
+    match store.delta(key, incr, delta, h.cas) {
+        DeltaOutcome::Value(v, cas) => {
+            KvStats::bump(if incr {
+                &stats.incr_hits
+            } else {
+                &stats.decr_hits
+            });
+            ok(out, h, quiet, cas, &v.to_be_bytes());
+        }
+        DeltaOutcome::NotFound if expiration != 0xffff_ffff && h.cas == 0 => {
+            KvStats::bump(if incr {
+                &stats.incr_misses
+            } else {
+                &stats.decr_misses
+            });
+            let digits = initial.to_string();
+            match store.store(
+                StoreMode::Add,
+                key,
+                digits.as_bytes(),
+                0,
+                i64::from(expiration),
+            ) {
+                StoreOutcome::Stored(cas) => ok(out, h, quiet, cas, &initial.to_be_bytes()),
+                _ => error(out, h, status::NOT_STORED),
+            }
+        }
+        DeltaOutcome::NotFound => {
+            KvStats::bump(if incr {
+                &stats.incr_misses
+            } else {
+                &stats.decr_misses
+            });
+            error(out, h, status::KEY_ENOENT);
+        }
+        DeltaOutcome::NonNumeric => error(out, h, status::DELTA_BADVAL),
+        DeltaOutcome::Exists => error(out, h, status::KEY_EEXISTS),
+    }
 }
 
 #[cfg(test)]

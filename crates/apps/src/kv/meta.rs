@@ -20,59 +20,17 @@ use std::io::Write as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 
+use super::command::{Command, Line};
+use super::number::{strtol32, strtoul32, strtoull};
 use super::store::{DeleteOutcome, DeltaOutcome, Recache, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
-use super::text::{strtol32, strtoul32, strtoull, Command, Line};
 use super::{Kv, KvStats};
+
+pub use super::command::Meta;
 
 /// memcached's limit on the tokens of a meta command (`ntokens`).
 const MAX_OPT_TOKENS: usize = 20;
 /// The longest opaque token.
 const MAX_OPAQUE: usize = 32;
-
-/// One meta request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Meta<'a> {
-    Get {
-        key: &'a [u8],
-        /// The flag tokens, in order.
-        flags: Vec<&'a [u8]>,
-        value: bool,
-        quiet: bool,
-        ttl: Option<i64>,
-        /// N: on a miss, create an empty item with this TTL.
-        vivify: Option<i64>,
-        /// R: win the right to recache an item expiring within this.
-        recache: Option<i64>,
-    },
-    Set {
-        key: &'a [u8],
-        flags: Vec<&'a [u8]>,
-        data: &'a [u8],
-        mode: StoreMode,
-        client_flags: u32,
-        exptime: i64,
-        quiet: bool,
-    },
-    Delete {
-        key: &'a [u8],
-        flags: Vec<&'a [u8]>,
-        cas: Option<u64>,
-        quiet: bool,
-    },
-    Arithmetic {
-        key: &'a [u8],
-        flags: Vec<&'a [u8]>,
-        incr: bool,
-        delta: u64,
-        /// N: create a missing item with this TTL, holding `initial`.
-        vivify: Option<i64>,
-        initial: u64,
-        ttl: Option<i64>,
-        cas: Option<u64>,
-        value: bool,
-        quiet: bool,
-    },
-}
 
 /// What the flags of one command say.
 #[derive(Debug, Default)]
@@ -392,246 +350,277 @@ pub(super) fn execute(m: &Meta<'_>, kv: &Kv, out: &mut Vec<u8>) {
 
 /// [`execute`] on the key the request names (`binary`: given in base64).
 fn execute_on(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>) {
-    let store = &kv.store;
     match *m {
-        Meta::Get {
-            key: _,
-            ref flags,
-            value,
-            quiet,
-            ttl,
-            vivify,
-            recache,
-        } => {
-            if flags.iter().any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE) {
-                out.extend_from_slice(b"CLIENT_ERROR opaque token too long\r\n");
-                return;
-            }
-            KvStats::bump(&kv.stats.cmd_get);
-            let Some((item, token)) = store.meta_get(key, ttl, vivify, recache) else {
-                KvStats::bump(&kv.stats.get_misses);
-                if !quiet {
-                    out.extend_from_slice(b"EN");
-                    opaque_and_key(out, flags, key, binary);
-                    out.extend_from_slice(b"\r\n");
-                }
-                return;
-            };
-            KvStats::bump(&kv.stats.get_hits);
-            if value {
-                let _ = write!(out, "VA {}", item.value.len());
-            } else {
-                out.extend_from_slice(b"HD");
-            }
-            let now = store.now();
-            for t in flags {
-                match t[0] {
-                    b's' => {
-                        let _ = write!(out, " s{}", item.value.len());
-                    }
-                    b't' => {
-                        if item.expires == 0 {
-                            out.extend_from_slice(b" t-1");
-                        } else {
-                            let _ = write!(out, " t{}", item.expires.saturating_sub(now));
-                        }
-                    }
-                    b'c' => {
-                        let _ = write!(out, " c{}", item.cas);
-                    }
-                    b'f' => {
-                        let _ = write!(out, " f{}", item.flags);
-                    }
-                    b'l' => out.extend_from_slice(b" l0"),
-                    b'h' => out.extend_from_slice(b" h0"),
-                    b'O' => {
-                        out.push(b' ');
-                        out.extend_from_slice(t);
-                    }
-                    b'k' => write_key(out, key, binary),
-                    _ => {}
-                }
-            }
-            match token {
-                Recache::Win => out.extend_from_slice(b" W"),
-                Recache::Won => out.extend_from_slice(b" Z"),
-                Recache::None => {}
-            }
-            out.extend_from_slice(b"\r\n");
-            if value {
-                out.extend_from_slice(&item.value);
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        Meta::Set {
-            key: _,
-            ref flags,
-            data,
-            mode,
-            client_flags,
-            exptime,
-            quiet,
-        } => {
-            KvStats::bump(&kv.stats.cmd_set);
-            let outcome = store.store(mode, key, data, client_flags, exptime);
-            let (code, cas) = match outcome {
-                StoreOutcome::Stored(cas) => {
-                    if quiet {
-                        return;
-                    }
-                    ("HD", cas)
-                }
-                StoreOutcome::Exists => ("EX", 0),
-                StoreOutcome::NotFound => ("NF", 0),
-                StoreOutcome::NotStored => ("NS", 0),
-                StoreOutcome::TooLarge => {
-                    out.extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
-                    return;
-                }
-                StoreOutcome::OutOfMemory => {
-                    out.extend_from_slice(b"SERVER_ERROR out of memory storing object\r\n");
-                    return;
-                }
-            };
-            out.extend_from_slice(code.as_bytes());
-            for t in flags {
-                match t[0] {
-                    b'O' => {
-                        out.push(b' ');
-                        out.extend_from_slice(t);
-                    }
-                    b'k' => write_key(out, key, binary),
-                    b'c' => {
-                        let _ = write!(out, " c{cas}");
-                    }
-                    _ => {}
-                }
-            }
-            out.extend_from_slice(b"\r\n");
-        }
-        Meta::Arithmetic {
-            key: _,
-            ref flags,
-            incr,
-            delta,
-            vivify,
-            initial,
-            ttl,
-            cas,
-            value,
-            quiet,
-        } => {
-            let (number, new_cas) = match store.delta(key, incr, delta, cas.unwrap_or(0)) {
-                DeltaOutcome::Value(v, c) => {
-                    KvStats::bump(if incr {
-                        &kv.stats.incr_hits
-                    } else {
-                        &kv.stats.decr_hits
-                    });
-                    if quiet {
-                        if let Some(t) = ttl {
-                            store.touch(key, t);
-                        }
-                        return;
-                    }
-                    (v, c)
-                }
-                DeltaOutcome::NonNumeric => {
-                    out.extend_from_slice(
-                        b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
-                    );
-                    return;
-                }
-                DeltaOutcome::NotFound if vivify.is_some() => {
-                    let digits = initial.to_string();
-                    let exptime = vivify.unwrap_or(0);
-                    match store.store(StoreMode::Add, key, digits.as_bytes(), 0, exptime) {
-                        StoreOutcome::Stored(c) => (initial, c),
-                        _ => {
-                            out.extend_from_slice(b"NS");
-                            opaque_and_key(out, flags, key, binary);
-                            out.extend_from_slice(b"\r\n");
-                            return;
-                        }
-                    }
-                }
-                DeltaOutcome::NotFound => {
-                    KvStats::bump(if incr {
-                        &kv.stats.incr_misses
-                    } else {
-                        &kv.stats.decr_misses
-                    });
-                    out.extend_from_slice(b"NF");
-                    opaque_and_key(out, flags, key, binary);
-                    out.extend_from_slice(b"\r\n");
-                    return;
-                }
-                DeltaOutcome::Exists => {
-                    out.extend_from_slice(b"EX");
-                    opaque_and_key(out, flags, key, binary);
-                    out.extend_from_slice(b"\r\n");
-                    return;
-                }
-            };
-            if let Some(t) = ttl {
-                store.touch(key, t);
-            }
-            let digits = number.to_string();
-            if value {
-                let _ = write!(out, "VA {}", digits.len());
-            } else {
-                out.extend_from_slice(b"HD");
-            }
-            for t in flags {
-                match t[0] {
-                    b'c' => {
-                        let _ = write!(out, " c{new_cas}");
-                    }
-                    b't' => {
-                        let expires = store.get(key).map_or(0, |i| i.expires);
-                        if expires == 0 {
-                            out.extend_from_slice(b" t-1");
-                        } else {
-                            let _ = write!(out, " t{}", expires.saturating_sub(store.now()));
-                        }
-                    }
-                    b'O' => {
-                        out.push(b' ');
-                        out.extend_from_slice(t);
-                    }
-                    b'k' => write_key(out, key, binary),
-                    _ => {}
-                }
-            }
-            out.extend_from_slice(b"\r\n");
-            if value {
-                out.extend_from_slice(digits.as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        Meta::Delete {
-            key: _,
-            ref flags,
-            cas,
-            quiet,
-        } => {
-            let code = match store.delete(key, cas.unwrap_or(0)) {
-                DeleteOutcome::Deleted => {
-                    KvStats::bump(&kv.stats.delete_hits);
-                    if quiet {
-                        return;
-                    }
-                    "HD"
-                }
-                DeleteOutcome::NotFound => {
-                    KvStats::bump(&kv.stats.delete_misses);
-                    "NF"
-                }
-                DeleteOutcome::Exists => "EX",
-            };
-            out.extend_from_slice(code.as_bytes());
+        Meta::Get { .. } => get(m, key, binary, kv, out),
+        Meta::Set { .. } => set(m, key, binary, kv, out),
+        Meta::Arithmetic { .. } => arithmetic(m, key, binary, kv, out),
+        Meta::Delete { .. } => delete(m, key, binary, kv, out),
+    }
+}
+
+/// `mg`: the item's value and the flags asked for, or a miss.
+fn get(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>) {
+    let Meta::Get {
+        key: _,
+        ref flags,
+        value,
+        quiet,
+        ttl,
+        vivify,
+        recache,
+    } = *m
+    else {
+        unreachable!("called for a Get request");
+    };
+    let store = &kv.store;
+    if flags.iter().any(|t| t[0] == b'O' && t.len() > MAX_OPAQUE) {
+        out.extend_from_slice(b"CLIENT_ERROR opaque token too long\r\n");
+        return;
+    }
+    KvStats::bump(&kv.stats.cmd_get);
+    let Some((item, token)) = store.meta_get(key, ttl, vivify, recache) else {
+        KvStats::bump(&kv.stats.get_misses);
+        if !quiet {
+            out.extend_from_slice(b"EN");
             opaque_and_key(out, flags, key, binary);
             out.extend_from_slice(b"\r\n");
         }
+        return;
+    };
+    KvStats::bump(&kv.stats.get_hits);
+    if value {
+        let _ = write!(out, "VA {}", item.value.len());
+    } else {
+        out.extend_from_slice(b"HD");
     }
+    let now = store.now();
+    for t in flags {
+        match t[0] {
+            b's' => {
+                let _ = write!(out, " s{}", item.value.len());
+            }
+            b't' => {
+                if item.expires == 0 {
+                    out.extend_from_slice(b" t-1");
+                } else {
+                    let _ = write!(out, " t{}", item.expires.saturating_sub(now));
+                }
+            }
+            b'c' => {
+                let _ = write!(out, " c{}", item.cas);
+            }
+            b'f' => {
+                let _ = write!(out, " f{}", item.flags);
+            }
+            b'l' => out.extend_from_slice(b" l0"),
+            b'h' => out.extend_from_slice(b" h0"),
+            b'O' => {
+                out.push(b' ');
+                out.extend_from_slice(t);
+            }
+            b'k' => write_key(out, key, binary),
+            _ => {}
+        }
+    }
+    match token {
+        Recache::Win => out.extend_from_slice(b" W"),
+        Recache::Won => out.extend_from_slice(b" Z"),
+        Recache::None => {}
+    }
+    out.extend_from_slice(b"\r\n");
+    if value {
+        out.extend_from_slice(&item.value);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `ms`: stores the value, answers with the flags asked for.
+fn set(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>) {
+    let Meta::Set {
+        key: _,
+        ref flags,
+        data,
+        mode,
+        client_flags,
+        exptime,
+        quiet,
+    } = *m
+    else {
+        unreachable!("called for a Set request");
+    };
+    let store = &kv.store;
+    KvStats::bump(&kv.stats.cmd_set);
+    let outcome = store.store(mode, key, data, client_flags, exptime);
+    let (code, cas) = match outcome {
+        StoreOutcome::Stored(cas) => {
+            if quiet {
+                return;
+            }
+            ("HD", cas)
+        }
+        StoreOutcome::Exists => ("EX", 0),
+        StoreOutcome::NotFound => ("NF", 0),
+        StoreOutcome::NotStored => ("NS", 0),
+        StoreOutcome::TooLarge => {
+            out.extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
+            return;
+        }
+        StoreOutcome::OutOfMemory => {
+            out.extend_from_slice(b"SERVER_ERROR out of memory storing object\r\n");
+            return;
+        }
+    };
+    out.extend_from_slice(code.as_bytes());
+    for t in flags {
+        match t[0] {
+            b'O' => {
+                out.push(b' ');
+                out.extend_from_slice(t);
+            }
+            b'k' => write_key(out, key, binary),
+            b'c' => {
+                let _ = write!(out, " c{cas}");
+            }
+            _ => {}
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `ma`: increments or decrements (creating the item with `N`).
+fn arithmetic(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>) {
+    let Meta::Arithmetic {
+        key: _,
+        ref flags,
+        incr,
+        delta,
+        vivify,
+        initial,
+        ttl,
+        cas,
+        value,
+        quiet,
+    } = *m
+    else {
+        unreachable!("called for a Arithmetic request");
+    };
+    let store = &kv.store;
+    let (number, new_cas) = match store.delta(key, incr, delta, cas.unwrap_or(0)) {
+        DeltaOutcome::Value(v, c) => {
+            KvStats::bump(if incr {
+                &kv.stats.incr_hits
+            } else {
+                &kv.stats.decr_hits
+            });
+            if quiet {
+                if let Some(t) = ttl {
+                    store.touch(key, t);
+                }
+                return;
+            }
+            (v, c)
+        }
+        DeltaOutcome::NonNumeric => {
+            out.extend_from_slice(
+                b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+            );
+            return;
+        }
+        DeltaOutcome::NotFound if vivify.is_some() => {
+            let digits = initial.to_string();
+            let exptime = vivify.unwrap_or(0);
+            match store.store(StoreMode::Add, key, digits.as_bytes(), 0, exptime) {
+                StoreOutcome::Stored(c) => (initial, c),
+                _ => {
+                    out.extend_from_slice(b"NS");
+                    opaque_and_key(out, flags, key, binary);
+                    out.extend_from_slice(b"\r\n");
+                    return;
+                }
+            }
+        }
+        DeltaOutcome::NotFound => {
+            KvStats::bump(if incr {
+                &kv.stats.incr_misses
+            } else {
+                &kv.stats.decr_misses
+            });
+            out.extend_from_slice(b"NF");
+            opaque_and_key(out, flags, key, binary);
+            out.extend_from_slice(b"\r\n");
+            return;
+        }
+        DeltaOutcome::Exists => {
+            out.extend_from_slice(b"EX");
+            opaque_and_key(out, flags, key, binary);
+            out.extend_from_slice(b"\r\n");
+            return;
+        }
+    };
+    if let Some(t) = ttl {
+        store.touch(key, t);
+    }
+    let digits = number.to_string();
+    if value {
+        let _ = write!(out, "VA {}", digits.len());
+    } else {
+        out.extend_from_slice(b"HD");
+    }
+    for t in flags {
+        match t[0] {
+            b'c' => {
+                let _ = write!(out, " c{new_cas}");
+            }
+            b't' => {
+                let expires = store.get(key).map_or(0, |i| i.expires);
+                if expires == 0 {
+                    out.extend_from_slice(b" t-1");
+                } else {
+                    let _ = write!(out, " t{}", expires.saturating_sub(store.now()));
+                }
+            }
+            b'O' => {
+                out.push(b' ');
+                out.extend_from_slice(t);
+            }
+            b'k' => write_key(out, key, binary),
+            _ => {}
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    if value {
+        out.extend_from_slice(digits.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `md`: deletes the item (if its cas matches).
+fn delete(m: &Meta<'_>, key: &[u8], binary: bool, kv: &Kv, out: &mut Vec<u8>) {
+    let Meta::Delete {
+        key: _,
+        ref flags,
+        cas,
+        quiet,
+    } = *m
+    else {
+        unreachable!("called for a Delete request");
+    };
+    let store = &kv.store;
+    let code = match store.delete(key, cas.unwrap_or(0)) {
+        DeleteOutcome::Deleted => {
+            KvStats::bump(&kv.stats.delete_hits);
+            if quiet {
+                return;
+            }
+            "HD"
+        }
+        DeleteOutcome::NotFound => {
+            KvStats::bump(&kv.stats.delete_misses);
+            "NF"
+        }
+        DeleteOutcome::Exists => "EX",
+    };
+    out.extend_from_slice(code.as_bytes());
+    opaque_and_key(out, flags, key, binary);
+    out.extend_from_slice(b"\r\n");
 }

@@ -32,7 +32,9 @@
 //!   memcached.
 
 pub mod binary;
+mod command;
 pub mod meta;
+mod number;
 pub mod server;
 pub mod store;
 pub mod text;

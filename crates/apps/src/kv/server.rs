@@ -23,7 +23,7 @@ use ginza_runtime::net::{TcpStream, UdpSocket};
 use super::binary::BinarySession;
 use super::text::{Flow, TextSession};
 use super::{udp, Kv};
-use crate::echo_server::{is_timeout, Protocols};
+use crate::serve::{is_timeout, Protocols};
 
 /// How often a uthread waiting for data checks the stop flag.
 pub const STOP_POLL: Duration = Duration::from_millis(10);

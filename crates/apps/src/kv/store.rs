@@ -740,7 +740,7 @@ pub enum DeleteOutcome {
 /// white space, an optional sign, decimal digits, then white space or the
 /// end; no overflow; a minus sign only on a value that stays below 2^63.
 pub fn parse_u64_value(v: &[u8]) -> Option<u64> {
-    crate::kv::text::strtoull(v)
+    super::number::strtoull(v)
 }
 
 #[cfg(test)]

@@ -11,9 +11,13 @@
 
 use std::io::Write as _;
 
-use super::meta::{self, Meta};
+use super::command::Line;
+use super::meta;
+use super::number::{strtol32, strtoul32, strtoull};
 use super::store::{DeleteOutcome, DeltaOutcome, StoreMode, StoreOutcome, KEY_MAX_LENGTH};
 use super::{Kv, KvStats, VERSION};
+
+pub use super::command::Command;
 
 /// A line without its newline longer than this closes the connection,
 /// unless it is a get (memcached's rule).
@@ -24,77 +28,6 @@ pub const GET_LINE_MAX: usize = 1 << 20;
 /// (empty) one included.
 const MAX_TOKENS: usize = 24;
 
-/// One request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command<'a> {
-    /// get/gets (`cas`), gat/gats (`touch` is the new exptime).
-    Get {
-        keys: Vec<&'a [u8]>,
-        cas: bool,
-        touch: Option<i64>,
-    },
-    Store {
-        mode: StoreMode,
-        key: &'a [u8],
-        flags: u32,
-        exptime: i64,
-        data: &'a [u8],
-        noreply: bool,
-    },
-    /// A storage command whose data is over the item-size limit: reply,
-    /// drop a set's old item, and swallow `swallow` bytes of data.
-    TooLarge {
-        key: &'a [u8],
-        set: bool,
-        noreply: bool,
-        swallow: usize,
-    },
-    Delete {
-        key: &'a [u8],
-        noreply: bool,
-    },
-    Delta {
-        key: &'a [u8],
-        incr: bool,
-        delta: u64,
-        noreply: bool,
-    },
-    Touch {
-        key: &'a [u8],
-        exptime: i64,
-        noreply: bool,
-    },
-    FlushAll {
-        delay: i64,
-        noreply: bool,
-    },
-    Version,
-    /// `stats` with its arguments.
-    Stats(Vec<&'a [u8]>),
-    Verbosity {
-        noreply: bool,
-    },
-    Quit,
-    /// `mn`.
-    MetaNoop,
-    /// `mg`, `ms`, `md`, `ma`.
-    Meta(Meta<'a>),
-    /// Reply `line` (always), remove `unlink`'s item, and swallow
-    /// `swallow` bytes of data (a refused `ms`).
-    Swallow {
-        line: &'static str,
-        swallow: usize,
-        unlink: Option<&'a [u8]>,
-    },
-    /// A fixed reply line (errors), not sent under noreply.
-    Reply {
-        line: &'static str,
-        noreply: bool,
-    },
-    /// Close the connection without a reply.
-    Close,
-}
-
 /// What [`parse`] found at the front of the buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Parsed<'a> {
@@ -103,96 +36,6 @@ pub enum Parsed<'a> {
     Need(usize),
     /// A request and the bytes it took.
     Request(Command<'a>, usize),
-}
-
-/// C's `isspace` in the "C" locale.
-fn is_c_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// The digits of a C number: leading white space, a sign, digits; the
-/// value's magnitude (None on overflow of u64), whether it was negative,
-/// and where it stopped; None if there were no digits.
-fn c_number(s: &[u8]) -> Option<(Option<u64>, bool, usize)> {
-    let mut i = 0;
-    while i < s.len() && is_c_space(s[i]) {
-        i += 1;
-    }
-    let negative = match s.get(i) {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
-    let digits_start = i;
-    let mut value: Option<u64> = Some(0);
-    while i < s.len() && s[i].is_ascii_digit() {
-        value = value
-            .and_then(|v| v.checked_mul(10))
-            .and_then(|v| v.checked_add(u64::from(s[i] - b'0')));
-        i += 1;
-    }
-    if i == digits_start {
-        return None;
-    }
-    Some((value, negative, i))
-}
-
-/// What may follow a number: white space, a NUL or the end.
-fn ends_number(s: &[u8], at: usize) -> bool {
-    match s.get(at) {
-        None | Some(0) => true,
-        Some(&b) => is_c_space(b),
-    }
-}
-
-/// memcached's `safe_strtoull`.
-pub fn strtoull(s: &[u8]) -> Option<u64> {
-    let (magnitude, negative, end) = c_number(s)?;
-    let magnitude = magnitude?; // ERANGE
-    if !ends_number(s, end) {
-        return None;
-    }
-    let value = if negative {
-        magnitude.wrapping_neg()
-    } else {
-        magnitude
-    };
-    // A minus sign is refused only where the result looks negative.
-    let upto_nul = s.split(|&b| b == 0).next().unwrap_or(&[]);
-    if (value as i64) < 0 && upto_nul.contains(&b'-') {
-        return None;
-    }
-    Some(value)
-}
-
-/// memcached's `safe_strtoul`: `strtoull`'s checks, then the value cut to
-/// 32 bits as C's assignment cuts it.
-pub fn strtoul32(s: &[u8]) -> Option<u32> {
-    strtoull(s).map(|v| v as u32)
-}
-
-/// memcached's `safe_strtol`: a 64-bit `strtol`, then cut to 32 bits.
-pub fn strtol32(s: &[u8]) -> Option<i32> {
-    let (magnitude, negative, end) = c_number(s)?;
-    let magnitude = magnitude?;
-    let value: i64 = if negative {
-        if magnitude > 1 << 63 {
-            return None;
-        }
-        (magnitude as i64).wrapping_neg()
-    } else {
-        i64::try_from(magnitude).ok()?
-    };
-    if !ends_number(s, end) {
-        return None;
-    }
-    Some(value as i32)
 }
 
 /// memcached's tokens of a line: split on spaces; after 23 tokens the rest
@@ -239,18 +82,6 @@ pub fn parse(buf: &[u8], item_size_max: usize) -> Parsed<'_> {
 
 fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
     hay.iter().position(|&b| b == needle)
-}
-
-pub(super) enum Line<'a> {
-    Done(Command<'a>),
-    /// A storage command with its data block (`data_len` bytes with the
-    /// "\r\n").
-    Data {
-        cmd: Command<'a>,
-        data_len: usize,
-    },
-    /// A storage command whose data block (this many bytes) is not all here.
-    NeedData(usize),
 }
 
 fn reply(line: &'static str) -> Line<'static> {
@@ -780,25 +611,6 @@ mod tests {
             Command::Reply { line, .. } => line,
             other => panic!("{input:?}: {other:?}"),
         }
-    }
-
-    #[test]
-    fn numbers_as_c_reads_them() {
-        assert_eq!(strtoull(b"42"), Some(42));
-        assert_eq!(strtoull(b"+42"), Some(42));
-        assert_eq!(strtoull(b" 42 "), Some(42));
-        assert_eq!(strtoull(b"-0"), Some(0));
-        assert_eq!(strtoull(b"-1"), None);
-        assert_eq!(strtoull(b"18446744073709551615"), Some(u64::MAX));
-        assert_eq!(strtoull(b"18446744073709551616"), None);
-        assert_eq!(strtoull(b"12ab"), None);
-        assert_eq!(strtoull(b"12\r\n"), Some(12));
-        assert_eq!(strtoull(b""), None);
-        assert_eq!(strtol32(b"-5"), Some(-5));
-        assert_eq!(strtol32(b"4294967297"), Some(1), "cut to 32 bits");
-        assert_eq!(strtol32(b"x"), None);
-        assert_eq!(strtoul32(b"4294967296"), Some(0));
-        assert_eq!(strtoul32(b"-1"), None);
     }
 
     #[test]

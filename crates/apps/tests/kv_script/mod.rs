@@ -165,6 +165,32 @@ pub fn script() -> Vec<Vec<Step>> {
         step("get q f c sp2\r\n"),
         step("set z 0 0 1\r\nz\r\nflush_all noreply\r\nget z\r\n"),
         step("flush_all 0\r\n"),
+    ];
+    main.extend(meta_steps(&long_key));
+    // The last step closes.
+    main.last_mut().expect("steps").until = Until::Closed;
+    let mut long_get = b"get".to_vec();
+    for i in 0..20 {
+        long_get.extend_from_slice(format!(" {}{i}", "g".repeat(190)).as_bytes());
+    }
+    long_get.extend_from_slice(b"\r\n");
+    vec![
+        main,
+        vec![closing("quit\r\n")],
+        vec![step("set h 0 0 1\r\nh\r\n"), closing("GET / HTTP/1.1\r\n")],
+        vec![step("version\r\n"), closing(vec![b'x'; 3000])],
+        vec![step(long_get)],
+        vec![
+            step("set kk 0 0 5\r\nhello\r\n"),
+            closing("get kk\r\nquit\r\n"),
+        ],
+    ]
+}
+
+/// The main session's meta-command steps (after the classic ones);
+/// `long_key` is one byte over the limit.
+fn meta_steps(long_key: &str) -> Vec<Step> {
+    vec![
         // Meta commands.
         step("ms mk 2\r\nhi\r\n"),
         step("ms mk 2 c k Oabc T0 F5\r\nhi\r\n"),
@@ -260,24 +286,6 @@ pub fn script() -> Vec<Vec<Step>> {
         step("mg nvx N30 N30 v\r\n"),
         step("version\r\n"),
         step("get a\r\nquit\r\n"),
-    ];
-    // The last step closes.
-    main.last_mut().expect("steps").until = Until::Closed;
-    let mut long_get = b"get".to_vec();
-    for i in 0..20 {
-        long_get.extend_from_slice(format!(" {}{i}", "g".repeat(190)).as_bytes());
-    }
-    long_get.extend_from_slice(b"\r\n");
-    vec![
-        main,
-        vec![closing("quit\r\n")],
-        vec![step("set h 0 0 1\r\nh\r\n"), closing("GET / HTTP/1.1\r\n")],
-        vec![step("version\r\n"), closing(vec![b'x'; 3000])],
-        vec![step(long_get)],
-        vec![
-            step("set kk 0 0 5\r\nhello\r\n"),
-            closing("get kk\r\nquit\r\n"),
-        ],
     ]
 }
 

@@ -42,7 +42,8 @@ use ginza_proto::messages::{DispatchStats, SojournBand};
 use ginza_shm::{
     IokernelEnd, LineFlags, PacketDesc, RunPacket, SendError, ToKthread, MAX_REQUEST_ID,
 };
-use smoltcp::wire::{EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet, UdpPacket};
+
+use crate::request_frame::udp_payload;
 
 /// Refused hand-backs an application may send before it is disconnected.
 pub(super) const MAX_LIES: u64 = 16;
@@ -509,29 +510,6 @@ impl AppDispatch {
     }
 }
 
-/// The UDP payload of an Ethernet/IPv4/UDP frame; `None` for any other.
-pub(crate) fn udp_payload(frame: &[u8]) -> Option<&[u8]> {
-    let eth = EthernetFrame::new_checked(frame).ok()?;
-    if eth.ethertype() != EthernetProtocol::Ipv4 {
-        return None;
-    }
-    let ip = Ipv4Packet::new_checked(eth.payload()).ok()?;
-    if ip.next_header() != IpProtocol::Udp {
-        return None;
-    }
-    let ip_payload = ip.payload();
-    let udp = UdpPacket::new_checked(ip_payload).ok()?;
-    let len = udp.payload().len();
-    // Borrow from the frame, not from the wrapper.
-    let start = ip_payload.len() - len;
-    ip_payload.get(start..)
-}
-
-/// Whether `frame` is a request for a dispatched application (UDP to it).
-pub(crate) fn is_request(frame: &[u8]) -> bool {
-    udp_payload(frame).is_some()
-}
-
 #[cfg(test)]
 mod protocol_tests;
 
@@ -570,6 +548,7 @@ mod tests {
 
     #[test]
     fn the_classifier_reads_the_class_byte_of_the_udp_payload() {
+        use crate::request_frame::is_request;
         let f = frame(3);
         assert_eq!(udp_payload(&f).map(|p| p.len()), Some(32));
         assert_eq!(udp_payload(&f).unwrap()[24], 3);

@@ -240,6 +240,17 @@ impl<A: CoreActuator> Iokerneld<A> {
         self.complete_handovers();
         self.withdraw_or_signal(now);
 
+        self.snapshot(now);
+        self.decide(now, kind);
+        self.carry_out(now);
+        self.reap();
+        self.complete_handovers();
+        self.send_deferred_signals();
+    }
+
+    /// The core allocator's view of every application now (`snaps`), and
+    /// whether iokerneld is busy and when its next timer is due.
+    fn snapshot(&mut self, now: u64) {
         let mut busy = false;
         let mut next_timer: Option<u64> = None;
         self.snaps.resize_with(self.apps.len(), || AppSnap {
@@ -325,7 +336,10 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         self.busy = busy;
         self.next_timer = next_timer;
+    }
 
+    /// The core allocator's decisions for this pass (`decisions`).
+    fn decide(&mut self, now: u64, kind: PassKind) {
         self.decisions.clear();
         match kind {
             PassKind::Interval => {
@@ -360,6 +374,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         // An interval pass sees the waiting packets too.
         self.work_arrived.clear();
+    }
+
+    /// Carries out the allocator's decisions: grants (or hand-overs
+    /// waiting for a victim) and preemptions.
+    fn carry_out(&mut self, now: u64) {
         let decisions = std::mem::take(&mut self.decisions);
         // A preemption whose core the next decision grants (and when it
         // was made): that grant waits for the victim to give the core back.
@@ -423,9 +442,6 @@ impl<A: CoreActuator> Iokerneld<A> {
         if !self.decisions.is_empty() {
             self.busy = true;
         }
-        self.reap();
-        self.complete_handovers();
-        self.send_deferred_signals();
     }
 
     /// The preemption signals held back until the receivers were woken.

@@ -1,5 +1,6 @@
 //! iokerneld hands its CPU over once after a NIC transmit that left it
-//! with nothing to do (docs/results.md, "Dataplane", session 10).
+//! with nothing to do (docs/results.md, "Dataplane": iokerneld yields after
+//! a transmit).
 //!
 //! On a veth the transmit's `sendto` runs the peer's receive and wakes the
 //! receiving thread inside iokerneld's system call. When that thread may

@@ -30,7 +30,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use super::linux::{
+use super::linux_link::{
     check_pool_and_ifindex, get_socket_option, io_error, set_socket_option, LinkStats, NicError,
     ETHERNET_HEADER_LEN,
 };

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::af_packet::promiscuous_socket;
-use super::linux::{
+use super::linux_link::{
     check_pool_and_ifindex, get_socket_option, io_error, set_socket_option, LinkStats, NicError,
     ETHERNET_HEADER_LEN,
 };

@@ -58,6 +58,7 @@ pub mod buffer;
 pub mod faults;
 pub mod generator;
 pub mod linux;
+mod linux_link;
 pub mod software;
 
 pub use buffer::{BufferDescriptor, BufferPool, Frame, PoolError, PoolStats, DEFAULT_BUFFER_SIZE};

@@ -223,6 +223,113 @@ fn echo(app: &mut RawApp, parked: Option<usize>) -> (u64, u64, u64) {
     (echoed, stolen, unsent)
 }
 
+/// The application's side of a run, on a thread of its own: echoes every
+/// request and, with `parks`, parks its kthreads in turn, one per `phase`
+/// (each change waited for in iokerneld's stats before the next).
+struct Driver {
+    app: RawApp,
+    lines: Lines,
+    kthreads: usize,
+    parks: bool,
+    phase: Duration,
+    /// The steering policy's code in iokerneld's stats.
+    policy: u8,
+    socket: PathBuf,
+    stop: Arc<AtomicBool>,
+    /// Set once the load is over: every kthread then gets its core back.
+    load_over: Arc<AtomicBool>,
+}
+
+impl Driver {
+    /// Until `stop`: what was echoed, stolen and left unsent, the parks,
+    /// and the application.
+    fn run(mut self) -> (u64, u64, u64, usize, RawApp) {
+        let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
+        let mut step = 0usize;
+        let mut parked: Option<usize> = None;
+        // iokerneld's count of changes of the active set (a failed look
+        // gives 0: the park then counts as seen at once, as before).
+        let changes = || {
+            client::stats(&self.socket).ok().and_then(|s| {
+                s.dataplane
+                    .steering
+                    .iter()
+                    .find(|st| st.st == self.policy)
+                    .map(|st| st.ch)
+            })
+        };
+        // The change asked for and not seen made yet: a park (the count
+        // of changes when it was asked for), or a core given back (`None`).
+        let mut awaited: Option<Option<u64>> = None;
+        let (mut phase_start, mut last_look) = (Instant::now(), Instant::now());
+        while !self.stop.load(Ordering::Acquire) {
+            let (e, s, u) = echo(&mut self.app, parked);
+            echoed += e;
+            stolen += s;
+            unsent += u;
+            if self.load_over.load(Ordering::Acquire) {
+                // The load is over: every kthread gets its core back.
+                if let Some(k) = parked.take() {
+                    self.lines.busy(&self.app, k);
+                }
+                continue;
+            }
+            if !self.parks {
+                continue;
+            }
+            if let Some(before) = awaited {
+                // iokerneld's stats, at most once a millisecond, until they
+                // show the change made.
+                if last_look.elapsed() < Duration::from_millis(1) {
+                    continue;
+                }
+                last_look = Instant::now();
+                let made = client::stats(&self.socket).is_ok_and(|s| match before {
+                    // The park seen: one more change of the active set
+                    // (iokerneld may grant the core again at once, for
+                    // requests on the kthread's ring).
+                    Some(before) => s
+                        .dataplane
+                        .steering
+                        .iter()
+                        .any(|st| st.st == self.policy && st.ch > before),
+                    // Every kthread holds a core again.
+                    None => s
+                        .apps
+                        .first()
+                        .is_some_and(|a| a.cores_now == self.kthreads as u32),
+                });
+                if made {
+                    awaited = None;
+                }
+                continue;
+            }
+            if phase_start.elapsed() < self.phase {
+                continue;
+            }
+            phase_start = Instant::now();
+            match parked.take() {
+                None => {
+                    for k in 0..self.kthreads {
+                        self.lines.settle(&self.app, k);
+                    }
+                    let k = step % self.kthreads;
+                    let before = changes().unwrap_or(0);
+                    self.lines.park(&mut self.app, k);
+                    parked = Some(k);
+                    step += 1;
+                    awaited = Some(Some(before));
+                }
+                Some(k) => {
+                    self.lines.busy(&self.app, k);
+                    awaited = Some(None);
+                }
+            }
+        }
+        (echoed, stolen, unsent, step, self.app)
+    }
+}
+
 /// Runs `run` on a fresh iokerneld.
 pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
     if run.kthreads == 0 || !(run.rate.is_finite() && run.rate > 0.0) {
@@ -237,7 +344,7 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
         mac: MacAddr([0x02, 0, 0, 0, 0, 1]),
         ip: Ipv4Addr::new(10, 9, 0, 1),
     };
-    let mut app = RawApp::register_steered(
+    let app = RawApp::register_steered(
         &d.socket,
         "steered",
         me,
@@ -274,95 +381,18 @@ pub fn run_steering(run: &SteeringRun) -> Result<SteeringOutcome, String> {
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
     );
-    let (stop2, load_over2) = (stop.clone(), load_over.clone());
-    let parks = run.parks && kthreads > 1;
-    let (phase, policy) = (run.phase, run.policy.code());
-    let socket = d.socket.clone();
-    let driver = std::thread::spawn(move || {
-        let (mut echoed, mut stolen, mut unsent) = (0u64, 0u64, 0u64);
-        let mut step = 0usize;
-        let mut parked: Option<usize> = None;
-        // iokerneld's count of changes of the active set (a failed look
-        // gives 0: the park then counts as seen at once, as before).
-        let changes = || {
-            client::stats(&socket).ok().and_then(|s| {
-                s.dataplane
-                    .steering
-                    .iter()
-                    .find(|st| st.st == policy)
-                    .map(|st| st.ch)
-            })
-        };
-        // The change asked for and not seen made yet: a park (the count
-        // of changes when it was asked for), or a core given back (`None`).
-        let mut awaited: Option<Option<u64>> = None;
-        let (mut phase_start, mut last_look) = (Instant::now(), Instant::now());
-        while !stop2.load(Ordering::Acquire) {
-            let (e, s, u) = echo(&mut app, parked);
-            echoed += e;
-            stolen += s;
-            unsent += u;
-            if load_over2.load(Ordering::Acquire) {
-                // The load is over: every kthread gets its core back.
-                if let Some(k) = parked.take() {
-                    lines.busy(&app, k);
-                }
-                continue;
-            }
-            if !parks {
-                continue;
-            }
-            if let Some(before) = awaited {
-                // iokerneld's stats, at most once a millisecond, until they
-                // show the change made.
-                if last_look.elapsed() < Duration::from_millis(1) {
-                    continue;
-                }
-                last_look = Instant::now();
-                let made = client::stats(&socket).is_ok_and(|s| match before {
-                    // The park seen: one more change of the active set
-                    // (iokerneld may grant the core again at once, for
-                    // requests on the kthread's ring).
-                    Some(before) => s
-                        .dataplane
-                        .steering
-                        .iter()
-                        .any(|st| st.st == policy && st.ch > before),
-                    // Every kthread holds a core again.
-                    None => s
-                        .apps
-                        .first()
-                        .is_some_and(|a| a.cores_now == kthreads as u32),
-                });
-                if made {
-                    awaited = None;
-                }
-                continue;
-            }
-            if phase_start.elapsed() < phase {
-                continue;
-            }
-            phase_start = Instant::now();
-            match parked.take() {
-                None => {
-                    for k in 0..kthreads {
-                        lines.settle(&app, k);
-                    }
-                    let k = step % kthreads;
-                    let before = changes().unwrap_or(0);
-                    lines.park(&mut app, k);
-                    parked = Some(k);
-                    step += 1;
-                    awaited = Some(Some(before));
-                }
-                Some(k) => {
-                    lines.busy(&app, k);
-                    awaited = Some(None);
-                }
-            }
-        }
-        (echoed, stolen, unsent, step, app)
-    });
+    let driver = Driver {
+        app,
+        lines,
+        kthreads,
+        parks: run.parks && kthreads > 1,
+        phase: run.phase,
+        policy: run.policy.code(),
+        socket: d.socket.clone(),
+        stop: stop.clone(),
+        load_over: load_over.clone(),
+    };
+    let driver = std::thread::spawn(move || driver.run());
     let mut load = LoadRun::poisson(
         me,
         7,

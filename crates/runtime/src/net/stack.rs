@@ -31,7 +31,7 @@ use super::wait::no_runtime;
 use super::{KthreadNetStats, NetStats};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
-use crate::sched::{self, Shared, Waiter};
+use crate::sched::{self, bump, Shared, Waiter};
 use crate::spinlock::SpinLock;
 
 /// Ports `bind(0)` picks from (IANA's dynamic range).
@@ -42,11 +42,6 @@ const ARP_EXPIRE_EVERY: Duration = Duration::from_millis(100);
 const ARP_POLL: Duration = Duration::from_micros(100);
 /// How long a TCP `connect` without a timeout waits for ARP.
 const ARP_GIVE_UP: Duration = Duration::from_secs(3);
-
-/// Owner-only increment (readers may be elsewhere): no locked instruction.
-fn bump(c: &AtomicU64) {
-    add(c, 1);
-}
 
 fn add(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed) + n, Relaxed);

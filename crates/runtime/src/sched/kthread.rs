@@ -23,8 +23,8 @@ use super::{URef, UThread, Waiter, TIMER_WAITER};
 use crate::config::{IokernelConfig, Plan};
 use crate::deferral;
 use crate::link::{EventSource, KLink, KNet, Link, PacketStack, TxSide};
-use crate::stack::Stack;
 use crate::timer::Timers;
+use crate::uthread_stack::Stack;
 
 pub(crate) const RUNNING: u8 = 0;
 pub(crate) const SPINNING: u8 = 1;
@@ -42,6 +42,9 @@ pub(crate) struct KStats {
     pub(crate) revocations: AtomicU64,
     /// Cores granted by iokerneld.
     pub(crate) grants: AtomicU64,
+    /// Of `grants`, those that ended a sleep on the kthread's eventfd (not
+    /// on the wake page, nor found in the grant word while lingering).
+    pub(crate) grants_by_eventfd: AtomicU64,
     /// Worker mode: preemptions taken at preemption points (cooperative).
     pub(crate) coop_preemptions: AtomicU64,
     /// Context switches into any context of this kthread (the time slicer
@@ -49,7 +52,8 @@ pub(crate) struct KStats {
     pub(crate) switches: AtomicU64,
 }
 
-/// Owner-only increment of a statistics counter (readers may be elsewhere).
+/// Owner-only increment of a statistics counter (readers may be elsewhere):
+/// no locked instruction. The runtime's one such increment.
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.store(counter.load(Relaxed) + 1, Relaxed);
 }
@@ -808,8 +812,8 @@ pub(crate) fn eventfd_wait(k: &KThread, deadline: u64) -> bool {
     if deadline == u64::MAX {
         // One system call that the write ends: a poll and then a read
         // cost a wake about 0.5 µs more on the development VM
-        // (docs/results.md, "Session 13"). A preemption signal restarts
-        // it (SA_RESTART): only the eventfd means a grant.
+        // (docs/results.md, the wake of a parked kthread). A preemption
+        // signal restarts it (SA_RESTART): only the eventfd means a grant.
         return matches!(eventfd::read(fd), Ok(Some(n)) if n > 0);
     }
     let rt = k.rt();
@@ -908,7 +912,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
 }
 
 /// What a kthread runs in its scheduler context: the Shenango scheduler
-/// loop (`idle::scheduler_loop`) or the Shinjuku worker loop
+/// loop (`shenango::scheduler_loop`) or the Shinjuku worker loop
 /// (`shinjuku::worker`).
 pub(crate) type KthreadBody = Arc<dyn Fn(&mut Owner<'_>) + Send + Sync>;
 

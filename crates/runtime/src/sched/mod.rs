@@ -4,8 +4,8 @@
 //! `uthread.rs` (uthreads, the switch, the uthread and stack caches) and
 //! `kthread.rs` (kthreads, the owner token, the runtime's shared state,
 //! eventfd park and notify). The preemption entry points are in
-//! `preempt.rs`; the idle loop in `idle.rs`; the Shinjuku worker loop in
-//! `shinjuku/worker.rs`.
+//! `preempt.rs`; the Shenango scheduler loop in `shenango.rs`; the
+//! Shinjuku worker loop in `shinjuku/worker.rs`.
 //!
 //! Invariants that keep switching safe:
 //! * A context is only ever switched out and in with its preemption count

@@ -13,7 +13,7 @@ use crossbeam_deque::Steal;
 use super::{current_kthread_ref, pick_next, Mode, Owner, Shared};
 use crate::arch;
 use crate::deferral::{self, PreemptState};
-use crate::stack::Stack;
+use crate::uthread_stack::Stack;
 
 /// A user-level thread: a stack, a saved stack pointer, and what to run.
 pub(crate) struct UThread {
@@ -375,8 +375,8 @@ impl Shared {
     /// (a TLB shootdown across the process's CPUs) and the next request's
     /// new mapping and page faults cost the worker ~10 µs a request on a
     /// VM, more than the work of a short request, so a backlog once over
-    /// the default never drained (docs/results.md, "Shinjuku policies",
-    /// session 10).
+    /// the default never drained (docs/results.md, "Shinjuku policies": a
+    /// backlog that never drained).
     pub(crate) fn keep_spare_stacks(&self, n: usize) {
         self.spare_limit.store(n.max(SPARE_STACKS), Relaxed);
     }

@@ -91,11 +91,11 @@ impl DispatchedConfig {
     /// The default idle spin: 5 µs, whatever the number of workers. It
     /// counts from when iokerneld has read the worker's last hand-back,
     /// and of several idle workers iokerneld gives the next request to the
-    /// one idle the shortest (docs/colocate.md, "Several workers"). Before
-    /// both (session 8), three workers needed 50 µs: with 5 µs a third of
-    /// the `Run`s crossed their worker's `Parked` and requests queued for
-    /// milliseconds (docs/results.md, "Session 8: a 16-core machine"). A
-    /// longer spin takes batch's share of the cores.
+    /// one idle the shortest (docs/colocate.md, "Several workers"). Without
+    /// both, three workers needed 50 µs: with 5 µs a third of the `Run`s
+    /// crossed their worker's `Parked` and requests queued for milliseconds
+    /// (docs/results.md, on a 16-core machine). A longer spin takes batch's
+    /// share of the cores.
     pub fn idle_spin_for(workers: usize) -> Duration {
         let _ = workers;
         Duration::from_micros(5)

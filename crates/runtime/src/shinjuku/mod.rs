@@ -2,10 +2,12 @@
 //! without Dune.
 //!
 //! One dispatcher thread (never running application code) owns the request
-//! queues — the `ginza-policy` [`Dispatcher`], the same object the simulator
-//! runs — and hands request contexts to worker kthreads through per-worker
-//! cache-line mailboxes. A worker runs one request at a time and reports,
-//! through its mailbox, whether it completed, was preempted, or blocked.
+//! queues — the `ginza-policy`
+//! [`Dispatcher`](ginza_policy::sched::Dispatcher), the same object the
+//! simulator runs — and hands request contexts to worker kthreads through
+//! per-worker cache-line mailboxes. A worker runs one request at a time and
+//! reports, through its mailbox, whether it completed, was preempted, or
+//! blocked.
 //!
 //! Preemption on a stock Linux VM: a signal costs microseconds, too much for
 //! a 5 µs quantum, so the default is cooperative — the dispatcher sets the
@@ -22,25 +24,24 @@
 //! its payload dropped, counted in [`ServeReport::rejected`] — instead of
 //! aborting the process.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_deque::Steal;
+use ginza_policy::sched::Request;
 pub use ginza_policy::sched::{ClassConfig, Placement, SchedPolicy};
-use ginza_policy::sched::{Dispatcher, Request};
 use ginza_sys::affinity::pin_current_thread;
 use ginza_sys::cpulist;
-use ginza_sys::sched_stat::SchedStat;
 
 use crate::config::Config;
 use crate::error::{ConfigError, JoinError, RuntimeError};
 use crate::sched::{self, KthreadBody, Owner, Shared, SpareContext, URef};
 use crate::task::{unqueued, unqueued_on, JoinHandle};
-use worker::{Mailbox, Posted, Report, WorkerClock};
+use dispatcher::Dispatch;
+use worker::Mailbox;
 
 pub mod dispatched;
+mod dispatcher;
 mod worker;
 
 /// How the dispatcher preempts a request whose quantum is spent.
@@ -599,7 +600,7 @@ where
                         log::warn!("dispatcher: cannot pin to core {core}: {e}");
                     }
                 }
-                dispatch(rt, &mailboxes, config, n_classes, &mut source, handler_ref)
+                Dispatch::new(rt, &mailboxes, config, n_classes, &mut source, handler_ref).run()
             })
             .map_err(|e| RuntimeError::Start(format!("cannot start the dispatcher: {e}")))?
             .join()
@@ -728,7 +729,7 @@ struct Contexts {
     /// beyond, a context and its stack are freed).
     spare: Vec<SpareContext>,
     keep: usize,
-    /// The identity the next context gets (see `blocked` in `dispatch`).
+    /// The identity the next context gets (see `Dispatch::blocked`).
     next_serial: u64,
     /// Requests refused for want of a stack.
     refused: u64,
@@ -812,9 +813,6 @@ impl Contexts {
     }
 }
 
-/// Shortest interval between two preemption signals to one worker.
-const RESEND_MIN_NS: u64 = 50_000;
-
 /// What the dispatcher's loop hands back to [`serve`].
 struct Served<Resp> {
     completions: Vec<Completion<Resp>>,
@@ -827,521 +825,6 @@ struct Served<Resp> {
     pre_assigned_on_preempt: u64,
     unasked_preemptions: u64,
     threads: ThreadTimes,
-}
-
-/// The CPU Linux gives the dispatcher and the workers, counted from the
-/// dispatcher's first pass ([`ThreadTimes`]).
-struct ThreadClock {
-    started_ns: u64,
-    dispatcher: Option<SchedStat>,
-    /// Each worker's baseline, read once its thread id is known (outer
-    /// `None`: not yet; inner `None`: unreadable — never read again, so a
-    /// pass does no file I/O after the start).
-    workers: Vec<Option<Option<SchedStat>>>,
-    last_pass_ns: u64,
-    times: ThreadTimes,
-}
-
-impl ThreadClock {
-    fn new(rt: &Shared, now: u64) -> ThreadClock {
-        let mut clock = ThreadClock {
-            started_ns: now,
-            dispatcher: SchedStat::of_current().ok(),
-            workers: vec![None; rt.kthreads.len()],
-            last_pass_ns: now,
-            times: ThreadTimes::default(),
-        };
-        clock.find_workers(rt);
-        clock
-    }
-
-    /// Reads the baseline of the workers whose threads have started.
-    fn find_workers(&mut self, rt: &Shared) {
-        for (base, k) in self.workers.iter_mut().zip(rt.kthreads.iter()) {
-            let tid = k.tid.load(Relaxed);
-            if base.is_none() && tid != 0 {
-                *base = Some(SchedStat::of_thread(tid).ok());
-            }
-        }
-    }
-
-    /// One pass of the dispatcher's loop, at `now`.
-    fn pass(&mut self, rt: &Shared, now: u64) {
-        let t = &mut self.times;
-        t.dispatcher_passes += 1;
-        let gap = now.saturating_sub(self.last_pass_ns);
-        self.last_pass_ns = now;
-        if gap > DISPATCHER_STALL_NS {
-            t.dispatcher_stalls += 1;
-            t.dispatcher_stalled_ns += gap;
-            t.dispatcher_longest_stall_ns = t.dispatcher_longest_stall_ns.max(gap);
-            if t.dispatcher_stall_spans.len() < MAX_STALL_SPANS {
-                t.dispatcher_stall_spans.push((now - gap, gap));
-            }
-        }
-        if self.workers.iter().any(Option::is_none) {
-            self.find_workers(rt);
-        }
-    }
-
-    fn finish(mut self, rt: &Shared) -> ThreadTimes {
-        let since = |base: Option<SchedStat>, now: std::io::Result<SchedStat>| {
-            Some(now.ok()?.since(&base?))
-        };
-        self.times.wall_ns = self.last_pass_ns.saturating_sub(self.started_ns);
-        self.times.dispatcher = since(self.dispatcher, SchedStat::of_current());
-        self.times.workers = self
-            .workers
-            .iter()
-            .zip(rt.kthreads.iter())
-            .map(|(&base, k)| since(base.flatten(), SchedStat::of_thread(k.tid.load(Relaxed))))
-            .collect();
-        self.times
-    }
-}
-
-/// The median cost of reading the clock twice, to subtract from short timings.
-fn clock_overhead_ns() -> u64 {
-    let mut samples: Vec<u64> = (0..1001)
-        .map(|_| {
-            let t = Instant::now();
-            t.elapsed().as_nanos() as u64
-        })
-        .collect();
-    samples.sort_unstable();
-    samples[samples.len() / 2]
-}
-
-/// The dispatcher's loop: arrivals in, decisions out, no application code.
-fn dispatch<Req, Resp, S, H>(
-    rt: &Arc<Shared>,
-    mailboxes: &[Mailbox],
-    config: &ShinjukuConfig,
-    n_classes: usize,
-    source: &mut S,
-    handler: HandlerRef<H>,
-) -> Result<Served<Resp>, RuntimeError>
-where
-    Req: Send + 'static,
-    Resp: Send + 'static,
-    S: Source<Req>,
-    H: Fn(Req) -> Resp + Send + Sync + 'static,
-{
-    let rt_ptr = Arc::as_ptr(rt);
-    let mut queues: Dispatcher<InFlight<Req, Resp>> = Dispatcher::new(config.policy.clone());
-    let mut running: Vec<Option<Running<Req, Resp>>> =
-        (0..rt.kthreads.len()).map(|_| None).collect();
-    // Pre-assigned behind the running request (only where one runs).
-    let mut pending: Vec<Option<Request<InFlight<Req, Resp>>>> =
-        (0..rt.kthreads.len()).map(|_| None).collect();
-    // Keyed by the serial the dispatcher gives each context, not by its
-    // address: a finished request's address is reused by the next one.
-    let mut blocked: HashMap<u64, Request<InFlight<Req, Resp>>> = HashMap::new();
-    let mut woken_early: HashSet<u64> = HashSet::new();
-    let mut completions = Vec::new();
-    let mut next_id = 0u64;
-    let mut signals_sent = 0u64;
-    let mut idle_passes = 0u32;
-    let mut samples: Vec<PreemptionSample> = Vec::new();
-    // Requests admitted and not completed (spawned uthreads not counted:
-    // their spawner holds them), and those refused.
-    let mut in_flight = 0usize;
-    let mut rejected = 0u64;
-    let mut pre_assigned = 0u64;
-    let mut taken_back = 0u64;
-    let mut pre_assigned_on_preempt = 0u64;
-    let mut unasked_preemptions = 0u64;
-    // Per worker: the sample of the preemption it last reported, and
-    // when, until the worker's next start fills in its `resume_ns`.
-    let mut resume_of: Vec<Option<(usize, u64)>> = vec![None; rt.kthreads.len()];
-    let clock_overhead = if config.record_preemptions {
-        clock_overhead_ns()
-    } else {
-        0
-    };
-    let mut clock = WorkerClock::new(rt);
-    let mut thread_clock = ThreadClock::new(rt, clock.now_ns());
-    let mut contexts = Contexts::new(config.max_in_flight);
-    loop {
-        let now = clock.now_ns();
-        thread_clock.pass(rt, now);
-        let mut progress = false;
-
-        while let Some(arrival) = source.poll(now) {
-            if arrival.class >= n_classes {
-                return Err(policy_error(format!(
-                    "request {next_id} has class {}, but the policy has {n_classes} class(es)",
-                    arrival.class
-                )));
-            }
-            progress = true;
-            if in_flight >= config.max_in_flight {
-                rejected += 1;
-                continue;
-            }
-            in_flight += 1;
-            let request = Request {
-                id: next_id,
-                class: arrival.class,
-                arrival: arrival.at_ns,
-                payload: InFlight {
-                    context: Context::Unmade(arrival.payload),
-                    preemptions: 0,
-                    on_core_ns: 0,
-                    admitted_ns: now,
-                },
-            };
-            queues.enqueue(request, now);
-            next_id += 1;
-        }
-
-        // Requests that blocked and are runnable again (woken, or their sleep ended).
-        if !rt.timers_only_at_switch_checks.load(Relaxed) {
-            // The look at each worker's next deadline is inline (its own
-            // line, shared while no timer changes); the call only if one is set.
-            for k in rt.kthreads.iter().filter(|k| k.timers.any()) {
-                sched::fire_timers_to_dispatcher(k);
-            }
-        }
-        // Looked at first: a steal from an empty queue costs a full fence.
-        while !rt.injector.is_empty() {
-            let Steal::Success(u) = rt.injector.steal() else {
-                continue;
-            };
-            let key = u.serial();
-            if let Some(request) = blocked.remove(&key) {
-                queues.enqueue(request, now);
-            } else if u.never_ran() {
-                debug_assert_eq!(key, 0, "a spawned uthread seen twice before it ran");
-                u.set_serial(contexts.serial());
-                // Spawned by a request: scheduled like one, in class 0.
-                let spawned = Request {
-                    id: u64::MAX,
-                    class: 0,
-                    arrival: now,
-                    payload: InFlight {
-                        context: Context::Made {
-                            uthread: u,
-                            handle: None,
-                        },
-                        preemptions: 0,
-                        on_core_ns: 0,
-                        admitted_ns: now,
-                    },
-                };
-                queues.enqueue(spawned, now);
-            } else {
-                // Woken before its worker's report reached us.
-                woken_early.insert(key);
-            }
-            progress = true;
-        }
-
-        for (w, mailbox) in mailboxes.iter().enumerate() {
-            let Some(Posted {
-                report,
-                at: finished_at,
-                started_at,
-                took_next,
-                spare,
-            }) = mailbox.take_report()
-            else {
-                continue;
-            };
-            if let Some(spare) = spare {
-                contexts.keep(spare);
-            }
-            let run = running[w]
-                .take()
-                .expect("a worker reported without an assignment");
-            // This request's start ends the gap after the worker's last
-            // preemption.
-            if let Some((i, off)) = resume_of[w].take() {
-                if let Some(sample) = samples.get_mut(i) {
-                    sample.resume_ns = Some(started_at.saturating_sub(off));
-                }
-            }
-            // The pre-assigned request, if any, is the worker's next if it
-            // took it as it reported. Otherwise (it looked before the
-            // request was put there, or it was preempted unasked and left
-            // an ordinary pre-assignment alone) the request goes back to
-            // the head of its queue before the stopped one is requeued, and
-            // the policy chooses again.
-            if let Some(next) = pending[w].take() {
-                if took_next {
-                    let mut next_run = Running::new(next);
-                    if run.flagged && run.asked_stamp != started_at {
-                        // The start read for the ask was already the next
-                        // run's (the report came in after it): the ask
-                        // names that run, so it counts as asked.
-                        next_run.flagged = true;
-                        next_run.flagged_at = run.flagged_at;
-                        next_run.asked_stamp = run.asked_stamp;
-                    }
-                    running[w] = Some(next_run);
-                } else {
-                    mailbox
-                        .take_back()
-                        .expect("a pre-assigned request left its slot unreported");
-                    queues.put_back(next);
-                    taken_back += 1;
-                }
-            } else {
-                debug_assert!(!took_next, "a worker took a request never pre-assigned");
-            }
-            let mut request = run.request;
-            request.payload.on_core_ns += finished_at.saturating_sub(started_at);
-            match report {
-                Report::Completed => {
-                    let InFlight {
-                        context,
-                        preemptions,
-                        on_core_ns,
-                        admitted_ns,
-                    } = request.payload;
-                    if let Context::Made {
-                        handle: Some(handle),
-                        ..
-                    } = context
-                    {
-                        in_flight -= 1;
-                        source.completed(request.id);
-                        completions.push(Completion {
-                            id: request.id,
-                            class: request.class,
-                            arrival_ns: request.arrival,
-                            admitted_ns,
-                            finish_ns: finished_at,
-                            preemptions,
-                            on_core_ns,
-                            result: handle.join(),
-                        });
-                    }
-                }
-                Report::Preempted => {
-                    if !run.flagged && run.signaled_at.is_none() {
-                        unasked_preemptions += 1;
-                    }
-                    if config.record_preemptions {
-                        resume_of[w] = Some((samples.len(), finished_at));
-                        samples.push(PreemptionSample {
-                            by_signal: run.signaled_at.is_some(),
-                            dispatcher_ns: run.ask_ns,
-                            handback_ns: finished_at.saturating_sub(run.asked_at),
-                            late_ns: run.late_ns,
-                            resume_ns: None,
-                            took_next,
-                        });
-                    }
-                    request.payload.preemptions += 1;
-                    queues.requeue_preempted(request, now);
-                }
-                Report::Blocked => {
-                    let key = request.payload.made().serial();
-                    if woken_early.remove(&key) {
-                        queues.enqueue(request, now);
-                    } else {
-                        blocked.insert(key, request);
-                    }
-                }
-            }
-            progress = true;
-        }
-
-        for (w, slot) in running.iter_mut().enumerate() {
-            let Some(run) = slot else { continue };
-            // Nothing to preempt for (no quantum, nothing waiting): the
-            // worker's line is not read.
-            if queues.quantum().is_none() || (queues.is_empty() && pending[w].is_none()) {
-                continue;
-            }
-            let k = &rt.kthreads[w];
-            let started = mailboxes[w].started_ns();
-            let spent = |q: u64| now.saturating_sub(started) >= q;
-            if started == 0
-                || !(queues.should_preempt(started, now)
-                    || (pending[w].is_some() && queues.quantum().is_some_and(spent)))
-            {
-                continue;
-            }
-            // The request pre-assigned here goes back to the queue, so the
-            // policy places it and the preempted one (docs/runtime.md).
-            if !run.flagged && pending[w].is_some() && mailboxes[w].take_back().is_some() {
-                if let Some(request) = pending[w].take() {
-                    queues.put_back(request);
-                    taken_back += 1;
-                }
-            }
-            // A signal can land where it cannot act (the worker was
-            // descheduled before switching into the request, say), so one
-            // is sent again each `period` until the request is handed back;
-            // never faster than RESEND_MIN_NS, since a delivery alone costs
-            // microseconds and a flood would nest handlers without end.
-            let (period, first_after) = match config.preemption {
-                Preemption::Signal => (queues.quantum().unwrap_or(u64::MAX).max(RESEND_MIN_NS), 0),
-                Preemption::Cooperative { backstop: None } => (u64::MAX, u64::MAX),
-                Preemption::Cooperative { backstop: Some(b) } => {
-                    let b = b.as_nanos().min(u64::MAX as u128) as u64;
-                    (b.max(RESEND_MIN_NS), b)
-                }
-            };
-            let signal_now = match run.signaled_at {
-                None => {
-                    first_after != u64::MAX
-                        && (first_after == 0
-                            || (run.flagged && now.saturating_sub(run.flagged_at) >= first_after))
-                }
-                Some(at) => now.saturating_sub(at) >= period,
-            };
-            // The request the policy runs next goes to the worker's second
-            // slot before the flag is set, so that the worker finds it
-            // however fast it yields (docs/runtime.md, pre-assignment at
-            // the ask).
-            if !run.flagged && config.pre_assign_on_preempt && pending[w].is_none() {
-                let behind = loop {
-                    let Some(request) =
-                        queues.next_behind_preempted(run.request.class, run.request.arrival, now)
-                    else {
-                        break None;
-                    };
-                    match contexts.make(request, rt_ptr, handler) {
-                        Some(made) => break Some(made),
-                        None => in_flight -= 1,
-                    }
-                };
-                if let Some((request, uthread)) = behind {
-                    mailboxes[w].pre_assign_behind_preempted(uthread);
-                    pending[w] = Some(request);
-                    pre_assigned += 1;
-                    pre_assigned_on_preempt += 1;
-                }
-            }
-            if !run.flagged || signal_now {
-                let asking = config.record_preemptions.then(Instant::now);
-                if !run.flagged {
-                    // The ask names this run by its start stamp: should
-                    // the worker have switched to its next run meanwhile,
-                    // that run finds an ask for another and drops it
-                    // (`PreemptAsk`), so no later run yields for it.
-                    let ticks = if config.record_worker_spans {
-                        ginza_sys::tsc_clock::ticks()
-                    } else {
-                        0
-                    };
-                    k.preempt_ask.ask_run(started, ticks);
-                    run.asked_stamp = started;
-                    run.flagged = true;
-                    run.flagged_at = now;
-                    run.late_ns =
-                        now.saturating_sub(started.saturating_add(queues.quantum().unwrap_or(0)));
-                }
-                if signal_now {
-                    let tid = k.tid.load(Relaxed);
-                    if tid != 0 && crate::signals::send_preempt(tid).is_ok() {
-                        signals_sent += 1;
-                    }
-                    run.signaled_at = Some(now);
-                }
-                if let Some(t) = asking {
-                    run.ask_ns += (t.elapsed().as_nanos() as u64).saturating_sub(clock_overhead);
-                    run.asked_at = clock.now_ns();
-                }
-            }
-        }
-
-        for (w, slot) in running.iter_mut().enumerate() {
-            if slot.is_some() {
-                continue;
-            }
-            // The queue's head, else a request pre-assigned to a busy
-            // worker that has not taken it yet.
-            let next = loop {
-                let request = queues.next_for_idle_worker(now).or_else(|| {
-                    (0..mailboxes.len()).find_map(|v| {
-                        if pending[v].is_some() && mailboxes[v].take_back().is_some() {
-                            taken_back += 1;
-                            pending[v].take()
-                        } else {
-                            None
-                        }
-                    })
-                });
-                let Some(request) = request else {
-                    break None;
-                };
-                match contexts.make(request, rt_ptr, handler) {
-                    Some(made) => break Some(made),
-                    None => in_flight -= 1,
-                }
-            };
-            let Some((request, uthread)) = next else {
-                break;
-            };
-            mailboxes[w].assign(&rt.kthreads[w], uthread);
-            *slot = Some(Running::new(request));
-            progress = true;
-        }
-
-        if config.pre_assign {
-            for (w, slot) in pending.iter_mut().enumerate() {
-                // Not behind a request being preempted: the policy places
-                // it beside the others once it is back (the take-back above).
-                if slot.is_some() || running[w].as_ref().is_none_or(|r| r.flagged) {
-                    continue;
-                }
-                let Some(request) = queues.next_for_idle_worker(now) else {
-                    break;
-                };
-                progress = true;
-                let Some((request, uthread)) = contexts.make(request, rt_ptr, handler) else {
-                    in_flight -= 1;
-                    continue;
-                };
-                mailboxes[w].pre_assign(uthread);
-                *slot = Some(request);
-                pre_assigned += 1;
-            }
-        }
-
-        if source.is_done()
-            && queues.is_empty()
-            && blocked.is_empty()
-            && running.iter().all(Option::is_none)
-        {
-            return Ok(Served {
-                completions,
-                signals_sent,
-                samples,
-                rejected: rejected + contexts.refused,
-                rejected_no_stack: contexts.refused,
-                pre_assigned,
-                taken_back,
-                pre_assigned_on_preempt,
-                unasked_preemptions,
-                threads: thread_clock.finish(rt),
-            });
-        }
-        if progress {
-            idle_passes = 0;
-        } else {
-            idle_passes = idle_passes.saturating_add(1);
-            if config.yield_when_idle && idle_passes > 10_000 && running.iter().all(Option::is_none)
-            {
-                // Nothing in flight: let other threads have this core.
-                let before = rt.now_ns();
-                std::thread::yield_now();
-                let t = &mut thread_clock.times;
-                t.dispatcher_yields += 1;
-                let away = rt.now_ns().saturating_sub(before);
-                if away > DISPATCHER_STALL_NS {
-                    t.dispatcher_yield_stalls += 1;
-                    t.dispatcher_yield_stalled_ns += away;
-                }
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-    }
 }
 
 /// Test hooks that force interleavings the dispatcher otherwise wins by
