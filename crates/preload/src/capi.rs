@@ -34,7 +34,7 @@ pub extern "C" fn ginza_yield() {
 
 #[no_mangle]
 pub extern "C" fn ginza_current_core() -> c_int {
-    if !crate::start::running() {
+    if !crate::running::running() {
         return -1;
     }
     // SAFETY: sched_getcpu has no preconditions.
@@ -43,7 +43,7 @@ pub extern "C" fn ginza_current_core() -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ginza_app_stats(out: *mut GinzaAppStats) -> c_int {
-    let Some(h) = crate::start::handle().filter(|_| crate::start::running()) else {
+    let Some(h) = crate::running::handle().filter(|_| crate::running::running()) else {
         set_errno(libc::ENOSYS);
         return -1;
     };

@@ -16,7 +16,7 @@
 //! once), `mutex.rs`, `cond.rs`, `rwlock.rs`, `barrier.rs`, `spin.rs`,
 //! `sem.rs`, `preempt_at.rs` (where a program thread may be preempted), `time.rs` (sleeps and yield), `signal.rs` (the program's
 //! signal handlers), `process.rs` (fork), `start.rs` (the runtime and
-//! `main`), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
+//! `main`), `running.rs` (whether it runs), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
 //! `ginza run` sets) and `say.rs` (one line per unsupported call).
 #![deny(unsafe_op_in_unsafe_fn)]
 // Every exported function is called by C with C's contract; each documents
@@ -34,6 +34,7 @@ mod mode;
 mod mutex;
 mod preempt_at;
 mod process;
+mod running;
 mod rwlock;
 mod say;
 mod sem;

@@ -17,7 +17,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     // handlers and the child's bookkeeping see the thread that forks).
     let pid = unsafe { f() };
     if pid == 0 {
-        crate::start::forked();
+        crate::running::forked();
         ginza_runtime::foreign_tls::unmark_thread();
     }
     pid

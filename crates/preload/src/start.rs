@@ -8,7 +8,7 @@
 //! is reported on stderr and the process exits with status 70
 //! (EX_SOFTWARE): the program does not run half on Ginza.
 
-use std::sync::atomic::{AtomicBool, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::OnceLock;
 
 use libc::{c_char, c_int};
@@ -28,27 +28,9 @@ type StartMain = unsafe extern "C" fn(
 ) -> c_int;
 
 static PROGRAM_MAIN: OnceLock<usize> = OnceLock::new();
-static RUNNING: AtomicBool = AtomicBool::new(false);
-static HANDLE: OnceLock<ginza_runtime::Handle> = OnceLock::new();
 
 /// Exit status when the runtime cannot start.
 const EX_SOFTWARE: c_int = 70;
-
-/// Whether the runtime runs program threads (not before `main`, not in a
-/// forked child).
-pub(crate) fn running() -> bool {
-    RUNNING.load(Acquire)
-}
-
-/// The runtime, for program threads made by threads that are not its own.
-pub(crate) fn handle() -> Option<&'static ginza_runtime::Handle> {
-    HANDLE.get()
-}
-
-/// In a forked child: no runtime any more.
-pub(crate) fn forked() {
-    RUNNING.store(false, Release);
-}
 
 #[no_mangle]
 pub unsafe extern "C" fn __libc_start_main(
@@ -90,8 +72,7 @@ extern "C" fn ginza_main(argc: c_int, argv: *mut *mut c_char, envp: *mut *mut c_
     crate::signal::start_signal_thread();
     let (argv, envp) = (argv as usize, envp as usize);
     let result = ginza_runtime::run(config, move || {
-        let _ = HANDLE.set(ginza_runtime::Handle::current().expect("inside the runtime"));
-        RUNNING.store(true, Release);
+        crate::running::started(ginza_runtime::Handle::current().expect("inside the runtime"));
         let Some(g) = GThread::new(false) else {
             fail("cannot allocate main's thread control block");
         };

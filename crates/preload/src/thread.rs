@@ -236,7 +236,7 @@ pub unsafe extern "C" fn pthread_create(
     arg: *mut c_void,
 ) -> c_int {
     let who = caller();
-    if who == Caller::Runtime || !crate::start::running() {
+    if who == Caller::Runtime || !crate::running::running() {
         return os_thread(out, attr, start, arg);
     }
     let (stack, detached) = attributes(attr);
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn pthread_create(
         let spawned = if who == Caller::Uthread {
             ginza_runtime::spawn_with_stack_size(stack, body).map(drop)
         } else {
-            crate::start::handle()
+            crate::running::handle()
                 .map(|h| drop(h.spawn(body)))
                 .ok_or_else(|| std::io::Error::other("no runtime"))
         };
