@@ -333,7 +333,7 @@ pub fn run(args: ColocateArgs) -> anyhow::Result<()> {
         .iter()
         .flat_map(|&load| configs.map(|(sched, alloc)| (load, sched, alloc)))
         .collect();
-    let points = super::experiment::sweep::sweep(
+    let points = crate::harness::sweep::sweep(
         &plan,
         |&(load, sched, alloc)| format!("{sched:?} / {alloc:?} at load {load}"),
         |_, &(load, sched, alloc)| {

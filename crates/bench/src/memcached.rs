@@ -311,7 +311,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let runs = super::experiment::sweep::sweep(
+    let runs = crate::harness::sweep::sweep(
         &plan,
         |&(round, _, load, system)| {
             format!("round {round}: {} at {load:.0} requests/s", system.name())

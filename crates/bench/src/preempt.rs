@@ -69,7 +69,7 @@ use ginza_runtime::shinjuku::{
 use ginza_sys::clock;
 use serde::Serialize;
 
-use crate::harness::figures::{allowed_cpus, emit, loadavg, median, percentile};
+use crate::harness::figures::{allowed_cpus, emit, loadavg, median, percentile, round3};
 use crate::harness::work::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench preempt`.
@@ -573,10 +573,6 @@ fn loss_pct(t_q: f64, t_base: f64) -> f64 {
 
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
 }
 
 /// Runs `ginza bench preempt`.

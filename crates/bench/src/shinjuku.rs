@@ -76,7 +76,7 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::harness::figures::emit;
-use crate::harness::figures::{loadavg, median, percentile};
+use crate::harness::figures::{loadavg, median, percentile, round3};
 use crate::harness::work::{chunked, makespan_ns, Cores};
 
 /// Arguments of `ginza bench shinjuku`.
@@ -725,10 +725,6 @@ struct Report {
     meta: Meta,
 }
 
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 /// A file-name fragment for a distribution: `Bimodal(50-1, 50-100)` →
 /// `bimodal-50-1-50-100`.
 fn slug(s: &str) -> String {
@@ -815,7 +811,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
     }
     // The sweep engine of `ginza bench run` (docs/experiments.md).
     let mut sims = sims.into_iter();
-    let points = crate::experiment::sweep::sweep(
+    let points = crate::harness::sweep::sweep(
         &jobs,
         |&(_, _, load, _, pol)| format!("{} {load:.2}", pol.name()),
         |_, &(di, pi, load, rate, pol)| {

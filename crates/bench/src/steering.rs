@@ -151,7 +151,7 @@ pub fn run(args: SteeringArgs) -> anyhow::Result<()> {
     let plan: Vec<(u32, SteeringKind)> = (0..args.rounds)
         .flat_map(|round| SteeringKind::ALL.map(|policy| (round, policy)))
         .collect();
-    let runs = super::experiment::sweep::sweep(
+    let runs = crate::harness::sweep::sweep(
         &plan,
         |&(round, policy)| format!("round {round}, {policy}"),
         |_, &(round, policy)| {

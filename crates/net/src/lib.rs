@@ -26,9 +26,10 @@ pub use addr::{Endpoint, Interface, MacAddr, MacAddrParseError};
 pub use arp::{ArpConfig, ArpCounters, ArpTable, Resolution, StaticArpEntry};
 pub use rx::{
     parse, ArpMessage, ArpOperation, Drop, DropCounters, DropKind, EchoRequest, Layer, Packet,
-    TcpFrame, UdpDatagram,
+    UdpDatagram,
 };
 pub use std::net::Ipv4Addr;
+pub use tcp::TcpFrame;
 pub use tx::BuildError;
 
 /// The largest IPv4 packet we send or accept, in bytes (standard Ethernet).

@@ -5,7 +5,7 @@
 //! why each layer's length is validated here before its `Packet` view is made.
 
 use crate::tcp::wire::{self, WireError};
-use crate::tcp::Segment;
+use crate::tcp::TcpFrame;
 use crate::{Endpoint, Interface, MacAddr, ETHERNET_HEADER_LEN, MAX_FRAME_LEN, UDP_HEADER_LEN};
 use crate::{ARP_PACKET_LEN, IPV4_HEADER_LEN};
 use smoltcp::wire::{
@@ -63,17 +63,6 @@ pub struct UdpDatagram<'a> {
     pub src: Endpoint,
     pub dst: Endpoint,
     pub payload: &'a [u8],
-}
-
-/// A TCP segment addressed to us, its header checked (see
-/// [`crate::tcp::wire::parse`]); the payload borrows from the frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TcpFrame<'a> {
-    /// The Ethernet source: where replies go (the next hop).
-    pub src_mac: MacAddr,
-    pub src: Endpoint,
-    pub dst: Endpoint,
-    pub segment: Segment<'a>,
 }
 
 /// The header a [`Drop::Truncated`] frame ran out in.

@@ -23,44 +23,6 @@ use std::path::{Path, PathBuf};
 /// its closing brace): a longer one holds several mechanisms.
 const MAX_FN_LINES: usize = 200;
 
-/// Circles allowed for now, as (crate, parent module, the circle's
-/// children): in code that other work of issue 33 is rewriting (until it
-/// is merged), and one left for a decision. The test fails once one is
-/// gone, so that it is removed from here.
-const TEMPORARY_CIRCLES: &[(&str, &str, &[&str])] = &[
-    // Item 1, the single TCP driver: `net/stack.rs` and `net/tcp/mod.rs`
-    // call each other; `net/protected` uses the TCP sockets' wait helpers
-    // and `net/tcp/sockets.rs` the protected sockets.
-    ("runtime", "net", &["protected", "stack", "tcp"]),
-    ("runtime", "net::tcp", &["listener", "sockets"]),
-    // Not in issue 33's list, found by this test once it followed glob
-    // re-exports (`sched/mod.rs`: `pub(crate) use kthread::*`, `uthread::*`):
-    // a `UThread` points to the runtime's `Shared` (kthread.rs), which keeps
-    // the uthread caches, and the switch (uthread.rs) runs on the `Owner`
-    // token. docs/runtime.md calls `sched/` one module whose files share
-    // private fields; splitting it is left to the lead's decision.
-    ("runtime", "sched", &["kthread", "uthread"]),
-    // Item 2, the benchmarks' own crate.
-    ("cli", "", &["bench", "demo"]),
-    (
-        "cli",
-        "bench",
-        &["colocate", "experiment", "memcached", "steering"],
-    ),
-    ("cli", "demo", &["phases", "report"]),
-];
-
-/// Functions over [`MAX_FN_LINES`] in code that other work of issue 33 is
-/// rewriting (the benchmarks moving from `cli/src/bench` to their own
-/// crate), as (the end of the file's path, function): they match before
-/// and after the move. The test fails once one is gone or short, so that
-/// it is removed from here.
-const TEMPORARY_UNTIL_BENCH_CRATE_MERGE_LONG_FNS: &[(&str, &str)] = &[
-    ("/experiment/runners.rs", "choose"),
-    ("/experiment/runners.rs", "run_one"),
-    ("/preempt.rs", "measure"),
-];
-
 type Module = Vec<String>;
 
 /// One source file of a crate's library or binary (not its `src/bin/`
@@ -849,18 +811,8 @@ fn functions_are_measured() {
 fn no_import_circle_between_files_of_a_crate() {
     let levels = levels(&crates());
     let mut failures = Vec::new();
-    let mut excepted_seen = BTreeSet::new();
     for ((krate, parent), graph) in &levels {
         for group in circles(graph) {
-            let exception = TEMPORARY_CIRCLES.iter().find(|(k, p, g)| {
-                krate == k
-                    && parent.join("::") == *p
-                    && group.iter().map(String::as_str).eq(g.iter().copied())
-            });
-            if let Some(e) = exception {
-                excepted_seen.insert(e);
-                continue;
-            }
             failures.push(format!(
                 "{}: import circle {} (among {group:?}); the graph there:\n{}",
                 place(krate, parent),
@@ -870,21 +822,11 @@ fn no_import_circle_between_files_of_a_crate() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    let stale: Vec<_> = TEMPORARY_CIRCLES
-        .iter()
-        .filter(|e| !excepted_seen.contains(e))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "these circles are gone (or changed): remove them from \
-         TEMPORARY_CIRCLES: {stale:?}"
-    );
 }
 
 #[test]
 fn no_function_is_longer_than_the_limit() {
     let mut long = Vec::new();
-    let mut excepted_seen = BTreeSet::new();
     for dir in crate_dirs() {
         let mut files = Vec::new();
         for sub in ["src", "tests", "benches", "examples"] {
@@ -898,17 +840,8 @@ fn no_function_is_longer_than_the_limit() {
                 .display()
                 .to_string();
             for (name, line, len) in functions(&code) {
-                if len <= MAX_FN_LINES {
-                    continue;
-                }
-                let exception = TEMPORARY_UNTIL_BENCH_CRATE_MERGE_LONG_FNS
-                    .iter()
-                    .find(|(file, f)| shown.ends_with(file) && *f == name);
-                match exception {
-                    Some(e) => {
-                        excepted_seen.insert(*e);
-                    }
-                    None => long.push(format!("{shown}:{line} fn {name}: {len} lines")),
+                if len > MAX_FN_LINES {
+                    long.push(format!("{shown}:{line} fn {name}: {len} lines"));
                 }
             }
         }
@@ -917,15 +850,6 @@ fn no_function_is_longer_than_the_limit() {
         long.is_empty(),
         "functions over {MAX_FN_LINES} lines (split them by mechanism):\n{}",
         long.join("\n")
-    );
-    let stale: Vec<_> = TEMPORARY_UNTIL_BENCH_CRATE_MERGE_LONG_FNS
-        .iter()
-        .filter(|e| !excepted_seen.contains(*e))
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "{stale:?} are no longer over {MAX_FN_LINES} lines (or moved): \
-         remove them from TEMPORARY_UNTIL_BENCH_CRATE_MERGE_LONG_FNS"
     );
 }
 
@@ -942,13 +866,15 @@ fn runtime_modules_form_layers() {
         println!("layer {l}: {}", modules.join(", "));
     }
     // The lowest pieces stay low: the count every deferred section raises,
-    // the spinlock, the signal plumbing, the configuration, the timer heap,
-    // the shared region with iokerneld (below the scheduler, which holds
-    // each kthread's end of it).
+    // the spinlock, the signal plumbing (and the program threads' own
+    // thread pointers, which a handler restores first), the configuration,
+    // the timer heap, the shared region with iokerneld (below the
+    // scheduler, which holds each kthread's end of it).
     for (leaf, may_use) in [
         ("deferral", &[][..]),
         ("spinlock", &["deferral"][..]),
-        ("signals", &[][..]),
+        ("signals", &["foreign_tls"][..]),
+        ("foreign_tls", &[][..]),
         ("config", &["error"][..]),
         ("timer", &["spinlock"][..]),
         ("link", &["config", "spinlock"][..]),

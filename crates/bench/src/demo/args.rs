@@ -201,6 +201,22 @@ impl std::fmt::Display for Service {
     }
 }
 
+/// A service-time distribution with its name (the CSV's `service`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) dist: ServiceTime,
+}
+
+impl From<Service> for Workload {
+    fn from(s: Service) -> Workload {
+        Workload {
+            name: s.name(),
+            dist: s.distribution(),
+        }
+    }
+}
+
 fn parse_service(s: &str) -> Result<Service, String> {
     match s.trim() {
         "exponential" | "exp" => Ok(Service::Exponential),

@@ -17,8 +17,7 @@ use ginza_runtime::net::NetConfig;
 use ginza_runtime::{Class, Config as RtConfig, IokernelConfig};
 use ginza_sys::cpulist;
 
-use super::args::{Policy, INTERVAL};
-use super::point::Workload;
+use super::args::{Policy, Workload, INTERVAL};
 use super::sample::app_cores;
 use crate::harness::app::{app_config as registered, App};
 use crate::harness::iokerneld::Iokerneld;

@@ -38,9 +38,9 @@ mod summary;
 use anyhow::{bail, Context as _};
 
 pub use args::DemoArgs;
-pub(crate) use args::Policy;
+pub(crate) use args::{Policy, Workload};
 pub(crate) use harness::{Setup, Tuning};
-pub(crate) use point::{run_point, run_steps, Workload};
+pub(crate) use point::{run_point, run_steps};
 
 /// `v` without repeats, in first-seen order.
 fn dedup<T: PartialEq + Copy>(v: &[T]) -> Vec<T> {
@@ -96,7 +96,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let mut rows = crate::experiment::sweep::sweep(
+    let mut rows = crate::harness::sweep::sweep(
         &points,
         |(service, policy, _, load)| format!("{service} {policy} @ {load:.2}"),
         |_, &(service, policy, i, load)| {

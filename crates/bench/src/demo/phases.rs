@@ -28,6 +28,8 @@ use ginza_apps::request_trace::RequestStamps;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::harness::figures::round3;
+
 /// p50 and p99 of one phase, µs, over `n` requests (0 and 0 when `n` is 0).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub(crate) struct Span {
@@ -44,7 +46,7 @@ impl Span {
         ns.sort_unstable();
         let at = |q: f64| {
             let i = ((ns.len() as f64 * q).ceil() as usize).clamp(1, ns.len()) - 1;
-            super::report::round3(ns[i] as f64 / 1e3)
+            round3(ns[i] as f64 / 1e3)
         };
         Span {
             p50_us: at(0.50),
@@ -57,7 +59,7 @@ impl Span {
         if h.is_empty() {
             return Span::default();
         }
-        let at = |q: f64| super::report::round3(h.value_at_quantile(q) as f64 / 1e3);
+        let at = |q: f64| round3(h.value_at_quantile(q) as f64 / 1e3);
         Span {
             p50_us: at(0.50),
             p99_us: at(0.99),
@@ -131,7 +133,7 @@ pub(crate) fn breakdown(
         waited_for_wake_share: if window.is_empty() {
             0.0
         } else {
-            super::report::round3(woken as f64 / window.len() as f64)
+            round3(woken as f64 / window.len() as f64)
         },
         woken: WokenPhases {
             inject_to_decided: span(&gap(inject, decided), Some(true)),

@@ -11,13 +11,14 @@ use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::{LoadReport, LoadRun};
 use ginza_net::Interface;
 
-use super::args::{Policy, Service};
+use super::args::{Policy, Workload};
 use super::harness::{
     start_point, Setup, Started, LC_IP, LC_MAC, LC_PORT, REGISTER_TIMEOUT, STOP_WAIT,
 };
 use super::report::{self, Row};
 use super::sample::{overdue, reallocations, sample};
 use super::{phases, quiet};
+use crate::harness::figures::round3;
 
 /// After the last arrival of a load run, how long the generator waits for
 /// replies (a backlog past saturation drains meanwhile, or is lost).
@@ -34,22 +35,6 @@ fn load_run(service: ServiceTime, rate: f64, duration: Duration, seed: u64) -> L
     run.config.seed = seed;
     run.drain = DRAIN;
     run
-}
-
-/// A service-time distribution with its name (the CSV's `service`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Workload {
-    pub(crate) name: &'static str,
-    pub(crate) dist: ServiceTime,
-}
-
-impl From<Service> for Workload {
-    fn from(s: Service) -> Workload {
-        Workload {
-            name: s.name(),
-            dist: s.distribution(),
-        }
-    }
 }
 
 /// Runs one policy at one load (a fraction of the managed cores' capacity)
@@ -143,7 +128,7 @@ pub(crate) fn run_point(
     }
     let batch_alone = batch_alone.unwrap_or(f64::NAN);
 
-    let r3 = report::round3;
+    let r3 = round3;
     let st = report.stats;
     let samples = samples.with_context(|| format!("{} at load {load}", policy.name()))?;
     if samples.errors > 0 {
@@ -331,9 +316,9 @@ pub(crate) fn run_steps(
         }
         figures.push(StepFigures {
             load,
-            p50_us: report::round3(p50),
-            p99_us: report::round3(p99),
-            p999_us: report::round3(p999),
+            p50_us: round3(p50),
+            p99_us: round3(p99),
+            p999_us: round3(p999),
             sent: st.sent,
             answered: st.replies,
             note: notes.join("; "),

@@ -7,6 +7,8 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::harness::figures::round3;
+
 /// One policy at one offered load.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub(crate) struct Row {
@@ -154,15 +156,6 @@ pub(crate) fn fill_p50_vs_static(rows: &mut [Row]) {
             .find(|(service, load, _)| *service == r.service && *load == r.offered_load)
             .filter(|(_, _, p50)| *p50 > 0.0)
             .map_or(f64::NAN, |(_, _, p50)| round3(r.p50_us / p50));
-    }
-}
-
-/// Three decimals: what the table and CSV show; noise is larger anyway.
-pub(crate) fn round3(v: f64) -> f64 {
-    if v.is_finite() {
-        (v * 1e3).round() / 1e3
-    } else {
-        v
     }
 }
 
@@ -347,8 +340,6 @@ mod tests {
         // 0.5 s of work in a 1 s window on 2 cores: a quarter of capacity.
         assert_eq!(achieved_load(500_000_000, 1_000_000_000, 2), 0.25);
         assert_eq!(achieved_load(5, 0, 1), 0.0);
-        assert_eq!(round3(0.123_456), 0.123);
-        assert!(round3(f64::NAN).is_nan());
     }
 
     #[test]

@@ -9,7 +9,6 @@ pub mod linux_spin;
 pub mod row;
 pub mod runners;
 pub mod spec;
-pub(crate) mod sweep;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -338,7 +337,7 @@ pub fn execute(plan: &Plan, out: &Path) -> anyhow::Result<Outcome> {
     let loadavg_before = crate::harness::figures::loadavg().unwrap_or_default();
     let started = Instant::now();
     let mut ctx = runners::Context::default();
-    let rows = sweep::sweep_weighted(
+    let rows = crate::harness::sweep::sweep_weighted(
         &points,
         |&(round, _, x, s)| format!("{} @ {x} (round {round})", runnable[s].0.label()),
         |&(_, _, _, s)| plan.point_estimate(&runnable[s].1).as_millis() as u64,

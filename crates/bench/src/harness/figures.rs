@@ -1,5 +1,6 @@
 //! Figures and their printing, shared by the benchmarks: the CPUs we may
-//! use, medians, percentiles, the load average, the table or JSON report.
+//! use, medians, percentiles, rounding, the load average, the table or JSON
+//! report.
 
 use std::io::Write as _;
 
@@ -17,6 +18,12 @@ pub(crate) fn emit(json: bool, table: &str, report: &impl serde::Serialize) -> a
         print!("{table}");
     }
     Ok(())
+}
+
+/// Three decimals: what tables, CSVs and reports show; noise is larger
+/// anyway. NaN and infinities pass through unchanged.
+pub(crate) fn round3(v: f64) -> f64 {
+    (v * 1e3).round() / 1e3
 }
 
 /// CPUs in this process's affinity mask, ascending.
@@ -67,6 +74,13 @@ mod tests {
         assert_eq!(median(&[9.0, 1.0, 5.0]), Some(5.0));
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
         assert_eq!(median(&[1.0, 1000.0, 2.0, 3.0, 2.0]), Some(2.0));
+    }
+
+    #[test]
+    fn round3_keeps_three_decimals() {
+        assert_eq!(round3(0.123_456), 0.123);
+        assert!(round3(f64::NAN).is_nan());
+        assert_eq!(round3(f64::INFINITY), f64::INFINITY);
     }
 
     #[test]

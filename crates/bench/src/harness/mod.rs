@@ -2,11 +2,13 @@
 //! internals: one way to start iokerneld ([`iokerneld`]), one handle on a
 //! Ginza application ([`app`]), the round trips' shape and quantiles
 //! ([`rtt`]), figures and their printing ([`figures`]), the Shinjuku-mode
-//! work and CPUs ([`work`]) and Linux's batch peer ([`linux_batch`]).
+//! work and CPUs ([`work`]), Linux's batch peer ([`linux_batch`]) and the
+//! loop every load sweep runs through ([`sweep`]).
 
 pub(crate) mod app;
 pub(crate) mod figures;
 pub(crate) mod iokerneld;
 pub(crate) mod linux_batch;
 pub(crate) mod rtt;
+pub(crate) mod sweep;
 pub(crate) mod work;

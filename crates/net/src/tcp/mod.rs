@@ -11,6 +11,7 @@
 //! * [`seq`]: sequence-number arithmetic (RFC 9293 §3.4, modulo 2³²).
 //! * [`segment`]: the segment as the state machine sees it (ports and
 //!   addresses are the driver's business: it demultiplexes by 4-tuple).
+//! * [`frame`]: a received segment with its addresses, as a driver gets it.
 //! * [`conn`]: one connection (the TCB): handshake, data, teardown, timers.
 //! * [`isn`]: RFC 6528 initial sequence numbers.
 //! * [`listen`]: a listening port's bounded half-open set and accept
@@ -20,6 +21,7 @@
 //! * [`wire`]: [`Segment`] to and from smoltcp's TCP header view.
 
 pub mod conn;
+pub mod frame;
 pub mod isn;
 pub mod listen;
 pub mod segment;
@@ -28,6 +30,7 @@ pub mod table;
 pub mod wire;
 
 pub use conn::{reset_for, Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
+pub use frame::TcpFrame;
 pub use isn::IsnGenerator;
 pub use listen::{Admission, Backlog, ListenConfig, ListenStats, Listener, Opened};
 pub use segment::{Flags, Segment, Timestamp};

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 
 use super::conn::reset_for;
-use super::Segment;
-use crate::{Endpoint, TcpFrame};
+use super::{Segment, TcpFrame};
+use crate::Endpoint;
 use std::net::Ipv4Addr;
 
 /// The first port of the ephemeral range (IANA's dynamic ports,

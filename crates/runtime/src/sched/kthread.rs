@@ -2,7 +2,9 @@
 //! token ([`Owner`]), the state all kthreads of a runtime share
 //! ([`Shared`]: injector, spare stacks, spinning and parked counts), eventfd
 //! park and notify, and how per-kthread state is reached
-//! ([`current_kthread`]; docs/design.md, "Per-kthread state and TLS").
+//! ([`current_kthread`]; docs/design.md, "Per-kthread state and TLS"). Also
+//! the types of the uthread context a kthread runs and queues ([`UThread`],
+//! [`URef`]); what is done with them is in `uthread.rs`.
 
 use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
@@ -19,9 +21,9 @@ use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::CachePadded;
 use ginza_sys::eventfd;
 
-use super::{URef, UThread, Waiter, TIMER_WAITER};
+use super::{Waiter, TIMER_WAITER};
 use crate::config::{IokernelConfig, Plan};
-use crate::deferral;
+use crate::deferral::{self, PreemptState};
 use crate::link::{EventSource, KLink, KNet, Link, PacketStack, TxSide};
 use crate::timer::Timers;
 use crate::uthread_stack::Stack;
@@ -242,6 +244,74 @@ pub(crate) struct KThread {
 unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
 unsafe impl Send for KThread {}
+
+// ---- the uthread context ------------------------------------------------------
+
+// Here, not in uthread.rs: a `UThread` points at its runtime's `Shared`,
+// which holds the `KThread`s, each holding its scheduler's `UThread`. Types
+// that point at each other share a file; what a uthread does (spawn,
+// switch, exit, the caches) is uthread.rs, above this one.
+
+/// A user-level thread: a stack, a saved stack pointer, and what to run.
+pub(crate) struct UThread {
+    pub(super) sp: UnsafeCell<*mut u8>,
+    /// True from the moment a kthread decides to run this context until its
+    /// registers are saved again.
+    pub(super) on_cpu: AtomicBool,
+    pub(crate) preempt: PreemptState,
+    pub(super) stack: UnsafeCell<Option<Stack>>,
+    pub(super) entry: UnsafeCell<Option<Entry>>,
+    pub(super) rt: *const Shared,
+    /// Worker mode: the identity the dispatcher gave this context (0: none
+    /// yet). Unlike the address, never reused.
+    pub(super) serial: AtomicU64,
+}
+
+impl UThread {
+    /// The scheduler's own context: runs on the kthread's pthread stack.
+    pub(super) fn scheduler(rt: *const Shared) -> UThread {
+        UThread {
+            sp: UnsafeCell::new(null_mut()),
+            on_cpu: AtomicBool::new(true),
+            preempt: PreemptState::new(1),
+            stack: UnsafeCell::new(None),
+            entry: UnsafeCell::new(None),
+            rt,
+            serial: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What a uthread runs: one allocation shared with its `JoinHandle`.
+pub(crate) trait Runnable: Send + Sync {
+    /// Called once, on the uthread's own stack; must not unwind.
+    fn run(&self);
+}
+
+pub(crate) type Entry = Arc<dyn Runnable>;
+
+/// A pointer to a uthread that is in exactly one place: a runqueue, a wait
+/// queue, a timer, or running.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct URef(pub(super) NonNull<UThread>);
+
+// SAFETY: a URef is a handle that moves between kthreads; the protocol above
+// (on_cpu, single place) ensures only one kthread runs the uthread at a time.
+unsafe impl Send for URef {}
+
+impl URef {
+    pub(crate) fn ptr(self) -> *mut UThread {
+        self.0.as_ptr()
+    }
+
+    /// The handle to a uthread a mailbox carried as a pointer.
+    pub(crate) fn from_nonnull(u: NonNull<UThread>) -> URef {
+        URef(u)
+    }
+}
+
+/// Spare stacks kept by default (`Shared::keep_spare_stacks` raises it).
+pub(super) const SPARE_STACKS: usize = 1024;
 
 // ---- the owner token ---------------------------------------------------------
 
@@ -565,7 +635,7 @@ impl Shared {
                 injector: Injector::new(),
                 spare_stacks: Injector::new(),
                 spare_count: CachePadded::new(AtomicUsize::new(0)),
-                spare_limit: AtomicUsize::new(super::uthread::SPARE_STACKS),
+                spare_limit: AtomicUsize::new(SPARE_STACKS),
                 request_stacks_mapped: AtomicU64::new(0),
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),

@@ -1,9 +1,10 @@
 //! The scheduler: what a uthread asks of it (yield, sleep, park, wake,
 //! timed waits), choosing the next context, timer entries, and what a
 //! Shinjuku worker needs (`run_on_worker`). Its parts, one mechanism a file:
-//! `uthread.rs` (uthreads, the switch, the uthread and stack caches) and
-//! `kthread.rs` (kthreads, the owner token, the runtime's shared state,
-//! eventfd park and notify). The preemption entry points are in
+//! `uthread.rs` (uthreads, the switch, the uthread and stack caches) and,
+//! below it, `kthread.rs` (kthreads, the owner token, the runtime's shared
+//! state, eventfd park and notify, and the uthread context's types, which
+//! point into that state). The preemption entry points are in
 //! `preempt.rs`; the Shenango scheduler loop in `shenango.rs`; the
 //! Shinjuku worker loop in `shinjuku/worker.rs`.
 //!

@@ -1,34 +1,21 @@
-//! Uthreads: the context ([`UThread`]) and its handle ([`URef`]), the
-//! switch between contexts (`switch_to`, `finish_switch`, a uthread's
-//! first run), and the caches that keep exited uthreads and their stacks
-//! for the next spawn.
+//! Uthreads: making one ([`UThread`]; the type and its handle [`URef`] are
+//! in `kthread.rs`, beside the kthread state they point into), the switch
+//! between contexts (`switch_to`, `finish_switch`, a uthread's first run),
+//! and the caches that keep exited uthreads and their stacks for the next
+//! spawn.
 
 use std::cell::UnsafeCell;
 use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
-use std::sync::Arc;
 
 use crossbeam_deque::Steal;
 
-use super::{current_kthread_ref, pick_next, Mode, Owner, Shared};
+use super::{
+    current_kthread_ref, pick_next, Entry, Mode, Owner, Shared, URef, UThread, SPARE_STACKS,
+};
 use crate::arch;
 use crate::deferral::{self, PreemptState};
 use crate::uthread_stack::Stack;
-
-/// A user-level thread: a stack, a saved stack pointer, and what to run.
-pub(crate) struct UThread {
-    pub(super) sp: UnsafeCell<*mut u8>,
-    /// True from the moment a kthread decides to run this context until its
-    /// registers are saved again.
-    on_cpu: AtomicBool,
-    pub(crate) preempt: PreemptState,
-    pub(super) stack: UnsafeCell<Option<Stack>>,
-    entry: UnsafeCell<Option<Entry>>,
-    pub(super) rt: *const Shared,
-    /// Worker mode: the identity the dispatcher gave this context (0: none
-    /// yet). Unlike the address, never reused.
-    serial: AtomicU64,
-}
 
 impl UThread {
     /// A new uthread, recycled (with its stack) from the calling kthread's
@@ -58,19 +45,6 @@ impl UThread {
             serial: AtomicU64::new(0),
         });
         URef(NonNull::from(Box::leak(u)))
-    }
-
-    /// The scheduler's own context: runs on the kthread's pthread stack.
-    pub(super) fn scheduler(rt: *const Shared) -> UThread {
-        UThread {
-            sp: UnsafeCell::new(null_mut()),
-            on_cpu: AtomicBool::new(true),
-            preempt: PreemptState::new(1),
-            stack: UnsafeCell::new(None),
-            entry: UnsafeCell::new(None),
-            rt,
-            serial: AtomicU64::new(0),
-        }
     }
 }
 
@@ -120,33 +94,7 @@ impl SpareContext {
     }
 }
 
-/// What a uthread runs: one allocation shared with its `JoinHandle`.
-pub(crate) trait Runnable: Send + Sync {
-    /// Called once, on the uthread's own stack; must not unwind.
-    fn run(&self);
-}
-
-pub(crate) type Entry = Arc<dyn Runnable>;
-
-/// A pointer to a uthread that is in exactly one place: a runqueue, a wait
-/// queue, a timer, or running.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct URef(pub(super) NonNull<UThread>);
-
-// SAFETY: a URef is a handle that moves between kthreads; the protocol above
-// (on_cpu, single place) ensures only one kthread runs the uthread at a time.
-unsafe impl Send for URef {}
-
 impl URef {
-    pub(crate) fn ptr(self) -> *mut UThread {
-        self.0.as_ptr()
-    }
-
-    /// The handle to a uthread a mailbox carried as a pointer.
-    pub(crate) fn from_nonnull(u: NonNull<UThread>) -> URef {
-        URef(u)
-    }
-
     /// Whether it has never run (freshly spawned). Only for a uthread that
     /// is in a queue, where nobody runs it.
     pub(crate) fn never_ran(self) -> bool {
@@ -285,8 +233,6 @@ pub(super) unsafe fn ensure_stack(u: URef, size: usize) -> std::io::Result<URef>
 }
 
 const UTHREAD_CACHE: usize = 64;
-/// Spare stacks kept by default (`Shared::keep_spare_stacks` raises it).
-pub(super) const SPARE_STACKS: usize = 1024;
 
 /// Gives a uthread that has never run a stack (unless it kept one from a
 /// previous life) and lays out its first frame.

@@ -10,7 +10,8 @@ use ginza_net::tcp::Listener;
 use ginza_net::Endpoint;
 
 use super::super::wait::{wait_until, wake_all};
-use super::{FourTuple, Tcp, TcpStream};
+use super::stream::InProcessStream;
+use super::{FourTuple, Tcp};
 use crate::sched::{Shared, Waiter};
 use crate::spinlock::SpinLock;
 
@@ -123,8 +124,10 @@ impl InProcessListener {
         Ok(SocketAddr::V4(self.core.local))
     }
 
-    /// Waits for a connection whose handshake has completed.
-    pub(crate) fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+    /// Waits for a connection whose handshake has completed. The stream,
+    /// not the public `TcpStream` (sockets.rs wraps it), so that this file
+    /// stays below the sockets that choose a backend.
+    pub(crate) fn accept(&self) -> io::Result<(InProcessStream, SocketAddr)> {
         let tcp = self.tcp();
         loop {
             let remote = wait_until(&self.core.waiters, None, || {
@@ -142,7 +145,7 @@ impl InProcessListener {
                 inner.listener = None;
                 inner.in_backlog = false;
             }
-            let stream = TcpStream::in_process(Arc::clone(&self.rt), conn);
+            let stream = InProcessStream::new(Arc::clone(&self.rt), conn);
             return Ok((stream, SocketAddr::V4(remote.into())));
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::super::wait::no_runtime;
 use super::listener::InProcessListener;
 use super::stream::{self, InProcessStream};
-use super::{first_v4, no_net, Conn};
+use super::{first_v4, no_net};
 use crate::net::protected::{self, ProtectedListener, ProtectedStream};
 use crate::sched::{self, Shared};
 
@@ -73,7 +73,10 @@ impl TcpListener {
     /// Waits for a connection whose handshake has completed.
     pub fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         match &self.backend {
-            ListenerBackend::InProcess(l) => l.accept(),
+            ListenerBackend::InProcess(l) => {
+                let (s, a) = l.accept()?;
+                Ok((TcpStream::in_process(s), a))
+            }
             ListenerBackend::Protected(l) => {
                 let (s, a) = l.accept()?;
                 Ok((TcpStream::protected(s), a))
@@ -139,9 +142,9 @@ macro_rules! either {
 }
 
 impl TcpStream {
-    pub(super) fn in_process(rt: Arc<Shared>, conn: Arc<Conn>) -> TcpStream {
+    fn in_process(s: InProcessStream) -> TcpStream {
         TcpStream {
-            backend: StreamBackend::InProcess(InProcessStream::new(rt, conn)),
+            backend: StreamBackend::InProcess(s),
         }
     }
 
