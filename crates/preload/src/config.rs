@@ -6,7 +6,7 @@
 //! | `GINZA_IOKERNEL` | register with iokerneld at this socket (empty: its default path) | unset: standalone |
 //! | `GINZA_GUARANTEED` | cores iokerneld never takes away | 0 |
 //! | `GINZA_CLASS` | `lc` or `batch` | `lc` |
-//! | `GINZA_NAME` | the name at iokerneld (`ginza top`) | the program's name |
+//! | `GINZA_NAME` | the name at iokerneld (`ginza top`) | the program's name (`name-PID` for a program it execs) |
 //! | `GINZA_IP`, `GINZA_MAC` | the application's address on iokerneld's switch | none |
 //! | `GINZA_PROTECTED` | TCP through the netstack at this socket (empty: its default) | unset |
 //! | `GINZA_TIME_SLICE` | preempt a thread that ran this long while others wait (`0`: never) | `1ms` |
@@ -32,14 +32,23 @@ fn number(name: &str) -> Result<Option<usize>, String> {
         .transpose()
 }
 
+/// Set in the environment of everything the program runs: a program that
+/// starts with it was exec'd by one already on Ginza.
+const DESCENDANT: &str = "GINZA_DESCENDANT";
+
 /// The name at iokerneld: `GINZA_NAME`, else the program's file name, cut
-/// to the characters and length iokerneld accepts.
+/// to the characters and length iokerneld accepts. A program exec'd by one
+/// on Ginza inherits the variables but not the name: it registers as
+/// `<its file name>-<pid>`, so it never collides with its parent.
 fn name(program: &str) -> String {
-    let raw = var("GINZA_NAME").unwrap_or_else(|| {
-        std::path::Path::new(program)
-            .file_name()
-            .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned())
-    });
+    let file = std::path::Path::new(program)
+        .file_name()
+        .map_or_else(|| "program".into(), |n| n.to_string_lossy().into_owned());
+    let raw = if var(DESCENDANT).is_some() {
+        format!("{file}-{}", std::process::id())
+    } else {
+        var("GINZA_NAME").unwrap_or(file)
+    };
     let clean: String = raw
         .chars()
         .map(|c| {
@@ -80,6 +89,9 @@ fn cpus() -> usize {
 /// wrong and why.
 pub(crate) fn from_env(program: &str) -> Result<Config, String> {
     let kthreads = number("GINZA_KTHREADS")?.unwrap_or_else(cpus);
+    let name = name(program);
+    // SAFETY: before main, on the only thread that runs the program's code.
+    unsafe { libc::setenv(c"GINZA_DESCENDANT".as_ptr(), c"1".as_ptr(), 1) };
     let stack_size = number("GINZA_STACK_SIZE")?.unwrap_or_else(default_stack);
     let time_slice = match var("GINZA_TIME_SLICE") {
         None => Some(std::time::Duration::from_millis(1)),
@@ -94,7 +106,6 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
         time_slice,
         ..Config::with_kthreads(kthreads)
     };
-    let name = name(program);
     let interface = match (var("GINZA_IP"), var("GINZA_MAC")) {
         (Some(ip), mac) => {
             let ip: Ipv4Addr = ip.parse().map_err(|e| format!("GINZA_IP={ip:?}: {e}"))?;

@@ -44,6 +44,11 @@ pub(crate) fn caller() -> Caller {
 /// Runs `f` as runtime code: for a uthread in C code, on its kthread's
 /// thread pointer, switching back to the uthread's own (wherever it then
 /// runs) before returning. Other callers run `f` as they are.
+///
+/// `f` runs with preemption deferred (it may still park and switch): it
+/// calls into glibc (`_dl_allocate_tls` takes the dynamic linker's
+/// recursive lock, which records the kernel thread that holds it), and a
+/// uthread moved to another kthread there could never unlock it.
 #[inline(always)]
 pub(crate) fn serve<R>(f: impl FnOnce() -> R) -> R {
     if caller() != Caller::Uthread {
@@ -52,7 +57,7 @@ pub(crate) fn serve<R>(f: impl FnOnce() -> R) -> R {
     let c_fs = fs_base();
     // SAFETY: GS holds this kthread's own thread pointer (foreign_tls).
     unsafe { set_fs_base(gs_base()) };
-    let r = run(f);
+    let r = run(|| ginza_runtime::without_preemption(f));
     // SAFETY: the uthread's own block, which only it uses.
     unsafe { set_fs_base(c_fs) };
     r

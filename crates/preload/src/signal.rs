@@ -20,6 +20,17 @@ const NSIG: usize = 65;
 /// Per signal: the program's handler (0: none of ours) and its flags.
 static HANDLER: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
 static FLAGS: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
+thread_local! {
+    /// Program signal handlers running on this thread pointer.
+    static IN_HANDLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether the thread whose pointer is current runs a handler of the
+/// program's (it must not be preempted then: `preempt_at.rs`).
+pub(crate) fn in_program_handler() -> bool {
+    IN_HANDLER.with(|h| h.get() != 0)
+}
+
 /// The signal thread's tid; 0 until it runs.
 static SIGNAL_TID: AtomicI32 = AtomicI32::new(0);
 
@@ -48,6 +59,7 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     if h <= 1 {
         return;
     }
+    IN_HANDLER.with(|n| n.set(n.get() + 1));
     if FLAGS[i].load(Relaxed) & libc::SA_SIGINFO != 0 {
         // SAFETY: the program installed an SA_SIGINFO handler.
         let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
@@ -58,6 +70,7 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
+    IN_HANDLER.with(|n| n.set(n.get() - 1));
 }
 
 /// Starts the signal thread: a thread with every signal open that only

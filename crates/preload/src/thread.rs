@@ -246,7 +246,8 @@ pub unsafe extern "C" fn pthread_create(
         let tcb = g.tcb;
         let body = move || {
             let (ret, _) = g.run_c(start, arg, 0, 0, true);
-            g.finish(ret);
+            // glibc frees the thread's block: not to be moved meanwhile.
+            ginza_runtime::without_preemption(|| g.finish(ret));
         };
         let spawned = if who == Caller::Uthread {
             ginza_runtime::spawn_with_stack_size(stack, body).map(drop)

@@ -148,6 +148,8 @@ fn preempt_from_signal() {
     // runqueue push below cannot re-enter an interrupted allocator.
     st.count.store(1, Relaxed);
     sched::bump(&k.stats.preemptions);
+    // Answered: the slicer need not ask again (slicer.rs).
+    k.slice_asked.store(false, Relaxed);
     loop {
         // SAFETY: the count stays raised (above) until after the loop.
         let k = unsafe { sched::Owner::current_deferred() };

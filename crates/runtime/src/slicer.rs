@@ -17,6 +17,12 @@ use std::time::Duration;
 
 use crate::sched::{Shared, RUNNING};
 
+/// How often an ask that the handler could not honour yet (the uthread
+/// was somewhere it must not be switched away from) is repeated within a
+/// period, and how many times at most.
+const RETRY: Duration = Duration::from_micros(50);
+const RETRIES: u32 = 16;
+
 pub(crate) fn start(rt: Arc<Shared>, period: Duration) {
     let spawned = std::thread::Builder::new()
         .name("ginza-slicer".into())
@@ -32,14 +38,31 @@ pub(crate) fn start(rt: Arc<Shared>, period: Duration) {
                         .kthreads
                         .iter()
                         .any(|k| !k.stealer.is_empty() || k.timers.next_deadline() <= now_ns);
+                let mut asked = false;
                 for (k, seen) in rt.kthreads.iter().zip(last.iter_mut()) {
                     let now = k.stats.switches.load(Relaxed);
                     let stuck = now == *seen && k.state.load(Relaxed) == RUNNING;
                     *seen = now;
-                    let tid = k.tid.load(Relaxed);
-                    if stuck && waiting && tid != 0 {
-                        k.slice_asked.store(true, SeqCst);
-                        let _ = crate::signals::send_preempt(tid);
+                    if stuck && waiting && ask(k) {
+                        asked = true;
+                    }
+                }
+                // An ask the handler could not take (the uthread was in the
+                // C library, say) stays set: ask again soon, while the
+                // kthread has still not switched.
+                for _ in 0..RETRIES {
+                    if !asked {
+                        break;
+                    }
+                    std::thread::sleep(RETRY);
+                    asked = false;
+                    for (k, seen) in rt.kthreads.iter().zip(last.iter()) {
+                        if k.slice_asked.load(Relaxed)
+                            && k.stats.switches.load(Relaxed) == *seen
+                            && ask(k)
+                        {
+                            asked = true;
+                        }
                     }
                 }
             }
@@ -47,4 +70,14 @@ pub(crate) fn start(rt: Arc<Shared>, period: Duration) {
     if let Err(e) = spawned {
         log::warn!("cannot start the time slicer: {e}; uthreads run to completion");
     }
+}
+
+/// Asks `k`'s running uthread to make way; false if `k` has no thread.
+fn ask(k: &crate::sched::KThread) -> bool {
+    let tid = k.tid.load(Relaxed);
+    if tid == 0 {
+        return false;
+    }
+    k.slice_asked.store(true, SeqCst);
+    crate::signals::send_preempt(tid).is_ok()
 }

@@ -12,11 +12,11 @@ use anyhow::Context as _;
 use ginza_runtime::{spawn, yield_now, Condvar, Config, JoinHandle, Mutex};
 
 use super::stats::median_ns;
-use super::{Medians, Params};
+use super::{Medians, Params, GINZA_KTHREADS};
 
 pub(super) fn measure(p: Params) -> anyhow::Result<Medians> {
     let cfg = Config {
-        kthreads: 1,
+        kthreads: GINZA_KTHREADS,
         cores: Some(vec![p.core]),
         ..Config::default()
     };

@@ -2,75 +2,39 @@
 //! on PATH and cached next to the ginza binary, run with GOMAXPROCS=1 and its
 //! CPU mask set to the benchmark CPU.
 //!
-//! The mask is set in the child between fork and exec (`pre_exec` +
-//! `sched_setaffinity`), so every OS thread the Go runtime later starts
-//! inherits it and no external `taskset` is needed. The Go program does not
+//! The mask is set before exec (`peer.rs`), so every OS thread the Go runtime
+//! later starts inherits it. The Go program does not
 //! call `runtime.LockOSThread` by default: a locked goroutine hands its P to
 //! another OS thread whenever it blocks or yields, so every switch becomes an
 //! OS-thread switch (measured here at ~3 µs per yield instead of ~80 ns), which
 //! would not measure goroutines (`-lockosthread` shows that effect).
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::SystemTime;
 
 use anyhow::Context as _;
 
-use super::{cpu_set_of, Medians, Params};
+use super::{peer, Medians, Params};
 
 const SOURCE: &str = "threadops.go";
 
-pub(super) fn measure(p: Params) -> anyhow::Result<Option<Medians>> {
-    let Some(bin) = build()? else {
-        return Ok(None);
-    };
-    let set = cpu_set_of(p.core);
-    let mut cmd = Command::new(&bin);
+/// One run of the Go peer built by [`build`].
+pub(super) fn measure(p: Params, bin: &Path) -> anyhow::Result<Medians> {
+    let mut cmd = Command::new(bin);
     cmd.args([
         "-iters",
         &p.iters.to_string(),
         "-samples",
         &p.samples.to_string(),
     ])
-    .env("GOMAXPROCS", "1")
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
-    // SAFETY: the hook runs in the forked child before exec and only makes one
-    // async-signal-safe system call on a cpu_set_t copied into the closure.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
-    let out = cmd
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{} exited with {}",
-        bin.display(),
-        out.status
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .context("the Go peer printed nothing")?;
-    let medians = serde_json::from_str(line)
-        .with_context(|| format!("the Go peer printed {line:?}, not its medians"))?;
-    Ok(Some(medians))
+    .env("GOMAXPROCS", "1");
+    peer::run(cmd, p.core, "the Go peer")
 }
 
 /// Builds the Go peer unless a binary newer than its sources exists; `None`
 /// (after a message) when there is no `go` or the build fails.
-fn build() -> anyhow::Result<Option<PathBuf>> {
+pub(super) fn build() -> anyhow::Result<Option<PathBuf>> {
     let dir = peers_dir()?;
     let bin = binary_path();
     if is_fresh(&bin, &[dir.join(SOURCE), dir.join("go.mod")]) {

@@ -1,0 +1,999 @@
+//! The C test suite: every program in `tests/c/*.c` compiled with the
+//! system `cc` and run three ways:
+//!
+//! * `plain`: on Linux alone, which checks the C test itself;
+//! * `standalone`: `ginza run --kthreads 2 -- PROGRAM`;
+//! * `iokernel`: the same under a `ginza iokernel` of its own (software
+//!   NIC, a temporary socket), with `--iokernel=SOCKET`.
+//!
+//! A program exits 0 and prints `ok NAME` when all its checks hold; else
+//! it prints `FAIL file:line: ...` on stderr and exits non-zero. Tests are
+//! named `PROGRAM::MODE`, e.g. `cargo test -p ginza-preload --test c_suite
+//! -- sleep_accuracy::standalone`.
+//!
+//! The binaries are compiled into `<target>/c-suite/` (kept, so a failing
+//! one can be rerun by hand), and `ginza` and `libginza_preload.so` are
+//! built once per test process with `$CARGO build`. Every run holds one
+//! lock: iokerneld spins on a core, the timing checks need the CPUs, and
+//! the machine may have only two. A run is killed after 60 s.
+//!
+//! Without `cc` the tests say so and pass, except under `CI=true` as root,
+//! where a test that cannot run fails (the project's rule).
+
+use std::io::Read;
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long one program may run.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Held by every run (see the module docs).
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn lock() -> MutexGuard<'static, ()> {
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How a program is run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Standalone,
+    Iokernel,
+}
+
+/// What one program needs besides being run.
+#[derive(Clone, Copy)]
+struct Spec {
+    name: &'static str,
+    args: &'static [&'static str],
+    /// Printed on stdout by a run that got to its end.
+    marker: &'static str,
+    /// Once the program prints `READY`, send it SIGTERM.
+    sigterm_when_ready: bool,
+}
+
+/// A program with no needs: named by `suite!`, run without arguments,
+/// `ok NAME` as its marker.
+const BASE: Spec = Spec {
+    name: "",
+    args: &[],
+    marker: "",
+    sigterm_when_ready: false,
+};
+
+// ---------------------------------------------------------------------------
+// Paths, tools and skipping.
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn repo_root() -> PathBuf {
+    manifest_dir().join("../..")
+}
+
+fn c_dir() -> PathBuf {
+    manifest_dir().join("tests/c")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_relative() {
+                repo_root().join(p)
+            } else {
+                p
+            }
+        })
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+fn profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// True under CI as root (`CI=true` and uid 0): every prerequisite should
+/// be installed there, so a test that cannot run fails.
+fn skips_are_failures() -> bool {
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    ci && euid() == Some(0)
+}
+
+/// The effective uid, from /proc (the second field of `Uid:`).
+fn euid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Says why the calling test cannot run, or panics with it under CI as
+/// root. The caller returns.
+#[track_caller]
+fn skip(reason: &str) {
+    if skips_are_failures() {
+        panic!("this test cannot run, and under CI=true as root it must: {reason}");
+    }
+    println!("skipped: {reason}");
+}
+
+/// Whether the system C compiler runs; if not, skips.
+fn have_cc() -> bool {
+    static CC: OnceLock<bool> = OnceLock::new();
+    let ok = *CC.get_or_init(|| {
+        Command::new("cc")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if !ok {
+        skip("the C test suite needs the system C compiler `cc` (Debian: gcc)");
+    }
+    ok
+}
+
+// ---------------------------------------------------------------------------
+// Building.
+
+/// `ginza` and `libginza_preload.so` of this profile.
+struct Bins {
+    ginza: PathBuf,
+    preload: PathBuf,
+}
+
+/// Builds both once per process with `$CARGO build`; panics with Cargo's
+/// output when that fails.
+fn bins() -> &'static Bins {
+    static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
+    let built = BINS.get_or_init(|| {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let target = target_dir();
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "ginza-cli", "-p", "ginza-preload"])
+            .arg("--target-dir")
+            .arg(&target)
+            .current_dir(repo_root())
+            .stdin(Stdio::null());
+        if cfg!(not(debug_assertions)) {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "`cargo build -p ginza-cli -p ginza-preload` failed ({}):\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let dir = target.join(profile());
+        let bins = Bins {
+            ginza: dir.join("ginza"),
+            preload: dir.join("libginza_preload.so"),
+        };
+        for p in [&bins.ginza, &bins.preload] {
+            if !p.is_file() {
+                return Err(format!("the build left no {}", p.display()));
+            }
+        }
+        Ok(bins)
+    });
+    match built {
+        Ok(b) => b,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Where the compiled programs go.
+fn c_out_dir() -> PathBuf {
+    target_dir().join("c-suite").join(profile())
+}
+
+/// Compiles `source` (a path) into `<target>/c-suite/<profile>/<name>`
+/// with `flags` added; the compiler's message on failure. The binary is
+/// written under another name and renamed, so test processes that compile
+/// at the same time never run a half-written file.
+fn compile(source: &Path, name: &str, flags: &[&str]) -> Result<PathBuf, String> {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let dir = c_out_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let bin = dir.join(name);
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let out = Command::new("cc")
+        .args(["-O2", "-g", "-Wall", "-Werror", "-pthread", "-I"])
+        .arg(repo_root().join("include"))
+        .args(flags)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(source)
+        .output()
+        .map_err(|e| format!("cannot run cc: {e}"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!(
+            "cc {} failed ({}):\n{}",
+            source.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::rename(&tmp, &bin).map_err(|e| format!("renaming to {}: {e}", bin.display()))?;
+    Ok(bin)
+}
+
+/// The program of `tests/c/<name>.c`, compiled once per process.
+fn program(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
+        return p.clone();
+    }
+    let bin =
+        compile(&c_dir().join(format!("{name}.c")), name, &[]).unwrap_or_else(|e| panic!("{e}"));
+    built.push((name.to_string(), bin.clone()));
+    bin
+}
+
+/// A small program from source text (for the tests of `ginza run` itself).
+fn program_from_source(name: &str, source: &str, flags: &[&str]) -> Result<PathBuf, String> {
+    let dir = c_out_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let src = dir.join(format!("{name}.{}.c", std::process::id()));
+    std::fs::write(&src, source).map_err(|e| format!("writing {}: {e}", src.display()))?;
+    let bin = compile(&src, name, flags);
+    let _ = std::fs::remove_file(&src);
+    bin
+}
+
+// ---------------------------------------------------------------------------
+// iokerneld.
+
+/// A `ginza iokernel` on the software NIC with a temporary socket; killed
+/// on drop.
+struct Daemon {
+    child: Child,
+    /// Holds the socket; removed on drop.
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+}
+
+/// Up to two CPUs this process may use, as `--cores` takes them.
+fn managed_cores() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(str::trim)
+        .unwrap_or("0");
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let (Ok(lo), Ok(hi)) = (lo.parse::<usize>(), hi.parse::<usize>()) else {
+            continue;
+        };
+        cpus.extend(lo..=hi);
+    }
+    cpus.truncate(2);
+    if cpus.is_empty() {
+        cpus.push(0);
+    }
+    cpus.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Daemon {
+    fn start(ginza: &Path) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("ginza-c-suite-")
+            .tempdir()
+            .unwrap();
+        let socket = dir.path().join("iokerneld.sock");
+        // `--no-pin` and `--idle-sleep` keep the daemon from taking a CPU
+        // of a small machine for itself while nothing runs.
+        let child = Command::new(ginza)
+            .args(["iokernel", "--nic", "software", "--no-pin"])
+            .args(["--idle-sleep", "1ms", "--cores", &managed_cores()])
+            .arg("--socket")
+            .arg(&socket)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {} iokernel: {e}", ginza.display()));
+        let mut d = Daemon {
+            child,
+            _dir: dir,
+            socket,
+        };
+        d.wait_ready(ginza);
+        d
+    }
+
+    /// Until `ginza top --once` gets an answer on the socket.
+    fn wait_ready(&mut self, ginza: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.socket.exists() {
+                let ok = Command::new(ginza)
+                    .args(["top", "--once", "--socket"])
+                    .arg(&self.socket)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if ok {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("ginza iokernel exited with {status}: {err}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ginza iokernel did not answer on {} within 10 s",
+                self.socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Panics with the daemon's stderr if it died during the run.
+    fn check_alive(&mut self, during: &str) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = self.child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("ginza iokernel exited with {status} during {during}: {err}");
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Running.
+
+/// What a finished run gave.
+struct Outcome {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Outcome {
+    fn describe(&self, what: &str) -> String {
+        format!(
+            "{what}: {} after {:.2} s\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status,
+            self.took.as_secs_f64(),
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+
+    /// Lines the preload library printed about calls it does not serve.
+    fn unsupported_calls(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("ginza:"))
+            .collect()
+    }
+}
+
+/// Sends `sig` to process `pid`.
+fn send_signal(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    // SAFETY: kill(2) takes plain integers; `pid` is our own child, not yet
+    // reaped (the caller still holds its Child), so it names no other process.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Kills `child` and every process of its group (it leads one: see
+/// `process_group(0)` where it is started), so a stuck grandchild cannot
+/// keep the output pipes open; then reaps it.
+fn kill_group(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) takes plain integers; the group is led by our
+        // child, not yet reaped, so it names no one else's processes.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Reads a pipe to its end into a buffer shared with the caller.
+fn collect(
+    mut from: impl Read + Send + 'static,
+) -> (Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>) {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let b = Arc::clone(&buf);
+    let h = std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match from.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => b.lock().unwrap().extend_from_slice(&chunk[..n]),
+            }
+        }
+    });
+    (buf, h)
+}
+
+/// Runs `cmd` to its end with stdout and stderr captured, killing it after
+/// [`TIMEOUT`] (then panics with what it printed). With `sigterm_when_ready`
+/// it gets SIGTERM once its stdout holds a line `READY`.
+fn run_captured(mut cmd: Command, what: &str, sigterm_when_ready: bool) -> Outcome {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let (out, out_h) = collect(child.stdout.take().unwrap());
+    let (err, err_h) = collect(child.stderr.take().unwrap());
+    let mut signalled = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if sigterm_when_ready && !signalled {
+            let ready = String::from_utf8_lossy(&out.lock().unwrap())
+                .lines()
+                .any(|l| l == "READY");
+            if ready {
+                send_signal(child.id(), libc::SIGTERM);
+                signalled = true;
+            }
+        }
+        if start.elapsed() > TIMEOUT {
+            kill_group(&mut child);
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = start.elapsed();
+    // A grandchild that keeps the pipes open (it should not) would block
+    // these joins: they are bounded by the same kill.
+    let _ = out_h.join();
+    let _ = err_h.join();
+    let text = |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().unwrap()).into_owned();
+    let (stdout, stderr) = (text(&out), text(&err));
+    let Some(status) = status else {
+        panic!(
+            "{what}: killed after {} s without finishing\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            TIMEOUT.as_secs(),
+            stdout.trim_end(),
+            stderr.trim_end()
+        );
+    };
+    if sigterm_when_ready {
+        assert!(
+            signalled || !status.success(),
+            "{what}: exited before printing READY\n{stdout}\n{stderr}"
+        );
+    }
+    Outcome {
+        status,
+        stdout,
+        stderr,
+        took,
+    }
+}
+
+/// `ginza run --kthreads 2 [--iokernel=SOCKET --name NAME] -- PROGRAM ARGS`.
+fn ginza_run(bins: &Bins, iokernel: Option<&Path>, name: &str, program: &Path) -> Command {
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "2"]);
+    if let Some(socket) = iokernel {
+        cmd.arg(format!("--iokernel={}", socket.display()));
+        cmd.args(["--name", name]);
+    }
+    cmd.arg("--").arg(program);
+    cmd.env("GINZA_EXPECT_RUNTIME", "1")
+        .env("RUST_BACKTRACE", "1");
+    if iokernel.is_some() {
+        cmd.env("GINZA_EXPECT_IOKERNEL", "1");
+    }
+    cmd
+}
+
+/// Runs one program of the suite in one mode and checks its outcome.
+fn run_suite_program(spec: Spec, mode: Mode) {
+    if !have_cc() {
+        return;
+    }
+    let bin = program(spec.name);
+    let _g = lock();
+    let what = format!("{} ({mode:?})", spec.name);
+    let (outcome, daemon) = match mode {
+        Mode::Plain => {
+            let mut cmd = Command::new(&bin);
+            cmd.args(spec.args);
+            // Make sure nothing of Ginza is loaded by accident.
+            cmd.env_remove("LD_PRELOAD")
+                .env_remove("GINZA_EXPECT_RUNTIME");
+            (run_captured(cmd, &what, spec.sigterm_when_ready), None)
+        }
+        Mode::Standalone => {
+            let mut cmd = ginza_run(bins(), None, spec.name, &bin);
+            cmd.args(spec.args);
+            (run_captured(cmd, &what, spec.sigterm_when_ready), None)
+        }
+        Mode::Iokernel => {
+            let bins = bins();
+            let mut d = Daemon::start(&bins.ginza);
+            let name = format!("c-{}", spec.name);
+            let mut cmd = ginza_run(bins, Some(&d.socket), &name, &bin);
+            cmd.args(spec.args);
+            let o = run_captured(cmd, &what, spec.sigterm_when_ready);
+            d.check_alive(&what);
+            (o, Some(d))
+        }
+    };
+    drop(daemon);
+    let report = outcome.describe(&what);
+    assert!(outcome.status.success(), "{report}");
+    let marker = if spec.marker.is_empty() {
+        format!("ok {}", spec.name)
+    } else {
+        spec.marker.to_string()
+    };
+    assert!(
+        outcome.stdout.contains(&marker),
+        "{what} exited 0 without printing {marker:?}: {report}"
+    );
+    let unsupported = outcome.unsupported_calls();
+    if !unsupported.is_empty() {
+        eprintln!("{what}: the library reported {unsupported:#?}");
+    }
+    println!(
+        "{what}: ok in {:.2} s\n{}",
+        outcome.took.as_secs_f64(),
+        outcome.stderr.trim_end()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The suite.
+
+macro_rules! suite {
+    ($($name:ident => $spec:expr;)*) => {
+        /// Every program of the suite, as listed here.
+        const SUITE: &[&str] = &[$(stringify!($name)),*];
+        $(
+            mod $name {
+                use super::*;
+                fn spec() -> Spec {
+                    Spec { name: stringify!($name), ..$spec }
+                }
+                #[test]
+                fn plain() {
+                    run_suite_program(spec(), Mode::Plain);
+                }
+                #[test]
+                fn standalone() {
+                    run_suite_program(spec(), Mode::Standalone);
+                }
+                #[test]
+                fn iokernel() {
+                    run_suite_program(spec(), Mode::Iokernel);
+                }
+            }
+        )*
+    };
+}
+
+suite! {
+    thread_storm => BASE;
+    thread_detach => BASE;
+    thread_once_key => BASE;
+    thread_stack => BASE;
+    mutex_kinds => BASE;
+    mutex_contended => BASE;
+    cond_prodcons => BASE;
+    cond_timedwait => BASE;
+    cond_broadcast => BASE;
+    rwlock => BASE;
+    barrier => BASE;
+    spinlock => BASE;
+    sem => BASE;
+    tls_errno => BASE;
+    preempt_spin => BASE;
+    preempt_libc => BASE;
+    malloc_storm => BASE;
+    sleep_accuracy => BASE;
+    fork_child => BASE;
+    fork_exec => Spec { marker: "ok fork_exec (after exec)", ..BASE };
+    sigterm => Spec { args: &["external"], sigterm_when_ready: true, ..BASE };
+    signal_thread => BASE;
+    pipe_read => BASE;
+    ginza_api => BASE;
+}
+
+/// A new `tests/c/*.c` is not forgotten: every one is in [`SUITE`].
+#[test]
+fn every_c_program_is_in_the_suite() {
+    let mut on_disk: Vec<String> = std::fs::read_dir(c_dir())
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".c").map(str::to_string)
+        })
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = SUITE.iter().map(|s| s.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "tests/c/*.c and the suite! list differ");
+}
+
+// ---------------------------------------------------------------------------
+// `ginza run` itself.
+
+/// `ginza run` refuses a statically linked program (LD_PRELOAD could not
+/// reach it) and says why.
+#[test]
+fn a_statically_linked_program_is_refused() {
+    if !have_cc() {
+        return;
+    }
+    let src = "int main(void) { return 0; }\n";
+    let bin = match program_from_source("static_prog", src, &["-static"]) {
+        Ok(b) => b,
+        Err(e) => {
+            // glibc's static libraries come with libc6-dev, which `cc`
+            // needs anyway: under CI this is a failure.
+            skip(&format!("cannot link a static program here: {e}"));
+            return;
+        }
+    };
+    let bins = bins();
+    let _g = lock();
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "2", "--"]).arg(&bin);
+    let o = run_captured(cmd, "ginza run on a static program", false);
+    let report = o.describe("ginza run on a static program");
+    assert!(!o.status.success(), "it ran: {report}");
+    assert!(
+        o.stderr.contains("statically linked"),
+        "the refusal does not say \"statically linked\": {report}"
+    );
+}
+
+/// The program's exit status is `ginza run`'s.
+#[test]
+fn the_exit_status_passes_through() {
+    if !have_cc() {
+        return;
+    }
+    let src = "#include <pthread.h>\n\
+               static void *f(void *a) { return a; }\n\
+               int main(void) {\n\
+               \tpthread_t t; void *r;\n\
+               \tpthread_create(&t, 0, f, (void *)42);\n\
+               \tpthread_join(t, &r);\n\
+               \treturn (int)(long)r;\n\
+               }\n";
+    let bin = program_from_source("exit42", src, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let bins = bins();
+    let _g = lock();
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "2", "--"]).arg(&bin);
+    let o = run_captured(cmd, "ginza run on a program exiting 42", false);
+    assert_eq!(
+        o.status.code(),
+        Some(42),
+        "{}",
+        o.describe("ginza run on a program exiting 42")
+    );
+}
+
+/// A program killed by a signal: `ginza run`'s status shows that signal,
+/// both for a SIGKILL it sends itself and for a SIGTERM from outside that
+/// it does not handle.
+#[test]
+fn a_fatal_signal_passes_through() {
+    if !have_cc() {
+        return;
+    }
+    let src = "#include <signal.h>\n#include <stdio.h>\n#include <unistd.h>\n\
+               #include <string.h>\n\
+               int main(int argc, char **argv) {\n\
+               \tif (argc > 1 && strcmp(argv[1], \"wait\") == 0) {\n\
+               \t\tprintf(\"READY\\n\"); fflush(stdout);\n\
+               \t\tfor (int i = 0; i < 3000; i++) usleep(10000);\n\
+               \t\treturn 3;\n\
+               \t}\n\
+               \tkill(getpid(), SIGKILL);\n\
+               \treturn 2;\n\
+               }\n";
+    let bin = program_from_source("killed", src, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let bins = bins();
+    let _g = lock();
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "2", "--"]).arg(&bin);
+    let o = run_captured(cmd, "ginza run on a program that SIGKILLs itself", false);
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGKILL),
+        "{}",
+        o.describe("ginza run on a program that SIGKILLs itself")
+    );
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "2", "--"])
+        .arg(&bin)
+        .arg("wait");
+    let o = run_captured(cmd, "ginza run on a program sent SIGTERM", true);
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGTERM),
+        "{}",
+        o.describe("ginza run on a program sent SIGTERM")
+    );
+}
+
+/// 20 MB that compress, but not trivially: words of a small vocabulary in
+/// an order from a fixed-seed generator, with some random bytes.
+fn compressible_data(len: usize) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "ginza ",
+        "uthread ",
+        "kthread ",
+        "core ",
+        "grant ",
+        "revoke ",
+        "park ",
+        "steal ",
+        "iokerneld ",
+        "preempt ",
+        "yield ",
+        "mutex ",
+        "condvar ",
+        "barrier ",
+        "\n",
+        "batch ",
+    ];
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        let r = next();
+        if r % 16 == 0 {
+            out.extend_from_slice(&r.to_le_bytes()[..4]);
+        } else {
+            out.extend_from_slice(WORDS[(r >> 8) as usize % WORDS.len()].as_bytes());
+        }
+    }
+    out.truncate(len);
+    out
+}
+
+/// Debian's xz, unmodified, compresses with 4 threads under `ginza run`
+/// and writes the same bytes as without it. The block size is set so the
+/// 20 MB split into blocks that the 4 threads really share (one default
+/// block would be larger than the input).
+#[test]
+fn xz_with_four_threads_gives_the_same_bytes() {
+    let xz_ok = Command::new("xz")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !xz_ok {
+        skip("this test needs Debian's xz (package xz-utils)");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("ginza-c-suite-xz-")
+        .tempdir()
+        .unwrap();
+    let input = dir.path().join("input");
+    std::fs::write(&input, compressible_data(20 << 20)).unwrap();
+    let xz_args = ["-T4", "-3", "--block-size=2MiB", "-c", "-k"];
+    let bins = bins();
+    let _g = lock();
+
+    let mut plain = Command::new("xz");
+    plain.args(xz_args).arg(&input);
+    let plain = run_bytes(plain, "xz -T4 alone");
+
+    let mut under = Command::new(&bins.ginza);
+    under
+        .args(["run", "--kthreads", "2", "--", "xz"])
+        .args(xz_args)
+        .arg(&input);
+    let under = run_bytes(under, "xz -T4 under ginza run");
+    assert!(
+        plain.len() > 1000 && plain.len() < 20 << 20,
+        "xz's output is {} bytes",
+        plain.len()
+    );
+    assert!(
+        under == plain,
+        "xz under ginza run wrote {} bytes, differing from xz alone ({} bytes) \
+         from byte {}",
+        under.len(),
+        plain.len(),
+        under
+            .iter()
+            .zip(&plain)
+            .position(|(a, b)| a != b)
+            .unwrap_or(under.len().min(plain.len()))
+    );
+}
+
+/// Runs `cmd` (killed after [`TIMEOUT`]) and returns its stdout bytes;
+/// panics with its stderr unless it succeeded.
+fn run_bytes(mut cmd: Command, what: &str) -> Vec<u8> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let (out, out_h) = collect(child.stdout.take().unwrap());
+    let (err, err_h) = collect(child.stderr.take().unwrap());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > TIMEOUT {
+            kill_group(&mut child);
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = out_h.join();
+    let _ = err_h.join();
+    let stderr = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
+    match status {
+        None => panic!("{what}: killed after {} s: {stderr}", TIMEOUT.as_secs()),
+        Some(s) if !s.success() => panic!("{what}: {s}: {stderr}"),
+        Some(_) => {
+            println!("{what}: {:.2} s", start.elapsed().as_secs_f64());
+            std::mem::take(&mut *out.lock().unwrap())
+        }
+    }
+}
+
+/// Starts `cmd`, sends it SIGTERM after `after`, and returns how it ended
+/// (`None`: it had finished before the signal) and how long that took
+/// after the signal; killed after [`TIMEOUT`].
+fn sigterm_after(mut cmd: Command, after: Duration, what: &str) -> Option<(ExitStatus, Duration)> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let (err, err_h) = collect(child.stderr.take().unwrap());
+    std::thread::sleep(after);
+    if child.try_wait().unwrap().is_some() {
+        let _ = child.wait();
+        return None;
+    }
+    send_signal(child.id(), libc::SIGTERM);
+    let sent = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if sent.elapsed() > TIMEOUT {
+            kill_group(&mut child);
+            let _ = err_h.join();
+            panic!(
+                "{what}: still running {} s after SIGTERM (killed): {}",
+                TIMEOUT.as_secs(),
+                String::from_utf8_lossy(&err.lock().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = sent.elapsed();
+    let _ = err_h.join();
+    Some((status, took))
+}
+
+/// A SIGTERM sent to xz in the middle of a 4-thread compression under
+/// `ginza run` reaches xz's own handler, and xz stops as it does alone:
+/// promptly, dying of the signal it re-raises.
+#[test]
+fn xz_stops_on_sigterm_mid_compression() {
+    let xz_ok = Command::new("xz")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !xz_ok {
+        skip("this test needs Debian's xz (package xz-utils)");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("ginza-c-suite-xz-")
+        .tempdir()
+        .unwrap();
+    let input = dir.path().join("input");
+    std::fs::write(&input, compressible_data(20 << 20)).unwrap();
+    // -6 takes seconds for 20 MB here: still busy when the signal comes.
+    let xz_args = ["-T4", "-6", "--block-size=1MiB", "-c"];
+    let bins = bins();
+    let _g = lock();
+    let after = Duration::from_millis(500);
+
+    let mut plain = Command::new("xz");
+    plain.args(xz_args).arg(&input);
+    let Some((status, took)) = sigterm_after(plain, after, "xz alone") else {
+        println!("skipped: xz finished within {after:?}, before the signal");
+        return;
+    };
+    println!(
+        "xz alone: {status} {:.3} s after SIGTERM",
+        took.as_secs_f64()
+    );
+    let plain_signal = status.signal();
+
+    let mut under = Command::new(&bins.ginza);
+    under
+        .args(["run", "--kthreads", "2", "--", "xz"])
+        .args(xz_args)
+        .arg(&input);
+    let (status, took) = sigterm_after(under, after, "xz under ginza run")
+        .expect("xz under ginza run finished before the signal, though xz alone did not");
+    println!(
+        "xz under ginza run: {status} {:.3} s after SIGTERM",
+        took.as_secs_f64()
+    );
+    assert_eq!(
+        status.signal(),
+        plain_signal,
+        "xz under ginza run ended with {status}, alone it died of signal {plain_signal:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "xz under ginza run took {:.3} s to stop after SIGTERM",
+        took.as_secs_f64()
+    );
+}
