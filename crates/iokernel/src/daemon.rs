@@ -115,6 +115,8 @@ struct Kthread {
     parked: bool,
     parked_since: u64,
     last_core: Option<usize>,
+    /// From its `Started`. Until then a kthread on the wake page is not
+    /// granted (`Iokerneld::pass_inner`: its grant could be lost).
     tid: Option<i32>,
     /// The CPU its thread was last pinned to by a grant, while nothing can
     /// have moved it ([`crate::actuator::Target::pinned`]).

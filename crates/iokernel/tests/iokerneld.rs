@@ -932,6 +932,61 @@ fn a_kthread_still_pinned_to_its_core_is_granted_without_pinning_it_again() {
     drop(conn);
 }
 
+/// A kthread that sleeps on the wake page is granted only once iokerneld
+/// has read its `Started`. The runtime registers as soon as its kthreads
+/// have thread ids, which they take before their `begin_park` and
+/// `Started`: a grant made in between is a `GRANTED` in the word that the
+/// `begin_park` overwrites, and the page (unlike an eventfd) keeps no
+/// wake. Then the kthread sleeps for good while iokerneld believes it holds
+/// the core; preempted off it, it waits for a `Yielded` that never comes
+/// and is never granted again (the hang of `ginza bench colocate`).
+#[test]
+fn a_kthread_on_the_wake_page_is_granted_only_after_its_started() {
+    let _g = lock();
+    let d = Daemon::start_with(LinuxActuator::default(), |c| {
+        c.cores = vec![test_cores()[0]];
+    });
+    let a = app(1);
+    let mut r = reg("early", Class::Batch, 0, 1, 1);
+    r.wake_page = true;
+    let mut conn = register(&d, &a, &r).unwrap();
+    let (page, slot) = conn.take_wake_page().expect("iokerneld sends its page");
+    let line = a.region.line(0).unwrap();
+    // Work waits, the core is free, the kthread has not reported yet.
+    line.set_rq_tail(1);
+    let s = d.wait_passes(10);
+    assert_eq!(
+        app_named(&s, "early").unwrap().grants,
+        0,
+        "granted before its Started was read"
+    );
+    // The kthread begins its park, reports and goes to sleep on the page,
+    // as `wait_for_first_grant` does.
+    let word = line.wake();
+    word.begin_park();
+    let t = FakeKthread::spawn();
+    let mut k = a.region.runtime_end(0).unwrap();
+    k.to_iokernel
+        .send(ToIokernel::Started { tid: t.tid as u32 })
+        .unwrap();
+    assert_eq!(word.before_sleep(), ginza_shm::BeforeSleep::Sleep);
+    // Its grant is in the word, and its slot is bumped to end the sleep.
+    let t0 = Instant::now();
+    while !word.take_grant() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the grant never reached the word: {word:?}, {:?}",
+            app_named(&d.stats(), "early")
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(page.seen(slot), 1, "its slot bumped once");
+    let s = d.stats();
+    assert_eq!(app_named(&s, "early").unwrap().grants, 1);
+    line.set_rq_head(1);
+    drop(conn);
+}
+
 #[test]
 fn a_hand_over_is_carried_out_when_the_victim_yields_not_at_the_next_pass() {
     let _g = lock();
@@ -1290,6 +1345,8 @@ struct IdleVictimScene {
     lc: App,
     /// lc's registration (dropping it would make lc leave).
     _cl: client::Connection,
+    /// lc's kthread's end (it reported `Started`).
+    kl: ginza_shm::RuntimeEnd,
     /// The wake page as lc maps it, and lc's kthread's slot.
     lc_wake: (ginza_shm::WakePage, u32),
     _batch: (
@@ -1317,11 +1374,17 @@ fn batch_then_lc(d: &Daemon) -> Option<IdleVictimScene> {
     let lc = app(1);
     let mut cl = register(d, &lc, &on_page(reg("lc", Class::LatencyCritical, 0, 1, 1))).unwrap();
     let lc_wake = cl.take_wake_page().expect("iokerneld sends its wake page");
+    // On the page it is granted only once it reported (this thread plays
+    // it: the recording actuator pins nothing).
+    let mut kl = lc.region.runtime_end(0).unwrap();
+    let tid = ginza_sys::process::gettid() as u32;
+    kl.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
     lc.region.line(0).unwrap().set_rq_tail(1);
     Some(IdleVictimScene {
         b,
         lc,
         _cl: cl,
+        kl,
         lc_wake,
         _batch: (cb, kb, keep),
     })
@@ -1342,7 +1405,7 @@ fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_f
             c.preempt_deadline = Duration::from_secs(10);
             c.idle_victim_grace = grace;
         });
-        let Some(scene) = batch_then_lc(&d) else {
+        let Some(mut scene) = batch_then_lc(&d) else {
             return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
         };
         let (b, lc) = (&scene.b, &scene.lc);
@@ -1376,9 +1439,10 @@ fn a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_f
             continue;
         }
         // lc serves its request and parks, well within the grace.
-        let mut kl = lc.region.runtime_end(0).unwrap();
         line.set_rq_head(1);
-        kl.to_iokernel
+        scene
+            .kl
+            .to_iokernel
             .send(ToIokernel::Parked {
                 next_deadline_ns: None,
                 grant: ginza_shm::UNNUMBERED_GRANT,

@@ -276,12 +276,18 @@ impl<A: CoreActuator> Iokerneld<A> {
             let kthreads = app.kt.len();
             // Only an application on the switch has egress rings to drain.
             let has_egress = app.net.is_some() && app.doomed.is_none();
+            let on_page = app.wake.is_some();
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
                 let mut ks = KthreadSnap {
                     core: kt.core,
-                    parked: kt.parked,
+                    // On the wake page, only once its `Started` was read
+                    // (`tid`): before it, its `begin_park` may still come
+                    // and overwrite the grant in its word, and the page,
+                    // unlike an eventfd, keeps none. The grant would be
+                    // lost with iokerneld believing the core taken.
+                    parked: kt.parked && (!on_page || kt.tid.is_some()),
                     parked_since: kt.parked_since,
                     last_core: kt.last_core,
                     ..Default::default()
