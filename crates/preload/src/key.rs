@@ -1,8 +1,11 @@
-//! `pthread_key_*` and `pthread_once`. Values live in this library's own
-//! thread-local array: each program thread has its own thread control
-//! block, hence its own array, and so does any other thread. A slot keeps
-//! the key's sequence number, so a key deleted and made again reads NULL
-//! everywhere, as POSIX asks.
+//! `pthread_key_*` and `pthread_once`. Values live in an array hung off
+//! one thread-local pointer of this library: each program thread has its
+//! own thread control block, hence its own array, and so does any other
+//! thread. The array is made by a thread's first `pthread_setspecific`
+//! (a thread control block is laid out at every `pthread_create`: a large
+//! thread-local array would be copied every time). A slot keeps the key's
+//! sequence number, so a key deleted and made again reads NULL everywhere,
+//! as POSIX asks.
 
 use std::cell::Cell;
 use std::sync::atomic::{
@@ -31,11 +34,35 @@ static TABLE: [Key; KEYS] = [const {
     }
 }; KEYS];
 
+/// (sequence number, value) per key, as far as this thread has set keys.
+type Values = Vec<(usize, *mut c_void)>;
+
 thread_local! {
-    /// (sequence number, value) per key, for the thread whose thread
-    /// pointer is current.
-    static VALUES: [(Cell<usize>, Cell<*mut c_void>); KEYS] =
-        const { [const { (Cell::new(0), Cell::new(std::ptr::null_mut())) }; KEYS] };
+    /// The values of the thread whose thread pointer is current; null
+    /// until it sets one.
+    static VALUES: Cell<*mut Values> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// Runs `f` on the current thread's values, made if `make`.
+fn with_values<R>(make: bool, f: impl FnOnce(Option<&mut Values>) -> R) -> R {
+    VALUES.with(|v| {
+        let mut p = v.get();
+        if p.is_null() && make {
+            p = Box::into_raw(Box::default());
+            v.set(p);
+        }
+        // SAFETY: made above by this thread, freed only by it (`free_values`).
+        f(unsafe { p.as_mut() })
+    })
+}
+
+/// Frees the current thread's values (at its exit, after the destructors).
+fn free_values() {
+    let p = VALUES.with(|v| v.replace(std::ptr::null_mut()));
+    if !p.is_null() {
+        // SAFETY: made by with_values on this thread, no longer referenced.
+        drop(unsafe { Box::from_raw(p) });
+    }
 }
 
 #[no_mangle]
@@ -81,13 +108,9 @@ pub unsafe extern "C" fn pthread_getspecific(key: pthread_key_t) -> *mut c_void 
         return std::ptr::null_mut();
     };
     let seq = k.seq.load(Acquire);
-    VALUES.with(|v| {
-        let (s, val) = &v[key as usize];
-        if s.get() == seq {
-            val.get()
-        } else {
-            std::ptr::null_mut()
-        }
+    with_values(false, |v| match v.and_then(|v| v.get(key as usize)) {
+        Some(&(s, val)) if s == seq => val,
+        _ => std::ptr::null_mut(),
     })
 }
 
@@ -100,10 +123,13 @@ pub unsafe extern "C" fn pthread_setspecific(key: pthread_key_t, value: *const c
     if seq % 2 == 0 {
         return libc::EINVAL;
     }
-    VALUES.with(|v| {
-        let (s, val) = &v[key as usize];
-        s.set(seq);
-        val.set(value.cast_mut());
+    with_values(true, |v| {
+        let v = v.expect("made");
+        let i = key as usize;
+        if v.len() <= i {
+            v.resize(i + 1, (0, std::ptr::null_mut()));
+        }
+        v[i] = (seq, value.cast_mut());
     });
     0
 }
@@ -112,20 +138,21 @@ pub unsafe extern "C" fn pthread_setspecific(key: pthread_key_t, value: *const c
 /// PTHREAD_DESTRUCTOR_ITERATIONS rounds. Call on the exiting thread's own
 /// thread pointer (C code may run, and may set values again).
 pub(crate) fn run_destructors() {
+    if with_values(false, |v| v.is_none()) {
+        return; // this thread never set a value
+    }
     for _ in 0..DESTRUCTOR_ROUNDS {
         let mut ran = false;
-        for (i, k) in TABLE.iter().enumerate() {
+        let set = with_values(false, |v| v.map_or(0, |v| v.len()));
+        for (i, k) in TABLE.iter().enumerate().take(set) {
             let seq = k.seq.load(Acquire);
             let dtor = k.dtor.load(Acquire);
             if seq % 2 == 0 || dtor == 0 {
                 continue;
             }
-            let value = VALUES.with(|v| {
-                let (s, val) = &v[i];
-                if s.get() != seq {
-                    return std::ptr::null_mut();
-                }
-                val.replace(std::ptr::null_mut())
+            let value = with_values(false, |v| match v.and_then(|v| v.get_mut(i)) {
+                Some(slot) if slot.0 == seq => std::mem::replace(&mut slot.1, std::ptr::null_mut()),
+                _ => std::ptr::null_mut(),
             });
             if !value.is_null() {
                 // SAFETY: the program registered this destructor for the key.
@@ -136,9 +163,10 @@ pub(crate) fn run_destructors() {
             }
         }
         if !ran {
-            return;
+            break;
         }
     }
+    free_values();
 }
 
 const ONCE_RUNNING: i32 = 1;

@@ -93,7 +93,8 @@ pub(crate) fn allocate() -> Option<usize> {
             let list = tcb + tid_off - 16;
             put(tid_off - 16, list);
             put(tid_off - 8, list);
-            ((tcb + tid_off) as *mut i32).write(libc::gettid());
+            // The creating kthread's tid, as its own descriptor has it.
+            ((tcb + tid_off) as *mut i32).write(((running + tid_off) as *const i32).read());
         }
         let rseq = RSEQ_OFF.load(Relaxed);
         if rseq != 0 {

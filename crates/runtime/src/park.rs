@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::deferral;
-use crate::sched::{self, Waiter};
+use crate::sched::{self, URef, Waiter};
 
 /// How a [`park_until`] ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -37,7 +37,13 @@ pub struct Unparker(Kind);
 
 #[derive(Clone)]
 enum Kind {
-    UThread(Arc<Waiter>),
+    /// A uthread parked without a deadline: only the one waker that takes
+    /// it off the caller's queue can wake it, so no claim is needed (and
+    /// nothing is allocated per wait).
+    UThread(URef),
+    /// A uthread parked until a deadline: the waker and the timer race
+    /// for the claim.
+    TimedUThread(Arc<Waiter>),
     Thread(Arc<ThreadWaiter>),
 }
 
@@ -55,7 +61,11 @@ impl Unparker {
     /// its deadline passed first.
     pub fn unpark(&self) -> bool {
         match &self.0 {
-            Kind::UThread(w) => w.wake(),
+            Kind::UThread(u) => {
+                sched::wake(*u);
+                true
+            }
+            Kind::TimedUThread(w) => w.wake(),
             Kind::Thread(t) => {
                 let won = t
                     .state
@@ -72,7 +82,8 @@ impl Unparker {
     /// Whether both name the same wait.
     pub fn same(&self, other: &Unparker) -> bool {
         match (&self.0, &other.0) {
-            (Kind::UThread(a), Kind::UThread(b)) => Arc::ptr_eq(a, b),
+            (Kind::UThread(a), Kind::UThread(b)) => a == b,
+            (Kind::TimedUThread(a), Kind::TimedUThread(b)) => Arc::ptr_eq(a, b),
             (Kind::Thread(a), Kind::Thread(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
@@ -93,21 +104,27 @@ pub fn in_uthread() -> bool {
 pub fn park_until(deadline: Option<Instant>, enqueue: impl FnOnce(Unparker) -> bool) -> Parked {
     let deferred = deferral::Guard::new();
     match sched::current_uthread(&deferred) {
-        Some(me) => {
-            let w = Waiter::new(me);
-            if !enqueue(Unparker(Kind::UThread(Arc::clone(&w)))) {
-                return Parked::Declined;
-            }
-            match deadline {
-                None => sched::park_current(&deferred),
-                Some(d) => sched::park_current_until(&deferred, &w, d),
-            }
-            if w.timed_out() {
-                Parked::TimedOut
-            } else {
+        Some(me) => match deadline {
+            None => {
+                if !enqueue(Unparker(Kind::UThread(me))) {
+                    return Parked::Declined;
+                }
+                sched::park_current(&deferred);
                 Parked::Woken
             }
-        }
+            Some(d) => {
+                let w = Waiter::new(me);
+                if !enqueue(Unparker(Kind::TimedUThread(Arc::clone(&w)))) {
+                    return Parked::Declined;
+                }
+                sched::park_current_until(&deferred, &w, d);
+                if w.timed_out() {
+                    Parked::TimedOut
+                } else {
+                    Parked::Woken
+                }
+            }
+        },
         None => {
             drop(deferred);
             let t = Arc::new(ThreadWaiter {
