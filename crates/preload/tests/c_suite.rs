@@ -997,3 +997,121 @@ fn xz_stops_on_sigterm_mid_compression() {
         took.as_secs_f64()
     );
 }
+
+// ---------------------------------------------------------------------------
+// Beside batch under iokerneld.
+
+/// `batch` of this profile (crates/apps), built once per process.
+fn batch_bin() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "-p", "ginza-apps", "--bin", "batch"])
+                .arg("--target-dir")
+                .arg(target_dir())
+                .current_dir(repo_root())
+                .stdin(Stdio::null());
+            if cfg!(not(debug_assertions)) {
+                cmd.arg("--release");
+            }
+            let out = cmd.output().expect("cannot run cargo");
+            assert!(
+                out.status.success(),
+                "building batch failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            target_dir().join(profile()).join("batch")
+        })
+        .clone()
+}
+
+/// `batch --iokernel` for `secs` seconds at `socket`: the child, to wait for.
+fn start_batch(socket: &Path, secs: u32) -> Child {
+    Command::new(batch_bin())
+        .args(["--kthreads", "2", "--iokernel", "--run-for"])
+        .arg(format!("{secs}s"))
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start batch")
+}
+
+/// Paths per second from batch's report (`N paths in T s (R paths/s); …`).
+fn batch_rate(child: Child) -> f64 {
+    let out = child.wait_with_output().expect("batch");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "batch: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once('(')?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no rate in batch's output: {text}"))
+}
+
+/// A JSON number field of work_sleep's one line.
+fn field(json: &str, name: &str) -> f64 {
+    let key = format!("\"{name}\":");
+    let at = json
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {json}"))
+        + key.len();
+    json[at..]
+        .split([',', '}'])
+        .next()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} is not a number in {json}"))
+}
+
+/// Issue 30's check under iokerneld: a C program whose threads alternate
+/// 1 ms of work and 4 ms of sleep gives its cores back at each sleep (its
+/// kthreads park), and batch, registered beside it, gets them meanwhile.
+#[test]
+fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
+    if !have_cc() {
+        return;
+    }
+    let _guard = lock();
+    let bins = bins();
+    let source = repo_root().join("bench/c/work_sleep.c");
+    let work_sleep = compile(&source, "work_sleep", &[]).unwrap_or_else(|e| panic!("{e}"));
+    let mut daemon = Daemon::start(&bins.ginza);
+    let alone = batch_rate(start_batch(&daemon.socket, 2));
+    let batch = start_batch(&daemon.socket, 3);
+    let rounds = 300;
+    let mut cmd = ginza_run(bins, Some(&daemon.socket), "c-work-sleep", &work_sleep);
+    cmd.args(["2", &rounds.to_string(), "1000", "4000"]);
+    let run = run_captured(cmd, "work_sleep under iokerneld beside batch", false);
+    assert!(run.status.success(), "{}", run.describe("work_sleep"));
+    let beside = batch_rate(batch);
+    daemon.check_alive("work_sleep beside batch");
+    let json = run.stdout.trim();
+    let parks = field(json, "parks");
+    let grants = field(json, "grants");
+    println!(
+        "work_sleep: {json}; batch alone {alone:.0} paths/s, beside {beside:.0} ({:.2} of alone)",
+        beside / alone
+    );
+    assert!(
+        parks >= f64::from(rounds) / 2.0,
+        "the C program's kthreads parked {parks} times in {rounds} sleeps: they kept their cores ({json})"
+    );
+    assert!(
+        grants >= parks / 2.0,
+        "iokerneld gave the cores back {grants} times for {parks} parks ({json})"
+    );
+    assert!(
+        beside >= 0.25 * alone,
+        "batch got {beside:.0} paths/s beside the sleeping C program, {alone:.0} alone: it did not get the spare cores"
+    );
+}
