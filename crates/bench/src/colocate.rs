@@ -59,8 +59,8 @@ pub struct ColocateArgs {
     quantum_us: f64,
     /// How long an idle worker of the server spins for its next request
     /// before it parks and gives its core back (default:
-    /// `DispatchedConfig::idle_spin_for`: 5 µs; session 8's default was
-    /// 50 µs for more than one worker).
+    /// `DispatchedConfig::idle_spin_for`: 5 µs; it was 50 µs for more than
+    /// one worker before docs/results.md's idle-spin measurements).
     #[arg(long, value_parser = ginza_proto::parse_duration)]
     idle_spin: Option<Duration>,
     /// iokerneld's CPU (default: the first allowed CPU).

@@ -640,7 +640,7 @@ pub enum ClientCpu {
     /// thread that polls for the requests and puts the replies on the
     /// link — iokerneld's for Ginza, the server thread's for Linux.
     BesideSender,
-    /// Main's placement before session 9: the server kthread's CPU for
+    /// The earlier placement (docs/results.md, "Dataplane"): the server kthread's CPU for
     /// Ginza, the other one (which the kernel's servers leave free) for
     /// Linux.
     Split,

@@ -1115,3 +1115,83 @@ fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
         "batch got {beside:.0} paths/s beside the sleeping C program, {alone:.0} alone: it did not get the spare cores"
     );
 }
+
+/// The names of iokerneld's registered applications, as `ginza top
+/// --once --json` prints them, and that answer.
+fn registered(ginza: &Path, socket: &Path) -> (Vec<String>, String) {
+    let out = Command::new(ginza)
+        .args(["top", "--once", "--json", "--socket"])
+        .arg(socket)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ginza top");
+    assert!(
+        out.status.success(),
+        "ginza top: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("ginza top --json: {e}: {text}"));
+    let names = json["stats"]["apps"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no stats.apps in {text}"))
+        .iter()
+        .filter_map(|a| a["name"].as_str().map(str::to_owned))
+        .collect();
+    (names, text)
+}
+
+/// Waits up to 10 s until `name` is (`present`) or is no longer
+/// registered; the last answer.
+fn wait_registered(ginza: &Path, socket: &Path, name: &str, present: bool) -> (bool, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (names, text) = registered(ginza, socket);
+        let there = names.iter().any(|n| n == name);
+        if there == present || Instant::now() > deadline {
+            return (there, text);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Under iokerneld a program appears in `ginza top` by its own name, and a
+/// SIGKILL of it returns its cores: iokerneld drops it, and batch beside
+/// it runs to its end.
+#[test]
+fn a_c_program_shows_by_its_name_and_a_sigkill_returns_its_cores() {
+    if !have_cc() {
+        return;
+    }
+    let _guard = lock();
+    let bins = bins();
+    let source = repo_root().join("bench/c/work_sleep.c");
+    let work_sleep = compile(&source, "work_sleep", &[]).unwrap_or_else(|e| panic!("{e}"));
+    let mut daemon = Daemon::start(&bins.ginza);
+    let batch = start_batch(&daemon.socket, 4);
+    // No --name: the program's file name.
+    let mut victim = Command::new(&bins.ginza)
+        .args(["run", "--kthreads", "2"])
+        .arg(format!("--iokernel={}", daemon.socket.display()))
+        .arg("--")
+        .arg(&work_sleep)
+        .args(["2", "100000", "1000", "1000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ginza run work_sleep");
+    let (there, top) = wait_registered(&bins.ginza, &daemon.socket, "work_sleep", true);
+    assert!(there, "ginza top does not show work_sleep: {top}");
+    victim.kill().expect("SIGKILL");
+    let _ = victim.wait();
+    let (there, top) = wait_registered(&bins.ginza, &daemon.socket, "work_sleep", false);
+    assert!(!there, "iokerneld still lists the killed program: {top}");
+    let rate = batch_rate(batch);
+    assert!(
+        rate > 0.0,
+        "batch made no progress beside the killed program"
+    );
+    daemon.check_alive("the SIGKILL of a program under ginza run");
+}

@@ -198,7 +198,7 @@ const TRACE_CAPACITY: usize = 1 << 18;
 
 /// The flags and counters shared with the applications of one point.
 #[derive(Clone, Default)]
-pub(super) struct Shared {
+pub(super) struct PointFlags {
     pub(super) stop_lc: Arc<AtomicBool>,
     pub(super) spin: Arc<SpinStats>,
     pub(super) stop_batch: Arc<AtomicBool>,
@@ -209,7 +209,7 @@ pub(super) struct Shared {
 /// it is in: flags first (applications return by themselves), then, for
 /// any that does not, iokerneld (the runtimes go on standalone and return).
 pub(super) struct PointRun {
-    pub(super) shared: Shared,
+    pub(super) shared: PointFlags,
     pub(super) lc: Option<App<std::io::Result<()>>>,
     pub(super) batch: Option<App<f64>>,
     /// iokerneld; `None` once stopped.
@@ -371,12 +371,12 @@ pub(super) fn start_point(
         .context("iokerneld's configuration")?;
     let daemon = Iokerneld::start(cfg).context("starting iokerneld")?;
     let generator = daemon.generator().clone();
-    let shared = Shared {
+    let shared = PointFlags {
         spin: Arc::new(SpinStats {
             trace: RequestTrace::with_capacity(TRACE_CAPACITY),
             ..SpinStats::default()
         }),
-        ..Shared::default()
+        ..PointFlags::default()
     };
     let mut run = PointRun {
         shared: shared.clone(),

@@ -27,8 +27,8 @@ use super::wire::{Command, Event, PushError, Range, Ranges, Reason, Wire};
 /// Receive chunks in the fake's pool.
 const RX_BUFFERS: u32 = 1024;
 
-fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<Shared>>> {
-    static R: OnceLock<Mutex<HashMap<PathBuf, Arc<Shared>>>> = OnceLock::new();
+fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<FakeState>>> {
+    static R: OnceLock<Mutex<HashMap<PathBuf, Arc<FakeState>>>> = OnceLock::new();
     R.get_or_init(Default::default)
 }
 
@@ -67,7 +67,7 @@ struct State {
 }
 
 /// The fake's state, shared between the test and the application's wire.
-pub(crate) struct Shared {
+pub(crate) struct FakeState {
     state: Mutex<State>,
     changed: Condvar,
     gone: AtomicBool,
@@ -80,13 +80,13 @@ pub(crate) struct Shared {
 /// A fake netstack registered for a socket path.
 pub struct FakeNetstack {
     path: PathBuf,
-    shared: Arc<Shared>,
+    shared: Arc<FakeState>,
     service: Option<std::thread::JoinHandle<()>>,
 }
 
 /// One connection of the fake network.
 pub struct FakePeer {
-    shared: Arc<Shared>,
+    shared: Arc<FakeState>,
     pub id: u32,
     pub ring: usize,
 }
@@ -98,7 +98,7 @@ impl FakeNetstack {
     pub fn new(path: impl AsRef<Path>, rings: usize, ring_capacity: usize) -> FakeNetstack {
         let rx_pool = RxPool::create("ginza-fake-netstack-rx", RX_BUFFERS)
             .expect("creating the fake's receive pool");
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(FakeState {
             state: Mutex::new(State {
                 commands: (0..rings).map(|_| VecDeque::new()).collect(),
                 events: (0..rings).map(|_| VecDeque::new()).collect(),
@@ -249,7 +249,7 @@ impl Drop for FakeNetstack {
     }
 }
 
-fn wait_for(shared: &Shared, what: &str, mut cond: impl FnMut(&State) -> bool) {
+fn wait_for(shared: &FakeState, what: &str, mut cond: impl FnMut(&State) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut s = shared.state.lock().unwrap();
     while !cond(&s) {
@@ -358,7 +358,7 @@ impl FakePeer {
 }
 
 /// The fake's network kthread: takes commands and answers them.
-fn serve(shared: &Shared) {
+fn serve(shared: &FakeState) {
     let mut s = shared.state.lock().unwrap();
     loop {
         if shared.gone.load(SeqCst) {
@@ -501,7 +501,7 @@ fn execute(s: &mut State, ring: usize, cmd: Command) {
 
 /// The application's end of the fake.
 pub(crate) struct FakeWire {
-    shared: Arc<Shared>,
+    shared: Arc<FakeState>,
     /// The receive pool mapped read-only from an `O_RDONLY` descriptor, as
     /// the netstack's is.
     rx: RxPoolView,
