@@ -808,12 +808,9 @@ fn compressible_data(len: usize) -> Vec<u8> {
     out
 }
 
-/// Debian's xz, unmodified, compresses with 4 threads under `ginza run`
-/// and writes the same bytes as without it. The block size is set so the
-/// 20 MB split into blocks that the 4 threads really share (one default
-/// block would be larger than the input).
-#[test]
-fn xz_with_four_threads_gives_the_same_bytes() {
+/// A temporary directory with 20 MB of compressible input for xz, or None
+/// (said) when xz is not installed.
+fn xz_input() -> Option<(tempfile::TempDir, PathBuf)> {
     let xz_ok = Command::new("xz")
         .arg("--version")
         .stdout(Stdio::null())
@@ -821,7 +818,7 @@ fn xz_with_four_threads_gives_the_same_bytes() {
         .is_ok_and(|s| s.success());
     if !xz_ok {
         skip("this test needs Debian's xz (package xz-utils)");
-        return;
+        return None;
     }
     let dir = tempfile::Builder::new()
         .prefix("ginza-c-suite-xz-")
@@ -829,6 +826,18 @@ fn xz_with_four_threads_gives_the_same_bytes() {
         .unwrap();
     let input = dir.path().join("input");
     std::fs::write(&input, compressible_data(20 << 20)).unwrap();
+    Some((dir, input))
+}
+
+/// Debian's xz, unmodified, compresses with 4 threads under `ginza run`
+/// and writes the same bytes as without it. The block size is set so the
+/// 20 MB split into blocks that the 4 threads really share (one default
+/// block would be larger than the input).
+#[test]
+fn xz_with_four_threads_gives_the_same_bytes() {
+    let Some((_dir, input)) = xz_input() else {
+        return;
+    };
     let xz_args = ["-T4", "-3", "--block-size=2MiB", "-c", "-k"];
     let bins = bins();
     let _g = lock();
@@ -942,21 +951,9 @@ fn sigterm_after(mut cmd: Command, after: Duration, what: &str) -> Option<(ExitS
 /// promptly, dying of the signal it re-raises.
 #[test]
 fn xz_stops_on_sigterm_mid_compression() {
-    let xz_ok = Command::new("xz")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !xz_ok {
-        skip("this test needs Debian's xz (package xz-utils)");
+    let Some((_dir, input)) = xz_input() else {
         return;
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("ginza-c-suite-xz-")
-        .tempdir()
-        .unwrap();
-    let input = dir.path().join("input");
-    std::fs::write(&input, compressible_data(20 << 20)).unwrap();
+    };
     // -6 takes seconds for 20 MB here: still busy when the signal comes.
     let xz_args = ["-T4", "-6", "--block-size=1MiB", "-c"];
     let bins = bins();

@@ -212,7 +212,6 @@ impl Netstack {
 mod tests {
     use ginza_net::tcp::Instant;
     use ginza_net::{Interface, MacAddr};
-    use ginza_proto::netstack::Command;
 
     use super::super::testing::{attachment, client, deliver, sent, App, US};
     use super::super::{Netstack, NetstackConfig};
@@ -239,12 +238,7 @@ mod tests {
     fn detach_resets_every_connection_and_frees_the_address() {
         let mut ns = Netstack::new(NetstackConfig::default());
         let app = App::attach(&mut ns, "attach-detach");
-        let listen = Command::Listen {
-            cookie: 1,
-            port: 80,
-            backlog: 4,
-        };
-        ns.on_command(app.id, 0, listen);
+        app.listen_on_80(&mut ns, 4);
         let mut c = client(40000, 80);
         deliver(&mut ns, &mut c);
         for (_, s) in sent(&mut ns).0 {

@@ -178,7 +178,6 @@ mod tests {
 
     use ginza_net::tcp::{Instant, Segment, Seq};
     use ginza_net::{tx, Endpoint, MAX_FRAME_LEN};
-    use ginza_proto::netstack::Command;
 
     use super::super::testing::{client, deliver, frame_of, sent, App, PEER, US};
     use super::super::{Netstack, NetstackConfig, Phase};
@@ -219,12 +218,7 @@ mod tests {
     fn a_syn_for_a_listener_opens_one_half_open_connection() {
         let mut ns = Netstack::new(NetstackConfig::default());
         let app = App::attach(&mut ns, "input-syn");
-        let listen = Command::Listen {
-            cookie: 1,
-            port: 80,
-            backlog: 4,
-        };
-        ns.on_command(app.id, 0, listen);
+        app.listen_on_80(&mut ns, 4);
         let mut c = client(40000, 80);
         let syn = c.poll_transmit(Instant(0)).unwrap().to_owned_payload().0;
         ns.on_frame(&frame_of(&syn, 40000, 80));

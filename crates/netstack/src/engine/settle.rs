@@ -226,12 +226,7 @@ mod tests {
     fn a_completed_handshake_is_announced_and_one_past_the_backlog_is_reset() {
         let mut ns = Netstack::new(NetstackConfig::default());
         let mut app = App::attach(&mut ns, "settle-backlog");
-        let listen = Command::Listen {
-            cookie: 1,
-            port: 80,
-            backlog: 1,
-        };
-        ns.on_command(app.id, 0, listen);
+        app.listen_on_80(&mut ns, 1);
         let mut clients = [client(40001, 80), client(40002, 80)];
         let mut resets = Vec::new();
         for c in &mut clients {
@@ -293,12 +288,7 @@ mod tests {
     fn a_connection_that_ends_before_accept_leaves_the_backlog() {
         let mut ns = Netstack::new(NetstackConfig::default());
         let mut app = App::attach(&mut ns, "settle-ends-unaccepted");
-        let listen = Command::Listen {
-            cookie: 1,
-            port: 80,
-            backlog: 1,
-        };
-        ns.on_command(app.id, 0, listen);
+        app.listen_on_80(&mut ns, 1);
         let mut first = [client(40001, 80)];
         assert!(handshakes(&mut ns, &mut first).is_empty());
         // The peer resets it before the application accepts it.
@@ -317,12 +307,7 @@ mod tests {
     fn a_connection_closed_before_accept_leaves_the_backlog() {
         let mut ns = Netstack::new(NetstackConfig::default());
         let mut app = App::attach(&mut ns, "settle-closed-unaccepted");
-        let listen = Command::Listen {
-            cookie: 1,
-            port: 80,
-            backlog: 1,
-        };
-        ns.on_command(app.id, 0, listen);
+        app.listen_on_80(&mut ns, 1);
         assert!(handshakes(&mut ns, &mut [client(40001, 80)]).is_empty());
         ns.flush_events();
         let conn = app

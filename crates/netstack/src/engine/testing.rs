@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use ginza_net::tcp::{Connection, Instant, Segment, Seq, TcpConfig};
 use ginza_net::{parse, tx, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
-use ginza_proto::netstack::Event;
+use ginza_proto::netstack::{Command, Event};
 use ginza_shm::netstack::{AppPair, Channel, TxPool, TxPoolView};
 
 use super::{Attachment, Netstack};
@@ -57,6 +57,16 @@ impl App {
     }
 
     /// The events on the ring now.
+    /// Listens on port 80 with `backlog` (cookie 1).
+    pub(super) fn listen_on_80(&self, ns: &mut Netstack, backlog: u16) {
+        let listen = Command::Listen {
+            cookie: 1,
+            port: 80,
+            backlog,
+        };
+        ns.on_command(self.id, 0, listen);
+    }
+
     pub(super) fn events(&mut self) -> Vec<Event> {
         let mut out = Vec::new();
         while let Some(s) = self.pair.events.pop().unwrap() {
