@@ -4,7 +4,7 @@
 
 use libc::c_int;
 
-use crate::mode::{caller, serve, set_errno, Caller};
+use crate::mode::{caller, serve, serve_preemptible, set_errno, Caller};
 
 /// Mirrors `struct ginza_app_stats` of `include/ginza.h`.
 #[repr(C)]
@@ -22,7 +22,7 @@ pub struct GinzaAppStats {
 #[no_mangle]
 pub extern "C" fn ginza_preempt_point() {
     if caller() == Caller::Uthread {
-        serve(ginza_runtime::preempt_point);
+        serve_preemptible(ginza_runtime::preempt_point);
     }
 }
 

@@ -51,13 +51,25 @@ pub(crate) fn caller() -> Caller {
 /// uthread moved to another kthread there could never unlock it.
 #[inline(always)]
 pub(crate) fn serve<R>(f: impl FnOnce() -> R) -> R {
+    on_kthread_pointer(|| ginza_runtime::without_preemption(f))
+}
+
+/// As [`serve`], without deferring preemption: for `ginza_preempt_point`,
+/// which is where a pending preemption is taken.
+#[inline(always)]
+pub(crate) fn serve_preemptible<R>(f: impl FnOnce() -> R) -> R {
+    on_kthread_pointer(f)
+}
+
+#[inline(always)]
+fn on_kthread_pointer<R>(f: impl FnOnce() -> R) -> R {
     if caller() != Caller::Uthread {
         return run(f);
     }
     let c_fs = fs_base();
     // SAFETY: GS holds this kthread's own thread pointer (foreign_tls).
     unsafe { set_fs_base(gs_base()) };
-    let r = run(|| ginza_runtime::without_preemption(f));
+    let r = run(f);
     // SAFETY: the uthread's own block, which only it uses.
     unsafe { set_fs_base(c_fs) };
     r

@@ -44,7 +44,10 @@ pub fn preempt_point() {
     // An in-process dispatcher's ask names the run it is for: one for a
     // run that has ended (it raced with the worker's switch to this run)
     // does not stop this one (docs/runtime.md, "Shinjuku mode").
+    // The time slicer's ask (slicer.rs) too: a point is a safe place to
+    // take it, where its signal may have found none.
     if k.preempt_ask.asks(k.run_stamp.get())
+        || k.slice_asked.load(Relaxed)
         || (k.mode == Mode::Worker && k.io.as_ref().is_some_and(|io| io.yield_asked()))
     {
         preempt_point_slow();
@@ -71,6 +74,7 @@ fn preempt_point_slow() {
             }
         }
     }
+    clear_slice_ask();
     sched::yield_now();
     // Resumed (maybe on another worker): the switch into this request ends.
     if let Some(k) = sched::current_kthread_ref() {
@@ -78,6 +82,13 @@ fn preempt_point_slow() {
         if k.mode == Mode::Worker && k.spans.on.get() && since != 0 {
             k.spans.switch_in.add(ticks().saturating_sub(since));
         }
+    }
+}
+
+/// The slicer's ask is answered by the yield that follows.
+fn clear_slice_ask() {
+    if let Some(k) = sched::current_kthread_ref() {
+        k.slice_asked.store(false, Relaxed);
     }
 }
 
