@@ -11,6 +11,7 @@
 //! page fault does).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, OnceLock};
 
 use libc::{c_int, c_void, pid_t, size_t, sockaddr, socklen_t, ssize_t};
@@ -19,8 +20,14 @@ use crate::mode::{caller, real, serve, set_errno, Caller};
 
 type Job = Box<dyn FnOnce() + Send>;
 
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Pool threads waiting for a job.
+    idle: usize,
+}
+
 struct Pool {
-    jobs: Mutex<(VecDeque<Job>, usize)>,
+    queue: Mutex<Queue>,
     ready: Condvar,
 }
 
@@ -30,33 +37,36 @@ const MOST_THREADS: usize = 512;
 fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| Pool {
-        jobs: Mutex::new((VecDeque::new(), 0)),
+        queue: Mutex::new(Queue {
+            jobs: VecDeque::new(),
+            idle: 0,
+        }),
         ready: Condvar::new(),
     })
 }
 
 fn submit(job: Job) {
     let p = pool();
-    let mut g = p.jobs.lock().unwrap_or_else(|e| e.into_inner());
-    g.0.push_back(job);
-    // .1 counts idle threads; start one when none is idle.
-    if g.1 == 0 && started() < MOST_THREADS {
-        drop(g);
+    let mut q = p.queue.lock().unwrap_or_else(|e| e.into_inner());
+    q.jobs.push_back(job);
+    // Start a thread when none is idle.
+    if q.idle == 0 && started() < MOST_THREADS {
+        drop(q);
         spawn_thread();
     } else {
-        drop(g);
+        drop(q);
         p.ready.notify_one();
     }
 }
 
-static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static STARTED: AtomicUsize = AtomicUsize::new(0);
 
 fn started() -> usize {
-    STARTED.load(std::sync::atomic::Ordering::Relaxed)
+    STARTED.load(Relaxed)
 }
 
 fn spawn_thread() {
-    STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    STARTED.fetch_add(1, Relaxed);
     let spawned = std::thread::Builder::new()
         .name("ginza-blocking".into())
         .stack_size(64 << 10)
@@ -65,21 +75,21 @@ fn spawn_thread() {
             let p = pool();
             loop {
                 let job = {
-                    let mut g = p.jobs.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut q = p.queue.lock().unwrap_or_else(|e| e.into_inner());
                     loop {
-                        if let Some(j) = g.0.pop_front() {
+                        if let Some(j) = q.jobs.pop_front() {
                             break j;
                         }
-                        g.1 += 1;
-                        g = p.ready.wait(g).unwrap_or_else(|e| e.into_inner());
-                        g.1 -= 1;
+                        q.idle += 1;
+                        q = p.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                        q.idle -= 1;
                     }
                 };
                 job();
             }
         });
     if spawned.is_err() {
-        STARTED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        STARTED.fetch_sub(1, Relaxed);
         crate::say::line("ginza run", "cannot start a thread for blocking calls");
     }
 }

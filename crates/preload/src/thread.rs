@@ -439,11 +439,11 @@ pub unsafe extern "C" fn pthread_cancel(_t: pthread_t) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn pthread_setname_np(t: pthread_t, _name: *const libc::c_char) -> c_int {
+pub unsafe extern "C" fn pthread_setname_np(t: pthread_t, name: *const libc::c_char) -> c_int {
     if lookup(t).is_none() {
         let f = real!(pthread_setname_np: unsafe extern "C" fn(pthread_t, *const libc::c_char) -> c_int);
         // SAFETY: a thread glibc made.
-        return unsafe { f(t, _name) };
+        return unsafe { f(t, name) };
     }
     // A uthread runs on whichever kthread is free: naming that kthread
     // would name the wrong thread.

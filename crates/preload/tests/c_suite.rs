@@ -453,10 +453,19 @@ fn collect(
     (buf, h)
 }
 
-/// Runs `cmd` to its end with stdout and stderr captured, killing it after
-/// [`TIMEOUT`] (then panics with what it printed). With `sigterm_when_ready`
-/// it gets SIGTERM once its stdout holds a line `READY`.
-fn run_captured(mut cmd: Command, what: &str, sigterm_when_ready: bool) -> Outcome {
+/// What a run left: its status (`None`: killed after [`TIMEOUT`]), the
+/// bytes it wrote to stdout and stderr, and how long it took.
+struct Raw {
+    status: Option<ExitStatus>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    took: Duration,
+}
+
+/// Runs `cmd` in a process group of its own with stdout and stderr
+/// captured, calling `tick(pid, stdout so far)` while it runs; kills the
+/// group after [`TIMEOUT`].
+fn run_raw(mut cmd: Command, what: &str, mut tick: impl FnMut(u32, &[u8])) -> Raw {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -467,20 +476,11 @@ fn run_captured(mut cmd: Command, what: &str, sigterm_when_ready: bool) -> Outco
         .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
     let (out, out_h) = collect(child.stdout.take().unwrap());
     let (err, err_h) = collect(child.stderr.take().unwrap());
-    let mut signalled = false;
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break Some(status);
         }
-        if sigterm_when_ready && !signalled {
-            let ready = String::from_utf8_lossy(&out.lock().unwrap())
-                .lines()
-                .any(|l| l == "READY");
-            if ready {
-                send_signal(child.id(), libc::SIGTERM);
-                signalled = true;
-            }
-        }
+        tick(child.id(), &out.lock().unwrap());
         if start.elapsed() > TIMEOUT {
             kill_group(&mut child);
             break None;
@@ -492,9 +492,32 @@ fn run_captured(mut cmd: Command, what: &str, sigterm_when_ready: bool) -> Outco
     // these joins: they are bounded by the same kill.
     let _ = out_h.join();
     let _ = err_h.join();
-    let text = |b: &Arc<Mutex<Vec<u8>>>| String::from_utf8_lossy(&b.lock().unwrap()).into_owned();
-    let (stdout, stderr) = (text(&out), text(&err));
-    let Some(status) = status else {
+    let take = |b: &Arc<Mutex<Vec<u8>>>| std::mem::take(&mut *b.lock().unwrap());
+    Raw {
+        status,
+        stdout: take(&out),
+        stderr: take(&err),
+        took,
+    }
+}
+
+/// Runs `cmd` to its end with stdout and stderr captured, killing it after
+/// [`TIMEOUT`] (then panics with what it printed). With `sigterm_when_ready`
+/// it gets SIGTERM once its stdout holds a line `READY`.
+fn run_captured(cmd: Command, what: &str, sigterm_when_ready: bool) -> Outcome {
+    let mut signalled = false;
+    let raw = run_raw(cmd, what, |pid, out| {
+        if sigterm_when_ready
+            && !signalled
+            && String::from_utf8_lossy(out).lines().any(|l| l == "READY")
+        {
+            send_signal(pid, libc::SIGTERM);
+            signalled = true;
+        }
+    });
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let (stdout, stderr) = (text(&raw.stdout), text(&raw.stderr));
+    let Some(status) = raw.status else {
         panic!(
             "{what}: killed after {} s without finishing\n--- stdout ---\n{}\n--- stderr ---\n{}",
             TIMEOUT.as_secs(),
@@ -512,7 +535,7 @@ fn run_captured(mut cmd: Command, what: &str, sigterm_when_ready: bool) -> Outco
         status,
         stdout,
         stderr,
-        took,
+        took: raw.took,
     }
 }
 
@@ -873,36 +896,15 @@ fn xz_with_four_threads_gives_the_same_bytes() {
 
 /// Runs `cmd` (killed after [`TIMEOUT`]) and returns its stdout bytes;
 /// panics with its stderr unless it succeeded.
-fn run_bytes(mut cmd: Command, what: &str) -> Vec<u8> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let start = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    let (out, out_h) = collect(child.stdout.take().unwrap());
-    let (err, err_h) = collect(child.stderr.take().unwrap());
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if start.elapsed() > TIMEOUT {
-            kill_group(&mut child);
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let _ = out_h.join();
-    let _ = err_h.join();
-    let stderr = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
-    match status {
+fn run_bytes(cmd: Command, what: &str) -> Vec<u8> {
+    let raw = run_raw(cmd, what, |_, _| {});
+    let stderr = String::from_utf8_lossy(&raw.stderr);
+    match raw.status {
         None => panic!("{what}: killed after {} s: {stderr}", TIMEOUT.as_secs()),
         Some(s) if !s.success() => panic!("{what}: {s}: {stderr}"),
         Some(_) => {
-            println!("{what}: {:.2} s", start.elapsed().as_secs_f64());
-            std::mem::take(&mut *out.lock().unwrap())
+            println!("{what}: {:.2} s", raw.took.as_secs_f64());
+            raw.stdout
         }
     }
 }

@@ -90,13 +90,6 @@ impl Unparker {
     }
 }
 
-/// Whether the caller is a uthread (parking suspends only it) rather than
-/// an ordinary thread (parking blocks the thread).
-pub fn in_uthread() -> bool {
-    let deferred = deferral::Guard::new();
-    sched::current_uthread(&deferred).is_some()
-}
-
 /// Parks the caller until it is unparked or `deadline` passes. `enqueue`
 /// runs first, with preemption deferred: it stores the `Unparker` where
 /// wakers will find it and returns true to wait, or false to return
