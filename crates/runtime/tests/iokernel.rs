@@ -706,6 +706,12 @@ fn a_batch_kthread_of_another_process_wakes_lc_on_its_cpu() {
     let sleeps = 200;
     let (mut local, mut by_iokernel) = (0, 0);
     for _round in 0..10 {
+        // A round counts only if the batch kthread holds the core when lc
+        // goes to sleep: after the previous round it may not have been
+        // granted it back yet (or, on a busy machine, not have run).
+        wait_until("the batch child holds the core again", &d, |s| {
+            app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
+        });
         let done = ginza_runtime::run(d.app("near-lc", Class::LatencyCritical, 0, 1), move || {
             for _ in 0..sleeps {
                 ginza_runtime::sleep(Duration::from_micros(300));
