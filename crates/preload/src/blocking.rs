@@ -18,7 +18,7 @@ use libc::{c_int, c_void, pid_t, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::mode::{caller, real, serve, set_errno, Caller};
 
-type Job = Box<dyn FnOnce() + Send>;
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 struct Queue {
     jobs: VecDeque<Job>,
@@ -45,7 +45,7 @@ fn pool() -> &'static Pool {
     })
 }
 
-fn submit(job: Job) {
+pub(crate) fn submit(job: Job) {
     let p = pool();
     let mut q = p.queue.lock().unwrap_or_else(|e| e.into_inner());
     q.jobs.push_back(job);
@@ -150,8 +150,7 @@ fn run<R: Send + Copy + 'static>(
 
 macro_rules! fd_call {
     ($name:ident, $events:expr, ($fd:ident : c_int $(, $arg:ident : $ty:ty)*) -> $ret:ty) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($fd: c_int $(, $arg: $ty)*) -> $ret {
+        pub(crate) unsafe fn $name($fd: c_int $(, $arg: $ty)*) -> $ret {
             let f = real!($name: unsafe extern "C" fn(c_int $(, $ty)*) -> $ret);
             $( let $arg = $arg as usize; )*
             // SAFETY: glibc's call with the caller's arguments (pointers
@@ -165,17 +164,13 @@ fd_call!(read, libc::POLLIN, (fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 fd_call!(readv, libc::POLLIN, (fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t);
 fd_call!(write, libc::POLLOUT, (fd: c_int, buf: *const c_void, n: size_t) -> ssize_t);
 fd_call!(writev, libc::POLLOUT, (fd: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t);
-fd_call!(recv, libc::POLLIN, (fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t);
 fd_call!(recvfrom, libc::POLLIN, (fd: c_int, buf: *mut c_void, n: size_t, flags: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> ssize_t);
 fd_call!(recvmsg, libc::POLLIN, (fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t);
-fd_call!(send, libc::POLLOUT, (fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t);
 fd_call!(sendto, libc::POLLOUT, (fd: c_int, buf: *const c_void, n: size_t, flags: c_int, addr: *const sockaddr, len: socklen_t) -> ssize_t);
 fd_call!(sendmsg, libc::POLLOUT, (fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t);
-fd_call!(accept, libc::POLLIN, (fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int);
 fd_call!(accept4, libc::POLLIN, (fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int);
 
-#[no_mangle]
-pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+pub(crate) unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let f = real!(connect: unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int);
     let a = addr as usize;
     // SAFETY: F_GETFL reads the descriptor's flags.
@@ -215,8 +210,7 @@ pub unsafe extern "C" fn wait4(
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+pub(crate) unsafe fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     let f = real!(poll: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int);
     if caller() != Caller::Uthread || timeout == 0 {
         // SAFETY: forwarding.
@@ -235,8 +229,7 @@ pub unsafe extern "C" fn poll(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: 
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn select(
+pub(crate) unsafe fn select(
     n: c_int,
     r: *mut libc::fd_set,
     w: *mut libc::fd_set,
@@ -266,8 +259,7 @@ pub unsafe extern "C" fn select(
     )
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn epoll_wait(
+pub(crate) unsafe fn epoll_wait(
     epfd: c_int,
     events: *mut libc::epoll_event,
     most: c_int,

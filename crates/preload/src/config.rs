@@ -13,6 +13,7 @@
 //! | `GINZA_STACK_SIZE` | bytes of a thread's stack when its attributes name none | the stack rlimit (8 MiB usually), 2 MiB if unlimited |
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::net::{Interface, Ipv4Addr, MacAddr, NetConfig};
@@ -133,6 +134,7 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
         }
         config.iokernel = Some(io);
     }
+    let in_process = config.iokernel.as_ref().and_then(|io| io.net.as_ref()).is_some();
     if let Some(path) = var("GINZA_PROTECTED") {
         let socket = if path.is_empty() {
             ginza_proto::netstack::default_netstack_socket()
@@ -143,5 +145,27 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
             interface.ok_or("GINZA_PROTECTED needs GINZA_IP (the application's address)")?;
         config.protected = Some(ProtectedConfig::new(socket, &name, interface));
     }
+    if let Some(i) = interface.filter(|_| in_process || config.protected.is_some()) {
+        let _ = NETWORK.set(Network {
+            ip: i.ip,
+            udp: in_process,
+        });
+    }
     Ok(config)
+}
+
+/// The program's address on Ginza, when its runtime has a network: its
+/// AF_INET sockets on that address (or on 0.0.0.0) are Ginza's
+/// (`socket.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Network {
+    pub(crate) ip: std::net::Ipv4Addr,
+    /// UDP too (the in-process stack); the protected netstack serves TCP only.
+    pub(crate) udp: bool,
+}
+
+static NETWORK: OnceLock<Network> = OnceLock::new();
+
+pub(crate) fn network() -> Option<Network> {
+    NETWORK.get().copied()
 }

@@ -18,6 +18,13 @@
 //! signal handlers), `process.rs` (fork), `start.rs` (the runtime and
 //! `main`), `running.rs` (whether it runs), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
 //! `ginza run` sets) and `say.rs` (one line per unsupported call).
+//!
+//! Sockets: `socket.rs` (AF_INET sockets on the program's Ginza address:
+//! making, naming, connecting, options, closing), `sockio.rs` (reading and
+//! writing them), `fdtable.rs` (which descriptor numbers are Ginza's),
+//! `epoll.rs` and `pollset.rs` (readiness over Ginza sockets and kernel
+//! descriptors together) and `kwatch.rs` (kernel descriptors watched by a
+//! pool thread while a program thread waits on both).
 #![deny(unsafe_op_in_unsafe_fn)]
 // Every exported function is called by C with C's contract; each documents
 // what it assumes in its SAFETY comments rather than in a `# Safety` section.
@@ -28,10 +35,14 @@ mod blocking;
 mod capi;
 mod cond;
 mod config;
+mod epoll;
+mod fdtable;
 mod key;
+mod kwatch;
 mod lot;
 mod mode;
 mod mutex;
+mod pollset;
 mod preempt_at;
 mod process;
 mod running;
@@ -39,6 +50,8 @@ mod rwlock;
 mod say;
 mod sem;
 mod signal;
+mod socket;
+mod sockio;
 mod spin;
 mod start;
 mod tcb;

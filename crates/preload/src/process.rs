@@ -18,6 +18,7 @@ pub unsafe extern "C" fn fork() -> pid_t {
     let pid = unsafe { f() };
     if pid == 0 {
         crate::running::forked();
+        crate::fdtable::forked();
         ginza_runtime::foreign_tls::unmark_thread();
     }
     pid
