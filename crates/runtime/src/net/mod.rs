@@ -18,11 +18,19 @@
 //!   state machine (one lock per connection, a socket table by 4-tuple);
 //!   see `tcp/mod.rs` and docs/runtime.md, "TCP sockets".
 //!
+//! * Readiness: [`Poller`] (`poller.rs`) watches any mix of these sockets,
+//!   over either backend, the way epoll does, through an epoll-like ready
+//!   list their wake-ups feed (`readiness.rs`); every socket has a
+//!   non-blocking mode and `try_` calls that give `EAGAIN`. Errors carry
+//!   the `errno` Linux gives (`raw_os_error`).
+//!
 //! Networking is configured with [`NetConfig`] in
 //! [`IokernelConfig::net`](crate::IokernelConfig::net): it needs iokerneld.
 
 mod egress;
+mod poller;
 pub mod protected;
+mod readiness;
 mod stack;
 mod tcp;
 #[doc(hidden)]
@@ -38,6 +46,8 @@ pub use ginza_net::{
     ArpConfig, ArpCounters, DropCounters, DropKind, Interface, Ipv4Addr, MacAddr, StaticArpEntry,
     MAX_UDP_PAYLOAD,
 };
+pub use poller::{PollSource, PollWaker, Poller, Registration};
+pub use readiness::{PollEvent, PollMode, Readiness};
 pub(crate) use stack::{Sent, Stack};
 use std::any::Any;
 use std::sync::Arc;

@@ -26,12 +26,13 @@ use ginza_shm::{IngressPool, PacketDesc, PushError};
 use ginza_sys::hops::{self, Hop};
 
 use super::egress::{failed, transmit, TxFail};
+use super::readiness::{Readiness, SocketWaiters, Watched};
 use super::tcp::Tcp;
 use super::wait::no_runtime;
 use super::{KthreadNetStats, NetStats};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
-use crate::sched::{self, bump, Shared, Waiter};
+use crate::sched::{self, bump, Shared};
 use crate::spinlock::SpinLock;
 
 /// Ports `bind(0)` picks from (IANA's dynamic range).
@@ -103,8 +104,9 @@ pub(crate) struct SocketCore {
     /// Connected peer (`peer_key`), 0 when not connected.
     peer: AtomicU64,
     rx: SpinLock<RxQueue>,
-    /// Uthreads waiting for a datagram, oldest first.
-    pub(crate) waiters: SpinLock<VecDeque<Arc<Waiter>>>,
+    /// Uthreads waiting for a datagram, oldest first (a datagram wakes
+    /// one), and the pollers watching (a datagram notifies all).
+    pub(crate) waiters: SpinLock<SocketWaiters>,
     /// Read timeout in ns, 0 for none.
     pub(crate) read_timeout_ns: AtomicU64,
 }
@@ -133,6 +135,15 @@ impl SocketCore {
         !rx.items.is_empty() || rx.closed
     }
 
+    /// The payload length of the next datagram (0: none): `FIONREAD`.
+    pub(crate) fn next_len(&self) -> usize {
+        self.rx
+            .lock()
+            .items
+            .front()
+            .map_or(0, |i| usize::from(i.len))
+    }
+
     fn deliver(&self, item: RxItem) -> Result<(), (RxItem, Refused)> {
         {
             let mut rx = self.rx.lock();
@@ -146,8 +157,9 @@ impl SocketCore {
         }
         // A waiter that timed out meanwhile does not take the wake-up: the
         // next one does.
+        self.waiters.lock().notify_watches();
         loop {
-            let w = self.waiters.lock().pop_front();
+            let w = self.waiters.lock().uthreads.pop_front();
             match w {
                 Some(w) if !w.wake() => continue,
                 _ => return Ok(()),
@@ -157,6 +169,23 @@ impl SocketCore {
 
     pub(crate) fn take(&self) -> Option<RxItem> {
         self.rx.lock().items.pop_front()
+    }
+}
+
+impl Watched for SocketCore {
+    /// Readable while a datagram waits, always writable (a send never
+    /// waits for the peer); nothing once closed.
+    fn readiness(&self) -> Readiness {
+        let rx = self.rx.lock();
+        Readiness {
+            readable: !rx.closed && !rx.items.is_empty(),
+            writable: !rx.closed,
+            ..Readiness::default()
+        }
+    }
+
+    fn waiters(&self) -> &SpinLock<SocketWaiters> {
+        &self.waiters
     }
 }
 
@@ -449,9 +478,9 @@ impl Stack {
         payload: &[u8],
     ) -> io::Result<Sent> {
         if payload.len() > MAX_UDP_PAYLOAD {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
+            return Err(super::wait::os_error(
+                libc::EMSGSIZE,
+                format_args!(
                     "UDP payload of {} bytes is larger than {MAX_UDP_PAYLOAD} (one unfragmented datagram)",
                     payload.len()
                 ),
@@ -552,9 +581,9 @@ impl Stack {
             }
             let now = Instant::now();
             if now >= give_up {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
+                return Err(super::wait::os_error(
+                    libc::ETIMEDOUT,
+                    format_args!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
                 ));
             }
             if asked_at.is_none_or(|t| now.duration_since(t) >= self.arp_retry_interval) {
@@ -605,9 +634,9 @@ impl Stack {
     pub(crate) fn bind(&self, addr: SocketAddrV4) -> io::Result<Arc<SocketCore>> {
         let ip = *addr.ip();
         if !ip.is_unspecified() && ip != self.iface.ip {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrNotAvailable,
-                format!(
+            return Err(super::wait::os_error(
+                libc::EADDRNOTAVAIL,
+                format_args!(
                     "cannot bind UDP to {addr}: this application's address is {} (bind to it or to 0.0.0.0)",
                     self.iface.ip
                 ),
@@ -625,9 +654,9 @@ impl Stack {
                     })
                     .find(|p| !sockets.by_port.contains_key(p));
                 let Some(p) = free else {
-                    return Err(io::Error::new(
-                        io::ErrorKind::AddrInUse,
-                        format!(
+                    return Err(super::wait::os_error(
+                        libc::EADDRINUSE,
+                        format_args!(
                             "no free ephemeral UDP port: {EPHEMERAL_FIRST}-65535 are all bound"
                         ),
                     ));
@@ -636,9 +665,9 @@ impl Stack {
                 p
             }
             p if sockets.by_port.contains_key(&p) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("UDP port {p} is already bound"),
+                return Err(super::wait::os_error(
+                    libc::EADDRINUSE,
+                    format_args!("UDP port {p} is already bound"),
                 ));
             }
             p => p,
@@ -651,7 +680,7 @@ impl Stack {
                 capacity: self.udp_queue,
                 closed: false,
             }),
-            waiters: SpinLock::new(VecDeque::new()),
+            waiters: SpinLock::new(SocketWaiters::new()),
             read_timeout_ns: AtomicU64::new(0),
         });
         sockets.by_port.insert(port, Arc::clone(&core));
@@ -680,7 +709,7 @@ impl Stack {
         items.iter().for_each(|i| give_back(i.buf));
         // Nobody can be waiting on a socket being dropped, but wake any
         // anyway: they see it closed.
-        let waiters = std::mem::take(&mut *core.waiters.lock());
+        let waiters = core.waiters.lock().take_all();
         waiters.iter().for_each(|w| {
             w.wake();
         });

@@ -100,7 +100,7 @@ impl Harness {
     /// Listens on TCP `port` of the interface.
     pub fn tcp_listen(&self, port: u16) -> io::Result<Listening> {
         let addr = SocketAddrV4::new(self.stack.iface.ip, port);
-        self.stack.tcp.listen(addr).map(Listening)
+        self.stack.tcp.listen(addr, None).map(Listening)
     }
 
     /// As kthread `k`, takes a queued datagram, if any: copies it into

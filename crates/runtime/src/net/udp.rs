@@ -3,14 +3,18 @@
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_net::Endpoint;
 use ginza_sys::hops::{self, Hop};
 
+use super::poller::sealed::{Hook, Sealed};
+use super::poller::PollSource;
+use super::readiness::{Readiness, Watched};
 use super::stack::{Sent, SocketCore, Stack};
+use super::wait::{os_error, would_block};
 use crate::deferral;
 use crate::sched::{self, Shared, Waiter};
 
@@ -42,9 +46,9 @@ impl ToBindAddr for SocketAddr {
     fn to_bind_addr(self) -> io::Result<SocketAddrV4> {
         match self {
             SocketAddr::V4(a) => Ok(a),
-            SocketAddr::V6(a) => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("cannot bind UDP to {a}: the Ginza stack speaks IPv4 only"),
+            SocketAddr::V6(a) => Err(os_error(
+                libc::EAFNOSUPPORT,
+                format_args!("cannot bind UDP to {a}: the Ginza stack speaks IPv4 only"),
             )),
         }
     }
@@ -56,6 +60,8 @@ impl ToBindAddr for SocketAddr {
 pub struct UdpSocket {
     rt: Arc<Shared>,
     core: Arc<SocketCore>,
+    /// `recv`/`send` give `EAGAIN` rather than wait.
+    nonblocking: AtomicBool,
 }
 
 impl fmt::Debug for UdpSocket {
@@ -87,7 +93,32 @@ impl UdpSocket {
         let addr = addr.to_bind_addr()?;
         let rt = sched::current_shared().ok_or_else(|| no_runtime("UdpSocket::bind"))?;
         let core = super::stack_of(&rt).ok_or_else(no_net)?.bind(addr)?;
-        Ok(UdpSocket { rt, core })
+        Ok(UdpSocket {
+            rt,
+            core,
+            nonblocking: AtomicBool::new(false),
+        })
+    }
+
+    /// In non-blocking mode `recv_from` and `send_to` give `EAGAIN`
+    /// (`ErrorKind::WouldBlock`) rather than wait.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.nonblocking.store(on, Relaxed);
+        Ok(())
+    }
+
+    /// What the socket is ready for now.
+    pub fn readiness(&self) -> Readiness {
+        self.core.readiness()
+    }
+
+    /// The payload length of the next datagram, 0 if none (`FIONREAD`).
+    pub fn bytes_readable(&self) -> usize {
+        self.core.next_len()
+    }
+
+    fn watched(&self) -> Arc<dyn Watched> {
+        self.core.clone()
     }
 
     fn stack(&self) -> &Stack {
@@ -102,9 +133,9 @@ impl UdpSocket {
     /// The peer set by [`connect`](Self::connect).
     pub fn peer_addr(&self) -> io::Result<SocketAddrV4> {
         self.core.peer().map(Into::into).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!("UDP socket {} is not connected", self.core.local),
+            os_error(
+                libc::ENOTCONN,
+                format_args!("UDP socket {} is not connected", self.core.local),
             )
         })
     }
@@ -114,9 +145,9 @@ impl UdpSocket {
     /// counted in `udp_no_socket`).
     pub fn connect(&self, peer: SocketAddrV4) -> io::Result<()> {
         if peer.port() == 0 || peer.ip().is_unspecified() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot connect UDP socket {} to {peer}", self.core.local),
+            return Err(os_error(
+                libc::EINVAL,
+                format_args!("cannot connect UDP socket {} to {peer}", self.core.local),
             ));
         }
         self.core.set_peer(peer.into());
@@ -130,9 +161,9 @@ impl UdpSocket {
         let ns = match timeout {
             None => 0,
             Some(d) if d.is_zero() => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "cannot set a 0 duration timeout",
+                return Err(os_error(
+                    libc::EINVAL,
+                    format_args!("cannot set a 0 duration timeout"),
                 ))
             }
             Some(d) => d.as_nanos().clamp(1, u64::MAX as u128) as u64,
@@ -153,10 +184,20 @@ impl UdpSocket {
     /// `NetStats::arp`), like a kernel does: `Ok` says it was accepted,
     /// not delivered.
     pub fn send_to(&self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+        self.send_datagram(buf, dst, self.nonblocking.load(Relaxed))
+    }
+
+    /// `send_to` that never waits: `EAGAIN` while this kthread's egress
+    /// ring is full (`MSG_DONTWAIT`).
+    pub fn try_send_to(&self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+        self.send_datagram(buf, dst, true)
+    }
+
+    fn send_datagram(&self, buf: &[u8], dst: SocketAddrV4, try_only: bool) -> io::Result<usize> {
         if dst.port() == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("cannot send to {dst}: port 0"),
+            return Err(os_error(
+                libc::EINVAL,
+                format_args!("cannot send to {dst}: port 0"),
             ));
         }
         let dst = Endpoint::from(dst);
@@ -173,11 +214,14 @@ impl UdpSocket {
                     return Ok(buf.len());
                 }
                 Sent::Dropped => return Ok(buf.len()),
+                Sent::RingFull if try_only => return Err(would_block()),
                 Sent::RingFull => {
                     if !self.rt.managed() {
-                        return Err(io::Error::new(
-                            io::ErrorKind::BrokenPipe,
-                            "iokerneld is gone: nothing drains the egress ring any more",
+                        return Err(os_error(
+                            libc::EPIPE,
+                            format_args!(
+                                "iokerneld is gone: nothing drains the egress ring any more"
+                            ),
                         ));
                     }
                     // iokerneld drains the rings of kthreads that hold a
@@ -198,6 +242,9 @@ impl UdpSocket {
     /// a longer datagram is discarded, as with std); returns its length
     /// copied and its source.
     pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
+        if self.nonblocking.load(Relaxed) {
+            return self.try_recv_from(buf);
+        }
         let timeout = self.read_timeout()?;
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -208,16 +255,7 @@ impl UdpSocket {
                 Wait::Ready | Wait::Woken => {}
                 Wait::TimedOut => {
                     // A datagram that came with the timeout is still taken.
-                    return self.try_recv(buf).ok_or_else(|| {
-                        io::Error::new(
-                            io::ErrorKind::WouldBlock,
-                            format!(
-                                "no datagram on UDP {} within the read timeout {:?}",
-                                self.core.local,
-                                timeout.unwrap_or_default()
-                            ),
-                        )
-                    });
+                    return self.try_recv(buf).ok_or_else(would_block);
                 }
                 // An OS thread: poll.
                 Wait::NotAUthread => std::thread::sleep(Duration::from_micros(20)),
@@ -229,6 +267,12 @@ impl UdpSocket {
     /// socket only the peer's datagrams arrive.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.recv_from(buf).map(|(n, _)| n)
+    }
+
+    /// `recv_from` that never waits: `EAGAIN` when no datagram is queued
+    /// (`MSG_DONTWAIT`).
+    pub fn try_recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddrV4)> {
+        self.try_recv(buf).ok_or_else(would_block)
     }
 
     /// A datagram if one is queued, without waiting.
@@ -244,6 +288,14 @@ impl UdpSocket {
         Some((n, Stack::item_source(&item)))
     }
 }
+
+impl Sealed for UdpSocket {
+    fn poll_hook(&self) -> Hook {
+        Hook(self.watched())
+    }
+}
+
+impl PollSource for UdpSocket {}
 
 impl Drop for UdpSocket {
     fn drop(&mut self) {
@@ -287,14 +339,14 @@ fn wait_readable(core: &SocketCore, deadline: Option<Instant>) -> Wait {
         if core.readable() {
             return Wait::Ready;
         }
-        q.push_back(Arc::clone(&w));
+        q.uthreads.push_back(Arc::clone(&w));
     }
     match deadline {
         None => sched::park_current(&deferred),
         Some(d) => sched::park_current_until(&deferred, &w, d),
     }
     if w.timed_out() {
-        core.waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
+        core.waiters.lock().uthreads.retain(|x| !Arc::ptr_eq(x, &w));
         return Wait::TimedOut;
     }
     Wait::Woken

@@ -4,7 +4,10 @@
 //!
 //! * [`wait_until`]: an attempt under a waiter queue's lock, parking until
 //!   a waker empties the queue or a deadline passes;
-//! * [`wake_all`]: the wakers' side;
+//! * [`wake_all`]: the wakers' side, which also notifies the pollers
+//!   watching the socket (`readiness.rs`);
+//! * [`would_block`] and [`os_error`]: errors carrying the `errno` Linux
+//!   gives;
 //! * timeouts as std's sockets take them, and the error for a call made
 //!   outside a runtime.
 
@@ -13,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::readiness::SocketWaiters;
 use crate::deferral;
 use crate::sched::{self, Waiter};
 use crate::spinlock::SpinLock;
@@ -27,9 +31,10 @@ impl WakeLater for () {
     fn run(self) {}
 }
 
-/// Wakes every uthread in `waiters` (each looks again).
-pub(in crate::net) fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
-    let woken = std::mem::take(&mut *waiters.lock());
+/// Wakes every uthread in `waiters` (each looks again) and notifies the
+/// pollers watching.
+pub(in crate::net) fn wake_all(waiters: &SpinLock<SocketWaiters>) {
+    let woken = waiters.lock().take_all();
     for w in woken {
         w.wake();
     }
@@ -40,7 +45,7 @@ pub(in crate::net) fn wake_all(waiters: &SpinLock<Vec<Arc<Waiter>>>) {
 /// the queueing happen under the waiters' lock, which wakers take after
 /// changing what the attempt looks at, so no wake-up is lost.
 pub(in crate::net) fn wait_until<R, W: WakeLater>(
-    waiters: &SpinLock<Vec<Arc<Waiter>>>,
+    waiters: &SpinLock<SocketWaiters>,
     deadline: Option<Instant>,
     mut attempt: impl FnMut() -> Option<(R, W)>,
 ) -> Option<R> {
@@ -62,7 +67,7 @@ pub(in crate::net) fn wait_until<R, W: WakeLater>(
             }
             me.map(|me| {
                 let w = Waiter::new(me);
-                q.push(Arc::clone(&w));
+                q.uthreads.push_back(Arc::clone(&w));
                 w
             })
         };
@@ -77,7 +82,7 @@ pub(in crate::net) fn wait_until<R, W: WakeLater>(
             Some(d) => sched::park_current_until(&deferred, &w, d),
         }
         if w.timed_out() {
-            waiters.lock().retain(|x| !Arc::ptr_eq(x, &w));
+            waiters.lock().uthreads.retain(|x| !Arc::ptr_eq(x, &w));
             timed_out = true; // one more look, then give up
         }
     }
@@ -106,4 +111,19 @@ pub(in crate::net) fn no_runtime(what: &str) -> io::Error {
     io::Error::other(format!(
         "{what} must be called from a Ginza uthread (inside ginza_runtime::run)"
     ))
+}
+
+/// `EAGAIN` (`ErrorKind::WouldBlock`): a non-blocking call found nothing to
+/// do.
+pub(in crate::net) fn would_block() -> io::Error {
+    io::Error::from_raw_os_error(libc::EAGAIN)
+}
+
+/// The error Linux gives as `errno` (`raw_os_error` is `Some`, the kind the
+/// one std maps it to): what a C program behind the preload library sees.
+/// The text would be lost in it, so `what` (where, and why) goes to the
+/// debug log.
+pub(in crate::net) fn os_error(errno: i32, what: std::fmt::Arguments<'_>) -> io::Error {
+    log::debug!("{what}: errno {errno}");
+    io::Error::from_raw_os_error(errno)
 }

@@ -535,6 +535,36 @@ impl Connection {
         }
     }
 
+    /// [`recv`](Self::recv) without consuming: the same answers, and the
+    /// bytes stay for the next read (`MSG_PEEK`).
+    pub fn peek(&self, buf: &mut [u8]) -> Result<usize, TcpError> {
+        if self.recv.ready() > 0 {
+            return Ok(self.recv.peek(buf));
+        }
+        if self.fin_received {
+            return Ok(0);
+        }
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        match self.state {
+            State::SynSent | State::SynReceived => Err(TcpError::NotConnected),
+            State::Closed => Ok(0),
+            _ => Err(TcpError::WouldBlock),
+        }
+    }
+
+    /// The peer's FIN arrived (in order): reads end after the bytes before
+    /// it.
+    pub fn fin_received(&self) -> bool {
+        self.fin_received
+    }
+
+    /// Our FIN is queued or sent (shutdown or close): no more sending.
+    pub fn send_shut(&self) -> bool {
+        self.fin_queued
+    }
+
     /// Queues bytes for sending; `Ok(n)` with `n > 0`, or `Err(WouldBlock)`
     /// when the send buffer is full. `Ok(0)` only for empty `data`.
     pub fn send(&mut self, data: &[u8]) -> Result<usize, TcpError> {

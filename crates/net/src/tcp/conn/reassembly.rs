@@ -39,12 +39,18 @@ impl ReceiveBuffer {
         self.held
     }
 
-    pub(super) fn read(&mut self, buf: &mut [u8]) -> usize {
+    /// Copies the first bytes into `buf` without consuming them.
+    pub(super) fn peek(&self, buf: &mut [u8]) -> usize {
         let n = buf.len().min(self.ready.len());
         let (front, back) = self.ready.as_slices();
         let from_front = n.min(front.len());
         buf[..from_front].copy_from_slice(&front[..from_front]);
         buf[from_front..n].copy_from_slice(&back[..n - from_front]);
+        n
+    }
+
+    pub(super) fn read(&mut self, buf: &mut [u8]) -> usize {
+        let n = self.peek(buf);
         self.ready.drain(..n);
         n
     }

@@ -39,9 +39,10 @@ pub use tx_pool::TX_CHUNK;
 pub use wire::{Command, ConnId, Event, ListenId, Range, Ranges, Reason, SendFlags, MAX_RANGES};
 pub(crate) use wire::{PushError, Wire};
 
-use super::wait::wake_all;
+use super::readiness::SocketWaiters;
+use super::wait::{os_error, wake_all};
 use crate::link::EventSource;
-use crate::sched::{self, Shared, Waiter};
+use crate::sched::{self, Shared};
 use crate::spinlock::SpinLock;
 use tx_pool::TxPool;
 
@@ -105,7 +106,7 @@ pub(crate) struct PConn {
     local: SocketAddrV4,
     remote: SocketAddrV4,
     state: SpinLock<ConnState>,
-    waiters: SpinLock<Vec<Arc<Waiter>>>,
+    waiters: SpinLock<SocketWaiters>,
 }
 
 pub(crate) struct ListenState {
@@ -119,21 +120,21 @@ pub(crate) struct PListener {
     port: u16,
     cookie: u32,
     state: SpinLock<ListenState>,
-    waiters: SpinLock<Vec<Arc<Waiter>>>,
+    waiters: SpinLock<SocketWaiters>,
 }
 
 /// A `Connect` in flight.
 pub(crate) struct PendingConnect {
     to: SocketAddrV4,
     result: SpinLock<Option<Result<Arc<PConn>, Reason>>>,
-    waiters: SpinLock<Vec<Arc<Waiter>>>,
+    waiters: SpinLock<SocketWaiters>,
 }
 
 /// Raw mode ([`Channel`]): events are the application's to take.
 #[derive(Default)]
 struct Raw {
     on: AtomicBool,
-    waiters: SpinLock<Vec<Arc<Waiter>>>,
+    waiters: SpinLock<SocketWaiters>,
 }
 
 /// A runtime's attachment to a netstack.
@@ -213,9 +214,9 @@ impl Protected {
     }
 
     fn gone_error(&self, why: String) -> io::Error {
-        io::Error::new(
-            io::ErrorKind::ConnectionReset,
-            format!("the netstack is gone: {why}"),
+        os_error(
+            libc::ECONNRESET,
+            format_args!("the netstack is gone: {why}"),
         )
     }
 
@@ -520,7 +521,7 @@ impl Protected {
             local,
             remote,
             state: SpinLock::new(ConnState::default()),
-            waiters: SpinLock::new(Vec::new()),
+            waiters: SpinLock::new(SocketWaiters::new()),
         });
         conns.insert(id.get(), Arc::clone(&c));
         Some(c)
@@ -569,6 +570,23 @@ fn ack(st: &mut ConnState, ranges: &[Range]) -> (Vec<u32>, usize) {
         }
     }
     (freed, unknown)
+}
+
+/// The `errno` Linux gives for an error of `kind` (one of those
+/// [`reason_error`] gives, or the netstack's loss).
+pub(crate) fn errno_of(kind: io::ErrorKind) -> i32 {
+    use io::ErrorKind as K;
+    match kind {
+        K::ConnectionRefused => libc::ECONNREFUSED,
+        K::ConnectionReset => libc::ECONNRESET,
+        K::BrokenPipe => libc::EPIPE,
+        K::TimedOut => libc::ETIMEDOUT,
+        K::AddrInUse => libc::EADDRINUSE,
+        K::NotConnected => libc::ENOTCONN,
+        K::WouldBlock => libc::EAGAIN,
+        K::InvalidInput => libc::EINVAL,
+        _ => libc::EIO,
+    }
 }
 
 /// The `io::Error` kind and text for a netstack's reason.

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::io;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
 use ginza_proto::netstack::ListenId;
 use std::sync::Arc;
@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use super::tx_pool::{TxPool, TX_CHUNK};
 use super::{
-    of, reason_error, Command, ConnState, ListenState, PConn, PListener, PendingConnect, Protected,
-    Range, Ranges, SendFlags, MAX_RANGES,
+    errno_of, of, reason_error, Command, ConnState, ListenState, PConn, PListener, PendingConnect,
+    Protected, Range, Ranges, SendFlags, MAX_RANGES,
 };
-use crate::net::wait::{timeout_ns, timeout_of, wait_until, wake_all};
+use crate::net::readiness::{Readiness, SocketWaiters, Watched};
+use crate::net::wait::{os_error, timeout_ns, timeout_of, wait_until, wake_all, would_block};
 use crate::sched::Shared;
 use crate::spinlock::SpinLock;
 use ginza_sys::hops::{self, Hop};
@@ -28,7 +29,7 @@ const WRITE_CHUNKS: usize = 32;
 /// Ephemeral ports `bind` to port 0 tries.
 const EPHEMERAL_TRIES: u32 = 64;
 
-/// The accept backlog a `Listen` asks for.
+/// The accept backlog a `Listen` asks for (at most).
 const LISTEN_BACKLOG: u16 = 1024;
 
 /// Sends `ranges` of the tx pool on `conn`, `MAX_RANGES` per `send`, each
@@ -61,6 +62,22 @@ fn p_of(rt: &Shared) -> &Protected {
 pub struct ProtectedListener {
     rt: Arc<Shared>,
     l: Arc<PListener>,
+    /// `accept` gives `EAGAIN` rather than waiting.
+    nonblocking: AtomicBool,
+}
+
+impl Watched for PListener {
+    /// Readable while a connection waits to be accepted.
+    fn readiness(&self) -> Readiness {
+        Readiness {
+            readable: !self.state.lock().backlog.is_empty(),
+            ..Readiness::default()
+        }
+    }
+
+    fn waiters(&self) -> &SpinLock<SocketWaiters> {
+        &self.waiters
+    }
 }
 
 impl fmt::Debug for ProtectedListener {
@@ -72,20 +89,28 @@ impl fmt::Debug for ProtectedListener {
 }
 
 impl ProtectedListener {
-    pub(crate) fn bind(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<ProtectedListener> {
+    /// `backlog`: `listen`'s, clamped to 1..=1024 (`None`: 1024).
+    pub(crate) fn bind(
+        rt: Arc<Shared>,
+        addr: SocketAddrV4,
+        backlog: Option<usize>,
+    ) -> io::Result<ProtectedListener> {
         let p = p_of(&rt);
         let ip = *addr.ip();
+        let backlog = backlog.map_or(LISTEN_BACKLOG, |b| {
+            b.clamp(1, usize::from(LISTEN_BACKLOG)) as u16
+        });
         if !ip.is_unspecified() && ip != p.cfg.interface.ip {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrNotAvailable,
-                format!(
+            return Err(os_error(
+                libc::EADDRNOTAVAIL,
+                format_args!(
                     "cannot bind TCP to {addr}: this application's address is {} (bind to it or to 0.0.0.0)",
                     p.cfg.interface.ip
                 ),
             ));
         }
         if addr.port() != 0 {
-            return Self::bind_port(rt, addr);
+            return Self::bind_port(rt, addr, backlog);
         }
         // Port 0: the netstack picks none, so try ephemeral ports (49152-
         // 65535, as the in-process stack) from a random one on; a port the
@@ -96,20 +121,24 @@ impl ProtectedListener {
             ^ std::process::id().rotate_left(16);
         for i in 0..EPHEMERAL_TRIES {
             let port = 49152 + (seed.wrapping_add(i.wrapping_mul(7919)) % 16384) as u16;
-            match Self::bind_port(Arc::clone(&rt), SocketAddrV4::new(ip, port)) {
+            match Self::bind_port(Arc::clone(&rt), SocketAddrV4::new(ip, port), backlog) {
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 r => return r,
             }
         }
-        Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            format!(
+        Err(os_error(
+            libc::EADDRINUSE,
+            format_args!(
                 "protected mode: no free TCP port among {EPHEMERAL_TRIES} ephemeral ones tried"
             ),
         ))
     }
 
-    fn bind_port(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<ProtectedListener> {
+    fn bind_port(
+        rt: Arc<Shared>,
+        addr: SocketAddrV4,
+        backlog: u16,
+    ) -> io::Result<ProtectedListener> {
         let p = p_of(&rt);
         let cookie = p.cookie();
         let l = Arc::new(PListener {
@@ -119,14 +148,14 @@ impl ProtectedListener {
                 backlog: Default::default(),
                 bound: None,
             }),
-            waiters: SpinLock::new(Vec::new()),
+            waiters: SpinLock::new(SocketWaiters::new()),
         });
         {
             let mut ls = p.listen_cookies.lock();
             if ls.values().any(|o| o.port == addr.port()) {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("TCP port {} is already bound", addr.port()),
+                return Err(os_error(
+                    libc::EADDRINUSE,
+                    format_args!("TCP port {} is already bound", addr.port()),
                 ));
             }
             ls.insert(cookie, Arc::clone(&l));
@@ -135,11 +164,12 @@ impl ProtectedListener {
         let listener = ProtectedListener {
             rt: Arc::clone(&rt),
             l: Arc::clone(&l),
+            nonblocking: AtomicBool::new(false),
         };
         let listen = Command::Listen {
             cookie,
             port: addr.port(),
-            backlog: LISTEN_BACKLOG,
+            backlog,
         };
         p.command(0, &listen)?;
         wait_until(&l.waiters, None, || {
@@ -150,7 +180,7 @@ impl ProtectedListener {
             Some((
                 bound.map(|_| ()).map_err(|r| {
                     let (kind, text) = reason_error(r);
-                    io::Error::new(kind, format!("TCP listen on {addr}: {text}"))
+                    os_error(errno_of(kind), format_args!("TCP listen on {addr}: {text}"))
                 }),
                 (),
             ))
@@ -168,15 +198,36 @@ impl ProtectedListener {
         self.l.state.lock().bound.and_then(Result::ok)
     }
 
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Relaxed);
+    }
+
+    /// What a poller watches.
+    pub(crate) fn watched(&self) -> Arc<dyn Watched> {
+        self.l.clone()
+    }
+
     pub(crate) fn accept(&self) -> io::Result<(ProtectedStream, SocketAddr)> {
+        self.accept_within(self.nonblocking.load(Relaxed).then(Instant::now))
+    }
+
+    /// `accept` that never waits: `EAGAIN` when nobody waits.
+    pub(crate) fn try_accept(&self) -> io::Result<(ProtectedStream, SocketAddr)> {
+        self.accept_within(Some(Instant::now()))
+    }
+
+    fn accept_within(
+        &self,
+        deadline: Option<Instant>,
+    ) -> io::Result<(ProtectedStream, SocketAddr)> {
         let p = p_of(&self.rt);
-        let conn = wait_until(&self.l.waiters, None, || {
+        let conn = wait_until(&self.l.waiters, deadline, || {
             if let Some(c) = self.l.state.lock().backlog.pop_front() {
                 return Some((Ok(c), ()));
             }
             p.gone().map(|why| (Err(p.gone_error(why)), ()))
         })
-        .expect("no deadline")?;
+        .ok_or_else(would_block)??;
         // Its events come on the pair the accept goes on from now on.
         let pair = p.next_pair();
         conn.pair.store(pair, Relaxed);
@@ -224,6 +275,53 @@ struct Handle {
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     read_shut: AtomicBool,
+    /// Reads and writes give `EAGAIN` rather than wait.
+    nonblocking: AtomicBool,
+    /// `take_error` gave the connection's error (`SO_ERROR` clears it).
+    error_taken: AtomicBool,
+}
+
+impl Handle {
+    /// The bytes a write may queue now: the per-connection bound less what
+    /// is unacknowledged, in whole chunks, `WRITE_CHUNKS` at most.
+    fn write_room(&self, p: &Protected, st: &ConnState) -> usize {
+        let limit = p.cfg.tx_per_connection.min(p.wire.send_queue_bytes());
+        let room = limit.saturating_sub(st.unacked_bytes);
+        (room / u64::from(TX_CHUNK)).min(WRITE_CHUNKS as u64) as usize
+    }
+}
+
+impl Watched for Handle {
+    /// As the in-process stack's (Linux's `tcp_poll`): a connection ended
+    /// by the netstack is readable, writable and hung up; one shut down
+    /// for writing is writable (a write gives `EPIPE`).
+    fn readiness(&self) -> Readiness {
+        let Some(p) = of(&self.rt) else {
+            return Readiness::default();
+        };
+        let c = &self.conn;
+        let st = c.state.lock();
+        let ended = st.cleaned || st.error.is_some();
+        let read_closed = st.remote_closed || self.read_shut.load(SeqCst) || ended;
+        let write_shut = st.write_shut || st.closed || ended;
+        let chunks = self.write_room(p, &st);
+        let pool_empty = chunks > 0 && p.tx.free_chunks() == 0;
+        if pool_empty {
+            // Chunks freed by any connection notify this one.
+            p.pool_starved.lock().push(Arc::clone(c));
+        }
+        Readiness {
+            readable: !st.rx.is_empty() || read_closed,
+            writable: write_shut || (chunks > 0 && !pool_empty),
+            read_closed,
+            hung_up: ended || (read_closed && write_shut),
+            error: st.error.is_some() && !self.error_taken.load(SeqCst),
+        }
+    }
+
+    fn waiters(&self) -> &SpinLock<SocketWaiters> {
+        &self.conn.waiters
+    }
 }
 
 impl Drop for Handle {
@@ -256,12 +354,17 @@ impl fmt::Debug for ProtectedStream {
     }
 }
 
-/// The error a connection's state gives, if any.
-fn state_error(st: &ConnState, c: &PConn) -> Option<io::Error> {
+/// The error a connection's state gives, if any (a write's reset is
+/// `EPIPE`, as Linux gives it after the first).
+fn state_error(st: &ConnState, c: &PConn, writing: bool) -> Option<io::Error> {
     st.error.map(|kind| {
-        io::Error::new(
-            kind,
-            format!("TCP {} -> {}: {}", c.local, c.remote, st.error_text),
+        let errno = match errno_of(kind) {
+            libc::ECONNRESET if writing => libc::EPIPE,
+            e => e,
+        };
+        os_error(
+            errno,
+            format_args!("TCP {} -> {}: {}", c.local, c.remote, st.error_text),
         )
     })
 }
@@ -275,8 +378,47 @@ impl ProtectedStream {
                 read_timeout: AtomicU64::new(0),
                 write_timeout: AtomicU64::new(0),
                 read_shut: AtomicBool::new(false),
+                nonblocking: AtomicBool::new(false),
+                error_taken: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// What a poller watches.
+    pub(crate) fn watched(&self) -> Arc<dyn Watched> {
+        self.h.clone()
+    }
+
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        self.h.nonblocking.store(on, Relaxed);
+    }
+
+    /// The error that ended the connection, once (`SO_ERROR`).
+    pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
+        let c = &self.h.conn;
+        let st = c.state.lock();
+        if st.error.is_none() || self.h.error_taken.swap(true, SeqCst) {
+            return Ok(None);
+        }
+        Ok(state_error(&st, c, false))
+    }
+
+    /// Bytes a read would give now (`FIONREAD`).
+    pub(crate) fn bytes_readable(&self) -> usize {
+        if self.h.read_shut.load(SeqCst) {
+            return 0;
+        }
+        let st = self.h.conn.state.lock();
+        st.rx.iter().map(|i| (i.range.len - i.used) as usize).sum()
+    }
+
+    /// Until when a call may wait: now if non-blocking (or `try_only`),
+    /// else the timeout's end, if any.
+    fn deadline(&self, timeout: &AtomicU64, try_only: bool) -> Option<Instant> {
+        if try_only || self.h.nonblocking.load(Relaxed) {
+            return Some(Instant::now());
+        }
+        timeout_of(timeout).map(|t| Instant::now() + t)
     }
 
     pub(crate) fn connect(
@@ -289,7 +431,7 @@ impl ProtectedStream {
         let pending = Arc::new(PendingConnect {
             to,
             result: SpinLock::new(None),
-            waiters: SpinLock::new(Vec::new()),
+            waiters: SpinLock::new(SocketWaiters::new()),
         });
         p.connects.lock().insert(cookie, Arc::clone(&pending));
         if let Err(e) = p.command(p.next_pair(), &Command::Connect { cookie, remote: to }) {
@@ -307,7 +449,10 @@ impl ProtectedStream {
             Some(Ok(Ok(conn))) => Ok(ProtectedStream::new(rt, conn)),
             Some(Ok(Err(reason))) => {
                 let (kind, text) = reason_error(reason);
-                Err(io::Error::new(kind, format!("TCP connect to {to}: {text}")))
+                Err(os_error(
+                    errno_of(kind),
+                    format_args!("TCP connect to {to}: {text}"),
+                ))
             }
             Some(Err(e)) => Err(e),
             None => {
@@ -315,9 +460,9 @@ impl ProtectedStream {
                 // cookie and is counted as a bad event; the connection is
                 // then never used (the netstack closes it on its own time).
                 p.connects.lock().remove(&cookie);
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
+                Err(os_error(
+                    libc::ETIMEDOUT,
+                    format_args!(
                         "TCP connect to {to}: no answer within {:?}",
                         timeout.unwrap_or_default()
                     ),
@@ -355,7 +500,7 @@ impl ProtectedStream {
 
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
-            self.h.read_shut.store(true, Relaxed);
+            self.h.read_shut.store(true, SeqCst);
             wake_all(&self.h.conn.waiters);
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
@@ -370,6 +515,8 @@ impl ProtectedStream {
                         conn: self.h.conn.id,
                     },
                 )?;
+                // Writable now (a write gives EPIPE): pollers look again.
+                wake_all(&self.h.conn.waiters);
             }
         }
         Ok(())
@@ -410,7 +557,7 @@ impl ProtectedStream {
     /// consumed go back to the netstack (`recv_done`).
     pub fn read_lent<R>(&self, f: impl FnOnce(&[u8]) -> (usize, R)) -> io::Result<R> {
         let mut f = Some(f);
-        self.wait_rx(|st, p, done| {
+        self.wait_rx(false, |st, p, done| {
             let f = f.take().expect("called once");
             let Some(front) = st.rx.front_mut() else {
                 return f(&[]).1; // end of stream
@@ -429,26 +576,27 @@ impl ProtectedStream {
     /// Waits for received data (or the end, or an error, or the read
     /// timeout), then runs `take` on the connection's state, which notes
     /// the ranges it consumed wholly; sends `recv_done` for them.
+    /// Never waits with `try_only` or in non-blocking mode (`EAGAIN`).
     fn wait_rx<R>(
         &self,
+        try_only: bool,
         mut take: impl FnMut(&mut ConnState, &Protected, &mut Vec<Range>) -> R,
     ) -> io::Result<R> {
         let p = self.p();
         let c = &self.h.conn;
-        let timeout = timeout_of(&self.h.read_timeout);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = self.deadline(&self.h.read_timeout, try_only);
         let shut = &self.h.read_shut;
         let mut done = Vec::new();
         let r = wait_until(&c.waiters, deadline, || {
             let mut st = c.state.lock();
             let readable = !st.rx.is_empty()
-                || shut.load(Relaxed)
+                || shut.load(SeqCst)
                 || st.remote_closed
                 || (st.cleaned && st.error.is_none());
             if readable {
                 return Some((Ok(take(&mut st, p, &mut done)), ()));
             }
-            state_error(&st, c).map(|e| (Err(e), ()))
+            state_error(&st, c, false).map(|e| (Err(e), ()))
         });
         if !done.is_empty() {
             // Bytes read (not a read timeout).
@@ -460,36 +608,50 @@ impl ProtectedStream {
         }
         match r {
             Some(r) => r,
-            None => Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "TCP {} -> {}: nothing to read within the read timeout {:?}",
-                    c.local,
-                    c.remote,
-                    timeout.unwrap_or_default()
-                ),
-            )),
+            None => Err(would_block()),
         }
     }
 
     pub(crate) fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() || self.h.read_shut.load(Relaxed) {
+        self.recv(buf, false, false)
+    }
+
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, false, true)
+    }
+
+    pub(crate) fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, true, false)
+    }
+
+    pub(crate) fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, true, true)
+    }
+
+    /// Copies received bytes into `buf`, consuming them unless `peek`.
+    fn recv(&self, buf: &mut [u8], peek: bool, try_only: bool) -> io::Result<usize> {
+        if buf.is_empty() || self.h.read_shut.load(SeqCst) {
             return Ok(0);
         }
-        self.wait_rx(|st, p, done| {
+        self.wait_rx(try_only, |st, p, done| {
             let mut n = 0;
+            let mut i = 0;
             while n < buf.len() {
-                let Some(front) = st.rx.front_mut() else {
+                let Some(item) = st.rx.get_mut(i) else {
                     break;
                 };
-                let all = p.wire.rx(front.range).expect("checked when the event came");
-                let avail = &all[front.used as usize..];
+                let all = p.wire.rx(item.range).expect("checked when the event came");
+                let avail = &all[item.used as usize..];
                 let k = avail.len().min(buf.len() - n);
                 buf[n..n + k].copy_from_slice(&avail[..k]);
                 n += k;
-                front.used += k as u32;
-                if front.used == front.range.len {
-                    done.push(front.range);
+                if peek {
+                    i += 1;
+                    continue;
+                }
+                item.used += k as u32;
+                if item.used == item.range.len {
+                    done.push(item.range);
                     st.rx.pop_front();
                 }
             }
@@ -498,33 +660,31 @@ impl ProtectedStream {
     }
 
     pub(crate) fn write_bytes(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf, false)
+    }
+
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf, true)
+    }
+
+    fn send(&self, buf: &[u8], try_only: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         let p = self.p();
         let c = &self.h.conn;
-        let timeout = timeout_of(&self.h.write_timeout);
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let limit = p.cfg.tx_per_connection.min(p.wire.send_queue_bytes());
+        let deadline = self.deadline(&self.h.write_timeout, try_only);
         let mut waited = false;
         let r = wait_until(&c.waiters, deadline, || {
             let mut st = c.state.lock();
-            if let Some(e) = state_error(&st, c) {
-                let e = io::Error::new(
-                    if e.kind() == io::ErrorKind::ConnectionReset {
-                        io::ErrorKind::BrokenPipe
-                    } else {
-                        e.kind()
-                    },
-                    e.to_string(),
-                );
+            if let Some(e) = state_error(&st, c, true) {
                 return Some((Err(e), ()));
             }
             if st.write_shut || st.cleaned {
                 return Some((
-                    Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        format!(
+                    Err(os_error(
+                        libc::EPIPE,
+                        format_args!(
                             "TCP {} -> {}: broken pipe: the connection was shut down for writing",
                             c.local, c.remote
                         ),
@@ -532,8 +692,7 @@ impl ProtectedStream {
                     (),
                 ));
             }
-            let room = limit.saturating_sub(st.unacked_bytes);
-            let max = (room / u64::from(TX_CHUNK)).min(WRITE_CHUNKS as u64) as usize;
+            let max = self.h.write_room(p, &st);
             let used = if max > 0 {
                 p.tx.fill(buf, max)
             } else {
@@ -568,15 +727,7 @@ impl ProtectedStream {
                 Ok(n)
             }
             Some(Err(e)) => Err(e),
-            None => Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "TCP {} -> {}: the send buffer stayed full for the write timeout {:?}",
-                    c.local,
-                    c.remote,
-                    timeout.unwrap_or_default()
-                ),
-            )),
+            None => Err(would_block()),
         }
     }
 }

@@ -4,15 +4,18 @@
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::Instant;
 
 use ginza_net::tcp::Listener;
 use ginza_net::Endpoint;
 
-use super::super::wait::{wait_until, wake_all};
+use super::super::readiness::{Readiness, SocketWaiters, Watched};
+use super::super::wait::{os_error, wait_until, wake_all, would_block};
 use super::stream::InProcessStream;
 use super::{FourTuple, Tcp};
-use crate::sched::{Shared, Waiter};
+use crate::sched::Shared;
 use crate::spinlock::SpinLock;
 
 pub(crate) struct ListenState {
@@ -26,8 +29,8 @@ pub(crate) struct ListenerCore {
     /// As bound (the application's IP or 0.0.0.0).
     pub(crate) local: SocketAddrV4,
     pub(crate) state: SpinLock<ListenState>,
-    /// Uthreads in `accept`.
-    pub(crate) waiters: SpinLock<Vec<Arc<Waiter>>>,
+    /// Uthreads in `accept`, and the pollers watching.
+    pub(crate) waiters: SpinLock<SocketWaiters>,
 }
 
 /// A listening port of the in-process stack (the backend of
@@ -35,6 +38,8 @@ pub(crate) struct ListenerCore {
 pub(crate) struct InProcessListener {
     rt: Arc<Shared>,
     core: Arc<ListenerCore>,
+    /// `accept` gives `EAGAIN` rather than waiting.
+    nonblocking: AtomicBool,
 }
 
 impl fmt::Debug for InProcessListener {
@@ -56,6 +61,22 @@ impl ListenerCore {
     }
 }
 
+impl Watched for ListenerCore {
+    /// Readable while a connection waits to be accepted; nothing once
+    /// closed.
+    fn readiness(&self) -> Readiness {
+        let state = self.state.lock();
+        Readiness {
+            readable: !state.closed && state.backlog.backlog_len() > 0,
+            ..Readiness::default()
+        }
+    }
+
+    fn waiters(&self) -> &SpinLock<SocketWaiters> {
+        &self.waiters
+    }
+}
+
 impl Tcp {
     /// The interface address connections and listeners are on.
     pub(crate) fn our_ip(&self) -> std::net::Ipv4Addr {
@@ -64,8 +85,19 @@ impl Tcp {
 
     /// Makes `addr`'s port (0: an ephemeral one) a listening port of the
     /// interface address.
-    pub(crate) fn listen(&self, addr: SocketAddrV4) -> io::Result<Arc<ListenerCore>> {
+    /// `backlog` bounds the accept backlog below the configured one
+    /// (`None`: the configured one).
+    pub(crate) fn listen(
+        &self,
+        addr: SocketAddrV4,
+        backlog: Option<usize>,
+    ) -> io::Result<Arc<ListenerCore>> {
         let our_ip = self.iface.ip;
+        let mut config = self.listen;
+        if let Some(b) = backlog {
+            // As Linux: at least 1, at most the configured maximum.
+            config.backlog = b.clamp(1, config.backlog.max(1));
+        }
         let mut table = self.table.lock();
         let port = match addr.port() {
             0 => table
@@ -76,17 +108,17 @@ impl Tcp {
         let core = Arc::new(ListenerCore {
             local: SocketAddrV4::new(*addr.ip(), port),
             state: SpinLock::new(ListenState {
-                backlog: Listener::new(self.listen),
+                backlog: Listener::new(config),
                 closed: false,
             }),
-            waiters: SpinLock::new(Vec::new()),
+            waiters: SpinLock::new(SocketWaiters::new()),
         });
         table
             .listen(Endpoint::new(our_ip, port), Arc::clone(&core))
             .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("TCP port {port} is already listening"),
+                os_error(
+                    libc::EADDRINUSE,
+                    format_args!("TCP port {port} is already listening"),
                 )
             })?;
         Ok(core)
@@ -98,21 +130,39 @@ impl InProcessListener {
     /// picks a free one in 49152-65535). `AddrInUse` if a listener has the
     /// port already. The half-open set and the accept backlog are bounded
     /// by `NetConfig::tcp_listen`.
-    pub(crate) fn bind(rt: Arc<Shared>, addr: SocketAddrV4) -> io::Result<InProcessListener> {
+    /// `backlog`: the accept backlog, clamped to the configured one.
+    pub(crate) fn bind(
+        rt: Arc<Shared>,
+        addr: SocketAddrV4,
+        backlog: Option<usize>,
+    ) -> io::Result<InProcessListener> {
         let tcp = super::super::tcp_of(&rt).expect("the caller checked");
         let ip = *addr.ip();
         if !ip.is_unspecified() && ip != tcp.our_ip() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrNotAvailable,
-                format!(
+            return Err(os_error(
+                libc::EADDRNOTAVAIL,
+                format_args!(
                     "cannot bind TCP to {addr}: this application's address is {} (bind to it or to 0.0.0.0)",
                     tcp.our_ip()
                 ),
             ));
         }
         tcp.start_timer(&rt);
-        let core = tcp.listen(addr)?;
-        Ok(InProcessListener { rt, core })
+        let core = tcp.listen(addr, backlog)?;
+        Ok(InProcessListener {
+            rt,
+            core,
+            nonblocking: AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        self.nonblocking.store(on, Relaxed);
+    }
+
+    /// What a poller watches.
+    pub(crate) fn watched(&self) -> Arc<dyn Watched> {
+        self.core.clone()
     }
 
     fn tcp(&self) -> &Tcp {
@@ -128,13 +178,26 @@ impl InProcessListener {
     /// not the public `TcpStream` (sockets.rs wraps it), so that this file
     /// stays below the sockets that choose a backend.
     pub(crate) fn accept(&self) -> io::Result<(InProcessStream, SocketAddr)> {
+        self.accept_within(self.nonblocking.load(Relaxed).then(Instant::now))
+    }
+
+    /// `accept` that never waits: `EAGAIN` when nobody is in the backlog.
+    pub(crate) fn try_accept(&self) -> io::Result<(InProcessStream, SocketAddr)> {
+        self.accept_within(Some(Instant::now()))
+    }
+
+    /// Accepts, waiting until `deadline` (then `EAGAIN`).
+    fn accept_within(
+        &self,
+        deadline: Option<Instant>,
+    ) -> io::Result<(InProcessStream, SocketAddr)> {
         let tcp = self.tcp();
         loop {
-            let remote = wait_until(&self.core.waiters, None, || {
+            let remote = wait_until(&self.core.waiters, deadline, || {
                 let remote = self.core.state.lock().backlog.accept()?;
                 Some((remote, ()))
             })
-            .expect("no deadline");
+            .ok_or_else(would_block)?;
             let key = FourTuple::new(Endpoint::new(tcp.our_ip(), self.core.local.port()), remote);
             // Gone if it was reset between its handshake and now: try the next.
             let Some(conn) = tcp.table.lock().get(&key).cloned() else {

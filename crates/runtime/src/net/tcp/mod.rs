@@ -44,7 +44,8 @@ use ginza_net::tcp::{
 use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
 
 use super::egress::{self, transmit};
-use super::wait::{wait_until, wake_all, WakeLater};
+use super::readiness::SocketWaiters;
+use super::wait::{os_error, wait_until, wake_all, WakeLater};
 use crate::deferral;
 use crate::link::TxSide;
 use crate::sched::{self, Shared, Waiter};
@@ -94,8 +95,9 @@ pub(crate) struct Conn {
     key: FourTuple,
     inner: SpinLock<ConnInner>,
     /// Uthreads waiting for anything on this connection (readers, writers,
-    /// a connect); all are woken on any event and look again.
-    waiters: SpinLock<Vec<Arc<Waiter>>>,
+    /// a connect); all are woken on any event and look again; and the
+    /// pollers watching it, notified.
+    waiters: SpinLock<SocketWaiters>,
 }
 
 struct ConnInner {
@@ -132,7 +134,7 @@ impl Conn {
                 tx_pending: false,
                 in_table: true,
             }),
-            waiters: SpinLock::new(Vec::new()),
+            waiters: SpinLock::new(SocketWaiters::new()),
         })
     }
 }
@@ -584,34 +586,41 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
     }
 }
 
-/// The `io::Error` a Rust programmer expects for `e` on `key`.
+/// The `io::Error` for `e` on `key`, with the `errno` Linux gives.
 fn io_error(e: TcpError, writing: bool, key: &FourTuple) -> io::Error {
-    use io::ErrorKind as K;
-    let (kind, what) = match e {
-        TcpError::WouldBlock => (K::WouldBlock, "operation would block"),
+    let (errno, what) = match e {
+        TcpError::WouldBlock => (libc::EAGAIN, "operation would block"),
         TcpError::Refused => (
-            K::ConnectionRefused,
+            libc::ECONNREFUSED,
             "connection refused (the peer answered our SYN with a reset)",
         ),
-        TcpError::Reset if writing => (K::BrokenPipe, "broken pipe: the peer reset the connection"),
-        TcpError::Reset => (K::ConnectionReset, "connection reset by the peer"),
+        TcpError::Reset if writing => (libc::EPIPE, "broken pipe: the peer reset the connection"),
+        TcpError::Reset => (libc::ECONNRESET, "connection reset by the peer"),
         TcpError::TimedOut => (
-            K::TimedOut,
+            libc::ETIMEDOUT,
             "connection timed out: the peer stopped acknowledging",
         ),
         TcpError::Closed => (
-            K::BrokenPipe,
+            libc::EPIPE,
             "broken pipe: the connection was shut down for writing",
         ),
-        TcpError::NotConnected => (K::NotConnected, "not connected"),
+        TcpError::NotConnected => (libc::ENOTCONN, "not connected"),
     };
-    io::Error::new(kind, format!("TCP {} -> {}: {what}", key.local, key.remote))
+    os_error(
+        errno,
+        format_args!("TCP {} -> {}: {what}", key.local, key.remote),
+    )
+}
+
+/// The error `SO_ERROR` gives for the error that ended a connection.
+fn pending_error(e: TcpError, key: &FourTuple) -> io::Error {
+    io_error(e, false, key)
 }
 
 fn no_ephemeral_port(remote: Endpoint) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::AddrInUse,
-        format!(
+    os_error(
+        libc::EADDRINUSE,
+        format_args!(
             "no free ephemeral TCP port for a connection to {remote}: {}-65535 are all used",
             ginza_net::tcp::EPHEMERAL_FIRST
         ),
@@ -634,11 +643,11 @@ fn first_v4(addr: impl std::net::ToSocketAddrs) -> io::Result<std::net::SocketAd
             std::net::SocketAddr::V6(a) => v6 = Some(a),
         }
     }
-    Err(io::Error::new(
-        io::ErrorKind::InvalidInput,
-        match v6 {
-            Some(a) => format!("{a}: the Ginza stack speaks IPv4 only"),
-            None => "no address to use".to_string(),
-        },
-    ))
+    Err(match v6 {
+        Some(a) => os_error(
+            libc::EINVAL,
+            format_args!("{a}: the Ginza stack speaks IPv4 only"),
+        ),
+        None => os_error(libc::EINVAL, format_args!("no address to use")),
+    })
 }

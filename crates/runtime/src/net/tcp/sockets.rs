@@ -12,7 +12,10 @@ use std::net::{Shutdown, SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::wait::no_runtime;
+use super::super::poller::sealed::{Hook, Sealed};
+use super::super::poller::PollSource;
+use super::super::readiness::Readiness;
+use super::super::wait::{no_runtime, os_error};
 use super::listener::InProcessListener;
 use super::stream::{self, InProcessStream};
 use super::{first_v4, no_net};
@@ -50,16 +53,56 @@ impl TcpListener {
     /// port already. In-process, the half-open set and the accept backlog
     /// are bounded by `NetConfig::tcp_listen`; protected, by the netstack.
     pub fn bind(addr: impl ToSocketAddrs) -> io::Result<TcpListener> {
-        let addr = first_v4(addr)?;
+        Self::listen(first_v4(addr)?, None)
+    }
+
+    /// [`bind`](Self::bind) with `listen`'s backlog: the accept backlog's
+    /// bound, clamped to 1..=the configured one (`NetConfig::tcp_listen`
+    /// in-process, the netstack's 1024 protected).
+    pub fn bind_with_backlog(addr: impl ToSocketAddrs, backlog: usize) -> io::Result<TcpListener> {
+        Self::listen(first_v4(addr)?, Some(backlog))
+    }
+
+    fn listen(addr: SocketAddrV4, backlog: Option<usize>) -> io::Result<TcpListener> {
         let rt = runtime("TcpListener::bind")?;
         let backend = if crate::net::tcp_of(&rt).is_some() {
-            ListenerBackend::InProcess(InProcessListener::bind(rt, addr)?)
+            ListenerBackend::InProcess(InProcessListener::bind(rt, addr, backlog)?)
         } else if protected::of(&rt).is_some() {
-            ListenerBackend::Protected(ProtectedListener::bind(rt, addr)?)
+            ListenerBackend::Protected(ProtectedListener::bind(rt, addr, backlog)?)
         } else {
             return Err(no_net());
         };
         Ok(TcpListener { backend })
+    }
+
+    /// In non-blocking mode `accept` gives `EAGAIN`
+    /// (`ErrorKind::WouldBlock`) when no connection waits.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        match &self.backend {
+            ListenerBackend::InProcess(l) => l.set_nonblocking(on),
+            ListenerBackend::Protected(l) => l.set_nonblocking(on),
+        }
+        Ok(())
+    }
+
+    /// `accept` that never waits: `EAGAIN` when no connection waits.
+    pub fn try_accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        match &self.backend {
+            ListenerBackend::InProcess(l) => {
+                let (s, a) = l.try_accept()?;
+                Ok((TcpStream::in_process(s), a))
+            }
+            ListenerBackend::Protected(l) => {
+                let (s, a) = l.try_accept()?;
+                Ok((TcpStream::protected(s), a))
+            }
+        }
+    }
+
+    /// What the listener is ready for now: readable while a connection
+    /// waits to be accepted.
+    pub fn readiness(&self) -> Readiness {
+        PollSource::readiness(self)
     }
 
     /// The address bound (the IP given to `bind`, which may be 0.0.0.0).
@@ -100,6 +143,17 @@ impl TcpListener {
 pub struct Incoming<'a> {
     listener: &'a TcpListener,
 }
+
+impl Sealed for TcpListener {
+    fn poll_hook(&self) -> Hook {
+        Hook(match &self.backend {
+            ListenerBackend::InProcess(l) => l.watched(),
+            ListenerBackend::Protected(l) => l.watched(),
+        })
+    }
+}
+
+impl PollSource for TcpListener {}
 
 impl Iterator for Incoming<'_> {
     type Item = io::Result<TcpStream>;
@@ -164,12 +218,77 @@ impl TcpStream {
     /// [`connect`](Self::connect), giving up after `timeout` (`TimedOut`).
     pub fn connect_timeout(addr: &SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
         if timeout.is_zero() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "cannot set a 0 duration timeout",
+            return Err(os_error(
+                libc::EINVAL,
+                format_args!("cannot set a 0 duration timeout"),
             ));
         }
         connect(first_v4(*addr)?, Some(timeout))
+    }
+
+    /// Sends the SYN and returns at once (a non-blocking `connect`'s
+    /// `EINPROGRESS`): the stream becomes writable when the handshake
+    /// finishes or fails, and [`take_error`](Self::take_error) then says
+    /// how it failed. Reads and writes before it is established wait, or
+    /// give `EAGAIN` in non-blocking mode. In-process, a peer whose MAC
+    /// ARP does not know yet is asked for first (that is waited for).
+    /// Protected, the netstack's answer is waited for (the handshake
+    /// included): the stream comes back connected or not at all.
+    pub fn connect_nonblocking(addr: SocketAddrV4) -> io::Result<TcpStream> {
+        check_connect_addr(addr)?;
+        let rt = runtime("TcpStream::connect_nonblocking")?;
+        let backend = if crate::net::tcp_of(&rt).is_some() {
+            StreamBackend::InProcess(stream::connect_nonblocking(rt, addr)?)
+        } else if protected::of(&rt).is_some() {
+            StreamBackend::Protected(ProtectedStream::connect(rt, addr, None)?)
+        } else {
+            return Err(no_net());
+        };
+        Ok(TcpStream { backend })
+    }
+
+    /// In non-blocking mode reads and writes give `EAGAIN`
+    /// (`ErrorKind::WouldBlock`) rather than wait.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        either!(self, s => s.set_nonblocking(on));
+        Ok(())
+    }
+
+    /// A read that never waits (`MSG_DONTWAIT`): `EAGAIN` when nothing has
+    /// arrived.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        either!(self, s => s.try_read(buf))
+    }
+
+    /// A write that never waits: `EAGAIN` when the send buffer is full.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        either!(self, s => s.try_write(buf))
+    }
+
+    /// Reads without consuming (`MSG_PEEK`), waiting as `read` does.
+    pub fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        either!(self, s => s.peek(buf))
+    }
+
+    /// [`peek`](Self::peek) that never waits.
+    pub fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        either!(self, s => s.try_peek(buf))
+    }
+
+    /// Bytes a read would give now (`FIONREAD`).
+    pub fn bytes_readable(&self) -> usize {
+        either!(self, s => s.bytes_readable())
+    }
+
+    /// The error that ended the connection (`ECONNREFUSED`, `ECONNRESET`,
+    /// `ETIMEDOUT`), given once and then cleared, as `SO_ERROR` does.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        either!(self, s => s.take_error())
+    }
+
+    /// What the stream is ready for now.
+    pub fn readiness(&self) -> Readiness {
+        PollSource::readiness(self)
     }
 
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
@@ -245,13 +364,18 @@ impl TcpStream {
     }
 }
 
-fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStream> {
+fn check_connect_addr(addr: SocketAddrV4) -> io::Result<()> {
     if addr.port() == 0 || addr.ip().is_unspecified() || addr.ip().is_broadcast() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("cannot connect TCP to {addr}"),
+        return Err(os_error(
+            libc::EINVAL,
+            format_args!("cannot connect TCP to {addr}"),
         ));
     }
+    Ok(())
+}
+
+fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    check_connect_addr(addr)?;
     let rt = runtime("TcpStream::connect")?;
     let backend = if crate::net::tcp_of(&rt).is_some() {
         StreamBackend::InProcess(stream::connect(rt, addr, timeout)?)
@@ -296,3 +420,11 @@ impl Write for &TcpStream {
         Ok(())
     }
 }
+
+impl Sealed for TcpStream {
+    fn poll_hook(&self) -> Hook {
+        Hook(either!(self, s => s.watched()))
+    }
+}
+
+impl PollSource for TcpStream {}

@@ -4,16 +4,18 @@
 use std::fmt;
 use std::io;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{Connection, FourTuple, State, TcpError};
 use ginza_net::Endpoint;
 
-use super::super::wait::{timeout_ns, timeout_of, wake_all};
-use super::{io_error, Conn, Tcp};
+use super::super::readiness::{Readiness, SocketWaiters, Watched};
+use super::super::wait::{os_error, timeout_ns, timeout_of, wake_all, would_block};
+use super::{io_error, pending_error, Conn, ConnInner, Tcp};
 use crate::sched::Shared;
+use crate::spinlock::SpinLock;
 
 /// What every handle of one connection shares; the last one to go closes
 /// the connection.
@@ -25,6 +27,41 @@ struct Handle {
     write_timeout: AtomicU64,
     /// `shutdown(Read)`: reads return 0 from now on.
     read_shut: AtomicBool,
+    /// Reads, writes (and a connect's wait) give `EAGAIN` rather than wait.
+    nonblocking: AtomicBool,
+    /// The error that ended the connection was given by `take_error`
+    /// (`SO_ERROR` clears it).
+    error_taken: AtomicBool,
+}
+
+/// Still in the handshake: reads and writes wait (or give `EAGAIN`).
+fn connecting(inner: &ConnInner) -> bool {
+    matches!(inner.tcb.state(), State::SynSent | State::SynReceived)
+}
+
+impl Watched for Handle {
+    /// As Linux's `tcp_poll`: a closed connection (reset, refused, timed
+    /// out, or done) is readable, writable and hung up; a connection shut
+    /// down for writing is writable (a write gives `EPIPE`).
+    fn readiness(&self) -> Readiness {
+        let inner = self.conn.inner.lock();
+        let tcb = &inner.tcb;
+        let closed = tcb.state() == State::Closed;
+        let read_closed = tcb.fin_received() || self.read_shut.load(SeqCst) || closed;
+        let write_shut = tcb.send_shut() || closed;
+        let error = tcb.error().is_some() && !self.error_taken.load(SeqCst);
+        Readiness {
+            readable: tcb.recv_available() > 0 || read_closed || error,
+            writable: closed || (!connecting(&inner) && (write_shut || tcb.send_capacity() > 0)),
+            read_closed,
+            hung_up: closed || (read_closed && write_shut),
+            error,
+        }
+    }
+
+    fn waiters(&self) -> &SpinLock<SocketWaiters> {
+        &self.conn.waiters
+    }
 }
 
 /// A connection of the in-process stack (the backend of
@@ -54,8 +91,40 @@ impl InProcessStream {
                 read_timeout: AtomicU64::new(0),
                 write_timeout: AtomicU64::new(0),
                 read_shut: AtomicBool::new(false),
+                nonblocking: AtomicBool::new(false),
+                error_taken: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// What a poller watches.
+    pub(crate) fn watched(&self) -> Arc<dyn Watched> {
+        self.handle.clone()
+    }
+
+    pub(crate) fn set_nonblocking(&self, on: bool) {
+        self.handle.nonblocking.store(on, Relaxed);
+    }
+
+    /// The error that ended the connection (refused, reset, timed out),
+    /// once: `SO_ERROR`.
+    pub(crate) fn take_error(&self) -> io::Result<Option<io::Error>> {
+        let conn = &self.handle.conn;
+        let error = conn.inner.lock().tcb.error();
+        Ok(match error {
+            Some(e) if !self.handle.error_taken.swap(true, SeqCst) => {
+                Some(pending_error(e, &conn.key))
+            }
+            _ => None,
+        })
+    }
+
+    /// Bytes a read would give now (`FIONREAD`).
+    pub(crate) fn bytes_readable(&self) -> usize {
+        if self.handle.read_shut.load(SeqCst) {
+            return 0;
+        }
+        self.handle.conn.inner.lock().tcb.recv_available()
     }
 
     fn parts(&self) -> (&Shared, &Tcp, &Arc<Conn>) {
@@ -83,7 +152,7 @@ impl InProcessStream {
     /// return 0 from now on; `Both`: both.
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         if matches!(how, Shutdown::Read | Shutdown::Both) {
-            self.handle.read_shut.store(true, Relaxed);
+            self.handle.read_shut.store(true, SeqCst);
             wake_all(&self.handle.conn.waiters);
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
@@ -98,6 +167,8 @@ impl InProcessStream {
             if matches!(state, State::SynSent | State::SynReceived) {
                 return Err(io_error(TcpError::NotConnected, true, &conn.key));
             }
+            // Writable now (a write gives EPIPE): pollers look again.
+            wake_all(&conn.waiters);
         }
         Ok(())
     }
@@ -140,61 +211,90 @@ impl InProcessStream {
         Ok(timeout_of(&self.handle.write_timeout))
     }
 
+    /// Until when a call may wait: now if non-blocking (or `try_only`),
+    /// else the timeout's end, if any.
+    fn deadline(&self, timeout: &AtomicU64, try_only: bool) -> Option<Instant> {
+        if try_only || self.handle.nonblocking.load(Relaxed) {
+            return Some(Instant::now());
+        }
+        timeout_of(timeout).map(|t| Instant::now() + t)
+    }
+
     pub(crate) fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
-        if buf.is_empty() || self.handle.read_shut.load(Relaxed) {
+        self.recv(buf, false, false)
+    }
+
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, false, true)
+    }
+
+    /// Reads without consuming (`MSG_PEEK`).
+    pub(crate) fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, true, false)
+    }
+
+    pub(crate) fn try_peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf, true, true)
+    }
+
+    /// Reads (or peeks) what has arrived, waiting (unless `try_only` or
+    /// non-blocking) for something; `EAGAIN` once the wait is over (as
+    /// Linux gives for `SO_RCVTIMEO` too).
+    fn recv(&self, buf: &mut [u8], peek: bool, try_only: bool) -> io::Result<usize> {
+        if buf.is_empty() || self.handle.read_shut.load(SeqCst) {
             return Ok(0);
         }
         let (rt, tcp, conn) = self.parts();
-        let timeout = timeout_of(&self.handle.read_timeout);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = self.deadline(&self.handle.read_timeout, try_only);
         let shut = &self.handle.read_shut;
         let r = tcp.wait_on(rt, conn, deadline, |inner| {
-            if shut.load(Relaxed) {
+            if shut.load(SeqCst) {
                 return Some(Ok(0));
             }
-            match inner.tcb.recv(buf) {
+            let r = if peek {
+                inner.tcb.peek(buf)
+            } else {
+                inner.tcb.recv(buf)
+            };
+            match r {
                 Err(TcpError::WouldBlock) => None,
+                Err(TcpError::NotConnected) if connecting(inner) => None,
                 r => Some(r),
             }
         });
         match r {
             Some(Ok(n)) => Ok(n),
             Some(Err(e)) => Err(io_error(e, false, &conn.key)),
-            None => Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "TCP {} -> {}: nothing to read within the read timeout {:?}",
-                    conn.key.local,
-                    conn.key.remote,
-                    timeout.unwrap_or_default()
-                ),
-            )),
+            None => Err(would_block()),
         }
     }
 
     pub(crate) fn write_bytes(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf, false)
+    }
+
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf, true)
+    }
+
+    /// Queues what the send buffer takes of `buf`, waiting (unless
+    /// `try_only` or non-blocking) for room; `EAGAIN` once the wait is
+    /// over.
+    fn send(&self, buf: &[u8], try_only: bool) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         let (rt, tcp, conn) = self.parts();
-        let timeout = timeout_of(&self.handle.write_timeout);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = self.deadline(&self.handle.write_timeout, try_only);
         let r = tcp.wait_on(rt, conn, deadline, |inner| match inner.tcb.send(buf) {
             Err(TcpError::WouldBlock) => None,
+            Err(TcpError::NotConnected) if connecting(inner) => None,
             r => Some(r),
         });
         match r {
             Some(Ok(n)) => Ok(n),
             Some(Err(e)) => Err(io_error(e, true, &conn.key)),
-            None => Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                format!(
-                    "TCP {} -> {}: the send buffer stayed full for the write timeout {:?}",
-                    conn.key.local,
-                    conn.key.remote,
-                    timeout.unwrap_or_default()
-                ),
-            )),
+            None => Err(would_block()),
         }
     }
 }
@@ -208,18 +308,18 @@ impl Drop for Handle {
     }
 }
 
-/// Connects from an ephemeral port of `rt`'s stack (`addr` checked by the
-/// caller).
-pub(crate) fn connect(
-    rt: Arc<Shared>,
+/// Sends a SYN from an ephemeral port of `rt`'s stack to `addr` (checked
+/// by the caller), after asking ARP for its MAC if needed (waiting until
+/// `deadline` for the answer).
+fn start_connect(
+    rt: &Arc<Shared>,
     addr: SocketAddrV4,
-    timeout: Option<Duration>,
-) -> io::Result<InProcessStream> {
-    let tcp = super::super::tcp_of(&rt).expect("the caller checked");
-    tcp.start_timer(&rt);
-    let deadline = timeout.map(|t| Instant::now() + t);
+    deadline: Option<Instant>,
+) -> io::Result<Arc<Conn>> {
+    let tcp = super::super::tcp_of(rt).expect("the caller checked");
+    tcp.start_timer(rt);
     let remote = Endpoint::from(addr);
-    let mac = super::super::resolve_mac(&rt, remote, deadline)?;
+    let mac = super::super::resolve_mac(rt, remote, deadline)?;
     let conn = {
         let mut table = tcp.table.lock();
         let our_ip = tcp.our_ip();
@@ -235,7 +335,20 @@ pub(crate) fn connect(
         conn
     };
     // The SYN goes out.
-    tcp.with_conn(&rt, &conn, |_| ());
+    tcp.with_conn(rt, &conn, |_| ());
+    Ok(conn)
+}
+
+/// Connects from an ephemeral port of `rt`'s stack (`addr` checked by the
+/// caller).
+pub(crate) fn connect(
+    rt: Arc<Shared>,
+    addr: SocketAddrV4,
+    timeout: Option<Duration>,
+) -> io::Result<InProcessStream> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let conn = start_connect(&rt, addr, deadline)?;
+    let tcp = super::super::tcp_of(&rt).expect("the caller checked");
     let r = tcp.wait_on(&rt, &conn, deadline, |inner| {
         match (inner.tcb.error(), inner.tcb.state()) {
             (Some(e), _) => Some(Err(e)),
@@ -250,13 +363,25 @@ pub(crate) fn connect(
         Some(Err(e)) => Err(io_error(e, false, &conn.key)),
         None => {
             tcp.with_conn(&rt, &conn, |inner| inner.tcb.abort());
-            Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
+            Err(os_error(
+                libc::ETIMEDOUT,
+                format_args!(
                     "TCP connect to {addr}: no answer within {:?}",
                     timeout.unwrap_or_default()
                 ),
             ))
         }
     }
+}
+
+/// Starts connecting and returns at once (`EINPROGRESS`'s connect): the
+/// stream becomes writable when the handshake ends, and `take_error` says
+/// how it failed. Only an ARP question for the peer's MAC, if it is not
+/// known yet, is waited for.
+pub(crate) fn connect_nonblocking(
+    rt: Arc<Shared>,
+    addr: SocketAddrV4,
+) -> io::Result<InProcessStream> {
+    let conn = start_connect(&rt, addr, None)?;
+    Ok(InProcessStream::new(rt, conn))
 }
