@@ -15,7 +15,7 @@ use libc::{c_int, pollfd};
 use crate::epoll::with_source;
 use crate::fdtable;
 use crate::mode::{caller, real, serve, set_errno, Caller};
-use crate::socket::{GSock, Kind, Served};
+use crate::socket::{GSock, Kind};
 
 /// A Ginza socket's readiness now. One not served yet is what Linux says
 /// of a fresh socket: a stream hung up and writable, a datagram writable.

@@ -46,8 +46,11 @@ pub(crate) enum Served {
 }
 
 struct State {
-    /// What `bind` gave (0.0.0.0 or the Ginza address), before `listen`.
+    /// What `bind` gave (0.0.0.0 or the Ginza address).
     bound: Option<SocketAddrV4>,
+    /// A bound stream's port, held from `bind` (so a port in use fails
+    /// there, as on Linux) until `listen` serves it.
+    reserved: Option<TcpListener>,
     served: Served,
     /// A non-blocking `connect` has not been reported finished yet.
     connecting: bool,
@@ -91,6 +94,7 @@ impl GSock {
             nonblocking: AtomicBool::new(nonblocking),
             state: Mutex::new(State {
                 bound: None,
+                reserved: None,
                 served,
                 connecting: false,
                 nodelay: None,
@@ -451,7 +455,13 @@ fn bind_ginza(s: &GSock, a: SocketAddrV4) -> Result<(), c_int> {
         s.attach(Served::Udp(Arc::new(u)));
         return Ok(());
     }
-    st.bound = Some(a);
+    // Linux's default listen backlog limit (somaxconn); `listen`'s own
+    // backlog cannot change it afterwards.
+    const BACKLOG: usize = 4096;
+    let l = TcpListener::bind_with_backlog(a, BACKLOG).map_err(|e| errno_of(&e))?;
+    let port = l.local_addr().map_err(|e| errno_of(&e))?.port();
+    st.bound = Some(SocketAddrV4::new(*a.ip(), port));
+    st.reserved = Some(l);
     Ok(())
 }
 
@@ -469,19 +479,27 @@ fn listen_ginza(s: &GSock, backlog: c_int) -> Result<(), c_int> {
     if s.kind != Kind::Stream {
         return Err(libc::EOPNOTSUPP);
     }
-    let bound = {
-        let st = lock(&s.state);
+    let reserved = {
+        let mut st = lock(&s.state);
         match st.served {
             // listen again: Linux changes the backlog; ours stays.
             Served::Listener(_) => return Ok(()),
             Served::None => {}
             _ => return Err(libc::EINVAL),
         }
-        st.bound
-            .unwrap_or(SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0))
+        st.reserved.take()
     };
-    let backlog = usize::try_from(backlog).unwrap_or(0).max(1);
-    let l = TcpListener::bind_with_backlog(bound, backlog).map_err(|e| errno_of(&e))?;
+    let l = match reserved {
+        Some(l) => l,
+        // listen without bind: an ephemeral port on every address.
+        None => {
+            let any = SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0);
+            let backlog = usize::try_from(backlog).unwrap_or(0).max(1);
+            let l = TcpListener::bind_with_backlog(any, backlog).map_err(|e| errno_of(&e))?;
+            lock(&s.state).bound = l.local_addr().ok().map(v4);
+            l
+        }
+    };
     if s.is_nonblocking() {
         let _ = l.set_nonblocking(true);
     }
@@ -601,7 +619,7 @@ fn connect_stream(s: &GSock, to: SocketAddrV4) -> Result<c_int, c_int> {
         Served::Listener(_) => return Err(libc::EINVAL),
         _ => {}
     }
-    if lock(&s.state).bound.is_some() {
+    if lock(&s.state).reserved.take().is_some() {
         crate::say::unsupported_once!(
             "connect",
             "a bound local address is not kept: the connection takes an ephemeral port"

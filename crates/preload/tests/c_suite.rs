@@ -20,11 +20,13 @@
 //! Without `cc` the tests say so and pass, except under `CI=true` as root,
 //! where a test that cannot run fails (the project's rule).
 
+mod common;
+
+use common::*;
 use std::io::Read;
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -66,173 +68,8 @@ const BASE: Spec = Spec {
     sigterm_when_ready: false,
 };
 
-// ---------------------------------------------------------------------------
-// Paths, tools and skipping.
-
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn repo_root() -> PathBuf {
-    manifest_dir().join("../..")
-}
-
 fn c_dir() -> PathBuf {
     manifest_dir().join("tests/c")
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .map(|p| {
-            if p.is_relative() {
-                repo_root().join(p)
-            } else {
-                p
-            }
-        })
-        .unwrap_or_else(|| repo_root().join("target"))
-}
-
-fn profile() -> &'static str {
-    if cfg!(debug_assertions) {
-        "debug"
-    } else {
-        "release"
-    }
-}
-
-/// True under CI as root (`CI=true` and uid 0): every prerequisite should
-/// be installed there, so a test that cannot run fails.
-fn skips_are_failures() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    ci && euid() == Some(0)
-}
-
-/// The effective uid, from /proc (the second field of `Uid:`).
-fn euid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// Says why the calling test cannot run, or panics with it under CI as
-/// root. The caller returns.
-#[track_caller]
-fn skip(reason: &str) {
-    if skips_are_failures() {
-        panic!("this test cannot run, and under CI=true as root it must: {reason}");
-    }
-    println!("skipped: {reason}");
-}
-
-/// Whether the system C compiler runs; if not, skips.
-fn have_cc() -> bool {
-    static CC: OnceLock<bool> = OnceLock::new();
-    let ok = *CC.get_or_init(|| {
-        Command::new("cc")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if !ok {
-        skip("the C test suite needs the system C compiler `cc` (Debian: gcc)");
-    }
-    ok
-}
-
-// ---------------------------------------------------------------------------
-// Building.
-
-/// `ginza` and `libginza_preload.so` of this profile.
-struct Bins {
-    ginza: PathBuf,
-    preload: PathBuf,
-}
-
-/// Builds both once per process with `$CARGO build`; panics with Cargo's
-/// output when that fails.
-fn bins() -> &'static Bins {
-    static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
-    let built = BINS.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let target = target_dir();
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-p", "ginza-cli", "-p", "ginza-preload"])
-            .arg("--target-dir")
-            .arg(&target)
-            .current_dir(repo_root())
-            .stdin(Stdio::null());
-        if cfg!(not(debug_assertions)) {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "`cargo build -p ginza-cli -p ginza-preload` failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let dir = target.join(profile());
-        let bins = Bins {
-            ginza: dir.join("ginza"),
-            preload: dir.join("libginza_preload.so"),
-        };
-        for p in [&bins.ginza, &bins.preload] {
-            if !p.is_file() {
-                return Err(format!("the build left no {}", p.display()));
-            }
-        }
-        Ok(bins)
-    });
-    match built {
-        Ok(b) => b,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// Where the compiled programs go.
-fn c_out_dir() -> PathBuf {
-    target_dir().join("c-suite").join(profile())
-}
-
-/// Compiles `source` (a path) into `<target>/c-suite/<profile>/<name>`
-/// with `flags` added; the compiler's message on failure. The binary is
-/// written under another name and renamed, so test processes that compile
-/// at the same time never run a half-written file.
-fn compile(source: &Path, name: &str, flags: &[&str]) -> Result<PathBuf, String> {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let dir = c_out_dir();
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let bin = dir.join(name);
-    let tmp = dir.join(format!(
-        ".{name}.{}.{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let out = Command::new("cc")
-        .args(["-O2", "-g", "-Wall", "-Werror", "-pthread", "-I"])
-        .arg(repo_root().join("include"))
-        .args(flags)
-        .arg("-o")
-        .arg(&tmp)
-        .arg(source)
-        .output()
-        .map_err(|e| format!("cannot run cc: {e}"))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!(
-            "cc {} failed ({}):\n{}",
-            source.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    std::fs::rename(&tmp, &bin).map_err(|e| format!("renaming to {}: {e}", bin.display()))?;
-    Ok(bin)
 }
 
 /// The program of `tests/c/<name>.c`, compiled once per process.
@@ -261,121 +98,6 @@ fn program_from_source(name: &str, source: &str, flags: &[&str]) -> Result<PathB
 
 // ---------------------------------------------------------------------------
 // iokerneld.
-
-/// A `ginza iokernel` on the software NIC with a temporary socket; killed
-/// on drop.
-struct Daemon {
-    child: Child,
-    /// Holds the socket; removed on drop.
-    _dir: tempfile::TempDir,
-    socket: PathBuf,
-}
-
-/// Up to two CPUs this process may use, as `--cores` takes them.
-fn managed_cores() -> String {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let list = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(str::trim)
-        .unwrap_or("0");
-    let mut cpus = Vec::new();
-    for part in list.split(',') {
-        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let (Ok(lo), Ok(hi)) = (lo.parse::<usize>(), hi.parse::<usize>()) else {
-            continue;
-        };
-        cpus.extend(lo..=hi);
-    }
-    cpus.truncate(2);
-    if cpus.is_empty() {
-        cpus.push(0);
-    }
-    cpus.iter()
-        .map(usize::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-impl Daemon {
-    fn start(ginza: &Path) -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("ginza-c-suite-")
-            .tempdir()
-            .unwrap();
-        let socket = dir.path().join("iokerneld.sock");
-        // `--no-pin` and `--idle-sleep` keep the daemon from taking a CPU
-        // of a small machine for itself while nothing runs.
-        let child = Command::new(ginza)
-            .args(["iokernel", "--nic", "software", "--no-pin"])
-            .args(["--idle-sleep", "1ms", "--cores", &managed_cores()])
-            .arg("--socket")
-            .arg(&socket)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {} iokernel: {e}", ginza.display()));
-        let mut d = Daemon {
-            child,
-            _dir: dir,
-            socket,
-        };
-        d.wait_ready(ginza);
-        d
-    }
-
-    /// Until `ginza top --once` gets an answer on the socket.
-    fn wait_ready(&mut self, ginza: &Path) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if self.socket.exists() {
-                let ok = Command::new(ginza)
-                    .args(["top", "--once", "--socket"])
-                    .arg(&self.socket)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success());
-                if ok {
-                    return;
-                }
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    let _ = e.read_to_string(&mut err);
-                }
-                panic!("ginza iokernel exited with {status}: {err}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ginza iokernel did not answer on {} within 10 s",
-                self.socket.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Panics with the daemon's stderr if it died during the run.
-    fn check_alive(&mut self, during: &str) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            let mut err = String::new();
-            if let Some(mut e) = self.child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("ginza iokernel exited with {status} during {during}: {err}");
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Running.
@@ -580,7 +302,7 @@ fn run_suite_program(spec: Spec, mode: Mode) {
         }
         Mode::Iokernel => {
             let bins = bins();
-            let mut d = Daemon::start(&bins.ginza);
+            let mut d = Daemon::start(&bins.ginza, "software");
             let name = format!("c-{}", spec.name);
             let mut cmd = ginza_run(bins, Some(&d.socket), &name, &bin);
             cmd.args(spec.args);
@@ -1084,7 +806,7 @@ fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
     let bins = bins();
     let source = repo_root().join("bench/c/work_sleep.c");
     let work_sleep = compile(&source, "work_sleep", &[]).unwrap_or_else(|e| panic!("{e}"));
-    let mut daemon = Daemon::start(&bins.ginza);
+    let mut daemon = Daemon::start(&bins.ginza, "software");
     let alone = batch_rate(start_batch(&daemon.socket, 2));
     let batch = start_batch(&daemon.socket, 3);
     let rounds = 300;
@@ -1167,7 +889,7 @@ fn a_c_program_shows_by_its_name_and_a_sigkill_returns_its_cores() {
     let bins = bins();
     let source = repo_root().join("bench/c/work_sleep.c");
     let work_sleep = compile(&source, "work_sleep", &[]).unwrap_or_else(|e| panic!("{e}"));
-    let mut daemon = Daemon::start(&bins.ginza);
+    let mut daemon = Daemon::start(&bins.ginza, "software");
     let batch = start_batch(&daemon.socket, 4);
     // No --name: the program's file name.
     let mut victim = Command::new(&bins.ginza)
