@@ -134,7 +134,11 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
         }
         config.iokernel = Some(io);
     }
-    let in_process = config.iokernel.as_ref().and_then(|io| io.net.as_ref()).is_some();
+    let in_process = config
+        .iokernel
+        .as_ref()
+        .and_then(|io| io.net.as_ref())
+        .is_some();
     if let Some(path) = var("GINZA_PROTECTED") {
         let socket = if path.is_empty() {
             ginza_proto::netstack::default_netstack_socket()

@@ -92,9 +92,13 @@ impl EpollSet {
     fn register(&self, m: &mut Member, served: &Served) -> Result<(), c_int> {
         let (interest, mode) = interest_of(m.events);
         if let Some(reg) = &m.registration {
-            return reg.modify(m.data, interest, mode).map_err(|e| crate::socket::errno_of(&e));
+            return reg
+                .modify(m.data, interest, mode)
+                .map_err(|e| crate::socket::errno_of(&e));
         }
-        if let Some(r) = with_source(served, |src| self.poller.register(src, m.data, interest, mode)) {
+        if let Some(r) = with_source(served, |src| {
+            self.poller.register(src, m.data, interest, mode)
+        }) {
             m.registration = Some(r.map_err(|e| crate::socket::errno_of(&e))?);
         }
         Ok(())
@@ -115,7 +119,13 @@ impl EpollSet {
         drop(gone);
     }
 
-    fn ctl(self: &Arc<Self>, op: c_int, fd: c_int, s: &Arc<GSock>, ev: *const epoll_event) -> Result<(), c_int> {
+    fn ctl(
+        self: &Arc<Self>,
+        op: c_int,
+        fd: c_int,
+        s: &Arc<GSock>,
+        ev: *const epoll_event,
+    ) -> Result<(), c_int> {
         let event = || {
             if ev.is_null() {
                 return Err(libc::EFAULT);
@@ -173,8 +183,14 @@ impl EpollSet {
     }
 
     /// `epoll_wait` on this set (`epfd` is its kernel instance).
-    fn wait(&self, epfd: c_int, out: &mut [epoll_event], timeout: Option<Duration>) -> Result<usize, c_int> {
-        let kernel_wait = real!(epoll_wait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
+    fn wait(
+        &self,
+        epfd: c_int,
+        out: &mut [epoll_event],
+        timeout: Option<Duration>,
+    ) -> Result<usize, c_int> {
+        let kernel_wait =
+            real!(epoll_wait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let mut n = serve(|| self.ginza_events(out, Some(Instant::now())));
@@ -236,10 +252,19 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut epoll_event,
+) -> c_int {
     let f = real!(epoll_ctl: unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int);
     let set = fdtable::epoll(epfd);
-    let sock = if caller() == Caller::Runtime { None } else { fdtable::socket(fd) };
+    let sock = if caller() == Caller::Runtime {
+        None
+    } else {
+        fdtable::socket(fd)
+    };
     let (Some(set), Some(sock)) = (set.clone(), sock) else {
         if sock_without_set(fd, epfd) {
             crate::say::unsupported_once!(
@@ -282,7 +307,12 @@ fn timeout_of_ms(ms: c_int) -> Option<Duration> {
 
 /// `epoll_wait` on a set of ours; None when `epfd` has no Ginza member (the
 /// kernel's call then serves it).
-fn wait_on(epfd: c_int, events: *mut epoll_event, most: c_int, timeout: Option<Duration>) -> Option<c_int> {
+fn wait_on(
+    epfd: c_int,
+    events: *mut epoll_event,
+    most: c_int,
+    timeout: Option<Duration>,
+) -> Option<c_int> {
     if caller() == Caller::Runtime {
         return None;
     }
@@ -306,7 +336,12 @@ fn wait_on(epfd: c_int, events: *mut epoll_event, most: c_int, timeout: Option<D
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn epoll_wait(epfd: c_int, events: *mut epoll_event, most: c_int, timeout: c_int) -> c_int {
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    most: c_int,
+    timeout: c_int,
+) -> c_int {
     if let Some(r) = wait_on(epfd, events, most, timeout_of_ms(timeout)) {
         return r;
     }
@@ -327,7 +362,10 @@ pub unsafe extern "C" fn epoll_pwait(
         return unsafe { epoll_wait(epfd, events, most, timeout) };
     }
     if fdtable::epoll(epfd).is_some() {
-        crate::say::unsupported_once!("epoll_pwait", "the signal mask is not applied while waiting on Ginza sockets");
+        crate::say::unsupported_once!(
+            "epoll_pwait",
+            "the signal mask is not applied while waiting on Ginza sockets"
+        );
         if let Some(r) = wait_on(epfd, events, most, timeout_of_ms(timeout)) {
             return r;
         }
@@ -347,10 +385,18 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     // SAFETY: the caller's timeout, if any.
     let t = (!timeout.is_null()).then(|| unsafe { *timeout });
-    let limit = t.map(|t| Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32));
+    let limit = t.map(|t| {
+        Duration::new(
+            t.tv_sec.max(0) as u64,
+            t.tv_nsec.clamp(0, 999_999_999) as u32,
+        )
+    });
     if fdtable::epoll(epfd).is_some() {
         if !mask.is_null() {
-            crate::say::unsupported_once!("epoll_pwait2", "the signal mask is not applied while waiting on Ginza sockets");
+            crate::say::unsupported_once!(
+                "epoll_pwait2",
+                "the signal mask is not applied while waiting on Ginza sockets"
+            );
         }
         if let Some(r) = wait_on(epfd, events, most, limit) {
             return r;

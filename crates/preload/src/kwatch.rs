@@ -57,7 +57,8 @@ pub(crate) struct KernelWatch {
 impl Drop for KernelWatch {
     fn drop(&mut self) {
         if let Some(c) = self.cancel.take() {
-            let write = real!(write: unsafe extern "C" fn(c_int, *const libc::c_void, usize) -> isize);
+            let write =
+                real!(write: unsafe extern "C" fn(c_int, *const libc::c_void, usize) -> isize);
             let one = 1u64;
             // SAFETY: writes 8 bytes to the watch's eventfd.
             unsafe { write(c.efd, (&one as *const u64).cast(), 8) };
@@ -68,11 +69,16 @@ impl Drop for KernelWatch {
 /// Starts watching `fds` (their `events`) until one is ready or
 /// `deadline`; then `waker` wakes. Without a spare eventfd (descriptors
 /// exhausted) the pool thread polls in 1 ms slices so the watch still ends.
-pub(crate) fn start(fds: Vec<libc::pollfd>, deadline: Option<Instant>, waker: PollWaker) -> KernelWatch {
+pub(crate) fn start(
+    fds: Vec<libc::pollfd>,
+    deadline: Option<Instant>,
+    waker: PollWaker,
+) -> KernelWatch {
     let cancel = eventfd().map(|efd| Arc::new(Cancel { efd }));
     let theirs = cancel.clone();
     crate::blocking::submit(Box::new(move || {
-        let poll = real!(poll: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int);
+        let poll =
+            real!(poll: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int);
         let mut fds = fds;
         if let Some(c) = &theirs {
             fds.push(libc::pollfd {

@@ -14,7 +14,7 @@
 //! thread pointer between C code and the runtime), `tcb.rs` (thread control
 //! blocks), `lot.rs` (waiting by address), `blocking.rs` (system calls that would block, run on a pool), `thread.rs`, `key.rs` (keys and
 //! once), `mutex.rs`, `cond.rs`, `rwlock.rs`, `barrier.rs`, `spin.rs`,
-//! `sem.rs`, `preempt_at.rs` (where a program thread may be preempted), `time.rs` (sleeps and yield), `signal.rs` (the program's
+//! `sem.rs`, `preempt_at.rs` (where a program thread may be preempted), `setxid.rs` (setuid and kin), `time.rs` (sleeps and yield), `signal.rs` (the program's
 //! signal handlers), `process.rs` (fork), `start.rs` (the runtime and
 //! `main`), `running.rs` (whether it runs), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
 //! `ginza run` sets) and `say.rs` (one line per unsupported call).
@@ -49,6 +49,7 @@ mod running;
 mod rwlock;
 mod say;
 mod sem;
+mod setxid;
 mod signal;
 mod socket;
 mod sockio;

@@ -58,7 +58,11 @@ fn ginza_of(fds: &[pollfd]) -> Vec<(usize, Arc<GSock>)> {
 }
 
 /// Fills every `revents` without waiting; how many are non-zero, or errno.
-fn look(fds: &mut [pollfd], ginza: &[(usize, Arc<GSock>)], kernel: &mut [pollfd]) -> Result<usize, c_int> {
+fn look(
+    fds: &mut [pollfd],
+    ginza: &[(usize, Arc<GSock>)],
+    kernel: &mut [pollfd],
+) -> Result<usize, c_int> {
     let poll = real!(poll: unsafe extern "C" fn(*mut pollfd, libc::nfds_t, c_int) -> c_int);
     if !kernel.is_empty() {
         // SAFETY: a poll of our own copy, not waiting.
@@ -87,7 +91,11 @@ fn look(fds: &mut [pollfd], ginza: &[(usize, Arc<GSock>)], kernel: &mut [pollfd]
 
 /// Polls `fds`, some of them Ginza sockets, until one is ready or
 /// `timeout` passes.
-fn poll_mixed(fds: &mut [pollfd], ginza: &[(usize, Arc<GSock>)], timeout: Option<Duration>) -> Result<usize, c_int> {
+fn poll_mixed(
+    fds: &mut [pollfd],
+    ginza: &[(usize, Arc<GSock>)],
+    timeout: Option<Duration>,
+) -> Result<usize, c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut kernel: Vec<pollfd> = fds
         .iter()
@@ -136,7 +144,10 @@ fn ms_timeout(ms: c_int) -> Option<Duration> {
 fn ts_timeout(t: *const libc::timespec) -> Option<Duration> {
     // SAFETY: the caller's timespec, if any.
     (!t.is_null()).then(|| unsafe {
-        Duration::new((*t).tv_sec.max(0) as u64, (*t).tv_nsec.clamp(0, 999_999_999) as u32)
+        Duration::new(
+            (*t).tv_sec.max(0) as u64,
+            (*t).tv_nsec.clamp(0, 999_999_999) as u32,
+        )
     })
 }
 
@@ -183,7 +194,10 @@ pub unsafe extern "C" fn ppoll(
     // SAFETY: the caller's array.
     if let Some(r) = unsafe { poll_ours(fds, n, ts_timeout(timeout)) } {
         if !mask.is_null() {
-            crate::say::unsupported_once!("ppoll", "the signal mask is not applied while waiting on Ginza sockets");
+            crate::say::unsupported_once!(
+                "ppoll",
+                "the signal mask is not applied while waiting on Ginza sockets"
+            );
         }
         return r;
     }
@@ -209,13 +223,20 @@ unsafe fn select_ours(
     let mut fds = Vec::new();
     for fd in 0..n.clamp(0, libc::FD_SETSIZE as c_int) {
         let mut events = 0;
-        for (set, bit) in sets.iter().zip([libc::POLLIN, libc::POLLOUT, libc::POLLPRI]) {
+        for (set, bit) in sets
+            .iter()
+            .zip([libc::POLLIN, libc::POLLOUT, libc::POLLPRI])
+        {
             if is_in(*set, fd) {
                 events |= bit;
             }
         }
         if events != 0 {
-            fds.push(pollfd { fd, events, revents: 0 });
+            fds.push(pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
         }
     }
     let ginza = ginza_of(&fds);
@@ -240,7 +261,11 @@ unsafe fn select_ours(
             p.revents & (libc::POLLOUT | libc::POLLERR) != 0,
             p.revents & libc::POLLPRI != 0,
         ];
-        for ((set, asked), yes) in sets.iter().zip([libc::POLLIN, libc::POLLOUT, libc::POLLPRI]).zip(answers) {
+        for ((set, asked), yes) in sets
+            .iter()
+            .zip([libc::POLLIN, libc::POLLOUT, libc::POLLPRI])
+            .zip(answers)
+        {
             if yes && p.events & asked != 0 && !set.is_null() {
                 // SAFETY: the caller's set.
                 unsafe { libc::FD_SET(p.fd, *set) };
@@ -261,7 +286,10 @@ pub unsafe extern "C" fn select(
 ) -> c_int {
     // SAFETY: the caller's timeout, if any.
     let limit = (!timeout.is_null()).then(|| unsafe {
-        Duration::new((*timeout).tv_sec.max(0) as u64, ((*timeout).tv_usec.clamp(0, 999_999) as u32) * 1000)
+        Duration::new(
+            (*timeout).tv_sec.max(0) as u64,
+            ((*timeout).tv_usec.clamp(0, 999_999) as u32) * 1000,
+        )
     });
     // SAFETY: the caller's sets.
     if let Some(c) = unsafe { select_ours(n, [r, w, e], limit) } {
@@ -283,7 +311,10 @@ pub unsafe extern "C" fn pselect(
     // SAFETY: the caller's sets.
     if let Some(c) = unsafe { select_ours(n, [r, w, e], ts_timeout(timeout)) } {
         if !mask.is_null() {
-            crate::say::unsupported_once!("pselect", "the signal mask is not applied while waiting on Ginza sockets");
+            crate::say::unsupported_once!(
+                "pselect",
+                "the signal mask is not applied while waiting on Ginza sockets"
+            );
         }
         return c;
     }

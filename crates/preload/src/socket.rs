@@ -291,7 +291,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_
     let f = real!(socket: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int);
     // SAFETY: glibc's call with the caller's arguments.
     let fd = unsafe { f(domain, ty, protocol) };
-    if fd < 0 || domain != libc::AF_INET || caller() == Caller::Runtime || !crate::running::running()
+    if fd < 0
+        || domain != libc::AF_INET
+        || caller() == Caller::Runtime
+        || !crate::running::running()
     {
         return fd;
     }
@@ -417,7 +420,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: *mut c_vo
     let r = unsafe { f(fd, request, arg) };
     if r == 0 && request == libc::FIONBIO as libc::c_ulong && !arg.is_null() {
         // SAFETY: FIONBIO's argument is an int the caller gave.
-        s.nonblocking.store(unsafe { *(arg as *const c_int) } != 0, Relaxed);
+        s.nonblocking
+            .store(unsafe { *(arg as *const c_int) } != 0, Relaxed);
     }
     r
 }

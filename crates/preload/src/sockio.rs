@@ -77,7 +77,11 @@ fn stream_recv(s: &GSock, t: &TcpStream, bufs: &mut [&mut [u8]], f: Flags) -> Re
     };
     let wait = !(f.dont_wait || s.is_nonblocking());
     if f.peek {
-        let r = if wait { t.peek(first) } else { t.try_peek(first) };
+        let r = if wait {
+            t.peek(first)
+        } else {
+            t.try_peek(first)
+        };
         return r.map_err(|e| errno_of(&e));
     }
     let mut got = 0;
@@ -121,7 +125,12 @@ fn stream_send(s: &GSock, t: &TcpStream, data: &[u8], f: Flags) -> Result<usize,
     Ok(sent)
 }
 
-fn dgram_recv(s: &GSock, u: &UdpSocket, bufs: &mut [&mut [u8]], f: Flags) -> Result<Datagram, c_int> {
+fn dgram_recv(
+    s: &GSock,
+    u: &UdpSocket,
+    bufs: &mut [&mut [u8]],
+    f: Flags,
+) -> Result<Datagram, c_int> {
     if f.peek {
         crate::say::unsupported_once!("recv", "MSG_PEEK on a Ginza datagram socket reads it");
     }
@@ -150,7 +159,13 @@ fn dgram_recv(s: &GSock, u: &UdpSocket, bufs: &mut [&mut [u8]], f: Flags) -> Res
     })
 }
 
-fn dgram_send(s: &GSock, u: &UdpSocket, data: &[u8], to: Option<SocketAddrV4>, f: Flags) -> Result<usize, c_int> {
+fn dgram_send(
+    s: &GSock,
+    u: &UdpSocket,
+    data: &[u8],
+    to: Option<SocketAddrV4>,
+    f: Flags,
+) -> Result<usize, c_int> {
     let wait = !(f.dont_wait || s.is_nonblocking());
     let r = match to {
         Some(to) if wait => u.send_to(data, to),
@@ -165,7 +180,11 @@ fn dgram_send(s: &GSock, u: &UdpSocket, data: &[u8], to: Option<SocketAddrV4>, f
 }
 
 /// Receives into `bufs` from a Ginza socket; the datagram's source, if any.
-fn recv_on(s: &GSock, bufs: &mut [&mut [u8]], f: Flags) -> Result<(usize, Option<SocketAddrV4>, bool), c_int> {
+fn recv_on(
+    s: &GSock,
+    bufs: &mut [&mut [u8]],
+    f: Flags,
+) -> Result<(usize, Option<SocketAddrV4>, bool), c_int> {
     serve(|| match s.served() {
         Served::Stream(t) => stream_recv(s, &t, bufs, f).map(|n| (n, None, false)),
         Served::Udp(u) => dgram_recv(s, &u, bufs, f).map(|d| (d.len, Some(d.from), d.cut)),
@@ -243,7 +262,16 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     // SAFETY: the same call without a source address.
-    unsafe { recvfrom(fd, buf, n, flags, std::ptr::null_mut(), std::ptr::null_mut()) }
+    unsafe {
+        recvfrom(
+            fd,
+            buf,
+            n,
+            flags,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
 }
 
 #[no_mangle]
@@ -319,7 +347,11 @@ pub unsafe extern "C" fn recvmmsg(
     while got < n as usize {
         // After the first message, take only what is there (as
         // MSG_WAITFORONE does; Linux's timeout is checked between messages).
-        let f = if got == 0 { flags & !libc::MSG_WAITFORONE } else { flags | libc::MSG_DONTWAIT };
+        let f = if got == 0 {
+            flags & !libc::MSG_WAITFORONE
+        } else {
+            flags | libc::MSG_DONTWAIT
+        };
         // SAFETY: the caller's array of n messages.
         let m = unsafe { &mut *msgs.add(got) };
         // SAFETY: its msghdr.
@@ -380,7 +412,12 @@ pub unsafe extern "C" fn sendto(
         return unsafe { blocking::sendto(fd, buf, n, flags, addr, len) };
     };
     // SAFETY: the caller's buffer and address.
-    let (data, to) = unsafe { (std::slice::from_raw_parts(buf as *const u8, n), read_v4(addr, len)) };
+    let (data, to) = unsafe {
+        (
+            std::slice::from_raw_parts(buf as *const u8, n),
+            read_v4(addr, len),
+        )
+    };
     c_len(send_on(&s, data, to, Flags::of(flags)))
 }
 
@@ -416,7 +453,12 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int {
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: c_uint,
+    flags: c_int,
+) -> c_int {
     let Some(s) = ours(fd) else {
         let f = crate::mode::real!(sendmmsg: unsafe extern "C" fn(c_int, *mut libc::mmsghdr, c_uint, c_int) -> c_int);
         // SAFETY: glibc's call with the caller's arguments.

@@ -13,178 +13,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddrV4, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::*;
+use common::veth::{run_client, wait_for, Veth};
 use ginza_iokernel::netns::tcp::EchoMode;
-use ginza_iokernel::netns::NetNs;
-
-static LOCK: Mutex<()> = Mutex::new(());
-
-/// A C program of `tests/c_net/`, compiled once per process.
-fn net_program(name: &str) -> PathBuf {
-    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
-    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
-        return p.clone();
-    }
-    let source = manifest_dir().join(format!("tests/c_net/{name}.c"));
-    let bin = compile(&source, &format!("net-{name}"), &[]).unwrap_or_else(|e| panic!("{e}"));
-    built.push((name.to_string(), bin.clone()));
-    bin
-}
-
-/// iokerneld on a veth pair's host end; programs get the namespace's
-/// unowned address (`peer_ip`) as their Ginza address.
-struct Veth {
-    // Dropped first: iokerneld lets go of the interface before it goes.
-    daemon: Daemon,
-    ns: NetNs,
-    _lock: MutexGuard<'static, ()>,
-}
-
-impl Veth {
-    fn start() -> Option<Veth> {
-        let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        if !have_cc() {
-            return None;
-        }
-        let ns = NetNs::create_or_skip()?;
-        let daemon = Daemon::start(&bins().ginza, &format!("af_xdp:{}", ns.host_if));
-        Some(Veth {
-            daemon,
-            ns,
-            _lock: lock,
-        })
-    }
-
-    /// `ginza run --iokernel=SOCKET --ip PEER_IP -- PROGRAM ARGS`.
-    fn ginza_run(&self, program: &str, args: &[String]) -> Command {
-        let b = bins();
-        let mut cmd = Command::new(&b.ginza);
-        cmd.arg("run")
-            .arg("--kthreads")
-            .arg("2")
-            .arg(format!("--iokernel={}", self.daemon.socket.display()))
-            .arg("--ip")
-            .arg(self.ns.peer_ip.to_string())
-            .arg("--name")
-            .arg(program)
-            .arg("--library")
-            .arg(&b.preload)
-            .arg("--")
-            .arg(net_program(program))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
-    }
-
-    /// A server program under `ginza run`, once it printed `ready`.
-    fn server(&self, program: &str, args: &[&str]) -> Server {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut child = self
-            .ginza_run(program, &args)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut server = Server {
-            child,
-            name: program.to_string(),
-        };
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) if line == "ready" => {}
-            other => panic!("{program} did not say ready ({other:?}): {}", server.stop()),
-        }
-        server
-    }
-
-    fn addr(&self, port: u16) -> SocketAddrV4 {
-        SocketAddrV4::new(self.ns.peer_ip, port)
-    }
-
-    /// Runs `f` on a thread in the namespace (Linux's side) and waits.
-    fn in_ns<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        self.ns
-            .spawn_in(f)
-            .expect("a thread in the namespace")
-            .join()
-            .expect("the namespace thread panicked")
-    }
-}
-
-/// A server under `ginza run`; killed on drop.
-struct Server {
-    child: Child,
-    name: String,
-}
-
-impl Server {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Panics with its stderr if it is no longer running.
-    fn check_alive(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            let err = self.stderr();
-            panic!("{} exited with {status}: {err}", self.name);
-        }
-    }
-
-    fn stderr(&mut self) -> String {
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        err
-    }
-
-    /// Kills it; what it printed on stderr.
-    fn stop(&mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.stderr()
-    }
-
-    /// Descriptors it holds now.
-    fn fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |d| d.count())
-    }
-
-    /// Resident memory now, in KiB.
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The bytes connection `i` sends: distinct per connection.
 fn message(i: usize, len: usize) -> Vec<u8> {
@@ -248,34 +82,6 @@ fn workers_fed_through_pipes_serve_1000_concurrent_connections() {
     serves_concurrent_connections("echo_workers", &["7000", "4"]);
 }
 
-/// A client program under `ginza run` to completion: its status and output.
-fn run_client(veth: &Veth, program: &str, args: &[String]) -> (bool, String) {
-    let mut child = veth
-        .ginza_run(program, args)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut out = String::new();
-    let mut err = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    let ok = status.is_some_and(|s| s.success()) && out.contains(&format!("ok {program}"));
-    (
-        ok,
-        format!("{program}: {status:?}\n--- stdout ---\n{out}--- stderr ---\n{err}"),
-    )
-}
-
 #[test]
 fn a_non_blocking_client_connects_1000_times_and_is_refused_as_on_linux() {
     let Some(veth) = Veth::start() else { return };
@@ -308,15 +114,6 @@ fn the_socket_calls_around_the_data_answer_as_on_linux() {
     assert!(ok, "{report}");
 }
 
-/// Waits until `cond` holds (polling), or panics with `what` after 10 s.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
     let Some(veth) = Veth::start() else { return };
@@ -334,7 +131,11 @@ fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
         s.read_to_end(&mut back)
             .map_err(|e| format!("half-closed read: {e}"))?;
         if back != msg {
-            return Err(format!("half-close: {} of {} bytes back", back.len(), msg.len()));
+            return Err(format!(
+                "half-close: {} of {} bytes back",
+                back.len(),
+                msg.len()
+            ));
         }
         // Resets mid-request: SO_LINGER 0 makes close send RST.
         for i in 0..50 {
@@ -398,10 +199,12 @@ fn sequential_connections(to: SocketAddrV4, count: usize) -> Result<(), String> 
         .map(|t| {
             std::thread::spawn(move || -> Result<(), String> {
                 for i in (t..count).step_by(threads) {
-                    let mut s = TcpStream::connect(to).map_err(|e| format!("connection {i}: {e}"))?;
+                    let mut s =
+                        TcpStream::connect(to).map_err(|e| format!("connection {i}: {e}"))?;
                     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
                     let msg = message(i, 64);
-                    s.write_all(&msg).map_err(|e| format!("connection {i}: {e}"))?;
+                    s.write_all(&msg)
+                        .map_err(|e| format!("connection {i}: {e}"))?;
                     let mut back = [0u8; 64];
                     s.read_exact(&mut back)
                         .map_err(|e| format!("connection {i}'s echo: {e}"))?;
@@ -440,7 +243,9 @@ fn descriptors_and_memory_stay_bounded_over_100000_connections() {
     let r = veth.in_ns(move || sequential_connections(to, 90_000));
     server.check_alive();
     r.unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
-    wait_for("the server's descriptors to come back", || server.fds() <= fds);
+    wait_for("the server's descriptors to come back", || {
+        server.fds() <= fds
+    });
     let grown = server.rss_kib().saturating_sub(rss);
     assert!(
         grown < 16 << 10,

@@ -4,12 +4,14 @@
 //! programs with the system `cc`.
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod veth;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------
 // Paths, tools and skipping.
@@ -176,7 +178,6 @@ pub fn compile(source: &Path, name: &str, flags: &[&str]) -> Result<PathBuf, Str
     Ok(bin)
 }
 
-
 // ---------------------------------------------------------------------------
 // iokerneld.
 
@@ -294,4 +295,3 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
-
