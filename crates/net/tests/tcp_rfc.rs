@@ -414,6 +414,20 @@ fn rst_exactly_at_rcv_nxt_resets() {
 }
 
 #[test]
+fn bytes_that_arrived_before_a_reset_are_still_read_then_the_reset() {
+    // As Linux does (programs are written against it); RFC 9293 would
+    // flush them.
+    let mut conn = passive(&config());
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).data(b"hello"), t(1));
+    conn.on_segment(&seg(PEER + 6).rst(), t(1));
+    assert_eq!(conn.error(), Some(TcpError::Reset));
+    let mut buf = [0; 16];
+    assert_eq!(conn.recv(&mut buf), Ok(5));
+    assert_eq!(&buf[..5], b"hello");
+    assert_eq!(conn.recv(&mut buf), Err(TcpError::Reset));
+}
+
+#[test]
 fn rst_in_window_gets_a_challenge_ack() {
     let mut conn = passive(&config());
     conn.on_segment(&seg(PEER + 100).rst(), t(1));

@@ -66,6 +66,9 @@ pub(crate) struct GSock {
     pub(crate) kind: Kind,
     /// `O_NONBLOCK` of the description (`fcntl`, `FIONBIO`, `SOCK_NONBLOCK`).
     pub(crate) nonblocking: AtomicBool,
+    /// A reset was reported (ECONNRESET): Linux reports it once, then
+    /// reads give 0.
+    pub(crate) reset_reported: AtomicBool,
     state: Mutex<State>,
     /// Epoll instances it is registered with, and under which number.
     watchers: Mutex<Vec<(Weak<EpollSet>, c_int)>>,
@@ -92,6 +95,7 @@ impl GSock {
         Arc::new(GSock {
             kind,
             nonblocking: AtomicBool::new(nonblocking),
+            reset_reported: AtomicBool::new(false),
             state: Mutex::new(State {
                 bound: None,
                 reserved: None,

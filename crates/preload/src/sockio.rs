@@ -10,6 +10,7 @@
 //! buffer is cut and `recvmsg` says `MSG_TRUNC`.
 
 use std::net::SocketAddrV4;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use ginza_runtime::net::{TcpStream, UdpSocket};
@@ -180,12 +181,19 @@ fn dgram_send(
 }
 
 /// Receives into `bufs` from a Ginza socket; the datagram's source, if any.
-fn recv_on(
-    s: &GSock,
-    bufs: &mut [&mut [u8]],
-    f: Flags,
-) -> Result<(usize, Option<SocketAddrV4>, bool), c_int> {
-    serve(|| match s.served() {
+fn recv_on(s: &GSock, bufs: &mut [&mut [u8]], f: Flags) -> Result<Received, c_int> {
+    let r = serve(|| recv_served(s, bufs, f));
+    if r == Err(libc::ECONNRESET) && s.reset_reported.swap(true, Relaxed) {
+        return Ok((0, None, false));
+    }
+    r
+}
+
+/// Bytes received, the datagram's source, and whether it was cut.
+type Received = (usize, Option<SocketAddrV4>, bool);
+
+fn recv_served(s: &GSock, bufs: &mut [&mut [u8]], f: Flags) -> Result<Received, c_int> {
+    match s.served() {
         Served::Stream(t) => stream_recv(s, &t, bufs, f).map(|n| (n, None, false)),
         Served::Udp(u) => dgram_recv(s, &u, bufs, f).map(|d| (d.len, Some(d.from), d.cut)),
         Served::Listener(_) => Err(libc::ENOTCONN),
@@ -194,7 +202,7 @@ fn recv_on(
             Err(libc::EAGAIN)
         }
         Served::None => Err(libc::ENOTCONN),
-    })
+    }
 }
 
 /// Sends `data` on a Ginza socket (to `to`, for a datagram socket).
@@ -209,6 +217,9 @@ fn send_on(s: &GSock, data: &[u8], to: Option<SocketAddrV4>, f: Flags) -> Result
         // Linux: a stream that is not connected gives EPIPE.
         Served::None | Served::Listener(_) => Err(libc::EPIPE),
     });
+    if r == Err(libc::ECONNRESET) {
+        s.reset_reported.store(true, Relaxed);
+    }
     if r == Err(libc::EPIPE) && !f.no_signal {
         // SAFETY: raising a signal at the calling thread, as Linux does.
         unsafe { libc::raise(libc::SIGPIPE) };

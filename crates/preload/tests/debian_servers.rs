@@ -97,7 +97,14 @@ fn memcached_passes_every_client(threads: u32) {
     let ns_name = veth.ns.name.clone();
     let _reference = start_memcached(veth.ns.command(&args), linux, || {
         std::process::Command::new("ip")
-            .args(["netns", "exec", &ns_name, "bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/11211"])
+            .args([
+                "netns",
+                "exec",
+                &ns_name,
+                "bash",
+                "-c",
+                "exec 3<>/dev/tcp/127.0.0.1/11211",
+            ])
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
@@ -153,7 +160,12 @@ fn redis(veth: &Veth) -> Server {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    veth.server_binary("redis-server", Path::new("/usr/bin/redis-server"), &args, 6379)
+    veth.server_binary(
+        "redis-server",
+        Path::new("/usr/bin/redis-server"),
+        &args,
+        6379,
+    )
 }
 
 #[test]
@@ -171,7 +183,11 @@ fn redis_server_answers_redis_cli_and_redis_benchmark() {
         let mut argv = vec!["timeout", "60", "redis-cli", "-h", &ip, "-p", "6379"];
         argv.extend_from_slice(args);
         let out = in_ns_output(&veth, &argv);
-        assert!(out.status.success(), "{argv:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     assert_eq!(cli(&["ping"]), "PONG");
@@ -184,8 +200,12 @@ fn redis_server_answers_redis_cli_and_redis_benchmark() {
     assert_eq!(cli(&["hset", "h", "f", "v"]), "1");
     assert_eq!(cli(&["hget", "h", "f"]), "v");
     // A 200 kB value, from stdin (`-x`): many segments each way.
-    let mut set_big = veth.ns.command(&["redis-cli", "-h", &ip, "-p", "6379", "-x", "set", "big"]);
-    set_big.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+    let mut set_big = veth
+        .ns
+        .command(&["redis-cli", "-h", &ip, "-p", "6379", "-x", "set", "big"]);
+    set_big
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
     let mut child = set_big.spawn().expect("redis-cli -x");
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), &[b'x'; 200_000]).unwrap();
     let out = child.wait_with_output().unwrap();
@@ -195,8 +215,22 @@ fn redis_server_answers_redis_cli_and_redis_benchmark() {
     server.check_alive();
     for pipeline in ["1", "16"] {
         let argv = [
-            "timeout", "300", "redis-benchmark", "-h", &ip, "-p", "6379", "-q", "-n", "100000",
-            "-c", "50", "-P", pipeline, "-t", "set,get,incr,lpush,lpop",
+            "timeout",
+            "300",
+            "redis-benchmark",
+            "-h",
+            &ip,
+            "-p",
+            "6379",
+            "-q",
+            "-n",
+            "100000",
+            "-c",
+            "50",
+            "-P",
+            pipeline,
+            "-t",
+            "set,get,incr,lpush,lpop",
         ];
         let out = in_ns_output(&veth, &argv);
         server.check_alive();
@@ -211,4 +245,3 @@ fn redis_server_answers_redis_cli_and_redis_benchmark() {
         println!("redis-benchmark -P {pipeline} on Ginza:\n{}", text.trim());
     }
 }
-

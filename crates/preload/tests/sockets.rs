@@ -83,6 +83,20 @@ fn workers_fed_through_pipes_serve_1000_concurrent_connections() {
 }
 
 #[test]
+fn a_protected_epoll_server_serves_through_the_netstack() {
+    let Some(veth) = Veth::start() else { return };
+    let (mut netstack, attach) = veth.netstack();
+    let mut server = veth.protected_server(&attach, "echo_epoll", &["7000", "et"]);
+    let to = veth.addr(7000);
+    let r = veth.in_ns(move || concurrent_echo(to, 200, 2000));
+    server.check_alive();
+    netstack.check_alive();
+    if let Err(e) = r {
+        panic!("{e}\nstderr: {}", server.stop());
+    }
+}
+
+#[test]
 fn a_non_blocking_client_connects_1000_times_and_is_refused_as_on_linux() {
     let Some(veth) = Veth::start() else { return };
     let echo = veth.ns.tcp_echo_server(7100, EchoMode::Blocking).unwrap();
@@ -170,6 +184,48 @@ fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
     wait_for("the server to close its bad peers' sockets", || {
         server.fds() <= before
     });
+}
+
+#[test]
+fn a_server_sees_resets_half_closes_and_full_buffers_as_on_linux() {
+    let Some(veth) = Veth::start() else { return };
+    let mut server = veth.server("peer_errors", &["7000"]);
+    let to = veth.addr(7000);
+    // 1. A reset mid-request.
+    veth.in_ns(move || {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.write_all(b"hello").unwrap();
+        socket2_linger_zero(&s);
+    });
+    eprintln!("phase 1 sent");
+    assert_eq!(server.next_line(), "reset");
+    // 2. A half-close: its bytes, then ours come back.
+    let back = veth.in_ns(move || {
+        let mut s = TcpStream::connect(to).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"abc").unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back)
+            .map(|_| back)
+            .map_err(|e| e.to_string())
+    });
+    assert_eq!(back.as_deref(), Ok(&b"xyz"[..]));
+    assert_eq!(server.next_line(), "half-close");
+    // 3. A client that never reads, held open until the server is full.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let holder = veth.ns.spawn_in(move || {
+        let s = TcpStream::connect(to).unwrap();
+        let _ = rx.recv();
+        drop(s);
+    });
+    eprintln!("phase 3");
+    let full = server.next_line();
+    assert!(full.starts_with("full after "), "{full}");
+    tx.send(()).unwrap();
+    holder.unwrap().join().unwrap();
+    assert_eq!(server.next_line(), "ok peer_errors");
+    assert!(server.wait_success(), "peer_errors: {}", server.stop());
 }
 
 /// `SO_LINGER` {on, 0}: `close` resets the connection.

@@ -90,8 +90,65 @@ impl Veth {
     /// A server program under `ginza run`, once it printed `ready`.
     pub fn server(&self, program: &str, args: &[&str]) -> Server {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut child = self
-            .ginza_run(program, &args)
+        self.server_from(self.ginza_run(program, &args), program)
+    }
+
+    /// The netstack daemon (protected mode) at the namespace's unowned
+    /// address, under this iokerneld; its attach socket. Killed on drop.
+    pub fn netstack(&self) -> (Server, PathBuf) {
+        let socket = self.daemon.socket.with_file_name("netstack.sock");
+        let child = Command::new(&bins().ginza)
+            .args(["netstack", "--ip", &self.ns.peer_ip.to_string()])
+            .args(["--mac", "02:47:5a:00:0f:07", "--kthreads", "1"])
+            .arg("--iokernel-socket")
+            .arg(&self.daemon.socket)
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting ginza netstack");
+        let mut server = Server {
+            child,
+            name: "netstack".into(),
+            lines: None,
+        };
+        wait_for("the netstack's attach socket", || {
+            server.check_alive();
+            socket.exists()
+        });
+        (server, socket)
+    }
+
+    /// A server program under `ginza run --protected=NETSTACK`, once it
+    /// printed `ready`.
+    pub fn protected_server(
+        &self,
+        netstack: &std::path::Path,
+        program: &str,
+        args: &[&str],
+    ) -> Server {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut cmd = self.ginza_run(program, &args);
+        // `--protected` goes before the program (`--` ends the options).
+        let argv: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_os_string()).collect();
+        let split = argv
+            .iter()
+            .position(|a| a == "--")
+            .expect("a -- in ginza run");
+        let mut with = Command::new(cmd.get_program());
+        with.args(&argv[..split])
+            .arg(format!("--protected={}", netstack.display()))
+            .args(&argv[split..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        self.server_from(with, program)
+    }
+
+    fn server_from(&self, mut cmd: Command, program: &str) -> Server {
+        let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
         let stdout = child.stdout.take().expect("piped");
@@ -106,11 +163,13 @@ impl Veth {
         let mut server = Server {
             child,
             name: program.to_string(),
+            lines: None,
         };
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(line) if line == "ready" => {}
             other => panic!("{program} did not say ready ({other:?}): {}", server.stop()),
         }
+        server.lines = Some(rx);
         server
     }
 
@@ -131,6 +190,7 @@ impl Veth {
         let mut server = Server {
             child,
             name: name.to_string(),
+            lines: None,
         };
         let to = self.addr(port);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -163,9 +223,41 @@ impl Veth {
 pub struct Server {
     child: Child,
     name: String,
+    /// Its stdout's lines, for a server that prints them.
+    lines: Option<mpsc::Receiver<String>>,
 }
 
 impl Server {
+    /// The next line it prints on stdout (within 30 s), or a panic with
+    /// its stderr.
+    pub fn next_line(&mut self) -> String {
+        let got = self
+            .lines
+            .as_ref()
+            .map(|rx| rx.recv_timeout(Duration::from_secs(30)));
+        match got {
+            Some(Ok(line)) => line,
+            other => {
+                let err = self.stop();
+                panic!("{}: no line on stdout ({other:?}): {err}", self.name)
+            }
+        }
+    }
+
+    /// Waits (30 s at most) for it to exit; whether it exited 0.
+    pub fn wait_success(&mut self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

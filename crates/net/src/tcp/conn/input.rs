@@ -153,8 +153,9 @@ impl Connection {
                 State::SynReceived if self.passive => self.fail(TcpError::Reset),
                 State::SynReceived => self.fail(TcpError::Refused),
                 State::Established | State::FinWait1 | State::FinWait2 | State::CloseWait => {
-                    // The queues are flushed; the reader sees the reset.
-                    self.recv.clear();
+                    // RFC 9293 flushes the queues; Linux, which programs
+                    // are written against, still hands the reader the bytes
+                    // that arrived before the reset, then ECONNRESET.
                     self.fail(TcpError::Reset);
                 }
                 _ => self.enter_closed(),

@@ -131,7 +131,7 @@ impl ReceiveBuffer {
         (rcv_nxt, fin)
     }
 
-    /// Drops everything (RST: RFC 9293 §3.10.7.4 flushes the queues).
+    /// Drops everything (an abort: nobody will read it).
     pub(super) fn clear(&mut self) {
         self.ready.clear();
         self.pieces.clear();
