@@ -157,7 +157,10 @@ impl SocketCore {
         }
         // A waiter that timed out meanwhile does not take the wake-up: the
         // next one does.
-        self.waiters.lock().notify_watches();
+        let watches = self.waiters.lock().live_watches();
+        for w in watches {
+            w.notify();
+        }
         loop {
             let w = self.waiters.lock().uthreads.pop_front();
             match w {
@@ -709,10 +712,8 @@ impl Stack {
         items.iter().for_each(|i| give_back(i.buf));
         // Nobody can be waiting on a socket being dropped, but wake any
         // anyway: they see it closed.
-        let waiters = core.waiters.lock().take_all();
-        waiters.iter().for_each(|w| {
-            w.wake();
-        });
+        let woken = core.waiters.lock().take_all();
+        woken.run();
     }
 
     /// A datagram was taken from a socket's queue.

@@ -35,9 +35,7 @@ impl WakeLater for () {
 /// pollers watching.
 pub(in crate::net) fn wake_all(waiters: &SpinLock<SocketWaiters>) {
     let woken = waiters.lock().take_all();
-    for w in woken {
-        w.wake();
-    }
+    woken.run();
 }
 
 /// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
