@@ -801,3 +801,106 @@ fn the_protected_backend_through_the_same_poller() {
     });
     assert!(net.refused().is_empty(), "{:?}", net.refused());
 }
+
+/// How the measured server waits for its one connection.
+#[derive(Clone, Copy, Debug)]
+enum ServerWait {
+    /// A uthread blocked in `read`.
+    Blocking,
+    /// A poller's `wait`, then `try_read` and `try_write`.
+    Poller,
+}
+
+/// Echoes one connection's requests of `len` bytes until it ends.
+fn serve_one(l: &TcpListener, how: ServerWait, len: usize) {
+    let (mut s, _) = l.accept().unwrap();
+    let mut buf = vec![0u8; len];
+    match how {
+        ServerWait::Blocking => loop {
+            if s.read_exact(&mut buf).is_err() {
+                return;
+            }
+            s.write_all(&buf).unwrap();
+        },
+        ServerWait::Poller => {
+            s.set_nonblocking(true).unwrap();
+            let p = Poller::new();
+            let _r = p
+                .register(&s, 1, Readiness::READABLE, PollMode::default())
+                .unwrap();
+            let mut ev = Vec::new();
+            let mut have = 0;
+            loop {
+                ev.clear();
+                p.wait(&mut ev, 8, None).unwrap();
+                loop {
+                    match s.try_read(&mut buf[have..]) {
+                        Ok(0) => return,
+                        Ok(n) => have += n,
+                        Err(e) if is_eagain(&e) => break,
+                        Err(_) => return,
+                    }
+                    if have == len {
+                        // The reply fits the send buffer: one try_write.
+                        assert_eq!(s.try_write(&buf).unwrap(), len);
+                        have = 0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One connection's round trips of `len`-byte requests against a server
+/// that waits `how`; the round-trip times in ns.
+fn round_trips(d: &Daemon, how: ServerWait, len: usize, n: usize) -> Vec<u64> {
+    let listening = Arc::new(AtomicBool::new(false));
+    let l2 = Arc::clone(&listening);
+    let server = spawn_app(app(d, "server", 1, net(SERVER)), move || {
+        let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
+        l2.store(true, Ordering::Release);
+        serve_one(&l, how, len);
+    });
+    wait_step_flag(&listening);
+    let times = ginza_runtime::run(app(d, "client", 1, net(CLIENT)), move || {
+        let mut s = TcpStream::connect(server_addr(PORT)).unwrap();
+        let req = vec![5u8; len];
+        let mut back = vec![0u8; len];
+        let mut times = Vec::with_capacity(n);
+        for i in 0..n + 100 {
+            let t = Instant::now();
+            s.write_all(&req).unwrap();
+            s.read_exact(&mut back).unwrap();
+            if i >= 100 {
+                times.push(t.elapsed().as_nanos() as u64);
+            }
+        }
+        times
+    })
+    .unwrap();
+    server.join().unwrap();
+    times
+}
+
+/// Round trips on one connection through iokerneld's switch, the server
+/// blocked in `read` or waiting on a `Poller`, interleaved in each round.
+/// Prints one line per round (docs/results.md, "Session 15").
+#[test]
+#[ignore = "a measurement, not a check: run with --release -- --ignored --nocapture"]
+fn poller_against_blocking_read_round_trip() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let pct = |v: &mut Vec<u64>, q: f64| {
+        v.sort_unstable();
+        v[((v.len() - 1) as f64 * q) as usize] as f64 / 1e3
+    };
+    for round in 0..5 {
+        let mut line = format!("round {round}:");
+        for how in [ServerWait::Blocking, ServerWait::Poller] {
+            let mut t = round_trips(&d, how, 64, 5000);
+            let (p50, p99) = (pct(&mut t, 0.5), pct(&mut t, 0.99));
+            line += &format!("  {how:?} p50 {p50:.1} µs p99 {p99:.1} µs");
+        }
+        println!("{line}");
+    }
+}
