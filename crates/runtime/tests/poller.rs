@@ -756,7 +756,7 @@ fn protected_app(step: &AtomicU32) {
     let ev = wait_events(&p, "the second connection");
     assert_eq!(ev[0].token, 0);
     let (s2, _) = l.try_accept().unwrap();
-    let _r2 = p
+    let r2 = p
         .register(&s2, 3, Readiness::READABLE, PollMode::default())
         .unwrap();
     step.store(5, Ordering::Release); // it resets
@@ -772,6 +772,47 @@ fn protected_app(step: &AtomicU32) {
     let e = s2.take_error().unwrap().expect("the reset");
     assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET), "{e}");
     assert!(s2.take_error().unwrap().is_none());
+    drop(r2);
+    protected_connects(&p, step);
+}
+
+/// Waits for an event of `token`; its readiness.
+fn event_of(p: &Poller, token: u64, what: &str) -> Readiness {
+    let t0 = Instant::now();
+    loop {
+        let ev = wait_events(p, what);
+        if let Some(e) = ev.iter().find(|e| e.token == token) {
+            return e.readiness;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+    }
+}
+
+/// Non-blocking connects on the netstack: answered (writable), refused
+/// (error, `ECONNREFUSED` from `take_error`).
+fn protected_connects(p: &Poller, step: &AtomicU32) {
+    let out = TcpStream::connect_nonblocking("10.48.0.5:80".parse().unwrap()).unwrap();
+    out.set_nonblocking(true).unwrap();
+    let o = p
+        .register(&out, 4, Readiness::WRITABLE, PollMode::default())
+        .unwrap();
+    let r = event_of(p, 4, "the connect's answer");
+    assert!(r.writable && !r.error, "{r:?}");
+    drop(o);
+    assert!(out.take_error().unwrap().is_none());
+    assert!(out.local_addr().unwrap().port() >= 49152);
+    assert_eq!(out.try_write(b"hi").unwrap(), 2);
+    step.store(6, Ordering::Release); // the peer reads; connects are refused
+    wait_step(step, 7);
+    let refused = TcpStream::connect_nonblocking("10.48.0.6:80".parse().unwrap()).unwrap();
+    let _f = p
+        .register(&refused, 5, Readiness::WRITABLE, PollMode::default())
+        .unwrap();
+    let r = event_of(p, 5, "the refusal");
+    assert!(r.writable && r.error && r.hung_up, "{r:?}");
+    let e = refused.take_error().unwrap().expect("the refusal");
+    assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}");
+    assert!(refused.take_error().unwrap().is_none());
 }
 
 #[test]
@@ -797,6 +838,12 @@ fn the_protected_backend_through_the_same_poller() {
         let c2 = net.connect_in(7, SocketAddrV4::new(*peer.ip(), 40010));
         wait_step(&step, 5);
         c2.reset();
+        wait_step(&step, 6);
+        let (out, to) = net.accept_out();
+        assert_eq!(to, "10.48.0.5:80".parse().unwrap());
+        assert_eq!(out.expect_bytes(2), b"hi");
+        net.refuse_connects();
+        step.store(7, Ordering::Release);
         app.join().unwrap();
     });
     assert!(net.refused().is_empty(), "{:?}", net.refused());
