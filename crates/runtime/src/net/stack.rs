@@ -506,9 +506,10 @@ impl Stack {
                     Ok(0) => return Ok(Sent::RingFull),
                     Ok(_) => {}
                     Err(e) => {
-                        return Err(io::Error::other(format!(
-                            "this kthread's egress ring is corrupt: {e}"
-                        )))
+                        return Err(super::wait::os_error(
+                            libc::EIO,
+                            format_args!("this kthread's egress ring is corrupt: {e}"),
+                        ))
                     }
                 }
                 let outgoing = Outgoing::Datagram {
@@ -562,8 +563,14 @@ impl Stack {
         match transmit(me, build) {
             Ok(()) => Ok(Sent::Now),
             Err(TxFail::RingFull) => Ok(Sent::RingFull),
-            Err(TxFail::Corrupt) => Err(io::Error::other("this kthread's egress ring is corrupt")),
-            Err(TxFail::Build(e)) => Err(io::Error::new(io::ErrorKind::InvalidInput, e)),
+            Err(TxFail::Corrupt) => Err(super::wait::os_error(
+                libc::EIO,
+                format_args!("this kthread's egress ring is corrupt"),
+            )),
+            Err(TxFail::Build(e)) => Err(super::wait::os_error(
+                libc::EINVAL,
+                format_args!("UDP datagram to {dst}: {e}"),
+            )),
         }
     }
 
