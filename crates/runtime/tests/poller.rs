@@ -549,10 +549,18 @@ fn a_nonblocking_connect_reports_refusal_through_take_error_and_success_as_writa
             let mut buf = [0u8; 64];
             loop {
                 match s.read(&mut buf) {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) | Err(_) => break,
                     Ok(n) => s.write_all(&buf[..n]).unwrap(),
                 }
             }
+            // The second connection is closed with its request unread: RST.
+            let (s, _) = l3.accept().unwrap();
+            let t0 = Instant::now();
+            while s.bytes_readable() == 0 {
+                assert!(t0.elapsed() < Duration::from_secs(10));
+                ginza_runtime::sleep(Duration::from_micros(100));
+            }
+            drop(s);
         });
         while !stop2.load(Ordering::Acquire) {
             ginza_runtime::sleep(Duration::from_millis(1));
@@ -618,6 +626,30 @@ fn a_nonblocking_connect_reports_refusal_through_take_error_and_success_as_writa
         let e = s.try_write(b"late").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "{e}");
         assert!(s.readiness().writable && s.readiness().hung_up);
+        drop(s);
+
+        // A reset: error and hang-up; ECONNRESET, then EPIPE for a write.
+        let s = TcpStream::connect(server_addr(PORT)).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _r = p
+            .register(&s, 4, Readiness::READABLE, PollMode::default())
+            .unwrap();
+        assert_eq!(s.try_write(b"unread").unwrap(), 6);
+        let t0 = Instant::now();
+        let r = loop {
+            let ev = wait_events(&p, "the reset");
+            if let Some(e) = ev.iter().find(|e| e.token == 4 && e.readiness.error) {
+                break e.readiness;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10));
+        };
+        assert!(r.readable && r.hung_up, "{r:?}");
+        let e = s.take_error().unwrap().expect("the reset");
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET), "{e}");
+        let e = s.try_read(&mut buf).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET), "{e}");
+        let e = s.try_write(b"late").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "{e}");
     })
     .unwrap();
     stop.store(true, Ordering::Release);
