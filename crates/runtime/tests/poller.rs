@@ -669,6 +669,10 @@ fn wait_step_flag(flag: &AtomicBool) {
 
 #[test]
 fn a_poll_waker_wakes_a_waiting_poller_from_a_plain_os_thread() {
+    fn shared_between_threads<T: Send + Sync>() {}
+    shared_between_threads::<Poller>();
+    shared_between_threads::<Registration>();
+    shared_between_threads::<ginza_runtime::net::PollWaker>();
     let _g = share();
     ginza_runtime::run(Config::with_kthreads(1), || {
         let p = Poller::new();
