@@ -987,3 +987,77 @@ fn poller_against_blocking_read_round_trip() {
         println!("{line}");
     }
 }
+
+/// `n` wakes of a parked poller by a plain OS thread (the preload
+/// library's helper thread for kernel descriptors): from `wake` to `wait`'s
+/// return, in ns. The thread lets the poller's kthread idle 200 µs before
+/// each wake, long enough to park (and, under iokerneld, to give its core
+/// back).
+fn waker_latencies(cfg: Config, n: u32) -> Vec<u64> {
+    ginza_runtime::run(cfg, move || {
+        let p = Poller::new();
+        let base = Instant::now();
+        let asked = Arc::new(AtomicU32::new(0));
+        let sent_at = Arc::new(AtomicU64::new(0));
+        let (waker, a2, s2) = (p.waker(), Arc::clone(&asked), Arc::clone(&sent_at));
+        let t = std::thread::spawn(move || {
+            for i in 1..=n {
+                while a2.load(Ordering::Acquire) < i {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(Duration::from_micros(200));
+                s2.store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                waker.wake();
+            }
+        });
+        let mut ev = Vec::new();
+        let mut lat = Vec::with_capacity(n as usize);
+        for i in 1..=n {
+            asked.store(i, Ordering::Release);
+            let deadline = Some(Instant::now() + Duration::from_secs(10));
+            p.wait(&mut ev, 8, deadline).unwrap();
+            let now = base.elapsed().as_nanos() as u64;
+            lat.push(now.saturating_sub(sent_at.load(Ordering::Acquire)));
+        }
+        t.join().unwrap();
+        lat
+    })
+    .unwrap()
+}
+
+/// A `PollWaker` on a plain thread waking a parked poller: on a standalone
+/// runtime; under iokerneld polling as deployed (no idle sleep); under
+/// iokerneld sleeping 1 ms while idle (as the other tests run it);
+/// interleaved in each round. Prints one line per round (docs/results.md,
+/// "Session 15").
+#[test]
+#[ignore = "a measurement, not a check: run with --release -- --ignored --nocapture"]
+fn poll_waker_wake_latency() {
+    let _g = lock();
+    let pct = |v: &mut Vec<u64>, q: f64| {
+        v.sort_unstable();
+        v[((v.len() - 1) as f64 * q) as usize] as f64 / 1e3
+    };
+    for round in 0..5 {
+        let mut line = format!("round {round}:");
+        for (name, idle_sleep) in [
+            ("standalone", None),
+            ("iokerneld polling", Some(None)),
+            (
+                "iokerneld idle-sleep 1 ms",
+                Some(Some(Duration::from_millis(1))),
+            ),
+        ] {
+            let mut t = match idle_sleep {
+                None => waker_latencies(Config::with_kthreads(1), 500),
+                Some(sleep) => {
+                    let d = Daemon::start(|c| c.idle_sleep = sleep);
+                    waker_latencies(d.app("waker", Class::LatencyCritical, 0, 1), 500)
+                }
+            };
+            let (p50, p99) = (pct(&mut t, 0.5), pct(&mut t, 0.99));
+            line += &format!("  {name} p50 {p50:.1} µs p99 {p99:.1} µs");
+        }
+        println!("{line}");
+    }
+}
