@@ -885,49 +885,65 @@ fn the_protected_backend_through_the_same_poller() {
     assert!(net.refused().is_empty(), "{:?}", net.refused());
 }
 
-/// How the measured server waits for its one connection.
+/// How the measured server waits for its connection.
 #[derive(Clone, Copy, Debug)]
 enum ServerWait {
     /// A uthread blocked in `read`.
     Blocking,
-    /// A poller's `wait`, then `try_read` and `try_write`.
-    Poller,
+    /// A poller's `wait`, then `try_read` and `try_write`, with this many
+    /// idle connections registered beside the measured one.
+    Poller(usize),
 }
 
-/// Echoes one connection's requests of `len` bytes until it ends.
+/// Echoes the requests of `len` bytes on the last of the connections it
+/// accepts (the others idle) until it ends.
 fn serve_one(l: &TcpListener, how: ServerWait, len: usize) {
-    let (mut s, _) = l.accept().unwrap();
     let mut buf = vec![0u8; len];
-    match how {
-        ServerWait::Blocking => loop {
-            if s.read_exact(&mut buf).is_err() {
-                return;
-            }
-            s.write_all(&buf).unwrap();
-        },
-        ServerWait::Poller => {
-            s.set_nonblocking(true).unwrap();
-            let p = Poller::new();
-            let _r = p
-                .register(&s, 1, Readiness::READABLE, PollMode::default())
-                .unwrap();
-            let mut ev = Vec::new();
-            let mut have = 0;
+    let idle = match how {
+        ServerWait::Blocking => {
+            let (mut s, _) = l.accept().unwrap();
             loop {
-                ev.clear();
-                p.wait(&mut ev, 8, None).unwrap();
-                loop {
-                    match s.try_read(&mut buf[have..]) {
-                        Ok(0) => return,
-                        Ok(n) => have += n,
-                        Err(e) if is_eagain(&e) => break,
-                        Err(_) => return,
-                    }
-                    if have == len {
-                        // The reply fits the send buffer: one try_write.
-                        assert_eq!(s.try_write(&buf).unwrap(), len);
-                        have = 0;
-                    }
+                if s.read_exact(&mut buf).is_err() {
+                    return;
+                }
+                s.write_all(&buf).unwrap();
+            }
+        }
+        ServerWait::Poller(idle) => idle,
+    };
+    let p = Poller::new();
+    let mut conns = Vec::new();
+    for token in 0..=idle {
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let r = p
+            .register(&s, token as u64, Readiness::READABLE, PollMode::default())
+            .unwrap();
+        conns.push(Some((s, r)));
+    }
+    let mut ev = Vec::new();
+    let mut have = 0;
+    loop {
+        ev.clear();
+        p.wait(&mut ev, 64, None).unwrap();
+        for e in &ev {
+            let token = e.token as usize;
+            if token != idle {
+                conns[token] = None; // an idle one ended
+                continue;
+            }
+            let Some((s, _)) = &conns[idle] else { continue };
+            loop {
+                match s.try_read(&mut buf[have..]) {
+                    Ok(0) => return,
+                    Ok(n) => have += n,
+                    Err(e) if is_eagain(&e) => break,
+                    Err(_) => return,
+                }
+                if have == len {
+                    // The reply fits the send buffer: one try_write.
+                    assert_eq!(s.try_write(&buf).unwrap(), len);
+                    have = 0;
                 }
             }
         }
@@ -945,7 +961,14 @@ fn round_trips(d: &Daemon, how: ServerWait, len: usize, n: usize) -> Vec<u64> {
         serve_one(&l, how, len);
     });
     wait_step_flag(&listening);
+    let idle = match how {
+        ServerWait::Blocking => 0,
+        ServerWait::Poller(idle) => idle,
+    };
     let times = ginza_runtime::run(app(d, "client", 1, net(CLIENT)), move || {
+        let idle: Vec<TcpStream> = (0..idle)
+            .map(|_| TcpStream::connect(server_addr(PORT)).unwrap())
+            .collect();
         let mut s = TcpStream::connect(server_addr(PORT)).unwrap();
         let req = vec![5u8; len];
         let mut back = vec![0u8; len];
@@ -958,6 +981,7 @@ fn round_trips(d: &Daemon, how: ServerWait, len: usize, n: usize) -> Vec<u64> {
                 times.push(t.elapsed().as_nanos() as u64);
             }
         }
+        drop(idle);
         times
     })
     .unwrap();
@@ -966,8 +990,9 @@ fn round_trips(d: &Daemon, how: ServerWait, len: usize, n: usize) -> Vec<u64> {
 }
 
 /// Round trips on one connection through iokerneld's switch, the server
-/// blocked in `read` or waiting on a `Poller`, interleaved in each round.
-/// Prints one line per round (docs/results.md, "Session 15").
+/// blocked in `read`, or waiting on a `Poller` that watches it alone or
+/// beside 1,000 idle connections; interleaved in each round. Prints one
+/// line per round (docs/results.md, "Session 15").
 #[test]
 #[ignore = "a measurement, not a check: run with --release -- --ignored --nocapture"]
 fn poller_against_blocking_read_round_trip() {
@@ -979,7 +1004,11 @@ fn poller_against_blocking_read_round_trip() {
     };
     for round in 0..5 {
         let mut line = format!("round {round}:");
-        for how in [ServerWait::Blocking, ServerWait::Poller] {
+        for how in [
+            ServerWait::Blocking,
+            ServerWait::Poller(0),
+            ServerWait::Poller(1000),
+        ] {
             let mut t = round_trips(&d, how, 64, 5000);
             let (p50, p99) = (pct(&mut t, 0.5), pct(&mut t, 0.99));
             line += &format!("  {how:?} p50 {p50:.1} µs p99 {p99:.1} µs");
