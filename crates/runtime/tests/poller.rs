@@ -650,6 +650,34 @@ fn a_nonblocking_connect_reports_refusal_through_take_error_and_success_as_writa
         assert_eq!(e.raw_os_error(), Some(libc::ECONNRESET), "{e}");
         let e = s.try_write(b"late").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPIPE), "{e}");
+        drop(s);
+
+        // A peer that never answers ARP: the call returns at once; ARP's
+        // give-up (3 s) ends the connect with ETIMEDOUT.
+        let t0 = Instant::now();
+        let nobody = SocketAddrV4::new(Ipv4Addr::new(10, 9, 5, 99), PORT);
+        let s = TcpStream::connect_nonblocking(nobody).unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        assert!(s.readiness().is_empty(), "{:?}", s.readiness());
+        let _r = p
+            .register(&s, 5, Readiness::WRITABLE, PollMode::default())
+            .unwrap();
+        let t = Instant::now();
+        let r = loop {
+            let mut ev = Vec::new();
+            p.wait(&mut ev, 8, Some(t + Duration::from_secs(10)))
+                .unwrap();
+            if let Some(e) = ev.iter().find(|e| e.token == 5) {
+                break e.readiness;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no answer for ARP's give-up"
+            );
+        };
+        assert!(r.writable && r.error, "{r:?}");
+        let e = s.take_error().unwrap().expect("the time-out");
+        assert_eq!(e.raw_os_error(), Some(libc::ETIMEDOUT), "{e}");
     })
     .unwrap();
     stop.store(true, Ordering::Release);
