@@ -317,6 +317,24 @@ fn passive_close_through_last_ack() {
 }
 
 #[test]
+fn peek_leaves_the_bytes_and_reports_the_fin_and_shutdown() {
+    let mut conn = passive(&config());
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).data(b"hello").fin(), t(1));
+    assert!(conn.fin_received());
+    assert!(!conn.send_shut());
+    let mut buf = [0; 3];
+    assert_eq!(conn.peek(&mut buf), Ok(3));
+    assert_eq!(&buf, b"hel");
+    assert_eq!(conn.recv_available(), 5, "peeking consumes nothing");
+    let mut all = [0; 8];
+    assert_eq!(conn.recv(&mut all), Ok(5));
+    assert_eq!(&all[..5], b"hello");
+    assert_eq!(conn.peek(&mut all), Ok(0), "end of stream");
+    conn.shutdown();
+    assert!(conn.send_shut());
+}
+
+#[test]
 fn simultaneous_close_through_closing() {
     let mut conn = passive(&config());
     conn.shutdown();

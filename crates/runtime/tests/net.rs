@@ -510,12 +510,9 @@ fn a_full_egress_ring_is_reported_not_overwritten() {
     h.poll(0, 0);
     assert_eq!(h.stats().tx_ring_full, 1);
     assert_eq!(io.take_done().len(), 1);
-    // Too large a payload is an error.
-    let e = h
-        .send_to(0, &s, &[0u8; 1473], peer(9))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("1473"), "{e}");
+    // Too large a payload is an error: EMSGSIZE, as Linux gives.
+    let e = h.send_to(0, &s, &[0u8; 1473], peer(9)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EMSGSIZE), "{e}");
 }
 
 #[test]
@@ -551,17 +548,16 @@ fn binding_errors_say_what_was_wrong() {
     let (h, _io) = setup(1, cfg());
     let _a = h.bind(addr(7)).unwrap();
     let e = h.bind(addr(7)).err().unwrap();
+    // The errno Linux gives (what a C program behind the preload library
+    // sees); the text saying why goes to the debug log.
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse);
-    assert_eq!(e.to_string(), "UDP port 7 is already bound");
+    assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE));
     let e = h
         .bind(SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 9), 8))
         .err()
         .unwrap();
-    assert!(
-        e.to_string()
-            .contains("this application's address is 10.0.0.1"),
-        "{e}"
-    );
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrNotAvailable);
+    assert_eq!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL));
     let eph: Vec<u16> = (0..3)
         .map(|_| h.bind(addr(0)).unwrap().local_addr().port())
         .collect();
@@ -858,12 +854,13 @@ fn two_applications_echo_through_iokerneld_resolving_each_other_by_arp() {
     let server = start_server(&d, "server", srv, 0, &stop, &served);
     let client_cfg = net_app(&d, "client", 1, NetConfig::new(cli.mac, cli.ip), 0);
     let (rounds, lost, timeout_took, stats) = ginza_runtime::run(client_cfg, move || {
-        // Binding: a taken port is refused by name, a dropped socket frees it.
+        // Binding: a taken port is refused (EADDRINUSE), so is another
+        // host's address (EADDRNOTAVAIL); a dropped socket frees its port.
         let a = UdpSocket::bind(SocketAddrV4::new(cli.ip, 9)).unwrap();
         let e = UdpSocket::bind(9u16).unwrap_err();
-        assert_eq!(e.to_string(), "UDP port 9 is already bound");
+        assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE), "{e}");
         let e = UdpSocket::bind(SocketAddrV4::new(srv.ip, 10)).unwrap_err();
-        assert!(e.to_string().contains("10.9.0.2"), "{e}");
+        assert_eq!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL), "{e}");
         drop(a);
         let a = UdpSocket::bind(9u16).unwrap();
         // The read timeout runs on the runtime's timers.

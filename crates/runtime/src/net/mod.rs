@@ -130,6 +130,32 @@ pub(crate) fn resolve_mac(
     stack.resolve_mac(rt, remote, deadline)
 }
 
+/// One look for `remote`'s MAC, asking ARP if it is unknown (see
+/// `Stack::look_for_mac`).
+pub(crate) fn look_for_mac(
+    rt: &Shared,
+    remote: Endpoint,
+    asked_at: &mut Option<Instant>,
+) -> std::io::Result<Option<MacAddr>> {
+    let stack = stack_of(rt)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::Unsupported, "no network stack"))?;
+    stack.look_for_mac(rt, remote, asked_at)
+}
+
+/// How long a TCP `connect` waits between looks at the ARP table.
+pub(crate) const ARP_POLL: std::time::Duration = std::time::Duration::from_micros(100);
+/// How long a TCP `connect` without a timeout waits for ARP.
+pub(crate) const ARP_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A connect's peer never answered ARP (`ETIMEDOUT`, as a blocking
+/// connect gives it).
+pub(crate) fn no_arp_reply(remote: Endpoint) -> std::io::Error {
+    wait::os_error(
+        libc::ETIMEDOUT,
+        format_args!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
+    )
+}
+
 /// The counters of `rt`'s stack and of each kthread's packet rings.
 pub(crate) fn stats_of(rt: &Shared) -> Option<NetStats> {
     let stack = stack_of(rt)?;

@@ -125,22 +125,30 @@ impl SocketWaiters {
         SocketWaiters::default()
     }
 
-    /// Takes every blocked uthread, and notifies every watch: the caller
-    /// wakes the uthreads once the queue's lock is released.
-    pub(crate) fn take_all(&mut self) -> VecDeque<Arc<Waiter>> {
-        self.notify_watches();
-        std::mem::take(&mut self.uthreads)
+    /// Takes every blocked uthread and every live watch, to be woken and
+    /// notified ([`Woken::run`]) once the queue's lock is released.
+    pub(crate) fn take_all(&mut self) -> Woken {
+        Woken {
+            uthreads: std::mem::take(&mut self.uthreads),
+            watches: self.live_watches(),
+        }
     }
 
-    /// Notifies every watch (dropping the entries of registrations gone).
-    pub(crate) fn notify_watches(&mut self) {
+    /// The live watches (dropping the entries of registrations gone), to
+    /// be notified once the queue's lock is released.
+    pub(crate) fn live_watches(&mut self) -> Vec<Arc<Watch>> {
+        if self.watches.is_empty() {
+            return Vec::new();
+        }
+        let mut live = Vec::with_capacity(self.watches.len());
         self.watches.retain(|w| match w.upgrade() {
             Some(w) => {
-                w.notify();
+                live.push(w);
                 true
             }
             None => false,
         });
+        live
     }
 
     pub(crate) fn add_watch(&mut self, w: &Arc<Watch>) {
@@ -151,6 +159,25 @@ impl SocketWaiters {
         let me = Arc::as_ptr(w);
         self.watches
             .retain(|x| x.strong_count() > 0 && !std::ptr::eq(x.as_ptr(), me));
+    }
+}
+
+/// What a wake-up takes off a queue: uthreads to wake, watches to notify.
+#[must_use]
+pub(crate) struct Woken {
+    pub(crate) uthreads: VecDeque<Arc<Waiter>>,
+    pub(crate) watches: Vec<Arc<Watch>>,
+}
+
+impl Woken {
+    /// The watches first: a poller's uthread woken by them may run at once.
+    pub(crate) fn run(self) {
+        for w in self.watches {
+            w.notify();
+        }
+        for u in self.uthreads {
+            u.wake();
+        }
     }
 }
 
@@ -370,7 +397,8 @@ mod tests {
             self.bits
                 .store(u8::from(readable) | u8::from(writable) << 1, Relaxed);
             let woken = self.waiters.lock().take_all();
-            assert!(woken.is_empty());
+            assert!(woken.uthreads.is_empty());
+            woken.run();
         }
     }
 

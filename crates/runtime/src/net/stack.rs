@@ -29,7 +29,7 @@ use super::egress::{failed, transmit, TxFail};
 use super::readiness::{Readiness, SocketWaiters, Watched};
 use super::tcp::Tcp;
 use super::wait::no_runtime;
-use super::{KthreadNetStats, NetStats};
+use super::{no_arp_reply, KthreadNetStats, NetStats, ARP_GIVE_UP, ARP_POLL};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
 use crate::sched::{self, bump, Shared};
@@ -39,10 +39,6 @@ use crate::spinlock::SpinLock;
 const EPHEMERAL_FIRST: u16 = 49152;
 /// How often the ARP table is swept for addresses that never answered.
 const ARP_EXPIRE_EVERY: Duration = Duration::from_millis(100);
-/// How long a TCP `connect` waits between looks at the ARP table.
-const ARP_POLL: Duration = Duration::from_micros(100);
-/// How long a TCP `connect` without a timeout waits for ARP.
-const ARP_GIVE_UP: Duration = Duration::from_secs(3);
 
 fn add(c: &AtomicU64, n: u64) {
     c.store(c.load(Relaxed) + n, Relaxed);
@@ -157,7 +153,10 @@ impl SocketCore {
         }
         // A waiter that timed out meanwhile does not take the wake-up: the
         // next one does.
-        self.waiters.lock().notify_watches();
+        let watches = self.waiters.lock().live_watches();
+        for w in watches {
+            w.notify();
+        }
         loop {
             let w = self.waiters.lock().uthreads.pop_front();
             match w {
@@ -503,9 +502,10 @@ impl Stack {
                     Ok(0) => return Ok(Sent::RingFull),
                     Ok(_) => {}
                     Err(e) => {
-                        return Err(io::Error::other(format!(
-                            "this kthread's egress ring is corrupt: {e}"
-                        )))
+                        return Err(super::wait::os_error(
+                            libc::EIO,
+                            format_args!("this kthread's egress ring is corrupt: {e}"),
+                        ))
                     }
                 }
                 let outgoing = Outgoing::Datagram {
@@ -559,8 +559,14 @@ impl Stack {
         match transmit(me, build) {
             Ok(()) => Ok(Sent::Now),
             Err(TxFail::RingFull) => Ok(Sent::RingFull),
-            Err(TxFail::Corrupt) => Err(io::Error::other("this kthread's egress ring is corrupt")),
-            Err(TxFail::Build(e)) => Err(io::Error::new(io::ErrorKind::InvalidInput, e)),
+            Err(TxFail::Corrupt) => Err(super::wait::os_error(
+                libc::EIO,
+                format_args!("this kthread's egress ring is corrupt"),
+            )),
+            Err(TxFail::Build(e)) => Err(super::wait::os_error(
+                libc::EINVAL,
+                format_args!("UDP datagram to {dst}: {e}"),
+            )),
         }
     }
 
@@ -576,26 +582,38 @@ impl Stack {
         let give_up = deadline.unwrap_or_else(|| Instant::now() + ARP_GIVE_UP);
         let mut asked_at: Option<Instant> = None;
         loop {
-            if let Some(mac) = self.lookup_mac(remote.ip) {
+            if let Some(mac) = self.look_for_mac(rt, remote, &mut asked_at)? {
                 return Ok(mac);
             }
-            let now = Instant::now();
-            if now >= give_up {
-                return Err(super::wait::os_error(
-                    libc::ETIMEDOUT,
-                    format_args!("TCP connect to {remote}: no ARP reply for {}", remote.ip),
-                ));
-            }
-            if asked_at.is_none_or(|t| now.duration_since(t) >= self.arp_retry_interval) {
-                asked_at = Some(now);
-                if sched::with_current_knet(rt, |me| self.ask_mac(me, remote.ip)).is_none() {
-                    return Err(no_runtime(
-                        "TcpStream::connect (on a uthread of the runtime)",
-                    ));
-                }
+            if Instant::now() >= give_up {
+                return Err(no_arp_reply(remote));
             }
             sched::sleep(ARP_POLL);
         }
+    }
+
+    /// One look at the ARP table for `remote`'s MAC; if it is unknown,
+    /// asks for it (again once ARP's retry interval has passed since
+    /// `asked_at`, which it updates), as a uthread of `rt`.
+    pub(super) fn look_for_mac(
+        &self,
+        rt: &Shared,
+        remote: Endpoint,
+        asked_at: &mut Option<Instant>,
+    ) -> io::Result<Option<MacAddr>> {
+        if let Some(mac) = self.lookup_mac(remote.ip) {
+            return Ok(Some(mac));
+        }
+        let now = Instant::now();
+        if asked_at.is_none_or(|t| now.duration_since(t) >= self.arp_retry_interval) {
+            *asked_at = Some(now);
+            if sched::with_current_knet(rt, |me| self.ask_mac(me, remote.ip)).is_none() {
+                return Err(no_runtime(
+                    "TcpStream::connect (on a uthread of the runtime)",
+                ));
+            }
+        }
+        Ok(None)
     }
 
     /// The MAC of `ip` if the ARP table knows it (our own for our IP).
@@ -709,10 +727,8 @@ impl Stack {
         items.iter().for_each(|i| give_back(i.buf));
         // Nobody can be waiting on a socket being dropped, but wake any
         // anyway: they see it closed.
-        let waiters = core.waiters.lock().take_all();
-        waiters.iter().for_each(|w| {
-            w.wake();
-        });
+        let woken = core.waiters.lock().take_all();
+        woken.run();
     }
 
     /// A datagram was taken from a socket's queue.

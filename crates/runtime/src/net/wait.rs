@@ -35,9 +35,7 @@ impl WakeLater for () {
 /// pollers watching.
 pub(in crate::net) fn wake_all(waiters: &SpinLock<SocketWaiters>) {
     let woken = waiters.lock().take_all();
-    for w in woken {
-        w.wake();
-    }
+    woken.run();
 }
 
 /// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
@@ -93,9 +91,9 @@ pub(in crate::net) fn wait_until<R, W: WakeLater>(
 pub(in crate::net) fn timeout_ns(timeout: Option<Duration>) -> io::Result<u64> {
     match timeout {
         None => Ok(0),
-        Some(d) if d.is_zero() => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "cannot set a 0 duration timeout",
+        Some(d) if d.is_zero() => Err(os_error(
+            libc::EINVAL,
+            format_args!("cannot set a 0 duration timeout"),
         )),
         Some(d) => Ok(d.as_nanos().clamp(1, u64::MAX as u128) as u64),
     }

@@ -87,6 +87,7 @@ impl Drop for Daemon {
 
 /// A child process running one test of the current test binary, killed
 /// and reaped on drop.
+#[allow(dead_code)] // not every test binary needs it
 pub struct Reap(pub Child);
 
 impl Drop for Reap {
@@ -98,6 +99,7 @@ impl Drop for Reap {
 
 /// Re-executes this test binary as a child that runs only `test`, with
 /// `env_key` set to iokerneld's socket.
+#[allow(dead_code)] // not every test binary needs it
 pub fn spawn_test_child(test: &str, env_key: &str, socket: &Path) -> Reap {
     Reap(
         Command::new(std::env::current_exe().unwrap())

@@ -631,6 +631,13 @@ impl Connection {
         }
     }
 
+    /// Gives up as the retransmission timer does after its last try
+    /// (`TcpError::TimedOut`), for a peer the driver cannot reach at all
+    /// (no ARP answer before the SYN could go).
+    pub fn time_out(&mut self) {
+        self.fail(TcpError::TimedOut);
+    }
+
     /// Sends RST and goes to CLOSED at once.
     pub fn abort(&mut self) {
         // RFC 9293 §3.10.5: a RST from SYN-RECEIVED, ESTABLISHED, FIN-WAIT-1/2

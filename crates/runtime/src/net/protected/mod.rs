@@ -25,9 +25,9 @@ pub mod testing;
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
+    AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
 };
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -95,16 +95,24 @@ pub(crate) struct ConnState {
     unacked: VecDeque<(u32, u32)>,
     unacked_bytes: u64,
     write_shut: bool,
+    /// A non-blocking connect the netstack has not answered yet.
+    connecting: bool,
 }
 
 /// One connection, by the netstack's id.
 pub(crate) struct PConn {
-    id: ConnId,
+    /// The netstack's id; 0 while a non-blocking connect waits for its
+    /// answer (then the connection is in no table but its connect's).
+    id: AtomicU32,
     /// The ring pair its commands go on (and, once accepted, its events
     /// come on).
     pair: AtomicUsize,
-    local: SocketAddrV4,
+    local_ip: Ipv4Addr,
+    /// 0 while a non-blocking connect waits for its answer.
+    local_port: AtomicU16,
     remote: SocketAddrV4,
+    /// The cookie of its non-blocking connect (0: none).
+    connect_cookie: u32,
     state: SpinLock<ConnState>,
     waiters: SpinLock<SocketWaiters>,
 }
@@ -128,6 +136,44 @@ pub(crate) struct PendingConnect {
     to: SocketAddrV4,
     result: SpinLock<Option<Result<Arc<PConn>, Reason>>>,
     waiters: SpinLock<SocketWaiters>,
+    /// A non-blocking connect's connection, which its stream holds
+    /// already: the answer completes it (`Protected::connected`).
+    early: Option<Arc<PConn>>,
+}
+
+impl PConn {
+    /// A connection of the netstack's (`id`, our `local` address).
+    fn new(id: u32, pair: usize, local: SocketAddrV4, remote: SocketAddrV4) -> PConn {
+        PConn {
+            id: AtomicU32::new(id),
+            pair: AtomicUsize::new(pair),
+            local_ip: *local.ip(),
+            local_port: AtomicU16::new(local.port()),
+            remote,
+            connect_cookie: 0,
+            state: SpinLock::new(ConnState::default()),
+            waiters: SpinLock::new(SocketWaiters::new()),
+        }
+    }
+
+    /// A non-blocking connect's connection, before the netstack answers.
+    pub(crate) fn connecting(cookie: u32, local_ip: Ipv4Addr, remote: SocketAddrV4) -> PConn {
+        let c = PConn {
+            connect_cookie: cookie,
+            ..PConn::new(0, 0, SocketAddrV4::new(local_ip, 0), remote)
+        };
+        c.state.lock().connecting = true;
+        c
+    }
+
+    /// The netstack's id (`None` while a non-blocking connect waits).
+    pub(crate) fn id(&self) -> Option<ConnId> {
+        ConnId::new(self.id.load(SeqCst))
+    }
+
+    pub(crate) fn local(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.local_ip, self.local_port.load(SeqCst))
+    }
 }
 
 /// Raw mode ([`Channel`]): events are the application's to take.
@@ -281,6 +327,13 @@ impl Protected {
         }
         let connects: Vec<_> = self.connects.lock().values().cloned().collect();
         for p in connects {
+            if let Some(c) = &p.early {
+                end_connect(
+                    c,
+                    io::ErrorKind::ConnectionReset,
+                    format!("the netstack is gone: {why}"),
+                );
+            }
             wake_all(&p.waiters);
         }
         wake_all(&self.raw.waiters);
@@ -373,6 +426,9 @@ impl Protected {
                 let Some(p) = self.connects.lock().remove(&cookie) else {
                     return self.bad(format_args!("Connected for unknown cookie {cookie}"));
                 };
+                if let Some(c) = &p.early {
+                    return self.connected(c, conn, pair, local_port);
+                }
                 let local = SocketAddrV4::new(self.cfg.interface.ip, local_port);
                 let r = match self.insert_conn(conn, pair, local, p.to) {
                     Some(c) => Ok(c),
@@ -490,6 +546,10 @@ impl Protected {
                     l.state.lock().bound = Some(Err(reason));
                     wake_all(&l.waiters);
                 } else if let Some(p) = self.connects.lock().remove(&cookie) {
+                    if let Some(c) = &p.early {
+                        let (kind, text) = reason_error(reason);
+                        end_connect(c, kind, text);
+                    }
                     *p.result.lock() = Some(Err(reason));
                     wake_all(&p.waiters);
                 } else {
@@ -515,16 +575,37 @@ impl Protected {
         if conns.contains_key(&id.get()) {
             return None;
         }
-        let c = Arc::new(PConn {
-            id,
-            pair: AtomicUsize::new(pair),
-            local,
-            remote,
-            state: SpinLock::new(ConnState::default()),
-            waiters: SpinLock::new(SocketWaiters::new()),
-        });
+        let c = Arc::new(PConn::new(id.get(), pair, local, remote));
         conns.insert(id.get(), Arc::clone(&c));
         Some(c)
+    }
+
+    /// A non-blocking connect's answer: its connection gets the netstack's
+    /// id and its events from now on; its stream turns writable.
+    fn connected(&self, c: &Arc<PConn>, id: ConnId, pair: usize, local_port: u16) {
+        {
+            let mut conns = self.conns.lock();
+            if conns.contains_key(&id.get()) {
+                drop(conns);
+                self.bad(format_args!("Connected {}: the id is in use", id.get()));
+                return end_connect(c, io::ErrorKind::Other, "the netstack reused an id".into());
+            }
+            c.pair.store(pair, SeqCst);
+            c.local_port.store(local_port, SeqCst);
+            c.id.store(id.get(), SeqCst);
+            conns.insert(id.get(), Arc::clone(c));
+        }
+        // Under the state's lock, as the stream's drop looks: exactly one
+        // of the two closes a connection dropped while connecting.
+        let dropped = {
+            let mut st = c.state.lock();
+            st.connecting = false;
+            st.closed
+        };
+        if dropped {
+            let _ = self.command(pair, &Command::Close { conn: id });
+        }
+        wake_all(&c.waiters);
     }
 
     /// Gives tx chunks back and wakes the writers that found the pool
@@ -543,6 +624,20 @@ impl Protected {
     fn conn(&self, id: ConnId) -> Option<Arc<PConn>> {
         self.conns.lock().get(&id.get()).cloned()
     }
+}
+
+/// A non-blocking connect failed (`kind`, as `reason_error` gives): its
+/// stream is readable, writable and hung up, `take_error` gives why.
+fn end_connect(c: &PConn, kind: io::ErrorKind, text: String) {
+    {
+        let mut st = c.state.lock();
+        st.connecting = false;
+        if st.error.is_none() {
+            st.error = Some(kind);
+            st.error_text = text;
+        }
+    }
+    wake_all(&c.waiters);
 }
 
 /// Takes the acknowledged `ranges` off `st.unacked` (each must be one that

@@ -235,7 +235,7 @@ impl ProtectedListener {
         p.command(
             pair,
             &Command::Accept {
-                conn: conn.id,
+                conn: conn.id().expect("an announced connection has its id"),
                 listener,
             },
         )?;
@@ -264,7 +264,9 @@ impl Drop for ProtectedListener {
         }
         for c in backlog {
             c.state.lock().closed = true;
-            let _ = p.command(c.pair.load(Relaxed), &Command::Close { conn: c.id });
+            if let Some(id) = c.id() {
+                let _ = p.command(c.pair.load(Relaxed), &Command::Close { conn: id });
+            }
         }
     }
 }
@@ -301,6 +303,9 @@ impl Watched for Handle {
         };
         let c = &self.conn;
         let st = c.state.lock();
+        if st.connecting {
+            return Readiness::default();
+        }
         let ended = st.cleaned || st.error.is_some();
         let read_closed = st.remote_closed || self.read_shut.load(SeqCst) || ended;
         let write_shut = st.write_shut || st.closed || ended;
@@ -327,14 +332,23 @@ impl Watched for Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         let Some(p) = of(&self.rt) else { return };
-        let cleaned = {
+        let (cleaned, connecting) = {
             let mut st = self.conn.state.lock();
             st.closed = true;
-            st.cleaned
+            (st.cleaned, st.connecting)
+        };
+        if connecting {
+            // Unanswered: the answer closes it (`Protected::connected`),
+            // or finds no cookie (a bad event; the netstack closes it).
+            p.connects.lock().remove(&self.conn.connect_cookie);
+            return;
+        }
+        let Some(id) = self.conn.id() else {
+            return; // its connect failed
         };
         if !cleaned && p.gone().is_none() {
             let pair = self.conn.pair.load(Relaxed);
-            let _ = p.command(pair, &Command::Close { conn: self.conn.id });
+            let _ = p.command(pair, &Command::Close { conn: id });
         }
     }
 }
@@ -347,8 +361,8 @@ pub struct ProtectedStream {
 impl fmt::Debug for ProtectedStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProtectedStream")
-            .field("id", &self.h.conn.id.get())
-            .field("local", &self.h.conn.local)
+            .field("id", &self.id())
+            .field("local", &self.h.conn.local())
             .field("peer", &self.h.conn.remote)
             .finish()
     }
@@ -364,7 +378,7 @@ fn state_error(st: &ConnState, c: &PConn, writing: bool) -> Option<io::Error> {
         };
         os_error(
             errno,
-            format_args!("TCP {} -> {}: {}", c.local, c.remote, st.error_text),
+            format_args!("TCP {} -> {}: {}", c.local(), c.remote, st.error_text),
         )
     })
 }
@@ -432,6 +446,7 @@ impl ProtectedStream {
             to,
             result: SpinLock::new(None),
             waiters: SpinLock::new(SocketWaiters::new()),
+            early: None,
         });
         p.connects.lock().insert(cookie, Arc::clone(&pending));
         if let Err(e) = p.command(p.next_pair(), &Command::Connect { cookie, remote: to }) {
@@ -471,6 +486,32 @@ impl ProtectedStream {
         }
     }
 
+    /// Sends `Connect` and returns at once: the stream turns writable
+    /// when the netstack answers (`Protected::connected`), or readable,
+    /// writable and hung up with its error for `take_error` when it
+    /// refuses.
+    pub(crate) fn connect_nonblocking(
+        rt: Arc<Shared>,
+        to: SocketAddrV4,
+    ) -> io::Result<ProtectedStream> {
+        let p = p_of(&rt);
+        let cookie = p.cookie();
+        let conn = Arc::new(PConn::connecting(cookie, p.cfg.interface.ip, to));
+        let pending = Arc::new(PendingConnect {
+            to,
+            result: SpinLock::new(None),
+            waiters: SpinLock::new(SocketWaiters::new()),
+            early: Some(Arc::clone(&conn)),
+        });
+        p.connects.lock().insert(cookie, pending);
+        if let Err(e) = p.command(p.next_pair(), &Command::Connect { cookie, remote: to }) {
+            p.connects.lock().remove(&cookie);
+            conn.state.lock().connecting = false;
+            return Err(e);
+        }
+        Ok(ProtectedStream::new(rt, conn))
+    }
+
     fn p(&self) -> &Protected {
         p_of(&self.h.rt)
     }
@@ -480,7 +521,7 @@ impl ProtectedStream {
     }
 
     pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(SocketAddr::V4(self.h.conn.local))
+        Ok(SocketAddr::V4(self.h.conn.local()))
     }
 
     pub(crate) fn try_clone(&self) -> ProtectedStream {
@@ -489,9 +530,10 @@ impl ProtectedStream {
         }
     }
 
-    /// The netstack's id of this connection.
+    /// The netstack's id of this connection (0 while a non-blocking
+    /// connect waits for its answer).
     pub fn id(&self) -> u32 {
-        self.h.conn.id.get()
+        self.h.conn.id().map_or(0, |id| id.get())
     }
 
     fn pair(&self) -> usize {
@@ -504,17 +546,19 @@ impl ProtectedStream {
             wake_all(&self.h.conn.waiters);
         }
         if matches!(how, Shutdown::Write | Shutdown::Both) {
+            let Some(id) = self.h.conn.id() else {
+                return Err(os_error(
+                    libc::ENOTCONN,
+                    format_args!("shutdown of a TCP connect not answered yet"),
+                ));
+            };
             let first = {
                 let mut st = self.h.conn.state.lock();
                 !std::mem::replace(&mut st.write_shut, true)
             };
             if first {
-                self.p().command(
-                    self.pair(),
-                    &Command::Shutdown {
-                        conn: self.h.conn.id,
-                    },
-                )?;
+                self.p()
+                    .command(self.pair(), &Command::Shutdown { conn: id })?;
                 // Writable now (a write gives EPIPE): pollers look again.
                 wake_all(&self.h.conn.waiters);
             }
@@ -604,7 +648,8 @@ impl ProtectedStream {
         }
         for ranges in done.chunks(MAX_RANGES) {
             let ranges = Ranges::from_slice(ranges).expect("at most MAX_RANGES non-empty ranges");
-            p.command(self.pair(), &Command::RecvDone { conn: c.id, ranges })?;
+            let conn = c.id().expect("bytes came: it is connected");
+            p.command(self.pair(), &Command::RecvDone { conn, ranges })?;
         }
         match r {
             Some(r) => r,
@@ -686,11 +731,15 @@ impl ProtectedStream {
                         libc::EPIPE,
                         format_args!(
                             "TCP {} -> {}: broken pipe: the connection was shut down for writing",
-                            c.local, c.remote
+                            c.local(),
+                            c.remote
                         ),
                     )),
                     (),
                 ));
+            }
+            if st.connecting {
+                return None; // woken by the answer
             }
             let max = self.h.write_room(p, &st);
             let used = if max > 0 {
@@ -723,7 +772,8 @@ impl ProtectedStream {
         });
         match r {
             Some(Ok((n, ranges))) => {
-                send_ranges(p, self.pair(), c.id, &ranges)?;
+                let conn = c.id().expect("written: it is connected");
+                send_ranges(p, self.pair(), conn, &ranges)?;
                 Ok(n)
             }
             Some(Err(e)) => Err(e),

@@ -114,6 +114,9 @@ struct ConnInner {
     /// On the stack's list of connections with segments to send.
     tx_pending: bool,
     in_table: bool,
+    /// A non-blocking connect waits for ARP to give `peer_mac`: nothing
+    /// is sent until it does (`stream::finish_connect`).
+    awaiting_arp: bool,
 }
 
 impl Conn {
@@ -133,6 +136,7 @@ impl Conn {
                 armed: None,
                 tx_pending: false,
                 in_table: true,
+                awaiting_arp: false,
             }),
             waiters: SpinLock::new(SocketWaiters::new()),
         })
@@ -389,6 +393,9 @@ impl Tcp {
         inner: &mut ConnInner,
         now: ginza_net::tcp::Instant,
     ) {
+        if inner.awaiting_arp {
+            return;
+        }
         let Some(me) = me else {
             return self.defer_send(conn, inner);
         };

@@ -232,15 +232,13 @@ impl TcpStream {
     /// how it failed. Reads and writes before it is established wait, or
     /// give `EAGAIN` in non-blocking mode. In-process, a peer whose MAC
     /// ARP does not know yet is asked for first (that is waited for).
-    /// Protected, the netstack's answer is waited for (the handshake
-    /// included): the stream comes back connected or not at all.
     pub fn connect_nonblocking(addr: SocketAddrV4) -> io::Result<TcpStream> {
         check_connect_addr(addr)?;
         let rt = runtime("TcpStream::connect_nonblocking")?;
         let backend = if crate::net::tcp_of(&rt).is_some() {
             StreamBackend::InProcess(stream::connect_nonblocking(rt, addr)?)
         } else if protected::of(&rt).is_some() {
-            StreamBackend::Protected(ProtectedStream::connect(rt, addr, None)?)
+            StreamBackend::Protected(ProtectedStream::connect_nonblocking(rt, addr)?)
         } else {
             return Err(no_net());
         };

@@ -5,11 +5,11 @@ use std::fmt;
 use std::io;
 use std::net::{Shutdown, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{Connection, FourTuple, State, TcpError};
-use ginza_net::Endpoint;
+use ginza_net::{Endpoint, MacAddr};
 
 use super::super::readiness::{Readiness, SocketWaiters, Watched};
 use super::super::wait::{os_error, timeout_ns, timeout_of, wake_all, would_block};
@@ -309,17 +309,16 @@ impl Drop for Handle {
 }
 
 /// Sends a SYN from an ephemeral port of `rt`'s stack to `addr` (checked
-/// by the caller), after asking ARP for its MAC if needed (waiting until
-/// `deadline` for the answer).
+/// by the caller). The peer's MAC: `Some`, the one ARP gave; `None`, not
+/// known yet (the connection sends nothing until `finish_connect` has it).
 fn start_connect(
     rt: &Arc<Shared>,
     addr: SocketAddrV4,
-    deadline: Option<Instant>,
+    mac: Option<MacAddr>,
 ) -> io::Result<Arc<Conn>> {
     let tcp = super::super::tcp_of(rt).expect("the caller checked");
     tcp.start_timer(rt);
     let remote = Endpoint::from(addr);
-    let mac = super::super::resolve_mac(rt, remote, deadline)?;
     let conn = {
         let mut table = tcp.table.lock();
         let our_ip = tcp.our_ip();
@@ -330,13 +329,51 @@ fn start_connect(
         let now = tcp.now();
         let iss = tcp.isn().isn(key.local, remote, now);
         let tcb = Connection::connect(&tcp.config, key.local, remote, iss, now);
-        let conn = Conn::new(key, tcb, mac, None);
+        let conn = Conn::new(key, tcb, mac.unwrap_or(MacAddr::BROADCAST), None);
+        conn.inner.lock().awaiting_arp = mac.is_none();
         table.insert(key, Arc::clone(&conn));
         conn
     };
-    // The SYN goes out.
-    tcp.with_conn(rt, &conn, |_| ());
+    if mac.is_some() {
+        // The SYN goes out.
+        tcp.with_conn(rt, &conn, |_| ());
+    }
     Ok(conn)
+}
+
+/// A non-blocking connect's wait for ARP, on a uthread of its own: the SYN
+/// goes once the peer's MAC is known; after `ARP_GIVE_UP` without it, the
+/// connect times out (`ETIMEDOUT` from `take_error`). Holds the runtime
+/// only between looks.
+fn finish_connect(rt: &Weak<Shared>, conn: &Arc<Conn>, mut asked_at: Option<Instant>) {
+    let give_up = Instant::now() + super::super::ARP_GIVE_UP;
+    loop {
+        {
+            let Some(rt) = rt.upgrade() else { return };
+            let Some(tcp) = super::super::tcp_of(&rt) else {
+                return;
+            };
+            let remote = conn.key.remote;
+            let mac = super::super::look_for_mac(&rt, remote, &mut asked_at);
+            match mac {
+                Ok(Some(mac)) => {
+                    return tcp.with_conn(&rt, conn, |inner| {
+                        inner.peer_mac = mac;
+                        inner.awaiting_arp = false;
+                    })
+                }
+                Ok(None) if Instant::now() < give_up => {}
+                _ => {
+                    log::debug!("{}", super::super::no_arp_reply(remote));
+                    return tcp.with_conn(&rt, conn, |inner| {
+                        inner.awaiting_arp = false;
+                        inner.tcb.time_out();
+                    });
+                }
+            }
+        }
+        crate::sched::sleep(super::super::ARP_POLL);
+    }
 }
 
 /// Connects from an ephemeral port of `rt`'s stack (`addr` checked by the
@@ -347,7 +384,8 @@ pub(crate) fn connect(
     timeout: Option<Duration>,
 ) -> io::Result<InProcessStream> {
     let deadline = timeout.map(|t| Instant::now() + t);
-    let conn = start_connect(&rt, addr, deadline)?;
+    let mac = super::super::resolve_mac(&rt, Endpoint::from(addr), deadline)?;
+    let conn = start_connect(&rt, addr, Some(mac))?;
     let tcp = super::super::tcp_of(&rt).expect("the caller checked");
     let r = tcp.wait_on(&rt, &conn, deadline, |inner| {
         match (inner.tcb.error(), inner.tcb.state()) {
@@ -376,12 +414,21 @@ pub(crate) fn connect(
 
 /// Starts connecting and returns at once (`EINPROGRESS`'s connect): the
 /// stream becomes writable when the handshake ends, and `take_error` says
-/// how it failed. Only an ARP question for the peer's MAC, if it is not
-/// known yet, is waited for.
+/// how it failed. A peer whose MAC ARP does not know yet is asked for by a
+/// uthread of its own, which sends the SYN once it is known.
 pub(crate) fn connect_nonblocking(
     rt: Arc<Shared>,
     addr: SocketAddrV4,
 ) -> io::Result<InProcessStream> {
-    let conn = start_connect(&rt, addr, None)?;
+    let mut asked_at = None;
+    let mac = super::super::look_for_mac(&rt, Endpoint::from(addr), &mut asked_at)?;
+    let conn = start_connect(&rt, addr, mac)?;
+    if mac.is_none() {
+        let (weak, c) = (Arc::downgrade(&rt), Arc::clone(&conn));
+        // Detached: it ends within ARP's give-up time.
+        drop(crate::task::spawn_on(Arc::as_ptr(&rt), move || {
+            finish_connect(&weak, &c, asked_at)
+        }));
+    }
     Ok(InProcessStream::new(rt, conn))
 }
