@@ -197,7 +197,6 @@ fn a_server_sees_resets_half_closes_and_full_buffers_as_on_linux() {
         s.write_all(b"hello").unwrap();
         socket2_linger_zero(&s);
     });
-    eprintln!("phase 1 sent");
     assert_eq!(server.next_line(), "reset");
     // 2. A half-close: its bytes, then ours come back.
     let back = veth.in_ns(move || {
@@ -219,7 +218,6 @@ fn a_server_sees_resets_half_closes_and_full_buffers_as_on_linux() {
         let _ = rx.recv();
         drop(s);
     });
-    eprintln!("phase 3");
     let full = server.next_line();
     assert!(full.starts_with("full after "), "{full}");
     tx.send(()).unwrap();

@@ -373,7 +373,8 @@ impl Tcp {
                     wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
                 }
             }
-            if inner.tcb.is_finished() {
+            // One waiting to be accepted stays findable until it is.
+            if inner.tcb.is_finished() && !inner.in_backlog {
                 inner.in_table = false;
                 self.table.lock().remove(&conn.key);
                 self.counters
