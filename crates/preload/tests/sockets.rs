@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddrV4, TcpStream};
 use std::time::Duration;
 
-use common::veth::{run_client, wait_for, Veth};
+use common::veth::{run_client, run_plain_client, wait_for, Veth};
 use ginza_iokernel::netns::tcp::EchoMode;
 
 /// The bytes connection `i` sends: distinct per connection.
@@ -96,8 +96,22 @@ fn a_protected_epoll_server_serves_through_the_netstack() {
     }
 }
 
-#[test]
-fn a_non_blocking_client_connects_1000_times_and_is_refused_as_on_linux() {
+/// Where a C test program runs: under `ginza run`, or on Linux itself
+/// (which checks the test).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum On {
+    Ginza,
+    Linux,
+}
+
+fn client(veth: &Veth, on: On, program: &str, args: &[String]) -> (bool, String) {
+    match on {
+        On::Ginza => run_client(veth, program, args),
+        On::Linux => run_plain_client(veth, program, args),
+    }
+}
+
+fn non_blocking_client(on: On) {
     let Some(veth) = Veth::start() else { return };
     let echo = veth.ns.tcp_echo_server(7100, EchoMode::Blocking).unwrap();
     let args = [
@@ -106,12 +120,21 @@ fn a_non_blocking_client_connects_1000_times_and_is_refused_as_on_linux() {
         "7101".to_string(),
         "1000".to_string(),
     ];
-    let (ok, report) = run_client(&veth, "client_nonblocking", &args);
+    let (ok, report) = client(&veth, on, "client_nonblocking", &args);
     assert!(ok, "{report}");
 }
 
 #[test]
-fn the_socket_calls_around_the_data_answer_as_on_linux() {
+fn a_non_blocking_client_connects_1000_times_and_is_refused_as_on_linux() {
+    non_blocking_client(On::Ginza);
+}
+
+#[test]
+fn the_non_blocking_client_passes_on_linux_itself() {
+    non_blocking_client(On::Linux);
+}
+
+fn socket_calls(on: On) {
     let Some(veth) = Veth::start() else { return };
     let echo = veth.ns.tcp_echo_server(7200, EchoMode::Blocking).unwrap();
     let udp = veth
@@ -123,9 +146,19 @@ fn the_socket_calls_around_the_data_answer_as_on_linux() {
         echo.addr().port().to_string(),
         "7201".to_string(),
     ];
-    let (ok, report) = run_client(&veth, "sock_api", &args);
+    let (ok, report) = client(&veth, on, "sock_api", &args);
     drop(udp);
     assert!(ok, "{report}");
+}
+
+#[test]
+fn the_socket_calls_around_the_data_answer_as_on_linux() {
+    socket_calls(On::Ginza);
+}
+
+#[test]
+fn the_socket_calls_program_passes_on_linux_itself() {
+    socket_calls(On::Linux);
 }
 
 #[test]
@@ -186,11 +219,15 @@ fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
     });
 }
 
-#[test]
-fn a_server_sees_resets_half_closes_and_full_buffers_as_on_linux() {
+fn peer_errors(on: On) {
     let Some(veth) = Veth::start() else { return };
-    let mut server = veth.server("peer_errors", &["7000"]);
-    let to = veth.addr(7000);
+    let (mut server, to) = match on {
+        On::Ginza => (veth.server("peer_errors", &["7000"]), veth.addr(7000)),
+        On::Linux => (
+            veth.plain_server("peer_errors", &["7000"]),
+            SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 7000),
+        ),
+    };
     // 1. A reset mid-request.
     veth.in_ns(move || {
         let mut s = TcpStream::connect(to).unwrap();
@@ -224,6 +261,16 @@ fn a_server_sees_resets_half_closes_and_full_buffers_as_on_linux() {
     holder.unwrap().join().unwrap();
     assert_eq!(server.next_line(), "ok peer_errors");
     assert!(server.wait_success(), "peer_errors: {}", server.stop());
+}
+
+#[test]
+fn a_server_sees_resets_half_closes_and_full_buffers_as_on_linux() {
+    peer_errors(On::Ginza);
+}
+
+#[test]
+fn the_peer_errors_program_passes_on_linux_itself() {
+    peer_errors(On::Linux);
 }
 
 /// `SO_LINGER` {on, 0}: `close` resets the connection.

@@ -350,7 +350,47 @@ static void udp(struct sockaddr_in to)
 	struct msghdr m = { .msg_iov = &v, .msg_iovlen = 1 };
 	CHECK(recvmsg(u, &m, 0) == 6 && (m.msg_flags & MSG_TRUNC) && !memcmp(small, "longer", 6),
 	      "recvmsg of a long datagram");
+	/* Several at once: sendmmsg, then recvmmsg gathers the echoes. */
+	struct iovec sv[3] = { { "one", 3 }, { "two", 3 }, { "three", 5 } };
+	struct mmsghdr out[3];
+	memset(out, 0, sizeof out);
+	for (int i = 0; i < 3; i++) {
+		out[i].msg_hdr.msg_iov = &sv[i];
+		out[i].msg_hdr.msg_iovlen = 1;
+	}
+	CHECK(sendmmsg(u, out, 3, 0) == 3 && out[2].msg_len == 5, "sendmmsg: %s", strerror(errno));
+	char rb[3][16];
+	struct iovec rv[3] = { { rb[0], 16 }, { rb[1], 16 }, { rb[2], 16 } };
+	struct mmsghdr in[3];
+	memset(in, 0, sizeof in);
+	for (int i = 0; i < 3; i++) {
+		in[i].msg_hdr.msg_iov = &rv[i];
+		in[i].msg_hdr.msg_iovlen = 1;
+	}
+	int got = 0;
+	uint64_t end = now_ns() + 5000000000ull;
+	while (got < 3 && now_ns() < end) {
+		struct pollfd pu = { .fd = u, .events = POLLIN };
+		CHECK(poll(&pu, 1, 5000) == 1, "poll for the echoes");
+		int n = recvmmsg(u, in + got, (unsigned)(3 - got), MSG_WAITFORONE, NULL);
+		CHECK(n > 0, "recvmmsg: %s", strerror(errno));
+		got += n;
+	}
+	CHECK(got == 3 && in[0].msg_len == 3 && !memcmp(rb[0], "one", 3) && in[2].msg_len == 5 &&
+		      !memcmp(rb[2], "three", 5),
+	      "recvmmsg gave %d datagrams", got);
 	close(u);
+}
+
+static void address_in_use(void)
+{
+	int a = listen_on(7777, 0);
+	int b = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in any = { .sin_family = AF_INET, .sin_port = htons(7777) };
+	CHECK(bind(b, (struct sockaddr *)&any, sizeof any) == -1 && errno == EADDRINUSE,
+	      "a second bind of port 7777: %s", strerror(errno));
+	close(b);
+	close(a);
 }
 
 int main(int argc, char **argv)
@@ -372,6 +412,7 @@ int main(int argc, char **argv)
 	options(s);
 	ends(s);
 	loopback_stays_kernel();
+	address_in_use();
 	udp(uto);
 	PASS("sock_api");
 }

@@ -93,6 +93,17 @@ impl Veth {
         self.server_from(self.ginza_run(program, &args), program)
     }
 
+    /// A program of `tests/c_net/` on plain Linux, in the namespace (the
+    /// check of the test itself), once it printed `ready`.
+    pub fn plain_server(&self, program: &str, args: &[&str]) -> Server {
+        let bin = net_program(program);
+        let mut argv = vec![bin.to_str().expect("a UTF-8 path")];
+        argv.extend_from_slice(args);
+        let mut cmd = self.ns.command(&argv);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        self.server_from(cmd, program)
+    }
+
     /// The netstack daemon (protected mode) at the namespace's unowned
     /// address, under this iokerneld; its attach socket. Killed on drop.
     pub fn netstack(&self) -> (Server, PathBuf) {
@@ -311,8 +322,21 @@ impl Drop for Server {
 
 /// A client program under `ginza run` to completion: its status and output.
 pub fn run_client(veth: &Veth, program: &str, args: &[String]) -> (bool, String) {
-    let mut child = veth
-        .ginza_run(program, args)
+    run_client_as(veth.ginza_run(program, args), program)
+}
+
+/// A client program of `tests/c_net/` on plain Linux, in the namespace.
+pub fn run_plain_client(veth: &Veth, program: &str, args: &[String]) -> (bool, String) {
+    let bin = net_program(program);
+    let mut argv = vec![bin.to_str().expect("a UTF-8 path")];
+    argv.extend(args.iter().map(String::as_str));
+    let mut cmd = veth.ns.command(&argv);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    run_client_as(cmd, program)
+}
+
+fn run_client_as(mut cmd: Command, program: &str) -> (bool, String) {
+    let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
     let deadline = Instant::now() + Duration::from_secs(60);
