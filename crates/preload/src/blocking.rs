@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use libc::{c_int, c_void, pid_t, size_t, sockaddr, socklen_t, ssize_t};
 
@@ -94,27 +94,52 @@ fn spawn_thread() {
     }
 }
 
+/// What a pool thread hands back to the uthread that waits for its call:
+/// the value and errno, and whom to wake.
+struct Handoff<R> {
+    out: Option<(R, c_int)>,
+    parked: Option<ginza_runtime::park::Unparker>,
+}
+
 /// Runs `call` on a pool thread, the calling uthread parked meanwhile;
-/// its value and errno. Runtime code.
+/// its value and errno. Runtime code. A wake-up that is not the pool
+/// thread's (a uthread may be woken spuriously) parks it again.
 fn on_pool<R: Send + 'static>(call: impl FnOnce() -> R + Send) -> (R, c_int) {
-    let mut out: Option<(R, c_int)> = None;
-    let out_at = &mut out as *mut Option<(R, c_int)> as usize;
     let call: Box<dyn FnOnce() -> R + Send + '_> = Box::new(call);
-    // SAFETY: the caller stays parked until the job has written `out` and
-    // unparked it, so `call` and `out` outlive the job.
+    // SAFETY: the caller returns only once `out` is set, after `call` ran,
+    // so whatever `call` borrows outlives its use on the pool thread.
     let call: Box<dyn FnOnce() -> R + Send + 'static> = unsafe { std::mem::transmute(call) };
-    ginza_runtime::park::park_until(None, |unparker| {
-        submit(Box::new(move || {
-            let r = call();
-            // SAFETY: this pool thread's errno, right after the call.
-            let e = unsafe { *libc::__errno_location() };
-            // SAFETY: see above: the parked caller's slot.
-            unsafe { *(out_at as *mut Option<(R, c_int)>) = Some((r, e)) };
-            unparker.unpark();
-        }));
-        true
-    });
-    out.expect("the pool thread answered before waking the caller")
+    let handoff = Arc::new(Mutex::new(Handoff {
+        out: None,
+        parked: None,
+    }));
+    let theirs = Arc::clone(&handoff);
+    submit(Box::new(move || {
+        let r = call();
+        // SAFETY: this pool thread's errno, right after the call.
+        let e = unsafe { *libc::__errno_location() };
+        let who = {
+            let mut h = theirs.lock().unwrap_or_else(|e| e.into_inner());
+            h.out = Some((r, e));
+            h.parked.take()
+        };
+        if let Some(who) = who {
+            who.unpark();
+        }
+    }));
+    loop {
+        if let Some(out) = handoff.lock().unwrap_or_else(|e| e.into_inner()).out.take() {
+            return out;
+        }
+        ginza_runtime::park::park_until(None, |me| {
+            let mut h = handoff.lock().unwrap_or_else(|e| e.into_inner());
+            if h.out.is_some() {
+                return false;
+            }
+            h.parked = Some(me);
+            true
+        });
+    }
 }
 
 /// Whether `fd` would block for `events` (and is a blocking descriptor).

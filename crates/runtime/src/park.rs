@@ -11,7 +11,7 @@
 //! waker's [`Unparker::unpark`] returns false, the timed-out parker removes
 //! itself from its queue).
 
-use std::sync::atomic::{AtomicU8, Ordering::AcqRel, Ordering::Acquire};
+use std::sync::atomic::{AtomicU32, Ordering::AcqRel, Ordering::Acquire};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,14 +47,17 @@ enum Kind {
     Thread(Arc<ThreadWaiter>),
 }
 
+/// An ordinary thread's wait: a futex word, not `std::thread::park`, whose
+/// thread handle is made on first use with an allocation that may itself
+/// wait here (a program's malloc taking a pthread mutex of the preload
+/// library), which std refuses as re-entrant.
 struct ThreadWaiter {
-    state: AtomicU8,
-    thread: std::thread::Thread,
+    state: AtomicU32,
 }
 
-const WAITING: u8 = 0;
-const WOKEN: u8 = 1;
-const TIMED_OUT: u8 = 2;
+const WAITING: u32 = 0;
+const WOKEN: u32 = 1;
+const TIMED_OUT: u32 = 2;
 
 impl Unparker {
     /// Makes the parked caller runnable; false if it was already woken or
@@ -72,7 +75,7 @@ impl Unparker {
                     .compare_exchange(WAITING, WOKEN, AcqRel, Acquire)
                     .is_ok();
                 if won {
-                    t.thread.unpark();
+                    let _ = ginza_sys::futex::wake_private(&t.state);
                 }
                 won
             }
@@ -121,8 +124,7 @@ pub fn park_until(deadline: Option<Instant>, enqueue: impl FnOnce(Unparker) -> b
         None => {
             drop(deferred);
             let t = Arc::new(ThreadWaiter {
-                state: AtomicU8::new(WAITING),
-                thread: std::thread::current(),
+                state: AtomicU32::new(WAITING),
             });
             if !enqueue(Unparker(Kind::Thread(Arc::clone(&t)))) {
                 return Parked::Declined;
@@ -132,7 +134,9 @@ pub fn park_until(deadline: Option<Instant>, enqueue: impl FnOnce(Unparker) -> b
                     return Parked::Woken;
                 }
                 match deadline {
-                    None => std::thread::park(),
+                    None => {
+                        let _ = ginza_sys::futex::wait_private(&t.state, WAITING, None);
+                    }
                     Some(d) => {
                         let now = Instant::now();
                         if now >= d {
@@ -144,7 +148,7 @@ pub fn park_until(deadline: Option<Instant>, enqueue: impl FnOnce(Unparker) -> b
                             }
                             continue; // woken just now
                         }
-                        std::thread::park_timeout(d - now);
+                        let _ = ginza_sys::futex::wait_private(&t.state, WAITING, Some(d - now));
                     }
                 }
             }

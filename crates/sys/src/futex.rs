@@ -25,6 +25,29 @@ pub fn wake(word: &AtomicU32) -> io::Result<usize> {
     Ok(futex::wake(word, futex::Flags::empty(), 1)?)
 }
 
+/// [`wait`] on a word of this process only (a private futex), giving up
+/// after `timeout` if one is given. For threads that must block without
+/// touching the standard library's thread handles (code that glibc or the
+/// allocator may call while such a handle is being made).
+pub fn wait_private(word: &AtomicU32, seen: u32, timeout: Option<std::time::Duration>) -> io::Result<()> {
+    let ts = timeout.map(|t| rustix::time::Timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
+    match futex::wait(word, futex::Flags::PRIVATE, seen, ts.as_ref()) {
+        Ok(())
+        | Err(rustix::io::Errno::AGAIN)
+        | Err(rustix::io::Errno::INTR)
+        | Err(rustix::io::Errno::TIMEDOUT) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Wakes every thread in [`wait_private`] on `word`.
+pub fn wake_private(word: &AtomicU32) -> io::Result<usize> {
+    Ok(futex::wake(word, futex::Flags::PRIVATE, u32::MAX)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
