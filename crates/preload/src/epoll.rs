@@ -14,12 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ginza_runtime::net::{PollEvent, PollMode, PollSource, Poller, Readiness, Registration};
+use ginza_runtime::net::{PollEvent, PollMode, Poller, Readiness, Registration};
 use libc::{c_int, epoll_event};
 
-use crate::fdtable::{self, Entry};
-use crate::mode::{caller, real, serve, set_errno, Caller};
-use crate::socket::{lock, GSock, Served};
+use crate::gsock::{errno_of, lock, with_source, GSock, Served, Watcher};
+use crate::mode::{real, serve};
 
 /// What epoll's event bits ask for, as the runtime's interest and mode.
 fn interest_of(events: u32) -> (Readiness, PollMode) {
@@ -55,16 +54,6 @@ pub(crate) fn epoll_bits(r: Readiness) -> u32 {
     bits
 }
 
-/// The runtime object a Ginza socket is served by, as a poll source.
-pub(crate) fn with_source<R>(served: &Served, f: impl FnOnce(&dyn PollSource) -> R) -> Option<R> {
-    match served {
-        Served::Listener(l) => Some(f(&**l)),
-        Served::Stream(t) => Some(f(&**t)),
-        Served::Udp(u) => Some(f(&**u)),
-        Served::None => None,
-    }
-}
-
 struct Member {
     data: u64,
     events: u32,
@@ -77,11 +66,11 @@ pub(crate) struct EpollSet {
     members: Mutex<HashMap<c_int, Member>>,
     /// Kernel descriptors added (a descriptor closed without EPOLL_CTL_DEL
     /// stays counted: the kernel instance is then polled for nothing).
-    kernel_members: AtomicUsize,
+    pub(crate) kernel_members: AtomicUsize,
 }
 
 impl EpollSet {
-    fn new() -> Arc<EpollSet> {
+    pub(crate) fn new() -> Arc<EpollSet> {
         Arc::new(EpollSet {
             poller: Poller::new(),
             members: Mutex::new(HashMap::new()),
@@ -92,34 +81,22 @@ impl EpollSet {
     fn register(&self, m: &mut Member, served: &Served) -> Result<(), c_int> {
         let (interest, mode) = interest_of(m.events);
         if let Some(reg) = &m.registration {
-            return reg
-                .modify(m.data, interest, mode)
-                .map_err(|e| crate::socket::errno_of(&e));
+            return reg.modify(m.data, interest, mode).map_err(|e| errno_of(&e));
         }
         if let Some(r) = with_source(served, |src| {
             self.poller.register(src, m.data, interest, mode)
         }) {
-            m.registration = Some(r.map_err(|e| crate::socket::errno_of(&e))?);
+            m.registration = Some(r.map_err(|e| errno_of(&e))?);
         }
         Ok(())
     }
 
-    /// `fd`'s socket is now served: watch the runtime's object.
-    pub(crate) fn attach(&self, fd: c_int, s: &GSock) {
-        let served = s.served();
-        if let Some(m) = lock(&self.members).get_mut(&fd) {
-            m.registration = None;
-            let _ = self.register(m, &served);
-        }
+    /// Whether no Ginza socket is in the set.
+    pub(crate) fn has_no_socket(&self) -> bool {
+        lock(&self.members).is_empty()
     }
 
-    /// `fd`'s socket closed: out of the set, as Linux does.
-    pub(crate) fn forget(&self, fd: c_int) {
-        let gone = lock(&self.members).remove(&fd);
-        drop(gone);
-    }
-
-    fn ctl(
+    pub(crate) fn ctl(
         self: &Arc<Self>,
         op: c_int,
         fd: c_int,
@@ -149,7 +126,8 @@ impl EpollSet {
                 self.register(&mut m, &s.served())?;
                 members.insert(fd, m);
                 drop(members);
-                s.watched_by(self, fd);
+                let me: Arc<dyn Watcher> = self.clone();
+                s.watched_by(Arc::downgrade(&me), fd);
             }
             libc::EPOLL_CTL_MOD => {
                 let (data, events) = event()?;
@@ -162,7 +140,7 @@ impl EpollSet {
                 let gone = members.remove(&fd).ok_or(libc::ENOENT)?;
                 drop(members);
                 drop(gone);
-                s.unwatched_by(self, fd);
+                s.unwatched_by(&**self, fd);
             }
             _ => return Err(libc::EINVAL),
         }
@@ -183,7 +161,7 @@ impl EpollSet {
     }
 
     /// `epoll_wait` on this set (`epfd` is its kernel instance).
-    fn wait(
+    pub(crate) fn wait(
         &self,
         epfd: c_int,
         out: &mut [epoll_event],
@@ -227,182 +205,19 @@ impl EpollSet {
     }
 }
 
-/// A new epoll instance gets its set when the program may have Ginza
-/// sockets.
-fn created(fd: c_int) -> c_int {
-    if fd >= 0 && caller() != Caller::Runtime && crate::config::network().is_some() {
-        let set = serve(EpollSet::new);
-        drop(fdtable::insert(fd, Entry::Epoll(set)));
-    }
-    fd
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
-    let f = real!(epoll_create: unsafe extern "C" fn(c_int) -> c_int);
-    // SAFETY: glibc's call.
-    created(unsafe { f(size) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
-    let f = real!(epoll_create1: unsafe extern "C" fn(c_int) -> c_int);
-    // SAFETY: glibc's call.
-    created(unsafe { f(flags) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn epoll_ctl(
-    epfd: c_int,
-    op: c_int,
-    fd: c_int,
-    ev: *mut epoll_event,
-) -> c_int {
-    let f = real!(epoll_ctl: unsafe extern "C" fn(c_int, c_int, c_int, *mut epoll_event) -> c_int);
-    let set = fdtable::epoll(epfd);
-    let sock = if caller() == Caller::Runtime {
-        None
-    } else {
-        fdtable::socket(fd)
-    };
-    let (Some(set), Some(sock)) = (set.clone(), sock) else {
-        if sock_without_set(fd, epfd) {
-            crate::say::unsupported_once!(
-                "epoll_ctl",
-                "a Ginza socket added to an epoll instance made before the program's main: EINVAL"
-            );
-            set_errno(libc::EINVAL);
-            return -1;
-        }
-        // SAFETY: glibc's call with the caller's arguments.
-        let r = unsafe { f(epfd, op, fd, ev) };
-        if r == 0 {
-            if let Some(set) = set {
-                match op {
-                    libc::EPOLL_CTL_ADD => set.kernel_members.fetch_add(1, Relaxed),
-                    libc::EPOLL_CTL_DEL => set.kernel_members.fetch_sub(1, Relaxed),
-                    _ => 0,
-                };
-            }
-        }
-        return r;
-    };
-    match serve(|| set.ctl(op, fd, &sock, ev)) {
-        Ok(()) => 0,
-        Err(e) => {
-            set_errno(e);
-            -1
+impl Watcher for EpollSet {
+    /// `fd`'s socket is now served: watch the runtime's object.
+    fn attach(&self, fd: c_int, s: &GSock) {
+        let served = s.served();
+        if let Some(m) = lock(&self.members).get_mut(&fd) {
+            m.registration = None;
+            let _ = self.register(m, &served);
         }
     }
-}
 
-/// A Ginza socket and an epoll number with no set of ours.
-fn sock_without_set(fd: c_int, epfd: c_int) -> bool {
-    caller() != Caller::Runtime && fdtable::socket(fd).is_some() && fdtable::epoll(epfd).is_none()
-}
-
-fn timeout_of_ms(ms: c_int) -> Option<Duration> {
-    (ms >= 0).then(|| Duration::from_millis(ms as u64))
-}
-
-/// `epoll_wait` on a set of ours; None when `epfd` has no Ginza member (the
-/// kernel's call then serves it).
-fn wait_on(
-    epfd: c_int,
-    events: *mut epoll_event,
-    most: c_int,
-    timeout: Option<Duration>,
-) -> Option<c_int> {
-    if caller() == Caller::Runtime {
-        return None;
+    /// `fd`'s socket closed: out of the set, as Linux does.
+    fn forget(&self, fd: c_int) {
+        let gone = lock(&self.members).remove(&fd);
+        drop(gone);
     }
-    let set = fdtable::epoll(epfd)?;
-    if lock(&set.members).is_empty() {
-        return None;
-    }
-    if most <= 0 || events.is_null() {
-        set_errno(libc::EINVAL);
-        return Some(-1);
-    }
-    // SAFETY: the caller's array of `most` events.
-    let out = unsafe { std::slice::from_raw_parts_mut(events, most as usize) };
-    Some(match set.wait(epfd, out, timeout) {
-        Ok(n) => n as c_int,
-        Err(e) => {
-            set_errno(e);
-            -1
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn epoll_wait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    most: c_int,
-    timeout: c_int,
-) -> c_int {
-    if let Some(r) = wait_on(epfd, events, most, timeout_of_ms(timeout)) {
-        return r;
-    }
-    // SAFETY: the kernel's call (on the blocking pool if it waits).
-    unsafe { crate::blocking::epoll_wait(epfd, events, most, timeout) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    most: c_int,
-    timeout: c_int,
-    mask: *const libc::sigset_t,
-) -> c_int {
-    if mask.is_null() {
-        // SAFETY: the same call.
-        return unsafe { epoll_wait(epfd, events, most, timeout) };
-    }
-    if fdtable::epoll(epfd).is_some() {
-        crate::say::unsupported_once!(
-            "epoll_pwait",
-            "the signal mask is not applied while waiting on Ginza sockets"
-        );
-        if let Some(r) = wait_on(epfd, events, most, timeout_of_ms(timeout)) {
-            return r;
-        }
-    }
-    let f = real!(epoll_pwait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int);
-    // SAFETY: glibc's call with the caller's arguments.
-    unsafe { f(epfd, events, most, timeout, mask) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait2(
-    epfd: c_int,
-    events: *mut epoll_event,
-    most: c_int,
-    timeout: *const libc::timespec,
-    mask: *const libc::sigset_t,
-) -> c_int {
-    // SAFETY: the caller's timeout, if any.
-    let t = (!timeout.is_null()).then(|| unsafe { *timeout });
-    let limit = t.map(|t| {
-        Duration::new(
-            t.tv_sec.max(0) as u64,
-            t.tv_nsec.clamp(0, 999_999_999) as u32,
-        )
-    });
-    if fdtable::epoll(epfd).is_some() {
-        if !mask.is_null() {
-            crate::say::unsupported_once!(
-                "epoll_pwait2",
-                "the signal mask is not applied while waiting on Ginza sockets"
-            );
-        }
-        if let Some(r) = wait_on(epfd, events, most, limit) {
-            return r;
-        }
-    }
-    let f = real!(epoll_pwait2: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int);
-    // SAFETY: glibc's call with the caller's arguments.
-    unsafe { f(epfd, events, most, timeout, mask) }
 }

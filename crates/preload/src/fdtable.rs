@@ -15,7 +15,7 @@ use std::sync::Arc;
 use libc::c_int;
 
 use crate::epoll::EpollSet;
-use crate::socket::GSock;
+use crate::gsock::GSock;
 
 #[derive(Clone)]
 pub(crate) enum Entry {

@@ -19,7 +19,6 @@ use ginza_runtime::net::PollWaker;
 use libc::c_int;
 
 use crate::mode::real;
-use crate::socket::lock;
 
 /// Eventfds of finished watches, for the next.
 static SPARE: Mutex<Vec<c_int>> = Mutex::new(Vec::new());
@@ -36,12 +35,15 @@ impl Drop for Cancel {
         let mut count = 0u64;
         // SAFETY: reads 8 bytes of a non-blocking eventfd into `count`.
         unsafe { read(self.efd, (&mut count as *mut u64).cast(), 8) };
-        lock(&SPARE).push(self.efd);
+        SPARE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.efd);
     }
 }
 
 fn eventfd() -> Option<c_int> {
-    if let Some(fd) = lock(&SPARE).pop() {
+    if let Some(fd) = SPARE.lock().unwrap_or_else(|e| e.into_inner()).pop() {
         return Some(fd);
     }
     // SAFETY: a new eventfd; no pointers.

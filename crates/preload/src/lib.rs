@@ -19,12 +19,13 @@
 //! `main`), `running.rs` (whether it runs), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
 //! `ginza run` sets) and `say.rs` (one line per unsupported call).
 //!
-//! Sockets: `socket.rs` (AF_INET sockets on the program's Ginza address:
-//! making, naming, connecting, options, closing), `sockio.rs` (reading and
-//! writing them), `fdtable.rs` (which descriptor numbers are Ginza's),
-//! `epoll.rs` and `pollset.rs` (readiness over Ginza sockets and kernel
-//! descriptors together) and `kwatch.rs` (kernel descriptors watched by a
-//! pool thread while a program thread waits on both).
+//! Sockets: `gsock.rs` (the Ginza socket object), `socket.rs` (AF_INET
+//! sockets on the program's Ginza address: making, naming, connecting,
+//! options, closing), `sockio.rs` (reading and writing them), `fdtable.rs`
+//! (which descriptor numbers are Ginza's), `epoll.rs`, `epoll_calls.rs` and
+//! `pollset.rs` (readiness over Ginza sockets and kernel descriptors
+//! together) and `kwatch.rs` (kernel descriptors watched by a pool thread
+//! while a program thread waits on both).
 #![deny(unsafe_op_in_unsafe_fn)]
 // Every exported function is called by C with C's contract; each documents
 // what it assumes in its SAFETY comments rather than in a `# Safety` section.
@@ -36,7 +37,9 @@ mod capi;
 mod cond;
 mod config;
 mod epoll;
+mod epoll_calls;
 mod fdtable;
+mod gsock;
 mod key;
 mod kwatch;
 mod lot;

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 use ginza_runtime::net::{PollMode, Poller, Readiness};
 use libc::{c_int, pollfd};
 
-use crate::epoll::with_source;
 use crate::fdtable;
+use crate::gsock::{with_source, GSock, Kind};
 use crate::mode::{caller, real, serve, set_errno, Caller};
-use crate::socket::{GSock, Kind};
 
 /// A Ginza socket's readiness now. One not served yet is what Linux says
 /// of a fresh socket: a stream hung up and writable, a datagram writable.

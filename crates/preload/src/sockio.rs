@@ -18,8 +18,9 @@ use libc::{c_int, c_uint, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ss
 
 use crate::blocking;
 use crate::fdtable;
+use crate::gsock::{errno_of, GSock, Kind, Served};
 use crate::mode::{caller, serve, set_errno, Caller};
-use crate::socket::{errno_of, read_v4, udp_of, write_v4, GSock, Kind, Served};
+use crate::socket::{read_v4, udp_of, write_v4};
 
 #[derive(Clone, Copy, Default)]
 struct Flags {
