@@ -141,7 +141,7 @@ impl Veth {
         args: &[&str],
     ) -> Server {
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut cmd = self.ginza_run(program, &args);
+        let cmd = self.ginza_run(program, &args);
         // `--protected` goes before the program (`--` ends the options).
         let argv: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_os_string()).collect();
         let split = argv
