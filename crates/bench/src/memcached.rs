@@ -1261,16 +1261,20 @@ fn render(r: &Report) -> String {
     if let Some(c) = &r.library_cost {
         let _ = writeln!(
             s,
-            "preload library alone, {}-byte echo round trips from the namespace, medians of {} round(s): \
-             native API p50 {:.1} µs (p99 {:.1}), C under ginza run p50 {:.1} µs (p99 {:.1}): \
-             the library adds {:+.1} µs per request",
+            "preload library alone, {}-byte echo round trips from the namespace, medians of {} round(s):\n  \
+             native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
+             C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
+             C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
             c.payload_bytes,
-            c.rounds.len() / 2,
+            c.rounds.len() / 3,
             c.native_api_p50_us,
             c.native_api_p99_us,
             c.c_under_ginza_run_p50_us,
             c.c_under_ginza_run_p99_us,
-            c.added_p50_us
+            c.added_p50_us,
+            c.c_epoll_under_ginza_run_p50_us,
+            c.c_epoll_under_ginza_run_p99_us,
+            c.added_with_epoll_p50_us
         );
     }
     if let Some(e) = &r.library_cost_error {

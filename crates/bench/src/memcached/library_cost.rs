@@ -4,11 +4,14 @@
 //! native Rust API (`ginza_apps::echo_server::serve_tcp` on
 //! `ginza_runtime::net::TcpStream`) and once as a C program under `ginza
 //! run` (`bench/c/echo_server.c`: glibc's `read`/`write` on a pthread, which
-//! the library turns into Ginza socket calls on a uthread). Both run alone
-//! under the same iokerneld on the same veth with one kthread; a Linux
-//! client in the namespace measures round trips on one connection, the two
-//! servers interleaved round by round. The difference of the p50s is the
-//! library's cost per request (one read and one write through it).
+//! the library turns into Ginza socket calls on a uthread). A third server,
+//! the same C program in its epoll mode (one thread, level-triggered
+//! `epoll_wait` before each read: memcached's pattern), adds the library's
+//! readiness multiplexer. Each runs alone under the same iokerneld on the
+//! same veth with one kthread; a Linux client in the namespace measures
+//! round trips on one connection, the servers interleaved round by round.
+//! The difference of the p50s is the library's cost per request (one read
+//! and one write through it; and one `epoll_wait`).
 
 use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
@@ -48,6 +51,8 @@ pub(super) enum EchoServer {
     NativeApi,
     /// `echo_server.c` under `ginza run`.
     CUnderGinzaRun,
+    /// `echo_server.c PORT epoll` under `ginza run`.
+    CEpollUnderGinzaRun,
 }
 
 impl EchoServer {
@@ -55,6 +60,7 @@ impl EchoServer {
         match self {
             EchoServer::NativeApi => "native-api",
             EchoServer::CUnderGinzaRun => "c-under-ginza-run",
+            EchoServer::CEpollUnderGinzaRun => "c-epoll-under-ginza-run",
         }
     }
 }
@@ -82,6 +88,11 @@ pub(super) struct LibraryCost {
     /// c-under-ginza-run p50 − native-api p50: what the preload library
     /// adds to one request and its response.
     pub(super) added_p50_us: f64,
+    pub(super) c_epoll_under_ginza_run_p50_us: f64,
+    pub(super) c_epoll_under_ginza_run_p99_us: f64,
+    /// c-epoll-under-ginza-run p50 − native-api p50: the same with an
+    /// `epoll_wait` through the library before each read.
+    pub(super) added_with_epoll_p50_us: f64,
     pub(super) rounds: Vec<EchoRound>,
 }
 
@@ -97,7 +108,11 @@ pub(super) fn measure(
     let program = compile(&dir)?;
     let mut series = Vec::new();
     for round in 0..rounds {
-        for server in [EchoServer::NativeApi, EchoServer::CUnderGinzaRun] {
+        for server in [
+            EchoServer::NativeApi,
+            EchoServer::CUnderGinzaRun,
+            EchoServer::CEpollUnderGinzaRun,
+        ] {
             let r = one_series(ns, cpus, run, &program, server, duration)
                 .with_context(|| format!("library cost, round {round}: {}", server.name()))?;
             eprintln!(
@@ -128,6 +143,7 @@ pub(super) fn measure(
     };
     let native_p50 = med(EchoServer::NativeApi, |r| r.p50_us)?;
     let c_p50 = med(EchoServer::CUnderGinzaRun, |r| r.p50_us)?;
+    let epoll_p50 = med(EchoServer::CEpollUnderGinzaRun, |r| r.p50_us)?;
     Ok(LibraryCost {
         payload_bytes: PAYLOAD,
         native_api_p50_us: native_p50,
@@ -135,6 +151,9 @@ pub(super) fn measure(
         c_under_ginza_run_p50_us: c_p50,
         c_under_ginza_run_p99_us: med(EchoServer::CUnderGinzaRun, |r| r.p99_us)?,
         added_p50_us: c_p50 - native_p50,
+        c_epoll_under_ginza_run_p50_us: epoll_p50,
+        c_epoll_under_ginza_run_p99_us: med(EchoServer::CEpollUnderGinzaRun, |r| r.p99_us)?,
+        added_with_epoll_p50_us: epoll_p50 - native_p50,
         rounds: series,
     })
 }
@@ -185,10 +204,19 @@ fn one_series(
         let target = SocketAddrV4::new(ns.peer_ip, PORT);
         match server {
             EchoServer::NativeApi => native(ns, iokerneld, target, duration),
-            EchoServer::CUnderGinzaRun => {
-                let args = [PORT.to_string()];
-                let mut child =
-                    ginza_run::start(run, iokerneld, (MAC, ns.peer_ip), "echo-c", program, &args)?;
+            EchoServer::CUnderGinzaRun | EchoServer::CEpollUnderGinzaRun => {
+                let mut args = vec![PORT.to_string()];
+                if server == EchoServer::CEpollUnderGinzaRun {
+                    args.push("epoll".into());
+                }
+                let mut child = ginza_run::start(
+                    run,
+                    iokerneld,
+                    (MAC, ns.peer_ip),
+                    server.name(),
+                    program,
+                    &args,
+                )?;
                 let r = probe(ns, target, duration);
                 let alive = child.0.try_wait()?.is_none();
                 child.stop();
