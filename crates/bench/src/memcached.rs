@@ -31,6 +31,10 @@
 //!   both systems. It needs `libginza_preload.so` next to `ginza` (or
 //!   `$GINZA_PRELOAD`); without it the default sweep skips it and says so.
 //!
+//! After the sweep, with memcached-ginza, [`library_cost`] measures the
+//! preload library apart from memcached: a C echo server under `ginza run`
+//! against the same echo on the native API (`--library-rounds`).
+//!
 //! CPUs (this machine has two): the generator is pinned to the first,
 //! the servers and batch to the second in both systems; Ginza's
 //! iokerneld also sits on the first (Shenango dedicates a core to it; here
