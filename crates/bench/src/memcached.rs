@@ -1345,6 +1345,42 @@ mod tests {
     }
 
     #[test]
+    fn the_library_and_protocol_difference_is_per_load_where_both_have_a_p50() {
+        let mut runs = vec![
+            result(System::Ginza, Some(200.0), 10.0, false),
+            result(System::MemcachedGinza, Some(260.0), 10.0, false),
+            result(System::Linux, Some(100.0), 10.0, false),
+        ];
+        // At 20 krps memcached-ginza's generator fell behind: no p50.
+        for (system, saturated) in [(System::Ginza, false), (System::MemcachedGinza, true)] {
+            let mut r = result(system, Some(300.0), 20.0, saturated);
+            r.offered_krps = 20.0;
+            runs.push(r);
+        }
+        runs[0].iokerneld_cpu_pct = Some(40.0);
+        let points = medians(&runs, &[10_000.0, 20_000.0]);
+        let d = library_and_protocol(&points);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].offered_krps, 10.0);
+        assert_eq!(d[0].memcached_ginza_p50_us, 130.0);
+        assert_eq!(d[0].ginza_kv_server_p50_us, 100.0);
+        assert_eq!(d[0].added_p50_us, 30.0);
+        // iokerneld's CPU where a round had it, none for Linux.
+        assert_eq!(points[0].iokerneld_cpu_pct, Some(40.0));
+        assert_eq!(points[1].system, System::Linux);
+        assert_eq!(points[1].iokerneld_cpu_pct, None);
+        assert_eq!(points[2].system, System::MemcachedGinza);
+    }
+
+    #[test]
+    fn systems_named_without_memcached_ginza_need_no_library() {
+        let (systems, run) = systems_to_run(Some(&[System::Linux, System::Ginza])).unwrap();
+        assert_eq!(systems, [System::Linux, System::Ginza]);
+        assert!(run.is_none());
+        assert!(systems_to_run(Some(&[])).is_err());
+    }
+
+    #[test]
     fn max_krps_keeps_only_points_within_the_bound() {
         let runs = [
             result(System::Ginza, Some(100.0), 10.0, false),
