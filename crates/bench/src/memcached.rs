@@ -22,6 +22,18 @@
 //!   work (`ginza_apps::batch`) on a thread pinned to the same CPU at
 //!   `SCHED_IDLE` (nice 19 if that fails): Linux's best way to run
 //!   background work under a latency-critical server.
+//! * **memcached-ginza**: the same memcached binary with the same flags
+//!   under `ginza run` (its pthreads uthreads, its sockets Ginza sockets
+//!   through the preload library), one kthread under the same iokerneld,
+//!   with the same `batch` beside it as kv-server has. Beside **ginza** it
+//!   shows what the preload library and memcached's own protocol engine
+//!   add to kv-server's request path; beside **linux**, the same binary on
+//!   both systems. It needs `libginza_preload.so` next to `ginza` (or
+//!   `$GINZA_PRELOAD`); without it the default sweep skips it and says so.
+//!
+//! After the sweep, with memcached-ginza, [`library_cost`] measures the
+//! preload library apart from memcached: a C echo server under `ginza run`
+//! against the same echo on the native API (`--library-rounds`).
 //!
 //! CPUs (this machine has two): the generator is pinned to the first,
 //! the servers and batch to the second in both systems; Ginza's
@@ -31,7 +43,7 @@
 //! iokerneld's polling loop and it leaves the rest of that CPU; the bench
 //! itself (iokerneld, the runtimes' kthreads, memcached) runs at nice -10,
 //! ahead of whatever else the machine runs. The load points are swept with systems
-//! interleaved (ginza, linux, ginza, linux, …), each point `--rounds`
+//! interleaved (ginza, linux, memcached-ginza, ginza, …), each point `--rounds`
 //! times; a point's figures are medians over its rounds. A round whose
 //! generator fell behind its schedule (`generator_saturated`) reports no
 //! latency: its latencies would be the generator's.
@@ -39,6 +51,11 @@
 //! [`run_point`] runs one point for one system from a plain
 //! [`PointConfig`]; the sweep is a loop over it (so an experiment engine
 //! can call it directly).
+
+mod ginza_run;
+mod library_cost;
+
+pub use ginza_run::GinzaRun;
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
@@ -105,9 +122,19 @@ pub struct MemcachedArgs {
     #[arg(long, default_value = "500us", value_parser = parse_duration)]
     max_lag: Duration,
     /// The systems to run, comma-separated, in the order each point runs
-    /// them.
-    #[arg(long, value_delimiter = ',', value_enum, default_value = "ginza,linux")]
-    systems: Vec<System>,
+    /// them [default: ginza,linux,memcached-ginza; memcached-ginza skipped
+    /// with a message when the preload library is missing, an error when
+    /// named here].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    systems: Option<Vec<System>>,
+    /// Rounds of the library's cost per request (a 64-byte echo through
+    /// the preload library against the same echo on the native API,
+    /// interleaved; after the sweep, with memcached-ginza); 0: none.
+    #[arg(long, default_value_t = 3)]
+    library_rounds: u32,
+    /// Length of each of those echo series (after its warm-up).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    library_duration: Duration,
     /// Where the CSV and PNGs go.
     #[arg(long, default_value = "results/memcached")]
     out: PathBuf,
@@ -130,16 +157,24 @@ pub enum System {
     /// kv-server protected (its stack in netstackd) and batch under
     /// iokerneld.
     GinzaProtected,
+    /// Debian's memcached under `ginza run` and batch under iokerneld.
+    MemcachedGinza,
 }
 
 impl System {
-    pub const ALL: [System; 3] = [System::Ginza, System::Linux, System::GinzaProtected];
+    pub const ALL: [System; 4] = [
+        System::Ginza,
+        System::Linux,
+        System::MemcachedGinza,
+        System::GinzaProtected,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             System::Ginza => "ginza",
             System::Linux => "linux",
             System::GinzaProtected => "ginza-protected",
+            System::MemcachedGinza => "memcached-ginza",
         }
     }
 }
@@ -179,6 +214,8 @@ pub struct PointConfig {
     pub allocator: PolicyKind,
     /// Ginza: iokerneld's `local_wake_wait` (None: off).
     pub local_wake: Option<Duration>,
+    /// memcached-ginza: `ginza` and the preload library.
+    pub ginza_run: Option<GinzaRun>,
 }
 
 /// What one point measured.
@@ -209,6 +246,11 @@ pub struct PointResult {
     /// Ginza: iokerneld's core grants and preemptions per application
     /// over the point (setup and preload included).
     pub iokerneld: Option<String>,
+    /// Ginza: the CPU time of iokerneld's loop thread over the measured
+    /// part, ms, and as a share of that time (%; it polls, so near 100
+    /// unless it sleeps).
+    pub iokerneld_cpu_ms: Option<f64>,
+    pub iokerneld_cpu_pct: Option<f64>,
 }
 
 /// A point's figures over its rounds.
@@ -221,6 +263,9 @@ pub struct MedianPoint {
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
     pub batch_ops_per_s: f64,
+    /// Ginza systems: iokerneld's loop CPU time over the measured part, %
+    /// of that time (median over the rounds).
+    pub iokerneld_cpu_pct: Option<f64>,
     /// True when most of its rounds were generator-saturated: the
     /// latencies (then null) would be the generator's, not the server's.
     pub generator_saturated: bool,
@@ -235,11 +280,34 @@ struct MaxKrps {
     /// Only when `--systems` ran it.
     #[serde(skip_serializing_if = "Option::is_none")]
     ginza_protected: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memcached_ginza: Option<f64>,
+}
+
+/// At one load, memcached-ginza's p50 less kv-server's (both under the
+/// same iokerneld, same batch, same run): what the preload library and
+/// memcached's own event loop and protocol engine add to a request over
+/// kv-server on the native API.
+#[derive(Serialize, Debug)]
+struct LibraryAndProtocol {
+    offered_krps: f64,
+    memcached_ginza_p50_us: f64,
+    ginza_kv_server_p50_us: f64,
+    added_p50_us: f64,
 }
 
 #[derive(Serialize, Debug)]
 struct Report {
     points: Vec<MedianPoint>,
+    /// Per load where both ran unsaturated: memcached-ginza p50 − ginza
+    /// (kv-server) p50.
+    library_and_protocol_us: Vec<LibraryAndProtocol>,
+    /// The preload library's own cost per request (an echo through it
+    /// against the same echo on the native API), when measured.
+    library_cost: Option<library_cost::LibraryCost>,
+    /// Why that measurement failed, if it did (the sweep's figures stand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    library_cost_error: Option<String>,
     /// Per system, the highest achieved rate among the points whose p99
     /// stayed within 200 µs (and whose generator kept up).
     max_krps_at_p99_200us: MaxKrps,
@@ -297,6 +365,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         iokernel: allowed[0],
         server: allowed[1],
     };
+    let (systems, ginza_run) = systems_to_run(args.systems.as_deref())?;
     let ns = NetNs::create().context("ginza bench memcached runs over a veth pair")?;
     memcached_available()?;
     let loadavg_before = crate::harness::figures::loadavg();
@@ -306,7 +375,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     let mut plan = Vec::new();
     for round in 0..args.rounds {
         for (i, &load) in args.loads.iter().enumerate() {
-            for &system in &args.systems {
+            for &system in &systems {
                 plan.push((round, i, load, system));
             }
         }
@@ -330,12 +399,30 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 max_lag: args.max_lag,
                 allocator: PolicyKind::Shenango,
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
+                ginza_run: ginza_run.clone(),
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
             Ok(r)
         },
     )?;
+    let library_cost = match &ginza_run {
+        Some(run) if args.library_rounds > 0 => {
+            let iok_cpus = IokCpus {
+                iokernel: cpus.iokernel,
+                app: cpus.server,
+            };
+            let measured = library_cost::measure(
+                &ns,
+                iok_cpus,
+                run,
+                args.library_rounds,
+                args.library_duration,
+            );
+            Some(measured.map_err(|e| format!("{e:#}")))
+        }
+        _ => None,
+    };
     let points = medians(&runs, &args.loads);
     let csv = args.out.join("memcached.csv");
     write_outputs(&args.out, &csv, &points)?;
@@ -344,7 +431,11 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
             ginza: max_krps(&points, System::Ginza),
             linux: max_krps(&points, System::Linux),
             ginza_protected: max_krps(&points, System::GinzaProtected),
+            memcached_ginza: max_krps(&points, System::MemcachedGinza),
         },
+        library_and_protocol_us: library_and_protocol(&points),
+        library_cost: library_cost.as_ref().and_then(|r| r.as_ref().ok().cloned()),
+        library_cost_error: library_cost.and_then(Result::err),
         points,
         cpus,
         duration_s: args.duration.as_secs_f64(),
@@ -360,6 +451,30 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
     };
     emit(args.json, &render(&report), &report)
+}
+
+/// The systems of the sweep, and `ginza run`'s paths when memcached-ginza
+/// is among them. By default memcached-ginza runs when the preload library
+/// is found, and is dropped with a message when not; named in `--systems`,
+/// a missing library is an error.
+fn systems_to_run(asked: Option<&[System]>) -> anyhow::Result<(Vec<System>, Option<GinzaRun>)> {
+    let mut systems = asked.map_or_else(
+        || vec![System::Ginza, System::Linux, System::MemcachedGinza],
+        <[System]>::to_vec,
+    );
+    anyhow::ensure!(!systems.is_empty(), "--systems: name at least one system");
+    if !systems.contains(&System::MemcachedGinza) {
+        return Ok((systems, None));
+    }
+    match ginza_run::locate() {
+        Ok(run) => Ok((systems, Some(run))),
+        Err(e) if asked.is_some() => Err(e.context("--systems names memcached-ginza")),
+        Err(e) => {
+            eprintln!("skipping memcached-ginza (memcached under `ginza run`): {e:#}");
+            systems.retain(|&s| s != System::MemcachedGinza);
+            Ok((systems, None))
+        }
+    }
 }
 
 /// The generator's scheduling (chrt's arguments): its wake-ups go ahead
@@ -387,7 +502,7 @@ fn renice_self(nice: &str) -> bool {
 /// load from the namespace, stops them.
 pub fn run_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     match cfg.system {
-        System::Ginza | System::GinzaProtected => ginza_point(ns, cfg),
+        System::Ginza | System::GinzaProtected | System::MemcachedGinza => ginza_point(ns, cfg),
         System::Linux => linux_point(ns, cfg),
     }
 }
@@ -436,6 +551,7 @@ fn measure(
     cfg: &PointConfig,
     target: SocketAddr,
     batch_ops: Arc<AtomicU64>,
+    iokerneld: Option<&InProcess>,
     server: String,
 ) -> anyhow::Result<PointResult> {
     let load = load_config(cfg, target);
@@ -478,14 +594,26 @@ fn measure(
     // The batch count over the measured part: from the end of the warm-up
     // to the end of the schedule (the generator's start is a few ms after
     // `start`: its threads and connections).
+    // iokerneld's loop CPU time over the same window, from its stats.
     let (warmup, duration) = (cfg.warmup, cfg.duration);
+    let socket = iokerneld.map(|i| i.socket().to_path_buf());
+    let loop_cpu = move || {
+        let s = socket.as_deref()?;
+        ginza_proto::client::stats(s).ok().map(|r| r.loop_cpu_ns)
+    };
     let start = Instant::now();
     let counter = std::thread::spawn(move || {
         std::thread::sleep(warmup);
-        let (t0, n0) = (Instant::now(), batch_ops.load(Relaxed));
+        let (t0, n0, c0) = (Instant::now(), batch_ops.load(Relaxed), loop_cpu());
         std::thread::sleep(duration);
-        let (t1, n1) = (Instant::now(), batch_ops.load(Relaxed));
-        (n1 - n0) as f64 / (t1 - t0).as_secs_f64()
+        let (t1, n1, c1) = (Instant::now(), batch_ops.load(Relaxed), loop_cpu());
+        let secs = (t1 - t0).as_secs_f64();
+        let cpu_ms = c0.zip(c1).map(|(a, b)| b.saturating_sub(a) as f64 / 1e6);
+        (
+            (n1 - n0) as f64 / secs,
+            cpu_ms,
+            cpu_ms.map(|ms| ms / 10.0 / secs),
+        )
     });
     let report: LoadReport = ns.run_in(move || {
         // Its workers inherit the policy (see `GENERATOR_POLICY`).
@@ -495,14 +623,17 @@ fn measure(
         );
         ginza_loadgen::kernel::run(&load)
     })??;
-    let batch = counter
+    let (batch, cpu_ms, cpu_pct) = counter
         .join()
         .map_err(|_| anyhow!("the batch counter panicked"))?;
     anyhow::ensure!(
         start.elapsed() >= warmup + duration,
         "the generator returned before its schedule was over"
     );
-    Ok(point_result(cfg, &report, batch, server))
+    let mut r = point_result(cfg, &report, batch, server);
+    r.iokerneld_cpu_ms = cpu_ms;
+    r.iokerneld_cpu_pct = cpu_pct;
+    Ok(r)
 }
 
 fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -> PointResult {
@@ -524,6 +655,8 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         generator_cpu_util: r.generator_cpu_util,
         server,
         iokerneld: None,
+        iokerneld_cpu_ms: None,
+        iokerneld_cpu_pct: None,
     }
 }
 
@@ -551,6 +684,9 @@ fn ginza_serving(
     iokerneld: &InProcess,
     backend: &str,
 ) -> anyhow::Result<PointResult> {
+    if cfg.system == System::MemcachedGinza {
+        return memcached_ginza_serving(ns, cfg, iokerneld, backend);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let keeps = cfg.allocator != PolicyKind::Shenango;
     let guaranteed = u32::from(cfg.allocator == PolicyKind::Static);
@@ -613,34 +749,14 @@ fn ginza_serving(
     let held = wait_for_cores(iokerneld, "kv-server", guaranteed);
     let paths = Arc::new(AtomicU64::new(0));
     let batch_stop = Arc::new(AtomicBool::new(false));
-    let (p2, b2, seed) = (paths.clone(), batch_stop.clone(), cfg.seed);
-    let mut batch_cfg = runtime_config(iokerneld, "batch", Class::Batch);
-    if let Some(io) = batch_cfg.iokernel.as_mut() {
-        io.keep_cores_when_idle = keeps;
-    }
-    let batch = held.and_then(|()| {
-        App::start_configured(iokerneld, "batch", batch_cfg, move || {
-            ginza_apps::batch::price_until_stopped(1, p2, b2, seed)
-        })
-    });
+    let batch = held.and_then(|()| start_batch(iokerneld, cfg, &paths, &batch_stop));
     let measured = batch.and_then(|mut batch| {
         let target = SocketAddr::V4(SocketAddrV4::new(ns.peer_ip, PORT));
-        let m =
-            measure(ns, cfg, target, paths, format!("{server_name} ({backend})")).map(|mut m| {
-                m.iokerneld = iokerneld.stats().ok().map(|s| {
-                    s.apps
-                        .iter()
-                        .map(|a| {
-                            format!(
-                                "{}: {} grants, {} preemptions, {} overdue",
-                                a.name, a.grants, a.preemptions, a.preempt_overdue
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                });
-                m
-            });
+        let label = format!("{server_name} ({backend})");
+        let m = measure(ns, cfg, target, paths, Some(iokerneld), label).map(|mut m| {
+            m.iokerneld = grants_summary(iokerneld);
+            m
+        });
         batch_stop.store(true, Relaxed);
         // The server first: under `static` it keeps the one managed core
         // while idle, and batch sees its stop only once it runs.
@@ -655,11 +771,7 @@ fn ginza_serving(
             }
             drop(netstack.take());
         }
-        let price = batch.join()?;
-        anyhow::ensure!(
-            price == 0.0 || (price - 8.0214).abs() < 1.0,
-            "batch priced the call at {price}: its work was not real"
-        );
+        check_price(batch.join()?)?;
         m
     });
     stop.store(true, Relaxed);
@@ -671,6 +783,100 @@ fn ginza_serving(
         (Err(m), Err(s)) => Err(s.context(format!("(the measurement: {m:#})"))),
         (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
     }
+}
+
+/// The batch application beside a Ginza server, counting its paths in
+/// `paths` until `stop`; registered when this returns.
+fn start_batch(
+    iokerneld: &InProcess,
+    cfg: &PointConfig,
+    paths: &Arc<AtomicU64>,
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<App<f64>> {
+    let (p2, b2, seed) = (paths.clone(), stop.clone(), cfg.seed);
+    let mut batch_cfg = runtime_config(iokerneld, "batch", Class::Batch);
+    if let Some(io) = batch_cfg.iokernel.as_mut() {
+        io.keep_cores_when_idle = cfg.allocator != PolicyKind::Shenango;
+    }
+    App::start_configured(iokerneld, "batch", batch_cfg, move || {
+        ginza_apps::batch::price_until_stopped(1, p2, b2, seed)
+    })
+}
+
+/// An error unless batch's result is the price its real work computes (0
+/// when it did no path at all).
+fn check_price(price: f64) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        price == 0.0 || (price - 8.0214).abs() < 1.0,
+        "batch priced the call at {price}: its work was not real"
+    );
+    Ok(())
+}
+
+/// iokerneld's grants and preemptions per application, one line.
+fn grants_summary(iokerneld: &InProcess) -> Option<String> {
+    iokerneld.stats().ok().map(|s| {
+        s.apps
+            .iter()
+            .map(|a| {
+                format!(
+                    "{}: {} grants, {} preemptions, {} overdue",
+                    a.name, a.grants, a.preemptions, a.preempt_overdue
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
+/// Debian's memcached under `ginza run` and batch under iokerneld: as
+/// kv-server's point, the server a process of its own.
+fn memcached_ginza_serving(
+    ns: &NetNs,
+    cfg: &PointConfig,
+    iokerneld: &InProcess,
+    backend: &str,
+) -> anyhow::Result<PointResult> {
+    let run = cfg.ginza_run.as_ref().context(
+        "memcached-ginza needs `ginza` and the preload library (PointConfig::ginza_run)",
+    )?;
+    let addr = SocketAddrV4::new(ns.peer_ip, PORT);
+    let mut server = ginza_run::start(
+        run,
+        iokerneld,
+        (KV_MAC, ns.peer_ip),
+        ginza_run::MEMCACHED,
+        Path::new("memcached"),
+        &memcached_args(addr),
+    )?;
+    let paths = Arc::new(AtomicU64::new(0));
+    let batch_stop = Arc::new(AtomicBool::new(false));
+    let batch = start_batch(iokerneld, cfg, &paths, &batch_stop);
+    let measured = batch.and_then(|mut batch| {
+        let label = format!("memcached -t 1 under ginza run ({backend})");
+        let m =
+            measure(ns, cfg, SocketAddr::V4(addr), paths, Some(iokerneld), label).map(|mut m| {
+                m.iokerneld = grants_summary(iokerneld);
+                m
+            });
+        batch_stop.store(true, Relaxed);
+        // Still running? A crash during the run is the measurement's error.
+        let alive = match server.0.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(anyhow!(
+                "memcached under ginza run exited ({status}) during the point: {}",
+                server.stderr()
+            )),
+            Err(e) => Err(e.into()),
+        };
+        // The server goes first: batch sees its stop once it has the core.
+        server.stop();
+        check_price(batch.join()?)?;
+        alive?;
+        m
+    });
+    server.stop();
+    measured
 }
 
 /// Waits until application `name` holds at least `cores` cores.
@@ -693,11 +899,55 @@ fn wait_for_cores(iokerneld: &InProcess, name: &str, cores: u32) -> anyhow::Resu
 /// A process this bench started, killed on drop.
 struct Started(Child);
 
-impl Drop for Started {
-    fn drop(&mut self) {
+impl Started {
+    /// Kills it (if still running) and reaps it.
+    fn stop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+
+    /// What it wrote on stderr (once it has exited).
+    fn stderr(&mut self) -> String {
+        let mut err = String::new();
+        if let Some(mut e) = self.0.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        err
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// memcached's flags in both systems: `addr`, no UDP; one worker thread
+/// for the one server CPU (more would only time-share it); 4096
+/// connections; room for the keys; as root, a user to become (memcached
+/// refuses to run as root without one).
+fn memcached_args(addr: SocketAddrV4) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "-l",
+        &addr.ip().to_string(),
+        "-p",
+        &addr.port().to_string(),
+        "-U",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "4096",
+        "-m",
+        &MEMORY_MB.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if ginza_sys::process::geteuid() == 0 {
+        args.extend(["-u".to_string(), "root".to_string()]);
+    }
+    args
 }
 
 /// Debian's memcached, one worker thread, pinned to the server CPU.
@@ -705,26 +955,10 @@ fn start_memcached(addr: SocketAddrV4, cpu: usize) -> anyhow::Result<Started> {
     let mut command = Command::new("taskset");
     command
         .args(["-c", &cpu.to_string(), "memcached"])
-        .args(["-l", &addr.ip().to_string(), "-p", &addr.port().to_string()])
-        // No UDP; one worker thread for the one server CPU (more would
-        // only time-share it); 4096 connections; room for the keys.
-        .args([
-            "-U",
-            "0",
-            "-t",
-            "1",
-            "-c",
-            "4096",
-            "-m",
-            &MEMORY_MB.to_string(),
-        ])
+        .args(memcached_args(addr))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if ginza_sys::process::geteuid() == 0 {
-        // memcached refuses to run as root without a user to become.
-        command.args(["-u", "root"]);
-    }
     let mut child = Started(
         command
             .spawn()
@@ -762,6 +996,7 @@ fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         cfg,
         SocketAddr::V4(addr),
         paths,
+        None,
         format!("memcached -t 1, batch at {priority}"),
     );
     stop.store(true, Relaxed);
@@ -771,10 +1006,7 @@ fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     drop(server);
     drop(host);
     let m = m?;
-    anyhow::ensure!(
-        price == 0.0 || (price - 8.0214).abs() < 1.0,
-        "batch priced the call at {price}: its work was not real"
-    );
+    check_price(price)?;
     Ok(m)
 }
 
@@ -814,6 +1046,11 @@ pub fn medians(runs: &[PointResult], loads: &[f64]) -> Vec<MedianPoint> {
                 p99_us: lat(|r| r.p99_us),
                 p999_us: lat(|r| r.p999_us),
                 batch_ops_per_s: all(|r| r.batch_ops_per_s),
+                iokerneld_cpu_pct: median(
+                    &of.iter()
+                        .filter_map(|r| r.iokerneld_cpu_pct)
+                        .collect::<Vec<_>>(),
+                ),
                 generator_saturated,
                 saturated_rounds,
                 rounds: of.len(),
@@ -833,13 +1070,38 @@ pub fn max_krps(points: &[MedianPoint], system: System) -> Option<f64> {
         .max_by(f64::total_cmp)
 }
 
+/// Per load where kv-server and memcached-ginza both have a p50, the
+/// difference.
+fn library_and_protocol(points: &[MedianPoint]) -> Vec<LibraryAndProtocol> {
+    let p50 = |system, load: f64| {
+        points
+            .iter()
+            .find(|p| p.system == system && p.offered_krps == load)
+            .and_then(|p| p.p50_us)
+    };
+    points
+        .iter()
+        .filter(|p| p.system == System::MemcachedGinza)
+        .filter_map(|p| {
+            let mine = p.p50_us?;
+            let kv = p50(System::Ginza, p.offered_krps)?;
+            Some(LibraryAndProtocol {
+                offered_krps: p.offered_krps,
+                memcached_ginza_p50_us: mine,
+                ginza_kv_server_p50_us: kv,
+                added_p50_us: mine - kv,
+            })
+        })
+        .collect()
+}
+
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.1}"))
 }
 
 fn row(r: &PointResult) -> String {
     format!(
-        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s{}  ({})",
+        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s  iokerneld CPU {:>5} %{}  ({})",
         r.system.name(),
         r.offered_krps,
         r.achieved_krps,
@@ -847,6 +1109,7 @@ fn row(r: &PointResult) -> String {
         opt(r.p99_us),
         opt(r.p999_us),
         r.batch_ops_per_s / 1e6,
+        opt(r.iokerneld_cpu_pct),
         if r.generator_saturated {
             "  generator saturated"
         } else {
@@ -870,6 +1133,7 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
                 o(p.p99_us),
                 o(p.p999_us),
                 format!("{:.0}", p.batch_ops_per_s),
+                o(p.iokerneld_cpu_pct),
                 p.generator_saturated.to_string(),
             ]
         })
@@ -884,6 +1148,7 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
             "p99_us",
             "p999_us",
             "batch_ops_per_s",
+            "iokerneld_cpu_pct",
             "generator_saturated",
         ],
         &rows,
@@ -951,12 +1216,12 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s"
+        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s  iokerneld CPU %"
     );
     for p in &r.points {
         let _ = writeln!(
             s,
-            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2}{}",
+            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2} {:>16}{}",
             p.system.name(),
             p.offered_krps,
             p.achieved_krps,
@@ -964,6 +1229,7 @@ fn render(r: &Report) -> String {
             opt(p.p99_us),
             opt(p.p999_us),
             p.batch_ops_per_s / 1e6,
+            opt(p.iokerneld_cpu_pct),
             if p.generator_saturated {
                 "  generator saturated"
             } else {
@@ -974,12 +1240,50 @@ fn render(r: &Report) -> String {
     let m = &r.max_krps_at_p99_200us;
     let _ = writeln!(
         s,
-        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}{}",
+        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}{}{}",
         opt(m.ginza),
         opt(m.linux),
+        m.memcached_ginza
+            .map_or(String::new(), |v| format!("  memcached-ginza {v:.1}")),
         m.ginza_protected
             .map_or(String::new(), |v| format!("  ginza-protected {v:.1}"))
     );
+    if !r.library_and_protocol_us.is_empty() {
+        let _ = writeln!(
+            s,
+            "preload library + memcached's event loop and protocol engine, over kv-server on the \
+             native API (memcached-ginza p50 − ginza p50, same iokerneld and batch):"
+        );
+        for d in &r.library_and_protocol_us {
+            let _ = writeln!(
+                s,
+                "  at {:>6.1} krps: {:>7.1} − {:>7.1} = {:>+7.1} µs",
+                d.offered_krps, d.memcached_ginza_p50_us, d.ginza_kv_server_p50_us, d.added_p50_us
+            );
+        }
+    }
+    if let Some(c) = &r.library_cost {
+        let _ = writeln!(
+            s,
+            "preload library alone, {}-byte echo round trips from the namespace, medians of {} round(s):\n  \
+             native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
+             C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
+             C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
+            c.payload_bytes,
+            c.rounds.len() / 3,
+            c.native_api_p50_us,
+            c.native_api_p99_us,
+            c.c_under_ginza_run_p50_us,
+            c.c_under_ginza_run_p99_us,
+            c.added_p50_us,
+            c.c_epoll_under_ginza_run_p50_us,
+            c.c_epoll_under_ginza_run_p99_us,
+            c.added_with_epoll_p50_us
+        );
+    }
+    if let Some(e) = &r.library_cost_error {
+        let _ = writeln!(s, "the library's cost was not measured: {e}");
+    }
     let _ = writeln!(
         s,
         "load average before {} after {}",
@@ -1011,6 +1315,8 @@ mod tests {
             generator_cpu_util: 0.5,
             server: String::new(),
             iokerneld: None,
+            iokerneld_cpu_ms: None,
+            iokerneld_cpu_pct: None,
         }
     }
 
@@ -1036,6 +1342,42 @@ mod tests {
         assert_eq!(l.p99_us, None);
         assert_eq!(max_krps(&points, System::Ginza), Some(9.5));
         assert_eq!(max_krps(&points, System::Linux), None);
+    }
+
+    #[test]
+    fn the_library_and_protocol_difference_is_per_load_where_both_have_a_p50() {
+        let mut runs = vec![
+            result(System::Ginza, Some(200.0), 10.0, false),
+            result(System::MemcachedGinza, Some(260.0), 10.0, false),
+            result(System::Linux, Some(100.0), 10.0, false),
+        ];
+        // At 20 krps memcached-ginza's generator fell behind: no p50.
+        for (system, saturated) in [(System::Ginza, false), (System::MemcachedGinza, true)] {
+            let mut r = result(system, Some(300.0), 20.0, saturated);
+            r.offered_krps = 20.0;
+            runs.push(r);
+        }
+        runs[0].iokerneld_cpu_pct = Some(40.0);
+        let points = medians(&runs, &[10_000.0, 20_000.0]);
+        let d = library_and_protocol(&points);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].offered_krps, 10.0);
+        assert_eq!(d[0].memcached_ginza_p50_us, 130.0);
+        assert_eq!(d[0].ginza_kv_server_p50_us, 100.0);
+        assert_eq!(d[0].added_p50_us, 30.0);
+        // iokerneld's CPU where a round had it, none for Linux.
+        assert_eq!(points[0].iokerneld_cpu_pct, Some(40.0));
+        assert_eq!(points[1].system, System::Linux);
+        assert_eq!(points[1].iokerneld_cpu_pct, None);
+        assert_eq!(points[2].system, System::MemcachedGinza);
+    }
+
+    #[test]
+    fn systems_named_without_memcached_ginza_need_no_library() {
+        let (systems, run) = systems_to_run(Some(&[System::Linux, System::Ginza])).unwrap();
+        assert_eq!(systems, [System::Linux, System::Ginza]);
+        assert!(run.is_none());
+        assert!(systems_to_run(Some(&[])).is_err());
     }
 
     #[test]

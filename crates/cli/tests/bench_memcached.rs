@@ -5,11 +5,23 @@
 //! have the documented shape. No rate is asserted beyond what can be
 //! answered: on a loaded CI machine a debug-build server may answer late,
 //! and batch work at SCHED_IDLE may get no CPU at all.
+//!
+//! The third system, the same memcached binary under `ginza run`, gets a
+//! run of its own beside the other two (the preload library built for it),
+//! and naming it without the library is refused with a message that says
+//! how to build it.
 
 mod common;
 
+use std::sync::Mutex;
+
+/// The benches of this file one at a time: each pins its generator and
+/// servers to the same two CPUs and busy-polls one.
+static ONE_BENCH: Mutex<()> = Mutex::new(());
+
 #[test]
 fn memcached_bench_reports_both_systems_at_each_load() {
+    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
     if !common::two_cpus("the generator, iokerneld and the servers") {
         return;
     }
@@ -35,6 +47,8 @@ fn memcached_bench_reports_both_systems_at_each_load() {
             "500",
             "--connections",
             "4",
+            "--systems",
+            "ginza,linux",
             "--out",
         ])
         .arg(&out_dir)
@@ -108,4 +122,176 @@ fn memcached_bench_reports_both_systems_at_each_load() {
         assert!(out_dir.join(png).metadata().unwrap().len() > 0);
     }
     let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// The batch application's grants in a run's `iokerneld` summary
+/// ("batch: N grants, …").
+fn batch_grants(run: &serde_json::Value) -> Option<u64> {
+    run["iokerneld"]
+        .as_str()?
+        .split("batch: ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn memcached_bench_runs_the_same_binary_under_ginza_run() {
+    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
+    if !common::two_cpus("the generator, iokerneld and the servers") {
+        return;
+    }
+    if let Some(why) = common::veth_or_memcached_missing() {
+        ginza_iokernel::testing::skip(why);
+        return;
+    }
+    let library = common::preload_library();
+    let out_dir = common::out_dir("bench-memcached-ginza-run-test");
+    let out = common::ginza()
+        .args([
+            "bench",
+            "memcached",
+            "--json",
+            "--loads",
+            "2k",
+            "--rounds",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--keys",
+            "500",
+            "--connections",
+            "4",
+            "--systems",
+            "ginza,linux,memcached-ginza",
+            "--library-rounds",
+            "1",
+            "--library-duration",
+            "300ms",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .env("GINZA_PRELOAD", &library)
+        .output()
+        .unwrap();
+    let (v, stderr) = common::json_report(&out);
+    let runs = v["runs"].as_array().unwrap();
+    let systems: Vec<&str> = runs.iter().map(|r| r["system"].as_str().unwrap()).collect();
+    assert_eq!(systems, ["ginza", "linux", "memcached-ginza"], "{v}");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 3, "{v}");
+    for (p, run) in points.iter().zip(runs) {
+        let system = run["system"].as_str().unwrap();
+        assert_eq!(p["system"], system, "{p}");
+        // Every request answered, and rightly: the keys were set, so the
+        // gets hit and the sets store (a wrong answer counts as an error).
+        let achieved = p["achieved_krps"].as_f64().unwrap();
+        assert!(
+            1.6 < achieved && achieved < 2.4,
+            "{system} at 2 krps answered {achieved} krps: {run}\n{stderr}"
+        );
+        assert_eq!(run["errors"].as_u64(), Some(0), "{run}");
+        assert_eq!(run["timeouts"].as_u64(), Some(0), "{run}");
+        let cpu = p["iokerneld_cpu_pct"].as_f64();
+        if system == "linux" {
+            assert!(cpu.is_none(), "no iokerneld in the Linux system: {p}");
+            continue;
+        }
+        // iokerneld's loop ran over the measured second (it polls the NIC),
+        // and no more than the whole of it, with some slack for sampling.
+        assert!(cpu.is_some_and(|c| 0.0 < c && c <= 110.0), "{p}");
+        assert!(batch_grants(run).is_some_and(|g| g > 0), "{run}");
+        if system == "memcached-ginza" {
+            let server = run["server"].as_str().unwrap_or_default();
+            assert!(server.contains("under ginza run"), "{run}");
+            if !p["generator_saturated"].as_bool().unwrap() {
+                let p50 = p["p50_us"].as_f64().unwrap();
+                let p99 = p["p99_us"].as_f64().unwrap();
+                assert!(0.0 < p50 && p50 <= p99 && p99 < 1e6, "{p}");
+            }
+        }
+    }
+    let max = &v["max_krps_at_p99_200us"]["memcached_ginza"];
+    assert!(
+        max.is_null() || max.as_f64().is_some_and(|k| k > 0.0),
+        "{v}"
+    );
+    // The difference of the two Ginza servers' p50 at the one load, when
+    // both were measured.
+    let both = points
+        .iter()
+        .filter(|p| p["system"] != "linux")
+        .all(|p| p["p50_us"].is_f64());
+    let diffs = v["library_and_protocol_us"].as_array().unwrap();
+    assert_eq!(diffs.len(), usize::from(both), "{v}");
+    if let Some(d) = diffs.first() {
+        let added = d["added_p50_us"].as_f64().unwrap();
+        let mine = d["memcached_ginza_p50_us"].as_f64().unwrap();
+        let kv = d["ginza_kv_server_p50_us"].as_f64().unwrap();
+        assert!((mine - kv - added).abs() < 1e-6, "{d}");
+    }
+    // The library's own cost: an echo through it (blocking and epoll) and
+    // on the native API, one round each, all answered.
+    let cost = &v["library_cost"];
+    assert!(cost.is_object(), "{v}");
+    let rounds = cost["rounds"].as_array().unwrap();
+    let servers: Vec<&str> = rounds
+        .iter()
+        .map(|r| r["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        servers,
+        ["native-api", "c-under-ginza-run", "c-epoll-under-ginza-run"],
+        "{cost}"
+    );
+    for r in rounds {
+        assert!(r["round_trips"].as_u64().is_some_and(|n| n > 0), "{r}");
+        let (p50, p99) = (r["p50_us"].as_f64().unwrap(), r["p99_us"].as_f64().unwrap());
+        assert!(0.0 < p50 && p50 <= p99 && p99 < 1e6, "{r}");
+    }
+    let (native, c) = (
+        cost["native_api_p50_us"].as_f64().unwrap(),
+        cost["c_under_ginza_run_p50_us"].as_f64().unwrap(),
+    );
+    assert!(
+        (c - native - cost["added_p50_us"].as_f64().unwrap()).abs() < 1e-6,
+        "{cost}"
+    );
+    let epoll = cost["c_epoll_under_ginza_run_p50_us"].as_f64().unwrap();
+    let added = cost["added_with_epoll_p50_us"].as_f64().unwrap();
+    assert!((epoll - native - added).abs() < 1e-6, "{cost}");
+    let csv = std::fs::read_to_string(out_dir.join("memcached.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 4, "{csv}");
+    assert!(csv.contains("\nmemcached-ginza,2.000,"), "{csv}");
+    assert!(
+        csv.lines().next().unwrap().contains("iokerneld_cpu_pct"),
+        "{csv}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn naming_memcached_ginza_without_the_library_is_an_error_that_says_how_to_build_it() {
+    let out = common::ginza()
+        .args([
+            "bench",
+            "memcached",
+            "--systems",
+            "memcached-ginza",
+            "--loads",
+            "1k",
+        ])
+        .env("GINZA_PRELOAD", "/nonexistent/libginza_preload.so")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("memcached-ginza") && stderr.contains("GINZA_PRELOAD"),
+        "{stderr}"
+    );
 }

@@ -1113,6 +1113,8 @@ fn memcached_point(
         },
         // As iokerneld runs by default.
         local_wake: None,
+        // The experiments run kv-server and Linux's memcached only.
+        ginza_run: None,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);

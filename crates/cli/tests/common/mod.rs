@@ -54,3 +54,35 @@ pub fn json_report(out: &Output) -> (serde_json::Value, String) {
 pub fn out_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("ginza-{name}-{}", std::process::id()))
 }
+
+/// The preload library of this test's profile, built with `$CARGO build -p
+/// ginza-preload` into this test's target directory (once per process);
+/// panics with Cargo's output when the build fails.
+pub fn preload_library() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // `ginza` lies in <target>/<profile>/, where the library goes.
+            let ginza = PathBuf::from(env!("CARGO_BIN_EXE_ginza"));
+            let profile_dir = ginza.parent().unwrap().to_path_buf();
+            let target = profile_dir.parent().unwrap();
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(cargo);
+            cmd.args(["build", "-p", "ginza-preload", "--target-dir"])
+                .arg(target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if cfg!(not(debug_assertions)) {
+                cmd.arg("--release");
+            }
+            let out = cmd.output().expect("running cargo");
+            assert!(
+                out.status.success(),
+                "cargo build -p ginza-preload failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let library = profile_dir.join("libginza_preload.so");
+            assert!(library.is_file(), "the build left no {}", library.display());
+            library
+        })
+        .clone()
+}

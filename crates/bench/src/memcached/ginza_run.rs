@@ -1,0 +1,135 @@
+//! The third system of `ginza bench memcached`: the same Debian memcached
+//! binary as the Linux peer, with the same flags, under `ginza run` (its
+//! pthreads are uthreads, its sockets Ginza sockets through the preload
+//! library, docs/preload.md), registered with the bench's iokerneld as a
+//! latency-critical application with one kthread.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::Context as _;
+use ginza_net::MacAddr;
+
+use super::Started;
+
+/// memcached's name at iokerneld.
+pub(super) const MEMCACHED: &str = "memcached";
+
+/// What `ginza run` needs: the `ginza` executable and the preload library.
+#[derive(Clone, Debug)]
+pub struct GinzaRun {
+    pub ginza: PathBuf,
+    pub library: PathBuf,
+}
+
+/// Finds both as `ginza run` does: `ginza` is this executable (the bench
+/// is one of its subcommands), the library `$GINZA_PRELOAD`, else
+/// `libginza_preload.so` next to it or in `../lib/ginza/`. The error says
+/// how to build what is missing.
+pub fn locate() -> anyhow::Result<GinzaRun> {
+    let exe = std::env::current_exe().context("locating this executable")?;
+    anyhow::ensure!(
+        exe.file_name().is_some_and(|n| n == "ginza"),
+        "memcached under `ginza run` needs the `ginza` executable, and this bench runs in {}",
+        exe.display()
+    );
+    if let Some(p) = std::env::var_os("GINZA_PRELOAD") {
+        let library = PathBuf::from(p);
+        anyhow::ensure!(
+            library.is_file(),
+            "GINZA_PRELOAD names {}, which is not a file (build the library with \
+             `cargo build --release -p ginza-preload`)",
+            library.display()
+        );
+        return Ok(GinzaRun {
+            ginza: exe,
+            library,
+        });
+    }
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [
+        dir.join("libginza_preload.so"),
+        dir.join("../lib/ginza/libginza_preload.so"),
+    ];
+    let library = candidates.iter().find(|c| c.is_file()).with_context(|| {
+        format!(
+            "libginza_preload.so is neither next to {} nor in ../lib/ginza/: build it with \
+             `cargo build --release -p ginza-preload` (the profile of this ginza), or set \
+             GINZA_PRELOAD",
+            exe.display()
+        )
+    })?;
+    Ok(GinzaRun {
+        ginza: exe,
+        library: library.clone(),
+    })
+}
+
+/// `ginza run --iokernel=SOCKET --ip IP --mac MAC -- PROGRAM ARGS`, named
+/// `name` at iokerneld, with one kthread and no guaranteed core (kv-server's terms
+/// under the shenango allocator), its stderr kept for a failure's message.
+pub(super) fn command(
+    run: &GinzaRun,
+    socket: &Path,
+    (mac, ip): (MacAddr, Ipv4Addr),
+    name: &str,
+    program: &Path,
+    args: &[String],
+) -> Command {
+    let mut cmd = Command::new(&run.ginza);
+    cmd.arg("run")
+        .arg(format!("--iokernel={}", socket.display()))
+        .args(["--ip", &ip.to_string(), "--mac", &mac.to_string()])
+        .args(["--name", name, "--kthreads", "1", "--guaranteed", "0"])
+        .args(["--class", "lc"])
+        .arg("--library")
+        .arg(&run.library)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Starts `program` under `ginza run` as application `name` at `(mac,
+/// ip)`; returns once iokerneld lists it (it listens shortly after: a
+/// client's first connection retries a refusal). The address is the one
+/// its native peer in the same run has, MAC included: the namespace's
+/// neighbour cache then stays right from one point to the next.
+pub(super) fn start(
+    run: &GinzaRun,
+    iokerneld: &ginza_iokernel::InProcess,
+    address: (MacAddr, Ipv4Addr),
+    name: &str,
+    program: &Path,
+    args: &[String],
+) -> anyhow::Result<Started> {
+    let mut child = Started(
+        command(run, iokerneld.socket(), address, name, program, args)
+            .spawn()
+            .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
+    );
+    let t0 = std::time::Instant::now();
+    while !iokerneld
+        .stats()
+        .is_ok_and(|s| s.apps.iter().any(|a| a.name == name))
+    {
+        if let Some(status) = child.0.try_wait()? {
+            anyhow::bail!(
+                "{name} under ginza run exited ({status}) before it registered: {}",
+                child.stderr()
+            );
+        }
+        anyhow::ensure!(
+            t0.elapsed() < super::START_TIMEOUT,
+            "{name} under ginza run did not register with iokerneld within {:?}",
+            super::START_TIMEOUT
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok(child)
+}
