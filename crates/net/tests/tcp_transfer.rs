@@ -263,3 +263,17 @@ fn stolen_segments_are_resequenced() {
         "no loss, no timeout"
     );
 }
+
+#[test]
+fn tmp_compare_sack_off() {
+    for sack in [false, true] {
+        let config = TcpConfig { sack, ..TcpConfig::default() };
+        let mut net = Net::handshake(&config, lossy_link(), 7);
+        let a_data = pattern(10_000_000, 3);
+        let b_data = pattern(1_000_000, 4);
+        let (a_got, b_got) = exchange(&mut net, &a_data, &b_data, Duration::from_secs(300));
+        assert!(b_got == a_data && a_got == b_data);
+        let a = net.a.stats();
+        eprintln!("sack {sack}: done at {:?}; timeouts {} rtx {} fast {} srtx {} segs_out {}", net.now, a.timeouts, a.retransmissions, a.fast_retransmits, a.sack_retransmissions, a.segments_out);
+    }
+}

@@ -280,15 +280,14 @@ impl Connection {
         let newly_sacked = self.take_sack_blocks(seg, ack);
         if ack.gt(self.snd_una) {
             self.on_new_ack(ack, now);
-        } else if self.sack_enabled
-            && ack == self.snd_una
-            && self.snd_max != self.snd_una
-            && (newly_sacked > 0 || (seg.payload.is_empty() && !seg.flags.fin && window == self.snd_wnd && window > 0))
-        {
-            // RFC 6675 §2: with SACK, an ACK that SACKs new data is a
-            // duplicate ACK whatever else it carries; recovery is decided
-            // below from the scoreboard.
-            self.cc.count_duplicate_ack();
+        } else if self.sack_enabled {
+            // RFC 6675 §2: with SACK, a duplicate ACK is one that SACKs
+            // data not SACKed before (so forged or stale blocks and bare
+            // repeats count for nothing); recovery is decided below from
+            // the scoreboard.
+            if ack == self.snd_una && newly_sacked > 0 {
+                self.cc.count_duplicate_ack();
+            }
         } else if ack == self.snd_una
             && seg.payload.is_empty()
             && !seg.flags.fin
@@ -374,7 +373,10 @@ impl Connection {
             .lost_edge(loss_recovery::DUP_THRESH, mss)
             .is_some();
         let dup_acks = self.cc.duplicate_acks() >= loss_recovery::DUP_THRESH;
-        if (lost || dup_acks) && self.cc.may_recover(self.snd_una) {
+        // After a timeout, duplicate ACKs may be the answers to go-back-N's
+        // needless retransmissions (RFC 6582 §4.1); SACKed data beyond a
+        // hole is evidence of a loss either way.
+        if lost || (dup_acks && self.cc.may_recover(self.snd_una)) {
             let flight = self.snd_max.distance_from(self.snd_una);
             self.cc.enter_sack_recovery(flight);
             self.sack_recovery = Some(SackRecovery::new(self.snd_una, self.snd_max));
