@@ -31,7 +31,9 @@ pub mod seq;
 pub mod table;
 pub mod wire;
 
-pub use conn::{reset_for, Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
+pub use conn::{
+    reset_for, Connection, ConnectionStats, Events, KeepAlive, State, TcpConfig, TcpError,
+};
 pub use frame::TcpFrame;
 pub use isn::IsnGenerator;
 pub use sack::{SackBlock, SackBlocks, MAX_SACK_BLOCKS};

@@ -34,7 +34,10 @@ impl Connection {
                 self.stats.dropped += 1;
                 self.pending_rst = super::reset_for(segment);
             }
-            State::SynSent => self.on_syn_sent(segment, now),
+            State::SynSent => {
+                self.keepalive.heard(now);
+                self.on_syn_sent(segment, now);
+            }
             _ => {
                 // Anything from the peer answers keep-alive probes.
                 self.keepalive.heard(now);
