@@ -277,11 +277,11 @@ fn sack_recovers_the_lossy_transfer_sooner_than_newreno() {
             ..TcpConfig::default()
         };
         let mut net = Net::handshake(&config, lossy_link(), 7);
-        assert_eq!(net.a.sack_enabled(), sack);
         let a_data = pattern(10_000_000, 3);
         let b_data = pattern(1_000_000, 4);
         let (a_got, b_got) = exchange(&mut net, &a_data, &b_data, Duration::from_secs(300));
         assert!(b_got == a_data && a_got == b_data, "sack {sack}: intact");
+        assert_eq!((net.a.sack_enabled(), net.b.sack_enabled()), (sack, sack));
         let a = net.a.stats();
         eprintln!("sack {sack}: done at {:?}; {a:?}", net.now);
         results.push((net.now, a));
