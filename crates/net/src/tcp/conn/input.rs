@@ -285,23 +285,16 @@ impl Connection {
             self.on_new_ack(ack, now);
         } else if self.sack_enabled {
             // RFC 6675 §2: with SACK, a duplicate ACK is one that SACKs
-            // data not SACKed before (so forged or stale blocks and bare
-            // repeats count for nothing); recovery is decided below from
-            // the scoreboard.
-            if ack == self.snd_una && newly_sacked > 0 {
+            // data not SACKed before, so forged or stale blocks count for
+            // nothing; one without any blocks counts as RFC 5681 says (a
+            // peer or middlebox that negotiated SACK and sends none still
+            // gets fast retransmission). Recovery is decided below.
+            if ack == self.snd_una
+                && (newly_sacked > 0 || (seg.sack.is_empty() && self.is_classic_duplicate(seg, window)))
+            {
                 self.cc.count_duplicate_ack();
             }
-        } else if ack == self.snd_una
-            && seg.payload.is_empty()
-            && !seg.flags.fin
-            && window == self.snd_wnd
-            && window > 0
-            && self.snd_max != self.snd_una
-        {
-            // RFC 5681 §2's duplicate ACK. Not with a zero window: that is
-            // the answer to a refused zero-window probe (whose byte is all
-            // that is outstanding), and a fast retransmission would go
-            // beyond the window.
+        } else if ack == self.snd_una && self.is_classic_duplicate(seg, window) {
             let flight = self.snd_max.distance_from(self.snd_una);
             if self.cc.on_duplicate_ack(self.snd_max, flight, ack) == AckAction::Retransmit {
                 self.stats.fast_retransmits += 1;
@@ -309,7 +302,7 @@ impl Connection {
             }
         }
         if self.sack_enabled {
-            self.sack_recovery_step();
+            self.sack_recovery_step(now);
         }
         // The peer is alive: probes answered.
         self.probes_unanswered = 0;
@@ -339,6 +332,18 @@ impl Connection {
         true
     }
 
+    /// RFC 5681 §2's duplicate ACK, but for the acknowledgement number: no
+    /// data, no FIN, the window unchanged and open (a zero window answers a
+    /// refused zero-window probe, whose byte is all that is outstanding: a
+    /// fast retransmission would go beyond the window), data outstanding.
+    fn is_classic_duplicate(&self, seg: &Segment<'_>, window: u32) -> bool {
+        seg.payload.is_empty()
+            && !seg.flags.fin
+            && window == self.snd_wnd
+            && window > 0
+            && self.snd_max != self.snd_una
+    }
+
     /// RFC 2018: the segment's SACK blocks into the scoreboard, validated
     /// against SND.UNA (after this ACK) and SND.MAX. Returns the bytes
     /// newly SACKed.
@@ -354,21 +359,30 @@ impl Connection {
         update.newly_sacked
     }
 
-    /// RFC 6675 §5 after an ACK: end the episode at RecoveryPoint, note
+    /// RFC 6675 §5 after an ACK (or when a loss check is due): end the
+    /// episode at RecoveryPoint, note segments lost by time and
     /// retransmissions lost again, or enter recovery when DupThresh
-    /// duplicate ACKs came or IsLost(SND.UNA) holds.
-    fn sack_recovery_step(&mut self) {
+    /// duplicate ACKs came, IsLost(SND.UNA) holds or a segment is lost by
+    /// time.
+    pub(super) fn sack_recovery_step(&mut self, now: Instant) {
         let mss = self.full_payload_mss() as u32;
+        let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
+        let wait = srtt + (srtt / 4).max(super::rack::MIN_REORDER_WINDOW);
+        let detected = self
+            .transmit_log
+            .detect(&self.scoreboard, self.snd_una, now, wait);
+        self.rack_at = detected.recheck_at;
         if let Some(recovery) = &mut self.sack_recovery {
             if recovery.is_over(self.snd_una) {
                 self.sack_recovery = None;
                 self.cc.exit_sack_recovery();
             } else {
                 recovery.on_ack(&self.scoreboard, self.snd_una, mss);
+                recovery.mark_lost(&detected.lost);
+                return;
             }
-            return;
         }
-        if self.snd_max == self.snd_una || !self.is_synchronized() {
+        if self.snd_max == self.snd_una || !self.can_send_data() {
             return;
         }
         let lost = self
@@ -378,11 +392,13 @@ impl Connection {
         let dup_acks = self.cc.duplicate_acks() >= loss_recovery::DUP_THRESH;
         // After a timeout, duplicate ACKs may be the answers to go-back-N's
         // needless retransmissions (RFC 6582 §4.1); SACKed data beyond a
-        // hole is evidence of a loss either way.
-        if lost || (dup_acks && self.cc.may_recover(self.snd_una)) {
+        // hole, or a segment lost by time, is evidence of a loss either way.
+        if lost || !detected.lost.is_empty() || (dup_acks && self.cc.may_recover(self.snd_una)) {
             let flight = self.snd_max.distance_from(self.snd_una);
             self.cc.enter_sack_recovery(flight);
-            self.sack_recovery = Some(SackRecovery::new(self.snd_una, self.snd_max));
+            let mut recovery = SackRecovery::new(self.snd_una, self.snd_max);
+            recovery.mark_lost(&detected.lost);
+            self.sack_recovery = Some(recovery);
             self.stats.sack_recoveries += 1;
             self.stats.fast_retransmits += 1;
         }
@@ -423,6 +439,10 @@ impl Connection {
             self.rto_at = None;
         } else if restart || self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
+        }
+        // RFC 8985 §7.2: an ACK of new data restarts the loss probe timer.
+        if self.sack_enabled && self.snd_max != self.snd_una {
+            self.probe_timeout_at = Some(self.probe_timeout(now));
         }
     }
 

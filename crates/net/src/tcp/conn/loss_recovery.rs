@@ -33,7 +33,8 @@ pub(super) struct SackRecovery {
     high_rxt: Seq,
     /// Retransmissions in flight: `(start, end, SND.MAX when sent)`.
     in_flight: VecDeque<(Seq, Seq, Seq)>,
-    /// Retransmissions found lost again, to be resent first.
+    /// Retransmissions found lost again, and segments found lost by time,
+    /// to be resent first.
     relost: Vec<(Seq, Seq)>,
 }
 
@@ -88,6 +89,15 @@ impl SackRecovery {
         self.in_flight = kept;
     }
 
+    /// Segments found lost by time ([`super::rack`]): resent first.
+    pub(super) fn mark_lost(&mut self, lost: &[(Seq, Seq)]) {
+        for &range in lost {
+            if !self.relost.contains(&range) {
+                self.relost.push(range);
+            }
+        }
+    }
+
     /// NextSeg's retransmissions that come before new data: a
     /// retransmission lost again, else (rule 1) the first unSACKed hole
     /// above HighRxt that IsLost says is lost. `(start, end)` of the hole;
@@ -114,7 +124,14 @@ impl SackRecovery {
     /// number sent.
     pub(super) fn on_retransmit(&mut self, start: Seq, end: Seq, snd_max: Seq) {
         self.high_rxt = self.high_rxt.max(end);
-        self.relost.retain(|&(s, _)| !s.in_range(start, end));
+        // What was resent leaves the lost list (a range is resent from its
+        // first unSACKed byte on, so what lies below `end` is done).
+        for range in &mut self.relost {
+            if range.0.lt(end) && start.lt(range.1) {
+                range.0 = end.min(range.1);
+            }
+        }
+        self.relost.retain(|&(s, e)| s.lt(e));
         if self.in_flight.len() == MAX_TRACKED {
             self.in_flight.pop_front();
         }

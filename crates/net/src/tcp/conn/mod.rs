@@ -10,6 +10,7 @@
 //! * [`congestion`]: NewReno (RFC 5681, RFC 6582).
 //! * [`sack`]: RFC 2018 SACK: the receiver's blocks, the sender's scoreboard.
 //! * [`loss_recovery`]: RFC 6675 SACK-based loss recovery.
+//! * [`rack`]: time-ordered loss detection (RACK's idea, RFC 8985 §6).
 //! * [`keepalive`]: keep-alive probes (RFC 1122 §4.2.3.6).
 //! * [`paws`]: RFC 7323 §5 PAWS.
 //! * [`challenge`]: RFC 5961 challenge ACKs and their rate limit.
@@ -21,6 +22,7 @@ mod keepalive;
 mod loss_recovery;
 mod output;
 mod paws;
+mod rack;
 mod reassembly;
 mod rtt;
 mod sack;
@@ -36,6 +38,7 @@ use congestion::NewReno;
 use keepalive::{KeepAliveAction, KeepAliveTimer};
 use loss_recovery::SackRecovery;
 use paws::RecentTimestamp;
+use rack::TransmitLog;
 use sack::{ReceiverReport, Scoreboard};
 use reassembly::ReceiveBuffer;
 use rtt::RttEstimator;
@@ -158,6 +161,8 @@ pub struct ConnectionStats {
     pub keepalive_probes: u64,
     /// Segments dropped by PAWS (a TSval older than TS.Recent).
     pub paws_drops: u64,
+    /// Tail loss probes sent (RFC 8985 §7).
+    pub loss_probes: u64,
 }
 
 impl Default for TcpConfig {
@@ -250,6 +255,13 @@ pub struct Connection {
     sack_recovery: Option<SackRecovery>,
     /// Which blocks we report as receiver.
     sack_report: ReceiverReport,
+    /// When each outstanding data segment was sent (SACK connections).
+    transmit_log: TransmitLog,
+    /// When to look for lost segments again.
+    rack_at: Option<Instant>,
+    /// The tail loss probe's timer (RFC 8985 §7), and its firing.
+    probe_timeout_at: Option<Instant>,
+    loss_probe_now: bool,
 
     // Receive sequence space.
     irs: Seq,
@@ -330,6 +342,10 @@ impl Connection {
             scoreboard: Scoreboard::default(),
             sack_recovery: None,
             sack_report: ReceiverReport::default(),
+            transmit_log: TransmitLog::default(),
+            rack_at: None,
+            probe_timeout_at: None,
+            loss_probe_now: false,
             irs: Seq(0),
             rcv_nxt: Seq(0),
             rcv_wscale: window_scale_for(config.recv_buffer),
@@ -448,6 +464,16 @@ impl Connection {
         self.sack_report.blocks(&self.recv.held_ranges())
     }
 
+    /// RFC 8985 §7.2's PTO: two smoothed round trips (at least 1 ms, so a
+    /// peer's ACK scheduling is not taken for a loss), no later than the
+    /// retransmission timer would fire.
+    fn probe_timeout(&self, now: Instant) -> Instant {
+        let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
+        let pto = (srtt * 2).max(Duration::from_millis(1));
+        let at = now + pto;
+        self.rto_at.map_or(at, |rto| at.min(rto))
+    }
+
     /// The segment-sized payload without SACK blocks (congestion control
     /// counts in these).
     fn full_payload_mss(&self) -> usize {
@@ -483,6 +509,18 @@ impl Connection {
         }
         if self.rto_at.is_some_and(|at| at <= now) {
             self.on_retransmission_timeout();
+        }
+        if self.rack_at.is_some_and(|at| at <= now) {
+            self.rack_at = None;
+            if self.sack_enabled && self.is_synchronized() {
+                self.sack_recovery_step(now);
+            }
+        }
+        if self.probe_timeout_at.is_some_and(|at| at <= now) {
+            self.probe_timeout_at = None;
+            if self.sack_recovery.is_none() && self.snd_max != self.snd_una {
+                self.loss_probe_now = true;
+            }
         }
         if self.keepalive_at.is_some_and(|at| at <= now) {
             self.keepalive_at = None;
@@ -560,6 +598,9 @@ impl Connection {
         // go-back-N below skips what the peer SACKed (a peer that reneged
         // shows it by its cumulative ACK, and the scoreboard lets go).
         self.sack_recovery = None;
+        self.transmit_log.clear();
+        self.rack_at = None;
+        self.probe_timeout_at = None;
         // Go back N: everything after SND.UNA is sent again as the windows
         // allow (SYN-SENT and SYN-RECEIVED resend their SYN this way).
         self.snd_nxt = self.snd_una;
@@ -575,6 +616,8 @@ impl Connection {
             self.ack_at,
             self.time_wait_at,
             self.keepalive_at,
+            self.rack_at,
+            self.probe_timeout_at,
         ]
             .into_iter()
             .flatten()
@@ -590,6 +633,8 @@ impl Connection {
             self.ack_at = None;
             self.time_wait_at = None;
             self.keepalive_at = None;
+            self.rack_at = None;
+            self.probe_timeout_at = None;
             return;
         }
         // Keep-alive watches an established connection (or one the peer
@@ -602,6 +647,9 @@ impl Connection {
         // when a segment goes out (output) and restarted by new ACKs (input).
         if self.snd_nxt == self.snd_una {
             self.rto_at = None;
+        }
+        if self.snd_max == self.snd_una || self.sack_recovery.is_some() {
+            self.probe_timeout_at = None;
         }
         // FIN-WAIT-2 after close(): nobody reads, and a peer that never
         // sends its FIN must not hold the connection forever; it gets as

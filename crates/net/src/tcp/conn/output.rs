@@ -128,6 +128,12 @@ impl Connection {
                 });
             }
         }
+        if std::mem::take(&mut self.loss_probe_now) {
+            if let Some(plan) = self.plan_loss_probe(mss) {
+                self.stats.loss_probes += 1;
+                return Some(plan);
+            }
+        }
         // RFC 9293 §3.8.6.1: the persist timer fired, one byte beyond the
         // zero window.
         if std::mem::take(&mut self.probe_now) && self.send.available_from(self.snd_nxt) > 0 {
@@ -216,6 +222,33 @@ impl Connection {
         self.hole_plan(hole, mss)
     }
 
+    /// RFC 8985 §7.3's tail loss probe: a new segment if the peer's window
+    /// has room (whatever cwnd says), else the last segment sent again,
+    /// so that the peer's answer (SACK blocks) shows what was lost without
+    /// waiting for the retransmission timer.
+    fn plan_loss_probe(&mut self, mss: usize) -> Option<Plan> {
+        let in_flight = self.snd_max.distance_from(self.snd_una);
+        let room = self.snd_wnd.saturating_sub(in_flight) as usize;
+        let available = self.send.available_from(self.snd_max);
+        if self.snd_nxt == self.snd_max && available > 0 && room > 0 {
+            let len = available.min(mss).min(room);
+            return Some(Plan {
+                len,
+                ..Plan::ack_only(self.snd_max)
+            });
+        }
+        if self.fin_seq().is_some() {
+            // The FIN's own retransmission is the timer's business.
+            return None;
+        }
+        let len = (in_flight as usize).min(mss);
+        let start = self.snd_max - len;
+        (len > 0 && self.send.available_from(start) >= len).then(|| Plan {
+            len,
+            ..Plan::ack_only(start)
+        })
+    }
+
     /// One segment from the start of the unSACKed `hole`.
     fn hole_plan(&self, (start, end): (Seq, Seq), mss: usize) -> Option<Plan> {
         let hole = end.distance_from(start) as usize;
@@ -283,6 +316,14 @@ impl Connection {
             }
         }
         self.snd_max = self.snd_max.max(end);
+        if self.sack_enabled && len > 0 && !probe {
+            self.transmit_log.on_send(seq, seq + len, now);
+            // RFC 8985 §7.2: (re)start the loss probe timer after sending
+            // new data, outside recovery.
+            if !seq.lt(self.snd_max - len) && self.sack_recovery.is_none() {
+                self.probe_timeout_at = Some(self.probe_timeout(now));
+            }
+        }
 
         // Every segment but the first SYN carries an ACK (RFC 9293 §3.10.7).
         let ack = (self.state != State::SynSent).then_some(self.rcv_nxt);
