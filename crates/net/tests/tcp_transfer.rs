@@ -296,3 +296,4 @@ fn sack_recovers_the_lossy_transfer_sooner_than_newreno() {
         newreno.0
     );
 }
+

@@ -281,7 +281,8 @@ impl Connection {
         }
         let window = u32::from(seg.window) << self.snd_wscale;
         let newly_sacked = self.take_sack_blocks(seg, ack);
-        if ack.gt(self.snd_una) {
+        let advanced = ack.gt(self.snd_una);
+        if advanced {
             self.on_new_ack(ack, now);
         } else if self.sack_enabled {
             // RFC 6675 §2: with SACK, a duplicate ACK is one that SACKs
@@ -302,6 +303,14 @@ impl Connection {
             }
         }
         if self.sack_enabled {
+            if advanced || newly_sacked > 0 {
+                // News from the peer: a probe was answered; probe again
+                // two round trips after this if nothing else comes.
+                self.loss_probes_unanswered = 0;
+                if self.snd_max != self.snd_una {
+                    self.probe_timeout_at = Some(self.probe_timeout(now));
+                }
+            }
             self.sack_recovery_step(now);
         }
         // The peer is alive: probes answered.
@@ -440,10 +449,7 @@ impl Connection {
         } else if restart || self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
         }
-        // RFC 8985 §7.2: an ACK of new data restarts the loss probe timer.
-        if self.sack_enabled && self.snd_max != self.snd_una {
-            self.probe_timeout_at = Some(self.probe_timeout(now));
-        }
+
     }
 
     /// RFC 9293 §3.10.7.4 seventh (text) and eighth (FIN), for a segment

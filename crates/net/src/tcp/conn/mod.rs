@@ -193,6 +193,11 @@ impl Default for TcpConfig {
     }
 }
 
+/// Unanswered loss probes before only the retransmission timer is left
+/// (RFC 8985 sends one; a lost probe or a lost answer to it would then cost
+/// a 200 ms timeout where a few more milliseconds of probing do).
+const MAX_LOSS_PROBES: u32 = 3;
+
 /// RFC 9293 §3.7.1: the MSS to assume when the peer's SYN carries none.
 const DEFAULT_PEER_MSS: u16 = 536;
 /// RFC 7323 §2.3: the largest window-scale shift.
@@ -262,6 +267,9 @@ pub struct Connection {
     /// The tail loss probe's timer (RFC 8985 §7), and its firing.
     probe_timeout_at: Option<Instant>,
     loss_probe_now: bool,
+    /// Loss probes sent since the last ACK with news (each waits twice
+    /// as long; after [`MAX_LOSS_PROBES`] the retransmission timer decides).
+    loss_probes_unanswered: u32,
 
     // Receive sequence space.
     irs: Seq,
@@ -346,6 +354,7 @@ impl Connection {
             rack_at: None,
             probe_timeout_at: None,
             loss_probe_now: false,
+            loss_probes_unanswered: 0,
             irs: Seq(0),
             rcv_nxt: Seq(0),
             rcv_wscale: window_scale_for(config.recv_buffer),
@@ -466,10 +475,12 @@ impl Connection {
 
     /// RFC 8985 §7.2's PTO: two smoothed round trips (at least 1 ms, so a
     /// peer's ACK scheduling is not taken for a loss), no later than the
-    /// retransmission timer would fire.
+    /// retransmission timer would fire. Unlike RFC 8985 it runs in
+    /// recovery too: there a lost ACK of the last segments sent leaves
+    /// nothing to clock the sender but the 200 ms timer.
     fn probe_timeout(&self, now: Instant) -> Instant {
         let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
-        let pto = (srtt * 2).max(Duration::from_millis(1));
+        let pto = (srtt * 2).max(Duration::from_millis(1)) * (1 << self.loss_probes_unanswered.min(8));
         let at = now + pto;
         self.rto_at.map_or(at, |rto| at.min(rto))
     }
@@ -518,7 +529,7 @@ impl Connection {
         }
         if self.probe_timeout_at.is_some_and(|at| at <= now) {
             self.probe_timeout_at = None;
-            if self.sack_recovery.is_none() && self.snd_max != self.snd_una {
+            if self.snd_max != self.snd_una {
                 self.loss_probe_now = true;
             }
         }
@@ -648,7 +659,7 @@ impl Connection {
         if self.snd_nxt == self.snd_una {
             self.rto_at = None;
         }
-        if self.snd_max == self.snd_una || self.sack_recovery.is_some() {
+        if self.snd_max == self.snd_una {
             self.probe_timeout_at = None;
         }
         // FIN-WAIT-2 after close(): nobody reads, and a peer that never

@@ -131,6 +131,10 @@ impl Connection {
         if std::mem::take(&mut self.loss_probe_now) {
             if let Some(plan) = self.plan_loss_probe(mss) {
                 self.stats.loss_probes += 1;
+                self.loss_probes_unanswered += 1;
+                // The next probe, if this one gets no answer either, waits
+                // twice as long (set after the segment is built).
+                self.probe_timeout_at = None;
                 return Some(plan);
             }
         }
@@ -319,8 +323,11 @@ impl Connection {
         if self.sack_enabled && len > 0 && !probe {
             self.transmit_log.on_send(seq, seq + len, now);
             // RFC 8985 §7.2: (re)start the loss probe timer after sending
-            // new data, outside recovery.
-            if !seq.lt(self.snd_max - len) && self.sack_recovery.is_none() {
+            // new data (or a probe), while probes are left.
+            let new_data = !seq.lt(self.snd_max - len);
+            if (new_data || self.loss_probes_unanswered > 0)
+                && self.loss_probes_unanswered < super::MAX_LOSS_PROBES
+            {
                 self.probe_timeout_at = Some(self.probe_timeout(now));
             }
         }
