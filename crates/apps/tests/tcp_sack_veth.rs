@@ -108,20 +108,29 @@ fn keepalive_probes_keep_an_idle_connection_and_time_out_a_vanished_peer() {
     let target = server.addr();
     let (link_down_tx, link_down_rx) = std::sync::mpsc::channel::<()>();
     let (idle_done_tx, idle_done_rx) = std::sync::mpsc::channel::<u64>();
+    // Linux answers an out-of-window segment without data (our probe) at
+    // most every 500 ms (`net.ipv4.tcp_invalid_ratelimit`): probes closer
+    // together than that go unanswered. Linux's own keep-alive interval is
+    // 75 s.
     let keepalive = KeepAlive {
-        idle: Duration::from_millis(100),
-        interval: Duration::from_millis(50),
+        idle: Duration::from_millis(700),
+        interval: Duration::from_millis(600),
         count: 3,
     };
     let app = daemon.start_app("tcp-keepalive", MAC, ns.peer_ip, 1, move || {
-        let probes = || ginza_runtime::net::stats().expect("a stack").tcp.keepalive_probes;
+        let probes = || {
+            ginza_runtime::net::stats()
+                .expect("a stack")
+                .tcp
+                .keepalive_probes
+        };
         let mut stream = TcpStream::connect_timeout(&target.into(), IO_TIMEOUT)?;
         stream.set_keepalive(Some(keepalive))?;
         // Idle until several probes went out and were answered.
         stream.set_read_timeout(Some(Duration::from_millis(50)))?;
         let t0 = Instant::now();
         let mut buf = [0u8; 16];
-        while probes() < 5 {
+        while probes() < 3 {
             match stream.read(&mut buf) {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {}
                 other => return Err(std::io::Error::other(format!("while idle: {other:?}"))),
@@ -146,7 +155,7 @@ fn keepalive_probes_keep_an_idle_connection_and_time_out_a_vanished_peer() {
         let outcome = app.join(Duration::from_secs(5));
         panic!("the idle phase did not end: {:?}", outcome.map(|_| ()));
     };
-    assert!(probes >= 5, "{probes} probes");
+    assert!(probes >= 3, "{probes} probes");
     ns.set_link_up(false).unwrap();
     link_down_tx.send(()).unwrap();
     let (kind, after) = app
@@ -155,5 +164,6 @@ fn keepalive_probes_keep_an_idle_connection_and_time_out_a_vanished_peer() {
     let _ = server.stop();
     println!("{probes} probes answered; timed out {after:?} after the link went down");
     assert_eq!(kind, ErrorKind::TimedOut);
-    assert!(after < Duration::from_secs(5), "{after:?}");
+    // idle + count × interval = 2.5 s after the last answer.
+    assert!(after < Duration::from_secs(6), "{after:?}");
 }

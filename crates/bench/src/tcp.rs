@@ -481,57 +481,58 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
     let bytes = args.lossy_mb << 20;
     let sack = !args.no_sack;
-    let (_, ((t, dropped, reordered), tcp)) = with_ginza_on_veth(ns, cpus, Some(&faults), sack, |iokerneld| {
-        let t = ns
-            .run_in(move || {
-                // The application registers before its sink listens: a
-                // connection refused in that window is retried (5 s).
-                let deadline = Instant::now() + Duration::from_secs(5);
-                loop {
-                    match linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT) {
-                        Err(e)
-                            if e.kind() == std::io::ErrorKind::ConnectionRefused
-                                && Instant::now() < deadline =>
-                        {
-                            std::thread::sleep(Duration::from_millis(10))
+    let (_, ((t, dropped, reordered), tcp)) =
+        with_ginza_on_veth(ns, cpus, Some(&faults), sack, |iokerneld| {
+            let t = ns
+                .run_in(move || {
+                    // The application registers before its sink listens: a
+                    // connection refused in that window is retried (5 s).
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    loop {
+                        match linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT) {
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                                    && Instant::now() < deadline =>
+                            {
+                                std::thread::sleep(Duration::from_millis(10))
+                            }
+                            result => break result,
                         }
-                        result => break result,
                     }
-                }
-            })?
-            .map_err(|e| {
-                // What the Linux sender's socket and the switch saw, to
-                // tell a stall from slowness.
-                let socket = ns
-                    .exec(&["ss", "-tni", "dst", &sink.to_string()])
-                    .map(|o| {
-                        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-                        text.split_whitespace().collect::<Vec<_>>().join(" ")
-                    })
-                    .unwrap_or_default();
-                let seen = iokerneld.stats().map(|s| {
-                    let apps: Vec<String> = s
-                        .apps
-                        .iter()
-                        .map(|a| {
-                            format!(
-                                "{}: cores {} parked kthreads {} grants {} net {:?}",
-                                a.name, a.cores_now, a.parked_kthreads, a.grants, a.net
-                            )
+                })?
+                .map_err(|e| {
+                    // What the Linux sender's socket and the switch saw, to
+                    // tell a stall from slowness.
+                    let socket = ns
+                        .exec(&["ss", "-tni", "dst", &sink.to_string()])
+                        .map(|o| {
+                            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                            text.split_whitespace().collect::<Vec<_>>().join(" ")
                         })
-                        .collect();
-                    format!("faults {:?}; apps {}", s.dataplane.faults, apps.join(", "))
-                });
-                anyhow!("{e}; the sender's socket: {socket}; iokerneld: {seen:?}")
-            })?;
-        let stats = iokerneld.stats()?;
-        let rule = stats
-            .dataplane
-            .faults
-            .first()
-            .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
-        Ok((t, rule.dropped, rule.reordered))
-    })?;
+                        .unwrap_or_default();
+                    let seen = iokerneld.stats().map(|s| {
+                        let apps: Vec<String> = s
+                            .apps
+                            .iter()
+                            .map(|a| {
+                                format!(
+                                    "{}: cores {} parked kthreads {} grants {} net {:?}",
+                                    a.name, a.cores_now, a.parked_kthreads, a.grants, a.net
+                                )
+                            })
+                            .collect();
+                        format!("faults {:?}; apps {}", s.dataplane.faults, apps.join(", "))
+                    });
+                    anyhow!("{e}; the sender's socket: {socket}; iokerneld: {seen:?}")
+                })?;
+            let stats = iokerneld.stats()?;
+            let rule = stats
+                .dataplane
+                .faults
+                .first()
+                .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
+            Ok((t, rule.dropped, rule.reordered))
+        })?;
     Ok(Lossy {
         direction: "linux_to_ginza",
         loss_pct: LOSS_PCT,
@@ -568,7 +569,12 @@ fn lossy_reverse_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<L
         let (t, tcp) = app.join()?.with_context(|| {
             let socket = ns
                 .exec(&["ss", "-tni", "src", &target.to_string()])
-                .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().collect::<Vec<_>>().join(" "))
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
                 .unwrap_or_default();
             format!("the Ginza writer to the Linux sink (the sink's socket: {socket})")
         })?;

@@ -190,7 +190,11 @@ fn op() -> impl Strategy<Value = Op> {
         prop_oneof![Just(0u16), Just(65535), any::<u16>(), 0u16..4000],
         prop_oneof![Just(0usize), 1usize..600, 0usize..1600],
         prop::collection::vec((-600i32..4500, -100i32..3000), 0..4),
-        prop_oneof![Just(None), (0u32..8).prop_map(Some), any::<u32>().prop_map(Some)],
+        prop_oneof![
+            Just(None),
+            (0u32..8).prop_map(Some),
+            any::<u32>().prop_map(Some)
+        ],
     )
         .prop_map(
             |(bits, has_ack, seq_offset, ack_offset, window, len, sack, tsval)| Op::Segment {

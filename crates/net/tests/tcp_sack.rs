@@ -66,27 +66,42 @@ fn passive(config: &TcpConfig, sack: bool) -> (Connection, bool) {
 #[test]
 fn sack_is_used_only_when_both_syns_permit_it() {
     assert!(active(&config(), true).sack_enabled());
-    assert!(!active(&config(), false).sack_enabled(), "peer did not offer");
+    assert!(
+        !active(&config(), false).sack_enabled(),
+        "peer did not offer"
+    );
     let off = TcpConfig {
         sack: false,
         ..config()
     };
     let conn = active(&off, true);
-    assert!(!conn.sack_enabled(), "turned off here (our SYN offered none)");
+    assert!(
+        !conn.sack_enabled(),
+        "turned off here (our SYN offered none)"
+    );
 
     let (conn, offered) = passive(&config(), true);
     assert!(offered && conn.sack_enabled());
     let (conn, offered) = passive(&config(), false);
-    assert!(!offered && !conn.sack_enabled(), "no offer, none in the SYN-ACK");
+    assert!(
+        !offered && !conn.sack_enabled(),
+        "no offer, none in the SYN-ACK"
+    );
     let (conn, offered) = passive(&off, true);
-    assert!(!offered && !conn.sack_enabled(), "turned off: the SYN-ACK offers none");
+    assert!(
+        !offered && !conn.sack_enabled(),
+        "turned off: the SYN-ACK offers none"
+    );
 }
 
 #[test]
 fn without_sack_no_blocks_are_sent_or_taken() {
     let (mut conn, _) = passive(&config(), false);
     let payload = [1u8; MSS as usize];
-    conn.on_segment(&seg(PEER + 1 + 2 * MSS).ack(ISS + 1).data(&payload), at_ms(2));
+    conn.on_segment(
+        &seg(PEER + 1 + 2 * MSS).ack(ISS + 1).data(&payload),
+        at_ms(2),
+    );
     let out = drain(&mut conn, at_ms(2));
     assert_eq!(out.len(), 1);
     assert!(out[0].header.sack.is_empty());
@@ -136,8 +151,14 @@ fn the_receiver_reports_out_of_order_data_latest_block_first() {
 fn data_segments_carrying_blocks_stay_within_the_mss() {
     let (mut conn, _) = passive(&config(), true);
     let payload = [7u8; MSS as usize];
-    conn.on_segment(&seg(PEER + 1 + 2 * MSS).ack(ISS + 1).data(&payload), at_ms(2));
-    conn.on_segment(&seg(PEER + 1 + 4 * MSS).ack(ISS + 1).data(&payload), at_ms(2));
+    conn.on_segment(
+        &seg(PEER + 1 + 2 * MSS).ack(ISS + 1).data(&payload),
+        at_ms(2),
+    );
+    conn.on_segment(
+        &seg(PEER + 1 + 4 * MSS).ack(ISS + 1).data(&payload),
+        at_ms(2),
+    );
     drain(&mut conn, at_ms(2));
     assert_eq!(conn.send(&[9u8; 3000]), Ok(3000));
     let out = drain(&mut conn, at_ms(3));
@@ -166,7 +187,8 @@ fn sack_ack(ack: u32, pairs: &[(u32, u32)]) -> Segment<'static> {
 fn transfer_losing(segments: u32, lose: &[u32]) -> (Connection, Connection, Vec<u32>, Vec<u8>) {
     let mut client = Connection::connect(&config(), CLIENT, SERVER, Seq(ISS), at_ms(0));
     let syn = drain(&mut client, at_ms(0)).remove(0);
-    let mut server = Connection::accept(&config(), SERVER, CLIENT, &syn.view(), Seq(PEER), at_ms(0));
+    let mut server =
+        Connection::accept(&config(), SERVER, CLIENT, &syn.view(), Seq(PEER), at_ms(0));
     let data: Vec<u8> = (0..segments * MSS).map(|i| (i % 251) as u8).collect();
     let (mut sent, mut read, mut lost) = (Vec::new(), Vec::new(), Vec::new());
     let mut buf = vec![0; 64 * 1024];
@@ -221,7 +243,11 @@ fn the_sender_recovers_several_holes_in_one_window_without_a_timeout() {
         }
         highest = highest.max(Some(n));
     }
-    assert_eq!(resent, vec![12, 15, 17], "each hole once, nothing SACKed resent");
+    assert_eq!(
+        resent,
+        vec![12, 15, 17],
+        "each hole once, nothing SACKed resent"
+    );
     let stats = client.stats();
     assert_eq!(stats.timeouts, 0, "{stats:?}");
     assert_eq!(stats.retransmissions, 3);
@@ -247,7 +273,11 @@ fn a_retransmission_lost_again_is_resent_before_the_timer() {
     }
     let resends = |sent: &[Owned]| sent.iter().filter(|s| s.header.seq == Seq(at(0))).count();
     assert_eq!(resends(&sent), 1);
-    let high = sent.iter().map(|s| s.header.seq.0 + s.payload.len() as u32).max().unwrap();
+    let high = sent
+        .iter()
+        .map(|s| s.header.seq.0 + s.payload.len() as u32)
+        .max()
+        .unwrap();
     // The retransmission of 0 is lost too: the data sent after it arrives.
     let mut n = 10;
     while at(n) < high && resends(&sent) < 2 {
@@ -269,7 +299,11 @@ fn blocks_that_make_no_sense_are_ignored() {
     let bogus = [
         // Beyond anything sent, at or below SND.UNA, reversed, empty,
         // and far away in the sequence space.
-        &[(max, max + MSS), (ISS.wrapping_sub(5000), ISS + 1), (ISS + 3001, ISS + 2001)][..],
+        &[
+            (max, max + MSS),
+            (ISS.wrapping_sub(5000), ISS + 1),
+            (ISS + 3001, ISS + 2001),
+        ][..],
         &[(ISS + 2001, ISS + 2001), (max + 1_000_000, max + 2_000_000)][..],
         &[(0x8000_0000, 0x8000_1000), (max - 10, max + 10)][..],
     ];
@@ -287,7 +321,10 @@ fn blocks_that_make_no_sense_are_ignored() {
     assert_eq!(stats.sack_blocks_received, 0);
     assert_eq!(stats.sack_blocks_ignored, 3 * 7);
     assert!(conn.sacked_ranges().is_empty());
-    assert!(!conn.in_fast_recovery(), "no hole made up by a forged block");
+    assert!(
+        !conn.in_fast_recovery(),
+        "no hole made up by a forged block"
+    );
     assert_eq!(stats.retransmissions, 0);
 }
 
@@ -314,7 +351,11 @@ fn after_a_timeout_go_back_n_skips_what_was_sacked() {
                 // The peer ACKs each retransmission at once (with 4..6
                 // still SACKed while it is above SND.UNA).
                 let ack = s.header.seq.0 + s.payload.len() as u32;
-                let sack = if ack < at(4) { vec![(at(4), at(6))] } else { vec![] };
+                let sack = if ack < at(4) {
+                    vec![(at(4), at(6))]
+                } else {
+                    vec![]
+                };
                 let ack = if ack == at(4) { at(6) } else { ack };
                 conn.on_segment(&sack_ack(ack, &sack), now);
             }

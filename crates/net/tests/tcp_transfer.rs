@@ -288,7 +288,11 @@ fn sack_recovers_the_lossy_transfer_sooner_than_newreno() {
     }
     let (newreno, sack) = (&results[0], &results[1]);
     assert_eq!(newreno.1.sack_retransmissions, 0);
-    assert!(sack.1.sack_recoveries > 100 && sack.1.sack_blocks_received > 1000, "{:?}", sack.1);
+    assert!(
+        sack.1.sack_recoveries > 100 && sack.1.sack_blocks_received > 1000,
+        "{:?}",
+        sack.1
+    );
     assert!(
         sack.0.as_nanos() * 2 < newreno.0.as_nanos(),
         "SACK {:?} vs NewReno {:?}",
@@ -296,4 +300,3 @@ fn sack_recovers_the_lossy_transfer_sooner_than_newreno() {
         newreno.0
     );
 }
-

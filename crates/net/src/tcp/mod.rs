@@ -36,8 +36,8 @@ pub use conn::{
 };
 pub use frame::TcpFrame;
 pub use isn::IsnGenerator;
-pub use sack::{SackBlock, SackBlocks, MAX_SACK_BLOCKS};
 pub use listen::{Admission, Backlog, ListenConfig, ListenStats, Listener, Opened};
+pub use sack::{SackBlock, SackBlocks, MAX_SACK_BLOCKS};
 pub use segment::{Flags, Segment, Timestamp};
 pub use seq::Seq;
 pub use table::{Demux, FourTuple, Table, EPHEMERAL_FIRST};

@@ -406,7 +406,11 @@ mod tests {
         let mut full = syn();
         full.timestamp = s.timestamp;
         full.sack = s.sack;
-        assert_eq!(header_len(&full), 56, "21 bytes of others and one 12-byte block, padded");
+        assert_eq!(
+            header_len(&full),
+            56,
+            "21 bytes of others and one 12-byte block, padded"
+        );
         let bytes = built(&full);
         let parsed = parse(&bytes, A, B).unwrap().segment;
         assert_eq!(parsed.sack.len(), 1);

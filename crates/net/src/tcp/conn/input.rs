@@ -291,7 +291,8 @@ impl Connection {
             // peer or middlebox that negotiated SACK and sends none still
             // gets fast retransmission). Recovery is decided below.
             if ack == self.snd_una
-                && (newly_sacked > 0 || (seg.sack.is_empty() && self.is_classic_duplicate(seg, window)))
+                && (newly_sacked > 0
+                    || (seg.sack.is_empty() && self.is_classic_duplicate(seg, window)))
             {
                 self.cc.count_duplicate_ack();
             }
@@ -449,7 +450,6 @@ impl Connection {
         } else if restart || self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.rto());
         }
-
     }
 
     /// RFC 9293 §3.10.7.4 seventh (text) and eighth (FIN), for a segment

@@ -56,7 +56,13 @@ impl SackRecovery {
     /// RFC 6675 §4 SetPipe: every unSACKed byte not deemed lost counts
     /// once, every retransmitted unSACKed byte once more; a retransmission
     /// found lost again is no longer in the network.
-    pub(super) fn pipe(&self, sb: &Scoreboard, snd_una: Seq, snd_max: Seq, lost_edge: Option<Seq>) -> u32 {
+    pub(super) fn pipe(
+        &self,
+        sb: &Scoreboard,
+        snd_una: Seq,
+        snd_max: Seq,
+        lost_edge: Option<Seq>,
+    ) -> u32 {
         let not_lost_from = lost_edge.map_or(snd_una, |edge| edge.max(snd_una));
         let retransmitted_to = self.high_rxt.min(snd_max);
         let relost: u32 = self
@@ -64,8 +70,9 @@ impl SackRecovery {
             .iter()
             .map(|&(s, e)| sb.unsacked_between(s.max(snd_una), e))
             .sum();
-        (sb.unsacked_between(not_lost_from, snd_max) + sb.unsacked_between(snd_una, retransmitted_to))
-            .saturating_sub(relost)
+        (sb.unsacked_between(not_lost_from, snd_max)
+            + sb.unsacked_between(snd_una, retransmitted_to))
+        .saturating_sub(relost)
     }
 
     /// After an ACK was taken: forgets retransmissions that arrived, and
@@ -102,7 +109,12 @@ impl SackRecovery {
     /// retransmission lost again, else (rule 1) the first unSACKed hole
     /// above HighRxt that IsLost says is lost. `(start, end)` of the hole;
     /// the caller cuts it to one segment.
-    pub(super) fn next_lost(&self, sb: &Scoreboard, snd_una: Seq, lost_edge: Option<Seq>) -> Option<(Seq, Seq)> {
+    pub(super) fn next_lost(
+        &self,
+        sb: &Scoreboard,
+        snd_una: Seq,
+        lost_edge: Option<Seq>,
+    ) -> Option<(Seq, Seq)> {
         for &(s, e) in &self.relost {
             if let Some(hole) = sb.hole_from(s.max(snd_una), e) {
                 return Some(hole);
@@ -174,7 +186,10 @@ mod tests {
         // 0 is not: it was lost again and goes first.
         sack(&mut sb, &[(1000, 1400), (300, 400)], 0, 1400);
         rec.on_ack(&sb, Seq(0), 100);
-        assert_eq!(rec.next_lost(&sb, Seq(0), sb.lost_edge(DUP_THRESH, 100)), Some((Seq(0), Seq(100))));
+        assert_eq!(
+            rec.next_lost(&sb, Seq(0), sb.lost_edge(DUP_THRESH, 100)),
+            Some((Seq(0), Seq(100)))
+        );
         assert!(!rec.is_over(Seq(999)));
         assert!(rec.is_over(Seq(1000)));
     }

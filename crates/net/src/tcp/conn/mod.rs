@@ -39,9 +39,9 @@ use keepalive::{KeepAliveAction, KeepAliveTimer};
 use loss_recovery::SackRecovery;
 use paws::RecentTimestamp;
 use rack::TransmitLog;
-use sack::{ReceiverReport, Scoreboard};
 use reassembly::ReceiveBuffer;
 use rtt::RttEstimator;
+use sack::{ReceiverReport, Scoreboard};
 use send_buffer::SendBuffer;
 use std::time::Duration;
 
@@ -480,7 +480,8 @@ impl Connection {
     /// nothing to clock the sender but the 200 ms timer.
     fn probe_timeout(&self, now: Instant) -> Instant {
         let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
-        let pto = (srtt * 2).max(Duration::from_millis(1)) * (1 << self.loss_probes_unanswered.min(8));
+        let pto =
+            (srtt * 2).max(Duration::from_millis(1)) * (1 << self.loss_probes_unanswered.min(8));
         let at = now + pto;
         self.rto_at.map_or(at, |rto| at.min(rto))
     }
@@ -630,9 +631,9 @@ impl Connection {
             self.rack_at,
             self.probe_timeout_at,
         ]
-            .into_iter()
-            .flatten()
-            .min()
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Re-derives the timers after anything changed (RFC 6298 §5.1–5.3 for

@@ -204,7 +204,9 @@ impl Connection {
     fn plan_sack_recovery(&mut self, mss: usize) -> Result<Option<Plan>, u32> {
         let recovery = self.sack_recovery.as_ref().expect("in recovery");
         let full = self.full_payload_mss() as u32;
-        let lost_edge = self.scoreboard.lost_edge(super::loss_recovery::DUP_THRESH, full);
+        let lost_edge = self
+            .scoreboard
+            .lost_edge(super::loss_recovery::DUP_THRESH, full);
         let pipe = recovery.pipe(&self.scoreboard, self.snd_una, self.snd_max, lost_edge);
         let room = self.cc.window().saturating_sub(pipe);
         if room < full {

@@ -47,8 +47,7 @@ impl TransmitLog {
     /// `[start, end)` was sent (again) at `now`.
     pub(super) fn on_send(&mut self, start: Seq, end: Seq, now: Instant) {
         // A retransmission replaces what the log knew of that range.
-        self.sent
-            .retain(|&(s, e, _)| !(s.lt(end) && start.lt(e)));
+        self.sent.retain(|&(s, e, _)| !(s.lt(end) && start.lt(e)));
         if self.sent.len() == MAX_TRACKED {
             self.sent.pop_front();
         }

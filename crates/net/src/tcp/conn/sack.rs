@@ -224,11 +224,33 @@ mod tests {
     #[test]
     fn scoreboard_merges_validates_and_prunes() {
         let mut sb = Scoreboard::default();
-        let update = sb.update(&blocks(&[(200, 300), (400, 500), (50, 60)]), Seq(100), Seq(1000));
-        assert_eq!(update, SackUpdate { accepted: 2, ignored: 1, newly_sacked: 200 });
+        let update = sb.update(
+            &blocks(&[(200, 300), (400, 500), (50, 60)]),
+            Seq(100),
+            Seq(1000),
+        );
+        assert_eq!(
+            update,
+            SackUpdate {
+                accepted: 2,
+                ignored: 1,
+                newly_sacked: 200
+            }
+        );
         // Bridging and beyond SND.MAX.
-        let update = sb.update(&blocks(&[(300, 400), (900, 1100), (700, 600)]), Seq(100), Seq(1000));
-        assert_eq!(update, SackUpdate { accepted: 1, ignored: 2, newly_sacked: 100 });
+        let update = sb.update(
+            &blocks(&[(300, 400), (900, 1100), (700, 600)]),
+            Seq(100),
+            Seq(1000),
+        );
+        assert_eq!(
+            update,
+            SackUpdate {
+                accepted: 1,
+                ignored: 2,
+                newly_sacked: 100
+            }
+        );
         assert_eq!(sb.ranges(), &[(Seq(200), Seq(500))]);
         sb.update(&blocks(&[(600, 700), (800, 900)]), Seq(100), Seq(1000));
         assert_eq!(sb.hole_from(Seq(100), Seq(900)), Some((Seq(100), Seq(200))));
@@ -245,9 +267,17 @@ mod tests {
     #[test]
     fn receiver_reports_the_latest_block_first() {
         let mut report = ReceiverReport::default();
-        let held = [(Seq(10), Seq(20)), (Seq(30), Seq(40)), (Seq(50), Seq(60)), (Seq(70), Seq(80))];
+        let held = [
+            (Seq(10), Seq(20)),
+            (Seq(30), Seq(40)),
+            (Seq(50), Seq(60)),
+            (Seq(70), Seq(80)),
+        ];
         report.note(Seq(55));
         report.note(Seq(70));
-        assert_eq!(report.blocks(&held).to_pairs(), vec![(70, 80), (50, 60), (10, 20)]);
+        assert_eq!(
+            report.blocks(&held).to_pairs(),
+            vec![(70, 80), (50, 60), (10, 20)]
+        );
     }
 }
