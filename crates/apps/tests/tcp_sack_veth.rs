@@ -25,7 +25,7 @@ use ginza_iokernel::netns::tcp::EchoMode;
 use ginza_iokernel::netns::NetNs;
 use ginza_net::MacAddr;
 use ginza_proto::content::Pattern;
-use ginza_runtime::net::{KeepAlive, NetConfig, TcpStream};
+use ginza_runtime::net::{KeepAlive, TcpStream};
 
 const MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x15]);
 const PORT: u16 = 7;
