@@ -259,6 +259,22 @@ fn the_sender_recovers_several_holes_in_one_window_without_a_timeout() {
 }
 
 #[test]
+fn a_lost_tail_is_found_by_a_loss_probe_not_the_timer() {
+    // The last two segments of the transfer are lost: nothing follows them
+    // to be SACKed, so only a probe (RFC 8985 §7) can tell, two round trips
+    // on, instead of the 200 ms retransmission timer.
+    let (client, _, sent, _) = transfer_losing(10, &[8, 9]);
+    let stats = client.stats();
+    assert_eq!(stats.timeouts, 0, "{stats:?}");
+    assert!(stats.loss_probes >= 1, "{stats:?}");
+    let resent: Vec<u32> = sent[10..].to_vec();
+    assert!(
+        resent.contains(&8) && resent.contains(&9),
+        "both resent: {resent:?}"
+    );
+}
+
+#[test]
 fn a_retransmission_lost_again_is_resent_before_the_timer() {
     let mut conn = active(&config(), true);
     let data = vec![5u8; 60 * MSS as usize];
