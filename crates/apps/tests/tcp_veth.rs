@@ -8,10 +8,10 @@
 //!   each way, compared by hash.
 //! * Both again with iokerneld dropping 5 % of the frames on the veth port
 //!   (both directions) and reordering 5 %: the transfers arrive intact.
-//!   4 MiB each way there, not 64: in a debug build 16 MiB took 53 s
-//!   (Linux client) and 91 s (Ginza client) through this loss, most of it
-//!   in retransmission timeouts (200 ms floor, neither side has SACK to
-//!   use), so 64 MiB would take minutes per test; `GINZA_LOSSY_BYTES`
+//!   4 MiB each way there, not 64: in a debug build, before SACK, 16 MiB
+//!   took 53 s (Linux client) and 91 s (Ginza client) through this loss,
+//!   most of it in retransmission timeouts (200 ms floor); with SACK both
+//!   ways 4 MiB takes about 2 s (`tcp_sack_veth.rs`). `GINZA_LOSSY_BYTES`
 //!   overrides it, and `ginza bench tcp` moves 64 MiB through the same loss.
 //! * A Ginza client whose reader stalls until both windows are closed and
 //!   its zero-window probe went out, then reads its echo (docs/tcp.md,

@@ -19,8 +19,12 @@
 //! * `switch_rtt_us`: the same round trips between two Ginza runtimes
 //!   through iokerneld's software switch (no NIC).
 //! * `lossy`: `--lossy-mb` MiB from the namespace to Ginza's sink while
-//!   iokerneld drops 5 % of the frames on the veth port and reorders
-//!   some: bytes, whether they arrived intact (count and hash), seconds.
+//!   iokerneld drops 5 % of the frames on the veth port and reorders 5 %:
+//!   bytes, whether they arrived intact (count and hash), seconds, and
+//!   Ginza's TCP counters (SACK blocks sent and taken, retransmissions).
+//!   `lossy_reverse`: the same from a Ginza client to a Linux sink in the
+//!   namespace (Ginza is the sender). `--no-sack` turns SACK off in
+//!   Ginza's TCP, for the comparison.
 //!
 //! Rounds are interleaved (Ginza, Linux, Linux busy-poll, switch; again…)
 //! so that drifts of the machine hit every server alike; each figure is the
@@ -65,9 +69,12 @@ pub struct TcpArgs {
     /// MiB sent one way per round for `stream_mbps`.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     stream_mb: u64,
-    /// MiB sent through 5 % loss for `lossy` (once).
+    /// MiB sent through 5 % loss for `lossy` (once each way).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     lossy_mb: u64,
+    /// Ginza's TCP without SACK (RFC 2018; on by default), to compare.
+    #[arg(long)]
+    no_sack: bool,
 }
 
 /// The same through loss: retransmission timeouts back off (200 ms,
@@ -104,6 +111,8 @@ struct StreamSet {
 
 #[derive(Serialize, Debug)]
 struct Lossy {
+    /// `linux_to_ginza` or `ginza_to_linux`.
+    direction: &'static str,
     loss_pct: u32,
     bytes: u64,
     intact: bool,
@@ -112,6 +121,32 @@ struct Lossy {
     /// directions).
     frames_dropped: u64,
     frames_reordered: u64,
+    /// Ginza's TCP counters at the end of the run.
+    ginza_tcp: Option<GinzaTcp>,
+}
+
+/// Ginza's TCP counters that tell how loss was recovered.
+#[derive(Serialize, Debug)]
+struct GinzaTcp {
+    sack: bool,
+    retransmissions: u64,
+    sack_blocks_sent: u64,
+    sack_blocks_received: u64,
+    sack_retransmissions: u64,
+    paws_drops: u64,
+}
+
+impl GinzaTcp {
+    fn of(sack: bool, s: &ginza_runtime::net::TcpStats) -> GinzaTcp {
+        GinzaTcp {
+            sack,
+            retransmissions: s.retransmissions,
+            sack_blocks_sent: s.sack_blocks_sent,
+            sack_blocks_received: s.sack_blocks_received,
+            sack_retransmissions: s.sack_retransmissions,
+            paws_drops: s.paws_drops,
+        }
+    }
 }
 
 /// One round's values, for the record.
@@ -131,6 +166,7 @@ struct Report {
     stream_mbps: Option<StreamSet>,
     switch_rtt_us: Option<Quantiles>,
     lossy: Option<Lossy>,
+    lossy_reverse: Option<Lossy>,
     /// The NIC backend Ginza's veth figures went through.
     backend: Option<String>,
     payload_bytes: usize,
@@ -139,6 +175,7 @@ struct Report {
     veth_skipped: Option<String>,
     /// Why `lossy` is null (its transfer failed).
     lossy_error: Option<String>,
+    lossy_reverse_error: Option<String>,
 }
 
 pub fn run(args: TcpArgs) -> anyhow::Result<()> {
@@ -184,16 +221,13 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         );
         rounds.push(r);
     }
-    let mut lossy_error = None;
-    let lossy = match &ns {
-        Err(_) => None,
-        Ok(ns) => match lossy_run(ns, cpus, &args) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                lossy_error = Some(format!("{e:#}"));
-                None
-            }
-        },
+    let (lossy, lossy_error) = match &ns {
+        Err(_) => (None, None),
+        Ok(ns) => split(lossy_run(ns, cpus, &args)),
+    };
+    let (lossy_reverse, lossy_reverse_error) = match &ns {
+        Err(_) => (None, None),
+        Ok(ns) => split(lossy_reverse_run(ns, cpus, &args)),
     };
     let med = |f: &dyn Fn(&Round) -> Option<Quantiles>| -> Option<Quantiles> {
         let v: Vec<Quantiles> = rounds.iter().filter_map(f).collect();
@@ -229,17 +263,37 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         stream_mbps,
         switch_rtt_us: med(&|r| r.switch),
         lossy,
+        lossy_reverse,
         backend,
         payload_bytes: PAYLOAD,
         rounds,
         veth_skipped,
         lossy_error,
+        lossy_reverse_error,
     };
     emit(args.json, &render(&report, &args), &report)
 }
 
 /// The Ginza server side of a veth round: echo on 7 and a sink on 9.
-fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<()> {
+/// A lossy run's figures, or why it failed (the report keeps both).
+fn split(r: anyhow::Result<Lossy>) -> (Option<Lossy>, Option<String>) {
+    match r {
+        Ok(l) => (Some(l), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    }
+}
+
+/// Ginza's TCP with SACK on or off, in an application's configuration.
+fn tcp_sack(sack: bool) -> impl FnOnce(&mut ginza_runtime::Config) {
+    move |config| {
+        if let Some(net) = config.iokernel.as_mut().and_then(|io| io.net.as_mut()) {
+            net.tcp.sack = sack;
+        }
+    }
+}
+
+/// Serves until `stop`; returns the stack's TCP counters then.
+fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<Option<ginza_runtime::net::TcpStats>> {
     let stats = Arc::new(EchoStats::default());
     let (s2, st2) = (stop.clone(), stats.clone());
     let sink = ginza_runtime::spawn(move || echo_server::serve_sink(SINK_PORT, s2, st2));
@@ -256,7 +310,8 @@ fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<()> {
     let sink = sink
         .join()
         .map_err(|e| std::io::Error::other(format!("the sink uthread: {e}")))?;
-    echo.and(sink)
+    echo.and(sink)?;
+    Ok(ginza_runtime::net::stats().map(|s| s.tcp))
 }
 
 /// iokerneld and Ginza's servers on the veth (AF_XDP, else AF_PACKET),
@@ -265,8 +320,9 @@ fn with_ginza_on_veth<R>(
     ns: &NetNs,
     cpus: Cpus,
     faults: Option<&str>,
+    sack: bool,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
-) -> anyhow::Result<(String, R)> {
+) -> anyhow::Result<(String, (R, Option<ginza_runtime::net::TcpStats>))> {
     let configure = |cfg: &mut IokConfig| match faults {
         Some(f) => set_faults(cfg, f),
         None => Ok(()),
@@ -274,9 +330,13 @@ fn with_ginza_on_veth<R>(
     with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
-        App::start(iokerneld, "tcp-echo", (GINZA_MAC, ns.peer_ip), move || {
-            ginza_servers(s2)
-        })
+        App::start_tuned(
+            iokerneld,
+            "tcp-echo",
+            (GINZA_MAC, ns.peer_ip),
+            tcp_sack(sack),
+            move || ginza_servers(s2),
+        )
         .and_then(|mut app| {
             let measured = measure(iokerneld);
             stop.store(true, Ordering::Relaxed);
@@ -285,9 +345,9 @@ fn with_ginza_on_veth<R>(
                 .join()
                 .and_then(|r| r.context("Ginza's echo server and sink"));
             match (measured, served) {
-                (Ok(m), Ok(())) => Ok(m),
+                (Ok(m), Ok(tcp)) => Ok((m, tcp)),
                 (Err(m), Err(s)) => Err(s.context(format!("(the client: {m:#})"))),
-                (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
+                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
             }
         })
     })
@@ -341,7 +401,7 @@ fn ginza_round(
         SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
         SocketAddrV4::new(ns.peer_ip, SINK_PORT),
     );
-    let (backend, (rtt, mbps)) = with_ginza_on_veth(ns, cpus, faults, |_| {
+    let (backend, ((rtt, mbps), _)) = with_ginza_on_veth(ns, cpus, faults, !args.no_sack, |_| {
         let rtt = probe(ns, echo, args.duration)?;
         let t = stream(ns, sink, args.stream_mb)?;
         Ok((rtt, Some(t.mbps())))
@@ -420,64 +480,124 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let faults = format!("drop={LOSS_PCT}%,reorder=5%,port=trunk,seed=12");
     let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
     let bytes = args.lossy_mb << 20;
-    let (_, (t, dropped, reordered)) = with_ginza_on_veth(ns, cpus, Some(&faults), |iokerneld| {
-        let t = ns
-            .run_in(move || {
-                // The application registers before its sink listens: a
-                // connection refused in that window is retried (5 s).
-                let deadline = Instant::now() + Duration::from_secs(5);
-                loop {
-                    match linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT) {
-                        Err(e)
-                            if e.kind() == std::io::ErrorKind::ConnectionRefused
-                                && Instant::now() < deadline =>
-                        {
-                            std::thread::sleep(Duration::from_millis(10))
+    let sack = !args.no_sack;
+    let (_, ((t, dropped, reordered), tcp)) =
+        with_ginza_on_veth(ns, cpus, Some(&faults), sack, |iokerneld| {
+            let t = ns
+                .run_in(move || {
+                    // The application registers before its sink listens: a
+                    // connection refused in that window is retried (5 s).
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    loop {
+                        match linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT) {
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                                    && Instant::now() < deadline =>
+                            {
+                                std::thread::sleep(Duration::from_millis(10))
+                            }
+                            result => break result,
                         }
-                        result => break result,
                     }
-                }
-            })?
-            .map_err(|e| {
-                // What the Linux sender's socket and the switch saw, to
-                // tell a stall from slowness.
-                let socket = ns
-                    .exec(&["ss", "-tni", "dst", &sink.to_string()])
-                    .map(|o| {
-                        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-                        text.split_whitespace().collect::<Vec<_>>().join(" ")
-                    })
-                    .unwrap_or_default();
-                let seen = iokerneld.stats().map(|s| {
-                    let apps: Vec<String> = s
-                        .apps
-                        .iter()
-                        .map(|a| {
-                            format!(
-                                "{}: cores {} parked kthreads {} grants {} net {:?}",
-                                a.name, a.cores_now, a.parked_kthreads, a.grants, a.net
-                            )
+                })?
+                .map_err(|e| {
+                    // What the Linux sender's socket and the switch saw, to
+                    // tell a stall from slowness.
+                    let socket = ns
+                        .exec(&["ss", "-tni", "dst", &sink.to_string()])
+                        .map(|o| {
+                            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+                            text.split_whitespace().collect::<Vec<_>>().join(" ")
                         })
-                        .collect();
-                    format!("faults {:?}; apps {}", s.dataplane.faults, apps.join(", "))
-                });
-                anyhow!("{e}; the sender's socket: {socket}; iokerneld: {seen:?}")
-            })?;
-        let stats = iokerneld.stats()?;
-        let rule = stats
-            .dataplane
-            .faults
-            .first()
-            .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
-        Ok((t, rule.dropped, rule.reordered))
-    })?;
+                        .unwrap_or_default();
+                    let seen = iokerneld.stats().map(|s| {
+                        let apps: Vec<String> = s
+                            .apps
+                            .iter()
+                            .map(|a| {
+                                format!(
+                                    "{}: cores {} parked kthreads {} grants {} net {:?}",
+                                    a.name, a.cores_now, a.parked_kthreads, a.grants, a.net
+                                )
+                            })
+                            .collect();
+                        format!("faults {:?}; apps {}", s.dataplane.faults, apps.join(", "))
+                    });
+                    anyhow!("{e}; the sender's socket: {socket}; iokerneld: {seen:?}")
+                })?;
+            let stats = iokerneld.stats()?;
+            let rule = stats
+                .dataplane
+                .faults
+                .first()
+                .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
+            Ok((t, rule.dropped, rule.reordered))
+        })?;
     Ok(Lossy {
+        direction: "linux_to_ginza",
         loss_pct: LOSS_PCT,
         bytes: t.sent,
         intact: t.intact(),
         seconds: t.elapsed.as_secs_f64(),
         frames_dropped: dropped,
         frames_reordered: reordered,
+        ginza_tcp: tcp.map(|s| GinzaTcp::of(sack, &s)),
+    })
+}
+
+/// `--lossy-mb` from a Ginza client to a Linux sink in the namespace
+/// through the same faults: Ginza is the sender, so its loss recovery
+/// (SACK's, or NewReno's with `--no-sack`) is what is measured.
+fn lossy_reverse_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
+    let faults = format!("drop={LOSS_PCT}%,reorder=5%,port=trunk,seed=12");
+    let sink = ns.tcp_sink_server(SINK_PORT)?;
+    let target = sink.addr();
+    let bytes = args.lossy_mb << 20;
+    let sack = !args.no_sack;
+    let configure = |cfg: &mut IokConfig| set_faults(cfg, &faults);
+    let ran = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
+        let mut app = App::start_tuned(
+            iokerneld,
+            "tcp-lossy-writer",
+            (GINZA_MAC, ns.peer_ip),
+            tcp_sack(sack),
+            move || {
+                let t = echo_client::sink_transfer(target, bytes, 0x1056, LOSSY_IO_TIMEOUT)?;
+                Ok::<_, std::io::Error>((t, ginza_runtime::net::stats().map(|s| s.tcp)))
+            },
+        )?;
+        let (t, tcp) = app.join()?.with_context(|| {
+            let socket = ns
+                .exec(&["ss", "-tni", "src", &target.to_string()])
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default();
+            format!("the Ginza writer to the Linux sink (the sink's socket: {socket})")
+        })?;
+        let stats = iokerneld.stats()?;
+        let rule = stats
+            .dataplane
+            .faults
+            .first()
+            .ok_or_else(|| anyhow!("iokerneld reports no fault rule"))?;
+        Ok((t, tcp, rule.dropped, rule.reordered))
+    });
+    let received = sink.stop();
+    let (_, (t, tcp, dropped, reordered)) = ran?;
+    received?;
+    Ok(Lossy {
+        direction: "ginza_to_linux",
+        loss_pct: LOSS_PCT,
+        bytes: t.sent,
+        intact: t.intact(),
+        seconds: t.elapsed.as_secs_f64(),
+        frames_dropped: dropped,
+        frames_reordered: reordered,
+        ginza_tcp: tcp.map(|s| GinzaTcp::of(sack, &s)),
     })
 }
 
@@ -529,23 +649,30 @@ fn render(r: &Report, args: &TcpArgs) -> String {
         );
         row(&mut s, "ginza client → ginza echo-server", q);
     }
-    match (&r.lossy, &r.lossy_error) {
-        (Some(l), _) => {
-            let _ = writeln!(
-                s,
-                "{} MiB through {}% loss and reordering: intact {}, {:.2} s ({} frames dropped, {} reordered)",
-                l.bytes >> 20,
-                l.loss_pct,
-                l.intact,
-                l.seconds,
-                l.frames_dropped,
-                l.frames_reordered
-            );
+    for (lossy, error) in [
+        (&r.lossy, &r.lossy_error),
+        (&r.lossy_reverse, &r.lossy_reverse_error),
+    ] {
+        match (lossy, error) {
+            (Some(l), _) => {
+                let _ = writeln!(
+                    s,
+                    "{} MiB {} through {}% loss and 5% reordering: intact {}, {:.2} s ({} frames dropped, {} reordered); Ginza's TCP: {:?}",
+                    l.bytes >> 20,
+                    l.direction,
+                    l.loss_pct,
+                    l.intact,
+                    l.seconds,
+                    l.frames_dropped,
+                    l.frames_reordered,
+                    l.ginza_tcp
+                );
+            }
+            (None, Some(why)) => {
+                let _ = writeln!(s, "lossy transfer failed: {why}");
+            }
+            (None, None) => {}
         }
-        (None, Some(why)) => {
-            let _ = writeln!(s, "lossy transfer failed: {why}");
-        }
-        (None, None) => {}
     }
     s
 }

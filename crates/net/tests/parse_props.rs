@@ -137,6 +137,8 @@ proptest! {
             mss: syn.then_some(1460),
             window_scale: syn.then_some(7),
             timestamp: None,
+            sack_permitted: false,
+            sack: ginza_net::tcp::SackBlocks::NONE,
             payload: &payload,
         };
         let mut buf = [0u8; ginza_net::MAX_FRAME_LEN];

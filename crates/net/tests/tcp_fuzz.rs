@@ -41,8 +41,13 @@ fn t(ms: u64) -> Instant {
     at_ms(ms)
 }
 
+/// Established with SACK and timestamps on (the peer's SYN offers both,
+/// as Linux's does), so random SACK blocks and TSvals reach the scoreboard,
+/// loss recovery and PAWS.
 fn established(config: &TcpConfig) -> Connection {
-    let syn = seg(PEER).syn().options(Some(500), Some(1));
+    let mut syn = seg(PEER).syn().options(Some(500), Some(1));
+    syn.sack_permitted = true;
+    syn.timestamp = Some(ginza_net::tcp::Timestamp { value: 1, echo: 0 });
     let mut conn = Connection::accept(config, SERVER, CLIENT, &syn, Seq(ISS), t(0));
     drain(&mut conn, t(0));
     conn.on_segment(&seg(PEER + 1).ack(ISS + 1), t(1));
@@ -156,6 +161,10 @@ enum Op {
         ack_offset: Option<i32>,
         window: u16,
         len: usize,
+        /// SACK blocks as (left − SND.UNA, length), any of them bogus.
+        sack: Vec<(i32, i32)>,
+        /// The TSval, when the segment carries timestamps.
+        tsval: Option<u32>,
     },
     /// Advance the clock by this many microseconds and fire timers.
     Time(u64),
@@ -180,9 +189,15 @@ fn op() -> impl Strategy<Value = Op> {
         offset,
         prop_oneof![Just(0u16), Just(65535), any::<u16>(), 0u16..4000],
         prop_oneof![Just(0usize), 1usize..600, 0usize..1600],
+        prop::collection::vec((-600i32..4500, -100i32..3000), 0..4),
+        prop_oneof![
+            Just(None),
+            (0u32..8).prop_map(Some),
+            any::<u32>().prop_map(Some)
+        ],
     )
         .prop_map(
-            |(bits, has_ack, seq_offset, ack_offset, window, len)| Op::Segment {
+            |(bits, has_ack, seq_offset, ack_offset, window, len, sack, tsval)| Op::Segment {
                 syn: bits[0] && bits[1] && bits[2],
                 fin: bits[1] && !bits[3],
                 rst: bits[2] && bits[3] && bits[0],
@@ -191,6 +206,8 @@ fn op() -> impl Strategy<Value = Op> {
                 ack_offset,
                 window,
                 len,
+                sack,
+                tsval,
             },
         );
     prop_oneof![
@@ -275,6 +292,8 @@ fn run(which: u8, delayed_ack: bool, nodelay: bool, ops: Vec<Op>) {
                 ack_offset,
                 window,
                 len,
+                sack,
+                tsval,
             } => {
                 let (una, _, rcv_nxt) = conn.sequence_state();
                 let seq = match seq_offset {
@@ -289,6 +308,17 @@ fn run(which: u8, delayed_ack: bool, nodelay: bool, ops: Vec<Op>) {
                 let mut segment = seg(seq.0).window(window).data(&payload);
                 segment.flags = flags(syn, fin, rst);
                 segment.ack = has_ack.then_some(ack);
+                segment.sack = sack
+                    .iter()
+                    .map(|&(left, len)| {
+                        let left = Seq(una.0.wrapping_add_signed(left));
+                        ginza_net::tcp::SackBlock {
+                            left,
+                            right: Seq(left.0.wrapping_add_signed(len)),
+                        }
+                    })
+                    .collect();
+                segment.timestamp = tsval.map(|value| ginza_net::tcp::Timestamp { value, echo: 0 });
                 if syn {
                     segment.mss = Some(window % 2000);
                     segment.window_scale = Some((len % 20) as u8);
@@ -365,6 +395,10 @@ fn every_state_survives_a_long_random_run() {
                         ack_offset: Some(rng.below(3000) as i32 - 300),
                         window: rng.below(5000) as u16,
                         len: rng.below(700) as usize,
+                        sack: (0..rng.below(4))
+                            .map(|_| (rng.below(3000) as i32 - 100, rng.below(2000) as i32))
+                            .collect(),
+                        tsval: (rng.below(3) != 0).then(|| rng.below(6) as u32),
                     },
                 })
                 .collect();

@@ -579,6 +579,8 @@ mod flood {
             mss: Some(1460),
             window_scale: None,
             timestamp: None,
+            sack_permitted: false,
+            sack: ginza_net::tcp::SackBlocks::NONE,
             payload: &[],
         }
     }
@@ -663,6 +665,8 @@ mod flood {
             mss: None,
             window_scale: None,
             timestamp: None,
+            sack_permitted: false,
+            sack: ginza_net::tcp::SackBlocks::NONE,
             payload,
         };
         send(&segment_frame(genuine, mac, &data(client_next, b"")));

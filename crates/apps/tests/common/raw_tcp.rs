@@ -150,6 +150,8 @@ impl RawTcpPeer {
                 mss: Some(1460),
                 window_scale: None,
                 timestamp: None,
+                sack_permitted: false,
+                sack: ginza_net::tcp::SackBlocks::NONE,
                 payload,
             },
         );
@@ -254,6 +256,8 @@ impl RawConn {
             mss: None,
             window_scale: None,
             timestamp: None,
+            sack_permitted: false,
+            sack: ginza_net::tcp::SackBlocks::NONE,
             payload,
         }
     }

@@ -16,6 +16,7 @@
 //! * [`isn`]: RFC 6528 initial sequence numbers.
 //! * [`listen`]: a listening port's bounded half-open set and accept
 //!   backlog, a SYN's admission and the backlog step.
+//! * [`sack`]: RFC 2018's SACK blocks as a segment carries them.
 //! * [`table`]: a driver's socket table (connections by 4-tuple, listeners,
 //!   ephemeral ports) and where a received segment goes.
 //! * [`wire`]: [`Segment`] to and from smoltcp's TCP header view.
@@ -24,15 +25,19 @@ pub mod conn;
 pub mod frame;
 pub mod isn;
 pub mod listen;
+pub mod sack;
 pub mod segment;
 pub mod seq;
 pub mod table;
 pub mod wire;
 
-pub use conn::{reset_for, Connection, ConnectionStats, Events, State, TcpConfig, TcpError};
+pub use conn::{
+    reset_for, Connection, ConnectionStats, Events, KeepAlive, State, TcpConfig, TcpError,
+};
 pub use frame::TcpFrame;
 pub use isn::IsnGenerator;
 pub use listen::{Admission, Backlog, ListenConfig, ListenStats, Listener, Opened};
+pub use sack::{SackBlock, SackBlocks, MAX_SACK_BLOCKS};
 pub use segment::{Flags, Segment, Timestamp};
 pub use seq::Seq;
 pub use table::{Demux, FourTuple, Table, EPHEMERAL_FIRST};

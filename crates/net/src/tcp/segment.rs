@@ -1,5 +1,6 @@
 //! A TCP segment as the state machine sees it.
 
+use super::sack::SackBlocks;
 use super::Seq;
 
 /// The control bits the state machine acts on (ACK is `Segment::ack.is_some()`;
@@ -29,6 +30,10 @@ pub struct Segment<'a> {
     pub window_scale: Option<u8>,
     /// The timestamps option (RFC 7323 §3), on any segment.
     pub timestamp: Option<Timestamp>,
+    /// RFC 2018's SACK-permitted option (SYN segments only).
+    pub sack_permitted: bool,
+    /// RFC 2018's SACK blocks, on any segment with an ACK.
+    pub sack: SackBlocks,
     pub payload: &'a [u8],
 }
 
@@ -57,6 +62,8 @@ impl<'a> Segment<'a> {
             mss: None,
             window_scale: None,
             timestamp: None,
+            sack_permitted: false,
+            sack: SackBlocks::NONE,
             payload: &[],
         }
     }
@@ -76,6 +83,8 @@ impl<'a> Segment<'a> {
         header.mss = self.mss;
         header.window_scale = self.window_scale;
         header.timestamp = self.timestamp;
+        header.sack_permitted = self.sack_permitted;
+        header.sack = self.sack;
         (header, self.payload.to_vec())
     }
 }

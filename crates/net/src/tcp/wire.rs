@@ -7,6 +7,7 @@
 //! caller's buffer without allocating. The IPv4 and Ethernet layers around
 //! them are `rx.rs` and `tx.rs`.
 
+use super::sack::{SackBlock, SackBlocks};
 use super::segment::Timestamp;
 use super::{Flags, Segment, Seq};
 use smoltcp::wire::{IpAddress, TcpOption, TcpPacket, TcpSeqNumber};
@@ -115,7 +116,7 @@ pub fn parse(bytes: &[u8], src_ip: Ipv4Addr, dst_ip: Ipv4Addr) -> Result<TcpHead
     if src_port == 0 || dst_port == 0 {
         return Err(WireError::PortZero { src_port, dst_port });
     }
-    let (mss, window_scale, timestamp) = parse_options(&bytes[TCP_HEADER_LEN..header_len])?;
+    let options = parse_options(&bytes[TCP_HEADER_LEN..header_len])?;
     Ok(TcpHeader {
         src_port,
         dst_port,
@@ -130,35 +131,58 @@ pub fn parse(bytes: &[u8], src_ip: Ipv4Addr, dst_ip: Ipv4Addr) -> Result<TcpHead
             },
             window: packet.window_len(),
             // RFC 9293 §3.2: MSS and window scale mean something on SYNs only.
-            mss: mss.filter(|_| syn),
-            window_scale: window_scale.filter(|_| syn),
-            timestamp,
+            mss: options.mss.filter(|_| syn),
+            window_scale: options.window_scale.filter(|_| syn),
+            timestamp: options.timestamp,
+            sack_permitted: options.sack_permitted && syn,
+            sack: options.sack,
             payload: &bytes[header_len..],
         },
     })
 }
 
-/// The options the state machine uses: MSS, window scale, timestamps.
-type Options = (Option<u16>, Option<u8>, Option<Timestamp>);
+/// The options the state machine uses.
+#[derive(Default)]
+struct Options {
+    mss: Option<u16>,
+    window_scale: Option<u8>,
+    timestamp: Option<Timestamp>,
+    sack_permitted: bool,
+    sack: SackBlocks,
+}
 
-/// The MSS, window-scale and timestamps options; unknown options are
-/// skipped, as RFC 9293 §3.2 requires.
+/// The MSS, window-scale, timestamps, SACK-permitted and SACK options;
+/// unknown options are skipped, as RFC 9293 §3.2 requires. Of a SACK
+/// option with four blocks the first three are kept (smoltcp's parser).
 fn parse_options(mut options: &[u8]) -> Result<Options, WireError> {
     let total = options.len();
-    let (mut mss, mut window_scale, mut timestamp) = (None, None, None);
+    let mut parsed = Options::default();
     while !options.is_empty() {
         let offset = TCP_HEADER_LEN + total - options.len();
         let (rest, option) =
             TcpOption::parse(options).map_err(|_| WireError::BadOptions { offset })?;
         match option {
             TcpOption::EndOfList => break,
-            TcpOption::MaxSegmentSize(value) => mss = Some(value),
-            TcpOption::WindowScale(shift) => window_scale = Some(shift.min(MAX_WINDOW_SCALE)),
+            TcpOption::MaxSegmentSize(value) => parsed.mss = Some(value),
+            TcpOption::WindowScale(shift) => {
+                parsed.window_scale = Some(shift.min(MAX_WINDOW_SCALE))
+            }
             TcpOption::TimeStamp { tsval, tsecr } => {
-                timestamp = Some(Timestamp {
+                parsed.timestamp = Some(Timestamp {
                     value: tsval,
                     echo: tsecr,
                 })
+            }
+            TcpOption::SackPermitted => parsed.sack_permitted = true,
+            TcpOption::SackRange(ranges) => {
+                parsed.sack = ranges
+                    .iter()
+                    .flatten()
+                    .map(|&(left, right)| SackBlock {
+                        left: Seq(left),
+                        right: Seq(right),
+                    })
+                    .collect();
             }
             _ => {}
         }
@@ -169,16 +193,43 @@ fn parse_options(mut options: &[u8]) -> Result<Options, WireError> {
         }
         options = rest;
     }
-    Ok((mss, window_scale, timestamp))
+    Ok(parsed)
 }
 
 /// The header length [`emit`] writes for `segment` (options padded to a
 /// 4-byte boundary).
 pub fn header_len(segment: &Segment<'_>) -> usize {
-    let options: usize = segment.mss.map_or(0, |_| 4)
-        + segment.window_scale.map_or(0, |_| 3)
-        + segment.timestamp.map_or(0, |_| 12);
+    let options = options_before_sack(segment) + sack_option_len_of(sack_blocks_that_fit(segment));
     TCP_HEADER_LEN + options.div_ceil(4) * 4
+}
+
+/// The option bytes other than SACK blocks: MSS, window scale and
+/// SACK-permitted on a SYN, timestamps on any segment.
+fn options_before_sack(segment: &Segment<'_>) -> usize {
+    segment.mss.map_or(0, |_| 4)
+        + segment.window_scale.map_or(0, |_| 3)
+        + segment.timestamp.map_or(0, |_| 12)
+        + usize::from(segment.sack_permitted && segment.flags.syn) * 2
+}
+
+/// How many of the segment's SACK blocks fit in the 40 option bytes
+/// beside its other options (the first ones, which matter most).
+fn sack_blocks_that_fit(segment: &Segment<'_>) -> usize {
+    let room = (MAX_TCP_HEADER_LEN - TCP_HEADER_LEN).saturating_sub(options_before_sack(segment));
+    segment.sack.len().min(room.saturating_sub(4) / 8)
+}
+
+fn sack_option_len_of(blocks: usize) -> usize {
+    match blocks {
+        0 => 0,
+        n => 4 + 8 * n,
+    }
+}
+
+/// The SACK option's bytes with the two no-ops that align it; 0 without
+/// blocks.
+pub fn sack_option_len(sack: &SackBlocks) -> usize {
+    sack_option_len_of(sack.len())
 }
 
 /// Writes `segment` from `src` to `dst` (addresses for the checksum) at the
@@ -228,6 +279,20 @@ pub fn emit(
         }
         .emit(options);
     }
+    if segment.sack_permitted && segment.flags.syn {
+        options = TcpOption::SackPermitted.emit(options);
+    }
+    let sack_blocks = sack_blocks_that_fit(segment);
+    if sack_blocks > 0 {
+        let mut ranges = [None; 3];
+        let blocks = segment.sack.iter().take(sack_blocks);
+        for (slot, block) in ranges.iter_mut().zip(blocks) {
+            *slot = Some((block.left.0, block.right.0));
+        }
+        options = TcpOption::NoOperation.emit(options);
+        options = TcpOption::NoOperation.emit(options);
+        options = TcpOption::SackRange(ranges).emit(options);
+    }
     if !options.is_empty() {
         // Pads with end-of-list bytes.
         TcpOption::EndOfList.emit(options);
@@ -263,6 +328,8 @@ mod tests {
             mss: Some(1460),
             window_scale: Some(7),
             timestamp: None,
+            sack_permitted: true,
+            sack: SackBlocks::NONE,
             payload: &[],
         }
     }
@@ -280,6 +347,8 @@ mod tests {
             mss: None,
             window_scale: None,
             timestamp: None,
+            sack_permitted: false,
+            sack: SackBlocks::NONE,
             payload,
         }
     }
@@ -311,8 +380,41 @@ mod tests {
             assert_eq!(parsed.dst_port, 80);
             assert_eq!(parsed.segment, segment);
         }
-        assert_eq!(header_len(&syn()), 28);
+        assert_eq!(header_len(&syn()), 32);
         assert_eq!(header_len(&data(b"")), 20);
+    }
+
+    #[test]
+    fn sack_blocks_round_trip_beside_timestamps_within_forty_bytes() {
+        let mut s = data(b"x");
+        s.timestamp = Some(Timestamp { value: 1, echo: 2 });
+        s.sack = [(100, 200), (300, 400), (u32::MAX - 5, 10)]
+            .into_iter()
+            .map(|(l, r)| SackBlock {
+                left: Seq(l),
+                right: Seq(r),
+            })
+            .collect();
+        assert_eq!(header_len(&s), MAX_TCP_HEADER_LEN);
+        let bytes = built(&s);
+        assert_eq!(parse(&bytes, A, B).unwrap().segment, s);
+        // SACK-permitted goes on SYNs only; on a SYN with every other
+        // option, one block fits.
+        s.sack_permitted = true;
+        let bytes = built(&s);
+        assert!(!parse(&bytes, A, B).unwrap().segment.sack_permitted);
+        let mut full = syn();
+        full.timestamp = s.timestamp;
+        full.sack = s.sack;
+        assert_eq!(
+            header_len(&full),
+            56,
+            "21 bytes of others and one 12-byte block, padded"
+        );
+        let bytes = built(&full);
+        let parsed = parse(&bytes, A, B).unwrap().segment;
+        assert_eq!(parsed.sack.len(), 1);
+        assert!(parsed.sack_permitted);
     }
 
     #[test]
@@ -434,6 +536,7 @@ mod tests {
             mss in proptest::option::of(any::<u16>()),
             scale in proptest::option::of(0..=14u8),
             ts in proptest::option::of(any::<(u32, u32)>()),
+            sack in proptest::collection::vec(any::<(u32, u32)>(), 0..=3),
             payload in proptest::collection::vec(any::<u8>(), 0..64),
         ) {
             let segment = Segment {
@@ -444,6 +547,15 @@ mod tests {
                 mss: mss.filter(|_| syn),
                 window_scale: scale.filter(|_| syn),
                 timestamp: ts.map(|(value, echo)| Timestamp { value, echo }),
+                sack_permitted: syn,
+                // What fits beside the other options (no option room is
+                // left for a third block on a SYN with all of them).
+                sack: sack.iter().take({
+                    let others = 4 * usize::from(mss.is_some() && syn) + 3 * usize::from(scale.is_some() && syn)
+                        + 12 * usize::from(ts.is_some()) + 2 * usize::from(syn);
+                    (40 - others - 4) / 8
+                })
+                    .map(|&(l, r)| SackBlock { left: Seq(l), right: Seq(r) }).collect(),
                 payload: &payload,
             };
             let bytes = built(&segment);

@@ -46,6 +46,8 @@ pub fn tcp_frame(payload: &[u8]) -> Vec<u8> {
         mss: None,
         window_scale: None,
         timestamp: None,
+        sack_permitted: false,
+        sack: ginza_net::tcp::SackBlocks::NONE,
         payload,
     };
     let mut buf = vec![0; 1514];

@@ -53,7 +53,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Instant;
 use tcp::Tcp;
-pub use tcp::{Incoming, TcpListener, TcpStats, TcpStream};
+pub use tcp::{Incoming, KeepAlive, TcpListener, TcpStats, TcpStream};
 pub use udp::{ToBindAddr, UdpSocket};
 
 /// One kthread's packet counts.

@@ -152,6 +152,44 @@ impl NewReno {
         AckAction::Retransmit
     }
 
+    /// A duplicate ACK on a SACK connection: counted (for limited
+    /// transmit and DupThresh); RFC 6675 recovery decides the rest.
+    pub(super) fn count_duplicate_ack(&mut self) {
+        self.duplicate_acks = self.duplicate_acks.saturating_add(1);
+    }
+
+    pub(super) fn duplicate_acks(&self) -> u32 {
+        self.duplicate_acks
+    }
+
+    /// Whether loss recovery may start with the cumulative ACK at `ack`:
+    /// not for data sent before the last timeout (RFC 6582 §4.1, RFC 6675
+    /// §5.1).
+    pub(super) fn may_recover(&self, ack: Seq) -> bool {
+        !self.recover.is_some_and(|recover| ack.le(recover))
+    }
+
+    /// RFC 6675 §5 step (4.2): ssthresh = cwnd = FlightSize / 2 (RFC 5681
+    /// eq. 4), and no inflation: pipe, not cwnd, tracks what left.
+    pub(super) fn enter_sack_recovery(&mut self, flight: u32) {
+        self.ssthresh = (flight / 2).max(2 * self.mss);
+        self.cwnd = self.ssthresh;
+        self.duplicate_acks = 0;
+        self.acked_in_avoidance = 0;
+    }
+
+    /// An ACK of new data inside a SACK recovery episode: cwnd unchanged.
+    pub(super) fn on_ack_in_sack_recovery(&mut self) {
+        self.duplicate_acks = 0;
+    }
+
+    /// The episode ended (RecoveryPoint acknowledged): congestion
+    /// avoidance from ssthresh.
+    pub(super) fn exit_sack_recovery(&mut self) {
+        self.cwnd = self.ssthresh;
+        self.duplicate_acks = 0;
+    }
+
     /// RFC 5681 §3.1 eq. 4 after a retransmission timeout: ssthresh to half
     /// the flight, cwnd to the loss window of one segment.
     pub(super) fn on_timeout(&mut self, highest_sent: Seq, flight: u32) {

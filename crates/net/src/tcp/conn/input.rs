@@ -2,6 +2,7 @@
 //! states), with RFC 5961's stricter RST (§3), SYN (§4) and ACK (§5) checks.
 
 use super::congestion::AckAction;
+use super::loss_recovery::{self, SackRecovery};
 use super::{Connection, State, TcpError};
 use crate::tcp::{Instant, Segment, Seq};
 
@@ -33,8 +34,15 @@ impl Connection {
                 self.stats.dropped += 1;
                 self.pending_rst = super::reset_for(segment);
             }
-            State::SynSent => self.on_syn_sent(segment, now),
-            _ => self.on_synchronized(segment, now),
+            State::SynSent => {
+                self.keepalive.heard(now);
+                self.on_syn_sent(segment, now);
+            }
+            _ => {
+                // Anything from the peer answers keep-alive probes.
+                self.keepalive.heard(now);
+                self.on_synchronized(segment, now);
+            }
         }
         self.update_timers(now);
     }
@@ -68,7 +76,7 @@ impl Connection {
         self.irs = seg.seq;
         self.rcv_nxt = seg.seq + 1u32;
         self.rcv_adv = self.rcv_nxt;
-        self.take_syn_options(seg);
+        self.take_syn_options(seg, now);
         match seg.ack {
             Some(ack) => {
                 // Our SYN is acknowledged: ESTABLISHED, ACK it; data and FIN
@@ -179,6 +187,9 @@ impl Connection {
 
     /// §3.10.7.4 from the first step on, for a segment without SYN or RST.
     fn on_synchronized_data(&mut self, seg: &Segment<'_>, now: Instant) {
+        if self.paws_rejects(seg, now) {
+            return;
+        }
         let mut payload = seg.payload;
         let mut fin = seg.flags.fin;
         let window = self.receive_window();
@@ -209,8 +220,8 @@ impl Connection {
         // acknowledges (SEG.SEQ <= Last.ACK.sent); a retransmission that
         // fills a hole is echoed, so the peer measures its round trip.
         if let Some(ts) = seg.timestamp.filter(|_| self.ts_enabled) {
-            if seg.seq.le(self.last_ack_sent) && Seq(ts.value).ge(Seq(self.ts_recent)) {
-                self.ts_recent = ts.value;
+            if seg.seq.le(self.last_ack_sent) {
+                self.ts_recent.update(ts.value, now);
             }
         }
         // Fifth step: no ACK, drop.
@@ -223,6 +234,22 @@ impl Connection {
         }
         // Sixth (URG) is ignored; seventh and eighth: text and FIN.
         self.process_text(seg.seq, payload, fin, now);
+    }
+
+    /// RFC 7323 §5.3 R1 (PAWS), before the acceptability test: with
+    /// timestamps on, a segment older than TS.Recent is dropped and
+    /// answered with an ACK. RSTs are exempt (R1 leaves them to RFC 5961).
+    fn paws_rejects(&mut self, seg: &Segment<'_>, now: Instant) -> bool {
+        let Some(ts) = seg.timestamp.filter(|_| self.ts_enabled) else {
+            return false;
+        };
+        if !self.ts_recent.rejects(ts.value, now) {
+            return false;
+        }
+        self.stats.paws_drops += 1;
+        self.stats.dropped += 1;
+        self.ack_now = true;
+        true
     }
 
     /// RFC 9293 §3.10.7.4 fifth step with RFC 5961 §5.2. Returns whether
@@ -254,24 +281,39 @@ impl Connection {
             return false;
         }
         let window = u32::from(seg.window) << self.snd_wscale;
-        if ack.gt(self.snd_una) {
+        let newly_sacked = self.take_sack_blocks(seg, ack);
+        let advanced = ack.gt(self.snd_una);
+        if advanced {
             self.on_new_ack(ack, now);
-        } else if ack == self.snd_una
-            && seg.payload.is_empty()
-            && !seg.flags.fin
-            && window == self.snd_wnd
-            && window > 0
-            && self.snd_max != self.snd_una
-        {
-            // RFC 5681 §2's duplicate ACK. Not with a zero window: that is
-            // the answer to a refused zero-window probe (whose byte is all
-            // that is outstanding), and a fast retransmission would go
-            // beyond the window.
+        } else if self.sack_enabled {
+            // RFC 6675 §2: with SACK, a duplicate ACK is one that SACKs
+            // data not SACKed before, so forged or stale blocks count for
+            // nothing; one without any blocks counts as RFC 5681 says (a
+            // peer or middlebox that negotiated SACK and sends none still
+            // gets fast retransmission). Recovery is decided below.
+            if ack == self.snd_una
+                && (newly_sacked > 0
+                    || (seg.sack.is_empty() && self.is_classic_duplicate(seg, window)))
+            {
+                self.cc.count_duplicate_ack();
+            }
+        } else if ack == self.snd_una && self.is_classic_duplicate(seg, window) {
             let flight = self.snd_max.distance_from(self.snd_una);
             if self.cc.on_duplicate_ack(self.snd_max, flight, ack) == AckAction::Retransmit {
                 self.stats.fast_retransmits += 1;
                 self.retransmit_now = true;
             }
+        }
+        if self.sack_enabled {
+            if advanced || newly_sacked > 0 {
+                // News from the peer: a probe was answered; probe again
+                // two round trips after this if nothing else comes.
+                self.loss_probes_unanswered = 0;
+                if self.snd_max != self.snd_una {
+                    self.probe_timeout_at = Some(self.probe_timeout(now));
+                }
+            }
+            self.sack_recovery_step(now);
         }
         // The peer is alive: probes answered.
         self.probes_unanswered = 0;
@@ -301,6 +343,78 @@ impl Connection {
         true
     }
 
+    /// RFC 5681 §2's duplicate ACK, but for the acknowledgement number: no
+    /// data, no FIN, the window unchanged and open (a zero window answers a
+    /// refused zero-window probe, whose byte is all that is outstanding: a
+    /// fast retransmission would go beyond the window), data outstanding.
+    fn is_classic_duplicate(&self, seg: &Segment<'_>, window: u32) -> bool {
+        seg.payload.is_empty()
+            && !seg.flags.fin
+            && window == self.snd_wnd
+            && window > 0
+            && self.snd_max != self.snd_una
+    }
+
+    /// RFC 2018: the segment's SACK blocks into the scoreboard, validated
+    /// against SND.UNA (after this ACK) and SND.MAX. Returns the bytes
+    /// newly SACKed.
+    fn take_sack_blocks(&mut self, seg: &Segment<'_>, ack: Seq) -> u32 {
+        if !self.sack_enabled || seg.sack.is_empty() {
+            return 0;
+        }
+        let update = self
+            .scoreboard
+            .update(&seg.sack, ack.max(self.snd_una), self.snd_max);
+        self.stats.sack_blocks_received += u64::from(update.accepted);
+        self.stats.sack_blocks_ignored += u64::from(update.ignored);
+        update.newly_sacked
+    }
+
+    /// RFC 6675 §5 after an ACK (or when a loss check is due): end the
+    /// episode at RecoveryPoint, note segments lost by time and
+    /// retransmissions lost again, or enter recovery when DupThresh
+    /// duplicate ACKs came, IsLost(SND.UNA) holds or a segment is lost by
+    /// time.
+    pub(super) fn sack_recovery_step(&mut self, now: Instant) {
+        let mss = self.full_payload_mss() as u32;
+        let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
+        let wait = srtt + (srtt / 4).max(super::rack::MIN_REORDER_WINDOW);
+        let detected = self
+            .transmit_log
+            .detect(&self.scoreboard, self.snd_una, now, wait);
+        self.rack_at = detected.recheck_at;
+        if let Some(recovery) = &mut self.sack_recovery {
+            if recovery.is_over(self.snd_una) {
+                self.sack_recovery = None;
+                self.cc.exit_sack_recovery();
+            } else {
+                recovery.on_ack(&self.scoreboard, self.snd_una, mss);
+                recovery.mark_lost(&detected.lost);
+                return;
+            }
+        }
+        if self.snd_max == self.snd_una || !self.can_send_data() {
+            return;
+        }
+        let lost = self
+            .scoreboard
+            .lost_edge(loss_recovery::DUP_THRESH, mss)
+            .is_some();
+        let dup_acks = self.cc.duplicate_acks() >= loss_recovery::DUP_THRESH;
+        // After a timeout, duplicate ACKs may be the answers to go-back-N's
+        // needless retransmissions (RFC 6582 §4.1); SACKed data beyond a
+        // hole, or a segment lost by time, is evidence of a loss either way.
+        if lost || !detected.lost.is_empty() || (dup_acks && self.cc.may_recover(self.snd_una)) {
+            let flight = self.snd_max.distance_from(self.snd_una);
+            self.cc.enter_sack_recovery(flight);
+            let mut recovery = SackRecovery::new(self.snd_una, self.snd_max);
+            recovery.mark_lost(&detected.lost);
+            self.sack_recovery = Some(recovery);
+            self.stats.sack_recoveries += 1;
+            self.stats.fast_retransmits += 1;
+        }
+    }
+
     /// SND.UNA advances: free the buffer, sample the RTT, grow the window,
     /// restart the retransmission timer (RFC 6298 §5.3).
     fn on_new_ack(&mut self, ack: Seq, now: Instant) {
@@ -315,7 +429,15 @@ impl Connection {
         self.snd_nxt = self.snd_nxt.max(ack);
         self.rtt.on_ack(ack, now);
         self.retries = 0;
-        let restart = match self.cc.on_new_ack(ack, acked as u32, flight_before) {
+        self.scoreboard.acknowledge(ack);
+        let action = if self.sack_recovery.is_some() {
+            // RFC 6675: cwnd stays put during the episode; pipe decides.
+            self.cc.on_ack_in_sack_recovery();
+            AckAction::None
+        } else {
+            self.cc.on_new_ack(ack, acked as u32, flight_before)
+        };
+        let restart = match action {
             AckAction::Retransmit => {
                 // RFC 6582 §3.2 step 5: a partial ACK; only the first one
                 // restarts the timer.
@@ -377,6 +499,7 @@ impl Connection {
             // Out of order: hold it and ACK at once (RFC 5681 §4.2), which
             // the peer counts as a duplicate ACK.
             self.stats.out_of_order_segments += 1;
+            self.sack_report.note(start);
             if !data.is_empty() {
                 self.recv.insert_out_of_order(self.rcv_nxt, start, data);
             }

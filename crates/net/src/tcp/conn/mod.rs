@@ -8,23 +8,40 @@
 //! * [`reassembly`]: in-order bytes for the reader, bounded out-of-order set.
 //! * [`rtt`]: RFC 6298 retransmission timeout, Karn's rule, back-off.
 //! * [`congestion`]: NewReno (RFC 5681, RFC 6582).
+//! * [`sack`]: RFC 2018 SACK: the receiver's blocks, the sender's scoreboard.
+//! * [`loss_recovery`]: RFC 6675 SACK-based loss recovery.
+//! * [`rack`]: time-ordered loss detection (RACK's idea, RFC 8985 §6).
+//! * [`keepalive`]: keep-alive probes (RFC 1122 §4.2.3.6).
+//! * [`paws`]: RFC 7323 §5 PAWS.
 //! * [`challenge`]: RFC 5961 challenge ACKs and their rate limit.
 
 mod challenge;
 mod congestion;
 mod input;
+mod keepalive;
+mod loss_recovery;
 mod output;
+mod paws;
+mod rack;
 mod reassembly;
 mod rtt;
+mod sack;
 mod send_buffer;
+
+pub use keepalive::KeepAlive;
 
 use super::segment::Flags;
 use super::{Instant, Segment, Seq};
 use crate::Endpoint;
 use challenge::ChallengeLimiter;
 use congestion::NewReno;
+use keepalive::{KeepAliveAction, KeepAliveTimer};
+use loss_recovery::SackRecovery;
+use paws::RecentTimestamp;
+use rack::TransmitLog;
 use reassembly::ReceiveBuffer;
 use rtt::RttEstimator;
+use sack::{ReceiverReport, Scoreboard};
 use send_buffer::SendBuffer;
 use std::time::Duration;
 
@@ -95,6 +112,11 @@ pub struct TcpConfig {
     pub time_wait: Duration,
     /// Delay before a lone ACK is sent (`None`: ACK every segment at once).
     pub delayed_ack: Option<Duration>,
+    /// Offer and accept RFC 2018 SACK (used when both SYNs carry
+    /// SACK-permitted).
+    pub sack: bool,
+    /// Keep-alive probes (`None`, the default: off, as on Linux).
+    pub keepalive: Option<KeepAlive>,
 }
 
 /// Wake-ups accumulated since the last [`Connection::take_events`].
@@ -124,6 +146,23 @@ pub struct ConnectionStats {
     pub zero_window_probes: u64,
     /// Segments dropped as unacceptable (outside the window, bad ACK, …).
     pub dropped: u64,
+    /// SACK blocks we sent (as receiver).
+    pub sack_blocks_sent: u64,
+    /// SACK blocks from the peer taken into the scoreboard.
+    pub sack_blocks_received: u64,
+    /// SACK blocks from the peer ignored (outside SND.UNA..SND.MAX, empty).
+    pub sack_blocks_ignored: u64,
+    /// RFC 6675 loss-recovery episodes entered.
+    pub sack_recoveries: u64,
+    /// Retransmissions chosen by SACK loss recovery (holes, and data
+    /// skipped over SACKed ranges after a timeout).
+    pub sack_retransmissions: u64,
+    /// Keep-alive probes sent.
+    pub keepalive_probes: u64,
+    /// Segments dropped by PAWS (a TSval older than TS.Recent).
+    pub paws_drops: u64,
+    /// Tail loss probes sent (RFC 8985 §7).
+    pub loss_probes: u64,
 }
 
 impl Default for TcpConfig {
@@ -148,9 +187,16 @@ impl Default for TcpConfig {
             max_syn_retransmissions: 6,
             time_wait: Duration::from_secs(60),
             delayed_ack: Some(Duration::from_micros(500)),
+            sack: true,
+            keepalive: None,
         }
     }
 }
+
+/// Unanswered loss probes before only the retransmission timer is left
+/// (RFC 8985 sends one; a lost probe or a lost answer to it would then cost
+/// a 200 ms timeout where a few more milliseconds of probing do).
+const MAX_LOSS_PROBES: u32 = 3;
 
 /// RFC 9293 §3.7.1: the MSS to assume when the peer's SYN carries none.
 const DEFAULT_PEER_MSS: u16 = 536;
@@ -194,8 +240,9 @@ pub struct Connection {
     /// (docs/results.md, the lossy `ginza bench tcp` run). With them it
     /// can.
     ts_enabled: bool,
-    /// TS.Recent: the peer's timestamp to echo (RFC 7323 §4.3).
-    ts_recent: u32,
+    /// TS.Recent: the peer's timestamp to echo (RFC 7323 §4.3), and PAWS's
+    /// reference (§5).
+    ts_recent: RecentTimestamp,
     /// The last timestamp we sent (kept monotonic for the peer's PAWS).
     ts_sent: u32,
     /// Last.ACK.sent: the acknowledgement number we sent last.
@@ -205,6 +252,24 @@ pub struct Connection {
     send: SendBuffer,
     /// The application shut down sending: a FIN follows the queued bytes.
     fin_queued: bool,
+    /// RFC 2018 SACK is on: both SYNs carried SACK-permitted.
+    sack_enabled: bool,
+    /// What the peer SACKed.
+    scoreboard: Scoreboard,
+    /// An RFC 6675 loss-recovery episode, while one lasts.
+    sack_recovery: Option<SackRecovery>,
+    /// Which blocks we report as receiver.
+    sack_report: ReceiverReport,
+    /// When each outstanding data segment was sent (SACK connections).
+    transmit_log: TransmitLog,
+    /// When to look for lost segments again.
+    rack_at: Option<Instant>,
+    /// The tail loss probe's timer (RFC 8985 §7), and its firing.
+    probe_timeout_at: Option<Instant>,
+    loss_probe_now: bool,
+    /// Loss probes sent since the last ACK with news (each waits twice
+    /// as long; after [`MAX_LOSS_PROBES`] the retransmission timer decides).
+    loss_probes_unanswered: u32,
 
     // Receive sequence space.
     irs: Seq,
@@ -225,6 +290,9 @@ pub struct Connection {
     probes_unanswered: u32,
     ack_at: Option<Instant>,
     time_wait_at: Option<Instant>,
+    keepalive: KeepAliveTimer,
+    keepalive_at: Option<Instant>,
+    keepalive_probe_now: bool,
     /// Timeouts since the last ACK of new data.
     retries: u32,
     rtt: RttEstimator,
@@ -272,12 +340,21 @@ impl Connection {
             snd_wscale: 0,
             peer_window_scale: false,
             ts_enabled: false,
-            ts_recent: 0,
+            ts_recent: RecentTimestamp::default(),
             ts_sent: 0,
             last_ack_sent: Seq(0),
             send_mss,
             send: SendBuffer::new(config.send_buffer, iss + 1u32),
             fin_queued: false,
+            sack_enabled: false,
+            scoreboard: Scoreboard::default(),
+            sack_recovery: None,
+            sack_report: ReceiverReport::default(),
+            transmit_log: TransmitLog::default(),
+            rack_at: None,
+            probe_timeout_at: None,
+            loss_probe_now: false,
+            loss_probes_unanswered: 0,
             irs: Seq(0),
             rcv_nxt: Seq(0),
             rcv_wscale: window_scale_for(config.recv_buffer),
@@ -291,6 +368,9 @@ impl Connection {
             probes_unanswered: 0,
             ack_at: None,
             time_wait_at: None,
+            keepalive: KeepAliveTimer::default(),
+            keepalive_at: None,
+            keepalive_probe_now: false,
             retries: 0,
             rtt: RttEstimator::new(config.rto_initial, config.rto_min, config.rto_max),
             cc: NewReno::new(u32::from(send_mss)),
@@ -314,6 +394,7 @@ impl Connection {
         now: Instant,
     ) -> Connection {
         let mut conn = Connection::new(config, local, remote, iss, State::SynSent);
+        conn.keepalive.set(config.keepalive, now);
         conn.update_timers(now);
         conn
     }
@@ -331,19 +412,20 @@ impl Connection {
         now: Instant,
     ) -> Connection {
         let mut conn = Connection::new(config, local, remote, iss, State::SynReceived);
+        conn.keepalive.set(config.keepalive, now);
         conn.passive = true;
         conn.stats.segments_in += 1;
         conn.irs = syn.seq;
         conn.rcv_nxt = syn.seq + 1u32;
         conn.rcv_adv = conn.rcv_nxt;
-        conn.take_syn_options(syn);
+        conn.take_syn_options(syn, now);
         conn.update_timers(now);
         conn
     }
 
     /// RFC 9293 §3.7.1 (MSS) and RFC 7323 §2.2 (window scale: used only
     /// when both SYNs carry it). The SYN's own window is never scaled.
-    fn take_syn_options(&mut self, syn: &Segment<'_>) {
+    fn take_syn_options(&mut self, syn: &Segment<'_>, now: Instant) {
         let peer_mss = syn.mss.unwrap_or(DEFAULT_PEER_MSS).max(64);
         self.send_mss = self.config.mss.clamp(1, peer_mss);
         self.cc.set_mss(u32::from(self.send_mss));
@@ -364,13 +446,49 @@ impl Connection {
         // answer a peer's offer (a passive open) and do not offer our own.
         if let Some(ts) = syn.timestamp.filter(|_| self.passive) {
             self.ts_enabled = true;
-            self.ts_recent = ts.value;
+            self.ts_recent = RecentTimestamp::new(ts.value, now);
         }
+        // RFC 2018 §2: SACK when both SYNs permit it.
+        self.sack_enabled = self.config.sack && syn.sack_permitted;
     }
 
     /// The largest payload of one segment: the MSS less the timestamps
-    /// option when it is on (RFC 7323 §3.2, RFC 6691).
+    /// option when it is on (RFC 7323 §3.2, RFC 6691) and the SACK blocks
+    /// the next segment carries (a data segment with them stays within
+    /// the MTU, as Linux's do).
     fn payload_mss(&self) -> usize {
+        let options = if self.ts_enabled { 12 } else { 0 };
+        let sack = crate::tcp::wire::sack_option_len(&self.sack_blocks_to_send());
+        usize::from(self.send_mss)
+            .saturating_sub(options + sack)
+            .max(1)
+    }
+
+    /// The SACK blocks our next segment carries: none unless SACK is on
+    /// and out-of-order data is held.
+    fn sack_blocks_to_send(&self) -> crate::tcp::SackBlocks {
+        if !self.sack_enabled || self.recv.held() == 0 {
+            return crate::tcp::SackBlocks::NONE;
+        }
+        self.sack_report.blocks(&self.recv.held_ranges())
+    }
+
+    /// RFC 8985 §7.2's PTO: two smoothed round trips (at least 1 ms, so a
+    /// peer's ACK scheduling is not taken for a loss), no later than the
+    /// retransmission timer would fire. Unlike RFC 8985 it runs in
+    /// recovery too: there a lost ACK of the last segments sent leaves
+    /// nothing to clock the sender but the 200 ms timer.
+    fn probe_timeout(&self, now: Instant) -> Instant {
+        let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
+        let pto =
+            (srtt * 2).max(Duration::from_millis(1)) * (1 << self.loss_probes_unanswered.min(8));
+        let at = now + pto;
+        self.rto_at.map_or(at, |rto| at.min(rto))
+    }
+
+    /// The segment-sized payload without SACK blocks (congestion control
+    /// counts in these).
+    fn full_payload_mss(&self) -> usize {
         let options = if self.ts_enabled { 12 } else { 0 };
         usize::from(self.send_mss).saturating_sub(options).max(1)
     }
@@ -404,6 +522,22 @@ impl Connection {
         if self.rto_at.is_some_and(|at| at <= now) {
             self.on_retransmission_timeout();
         }
+        if self.rack_at.is_some_and(|at| at <= now) {
+            self.rack_at = None;
+            if self.sack_enabled && self.is_synchronized() {
+                self.sack_recovery_step(now);
+            }
+        }
+        if self.probe_timeout_at.is_some_and(|at| at <= now) {
+            self.probe_timeout_at = None;
+            if self.snd_max != self.snd_una {
+                self.loss_probe_now = true;
+            }
+        }
+        if self.keepalive_at.is_some_and(|at| at <= now) {
+            self.keepalive_at = None;
+            self.on_keepalive_due(now);
+        }
         if self.persist_at.is_some_and(|at| at <= now) {
             self.persist_at = None;
             self.probes_unanswered += 1;
@@ -420,6 +554,36 @@ impl Connection {
             self.ack_now = true;
         }
         self.update_timers(now);
+    }
+
+    /// The keep-alive timer fired: probe, or give up after `count`
+    /// unanswered probes (Linux then sends a RST and reports ETIMEDOUT).
+    fn on_keepalive_due(&mut self, now: Instant) {
+        let busy = self.snd_max != self.snd_una || self.send.available_from(self.snd_nxt) > 0;
+        match self.keepalive.on_due(now, busy) {
+            KeepAliveAction::None => {}
+            KeepAliveAction::Probe => self.keepalive_probe_now = true,
+            KeepAliveAction::GiveUp => {
+                let mut rst = Segment::new(self.unoccupied_seq());
+                rst.flags.rst = true;
+                self.pending_rst = Some(rst);
+                self.fail(TcpError::TimedOut);
+            }
+        }
+    }
+
+    /// Turns keep-alive on (or off with `None`); the idle time counts from
+    /// `now` or the last segment heard, whichever is later.
+    pub fn set_keepalive(&mut self, keepalive: Option<KeepAlive>, now: Instant) {
+        self.config.keepalive = keepalive;
+        self.keepalive.set(keepalive, now);
+        self.keepalive_at = None;
+        self.update_timers(now);
+    }
+
+    /// The keep-alive settings in force.
+    pub fn keepalive(&self) -> Option<KeepAlive> {
+        self.keepalive.settings()
     }
 
     /// RFC 6298 §5.4–5.6: retransmit the earliest unacknowledged segment
@@ -442,6 +606,13 @@ impl Connection {
             let flight = self.snd_max.distance_from(self.snd_una);
             self.cc.on_timeout(self.snd_max, flight);
         }
+        // RFC 6675 §5.1: the episode ends; the scoreboard stays, so the
+        // go-back-N below skips what the peer SACKed (a peer that reneged
+        // shows it by its cumulative ACK, and the scoreboard lets go).
+        self.sack_recovery = None;
+        self.transmit_log.clear();
+        self.rack_at = None;
+        self.probe_timeout_at = None;
         // Go back N: everything after SND.UNA is sent again as the windows
         // allow (SYN-SENT and SYN-RECEIVED resend their SYN this way).
         self.snd_nxt = self.snd_una;
@@ -451,10 +622,18 @@ impl Connection {
     /// When [`on_timer`](Self::on_timer) must next be called; `None`: no
     /// timer is armed.
     pub fn next_deadline(&self) -> Option<Instant> {
-        [self.rto_at, self.persist_at, self.ack_at, self.time_wait_at]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.rto_at,
+            self.persist_at,
+            self.ack_at,
+            self.time_wait_at,
+            self.keepalive_at,
+            self.rack_at,
+            self.probe_timeout_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Re-derives the timers after anything changed (RFC 6298 §5.1–5.3 for
@@ -465,12 +644,24 @@ impl Connection {
             self.persist_at = None;
             self.ack_at = None;
             self.time_wait_at = None;
+            self.keepalive_at = None;
+            self.rack_at = None;
+            self.probe_timeout_at = None;
             return;
         }
+        // Keep-alive watches an established connection (or one the peer
+        // half-closed) while the application holds it.
+        self.keepalive_at = match self.state {
+            State::Established | State::CloseWait => self.keepalive.deadline(),
+            _ => None,
+        };
         // Nothing in flight: no retransmission timer (§5.2). It is armed
         // when a segment goes out (output) and restarted by new ACKs (input).
         if self.snd_nxt == self.snd_una {
             self.rto_at = None;
+        }
+        if self.snd_max == self.snd_una {
+            self.probe_timeout_at = None;
         }
         // FIN-WAIT-2 after close(): nobody reads, and a peer that never
         // sends its FIN must not hold the connection forever; it gets as
@@ -685,9 +876,26 @@ impl Connection {
         self.cc.ssthresh()
     }
 
-    /// In NewReno fast recovery (tests and diagnostics).
+    /// In NewReno fast recovery or RFC 6675 SACK loss recovery (tests and
+    /// diagnostics).
     pub fn in_fast_recovery(&self) -> bool {
-        self.cc.in_recovery()
+        self.cc.in_recovery() || self.sack_recovery.is_some()
+    }
+
+    /// Both ends agreed on SACK (RFC 2018).
+    pub fn sack_enabled(&self) -> bool {
+        self.sack_enabled
+    }
+
+    /// RFC 7323 timestamps are on.
+    pub fn timestamps_enabled(&self) -> bool {
+        self.ts_enabled
+    }
+
+    /// The sender's SACK scoreboard: the ranges the peer SACKed beyond
+    /// SND.UNA (tests and diagnostics).
+    pub fn sacked_ranges(&self) -> Vec<(Seq, Seq)> {
+        self.scoreboard.ranges().to_vec()
     }
 
     /// The current retransmission timeout (tests and diagnostics).

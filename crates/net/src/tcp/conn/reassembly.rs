@@ -103,6 +103,20 @@ impl ReceiveBuffer {
         kept
     }
 
+    /// The out-of-order bytes held, as merged `[start, end)` ranges in
+    /// order (pieces are stored apart even when adjacent).
+    pub(super) fn held_ranges(&self) -> Vec<(Seq, Seq)> {
+        let mut ranges: Vec<(Seq, Seq)> = Vec::new();
+        for (start, piece) in &self.pieces {
+            let end = *start + piece.len();
+            match ranges.last_mut() {
+                Some((_, last_end)) if *last_end == *start => *last_end = end,
+                _ => ranges.push((*start, end)),
+            }
+        }
+        ranges
+    }
+
     /// Notes a FIN seen out of order at `seq`.
     pub(super) fn set_fin(&mut self, seq: Seq) {
         self.fin = Some(seq);
@@ -151,6 +165,7 @@ mod tests {
         assert!(rx.insert_out_of_order(nxt, nxt + 4usize, b"efg"));
         assert!(rx.insert_out_of_order(nxt, nxt + 2usize, b"cdefgh"));
         assert_eq!(rx.held(), 6, "efg stored once; cd and h fill the gaps");
+        assert_eq!(rx.held_ranges(), vec![(nxt + 2usize, nxt + 8usize)]);
         assert!(
             !rx.insert_out_of_order(nxt, nxt + 9usize, b"j"),
             "over the limit"

@@ -30,7 +30,7 @@ mod sockets;
 mod stream;
 mod timers;
 
-pub use sockets::{Incoming, TcpListener, TcpStream};
+pub use sockets::{Incoming, KeepAlive, TcpListener, TcpStream};
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -72,6 +72,51 @@ pub struct TcpStats {
     pub syns_evicted: u64,
     /// Connections in the table now (half-open to TIME-WAIT).
     pub connections_open: u64,
+    /// SACK blocks sent and taken (RFC 2018), retransmissions chosen by
+    /// SACK loss recovery (RFC 6675), keep-alive probes sent, segments
+    /// dropped by PAWS (RFC 7323 §5): over every connection, open or gone.
+    pub sack_blocks_sent: u64,
+    pub sack_blocks_received: u64,
+    pub sack_retransmissions: u64,
+    pub keepalive_probes: u64,
+    pub paws_drops: u64,
+}
+
+/// The per-connection counters `TcpStats` sums (kept for connections that
+/// left the table).
+#[derive(Default)]
+struct ConnectionSums {
+    retransmissions: AtomicU64,
+    sack_blocks_sent: AtomicU64,
+    sack_blocks_received: AtomicU64,
+    sack_retransmissions: AtomicU64,
+    keepalive_probes: AtomicU64,
+    paws_drops: AtomicU64,
+}
+
+impl ConnectionSums {
+    fn snapshot(&self) -> ginza_net::tcp::ConnectionStats {
+        ginza_net::tcp::ConnectionStats {
+            retransmissions: self.retransmissions.load(Relaxed),
+            sack_blocks_sent: self.sack_blocks_sent.load(Relaxed),
+            sack_blocks_received: self.sack_blocks_received.load(Relaxed),
+            sack_retransmissions: self.sack_retransmissions.load(Relaxed),
+            keepalive_probes: self.keepalive_probes.load(Relaxed),
+            paws_drops: self.paws_drops.load(Relaxed),
+            ..Default::default()
+        }
+    }
+
+    fn add(&self, s: &ginza_net::tcp::ConnectionStats) {
+        self.retransmissions.fetch_add(s.retransmissions, Relaxed);
+        self.sack_blocks_sent.fetch_add(s.sack_blocks_sent, Relaxed);
+        self.sack_blocks_received
+            .fetch_add(s.sack_blocks_received, Relaxed);
+        self.sack_retransmissions
+            .fetch_add(s.sack_retransmissions, Relaxed);
+        self.keepalive_probes.fetch_add(s.keepalive_probes, Relaxed);
+        self.paws_drops.fetch_add(s.paws_drops, Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -82,8 +127,8 @@ struct Counters {
     no_socket: AtomicU64,
     listen_overflows: AtomicU64,
     syns_evicted: AtomicU64,
-    /// Retransmissions of connections that left the table.
-    gone_retransmissions: AtomicU64,
+    /// Counters of connections that left the table.
+    gone: ConnectionSums,
 }
 
 fn count(c: &AtomicU64) {
@@ -377,9 +422,7 @@ impl Tcp {
             if inner.tcb.is_finished() && !inner.in_backlog {
                 inner.in_table = false;
                 self.table.lock().remove(&conn.key);
-                self.counters
-                    .gone_retransmissions
-                    .fetch_add(inner.tcb.stats().retransmissions, Relaxed);
+                self.counters.gone.add(&inner.tcb.stats());
             }
         }
         wake
@@ -545,20 +588,26 @@ impl Tcp {
             let table = self.table.lock();
             (table.conns().cloned().collect(), table.len())
         };
-        let live: u64 = conns
-            .iter()
-            .map(|c| c.inner.lock().tcb.stats().retransmissions)
-            .sum();
+        let sums = ConnectionSums::default();
+        for c in &conns {
+            sums.add(&c.inner.lock().tcb.stats());
+        }
+        sums.add(&self.counters.gone.snapshot());
         let c = &self.counters;
         TcpStats {
             segments_in: c.segments_in.load(Relaxed),
             segments_out: c.segments_out.load(Relaxed),
-            retransmissions: live + c.gone_retransmissions.load(Relaxed),
+            retransmissions: sums.retransmissions.load(Relaxed),
             resets_sent: c.resets_sent.load(Relaxed),
             no_socket: c.no_socket.load(Relaxed),
             listen_overflows: c.listen_overflows.load(Relaxed),
             syns_evicted: c.syns_evicted.load(Relaxed),
             connections_open: open as u64,
+            sack_blocks_sent: sums.sack_blocks_sent.load(Relaxed),
+            sack_blocks_received: sums.sack_blocks_received.load(Relaxed),
+            sack_retransmissions: sums.sack_retransmissions.load(Relaxed),
+            keepalive_probes: sums.keepalive_probes.load(Relaxed),
+            paws_drops: sums.paws_drops.load(Relaxed),
         }
     }
 }

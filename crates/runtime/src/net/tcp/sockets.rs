@@ -426,3 +426,38 @@ impl Sealed for TcpStream {
 }
 
 impl PollSource for TcpStream {}
+
+/// Keep-alive settings for [`TcpStream::set_keepalive`]: Linux's
+/// `SO_KEEPALIVE` with `TCP_KEEPIDLE`, `TCP_KEEPINTVL` and `TCP_KEEPCNT`.
+pub use ginza_net::tcp::KeepAlive;
+
+impl TcpStream {
+    /// Keep-alive: after `idle` with nothing heard from the peer, a probe
+    /// every `interval`; after `count` unanswered probes the connection
+    /// ends and reads and writes fail with `TimedOut`. `None` turns it off
+    /// (the default, as on Linux). Zero durations or a zero count are
+    /// refused (`InvalidInput`). The protected netstack's command set has
+    /// no socket options: there it is `Unsupported`.
+    pub fn set_keepalive(&self, keepalive: Option<KeepAlive>) -> io::Result<()> {
+        if let Some(k) = keepalive {
+            if k.idle.is_zero() || k.interval.is_zero() || k.count == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "keep-alive needs a nonzero idle time, interval and probe count: {k:?}"
+                    ),
+                ));
+            }
+        }
+        match &self.backend {
+            StreamBackend::InProcess(s) => {
+                s.set_keepalive(keepalive);
+                Ok(())
+            }
+            StreamBackend::Protected(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "keep-alive is not available through the protected netstack (its command set has no socket options)",
+            )),
+        }
+    }
+}

@@ -185,6 +185,13 @@ impl InProcessStream {
         Ok(self.handle.conn.inner.lock().tcb.nodelay())
     }
 
+    /// Keep-alive probes on this connection (`None`: off).
+    pub(crate) fn set_keepalive(&self, keepalive: Option<ginza_net::tcp::KeepAlive>) {
+        let (rt, tcp, conn) = self.parts();
+        let now = tcp.now();
+        tcp.with_conn(rt, conn, |inner| inner.tcb.set_keepalive(keepalive, now));
+    }
+
     /// `read` gives up after `timeout` with `WouldBlock` (as std does on
     /// Linux). `None`: wait forever; a zero duration is an error.
     pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
