@@ -71,6 +71,13 @@ impl Buckets {
         self.sum_ns = self.sum_ns.saturating_add(sum_ns);
     }
 
+    /// Back to no samples (for a snapshot rebuilt from figures counted
+    /// elsewhere, not for a loop's own histogram).
+    pub fn clear(&mut self) {
+        self.counts.fill(0);
+        self.sum_ns = 0;
+    }
+
     pub fn count(&self) -> u64 {
         self.counts.iter().sum()
     }

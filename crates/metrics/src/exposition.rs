@@ -125,11 +125,24 @@ impl<'a> Writer<'a> {
     }
 
     /// An info metric (`NAME_info{labels} 1`).
-    pub fn info(&mut self, name: &str, help: &str, labels: &impl EncodeLabelSet) -> fmt::Result {
+    pub fn info(&mut self, name: &str, help: &str, labels: impl EncodeLabelSet) -> fmt::Result {
+        self.infos(name, help, [labels])
+    }
+
+    /// An info family, one sample per label set.
+    pub fn infos<L: EncodeLabelSet>(
+        &mut self,
+        name: &str,
+        help: &str,
+        items: impl IntoIterator<Item = L>,
+    ) -> fmt::Result {
         let mut m = self
             .enc
             .encode_descriptor(name, help, None, MetricType::Info)?;
-        m.encode_info(labels)
+        for labels in items {
+            m.encode_info(&labels)?;
+        }
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! Stats: the allocator's counts and cost histograms over a window, and
 //! the report a stats request gets.
 
+use ginza_metrics::buckets::{Buckets, LATENCY_BOUNDS_NS, PASS_BOUNDS_NS};
 use hdrhistogram::Histogram;
 
 use super::Iokerneld;
@@ -116,6 +117,68 @@ pub(super) struct Meter {
     pub(super) pass_acted: Histogram<u64>,
     pub(super) pass_idle: Histogram<u64>,
     pub(super) handover: Histogram<u64>,
+    /// The same figures since iokerneld started, for the metrics.
+    pub(super) lifetime: Lifetime,
+}
+
+/// The allocator's counts since iokerneld started: a `ResetStats` ends a
+/// window of the stats, never these (Prometheus counters only go up).
+/// Counts are folded in at each reset; histograms are recorded beside the
+/// windows' into fixed buckets (a few ns a sample).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    pub grants: u64,
+    pub preemptions: u64,
+    pub reallocations: u64,
+    pub handovers: u64,
+    pub handovers_abandoned: u64,
+    pub withdrawn: u64,
+    pub local_wakes: u64,
+    pub local_wakes_by_iokernel: u64,
+    /// iokerneld's time per grant (`AllocStats::grant_cost`).
+    pub grant_latency: Buckets,
+    /// Per completed hand-over (`AllocStats::handover`).
+    pub handover_latency: Buckets,
+    /// Wall time of passes that acted, and of the others.
+    pub pass_acted: Buckets,
+    pub pass_idle: Buckets,
+}
+
+impl Default for Lifetime {
+    fn default() -> Self {
+        Lifetime {
+            grants: 0,
+            preemptions: 0,
+            reallocations: 0,
+            handovers: 0,
+            handovers_abandoned: 0,
+            withdrawn: 0,
+            local_wakes: 0,
+            local_wakes_by_iokernel: 0,
+            grant_latency: Buckets::new(LATENCY_BOUNDS_NS),
+            handover_latency: Buckets::new(LATENCY_BOUNDS_NS),
+            pass_acted: Buckets::new(PASS_BOUNDS_NS),
+            pass_idle: Buckets::new(PASS_BOUNDS_NS),
+        }
+    }
+}
+
+impl Lifetime {
+    /// Becomes a copy of `o` without allocating (the published snapshot).
+    pub fn copy_from(&mut self, o: &Lifetime) {
+        self.grants = o.grants;
+        self.preemptions = o.preemptions;
+        self.reallocations = o.reallocations;
+        self.handovers = o.handovers;
+        self.handovers_abandoned = o.handovers_abandoned;
+        self.withdrawn = o.withdrawn;
+        self.local_wakes = o.local_wakes;
+        self.local_wakes_by_iokernel = o.local_wakes_by_iokernel;
+        self.grant_latency.copy_from(&o.grant_latency);
+        self.handover_latency.copy_from(&o.handover_latency);
+        self.pass_acted.copy_from(&o.pass_acted);
+        self.pass_idle.copy_from(&o.pass_idle);
+    }
 }
 
 impl Meter {
@@ -138,11 +201,13 @@ impl Meter {
             pass_acted: histogram(),
             pass_idle: histogram(),
             handover: histogram(),
+            lifetime: Lifetime::default(),
         }
     }
 
     /// Starts a new window (in place: no allocation).
     fn reset(&mut self, now: u64, cpu: u64) {
+        self.fold_window();
         self.since_ns = now;
         self.since_cpu_ns = cpu;
         self.grants = 0;
@@ -161,10 +226,55 @@ impl Meter {
         self.handover.reset();
     }
 
+    /// Adds the window's counts to the lifetime's (before a reset).
+    fn fold_window(&mut self) {
+        let l = &mut self.lifetime;
+        l.grants += self.grants;
+        l.preemptions += self.preemptions;
+        l.reallocations += self.reallocations;
+        l.handovers += self.handovers;
+        l.handovers_abandoned += self.handovers_abandoned;
+        l.withdrawn += self.withdrawn;
+        l.local_wakes += self.local_wakes;
+        l.local_wakes_by_iokernel += self.local_wakes_by_iokernel;
+    }
+
+    /// The lifetime figures now into `out` (the window's counts added),
+    /// without allocating.
+    pub(super) fn lifetime_into(&self, out: &mut Lifetime) {
+        out.copy_from(&self.lifetime);
+        out.grants += self.grants;
+        out.preemptions += self.preemptions;
+        out.reallocations += self.reallocations;
+        out.handovers += self.handovers;
+        out.handovers_abandoned += self.handovers_abandoned;
+        out.withdrawn += self.withdrawn;
+        out.local_wakes += self.local_wakes;
+        out.local_wakes_by_iokernel += self.local_wakes_by_iokernel;
+    }
+
+    /// One pass's wall time, under whether it acted.
+    pub(super) fn record_pass(&mut self, ns: u64, acted: bool) {
+        if acted {
+            self.pass_acted.saturating_record(ns);
+            self.lifetime.pass_acted.record(ns);
+        } else {
+            self.pass_idle.saturating_record(ns);
+            self.lifetime.pass_idle.record(ns);
+        }
+    }
+
+    /// One completed hand-over's time.
+    pub(super) fn record_handover(&mut self, ns: u64) {
+        self.handover.saturating_record(ns);
+        self.lifetime.handover_latency.record(ns);
+    }
+
     /// One grant's cost, also under how it was delivered (a failed grant
     /// counts in the total only).
     pub(super) fn record_grant(&mut self, ns: u64, delivery: Option<GrantDelivery>) {
         self.grant_cost.saturating_record(ns);
+        self.lifetime.grant_latency.record(ns);
         match delivery {
             Some(GrantDelivery::Word) => self.grant_cost_word.saturating_record(ns),
             Some(GrantDelivery::Eventfd) => self.grant_cost_eventfd.saturating_record(ns),
@@ -373,5 +483,13 @@ mod tests {
         );
         // Not a window count: passes compare it before and after.
         assert_eq!(m.actions, 9);
+        // The metrics' figures survive the reset.
+        m.grants = 2;
+        m.record_pass(700, true);
+        let mut l = Lifetime::default();
+        m.lifetime_into(&mut l);
+        assert_eq!((l.grants, l.preemptions, l.reallocations), (5, 2, 1));
+        assert_eq!(l.grant_latency.count(), 3);
+        assert_eq!(l.pass_acted.count(), 1);
     }
 }
