@@ -700,6 +700,39 @@ mod tests {
     }
 
     #[test]
+    fn metrics_address_from_the_file_or_the_flag_and_bad_ones_named() {
+        let dir = std::env::temp_dir().join(format!("ginza-iok-cfg-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let core = affinity::allowed_cpus().unwrap()[0];
+        let p = dir.join("iok.toml");
+        let parse = |args: &[&str]| Config::from_cli(&Cli::try_parse_from(args).unwrap());
+        let with = |text: &str| {
+            std::fs::write(&p, format!("cores = [{core}]\n{text}")).unwrap();
+            parse(&["iokerneld", "-c", p.to_str().unwrap()])
+        };
+        assert_eq!(with("").unwrap().metrics, None, "not served unless asked");
+        let c = with("metrics = \"127.0.0.1:9464\"\n").unwrap();
+        assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        let c = with("metrics = \"[::1]:0\"\n").unwrap();
+        assert_eq!(c.metrics, Some("[::1]:0".parse().unwrap()));
+        // The flag overrides the file.
+        let c = parse(&["iokerneld", "-c", p.to_str().unwrap(), "--metrics", "0.0.0.0:9500"])
+            .unwrap();
+        assert_eq!(c.metrics, Some("0.0.0.0:9500".parse().unwrap()));
+        for bad in ["9464", "localhost:9464", "127.0.0.1", "127.0.0.1:70000", ""] {
+            let e = with(&format!("metrics = \"{bad}\"\n")).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("metrics: \"{bad}\" is not an address to listen on")),
+                "{bad:?}: {e}"
+            );
+            assert!(Cli::try_parse_from(["iokerneld", "--metrics", bad]).is_err(), "{bad:?}");
+        }
+        let e = with("metrics = 9464\n").unwrap_err().to_string();
+        assert!(e.contains("metrics"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn file_then_flags() {
         let dir = std::env::temp_dir().join(format!("ginza-iok-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
