@@ -716,16 +716,29 @@ mod tests {
         let c = with("metrics = \"[::1]:0\"\n").unwrap();
         assert_eq!(c.metrics, Some("[::1]:0".parse().unwrap()));
         // The flag overrides the file.
-        let c = parse(&["iokerneld", "-c", p.to_str().unwrap(), "--metrics", "0.0.0.0:9500"])
-            .unwrap();
+        let c = parse(&[
+            "iokerneld",
+            "-c",
+            p.to_str().unwrap(),
+            "--metrics",
+            "0.0.0.0:9500",
+        ])
+        .unwrap();
         assert_eq!(c.metrics, Some("0.0.0.0:9500".parse().unwrap()));
         for bad in ["9464", "localhost:9464", "127.0.0.1", "127.0.0.1:70000", ""] {
-            let e = with(&format!("metrics = \"{bad}\"\n")).unwrap_err().to_string();
+            let e = with(&format!("metrics = \"{bad}\"\n"))
+                .unwrap_err()
+                .to_string();
             assert!(
-                e.starts_with(&format!("metrics: \"{bad}\" is not an address to listen on")),
+                e.starts_with(&format!(
+                    "metrics: \"{bad}\" is not an address to listen on"
+                )),
                 "{bad:?}: {e}"
             );
-            assert!(Cli::try_parse_from(["iokerneld", "--metrics", bad]).is_err(), "{bad:?}");
+            assert!(
+                Cli::try_parse_from(["iokerneld", "--metrics", bad]).is_err(),
+                "{bad:?}"
+            );
         }
         let e = with("metrics = 9464\n").unwrap_err().to_string();
         assert!(e.contains("metrics"), "{e}");

@@ -61,7 +61,7 @@ mod tx_yield;
 
 use pass::{Handover, PassKind};
 use stats::Meter;
-pub use stats::{summarize, Lifetime, HIST_MAX_NS};
+pub use stats::{summarize, HIST_MAX_NS};
 use tx_yield::TxYield;
 
 /// Most kthreads per application (the region's limit).

@@ -24,7 +24,7 @@ use ginza_metrics::{MetricsServer, Slot};
 pub mod exposition;
 pub mod snapshot;
 
-pub use snapshot::{AppFigures, ChannelFigures, DispatchFigures, Snapshot};
+pub use snapshot::{AppFigures, ChannelFigures, DispatchFigures, Lifetime, Snapshot};
 
 /// How often the loop refreshes the snapshot: a scrape sees figures at
 /// most this old.

@@ -1,12 +1,12 @@
 //! Stats: the allocator's counts and cost histograms over a window, and
 //! the report a stats request gets.
 
-use ginza_metrics::buckets::{Buckets, LATENCY_BOUNDS_NS, PASS_BOUNDS_NS};
 use hdrhistogram::Histogram;
 
 use super::Iokerneld;
 use crate::actuator::CoreActuator;
 use crate::dataplane::AppNet;
+use crate::metrics::Lifetime;
 use ginza_proto::messages::{AllocStats, AppStats, Latency, Request, Response, StatsReport};
 use ginza_shm::GrantDelivery;
 use ginza_sys::clock;
@@ -119,66 +119,6 @@ pub(super) struct Meter {
     pub(super) handover: Histogram<u64>,
     /// The same figures since iokerneld started, for the metrics.
     pub(super) lifetime: Lifetime,
-}
-
-/// The allocator's counts since iokerneld started: a `ResetStats` ends a
-/// window of the stats, never these (Prometheus counters only go up).
-/// Counts are folded in at each reset; histograms are recorded beside the
-/// windows' into fixed buckets (a few ns a sample).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lifetime {
-    pub grants: u64,
-    pub preemptions: u64,
-    pub reallocations: u64,
-    pub handovers: u64,
-    pub handovers_abandoned: u64,
-    pub withdrawn: u64,
-    pub local_wakes: u64,
-    pub local_wakes_by_iokernel: u64,
-    /// iokerneld's time per grant (`AllocStats::grant_cost`).
-    pub grant_latency: Buckets,
-    /// Per completed hand-over (`AllocStats::handover`).
-    pub handover_latency: Buckets,
-    /// Wall time of passes that acted, and of the others.
-    pub pass_acted: Buckets,
-    pub pass_idle: Buckets,
-}
-
-impl Default for Lifetime {
-    fn default() -> Self {
-        Lifetime {
-            grants: 0,
-            preemptions: 0,
-            reallocations: 0,
-            handovers: 0,
-            handovers_abandoned: 0,
-            withdrawn: 0,
-            local_wakes: 0,
-            local_wakes_by_iokernel: 0,
-            grant_latency: Buckets::new(LATENCY_BOUNDS_NS),
-            handover_latency: Buckets::new(LATENCY_BOUNDS_NS),
-            pass_acted: Buckets::new(PASS_BOUNDS_NS),
-            pass_idle: Buckets::new(PASS_BOUNDS_NS),
-        }
-    }
-}
-
-impl Lifetime {
-    /// Becomes a copy of `o` without allocating (the published snapshot).
-    pub fn copy_from(&mut self, o: &Lifetime) {
-        self.grants = o.grants;
-        self.preemptions = o.preemptions;
-        self.reallocations = o.reallocations;
-        self.handovers = o.handovers;
-        self.handovers_abandoned = o.handovers_abandoned;
-        self.withdrawn = o.withdrawn;
-        self.local_wakes = o.local_wakes;
-        self.local_wakes_by_iokernel = o.local_wakes_by_iokernel;
-        self.grant_latency.copy_from(&o.grant_latency);
-        self.handover_latency.copy_from(&o.handover_latency);
-        self.pass_acted.copy_from(&o.pass_acted);
-        self.pass_idle.copy_from(&o.pass_idle);
-    }
 }
 
 impl Meter {
