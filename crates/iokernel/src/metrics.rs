@@ -8,7 +8,7 @@
 //! thread answers `GET /metrics` from a copy of that snapshot, encoded by
 //! `prometheus-client` ([`exposition`]). So a scrape costs the loop
 //! nothing, and publishing costs it a few microseconds ten times a second
-//! (`ginza_iokernel_metrics_publish_seconds_total` says how much).
+//! (`ginza_iokernel_metrics_publish_duration_seconds` says how much).
 //!
 //! * [`snapshot`]: the figures the loop publishes;
 //! * [`exposition`]: those figures as named metrics.
@@ -37,9 +37,8 @@ pub(crate) struct Endpoint {
     server: MetricsServer,
     /// When the next publication is due (the loop's clock).
     pub(crate) next_due: u64,
-    /// Publications so far, and the loop's time spent on them.
-    pub(crate) publishes: u64,
-    pub(crate) publish_ns: u64,
+    /// The loop's time per publication so far.
+    pub(crate) publish_cost: ginza_metrics::Buckets,
 }
 
 impl Endpoint {
@@ -57,8 +56,7 @@ impl Endpoint {
             slot,
             server,
             next_due: 0,
-            publishes: 0,
-            publish_ns: 0,
+            publish_cost: ginza_metrics::Buckets::new(ginza_metrics::buckets::PASS_BOUNDS_NS),
         })
     }
 

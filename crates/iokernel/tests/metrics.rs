@@ -158,7 +158,7 @@ fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
         ),
         get(&after, "ginza_iokernel_grant_latency_seconds_count", &[])
     );
-    assert!(get(&after, "ginza_iokernel_metrics_publishes_total", &[]) >= 1.0);
+    assert!(get(&after, "ginza_iokernel_metrics_publish_duration_seconds_count", &[]) >= 1.0);
     // The same figures as the stats socket's (no more traffic since).
     let st = d.stats();
     let net = st.apps[0].net.unwrap();
@@ -369,4 +369,98 @@ fn documented_names(doc: &str, prefix: &str) -> Vec<String> {
         .filter(|n| n.starts_with(prefix) && !n.starts_with("ginza_netstack"))
         .map(|n| n.split('{').next().unwrap_or(n).to_string())
         .collect()
+}
+
+/// The loop's publications so far by bucket of `ginza_iokernel_metrics_publish_duration_seconds`
+/// (upper bound, cumulative count).
+fn publish_buckets(addr: SocketAddr) -> Vec<(String, f64)> {
+    parse(&scrape(addr).unwrap())
+        .unwrap()
+        .into_iter()
+        .filter(|x| x.name == "ginza_iokernel_metrics_publish_duration_seconds_bucket")
+        .map(|x| (x.labels["le"].clone(), x.value))
+        .collect()
+}
+
+/// What the metrics cost the loop (docs/metrics.md; figures in
+/// docs/results.md, "Session 15: metrics"): a spinning iokerneld with 8
+/// applications registered, in 1 s windows that alternate between no
+/// scrapes and a client scraping back to back; per window the passes per
+/// second and the idle pass's p50/p99 from the stats socket (the same
+/// windows, `ResetStats`), and per kind of window the loop's time per
+/// publication, by bucket (a scrape before and after each window reads
+/// it). A benchmark, not a check: run it with
+/// `cargo test --release -p ginza-iokernel --test metrics -- --ignored --nocapture what_the_metrics_cost_the_loop`.
+#[test]
+#[ignore]
+fn what_the_metrics_cost_the_loop() {
+    let _g = lock();
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.idle_sleep = None;
+        c.metrics = Some("127.0.0.1:0".parse().unwrap());
+    });
+    let addr = d.metrics.unwrap();
+    let _apps: Vec<RawApp> = (0..8)
+        .map(|i| RawApp::register(&d.socket, &format!("app{i}"), iface(10 + i), 1).unwrap())
+        .collect();
+    let window = Duration::from_secs(1);
+    // Per kind of window: (passes/s, idle p50, idle p99, scrapes) per
+    // window, and the publications' buckets summed.
+    let mut arms: [(Vec<(f64, u64, u64, u64)>, Vec<(String, f64)>); 2] = Default::default();
+    for round in 0..7 {
+        for scraped in [round % 2 == 0, round % 2 == 1] {
+            let before = publish_buckets(addr);
+            ginza_proto::client::reset_stats(&d.socket).unwrap();
+            let t0 = Instant::now();
+            let mut scrapes = 0u64;
+            if scraped {
+                while t0.elapsed() < window {
+                    scrape(addr).unwrap();
+                    scrapes += 1;
+                }
+            } else {
+                // The measurement window itself, not a wait for a condition.
+                std::thread::sleep(window);
+            }
+            let a = ginza_proto::client::reset_stats(&d.socket).unwrap().alloc;
+            let after = publish_buckets(addr);
+            let passes = a.pass_cost_idle.count + a.pass_cost_with_decisions.count;
+            let m = (
+                passes as f64 / (a.window_ns as f64 / 1e9),
+                a.pass_cost_idle.p50_ns,
+                a.pass_cost_idle.p99_ns,
+                scrapes,
+            );
+            println!(
+                "round {round} {}: {:.0} passes/s, idle pass p50 {} ns p99 {} ns, {} scrapes",
+                if scraped { "scraped" } else { "quiet  " },
+                m.0,
+                m.1,
+                m.2,
+                m.3
+            );
+            let arm = &mut arms[usize::from(scraped)];
+            arm.0.push(m);
+            for (i, ((le, b), (_, e))) in before.iter().zip(&after).enumerate() {
+                match arm.1.get_mut(i) {
+                    Some(x) => x.1 += e - b,
+                    None => arm.1.push((le.clone(), e - b)),
+                }
+            }
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for (name, (v, buckets)) in ["quiet", "scraped"].iter().zip(&arms) {
+        println!(
+            "median {name}: {:.0} passes/s, idle pass p50 {:.0} ns, p99 {:.0} ns, {:.0} scrapes/s",
+            median(v.iter().map(|m| m.0).collect()),
+            median(v.iter().map(|m| m.1 as f64).collect()),
+            median(v.iter().map(|m| m.2 as f64).collect()),
+            median(v.iter().map(|m| m.3 as f64).collect()),
+        );
+        println!("  {name} windows' publications, cumulative by upper bound (s): {buckets:?}");
+    }
 }

@@ -5,6 +5,7 @@
 //! when an application is added or its name grows, and it is skipped, not
 //! awaited, while a scrape holds the snapshot.
 
+use ginza_metrics::Buckets;
 use ginza_proto::messages::Class;
 use ginza_sys::clock;
 
@@ -21,16 +22,16 @@ impl<A: CoreActuator> Iokerneld<A> {
             return;
         };
         let t0 = self.clock.now_ns();
-        let (publishes, publish_ns) = (ep.publishes, ep.publish_ns);
-        if ep.slot.try_update(|s| self.fill(s, publishes, publish_ns)) {
+        let cost = &ep.publish_cost;
+        if ep.slot.try_update(|s| self.fill(s, cost)) {
             ep.next_due = now + PUBLISH_EVERY.as_nanos() as u64;
-            ep.publishes += 1;
-            ep.publish_ns += self.clock.now_ns().saturating_sub(t0);
+            ep.publish_cost
+                .record(self.clock.now_ns().saturating_sub(t0));
         }
         self.metrics = Some(ep);
     }
 
-    fn fill(&self, s: &mut Snapshot, publishes: u64, publish_ns: u64) {
+    fn fill(&self, s: &mut Snapshot, publish_cost: &Buckets) {
         s.published = true;
         s.policy = self.cfg.policy.name();
         s.nic.clone_from(&self.cfg.nic);
@@ -43,8 +44,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         s.apps_disconnected = self.disconnected;
         self.meter.lifetime_into(&mut s.alloc);
         (s.nic_rx_frames, s.nic_tx_frames, s.nic_drops) = self.dp.nic_counters();
-        s.publishes = publishes;
-        s.publish_ns = publish_ns;
+        s.publish_cost.copy_from(publish_cost);
         s.apps.resize_with(self.apps.len(), AppFigures::default);
         for (a, f) in self.apps.iter().zip(s.apps.iter_mut()) {
             fill_app(a, f);

@@ -106,17 +106,11 @@ fn daemon_wide(s: &Snapshot, w: &mut Writer) -> fmt::Result {
         None,
         s.apps_disconnected,
     )?;
-    w.counter(
-        "ginza_iokernel_metrics_publishes",
-        "Times the loop published these figures",
-        None,
-        s.publishes,
-    )?;
-    w.counter(
-        "ginza_iokernel_metrics_publish",
-        "The loop's time spent publishing these figures",
+    w.histograms(
+        "ginza_iokernel_metrics_publish_duration",
+        "The loop's time to publish these figures, per publication (every 100 ms)",
         Some(Unit::Seconds),
-        secs(s.publish_ns),
+        [([] as [(&str, &str); 0], Histogram::from(&s.publish_cost))],
     )
 }
 

@@ -20,7 +20,7 @@ const fn sojourn_bounds() -> [u64; 20] {
 }
 
 /// iokerneld as the metrics see it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Snapshot {
     /// False until the loop's first publication.
     pub published: bool,
@@ -40,11 +40,33 @@ pub struct Snapshot {
     pub nic_rx_frames: u64,
     pub nic_tx_frames: u64,
     pub nic_drops: u64,
-    /// Publications before this one, and the loop's time spent on them.
-    pub publishes: u64,
-    pub publish_ns: u64,
+    /// The loop's time per publication, before this one.
+    pub publish_cost: Buckets,
     /// The registered applications, in registration order.
     pub apps: Vec<AppFigures>,
+}
+
+impl Default for Snapshot {
+    fn default() -> Self {
+        Snapshot {
+            published: false,
+            policy: "",
+            nic: String::new(),
+            managed_cores: 0,
+            interval_ns: 0,
+            uptime_ns: 0,
+            loop_cpu_ns: 0,
+            passes: 0,
+            registrations_refused: 0,
+            apps_disconnected: 0,
+            alloc: Lifetime::default(),
+            nic_rx_frames: 0,
+            nic_tx_frames: 0,
+            nic_drops: 0,
+            publish_cost: Buckets::new(PASS_BOUNDS_NS),
+            apps: Vec::new(),
+        }
+    }
 }
 
 /// One registered application.
