@@ -460,6 +460,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 .map_err(|source| DaemonError::Pin { core, source })?;
             info!("iokerneld: pinned to core {core}");
         }
+        if let Some(m) = &mut self.metrics {
+            m.loop_tid = ginza_sys::process::gettid();
+        }
         let iv = self.cfg.interval.as_nanos() as u64;
         let ci = self.cfg.control_interval.as_nanos() as u64;
         // Polls that find nothing double the gap to the next, up to
@@ -493,7 +496,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 next_control = now + control_gap;
             }
             // A compare per turn; the copy every `PUBLISH_EVERY`.
-            if self.metrics.as_ref().is_some_and(|m| now >= m.next_due) {
+            if self.metrics.as_ref().is_some_and(|m| m.due(now)) {
                 self.publish_metrics(now);
             }
             self.dataplane(now, control_due);

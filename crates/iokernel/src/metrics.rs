@@ -2,13 +2,14 @@
 //!
 //! The loop never answers a scrape. Every [`PUBLISH_EVERY`] it copies its
 //! counters into a [`Snapshot`] in a [`Slot`] whose lock it only tries to
-//! take (`daemon::publish`): no allocation once the snapshot has room for
-//! every application, no wait if a scrape is copying it at that moment
-//! (then it tries again at its next control poll). A [`MetricsServer`]
+//! take (`daemon::publish`), a few applications a turn: no allocation once
+//! the snapshot has room for every application, no wait if a scrape is
+//! copying it at that moment (then it tries again at its next turn). A [`MetricsServer`]
 //! thread answers `GET /metrics` from a copy of that snapshot, encoded by
 //! `prometheus-client` ([`exposition`]). So a scrape costs the loop
-//! nothing, and publishing costs it a few microseconds ten times a second
-//! (`ginza_iokernel_metrics_publish_duration_seconds` says how much).
+//! nothing, and publishing costs it a few microseconds a turn for a few
+//! turns ten times a second (`ginza_iokernel_metrics_publish_duration_seconds`
+//! says how much).
 //!
 //! * [`snapshot`]: the figures the loop publishes;
 //! * [`exposition`]: those figures as named metrics.
@@ -37,6 +38,10 @@ pub(crate) struct Endpoint {
     server: MetricsServer,
     /// When the next publication is due (the loop's clock).
     pub(crate) next_due: u64,
+    /// A publication under way: the next application to copy.
+    pub(crate) cursor: Option<usize>,
+    /// The thread that runs the loop (set when it starts).
+    pub(crate) loop_tid: i32,
     /// The loop's time per publication so far.
     pub(crate) publish_cost: ginza_metrics::Buckets,
 }
@@ -56,11 +61,19 @@ impl Endpoint {
             slot,
             server,
             next_due: 0,
+            cursor: None,
+            loop_tid: 0,
             publish_cost: ginza_metrics::Buckets::new(ginza_metrics::buckets::PASS_BOUNDS_NS),
         })
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
         self.server.local_addr()
+    }
+
+    /// A publication step is due: one is under way, or the period ended.
+    #[inline]
+    pub(crate) fn due(&self, now: u64) -> bool {
+        self.cursor.is_some() || now >= self.next_due
     }
 }

@@ -158,7 +158,13 @@ fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
         ),
         get(&after, "ginza_iokernel_grant_latency_seconds_count", &[])
     );
-    assert!(get(&after, "ginza_iokernel_metrics_publish_duration_seconds_count", &[]) >= 1.0);
+    assert!(
+        get(
+            &after,
+            "ginza_iokernel_metrics_publish_duration_seconds_count",
+            &[]
+        ) >= 1.0
+    );
     // The same figures as the stats socket's (no more traffic since).
     let st = d.stats();
     let net = st.apps[0].net.unwrap();
@@ -178,6 +184,44 @@ fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
         get(&after, "ginza_nic_rx_frames_total", &[("nic", "software")]),
         0.0
     );
+}
+
+/// A publication is copied a few applications per loop turn: with more
+/// applications than one turn copies, every one is published, once, and
+/// those that leave go.
+#[test]
+fn many_applications_are_published_over_several_turns_and_leavers_go() {
+    let _g = lock();
+    let d = with_metrics();
+    let addr = d.metrics.unwrap();
+    let mut apps: Vec<RawApp> = (0..10)
+        .map(|i| RawApp::register(&d.socket, &format!("a{i}"), iface(40 + i), 1).unwrap())
+        .collect();
+    let shown = |s: &[Sample]| -> Vec<String> {
+        let mut v: Vec<String> = s
+            .iter()
+            .filter(|x| x.name == "ginza_app_kthreads")
+            .map(|x| x.labels["app"].clone())
+            .collect();
+        v.sort();
+        v
+    };
+    let all: Vec<String> = (0..10).map(|i| format!("a{i}")).collect();
+    let mut want = all.clone();
+    want.sort();
+    let Some(s) = scrape_until(addr, "ten applications", |s| shown(s) == want) else {
+        return;
+    };
+    assert_eq!(get(&s, "ginza_iokernel_applications", &[]), 10.0);
+    // Three leave (their sockets close): gone from the figures, the rest
+    // there once each.
+    apps.drain(2..5);
+    let mut left: Vec<String> = all
+        .into_iter()
+        .filter(|n| !["a2", "a3", "a4"].contains(&n.as_str()))
+        .collect();
+    left.sort();
+    scrape_until(addr, "seven applications", |s| shown(s) == left);
 }
 
 #[test]

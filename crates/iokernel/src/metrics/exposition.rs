@@ -27,8 +27,19 @@ impl Collector {
 
 impl collector::Collector for Collector {
     fn encode(&self, enc: DescriptorEncoder) -> fmt::Result {
-        write(&self.slot.read(), &mut Writer::new(enc))
+        let mut s = self.slot.read();
+        one_entry_per_app(&mut s.apps);
+        write(&s, &mut Writer::new(enc))
     }
+}
+
+/// Drops the entries a publication under way has not written yet (no
+/// name), and any second entry of one name (an application seen at two
+/// places while the list shifted under a publication): one sample per
+/// label set, as the format requires.
+pub fn one_entry_per_app(apps: &mut Vec<AppFigures>) {
+    let mut seen = std::collections::HashSet::new();
+    apps.retain(|a| !a.name.is_empty() && seen.insert(a.name.clone()));
 }
 
 fn secs(ns: u64) -> f64 {
@@ -68,13 +79,14 @@ fn daemon_wide(s: &Snapshot, w: &mut Writer) -> fmt::Result {
         "ginza_iokernel_uptime",
         "Time since iokerneld started",
         Some(Unit::Seconds),
-        secs(s.uptime_ns),
+        secs(ginza_sys::clock::monotonic_ns().saturating_sub(s.start_ns)),
     )?;
     w.counter(
         "ginza_iokernel_loop_cpu",
         "CPU time of iokerneld's loop thread",
         Some(Unit::Seconds),
-        secs(s.loop_cpu_ns),
+        // 0 before the loop's first publication.
+        secs(ginza_sys::clock::thread_cpu_ns_of(s.loop_tid).unwrap_or(0)),
     )?;
     w.gauge(
         "ginza_iokernel_managed_cores",
@@ -440,4 +452,27 @@ fn per_app_channels(s: &Snapshot, w: &mut Writer) -> fmt::Result {
         None,
         ch(|c| c.event_ring_full),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwritten_and_repeated_entries_are_not_shown() {
+        let named = |n: &str, grants| AppFigures {
+            name: n.into(),
+            grants,
+            ..Default::default()
+        };
+        let mut apps = vec![
+            named("b", 1),
+            named("b", 2),
+            AppFigures::default(),
+            named("c", 3),
+        ];
+        one_entry_per_app(&mut apps);
+        let got: Vec<_> = apps.iter().map(|a| (a.name.as_str(), a.grants)).collect();
+        assert_eq!(got, [("b", 1), ("c", 3)]);
+    }
 }

@@ -29,9 +29,13 @@ pub struct Snapshot {
     pub nic: String,
     pub managed_cores: u64,
     pub interval_ns: u64,
-    pub uptime_ns: u64,
-    /// CPU time of the loop thread.
-    pub loop_cpu_ns: u64,
+    /// When iokerneld started (CLOCK_MONOTONIC): the uptime is read at
+    /// the scrape.
+    pub start_ns: u64,
+    /// The loop thread's id: its CPU time is read at the scrape, from the
+    /// metrics thread (`ginza_sys::clock::thread_cpu_ns_of`), not by the
+    /// loop (a system call of a microsecond or more).
+    pub loop_tid: i32,
     pub passes: u64,
     pub registrations_refused: u64,
     pub apps_disconnected: u64,
@@ -54,8 +58,8 @@ impl Default for Snapshot {
             nic: String::new(),
             managed_cores: 0,
             interval_ns: 0,
-            uptime_ns: 0,
-            loop_cpu_ns: 0,
+            start_ns: 0,
+            loop_tid: 0,
             passes: 0,
             registrations_refused: 0,
             apps_disconnected: 0,
