@@ -450,7 +450,12 @@ fn what_the_metrics_cost_the_loop() {
     let window = Duration::from_secs(1);
     // Per kind of window: (passes/s, idle p50, idle p99, scrapes) per
     // window, and the publications' buckets summed.
-    let mut arms: [(Vec<(f64, u64, u64, u64)>, Vec<(String, f64)>); 2] = Default::default();
+    #[derive(Default)]
+    struct Arm {
+        windows: Vec<(f64, u64, u64, u64)>,
+        buckets: Vec<(String, f64)>,
+    }
+    let mut arms: [Arm; 2] = Default::default();
     for round in 0..7 {
         for scraped in [round % 2 == 0, round % 2 == 1] {
             let before = publish_buckets(addr);
@@ -484,11 +489,11 @@ fn what_the_metrics_cost_the_loop() {
                 m.3
             );
             let arm = &mut arms[usize::from(scraped)];
-            arm.0.push(m);
+            arm.windows.push(m);
             for (i, ((le, b), (_, e))) in before.iter().zip(&after).enumerate() {
-                match arm.1.get_mut(i) {
+                match arm.buckets.get_mut(i) {
                     Some(x) => x.1 += e - b,
-                    None => arm.1.push((le.clone(), e - b)),
+                    None => arm.buckets.push((le.clone(), e - b)),
                 }
             }
         }
@@ -497,7 +502,8 @@ fn what_the_metrics_cost_the_loop() {
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    for (name, (v, buckets)) in ["quiet", "scraped"].iter().zip(&arms) {
+    for (name, arm) in ["quiet", "scraped"].iter().zip(&arms) {
+        let (v, buckets) = (&arm.windows, &arm.buckets);
         println!(
             "median {name}: {:.0} passes/s, idle pass p50 {:.0} ns, p99 {:.0} ns, {:.0} scrapes/s",
             median(v.iter().map(|m| m.0).collect()),

@@ -115,9 +115,8 @@ pub fn reference_parse(text: &str) -> Result<Vec<Sample>, ParseError> {
         }
         _ => return Err(ParseError::Rejected(stderr)),
     }
-    let rows: Vec<(String, String, String, BTreeMap<String, String>, f64)> =
-        serde_json::from_slice(&out.stdout)
-            .map_err(|e| ParseError::Rejected(format!("the parser's output: {e}")))?;
+    let rows: Vec<Row> = serde_json::from_slice(&out.stdout)
+        .map_err(|e| ParseError::Rejected(format!("the parser's output: {e}")))?;
     Ok(rows
         .into_iter()
         .map(|(family, kind, name, labels, value)| Sample {
@@ -129,6 +128,10 @@ pub fn reference_parse(text: &str) -> Result<Vec<Sample>, ParseError> {
         })
         .collect())
 }
+
+/// One sample as the Python script prints it: family, type, sample name,
+/// labels, value.
+type Row = (String, String, String, BTreeMap<String, String>, f64);
 
 /// The value of sample `name` whose labels include `labels`.
 pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {

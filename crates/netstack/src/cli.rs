@@ -103,3 +103,36 @@ pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: super::NetstackArgs,
+    }
+
+    #[test]
+    fn the_metrics_address_is_parsed_and_a_bad_one_named() {
+        let parse = |m: &str| {
+            Flags::try_parse_from([
+                "netstackd",
+                "--ip",
+                "10.0.0.1",
+                "--mac",
+                "02:00:00:00:00:01",
+                "--metrics",
+                m,
+            ])
+        };
+        let ok = parse("127.0.0.1:9465").unwrap();
+        assert_eq!(ok.args.metrics, Some("127.0.0.1:9465".parse().unwrap()));
+        let e = parse("nonsense").err().unwrap().to_string();
+        assert!(
+            e.contains("--metrics") && e.contains("\"nonsense\" is not an address to listen on"),
+            "{e}"
+        );
+    }
+}

@@ -111,6 +111,15 @@ impl Daemon {
         if n == 0 {
             return Err(anyhow!("netstack needs at least one kthread"));
         }
+        // Bound first: an address in use stops the netstack before it
+        // registers with iokerneld.
+        let metrics_listener = cfg
+            .metrics
+            .map(|addr| {
+                std::net::TcpListener::bind(addr)
+                    .with_context(|| format!("cannot serve metrics on {addr}"))
+            })
+            .transpose()?;
         let region = Region::create(&cfg.name, &RegionConfig::new(n))
             .context("creating the shared region")?;
         let eventfds = (0..n)
@@ -143,13 +152,12 @@ impl Daemon {
         let mut engine = Netstack::new(cfg.netstack.clone());
         engine.add_address(cfg.interface);
         let engine = Arc::new(Mutex::new(engine));
-        let metrics = match cfg.metrics {
-            None => None,
-            Some(addr) => Some(
-                crate::metrics::serve(addr, &cfg.name, Arc::clone(&engine))
-                    .with_context(|| format!("cannot serve metrics on {addr}"))?,
-            ),
-        };
+        let metrics = metrics_listener
+            .map(|l| {
+                crate::metrics::serve(l, &cfg.name, Arc::clone(&engine))
+                    .context("starting the metrics thread")
+            })
+            .transpose()?;
         if let Some(m) = &metrics {
             info!("netstack: metrics at http://{}/metrics", m.local_addr());
         }

@@ -6,7 +6,7 @@
 //! letting go.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use ginza_metrics::exposition::Writer;
@@ -40,9 +40,9 @@ impl collector::Collector for Collector {
 }
 
 /// Serves the counters of `engine` (the netstack named `name`) at
-/// `http://ADDR/metrics`.
+/// `http://ADDR/metrics` on `listener` (bound to ADDR).
 pub fn serve(
-    addr: SocketAddr,
+    listener: TcpListener,
     name: &str,
     engine: Arc<Mutex<Netstack>>,
 ) -> std::io::Result<MetricsServer> {
@@ -51,8 +51,8 @@ pub fn serve(
         engine,
         name: name.to_string(),
     }));
-    MetricsServer::bind(
-        addr,
+    MetricsServer::start(
+        listener,
         Arc::new(move || ginza_metrics::exposition::render(&registry)),
     )
 }

@@ -279,3 +279,25 @@ fn the_netstack_serves_its_counters_and_they_move_with_a_tcp_exchange() {
     drop(ns);
     drop(io);
 }
+
+/// An address in use stops the netstack before it registers: its error
+/// names the address.
+#[test]
+fn a_metrics_address_in_use_is_refused_before_registering() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = DaemonConfig::new(iface(9));
+    // No iokerneld there: registering would fail with another error.
+    cfg.iokernel_socket = dir.path().join("no-iokerneld.sock");
+    cfg.attach_socket = dir.path().join("netstack.sock");
+    cfg.metrics = Some(addr);
+    let e = match Daemon::start(cfg) {
+        Err(e) => format!("{e:#}"),
+        Ok(_) => panic!("started with its metrics address in use"),
+    };
+    assert!(
+        e.starts_with(&format!("cannot serve metrics on {addr}")),
+        "{e}"
+    );
+}

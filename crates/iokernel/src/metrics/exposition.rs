@@ -364,13 +364,16 @@ fn per_app_net(s: &Snapshot, w: &mut Writer) -> fmt::Result {
     )
 }
 
+/// One of a dispatched application's counters.
+type DispatchCounter = fn(&ginza_proto::messages::DispatchStats) -> u64;
+
 fn per_app_dispatch(s: &Snapshot, w: &mut Writer) -> fmt::Result {
     let d = |f: fn(&ginza_proto::messages::DispatchStats) -> u64| {
         s.apps
             .iter()
             .filter_map(move |a| a.dispatch.as_ref().map(|d| (app(a), f(&d.counters))))
     };
-    let counters: [(&str, &str, fn(&ginza_proto::messages::DispatchStats) -> u64); 9] = [
+    let counters: [(&str, &str, DispatchCounter); 9] = [
         (
             "ginza_app_dispatch_arrived",
             "Requests iokerneld queued for it",
