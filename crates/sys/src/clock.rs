@@ -57,9 +57,8 @@ mod tests {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {
             tx.send(crate::process::gettid()).unwrap();
-            // Burn some CPU, then wait to be read.
-            let t0 = std::time::Instant::now();
-            while t0.elapsed() < std::time::Duration::from_millis(20) {
+            // Burn 10 ms of CPU, then wait to be read.
+            while thread_cpu_ns() < 10_000_000 {
                 std::hint::spin_loop();
             }
             let own = thread_cpu_ns();
