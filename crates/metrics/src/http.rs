@@ -279,6 +279,23 @@ mod tests {
         assert_eq!((body, keep), (5, true));
     }
 
+    proptest::proptest! {
+        /// Any bytes get an answer or a request for more, never a panic;
+        /// what is consumed is within what was read.
+        #[test]
+        fn any_bytes_are_answered_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            prefix in 0usize..4,
+        ) {
+            let heads: [&[u8]; 4] = [b"", b"GET /metrics HTTP/1.1\r\n", b"GET ", b"HEAD /x HTTP/1.0\r\nA: b\r\n"];
+            let buf = [heads[prefix], &bytes].concat();
+            if let Step::Answer { response, consumed, .. } = step(&buf, &render) {
+                proptest::prop_assert!(consumed <= buf.len());
+                proptest::prop_assert!(response.starts_with(b"HTTP/1.1 "));
+            }
+        }
+    }
+
     #[test]
     fn a_render_failure_is_a_500() {
         let fail = || Err("no snapshot".to_string());
