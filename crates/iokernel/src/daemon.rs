@@ -529,6 +529,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     if let Some(e) = end {
                         wait = wait.min(e.saturating_sub(now));
                     }
+                    if let Some(due) = self.finish_publication(now) {
+                        wait = wait.min(due.saturating_sub(now));
+                    }
                     self.control(Some(Duration::from_nanos(wait)), now)?;
                     let now = self.clock.now_ns();
                     control_gap = ci;

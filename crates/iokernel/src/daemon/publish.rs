@@ -22,6 +22,11 @@ use crate::metrics::{AppFigures, DispatchFigures, Snapshot, PUBLISH_EVERY};
 /// Applications copied in one loop turn.
 pub const APPS_PER_TURN: usize = 4;
 
+/// Steps an idle loop takes at once to finish a publication (enough for
+/// `ginza_proto::MAX_APPS` applications, and retries while scrapes hold
+/// the snapshot).
+const IDLE_STEPS: usize = 256;
+
 impl<A: CoreActuator> Iokerneld<A> {
     /// One step of a publication (the loop calls it while one is due or
     /// under way); a scrape copying the snapshot now makes it try the same
@@ -51,6 +56,21 @@ impl<A: CoreActuator> Iokerneld<A> {
                 .record(self.clock.now_ns().saturating_sub(t0));
         }
         self.metrics = Some(ep);
+    }
+
+    /// Before an idle sleep: finishes a publication under way at once (no
+    /// request waits on this turn) and says when the next step is due, so
+    /// that the sleep ends for it; `None` if the metrics are not served.
+    pub(super) fn finish_publication(&mut self, now: u64) -> Option<u64> {
+        for _ in 0..IDLE_STEPS {
+            if self.metrics.as_ref()?.cursor.is_none() {
+                break;
+            }
+            self.publish_metrics(now);
+        }
+        self.metrics
+            .as_ref()
+            .map(|m| if m.cursor.is_some() { now } else { m.next_due })
     }
 
     /// iokerneld's own figures, and room for every application.
