@@ -20,6 +20,8 @@
 //!                          # flow during this long after registration
 //! steering_buckets = 512   # indirection: buckets per application
 //! local_wake = "5us"       # local wakes, iokerneld's wait (default off)
+//! metrics = "127.0.0.1:9464" # Prometheus metrics at http://ADDR/metrics
+//!                          # (docs/metrics.md; default: not served)
 //!
 //! [[faults]]               # fault injection in the switch (repeatable,
 //! port = "trunk"           # at most 4 rules; docs/fault-injection.md):
@@ -129,6 +131,9 @@ pub struct Config {
     /// Fault injection in the software switch (`--faults`), at most
     /// [`MAX_FAULT_RULES`]; empty: none.
     pub faults: Vec<FaultRule>,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (docs/metrics.md);
+    /// `None`: not served.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Largest flow table per application (24 bytes a flow: 96 MiB).
@@ -261,6 +266,7 @@ struct FileConfig {
     flow_warm_up: Option<String>,
     steering_buckets: Option<usize>,
     local_wake: Option<String>,
+    metrics: Option<String>,
     #[serde(default)]
     faults: Vec<toml::Table>,
 }
@@ -350,6 +356,11 @@ pub struct Cli {
     /// tcp, udp). See docs/fault-injection.md.
     #[arg(long = "faults", value_name = "RULE", value_parser = parse_fault_rule)]
     pub faults: Vec<FaultRule>,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics, e.g.
+    /// 127.0.0.1:9464 (docs/metrics.md). Scrapes are answered by a thread
+    /// of their own from figures the loop publishes every 100 ms.
+    #[arg(long, value_name = "ADDR", value_parser = ginza_metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 fn dur(what: &'static str, v: Option<&String>) -> Result<Option<Duration>, ConfigError> {
@@ -398,6 +409,7 @@ impl Config {
             steering_options: SteeringOptions::default(),
             flow_warm_up: Duration::ZERO,
             faults: Vec::new(),
+            metrics: None,
         }
     }
 
@@ -512,6 +524,18 @@ impl Config {
         if let Some(n) = cli.steering_buckets.or(file.steering_buckets) {
             c.steering_options.buckets = n;
         }
+        c.metrics = match (cli.metrics, &file.metrics) {
+            (Some(a), _) => Some(a),
+            (None, Some(text)) => {
+                Some(
+                    ginza_metrics::parse_addr(text).map_err(|msg| ConfigError::Value {
+                        what: "metrics",
+                        msg,
+                    })?,
+                )
+            }
+            (None, None) => None,
+        };
         c.faults = if cli.faults.is_empty() {
             file_fault_rules(&file.faults)?
         } else {
@@ -673,6 +697,52 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("slow period"));
+    }
+
+    #[test]
+    fn metrics_address_from_the_file_or_the_flag_and_bad_ones_named() {
+        let dir = std::env::temp_dir().join(format!("ginza-iok-cfg-m-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let core = affinity::allowed_cpus().unwrap()[0];
+        let p = dir.join("iok.toml");
+        let parse = |args: &[&str]| Config::from_cli(&Cli::try_parse_from(args).unwrap());
+        let with = |text: &str| {
+            std::fs::write(&p, format!("cores = [{core}]\n{text}")).unwrap();
+            parse(&["iokerneld", "-c", p.to_str().unwrap()])
+        };
+        assert_eq!(with("").unwrap().metrics, None, "not served unless asked");
+        let c = with("metrics = \"127.0.0.1:9464\"\n").unwrap();
+        assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        let c = with("metrics = \"[::1]:0\"\n").unwrap();
+        assert_eq!(c.metrics, Some("[::1]:0".parse().unwrap()));
+        // The flag overrides the file.
+        let c = parse(&[
+            "iokerneld",
+            "-c",
+            p.to_str().unwrap(),
+            "--metrics",
+            "0.0.0.0:9500",
+        ])
+        .unwrap();
+        assert_eq!(c.metrics, Some("0.0.0.0:9500".parse().unwrap()));
+        for bad in ["9464", "localhost:9464", "127.0.0.1", "127.0.0.1:70000", ""] {
+            let e = with(&format!("metrics = \"{bad}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "metrics: \"{bad}\" is not an address to listen on"
+                )),
+                "{bad:?}: {e}"
+            );
+            assert!(
+                Cli::try_parse_from(["iokerneld", "--metrics", bad]).is_err(),
+                "{bad:?}"
+            );
+        }
+        let e = with("metrics = 9464\n").unwrap_err().to_string();
+        assert!(e.contains("metrics"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

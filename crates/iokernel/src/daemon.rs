@@ -7,7 +7,9 @@
 //!   removal;
 //! * [`packets`]: the dataplane's turn in the loop;
 //! * [`pass`]: the allocation pass, its decisions carried out, hand-overs;
-//! * [`stats`]: counts, cost histograms and the stats report.
+//! * [`stats`]: counts, cost histograms and the stats report;
+//! * [`publish`]: the figures the metrics endpoint serves, refreshed every
+//!   [`crate::metrics::PUBLISH_EVERY`] (docs/metrics.md).
 //!
 //! Everything runs on one thread. The control socket and the connections
 //! are non-blocking and polled with a zero-timeout `ppoll` every
@@ -53,6 +55,7 @@ mod dispatch;
 mod packets;
 mod pass;
 mod protected;
+mod publish;
 mod stats;
 mod tx_yield;
 
@@ -99,6 +102,12 @@ pub enum DaemonError {
     },
     #[error("polling the control socket: {0}")]
     Poll(#[source] io::Error),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: io::Error,
+    },
     #[error("opening NIC {spec}: {source}")]
     Nic {
         spec: String,
@@ -172,6 +181,8 @@ struct App {
     grants: u64,
     preemptions: u64,
     congestion: u64,
+    /// `Parked` messages taken.
+    parks: u64,
     ring_full: u64,
     preempt_overdue: u64,
     /// `Parked`/`Yielded` that answered a grant already answered: ignored.
@@ -284,6 +295,8 @@ pub struct Iokerneld<A: CoreActuator> {
     clock: TscClock,
     /// When to hand the CPU over after a NIC transmit.
     tx_yield: TxYield,
+    /// The metrics endpoint (`--metrics`), if served.
+    metrics: Option<crate::metrics::Endpoint>,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -333,6 +346,16 @@ impl<A: CoreActuator> Iokerneld<A> {
                 })?;
                 info!("iokerneld: NIC {}", cfg.nic);
                 Some((cfg.nic.clone(), link))
+            }
+        };
+        // Before the control socket too: a refusal leaves no socket file.
+        let metrics = match cfg.metrics {
+            None => None,
+            Some(addr) => {
+                let ep = crate::metrics::Endpoint::bind(addr)
+                    .map_err(|source| DaemonError::Metrics { addr, source })?;
+                info!("iokerneld: metrics at http://{}/metrics", ep.local_addr());
+                Some(ep)
             }
         };
         let listener = control::bind(&cfg.socket)?;
@@ -394,6 +417,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             work_arrived: Vec::new(),
             work_arrived_at: Vec::new(),
             clock: TscClock::new(),
+            metrics,
         })
     }
 
@@ -423,12 +447,21 @@ impl<A: CoreActuator> Iokerneld<A> {
         &self.cfg
     }
 
+    /// Where the metrics are served (`--metrics`; the port the kernel chose
+    /// for port 0), if they are.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
+    }
+
     /// Runs until stopped (or `run_for` elapsed); returns the final stats.
     pub fn run(mut self) -> Result<StatsReport, DaemonError> {
         if let Some(core) = self.cfg.own_core {
             affinity::pin_current_thread(core)
                 .map_err(|source| DaemonError::Pin { core, source })?;
             info!("iokerneld: pinned to core {core}");
+        }
+        if let Some(m) = &mut self.metrics {
+            m.loop_tid = ginza_sys::process::gettid();
         }
         let iv = self.cfg.interval.as_nanos() as u64;
         let ci = self.cfg.control_interval.as_nanos() as u64;
@@ -462,6 +495,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                 };
                 next_control = now + control_gap;
             }
+            // A compare per turn; the copy every `PUBLISH_EVERY`.
+            if self.metrics.as_ref().is_some_and(|m| m.due(now)) {
+                self.publish_metrics(now);
+            }
             self.dataplane(now, control_due);
             if now >= next_pass {
                 self.pass(now, PassKind::Interval);
@@ -491,6 +528,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                     if let Some(e) = end {
                         wait = wait.min(e.saturating_sub(now));
+                    }
+                    if let Some(due) = self.finish_publication(now) {
+                        wait = wait.min(due.saturating_sub(now));
                     }
                     self.control(Some(Duration::from_nanos(wait)), now)?;
                     let now = self.clock.now_ns();

@@ -336,6 +336,15 @@ impl Dataplane {
         (self.stats.nic_rx_frames, self.stats.nic_tx_frames)
     }
 
+    /// The NIC's frames received, transmitted and dropped so far.
+    pub fn nic_counters(&self) -> (u64, u64, u64) {
+        (
+            self.stats.nic_rx_frames,
+            self.stats.nic_tx_frames,
+            self.stats.nic_drops,
+        )
+    }
+
     /// Whether the links have anything in flight: a load run, a real NIC
     /// (which may receive at any time), or frames a fault injector holds.
     pub fn busy(&self) -> bool {

@@ -10,6 +10,8 @@
 //! * [`dataplane`]: packets between the links (software switch, traffic
 //!   generator, a real NIC) and the applications' packet rings.
 //! * [`nic`]: the NIC trait and its backends.
+//! * [`metrics`]: the Prometheus endpoint (`--metrics`), served off the
+//!   loop from the figures it publishes.
 //! * [`netns`]: a network namespace joined by a veth pair, where ordinary
 //!   Linux programs talk to a Ginza NIC backend (tests, benchmarks).
 //!
@@ -25,6 +27,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 mod in_process;
+pub mod metrics;
 pub mod netns;
 pub mod nic;
 pub mod offload;

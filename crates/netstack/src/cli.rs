@@ -45,6 +45,10 @@ pub struct NetstackArgs {
     /// Stop after this long (default: until iokerneld goes away).
     #[arg(long, value_parser = ginza_proto::parse_duration)]
     pub run_for: Option<Duration>,
+    /// Serve Prometheus/OpenMetrics metrics at http://ADDR/metrics, e.g.
+    /// 127.0.0.1:9465 (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", value_parser = ginza_metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Runs the netstack until iokerneld goes away (or `--run-for`), then
@@ -70,6 +74,7 @@ pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
     cfg.name = args.name;
     cfg.netstack.rx_chunks = args.rx_chunks;
     cfg.reply_spin = args.reply_spin;
+    cfg.metrics = args.metrics;
     let d = Daemon::start(cfg).context("starting the netstack")?;
     let stop = AtomicBool::new(false);
     match args.run_for {
@@ -97,4 +102,37 @@ pub fn run(args: NetstackArgs) -> anyhow::Result<()> {
         })
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: super::NetstackArgs,
+    }
+
+    #[test]
+    fn the_metrics_address_is_parsed_and_a_bad_one_named() {
+        let parse = |m: &str| {
+            Flags::try_parse_from([
+                "netstackd",
+                "--ip",
+                "10.0.0.1",
+                "--mac",
+                "02:00:00:00:00:01",
+                "--metrics",
+                m,
+            ])
+        };
+        let ok = parse("127.0.0.1:9465").unwrap();
+        assert_eq!(ok.args.metrics, Some("127.0.0.1:9465".parse().unwrap()));
+        let e = parse("nonsense").err().unwrap().to_string();
+        assert!(
+            e.contains("--metrics") && e.contains("\"nonsense\" is not an address to listen on"),
+            "{e}"
+        );
+    }
 }

@@ -69,6 +69,8 @@ pub struct DaemonConfig {
     /// Zero-touch transmit (iokerneld copies payload from the tx pools);
     /// false: the netstack copies it (docs/protected.md, "Transmit").
     pub zero_touch: bool,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (docs/metrics.md).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -85,6 +87,7 @@ impl DaemonConfig {
             reply_spin: Duration::from_micros(500),
             command_poll: Duration::from_micros(200),
             zero_touch: true,
+            metrics: None,
         }
     }
 }
@@ -96,6 +99,8 @@ pub struct Daemon {
     threads: Vec<JoinHandle<()>>,
     conn: Option<Arc<Mutex<client::Connection>>>,
     watches_channels: Arc<AtomicBool>,
+    /// The metrics listener (`DaemonConfig::metrics`).
+    metrics: Option<ginza_metrics::MetricsServer>,
 }
 
 impl Daemon {
@@ -106,6 +111,15 @@ impl Daemon {
         if n == 0 {
             return Err(anyhow!("netstack needs at least one kthread"));
         }
+        // Bound first: an address in use stops the netstack before it
+        // registers with iokerneld.
+        let metrics_listener = cfg
+            .metrics
+            .map(|addr| {
+                std::net::TcpListener::bind(addr)
+                    .with_context(|| format!("cannot serve metrics on {addr}"))
+            })
+            .transpose()?;
         let region = Region::create(&cfg.name, &RegionConfig::new(n))
             .context("creating the shared region")?;
         let eventfds = (0..n)
@@ -138,6 +152,15 @@ impl Daemon {
         let mut engine = Netstack::new(cfg.netstack.clone());
         engine.add_address(cfg.interface);
         let engine = Arc::new(Mutex::new(engine));
+        let metrics = metrics_listener
+            .map(|l| {
+                crate::metrics::serve(l, &cfg.name, Arc::clone(&engine))
+                    .context("starting the metrics thread")
+            })
+            .transpose()?;
+        if let Some(m) = &metrics {
+            info!("netstack: metrics at http://{}/metrics", m.local_addr());
+        }
         // An iokerneld that knows `Unprotect` (a no-op for an unknown link)
         // watches channels: the kthreads need not poll, even before the
         // first application attaches.
@@ -203,7 +226,14 @@ impl Daemon {
             threads,
             conn: Some(conn),
             watches_channels,
+            metrics,
         })
+    }
+
+    /// Where its metrics are served (the port the kernel chose for port
+    /// 0), if they are.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
     }
 
     pub fn stats(&self) -> NetstackStats {

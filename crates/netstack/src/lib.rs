@@ -13,12 +13,14 @@
 //! * [`daemon`]: `netstackd`: registers with iokerneld as an application,
 //!   and runs the engine on its kthreads.
 //! * [`cli`]: the flags of `netstackd` and `ginza netstack`.
+//! * [`metrics`]: its counters for Prometheus (`--metrics`).
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod daemon;
 pub mod engine;
+pub mod metrics;
 pub mod server;
 pub mod slab;
 

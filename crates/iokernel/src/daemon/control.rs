@@ -342,6 +342,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     grants: 0,
                     preemptions: 0,
                     congestion: 0,
+                    parks: 0,
                     ring_full: 0,
                     preempt_overdue: 0,
                     stale_parks: 0,

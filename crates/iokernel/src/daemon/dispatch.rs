@@ -273,6 +273,21 @@ impl AppDispatch {
         self.bands.iter().filter(|b| b.count > 0).copied().collect()
     }
 
+    /// Completed requests' sojourns into `h` (cleared first), each band
+    /// counted at its upper end (the last band's is infinite): the
+    /// metrics' request latency histogram, without allocating.
+    pub fn sojourn_into(&self, h: &mut ginza_metrics::Buckets) {
+        h.clear();
+        for (i, b) in self.bands.iter().enumerate() {
+            let upper = if i + 1 < BANDS {
+                1000 << (i + 1)
+            } else {
+                u64::MAX
+            };
+            h.add(upper, b.count, b.sojourn_ns);
+        }
+    }
+
     /// Kthread `k` refused its new request unrun (over the application's
     /// in-flight bound): done, as a completed one, and counted.
     pub fn refused(&mut self, k: usize, request: u64, now: u64) -> Result<(), String> {

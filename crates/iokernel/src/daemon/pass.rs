@@ -181,8 +181,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                         );
                         continue;
                     }
+                    let parked = matches!(msg, ToIokernel::Parked { .. });
+                    app.parks += u64::from(parked);
                     if let Some(d) = &mut app.dispatch {
-                        let parked = matches!(msg, ToIokernel::Parked { .. });
                         d.gave_core_back(k, parked, now);
                     }
                     // Either way the kthread gave its core back and waits
@@ -216,13 +217,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         // later: it looks for one only briefly before it parks again.
         self.dispatch_step(now);
         let t1 = self.clock.now_ns();
-        let m = &mut self.meter;
-        let h = if !self.decisions.is_empty() || m.actions != actions {
-            &mut m.pass_acted
-        } else {
-            &mut m.pass_idle
-        };
-        h.saturating_record(t1.saturating_sub(t0));
+        let acted = !self.decisions.is_empty() || self.meter.actions != actions;
+        self.meter.record_pass(t1.saturating_sub(t0), acted);
     }
 
     fn pass_inner(&mut self, now: u64, kind: PassKind) {
@@ -589,8 +585,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Some(end) => {
                     self.meter.handovers += 1;
                     self.meter
-                        .handover
-                        .saturating_record(end.saturating_sub(h.preempted_ns));
+                        .record_handover(end.saturating_sub(h.preempted_ns));
                 }
                 None => self.meter.handovers_abandoned += 1,
             }

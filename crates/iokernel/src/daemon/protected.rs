@@ -193,6 +193,30 @@ pub(super) fn netstack_of(by_pid: &[ProtectedApp], app: &super::App) -> Option<u
         .map(|p| p.netstack)
 }
 
+/// The back-pressure on `app`'s channels to its netstacks, if it has any:
+/// the full-ring counts of their pair lines, summed (for the metrics).
+pub(super) fn back_pressure(
+    by_pid: &[ProtectedApp],
+    app: &super::App,
+) -> Option<crate::metrics::ChannelFigures> {
+    let mut f: Option<crate::metrics::ChannelFigures> = None;
+    for p in by_pid
+        .iter()
+        .filter(|p| p.is(app.pid, &app.name) && p.netstack != app.id)
+    {
+        let f = f.get_or_insert_with(Default::default);
+        f.channels += 1;
+        for pair in 0..p.channel.pairs() {
+            if let Ok(line) = p.channel.line_handle(pair) {
+                let (cmd, ev) = line.full_counts();
+                f.command_ring_full = f.command_ring_full.wrapping_add(cmd);
+                f.event_ring_full = f.event_ring_full.wrapping_add(ev);
+            }
+        }
+    }
+    f
+}
+
 /// Adds a ring's (head, tail) to the runqueue counters: sequence numbers
 /// summed in wrapping arithmetic keep "items queued" and "an item queued
 /// at the previous pass is still queued" meaning what they mean for one

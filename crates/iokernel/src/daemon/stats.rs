@@ -6,6 +6,7 @@ use hdrhistogram::Histogram;
 use super::Iokerneld;
 use crate::actuator::CoreActuator;
 use crate::dataplane::AppNet;
+use crate::metrics::Lifetime;
 use ginza_proto::messages::{AllocStats, AppStats, Latency, Request, Response, StatsReport};
 use ginza_shm::GrantDelivery;
 use ginza_sys::clock;
@@ -116,6 +117,8 @@ pub(super) struct Meter {
     pub(super) pass_acted: Histogram<u64>,
     pub(super) pass_idle: Histogram<u64>,
     pub(super) handover: Histogram<u64>,
+    /// The same figures since iokerneld started, for the metrics.
+    pub(super) lifetime: Lifetime,
 }
 
 impl Meter {
@@ -138,11 +141,13 @@ impl Meter {
             pass_acted: histogram(),
             pass_idle: histogram(),
             handover: histogram(),
+            lifetime: Lifetime::default(),
         }
     }
 
     /// Starts a new window (in place: no allocation).
     fn reset(&mut self, now: u64, cpu: u64) {
+        self.fold_window();
         self.since_ns = now;
         self.since_cpu_ns = cpu;
         self.grants = 0;
@@ -161,10 +166,55 @@ impl Meter {
         self.handover.reset();
     }
 
+    /// Adds the window's counts to the lifetime's (before a reset).
+    fn fold_window(&mut self) {
+        let l = &mut self.lifetime;
+        l.grants += self.grants;
+        l.preemptions += self.preemptions;
+        l.reallocations += self.reallocations;
+        l.handovers += self.handovers;
+        l.handovers_abandoned += self.handovers_abandoned;
+        l.withdrawn += self.withdrawn;
+        l.local_wakes += self.local_wakes;
+        l.local_wakes_by_iokernel += self.local_wakes_by_iokernel;
+    }
+
+    /// The lifetime figures now into `out` (the window's counts added),
+    /// without allocating.
+    pub(super) fn lifetime_into(&self, out: &mut Lifetime) {
+        out.copy_from(&self.lifetime);
+        out.grants += self.grants;
+        out.preemptions += self.preemptions;
+        out.reallocations += self.reallocations;
+        out.handovers += self.handovers;
+        out.handovers_abandoned += self.handovers_abandoned;
+        out.withdrawn += self.withdrawn;
+        out.local_wakes += self.local_wakes;
+        out.local_wakes_by_iokernel += self.local_wakes_by_iokernel;
+    }
+
+    /// One pass's wall time, under whether it acted.
+    pub(super) fn record_pass(&mut self, ns: u64, acted: bool) {
+        if acted {
+            self.pass_acted.saturating_record(ns);
+            self.lifetime.pass_acted.record(ns);
+        } else {
+            self.pass_idle.saturating_record(ns);
+            self.lifetime.pass_idle.record(ns);
+        }
+    }
+
+    /// One completed hand-over's time.
+    pub(super) fn record_handover(&mut self, ns: u64) {
+        self.handover.saturating_record(ns);
+        self.lifetime.handover_latency.record(ns);
+    }
+
     /// One grant's cost, also under how it was delivered (a failed grant
     /// counts in the total only).
     pub(super) fn record_grant(&mut self, ns: u64, delivery: Option<GrantDelivery>) {
         self.grant_cost.saturating_record(ns);
+        self.lifetime.grant_latency.record(ns);
         match delivery {
             Some(GrantDelivery::Word) => self.grant_cost_word.saturating_record(ns),
             Some(GrantDelivery::Eventfd) => self.grant_cost_eventfd.saturating_record(ns),
@@ -373,5 +423,13 @@ mod tests {
         );
         // Not a window count: passes compare it before and after.
         assert_eq!(m.actions, 9);
+        // The metrics' figures survive the reset.
+        m.grants = 2;
+        m.record_pass(700, true);
+        let mut l = Lifetime::default();
+        m.lifetime_into(&mut l);
+        assert_eq!((l.grants, l.preemptions, l.reallocations), (5, 2, 1));
+        assert_eq!(l.grant_latency.count(), 3);
+        assert_eq!(l.pass_acted.count(), 1);
     }
 }

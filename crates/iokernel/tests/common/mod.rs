@@ -34,10 +34,14 @@ pub struct Daemon {
     pub generator: GeneratorHandle,
     #[allow(dead_code)] // not every test binary needs it
     pub faults: FaultsHandle,
+    /// Where its metrics are served, if `Config::metrics` was set.
+    #[allow(dead_code)] // not every test binary needs it
+    pub metrics: Option<std::net::SocketAddr>,
     dir: PathBuf,
 }
 
 impl Daemon {
+    #[allow(dead_code)] // not every test binary needs it
     pub fn start<A: CoreActuator + Send + 'static>(actuator: A) -> Daemon {
         Self::start_with(actuator, |_| {})
     }
@@ -59,6 +63,7 @@ impl Daemon {
         let stop = d.stop_handle();
         let generator = d.generator();
         let faults = d.faults_handle();
+        let metrics = d.metrics_addr();
         let thread = std::thread::spawn(move || d.run().unwrap());
         Daemon {
             stop,
@@ -66,6 +71,7 @@ impl Daemon {
             socket,
             generator,
             faults,
+            metrics,
             dir,
         }
     }
