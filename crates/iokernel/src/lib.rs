@@ -10,6 +10,7 @@
 //! * [`dataplane`]: packets between the links (software switch, traffic
 //!   generator, a real NIC) and the applications' packet rings.
 //! * [`nic`]: the NIC trait and its backends.
+//! * [`doctor`]: `ginza doctor`, what on this machine works for iokerneld.
 //! * [`netns`]: a network namespace joined by a veth pair, where ordinary
 //!   Linux programs talk to a Ginza NIC backend (tests, benchmarks).
 //!
@@ -24,6 +25,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod doctor;
 mod in_process;
 pub mod netns;
 pub mod nic;

@@ -1,0 +1,107 @@
+//! AF_XDP on a named interface, with iokerneld's own NIC code: the XDP
+//! program attached in driver and then generic mode (detached at once),
+//! then the AF_XDP link opened as `nic = "af_xdp:IF"` opens it, and
+//! closed; if that fails, the `af_packet` fallback.
+
+use serde_json::json;
+
+use super::{Check, Verdict};
+use crate::nic::af_packet::AfPacket;
+use crate::nic::af_xdp::{self, AfXdp, XdpMode};
+use crate::nic::linux::NicError;
+use crate::nic::DEFAULT_BUFFER_SIZE;
+
+/// Pool buffers of the trial links (nothing is received).
+const TRIAL_BUFFERS: usize = 64;
+
+pub fn check(interface: Option<&str>) -> Check {
+    let Some(ifname) = interface else {
+        return Check::new(
+            "xdp",
+            Verdict::Warn,
+            "not checked (no --interface): iokerneld's default software switch needs no NIC",
+        )
+        .fix("pass --interface IFACE to check AF_XDP on the interface iokerneld would serve");
+    };
+    let driver = af_xdp::probe_attach(ifname, XdpMode::Driver);
+    if let Err(e @ (NicError::NoSuchInterface(_) | NicError::BadInterfaceName(_))) = &driver {
+        return Check::new("xdp", Verdict::Fail, e.to_string())
+            .fix("name an existing interface (`ip -br link` lists them)")
+            .data(json!({ "interface": ifname, "exists": false }));
+    }
+    let generic = af_xdp::probe_attach(ifname, XdpMode::Generic);
+    let link = AfXdp::open(ifname, TRIAL_BUFFERS, DEFAULT_BUFFER_SIZE).map(drop);
+    let fallback = link
+        .is_err()
+        .then(|| AfPacket::open(ifname, TRIAL_BUFFERS, DEFAULT_BUFFER_SIZE).map(drop));
+    let mode = |r: &Result<(), NicError>| match r {
+        Ok(()) => "yes".to_string(),
+        Err(e) => format!("no ({e})"),
+    };
+    let modes = format!(
+        "XDP driver mode {}, generic mode {}",
+        mode(&driver),
+        mode(&generic)
+    );
+    let data = json!({
+        "interface": ifname,
+        "exists": true,
+        "driver_mode": driver.is_ok(),
+        "generic_mode": generic.is_ok(),
+        "af_xdp": link.is_ok(),
+        "af_packet": fallback.as_ref().map(Result::is_ok),
+    });
+    let busy = [&driver, &generic, &link]
+        .into_iter()
+        .any(|r| matches!(r, Err(e) if is_busy(e)));
+    let needs_root = [&driver, &generic, &link]
+        .into_iter()
+        .any(|r| matches!(r, Err(NicError::NeedsRoot { .. })));
+    let check = match (&link, &fallback) {
+        (Ok(()), _) => Check::new(
+            "xdp",
+            Verdict::Pass,
+            format!(
+                "AF_XDP works on {ifname} (copy mode, queue 0, generic XDP: as iokerneld opens it); {modes}: nic = \"af_xdp:{ifname}\""
+            ),
+        ),
+        (Err(e), _) if busy => Check::new(
+            "xdp",
+            Verdict::Warn,
+            format!("{ifname} is in use by another XDP program or AF_XDP socket ({e}); {modes}"),
+        )
+        .fix(format!(
+            "if it is a running iokerneld, nothing; else detach the stale program: `ip link set dev {ifname} xdp off`"
+        )),
+        (Err(e), Some(Ok(()))) => Check::new(
+            "xdp",
+            Verdict::Warn,
+            format!("AF_XDP failed on {ifname} ({e}), af_packet works; {modes}"),
+        )
+        .fix(format!(
+            "use nic = \"af_packet:{ifname}\" (slower), or fix AF_XDP (Linux 5.9+, CAP_BPF)"
+        )),
+        (Err(e), other) => {
+            let packet = match other {
+                Some(Err(p)) => format!("; af_packet failed too ({p})"),
+                _ => String::new(),
+            };
+            let fix = if needs_root {
+                "run iokerneld as root or with CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF (the unit in packaging/systemd does)".to_string()
+            } else {
+                format!("check {ifname} is up and supports XDP (Linux 5.9+ for XDP links)")
+            };
+            Check::new(
+                "xdp",
+                Verdict::Fail,
+                format!("AF_XDP failed on {ifname} ({e}){packet}; {modes}"),
+            )
+            .fix(fix)
+        }
+    };
+    check.data(data)
+}
+
+fn is_busy(e: &NicError) -> bool {
+    matches!(e, NicError::Io { source, .. } if source.raw_os_error() == Some(libc::EBUSY))
+}
