@@ -133,12 +133,9 @@ pub fn check(caps: &Capabilities, nic_asked: bool) -> Check {
         Check::new(
             "caps",
             Verdict::Warn,
-            format!(
-                "effective: {have_text}; missing {}: applications of this user only",
-                why(&missing_other)
-            ),
+            format!("effective: {have_text}; missing {}", why(&missing_other)),
         )
-        .fix("add them (AmbientCapabilities in the unit) to serve other users' applications")
+        .fix("add those whose purpose matters here (AmbientCapabilities in the unit)")
     } else {
         let verdict = if nic_asked {
             Verdict::Fail

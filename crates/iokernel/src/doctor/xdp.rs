@@ -1,7 +1,8 @@
 //! AF_XDP on a named interface, with iokerneld's own NIC code: the XDP
 //! program attached in driver and then generic mode (detached at once),
 //! then the AF_XDP link opened as `nic = "af_xdp:IF"` opens it, and
-//! closed; if that fails, the `af_packet` fallback.
+//! closed; if that fails, the `af_packet` fallback (named in the line, but
+//! the check fails: iokerneld could not serve the interface as asked).
 
 use serde_json::json;
 
@@ -73,21 +74,16 @@ pub fn check(interface: Option<&str>) -> Check {
         .fix(format!(
             "if it is a running iokerneld, nothing; else detach the stale program: `ip link set dev {ifname} xdp off`"
         )),
-        (Err(e), Some(Ok(()))) => Check::new(
-            "xdp",
-            Verdict::Warn,
-            format!("AF_XDP failed on {ifname} ({e}), af_packet works; {modes}"),
-        )
-        .fix(format!(
-            "use nic = \"af_packet:{ifname}\" (slower), or fix AF_XDP (Linux 5.9+, CAP_BPF)"
-        )),
         (Err(e), other) => {
             let packet = match other {
+                Some(Ok(())) => format!("; af_packet works (nic = \"af_packet:{ifname}\", slower)"),
                 Some(Err(p)) => format!("; af_packet failed too ({p})"),
-                _ => String::new(),
+                None => String::new(),
             };
             let fix = if needs_root {
                 "run iokerneld as root or with CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF (the unit in packaging/systemd does)".to_string()
+            } else if is_errno(e, libc::ENOBUFS) {
+                "the UMEM is over RLIMIT_MEMLOCK: raise it (see the memlock line) or grant CAP_IPC_LOCK".to_string()
             } else {
                 format!("check {ifname} is up and supports XDP (Linux 5.9+ for XDP links)")
             };
@@ -103,5 +99,9 @@ pub fn check(interface: Option<&str>) -> Check {
 }
 
 fn is_busy(e: &NicError) -> bool {
-    matches!(e, NicError::Io { source, .. } if source.raw_os_error() == Some(libc::EBUSY))
+    is_errno(e, libc::EBUSY)
+}
+
+fn is_errno(e: &NicError, errno: i32) -> bool {
+    matches!(e, NicError::Io { source, .. } if source.raw_os_error() == Some(errno))
 }
