@@ -19,8 +19,8 @@ fn packaging(file: &str) -> PathBuf {
 /// The value of `key=` in the unit (the last one, as systemd takes it).
 fn unit_value<'a>(unit: &'a str, key: &str) -> &'a str {
     unit.lines()
-        .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
         .unwrap_or_else(|| panic!("no {key}= in the unit"))
 }
 
