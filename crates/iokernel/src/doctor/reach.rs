@@ -3,7 +3,7 @@
 use std::io;
 use std::path::Path;
 
-use ginza_proto::{client, ClientError};
+use ginza_proto::{client, ClientError, SYSTEM_SOCKET_PATH};
 use serde_json::json;
 
 use super::{Check, Verdict};
@@ -30,6 +30,13 @@ pub fn check(socket: &Path) -> Check {
         Err(e) => {
             let (what, fix) = match &e {
                 ClientError::Connect { source, .. } => match source.kind() {
+                    io::ErrorKind::NotFound if service_hidden(socket) => (
+                        format!(
+                            "not running at {shown} (no socket there); the service's directory {} exists but is closed to this user",
+                            service_dir().display()
+                        ),
+                        "join the group ginza (`usermod -aG ginza USER`, then log in again) to use the service",
+                    ),
                     io::ErrorKind::NotFound => (
                         format!("not running at {shown} (no socket there)"),
                         "start it: `systemctl start ginza-iokerneld` (packaging/systemd) or `ginza iokernel --core C --cores LIST`; or pass --socket",
@@ -40,7 +47,7 @@ pub fn check(socket: &Path) -> Check {
                     ),
                     io::ErrorKind::PermissionDenied => (
                         format!("{shown} is not open to this user ({source})"),
-                        "run as the user iokerneld runs as (root for the service)",
+                        "join the group ginza for the service (`usermod -aG ginza USER`), or run as iokerneld's user",
                     ),
                     _ => (format!("cannot connect to {shown}: {source}"), "check the path"),
                 },
@@ -54,4 +61,19 @@ pub fn check(socket: &Path) -> Check {
                 .data(json!({ "socket": socket, "running": false }))
         }
     }
+}
+
+fn service_dir() -> &'static Path {
+    Path::new(SYSTEM_SOCKET_PATH)
+        .parent()
+        .expect("an absolute path with a directory")
+}
+
+/// Whether the service's socket directory exists but this user cannot
+/// look into it (so `default_socket_path` passed over the service), while
+/// another socket was asked.
+fn service_hidden(socket: &Path) -> bool {
+    socket != Path::new(SYSTEM_SOCKET_PATH)
+        && service_dir().is_dir()
+        && std::fs::read_dir(service_dir()).is_err()
 }
