@@ -31,8 +31,10 @@ const SHOWN_REMOVALS: usize = 5;
 
 #[derive(clap::Args, Debug)]
 pub struct TopArgs {
-    /// iokerneld's control socket [default: the one iokerneld uses:
-    /// $XDG_RUNTIME_DIR/ginza/iokerneld.sock, else /tmp/ginza-<uid>/iokerneld.sock].
+    /// iokerneld's control socket [default: the per-user one,
+    /// $XDG_RUNTIME_DIR/ginza/iokerneld.sock, else
+    /// /tmp/ginza-<uid>/iokerneld.sock, if it exists; else the service's,
+    /// /run/ginza/iokerneld.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
     /// Time between two screens (e.g. 500ms, 2s).
