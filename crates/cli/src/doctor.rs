@@ -15,6 +15,12 @@ pub struct DoctorArgs {
     /// and the XDP modes are tried on it (attached and detached at once).
     #[arg(long, value_name = "IFACE")]
     pub interface: Option<String>,
+    /// With --interface: do not try attaching in driver (native) mode,
+    /// which some drivers (mlx5, i40e, ixgbe, ...) do by resetting their
+    /// queues, so the link drops for a moment. iokerneld itself attaches
+    /// in generic mode.
+    #[arg(long, requires = "interface")]
+    pub skip_driver_mode: bool,
     /// iokerneld's control socket [default: the one applications use: the
     /// per-user socket if it exists, else /run/ginza/iokerneld.sock].
     #[arg(long)]
@@ -32,6 +38,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<u8> {
     let report = doctor::run(&Options {
         interface: args.interface,
         socket: args.socket.unwrap_or_else(default_socket_path),
+        try_driver_mode: !args.skip_driver_mode,
         wake_rounds: args.wake_rounds as usize,
     });
     let text = if args.json {

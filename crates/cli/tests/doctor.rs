@@ -237,6 +237,29 @@ fn af_xdp_on_a_veth_and_a_memlock_limit_too_low_for_it() {
     assert_eq!(verdict(&r, "caps"), "pass", "{r}");
     assert_eq!(status, Some(0), "{r}");
 
+    // Without the driver-mode trial (it may reset a real NIC's link).
+    let (r, status) = report(
+        &[],
+        &[
+            "--interface",
+            &ns.host_if,
+            "--skip-driver-mode",
+            "--socket",
+            &socket,
+        ],
+    );
+    let xdp = check(&r, "xdp");
+    assert_eq!(xdp["verdict"], "pass", "{xdp}");
+    assert!(xdp["data"]["driver_mode"].is_null(), "{xdp}");
+    assert!(
+        xdp["found"]
+            .as_str()
+            .unwrap()
+            .contains("driver mode not tried"),
+        "{xdp}"
+    );
+    assert_eq!(status, Some(0), "{r}");
+
     let (r, status) = report(
         &[
             "prlimit",

@@ -95,6 +95,9 @@ pub struct Options {
     pub interface: Option<String>,
     /// iokerneld's control socket.
     pub socket: PathBuf,
+    /// Try attaching in driver mode too (some drivers reset the link
+    /// when a program is attached in driver mode).
+    pub try_driver_mode: bool,
     /// Round trips of the wake measurement.
     pub wake_rounds: usize,
 }
@@ -115,7 +118,7 @@ pub fn run(opts: &Options) -> Report {
     let interface = opts.interface.as_deref();
     let checks = vec![
         cpus::check(),
-        xdp::check(interface),
+        xdp::check(interface, opts.try_driver_mode),
         memlock::check(&caps, interface.is_some()),
         caps::check(&caps, interface.is_some()),
         reach::check(&opts.socket),

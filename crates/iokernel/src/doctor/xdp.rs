@@ -1,5 +1,7 @@
 //! AF_XDP on a named interface, with iokerneld's own NIC code: the XDP
-//! program attached in driver and then generic mode (detached at once),
+//! program attached in driver and then generic mode (detached at once;
+//! some drivers reset their queues, and so the link, when a program is
+//! attached in driver mode: `try_driver` false skips that trial),
 //! then the AF_XDP link opened as `nic = "af_xdp:IF"` opens it, and
 //! closed; if that fails, the `af_packet` fallback (named in the line, but
 //! the check fails: iokerneld could not serve the interface as asked).
@@ -15,7 +17,7 @@ use crate::nic::DEFAULT_BUFFER_SIZE;
 /// Pool buffers of the trial links (nothing is received).
 const TRIAL_BUFFERS: usize = 64;
 
-pub fn check(interface: Option<&str>) -> Check {
+pub fn check(interface: Option<&str>, try_driver: bool) -> Check {
     let Some(ifname) = interface else {
         return Check::new(
             "xdp",
@@ -24,13 +26,15 @@ pub fn check(interface: Option<&str>) -> Check {
         )
         .fix("pass --interface IFACE to check AF_XDP on the interface iokerneld would serve");
     };
-    let driver = af_xdp::probe_attach(ifname, XdpMode::Driver);
-    if let Err(e @ (NicError::NoSuchInterface(_) | NicError::BadInterfaceName(_))) = &driver {
-        return Check::new("xdp", Verdict::Fail, e.to_string())
-            .fix("name an existing interface (`ip -br link` lists them)")
-            .data(json!({ "interface": ifname, "exists": false }));
-    }
+    let driver = try_driver.then(|| af_xdp::probe_attach(ifname, XdpMode::Driver));
     let generic = af_xdp::probe_attach(ifname, XdpMode::Generic);
+    for probe in driver.iter().chain([&generic]) {
+        if let Err(e @ (NicError::NoSuchInterface(_) | NicError::BadInterfaceName(_))) = probe {
+            return Check::new("xdp", Verdict::Fail, e.to_string())
+                .fix("name an existing interface (`ip -br link` lists them)")
+                .data(json!({ "interface": ifname, "exists": false }));
+        }
+    }
     let link = AfXdp::open(ifname, TRIAL_BUFFERS, DEFAULT_BUFFER_SIZE).map(drop);
     let fallback = link
         .is_err()
@@ -41,22 +45,26 @@ pub fn check(interface: Option<&str>) -> Check {
     };
     let modes = format!(
         "XDP driver mode {}, generic mode {}",
-        mode(&driver),
+        driver
+            .as_ref()
+            .map_or_else(|| "not tried (--skip-driver-mode)".to_string(), mode),
         mode(&generic)
     );
     let data = json!({
         "interface": ifname,
         "exists": true,
-        "driver_mode": driver.is_ok(),
+        "driver_mode": driver.as_ref().map(Result::is_ok),
         "generic_mode": generic.is_ok(),
         "af_xdp": link.is_ok(),
         "af_packet": fallback.as_ref().map(Result::is_ok),
     });
-    let busy = [&driver, &generic, &link]
-        .into_iter()
+    let busy = driver
+        .iter()
+        .chain([&generic, &link])
         .any(|r| matches!(r, Err(e) if is_busy(e)));
-    let needs_root = [&driver, &generic, &link]
-        .into_iter()
+    let needs_root = driver
+        .iter()
+        .chain([&generic, &link])
         .any(|r| matches!(r, Err(NicError::NeedsRoot { .. })));
     let check = match (&link, &fallback) {
         (Ok(()), _) => Check::new(
