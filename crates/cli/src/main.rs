@@ -1,4 +1,5 @@
 //! The `ginza` command.
+mod doctor;
 mod run;
 mod top;
 
@@ -34,6 +35,10 @@ enum Command {
     Iokernel(ginza_iokernel::Cli),
     /// Show iokerneld's applications, cores and rates, live.
     Top(top::TopArgs),
+    /// Check this machine for iokerneld: CPUs, AF_XDP on an interface,
+    /// memlock, capabilities, a running iokerneld, the wake cost. Exits
+    /// non-zero when iokerneld could not run here.
+    Doctor(doctor::DoctorArgs),
     /// Open-loop load generator: Poisson, constant or stepped arrivals
     /// planned in advance, latency from each request's scheduled send
     /// (echo, spin, memcached, http over UDP or TCP; Linux sockets or the
@@ -72,6 +77,10 @@ fn main() -> anyhow::Result<()> {
         // `anyhow::Result` could not carry.
         Command::Iokernel(args) => std::process::exit(ginza_iokernel::cli::run(&args).into()),
         Command::Top(args) => top::run(args),
+        Command::Doctor(args) => match doctor::run(args)? {
+            0 => Ok(()),
+            status => std::process::exit(status.into()),
+        },
         Command::Loadgen(args) => ginza_loadgen::args::run(args),
         Command::Netstack(args) => ginza_netstack::cli::run(args),
         Command::Run(args) => run::run(args),

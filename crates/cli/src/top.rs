@@ -31,8 +31,10 @@ const SHOWN_REMOVALS: usize = 5;
 
 #[derive(clap::Args, Debug)]
 pub struct TopArgs {
-    /// iokerneld's control socket [default: the one iokerneld uses:
-    /// $XDG_RUNTIME_DIR/ginza/iokerneld.sock, else /tmp/ginza-<uid>/iokerneld.sock].
+    /// iokerneld's control socket [default: the per-user one,
+    /// $XDG_RUNTIME_DIR/ginza/iokerneld.sock, else
+    /// /tmp/ginza-<uid>/iokerneld.sock, if it exists; else the service's,
+    /// /run/ginza/iokerneld.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
     /// Time between two screens (e.g. 500ms, 2s).
@@ -41,10 +43,63 @@ pub struct TopArgs {
     /// Print one table (rates over a 200 ms window) and exit.
     #[arg(long)]
     pub once: bool,
-    /// Print each sample as one JSON line instead of a table.
+    /// Print each sample as one JSON line instead of a table (every
+    /// application, in iokerneld's order: `--sort` and `--limit` shape
+    /// the table only).
     #[arg(long)]
     pub json: bool,
+    /// Order of the table's rows: by cores held, then activity (default);
+    /// by activity (grants, preemptions, congestion, steals, packets per
+    /// second); by name; by app id.
+    #[arg(long, value_enum, default_value_t = SortKey::Cores)]
+    pub sort: SortKey,
+    /// Rows of the table at most (0: all) [default: what fits the
+    /// terminal; all when the output is not a terminal]; a last line counts
+    /// the applications left out.
+    #[arg(long)]
+    pub limit: Option<usize>,
 }
+
+/// How the table orders its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    Cores,
+    Activity,
+    Name,
+    Id,
+}
+
+impl SortKey {
+    fn name(self) -> &'static str {
+        match self {
+            SortKey::Cores => "cores",
+            SortKey::Activity => "activity",
+            SortKey::Name => "name",
+            SortKey::Id => "id",
+        }
+    }
+}
+
+/// How the table is shaped: its order, and how many rows it shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct View {
+    pub sort: SortKey,
+    /// `None`: every application.
+    pub limit: Option<usize>,
+}
+
+impl Default for View {
+    fn default() -> View {
+        View {
+            sort: SortKey::Cores,
+            limit: None,
+        }
+    }
+}
+
+/// Widest name column; longer names end in `~` (iokerneld allows longer
+/// ones, and one long name would push every column off the screen).
+const NAME_WIDTH: usize = 24;
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
@@ -206,6 +261,53 @@ fn class_name(c: Class) -> &'static str {
     }
 }
 
+/// Events per second of an application, all kinds together: what
+/// `--sort activity` orders by (unknown rates count as none).
+pub fn activity(r: &AppRates) -> f64 {
+    [
+        r.grants_per_s,
+        r.preemptions_per_s,
+        r.congestion_per_s,
+        r.steals_per_s,
+        r.rx_per_s,
+        r.tx_per_s,
+    ]
+    .iter()
+    .map(|v| v.unwrap_or(0.0))
+    .sum()
+}
+
+/// The order of the table's rows: indices into `apps` (and `rates`).
+/// Ties fall back to the app id, so the order is stable between screens.
+pub fn row_order(apps: &[AppStats], rates: &[AppRates], sort: SortKey) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..apps.len()).collect();
+    let by_activity = |a: usize, b: usize| activity(&rates[b]).total_cmp(&activity(&rates[a]));
+    order.sort_by(|&a, &b| {
+        let first = match sort {
+            SortKey::Cores => apps[b]
+                .cores_now
+                .cmp(&apps[a].cores_now)
+                .then_with(|| by_activity(a, b)),
+            SortKey::Activity => by_activity(a, b),
+            SortKey::Name => apps[a].name.cmp(&apps[b].name),
+            SortKey::Id => std::cmp::Ordering::Equal,
+        };
+        first.then(apps[a].app_id.cmp(&apps[b].app_id))
+    });
+    order
+}
+
+/// A name for the table: printable, at most [`NAME_WIDTH`] characters.
+fn short_name(name: &str) -> String {
+    let name = printable(name);
+    if name.chars().count() <= NAME_WIDTH {
+        return name;
+    }
+    let mut cut: String = name.chars().take(NAME_WIDTH - 1).collect();
+    cut.push('~');
+    cut
+}
+
 /// Text from iokerneld (names, removal reasons) without control
 /// characters, so that a stray escape sequence cannot garble the terminal.
 fn printable(s: &str) -> String {
@@ -214,8 +316,9 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
-/// The screen for one report (`prev`: the report before, for rates).
-pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
+/// The screen for one report (`prev`: the report before, for rates),
+/// its table shaped by `view`.
+pub fn render(prev: Option<&StatsReport>, now: &StatsReport, view: &View) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let cpu = prev
@@ -240,8 +343,15 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     );
     out.push('\n');
     let rates = app_rates(prev, now);
-    let names: Vec<String> = now.apps.iter().map(|a| printable(&a.name)).collect();
-    let nw = names.iter().map(String::len).max().unwrap_or(0).max(4);
+    let names: Vec<String> = now.apps.iter().map(|a| short_name(&a.name)).collect();
+    let order = row_order(&now.apps, &rates, view.sort);
+    let shown = view.limit.map_or(order.len(), |l| l.min(order.len()));
+    let nw = order[..shown]
+        .iter()
+        .map(|&i| names[i].chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(4);
     let _ = writeln!(
         out,
         "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>9}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
@@ -263,7 +373,8 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
         "MOVED/S",
         "EVICT/S",
     );
-    for ((a, r), name) in now.apps.iter().zip(&rates).zip(&names) {
+    for &i in &order[..shown] {
+        let (a, r, name) = (&now.apps[i], &rates[i], &names[i]);
         let _ = writeln!(
             out,
             "{:<nw$}  {:>8}  {:<16}  {:>5}  {:>8}  {:>9}  {:>9}  {:>10}  {:>10}  {:>7}  {:>9}  {:>8}  {:>8}  {:>8}  {:<18}  {:>8}  {:>8}",
@@ -288,6 +399,14 @@ pub fn render(prev: Option<&StatsReport>, now: &StatsReport) -> String {
     }
     if now.apps.is_empty() {
         out.push_str("(no application registered)\n");
+    }
+    if shown < order.len() {
+        let _ = writeln!(
+            out,
+            "... {} more applications not shown (sorted by {}; --limit 0 shows all, --json lists all)",
+            order.len() - shown,
+            view.sort.name()
+        );
     }
     render_dispatch(&mut out, now, &names);
     render_steering(&mut out, &now.dataplane);
@@ -453,6 +572,37 @@ fn fetch(socket: &Path) -> anyhow::Result<StatsReport> {
     })
 }
 
+/// The view `--sort` and `--limit` ask for; without `--limit`, on a
+/// terminal of `rows` rows, as many application rows as fit beside the
+/// rest of the screen (at least one).
+pub fn view_for(
+    args_sort: SortKey,
+    args_limit: Option<usize>,
+    rows: Option<usize>,
+    prev: Option<&StatsReport>,
+    now: &StatsReport,
+) -> View {
+    let limit = match (args_limit, rows) {
+        (Some(0), _) => None,
+        (Some(l), _) => Some(l),
+        (None, None) => None,
+        (None, Some(rows)) => {
+            let all = View {
+                sort: args_sort,
+                limit: None,
+            };
+            // The screen with every row, less what does not fit, less the
+            // line that counts the hidden ones (and one for the cursor).
+            let lines = render(prev, now, &all).lines().count();
+            (lines + 1 > rows).then(|| now.apps.len().saturating_sub(lines + 2 - rows).max(1))
+        }
+    };
+    View {
+        sort: args_sort,
+        limit,
+    }
+}
+
 /// Prints one screen or JSON line; `redraw`: clear the terminal first.
 fn show(
     args: &TopArgs,
@@ -460,15 +610,21 @@ fn show(
     now: &StatsReport,
     redraw: bool,
 ) -> anyhow::Result<()> {
+    let rows = if std::io::stdout().is_terminal() {
+        ginza_sys::terminal::size(std::io::stdout()).map(|(rows, _)| rows)
+    } else {
+        None
+    };
+    let view = view_for(args.sort, args.limit, rows, prev, now);
     let text = if args.json {
         let mut line = serde_json::to_string(&sample(prev, now)).context("encoding a sample")?;
         line.push('\n');
         line
     } else if redraw {
         // Home, clear screen: redraw in place without a curses dependency.
-        format!("\x1b[H\x1b[2J{}", render(prev, now))
+        format!("\x1b[H\x1b[2J{}", render(prev, now, &view))
     } else {
-        render(prev, now)
+        render(prev, now, &view)
     };
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -649,7 +805,7 @@ mod tests {
                 reason: "hung up".into(),
             })
             .collect();
-        let s = render(Some(&a), &b);
+        let s = render(Some(&a), &b, &View::default());
         assert!(s.contains("policy shenango"), "{s}");
         assert!(s.contains("managed cores 0-1 (2)"), "{s}");
         assert!(s.contains("uptime 2.0s"), "{s}");
@@ -708,7 +864,7 @@ mod tests {
             qu: 3,
             ..DispatchStats::default()
         });
-        let s = render(Some(&a), &c);
+        let s = render(Some(&a), &c, &View::default());
         let row = s
             .lines()
             .skip_while(|l| !l.starts_with("dispatch by iokerneld"))
@@ -732,7 +888,7 @@ mod tests {
             ]
         );
 
-        let empty = render(None, &report(1, 0, vec![]));
+        let empty = render(None, &report(1, 0, vec![]), &View::default());
         assert!(empty.contains("(no application registered)"), "{empty}");
         assert!(empty.contains("loop cpu -"), "{empty}");
 
@@ -746,7 +902,7 @@ mod tests {
     #[test]
     fn steering_lines_show_per_policy_measurements() {
         let a = report(1_000, 100, vec![app(1, "echo", 0, 0, 0)]);
-        assert!(!render(None, &a).contains("steering (totals)"));
+        assert!(!render(None, &a, &View::default()).contains("steering (totals)"));
         let mut b = a.clone();
         b.dataplane.steering = vec![
             SteeringStats {
@@ -768,7 +924,7 @@ mod tests {
         ];
         b.dataplane.generator_replies = 1000;
         b.dataplane.generator_reordered = 5;
-        let s = render(None, &b);
+        let s = render(None, &b, &View::default());
         let row = |start: &str| -> Vec<String> {
             s.lines()
                 .find(|l| l.starts_with(start))
@@ -797,7 +953,7 @@ mod tests {
     #[test]
     fn fault_counters_show_only_when_rules_are_set() {
         let a = report(1_000, 100, vec![app(1, "echo", 0, 0, 0)]);
-        let plain = render(None, &a);
+        let plain = render(None, &a, &View::default());
         assert!(!plain.contains("fault"), "{plain}");
         let mut b = report(2_000, 150, vec![app(1, "echo", 0, 0, 0)]);
         b.dataplane.faults = vec![
@@ -816,7 +972,7 @@ mod tests {
                 ..FaultStats::default()
             },
         ];
-        let s = render(Some(&a), &b);
+        let s = render(Some(&a), &b, &View::default());
         assert!(s.contains("fault injection (totals)"), "{s}");
         let row = |start: &str| -> Vec<String> {
             s.lines()
@@ -837,5 +993,94 @@ mod tests {
         // And in --json, under the stats as iokerneld sent them.
         let v = serde_json::to_value(sample(Some(&a), &b)).unwrap();
         assert_eq!(v["stats"]["dataplane"]["faults"][0]["dr"], 95);
+    }
+
+    #[test]
+    fn a_hundred_applications_sort_and_truncate_with_a_count() {
+        // App i holds i % 3 cores and made 10 * i grants in the window.
+        let apps = |grants: fn(u64) -> u64| {
+            (1..=100)
+                .map(|i| {
+                    let mut a = app(i, &format!("app-{i:03}"), grants(i), 0, 0);
+                    a.cores_now = (i % 3) as u32;
+                    a.steals = 0;
+                    a
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = report(1_000, 0, apps(|_| 0));
+        let b = report(2_000, 0, apps(|i| 10 * i));
+        let rows = |s: &str| -> Vec<String> {
+            s.lines()
+                .filter(|l| l.starts_with("app-"))
+                .map(|l| l.split_whitespace().next().unwrap().to_string())
+                .collect()
+        };
+        let all = render(Some(&a), &b, &View::default());
+        let names = rows(&all);
+        assert_eq!(names.len(), 100, "{all}");
+        // Two cores first (i % 3 == 2), the busiest of them first: 98, 95, ...
+        assert_eq!(names[..3], ["app-098", "app-095", "app-092"]);
+        assert_eq!(names[99], "app-003", "no core, least active last");
+        assert!(!all.contains("more applications"), "{all}");
+
+        let view = View {
+            sort: SortKey::Activity,
+            limit: Some(10),
+        };
+        let s = render(Some(&a), &b, &view);
+        assert_eq!(
+            rows(&s),
+            (91..=100)
+                .rev()
+                .map(|i| format!("app-{i:03}"))
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            s.contains("... 90 more applications not shown (sorted by activity; --limit 0 shows all, --json lists all)"),
+            "{s}"
+        );
+        let by_name = render(
+            Some(&a),
+            &b,
+            &View {
+                sort: SortKey::Name,
+                limit: Some(2),
+            },
+        );
+        assert_eq!(rows(&by_name), ["app-001", "app-002"]);
+
+        // A 40-row terminal: the screen fills it and no more.
+        let fit = view_for(SortKey::Cores, None, Some(40), Some(&a), &b);
+        let screen = render(Some(&a), &b, &fit);
+        assert_eq!(screen.lines().count(), 39, "{screen}");
+        assert!(screen.contains("more applications not shown"), "{screen}");
+        assert_eq!(
+            view_for(SortKey::Cores, Some(0), Some(40), Some(&a), &b).limit,
+            None
+        );
+        assert_eq!(
+            view_for(SortKey::Cores, None, None, Some(&a), &b).limit,
+            None
+        );
+        assert_eq!(
+            view_for(SortKey::Cores, Some(7), None, Some(&a), &b).limit,
+            Some(7)
+        );
+
+        // --json: every application, whatever the table shows.
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&sample(Some(&a), &b)).unwrap()).unwrap();
+        assert_eq!(v["stats"]["apps"].as_array().unwrap().len(), 100);
+        assert_eq!(v["rates"].as_array().unwrap().len(), 100);
+    }
+
+    #[test]
+    fn long_names_are_cut() {
+        assert_eq!(short_name("short"), "short");
+        let long = "x".repeat(40);
+        let cut = short_name(&long);
+        assert_eq!(cut.chars().count(), NAME_WIDTH);
+        assert!(cut.ends_with('~'));
     }
 }

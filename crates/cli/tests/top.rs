@@ -1,81 +1,17 @@
 //! `ginza top` against a real iokerneld, started as `ginza iokernel` (so
 //! this also checks that the subcommand runs the daemon).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::daemon::Daemon;
 use ginza_proto::client;
 use ginza_proto::messages::{Class, Registration};
 use ginza_shm::{Region, RegionConfig};
 
 const GINZA: &str = env!("CARGO_BIN_EXE_ginza");
-
-/// The daemon and its temporary directory; killed and removed on drop, so
-/// a failed assertion does not leave an iokerneld behind.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
-impl Daemon {
-    fn start(name: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("ginza-top-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("s.sock");
-        // One CPU this process may use (the machine may have only two);
-        // `--no-pin` and `--idle-sleep` keep the daemon from hogging it.
-        let core = ginza_sys::affinity::allowed_cpus().unwrap()[0].to_string();
-        let child = Command::new(GINZA)
-            .args([
-                "iokernel",
-                "--idle-sleep",
-                "1ms",
-                "--no-pin",
-                "--cores",
-                &core,
-            ])
-            .arg("--socket")
-            .arg(&socket)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut d = Daemon { child, dir, socket };
-        d.wait_ready();
-        d
-    }
-
-    /// Until the socket answers a stats request (or the daemon died).
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if client::stats(&self.socket).is_ok() {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let mut err = String::new();
-                if let Some(mut e) = self.child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                }
-                panic!("ginza iokernel exited with {status}: {err}");
-            }
-            assert!(Instant::now() < deadline, "iokerneld did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn top(socket: &Path, extra: &[&str]) -> Output {
     Command::new(GINZA)
@@ -150,4 +86,78 @@ fn top_without_iokerneld_names_the_socket() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// 100 applications registered for real, from this process, each with one
+/// kthread (as many as a small server may host): the table shows the rows
+/// asked for and counts the rest; `--json` lists every one.
+#[test]
+fn top_keeps_a_hundred_applications_readable() {
+    const APPS: usize = 100;
+    let d = Daemon::start("hundred");
+    let mut held = Vec::with_capacity(APPS);
+    for i in 0..APPS {
+        let name = format!("app-{i:03}");
+        let region = Region::create(&name, &RegionConfig::new(1)).unwrap();
+        let efds = [ginza_sys::eventfd::new().unwrap()];
+        let reg = Registration {
+            name,
+            class: Class::Batch,
+            guaranteed: 0,
+            max_cores: 1,
+            kthreads: 1,
+            net: None,
+            steering: None,
+            dispatch: None,
+            wake_page: false,
+        };
+        let conn = client::register_region(&d.socket, &reg, &region, &efds)
+            .unwrap_or_else(|e| panic!("registering application {i}: {e}"));
+        held.push((conn, region, efds));
+    }
+    let rows = |stdout: &str| stdout.lines().filter(|l| l.starts_with("app-")).count();
+
+    let out = top(&d.socket, &["--limit", "10", "--sort", "name"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains(&format!("apps {APPS} ")), "{stdout}");
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("app-"))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        (0..10).map(|i| format!("app-{i:03}")).collect::<Vec<_>>()
+    );
+    assert!(
+        stdout.contains("... 90 more applications not shown (sorted by name;"),
+        "{stdout}"
+    );
+
+    // Not a terminal and no --limit: every row.
+    let out = top(&d.socket, &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(rows(&stdout), APPS, "{stdout}");
+    assert!(!stdout.contains("more applications"), "{stdout}");
+
+    let out = top(&d.socket, &["--json", "--limit", "3"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"));
+    let mut listed: Vec<String> = v["stats"]["apps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap().to_string())
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        (0..APPS).map(|i| format!("app-{i:03}")).collect::<Vec<_>>()
+    );
+    assert_eq!(v["rates"].as_array().unwrap().len(), APPS, "{stdout}");
+    drop(held);
 }

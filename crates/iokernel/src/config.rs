@@ -35,7 +35,7 @@ use std::time::Duration;
 
 pub use crate::nic::faults::{FaultRule, FaultRuleError, MAX_FAULT_RULES};
 use ginza_policy::steer::{SteeringKind, SteeringOptions};
-use ginza_proto::{default_socket_path, parse_duration};
+use ginza_proto::{parse_duration, user_socket_path};
 use ginza_sys::{affinity, cpulist};
 use serde::Deserialize;
 
@@ -394,7 +394,7 @@ impl Config {
             own_core: None,
             interval: Duration::from_micros(5),
             policy: PolicyKind::Shenango,
-            socket: default_socket_path(),
+            socket: user_socket_path(),
             idle_sleep: None,
             run_for: None,
             control_interval: Duration::from_micros(50),

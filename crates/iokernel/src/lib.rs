@@ -12,6 +12,8 @@
 //! * [`nic`]: the NIC trait and its backends.
 //! * [`metrics`]: the Prometheus endpoint (`--metrics`), served off the
 //!   loop from the figures it publishes.
+
+//! * [`doctor`]: `ginza doctor`, what on this machine works for iokerneld.
 //! * [`netns`]: a network namespace joined by a veth pair, where ordinary
 //!   Linux programs talk to a Ginza NIC backend (tests, benchmarks).
 //!
@@ -26,6 +28,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod doctor;
 mod in_process;
 pub mod metrics;
 pub mod netns;

@@ -29,13 +29,35 @@ use crate::messages::{
     PROTOCOL_VERSION,
 };
 
-/// iokerneld's control socket unless told otherwise:
-/// `$XDG_RUNTIME_DIR/ginza/iokerneld.sock`, else
+/// Where a system-wide iokerneld listens: the one the systemd unit of
+/// `packaging/` starts (its `RuntimeDirectory` is `/run/ginza`).
+pub const SYSTEM_SOCKET_PATH: &str = "/run/ginza/iokerneld.sock";
+
+/// The per-user control socket, where iokerneld listens unless told
+/// otherwise: `$XDG_RUNTIME_DIR/ginza/iokerneld.sock`, else
 /// `/tmp/ginza-<uid>/iokerneld.sock`.
-pub fn default_socket_path() -> PathBuf {
+pub fn user_socket_path() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         Some(d) => Path::new(&d).join("ginza").join("iokerneld.sock"),
         None => PathBuf::from(format!("/tmp/ginza-{}", process::getuid())).join("iokerneld.sock"),
+    }
+}
+
+/// The socket a client (an application, `ginza top`, `ginza doctor`)
+/// connects to unless told otherwise: the per-user socket
+/// ([`user_socket_path`]) if one exists, else the system-wide one
+/// ([`SYSTEM_SOCKET_PATH`]) if that exists, else the per-user path (a
+/// failed connect then names it). A user's own iokerneld thus wins over
+/// the service.
+pub fn default_socket_path() -> PathBuf {
+    choose_socket(user_socket_path(), Path::new(SYSTEM_SOCKET_PATH))
+}
+
+fn choose_socket(user: PathBuf, system: &Path) -> PathBuf {
+    if !user.exists() && system.exists() {
+        system.to_path_buf()
+    } else {
+        user
     }
 }
 
@@ -380,5 +402,26 @@ fn stats_request(socket: &Path, req: Request) -> Result<StatsReport, ClientError
         Response::Stats(s) => Ok(s),
         Response::Refused { reason } => Err(ClientError::Refused { reason }),
         other => Err(ClientError::BadReply(format!("{other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_socket_wins_over_the_system_one_when_it_exists() {
+        let dir = std::env::temp_dir().join(format!("ginza-socket-choice-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let user = dir.join("user.sock");
+        let system = dir.join("system.sock");
+        // Neither exists: the per-user path, which a failed connect names.
+        assert_eq!(choose_socket(user.clone(), &system), user);
+        std::fs::write(&system, b"").unwrap();
+        assert_eq!(choose_socket(user.clone(), &system), system);
+        std::fs::write(&user, b"").unwrap();
+        assert_eq!(choose_socket(user.clone(), &system), user);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -178,7 +178,8 @@ pub const BATCH_LINGER: Duration = Duration::from_micros(200);
 /// How an application registers with iokerneld.
 #[derive(Clone, Debug)]
 pub struct IokernelConfig {
-    /// iokerneld's control socket; `None`: its default path.
+    /// iokerneld's control socket; `None`: `ginza_proto::default_socket_path` (the
+    /// per-user socket if it exists, else the service's).
     pub socket: Option<PathBuf>,
     /// Unique among registered applications: 1..64 of `[A-Za-z0-9-_.:]`.
     pub name: String,

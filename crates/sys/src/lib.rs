@@ -19,6 +19,7 @@
 //! * [`sched_class`]: a thread's Linux scheduling policy (`SCHED_IDLE`),
 //!   niceness, `sched_yield`.
 //! * [`sched_stat`]: how much CPU a thread got, and how long it waited for one.
+//! * [`terminal`]: the size of the terminal behind a descriptor.
 //!
 //! Calls go through `rustix`; `libc` only where rustix has none (`tgkill`,
 //! `sigaction`, `sched_setscheduler`, and `ppoll` on entries a caller
@@ -40,5 +41,6 @@ pub mod sched_class;
 pub mod sched_stat;
 pub mod signal;
 pub mod socket;
+pub mod terminal;
 pub mod topology;
 pub mod tsc_clock;

@@ -1,8 +1,11 @@
-//! What the `ginza bench …` end-to-end tests share: skipping where a test
-//! cannot run (`ginza_iokernel::testing::skip`: under `CI=true` as root a
-//! skip fails instead), running the `ginza` binary Cargo built for this
-//! test, and reading its JSON report.
+//! What the `ginza` end-to-end tests share: an iokerneld to talk to
+//! ([`daemon`]), skipping where a test cannot run
+//! (`ginza_iokernel::testing::skip`: under `CI=true` as root a skip fails
+//! instead), running the `ginza` binary Cargo built for this test, and
+//! reading its JSON report.
 #![allow(dead_code)] // each test binary uses a part
+
+pub mod daemon;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

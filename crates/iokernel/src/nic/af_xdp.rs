@@ -32,6 +32,10 @@
 //! * Promiscuous, like [`af_packet`](super::af_packet): a packet socket
 //!   that receives nothing holds a `PACKET_MR_PROMISC` membership.
 //!
+//! * [`probe_attach`] loads the same program and attaches it in driver
+//!   (native) or generic mode and detaches it at once: `ginza doctor` asks
+//!   what an interface offers without keeping anything on it.
+//!
 //! As with `af_packet`, a veth peer must have its transmit offloads off
 //! (`ethtool -K IF tx off`), or frames carry partial checksums.
 //!
@@ -54,6 +58,8 @@ use super::{BufferPool, Frame, Nic};
 use ginza_sys::hops::{self, Hop};
 
 const BACKEND: &str = "af_xdp";
+/// What the backend's system calls need (named in a refusal).
+const CAPABILITIES: &str = "CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW";
 
 /// Bytes per UMEM chunk: a page, the largest aligned chunk; the kernel keeps
 /// 256 bytes of it as XDP headroom, which leaves 3840 for a frame.
@@ -118,7 +124,7 @@ impl AfXdp {
     /// `buffer_size` bytes.
     pub fn open(ifname: &str, pool_buffers: usize, buffer_size: usize) -> Result<AfXdp, NicError> {
         let ifindex = check_pool_and_ifindex(ifname, pool_buffers, buffer_size)?;
-        let io_error = io_error(BACKEND, "CAP_NET_ADMIN, CAP_BPF, CAP_NET_RAW", ifname);
+        let io_error = io_error(BACKEND, CAPABILITIES, ifname);
         let promiscuous =
             promiscuous_socket(ifindex).map_err(|e| io_error("promiscuous packet socket", e))?;
         let mtu = interface_mtu(&promiscuous, ifname).map_err(|e| io_error("SIOCGIFMTU", e))?;
@@ -206,8 +212,8 @@ impl AfXdp {
             .map_err(|e| io_error("BPF_MAP_UPDATE_ELEM (socket into XSKMAP)", e))?;
         let program =
             bpf::load_redirect_program(&xskmap).map_err(|e| io_error("BPF_PROG_LOAD", e))?;
-        let link = bpf::attach_xdp(&program, ifindex)
-            .map_err(|e| io_error("BPF_LINK_CREATE (XDP, generic mode)", e))?;
+        let link = bpf::attach_xdp(&program, ifindex, XdpMode::Generic)
+            .map_err(|e| io_error(XdpMode::Generic.link_create(), e))?;
 
         Ok(AfXdp {
             _link: link,
@@ -408,6 +414,49 @@ impl Nic for AfXdp {
         self.kick();
         taken
     }
+}
+
+/// How an XDP program runs on an interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpMode {
+    /// In the driver, before the kernel allocates a socket buffer (the
+    /// driver must support it; veth does).
+    Driver,
+    /// After the socket buffer is built: any interface, slower.
+    Generic,
+}
+
+impl XdpMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            XdpMode::Driver => "driver",
+            XdpMode::Generic => "generic",
+        }
+    }
+
+    /// The failed step, for an error.
+    fn link_create(self) -> &'static str {
+        match self {
+            XdpMode::Driver => "BPF_LINK_CREATE (XDP, driver mode)",
+            XdpMode::Generic => "BPF_LINK_CREATE (XDP, generic mode)",
+        }
+    }
+}
+
+/// Loads iokerneld's XDP program and attaches it to `ifname` in `mode`,
+/// then detaches it (the link is closed before returning): whether that
+/// mode is available here. Fails like [`AfXdp::open`] (no such interface,
+/// missing capabilities), and with `EBUSY` when another program is
+/// attached (a running iokerneld, for one).
+pub fn probe_attach(ifname: &str, mode: XdpMode) -> Result<(), NicError> {
+    let ifindex = super::linux_link::ifindex(ifname)?;
+    let io_error = io_error(BACKEND, CAPABILITIES, ifname);
+    let xskmap = bpf::xskmap(QUEUE + 1).map_err(|e| io_error("BPF_MAP_CREATE (XSKMAP)", e))?;
+    let program = bpf::load_redirect_program(&xskmap).map_err(|e| io_error("BPF_PROG_LOAD", e))?;
+    let link =
+        bpf::attach_xdp(&program, ifindex, mode).map_err(|e| io_error(mode.link_create(), e))?;
+    drop(link);
+    Ok(())
 }
 
 /// The bytes of a descriptor the kernel gave us, or `None` if it points
@@ -637,6 +686,7 @@ mod bpf {
     const BPF_PROG_TYPE_XDP: u32 = 6;
     const BPF_XDP: u32 = 37;
     const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
+    const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
     const XDP_PASS: i32 = 2;
     const BPF_FUNC_REDIRECT_MAP: i32 = 51;
     const BPF_PSEUDO_MAP_FD: u8 = 1;
@@ -798,15 +848,22 @@ mod bpf {
         })
     }
 
-    /// Attaches in generic (SKB) mode; closing the link detaches.
-    pub(super) fn attach_xdp(program: &OwnedFd, ifindex: u32) -> io::Result<OwnedFd> {
+    /// Attaches in `mode`; closing the link detaches.
+    pub(super) fn attach_xdp(
+        program: &OwnedFd,
+        ifindex: u32,
+        mode: super::XdpMode,
+    ) -> io::Result<OwnedFd> {
         new_fd(
             BPF_LINK_CREATE,
             &mut LinkCreate {
                 prog_fd: program.as_raw_fd() as u32,
                 target_ifindex: ifindex,
                 attach_type: BPF_XDP,
-                flags: XDP_FLAGS_SKB_MODE,
+                flags: match mode {
+                    super::XdpMode::Driver => XDP_FLAGS_DRV_MODE,
+                    super::XdpMode::Generic => XDP_FLAGS_SKB_MODE,
+                },
             },
         )
     }
