@@ -113,6 +113,7 @@ fn top_shows_a_registered_application() {
         steering: None,
         dispatch: None,
         wake_page: false,
+        bell: false,
     };
     let conn = client::register_region(&d.socket, &reg, &region, &efds).unwrap();
 

@@ -24,10 +24,12 @@
 //! mmap, a few /proc reads) takes tens of microseconds, once per
 //! application.
 //!
-//! When `idle_sleep` is set and nothing is runnable (no application, or no
-//! kthread holds a core and nothing is queued), the loop sleeps in `ppoll`
-//! on the sockets instead of spinning, so a new connection still wakes it
-//! at once.
+//! Once nothing has been runnable for `idle_after` (no kthread holds a
+//! core, nothing is queued, no traffic), the loop sleeps until an event
+//! ([`idle`], docs/iokernel-idle.md) unless `spin` is set. Where it cannot
+//! (an application registered without a bell, a protected-mode channel,
+//! a load run), `idle_sleep`, when set, naps in `ppoll` on the sockets
+//! instead of spinning, so a new connection still wakes it at once.
 
 use std::collections::VecDeque;
 use std::io;
@@ -50,6 +52,7 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
 mod control;
 mod dispatch;
+mod idle;
 mod packets;
 mod pass;
 mod protected;
@@ -163,6 +166,10 @@ struct App {
     _region: Region,
     ends: Vec<IokernelEnd>,
     eventfds: Vec<OwnedFd>,
+    /// The eventfd it rings when it gives a sleeping iokerneld work
+    /// (`Registration::bell`, docs/iokernel-idle.md); without one,
+    /// iokerneld does not sleep while it is registered.
+    bell: Option<OwnedFd>,
     /// The wake page and the slot of kthread 0, if it sleeps on the page
     /// (`Registration::wake_page`): it is woken there, not by its eventfd,
     /// and its kthreads can answer local wakes.
@@ -209,13 +216,15 @@ struct Pending {
     since: u64,
 }
 
-/// A handle that stops a running iokerneld from another thread.
+/// A handle that stops a running iokerneld from another thread (waking
+/// it if it sleeps).
 #[derive(Clone, Debug, Default)]
-pub struct StopHandle(Arc<AtomicBool>);
+pub struct StopHandle(Arc<AtomicBool>, crate::loop_waker::LoopWaker);
 
 impl StopHandle {
     pub fn stop(&self) {
         self.0.store(true, Ordering::Release);
+        self.1.wake();
     }
 }
 
@@ -284,6 +293,8 @@ pub struct Iokerneld<A: CoreActuator> {
     clock: TscClock,
     /// When to hand the CPU over after a NIC transmit.
     tx_yield: TxYield,
+    /// Sleeping while idle, and its counts.
+    idle: idle::Idle,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -366,13 +377,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
             tx_yield: TxYield::new(cfg.yield_after_nic_tx),
+            idle: idle::Idle::new(!cfg.spin, cfg.idle_after),
+            stop: StopHandle(Arc::default(), dp.waker().clone()),
             cfg,
             listener,
             pending: Vec::new(),
             apps: Vec::new(),
             next_id: 1,
             actuator,
-            stop: StopHandle::default(),
             watch_signals: false,
             start_ns,
             passes: 0,
@@ -476,6 +488,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             if !self.doorbells.is_empty() {
                 self.answer_doorbells(now, false);
+            }
+            if self.idle_turn(now, end)? {
+                // Whatever woke it is handled from the next turn on: the
+                // sockets polled, a pass run, the links polled.
+                let now = self.clock.now_ns();
+                control_gap = ci;
+                next_control = now;
+                next_pass = next_pass.min(now);
+                continue;
             }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {

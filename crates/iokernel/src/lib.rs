@@ -10,6 +10,7 @@
 //! * [`dataplane`]: packets between the links (software switch, traffic
 //!   generator, a real NIC) and the applications' packet rings.
 //! * [`nic`]: the NIC trait and its backends.
+//! * [`loop_waker`]: how the in-process handles wake a sleeping loop.
 //! * [`netns`]: a network namespace joined by a veth pair, where ordinary
 //!   Linux programs talk to a Ginza NIC backend (tests, benchmarks).
 //!
@@ -25,6 +26,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 mod in_process;
+pub mod loop_waker;
 pub mod netns;
 pub mod nic;
 pub mod offload;

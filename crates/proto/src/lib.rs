@@ -30,5 +30,7 @@ pub mod request;
 
 pub use client::{default_socket_path, ClientError, Connection};
 pub use duration::parse_duration;
-pub use messages::{AppStats, Class, Registration, Removal, StatsReport, PROTOCOL_VERSION};
+pub use messages::{
+    AppStats, Class, IdleStats, Registration, Removal, StatsReport, PROTOCOL_VERSION,
+};
 pub use request::{RequestHeader, REQUEST_HEADER_LEN};
