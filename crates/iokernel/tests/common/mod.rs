@@ -38,6 +38,7 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    #[allow(dead_code)] // not every test binary needs it
     pub fn start<A: CoreActuator + Send + 'static>(actuator: A) -> Daemon {
         Self::start_with(actuator, |_| {})
     }
