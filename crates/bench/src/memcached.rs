@@ -117,6 +117,12 @@ pub struct MemcachedArgs {
     /// as iokerneld's) (docs/runtime.md, "Local wakes").
     #[arg(long, value_parser = parse_duration)]
     local_wake: Option<Duration>,
+    /// Ginza: iokerneld busy-polls even while idle (`--spin`). By default
+    /// it may sleep when idle, as the Linux server it is compared with
+    /// blocks (docs/iokernel-idle.md); under load it never does, since
+    /// batch holds the server core whenever kv-server does not.
+    #[arg(long)]
+    iokernel_spin: bool,
 }
 
 /// The servers compared.
@@ -179,6 +185,8 @@ pub struct PointConfig {
     pub allocator: PolicyKind,
     /// Ginza: iokerneld's `local_wake_wait` (None: off).
     pub local_wake: Option<Duration>,
+    /// Ginza: iokerneld's `spin` (never sleep while idle).
+    pub iokernel_spin: bool,
 }
 
 /// What one point measured.
@@ -330,6 +338,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 max_lag: args.max_lag,
                 allocator: PolicyKind::Shenango,
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
+                iokernel_spin: args.iokernel_spin,
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -537,6 +546,7 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     let configure = |icfg: &mut IokConfig| {
         icfg.policy = cfg.allocator;
         icfg.local_wake_wait = cfg.local_wake;
+        icfg.spin = cfg.iokernel_spin;
         Ok(())
     };
     let (_, result) = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {

@@ -1113,6 +1113,8 @@ fn memcached_point(
         },
         // As iokerneld runs by default.
         local_wake: None,
+        // As `bench memcached` by default: iokerneld may sleep while idle.
+        iokernel_spin: false,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
