@@ -231,9 +231,17 @@ impl StopHandle {
 /// Set by SIGINT/SIGTERM once [`Iokerneld::stop_on_signals`] installed the
 /// handler.
 static TERMINATE: AtomicBool = AtomicBool::new(false);
+/// The loop waker's eventfd while a loop watches the signals (-1: none): a
+/// signal that lands just before the loop's `ppoll` would not interrupt
+/// it, so the handler rings the waker too.
+static TERMINATE_WAKER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 extern "C" fn on_terminate(_: i32) {
     TERMINATE.store(true, Ordering::Release);
+    let fd = TERMINATE_WAKER.load(Ordering::Acquire);
+    if fd >= 0 {
+        ginza_sys::eventfd::write_from_signal_handler(fd);
+    }
 }
 
 /// A bound iokerneld, ready to [`Iokerneld::run`].
@@ -427,6 +435,10 @@ impl<A: CoreActuator> Iokerneld<A> {
     pub fn stop_on_signals(&mut self) -> io::Result<()> {
         signal::install_handler(libc::SIGINT, on_terminate)?;
         signal::install_handler(libc::SIGTERM, on_terminate)?;
+        if let Some(fd) = self.dp.waker().fd() {
+            use std::os::fd::AsRawFd;
+            TERMINATE_WAKER.store(fd.as_raw_fd(), Ordering::Release);
+        }
         self.watch_signals = true;
         Ok(())
     }
@@ -541,6 +553,9 @@ impl<A: CoreActuator> Iokerneld<A> {
 
 impl<A: CoreActuator> Drop for Iokerneld<A> {
     fn drop(&mut self) {
+        if self.watch_signals {
+            TERMINATE_WAKER.store(-1, Ordering::Release);
+        }
         let _ = std::fs::remove_file(&self.cfg.socket);
     }
 }
