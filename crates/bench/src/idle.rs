@@ -68,8 +68,10 @@ struct Round {
     spin: bool,
     backend: String,
     loop_cpu_pct: f64,
-    /// iokerneld's sleeps during the idle window.
+    /// iokerneld's sleeps during the idle window, and its wakes by cause
+    /// (NIC, application bell, control socket, timer, in-process handle).
     sleeps: u64,
+    wakes: [u64; 5],
     /// Each measured round trip, µs (null: unanswered within 1 s).
     first_rtt_us: Vec<Option<f64>>,
 }
@@ -103,10 +105,11 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
         for spin in [r % 2 == 1, r % 2 == 0] {
             let round = measure(&ns, cpus, spin, &args)?;
             eprintln!(
-                "round {r} {}: loop {:.2} % of a core, {} sleeps; first round trips {:?} µs",
+                "round {r} {}: loop {:.2} % of a core, {} sleeps, wakes (nic, app, control, timer, handle) {:?}; first round trips {:?} µs",
                 if spin { "spin" } else { "sleep" },
                 round.loop_cpu_pct,
                 round.sleeps,
+                round.wakes,
                 round.first_rtt_us
             );
             rounds.push(round);
@@ -157,18 +160,19 @@ fn measure(ns: &NetNs, cpus: Cpus, spin: bool, args: &IdleArgs) -> anyhow::Resul
         cfg.idle_sleep = None;
         Ok(())
     };
-    let (backend, (loop_cpu_pct, sleeps, first_rtt_us)) =
+    let (backend, (loop_cpu_pct, (sleeps, wakes), first_rtt_us)) =
         with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| serve(ns, iokerneld, args))?;
     Ok(Round {
         spin,
         backend,
         loop_cpu_pct: round3(loop_cpu_pct),
         sleeps,
+        wakes,
         first_rtt_us,
     })
 }
 
-type Measured = (f64, u64, Vec<Option<f64>>);
+type Measured = (f64, (u64, [u64; 5]), Vec<Option<f64>>);
 
 fn serve(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Result<Measured> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -195,13 +199,21 @@ fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Res
     let s1 = iokerneld.stats()?;
     let cpu = s1.loop_cpu_ns.saturating_sub(s0.loop_cpu_ns) as f64;
     let wall = s1.uptime_ns.saturating_sub(s0.uptime_ns).max(1) as f64;
-    let sleeps = s1.idle.sleeps.saturating_sub(s0.idle.sleeps);
+    let (a, b) = (&s0.idle, &s1.idle);
+    let sleeps = b.sleeps.saturating_sub(a.sleeps);
+    let wakes = [
+        b.wakes_nic.saturating_sub(a.wakes_nic),
+        b.wakes_app.saturating_sub(a.wakes_app),
+        b.wakes_control.saturating_sub(a.wakes_control),
+        b.wakes_timer.saturating_sub(a.wakes_timer),
+        b.wakes_handle.saturating_sub(a.wakes_handle),
+    ];
     let mut first = Vec::new();
     for _ in 0..args.probes {
         std::thread::sleep(args.gap);
         first.extend(trips(ns, 1)?);
     }
-    Ok((cpu / wall * 100.0, sleeps, first))
+    Ok((cpu / wall * 100.0, (sleeps, wakes), first))
 }
 
 /// `n` round trips from a fresh socket in the namespace, µs.

@@ -33,6 +33,15 @@ use crate::actuator::CoreActuator;
 /// this long, so that a stop or a load run is still seen.
 const HANDLE_POLL_CAP: Duration = Duration::from_millis(10);
 
+/// After a wake that brought no NIC traffic (a parked kthread's timer, a
+/// bell, a stats request), the loop sleeps again once quiet this long
+/// rather than `idle_after`: the long spin keeps the gaps between a
+/// client's requests inside busy-polling, which a timer firing in an idle
+/// server does not need. Measured: an idle UDP echo server's runtime
+/// wakes iokerneld some 80 times a second for its timers, and a 2 ms spin
+/// after each was 15 % of a core (docs/results.md, "Session 15").
+const RESLEEP_AFTER: Duration = Duration::from_micros(50);
+
 /// What a descriptor of the sleep's poll set stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
@@ -55,6 +64,9 @@ pub(super) struct Idle {
     after_ns: u64,
     /// Since when the loop has found itself idle, turn after turn.
     since: Option<u64>,
+    /// The NIC's (rx, tx) frame counts when the last sleep ended: until
+    /// they move, the loop goes back to sleep after [`RESLEEP_AFTER`].
+    woke_at_frames: Option<(u64, u64)>,
     stats: IdleStats,
     fds: Vec<libc::pollfd>,
     sources: Vec<Source>,
@@ -66,6 +78,7 @@ impl Idle {
             enabled,
             after_ns: after.as_nanos() as u64,
             since: None,
+            woke_at_frames: None,
             stats: IdleStats {
                 enabled,
                 ..IdleStats::default()
@@ -147,14 +160,23 @@ impl<A: CoreActuator> Iokerneld<A> {
             return Ok(false);
         }
         let since = *self.idle.since.get_or_insert(now);
-        if now.saturating_sub(since) < self.idle.after_ns {
+        let frames = self.dp.nic_frames();
+        let after = match self.idle.woke_at_frames {
+            Some(at_wake) if at_wake == frames => {
+                self.idle.after_ns.min(RESLEEP_AFTER.as_nanos() as u64)
+            }
+            _ => {
+                self.idle.woke_at_frames = None;
+                self.idle.after_ns
+            }
+        };
+        if now.saturating_sub(since) < after {
             return Ok(false);
         }
         // From here a runtime that queues work rings its bell; what it
         // queued before is seen by the look below (the fences of
         // `announce_asleep` and `IokernelBell::ring_if_asleep`).
         self.announce(true);
-        let frames = self.dp.nic_frames();
         self.dataplane(now, true);
         self.pass(now, PassKind::Interval);
         if !self.quiet() || self.kept_awake().is_some() || self.dp.nic_frames() != frames {
@@ -167,6 +189,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         self.sleep(timeout)?;
         self.announce(false);
         self.idle.since = None;
+        self.idle.woke_at_frames = Some(self.dp.nic_frames());
         Ok(true)
     }
 
