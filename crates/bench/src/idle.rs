@@ -143,7 +143,10 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
         "iokerneld idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {})",
         args.rounds, args.idle, args.gap, args.probes
     )?;
-    for (name, m) in [("sleeping", &report.sleeping), ("spinning", &report.spinning)] {
+    for (name, m) in [
+        ("sleeping", &report.sleeping),
+        ("spinning", &report.spinning),
+    ] {
         writeln!(
             table,
             "  {name:9} loop CPU {:7.3} % of a core   first round trip p50 {:8.1} µs",
@@ -161,7 +164,9 @@ fn measure(ns: &NetNs, cpus: Cpus, spin: bool, args: &IdleArgs) -> anyhow::Resul
         Ok(())
     };
     let (backend, (loop_cpu_pct, (sleeps, wakes), first_rtt_us)) =
-        with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| serve(ns, iokerneld, args))?;
+        with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
+            serve(ns, iokerneld, args)
+        })?;
     Ok(Round {
         spin,
         backend,
@@ -220,7 +225,8 @@ fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Res
 fn trips(ns: &NetNs, n: usize) -> anyhow::Result<Vec<Option<f64>>> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
     let target = SocketAddrV4::new(ns.peer_ip, ECHO_PORT);
-    let rtts = ns.run_in(move || udp_rtt_probe(bind, target, n, PAYLOAD, Duration::from_secs(1)))??;
+    let rtts =
+        ns.run_in(move || udp_rtt_probe(bind, target, n, PAYLOAD, Duration::from_secs(1)))??;
     Ok(rtts
         .into_iter()
         .map(|r| r.map(|d| d.as_secs_f64() * 1e6))

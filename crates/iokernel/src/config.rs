@@ -632,7 +632,12 @@ impl Config {
         if let Some(s) = self.idle_sleep {
             check_range("idle sleep", s, MIN_INTERVAL, MAX_IDLE_SLEEP)?;
         }
-        check_range("idle_after", self.idle_after, MIN_IDLE_AFTER, MAX_IDLE_AFTER)?;
+        check_range(
+            "idle_after",
+            self.idle_after,
+            MIN_IDLE_AFTER,
+            MAX_IDLE_AFTER,
+        )?;
         crate::nic::linux::NicSpec::parse(&self.nic).map_err(|e| ConfigError::Value {
             what: "nic",
             msg: e.to_string(),
@@ -822,19 +827,41 @@ mod tests {
 
         // Sleeping while idle is the default; `--spin` or `spin = true`
         // turn it off; `idle_after` is bounded.
-        let c = Config::from_cli(&Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap()).unwrap();
+        let c = Config::from_cli(
+            &Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap(),
+        )
+        .unwrap();
         assert!(!c.spin);
         assert_eq!(c.idle_after, DEFAULT_IDLE_AFTER);
-        let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string(), "--spin", "--idle-after", "5ms"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--spin",
+            "--idle-after",
+            "5ms",
+        ])
+        .unwrap();
         let c = Config::from_cli(&cli).unwrap();
         assert!(c.spin);
         assert_eq!(c.idle_after, Duration::from_millis(5));
-        std::fs::write(&p, format!("cores = [{core}]\nspin = true\nidle_after = \"10ms\"\n")).unwrap();
+        std::fs::write(
+            &p,
+            format!("cores = [{core}]\nspin = true\nidle_after = \"10ms\"\n"),
+        )
+        .unwrap();
         let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
         let c = Config::from_cli(&cli).unwrap();
         assert!(c.spin);
         assert_eq!(c.idle_after, Duration::from_millis(10));
-        let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string(), "--idle-after", "1ns"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--idle-after",
+            "1ns",
+        ])
+        .unwrap();
         let e = Config::from_cli(&cli).unwrap_err().to_string();
         assert!(e.contains("idle_after"), "{e}");
 

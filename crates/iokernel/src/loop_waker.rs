@@ -14,7 +14,9 @@ impl Default for LoopWaker {
     /// loop cannot be woken and must bound its sleeps ([`LoopWaker::fd`]).
     fn default() -> Self {
         let fd = ginza_sys::eventfd::new()
-            .map_err(|e| log::warn!("iokerneld: no eventfd for its handles ({e}): its sleeps are bounded"))
+            .map_err(|e| {
+                log::warn!("iokerneld: no eventfd for its handles ({e}): its sleeps are bounded")
+            })
             .ok();
         LoopWaker(Arc::new(fd))
     }

@@ -40,7 +40,10 @@ impl BellApp {
         let bell = IokernelBell::new().unwrap();
         let mut reg = Registration::new(name, Class::LatencyCritical, 1);
         reg.bell = true;
-        let fds = [std::os::fd::AsFd::as_fd(&efds[0]), std::os::fd::AsFd::as_fd(&bell)];
+        let fds = [
+            std::os::fd::AsFd::as_fd(&efds[0]),
+            std::os::fd::AsFd::as_fd(&bell),
+        ];
         let conn = client::register_region(&d.socket, &reg, &region, &fds).unwrap();
         let ends = vec![region.runtime_end(0).unwrap()];
         BellApp {
@@ -53,7 +56,10 @@ impl BellApp {
     }
 
     fn asleep(&self) -> bool {
-        self.ends[0].line.flags().contains(LineFlags::IOKERNEL_ASLEEP)
+        self.ends[0]
+            .line
+            .flags()
+            .contains(LineFlags::IOKERNEL_ASLEEP)
     }
 
     /// Waits (20 s at most) until iokerneld says on this application's
@@ -81,7 +87,10 @@ impl BellApp {
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_micros(200));
     }
 }
@@ -124,7 +133,10 @@ fn an_idle_iokerneld_sleeps_and_a_bell_wakes_it_for_queued_work() {
     // Work on the runqueue, as a runtime's thread outside the kthreads
     // queues it, then the bell.
     app.ends[0].line.add_rq_tail(1);
-    assert!(app.bell.ring_if_asleep(&app.ends[0].line), "the line said asleep");
+    assert!(
+        app.bell.ring_if_asleep(&app.ends[0].line),
+        "the line said asleep"
+    );
     app.wait_grant();
     let s1 = d.stats();
     let [nic, bell, _control, timer, handle] = wakes_since(&s0.idle, &s1.idle);
@@ -147,7 +159,11 @@ fn a_registration_wakes_a_sleeping_iokerneld() {
     let s1 = d.stats();
     assert_eq!(s1.apps.len(), 2);
     let [nic, bell, control, timer, handle] = wakes_since(&s0.idle, &s1.idle);
-    assert!(control >= 2, "the registration and this request: {:?}", s1.idle);
+    assert!(
+        control >= 2,
+        "the registration and this request: {:?}",
+        s1.idle
+    );
     assert_eq!((nic, bell, timer, handle), (0, 0, 0, 0), "{:?}", s1.idle);
 }
 
@@ -172,7 +188,11 @@ fn a_parked_kthreads_timer_wakes_a_sleeping_iokerneld() {
     assert!(app.bell.ring_if_asleep(&app.ends[0].line));
     app.wait_grant();
     let granted_at = ginza_sys::clock::monotonic_ns();
-    assert!(granted_at >= due, "granted {} ns before the timer", due - granted_at);
+    assert!(
+        granted_at >= due,
+        "granted {} ns before the timer",
+        due - granted_at
+    );
     let s1 = d.stats();
     let [nic, bell, _control, timer, handle] = wakes_since(&s0.idle, &s1.idle);
     assert!(timer >= 1, "woken by the timer: {:?}", s1.idle);
@@ -250,10 +270,16 @@ fn a_bell_that_is_no_eventfd_is_refused() {
     let not_a_bell = ginza_sys::memfd::create("not-a-bell", 4096).unwrap();
     let mut reg = Registration::new("badbell", Class::Batch, 1);
     reg.bell = true;
-    let fds = [std::os::fd::AsFd::as_fd(&efd), std::os::fd::AsFd::as_fd(&not_a_bell)];
+    let fds = [
+        std::os::fd::AsFd::as_fd(&efd),
+        std::os::fd::AsFd::as_fd(&not_a_bell),
+    ];
     match client::register_region(&d.socket, &reg, &region, &fds) {
         Err(client::ClientError::Refused { reason }) => {
-            assert!(reason.contains("descriptor 2 (the bell) is not an eventfd"), "{reason}")
+            assert!(
+                reason.contains("descriptor 2 (the bell) is not an eventfd"),
+                "{reason}"
+            )
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

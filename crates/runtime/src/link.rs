@@ -9,8 +9,8 @@
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -18,8 +18,8 @@ use ginza_net::DropCounters;
 use ginza_proto::client::{self, Connection};
 use ginza_proto::messages::Registration;
 use ginza_shm::{
-    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, LineFlags, LineRef, PacketDesc, Producer,
-    IokernelBell, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
+    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, IokernelBell, LineFlags, LineRef,
+    PacketDesc, Producer, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
 };
 
 use crate::config::{IokernelConfig, NetConfig};

@@ -365,12 +365,7 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     /// Checks a registration and its descriptors; on success the attached
     /// region, iokerneld's ends of it, the eventfds and the bell.
-    fn admit(
-        &self,
-        reg: &Registration,
-        fds: Vec<OwnedFd>,
-        pid: i32,
-    ) -> Result<Admitted, String> {
+    fn admit(&self, reg: &Registration, fds: Vec<OwnedFd>, pid: i32) -> Result<Admitted, String> {
         valid_name(&reg.name)?;
         if self.apps.len() >= MAX_APPS {
             return Err(format!("{MAX_APPS} applications are already registered"));

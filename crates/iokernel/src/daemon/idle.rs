@@ -258,7 +258,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                 s.wakes_control += u64::from(control);
                 // Nothing ready and the time-out over (not a signal, which
                 // the loop reads next).
-                let timed_out = timeout.is_some_and(|t| t1.saturating_sub(t0) >= t.as_nanos() as u64);
+                let timed_out =
+                    timeout.is_some_and(|t| t1.saturating_sub(t0) >= t.as_nanos() as u64);
                 s.wakes_timer += u64::from(n == 0 && timed_out);
                 if handle {
                     self.dp.waker().clear();
