@@ -114,6 +114,13 @@ pub struct ForwardArgs {
     /// for comparison).
     #[arg(long)]
     rtt_no_yield: bool,
+    /// iokerneld of the Ginza round trips may sleep while idle (its
+    /// default). Without it the bench runs iokerneld with `--spin`: it is
+    /// compared with a busy-polling Linux server (docs/iokernel-idle.md).
+    /// The forwarding windows never let it sleep (both applications hold
+    /// a core and register no bell).
+    #[arg(long)]
+    rtt_iokernel_sleep: bool,
 }
 
 #[derive(Serialize)]
@@ -1023,6 +1030,7 @@ fn ginza_rtt(
     };
     let configure = |cfg: &mut IokConfig| {
         cfg.yield_after_nic_tx = !args.rtt_no_yield;
+        cfg.spin = !args.rtt_iokernel_sleep;
         Ok(())
     };
     with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {

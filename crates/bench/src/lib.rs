@@ -14,6 +14,7 @@ pub mod demo;
 pub(crate) mod experiment;
 mod forward;
 mod harness;
+mod idle;
 mod memcached;
 mod oneway;
 mod preempt;
@@ -78,6 +79,11 @@ enum Experiment {
     /// same echo-server protected (netstackd under the same iokerneld), and
     /// between Linux sockets over loopback, rounds interleaved.
     Oneway(oneway::OnewayArgs),
+    /// iokerneld while nothing happens: its loop's CPU with an application
+    /// registered and no traffic, and the UDP round trip of the first
+    /// request after a quiet second over veth, sleeping while idle (the
+    /// default) against `--spin`, rounds interleaved.
+    Idle(idle::IdleArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
     Run(experiment::RunArgs),
@@ -112,5 +118,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::All(args) => experiment::all(args),
         Experiment::Colocate(args) => colocate::run(args),
         Experiment::Oneway(args) => oneway::run(args),
+        Experiment::Idle(args) => idle::run(args),
     }
 }

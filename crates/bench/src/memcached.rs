@@ -144,6 +144,12 @@ pub struct MemcachedArgs {
     /// as iokerneld's) (docs/runtime.md, "Local wakes").
     #[arg(long, value_parser = parse_duration)]
     local_wake: Option<Duration>,
+    /// Ginza: iokerneld busy-polls even while idle (`--spin`). By default
+    /// it may sleep when idle, as the Linux server it is compared with
+    /// blocks (docs/iokernel-idle.md); under load it never does, since
+    /// batch holds the server core whenever kv-server does not.
+    #[arg(long)]
+    iokernel_spin: bool,
 }
 
 /// The servers compared.
@@ -216,6 +222,8 @@ pub struct PointConfig {
     pub local_wake: Option<Duration>,
     /// memcached-ginza: `ginza` and the preload library.
     pub ginza_run: Option<GinzaRun>,
+    /// Ginza: iokerneld's `spin` (never sleep while idle).
+    pub iokernel_spin: bool,
 }
 
 /// What one point measured.
@@ -400,6 +408,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 allocator: PolicyKind::Shenango,
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
                 ginza_run: ginza_run.clone(),
+                iokernel_spin: args.iokernel_spin,
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -670,6 +679,7 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     let configure = |icfg: &mut IokConfig| {
         icfg.policy = cfg.allocator;
         icfg.local_wake_wait = cfg.local_wake;
+        icfg.spin = cfg.iokernel_spin;
         Ok(())
     };
     let (_, result) = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {

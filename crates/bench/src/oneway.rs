@@ -237,6 +237,7 @@ impl Setup {
                 cfg.cores = self.app_cores();
                 cfg.own_core = Some(self.cpus.iokernel);
                 cfg.idle_sleep = None;
+                cfg.spin = true;
             }
             Ok(())
         })

@@ -49,6 +49,7 @@ fn top_shows_a_registered_application() {
         steering: None,
         dispatch: None,
         wake_page: false,
+        bell: false,
     };
     let conn = client::register_region(&d.socket, &reg, &region, &efds).unwrap();
 
@@ -110,6 +111,7 @@ fn top_keeps_a_hundred_applications_readable() {
             steering: None,
             dispatch: None,
             wake_page: false,
+            bell: false,
         };
         let conn = client::register_region(&d.socket, &reg, &region, &efds)
             .unwrap_or_else(|e| panic!("registering application {i}: {e}"));

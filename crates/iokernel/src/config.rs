@@ -8,7 +8,9 @@
 //! policy = "shenango"      # shenango | static | slow
 //! slow_period = "1ms"      # period of the `slow` policy
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
-//! idle_sleep = "1ms"       # sleep instead of spinning while idle
+//! spin = false             # true: busy-poll even while idle (benchmarks)
+//! idle_after = "2ms"       # idle this long, then sleep until an event
+//! idle_sleep = "1ms"       # where it cannot sleep until an event: nap
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
 //! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
 //! yield_after_nic_tx = true # sched_yield at the first idle turn after a
@@ -73,8 +75,18 @@ pub struct Config {
     pub policy: PolicyKind,
     /// Control socket path.
     pub socket: PathBuf,
-    /// Sleep this long in `ppoll` (woken early by the control socket) when
-    /// no application is registered or nothing is runnable; `None`: spin.
+    /// Busy-poll even while idle: never sleep until an event
+    /// (docs/iokernel-idle.md). Benchmarks that compare against
+    /// busy-polling Linux set it.
+    pub spin: bool,
+    /// Without `spin`: after this long with nothing runnable and no
+    /// traffic, the loop sleeps until an event (a frame on the NIC, an
+    /// application's bell, the control socket, a deadline it owes).
+    pub idle_after: Duration,
+    /// Where the loop cannot sleep until an event (`spin`, or an
+    /// application registered without a bell): nap this long in `ppoll`
+    /// (woken early by the control socket) when nothing is runnable;
+    /// `None`: spin.
     pub idle_sleep: Option<Duration>,
     /// Stop after this long (tests, benchmarks); `None`: run until stopped.
     pub run_for: Option<Duration>,
@@ -146,6 +158,14 @@ pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
 pub const MAX_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_SLOW_PERIOD: Duration = Duration::from_secs(60);
 pub const MAX_IDLE_SLEEP: Duration = Duration::from_secs(1);
+/// `Config::idle_after` by default: 400 passes of the default interval, so
+/// that the gaps of a request-response exchange (tens of µs) never put the
+/// loop to sleep, while an idle iokerneld spins for 2 ms a few times a
+/// second at most (docs/iokernel-idle.md).
+pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_millis(2);
+/// Bounds of `Config::idle_after`.
+pub const MIN_IDLE_AFTER: Duration = Duration::from_micros(10);
+pub const MAX_IDLE_AFTER: Duration = Duration::from_secs(10);
 /// `Config::idle_victim_grace` by default: several times the time a
 /// latency-critical kthread holds a core for one short request here
 /// (docs/results.md, "Where a request's time goes"), so that at low load
@@ -253,6 +273,8 @@ struct FileConfig {
     policy: Option<String>,
     slow_period: Option<String>,
     socket: Option<PathBuf>,
+    spin: Option<bool>,
+    idle_after: Option<String>,
     idle_sleep: Option<String>,
     run_for: Option<String>,
     control_interval: Option<String>,
@@ -302,7 +324,15 @@ pub struct Cli {
     /// Control socket path.
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Sleep this long instead of spinning while idle (laptops, CI).
+    /// Busy-poll even while idle (benchmarks against busy-polling
+    /// systems); by default iokerneld sleeps until an event once idle.
+    #[arg(long)]
+    pub spin: bool,
+    /// Idle this long before sleeping until an event (default 2ms).
+    #[arg(long, value_parser = parse_duration)]
+    pub idle_after: Option<Duration>,
+    /// Where it cannot sleep until an event (`--spin`, an application
+    /// without a bell): nap this long instead of spinning while idle.
     #[arg(long, value_parser = parse_duration)]
     pub idle_sleep: Option<Duration>,
     /// Exit after this long.
@@ -395,6 +425,8 @@ impl Config {
             interval: Duration::from_micros(5),
             policy: PolicyKind::Shenango,
             socket: user_socket_path(),
+            spin: false,
+            idle_after: DEFAULT_IDLE_AFTER,
             idle_sleep: None,
             run_for: None,
             control_interval: Duration::from_micros(50),
@@ -476,6 +508,13 @@ impl Config {
         };
         if let Some(s) = cli.socket.clone().or(file.socket) {
             c.socket = s;
+        }
+        c.spin = cli.spin || file.spin.unwrap_or(false);
+        if let Some(a) = cli
+            .idle_after
+            .or(dur("idle_after", file.idle_after.as_ref())?)
+        {
+            c.idle_after = a;
         }
         c.idle_sleep = cli
             .idle_sleep
@@ -617,6 +656,12 @@ impl Config {
         if let Some(s) = self.idle_sleep {
             check_range("idle sleep", s, MIN_INTERVAL, MAX_IDLE_SLEEP)?;
         }
+        check_range(
+            "idle_after",
+            self.idle_after,
+            MIN_IDLE_AFTER,
+            MAX_IDLE_AFTER,
+        )?;
         crate::nic::linux::NicSpec::parse(&self.nic).map_err(|e| ConfigError::Value {
             what: "nic",
             msg: e.to_string(),
@@ -849,6 +894,46 @@ mod tests {
         ])
         .unwrap();
         assert!(!Config::from_cli(&cli).unwrap().yield_after_nic_tx);
+
+        // Sleeping while idle is the default; `--spin` or `spin = true`
+        // turn it off; `idle_after` is bounded.
+        let c = Config::from_cli(
+            &Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap(),
+        )
+        .unwrap();
+        assert!(!c.spin);
+        assert_eq!(c.idle_after, DEFAULT_IDLE_AFTER);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--spin",
+            "--idle-after",
+            "5ms",
+        ])
+        .unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert!(c.spin);
+        assert_eq!(c.idle_after, Duration::from_millis(5));
+        std::fs::write(
+            &p,
+            format!("cores = [{core}]\nspin = true\nidle_after = \"10ms\"\n"),
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let c = Config::from_cli(&cli).unwrap();
+        assert!(c.spin);
+        assert_eq!(c.idle_after, Duration::from_millis(10));
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--idle-after",
+            "1ns",
+        ])
+        .unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("idle_after"), "{e}");
 
         std::fs::write(&p, "cores = [0]\nbogus = 1\n").unwrap();
         let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();

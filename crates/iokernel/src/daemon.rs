@@ -26,10 +26,12 @@
 //! mmap, a few /proc reads) takes tens of microseconds, once per
 //! application.
 //!
-//! When `idle_sleep` is set and nothing is runnable (no application, or no
-//! kthread holds a core and nothing is queued), the loop sleeps in `ppoll`
-//! on the sockets instead of spinning, so a new connection still wakes it
-//! at once.
+//! Once nothing has been runnable for `idle_after` (no kthread holds a
+//! core, nothing is queued, no traffic), the loop sleeps until an event
+//! ([`idle`], docs/iokernel-idle.md) unless `spin` is set. Where it cannot
+//! (an application registered without a bell, a protected-mode channel,
+//! a load run), `idle_sleep`, when set, naps in `ppoll` on the sockets
+//! instead of spinning, so a new connection still wakes it at once.
 
 use std::collections::VecDeque;
 use std::io;
@@ -52,6 +54,7 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 
 mod control;
 mod dispatch;
+mod idle;
 mod packets;
 mod pass;
 mod protected;
@@ -172,6 +175,10 @@ struct App {
     _region: Region,
     ends: Vec<IokernelEnd>,
     eventfds: Vec<OwnedFd>,
+    /// The eventfd it rings when it gives a sleeping iokerneld work
+    /// (`Registration::bell`, docs/iokernel-idle.md); without one,
+    /// iokerneld does not sleep while it is registered.
+    bell: Option<OwnedFd>,
     /// The wake page and the slot of kthread 0, if it sleeps on the page
     /// (`Registration::wake_page`): it is woken there, not by its eventfd,
     /// and its kthreads can answer local wakes.
@@ -220,22 +227,32 @@ struct Pending {
     since: u64,
 }
 
-/// A handle that stops a running iokerneld from another thread.
+/// A handle that stops a running iokerneld from another thread (waking
+/// it if it sleeps).
 #[derive(Clone, Debug, Default)]
-pub struct StopHandle(Arc<AtomicBool>);
+pub struct StopHandle(Arc<AtomicBool>, crate::loop_waker::LoopWaker);
 
 impl StopHandle {
     pub fn stop(&self) {
         self.0.store(true, Ordering::Release);
+        self.1.wake();
     }
 }
 
 /// Set by SIGINT/SIGTERM once [`Iokerneld::stop_on_signals`] installed the
 /// handler.
 static TERMINATE: AtomicBool = AtomicBool::new(false);
+/// The loop waker's eventfd while a loop watches the signals (-1: none): a
+/// signal that lands just before the loop's `ppoll` would not interrupt
+/// it, so the handler rings the waker too.
+static TERMINATE_WAKER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 extern "C" fn on_terminate(_: i32) {
     TERMINATE.store(true, Ordering::Release);
+    let fd = TERMINATE_WAKER.load(Ordering::Acquire);
+    if fd >= 0 {
+        ginza_sys::eventfd::write_from_signal_handler(fd);
+    }
 }
 
 /// A bound iokerneld, ready to [`Iokerneld::run`].
@@ -297,6 +314,8 @@ pub struct Iokerneld<A: CoreActuator> {
     tx_yield: TxYield,
     /// The metrics endpoint (`--metrics`), if served.
     metrics: Option<crate::metrics::Endpoint>,
+    /// Sleeping while idle, and its counts.
+    idle: idle::Idle,
 }
 
 /// Hyperthread siblings among the managed cores, from sysfs (flat if
@@ -389,13 +408,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
             tx_yield: TxYield::new(cfg.yield_after_nic_tx),
+            idle: idle::Idle::new(!cfg.spin, cfg.idle_after),
+            stop: StopHandle(Arc::default(), dp.waker().clone()),
             cfg,
             listener,
             pending: Vec::new(),
             apps: Vec::new(),
             next_id: 1,
             actuator,
-            stop: StopHandle::default(),
             watch_signals: false,
             start_ns,
             passes: 0,
@@ -439,6 +459,10 @@ impl<A: CoreActuator> Iokerneld<A> {
     pub fn stop_on_signals(&mut self) -> io::Result<()> {
         signal::install_handler(libc::SIGINT, on_terminate)?;
         signal::install_handler(libc::SIGTERM, on_terminate)?;
+        if let Some(fd) = self.dp.waker().fd() {
+            use std::os::fd::AsRawFd;
+            TERMINATE_WAKER.store(fd.as_raw_fd(), Ordering::Release);
+        }
         self.watch_signals = true;
         Ok(())
     }
@@ -514,6 +538,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             if !self.doorbells.is_empty() {
                 self.answer_doorbells(now, false);
             }
+            if self.idle_turn(now, end)? {
+                // Whatever woke it is handled from the next turn on: the
+                // sockets polled, a pass run, the links polled.
+                let now = self.clock.now_ns();
+                control_gap = ci;
+                next_control = now;
+                next_pass = next_pass.min(now);
+                continue;
+            }
             match self.cfg.idle_sleep {
                 Some(sleep) if !self.busy && !self.dp.busy() => {
                     // A load run asked for while idle is seen here, or
@@ -560,6 +593,9 @@ impl<A: CoreActuator> Iokerneld<A> {
 
 impl<A: CoreActuator> Drop for Iokerneld<A> {
     fn drop(&mut self) {
+        if self.watch_signals {
+            TERMINATE_WAKER.store(-1, Ordering::Release);
+        }
         let _ = std::fs::remove_file(&self.cfg.socket);
     }
 }

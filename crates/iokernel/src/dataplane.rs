@@ -62,6 +62,7 @@ use ginza_shm::netstack::{
 use ginza_shm::{BufferLedger, IngressPool, IokernelEnd, PacketDesc, PKT_BUFFER_SIZE};
 use ginza_sys::hops::{self, Hop};
 
+use crate::loop_waker::LoopWaker;
 use crate::nic::faults::{FaultCounters, FaultRule, PortIdentity};
 use crate::nic::{Frame, Nic, PortConfig, PortId, SoftwareSwitch};
 
@@ -228,6 +229,8 @@ pub struct Dataplane {
     generator_port: PortId,
     handle: GeneratorHandle,
     faults_handle: FaultsHandle,
+    /// What the two handles ring after leaving a request.
+    waker: LoopWaker,
     load: Option<RunningLoad>,
     frames: Vec<Frame>,
     out: Vec<Frame>,
@@ -281,12 +284,14 @@ impl Dataplane {
                 .expect("the switch has no trunk yet");
             (nic, trunk)
         });
+        let waker = LoopWaker::default();
         Dataplane {
             switch,
             nic,
             generator_port,
-            handle: GeneratorHandle::default(),
-            faults_handle: FaultsHandle::default(),
+            handle: GeneratorHandle::new(waker.clone()),
+            faults_handle: FaultsHandle::new(waker.clone()),
+            waker,
             load: None,
             frames: Vec::with_capacity(BURST),
             out: Vec::with_capacity(BURST),
@@ -349,6 +354,31 @@ impl Dataplane {
     /// (which may receive at any time), or frames a fault injector holds.
     pub fn busy(&self) -> bool {
         self.load.is_some() || self.nic.is_some() || self.switch.holds_frames()
+    }
+
+    /// Whether the loop must keep polling the links rather than sleep
+    /// (docs/iokernel-idle.md): a load run (the generator's schedule is
+    /// its timer) or frames a fault injector holds back. A real NIC does
+    /// not keep it awake: the sleep polls its socket ([`Dataplane::nic_fd`]).
+    pub fn keeps_awake(&self) -> bool {
+        self.load.is_some()
+            || self.switch.holds_frames()
+            || self.nic.as_ref().is_some_and(|(nic, _)| !nic.settled())
+    }
+
+    /// The real NIC's socket, readable when frames arrive: `Ok(None)`
+    /// without a real NIC, `Err(())` for one that cannot be waited on.
+    #[allow(clippy::result_unit_err)]
+    pub fn nic_fd(&self) -> Result<Option<std::os::fd::BorrowedFd<'_>>, ()> {
+        match &self.nic {
+            None => Ok(None),
+            Some((nic, _)) => nic.wait_fd().map(Some).ok_or(()),
+        }
+    }
+
+    /// What the in-process handles (and [`crate::StopHandle`]) ring.
+    pub fn waker(&self) -> &LoopWaker {
+        &self.waker
     }
 
     /// A port, an ingress pool of `buffers` and `steering` over `kthreads`

@@ -12,8 +12,8 @@
 //! * [`nic`]: the NIC trait and its backends.
 //! * [`metrics`]: the Prometheus endpoint (`--metrics`), served off the
 //!   loop from the figures it publishes.
-
 //! * [`doctor`]: `ginza doctor`, what on this machine works for iokerneld.
+//! * [`loop_waker`]: how the in-process handles wake a sleeping loop.
 //! * [`netns`]: a network namespace joined by a veth pair, where ordinary
 //!   Linux programs talk to a Ginza NIC backend (tests, benchmarks).
 //!
@@ -31,6 +31,7 @@ pub mod dataplane;
 pub mod doctor;
 mod in_process;
 pub mod metrics;
+pub mod loop_waker;
 pub mod netns;
 pub mod nic;
 pub mod offload;

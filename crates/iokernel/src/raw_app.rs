@@ -85,6 +85,7 @@ impl RawApp {
             dispatch,
             // It polls its rings and reads its eventfds.
             wake_page: false,
+            bell: false,
         };
         let mut conn = client::register_region(socket, &reg, &region, &eventfds)?;
         let pool = conn

@@ -31,6 +31,7 @@ fn reg(name: &str, class: Class, guaranteed: u32, max_cores: u32, kthreads: u32)
         steering: None,
         dispatch: None,
         wake_page: false,
+        bell: false,
     }
 }
 

@@ -137,6 +137,7 @@ impl Daemon {
             dispatch: None,
             // Its kthreads are its own loop's, which waits on eventfds.
             wake_page: false,
+            bell: false,
         };
         let mut conn = client::register_region(&cfg.iokernel_socket, &reg, &region, &eventfds)
             .with_context(|| {

@@ -8,7 +8,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let region = Region::create("app", &RegionConfig::new(2))?;
 //! let efds = [eventfd::new()?, eventfd::new()?];
-//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None, steering: None, dispatch: None, wake_page: false };
+//! let reg = Registration { name: "app".into(), class: Class::Batch, guaranteed: 0, max_cores: 2, kthreads: 2, net: None, steering: None, dispatch: None, wake_page: false, bell: false };
 //! let conn = client::register_region("/tmp/ginza-1000/iokerneld.sock".as_ref(), &reg, &region, &efds)?;
 //! println!("registered as app {}", conn.app_id());
 //! drop(conn); // deregisters

@@ -32,5 +32,7 @@ pub use client::{
     default_socket_path, user_socket_path, ClientError, Connection, SYSTEM_SOCKET_PATH,
 };
 pub use duration::parse_duration;
-pub use messages::{AppStats, Class, Registration, Removal, StatsReport, PROTOCOL_VERSION};
+pub use messages::{
+    AppStats, Class, IdleStats, Registration, Removal, StatsReport, PROTOCOL_VERSION,
+};
 pub use request::{RequestHeader, REQUEST_HEADER_LEN};

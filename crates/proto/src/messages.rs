@@ -100,6 +100,12 @@ pub struct Registration {
     /// when false, so older registrations read the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wake_page: bool,
+    /// It sends its bell (`ginza_shm::IokernelBell`), an eventfd attached
+    /// after the kthreads' eventfds, and rings it when it gives a sleeping
+    /// iokerneld work (docs/iokernel-idle.md). iokerneld sleeps only while
+    /// every application registered has one. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bell: bool,
 }
 
 impl Registration {
@@ -116,6 +122,7 @@ impl Registration {
             steering: None,
             dispatch: None,
             wake_page: false,
+            bell: false,
         }
     }
 }
@@ -692,6 +699,39 @@ pub struct StatsReport {
     /// The links: NIC and generator totals.
     #[serde(default)]
     pub dataplane: DataplaneStats,
+    /// iokerneld's sleeps while idle and what woke it (docs/iokernel-idle.md),
+    /// since it started. Absent from older replies: all zero.
+    #[serde(default)]
+    pub idle: IdleStats,
+}
+
+/// iokerneld's sleeps while idle, since it started (docs/iokernel-idle.md).
+/// A wake counts every cause found ready when `poll` returned, so the
+/// causes may add up to more than `wakes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleStats {
+    /// Whether it may sleep at all (not `--spin`).
+    pub enabled: bool,
+    /// Sleeps begun, and the time spent in them.
+    pub sleeps: u64,
+    pub slept_ns: u64,
+    /// Sleeps abandoned after announcing them: the last look found work.
+    pub sleeps_abandoned: u64,
+    /// Wakes by cause: a frame on the NIC's socket, an application's bell,
+    /// the control socket or a connection, the earliest deadline iokerneld
+    /// owes (a parked kthread's timer, a pending connection's time-out,
+    /// `run_for`), an in-process handle (stop, generator, faults).
+    pub wakes_nic: u64,
+    pub wakes_app: u64,
+    pub wakes_control: u64,
+    pub wakes_timer: u64,
+    pub wakes_handle: u64,
+    /// Idle passes kept from sleeping, by the first reason found: an
+    /// application registered without a bell, a protected-mode channel, a
+    /// load run or frames held by fault injection.
+    pub kept_awake_no_bell: u64,
+    pub kept_awake_protected: u64,
+    pub kept_awake_dataplane: u64,
 }
 
 /// An application iokerneld removed, and why.
@@ -761,6 +801,20 @@ pub fn largest_stats_report() -> StatsReport {
         registrations_refused: u64::MAX,
         apps_disconnected: u64::MAX,
         stale_parks: u64::MAX,
+        idle: IdleStats {
+            enabled: true,
+            sleeps: u64::MAX,
+            slept_ns: u64::MAX,
+            sleeps_abandoned: u64::MAX,
+            wakes_nic: u64::MAX,
+            wakes_app: u64::MAX,
+            wakes_control: u64::MAX,
+            wakes_timer: u64::MAX,
+            wakes_handle: u64::MAX,
+            kept_awake_no_bell: u64::MAX,
+            kept_awake_protected: u64::MAX,
+            kept_awake_dataplane: u64::MAX,
+        },
         apps: (0..MAX_APPS)
             .map(|_| AppStats {
                 app_id: u64::MAX,
@@ -884,6 +938,7 @@ mod tests {
             steering: None,
             dispatch: None,
             wake_page: false,
+            bell: false,
         };
         let ok = encode(&Envelope {
             protocol: PROTOCOL_VERSION,

@@ -60,6 +60,7 @@ fn register_against(
     let efd = eventfd::new().unwrap();
     let reg = Registration {
         wake_page: true,
+        bell: false,
         ..Registration::new(case, Class::Batch, 1)
     };
     let r = client::register_region(&path, &reg, &region, &[efd]);

@@ -9,16 +9,17 @@
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use ginza_net::DropCounters;
 use ginza_proto::client::{self, Connection};
 use ginza_proto::messages::Registration;
 use ginza_shm::{
-    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, LineFlags, LineRef, PacketDesc, Producer,
-    Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
+    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, IokernelBell, LineFlags, LineRef,
+    PacketDesc, Producer, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
 };
 
 use crate::config::{IokernelConfig, NetConfig};
@@ -95,6 +96,9 @@ pub(crate) struct KLink {
     /// the kthread runs under, which its next `Parked`/`Yielded` answers
     /// (0 before the first: iokerneld's first grant is 1).
     grant: UnsafeCell<u16>,
+    /// The application's bell: rung after work made visible to iokerneld
+    /// while its line says it sleeps (docs/iokernel-idle.md).
+    bell: Arc<IokernelBell>,
 }
 
 /// A request iokerneld runs on a kthread (dispatch by iokerneld,
@@ -117,6 +121,15 @@ impl KLink {
         if let Err(e) = unsafe { &mut *self.tx.get() }.send(m) {
             log::warn!("command {m:?} to iokerneld not sent: {e}");
         }
+        self.wake_iokernel();
+    }
+
+    /// After making work visible to iokerneld (a command sent, a runqueue
+    /// push counted on the line): wakes it if it said it sleeps. While it
+    /// is awake, a fence and one load of this kthread's own line.
+    #[inline]
+    pub(crate) fn wake_iokernel(&self) {
+        self.bell.ring_if_asleep(&self.line);
     }
 
     /// Drains iokerneld's commands; returns the decision time of the last
@@ -276,6 +289,8 @@ pub(crate) struct Link {
     /// iokerneld's wake page and kthread 0's slot, once registered with
     /// `IokernelConfig::wake_page` (docs/runtime.md, "Local wakes").
     wake: OnceLock<(WakePage, u32)>,
+    /// The bell every kthread's link rings (sent at registration).
+    bell: Arc<IokernelBell>,
 }
 
 impl Link {
@@ -291,6 +306,9 @@ impl Link {
         }
         let region = Region::create(&cfg.name, &RegionConfig::new(n32))
             .map_err(|e| format!("cannot create the shared region: {e}"))?;
+        let bell = Arc::new(
+            IokernelBell::new().map_err(|e| format!("cannot create iokerneld's bell: {e}"))?,
+        );
         let mut ends = Vec::with_capacity(n);
         for k in 0..n32 {
             let RuntimeEnd {
@@ -317,6 +335,7 @@ impl Link {
                 drop_pre_assigned: UnsafeCell::new(false),
                 grant: UnsafeCell::new(0),
                 sleeping_on_page: AtomicBool::new(false),
+                bell: Arc::clone(&bell),
                 net: cfg
                     .net
                     .is_some()
@@ -333,6 +352,7 @@ impl Link {
                 conn: Mutex::new(None),
                 net: OnceLock::new(),
                 wake: OnceLock::new(),
+                bell,
             },
             ends,
         ))
@@ -341,7 +361,7 @@ impl Link {
     /// Registers with iokerneld, passing the region and the eventfds; with
     /// networking, `make_stack` builds the stack on the ingress pool
     /// iokerneld sends (`net::Stack`, from above this module).
-    pub(crate) fn register<F: std::os::fd::AsFd>(
+    pub(crate) fn register<F: AsFd>(
         &self,
         eventfds: &[F],
         make_stack: impl FnOnce(&NetConfig, IngressPool) -> Box<dyn PacketStack>,
@@ -351,6 +371,8 @@ impl Link {
             None => client::default_socket_path(),
         };
         let n = eventfds.len() as u32;
+        let mut fds: Vec<_> = eventfds.iter().map(|e| e.as_fd()).collect();
+        fds.push(self.bell.as_fd());
         let reg = Registration {
             name: self.cfg.name.clone(),
             class: self.cfg.class,
@@ -361,8 +383,9 @@ impl Link {
             steering: self.cfg.steering.map(|s| s.name().to_string()),
             dispatch: self.cfg.dispatch.clone(),
             wake_page: self.cfg.wake_page,
+            bell: true,
         };
-        let mut conn = client::register_region(&socket, &reg, &self.region, eventfds)
+        let mut conn = client::register_region(&socket, &reg, &self.region, &fds)
             .map_err(|e| e.to_string())?;
         let id = conn.app_id();
         if let Some(net) = &self.cfg.net {

@@ -753,6 +753,7 @@ fn a_stray_wake_on_the_wake_page_is_no_grant() {
             let efd = ginza_sys::eventfd::new().unwrap();
             let reg = ginza_proto::messages::Registration {
                 wake_page: true,
+                bell: false,
                 ..ginza_proto::messages::Registration::new("stray-waker", Class::Batch, 1)
             };
             let mut conn = client::register_region(&socket, &reg, &region, &[efd]).unwrap();

@@ -8,6 +8,8 @@
 //! * [`wake_word`]: how a grant reaches a parked kthread: a word in its
 //!   queue line while it lingers, its eventfd or its word of the wake
 //!   page once it sleeps.
+//! * [`iokernel_bell`]: how a runtime wakes a sleeping iokerneld (a flag
+//!   on its queue lines, an eventfd).
 //! * [`wake_page`]: the futex words kthreads sleep on for a grant, which
 //!   iokerneld, or the kthread on the granted core, wakes.
 //! * [`ring`]: the `#[repr(C)]`, pointer-free SPSC ring both processes map.
@@ -23,6 +25,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+#[cfg(not(loom))]
+pub mod iokernel_bell;
 pub mod msg;
 pub mod netstack;
 pub mod packet;
@@ -34,6 +38,8 @@ mod sync;
 pub mod wake_page;
 pub mod wake_word;
 
+#[cfg(not(loom))]
+pub use iokernel_bell::IokernelBell;
 pub use msg::{
     next_grant, CmdRx, CmdTx, DecodeError, Message, PreemptReason, RawMsg, RecvError, RunPacket,
     SendError, ToIokernel, ToKthread, MAX_REQUEST_ID, UNNUMBERED_GRANT,

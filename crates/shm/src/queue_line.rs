@@ -35,6 +35,11 @@ impl LineFlags {
     /// its next preemption point and is handed back. Set by iokerneld,
     /// cleared by the runtime.
     pub const YIELD_REQUEST: LineFlags = LineFlags(1 << 9);
+    /// iokerneld is asleep (docs/iokernel-idle.md): work the runtime makes
+    /// visible to it now must be followed by a ring of the application's
+    /// bell ([`crate::iokernel_bell`]). Set by iokerneld on every line of
+    /// the application before it sleeps, cleared when it wakes.
+    pub const IOKERNEL_ASLEEP: LineFlags = LineFlags(1 << 10);
 
     pub fn contains(self, other: LineFlags) -> bool {
         self.0 & other.0 == other.0

@@ -36,6 +36,16 @@ pub fn write(fd: BorrowedFd<'_>, v: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Adds 1 to the counter of the eventfd `fd` from a signal handler: one
+/// `write(2)`, which is async-signal-safe; errors are ignored (a full
+/// counter is readable already).
+pub fn write_from_signal_handler(fd: std::os::fd::RawFd) {
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: `one` is 8 readable bytes alive for the call; a descriptor
+    // that is no longer an eventfd fails the write, which is ignored.
+    let _ = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+}
+
 /// Reads and resets the counter; `Ok(None)` if it is 0 and the eventfd is
 /// non-blocking (a blocking one waits for a write).
 pub fn read(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {

@@ -360,8 +360,10 @@ pub(super) fn start_point(
     cfg.own_core = Some(setup.iokernel_core);
     cfg.policy = policy.kind();
     cfg.interval = INTERVAL;
-    // Spinning, as in production: idle sleeps would add their wake-up to
-    // every grant.
+    // Spinning (`--spin`): a sleep while idle would add iokerneld's own
+    // wake-up to the first grant after a quiet spell, which the Linux
+    // schedulers it is compared with do not pay (docs/iokernel-idle.md).
+    cfg.spin = true;
     cfg.idle_sleep = None;
     cfg.seed = setup.seed;
     cfg.handover_from_idle_at_once = setup.tuning.handover_at_once;

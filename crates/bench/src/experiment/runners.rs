@@ -1115,6 +1115,8 @@ fn memcached_point(
         local_wake: None,
         // The experiments run kv-server and Linux's memcached only.
         ginza_run: None,
+        // As `bench memcached` by default: iokerneld may sleep while idle.
+        iokernel_spin: false,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);

@@ -23,6 +23,10 @@ use ginza_proto::messages::{
 };
 use ginza_sys::{clock, cpulist, eventfd, poll, process, socket};
 
+/// What [`Iokerneld::admit`] accepted: the region, iokerneld's ends of
+/// it, the kthreads' eventfds and the application's bell, if it sent one.
+type Admitted = (Region, Vec<IokernelEnd>, Vec<OwnedFd>, Option<OwnedFd>);
+
 fn valid_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(format!(
@@ -207,7 +211,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// Returns the connection if it stays open (a stats reader).
     fn pending_readable(&mut self, p: Pending, now: u64) -> Option<Pending> {
         let mut buf = [0u8; MAX_REQUEST];
-        let max_fds = 1 + MAX_KTHREADS as usize;
+        let max_fds = 2 + MAX_KTHREADS as usize;
         let r = match socket::recv_with_fds(p.sock.as_fd(), &mut buf, max_fds, true) {
             Ok(Some(r)) => r,
             Ok(None) => return Some(p),
@@ -277,7 +281,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             },
         };
         match self.admit(&reg, r.fds, p.pid) {
-            Ok((region, ends, eventfds)) => {
+            Ok((region, ends, eventfds, bell)) => {
                 let id = self.next_id;
                 let net = match reg
                     .net
@@ -328,6 +332,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     _region: region,
                     ends,
                     eventfds,
+                    bell,
                     wake,
                     kt: vec![
                         Kthread {
@@ -360,14 +365,8 @@ impl<A: CoreActuator> Iokerneld<A> {
     }
 
     /// Checks a registration and its descriptors; on success the attached
-    /// region, iokerneld's ends of it and the eventfds.
-    #[allow(clippy::type_complexity)]
-    fn admit(
-        &self,
-        reg: &Registration,
-        fds: Vec<OwnedFd>,
-        pid: i32,
-    ) -> Result<(Region, Vec<IokernelEnd>, Vec<OwnedFd>), String> {
+    /// region, iokerneld's ends of it, the eventfds and the bell.
+    fn admit(&self, reg: &Registration, fds: Vec<OwnedFd>, pid: i32) -> Result<Admitted, String> {
         valid_name(&reg.name)?;
         if self.apps.len() >= MAX_APPS {
             return Err(format!("{MAX_APPS} applications are already registered"));
@@ -398,17 +397,30 @@ impl<A: CoreActuator> Iokerneld<A> {
                 reg.guaranteed
             ));
         }
-        let want = 1 + reg.kthreads as usize;
+        let want = 1 + reg.kthreads as usize + usize::from(reg.bell);
         if fds.len() != want {
             return Err(format!(
-                "expected {want} descriptors (the region memfd and {} eventfds), got {}",
+                "expected {want} descriptors (the region memfd and {} eventfds{}), got {}",
                 reg.kthreads,
+                if reg.bell { ", then the bell" } else { "" },
                 fds.len()
             ));
         }
         let mut fds = fds.into_iter();
         let memfd = fds.next().ok_or("no region memfd")?;
-        let eventfds: Vec<OwnedFd> = fds.collect();
+        let mut eventfds: Vec<OwnedFd> = fds.collect();
+        let bell = if reg.bell { eventfds.pop() } else { None };
+        if let Some(b) = &bell {
+            if !eventfd::is_eventfd(b.as_fd()) {
+                let what = process::fd_target(b.as_fd())
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_else(|e| e.to_string());
+                return Err(format!(
+                    "descriptor {} (the bell) is not an eventfd but {what}",
+                    want - 1
+                ));
+            }
+        }
         for (k, e) in eventfds.iter().enumerate() {
             if !eventfd::is_eventfd(e.as_fd()) {
                 let what = process::fd_target(e.as_fd())
@@ -436,7 +448,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         if pid <= 0 {
             return Err("cannot tell the peer's pid (SO_PEERCRED)".into());
         }
-        Ok((region, ends, eventfds))
+        Ok((region, ends, eventfds, bell))
     }
 
     // Every application can have a block.

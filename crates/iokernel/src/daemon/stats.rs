@@ -283,6 +283,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
             alloc: self.meter.report(now, cpu),
+            idle: self.idle.report(),
             dataplane: {
                 let mut dp = self.dp.stats();
                 for a in &self.apps {

@@ -5,6 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::loop_waker::LoopWaker;
+
 use ginza_proto::messages::FaultStats;
 
 use super::{Dataplane, GENERATOR_MAC, TRUNK_MAC};
@@ -26,9 +28,14 @@ struct FaultsSlot {
 /// ([`crate::InProcess::faults`], [`crate::Iokerneld::faults_handle`]):
 /// tests run the same setup clean, then lossy.
 #[derive(Clone, Default)]
-pub struct FaultsHandle(Arc<Mutex<FaultsSlot>>);
+pub struct FaultsHandle(Arc<Mutex<FaultsSlot>>, LoopWaker);
 
 impl FaultsHandle {
+    /// A handle that wakes the loop through `waker`.
+    pub(super) fn new(waker: LoopWaker) -> FaultsHandle {
+        FaultsHandle(Arc::default(), waker)
+    }
+
     /// Replaces iokerneld's fault rules with `rules` (empty: none) on every
     /// port, and waits (at most 5 s) until its loop did. Counters start
     /// again from zero. Refused: more than [`MAX_FAULT_RULES`] rules, or a
@@ -46,6 +53,7 @@ impl FaultsHandle {
             slot.asked += 1;
             slot.asked
         };
+        self.1.wake();
         let start = std::time::Instant::now();
         loop {
             if self.0.lock().unwrap_or_else(|p| p.into_inner()).applied >= ticket {

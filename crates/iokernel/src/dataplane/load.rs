@@ -6,6 +6,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::loop_waker::LoopWaker;
+
 use ginza_net::Interface;
 use hdrhistogram::Histogram;
 
@@ -92,9 +94,14 @@ struct GeneratorSlot {
 /// on a machine with few CPUs a caller that polled would take a spinning
 /// thread's CPU hundreds of times a second while the load runs.
 #[derive(Clone, Default)]
-pub struct GeneratorHandle(Arc<Mutex<GeneratorSlot>>, Arc<Condvar>);
+pub struct GeneratorHandle(Arc<Mutex<GeneratorSlot>>, Arc<Condvar>, LoopWaker);
 
 impl GeneratorHandle {
+    /// A handle that wakes the loop through `waker`.
+    pub(super) fn new(waker: LoopWaker) -> GeneratorHandle {
+        GeneratorHandle(Arc::default(), Arc::default(), waker)
+    }
+
     /// Starts `run` on iokerneld's loop and waits for its report, at most
     /// the run's duration + drain + `slack`.
     pub fn run(&self, run: LoadRun, slack: Duration) -> Result<LoadReport, String> {
@@ -105,6 +112,7 @@ impl GeneratorHandle {
         }
         slot.result = None;
         slot.request = Some(run);
+        self.2.wake();
         let start = std::time::Instant::now();
         loop {
             if let Some(r) = slot.result.take() {

@@ -157,6 +157,11 @@ impl Nic for AfPacket {
         &self.pool
     }
 
+    /// The packet socket: readable while a frame waits in it.
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(&self.fd))
+    }
+
     fn pool_mut(&mut self) -> &mut BufferPool {
         &mut self.pool
     }

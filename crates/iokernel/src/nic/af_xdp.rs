@@ -320,6 +320,21 @@ impl Nic for AfXdp {
         &self.pool
     }
 
+    /// The XDP socket: `poll` reports it readable while its rx ring holds
+    /// a frame. In copy mode the kernel fills the rx ring from its receive
+    /// path and takes fill-ring chunks there, so a sleeping iokerneld owes
+    /// it no wakeup for reception (the socket is bound without
+    /// `XDP_USE_NEED_WAKEUP`; `tx_burst` kicks every transmit with
+    /// `sendto`, and `rx_burst` flushes what is left, before any sleep).
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(std::os::fd::AsFd::as_fd(&self.socket))
+    }
+
+    /// Not while descriptors wait on the tx ring for a kick.
+    fn settled(&self) -> bool {
+        self.tx.pending() == 0
+    }
+
     fn pool_mut(&mut self) -> &mut BufferPool {
         &mut self.pool
     }

@@ -119,6 +119,20 @@ impl Nic for LinuxNic {
         }
     }
 
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self {
+            LinuxNic::AfPacket(link) => link.wait_fd(),
+            LinuxNic::AfXdp(link) => link.wait_fd(),
+        }
+    }
+
+    fn settled(&self) -> bool {
+        match self {
+            LinuxNic::AfPacket(link) => link.settled(),
+            LinuxNic::AfXdp(link) => link.settled(),
+        }
+    }
+
     fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize {
         match self {
             LinuxNic::AfPacket(link) => link.rx_burst(out, max),

@@ -87,4 +87,19 @@ pub trait Nic {
     /// order, still owned by the caller. A frame taken may still be dropped
     /// further on (counted by the backend), never handed back.
     fn tx_burst(&mut self, frames: &mut Vec<Frame>) -> usize;
+
+    /// A descriptor that `poll` reports readable (`POLLIN`) when a frame
+    /// waits to be received, for a loop that sleeps while idle
+    /// (docs/iokernel-idle.md); `None` (the default): the link cannot be
+    /// waited on, and the loop never sleeps while it is attached.
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Whether the link has nothing left to do until a new frame arrives
+    /// or one is given to it (no transmission still pending): the loop may
+    /// sleep on [`wait_fd`](Nic::wait_fd).
+    fn settled(&self) -> bool {
+        true
+    }
 }

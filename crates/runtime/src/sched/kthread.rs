@@ -477,6 +477,7 @@ impl KThread {
     pub(crate) fn count_pushed(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_tail(n);
+            io.wake_iokernel();
         }
     }
 

@@ -17,7 +17,10 @@ use crate::ring::{self, ring_bytes, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY};
 /// `b"GINZASHM"` read as a little-endian `u64`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GINZASHM");
 /// The layout this code speaks.
-pub const LAYOUT_VERSION: u32 = 2;
+/// 3: `LineFlags::IOKERNEL_ASLEEP`, which a runtime must answer by ringing
+/// its bell (`iokernel_bell`); a runtime that does not know it would leave
+/// a sleeping iokerneld asleep.
+pub const LAYOUT_VERSION: u32 = 3;
 /// Most kthreads one runtime may register.
 pub const MAX_KTHREADS: u32 = 256;
 /// Largest region iokerneld maps.
@@ -699,8 +702,8 @@ pub(super) mod tests {
             format!("bad magic 0x00000000deadbeef, expected {MAGIC:#018x}")
         );
         assert_eq!(
-            msg(&|b| b.version = 3, len),
-            "layout version 3, this side speaks 2"
+            msg(&|b| b.version = 2, len),
+            "layout version 2, this side speaks 3"
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 5000, len),

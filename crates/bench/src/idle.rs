@@ -1,0 +1,234 @@
+//! `ginza bench idle`: what iokerneld costs while nothing happens, and what
+//! its sleep costs the first request after a quiet spell
+//! (docs/iokernel-idle.md).
+//!
+//! Each round starts iokerneld on a veth's host end (AF_XDP, else
+//! AF_PACKET) twice, once sleeping while idle (its default) and once with
+//! `--spin`, in alternating order, with a UDP echo server on a Ginza
+//! runtime registered, and measures:
+//!
+//! * `loop_cpu_pct`: CPU time of iokerneld's loop thread (`utime + stime`
+//!   of that thread, the stats' `loop_cpu_ns`) over `--idle` of wall time
+//!   with no traffic, in % of one core;
+//! * `first_rtt_us`: the UDP round trip (32-byte payload) from an ordinary
+//!   Linux socket in the namespace to the echo server, each sent after
+//!   `--gap` with no traffic: the echo server's kthread has parked, and a
+//!   sleeping iokerneld is asleep; the median of `--probes`.
+//!
+//! A figure is the median over rounds. Needs root, `ip` and `ethtool`.
+
+use std::fmt::Write as _;
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use ginza_apps::echo_server::{self, EchoStats};
+use ginza_iokernel::netns::{udp_rtt_probe, NetNs};
+use ginza_iokernel::InProcess;
+use ginza_net::MacAddr;
+use ginza_proto::parse_duration;
+
+use crate::harness::app::App;
+use crate::harness::figures::{allowed_cpus, emit, median, round3};
+use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
+
+const ECHO_PORT: u16 = 7;
+const ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x1d, 0x02]);
+const PAYLOAD: usize = 32;
+/// Round trips before the measured ones (the namespace's ARP entry).
+const WARMUP: usize = 20;
+
+/// Arguments of `ginza bench idle`.
+#[derive(clap::Args, Debug)]
+pub struct IdleArgs {
+    /// Print one JSON object on stdout (the table then goes to stderr).
+    #[arg(long)]
+    json: bool,
+    /// Rounds (each runs both modes).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Wall time over which the idle loop's CPU time is measured.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    idle: Duration,
+    /// Round trips measured per round and mode, each after `--gap`.
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    probes: u64,
+    /// Quiet time before each measured round trip.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    gap: Duration,
+}
+
+/// One mode's figures in one round.
+#[derive(Serialize, Clone, Debug)]
+struct Round {
+    spin: bool,
+    backend: String,
+    loop_cpu_pct: f64,
+    /// iokerneld's sleeps during the idle window, and its wakes by cause
+    /// (NIC, application bell, control socket, timer, in-process handle).
+    sleeps: u64,
+    wakes: [u64; 5],
+    /// Each measured round trip, µs (null: unanswered within 1 s).
+    first_rtt_us: Vec<Option<f64>>,
+}
+
+#[derive(Serialize, Debug)]
+struct Mode {
+    loop_cpu_pct: f64,
+    first_rtt_us_p50: f64,
+}
+
+#[derive(Serialize, Debug)]
+struct Report {
+    sleeping: Mode,
+    spinning: Mode,
+    idle_s: f64,
+    gap_ms: f64,
+    rounds: Vec<Round>,
+}
+
+pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
+    let cpus = allowed_cpus()?;
+    anyhow::ensure!(cpus.len() >= 2, "needs two CPUs, has {cpus:?}");
+    let cpus = Cpus {
+        iokernel: cpus[0],
+        app: cpus[1],
+    };
+    let ns = NetNs::create().context("the round trips run over a veth pair")?;
+    let mut rounds = Vec::new();
+    for r in 0..args.rounds {
+        // Alternate which mode goes first.
+        for spin in [r % 2 == 1, r % 2 == 0] {
+            let round = measure(&ns, cpus, spin, &args)?;
+            eprintln!(
+                "round {r} {}: loop {:.2} % of a core, {} sleeps, wakes (nic, app, control, timer, handle) {:?}; first round trips {:?} µs",
+                if spin { "spin" } else { "sleep" },
+                round.loop_cpu_pct,
+                round.sleeps,
+                round.wakes,
+                round.first_rtt_us
+            );
+            rounds.push(round);
+        }
+    }
+    let mode = |spin: bool| -> anyhow::Result<Mode> {
+        let of: Vec<&Round> = rounds.iter().filter(|r| r.spin == spin).collect();
+        let cpu: Vec<f64> = of.iter().map(|r| r.loop_cpu_pct).collect();
+        let rtt: Vec<f64> = of
+            .iter()
+            .map(|r| {
+                let answered: Vec<f64> = r.first_rtt_us.iter().flatten().copied().collect();
+                median(&answered).unwrap_or(f64::NAN)
+            })
+            .collect();
+        Ok(Mode {
+            loop_cpu_pct: round3(median(&cpu).context("no round")?),
+            first_rtt_us_p50: round3(median(&rtt).context("no round")?),
+        })
+    };
+    let report = Report {
+        sleeping: mode(false)?,
+        spinning: mode(true)?,
+        idle_s: args.idle.as_secs_f64(),
+        gap_ms: args.gap.as_secs_f64() * 1e3,
+        rounds,
+    };
+    let mut table = String::new();
+    writeln!(
+        table,
+        "iokerneld idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {})",
+        args.rounds, args.idle, args.gap, args.probes
+    )?;
+    for (name, m) in [
+        ("sleeping", &report.sleeping),
+        ("spinning", &report.spinning),
+    ] {
+        writeln!(
+            table,
+            "  {name:9} loop CPU {:7.3} % of a core   first round trip p50 {:8.1} µs",
+            m.loop_cpu_pct, m.first_rtt_us_p50
+        )?;
+    }
+    emit(args.json, &table, &report)
+}
+
+/// One mode: iokerneld and the echo server, the idle window, the probes.
+fn measure(ns: &NetNs, cpus: Cpus, spin: bool, args: &IdleArgs) -> anyhow::Result<Round> {
+    let configure = |cfg: &mut ginza_iokernel::Config| {
+        cfg.spin = spin;
+        cfg.idle_sleep = None;
+        Ok(())
+    };
+    let (backend, (loop_cpu_pct, (sleeps, wakes), first_rtt_us)) =
+        with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
+            serve(ns, iokerneld, args)
+        })?;
+    Ok(Round {
+        spin,
+        backend,
+        loop_cpu_pct: round3(loop_cpu_pct),
+        sleeps,
+        wakes,
+        first_rtt_us,
+    })
+}
+
+type Measured = (f64, (u64, [u64; 5]), Vec<Option<f64>>);
+
+fn serve(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Result<Measured> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
+    let mut server = App::start(iokerneld, "idle-echo", (ECHO_MAC, ns.peer_ip), move || {
+        echo_server::serve_udp(ECHO_PORT, s2, stats)
+    })?;
+    let result = probe_idle(ns, iokerneld, args);
+    stop.store(true, Ordering::Relaxed);
+    // The server returns at its next request or timer.
+    let _ = trips(ns, 1);
+    let _ = server.join();
+    result
+}
+
+fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Result<Measured> {
+    let warm = trips(ns, WARMUP)?;
+    anyhow::ensure!(
+        warm.iter().any(Option::is_some),
+        "the echo server answered none of {WARMUP} round trips"
+    );
+    let s0 = iokerneld.stats()?;
+    std::thread::sleep(args.idle);
+    let s1 = iokerneld.stats()?;
+    let cpu = s1.loop_cpu_ns.saturating_sub(s0.loop_cpu_ns) as f64;
+    let wall = s1.uptime_ns.saturating_sub(s0.uptime_ns).max(1) as f64;
+    let (a, b) = (&s0.idle, &s1.idle);
+    let sleeps = b.sleeps.saturating_sub(a.sleeps);
+    let wakes = [
+        b.wakes_nic.saturating_sub(a.wakes_nic),
+        b.wakes_app.saturating_sub(a.wakes_app),
+        b.wakes_control.saturating_sub(a.wakes_control),
+        b.wakes_timer.saturating_sub(a.wakes_timer),
+        b.wakes_handle.saturating_sub(a.wakes_handle),
+    ];
+    let mut first = Vec::new();
+    for _ in 0..args.probes {
+        std::thread::sleep(args.gap);
+        first.extend(trips(ns, 1)?);
+    }
+    Ok((cpu / wall * 100.0, (sleeps, wakes), first))
+}
+
+/// `n` round trips from a fresh socket in the namespace, µs.
+fn trips(ns: &NetNs, n: usize) -> anyhow::Result<Vec<Option<f64>>> {
+    let bind = SocketAddrV4::new(ns.ns_ip, 0);
+    let target = SocketAddrV4::new(ns.peer_ip, ECHO_PORT);
+    let rtts =
+        ns.run_in(move || udp_rtt_probe(bind, target, n, PAYLOAD, Duration::from_secs(1)))??;
+    Ok(rtts
+        .into_iter()
+        .map(|r| r.map(|d| d.as_secs_f64() * 1e6))
+        .collect())
+}
