@@ -35,13 +35,36 @@ enum Input {
 
 #[derive(Debug, Arbitrary)]
 enum Edit {
+    /// In the first table named `table` (of [`TABLES`]), key `key` (of
+    /// that table's) is set to `value`: its line replaced, or one added.
+    Set {
+        table: u8,
+        key: u8,
+        value: Value,
+    },
     /// Line `line`'s value (after its `=`) becomes `value`.
-    Value { line: u8, value: Value },
-    Delete { line: u8 },
-    Double { line: u8 },
-    Insert { line: u8, key: Key, value: Value },
-    SetByte { at: u16, value: u8 },
-    Truncate { at: u16 },
+    Value {
+        line: u8,
+        value: Value,
+    },
+    Delete {
+        line: u8,
+    },
+    Double {
+        line: u8,
+    },
+    Insert {
+        line: u8,
+        key: Key,
+        value: Value,
+    },
+    SetByte {
+        at: u16,
+        value: u8,
+    },
+    Truncate {
+        at: u16,
+    },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -117,6 +140,66 @@ const KEYS: &[&str] = &[
     "value",
 ];
 
+/// The schema's tables and their keys.
+const TABLES: &[(&str, &[&str])] = &[
+    (
+        "experiment",
+        &["name", "reproduces", "description", "rounds", "in_all"],
+    ),
+    ("app", &["name", "program", "mode", "scheduling"]),
+    (
+        "system",
+        &[
+            "label",
+            "kind",
+            "allocator",
+            "steering",
+            "mode",
+            "policy",
+            "quantum",
+            "placement",
+            "grant_latency",
+            "cores",
+            "warm_table",
+        ],
+    ),
+    (
+        "baseline",
+        &[
+            "label",
+            "kind",
+            "allocator",
+            "steering",
+            "mode",
+            "policy",
+            "quantum",
+            "placement",
+            "grant_latency",
+            "cores",
+            "warm_table",
+        ],
+    ),
+    (
+        "load",
+        &[
+            "generator",
+            "protocol",
+            "service",
+            "mix",
+            "connections",
+            "flows",
+            "offered",
+            "unit",
+            "steps",
+            "duration",
+            "warmup",
+            "requests",
+            "seed",
+        ],
+    ),
+    ("plot", &["y", "log_y", "y_max"]),
+];
+
 /// Words the schema's enums and names accept.
 const WORDS: &[&str] = &[
     "spin-server",
@@ -165,8 +248,37 @@ const WORDS: &[&str] = &[
     "fuzz",
 ];
 
+/// Values at the edges of what the schema's types hold.
+const EDGES: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "4294967295",
+    "4294967296",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "1e308",
+    "-0.0",
+    "nan",
+    "\"0s\"",
+    "\"999999999s\"",
+    "\"1000000000s\"",
+    "\"999999999999999999ns\"",
+    "\"0.000000001ns\"",
+    "[]",
+    "{}",
+    "\"\"",
+];
+
+/// A value: at an edge half the time.
 #[derive(Debug, Arbitrary)]
-enum Value {
+struct Value {
+    edge: Option<u8>,
+    kind: ValueKind,
+}
+
+#[derive(Debug, Arbitrary)]
+enum ValueKind {
     Word(u8),
     Text(String),
     Int(i64),
@@ -184,6 +296,7 @@ enum Value {
 
 #[derive(Debug, Arbitrary)]
 enum Scalar {
+    Edge(u8),
     Word(u8),
     Int(i64),
     Small(u8),
@@ -231,11 +344,14 @@ impl Key {
 impl Scalar {
     fn render(&self) -> String {
         match self {
+            Scalar::Edge(e) => EDGES[usize::from(*e) % EDGES.len()].into(),
             Scalar::Word(w) => quote(WORDS[usize::from(*w) % WORDS.len()]),
             Scalar::Int(i) => i.to_string(),
             Scalar::Small(i) => i.to_string(),
             Scalar::Float(f) => float(*f),
-            Scalar::Duration(n, u) => quote(&format!("{n}{}", UNITS[usize::from(*u) % UNITS.len()])),
+            Scalar::Duration(n, u) => {
+                quote(&format!("{n}{}", UNITS[usize::from(*u) % UNITS.len()]))
+            }
         }
     }
 }
@@ -250,21 +366,32 @@ fn inline(entries: &[(Key, Scalar)]) -> String {
 
 impl Value {
     fn render(&self) -> String {
-        match self {
-            Value::Word(w) => quote(WORDS[usize::from(*w) % WORDS.len()]),
-            Value::Text(s) => quote(s),
-            Value::Int(i) => i.to_string(),
-            Value::Small(i) => i.to_string(),
-            Value::Float(f) => float(*f),
-            Value::Bool(b) => b.to_string(),
-            Value::Duration(n, u) => quote(&format!("{n}{}", UNITS[usize::from(*u) % UNITS.len()])),
-            Value::Array(items) => {
+        if let Some(e) = self.edge {
+            return EDGES[usize::from(e) % EDGES.len()].into();
+        }
+        match &self.kind {
+            ValueKind::Word(w) => quote(WORDS[usize::from(*w) % WORDS.len()]),
+            ValueKind::Text(s) => quote(s),
+            ValueKind::Int(i) => i.to_string(),
+            ValueKind::Small(i) => i.to_string(),
+            ValueKind::Float(f) => float(*f),
+            ValueKind::Bool(b) => b.to_string(),
+            ValueKind::Duration(n, u) => {
+                quote(&format!("{n}{}", UNITS[usize::from(*u) % UNITS.len()]))
+            }
+            ValueKind::Array(items) => {
                 let parts: Vec<String> = items.iter().map(Scalar::render).collect();
                 format!("[{}]", parts.join(", "))
             }
-            Value::Inline(entries) => inline(entries),
-            Value::Service(kind, entries) => {
-                let kinds = ["exponential", "constant", "bimodal", "lognormal", "shinjuku"];
+            ValueKind::Inline(entries) => inline(entries),
+            ValueKind::Service(kind, entries) => {
+                let kinds = [
+                    "exponential",
+                    "constant",
+                    "bimodal",
+                    "lognormal",
+                    "shinjuku",
+                ];
                 let kind = kinds[usize::from(*kind) % kinds.len()];
                 format!("{{ {kind} = {} }}", inline(entries))
             }
@@ -278,6 +405,7 @@ fn edited(file: u8, edits: &[Edit]) -> String {
     for e in edits {
         let at = |line: u8| usize::from(line) % lines.len().max(1);
         match e {
+            Edit::Set { table, key, value } => set(&mut lines, *table, *key, value),
             Edit::Value { line, value } => {
                 let i = at(*line);
                 if let Some(l) = lines.get_mut(i) {
@@ -325,6 +453,32 @@ fn edited(file: u8, edits: &[Edit]) -> String {
         }
     }
     lines.join("\n")
+}
+
+/// `key = value` in the first table named `table`.
+fn set(lines: &mut Vec<String>, table: u8, key: u8, value: &Value) {
+    let (name, keys) = TABLES[usize::from(table) % TABLES.len()];
+    let key = keys[usize::from(key) % keys.len()];
+    let is_header = |l: &str| l.trim_start().starts_with('[');
+    let Some(start) = lines.iter().position(|l| {
+        let l = l.trim();
+        l == format!("[{name}]") || l == format!("[[{name}]]")
+    }) else {
+        return;
+    };
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| is_header(l))
+        .map_or(lines.len(), |i| start + 1 + i);
+    let line = format!("{key} = {}", value.render());
+    match (start + 1..end).find(|&i| {
+        lines[i]
+            .split_once('=')
+            .is_some_and(|(k, _)| k.trim() == key)
+    }) {
+        Some(i) => lines[i] = line,
+        None => lines.insert(start + 1, line),
+    }
 }
 
 fn written(tables: &[Table]) -> String {

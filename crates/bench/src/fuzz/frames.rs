@@ -78,12 +78,22 @@ enum Kind {
 
 #[derive(Debug, Arbitrary)]
 enum Mutation {
-    SetByte { at: u16, value: u8 },
+    SetByte {
+        at: u16,
+        value: u8,
+    },
     /// A 16-bit field: the IPv4 total length, UDP length, TCP offset and
     /// flags sit at these offsets; anything else too.
-    SetWord { at: Field, value: u16 },
-    Truncate { len: u16 },
-    Extend { bytes: List<u8> },
+    SetWord {
+        at: Field,
+        value: u16,
+    },
+    Truncate {
+        len: u16,
+    },
+    Extend {
+        bytes: List<u8>,
+    },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -222,7 +232,8 @@ fn build(kind: &Kind) -> Option<Vec<u8>> {
                     // (RFC 9293 §3.7.1, RFC 7323 §2.2), the shift at most 14.
                     let mut expected = segment;
                     expected.mss = segment.mss.filter(|_| *syn);
-                    expected.window_scale = segment.window_scale.filter(|_| *syn).map(|s| s.min(14));
+                    expected.window_scale =
+                        segment.window_scale.filter(|_| *syn).map(|s| s.min(14));
                     assert_eq!(t.segment, expected, "TCP segment changed on the way");
                 }
                 Err(drop) => assert!(!valid, "built TCP segment dropped: {drop}"),

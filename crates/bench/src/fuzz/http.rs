@@ -131,7 +131,10 @@ fn check_response(r: &Response) {
     assert!(STATUSES.contains(&r.status), "status {}", r.status);
     let head = std::str::from_utf8(&r.head).expect("a response head is text");
     assert!(head.starts_with(&format!("HTTP/1.1 {} ", r.status)));
-    assert!(head.ends_with("\r\n\r\n"), "a response head without its end");
+    assert!(
+        head.ends_with("\r\n\r\n"),
+        "a response head without its end"
+    );
     let length: u64 = head
         .split("\r\n")
         .find_map(|l| l.strip_prefix("Content-Length: "))

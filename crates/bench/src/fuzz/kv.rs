@@ -261,6 +261,36 @@ fn binary_bytes(requests: &[BinPiece]) -> Vec<u8> {
                 };
                 let mut key = key.bytes();
                 key.truncate(300);
+                let mut value: &[u8] = value;
+                if *fit {
+                    // The key and value the opcode takes (memcached's checks).
+                    use binary::op;
+                    match opcode {
+                        op::VERSION | op::NOOP | op::QUIT | op::QUITQ | op::FLUSH | op::FLUSHQ => {
+                            key.clear();
+                            value = &[];
+                        }
+                        op::GET
+                        | op::GETQ
+                        | op::GETK
+                        | op::GETKQ
+                        | op::DELETE
+                        | op::DELETEQ
+                        | op::INCREMENT
+                        | op::INCREMENTQ
+                        | op::DECREMENT
+                        | op::DECREMENTQ
+                        | op::TOUCH
+                        | op::GAT
+                        | op::GATQ
+                        | op::GATK
+                        | op::GATKQ => value = &[],
+                        _ => {}
+                    }
+                    if key.is_empty() && !value.is_empty() {
+                        key = b"k0".to_vec();
+                    }
+                }
                 b.extend(binary::encode_request(
                     opcode, &extras, &key, value, *cas, *opaque,
                 ));

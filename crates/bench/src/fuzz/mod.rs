@@ -128,7 +128,10 @@ pub(crate) struct List<T>(pub Vec<T>);
 impl<'a, T: Arbitrary<'a>> Arbitrary<'a> for List<T> {
     fn arbitrary(u: &mut Unstructured<'a>) -> arbitrary::Result<Self> {
         let n = u.arbitrary_len::<T>()?;
-        (0..n).map(|_| T::arbitrary(u)).collect::<Result<_, _>>().map(List)
+        (0..n)
+            .map(|_| T::arbitrary(u))
+            .collect::<Result<_, _>>()
+            .map(List)
     }
 }
 
@@ -331,6 +334,42 @@ pub fn run(args: FuzzArgs) -> anyhow::Result<()> {
         anyhow::bail!("failing cases in {}", failed.join(", "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_is_caught_with_its_message_and_place() {
+        let err = capture::catching(|| -> u32 { panic!("invariant {} broken", 7) }).unwrap_err();
+        assert!(err.contains("invariant 7 broken"), "{err}");
+        assert!(err.contains("fuzz/mod.rs:"), "{err}");
+        assert_eq!(capture::catching(|| 5), Ok(5));
+    }
+
+    #[test]
+    fn a_failure_is_reported_with_the_seed_that_reruns_it() {
+        let report = Report {
+            target: Target::Kv,
+            cases: 2,
+            elapsed: Duration::from_millis(1),
+            outcomes: [("FAILED".into(), 1), ("text STORED".into(), 1)].into(),
+            failures: vec![Failure {
+                seed: 42,
+                message: "panicked at x.rs:1: boom".into(),
+                input: "Text { .. }".into(),
+            }],
+        };
+        assert_eq!(report.failed(), 1);
+        let text = report.render();
+        assert!(text.contains("1 failed"), "{text}");
+        assert!(text.contains("ginza fuzz kv --seed 42 --cases 1"), "{text}");
+        assert!(
+            text.contains("boom") && text.contains("Text { .. }"),
+            "{text}"
+        );
+    }
 }
 
 /// Catching a case's panic with its message, without the default hook's

@@ -53,35 +53,83 @@ struct Input {
 #[derive(Debug, Arbitrary)]
 enum Op {
     /// A command of application `app % 2` on ring pair `pair`.
-    Command { app: u8, pair: u8, cmd: Cmd },
+    Command {
+        app: u8,
+        pair: u8,
+        cmd: Cmd,
+    },
     /// The same, one word then changed.
-    Mangled { app: u8, cmd: Cmd, word: u8, value: u32 },
+    Mangled {
+        app: u8,
+        cmd: Cmd,
+        word: u8,
+        value: u32,
+    },
     /// Any slot.
-    Raw { app: u8, words: [u32; SLOT_WORDS] },
+    Raw {
+        app: u8,
+        words: [u32; SLOT_WORDS],
+    },
     /// A peer connects to one of our ports.
-    PeerConnect { port: u8 },
-    PeerSend { peer: u8, len: u16 },
-    PeerClose { peer: u8 },
-    PeerAbort { peer: u8 },
+    PeerConnect {
+        port: u8,
+    },
+    PeerSend {
+        peer: u8,
+        len: u16,
+    },
+    PeerClose {
+        peer: u8,
+    },
+    PeerAbort {
+        peer: u8,
+    },
     /// Any frame to our address.
     Frame(List<u8>),
     /// The application hangs up (then attaches again).
-    Reattach { app: u8 },
+    Reattach {
+        app: u8,
+    },
 }
 
 /// A command, its ids picked from those the application was given (or
 /// any).
 #[derive(Debug, Arbitrary)]
 enum Cmd {
-    Listen { cookie: u32, port: u8, backlog: u16 },
-    Accept { conn: Id, listener: Id },
-    Connect { cookie: u32, to_peer: bool, port: u16 },
-    Send { conn: Id, ranges: List<(u16, u16)>, more: bool },
+    Listen {
+        cookie: u32,
+        port: u8,
+        backlog: u16,
+    },
+    Accept {
+        conn: Id,
+        listener: Id,
+    },
+    Connect {
+        cookie: u32,
+        to_peer: bool,
+        port: u16,
+    },
+    Send {
+        conn: Id,
+        ranges: List<(u16, u16)>,
+        more: bool,
+    },
     /// Give back what `new_data` lent (`honest`), or made-up ranges.
-    RecvDone { conn: Id, honest: bool, ranges: List<(u16, u16)> },
-    Shutdown { conn: Id },
-    Close { conn: Id },
-    Unlisten { listener: Id },
+    RecvDone {
+        conn: Id,
+        honest: bool,
+        ranges: List<(u16, u16)>,
+    },
+    Shutdown {
+        conn: Id,
+    },
+    Close {
+        conn: Id,
+    },
+    Unlisten {
+        listener: Id,
+    },
 }
 
 #[derive(Debug, Arbitrary)]
@@ -120,7 +168,9 @@ fn attach(ns: &mut Netstack, name: &str, iface: Interface, kthreads: u32) -> App
     // The application's payload: a function of the offset.
     static PAYLOAD: std::sync::LazyLock<Vec<u8>> =
         std::sync::LazyLock::new(|| (0..TX_POOL).map(|i| (i % 253) as u8).collect());
-    let all = tx.get_mut(Range::new(0, TX_POOL as u32)).expect("whole pool");
+    let all = tx
+        .get_mut(Range::new(0, TX_POOL as u32))
+        .expect("whole pool");
     all.copy_from_slice(&PAYLOAD);
     let view = TxPoolView::map(tx.fd().try_clone_to_owned().expect("dup")).expect("tx view");
     let g = ns
@@ -182,7 +232,10 @@ fn slot(cmd: &Cmd, app: &App) -> Option<Slot> {
             port: port(*p),
             backlog: *backlog,
         },
-        Cmd::Accept { conn: c, listener: l } => Command::Accept {
+        Cmd::Accept {
+            conn: c,
+            listener: l,
+        } => Command::Accept {
             conn: conn(c)?,
             listener: listener(l)?,
         },
@@ -193,7 +246,11 @@ fn slot(cmd: &Cmd, app: &App) -> Option<Slot> {
         } => Command::Connect {
             cookie: *cookie,
             remote: SocketAddrV4::new(
-                if *to_peer { PEER.ip } else { Ipv4Addr::new(10, 9, 9, 9) },
+                if *to_peer {
+                    PEER.ip
+                } else {
+                    Ipv4Addr::new(10, 9, 9, 9)
+                },
                 (*port).max(1),
             ),
         },
@@ -217,7 +274,10 @@ fn slot(cmd: &Cmd, app: &App) -> Option<Slot> {
                 Some(l) if *honest && !l.is_empty() => Ranges::from_slice(&l[..l.len().min(6)])?,
                 _ => ranges(rs)?,
             };
-            Command::RecvDone { conn: id, ranges: rs }
+            Command::RecvDone {
+                conn: id,
+                ranges: rs,
+            }
         }
         Cmd::Shutdown { conn: c } => Command::Shutdown { conn: conn(c)? },
         Cmd::Close { conn: c } => Command::Close { conn: conn(c)? },
@@ -256,7 +316,11 @@ impl World {
         for _ in 0..64 {
             self.ns.poll();
             for (id, why) in self.ns.take_doomed() {
-                let a = self.apps.iter().position(|a| a.id == id).expect("a known app");
+                let a = self
+                    .apps
+                    .iter()
+                    .position(|a| a.id == id)
+                    .expect("a known app");
                 assert!(!why.is_empty(), "cut off without a reason");
                 self.events(a);
                 assert!(self.apps[a].disconnected, "cut off without `disconnected`");
@@ -301,7 +365,9 @@ impl World {
             // To the peer, or (an ARP request, a SYN) to an address the
             // application named: it parses there.
             let packet = match parse(&bytes, &PEER) {
-                Err(ginza_net::Drop::NotOurIp { dst }) => parse(&bytes, &Interface { ip: dst, ..PEER }),
+                Err(ginza_net::Drop::NotOurIp { dst }) => {
+                    parse(&bytes, &Interface { ip: dst, ..PEER })
+                }
                 p => p,
             }
             .unwrap_or_else(|d| panic!("the netstack sent a frame that does not parse: {d}"));
@@ -360,7 +426,8 @@ fn on_event(app: &mut App, ev: Event) {
         Event::NewConn { conn, remote, .. } => {
             assert_eq!(*remote.ip(), PEER.ip, "a connection from nowhere");
             app.conns.push(conn.get());
-            app.streams.insert(conn.get(), (remote.port(), 0, Vec::new()));
+            app.streams
+                .insert(conn.get(), (remote.port(), 0, Vec::new()));
         }
         Event::Connected { conn, .. } => app.conns.push(conn.get()),
         Event::NewData { conn, ranges } => {
@@ -373,7 +440,12 @@ fn on_event(app: &mut App, ev: Event) {
                 let bytes = app.rx.get(*r).expect("inside the pool");
                 for (k, b) in bytes.iter().enumerate() {
                     let want = peer_byte(stream.0, stream.1 + k as u64);
-                    assert_eq!(*b, want, "received byte {} is not the peer's", stream.1 + k as u64);
+                    assert_eq!(
+                        *b,
+                        want,
+                        "received byte {} is not the peer's",
+                        stream.1 + k as u64
+                    );
                 }
                 stream.1 += u64::from(r.len);
                 stream.2.push(*r);
@@ -381,7 +453,10 @@ fn on_event(app: &mut App, ev: Event) {
         }
         Event::DataAcked { ranges, .. } => {
             for r in ranges.as_slice() {
-                assert!(r.end() <= TX_POOL, "data_acked range {r:?} beyond the tx pool");
+                assert!(
+                    r.end() <= TX_POOL,
+                    "data_acked range {r:?} beyond the tx pool"
+                );
             }
         }
         Event::Cleanup { conn } => {
@@ -396,7 +471,10 @@ fn on_event(app: &mut App, ev: Event) {
 /// Taking back what `recv_done` returned: the ranges the application no
 /// longer holds.
 fn returned(app: &mut App, cmd: &Cmd) {
-    if let Cmd::RecvDone { conn, honest: true, .. } = cmd {
+    if let Cmd::RecvDone {
+        conn, honest: true, ..
+    } = cmd
+    {
         let id = pick(conn, &app.conns);
         if let Some(s) = app.streams.get_mut(&id) {
             let n = s.2.len().min(6);
@@ -552,8 +630,8 @@ fn step(w: &mut World, op: &Op) {
                 ("ginza-fuzz-b", OTHER)
             };
             w.apps[a] = attach(&mut w.ns, name, iface, 1);
-            w.tx_views[a] =
-                TxPoolView::map(w.apps[a].tx.fd().try_clone_to_owned().expect("dup")).expect("view");
+            w.tx_views[a] = TxPoolView::map(w.apps[a].tx.fd().try_clone_to_owned().expect("dup"))
+                .expect("view");
         }
     }
 }

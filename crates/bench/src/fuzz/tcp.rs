@@ -48,7 +48,13 @@ enum Op {
     Segment(Seg),
     /// A segment with an acceptable ACK and in-window data: gets past the
     /// first checks, so the data, FIN and reassembly paths run.
-    InWindow { offset: u16, len: u16, ack: u16, fin: bool, window: u16 },
+    InWindow {
+        offset: u16,
+        len: u16,
+        ack: u16,
+        fin: bool,
+        window: u16,
+    },
     /// Advance the clock by this many microseconds and fire timers.
     Time(u32),
     /// Advance to the next deadline and fire it.
@@ -197,7 +203,14 @@ fn reach(which: u8, config: &TcpConfig, ts: bool) -> Connection {
         1 => {
             let mut syn = seg(PEER_ISS);
             syn.flags.syn = true;
-            conn = Connection::accept(config, SERVER, CLIENT, &stamp(syn, ts, now), Seq(ISS), at_ms(0));
+            conn = Connection::accept(
+                config,
+                SERVER,
+                CLIENT,
+                &stamp(syn, ts, now),
+                Seq(ISS),
+                at_ms(0),
+            );
             drain(&mut conn, at_ms(0));
             State::SynReceived
         }
@@ -281,20 +294,45 @@ impl Checker {
             self.snd_max = nxt;
         }
         let c = &self.config;
-        assert!(conn.recv_available() <= c.recv_buffer, "receive buffer over its bound");
-        assert!(conn.reassembly_held() <= c.reassembly_limit, "reassembly over its bound");
-        assert!(conn.send_queued() <= c.send_buffer, "send buffer over its bound");
-        assert!(conn.congestion_window() >= u32::from(conn.send_mss()), "cwnd below one MSS");
-        assert!(conn.send_mss() >= 1 && conn.send_mss() <= c.mss, "send MSS {}", conn.send_mss());
+        assert!(
+            conn.recv_available() <= c.recv_buffer,
+            "receive buffer over its bound"
+        );
+        assert!(
+            conn.reassembly_held() <= c.reassembly_limit,
+            "reassembly over its bound"
+        );
+        assert!(
+            conn.send_queued() <= c.send_buffer,
+            "send buffer over its bound"
+        );
+        assert!(
+            conn.congestion_window() >= u32::from(conn.send_mss()),
+            "cwnd below one MSS"
+        );
+        assert!(
+            conn.send_mss() >= 1 && conn.send_mss() <= c.mss,
+            "send MSS {}",
+            conn.send_mss()
+        );
         let rto = conn.rto();
-        assert!(rto >= c.rto_min && rto <= c.rto_max, "RTO {rto:?} out of its bounds");
-        assert!(u64::from(conn.peer_window()) <= MAX_PEER_WINDOW, "peer window too large");
+        assert!(
+            rto >= c.rto_min && rto <= c.rto_max,
+            "RTO {rto:?} out of its bounds"
+        );
+        assert!(
+            u64::from(conn.peer_window()) <= MAX_PEER_WINDOW,
+            "peer window too large"
+        );
         match conn.next_deadline() {
             None => {}
             Some(_) if conn.state() == State::Closed => panic!("a timer armed in CLOSED"),
             Some(deadline) => {
                 let horizon = c.rto_max.max(c.time_wait) * 2;
-                assert!(deadline <= now + horizon, "deadline {deadline:?} too far from {now:?}");
+                assert!(
+                    deadline <= now + horizon,
+                    "deadline {deadline:?} too far from {now:?}"
+                );
             }
         }
     }
@@ -316,7 +354,11 @@ impl Checker {
                 let end = seq + len;
                 assert!((una - 1u32).le(seq), "data at {seq} below SND.UNA {una}");
                 let (_, nxt, _) = conn.sequence_state();
-                let max = if self.snd_max.lt(nxt) { nxt } else { self.snd_max };
+                let max = if self.snd_max.lt(nxt) {
+                    nxt
+                } else {
+                    self.snd_max
+                };
                 assert!(end.le(max), "data up to {end} beyond SND.NXT {max}");
                 assert!(iss.lt(seq), "data at {seq} not after ISS {iss}");
             }
@@ -328,7 +370,11 @@ impl Checker {
         if let Ok(n @ 1..) = conn.recv(&mut buf) {
             let (_, irs) = conn.initial_sequence_numbers();
             let start = *self.read_seq.get_or_insert(irs + 1u32);
-            assert_eq!(buf[..n], peer_bytes(start, n)[..], "bytes read out of order");
+            assert_eq!(
+                buf[..n],
+                peer_bytes(start, n)[..],
+                "bytes read out of order"
+            );
             self.read_seq = Some(start + n);
         }
     }
