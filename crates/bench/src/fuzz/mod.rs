@@ -44,6 +44,10 @@ pub struct FuzzArgs {
     /// runs again alone with `--seed <its seed> --cases 1`.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Stop each target after this many seconds, with the cases run so far
+    /// (reported as such), if `--cases` are not done by then.
+    #[arg(long)]
+    pub max_seconds: Option<f64>,
 }
 
 /// The fuzz targets.
@@ -228,9 +232,16 @@ fn describe_case(target: Target, seed: u64) -> String {
 }
 
 /// Runs `cases` cases of `target` from `seed`; `progress` is called now
-/// and then with the cases done so far.
-pub fn fuzz(target: Target, cases: u64, seed: u64, mut progress: impl FnMut(u64)) -> Report {
+/// and then with the cases done so far, and stops the run when it returns
+/// false.
+pub fn fuzz(
+    target: Target,
+    cases: u64,
+    seed: u64,
+    mut progress: impl FnMut(u64) -> bool,
+) -> Report {
     let started = Instant::now();
+    let mut run = cases;
     let mut outcomes: BTreeMap<Outcome, u64> = BTreeMap::new();
     let mut failures = Vec::new();
     let mut failed = 0u64;
@@ -250,14 +261,15 @@ pub fn fuzz(target: Target, cases: u64, seed: u64, mut progress: impl FnMut(u64)
                 }
             }
         }
-        if i % 4096 == 4095 {
-            progress(i + 1);
+        if i % 4096 == 4095 && !progress(i + 1) {
+            run = i + 1;
+            break;
         }
     }
     debug_assert!(failed >= failures.len() as u64);
     Report {
         target,
-        cases,
+        cases: run,
         elapsed: started.elapsed(),
         outcomes,
         failures,
@@ -324,8 +336,16 @@ pub fn run(args: FuzzArgs) -> anyhow::Result<()> {
                     started.elapsed().as_secs_f64()
                 );
             }
+            args.max_seconds
+                .is_none_or(|max| started.elapsed().as_secs_f64() < max)
         });
         print!("{}", report.render());
+        if report.cases < args.cases {
+            println!(
+                "  stopped by --max-seconds after {} of {} cases",
+                report.cases, args.cases
+            );
+        }
         if report.failed() > 0 {
             failed.push(format!("{} ({} cases)", target.name(), report.failed()));
         }
