@@ -112,3 +112,15 @@ fn a_seed_reruns_its_case() {
         assert_eq!(a.outcomes, b.outcomes, "{}", target.name());
     }
 }
+
+/// Cases that once failed, run again (`ginza fuzz tcp --seed 4877867
+/// --cases 1`): a zero-window probe's byte lies one past SND.NXT, which
+/// the probe does not move; the target's bound on data sent is SND.MAX
+/// with that byte (docs/fuzzing.md, "Findings").
+#[test]
+fn cases_that_once_failed_pass() {
+    for (target, seed) in [(Target::Tcp, 4_877_867)] {
+        let r = fuzz(target, 1, seed, |_| true);
+        assert_eq!(r.failed(), 0, "{}", r.render());
+    }
+}

@@ -282,7 +282,8 @@ fn reach(which: u8, config: &TcpConfig, ts: bool) -> Connection {
 struct Checker {
     config: TcpConfig,
     read_seq: Option<Seq>,
-    /// The highest SND.NXT seen: data sent lies below it.
+    /// SND.MAX: the highest sequence number sent (SND.NXT, or one past
+    /// it after a zero-window probe).
     snd_max: Seq,
 }
 
@@ -290,9 +291,7 @@ impl Checker {
     fn invariants(&mut self, conn: &Connection, now: Instant) {
         let (una, nxt, _) = conn.sequence_state();
         assert!(una.le(nxt), "SND.UNA {una} ≤ SND.NXT {nxt}");
-        if self.snd_max.lt(nxt) {
-            self.snd_max = nxt;
-        }
+        self.snd_max = self.snd_max.max(nxt);
         let c = &self.config;
         assert!(
             conn.recv_available() <= c.recv_buffer,
@@ -349,17 +348,20 @@ impl Checker {
             assert!(len <= mss, "payload beyond the MSS");
             assert!(!(s.flags.syn && rst), "SYN and RST together");
             if len > 0 && !rst {
-                // A keep-alive or window probe may sit one byte below
-                // SND.UNA; data never lies beyond what SND.NXT reached.
+                // A keep-alive probe may sit one byte below SND.UNA; data
+                // never lies beyond what was sent (SND.MAX), but for a
+                // zero-window probe: one byte at SND.NXT, which does not
+                // move it (crates/net's output.rs).
                 let end = seq + len;
                 assert!((una - 1u32).le(seq), "data at {seq} below SND.UNA {una}");
                 let (_, nxt, _) = conn.sequence_state();
-                let max = if self.snd_max.lt(nxt) {
-                    nxt
-                } else {
-                    self.snd_max
-                };
-                assert!(end.le(max), "data up to {end} beyond SND.NXT {max}");
+                let max = self.snd_max.max(nxt);
+                let probe = len == 1 && seq == nxt;
+                assert!(
+                    probe || end.le(max),
+                    "data up to {end} beyond SND.MAX {max}"
+                );
+                self.snd_max = max.max(end);
                 assert!(iss.lt(seq), "data at {seq} not after ISS {iss}");
             }
         }
