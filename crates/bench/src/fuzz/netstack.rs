@@ -567,12 +567,15 @@ fn step(w: &mut World, op: &Op) {
             let a = usize::from(*app % 2);
             if let Some(mut s) = slot(cmd, &w.apps[a]) {
                 s.words[usize::from(*word) % SLOT_WORDS] = *value;
+                round_trip(&s);
                 w.push(a, 0, s);
             }
         }
         Op::Raw { app, words } => {
             let a = usize::from(*app % 2);
-            w.push(a, 0, Slot { words: *words });
+            let s = Slot { words: *words };
+            round_trip(&s);
+            w.push(a, 0, s);
         }
         Op::PeerConnect { port: p } => {
             if w.peers.len() < 6 {
@@ -633,6 +636,17 @@ fn step(w: &mut World, op: &Op) {
             w.tx_views[a] = TxPoolView::map(w.apps[a].tx.fd().try_clone_to_owned().expect("dup"))
                 .expect("view");
         }
+    }
+}
+
+/// A slot that decodes is the encoding of what it decodes to (every word
+/// a message does not use must be zero: no two slots mean the same).
+fn round_trip(s: &Slot) {
+    if let Ok(c) = Command::decode(s) {
+        assert_eq!(c.encode(), *s, "{c:?} re-encodes to another slot");
+    }
+    if let Ok(e) = Event::decode(s) {
+        assert_eq!(e.encode(), *s, "{e:?} re-encodes to another slot");
     }
 }
 
