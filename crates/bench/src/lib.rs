@@ -13,6 +13,7 @@ mod corealloc;
 pub mod demo;
 pub(crate) mod experiment;
 mod forward;
+pub mod fuzz;
 mod harness;
 mod idle;
 mod memcached;

@@ -31,6 +31,10 @@ enum Command {
     /// Run the discrete-event simulator.
     #[cfg(feature = "bench")]
     Sim(ginza_sim::cli::SimArgs),
+    /// Fuzz a parser or state machine with structure-aware random inputs
+    /// (frames, tcp, netstack, kv, http, experiment; docs/fuzzing.md).
+    #[cfg(feature = "bench")]
+    Fuzz(bench::fuzz::FuzzArgs),
     /// Run iokerneld, the core allocator daemon (same flags as `iokerneld`).
     Iokernel(ginza_iokernel::Cli),
     /// Show iokerneld's applications, cores and rates, live.
@@ -63,6 +67,9 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(_) => "warn,ginza_iokernel=error",
         #[cfg(feature = "bench")]
         Command::Bench(ref b) if b.runs_experiments() => "warn,ginza_iokernel=error",
+        // The netstack warns of every application it cuts off: most cases.
+        #[cfg(feature = "bench")]
+        Command::Fuzz(_) => "error",
         _ => "warn",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
@@ -73,6 +80,8 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         #[cfg(feature = "bench")]
         Command::Sim(args) => ginza_sim::cli::run(args),
+        #[cfg(feature = "bench")]
+        Command::Fuzz(args) => bench::fuzz::run(args),
         // Exit with iokerneld's own status (2: bad configuration), which an
         // `anyhow::Result` could not carry.
         Command::Iokernel(args) => std::process::exit(ginza_iokernel::cli::run(&args).into()),

@@ -222,13 +222,17 @@ impl Plan {
 
     /// Roughly how long the run takes: every point of every system, every
     /// round.
+    /// Saturating: a file may ask for absurd rounds or durations (rounds
+    /// up to 2⁶⁴ − 1, durations up to 10⁹ s each), and the estimate then
+    /// says "about forever" instead of overflowing.
     pub fn estimate(&self) -> Duration {
-        let one_round: Duration = self
+        let points = u32::try_from(self.offered.len()).unwrap_or(u32::MAX);
+        let one_round = self
             .systems
             .iter()
-            .map(|(_, r)| self.point_estimate(r) * self.offered.len() as u32)
-            .sum();
-        one_round * self.rounds as u32
+            .map(|(_, r)| self.point_estimate(r).saturating_mul(points))
+            .fold(Duration::ZERO, Duration::saturating_add);
+        one_round.saturating_mul(u32::try_from(self.rounds).unwrap_or(u32::MAX))
     }
 
     /// `runnable`, `partly runnable` or `not available yet`.
@@ -536,7 +540,10 @@ fn run_files(files: &[PathBuf], common: &CommonArgs, keep_going: bool) -> anyhow
         plans.push(Plan::new(spec::load(f)?, common.tiny)?);
     }
     let mut failed = Vec::new();
-    let mut left: Duration = plans.iter().map(Plan::estimate).sum();
+    let mut left = plans
+        .iter()
+        .map(Plan::estimate)
+        .fold(Duration::ZERO, Duration::saturating_add);
     for (k, plan) in plans.iter().enumerate() {
         if plans.len() > 1 {
             // The set's ETA; each experiment's bar has its own.
@@ -621,7 +628,7 @@ pub fn all(args: AllArgs) -> anyhow::Result<()> {
             continue;
         }
         let estimate = plan.estimate();
-        total += estimate;
+        total = total.saturating_add(estimate);
         if args.dry_run {
             println!(
                 "{:<28} {:>7.0} s  {} point(s) × {} system(s) × {} round(s){}",
@@ -686,6 +693,26 @@ mod tests {
             // Every runnable experiment fits easily in `bench all`'s 30 min.
             assert!(p.estimate() < Duration::from_secs(300), "{}", p.name());
         }
+    }
+
+    /// Found by `ginza fuzz experiment` (docs/fuzzing.md): rounds past
+    /// 2³² and 10⁹-second points made the estimate overflow, and `bench
+    /// list` and `bench all` panicked on such a file instead of printing
+    /// an estimate.
+    #[test]
+    fn absurd_rounds_and_durations_saturate_the_estimate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/experiments");
+        let text = std::fs::read_to_string(dir.join("calisto-fig6-7-sim.toml")).unwrap();
+        let text = text
+            .replace(
+                "[experiment]\n",
+                "[experiment]\nrounds = 9223372036854775807\n",
+            )
+            .replace("duration = \"1s\"", "duration = \"999999999s\"");
+        let plan = Plan::new(spec::parse(Path::new("absurd.toml"), &text).unwrap(), false).unwrap();
+        assert_eq!(plan.rounds, i64::MAX as u64);
+        assert_eq!(plan.settings.duration, Duration::from_secs(999_999_999));
+        assert_eq!(plan.estimate(), Duration::MAX);
     }
 
     #[test]
