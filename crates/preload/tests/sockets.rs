@@ -319,8 +319,7 @@ fn sequential_connections(to: SocketAddrV4, count: usize) -> Result<(), String> 
         .collect();
     handles
         .into_iter()
-        .map(|h| h.join().expect("client thread"))
-        .collect()
+        .try_for_each(|h| h.join().expect("client thread"))
 }
 
 #[test]

@@ -29,7 +29,11 @@ pub fn wake(word: &AtomicU32) -> io::Result<usize> {
 /// after `timeout` if one is given. For threads that must block without
 /// touching the standard library's thread handles (code that glibc or the
 /// allocator may call while such a handle is being made).
-pub fn wait_private(word: &AtomicU32, seen: u32, timeout: Option<std::time::Duration>) -> io::Result<()> {
+pub fn wait_private(
+    word: &AtomicU32,
+    seen: u32,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<()> {
     let ts = timeout.map(|t| rustix::time::Timespec {
         tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
         tv_nsec: i64::from(t.subsec_nanos()),
