@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use ginza_runtime::net::{PollSource, TcpListener, TcpStream, UdpSocket};
+use ginza_runtime::net::{KeepAlive, PollSource, TcpListener, TcpStream, UdpSocket};
 use libc::c_int;
 
 use crate::mode::set_errno;
@@ -51,6 +51,9 @@ pub(crate) struct State {
     pub(crate) nodelay: Option<bool>,
     pub(crate) read_timeout: Option<Duration>,
     pub(crate) write_timeout: Option<Duration>,
+    /// SO_KEEPALIVE with TCP_KEEPIDLE/KEEPINTVL/KEEPCNT, once the program
+    /// set any of them (`Some(None)`: turned off).
+    pub(crate) keepalive: Option<Option<KeepAlive>>,
 }
 
 /// A Ginza socket: one open file description, shared by the numbers
@@ -97,6 +100,7 @@ impl GSock {
                 nodelay: None,
                 read_timeout: None,
                 write_timeout: None,
+                keepalive: None,
             }),
             watchers: Mutex::new(Vec::new()),
         })

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ginza_runtime::net::{TcpListener, TcpStream, UdpSocket};
+use ginza_runtime::net::{KeepAlive, TcpListener, TcpStream, UdpSocket};
 use libc::{c_int, c_void, sockaddr, socklen_t};
 
 use crate::fdtable::{self, Entry};
@@ -406,6 +406,11 @@ fn apply_stream_options(s: &GSock, stream: &TcpStream) {
     }
     let _ = stream.set_read_timeout(st.read_timeout);
     let _ = stream.set_write_timeout(st.write_timeout);
+    if let Some(k) = st.keepalive {
+        // The protected netstack has no socket options: Linux's answer
+        // stays on the kernel socket, the connection goes without.
+        let _ = stream.set_keepalive(k);
+    }
     if s.is_nonblocking() {
         let _ = stream.set_nonblocking(true);
     }
@@ -596,6 +601,10 @@ pub unsafe extern "C" fn setsockopt(
             (libc::IPPROTO_TCP, libc::TCP_NODELAY) => st.nodelay = Some(int() != 0),
             (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => st.read_timeout = timeout(timeval()),
             (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => st.write_timeout = timeout(timeval()),
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE)
+            | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT) => {
+                st.keepalive = Some(keepalive_of(fd))
+            }
             _ => return,
         }
         if let Served::Stream(t) = st.served.clone() {
@@ -604,6 +613,28 @@ pub unsafe extern "C" fn setsockopt(
         }
     });
     0
+}
+
+/// The keep-alive the kernel socket holding `fd` was given (Linux keeps
+/// and checks the options; its defaults are 7,200 s, 75 s and 9 probes).
+fn keepalive_of(fd: c_int) -> Option<KeepAlive> {
+    let f = real!(getsockopt: unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int);
+    let get = |level, name| {
+        let mut v: c_int = 0;
+        let mut len = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: an int-sized option into a local.
+        let r = unsafe { f(fd, level, name, (&mut v as *mut c_int).cast(), &mut len) };
+        (r == 0).then_some(v)
+    };
+    if get(libc::SOL_SOCKET, libc::SO_KEEPALIVE)? == 0 {
+        return None;
+    }
+    let secs = |v: c_int| Duration::from_secs(v.max(1) as u64);
+    Some(KeepAlive {
+        idle: secs(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE)?),
+        interval: secs(get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL)?),
+        count: get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT)?.max(1) as u32,
+    })
 }
 
 #[no_mangle]

@@ -273,6 +273,20 @@ fn the_peer_errors_program_passes_on_linux_itself() {
     peer_errors(On::Linux);
 }
 
+#[test]
+fn keep_alive_set_through_socket_options_ends_a_connection_whose_peer_vanished() {
+    let Some(veth) = Veth::start() else { return };
+    let echo = veth.ns.tcp_echo_server(7300, EchoMode::Blocking).unwrap();
+    let (host, port) = (veth.ns.ns_ip.to_string(), echo.addr().port().to_string());
+    let mut client = veth.server("keepalive", &[&host, &port]);
+    // The peer vanishes: its link goes down, so probes go unanswered.
+    veth.ns.set_link_up(false).unwrap();
+    let line = client.next_line();
+    assert!(line.starts_with("timed out after "), "{line}");
+    assert_eq!(client.next_line(), "ok keepalive");
+    assert!(client.wait_success(), "keepalive: {}", client.stop());
+}
+
 /// `SO_LINGER` {on, 0}: `close` resets the connection.
 fn socket2_linger_zero(s: &TcpStream) {
     use std::os::fd::AsRawFd;
