@@ -69,7 +69,9 @@ fn spawn_thread() {
     STARTED.fetch_add(1, Relaxed);
     let spawned = std::thread::Builder::new()
         .name("ginza-blocking".into())
-        .stack_size(64 << 10)
+        // Room for the runtime's wake-up path too (a watch of kernel
+        // descriptors wakes a parked uthread from here, `kwatch.rs`).
+        .stack_size(256 << 10)
         .spawn(|| {
             ginza_runtime::foreign_tls::mark_runtime_thread();
             let p = pool();

@@ -135,7 +135,9 @@ pub(crate) fn insert(fd: c_int, entry: Entry) -> Option<Entry> {
 
 /// Forgets `fd`; what it named.
 pub(crate) fn remove(fd: c_int) -> Option<Entry> {
-    if ENTRIES.load(Ordering::Relaxed) == 0 {
+    // In a forked child the entries are the parent's runtime's: never
+    // dropped here (closing one would run that runtime's code).
+    if ENTRIES.load(Ordering::Relaxed) == 0 || !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
     let s = slot(fd, false)?;

@@ -229,12 +229,6 @@ impl<K: Copy + Eq + Hash> Listener<K> {
     /// (`queued`: it waits in the backlog already).
     pub fn step(&mut self, key: K, tcb: &mut Connection, queued: bool) -> Backlog {
         if tcb.error().is_some() || tcb.state() == State::Closed {
-            if queued {
-                // As on Linux: a connection reset while it waits to be
-                // accepted is still accepted; its reads give what arrived,
-                // then the reset.
-                return Backlog::Waiting;
-            }
             self.forget(key);
             return Backlog::Ended;
         }
@@ -446,10 +440,9 @@ mod tests {
             c.abort();
             assert_eq!(l.step(remote(3), &mut c, false), Backlog::Ended);
             assert!(!l.is_half_open(remote(3)));
-            // A waiting one that ends is still accepted, as on Linux.
+            // So is a waiting one.
             a.abort();
-            assert_eq!(l.step(remote(1), &mut a, true), Backlog::Waiting);
-            assert_eq!(l.accept(), Some(remote(1)));
+            assert_eq!(l.step(remote(1), &mut a, true), Backlog::Ended);
             assert_eq!(l.accept(), None);
         }
     }

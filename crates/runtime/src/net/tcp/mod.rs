@@ -38,8 +38,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{
-    Backlog, Connection, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, Table, TcpConfig,
-    TcpError,
+    Backlog, Connection, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, State, Table,
+    TcpConfig, TcpError,
 };
 use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
 
@@ -386,7 +386,15 @@ impl Tcp {
         if events.readable || events.writable || events.connected || events.closed {
             wake.conn = Some(Arc::clone(conn));
         }
-        if let Some(l) = inner.listener.clone() {
+        // As on Linux, a connection reset while it waits in the backlog is
+        // still accepted (its reads give what arrived, then the reset): it
+        // keeps its place until `accept` takes it.
+        let ended = inner.tcb.error().is_some() || inner.tcb.state() == State::Closed;
+        let listener = inner
+            .listener
+            .clone()
+            .filter(|_| !(inner.in_backlog && ended));
+        if let Some(l) = listener {
             let step =
                 l.state
                     .lock()
