@@ -179,9 +179,10 @@ impl Poller {
             None => sched::park_current(&deferred),
             Some(d) => sched::park_current_until(&deferred, &w, d),
         }
-        if w.timed_out() {
-            self.list.forget_waiter(&w);
-        }
+        // Off the list however the park ended (a timeout, or a wake-up that
+        // was not the list's): a waiter left there would wake this uthread
+        // later, wherever it then waits.
+        self.list.forget_waiter(&w);
         ListLook::Parked
     }
 
