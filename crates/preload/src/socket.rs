@@ -109,7 +109,7 @@ fn v4(a: SocketAddr) -> SocketAddrV4 {
 
 /// The number's socket when the caller is a program thread (the runtime's
 /// own calls are never on a Ginza number).
-fn ours(fd: c_int) -> Option<Arc<GSock>> {
+pub(crate) fn ours(fd: c_int) -> Option<Arc<GSock>> {
     if caller() == Caller::Runtime {
         return None;
     }

@@ -11,16 +11,14 @@
 
 use std::net::SocketAddrV4;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 
 use ginza_runtime::net::{TcpStream, UdpSocket};
 use libc::{c_int, c_uint, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::blocking;
-use crate::fdtable;
 use crate::gsock::{errno_of, GSock, Kind, Served};
-use crate::mode::{caller, serve, set_errno, Caller};
-use crate::socket::{read_v4, udp_of, write_v4};
+use crate::mode::{serve, set_errno};
+use crate::socket::{ours, read_v4, udp_of, write_v4};
 
 #[derive(Clone, Copy, Default)]
 struct Flags {
@@ -39,13 +37,6 @@ impl Flags {
             no_signal: flags & libc::MSG_NOSIGNAL != 0,
         }
     }
-}
-
-fn ours(fd: c_int) -> Option<Arc<GSock>> {
-    if caller() == Caller::Runtime {
-        return None;
-    }
-    fdtable::socket(fd)
 }
 
 /// A received datagram's source and whether it was cut.
@@ -238,6 +229,18 @@ fn c_len(r: Result<usize, c_int>) -> ssize_t {
     }
 }
 
+/// The program's buffer of `n` bytes (C allows a null pointer for 0).
+///
+/// # Safety
+/// `buf` names `n` writable bytes, or `n` is 0.
+unsafe fn buffer<'a>(buf: *mut c_void, n: size_t) -> &'a mut [u8] {
+    if buf.is_null() || n == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) }
+}
+
 /// Gathers the buffers of a send into one (one segment or datagram).
 fn gather(bufs: &[&mut [u8]]) -> Vec<u8> {
     let mut all = Vec::with_capacity(bufs.iter().map(|b| b.len()).sum());
@@ -256,7 +259,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
         return unsafe { blocking::read(fd, buf, n) };
     };
     // SAFETY: the caller's buffer of n bytes.
-    let mut bufs = [unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) }];
+    let mut bufs = [unsafe { buffer(buf, n) }];
     c_len(recv_on(&s, &mut bufs, Flags::default()).map(|r| r.0))
 }
 
@@ -300,7 +303,7 @@ pub unsafe extern "C" fn recvfrom(
         return unsafe { blocking::recvfrom(fd, buf, n, flags, addr, len) };
     };
     // SAFETY: the caller's buffer of n bytes.
-    let mut bufs = [unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) }];
+    let mut bufs = [unsafe { buffer(buf, n) }];
     let r = recv_on(&s, &mut bufs, Flags::of(flags));
     if let Ok((_, Some(from), _)) = r {
         // SAFETY: the caller's address buffer.
@@ -389,7 +392,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
         return unsafe { blocking::write(fd, buf, n) };
     };
     // SAFETY: the caller's buffer of n bytes.
-    let data = unsafe { std::slice::from_raw_parts(buf as *const u8, n) };
+    let data = unsafe { &*buffer(buf as *mut c_void, n) };
     c_len(send_on(&s, data, None, Flags::default()))
 }
 
@@ -424,12 +427,7 @@ pub unsafe extern "C" fn sendto(
         return unsafe { blocking::sendto(fd, buf, n, flags, addr, len) };
     };
     // SAFETY: the caller's buffer and address.
-    let (data, to) = unsafe {
-        (
-            std::slice::from_raw_parts(buf as *const u8, n),
-            read_v4(addr, len),
-        )
-    };
+    let (data, to) = unsafe { (&*buffer(buf as *mut c_void, n), read_v4(addr, len)) };
     c_len(send_on(&s, data, to, Flags::of(flags)))
 }
 
