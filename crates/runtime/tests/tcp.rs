@@ -508,7 +508,7 @@ fn a_client_killed_mid_transfer_ends_its_connection_and_nothing_else() {
     );
 }
 
-// ---- a SYN flood, the stack driven directly ----------------------------------
+// ---- the stack driven directly: a SYN flood, receive bursts ------------------
 
 mod flood {
     use super::*;
@@ -602,6 +602,99 @@ mod flood {
             .collect()
     }
 
+    /// A harness for one kthread and the test as its iokerneld.
+    fn rig(cfg: &NetConfig, pool_name: &str) -> (Harness, Fake) {
+        let region = Region::create_heap(&RegionConfig {
+            ingress_capacity: 64,
+            done_capacity: 64,
+            egress_capacity: 64,
+            ..RegionConfig::new(1)
+        })
+        .unwrap();
+        let pool = IngressPool::create(pool_name, POOL).unwrap();
+        let ro = IngressPool::map_read_only(pool.fd().try_clone_to_owned().unwrap(), POOL).unwrap();
+        let h = Harness::new(cfg, &region, ro).unwrap();
+        let io = Fake {
+            end: region.iokernel_end(0).unwrap(),
+            pool,
+            ledger: BufferLedger::new(POOL),
+        };
+        (h, io)
+    }
+
+    /// `client` (sequence numbers from `isn`) connects to the listening
+    /// port; returns the acknowledgement its segments carry.
+    fn handshake(h: &Harness, io: &mut Fake, client: Endpoint, isn: u32) -> Seq {
+        let mac = iface(CLIENT).mac;
+        io.deliver(&segment_frame(client, mac, &syn(isn)));
+        while h.poll(0, 0) > 0 {}
+        let out = io.drain();
+        let next = Seq(isn.wrapping_add(1));
+        let &[(server_iss, Some(acked), flags)] = &segments_to(&out, client)[..] else {
+            panic!("no SYN-ACK: {out:?}");
+        };
+        assert!(flags.syn && acked == next);
+        let ack = Seq(server_iss.0.wrapping_add(1));
+        io.deliver(&segment_frame(client, mac, &data(next.0, ack, b"")));
+        while h.poll(0, 0) > 0 {}
+        io.drain();
+        ack
+    }
+
+    fn data(seq: u32, ack: Seq, payload: &[u8]) -> Segment<'_> {
+        Segment {
+            seq: Seq(seq),
+            ack: Some(ack),
+            flags: Flags::default(),
+            window: 65535,
+            mss: None,
+            window_scale: None,
+            timestamp: None,
+            sack_permitted: false,
+            sack: ginza_net::tcp::SackBlocks::NONE,
+            payload,
+        }
+    }
+
+    /// The acknowledgement numbers of what the server sent `to`.
+    fn acks_to(frames: &[Vec<u8>], to: Endpoint) -> Vec<Option<Seq>> {
+        segments_to(frames, to).iter().map(|s| s.1).collect()
+    }
+
+    /// In-order segments that arrive in one burst are answered once, at
+    /// its end, as GRO answers them on Linux; a segment out of order and
+    /// the one that fills its gap are answered at once.
+    #[test]
+    fn a_burst_of_in_order_segments_is_answered_with_one_ack() {
+        let mut cfg = net(SERVER);
+        // Without the burst rule every segment would get an ACK of its own.
+        cfg.tcp.delayed_ack = None;
+        let (h, mut io) = rig(&cfg, "ginza-tcp-burst-test");
+        let _listening = h.tcp_listen(PORT).unwrap();
+        let client = Endpoint::new(iface(CLIENT).ip, 40001);
+        let mac = iface(CLIENT).mac;
+        let ack = handshake(&h, &mut io, client, 5000);
+        let payload = b"0123456789";
+        let mut next = 5001u32;
+        for _ in 0..8 {
+            io.deliver(&segment_frame(client, mac, &data(next, ack, payload)));
+            next += 10;
+        }
+        while h.poll(0, 0) > 0 {}
+        assert_eq!(acks_to(&io.drain(), client), [Some(Seq(next))]);
+
+        // In order, then one 10 bytes ahead, then the one between.
+        for offset in [0, 20, 10] {
+            io.deliver(&segment_frame(client, mac, &data(next + offset, ack, payload)));
+        }
+        while h.poll(0, 0) > 0 {}
+        assert_eq!(
+            acks_to(&io.drain(), client),
+            [Some(Seq(next + 10)), Some(Seq(next + 30))],
+            "a duplicate ACK for the segment out of order, then one for all"
+        );
+    }
+
     fn resident_bytes() -> u64 {
         let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
         let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -625,52 +718,19 @@ mod flood {
         cfg.tcp_listen.backlog = 16;
         // Each segment is acknowledged at once (no timer to wait for here).
         cfg.tcp.delayed_ack = None;
-        let region = Region::create_heap(&RegionConfig {
-            ingress_capacity: 64,
-            done_capacity: 64,
-            egress_capacity: 64,
-            ..RegionConfig::new(1)
-        })
-        .unwrap();
-        let pool = IngressPool::create("ginza-tcp-flood-test", POOL).unwrap();
-        let ro = IngressPool::map_read_only(pool.fd().try_clone_to_owned().unwrap(), POOL).unwrap();
-        let h = Harness::new(&cfg, &region, ro).unwrap();
-        let mut io = Fake {
-            end: region.iokernel_end(0).unwrap(),
-            pool,
-            ledger: BufferLedger::new(POOL),
-        };
+        let (h, mut io) = rig(&cfg, "ginza-tcp-flood-test");
         let listening = h.tcp_listen(PORT).unwrap();
+        let genuine = Endpoint::new(iface(CLIENT).ip, 40000);
+        let mac = iface(CLIENT).mac;
+        let ack = handshake(&h, &mut io, genuine, 1000);
+        assert_eq!(listening.backlog_len(), 1, "the handshake completed");
+        let mut client_next = 1001u32;
+        let data = |seq: u32, payload: &'static [u8]| data(seq, ack, payload);
         let mut send = |frame: &[u8]| -> Vec<Vec<u8>> {
             io.deliver(frame);
             while h.poll(0, 0) > 0 {}
             io.drain()
         };
-
-        // A genuine client completes its handshake.
-        let genuine = Endpoint::new(iface(CLIENT).ip, 40000);
-        let mac = iface(CLIENT).mac;
-        let out = send(&segment_frame(genuine, mac, &syn(1000)));
-        let &[(server_iss, Some(Seq(1001)), flags)] = &segments_to(&out, genuine)[..] else {
-            panic!("no SYN-ACK: {out:?}");
-        };
-        assert!(flags.syn);
-        let mut client_next = 1001u32;
-        let ack = Seq(server_iss.0.wrapping_add(1));
-        let data = |seq: u32, payload: &'static [u8]| Segment {
-            seq: Seq(seq),
-            ack: Some(ack),
-            flags: Flags::default(),
-            window: 65535,
-            mss: None,
-            window_scale: None,
-            timestamp: None,
-            sack_permitted: false,
-            sack: ginza_net::tcp::SackBlocks::NONE,
-            payload,
-        };
-        send(&segment_frame(genuine, mac, &data(client_next, b"")));
-        assert_eq!(listening.backlog_len(), 1, "the handshake completed");
 
         // 100,000 SYNs from random addresses and ports; the genuine
         // connection sends data every 10,000 and must see it acknowledged.

@@ -27,7 +27,7 @@ use ginza_sys::hops::{self, Hop};
 
 use super::egress::{failed, transmit, TxFail};
 use super::readiness::{Readiness, SocketWaiters, Watched};
-use super::tcp::Tcp;
+use super::tcp::{Deferred, Tcp};
 use super::wait::no_runtime;
 use super::{no_arp_reply, KthreadNetStats, NetStats, ARP_GIVE_UP, ARP_POLL};
 use crate::config::NetConfig;
@@ -283,6 +283,7 @@ impl Stack {
         // The ring stays locked while its batch is processed, so frames of
         // one ring (and so of one flow) are handled in order.
         let mut n = 0;
+        let mut deferred = Deferred::default();
         while n < budget {
             let desc = match ingress.pop() {
                 Ok(Some(d)) => d,
@@ -296,9 +297,10 @@ impl Stack {
             };
             n += 1;
             hops::stamp(Hop::Picked);
-            self.process(me, desc);
+            self.process(me, desc, &mut deferred);
         }
         drop(ingress);
+        self.tcp.answer_deferred(me, &mut deferred);
         if n > 0 {
             add(&me.counters.rx_packets, n as u64);
             if !std::ptr::eq(&**me, ring) {
@@ -308,7 +310,7 @@ impl Stack {
         n
     }
 
-    fn process(&self, me: &mut TxSide<'_>, desc: PacketDesc) {
+    fn process(&self, me: &mut TxSide<'_>, desc: PacketDesc, deferred: &mut Deferred) {
         let Some(frame) = self.pool.frame(desc) else {
             bump(&me.counters.bad_descriptors);
             log::warn!(
@@ -368,7 +370,7 @@ impl Stack {
                 return self.on_udp(me, desc.buf, frame, &d);
             }
             // The state machine copies the payload: the buffer goes back.
-            Ok(Packet::Tcp(t)) => self.tcp.input(me, &t),
+            Ok(Packet::Tcp(t)) => self.tcp.input(me, &t, deferred),
         }
         self.give_back(me, desc.buf);
     }

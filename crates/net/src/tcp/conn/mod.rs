@@ -923,6 +923,21 @@ impl Connection {
         self.recv.held()
     }
 
+    /// Whether the answer to `segment` (its ACK, the reader's wake-up) may
+    /// wait until the driver has taken the rest of the burst it came in:
+    /// in-order data on an established connection with nothing held out of
+    /// order. Answering a burst once is what GRO gives Linux's receivers;
+    /// RFC 5681 §4.2 lets an ACK cover several segments, and a segment out
+    /// of order, one filling a gap, a FIN or anything else that must be
+    /// answered at once is never deferred. Call it before `on_segment`.
+    pub fn may_answer_after_burst(&self, segment: &Segment<'_>) -> bool {
+        self.state == State::Established
+            && !segment.payload.is_empty()
+            && !(segment.flags.syn || segment.flags.fin || segment.flags.rst)
+            && segment.seq == self.rcv_nxt
+            && self.recv.held() == 0
+    }
+
     /// SND.UNA, SND.NXT and RCV.NXT (tests and diagnostics).
     pub fn sequence_state(&self) -> (Seq, Seq, Seq) {
         (self.snd_una, self.snd_nxt, self.rcv_nxt)

@@ -214,6 +214,29 @@ impl WakeLater for Wake {
 }
 
 /// The stack's TCP part.
+/// The connection of a receive burst whose answer waits for the burst's
+/// end. One slot: a bulk stream fills a burst with one connection, and a
+/// burst of many connections answers each as the next one arrives.
+#[derive(Default)]
+pub(crate) struct Deferred(Option<Arc<Conn>>);
+
+impl Deferred {
+    /// Keeps `conn`, returning an earlier other connection to answer now.
+    fn replace(&mut self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
+        match &self.0 {
+            Some(held) if Arc::ptr_eq(held, &conn) => None,
+            _ => self.0.replace(conn),
+        }
+    }
+
+    /// `conn` was just answered: nothing of it waits any more.
+    fn forget(&mut self, conn: &Arc<Conn>) {
+        if self.0.as_ref().is_some_and(|held| Arc::ptr_eq(held, conn)) {
+            self.0 = None;
+        }
+    }
+}
+
 pub(crate) struct Tcp {
     /// The address its segments are built from.
     iface: Interface,
@@ -268,7 +291,10 @@ impl Tcp {
     // ---- receive -----------------------------------------------------------
 
     /// A segment for us, in the scheduler context of the kthread `me`.
-    pub(crate) fn input(&self, me: &mut TxSide<'_>, f: &TcpFrame<'_>) {
+    /// A segment whose answer may wait for the end of its burst
+    /// ([`Connection::may_answer_after_burst`]) leaves its connection in
+    /// `deferred`, answered by [`Tcp::answer_deferred`].
+    pub(crate) fn input(&self, me: &mut TxSide<'_>, f: &TcpFrame<'_>, deferred: &mut Deferred) {
         count(&self.counters.segments_in);
         let key = FourTuple::of(f);
         let now = self.now();
@@ -278,9 +304,18 @@ impl Tcp {
                 let wake = {
                     let mut inner = conn.inner.lock();
                     inner.peer_mac = f.src_mac;
+                    let later = inner.tcb.may_answer_after_burst(&f.segment);
                     inner.tcb.on_segment(&f.segment, now);
+                    if later {
+                        drop(inner);
+                        if let Some(earlier) = deferred.replace(conn) {
+                            self.answer(me, &earlier);
+                        }
+                        return;
+                    }
                     self.settle(Some(me), &conn, &mut inner, now)
                 };
+                deferred.forget(&conn);
                 wake.run();
             }
             Demux::Listener(l) => self.on_syn(me, &l, key, f, now),
@@ -289,6 +324,22 @@ impl Tcp {
                 self.reset(me, f, reset);
             }
         }
+    }
+
+    /// Answers the connection whose segments waited for the end of their
+    /// burst: one ACK and one wake-up for all of them.
+    pub(crate) fn answer_deferred(&self, me: &mut TxSide<'_>, deferred: &mut Deferred) {
+        if let Some(conn) = deferred.0.take() {
+            self.answer(me, &conn);
+        }
+    }
+
+    fn answer(&self, me: &mut TxSide<'_>, conn: &Arc<Conn>) {
+        let wake = {
+            let mut inner = conn.inner.lock();
+            self.settle(Some(me), conn, &mut inner, self.now())
+        };
+        wake.run();
     }
 
     /// Answers a segment that reached no connection with `rst`
