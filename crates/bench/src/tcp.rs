@@ -353,17 +353,37 @@ fn with_ginza_on_veth<R>(
     })
 }
 
+/// Runs `client` again while it is refused, for up to 5 s: the Ginza
+/// application registers with iokerneld before its servers listen, and a
+/// connection in that window is refused.
+fn retry_refused<T>(mut client: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match client() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            result => return result,
+        }
+    }
+}
+
 /// Round trips from the namespace to `target` for `--duration`.
 fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<Quantiles> {
     let report = ns.run_in(move || {
-        linux::rtt_probe_for(
-            target,
-            WARMUP,
-            duration,
-            PAYLOAD,
-            IO_TIMEOUT,
-            ClientWait::Blocking,
-        )
+        retry_refused(|| {
+            linux::rtt_probe_for(
+                target,
+                WARMUP,
+                duration,
+                PAYLOAD,
+                IO_TIMEOUT,
+                ClientWait::Blocking,
+            )
+        })
     })??;
     let h = &report.histogram;
     anyhow::ensure!(
@@ -379,7 +399,9 @@ fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result
 /// One way from the namespace to the sink at `target`; checks the receipt.
 fn stream(ns: &NetNs, target: SocketAddrV4, mib: u64) -> anyhow::Result<Transfer> {
     let bytes = mib << 20;
-    let t = ns.run_in(move || linux::sink_transfer(target, bytes, 0x5eed, IO_TIMEOUT))??;
+    let t = ns.run_in(move || {
+        retry_refused(|| linux::sink_transfer(target, bytes, 0x5eed, IO_TIMEOUT))
+    })??;
     anyhow::ensure!(
         t.intact(),
         "the sink at {target} received {} bytes (hash {:#x}), {} were sent (hash {:#x})",
@@ -485,20 +507,7 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
         with_ginza_on_veth(ns, cpus, Some(&faults), sack, |iokerneld| {
             let t = ns
                 .run_in(move || {
-                    // The application registers before its sink listens: a
-                    // connection refused in that window is retried (5 s).
-                    let deadline = Instant::now() + Duration::from_secs(5);
-                    loop {
-                        match linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT) {
-                            Err(e)
-                                if e.kind() == std::io::ErrorKind::ConnectionRefused
-                                    && Instant::now() < deadline =>
-                            {
-                                std::thread::sleep(Duration::from_millis(10))
-                            }
-                            result => break result,
-                        }
-                    }
+                    retry_refused(|| linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))
                 })?
                 .map_err(|e| {
                     // What the Linux sender's socket and the switch saw, to

@@ -685,7 +685,11 @@ mod flood {
 
         // In order, then one 10 bytes ahead, then the one between.
         for offset in [0, 20, 10] {
-            io.deliver(&segment_frame(client, mac, &data(next + offset, ack, payload)));
+            io.deliver(&segment_frame(
+                client,
+                mac,
+                &data(next + offset, ack, payload),
+            ));
         }
         while h.poll(0, 0) > 0 {}
         assert_eq!(
