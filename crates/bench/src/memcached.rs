@@ -1469,6 +1469,7 @@ mod tests {
             iokerneld: None,
             iokerneld_cpu_ms: None,
             iokerneld_cpu_pct: None,
+            cpu_us_per_request: BTreeMap::new(),
         }
     }
 
