@@ -40,7 +40,7 @@ static int threads_named(const char *name)
 	while ((e = readdir(d)) != NULL) {
 		if (e->d_name[0] == '.')
 			continue;
-		char path[64], comm[32] = { 0 };
+		char path[300], comm[32] = { 0 };
 		snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
 		FILE *f = fopen(path, "r");
 		if (f == NULL)
