@@ -263,8 +263,10 @@ pub struct PointResult {
     pub iokerneld_cpu_pct: Option<f64>,
     /// µs of CPU per answered request over the measured part, per
     /// component (iokerneld's loop, the server's threads, batch, the
-    /// generator; `harness/cpu_split.rs`), each with its thread count.
+    /// generator; `harness/cpu_split.rs`).
     pub cpu_us_per_request: BTreeMap<String, f64>,
+    /// How many threads each of those components had.
+    pub cpu_threads: BTreeMap<String, usize>,
 }
 
 /// A point's figures over its rounds.
@@ -641,7 +643,10 @@ fn measure(
             (n1 - n0) as f64 / secs,
             cpu_ms,
             cpu_ms.map(|ms| ms / 10.0 / secs),
-            move |requests_per_s: f64| meter.per_request(&m0, &m1, requests_per_s * secs),
+            move |requests_per_s: f64| {
+                let split = meter.per_request(&m0, &m1, requests_per_s * secs);
+                (split, meter.threads())
+            },
         )
     });
     let report: LoadReport = ns.run_in(move || {
@@ -662,7 +667,7 @@ fn measure(
     let mut r = point_result(cfg, &report, batch, server);
     r.iokerneld_cpu_ms = cpu_ms;
     r.iokerneld_cpu_pct = cpu_pct;
-    r.cpu_us_per_request = split(report.achieved_rps);
+    (r.cpu_us_per_request, r.cpu_threads) = split(report.achieved_rps);
     Ok(r)
 }
 
@@ -688,6 +693,7 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         iokerneld_cpu_ms: None,
         iokerneld_cpu_pct: None,
         cpu_us_per_request: BTreeMap::new(),
+        cpu_threads: BTreeMap::new(),
     }
 }
 
@@ -1470,6 +1476,7 @@ mod tests {
             iokerneld_cpu_ms: None,
             iokerneld_cpu_pct: None,
             cpu_us_per_request: BTreeMap::new(),
+            cpu_threads: BTreeMap::new(),
         }
     }
 

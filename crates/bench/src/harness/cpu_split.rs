@@ -67,8 +67,8 @@ impl Meter {
     }
 
     /// Per component, µs of CPU per request between two readings
-    /// (`requests` answered in between), with each component's thread
-    /// count in its name; then each CPU's softirq µs per request.
+    /// (`requests` answered in between); then each CPU's softirq µs per
+    /// request. [`Meter::threads`] says how many threads each had.
     pub(crate) fn per_request(
         &self,
         from: &Reading,
@@ -79,16 +79,11 @@ impl Meter {
         if requests <= 0.0 {
             return out;
         }
-        let counts = self.resolved.as_deref().unwrap_or_default();
         for (i, (name, _)) in self.components.iter().enumerate() {
             let (Some(a), Some(b)) = (from.run_ns.get(i), to.run_ns.get(i)) else {
                 continue;
             };
-            let threads = counts.get(i).map_or(0, Vec::len);
-            out.insert(
-                format!("{name} ({threads} threads)"),
-                b.saturating_sub(*a) as f64 / 1e3 / requests,
-            );
+            out.insert(name.clone(), b.saturating_sub(*a) as f64 / 1e3 / requests);
         }
         for (i, cpu) in self.cpus.iter().enumerate() {
             if let (Some(a), Some(b)) = (from.softirq_ns.get(i), to.softirq_ns.get(i)) {
@@ -99,6 +94,19 @@ impl Meter {
             }
         }
         out
+    }
+}
+
+impl Meter {
+    /// How many threads each component was resolved to (none before the
+    /// first reading).
+    pub(crate) fn threads(&self) -> BTreeMap<String, usize> {
+        let counts = self.resolved.as_deref().unwrap_or_default();
+        self.components
+            .iter()
+            .zip(counts)
+            .map(|((name, _), ts)| (name.clone(), ts.len()))
+            .collect()
     }
 }
 
@@ -201,12 +209,13 @@ mod tests {
         spinner.join().unwrap();
         idle.join().unwrap();
         let split = m.per_request(&a, &b, 1000.0);
-        let spin = split["spinner (1 threads)"];
+        let spin = split["spinner"];
         assert!(
             spin >= 20.0,
             "20 ms over 1000 requests is ≥ 20 µs each: {split:?}"
         );
-        assert!(split["idle (1 threads)"] < 1.0, "{split:?}");
+        assert!(split["idle"] < 1.0, "{split:?}");
         assert!(split.contains_key("softirq on CPU 0, whole machine"));
+        assert_eq!(m.threads()["spinner"], 1);
     }
 }
