@@ -31,6 +31,11 @@
 //!   both systems. It needs `libginza_preload.so` next to `ginza` (or
 //!   `$GINZA_PRELOAD`); without it the default sweep skips it and says so.
 //!
+//! Each point also says where a request's CPU goes: every component's
+//! thread run time (iokerneld's loop, the server's threads, batch, the
+//! generator) over the measured part, per answered request, for Ginza and
+//! Linux alike (`harness/cpu_split.rs`).
+//!
 //! After the sweep, with memcached-ginza, [`library_cost`] measures the
 //! preload library apart from memcached: a C echo server under `ginza run`
 //! against the same echo on the native API (`--library-rounds`).
