@@ -31,6 +31,11 @@
 //!   both systems. It needs `libginza_preload.so` next to `ginza` (or
 //!   `$GINZA_PRELOAD`); without it the default sweep skips it and says so.
 //!
+//! Each point also says where a request's CPU goes: every component's
+//! thread run time (iokerneld's loop, the server's threads, batch, the
+//! generator) over the measured part, per answered request, for Ginza and
+//! Linux alike (`harness/cpu_split.rs`).
+//!
 //! After the sweep, with memcached-ginza, [`library_cost`] measures the
 //! preload library apart from memcached: a C echo server under `ginza run`
 //! against the same echo on the native API (`--library-rounds`).
@@ -57,6 +62,7 @@ mod library_cost;
 
 pub use ginza_run::GinzaRun;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
@@ -86,9 +92,10 @@ use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
+use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus as IokCpus};
-use crate::harness::linux_batch::{linux_batch, set_policy};
+use crate::harness::linux_batch::{linux_batch, set_policy, LINUX_BATCH_THREAD};
 
 /// Arguments of `ginza bench memcached`.
 #[derive(clap::Args, Debug)]
@@ -259,6 +266,12 @@ pub struct PointResult {
     /// unless it sleeps).
     pub iokerneld_cpu_ms: Option<f64>,
     pub iokerneld_cpu_pct: Option<f64>,
+    /// µs of CPU per answered request over the measured part, per
+    /// component (iokerneld's loop, the server's threads, batch, the
+    /// generator; `harness/cpu_split.rs`).
+    pub cpu_us_per_request: BTreeMap<String, f64>,
+    /// How many threads each of those components had.
+    pub cpu_threads: BTreeMap<String, usize>,
 }
 
 /// A point's figures over its rounds.
@@ -274,6 +287,8 @@ pub struct MedianPoint {
     /// Ginza systems: iokerneld's loop CPU time over the measured part, %
     /// of that time (median over the rounds).
     pub iokerneld_cpu_pct: Option<f64>,
+    /// µs of CPU per request per component, median over the rounds.
+    pub cpu_us_per_request: BTreeMap<String, f64>,
     /// True when most of its rounds were generator-saturated: the
     /// latencies (then null) would be the generator's, not the server's.
     pub generator_saturated: bool,
@@ -562,6 +577,7 @@ fn measure(
     batch_ops: Arc<AtomicU64>,
     iokerneld: Option<&InProcess>,
     server: String,
+    mut meter: Meter,
 ) -> anyhow::Result<PointResult> {
     let load = load_config(cfg, target);
     let keys = cfg.keys;
@@ -613,15 +629,29 @@ fn measure(
     let start = Instant::now();
     let counter = std::thread::spawn(move || {
         std::thread::sleep(warmup);
-        let (t0, n0, c0) = (Instant::now(), batch_ops.load(Relaxed), loop_cpu());
+        let (t0, n0, c0, m0) = (
+            Instant::now(),
+            batch_ops.load(Relaxed),
+            loop_cpu(),
+            meter.read(),
+        );
         std::thread::sleep(duration);
-        let (t1, n1, c1) = (Instant::now(), batch_ops.load(Relaxed), loop_cpu());
+        let (t1, n1, c1, m1) = (
+            Instant::now(),
+            batch_ops.load(Relaxed),
+            loop_cpu(),
+            meter.read(),
+        );
         let secs = (t1 - t0).as_secs_f64();
         let cpu_ms = c0.zip(c1).map(|(a, b)| b.saturating_sub(a) as f64 / 1e6);
         (
             (n1 - n0) as f64 / secs,
             cpu_ms,
             cpu_ms.map(|ms| ms / 10.0 / secs),
+            move |requests_per_s: f64| {
+                let split = meter.per_request(&m0, &m1, requests_per_s * secs);
+                (split, meter.threads())
+            },
         )
     });
     let report: LoadReport = ns.run_in(move || {
@@ -632,7 +662,7 @@ fn measure(
         );
         ginza_loadgen::kernel::run(&load)
     })??;
-    let (batch, cpu_ms, cpu_pct) = counter
+    let (batch, cpu_ms, cpu_pct, split) = counter
         .join()
         .map_err(|_| anyhow!("the batch counter panicked"))?;
     anyhow::ensure!(
@@ -642,6 +672,7 @@ fn measure(
     let mut r = point_result(cfg, &report, batch, server);
     r.iokerneld_cpu_ms = cpu_ms;
     r.iokerneld_cpu_pct = cpu_pct;
+    (r.cpu_us_per_request, r.cpu_threads) = split(report.achieved_rps);
     Ok(r)
 }
 
@@ -666,6 +697,8 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         iokerneld: None,
         iokerneld_cpu_ms: None,
         iokerneld_cpu_pct: None,
+        cpu_us_per_request: BTreeMap::new(),
+        cpu_threads: BTreeMap::new(),
     }
 }
 
@@ -754,6 +787,7 @@ fn ginza_serving(
             s2,
         )
     })?;
+    let server_kthreads = kthreads_here();
     // kv-server holds its guarantee before batch arrives: `static` never
     // takes a core back.
     let held = wait_for_cores(iokerneld, "kv-server", guaranteed);
@@ -763,7 +797,14 @@ fn ginza_serving(
     let measured = batch.and_then(|mut batch| {
         let target = SocketAddr::V4(SocketAddrV4::new(ns.peer_ip, PORT));
         let label = format!("{server_name} ({backend})");
-        let m = measure(ns, cfg, target, paths, Some(iokerneld), label).map(|mut m| {
+        let batch_kthreads: Vec<i32> = kthreads_here()
+            .into_iter()
+            .filter(|t| !server_kthreads.contains(t))
+            .collect();
+        let mut meter = common_meter(cfg);
+        meter.add("server: kv-server kthreads", Select::Tids(server_kthreads));
+        meter.add("batch kthreads", Select::Tids(batch_kthreads));
+        let m = measure(ns, cfg, target, paths, Some(iokerneld), label, meter).map(|mut m| {
             m.iokerneld = grants_summary(iokerneld);
             m
         });
@@ -864,11 +905,39 @@ fn memcached_ginza_serving(
     let batch = start_batch(iokerneld, cfg, &paths, &batch_stop);
     let measured = batch.and_then(|mut batch| {
         let label = format!("memcached -t 1 under ginza run ({backend})");
-        let m =
-            measure(ns, cfg, SocketAddr::V4(addr), paths, Some(iokerneld), label).map(|mut m| {
-                m.iokerneld = grants_summary(iokerneld);
-                m
-            });
+        let pid = server.0.id() as i32;
+        let mut meter = common_meter(cfg);
+        meter.add(
+            "server: memcached, all threads",
+            Select::Named { pid, name: "*" },
+        );
+        meter.add(
+            "  of which kthreads",
+            Select::Named {
+                pid,
+                name: "ginza-k*",
+            },
+        );
+        meter.add(
+            "  of which the blocking pool",
+            Select::Named {
+                pid,
+                name: "ginza-blocking",
+            },
+        );
+        meter.add(
+            "  of which epoll watchers",
+            Select::Named {
+                pid,
+                name: "ginza-epwatch",
+            },
+        );
+        meter.add("batch kthreads", Select::Tids(kthreads_here()));
+        let target = SocketAddr::V4(addr);
+        let m = measure(ns, cfg, target, paths, Some(iokerneld), label, meter).map(|mut m| {
+            m.iokerneld = grants_summary(iokerneld);
+            m
+        });
         batch_stop.store(true, Relaxed);
         // Still running? A crash during the run is the measurement's error.
         let alive = match server.0.try_wait() {
@@ -887,6 +956,44 @@ fn memcached_ginza_serving(
     });
     server.stop();
     measured
+}
+
+/// The components every system has: the generator's threads and, under
+/// Ginza, iokerneld's loop (both threads of this process).
+fn common_meter(cfg: &PointConfig) -> Meter {
+    let me = std::process::id() as i32;
+    let mut m = Meter::new(&[cfg.cpus.generator, cfg.cpus.server]);
+    m.add(
+        "generator",
+        Select::Named {
+            pid: me,
+            name: "loadgen-*",
+        },
+    );
+    if cfg.system != System::Linux {
+        m.add(
+            "iokerneld loop",
+            Select::Named {
+                pid: me,
+                name: "iokerneld",
+            },
+        );
+    }
+    m
+}
+
+/// The runtime kthreads of this process now (kv-server's, batch's).
+fn kthreads_here() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{me}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|tid| {
+            std::fs::read_to_string(format!("/proc/{me}/task/{tid}/comm"))
+                .is_ok_and(|c| c.starts_with("ginza-k"))
+        })
+        .collect()
 }
 
 /// Waits until application `name` holds at least `cores` cores.
@@ -1001,6 +1108,19 @@ fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     let paths = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (batch, priority) = linux_batch(cfg.cpus.server, paths.clone(), stop.clone(), cfg.seed)?;
+    let mut meter = common_meter(cfg);
+    let pid = server.0.id() as i32;
+    meter.add(
+        "server: memcached, all threads",
+        Select::Named { pid, name: "*" },
+    );
+    meter.add(
+        "batch thread",
+        Select::Named {
+            pid: std::process::id() as i32,
+            name: LINUX_BATCH_THREAD,
+        },
+    );
     let m = measure(
         ns,
         cfg,
@@ -1008,6 +1128,7 @@ fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         paths,
         None,
         format!("memcached -t 1, batch at {priority}"),
+        meter,
     );
     stop.store(true, Relaxed);
     let price = batch
@@ -1061,6 +1182,7 @@ pub fn medians(runs: &[PointResult], loads: &[f64]) -> Vec<MedianPoint> {
                         .filter_map(|r| r.iokerneld_cpu_pct)
                         .collect::<Vec<_>>(),
                 ),
+                cpu_us_per_request: median_split(&of),
                 generator_saturated,
                 saturated_rounds,
                 rounds: of.len(),
@@ -1068,6 +1190,19 @@ pub fn medians(runs: &[PointResult], loads: &[f64]) -> Vec<MedianPoint> {
         }
     }
     out
+}
+
+/// Per component, the median of the rounds' µs per request.
+fn median_split(rounds: &[&PointResult]) -> BTreeMap<String, f64> {
+    let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in rounds {
+        for (k, v) in &r.cpu_us_per_request {
+            by.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    by.into_iter()
+        .filter_map(|(k, v)| Some((k, median(&v)?)))
+        .collect()
 }
 
 /// The highest achieved rate of `system` among its points with p99 within
@@ -1247,6 +1382,24 @@ fn render(r: &Report) -> String {
             }
         );
     }
+    let _ = writeln!(
+        s,
+        "CPU per answered request, µs (thread run time over the measured part; medians):"
+    );
+    for p in &r.points {
+        let parts: Vec<String> = p
+            .cpu_us_per_request
+            .iter()
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  {:<15} {:>6.1} krps: {}",
+            p.system.name(),
+            p.offered_krps,
+            parts.join("; ")
+        );
+    }
     let m = &r.max_krps_at_p99_200us;
     let _ = writeln!(
         s,
@@ -1327,6 +1480,8 @@ mod tests {
             iokerneld: None,
             iokerneld_cpu_ms: None,
             iokerneld_cpu_pct: None,
+            cpu_us_per_request: BTreeMap::new(),
+            cpu_threads: BTreeMap::new(),
         }
     }
 

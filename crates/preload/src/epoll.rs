@@ -6,18 +6,21 @@
 //! to it, with their events, data, and level, edge or one-shot mode.
 //! `epoll_wait` reports the Ginza sockets that are ready and then the
 //! kernel's; when neither is, the program thread parks on the poller while
-//! a pool thread watches the kernel instance (`kwatch.rs`), so it wakes
-//! within microseconds on either kind, and an idle waiter holds no core.
+//! the set's watcher thread watches the kernel instance (`epoll_watch.rs`),
+//! so it wakes within microseconds on either kind, and an idle waiter holds
+//! no core.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ginza_runtime::net::{PollEvent, PollMode, Poller, Readiness, Registration};
 use libc::{c_int, epoll_event};
 
+use crate::epoll_watch::EpollWatcher;
 use crate::gsock::{errno_of, lock, with_source, GSock, Served, Watcher};
+use crate::kwatch::KernelWatch;
 use crate::mode::{real, serve};
 
 /// What epoll's event bits ask for, as the runtime's interest and mode.
@@ -67,6 +70,9 @@ pub(crate) struct EpollSet {
     /// Kernel descriptors added (a descriptor closed without EPOLL_CTL_DEL
     /// stays counted: the kernel instance is then polled for nothing).
     pub(crate) kernel_members: AtomicUsize,
+    /// The kernel half's watcher, from the first wait that parks with
+    /// kernel members (`None` inside: none could be started).
+    watcher: OnceLock<Option<EpollWatcher>>,
 }
 
 impl EpollSet {
@@ -75,6 +81,7 @@ impl EpollSet {
             poller: Poller::new(),
             members: Mutex::new(HashMap::new()),
             kernel_members: AtomicUsize::new(0),
+            watcher: OnceLock::new(),
         })
     }
 
@@ -172,7 +179,8 @@ impl EpollSet {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let mut n = serve(|| self.ginza_events(out, Some(Instant::now())));
-            if n < out.len() && self.kernel_members.load(Relaxed) > 0 {
+            if n < out.len() && self.kernel_members.load(Relaxed) > 0 && self.kernel_may_be_ready()
+            {
                 let rest = &mut out[n..];
                 // SAFETY: a look at the kernel instance into the caller's array.
                 let k = unsafe { kernel_wait(epfd, rest.as_mut_ptr(), rest.len() as c_int, 0) };
@@ -186,14 +194,9 @@ impl EpollSet {
                 return Ok(n);
             }
             let n = serve(|| {
-                let watch = (self.kernel_members.load(Relaxed) > 0).then(|| {
-                    let fd = libc::pollfd {
-                        fd: epfd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    crate::kwatch::start(vec![fd], deadline, self.poller.waker())
-                });
+                let watch = (self.kernel_members.load(Relaxed) > 0)
+                    .then(|| self.watch_kernel(epfd, deadline))
+                    .flatten();
                 let n = self.ginza_events(out, deadline);
                 drop(watch);
                 n
@@ -202,6 +205,42 @@ impl EpollSet {
                 return Ok(n);
             }
         }
+    }
+}
+
+impl EpollSet {
+    /// Whether the kernel instance may hold events: yes, unless the set's
+    /// watcher is armed and has not fired (then an event that comes wakes
+    /// the waiter and makes this true). Saves a system call per wait.
+    fn kernel_may_be_ready(&self) -> bool {
+        match self.watcher.get() {
+            Some(Some(w)) => w.fired(),
+            _ => true,
+        }
+    }
+
+    /// Before a park, with the kernel instance `epfd` just found empty:
+    /// arms the set's own watcher (started at the first such park), or,
+    /// without one, starts a watch for this wait alone (returned, to be
+    /// dropped when the wait ends).
+    fn watch_kernel(&self, epfd: c_int, deadline: Option<Instant>) -> Option<KernelWatch> {
+        let watcher = self
+            .watcher
+            .get_or_init(|| EpollWatcher::start(epfd, self.poller.waker()));
+        if let Some(w) = watcher {
+            w.arm();
+            return None;
+        }
+        let fd = libc::pollfd {
+            fd: epfd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        Some(crate::kwatch::start(
+            vec![fd],
+            deadline,
+            self.poller.waker(),
+        ))
     }
 }
 

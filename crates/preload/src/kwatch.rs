@@ -100,7 +100,14 @@ pub(crate) fn start(
         };
         // SAFETY: a poll over our own array.
         unsafe { poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        waker.wake();
+        // Cancelled: the program thread woke on a Ginza socket and no longer
+        // waits on this watch. A wake now would be stale: it would end the
+        // thread's next wait for nothing, or, parked by then, wake it (and
+        // bring its kthread a core from iokerneld) for nothing.
+        let cancelled = theirs.is_some() && fds.last().is_some_and(|c| c.revents != 0);
+        if !cancelled {
+            waker.wake();
+        }
         drop(theirs);
     }));
     KernelWatch { cancel }

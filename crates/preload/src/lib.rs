@@ -38,6 +38,7 @@ mod cond;
 mod config;
 mod epoll;
 mod epoll_calls;
+mod epoll_watch;
 mod fdtable;
 mod gsock;
 mod key;

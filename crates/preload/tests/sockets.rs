@@ -162,6 +162,31 @@ fn the_socket_calls_program_passes_on_linux_itself() {
     socket_calls(On::Linux);
 }
 
+fn quiet_pipe_in_an_epoll_set(on: On) {
+    let Some(veth) = Veth::start() else { return };
+    let echo = veth.ns.tcp_echo_server(7300, EchoMode::Blocking).unwrap();
+    let args = [
+        veth.ns.ns_ip.to_string(),
+        echo.addr().port().to_string(),
+        "500".to_string(),
+    ];
+    let (ok, report) = client(&veth, on, "epoll_quiet_pipe", &args);
+    assert!(ok, "{report}");
+}
+
+/// memcached's wait (a quiet notify pipe beside its sockets in one epoll
+/// set), 500 times: each wait wakes for the right descriptor, the pipe's
+/// too, and no wait hands a watch of the pipe to the blocking pool.
+#[test]
+fn an_epoll_set_with_a_quiet_pipe_wakes_on_either_without_the_blocking_pool() {
+    quiet_pipe_in_an_epoll_set(On::Ginza);
+}
+
+#[test]
+fn the_quiet_pipe_program_passes_on_linux_itself() {
+    quiet_pipe_in_an_epoll_set(On::Linux);
+}
+
 #[test]
 fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
     let Some(veth) = Veth::start() else { return };

@@ -17,6 +17,9 @@ pub(crate) fn set_policy(tid: i32, (policy, priority): (&str, &str)) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The Linux batch thread's name (for its CPU time, `cpu_split.rs`).
+pub(crate) const LINUX_BATCH_THREAD: &str = "linux-batch";
+
 /// Linux's batch: the same pricing loop on a thread pinned to `cpu` at
 /// SCHED_IDLE (nice 19 when that cannot be set); says which it got.
 pub(crate) fn linux_batch(
@@ -27,19 +30,22 @@ pub(crate) fn linux_batch(
 ) -> anyhow::Result<(std::thread::JoinHandle<f64>, &'static str)> {
     use rand::SeedableRng as _;
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let pinned = ginza_sys::affinity::pin_current_thread(cpu);
-        let _ = tid_tx.send(pinned.map(|()| ginza_sys::process::gettid()));
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-        let (mut sum, mut n) = (0.0, 0u64);
-        while !stop.load(Relaxed) {
-            let chunk = ginza_apps::batch::PATHS_PER_CHUNK;
-            sum += std::hint::black_box(ginza_apps::batch::payoff_sum(&mut rng, chunk));
-            n += chunk;
-            paths.fetch_add(chunk, Relaxed);
-        }
-        ginza_apps::batch::price(sum, n)
-    });
+    let thread = std::thread::Builder::new()
+        .name(LINUX_BATCH_THREAD.into())
+        .spawn(move || {
+            let pinned = ginza_sys::affinity::pin_current_thread(cpu);
+            let _ = tid_tx.send(pinned.map(|()| ginza_sys::process::gettid()));
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+            let (mut sum, mut n) = (0.0, 0u64);
+            while !stop.load(Relaxed) {
+                let chunk = ginza_apps::batch::PATHS_PER_CHUNK;
+                sum += std::hint::black_box(ginza_apps::batch::payoff_sum(&mut rng, chunk));
+                n += chunk;
+                paths.fetch_add(chunk, Relaxed);
+            }
+            ginza_apps::batch::price(sum, n)
+        })
+        .context("starting the batch thread")?;
     let tid = tid_rx
         .recv()
         .context("the batch thread")?

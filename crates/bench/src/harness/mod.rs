@@ -6,6 +6,7 @@
 //! loop every load sweep runs through ([`sweep`]).
 
 pub(crate) mod app;
+pub(crate) mod cpu_split;
 pub(crate) mod figures;
 pub(crate) mod iokerneld;
 pub(crate) mod linux_batch;
