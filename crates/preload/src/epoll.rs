@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_runtime::net::{PollEvent, PollMode, Poller, Readiness, Registration};
@@ -55,6 +55,9 @@ pub(crate) fn epoll_bits(r: Readiness) -> u32 {
 }
 
 struct Member {
+    /// The socket it was added as: the number may name another by the
+    /// time this one's last number is closed (`Watcher::forget`).
+    sock: Weak<GSock>,
     data: u64,
     events: u32,
     /// None until the socket is served (bound and listening, or connected).
@@ -115,17 +118,25 @@ impl EpollSet {
         match op {
             libc::EPOLL_CTL_ADD => {
                 let (data, events) = event()?;
-                if members.contains_key(&fd) {
+                // A member under this number that is another socket is
+                // one closed whose last reference is not dropped yet: the
+                // new socket takes its place.
+                if members
+                    .get(&fd)
+                    .is_some_and(|m| std::ptr::eq(m.sock.as_ptr(), Arc::as_ptr(s)))
+                {
                     return Err(libc::EEXIST);
                 }
                 let mut m = Member {
+                    sock: Arc::downgrade(s),
                     data,
                     events,
                     registration: None,
                 };
                 self.register(&mut m, &s.served())?;
-                members.insert(fd, m);
+                let replaced = members.insert(fd, m);
                 drop(members);
+                drop(replaced);
                 let me: Arc<dyn Watcher> = self.clone();
                 s.watched_by(Arc::downgrade(&me), fd);
             }
@@ -215,9 +226,16 @@ impl Watcher for EpollSet {
         }
     }
 
-    /// `fd`'s socket closed: out of the set, as Linux does.
-    fn forget(&self, fd: c_int) {
-        let gone = lock(&self.members).remove(&fd);
+    /// `fd`'s socket `s` closed: out of the set, as Linux does. Only if
+    /// `fd` is still `s` there: its number is free once closed, and may
+    /// already name a socket another thread accepted and added.
+    fn forget(&self, fd: c_int, s: &GSock) {
+        let mut members = lock(&self.members);
+        let gone = match members.get(&fd) {
+            Some(m) if std::ptr::eq(m.sock.as_ptr(), s) => members.remove(&fd),
+            _ => None,
+        };
+        drop(members);
         drop(gone);
     }
 }
