@@ -19,6 +19,7 @@ use libc::{c_int, epoll_event};
 
 use crate::gsock::{errno_of, lock, with_source, GSock, Served, Watcher};
 use crate::mode::{real, serve};
+use crate::wait_mask::MaskedWait;
 
 /// What epoll's event bits ask for, as the runtime's interest and mode.
 fn interest_of(events: u32) -> (Readiness, PollMode) {
@@ -171,16 +172,23 @@ impl EpollSet {
         events.len().min(out.len())
     }
 
-    /// `epoll_wait` on this set (`epfd` is its kernel instance).
-    pub(crate) fn wait(
+    /// `epoll_wait` on this set (`epfd` is its kernel instance), with
+    /// `epoll_pwait`'s signal mask if `mask` is not null (`wait_mask.rs`).
+    ///
+    /// # Safety
+    /// `mask` is null or the caller's valid `sigset_t`.
+    pub(crate) unsafe fn wait(
         &self,
         epfd: c_int,
         out: &mut [epoll_event],
         timeout: Option<Duration>,
+        mask: *const libc::sigset_t,
     ) -> Result<usize, c_int> {
         let kernel_wait =
             real!(epoll_wait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
         let deadline = timeout.map(|t| Instant::now() + t);
+        // SAFETY: the caller's contract.
+        let masked = serve(|| unsafe { MaskedWait::apply(mask, self.poller.waker()) });
         loop {
             let mut n = serve(|| self.ginza_events(out, Some(Instant::now())));
             if n < out.len() && self.kernel_members.load(Relaxed) > 0 {
@@ -195,6 +203,9 @@ impl EpollSet {
             }
             if n > 0 || deadline.is_some_and(|d| d <= Instant::now()) {
                 return Ok(n);
+            }
+            if masked.interrupted() {
+                return Err(libc::EINTR);
             }
             let n = serve(|| {
                 let watch = (self.kernel_members.load(Relaxed) > 0).then(|| {

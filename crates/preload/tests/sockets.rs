@@ -161,6 +161,81 @@ fn the_socket_calls_program_passes_on_linux_itself() {
     socket_calls(On::Linux);
 }
 
+/// A Linux server in the namespace on `port` that, for each of `conns`
+/// connections, reads "port N\n" and answers "seen P\n" with the peer port
+/// it saw; the (told, seen) pairs.
+fn port_witness(veth: &Veth, port: u16, conns: usize) -> std::thread::JoinHandle<Vec<(u16, u16)>> {
+    let ip = veth.ns.ns_ip;
+    let l = veth
+        .in_ns(move || std::net::TcpListener::bind((ip, port)))
+        .expect("a listener in the namespace");
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for _ in 0..conns {
+            let (mut s, peer) = l.accept().expect("accept");
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while !line.ends_with(b"\n") {
+                match s.read(&mut b) {
+                    Ok(1) => line.push(b[0]),
+                    _ => break,
+                }
+            }
+            let told = std::str::from_utf8(&line)
+                .ok()
+                .and_then(|l| l.trim().strip_prefix("port "))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            let _ = s.write_all(format!("seen {}\n", peer.port()).as_bytes());
+            seen.push((told, peer.port()));
+        }
+        seen
+    })
+}
+
+fn bound_then_connected(on: On) {
+    let Some(veth) = Veth::start() else { return };
+    let witness = port_witness(&veth, 7300, 2);
+    let args = [
+        veth.ns.ns_ip.to_string(),
+        "7300".to_string(),
+        "41234".to_string(),
+    ];
+    let (ok, report) = client(&veth, on, "bound_connect", &args);
+    assert!(ok, "{report}");
+    let seen = witness.join().expect("the witness thread");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0], (41234, 41234), "the blocking connect's port");
+    assert_eq!(seen[1].0, seen[1].1, "the non-blocking connect's port (told, seen)");
+}
+
+#[test]
+fn a_socket_bound_then_connected_keeps_its_port() {
+    bound_then_connected(On::Ginza);
+}
+
+#[test]
+fn the_bound_connect_program_passes_on_linux_itself() {
+    bound_then_connected(On::Linux);
+}
+
+fn signal_masks(on: On) {
+    let Some(veth) = Veth::start() else { return };
+    let (ok, report) = client(&veth, on, "sig_mask", &["7400".to_string()]);
+    assert!(ok, "{report}");
+}
+
+#[test]
+fn ppoll_pselect_and_epoll_pwait_apply_their_signal_mask() {
+    signal_masks(On::Ginza);
+}
+
+#[test]
+fn the_signal_mask_program_passes_on_linux_itself() {
+    signal_masks(On::Linux);
+}
+
 #[test]
 fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
     let Some(veth) = Veth::start() else { return };
