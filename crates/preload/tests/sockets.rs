@@ -236,6 +236,90 @@ fn the_signal_mask_program_passes_on_linux_itself() {
     signal_masks(On::Linux);
 }
 
+/// One connection to `to` that echoes `msg` back.
+fn echo_once(to: SocketAddrV4, msg: &[u8]) -> Result<(), String> {
+    let mut s = TcpStream::connect_timeout(&to.into(), Duration::from_secs(10))
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(msg).map_err(|e| format!("write: {e}"))?;
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).map_err(|e| format!("echo: {e}"))?;
+    if back != msg {
+        return Err("the echo differs".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_syn_flood_leaves_the_server_bounded_and_serving_real_clients() {
+    use common::syn_flood::{count_syn_acks, flood};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let Some(veth) = Veth::start() else { return };
+    let mut server = veth.server("echo_epoll", &["7000", "lt"]);
+    let to = veth.addr(7000);
+    // Warm up: a first flood fills the listener's half-open set to its
+    // bound and brings the ingress buffers into memory, so what is
+    // measured is growth with the number of SYNs.
+    let sent = veth.in_ns(move || flood(to, 50_000, 1)).expect("a raw socket");
+    assert!(sent > 0, "no SYN of the warm-up flood was sent");
+    veth.in_ns(move || echo_once(to, b"after the warm-up"))
+        .unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    let (fds, rss) = (server.fds(), server.rss_kib());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = Arc::new(AtomicBool::new(true));
+    let ifname = veth.ns.ns_if.clone();
+    let counter = {
+        let stop = Arc::clone(&stop);
+        veth.ns
+            .spawn_in(move || count_syn_acks(&ifname, to, stop))
+            .expect("a thread in the namespace")
+    };
+    let flooder = {
+        let flooding = Arc::clone(&flooding);
+        veth.ns
+            .spawn_in(move || {
+                let r = flood(to, 200_000, 2);
+                flooding.store(false, Ordering::SeqCst);
+                r
+            })
+            .expect("a thread in the namespace")
+    };
+    // Real clients while it floods: every one is served.
+    let clients = {
+        let flooding = Arc::clone(&flooding);
+        veth.in_ns(move || -> Result<usize, String> {
+            let mut served = 0;
+            while flooding.load(Ordering::SeqCst) || served < 5 {
+                echo_once(to, &message(served, 100))
+                    .map_err(|e| format!("client {served} during the flood: {e}"))?;
+                served += 1;
+            }
+            Ok(served)
+        })
+    };
+    let sent = flooder.join().expect("the flood thread").expect("a raw socket");
+    stop.store(true, Ordering::SeqCst);
+    let answered = counter.join().expect("the counting thread").expect("a packet socket");
+    server.check_alive();
+    let served = clients.unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    eprintln!("SYN flood: {sent} SYNs sent, {answered} SYN-ACKs seen, {served} real clients served");
+    assert!(
+        answered >= 1000,
+        "only {answered} SYN-ACKs to the {sent} spoofed SYNs: the flood did not reach the server"
+    );
+    veth.in_ns(move || echo_once(to, b"after the flood"))
+        .unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    wait_for("the server's descriptors to come back", || server.fds() <= fds);
+    let grown = server.rss_kib().saturating_sub(rss);
+    assert!(
+        grown < 16 << 10,
+        "resident memory grew by {grown} KiB over 200,000 spoofed SYNs (from {rss} KiB)"
+    );
+}
+
 #[test]
 fn bad_peers_get_linux_errors_and_leave_the_server_serving() {
     let Some(veth) = Veth::start() else { return };
