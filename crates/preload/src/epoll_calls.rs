@@ -132,7 +132,9 @@ pub unsafe extern "C" fn epoll_wait(
     timeout: c_int,
 ) -> c_int {
     // SAFETY: no mask.
-    if let Some(r) = unsafe { wait_on(epfd, events, most, timeout_of_ms(timeout), std::ptr::null()) } {
+    if let Some(r) =
+        unsafe { wait_on(epfd, events, most, timeout_of_ms(timeout), std::ptr::null()) }
+    {
         return r;
     }
     // SAFETY: the kernel's call (on the blocking pool if it waits).

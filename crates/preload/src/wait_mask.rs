@@ -94,11 +94,10 @@ impl MaskedWait {
         }
         // SAFETY: the caller's valid set, copied.
         let mask = unsafe { *mask };
-        let Some(slot) = TABLE.iter().find(|s| {
-            s.state
-                .compare_exchange(FREE, BUSY, SeqCst, SeqCst)
-                .is_ok()
-        }) else {
+        let Some(slot) = TABLE
+            .iter()
+            .find(|s| s.state.compare_exchange(FREE, BUSY, SeqCst, SeqCst).is_ok())
+        else {
             crate::say::unsupported_once!(
                 "ppoll",
                 "more than 64 waits with a signal mask at once: one waits without its mask"

@@ -207,7 +207,10 @@ fn bound_then_connected(on: On) {
     let seen = witness.join().expect("the witness thread");
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0], (41234, 41234), "the blocking connect's port");
-    assert_eq!(seen[1].0, seen[1].1, "the non-blocking connect's port (told, seen)");
+    assert_eq!(
+        seen[1].0, seen[1].1,
+        "the non-blocking connect's port (told, seen)"
+    );
 }
 
 #[test]
@@ -262,7 +265,9 @@ fn a_syn_flood_leaves_the_server_bounded_and_serving_real_clients() {
     // Warm up: a first flood fills the listener's half-open set to its
     // bound and brings the ingress buffers into memory, so what is
     // measured is growth with the number of SYNs.
-    let sent = veth.in_ns(move || flood(to, 50_000, 1)).expect("a raw socket");
+    let sent = veth
+        .in_ns(move || flood(to, 50_000, 1))
+        .expect("a raw socket");
     assert!(sent > 0, "no SYN of the warm-up flood was sent");
     veth.in_ns(move || echo_once(to, b"after the warm-up"))
         .unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
@@ -300,19 +305,29 @@ fn a_syn_flood_leaves_the_server_bounded_and_serving_real_clients() {
             Ok(served)
         })
     };
-    let sent = flooder.join().expect("the flood thread").expect("a raw socket");
+    let sent = flooder
+        .join()
+        .expect("the flood thread")
+        .expect("a raw socket");
     stop.store(true, Ordering::SeqCst);
-    let answered = counter.join().expect("the counting thread").expect("a packet socket");
+    let answered = counter
+        .join()
+        .expect("the counting thread")
+        .expect("a packet socket");
     server.check_alive();
     let served = clients.unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
-    eprintln!("SYN flood: {sent} SYNs sent, {answered} SYN-ACKs seen, {served} real clients served");
+    eprintln!(
+        "SYN flood: {sent} SYNs sent, {answered} SYN-ACKs seen, {served} real clients served"
+    );
     assert!(
         answered >= 1000,
         "only {answered} SYN-ACKs to the {sent} spoofed SYNs: the flood did not reach the server"
     );
     veth.in_ns(move || echo_once(to, b"after the flood"))
         .unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
-    wait_for("the server's descriptors to come back", || server.fds() <= fds);
+    wait_for("the server's descriptors to come back", || {
+        server.fds() <= fds
+    });
     let grown = server.rss_kib().saturating_sub(rss);
     assert!(
         grown < 16 << 10,

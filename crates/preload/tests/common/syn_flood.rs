@@ -114,7 +114,11 @@ fn spoofed(ip: Ipv4Addr) -> bool {
 /// Counts the SYN-ACKs `server` sends to spoofed addresses, seen on the
 /// namespace's interface `ifname`, until `stop`: the proof that the flood's
 /// SYNs reached the server and each opened a half-open connection.
-pub fn count_syn_acks(ifname: &str, server: SocketAddrV4, stop: Arc<AtomicBool>) -> io::Result<usize> {
+pub fn count_syn_acks(
+    ifname: &str,
+    server: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+) -> io::Result<usize> {
     let proto = (libc::ETH_P_IP as u16).to_be();
     // SAFETY: a new packet socket; no pointers.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(proto)) };

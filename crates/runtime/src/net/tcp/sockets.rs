@@ -410,7 +410,9 @@ fn no_port_choice(local_port: u16) -> io::Result<()> {
     }
     Err(io::Error::new(
         io::ErrorKind::Unsupported,
-        format!("the protected netstack chooses the local port: cannot connect from port {local_port}"),
+        format!(
+            "the protected netstack chooses the local port: cannot connect from port {local_port}"
+        ),
     ))
 }
 
