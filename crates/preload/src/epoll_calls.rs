@@ -131,10 +131,9 @@ pub unsafe extern "C" fn epoll_wait(
     most: c_int,
     timeout: c_int,
 ) -> c_int {
+    let no_mask = std::ptr::null();
     // SAFETY: no mask.
-    if let Some(r) =
-        unsafe { wait_on(epfd, events, most, timeout_of_ms(timeout), std::ptr::null()) }
-    {
+    if let Some(r) = unsafe { wait_on(epfd, events, most, timeout_of_ms(timeout), no_mask) } {
         return r;
     }
     // SAFETY: the kernel's call (on the blocking pool if it waits).
