@@ -110,18 +110,27 @@ impl MaskedWait {
         unsafe { *slot.waker.get() = Some(waker) };
         slot.state.store(ARMED, SeqCst);
         ARMED_COUNT.fetch_add(1, SeqCst);
-        // A signal already pending that the mask lets in is taken now: the
-        // mask opened for an instant, its handler runs (`interrupted`).
+        // A signal already pending that the mask lets in is taken now: only
+        // those are unblocked, for an instant, and their handlers run (the
+        // trampoline marks the slot).
         // SAFETY: sets of our own.
         unsafe {
             let mut pending: libc::sigset_t = std::mem::zeroed();
+            let mut open: libc::sigset_t = std::mem::zeroed();
             libc::sigpending(&mut pending);
-            if (1..=64).any(|s| {
-                libc::sigismember(&pending, s) == 1 && slot.let_in.load(SeqCst) & bit(s) != 0
-            }) {
-                let mut old: libc::sigset_t = std::mem::zeroed();
-                libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut old);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut open);
+            let current = open;
+            let mut any = false;
+            for sig in 1..=64 {
+                if libc::sigismember(&pending, sig) == 1 && slot.let_in.load(SeqCst) & bit(sig) != 0
+                {
+                    libc::sigdelset(&mut open, sig);
+                    any = true;
+                }
+            }
+            if any {
+                libc::pthread_sigmask(libc::SIG_SETMASK, &open, std::ptr::null_mut());
+                libc::pthread_sigmask(libc::SIG_SETMASK, &current, std::ptr::null_mut());
             }
         }
         MaskedWait { slot: Some(slot) }
