@@ -411,9 +411,9 @@ fn apply_stream_options(s: &GSock, stream: &TcpStream) {
         // stays on the kernel socket, the connection goes without.
         let _ = stream.set_keepalive(k);
     }
-    if s.is_nonblocking() {
-        let _ = stream.set_nonblocking(true);
-    }
+    // O_NONBLOCK stays the description's alone: each call picks the
+    // waiting or the non-waiting runtime call by it (`sockio.rs`), so a
+    // socket made blocking again by `fcntl` waits.
 }
 
 #[no_mangle]

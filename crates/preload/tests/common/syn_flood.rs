@@ -63,9 +63,16 @@ fn syn_packet(src: SocketAddrV4, dst: SocketAddrV4, seq: u32) -> [u8; 40] {
     p
 }
 
-/// Sends `count` SYNs to `to` from spoofed addresses; the number sent (a
-/// full socket buffer drops some, as a real flood's excess is dropped).
-pub fn flood(to: SocketAddrV4, count: usize, seed: u64) -> io::Result<usize> {
+/// Sends `count` SYNs to `to` from spoofed addresses, as fast as the
+/// socket takes them or at `per_second` (paced in batches of 64); the
+/// number sent (a full socket buffer drops some, as a real flood's excess
+/// is dropped).
+pub fn flood(
+    to: SocketAddrV4,
+    count: usize,
+    per_second: Option<u32>,
+    seed: u64,
+) -> io::Result<usize> {
     // SAFETY: a new raw socket; no pointers.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
     if fd < 0 {
@@ -81,7 +88,13 @@ pub fn flood(to: SocketAddrV4, count: usize, seed: u64) -> io::Result<usize> {
     };
     let mut rng = Spread(seed | 1);
     let mut sent = 0;
-    for _ in 0..count {
+    let start = std::time::Instant::now();
+    for i in 0..count {
+        if let Some(rate) = per_second.filter(|_| i % 64 == 0) {
+            // A load generator's pacing, not a wait for a condition.
+            let due = start + std::time::Duration::from_secs_f64(i as f64 / f64::from(rate));
+            std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+        }
         let r = rng.next();
         let ip = Ipv4Addr::from(0xc612_0000u32 | (r as u32 & 0x1_ffff)); // 198.18.0.0/15
         let port = 1024 + ((r >> 20) as u16 % (u16::MAX - 1024));
