@@ -43,12 +43,29 @@ fn concurrent_echo(to: SocketAddrV4, conns: usize, len: usize) -> Result<(), Str
     for (i, s) in streams.iter_mut().enumerate() {
         let mut back = vec![0u8; len];
         s.read_exact(&mut back)
-            .map_err(|e| format!("reading connection {i}'s echo: {e}"))?;
+            .map_err(|e| format!("reading connection {i}'s echo: {e}\n{}", client_side(s)))?;
         if back != message(i, len) {
             return Err(format!("connection {i}: the echo differs"));
         }
     }
     Ok(())
+}
+
+/// What Linux's side of `s` says of it (`ss -tnoi`), run from the
+/// namespace: whether the server's bytes came, and whether ours were
+/// acknowledged.
+fn client_side(s: &TcpStream) -> String {
+    let Ok(local) = s.local_addr() else {
+        return String::new();
+    };
+    let filter = format!("sport = :{}", local.port());
+    match std::process::Command::new("ss")
+        .args(["-tnoi", "state", "all", &filter])
+        .output()
+    {
+        Ok(o) => format!("Linux's side of it:\n{}", String::from_utf8_lossy(&o.stdout)),
+        Err(e) => format!("(ss: {e})"),
+    }
 }
 
 fn serves_concurrent_connections(program: &str, args: &[&str]) {
@@ -58,8 +75,25 @@ fn serves_concurrent_connections(program: &str, args: &[&str]) {
     let r = veth.in_ns(move || concurrent_echo(to, 1000, 2000));
     server.check_alive();
     if let Err(e) = r {
-        panic!("{e}\n{program}'s stderr: {}", server.stop());
+        panic!(
+            "{e}\niokerneld's view: {}\n{program}'s stderr: {}",
+            daemon_view(&veth),
+            server.stop()
+        );
     }
+}
+
+/// iokerneld's stats now (`ginza top --once --json`), for a failure's
+/// report.
+fn daemon_view(veth: &Veth) -> String {
+    std::process::Command::new(&common::bins().ginza)
+        .args(["top", "--once", "--json", "--socket"])
+        .arg(&veth.daemon.socket)
+        .output()
+        .map_or_else(
+            |e| format!("(ginza top: {e})"),
+            |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
 }
 
 #[test]
