@@ -187,8 +187,12 @@ impl EpollSet {
         let kernel_wait =
             real!(epoll_wait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
         let deadline = timeout.map(|t| Instant::now() + t);
-        // SAFETY: the caller's contract.
-        let masked = serve(|| unsafe { MaskedWait::apply(mask, self.poller.waker()) });
+        let masked = if mask.is_null() {
+            MaskedWait::none()
+        } else {
+            // SAFETY: the caller's contract.
+            serve(|| unsafe { MaskedWait::apply(mask, self.poller.waker()) })
+        };
         loop {
             let mut n = serve(|| self.ginza_events(out, Some(Instant::now())));
             if n < out.len() && self.kernel_members.load(Relaxed) > 0 {

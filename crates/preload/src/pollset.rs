@@ -102,8 +102,12 @@ unsafe fn poll_mixed(
 ) -> Result<usize, c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
     let poller = serve(Poller::new);
-    // SAFETY: the caller's contract.
-    let masked = serve(|| unsafe { MaskedWait::apply(mask, poller.waker()) });
+    let masked = if mask.is_null() {
+        MaskedWait::none()
+    } else {
+        // SAFETY: the caller's contract.
+        serve(|| unsafe { MaskedWait::apply(mask, poller.waker()) })
+    };
     let mut kernel: Vec<pollfd> = fds
         .iter()
         .enumerate()

@@ -83,6 +83,11 @@ pub(crate) struct MaskedWait {
 }
 
 impl MaskedWait {
+    /// A wait without a mask (`epoll_wait`, `poll`, `select`).
+    pub(crate) fn none() -> MaskedWait {
+        MaskedWait { slot: None }
+    }
+
     /// Applies `mask` (the caller's, or null: nothing) to a wait that
     /// parks on `waker`'s poller.
     ///

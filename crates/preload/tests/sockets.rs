@@ -63,7 +63,10 @@ fn client_side(s: &TcpStream) -> String {
         .args(["-tnoi", "state", "all", &filter])
         .output()
     {
-        Ok(o) => format!("Linux's side of it:\n{}", String::from_utf8_lossy(&o.stdout)),
+        Ok(o) => format!(
+            "Linux's side of it:\n{}",
+            String::from_utf8_lossy(&o.stdout)
+        ),
         Err(e) => format!("(ss: {e})"),
     }
 }
