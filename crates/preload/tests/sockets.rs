@@ -79,11 +79,43 @@ fn serves_concurrent_connections(program: &str, args: &[&str]) {
     server.check_alive();
     if let Err(e) = r {
         panic!(
-            "{e}\niokerneld's view: {}\n{program}'s stderr: {}",
+            "{e}\niokerneld's view: {}\n{program}'s threads:\n{}{program}'s stderr: {}",
             daemon_view(&veth),
+            threads_view(server.pid()),
             server.stop()
         );
     }
+}
+
+/// Where each thread of process `pid` is (name, state, kernel wait
+/// channel, system call), for a failure's report: whether its kthreads
+/// wait in the kernel.
+fn threads_view(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(no /proc entry)".into();
+    };
+    let mut out = String::new();
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let syscall = read("syscall");
+        let syscall = syscall.split_whitespace().next().unwrap_or("?");
+        out += &format!(
+            "{} {} {} wchan={} syscall={}\n",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            state,
+            read("wchan"),
+            syscall
+        );
+    }
+    out
 }
 
 /// iokerneld's stats now (`ginza top --once --json`), for a failure's
@@ -357,7 +389,14 @@ fn a_syn_flood_leaves_the_server_bounded_and_serving_real_clients() {
         .expect("the counting thread")
         .expect("a packet socket");
     server.check_alive();
-    let served = clients.unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    let served = clients.unwrap_or_else(|e| {
+        panic!(
+            "{e}\niokerneld's view: {}\nthe server's threads:\n{}stderr: {}",
+            daemon_view(&veth),
+            threads_view(server.pid()),
+            server.stop()
+        )
+    });
     eprintln!(
         "SYN flood: {sent} SYNs sent, {answered} SYN-ACKs seen, {served} real clients served"
     );
