@@ -151,6 +151,67 @@ fn workers_fed_through_pipes_serve_1000_concurrent_connections() {
     serves_concurrent_connections("echo_workers", &["7000", "4"]);
 }
 
+/// CPU time (user + system, in clock ticks) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    // utime and stime: fields 14 and 15 of stat(5), 12 and 13 after ')'.
+    let at = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    at(11) + at(12)
+}
+
+/// Workers waiting in epoll on their pipe and their idle connections (a
+/// kernel descriptor and Ginza sockets together) hold no CPU: each wait
+/// parks until something happens. (A kernel watch's late wake-up used to
+/// end each next wait at once, so idle workers spun through waits.)
+#[test]
+fn idle_workers_waiting_on_a_pipe_and_sockets_use_no_cpu() {
+    let Some(veth) = Veth::start() else { return };
+    let mut server = veth.server("echo_workers", &["7000", "4"]);
+    let to = veth.addr(7000);
+    // Two connections per worker, each echoed once (so every worker has
+    // added its own to its set), then left open and idle.
+    let open = veth.in_ns(move || -> Result<Vec<TcpStream>, String> {
+        (0..8)
+            .map(|i| {
+                let mut s = TcpStream::connect_timeout(&to.into(), Duration::from_secs(10))
+                    .map_err(|e| format!("connection {i}: {e}"))?;
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let msg = message(i, 10);
+                s.write_all(&msg)
+                    .map_err(|e| format!("connection {i}: {e}"))?;
+                let mut back = [0u8; 10];
+                s.read_exact(&mut back)
+                    .map_err(|e| format!("connection {i}'s echo: {e}"))?;
+                Ok(s)
+            })
+            .collect()
+    });
+    let open = open.unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    let pid = server.pid();
+    let hz = 100; // USER_HZ on Linux
+    let before = cpu_ticks(pid);
+    // A measurement window, not a wait for a condition.
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    server.check_alive();
+    drop(open);
+    eprintln!("idle echo_workers: {} ms of CPU in 2 s", used * 1000 / hz);
+    assert!(
+        used * 1000 / hz < 400,
+        "idle workers used {} ms of CPU in 2 s\nthreads:\n{}",
+        used * 1000 / hz,
+        threads_view(pid)
+    );
+}
+
 #[test]
 fn a_protected_epoll_server_serves_through_the_netstack() {
     let Some(veth) = Veth::start() else { return };
