@@ -79,9 +79,10 @@ fn serves_concurrent_connections(program: &str, args: &[&str]) {
     server.check_alive();
     if let Err(e) = r {
         panic!(
-            "{e}\niokerneld's view: {}\n{program}'s threads:\n{}{program}'s stderr: {}",
+            "{e}\niokerneld's view: {}\n{program}'s threads:\n{}{}\n{program}'s stderr: {}",
             daemon_view(&veth),
             threads_view(server.pid()),
+            stacks_view(server.pid()),
             server.stop()
         );
     }
@@ -116,6 +117,24 @@ fn threads_view(pid: u32) -> String {
         );
     }
     out
+}
+
+/// The stacks of process `pid`'s threads (`gdb -batch`), for a failure's
+/// report; empty without gdb.
+fn stacks_view(pid: u32) -> String {
+    std::process::Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt 12",
+        ])
+        .output()
+        .map_or_else(
+            |e| format!("(gdb: {e})"),
+            |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
 }
 
 /// iokerneld's stats now (`ginza top --once --json`), for a failure's
