@@ -49,8 +49,12 @@ pub(crate) fn submit(job: Job) {
     let p = pool();
     let mut q = p.queue.lock().unwrap_or_else(|e| e.into_inner());
     q.jobs.push_back(job);
-    // Start a thread when none is idle.
-    if q.idle == 0 && started() < MOST_THREADS {
+    // A thread for every job queued beyond the idle ones. A woken thread
+    // leaves `idle` only once it runs, so asking `idle == 0` would let two
+    // jobs queued before it ran share one thread: the second would wait
+    // behind the first (a watch of kernel descriptors that may never end,
+    // `kwatch.rs`), and its caller's wake-up would be lost.
+    if q.jobs.len() > q.idle && started() < MOST_THREADS {
         drop(q);
         spawn_thread();
     } else {

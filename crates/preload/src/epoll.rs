@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_runtime::net::{PollEvent, PollMode, Poller, Readiness, Registration};
@@ -22,6 +22,7 @@ use crate::epoll_watch::EpollWatcher;
 use crate::gsock::{errno_of, lock, with_source, GSock, Served, Watcher};
 use crate::kwatch::KernelWatch;
 use crate::mode::{real, serve};
+use crate::wait_mask::MaskedWait;
 
 /// What epoll's event bits ask for, as the runtime's interest and mode.
 fn interest_of(events: u32) -> (Readiness, PollMode) {
@@ -58,6 +59,9 @@ pub(crate) fn epoll_bits(r: Readiness) -> u32 {
 }
 
 struct Member {
+    /// The socket it was added as: the number may name another by the
+    /// time this one's last number is closed (`Watcher::forget`).
+    sock: Weak<GSock>,
     data: u64,
     events: u32,
     /// None until the socket is served (bound and listening, or connected).
@@ -122,17 +126,25 @@ impl EpollSet {
         match op {
             libc::EPOLL_CTL_ADD => {
                 let (data, events) = event()?;
-                if members.contains_key(&fd) {
+                // A member under this number that is another socket is
+                // one closed whose last reference is not dropped yet: the
+                // new socket takes its place.
+                if members
+                    .get(&fd)
+                    .is_some_and(|m| std::ptr::eq(m.sock.as_ptr(), Arc::as_ptr(s)))
+                {
                     return Err(libc::EEXIST);
                 }
                 let mut m = Member {
+                    sock: Arc::downgrade(s),
                     data,
                     events,
                     registration: None,
                 };
                 self.register(&mut m, &s.served())?;
-                members.insert(fd, m);
+                let replaced = members.insert(fd, m);
                 drop(members);
+                drop(replaced);
                 let me: Arc<dyn Watcher> = self.clone();
                 s.watched_by(Arc::downgrade(&me), fd);
             }
@@ -167,16 +179,27 @@ impl EpollSet {
         events.len().min(out.len())
     }
 
-    /// `epoll_wait` on this set (`epfd` is its kernel instance).
-    pub(crate) fn wait(
+    /// `epoll_wait` on this set (`epfd` is its kernel instance), with
+    /// `epoll_pwait`'s signal mask if `mask` is not null (`wait_mask.rs`).
+    ///
+    /// # Safety
+    /// `mask` is null or the caller's valid `sigset_t`.
+    pub(crate) unsafe fn wait(
         &self,
         epfd: c_int,
         out: &mut [epoll_event],
         timeout: Option<Duration>,
+        mask: *const libc::sigset_t,
     ) -> Result<usize, c_int> {
         let kernel_wait =
             real!(epoll_wait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
         let deadline = timeout.map(|t| Instant::now() + t);
+        let masked = if mask.is_null() {
+            MaskedWait::none()
+        } else {
+            // SAFETY: the caller's contract.
+            serve(|| unsafe { MaskedWait::apply(mask, self.poller.waker()) })
+        };
         loop {
             let mut n = serve(|| self.ginza_events(out, Some(Instant::now())));
             if n < out.len() && self.kernel_members.load(Relaxed) > 0 && self.kernel_may_be_ready()
@@ -192,6 +215,9 @@ impl EpollSet {
             }
             if n > 0 || deadline.is_some_and(|d| d <= Instant::now()) {
                 return Ok(n);
+            }
+            if masked.interrupted() {
+                return Err(libc::EINTR);
             }
             let n = serve(|| {
                 let watch = (self.kernel_members.load(Relaxed) > 0)
@@ -254,9 +280,16 @@ impl Watcher for EpollSet {
         }
     }
 
-    /// `fd`'s socket closed: out of the set, as Linux does.
-    fn forget(&self, fd: c_int) {
-        let gone = lock(&self.members).remove(&fd);
+    /// `fd`'s socket `s` closed: out of the set, as Linux does. Only if
+    /// `fd` is still `s` there: its number is free once closed, and may
+    /// already name a socket another thread accepted and added.
+    fn forget(&self, fd: c_int, s: &GSock) {
+        let mut members = lock(&self.members);
+        let gone = match members.get(&fd) {
+            Some(m) if std::ptr::eq(m.sock.as_ptr(), s) => members.remove(&fd),
+            _ => None,
+        };
+        drop(members);
         drop(gone);
     }
 }

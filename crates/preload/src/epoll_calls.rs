@@ -91,11 +91,15 @@ fn timeout_of_ms(ms: c_int) -> Option<Duration> {
 
 /// `epoll_wait` on a set of ours; None when `epfd` has no Ginza member (the
 /// kernel's call then serves it).
-fn wait_on(
+///
+/// # Safety
+/// `mask` is null or the caller's valid `sigset_t`.
+unsafe fn wait_on(
     epfd: c_int,
     events: *mut epoll_event,
     most: c_int,
     timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
 ) -> Option<c_int> {
     if caller() == Caller::Runtime {
         return None;
@@ -110,7 +114,8 @@ fn wait_on(
     }
     // SAFETY: the caller's array of `most` events.
     let out = unsafe { std::slice::from_raw_parts_mut(events, most as usize) };
-    Some(match set.wait(epfd, out, timeout) {
+    // SAFETY: the caller's contract.
+    Some(match unsafe { set.wait(epfd, out, timeout, mask) } {
         Ok(n) => n as c_int,
         Err(e) => {
             set_errno(e);
@@ -126,7 +131,9 @@ pub unsafe extern "C" fn epoll_wait(
     most: c_int,
     timeout: c_int,
 ) -> c_int {
-    if let Some(r) = wait_on(epfd, events, most, timeout_of_ms(timeout)) {
+    let no_mask = std::ptr::null();
+    // SAFETY: no mask.
+    if let Some(r) = unsafe { wait_on(epfd, events, most, timeout_of_ms(timeout), no_mask) } {
         return r;
     }
     // SAFETY: the kernel's call (on the blocking pool if it waits).
@@ -145,14 +152,9 @@ pub unsafe extern "C" fn epoll_pwait(
         // SAFETY: the same call.
         return unsafe { epoll_wait(epfd, events, most, timeout) };
     }
-    if fdtable::epoll(epfd).is_some() {
-        crate::say::unsupported_once!(
-            "epoll_pwait",
-            "the signal mask is not applied while waiting on Ginza sockets"
-        );
-        if let Some(r) = wait_on(epfd, events, most, timeout_of_ms(timeout)) {
-            return r;
-        }
+    // SAFETY: the caller's mask (checked non-null).
+    if let Some(r) = unsafe { wait_on(epfd, events, most, timeout_of_ms(timeout), mask) } {
+        return r;
     }
     let f = real!(epoll_pwait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const libc::sigset_t) -> c_int);
     // SAFETY: glibc's call with the caller's arguments.
@@ -175,16 +177,9 @@ pub unsafe extern "C" fn epoll_pwait2(
             t.tv_nsec.clamp(0, 999_999_999) as u32,
         )
     });
-    if fdtable::epoll(epfd).is_some() {
-        if !mask.is_null() {
-            crate::say::unsupported_once!(
-                "epoll_pwait2",
-                "the signal mask is not applied while waiting on Ginza sockets"
-            );
-        }
-        if let Some(r) = wait_on(epfd, events, most, limit) {
-            return r;
-        }
+    // SAFETY: the caller's mask, or null.
+    if let Some(r) = unsafe { wait_on(epfd, events, most, limit, mask) } {
+        return r;
     }
     let f = real!(epoll_pwait2: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, *const libc::timespec, *const libc::sigset_t) -> c_int);
     // SAFETY: glibc's call with the caller's arguments.

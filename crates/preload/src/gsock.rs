@@ -19,8 +19,9 @@ use crate::mode::set_errno;
 pub(crate) trait Watcher: Send + Sync {
     /// Number `fd`'s socket is now served by the runtime: watch that.
     fn attach(&self, fd: c_int, s: &GSock);
-    /// Number `fd`'s socket closed: out of the set, as Linux does.
-    fn forget(&self, fd: c_int);
+    /// Number `fd`'s socket `s` closed: out of the set, as Linux does
+    /// (unless the number names another socket in the set by now).
+    fn forget(&self, fd: c_int, s: &GSock);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -76,7 +77,7 @@ impl Drop for GSock {
         let watchers = std::mem::take(&mut *lock(&self.watchers));
         for (set, fd) in watchers {
             if let Some(set) = set.upgrade() {
-                set.forget(fd);
+                set.forget(fd, self);
             }
         }
     }

@@ -12,6 +12,7 @@
 //! `epoll_wait` or `poll` then reports the events, edge-triggered ones
 //! included.
 
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -54,10 +55,16 @@ fn eventfd() -> Option<c_int> {
 /// A watch in progress; dropping it ends it.
 pub(crate) struct KernelWatch {
     cancel: Option<Arc<Cancel>>,
+    /// Set when the program thread is done with the watch: the pool
+    /// thread then wakes nobody. A wake-up after the wait it was for
+    /// would end the thread's next wait at once, whose own watch's
+    /// wake-up would end the one after: a loop of waits that never park.
+    done: Arc<AtomicBool>,
 }
 
 impl Drop for KernelWatch {
     fn drop(&mut self) {
+        self.done.store(true, SeqCst);
         if let Some(c) = self.cancel.take() {
             let write =
                 real!(write: unsafe extern "C" fn(c_int, *const libc::c_void, usize) -> isize);
@@ -78,6 +85,8 @@ pub(crate) fn start(
 ) -> KernelWatch {
     let cancel = eventfd().map(|efd| Arc::new(Cancel { efd }));
     let theirs = cancel.clone();
+    let done = Arc::new(AtomicBool::new(false));
+    let finished = Arc::clone(&done);
     crate::blocking::submit(Box::new(move || {
         let poll =
             real!(poll: unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int);
@@ -100,15 +109,12 @@ pub(crate) fn start(
         };
         // SAFETY: a poll over our own array.
         unsafe { poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
-        // Cancelled: the program thread woke on a Ginza socket and no longer
-        // waits on this watch. A wake now would be stale: it would end the
-        // thread's next wait for nothing, or, parked by then, wake it (and
-        // bring its kthread a core from iokerneld) for nothing.
-        let cancelled = theirs.is_some() && fds.last().is_some_and(|c| c.revents != 0);
-        if !cancelled {
+        // The program thread looks at the kernel descriptors again
+        // whenever its wait ends, so a watch it dropped wakes nobody.
+        if !finished.load(SeqCst) {
             waker.wake();
         }
         drop(theirs);
     }));
-    KernelWatch { cancel }
+    KernelWatch { cancel, done }
 }

@@ -24,8 +24,9 @@
 //! options, closing), `sockio.rs` (reading and writing them), `fdtable.rs`
 //! (which descriptor numbers are Ginza's), `epoll.rs`, `epoll_calls.rs` and
 //! `pollset.rs` (readiness over Ginza sockets and kernel descriptors
-//! together) and `kwatch.rs` (kernel descriptors watched by a pool thread
-//! while a program thread waits on both).
+//! together), `kwatch.rs` (kernel descriptors watched by a pool thread
+//! while a program thread waits on both) and `wait_mask.rs` (the signal
+//! mask of `ppoll`, `pselect` and `epoll_pwait` while they wait).
 #![deny(unsafe_op_in_unsafe_fn)]
 // Every exported function is called by C with C's contract; each documents
 // what it assumes in its SAFETY comments rather than in a `# Safety` section.
@@ -62,3 +63,4 @@ mod start;
 mod tcb;
 mod thread;
 mod time;
+mod wait_mask;

@@ -15,6 +15,7 @@ use libc::{c_int, pollfd};
 use crate::fdtable;
 use crate::gsock::{with_source, GSock, Kind};
 use crate::mode::{caller, real, serve, set_errno, Caller};
+use crate::wait_mask::MaskedWait;
 
 /// A Ginza socket's readiness now. One not served yet is what Linux says
 /// of a fresh socket: a stream hung up and writable, a datagram writable.
@@ -90,25 +91,53 @@ fn look(
 
 /// Polls `fds`, some of them Ginza sockets, until one is ready or
 /// `timeout` passes.
-fn poll_mixed(
+///
+/// # Safety
+/// `mask` is null or the caller's valid `sigset_t`.
+unsafe fn poll_mixed(
     fds: &mut [pollfd],
     ginza: &[(usize, Arc<GSock>)],
     timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
 ) -> Result<usize, c_int> {
     let deadline = timeout.map(|t| Instant::now() + t);
+    let poller = serve(Poller::new);
+    let masked = if mask.is_null() {
+        MaskedWait::none()
+    } else {
+        // SAFETY: the caller's contract.
+        serve(|| unsafe { MaskedWait::apply(mask, poller.waker()) })
+    };
     let mut kernel: Vec<pollfd> = fds
         .iter()
         .enumerate()
         .filter(|(i, p)| p.fd >= 0 && !ginza.iter().any(|(at, _)| at == i))
         .map(|(_, p)| *p)
         .collect();
+    let r = wait_mixed(fds, ginza, &mut kernel, deadline, &poller, &masked);
+    // Runtime objects: dropped as runtime code.
+    serve(|| drop((masked, poller)));
+    r
+}
+
+/// `poll_mixed`'s looks, and waits between them on `poller`.
+fn wait_mixed(
+    fds: &mut [pollfd],
+    ginza: &[(usize, Arc<GSock>)],
+    kernel: &mut [pollfd],
+    deadline: Option<Instant>,
+    poller: &Poller,
+    masked: &MaskedWait,
+) -> Result<usize, c_int> {
     loop {
-        let ready = look(fds, ginza, &mut kernel)?;
+        let ready = look(fds, ginza, kernel)?;
         if ready > 0 || deadline.is_some_and(|d| d <= Instant::now()) {
             return Ok(ready);
         }
+        if masked.interrupted() {
+            return Err(libc::EINTR);
+        }
         serve(|| {
-            let poller = Poller::new();
             let registrations: Vec<_> = ginza
                 .iter()
                 .filter_map(|(i, s)| {
@@ -127,7 +156,7 @@ fn poll_mixed(
                 })
                 .collect();
             let watch = (!kernel.is_empty())
-                .then(|| crate::kwatch::start(kernel.clone(), deadline, poller.waker()));
+                .then(|| crate::kwatch::start(kernel.to_vec(), deadline, poller.waker()));
             let mut events = Vec::new();
             let _ = poller.wait(&mut events, 1, deadline);
             drop(watch);
@@ -153,8 +182,14 @@ fn ts_timeout(t: *const libc::timespec) -> Option<Duration> {
 /// Serves a poll over `fds` if any is a Ginza socket.
 ///
 /// # Safety
-/// `fds` points to `n` pollfds (the caller's contract).
-unsafe fn poll_ours(fds: *mut pollfd, n: libc::nfds_t, timeout: Option<Duration>) -> Option<c_int> {
+/// `fds` points to `n` pollfds (the caller's contract); `mask` is null or
+/// a valid `sigset_t`, applied while waiting (`ppoll`).
+unsafe fn poll_ours(
+    fds: *mut pollfd,
+    n: libc::nfds_t,
+    timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
+) -> Option<c_int> {
     if caller() == Caller::Runtime || fds.is_null() || n == 0 {
         return None;
     }
@@ -164,7 +199,8 @@ unsafe fn poll_ours(fds: *mut pollfd, n: libc::nfds_t, timeout: Option<Duration>
     if ginza.is_empty() {
         return None;
     }
-    Some(match poll_mixed(fds, &ginza, timeout) {
+    // SAFETY: the caller's mask, or null.
+    Some(match unsafe { poll_mixed(fds, &ginza, timeout, mask) } {
         Ok(n) => n as c_int,
         Err(e) => {
             set_errno(e);
@@ -176,7 +212,7 @@ unsafe fn poll_ours(fds: *mut pollfd, n: libc::nfds_t, timeout: Option<Duration>
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     // SAFETY: the caller's array.
-    if let Some(r) = unsafe { poll_ours(fds, n, ms_timeout(timeout)) } {
+    if let Some(r) = unsafe { poll_ours(fds, n, ms_timeout(timeout), std::ptr::null()) } {
         return r;
     }
     // SAFETY: the kernel's call (on the blocking pool if it waits).
@@ -191,13 +227,7 @@ pub unsafe extern "C" fn ppoll(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // SAFETY: the caller's array.
-    if let Some(r) = unsafe { poll_ours(fds, n, ts_timeout(timeout)) } {
-        if !mask.is_null() {
-            crate::say::unsupported_once!(
-                "ppoll",
-                "the signal mask is not applied while waiting on Ginza sockets"
-            );
-        }
+    if let Some(r) = unsafe { poll_ours(fds, n, ts_timeout(timeout), mask) } {
         return r;
     }
     let f = real!(ppoll: unsafe extern "C" fn(*mut pollfd, libc::nfds_t, *const libc::timespec, *const libc::sigset_t) -> c_int);
@@ -208,11 +238,13 @@ pub unsafe extern "C" fn ppoll(
 /// `select`'s sets as pollfds, if any descriptor in them is a Ginza socket.
 ///
 /// # Safety
-/// Each set is null or the caller's valid fd_set.
+/// Each set is null or the caller's valid fd_set; `mask` is null or a
+/// valid `sigset_t`, applied while waiting (`pselect`).
 unsafe fn select_ours(
     n: c_int,
     sets: [*mut libc::fd_set; 3],
     timeout: Option<Duration>,
+    mask: *const libc::sigset_t,
 ) -> Option<c_int> {
     if caller() == Caller::Runtime {
         return None;
@@ -242,7 +274,8 @@ unsafe fn select_ours(
     if ginza.is_empty() {
         return None;
     }
-    let ready = match poll_mixed(&mut fds, &ginza, timeout) {
+    // SAFETY: the caller's mask, or null.
+    let ready = match unsafe { poll_mixed(&mut fds, &ginza, timeout, mask) } {
         Ok(_) => fds,
         Err(e) => {
             set_errno(e);
@@ -291,7 +324,7 @@ pub unsafe extern "C" fn select(
         )
     });
     // SAFETY: the caller's sets.
-    if let Some(c) = unsafe { select_ours(n, [r, w, e], limit) } {
+    if let Some(c) = unsafe { select_ours(n, [r, w, e], limit, std::ptr::null()) } {
         return c;
     }
     // SAFETY: the kernel's call (on the blocking pool if it waits).
@@ -308,13 +341,7 @@ pub unsafe extern "C" fn pselect(
     mask: *const libc::sigset_t,
 ) -> c_int {
     // SAFETY: the caller's sets.
-    if let Some(c) = unsafe { select_ours(n, [r, w, e], ts_timeout(timeout)) } {
-        if !mask.is_null() {
-            crate::say::unsupported_once!(
-                "pselect",
-                "the signal mask is not applied while waiting on Ginza sockets"
-            );
-        }
+    if let Some(c) = unsafe { select_ours(n, [r, w, e], ts_timeout(timeout), mask) } {
         return c;
     }
     let f = real!(pselect: unsafe extern "C" fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *const libc::timespec, *const libc::sigset_t) -> c_int);

@@ -71,6 +71,10 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         f(sig);
     }
     IN_HANDLER.with(|n| n.set(n.get() - 1));
+    if crate::wait_mask::any_armed() {
+        // Waits whose signal mask lets `sig` in end with EINTR.
+        crate::mode::serve(|| crate::wait_mask::signal_taken(sig));
+    }
 }
 
 /// Starts the signal thread: a thread with every signal open that only

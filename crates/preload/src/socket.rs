@@ -411,9 +411,9 @@ fn apply_stream_options(s: &GSock, stream: &TcpStream) {
         // stays on the kernel socket, the connection goes without.
         let _ = stream.set_keepalive(k);
     }
-    if s.is_nonblocking() {
-        let _ = stream.set_nonblocking(true);
-    }
+    // O_NONBLOCK stays the description's alone: each call picks the
+    // waiting or the non-waiting runtime call by it (`sockio.rs`), so a
+    // socket made blocking again by `fcntl` waits.
 }
 
 #[no_mangle]
@@ -460,20 +460,42 @@ fn connect_stream(s: &GSock, to: SocketAddrV4) -> Result<c_int, c_int> {
         Served::Listener(_) => return Err(libc::EINVAL),
         _ => {}
     }
-    if lock(&s.state).reserved.take().is_some() {
-        crate::say::unsupported_once!(
-            "connect",
-            "a bound local address is not kept: the connection takes an ephemeral port"
-        );
+    // A port `bind` reserved (as a listener, so no other socket takes it)
+    // is the connection's: the reservation goes just before it is used.
+    let port = {
+        let mut st = lock(&s.state);
+        st.reserved
+            .take()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(0, |a| a.port())
+    };
+    let connected = if s.is_nonblocking() {
+        TcpStream::connect_nonblocking_from(port, to)
+    } else {
+        TcpStream::connect_from(port, to, None)
+    };
+    let t = match connected {
+        // The protected netstack picks its ports.
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported && port != 0 => {
+            crate::say::unsupported_once!(
+                "connect",
+                "a bound local port is not kept through the protected netstack: the connection takes an ephemeral one"
+            );
+            if s.is_nonblocking() {
+                TcpStream::connect_nonblocking(to)
+            } else {
+                TcpStream::connect(to)
+            }
+        }
+        other => other,
     }
+    .map_err(|e| errno_of(&e))?;
     if s.is_nonblocking() {
-        let t = TcpStream::connect_nonblocking(to).map_err(|e| errno_of(&e))?;
         apply_stream_options(s, &t);
         lock(&s.state).connecting = true;
         s.attach(Served::Stream(Arc::new(t)));
         return Err(libc::EINPROGRESS);
     }
-    let t = TcpStream::connect(to).map_err(|e| errno_of(&e))?;
     apply_stream_options(s, &t);
     s.attach(Served::Stream(Arc::new(t)));
     Ok(0)

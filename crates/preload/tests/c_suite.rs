@@ -388,6 +388,7 @@ suite! {
     sigterm => Spec { args: &["external"], sigterm_when_ready: true, ..BASE };
     signal_thread => BASE;
     pipe_read => BASE;
+    pipe_burst => BASE;
     ginza_api => BASE;
 }
 

@@ -43,12 +43,32 @@ fn concurrent_echo(to: SocketAddrV4, conns: usize, len: usize) -> Result<(), Str
     for (i, s) in streams.iter_mut().enumerate() {
         let mut back = vec![0u8; len];
         s.read_exact(&mut back)
-            .map_err(|e| format!("reading connection {i}'s echo: {e}"))?;
+            .map_err(|e| format!("reading connection {i}'s echo: {e}\n{}", client_side(s)))?;
         if back != message(i, len) {
             return Err(format!("connection {i}: the echo differs"));
         }
     }
     Ok(())
+}
+
+/// What Linux's side of `s` says of it (`ss -tnoi`), run from the
+/// namespace: whether the server's bytes came, and whether ours were
+/// acknowledged.
+fn client_side(s: &TcpStream) -> String {
+    let Ok(local) = s.local_addr() else {
+        return String::new();
+    };
+    let filter = format!("sport = :{}", local.port());
+    match std::process::Command::new("ss")
+        .args(["-tnoi", "state", "all", &filter])
+        .output()
+    {
+        Ok(o) => format!(
+            "Linux's side of it:\n{}",
+            String::from_utf8_lossy(&o.stdout)
+        ),
+        Err(e) => format!("(ss: {e})"),
+    }
 }
 
 fn serves_concurrent_connections(program: &str, args: &[&str]) {
@@ -58,8 +78,76 @@ fn serves_concurrent_connections(program: &str, args: &[&str]) {
     let r = veth.in_ns(move || concurrent_echo(to, 1000, 2000));
     server.check_alive();
     if let Err(e) = r {
-        panic!("{e}\n{program}'s stderr: {}", server.stop());
+        panic!(
+            "{e}\niokerneld's view: {}\n{program}'s threads:\n{}{}\n{program}'s stderr: {}",
+            daemon_view(&veth),
+            threads_view(server.pid()),
+            stacks_view(server.pid()),
+            server.stop()
+        );
     }
+}
+
+/// Where each thread of process `pid` is (name, state, kernel wait
+/// channel, system call), for a failure's report: whether its kthreads
+/// wait in the kernel.
+fn threads_view(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(no /proc entry)".into();
+    };
+    let mut out = String::new();
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let syscall = read("syscall");
+        let syscall = syscall.split_whitespace().next().unwrap_or("?");
+        out += &format!(
+            "{} {} {} wchan={} syscall={}\n",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            state,
+            read("wchan"),
+            syscall
+        );
+    }
+    out
+}
+
+/// The stacks of process `pid`'s threads (`gdb -batch`), for a failure's
+/// report; empty without gdb.
+fn stacks_view(pid: u32) -> String {
+    std::process::Command::new("gdb")
+        .args([
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-ex",
+            "thread apply all bt 12",
+        ])
+        .output()
+        .map_or_else(
+            |e| format!("(gdb: {e})"),
+            |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+}
+
+/// iokerneld's stats now (`ginza top --once --json`), for a failure's
+/// report.
+fn daemon_view(veth: &Veth) -> String {
+    std::process::Command::new(&common::bins().ginza)
+        .args(["top", "--once", "--json", "--socket"])
+        .arg(&veth.daemon.socket)
+        .output()
+        .map_or_else(
+            |e| format!("(ginza top: {e})"),
+            |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
 }
 
 #[test]
@@ -78,9 +166,70 @@ fn an_edge_triggered_epoll_server_serves_1000_concurrent_connections() {
 }
 
 #[test]
-#[ignore = "not reliable yet: one clean-clone CI run of six lost an echo (a lost wake-up not yet found; Debian memcached's tests run the same pattern); run with --ignored"]
+#[ignore = "the server stops now and then under CPU contention (4 of 140 runs beside two CPU-burning loops on the 2-vCPU VM, 1 of the last 62): both kthreads keep running, its ingress rings fill unread and every frame is dropped, so one connection's segments go unanswered (docs/results.md, Session 16); its report then shows Linux's side, iokerneld's view and the server's threads and stacks; run with --include-ignored"]
 fn workers_fed_through_pipes_serve_1000_concurrent_connections() {
     serves_concurrent_connections("echo_workers", &["7000", "4"]);
+}
+
+/// CPU time (user + system, in clock ticks) process `pid` has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    // utime and stime: fields 14 and 15 of stat(5), 12 and 13 after ')'.
+    let at = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    at(11) + at(12)
+}
+
+/// Workers waiting in epoll on their pipe and their idle connections (a
+/// kernel descriptor and Ginza sockets together) hold no CPU: each wait
+/// parks until something happens. (A kernel watch's late wake-up used to
+/// end each next wait at once, so idle workers spun through waits.)
+#[test]
+fn idle_workers_waiting_on_a_pipe_and_sockets_use_no_cpu() {
+    let Some(veth) = Veth::start() else { return };
+    let mut server = veth.server("echo_workers", &["7000", "4"]);
+    let to = veth.addr(7000);
+    // Two connections per worker, each echoed once (so every worker has
+    // added its own to its set), then left open and idle.
+    let open = veth.in_ns(move || -> Result<Vec<TcpStream>, String> {
+        (0..8)
+            .map(|i| {
+                let mut s = TcpStream::connect_timeout(&to.into(), Duration::from_secs(10))
+                    .map_err(|e| format!("connection {i}: {e}"))?;
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let msg = message(i, 10);
+                s.write_all(&msg)
+                    .map_err(|e| format!("connection {i}: {e}"))?;
+                let mut back = [0u8; 10];
+                s.read_exact(&mut back)
+                    .map_err(|e| format!("connection {i}'s echo: {e}"))?;
+                Ok(s)
+            })
+            .collect()
+    });
+    let open = open.unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    let pid = server.pid();
+    let hz = 100; // USER_HZ on Linux
+    let before = cpu_ticks(pid);
+    // A measurement window, not a wait for a condition.
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    server.check_alive();
+    drop(open);
+    eprintln!("idle echo_workers: {} ms of CPU in 2 s", used * 1000 / hz);
+    assert!(
+        used * 1000 / hz < 400,
+        "idle workers used {} ms of CPU in 2 s\nthreads:\n{}",
+        used * 1000 / hz,
+        threads_view(pid)
+    );
 }
 
 #[test]
@@ -185,6 +334,213 @@ fn an_epoll_set_with_a_quiet_pipe_wakes_on_either_without_the_blocking_pool() {
 #[test]
 fn the_quiet_pipe_program_passes_on_linux_itself() {
     quiet_pipe_in_an_epoll_set(On::Linux);
+}
+
+/// A Linux server in the namespace on `port` that, for each of `conns`
+/// connections, reads "port N\n" and answers "seen P\n" with the peer port
+/// it saw; the (told, seen) pairs.
+fn port_witness(veth: &Veth, port: u16, conns: usize) -> std::thread::JoinHandle<Vec<(u16, u16)>> {
+    let ip = veth.ns.ns_ip;
+    let l = veth
+        .in_ns(move || std::net::TcpListener::bind((ip, port)))
+        .expect("a listener in the namespace");
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for _ in 0..conns {
+            let (mut s, peer) = l.accept().expect("accept");
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut line = Vec::new();
+            let mut b = [0u8; 1];
+            while !line.ends_with(b"\n") {
+                match s.read(&mut b) {
+                    Ok(1) => line.push(b[0]),
+                    _ => break,
+                }
+            }
+            let told = std::str::from_utf8(&line)
+                .ok()
+                .and_then(|l| l.trim().strip_prefix("port "))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            let _ = s.write_all(format!("seen {}\n", peer.port()).as_bytes());
+            seen.push((told, peer.port()));
+        }
+        seen
+    })
+}
+
+fn bound_then_connected(on: On) {
+    let Some(veth) = Veth::start() else { return };
+    let witness = port_witness(&veth, 7300, 2);
+    let args = [
+        veth.ns.ns_ip.to_string(),
+        "7300".to_string(),
+        "41234".to_string(),
+    ];
+    let (ok, report) = client(&veth, on, "bound_connect", &args);
+    assert!(ok, "{report}");
+    let seen = witness.join().expect("the witness thread");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0], (41234, 41234), "the blocking connect's port");
+    assert_eq!(
+        seen[1].0, seen[1].1,
+        "the non-blocking connect's port (told, seen)"
+    );
+}
+
+#[test]
+fn a_socket_bound_then_connected_keeps_its_port() {
+    bound_then_connected(On::Ginza);
+}
+
+#[test]
+fn the_bound_connect_program_passes_on_linux_itself() {
+    bound_then_connected(On::Linux);
+}
+
+fn signal_masks(on: On) {
+    let Some(veth) = Veth::start() else { return };
+    let (ok, report) = client(&veth, on, "sig_mask", &["7400".to_string()]);
+    assert!(ok, "{report}");
+}
+
+#[test]
+fn ppoll_pselect_and_epoll_pwait_apply_their_signal_mask() {
+    signal_masks(On::Ginza);
+}
+
+#[test]
+fn the_signal_mask_program_passes_on_linux_itself() {
+    signal_masks(On::Linux);
+}
+
+/// One connection to `to` that echoes `msg` back.
+fn echo_once(to: SocketAddrV4, msg: &[u8]) -> Result<(), String> {
+    let mut s = TcpStream::connect_timeout(&to.into(), Duration::from_secs(10))
+        .map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(msg).map_err(|e| format!("write: {e}"))?;
+    let mut back = vec![0u8; msg.len()];
+    s.read_exact(&mut back).map_err(|e| format!("echo: {e}"))?;
+    if back != msg {
+        return Err("the echo differs".into());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_syn_flood_leaves_the_server_bounded_and_serving() {
+    syn_flood_against_echo_epoll(false);
+}
+
+#[test]
+#[ignore = "a genuine client is reset now and then during the flood: its half-open entry is evicted by newer SYNs before its ACK is read (no SYN cookies; iokerneld's grants took up to 47 ms on the 2-vCPU VM, dropping frames meanwhile); run with --ignored"]
+fn real_clients_are_served_during_a_syn_flood() {
+    syn_flood_against_echo_epoll(true);
+}
+
+/// 100,000 spoofed SYNs at 25,000/s (after an unpaced warm-up burst)
+/// against `echo_epoll`: the SYNs reach it (SYN-ACKs counted), it stays
+/// up, serves clients after, its descriptors come back and its memory
+/// stays bounded; with `clients_during`, real clients are served during
+/// the flood too.
+fn syn_flood_against_echo_epoll(clients_during: bool) {
+    use common::syn_flood::{count_syn_acks, flood};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let Some(veth) = Veth::start() else { return };
+    let mut server = veth.server("echo_epoll", &["7000", "lt"]);
+    let to = veth.addr(7000);
+    // Warm up: a first flood, as fast as one raw socket sends, fills the
+    // listener's half-open set to its bound and brings the ingress buffers
+    // into memory, so what is measured is growth with the number of SYNs.
+    // (During a flood that fast a genuine handshake can lose its half-open
+    // entry before its ACK is read, and the client is reset: no SYN
+    // cookies yet, see docs/preload.md.)
+    let sent = veth
+        .in_ns(move || flood(to, 50_000, None, 1))
+        .expect("a raw socket");
+    assert!(sent > 0, "no SYN of the warm-up flood was sent");
+    veth.in_ns(move || echo_once(to, b"after the warm-up"))
+        .unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    let (fds, rss) = (server.fds(), server.rss_kib());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooding = Arc::new(AtomicBool::new(true));
+    let ifname = veth.ns.ns_if.clone();
+    let counter = {
+        let stop = Arc::clone(&stop);
+        veth.ns
+            .spawn_in(move || count_syn_acks(&ifname, to, stop))
+            .expect("a thread in the namespace")
+    };
+    let flooder = {
+        let flooding = Arc::clone(&flooding);
+        veth.ns
+            .spawn_in(move || {
+                // 25,000 SYNs a second: the half-open set's 1,024 entries
+                // turn over every 41 ms, far longer than a handshake.
+                let r = flood(to, 100_000, Some(25_000), 2);
+                flooding.store(false, Ordering::SeqCst);
+                r
+            })
+            .expect("a thread in the namespace")
+    };
+    // Real clients while it floods: every one is served.
+    let clients = {
+        let flooding = Arc::clone(&flooding);
+        veth.in_ns(move || -> Result<usize, String> {
+            let mut served = 0;
+            while clients_during && (flooding.load(Ordering::SeqCst) || served < 5) {
+                echo_once(to, &message(served, 100))
+                    .map_err(|e| format!("client {served} during the flood: {e}"))?;
+                served += 1;
+            }
+            Ok(served)
+        })
+    };
+    let sent = flooder
+        .join()
+        .expect("the flood thread")
+        .expect("a raw socket");
+    stop.store(true, Ordering::SeqCst);
+    let answered = counter
+        .join()
+        .expect("the counting thread")
+        .expect("a packet socket");
+    server.check_alive();
+    let served = clients.unwrap_or_else(|e| {
+        panic!(
+            "{e}\niokerneld's view: {}\nthe server's threads:\n{}stderr: {}",
+            daemon_view(&veth),
+            threads_view(server.pid()),
+            server.stop()
+        )
+    });
+    eprintln!(
+        "SYN flood: {sent} SYNs sent, {answered} SYN-ACKs seen, {served} real clients served"
+    );
+    assert!(
+        answered >= 1000,
+        "only {answered} SYN-ACKs to the {sent} spoofed SYNs: the flood did not reach the server"
+    );
+    veth.in_ns(move || -> Result<(), String> {
+        for i in 0..20 {
+            echo_once(to, &message(i, 100))
+                .map_err(|e| format!("client {i} after the flood: {e}"))?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\nstderr: {}", server.stop()));
+    wait_for("the server's descriptors to come back", || {
+        server.fds() <= fds
+    });
+    let grown = server.rss_kib().saturating_sub(rss);
+    assert!(
+        grown < 16 << 10,
+        "resident memory grew by {grown} KiB over 100,000 spoofed SYNs (from {rss} KiB)"
+    );
 }
 
 #[test]

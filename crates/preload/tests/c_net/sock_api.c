@@ -5,7 +5,8 @@
  * ways, dup/dup2/F_DUPFD, poll, select and epoll over a pipe and a socket
  * together (waking on either), EPOLLONESHOT, options with Linux's answers,
  * shutdown and EPIPE with and without SIGPIPE, a loopback socket left to
- * the kernel, and UDP.
+ * the kernel, an epoll member's number reused while a dup of it lives,
+ * and UDP.
  *
  *     sock_api HOST PORT UDP_PORT
  */
@@ -393,6 +394,48 @@ static void address_in_use(void)
 	close(a);
 }
 
+/* A socket closed under one number while a dup of it lives on, and a new
+ * socket given that number and added to the same epoll set: the old
+ * one's last close leaves the new one in the set (epoll keys its members
+ * by number and file). */
+static void epoll_number_reused(struct sockaddr_in to)
+{
+	int a = socket(AF_INET, SOCK_STREAM, 0);
+	CHECK(a >= 0 && connect(a, (struct sockaddr *)&to, sizeof to) == 0, "connect: %s",
+	      strerror(errno));
+	int d = dup(a);
+	CHECK(d >= 0, "dup: %s", strerror(errno));
+	int ep = epoll_create1(0);
+	CHECK(ep >= 0, "epoll_create1: %s", strerror(errno));
+	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 1 };
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, a, &ev) == 0, "adding the first socket: %s",
+	      strerror(errno));
+	close(a);
+	int b = socket(AF_INET, SOCK_STREAM, 0);
+	CHECK(b >= 0 && connect(b, (struct sockaddr *)&to, sizeof to) == 0, "connect: %s",
+	      strerror(errno));
+	if (b != a) {
+		CHECK(dup2(b, a) == a, "dup2: %s", strerror(errno));
+		close(b);
+		b = a;
+	}
+	ev.data.u64 = 2;
+	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, b, &ev) == 0,
+	      "adding a new socket under a closed one's number: %s", strerror(errno));
+	close(d);
+	CHECK(write(b, "x", 1) == 1, "write: %s", strerror(errno));
+	struct epoll_event got;
+	int n = epoll_wait(ep, &got, 1, 10000);
+	CHECK(n == 1 && got.data.u64 == 2,
+	      "the new socket's echo: %d event(s), data %llu (the old socket's last close "
+	      "took the new one out of the set?)",
+	      n, n == 1 ? (unsigned long long)got.data.u64 : 0ull);
+	char c;
+	read_exact(b, &c, 1);
+	close(ep);
+	close(b);
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(argc == 4, "usage: %s HOST PORT UDP_PORT", argv[0]);
@@ -413,6 +456,7 @@ int main(int argc, char **argv)
 	ends(s);
 	loopback_stays_kernel();
 	address_in_use();
+	epoll_number_reused(to);
 	udp(uto);
 	PASS("sock_api");
 }

@@ -4,6 +4,7 @@
 //! programs with the system `cc`.
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod syn_flood;
 pub mod veth;
 
 use std::io::Read;

@@ -212,7 +212,27 @@ impl TcpStream {
     /// ephemeral port: `ConnectionRefused` if the peer resets our SYN,
     /// `TimedOut` if the SYN's retransmissions give up.
     pub fn connect(addr: impl ToSocketAddrs) -> io::Result<TcpStream> {
-        connect(first_v4(addr)?, None)
+        connect(first_v4(addr)?, 0, None)
+    }
+
+    /// [`connect`](Self::connect) from `local_port` of the application's
+    /// address (0: an ephemeral one), giving up after `timeout` if any:
+    /// what a C program's `bind` then `connect` asks. `AddrNotAvailable`
+    /// if that port already has a connection to `addr`. The protected
+    /// netstack chooses its own ports: a nonzero one there is
+    /// `Unsupported`.
+    pub fn connect_from(
+        local_port: u16,
+        addr: SocketAddrV4,
+        timeout: Option<Duration>,
+    ) -> io::Result<TcpStream> {
+        if timeout.is_some_and(|t| t.is_zero()) {
+            return Err(os_error(
+                libc::EINVAL,
+                format_args!("cannot set a 0 duration timeout"),
+            ));
+        }
+        connect(addr, local_port, timeout)
     }
 
     /// [`connect`](Self::connect), giving up after `timeout` (`TimedOut`).
@@ -223,7 +243,7 @@ impl TcpStream {
                 format_args!("cannot set a 0 duration timeout"),
             ));
         }
-        connect(first_v4(*addr)?, Some(timeout))
+        connect(first_v4(*addr)?, 0, Some(timeout))
     }
 
     /// Sends the SYN and returns at once (a non-blocking `connect`'s
@@ -233,11 +253,22 @@ impl TcpStream {
     /// give `EAGAIN` in non-blocking mode. In-process, a peer whose MAC
     /// ARP does not know yet is asked for first (that is waited for).
     pub fn connect_nonblocking(addr: SocketAddrV4) -> io::Result<TcpStream> {
+        Self::connect_nonblocking_from(0, addr)
+    }
+
+    /// [`connect_nonblocking`](Self::connect_nonblocking) from
+    /// `local_port` of the application's address (0: an ephemeral one),
+    /// as a C program's `bind` then `connect` asks: `AddrNotAvailable` if
+    /// that port already has a connection to `addr`. The protected
+    /// netstack chooses its own ports: a nonzero one there is
+    /// `Unsupported`.
+    pub fn connect_nonblocking_from(local_port: u16, addr: SocketAddrV4) -> io::Result<TcpStream> {
         check_connect_addr(addr)?;
         let rt = runtime("TcpStream::connect_nonblocking")?;
         let backend = if crate::net::tcp_of(&rt).is_some() {
-            StreamBackend::InProcess(stream::connect_nonblocking(rt, addr)?)
+            StreamBackend::InProcess(stream::connect_nonblocking(rt, addr, local_port)?)
         } else if protected::of(&rt).is_some() {
+            no_port_choice(local_port)?;
             StreamBackend::Protected(ProtectedStream::connect_nonblocking(rt, addr)?)
         } else {
             return Err(no_net());
@@ -372,12 +403,30 @@ fn check_connect_addr(addr: SocketAddrV4) -> io::Result<()> {
     Ok(())
 }
 
-fn connect(addr: SocketAddrV4, timeout: Option<Duration>) -> io::Result<TcpStream> {
+/// The protected netstack's `connect` command names no local port.
+fn no_port_choice(local_port: u16) -> io::Result<()> {
+    if local_port == 0 {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "the protected netstack chooses the local port: cannot connect from port {local_port}"
+        ),
+    ))
+}
+
+fn connect(
+    addr: SocketAddrV4,
+    local_port: u16,
+    timeout: Option<Duration>,
+) -> io::Result<TcpStream> {
     check_connect_addr(addr)?;
     let rt = runtime("TcpStream::connect")?;
     let backend = if crate::net::tcp_of(&rt).is_some() {
-        StreamBackend::InProcess(stream::connect(rt, addr, timeout)?)
+        StreamBackend::InProcess(stream::connect(rt, addr, local_port, timeout)?)
     } else if protected::of(&rt).is_some() {
+        no_port_choice(local_port)?;
         StreamBackend::Protected(ProtectedStream::connect(rt, addr, timeout)?)
     } else {
         return Err(no_net());

@@ -315,12 +315,14 @@ impl Drop for Handle {
     }
 }
 
-/// Sends a SYN from an ephemeral port of `rt`'s stack to `addr` (checked
-/// by the caller). The peer's MAC: `Some`, the one ARP gave; `None`, not
-/// known yet (the connection sends nothing until `finish_connect` has it).
+/// Sends a SYN from `local_port` (0: an ephemeral port) of `rt`'s stack
+/// to `addr` (checked by the caller). The peer's MAC: `Some`, the one ARP
+/// gave; `None`, not known yet (the connection sends nothing until
+/// `finish_connect` has it).
 fn start_connect(
     rt: &Arc<Shared>,
     addr: SocketAddrV4,
+    local_port: u16,
     mac: Option<MacAddr>,
 ) -> io::Result<Arc<Conn>> {
     let tcp = super::super::tcp_of(rt).expect("the caller checked");
@@ -329,16 +331,25 @@ fn start_connect(
     let conn = {
         let mut table = tcp.table.lock();
         let our_ip = tcp.our_ip();
-        let port = table
-            .ephemeral_port(our_ip, remote)
-            .ok_or_else(|| super::no_ephemeral_port(remote))?;
+        let port = match local_port {
+            0 => table
+                .ephemeral_port(our_ip, remote)
+                .ok_or_else(|| super::no_ephemeral_port(remote))?,
+            p => p,
+        };
         let key = FourTuple::new(Endpoint::new(our_ip, port), remote);
         let now = tcp.now();
         let iss = tcp.isn().isn(key.local, remote, now);
         let tcb = Connection::connect(&tcp.config, key.local, remote, iss, now);
         let conn = Conn::new(key, tcb, mac.unwrap_or(MacAddr::BROADCAST), None);
         conn.inner.lock().awaiting_arp = mac.is_none();
-        table.insert(key, Arc::clone(&conn));
+        if !table.insert(key, Arc::clone(&conn)) {
+            // Only a chosen port can meet a connection already there.
+            return Err(os_error(
+                libc::EADDRNOTAVAIL,
+                format_args!("TCP connect from port {port} to {addr}: that connection exists"),
+            ));
+        }
         conn
     };
     if mac.is_some() {
@@ -383,16 +394,17 @@ fn finish_connect(rt: &Weak<Shared>, conn: &Arc<Conn>, mut asked_at: Option<Inst
     }
 }
 
-/// Connects from an ephemeral port of `rt`'s stack (`addr` checked by the
-/// caller).
+/// Connects from `local_port` (0: an ephemeral port) of `rt`'s stack
+/// (`addr` checked by the caller).
 pub(crate) fn connect(
     rt: Arc<Shared>,
     addr: SocketAddrV4,
+    local_port: u16,
     timeout: Option<Duration>,
 ) -> io::Result<InProcessStream> {
     let deadline = timeout.map(|t| Instant::now() + t);
     let mac = super::super::resolve_mac(&rt, Endpoint::from(addr), deadline)?;
-    let conn = start_connect(&rt, addr, Some(mac))?;
+    let conn = start_connect(&rt, addr, local_port, Some(mac))?;
     let tcp = super::super::tcp_of(&rt).expect("the caller checked");
     let r = tcp.wait_on(&rt, &conn, deadline, |inner| {
         match (inner.tcb.error(), inner.tcb.state()) {
@@ -426,10 +438,11 @@ pub(crate) fn connect(
 pub(crate) fn connect_nonblocking(
     rt: Arc<Shared>,
     addr: SocketAddrV4,
+    local_port: u16,
 ) -> io::Result<InProcessStream> {
     let mut asked_at = None;
     let mac = super::super::look_for_mac(&rt, Endpoint::from(addr), &mut asked_at)?;
-    let conn = start_connect(&rt, addr, mac)?;
+    let conn = start_connect(&rt, addr, local_port, mac)?;
     if mac.is_none() {
         let (weak, c) = (Arc::downgrade(&rt), Arc::clone(&conn));
         // Detached: it ends within ARP's give-up time.
