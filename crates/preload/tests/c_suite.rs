@@ -388,6 +388,7 @@ suite! {
     sigterm => Spec { args: &["external"], sigterm_when_ready: true, ..BASE };
     signal_thread => BASE;
     pipe_read => BASE;
+    glibc_thread => BASE;
     ginza_api => BASE;
 }
 
