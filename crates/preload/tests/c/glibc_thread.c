@@ -9,12 +9,18 @@
  * a thousand times and more, then hand a token back and forth with the main
  * thread through one condvar. Exact counts; each thread keeps its own
  * errno and __thread values; pthread_join and pthread_self work on them.
- * Four times over, with new threads each time.
+ * Four times over, with new threads each time. First of all, before such
+ * a thread calls anything, it is sent SIGURG (Ginza's preemption signal;
+ * Linux ignores it) 50 times while it spins: it must not be taken for a
+ * preempted program thread either.
  */
 #include "check.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define GLIBC_THREADS 2
@@ -43,9 +49,20 @@ static create_fn glibc_create(void)
 	return f;
 }
 
+/* The first glibc thread's kernel tid once it spins, and its release. */
+static atomic_int spinner_tid;
+static atomic_int spinner_released;
+
 static void *glibc_thread(void *arg)
 {
 	int id = (int)(uintptr_t)arg;
+	if (id == 0) {
+		/* No call into any library before the signals: a raw system
+		 * call, then a spin in this program's own code. */
+		atomic_store(&spinner_tid, (int)syscall(SYS_gettid));
+		while (!atomic_load(&spinner_released))
+			__asm__ __volatile__("pause" ::: "memory");
+	}
 	self_seen[id] = pthread_self();
 	mine = 1000 + id;
 	/* Phase 1: blocking calls while the main thread spins in C code. */
@@ -88,8 +105,20 @@ static void one_time(create_fn create)
 	for (int i = 0; i < GLIBC_THREADS; i++)
 		pings[i] = 0;
 	mine = 1;
+	atomic_store(&spinner_tid, 0);
+	atomic_store(&spinner_released, 0);
 	for (int i = 0; i < GLIBC_THREADS; i++)
 		PT(create(&t[i], NULL, glibc_thread, (void *)(uintptr_t)i));
+	uint64_t wait_until = now_ns() + 10ull * 1000000000ull;
+	while (atomic_load(&spinner_tid) == 0)
+		CHECK(now_ns() < wait_until, "the glibc thread did not start in 10 s");
+	for (int i = 0; i < 50; i++) {
+		CHECK(syscall(SYS_tgkill, getpid(), atomic_load(&spinner_tid),
+			      SIGURG) == 0,
+		      "tgkill: %s", strerror(errno));
+		spin_ns(100000);
+	}
+	atomic_store(&spinner_released, 1);
 	/* Keep this thread's kthread busy in C code meanwhile. */
 	uint64_t deadline = now_ns() + 20ull * 1000000000ull;
 	for (;;) {
