@@ -13,6 +13,15 @@
 //!   Synchronization objects are still ours (one object may be used by
 //!   every kind of thread), served on the caller's own thread pointer;
 //!   blocking is the thread's.
+//!
+//! A kernel thread made by glibc's `pthread_create` called behind the
+//! library's back (jemalloc finds it with `dlsym(RTLD_NEXT)` for its
+//! background threads, as Redis uses them) inherits its creator's GS: FS ≠
+//! GS ≠ 0 as for a program thread, but FS is a block of glibc's, not one of
+//! `tcb.rs`'s. Taken for a program thread, it would run the runtime on the
+//! kthread's block, as that kthread, on its own stack: two kernel threads
+//! in one scheduler. Such a thread is found by its block's mark, and its GS
+//! is cleared on its first call, so it is any other thread from then on.
 
 use ginza_runtime::foreign_tls::{enabled, fs_base, gs_base, set_fs_base};
 
@@ -33,12 +42,25 @@ pub(crate) fn caller() -> Caller {
     }
     let gs = gs_base();
     if gs == 0 {
-        Caller::Other
-    } else if fs_base() == gs {
-        Caller::Runtime
-    } else {
-        Caller::Uthread
+        return Caller::Other;
     }
+    let fs = fs_base();
+    if fs == gs {
+        Caller::Runtime
+    } else if crate::tcb::is_program_thread_block(fs) {
+        Caller::Uthread
+    } else {
+        adopt_foreign_thread()
+    }
+}
+
+/// A kernel thread glibc made without the library, GS inherited from its
+/// creator: from now on no thread of the runtime's. Async-signal-safe.
+#[cold]
+#[inline(never)]
+fn adopt_foreign_thread() -> Caller {
+    ginza_runtime::foreign_tls::unmark_thread();
+    Caller::Other
 }
 
 /// Runs `f` as runtime code: for a uthread in C code, on its kthread's

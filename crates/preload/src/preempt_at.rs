@@ -53,9 +53,12 @@ pub(crate) fn init() {
 }
 
 /// Called by the preemption handler on the interrupted thread's pointer:
-/// async-signal-safe (relaxed loads and this library's static TLS).
+/// async-signal-safe (relaxed loads and this library's static TLS). A
+/// kernel thread glibc made past the library (`mode.rs`) is never a
+/// program thread to preempt, even before its first call clears its GS.
 pub(crate) fn may_preempt_at(rip: usize) -> bool {
-    !crate::signal::in_program_handler()
+    crate::tcb::is_program_thread_block(ginza_runtime::foreign_tls::fs_base())
+        && !crate::signal::in_program_handler()
         && (0..RANGES).any(|i| {
             let (s, e) = (START[i].load(Relaxed), END[i].load(Relaxed));
             s <= rip && rip < e

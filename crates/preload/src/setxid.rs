@@ -36,11 +36,11 @@ extern "C" fn on_setxid(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     // SAFETY: the handler glibc installed with SA_SIGINFO.
     let glibc: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
         unsafe { std::mem::transmute(glibc) };
-    let (fs, gs) = (fs_base(), gs_base());
-    if gs == 0 || fs == gs {
+    if crate::mode::caller() != crate::mode::Caller::Uthread {
         glibc(sig, info, ctx);
         return;
     }
+    let (fs, gs) = (fs_base(), gs_base());
     // SAFETY: GS is this kthread's own thread pointer; FS goes back to the
     // interrupted program thread's block before returning to it.
     unsafe {

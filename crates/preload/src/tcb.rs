@@ -12,6 +12,11 @@
 //! kernel instead of reading a stale CPU). The list and tid offsets are
 //! private to glibc; they are found at start by looking for the initial
 //! thread's tid in its own descriptor.
+//!
+//! Each block also carries a mark in a header word glibc leaves unused
+//! (`unused_vgetcpu_cache[0]`), so that a kernel thread glibc made behind
+//! the library's back, which inherits its creator's GS, is not taken for
+//! a program thread (`mode.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -21,6 +26,10 @@ const SELF_OFF: usize = 0x10;
 const MULTIPLE_THREADS_OFF: usize = 0x18;
 const STACK_GUARD_OFF: usize = 0x28;
 const POINTER_GUARD_OFF: usize = 0x30;
+/// `tcbhead_t.unused_vgetcpu_cache[0]`: kept by glibc, never read.
+const MARK_OFF: usize = 0x38;
+/// What [`allocate`] writes at [`MARK_OFF`] ("ginza tcb").
+const MARK: usize = 0x6769_6e7a_6174_6362;
 
 static ALLOCATE: AtomicUsize = AtomicUsize::new(0);
 static DEALLOCATE: AtomicUsize = AtomicUsize::new(0);
@@ -88,6 +97,7 @@ pub(crate) fn allocate() -> Option<usize> {
         ((tcb + MULTIPLE_THREADS_OFF) as *mut i32).write(1);
         put(STACK_GUARD_OFF, get(STACK_GUARD_OFF));
         put(POINTER_GUARD_OFF, get(POINTER_GUARD_OFF));
+        put(MARK_OFF, MARK);
         let tid_off = TID_OFF.load(Relaxed);
         if tid_off != 0 {
             let list = tcb + tid_off - 16;
@@ -102,6 +112,15 @@ pub(crate) fn allocate() -> Option<usize> {
         }
     }
     Some(tcb)
+}
+
+/// Whether the thread pointer `tp` of a running thread is a block made by
+/// [`allocate`]: async-signal-safe (one load).
+#[inline(always)]
+pub(crate) fn is_program_thread_block(tp: usize) -> bool {
+    // SAFETY: `tp` is a running thread's thread pointer: a glibc thread
+    // control block, whose header is larger than MARK_OFF + 8 bytes.
+    unsafe { ((tp + MARK_OFF) as *const usize).read_volatile() == MARK }
 }
 
 static CTYPE_INIT: AtomicUsize = AtomicUsize::new(0);

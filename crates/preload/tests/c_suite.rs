@@ -389,6 +389,8 @@ suite! {
     signal_thread => BASE;
     pipe_read => BASE;
     pipe_burst => BASE;
+
+    glibc_thread => BASE;
     ginza_api => BASE;
 }
 
