@@ -389,7 +389,6 @@ suite! {
     signal_thread => BASE;
     pipe_read => BASE;
     pipe_burst => BASE;
-
     glibc_thread => BASE;
     ginza_api => BASE;
 }
