@@ -920,6 +920,7 @@ fn sim_steering_point(
         grant_latency_us: 1.0,
         preempt_latency_us: 1.0,
         park_spin_us: 2.0,
+        idle_poll_us: 0.0,
         duration_us: settings.duration.as_secs_f64() * 1e6,
         warmup_us: 0.0,
         seed,

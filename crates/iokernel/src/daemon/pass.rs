@@ -4,6 +4,7 @@
 //! back, and kthreads that miss the preemption deadline.
 
 use std::os::fd::AsFd;
+use std::time::Duration;
 
 use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
 use ginza_shm::{
@@ -15,6 +16,12 @@ use log::{debug, warn};
 use super::{App, Iokerneld};
 use crate::actuator::{CoreActuator, Target};
 use ginza_sys::clock;
+
+/// How long a kthread polling while idle has to see its queue line's
+/// `PREEMPT_PENDING` and yield before the signal is sent (docs/idle-poll.md):
+/// it looks on every turn of its loop, well under a microsecond apart unless
+/// Linux runs another thread on its CPU.
+const POLLER_GRACE: Duration = Duration::from_micros(20);
 
 /// What an allocation pass asks of the policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +296,11 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ..Default::default()
                 };
                 line.update(&mut ks);
+                // Its word, believed only while it holds the core: a lie
+                // costs the liar its core, no one else anything.
+                ks.idle_polling = kt.core.is_some()
+                    && !kt.preempting
+                    && line.flags.contains(LineFlags::IDLE_POLLING);
                 if let (0, Some(d)) = (k, &app.dispatch) {
                     // The dispatch queues are this application's queued
                     // work (docs/colocate.md): counted as kthread 0's
@@ -319,7 +331,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 // before it parked): not idle until the dataplane has
                 // moved them, or an idle sleep would hold them up to
                 // `idle_sleep` (docs/protected.md, "Benchmark").
-                busy |= kt.core.is_some()
+                // A kthread polling while idle is no reason to stay awake
+                // (docs/idle-poll.md): it rings the bell when it runs work.
+                busy |= (kt.core.is_some() && !ks.idle_polling)
                     || (kt.preempting && !kt.evicted)
                     || (has_egress && kt.drain_egress)
                     || ks.counters.has_items();
@@ -864,6 +878,10 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return (a, k);
         }
+        let polled = app.ends[k]
+            .line
+            .flags()
+            .contains(LineFlags::IDLE_POLLING);
         let kt = &mut app.kt[k];
         let id = app.id;
         if let Some(i) = self
@@ -918,6 +936,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             "preempt: app {:?} kthread {k} off cpu {cpu} ({reason:?})",
             app.name
         );
+        if polled {
+            // Polling while idle (docs/idle-poll.md): it reads the flag
+            // within a turn of its loop and yields; the signal only if it
+            // has not within the grace.
+            let grace = POLLER_GRACE.as_nanos() as u64;
+            app.kt[k].signal_due = Some(now.saturating_add(grace));
+            return (a, k);
+        }
         if reason == PreemptReason::CoreNeeded
             && app.kt[k].idle_class
             && self.cfg.handover_from_idle_at_once
