@@ -132,7 +132,11 @@ fn bursts_get_extra_cores_which_go_back_when_idle() {
     let n = cores().len();
     let sampler = Sampler::start(d.socket.clone());
     let socket = d.socket.clone();
-    let idle_cores = ginza_runtime::run(d.app("bursty", Class::LatencyCritical, 0, n), move || {
+    let mut cfg = d.app("bursty", Class::LatencyCritical, 0, n);
+    // Parking is what this test is about: no kthread polls while idle
+    // (docs/idle-poll.md; tests/idle_poll.rs for that).
+    cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::ZERO;
+    let idle_cores = ginza_runtime::run(cfg, move || {
         for _ in 0..3 {
             burst(40, Duration::from_micros(300));
             ginza_runtime::sleep(Duration::from_millis(20));
