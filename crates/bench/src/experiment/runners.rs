@@ -1118,6 +1118,8 @@ fn memcached_point(
         ginza_run: None,
         // As `bench memcached` by default: iokerneld may sleep while idle.
         iokernel_spin: false,
+        // As the runtime runs by default: kv-server polls while idle.
+        kv_park: false,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
