@@ -120,7 +120,12 @@ fn a_free_core_goes_first_and_nobody_is_preempted() {
 fn a_latency_critical_app_takes_a_polled_core_before_preempting_a_busy_one() {
     // App 0 polls on core 1; app 1 (bursting) is busy on core 0, the core
     // app 2 last gave up and would otherwise take back by preemption.
-    let mut wanting = app(3, AppClass::LatencyCritical, 0, vec![backlog(parked(Some(0)))]);
+    let mut wanting = app(
+        3,
+        AppClass::LatencyCritical,
+        0,
+        vec![backlog(parked(Some(0)))],
+    );
     wanting.last_yielded_core = Some(0);
     let apps = [
         app(1, AppClass::LatencyCritical, 0, vec![polling(1)]),

@@ -78,11 +78,7 @@ impl<'a> IdlePoll<'a> {
         }
         if !self.on {
             // One poller per application: the others park.
-            if self
-                .pollers
-                .compare_exchange(0, 1, SeqCst, SeqCst)
-                .is_err()
-            {
+            if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
                 return false;
             }
             self.on = true;

@@ -25,7 +25,10 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         if let Some(v) = f() {
             return v;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -50,7 +53,10 @@ impl Idler {
         // Longer than any wait below on a loaded machine: the bound is
         // not what these tests are about.
         cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::from_secs(60);
-        let (wakes, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+        let (wakes, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let (w, s) = (Arc::clone(&wakes), Arc::clone(&stop));
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::spawn(move || {

@@ -830,7 +830,12 @@ mod tests {
             p50_polls + 15.0 < p50_parks,
             "alone: p50 {p50_polls} µs polling, {p50_parks} µs parking"
         );
-        assert!(polls.grants * 10 < parks.grants, "{} vs {}", polls.grants, parks.grants);
+        assert!(
+            polls.grants * 10 < parks.grants,
+            "{} vs {}",
+            polls.grants,
+            parks.grants
+        );
         let (parks, polls) = (run(0.0, true), run(10_000.0, true));
         assert!(
             (polls.batch_share - parks.batch_share).abs() < 0.01,

@@ -878,10 +878,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return (a, k);
         }
-        let polled = app.ends[k]
-            .line
-            .flags()
-            .contains(LineFlags::IDLE_POLLING);
+        let polled = app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING);
         let kt = &mut app.kt[k];
         let id = app.id;
         if let Some(i) = self
