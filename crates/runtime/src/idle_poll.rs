@@ -26,11 +26,6 @@ use ginza_shm::LineFlags;
 use crate::link::KLink;
 use crate::sched::{bump, KThread};
 
-/// While polling, the kthread yields the CPU to Linux this often: any
-/// other thread runnable there (outside Ginza) runs then. A system call
-/// that returns at once when nothing else is runnable.
-const YIELD_EVERY: Duration = Duration::from_micros(100);
-
 /// One look-for-work loop's polling state; dropping it leaves the state.
 pub(crate) struct IdlePoll<'a> {
     k: &'a KThread,
@@ -38,7 +33,6 @@ pub(crate) struct IdlePoll<'a> {
     pollers: &'a AtomicUsize,
     bound: Duration,
     on: bool,
-    last_yield: Instant,
 }
 
 impl<'a> IdlePoll<'a> {
@@ -57,7 +51,6 @@ impl<'a> IdlePoll<'a> {
             pollers: &rt.idle_pollers,
             bound: cfg.poll_while_idle,
             on: false,
-            last_yield: Instant::now(),
         })
     }
 
@@ -86,10 +79,10 @@ impl<'a> IdlePoll<'a> {
             self.io.line.insert_flags(LineFlags::IDLE_POLLING);
             self.io.wake_iokernel();
         }
-        if now.duration_since(self.last_yield) >= YIELD_EVERY {
-            self.last_yield = now;
-            std::thread::yield_now();
-        }
+        // No `sched_yield` here: it hands the CPU to any other thread
+        // runnable there for a whole time slice (milliseconds), during which
+        // the flag goes unread and the batch kthread that is to get the
+        // core, under SCHED_IDLE, cannot run either (docs/idle-poll.md).
         true
     }
 
