@@ -489,10 +489,20 @@ impl<A: CoreActuator> Iokerneld<A> {
                     self.apps[a].kt[k].signal_due = None;
                     continue;
                 };
-                let held = self
-                    .apps
-                    .iter()
-                    .any(|x| x.kt.iter().any(|o| o.core == Some(core)));
+                let holder = self.apps.iter().enumerate().find_map(|(i, x)| {
+                    x.kt.iter()
+                        .position(|o| o.core == Some(core))
+                        .map(|j| (i, j))
+                });
+                // A receiver that polls while idle wants the core no more
+                // (docs/idle-poll.md): the `SCHED_IDLE` victim, still running
+                // there, keeps it, and the poller is asked to give it back.
+                let poller = holder
+                    .filter(|&(i, j)| self.apps[a].kt[k].idle_class && self.polls_while_idle(i, j));
+                if let (Some((i, j)), None) = (poller, &self.apps[a].doomed) {
+                    self.preempt(i, j, core, PreemptReason::Shrink, now);
+                }
+                let held = holder.is_some() && poller.is_none();
                 let app = &mut self.apps[a];
                 if !held && app.doomed.is_none() {
                     let kt = &mut app.kt[k];
@@ -518,6 +528,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Self::signal_core_needed(&mut self.actuator, app, k, cpu);
             }
         }
+    }
+
+    /// Whether kthread `k` of application `a` holds its core polling while
+    /// idle, by its queue line's word (docs/idle-poll.md).
+    fn polls_while_idle(&self, a: usize, k: usize) -> bool {
+        let app = &self.apps[a];
+        app.kt[k].core.is_some()
+            && !app.kt[k].preempting
+            && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
     }
 
     /// Preempted kthreads that missed the deadline are moved off their core
