@@ -122,6 +122,77 @@ fn an_idle_latency_critical_kthread_with_no_competitor_polls_and_never_parks() {
     assert_eq!(app(&s1, "lc").unwrap().preemptions, 0, "{s1:#?}");
 }
 
+/// A batch application whose uthreads spin until `stop`, one per kthread.
+fn spinning_batch(d: &Daemon, kthreads: usize, stop: &Arc<AtomicBool>) -> JoinHandle<KthreadStats> {
+    let cfg = d.app("batch", Class::Batch, 0, kthreads);
+    let s = Arc::clone(stop);
+    std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            let hs: Vec<_> = (0..kthreads)
+                .map(|_| {
+                    let s = Arc::clone(&s);
+                    ginza_runtime::spawn(move || {
+                        while !s.load(Ordering::Relaxed) {
+                            std::hint::spin_loop();
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+            Handle::current().unwrap().stats().remove(0)
+        })
+        .unwrap()
+    })
+}
+
+/// One managed core, batch (`SCHED_IDLE`) spinning on it, and the
+/// latency-critical idler: each of its timers takes the core from batch at
+/// once; once the timer's work is done and the kthread polls, the core is
+/// wanted by batch, which never stopped running there: its preemption is
+/// withdrawn (no signal, no yield, no new grant) and the poller gives the
+/// core back.
+#[test]
+fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
+    let _g = lock();
+    if !std::thread::spawn(|| ginza_sys::sched_class::set_current_idle().is_ok())
+        .join()
+        .unwrap_or(false)
+    {
+        return ginza_iokernel::testing::skip("cannot put a thread under SCHED_IDLE");
+    }
+    let d = Daemon::start(|c| {
+        c.cores = vec![cores()[0]];
+        c.idle_sleep = None;
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let batch = spinning_batch(&d, 1, &stop);
+    wait_for("batch on the core", || {
+        app(&d.stats(), "batch")
+            .is_some_and(|b| b.cores_now == 1)
+            .then_some(())
+    });
+    let lc = Idler::start(&d);
+    let before = d.stats();
+    let w0 = lc.wakes.load(Ordering::Relaxed);
+    wait_for("twenty timer wakes of lc", || {
+        (lc.wakes.load(Ordering::Relaxed) >= w0 + 20).then_some(())
+    });
+    let after = d.stats();
+    let k = lc.finish();
+    stop.store(true, Ordering::Relaxed);
+    let b = batch.join().unwrap();
+    let withdrawn = after.alloc.preemptions_withdrawn - before.alloc.preemptions_withdrawn;
+    eprintln!(
+        "over 20 timer wakes of lc: {withdrawn} preemptions of batch withdrawn; batch {b:?}; lc {k:?}"
+    );
+    assert!(withdrawn >= 10, "{withdrawn} withdrawn: {:#?}", after.alloc);
+    // Each withdrawal spared batch a yield and a grant.
+    assert!(b.revocations < 10, "{b:?}");
+    assert!(k.idle_poll_takebacks >= 10, "{k:?}");
+}
+
 #[test]
 fn a_congested_batch_application_gets_the_polled_core_at_once() {
     let _g = lock();
