@@ -1043,8 +1043,12 @@ fn ginza_rtt(
             if let Some(spin) = spin {
                 config.spin_before_park = spin;
             }
-            if let (true, Some(io)) = (args.rtt_park, config.iokernel.as_mut()) {
-                io.poll_while_idle = Duration::ZERO;
+            if let Some(io) = config.iokernel.as_mut() {
+                io.poll_while_idle = if args.rtt_park {
+                    Duration::ZERO
+                } else {
+                    ginza_runtime::POLL_WHILE_IDLE
+                };
             }
         };
         let stop = Arc::new(AtomicBool::new(false));

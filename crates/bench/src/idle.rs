@@ -241,8 +241,12 @@ fn serve(
     let stop = Arc::new(AtomicBool::new(false));
     let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
     let tune = |config: &mut ginza_runtime::Config| {
-        if let (Setup::SleepingParked, Some(io)) = (setup, config.iokernel.as_mut()) {
-            io.poll_while_idle = Duration::ZERO;
+        if let Some(io) = config.iokernel.as_mut() {
+            io.poll_while_idle = if setup == Setup::SleepingParked {
+                Duration::ZERO
+            } else {
+                ginza_runtime::POLL_WHILE_IDLE
+            };
         }
     };
     let mut server = App::start_tuned(

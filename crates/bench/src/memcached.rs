@@ -709,8 +709,12 @@ fn ginza_serving(
     let keeps = cfg.allocator != PolicyKind::Shenango;
     let guaranteed = u32::from(cfg.allocator == PolicyKind::Static);
     let mut server_cfg = runtime_config(iokerneld, "kv-server", Class::LatencyCritical);
-    if let (true, Some(io)) = (cfg.kv_park, server_cfg.iokernel.as_mut()) {
-        io.poll_while_idle = Duration::ZERO;
+    if let Some(io) = server_cfg.iokernel.as_mut() {
+        io.poll_while_idle = if cfg.kv_park {
+            Duration::ZERO
+        } else {
+            ginza_runtime::POLL_WHILE_IDLE
+        };
     }
     let me = Interface {
         mac: KV_MAC,
