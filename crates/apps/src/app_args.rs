@@ -35,6 +35,11 @@ pub struct AppArgs {
     /// Cores iokerneld never takes away.
     #[arg(long, default_value_t = 0)]
     pub guaranteed: u32,
+    /// Out of work, one kthread keeps its core and polls this long with no
+    /// arrival while no other application wants the core; 0: park at once
+    /// (docs/idle-poll.md) [default: 0, for now; 2s is the bound to try].
+    #[arg(long, value_parser = parse_duration)]
+    pub poll_while_idle: Option<Duration>,
     /// Name at iokerneld [default: the program's name].
     #[arg(long)]
     pub name: Option<String>,
@@ -84,6 +89,9 @@ impl AppArgs {
         let mut io = IokernelConfig::new(name, Class::LatencyCritical);
         io.socket = self.socket.clone();
         io.guaranteed = self.guaranteed;
+        if let Some(d) = self.poll_while_idle {
+            io.poll_while_idle = d;
+        }
         if let Some(path) = &self.protected {
             let socket = path.clone().unwrap_or_else(default_netstack_socket);
             let me = Interface {
@@ -175,6 +183,29 @@ mod tests {
         assert_eq!(cli.app.ip, Ipv4Addr::new(10, 47, 7, 1));
         assert_eq!(cli.app.mac.to_string(), "02:47:5a:00:07:01");
         assert_eq!(cli.app.name_or("echo-server"), "echo-server");
+    }
+
+    #[test]
+    fn polling_while_idle_is_a_flag() {
+        let io = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            cli.app
+                .runtime_config("x")
+                .iokernel
+                .unwrap()
+                .poll_while_idle
+        };
+        assert_eq!(io(&["x"]), Duration::ZERO);
+        assert_eq!(
+            io(&["x", "--poll-while-idle", "2s"]),
+            ginza_runtime::POLL_WHILE_IDLE
+        );
+        assert_eq!(io(&["x", "--poll-while-idle", "0s"]), Duration::ZERO);
+        assert_eq!(
+            io(&["x", "--poll-while-idle", "50ms"]),
+            Duration::from_millis(50)
+        );
+        assert!(Cli::try_parse_from(["x", "--poll-while-idle", "soon"]).is_err());
     }
 
     #[test]

@@ -121,6 +121,11 @@ pub struct ForwardArgs {
     /// a core and register no bell).
     #[arg(long)]
     rtt_iokernel_sleep: bool,
+    /// The Ginza echo servers' kthread parks when idle instead of polling
+    /// (`poll_while_idle` = 0: the behaviour before idle polling,
+    /// docs/idle-poll.md), for a before/after comparison.
+    #[arg(long)]
+    rtt_park: bool,
 }
 
 #[derive(Serialize)]
@@ -1037,6 +1042,13 @@ fn ginza_rtt(
         let tune = |config: &mut RtConfig| {
             if let Some(spin) = spin {
                 config.spin_before_park = spin;
+            }
+            if let Some(io) = config.iokernel.as_mut() {
+                io.poll_while_idle = if args.rtt_park {
+                    Duration::ZERO
+                } else {
+                    ginza_runtime::POLL_WHILE_IDLE
+                };
             }
         };
         let stop = Arc::new(AtomicBool::new(false));

@@ -3,17 +3,28 @@
 //! (docs/iokernel-idle.md).
 //!
 //! Each round starts iokerneld on a veth's host end (AF_XDP, else
-//! AF_PACKET) twice, once sleeping while idle (its default) and once with
-//! `--spin`, in alternating order, with a UDP echo server on a Ginza
-//! runtime registered, and measures:
+//! AF_PACKET) three times, in an order that turns from round to round, with
+//! a UDP echo server on a Ginza runtime registered:
+//!
+//! * `sleeping`: iokerneld sleeps while idle and the server's kthread polls
+//!   while idle (both defaults; docs/idle-poll.md);
+//! * `sleeping_parked`: the same with the server's kthread parking when
+//!   idle (`poll_while_idle` = 0: the behaviour before idle polling);
+//! * `spinning`: iokerneld with `--spin`, the server as by default;
+//!
+//! and measures:
 //!
 //! * `loop_cpu_pct`: CPU time of iokerneld's loop thread (`utime + stime`
 //!   of that thread, the stats' `loop_cpu_ns`) over `--idle` of wall time
 //!   with no traffic, in % of one core;
+//! * `server_cpu_pct`: the rest of this process's CPU time over the same
+//!   window (`/proc/self/stat`, in ticks of 10 ms: the echo server's
+//!   kthread, and this thread, asleep), in % of one core;
 //! * `first_rtt_us`: the UDP round trip (32-byte payload) from an ordinary
 //!   Linux socket in the namespace to the echo server, each sent after
-//!   `--gap` with no traffic: the echo server's kthread has parked, and a
-//!   sleeping iokerneld is asleep; the median of `--probes`.
+//!   `--gap` with no traffic: a sleeping iokerneld is asleep, and the echo
+//!   server's kthread polls (if `--gap` is under its bound, 2 s by
+//!   default) or has parked; the median of `--probes`.
 //!
 //! A figure is the median over rounds. Needs root, `ip` and `ethtool`.
 
@@ -62,12 +73,38 @@ pub struct IdleArgs {
     gap: Duration,
 }
 
+/// How iokerneld and the server's kthread spend an idle spell.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum Setup {
+    Sleeping,
+    SleepingParked,
+    Spinning,
+}
+
+impl Setup {
+    const ALL: [Setup; 3] = [Setup::Sleeping, Setup::SleepingParked, Setup::Spinning];
+
+    fn spin(self) -> bool {
+        self == Setup::Spinning
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Setup::Sleeping => "sleeping",
+            Setup::SleepingParked => "sleeping, server parks",
+            Setup::Spinning => "spinning",
+        }
+    }
+}
+
 /// One mode's figures in one round.
 #[derive(Serialize, Clone, Debug)]
 struct Round {
-    spin: bool,
+    setup: Setup,
     backend: String,
     loop_cpu_pct: f64,
+    server_cpu_pct: f64,
     /// iokerneld's sleeps during the idle window, and its wakes by cause
     /// (NIC, application bell, control socket, timer, in-process handle).
     sleeps: u64,
@@ -79,12 +116,14 @@ struct Round {
 #[derive(Serialize, Debug)]
 struct Mode {
     loop_cpu_pct: f64,
+    server_cpu_pct: f64,
     first_rtt_us_p50: f64,
 }
 
 #[derive(Serialize, Debug)]
 struct Report {
     sleeping: Mode,
+    sleeping_parked: Mode,
     spinning: Mode,
     idle_s: f64,
     gap_ms: f64,
@@ -101,13 +140,15 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     let ns = NetNs::create().context("the round trips run over a veth pair")?;
     let mut rounds = Vec::new();
     for r in 0..args.rounds {
-        // Alternate which mode goes first.
-        for spin in [r % 2 == 1, r % 2 == 0] {
-            let round = measure(&ns, cpus, spin, &args)?;
+        // Turn which mode goes first.
+        for i in 0..Setup::ALL.len() {
+            let setup = Setup::ALL[(i + r as usize) % Setup::ALL.len()];
+            let round = measure(&ns, cpus, setup, &args)?;
             eprintln!(
-                "round {r} {}: loop {:.2} % of a core, {} sleeps, wakes (nic, app, control, timer, handle) {:?}; first round trips {:?} µs",
-                if spin { "spin" } else { "sleep" },
+                "round {r} {}: loop {:.2} % of a core, server {:.2} %, {} sleeps, wakes (nic, app, control, timer, handle) {:?}; first round trips {:?} µs",
+                setup.name(),
                 round.loop_cpu_pct,
+                round.server_cpu_pct,
                 round.sleeps,
                 round.wakes,
                 round.first_rtt_us
@@ -115,9 +156,10 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             rounds.push(round);
         }
     }
-    let mode = |spin: bool| -> anyhow::Result<Mode> {
-        let of: Vec<&Round> = rounds.iter().filter(|r| r.spin == spin).collect();
+    let mode = |setup: Setup| -> anyhow::Result<Mode> {
+        let of: Vec<&Round> = rounds.iter().filter(|r| r.setup == setup).collect();
         let cpu: Vec<f64> = of.iter().map(|r| r.loop_cpu_pct).collect();
+        let server: Vec<f64> = of.iter().map(|r| r.server_cpu_pct).collect();
         let rtt: Vec<f64> = of
             .iter()
             .map(|r| {
@@ -127,12 +169,14 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             .collect();
         Ok(Mode {
             loop_cpu_pct: round3(median(&cpu).context("no round")?),
+            server_cpu_pct: round3(median(&server).context("no round")?),
             first_rtt_us_p50: round3(median(&rtt).context("no round")?),
         })
     };
     let report = Report {
-        sleeping: mode(false)?,
-        spinning: mode(true)?,
+        sleeping: mode(Setup::Sleeping)?,
+        sleeping_parked: mode(Setup::SleepingParked)?,
+        spinning: mode(Setup::Spinning)?,
         idle_s: args.idle.as_secs_f64(),
         gap_ms: args.gap.as_secs_f64() * 1e3,
         rounds,
@@ -143,48 +187,75 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
         "iokerneld idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {})",
         args.rounds, args.idle, args.gap, args.probes
     )?;
-    for (name, m) in [
-        ("sleeping", &report.sleeping),
-        ("spinning", &report.spinning),
+    for (setup, m) in [
+        (Setup::Sleeping, &report.sleeping),
+        (Setup::SleepingParked, &report.sleeping_parked),
+        (Setup::Spinning, &report.spinning),
     ] {
         writeln!(
             table,
-            "  {name:9} loop CPU {:7.3} % of a core   first round trip p50 {:8.1} µs",
-            m.loop_cpu_pct, m.first_rtt_us_p50
+            "  {:23} loop CPU {:7.3} % of a core   server {:7.2} %   first round trip p50 {:8.1} µs",
+            setup.name(),
+            m.loop_cpu_pct,
+            m.server_cpu_pct,
+            m.first_rtt_us_p50
         )?;
     }
     emit(args.json, &table, &report)
 }
 
 /// One mode: iokerneld and the echo server, the idle window, the probes.
-fn measure(ns: &NetNs, cpus: Cpus, spin: bool, args: &IdleArgs) -> anyhow::Result<Round> {
+fn measure(ns: &NetNs, cpus: Cpus, setup: Setup, args: &IdleArgs) -> anyhow::Result<Round> {
     let configure = |cfg: &mut ginza_iokernel::Config| {
-        cfg.spin = spin;
+        cfg.spin = setup.spin();
         cfg.idle_sleep = None;
         Ok(())
     };
-    let (backend, (loop_cpu_pct, (sleeps, wakes), first_rtt_us)) =
+    let (backend, ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), first_rtt_us)) =
         with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-            serve(ns, iokerneld, args)
+            serve(ns, iokerneld, setup, args)
         })?;
     Ok(Round {
-        spin,
+        setup,
         backend,
         loop_cpu_pct: round3(loop_cpu_pct),
+        server_cpu_pct: round3(server_cpu_pct),
         sleeps,
         wakes,
         first_rtt_us,
     })
 }
 
-type Measured = (f64, (u64, [u64; 5]), Vec<Option<f64>>);
+/// (loop, rest of the process) CPU %, sleeps and wakes, round trips.
+type Measured = ((f64, f64), (u64, [u64; 5]), Vec<Option<f64>>);
 
-fn serve(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Result<Measured> {
+/// Linux's `USER_HZ`: the unit of `/proc/self/stat`'s CPU times.
+const NS_PER_TICK: f64 = 10_000_000.0;
+
+fn serve(
+    ns: &NetNs,
+    iokerneld: &InProcess,
+    setup: Setup,
+    args: &IdleArgs,
+) -> anyhow::Result<Measured> {
     let stop = Arc::new(AtomicBool::new(false));
     let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
-    let mut server = App::start(iokerneld, "idle-echo", (ECHO_MAC, ns.peer_ip), move || {
-        echo_server::serve_udp(ECHO_PORT, s2, stats)
-    })?;
+    let tune = |config: &mut ginza_runtime::Config| {
+        if let Some(io) = config.iokernel.as_mut() {
+            io.poll_while_idle = if setup == Setup::SleepingParked {
+                Duration::ZERO
+            } else {
+                ginza_runtime::POLL_WHILE_IDLE
+            };
+        }
+    };
+    let mut server = App::start_tuned(
+        iokerneld,
+        "idle-echo",
+        (ECHO_MAC, ns.peer_ip),
+        tune,
+        move || echo_server::serve_udp(ECHO_PORT, s2, stats),
+    )?;
     let result = probe_idle(ns, iokerneld, args);
     stop.store(true, Ordering::Relaxed);
     // The server returns at its next request or timer.
@@ -200,10 +271,13 @@ fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Res
         "the echo server answered none of {WARMUP} round trips"
     );
     let s0 = iokerneld.stats()?;
+    let p0 = process_ticks()?;
     std::thread::sleep(args.idle);
+    let p1 = process_ticks()?;
     let s1 = iokerneld.stats()?;
     let cpu = s1.loop_cpu_ns.saturating_sub(s0.loop_cpu_ns) as f64;
     let wall = s1.uptime_ns.saturating_sub(s0.uptime_ns).max(1) as f64;
+    let rest = (p1.saturating_sub(p0) as f64 * NS_PER_TICK - cpu).max(0.0);
     let (a, b) = (&s0.idle, &s1.idle);
     let sleeps = b.sleeps.saturating_sub(a.sleeps);
     let wakes = [
@@ -218,7 +292,17 @@ fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Res
         std::thread::sleep(args.gap);
         first.extend(trips(ns, 1)?);
     }
-    Ok((cpu / wall * 100.0, (sleeps, wakes), first))
+    Ok((
+        (cpu / wall * 100.0, rest / wall * 100.0),
+        (sleeps, wakes),
+        first,
+    ))
+}
+
+/// This process's CPU time so far, in ticks.
+fn process_ticks() -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string("/proc/self/stat").context("reading /proc/self/stat")?;
+    crate::demo::quiet::parse_process_ticks(&text).context("parsing /proc/self/stat")
 }
 
 /// `n` round trips from a fresh socket in the namespace, µs.

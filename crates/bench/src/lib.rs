@@ -82,8 +82,9 @@ enum Experiment {
     Oneway(oneway::OnewayArgs),
     /// iokerneld while nothing happens: its loop's CPU with an application
     /// registered and no traffic, and the UDP round trip of the first
-    /// request after a quiet second over veth, sleeping while idle (the
-    /// default) against `--spin`, rounds interleaved.
+    /// request after a quiet second over veth: sleeping while idle with the
+    /// server polling while idle (the defaults), the same with the server
+    /// parking, and `--spin`; rounds interleaved.
     Idle(idle::IdleArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.

@@ -157,6 +157,11 @@ pub struct MemcachedArgs {
     /// batch holds the server core whenever kv-server does not.
     #[arg(long)]
     iokernel_spin: bool,
+    /// Ginza: kv-server's kthread parks when idle instead of polling
+    /// (`poll_while_idle` = 0: the behaviour before idle polling,
+    /// docs/idle-poll.md), for a before/after comparison.
+    #[arg(long)]
+    kv_park: bool,
 }
 
 /// The servers compared.
@@ -231,6 +236,8 @@ pub struct PointConfig {
     pub ginza_run: Option<GinzaRun>,
     /// Ginza: iokerneld's `spin` (never sleep while idle).
     pub iokernel_spin: bool,
+    /// Ginza: kv-server parks when idle (`poll_while_idle` = 0).
+    pub kv_park: bool,
 }
 
 /// What one point measured.
@@ -424,6 +431,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
                 ginza_run: ginza_run.clone(),
                 iokernel_spin: args.iokernel_spin,
+                kv_park: args.kv_park,
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -734,6 +742,13 @@ fn ginza_serving(
     let keeps = cfg.allocator != PolicyKind::Shenango;
     let guaranteed = u32::from(cfg.allocator == PolicyKind::Static);
     let mut server_cfg = runtime_config(iokerneld, "kv-server", Class::LatencyCritical);
+    if let Some(io) = server_cfg.iokernel.as_mut() {
+        io.poll_while_idle = if cfg.kv_park {
+            Duration::ZERO
+        } else {
+            ginza_runtime::POLL_WHILE_IDLE
+        };
+    }
     let me = Interface {
         mac: KV_MAC,
         ip: ns.peer_ip,

@@ -93,6 +93,11 @@ pub struct KthreadSnap {
     pub last_core: Option<CoreId>,
     /// Cumulative useful (busy) time, for the utilization-based `slow` policy.
     pub busy_time: Time,
+    /// Holds its core with no work and polls (docs/idle-poll.md): the core
+    /// is nobody's need, so any other application may have it at once
+    /// (batch included, guaranteed cores included), before an idle core is
+    /// considered missing and before any busy core is preempted.
+    pub idle_polling: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,6 +297,8 @@ fn serves(apps: &[AppSnap], netstack: usize, app: usize) -> bool {
 #[derive(Debug, Default)]
 struct Board {
     owner: Vec<Option<(usize, usize)>>,
+    /// Per core: its owner polls while idle ([`KthreadSnap::idle_polling`]).
+    polling: Vec<bool>,
     active: Vec<usize>,
     taken: Vec<Vec<bool>>,
 }
@@ -308,6 +315,8 @@ impl Board {
         let b = self;
         b.owner.clear();
         b.owner.resize(topo.n_cores, None);
+        b.polling.clear();
+        b.polling.resize(topo.n_cores, false);
         b.active.clear();
         b.taken.truncate(apps.len());
         b.taken.resize_with(apps.len(), Vec::new);
@@ -319,14 +328,24 @@ impl Board {
                 if let Some(c) = kt.core {
                     if c < topo.n_cores {
                         b.owner[c] = Some((a, k));
+                        b.polling[c] = kt.idle_polling;
                     }
                 }
             }
         }
     }
 
+    /// Cores nobody needs: free, or held by a kthread that polls while idle.
     fn n_idle(&self) -> usize {
-        self.owner.iter().filter(|o| o.is_none()).count()
+        (0..self.owner.len())
+            .filter(|&c| self.owner[c].is_none() || self.polling[c])
+            .count()
+    }
+
+    /// A core whose owner polls while idle that `req` may take at once:
+    /// not its own, and not of an application whose netstack `req` is.
+    fn polled_by_other(&self, apps: &[AppSnap], req: usize, core: CoreId) -> bool {
+        matches!(self.owner.get(core), Some(Some((a, _))) if *a != req && self.polling[core] && !serves(apps, req, *a))
     }
 
     fn bursting(&self, apps: &[AppSnap], a: usize) -> bool {
@@ -338,6 +357,7 @@ impl Board {
         match self.owner.get(core) {
             None => false,
             Some(None) => true,
+            Some(Some(_)) if self.polled_by_other(apps, req, core) => true,
             Some(Some((a, _))) => {
                 *a != req
                     && apps[req].class == AppClass::LatencyCritical
@@ -371,6 +391,10 @@ impl Board {
             }
         }
         if let Some(c) = self.owner.iter().position(|o| o.is_none()) {
+            return Some(c);
+        }
+        // A core nobody needs before a busy one: any class may take it.
+        if let Some(c) = (0..self.owner.len()).find(|&c| self.polled_by_other(apps, req, c)) {
             return Some(c);
         }
         if apps[req].class != AppClass::LatencyCritical {
@@ -436,6 +460,7 @@ impl Board {
                 core,
             });
             self.active[va] -= 1;
+            self.polling[core] = false;
         }
         out.push(Decision::Grant {
             app: req,
@@ -661,6 +686,7 @@ impl CoreAllocator for Slow {
                         core,
                     });
                     b.owner[core] = None;
+                    b.polling[core] = false;
                     b.active[a] -= 1;
                     extra -= 1;
                 }

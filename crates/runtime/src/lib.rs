@@ -27,6 +27,7 @@ mod config;
 mod deferral;
 mod error;
 pub mod foreign_tls;
+mod idle_poll;
 mod iokernel;
 mod link;
 pub mod net;
@@ -46,7 +47,7 @@ mod uthread_stack;
 
 pub use alloc::PreemptSafeAlloc;
 pub use config::Config;
-pub use config::{Class, IokernelConfig, BATCH_LINGER};
+pub use config::{Class, IokernelConfig, BATCH_LINGER, POLL_WHILE_IDLE};
 pub use deferral::without_preemption;
 pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
 pub use iokernel::{last_wake, WakeStamps};

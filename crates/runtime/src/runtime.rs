@@ -260,6 +260,12 @@ pub struct KthreadStats {
     /// Of `grants`, those that ended a sleep on the kthread's eventfd (a
     /// runtime without the wake page, or before its registration ended).
     pub grants_by_eventfd: u64,
+    /// Times it kept its core and polled while idle instead of parking
+    /// (docs/idle-poll.md).
+    pub idle_polls: u64,
+    /// Of those, the times iokerneld took the core back for another
+    /// application.
+    pub idle_poll_takebacks: u64,
 }
 
 /// Decision → running latencies of iokerneld's grants, in ns, as the
@@ -375,6 +381,8 @@ impl Handle {
                 revocations: k.stats.revocations.load(Relaxed),
                 grants: k.stats.grants.load(Relaxed),
                 grants_by_eventfd: k.stats.grants_by_eventfd.load(Relaxed),
+                idle_polls: k.stats.idle_polls.load(Relaxed),
+                idle_poll_takebacks: k.stats.idle_poll_takebacks.load(Relaxed),
             })
             .collect()
     }

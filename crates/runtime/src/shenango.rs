@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use crossbeam_deque::Steal;
 
+use crate::idle_poll::IdlePoll;
 use crate::iokernel::park_with_iokernel;
 use crate::sched::{
     bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, poll_events, poll_net,
@@ -58,7 +59,8 @@ pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
 }
 
 /// Local runqueue, then timers, then stealing (shared queue, hyperthread
-/// sibling, a random kthread, all of them) for up to `spin_before_park`.
+/// sibling, a random kthread, all of them) for up to `spin_before_park`;
+/// then, under iokerneld, maybe polling on while idle (`idle_poll.rs`).
 fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     let k = owner.kthread();
     if let Some(u) = owner.pop() {
@@ -66,10 +68,14 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     }
     let rt = k.rt();
     let mut start = Instant::now();
+    let mut idle_poll = IdlePoll::new(k);
     k.state.store(SPINNING, Relaxed);
     rt.n_spinning.fetch_add(1, SeqCst);
     let found = loop {
         if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
+            break None;
+        }
+        if idle_poll.as_ref().is_some_and(IdlePoll::taken_back) {
             break None;
         }
         if fire_timers_locally(owner, k) > 0 {
@@ -81,6 +87,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         if k.io.is_some() && poll_net(owner, k) > 0 {
             // More are likely: keep looking.
             start = Instant::now();
+            IdlePoll::arrival(k);
             if let Some(u) = owner.pop() {
                 break Some(u);
             }
@@ -88,12 +95,14 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         // The netstack's events (protected mode).
         if poll_events(k) > 0 {
             start = Instant::now();
+            IdlePoll::arrival(k);
             if let Some(u) = owner.pop() {
                 break Some(u);
             }
         }
         if let Some(u) = steal_once(owner) {
             k.count_steal();
+            IdlePoll::arrival(k);
             break Some(u);
         }
         // Then the packets of kthreads that are busy (or parked).
@@ -101,6 +110,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
             let (processed, u) = steal_packets(owner);
             if processed > 0 {
                 start = Instant::now();
+                IdlePoll::arrival(k);
             }
             if u.is_some() {
                 break u;
@@ -113,11 +123,13 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         if let Some(u) = owner.pop() {
             break Some(u);
         }
-        if start.elapsed() >= rt.spin {
+        if start.elapsed() >= rt.spin && !idle_poll.as_mut().is_some_and(IdlePoll::keep_polling) {
             break None;
         }
         std::hint::spin_loop();
     };
+    // Out of the polling state before anything runs or parks.
+    drop(idle_poll);
     rt.n_spinning.fetch_sub(1, SeqCst);
     k.state.store(RUNNING, Relaxed);
     if found.is_some() && !owner.runqueue().is_empty() {
@@ -197,6 +209,9 @@ fn steal_packets(owner: &mut Owner<'_>) -> (usize, Option<URef>) {
 fn park_idle(owner: &Owner<'_>) {
     let k = owner.kthread();
     let rt = k.rt();
+    if k.revoke_requested.load(Acquire) {
+        return; // taken back while polling: the loop gives the core back
+    }
     if let (true, Some(io)) = (rt.managed(), &k.io) {
         return park_with_iokernel(owner, io, false);
     }

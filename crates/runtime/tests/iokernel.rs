@@ -132,7 +132,11 @@ fn bursts_get_extra_cores_which_go_back_when_idle() {
     let n = cores().len();
     let sampler = Sampler::start(d.socket.clone());
     let socket = d.socket.clone();
-    let idle_cores = ginza_runtime::run(d.app("bursty", Class::LatencyCritical, 0, n), move || {
+    let mut cfg = d.app("bursty", Class::LatencyCritical, 0, n);
+    // Parking is what this test is about: no kthread polls while idle
+    // (docs/idle-poll.md; tests/idle_poll.rs for that).
+    cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::ZERO;
+    let idle_cores = ginza_runtime::run(cfg, move || {
         for _ in 0..3 {
             burst(40, Duration::from_micros(300));
             ginza_runtime::sleep(Duration::from_millis(20));
@@ -712,7 +716,10 @@ fn a_batch_kthread_of_another_process_wakes_lc_on_its_cpu() {
         wait_until("the batch child holds the core again", &d, |s| {
             app_stats(s, "far-batch").is_some_and(|a| a.cores_now == 1)
         });
-        let done = ginza_runtime::run(d.app("near-lc", Class::LatencyCritical, 0, 1), move || {
+        let mut cfg = d.app("near-lc", Class::LatencyCritical, 0, 1);
+        // Its parks are what this test is about (docs/idle-poll.md).
+        cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::ZERO;
+        let done = ginza_runtime::run(cfg, move || {
             for _ in 0..sleeps {
                 ginza_runtime::sleep(Duration::from_micros(300));
             }
@@ -845,6 +852,8 @@ fn a_runtime_without_the_wake_page_is_woken_by_its_eventfd() {
     let mut cfg = d.app("on-eventfds", Class::LatencyCritical, 0, 1);
     if let Some(io) = cfg.iokernel.as_mut() {
         io.wake_page = false;
+        // Its parks are what this test is about (docs/idle-poll.md).
+        io.poll_while_idle = Duration::ZERO;
     }
     let k = ginza_runtime::run(cfg, || {
         for _ in 0..50 {

@@ -27,6 +27,13 @@ impl LineFlags {
     /// Preemption is deferred (the kthread is in a critical section).
     /// Written by the runtime.
     pub const PREEMPT_DEFERRED: LineFlags = LineFlags(1 << 2);
+    /// The kthread has no work and keeps its core, polling (docs/idle-poll.md):
+    /// iokerneld may take the core for anyone at once by setting
+    /// [`LineFlags::PREEMPT_PENDING`], which the polling loop reads. Written
+    /// by the runtime; after each change it rings its bell if iokerneld
+    /// sleeps (a kthread that polls does not keep iokerneld awake, one that
+    /// runs does).
+    pub const IDLE_POLLING: LineFlags = LineFlags(1 << 3);
     /// iokerneld asks the kthread to give its core back at its next
     /// preemption point. Set by iokerneld, cleared by the runtime.
     pub const PREEMPT_PENDING: LineFlags = LineFlags(1 << 8);

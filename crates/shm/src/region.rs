@@ -677,13 +677,13 @@ mod tests {
     fn memfd_attach_refuses_bad_regions() {
         let r = Region::create("ginza-test", &RegionConfig::new(1)).unwrap();
         let attach = || Region::attach(r.fd().unwrap().try_clone_to_owned().unwrap());
-        // A runtime of the layout before the sleeping iokerneld's flag.
+        // A runtime of the layout before the idle-polling flag.
         // SAFETY: plain integers; no concurrent reader.
-        unsafe { (*r.header_ptr()).version = 2 };
+        unsafe { (*r.header_ptr()).version = 3 };
         let e = attach().err().unwrap();
         assert_eq!(
             e.to_string(),
-            "shared region refused: layout version 2, this side speaks 3"
+            "shared region refused: layout version 3, this side speaks 4"
         );
         // SAFETY: as above.
         unsafe { (*r.header_ptr()).version = LAYOUT_VERSION };

@@ -60,6 +60,11 @@ pub struct AllocSim {
     /// How long an idle kthread looks for work before it parks, µs.
     #[serde(default = "default_spin")]
     pub park_spin_us: f64,
+    /// After the spin, one kthread of the latency-critical app keeps its
+    /// core and polls this long before it parks (docs/idle-poll.md); the
+    /// allocator may take the core from it at once. 0: off.
+    #[serde(default)]
+    pub idle_poll_us: f64,
     /// Simulated time, µs (measurement starts after `warmup_us`).
     pub duration_us: f64,
     #[serde(default)]
@@ -125,6 +130,9 @@ enum CoreState {
     Busy,
     /// Looking for work; parks at the core event.
     Spinning,
+    /// Holds the core with no work and polls (`idle_poll_us`); parks at
+    /// the core event unless work or the allocator comes first.
+    IdlePolling,
     Batch,
 }
 
@@ -410,13 +418,13 @@ impl<'a> Engine<'a> {
         kt.q.push_back(r);
         kt.tail = kt.tail.wrapping_add(1);
         // A spinning kthread (this one, or any stealer) picks it up at once.
+        let looking = |s: CoreState| matches!(s, CoreState::Spinning | CoreState::IdlePolling);
         let spinner = self.kts[0][k]
             .core
-            .filter(|&c| self.cores[c].state == CoreState::Spinning)
+            .filter(|&c| looking(self.cores[c].state))
             .or_else(|| {
                 (0..self.cores.len()).find(|&c| {
-                    self.cores[c].owner.is_some_and(|o| o.0 == 0)
-                        && self.cores[c].state == CoreState::Spinning
+                    self.cores[c].owner.is_some_and(|o| o.0 == 0) && looking(self.cores[c].state)
                 })
             });
         if let Some(c) = spinner {
@@ -501,9 +509,27 @@ impl<'a> Engine<'a> {
                 }
                 self.find_work(c, now);
             }
-            CoreState::Spinning => self.park(c, now),
+            CoreState::Spinning if self.may_poll() => {
+                let core = &mut self.cores[c];
+                core.state = CoreState::IdlePolling;
+                core.gen = core.gen.wrapping_add(1);
+                let (t, g) = (now + us_to_ps(self.cfg.idle_poll_us), core.gen);
+                self.push(t, Ev::Core(c, g));
+            }
+            CoreState::Spinning | CoreState::IdlePolling => self.park(c, now),
             CoreState::Idle | CoreState::Batch => {}
         }
+    }
+
+    /// Whether a kthread of the latency-critical app may begin polling
+    /// while idle: the option on, and no other of its kthreads polling.
+    fn may_poll(&self) -> bool {
+        self.parks
+            && self.cfg.idle_poll_us > 0.0
+            && !self
+                .cores
+                .iter()
+                .any(|c| c.state == CoreState::IdlePolling && c.owner.is_some_and(|o| o.0 == 0))
     }
 
     fn release_accounting(&mut self, c: usize, now: u64) {
@@ -574,6 +600,9 @@ impl<'a> Engine<'a> {
                     KthreadSnap {
                         counters,
                         core: k.core,
+                        idle_polling: k
+                            .core
+                            .is_some_and(|c| self.cores[c].state == CoreState::IdlePolling),
                         parked: k.core.is_none(),
                         parked_since: k.parked_since,
                         last_core: k.last_core,
@@ -686,6 +715,7 @@ mod tests {
             grant_latency_us: 1.0,
             preempt_latency_us: 1.0,
             park_spin_us: 2.0,
+            idle_poll_us: 0.0,
             duration_us: 50_000.0,
             warmup_us: 1_000.0,
             seed: 1,
@@ -774,6 +804,53 @@ mod tests {
         assert!(r.batch_share > 0.5, "{}", r.batch_share);
         assert!(r.preemptions > 0);
         assert!(r.stats.latency_pct_us(99.0) < 500.0);
+    }
+
+    /// Polling while idle, through the allocator iokerneld runs: alone, the
+    /// latency-critical app answers a light load without paying a grant per
+    /// request; beside batch, which takes the polled core the moment it is
+    /// idle, batch keeps what it had and the app what it had.
+    #[test]
+    fn an_idle_polled_core_costs_batch_nothing() {
+        let run = |poll_us: f64, batch: bool| {
+            let mut c = cfg(AllocPolicy::Shenango { interval_us: 5.0 }, 0.02, batch);
+            c.cores = 2;
+            c.kthreads = 2;
+            c.grant_latency_us = 20.0; // a wake from halt on the VM
+            c.idle_poll_us = poll_us;
+            c.duration_us = 200_000.0;
+            c.run()
+        };
+        let (parks, polls) = (run(0.0, false), run(10_000.0, false));
+        let (p50_parks, p50_polls) = (
+            parks.stats.latency_pct_us(50.0),
+            polls.stats.latency_pct_us(50.0),
+        );
+        assert!(
+            p50_polls + 15.0 < p50_parks,
+            "alone: p50 {p50_polls} µs polling, {p50_parks} µs parking"
+        );
+        assert!(
+            polls.grants * 10 < parks.grants,
+            "{} vs {}",
+            polls.grants,
+            parks.grants
+        );
+        let (parks, polls) = (run(0.0, true), run(10_000.0, true));
+        assert!(
+            (polls.batch_share - parks.batch_share).abs() < 0.01,
+            "batch's share: {} polling, {} parking",
+            polls.batch_share,
+            parks.batch_share
+        );
+        let (p99_parks, p99_polls) = (
+            parks.stats.latency_pct_us(99.0),
+            polls.stats.latency_pct_us(99.0),
+        );
+        assert!(
+            p99_polls < p99_parks * 1.1 + 1.0,
+            "beside batch: p99 {p99_polls} µs polling, {p99_parks} µs parking"
+        );
     }
 
     #[test]

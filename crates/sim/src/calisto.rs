@@ -109,6 +109,7 @@ pub fn run(o: &CalistoOpts) -> anyhow::Result<(Vec<Point>, String)> {
                     grant_latency_us: 1.0,
                     preempt_latency_us: 1.0,
                     park_spin_us: 2.0,
+                    idle_poll_us: 0.0,
                     duration_us: o.duration_us,
                     warmup_us: 0.0,
                     seed: o.seed,

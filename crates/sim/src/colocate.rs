@@ -146,6 +146,7 @@ impl ColocateSim {
                         QueueCounters::default()
                     },
                     core: x.core,
+                    idle_polling: false,
                     parked: x.core.is_none(),
                     parked_since: x.parked_since,
                     last_core: x.last_core,
@@ -171,6 +172,7 @@ impl ColocateSim {
                         ..Default::default()
                     },
                     core: *c,
+                    idle_polling: false,
                     parked: c.is_none(),
                     parked_since: 0,
                     last_core: *l,

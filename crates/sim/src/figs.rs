@@ -461,6 +461,7 @@ pub fn shenango_point(
         grant_latency_us,
         preempt_latency_us: 0.0,
         park_spin_us: 2.0,
+        idle_poll_us: 0.0,
         duration_us: if quick { 20_000.0 } else { 200_000.0 },
         warmup_us: 2_000.0,
         seed,

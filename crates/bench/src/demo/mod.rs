@@ -30,7 +30,7 @@ mod harness;
 mod phases;
 mod plot;
 mod point;
-mod quiet;
+pub(crate) mod quiet;
 pub(crate) mod report;
 mod sample;
 mod summary;

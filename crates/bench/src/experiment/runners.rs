@@ -920,6 +920,7 @@ fn sim_steering_point(
         grant_latency_us: 1.0,
         preempt_latency_us: 1.0,
         park_spin_us: 2.0,
+        idle_poll_us: 0.0,
         duration_us: settings.duration.as_secs_f64() * 1e6,
         warmup_us: 0.0,
         seed,
@@ -1117,6 +1118,8 @@ fn memcached_point(
         ginza_run: None,
         // As `bench memcached` by default: iokerneld may sleep while idle.
         iokernel_spin: false,
+        // As the runtime runs by default: kv-server polls while idle.
+        kv_park: false,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);

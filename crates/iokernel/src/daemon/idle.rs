@@ -8,7 +8,8 @@
 //! * each application's bell: the runtime rings it after queuing work
 //!   while its lines say iokerneld sleeps (`ginza_shm::iokernel_bell`);
 //!   nothing else an application does can need iokerneld while none of
-//!   its kthreads holds a core;
+//!   its kthreads holds a core, or only one that polls while idle (it
+//!   rings when it leaves that state; docs/idle-poll.md);
 //! * the control socket, pending connections and registered ones;
 //! * the in-process handles' eventfd ([`crate::loop_waker`]);
 //! * a time-out at the earliest deadline it owes: a parked kthread's

@@ -4,6 +4,7 @@
 //! back, and kthreads that miss the preemption deadline.
 
 use std::os::fd::AsFd;
+use std::time::Duration;
 
 use ginza_policy::alloc::{AppSnap, Decision, KthreadSnap};
 use ginza_shm::{
@@ -15,6 +16,12 @@ use log::{debug, warn};
 use super::{App, Iokerneld};
 use crate::actuator::{CoreActuator, Target};
 use ginza_sys::clock;
+
+/// How long a kthread polling while idle has to see its queue line's
+/// `PREEMPT_PENDING` and yield before the signal is sent (docs/idle-poll.md):
+/// it looks on every turn of its loop, well under a microsecond apart unless
+/// Linux runs another thread on its CPU.
+const POLLER_GRACE: Duration = Duration::from_micros(20);
 
 /// What an allocation pass asks of the policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +296,11 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ..Default::default()
                 };
                 line.update(&mut ks);
+                // Its word, believed only while it holds the core: a lie
+                // costs the liar its core, no one else anything.
+                ks.idle_polling = kt.core.is_some()
+                    && !kt.preempting
+                    && line.flags.contains(LineFlags::IDLE_POLLING);
                 if let (0, Some(d)) = (k, &app.dispatch) {
                     // The dispatch queues are this application's queued
                     // work (docs/colocate.md): counted as kthread 0's
@@ -319,7 +331,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 // before it parked): not idle until the dataplane has
                 // moved them, or an idle sleep would hold them up to
                 // `idle_sleep` (docs/protected.md, "Benchmark").
-                busy |= kt.core.is_some()
+                // A kthread polling while idle is no reason to stay awake
+                // (docs/idle-poll.md): it rings the bell when it runs work.
+                busy |= (kt.core.is_some() && !ks.idle_polling)
                     || (kt.preempting && !kt.evicted)
                     || (has_egress && kt.drain_egress)
                     || ks.counters.has_items();
@@ -475,10 +489,20 @@ impl<A: CoreActuator> Iokerneld<A> {
                     self.apps[a].kt[k].signal_due = None;
                     continue;
                 };
-                let held = self
-                    .apps
-                    .iter()
-                    .any(|x| x.kt.iter().any(|o| o.core == Some(core)));
+                let holder = self.apps.iter().enumerate().find_map(|(i, x)| {
+                    x.kt.iter()
+                        .position(|o| o.core == Some(core))
+                        .map(|j| (i, j))
+                });
+                // A receiver that polls while idle wants the core no more
+                // (docs/idle-poll.md): the `SCHED_IDLE` victim, still running
+                // there, keeps it, and the poller is asked to give it back.
+                let poller = holder
+                    .filter(|&(i, j)| self.apps[a].kt[k].idle_class && self.polls_while_idle(i, j));
+                if let (Some((i, j)), None) = (poller, &self.apps[a].doomed) {
+                    self.preempt(i, j, core, PreemptReason::Shrink, now);
+                }
+                let held = holder.is_some() && poller.is_none();
                 let app = &mut self.apps[a];
                 if !held && app.doomed.is_none() {
                     let kt = &mut app.kt[k];
@@ -504,6 +528,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Self::signal_core_needed(&mut self.actuator, app, k, cpu);
             }
         }
+    }
+
+    /// Whether kthread `k` of application `a` holds its core polling while
+    /// idle, by its queue line's word (docs/idle-poll.md).
+    fn polls_while_idle(&self, a: usize, k: usize) -> bool {
+        let app = &self.apps[a];
+        app.kt[k].core.is_some()
+            && !app.kt[k].preempting
+            && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
     }
 
     /// Preempted kthreads that missed the deadline are moved off their core
@@ -864,6 +897,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return (a, k);
         }
+        let polled = app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING);
         let kt = &mut app.kt[k];
         let id = app.id;
         if let Some(i) = self
@@ -918,6 +952,14 @@ impl<A: CoreActuator> Iokerneld<A> {
             "preempt: app {:?} kthread {k} off cpu {cpu} ({reason:?})",
             app.name
         );
+        if polled {
+            // Polling while idle (docs/idle-poll.md): it reads the flag
+            // within a turn of its loop and yields; the signal only if it
+            // has not within the grace.
+            let grace = POLLER_GRACE.as_nanos() as u64;
+            app.kt[k].signal_due = Some(now.saturating_add(grace));
+            return (a, k);
+        }
         if reason == PreemptReason::CoreNeeded
             && app.kt[k].idle_class
             && self.cfg.handover_from_idle_at_once

@@ -52,6 +52,10 @@ pub(crate) struct KStats {
     /// Context switches into any context of this kthread (the time slicer
     /// sees a uthread that has run a whole period by this not moving).
     pub(crate) switches: AtomicU64,
+    /// Times it began polling while idle instead of parking (`idle_poll.rs`).
+    pub(crate) idle_polls: AtomicU64,
+    /// Of those, the times iokerneld took the core back by its flag.
+    pub(crate) idle_poll_takebacks: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere):
@@ -235,11 +239,14 @@ pub(crate) struct KThread {
     pub(crate) busy_since: Cell<u64>,
     pub(super) tick: Cell<u32>,
     rng: Cell<u64>,
+    /// Since when it has seen no arrival (`idle_poll.rs`); `None`: it just
+    /// saw one.
+    pub(crate) quiet_since: Cell<Option<Instant>>,
     pub(crate) stats: KStats,
 }
 
 // SAFETY: the Cell/UnsafeCell fields (local, sched, current, exited,
-// free_uthreads, tick, rng) are touched only by the kthread's own pthread;
+// free_uthreads, tick, rng, quiet_since) are touched only by the kthread's own pthread;
 // everything other threads touch is atomic or behind a lock.
 unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
@@ -549,6 +556,9 @@ pub(crate) struct Shared {
     pub(crate) request_stacks_mapped: AtomicU64,
     pub(crate) n_spinning: AtomicUsize,
     pub(crate) n_parked: AtomicUsize,
+    /// Kthreads polling while idle under iokerneld (`idle_poll.rs`): at
+    /// most one.
+    pub(crate) idle_pollers: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
     pub(super) epoch: Instant,
     pub(super) stack_size: usize,
@@ -626,6 +636,7 @@ impl Shared {
                         busy_since: Cell::new(0),
                         tick: Cell::new(0),
                         rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) << 17)),
+                        quiet_since: Cell::new(None),
                         stats: KStats::default(),
                     }
                 })
@@ -640,6 +651,7 @@ impl Shared {
                 request_stacks_mapped: AtomicU64::new(0),
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),
+                idle_pollers: AtomicUsize::new(0),
                 shutdown: AtomicBool::new(false),
                 epoch,
                 stack_size: plan.stack_size,

@@ -20,7 +20,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GINZASHM");
 /// 3: `LineFlags::IOKERNEL_ASLEEP`, which a runtime must answer by ringing
 /// its bell (`iokernel_bell`); a runtime that does not know it would leave
 /// a sleeping iokerneld asleep.
-pub const LAYOUT_VERSION: u32 = 3;
+/// 4: `LineFlags::IDLE_POLLING`: a runtime that keeps its core while idle
+/// must meet an iokerneld that takes it back at once when another wants it.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Most kthreads one runtime may register.
 pub const MAX_KTHREADS: u32 = 256;
 /// Largest region iokerneld maps.
@@ -702,8 +704,8 @@ pub(super) mod tests {
             format!("bad magic 0x00000000deadbeef, expected {MAGIC:#018x}")
         );
         assert_eq!(
-            msg(&|b| b.version = 2, len),
-            "layout version 2, this side speaks 3"
+            msg(&|b| b.version = 3, len),
+            "layout version 3, this side speaks 4"
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 5000, len),

@@ -1,0 +1,112 @@
+//! Polling while idle under iokerneld (docs/idle-poll.md): a kthread of a
+//! latency-critical application that runs out of work keeps its core and
+//! polls, rather than parking, while no other application wants the core.
+//! The next request then finds it running (no grant, no wake from halt).
+//!
+//! The kthread says so on its queue line (`LineFlags::IDLE_POLLING`);
+//! iokerneld's allocator hands such a core to anyone who wants one, at once,
+//! by setting `PREEMPT_PENDING`, which the polling loop reads on every turn
+//! (the preemption signal is only the backstop). At most one kthread per
+//! application polls; after `IokernelConfig::poll_while_idle` without
+//! arrivals (packets, work from outside, stolen work: a timer of its own is
+//! not one), it parks as before, so a host with no traffic does not burn
+//! the core for ever.
+//!
+//! A kthread that polls does not keep a sleeping iokerneld awake
+//! (docs/iokernel-idle.md); one that runs work does. So each change of the
+//! flag is followed by the bell's check: iokerneld announces its sleep,
+//! fences, then reads the flags; the runtime changes the flag, fences, then
+//! reads the announcement. One of the two sees the other.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use ginza_shm::LineFlags;
+
+use crate::link::KLink;
+use crate::sched::{bump, KThread};
+
+/// One look-for-work loop's polling state; dropping it leaves the state.
+pub(crate) struct IdlePoll<'a> {
+    k: &'a KThread,
+    io: &'a KLink,
+    pollers: &'a AtomicUsize,
+    bound: Duration,
+    on: bool,
+}
+
+impl<'a> IdlePoll<'a> {
+    /// `None` where `k` may not poll while idle: standalone, the option
+    /// off, or keeping its cores anyway (`keep_cores_when_idle`).
+    pub(crate) fn new(k: &'a KThread) -> Option<IdlePoll<'a>> {
+        let rt = k.rt();
+        let io = k.io.as_ref()?;
+        let cfg = &rt.link.as_ref()?.cfg;
+        if !rt.managed() || cfg.poll_while_idle.is_zero() || cfg.keep_cores_when_idle {
+            return None;
+        }
+        Some(IdlePoll {
+            k,
+            io,
+            pollers: &rt.idle_pollers,
+            bound: cfg.poll_while_idle,
+            on: false,
+        })
+    }
+
+    /// The kthread found an arrival: the bound counts from now.
+    pub(crate) fn arrival(k: &KThread) {
+        k.quiet_since.set(None);
+    }
+
+    /// Called when the spin before parking is over with no work found:
+    /// whether to keep polling (entering the state if needed) rather than
+    /// park.
+    pub(crate) fn keep_polling(&mut self) -> bool {
+        let now = Instant::now();
+        let quiet_since = self.k.quiet_since.get().unwrap_or(now);
+        self.k.quiet_since.set(Some(quiet_since));
+        if now.duration_since(quiet_since) >= self.bound {
+            return false;
+        }
+        if !self.on {
+            // One poller per application: the others park.
+            if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+                return false;
+            }
+            self.on = true;
+            bump(&self.k.stats.idle_polls);
+            self.io.line.insert_flags(LineFlags::IDLE_POLLING);
+            self.io.wake_iokernel();
+        }
+        // No `sched_yield` here: it hands the CPU to any other thread
+        // runnable there for a whole time slice (milliseconds), during which
+        // the flag goes unread and the batch kthread that is to get the
+        // core, under SCHED_IDLE, cannot run either (docs/idle-poll.md).
+        true
+    }
+
+    /// Whether iokerneld has taken the core back (one load of the
+    /// kthread's own line). The caller then gives it back at once, as
+    /// revoked.
+    pub(crate) fn taken_back(&self) -> bool {
+        if self.on && self.io.preempt_pending() {
+            bump(&self.k.stats.idle_poll_takebacks);
+            self.k.revoke_requested.store(true, SeqCst);
+            return true;
+        }
+        false
+    }
+}
+
+impl Drop for IdlePoll<'_> {
+    fn drop(&mut self) {
+        if self.on {
+            self.io.line.remove_flags(LineFlags::IDLE_POLLING);
+            // Running work (or parking) needs iokerneld awake: its egress
+            // ring, its `Parked`.
+            self.io.wake_iokernel();
+            self.pollers.fetch_sub(1, SeqCst);
+        }
+    }
+}
