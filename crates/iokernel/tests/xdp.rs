@@ -103,13 +103,21 @@ fn crafted_frames(redirect: Verdict) -> Vec<(&'static str, Vec<u8>, Verdict)> {
         ),
         ("ARP for ours, IPv6 protocol", arp_ipv6, Verdict::Pass),
         ("ARP for ours, hardware length 8", arp_hlen, Verdict::Pass),
-        ("ARP for ours, truncated to 41 bytes", arp_request_for(OURS)[..41].to_vec(), Verdict::Pass),
+        (
+            "ARP for ours, truncated to 41 bytes",
+            arp_request_for(OURS)[..41].to_vec(),
+            Verdict::Pass,
+        ),
         ("IPv6 ethertype", ipv6, Verdict::Pass),
         ("VLAN-tagged IPv4 to ours", vlan, Verdict::Pass),
         ("LLDP ethertype", lldp, Verdict::Pass),
         ("IPv4 version 6", version6, Verdict::Pass),
         ("IPv4 header length 4 words", short_ihl, Verdict::Pass),
-        ("IPv4 to ours, truncated to 33 bytes", ours[..33].to_vec(), Verdict::Pass),
+        (
+            "IPv4 to ours, truncated to 33 bytes",
+            ours[..33].to_vec(),
+            Verdict::Pass,
+        ),
         ("Ethernet header only", ours[..14].to_vec(), Verdict::Pass),
     ]
 }
@@ -139,13 +147,19 @@ fn the_verifier_loads_the_program_and_claims_fill_the_map() {
     assert!(!steering.map_holds(OTHER).unwrap());
     check_verdicts(&steering, Verdict::Pass);
     steering.release(OURS).unwrap();
-    assert!(steering.map_holds(OURS).unwrap(), "claimed twice, released once");
+    assert!(
+        steering.map_holds(OURS).unwrap(),
+        "claimed twice, released once"
+    );
     steering.release(OURS).unwrap();
     assert!(!steering.map_holds(OURS).unwrap());
     steering.release(OURS).unwrap();
     // Too short for an Ethernet header: the kernel refuses to run it.
     let error = steering.verdict(&[0u8; 13]).unwrap_err();
-    assert!(error.to_string().starts_with("BPF_PROG_TEST_RUN"), "{error}");
+    assert!(
+        error.to_string().starts_with("BPF_PROG_TEST_RUN"),
+        "{error}"
+    );
 }
 
 /// With iokerneld's socket in the map (an AF_XDP link on a veth), frames
@@ -190,7 +204,17 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 /// `ping -c 3` from the namespace to `ip` succeeds.
 fn ping_ok(ns: &NetNs, ip: Ipv4Addr) -> Result<(), String> {
     let out = ns
-        .exec(&["ping", "-n", "-c", "3", "-i", "0.2", "-W", "2", &ip.to_string()])
+        .exec(&[
+            "ping",
+            "-n",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+            &ip.to_string(),
+        ])
         .map_err(|e| format!("ping (Debian package iputils-ping): {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     if out.status.success() && text.contains(" 0% packet loss") {
@@ -316,7 +340,11 @@ fn the_host_keeps_its_address_while_an_application_is_served() {
 
     stop.store(true, Ordering::Release);
     server.join().unwrap();
-    assert_eq!(strays.load(Ordering::Relaxed), 0, "host frames reached the app");
+    assert_eq!(
+        strays.load(Ordering::Relaxed),
+        0,
+        "host frames reached the app"
+    );
     let s = d.stats();
     assert!(s.dataplane.nic_rx_frames >= 106, "{:?}", s.dataplane);
     drop(d);

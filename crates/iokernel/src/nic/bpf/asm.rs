@@ -273,13 +273,7 @@ impl Asm {
     /// `r0 = helper(r1, ..., r5)`, by the helper's number
     /// (`enum bpf_func_id`).
     pub fn call(&mut self, helper: i32) -> &mut Asm {
-        self.push(Insn::new(
-            CLASS_JMP | JMP_CALL,
-            Reg::R0,
-            Reg::R0,
-            0,
-            helper,
-        ))
+        self.push(Insn::new(CLASS_JMP | JMP_CALL, Reg::R0, Reg::R0, 0, helper))
     }
 
     /// `return r0`.
@@ -328,7 +322,12 @@ mod tests {
             .alu_imm(Alu::And, Reg::R5, 0x0f) // r5 &= 15
             .call(51)
             .exit();
-        let bytes: Vec<[u8; 8]> = a.finish().unwrap().into_iter().map(Insn::to_bytes).collect();
+        let bytes: Vec<[u8; 8]> = a
+            .finish()
+            .unwrap()
+            .into_iter()
+            .map(Insn::to_bytes)
+            .collect();
         let expected: [[u8; 8]; 12] = [
             [0x61, 0x12, 0x10, 0x00, 0, 0, 0, 0],
             [0x69, 0x25, 0x0c, 0x00, 0, 0, 0, 0],
