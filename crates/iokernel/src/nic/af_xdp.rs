@@ -53,8 +53,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::af_packet::promiscuous_socket;
-use super::bpf::XdpSteering;
-pub use super::bpf::{StepError, Verdict, XdpMode};
+pub use super::bpf::XdpMode;
+use super::bpf::{StepError, XdpSteering};
 use super::linux_link::{
     check_pool_and_ifindex, get_socket_option, io_error, set_socket_option, LinkStats, NicError,
     ETHERNET_HEADER_LEN,
