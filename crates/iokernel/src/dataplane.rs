@@ -417,6 +417,10 @@ impl Dataplane {
             .switch
             .add_port(PortConfig::new(interface.mac))
             .map_err(|e| e.to_string())?;
+        if let Err(e) = self.claim(interface.ip) {
+            self.switch.remove_port(port);
+            return Err(e);
+        }
         self.app_ports.push((port, name.to_string(), interface.mac));
         if !self.fault_rules.is_empty() {
             let mac = interface.mac;
@@ -450,6 +454,10 @@ impl Dataplane {
         self.switch
             .add_alias(net.port, iface.mac)
             .map_err(|e| format!("alias {} / {}: {e}", iface.mac, iface.ip))?;
+        if let Err(e) = self.claim(iface.ip) {
+            self.switch.remove_alias(net.port, iface.mac);
+            return Err(format!("alias {} / {}: {e}", iface.mac, iface.ip));
+        }
         net.aliases.push(iface);
         Ok(())
     }
@@ -459,14 +467,38 @@ impl Dataplane {
         if let Some(i) = net.aliases.iter().position(|a| a.ip == ip) {
             let a = net.aliases.remove(i);
             self.switch.remove_alias(net.port, a.mac);
+            self.release(a.ip);
         }
     }
 
-    /// Removes an application's port (frames waiting there go with it).
+    /// Removes an application's port (frames waiting there go with it);
+    /// its addresses are the Linux stack's again.
     pub fn detach(&mut self, net: &AppNet) {
+        self.release(net.interface.ip);
+        for alias in &net.aliases {
+            self.release(alias.ip);
+        }
         self.retire_faults(net.port);
         self.app_ports.retain(|(port, _, _)| *port != net.port);
         self.switch.remove_port(net.port);
+    }
+
+    /// Frames for `ip` on the real NIC are for an application (the XDP
+    /// program steers them here, not to the Linux stack).
+    fn claim(&mut self, ip: ginza_net::Ipv4Addr) -> Result<(), String> {
+        match &mut self.nic {
+            Some((nic, _)) => nic
+                .claim_address(ip)
+                .map_err(|e| format!("the NIC cannot steer {ip} to iokerneld: {e}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Undoes [`claim`](Self::claim).
+    fn release(&mut self, ip: ginza_net::Ipv4Addr) {
+        if let Some((nic, _)) = &mut self.nic {
+            nic.release_address(ip);
+        }
     }
 
     /// The generator and the real NIC, once per loop iteration. Picks up a

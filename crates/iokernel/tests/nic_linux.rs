@@ -49,8 +49,10 @@ struct Responder {
 impl Responder {
     fn open(backend: &str, ns: &NetNs, buffer_size: usize) -> Responder {
         let spec = format!("{backend}:{}", ns.host_if);
-        let nic = open_link(&spec, 256, buffer_size)
+        let mut nic = open_link(&spec, 256, buffer_size)
             .unwrap_or_else(|error| panic!("opening {spec}: {error}"));
+        // AF_XDP: frames for `peer_ip` come to the link, the rest to Linux.
+        nic.claim_address(ns.peer_ip).unwrap();
         Responder {
             nic,
             iface: Interface {

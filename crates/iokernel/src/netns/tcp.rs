@@ -361,8 +361,9 @@ impl NetNs {
     /// Gives the veth's host end the address `.last` of the namespace's
     /// subnet for as long as the guard lives, so that Linux programs in
     /// the root namespace are reached from the namespace over the veth
-    /// (the kernel's side of a Linux-versus-Ginza comparison; while a Ginza
-    /// backend drives the interface, the kernel does not see its frames).
+    /// (the kernel's side of a Linux-versus-Ginza comparison). While
+    /// iokerneld drives the interface, the kernel still gets the frames for
+    /// this address: AF_XDP takes only Ginza's (docs/xdp.md).
     pub fn add_host_address(&self, last: u8) -> io::Result<HostAddress> {
         let [a, b, c, _] = self.ns_ip.octets();
         let ip = std::net::Ipv4Addr::new(a, b, c, last);

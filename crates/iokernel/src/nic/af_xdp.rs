@@ -1,10 +1,12 @@
 //! A [`Nic`] on a real Linux interface through an AF_XDP socket in copy mode
 //! (docs/design.md, "NIC backends").
 //!
-//! * **XDP program.** There is no BPF compiler here, so the program is five
-//!   hand-assembled instructions, loaded with the raw `bpf(2)` system call:
-//!   `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS)` — frames
-//!   of a queue with a socket go to it, all others to the Linux stack. It is
+//! * **XDP program** ([`super::bpf`]): only frames for a Ginza application
+//!   come to the socket — IPv4 to an address in the program's address map,
+//!   ARP whose target is one — and every other frame goes to the Linux
+//!   stack, so the host keeps using the interface. [`AfXdp::claim_address`]
+//!   and [`AfXdp::release_address`] (the [`Nic`] calls the dataplane makes
+//!   as applications attach and leave) fill the map. The program is
 //!   attached in generic (SKB) mode with `BPF_LINK_CREATE`; the link is a
 //!   file descriptor, so the program is detached when the backend is dropped
 //!   or the process dies, never left behind on the interface.
@@ -44,12 +46,15 @@
 
 use std::io;
 use std::mem::{size_of, zeroed};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::af_packet::promiscuous_socket;
+pub use super::bpf::XdpMode;
+use super::bpf::{StepError, XdpSteering};
 use super::linux_link::{
     check_pool_and_ifindex, get_socket_option, io_error, set_socket_option, LinkStats, NicError,
     ETHERNET_HEADER_LEN,
@@ -81,8 +86,8 @@ const BIND_RETRY: Duration = Duration::from_secs(1);
 pub struct AfXdp {
     /// Detaches the program when closed.
     _link: OwnedFd,
-    _program: OwnedFd,
-    _xskmap: OwnedFd,
+    /// The program and its maps (the addresses claimed).
+    steering: XdpSteering,
     _promiscuous: OwnedFd,
     socket: OwnedFd,
     fill: Ring<u64>,
@@ -207,18 +212,18 @@ impl AfXdp {
             std::thread::sleep(Duration::from_millis(5));
         }
 
-        let xskmap = bpf::xskmap(QUEUE + 1).map_err(|e| io_error("BPF_MAP_CREATE (XSKMAP)", e))?;
-        bpf::map_update(&xskmap, QUEUE, socket.as_raw_fd())
-            .map_err(|e| io_error("BPF_MAP_UPDATE_ELEM (socket into XSKMAP)", e))?;
-        let program =
-            bpf::load_redirect_program(&xskmap).map_err(|e| io_error("BPF_PROG_LOAD", e))?;
-        let link = bpf::attach_xdp(&program, ifindex, XdpMode::Generic)
-            .map_err(|e| io_error(XdpMode::Generic.link_create(), e))?;
+        let step_error = |e: StepError| io_error(e.step, e.error);
+        let steering = XdpSteering::load(QUEUE + 1).map_err(step_error)?;
+        steering
+            .set_socket(QUEUE, socket.as_raw_fd())
+            .map_err(step_error)?;
+        let link = steering
+            .attach(ifindex, XdpMode::Generic)
+            .map_err(step_error)?;
 
         Ok(AfXdp {
             _link: link,
-            _program: program,
-            _xskmap: xskmap,
+            steering,
             _promiscuous: promiscuous,
             socket,
             fill,
@@ -243,6 +248,11 @@ impl AfXdp {
 
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+
+    /// The XDP program and its maps (tests ask it for verdicts).
+    pub fn steering(&self) -> &XdpSteering {
+        &self.steering
     }
 
     /// The counters so far, with the kernel's drops on this socket.
@@ -333,6 +343,16 @@ impl Nic for AfXdp {
     /// Not while descriptors wait on the tx ring for a kick.
     fn settled(&self) -> bool {
         self.tx.pending() == 0
+    }
+
+    fn claim_address(&mut self, ip: Ipv4Addr) -> Result<(), String> {
+        self.steering.claim(ip).map_err(|e| e.to_string())
+    }
+
+    fn release_address(&mut self, ip: Ipv4Addr) {
+        if let Err(e) = self.steering.release(ip) {
+            log::warn!("af_xdp on {}: releasing {ip}: {e}", self.ifname);
+        }
     }
 
     fn pool_mut(&mut self) -> &mut BufferPool {
@@ -431,33 +451,6 @@ impl Nic for AfXdp {
     }
 }
 
-/// How an XDP program runs on an interface.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XdpMode {
-    /// In the driver, before the kernel allocates a socket buffer (the
-    /// driver must support it; veth does).
-    Driver,
-    /// After the socket buffer is built: any interface, slower.
-    Generic,
-}
-
-impl XdpMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            XdpMode::Driver => "driver",
-            XdpMode::Generic => "generic",
-        }
-    }
-
-    /// The failed step, for an error.
-    fn link_create(self) -> &'static str {
-        match self {
-            XdpMode::Driver => "BPF_LINK_CREATE (XDP, driver mode)",
-            XdpMode::Generic => "BPF_LINK_CREATE (XDP, generic mode)",
-        }
-    }
-}
-
 /// Loads iokerneld's XDP program and attaches it to `ifname` in `mode`,
 /// then detaches it (the link is closed before returning): whether that
 /// mode is available here. Fails like [`AfXdp::open`] (no such interface,
@@ -466,11 +459,9 @@ impl XdpMode {
 pub fn probe_attach(ifname: &str, mode: XdpMode) -> Result<(), NicError> {
     let ifindex = super::linux_link::ifindex(ifname)?;
     let io_error = io_error(BACKEND, CAPABILITIES, ifname);
-    let xskmap = bpf::xskmap(QUEUE + 1).map_err(|e| io_error("BPF_MAP_CREATE (XSKMAP)", e))?;
-    let program = bpf::load_redirect_program(&xskmap).map_err(|e| io_error("BPF_PROG_LOAD", e))?;
-    let link =
-        bpf::attach_xdp(&program, ifindex, mode).map_err(|e| io_error(mode.link_create(), e))?;
-    drop(link);
+    let step_error = |e: StepError| io_error(e.step, e.error);
+    let steering = XdpSteering::load(QUEUE + 1).map_err(step_error)?;
+    drop(steering.attach(ifindex, mode).map_err(step_error)?);
     Ok(())
 }
 
@@ -684,202 +675,5 @@ impl<T: Copy> Ring<T> {
         self.consumer()
             .store(start.wrapping_add(count as u32), Ordering::Release);
         count
-    }
-}
-
-/// The bpf(2) calls: an XSKMAP, the redirect program, the XDP link.
-mod bpf {
-    use std::io;
-    use std::mem::size_of;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-    const BPF_MAP_CREATE: libc::c_long = 0;
-    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-    const BPF_PROG_LOAD: libc::c_long = 5;
-    const BPF_LINK_CREATE: libc::c_long = 28;
-    const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-    const BPF_PROG_TYPE_XDP: u32 = 6;
-    const BPF_XDP: u32 = 37;
-    const XDP_FLAGS_SKB_MODE: u32 = 1 << 1;
-    const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
-    const XDP_PASS: i32 = 2;
-    const BPF_FUNC_REDIRECT_MAP: i32 = 51;
-    const BPF_PSEUDO_MAP_FD: u8 = 1;
-
-    /// `struct bpf_insn`: opcode, dst_reg (low nibble) and src_reg (high
-    /// nibble), offset, immediate.
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Insn {
-        code: u8,
-        regs: u8,
-        off: i16,
-        imm: i32,
-    }
-
-    const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-        Insn {
-            code,
-            regs: dst | (src << 4),
-            off,
-            imm,
-        }
-    }
-
-    /// The `bpf_attr` members used here, each padded by the kernel's rule
-    /// that bytes past what we pass read as zero.
-    #[repr(C)]
-    struct MapCreate {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-    }
-
-    #[repr(C)]
-    struct MapUpdate {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-
-    #[repr(C)]
-    struct ProgLoad {
-        prog_type: u32,
-        insn_cnt: u32,
-        insns: u64,
-        license: u64,
-        log_level: u32,
-        log_size: u32,
-        log_buf: u64,
-        kern_version: u32,
-        prog_flags: u32,
-        prog_name: [u8; 16],
-        prog_ifindex: u32,
-        expected_attach_type: u32,
-    }
-
-    #[repr(C)]
-    struct LinkCreate {
-        prog_fd: u32,
-        target_ifindex: u32,
-        attach_type: u32,
-        flags: u32,
-    }
-
-    /// bpf(cmd, attr, sizeof attr); a new descriptor when the command makes one.
-    fn bpf<T>(command: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-        // SAFETY: `attr` is a live `#[repr(C)]` prefix of `union bpf_attr`
-        // for `command`, of the size passed; pointers inside it point to
-        // memory that outlives the call.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                command,
-                attr as *mut T,
-                size_of::<T>() as libc::c_uint,
-            )
-        };
-        if result < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(result)
-        }
-    }
-
-    fn new_fd(command: libc::c_long, attr: &mut impl Sized) -> io::Result<OwnedFd> {
-        let fd = bpf(command, attr)?;
-        // SAFETY: these commands return a new descriptor nothing else owns
-        // (and the kernel sets close-on-exec on bpf descriptors).
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
-    }
-
-    pub(super) fn xskmap(entries: u32) -> io::Result<OwnedFd> {
-        new_fd(
-            BPF_MAP_CREATE,
-            &mut MapCreate {
-                map_type: BPF_MAP_TYPE_XSKMAP,
-                key_size: 4,
-                value_size: 4,
-                max_entries: entries,
-            },
-        )
-    }
-
-    pub(super) fn map_update(map: &OwnedFd, key: u32, value: libc::c_int) -> io::Result<()> {
-        let value = value as u32;
-        bpf(
-            BPF_MAP_UPDATE_ELEM,
-            &mut MapUpdate {
-                map_fd: map.as_raw_fd() as u32,
-                _pad: 0,
-                key: &key as *const u32 as u64,
-                value: &value as *const u32 as u64,
-                flags: 0,
-            },
-        )
-        .map(drop)
-    }
-
-    /// `return bpf_redirect_map(&xskmap, ctx->rx_queue_index, XDP_PASS);`
-    pub(super) fn load_redirect_program(xskmap: &OwnedFd) -> io::Result<OwnedFd> {
-        let program = [
-            // r2 = ((struct xdp_md *)r1)->rx_queue_index
-            insn(0x61, 2, 1, 16, 0),
-            // r1 = the map (a 16-byte load: the second half is zero)
-            insn(0x18, 1, BPF_PSEUDO_MAP_FD, 0, xskmap.as_raw_fd()),
-            insn(0, 0, 0, 0, 0),
-            // r3 = XDP_PASS: the action when the queue has no socket
-            insn(0xb7, 3, 0, 0, XDP_PASS),
-            // r0 = bpf_redirect_map(r1, r2, r3)
-            insn(0x85, 0, 0, 0, BPF_FUNC_REDIRECT_MAP),
-            // return r0
-            insn(0x95, 0, 0, 0, 0),
-        ];
-        let license = c"GPL";
-        let mut name = [0u8; 16];
-        name[..9].copy_from_slice(b"ginza_xsk");
-        let mut log = vec![0u8; 16 * 1024];
-        let mut attr = ProgLoad {
-            prog_type: BPF_PROG_TYPE_XDP,
-            insn_cnt: program.len() as u32,
-            insns: program.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 1,
-            log_size: log.len() as u32,
-            log_buf: log.as_mut_ptr() as u64,
-            kern_version: 0,
-            prog_flags: 0,
-            prog_name: name,
-            prog_ifindex: 0,
-            expected_attach_type: BPF_XDP,
-        };
-        new_fd(BPF_PROG_LOAD, &mut attr).map_err(|error| {
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let log = String::from_utf8_lossy(&log[..end]);
-            io::Error::new(error.kind(), format!("{error}; verifier: {}", log.trim()))
-        })
-    }
-
-    /// Attaches in `mode`; closing the link detaches.
-    pub(super) fn attach_xdp(
-        program: &OwnedFd,
-        ifindex: u32,
-        mode: super::XdpMode,
-    ) -> io::Result<OwnedFd> {
-        new_fd(
-            BPF_LINK_CREATE,
-            &mut LinkCreate {
-                prog_fd: program.as_raw_fd() as u32,
-                target_ifindex: ifindex,
-                attach_type: BPF_XDP,
-                flags: match mode {
-                    super::XdpMode::Driver => XDP_FLAGS_DRV_MODE,
-                    super::XdpMode::Generic => XDP_FLAGS_SKB_MODE,
-                },
-            },
-        )
     }
 }

@@ -133,6 +133,20 @@ impl Nic for LinuxNic {
         }
     }
 
+    fn claim_address(&mut self, ip: std::net::Ipv4Addr) -> Result<(), String> {
+        match self {
+            LinuxNic::AfPacket(link) => link.claim_address(ip),
+            LinuxNic::AfXdp(link) => link.claim_address(ip),
+        }
+    }
+
+    fn release_address(&mut self, ip: std::net::Ipv4Addr) {
+        match self {
+            LinuxNic::AfPacket(link) => link.release_address(ip),
+            LinuxNic::AfXdp(link) => link.release_address(ip),
+        }
+    }
+
     fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize {
         match self {
             LinuxNic::AfPacket(link) => link.rx_burst(out, max),

@@ -54,6 +54,7 @@
 
 pub mod af_packet;
 pub mod af_xdp;
+pub mod bpf;
 pub mod buffer;
 pub mod faults;
 pub mod generator;
@@ -102,4 +103,16 @@ pub trait Nic {
     fn settled(&self) -> bool {
         true
     }
+
+    /// Frames for `ip` are a Ginza application's from now on: a link that
+    /// shares its interface with the Linux stack (`af_xdp`) steers them to
+    /// iokerneld instead of to Linux. Claims are counted: `ip` stays
+    /// iokerneld's until each claim is released. The default (a link that
+    /// sees every frame) does nothing.
+    fn claim_address(&mut self, _ip: std::net::Ipv4Addr) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Undoes one [`claim_address`](Nic::claim_address).
+    fn release_address(&mut self, _ip: std::net::Ipv4Addr) {}
 }
