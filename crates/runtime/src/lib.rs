@@ -29,6 +29,7 @@ mod error;
 pub mod foreign_tls;
 mod iokernel;
 mod link;
+pub mod metrics;
 pub mod net;
 pub mod park;
 mod preempt;
