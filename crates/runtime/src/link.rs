@@ -18,8 +18,9 @@ use ginza_net::DropCounters;
 use ginza_proto::client::{self, Connection};
 use ginza_proto::messages::Registration;
 use ginza_shm::{
-    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, IokernelBell, LineFlags, LineRef,
-    LatencyRef, PacketDesc, Producer, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
+    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, IokernelBell, LatencyRef, LineFlags,
+    LineRef, PacketDesc, Producer, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
+    WakePage,
 };
 
 use crate::config::{IokernelConfig, NetConfig};

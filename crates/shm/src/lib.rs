@@ -53,8 +53,8 @@ pub use packet::{
 };
 pub use queue_line::{LineFlags, LineSnap, QueueLine};
 pub use region::{
-    Header, HeaderError, IokernelEnd, LatencyRef, Layout, LineRef, Region, RegionConfig, RegionError,
-    RuntimeEnd,
+    Header, HeaderError, IokernelEnd, LatencyRef, Layout, LineRef, Region, RegionConfig,
+    RegionError, RuntimeEnd,
 };
 pub use request_latency::{LatencyHistogram, LatencyRead, LatencyTally};
 pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};

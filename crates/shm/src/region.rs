@@ -653,7 +653,11 @@ mod tests {
         assert_eq!(r.buckets.iter().sum::<u64>(), 1);
         assert_eq!(r.sum_ns, 4_000);
         let other = rt.line._region.latency(0).unwrap().read();
-        assert_eq!(other.buckets.iter().sum::<u64>(), 0, "kthread 0's is its own");
+        assert_eq!(
+            other.buckets.iter().sum::<u64>(),
+            0,
+            "kthread 0's is its own"
+        );
         io.to_kthread
             .send(ToKthread::Preempt {
                 reason: PreemptReason::CoreNeeded,

@@ -137,7 +137,8 @@ fn fill_app(a: &App, f: &mut AppFigures) {
     f.net = a.net.as_ref().map(AppNet::report);
     f.request_latency.clear();
     for k in &a.kt {
-        f.request_latency.add_counts(&k.latency.buckets, k.latency.sum_ns);
+        f.request_latency
+            .add_counts(&k.latency.buckets, k.latency.sum_ns);
     }
     match &a.dispatch {
         None => f.dispatch = None,
