@@ -246,32 +246,29 @@ fn each_server_reports_every_request_it_served() {
     })
     .expect("the client's runtime");
 
-    // What each server says it served; no request is in flight any more.
-    let kv_served = KV_TCP as f64 + kv.stats.udp_requests.load(Relaxed) as f64;
-    let http_served = http_stats.ok.load(Relaxed) as f64;
-    let spin_served = spin_stats.served.load(Relaxed) as f64;
-    assert!(kv_served >= (KV_TCP + KV_UDP) as f64);
-    assert_eq!(http_served, HTTP as f64);
-    assert!(spin_served >= SPIN as f64);
-    let expected = [
-        ("kv", kv_served),
-        ("http", http_served),
-        ("spin", spin_served),
-    ];
-
+    // What each server says it served (read again at each scrape: a
+    // datagram the client sent twice may still be answered).
+    let served = || {
+        [
+            (
+                "kv",
+                KV_TCP as f64 + kv.stats.udp_requests.load(Relaxed) as f64,
+            ),
+            ("http", http_stats.ok.load(Relaxed) as f64),
+            ("spin", spin_stats.served.load(Relaxed) as f64),
+        ]
+    };
     // Published every 100 ms: scrape until every figure is in.
     let t0 = Instant::now();
-    let samples = loop {
+    let (samples, expected) = loop {
+        let expected = served();
         let text = scrape(metrics).unwrap();
         let Some(s) = parse(&text) else {
             stop.store(true, Relaxed);
             return;
         };
-        if expected
-            .iter()
-            .all(|&(app, n)| count(&s, app).is_some_and(|c| c >= n))
-        {
-            break s;
+        if expected.iter().all(|&(app, n)| count(&s, app) == Some(n)) && expected == served() {
+            break (s, expected);
         }
         assert!(
             t0.elapsed() < WAIT,
@@ -279,6 +276,10 @@ fn each_server_reports_every_request_it_served() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
+    let [(_, kv_served), (_, http_served), (_, spin_served)] = expected;
+    assert!(kv_served >= (KV_TCP + KV_UDP) as f64);
+    assert_eq!(http_served, HTTP as f64);
+    assert!(spin_served >= SPIN as f64);
     for (app, n) in expected {
         let sum = value(
             &samples,

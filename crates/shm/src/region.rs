@@ -649,9 +649,9 @@ mod tests {
         );
         assert_eq!(io.line.snapshot().counters.rq_tail, 3);
         rt.latency.record(4_000);
-        let r = io.latency.read();
-        assert_eq!(r.buckets.iter().sum::<u64>(), 1);
-        assert_eq!(r.sum_ns, 4_000);
+        let lat = io.latency.read();
+        assert_eq!(lat.buckets.iter().sum::<u64>(), 1);
+        assert_eq!(lat.sum_ns, 4_000);
         let other = rt.line._region.latency(0).unwrap().read();
         assert_eq!(
             other.buckets.iter().sum::<u64>(),
