@@ -100,7 +100,9 @@ fn kv_request(s: &mut TcpStream, req: &str, end: &str) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 2048];
     while !got.ends_with(end.as_bytes()) {
-        let n = s.read(&mut buf).expect("a kv reply");
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("no kv reply to {req:?}: {e}"));
         assert!(n > 0, "kv-server closed after {req:?}");
         got.extend_from_slice(&buf[..n]);
     }
@@ -126,7 +128,9 @@ fn http_get(s: &mut TcpStream) -> String {
                 return String::from_utf8_lossy(&got[h + 4..h + 4 + len]).into_owned();
             }
         }
-        let n = s.read(&mut buf).expect("an HTTP response");
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("no HTTP response: {e}"));
         assert!(n > 0, "http-server closed");
         got.extend_from_slice(&buf[..n]);
     }
@@ -153,7 +157,11 @@ fn connect(ip: Ipv4Addr, port: u16) -> TcpStream {
     let t0 = Instant::now();
     loop {
         match TcpStream::connect(addr) {
-            Ok(s) => return s,
+            Ok(s) => {
+                // A reply that never comes fails the test, not hangs it.
+                s.set_read_timeout(Some(WAIT)).unwrap();
+                return s;
+            }
             Err(e) if t0.elapsed() < WAIT => {
                 let _ = e;
                 ginza_runtime::sleep(Duration::from_millis(10));
@@ -219,6 +227,7 @@ fn each_server_reports_every_request_it_served() {
             let got = kv_request(&mut s, &format!("get k{i}\r\n"), "END\r\n");
             assert!(got.starts_with(&format!("VALUE k{i} 0 1\r\n")), "{got}");
         }
+        eprintln!("kv over TCP: {KV_TCP} requests answered");
         let udp = UdpSocket::bind(0).unwrap();
         udp.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
@@ -228,10 +237,12 @@ fn each_server_reports_every_request_it_served() {
             let reply = udp_exchange(&udp, SocketAddrV4::new(KV_IP, KV_PORT), &frame);
             assert_eq!(&reply[8..], b"VALUE k1 0 1\r\n1\r\nEND\r\n");
         }
+        eprintln!("kv over UDP: {KV_UDP} requests answered");
         let mut h = connect(HTTP_IP, HTTP_PORT);
         for _ in 0..HTTP {
             assert_eq!(http_get(&mut h).as_bytes(), http_server::ROOT_BODY);
         }
+        eprintln!("http: {HTTP} requests answered");
         for seq in 0..SPIN as u64 {
             let mut req = vec![0u8; 64];
             RequestHeader {
