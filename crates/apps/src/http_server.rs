@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use ginza_runtime::metrics::RequestTimer;
 use ginza_runtime::net::TcpStream;
 
 use crate::serve::{is_timeout, STOP_POLL};
@@ -644,6 +645,8 @@ fn serve_connection(
             }
             Err(e) => return Err(e),
         };
+        // The requests this read completes arrived now.
+        let timer = RequestTimer::start();
         session.set_date(SystemTime::now());
         let responses = session.feed(&buf[..n]);
         write_responses(&responses, &mut out, |b| (&*stream).write_all(b))?;
@@ -651,6 +654,7 @@ fn serve_connection(
             (&*stream).write_all(&out)?;
             out.clear();
         }
+        timer.finish_n(responses.len());
         if out.capacity() > 16 * 1024 {
             // An idle connection keeps no large buffer.
             out = Vec::new();

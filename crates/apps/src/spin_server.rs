@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ginza_proto::RequestHeader;
+use ginza_runtime::metrics::RequestTimer;
 use ginza_runtime::net::UdpSocket;
 
 use crate::request_trace::{RequestStamps, RequestTrace};
@@ -61,10 +62,11 @@ pub fn spin_for(d: Duration) {
 pub fn serve(port: u16, stop: Arc<AtomicBool>, stats: Arc<SpinStats>) -> io::Result<()> {
     let socket = Arc::new(UdpSocket::bind(port)?);
     crate::serve::datagrams_until_stopped(&socket, &stop, |request, from| {
+        let timer = RequestTimer::start();
         let stamps = stats.trace.enabled().then(|| picked(request));
         let request = request.to_vec();
         let (socket, stats) = (socket.clone(), stats.clone());
-        ginza_runtime::spawn(move || answer(&socket, request, from, &stats, stamps));
+        ginza_runtime::spawn(move || answer(&socket, request, from, &stats, stamps, timer));
     })
 }
 
@@ -130,6 +132,7 @@ fn answer(
     from: SocketAddrV4,
     stats: &SpinStats,
     stamps: Option<RequestStamps>,
+    timer: RequestTimer,
 ) {
     let started_ns = stamps.map(|_| ginza_sys::clock::monotonic_ns());
     work(&request, stats);
@@ -145,6 +148,7 @@ fn answer(
     }
     match socket.send_to(&request, from) {
         Ok(_) => {
+            timer.finish();
             stats.served.fetch_add(1, Relaxed);
         }
         Err(_) => {

@@ -159,6 +159,9 @@ struct Kthread {
     drain_egress: bool,
     /// Its steals, from its queue line.
     steals: stats::StealCount,
+    /// Its requests' latency as its runtime reports it (untrusted; read at
+    /// each metrics publication).
+    latency: ginza_shm::LatencyTally,
     /// Its grants' numbers: which `Parked`/`Yielded` answers the current
     /// one.
     grants: pass::GrantNumbers,

@@ -19,6 +19,7 @@ pub struct InProcess {
     faults: FaultsHandle,
     thread: Option<JoinHandle<Result<StatsReport, DaemonError>>>,
     socket: PathBuf,
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl InProcess {
@@ -35,6 +36,7 @@ impl InProcess {
         let stop = d.stop_handle();
         let generator = d.generator();
         let faults = d.faults_handle();
+        let metrics = d.metrics_addr();
         let thread = std::thread::Builder::new()
             .name("iokerneld".into())
             .spawn(move || d.run())
@@ -49,6 +51,7 @@ impl InProcess {
             faults,
             thread: Some(thread),
             socket,
+            metrics,
         })
     }
 
@@ -66,6 +69,11 @@ impl InProcess {
     /// the start): `d.faults().set_specs(&["drop=5%,port=trunk"])`.
     pub fn faults(&self) -> &FaultsHandle {
         &self.faults
+    }
+
+    /// Where its metrics are served (`cfg.metrics`; port 0 resolved).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics
     }
 
     pub fn socket(&self) -> &Path {

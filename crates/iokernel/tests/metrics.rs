@@ -224,6 +224,53 @@ fn many_applications_are_published_over_several_turns_and_leavers_go() {
     scrape_until(addr, "seven applications", |s| shown(s) == left);
 }
 
+/// The latency an application's runtime writes into its region's
+/// histograms (one per kthread) is read at each publication and
+/// exported, summed over the kthreads.
+#[test]
+fn request_latency_written_in_the_region_is_exported_per_application() {
+    let _g = lock();
+    let d = with_metrics();
+    let addr = d.metrics.unwrap();
+    let app = RawApp::register(&d.socket, "timed", iface(60), 2).unwrap();
+    let quiet = RawApp::register(&d.socket, "quiet", iface(61), 1).unwrap();
+    for _ in 0..5 {
+        app.ends[0].latency.record(3_000);
+    }
+    app.ends[1].latency.record(3_000);
+    app.ends[1].latency.record(40_000_000);
+    let timed = [("app", "timed")];
+    let Some(s) = scrape_until(addr, "seven samples", |s| {
+        value(s, "ginza_app_request_latency_seconds_count", &timed) == Some(7.0)
+    }) else {
+        return;
+    };
+    let b = |le: &str| {
+        get(
+            &s,
+            "ginza_app_request_latency_seconds_bucket",
+            &[("app", "timed"), ("le", le)],
+        )
+    };
+    assert_eq!(b("0.000002"), 0.0);
+    assert_eq!(b("0.000005"), 6.0);
+    assert_eq!(b("0.02"), 6.0);
+    assert_eq!(b("0.05"), 7.0);
+    assert_eq!(b("+Inf"), 7.0);
+    let sum = get(&s, "ginza_app_request_latency_seconds_sum", &timed);
+    assert!((sum - (6.0 * 3e-6 + 0.04)).abs() < 1e-9, "{sum}");
+    // An application that records nothing has an empty histogram.
+    assert_eq!(
+        get(
+            &s,
+            "ginza_app_request_latency_seconds_count",
+            &[("app", "quiet")]
+        ),
+        0.0
+    );
+    drop((app, quiet));
+}
+
 #[test]
 fn bad_requests_get_400_other_paths_404_and_connections_follow_http() {
     let _g = lock();
@@ -324,6 +371,8 @@ fn every_metric_parses_and_is_documented() {
         ..Default::default()
     };
     s.alloc.grant_latency.record(3_000);
+    let mut request_latency = AppFigures::default().request_latency;
+    request_latency.record(7_000);
     let mut dispatch = DispatchFigures::default();
     dispatch.sojourn.add(4_000, 2, 6_000);
     dispatch.counters.co = 2;
@@ -338,6 +387,7 @@ fn every_metric_parses_and_is_documented() {
                 command_ring_full: 3,
                 event_ring_full: 4,
             }),
+            request_latency,
             ..Default::default()
         },
         AppFigures {
@@ -366,6 +416,14 @@ fn every_metric_parses_and_is_documented() {
     assert_eq!(
         get(&samples, "ginza_app_request_sojourn_seconds_sum", &kv),
         6e-6
+    );
+    assert_eq!(
+        get(
+            &samples,
+            "ginza_app_request_latency_seconds_bucket",
+            &[("app", "kv"), ("le", "0.00001")]
+        ),
+        1.0
     );
     // Label values are escaped, and read back whole.
     assert_eq!(

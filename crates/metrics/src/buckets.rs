@@ -71,6 +71,16 @@ impl Buckets {
         self.sum_ns = self.sum_ns.saturating_add(sum_ns);
     }
 
+    /// Adds whole buckets: `counts[i]` samples to bucket `i` (as many as
+    /// there are buckets; extra entries are ignored), and `sum_ns` to the
+    /// sum.
+    pub fn add_counts(&mut self, counts: &[u64], sum_ns: u64) {
+        for (c, n) in self.counts.iter_mut().zip(counts) {
+            *c = c.saturating_add(*n);
+        }
+        self.sum_ns = self.sum_ns.saturating_add(sum_ns);
+    }
+
     /// Back to no samples (for a snapshot rebuilt from figures counted
     /// elsewhere, not for a loop's own histogram).
     pub fn clear(&mut self) {
@@ -147,5 +157,9 @@ mod tests {
         assert_eq!(c, h);
         c.add(1_000, 3, 3_000);
         assert_eq!(c.seconds()[2], (1e-6, 5));
+        c.add_counts(&[1, 0, 2], 10);
+        assert_eq!(c.seconds()[0], (250e-9, 3));
+        assert_eq!(c.seconds()[2], (1e-6, 7));
+        assert_eq!(c.count(), 13);
     }
 }

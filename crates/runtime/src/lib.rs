@@ -30,6 +30,7 @@ pub mod foreign_tls;
 mod idle_poll;
 mod iokernel;
 mod link;
+pub mod metrics;
 pub mod net;
 pub mod park;
 mod preempt;

@@ -18,8 +18,9 @@ use ginza_net::DropCounters;
 use ginza_proto::client::{self, Connection};
 use ginza_proto::messages::Registration;
 use ginza_shm::{
-    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, IokernelBell, LineFlags, LineRef,
-    PacketDesc, Producer, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread, WakePage,
+    CmdRx, CmdTx, Consumer, EgressBuffers, IngressPool, IokernelBell, LatencyRef, LineFlags,
+    LineRef, PacketDesc, Producer, Region, RegionConfig, RuntimeEnd, ToIokernel, ToKthread,
+    WakePage,
 };
 
 use crate::config::{IokernelConfig, NetConfig};
@@ -65,6 +66,9 @@ pub(crate) struct GrantSamples {
 /// One kthread's end of the shared region.
 pub(crate) struct KLink {
     pub(crate) line: LineRef,
+    /// Its request-latency histogram: written by the uthreads it runs,
+    /// with preemption deferred (`crate::metrics`).
+    pub(crate) latency: LatencyRef,
     /// Owner kthread only.
     tx: UnsafeCell<CmdTx<ToIokernel>>,
     /// Owner kthread only.
@@ -313,6 +317,7 @@ impl Link {
         for k in 0..n32 {
             let RuntimeEnd {
                 line,
+                latency,
                 to_iokernel,
                 from_iokernel,
                 ingress,
@@ -325,6 +330,7 @@ impl Link {
             line.insert_flags(LineFlags::PARKED);
             ends.push(KLink {
                 line,
+                latency,
                 tx: UnsafeCell::new(to_iokernel),
                 rx: UnsafeCell::new(from_iokernel),
                 samples: Mutex::new(GrantSamples::default()),

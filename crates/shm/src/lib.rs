@@ -10,6 +10,8 @@
 //!   page once it sleeps.
 //! * [`iokernel_bell`]: how a runtime wakes a sleeping iokerneld (a flag
 //!   on its queue lines, an eventfd).
+//! * [`request_latency`]: the per-kthread histograms of request latency
+//!   that the runtime writes and iokerneld exports, untrusted.
 //! * [`wake_page`]: the futex words kthreads sleep on for a grant, which
 //!   iokerneld, or the kthread on the granted core, wakes.
 //! * [`ring`]: the `#[repr(C)]`, pointer-free SPSC ring both processes map.
@@ -32,6 +34,7 @@ pub mod netstack;
 pub mod packet;
 pub mod queue_line;
 pub mod region;
+pub mod request_latency;
 pub mod ring;
 mod sync;
 #[cfg(not(loom))]
@@ -50,9 +53,10 @@ pub use packet::{
 };
 pub use queue_line::{LineFlags, LineSnap, QueueLine};
 pub use region::{
-    Header, HeaderError, IokernelEnd, Layout, LineRef, Region, RegionConfig, RegionError,
-    RuntimeEnd,
+    Header, HeaderError, IokernelEnd, LatencyRef, Layout, LineRef, Region, RegionConfig,
+    RegionError, RuntimeEnd,
 };
+pub use request_latency::{LatencyHistogram, LatencyRead, LatencyTally};
 pub use ring::{heap_ring, Consumer, Producer, PushError, RingCorrupt};
 #[cfg(not(loom))]
 pub use wake_page::{WakePage, WakePageError, WAKE_PAGE_BLOCKS};

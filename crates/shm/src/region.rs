@@ -4,7 +4,7 @@
 //! rings and egress buffers of each kthread (see [`crate::packet`]).
 //!
 //! ```text
-//! 0              Header (232 bytes)
+//! 0              Header (256 bytes)
 //! lines_offset   QueueLine × n_kthreads            (64 bytes each)
 //! up_offset      ring of RawMsg × n_kthreads        (up_stride bytes each)
 //! down_offset    ring of RawMsg × n_kthreads        (down_stride bytes each)
@@ -12,6 +12,7 @@
 //! done_offset    ring of u32 × n_kthreads           ingress buffers given back
 //! out_offset     ring of PacketDesc × n_kthreads    egress: kthread → iokerneld
 //! egress_offset  out_capacity buffers × n_kthreads  egress buffers (slot i ↔ buffer i)
+//! latency_offset LatencyHistogram × n_kthreads      request latency (runtime → iokerneld)
 //! region_size    (a multiple of the page size)
 //! ```
 //!
@@ -41,6 +42,7 @@ use std::sync::Arc;
 use crate::msg::{CmdRx, CmdTx, RawMsg, ToIokernel, ToKthread};
 use crate::packet::{EgressBuffers, PacketDesc};
 use crate::queue_line::QueueLine;
+use crate::request_latency::LatencyHistogram;
 use crate::ring::{self, Consumer, Keep, Producer};
 use ginza_sys::memfd::{self, Seals};
 
@@ -124,6 +126,8 @@ pub struct Region(Arc<Inner>);
 /// The runtime's end of one kthread's shared state.
 pub struct RuntimeEnd {
     pub line: LineRef,
+    /// The kthread's request-latency histogram (it alone writes it).
+    pub latency: LatencyRef,
     pub to_iokernel: CmdTx<ToIokernel>,
     pub from_iokernel: CmdRx<ToKthread>,
     /// Received packets (descriptors of ingress-pool buffers).
@@ -139,6 +143,8 @@ pub struct RuntimeEnd {
 /// iokerneld's end of one kthread's shared state.
 pub struct IokernelEnd {
     pub line: LineRef,
+    /// The kthread's request-latency histogram (read, untrusted).
+    pub latency: LatencyRef,
     pub from_kthread: CmdRx<ToIokernel>,
     pub to_kthread: CmdTx<ToKthread>,
     pub ingress: Producer<PacketDesc>,
@@ -165,6 +171,29 @@ impl Deref for LineRef {
         // SAFETY: a validated, aligned offset inside the mapping, kept alive
         // by `_region`; any bytes are a valid `QueueLine` (atomics only).
         unsafe { self.line.as_ref() }
+    }
+}
+
+/// A kthread's request-latency histogram, keeping its region mapped.
+#[derive(Clone)]
+pub struct LatencyRef {
+    _region: Region,
+    hist: NonNull<LatencyHistogram>,
+}
+
+// SAFETY: a `LatencyHistogram` is atomics only (Sync); the region is kept
+// alive.
+unsafe impl Send for LatencyRef {}
+// SAFETY: as above.
+unsafe impl Sync for LatencyRef {}
+
+impl Deref for LatencyRef {
+    type Target = LatencyHistogram;
+    fn deref(&self) -> &LatencyHistogram {
+        // SAFETY: a validated, 64-byte aligned offset inside the mapping,
+        // kept alive by `_region`; any bytes are a valid histogram
+        // (atomics only).
+        unsafe { self.hist.as_ref() }
     }
 }
 
@@ -303,6 +332,16 @@ impl Region {
         })
     }
 
+    /// Kthread `k`'s request-latency histogram.
+    pub fn latency(&self, k: u32) -> Result<LatencyRef, RegionError> {
+        self.check_k(k)?;
+        let hist = self.at(self.0.layout.latency_offset(k)).cast();
+        Ok(LatencyRef {
+            _region: self.clone(),
+            hist,
+        })
+    }
+
     fn take(&self, k: u32, bit: u8, side: &'static str) -> Result<(), RegionError> {
         self.check_k(k)?;
         if self.0.taken[k as usize].fetch_or(bit, Ordering::AcqRel) & bit != 0 {
@@ -341,6 +380,7 @@ impl Region {
         };
         Ok(RuntimeEnd {
             line: self.line(k)?,
+            latency: self.latency(k)?,
             to_iokernel: CmdTx::new(p),
             from_iokernel: CmdRx::new(c),
             ingress: ends.0,
@@ -373,6 +413,7 @@ impl Region {
         };
         Ok(IokernelEnd {
             line: self.line(k)?,
+            latency: self.latency(k)?,
             from_kthread: CmdRx::new(c),
             to_kthread: CmdTx::new(p),
             ingress: ends.0,
@@ -424,6 +465,10 @@ unsafe fn init(base: NonNull<u8>, layout: &Layout) {
                 .cast::<QueueLine>()
                 .as_ptr()
                 .write(QueueLine::new());
+            base.add(layout.latency_offset(k) as usize)
+                .cast::<LatencyHistogram>()
+                .as_ptr()
+                .write(LatencyHistogram::new());
             ring::init_ring::<RawMsg>(
                 base.add(layout.up_ring_offset(k) as usize),
                 layout.up.capacity,
@@ -603,6 +648,16 @@ mod tests {
             })
         );
         assert_eq!(io.line.snapshot().counters.rq_tail, 3);
+        rt.latency.record(4_000);
+        let lat = io.latency.read();
+        assert_eq!(lat.buckets.iter().sum::<u64>(), 1);
+        assert_eq!(lat.sum_ns, 4_000);
+        let other = rt.line._region.latency(0).unwrap().read();
+        assert_eq!(
+            other.buckets.iter().sum::<u64>(),
+            0,
+            "kthread 0's is its own"
+        );
         io.to_kthread
             .send(ToKthread::Preempt {
                 reason: PreemptReason::CoreNeeded,
@@ -677,13 +732,13 @@ mod tests {
     fn memfd_attach_refuses_bad_regions() {
         let r = Region::create("ginza-test", &RegionConfig::new(1)).unwrap();
         let attach = || Region::attach(r.fd().unwrap().try_clone_to_owned().unwrap());
-        // A runtime of the layout before the idle-polling flag.
+        // A runtime of the layout before the request-latency histograms.
         // SAFETY: plain integers; no concurrent reader.
-        unsafe { (*r.header_ptr()).version = 3 };
+        unsafe { (*r.header_ptr()).version = 4 };
         let e = attach().err().unwrap();
         assert_eq!(
             e.to_string(),
-            "shared region refused: layout version 3, this side speaks 4"
+            "shared region refused: layout version 4, this side speaks 5"
         );
         // SAFETY: as above.
         unsafe { (*r.header_ptr()).version = LAYOUT_VERSION };

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ginza_runtime::metrics::RequestTimer;
 use ginza_runtime::net::{TcpStream, UdpSocket};
 
 use super::binary::BinarySession;
@@ -133,6 +134,8 @@ pub fn serve_connection(stream: &TcpStream, kv: &Kv, stop: &AtomicBool) -> io::R
             return Ok(());
         }
         kv.stats.bytes_read.fetch_add(n as u64, Relaxed);
+        // The requests this read completes arrived now.
+        let timer = RequestTimer::start();
         if buf.len() < need {
             continue;
         }
@@ -142,6 +145,9 @@ pub fn serve_connection(stream: &TcpStream, kv: &Kv, stop: &AtomicBool) -> io::R
         need = next_need - used;
         if !out.is_empty() {
             io.write_all(&out)?;
+            // One sample per write of replies: per request for a client
+            // that waits for each reply, per batch for a pipelining one.
+            timer.finish();
             kv.stats.bytes_written.fetch_add(out.len() as u64, Relaxed);
             out.clear();
         }
@@ -193,11 +199,18 @@ pub fn answer_datagram(datagram: &[u8], kv: &Kv) -> Vec<Vec<u8>> {
 
 fn serve_udp_socket(socket: &UdpSocket, kv: &Kv, stop: &AtomicBool) -> io::Result<()> {
     crate::serve::datagrams_until_stopped(socket, stop, |request, from| {
+        let timer = RequestTimer::start();
         kv.stats.udp_requests.fetch_add(1, Relaxed);
+        let mut sent = false;
         for datagram in answer_datagram(request, kv) {
             if socket.send_to(&datagram, from).is_err() {
                 kv.stats.udp_errors.fetch_add(1, Relaxed);
+            } else {
+                sent = true;
             }
+        }
+        if sent {
+            timer.finish();
         }
     })
 }

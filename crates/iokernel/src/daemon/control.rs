@@ -339,6 +339,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                             parked: true,
                             parked_since: now,
                             steals: super::stats::StealCount::new(now),
+                            latency: ginza_shm::LatencyTally::new(now),
                             ..Default::default()
                         };
                         n

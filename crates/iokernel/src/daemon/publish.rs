@@ -44,7 +44,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     self.fill_daemon(s, cost, tid);
                     Some(0)
                 }
-                Some(i) => self.fill_apps(s, i),
+                Some(i) => self.fill_apps(s, i, now),
             }
         });
         if done {
@@ -94,16 +94,25 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     /// Applications `from..` (at most [`APPS_PER_TURN`]); the next step,
     /// or `None` when this was the last.
-    fn fill_apps(&self, s: &mut Snapshot, from: usize) -> Option<usize> {
+    fn fill_apps(&mut self, s: &mut Snapshot, from: usize, now: u64) -> Option<usize> {
         let end = (from + APPS_PER_TURN).min(self.apps.len());
         // The applications may have changed since the first step.
         s.apps.resize_with(self.apps.len(), AppFigures::default);
         for k in from..end {
+            read_request_latency(&mut self.apps[k], now);
             let a = &self.apps[k];
             fill_app(a, &mut s.apps[k]);
             s.apps[k].channels = protected::back_pressure(&self.protected_pids, a);
         }
         (end < self.apps.len()).then_some(end)
+    }
+}
+
+/// Judges what each kthread's runtime wrote in its latency histogram
+/// since the previous publication (`ginza_shm::LatencyTally`).
+fn read_request_latency(a: &mut App, now: u64) {
+    for (k, end) in a.kt.iter_mut().zip(&a.ends) {
+        k.latency.observe(&end.latency.read(), now);
     }
 }
 
@@ -126,6 +135,11 @@ fn fill_app(a: &App, f: &mut AppFigures) {
     f.preempt_overdue = a.preempt_overdue;
     f.commands_dropped = a.ring_full;
     f.net = a.net.as_ref().map(AppNet::report);
+    f.request_latency.clear();
+    for k in &a.kt {
+        f.request_latency
+            .add_counts(&k.latency.buckets, k.latency.sum_ns);
+    }
     match &a.dispatch {
         None => f.dispatch = None,
         Some(d) => {

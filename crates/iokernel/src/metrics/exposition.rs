@@ -317,6 +317,14 @@ fn per_app(s: &Snapshot, w: &mut Writer) -> fmt::Result {
         "ginza_app_commands_dropped",
         "Wake or preempt commands to it dropped because its command ring was full",
         |a| a.commands_dropped,
+    )?;
+    w.histograms(
+        "ginza_app_request_latency",
+        "Its requests' time from arrival to the reply's send, as its runtime reports them (ginza_runtime::metrics; untrusted, judged before it is believed)",
+        Some(Unit::Seconds),
+        s.apps
+            .iter()
+            .map(|a| (app(a), Histogram::from(&a.request_latency))),
     )
 }
 

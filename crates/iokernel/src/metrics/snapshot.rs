@@ -3,6 +3,7 @@
 
 use ginza_metrics::buckets::{Buckets, LATENCY_BOUNDS_NS, PASS_BOUNDS_NS};
 use ginza_proto::messages::{DispatchStats, NetStats};
+use ginza_shm::request_latency::REQUEST_LATENCY_BOUNDS_NS;
 
 /// Upper bounds of the request sojourn histogram: the dispatch breakdown's
 /// bands (2^i µs, docs/colocate.md) up to about a second; longer sojourns
@@ -74,7 +75,7 @@ impl Default for Snapshot {
 }
 
 /// One registered application.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct AppFigures {
     pub name: String,
     pub class: &'static str,
@@ -98,6 +99,34 @@ pub struct AppFigures {
     pub dispatch: Option<DispatchFigures>,
     /// Protected mode: the back-pressure on its channels to a netstack.
     pub channels: Option<ChannelFigures>,
+    /// Its requests' latency, as its runtime reports it (believed reads,
+    /// summed over its kthreads).
+    pub request_latency: Buckets,
+}
+
+impl Default for AppFigures {
+    fn default() -> Self {
+        AppFigures {
+            name: String::new(),
+            class: "",
+            cores: 0,
+            guaranteed: 0,
+            max_cores: 0,
+            kthreads: 0,
+            parked_kthreads: 0,
+            grants: 0,
+            preemptions: 0,
+            congestion_events: 0,
+            parks: 0,
+            steals: 0,
+            preempt_overdue: 0,
+            commands_dropped: 0,
+            net: None,
+            dispatch: None,
+            channels: None,
+            request_latency: Buckets::new(&REQUEST_LATENCY_BOUNDS_NS),
+        }
+    }
 }
 
 /// A dispatched application's requests.

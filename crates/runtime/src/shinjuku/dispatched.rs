@@ -141,6 +141,9 @@ struct Counters {
 struct ReplyTo {
     mac: MacAddr,
     to: Endpoint,
+    /// When the worker opened the request's packet (CLOCK_MONOTONIC ns):
+    /// its latency, reported to iokerneld's metrics, counts from here.
+    arrived_ns: u64,
 }
 
 /// A request context that yielded, waiting for iokerneld to run it again.
@@ -327,6 +330,7 @@ fn open_packet(
                 ReplyTo {
                     mac: d.src_mac,
                     to: d.src,
+                    arrived_ns: ginza_sys::clock::monotonic_ns(),
                 },
             )),
             _ => None,
@@ -391,7 +395,14 @@ fn serve_one(
                 }
                 serving.in_flight.fetch_sub(1, Relaxed);
                 match handle.join() {
-                    Ok(bytes) => send_reply(owner, serving, reply, &bytes),
+                    Ok(bytes) => {
+                        if send_reply(owner, serving, reply, &bytes) {
+                            // The kthread's own body: its histogram's
+                            // only writer.
+                            let now = ginza_sys::clock::monotonic_ns();
+                            io.latency.record(now.saturating_sub(reply.arrived_ns));
+                        }
+                    }
                     Err(_) => {
                         c.panicked.fetch_add(1, Relaxed);
                     }
@@ -449,7 +460,8 @@ fn wait_until_woken(owner: &Owner<'_>, u: URef) -> URef {
     }
 }
 
-fn send_reply(owner: &mut Owner<'_>, serving: &Serving, reply: ReplyTo, bytes: &[u8]) {
+/// Sends a request's reply; whether it went.
+fn send_reply(owner: &mut Owner<'_>, serving: &Serving, reply: ReplyTo, bytes: &[u8]) -> bool {
     let rt = owner.kthread().rt();
     let sent = match (crate::net::stack_of(rt), owner.tx_side()) {
         (Some(stack), Some(mut me)) => stack
@@ -460,4 +472,5 @@ fn send_reply(owner: &mut Owner<'_>, serving: &Serving, reply: ReplyTo, bytes: &
     if !sent {
         serving.counters.send_errors.fetch_add(1, Relaxed);
     }
+    sent
 }

@@ -12,6 +12,7 @@ use std::mem::size_of;
 use crate::msg::RawMsg;
 use crate::packet::{PacketDesc, PKT_BUFFER_SIZE};
 use crate::queue_line::QueueLine;
+use crate::request_latency::HISTOGRAM_SIZE;
 use crate::ring::{self, ring_bytes, CACHE_LINE, MAX_CAPACITY, MIN_CAPACITY};
 
 /// `b"GINZASHM"` read as a little-endian `u64`.
@@ -22,7 +23,9 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GINZASHM");
 /// a sleeping iokerneld asleep.
 /// 4: `LineFlags::IDLE_POLLING`: a runtime that keeps its core while idle
 /// must meet an iokerneld that takes it back at once when another wants it.
-pub const LAYOUT_VERSION: u32 = 4;
+/// 5: the request-latency histograms after the egress buffers
+/// (`request_latency`), three header fields longer.
+pub const LAYOUT_VERSION: u32 = 5;
 /// Most kthreads one runtime may register.
 pub const MAX_KTHREADS: u32 = 256;
 /// Largest region iokerneld maps.
@@ -71,10 +74,13 @@ pub struct Header {
     pub egress_offset: u64,
     pub egress_stride: u64,
     pub egress_size: u64,
+    pub latency_offset: u64,
+    pub latency_stride: u64,
+    pub latency_size: u64,
 }
 
 pub(super) const HEADER_SIZE: usize = size_of::<Header>();
-const _: () = assert!(HEADER_SIZE == 232);
+const _: () = assert!(HEADER_SIZE == 256);
 
 /// A part of the region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +93,7 @@ pub enum Area {
     DoneRings,
     EgressRings,
     EgressBuffers,
+    LatencyHistograms,
 }
 
 impl fmt::Display for Area {
@@ -100,6 +107,7 @@ impl fmt::Display for Area {
             Area::DoneRings => "ingress-done ring area",
             Area::EgressRings => "egress ring area",
             Area::EgressBuffers => "egress buffer area",
+            Area::LatencyHistograms => "request-latency histogram area",
         })
     }
 }
@@ -196,6 +204,9 @@ pub struct Layout {
     /// Offset of kthread 0's egress buffers; kthread `k`'s start
     /// `egress.capacity * PKT_BUFFER_SIZE` bytes further per kthread.
     pub egress_buffers_offset: u64,
+    /// Offset of kthread 0's request-latency histogram; one
+    /// [`HISTOGRAM_SIZE`] further per kthread.
+    pub latency_offset: u64,
 }
 
 /// What a runtime asks for.
@@ -296,6 +307,7 @@ impl Layout {
             ring_stride::<PacketDesc>,
         )?;
         let egress_buffers_offset = place(egress_stride(cfg.egress_capacity))?;
+        let latency_offset = place(HISTOGRAM_SIZE as u64)?;
         let region_size = end
             .checked_next_multiple_of(PAGE_SIZE)
             .ok_or(overflow("region size"))?;
@@ -309,6 +321,7 @@ impl Layout {
             done,
             egress,
             egress_buffers_offset,
+            latency_offset,
         };
         // Our own output must pass our own checks (and the size limit).
         layout.header().validate(region_size)
@@ -354,6 +367,9 @@ impl Layout {
             egress_offset: self.egress_buffers_offset,
             egress_stride: egress_stride(self.egress.capacity),
             egress_size: egress_stride(self.egress.capacity) * n,
+            latency_offset: self.latency_offset,
+            latency_stride: HISTOGRAM_SIZE as u64,
+            latency_size: HISTOGRAM_SIZE as u64 * n,
         }
     }
 
@@ -379,6 +395,12 @@ impl Layout {
     pub fn egress_buffers_offset(&self, k: u32) -> u64 {
         debug_assert!(k < self.n_kthreads);
         self.egress_buffers_offset + egress_stride(self.egress.capacity) * k as u64
+    }
+
+    /// Offset of kthread `k`'s request-latency histogram.
+    pub fn latency_offset(&self, k: u32) -> u64 {
+        debug_assert!(k < self.n_kthreads);
+        self.latency_offset + HISTOGRAM_SIZE as u64 * k as u64
     }
 }
 
@@ -573,6 +595,15 @@ impl Header {
                 n,
                 mapped_len,
             )?,
+            check_area(
+                Area::LatencyHistograms,
+                self.latency_offset,
+                self.latency_size,
+                self.latency_stride,
+                HISTOGRAM_SIZE as u64,
+                n,
+                mapped_len,
+            )?,
         ];
         let mut areas = [RingArea {
             offset: 0,
@@ -614,6 +645,7 @@ impl Header {
             done,
             egress,
             egress_buffers_offset: self.egress_offset,
+            latency_offset: self.latency_offset,
         })
     }
 }
@@ -656,9 +688,11 @@ pub(super) mod tests {
             l.egress_buffers_offset(1),
             l.egress_buffers_offset + 256 * 2048
         );
+        assert_eq!(l.latency_offset, l.egress_buffers_offset + 4 * 256 * 2048);
+        assert_eq!(l.latency_offset(3), l.latency_offset + 3 * 192);
         assert_eq!(
             l.region_size,
-            (l.egress_buffers_offset + 4 * 256 * 2048).next_multiple_of(4096)
+            (l.latency_offset + 4 * 192).next_multiple_of(4096)
         );
         let big = Layout::new(&RegionConfig {
             n_kthreads: MAX_KTHREADS,
@@ -704,8 +738,8 @@ pub(super) mod tests {
             format!("bad magic 0x00000000deadbeef, expected {MAGIC:#018x}")
         );
         assert_eq!(
-            msg(&|b| b.version = 3, len),
-            "layout version 3, this side speaks 4"
+            msg(&|b| b.version = 4, len),
+            "layout version 4, this side speaks 5"
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 5000, len),
@@ -720,7 +754,7 @@ pub(super) mod tests {
         );
         assert_eq!(
             msg(&|b| b.region_size = 100, 100),
-            "region is 100 bytes, smaller than the 232-byte header"
+            "region is 100 bytes, smaller than the 256-byte header"
         );
         assert_eq!(
             msg(&|b| b.down_offset = len - 64, len),
@@ -740,7 +774,7 @@ pub(super) mod tests {
         assert_eq!(
             msg(&|b| b.up_offset = 0, len),
             format!(
-                "header [0x0, 0xe8) overlaps kthread→iokerneld ring area [0x0, {:#x})",
+                "header [0x0, 0x100) overlaps kthread→iokerneld ring area [0x0, {:#x})",
                 h.up_size
             )
         );
@@ -767,7 +801,15 @@ pub(super) mod tests {
         );
         assert_eq!(
             msg(&|b| b.header_size = 4096, len),
-            "header size 4096, expected 232"
+            "header size 4096, expected 256"
+        );
+        assert_eq!(
+            msg(&|b| b.latency_stride = 64, len),
+            "request-latency histogram area: stride 64 bytes, expected 192 for its capacity"
+        );
+        assert_eq!(
+            msg(&|b| b.latency_offset = len - 64, len),
+            format!("request-latency histogram area at offset {:#x} size {:#x} runs past the region end {len:#x}", len - 64, h.latency_size)
         );
         assert_eq!(
             msg(&|b| b.n_kthreads = 0, len),
