@@ -53,7 +53,7 @@ use ginza_proto::parse_duration;
 use crate::harness::figures::allowed_cpus;
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
 use model::KeyModel;
-use procs::{sample_pid, Proc, Sample};
+use procs::{Proc, Sampler};
 use report::{growth, growth_span, percentiles_json};
 use schedule::{Event, BACKGROUND, STORM};
 use verifier::{Percentiles, Server, Shared, Worker, FINAL};
@@ -125,7 +125,11 @@ pub fn run(args: SoakArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", out.display()))?;
     }
     let missed = report.missed_aims();
-    anyhow::ensure!(missed.is_empty(), "the soak missed its aims: {}", missed.join("; "));
+    anyhow::ensure!(
+        missed.is_empty(),
+        "the soak missed its aims: {}",
+        missed.join("; ")
+    );
     Ok(())
 }
 
@@ -187,7 +191,7 @@ struct Soak<'a> {
     iok: &'a InProcess,
     dir: PathBuf,
     procs: BTreeMap<&'static str, Proc>,
-    samples: BTreeMap<String, Vec<Sample>>,
+    sampler: Sampler,
     servers: BTreeMap<&'static str, Arc<Server>>,
     shared: Arc<Shared>,
     faults: BTreeMap<String, u64>,
@@ -267,7 +271,7 @@ impl<'a> Soak<'a> {
             iok,
             dir,
             procs,
-            samples: BTreeMap::new(),
+            sampler: Sampler::start(SAMPLE_EVERY),
             servers,
             shared: Arc::new(Shared::default()),
             faults: BTreeMap::new(),
@@ -277,6 +281,7 @@ impl<'a> Soak<'a> {
     }
 
     fn run(mut self) -> anyhow::Result<SoakReport> {
+        self.sampler.set(SELF, Some(std::process::id()));
         for name in [KV_RTC, NETSTACK, KV_PROTECTED, KV_VICTIM, BATCH] {
             self.start_role(name)?;
         }
@@ -299,7 +304,8 @@ impl<'a> Soak<'a> {
             std::thread::sleep(TICK);
         }
         for h in handles.drain(..) {
-            h.join().map_err(|_| anyhow!("a verifying client panicked"))?;
+            h.join()
+                .map_err(|_| anyhow!("a verifying client panicked"))?;
         }
         let windows = loadgen
             .join()
@@ -312,6 +318,7 @@ impl<'a> Soak<'a> {
     fn start_role(&mut self, name: &'static str) -> anyhow::Result<()> {
         let proc = self.procs.get_mut(name).expect("every role has a Proc");
         proc.start(self.launcher)?;
+        self.sampler.set(name, proc.pid());
         let t0 = Instant::now();
         while !registered(self.iok, name) {
             if let Some(status) = proc.exited() {
@@ -345,8 +352,7 @@ impl<'a> Soak<'a> {
     /// The verifying workers and the resetting client, in the namespace.
     fn start_clients(&self, window: Duration) -> anyhow::Result<Vec<JoinHandle<()>>> {
         let mut handles = Vec::new();
-        let per_worker =
-            self.cfg.verify_rps / (self.servers.len() * self.cfg.connections) as f64;
+        let per_worker = self.cfg.verify_rps / (self.servers.len() * self.cfg.connections) as f64;
         for (s, server) in self.servers.values().enumerate() {
             for w in 0..self.cfg.connections {
                 let keys = (0..self.cfg.keys)
@@ -374,24 +380,31 @@ impl<'a> Soak<'a> {
         Ok(handles)
     }
 
-    /// loadgen on kv-rtc, one run per window until the run's end.
+    /// loadgen on kv-rtc, one run per window until the run's end: each run
+    /// offers load until its window's end (a run that waited for late
+    /// answers starts the next window late, or skips it when little is
+    /// left of it).
     fn start_loadgen(&self, window: Duration) -> anyhow::Result<JoinHandle<Vec<LoadWindow>>> {
         let target = self.servers[KV_RTC].addr;
-        let (start, duration, rate, seed) =
-            (self.start, self.cfg.duration, self.cfg.load_rps, self.cfg.seed);
+        let (start, duration, rate, seed) = (
+            self.start,
+            self.cfg.duration,
+            self.cfg.load_rps,
+            self.cfg.seed,
+        );
         Ok(self.ns.spawn_in(move || {
             let mut out = Vec::new();
-            let mut k = 0u32;
-            while let Some(left) = (start + duration).checked_duration_since(Instant::now()) {
-                let len = window.min(left);
-                if len < Duration::from_millis(200) {
-                    break;
+            while start.elapsed() < duration {
+                let index = (start.elapsed().as_nanos() / window.as_nanos().max(1)) as usize;
+                let end = (window * (index as u32 + 1)).min(duration);
+                let len = end.saturating_sub(start.elapsed());
+                if len < window / 4 {
+                    std::thread::sleep(len);
+                    continue;
                 }
-                let cfg = load_config(target, rate, len, seed.wrapping_add(u64::from(k)));
-                let at = start.elapsed();
+                let cfg = load_config(target, rate, len, seed.wrapping_add(index as u64));
                 let result = ginza_loadgen::kernel::run(&cfg).map_err(|e| format!("{e:#}"));
-                out.push(LoadWindow { at, result });
-                k += 1;
+                out.push(LoadWindow { index, result });
             }
             out
         })?)
@@ -399,22 +412,22 @@ impl<'a> Soak<'a> {
 
     /// The schedule, turn by turn, until the run's duration is over.
     fn serve_schedule(&mut self) -> anyhow::Result<()> {
-        let mut events = schedule::plan(self.cfg.duration, self.cfg.seed).into_iter().peekable();
+        let mut events = schedule::plan(self.cfg.duration, self.cfg.seed)
+            .into_iter()
+            .peekable();
         let mut storm_ends: Option<Instant> = None;
-        let mut next_sample = Instant::now();
         let mut storms = 0u64;
         while self.start.elapsed() < self.cfg.duration {
             self.watch()?;
-            if Instant::now() >= next_sample {
-                self.sample();
-                next_sample += SAMPLE_EVERY;
-            }
             if storm_ends.is_some_and(|t| Instant::now() >= t) {
                 storm_ends = None;
                 self.set_rule(BACKGROUND, storms)?;
             }
             while let Some((at, event)) = events.next_if(|(at, _)| self.start.elapsed() >= *at) {
-                log::info!("soak: {:.1} s (planned {at:?}): {event:?}", self.start.elapsed().as_secs_f64());
+                log::info!(
+                    "soak: {:.1} s (planned {at:?}): {event:?}",
+                    self.start.elapsed().as_secs_f64()
+                );
                 match event {
                     Event::Storm(len) => {
                         storms += 1;
@@ -470,6 +483,7 @@ impl<'a> Soak<'a> {
                 let crash = proc.crash(status, at_s);
                 log::warn!("soak: {name} died unasked: {status}: {}", crash.stderr_tail);
                 self.report.crash_details.push(crash);
+                self.sampler.set(name, None);
                 died.push(*name);
             }
         }
@@ -498,6 +512,7 @@ impl<'a> Soak<'a> {
 
     fn kill_and_restart(&mut self, name: &'static str) -> anyhow::Result<()> {
         self.procs.get_mut(name).expect("a role").kill()?;
+        self.sampler.set(name, None);
         self.wait_deregistered(name)?;
         self.forget(name);
         self.start_role(name)
@@ -507,6 +522,7 @@ impl<'a> Soak<'a> {
     /// both are started again.
     fn kill_netstack(&mut self) -> anyhow::Result<()> {
         self.procs.get_mut(NETSTACK).expect("a role").kill()?;
+        self.sampler.set(NETSTACK, None);
         self.dependent_exit()?;
         self.wait_deregistered(NETSTACK)?;
         self.start_role(NETSTACK)?;
@@ -522,24 +538,16 @@ impl<'a> Soak<'a> {
                 Some(_) => self.report.protected_exits_after_netstack_kill += 1,
                 None => {
                     self.report.protected_hangs_after_netstack_kill += 1;
+                    let n = self.report.protected_hangs_after_netstack_kill;
+                    proc.dump_stacks(&self.dir.join(format!("{KV_PROTECTED}-hang-{n}.stacks")));
                     proc.kill()?;
                 }
             }
         }
+        self.sampler.set(KV_PROTECTED, None);
         self.wait_deregistered(KV_PROTECTED)?;
         self.forget(KV_PROTECTED);
         Ok(())
-    }
-
-    fn sample(&mut self) {
-        for (name, proc) in &self.procs {
-            if let Some(s) = proc.sample() {
-                self.samples.entry(name.to_string()).or_default().push(s);
-            }
-        }
-        if let Some(s) = sample_pid(std::process::id()) {
-            self.samples.entry(SELF.into()).or_default().push(s);
-        }
     }
 
     fn finish(mut self, end: Instant, loads: Vec<LoadWindow>) -> anyhow::Result<SoakReport> {
@@ -564,7 +572,8 @@ impl<'a> Soak<'a> {
         r.faults_injected = std::mem::take(&mut self.faults);
         let (span, described) = growth_span(self.cfg.duration);
         r.growth_windows = described;
-        for (name, samples) in &self.samples {
+        let samples = std::mem::replace(&mut self.sampler, Sampler::start(SAMPLE_EVERY)).finish();
+        for (name, samples) in &samples {
             let (rss, fds, last) = growth(samples, self.start, end, span);
             r.rss_growth_mib.insert(name.clone(), rss);
             r.fds_growth.insert(name.clone(), fds);
@@ -604,11 +613,11 @@ impl<'a> Soak<'a> {
         let n = (self.cfg.duration.as_nanos()).div_ceil(window.as_nanos().max(1)) as usize;
         (0..n)
             .map(|k| {
-                let (from, to) = (window * k as u32, (window * (k as u32 + 1)).min(self.cfg.duration));
-                let loadgen = loads
-                    .iter()
-                    .find(|l| l.at >= from.saturating_sub(window / 2) && l.at < to)
-                    .map(LoadWindow::json);
+                let (from, to) = (
+                    window * k as u32,
+                    (window * (k as u32 + 1)).min(self.cfg.duration),
+                );
+                let loadgen = loads.iter().find(|l| l.index == k).map(LoadWindow::json);
                 Window {
                     start_s: from.as_secs_f64(),
                     end_s: to.as_secs_f64(),
@@ -622,7 +631,8 @@ impl<'a> Soak<'a> {
 
 /// One window's loadgen run.
 struct LoadWindow {
-    at: Duration,
+    /// The window it started in.
+    index: usize,
     result: Result<ginza_loadgen::report::Report, String>,
 }
 
@@ -668,7 +678,8 @@ fn load_config(target: SocketAddr, rate: f64, len: Duration, seed: u64) -> RunCo
         warmup: Duration::ZERO,
         connections: 4,
         threads: 1,
-        timeout: Duration::from_secs(1),
+        // Longer than a few retransmissions: a frame lost is late, not lost.
+        timeout: Duration::from_secs(5),
         max_lag: Duration::from_millis(20),
         spin: Duration::ZERO,
         seed,
@@ -704,7 +715,11 @@ fn wait_reachable(ns: &NetNs, addr: SocketAddr) -> anyhow::Result<()> {
                     log::debug!("soak: {addr} not reachable yet: {e}");
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(e) => return Err(anyhow!("{addr} not reachable within {START_TIMEOUT:?}: {e}")),
+                Err(e) => {
+                    return Err(anyhow!(
+                        "{addr} not reachable within {START_TIMEOUT:?}: {e}"
+                    ))
+                }
             }
         }
     })?

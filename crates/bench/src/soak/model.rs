@@ -182,10 +182,17 @@ impl KeyModel {
             ));
         };
         let older = match self.kind {
-            Kind::Blob => blob_seq(self.index, bytes)
-                .is_some_and(|s| self.possible.iter().flatten().all(|p| blob_seq(self.index, p).is_some_and(|q| s < q))),
+            Kind::Blob => blob_seq(self.index, bytes).is_some_and(|s| {
+                self.possible
+                    .iter()
+                    .flatten()
+                    .all(|p| blob_seq(self.index, p).is_some_and(|q| s < q))
+            }),
             Kind::Counter => parse_number(bytes).is_some_and(|n| {
-                self.possible.iter().flatten().all(|p| parse_number(p).is_some_and(|q| n < q))
+                self.possible
+                    .iter()
+                    .flatten()
+                    .all(|p| parse_number(p).is_some_and(|q| n < q))
             }),
         };
         let what = format!(
@@ -281,11 +288,20 @@ mod tests {
         k.acked_write(Some(v.clone()));
         let mut flipped = v.clone();
         flipped[30] ^= 1;
-        assert!(matches!(k.clone().read(Some(flipped)), Verdict::WrongAnswer(_)));
+        assert!(matches!(
+            k.clone().read(Some(flipped)),
+            Verdict::WrongAnswer(_)
+        ));
         // Another key's value is wrong too.
-        assert!(matches!(k.clone().read(Some(blob(6, 1, 40))), Verdict::WrongAnswer(_)));
+        assert!(matches!(
+            k.clone().read(Some(blob(6, 1, 40))),
+            Verdict::WrongAnswer(_)
+        ));
         // A newer sequence than any written: never written.
-        assert!(matches!(k.read(Some(blob(4, 9, 40))), Verdict::WrongAnswer(_)));
+        assert!(matches!(
+            k.read(Some(blob(4, 9, 40))),
+            Verdict::WrongAnswer(_)
+        ));
     }
 
     #[test]
@@ -302,9 +318,15 @@ mod tests {
         assert_eq!(k.clone().incr_answered(1, Some(n + 8)), Verdict::Ok);
         // It was not.
         assert_eq!(k.clone().incr_answered(1, Some(n + 6)), Verdict::Ok);
-        assert!(matches!(k.clone().incr_answered(1, Some(n + 99)), Verdict::WrongAnswer(_)));
+        assert!(matches!(
+            k.clone().incr_answered(1, Some(n + 99)),
+            Verdict::WrongAnswer(_)
+        ));
         // Reading the number before the acknowledged +5: lost.
-        assert!(matches!(k.read(Some(n.to_string().into_bytes())), Verdict::LostWrite(_)));
+        assert!(matches!(
+            k.read(Some(n.to_string().into_bytes())),
+            Verdict::LostWrite(_)
+        ));
     }
 
     #[test]

@@ -3,10 +3,14 @@
 //! status and the end of its stderr), and sampled from /proc (resident
 //! memory, open descriptors).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
@@ -125,9 +129,21 @@ impl Proc {
         }
     }
 
-    /// Its memory and descriptors now, if it runs.
-    pub(crate) fn sample(&self) -> Option<Sample> {
-        sample_pid(self.pid()?)
+    /// Each thread's stack, by gdb if it is installed, into `path` (for a
+    /// process that hangs); whether it was written.
+    pub(crate) fn dump_stacks(&self, path: &std::path::Path) -> bool {
+        let Some(pid) = self.pid() else { return false };
+        let out = std::process::Command::new("gdb")
+            .args([
+                "-p",
+                &pid.to_string(),
+                "-batch",
+                "-ex",
+                "thread apply all bt",
+            ])
+            .stdin(Stdio::null())
+            .output();
+        out.is_ok_and(|o| std::fs::write(path, [o.stdout, o.stderr].concat()).is_ok())
     }
 }
 
@@ -164,5 +180,66 @@ impl Drop for Proc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Reads every process it is told of from /proc each `every`, on a thread
+/// of its own (so that a blocked main loop does not leave holes).
+pub(crate) struct Sampler {
+    pids: Arc<Mutex<BTreeMap<String, u32>>>,
+    samples: Arc<Mutex<BTreeMap<String, Vec<Sample>>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sampler {
+    pub(crate) fn start(every: Duration) -> Sampler {
+        let pids: Arc<Mutex<BTreeMap<String, u32>>> = Arc::default();
+        let samples: Arc<Mutex<BTreeMap<String, Vec<Sample>>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s, st) = (pids.clone(), samples.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut next = Instant::now();
+            while !st.load(Relaxed) {
+                let now: Vec<(String, u32)> = p
+                    .lock()
+                    .expect("no panics while held")
+                    .iter()
+                    .map(|(n, pid)| (n.clone(), *pid))
+                    .collect();
+                for (name, pid) in now {
+                    if let Some(sample) = sample_pid(pid) {
+                        let mut all = s.lock().expect("no panics while held");
+                        all.entry(name).or_default().push(sample);
+                    }
+                }
+                next += every;
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        });
+        Sampler {
+            pids,
+            samples,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `name` runs as `pid` from now on (`None`: not running).
+    pub(crate) fn set(&self, name: &str, pid: Option<u32>) {
+        let mut pids = self.pids.lock().expect("no panics while held");
+        match pid {
+            Some(pid) => pids.insert(name.to_string(), pid),
+            None => pids.remove(name),
+        };
+    }
+
+    /// Stops and gives every sample taken, by process.
+    pub(crate) fn finish(mut self) -> BTreeMap<String, Vec<Sample>> {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.samples.lock().expect("no panics while held"))
     }
 }

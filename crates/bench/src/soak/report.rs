@@ -122,7 +122,10 @@ impl SoakReport {
 /// a minute each from 2 minutes up, else a tenth of the run each.
 pub(crate) fn growth_span(run: Duration) -> (Duration, String) {
     if run >= Duration::from_secs(120) {
-        (Duration::from_secs(60), "first minute against last minute".into())
+        (
+            Duration::from_secs(60),
+            "first minute against last minute".into(),
+        )
     } else {
         (
             run / 10,
@@ -144,7 +147,10 @@ fn medians(samples: &[Sample], from: Instant, to: Instant) -> Option<(f64, i64)>
     }
     rss.sort_unstable();
     fds.sort_unstable();
-    Some((rss[rss.len() / 2] as f64 / 1024.0, fds[fds.len() / 2] as i64))
+    Some((
+        rss[rss.len() / 2] as f64 / 1024.0,
+        fds[fds.len() / 2] as i64,
+    ))
 }
 
 /// Growth of one process between the first and last `span` of
@@ -196,8 +202,14 @@ mod tests {
 
     #[test]
     fn short_runs_read_growth_over_tenths() {
-        assert_eq!(growth_span(Duration::from_secs(30)).0, Duration::from_secs(3));
-        assert_eq!(growth_span(Duration::from_secs(600)).0, Duration::from_secs(60));
+        assert_eq!(
+            growth_span(Duration::from_secs(30)).0,
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            growth_span(Duration::from_secs(600)).0,
+            Duration::from_secs(60)
+        );
     }
 
     #[test]

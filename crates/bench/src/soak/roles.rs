@@ -147,7 +147,10 @@ fn run_batch(args: BatchRole) -> anyhow::Result<()> {
         iokernel: Some(io),
         ..Config::with_kthreads(args.kthreads)
     };
-    let (paths, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let (paths, stop) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let n = args.kthreads;
     ginza_runtime::run(config, move || {
         ginza_apps::batch::price_until_stopped(n, paths, stop, args.seed)

@@ -66,7 +66,10 @@ mod tests {
         let d = Duration::from_secs(30);
         let events = plan(d, 7);
         for kind in [Event::KillBatch, Event::KillVictim, Event::KillNetstack] {
-            assert!(events.iter().any(|(_, e)| *e == kind), "{kind:?} in {events:?}");
+            assert!(
+                events.iter().any(|(_, e)| *e == kind),
+                "{kind:?} in {events:?}"
+            );
         }
         assert!(events.iter().any(|(_, e)| matches!(e, Event::Storm(_))));
         for (at, e) in &events {

@@ -22,7 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::model::{key_name, Kind, KeyModel, Verdict};
+use super::model::{key_name, KeyModel, Kind, Verdict};
 use super::wire::{half_request_then_reset, Answer, Conn, Failed};
 
 /// How long a key whose request got no answer is left alone.
@@ -184,7 +184,8 @@ impl Worker {
     }
 
     fn window_of(&self, t: Instant) -> usize {
-        (t.saturating_duration_since(self.start).as_nanos() / self.window.as_nanos().max(1)) as usize
+        (t.saturating_duration_since(self.start).as_nanos() / self.window.as_nanos().max(1))
+            as usize
     }
 
     /// Forgets every model when the server's generation moved; true then.
@@ -200,7 +201,9 @@ impl Worker {
         }
         *generation = now;
         self.keys.iter_mut().for_each(KeyModel::reset);
-        shared.models_forgotten.fetch_add(self.keys.len() as u64, Relaxed);
+        shared
+            .models_forgotten
+            .fetch_add(self.keys.len() as u64, Relaxed);
         if let Some(c) = conn.take() {
             c.abort();
         }

@@ -50,7 +50,8 @@ impl Conn {
     /// Closes with a reset (SO_LINGER 0): nothing sent before can reach the
     /// server later from this socket.
     pub(crate) fn abort(self) {
-        let _ = rustix::net::sockopt::set_socket_linger(self.reader.get_ref(), Some(Duration::ZERO));
+        let _ =
+            rustix::net::sockopt::set_socket_linger(self.reader.get_ref(), Some(Duration::ZERO));
     }
 
     fn send(&mut self, bytes: &[u8]) -> Result<(), Failed> {
@@ -109,9 +110,8 @@ impl Conn {
             return Ok(Answer::Value(None));
         }
         let tokens: Vec<&str> = line.split(' ').collect();
-        let header_ok = tokens.len() == 4 + usize::from(with_cas)
-            && tokens[0] == "VALUE"
-            && tokens[1] == key;
+        let header_ok =
+            tokens.len() == 4 + usize::from(with_cas) && tokens[0] == "VALUE" && tokens[1] == key;
         let len = tokens.get(3).and_then(|t| t.parse::<usize>().ok());
         let unique = if with_cas {
             tokens.get(4).and_then(|t| t.parse::<u64>().ok())
@@ -127,7 +127,9 @@ impl Conn {
         let mut data = vec![0; len + 2];
         self.reader.read_exact(&mut data)?;
         if !data.ends_with(b"\r\n") {
-            return Ok(Answer::Unexpected(format!("{line}: data not ended by CRLF")));
+            return Ok(Answer::Unexpected(format!(
+                "{line}: data not ended by CRLF"
+            )));
         }
         data.truncate(len);
         let end = self.line()?;
