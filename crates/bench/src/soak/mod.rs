@@ -540,6 +540,17 @@ impl<'a> Soak<'a> {
                     self.report.protected_hangs_after_netstack_kill += 1;
                     let n = self.report.protected_hangs_after_netstack_kill;
                     proc.dump_stacks(&self.dir.join(format!("{KV_PROTECTED}-hang-{n}.stacks")));
+                    // What iokerneld believes of its kthreads.
+                    let seen = self.iok.stats().map(|s| {
+                        s.apps
+                            .into_iter()
+                            .filter(|a| a.name == KV_PROTECTED)
+                            .map(|a| format!("{a:#?}"))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    });
+                    let file = self.dir.join(format!("{KV_PROTECTED}-hang-{n}.iokerneld"));
+                    let _ = std::fs::write(file, format!("{seen:#?}"));
                     proc.kill()?;
                 }
             }

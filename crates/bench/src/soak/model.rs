@@ -49,7 +49,7 @@ impl KeyModel {
     pub(crate) fn new(index: u64) -> KeyModel {
         KeyModel {
             index,
-            kind: if index % 2 == 0 {
+            kind: if index.is_multiple_of(2) {
                 Kind::Blob
             } else {
                 Kind::Counter

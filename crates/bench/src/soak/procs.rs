@@ -45,7 +45,9 @@ pub struct Crash {
 pub(crate) struct Sample {
     pub(crate) at: Instant,
     pub(crate) rss_kib: u64,
-    pub(crate) fds: u64,
+    /// `None` where /proc/PID/fd cannot be read (the netstack makes itself
+    /// non-dumpable; without CAP_SYS_PTRACE even root may not list it).
+    pub(crate) fds: Option<u64>,
 }
 
 impl Proc {
@@ -154,7 +156,9 @@ pub(crate) fn sample_pid(pid: u32) -> Option<Sample> {
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(|d| d.count() as u64);
     Some(Sample {
         at: Instant::now(),
         rss_kib,

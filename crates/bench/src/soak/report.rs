@@ -134,23 +134,22 @@ pub(crate) fn growth_span(run: Duration) -> (Duration, String) {
     }
 }
 
-/// Median RSS (MiB) and descriptors of the samples in `[from, to)`.
-fn medians(samples: &[Sample], from: Instant, to: Instant) -> Option<(f64, i64)> {
+/// Median RSS (MiB) and descriptors (if readable) of the samples in
+/// `[from, to)`.
+fn medians(samples: &[Sample], from: Instant, to: Instant) -> Option<(f64, Option<i64>)> {
     let mut rss: Vec<u64> = Vec::new();
     let mut fds: Vec<u64> = Vec::new();
     for s in samples.iter().filter(|s| s.at >= from && s.at < to) {
         rss.push(s.rss_kib);
-        fds.push(s.fds);
+        fds.extend(s.fds);
     }
     if rss.is_empty() {
         return None;
     }
     rss.sort_unstable();
     fds.sort_unstable();
-    Some((
-        rss[rss.len() / 2] as f64 / 1024.0,
-        fds[fds.len() / 2] as i64,
-    ))
+    let fds = (!fds.is_empty()).then(|| fds[fds.len() / 2] as i64);
+    Some((rss[rss.len() / 2] as f64 / 1024.0, fds))
 }
 
 /// Growth of one process between the first and last `span` of
@@ -164,7 +163,9 @@ pub(crate) fn growth(
     let first = medians(samples, start, start + span);
     let last = medians(samples, end.checked_sub(span).unwrap_or(start), end);
     match (first, last) {
-        (Some((r0, f0)), Some((r1, f1))) => (Some(r1 - r0), Some(f1 - f0), Some(r1)),
+        (Some((r0, f0)), Some((r1, f1))) => {
+            (Some(r1 - r0), f0.zip(f1).map(|(a, b)| b - a), Some(r1))
+        }
         (_, last) => (None, None, last.map(|(r, _)| r)),
     }
 }
@@ -182,7 +183,7 @@ mod tests {
         Sample {
             at,
             rss_kib: rss_mib * 1024,
-            fds,
+            fds: Some(fds),
         }
     }
 
