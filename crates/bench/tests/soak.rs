@@ -20,6 +20,8 @@ fn main() {
         }
         return;
     }
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .try_init();
     if std::env::args().any(|a| a == "--list") {
         println!("soak_30s: test");
         return;

@@ -542,12 +542,14 @@ impl<'a> Soak<'a> {
                     proc.dump_stacks(&self.dir.join(format!("{KV_PROTECTED}-hang-{n}.stacks")));
                     // What iokerneld believes of its kthreads.
                     let seen = self.iok.stats().map(|s| {
-                        s.apps
-                            .into_iter()
-                            .filter(|a| a.name == KV_PROTECTED)
-                            .map(|a| format!("{a:#?}"))
-                            .collect::<Vec<_>>()
-                            .join("\n")
+                        let stale = format!("stale parks (all applications): {}\n", s.stale_parks);
+                        stale
+                            + &s.apps
+                                .into_iter()
+                                .filter(|a| a.name == KV_PROTECTED)
+                                .map(|a| format!("{a:#?}"))
+                                .collect::<Vec<_>>()
+                                .join("\n")
                     });
                     let file = self.dir.join(format!("{KV_PROTECTED}-hang-{n}.iokerneld"));
                     let _ = std::fs::write(file, format!("{seen:#?}"));

@@ -150,7 +150,7 @@ impl Worker {
             if self.forget_if_restarted(&mut generation, &mut conn, shared) {
                 quarantine.iter_mut().for_each(|q| *q = None);
             }
-            let Some(c) = self.connected(&mut conn, shared) else {
+            let Some(c) = self.connected(&mut conn, shared, generation) else {
                 continue;
             };
             let Some(i) = pick(&mut rng, &quarantine) else {
@@ -210,9 +210,21 @@ impl Worker {
         true
     }
 
-    fn connected<'c>(&self, conn: &'c mut Option<Conn>, shared: &Shared) -> Option<&'c mut Conn> {
+    /// The connection, made if need be. One that was opened while the
+    /// server's generation moved is reset unused: it may reach the new
+    /// process, whose keys this worker has not forgotten yet.
+    fn connected<'c>(
+        &self,
+        conn: &'c mut Option<Conn>,
+        shared: &Shared,
+        generation: u64,
+    ) -> Option<&'c mut Conn> {
         if conn.is_none() {
             match Conn::connect(self.server.addr, IO_TIMEOUT) {
+                Ok(c) if self.server.generation.load(Relaxed) != generation => {
+                    c.abort();
+                    return None;
+                }
                 Ok(c) => *conn = Some(c),
                 Err(_) => {
                     shared.connects_failed.fetch_add(1, Relaxed);
@@ -306,7 +318,7 @@ impl Worker {
                     .fetch_add((self.keys.len() - i) as u64, Relaxed);
                 return;
             }
-            let Some(c) = self.connected(conn, shared) else {
+            let Some(c) = self.connected(conn, shared, *generation) else {
                 continue;
             };
             let key = key_name(self.server.name, self.keys[i].index);
