@@ -392,14 +392,16 @@ impl<'a> Soak<'a> {
             self.cfg.load_rps,
             self.cfg.seed,
         );
+        let shared = self.shared.clone();
         Ok(self.ns.spawn_in(move || {
             let mut out = Vec::new();
-            while start.elapsed() < duration {
+            // Until the run's end, or its early end on an error.
+            while start.elapsed() < duration && shared.phase.load(Relaxed) == verifier::RUN {
                 let index = (start.elapsed().as_nanos() / window.as_nanos().max(1)) as usize;
                 let end = (window * (index as u32 + 1)).min(duration);
                 let len = end.saturating_sub(start.elapsed());
                 if len < window / 4 {
-                    std::thread::sleep(len);
+                    std::thread::sleep(len.min(TICK * 10));
                     continue;
                 }
                 let cfg = load_config(target, rate, len, seed.wrapping_add(index as u64));
