@@ -21,6 +21,7 @@ mod oneway;
 mod preempt;
 mod rtt_spans;
 mod shinjuku;
+pub mod soak;
 mod steering;
 mod tcp;
 mod threadops;
@@ -86,6 +87,16 @@ enum Experiment {
     /// server polling while idle (the defaults), the same with the server
     /// parking, and `--spin`; rounds interleaved.
     Idle(idle::IdleArgs),
+    /// A soak under faults (docs/soak.md): kv-servers under iokerneld
+    /// (in-process, protected, one killed and restarted) beside batch,
+    /// loadgen's load and a client that checks every answer against its
+    /// model, while frames are dropped, duplicated, reordered and corrupted
+    /// and processes are SIGKILLed; JSON with lost writes, wrong answers,
+    /// crashes, memory and descriptor growth, latency per minute.
+    Soak(soak::SoakArgs),
+    /// A child process of `soak` (not for direct use).
+    #[command(hide = true)]
+    SoakRole(soak::RoleArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
     Run(experiment::RunArgs),
@@ -121,5 +132,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Colocate(args) => colocate::run(args),
         Experiment::Oneway(args) => oneway::run(args),
         Experiment::Idle(args) => idle::run(args),
+        Experiment::Soak(args) => soak::run(args),
+        Experiment::SoakRole(args) => soak::run_role(args),
     }
 }

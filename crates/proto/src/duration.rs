@@ -18,7 +18,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "us" | "µs" => 1e-6,
         "ms" => 1e-3,
         "s" => 1.0,
-        u => return Err(format!("unknown unit {u:?} in {s:?} (ns, us, ms, s)")),
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        u => return Err(format!("unknown unit {u:?} in {s:?} (ns, us, ms, s, m, h)")),
     };
     let secs = v * scale;
     if !secs.is_finite() || secs > 1e9 {
@@ -34,6 +36,9 @@ mod tests {
     #[test]
     fn durations_parse_with_their_units() {
         assert_eq!(parse_duration("5us"), Ok(Duration::from_micros(5)));
+        assert_eq!(parse_duration("60m"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2min"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("5µs"), Ok(Duration::from_micros(5)));
         assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
         assert_eq!(parse_duration("200"), Ok(Duration::from_nanos(200)));
