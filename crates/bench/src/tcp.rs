@@ -24,7 +24,8 @@
 //!   Ginza's TCP counters (SACK blocks sent and taken, retransmissions).
 //!   `lossy_reverse`: the same from a Ginza client to a Linux sink in the
 //!   namespace (Ginza is the sender). `--no-sack` turns SACK off in
-//!   Ginza's TCP, for the comparison.
+//!   Ginza's TCP, for the comparison; `--no-burst-answer` makes it answer
+//!   every segment as it comes instead of once per receive burst.
 //!
 //! Rounds are interleaved (Ginza, Linux, Linux busy-poll, switch; again…)
 //! so that drifts of the machine hit every server alike; each figure is the
@@ -75,6 +76,10 @@ pub struct TcpArgs {
     /// Ginza's TCP without SACK (RFC 2018; on by default), to compare.
     #[arg(long)]
     no_sack: bool,
+    /// Ginza's TCP answering every segment as it comes, not once per
+    /// receive burst (on by default), to compare.
+    #[arg(long)]
+    no_burst_answer: bool,
 }
 
 /// The same through loss: retransmission timeouts back off (200 ms,
@@ -283,11 +288,28 @@ fn split(r: anyhow::Result<Lossy>) -> (Option<Lossy>, Option<String>) {
     }
 }
 
-/// Ginza's TCP with SACK on or off, in an application's configuration.
-fn tcp_sack(sack: bool) -> impl FnOnce(&mut ginza_runtime::Config) {
-    move |config| {
-        if let Some(net) = config.iokernel.as_mut().and_then(|io| io.net.as_mut()) {
-            net.tcp.sack = sack;
+/// The options of Ginza's TCP that the bench can turn off to compare.
+#[derive(Clone, Copy)]
+struct GinzaTcpOptions {
+    sack: bool,
+    answer_after_burst: bool,
+}
+
+impl GinzaTcpOptions {
+    fn of(args: &TcpArgs) -> GinzaTcpOptions {
+        GinzaTcpOptions {
+            sack: !args.no_sack,
+            answer_after_burst: !args.no_burst_answer,
+        }
+    }
+
+    /// These options, in an application's configuration.
+    fn apply(self) -> impl FnOnce(&mut ginza_runtime::Config) {
+        move |config| {
+            if let Some(net) = config.iokernel.as_mut().and_then(|io| io.net.as_mut()) {
+                net.tcp.sack = self.sack;
+                net.tcp.answer_after_burst = self.answer_after_burst;
+            }
         }
     }
 }
@@ -320,7 +342,7 @@ fn with_ginza_on_veth<R>(
     ns: &NetNs,
     cpus: Cpus,
     faults: Option<&str>,
-    sack: bool,
+    options: GinzaTcpOptions,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
 ) -> anyhow::Result<(String, (R, Option<ginza_runtime::net::TcpStats>))> {
     let configure = |cfg: &mut IokConfig| match faults {
@@ -334,7 +356,7 @@ fn with_ginza_on_veth<R>(
             iokerneld,
             "tcp-echo",
             (GINZA_MAC, ns.peer_ip),
-            tcp_sack(sack),
+            options.apply(),
             move || ginza_servers(s2),
         )
         .and_then(|mut app| {
@@ -423,11 +445,12 @@ fn ginza_round(
         SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
         SocketAddrV4::new(ns.peer_ip, SINK_PORT),
     );
-    let (backend, ((rtt, mbps), _)) = with_ginza_on_veth(ns, cpus, faults, !args.no_sack, |_| {
-        let rtt = probe(ns, echo, args.duration)?;
-        let t = stream(ns, sink, args.stream_mb)?;
-        Ok((rtt, Some(t.mbps())))
-    })?;
+    let (backend, ((rtt, mbps), _)) =
+        with_ginza_on_veth(ns, cpus, faults, GinzaTcpOptions::of(args), |_| {
+            let rtt = probe(ns, echo, args.duration)?;
+            let t = stream(ns, sink, args.stream_mb)?;
+            Ok((rtt, Some(t.mbps())))
+        })?;
     Ok((backend, rtt, mbps))
 }
 
@@ -502,9 +525,10 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let faults = format!("drop={LOSS_PCT}%,reorder=5%,port=trunk,seed=12");
     let sink = SocketAddrV4::new(ns.peer_ip, SINK_PORT);
     let bytes = args.lossy_mb << 20;
-    let sack = !args.no_sack;
+    let options = GinzaTcpOptions::of(args);
+    let sack = options.sack;
     let (_, ((t, dropped, reordered), tcp)) =
-        with_ginza_on_veth(ns, cpus, Some(&faults), sack, |iokerneld| {
+        with_ginza_on_veth(ns, cpus, Some(&faults), options, |iokerneld| {
             let t = ns
                 .run_in(move || {
                     retry_refused(|| linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))
@@ -562,14 +586,15 @@ fn lossy_reverse_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<L
     let sink = ns.tcp_sink_server(SINK_PORT)?;
     let target = sink.addr();
     let bytes = args.lossy_mb << 20;
-    let sack = !args.no_sack;
+    let options = GinzaTcpOptions::of(args);
+    let sack = options.sack;
     let configure = |cfg: &mut IokConfig| set_faults(cfg, &faults);
     let ran = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
         let mut app = App::start_tuned(
             iokerneld,
             "tcp-lossy-writer",
             (GINZA_MAC, ns.peer_ip),
-            tcp_sack(sack),
+            options.apply(),
             move || {
                 let t = echo_client::sink_transfer(target, bytes, 0x1056, LOSSY_IO_TIMEOUT)?;
                 Ok::<_, std::io::Error>((t, ginza_runtime::net::stats().map(|s| s.tcp)))

@@ -115,6 +115,9 @@ pub struct TcpConfig {
     /// Offer and accept RFC 2018 SACK (used when both SYNs carry
     /// SACK-permitted).
     pub sack: bool,
+    /// Answer the in-order segments of one receive burst once, at its end
+    /// ([`Connection::may_answer_after_burst`]; on by default).
+    pub answer_after_burst: bool,
     /// Keep-alive probes (`None`, the default: off, as on Linux).
     pub keepalive: Option<KeepAlive>,
 }
@@ -188,6 +191,7 @@ impl Default for TcpConfig {
             time_wait: Duration::from_secs(60),
             delayed_ack: Some(Duration::from_micros(500)),
             sack: true,
+            answer_after_burst: true,
             keepalive: None,
         }
     }
@@ -931,7 +935,8 @@ impl Connection {
     /// of order, one filling a gap, a FIN or anything else that must be
     /// answered at once is never deferred. Call it before `on_segment`.
     pub fn may_answer_after_burst(&self, segment: &Segment<'_>) -> bool {
-        self.state == State::Established
+        self.config.answer_after_burst
+            && self.state == State::Established
             && !segment.payload.is_empty()
             && !(segment.flags.syn || segment.flags.fin || segment.flags.rst)
             && segment.seq == self.rcv_nxt
