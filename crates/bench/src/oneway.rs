@@ -73,7 +73,7 @@ use serde::Serialize;
 use crate::harness::app::{runtime_config, App};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{start_on, Cpus, Iokerneld};
-use crate::harness::rtt::{quantiles, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
+use crate::harness::rtt::{quantiles, retry_refused, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
 
 /// Arguments of `ginza bench oneway`.
 #[derive(clap::Args, Debug)]
@@ -660,18 +660,9 @@ fn ginza_client(
 ) -> anyhow::Result<Vec<u64>> {
     let tune = |c: &mut RtConfig| setup.tune(c);
     let mut client = App::start_tuned(iokerneld, "oneway-client", CLIENT, tune, move || {
-        let t0 = Instant::now();
-        loop {
-            match echo_client::rtt_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT) {
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::ConnectionRefused
-                        && t0.elapsed() < IO_TIMEOUT =>
-                {
-                    ginza_runtime::sleep(Duration::from_millis(10));
-                }
-                other => return other,
-            }
-        }
+        retry_refused(IO_TIMEOUT, ginza_runtime::sleep, || {
+            echo_client::rtt_for(target, WARMUP, duration, PAYLOAD, IO_TIMEOUT)
+        })
     })?;
     client.join()?.context("the Ginza client's round trips")
 }

@@ -37,7 +37,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, Context as _};
 use ginza_apps::echo_client;
@@ -53,7 +53,7 @@ use serde::Serialize;
 use crate::harness::app::App;
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{set_faults, start_on, with_iokerneld_on_veth, Cpus};
-use crate::harness::rtt::{quantiles, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
+use crate::harness::rtt::{quantiles, retry_refused, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
 
 /// Arguments of `ginza bench tcp`.
 #[derive(clap::Args, Debug)]
@@ -375,28 +375,14 @@ fn with_ginza_on_veth<R>(
     })
 }
 
-/// Runs `client` again while it is refused, for up to 5 s: the Ginza
-/// application registers with iokerneld before its servers listen, and a
-/// connection in that window is refused.
-fn retry_refused<T>(mut client: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match client() {
-            Err(e)
-                if e.kind() == std::io::ErrorKind::ConnectionRefused
-                    && Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            result => return result,
-        }
-    }
-}
+/// How long a client retries a refused connection: the Ginza application
+/// registers with iokerneld before its servers listen.
+const REFUSED_FOR: Duration = Duration::from_secs(5);
 
 /// Round trips from the namespace to `target` for `--duration`.
 fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<Quantiles> {
     let report = ns.run_in(move || {
-        retry_refused(|| {
+        retry_refused(REFUSED_FOR, std::thread::sleep, || {
             linux::rtt_probe_for(
                 target,
                 WARMUP,
@@ -422,7 +408,9 @@ fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result
 fn stream(ns: &NetNs, target: SocketAddrV4, mib: u64) -> anyhow::Result<Transfer> {
     let bytes = mib << 20;
     let t = ns.run_in(move || {
-        retry_refused(|| linux::sink_transfer(target, bytes, 0x5eed, IO_TIMEOUT))
+        retry_refused(REFUSED_FOR, std::thread::sleep, || {
+            linux::sink_transfer(target, bytes, 0x5eed, IO_TIMEOUT)
+        })
     })??;
     anyhow::ensure!(
         t.intact(),
@@ -531,7 +519,9 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
         with_ginza_on_veth(ns, cpus, Some(&faults), options, |iokerneld| {
             let t = ns
                 .run_in(move || {
-                    retry_refused(|| linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT))
+                    retry_refused(REFUSED_FOR, std::thread::sleep, || {
+                        linux::sink_transfer(sink, bytes, 0x1055, LOSSY_IO_TIMEOUT)
+                    })
                 })?
                 .map_err(|e| {
                     // What the Linux sender's socket and the switch saw, to

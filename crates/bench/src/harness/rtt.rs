@@ -30,3 +30,26 @@ pub(crate) fn quantiles(mut ns: Vec<u64>) -> anyhow::Result<Quantiles> {
         p99: us(99.0).ok_or_else(|| anyhow!("no round trip measured"))?,
     })
 }
+
+/// Runs `client` again, after `sleep(10 ms)`, while its connection is
+/// refused, for up to `timeout`: a Ginza application registers with
+/// iokerneld before its servers listen. `sleep` is the caller's own
+/// (`std::thread::sleep`, or `ginza_runtime::sleep` on a uthread).
+pub(crate) fn retry_refused<T>(
+    timeout: Duration,
+    sleep: impl Fn(Duration),
+    mut client: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match client() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && std::time::Instant::now() < deadline =>
+            {
+                sleep(Duration::from_millis(10))
+            }
+            result => return result,
+        }
+    }
+}
