@@ -213,7 +213,6 @@ impl WakeLater for Wake {
     }
 }
 
-/// The stack's TCP part.
 /// The connection of a receive burst whose answer waits for the burst's
 /// end. One slot: a bulk stream fills a burst with one connection, and a
 /// burst of many connections answers each as the next one arrives.
@@ -237,6 +236,7 @@ impl Deferred {
     }
 }
 
+/// The stack's TCP part.
 pub(crate) struct Tcp {
     /// The address its segments are built from.
     iface: Interface,
