@@ -209,3 +209,47 @@ fn a_uthread_waits_for_a_lock_an_ordinary_thread_holds() {
     drop(held);
     assert_eq!(locker.join().unwrap(), 11);
 }
+
+/// Uthreads on two kthreads that keep waking each other while they park:
+/// one is often woken, and popped by the other kthread, before it has
+/// finished switching out. A uthread switching straight to such a one
+/// used to wait for it with its own registers unsaved; two kthreads each
+/// doing so for the other's uthread waited forever (a whole `ginza run`
+/// server stopped). Now only a scheduler context waits, and debug builds
+/// assert that no uthread does (`switch_to`), so this test fails fast if
+/// one ever does again.
+#[test]
+fn uthreads_woken_while_switching_out_never_deadlock_two_kthreads() {
+    const PAIRS: usize = 4;
+    const ROUNDS: usize = 50_000;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let runner = std::thread::spawn(move || {
+        let handed = run(Config::with_kthreads(2), || {
+            let hs: Vec<_> = (0..PAIRS)
+                .flat_map(|_| {
+                    let turn = Arc::new((Mutex::new(0usize), Condvar::new()));
+                    (0..2usize).map(move |me| {
+                        let turn = turn.clone();
+                        spawn(move || {
+                            let (lock, cv) = &*turn;
+                            for _ in 0..ROUNDS {
+                                let mut t = cv.wait_while(lock.lock(), |t| *t % 2 != me);
+                                *t += 1;
+                                cv.notify_one();
+                            }
+                        })
+                    })
+                })
+                .collect();
+            let n = hs.len();
+            hs.into_iter().for_each(|h| h.join().unwrap());
+            n * ROUNDS
+        });
+        let _ = done_tx.send(handed);
+    });
+    let handed = done_rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the ping-pong did not end within 120 s: kthreads stuck");
+    runner.join().unwrap();
+    assert_eq!(handed.unwrap(), 2 * PAIRS * ROUNDS);
+}

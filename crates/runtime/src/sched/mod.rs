@@ -16,7 +16,10 @@
 //! * A uthread may be pushed to a runqueue *before* it has finished
 //!   switching out (that is how yield and wake-ups stay cheap). Whoever pops
 //!   it waits for its `on_cpu` flag, which the switch clears only after the
-//!   registers are saved.
+//!   registers are saved. Only a scheduler context waits so: a uthread
+//!   leaving for one still switching out goes through its scheduler
+//!   instead ([`pick_next`]), since two kthreads each switching to the
+//!   uthread the other is leaving would wait for each other forever.
 //! * Per-kthread state is reached through [`current_kthread`], never through
 //!   a thread-local address a caller might have cached across a switch, and
 //!   only with preemption deferred; owner-only state only through an
@@ -71,6 +74,14 @@ pub(super) fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
         k.publish_busy(true);
     }
     match owner.pop() {
+        // Still switching out on another kthread: waiting for it here,
+        // with our own context unsaved, could wait forever — that kthread
+        // may be waiting just so for ours (each switching to the uthread
+        // the other is leaving). The scheduler context waits for it instead.
+        Some(u) if u.ptr() != k.current.get() && u.still_switching_out() => {
+            owner.push(u);
+            k.sched_ptr()
+        }
         Some(u) => u.ptr(),
         None => k.sched_ptr(),
     }

@@ -102,6 +102,13 @@ impl URef {
         unsafe { (*self.ptr()).sp.get().read().is_null() }
     }
 
+    /// Whether it is still saving its registers on some kthread (woken
+    /// before its switch out ended).
+    pub(crate) fn still_switching_out(self) -> bool {
+        // SAFETY: a URef names a live uthread; the field is atomic.
+        unsafe { (*self.ptr()).on_cpu.load(Acquire) }
+    }
+
     /// The identity the Shinjuku dispatcher gave it (0: none yet).
     pub(crate) fn serial(self) -> u64 {
         // SAFETY: a URef names a live uthread; the field is atomic.
@@ -140,6 +147,12 @@ pub(crate) unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThre
     // SAFETY: `to` is a live context handed to us by a queue or the kthread.
     let target = unsafe { &*to };
     if to != k.sched_ptr() {
+        // Only a scheduler context may wait for a uthread still switching
+        // out (`pick_next`): two uthreads doing so could wait for each other.
+        debug_assert!(
+            from == k.sched_ptr() || !target.on_cpu.load(Acquire),
+            "a uthread switching to one still switching out"
+        );
         // It may still be saving its registers on another core.
         while target.on_cpu.load(Acquire) {
             std::hint::spin_loop();
