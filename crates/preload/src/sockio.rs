@@ -41,6 +41,7 @@ impl Flags {
 
 /// What one receive got: bytes, the datagram's source (none on a
 /// stream), and whether the datagram was cut to fit the buffers.
+#[derive(Debug, PartialEq)]
 struct Received {
     len: usize,
     from: Option<SocketAddrV4>,
