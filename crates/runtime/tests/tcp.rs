@@ -544,19 +544,13 @@ mod flood {
 
     fn syn(seq: u32) -> Segment<'static> {
         Segment {
-            seq: Seq(seq),
-            ack: None,
             flags: Flags {
                 syn: true,
                 ..Flags::default()
             },
             window: 65535,
             mss: Some(1460),
-            window_scale: None,
-            timestamp: None,
-            sack_permitted: false,
-            sack: ginza_net::tcp::SackBlocks::NONE,
-            payload: &[],
+            ..Segment::new(Seq(seq))
         }
     }
 
@@ -618,16 +612,10 @@ mod flood {
 
     fn data(seq: u32, ack: Seq, payload: &[u8]) -> Segment<'_> {
         Segment {
-            seq: Seq(seq),
             ack: Some(ack),
-            flags: Flags::default(),
             window: 65535,
-            mss: None,
-            window_scale: None,
-            timestamp: None,
-            sack_permitted: false,
-            sack: ginza_net::tcp::SackBlocks::NONE,
             payload,
+            ..Segment::new(Seq(seq))
         }
     }
 

@@ -17,7 +17,7 @@ use crate::tcp::{Connection, Instant, Segment, Seq, State, TcpConfig};
 const MAX_PEER_WINDOW: u64 = 65535 << 14;
 
 /// One step of a run.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Call<'a> {
     /// The peer's segment.
     Segment(Segment<'a>),
