@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ginza_apps::app_args::AppArgs;
 use ginza_apps::echo_server::{self, EchoStats, Protocols};
-use ginza_iokernel::{Config as IokConfig, InProcess};
+use ginza_iokernel::testing::{in_process, test_cores};
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_netstack::daemon::{Daemon, DaemonConfig};
 use ginza_runtime::net::{NetConfig, TcpStream};
@@ -37,28 +37,15 @@ fn iface(last: u8) -> Interface {
     }
 }
 
-fn cores() -> Vec<usize> {
-    let mut c = ginza_sys::affinity::allowed_cpus().unwrap();
-    c.truncate(2);
-    c
-}
-
 #[test]
 fn echo_server_protected_by_its_flags_under_iokerneld() {
     let _g = common::lock();
-    if cores().len() < 2 {
+    if test_cores().len() < 2 {
         return ginza_iokernel::testing::skip("needs two CPUs (iokerneld busy-polls one)");
     }
     let dir = std::env::temp_dir().join(format!("ginza-prot-iok-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("iokerneld.sock");
-    let mut io_cfg = IokConfig::new(cores());
-    io_cfg.socket = socket.clone();
-    io_cfg.idle_sleep = Some(Duration::from_millis(1));
-    io_cfg
-        .validate(&ginza_sys::affinity::allowed_cpus().unwrap())
-        .unwrap();
-    let io = InProcess::start(io_cfg).unwrap();
+    let (io, socket) = in_process(&dir, |_| {});
 
     let mut ns_cfg = DaemonConfig::new(iface(1));
     ns_cfg.iokernel_socket = socket.clone();

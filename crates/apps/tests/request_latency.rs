@@ -24,9 +24,9 @@ use ginza_apps::http_server::{self, HttpStats};
 use ginza_apps::kv::store::{Store, StoreConfig, SystemClock};
 use ginza_apps::kv::Kv;
 use ginza_apps::spin_server::{self, SpinStats};
-use ginza_iokernel::testing::skip;
-use ginza_iokernel::{Config as IokConfig, InProcess};
-use ginza_metrics::testing::{reference_parse, scrape, value, ParseError, Sample};
+use ginza_iokernel::testing::in_process;
+use ginza_iokernel::testing::scrape::reference_samples;
+use ginza_metrics::testing::{scrape, value, Sample};
 use ginza_net::{Ipv4Addr, MacAddr};
 use ginza_proto::RequestHeader;
 use ginza_runtime::net::{NetConfig, TcpStream, UdpSocket};
@@ -54,19 +54,6 @@ fn app_config(socket: &std::path::Path, name: &str, last: u8, ip: Ipv4Addr) -> C
     Config {
         iokernel: Some(io),
         ..Config::with_kthreads(1)
-    }
-}
-
-/// The samples of a scrape as the reference parser reads them; `None`
-/// when it is not installed (the test says so, or fails under CI).
-fn parse(text: &str) -> Option<Vec<Sample>> {
-    match reference_parse(text) {
-        Ok(s) => Some(s),
-        Err(ParseError::Unavailable(why)) => {
-            skip(format!("the reference parser is missing: {why}"));
-            None
-        }
-        Err(ParseError::Rejected(why)) => panic!("the reference parser refused it: {why}\n{text}"),
     }
 }
 
@@ -186,15 +173,8 @@ where
 #[test]
 fn each_server_reports_every_request_it_served() {
     let dir = std::env::temp_dir().join(format!("ginza-request-latency-{}", std::process::id()));
-    let mut cores = ginza_sys::affinity::allowed_cpus().unwrap();
-    cores.truncate(2);
-    let mut cfg = IokConfig::new(cores);
-    cfg.socket = dir.join("iokerneld.sock");
-    cfg.idle_sleep = Some(Duration::from_millis(1));
-    cfg.metrics = Some("127.0.0.1:0".parse().unwrap());
-    let io = InProcess::start(cfg).expect("iokerneld");
+    let (io, socket) = in_process(&dir, |c| c.metrics = Some("127.0.0.1:0".parse().unwrap()));
     let metrics = io.metrics_addr().expect("metrics served");
-    let socket = io.socket().to_path_buf();
 
     let stop = Arc::new(AtomicBool::new(false));
     let kv = Kv::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)));
@@ -274,7 +254,7 @@ fn each_server_reports_every_request_it_served() {
     let (samples, expected) = loop {
         let expected = served();
         let text = scrape(metrics).unwrap();
-        let Some(s) = parse(&text) else {
+        let Some(s) = reference_samples(&text) else {
             stop.store(true, Relaxed);
             return;
         };

@@ -17,10 +17,10 @@ use ginza_iokernel::metrics::exposition::Collector;
 use ginza_iokernel::metrics::{AppFigures, ChannelFigures, DispatchFigures, Snapshot};
 use ginza_iokernel::nic::ServiceTime;
 use ginza_iokernel::raw_app::RawApp;
-use ginza_iokernel::testing::skip;
+use ginza_iokernel::testing::scrape::{reference_samples, sample, scrape_until};
 use ginza_iokernel::{Config, DaemonError, Iokerneld, LoadRun, RecordingActuator};
 use ginza_metrics::prometheus_client::registry::Registry;
-use ginza_metrics::testing::{exchange, reference_parse, scrape, value, ParseError, Sample};
+use ginza_metrics::testing::{exchange, scrape, value, Sample};
 use ginza_metrics::Slot;
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_proto::messages::NetStats;
@@ -41,45 +41,6 @@ fn with_metrics() -> Daemon {
     })
 }
 
-/// The samples of `text` as the reference parser reads them; `None` when
-/// it is not installed (the test says so, or fails under CI).
-fn parse(text: &str) -> Option<Vec<Sample>> {
-    match reference_parse(text) {
-        Ok(s) => Some(s),
-        Err(ParseError::Unavailable(why)) => {
-            skip(format!("the reference parser is missing: {why}"));
-            None
-        }
-        Err(ParseError::Rejected(why)) => panic!("the reference parser refused it: {why}\n{text}"),
-    }
-}
-
-/// Scrapes until `f` holds for the parsed samples (20 s at most: the
-/// figures are published every 100 ms).
-fn scrape_until(
-    addr: SocketAddr,
-    what: &str,
-    f: impl Fn(&[Sample]) -> bool,
-) -> Option<Vec<Sample>> {
-    let t0 = Instant::now();
-    loop {
-        let text = scrape(addr).unwrap();
-        let samples = parse(&text)?;
-        if f(&samples) {
-            return Some(samples);
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}; last scrape:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn get(s: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
-    value(s, name, labels).unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
-}
-
 #[test]
 fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
     let _g = lock();
@@ -92,21 +53,21 @@ fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
     }) else {
         return;
     };
-    assert_eq!(get(&before, "ginza_iokernel_up", &[]), 1.0);
-    assert_eq!(get(&before, "ginza_iokernel_applications", &[]), 1.0);
+    assert_eq!(sample(&before, "ginza_iokernel_up", &[]), 1.0);
+    assert_eq!(sample(&before, "ginza_iokernel_applications", &[]), 1.0);
     assert_eq!(
-        get(
+        sample(
             &before,
             "ginza_app_info",
             &[("app", "echo"), ("class", "latency-critical")]
         ),
         1.0
     );
-    let rx0 = get(&before, "ginza_app_rx_packets_total", &echo);
-    let grants0 = get(&before, "ginza_app_grants_total", &echo);
-    let passes0 = get(&before, "ginza_iokernel_passes_total", &[]);
-    let cpu0 = get(&before, "ginza_iokernel_loop_cpu_seconds_total", &[]);
-    let lat0 = get(&before, "ginza_iokernel_grant_latency_seconds_count", &[]);
+    let rx0 = sample(&before, "ginza_app_rx_packets_total", &echo);
+    let grants0 = sample(&before, "ginza_app_grants_total", &echo);
+    let passes0 = sample(&before, "ginza_iokernel_passes_total", &[]);
+    let cpu0 = sample(&before, "ginza_iokernel_loop_cpu_seconds_total", &[]);
+    let lat0 = sample(&before, "ginza_iokernel_grant_latency_seconds_count", &[]);
 
     // An echo load the receiving ring holds whole (dataplane.rs,
     // `echo_load`): every request reaches the application.
@@ -139,27 +100,30 @@ fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
     }) else {
         return;
     };
-    assert_eq!(get(&after, "ginza_app_rx_packets_total", &echo) - rx0, sent);
     assert_eq!(
-        get(&after, "ginza_app_rx_dropped_packets_total", &echo),
+        sample(&after, "ginza_app_rx_packets_total", &echo) - rx0,
+        sent
+    );
+    assert_eq!(
+        sample(&after, "ginza_app_rx_dropped_packets_total", &echo),
         0.0
     );
-    assert!(get(&after, "ginza_app_grants_total", &echo) > grants0);
-    assert!(get(&after, "ginza_iokernel_grants_total", &[]) >= 1.0);
-    assert!(get(&after, "ginza_iokernel_passes_total", &[]) > passes0);
-    assert!(get(&after, "ginza_iokernel_loop_cpu_seconds_total", &[]) > cpu0);
-    assert!(get(&after, "ginza_iokernel_grant_latency_seconds_count", &[]) > lat0);
+    assert!(sample(&after, "ginza_app_grants_total", &echo) > grants0);
+    assert!(sample(&after, "ginza_iokernel_grants_total", &[]) >= 1.0);
+    assert!(sample(&after, "ginza_iokernel_passes_total", &[]) > passes0);
+    assert!(sample(&after, "ginza_iokernel_loop_cpu_seconds_total", &[]) > cpu0);
+    assert!(sample(&after, "ginza_iokernel_grant_latency_seconds_count", &[]) > lat0);
     // The histogram is whole: its +Inf bucket holds every sample.
     assert_eq!(
-        get(
+        sample(
             &after,
             "ginza_iokernel_grant_latency_seconds_bucket",
             &[("le", "+Inf")]
         ),
-        get(&after, "ginza_iokernel_grant_latency_seconds_count", &[])
+        sample(&after, "ginza_iokernel_grant_latency_seconds_count", &[])
     );
     assert!(
-        get(
+        sample(
             &after,
             "ginza_iokernel_metrics_publish_duration_seconds_count",
             &[]
@@ -169,19 +133,19 @@ fn a_scrape_parses_and_its_counters_move_as_traffic_flows() {
     let st = d.stats();
     let net = st.apps[0].net.unwrap();
     assert_eq!(
-        get(&after, "ginza_app_rx_packets_total", &echo),
+        sample(&after, "ginza_app_rx_packets_total", &echo),
         net.rx as f64
     );
     assert_eq!(
-        get(&after, "ginza_app_tx_packets_total", &echo),
+        sample(&after, "ginza_app_tx_packets_total", &echo),
         net.tx as f64
     );
     assert_eq!(
-        get(&after, "ginza_app_grants_total", &echo),
+        sample(&after, "ginza_app_grants_total", &echo),
         st.apps[0].grants as f64
     );
     assert_eq!(
-        get(&after, "ginza_nic_rx_frames_total", &[("nic", "software")]),
+        sample(&after, "ginza_nic_rx_frames_total", &[("nic", "software")]),
         0.0
     );
 }
@@ -212,7 +176,7 @@ fn many_applications_are_published_over_several_turns_and_leavers_go() {
     let Some(s) = scrape_until(addr, "ten applications", |s| shown(s) == want) else {
         return;
     };
-    assert_eq!(get(&s, "ginza_iokernel_applications", &[]), 10.0);
+    assert_eq!(sample(&s, "ginza_iokernel_applications", &[]), 10.0);
     // Three leave (their sockets close): gone from the figures, the rest
     // there once each.
     apps.drain(2..5);
@@ -246,7 +210,7 @@ fn request_latency_written_in_the_region_is_exported_per_application() {
         return;
     };
     let b = |le: &str| {
-        get(
+        sample(
             &s,
             "ginza_app_request_latency_seconds_bucket",
             &[("app", "timed"), ("le", le)],
@@ -257,11 +221,11 @@ fn request_latency_written_in_the_region_is_exported_per_application() {
     assert_eq!(b("0.02"), 6.0);
     assert_eq!(b("0.05"), 7.0);
     assert_eq!(b("+Inf"), 7.0);
-    let sum = get(&s, "ginza_app_request_latency_seconds_sum", &timed);
+    let sum = sample(&s, "ginza_app_request_latency_seconds_sum", &timed);
     assert!((sum - (6.0 * 3e-6 + 0.04)).abs() < 1e-9, "{sum}");
     // An application that records nothing has an empty histogram.
     assert_eq!(
-        get(
+        sample(
             &s,
             "ginza_app_request_latency_seconds_count",
             &[("app", "quiet")]
@@ -399,14 +363,20 @@ fn every_metric_parses_and_is_documented() {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Collector::new(Arc::new(Slot::new(s)))));
     let text = ginza_metrics::exposition::render(&registry).unwrap();
-    let Some(samples) = parse(&text) else {
+    let Some(samples) = reference_samples(&text) else {
         return;
     };
     let kv = [("app", "kv")];
-    assert_eq!(get(&samples, "ginza_app_command_ring_full_total", &kv), 3.0);
-    assert_eq!(get(&samples, "ginza_app_event_ring_full_total", &kv), 4.0);
     assert_eq!(
-        get(
+        sample(&samples, "ginza_app_command_ring_full_total", &kv),
+        3.0
+    );
+    assert_eq!(
+        sample(&samples, "ginza_app_event_ring_full_total", &kv),
+        4.0
+    );
+    assert_eq!(
+        sample(
             &samples,
             "ginza_app_request_sojourn_seconds_bucket",
             &[("app", "kv"), ("le", "0.000004")]
@@ -414,11 +384,11 @@ fn every_metric_parses_and_is_documented() {
         2.0
     );
     assert_eq!(
-        get(&samples, "ginza_app_request_sojourn_seconds_sum", &kv),
+        sample(&samples, "ginza_app_request_sojourn_seconds_sum", &kv),
         6e-6
     );
     assert_eq!(
-        get(
+        sample(
             &samples,
             "ginza_app_request_latency_seconds_bucket",
             &[("app", "kv"), ("le", "0.00001")]
@@ -427,7 +397,7 @@ fn every_metric_parses_and_is_documented() {
     );
     // Label values are escaped, and read back whole.
     assert_eq!(
-        get(&samples, "ginza_app_cores", &[("app", "batch\"odd\\name")]),
+        sample(&samples, "ginza_app_cores", &[("app", "batch\"odd\\name")]),
         0.0
     );
     let served: BTreeSet<String> = samples
@@ -476,7 +446,7 @@ fn documented_names(doc: &str, prefix: &str) -> Vec<String> {
 /// The loop's publications so far by bucket of `ginza_iokernel_metrics_publish_duration_seconds`
 /// (upper bound, cumulative count).
 fn publish_buckets(addr: SocketAddr) -> Vec<(String, f64)> {
-    parse(&scrape(addr).unwrap())
+    reference_samples(&scrape(addr).unwrap())
         .unwrap()
         .into_iter()
         .filter(|x| x.name == "ginza_iokernel_metrics_publish_duration_seconds_bucket")

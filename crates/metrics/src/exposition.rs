@@ -9,7 +9,8 @@
 use std::fmt;
 
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, NoLabelSet,
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, MetricEncoder,
+    NoLabelSet,
 };
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
@@ -68,14 +69,10 @@ impl<'a> Writer<'a> {
         unit: Option<Unit>,
         items: impl IntoIterator<Item = (L, V)>,
     ) -> fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
-        for (labels, v) in items {
-            m.encode_family(&labels)?
-                .encode_counter::<NoLabelSet, V, f64>(&v, None)?;
-        }
-        Ok(())
+        self.family(name, help, unit, MetricType::Counter, items, |m, (l, v)| {
+            m.encode_family(&l)?
+                .encode_counter::<NoLabelSet, V, f64>(&v, None)
+        })
     }
 
     /// A gauge without labels.
@@ -97,13 +94,9 @@ impl<'a> Writer<'a> {
         unit: Option<Unit>,
         items: impl IntoIterator<Item = (L, V)>,
     ) -> fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
-        for (labels, v) in items {
-            m.encode_family(&labels)?.encode_gauge(&v)?;
-        }
-        Ok(())
+        self.family(name, help, unit, MetricType::Gauge, items, |m, (l, v)| {
+            m.encode_family(&l)?.encode_gauge(&v)
+        })
     }
 
     /// A histogram family, one histogram per label set.
@@ -114,14 +107,17 @@ impl<'a> Writer<'a> {
         unit: Option<Unit>,
         items: impl IntoIterator<Item = (L, Histogram)>,
     ) -> fmt::Result {
-        let mut m = self
-            .enc
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Histogram)?;
-        for (labels, h) in items {
-            m.encode_family(&labels)?
-                .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)?;
-        }
-        Ok(())
+        self.family(
+            name,
+            help,
+            unit,
+            MetricType::Histogram,
+            items,
+            |m, (l, h)| {
+                m.encode_family(&l)?
+                    .encode_histogram::<NoLabelSet>(h.sum, h.count, &h.buckets, None)
+            },
+        )
     }
 
     /// An info metric (`NAME_info{labels} 1`).
@@ -136,11 +132,27 @@ impl<'a> Writer<'a> {
         help: &str,
         items: impl IntoIterator<Item = L>,
     ) -> fmt::Result {
+        self.family(name, help, None, MetricType::Info, items, |m, l| {
+            m.encode_info(&l)
+        })
+    }
+
+    /// Every family: its descriptor, then one sample per item, written by
+    /// `sample`.
+    fn family<T>(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        kind: MetricType,
+        items: impl IntoIterator<Item = T>,
+        mut sample: impl FnMut(&mut MetricEncoder<'_>, T) -> fmt::Result,
+    ) -> fmt::Result {
         let mut m = self
             .enc
-            .encode_descriptor(name, help, None, MetricType::Info)?;
-        for labels in items {
-            m.encode_info(&labels)?;
+            .encode_descriptor(name, help, unit.as_ref(), kind)?;
+        for item in items {
+            sample(&mut m, item)?;
         }
         Ok(())
     }

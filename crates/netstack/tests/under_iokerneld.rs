@@ -5,148 +5,35 @@
 //! channel) that echoes → back. The test holds the lock: iokerneld's loop
 //! busy-polls a core.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::SocketAddrV4;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ginza_iokernel::{Config as IokConfig, InProcess};
-use ginza_net::{Interface, Ipv4Addr, MacAddr};
-use ginza_netstack::daemon::{Daemon, DaemonConfig};
-use ginza_proto::netstack::{
-    attach, AttachRequest, Command, Event, Ranges, SendFlags, NETSTACK_PROTOCOL,
+use common::under_iokerneld::{
+    client_config, iface, netstack_config, protected_echo, short_timers, SHARED,
 };
-use ginza_runtime::net::{NetConfig, TcpStream};
-use ginza_runtime::{Class, Config, IokernelConfig};
-use ginza_shm::netstack::{AppPair, Channel, RxPoolView, TxPool};
+use ginza_iokernel::testing::{in_process, test_cores};
+use ginza_iokernel::InProcess;
+use ginza_net::Ipv4Addr;
+use ginza_netstack::daemon::Daemon;
+use ginza_runtime::net::TcpStream;
 
 static LOCK: Mutex<()> = Mutex::new(());
-
-fn iface(last: u8) -> Interface {
-    Interface {
-        mac: MacAddr([0x02, 0x4e, 0x00, 0x00, 0x00, last]),
-        ip: Ipv4Addr::new(10, 9, 0, last),
-    }
-}
-
-fn cores() -> Vec<usize> {
-    let mut c = ginza_sys::affinity::allowed_cpus().unwrap();
-    c.truncate(2);
-    c
-}
-
-fn iokerneld(dir: &std::path::Path) -> (InProcess, PathBuf) {
-    iokerneld_with(dir, Some(Duration::from_millis(1)))
-}
-
-/// `idle_sleep`: iokerneld's nap while nothing is busy (`None`: it
-/// busy-polls, as in production; a nap costs up to that much per hop).
-fn iokerneld_with(dir: &std::path::Path, idle_sleep: Option<Duration>) -> (InProcess, PathBuf) {
-    let socket = dir.join("iokerneld.sock");
-    let mut cfg = IokConfig::new(cores());
-    cfg.socket = socket.clone();
-    cfg.idle_sleep = idle_sleep;
-    cfg.validate(&ginza_sys::affinity::allowed_cpus().unwrap())
-        .unwrap();
-    (InProcess::start(cfg).unwrap(), socket)
-}
-
-/// A protected echo application on the raw channel (busy-polling its
-/// event ring; standalone, not registered with iokerneld).
-fn protected_echo(
-    path: PathBuf,
-    address: Interface,
-    port: u16,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<u64> {
-    std::thread::spawn(move || {
-        let mut tx = TxPool::create("echo-tx", 1 << 20).unwrap();
-        let req = AttachRequest {
-            protocol: NETSTACK_PROTOCOL,
-            name: "echo".into(),
-            interface: address,
-            kthreads: 1,
-            doorbells: false,
-        };
-        let att = attach(&path, &req, tx.fd(), &[]).unwrap();
-        let ch = Channel::attach(att.channel).unwrap();
-        let rx = RxPoolView::map(att.rx_pool, att.rx_pool_bytes).unwrap();
-        let mut pair = ch.app_pair(0).unwrap();
-        push(
-            &mut pair,
-            Command::Listen {
-                cookie: 1,
-                port,
-                backlog: 16,
-            },
-        );
-        let mut next_tx = 0u32;
-        let mut echoed = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            let Ok(Some(slot)) = pair.events.pop() else {
-                std::thread::yield_now();
-                continue;
-            };
-            let mut cmds = Vec::new();
-            match Event::decode(&slot).unwrap() {
-                Event::NewConn { conn, listener, .. } => {
-                    cmds.push(Command::Accept { conn, listener })
-                }
-                Event::NewData { conn, ranges } => {
-                    let mut out = Ranges::default();
-                    for r in ranges.as_slice() {
-                        let bytes = rx.get(*r).unwrap();
-                        if next_tx as u64 + r.len as u64 > tx.len() {
-                            next_tx = 0;
-                        }
-                        let t = ginza_shm::netstack::Range::new(next_tx, r.len);
-                        tx.get_mut(t).unwrap().copy_from_slice(bytes);
-                        next_tx += r.len;
-                        echoed += u64::from(r.len);
-                        out.push(t);
-                    }
-                    cmds.push(Command::Send {
-                        conn,
-                        ranges: out,
-                        flags: SendFlags::default(),
-                    });
-                    cmds.push(Command::RecvDone { conn, ranges });
-                }
-                Event::RemoteClosed { conn } => cmds.push(Command::Close { conn }),
-                _ => {}
-            }
-            for c in cmds {
-                push(&mut pair, c);
-            }
-        }
-        drop(att.socket);
-        echoed
-    })
-}
-
-fn push(pair: &mut AppPair, c: Command) {
-    while pair.commands.push(c.encode()).is_err() {
-        std::thread::yield_now();
-    }
-}
 
 #[test]
 fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if cores().len() < 2 {
+    if test_cores().len() < 2 {
         return ginza_iokernel::testing::skip("needs two CPUs (iokerneld busy-polls one)");
     }
     let dir = tempfile::tempdir().unwrap();
-    let (io, socket) = iokerneld(dir.path());
-    let mut cfg = DaemonConfig::new(iface(1));
-    cfg.iokernel_socket = socket.clone();
-    cfg.attach_socket = dir.path().join("netstack.sock");
-    cfg.kthreads = 1;
-    // Short TCP timers: a lost frame costs milliseconds, not a second.
-    cfg.netstack.tcp.rto_initial = Duration::from_millis(50);
-    cfg.netstack.tcp.rto_min = Duration::from_millis(20);
+    let (io, socket) = in_process(dir.path(), |_| {});
+    let mut cfg = netstack_config(dir.path(), &socket, 1);
+    short_timers(&mut cfg.netstack.tcp);
     // No polling of the command rings: iokerneld must wake the netstack
     // for commands (it watches the channels).
     cfg.command_poll = Duration::from_secs(30);
@@ -154,11 +41,7 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     let stop = Arc::new(AtomicBool::new(false));
     // One protected app shares the netstack's address, one has its own
     // (iokerneld steers it to the netstack).
-    let shared = Interface {
-        mac: MacAddr::ZERO,
-        ip: Ipv4Addr::UNSPECIFIED,
-    };
-    let app = protected_echo(cfg.attach_socket.clone(), shared, 7, Arc::clone(&stop));
+    let app = protected_echo(cfg.attach_socket.clone(), SHARED, 7, Arc::clone(&stop));
     let own = protected_echo(cfg.attach_socket.clone(), iface(3), 7, Arc::clone(&stop));
     // Wait until both protected apps listen (their `listen` went through).
     let t0 = Instant::now();
@@ -176,17 +59,7 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     );
 
     // The client: an ordinary Ginza application with the in-process stack.
-    let mut io_cfg = IokernelConfig::new("client", Class::LatencyCritical);
-    io_cfg.socket = Some(socket.clone());
-    let me = iface(2);
-    let mut net = NetConfig::new(me.mac, me.ip);
-    net.tcp.rto_initial = Duration::from_millis(50);
-    net.tcp.rto_min = Duration::from_millis(20);
-    io_cfg.net = Some(net);
-    let client_cfg = Config {
-        iokernel: Some(io_cfg),
-        ..Config::with_kthreads(1)
-    };
+    let client_cfg = client_config(&socket, 2, 1, short_timers);
     let message: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
     let m2 = message.clone();
     let got = ginza_runtime::run(client_cfg, move || {
@@ -256,23 +129,16 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
 #[test]
 fn netstack_cores_follow_the_load() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if cores().len() < 2 {
+    if test_cores().len() < 2 {
         return ginza_iokernel::testing::skip("needs two CPUs");
     }
     let dir = tempfile::tempdir().unwrap();
     // Busy-polling, as in production.
-    let (io, socket) = iokerneld_with(dir.path(), None);
-    let mut cfg = DaemonConfig::new(iface(1));
-    cfg.iokernel_socket = socket.clone();
-    cfg.attach_socket = dir.path().join("netstack.sock");
-    cfg.kthreads = 2;
+    let (io, socket) = in_process(dir.path(), |c| c.idle_sleep = None);
+    let cfg = netstack_config(dir.path(), &socket, 2);
     let ns = Daemon::start(cfg.clone()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let shared = Interface {
-        mac: MacAddr::ZERO,
-        ip: Ipv4Addr::UNSPECIFIED,
-    };
-    let app = protected_echo(cfg.attach_socket.clone(), shared, 7, Arc::clone(&stop));
+    let app = protected_echo(cfg.attach_socket.clone(), SHARED, 7, Arc::clone(&stop));
     let t0 = Instant::now();
     while ns.stats().events == 0 {
         assert!(t0.elapsed() < Duration::from_secs(10));
@@ -295,14 +161,7 @@ fn netstack_cores_follow_the_load() {
         }
         counts
     });
-    let mut io_cfg = IokernelConfig::new("client", Class::LatencyCritical);
-    io_cfg.socket = Some(socket.clone());
-    let me = iface(2);
-    io_cfg.net = Some(NetConfig::new(me.mac, me.ip));
-    let client_cfg = Config {
-        iokernel: Some(io_cfg),
-        ..Config::with_kthreads(2)
-    };
+    let client_cfg = client_config(&socket, 2, 2, |_| {});
     let round_trips = ginza_runtime::run(client_cfg, move || {
         let until = Instant::now() + Duration::from_millis(1500);
         let conns: usize = std::env::var("GINZA_NS_CONNS")

@@ -39,11 +39,24 @@ impl Flags {
     }
 }
 
-/// A received datagram's source and whether it was cut.
-struct Datagram {
+/// What one receive got: bytes, the datagram's source (none on a
+/// stream), and whether the datagram was cut to fit the buffers.
+#[derive(Debug, PartialEq)]
+struct Received {
     len: usize,
-    from: SocketAddrV4,
+    from: Option<SocketAddrV4>,
     cut: bool,
+}
+
+impl Received {
+    /// `len` bytes of a stream (0: its end).
+    fn stream(len: usize) -> Received {
+        Received {
+            len,
+            from: None,
+            cut: false,
+        }
+    }
 }
 
 /// The program's buffers, as slices.
@@ -123,7 +136,7 @@ fn dgram_recv(
     u: &UdpSocket,
     bufs: &mut [&mut [u8]],
     f: Flags,
-) -> Result<Datagram, c_int> {
+) -> Result<Received, c_int> {
     if f.peek {
         crate::say::unsupported_once!("recv", "MSG_PEEK on a Ginza datagram socket reads it");
     }
@@ -145,9 +158,9 @@ fn dgram_recv(
             break;
         }
     }
-    Ok(Datagram {
+    Ok(Received {
         len: at,
-        from,
+        from: Some(from),
         cut: len > at,
     })
 }
@@ -176,18 +189,15 @@ fn dgram_send(
 fn recv_on(s: &GSock, bufs: &mut [&mut [u8]], f: Flags) -> Result<Received, c_int> {
     let r = serve(|| recv_served(s, bufs, f));
     if r == Err(libc::ECONNRESET) && s.reset_reported.swap(true, Relaxed) {
-        return Ok((0, None, false));
+        return Ok(Received::stream(0));
     }
     r
 }
 
-/// Bytes received, the datagram's source, and whether it was cut.
-type Received = (usize, Option<SocketAddrV4>, bool);
-
 fn recv_served(s: &GSock, bufs: &mut [&mut [u8]], f: Flags) -> Result<Received, c_int> {
     match s.served() {
-        Served::Stream(t) => stream_recv(s, &t, bufs, f).map(|n| (n, None, false)),
-        Served::Udp(u) => dgram_recv(s, &u, bufs, f).map(|d| (d.len, Some(d.from), d.cut)),
+        Served::Stream(t) => stream_recv(s, &t, bufs, f).map(Received::stream),
+        Served::Udp(u) => dgram_recv(s, &u, bufs, f),
         Served::Listener(_) => Err(libc::ENOTCONN),
         Served::None if s.kind == Kind::Datagram => {
             // Unbound: nothing can arrive; Linux waits forever or EAGAINs.
@@ -260,7 +270,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     };
     // SAFETY: the caller's buffer of n bytes.
     let mut bufs = [unsafe { buffer(buf, n) }];
-    c_len(recv_on(&s, &mut bufs, Flags::default()).map(|r| r.0))
+    c_len(recv_on(&s, &mut bufs, Flags::default()).map(|r| r.len))
 }
 
 #[no_mangle]
@@ -271,7 +281,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_
     };
     // SAFETY: the caller's iovecs.
     let mut bufs = unsafe { slices(iov, n.max(0) as usize) };
-    c_len(recv_on(&s, &mut bufs, Flags::default()).map(|r| r.0))
+    c_len(recv_on(&s, &mut bufs, Flags::default()).map(|r| r.len))
 }
 
 #[no_mangle]
@@ -305,11 +315,11 @@ pub unsafe extern "C" fn recvfrom(
     // SAFETY: the caller's buffer of n bytes.
     let mut bufs = [unsafe { buffer(buf, n) }];
     let r = recv_on(&s, &mut bufs, Flags::of(flags));
-    if let Ok((_, Some(from), _)) = r {
+    if let Some(from) = r.as_ref().ok().and_then(|r| r.from) {
         // SAFETY: the caller's address buffer.
         unsafe { write_v4(from, addr, len) };
     }
-    c_len(r.map(|r| r.0))
+    c_len(r.map(|r| r.len))
 }
 
 /// One `recvmsg` on a Ginza socket.
@@ -321,7 +331,7 @@ unsafe fn recvmsg_on(s: &GSock, msg: *mut msghdr, flags: c_int) -> Result<usize,
     let m = unsafe { &mut *msg };
     // SAFETY: the caller's iovecs.
     let mut bufs = unsafe { slices(m.msg_iov, m.msg_iovlen) };
-    let (n, from, cut) = recv_on(s, &mut bufs, Flags::of(flags))?;
+    let Received { len, from, cut } = recv_on(s, &mut bufs, Flags::of(flags))?;
     m.msg_controllen = 0;
     m.msg_flags = if cut { libc::MSG_TRUNC } else { 0 };
     match from {
@@ -329,7 +339,7 @@ unsafe fn recvmsg_on(s: &GSock, msg: *mut msghdr, flags: c_int) -> Result<usize,
         Some(from) => unsafe { write_v4(from, m.msg_name as *mut sockaddr, &mut m.msg_namelen) },
         None => m.msg_namelen = 0,
     }
-    Ok(n)
+    Ok(len)
 }
 
 #[no_mangle]

@@ -208,26 +208,7 @@ fn a_congested_batch_application_gets_the_polled_core_at_once() {
     // A batch application that wants every core: the free ones first,
     // then the polled one.
     let stop = Arc::new(AtomicBool::new(false));
-    let cfg = d.app("batch", Class::Batch, 0, n);
-    let s = Arc::clone(&stop);
-    let batch = std::thread::spawn(move || {
-        ginza_runtime::run(cfg, move || {
-            let hs: Vec<_> = (0..n)
-                .map(|_| {
-                    let s = Arc::clone(&s);
-                    ginza_runtime::spawn(move || {
-                        while !s.load(Ordering::Relaxed) {
-                            std::hint::spin_loop();
-                        }
-                    })
-                })
-                .collect();
-            for h in hs {
-                h.join().unwrap();
-            }
-        })
-        .unwrap()
-    });
+    let batch = spinning_batch(&d, n, &stop);
     wait_for("batch on every core", || {
         let s = d.stats();
         app(&s, "batch")

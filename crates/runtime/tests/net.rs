@@ -583,23 +583,7 @@ fn binding_errors_say_what_was_wrong() {
 
 // ---- end to end ------------------------------------------------------------
 
-use common::{lock, share, Daemon};
-
-/// A latency-critical runtime with `net`, registered with `d`.
-fn net_app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig, guaranteed: u32) -> Config {
-    let mut cfg = d.app(name, Class::LatencyCritical, guaranteed, kthreads);
-    if let Some(io) = cfg.iokernel.as_mut() {
-        io.net = Some(net);
-    }
-    cfg
-}
-
-fn iface(last: u8) -> Interface {
-    Interface {
-        mac: MacAddr([0x02, 0x47, 0x00, 0x00, 0x00, last]),
-        ip: Ipv4Addr::new(10, 9, 0, last),
-    }
-}
+use common::{iface, lock, share, Daemon};
 
 #[test]
 fn sockets_need_networking_and_a_runtime() {
@@ -679,7 +663,7 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
     let (s2, v2) = (Arc::clone(&stop), Arc::clone(&served));
     let bound = Arc::new(AtomicBool::new(false));
     let b2 = Arc::clone(&bound);
-    let cfg = net_app(&d, "echo", 2, net, 0);
+    let cfg = d.net_app("echo", 2, net);
     let server = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             echo_server(4, s2, v2, &b2);
@@ -768,7 +752,8 @@ fn start_server(
     let (s2, v2) = (Arc::clone(stop), Arc::clone(served));
     let bound = Arc::new(AtomicBool::new(false));
     let b2 = Arc::clone(&bound);
-    let cfg = net_app(d, name, 2, NetConfig::new(me.mac, me.ip), guaranteed);
+    let mut cfg = d.net_app(name, 2, NetConfig::new(me.mac, me.ip));
+    cfg.iokernel.as_mut().expect("registered").guaranteed = guaranteed;
     let h = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             echo_server(2, s2, v2, &b2);
@@ -852,7 +837,7 @@ fn two_applications_echo_through_iokerneld_resolving_each_other_by_arp() {
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let server = start_server(&d, "server", srv, 0, &stop, &served);
-    let client_cfg = net_app(&d, "client", 1, NetConfig::new(cli.mac, cli.ip), 0);
+    let client_cfg = d.net_app("client", 1, NetConfig::new(cli.mac, cli.ip));
     let (rounds, lost, timeout_took, stats) = ginza_runtime::run(client_cfg, move || {
         // Binding: a taken port is refused (EADDRINUSE), so is another
         // host's address (EADDRNOTAVAIL); a dropped socket frees its port.
@@ -985,7 +970,7 @@ fn an_application_killed_mid_traffic_does_not_disturb_another() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let cli = iface(2);
-    let client_cfg = net_app(&d, "client", 1, NetConfig::new(cli.mac, cli.ip), 0);
+    let client_cfg = d.net_app("client", 1, NetConfig::new(cli.mac, cli.ip));
     let mut killed_at = None;
     let (rounds, lost, after) = ginza_runtime::run(client_cfg, move || {
         let mut after = 0u64;

@@ -15,53 +15,17 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{lock, share, Daemon};
+use common::{iface, lock, quick_net as net, server_addr, share, Daemon, CLIENT, SERVER};
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_runtime::net::protected::testing::FakeNetstack;
 use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::net::{
-    NetConfig, PollEvent, PollMode, Poller, Readiness, Registration, TcpListener, TcpStream,
-    UdpSocket,
+    PollEvent, PollMode, Poller, Readiness, Registration, TcpListener, TcpStream, UdpSocket,
 };
 use ginza_runtime::{Class, Config};
 
-fn iface(last: u8) -> Interface {
-    Interface {
-        mac: MacAddr([0x02, 0x55, 0x00, 0x00, 0x00, last]),
-        ip: Ipv4Addr::new(10, 9, 5, last),
-    }
-}
-
-const SERVER: u8 = 1;
-const CLIENT: u8 = 2;
 const PORT: u16 = 7;
 const UDP_PORT: u16 = 5353;
-
-/// Buffers small enough that a writer fills its send buffer quickly.
-fn net(last: u8) -> NetConfig {
-    let me = iface(last);
-    let mut n = NetConfig::new(me.mac, me.ip);
-    n.tcp.rto_initial = Duration::from_millis(100);
-    n.tcp.rto_min = Duration::from_millis(20);
-    n.tcp.rto_max = Duration::from_millis(200);
-    n.tcp.time_wait = Duration::from_millis(200);
-    n.tcp.send_buffer = 64 * 1024;
-    n.tcp.recv_buffer = 64 * 1024;
-    n.tcp.reassembly_limit = 64 * 1024;
-    n
-}
-
-fn app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig) -> Config {
-    let mut cfg = d.app(name, Class::LatencyCritical, 0, kthreads);
-    if let Some(io) = cfg.iokernel.as_mut() {
-        io.net = Some(net);
-    }
-    cfg
-}
-
-fn server_addr(port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(iface(SERVER).ip, port)
-}
 
 /// Runs `body` as an application on its own OS thread.
 fn spawn_app<T: Send + 'static>(
@@ -270,7 +234,7 @@ fn one_poller_echoes_on_many_connections_level_and_edge_triggered() {
     const N: usize = 128;
     let listening = Arc::new(AtomicBool::new(false));
     let l2 = Arc::clone(&listening);
-    let server = spawn_app(app(&d, "server", 1, net(SERVER)), move || {
+    let server = spawn_app(d.net_app("server", 1, net(SERVER)), move || {
         let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
         l2.store(true, Ordering::Release);
         echo_loop(l, N)
@@ -280,7 +244,7 @@ fn one_poller_echoes_on_many_connections_level_and_edge_triggered() {
         assert!(t0.elapsed() < Duration::from_secs(10) && !server.is_finished());
         std::thread::sleep(Duration::from_micros(200));
     }
-    let ok = ginza_runtime::run(app(&d, "client", 2, net(CLIENT)), || {
+    let ok = ginza_runtime::run(d.net_app("client", 2, net(CLIENT)), || {
         let handles: Vec<_> = (0..N)
             .map(|i| {
                 ginza_runtime::spawn(move || {
@@ -507,11 +471,11 @@ fn nonblocking_calls_give_eagain_until_the_poller_reports() {
     let step = Arc::new(AtomicU32::new(0));
     let written = Arc::new(AtomicU64::new(0));
     let (s2, w2) = (Arc::clone(&step), Arc::clone(&written));
-    let server = spawn_app(app(&d, "server", 1, net(SERVER)), move || {
+    let server = spawn_app(d.net_app("server", 1, net(SERVER)), move || {
         nonblocking_server(&s2, &w2)
     });
     let total = Arc::clone(&written);
-    let client = ginza_runtime::run(app(&d, "client", 1, net(CLIENT)), move || {
+    let client = ginza_runtime::run(d.net_app("client", 1, net(CLIENT)), move || {
         wait_step(&step, 1);
         let mut c = TcpStream::connect(server_addr(PORT)).unwrap();
         wait_step(&step, 2);
@@ -550,7 +514,7 @@ fn a_nonblocking_connect_reports_refusal_through_take_error_and_success_as_writa
     let stop = Arc::new(AtomicBool::new(false));
     let (l2, stop2) = (Arc::clone(&listening), Arc::clone(&stop));
     // Echoes on PORT; every other port of its address answers SYNs with RST.
-    let server = spawn_app(app(&d, "server", 1, net(SERVER)), move || {
+    let server = spawn_app(d.net_app("server", 1, net(SERVER)), move || {
         let l = Arc::new(TcpListener::bind(("0.0.0.0", PORT)).unwrap());
         l2.store(true, Ordering::Release);
         let l3 = Arc::clone(&l);
@@ -577,7 +541,7 @@ fn a_nonblocking_connect_reports_refusal_through_take_error_and_success_as_writa
         }
     });
     wait_step_flag(&listening);
-    ginza_runtime::run(app(&d, "client", 1, net(CLIENT)), || {
+    ginza_runtime::run(d.net_app("client", 1, net(CLIENT)), || {
         let p = Poller::new();
         let s = TcpStream::connect_nonblocking(server_addr(9)).unwrap();
         s.set_nonblocking(true).unwrap();
@@ -665,7 +629,7 @@ fn a_nonblocking_connect_reports_refusal_through_take_error_and_success_as_writa
         // A peer that never answers ARP: the call returns at once; ARP's
         // give-up (3 s) ends the connect with ETIMEDOUT.
         let t0 = Instant::now();
-        let nobody = SocketAddrV4::new(Ipv4Addr::new(10, 9, 5, 99), PORT);
+        let nobody = SocketAddrV4::new(iface(99).ip, PORT);
         let s = TcpStream::connect_nonblocking(nobody).unwrap();
         assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
         assert!(s.readiness().is_empty(), "{:?}", s.readiness());
@@ -993,7 +957,7 @@ fn serve_one(l: &TcpListener, how: ServerWait, len: usize) {
 fn round_trips(d: &Daemon, how: ServerWait, len: usize, n: usize) -> Vec<u64> {
     let listening = Arc::new(AtomicBool::new(false));
     let l2 = Arc::clone(&listening);
-    let server = spawn_app(app(d, "server", 1, net(SERVER)), move || {
+    let server = spawn_app(d.net_app("server", 1, net(SERVER)), move || {
         let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
         l2.store(true, Ordering::Release);
         serve_one(&l, how, len);
@@ -1003,7 +967,7 @@ fn round_trips(d: &Daemon, how: ServerWait, len: usize, n: usize) -> Vec<u64> {
         ServerWait::Blocking => 0,
         ServerWait::Poller(idle) => idle,
     };
-    let times = ginza_runtime::run(app(d, "client", 1, net(CLIENT)), move || {
+    let times = ginza_runtime::run(d.net_app("client", 1, net(CLIENT)), move || {
         let idle: Vec<TcpStream> = (0..idle)
             .map(|_| TcpStream::connect(server_addr(PORT)).unwrap())
             .collect();

@@ -11,49 +11,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{lock, Daemon};
+use common::{iface, lock, quick_net, Daemon, CLIENT, SERVER};
 use ginza_net::{Interface, Ipv4Addr, MacAddr};
 use ginza_runtime::net::{NetConfig, NetStats, TcpListener, TcpStream};
 use ginza_runtime::{Class, Config, IokernelConfig};
 
-fn iface(last: u8) -> Interface {
-    Interface {
-        mac: MacAddr([0x02, 0x54, 0x00, 0x00, 0x00, last]),
-        ip: Ipv4Addr::new(10, 8, 0, last),
-    }
-}
-
-const SERVER: u8 = 1;
-const CLIENT: u8 = 2;
 const CHILD: u8 = 3;
 const PORT: u16 = 7;
 
 /// Timers short enough that a vanished peer is given up on in about a
 /// second, and buffers small enough that a blocked writer shows quickly.
 fn net(last: u8) -> NetConfig {
-    let me = iface(last);
-    let mut n = NetConfig::new(me.mac, me.ip);
-    n.tcp.rto_initial = Duration::from_millis(100);
-    n.tcp.rto_min = Duration::from_millis(20);
-    n.tcp.rto_max = Duration::from_millis(200);
+    let mut n = quick_net(last);
     n.tcp.max_retransmissions = 6;
-    n.tcp.time_wait = Duration::from_millis(200);
-    n.tcp.send_buffer = 64 * 1024;
-    n.tcp.recv_buffer = 64 * 1024;
-    n.tcp.reassembly_limit = 64 * 1024;
     n
 }
 
-fn app(d: &Daemon, name: &str, kthreads: usize, net: NetConfig) -> Config {
-    let mut cfg = d.app(name, Class::LatencyCritical, 0, kthreads);
-    if let Some(io) = cfg.iokernel.as_mut() {
-        io.net = Some(net);
-    }
-    cfg
-}
-
 fn server_addr() -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(iface(SERVER).ip, PORT))
+    SocketAddr::V4(common::server_addr(PORT))
 }
 
 /// Waits for `cond` (with a deadline that fails the test), polling.
@@ -100,7 +75,7 @@ impl Server {
         let stop = Arc::new(AtomicBool::new(false));
         let bound = Arc::new(AtomicBool::new(false));
         let (s2, b2) = (Arc::clone(&stop), Arc::clone(&bound));
-        let cfg = app(d, "server", kthreads, net);
+        let cfg = d.net_app("server", kthreads, net);
         let thread = std::thread::spawn(move || {
             ginza_runtime::run(cfg, move || {
                 let listener = Arc::new(
@@ -153,7 +128,7 @@ fn client<T: Send + 'static>(
     kthreads: usize,
     body: impl FnOnce() -> T + Send + 'static,
 ) -> T {
-    ginza_runtime::run(app(d, "client", kthreads, net(CLIENT)), body).unwrap()
+    ginza_runtime::run(d.net_app("client", kthreads, net(CLIENT)), body).unwrap()
 }
 
 #[test]
@@ -237,7 +212,7 @@ fn dropping_a_listener_resets_the_connections_it_did_not_hand_out() {
         Arc::clone(&listening),
         Arc::clone(&reset_seen),
     );
-    let cfg = app(&d, "server", 1, net(SERVER));
+    let cfg = d.net_app("server", 1, net(SERVER));
     let server = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
@@ -569,19 +544,13 @@ mod flood {
 
     fn syn(seq: u32) -> Segment<'static> {
         Segment {
-            seq: Seq(seq),
-            ack: None,
             flags: Flags {
                 syn: true,
                 ..Flags::default()
             },
             window: 65535,
             mss: Some(1460),
-            window_scale: None,
-            timestamp: None,
-            sack_permitted: false,
-            sack: ginza_net::tcp::SackBlocks::NONE,
-            payload: &[],
+            ..Segment::new(Seq(seq))
         }
     }
 
@@ -643,16 +612,10 @@ mod flood {
 
     fn data(seq: u32, ack: Seq, payload: &[u8]) -> Segment<'_> {
         Segment {
-            seq: Seq(seq),
             ack: Some(ack),
-            flags: Flags::default(),
             window: 65535,
-            mss: None,
-            window_scale: None,
-            timestamp: None,
-            sack_permitted: false,
-            sack: ginza_net::tcp::SackBlocks::NONE,
             payload,
+            ..Segment::new(Seq(seq))
         }
     }
 

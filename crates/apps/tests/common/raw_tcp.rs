@@ -140,19 +140,14 @@ impl RawTcpPeer {
         self.send(
             port,
             &Segment {
-                seq: Seq(iss),
-                ack: None,
                 flags: Flags {
                     syn: true,
                     ..Flags::default()
                 },
                 window: 65535,
                 mss: Some(1460),
-                window_scale: None,
-                timestamp: None,
-                sack_permitted: false,
-                sack: ginza_net::tcp::SackBlocks::NONE,
                 payload,
+                ..Segment::new(Seq(iss))
             },
         );
     }
@@ -246,19 +241,14 @@ impl RawConn {
     /// An ACK segment at `seq` with `payload`.
     pub fn segment<'a>(&self, seq: u32, payload: &'a [u8]) -> Segment<'a> {
         Segment {
-            seq: Seq(seq),
             ack: Some(Seq(self.rcv_nxt)),
             flags: Flags {
                 psh: !payload.is_empty(),
                 ..Flags::default()
             },
             window: 65535,
-            mss: None,
-            window_scale: None,
-            timestamp: None,
-            sack_permitted: false,
-            sack: ginza_net::tcp::SackBlocks::NONE,
             payload,
+            ..Segment::new(Seq(seq))
         }
     }
 }

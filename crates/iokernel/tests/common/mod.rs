@@ -19,12 +19,7 @@ pub fn lock() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Up to two CPUs this process may use: the managed cores of the tests.
-pub fn test_cores() -> Vec<usize> {
-    let mut c = ginza_sys::affinity::allowed_cpus().unwrap();
-    c.truncate(2);
-    c
-}
+pub use ginza_iokernel::testing::test_cores;
 
 pub struct Daemon {
     stop: StopHandle,

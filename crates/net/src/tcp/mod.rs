@@ -20,6 +20,8 @@
 //! * [`table`]: a driver's socket table (connections by 4-tuple, listeners,
 //!   ephemeral ports) and where a received segment goes.
 //! * [`wire`]: [`Segment`] to and from smoltcp's TCP header view.
+//! * `testing` (hidden, not API): the connection in each starting state
+//!   and its invariants, shared by the property test and `ginza fuzz tcp`.
 
 pub mod conn;
 pub mod frame;
@@ -29,6 +31,8 @@ pub mod sack;
 pub mod segment;
 pub mod seq;
 pub mod table;
+#[doc(hidden)]
+pub mod testing;
 pub mod wire;
 
 pub use conn::{

@@ -36,19 +36,14 @@ pub fn udp_frame(payload: &[u8]) -> Vec<u8> {
 /// A TCP segment (ACK, PSH) from PEER:5000 to US:80 as PEER would send it.
 pub fn tcp_frame(payload: &[u8]) -> Vec<u8> {
     let segment = ginza_net::tcp::Segment {
-        seq: ginza_net::tcp::Seq(1000),
         ack: Some(ginza_net::tcp::Seq(2000)),
         flags: ginza_net::tcp::Flags {
             psh: true,
             ..Default::default()
         },
         window: 4096,
-        mss: None,
-        window_scale: None,
-        timestamp: None,
-        sack_permitted: false,
-        sack: ginza_net::tcp::SackBlocks::NONE,
         payload,
+        ..ginza_net::tcp::Segment::new(ginza_net::tcp::Seq(1000))
     };
     let mut buf = vec![0; 1514];
     let len = tx::tcp_segment(

@@ -1,20 +1,14 @@
 //! Shared by the `tcp_*` tests: crafted segments, a seeded RNG and a
 //! simulated link between two connections driven by virtual time.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use ginza_net::tcp::{Connection, Flags, Instant, Segment, Seq, TcpConfig};
-use ginza_net::{Endpoint, Ipv4Addr};
 use std::time::Duration;
 
-pub const CLIENT: Endpoint = Endpoint::new(Ipv4Addr::new(10, 0, 0, 1), 40000);
-pub const SERVER: Endpoint = Endpoint::new(Ipv4Addr::new(10, 0, 0, 2), 80);
+pub use ginza_net::tcp::testing::{at_ms, seg, CLIENT, SERVER};
 
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-pub fn at_ms(n: u64) -> Instant {
-    Instant::from_nanos(n * 1_000_000)
 }
 
 /// A segment as the tests keep it: header plus owned payload.
@@ -48,13 +42,8 @@ pub fn drain(conn: &mut Connection, now: Instant) -> Vec<Owned> {
     out
 }
 
-/// A crafted segment: `seg(seq).ack(n).syn().fin()...`.
-pub fn seg(seq: u32) -> Segment<'static> {
-    let mut segment = Segment::new(Seq(seq));
-    segment.window = 65535;
-    segment
-}
-
+/// A crafted segment: `seg(seq).ack(n).syn().fin()...` ([`seg`] from
+/// `ginza_net::tcp::testing`).
 pub trait Craft<'a> {
     fn ack(self, ack: u32) -> Segment<'a>;
     fn syn(self) -> Segment<'a>;

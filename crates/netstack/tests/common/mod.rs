@@ -14,6 +14,8 @@ use ginza_proto::netstack::{Command, ConnId, Event, ListenId, Range};
 use ginza_shm::netstack::{gather, AppPair, Channel, RxPoolView, TxPool, TxPoolView};
 use ginza_shm::PushError;
 
+pub mod under_iokerneld;
+
 pub const APP_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
 pub const APP_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 2]);
 pub const PEER_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 9);
