@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use ginza_net::tcp::{Demux, FourTuple, Opened, Segment};
+use ginza_net::tcp::{Connection, Demux, FourTuple, Opened, Segment, SynAnswer};
 use ginza_net::{parse, tx, ArpOperation, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use log::warn;
 
@@ -81,7 +81,8 @@ impl Netstack {
                         }
                         self.settle(c, now);
                     }
-                    Demux::Listener(l) => self.on_syn(l, &f, now),
+                    Demux::Listener(l) => self.on_syn(l, &iface, &f, now),
+                    Demux::ListenerAck(l) => self.on_listener_ack(l, &iface, &f, now),
                     Demux::NoSocket { reset } => {
                         self.reset(&iface, f.src_mac, f.dst.port, f.src, reset)
                     }
@@ -104,23 +105,81 @@ impl Netstack {
         }
     }
 
-    fn on_syn(&mut self, l: u32, f: &ginza_net::TcpFrame<'_>, now: ginza_net::tcp::Instant) {
+    fn on_syn(
+        &mut self,
+        l: u32,
+        iface: &Interface,
+        f: &ginza_net::TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+    ) {
         let Some(entry) = self.listeners.get_mut(l) else {
             return;
         };
         let key = FourTuple::of(f);
-        let (app, pair) = (entry.app, entry.pair);
-        let opened = entry
-            .backlog
-            .admit_syn(key, &f.segment, &self.cfg.tcp, &self.isn, now);
-        let Some(Opened { tcb, evicted }) = opened else {
-            return;
+        let opened = entry.backlog.admit_syn(
+            key,
+            &f.segment,
+            &self.cfg.tcp,
+            &self.isn,
+            &self.cookies,
+            now,
+        );
+        let (tcb, evicted) = match opened {
+            SynAnswer::Known => return,
+            SynAnswer::Cookie(syn_ack) => {
+                let (mac, port, to) = (f.src_mac, f.dst.port, f.src);
+                return self.build(|b| tx::tcp_segment(b, iface, mac, port, to, &syn_ack));
+            }
+            SynAnswer::Opened(Opened { tcb, evicted }) => (tcb, evicted),
         };
         if let Some(old) = evicted {
             if let Some(c) = self.table.remove(&old) {
                 self.forget(c);
             }
         }
+        self.open_passive(l, f, tcb, now);
+    }
+
+    /// An ACK for a listening endpoint without a connection: a SYN
+    /// cookie's connection is made if it carries one, else it is reset.
+    fn on_listener_ack(
+        &mut self,
+        l: u32,
+        iface: &Interface,
+        f: &ginza_net::TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+    ) {
+        let Some(entry) = self.listeners.get_mut(l) else {
+            return;
+        };
+        let key = FourTuple::of(f);
+        match entry
+            .backlog
+            .admit_cookie(key, &f.segment, &self.cfg.tcp, &self.cookies, now)
+        {
+            Some(tcb) => self.open_passive(l, f, tcb, now),
+            None => {
+                let rst = ginza_net::tcp::reset_for(&f.segment);
+                self.reset(iface, f.src_mac, f.dst.port, f.src, rst);
+            }
+        }
+    }
+
+    /// A connection the listener `l` opened, half-open as far as the
+    /// listener knows, into the table; settled (its SYN-ACK out, or, made
+    /// from a SYN cookie, announced to the application).
+    fn open_passive(
+        &mut self,
+        l: u32,
+        f: &ginza_net::TcpFrame<'_>,
+        tcb: Connection,
+        now: ginza_net::tcp::Instant,
+    ) {
+        let Some(entry) = self.listeners.get(l) else {
+            return;
+        };
+        let key = FourTuple::of(f);
+        let (app, pair) = (entry.app, entry.pair);
         let conn = Conn::new(
             app,
             pair,
