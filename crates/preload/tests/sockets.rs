@@ -433,8 +433,11 @@ fn a_syn_flood_leaves_the_server_bounded_and_serving() {
     syn_flood_against_echo_epoll(false);
 }
 
+/// Before SYN cookies a genuine client was reset now and then during the
+/// flood: its half-open entry was evicted by newer SYNs before its ACK was
+/// read. Now, with the half-open set full, its SYN is answered with a
+/// cookie and its ACK makes the connection however late it comes.
 #[test]
-#[ignore = "a genuine client is reset now and then during the flood: its half-open entry is evicted by newer SYNs before its ACK is read (no SYN cookies; iokerneld's grants took up to 47 ms on the 2-vCPU VM, dropping frames meanwhile); run with --ignored"]
 fn real_clients_are_served_during_a_syn_flood() {
     syn_flood_against_echo_epoll(true);
 }
@@ -455,9 +458,7 @@ fn syn_flood_against_echo_epoll(clients_during: bool) {
     // Warm up: a first flood, as fast as one raw socket sends, fills the
     // listener's half-open set to its bound and brings the ingress buffers
     // into memory, so what is measured is growth with the number of SYNs.
-    // (During a flood that fast a genuine handshake can lose its half-open
-    // entry before its ACK is read, and the client is reset: no SYN
-    // cookies yet, see docs/preload.md.)
+    // From then on SYNs are answered with SYN cookies (docs/tcp.md).
     let sent = veth
         .in_ns(move || flood(to, 50_000, None, 1))
         .expect("a raw socket");
