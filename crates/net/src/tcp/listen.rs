@@ -101,6 +101,22 @@ pub enum SynAnswer {
     Known,
 }
 
+/// A listener's answer to an ACK for a remote with no connection
+/// ([`Listener::admit_cookie`]).
+#[derive(Debug)]
+pub enum CookieAnswer {
+    /// Its SYN cookie checked: the connection, ESTABLISHED, half-open here
+    /// until the next [`Listener::step`] queues it.
+    Opened(Connection),
+    /// The remote is half-open or waiting here already: its connection is
+    /// being made by another thread right now (the driver finds it in its
+    /// table, or drops the segment; the peer sends it again).
+    Known,
+    /// Not a cookie of ours (none out, or it did not check): answer as a
+    /// closed port would ([`reset_for`](super::reset_for)).
+    NotACookie,
+}
+
 /// Where a connection not accepted yet stands ([`Listener::step`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backlog {
@@ -329,8 +345,7 @@ impl Listener<Endpoint> {
     /// ESTABLISHED with `ack` processed and counted as half-open here: the
     /// driver puts it in its table and takes the [`Listener::step`] as for
     /// an [`Opened`] one, which moves it into the backlog (or refuses it
-    /// when the backlog is full). `None`: not a cookie of ours, answer as
-    /// a closed port would ([`reset_for`](super::reset_for)).
+    /// when the backlog is full).
     pub fn admit_cookie(
         &mut self,
         key: FourTuple,
@@ -338,31 +353,32 @@ impl Listener<Endpoint> {
         config: &TcpConfig,
         cookies: &SynCookies,
         now: Instant,
-    ) -> Option<Connection> {
+    ) -> CookieAnswer {
+        if self.half_open.contains_key(&key.remote) || self.backlog.contains(&key.remote) {
+            // Two segments of one handshake on two threads at once: the
+            // first made the connection, which is not in the table yet.
+            return CookieAnswer::Known;
+        }
         let valid_for = TICK * (MAX_AGE + 1);
         let cookies_out = self
             .last_cookie
             .is_some_and(|at| now.saturating_since(at) < valid_for);
         let flags = ack.flags;
-        if !cookies_out || flags.syn || flags.rst {
-            return None;
-        }
-        let ack_number = ack.ack?;
-        if self.half_open.contains_key(&key.remote) || self.backlog.contains(&key.remote) {
-            return None;
-        }
+        let Some(ack_number) = ack.ack.filter(|_| cookies_out && !flags.syn && !flags.rst) else {
+            return CookieAnswer::NotACookie;
+        };
         let (iss, peer_isn) = (ack_number - 1u32, ack.seq - 1u32);
         match cookies.check(key, peer_isn, iss, now) {
             Ok(peer_mss) => {
                 self.stats.cookies_accepted += 1;
                 self.add_half_open(key.remote);
-                Some(Connection::accept_cookie(
+                CookieAnswer::Opened(Connection::accept_cookie(
                     config, key.local, key.remote, ack, iss, peer_mss, now,
                 ))
             }
             Err(_) => {
                 self.stats.cookies_rejected += 1;
-                None
+                CookieAnswer::NotACookie
             }
         }
     }
@@ -380,6 +396,19 @@ mod tests {
             backlog,
             syn_cookies: false,
         })
+    }
+
+    impl CookieAnswer {
+        fn opened(self) -> Option<Connection> {
+            match self {
+                CookieAnswer::Opened(tcb) => Some(tcb),
+                _ => None,
+            }
+        }
+
+        fn is_not_a_cookie(&self) -> bool {
+            matches!(self, CookieAnswer::NotACookie)
+        }
     }
 
     #[test]
@@ -540,7 +569,10 @@ mod tests {
             assert!(syn_ack.flags.syn);
             assert_eq!(syn_ack.ack, Some(Seq(7001)));
             assert_eq!(syn_ack.mss, Some(TcpConfig::default().mss));
-            assert_eq!((syn_ack.window_scale, syn_ack.sack_permitted), (None, false));
+            assert_eq!(
+                (syn_ack.window_scale, syn_ack.sack_permitted),
+                (None, false)
+            );
             let key = FourTuple::new(LOCAL, remote(3));
             assert_eq!(
                 COOKIES.check(key, Seq(7000), syn_ack.seq, t),
@@ -567,18 +599,23 @@ mod tests {
             let later = t + std::time::Duration::from_millis(40);
             let mut tcb = l
                 .admit_cookie(key, &ack, &cfg, &COOKIES, later)
+                .opened()
                 .expect("the cookie checks");
             assert_eq!(tcb.state(), State::Established);
             assert_eq!(tcb.send_mss(), 536);
             let mut buf = [0u8; 8];
             assert_eq!(tcb.recv(&mut buf), Ok(5), "the ACK's data is taken");
             assert_eq!(&buf[..5], b"hello");
+            // The same ACK again, had it reached the listener before the
+            // connection was in the driver's table (another thread): known,
+            // half-open and then waiting.
+            let again =
+                |l: &mut Listener<Endpoint>| l.admit_cookie(key, &ack, &cfg, &COOKIES, later);
+            assert!(matches!(again(&mut l), CookieAnswer::Known));
             assert_eq!(l.step(remote(2), &mut tcb, false), Backlog::Queued);
+            assert!(matches!(again(&mut l), CookieAnswer::Known));
             assert_eq!(l.accept(), Some(remote(2)));
             assert_eq!(l.stats().cookies_accepted, 1);
-            // The same ACK again: a connection exists now in the driver's
-            // table, so it never reaches the listener; had it, the
-            // listener would not know it either way.
             assert_eq!(l.half_open_len(), 1);
         }
 
@@ -592,16 +629,22 @@ mod tests {
             let ack = cookie_ack(&syn_ack, b"");
             // From another port: not its cookie.
             let other = FourTuple::new(LOCAL, remote(9));
-            assert!(l.admit_cookie(other, &ack, &cfg, &COOKIES, t).is_none());
+            assert!(l
+                .admit_cookie(other, &ack, &cfg, &COOKIES, t)
+                .is_not_a_cookie());
             // Off by one.
             let mut forged = ack;
             forged.ack = Some(syn_ack.seq + 2u32);
             let key = FourTuple::new(LOCAL, remote(2));
-            assert!(l.admit_cookie(key, &forged, &cfg, &COOKIES, t).is_none());
+            assert!(l
+                .admit_cookie(key, &forged, &cfg, &COOKIES, t)
+                .is_not_a_cookie());
             // Too late: more than two ticks after the cookie was made.
             let late = t + crate::tcp::syncookie::TICK * 2;
             let _again = answer(&mut l, 3, late); // keeps cookies "out"
-            assert!(l.admit_cookie(key, &ack, &cfg, &COOKIES, late).is_none());
+            assert!(l
+                .admit_cookie(key, &ack, &cfg, &COOKIES, late)
+                .is_not_a_cookie());
             assert_eq!(l.stats().cookies_rejected, 3);
             assert_eq!(l.stats().cookies_accepted, 0);
             assert_eq!(l.half_open_len(), 1);
@@ -618,7 +661,9 @@ mod tests {
             let made = COOKIES.make(key, Seq(7000), Some(1460), t);
             let mut ack = Segment::new(Seq(7001));
             ack.ack = Some(made + 1u32);
-            assert!(l.admit_cookie(key, &ack, &cfg, &COOKIES, t).is_none());
+            assert!(l
+                .admit_cookie(key, &ack, &cfg, &COOKIES, t)
+                .is_not_a_cookie());
             assert_eq!(l.stats().cookies_rejected, 0, "not even checked");
             // Once one went out, the same ACK checks; but not once the
             // cookies sent are all too old to check.
@@ -626,8 +671,11 @@ mod tests {
             let valid_for = crate::tcp::syncookie::TICK * 2;
             assert!(l
                 .admit_cookie(key, &ack, &cfg, &COOKIES, t + valid_for)
-                .is_none());
-            assert!(l.admit_cookie(key, &ack, &cfg, &COOKIES, t).is_some());
+                .is_not_a_cookie());
+            assert!(l
+                .admit_cookie(key, &ack, &cfg, &COOKIES, t)
+                .opened()
+                .is_some());
         }
 
         #[test]
@@ -645,6 +693,7 @@ mod tests {
             let cfg = TcpConfig::default();
             let mut tcb = l
                 .admit_cookie(key, &cookie_ack(&syn_ack, b""), &cfg, &COOKIES, t)
+                .opened()
                 .unwrap();
             assert_eq!(l.step(remote(3), &mut tcb, false), Backlog::Refused);
             assert!(tcb.poll_transmit(t).is_some_and(|s| s.flags.rst));

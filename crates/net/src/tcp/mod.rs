@@ -39,7 +39,9 @@ pub use conn::{
 };
 pub use frame::TcpFrame;
 pub use isn::IsnGenerator;
-pub use listen::{Admission, Backlog, ListenConfig, ListenStats, Listener, Opened, SynAnswer};
+pub use listen::{
+    Admission, Backlog, CookieAnswer, ListenConfig, ListenStats, Listener, Opened, SynAnswer,
+};
 pub use sack::{SackBlock, SackBlocks, MAX_SACK_BLOCKS};
 pub use segment::{Flags, Segment, Timestamp};
 pub use seq::Seq;

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use ginza_net::tcp::{Connection, Demux, FourTuple, Opened, Segment, SynAnswer};
+use ginza_net::tcp::{Connection, CookieAnswer, Demux, FourTuple, Opened, Segment, SynAnswer};
 use ginza_net::{parse, tx, ArpOperation, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use log::warn;
 
@@ -157,8 +157,10 @@ impl Netstack {
             .backlog
             .admit_cookie(key, &f.segment, &self.cfg.tcp, &self.cookies, now)
         {
-            Some(tcb) => self.open_passive(l, f, tcb, now),
-            None => {
+            CookieAnswer::Opened(tcb) => self.open_passive(l, f, tcb, now),
+            // One thread makes every connection here: not reached.
+            CookieAnswer::Known => {}
+            CookieAnswer::NotACookie => {
                 let rst = ginza_net::tcp::reset_for(&f.segment);
                 self.reset(iface, f.src_mac, f.dst.port, f.src, rst);
             }

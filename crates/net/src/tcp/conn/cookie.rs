@@ -77,10 +77,7 @@ mod tests {
         syn.mss = Some(1460);
         syn.window_scale = Some(7);
         syn.sack_permitted = true;
-        syn.timestamp = Some(crate::tcp::Timestamp {
-            value: 77,
-            echo: 0,
-        });
+        syn.timestamp = Some(crate::tcp::Timestamp { value: 77, echo: 0 });
         syn
     }
 

@@ -38,8 +38,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{
-    Backlog, Connection, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, State, SynAnswer,
-    SynCookies, Table, TcpConfig, TcpError,
+    Backlog, Connection, CookieAnswer, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, State,
+    SynAnswer, SynCookies, Table, TcpConfig, TcpError,
 };
 use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
 
@@ -316,31 +316,51 @@ impl Tcp {
         let now = self.now();
         let target = self.table.lock().demux(&key, &f.segment).cloned();
         match target {
-            Demux::Connection(conn) => {
-                let wake = {
-                    let mut inner = conn.inner.lock();
-                    inner.peer_mac = f.src_mac;
-                    let later = inner.tcb.may_answer_after_burst(&f.segment);
-                    inner.tcb.on_segment(&f.segment, now);
-                    if later {
-                        drop(inner);
-                        if let Some(earlier) = deferred.replace(conn) {
-                            self.answer(me, &earlier);
-                        }
-                        return;
-                    }
-                    self.settle(Some(me), &conn, &mut inner, now)
-                };
-                deferred.forget(&conn);
-                wake.run();
-            }
+            Demux::Connection(conn) => self.to_connection(me, conn, f, now, deferred),
             Demux::Listener(l) => self.on_syn(me, &l, key, f, now),
-            Demux::ListenerAck(l) => self.on_listener_ack(me, &l, key, f, now),
+            Demux::ListenerAck(l) => {
+                if self.on_listener_ack(me, &l, key, f, now) {
+                    // Another kthread was making its connection from a SYN
+                    // cookie: if it is in the table now, the segment is
+                    // its; if not yet, it is dropped (and sent again).
+                    let made = self.table.lock().get(&key).cloned();
+                    if let Some(conn) = made {
+                        self.to_connection(me, conn, f, now, deferred);
+                    }
+                }
+            }
             Demux::NoSocket { reset } => {
                 count(&self.counters.no_socket);
                 self.reset(me, f, reset);
             }
         }
+    }
+
+    /// A segment for `conn`, as [`Tcp::input`] says.
+    fn to_connection(
+        &self,
+        me: &mut TxSide<'_>,
+        conn: Arc<Conn>,
+        f: &TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+        deferred: &mut Deferred,
+    ) {
+        let wake = {
+            let mut inner = conn.inner.lock();
+            inner.peer_mac = f.src_mac;
+            let later = inner.tcb.may_answer_after_burst(&f.segment);
+            inner.tcb.on_segment(&f.segment, now);
+            if later {
+                drop(inner);
+                if let Some(earlier) = deferred.replace(conn) {
+                    self.answer(me, &earlier);
+                }
+                return;
+            }
+            self.settle(Some(me), &conn, &mut inner, now)
+        };
+        deferred.forget(&conn);
+        wake.run();
     }
 
     /// Answers the connection whose segments waited for the end of their
@@ -440,6 +460,7 @@ impl Tcp {
 
     /// An ACK for a listening endpoint without a connection: a SYN
     /// cookie's connection is made if it carries one, else it is reset.
+    /// True if its connection is being made by another kthread.
     fn on_listener_ack(
         &self,
         me: &mut TxSide<'_>,
@@ -447,30 +468,32 @@ impl Tcp {
         key: FourTuple,
         f: &TcpFrame<'_>,
         now: ginza_net::tcp::Instant,
-    ) {
-        let opened = {
+    ) -> bool {
+        let answer = {
             let mut state = l.state.lock();
             if state.closed {
-                None
+                CookieAnswer::NotACookie
             } else {
                 let before = state.backlog.stats().cookies_rejected;
-                let tcb =
+                let answer =
                     state
                         .backlog
                         .admit_cookie(key, &f.segment, &self.config, self.cookies(), now);
                 if state.backlog.stats().cookies_rejected != before {
                     count(&self.counters.syn_cookies_rejected);
                 }
-                tcb
+                answer
             }
         };
-        match opened {
-            Some(tcb) => {
+        match answer {
+            CookieAnswer::Opened(tcb) => {
                 count(&self.counters.syn_cookies_accepted);
                 self.open_passive(me, l, key, f, tcb, now);
             }
-            None => self.reset(me, f, ginza_net::tcp::reset_for(&f.segment)),
+            CookieAnswer::Known => return true,
+            CookieAnswer::NotACookie => self.reset(me, f, ginza_net::tcp::reset_for(&f.segment)),
         }
+        false
     }
 
     /// Puts a connection the listener `l` opened into the table and
