@@ -237,8 +237,11 @@ fn destination(frame: &[u8]) -> Option<Ipv4Addr> {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use ginza_net::tcp::{Instant, Segment, Seq};
+    use ginza_net::tcp::{FourTuple, Instant, Segment, Seq};
     use ginza_net::{tx, Endpoint, MAX_FRAME_LEN};
+    use ginza_proto::netstack::Event;
+
+    const US_END: Endpoint = Endpoint::new(US.ip, 80);
 
     use super::super::testing::{client, deliver, frame_of, sent, App, PEER, US};
     use super::super::{Netstack, NetstackConfig, Phase};
@@ -295,5 +298,49 @@ mod tests {
             assert_eq!(*to, Endpoint::new(PEER.ip, 40000));
             assert!(s.flags.syn && s.ack == Some(Seq(5001)), "a SYN-ACK: {s:?}");
         }
+    }
+
+    #[test]
+    fn with_the_half_open_set_full_a_syn_cookie_makes_the_connection() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let mut app = App::attach(&mut ns, "input-cookie");
+        app.listen_on_80(&mut ns, 4); // 64 half-open at most
+        for port in 1000..1064 {
+            deliver(&mut ns, &mut client(port, 80));
+        }
+        let _ = sent(&mut ns);
+        assert_eq!(ns.conns.len(), 64);
+        let mut c = client(40000, 80);
+        deliver(&mut ns, &mut c);
+        let (segs, _) = sent(&mut ns);
+        let [(to, syn_ack)] = &segs[..] else {
+            panic!("one SYN-ACK: {segs:?}");
+        };
+        assert_eq!(*to, Endpoint::new(PEER.ip, 40000));
+        assert!(syn_ack.flags.syn && syn_ack.window_scale.is_none());
+        assert_eq!(ns.conns.len(), 64, "nothing kept for it");
+        c.on_segment(syn_ack, Instant(0));
+        assert_eq!(c.send(b"hi"), Ok(2));
+        deliver(&mut ns, &mut c);
+        assert_eq!(ns.conns.len(), 65, "made from the cookie");
+        let handle = *ns.table.get(&FourTuple::new(US_END, c.local())).unwrap();
+        let conn = ns.conns.get(handle).unwrap();
+        assert!(
+            matches!(conn.phase, Phase::Announced { .. }),
+            "queued for accept"
+        );
+        ns.flush_events();
+        assert!(
+            app.events()
+                .iter()
+                .any(|e| matches!(e, Event::NewConn { .. })),
+            "the application told"
+        );
+        // A forged ACK from another port is reset.
+        let mut forged = Segment::new(Seq(5001));
+        forged.ack = Some(syn_ack.seq + 1u32);
+        ns.on_frame(&frame_of(&forged, 40001, 80));
+        let (segs, _) = sent(&mut ns);
+        assert!(matches!(&segs[..], [(_, r)] if r.flags.rst), "{segs:?}");
     }
 }
