@@ -88,6 +88,9 @@ pub struct Opened {
 }
 
 /// A listener's answer to a SYN ([`Listener::admit_syn`]).
+// The connection moves at once into the driver's table; boxing it would
+// cost an allocation per connection for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum SynAnswer {
     /// Admitted: a half-open connection.
@@ -103,6 +106,9 @@ pub enum SynAnswer {
 
 /// A listener's answer to an ACK for a remote with no connection
 /// ([`Listener::admit_cookie`]).
+// The connection moves at once into the driver's table; boxing it would
+// cost an allocation per connection for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum CookieAnswer {
     /// Its SYN cookie checked: the connection, ESTABLISHED, half-open here

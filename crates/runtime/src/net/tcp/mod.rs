@@ -491,7 +491,11 @@ impl Tcp {
                 self.open_passive(me, l, key, f, tcb, now);
             }
             CookieAnswer::Known => return true,
-            CookieAnswer::NotACookie => self.reset(me, f, ginza_net::tcp::reset_for(&f.segment)),
+            CookieAnswer::NotACookie => {
+                // As before cookies: a segment that reached no connection.
+                count(&self.counters.no_socket);
+                self.reset(me, f, ginza_net::tcp::reset_for(&f.segment))
+            }
         }
         false
     }
