@@ -286,7 +286,8 @@ pub struct NetConfig {
     /// Every TCP connection's tunables (buffers, MSS, timers);
     /// `TcpConfig::default()`'s datacenter values unless changed.
     pub tcp: TcpConfig,
-    /// Every listener's bounds: half-open connections and accept backlog.
+    /// Every listener's bounds: half-open connections and accept backlog,
+    /// and whether a full half-open set answers with SYN cookies.
     pub tcp_listen: ListenConfig,
 }
 

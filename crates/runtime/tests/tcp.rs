@@ -678,10 +678,20 @@ mod flood {
 
     #[test]
     fn a_syn_flood_stays_bounded_and_an_established_connection_keeps_working() {
+        syn_flood(true);
+    }
+
+    #[test]
+    fn without_syn_cookies_a_syn_flood_evicts_and_stays_bounded() {
+        syn_flood(false);
+    }
+
+    fn syn_flood(syn_cookies: bool) {
         let _g = lock(); // alone: the resident-memory check
         const HALF_OPEN: usize = 256;
         let mut cfg = net(SERVER);
         cfg.tcp_listen.half_open = HALF_OPEN;
+        cfg.tcp_listen.syn_cookies = syn_cookies;
         cfg.tcp_listen.backlog = 16;
         // Each segment is acknowledged at once (no timer to wait for here).
         cfg.tcp.delayed_ack = None;
@@ -746,10 +756,82 @@ mod flood {
             "{:?}",
             stats.tcp
         );
+        if syn_cookies {
+            // Beyond the bound SYNs get cookies; nothing is evicted (the
+            // half-open set empties only as its SYN-ACKs give up).
+            assert_eq!(stats.tcp.syns_evicted, 0, "{:?}", stats.tcp);
+            assert!(stats.tcp.syn_cookies_sent > 0, "{:?}", stats.tcp);
+        } else {
+            assert!(
+                stats.tcp.syns_evicted >= 100_000 - HALF_OPEN as u64,
+                "{:?}",
+                stats.tcp
+            );
+            assert_eq!(stats.tcp.syn_cookies_sent, 0, "{:?}", stats.tcp);
+        }
+    }
+
+    /// With the half-open set full, a client's SYN is answered with a SYN
+    /// cookie and nothing is kept; its ACK, carrying data, makes the
+    /// connection, which waits for `accept` with the data acknowledged. An
+    /// ACK whose cookie does not check is reset.
+    #[test]
+    fn a_handshake_answered_with_a_syn_cookie_is_queued_with_its_data() {
+        let _g = lock();
+        const HALF_OPEN: usize = 4;
+        let mut cfg = net(SERVER);
+        cfg.tcp_listen.half_open = HALF_OPEN;
+        cfg.tcp.delayed_ack = None;
+        let (h, mut io) = rig(&cfg, "ginza-tcp-cookie-test");
+        let listening = h.tcp_listen(PORT).unwrap();
+        let mac = iface(CLIENT).mac;
+        let mut exchange = |from: Endpoint, seg: &Segment<'_>| {
+            io.deliver(&segment_frame(from, mac, seg));
+            while h.poll(0, 0) > 0 {}
+            segments_to(&io.drain(), from)
+        };
+        for port in 0..HALF_OPEN as u16 {
+            let spoofed = Endpoint::new(Ipv4Addr::new(10, 8, 9, 9), 2000 + port);
+            exchange(spoofed, &syn(u32::from(port)));
+        }
+        assert_eq!(listening.half_open_len(), HALF_OPEN);
+        assert_eq!(h.stats().tcp.syn_cookies_sent, 0);
+
+        let client = Endpoint::new(iface(CLIENT).ip, 40002);
+        let out = exchange(client, &syn(9000));
+        let &[(cookie, Some(acked), flags)] = &out[..] else {
+            panic!("no SYN-ACK: {out:?}");
+        };
+        assert!(flags.syn && !flags.rst && acked == Seq(9001));
+        assert_eq!(listening.half_open_len(), HALF_OPEN, "nothing kept");
+        assert_eq!(h.stats().tcp.syn_cookies_sent, 1);
+
+        let ack = Seq(cookie.0.wrapping_add(1));
+        let out = exchange(client, &data(9001, ack, b"hello"));
+        assert_eq!(listening.backlog_len(), 1, "waiting for accept");
         assert!(
-            stats.tcp.syns_evicted >= 100_000 - HALF_OPEN as u64,
-            "{:?}",
-            stats.tcp
+            out.iter()
+                .any(|&(seq, a, f)| seq == ack && a == Some(Seq(9006)) && !f.rst),
+            "the ACK's data acknowledged: {out:?}"
         );
+        let stats = h.stats().tcp;
+        assert_eq!(
+            (stats.syn_cookies_accepted, stats.syn_cookies_rejected),
+            (1, 0)
+        );
+
+        // Another port with the same ACK: not its cookie; reset.
+        let forger = Endpoint::new(iface(CLIENT).ip, 40003);
+        let out = exchange(forger, &data(9001, ack, b"hello"));
+        assert!(
+            matches!(&out[..], &[(seq, _, f)] if f.rst && seq == ack),
+            "{out:?}"
+        );
+        let stats = h.stats().tcp;
+        assert_eq!(
+            (stats.syn_cookies_accepted, stats.syn_cookies_rejected),
+            (1, 1)
+        );
+        assert_eq!(listening.backlog_len(), 1);
     }
 }

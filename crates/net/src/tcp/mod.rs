@@ -17,6 +17,8 @@
 //! * [`listen`]: a listening port's bounded half-open set and accept
 //!   backlog, a SYN's admission and the backlog step.
 //! * [`sack`]: RFC 2018's SACK blocks as a segment carries them.
+//! * [`syncookie`]: SYN cookies (RFC 4987 §3.6): the ISN of a SYN-ACK
+//!   sent without state when the half-open set is full, and its check.
 //! * [`table`]: a driver's socket table (connections by 4-tuple, listeners,
 //!   ephemeral ports) and where a received segment goes.
 //! * [`wire`]: [`Segment`] to and from smoltcp's TCP header view.
@@ -30,6 +32,7 @@ pub mod listen;
 pub mod sack;
 pub mod segment;
 pub mod seq;
+pub mod syncookie;
 pub mod table;
 #[doc(hidden)]
 pub mod testing;
@@ -40,10 +43,13 @@ pub use conn::{
 };
 pub use frame::TcpFrame;
 pub use isn::IsnGenerator;
-pub use listen::{Admission, Backlog, ListenConfig, ListenStats, Listener, Opened};
+pub use listen::{
+    Admission, Backlog, CookieAnswer, ListenConfig, ListenStats, Listener, Opened, SynAnswer,
+};
 pub use sack::{SackBlock, SackBlocks, MAX_SACK_BLOCKS};
 pub use segment::{Flags, Segment, Timestamp};
 pub use seq::Seq;
+pub use syncookie::{CookieError, SynCookies};
 pub use table::{Demux, FourTuple, Table, EPHEMERAL_FIRST};
 
 use std::time::Duration;

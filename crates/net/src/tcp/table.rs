@@ -47,6 +47,14 @@ pub enum Demux<C, L> {
     ///
     /// [`Listener::admit_syn`]: super::Listener::admit_syn
     Listener(L),
+    /// An ACK (no SYN, no RST) for a listening endpoint, with no
+    /// connection: perhaps the end of a handshake answered with a SYN
+    /// cookie. The listener checks it ([`Listener::admit_cookie`]); if it
+    /// is none, it is answered as at a closed port
+    /// ([`reset_for`](super::reset_for)).
+    ///
+    /// [`Listener::admit_cookie`]: super::Listener::admit_cookie
+    ListenerAck(L),
     /// Nowhere (RFC 9293 §3.10.7.1, a closed port): answer with `reset`,
     /// unless the segment was itself a RST (`None`).
     NoSocket { reset: Option<Segment<'static>> },
@@ -59,6 +67,7 @@ impl<C: Clone, L: Clone> Demux<&C, &L> {
         match self {
             Demux::Connection(c) => Demux::Connection(c.clone()),
             Demux::Listener(l) => Demux::Listener(l.clone()),
+            Demux::ListenerAck(l) => Demux::ListenerAck(l.clone()),
             Demux::NoSocket { reset } => Demux::NoSocket { reset },
         }
     }
@@ -90,16 +99,21 @@ impl<C, L> Table<C, L> {
         }
     }
 
-    /// Where a segment for `key` goes: its connection, else (a SYN) the
-    /// listener on `key.local`, else nowhere, with the RST to answer.
+    /// Where a segment for `key` goes: its connection, else (a SYN, or an
+    /// ACK that may carry a SYN cookie) the listener on `key.local`, else
+    /// nowhere, with the RST to answer.
     pub fn demux(&self, key: &FourTuple, segment: &Segment<'_>) -> Demux<&C, &L> {
         if let Some(c) = self.conns.get(key) {
             return Demux::Connection(c);
         }
         let flags = segment.flags;
-        if flags.syn && segment.ack.is_none() && !flags.rst {
+        if !flags.rst {
             if let Some(l) = self.listeners.get(&key.local) {
-                return Demux::Listener(l);
+                match (flags.syn, segment.ack.is_some()) {
+                    (true, false) => return Demux::Listener(l),
+                    (false, true) => return Demux::ListenerAck(l),
+                    _ => {}
+                }
             }
         }
         Demux::NoSocket {
@@ -272,9 +286,14 @@ mod tests {
             t.demux(&key(80, 1001), &segment(syn(), None)),
             Demux::Listener(&"web")
         ));
-        // Not a SYN for the listener: a stray ACK is answered with a RST
+        // An ACK for the listener: perhaps a SYN cookie returning.
+        assert!(matches!(
+            t.demux(&key(80, 1001), &ack),
+            Demux::ListenerAck(&"web")
+        ));
+        // A stray ACK for a port nobody listens on is answered with a RST
         // at its acknowledgement number.
-        let Demux::NoSocket { reset: Some(rst) } = t.demux(&key(80, 1001), &ack) else {
+        let Demux::NoSocket { reset: Some(rst) } = t.demux(&key(81, 1001), &ack) else {
             panic!("a reset");
         };
         assert!(rst.flags.rst && rst.seq == Seq(5));

@@ -143,6 +143,7 @@ impl Netstack {
             backlog: Listener::new(ListenConfig {
                 half_open: backlog.max(64),
                 backlog,
+                syn_cookies: true,
             }),
         };
         let Some(l) = self.listeners.insert(entry) else {

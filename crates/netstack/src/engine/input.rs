@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use ginza_net::tcp::{Demux, FourTuple, Opened, Segment};
+use ginza_net::tcp::{Connection, CookieAnswer, Demux, FourTuple, Opened, Segment, SynAnswer};
 use ginza_net::{parse, tx, ArpOperation, Endpoint, Interface, MacAddr, Packet, MAX_FRAME_LEN};
 use log::warn;
 
@@ -81,7 +81,8 @@ impl Netstack {
                         }
                         self.settle(c, now);
                     }
-                    Demux::Listener(l) => self.on_syn(l, &f, now),
+                    Demux::Listener(l) => self.on_syn(l, &iface, &f, now),
+                    Demux::ListenerAck(l) => self.on_listener_ack(l, &iface, &f, now),
                     Demux::NoSocket { reset } => {
                         self.reset(&iface, f.src_mac, f.dst.port, f.src, reset)
                     }
@@ -104,23 +105,83 @@ impl Netstack {
         }
     }
 
-    fn on_syn(&mut self, l: u32, f: &ginza_net::TcpFrame<'_>, now: ginza_net::tcp::Instant) {
+    fn on_syn(
+        &mut self,
+        l: u32,
+        iface: &Interface,
+        f: &ginza_net::TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+    ) {
         let Some(entry) = self.listeners.get_mut(l) else {
             return;
         };
         let key = FourTuple::of(f);
-        let (app, pair) = (entry.app, entry.pair);
-        let opened = entry
-            .backlog
-            .admit_syn(key, &f.segment, &self.cfg.tcp, &self.isn, now);
-        let Some(Opened { tcb, evicted }) = opened else {
-            return;
+        let opened = entry.backlog.admit_syn(
+            key,
+            &f.segment,
+            &self.cfg.tcp,
+            &self.isn,
+            &self.cookies,
+            now,
+        );
+        let (tcb, evicted) = match opened {
+            SynAnswer::Known => return,
+            SynAnswer::Cookie(syn_ack) => {
+                let (mac, port, to) = (f.src_mac, f.dst.port, f.src);
+                return self.build(|b| tx::tcp_segment(b, iface, mac, port, to, &syn_ack));
+            }
+            SynAnswer::Opened(Opened { tcb, evicted }) => (tcb, evicted),
         };
         if let Some(old) = evicted {
             if let Some(c) = self.table.remove(&old) {
                 self.forget(c);
             }
         }
+        self.open_passive(l, f, tcb, now);
+    }
+
+    /// An ACK for a listening endpoint without a connection: a SYN
+    /// cookie's connection is made if it carries one, else it is reset.
+    fn on_listener_ack(
+        &mut self,
+        l: u32,
+        iface: &Interface,
+        f: &ginza_net::TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+    ) {
+        let Some(entry) = self.listeners.get_mut(l) else {
+            return;
+        };
+        let key = FourTuple::of(f);
+        match entry
+            .backlog
+            .admit_cookie(key, &f.segment, &self.cfg.tcp, &self.cookies, now)
+        {
+            CookieAnswer::Opened(tcb) => self.open_passive(l, f, tcb, now),
+            // One thread makes every connection here: not reached.
+            CookieAnswer::Known => {}
+            CookieAnswer::NotACookie => {
+                let rst = ginza_net::tcp::reset_for(&f.segment);
+                self.reset(iface, f.src_mac, f.dst.port, f.src, rst);
+            }
+        }
+    }
+
+    /// A connection the listener `l` opened, half-open as far as the
+    /// listener knows, into the table; settled (its SYN-ACK out, or, made
+    /// from a SYN cookie, announced to the application).
+    fn open_passive(
+        &mut self,
+        l: u32,
+        f: &ginza_net::TcpFrame<'_>,
+        tcb: Connection,
+        now: ginza_net::tcp::Instant,
+    ) {
+        let Some(entry) = self.listeners.get(l) else {
+            return;
+        };
+        let key = FourTuple::of(f);
+        let (app, pair) = (entry.app, entry.pair);
         let conn = Conn::new(
             app,
             pair,
@@ -176,8 +237,11 @@ fn destination(frame: &[u8]) -> Option<Ipv4Addr> {
 mod tests {
     use std::net::Ipv4Addr;
 
-    use ginza_net::tcp::{Instant, Segment, Seq};
+    use ginza_net::tcp::{FourTuple, Instant, Segment, Seq};
     use ginza_net::{tx, Endpoint, MAX_FRAME_LEN};
+    use ginza_proto::netstack::Event;
+
+    const US_END: Endpoint = Endpoint::new(US.ip, 80);
 
     use super::super::testing::{client, deliver, frame_of, sent, App, PEER, US};
     use super::super::{Netstack, NetstackConfig, Phase};
@@ -234,5 +298,49 @@ mod tests {
             assert_eq!(*to, Endpoint::new(PEER.ip, 40000));
             assert!(s.flags.syn && s.ack == Some(Seq(5001)), "a SYN-ACK: {s:?}");
         }
+    }
+
+    #[test]
+    fn with_the_half_open_set_full_a_syn_cookie_makes_the_connection() {
+        let mut ns = Netstack::new(NetstackConfig::default());
+        let mut app = App::attach(&mut ns, "input-cookie");
+        app.listen_on_80(&mut ns, 4); // 64 half-open at most
+        for port in 1000..1064 {
+            deliver(&mut ns, &mut client(port, 80));
+        }
+        let _ = sent(&mut ns);
+        assert_eq!(ns.conns.len(), 64);
+        let mut c = client(40000, 80);
+        deliver(&mut ns, &mut c);
+        let (segs, _) = sent(&mut ns);
+        let [(to, syn_ack)] = &segs[..] else {
+            panic!("one SYN-ACK: {segs:?}");
+        };
+        assert_eq!(*to, Endpoint::new(PEER.ip, 40000));
+        assert!(syn_ack.flags.syn && syn_ack.window_scale.is_none());
+        assert_eq!(ns.conns.len(), 64, "nothing kept for it");
+        c.on_segment(syn_ack, Instant(0));
+        assert_eq!(c.send(b"hi"), Ok(2));
+        deliver(&mut ns, &mut c);
+        assert_eq!(ns.conns.len(), 65, "made from the cookie");
+        let handle = *ns.table.get(&FourTuple::new(US_END, c.local())).unwrap();
+        let conn = ns.conns.get(handle).unwrap();
+        assert!(
+            matches!(conn.phase, Phase::Announced { .. }),
+            "queued for accept"
+        );
+        ns.flush_events();
+        assert!(
+            app.events()
+                .iter()
+                .any(|e| matches!(e, Event::NewConn { .. })),
+            "the application told"
+        );
+        // A forged ACK from another port is reset.
+        let mut forged = Segment::new(Seq(5001));
+        forged.ack = Some(syn_ack.seq + 1u32);
+        ns.on_frame(&frame_of(&forged, 40001, 80));
+        let (segs, _) = sent(&mut ns);
+        assert!(matches!(&segs[..], [(_, r)] if r.flags.rst), "{segs:?}");
     }
 }

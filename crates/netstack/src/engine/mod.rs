@@ -37,7 +37,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::time::Instant as StdInstant;
 
-use ginza_net::tcp::{Connection, FourTuple, IsnGenerator, Listener, Table, TcpConfig};
+use ginza_net::tcp::{Connection, FourTuple, IsnGenerator, Listener, SynCookies, Table, TcpConfig};
 use ginza_net::{Endpoint, Interface, MacAddr};
 use ginza_proto::netstack::{Event, Range};
 use ginza_shm::netstack::{Channel, GatherList, NetPair, RxPool, TxPoolView};
@@ -248,6 +248,8 @@ pub struct Netstack {
     cfg: NetstackConfig,
     epoch: StdInstant,
     isn: IsnGenerator,
+    /// SYN cookies for listeners whose half-open set is full.
+    cookies: SynCookies,
     apps: HashMap<u64, App>,
     next_app: u64,
     conns: Slab<Conn>,
@@ -281,6 +283,7 @@ impl Netstack {
             cfg,
             epoch: StdInstant::now(),
             isn: IsnGenerator::new(),
+            cookies: SynCookies::new(),
             apps: HashMap::new(),
             next_app: 1,
             table: Table::new(),

@@ -14,9 +14,12 @@
 //! * [`keepalive`]: keep-alive probes (RFC 1122 §4.2.3.6).
 //! * [`paws`]: RFC 7323 §5 PAWS.
 //! * [`challenge`]: RFC 5961 challenge ACKs and their rate limit.
+//! * [`cookie`]: the passive open without state (SYN cookies): the
+//!   stateless SYN-ACK, the connection made from the returning ACK.
 
 mod challenge;
 mod congestion;
+mod cookie;
 mod input;
 mod keepalive;
 mod loss_recovery;

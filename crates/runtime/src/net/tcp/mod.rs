@@ -38,8 +38,8 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ginza_net::tcp::{
-    Backlog, Connection, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, State, Table,
-    TcpConfig, TcpError,
+    Backlog, Connection, CookieAnswer, Demux, FourTuple, IsnGenerator, ListenConfig, Opened, State,
+    SynAnswer, SynCookies, Table, TcpConfig, TcpError,
 };
 use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
 
@@ -70,6 +70,12 @@ pub struct TcpStats {
     /// Half-open connections evicted by newer SYNs (see
     /// `ginza_net::tcp::listen`).
     pub syns_evicted: u64,
+    /// SYNs answered with a SYN cookie (their listener's half-open set
+    /// full), ACKs whose cookie checked (a connection made), and ACKs to a
+    /// listener whose cookie did not (reset), while cookies were out.
+    pub syn_cookies_sent: u64,
+    pub syn_cookies_accepted: u64,
+    pub syn_cookies_rejected: u64,
     /// Connections in the table now (half-open to TIME-WAIT).
     pub connections_open: u64,
     /// SACK blocks sent and taken (RFC 2018), retransmissions chosen by
@@ -127,6 +133,9 @@ struct Counters {
     no_socket: AtomicU64,
     listen_overflows: AtomicU64,
     syns_evicted: AtomicU64,
+    syn_cookies_sent: AtomicU64,
+    syn_cookies_accepted: AtomicU64,
+    syn_cookies_rejected: AtomicU64,
     /// Counters of connections that left the table.
     gone: ConnectionSums,
 }
@@ -244,6 +253,8 @@ pub(crate) struct Tcp {
     listen: ListenConfig,
     /// Made at the first TCP use (it draws a random key).
     isn: OnceLock<IsnGenerator>,
+    /// Made at the first SYN cookie (it draws a random key).
+    cookies: OnceLock<SynCookies>,
     /// Time 0 of the state machines' clock.
     epoch: Instant,
     table: SpinLock<Table<Arc<Conn>, Arc<ListenerCore>>>,
@@ -266,6 +277,7 @@ impl Tcp {
             config,
             listen,
             isn: OnceLock::new(),
+            cookies: OnceLock::new(),
             epoch: Instant::now(),
             table: SpinLock::new(Table::new()),
             deadlines: Deadlines::new(),
@@ -288,6 +300,10 @@ impl Tcp {
         self.isn.get_or_init(IsnGenerator::new)
     }
 
+    fn cookies(&self) -> &SynCookies {
+        self.cookies.get_or_init(SynCookies::new)
+    }
+
     // ---- receive -----------------------------------------------------------
 
     /// A segment for us, in the scheduler context of the kthread `me`.
@@ -300,30 +316,51 @@ impl Tcp {
         let now = self.now();
         let target = self.table.lock().demux(&key, &f.segment).cloned();
         match target {
-            Demux::Connection(conn) => {
-                let wake = {
-                    let mut inner = conn.inner.lock();
-                    inner.peer_mac = f.src_mac;
-                    let later = inner.tcb.may_answer_after_burst(&f.segment);
-                    inner.tcb.on_segment(&f.segment, now);
-                    if later {
-                        drop(inner);
-                        if let Some(earlier) = deferred.replace(conn) {
-                            self.answer(me, &earlier);
-                        }
-                        return;
-                    }
-                    self.settle(Some(me), &conn, &mut inner, now)
-                };
-                deferred.forget(&conn);
-                wake.run();
-            }
+            Demux::Connection(conn) => self.to_connection(me, conn, f, now, deferred),
             Demux::Listener(l) => self.on_syn(me, &l, key, f, now),
+            Demux::ListenerAck(l) => {
+                if self.on_listener_ack(me, &l, key, f, now) {
+                    // Another kthread was making its connection from a SYN
+                    // cookie: if it is in the table now, the segment is
+                    // its; if not yet, it is dropped (and sent again).
+                    let made = self.table.lock().get(&key).cloned();
+                    if let Some(conn) = made {
+                        self.to_connection(me, conn, f, now, deferred);
+                    }
+                }
+            }
             Demux::NoSocket { reset } => {
                 count(&self.counters.no_socket);
                 self.reset(me, f, reset);
             }
         }
+    }
+
+    /// A segment for `conn`, as [`Tcp::input`] says.
+    fn to_connection(
+        &self,
+        me: &mut TxSide<'_>,
+        conn: Arc<Conn>,
+        f: &TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+        deferred: &mut Deferred,
+    ) {
+        let wake = {
+            let mut inner = conn.inner.lock();
+            inner.peer_mac = f.src_mac;
+            let later = inner.tcb.may_answer_after_burst(&f.segment);
+            inner.tcb.on_segment(&f.segment, now);
+            if later {
+                drop(inner);
+                if let Some(earlier) = deferred.replace(conn) {
+                    self.answer(me, &earlier);
+                }
+                return;
+            }
+            self.settle(Some(me), &conn, &mut inner, now)
+        };
+        deferred.forget(&conn);
+        wake.run();
     }
 
     /// Answers the connection whose segments waited for the end of their
@@ -351,16 +388,33 @@ impl Tcp {
         rst: Option<ginza_net::tcp::Segment<'static>>,
     ) {
         if let Some(rst) = rst {
-            let iface = &self.iface;
-            let r = transmit(me, |b| {
-                tx::tcp_segment(b, iface, f.src_mac, f.dst.port, f.src, &rst)
-            });
-            match r {
-                Ok(()) => {
-                    count(&self.counters.segments_out);
-                    count(&self.counters.resets_sent);
-                }
-                Err(e) => egress::failed(me, e, "TCP reset"),
+            if self.answer_statelessly(me, f, &rst, "TCP reset") {
+                count(&self.counters.resets_sent);
+            }
+        }
+    }
+
+    /// Sends `segment` to the source of `f`, from no connection (a RST, a
+    /// SYN-ACK carrying a SYN cookie); whether it went out.
+    fn answer_statelessly(
+        &self,
+        me: &mut TxSide<'_>,
+        f: &TcpFrame<'_>,
+        segment: &ginza_net::tcp::Segment<'static>,
+        what: &str,
+    ) -> bool {
+        let iface = &self.iface;
+        let r = transmit(me, |b| {
+            tx::tcp_segment(b, iface, f.src_mac, f.dst.port, f.src, segment)
+        });
+        match r {
+            Ok(()) => {
+                count(&self.counters.segments_out);
+                true
+            }
+            Err(e) => {
+                egress::failed(me, e, what);
+                false
             }
         }
     }
@@ -378,24 +432,86 @@ impl Tcp {
             if state.closed {
                 None
             } else {
-                let isn = self.isn();
+                let (isn, cookies) = (self.isn(), self.cookies());
                 Some(
                     state
                         .backlog
-                        .admit_syn(key, &f.segment, &self.config, isn, now),
+                        .admit_syn(key, &f.segment, &self.config, isn, cookies, now),
                 )
             }
         };
         let (tcb, evicted) = match opened {
             None => return self.reset(me, f, ginza_net::tcp::reset_for(&f.segment)),
             // Its connection is being made by another kthread right now.
-            Some(None) => return,
-            Some(Some(Opened { tcb, evicted })) => (tcb, evicted),
+            Some(SynAnswer::Known) => return,
+            Some(SynAnswer::Cookie(syn_ack)) => {
+                count(&self.counters.syn_cookies_sent);
+                self.answer_statelessly(me, f, &syn_ack, "TCP SYN-ACK with a cookie");
+                return;
+            }
+            Some(SynAnswer::Opened(Opened { tcb, evicted })) => (tcb, evicted),
         };
         if let Some(old) = evicted {
             count(&self.counters.syns_evicted);
             self.evict(old);
         }
+        self.open_passive(me, l, key, f, tcb, now);
+    }
+
+    /// An ACK for a listening endpoint without a connection: a SYN
+    /// cookie's connection is made if it carries one, else it is reset.
+    /// True if its connection is being made by another kthread.
+    fn on_listener_ack(
+        &self,
+        me: &mut TxSide<'_>,
+        l: &Arc<ListenerCore>,
+        key: FourTuple,
+        f: &TcpFrame<'_>,
+        now: ginza_net::tcp::Instant,
+    ) -> bool {
+        let answer = {
+            let mut state = l.state.lock();
+            if state.closed {
+                CookieAnswer::NotACookie
+            } else {
+                let before = state.backlog.stats().cookies_rejected;
+                let answer =
+                    state
+                        .backlog
+                        .admit_cookie(key, &f.segment, &self.config, self.cookies(), now);
+                if state.backlog.stats().cookies_rejected != before {
+                    count(&self.counters.syn_cookies_rejected);
+                }
+                answer
+            }
+        };
+        match answer {
+            CookieAnswer::Opened(tcb) => {
+                count(&self.counters.syn_cookies_accepted);
+                self.open_passive(me, l, key, f, tcb, now);
+            }
+            CookieAnswer::Known => return true,
+            CookieAnswer::NotACookie => {
+                // As before cookies: a segment that reached no connection.
+                count(&self.counters.no_socket);
+                self.reset(me, f, ginza_net::tcp::reset_for(&f.segment))
+            }
+        }
+        false
+    }
+
+    /// Puts a connection the listener `l` opened into the table and
+    /// settles it (its SYN-ACK out, or, made from a SYN cookie, its place
+    /// in the backlog).
+    fn open_passive(
+        &self,
+        me: &mut TxSide<'_>,
+        l: &Arc<ListenerCore>,
+        key: FourTuple,
+        f: &TcpFrame<'_>,
+        tcb: Connection,
+        now: ginza_net::tcp::Instant,
+    ) {
         let conn = Conn::new(key, tcb, f.src_mac, Some(Arc::clone(l)));
         if !self.table.lock().insert(key, Arc::clone(&conn)) {
             l.state.lock().backlog.forget(key.remote);
@@ -661,6 +777,9 @@ impl Tcp {
             no_socket: c.no_socket.load(Relaxed),
             listen_overflows: c.listen_overflows.load(Relaxed),
             syns_evicted: c.syns_evicted.load(Relaxed),
+            syn_cookies_sent: c.syn_cookies_sent.load(Relaxed),
+            syn_cookies_accepted: c.syn_cookies_accepted.load(Relaxed),
+            syn_cookies_rejected: c.syn_cookies_rejected.load(Relaxed),
             connections_open: open as u64,
             sack_blocks_sent: sums.sack_blocks_sent.load(Relaxed),
             sack_blocks_received: sums.sack_blocks_received.load(Relaxed),
