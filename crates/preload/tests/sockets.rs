@@ -166,7 +166,6 @@ fn an_edge_triggered_epoll_server_serves_1000_concurrent_connections() {
 }
 
 #[test]
-#[ignore = "the server stops now and then under CPU contention (4 of 140 runs beside two CPU-burning loops on the 2-vCPU VM, 1 of the last 62): both kthreads keep running, its ingress rings fill unread and every frame is dropped, so one connection's segments go unanswered (docs/results.md, Session 16); its report then shows Linux's side, iokerneld's view and the server's threads and stacks; run with --include-ignored"]
 fn workers_fed_through_pipes_serve_1000_concurrent_connections() {
     serves_concurrent_connections("echo_workers", &["7000", "4"]);
 }
