@@ -233,14 +233,31 @@ fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
         iokernel: Some(client_io),
         ..Config::with_kthreads(1)
     };
-    ginza_runtime::run(client_cfg, || {
-        let t0 = Instant::now();
-        while let Err(e) = TcpStream::connect(SocketAddrV4::new(iface(3).ip, 7)) {
-            assert!(t0.elapsed() < Duration::from_secs(10), "connect: {e}");
-            ginza_runtime::sleep(Duration::from_millis(20));
-        }
-    })
-    .unwrap();
+    // On a thread of its own: a runtime that is never run again (the
+    // fault this test is about) must fail the test, not hang it.
+    let (connected, client) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = ginza_runtime::run(client_cfg, || {
+            let t0 = Instant::now();
+            loop {
+                match TcpStream::connect(SocketAddrV4::new(iface(3).ip, 7)) {
+                    Ok(_) => return Ok(()),
+                    Err(e) if t0.elapsed() > Duration::from_secs(10) => {
+                        return Err(format!("connect: {e}"))
+                    }
+                    Err(_) => ginza_runtime::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        let _ = connected.send(r.map_err(|e| e.to_string()));
+    });
+    match client.recv_timeout(Duration::from_secs(20)) {
+        Ok(r) => r.unwrap().unwrap(),
+        Err(_) => panic!(
+            "the client did not connect within 20 s: {:#?}",
+            io.stats().unwrap().apps
+        ),
+    }
 
     let busy_stop = Arc::new(AtomicBool::new(false));
     let busy = [
@@ -264,20 +281,32 @@ fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
     }
     drop(ns);
     let got = result.recv_timeout(Duration::from_secs(5));
-    let apps = io.stats().unwrap().apps;
+    // Stopped either way; a runtime never run again is left behind.
     busy_stop.store(true, Relaxed);
     stop.store(true, Relaxed);
-    for b in busy {
-        b.join().unwrap();
-    }
     let got = got.unwrap_or_else(|_| {
-        panic!("the protected server did not return within 5 s of its netstack's end: {apps:#?}")
+        panic!(
+            "the protected server did not return within 5 s of its netstack's end: {:#?}",
+            io.stats().unwrap().apps
+        )
     });
     let err = got
         .expect("the runtime ran")
         .expect_err("serving ends with the netstack's loss");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     server.join().unwrap();
+    let t0 = Instant::now();
+    while !busy.iter().all(|b| b.is_finished()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the busy applications did not stop: {:#?}",
+            io.stats().unwrap().apps
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for b in busy {
+        b.join().unwrap();
+    }
     drop(io);
     let _ = std::fs::remove_dir_all(&dir);
 }
