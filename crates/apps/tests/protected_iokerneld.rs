@@ -184,21 +184,16 @@ fn busy_lc(
 #[test]
 fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
     let _g = common::lock();
-    if cores().len() < 2 {
+    if test_cores().len() < 2 {
         return ginza_iokernel::testing::skip("needs two CPUs (iokerneld busy-polls one)");
     }
     let dir = std::env::temp_dir().join(format!("ginza-prot-exit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("iokerneld.sock");
     // One managed core, as in the soak; iokerneld's loop on the other.
-    let mut io_cfg = IokConfig::new(vec![cores()[1]]);
-    io_cfg.own_core = Some(cores()[0]);
-    io_cfg.socket = socket.clone();
-    io_cfg.idle_sleep = Some(Duration::from_millis(1));
-    io_cfg
-        .validate(&ginza_sys::affinity::allowed_cpus().unwrap())
-        .unwrap();
-    let io = InProcess::start(io_cfg).unwrap();
+    let (io, socket) = in_process(&dir, |c| {
+        c.cores = vec![test_cores()[1]];
+        c.own_core = Some(test_cores()[0]);
+    });
     let mut ns_cfg = DaemonConfig::new(iface(1));
     ns_cfg.iokernel_socket = socket.clone();
     ns_cfg.attach_socket = dir.join("netstack.sock");
