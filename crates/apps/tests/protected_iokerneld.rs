@@ -139,3 +139,169 @@ fn echo_server_protected_by_its_flags_under_iokerneld() {
     drop(io);
     let _ = std::fs::remove_dir_all(PathBuf::from(&dir));
 }
+
+/// A latency-critical application that always has work queued: two
+/// uthreads that each compute for 50 µs and yield, until `stop`. Two of
+/// them on the one managed core take it from each other every pass
+/// (`CoreNeeded`), as kv-rtc and kv-victim do in the soak.
+fn busy_lc(
+    name: &str,
+    socket: &std::path::Path,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    let mut io = IokernelConfig::new(name, Class::LatencyCritical);
+    io.socket = Some(socket.to_path_buf());
+    let cfg = Config {
+        iokernel: Some(io),
+        ..Config::with_kthreads(1)
+    };
+    std::thread::spawn(move || {
+        ginza_runtime::run(cfg, move || {
+            let spin = move || {
+                while !stop.load(Relaxed) {
+                    let t0 = Instant::now();
+                    while t0.elapsed() < Duration::from_micros(50) {
+                        std::hint::spin_loop();
+                    }
+                    ginza_runtime::yield_now();
+                }
+            };
+            let other = ginza_runtime::spawn(spin.clone());
+            spin();
+            other.join().unwrap();
+        })
+        .unwrap();
+    })
+}
+
+/// Issue 35: a protected server with one kthread exits by itself after
+/// its netstack goes away, while two busy latency-critical applications
+/// trade the one managed core. Its acceptor fails with the netstack's
+/// loss and its main uthread, which looks every `STOP_POLL` (a timer),
+/// returns the error. Before the fix iokerneld could lose that timer (a
+/// grant for it undone before the kthread ran) and the server never ran
+/// again.
+#[test]
+fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
+    let _g = common::lock();
+    if test_cores().len() < 2 {
+        return ginza_iokernel::testing::skip("needs two CPUs (iokerneld busy-polls one)");
+    }
+    let dir = std::env::temp_dir().join(format!("ginza-prot-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // One managed core, as in the soak; iokerneld's loop on the other.
+    let (io, socket) = in_process(&dir, |c| {
+        c.cores = vec![test_cores()[1]];
+        c.own_core = Some(test_cores()[0]);
+    });
+    let mut ns_cfg = DaemonConfig::new(iface(1));
+    ns_cfg.iokernel_socket = socket.clone();
+    ns_cfg.attach_socket = dir.join("netstack.sock");
+    ns_cfg.kthreads = 1;
+    let ns = Daemon::start(ns_cfg.clone()).unwrap();
+
+    let args = Cli::try_parse_from([
+        "protected-server".to_string(),
+        format!("--protected={}", ns_cfg.attach_socket.display()),
+        format!("--socket={}", socket.display()),
+        format!("--ip={}", iface(3).ip),
+        format!("--mac={}", iface(3).mac),
+        "--kthreads=1".to_string(),
+    ])
+    .unwrap()
+    .app;
+    let server_config = args.runtime_config("protected-server");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done, result) = std::sync::mpsc::channel();
+    let s2 = stop.clone();
+    let server = std::thread::spawn(move || {
+        let r = ginza_runtime::run(server_config, move || {
+            ginza_apps::serve::accept_until_stopped(7, &s2, drop)
+        });
+        let _ = done.send(r.map_err(|e| e.to_string()));
+    });
+    // Attached and listening: a client's connection is accepted.
+    let mut client_io = IokernelConfig::new("client", Class::LatencyCritical);
+    client_io.socket = Some(socket.clone());
+    client_io.net = Some(NetConfig::new(iface(2).mac, iface(2).ip));
+    let client_cfg = Config {
+        iokernel: Some(client_io),
+        ..Config::with_kthreads(1)
+    };
+    // On a thread of its own: a runtime that is never run again (the
+    // fault this test is about) must fail the test, not hang it.
+    let (connected, client) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = ginza_runtime::run(client_cfg, || {
+            let t0 = Instant::now();
+            loop {
+                match TcpStream::connect(SocketAddrV4::new(iface(3).ip, 7)) {
+                    Ok(_) => return Ok(()),
+                    Err(e) if t0.elapsed() > Duration::from_secs(10) => {
+                        return Err(format!("connect: {e}"))
+                    }
+                    Err(_) => ginza_runtime::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        let _ = connected.send(r.map_err(|e| e.to_string()));
+    });
+    match client.recv_timeout(Duration::from_secs(20)) {
+        Ok(r) => r.unwrap().unwrap(),
+        Err(_) => panic!(
+            "the client did not connect within 20 s: {:#?}",
+            io.stats().unwrap().apps
+        ),
+    }
+
+    let busy_stop = Arc::new(AtomicBool::new(false));
+    let busy = [
+        busy_lc("busy-a", &socket, busy_stop.clone()),
+        busy_lc("busy-b", &socket, busy_stop.clone()),
+    ];
+    // Both busy applications trade the core (and the server's 10 ms timer
+    // gets its grants in between) for a while before the netstack goes.
+    let t0 = Instant::now();
+    loop {
+        let apps = io.stats().unwrap().apps;
+        let grants = |n: &str| apps.iter().find(|a| a.name == n).map_or(0, |a| a.grants);
+        if grants("busy-a") > 200 && grants("busy-b") > 200 && grants("protected-server") > 20 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the busy applications never traded the core: {apps:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(ns);
+    let got = result.recv_timeout(Duration::from_secs(5));
+    // Stopped either way; a runtime never run again is left behind.
+    busy_stop.store(true, Relaxed);
+    stop.store(true, Relaxed);
+    let got = got.unwrap_or_else(|_| {
+        panic!(
+            "the protected server did not return within 5 s of its netstack's end: {:#?}",
+            io.stats().unwrap().apps
+        )
+    });
+    let err = got
+        .expect("the runtime ran")
+        .expect_err("serving ends with the netstack's loss");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    server.join().unwrap();
+    let t0 = Instant::now();
+    while !busy.iter().all(|b| b.is_finished()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the busy applications did not stop: {:#?}",
+            io.stats().unwrap().apps
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for b in busy {
+        b.join().unwrap();
+    }
+    drop(io);
+    let _ = std::fs::remove_dir_all(&dir);
+}

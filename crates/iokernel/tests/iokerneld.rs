@@ -1323,6 +1323,104 @@ fn a_kthread_preempted_in_the_pass_that_granted_it_is_granted_again() {
     l1.set_rq_head(1);
 }
 
+/// Issue 35: a grant undone before its kthread ran keeps the timer the
+/// kthread parked with. A kthread whose only reason to run is a timer (a
+/// protected application whose netstack is gone, its main uthread polling
+/// a stop flag every 10 ms) is granted a core still held by a preempted
+/// holder; before the holder gives it back, a third latency-critical
+/// application takes that grant away ("goes back to parked, silently").
+/// Before the fix the timer went with the grant, and nothing ever woke the
+/// kthread again.
+#[test]
+fn a_timer_grant_undone_before_the_kthread_ran_still_wakes_it() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start_with(rec.clone(), |c| {
+        c.cores = vec![test_cores()[0]];
+        // The holder gives its core back when the test says so.
+        c.preempt_deadline = Duration::from_secs(30);
+    });
+    let granted = |name: &str| {
+        rec.actions()
+            .iter()
+            .filter(|a| matches!(a, Action::Grant { app, .. } if app == name))
+            .count()
+    };
+    let park = |k: &mut ginza_shm::RuntimeEnd, timer: Option<u64>| {
+        k.to_iokernel
+            .send(ToIokernel::Parked {
+                next_deadline_ns: timer,
+                grant: ginza_shm::UNNUMBERED_GRANT,
+            })
+            .unwrap();
+    };
+    let holder = app(1);
+    let _ch = register(&d, &holder, &reg("holder", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    let lh = holder.region.line(0).unwrap();
+    lh.set_rq_tail(100);
+    d.wait_for("holder holds the core", |s| {
+        app_named(s, "holder").unwrap().cores_now == 1
+    });
+    let other = app(1);
+    let _co = register(&d, &other, &reg("other", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    let mut ko = other.region.runtime_end(0).unwrap();
+    park(&mut ko, None);
+    let sleepy = app(1);
+    let _cs = register(&d, &sleepy, &reg("sleepy", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    let mut ks = sleepy.region.runtime_end(0).unwrap();
+    park(&mut ks, Some(ginza_sys::clock::monotonic_ns() + 20_000_000));
+    // Its timer is due: granted the holder's core, not woken until the
+    // holder yields.
+    d.wait_for("sleepy granted the holder's core for its timer", |s| {
+        app_named(s, "sleepy").unwrap().cores_now == 1
+            && app_named(s, "holder").unwrap().preemptions == 1
+    });
+    assert_eq!(granted("sleepy"), 0, "woken before the holder yielded");
+    // Work for `other`: it takes the core from `sleepy`, which never ran.
+    let lo = other.region.line(0).unwrap();
+    lo.set_rq_tail(1);
+    d.wait_for("other takes the grant from sleepy", |s| {
+        app_named(s, "other").unwrap().cores_now == 1
+            && app_named(s, "sleepy").unwrap().cores_now == 0
+    });
+    // The holder yields; `other` gets the core, drains its work and parks.
+    lh.set_rq_head(100);
+    let mut kh = holder.region.runtime_end(0).unwrap();
+    kh.to_iokernel
+        .send(ToIokernel::Yielded {
+            next_deadline_ns: None,
+            grant: ginza_shm::UNNUMBERED_GRANT,
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    while granted("other") == 0 && granted("sleepy") == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no hand-over");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if granted("other") > 0 {
+        lo.set_rq_head(1);
+        park(&mut ko, None);
+    }
+    // The core is free and `sleepy`'s timer long due: it must be woken.
+    let t0 = Instant::now();
+    while granted("sleepy") == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "sleepy, its timer due, was never woken: {:?}\n{:#?}",
+            rec.actions(),
+            d.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        ks.from_iokernel
+            .recv()
+            .unwrap()
+            .and_then(ToKthread::wake_core),
+        Some(test_cores()[0] as u32)
+    );
+}
+
 /// A `SCHED_IDLE` batch kthread under `with(thread id)`, ending when the
 /// returned sender is dropped; `None` if the class cannot be set here.
 fn idle_class_thread() -> Option<(u32, std::sync::mpsc::Sender<()>)> {

@@ -409,9 +409,18 @@ impl<A: CoreActuator> Iokerneld<A> {
                     // The application is awake now: whichever kthread runs
                     // fires every due timer of the runtime, so due timers
                     // other parked kthreads reported must not wake it again.
-                    for kt in self.apps[app].kt.iter_mut().filter(|k| k.parked) {
-                        kt.timer = kt.timer.filter(|&t| t > now);
+                    // The granted kthread keeps the earliest of them: a
+                    // grant undone before it ran (`preempt`) must still
+                    // wake the application for them.
+                    let kts = &mut self.apps[app].kt;
+                    let mut due = None;
+                    for kt in kts.iter_mut().filter(|k| k.parked) {
+                        if let Some(t) = kt.timer.take_if(|t| *t <= now) {
+                            due = Some(due.map_or(t, |d: u64| d.min(t)));
+                        }
                     }
+                    let granted = &mut kts[kthread];
+                    granted.timer = earliest(granted.timer, due);
                     match victim.take() {
                         Some((va, vk, vc, preempted_ns)) if vc == core => {
                             let h = Handover {
@@ -669,7 +678,10 @@ impl<A: CoreActuator> Iokerneld<A> {
         kt.core = Some(core);
         kt.parked = false;
         kt.preempting = false;
-        kt.timer = None;
+        // `timer` stays until the kthread parks again (it counts only
+        // while parked): a grant undone before the kthread ran (`preempt`:
+        // "goes back to parked") leaves it waiting for the same deadline,
+        // which may be all that would ever wake it (issue 35).
         app.grants += 1;
         self.meter.grants += 1;
         let prev = self.core_holder[core].replace(app.id);
@@ -907,9 +919,10 @@ impl<A: CoreActuator> Iokerneld<A> {
         {
             // Granted earlier in this pass a core nobody held it off (a
             // SCHED_IDLE victim's, an overdue one's), its wake not sent yet:
-            // it never ran, so it goes back to parked, silently. Preempting
-            // it instead would wait for a `Yielded` from a kthread that was
-            // never woken, and it would never be granted again.
+            // it never ran, so it goes back to parked, silently, with the
+            // timer it reported (`assign` keeps it). Preempting it instead
+            // would wait for a `Yielded` from a kthread that was never
+            // woken, and it would never be granted again.
             self.ready.swap_remove(i);
             kt.core = None;
             kt.parked = true;
@@ -918,7 +931,8 @@ impl<A: CoreActuator> Iokerneld<A> {
             return (a, k);
         }
         if let Some((victim_app, victim_k)) = kt.awaiting.take() {
-            // Never ran on the core: it goes back to parked, silently.
+            // Never ran on the core: it goes back to parked, silently,
+            // with its timer (`assign` keeps it).
             kt.core = None;
             kt.parked = true;
             kt.parked_since = now;
@@ -982,5 +996,13 @@ impl<A: CoreActuator> Iokerneld<A> {
             );
         }
         (a, k)
+    }
+}
+
+/// The earlier of two optional deadlines.
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

@@ -29,7 +29,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{
     AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
 };
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 pub use crate::config::ProtectedConfig;
@@ -195,9 +195,11 @@ pub(crate) struct Protected {
     connects: SpinLock<HashMap<u32, Arc<PendingConnect>>>,
     next_cookie: AtomicU32,
     next_pair: AtomicUsize,
-    /// The netstack went away: why.
-    gone: Mutex<Option<String>>,
-    gone_flag: AtomicBool,
+    /// The netstack went away: why. Set once, read without a lock: a
+    /// uthread preempted while holding a lock here left every other
+    /// uthread of its kthread that asked blocked on it for good (the
+    /// kthread itself waits in the kernel; issue 35).
+    gone: OnceLock<String>,
     raw: Raw,
     counters: Counters,
     /// Connections whose writers found the tx pool empty: woken when
@@ -230,8 +232,7 @@ impl Protected {
             connects: SpinLock::new(HashMap::new()),
             next_cookie: AtomicU32::new(1),
             next_pair: AtomicUsize::new(0),
-            gone: Mutex::new(None),
-            gone_flag: AtomicBool::new(false),
+            gone: OnceLock::new(),
             raw: Raw::default(),
             counters: Counters::default(),
             pool_starved: SpinLock::new(Vec::new()),
@@ -253,10 +254,7 @@ impl Protected {
 
     /// Why the netstack is gone, if it is.
     pub(crate) fn gone(&self) -> Option<String> {
-        if !self.gone_flag.load(SeqCst) {
-            return None;
-        }
-        self.gone.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.gone.get().cloned()
     }
 
     fn gone_error(&self, why: String) -> io::Error {
@@ -302,13 +300,14 @@ impl Protected {
     /// woken with an error.
     pub(crate) fn lost(&self, why: String) {
         {
-            let mut g = self.gone.lock().unwrap_or_else(|p| p.into_inner());
-            if g.is_some() {
+            // Deferred: a uthread preempted inside `set` would keep a
+            // second caller (the watcher, or a kthread's `Disconnected`)
+            // waiting for it.
+            let _deferred = crate::deferral::Guard::new();
+            if self.gone.set(why.clone()).is_err() {
                 return;
             }
-            *g = Some(why.clone());
         }
-        self.gone_flag.store(true, SeqCst);
         log::error!("protected mode: the netstack is gone ({why}); connections are reset");
         let conns: Vec<_> = self.conns.lock().values().cloned().collect();
         for c in conns {
