@@ -72,12 +72,13 @@ fn main() -> anyhow::Result<()> {
     );
     if let Some(tcp) = net.map(|n| n.tcp) {
         println!(
-            "tcp: {} segments in, {} out, {} retransmitted, {} resets sent; {} half-open evicted, {} backlog overflows; {} connections open",
+            "tcp: {} segments in, {} out, {} retransmitted, {} resets sent; {} half-open evicted, {} SYN cookies sent, {} backlog overflows; {} connections open",
             tcp.segments_in,
             tcp.segments_out,
             tcp.retransmissions,
             tcp.resets_sent,
             tcp.syns_evicted,
+            tcp.syn_cookies_sent,
             tcp.listen_overflows,
             tcp.connections_open,
         );
