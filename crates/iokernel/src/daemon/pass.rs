@@ -424,9 +424,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                             let at_once = self.cfg.handover_from_idle_at_once;
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
                                 // A SCHED_IDLE victim cannot hold the core
-                                // against the receiver: no wait for it.
+                                // against the receiver, nor a poller that
+                                // runs nothing: no wait for them.
                                 Some(v)
-                                    if v.preempting && !v.evicted && !(at_once && v.idle_class) =>
+                                    if v.preempting
+                                        && !v.evicted
+                                        && !(at_once && v.idle_class)
+                                        && !v.preempted_polling =>
                                 {
                                     v.handover = Some(h);
                                     self.handover_waiting = true;
@@ -551,6 +555,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 if kt.idle_class && self.cfg.handover_from_idle_at_once {
                     // Its core went on at once; it holds nobody off it.
+                    continue;
+                }
+                if kt.preempted_polling && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING) {
+                    // Its core went on at once, and it has run nothing
+                    // since: Linux has not run it to read its flag (a
+                    // thread of another process on that CPU). Moving it
+                    // off would not free the core any sooner.
                     continue;
                 }
                 kt.evicted = true;
@@ -899,6 +910,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         let polled = app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING);
         let kt = &mut app.kt[k];
+        kt.preempted_polling = polled;
         let id = app.id;
         if let Some(i) = self
             .ready
