@@ -429,8 +429,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                                 Some(v)
                                     if v.preempting
                                         && !v.evicted
-                                        && !(at_once && v.idle_class)
-                                        && !v.preempted_polling =>
+                                        && !(at_once && v.idle_class || v.preempted_polling) =>
                                 {
                                     v.handover = Some(h);
                                     self.handover_waiting = true;
@@ -570,7 +569,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     // Its core went on at once; it holds nobody off it.
                     continue;
                 }
-                if kt.preempted_polling && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING) {
+                if kt.preempted_polling
+                    && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
+                {
                     // Its core went on at once, and it has run nothing
                     // since: Linux has not run it to read its flag (a
                     // thread of another process on that CPU). Moving it
