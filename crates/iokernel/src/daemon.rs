@@ -145,6 +145,11 @@ struct Kthread {
     /// is asked to give back can go to its receiver at once
     /// (`Config::handover_from_idle_at_once`).
     idle_class: bool,
+    /// Preempted while it polled while idle (docs/idle-poll.md): it runs
+    /// nothing, so its core goes to the receiver at once, and it is not
+    /// moved off for missing `preempt_deadline` while its queue line still
+    /// says it polls.
+    preempted_polling: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
     /// A `SCHED_IDLE` victim not signalled yet: when it will be, unless

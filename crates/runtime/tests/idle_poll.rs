@@ -154,7 +154,6 @@ fn spinning_batch(d: &Daemon, kthreads: usize, stop: &Arc<AtomicBool>) -> JoinHa
 /// withdrawn (no signal, no yield, no new grant) and the poller gives the
 /// core back.
 #[test]
-#[ignore = "fails: batch is not given the polled core back after lc's second grant (0 withdrawals over 20 wakes); docs/idle-poll.md, \"Left\""]
 fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
     let _g = lock();
     if !std::thread::spawn(|| ginza_sys::sched_class::set_current_idle().is_ok())
@@ -195,7 +194,7 @@ fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
 }
 
 #[test]
-#[ignore = "fails since the poller stopped yielding: the take-back is overdue (preempt_overdue 1); docs/idle-poll.md, \"Left\""]
+#[ignore = "flaky on the loaded 2-vCPU VM: 3 runs in 31 (Session 17) counted the poller overdue (preempt_overdue 1); docs/idle-poll.md, \"Left\""]
 fn a_congested_batch_application_gets_the_polled_core_at_once() {
     let _g = lock();
     let d = Daemon::start(|c| c.idle_sleep = None);
@@ -219,8 +218,8 @@ fn a_congested_batch_application_gets_the_polled_core_at_once() {
         let k = lc.kthread();
         (k.idle_poll_takebacks >= 1).then_some(k)
     });
-    // The batch kthread is woken on the core once iokerneld has read the
-    // poller's `Yielded` (a hand-over).
+    // The batch kthread is woken on the core at once (a hand-over that does
+    // not wait for the poller's `Yielded`: the poller runs nothing).
     let after = wait_for("the hand-over", || {
         let s = d.stats();
         (s.alloc.handovers > before.alloc.handovers).then_some(s)
@@ -232,10 +231,13 @@ fn a_congested_batch_application_gets_the_polled_core_at_once() {
     let l = app(&after, "lc").unwrap();
     assert_eq!(l.preempt_overdue, 0, "{l:?}");
     // The hand-over: from iokerneld's decision to the batch kthread's wake
-    // on the core, which waits for the poller's `Yielded`. The poller reads
-    // the flag on every turn of its loop, so this is a loop turn and a
-    // pass, far below the 20 µs grace before a signal plus a signal's
-    // delivery on a loaded machine; the bound is loose for a shared VM.
+    // on the core, in the same pass, whether or not Linux has run the
+    // poller yet to read its flag (on this 2-vCPU VM it shares its CPU
+    // with iokerneld's loop and other processes, and was measured to wait
+    // up to 9 ms for it). The bound is loose for a shared VM: iokerneld's
+    // own thread was seen descheduled mid-pass for 3.5 ms (1 run in 10);
+    // `preempt_overdue` above is what fails if the hand-over waits for
+    // the poller again.
     let h = &after.alloc.handover;
     assert!(
         h.count > before.alloc.handover.count,
@@ -248,5 +250,5 @@ fn a_congested_batch_application_gets_the_polled_core_at_once() {
         h.max_ns / 1000,
         h.count
     );
-    assert!(h.p50_ns < 1_000_000, "{h:?}");
+    assert!(h.p50_ns < 5_000_000, "{h:?}");
 }

@@ -433,9 +433,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                             let at_once = self.cfg.handover_from_idle_at_once;
                             match self.apps.get_mut(va).and_then(|a| a.kt.get_mut(vk)) {
                                 // A SCHED_IDLE victim cannot hold the core
-                                // against the receiver: no wait for it.
+                                // against the receiver, nor a poller that
+                                // runs nothing: no wait for them.
                                 Some(v)
-                                    if v.preempting && !v.evicted && !(at_once && v.idle_class) =>
+                                    if v.preempting
+                                        && !v.evicted
+                                        && !(at_once && v.idle_class || v.preempted_polling) =>
                                 {
                                     v.handover = Some(h);
                                     self.handover_waiting = true;
@@ -488,11 +491,21 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// queue line's flag cleared, and the kernel already runs it there
     /// since the receiver blocked; one whose grace has run out is
     /// signalled and yields as any victim.
+    ///
+    /// A victim already signalled that has not yielded yet is withdrawn too
+    /// once its receiver polls while idle: under `SCHED_IDLE` it cannot run
+    /// to yield beside a poller on its CPU, and the poller, holding a core
+    /// nobody asked for, would keep it for ever (docs/idle-poll.md).
     fn withdraw_or_signal(&mut self, now: u64) {
+        let at_once = self.cfg.handover_from_idle_at_once;
         for a in 0..self.apps.len() {
             for k in 0..self.apps[a].kt.len() {
                 let kt = &self.apps[a].kt[k];
-                let Some(due) = kt.signal_due else { continue };
+                let signalled = kt.signal_due.is_none();
+                if signalled && !(at_once && kt.idle_class && kt.preempting) {
+                    continue;
+                }
+                let due = kt.signal_due.unwrap_or(0);
                 let core = kt.last_core.filter(|_| kt.preempting && !kt.evicted);
                 let Some(core) = core else {
                     self.apps[a].kt[k].signal_due = None;
@@ -512,6 +525,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     self.preempt(i, j, core, PreemptReason::Shrink, now);
                 }
                 let held = holder.is_some() && poller.is_none();
+                if signalled && (poller.is_none() || self.apps[a].doomed.is_some()) {
+                    continue; // it yields when it runs, as any victim
+                }
                 let app = &mut self.apps[a];
                 if !held && app.doomed.is_none() {
                     let kt = &mut app.kt[k];
@@ -560,6 +576,15 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 if kt.idle_class && self.cfg.handover_from_idle_at_once {
                     // Its core went on at once; it holds nobody off it.
+                    continue;
+                }
+                if kt.preempted_polling
+                    && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
+                {
+                    // Its core went on at once, and it has run nothing
+                    // since: Linux has not run it to read its flag (a
+                    // thread of another process on that CPU). Moving it
+                    // off would not free the core any sooner.
                     continue;
                 }
                 kt.evicted = true;
@@ -911,6 +936,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         let polled = app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING);
         let kt = &mut app.kt[k];
+        kt.preempted_polling = polled;
         let id = app.id;
         if let Some(i) = self
             .ready
