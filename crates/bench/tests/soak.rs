@@ -72,7 +72,7 @@ fn soak_30s() {
     // Loadgen's throughput on kv-rtc is reported, not held: kv-rtc shares
     // the one managed core with kv-victim, kv-protected and batch, and
     // since kv-protected no longer hangs after a netstack kill (so no
-    // longer leaves the core to the others) loadgen completes 0.9–4.6 k
+    // longer leaves the core to the others) loadgen completes 0.4–3.8 k
     // of the 12 k requests offered on a 2-CPU machine (docs/soak.md,
     // "Findings"). The floor says the load ran.
     assert!(report.requests_loadgen > 100, "{json}");
