@@ -72,9 +72,10 @@ fn soak_30s() {
     // held (docs/soak.md, "Findings"): the floors say the load ran.
     assert!(report.requests_verified > 1000, "{json}");
     // kv-rtc shares the one managed core with kv-victim, kv-protected and
-    // batch; since kv-protected no longer hangs after a netstack kill (so
-    // no longer leaves the core to the others) loadgen completes 0.4–3.8 k
-    // of the 12 k requests it offers on a 2-CPU machine.
+    // batch; since kv-protected mostly restarts after a netstack kill
+    // instead of hanging parked (leaving the core to the others), loadgen
+    // completes 0.4–3.8 k of the 12 k requests it offers on a 2-CPU
+    // machine.
     assert!(report.requests_loadgen > 100, "{json}");
     assert_eq!(report.verifier.final_keys_read, 3 * keys, "{json}");
     for kind in [
