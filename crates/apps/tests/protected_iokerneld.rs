@@ -47,25 +47,13 @@ fn echo_server_protected_by_its_flags_under_iokerneld() {
     std::fs::create_dir_all(&dir).unwrap();
     let (io, socket) = in_process(&dir, |_| {});
 
-    let mut ns_cfg = DaemonConfig::new(iface(1));
-    ns_cfg.iokernel_socket = socket.clone();
-    ns_cfg.attach_socket = dir.join("netstack.sock");
-    ns_cfg.kthreads = 1;
+    let mut ns_cfg = netstack_config(&dir, &socket);
     ns_cfg.netstack.tcp.rto_initial = Duration::from_millis(50);
     ns_cfg.netstack.tcp.rto_min = Duration::from_millis(20);
     let ns = Daemon::start(ns_cfg.clone()).unwrap();
 
     // The echo-server at its own address, protected: the flags alone.
-    let args = Cli::try_parse_from([
-        "echo-server".to_string(),
-        format!("--protected={}", ns_cfg.attach_socket.display()),
-        format!("--socket={}", socket.display()),
-        format!("--ip={}", iface(3).ip),
-        format!("--mac={}", iface(3).mac),
-        "--kthreads=1".to_string(),
-    ])
-    .unwrap()
-    .app;
+    let args = protected_app_args("echo-server", &ns_cfg, &socket);
     let server_config = args.runtime_config("echo-server");
     assert!(server_config.iokernel.as_ref().unwrap().net.is_none());
     let stop = Arc::new(AtomicBool::new(false));
@@ -194,22 +182,10 @@ fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
         c.cores = vec![test_cores()[1]];
         c.own_core = Some(test_cores()[0]);
     });
-    let mut ns_cfg = DaemonConfig::new(iface(1));
-    ns_cfg.iokernel_socket = socket.clone();
-    ns_cfg.attach_socket = dir.join("netstack.sock");
-    ns_cfg.kthreads = 1;
+    let ns_cfg = netstack_config(&dir, &socket);
     let ns = Daemon::start(ns_cfg.clone()).unwrap();
 
-    let args = Cli::try_parse_from([
-        "protected-server".to_string(),
-        format!("--protected={}", ns_cfg.attach_socket.display()),
-        format!("--socket={}", socket.display()),
-        format!("--ip={}", iface(3).ip),
-        format!("--mac={}", iface(3).mac),
-        "--kthreads=1".to_string(),
-    ])
-    .unwrap()
-    .app;
+    let args = protected_app_args("protected-server", &ns_cfg, &socket);
     let server_config = args.runtime_config("protected-server");
     let stop = Arc::new(AtomicBool::new(false));
     let (done, result) = std::sync::mpsc::channel();
@@ -304,4 +280,29 @@ fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
     }
     drop(io);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One netstack kthread under the iokerneld at `socket`, attached to at
+/// `dir`/netstack.sock.
+fn netstack_config(dir: &std::path::Path, socket: &std::path::Path) -> DaemonConfig {
+    let mut cfg = DaemonConfig::new(iface(1));
+    cfg.iokernel_socket = socket.to_path_buf();
+    cfg.attach_socket = dir.join("netstack.sock");
+    cfg.kthreads = 1;
+    cfg
+}
+
+/// A protected application's flags alone: its netstack, iokerneld, its
+/// own address, one kthread.
+fn protected_app_args(name: &str, ns: &DaemonConfig, socket: &std::path::Path) -> AppArgs {
+    Cli::try_parse_from([
+        name.to_string(),
+        format!("--protected={}", ns.attach_socket.display()),
+        format!("--socket={}", socket.display()),
+        format!("--ip={}", iface(3).ip),
+        format!("--mac={}", iface(3).mac),
+        "--kthreads=1".to_string(),
+    ])
+    .unwrap()
+    .app
 }
