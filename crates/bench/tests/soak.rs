@@ -30,9 +30,6 @@ fn main() {
     println!("test soak_30s ... ok");
 }
 
-/// The aim the soak misses today for a reason not yet fixed.
-const KNOWN_OPEN: &str = "protected_hangs_after_netstack_kill";
-
 fn soak_30s() {
     if let Some(reason) = ginza_iokernel::netns::missing_prerequisite() {
         ginza_iokernel::testing::skip(reason);
@@ -52,21 +49,12 @@ fn soak_30s() {
     let report = soak(&cfg, &launcher).expect("the soak runs");
     let json = serde_json::to_string_pretty(&report).expect("the report serializes");
     println!("{json}");
-    // Known and open (docs/soak.md, "Findings"): kv-protected does not
-    // always exit once its netstack is killed. Reported, not failed on,
-    // until it is fixed; every other aim is held.
-    let missed: Vec<String> = report
-        .missed_aims()
-        .into_iter()
-        .filter(|m| !m.starts_with(KNOWN_OPEN))
-        .collect();
-    if report.protected_hangs_after_netstack_kill > 0 {
-        println!(
-            "known finding: kv-protected hung {} time(s) after its netstack was killed",
-            report.protected_hangs_after_netstack_kill
-        );
-    }
+    // Every aim, kv-protected's exit after each netstack kill included
+    // (docs/soak.md, "Findings": the one-core thrash that kept it from
+    // running is fixed).
+    let missed = report.missed_aims();
     assert!(missed.is_empty(), "missed aims: {missed:?}\n{json}");
+    assert_eq!(report.protected_hangs_after_netstack_kill, 0, "{json}");
     // It did what it says: load, every kind of fault, every key read back.
     // Both clients' throughput on the one managed core is reported, not
     // held (docs/soak.md, "Findings"): the floors say the load ran.

@@ -12,6 +12,8 @@
 //! idle_after = "2ms"       # idle this long, then sleep until an event
 //! idle_sleep = "1ms"       # where it cannot sleep until an event: nap
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
+//! min_residency = "100us"  # a latency-critical core kept before another
+//!                          # latency-critical application takes it
 //! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
 //! yield_after_nic_tx = true # sched_yield at the first idle turn after a
 //!                          # NIC transmit (a thread it woke on this CPU runs)
@@ -96,6 +98,11 @@ pub struct Config {
     /// A preempted kthread that has not given its core back after this
     /// long is moved off the core and reported; its core is handed over.
     pub preempt_deadline: Duration,
+    /// `shenango`: a latency-critical kthread keeps a core it runs on at
+    /// least this long before another latency-critical application takes
+    /// it (batch is preempted at once); zero: Algorithm 2 as published
+    /// (docs/design.md, "Minimum residency").
+    pub min_residency: Duration,
     /// A core taken from a kthread that runs under `SCHED_IDLE` goes to
     /// the kthread granted it at once, before the victim gives it back:
     /// the kernel runs the woken kthread before the victim on that CPU,
@@ -172,6 +179,11 @@ pub const MAX_IDLE_AFTER: Duration = Duration::from_secs(10);
 /// nearly every hand-over is withdrawn, while a receiver that keeps the
 /// core lets the victim yield soon.
 pub const DEFAULT_IDLE_VICTIM_GRACE: Duration = Duration::from_micros(100);
+/// `Config::min_residency` by default: about five hand-overs' cost here
+/// (a preemption signal, the holder's `Yielded` and a wake: some 20 µs at
+/// p50), so that a contested core spends at most a sixth of its time
+/// changing hands (docs/design.md, "Minimum residency").
+pub const DEFAULT_MIN_RESIDENCY: Duration = Duration::from_micros(100);
 
 /// Why a configuration is refused.
 #[derive(Debug, thiserror::Error)]
@@ -279,6 +291,7 @@ struct FileConfig {
     run_for: Option<String>,
     control_interval: Option<String>,
     preempt_deadline: Option<String>,
+    min_residency: Option<String>,
     seed: Option<u64>,
     nic: Option<String>,
     yield_after_nic_tx: Option<bool>,
@@ -341,6 +354,10 @@ pub struct Cli {
     /// Time a preempted kthread has to give its core back (default 1ms).
     #[arg(long, value_parser = parse_duration)]
     pub preempt_deadline: Option<Duration>,
+    /// A latency-critical core kept before another latency-critical
+    /// application takes it (default 100us; 0: every pass).
+    #[arg(long, value_parser = parse_duration)]
+    pub min_residency: Option<Duration>,
     /// Seed of the allocator's random choices.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -431,6 +448,7 @@ impl Config {
             run_for: None,
             control_interval: Duration::from_micros(50),
             preempt_deadline: Duration::from_millis(1),
+            min_residency: DEFAULT_MIN_RESIDENCY,
             handover_from_idle_at_once: true,
             idle_victim_grace: DEFAULT_IDLE_VICTIM_GRACE,
             local_wake_wait: None,
@@ -533,6 +551,12 @@ impl Config {
         {
             c.preempt_deadline = d;
         }
+        if let Some(d) = cli
+            .min_residency
+            .or(dur("min_residency", file.min_residency.as_ref())?)
+        {
+            c.min_residency = d;
+        }
         if let Some(s) = cli.seed.or(file.seed) {
             c.seed = s;
         }
@@ -633,6 +657,12 @@ impl Config {
             MIN_INTERVAL,
             MAX_SLOW_PERIOD,
         )?;
+        if self.min_residency > MAX_SLOW_PERIOD {
+            return Err(ConfigError::Value {
+                what: "min_residency",
+                msg: format!("{:?}: at most {MAX_SLOW_PERIOD:?}", self.min_residency),
+            });
+        }
         if self.idle_victim_grace > MAX_SLOW_PERIOD {
             return Err(ConfigError::Value {
                 what: "idle_victim_grace",

@@ -345,7 +345,9 @@ pub fn topology(cores: &[usize]) -> Topology {
 fn make_policy(cfg: &Config) -> Box<dyn CoreAllocator + Send> {
     let iv = cfg.interval.as_nanos() as u64;
     match cfg.policy {
-        PolicyKind::Shenango => Box::new(Shenango::new(iv, cfg.seed)),
+        PolicyKind::Shenango => Box::new(
+            Shenango::new(iv, cfg.seed).with_min_residency(cfg.min_residency.as_nanos() as u64),
+        ),
         PolicyKind::Static => Box::new(Static::new(iv)),
         PolicyKind::Slow { period } => Box::new(Slow::new(
             period.as_nanos() as u64,

@@ -48,6 +48,9 @@ use std::collections::HashMap;
 use crate::rng::SplitMix64;
 use crate::Time;
 
+mod residency;
+use residency::Residency;
+
 pub type CoreId = usize;
 
 /// The counters of one kthread's queue line. Each is a free-running
@@ -98,6 +101,13 @@ pub struct KthreadSnap {
     /// (batch included, guaranteed cores included), before an idle core is
     /// considered missing and before any busy core is preempted.
     pub idle_polling: bool,
+    /// Granted its core, which a preempted kthread still holds: it waits
+    /// for that kthread to give the core back and has not run yet. Nobody
+    /// takes such a core (the holder gives it back within the preemption
+    /// deadline): taken, the grant would be undone before it ran, and
+    /// applications taking one core from each other could keep a third
+    /// from ever running (issue 35).
+    pub handover_pending: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,6 +309,23 @@ struct Board {
     owner: Vec<Option<(usize, usize)>>,
     /// Per core: its owner polls while idle ([`KthreadSnap::idle_polling`]).
     polling: Vec<bool>,
+    /// Per core: its owner has not run on it yet (its hand-over waits,
+    /// [`KthreadSnap::handover_pending`], or it was granted in this pass):
+    /// nobody takes it.
+    pending: Vec<bool>,
+    /// Per core: its owner has held it for less than the minimum residency
+    /// ([`Shenango::with_min_residency`]): no other latency-critical
+    /// application takes it yet (a batch owner is preempted at once).
+    fresh: Vec<bool>,
+    /// Per application: since when it has wanted a core and found none it
+    /// may take (`None`: not waiting). The one waiting longest takes a
+    /// latency-critical application's core first.
+    waiting_since: Vec<Option<Time>>,
+    /// Whether the minimum residency and its queue apply (`fresh`,
+    /// `waiting_since`): `false` is Algorithm 2 as the paper has it.
+    residency: bool,
+    /// The time of this pass (when a wait began).
+    now: Time,
     active: Vec<usize>,
     taken: Vec<Vec<bool>>,
 }
@@ -317,6 +344,13 @@ impl Board {
         b.owner.resize(topo.n_cores, None);
         b.polling.clear();
         b.polling.resize(topo.n_cores, false);
+        b.pending.clear();
+        b.pending.resize(topo.n_cores, false);
+        b.fresh.clear();
+        b.fresh.resize(topo.n_cores, false);
+        b.waiting_since.clear();
+        b.waiting_since.resize(apps.len(), None);
+        b.residency = false;
         b.active.clear();
         b.taken.truncate(apps.len());
         b.taken.resize_with(apps.len(), Vec::new);
@@ -329,6 +363,7 @@ impl Board {
                     if c < topo.n_cores {
                         b.owner[c] = Some((a, k));
                         b.polling[c] = kt.idle_polling;
+                        b.pending[c] = kt.handover_pending;
                     }
                 }
             }
@@ -358,14 +393,47 @@ impl Board {
             None => false,
             Some(None) => true,
             Some(Some(_)) if self.polled_by_other(apps, req, core) => true,
-            Some(Some((a, _))) => {
-                *a != req
-                    && apps[req].class == AppClass::LatencyCritical
+            Some(Some(_)) => {
+                apps[req].class == AppClass::LatencyCritical
                     && self.n_idle() == 0
-                    && self.bursting(apps, *a)
-                    && !serves(apps, req, *a)
+                    && self.takable(apps, req, core)
             }
         }
+    }
+
+    /// A busy core latency-critical `req` may preempt: another
+    /// application's, bursting, not one `req` is the netstack of, whose
+    /// owner has run on it, and — a latency-critical owner — has held it
+    /// for the minimum residency with no application waiting longer for
+    /// it, unless it is `req`'s own netstack (it works for `req`) or `req`
+    /// is below its guaranteed cores (a promise, kept at once).
+    fn takable(&self, apps: &[AppSnap], req: usize, core: CoreId) -> bool {
+        let Some((a, _)) = self.owner[core] else {
+            return false;
+        };
+        a != req
+            && !self.pending[core]
+            && self.bursting(apps, a)
+            && !serves(apps, req, a)
+            && (apps[a].class == AppClass::Batch
+                || !self.residency
+                || serves(apps, a, req)
+                || self.active[req] < apps[req].guaranteed
+                || (!self.fresh[core] && self.first_in_line(apps, req, a)))
+    }
+
+    /// No other latency-critical application that could take a core of
+    /// `holder` has waited longer than `req` (ties: the lower index, which
+    /// this pass served first).
+    fn first_in_line(&self, apps: &[AppSnap], req: usize, holder: usize) -> bool {
+        let mine = self.waiting_since[req].unwrap_or(Time::MAX);
+        !(0..apps.len()).any(|w| {
+            w != req
+                && w != holder
+                && apps[w].class == AppClass::LatencyCritical
+                && !serves(apps, w, holder)
+                && self.waiting_since[w].is_some_and(|t| t < mine || (t == mine && w < req))
+        })
     }
 
     /// Algorithm 2, SELECTCORE.
@@ -400,9 +468,14 @@ impl Board {
         if apps[req].class != AppClass::LatencyCritical {
             return None;
         }
-        // A random bursting application, then a random core of it; counted
-        // and picked without collecting (no allocation in the pass).
-        let is_victim = |a: &usize| *a != req && self.bursting(apps, *a) && !serves(apps, req, *a);
+        // A random bursting application, then a random core of it that
+        // may be taken; counted and picked without collecting (no
+        // allocation in the pass).
+        let n_cores = self.owner.len();
+        let of = |v: usize, c: &usize| {
+            matches!(self.owner[*c], Some((a, _)) if a == v) && self.takable(apps, req, *c)
+        };
+        let is_victim = |a: &usize| (0..n_cores).any(|c| of(*a, &c));
         let n_victims = (0..apps.len()).filter(is_victim).count();
         if n_victims == 0 {
             return None;
@@ -410,12 +483,12 @@ impl Board {
         let v = (0..apps.len())
             .filter(is_victim)
             .nth(rng.below(n_victims))?;
-        let of_v = |c: &usize| matches!(self.owner[*c], Some((a, _)) if a == v);
-        let n_cores = (0..self.owner.len()).filter(of_v).count();
-        if n_cores == 0 {
+        let of_v = |c: &usize| of(v, c);
+        let n_of_v = (0..n_cores).filter(of_v).count();
+        if n_of_v == 0 {
             return None;
         }
-        (0..self.owner.len()).filter(of_v).nth(rng.below(n_cores))
+        (0..n_cores).filter(of_v).nth(rng.below(n_of_v))
     }
 
     /// Algorithm 2, kthread choice: the parked kthread that last ran on
@@ -445,14 +518,20 @@ impl Board {
         out: &mut Vec<Decision>,
     ) -> bool {
         if self.active[req] >= apps[req].max_cores {
+            self.waiting_since[req] = None;
             return false;
         }
         let Some(core) = self.select_core(topo, apps, req, rng) else {
+            // It waits for a core only with a kthread to put on one.
+            let can_use = self.select_kthread(apps, req, 0).is_some();
+            let since = self.waiting_since[req].unwrap_or(self.now);
+            self.waiting_since[req] = can_use.then_some(since);
             return false;
         };
         let Some(k) = self.select_kthread(apps, req, core) else {
             return false;
         };
+        self.waiting_since[req] = None;
         if let Some((va, vk)) = self.owner[core] {
             out.push(Decision::Preempt {
                 app: va,
@@ -468,6 +547,9 @@ impl Board {
             core,
         });
         self.owner[core] = Some((req, k));
+        // Not run yet: no later grant of this pass takes it back.
+        self.pending[core] = true;
+        self.fresh[core] = true;
         self.taken[req][k] = true;
         self.active[req] += 1;
         true
@@ -481,18 +563,53 @@ pub struct Shenango {
     rng: SplitMix64,
     congestion: Congestion,
     board: Board,
+    residency: Residency,
 }
+
+/// [`Shenango::new`]'s minimum residency, in passes: 100 µs at the 5 µs
+/// interval (docs/design.md, "Minimum residency").
+pub const DEFAULT_MIN_RESIDENCY_PASSES: Time = 20;
 
 impl Shenango {
     /// `interval`: congestion-detection period (Shenango: 5 µs); `seed`
-    /// drives the random choice of a bursting victim.
+    /// drives the random choice of a bursting victim. The minimum
+    /// residency is [`DEFAULT_MIN_RESIDENCY_PASSES`] intervals.
     pub fn new(interval: Time, seed: u64) -> Self {
         Self {
             interval,
             rng: SplitMix64::new(seed),
             congestion: Congestion::new(),
             board: Board::default(),
+            residency: Residency::new(interval.saturating_mul(DEFAULT_MIN_RESIDENCY_PASSES)),
         }
+    }
+
+    /// A latency-critical application keeps a core it runs on for at
+    /// least `min` (same unit as the interval) before another
+    /// latency-critical one takes it, and the core then goes to the one
+    /// that has waited longest (`alloc/residency.rs`). 0: Algorithm 2 as
+    /// the paper has it, every pass.
+    pub fn with_min_residency(mut self, min: Time) -> Self {
+        self.residency = Residency::new(min);
+        self
+    }
+
+    /// This pass's board: the snapshot's owners, and each core's residency.
+    fn begin(&mut self, now: Time, topo: &Topology, apps: &[AppSnap]) {
+        let b = &mut self.board;
+        b.rebuild(topo, apps);
+        b.now = now;
+        b.residency = self.residency.min() > 0;
+        self.residency.observe(
+            now,
+            apps,
+            residency::View {
+                owner: &b.owner,
+                pending: &b.pending,
+                fresh: &mut b.fresh,
+                waiting_since: &mut b.waiting_since,
+            },
+        );
     }
 }
 
@@ -508,8 +625,8 @@ impl CoreAllocator for Shenango {
         apps: &[AppSnap],
         out: &mut Vec<Decision>,
     ) -> &[usize] {
+        self.begin(now, topo, apps);
         let b = &mut self.board;
-        b.rebuild(topo, apps);
         self.congestion.begin();
         for (a, app) in apps.iter().enumerate() {
             // Judged by the cores it holds now: a grant to an earlier
@@ -520,27 +637,31 @@ impl CoreAllocator for Shenango {
             let want = congested || (!has_core && app.next_timer.is_some_and(|t| t <= now));
             if want {
                 b.grant_one(topo, apps, a, &mut self.rng, out);
+            } else {
+                b.waiting_since[a] = None;
             }
         }
+        self.residency.remember(apps, &b.waiting_since);
         self.congestion.end(apps);
         self.congestion.congested()
     }
 
     fn on_work_for(
         &mut self,
-        _now: Time,
+        now: Time,
         topo: &Topology,
         apps: &[AppSnap],
         wanting: &[usize],
         out: &mut Vec<Decision>,
     ) {
+        self.begin(now, topo, apps);
         let b = &mut self.board;
-        b.rebuild(topo, apps);
         for &app in wanting {
             if app < apps.len() && b.active[app] == 0 {
                 b.grant_one(topo, apps, app, &mut self.rng, out);
             }
         }
+        self.residency.remember(apps, &b.waiting_since);
     }
 }
 
@@ -1099,6 +1220,171 @@ mod tests {
     }
 
     #[test]
+    fn a_core_waiting_for_its_hand_over_is_not_taken() {
+        // One core: app 0's kthread was granted it and waits for the
+        // preempted holder to give it back; app 1 has work and no core.
+        let topo = Topology::flat(1);
+        for residency in [0, 100] {
+            let mut s = Shenango::new(5, 7).with_min_residency(residency);
+            let waiting = lc(
+                1,
+                vec![KthreadSnap {
+                    handover_pending: true,
+                    ..running(0)
+                }],
+            );
+            let wanting = lc(2, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+            let apps = [waiting, wanting.clone()];
+            let mut out = Vec::new();
+            for now in (0..1000).step_by(5) {
+                s.pass(now, &topo, &apps, &mut out);
+            }
+            assert!(out.is_empty(), "{out:?}");
+            // Once it runs, it is bursting as any holder: taken after its
+            // residency.
+            let apps = [lc(1, vec![running(0)]), wanting];
+            s.pass(1000, &topo, &apps, &mut out);
+            assert_eq!(out.is_empty(), residency > 0, "{out:?}");
+            if residency > 0 {
+                s.pass(1000 + residency, &topo, &apps, &mut out);
+            }
+            assert!(
+                matches!(
+                    out[..],
+                    [
+                        Decision::Preempt {
+                            app: 0,
+                            core: 0,
+                            ..
+                        },
+                        Decision::Grant {
+                            app: 1,
+                            core: 0,
+                            ..
+                        }
+                    ]
+                ),
+                "{out:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_core_granted_in_a_pass_is_not_taken_back_in_the_same_pass() {
+        // One core held by a bursting batch application; two
+        // latency-critical ones, coreless, both with work: the first gets
+        // it, the second waits (Algorithm 2 as published, too).
+        let topo = Topology::flat(1);
+        let wants = |key| lc(key, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+        let apps = [
+            app(1, AppClass::Batch, 0, vec![running(0)]),
+            wants(2),
+            wants(3),
+        ];
+        for residency in [0, 100] {
+            let mut s = Shenango::new(5, 7).with_min_residency(residency);
+            let mut out = Vec::new();
+            s.pass(0, &topo, &apps, &mut out);
+            assert_eq!(
+                out,
+                [
+                    Decision::Preempt {
+                        app: 0,
+                        kthread: 0,
+                        core: 0
+                    },
+                    Decision::Grant {
+                        app: 1,
+                        kthread: 0,
+                        core: 0
+                    }
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn a_batch_holder_is_preempted_at_once_a_latency_critical_one_after_its_residency() {
+        let topo = Topology::flat(1);
+        let wanting = lc(2, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+        for (class, at) in [(AppClass::Batch, 0), (AppClass::LatencyCritical, 100)] {
+            let mut s = Shenango::new(5, 7).with_min_residency(100);
+            let apps = [app(1, class, 0, vec![running(0)]), wanting.clone()];
+            let mut out = Vec::new();
+            let mut now = 0;
+            while out.is_empty() {
+                assert!(now <= 1000, "{class:?}: never taken");
+                s.pass(now, &topo, &apps, &mut out);
+                now += 5;
+            }
+            // Coreless with work, the requester wants a core from the
+            // first pass on; the holder's residency counts from that pass.
+            assert_eq!(now - 5, at, "{class:?}: {out:?}");
+        }
+    }
+
+    #[test]
+    fn the_application_waiting_longest_takes_a_latency_critical_core_first() {
+        // One core held by app 0 (latency-critical); app 2 has waited since
+        // time 0, app 1 only since 50: when the residency ends, app 2 gets
+        // the core although app 1 comes first in the table.
+        let topo = Topology::flat(1);
+        let mut s = Shenango::new(5, 7).with_min_residency(100);
+        let holder = lc(1, vec![running(0)]);
+        let wants = |key| lc(key, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+        let idle = |key| lc(key, vec![parked(0, None)]);
+        let mut out = Vec::new();
+        for now in (0..50).step_by(5) {
+            s.pass(now, &topo, &[holder.clone(), idle(2), wants(3)], &mut out);
+        }
+        let apps = [holder, wants(2), wants(3)];
+        let mut now = 50;
+        while out.is_empty() {
+            assert!(now <= 1000, "never taken");
+            s.pass(now, &topo, &apps, &mut out);
+            now += 5;
+        }
+        assert!(
+            matches!(out[..], [Decision::Preempt { app: 0, .. }, Decision::Grant { app: 2, .. }]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn an_application_below_its_guarantee_takes_a_bursting_core_at_once() {
+        let topo = Topology::flat(1);
+        let mut s = Shenango::new(5, 7).with_min_residency(1_000);
+        let owed = app(
+            2,
+            AppClass::LatencyCritical,
+            1,
+            vec![queued(parked(0, None), (0, 1), (0, 0))],
+        );
+        let apps = [lc(1, vec![running(0)]), owed];
+        let mut out = Vec::new();
+        s.pass(0, &topo, &apps, &mut out);
+        assert!(
+            matches!(out[..], [Decision::Preempt { app: 0, .. }, Decision::Grant { app: 1, .. }]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_protected_application_takes_its_netstacks_core_at_once() {
+        // The netstack works for it: no residency between the two.
+        let topo = Topology::flat(1);
+        let mut s = Shenango::new(5, 7).with_min_residency(1_000);
+        let mut waiting = lc(1, vec![queued(parked(0, None), (0, 1), (0, 0))]);
+        waiting.netstack = Some(2);
+        let apps = [waiting, lc(2, vec![running(0)])];
+        let out = two_passes(&mut s, &topo, &apps, &apps);
+        assert!(
+            matches!(out[..], [Decision::Preempt { app: 1, .. }, Decision::Grant { app: 0, .. }]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
     fn a_netstack_never_preempts_its_protected_application() {
         // One core, held by the protected application (key 1); its
         // netstack (key 2) has work and no core.
@@ -1111,8 +1397,9 @@ mod tests {
         let out = two_passes(&mut s, &topo, &apps, &apps);
         assert!(out.is_empty(), "{out:?}");
         // Another latency-critical application in the netstack's place
-        // takes the core, as Algorithm 2 says.
-        let mut s = Shenango::new(5, 7);
+        // takes the core, as Algorithm 2 says (the holder's minimum
+        // residency aside, which this test is not about).
+        let mut s = Shenango::new(5, 7).with_min_residency(0);
         let mut unrelated = protected.clone();
         unrelated.netstack = Some(9);
         let apps = [unrelated, netstack.clone()];

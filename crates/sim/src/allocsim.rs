@@ -603,6 +603,9 @@ impl<'a> Engine<'a> {
                         idle_polling: k
                             .core
                             .is_some_and(|c| self.cores[c].state == CoreState::IdlePolling),
+                        // A grant here runs after its latency whatever
+                        // the victim does: no hand-over waits.
+                        handover_pending: false,
                         parked: k.core.is_none(),
                         parked_since: k.parked_since,
                         last_core: k.last_core,

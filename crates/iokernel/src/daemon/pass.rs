@@ -293,6 +293,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                     parked: kt.parked && (!on_page || kt.tid.is_some()),
                     parked_since: kt.parked_since,
                     last_core: kt.last_core,
+                    // Granted, waiting for a preempted holder's `Yielded`:
+                    // not to be taken before it ran (issue 35).
+                    handover_pending: kt.awaiting.is_some(),
                     ..Default::default()
                 };
                 line.update(&mut ks);
