@@ -44,6 +44,7 @@ fn soak_30s() {
         keys,
         connections: 3,
         reset_every: Duration::from_millis(300),
+        min_residency: None,
     };
     let launcher = Launcher::current_exe().expect("the test binary");
     let report = soak(&cfg, &launcher).expect("the soak runs");

@@ -82,6 +82,10 @@ pub struct SoakArgs {
     /// Mean gap between requests cut off by a reset.
     #[arg(long, default_value = "250ms", value_parser = parse_duration)]
     reset_every: Duration,
+    /// iokerneld's minimum residency of a latency-critical core (default:
+    /// iokerneld's, 100us; 0s: Algorithm 2 as published; docs/design.md).
+    #[arg(long, value_parser = parse_duration)]
+    min_residency: Option<Duration>,
     /// Also write the JSON to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -97,6 +101,8 @@ pub struct SoakConfig {
     pub keys: u64,
     pub connections: usize,
     pub reset_every: Duration,
+    /// iokerneld's `min_residency`; `None`: its default.
+    pub min_residency: Option<Duration>,
 }
 
 impl From<&SoakArgs> for SoakConfig {
@@ -109,6 +115,7 @@ impl From<&SoakArgs> for SoakConfig {
             keys: a.keys,
             connections: a.connections as usize,
             reset_every: a.reset_every,
+            min_residency: a.min_residency,
         }
     }
 }
@@ -170,16 +177,21 @@ pub fn soak(cfg: &SoakConfig, launcher: &Launcher) -> anyhow::Result<SoakReport>
         app: cpus[1],
     };
     let seed = cfg.seed;
+    let min_residency = cfg
+        .min_residency
+        .unwrap_or(ginza_iokernel::config::DEFAULT_MIN_RESIDENCY);
     let configure = move |icfg: &mut ginza_iokernel::Config| {
         icfg.faults = vec![format!("{BACKGROUND},seed={seed}")
             .parse()
             .map_err(|e| anyhow!("{BACKGROUND}: {e}"))?];
+        icfg.min_residency = min_residency;
         Ok(())
     };
     let (backend, mut report) = with_iokerneld_on_veth(&ns, cpus, configure, |iok, _| {
         Soak::new(cfg, launcher, &ns, iok)?.run()
     })?;
     report.backend = backend;
+    report.min_residency_us = min_residency.as_secs_f64() * 1e6;
     Ok(report)
 }
 

@@ -20,6 +20,8 @@ pub struct SoakReport {
     pub seed: u64,
     /// iokerneld's NIC backend on the veth.
     pub backend: String,
+    /// iokerneld's minimum residency of a latency-critical core, µs.
+    pub min_residency_us: f64,
     /// Answered requests: the verifier's and loadgen's.
     pub requests: u64,
     pub requests_verified: u64,
