@@ -1038,7 +1038,8 @@ mod tests {
     #[test]
     fn work_for_coreless_app_is_granted_without_a_pass() {
         let topo = Topology::flat(2);
-        let mut s = Shenango::new(5, 1);
+        // No minimum residency: app 1's core is taken at the next pass.
+        let mut s = Shenango::new(5, 1).with_min_residency(0);
         let apps = [
             lc(1, vec![queued(running(0), (0, 3), (0, 0)), parked(0, None)]),
             lc(2, vec![parked(0, None)]),

@@ -213,12 +213,15 @@ const MS: Time = 1_000_000;
 fn without_a_minimum_residency_two_congested_apps_take_the_core_every_pass() {
     let alloc = Shenango::new(INTERVAL, 7).with_min_residency(0);
     let seen = run(alloc, &[Load::Backlog, Load::Backlog], false, 20 * MS);
-    // A hand-over takes longer than a pass: the holder is preempted again
-    // and again while the core changes hands.
+    // A hand-over takes longer than a pass: each receiver, once it runs,
+    // is preempted at the very next pass by the one it took the core
+    // from, which has parked meanwhile. The core changes hands tens of
+    // times a millisecond and runs next to nothing.
     let per_ms = seen.handovers / 20;
     assert!(per_ms >= 40, "{seen:?}");
-    assert!(seen.undone > 0, "{seen:?}");
-    assert!(seen.shortest_stint.unwrap() <= 2 * INTERVAL, "{seen:?}");
+    assert!(seen.shortest_stint.unwrap() <= INTERVAL, "{seen:?}");
+    let ran: Time = seen.ran.iter().sum();
+    assert!(ran < 20 * MS / 100, "{seen:?}");
 }
 
 #[test]
@@ -288,9 +291,10 @@ fn with_the_minimum_residency_a_timer_only_app_runs_soon_after_its_timer() {
     );
     assert_eq!(seen.undone, 0, "{seen:?}");
     let ran = seen.first_ran[2].expect("the timer application ran");
-    // It waits at most for the holder's slice and a hand-over.
+    // It waits at most for the slices of the two that may have waited
+    // longer (first come, first served) and their hand-overs.
     assert!(
-        ran - MS <= MIN_RESIDENCY + HANDOVER + 2 * INTERVAL,
+        ran - MS <= 2 * (MIN_RESIDENCY + HANDOVER + 2 * INTERVAL),
         "{seen:?}"
     );
 }
