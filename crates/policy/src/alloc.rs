@@ -1346,7 +1346,13 @@ mod tests {
             now += 5;
         }
         assert!(
-            matches!(out[..], [Decision::Preempt { app: 0, .. }, Decision::Grant { app: 2, .. }]),
+            matches!(
+                out[..],
+                [
+                    Decision::Preempt { app: 0, .. },
+                    Decision::Grant { app: 2, .. }
+                ]
+            ),
             "{out:?}"
         );
     }
@@ -1365,7 +1371,13 @@ mod tests {
         let mut out = Vec::new();
         s.pass(0, &topo, &apps, &mut out);
         assert!(
-            matches!(out[..], [Decision::Preempt { app: 0, .. }, Decision::Grant { app: 1, .. }]),
+            matches!(
+                out[..],
+                [
+                    Decision::Preempt { app: 0, .. },
+                    Decision::Grant { app: 1, .. }
+                ]
+            ),
             "{out:?}"
         );
     }
@@ -1380,7 +1392,13 @@ mod tests {
         let apps = [waiting, lc(2, vec![running(0)])];
         let out = two_passes(&mut s, &topo, &apps, &apps);
         assert!(
-            matches!(out[..], [Decision::Preempt { app: 1, .. }, Decision::Grant { app: 0, .. }]),
+            matches!(
+                out[..],
+                [
+                    Decision::Preempt { app: 1, .. },
+                    Decision::Grant { app: 0, .. }
+                ]
+            ),
             "{out:?}"
         );
     }

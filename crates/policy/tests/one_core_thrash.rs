@@ -41,9 +41,13 @@ enum State {
     Parked,
     /// Granted the core; its holder has not given it back yet.
     Pending,
-    Running { since: Time },
+    Running {
+        since: Time,
+    },
     /// Preempted; gives the core back at `until`.
-    Preempting { until: Time },
+    Preempting {
+        until: Time,
+    },
     /// A timer application that ran and ended.
     Done,
 }
@@ -126,7 +130,9 @@ fn run(mut alloc: Shenango, loads: &[Load], report_pending: bool, duration: Time
             match (out[i], out.get(i + 1)) {
                 (
                     Decision::Preempt { app: v, .. },
-                    Some(&Decision::Grant { app: r, core: 0, .. }),
+                    Some(&Decision::Grant {
+                        app: r, core: 0, ..
+                    }),
                 ) => {
                     match apps[v].state {
                         State::Running { since } => {

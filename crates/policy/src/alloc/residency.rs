@@ -75,10 +75,8 @@ impl Residency {
                     since: (!pending).then_some(now),
                 }),
             };
-            v.fresh[c] = held.is_some_and(|t| {
-                t.since
-                    .is_none_or(|s| now.saturating_sub(s) < self.min)
-            });
+            v.fresh[c] =
+                held.is_some_and(|t| t.since.is_none_or(|s| now.saturating_sub(s) < self.min));
         }
         for (w, app) in v.waiting_since.iter_mut().zip(apps) {
             *w = self.waiting.get(&app.key).copied();
