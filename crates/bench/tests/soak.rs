@@ -57,15 +57,14 @@ fn soak_30s() {
     assert!(missed.is_empty(), "missed aims: {missed:?}\n{json}");
     assert_eq!(report.protected_hangs_after_netstack_kill, 0, "{json}");
     // It did what it says: load, every kind of fault, every key read back.
-    // Both clients' throughput on the one managed core is reported, not
-    // held (docs/soak.md, "Findings"): the floors say the load ran.
-    assert!(report.requests_verified > 1000, "{json}");
-    // kv-rtc shares the one managed core with kv-victim, kv-protected and
-    // batch; since kv-protected mostly restarts after a netstack kill
-    // instead of hanging parked (leaving the core to the others), loadgen
-    // completes 0.4–3.8 k of the 12 k requests it offers on a 2-CPU
-    // machine.
-    assert!(report.requests_loadgen > 100, "{json}");
+    // kv-rtc shares the one managed core with kv-victim, kv-protected, the
+    // netstack and batch. With the allocator's minimum residency
+    // (docs/soak.md, "Findings") loadgen completed 10.7–11.5 k of the 12 k
+    // requests it offers and the verifier 13–18 k in runs on a busy 2-CPU
+    // machine (docs/results.md, "Session 18: the one-core thrash"); the
+    // floors leave room for a slower CI machine.
+    assert!(report.requests_verified > 9000, "{json}");
+    assert!(report.requests_loadgen > 8000, "{json}");
     assert_eq!(report.verifier.final_keys_read, 3 * keys, "{json}");
     for kind in [
         "frames_dropped",
