@@ -239,11 +239,15 @@ impl QueueLine {
     pub fn add_busy_ns(&self, ns: u64) {
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);
     }
-    pub fn insert_flags(&self, f: LineFlags) {
-        self.flags.fetch_or(f.0, Ordering::AcqRel);
+    /// Sets `f`; returns the flags as they were just before, read in the
+    /// same atomic step (docs/idle-poll.md, "The take-back").
+    pub fn insert_flags(&self, f: LineFlags) -> LineFlags {
+        LineFlags(self.flags.fetch_or(f.0, Ordering::AcqRel))
     }
-    pub fn remove_flags(&self, f: LineFlags) {
-        self.flags.fetch_and(!f.0, Ordering::AcqRel);
+    /// Clears `f`; returns the flags as they were just before, read in the
+    /// same atomic step.
+    pub fn remove_flags(&self, f: LineFlags) -> LineFlags {
+        LineFlags(self.flags.fetch_and(!f.0, Ordering::AcqRel))
     }
     pub fn flags(&self) -> LineFlags {
         LineFlags(self.flags.load(Ordering::Acquire))
