@@ -370,6 +370,29 @@ mod tests {
         assert!(!l.doorbell_rung());
     }
 
+    /// iokerneld's take-back of a polled core against the poller leaving
+    /// the state (docs/idle-poll.md): each side's one atomic step tells it
+    /// what the other did, and they agree — iokerneld believes the
+    /// kthread polled exactly when the kthread finds itself taken back.
+    #[test]
+    fn a_take_back_and_a_poller_leaving_agree() {
+        for _ in 0..2000 {
+            let l = std::sync::Arc::new(QueueLine::new());
+            l.insert_flags(LineFlags::IDLE_POLLING);
+            let iokerneld = {
+                let l = std::sync::Arc::clone(&l);
+                std::thread::spawn(move || {
+                    l.insert_flags(LineFlags::PREEMPT_PENDING)
+                        .contains(LineFlags::IDLE_POLLING)
+                })
+            };
+            let taken = l
+                .remove_flags(LineFlags::IDLE_POLLING)
+                .contains(LineFlags::PREEMPT_PENDING);
+            assert_eq!(iokerneld.join().unwrap(), taken);
+        }
+    }
+
     #[test]
     fn two_takers_race_and_one_wins() {
         for round in 0..200 {
