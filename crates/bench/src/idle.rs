@@ -1,35 +1,42 @@
 //! `ginza bench idle`: what iokerneld costs while nothing happens, and what
-//! its sleep costs the first request after a quiet spell
-//! (docs/iokernel-idle.md).
+//! its sleep and the server's idle state cost the first request after a
+//! quiet spell (docs/iokernel-idle.md, docs/idle-poll.md), beside Linux's.
 //!
-//! Each round starts iokerneld on a veth's host end (AF_XDP, else
-//! AF_PACKET) three times, in an order that turns from round to round, with
-//! a UDP echo server on a Ginza runtime registered:
+//! Each round runs four setups, in an order that turns from round to
+//! round: three start iokerneld on a veth's host end (AF_XDP, else
+//! AF_PACKET) with a UDP echo server on a Ginza runtime registered, the
+//! fourth runs the kernel's echo on the same veth end:
 //!
-//! * `sleeping`: iokerneld sleeps while idle and the server's kthread polls
-//!   while idle (both defaults; docs/idle-poll.md);
+//! * `sleeping`: iokerneld sleeps while idle, and the server's kthread
+//!   polls while idle (`poll_while_idle` = `POLL_WHILE_IDLE`);
 //! * `sleeping_parked`: the same with the server's kthread parking when
 //!   idle (`poll_while_idle` = 0: the behaviour before idle polling);
-//! * `spinning`: iokerneld with `--spin`, the server as by default;
+//! * `spinning`: iokerneld with `--spin`, the server polling while idle;
+//! * `linux_blocking`: no iokerneld; a Linux UDP echo server, one thread
+//!   blocked in `recvfrom` on a socket bound to an address of the veth's
+//!   host end, pinned to the CPU the Ginza server gets.
 //!
-//! and measures:
+//! `default` repeats `sleeping` or `sleeping_parked`, whichever a user
+//! gets without options (`IokernelConfig::new`'s `poll_while_idle`).
 //!
-//! * `loop_cpu_pct`: CPU time of iokerneld's loop thread (`utime + stime`
-//!   of that thread, the stats' `loop_cpu_ns`) over `--idle` of wall time
-//!   with no traffic, in % of one core;
+//! Measured in each:
+//!
+//! * `loop_cpu_pct` (Ginza only): CPU time of iokerneld's loop thread
+//!   (`utime + stime` of that thread, the stats' `loop_cpu_ns`) over
+//!   `--idle` of wall time with no traffic, in % of one core;
 //! * `server_cpu_pct`: the rest of this process's CPU time over the same
 //!   window (`/proc/self/stat`, in ticks of 10 ms: the echo server's
-//!   kthread, and this thread, asleep), in % of one core;
+//!   kthread or thread, and this thread, asleep), in % of one core;
 //! * `first_rtt_us`: the UDP round trip (32-byte payload) from an ordinary
 //!   Linux socket in the namespace to the echo server, each sent after
-//!   `--gap` with no traffic: a sleeping iokerneld is asleep, and the echo
-//!   server's kthread polls (if `--gap` is under its bound, 2 s by
-//!   default) or has parked; the median of `--probes`.
+//!   `--gap` with no traffic: a sleeping iokerneld is asleep, the Ginza
+//!   server's kthread polls (if `--gap` is under its bound, 2 s) or has
+//!   parked, Linux's thread is blocked; the median of `--probes`.
 //!
 //! A figure is the median over rounds. Needs root, `ip` and `ethtool`.
 
 use std::fmt::Write as _;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,7 +66,7 @@ pub struct IdleArgs {
     /// Print one JSON object on stdout (the table then goes to stderr).
     #[arg(long)]
     json: bool,
-    /// Rounds (each runs both modes).
+    /// Rounds (each runs every setup).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     rounds: u32,
     /// Wall time over which the idle loop's CPU time is measured.
@@ -73,49 +80,79 @@ pub struct IdleArgs {
     gap: Duration,
 }
 
-/// How iokerneld and the server's kthread spend an idle spell.
+/// Who serves, and how iokerneld and the server spend an idle spell.
 #[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 enum Setup {
     Sleeping,
     SleepingParked,
     Spinning,
+    LinuxBlocking,
 }
 
 impl Setup {
-    const ALL: [Setup; 3] = [Setup::Sleeping, Setup::SleepingParked, Setup::Spinning];
+    const ALL: [Setup; 4] = [
+        Setup::Sleeping,
+        Setup::SleepingParked,
+        Setup::Spinning,
+        Setup::LinuxBlocking,
+    ];
 
     fn spin(self) -> bool {
         self == Setup::Spinning
     }
 
+    /// The server's `poll_while_idle`.
+    fn poll_while_idle(self) -> Duration {
+        if self == Setup::SleepingParked {
+            Duration::ZERO
+        } else {
+            ginza_runtime::POLL_WHILE_IDLE
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
-            Setup::Sleeping => "sleeping",
+            Setup::Sleeping => "sleeping, server polls",
             Setup::SleepingParked => "sleeping, server parks",
-            Setup::Spinning => "spinning",
+            Setup::Spinning => "spinning, server polls",
+            Setup::LinuxBlocking => "Linux, blocking",
+        }
+    }
+
+    /// The Ginza setup a user gets without options: iokerneld sleeps while
+    /// idle, and the server polls or parks by `IokernelConfig::new`.
+    fn default_ginza() -> Setup {
+        let io = ginza_runtime::IokernelConfig::new("x", ginza_runtime::Class::LatencyCritical);
+        if io.poll_while_idle.is_zero() {
+            Setup::SleepingParked
+        } else {
+            Setup::Sleeping
         }
     }
 }
 
-/// One mode's figures in one round.
+/// One setup's figures in one round.
 #[derive(Serialize, Clone, Debug)]
 struct Round {
     setup: Setup,
+    /// iokerneld's NIC backend; `kernel` for Linux's server.
     backend: String,
-    loop_cpu_pct: f64,
+    /// None: no iokerneld (Linux's server).
+    loop_cpu_pct: Option<f64>,
     server_cpu_pct: f64,
     /// iokerneld's sleeps during the idle window, and its wakes by cause
-    /// (NIC, application bell, control socket, timer, in-process handle).
-    sleeps: u64,
-    wakes: [u64; 5],
+    /// (NIC, application bell, control socket, timer, in-process handle);
+    /// none without iokerneld.
+    sleeps: Option<u64>,
+    wakes: Option<[u64; 5]>,
     /// Each measured round trip, µs (null: unanswered within 1 s).
     first_rtt_us: Vec<Option<f64>>,
 }
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Clone, Debug)]
 struct Mode {
-    loop_cpu_pct: f64,
+    loop_cpu_pct: Option<f64>,
     server_cpu_pct: f64,
     first_rtt_us_p50: f64,
 }
@@ -125,6 +162,11 @@ struct Report {
     sleeping: Mode,
     sleeping_parked: Mode,
     spinning: Mode,
+    linux_blocking: Mode,
+    /// Which of `sleeping` and `sleeping_parked` a user gets by default,
+    /// and its figures again.
+    default_setup: Setup,
+    default: Mode,
     idle_s: f64,
     gap_ms: f64,
     rounds: Vec<Round>,
@@ -144,13 +186,16 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
         for i in 0..Setup::ALL.len() {
             let setup = Setup::ALL[(i + r as usize) % Setup::ALL.len()];
             let round = measure(&ns, cpus, setup, &args)?;
+            let iokerneld = match (round.loop_cpu_pct, round.sleeps, round.wakes) {
+                (Some(cpu), Some(sleeps), Some(wakes)) => format!(
+                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}, "
+                ),
+                _ => "no iokerneld, ".to_string(),
+            };
             eprintln!(
-                "round {r} {}: loop {:.2} % of a core, server {:.2} %, {} sleeps, wakes (nic, app, control, timer, handle) {:?}; first round trips {:?} µs",
+                "round {r} {}: {iokerneld}server {:.2} %; first round trips {:?} µs",
                 setup.name(),
-                round.loop_cpu_pct,
                 round.server_cpu_pct,
-                round.sleeps,
-                round.wakes,
                 round.first_rtt_us
             );
             rounds.push(round);
@@ -158,7 +203,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     }
     let mode = |setup: Setup| -> anyhow::Result<Mode> {
         let of: Vec<&Round> = rounds.iter().filter(|r| r.setup == setup).collect();
-        let cpu: Vec<f64> = of.iter().map(|r| r.loop_cpu_pct).collect();
+        let cpu: Vec<f64> = of.iter().filter_map(|r| r.loop_cpu_pct).collect();
         let server: Vec<f64> = of.iter().map(|r| r.server_cpu_pct).collect();
         let rtt: Vec<f64> = of
             .iter()
@@ -168,15 +213,19 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             })
             .collect();
         Ok(Mode {
-            loop_cpu_pct: round3(median(&cpu).context("no round")?),
+            loop_cpu_pct: median(&cpu).map(round3),
             server_cpu_pct: round3(median(&server).context("no round")?),
             first_rtt_us_p50: round3(median(&rtt).context("no round")?),
         })
     };
+    let default_setup = Setup::default_ginza();
     let report = Report {
         sleeping: mode(Setup::Sleeping)?,
         sleeping_parked: mode(Setup::SleepingParked)?,
         spinning: mode(Setup::Spinning)?,
+        linux_blocking: mode(Setup::LinuxBlocking)?,
+        default_setup,
+        default: mode(default_setup)?,
         idle_s: args.idle.as_secs_f64(),
         gap_ms: args.gap.as_secs_f64() * 1e3,
         rounds,
@@ -184,28 +233,44 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     let mut table = String::new();
     writeln!(
         table,
-        "iokerneld idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {})",
+        "idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {})",
         args.rounds, args.idle, args.gap, args.probes
     )?;
     for (setup, m) in [
         (Setup::Sleeping, &report.sleeping),
         (Setup::SleepingParked, &report.sleeping_parked),
         (Setup::Spinning, &report.spinning),
+        (Setup::LinuxBlocking, &report.linux_blocking),
     ] {
+        let loop_cpu = m
+            .loop_cpu_pct
+            .map_or("      -".to_string(), |c| format!("{c:7.3}"));
         writeln!(
             table,
-            "  {:23} loop CPU {:7.3} % of a core   server {:7.2} %   first round trip p50 {:8.1} µs",
+            "  {:23} loop CPU {loop_cpu} % of a core   server {:7.2} %   first round trip p50 {:8.1} µs{}",
             setup.name(),
-            m.loop_cpu_pct,
             m.server_cpu_pct,
-            m.first_rtt_us_p50
+            m.first_rtt_us_p50,
+            if setup == default_setup { "   (the default)" } else { "" }
         )?;
     }
     emit(args.json, &table, &report)
 }
 
-/// One mode: iokerneld and the echo server, the idle window, the probes.
+/// One setup: the server, the idle window, the probes.
 fn measure(ns: &NetNs, cpus: Cpus, setup: Setup, args: &IdleArgs) -> anyhow::Result<Round> {
+    if setup == Setup::LinuxBlocking {
+        let (server_cpu_pct, first_rtt_us) = linux_blocking(ns, cpus.app, args)?;
+        return Ok(Round {
+            setup,
+            backend: "kernel".to_string(),
+            loop_cpu_pct: None,
+            server_cpu_pct: round3(server_cpu_pct),
+            sleeps: None,
+            wakes: None,
+            first_rtt_us,
+        });
+    }
     let configure = |cfg: &mut ginza_iokernel::Config| {
         cfg.spin = setup.spin();
         cfg.idle_sleep = None;
@@ -218,10 +283,10 @@ fn measure(ns: &NetNs, cpus: Cpus, setup: Setup, args: &IdleArgs) -> anyhow::Res
     Ok(Round {
         setup,
         backend,
-        loop_cpu_pct: round3(loop_cpu_pct),
+        loop_cpu_pct: Some(round3(loop_cpu_pct)),
         server_cpu_pct: round3(server_cpu_pct),
-        sleeps,
-        wakes,
+        sleeps: Some(sleeps),
+        wakes: Some(wakes),
         first_rtt_us,
     })
 }
@@ -242,11 +307,7 @@ fn serve(
     let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
     let tune = |config: &mut ginza_runtime::Config| {
         if let Some(io) = config.iokernel.as_mut() {
-            io.poll_while_idle = if setup == Setup::SleepingParked {
-                Duration::ZERO
-            } else {
-                ginza_runtime::POLL_WHILE_IDLE
-            };
+            io.poll_while_idle = setup.poll_while_idle();
         }
     };
     let mut server = App::start_tuned(
@@ -259,17 +320,14 @@ fn serve(
     let result = probe_idle(ns, iokerneld, args);
     stop.store(true, Ordering::Relaxed);
     // The server returns at its next request or timer.
-    let _ = trips(ns, 1);
+    let _ = trips(ns, ns.peer_ip, 1);
     let _ = server.join();
     result
 }
 
 fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Result<Measured> {
-    let warm = trips(ns, WARMUP)?;
-    anyhow::ensure!(
-        warm.iter().any(Option::is_some),
-        "the echo server answered none of {WARMUP} round trips"
-    );
+    let target = ns.peer_ip;
+    warm_up(ns, target)?;
     let s0 = iokerneld.stats()?;
     let p0 = process_ticks()?;
     std::thread::sleep(args.idle);
@@ -287,16 +345,101 @@ fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Res
         b.wakes_timer.saturating_sub(a.wakes_timer),
         b.wakes_handle.saturating_sub(a.wakes_handle),
     ];
-    let mut first = Vec::new();
-    for _ in 0..args.probes {
-        std::thread::sleep(args.gap);
-        first.extend(trips(ns, 1)?);
-    }
+    let first = first_trips(ns, target, args)?;
     Ok((
         (cpu / wall * 100.0, rest / wall * 100.0),
         (sleeps, wakes),
         first,
     ))
+}
+
+/// Round trips before the measured ones; at least one answered.
+fn warm_up(ns: &NetNs, target: Ipv4Addr) -> anyhow::Result<()> {
+    let warm = trips(ns, target, WARMUP)?;
+    anyhow::ensure!(
+        warm.iter().any(Option::is_some),
+        "the echo server at {target} answered none of {WARMUP} round trips"
+    );
+    Ok(())
+}
+
+/// `--probes` round trips, each after `--gap` of quiet.
+fn first_trips(ns: &NetNs, target: Ipv4Addr, args: &IdleArgs) -> anyhow::Result<Vec<Option<f64>>> {
+    let mut first = Vec::new();
+    for _ in 0..args.probes {
+        std::thread::sleep(args.gap);
+        first.extend(trips(ns, target, 1)?);
+    }
+    Ok(first)
+}
+
+/// Linux's peer: the kernel's UDP echo on the veth's host end, which has
+/// an address of the namespace's subnet (`.3`, Ginza's server is
+/// `peer_ip`) for the measurement; a thread blocked in `recvfrom`, pinned
+/// to `cpu`. Returns the process's CPU over the idle window, % of a core,
+/// and the round trips after a quiet gap.
+fn linux_blocking(
+    ns: &NetNs,
+    cpu: usize,
+    args: &IdleArgs,
+) -> anyhow::Result<(f64, Vec<Option<f64>>)> {
+    let [a, b, c, _] = ns.ns_ip.octets();
+    let ip = Ipv4Addr::new(a, b, c, 3);
+    let cidr = format!("{ip}/24");
+    let status = std::process::Command::new("ip")
+        .args(["addr", "add", &cidr, "dev", &ns.host_if])
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "ip addr add {cidr} dev {} failed",
+        ns.host_if
+    );
+    let result = linux_echo_measured(ns, ip, cpu, args);
+    let _ = std::process::Command::new("ip")
+        .args(["addr", "del", &cidr, "dev", &ns.host_if])
+        .status();
+    result
+}
+
+fn linux_echo_measured(
+    ns: &NetNs,
+    ip: Ipv4Addr,
+    cpu: usize,
+    args: &IdleArgs,
+) -> anyhow::Result<(f64, Vec<Option<f64>>)> {
+    let addr = SocketAddrV4::new(ip, ECHO_PORT);
+    let socket = UdpSocket::bind(addr).with_context(|| format!("binding {addr}"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let server = std::thread::Builder::new()
+        .name("linux-echo".into())
+        .spawn(move || -> std::io::Result<()> {
+            ginza_sys::affinity::pin_current_thread(cpu)?;
+            let mut buf = [0u8; 2048];
+            // Blocks with no time-out: nothing wakes it but a datagram.
+            while !stop2.load(Ordering::Relaxed) {
+                let (n, from) = socket.recv_from(&mut buf)?;
+                let _ = socket.send_to(&buf[..n], from);
+            }
+            Ok(())
+        })?;
+    let measured = (|| -> anyhow::Result<(f64, Vec<Option<f64>>)> {
+        warm_up(ns, ip)?;
+        let t0 = std::time::Instant::now();
+        let p0 = process_ticks()?;
+        std::thread::sleep(args.idle);
+        let p1 = process_ticks()?;
+        let wall = t0.elapsed().as_nanos().max(1) as f64;
+        let cpu_pct = p1.saturating_sub(p0) as f64 * NS_PER_TICK / wall * 100.0;
+        Ok((cpu_pct, first_trips(ns, ip, args)?))
+    })();
+    stop.store(true, Ordering::Relaxed);
+    // The thread returns after one more datagram.
+    UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))?.send_to(&[0u8; 8], addr)?;
+    server
+        .join()
+        .map_err(|_| anyhow::anyhow!("the Linux echo thread panicked"))??;
+    measured
 }
 
 /// This process's CPU time so far, in ticks.
@@ -305,10 +448,11 @@ fn process_ticks() -> anyhow::Result<u64> {
     crate::demo::quiet::parse_process_ticks(&text).context("parsing /proc/self/stat")
 }
 
-/// `n` round trips from a fresh socket in the namespace, µs.
-fn trips(ns: &NetNs, n: usize) -> anyhow::Result<Vec<Option<f64>>> {
+/// `n` round trips from a fresh socket in the namespace to the echo server
+/// at `ip`, µs.
+fn trips(ns: &NetNs, ip: Ipv4Addr, n: usize) -> anyhow::Result<Vec<Option<f64>>> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
-    let target = SocketAddrV4::new(ns.peer_ip, ECHO_PORT);
+    let target = SocketAddrV4::new(ip, ECHO_PORT);
     let rtts =
         ns.run_in(move || udp_rtt_probe(bind, target, n, PAYLOAD, Duration::from_secs(1)))??;
     Ok(rtts

@@ -137,7 +137,8 @@ struct Kthread {
     timer: Option<u64>,
     /// Asked to give its core back; neither active nor parked.
     preempting: bool,
-    /// When it was asked.
+    /// When it was asked (for a kthread preempted while it polled, when
+    /// it was last seen polling: `check_overdue`).
     preempt_since: u64,
     /// Moved off its core after missing the preemption deadline.
     evicted: bool,
@@ -145,10 +146,11 @@ struct Kthread {
     /// is asked to give back can go to its receiver at once
     /// (`Config::handover_from_idle_at_once`).
     idle_class: bool,
-    /// Preempted while it polled while idle (docs/idle-poll.md): it runs
-    /// nothing, so its core goes to the receiver at once, and it is not
-    /// moved off for missing `preempt_deadline` while its queue line still
-    /// says it polls.
+    /// Preempted while it polled while idle (docs/idle-poll.md): its queue
+    /// line said so in the atomic step that set `PREEMPT_PENDING`, so it
+    /// runs nothing before it gives the core back; the core goes to the
+    /// receiver at once, and `preempt_deadline` counts from the last pass
+    /// that saw its line still say it polls.
     preempted_polling: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,

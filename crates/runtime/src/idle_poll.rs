@@ -12,6 +12,16 @@
 //! not one), it parks as before, so a host with no traffic does not burn
 //! the core for ever.
 //!
+//! The take-back is decided on one atomic word, the line's flags:
+//! iokerneld sets `PREEMPT_PENDING` and reads, in the same step, whether
+//! `IDLE_POLLING` was still set; the kthread clears `IDLE_POLLING` and
+//! reads, in the same step, whether `PREEMPT_PENDING` was set. If iokerneld
+//! came first it has already given the core to someone else, believing the
+//! kthread runs nothing: the kthread then runs nothing, whatever it found
+//! meanwhile (it stays queued for its next grant), and gives the core back.
+//! If the kthread came first, iokerneld preempts a kthread that runs work,
+//! as any other.
+//!
 //! A kthread that polls does not keep a sleeping iokerneld awake
 //! (docs/iokernel-idle.md); one that runs work does. So each change of the
 //! flag is followed by the bell's check: iokerneld announces its sleep,
@@ -74,9 +84,17 @@ impl<'a> IdlePoll<'a> {
             if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
                 return false;
             }
+            let was = self.io.line.insert_flags(LineFlags::IDLE_POLLING);
+            if was.contains(LineFlags::PREEMPT_PENDING) {
+                // Preempted before it polled, as a kthread that runs work:
+                // it gives the core back as such (iokerneld waits for it).
+                self.io.line.remove_flags(LineFlags::IDLE_POLLING);
+                self.pollers.fetch_sub(1, SeqCst);
+                self.k.revoke_requested.store(true, SeqCst);
+                return false;
+            }
             self.on = true;
             bump(&self.k.stats.idle_polls);
-            self.io.line.insert_flags(LineFlags::IDLE_POLLING);
             self.io.wake_iokernel();
         }
         // No `sched_yield` here: it hands the CPU to any other thread
@@ -87,26 +105,38 @@ impl<'a> IdlePoll<'a> {
     }
 
     /// Whether iokerneld has taken the core back (one load of the
-    /// kthread's own line). The caller then gives it back at once, as
-    /// revoked.
+    /// kthread's own line, on every turn). The caller then stops looking
+    /// and leaves the state ([`IdlePoll::leave`]), which confirms it.
     pub(crate) fn taken_back(&self) -> bool {
-        if self.on && self.io.preempt_pending() {
+        self.on && self.io.preempt_pending()
+    }
+
+    /// Leaves the polling state (before anything runs or parks): whether
+    /// iokerneld had taken the core back while the kthread still polled.
+    /// Then it has given the core to someone else already, and the kthread
+    /// must run nothing, not even what it found on this last turn: it is
+    /// marked revoked and gives the core back.
+    pub(crate) fn leave(&mut self) -> bool {
+        if !self.on {
+            return false;
+        }
+        self.on = false;
+        let was = self.io.line.remove_flags(LineFlags::IDLE_POLLING);
+        // Running work (or parking) needs iokerneld awake: its egress
+        // ring, its `Parked`.
+        self.io.wake_iokernel();
+        self.pollers.fetch_sub(1, SeqCst);
+        let taken = was.contains(LineFlags::PREEMPT_PENDING);
+        if taken {
             bump(&self.k.stats.idle_poll_takebacks);
             self.k.revoke_requested.store(true, SeqCst);
-            return true;
         }
-        false
+        taken
     }
 }
 
 impl Drop for IdlePoll<'_> {
     fn drop(&mut self) {
-        if self.on {
-            self.io.line.remove_flags(LineFlags::IDLE_POLLING);
-            // Running work (or parking) needs iokerneld awake: its egress
-            // ring, its `Parked`.
-            self.io.wake_iokernel();
-            self.pollers.fetch_sub(1, SeqCst);
-        }
+        self.leave();
     }
 }

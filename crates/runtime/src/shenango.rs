@@ -128,7 +128,16 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         }
         std::hint::spin_loop();
     };
-    // Out of the polling state before anything runs or parks.
+    // Out of the polling state before anything runs or parks. Taken back
+    // while it still polled, it runs nothing it found (idle_poll.rs): that
+    // waits on the runqueue, counted, for its next grant.
+    let found = match found {
+        Some(u) if idle_poll.as_mut().is_some_and(IdlePoll::leave) => {
+            owner.push(u);
+            None
+        }
+        found => found,
+    };
     drop(idle_poll);
     rt.n_spinning.fetch_sub(1, SeqCst);
     k.state.store(RUNNING, Relaxed);

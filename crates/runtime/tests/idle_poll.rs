@@ -193,8 +193,10 @@ fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
     assert!(k.idle_poll_takebacks >= 10, "{k:?}");
 }
 
+/// Linux may not run the poller for milliseconds after its preemption
+/// (measured up to 53 ms on the loaded 2-vCPU VM): it is not overdue for
+/// that, neither while it still polls nor on its way out once it runs.
 #[test]
-#[ignore = "flaky on the loaded 2-vCPU VM: 3 runs in 31 (Session 17) counted the poller overdue (preempt_overdue 1); docs/idle-poll.md, \"Left\""]
 fn a_congested_batch_application_gets_the_polled_core_at_once() {
     let _g = lock();
     let d = Daemon::start(|c| c.idle_sleep = None);

@@ -239,11 +239,15 @@ impl QueueLine {
     pub fn add_busy_ns(&self, ns: u64) {
         self.busy_ns.fetch_add(ns, Ordering::Relaxed);
     }
-    pub fn insert_flags(&self, f: LineFlags) {
-        self.flags.fetch_or(f.0, Ordering::AcqRel);
+    /// Sets `f`; returns the flags as they were just before, read in the
+    /// same atomic step (docs/idle-poll.md, "The take-back").
+    pub fn insert_flags(&self, f: LineFlags) -> LineFlags {
+        LineFlags(self.flags.fetch_or(f.0, Ordering::AcqRel))
     }
-    pub fn remove_flags(&self, f: LineFlags) {
-        self.flags.fetch_and(!f.0, Ordering::AcqRel);
+    /// Clears `f`; returns the flags as they were just before, read in the
+    /// same atomic step.
+    pub fn remove_flags(&self, f: LineFlags) -> LineFlags {
+        LineFlags(self.flags.fetch_and(!f.0, Ordering::AcqRel))
     }
     pub fn flags(&self) -> LineFlags {
         LineFlags(self.flags.load(Ordering::Acquire))
@@ -364,6 +368,29 @@ mod tests {
         // A slot that cannot be stored: nothing to ring.
         assert!(!l.ring_doorbell(u32::MAX));
         assert!(!l.doorbell_rung());
+    }
+
+    /// iokerneld's take-back of a polled core against the poller leaving
+    /// the state (docs/idle-poll.md): each side's one atomic step tells it
+    /// what the other did, and they agree — iokerneld believes the
+    /// kthread polled exactly when the kthread finds itself taken back.
+    #[test]
+    fn a_take_back_and_a_poller_leaving_agree() {
+        for _ in 0..2000 {
+            let l = std::sync::Arc::new(QueueLine::new());
+            l.insert_flags(LineFlags::IDLE_POLLING);
+            let iokerneld = {
+                let l = std::sync::Arc::clone(&l);
+                std::thread::spawn(move || {
+                    l.insert_flags(LineFlags::PREEMPT_PENDING)
+                        .contains(LineFlags::IDLE_POLLING)
+                })
+            };
+            let taken = l
+                .remove_flags(LineFlags::IDLE_POLLING)
+                .contains(LineFlags::PREEMPT_PENDING);
+            assert_eq!(iokerneld.join().unwrap(), taken);
+        }
     }
 
     #[test]

@@ -574,20 +574,31 @@ impl<A: CoreActuator> Iokerneld<A> {
         for app in &mut self.apps {
             for k in 0..app.kt.len() {
                 let kt = &mut app.kt[k];
-                if !kt.preempting || kt.evicted || now.saturating_sub(kt.preempt_since) < deadline {
-                    continue;
-                }
-                if kt.idle_class && self.cfg.handover_from_idle_at_once {
-                    // Its core went on at once; it holds nobody off it.
+                if !kt.preempting || kt.evicted {
                     continue;
                 }
                 if kt.preempted_polling
                     && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
                 {
-                    // Its core went on at once, and it has run nothing
-                    // since: Linux has not run it to read its flag (a
-                    // thread of another process on that CPU). Moving it
-                    // off would not free the core any sooner.
+                    // Its core went on at once, and it has not even left
+                    // the polling state: Linux has not run it (a thread of
+                    // another process on that CPU; seen for up to 53 ms on
+                    // the loaded 2-vCPU VM). Moving it off would not free
+                    // the core any sooner. Its deadline counts from the
+                    // last pass that saw it poll: once it runs, it leaves
+                    // the state and gives the core back within a few
+                    // microseconds, running nothing in between (the
+                    // take-back's atomic step, `preempt`). Counted from the
+                    // preemption, a deadline long past caught it on that
+                    // way out (docs/idle-poll.md).
+                    kt.preempt_since = now;
+                    continue;
+                }
+                if now.saturating_sub(kt.preempt_since) < deadline {
+                    continue;
+                }
+                if kt.idle_class && self.cfg.handover_from_idle_at_once {
+                    // Its core went on at once; it holds nobody off it.
                     continue;
                 }
                 kt.evicted = true;
@@ -937,9 +948,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         if k >= app.kt.len() {
             return (a, k);
         }
-        let polled = app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING);
         let kt = &mut app.kt[k];
-        kt.preempted_polling = polled;
+        kt.preempted_polling = false;
         let id = app.id;
         if let Some(i) = self
             .ready
@@ -982,7 +992,16 @@ impl<A: CoreActuator> Iokerneld<A> {
         app.preemptions += 1;
         self.meter.preemptions += 1;
         self.meter.actions += 1;
-        app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
+        // Whether it polled while idle, read in the same atomic step that
+        // asks for the core: a poller that clears its flag after this step
+        // sees the request in its own clearing step and runs nothing
+        // (runtime's `IdlePoll::leave`); one that cleared it before runs
+        // work and is preempted as any kthread (docs/idle-poll.md).
+        let polled = app.ends[k]
+            .line
+            .insert_flags(LineFlags::PREEMPT_PENDING)
+            .contains(LineFlags::IDLE_POLLING);
+        app.kt[k].preempted_polling = polled;
         match app.ends[k].to_kthread.send(ToKthread::Preempt { reason }) {
             Ok(()) => {}
             Err(SendError::Full) => app.ring_full += 1,
