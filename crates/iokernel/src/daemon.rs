@@ -150,6 +150,8 @@ struct Kthread {
     /// moved off for missing `preempt_deadline` while its queue line still
     /// says it polls.
     preempted_polling: bool,
+    /// `LineFlags::CORE_WANTED` as last written on its line.
+    core_wanted: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
     /// A `SCHED_IDLE` victim not signalled yet: when it will be, unless
@@ -284,6 +286,9 @@ pub struct Iokerneld<A: CoreActuator> {
     protected_pids: Vec<protected::ProtectedApp>,
     snaps: Vec<AppSnap>,
     decisions: Vec<Decision>,
+    /// Per application of `snaps`: another one is left wanting a core
+    /// only this one's could give (`ginza_policy::alloc::wanted_elsewhere`).
+    wanted: Vec<bool>,
     /// Hand-overs whose core is free now.
     ready: Vec<Handover>,
     /// Some preempted kthread's hand-over waits for its `Yielded`: the loop
@@ -433,6 +438,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             protected_pids: Vec::new(),
             snaps: Vec::new(),
             decisions: Vec::new(),
+            wanted: Vec::new(),
             ready: Vec::new(),
             handover_waiting: false,
             signal_after_wakes: Vec::new(),
