@@ -220,8 +220,9 @@ pub struct IokernelConfig {
     /// rather than park, while no other application wants the core: iokerneld
     /// takes it back at once for anyone who does (docs/idle-poll.md). It
     /// parks after this long with no arrival (packets, work pushed from
-    /// outside); zero: never polls. `new` gives latency-critical
-    /// applications [`POLL_WHILE_IDLE`], batch zero.
+    /// outside); zero: never polls. `new` gives zero for now
+    /// (docs/idle-poll.md, "Left"); [`POLL_WHILE_IDLE`] is the bound to opt
+    /// in with.
     pub poll_while_idle: Duration,
     /// Send and receive packets (`crate::net`): iokerneld steers frames
     /// for this MAC/IP to the kthreads' ingress rings.
@@ -256,15 +257,10 @@ impl IokernelConfig {
             },
             sched_idle: class == Class::Batch,
             keep_cores_when_idle: false,
-            // On for latency-critical applications: where another
-            // application wants the core, iokerneld marks it and the
-            // kthread parks instead (docs/idle-poll.md, "Poll only where
-            // nobody waits"), so polling costs batch nothing.
-            poll_while_idle: if class == Class::LatencyCritical {
-                POLL_WHILE_IDLE
-            } else {
-                Duration::ZERO
-            },
+            // Off by default for now: beside batch on a loaded machine the
+            // poller was measured to miss its preemption deadline and batch
+            // to lose its throughput (docs/idle-poll.md, "Left").
+            poll_while_idle: Duration::ZERO,
             net: None,
             steering: None,
             dispatch: None,
