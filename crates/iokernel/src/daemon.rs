@@ -152,6 +152,8 @@ struct Kthread {
     /// receiver at once, and `preempt_deadline` counts from the last pass
     /// that saw its line still say it polls.
     preempted_polling: bool,
+    /// `LineFlags::CORE_WANTED` as last written on its line.
+    core_wanted: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
     /// A `SCHED_IDLE` victim not signalled yet: when it will be, unless
@@ -286,6 +288,9 @@ pub struct Iokerneld<A: CoreActuator> {
     protected_pids: Vec<protected::ProtectedApp>,
     snaps: Vec<AppSnap>,
     decisions: Vec<Decision>,
+    /// Per application of `snaps`: another one is left wanting a core
+    /// only this one's could give (`ginza_policy::alloc::wanted_elsewhere`).
+    wanted: Vec<bool>,
     /// Hand-overs whose core is free now.
     ready: Vec<Handover>,
     /// Some preempted kthread's hand-over waits for its `Yielded`: the loop
@@ -437,6 +442,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             protected_pids: Vec::new(),
             snaps: Vec::new(),
             decisions: Vec::new(),
+            wanted: Vec::new(),
             ready: Vec::new(),
             handover_waiting: false,
             signal_after_wakes: Vec::new(),

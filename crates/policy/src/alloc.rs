@@ -43,7 +43,9 @@
 //! assert_eq!(out, vec![Decision::Grant { app: 0, kthread: 1, core: 1 }]);
 //! ```
 
+mod wanted;
 use std::collections::HashMap;
+pub use wanted::wanted_elsewhere;
 
 use crate::rng::SplitMix64;
 use crate::Time;

@@ -22,6 +22,11 @@
 //! If the kthread came first, iokerneld preempts a kthread that runs work,
 //! as any other.
 //!
+//! Where another application waits for the core, iokerneld says so on the
+//! line (`LineFlags::CORE_WANTED`) when it grants or preempts, and the
+//! kthread parks at once: beside batch, polling would only hold the core
+//! until the next pass took it back.
+//!
 //! A kthread that polls does not keep a sleeping iokerneld awake
 //! (docs/iokernel-idle.md); one that runs work does. So each change of the
 //! flag is followed by the bell's check: iokerneld announces its sleep,
@@ -80,6 +85,12 @@ impl<'a> IdlePoll<'a> {
             return false;
         }
         if !self.on {
+            // Another application waits for this core (iokerneld's mark):
+            // it is theirs now, not at the pass that would take it back.
+            // Once polling, iokerneld's take-back answers that instead.
+            if self.io.line.flags().contains(LineFlags::CORE_WANTED) {
+                return false;
+            }
             // One poller per application: the others park.
             if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
                 return false;

@@ -149,12 +149,13 @@ fn spinning_batch(d: &Daemon, kthreads: usize, stop: &Arc<AtomicBool>) -> JoinHa
 
 /// One managed core, batch (`SCHED_IDLE`) spinning on it, and the
 /// latency-critical idler: each of its timers takes the core from batch at
-/// once; once the timer's work is done and the kthread polls, the core is
-/// wanted by batch, which never stopped running there: its preemption is
-/// withdrawn (no signal, no yield, no new grant) and the poller gives the
-/// core back.
+/// once. Batch, displaced, still wants the core, so iokerneld marks it
+/// wanted (`LineFlags::CORE_WANTED`) and the kthread parks as soon as the
+/// timer's work is done instead of polling on it (docs/idle-poll.md, "Poll
+/// only where nobody waits"): batch's preemption is withdrawn (no signal,
+/// no yield, no new grant), as if idle polling were off.
 #[test]
-fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
+fn a_sched_idle_victim_keeps_the_core_its_receiver_parks_on_without_polling() {
     let _g = lock();
     if !std::thread::spawn(|| ginza_sys::sched_class::set_current_idle().is_ok())
         .join()
@@ -174,10 +175,14 @@ fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
             .then_some(())
     });
     let lc = Idler::start(&d);
-    let before = d.stats();
     let w0 = lc.wakes.load(Ordering::Relaxed);
+    wait_for("a first timer wake of lc", || {
+        (lc.wakes.load(Ordering::Relaxed) > w0).then_some(())
+    });
+    let (before, k0) = (d.stats(), lc.kthread());
+    let w1 = lc.wakes.load(Ordering::Relaxed);
     wait_for("twenty timer wakes of lc", || {
-        (lc.wakes.load(Ordering::Relaxed) >= w0 + 20).then_some(())
+        (lc.wakes.load(Ordering::Relaxed) >= w1 + 20).then_some(())
     });
     let after = d.stats();
     let k = lc.finish();
@@ -190,7 +195,9 @@ fn a_sched_idle_victim_keeps_the_core_its_receiver_only_polls_on() {
     assert!(withdrawn >= 10, "{withdrawn} withdrawn: {:#?}", after.alloc);
     // Each withdrawal spared batch a yield and a grant.
     assert!(b.revocations < 10, "{b:?}");
-    assert!(k.idle_poll_takebacks >= 10, "{k:?}");
+    // It parked after each wake and never began to poll on batch's core.
+    assert!(k.parks >= k0.parks + 10, "{k0:?} then {k:?}");
+    assert_eq!(k.idle_polls, k0.idle_polls, "it polled: {k0:?} then {k:?}");
 }
 
 /// Linux may not run the poller for milliseconds after its preemption

@@ -47,6 +47,13 @@ impl LineFlags {
     /// bell ([`crate::iokernel_bell`]). Set by iokerneld on every line of
     /// the application before it sleeps, cleared when it wakes.
     pub const IOKERNEL_ASLEEP: LineFlags = LineFlags(1 << 10);
+    /// Another application is left wanting a core that only this
+    /// kthread's could give it now (docs/idle-poll.md, "Poll only where
+    /// nobody waits"): when the kthread runs out of work it parks at once
+    /// instead of polling while idle. Set and cleared by iokerneld after
+    /// each allocation pass, on the kthreads that hold a core; a runtime
+    /// that does not know it polls and is taken back as before.
+    pub const CORE_WANTED: LineFlags = LineFlags(1 << 11);
 
     pub fn contains(self, other: LineFlags) -> bool {
         self.0 & other.0 == other.0

@@ -8,8 +8,8 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use ginza_net::flow::mix64;
 use ginza_policy::alloc::{
-    AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters, Shenango, Slow, Static,
-    Topology,
+    wanted_elsewhere, AppClass, AppSnap, CoreAllocator, Decision, KthreadSnap, QueueCounters,
+    Shenango, Slow, Static, Topology,
 };
 use ginza_policy::steer::{AppSteering, SteerStats, Steered};
 use rand::rngs::SmallRng;
@@ -218,6 +218,9 @@ struct Engine<'a> {
     preemptions: u64,
     snaps: Vec<AppSnap>,
     out: Vec<Decision>,
+    /// Per application: another is left wanting a core only this one's
+    /// could give (`wanted_elsewhere`, as iokerneld marks it).
+    wanted: Vec<bool>,
     /// When iokerneld is done with the requests it steered so far.
     iok_free: u64,
     /// Steered requests not yet on their kthread's queue, oldest first:
@@ -284,6 +287,7 @@ impl<'a> Engine<'a> {
             preemptions: 0,
             snaps: Vec::new(),
             out: Vec::new(),
+            wanted: Vec::new(),
             iok_free: 0,
             pending: VecDeque::new(),
             flow_last: if cfg.migration_us > 0.0 && cfg.steering.flows > 0 {
@@ -522,10 +526,12 @@ impl<'a> Engine<'a> {
     }
 
     /// Whether a kthread of the latency-critical app may begin polling
-    /// while idle: the option on, and no other of its kthreads polling.
+    /// while idle: the option on, no other application left wanting a core
+    /// at the last pass, and no other of its kthreads polling.
     fn may_poll(&self) -> bool {
         self.parks
             && self.cfg.idle_poll_us > 0.0
+            && !self.wanted.first().copied().unwrap_or(false)
             && !self
                 .cores
                 .iter()
@@ -639,6 +645,7 @@ impl<'a> Engine<'a> {
         let mut out = std::mem::take(&mut self.out);
         out.clear();
         self.alloc.pass(now, &self.topo, &self.snaps, &mut out);
+        wanted_elsewhere(&self.topo, &self.snaps, &out, &mut self.wanted);
         self.apply(&out, now);
         self.out = out;
     }

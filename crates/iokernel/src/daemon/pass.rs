@@ -245,7 +245,14 @@ impl<A: CoreActuator> Iokerneld<A> {
 
         self.snapshot(now);
         self.decide(now, kind);
+        ginza_policy::alloc::wanted_elsewhere(
+            &self.topo,
+            &self.snaps,
+            &self.decisions,
+            &mut self.wanted,
+        );
         self.carry_out(now);
+        self.mark_wanted_cores();
         self.reap();
         self.complete_handovers();
         self.send_deferred_signals();
@@ -393,6 +400,28 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         // An interval pass sees the waiting packets too.
         self.work_arrived.clear();
+    }
+
+    /// Tells each kthread that holds a core whether another application
+    /// is left wanting it (`LineFlags::CORE_WANTED`): such a kthread parks
+    /// when it runs out of work instead of polling while idle
+    /// (docs/idle-poll.md, "Poll only where nobody waits"). Written only
+    /// when it changes: the line is the kthread's hot cache line.
+    fn mark_wanted_cores(&mut self) {
+        for (app, &wanted) in self.apps.iter_mut().zip(&self.wanted) {
+            for (k, kt) in app.kt.iter_mut().enumerate() {
+                if kt.core.is_none() || kt.core_wanted == wanted {
+                    continue;
+                }
+                let line = &app.ends[k].line;
+                if wanted {
+                    line.insert_flags(LineFlags::CORE_WANTED);
+                } else {
+                    line.remove_flags(LineFlags::CORE_WANTED);
+                }
+                kt.core_wanted = wanted;
+            }
+        }
     }
 
     /// Carries out the allocator's decisions: grants (or hand-overs
