@@ -183,6 +183,41 @@ fn verdicts_on_crafted_frames() {
     }
 }
 
+/// The direct path's entries (docs/direct-path.md): an address whose value
+/// names an own socket's slot is redirected through the own sockets' map,
+/// even with no socket of iokerneld's in the map; cleared, it goes back to
+/// iokerneld's (none here: passed). Refusals name what was wrong.
+#[test]
+fn an_own_socket_in_the_map_takes_its_address() {
+    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
+    use std::os::fd::AsRawFd;
+
+    let _g = lock();
+    let Some(ns) = NetNs::create_or_skip() else {
+        return;
+    };
+    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let umem = Umem::private(64, 2048).unwrap();
+    let own = Xsk::open(ifindex, 0, umem, UmemOwner::Own, 64, BindMode::Copy).unwrap();
+    let fd = own.fd().as_raw_fd();
+    let mut steering = XdpSteering::load(1).unwrap();
+    let unclaimed = steering.set_own_socket(OURS, 3, 0, fd).unwrap_err();
+    assert!(unclaimed.to_string().contains("not claimed"), "{unclaimed}");
+    steering.claim(OURS).unwrap();
+    let bad_queue = steering.set_own_socket(OURS, 3, 1, fd).unwrap_err();
+    assert!(bad_queue.to_string().contains("queue 1"), "{bad_queue}");
+    steering.set_own_socket(OURS, 3, 0, fd).unwrap();
+    assert_eq!(steering.map_value(OURS).unwrap(), Some(4));
+    check_verdicts(&steering, Verdict::Redirect);
+    steering.clear_own_socket(OURS, 3, 0).unwrap();
+    assert_eq!(steering.map_value(OURS).unwrap(), Some(0));
+    check_verdicts(&steering, Verdict::Pass);
+}
+
 /// `ip link show dev IF` mentions an XDP program.
 fn xdp_attached(ifname: &str) -> bool {
     let out = Command::new("ip")
