@@ -90,6 +90,32 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
         .unwrap()
         .unwrap();
     let answered = rtts.iter().filter(|r| r.is_some()).count();
+
+    // Parked, the application is woken by iokerneld for frames waiting on
+    // its own socket alone (its ingress rings stay empty): its rx ring is
+    // queued work.
+    let app_stats = || {
+        let report = daemon.get().stats().unwrap();
+        report
+            .apps
+            .into_iter()
+            .find(|a| a.name == "echo-direct")
+            .expect("registered")
+    };
+    let t0 = Instant::now();
+    while app_stats().cores_now > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the application never parked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let parked = app_stats();
+    let woken = ns
+        .run_in(move || netns::udp_rtt_probe(bind, target, 20, 100, Duration::from_millis(500)))
+        .unwrap()
+        .unwrap();
+    let woken_at = app_stats();
     let after = daemon.get().stats().unwrap().dataplane;
     stop.store(true, Relaxed);
     let (served, net) = app.join(Duration::from_secs(10));
@@ -108,11 +134,26 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
         after.nic_rx_frames,
         after.nic_tx_frames
     );
+    let woken_max = woken.iter().flatten().max();
+    println!(
+        "parked after {} grants: {} of 20 echoed (slowest {woken_max:?}), {} grants after",
+        parked.grants,
+        woken.iter().flatten().count(),
+        woken_at.grants
+    );
     assert_eq!(
         answered, DATAGRAMS,
         "{answered} of {DATAGRAMS} datagrams echoed"
     );
-    assert_eq!(stats.udp_echoed.load(Relaxed), DATAGRAMS as u64);
+    assert!(
+        woken.iter().all(Option::is_some),
+        "echoed after parking: {woken:?}"
+    );
+    assert!(
+        woken_at.grants > parked.grants,
+        "iokerneld granted a core for them"
+    );
+    assert_eq!(stats.udp_echoed.load(Relaxed), DATAGRAMS as u64 + 20);
     // Every datagram (and the ARP exchange) came in on the own socket and
     // its echo left from there.
     assert!(net.direct_rx_packets >= DATAGRAMS as u64, "{net:?}");

@@ -218,6 +218,60 @@ fn an_own_socket_in_the_map_takes_its_address() {
     check_verdicts(&steering, Verdict::Pass);
 }
 
+/// An application's own socket (the direct path) is refused with the
+/// reason: by an iokerneld whose interface was not opened for it, when the
+/// descriptor is not an AF_XDP socket, on iokerneld's queue 0, and a second
+/// time; and accepted otherwise.
+#[test]
+fn own_sockets_are_refused_with_the_reason() {
+    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
+    use std::os::fd::AsFd;
+
+    let _g = lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let own = Xsk::open(
+        ifindex,
+        1,
+        Umem::private(64, 2048).unwrap(),
+        UmemOwner::Own,
+        64,
+        BindMode::Copy,
+    )
+    .unwrap();
+    let iface = Interface {
+        mac: APP_MAC,
+        ip: ns.peer_ip,
+    };
+    let refusal = |r: Result<(), ginza_proto::client::ClientError>| r.unwrap_err().to_string();
+
+    let switch_only = format!("af_xdp:{}", ns.host_if);
+    let d = Daemon::start_with(RecordingActuator::new(), |c| c.nic = switch_only);
+    let app = RawApp::register(&d.socket, "own-refused", iface, 1).unwrap();
+    let e = refusal(app.conn.attach_direct_socket(1, own.fd()));
+    assert!(e.contains("without the direct path"), "{e}");
+    drop(app);
+    drop(d);
+
+    let direct = format!("af_xdp:{},direct", ns.host_if);
+    let d = Daemon::start_with(RecordingActuator::new(), |c| c.nic = direct);
+    let app = RawApp::register(&d.socket, "own-accepted", iface, 1).unwrap();
+    let not_a_socket = ginza_sys::eventfd::new().unwrap();
+    let e = refusal(app.conn.attach_direct_socket(1, not_a_socket.as_fd()));
+    assert!(e.contains("not an AF_XDP socket"), "{e}");
+    let e = refusal(app.conn.attach_direct_socket(0, own.fd()));
+    assert!(e.contains("queue 0 is iokerneld's"), "{e}");
+    app.conn.attach_direct_socket(1, own.fd()).unwrap();
+    let e = refusal(app.conn.attach_direct_socket(1, own.fd()));
+    assert!(e.contains("own socket already"), "{e}");
+}
+
 /// `ip link show dev IF` mentions an XDP program.
 fn xdp_attached(ifname: &str) -> bool {
     let out = Command::new("ip")
