@@ -169,3 +169,102 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
         "frames iokerneld sent"
     );
 }
+
+/// Rounds of the comparison below, and round trips per server and round.
+const ROUNDS: usize = 5;
+const PER_ROUND: usize = 2000;
+
+/// A measurement, not a check (run it in release: `cargo test --release
+/// -p ginza-apps --test direct_path_veth -- --ignored --nocapture`): UDP
+/// round trips from a Linux client to two echo servers behind one
+/// iokerneld on `af_xdp:IF,direct`, one on its own socket (queue 1), one
+/// on the switch path (queue 0), in interleaved rounds; XPS in the
+/// namespace moves the client's frames to the queue of the server it
+/// probes. Both runtimes as configured by default (their kthread parks).
+/// Prints the medians over the rounds of each round's p50 and p99.
+#[test]
+#[ignore = "a measurement: run it in release with --ignored --nocapture"]
+fn round_trips_direct_and_switched_interleaved() {
+    let _lock = common::lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    let host_if = ns.host_if.clone();
+    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
+        cfg.nic = format!("af_xdp:{host_if},direct");
+    });
+    let [a, b, c, _] = ns.ns_ip.octets();
+    let switched_ip = ginza_net::Ipv4Addr::new(a, b, c, 4);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut apps = Vec::new();
+    for (name, net) in [
+        (
+            "echo-direct",
+            NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE),
+        ),
+        (
+            "echo-switched",
+            NetConfig::new(MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x0a]), switched_ip),
+        ),
+    ] {
+        let (s2, st2) = (stop.clone(), Arc::new(EchoStats::default()));
+        let ready = Arc::new(AtomicBool::new(false));
+        let r2 = ready.clone();
+        let app = daemon.start_app_with(name, net, 1, move || {
+            while ginza_runtime::net::stats().is_none() {
+                ginza_runtime::sleep(Duration::from_millis(1));
+            }
+            r2.store(true, Relaxed);
+            echo_server::serve_udp(PORT, s2, st2).map_err(|e| e.to_string())
+        });
+        let t0 = Instant::now();
+        while !ready.load(Relaxed) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{name} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        apps.push(app);
+    }
+    let percentile = |sorted: &[Duration], p: usize| sorted[(sorted.len() - 1) * p / 100];
+    let mut rounds: [Vec<(Duration, Duration)>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (i, (queue, ip)) in [(QUEUE, ns.peer_ip), (0, switched_ip)]
+            .into_iter()
+            .enumerate()
+        {
+            steer_peer_to_queue(&ns, 2, queue);
+            let (bind, target) = (SocketAddrV4::new(ns.ns_ip, 0), SocketAddrV4::new(ip, PORT));
+            let rtts = ns
+                .run_in(move || {
+                    netns::udp_rtt_probe(bind, target, PER_ROUND, 64, Duration::from_millis(500))
+                })
+                .unwrap()
+                .unwrap();
+            let mut sorted: Vec<Duration> = rtts.iter().flatten().copied().collect();
+            assert_eq!(sorted.len(), PER_ROUND, "every datagram echoed ({ip})");
+            sorted.sort();
+            rounds[i].push((percentile(&sorted, 50), percentile(&sorted, 99)));
+        }
+    }
+    stop.store(true, Relaxed);
+    for app in apps {
+        app.join(Duration::from_secs(10)).expect("echo-server");
+    }
+    for (i, name) in ["direct (own socket)", "switch path"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut p50: Vec<Duration> = rounds[i].iter().map(|r| r.0).collect();
+        let mut p99: Vec<Duration> = rounds[i].iter().map(|r| r.1).collect();
+        p50.sort();
+        p99.sort();
+        println!(
+            "{name}: p50 {:?}, p99 {:?} (medians of {ROUNDS} rounds of {PER_ROUND}; rounds' p50 {:?})",
+            p50[ROUNDS / 2],
+            p99[ROUNDS / 2],
+            rounds[i].iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+    }
+}

@@ -2,7 +2,9 @@
 //! application hands over its own AF_XDP socket (`Request::DirectSocket`
 //! on its connection); the dataplane puts it in the NIC's XDP maps, the
 //! allocation pass counts the frames waiting on its rx ring as kthread
-//! 0's queued work (the one kthread that polls it), and a sleeping
+//! 0's queued work (the one kthread that polls it), a frame there while
+//! the application holds no core is work arrived (`packets.rs`, every
+//! loop turn, as for frames delivered to its rings), and a sleeping
 //! iokerneld wakes when that ring fills (`idle.rs`).
 
 use std::os::fd::OwnedFd;
@@ -13,6 +15,7 @@ use log::info;
 
 use super::{App, Iokerneld};
 use crate::actuator::CoreActuator;
+use crate::dataplane::AppNet;
 
 /// The kthread whose queued work an own socket's frames are: the runtime
 /// polls its own socket from kthread 0 (docs/direct-path.md, "Left").
@@ -53,6 +56,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             Err(why) => refuse(why),
         }
     }
+}
+
+/// Whether frames wait on `net`'s own socket, if it has one (two loads,
+/// every loop turn).
+pub(super) fn frames_waiting(net: &AppNet) -> bool {
+    net.own_socket.as_ref().is_some_and(|own| {
+        let (produced, consumed) = own.rx_indices();
+        produced != consumed
+    })
 }
 
 /// The indices of `app`'s own socket's rx ring (producer, consumer), if
