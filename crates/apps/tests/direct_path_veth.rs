@@ -7,7 +7,7 @@
 //! NIC counters show that none of the frames, either way, went through it.
 //!
 //! Needs root, `ip` and `ethtool`; skipped otherwise (failed under CI as
-//! root). Run under `flock /tmp/ginza-heavy.lock`.
+//! root).
 
 mod common;
 

@@ -8,7 +8,7 @@
 //! Each test prints what it saw (`cargo test ... -- --nocapture`) and
 //! asserts the facts docs/direct-path.md records, so a kernel that behaves
 //! otherwise fails here. Needs root, `ip` and `ethtool`; skipped otherwise
-//! (failed under CI as root). Run under `flock /tmp/ginza-heavy.lock`.
+//! (failed under CI as root).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
