@@ -14,7 +14,8 @@
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
 //! min_residency = "100us"  # a latency-critical core kept before another
 //!                          # latency-critical application takes it
-//! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME"
+//! nic = "software"         # or "af_packet:IFNAME", "af_xdp:IFNAME",
+//!                          # "af_xdp:IFNAME,direct" (docs/direct-path.md)
 //! yield_after_nic_tx = true # sched_yield at the first idle turn after a
 //!                          # NIC transmit (a thread it woke on this CPU runs)
 //! steering = "rss-mod"     # rss-mod | flow-affinity | indirection
@@ -133,7 +134,8 @@ pub struct Config {
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
     /// The link besides the software switch: `software` (none),
-    /// `af_packet:IFNAME` or `af_xdp:IFNAME`.
+    /// `af_packet:IFNAME`, `af_xdp:IFNAME` or `af_xdp:IFNAME,direct`
+    /// (ready for applications' own sockets: docs/direct-path.md).
     pub nic: String,
     /// At the first loop turn without NIC traffic after a NIC transmit,
     /// `sched_yield`: a thread the transmit woke on iokerneld's own CPU (a
@@ -362,7 +364,9 @@ pub struct Cli {
     #[arg(long)]
     pub seed: Option<u64>,
     /// NIC: software (the built-in switch and traffic generator only),
-    /// af_packet:IFNAME or af_xdp:IFNAME (a real interface, root).
+    /// af_packet:IFNAME or af_xdp:IFNAME (a real interface, root);
+    /// af_xdp:IFNAME,direct also takes applications' own AF_XDP sockets
+    /// (the direct path, docs/direct-path.md).
     #[arg(long)]
     pub nic: Option<String>,
     /// Keep spinning after a NIC transmit instead of yielding the CPU once

@@ -55,6 +55,7 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 mod control;
 mod dispatch;
 mod idle;
+mod own_socket;
 mod packets;
 mod pass;
 mod protected;

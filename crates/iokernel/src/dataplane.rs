@@ -45,10 +45,12 @@ pub mod copy_floor;
 mod direct;
 mod fault_setup;
 mod load;
+mod own_socket;
 
 pub use fault_setup::FaultsHandle;
 use load::RunningLoad;
 pub use load::{GeneratorHandle, LoadReport, LoadRun, GENERATOR_IP};
+pub use own_socket::OwnSocket;
 
 use std::time::Duration;
 
@@ -107,6 +109,8 @@ pub struct AppNet {
     /// Dispatch by iokerneld (docs/colocate.md): UDP requests are held
     /// here for the dispatcher instead of being steered to a ring.
     pub held: Option<Vec<PacketDesc>>,
+    /// Its own AF_XDP socket, on the direct path (docs/direct-path.md).
+    pub own_socket: Option<OwnSocket>,
 }
 
 impl AppNet {
@@ -440,6 +444,7 @@ impl Dataplane {
             aliases: Vec::new(),
             tx_pools: Vec::new(),
             held: None,
+            own_socket: None,
             steer_decisions: 0,
             steer_ns: 0,
         })
@@ -474,6 +479,7 @@ impl Dataplane {
     /// Removes an application's port (frames waiting there go with it);
     /// its addresses are the Linux stack's again.
     pub fn detach(&mut self, net: &AppNet) {
+        self.detach_own_socket(net);
         self.release(net.interface.ip);
         for alias in &net.aliases {
             self.release(alias.ip);

@@ -69,6 +69,24 @@ impl NetNs {
     /// A fresh namespace and veth pair; the error says what is missing or
     /// what failed.
     pub fn create() -> io::Result<NetNs> {
+        NetNs::create_with_queues(1)
+    }
+
+    /// [`NetNs::create_or_skip`] with `queues` receive and transmit queues
+    /// on each end of the pair (the direct path's experiments,
+    /// docs/direct-path.md).
+    #[track_caller]
+    pub fn create_with_queues_or_skip(queues: u32) -> Option<NetNs> {
+        if let Some(reason) = missing_prerequisite() {
+            crate::testing::skip(reason);
+            return None;
+        }
+        Some(NetNs::create_with_queues(queues).expect("creating a network namespace and veth pair"))
+    }
+
+    /// A fresh namespace and a veth pair with `queues` receive and transmit
+    /// queues on each end.
+    pub fn create_with_queues(queues: u32) -> io::Result<NetNs> {
         if let Some(reason) = missing_prerequisite() {
             return Err(io::Error::other(reason));
         }
@@ -88,18 +106,14 @@ impl NetNs {
         };
         // From here on, Drop cleans up whatever was made.
         ip(&["netns", "add", &ns.name])?;
-        ip(&[
-            "link",
-            "add",
-            &ns.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &ns.ns_if,
-            "netns",
-            &ns.name,
-        ])?;
+        let queues = queues.max(1).to_string();
+        let queues = ["numtxqueues", &queues, "numrxqueues", &queues];
+        let mut add = vec!["link", "add", &ns.host_if];
+        add.extend(queues);
+        add.extend(["type", "veth", "peer", "name", &ns.ns_if]);
+        add.extend(queues);
+        add.extend(["netns", &ns.name]);
+        ip(&add)?;
         let _ = std::fs::write(
             format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", ns.host_if),
             "1",

@@ -183,6 +183,95 @@ fn verdicts_on_crafted_frames() {
     }
 }
 
+/// The direct path's entries (docs/direct-path.md): an address whose value
+/// names an own socket's slot is redirected through the own sockets' map,
+/// even with no socket of iokerneld's in the map; cleared, it goes back to
+/// iokerneld's (none here: passed). Refusals name what was wrong.
+#[test]
+fn an_own_socket_in_the_map_takes_its_address() {
+    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
+    use std::os::fd::AsRawFd;
+
+    let _g = lock();
+    let Some(ns) = NetNs::create_or_skip() else {
+        return;
+    };
+    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let umem = Umem::private(64, 2048).unwrap();
+    let own = Xsk::open(ifindex, 0, umem, UmemOwner::Own, 64, BindMode::Copy).unwrap();
+    let fd = own.fd().as_raw_fd();
+    let mut steering = XdpSteering::load(1).unwrap();
+    let unclaimed = steering.set_own_socket(OURS, 3, 0, fd).unwrap_err();
+    assert!(unclaimed.to_string().contains("not claimed"), "{unclaimed}");
+    steering.claim(OURS).unwrap();
+    let bad_queue = steering.set_own_socket(OURS, 3, 1, fd).unwrap_err();
+    assert!(bad_queue.to_string().contains("queue 1"), "{bad_queue}");
+    steering.set_own_socket(OURS, 3, 0, fd).unwrap();
+    assert_eq!(steering.map_value(OURS).unwrap(), Some(4));
+    check_verdicts(&steering, Verdict::Redirect);
+    steering.clear_own_socket(OURS, 3, 0).unwrap();
+    assert_eq!(steering.map_value(OURS).unwrap(), Some(0));
+    check_verdicts(&steering, Verdict::Pass);
+}
+
+/// An application's own socket (the direct path) is refused with the
+/// reason: by an iokerneld whose interface was not opened for it, when the
+/// descriptor is not an AF_XDP socket, on iokerneld's queue 0, and a second
+/// time; and accepted otherwise.
+#[test]
+fn own_sockets_are_refused_with_the_reason() {
+    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
+    use std::os::fd::AsFd;
+
+    let _g = lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let own = Xsk::open(
+        ifindex,
+        1,
+        Umem::private(64, 2048).unwrap(),
+        UmemOwner::Own,
+        64,
+        BindMode::Copy,
+    )
+    .unwrap();
+    let iface = Interface {
+        mac: APP_MAC,
+        ip: ns.peer_ip,
+    };
+    let refusal = |r: Result<(), ginza_proto::client::ClientError>| r.unwrap_err().to_string();
+
+    let switch_only = format!("af_xdp:{}", ns.host_if);
+    let d = Daemon::start_with(RecordingActuator::new(), |c| c.nic = switch_only);
+    let app = RawApp::register(&d.socket, "own-refused", iface, 1).unwrap();
+    let e = refusal(app.conn.attach_direct_socket(1, own.fd()));
+    assert!(e.contains("without the direct path"), "{e}");
+    drop(app);
+    drop(d);
+
+    let direct = format!("af_xdp:{},direct", ns.host_if);
+    let d = Daemon::start_with(RecordingActuator::new(), |c| c.nic = direct);
+    let app = RawApp::register(&d.socket, "own-accepted", iface, 1).unwrap();
+    let not_a_socket = ginza_sys::eventfd::new().unwrap();
+    let e = refusal(app.conn.attach_direct_socket(1, not_a_socket.as_fd()));
+    assert!(e.contains("not an AF_XDP socket"), "{e}");
+    let e = refusal(app.conn.attach_direct_socket(0, own.fd()));
+    assert!(e.contains("queue 0 is iokerneld's"), "{e}");
+    app.conn.attach_direct_socket(1, own.fd()).unwrap();
+    let e = refusal(app.conn.attach_direct_socket(1, own.fd()));
+    assert!(e.contains("own socket already"), "{e}");
+}
+
 /// `ip link show dev IF` mentions an XDP program.
 fn xdp_attached(ifname: &str) -> bool {
     let out = Command::new("ip")

@@ -177,6 +177,18 @@ impl Connection {
         self.ask(Request::Unprotect { link }, &[])
     }
 
+    /// The direct path (docs/direct-path.md): hands iokerneld `socket`,
+    /// this application's own AF_XDP socket bound to receive queue `queue`
+    /// of iokerneld's interface (`Request::DirectSocket`); from the answer
+    /// on, its frames that arrive on that queue go to the socket.
+    pub fn attach_direct_socket(
+        &self,
+        queue: u32,
+        socket: BorrowedFd<'_>,
+    ) -> Result<(), ClientError> {
+        self.ask(Request::DirectSocket { queue }, &[socket])
+    }
+
     fn ask(&self, request: Request, fds: &[BorrowedFd<'_>]) -> Result<(), ClientError> {
         let env = Envelope {
             protocol: PROTOCOL_VERSION,

@@ -277,6 +277,15 @@ pub enum Request {
     DispatchBreakdown {
         name: String,
     },
+    /// From a registered application with a network interface, on its
+    /// connection, with its own AF_XDP socket attached, bound to receive
+    /// queue `queue` of iokerneld's interface (the direct path,
+    /// docs/direct-path.md): iokerneld steers the application's frames
+    /// that arrive on that queue to the socket instead of its own, and
+    /// watches the socket's rx ring for queued work. Answered `Accepted`.
+    DirectSocket {
+        queue: u32,
+    },
 }
 
 /// What a client sends: the protocol version, then the request.

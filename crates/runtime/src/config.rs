@@ -290,6 +290,18 @@ pub struct NetConfig {
     /// Every listener's bounds: half-open connections and accept backlog,
     /// and whether a full half-open set answers with SYN cookies.
     pub tcp_listen: ListenConfig,
+    /// The direct path (docs/direct-path.md): receive and send on an
+    /// AF_XDP socket of the application's own. Off (`None`) by default.
+    pub direct: Option<DirectPathConfig>,
+}
+
+/// Where the application's own AF_XDP socket is bound: a receive queue of
+/// the interface iokerneld drives (`nic = "af_xdp:IF,direct"`), other than
+/// iokerneld's queue 0, that the NIC steers the application's flows to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectPathConfig {
+    pub interface: String,
+    pub queue: u32,
 }
 
 impl NetConfig {
@@ -304,7 +316,18 @@ impl NetConfig {
             udp_queue: 256,
             tcp: TcpConfig::default(),
             tcp_listen: ListenConfig::default(),
+            direct: None,
         }
+    }
+
+    /// Turns the direct path on: the application's own socket on `queue`
+    /// of `interface`.
+    pub fn with_direct_path(mut self, interface: &str, queue: u32) -> NetConfig {
+        self.direct = Some(DirectPathConfig {
+            interface: interface.to_string(),
+            queue,
+        });
+        self
     }
 
     /// Adds a static ARP entry.
@@ -335,6 +358,19 @@ impl NetConfig {
         }
         if self.arp.capacity == 0 || self.arp.retry_interval == Duration::ZERO {
             return Err("net: the ARP table needs a capacity and a retry interval".into());
+        }
+        if let Some(d) = &self.direct {
+            if d.interface.is_empty() || d.interface.len() >= 16 || d.interface.contains('/') {
+                return Err(format!(
+                    "net: direct path: interface name {:?} must be 1 to 15 bytes, no '/'",
+                    d.interface
+                ));
+            }
+            if d.queue == 0 {
+                return Err(
+                    "net: direct path: queue 0 is iokerneld's; pick another receive queue".into(),
+                );
+            }
         }
         Ok(())
     }

@@ -32,6 +32,7 @@ mod iokernel;
 mod link;
 pub mod metrics;
 pub mod net;
+mod own_socket;
 pub mod park;
 mod preempt;
 mod runtime;

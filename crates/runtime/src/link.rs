@@ -24,6 +24,7 @@ use ginza_shm::{
 };
 
 use crate::config::{IokernelConfig, NetConfig};
+use crate::own_socket::OwnSocket;
 use crate::spinlock::SpinLock;
 
 /// Frames one poll of one ring processes at most: bounds the time a kthread
@@ -290,6 +291,9 @@ pub(crate) struct Link {
     pub(crate) conn: Mutex<Option<Connection>>,
     /// The network stack, once iokerneld has sent the ingress pool.
     pub(crate) net: OnceLock<Box<dyn PacketStack>>,
+    /// The application's own AF_XDP socket, on the direct path
+    /// (`NetConfig::direct`), once iokerneld has taken it.
+    pub(crate) own_socket: OnceLock<Arc<OwnSocket>>,
     /// iokerneld's wake page and kthread 0's slot, once registered with
     /// `IokernelConfig::wake_page` (docs/runtime.md, "Local wakes").
     wake: OnceLock<(WakePage, u32)>,
@@ -357,6 +361,7 @@ impl Link {
                 monotonic_at_epoch,
                 conn: Mutex::new(None),
                 net: OnceLock::new(),
+                own_socket: OnceLock::new(),
                 wake: OnceLock::new(),
                 bell,
             },
@@ -366,11 +371,12 @@ impl Link {
 
     /// Registers with iokerneld, passing the region and the eventfds; with
     /// networking, `make_stack` builds the stack on the ingress pool
-    /// iokerneld sends (`net::Stack`, from above this module).
+    /// iokerneld sends (`net::Stack`, from above this module), and on the
+    /// direct path the application's own socket, handed to iokerneld first.
     pub(crate) fn register<F: AsFd>(
         &self,
         eventfds: &[F],
-        make_stack: impl FnOnce(&NetConfig, IngressPool) -> Box<dyn PacketStack>,
+        make_stack: impl FnOnce(&NetConfig, IngressPool, Option<Arc<OwnSocket>>) -> Box<dyn PacketStack>,
     ) -> Result<u64, String> {
         let socket = match &self.cfg.socket {
             Some(p) => p.clone(),
@@ -405,8 +411,20 @@ impl Link {
                     net.interface.ip
                 )
             })?;
+            let own = match &net.direct {
+                None => None,
+                Some(direct) => {
+                    let own = OwnSocket::open(direct)?;
+                    conn.attach_direct_socket(direct.queue, own.fd())
+                        .map_err(|e| format!("direct path: {e}"))?;
+                    let own = Arc::new(own);
+                    // Set once: `register` runs once per runtime.
+                    let _ = self.own_socket.set(Arc::clone(&own));
+                    Some(own)
+                }
+            };
             // Set once: `register` runs once per runtime.
-            let _ = self.net.set(make_stack(net, pool));
+            let _ = self.net.set(make_stack(net, pool, own));
         }
         if let Some(wake) = conn.take_wake_page() {
             let _ = self.wake.set(wake);
@@ -479,6 +497,9 @@ pub(crate) struct KNet {
     pub(crate) counters: KNetCounters,
     /// Written by the owner only; locked by readers of the stats.
     pub(crate) drops: SpinLock<DropCounters>,
+    /// The application's own socket (the direct path): frames this
+    /// kthread sends leave there instead of on its egress ring.
+    pub(crate) own_socket: OnceLock<Arc<OwnSocket>>,
 }
 
 // SAFETY: `tx` is reached only through a `TxSide`, whose constructor's
@@ -540,6 +561,7 @@ impl KNet {
             }),
             counters: KNetCounters::default(),
             drops: SpinLock::new(DropCounters::default()),
+            own_socket: OnceLock::new(),
         }
     }
 
@@ -547,7 +569,8 @@ impl KNet {
     /// is processing right now counts as non-empty: its holder may leave
     /// part of it, and an idle kthread must look again rather than park.
     pub(crate) fn ingress_pending(&self) -> bool {
-        match self.ingress.try_lock() {
+        let own = self.own_socket.get().is_some_and(|o| o.rx_pending());
+        own || match self.ingress.try_lock() {
             Some(mut c) => c.len().is_ok_and(|n| n > 0),
             None => true,
         }

@@ -160,10 +160,18 @@ impl Started {
         }
         let eventfds: Vec<_> = rt.kthreads.iter().map(|k| k.eventfd()).collect();
         let id = link
-            .register(&eventfds, |cfg, pool| {
-                Box::new(crate::net::Stack::new(cfg, pool))
+            .register(&eventfds, |cfg, pool, own| {
+                Box::new(crate::net::Stack::new(cfg, pool, own))
             })
             .map_err(RuntimeError::Iokernel)?;
+        if let Some(own) = link.own_socket.get() {
+            // Every kthread sends on the own socket from now on.
+            for k in rt.kthreads.iter() {
+                if let Some(net) = k.knet() {
+                    let _ = net.own_socket.set(Arc::clone(own));
+                }
+            }
+        }
         if link.wake_slot(0).is_some() {
             // Kthreads that went to sleep on their eventfds before the
             // page came move to it (their wait says why: `wait_for_grant`).

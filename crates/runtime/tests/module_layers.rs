@@ -869,7 +869,9 @@ fn runtime_modules_form_layers() {
     // the spinlock, the signal plumbing (and the program threads' own
     // thread pointers, which a handler restores first), the configuration,
     // the timer heap, the shared region with iokerneld (below the
-    // scheduler, which holds each kthread's end of it).
+    // scheduler, which holds each kthread's end of it) and the
+    // application's own AF_XDP socket (the direct path: a kthread's packet
+    // rings hold it beside their ends of the region).
     for (leaf, may_use) in [
         ("deferral", &[][..]),
         ("spinlock", &["deferral"][..]),
@@ -877,7 +879,8 @@ fn runtime_modules_form_layers() {
         ("foreign_tls", &[][..]),
         ("config", &["error"][..]),
         ("timer", &["spinlock"][..]),
-        ("link", &["config", "spinlock"][..]),
+        ("link", &["config", "own_socket", "spinlock"][..]),
+        ("own_socket", &["config", "spinlock"][..]),
         ("arch", &[][..]),
         ("uthread_stack", &[][..]),
     ] {

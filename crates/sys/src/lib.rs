@@ -20,6 +20,8 @@
 //!   niceness, `sched_yield`.
 //! * [`sched_stat`]: how much CPU a thread got, and how long it waited for one.
 //! * [`terminal`]: the size of the terminal behind a descriptor.
+//! * [`xsk`]: AF_XDP sockets, their UMEM and rings (iokerneld's switch
+//!   path and an application's direct path alike).
 //!
 //! Calls go through `rustix`; `libc` only where rustix has none (`tgkill`,
 //! `sigaction`, `sched_setscheduler`, and `ppoll` on entries a caller
@@ -44,3 +46,4 @@ pub mod socket;
 pub mod terminal;
 pub mod topology;
 pub mod tsc_clock;
+pub mod xsk;

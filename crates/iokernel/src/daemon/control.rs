@@ -254,6 +254,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     "protect: send it on the netstack's registration socket".into(),
                 );
             }
+            Request::DirectSocket { .. } => {
+                return refuse(
+                    self,
+                    "direct socket: send it on a registered application's connection".into(),
+                );
+            }
             Request::Register(reg) => match reg.steering.as_deref().map(str::parse::<SteeringKind>)
             {
                 None => (reg, self.cfg.steering),
@@ -524,6 +530,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                     let app = &mut self.apps[i];
                     if !Self::reply(&app.sock, &rep) {
                         app.doom("stats reply could not be sent".into());
+                    }
+                }
+                Ok(Request::DirectSocket { queue }) => {
+                    let rep = self.own_socket_request(i, queue, r.fds);
+                    let app = &mut self.apps[i];
+                    if !Self::reply(&app.sock, &rep) {
+                        app.doom("direct socket reply could not be sent".into());
                     }
                 }
                 Ok(Request::DispatchBreakdown { name }) => {

@@ -7,6 +7,8 @@
 //!   rx ring holds a frame);
 //! * each application's bell: the runtime rings it after queuing work
 //!   while its lines say iokerneld sleeps (`ginza_shm::iokernel_bell`);
+//! * each application's own AF_XDP socket (the direct path), readable
+//!   while frames wait on its rx ring;
 //!   nothing else an application does can need iokerneld while none of
 //!   its kthreads holds a core, or only one that polls while idle (it
 //!   rings when it leaves that state; docs/idle-poll.md);
@@ -224,6 +226,11 @@ impl<A: CoreActuator> Iokerneld<A> {
         for a in &self.apps {
             if let Some(b) = &a.bell {
                 idle.push(b.as_fd(), Source::Bell);
+            }
+            // An own socket (the direct path) is readable while frames
+            // wait on its rx ring: work for the application, like a bell.
+            if let Some(own) = a.net.as_ref().and_then(|n| n.own_socket.as_ref()) {
+                idle.push(own.fd(), Source::Bell);
             }
         }
         idle.push(self.listener.as_fd(), Source::Control);

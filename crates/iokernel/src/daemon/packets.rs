@@ -46,6 +46,16 @@ impl<A: CoreActuator> Iokerneld<A> {
                     continue;
                 }
             }
+            // The direct path: frames on the application's own socket
+            // while none of its kthreads holds a core are work arrived, as
+            // frames delivered to its rings are (not left to the next
+            // interval pass).
+            if super::own_socket::frames_waiting(net)
+                && app.kt.iter().all(|k| k.core.is_none())
+                && !self.work_arrived.contains(&app.id)
+            {
+                self.work_arrived.push(app.id);
+            }
             if let Some(d) = &mut app.dispatch {
                 // Dispatch by iokerneld (docs/colocate.md): held requests
                 // into the queues, then one dispatch step.

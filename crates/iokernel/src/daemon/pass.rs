@@ -287,6 +287,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             // Only an application on the switch has egress rings to drain.
             let has_egress = app.net.is_some() && app.doomed.is_none();
             let on_page = app.wake.is_some();
+            let own_rx = super::own_socket::rx_indices(app);
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
@@ -325,6 +326,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let waiting = ring.free().map_or(0, |free| ring.capacity() - free);
                 ks.counters.in_tail = ring.next_seq();
                 ks.counters.in_head = ks.counters.in_tail.wrapping_sub(waiting);
+                // The direct path: frames on the application's own socket.
+                super::own_socket::fold(own_rx, k, &mut ks.counters);
                 // Protected mode: channel rings are queued work too.
                 if !app.protects.is_empty() || !self.protected_pids.is_empty() {
                     super::protected::fold(

@@ -8,9 +8,11 @@
 //!   applications attached to the dataplane (and their aliases): iokerneld
 //!   claims one as an application registers and releases it as it leaves
 //!   ([`XdpSteering::claim`], counted, so an address two parties claim
-//!   stays until both release it). The value is 0 today: "iokerneld's
-//!   socket on the queue the frame came in on"; the direct path will put an
-//!   application's socket slot there. `ginza_xsks` is the XSKMAP of
+//!   stays until both release it). The value 0 means "iokerneld's socket
+//!   on the queue the frame came in on"; a value `s + 1` names slot `s` of
+//!   `ginza_own`, the XSKMAP of applications' own sockets (the direct path,
+//!   docs/direct-path.md), keyed `s × queues + receive queue`
+//!   ([`XdpSteering::set_own_socket`]). `ginza_xsks` is the XSKMAP of
 //!   iokerneld's sockets, by receive queue.
 //! * **Program** (`program.rs`, written with the assembler of `asm.rs`):
 //!   IPv4 frames to a claimed address and ARP frames (requests and replies)
@@ -41,6 +43,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 pub const MAX_ADDRESSES: u32 = 1024;
 /// The value of a claimed address: iokerneld's socket on the frame's queue.
 const TO_IOKERNELD: [u8; 4] = [0; 4];
+/// Applications that may have sockets of their own (slots of `ginza_own`).
+pub const OWN_SOCKET_SLOTS: u32 = 64;
 
 /// How an XDP program runs on an interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +112,9 @@ pub struct XdpSteering {
     program: OwnedFd,
     addresses: OwnedFd,
     xsks: OwnedFd,
+    /// Applications' own sockets: [`OWN_SOCKET_SLOTS`] × `queues`.
+    own: OwnedFd,
+    queues: u32,
     /// Claims per address (the map holds each claimed address once).
     claims: HashMap<Ipv4Addr, u32>,
 }
@@ -132,23 +139,101 @@ fn step(step: &'static str) -> impl FnOnce(io::Error) -> StepError {
 }
 
 impl XdpSteering {
-    /// Creates the maps (`queues` socket slots) and loads the program
-    /// through the verifier.
+    /// Creates the maps (`queues` receive queues: socket slots per queue)
+    /// and loads the program through the verifier.
     pub fn load(queues: u32) -> Result<XdpSteering, StepError> {
         let xsks = sys::map_create(sys::BPF_MAP_TYPE_XSKMAP, queues, "ginza_xsks")
             .map_err(step("BPF_MAP_CREATE (XSKMAP)"))?;
+        let own_entries = OWN_SOCKET_SLOTS.checked_mul(queues).ok_or(StepError {
+            step: "BPF_MAP_CREATE (own sockets' XSKMAP)",
+            error: io::Error::other(format!("{queues} queues are too many")),
+        })?;
+        let own = sys::map_create(sys::BPF_MAP_TYPE_XSKMAP, own_entries, "ginza_own")
+            .map_err(step("BPF_MAP_CREATE (own sockets' XSKMAP)"))?;
         let addresses = sys::map_create(sys::BPF_MAP_TYPE_HASH, MAX_ADDRESSES, "ginza_addrs")
             .map_err(step("BPF_MAP_CREATE (address hash map)"))?;
-        let insns = program::ginza_frames(addresses.as_raw_fd(), xsks.as_raw_fd())
-            .expect("the program's labels are all placed once, jumps short");
+        let insns = program::ginza_frames(
+            addresses.as_raw_fd(),
+            xsks.as_raw_fd(),
+            own.as_raw_fd(),
+            queues,
+        )
+        .expect("the program's labels are all placed once, jumps short");
         let program =
             sys::load_xdp_program(&insns, "ginza_steer").map_err(step("BPF_PROG_LOAD"))?;
         Ok(XdpSteering {
             program,
             addresses,
             xsks,
+            own,
+            queues,
             claims: HashMap::new(),
         })
+    }
+
+    /// Receive queues the maps were made for.
+    pub fn queues(&self) -> u32 {
+        self.queues
+    }
+
+    /// The direct path: frames for `ip` (claimed) that arrive on `queue`
+    /// go to `socket`, an application's own AF_XDP socket bound to that
+    /// queue, under slot `slot` of the own sockets' map. Frames of `ip` on
+    /// other queues still go to iokerneld's socket of their queue.
+    pub fn set_own_socket(
+        &self,
+        ip: Ipv4Addr,
+        slot: u32,
+        queue: u32,
+        socket: RawFd,
+    ) -> Result<(), StepError> {
+        const STEP: &str = "the direct path's socket";
+        let invalid = |why: String| StepError {
+            step: STEP,
+            error: io::Error::new(io::ErrorKind::InvalidInput, why),
+        };
+        if !self.claims.contains_key(&ip) {
+            return Err(invalid(format!("{ip} is not claimed")));
+        }
+        if slot >= OWN_SOCKET_SLOTS {
+            return Err(invalid(format!("slot {slot} of {OWN_SOCKET_SLOTS}")));
+        }
+        if queue >= self.queues {
+            return Err(invalid(format!(
+                "queue {queue}: the program serves {} receive queues",
+                self.queues
+            )));
+        }
+        let key = slot * self.queues + queue;
+        sys::map_update(&self.own, key.to_ne_bytes(), socket.to_ne_bytes()).map_err(step(
+            "BPF_MAP_UPDATE_ELEM (socket into the own sockets' XSKMAP)",
+        ))?;
+        sys::map_update(&self.addresses, ip.octets(), (slot + 1).to_ne_bytes())
+            .map_err(step("BPF_MAP_UPDATE_ELEM (address map)"))
+    }
+
+    /// Undoes [`set_own_socket`](Self::set_own_socket): `ip`'s frames go
+    /// to iokerneld again (if it is still claimed), and the slot is empty.
+    pub fn clear_own_socket(&self, ip: Ipv4Addr, slot: u32, queue: u32) -> Result<(), StepError> {
+        if self.claims.contains_key(&ip) {
+            sys::map_update(&self.addresses, ip.octets(), TO_IOKERNELD)
+                .map_err(step("BPF_MAP_UPDATE_ELEM (address map)"))?;
+        }
+        let key = slot * self.queues + queue;
+        match sys::map_delete(&self.own, key.to_ne_bytes()) {
+            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                Err(step("BPF_MAP_DELETE_ELEM (own sockets' XSKMAP)")(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The value the kernel's address map holds for `ip`: 0 for
+    /// iokerneld's socket, `slot + 1` for an own socket's slot.
+    pub fn map_value(&self, ip: Ipv4Addr) -> Result<Option<u32>, StepError> {
+        sys::map_lookup(&self.addresses, ip.octets())
+            .map(|v| v.map(u32::from_ne_bytes))
+            .map_err(step("BPF_MAP_LOOKUP_ELEM (address map)"))
     }
 
     /// Puts the AF_XDP socket `socket` (bound to `queue`) in the socket map.

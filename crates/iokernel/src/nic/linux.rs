@@ -2,7 +2,9 @@
 //! ([`af_packet`](super::af_packet) or [`af_xdp`](super::af_xdp); what the
 //! two share is in `linux_link.rs`).
 //!
-//! A spec is `software`, `af_packet:IFNAME` or `af_xdp:IFNAME`. The software
+//! A spec is `software`, `af_packet:IFNAME`, `af_xdp:IFNAME` or
+//! `af_xdp:IFNAME,direct` (ready for applications' own sockets, the direct
+//! path: docs/direct-path.md). The software
 //! switch is iokerneld's own (ports borrow the switch), so [`open`] opens
 //! only the two Linux links; [`NicSpec::parse`] tells the caller which one it
 //! has.
@@ -20,7 +22,7 @@ use super::{BufferPool, Frame, Nic};
 pub enum NicSpec {
     Software,
     AfPacket { ifname: String },
-    AfXdp { ifname: String },
+    AfXdp { ifname: String, direct_path: bool },
 }
 
 impl NicSpec {
@@ -38,9 +40,20 @@ impl NicSpec {
             "af_packet" => Ok(NicSpec::AfPacket {
                 ifname: ifname("af_packet")?,
             }),
-            "af_xdp" => Ok(NicSpec::AfXdp {
-                ifname: ifname("af_xdp")?,
-            }),
+            "af_xdp" => {
+                let (name, direct_path) = match name.and_then(|n| n.strip_suffix(",direct")) {
+                    Some(bare) => (Some(bare), true),
+                    None => (name, false),
+                };
+                let ifname = match name {
+                    None | Some("") => Err(NicError::MissingInterface { backend: "af_xdp" }),
+                    Some(name) => check_ifname(name).map(|()| name.to_string()),
+                }?;
+                Ok(NicSpec::AfXdp {
+                    ifname,
+                    direct_path,
+                })
+            }
             _ => Err(NicError::UnknownBackend(spec.to_string())),
         }
     }
@@ -51,7 +64,13 @@ impl fmt::Display for NicSpec {
         match self {
             NicSpec::Software => write!(f, "software"),
             NicSpec::AfPacket { ifname } => write!(f, "af_packet:{ifname}"),
-            NicSpec::AfXdp { ifname } => write!(f, "af_xdp:{ifname}"),
+            NicSpec::AfXdp {
+                ifname,
+                direct_path,
+            } => {
+                let direct = if *direct_path { ",direct" } else { "" };
+                write!(f, "af_xdp:{ifname}{direct}")
+            }
         }
     }
 }
@@ -79,8 +98,11 @@ pub fn open_link(
             pool_buffers,
             buffer_size,
         )?)),
-        NicSpec::AfXdp { ifname } => {
-            let link = AfXdp::open(&ifname, pool_buffers, buffer_size)?;
+        NicSpec::AfXdp {
+            ifname,
+            direct_path,
+        } => {
+            let link = AfXdp::open_with(&ifname, pool_buffers, buffer_size, direct_path)?;
             Ok(LinuxNic::AfXdp(link))
         }
     }
@@ -147,6 +169,25 @@ impl Nic for LinuxNic {
         }
     }
 
+    fn attach_own_socket(
+        &mut self,
+        ip: std::net::Ipv4Addr,
+        queue: u32,
+        socket: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), String> {
+        match self {
+            LinuxNic::AfPacket(link) => link.attach_own_socket(ip, queue, socket),
+            LinuxNic::AfXdp(link) => link.attach_own_socket(ip, queue, socket),
+        }
+    }
+
+    fn detach_own_socket(&mut self, ip: std::net::Ipv4Addr) {
+        match self {
+            LinuxNic::AfPacket(link) => link.detach_own_socket(ip),
+            LinuxNic::AfXdp(link) => link.detach_own_socket(ip),
+        }
+    }
+
     fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize {
         match self {
             LinuxNic::AfPacket(link) => link.rx_burst(out, max),
@@ -179,6 +220,21 @@ mod tests {
             NicSpec::parse("af_xdp:eth1").unwrap().to_string(),
             "af_xdp:eth1"
         );
+        assert_eq!(
+            NicSpec::parse("af_xdp:eth1,direct").unwrap(),
+            NicSpec::AfXdp {
+                ifname: "eth1".into(),
+                direct_path: true
+            }
+        );
+        assert_eq!(
+            NicSpec::parse("af_xdp:eth1,direct").unwrap().to_string(),
+            "af_xdp:eth1,direct"
+        );
+        assert!(matches!(
+            NicSpec::parse("af_xdp:,direct"),
+            Err(NicError::MissingInterface { .. })
+        ));
         assert_eq!(
             NicSpec::parse("foo").unwrap_err().to_string(),
             "unknown NIC backend \"foo\": expected software, af_packet:IFNAME or af_xdp:IFNAME"

@@ -115,4 +115,20 @@ pub trait Nic {
 
     /// Undoes one [`claim_address`](Nic::claim_address).
     fn release_address(&mut self, _ip: std::net::Ipv4Addr) {}
+
+    /// The direct path (docs/direct-path.md): frames for `ip` (claimed)
+    /// that arrive on receive `queue` go to `socket`, the application's own
+    /// AF_XDP socket bound to that queue, not to iokerneld. Only an AF_XDP
+    /// link opened for it (`af_xdp:IF,direct`) can.
+    fn attach_own_socket(
+        &mut self,
+        _ip: std::net::Ipv4Addr,
+        _queue: u32,
+        _socket: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), String> {
+        Err("this NIC has no direct path (it needs nic = \"af_xdp:IF,direct\")".into())
+    }
+
+    /// Undoes [`attach_own_socket`](Nic::attach_own_socket) for `ip`.
+    fn detach_own_socket(&mut self, _ip: std::net::Ipv4Addr) {}
 }

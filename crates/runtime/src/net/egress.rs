@@ -1,6 +1,8 @@
 //! A kthread's egress: a frame built in place in its next egress buffer and
-//! pushed on its egress ring. The stack's replies and datagrams and TCP's
-//! segments all leave this way, so TCP needs nothing of the stack to send.
+//! pushed on its egress ring — or, on the direct path, built in a chunk of
+//! the application's own AF_XDP socket and sent there (docs/direct-path.md).
+//! The stack's replies and datagrams and TCP's segments all leave this way,
+//! so TCP needs nothing of the stack to send.
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -8,6 +10,7 @@ use ginza_net::BuildError;
 use ginza_shm::PacketDesc;
 
 use crate::link::{KNet, TxSide};
+use crate::own_socket::OwnTxFail;
 
 /// Why a frame was not sent.
 pub(super) enum TxFail {
@@ -21,6 +24,15 @@ pub(super) fn transmit(
     me: &mut TxSide<'_>,
     build: impl FnOnce(&mut [u8]) -> Result<usize, BuildError>,
 ) -> Result<(), TxFail> {
+    if let Some(own) = me.own_socket.get() {
+        own.transmit(build).map_err(|f| match f {
+            OwnTxFail::Full => TxFail::RingFull,
+            OwnTxFail::Build(e) => TxFail::Build(e),
+        })?;
+        let sent = &me.counters.tx_packets;
+        sent.store(sent.load(Relaxed) + 1, Relaxed);
+        return Ok(());
+    }
     let tx = me.tx();
     match tx.egress.free() {
         Ok(0) => return Err(TxFail::RingFull),

@@ -38,7 +38,7 @@ pub mod testing;
 mod udp;
 mod wait;
 
-pub use crate::config::NetConfig;
+pub use crate::config::{DirectPathConfig, NetConfig};
 use crate::sched::Shared;
 pub use ginza_net::tcp::{ListenConfig, TcpConfig};
 use ginza_net::Endpoint;
@@ -96,6 +96,11 @@ pub struct NetStats {
     pub buffers_held: u64,
     /// TCP's counters.
     pub tcp: TcpStats,
+    /// The direct path (docs/direct-path.md): frames received on, and sent
+    /// from, the application's own AF_XDP socket (in `rx_packets` and
+    /// `tx_packets` too).
+    pub direct_rx_packets: u64,
+    pub direct_tx_packets: u64,
     pub kthreads: Vec<KthreadNetStats>,
 }
 

@@ -32,6 +32,7 @@ use super::wait::no_runtime;
 use super::{no_arp_reply, KthreadNetStats, NetStats, ARP_GIVE_UP, ARP_POLL};
 use crate::config::NetConfig;
 use crate::link::{KNet, PacketStack, TxSide};
+use crate::own_socket::{OwnSocket, OWN_CHUNK, RX_BATCH};
 use crate::sched::{self, bump, Shared};
 use crate::spinlock::SpinLock;
 
@@ -241,10 +242,13 @@ pub(crate) struct Stack {
     orphan_count: AtomicUsize,
     /// Ingress buffers in socket queues.
     held: AtomicU64,
+    /// The application's own AF_XDP socket, on the direct path: its
+    /// received frames are processed here like the ingress rings'.
+    own: Option<Arc<OwnSocket>>,
 }
 
 impl Stack {
-    pub(crate) fn new(cfg: &NetConfig, pool: IngressPool) -> Stack {
+    pub(crate) fn new(cfg: &NetConfig, pool: IngressPool, own: Option<Arc<OwnSocket>>) -> Stack {
         Stack {
             iface: cfg.interface,
             pool,
@@ -262,6 +266,7 @@ impl Stack {
             orphans: SpinLock::new(Vec::new()),
             orphan_count: AtomicUsize::new(0),
             held: AtomicU64::new(0),
+            own,
         }
     }
 
@@ -300,11 +305,47 @@ impl Stack {
             self.process(me, desc, &mut deferred);
         }
         drop(ingress);
+        if let Some(own) = &self.own {
+            n += self.poll_own(me, own, budget - n, &mut deferred);
+        }
         self.tcp.answer_deferred(me, &mut deferred);
         if n > 0 {
             add(&me.counters.rx_packets, n as u64);
             if !std::ptr::eq(&**me, ring) {
                 add(&me.counters.rx_stolen, n as u64);
+            }
+        }
+        n
+    }
+
+    /// Processes up to `budget` frames of the own socket's rx ring (the
+    /// direct path); the frames taken.
+    fn poll_own(
+        &self,
+        me: &mut TxSide<'_>,
+        own: &OwnSocket,
+        budget: usize,
+        deferred: &mut Deferred,
+    ) -> usize {
+        let empty = ginza_sys::xsk::Desc {
+            addr: 0,
+            len: 0,
+            options: 0,
+        };
+        let mut batch = [empty; RX_BATCH];
+        let n = own.take_received(&mut batch[..budget.min(RX_BATCH)]);
+        for d in &batch[..n] {
+            hops::stamp(Hop::Picked);
+            match own.frame(d) {
+                Some((frame, buf, off)) => self.process_frame(me, buf, off, frame, deferred),
+                None => {
+                    bump(&me.counters.bad_descriptors);
+                    log::warn!(
+                        "own socket: descriptor {:#x}+{} outside the UMEM",
+                        d.addr,
+                        d.len
+                    );
+                }
             }
         }
         n
@@ -324,6 +365,19 @@ impl Stack {
             }
             return;
         };
+        self.process_frame(me, desc.buf, 0, frame, deferred);
+    }
+
+    /// Processes one received frame, `frame_off` bytes into buffer `buf`
+    /// (an ingress buffer, or an own socket's chunk: [`OWN_CHUNK`]).
+    fn process_frame(
+        &self,
+        me: &mut TxSide<'_>,
+        buf: u32,
+        frame_off: u16,
+        frame: &[u8],
+        deferred: &mut Deferred,
+    ) {
         match parse(frame, &self.iface) {
             Err(why) => {
                 me.drops.lock().record(&why);
@@ -367,17 +421,25 @@ impl Stack {
             }
             Ok(Packet::Udp(d)) => {
                 // The buffer goes to a socket, or back below.
-                return self.on_udp(me, desc.buf, frame, &d);
+                return self.on_udp(me, buf, frame_off, frame, &d);
             }
             // The state machine copies the payload: the buffer goes back.
             Ok(Packet::Tcp(t)) => self.tcp.input(me, &t, deferred),
         }
-        self.give_back(me, desc.buf);
+        self.give_back(me, buf);
     }
 
-    fn on_udp(&self, me: &mut TxSide<'_>, buf: u32, frame: &[u8], d: &UdpDatagram<'_>) {
-        // `parse` returns a payload inside the frame (≤ 2048 bytes).
-        let off = d.payload.as_ptr() as usize - frame.as_ptr() as usize;
+    fn on_udp(
+        &self,
+        me: &mut TxSide<'_>,
+        buf: u32,
+        frame_off: u16,
+        frame: &[u8],
+        d: &UdpDatagram<'_>,
+    ) {
+        // `parse` returns a payload inside the frame (≤ 2048 bytes; a chunk
+        // of an own socket is 2048 bytes too).
+        let off = d.payload.as_ptr() as usize - frame.as_ptr() as usize + usize::from(frame_off);
         let item = RxItem {
             buf,
             off: off as u16,
@@ -410,6 +472,18 @@ impl Stack {
     /// `out`, truncated to its length like `std::net::UdpSocket`; returns
     /// the bytes copied. The buffer is still to be given back.
     pub(crate) fn copy_out(&self, item: &RxItem, out: &mut [u8]) -> usize {
+        if item.buf & OWN_CHUNK != 0 {
+            let held = self
+                .own
+                .as_ref()
+                .and_then(|own| own.held_bytes(item.buf, item.off, item.len));
+            let Some(payload) = held else {
+                return 0;
+            };
+            let n = payload.len().min(out.len());
+            out[..n].copy_from_slice(&payload[..n]);
+            return n;
+        }
         let desc = PacketDesc {
             buf: item.buf,
             len: u32::from(item.off) + u32::from(item.len),
@@ -439,6 +513,12 @@ impl Stack {
     /// Gives an ingress buffer back to iokerneld on `me`'s done ring.
     ///
     pub(crate) fn give_back(&self, me: &mut TxSide<'_>, buf: u32) {
+        if buf & OWN_CHUNK != 0 {
+            if let Some(own) = &self.own {
+                own.give_back(buf);
+            }
+            return;
+        }
         let tx = me.tx();
         match tx.done.push(buf) {
             Ok(()) => {}
@@ -745,6 +825,10 @@ impl Stack {
             tcp: self.tcp.stats(),
             ..NetStats::default()
         };
+        if let Some(own) = &self.own {
+            s.direct_rx_packets = own.counters.rx_frames.load(Relaxed);
+            s.direct_tx_packets = own.counters.tx_frames.load(Relaxed);
+        }
         for (id, k) in knets {
             let c = &k.counters;
             let ks = k.stats(id);

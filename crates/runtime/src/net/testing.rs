@@ -75,7 +75,7 @@ impl Harness {
             })
             .collect::<Result<Vec<_>, String>>()?;
         Ok(Harness {
-            stack: Stack::new(cfg, pool),
+            stack: Stack::new(cfg, pool, None),
             knets,
             _single_thread: PhantomData,
         })

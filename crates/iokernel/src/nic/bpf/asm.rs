@@ -75,6 +75,7 @@ pub enum Size {
 pub enum Alu {
     Add = 0x00,
     Sub = 0x10,
+    Mul = 0x20,
     Or = 0x40,
     And = 0x50,
     Lsh = 0x60,

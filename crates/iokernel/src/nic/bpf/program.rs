@@ -9,7 +9,11 @@
 //!     0x0800, hlen 6, plen 4), else PASS
 //!     key = target protocol address (requests and replies alike)
 //! any other ethertype (IPv6, VLAN-tagged, LLDP...): PASS
-//! addresses[key] missing: PASS
+//! value = addresses[key]; missing: PASS
+//! value ≠ 0 (an application's own socket, the direct path):
+//!     if bpf_redirect_map(&own, (value - 1) * queues + ctx->rx_queue_index, 0)
+//!         == XDP_REDIRECT: return XDP_REDIRECT
+//!     (no socket of its own on this queue: on to iokerneld's)
 //! return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS)
 //! ```
 //!
@@ -47,6 +51,7 @@ const ARP_END: i32 = ETH_HEADER + 28;
 const ARP_HTYPE_ETHERNET: u16 = 1;
 
 pub const XDP_PASS: i32 = 2;
+const XDP_REDIRECT: i32 = 4;
 const BPF_FUNC_MAP_LOOKUP_ELEM: i32 = 1;
 const BPF_FUNC_REDIRECT_MAP: i32 = 51;
 
@@ -55,9 +60,15 @@ const fn wire16(value: u16) -> i32 {
     u16::from_ne_bytes(value.to_be_bytes()) as i32
 }
 
-/// The program, over the address map `addresses` (4-byte IPv4 key) and
-/// the socket map `xsks` (by receive queue).
-pub fn ginza_frames(addresses: i32, xsks: i32) -> Result<Vec<Insn>, AsmError> {
+/// The program, over the address map `addresses` (4-byte IPv4 key), the
+/// socket map `xsks` (iokerneld's, by receive queue) and the socket map
+/// `own` (applications' own sockets: slot × `queues` + receive queue).
+pub fn ginza_frames(
+    addresses: i32,
+    xsks: i32,
+    own: i32,
+    queues: u32,
+) -> Result<Vec<Insn>, AsmError> {
     use Reg::*;
     let mut a = Asm::new();
     // r6 = ctx (kept across calls); r2 = data, r3 = data_end.
@@ -107,13 +118,27 @@ pub fn ginza_frames(addresses: i32, xsks: i32) -> Result<Vec<Insn>, AsmError> {
         .load_map_fd(R1, addresses)
         .call(BPF_FUNC_MAP_LOOKUP_ELEM)
         .jump_imm(Cond::Eq, R0, 0, "pass")
-        // Ours: to the socket of the queue it came in on, or to Linux if
-        // that queue has none.
+        // Ours. An application's own socket on this queue, if its value
+        // names one (a miss returns 0, XDP_ABORTED: on to iokerneld's).
+        .load(Size::W, R2, R0, 0)
+        .jump_imm(Cond::Eq, R2, 0, "switch")
+        .alu_imm(Alu::Add, R2, -1)
+        .alu_imm(Alu::Mul, R2, queues as i32)
+        .load(Size::W, R3, R6, MD_RX_QUEUE_INDEX)
+        .alu_reg(Alu::Add, R2, R3)
+        .load_map_fd(R1, own)
+        .mov_imm(R3, 0)
+        .call(BPF_FUNC_REDIRECT_MAP)
+        .jump_imm(Cond::Eq, R0, XDP_REDIRECT, "done");
+
+    // iokerneld's socket on the queue it came in on, or Linux if that
+    // queue has none.
+    a.label("switch")
         .load(Size::W, R2, R6, MD_RX_QUEUE_INDEX)
         .load_map_fd(R1, xsks)
         .mov_imm(R3, XDP_PASS)
-        .call(BPF_FUNC_REDIRECT_MAP)
-        .exit();
+        .call(BPF_FUNC_REDIRECT_MAP);
+    a.label("done").exit();
 
     a.label("pass").mov_imm(R0, XDP_PASS).exit();
     a.finish()
@@ -125,13 +150,13 @@ mod tests {
 
     #[test]
     fn the_program_assembles_with_both_maps() {
-        let insns = ginza_frames(7, 8).unwrap();
+        let insns = ginza_frames(7, 8, 9, 4).unwrap();
         let map_loads: Vec<i32> = insns
             .iter()
             .filter(|i| i.code == 0x18)
             .map(|i| i.imm)
             .collect();
-        assert_eq!(map_loads, [7, 8]);
+        assert_eq!(map_loads, [7, 9, 8]);
         // Ends in `r0 = XDP_PASS; exit`.
         let n = insns.len();
         assert_eq!((insns[n - 2].code, insns[n - 2].imm), (0xb7, XDP_PASS));

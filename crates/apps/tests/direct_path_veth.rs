@@ -1,0 +1,270 @@
+//! The direct path (docs/direct-path.md) over a veth pair: iokerneld drives
+//! the host end with AF_XDP opened for it (`af_xdp:IF,direct`), the echo
+//! server's runtime binds an AF_XDP socket of its own to receive queue 1,
+//! and the namespace's end transmits on queue 1 (XPS: every CPU there sends
+//! on transmit queue 1, which a veth delivers on receive queue 1). A Linux
+//! UDP client in the namespace gets every datagram echoed, and iokerneld's
+//! NIC counters show that none of the frames, either way, went through it.
+//!
+//! Needs root, `ip` and `ethtool`; skipped otherwise (failed under CI as
+//! root).
+
+mod common;
+
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use ginza_apps::echo_server::{self, EchoStats};
+use ginza_iokernel::netns::{self, NetNs};
+use ginza_net::MacAddr;
+use ginza_runtime::net::NetConfig;
+
+const ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x09]);
+const PORT: u16 = 7;
+/// The queue the application's own socket is bound to.
+const QUEUE: u32 = 1;
+const DATAGRAMS: usize = 200;
+
+/// Every CPU of the namespace's end transmits on `queue` (XPS).
+fn steer_peer_to_queue(ns: &NetNs, queues: u32, queue: u32) {
+    let cpus = ginza_sys::topology::online_cpus().unwrap();
+    assert!(cpus.iter().all(|&c| c < 64), "a mask of up to 64 CPUs");
+    let all = format!("{:x}", cpus.iter().fold(0u64, |m, &c| m | 1 << c));
+    for q in 0..queues {
+        let mask = if q == queue { all.as_str() } else { "0" };
+        let path = format!("/sys/class/net/{}/queues/tx-{q}/xps_cpus", ns.ns_if);
+        ns.exec_ok(&["sh", "-c", &format!("echo {mask} > {path}")])
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
+    let _lock = common::lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    steer_peer_to_queue(&ns, 2, QUEUE);
+    let host_if = ns.host_if.clone();
+    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
+        cfg.nic = format!("af_xdp:{host_if},direct");
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(EchoStats::default());
+    let (s2, st2, r2) = (stop.clone(), stats.clone(), ready.clone());
+    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
+    let app = daemon.start_app_with("echo-direct", net, 1, move || {
+        // The stack is there once iokerneld has taken the own socket.
+        while ginza_runtime::net::stats().is_none() {
+            ginza_runtime::sleep(Duration::from_millis(1));
+        }
+        r2.store(true, Relaxed);
+        let served = echo_server::serve_udp(PORT, s2, st2);
+        (
+            served.map_err(|e| e.to_string()),
+            ginza_runtime::net::stats(),
+        )
+    });
+    let t0 = Instant::now();
+    while !ready.load(Relaxed) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
+            "the application's stack did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let before = daemon.get().stats().unwrap().dataplane;
+
+    let (bind, target) = (
+        SocketAddrV4::new(ns.ns_ip, 0),
+        SocketAddrV4::new(ns.peer_ip, PORT),
+    );
+    let rtts = ns
+        .run_in(move || {
+            netns::udp_rtt_probe(bind, target, DATAGRAMS, 100, Duration::from_millis(500))
+        })
+        .unwrap()
+        .unwrap();
+    let answered = rtts.iter().filter(|r| r.is_some()).count();
+
+    // Parked, the application is woken by iokerneld for frames waiting on
+    // its own socket alone (its ingress rings stay empty): its rx ring is
+    // queued work.
+    let app_stats = || {
+        let report = daemon.get().stats().unwrap();
+        report
+            .apps
+            .into_iter()
+            .find(|a| a.name == "echo-direct")
+            .expect("registered")
+    };
+    let t0 = Instant::now();
+    while app_stats().cores_now > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the application never parked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let parked = app_stats();
+    let woken = ns
+        .run_in(move || netns::udp_rtt_probe(bind, target, 20, 100, Duration::from_millis(500)))
+        .unwrap()
+        .unwrap();
+    let woken_at = app_stats();
+    let after = daemon.get().stats().unwrap().dataplane;
+    stop.store(true, Relaxed);
+    let (served, net) = app.join(Duration::from_secs(10));
+    served.expect("echo-server");
+    let net = net.expect("the runtime's network stats");
+    let mut sorted: Vec<Duration> = rtts.iter().flatten().copied().collect();
+    sorted.sort();
+    println!(
+        "direct path: {answered} of {DATAGRAMS} echoed, p50 {:?}; own socket rx {} tx {}; \
+         iokerneld's NIC rx {} tx {} before, {} {} after",
+        sorted.get(sorted.len() / 2),
+        net.direct_rx_packets,
+        net.direct_tx_packets,
+        before.nic_rx_frames,
+        before.nic_tx_frames,
+        after.nic_rx_frames,
+        after.nic_tx_frames
+    );
+    let woken_max = woken.iter().flatten().max();
+    println!(
+        "parked after {} grants: {} of 20 echoed (slowest {woken_max:?}), {} grants after",
+        parked.grants,
+        woken.iter().flatten().count(),
+        woken_at.grants
+    );
+    assert_eq!(
+        answered, DATAGRAMS,
+        "{answered} of {DATAGRAMS} datagrams echoed"
+    );
+    assert!(
+        woken.iter().all(Option::is_some),
+        "echoed after parking: {woken:?}"
+    );
+    assert!(
+        woken_at.grants > parked.grants,
+        "iokerneld granted a core for them"
+    );
+    assert_eq!(stats.udp_echoed.load(Relaxed), DATAGRAMS as u64 + 20);
+    // Every datagram (and the ARP exchange) came in on the own socket and
+    // its echo left from there.
+    assert!(net.direct_rx_packets >= DATAGRAMS as u64, "{net:?}");
+    assert!(net.direct_tx_packets >= DATAGRAMS as u64, "{net:?}");
+    // None of them went through iokerneld: zero copies between it and the
+    // application.
+    assert_eq!(
+        after.nic_rx_frames, before.nic_rx_frames,
+        "frames iokerneld received"
+    );
+    assert_eq!(
+        after.nic_tx_frames, before.nic_tx_frames,
+        "frames iokerneld sent"
+    );
+}
+
+/// Rounds of the comparison below, and round trips per server and round.
+const ROUNDS: usize = 5;
+const PER_ROUND: usize = 2000;
+
+/// A measurement, not a check (run it in release: `cargo test --release
+/// -p ginza-apps --test direct_path_veth -- --ignored --nocapture`): UDP
+/// round trips from a Linux client to two echo servers behind one
+/// iokerneld on `af_xdp:IF,direct`, one on its own socket (queue 1), one
+/// on the switch path (queue 0), in interleaved rounds; XPS in the
+/// namespace moves the client's frames to the queue of the server it
+/// probes. Both runtimes as configured by default (their kthread parks).
+/// Prints the medians over the rounds of each round's p50 and p99.
+#[test]
+#[ignore = "a measurement: run it in release with --ignored --nocapture"]
+fn round_trips_direct_and_switched_interleaved() {
+    let _lock = common::lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    let host_if = ns.host_if.clone();
+    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
+        cfg.nic = format!("af_xdp:{host_if},direct");
+    });
+    let [a, b, c, _] = ns.ns_ip.octets();
+    let switched_ip = ginza_net::Ipv4Addr::new(a, b, c, 4);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut apps = Vec::new();
+    for (name, net) in [
+        (
+            "echo-direct",
+            NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE),
+        ),
+        (
+            "echo-switched",
+            NetConfig::new(MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0e, 0x0a]), switched_ip),
+        ),
+    ] {
+        let (s2, st2) = (stop.clone(), Arc::new(EchoStats::default()));
+        let ready = Arc::new(AtomicBool::new(false));
+        let r2 = ready.clone();
+        let app = daemon.start_app_with(name, net, 1, move || {
+            while ginza_runtime::net::stats().is_none() {
+                ginza_runtime::sleep(Duration::from_millis(1));
+            }
+            r2.store(true, Relaxed);
+            echo_server::serve_udp(PORT, s2, st2).map_err(|e| e.to_string())
+        });
+        let t0 = Instant::now();
+        while !ready.load(Relaxed) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{name} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        apps.push(app);
+    }
+    let percentile = |sorted: &[Duration], p: usize| sorted[(sorted.len() - 1) * p / 100];
+    let mut rounds: [Vec<(Duration, Duration)>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (i, (queue, ip)) in [(QUEUE, ns.peer_ip), (0, switched_ip)]
+            .into_iter()
+            .enumerate()
+        {
+            steer_peer_to_queue(&ns, 2, queue);
+            let (bind, target) = (SocketAddrV4::new(ns.ns_ip, 0), SocketAddrV4::new(ip, PORT));
+            let rtts = ns
+                .run_in(move || {
+                    netns::udp_rtt_probe(bind, target, PER_ROUND, 64, Duration::from_millis(500))
+                })
+                .unwrap()
+                .unwrap();
+            let mut sorted: Vec<Duration> = rtts.iter().flatten().copied().collect();
+            assert_eq!(sorted.len(), PER_ROUND, "every datagram echoed ({ip})");
+            sorted.sort();
+            rounds[i].push((percentile(&sorted, 50), percentile(&sorted, 99)));
+        }
+    }
+    stop.store(true, Relaxed);
+    for app in apps {
+        app.join(Duration::from_secs(10)).expect("echo-server");
+    }
+    for (i, name) in ["direct (own socket)", "switch path"]
+        .into_iter()
+        .enumerate()
+    {
+        let mut p50: Vec<Duration> = rounds[i].iter().map(|r| r.0).collect();
+        let mut p99: Vec<Duration> = rounds[i].iter().map(|r| r.1).collect();
+        p50.sort();
+        p99.sort();
+        println!(
+            "{name}: p50 {:?}, p99 {:?} (medians of {ROUNDS} rounds of {PER_ROUND}; rounds' p50 {:?})",
+            p50[ROUNDS / 2],
+            p99[ROUNDS / 2],
+            rounds[i].iter().map(|r| r.0).collect::<Vec<_>>()
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! The direct path in the runtime (docs/direct-path.md): the application's
+//! own AF_XDP socket, bound to a receive queue of iokerneld's interface,
+//! its UMEM in this process's private memory. iokerneld's XDP program
+//! redirects the application's frames on that queue straight here (no
+//! copy into iokerneld's rings), and frames the application sends leave
+//! from here, not through iokerneld.
+//!
+//! * The receive side (rx and fill rings) and the transmit side (tx and
+//!   completion rings) each have their lock: a frame received may be
+//!   answered (ARP, ICMP, a datagram) while its batch is processed.
+//! * A received frame's chunk stays the application's until it is given
+//!   back ([`OwnSocket::give_back`]: a UDP socket's queue may hold it, as
+//!   it holds an ingress buffer), then goes to the fill ring.
+//! * Half the chunks receive, half transmit. Copy mode sends only inside
+//!   a system call: each transmission kicks.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use ginza_sys::xsk::{self, BindMode, Desc, Rings, Umem, UmemOwner, Xsk};
+
+use crate::config::DirectPathConfig;
+use crate::spinlock::SpinLock;
+
+/// Entries per ring; the UMEM holds twice as many chunks.
+const RING_SIZE: u32 = 512;
+const CHUNK_SIZE: usize = 2048;
+
+/// A buffer index naming a chunk of the own socket's UMEM rather than a
+/// buffer of iokerneld's ingress pool (the pool has far fewer).
+pub(crate) const OWN_CHUNK: u32 = 1 << 31;
+
+/// Frames one receive batch takes at most.
+pub(crate) const RX_BATCH: usize = 32;
+
+struct RxSide {
+    rx: xsk::Ring<Desc>,
+    fill: xsk::Ring<u64>,
+    /// Chunks given back that the fill ring had no room for yet.
+    backlog: Vec<u64>,
+}
+
+struct TxSide {
+    tx: xsk::Ring<Desc>,
+    completion: xsk::Ring<u64>,
+    /// Chunks free for transmission.
+    free: Vec<u64>,
+}
+
+/// Counters of the own socket.
+#[derive(Default)]
+pub(crate) struct OwnCounters {
+    pub(crate) rx_frames: AtomicU64,
+    pub(crate) tx_frames: AtomicU64,
+    /// Transmissions refused: no chunk or no tx ring slot free.
+    pub(crate) tx_full: AtomicU64,
+}
+
+/// The application's own AF_XDP socket.
+pub(crate) struct OwnSocket {
+    socket: OwnedFd,
+    rx: SpinLock<RxSide>,
+    tx: SpinLock<TxSide>,
+    umem: Umem,
+    pub(crate) counters: OwnCounters,
+}
+
+/// Why a frame was not sent on the own socket.
+pub(crate) enum OwnTxFail<E> {
+    Full,
+    Build(E),
+}
+
+impl OwnSocket {
+    /// Opens the socket `cfg` names, every receive chunk lent to the
+    /// kernel. Not yet steered to: iokerneld puts it in its maps when the
+    /// runtime hands it over.
+    pub(crate) fn open(cfg: &DirectPathConfig) -> Result<OwnSocket, String> {
+        let err = |what: &str, e: &dyn std::fmt::Display| {
+            format!(
+                "direct path on {} queue {}: {what}: {e}",
+                cfg.interface, cfg.queue
+            )
+        };
+        let ifindex = interface_index(&cfg.interface).map_err(|e| err("interface", &e))?;
+        let umem =
+            Umem::private(2 * RING_SIZE as usize, CHUNK_SIZE).map_err(|e| err("UMEM", &e))?;
+        let xsk = Xsk::open(
+            ifindex,
+            cfg.queue,
+            umem,
+            UmemOwner::Own,
+            RING_SIZE,
+            BindMode::Copy,
+        )
+        .map_err(|e| err("AF_XDP socket", &e))?;
+        let (socket, rings, umem) = xsk.into_parts();
+        let Rings {
+            mut fill,
+            completion,
+            rx,
+            tx,
+        } = rings;
+        let lent = fill.produce((0..RING_SIZE as usize).map(|c| umem.chunk_addr(c)));
+        debug_assert_eq!(lent, RING_SIZE as usize);
+        let free = (RING_SIZE as usize..2 * RING_SIZE as usize)
+            .map(|c| umem.chunk_addr(c))
+            .collect();
+        Ok(OwnSocket {
+            socket,
+            rx: SpinLock::new(RxSide {
+                rx,
+                fill,
+                backlog: Vec::new(),
+            }),
+            tx: SpinLock::new(TxSide {
+                tx,
+                completion,
+                free,
+            }),
+            umem,
+            counters: OwnCounters::default(),
+        })
+    }
+
+    /// The socket, to hand to iokerneld.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.socket.as_fd()
+    }
+
+    /// Whether frames wait on the rx ring (a look before parking).
+    pub(crate) fn rx_pending(&self) -> bool {
+        match self.rx.try_lock() {
+            Some(side) => side.rx.available() > 0,
+            None => true,
+        }
+    }
+
+    /// Takes up to `out.len()` received frames off the rx ring (nothing if
+    /// another kthread is taking them now); each is the application's
+    /// until [`give_back`](Self::give_back).
+    pub(crate) fn take_received(&self, out: &mut [Desc]) -> usize {
+        let Some(mut side) = self.rx.try_lock() else {
+            return 0;
+        };
+        if !side.backlog.is_empty() {
+            let RxSide { fill, backlog, .. } = &mut *side;
+            let returned = fill.produce(backlog.iter().copied());
+            backlog.drain(..returned);
+        }
+        let mut n = 0;
+        side.rx.consume(out.len(), |d| {
+            out[n] = d;
+            n += 1;
+        });
+        self.counters
+            .rx_frames
+            .store(self.counters.rx_frames.load(Relaxed) + n as u64, Relaxed);
+        n
+    }
+
+    /// The bytes of a frame [`take_received`](Self::take_received) gave,
+    /// and the buffer index ([`OWN_CHUNK`] | chunk) and offset in it that
+    /// name it; `None` for a descriptor outside the UMEM (the kernel's
+    /// never is).
+    pub(crate) fn frame(&self, d: &Desc) -> Option<(&[u8], u32, u16)> {
+        let bytes = self.umem.bytes(d.addr, d.len)?;
+        let chunk = self.umem.chunk_of(d.addr);
+        let index = u32::try_from(chunk / CHUNK_SIZE as u64).ok()?;
+        Some((bytes, OWN_CHUNK | index, (d.addr - chunk) as u16))
+    }
+
+    /// The bytes `off..off + len` of chunk `buf` (an [`OWN_CHUNK`] index)
+    /// the application holds.
+    pub(crate) fn held_bytes(&self, buf: u32, off: u16, len: u16) -> Option<&[u8]> {
+        let chunk = self.umem.chunk_addr((buf & !OWN_CHUNK) as usize);
+        self.umem.bytes(chunk + u64::from(off), u32::from(len))
+    }
+
+    /// Lends chunk `buf` (an [`OWN_CHUNK`] index) to the kernel again.
+    pub(crate) fn give_back(&self, buf: u32) {
+        let chunk = self.umem.chunk_addr((buf & !OWN_CHUNK) as usize);
+        let mut side = self.rx.lock();
+        if !side.backlog.is_empty() || side.fill.produce(std::iter::once(chunk)) == 0 {
+            side.backlog.push(chunk);
+        }
+    }
+
+    /// Builds a frame in a free chunk and sends it.
+    pub(crate) fn transmit<E>(
+        &self,
+        build: impl FnOnce(&mut [u8]) -> Result<usize, E>,
+    ) -> Result<(), OwnTxFail<E>> {
+        let mut side = self.tx.lock();
+        let TxSide {
+            tx,
+            completion,
+            free,
+        } = &mut *side;
+        completion.consume(usize::MAX, |addr| free.push(self.umem.chunk_of(addr)));
+        if tx.free_slots() == 0 {
+            bump(&self.counters.tx_full);
+            return Err(OwnTxFail::Full);
+        }
+        let Some(chunk) = free.pop() else {
+            bump(&self.counters.tx_full);
+            return Err(OwnTxFail::Full);
+        };
+        // SAFETY: `chunk` came off the free list under the tx lock: it is on
+        // no ring and nothing else refers to it.
+        let buffer = unsafe { self.umem.bytes_unshared(chunk, CHUNK_SIZE as u32) }
+            .expect("a chunk of the UMEM");
+        let len = match build(buffer) {
+            Ok(len) => len,
+            Err(e) => {
+                free.push(chunk);
+                return Err(OwnTxFail::Build(e));
+            }
+        };
+        let desc = Desc {
+            addr: chunk,
+            len: len as u32,
+            options: 0,
+        };
+        let pushed = tx.produce(std::iter::once(desc));
+        debug_assert_eq!(pushed, 1);
+        bump(&self.counters.tx_frames);
+        // Copy mode sends only inside a system call. "Busy" and "no
+        // buffers" leave the frame on the ring for the next kick.
+        if let Err(e) = xsk::kick(self.socket.as_fd()) {
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::EINTR)
+            ) {
+                log::warn!("direct path: kicking the tx ring: {e}");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+/// The index of network interface `name`.
+fn interface_index(name: &str) -> io::Result<u32> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))?;
+    text.trim()
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("ifindex: {e}")))
+}
