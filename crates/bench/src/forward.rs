@@ -691,23 +691,12 @@ fn rtt_rounds(
     iok_cpu: usize,
     app_cpu: usize,
 ) -> anyhow::Result<(String, RttSet)> {
-    let linux_ip = Ipv4Addr::new(
-        ns.ns_ip.octets()[0],
-        ns.ns_ip.octets()[1],
-        ns.ns_ip.octets()[2],
-        3,
-    );
     // While iokerneld's XDP program is attached the kernel sees none of
     // the frames, so the address can stay for the whole run.
-    let cidr = format!("{linux_ip}/24");
-    let status = std::process::Command::new("ip")
-        .args(["addr", "add", &cidr, "dev", &ns.host_if])
-        .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "ip addr add {cidr} dev {} failed",
-        ns.host_if
-    );
+    let host = ns
+        .add_host_address(3)
+        .with_context(|| format!("a Linux address on {}", ns.host_if))?;
+    let linux_ip = host.ip;
     let (ginza_client, linux_client) = client_cpus(args.rtt_client_cpu, cpus, iok_cpu, app_cpu);
     let ticks_per_us = hops::ticks_per_us(Duration::from_millis(20));
     hops::enable(true);
@@ -761,9 +750,7 @@ fn rtt_rounds(
         Ok(())
     })();
     hops::enable(false);
-    let _ = std::process::Command::new("ip")
-        .args(["addr", "del", &cidr, "dev", &ns.host_if])
-        .status();
+    drop(host);
     result?;
     let combine = |rounds: &[Rtt]| {
         let m = |f: fn(&Rtt) -> f64| {

@@ -383,22 +383,10 @@ fn linux_blocking(
     cpu: usize,
     args: &IdleArgs,
 ) -> anyhow::Result<(f64, Vec<Option<f64>>)> {
-    let [a, b, c, _] = ns.ns_ip.octets();
-    let ip = Ipv4Addr::new(a, b, c, 3);
-    let cidr = format!("{ip}/24");
-    let status = std::process::Command::new("ip")
-        .args(["addr", "add", &cidr, "dev", &ns.host_if])
-        .status()?;
-    anyhow::ensure!(
-        status.success(),
-        "ip addr add {cidr} dev {} failed",
-        ns.host_if
-    );
-    let result = linux_echo_measured(ns, ip, cpu, args);
-    let _ = std::process::Command::new("ip")
-        .args(["addr", "del", &cidr, "dev", &ns.host_if])
-        .status();
-    result
+    let host = ns
+        .add_host_address(3)
+        .with_context(|| format!("a Linux address on {}", ns.host_if))?;
+    linux_echo_measured(ns, host.ip, cpu, args)
 }
 
 fn linux_echo_measured(

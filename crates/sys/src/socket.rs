@@ -182,6 +182,64 @@ pub fn peer_pid(sock: impl AsFd) -> io::Result<i32> {
     Ok(cred.pid.as_raw_nonzero().get())
 }
 
+/// `setsockopt(fd, level, option)` with a `T`: the option's C type.
+pub fn set_option<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `value` points to a live `T` of `size_of::<T>()` bytes, the
+    // type the option expects (callers pair options with their types).
+    let result = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            option,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `getsockopt(fd, level, option)` into a `T`.
+///
+/// # Safety
+/// `T` is the option's C struct: plain integers, for which every bit
+/// pattern (all zero included) is a valid value.
+pub unsafe fn get_option<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    option: libc::c_int,
+) -> io::Result<T> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: all zero is a valid `T` (caller's contract).
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are valid for writes and `len` holds the
+    // size of `value`.
+    let result = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            option,
+            (&mut value as *mut T).cast(),
+            &mut len,
+        )
+    };
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(value)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -418,50 +418,18 @@ fn bind(
     }
 }
 
+/// `setsockopt(SOL_XDP, option)` with a `T`.
 fn set_option<T>(socket: BorrowedFd<'_>, option: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` points to a live `T` of `size_of::<T>()` bytes, the
-    // type the option expects (callers pair options with their types).
-    let result = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_XDP,
-            option,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if result < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    crate::socket::set_option(socket, libc::SOL_XDP, option, value)
 }
 
 /// `getsockopt(SOL_XDP, option)` into a `T`.
 ///
 /// # Safety
-/// `T` is the option's C struct: plain integers, for which every bit
-/// pattern (all zero included) is valid.
+/// As [`crate::socket::get_option`].
 unsafe fn get_option<T>(socket: BorrowedFd<'_>, option: libc::c_int) -> io::Result<T> {
-    // SAFETY: all zero is a valid `T` (caller's contract).
-    let mut value: T = unsafe { zeroed() };
-    let mut len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are valid for writes and `len` holds the
-    // size of `value`.
-    let result = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_XDP,
-            option,
-            (&mut value as *mut T).cast(),
-            &mut len,
-        )
-    };
-    if result < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(value)
-    }
+    // SAFETY: the caller's contract.
+    unsafe { crate::socket::get_option(socket, libc::SOL_XDP, option) }
 }
 
 /// The indices of the rx ring of `socket`, an AF_XDP socket another

@@ -126,62 +126,30 @@ pub(crate) fn io_error<'a>(
     }
 }
 
-/// `setsockopt(fd, level, option, value)`.
+/// `setsockopt(fd, level, option)` with a `T` (`ginza_sys::socket`).
 pub(crate) fn set_socket_option<T>(
     fd: &std::os::fd::OwnedFd,
     level: libc::c_int,
     option: libc::c_int,
     value: &T,
 ) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `value` points to a live `T` of `size_of::<T>()` bytes, the
-    // type the option expects (callers pair options with their types).
-    let result = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            option,
-            (value as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if result < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    use std::os::fd::AsFd;
+    ginza_sys::socket::set_option(fd.as_fd(), level, option, value)
 }
 
-/// `getsockopt(fd, level, option)` into a `T`.
+/// `getsockopt(fd, level, option)` into a `T` (`ginza_sys::socket`).
 ///
 /// # Safety
-/// `T` is the option's C struct: plain integers, for which every bit
-/// pattern (all zero included) is a valid value.
+/// As `ginza_sys::socket::get_option`: `T` is the option's C struct of
+/// plain integers.
 pub(crate) unsafe fn get_socket_option<T>(
     fd: &std::os::fd::OwnedFd,
     level: libc::c_int,
     option: libc::c_int,
 ) -> io::Result<T> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: all zero is a valid `T` (caller's contract).
-    let mut value: T = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<T>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are valid for writes and `len` holds the
-    // size of `value`.
-    let result = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            level,
-            option,
-            (&mut value as *mut T).cast(),
-            &mut len,
-        )
-    };
-    if result < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(value)
-    }
+    use std::os::fd::AsFd;
+    // SAFETY: the caller's contract.
+    unsafe { ginza_sys::socket::get_option(fd.as_fd(), level, option) }
 }
 
 pub(crate) fn check_ifname(name: &str) -> Result<(), NicError> {
