@@ -86,6 +86,18 @@ fn memcached_bench_reports_both_systems_at_each_load() {
                 .and_then(|rest| rest.split_whitespace().next())
                 .and_then(|n| n.parse::<u64>().ok());
             assert!(grants.is_some_and(|g| g > 0), "{run}");
+            // Batch is a process of its own: its kthread was found there
+            // for its CPU time, and it answered its count of paths (the
+            // price it computed was checked by the bench).
+            assert_eq!(
+                run["cpu_threads"]["batch kthreads"].as_u64(),
+                Some(1),
+                "{run}"
+            );
+            assert!(
+                p["cpu_us_per_request"]["batch kthreads"].as_f64().is_some(),
+                "{p}"
+            );
         }
         let saturated = p["generator_saturated"].as_bool().unwrap();
         let quantiles: Vec<Option<f64>> = ["p50_us", "p99_us", "p999_us"]
