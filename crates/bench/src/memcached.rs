@@ -267,6 +267,10 @@ pub struct PointResult {
     pub p999_us: Option<f64>,
     /// Batch paths (ops) per second over the measured part.
     pub batch_ops_per_s: f64,
+    /// Batch paths per CPU-second of its threads (the kthreads, or Linux's
+    /// thread): its work per CPU time, whatever share of the CPU it got
+    /// (docs/results.md, "Session 18: batch's work per CPU-second").
+    pub batch_ops_per_cpu_s: Option<f64>,
     pub generator_saturated: bool,
     pub saturation_reason: Option<String>,
     /// Requests unanswered within the timeout, and broken ones.
@@ -304,6 +308,8 @@ pub struct MedianPoint {
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
     pub batch_ops_per_s: f64,
+    /// Paths per CPU-second of batch's threads, median over the rounds.
+    pub batch_ops_per_cpu_s: Option<f64>,
     /// Ginza systems: iokerneld's loop CPU time over the measured part, %
     /// of that time (median over the rounds).
     pub iokerneld_cpu_pct: Option<f64>,
@@ -686,7 +692,19 @@ fn measure(
     r.iokerneld_cpu_ms = cpu_ms;
     r.iokerneld_cpu_pct = cpu_pct;
     (r.cpu_us_per_request, r.cpu_threads) = split(report.achieved_rps);
+    r.batch_ops_per_cpu_s = per_cpu_second(&r, report.achieved_rps);
     Ok(r)
+}
+
+/// Batch's paths per CPU-second of its threads: the split's µs per request
+/// times the requests per second is the CPU-seconds per second they ran.
+fn per_cpu_second(r: &PointResult, requests_per_s: f64) -> Option<f64> {
+    let us = r
+        .cpu_us_per_request
+        .iter()
+        .find_map(|(k, v)| k.starts_with("batch").then_some(*v))?;
+    let cpu_s_per_s = us * requests_per_s / 1e6;
+    (cpu_s_per_s > 0.0).then(|| r.batch_ops_per_s / cpu_s_per_s)
 }
 
 fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -> PointResult {
@@ -700,6 +718,7 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         p99_us: latency(r.latency.p99_us),
         p999_us: latency(r.latency.p999_us),
         batch_ops_per_s: batch,
+        batch_ops_per_cpu_s: None,
         generator_saturated: r.generator_saturated,
         saturation_reason: r.saturation_reason.clone(),
         timeouts: r.timeouts,
@@ -1292,6 +1311,11 @@ pub fn medians(runs: &[PointResult], loads: &[f64]) -> Vec<MedianPoint> {
                 p99_us: lat(|r| r.p99_us),
                 p999_us: lat(|r| r.p999_us),
                 batch_ops_per_s: all(|r| r.batch_ops_per_s),
+                batch_ops_per_cpu_s: median(
+                    &of.iter()
+                        .filter_map(|r| r.batch_ops_per_cpu_s)
+                        .collect::<Vec<_>>(),
+                ),
                 iokerneld_cpu_pct: median(
                     &of.iter()
                         .filter_map(|r| r.iokerneld_cpu_pct)
@@ -1361,7 +1385,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn row(r: &PointResult) -> String {
     format!(
-        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s  iokerneld CPU {:>5} %{}  ({})",
+        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s ({:>5} M per CPU-s)  iokerneld CPU {:>5} %{}  ({})",
         r.system.name(),
         r.offered_krps,
         r.achieved_krps,
@@ -1369,6 +1393,7 @@ fn row(r: &PointResult) -> String {
         opt(r.p99_us),
         opt(r.p999_us),
         r.batch_ops_per_s / 1e6,
+        opt(r.batch_ops_per_cpu_s.map(|v| v / 1e6)),
         opt(r.iokerneld_cpu_pct),
         if r.generator_saturated {
             "  generator saturated"
@@ -1395,6 +1420,8 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
                 format!("{:.0}", p.batch_ops_per_s),
                 o(p.iokerneld_cpu_pct),
                 p.generator_saturated.to_string(),
+                p.batch_ops_per_cpu_s
+                    .map_or_else(String::new, |v| format!("{v:.0}")),
             ]
         })
         .collect();
@@ -1410,6 +1437,7 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
             "batch_ops_per_s",
             "iokerneld_cpu_pct",
             "generator_saturated",
+            "batch_ops_per_cpu_s",
         ],
         &rows,
     )?;
@@ -1476,12 +1504,12 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s  iokerneld CPU %"
+        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s  per CPU-s  iokerneld CPU %"
     );
     for p in &r.points {
         let _ = writeln!(
             s,
-            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2} {:>16}{}",
+            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2} {:>10} {:>16}{}",
             p.system.name(),
             p.offered_krps,
             p.achieved_krps,
@@ -1489,6 +1517,7 @@ fn render(r: &Report) -> String {
             opt(p.p99_us),
             opt(p.p999_us),
             p.batch_ops_per_s / 1e6,
+            opt(p.batch_ops_per_cpu_s.map(|v| v / 1e6)),
             opt(p.iokerneld_cpu_pct),
             if p.generator_saturated {
                 "  generator saturated"
@@ -1585,6 +1614,7 @@ mod tests {
             p99_us: p99,
             p999_us: p99.map(|v| v * 2.0),
             batch_ops_per_s: 1e6,
+            batch_ops_per_cpu_s: None,
             generator_saturated: saturated,
             saturation_reason: None,
             timeouts: 0,
