@@ -97,6 +97,9 @@ enum Experiment {
     /// A child process of `soak` (not for direct use).
     #[command(hide = true)]
     SoakRole(soak::RoleArgs),
+    /// The batch child of `memcached` (not for direct use).
+    #[command(hide = true)]
+    BatchRole(memcached::BatchRoleArgs),
     /// Run experiment files (`bench/experiments/*.toml`, docs/experiments.md):
     /// a sweep with a progress bar, CSV, JSON and PNG under results/<name>/.
     Run(experiment::RunArgs),
@@ -134,5 +137,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Experiment::Idle(args) => idle::run(args),
         Experiment::Soak(args) => soak::run(args),
         Experiment::SoakRole(args) => soak::run_role(args),
+        Experiment::BatchRole(args) => memcached::batch_role_main(args),
     }
 }

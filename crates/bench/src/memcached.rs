@@ -11,7 +11,9 @@
 //!   iokerneld (AF_XDP on the veth, else AF_PACKET), with `batch` (one
 //!   kthread) registered beside it as a second, best-effort runtime
 //!   application; iokerneld manages the server CPU and gives it to
-//!   whichever of the two needs it (docs/runtime.md).
+//!   whichever of the two needs it (docs/runtime.md). kv-server and
+//!   iokerneld run in the bench's process; batch is a process of its own
+//!   (`batch_process.rs`), as deployed, unless `--batch-in-process`.
 //! * **ginza-protected** (not in the default `--systems`; DLibOS Fig. 7):
 //!   the same kv-server in protected mode, its TCP/IP stack in the
 //!   netstack daemon (`netstackd`, docs/protected.md) registered under the
@@ -57,9 +59,11 @@
 //! [`PointConfig`]; the sweep is a loop over it (so an experiment engine
 //! can call it directly).
 
+mod batch_process;
 mod ginza_run;
 mod library_cost;
 
+pub use batch_process::{batch_role_main, BatchRoleArgs};
 pub use ginza_run::GinzaRun;
 
 use std::collections::BTreeMap;
@@ -96,6 +100,7 @@ use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus as IokCpus};
 use crate::harness::linux_batch::{linux_batch, set_policy, LINUX_BATCH_THREAD};
+use batch_process::BatchProcess;
 
 /// Arguments of `ginza bench memcached`.
 #[derive(clap::Args, Debug)]
@@ -162,6 +167,12 @@ pub struct MemcachedArgs {
     /// docs/idle-poll.md), for a before/after comparison.
     #[arg(long)]
     kv_park: bool,
+    /// Ginza: run batch on a thread of this bench, beside the in-process
+    /// iokerneld and kv-server, instead of as a process of its own (the
+    /// default, as deployed); for a before/after comparison (docs/results.md,
+    /// "Session 18: batch's work per CPU-second").
+    #[arg(long)]
+    batch_in_process: bool,
 }
 
 /// The servers compared.
@@ -238,6 +249,8 @@ pub struct PointConfig {
     pub iokernel_spin: bool,
     /// Ginza: kv-server parks when idle (`poll_while_idle` = 0).
     pub kv_park: bool,
+    /// Ginza: batch on a thread of the bench, not a process of its own.
+    pub batch_in_process: bool,
 }
 
 /// What one point measured.
@@ -254,6 +267,10 @@ pub struct PointResult {
     pub p999_us: Option<f64>,
     /// Batch paths (ops) per second over the measured part.
     pub batch_ops_per_s: f64,
+    /// Batch paths per CPU-second of its threads (the kthreads, or Linux's
+    /// thread): its work per CPU time, whatever share of the CPU it got
+    /// (docs/results.md, "Session 18: batch's work per CPU-second").
+    pub batch_ops_per_cpu_s: Option<f64>,
     pub generator_saturated: bool,
     pub saturation_reason: Option<String>,
     /// Requests unanswered within the timeout, and broken ones.
@@ -291,6 +308,8 @@ pub struct MedianPoint {
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
     pub batch_ops_per_s: f64,
+    /// Paths per CPU-second of batch's threads, median over the rounds.
+    pub batch_ops_per_cpu_s: Option<f64>,
     /// Ginza systems: iokerneld's loop CPU time over the measured part, %
     /// of that time (median over the rounds).
     pub iokerneld_cpu_pct: Option<f64>,
@@ -432,6 +451,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 ginza_run: ginza_run.clone(),
                 iokernel_spin: args.iokernel_spin,
                 kv_park: args.kv_park,
+                batch_in_process: args.batch_in_process,
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -582,7 +602,7 @@ fn measure(
     ns: &NetNs,
     cfg: &PointConfig,
     target: SocketAddr,
-    batch_ops: Arc<AtomicU64>,
+    batch_ops: BatchCount,
     iokerneld: Option<&InProcess>,
     server: String,
     mut meter: Meter,
@@ -637,23 +657,13 @@ fn measure(
     let start = Instant::now();
     let counter = std::thread::spawn(move || {
         std::thread::sleep(warmup);
-        let (t0, n0, c0, m0) = (
-            Instant::now(),
-            batch_ops.load(Relaxed),
-            loop_cpu(),
-            meter.read(),
-        );
+        let (t0, n0, c0, m0) = (Instant::now(), batch_ops.read(), loop_cpu(), meter.read());
         std::thread::sleep(duration);
-        let (t1, n1, c1, m1) = (
-            Instant::now(),
-            batch_ops.load(Relaxed),
-            loop_cpu(),
-            meter.read(),
-        );
+        let (t1, n1, c1, m1) = (Instant::now(), batch_ops.read(), loop_cpu(), meter.read());
         let secs = (t1 - t0).as_secs_f64();
         let cpu_ms = c0.zip(c1).map(|(a, b)| b.saturating_sub(a) as f64 / 1e6);
         (
-            (n1 - n0) as f64 / secs,
+            n0.and_then(|n0| Ok(n1?.saturating_sub(n0) as f64 / secs)),
             cpu_ms,
             cpu_ms.map(|ms| ms / 10.0 / secs),
             move |requests_per_s: f64| {
@@ -673,6 +683,7 @@ fn measure(
     let (batch, cpu_ms, cpu_pct, split) = counter
         .join()
         .map_err(|_| anyhow!("the batch counter panicked"))?;
+    let batch = batch.context("counting batch's paths")?;
     anyhow::ensure!(
         start.elapsed() >= warmup + duration,
         "the generator returned before its schedule was over"
@@ -681,7 +692,19 @@ fn measure(
     r.iokerneld_cpu_ms = cpu_ms;
     r.iokerneld_cpu_pct = cpu_pct;
     (r.cpu_us_per_request, r.cpu_threads) = split(report.achieved_rps);
+    r.batch_ops_per_cpu_s = per_cpu_second(&r, report.achieved_rps);
     Ok(r)
+}
+
+/// Batch's paths per CPU-second of its threads: the split's µs per request
+/// times the requests per second is the CPU-seconds per second they ran.
+fn per_cpu_second(r: &PointResult, requests_per_s: f64) -> Option<f64> {
+    let us = r
+        .cpu_us_per_request
+        .iter()
+        .find_map(|(k, v)| k.starts_with("batch").then_some(*v))?;
+    let cpu_s_per_s = us * requests_per_s / 1e6;
+    (cpu_s_per_s > 0.0).then(|| r.batch_ops_per_s / cpu_s_per_s)
 }
 
 fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -> PointResult {
@@ -695,6 +718,7 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         p99_us: latency(r.latency.p99_us),
         p999_us: latency(r.latency.p999_us),
         batch_ops_per_s: batch,
+        batch_ops_per_cpu_s: None,
         generator_saturated: r.generator_saturated,
         saturation_reason: r.saturation_reason.clone(),
         timeouts: r.timeouts,
@@ -806,24 +830,27 @@ fn ginza_serving(
     // kv-server holds its guarantee before batch arrives: `static` never
     // takes a core back.
     let held = wait_for_cores(iokerneld, "kv-server", guaranteed);
-    let paths = Arc::new(AtomicU64::new(0));
-    let batch_stop = Arc::new(AtomicBool::new(false));
-    let batch = held.and_then(|()| start_batch(iokerneld, cfg, &paths, &batch_stop));
+    let batch = held.and_then(|()| GinzaBatch::start(iokerneld, cfg));
     let measured = batch.and_then(|mut batch| {
         let target = SocketAddr::V4(SocketAddrV4::new(ns.peer_ip, PORT));
-        let label = format!("{server_name} ({backend})");
-        let batch_kthreads: Vec<i32> = kthreads_here()
-            .into_iter()
-            .filter(|t| !server_kthreads.contains(t))
-            .collect();
+        let label = format!("{server_name} ({backend}){}", batch.label());
         let mut meter = common_meter(cfg);
+        meter.add("batch kthreads", batch.kthreads(&server_kthreads));
         meter.add("server: kv-server kthreads", Select::Tids(server_kthreads));
-        meter.add("batch kthreads", Select::Tids(batch_kthreads));
-        let m = measure(ns, cfg, target, paths, Some(iokerneld), label, meter).map(|mut m| {
+        let m = measure(
+            ns,
+            cfg,
+            target,
+            batch.count(),
+            Some(iokerneld),
+            label,
+            meter,
+        )
+        .map(|mut m| {
             m.iokerneld = grants_summary(iokerneld);
             m
         });
-        batch_stop.store(true, Relaxed);
+        batch.stop();
         // The server first: under `static` it keeps the one managed core
         // while idle, and batch sees its stop only once it runs.
         stop.store(true, Relaxed);
@@ -837,7 +864,7 @@ fn ginza_serving(
             }
             drop(netstack.take());
         }
-        check_price(batch.join()?)?;
+        check_price(batch.finish()?)?;
         m
     });
     stop.store(true, Relaxed);
@@ -851,22 +878,104 @@ fn ginza_serving(
     }
 }
 
-/// The batch application beside a Ginza server, counting its paths in
-/// `paths` until `stop`; registered when this returns.
-fn start_batch(
-    iokerneld: &InProcess,
-    cfg: &PointConfig,
-    paths: &Arc<AtomicU64>,
-    stop: &Arc<AtomicBool>,
-) -> anyhow::Result<App<f64>> {
-    let (p2, b2, seed) = (paths.clone(), stop.clone(), cfg.seed);
-    let mut batch_cfg = runtime_config(iokerneld, "batch", Class::Batch);
-    if let Some(io) = batch_cfg.iokernel.as_mut() {
-        io.keep_cores_when_idle = cfg.allocator != PolicyKind::Shenango;
+/// The batch application beside a Ginza server: a process of its own, as
+/// deployed (`batch_process.rs`), or with `--batch-in-process` a runtime
+/// on a thread of the bench, as before session 18 (for comparison).
+enum GinzaBatch {
+    Process(Arc<BatchProcess>),
+    InProcess {
+        app: App<f64>,
+        paths: Arc<AtomicU64>,
+        stop: Arc<AtomicBool>,
+    },
+}
+
+impl GinzaBatch {
+    /// Starts it; registered with iokerneld when this returns.
+    fn start(iokerneld: &InProcess, cfg: &PointConfig) -> anyhow::Result<GinzaBatch> {
+        let keep_cores = cfg.allocator != PolicyKind::Shenango;
+        if !cfg.batch_in_process {
+            return BatchProcess::start(iokerneld, "batch", cfg.seed, keep_cores)
+                .map(GinzaBatch::Process);
+        }
+        let paths = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p2, b2, seed) = (paths.clone(), stop.clone(), cfg.seed);
+        let mut batch_cfg = runtime_config(iokerneld, "batch", Class::Batch);
+        if let Some(io) = batch_cfg.iokernel.as_mut() {
+            io.keep_cores_when_idle = keep_cores;
+        }
+        let app = App::start_configured(iokerneld, "batch", batch_cfg, move || {
+            ginza_apps::batch::price_until_stopped(1, p2, b2, seed)
+        })?;
+        Ok(GinzaBatch::InProcess { app, paths, stop })
     }
-    App::start_configured(iokerneld, "batch", batch_cfg, move || {
-        ginza_apps::batch::price_until_stopped(1, p2, b2, seed)
-    })
+
+    /// How the measurement reads its paths.
+    fn count(&self) -> BatchCount {
+        match self {
+            GinzaBatch::Process(p) => BatchCount::Process(p.clone()),
+            GinzaBatch::InProcess { paths, .. } => BatchCount::Thread(paths.clone()),
+        }
+    }
+
+    /// Its kthreads, for their CPU time: the child's, or this process's
+    /// other than the server's (`server_kthreads`).
+    fn kthreads(&self, server_kthreads: &[i32]) -> Select {
+        match self {
+            GinzaBatch::Process(p) => Select::Named {
+                pid: p.pid(),
+                name: "ginza-k*",
+            },
+            GinzaBatch::InProcess { .. } => Select::Tids(
+                kthreads_here()
+                    .into_iter()
+                    .filter(|t| !server_kthreads.contains(t))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// What the server's label says of it.
+    fn label(&self) -> &'static str {
+        match self {
+            GinzaBatch::Process(_) => "",
+            GinzaBatch::InProcess { .. } => ", batch in the bench's process",
+        }
+    }
+
+    /// Asks it to stop (an in-process one sees the flag once it runs).
+    fn stop(&self) {
+        if let GinzaBatch::InProcess { stop, .. } = self {
+            stop.store(true, Relaxed);
+        }
+    }
+
+    /// Stops it and waits for its price.
+    fn finish(&mut self) -> anyhow::Result<f64> {
+        self.stop();
+        match self {
+            GinzaBatch::Process(p) => p.finish(),
+            GinzaBatch::InProcess { app, .. } => app.join(),
+        }
+    }
+}
+
+/// How a point reads the batch paths done so far.
+enum BatchCount {
+    /// A counter this process's batch adds to.
+    Thread(Arc<AtomicU64>),
+    /// Ask the batch child.
+    Process(Arc<BatchProcess>),
+}
+
+impl BatchCount {
+    fn read(&self) -> anyhow::Result<u64> {
+        match self {
+            BatchCount::Thread(paths) => Ok(paths.load(Relaxed)),
+            BatchCount::Process(p) => p.paths(),
+        }
+    }
 }
 
 /// An error unless batch's result is the price its real work computes (0
@@ -915,11 +1024,12 @@ fn memcached_ginza_serving(
         Path::new("memcached"),
         &memcached_args(addr),
     )?;
-    let paths = Arc::new(AtomicU64::new(0));
-    let batch_stop = Arc::new(AtomicBool::new(false));
-    let batch = start_batch(iokerneld, cfg, &paths, &batch_stop);
+    let batch = GinzaBatch::start(iokerneld, cfg);
     let measured = batch.and_then(|mut batch| {
-        let label = format!("memcached -t 1 under ginza run ({backend})");
+        let label = format!(
+            "memcached -t 1 under ginza run ({backend}){}",
+            batch.label()
+        );
         let pid = server.0.id() as i32;
         let mut meter = common_meter(cfg);
         meter.add(
@@ -947,13 +1057,22 @@ fn memcached_ginza_serving(
                 name: "ginza-epwatch",
             },
         );
-        meter.add("batch kthreads", Select::Tids(kthreads_here()));
+        meter.add("batch kthreads", batch.kthreads(&[]));
         let target = SocketAddr::V4(addr);
-        let m = measure(ns, cfg, target, paths, Some(iokerneld), label, meter).map(|mut m| {
+        let m = measure(
+            ns,
+            cfg,
+            target,
+            batch.count(),
+            Some(iokerneld),
+            label,
+            meter,
+        )
+        .map(|mut m| {
             m.iokerneld = grants_summary(iokerneld);
             m
         });
-        batch_stop.store(true, Relaxed);
+        batch.stop();
         // Still running? A crash during the run is the measurement's error.
         let alive = match server.0.try_wait() {
             Ok(None) => Ok(()),
@@ -965,7 +1084,7 @@ fn memcached_ginza_serving(
         };
         // The server goes first: batch sees its stop once it has the core.
         server.stop();
-        check_price(batch.join()?)?;
+        check_price(batch.finish()?)?;
         alive?;
         m
     });
@@ -1140,7 +1259,7 @@ fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         ns,
         cfg,
         SocketAddr::V4(addr),
-        paths,
+        BatchCount::Thread(paths),
         None,
         format!("memcached -t 1, batch at {priority}"),
         meter,
@@ -1192,6 +1311,11 @@ pub fn medians(runs: &[PointResult], loads: &[f64]) -> Vec<MedianPoint> {
                 p99_us: lat(|r| r.p99_us),
                 p999_us: lat(|r| r.p999_us),
                 batch_ops_per_s: all(|r| r.batch_ops_per_s),
+                batch_ops_per_cpu_s: median(
+                    &of.iter()
+                        .filter_map(|r| r.batch_ops_per_cpu_s)
+                        .collect::<Vec<_>>(),
+                ),
                 iokerneld_cpu_pct: median(
                     &of.iter()
                         .filter_map(|r| r.iokerneld_cpu_pct)
@@ -1261,7 +1385,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn row(r: &PointResult) -> String {
     format!(
-        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s  iokerneld CPU {:>5} %{}  ({})",
+        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s ({:>5} M per CPU-s)  iokerneld CPU {:>5} %{}  ({})",
         r.system.name(),
         r.offered_krps,
         r.achieved_krps,
@@ -1269,6 +1393,7 @@ fn row(r: &PointResult) -> String {
         opt(r.p99_us),
         opt(r.p999_us),
         r.batch_ops_per_s / 1e6,
+        opt(r.batch_ops_per_cpu_s.map(|v| v / 1e6)),
         opt(r.iokerneld_cpu_pct),
         if r.generator_saturated {
             "  generator saturated"
@@ -1295,6 +1420,8 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
                 format!("{:.0}", p.batch_ops_per_s),
                 o(p.iokerneld_cpu_pct),
                 p.generator_saturated.to_string(),
+                p.batch_ops_per_cpu_s
+                    .map_or_else(String::new, |v| format!("{v:.0}")),
             ]
         })
         .collect();
@@ -1310,6 +1437,7 @@ fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Resu
             "batch_ops_per_s",
             "iokerneld_cpu_pct",
             "generator_saturated",
+            "batch_ops_per_cpu_s",
         ],
         &rows,
     )?;
@@ -1376,12 +1504,12 @@ fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s  iokerneld CPU %"
+        "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s  per CPU-s  iokerneld CPU %"
     );
     for p in &r.points {
         let _ = writeln!(
             s,
-            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2} {:>16}{}",
+            "  {:<15} {:>8.1} {:>9.1} {:>8} {:>8} {:>9} {:>13.2} {:>10} {:>16}{}",
             p.system.name(),
             p.offered_krps,
             p.achieved_krps,
@@ -1389,6 +1517,7 @@ fn render(r: &Report) -> String {
             opt(p.p99_us),
             opt(p.p999_us),
             p.batch_ops_per_s / 1e6,
+            opt(p.batch_ops_per_cpu_s.map(|v| v / 1e6)),
             opt(p.iokerneld_cpu_pct),
             if p.generator_saturated {
                 "  generator saturated"
@@ -1485,6 +1614,7 @@ mod tests {
             p99_us: p99,
             p999_us: p99.map(|v| v * 2.0),
             batch_ops_per_s: 1e6,
+            batch_ops_per_cpu_s: None,
             generator_saturated: saturated,
             saturation_reason: None,
             timeouts: 0,

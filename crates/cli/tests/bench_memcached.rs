@@ -76,6 +76,16 @@ fn memcached_bench_reports_both_systems_at_each_load() {
         assert_eq!(run["errors"].as_u64(), Some(0), "{run}");
         let batch = p["batch_ops_per_s"].as_f64().unwrap();
         assert!(batch.is_finite() && batch >= 0.0, "{p}");
+        // Work per CPU-second of batch's own threads: present when it did
+        // work, and a path costs more than a nanosecond (a figure above
+        // 10⁹ would mean its CPU time was read from the wrong threads).
+        if batch > 0.0 {
+            let per_cpu = p["batch_ops_per_cpu_s"].as_f64();
+            assert!(
+                per_cpu.is_some_and(|v| v > 0.0 && v < 1e9),
+                "{system}: batch {batch} paths/s, per CPU-second {per_cpu:?}: {p}"
+            );
+        }
         if system == "ginza" {
             // The batch application held cores beside kv-server: iokerneld
             // granted it some ("batch: N grants, …").
@@ -86,6 +96,18 @@ fn memcached_bench_reports_both_systems_at_each_load() {
                 .and_then(|rest| rest.split_whitespace().next())
                 .and_then(|n| n.parse::<u64>().ok());
             assert!(grants.is_some_and(|g| g > 0), "{run}");
+            // Batch is a process of its own: its kthread was found there
+            // for its CPU time, and it answered its count of paths (the
+            // price it computed was checked by the bench).
+            assert_eq!(
+                run["cpu_threads"]["batch kthreads"].as_u64(),
+                Some(1),
+                "{run}"
+            );
+            assert!(
+                p["cpu_us_per_request"]["batch kthreads"].as_f64().is_some(),
+                "{p}"
+            );
         }
         let saturated = p["generator_saturated"].as_bool().unwrap();
         let quantiles: Vec<Option<f64>> = ["p50_us", "p99_us", "p999_us"]

@@ -1120,6 +1120,8 @@ fn memcached_point(
         iokernel_spin: false,
         // As the runtime runs by default: kv-server polls while idle.
         kv_park: false,
+        // As deployed: batch a process of its own.
+        batch_in_process: false,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
