@@ -837,19 +837,7 @@ fn ginza_serving(
         let mut meter = common_meter(cfg);
         meter.add("batch kthreads", batch.kthreads(&server_kthreads));
         meter.add("server: kv-server kthreads", Select::Tids(server_kthreads));
-        let m = measure(
-            ns,
-            cfg,
-            target,
-            batch.count(),
-            Some(iokerneld),
-            label,
-            meter,
-        )
-        .map(|mut m| {
-            m.iokerneld = grants_summary(iokerneld);
-            m
-        });
+        let m = measure_beside(ns, cfg, target, &batch, iokerneld, label, meter);
         batch.stop();
         // The server first: under `static` it keeps the one managed core
         // while idle, and batch sees its stop only once it runs.
@@ -988,6 +976,30 @@ fn check_price(price: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// [`measure`] of a Ginza server beside Ginza's batch, with iokerneld's
+/// grants and preemptions per application.
+fn measure_beside(
+    ns: &NetNs,
+    cfg: &PointConfig,
+    target: SocketAddr,
+    batch: &GinzaBatch,
+    iokerneld: &InProcess,
+    label: String,
+    meter: Meter,
+) -> anyhow::Result<PointResult> {
+    let mut m = measure(
+        ns,
+        cfg,
+        target,
+        batch.count(),
+        Some(iokerneld),
+        label,
+        meter,
+    )?;
+    m.iokerneld = grants_summary(iokerneld);
+    Ok(m)
+}
+
 /// iokerneld's grants and preemptions per application, one line.
 fn grants_summary(iokerneld: &InProcess) -> Option<String> {
     iokerneld.stats().ok().map(|s| {
@@ -1059,19 +1071,7 @@ fn memcached_ginza_serving(
         );
         meter.add("batch kthreads", batch.kthreads(&[]));
         let target = SocketAddr::V4(addr);
-        let m = measure(
-            ns,
-            cfg,
-            target,
-            batch.count(),
-            Some(iokerneld),
-            label,
-            meter,
-        )
-        .map(|mut m| {
-            m.iokerneld = grants_summary(iokerneld);
-            m
-        });
+        let m = measure_beside(ns, cfg, target, &batch, iokerneld, label, meter);
         batch.stop();
         // Still running? A crash during the run is the measurement's error.
         let alive = match server.0.try_wait() {
