@@ -709,6 +709,8 @@ pub(crate) fn load_summary(r: &ginza_loadgen::report::Report) -> serde_json::Val
         "completed": r.completed,
         "timeouts": r.timeouts,
         "errors": r.errors + r.error_answers + r.unmatched,
+        "error_kinds": r.error_kinds,
+        "unmatched": r.unmatched,
         "p50_us": r.latency.p50_us,
         "p99_us": r.latency.p99_us,
         "p999_us": r.latency.p999_us,
