@@ -1,4 +1,5 @@
-//! Private memory mappings: uthread stacks with a guard page.
+//! Private memory mappings: uthread stacks with a guard page, and large
+//! long-lived buffers that go back to the kernel when dropped.
 
 use std::io;
 use std::ptr::NonNull;
@@ -49,6 +50,84 @@ pub unsafe fn unmap(start: NonNull<u8>, len: usize) {
     debug_assert!(r.is_ok(), "munmap: {r:?}");
 }
 
+/// `len` bytes of private, zeroed memory in a mapping of their own, unmapped
+/// when dropped.
+///
+/// For large buffers made and dropped while a daemon runs (a port's frame
+/// pool): from the heap, each would come from a free chunk that `calloc`
+/// must clear (every page touched at once) and, once freed, stay in the
+/// allocator's arenas, split by smaller allocations, so the process's
+/// resident memory would grow with each one. A mapping of its own is
+/// touched only where it is used and returned whole.
+pub struct AnonMemory {
+    start: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone (nothing else has its
+// address), like a `Box<[u8]>`.
+unsafe impl Send for AnonMemory {}
+// SAFETY: shared access only reads, through `&[u8]`.
+unsafe impl Sync for AnonMemory {}
+
+impl AnonMemory {
+    /// A fresh mapping of `len` zeroed bytes (`len` > 0).
+    pub fn new(len: usize) -> io::Result<AnonMemory> {
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an empty anonymous mapping",
+            ));
+        }
+        // SAFETY: a null address lets the kernel choose where: the new
+        // mapping replaces nothing and aliases no Rust object.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }?;
+        let start = NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(AnonMemory { start, len })
+    }
+}
+
+impl std::ops::Deref for AnonMemory {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `start..start + len` is this value's own readable
+        // mapping, alive as long as `self`; writes need `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.start.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AnonMemory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only
+        // reference to the memory.
+        unsafe { std::slice::from_raw_parts_mut(self.start.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AnonMemory {
+    fn drop(&mut self) {
+        // SAFETY: the whole mapping made in `new`; no reference to it
+        // outlives `self`.
+        unsafe { unmap(self.start, self.len) }
+    }
+}
+
+impl std::fmt::Debug for AnonMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnonMemory")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +150,19 @@ mod tests {
             protect_none(base, page).unwrap();
             unmap(base, len);
         }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap is not supported by Miri")]
+    fn anonymous_memory_is_zeroed_writable_and_refuses_zero_length() {
+        let mut m = AnonMemory::new(3 * page_size() + 5).unwrap();
+        assert_eq!(m.len(), 3 * page_size() + 5);
+        assert!(m.iter().all(|&b| b == 0));
+        m[0] = 1;
+        let last = m.len() - 1;
+        m[last] = 2;
+        assert_eq!((m[0], m[last]), (1, 2));
+        let err = AnonMemory::new(0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 }

@@ -56,7 +56,7 @@ use model::KeyModel;
 use procs::{Proc, Sampler};
 use report::{growth, growth_span, percentiles_json};
 use schedule::{Event, BACKGROUND, STORM};
-use verifier::{Percentiles, Server, Shared, Worker, FINAL};
+use verifier::{Server, Shared, Worker, FINAL};
 
 /// Arguments of `ginza bench soak`.
 #[derive(clap::Args, Debug)]
@@ -395,7 +395,10 @@ impl<'a> Soak<'a> {
     /// loadgen on kv-rtc, one run per window until the run's end: each run
     /// offers load until its window's end (a run that waited for late
     /// answers starts the next window late, or skips it when little is
-    /// left of it).
+    /// left of it). Each run is a child process in the namespace (the
+    /// `load` role): the generator's plans, histograms and threads, new
+    /// each window, would otherwise stay in this process's heap as
+    /// fragments, and this process's memory is held to the aim.
     fn start_loadgen(&self, window: Duration) -> anyhow::Result<JoinHandle<Vec<LoadWindow>>> {
         let target = self.servers[KV_RTC].addr;
         let (start, duration, rate, seed) = (
@@ -405,23 +408,42 @@ impl<'a> Soak<'a> {
             self.cfg.seed,
         );
         let shared = self.shared.clone();
-        Ok(self.ns.spawn_in(move || {
-            let mut out = Vec::new();
-            // Until the run's end, or its early end on an error.
-            while start.elapsed() < duration && shared.phase.load(Relaxed) == verifier::RUN {
-                let index = (start.elapsed().as_nanos() / window.as_nanos().max(1)) as usize;
-                let end = (window * (index as u32 + 1)).min(duration);
-                let len = end.saturating_sub(start.elapsed());
-                if len < window / 4 {
-                    std::thread::sleep(len.min(TICK * 10));
-                    continue;
+        let mut launch = self.ns.command(&[]);
+        launch
+            .arg(&self.launcher.program)
+            .args(&self.launcher.prefix);
+        let (program, args) = (
+            launch.get_program().to_owned(),
+            launch.get_args().map(ToOwned::to_owned).collect::<Vec<_>>(),
+        );
+        Ok(std::thread::Builder::new()
+            .name("soak-loadgen".into())
+            .spawn(move || {
+                let mut out = Vec::new();
+                // Until the run's end, or its early end on an error.
+                while start.elapsed() < duration && shared.phase.load(Relaxed) == verifier::RUN {
+                    let index = (start.elapsed().as_nanos() / window.as_nanos().max(1)) as usize;
+                    let end = (window * (index as u32 + 1)).min(duration);
+                    let len = end.saturating_sub(start.elapsed());
+                    if len < window / 4 {
+                        std::thread::sleep(len.min(TICK * 10));
+                        continue;
+                    }
+                    let mut child = std::process::Command::new(&program);
+                    child.args(&args).args([
+                        "load".to_string(),
+                        format!("--target={target}"),
+                        format!("--rate={rate}"),
+                        format!("--duration={}us", len.as_micros()),
+                        format!("--seed={}", seed.wrapping_add(index as u64)),
+                    ]);
+                    out.push(LoadWindow {
+                        index,
+                        result: run_load_window(child),
+                    });
                 }
-                let cfg = load_config(target, rate, len, seed.wrapping_add(index as u64));
-                let result = ginza_loadgen::kernel::run(&cfg).map_err(|e| format!("{e:#}"));
-                out.push(LoadWindow { index, result });
-            }
-            out
-        })?)
+                out
+            })?)
     }
 
     /// The schedule, turn by turn, until the run's duration is over.
@@ -592,6 +614,7 @@ impl<'a> Soak<'a> {
             models_forgotten: sh.models_forgotten.load(Relaxed),
             final_keys_read: sh.final_keys_read.load(Relaxed),
             final_keys_unread: sh.final_keys_unread.load(Relaxed),
+            latency_records_late: sh.latency.lock().expect("workers are done").late,
         };
         r.examples = sh.examples.lock().expect("workers are done").clone();
         self.faults
@@ -613,11 +636,7 @@ impl<'a> Soak<'a> {
         }
         r.windows = self.windows(&loads);
         r.requests_verified = r.verifier.answered + r.verifier.final_keys_read;
-        r.requests_loadgen = loads
-            .iter()
-            .filter_map(|l| l.result.as_ref().ok())
-            .map(|rep| rep.completed)
-            .sum();
+        r.requests_loadgen = loads.iter().map(LoadWindow::completed).sum();
         r.requests = r.requests_verified + r.requests_loadgen;
         // The children end, asked; logs are kept only for a failed run.
         for proc in self.procs.values_mut() {
@@ -648,7 +667,7 @@ impl<'a> Soak<'a> {
                 Window {
                     start_s: from.as_secs_f64(),
                     end_s: to.as_secs_f64(),
-                    verifier: hists.get(&k).map(|h| percentiles_json(&Percentiles::of(h))),
+                    verifier: hists.of(k).as_ref().map(percentiles_json),
                     loadgen,
                 }
             })
@@ -656,29 +675,76 @@ impl<'a> Soak<'a> {
     }
 }
 
-/// One window's loadgen run.
+/// One window's loadgen run: its summary ([`load_summary`]), or why there
+/// is none.
 struct LoadWindow {
     /// The window it started in.
     index: usize,
-    result: Result<ginza_loadgen::report::Report, String>,
+    result: Result<serde_json::Value, String>,
 }
 
 impl LoadWindow {
     fn json(&self) -> serde_json::Value {
         match &self.result {
-            Ok(r) => serde_json::json!({
-                "offered_rps": r.offered_rps,
-                "achieved_rps": r.achieved_rps,
-                "completed": r.completed,
-                "timeouts": r.timeouts,
-                "errors": r.errors + r.error_answers + r.unmatched,
-                "p50_us": r.latency.p50_us,
-                "p99_us": r.latency.p99_us,
-                "p999_us": r.latency.p999_us,
-                "generator_saturated": r.generator_saturated,
-            }),
+            Ok(summary) => summary.clone(),
             Err(e) => serde_json::json!({ "error": e }),
         }
+    }
+
+    /// Requests loadgen saw answered in this window.
+    fn completed(&self) -> u64 {
+        self.result
+            .as_ref()
+            .ok()
+            .and_then(|s| s["completed"].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+/// What the soak keeps of a window's loadgen report.
+pub(crate) fn load_summary(r: &ginza_loadgen::report::Report) -> serde_json::Value {
+    serde_json::json!({
+        "offered_rps": r.offered_rps,
+        "achieved_rps": r.achieved_rps,
+        "completed": r.completed,
+        "timeouts": r.timeouts,
+        "errors": r.errors + r.error_answers + r.unmatched,
+        "error_kinds": r.error_kinds,
+        "unmatched": r.unmatched,
+        "p50_us": r.latency.p50_us,
+        "p99_us": r.latency.p99_us,
+        "p999_us": r.latency.p999_us,
+        "generator_saturated": r.generator_saturated,
+    })
+}
+
+/// Runs one window's `load` role to its end and reads the summary it
+/// printed.
+fn run_load_window(mut child: std::process::Command) -> Result<serde_json::Value, String> {
+    let out = child
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("starting loadgen: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: String = stderr
+                .chars()
+                .rev()
+                .take(400)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            format!("loadgen ({}) printed no summary: {tail}", out.status)
+        })?;
+    match summary["error"].as_str() {
+        Some(e) => Err(e.to_string()),
+        None => Ok(summary),
     }
 }
 
@@ -692,7 +758,7 @@ fn window_len(duration: Duration) -> Duration {
 }
 
 /// loadgen's run of one window on `target`: USR gets and sets, Poisson.
-fn load_config(target: SocketAddr, rate: f64, len: Duration, seed: u64) -> RunConfig {
+pub(crate) fn load_config(target: SocketAddr, rate: f64, len: Duration, seed: u64) -> RunConfig {
     RunConfig {
         target,
         transport: Transport::Tcp,

@@ -69,6 +69,10 @@ pub struct VerifierCounts {
     /// The final pass: every key read once after the faults ended.
     pub final_keys_read: u64,
     pub final_keys_unread: u64,
+    /// Answers whose latency came after their window's percentiles were
+    /// taken (not in `windows`; none expected: windows stay open far
+    /// longer than the workers' time-outs).
+    pub latency_records_late: u64,
 }
 
 /// One latency window.

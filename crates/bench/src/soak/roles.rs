@@ -74,6 +74,10 @@ enum Role {
     Netstack(ginza_netstack::cli::NetstackArgs),
     /// The batch application, pricing until killed.
     Batch(BatchRole),
+    /// One window of loadgen's load on a kv-server; prints its summary as
+    /// JSON. A process of its own, so that the generator's allocations,
+    /// made anew each window, never stay in the soak's own memory.
+    Load(LoadRole),
 }
 
 #[derive(clap::Args, Debug)]
@@ -85,6 +89,19 @@ struct KvRole {
     memory_limit: usize,
     #[command(flatten)]
     app: AppArgs,
+}
+
+#[derive(clap::Args, Debug)]
+struct LoadRole {
+    #[arg(long)]
+    target: std::net::SocketAddr,
+    /// Requests/s.
+    #[arg(long)]
+    rate: f64,
+    #[arg(long, value_parser = ginza_proto::parse_duration)]
+    duration: std::time::Duration,
+    #[arg(long)]
+    seed: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -117,7 +134,18 @@ pub fn run_role(args: RoleArgs) -> anyhow::Result<()> {
         Role::Kv(kv) => run_kv(kv),
         Role::Netstack(ns) => ginza_netstack::cli::run(ns),
         Role::Batch(b) => run_batch(b),
+        Role::Load(l) => run_load(l),
     }
+}
+
+fn run_load(args: LoadRole) -> anyhow::Result<()> {
+    let cfg = super::load_config(args.target, args.rate, args.duration, args.seed);
+    let summary = match ginza_loadgen::kernel::run(&cfg) {
+        Ok(report) => super::load_summary(&report),
+        Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+    };
+    println!("{summary}");
+    Ok(())
 }
 
 fn run_kv(args: KvRole) -> anyhow::Result<()> {

@@ -64,8 +64,54 @@ pub(crate) struct Shared {
     pub(crate) resets_sent: AtomicU64,
     pub(crate) resets_failed: AtomicU64,
     pub(crate) examples: Mutex<Vec<String>>,
-    /// Answered requests' latency (µs) by window index.
-    pub(crate) latency: Mutex<BTreeMap<usize, Histogram<u64>>>,
+    /// Answered requests' latency by window.
+    pub(crate) latency: Mutex<WindowLatency>,
+}
+
+/// Windows a record may still arrive for, behind the newest one: a
+/// request's latency is bounded by the workers' time-outs, well under
+/// this many windows.
+const OPEN_WINDOWS: usize = 4;
+
+/// Answered requests' latency (µs) by window index: a histogram for each
+/// window still open, percentiles for the others, so that the soak's own
+/// memory does not grow with the run's length.
+#[derive(Default)]
+pub(crate) struct WindowLatency {
+    open: BTreeMap<usize, Histogram<u64>>,
+    closed: BTreeMap<usize, Percentiles>,
+    /// Records for a window already closed (none expected).
+    pub(crate) late: u64,
+}
+
+impl WindowLatency {
+    fn record(&mut self, window: usize, latency_us: u64) {
+        if self.closed.contains_key(&window) {
+            self.late += 1;
+            return;
+        }
+        let h = self
+            .open
+            .entry(window)
+            .or_insert_with(|| Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"));
+        let _ = h.record(latency_us.clamp(1, 60_000_000));
+        let newest = *self.open.keys().next_back().expect("one was just added");
+        while let Some(entry) = self.open.first_entry() {
+            if *entry.key() + OPEN_WINDOWS >= newest {
+                break;
+            }
+            let (k, h) = entry.remove_entry();
+            self.closed.insert(k, Percentiles::of(&h));
+        }
+    }
+
+    /// The percentiles of window `k`, if anything was recorded in it.
+    pub(crate) fn of(&self, k: usize) -> Option<Percentiles> {
+        self.open
+            .get(&k)
+            .map(Percentiles::of)
+            .or_else(|| self.closed.get(&k).cloned())
+    }
 }
 
 impl Shared {
@@ -83,11 +129,10 @@ impl Shared {
     }
 
     fn record(&self, window: usize, latency: Duration) {
-        let mut hists = self.latency.lock().expect("no panics while held");
-        let h = hists
-            .entry(window)
-            .or_insert_with(|| Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"));
-        let _ = h.record((latency.as_micros() as u64).clamp(1, 60_000_000));
+        self.latency
+            .lock()
+            .expect("no panics while held")
+            .record(window, latency.as_micros() as u64);
     }
 }
 

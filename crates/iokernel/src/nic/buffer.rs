@@ -98,7 +98,9 @@ pub struct PoolStats {
 pub struct BufferPool {
     id: u32,
     buffer_size: usize,
-    storage: Box<[u8]>,
+    /// A mapping of its own (see `AnonMemory`): pools come and go with
+    /// ports while iokerneld runs.
+    storage: ginza_sys::mm::AnonMemory,
     free_indices: Vec<u32>,
     states: Vec<BufferState>,
     stats: PoolStats,
@@ -133,7 +135,9 @@ impl BufferPool {
         BufferPool {
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             buffer_size,
-            storage: vec![0; count * buffer_size].into_boxed_slice(),
+            storage: ginza_sys::mm::AnonMemory::new(count * buffer_size).unwrap_or_else(|e| {
+                panic!("mapping a pool of {count} buffers of {buffer_size} bytes: {e}")
+            }),
             // Popped from the end: buffer 0 goes out first.
             free_indices: (0..count as u32).rev().collect(),
             states: vec![BufferState::Free; count],
@@ -293,6 +297,37 @@ impl BufferPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether `/proc/self/maps` lists a mapping of `start..end`.
+    fn mapped(start: usize, end: usize) -> bool {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("reading /proc/self/maps");
+        maps.lines().any(|l| {
+            let range = l.split(' ').next().unwrap_or("");
+            let mut ends = range.split('-').map(|a| usize::from_str_radix(a, 16).ok());
+            (ends.next(), ends.next()) == (Some(Some(start)), Some(Some(end)))
+        })
+    }
+
+    #[test]
+    fn a_dropped_pool_gives_its_memory_back_to_the_kernel() {
+        // Pools come and go with ports while iokerneld runs: each must be a
+        // mapping of its own, unmapped when dropped, not heap memory that
+        // stays in the allocator (docs/soak.md, "Findings").
+        // An odd size, so that no other test's mapping has the same bounds,
+        // and a small one, which malloc would have served from its heap.
+        let pool = BufferPool::new(13, 2048);
+        let start = pool.storage.as_ptr() as usize;
+        let end = start + (13 * 2048usize).next_multiple_of(ginza_sys::mm::page_size());
+        assert!(
+            mapped(start, end),
+            "the pool's buffers are not a mapping of their own"
+        );
+        drop(pool);
+        assert!(
+            !mapped(start, end),
+            "the dropped pool's mapping is still there"
+        );
+    }
 
     #[test]
     fn alloc_until_exhausted_then_free_makes_room() {
