@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::under_iokerneld::{
-    client_config, iface, netstack_config, protected_echo, short_timers, SHARED,
+    client_config, iface, iokerneld_view, netstack_config, protected_echo, short_timers, SHARED,
 };
 use ginza_iokernel::testing::{in_process, test_cores};
 use ginza_iokernel::InProcess;
@@ -48,7 +48,8 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     while ns.stats().events < 2 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "the app never listened"
+            "the app never listened; iokerneld's view:{}",
+            iokerneld_view(&socket)
         );
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -62,9 +63,15 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     let client_cfg = client_config(&socket, 2, 1, short_timers);
     let message: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
     let m2 = message.clone();
+    let sock = socket.clone();
     let got = ginza_runtime::run(client_cfg, move || {
         let echo = |to: Ipv4Addr| {
-            let mut s = TcpStream::connect(SocketAddrV4::new(to, 7)).unwrap();
+            let mut s = TcpStream::connect(SocketAddrV4::new(to, 7)).unwrap_or_else(|e| {
+                panic!(
+                    "connect to {to}: {e}; iokerneld's view:{}",
+                    iokerneld_view(&sock)
+                )
+            });
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let mut back = vec![0u8; m2.len()];
             let w = {
@@ -72,7 +79,12 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
                 let mut w = s.try_clone().unwrap();
                 ginza_runtime::spawn(move || w.write_all(&m3).unwrap())
             };
-            s.read_exact(&mut back).unwrap();
+            s.read_exact(&mut back).unwrap_or_else(|e| {
+                panic!(
+                    "echo from {to}: {e}; iokerneld's view:{}",
+                    iokerneld_view(&sock)
+                )
+            });
             w.join().unwrap();
             back
         };
@@ -111,10 +123,16 @@ fn a_ginza_tcp_client_talks_to_a_protected_app_through_the_netstack() {
     while netstack(&io).cores_now > 0 {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "the idle netstack kept its core"
+            "the idle netstack kept its core; iokerneld's view:{}",
+            iokerneld_view(io.socket())
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // The view the failure messages print: one entry per kthread; a name
+    // iokerneld does not know is refused.
+    let view = ginza_proto::client::kthreads(io.socket(), "netstack").unwrap();
+    assert_eq!(view.len(), 1, "{view:?}");
+    assert!(ginza_proto::client::kthreads(io.socket(), "nobody").is_err());
     drop(ns);
     drop(io);
 }
@@ -162,6 +180,7 @@ fn netstack_cores_follow_the_load() {
         counts
     });
     let client_cfg = client_config(&socket, 2, 2, |_| {});
+    let sock = socket.clone();
     let round_trips = ginza_runtime::run(client_cfg, move || {
         let until = Instant::now() + Duration::from_millis(1500);
         let conns: usize = std::env::var("GINZA_NS_CONNS")
@@ -170,8 +189,12 @@ fn netstack_cores_follow_the_load() {
             .unwrap_or(8);
         let handles: Vec<_> = (0..conns)
             .map(|_| {
+                let sock = sock.clone();
                 ginza_runtime::spawn(move || {
-                    let mut s = TcpStream::connect(SocketAddrV4::new(iface(1).ip, 7)).unwrap();
+                    let mut s = TcpStream::connect(SocketAddrV4::new(iface(1).ip, 7))
+                        .unwrap_or_else(|e| {
+                            panic!("connect: {e}; iokerneld's view:{}", iokerneld_view(&sock))
+                        });
                     let mut buf = [0u8; 64];
                     let mut n = 0u64;
                     while Instant::now() < until {
@@ -201,8 +224,9 @@ fn netstack_cores_follow_the_load() {
     while cores_now() != Some(0) {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "the idle netstack kept its cores: {:?}",
-            cores_now()
+            "the idle netstack kept its cores: {:?}; iokerneld's view:{}",
+            cores_now(),
+            iokerneld_view(&socket)
         );
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -235,8 +259,9 @@ fn netstack_cores_follow_the_load() {
     );
     assert!(
         idle[0] >= 0.8,
-        "idle, the netstack held no core in only {:.0}% of the samples",
-        100.0 * idle[0]
+        "idle, the netstack held no core in only {:.0}% of the samples; iokerneld's view:{}",
+        100.0 * idle[0],
+        iokerneld_view(&socket)
     );
     stop.store(true, Ordering::Relaxed);
     app.join().unwrap();

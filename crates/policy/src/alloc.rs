@@ -493,19 +493,32 @@ impl Board {
         (0..n_cores).filter(of_v).nth(rng.below(n_of_v))
     }
 
-    /// Algorithm 2, kthread choice: the parked kthread that last ran on
-    /// `core`, else the one parked longest.
+    /// Algorithm 2, kthread choice, among the parked kthreads with work
+    /// queued on their own rings if there are any (else among all parked
+    /// ones): the one that last ran on `core`, else the one parked longest.
+    ///
+    /// Work first: a kthread that parks can find a packet steered to its
+    /// ingress ring just after its last look (iokerneld reads its `Parked`
+    /// later). A runtime's other kthreads would steal it, but the
+    /// netstack's kthreads serve only their own ring: woken instead of
+    /// the owner, a sibling found nothing, parked, and was woken again for
+    /// the same packet, every pass, while the owner never ran (the
+    /// netstack under iokerneld kept a core for ever, its connections
+    /// hung).
     fn select_kthread(&self, apps: &[AppSnap], req: usize, core: CoreId) -> Option<usize> {
         let eligible = |k: &usize| {
             let kt = &apps[req].kthreads[*k];
             kt.parked && kt.core.is_none() && !self.taken[req][*k]
         };
         let ks = 0..apps[req].kthreads.len();
+        let with_work = |k: &usize| apps[req].kthreads[*k].counters.has_items();
+        let any_work = ks.clone().filter(eligible).any(|k| with_work(&k));
+        let candidate = |k: &usize| eligible(k) && (!any_work || with_work(k));
         ks.clone()
-            .filter(eligible)
+            .filter(candidate)
             .find(|&k| apps[req].kthreads[k].last_core == Some(core))
             .or_else(|| {
-                ks.filter(eligible)
+                ks.filter(candidate)
                     .min_by_key(|&k| apps[req].kthreads[k].parked_since)
             })
     }
@@ -1026,12 +1039,13 @@ mod tests {
             )],
             &mut out,
         );
-        // Parked longest (since 1) is kthread 1.
+        // The packet waits on kthread 0's ring: kthread 0, though
+        // kthread 1 has parked longer (since 1).
         assert_eq!(
             out,
             vec![Decision::Grant {
                 app: 0,
-                kthread: 1,
+                kthread: 0,
                 core: 0
             }]
         );
@@ -1564,6 +1578,51 @@ mod tests {
             vec![Decision::Grant {
                 app: 0,
                 kthread: 2,
+                core: 1
+            }]
+        );
+    }
+
+    /// A packet steered to a kthread as it parked is served by that
+    /// kthread: it is woken, not the sibling that last ran on the core
+    /// (which, in the netstack, would not take the packet from a ring not
+    /// its own, park, and be woken again for ever).
+    #[test]
+    fn alg2_the_parked_kthread_with_work_on_its_own_rings_is_woken() {
+        let topo = Topology::flat(2);
+        let mut s = Shenango::new(5, 1);
+        // Kthread 1 last ran on core 1, the core it gave back; kthread 0
+        // ran on core 0 and a packet waits on its ingress ring.
+        let mut a = lc(
+            1,
+            vec![
+                queued(parked(10, Some(0)), (0, 0), (3, 4)),
+                parked(0, Some(1)),
+            ],
+        );
+        a.last_yielded_core = Some(1);
+        let mut out = Vec::new();
+        s.pass(0, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 0,
+                core: 1
+            }]
+        );
+        // Without work anywhere, the kthread that last ran on the core.
+        let mut s = Shenango::new(5, 1);
+        let mut a = lc(1, vec![parked(10, Some(0)), parked(0, Some(1))]);
+        a.last_yielded_core = Some(1);
+        a.next_timer = Some(0);
+        let mut out = Vec::new();
+        s.pass(0, &topo, std::slice::from_ref(&a), &mut out);
+        assert_eq!(
+            out,
+            vec![Decision::Grant {
+                app: 0,
+                kthread: 1,
                 core: 1
             }]
         );

@@ -25,8 +25,8 @@ use ginza_sys::poll::{poll_one, PollFlags};
 use ginza_sys::{process, socket};
 
 use crate::messages::{
-    encode, Envelope, Registration, Request, Response, SojournBand, StatsReport, MAX_REPLY,
-    PROTOCOL_VERSION,
+    encode, Envelope, KthreadView, Registration, Request, Response, SojournBand, StatsReport,
+    MAX_REPLY, PROTOCOL_VERSION,
 };
 
 /// Where a system-wide iokerneld listens: the one the systemd unit of
@@ -400,6 +400,19 @@ pub fn dispatch_breakdown(socket: &Path, name: &str) -> Result<Vec<SojournBand>,
     };
     match request(socket, &env, &[])?.1 {
         Response::DispatchBreakdown { bands } => Ok(bands),
+        Response::Refused { reason } => Err(ClientError::Refused { reason }),
+        other => Err(ClientError::BadReply(format!("{other:?}"))),
+    }
+}
+
+/// Each kthread of application `name` as iokerneld sees it now.
+pub fn kthreads(socket: &Path, name: &str) -> Result<Vec<KthreadView>, ClientError> {
+    let env = Envelope {
+        protocol: PROTOCOL_VERSION,
+        request: Request::Kthreads { name: name.into() },
+    };
+    match request(socket, &env, &[])?.1 {
+        Response::Kthreads { kthreads } => Ok(kthreads),
         Response::Refused { reason } => Err(ClientError::Refused { reason }),
         other => Err(ClientError::BadReply(format!("{other:?}"))),
     }

@@ -277,6 +277,13 @@ pub enum Request {
     DispatchBreakdown {
         name: String,
     },
+    /// Each kthread of application `name` as iokerneld sees it now: what
+    /// a test prints when an application holds a core it should not (a
+    /// stuck grant, a hand-over that never completes). Answered
+    /// `Kthreads`.
+    Kthreads {
+        name: String,
+    },
     /// From a registered application with a network interface, on its
     /// connection, with its own AF_XDP socket attached, bound to receive
     /// queue `queue` of iokerneld's interface (the direct path,
@@ -324,6 +331,37 @@ pub enum Response {
     DispatchBreakdown {
         bands: Vec<SojournBand>,
     },
+    Kthreads {
+        kthreads: Vec<KthreadView>,
+    },
+}
+
+/// One kthread as iokerneld sees it (`Request::Kthreads`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KthreadView {
+    /// The CPU it holds (granted and not given back), if any.
+    pub cpu: Option<u32>,
+    /// Parked: iokerneld read its `Parked`/`Yielded` and has not granted
+    /// it a core since.
+    pub parked: bool,
+    /// Asked to give its core back; no answer yet.
+    pub preempting: bool,
+    /// Moved off its core after missing the preemption deadline.
+    pub evicted: bool,
+    /// Granted a core that a preempted kthread still holds: not woken yet.
+    pub awaiting_handover: bool,
+    /// Its last grant's number, and whether no `Parked`/`Yielded` has
+    /// answered it yet.
+    pub grant: u16,
+    pub grant_open: bool,
+    /// Items queued on its runqueue, its ingress ring and the channel
+    /// rings counted as its work, as the last allocation pass saw them.
+    pub queued: u32,
+    /// Its queue line's flags (`ginza_shm::LineFlags` bits) now.
+    pub flags: u32,
+    /// The timer it reported when it last parked, from now (ns; negative:
+    /// overdue).
+    pub timer_in_ns: Option<i64>,
 }
 
 /// The completed requests of a dispatched application whose sojourn in
@@ -990,5 +1028,28 @@ mod tests {
         let len = encode(&Response::Stats(largest_stats_report())).len();
         // About 218 KB; a quarter of the limit left for new fields.
         assert!(len < REPLY_LIMIT * 3 / 4, "{len} bytes");
+    }
+
+    /// The kthreads of the largest application (256, as many as a region
+    /// holds), every field at its longest, fit in one reply too.
+    #[test]
+    fn the_largest_kthreads_reply_fits() {
+        let view = KthreadView {
+            cpu: Some(u32::MAX),
+            parked: true,
+            preempting: true,
+            evicted: true,
+            awaiting_handover: true,
+            grant: u16::MAX,
+            grant_open: true,
+            queued: u32::MAX,
+            flags: u32::MAX,
+            timer_in_ns: Some(i64::MIN),
+        };
+        let len = encode(&Response::Kthreads {
+            kthreads: vec![view; 256],
+        })
+        .len();
+        assert!(len < REPLY_LIMIT / 4, "{len} bytes");
     }
 }

@@ -248,6 +248,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let rep = self.dispatch_breakdown(&name);
                 return Self::reply(&p.sock, &rep).then_some(p);
             }
+            Request::Kthreads { name } => {
+                let rep = self.kthread_views(&name, now);
+                return Self::reply(&p.sock, &rep).then_some(p);
+            }
             Request::Protect { .. } | Request::Unprotect { .. } => {
                 return refuse(
                     self,
@@ -544,6 +548,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                     let app = &mut self.apps[i];
                     if !Self::reply(&app.sock, &rep) {
                         app.doom("dispatch breakdown reply could not be sent".into());
+                    }
+                }
+                Ok(Request::Kthreads { name }) => {
+                    let rep = self.kthread_views(&name, now);
+                    let app = &mut self.apps[i];
+                    if !Self::reply(&app.sock, &rep) {
+                        app.doom("kthreads reply could not be sent".into());
                     }
                 }
                 Ok(Request::Register(_)) => {

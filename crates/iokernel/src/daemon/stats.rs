@@ -7,7 +7,9 @@ use super::Iokerneld;
 use crate::actuator::CoreActuator;
 use crate::dataplane::AppNet;
 use crate::metrics::Lifetime;
-use ginza_proto::messages::{AllocStats, AppStats, Latency, Request, Response, StatsReport};
+use ginza_proto::messages::{
+    AllocStats, AppStats, KthreadView, Latency, Request, Response, StatsReport,
+};
 use ginza_shm::GrantDelivery;
 use ginza_sys::clock;
 
@@ -312,6 +314,47 @@ impl<A: CoreActuator> Iokerneld<A> {
                 reason: format!("no application {name:?} whose requests iokerneld dispatches"),
             },
         }
+    }
+
+    /// Each kthread of application `name` as iokerneld sees it now
+    /// (`Request::Kthreads`).
+    pub(super) fn kthread_views(&mut self, name: &str, now: u64) -> Response {
+        let Some(i) = self.apps.iter().position(|a| a.name == name) else {
+            return Response::Refused {
+                reason: format!("no application {name:?}"),
+            };
+        };
+        // The last pass's view, if it is still this application's.
+        let snap = self.snaps.get(i).filter(|s| s.key == self.apps[i].id);
+        let app = &self.apps[i];
+        let queued = |k: usize| {
+            snap.and_then(|s| s.kthreads.get(k)).map_or(0, |ks| {
+                let c = ks.counters;
+                c.rq_tail.wrapping_sub(c.rq_head).min(1 << 20)
+                    + c.in_tail.wrapping_sub(c.in_head).min(1 << 20)
+            })
+        };
+        let kthreads = app
+            .kt
+            .iter()
+            .enumerate()
+            .map(|(k, kt)| KthreadView {
+                cpu: kt
+                    .core
+                    .and_then(|c| self.cfg.cores.get(c))
+                    .map(|&c| c as u32),
+                parked: kt.parked,
+                preempting: kt.preempting,
+                evicted: kt.evicted,
+                awaiting_handover: kt.awaiting.is_some(),
+                grant: kt.grants.last(),
+                grant_open: kt.grants.is_open(),
+                queued: queued(k),
+                flags: app.ends[k].line.flags().0,
+                timer_in_ns: kt.timer.map(|t| t.wrapping_sub(now) as i64),
+            })
+            .collect();
+        Response::Kthreads { kthreads }
     }
 
     /// The stats answer; for `ResetStats` the window it reports ends and a

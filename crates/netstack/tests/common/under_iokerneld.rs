@@ -149,3 +149,43 @@ fn push(pair: &mut AppPair, c: Command) {
         std::thread::yield_now();
     }
 }
+
+/// iokerneld's view of the netstack and the client now — each one's
+/// cores, grants and congestion, and each kthread (held CPU, grant,
+/// queued items, queue-line flags, timer) — for a failure message: it
+/// tells a core held by a kthread that never runs from one that keeps
+/// being granted for work nobody takes.
+pub fn iokerneld_view(socket: &Path) -> String {
+    let mut out = String::new();
+    let stats = ginza_proto::client::stats(socket);
+    for name in ["netstack", "client"] {
+        let app = stats
+            .as_ref()
+            .ok()
+            .and_then(|r| r.apps.iter().find(|a| a.name == name));
+        if let Some(a) = app {
+            out += &format!(
+                "\n{name}: cores_now {} parked {}/{} grants {} preemptions {} congestion {} overdue {}",
+                a.cores_now,
+                a.parked_kthreads,
+                a.kthreads,
+                a.grants,
+                a.preemptions,
+                a.congestion_events,
+                a.preempt_overdue
+            );
+        }
+        match ginza_proto::client::kthreads(socket, name) {
+            Ok(ks) => {
+                for (k, v) in ks.iter().enumerate() {
+                    out += &format!("\n  {name} kthread {k}: {v:?}");
+                }
+            }
+            Err(e) => out += &format!("\n{name}: no kthreads view: {e}"),
+        }
+    }
+    if let Err(e) = stats {
+        out += &format!("\nno stats: {e}");
+    }
+    out
+}
