@@ -35,8 +35,8 @@
 //!   by default: its kthread polls between requests instead of parking);
 //!   each figure is the median of the rounds'; `ginza_direct` (after
 //!   `ginza` in each round, unless `--rtt-no-direct`): the first Ginza
-//!   server on the direct path, its own AF_XDP socket on queue 1 of a
-//!   two-queue veth ([`direct`], docs/direct-path.md). The client is pinned as
+//!   server on the direct path, its own AF_XDP socket on a queue of its own
+//!   of a 16-queue veth ([`direct`], docs/direct-path.md). The client is pinned as
 //!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a third CPU for
 //!   every server, and on two CPUs beside the thread that sends the
 //!   replies: iokerneld for Ginza, the server thread for Linux and for
@@ -633,7 +633,7 @@ struct RttSet {
     /// its core and polls between requests instead of parking.
     ginza_spin: Rtt,
     /// The first as configured, on the direct path (docs/direct-path.md):
-    /// its own AF_XDP socket on queue 1 of the veth's host end, which
+    /// its own AF_XDP socket on a queue (1 to 15) of the veth's host end, which
     /// iokerneld opens with `,direct`; null with `--rtt-no-direct`.
     ginza_direct: Option<Rtt>,
     /// Frames `ginza_direct`'s servers received and sent on their own
@@ -1098,12 +1098,12 @@ fn ginza_rtt(
 ) -> anyhow::Result<(String, Probed)> {
     let configure = |cfg: &mut IokConfig| configure_iokerneld(args, cfg);
     with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-        serve_and_probe(iokerneld, ns, args, client_cpu, spin, false).map(|(probed, _)| probed)
+        serve_and_probe(iokerneld, ns, args, client_cpu, spin, None).map(|(probed, _)| probed)
     })
 }
 
 /// The same server as configured by default, on the direct path: its own
-/// AF_XDP socket on queue 1, iokerneld on `af_xdp:IF,direct`. An error
+/// AF_XDP socket on a queue of its own, iokerneld on `af_xdp:IF,direct`. An error
 /// unless its own socket carried the measured round trips. No stamped
 /// series: iokerneld sees none of the frames, so most hops have no stamp.
 fn ginza_direct_rtt(
@@ -1113,23 +1113,24 @@ fn ginza_direct_rtt(
     client_cpu: usize,
 ) -> anyhow::Result<(Probed, DirectFrames)> {
     let configure = |cfg: &mut IokConfig| configure_iokerneld(args, cfg);
-    direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld| {
-        let (probed, frames) = serve_and_probe(iokerneld, ns, args, client_cpu, None, true)?;
+    direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
+        let (probed, frames) =
+            serve_and_probe(iokerneld, ns, args, client_cpu, None, Some(queue))?;
         let frames = frames.context("the direct-path server's counts")?;
         frames.check(RTT_PINGS as u64)?;
         Ok((probed, frames))
     })
 }
 
-/// The echo server on `iokerneld` (on its own socket if `direct`), probed
-/// from the namespace; with `direct`, where its frames went.
+/// The echo server on `iokerneld` (on its own socket on queue `direct`, if
+/// given), probed from the namespace; with `direct`, where its frames went.
 fn serve_and_probe(
     iokerneld: &InProcess,
     ns: &NetNs,
     args: &ForwardArgs,
     client_cpu: usize,
     spin: Option<Duration>,
-    direct: bool,
+    direct: Option<u32>,
 ) -> anyhow::Result<(Probed, Option<DirectFrames>)> {
     let client = args.rtt_client;
     let tune = |config: &mut RtConfig| {
@@ -1143,8 +1144,8 @@ fn serve_and_probe(
                 ginza_runtime::POLL_WHILE_IDLE
             };
         }
-        if direct {
-            direct::enable(config, ns, false);
+        if let Some(queue) = direct {
+            direct::enable(config, ns, queue, false);
         }
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -1164,7 +1165,7 @@ fn serve_and_probe(
     )?;
     // Where its frames went (the direct path): iokerneld's NIC counts
     // before and after.
-    let before = if direct {
+    let before = if direct.is_some() {
         Some(iokerneld.stats()?)
     } else {
         None
@@ -1181,7 +1182,7 @@ fn serve_and_probe(
     let unstamped = probe(ns, ns.peer_ip, client_cpu, client);
     hops::enable(stamping);
     let rtt = match unstamped {
-        Ok((figure, _)) if stamping && !direct => {
+        Ok((figure, _)) if stamping && direct.is_none() => {
             probe(ns, ns.peer_ip, client_cpu, client).map(|(_, stamped)| (figure, stamped))
         }
         other => other,

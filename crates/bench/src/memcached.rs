@@ -15,9 +15,10 @@
 //!   iokerneld run in the bench's process; batch is a process of its own
 //!   (`batch_process.rs`), as deployed, unless `--batch-in-process`.
 //! * **ginza-direct**: the same kv-server and batch, kv-server on the
-//!   direct path (docs/direct-path.md): its own AF_XDP socket on queue 1
-//!   of a two-queue veth, iokerneld on `af_xdp:IF,direct`, the namespace
-//!   transmitting on queue 1 (XPS) during its points (`harness::direct`).
+//!   direct path (docs/direct-path.md): its own AF_XDP socket on a queue
+//!   (1 to 15 in turn) of a 16-queue veth, iokerneld on
+//!   `af_xdp:IF,direct`, the namespace transmitting on that queue (XPS)
+//!   during its points (`harness::direct`).
 //!   Its points fail unless most of kv-server's frames crossed its own
 //!   socket (`direct_frames`). **ginza-direct-kick-per-frame** (not in the
 //!   default `--systems`): the same with a `sendto` per frame sent, as
@@ -201,7 +202,7 @@ pub enum System {
     GinzaProtected,
     /// Debian's memcached under `ginza run` and batch under iokerneld.
     MemcachedGinza,
-    /// kv-server on the direct path (its own AF_XDP socket on queue 1 of
+    /// kv-server on the direct path (its own AF_XDP socket on a queue of
     /// the veth, iokerneld on `af_xdp:IF,direct`; docs/direct-path.md)
     /// and batch under iokerneld.
     GinzaDirect,
@@ -807,27 +808,29 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         Ok(())
     };
     if cfg.system.direct() {
-        return direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld| {
-            ginza_serving(ns, cfg, iokerneld, "af_xdp,direct")
+        return direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
+            ginza_serving(ns, cfg, iokerneld, ("af_xdp,direct", Some(queue)))
         });
     }
     let (_, result) = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {
-        ginza_serving(ns, cfg, iokerneld, backend)
+        ginza_serving(ns, cfg, iokerneld, (backend, None))
     })?;
     Ok(result)
 }
 
+/// kv-server (or memcached) and batch on `iokerneld`; the server on its own
+/// socket on queue `direct`, if given.
 fn ginza_serving(
     ns: &NetNs,
     cfg: &PointConfig,
     iokerneld: &InProcess,
-    backend: &str,
+    (backend, direct): (&str, Option<u32>),
 ) -> anyhow::Result<PointResult> {
     if matches!(
         cfg.system,
         System::MemcachedGinza | System::MemcachedGinzaDirect
     ) {
-        return memcached_ginza_serving(ns, cfg, iokerneld, backend);
+        return memcached_ginza_serving(ns, cfg, iokerneld, (backend, direct));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let keeps = cfg.allocator != PolicyKind::Shenango;
@@ -865,9 +868,9 @@ fn ginza_serving(
         if let Some(io) = server_cfg.iokernel.as_mut() {
             io.net = Some(NetConfig::new(me.mac, me.ip));
         }
-        if cfg.system.direct() {
+        if let Some(queue) = direct {
             let kick_per_frame = cfg.system == System::GinzaDirectKickPerFrame;
-            direct::enable(&mut server_cfg, ns, kick_per_frame);
+            direct::enable(&mut server_cfg, ns, queue, kick_per_frame);
         }
         None
     };
@@ -1110,16 +1113,13 @@ fn memcached_ginza_serving(
     ns: &NetNs,
     cfg: &PointConfig,
     iokerneld: &InProcess,
-    backend: &str,
+    (backend, direct): (&str, Option<u32>),
 ) -> anyhow::Result<PointResult> {
     let run = cfg.ginza_run.as_ref().context(
         "memcached-ginza needs `ginza` and the preload library (PointConfig::ginza_run)",
     )?;
     let addr = SocketAddrV4::new(ns.peer_ip, PORT);
-    let direct = cfg
-        .system
-        .direct()
-        .then(|| format!("{}:{}", ns.host_if, direct::QUEUE));
+    let direct = direct.map(|queue| format!("{}:{queue}", ns.host_if));
     let nic_before = iokerneld.stats()?;
     let mut server = ginza_run::start(
         run,
@@ -1183,7 +1183,7 @@ fn memcached_ginza_serving(
     });
     server.stop();
     let mut measured = measured?;
-    if cfg.system.direct() {
+    if direct.is_some() {
         // Its own socket's counts are in the child; iokerneld's NIC tells
         // whether the requests went around it.
         let after = iokerneld.stats()?;

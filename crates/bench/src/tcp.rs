@@ -28,7 +28,7 @@
 //!   every segment as it comes instead of once per receive burst.
 //! * `rtt_us.ginza_direct`, `stream_mbps.ginza_direct`: the same to
 //!   Ginza's servers on the direct path (unless `--no-direct`): their own
-//!   AF_XDP socket on queue 1 of a two-queue veth, iokerneld on
+//!   AF_XDP socket on a queue (1 to 15) of a 16-queue veth, iokerneld on
 //!   `af_xdp:IF,direct` (`harness::direct`, docs/direct-path.md); each
 //!   round checks that their own socket carried the round trips.
 //!
@@ -390,29 +390,31 @@ fn with_ginza_on_veth<R>(
         None => Ok(()),
     };
     if direct {
-        let run = |iokerneld: &InProcess| serve_ginza(ns, iokerneld, options, true, measure);
+        let run =
+            |iokerneld: &InProcess, queue| serve_ginza(ns, iokerneld, options, Some(queue), measure);
         let served = direct::with_iokerneld_direct(ns, cpus, configure, run)?;
         return Ok(("af_xdp,direct".to_string(), served));
     }
     with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-        serve_ginza(ns, iokerneld, options, false, measure)
+        serve_ginza(ns, iokerneld, options, None, measure)
     })
 }
 
-/// Ginza's servers on `iokerneld` while `measure` runs.
+/// Ginza's servers on `iokerneld` (on their own socket on queue `direct`,
+/// if given) while `measure` runs.
 fn serve_ginza<R>(
     ns: &NetNs,
     iokerneld: &InProcess,
     options: GinzaTcpOptions,
-    direct: bool,
+    direct: Option<u32>,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
 ) -> anyhow::Result<(R, Option<NetStats>)> {
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let tune = |config: &mut ginza_runtime::Config| {
         options.apply()(config);
-        if direct {
-            direct::enable(config, ns, false);
+        if let Some(queue) = direct {
+            direct::enable(config, ns, queue, false);
         }
     };
     App::start_tuned(

@@ -1,11 +1,15 @@
-//! The direct path in the benches (docs/direct-path.md): the veth has two
-//! queues; iokerneld opens its host end for applications' own sockets
-//! (`af_xdp:IF,direct`, driver mode); the Ginza server binds an AF_XDP
-//! socket of its own to queue 1; and while it serves, every CPU of the
-//! namespace transmits on queue 1 (XPS), which a veth delivers on receive
-//! queue 1. Between direct rounds the namespace transmits on queue 0, so
+//! The direct path in the benches (docs/direct-path.md): the veth has
+//! [`QUEUES`] queues; iokerneld opens its host end for applications' own
+//! sockets (`af_xdp:IF,direct`, driver mode); the Ginza server binds an
+//! AF_XDP socket of its own to queue 1, 2, … in turn (after a TCP server's
+//! round the kernel refused to bind its queue again for over 10 s,
+//! `EBUSY`: docs/direct-path.md, "Left"); and while it serves,
+//! every CPU of the namespace transmits on that queue (XPS), which a veth
+//! delivers on the receive queue of the same number. Between direct rounds the namespace transmits on queue 0, so
 //! the other servers (iokerneld's switch path in generic mode, Linux's)
 //! see its frames as on a one-queue veth.
+
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use anyhow::{anyhow, Context as _};
 use ginza_iokernel::netns::NetNs;
@@ -17,9 +21,13 @@ use serde::Serialize;
 use super::iokerneld::{start_on, Cpus};
 
 /// The veth's queues in a bench with a direct-path server.
-pub(crate) const QUEUES: u32 = 2;
-/// The queue of the server's own socket.
-pub(crate) const QUEUE: u32 = 1;
+pub(crate) const QUEUES: u32 = 16;
+
+/// The queue of the next direct-path server's own socket: 1 to 15 in turn.
+fn next_queue() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(0);
+    1 + N.fetch_add(1, Relaxed) % (QUEUES - 1)
+}
 
 /// A namespace whose veth has [`QUEUES`] queues, transmitting on queue 0.
 pub(crate) fn namespace() -> std::io::Result<NetNs> {
@@ -29,33 +37,40 @@ pub(crate) fn namespace() -> std::io::Result<NetNs> {
 }
 
 /// Sets the direct path on in `config`'s network configuration (the own
-/// socket on [`QUEUE`] of `ns`'s host end; its tx ring kicked per frame
+/// socket on `queue` of `ns`'s host end; its tx ring kicked per frame
 /// if `kick_per_frame`, for comparison, else per burst).
-pub(crate) fn enable(config: &mut ginza_runtime::Config, ns: &NetNs, kick_per_frame: bool) {
+pub(crate) fn enable(
+    config: &mut ginza_runtime::Config,
+    ns: &NetNs,
+    queue: u32,
+    kick_per_frame: bool,
+) {
     if let Some(net) = config.iokernel.as_mut().and_then(|io| io.net.as_mut()) {
         net.direct = Some(DirectPathConfig {
             interface: ns.host_if.clone(),
-            queue: QUEUE,
+            queue,
             kick_per_frame,
         });
     }
 }
 
 /// iokerneld on `af_xdp:HOST_IF,direct` (its configuration adjusted by
-/// `configure`), with the namespace transmitting on [`QUEUE`] while `run`
-/// runs and on queue 0 again after it, whatever `run` returned.
+/// `configure`), with the namespace transmitting on the queue `run` is
+/// given for the server's own socket while `run` runs, and on queue 0
+/// again after it, whatever `run` returned.
 pub(crate) fn with_iokerneld_direct<R>(
     ns: &NetNs,
     cpus: Cpus,
     configure: impl FnOnce(&mut IokConfig) -> anyhow::Result<()>,
-    run: impl FnOnce(&InProcess) -> anyhow::Result<R>,
+    run: impl FnOnce(&InProcess, u32) -> anyhow::Result<R>,
 ) -> anyhow::Result<R> {
     let nic = format!("af_xdp:{},direct", ns.host_if);
     let iokerneld = start_on(&nic, cpus, configure)
         .with_context(|| format!("iokerneld for the direct path ({nic})"))?;
-    ns.steer_transmit_to_queue(QUEUES, QUEUE)
+    let queue = next_queue();
+    ns.steer_transmit_to_queue(QUEUES, queue)
         .context("steering the namespace's frames to the own socket's queue (XPS)")?;
-    let result = run(&iokerneld);
+    let result = run(&iokerneld, queue);
     let steered_back = ns.steer_transmit_to_queue(QUEUES, 0);
     drop(iokerneld);
     let result = result?;
