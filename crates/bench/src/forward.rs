@@ -1114,8 +1114,7 @@ fn ginza_direct_rtt(
 ) -> anyhow::Result<(Probed, DirectFrames)> {
     let configure = |cfg: &mut IokConfig| configure_iokerneld(args, cfg);
     direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
-        let (probed, frames) =
-            serve_and_probe(iokerneld, ns, args, client_cpu, None, Some(queue))?;
+        let (probed, frames) = serve_and_probe(iokerneld, ns, args, client_cpu, None, Some(queue))?;
         let frames = frames.context("the direct-path server's counts")?;
         frames.check(RTT_PINGS as u64)?;
         Ok((probed, frames))

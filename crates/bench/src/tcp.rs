@@ -230,8 +230,10 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
             r.ginza = Some(rtt);
             r.stream_ginza_mbps = mbps;
             if !args.no_direct {
-                let (_, rtt, mbps, frames) = ginza_round(ns, cpus, &args, true)
-                    .with_context(|| format!("round {round}: Ginza on the direct path over veth"))?;
+                let (_, rtt, mbps, frames) =
+                    ginza_round(ns, cpus, &args, true).with_context(|| {
+                        format!("round {round}: Ginza on the direct path over veth")
+                    })?;
                 r.ginza_direct = Some(rtt);
                 r.stream_ginza_direct_mbps = mbps;
                 r.ginza_direct_frames = frames;
@@ -390,8 +392,9 @@ fn with_ginza_on_veth<R>(
         None => Ok(()),
     };
     if direct {
-        let run =
-            |iokerneld: &InProcess, queue| serve_ginza(ns, iokerneld, options, Some(queue), measure);
+        let run = |iokerneld: &InProcess, queue| {
+            serve_ginza(ns, iokerneld, options, Some(queue), measure)
+        };
         let served = direct::with_iokerneld_direct(ns, cpus, configure, run)?;
         return Ok(("af_xdp,direct".to_string(), served));
     }
@@ -445,11 +448,7 @@ const REFUSED_FOR: Duration = Duration::from_secs(5);
 
 /// Round trips from the namespace to `target` for `--duration`: their
 /// quantiles and how many were measured.
-fn probe(
-    ns: &NetNs,
-    target: SocketAddrV4,
-    duration: Duration,
-) -> anyhow::Result<(Quantiles, u64)> {
+fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<(Quantiles, u64)> {
     let report = ns.run_in(move || {
         retry_refused(REFUSED_FOR, std::thread::sleep, || {
             linux::rtt_probe_for(

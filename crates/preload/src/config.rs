@@ -156,7 +156,9 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
         config.iokernel = Some(io);
     }
     if config.iokernel.is_none() && var("GINZA_DIRECT").is_some() {
-        return Err("GINZA_DIRECT needs GINZA_IOKERNEL: the direct path is on iokerneld's interface".into());
+        return Err(
+            "GINZA_DIRECT needs GINZA_IOKERNEL: the direct path is on iokerneld's interface".into(),
+        );
     }
     let in_process = config
         .iokernel
@@ -208,7 +210,10 @@ mod tests {
         assert_eq!(direct_path("veth-a:b:3"), Ok(("veth-a:b", 3)));
         for bad in ["eth0", ":1", "eth0:", "eth0:x", "eth0:-1"] {
             let e = direct_path(bad).unwrap_err();
-            assert!(e.contains("GINZA_DIRECT") && e.contains("IF:QUEUE"), "{bad}: {e}");
+            assert!(
+                e.contains("GINZA_DIRECT") && e.contains("IF:QUEUE"),
+                "{bad}: {e}"
+            );
         }
     }
 }

@@ -106,8 +106,14 @@ impl DirectFrames {
             own_rx: net.direct_rx_packets,
             own_tx: net.direct_tx_packets,
             own_tx_kicks: net.direct_tx_kicks,
-            iokernel_nic_rx: after.dataplane.nic_rx_frames.saturating_sub(before.dataplane.nic_rx_frames),
-            iokernel_nic_tx: after.dataplane.nic_tx_frames.saturating_sub(before.dataplane.nic_tx_frames),
+            iokernel_nic_rx: after
+                .dataplane
+                .nic_rx_frames
+                .saturating_sub(before.dataplane.nic_rx_frames),
+            iokernel_nic_tx: after
+                .dataplane
+                .nic_tx_frames
+                .saturating_sub(before.dataplane.nic_tx_frames),
         })
     }
 

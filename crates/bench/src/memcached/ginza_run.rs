@@ -85,8 +85,7 @@ pub(super) fn command(
     if let Some(direct) = direct {
         cmd.args(["--direct", direct]);
     }
-    cmd
-        .args(["--name", name, "--kthreads", "1", "--guaranteed", "0"])
+    cmd.args(["--name", name, "--kthreads", "1", "--guaranteed", "0"])
         .args(["--class", "lc"])
         .arg("--library")
         .arg(&run.library)
@@ -115,9 +114,16 @@ pub(super) fn start(
     (program, args): (&Path, &[String]),
 ) -> anyhow::Result<Started> {
     let mut child = Started(
-        command(run, iokerneld.socket(), address, name, direct, (program, args))
-            .spawn()
-            .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
+        command(
+            run,
+            iokerneld.socket(),
+            address,
+            name,
+            direct,
+            (program, args),
+        )
+        .spawn()
+        .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
     );
     let t0 = std::time::Instant::now();
     while !iokerneld
