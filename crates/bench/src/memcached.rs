@@ -1746,6 +1746,7 @@ mod tests {
             iokerneld_cpu_pct: None,
             cpu_us_per_request: BTreeMap::new(),
             cpu_threads: BTreeMap::new(),
+            direct_frames: None,
         }
     }
 
