@@ -336,7 +336,8 @@ pub struct PointResult {
     pub cpu_threads: BTreeMap<String, usize>,
     /// The direct path: frames kv-server received and sent on its own
     /// socket, its tx ring's kicks, and iokerneld's NIC's frames, over the
-    /// point (setup and preload included).
+    /// point (setup and preload included). memcached-ginza-direct: only
+    /// iokerneld's (its own socket's counts, in its process, are left 0).
     pub direct_frames: Option<DirectFrames>,
 }
 
@@ -1514,9 +1515,19 @@ fn row(r: &PointResult) -> String {
         },
         r.server
     ) + &r.direct_frames.map_or(String::new(), |f| {
+        // memcached under `ginza run` keeps its own socket's counts in its
+        // process: they are not read (0 in the JSON).
+        let own = if r.system == System::MemcachedGinzaDirect {
+            "own socket's counts not read".to_string()
+        } else {
+            format!(
+                "own socket {} in, {} out in {} kicks",
+                f.own_rx, f.own_tx, f.own_tx_kicks
+            )
+        };
         format!(
-            "  own socket {} in, {} out in {} kicks; iokerneld's NIC {} in, {} out",
-            f.own_rx, f.own_tx, f.own_tx_kicks, f.iokernel_nic_rx, f.iokernel_nic_tx
+            "  {own}; iokerneld's NIC {} in, {} out",
+            f.iokernel_nic_rx, f.iokernel_nic_tx
         )
     })
 }
