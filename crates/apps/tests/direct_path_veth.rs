@@ -30,15 +30,7 @@ const DATAGRAMS: usize = 200;
 
 /// Every CPU of the namespace's end transmits on `queue` (XPS).
 fn steer_peer_to_queue(ns: &NetNs, queues: u32, queue: u32) {
-    let cpus = ginza_sys::topology::online_cpus().unwrap();
-    assert!(cpus.iter().all(|&c| c < 64), "a mask of up to 64 CPUs");
-    let all = format!("{:x}", cpus.iter().fold(0u64, |m, &c| m | 1 << c));
-    for q in 0..queues {
-        let mask = if q == queue { all.as_str() } else { "0" };
-        let path = format!("/sys/class/net/{}/queues/tx-{q}/xps_cpus", ns.ns_if);
-        ns.exec_ok(&["sh", "-c", &format!("echo {mask} > {path}")])
-            .unwrap();
-    }
+    ns.steer_transmit_to_queue(queues, queue).unwrap();
 }
 
 #[test]

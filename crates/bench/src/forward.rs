@@ -33,10 +33,14 @@
 //!   pinned to the CPU Ginza's server uses) and `ginza_spin` (the Ginza
 //!   server with a spin window before parking of `--rtt-spin-us`, 100 µs
 //!   by default: its kthread polls between requests instead of parking);
-//!   each figure is the median of the rounds'. The client is pinned as
+//!   each figure is the median of the rounds'; `ginza_direct` (after
+//!   `ginza` in each round, unless `--rtt-no-direct`): the first Ginza
+//!   server on the direct path, its own AF_XDP socket on a queue of its own
+//!   of a 16-queue veth ([`direct`], docs/direct-path.md). The client is pinned as
 //!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a third CPU for
 //!   every server, and on two CPUs beside the thread that sends the
-//!   replies: iokerneld for Ginza, the server thread for Linux). Ginza's rounds also give where the
+//!   replies: iokerneld for Ginza, the server thread for Linux and for
+//!   `ginza_direct`). Ginza's rounds also give where the
 //!   time went, hop by hop (`rtt_us.ginza_spans`: TSC stamps taken by
 //!   iokerneld, the runtime and the client, [`super::rtt_spans`]), from a
 //!   second, stamped series on the same server: the figures come from
@@ -57,7 +61,7 @@ use ginza_apps::echo_server::{self, EchoStats};
 use ginza_iokernel::dataplane::copy_floor::CopyFloor;
 use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::raw_app::{self, RawApp};
-use ginza_iokernel::Config as IokConfig;
+use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_net::{tx, Endpoint, Interface, Ipv4Addr, MacAddr};
 use ginza_proto::{client, StatsReport};
 use ginza_runtime::Config as RtConfig;
@@ -68,6 +72,7 @@ use serde::Serialize;
 
 use super::rtt_spans::Spans;
 use crate::harness::app::App;
+use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median, percentile};
 use crate::harness::iokerneld::{socket_dir, with_iokerneld_on_veth, Cpus, Recording};
 
@@ -126,6 +131,10 @@ pub struct ForwardArgs {
     /// docs/idle-poll.md), for a before/after comparison.
     #[arg(long)]
     rtt_park: bool,
+    /// No round trips to the Ginza echo server on the direct path (its own
+    /// AF_XDP socket, `rtt_us.ginza_direct`; docs/direct-path.md).
+    #[arg(long)]
+    rtt_no_direct: bool,
 }
 
 #[derive(Serialize)]
@@ -192,7 +201,12 @@ pub fn run(args: ForwardArgs) -> anyhow::Result<()> {
         report.rtt_skipped = Some("--rtt-rounds 0".into());
         return emit(args.json, &render(&report), &report);
     }
-    match NetNs::create() {
+    let ns = if args.rtt_no_direct {
+        NetNs::create()
+    } else {
+        direct::namespace()
+    };
+    match ns {
         Err(e) => report.rtt_skipped = Some(e.to_string()),
         Ok(ns) => {
             let (backend, set) = rtt_rounds(&ns, &args, &cpus, iok_cpu, app_cpu)?;
@@ -511,6 +525,11 @@ fn render(r: &Report) -> String {
                     &p.ginza_spin_p50s,
                 ),
                 (
+                    "ginza direct path".to_string(),
+                    p.ginza_direct.unwrap_or(Rtt::NONE),
+                    &p.ginza_direct_p50s,
+                ),
+                (
                     "linux blocking".to_string(),
                     p.linux_blocking,
                     &p.linux_blocking_p50s,
@@ -522,6 +541,9 @@ fn render(r: &Report) -> String {
                 ),
             ];
             for (name, x, p50s) in rows {
+                if p50s.is_empty() {
+                    continue;
+                }
                 let _ = writeln!(
                     s,
                     "  {name:<18} p50 {:>7.1}  p99 {:>7.1}  p99.9 {:>8.1}  over 1 ms {}  lost {}  (p50s {})",
@@ -544,6 +566,18 @@ fn render(r: &Report) -> String {
                 p.ginza.p50 / p.linux_busy_poll.p50,
                 p.ginza.p99 / p.ginza.p50
             );
+            if let (Some(d), Some(f)) = (p.ginza_direct, p.ginza_direct_frames) {
+                let _ = writeln!(
+                    s,
+                    "  direct path: p50 {:.2}× busy-poll's; own sockets {} frames in, {} out; \
+                     iokerneld's NIC {} in, {} out meanwhile",
+                    d.p50 / p.linux_busy_poll.p50,
+                    f.own_rx,
+                    f.own_tx,
+                    f.iokernel_nic_rx,
+                    f.iokernel_nic_tx
+                );
+            }
             let _ = writeln!(
                 s,
                 "  client on CPU {} (Ginza) / {} (Linux); iokerneld on {}, servers on {}",
@@ -598,6 +632,13 @@ struct RttSet {
     /// The same with a spin window of `rtt_spin_us`: the kthread keeps
     /// its core and polls between requests instead of parking.
     ginza_spin: Rtt,
+    /// The first as configured, on the direct path (docs/direct-path.md):
+    /// its own AF_XDP socket on a queue (1 to 15) of the veth's host end, which
+    /// iokerneld opens with `,direct`; null with `--rtt-no-direct`.
+    ginza_direct: Option<Rtt>,
+    /// Frames `ginza_direct`'s servers received and sent on their own
+    /// sockets, and iokerneld's NIC meanwhile, over all rounds.
+    ginza_direct_frames: Option<DirectFrames>,
     /// The kernel's UDP echo: a thread blocked in `recv_from`, unpinned.
     linux_blocking: Rtt,
     /// The kernel's UDP echo, busy-polling: a non-blocking socket spinning
@@ -606,6 +647,7 @@ struct RttSet {
     /// Each round's p50, µs, in the order measured.
     ginza_p50s: Vec<f64>,
     ginza_spin_p50s: Vec<f64>,
+    ginza_direct_p50s: Vec<f64>,
     linux_blocking_p50s: Vec<f64>,
     linux_busy_poll_p50s: Vec<f64>,
     /// Where `ginza`'s round trips spent their time, hop by hop (TSC
@@ -622,12 +664,25 @@ struct RttSet {
     ginza_tail_spans: Option<Spans>,
     ginza_spin_tail_spans: Option<Spans>,
     /// The CPU the client ran on against Ginza's servers and against the
-    /// kernel's (`--rtt-client-cpu`), and the CPUs of iokerneld and of
-    /// the servers (Ginza's kthread; the busy-polling Linux thread).
+    /// kernel's (`--rtt-client-cpu`; against `ginza_direct` as against the
+    /// kernel's, whose server thread also sends its own replies), and the
+    /// CPUs of iokerneld and of the servers (Ginza's kthread; the
+    /// busy-polling Linux thread).
     client_cpu_ginza: usize,
     client_cpu_linux: usize,
     iokernel_cpu: usize,
     server_cpu: usize,
+}
+
+impl Rtt {
+    /// No figures (a series not measured).
+    const NONE: Rtt = Rtt {
+        p50: f64::NAN,
+        p99: f64::NAN,
+        p999: f64::NAN,
+        over_1ms: 0,
+        lost: 0,
+    };
 }
 
 /// How the kernel's echo server waits.
@@ -650,7 +705,8 @@ pub enum ClientCpu {
     Auto,
     /// Like with like on two CPUs: the client shares the CPU of the
     /// thread that polls for the requests and puts the replies on the
-    /// link — iokerneld's for Ginza, the server thread's for Linux.
+    /// link — iokerneld's for Ginza, the server thread's for Linux and
+    /// for Ginza on the direct path (its kthread sends its own replies).
     BesideSender,
     /// The earlier placement (docs/results.md, "Dataplane"): the server kthread's CPU for
     /// Ginza, the other one (which the kernel's servers leave free) for
@@ -706,12 +762,17 @@ fn rtt_rounds(
     let mut backend = String::new();
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
     let mut ginza_spin = Vec::new();
+    let (mut direct, mut direct_frames) = (Vec::new(), DirectFrames::default());
+    let server_cpus = Cpus {
+        iokernel: iok_cpu,
+        app: app_cpu,
+    };
     let (mut ginza_spans, mut ginza_spin_spans) = (Vec::new(), Vec::new());
     let spin = Duration::from_micros(args.rtt_spin_us);
     let mut dump = Dump::open(args.rtt_dump.as_deref(), ticks_per_us)?;
     let result = (|| -> anyhow::Result<()> {
         for round in 0..args.rtt_rounds {
-            let (b, (rtt, trips)) = ginza_rtt(ns, args, iok_cpu, app_cpu, ginza_client, None)
+            let (b, (rtt, trips)) = ginza_rtt(ns, args, server_cpus, ginza_client, None)
                 .context("the Ginza UDP echo over veth")?;
             dump.round("ginza", round, &trips)?;
             let stamps = stamps_of(&trips);
@@ -719,6 +780,16 @@ fn rtt_rounds(
             ginza.push(rtt);
             ginza_spans.extend(spans(&stamps));
             ginza_tail.extend(tail(&stamps));
+            if !args.rtt_no_direct {
+                // Placed as Linux's client: on the direct path the server's
+                // kthread puts its replies on the link itself, as Linux's
+                // server thread does (`ClientCpu`).
+                let ((rtt, trips), frames) = ginza_direct_rtt(ns, args, server_cpus, linux_client)
+                    .context("the Ginza UDP echo on the direct path over veth")?;
+                dump.round("ginza_direct", round, &trips)?;
+                direct.push(rtt);
+                direct_frames = direct_frames.add(frames);
+            }
             let (rtt, trips) = linux_rtt(
                 ns,
                 linux_ip,
@@ -739,7 +810,7 @@ fn rtt_rounds(
             .context("the Linux UDP echo (busy-polling) over veth")?;
             dump.round("linux_busy_poll", round, &trips)?;
             busy.push(rtt);
-            let (_, (rtt, trips)) = ginza_rtt(ns, args, iok_cpu, app_cpu, ginza_client, Some(spin))
+            let (_, (rtt, trips)) = ginza_rtt(ns, args, server_cpus, ginza_client, Some(spin))
                 .context("the Ginza UDP echo (spinning) over veth")?;
             dump.round("ginza_spin", round, &trips)?;
             let stamps = stamps_of(&trips);
@@ -770,10 +841,13 @@ fn rtt_rounds(
         RttSet {
             ginza: combine(&ginza),
             ginza_spin: combine(&ginza_spin),
+            ginza_direct: (!direct.is_empty()).then(|| combine(&direct)),
+            ginza_direct_frames: (!direct.is_empty()).then_some(direct_frames),
             linux_blocking: combine(&blocking),
             linux_busy_poll: combine(&busy),
             ginza_p50s: p50s(&ginza),
             ginza_spin_p50s: p50s(&ginza_spin),
+            ginza_direct_p50s: p50s(&direct),
             linux_blocking_p50s: p50s(&blocking),
             linux_busy_poll_p50s: p50s(&busy),
             ginza_spans: Spans::median_of(&ginza_spans),
@@ -1003,6 +1077,14 @@ fn linux_rtt(
     rtt
 }
 
+/// iokerneld's configuration for the Ginza round trips (`--rtt-no-yield`,
+/// `--rtt-iokernel-sleep`), on either path.
+fn configure_iokerneld(args: &ForwardArgs, cfg: &mut IokConfig) -> anyhow::Result<()> {
+    cfg.yield_after_nic_tx = !args.rtt_no_yield;
+    cfg.spin = !args.rtt_iokernel_sleep;
+    Ok(())
+}
+
 /// The UDP echo server on a Ginza runtime behind iokerneld driving the same veth
 /// end (AF_XDP, else AF_PACKET), with the runtime's spin window before
 /// parking or `spin`: returns the backend used, the RTT figures of
@@ -1010,65 +1092,108 @@ fn linux_rtt(
 fn ginza_rtt(
     ns: &NetNs,
     args: &ForwardArgs,
-    iok_cpu: usize,
-    app_cpu: usize,
+    cpus: Cpus,
     client_cpu: usize,
     spin: Option<Duration>,
 ) -> anyhow::Result<(String, Probed)> {
-    let client = args.rtt_client;
-    let cpus = Cpus {
-        iokernel: iok_cpu,
-        app: app_cpu,
-    };
-    let configure = |cfg: &mut IokConfig| {
-        cfg.yield_after_nic_tx = !args.rtt_no_yield;
-        cfg.spin = !args.rtt_iokernel_sleep;
-        Ok(())
-    };
+    let configure = |cfg: &mut IokConfig| configure_iokerneld(args, cfg);
     with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-        let tune = |config: &mut RtConfig| {
-            if let Some(spin) = spin {
-                config.spin_before_park = spin;
-            }
-            if let Some(io) = config.iokernel.as_mut() {
-                io.poll_while_idle = if args.rtt_park {
-                    Duration::ZERO
-                } else {
-                    ginza_runtime::POLL_WHILE_IDLE
-                };
-            }
-        };
-        let stop = Arc::new(AtomicBool::new(false));
-        // The echo answers in the uthread that received, as the kernel's
-        // echo threads do (a uthread per request would not be like with
-        // like).
-        let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
-        let mut server = App::start_tuned(
-            iokerneld,
-            "rtt-echo",
-            (GINZA_ECHO_MAC, ns.peer_ip),
-            tune,
-            move || echo_server::serve_udp(ECHO_PORT, s2, stats),
-        )?;
-        // The server's kthread runs on `app_cpu` and iokerneld spins on
-        // `iok_cpu`: on two CPUs the client shares one of them
-        // (`ClientCpu`).
-        // The figure comes from round trips with stamping off: each stamp
-        // moves a cache line shared by the parties, a cost the Linux rounds
-        // (stamped by their client alone, outside the timed span) do not
-        // pay. The spans come from a stamped series next, on the same server.
-        let stamping = hops::enabled();
-        hops::enable(false);
-        let unstamped = probe(ns, ns.peer_ip, client_cpu, client);
-        hops::enable(stamping);
-        let rtt = match unstamped {
-            Ok((figure, _)) if stamping => {
-                probe(ns, ns.peer_ip, client_cpu, client).map(|(_, stamped)| (figure, stamped))
-            }
-            other => other,
-        };
-        stop.store(true, Ordering::Relaxed);
-        let _ = server.join();
-        rtt
+        serve_and_probe(iokerneld, ns, args, client_cpu, spin, None).map(|(probed, _)| probed)
     })
+}
+
+/// The same server as configured by default, on the direct path: its own
+/// AF_XDP socket on a queue of its own, iokerneld on `af_xdp:IF,direct`. An error
+/// unless its own socket carried the measured round trips. No stamped
+/// series: iokerneld sees none of the frames, so most hops have no stamp.
+fn ginza_direct_rtt(
+    ns: &NetNs,
+    args: &ForwardArgs,
+    cpus: Cpus,
+    client_cpu: usize,
+) -> anyhow::Result<(Probed, DirectFrames)> {
+    let configure = |cfg: &mut IokConfig| configure_iokerneld(args, cfg);
+    direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
+        let (probed, frames) = serve_and_probe(iokerneld, ns, args, client_cpu, None, Some(queue))?;
+        let frames = frames.context("the direct-path server's counts")?;
+        frames.check(RTT_PINGS as u64)?;
+        Ok((probed, frames))
+    })
+}
+
+/// The echo server on `iokerneld` (on its own socket on queue `direct`, if
+/// given), probed from the namespace; with `direct`, where its frames went.
+fn serve_and_probe(
+    iokerneld: &InProcess,
+    ns: &NetNs,
+    args: &ForwardArgs,
+    client_cpu: usize,
+    spin: Option<Duration>,
+    direct: Option<u32>,
+) -> anyhow::Result<(Probed, Option<DirectFrames>)> {
+    let client = args.rtt_client;
+    let tune = |config: &mut RtConfig| {
+        if let Some(spin) = spin {
+            config.spin_before_park = spin;
+        }
+        if let Some(io) = config.iokernel.as_mut() {
+            io.poll_while_idle = if args.rtt_park {
+                Duration::ZERO
+            } else {
+                ginza_runtime::POLL_WHILE_IDLE
+            };
+        }
+        if let Some(queue) = direct {
+            direct::enable(config, ns, queue, false);
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    // The echo answers in the uthread that received, as the kernel's
+    // echo threads do (a uthread per request would not be like with
+    // like).
+    let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
+    let mut server = App::start_tuned(
+        iokerneld,
+        "rtt-echo",
+        (GINZA_ECHO_MAC, ns.peer_ip),
+        tune,
+        move || {
+            let served = echo_server::serve_udp(ECHO_PORT, s2, stats);
+            (served, ginza_runtime::net::stats())
+        },
+    )?;
+    // Where its frames went (the direct path): iokerneld's NIC counts
+    // before and after.
+    let before = if direct.is_some() {
+        Some(iokerneld.stats()?)
+    } else {
+        None
+    };
+    // The server's kthread runs on `app_cpu` and iokerneld spins on
+    // `iok_cpu`: on two CPUs the client shares one of them
+    // (`ClientCpu`).
+    // The figure comes from round trips with stamping off: each stamp
+    // moves a cache line shared by the parties, a cost the Linux rounds
+    // (stamped by their client alone, outside the timed span) do not
+    // pay. The spans come from a stamped series next, on the same server.
+    let stamping = hops::enabled();
+    hops::enable(false);
+    let unstamped = probe(ns, ns.peer_ip, client_cpu, client);
+    hops::enable(stamping);
+    let rtt = match unstamped {
+        Ok((figure, _)) if stamping && direct.is_none() => {
+            probe(ns, ns.peer_ip, client_cpu, client).map(|(_, stamped)| (figure, stamped))
+        }
+        other => other,
+    };
+    let after = before.as_ref().map(|_| iokerneld.stats());
+    stop.store(true, Ordering::Relaxed);
+    let (served, net) = server.join()?;
+    let rtt = rtt?;
+    served.context("the Ginza echo server")?;
+    let frames = match (before, after) {
+        (Some(before), Some(after)) => Some(DirectFrames::of(net.as_ref(), &before, &after?)?),
+        _ => None,
+    };
+    Ok((rtt, frames))
 }

@@ -14,6 +14,19 @@
 //!   whichever of the two needs it (docs/runtime.md). kv-server and
 //!   iokerneld run in the bench's process; batch is a process of its own
 //!   (`batch_process.rs`), as deployed, unless `--batch-in-process`.
+//! * **ginza-direct**: the same kv-server and batch, kv-server on the
+//!   direct path (docs/direct-path.md): its own AF_XDP socket on a queue
+//!   (1 to 15 in turn) of a 16-queue veth, iokerneld on
+//!   `af_xdp:IF,direct`, the namespace transmitting on that queue (XPS)
+//!   during its points (`harness::direct`).
+//!   Its points fail unless most of kv-server's frames crossed its own
+//!   socket (`direct_frames`). **ginza-direct-kick-per-frame** (not in the
+//!   default `--systems`): the same with a `sendto` per frame sent, as
+//!   before the runtime batched its kicks, to compare.
+//!   **memcached-ginza-direct** (not in the default `--systems`): the
+//!   memcached of memcached-ginza under `ginza run --direct IF:1`; its
+//!   points fail if iokerneld's NIC saw a tenth as many frames as there
+//!   were requests.
 //! * **ginza-protected** (not in the default `--systems`; DLibOS Fig. 7):
 //!   the same kv-server in protected mode, its TCP/IP stack in the
 //!   netstack daemon (`netstackd`, docs/protected.md) registered under the
@@ -97,6 +110,7 @@ use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
 use crate::harness::cpu_split::{Meter, Select};
+use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus as IokCpus};
 use crate::harness::linux_batch::{linux_batch, set_policy, LINUX_BATCH_THREAD};
@@ -188,13 +202,26 @@ pub enum System {
     GinzaProtected,
     /// Debian's memcached under `ginza run` and batch under iokerneld.
     MemcachedGinza,
+    /// kv-server on the direct path (its own AF_XDP socket on a queue of
+    /// the veth, iokerneld on `af_xdp:IF,direct`; docs/direct-path.md)
+    /// and batch under iokerneld.
+    GinzaDirect,
+    /// The same, its tx ring kicked once per frame sent (as before
+    /// batching): not in the default sweep, for the comparison.
+    GinzaDirectKickPerFrame,
+    /// memcached under `ginza run --direct` (its own AF_XDP socket
+    /// through the preload library) and batch under iokerneld.
+    MemcachedGinzaDirect,
 }
 
 impl System {
-    pub const ALL: [System; 4] = [
+    pub const ALL: [System; 7] = [
         System::Ginza,
+        System::GinzaDirect,
+        System::GinzaDirectKickPerFrame,
         System::Linux,
         System::MemcachedGinza,
+        System::MemcachedGinzaDirect,
         System::GinzaProtected,
     ];
 
@@ -204,7 +231,18 @@ impl System {
             System::Linux => "linux",
             System::GinzaProtected => "ginza-protected",
             System::MemcachedGinza => "memcached-ginza",
+            System::GinzaDirect => "ginza-direct",
+            System::GinzaDirectKickPerFrame => "ginza-direct-kick-per-frame",
+            System::MemcachedGinzaDirect => "memcached-ginza-direct",
         }
+    }
+
+    /// Whether its server is on the direct path.
+    pub fn direct(self) -> bool {
+        matches!(
+            self,
+            System::GinzaDirect | System::GinzaDirectKickPerFrame | System::MemcachedGinzaDirect
+        )
     }
 }
 
@@ -296,6 +334,11 @@ pub struct PointResult {
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// How many threads each of those components had.
     pub cpu_threads: BTreeMap<String, usize>,
+    /// The direct path: frames kv-server received and sent on its own
+    /// socket, its tx ring's kicks, and iokerneld's NIC's frames, over the
+    /// point (setup and preload included). memcached-ginza-direct: only
+    /// iokerneld's (its own socket's counts, in its process, are left 0).
+    pub direct_frames: Option<DirectFrames>,
 }
 
 /// A point's figures over its rounds.
@@ -326,6 +369,9 @@ pub struct MedianPoint {
 struct MaxKrps {
     ginza: Option<f64>,
     linux: Option<f64>,
+    /// Only when `--systems` ran it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ginza_direct: Option<f64>,
     /// Only when `--systems` ran it.
     #[serde(skip_serializing_if = "Option::is_none")]
     ginza_protected: Option<f64>,
@@ -415,7 +461,12 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         server: allowed[1],
     };
     let (systems, ginza_run) = systems_to_run(args.systems.as_deref())?;
-    let ns = NetNs::create().context("ginza bench memcached runs over a veth pair")?;
+    let ns = if systems.iter().any(|s| s.direct()) {
+        direct::namespace()
+    } else {
+        NetNs::create()
+    };
+    let ns = ns.context("ginza bench memcached runs over a veth pair")?;
     memcached_available()?;
     let loadavg_before = crate::harness::figures::loadavg();
     let reniced = renice_self(BENCH_NICE);
@@ -482,6 +533,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         max_krps_at_p99_200us: MaxKrps {
             ginza: max_krps(&points, System::Ginza),
             linux: max_krps(&points, System::Linux),
+            ginza_direct: max_krps(&points, System::GinzaDirect),
             ginza_protected: max_krps(&points, System::GinzaProtected),
             memcached_ginza: max_krps(&points, System::MemcachedGinza),
         },
@@ -511,11 +563,19 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
 /// a missing library is an error.
 fn systems_to_run(asked: Option<&[System]>) -> anyhow::Result<(Vec<System>, Option<GinzaRun>)> {
     let mut systems = asked.map_or_else(
-        || vec![System::Ginza, System::Linux, System::MemcachedGinza],
+        || {
+            vec![
+                System::Ginza,
+                System::GinzaDirect,
+                System::Linux,
+                System::MemcachedGinza,
+            ]
+        },
         <[System]>::to_vec,
     );
     anyhow::ensure!(!systems.is_empty(), "--systems: name at least one system");
-    if !systems.contains(&System::MemcachedGinza) {
+    let under_ginza_run = [System::MemcachedGinza, System::MemcachedGinzaDirect];
+    if !systems.iter().any(|s| under_ginza_run.contains(s)) {
         return Ok((systems, None));
     }
     match ginza_run::locate() {
@@ -523,7 +583,7 @@ fn systems_to_run(asked: Option<&[System]>) -> anyhow::Result<(Vec<System>, Opti
         Err(e) if asked.is_some() => Err(e.context("--systems names memcached-ginza")),
         Err(e) => {
             eprintln!("skipping memcached-ginza (memcached under `ginza run`): {e:#}");
-            systems.retain(|&s| s != System::MemcachedGinza);
+            systems.retain(|s| !under_ginza_run.contains(s));
             Ok((systems, None))
         }
     }
@@ -554,8 +614,8 @@ fn renice_self(nice: &str) -> bool {
 /// load from the namespace, stops them.
 pub fn run_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     match cfg.system {
-        System::Ginza | System::GinzaProtected | System::MemcachedGinza => ginza_point(ns, cfg),
         System::Linux => linux_point(ns, cfg),
+        _ => ginza_point(ns, cfg),
     }
 }
 
@@ -731,6 +791,7 @@ fn point_result(cfg: &PointConfig, r: &LoadReport, batch: f64, server: String) -
         iokerneld_cpu_pct: None,
         cpu_us_per_request: BTreeMap::new(),
         cpu_threads: BTreeMap::new(),
+        direct_frames: None,
     }
 }
 
@@ -747,20 +808,30 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         icfg.spin = cfg.iokernel_spin;
         Ok(())
     };
+    if cfg.system.direct() {
+        return direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
+            ginza_serving(ns, cfg, iokerneld, ("af_xdp,direct", Some(queue)))
+        });
+    }
     let (_, result) = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, backend| {
-        ginza_serving(ns, cfg, iokerneld, backend)
+        ginza_serving(ns, cfg, iokerneld, (backend, None))
     })?;
     Ok(result)
 }
 
+/// kv-server (or memcached) and batch on `iokerneld`; the server on its own
+/// socket on queue `direct`, if given.
 fn ginza_serving(
     ns: &NetNs,
     cfg: &PointConfig,
     iokerneld: &InProcess,
-    backend: &str,
+    (backend, direct): (&str, Option<u32>),
 ) -> anyhow::Result<PointResult> {
-    if cfg.system == System::MemcachedGinza {
-        return memcached_ginza_serving(ns, cfg, iokerneld, backend);
+    if matches!(
+        cfg.system,
+        System::MemcachedGinza | System::MemcachedGinzaDirect
+    ) {
+        return memcached_ginza_serving(ns, cfg, iokerneld, (backend, direct));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let keeps = cfg.allocator != PolicyKind::Shenango;
@@ -798,6 +869,10 @@ fn ginza_serving(
         if let Some(io) = server_cfg.iokernel.as_mut() {
             io.net = Some(NetConfig::new(me.mac, me.ip));
         }
+        if let Some(queue) = direct {
+            let kick_per_frame = cfg.system == System::GinzaDirectKickPerFrame;
+            direct::enable(&mut server_cfg, ns, queue, kick_per_frame);
+        }
         None
     };
     if let Some(io) = server_cfg.iokernel.as_mut() {
@@ -816,7 +891,7 @@ fn ginza_serving(
     let kv = Kv::new(store);
     let s2 = stop.clone();
     let mut server = App::start_configured(iokerneld, "kv-server", server_cfg, move || {
-        ginza_apps::kv::server::serve(
+        let served = ginza_apps::kv::server::serve(
             PORT,
             Protocols {
                 udp: false,
@@ -824,8 +899,10 @@ fn ginza_serving(
             },
             kv,
             s2,
-        )
+        );
+        (served, ginza_runtime::net::stats())
     })?;
+    let nic_before = iokerneld.stats()?;
     let server_kthreads = kthreads_here();
     // kv-server holds its guarantee before batch arrives: `static` never
     // takes a core back.
@@ -856,14 +933,29 @@ fn ginza_serving(
         m
     });
     stop.store(true, Relaxed);
-    let served = server.join().and_then(|r| r.context("kv-server"));
+    let nic_after = iokerneld.stats();
+    let served = server
+        .join()
+        .and_then(|(r, net)| r.context("kv-server").map(|()| net));
     // After kv-server: it detaches from the netstack first.
     drop(netstack);
-    match (measured, served) {
-        (Ok(m), Ok(())) => Ok(m),
-        (Err(m), Err(s)) => Err(s.context(format!("(the measurement: {m:#})"))),
-        (Err(e), Ok(())) | (Ok(_), Err(e)) => Err(e),
+    let mut m = match (measured, served) {
+        (Ok(m), Ok(net)) => (m, net),
+        (Err(m), Err(s)) => return Err(s.context(format!("(the measurement: {m:#})"))),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
+    };
+    if cfg.system.direct() {
+        let frames = DirectFrames::of(m.1.as_ref(), &nic_before, &nic_after?)?;
+        // Most of kv-server's frames took its own socket: a miss of the XDP
+        // program (before the socket is in its maps) falls back to the
+        // switch path, which would then be what was measured.
+        anyhow::ensure!(
+            frames.own_rx > frames.iokernel_nic_rx && frames.own_tx > frames.iokernel_nic_tx,
+            "kv-server on the direct path: {frames:?}: most frames went through iokerneld"
+        );
+        m.0.direct_frames = Some(frames);
     }
+    Ok(m.0)
 }
 
 /// The batch application beside a Ginza server: a process of its own, as
@@ -1022,19 +1114,21 @@ fn memcached_ginza_serving(
     ns: &NetNs,
     cfg: &PointConfig,
     iokerneld: &InProcess,
-    backend: &str,
+    (backend, direct): (&str, Option<u32>),
 ) -> anyhow::Result<PointResult> {
     let run = cfg.ginza_run.as_ref().context(
         "memcached-ginza needs `ginza` and the preload library (PointConfig::ginza_run)",
     )?;
     let addr = SocketAddrV4::new(ns.peer_ip, PORT);
+    let direct = direct.map(|queue| format!("{}:{queue}", ns.host_if));
+    let nic_before = iokerneld.stats()?;
     let mut server = ginza_run::start(
         run,
         iokerneld,
         (KV_MAC, ns.peer_ip),
         ginza_run::MEMCACHED,
-        Path::new("memcached"),
-        &memcached_args(addr),
+        direct.as_deref(),
+        (Path::new("memcached"), &memcached_args(addr)),
     )?;
     let batch = GinzaBatch::start(iokerneld, cfg);
     let measured = batch.and_then(|mut batch| {
@@ -1089,7 +1183,26 @@ fn memcached_ginza_serving(
         m
     });
     server.stop();
-    measured
+    let mut measured = measured?;
+    if direct.is_some() {
+        // Its own socket's counts are in the child; iokerneld's NIC tells
+        // whether the requests went around it.
+        let after = iokerneld.stats()?;
+        let nic_rx = after.dataplane.nic_rx_frames - nic_before.dataplane.nic_rx_frames;
+        let nic_tx = after.dataplane.nic_tx_frames - nic_before.dataplane.nic_tx_frames;
+        let requests = (measured.achieved_krps * 1e3 * cfg.duration.as_secs_f64()) as u64;
+        anyhow::ensure!(
+            nic_rx < requests / 10,
+            "memcached on the direct path: iokerneld's NIC received {nic_rx} frames \
+             (sent {nic_tx}) for {requests} requests: they went through iokerneld"
+        );
+        measured.direct_frames = Some(DirectFrames {
+            iokernel_nic_rx: nic_rx,
+            iokernel_nic_tx: nic_tx,
+            ..DirectFrames::default()
+        });
+    }
+    Ok(measured)
 }
 
 /// The components every system has: the generator's threads and, under
@@ -1385,7 +1498,7 @@ fn opt(v: Option<f64>) -> String {
 
 fn row(r: &PointResult) -> String {
     format!(
-        "{:<15} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s ({:>5} M per CPU-s)  iokerneld CPU {:>5} %{}  ({})",
+        "{:<27} offered {:>7.1} krps  achieved {:>7.1}  p50 {:>8}  p99 {:>8}  p99.9 {:>8} µs  batch {:>6.2} M ops/s ({:>5} M per CPU-s)  iokerneld CPU {:>5} %{}  ({})",
         r.system.name(),
         r.offered_krps,
         r.achieved_krps,
@@ -1401,7 +1514,22 @@ fn row(r: &PointResult) -> String {
             ""
         },
         r.server
-    )
+    ) + &r.direct_frames.map_or(String::new(), |f| {
+        // memcached under `ginza run` keeps its own socket's counts in its
+        // process: they are not read (0 in the JSON).
+        let own = if r.system == System::MemcachedGinzaDirect {
+            "own socket's counts not read".to_string()
+        } else {
+            format!(
+                "own socket {} in, {} out in {} kicks",
+                f.own_rx, f.own_tx, f.own_tx_kicks
+            )
+        };
+        format!(
+            "  {own}; iokerneld's NIC {} in, {} out",
+            f.iokernel_nic_rx, f.iokernel_nic_tx
+        )
+    })
 }
 
 fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Result<()> {
@@ -1547,9 +1675,11 @@ fn render(r: &Report) -> String {
     let m = &r.max_krps_at_p99_200us;
     let _ = writeln!(
         s,
-        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}{}{}",
+        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}{}{}{}",
         opt(m.ginza),
         opt(m.linux),
+        m.ginza_direct
+            .map_or(String::new(), |v| format!("  ginza-direct {v:.1}")),
         m.memcached_ginza
             .map_or(String::new(), |v| format!("  memcached-ginza {v:.1}")),
         m.ginza_protected
@@ -1627,6 +1757,7 @@ mod tests {
             iokerneld_cpu_pct: None,
             cpu_us_per_request: BTreeMap::new(),
             cpu_threads: BTreeMap::new(),
+            direct_frames: None,
         }
     }
 

@@ -26,10 +26,15 @@
 //!   namespace (Ginza is the sender). `--no-sack` turns SACK off in
 //!   Ginza's TCP, for the comparison; `--no-burst-answer` makes it answer
 //!   every segment as it comes instead of once per receive burst.
+//! * `rtt_us.ginza_direct`, `stream_mbps.ginza_direct`: the same to
+//!   Ginza's servers on the direct path (unless `--no-direct`): their own
+//!   AF_XDP socket on a queue (1 to 15) of a 16-queue veth, iokerneld on
+//!   `af_xdp:IF,direct` (`harness::direct`, docs/direct-path.md); each
+//!   round checks that their own socket carried the round trips.
 //!
-//! Rounds are interleaved (Ginza, Linux, Linux busy-poll, switch; again…)
-//! so that drifts of the machine hit every server alike; each figure is the
-//! median over `--rounds` rounds of that round's value (p50 and p99 are
+//! Rounds are interleaved (Ginza, Ginza direct, Linux, Linux busy-poll,
+//! switch; again…) so that drifts of the machine hit every server alike;
+//! each figure is the median over `--rounds` rounds of that round's value (p50 and p99 are
 //! medians of per-round percentiles). Without root, `ip` or `ethtool` the
 //! veth figures are null and `veth_skipped` says why.
 
@@ -48,9 +53,11 @@ use ginza_iokernel::{Config as IokConfig, InProcess};
 use ginza_net::{Ipv4Addr, MacAddr};
 use ginza_proto::content::Transfer;
 use ginza_proto::parse_duration;
+use ginza_runtime::net::NetStats;
 use serde::Serialize;
 
 use crate::harness::app::App;
+use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{set_faults, start_on, with_iokerneld_on_veth, Cpus};
 use crate::harness::rtt::{quantiles, retry_refused, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
@@ -80,6 +87,11 @@ pub struct TcpArgs {
     /// receive burst (on by default), to compare.
     #[arg(long)]
     no_burst_answer: bool,
+    /// No round trips and stream to Ginza's servers on the direct path
+    /// (their own AF_XDP socket; `rtt_us.ginza_direct`,
+    /// `stream_mbps.ginza_direct`; docs/direct-path.md).
+    #[arg(long)]
+    no_direct: bool,
 }
 
 /// The same through loss: retransmission timeouts back off (200 ms,
@@ -104,6 +116,8 @@ const SWITCH_CLIENT: (MacAddr, Ipv4Addr) = (
 #[derive(Serialize, Debug)]
 struct RttSet {
     ginza: Quantiles,
+    /// Ginza's servers on the direct path; null with `--no-direct`.
+    ginza_direct: Option<Quantiles>,
     linux: Quantiles,
     linux_busy_poll: Quantiles,
 }
@@ -111,6 +125,7 @@ struct RttSet {
 #[derive(Serialize, Debug)]
 struct StreamSet {
     ginza: f64,
+    ginza_direct: Option<f64>,
     linux: f64,
 }
 
@@ -158,11 +173,16 @@ impl GinzaTcp {
 #[derive(Serialize, Debug, Default)]
 struct Round {
     ginza: Option<Quantiles>,
+    ginza_direct: Option<Quantiles>,
     linux: Option<Quantiles>,
     linux_busy_poll: Option<Quantiles>,
     switch: Option<Quantiles>,
     stream_ginza_mbps: Option<f64>,
+    stream_ginza_direct_mbps: Option<f64>,
     stream_linux_mbps: Option<f64>,
+    /// Frames the direct-path servers received and sent on their own
+    /// socket, and iokerneld's NIC meanwhile.
+    ginza_direct_frames: Option<DirectFrames>,
 }
 
 #[derive(Serialize, Debug)]
@@ -193,18 +213,31 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         iokernel: cpus[0],
         app: cpus[1],
     };
-    let ns = NetNs::create();
+    let ns = if args.no_direct {
+        NetNs::create()
+    } else {
+        direct::namespace()
+    };
     let veth_skipped = ns.as_ref().err().map(|e| e.to_string());
     let mut rounds = Vec::new();
     let mut backend = None;
     for round in 0..args.rounds {
         let mut r = Round::default();
         if let Ok(ns) = &ns {
-            let (used, rtt, mbps) = ginza_round(ns, cpus, &args, None)
+            let (used, rtt, mbps, _) = ginza_round(ns, cpus, &args, false)
                 .with_context(|| format!("round {round}: Ginza over veth"))?;
             backend = Some(used);
             r.ginza = Some(rtt);
             r.stream_ginza_mbps = mbps;
+            if !args.no_direct {
+                let (_, rtt, mbps, frames) =
+                    ginza_round(ns, cpus, &args, true).with_context(|| {
+                        format!("round {round}: Ginza on the direct path over veth")
+                    })?;
+                r.ginza_direct = Some(rtt);
+                r.stream_ginza_direct_mbps = mbps;
+                r.ginza_direct_frames = frames;
+            }
             let (rtt, mbps) = linux_round(ns, cpus, &args, EchoMode::Blocking)
                 .with_context(|| format!("round {round}: Linux over veth"))?;
             r.linux = Some(rtt);
@@ -251,6 +284,7 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
     ) {
         (Some(ginza), Some(linux), Some(linux_busy_poll)) => Some(RttSet {
             ginza,
+            ginza_direct: med(&|r| r.ginza_direct),
             linux,
             linux_busy_poll,
         }),
@@ -260,7 +294,11 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         med_f(&|r| r.stream_ginza_mbps),
         med_f(&|r| r.stream_linux_mbps),
     ) {
-        (Some(ginza), Some(linux)) => Some(StreamSet { ginza, linux }),
+        (Some(ginza), Some(linux)) => Some(StreamSet {
+            ginza,
+            ginza_direct: med_f(&|r| r.stream_ginza_direct_mbps),
+            linux,
+        }),
         _ => None,
     };
     let report = Report {
@@ -314,8 +352,8 @@ impl GinzaTcpOptions {
     }
 }
 
-/// Serves until `stop`; returns the stack's TCP counters then.
-fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<Option<ginza_runtime::net::TcpStats>> {
+/// Serves until `stop`; returns the stack's counters then.
+fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<Option<NetStats>> {
     let stats = Arc::new(EchoStats::default());
     let (s2, st2) = (stop.clone(), stats.clone());
     let sink = ginza_runtime::spawn(move || echo_server::serve_sink(SINK_PORT, s2, st2));
@@ -333,45 +371,74 @@ fn ginza_servers(stop: Arc<AtomicBool>) -> std::io::Result<Option<ginza_runtime:
         .join()
         .map_err(|e| std::io::Error::other(format!("the sink uthread: {e}")))?;
     echo.and(sink)?;
-    Ok(ginza_runtime::net::stats().map(|s| s.tcp))
+    Ok(ginza_runtime::net::stats())
 }
 
 /// iokerneld and Ginza's servers on the veth (AF_XDP, else AF_PACKET),
-/// with `faults` on its port; `measure` runs while they serve.
+/// with `faults` on its port; `measure` runs while they serve. With
+/// `direct`, the servers are on the direct path ([`direct`]: their own
+/// AF_XDP socket, iokerneld on `af_xdp:IF,direct`), and the backend is
+/// `af_xdp,direct`.
 fn with_ginza_on_veth<R>(
     ns: &NetNs,
     cpus: Cpus,
     faults: Option<&str>,
     options: GinzaTcpOptions,
+    direct: bool,
     measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
-) -> anyhow::Result<(String, (R, Option<ginza_runtime::net::TcpStats>))> {
+) -> anyhow::Result<(String, (R, Option<NetStats>))> {
     let configure = |cfg: &mut IokConfig| match faults {
         Some(f) => set_faults(cfg, f),
         None => Ok(()),
     };
+    if direct {
+        let run = |iokerneld: &InProcess, queue| {
+            serve_ginza(ns, iokerneld, options, Some(queue), measure)
+        };
+        let served = direct::with_iokerneld_direct(ns, cpus, configure, run)?;
+        return Ok(("af_xdp,direct".to_string(), served));
+    }
     with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s2 = stop.clone();
-        App::start_tuned(
-            iokerneld,
-            "tcp-echo",
-            (GINZA_MAC, ns.peer_ip),
-            options.apply(),
-            move || ginza_servers(s2),
-        )
-        .and_then(|mut app| {
-            let measured = measure(iokerneld);
-            stop.store(true, Ordering::Relaxed);
-            // A server that failed explains a failed measurement.
-            let served = app
-                .join()
-                .and_then(|r| r.context("Ginza's echo server and sink"));
-            match (measured, served) {
-                (Ok(m), Ok(tcp)) => Ok((m, tcp)),
-                (Err(m), Err(s)) => Err(s.context(format!("(the client: {m:#})"))),
-                (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
-            }
-        })
+        serve_ginza(ns, iokerneld, options, None, measure)
+    })
+}
+
+/// Ginza's servers on `iokerneld` (on their own socket on queue `direct`,
+/// if given) while `measure` runs.
+fn serve_ginza<R>(
+    ns: &NetNs,
+    iokerneld: &InProcess,
+    options: GinzaTcpOptions,
+    direct: Option<u32>,
+    measure: impl FnOnce(&InProcess) -> anyhow::Result<R>,
+) -> anyhow::Result<(R, Option<NetStats>)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let tune = |config: &mut ginza_runtime::Config| {
+        options.apply()(config);
+        if let Some(queue) = direct {
+            direct::enable(config, ns, queue, false);
+        }
+    };
+    App::start_tuned(
+        iokerneld,
+        "tcp-echo",
+        (GINZA_MAC, ns.peer_ip),
+        tune,
+        move || ginza_servers(s2),
+    )
+    .and_then(|mut app| {
+        let measured = measure(iokerneld);
+        stop.store(true, Ordering::Relaxed);
+        // A server that failed explains a failed measurement.
+        let served = app
+            .join()
+            .and_then(|r| r.context("Ginza's echo server and sink"));
+        match (measured, served) {
+            (Ok(m), Ok(tcp)) => Ok((m, tcp)),
+            (Err(m), Err(s)) => Err(s.context(format!("(the client: {m:#})"))),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        }
     })
 }
 
@@ -379,8 +446,9 @@ fn with_ginza_on_veth<R>(
 /// registers with iokerneld before its servers listen.
 const REFUSED_FOR: Duration = Duration::from_secs(5);
 
-/// Round trips from the namespace to `target` for `--duration`.
-fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<Quantiles> {
+/// Round trips from the namespace to `target` for `--duration`: their
+/// quantiles and how many were measured.
+fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<(Quantiles, u64)> {
     let report = ns.run_in(move || {
         retry_refused(REFUSED_FOR, std::thread::sleep, || {
             linux::rtt_probe_for(
@@ -398,10 +466,11 @@ fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result
         !h.is_empty(),
         "no round trip to {target} within {duration:?}"
     );
-    Ok(Quantiles {
+    let quantiles = Quantiles {
         p50: report.quantile_us(0.5),
         p99: report.quantile_us(0.99),
-    })
+    };
+    Ok((quantiles, h.len()))
 }
 
 /// One way from the namespace to the sink at `target`; checks the receipt.
@@ -423,23 +492,35 @@ fn stream(ns: &NetNs, target: SocketAddrV4, mib: u64) -> anyhow::Result<Transfer
     Ok(t)
 }
 
+/// Round trips and a stream to Ginza's servers (on the direct path if
+/// `direct`: then also where their frames went, an error unless their own
+/// socket carried the round trips).
 fn ginza_round(
     ns: &NetNs,
     cpus: Cpus,
     args: &TcpArgs,
-    faults: Option<&str>,
-) -> anyhow::Result<(String, Quantiles, Option<f64>)> {
+    direct: bool,
+) -> anyhow::Result<(String, Quantiles, Option<f64>, Option<DirectFrames>)> {
     let (echo, sink) = (
         SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
         SocketAddrV4::new(ns.peer_ip, SINK_PORT),
     );
-    let (backend, ((rtt, mbps), _)) =
-        with_ginza_on_veth(ns, cpus, faults, GinzaTcpOptions::of(args), |_| {
-            let rtt = probe(ns, echo, args.duration)?;
+    let options = GinzaTcpOptions::of(args);
+    let (backend, ((rtt, trips, mbps, nic), net)) =
+        with_ginza_on_veth(ns, cpus, None, options, direct, |iokerneld| {
+            let before = iokerneld.stats()?;
+            let (rtt, trips) = probe(ns, echo, args.duration)?;
             let t = stream(ns, sink, args.stream_mb)?;
-            Ok((rtt, Some(t.mbps())))
+            Ok((rtt, trips, Some(t.mbps()), (before, iokerneld.stats()?)))
         })?;
-    Ok((backend, rtt, mbps))
+    let frames = if direct {
+        let frames = DirectFrames::of(net.as_ref(), &nic.0, &nic.1)?;
+        frames.check(trips)?;
+        Some(frames)
+    } else {
+        None
+    };
+    Ok((backend, rtt, mbps, frames))
 }
 
 fn linux_round(
@@ -453,7 +534,7 @@ fn linux_round(
     let echo: LinuxServer = linux::echo_server(SocketAddrV4::new(host.ip, ECHO_PORT), mode)?;
     let rtt = probe(ns, echo.addr(), args.duration);
     echo.stop()?;
-    let rtt = rtt?;
+    let (rtt, _) = rtt?;
     if mode != EchoMode::Blocking {
         return Ok((rtt, None));
     }
@@ -516,7 +597,7 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
     let options = GinzaTcpOptions::of(args);
     let sack = options.sack;
     let (_, ((t, dropped, reordered), tcp)) =
-        with_ginza_on_veth(ns, cpus, Some(&faults), options, |iokerneld| {
+        with_ginza_on_veth(ns, cpus, Some(&faults), options, false, |iokerneld| {
             let t = ns
                 .run_in(move || {
                     retry_refused(REFUSED_FOR, std::thread::sleep, || {
@@ -564,7 +645,7 @@ fn lossy_run(ns: &NetNs, cpus: Cpus, args: &TcpArgs) -> anyhow::Result<Lossy> {
         seconds: t.elapsed.as_secs_f64(),
         frames_dropped: dropped,
         frames_reordered: reordered,
-        ginza_tcp: tcp.map(|s| GinzaTcp::of(sack, &s)),
+        ginza_tcp: tcp.map(|s| GinzaTcp::of(sack, &s.tcp)),
     })
 }
 
@@ -648,6 +729,9 @@ fn render(r: &Report, args: &TcpArgs) -> String {
                 &format!("ginza echo-server ({backend})"),
                 &rtt.ginza,
             );
+            if let Some(direct) = &rtt.ginza_direct {
+                row(&mut s, "ginza echo-server, direct path", direct);
+            }
             row(&mut s, "linux, blocking thread", &rtt.linux);
             row(&mut s, "linux, busy-polling (pinned)", &rtt.linux_busy_poll);
         }
@@ -660,9 +744,12 @@ fn render(r: &Report, args: &TcpArgs) -> String {
         }
     }
     if let Some(st) = &r.stream_mbps {
+        let direct = st
+            .ginza_direct
+            .map_or(String::new(), |d| format!("  ginza direct path {d:.0}"));
         let _ = writeln!(
             s,
-            "one-way stream, {} MiB from the namespace to a sink, Mbit/s:  ginza {:.0}  linux {:.0}",
+            "one-way stream, {} MiB from the namespace to a sink, Mbit/s:  ginza {:.0}{direct}  linux {:.0}",
             args.stream_mb, st.ginza, st.linux
         );
     }

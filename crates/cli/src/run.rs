@@ -31,6 +31,11 @@ pub struct RunArgs {
     /// The application's MAC address on iokerneld's switch.
     #[arg(long)]
     mac: Option<String>,
+    /// The direct path (docs/direct-path.md): the program's own AF_XDP
+    /// socket on receive queue QUEUE of iokerneld's interface IF (iokerneld
+    /// opened with `nic = "af_xdp:IF,direct"`), e.g. `eth0:1`; with --ip.
+    #[arg(long, value_name = "IF:QUEUE")]
+    direct: Option<String>,
     /// Protected mode: TCP through the netstack at this socket [default path].
     #[arg(long, value_name = "PATH", num_args = 0..=1, require_equals = true)]
     protected: Option<Option<PathBuf>>,
@@ -77,6 +82,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     set("GINZA_CLASS", args.class.clone());
     set("GINZA_IP", args.ip.clone());
     set("GINZA_MAC", args.mac.clone());
+    set("GINZA_DIRECT", args.direct.clone());
     set("GINZA_NAME", args.name.clone());
     let path_or_empty = |p: &Option<PathBuf>| {
         p.as_ref()

@@ -1,6 +1,7 @@
 //! `ginza bench forward --json` runs end to end: packets really move
 //! between the two applications, and (as root, with `ip` and `ethtool`)
-//! both round-trip series come from answered datagrams.
+//! every round-trip series (the direct path's included, its frames counted
+//! on its own sockets) comes from answered datagrams.
 
 mod common;
 
@@ -41,7 +42,7 @@ fn forward_reports_packets_per_second_and_round_trips() {
             ginza_iokernel::testing::skip(format!("round trips over veth: {reason}"));
         }
         None => {
-            for side in ["ginza", "linux_blocking", "linux_busy_poll"] {
+            for side in ["ginza", "ginza_direct", "linux_blocking", "linux_busy_poll"] {
                 let r = &v["rtt_us"][side];
                 let (p50, p99) = (r["p50"].as_f64().unwrap(), r["p99"].as_f64().unwrap());
                 assert!(0.0 < p50 && p50 <= p99, "{side}: {r}");
@@ -59,7 +60,13 @@ fn forward_reports_packets_per_second_and_round_trips() {
                 .map(|l| serde_json::from_str(l).unwrap())
                 .collect();
             assert!(lines[0]["ticks_per_us"].as_f64().unwrap() > 0.0);
-            for side in ["ginza", "ginza_spin", "linux_blocking", "linux_busy_poll"] {
+            for side in [
+                "ginza",
+                "ginza_spin",
+                "ginza_direct",
+                "linux_blocking",
+                "linux_busy_poll",
+            ] {
                 let trips = lines.iter().filter(|l| l["server"] == side).count();
                 assert_eq!(trips, 2 * 2000, "{side}");
             }
@@ -69,6 +76,16 @@ fn forward_reports_packets_per_second_and_round_trips() {
                 .filter(|l| l["stamps"][0].as_u64().unwrap() > 0)
                 .count();
             assert_eq!(ginza_sent, 2 * 2000, "every trip stamps its send");
+            // The direct path's figures came from its own sockets: every
+            // measured request and reply (and the warm-up's) crossed them.
+            let frames = &v["rtt_us"]["ginza_direct_frames"];
+            for count in ["own_rx", "own_tx"] {
+                assert!(
+                    frames[count].as_u64().unwrap() >= 2 * 2000,
+                    "{count}: {frames}"
+                );
+            }
+            assert!(stderr.contains("ginza direct path"), "{stderr}");
             assert_eq!(v["rtt_rounds"], 2, "{v}");
             assert!(stderr.contains("p50 ratio ginza/linux"), "{stderr}");
         }

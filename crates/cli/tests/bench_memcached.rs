@@ -146,6 +146,73 @@ fn memcached_bench_reports_both_systems_at_each_load() {
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
+/// kv-server on the direct path (its own AF_XDP socket), its tx ring
+/// kicked once per burst and, to compare, once per frame: both answer
+/// without error beside batch, and their frames crossed their own socket
+/// (the bench fails a point otherwise), counted with the kicks.
+#[test]
+fn memcached_bench_runs_kv_server_on_the_direct_path() {
+    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
+    if !common::two_cpus("the generator, iokerneld and the servers") {
+        return;
+    }
+    if let Some(why) = common::veth_or_memcached_missing() {
+        ginza_iokernel::testing::skip(why);
+        return;
+    }
+    let out_dir = common::out_dir("bench-memcached-direct-test");
+    let out = common::ginza()
+        .args([
+            "bench",
+            "memcached",
+            "--json",
+            "--loads",
+            "2k",
+            "--rounds",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--keys",
+            "500",
+            "--connections",
+            "4",
+            "--systems",
+            "ginza-direct,ginza-direct-kick-per-frame",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let (v, stderr) = common::json_report(&out);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    for (run, system) in runs
+        .iter()
+        .zip(["ginza-direct", "ginza-direct-kick-per-frame"])
+    {
+        assert_eq!(run["system"], system, "{run}");
+        assert_eq!(run["errors"].as_u64(), Some(0), "{run}");
+        let achieved = run["achieved_krps"].as_f64().unwrap();
+        assert!(0.0 < achieved && achieved < 2.4, "{run}\n{stderr}");
+        assert!(batch_grants(run).is_some_and(|g| g > 0), "{run}");
+        let f = &run["direct_frames"];
+        let count = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k}: {run}"));
+        // Every answered request came in on the own socket and its answer
+        // left there.
+        let answered = (achieved * 1000.0) as u64;
+        assert!(count("own_rx") >= answered, "{run}");
+        assert!(count("own_tx") >= answered, "{run}");
+        if system == "ginza-direct-kick-per-frame" {
+            assert!(count("own_tx_kicks") >= count("own_tx"), "{run}");
+        } else {
+            assert!(count("own_tx_kicks") <= count("own_tx"), "{run}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
 /// The batch application's grants in a run's `iokerneld` summary
 /// ("batch: N grants, …").
 fn batch_grants(run: &serde_json::Value) -> Option<u64> {

@@ -151,6 +151,28 @@ impl NetNs {
         checked(args, self.exec(args)?)
     }
 
+    /// Every CPU of the namespace's end transmits on `queue` of its
+    /// `queues` (XPS). A veth delivers a frame on the receive queue
+    /// numbered as the transmit queue it was sent on (in driver-mode XDP),
+    /// so this steers the namespace's frames to `queue` of `host_if`:
+    /// how the direct path's tests and benches reach an application's own
+    /// socket (docs/direct-path.md).
+    pub fn steer_transmit_to_queue(&self, queues: u32, queue: u32) -> io::Result<()> {
+        let cpus = ginza_sys::topology::online_cpus()?;
+        if let Some(c) = cpus.iter().find(|&&c| c >= 64) {
+            return Err(io::Error::other(format!(
+                "XPS masks of up to 64 CPUs are written here; CPU {c} is online"
+            )));
+        }
+        let all = format!("{:x}", cpus.iter().fold(0u64, |m, &c| m | 1 << c));
+        for q in 0..queues {
+            let mask = if q == queue { all.as_str() } else { "0" };
+            let path = format!("/sys/class/net/{}/queues/tx-{q}/xps_cpus", self.ns_if);
+            self.exec_ok(&["sh", "-c", &format!("echo {mask} > {path}")])?;
+        }
+        Ok(())
+    }
+
     /// Runs `f` on a new thread that has joined the namespace (sockets it
     /// opens live there) and returns its handle.
     pub fn spawn_in<F, R>(&self, f: F) -> io::Result<JoinHandle<R>>

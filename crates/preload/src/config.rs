@@ -8,6 +8,7 @@
 //! | `GINZA_CLASS` | `lc` or `batch` | `lc` |
 //! | `GINZA_NAME` | the name at iokerneld (`ginza top`) | the program's name (`name-PID` for a program it execs) |
 //! | `GINZA_IP`, `GINZA_MAC` | the application's address on iokerneld's switch | none |
+//! | `GINZA_DIRECT` | `IF:QUEUE`: the direct path, the program's own AF_XDP socket on receive queue `QUEUE` of iokerneld's interface `IF` (docs/direct-path.md); needs `GINZA_IP` | unset |
 //! | `GINZA_PROTECTED` | TCP through the netstack at this socket (empty: its default) | unset |
 //! | `GINZA_TIME_SLICE` | preempt a thread that ran this long while others wait (`0`: never) | `1ms` |
 //! | `GINZA_STACK_SIZE` | bytes of a thread's stack when its attributes name none | the stack rlimit (8 MiB usually), 2 MiB if unlimited |
@@ -86,6 +87,19 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// `GINZA_DIRECT`'s `IF:QUEUE`.
+fn direct_path(value: &str) -> Result<(&str, u32), String> {
+    let bad = |why: &str| format!("GINZA_DIRECT={value:?}: {why} (IF:QUEUE, e.g. eth0:1)");
+    let (interface, queue) = value.rsplit_once(':').ok_or_else(|| bad("no ':'"))?;
+    if interface.is_empty() {
+        return Err(bad("no interface"));
+    }
+    let queue = queue
+        .parse()
+        .map_err(|e| bad(&format!("queue {queue:?}: {e}")))?;
+    Ok((interface, queue))
+}
+
 /// The runtime's configuration for `program`; Err says which variable is
 /// wrong and why.
 pub(crate) fn from_env(program: &str) -> Result<Config, String> {
@@ -132,7 +146,19 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
         if var("GINZA_PROTECTED").is_none() {
             io.net = interface.map(|i| NetConfig::new(i.mac, i.ip));
         }
+        if let Some(d) = var("GINZA_DIRECT") {
+            let (interface, queue) = direct_path(&d)?;
+            let net = io.net.take().ok_or_else(|| {
+                format!("GINZA_DIRECT={d:?} needs GINZA_IP, and not GINZA_PROTECTED")
+            })?;
+            io.net = Some(net.with_direct_path(interface, queue));
+        }
         config.iokernel = Some(io);
+    }
+    if config.iokernel.is_none() && var("GINZA_DIRECT").is_some() {
+        return Err(
+            "GINZA_DIRECT needs GINZA_IOKERNEL: the direct path is on iokerneld's interface".into(),
+        );
     }
     let in_process = config
         .iokernel
@@ -172,4 +198,22 @@ static NETWORK: OnceLock<Network> = OnceLock::new();
 
 pub(crate) fn network() -> Option<Network> {
     NETWORK.get().copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::direct_path;
+
+    #[test]
+    fn the_direct_path_is_an_interface_and_a_queue() {
+        assert_eq!(direct_path("eth0:1"), Ok(("eth0", 1)));
+        assert_eq!(direct_path("veth-a:b:3"), Ok(("veth-a:b", 3)));
+        for bad in ["eth0", ":1", "eth0:", "eth0:x", "eth0:-1"] {
+            let e = direct_path(bad).unwrap_err();
+            assert!(
+                e.contains("GINZA_DIRECT") && e.contains("IF:QUEUE"),
+                "{bad}: {e}"
+            );
+        }
+    }
 }

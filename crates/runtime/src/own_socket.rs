@@ -12,11 +12,20 @@
 //!   back ([`OwnSocket::give_back`]: a UDP socket's queue may hold it, as
 //!   it holds an ingress buffer), then goes to the fill ring.
 //! * Half the chunks receive, half transmit. Copy mode sends only inside
-//!   a system call: each transmission kicks.
+//!   a system call (the kernel takes at most 32 frames per call), so the
+//!   tx ring is kicked once per burst, as iokerneld kicks once per pass:
+//!   [`OwnSocket::flush`] when the kthread's scheduler regains control
+//!   (its runqueue drained, a worker's request done) and after each
+//!   receive batch, and at once every [`KICK_BATCH`] frames or when a
+//!   transmission finds no room (`DirectPathConfig::kick_per_frame` kicks
+//!   every frame, for comparison).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU32, AtomicU64,
+    Ordering::{AcqRel, Relaxed},
+};
 
 use ginza_sys::xsk::{self, BindMode, Desc, Rings, Umem, UmemOwner, Xsk};
 
@@ -33,6 +42,10 @@ pub(crate) const OWN_CHUNK: u32 = 1 << 31;
 
 /// Frames one receive batch takes at most.
 pub(crate) const RX_BATCH: usize = 32;
+
+/// Frames queued on the tx ring before a transmission kicks at once: the
+/// kernel's copy-mode batch (it sends at most 32 frames per `sendto`).
+const KICK_BATCH: u32 = 32;
 
 struct RxSide {
     rx: xsk::Ring<Desc>,
@@ -55,6 +68,8 @@ pub(crate) struct OwnCounters {
     pub(crate) tx_frames: AtomicU64,
     /// Transmissions refused: no chunk or no tx ring slot free.
     pub(crate) tx_full: AtomicU64,
+    /// `sendto`s on the tx ring.
+    pub(crate) tx_kicks: AtomicU64,
 }
 
 /// The application's own AF_XDP socket.
@@ -63,6 +78,9 @@ pub(crate) struct OwnSocket {
     rx: SpinLock<RxSide>,
     tx: SpinLock<TxSide>,
     umem: Umem,
+    /// Frames put on the tx ring since the last kick.
+    unkicked: AtomicU32,
+    kick_per_frame: bool,
     pub(crate) counters: OwnCounters,
 }
 
@@ -120,6 +138,8 @@ impl OwnSocket {
                 free,
             }),
             umem,
+            unkicked: AtomicU32::new(0),
+            kick_per_frame: cfg.kick_per_frame,
             counters: OwnCounters::default(),
         })
     }
@@ -187,23 +207,22 @@ impl OwnSocket {
         }
     }
 
-    /// Builds a frame in a free chunk and sends it.
+    /// Builds a frame in a free chunk and puts it on the tx ring; it
+    /// leaves at the next kick ([`flush`](Self::flush), or at once every
+    /// [`KICK_BATCH`] frames).
     pub(crate) fn transmit<E>(
         &self,
         build: impl FnOnce(&mut [u8]) -> Result<usize, E>,
     ) -> Result<(), OwnTxFail<E>> {
         let mut side = self.tx.lock();
-        let TxSide {
-            tx,
-            completion,
-            free,
-        } = &mut *side;
-        completion.consume(usize::MAX, |addr| free.push(self.umem.chunk_of(addr)));
-        if tx.free_slots() == 0 {
-            bump(&self.counters.tx_full);
-            return Err(OwnTxFail::Full);
+        let mut chunk = self.reserve(&mut side);
+        if chunk.is_none() && self.unkicked.load(Relaxed) > 0 {
+            // No room until the kernel sends what waits (copy mode
+            // completes frames inside the kick).
+            self.kick(&mut side);
+            chunk = self.reserve(&mut side);
         }
-        let Some(chunk) = free.pop() else {
+        let Some(chunk) = chunk else {
             bump(&self.counters.tx_full);
             return Err(OwnTxFail::Full);
         };
@@ -214,7 +233,7 @@ impl OwnSocket {
         let len = match build(buffer) {
             Ok(len) => len,
             Err(e) => {
-                free.push(chunk);
+                side.free.push(chunk);
                 return Err(OwnTxFail::Build(e));
             }
         };
@@ -223,20 +242,63 @@ impl OwnSocket {
             len: len as u32,
             options: 0,
         };
-        let pushed = tx.produce(std::iter::once(desc));
+        let pushed = side.tx.produce(std::iter::once(desc));
         debug_assert_eq!(pushed, 1);
         bump(&self.counters.tx_frames);
-        // Copy mode sends only inside a system call. "Busy" and "no
-        // buffers" leave the frame on the ring for the next kick.
-        if let Err(e) = xsk::kick(self.socket.as_fd()) {
-            if !matches!(
-                e.raw_os_error(),
-                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::EINTR)
-            ) {
-                log::warn!("direct path: kicking the tx ring: {e}");
-            }
+        let queued = self.unkicked.fetch_add(1, AcqRel) + 1;
+        if self.kick_per_frame || queued >= KICK_BATCH {
+            self.kick(&mut side);
         }
         Ok(())
+    }
+
+    /// A free chunk with a tx ring slot for it (completed chunks reclaimed
+    /// first), or `None`.
+    fn reserve(&self, side: &mut TxSide) -> Option<u64> {
+        let TxSide {
+            tx,
+            completion,
+            free,
+        } = side;
+        completion.consume(usize::MAX, |addr| free.push(self.umem.chunk_of(addr)));
+        if tx.free_slots() == 0 {
+            return None;
+        }
+        free.pop()
+    }
+
+    /// Kicks the tx ring if frames were put there since the last kick: the
+    /// end of a burst.
+    pub(crate) fn flush(&self) {
+        if self.unkicked.load(Relaxed) == 0 {
+            return;
+        }
+        let mut side = self.tx.lock();
+        self.kick(&mut side);
+    }
+
+    /// Makes the kernel send what waits on the tx ring: copy mode sends
+    /// only inside `sendto`, at most 32 frames a call, so it is repeated
+    /// while that makes progress. "Busy" and "no buffers" leave the frames
+    /// on the ring for the next kick.
+    fn kick(&self, side: &mut TxSide) {
+        self.unkicked.store(0, Relaxed);
+        for _ in 0..RING_SIZE / KICK_BATCH {
+            let pending = side.tx.pending();
+            if pending == 0 {
+                return;
+            }
+            bump(&self.counters.tx_kicks);
+            let Err(e) = xsk::kick(self.socket.as_fd()) else {
+                return;
+            };
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) if side.tx.pending() < pending => continue,
+                Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::EINTR) => {}
+                _ => log::warn!("direct path: kicking the tx ring: {e}"),
+            }
+            return;
+        }
     }
 }
 

@@ -19,8 +19,8 @@ use crossbeam_deque::Steal;
 use crate::idle_poll::IdlePoll;
 use crate::iokernel::park_with_iokernel;
 use crate::sched::{
-    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, poll_events, poll_net,
-    switch_to, KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
+    bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, flush_own_tx, poll_events,
+    poll_net, switch_to, KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
 };
 
 /// The Shenango scheduler: find work, run it, park when there is none.
@@ -51,6 +51,9 @@ pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
                 // which resumes on this kthread.
                 unsafe { switch_to(owner, from, u.ptr()) };
                 finish_switch();
+                // The uthreads run since are done for now: what they sent
+                // on the direct path leaves in one kick.
+                flush_own_tx(k);
                 k.publish_busy(false);
             }
             None => park_idle(owner),

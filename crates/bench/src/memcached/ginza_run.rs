@@ -68,20 +68,24 @@ pub fn locate() -> anyhow::Result<GinzaRun> {
 
 /// `ginza run --iokernel=SOCKET --ip IP --mac MAC -- PROGRAM ARGS`, named
 /// `name` at iokerneld, with one kthread and no guaranteed core (kv-server's terms
-/// under the shenango allocator), its stderr kept for a failure's message.
+/// under the shenango allocator), its stderr kept for a failure's message;
+/// with `direct` (`IF:QUEUE`), on the direct path (`--direct`).
 pub(super) fn command(
     run: &GinzaRun,
     socket: &Path,
     (mac, ip): (MacAddr, Ipv4Addr),
     name: &str,
-    program: &Path,
-    args: &[String],
+    direct: Option<&str>,
+    (program, args): (&Path, &[String]),
 ) -> Command {
     let mut cmd = Command::new(&run.ginza);
     cmd.arg("run")
         .arg(format!("--iokernel={}", socket.display()))
-        .args(["--ip", &ip.to_string(), "--mac", &mac.to_string()])
-        .args(["--name", name, "--kthreads", "1", "--guaranteed", "0"])
+        .args(["--ip", &ip.to_string(), "--mac", &mac.to_string()]);
+    if let Some(direct) = direct {
+        cmd.args(["--direct", direct]);
+    }
+    cmd.args(["--name", name, "--kthreads", "1", "--guaranteed", "0"])
         .args(["--class", "lc"])
         .arg("--library")
         .arg(&run.library)
@@ -96,7 +100,8 @@ pub(super) fn command(
 }
 
 /// Starts `program` under `ginza run` as application `name` at `(mac,
-/// ip)`; returns once iokerneld lists it (it listens shortly after: a
+/// ip)` (on the direct path with `direct`, `IF:QUEUE`); returns once
+/// iokerneld lists it (it listens shortly after: a
 /// client's first connection retries a refusal). The address is the one
 /// its native peer in the same run has, MAC included: the namespace's
 /// neighbour cache then stays right from one point to the next.
@@ -105,13 +110,20 @@ pub(super) fn start(
     iokerneld: &ginza_iokernel::InProcess,
     address: (MacAddr, Ipv4Addr),
     name: &str,
-    program: &Path,
-    args: &[String],
+    direct: Option<&str>,
+    (program, args): (&Path, &[String]),
 ) -> anyhow::Result<Started> {
     let mut child = Started(
-        command(run, iokerneld.socket(), address, name, program, args)
-            .spawn()
-            .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
+        command(
+            run,
+            iokerneld.socket(),
+            address,
+            name,
+            direct,
+            (program, args),
+        )
+        .spawn()
+        .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
     );
     let t0 = std::time::Instant::now();
     while !iokerneld

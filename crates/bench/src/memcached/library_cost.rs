@@ -214,8 +214,8 @@ fn one_series(
                     iokerneld,
                     (MAC, ns.peer_ip),
                     server.name(),
-                    program,
-                    &args,
+                    None,
+                    (program, &args),
                 )?;
                 let r = probe(ns, target, duration);
                 let alive = child.0.try_wait()?.is_none();

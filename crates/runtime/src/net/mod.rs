@@ -101,6 +101,9 @@ pub struct NetStats {
     /// `tx_packets` too).
     pub direct_rx_packets: u64,
     pub direct_tx_packets: u64,
+    /// `sendto`s that kicked the own socket's tx ring (one per burst of
+    /// frames sent, `DirectPathConfig::kick_per_frame` aside).
+    pub direct_tx_kicks: u64,
     pub kthreads: Vec<KthreadNetStats>,
 }
 

@@ -828,6 +828,7 @@ impl Stack {
         if let Some(own) = &self.own {
             s.direct_rx_packets = own.counters.rx_frames.load(Relaxed);
             s.direct_tx_packets = own.counters.tx_frames.load(Relaxed);
+            s.direct_tx_kicks = own.counters.tx_kicks.load(Relaxed);
         }
         for (id, k) in knets {
             let c = &k.counters;

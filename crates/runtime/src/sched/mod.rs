@@ -369,6 +369,7 @@ fn run_until_stopped(
     // SAFETY: the dispatcher handed `u` to us alone; we are in the
     // scheduler context, which resumes on this kthread.
     unsafe { switch_to(k, from, u) };
+    flush_own_tx(k.kthread());
     let exited = k.exited.get() == u;
     let spare = if exited && keep_exited {
         // SAFETY: `u` exited and switched to us (it is off its CPU, its
@@ -422,7 +423,8 @@ pub(crate) fn poll_events(k: &KThread) -> usize {
 
 /// Processes a batch of `ring`'s ingress ring as the owner's kthread
 /// (nothing if another kthread is processing it); the frames taken.
-/// Uthreads woken by datagrams land on the owner's runqueue.
+/// Uthreads woken by datagrams land on the owner's runqueue. On the
+/// direct path, the replies the batch made leave in one kick.
 #[inline]
 pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
     let (Some(theirs), Some(stack)) = (ring.knet(), owner.kthread().rt().packet_stack()) else {
@@ -431,5 +433,18 @@ pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
     let Some(mut me) = owner.tx_side() else {
         return 0;
     };
-    stack.poll(&mut me, theirs, crate::link::POLL_BATCH)
+    let n = stack.poll(&mut me, theirs, crate::link::POLL_BATCH);
+    flush_own_tx(owner.kthread());
+    n
+}
+
+/// The direct path (docs/direct-path.md): frames sent on the application's
+/// own socket since its last kick leave now, one `sendto` for the burst.
+/// Called where a burst ends: the scheduler context regains control (the
+/// runqueue drained, a worker's request stopped) and after a receive batch.
+#[inline]
+pub(crate) fn flush_own_tx(k: &KThread) {
+    if let Some(own) = k.knet().and_then(|n| n.own_socket.get()) {
+        own.flush();
+    }
 }
