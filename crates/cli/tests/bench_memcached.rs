@@ -19,6 +19,48 @@ use std::sync::Mutex;
 /// servers to the same two CPUs and busy-polls one.
 static ONE_BENCH: Mutex<()> = Mutex::new(());
 
+/// `ginza bench memcached --json` in its short mode (one round of 1 s per
+/// load, 500 keys, 4 connections) with `extra` flags, the command set up
+/// by `prepare`: the report, stderr and the output directory.
+fn short_bench(
+    out_name: &str,
+    loads: &str,
+    warmup: &str,
+    systems: &str,
+    extra: &[&str],
+    prepare: impl FnOnce(&mut std::process::Command),
+) -> (serde_json::Value, String, std::path::PathBuf) {
+    let out_dir = common::out_dir(out_name);
+    let mut command = common::ginza();
+    command
+        .args([
+            "bench",
+            "memcached",
+            "--json",
+            "--loads",
+            loads,
+            "--rounds",
+            "1",
+            "--duration",
+            "1s",
+            "--warmup",
+            warmup,
+            "--keys",
+            "500",
+            "--connections",
+            "4",
+            "--systems",
+            systems,
+        ])
+        .args(extra)
+        .arg("--out")
+        .arg(&out_dir);
+    prepare(&mut command);
+    let out = command.output().unwrap();
+    let (v, stderr) = common::json_report(&out);
+    (v, stderr, out_dir)
+}
+
 #[test]
 fn memcached_bench_reports_both_systems_at_each_load() {
     let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
@@ -29,32 +71,14 @@ fn memcached_bench_reports_both_systems_at_each_load() {
         ginza_iokernel::testing::skip(why);
         return;
     }
-    let out_dir = common::out_dir("bench-memcached-test");
-    let out = common::ginza()
-        .args([
-            "bench",
-            "memcached",
-            "--json",
-            "--loads",
-            "2k,4k",
-            "--rounds",
-            "1",
-            "--duration",
-            "1s",
-            "--warmup",
-            "100ms",
-            "--keys",
-            "500",
-            "--connections",
-            "4",
-            "--systems",
-            "ginza,linux",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .unwrap();
-    let (v, stderr) = common::json_report(&out);
+    let (v, stderr, out_dir) = short_bench(
+        "bench-memcached-test",
+        "2k,4k",
+        "100ms",
+        "ginza,linux",
+        &[],
+        |_| {},
+    );
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 4, "{v}");
     // One round: the runs are the points, in the same order.
@@ -160,32 +184,14 @@ fn memcached_bench_runs_kv_server_on_the_direct_path() {
         ginza_iokernel::testing::skip(why);
         return;
     }
-    let out_dir = common::out_dir("bench-memcached-direct-test");
-    let out = common::ginza()
-        .args([
-            "bench",
-            "memcached",
-            "--json",
-            "--loads",
-            "2k",
-            "--rounds",
-            "1",
-            "--duration",
-            "1s",
-            "--warmup",
-            "200ms",
-            "--keys",
-            "500",
-            "--connections",
-            "4",
-            "--systems",
-            "ginza-direct,ginza-direct-kick-per-frame",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .unwrap();
-    let (v, stderr) = common::json_report(&out);
+    let (v, stderr, out_dir) = short_bench(
+        "bench-memcached-direct-test",
+        "2k",
+        "200ms",
+        "ginza-direct,ginza-direct-kick-per-frame",
+        &[],
+        |_| {},
+    );
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2, "{v}");
     for (run, system) in runs
@@ -237,37 +243,16 @@ fn memcached_bench_runs_the_same_binary_under_ginza_run() {
         return;
     }
     let library = common::preload_library();
-    let out_dir = common::out_dir("bench-memcached-ginza-run-test");
-    let out = common::ginza()
-        .args([
-            "bench",
-            "memcached",
-            "--json",
-            "--loads",
-            "2k",
-            "--rounds",
-            "1",
-            "--duration",
-            "1s",
-            "--warmup",
-            "200ms",
-            "--keys",
-            "500",
-            "--connections",
-            "4",
-            "--systems",
-            "ginza,linux,memcached-ginza",
-            "--library-rounds",
-            "1",
-            "--library-duration",
-            "300ms",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .env("GINZA_PRELOAD", &library)
-        .output()
-        .unwrap();
-    let (v, stderr) = common::json_report(&out);
+    let (v, stderr, out_dir) = short_bench(
+        "bench-memcached-ginza-run-test",
+        "2k",
+        "200ms",
+        "ginza,linux,memcached-ginza",
+        &["--library-rounds", "1", "--library-duration", "300ms"],
+        |c| {
+            c.env("GINZA_PRELOAD", &library);
+        },
+    );
     let runs = v["runs"].as_array().unwrap();
     let systems: Vec<&str> = runs.iter().map(|r| r["system"].as_str().unwrap()).collect();
     assert_eq!(systems, ["ginza", "linux", "memcached-ginza"], "{v}");
