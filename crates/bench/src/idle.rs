@@ -2,15 +2,17 @@
 //! its sleep and the server's idle state cost the first request after a
 //! quiet spell (docs/iokernel-idle.md, docs/idle-poll.md), beside Linux's.
 //!
-//! Each round runs four setups, in an order that turns from round to
-//! round: three start iokerneld on a veth's host end (AF_XDP, else
+//! Each round runs five setups, in an order that turns from round to
+//! round: four start iokerneld on a veth's host end (AF_XDP, else
 //! AF_PACKET) with a UDP echo server on a Ginza runtime registered, the
-//! fourth runs the kernel's echo on the same veth end:
+//! fifth runs the kernel's echo on the same veth end:
 //!
 //! * `sleeping`: iokerneld sleeps while idle, and the server's kthread
 //!   polls while idle (`poll_while_idle` = `POLL_WHILE_IDLE`);
 //! * `sleeping_parked`: the same with the server's kthread parking when
 //!   idle (`poll_while_idle` = 0: the behaviour before idle polling);
+//! * `sleeping_parked_alongside`: the same with iokerneld's
+//!   `wake_alongside` on (a frame wakes the parked kthread's CPU too);
 //! * `spinning`: iokerneld with `--spin`, the server polling while idle;
 //! * `linux_blocking`: no iokerneld; a Linux UDP echo server, one thread
 //!   blocked in `recvfrom` on a socket bound to an address of the veth's
@@ -32,6 +34,10 @@
 //!   `--gap` with no traffic: a sleeping iokerneld is asleep, the Ginza
 //!   server's kthread polls (if `--gap` is under its bound, 2 s) or has
 //!   parked, Linux's thread is blocked; the median of `--probes`.
+//!
+//! Each measured round trip is stamped hop by hop (`Hop::FIRST_REQUEST`,
+//! [`crate::first_spans`]): where its time went. The probe client is
+//! `--client` (polling by default) on `--client-cpu`.
 //!
 //! A figure is the median over rounds. Needs root, `ip` and `ethtool`.
 
@@ -127,7 +133,7 @@ struct Client {
 enum Setup {
     Sleeping,
     SleepingParked,
-    SleepingParkedAlone,
+    SleepingParkedAlongside,
     Spinning,
     LinuxBlocking,
 }
@@ -136,7 +142,7 @@ impl Setup {
     const ALL: [Setup; 5] = [
         Setup::Sleeping,
         Setup::SleepingParked,
-        Setup::SleepingParkedAlone,
+        Setup::SleepingParkedAlongside,
         Setup::Spinning,
         Setup::LinuxBlocking,
     ];
@@ -145,14 +151,14 @@ impl Setup {
         self == Setup::Spinning
     }
 
-    /// iokerneld's `wake_alongside`: off only to measure what it buys.
+    /// iokerneld's `wake_alongside` (off by default).
     fn wake_alongside(self) -> bool {
-        self != Setup::SleepingParkedAlone
+        self == Setup::SleepingParkedAlongside
     }
 
     /// The server's `poll_while_idle`.
     fn poll_while_idle(self) -> Duration {
-        if matches!(self, Setup::SleepingParked | Setup::SleepingParkedAlone) {
+        if matches!(self, Setup::SleepingParked | Setup::SleepingParkedAlongside) {
             Duration::ZERO
         } else {
             ginza_runtime::POLL_WHILE_IDLE
@@ -163,7 +169,7 @@ impl Setup {
         match self {
             Setup::Sleeping => "sleeping, server polls",
             Setup::SleepingParked => "sleeping, server parks",
-            Setup::SleepingParkedAlone => "…, not woken alongside",
+            Setup::SleepingParkedAlongside => "…, woken alongside",
             Setup::Spinning => "spinning, server polls",
             Setup::LinuxBlocking => "Linux, blocking",
         }
@@ -225,8 +231,8 @@ struct Mode {
 struct Report {
     sleeping: Mode,
     sleeping_parked: Mode,
-    /// `sleeping_parked` with `wake_alongside` off.
-    sleeping_parked_alone: Mode,
+    /// `sleeping_parked` with iokerneld's `wake_alongside` on.
+    sleeping_parked_alongside: Mode,
     spinning: Mode,
     linux_blocking: Mode,
     /// Which of `sleeping` and `sleeping_parked` a user gets by default,
@@ -316,7 +322,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     let report = Report {
         sleeping: mode(Setup::Sleeping)?,
         sleeping_parked: mode(Setup::SleepingParked)?,
-        sleeping_parked_alone: mode(Setup::SleepingParkedAlone)?,
+        sleeping_parked_alongside: mode(Setup::SleepingParkedAlongside)?,
         spinning: mode(Setup::Spinning)?,
         linux_blocking: mode(Setup::LinuxBlocking)?,
         default_setup,
@@ -339,7 +345,10 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     for (setup, m) in [
         (Setup::Sleeping, &report.sleeping),
         (Setup::SleepingParked, &report.sleeping_parked),
-        (Setup::SleepingParkedAlone, &report.sleeping_parked_alone),
+        (
+            Setup::SleepingParkedAlongside,
+            &report.sleeping_parked_alongside,
+        ),
         (Setup::Spinning, &report.spinning),
         (Setup::LinuxBlocking, &report.linux_blocking),
     ] {

@@ -162,10 +162,10 @@ pub struct MemcachedArgs {
     /// batch holds the server core whenever kv-server does not.
     #[arg(long)]
     iokernel_spin: bool,
-    /// Ginza: iokerneld's `wake_alongside` off (docs/iokernel-idle.md; it
+    /// Ginza: iokerneld's `wake_alongside` on (docs/iokernel-idle.md; it
     /// acts only when a frame ends a sleep).
     #[arg(long)]
-    iokernel_no_wake_alongside: bool,
+    iokernel_wake_alongside: bool,
     /// Ginza: kv-server's kthread parks when idle instead of polling
     /// (`poll_while_idle` = 0: the behaviour before idle polling,
     /// docs/idle-poll.md), for a before/after comparison.
@@ -456,7 +456,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
                 ginza_run: ginza_run.clone(),
                 iokernel_spin: args.iokernel_spin,
-                wake_alongside: !args.iokernel_no_wake_alongside,
+                wake_alongside: args.iokernel_wake_alongside,
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
             };

@@ -9,7 +9,7 @@
 //! slow_period = "1ms"      # period of the `slow` policy
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
 //! spin = false             # true: busy-poll even while idle (benchmarks)
-//! wake_alongside = true    # a frame wakes a parked kthread's core too
+//! wake_alongside = false   # true: a frame wakes a parked kthread's core too
 //! idle_after = "2ms"       # idle this long, then sleep until an event
 //! idle_sleep = "1ms"       # where it cannot sleep until an event: nap
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
@@ -355,7 +355,7 @@ pub struct Cli {
     pub idle_after: Option<Duration>,
     /// While asleep with a latency-critical kthread parked, wake that
     /// kthread's core alongside iokerneld when a frame comes (default
-    /// true).
+    /// false).
     #[arg(long)]
     pub wake_alongside: Option<bool>,
     /// Where it cannot sleep until an event (`--spin`, an application
@@ -460,7 +460,8 @@ impl Config {
             socket: user_socket_path(),
             spin: false,
             idle_after: DEFAULT_IDLE_AFTER,
-            wake_alongside: true,
+            // Off until measured on an idle machine (docs/iokernel-idle.md).
+            wake_alongside: false,
             idle_sleep: None,
             run_for: None,
             control_interval: Duration::from_micros(50),

@@ -200,11 +200,8 @@ impl<A: CoreActuator> Iokerneld<A> {
         }
         let timeout = self.sleep_timeout(now, end);
         let alongside = self.wake_alongside_cpu();
-        if let Ok(Some(nic)) = self.dp.nic_fd() {
-            self.idle.alongside.before_sleep(alongside, nic);
-        }
+        self.idle.alongside.before_sleep(alongside);
         self.sleep(timeout)?;
-        self.idle.alongside.after_sleep();
         self.announce(false);
         self.idle.since = None;
         self.idle.woke_at_frames = Some(self.dp.nic_frames());
@@ -303,6 +300,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 s.wakes_nic += u64::from(nic);
                 s.wakes_app += u64::from(bell);
                 s.wakes_control += u64::from(control);
+                idle.alongside.after_sleep(nic);
                 // Nothing ready and the time-out over (not a signal, which
                 // the loop reads next).
                 let timed_out =
@@ -322,7 +320,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 Ok(())
             }
-            Err(e) => Err(DaemonError::Poll(e)),
+            Err(e) => {
+                idle.alongside.after_sleep(false);
+                Err(DaemonError::Poll(e))
+            }
         };
         self.idle = idle;
         result
