@@ -1033,6 +1033,7 @@ fn hop_name(i: usize) -> &'static str {
     Hop::UDP_ECHO
         .iter()
         .chain(Hop::PROTECTED.iter())
+        .chain(Hop::FIRST_REQUEST.iter())
         .find(|h| **h as usize == i)
         .map_or("?", |h| h.name())
 }

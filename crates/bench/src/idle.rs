@@ -2,15 +2,17 @@
 //! its sleep and the server's idle state cost the first request after a
 //! quiet spell (docs/iokernel-idle.md, docs/idle-poll.md), beside Linux's.
 //!
-//! Each round runs four setups, in an order that turns from round to
-//! round: three start iokerneld on a veth's host end (AF_XDP, else
+//! Each round runs five setups, in an order that turns from round to
+//! round: four start iokerneld on a veth's host end (AF_XDP, else
 //! AF_PACKET) with a UDP echo server on a Ginza runtime registered, the
-//! fourth runs the kernel's echo on the same veth end:
+//! fifth runs the kernel's echo on the same veth end:
 //!
 //! * `sleeping`: iokerneld sleeps while idle, and the server's kthread
 //!   polls while idle (`poll_while_idle` = `POLL_WHILE_IDLE`);
 //! * `sleeping_parked`: the same with the server's kthread parking when
 //!   idle (`poll_while_idle` = 0: the behaviour before idle polling);
+//! * `sleeping_parked_alongside`: the same with iokerneld's
+//!   `wake_alongside` on (a frame wakes the parked kthread's CPU too);
 //! * `spinning`: iokerneld with `--spin`, the server polling while idle;
 //! * `linux_blocking`: no iokerneld; a Linux UDP echo server, one thread
 //!   blocked in `recvfrom` on a socket bound to an address of the veth's
@@ -33,23 +35,30 @@
 //!   server's kthread polls (if `--gap` is under its bound, 2 s) or has
 //!   parked, Linux's thread is blocked; the median of `--probes`.
 //!
+//! Each measured round trip is stamped hop by hop (`Hop::FIRST_REQUEST`,
+//! [`crate::first_spans`]): where its time went. The probe client is
+//! `--client` (polling by default) on `--client-cpu`.
+//!
 //! A figure is the median over rounds. Needs root, `ip` and `ethtool`.
 
 use std::fmt::Write as _;
+use std::io::ErrorKind;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
 
 use ginza_apps::echo_server::{self, EchoStats};
-use ginza_iokernel::netns::{udp_rtt_probe, NetNs};
+use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::InProcess;
 use ginza_net::MacAddr;
 use ginza_proto::parse_duration;
+use ginza_sys::hops::{self, Hop, Stamps};
 
+use crate::first_spans::{self, HopSpan};
 use crate::harness::app::App;
 use crate::harness::figures::{allowed_cpus, emit, median, round3};
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
@@ -78,6 +87,44 @@ pub struct IdleArgs {
     /// Quiet time before each measured round trip.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     gap: Duration,
+    /// How the probe client waits for its answer: `polling` (a
+    /// non-blocking socket read in a loop that yields its CPU between
+    /// reads: its CPU never halts, so the figure leaves out the client's
+    /// own wake) or `blocking` (blocked in `recv`: the figure includes the
+    /// client's own wake, as before Session 19).
+    #[arg(long, value_enum, default_value_t = ClientWait::Polling)]
+    client: ClientWait,
+    /// The CPU the probe client is pinned to, the same for every setup:
+    /// `iokernel` (iokerneld's CPU; Linux's server and the Ginza server
+    /// get the other one, so each server wakes on a CPU the client does
+    /// not keep awake), `server` (the server's CPU: then iokerneld's CPU
+    /// halts while idle) or `any` (not pinned).
+    #[arg(long, value_enum, default_value_t = ClientCpu::Iokernel)]
+    client_cpu: ClientCpu,
+}
+
+/// How the probe client waits for its answer.
+#[derive(clap::ValueEnum, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum ClientWait {
+    Polling,
+    Blocking,
+}
+
+/// Where the probe client runs.
+#[derive(clap::ValueEnum, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum ClientCpu {
+    Iokernel,
+    Server,
+    Any,
+}
+
+/// The probe client: how it waits, and its CPU (None: not pinned).
+#[derive(Clone, Copy, Debug)]
+struct Client {
+    wait: ClientWait,
+    cpu: Option<usize>,
 }
 
 /// Who serves, and how iokerneld and the server spend an idle spell.
@@ -86,14 +133,16 @@ pub struct IdleArgs {
 enum Setup {
     Sleeping,
     SleepingParked,
+    SleepingParkedAlongside,
     Spinning,
     LinuxBlocking,
 }
 
 impl Setup {
-    const ALL: [Setup; 4] = [
+    const ALL: [Setup; 5] = [
         Setup::Sleeping,
         Setup::SleepingParked,
+        Setup::SleepingParkedAlongside,
         Setup::Spinning,
         Setup::LinuxBlocking,
     ];
@@ -102,9 +151,14 @@ impl Setup {
         self == Setup::Spinning
     }
 
+    /// iokerneld's `wake_alongside` (off by default).
+    fn wake_alongside(self) -> bool {
+        self == Setup::SleepingParkedAlongside
+    }
+
     /// The server's `poll_while_idle`.
     fn poll_while_idle(self) -> Duration {
-        if self == Setup::SleepingParked {
+        if matches!(self, Setup::SleepingParked | Setup::SleepingParkedAlongside) {
             Duration::ZERO
         } else {
             ginza_runtime::POLL_WHILE_IDLE
@@ -115,6 +169,7 @@ impl Setup {
         match self {
             Setup::Sleeping => "sleeping, server polls",
             Setup::SleepingParked => "sleeping, server parks",
+            Setup::SleepingParkedAlongside => "…, woken alongside",
             Setup::Spinning => "spinning, server polls",
             Setup::LinuxBlocking => "Linux, blocking",
         }
@@ -146,8 +201,16 @@ struct Round {
     /// none without iokerneld.
     sleeps: Option<u64>,
     wakes: Option<[u64; 5]>,
+    /// During the measured round trips: frames that woke iokerneld's
+    /// companion on the server's core (`wake_alongside`), and its spin
+    /// after them in all, µs; none without iokerneld.
+    alongside_wakes: Option<u64>,
+    alongside_spin_us: Option<f64>,
     /// Each measured round trip, µs (null: unanswered within 1 s).
     first_rtt_us: Vec<Option<f64>>,
+    /// Each measured round trip's hop stamps (TSC ticks, 0: not passed;
+    /// `ginza_sys::hops::Hop` order).
+    stamps: Vec<Stamps>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -155,12 +218,21 @@ struct Mode {
     loop_cpu_pct: Option<f64>,
     server_cpu_pct: f64,
     first_rtt_us_p50: f64,
+    /// Where the time went: each hop's span over every measured round
+    /// trip of the setup, all rounds pooled (medians).
+    spans: Vec<HopSpan>,
+    /// Measured round trips that found iokerneld asleep (it stamped its
+    /// wake), and that woke a parked kthread (it stamped its run).
+    iokernel_woke: usize,
+    kthread_woke: usize,
 }
 
 #[derive(Serialize, Debug)]
 struct Report {
     sleeping: Mode,
     sleeping_parked: Mode,
+    /// `sleeping_parked` with iokerneld's `wake_alongside` on.
+    sleeping_parked_alongside: Mode,
     spinning: Mode,
     linux_blocking: Mode,
     /// Which of `sleeping` and `sleeping_parked` a user gets by default,
@@ -169,6 +241,14 @@ struct Report {
     default: Mode,
     idle_s: f64,
     gap_ms: f64,
+    client: ClientWait,
+    /// The CPU the probe client was pinned to (null: not pinned), and
+    /// iokerneld's and the server's.
+    client_cpu: Option<usize>,
+    iokernel_cpu: usize,
+    server_cpu: usize,
+    /// The stamps' rate.
+    ticks_per_us: f64,
     rounds: Vec<Round>,
 }
 
@@ -179,24 +259,39 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
         iokernel: cpus[0],
         app: cpus[1],
     };
+    let client = Client {
+        wait: args.client,
+        cpu: match args.client_cpu {
+            ClientCpu::Iokernel => Some(cpus.iokernel),
+            ClientCpu::Server => Some(cpus.app),
+            ClientCpu::Any => None,
+        },
+    };
     let ns = NetNs::create().context("the round trips run over a veth pair")?;
+    // Every party stamps its hops (a relaxed load and a store on a shared
+    // line each: tens of nanoseconds against the 100 µs measured).
+    hops::enable(true);
+    let ticks_per_us = hops::ticks_per_us(Duration::from_millis(20));
     let mut rounds = Vec::new();
     for r in 0..args.rounds {
         // Turn which mode goes first.
         for i in 0..Setup::ALL.len() {
             let setup = Setup::ALL[(i + r as usize) % Setup::ALL.len()];
-            let round = measure(&ns, cpus, setup, &args)?;
+            let round = measure(&ns, cpus, setup, client, &args)?;
             let iokerneld = match (round.loop_cpu_pct, round.sleeps, round.wakes) {
                 (Some(cpu), Some(sleeps), Some(wakes)) => format!(
-                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}, "
+                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}, woken alongside {:?} ({:?} µs spun), ",
+                    round.alongside_wakes.unwrap_or(0),
+                    round.alongside_spin_us.unwrap_or(0.0)
                 ),
                 _ => "no iokerneld, ".to_string(),
             };
             eprintln!(
-                "round {r} {}: {iokerneld}server {:.2} %; first round trips {:?} µs",
+                "round {r} {}: {iokerneld}server {:.2} %; first round trips {:?} µs\n  spans µs: {}",
                 setup.name(),
                 round.server_cpu_pct,
-                round.first_rtt_us
+                round.first_rtt_us,
+                first_spans::line(&first_spans::median_spans(&round.stamps, ticks_per_us))
             );
             rounds.push(round);
         }
@@ -212,33 +307,48 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
                 median(&answered).unwrap_or(f64::NAN)
             })
             .collect();
+        let stamps: Vec<Stamps> = of.iter().flat_map(|r| r.stamps.iter().copied()).collect();
+        let passed = |h: Hop| stamps.iter().filter(|s| s[h as usize] != 0).count();
         Ok(Mode {
             loop_cpu_pct: median(&cpu).map(round3),
             server_cpu_pct: round3(median(&server).context("no round")?),
             first_rtt_us_p50: round3(median(&rtt).context("no round")?),
+            spans: first_spans::median_spans(&stamps, ticks_per_us),
+            iokernel_woke: passed(Hop::IokernelWoke),
+            kthread_woke: passed(Hop::KthreadRuns),
         })
     };
     let default_setup = Setup::default_ginza();
     let report = Report {
         sleeping: mode(Setup::Sleeping)?,
         sleeping_parked: mode(Setup::SleepingParked)?,
+        sleeping_parked_alongside: mode(Setup::SleepingParkedAlongside)?,
         spinning: mode(Setup::Spinning)?,
         linux_blocking: mode(Setup::LinuxBlocking)?,
         default_setup,
         default: mode(default_setup)?,
         idle_s: args.idle.as_secs_f64(),
         gap_ms: args.gap.as_secs_f64() * 1e3,
+        client: args.client,
+        client_cpu: client.cpu,
+        iokernel_cpu: cpus.iokernel,
+        server_cpu: cpus.app,
+        ticks_per_us,
         rounds,
     };
     let mut table = String::new();
     writeln!(
         table,
-        "idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {})",
-        args.rounds, args.idle, args.gap, args.probes
+        "idle ({} rounds; CPU over {:?} idle; round trip after {:?} quiet, median of {}; client {:?} on CPU {:?}, iokerneld on {}, server on {})",
+        args.rounds, args.idle, args.gap, args.probes, args.client, client.cpu, cpus.iokernel, cpus.app
     )?;
     for (setup, m) in [
         (Setup::Sleeping, &report.sleeping),
         (Setup::SleepingParked, &report.sleeping_parked),
+        (
+            Setup::SleepingParkedAlongside,
+            &report.sleeping_parked_alongside,
+        ),
         (Setup::Spinning, &report.spinning),
         (Setup::LinuxBlocking, &report.linux_blocking),
     ] {
@@ -253,14 +363,28 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             m.first_rtt_us_p50,
             if setup == default_setup { "   (the default)" } else { "" }
         )?;
+        writeln!(
+            table,
+            "    iokerneld woke in {}, a parked kthread in {}; spans µs (trips): {}",
+            m.iokernel_woke,
+            m.kthread_woke,
+            first_spans::line(&m.spans)
+        )?;
     }
     emit(args.json, &table, &report)
 }
 
 /// One setup: the server, the idle window, the probes.
-fn measure(ns: &NetNs, cpus: Cpus, setup: Setup, args: &IdleArgs) -> anyhow::Result<Round> {
+fn measure(
+    ns: &NetNs,
+    cpus: Cpus,
+    setup: Setup,
+    client: Client,
+    args: &IdleArgs,
+) -> anyhow::Result<Round> {
     if setup == Setup::LinuxBlocking {
-        let (server_cpu_pct, first_rtt_us) = linux_blocking(ns, cpus.app, args)?;
+        let (server_cpu_pct, first) = linux_blocking(ns, cpus.app, client, args)?;
+        let (first_rtt_us, stamps) = first.into_iter().unzip();
         return Ok(Round {
             setup,
             backend: "kernel".to_string(),
@@ -268,18 +392,23 @@ fn measure(ns: &NetNs, cpus: Cpus, setup: Setup, args: &IdleArgs) -> anyhow::Res
             server_cpu_pct: round3(server_cpu_pct),
             sleeps: None,
             wakes: None,
+            alongside_wakes: None,
+            alongside_spin_us: None,
             first_rtt_us,
+            stamps,
         });
     }
     let configure = |cfg: &mut ginza_iokernel::Config| {
         cfg.spin = setup.spin();
+        cfg.wake_alongside = setup.wake_alongside();
         cfg.idle_sleep = None;
         Ok(())
     };
-    let (backend, ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), first_rtt_us)) =
+    let (backend, ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), (alongside, first))) =
         with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-            serve(ns, iokerneld, setup, args)
+            serve(ns, iokerneld, setup, client, args)
         })?;
+    let (first_rtt_us, stamps) = first.into_iter().unzip();
     Ok(Round {
         setup,
         backend,
@@ -287,12 +416,19 @@ fn measure(ns: &NetNs, cpus: Cpus, setup: Setup, args: &IdleArgs) -> anyhow::Res
         server_cpu_pct: round3(server_cpu_pct),
         sleeps: Some(sleeps),
         wakes: Some(wakes),
+        alongside_wakes: Some(alongside.0),
+        alongside_spin_us: Some(round3(alongside.1 as f64 / 1e3)),
         first_rtt_us,
+        stamps,
     })
 }
 
-/// (loop, rest of the process) CPU %, sleeps and wakes, round trips.
-type Measured = ((f64, f64), (u64, [u64; 5]), Vec<Option<f64>>);
+/// (loop, rest of the process) CPU %, sleeps and wakes, the companion's
+/// wakes and spin (ns) during the round trips, and the round trips.
+type Measured = ((f64, f64), (u64, [u64; 5]), ((u64, u64), Vec<Trip>));
+
+/// One round trip: µs if answered within 1 s, and its hop stamps.
+type Trip = (Option<f64>, Stamps);
 
 /// Linux's `USER_HZ`: the unit of `/proc/self/stat`'s CPU times.
 const NS_PER_TICK: f64 = 10_000_000.0;
@@ -301,6 +437,7 @@ fn serve(
     ns: &NetNs,
     iokerneld: &InProcess,
     setup: Setup,
+    client: Client,
     args: &IdleArgs,
 ) -> anyhow::Result<Measured> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -317,17 +454,22 @@ fn serve(
         tune,
         move || echo_server::serve_udp(ECHO_PORT, s2, stats),
     )?;
-    let result = probe_idle(ns, iokerneld, args);
+    let result = probe_idle(ns, iokerneld, client, args);
     stop.store(true, Ordering::Relaxed);
     // The server returns at its next request or timer.
-    let _ = trips(ns, ns.peer_ip, 1);
+    let _ = trips(ns, ns.peer_ip, 1, client);
     let _ = server.join();
     result
 }
 
-fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Result<Measured> {
+fn probe_idle(
+    ns: &NetNs,
+    iokerneld: &InProcess,
+    client: Client,
+    args: &IdleArgs,
+) -> anyhow::Result<Measured> {
     let target = ns.peer_ip;
-    warm_up(ns, target)?;
+    warm_up(ns, target, client)?;
     let s0 = iokerneld.stats()?;
     let p0 = process_ticks()?;
     std::thread::sleep(args.idle);
@@ -345,30 +487,42 @@ fn probe_idle(ns: &NetNs, iokerneld: &InProcess, args: &IdleArgs) -> anyhow::Res
         b.wakes_timer.saturating_sub(a.wakes_timer),
         b.wakes_handle.saturating_sub(a.wakes_handle),
     ];
-    let first = first_trips(ns, target, args)?;
+    let first = first_trips(ns, target, client, args)?;
+    let s2 = iokerneld.stats()?;
+    let alongside = (
+        s2.idle.alongside_wakes.saturating_sub(b.alongside_wakes),
+        s2.idle
+            .alongside_spin_ns
+            .saturating_sub(b.alongside_spin_ns),
+    );
     Ok((
         (cpu / wall * 100.0, rest / wall * 100.0),
         (sleeps, wakes),
-        first,
+        (alongside, first),
     ))
 }
 
 /// Round trips before the measured ones; at least one answered.
-fn warm_up(ns: &NetNs, target: Ipv4Addr) -> anyhow::Result<()> {
-    let warm = trips(ns, target, WARMUP)?;
+fn warm_up(ns: &NetNs, target: Ipv4Addr, client: Client) -> anyhow::Result<()> {
+    let warm = trips(ns, target, WARMUP, client)?;
     anyhow::ensure!(
-        warm.iter().any(Option::is_some),
+        warm.iter().any(|t| t.0.is_some()),
         "the echo server at {target} answered none of {WARMUP} round trips"
     );
     Ok(())
 }
 
 /// `--probes` round trips, each after `--gap` of quiet.
-fn first_trips(ns: &NetNs, target: Ipv4Addr, args: &IdleArgs) -> anyhow::Result<Vec<Option<f64>>> {
+fn first_trips(
+    ns: &NetNs,
+    target: Ipv4Addr,
+    client: Client,
+    args: &IdleArgs,
+) -> anyhow::Result<Vec<Trip>> {
     let mut first = Vec::new();
     for _ in 0..args.probes {
         std::thread::sleep(args.gap);
-        first.extend(trips(ns, target, 1)?);
+        first.extend(trips(ns, target, 1, client)?);
     }
     Ok(first)
 }
@@ -381,20 +535,22 @@ fn first_trips(ns: &NetNs, target: Ipv4Addr, args: &IdleArgs) -> anyhow::Result<
 fn linux_blocking(
     ns: &NetNs,
     cpu: usize,
+    client: Client,
     args: &IdleArgs,
-) -> anyhow::Result<(f64, Vec<Option<f64>>)> {
+) -> anyhow::Result<(f64, Vec<Trip>)> {
     let host = ns
         .add_host_address(3)
         .with_context(|| format!("a Linux address on {}", ns.host_if))?;
-    linux_echo_measured(ns, host.ip, cpu, args)
+    linux_echo_measured(ns, host.ip, cpu, client, args)
 }
 
 fn linux_echo_measured(
     ns: &NetNs,
     ip: Ipv4Addr,
     cpu: usize,
+    client: Client,
     args: &IdleArgs,
-) -> anyhow::Result<(f64, Vec<Option<f64>>)> {
+) -> anyhow::Result<(f64, Vec<Trip>)> {
     let addr = SocketAddrV4::new(ip, ECHO_PORT);
     let socket = UdpSocket::bind(addr).with_context(|| format!("binding {addr}"))?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -411,15 +567,15 @@ fn linux_echo_measured(
             }
             Ok(())
         })?;
-    let measured = (|| -> anyhow::Result<(f64, Vec<Option<f64>>)> {
-        warm_up(ns, ip)?;
+    let measured = (|| -> anyhow::Result<(f64, Vec<Trip>)> {
+        warm_up(ns, ip, client)?;
         let t0 = std::time::Instant::now();
         let p0 = process_ticks()?;
         std::thread::sleep(args.idle);
         let p1 = process_ticks()?;
         let wall = t0.elapsed().as_nanos().max(1) as f64;
         let cpu_pct = p1.saturating_sub(p0) as f64 * NS_PER_TICK / wall * 100.0;
-        Ok((cpu_pct, first_trips(ns, ip, args)?))
+        Ok((cpu_pct, first_trips(ns, ip, client, args)?))
     })();
     stop.store(true, Ordering::Relaxed);
     // The thread returns after one more datagram.
@@ -437,14 +593,63 @@ fn process_ticks() -> anyhow::Result<u64> {
 }
 
 /// `n` round trips from a fresh socket in the namespace to the echo server
-/// at `ip`, µs.
-fn trips(ns: &NetNs, ip: Ipv4Addr, n: usize) -> anyhow::Result<Vec<Option<f64>>> {
+/// at `ip`, one at a time, each waited for as `client` says (a reply
+/// unanswered within [`REPLY_TIMEOUT`] is lost), on `client`'s CPU.
+fn trips(ns: &NetNs, ip: Ipv4Addr, n: usize, client: Client) -> anyhow::Result<Vec<Trip>> {
     let bind = SocketAddrV4::new(ns.ns_ip, 0);
     let target = SocketAddrV4::new(ip, ECHO_PORT);
-    let rtts =
-        ns.run_in(move || udp_rtt_probe(bind, target, n, PAYLOAD, Duration::from_secs(1)))??;
-    Ok(rtts
-        .into_iter()
-        .map(|r| r.map(|d| d.as_secs_f64() * 1e6))
-        .collect())
+    Ok(ns.run_in(move || ping(bind, target, n, client))??)
+}
+
+/// The longest wait for one reply.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn ping(
+    bind: SocketAddrV4,
+    target: SocketAddrV4,
+    n: usize,
+    client: Client,
+) -> std::io::Result<Vec<Trip>> {
+    if let Some(cpu) = client.cpu {
+        ginza_sys::affinity::pin_current_thread(cpu)?;
+    }
+    let socket = UdpSocket::bind(bind)?;
+    socket.connect(target)?;
+    match client.wait {
+        ClientWait::Polling => socket.set_nonblocking(true)?,
+        ClientWait::Blocking => socket.set_read_timeout(Some(REPLY_TIMEOUT))?,
+    }
+    let mut payload = [0u8; PAYLOAD];
+    let mut reply = [0u8; 2048];
+    let mut out = Vec::with_capacity(n);
+    for sequence in 0..n as u64 {
+        payload[..8].copy_from_slice(&sequence.to_le_bytes());
+        hops::begin();
+        let start = Instant::now();
+        socket.send(&payload)?;
+        let mut rtt = None;
+        while start.elapsed() < REPLY_TIMEOUT {
+            match socket.recv(&mut reply) {
+                Ok(len) if len >= 8 && reply[..8] == sequence.to_le_bytes() => {
+                    rtt = Some(start.elapsed().as_secs_f64() * 1e6);
+                    hops::stamp(Hop::ClientRecv);
+                    break;
+                }
+                // A late reply to an earlier datagram.
+                Ok(_) => {}
+                // Yields between reads: a thread woken on its CPU gets it.
+                // (Under `SCHED_IDLE` instead, tried in Session 19, a
+                // loaded machine starved the client for milliseconds.)
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock && client.wait == ClientWait::Polling =>
+                {
+                    std::thread::yield_now()
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        out.push((rtt, hops::current()));
+    }
+    Ok(out)
 }

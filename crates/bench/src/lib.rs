@@ -12,6 +12,7 @@ mod colocate;
 mod corealloc;
 pub mod demo;
 pub(crate) mod experiment;
+mod first_spans;
 mod forward;
 pub mod fuzz;
 mod harness;

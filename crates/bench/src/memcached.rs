@@ -176,6 +176,10 @@ pub struct MemcachedArgs {
     /// batch holds the server core whenever kv-server does not.
     #[arg(long)]
     iokernel_spin: bool,
+    /// Ginza: iokerneld's `wake_alongside` on (docs/iokernel-idle.md; it
+    /// acts only when a frame ends a sleep).
+    #[arg(long)]
+    iokernel_wake_alongside: bool,
     /// Ginza: kv-server's kthread parks when idle instead of polling
     /// (`poll_while_idle` = 0: the behaviour before idle polling,
     /// docs/idle-poll.md), for a before/after comparison.
@@ -285,6 +289,8 @@ pub struct PointConfig {
     pub ginza_run: Option<GinzaRun>,
     /// Ginza: iokerneld's `spin` (never sleep while idle).
     pub iokernel_spin: bool,
+    /// Ginza: iokerneld's `wake_alongside`.
+    pub wake_alongside: bool,
     /// Ginza: kv-server parks when idle (`poll_while_idle` = 0).
     pub kv_park: bool,
     /// Ginza: batch on a thread of the bench, not a process of its own.
@@ -501,6 +507,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
                 ginza_run: ginza_run.clone(),
                 iokernel_spin: args.iokernel_spin,
+                wake_alongside: args.iokernel_wake_alongside,
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
             };
@@ -806,6 +813,7 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         icfg.policy = cfg.allocator;
         icfg.local_wake_wait = cfg.local_wake;
         icfg.spin = cfg.iokernel_spin;
+        icfg.wake_alongside = cfg.wake_alongside;
         Ok(())
     };
     if cfg.system.direct() {

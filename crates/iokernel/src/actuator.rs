@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use ginza_shm::{GrantDelivery, PreemptReason, QueueLine, WakePage, WakeWord};
 
+use ginza_sys::hops::{self, Hop};
 use ginza_sys::{affinity, eventfd, signal};
 
 /// The signal that asks a kthread to give its core back.
@@ -98,6 +99,7 @@ impl LinuxActuator {
 
 impl CoreActuator for LinuxActuator {
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery> {
+        hops::stamp(Hop::Granted);
         // The affinity first, so the thread wakes up on its core. Before the
         // kthread reported its tid there is nothing to pin; the wake still
         // goes out. A managed kthread never changes its own affinity

@@ -9,6 +9,7 @@
 //! slow_period = "1ms"      # period of the `slow` policy
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
 //! spin = false             # true: busy-poll even while idle (benchmarks)
+//! wake_alongside = false   # true: a frame wakes a parked kthread's core too
 //! idle_after = "2ms"       # idle this long, then sleep until an event
 //! idle_sleep = "1ms"       # where it cannot sleep until an event: nap
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
@@ -86,6 +87,11 @@ pub struct Config {
     /// traffic, the loop sleeps until an event (a frame on the NIC, an
     /// application's bell, the control socket, a deadline it owes).
     pub idle_after: Duration,
+    /// While it sleeps with a latency-critical kthread parked, a companion
+    /// thread waits on the NIC's socket on the core that kthread would be
+    /// granted, so that a frame wakes both CPUs at once
+    /// (docs/iokernel-idle.md, "The first request after a quiet spell").
+    pub wake_alongside: bool,
     /// Where the loop cannot sleep until an event (`spin`, or an
     /// application registered without a bell): nap this long in `ppoll`
     /// (woken early by the control socket) when nothing is runnable;
@@ -288,6 +294,7 @@ struct FileConfig {
     slow_period: Option<String>,
     socket: Option<PathBuf>,
     spin: Option<bool>,
+    wake_alongside: Option<bool>,
     idle_after: Option<String>,
     idle_sleep: Option<String>,
     run_for: Option<String>,
@@ -346,6 +353,11 @@ pub struct Cli {
     /// Idle this long before sleeping until an event (default 2ms).
     #[arg(long, value_parser = parse_duration)]
     pub idle_after: Option<Duration>,
+    /// While asleep with a latency-critical kthread parked, wake that
+    /// kthread's core alongside iokerneld when a frame comes (default
+    /// false).
+    #[arg(long)]
+    pub wake_alongside: Option<bool>,
     /// Where it cannot sleep until an event (`--spin`, an application
     /// without a bell): nap this long instead of spinning while idle.
     #[arg(long, value_parser = parse_duration)]
@@ -448,6 +460,8 @@ impl Config {
             socket: user_socket_path(),
             spin: false,
             idle_after: DEFAULT_IDLE_AFTER,
+            // Off until measured on an idle machine (docs/iokernel-idle.md).
+            wake_alongside: false,
             idle_sleep: None,
             run_for: None,
             control_interval: Duration::from_micros(50),
@@ -532,6 +546,9 @@ impl Config {
             c.socket = s;
         }
         c.spin = cli.spin || file.spin.unwrap_or(false);
+        if let Some(w) = cli.wake_alongside.or(file.wake_alongside) {
+            c.wake_alongside = w;
+        }
         if let Some(a) = cli
             .idle_after
             .or(dur("idle_after", file.idle_after.as_ref())?)

@@ -62,6 +62,7 @@ mod protected;
 mod publish;
 mod stats;
 mod tx_yield;
+mod wake_alongside;
 
 use pass::{Handover, PassKind};
 use stats::Meter;

@@ -148,6 +148,9 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
         };
     }
     word.awake();
+    if granted {
+        ginza_sys::hops::stamp(ginza_sys::hops::Hop::KthreadRuns);
+    }
     let decided = owner.drain_from_iokernel();
     if granted {
         bump(&k.stats.grants);

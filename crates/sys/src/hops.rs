@@ -54,6 +54,13 @@ pub enum Hop {
     NetstackCommandIn,
     /// The netstack put the answer's frame on its egress ring.
     NetstackFrameOut,
+    /// iokerneld's `ppoll` returned: it had slept while idle
+    /// (docs/iokernel-idle.md).
+    IokernelWoke,
+    /// iokerneld granted a kthread a core (before its wake goes out).
+    Granted,
+    /// A parked kthread runs again after its grant (its wait returned).
+    KthreadRuns,
     /// The client has the answer.
     ClientRecv,
 }
@@ -67,6 +74,24 @@ impl Hop {
         Hop::ClientSend,
         Hop::NicRx,
         Hop::Delivered,
+        Hop::Picked,
+        Hop::Replied,
+        Hop::Egress,
+        Hop::Kick,
+        Hop::Kicked,
+        Hop::ClientRecv,
+    ];
+
+    /// The first UDP echo after a quiet spell, in path order: iokerneld
+    /// may have slept and the server's kthread parked, so its path
+    /// passes their wakes too (`ginza bench idle`).
+    pub const FIRST_REQUEST: [Hop; 12] = [
+        Hop::ClientSend,
+        Hop::IokernelWoke,
+        Hop::NicRx,
+        Hop::Delivered,
+        Hop::Granted,
+        Hop::KthreadRuns,
         Hop::Picked,
         Hop::Replied,
         Hop::Egress,
@@ -106,6 +131,9 @@ impl Hop {
             Hop::AppSendOut => "app_send_out",
             Hop::NetstackCommandIn => "netstack_command_in",
             Hop::NetstackFrameOut => "netstack_frame_out",
+            Hop::IokernelWoke => "iokernel_woke",
+            Hop::Granted => "granted",
+            Hop::KthreadRuns => "kthread_runs",
             Hop::ClientRecv => "client_recv",
         }
     }

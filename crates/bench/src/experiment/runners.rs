@@ -1118,6 +1118,7 @@ fn memcached_point(
         ginza_run: None,
         // As `bench memcached` by default: iokerneld may sleep while idle.
         iokernel_spin: false,
+        wake_alongside: false,
         // As the runtime runs by default: kv-server polls while idle.
         kv_park: false,
         // As deployed: batch a process of its own.
