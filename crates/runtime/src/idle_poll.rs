@@ -27,6 +27,17 @@
 //! kthread parks at once: beside batch, polling would only hold the core
 //! until the next pass took it back.
 //!
+//! iokerneld sees only Ginza applications; a client, a build or a kernel
+//! worker on the same CPU would wait behind the poller until Linux's time
+//! slice ran out, for every request it makes. So when a turn of the
+//! polling loop comes [`OFF_CPU_GAP`] or more after the one before (the
+//! thread was off its CPU: a kernel thread's few microseconds do not
+//! count), the poller asks Linux whether it switched the thread out for
+//! another task (its involuntary context switches; a hypervisor that
+//! stole the vCPU does not count either). If so, the CPU has another
+//! taker: the kthread parks, and does not poll again for
+//! [`YIELD_BACKOFF`] (it parks as without the option).
+//!
 //! A kthread that polls does not keep a sleeping iokerneld awake
 //! (docs/iokernel-idle.md); one that runs work does. So each change of the
 //! flag is followed by the bell's check: iokerneld announces its sleep,
@@ -41,6 +52,17 @@ use ginza_shm::LineFlags;
 use crate::link::KLink;
 use crate::sched::{bump, KThread};
 
+/// A gap between two turns of the polling loop that says the thread was
+/// off its CPU for another task's time slice, not a kernel thread's
+/// moment.
+const OFF_CPU_GAP: Duration = Duration::from_micros(500);
+
+/// How long a poller that was switched out for another task parks
+/// instead of polling: long enough that a task contending for the CPU
+/// (which waited a time slice for it) loses little, as on a CPU shared
+/// with a client that connects and sends all the time.
+const YIELD_BACKOFF: Duration = Duration::from_secs(1);
+
 /// One look-for-work loop's polling state; dropping it leaves the state.
 pub(crate) struct IdlePoll<'a> {
     k: &'a KThread,
@@ -48,6 +70,9 @@ pub(crate) struct IdlePoll<'a> {
     pollers: &'a AtomicUsize,
     bound: Duration,
     on: bool,
+    /// The thread's involuntary switches when it began polling.
+    switches_at_start: u64,
+    last_turn: Instant,
 }
 
 impl<'a> IdlePoll<'a> {
@@ -66,6 +91,8 @@ impl<'a> IdlePoll<'a> {
             pollers: &rt.idle_pollers,
             bound: cfg.poll_while_idle,
             on: false,
+            switches_at_start: 0,
+            last_turn: Instant::now(),
         })
     }
 
@@ -84,34 +111,62 @@ impl<'a> IdlePoll<'a> {
         if now.duration_since(quiet_since) >= self.bound {
             return false;
         }
-        if !self.on {
-            // Another application waits for this core (iokerneld's mark):
-            // it is theirs now, not at the pass that would take it back.
-            // Once polling, iokerneld's take-back answers that instead.
-            if self.io.line.flags().contains(LineFlags::CORE_WANTED) {
-                return false;
-            }
-            // One poller per application: the others park.
-            if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
-                return false;
-            }
-            let was = self.io.line.insert_flags(LineFlags::IDLE_POLLING);
-            if was.contains(LineFlags::PREEMPT_PENDING) {
-                // Preempted before it polled, as a kthread that runs work:
-                // it gives the core back as such (iokerneld waits for it).
-                self.io.line.remove_flags(LineFlags::IDLE_POLLING);
-                self.pollers.fetch_sub(1, SeqCst);
-                self.k.revoke_requested.store(true, SeqCst);
-                return false;
-            }
-            self.on = true;
-            bump(&self.k.stats.idle_polls);
-            self.io.wake_iokernel();
+        if self.on {
+            return !self.switched_out(now);
         }
+        if self.k.poll_yielded_until.get().is_some_and(|t| now < t) {
+            return false;
+        }
+        // Another application waits for this core (iokerneld's mark):
+        // it is theirs now, not at the pass that would take it back.
+        // Once polling, iokerneld's take-back answers that instead.
+        if self.io.line.flags().contains(LineFlags::CORE_WANTED) {
+            return false;
+        }
+        // One poller per application: the others park.
+        if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+            return false;
+        }
+        let was = self.io.line.insert_flags(LineFlags::IDLE_POLLING);
+        if was.contains(LineFlags::PREEMPT_PENDING) {
+            // Preempted before it polled, as a kthread that runs work:
+            // it gives the core back as such (iokerneld waits for it).
+            self.io.line.remove_flags(LineFlags::IDLE_POLLING);
+            self.pollers.fetch_sub(1, SeqCst);
+            self.k.revoke_requested.store(true, SeqCst);
+            return false;
+        }
+        self.on = true;
+        bump(&self.k.stats.idle_polls);
+        self.io.wake_iokernel();
+        // Unknown (an error): never counts as switched out.
+        self.switches_at_start =
+            ginza_sys::sched_stat::involuntary_switches_of_current().unwrap_or(u64::MAX);
+        self.last_turn = now;
         // No `sched_yield` here: it hands the CPU to any other thread
         // runnable there for a whole time slice (milliseconds), during which
         // the flag goes unread and the batch kthread that is to get the
         // core, under SCHED_IDLE, cannot run either (docs/idle-poll.md).
+        true
+    }
+
+    /// Whether Linux switched the polling thread out for another task's
+    /// time slice (asked only after a turn [`OFF_CPU_GAP`] late): then it
+    /// is to park, and not poll for [`YIELD_BACKOFF`].
+    fn switched_out(&mut self, now: Instant) -> bool {
+        let gap = now.duration_since(self.last_turn);
+        self.last_turn = now;
+        if gap < OFF_CPU_GAP || self.switches_at_start == u64::MAX {
+            return false;
+        }
+        let Ok(n) = ginza_sys::sched_stat::involuntary_switches_of_current() else {
+            return false;
+        };
+        if n == self.switches_at_start {
+            return false;
+        }
+        bump(&self.k.stats.idle_poll_yields);
+        self.k.poll_yielded_until.set(Some(now + YIELD_BACKOFF));
         true
     }
 
