@@ -29,14 +29,14 @@
 //!
 //! iokerneld sees only Ginza applications; a client, a build or a kernel
 //! worker on the same CPU would wait behind the poller until Linux's time
-//! slice ran out, for every request it makes. So when a turn of the
-//! polling loop comes [`OFF_CPU_GAP`] or more after the one before (the
-//! thread was off its CPU: a kernel thread's few microseconds do not
-//! count), the poller asks Linux whether it switched the thread out for
-//! another task (its involuntary context switches; a hypervisor that
-//! stole the vCPU does not count either). If so, the CPU has another
-//! taker: the kthread parks, and does not poll again for
-//! [`YIELD_BACKOFF`] (it parks as without the option).
+//! slice ran out, for every request it makes. So the poller counts the
+//! time it was off its CPU (gaps between turns of its loop of
+//! [`OFF_CPU_GAP`] or more) over windows of [`SHARE_WINDOW`]; when it lost
+//! [`SHARE_LOST`] of a window or more and Linux says it switched the thread
+//! out for another task meanwhile (its involuntary context switches: a
+//! hypervisor that stole the vCPU does not count), the CPU has another
+//! taker, not a kernel thread's moment: the kthread parks, and does not
+//! poll again for [`YIELD_BACKOFF`] (it parks as without the option).
 //!
 //! A kthread that polls does not keep a sleeping iokerneld awake
 //! (docs/iokernel-idle.md); one that runs work does. So each change of the
@@ -50,12 +50,18 @@ use std::time::{Duration, Instant};
 use ginza_shm::LineFlags;
 
 use crate::link::KLink;
-use crate::sched::{bump, KThread};
+use crate::sched::{bump, KThread, PollShare};
 
-/// A gap between two turns of the polling loop that says the thread was
-/// off its CPU for another task's time slice, not a kernel thread's
-/// moment.
-const OFF_CPU_GAP: Duration = Duration::from_micros(500);
+/// A gap between two turns of the polling loop that counts as time off
+/// the CPU (a turn takes a few microseconds).
+const OFF_CPU_GAP: Duration = Duration::from_micros(50);
+
+/// The window over which a poller counts its time off the CPU.
+const SHARE_WINDOW: Duration = Duration::from_millis(100);
+
+/// The share of a window lost to other tasks that makes a poller park:
+/// a task that contends for the CPU gets about half of it from Linux.
+const SHARE_LOST: f64 = 0.25;
 
 /// How long a poller that was switched out for another task parks
 /// instead of polling: long enough that a task contending for the CPU
@@ -70,8 +76,6 @@ pub(crate) struct IdlePoll<'a> {
     pollers: &'a AtomicUsize,
     bound: Duration,
     on: bool,
-    /// The thread's involuntary switches when it began polling.
-    switches_at_start: u64,
     last_turn: Instant,
 }
 
@@ -91,7 +95,6 @@ impl<'a> IdlePoll<'a> {
             pollers: &rt.idle_pollers,
             bound: cfg.poll_while_idle,
             on: false,
-            switches_at_start: 0,
             last_turn: Instant::now(),
         })
     }
@@ -139,10 +142,11 @@ impl<'a> IdlePoll<'a> {
         self.on = true;
         bump(&self.k.stats.idle_polls);
         self.io.wake_iokernel();
-        // Unknown (an error): never counts as switched out.
-        self.switches_at_start =
-            ginza_sys::sched_stat::involuntary_switches_of_current().unwrap_or(u64::MAX);
+        // The time it ran work since its last spell is not time lost.
         self.last_turn = now;
+        if self.k.poll_share.get().window_start.is_none() {
+            self.k.poll_share.set(PollShare::started(now));
+        }
         // No `sched_yield` here: it hands the CPU to any other thread
         // runnable there for a whole time slice (milliseconds), during which
         // the flag goes unread and the batch kthread that is to get the
@@ -150,19 +154,30 @@ impl<'a> IdlePoll<'a> {
         true
     }
 
-    /// Whether Linux switched the polling thread out for another task's
-    /// time slice (asked only after a turn [`OFF_CPU_GAP`] late): then it
-    /// is to park, and not poll for [`YIELD_BACKOFF`].
+    /// Whether, over the window that ends now, another task took
+    /// [`SHARE_LOST`] of the CPU from the poller: then it is to park, and
+    /// not poll for [`YIELD_BACKOFF`].
     fn switched_out(&mut self, now: Instant) -> bool {
         let gap = now.duration_since(self.last_turn);
         self.last_turn = now;
-        if gap < OFF_CPU_GAP || self.switches_at_start == u64::MAX {
+        let mut share = self.k.poll_share.get();
+        if gap >= OFF_CPU_GAP {
+            share.off_cpu += gap;
+        }
+        let start = *share.window_start.get_or_insert(now);
+        let window = now.duration_since(start);
+        if window < SHARE_WINDOW {
+            self.k.poll_share.set(share);
             return false;
         }
-        let Ok(n) = ginza_sys::sched_stat::involuntary_switches_of_current() else {
-            return false;
-        };
-        if n == self.switches_at_start {
+        let lost = share.off_cpu.as_secs_f64() >= window.as_secs_f64() * SHARE_LOST;
+        let next = PollShare::started(now);
+        self.k.poll_share.set(next);
+        if !lost
+            || share.switches == u64::MAX
+            || next.switches == u64::MAX
+            || next.switches == share.switches
+        {
             return false;
         }
         bump(&self.k.stats.idle_poll_yields);
