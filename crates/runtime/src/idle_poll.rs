@@ -27,6 +27,17 @@
 //! kthread parks at once: beside batch, polling would only hold the core
 //! until the next pass took it back.
 //!
+//! iokerneld sees only Ginza applications; a client, a build or a kernel
+//! worker on the same CPU would wait behind the poller until Linux's time
+//! slice ran out, for every request it makes. So the poller counts the
+//! time it was off its CPU (gaps between turns of its loop of
+//! [`OFF_CPU_GAP`] or more) over windows of [`SHARE_WINDOW`]; when it lost
+//! [`SHARE_LOST`] of a window or more and Linux says it switched the thread
+//! out for another task meanwhile (its involuntary context switches: a
+//! hypervisor that stole the vCPU does not count), the CPU has another
+//! taker, not a kernel thread's moment: the kthread parks, and does not
+//! poll again for [`YIELD_BACKOFF`] (it parks as without the option).
+//!
 //! A kthread that polls does not keep a sleeping iokerneld awake
 //! (docs/iokernel-idle.md); one that runs work does. So each change of the
 //! flag is followed by the bell's check: iokerneld announces its sleep,
@@ -39,7 +50,24 @@ use std::time::{Duration, Instant};
 use ginza_shm::LineFlags;
 
 use crate::link::KLink;
-use crate::sched::{bump, KThread};
+use crate::sched::{bump, KThread, PollShare};
+
+/// A gap between two turns of the polling loop that counts as time off
+/// the CPU (a turn takes a few microseconds).
+const OFF_CPU_GAP: Duration = Duration::from_micros(50);
+
+/// The window over which a poller counts its time off the CPU.
+const SHARE_WINDOW: Duration = Duration::from_millis(100);
+
+/// The share of a window lost to other tasks that makes a poller park:
+/// a task that contends for the CPU gets about half of it from Linux.
+const SHARE_LOST: f64 = 0.25;
+
+/// How long a poller that was switched out for another task parks
+/// instead of polling: long enough that a task contending for the CPU
+/// (which waited a time slice for it) loses little, as on a CPU shared
+/// with a client that connects and sends all the time.
+const YIELD_BACKOFF: Duration = Duration::from_secs(1);
 
 /// One look-for-work loop's polling state; dropping it leaves the state.
 pub(crate) struct IdlePoll<'a> {
@@ -48,6 +76,7 @@ pub(crate) struct IdlePoll<'a> {
     pollers: &'a AtomicUsize,
     bound: Duration,
     on: bool,
+    last_turn: Instant,
 }
 
 impl<'a> IdlePoll<'a> {
@@ -66,6 +95,7 @@ impl<'a> IdlePoll<'a> {
             pollers: &rt.idle_pollers,
             bound: cfg.poll_while_idle,
             on: false,
+            last_turn: Instant::now(),
         })
     }
 
@@ -84,34 +114,74 @@ impl<'a> IdlePoll<'a> {
         if now.duration_since(quiet_since) >= self.bound {
             return false;
         }
-        if !self.on {
-            // Another application waits for this core (iokerneld's mark):
-            // it is theirs now, not at the pass that would take it back.
-            // Once polling, iokerneld's take-back answers that instead.
-            if self.io.line.flags().contains(LineFlags::CORE_WANTED) {
-                return false;
-            }
-            // One poller per application: the others park.
-            if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
-                return false;
-            }
-            let was = self.io.line.insert_flags(LineFlags::IDLE_POLLING);
-            if was.contains(LineFlags::PREEMPT_PENDING) {
-                // Preempted before it polled, as a kthread that runs work:
-                // it gives the core back as such (iokerneld waits for it).
-                self.io.line.remove_flags(LineFlags::IDLE_POLLING);
-                self.pollers.fetch_sub(1, SeqCst);
-                self.k.revoke_requested.store(true, SeqCst);
-                return false;
-            }
-            self.on = true;
-            bump(&self.k.stats.idle_polls);
-            self.io.wake_iokernel();
+        if self.on {
+            return !self.switched_out(now);
+        }
+        if self.k.poll_yielded_until.get().is_some_and(|t| now < t) {
+            return false;
+        }
+        // Another application waits for this core (iokerneld's mark):
+        // it is theirs now, not at the pass that would take it back.
+        // Once polling, iokerneld's take-back answers that instead.
+        if self.io.line.flags().contains(LineFlags::CORE_WANTED) {
+            return false;
+        }
+        // One poller per application: the others park.
+        if self.pollers.compare_exchange(0, 1, SeqCst, SeqCst).is_err() {
+            return false;
+        }
+        let was = self.io.line.insert_flags(LineFlags::IDLE_POLLING);
+        if was.contains(LineFlags::PREEMPT_PENDING) {
+            // Preempted before it polled, as a kthread that runs work:
+            // it gives the core back as such (iokerneld waits for it).
+            self.io.line.remove_flags(LineFlags::IDLE_POLLING);
+            self.pollers.fetch_sub(1, SeqCst);
+            self.k.revoke_requested.store(true, SeqCst);
+            return false;
+        }
+        self.on = true;
+        bump(&self.k.stats.idle_polls);
+        self.io.wake_iokernel();
+        // The time it ran work since its last spell is not time lost.
+        self.last_turn = now;
+        if self.k.poll_share.get().window_start.is_none() {
+            self.k.poll_share.set(PollShare::started(now));
         }
         // No `sched_yield` here: it hands the CPU to any other thread
         // runnable there for a whole time slice (milliseconds), during which
         // the flag goes unread and the batch kthread that is to get the
         // core, under SCHED_IDLE, cannot run either (docs/idle-poll.md).
+        true
+    }
+
+    /// Whether, over the window that ends now, another task took
+    /// [`SHARE_LOST`] of the CPU from the poller: then it is to park, and
+    /// not poll for [`YIELD_BACKOFF`].
+    fn switched_out(&mut self, now: Instant) -> bool {
+        let gap = now.duration_since(self.last_turn);
+        self.last_turn = now;
+        let mut share = self.k.poll_share.get();
+        if gap >= OFF_CPU_GAP {
+            share.off_cpu += gap;
+        }
+        let start = *share.window_start.get_or_insert(now);
+        let window = now.duration_since(start);
+        if window < SHARE_WINDOW {
+            self.k.poll_share.set(share);
+            return false;
+        }
+        let lost = share.off_cpu.as_secs_f64() >= window.as_secs_f64() * SHARE_LOST;
+        let next = PollShare::started(now);
+        self.k.poll_share.set(next);
+        if !lost
+            || share.switches == u64::MAX
+            || next.switches == u64::MAX
+            || next.switches == share.switches
+        {
+            return false;
+        }
+        bump(&self.k.stats.idle_poll_yields);
+        self.k.poll_yielded_until.set(Some(now + YIELD_BACKOFF));
         true
     }
 

@@ -274,6 +274,9 @@ pub struct KthreadStats {
     /// Of those, the times iokerneld took the core back for another
     /// application.
     pub idle_poll_takebacks: u64,
+    /// Of those, the times it parked because another task (of any
+    /// program) waited for its CPU.
+    pub idle_poll_yields: u64,
 }
 
 /// Decision → running latencies of iokerneld's grants, in ns, as the
@@ -391,6 +394,7 @@ impl Handle {
                 grants_by_eventfd: k.stats.grants_by_eventfd.load(Relaxed),
                 idle_polls: k.stats.idle_polls.load(Relaxed),
                 idle_poll_takebacks: k.stats.idle_poll_takebacks.load(Relaxed),
+                idle_poll_yields: k.stats.idle_poll_yields.load(Relaxed),
             })
             .collect()
     }

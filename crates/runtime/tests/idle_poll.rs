@@ -122,6 +122,64 @@ fn an_idle_latency_critical_kthread_with_no_competitor_polls_and_never_parks() {
     assert_eq!(app(&s1, "lc").unwrap().preemptions, 0, "{s1:#?}");
 }
 
+/// A thread of no Ginza application, pinned to the poller's CPU: iokerneld
+/// does not see it, so no mark tells the poller to park. Linux switches
+/// the poller out for it within a time slice; the poller notices (its
+/// involuntary switches) and parks, and then parks after each of its timer
+/// wakes instead of polling for the backoff (docs/idle-poll.md).
+#[test]
+fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
+    let _g = lock();
+    let cpu = cores()[0];
+    let d = Daemon::start(|c| {
+        c.cores = vec![cpu];
+        c.idle_sleep = None;
+    });
+    let lc = Idler::start(&d);
+    let k0 = wait_for("the kthread to poll while idle", || {
+        let k = lc.kthread();
+        (k.idle_polls >= 1).then_some(k)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let spins = Arc::new(AtomicU64::new(0));
+    let (s, n) = (Arc::clone(&stop), Arc::clone(&spins));
+    let rival = std::thread::spawn(move || {
+        ginza_sys::affinity::pin_current_thread(cpu).unwrap();
+        while !s.load(Ordering::Relaxed) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let yielded = wait_for("the poller to park for the other program's thread", || {
+        let k = lc.kthread();
+        (k.idle_poll_yields >= 1 && k.parks > k0.parks).then_some(k)
+    });
+    // Within the backoff (1 s) its timer wakes end in a park, not a poll.
+    let w0 = lc.wakes.load(Ordering::Relaxed);
+    wait_for("five timer wakes of lc", || {
+        (lc.wakes.load(Ordering::Relaxed) >= w0 + 5).then_some(())
+    });
+    let later = lc.kthread();
+    stop.store(true, Ordering::Relaxed);
+    rival.join().unwrap();
+    let k = lc.finish();
+    eprintln!(
+        "poller {k:?}; rival spun {} times",
+        spins.load(Ordering::Relaxed)
+    );
+    assert!(
+        spins.load(Ordering::Relaxed) > 0,
+        "the other program's thread never ran"
+    );
+    assert_eq!(
+        later.idle_polls, yielded.idle_polls,
+        "it polled again within the backoff: {yielded:?} then {later:?}"
+    );
+    assert!(
+        later.parks >= yielded.parks + 4,
+        "{yielded:?} then {later:?}"
+    );
+}
+
 /// A batch application whose uthreads spin until `stop`, one per kthread.
 fn spinning_batch(d: &Daemon, kthreads: usize, stop: &Arc<AtomicBool>) -> JoinHandle<KthreadStats> {
     let cfg = d.app("batch", Class::Batch, 0, kthreads);

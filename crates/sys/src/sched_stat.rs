@@ -46,6 +46,23 @@ impl SchedStat {
     }
 }
 
+/// Times Linux took the CPU from the calling thread while it could still
+/// run (`getrusage(RUSAGE_THREAD)`'s `ru_nivcsw`): one system call, cheap
+/// enough for a polling loop to ask every few dozen microseconds whether
+/// another task wanted its CPU.
+pub fn involuntary_switches_of_current() -> io::Result<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: `usage` is valid for writes of a `rusage`, which the call
+    // fills in whole when it returns 0.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded, so it initialised `usage`.
+    let usage = unsafe { usage.assume_init() };
+    Ok(usage.ru_nivcsw as u64)
+}
+
 /// The counters of this process's threads whose name starts with
 /// `prefix` (`/proc/self/task/*/comm`), by thread id; a thread that ends
 /// while they are read is left out.
@@ -100,6 +117,32 @@ fn parse(schedstat: &str, status: &str) -> io::Result<SchedStat> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_that_shares_its_cpu_with_a_busy_one_counts_involuntary_switches() {
+        let cpu = crate::affinity::allowed_cpus().expect("allowed CPUs")[0];
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let rival = std::thread::spawn(move || {
+            crate::affinity::pin_current_thread(cpu).expect("pinning the rival");
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        crate::affinity::pin_current_thread(cpu).expect("pinning the test thread");
+        let before = involuntary_switches_of_current().unwrap();
+        let t0 = std::time::Instant::now();
+        let mut after = before;
+        while after == before && t0.elapsed() < std::time::Duration::from_secs(10) {
+            after = involuntary_switches_of_current().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        rival.join().unwrap();
+        assert!(
+            after > before,
+            "no involuntary switch in 10 s beside a busy thread"
+        );
+    }
 
     #[test]
     fn parses_the_kernels_text() {

@@ -56,6 +56,9 @@ pub(crate) struct KStats {
     pub(crate) idle_polls: AtomicU64,
     /// Of those, the times iokerneld took the core back by its flag.
     pub(crate) idle_poll_takebacks: AtomicU64,
+    /// Of those, the times it stopped because another task waited for its
+    /// CPU (Linux switched it out while it polled).
+    pub(crate) idle_poll_yields: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere):
@@ -242,11 +245,16 @@ pub(crate) struct KThread {
     /// Since when it has seen no arrival (`idle_poll.rs`); `None`: it just
     /// saw one.
     pub(crate) quiet_since: Cell<Option<Instant>>,
+    /// Until when it may not poll while idle: Linux gave its CPU to
+    /// another task while it polled (`idle_poll.rs`).
+    pub(crate) poll_yielded_until: Cell<Option<Instant>>,
+    /// The CPU time it lost while polling, by window (`idle_poll.rs`).
+    pub(crate) poll_share: Cell<PollShare>,
     pub(crate) stats: KStats,
 }
 
 // SAFETY: the Cell/UnsafeCell fields (local, sched, current, exited,
-// free_uthreads, tick, rng, quiet_since) are touched only by the kthread's own pthread;
+// free_uthreads, tick, rng, quiet_since, poll_yielded_until, poll_share) are touched only by the kthread's own pthread;
 // everything other threads touch is atomic or behind a lock.
 unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
@@ -637,6 +645,8 @@ impl Shared {
                         tick: Cell::new(0),
                         rng: Cell::new(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) << 17)),
                         quiet_since: Cell::new(None),
+                        poll_yielded_until: Cell::new(None),
+                        poll_share: Cell::new(Default::default()),
                         stats: KStats::default(),
                     }
                 })
@@ -1048,5 +1058,28 @@ pub(crate) fn kthread_state_name(rt: &Shared, id: usize) -> &'static str {
         PARKED | WAKING => "parked",
         REVOKED => "revoked",
         _ => "unknown",
+    }
+}
+
+/// A kthread's count of the CPU time it lost while polling, over a window
+/// that spans its polling spells (a spell ends at each request;
+/// `idle_poll.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PollShare {
+    pub(crate) window_start: Option<Instant>,
+    pub(crate) off_cpu: Duration,
+    /// Its involuntary switches when the window began (`u64::MAX`:
+    /// unknown).
+    pub(crate) switches: u64,
+}
+
+impl PollShare {
+    pub(crate) fn started(now: Instant) -> PollShare {
+        PollShare {
+            window_start: Some(now),
+            off_cpu: Duration::ZERO,
+            // Unknown (an error): never counts as switched out.
+            switches: ginza_sys::sched_stat::involuntary_switches_of_current().unwrap_or(u64::MAX),
+        }
     }
 }
