@@ -19,6 +19,20 @@ use std::sync::Mutex;
 /// servers to the same two CPUs and busy-polls one.
 static ONE_BENCH: Mutex<()> = Mutex::new(());
 
+/// This file's lock, held while a bench runs; `None` (said why) where the
+/// bench cannot run here: under two CPUs, or no veth or memcached.
+fn bench_may_run() -> Option<std::sync::MutexGuard<'static, ()>> {
+    let one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
+    if !common::two_cpus("the generator, iokerneld and the servers") {
+        return None;
+    }
+    if let Some(why) = common::veth_or_memcached_missing() {
+        ginza_iokernel::testing::skip(why);
+        return None;
+    }
+    Some(one)
+}
+
 /// `ginza bench memcached --json` in its short mode (one round of 1 s per
 /// load, 500 keys, 4 connections) with `extra` flags, the command set up
 /// by `prepare`: the report, stderr and the output directory.
@@ -63,14 +77,9 @@ fn short_bench(
 
 #[test]
 fn memcached_bench_reports_both_systems_at_each_load() {
-    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
-    if !common::two_cpus("the generator, iokerneld and the servers") {
+    let Some(_one) = bench_may_run() else {
         return;
-    }
-    if let Some(why) = common::veth_or_memcached_missing() {
-        ginza_iokernel::testing::skip(why);
-        return;
-    }
+    };
     let (v, stderr, out_dir) = short_bench(
         "bench-memcached-test",
         "2k,4k",
@@ -176,14 +185,9 @@ fn memcached_bench_reports_both_systems_at_each_load() {
 /// (the bench fails a point otherwise), counted with the kicks.
 #[test]
 fn memcached_bench_runs_kv_server_on_the_direct_path() {
-    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
-    if !common::two_cpus("the generator, iokerneld and the servers") {
+    let Some(_one) = bench_may_run() else {
         return;
-    }
-    if let Some(why) = common::veth_or_memcached_missing() {
-        ginza_iokernel::testing::skip(why);
-        return;
-    }
+    };
     let (v, stderr, out_dir) = short_bench(
         "bench-memcached-direct-test",
         "2k",
@@ -234,14 +238,9 @@ fn batch_grants(run: &serde_json::Value) -> Option<u64> {
 
 #[test]
 fn memcached_bench_runs_the_same_binary_under_ginza_run() {
-    let _one = ONE_BENCH.lock().unwrap_or_else(|e| e.into_inner());
-    if !common::two_cpus("the generator, iokerneld and the servers") {
+    let Some(_one) = bench_may_run() else {
         return;
-    }
-    if let Some(why) = common::veth_or_memcached_missing() {
-        ginza_iokernel::testing::skip(why);
-        return;
-    }
+    };
     let library = common::preload_library();
     let (v, stderr, out_dir) = short_bench(
         "bench-memcached-ginza-run-test",

@@ -115,6 +115,30 @@ fn daemon(tweak: impl FnOnce(&mut ginza_iokernel::Config)) -> Daemon {
 }
 
 /// The stats, once iokerneld is asleep again after answering them.
+/// Sends a datagram from the namespace to an address on the veth's subnet
+/// (the namespace's ARP request for it crosses the veth to iokerneld's
+/// socket) and waits until it has woken iokerneld: the stats then. The
+/// frame may arrive after a stats request woke iokerneld: then it goes to
+/// sleep again and the frame wakes it.
+fn woken_by_a_datagram(
+    d: &Daemon,
+    ns: &ginza_iokernel::netns::NetNs,
+    s0: &StatsReport,
+) -> StatsReport {
+    let target = std::net::SocketAddrV4::new(ns.peer_ip, 9);
+    ns.run_in(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.send_to(b"wake", target).unwrap();
+    })
+    .unwrap();
+    let mut s1 = d.stats();
+    wait_until("a wake by the NIC", || {
+        s1 = d.stats();
+        s1.idle.wakes_nic > s0.idle.wakes_nic
+    });
+    s1
+}
+
 fn stats_then_asleep(d: &Daemon, app: &BellApp) -> StatsReport {
     let s = d.stats();
     app.wait_asleep();
@@ -211,21 +235,7 @@ fn a_frame_on_the_nic_wakes_a_sleeping_iokerneld() {
     let app = BellApp::register(&d, "netted");
     app.wait_asleep();
     let s0 = stats_then_asleep(&d, &app);
-    // A datagram to an address on the veth's subnet: the namespace's ARP
-    // request for it crosses the veth to iokerneld's socket.
-    let target = std::net::SocketAddrV4::new(ns.peer_ip, 9);
-    ns.run_in(move || {
-        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-        s.send_to(b"wake", target).unwrap();
-    })
-    .unwrap();
-    let mut s1 = d.stats();
-    // The frame may arrive after the stats request woke iokerneld: then it
-    // goes to sleep again and the frame wakes it.
-    wait_until("a wake by the NIC", || {
-        s1 = d.stats();
-        s1.idle.wakes_nic > s0.idle.wakes_nic
-    });
+    let s1 = woken_by_a_datagram(&d, &ns, &s0);
     assert!(s1.dataplane.nic_rx_frames > s0.dataplane.nic_rx_frames);
     let [_nic, bell, _control, timer, handle] = wakes_since(&s0.idle, &s1.idle);
     assert_eq!((bell, timer, handle), (0, 0, 0), "{:?}", s1.idle);
@@ -346,17 +356,7 @@ fn a_frame_on_the_nic_with_a_parked_kthread(wake_alongside: bool) {
     });
     app.wait_asleep();
     let s0 = stats_then_asleep(&d, &app);
-    let target = std::net::SocketAddrV4::new(ns.peer_ip, 9);
-    ns.run_in(move || {
-        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-        s.send_to(b"wake", target).unwrap();
-    })
-    .unwrap();
-    let mut s1 = d.stats();
-    wait_until("a wake by the NIC", || {
-        s1 = d.stats();
-        s1.idle.wakes_nic > s0.idle.wakes_nic
-    });
+    let mut s1 = woken_by_a_datagram(&d, &ns, &s0);
     if wake_alongside {
         // The companion counts its wake once it has spun; the stats
         // request may come first.
