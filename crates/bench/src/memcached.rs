@@ -24,9 +24,11 @@
 //!   default `--systems`): the same with a `sendto` per frame sent, as
 //!   before the runtime batched its kicks, to compare.
 //!   **memcached-ginza-direct** (not in the default `--systems`): the
-//!   memcached of memcached-ginza under `ginza run --direct IF:1`; its
-//!   points fail if iokerneld's NIC saw a tenth as many frames as there
-//!   were requests.
+//!   memcached of memcached-ginza under `ginza run --direct IF:QUEUE`;
+//!   asked to exit (SIGTERM) at the end of each point, it writes its own
+//!   socket's counts to a file (`GINZA_NET_STATS`), and its points fail
+//!   unless that socket carried every request and reply and iokerneld's
+//!   NIC saw under a tenth as many frames as there were requests.
 //! * **ginza-protected** (not in the default `--systems`; DLibOS Fig. 7):
 //!   the same kv-server in protected mode, its TCP/IP stack in the
 //!   netstack daemon (`netstackd`, docs/protected.md) registered under the
@@ -342,8 +344,9 @@ pub struct PointResult {
     pub cpu_threads: BTreeMap<String, usize>,
     /// The direct path: frames kv-server received and sent on its own
     /// socket, its tx ring's kicks, and iokerneld's NIC's frames, over the
-    /// point (setup and preload included). memcached-ginza-direct: only
-    /// iokerneld's (its own socket's counts, in its process, are left 0).
+    /// point (setup and preload included). memcached-ginza-direct: its own
+    /// socket's counts are those its process wrote as it exited
+    /// (`GINZA_NET_STATS`).
     pub direct_frames: Option<DirectFrames>,
 }
 
@@ -1129,13 +1132,23 @@ fn memcached_ginza_serving(
     )?;
     let addr = SocketAddrV4::new(ns.peer_ip, PORT);
     let direct = direct.map(|queue| format!("{}:{queue}", ns.host_if));
+    // On the direct path its own socket's counts are in the child: it
+    // writes them here as it exits (`GINZA_NET_STATS`).
+    let net_stats = direct
+        .as_ref()
+        .map(|_| crate::harness::iokerneld::socket_dir("memcached-net-stats"));
     let nic_before = iokerneld.stats()?;
+    let at = ginza_run::Placement {
+        mac: KV_MAC,
+        ip: ns.peer_ip,
+        direct: direct.as_deref(),
+        net_stats: net_stats.as_deref(),
+    };
     let mut server = ginza_run::start(
         run,
         iokerneld,
-        (KV_MAC, ns.peer_ip),
+        at,
         ginza_run::MEMCACHED,
-        direct.as_deref(),
         (Path::new("memcached"), &memcached_args(addr)),
     )?;
     let batch = GinzaBatch::start(iokerneld, cfg);
@@ -1185,32 +1198,66 @@ fn memcached_ginza_serving(
             Err(e) => Err(e.into()),
         };
         // The server goes first: batch sees its stop once it has the core.
-        server.stop();
+        // On the direct path it is asked to exit (SIGTERM), so that it
+        // writes its counters.
+        let exited = match &net_stats {
+            Some(_) => server.terminate(MEMCACHED_EXIT),
+            None => {
+                server.stop();
+                Ok(())
+            }
+        };
         check_price(batch.finish()?)?;
         alive?;
+        exited?;
         m
     });
     server.stop();
     let mut measured = measured?;
-    if direct.is_some() {
-        // Its own socket's counts are in the child; iokerneld's NIC tells
-        // whether the requests went around it.
-        let after = iokerneld.stats()?;
-        let nic_rx = after.dataplane.nic_rx_frames - nic_before.dataplane.nic_rx_frames;
-        let nic_tx = after.dataplane.nic_tx_frames - nic_before.dataplane.nic_tx_frames;
+    if let Some(path) = net_stats {
+        let counters = ginza_run::read_net_stats(&path);
+        let _ = std::fs::remove_file(&path);
+        let frames = memcached_direct_frames(&counters?, &nic_before, &iokerneld.stats()?);
         let requests = (measured.achieved_krps * 1e3 * cfg.duration.as_secs_f64()) as u64;
+        // Its requests and replies crossed its own socket, and iokerneld's
+        // NIC saw (almost) none of them.
         anyhow::ensure!(
-            nic_rx < requests / 10,
-            "memcached on the direct path: iokerneld's NIC received {nic_rx} frames \
-             (sent {nic_tx}) for {requests} requests: they went through iokerneld"
+            frames.own_rx >= requests
+                && frames.own_tx >= requests
+                && frames.iokernel_nic_rx < requests / 10,
+            "memcached on the direct path: {frames:?} for {requests} requests: \
+             they did not take its own socket"
         );
-        measured.direct_frames = Some(DirectFrames {
-            iokernel_nic_rx: nic_rx,
-            iokernel_nic_tx: nic_tx,
-            ..DirectFrames::default()
-        });
+        measured.direct_frames = Some(frames);
     }
     Ok(measured)
+}
+
+/// How long memcached under `ginza run` may take to exit after SIGTERM
+/// (its main loop looks at the signal's flag at least once a second).
+const MEMCACHED_EXIT: Duration = Duration::from_secs(5);
+
+/// memcached's own socket's counts (`GINZA_NET_STATS`, written as it
+/// exited) and iokerneld's NIC's over its life.
+fn memcached_direct_frames(
+    counters: &BTreeMap<String, u64>,
+    before: &ginza_proto::StatsReport,
+    after: &ginza_proto::StatsReport,
+) -> DirectFrames {
+    let get = |name: &str| counters.get(name).copied().unwrap_or(0);
+    DirectFrames {
+        own_rx: get("direct_rx_packets"),
+        own_tx: get("direct_tx_packets"),
+        own_tx_kicks: get("direct_tx_kicks"),
+        iokernel_nic_rx: after
+            .dataplane
+            .nic_rx_frames
+            .saturating_sub(before.dataplane.nic_rx_frames),
+        iokernel_nic_tx: after
+            .dataplane
+            .nic_tx_frames
+            .saturating_sub(before.dataplane.nic_tx_frames),
+    }
 }
 
 /// The components every system has: the generator's threads and, under
@@ -1276,6 +1323,31 @@ impl Started {
     fn stop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+
+    /// Asks it to exit (SIGTERM) and waits for it up to `within`; killed
+    /// and an error if it is still running then, or if it exited with a
+    /// failure.
+    fn terminate(&mut self, within: Duration) -> anyhow::Result<()> {
+        let pid = rustix::process::Pid::from_child(&self.0);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+            .context("SIGTERM to the server")?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                anyhow::ensure!(
+                    status.success(),
+                    "the server exited with {status} after SIGTERM: {}",
+                    self.stderr()
+                );
+                return Ok(());
+            }
+            if t0.elapsed() > within {
+                self.stop();
+                bail!("the server was still running {within:?} after SIGTERM: killed");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// What it wrote on stderr (once it has exited).

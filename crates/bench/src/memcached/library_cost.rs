@@ -209,14 +209,14 @@ fn one_series(
                 if server == EchoServer::CEpollUnderGinzaRun {
                     args.push("epoll".into());
                 }
-                let mut child = ginza_run::start(
-                    run,
-                    iokerneld,
-                    (MAC, ns.peer_ip),
-                    server.name(),
-                    None,
-                    (program, &args),
-                )?;
+                let at = ginza_run::Placement {
+                    mac: MAC,
+                    ip: ns.peer_ip,
+                    direct: None,
+                    net_stats: None,
+                };
+                let mut child =
+                    ginza_run::start(run, iokerneld, at, server.name(), (program, &args))?;
                 let r = probe(ns, target, duration);
                 let alive = child.0.try_wait()?.is_none();
                 child.stop();
