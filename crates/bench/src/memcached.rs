@@ -64,7 +64,9 @@
 //! (loadgen's `spin` 0) at SCHED_FIFO, so its sends go ahead of
 //! iokerneld's polling loop and it leaves the rest of that CPU; the bench
 //! itself (iokerneld, the runtimes' kthreads, memcached) runs at nice -10,
-//! ahead of whatever else the machine runs. The load points are swept with systems
+//! and its session (autogroup) too (`--session-nice`,
+//! `harness/autogroup.rs`): without that, under autogroups, another
+//! session's compiler got as much of the server CPU as kv-server did. The load points are swept with systems
 //! interleaved (ginza, linux, memcached-ginza, ginza, …), each point `--rounds`
 //! times; a point's figures are medians over its rounds. A round whose
 //! generator fell behind its schedule (`generator_saturated`) reports no
@@ -111,6 +113,7 @@ use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
+use crate::harness::autogroup::AutogroupNice;
 use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
@@ -187,6 +190,14 @@ pub struct MemcachedArgs {
     /// docs/idle-poll.md), for a before/after comparison.
     #[arg(long)]
     kv_park: bool,
+    /// The nice of this bench's session (its autogroup), for its life:
+    /// with autogroups on, Linux shares a CPU between sessions before it
+    /// looks at a thread's own nice, so the bench's nice -10 counts against
+    /// another session's programs only through this
+    /// (`harness/autogroup.rs`); 0 leaves it as it is.
+    #[arg(long, default_value_t = -10, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    session_nice: i32,
     /// Ginza: run batch on a thread of this bench, beside the in-process
     /// iokerneld and kv-server, instead of as a process of its own (the
     /// default, as deployed); for a before/after comparison (docs/results.md,
@@ -432,6 +443,9 @@ struct Report {
     /// The bench's niceness (servers, iokerneld, kthreads), if it could be
     /// set.
     bench_nice: Option<String>,
+    /// The nice of the bench's autogroup (session) during the sweep, if
+    /// it was set (`--session-nice`).
+    session_nice: Option<i32>,
     /// The generator's scheduling policy (chrt's arguments).
     generator_policy: String,
 }
@@ -479,6 +493,9 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     memcached_available()?;
     let loadavg_before = crate::harness::figures::loadavg();
     let reniced = renice_self(BENCH_NICE);
+    let session = (args.session_nice != 0)
+        .then(|| AutogroupNice::set(args.session_nice))
+        .flatten();
     // Rounds outermost, systems innermost (ginza, linux, ginza, …), through
     // the experiments' sweep loop (docs/experiments.md).
     let mut plan = Vec::new();
@@ -525,11 +542,12 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 iokernel: cpus.iokernel,
                 app: cpus.server,
             };
+            let direct = systems.contains(&System::MemcachedGinzaDirect);
             let measured = library_cost::measure(
                 &ns,
                 iok_cpus,
                 run,
-                args.library_rounds,
+                (args.library_rounds, direct),
                 args.library_duration,
             );
             Some(measured.map_err(|e| format!("{e:#}")))
@@ -562,6 +580,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         loadavg_before,
         loadavg_after: crate::harness::figures::loadavg(),
         bench_nice: reniced.then(|| BENCH_NICE.to_string()),
+        session_nice: session.as_ref().map(|s| s.now),
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
     };
     emit(args.json, &render(&report), &report)
@@ -1787,7 +1806,7 @@ fn render(r: &Report) -> String {
              C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
              C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
             c.payload_bytes,
-            c.rounds.len() / 3,
+            c.rounds.iter().filter(|r| !r.direct).count() / 3,
             c.native_api_p50_us,
             c.native_api_p99_us,
             c.c_under_ginza_run_p50_us,
@@ -1797,15 +1816,34 @@ fn render(r: &Report) -> String {
             c.c_epoll_under_ginza_run_p99_us,
             c.added_with_epoll_p50_us
         );
+        if let Some(d) = &c.direct_path {
+            let _ = writeln!(
+                s,
+                "  the same on the direct path (each server its own AF_XDP socket):\n  \
+                 native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
+                 C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
+                 C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
+                d.native_api_p50_us,
+                d.native_api_p99_us,
+                d.c_under_ginza_run_p50_us,
+                d.c_under_ginza_run_p99_us,
+                d.added_p50_us,
+                d.c_epoll_under_ginza_run_p50_us,
+                d.c_epoll_under_ginza_run_p99_us,
+                d.added_with_epoll_p50_us
+            );
+        }
     }
     if let Some(e) = &r.library_cost_error {
         let _ = writeln!(s, "the library's cost was not measured: {e}");
     }
     let _ = writeln!(
         s,
-        "load average before {} after {}",
+        "load average before {} after {}; the bench's session nice {}",
         r.loadavg_before.as_deref().unwrap_or("?"),
-        r.loadavg_after.as_deref().unwrap_or("?")
+        r.loadavg_after.as_deref().unwrap_or("?"),
+        r.session_nice
+            .map_or_else(|| "unchanged".to_string(), |n| n.to_string())
     );
     let _ = writeln!(s, "CSV: {} (PNGs beside it)", r.csv);
     s

@@ -226,7 +226,9 @@ fn memcached_bench_runs_kv_server_on_the_direct_path() {
 /// memcached under `ginza run --direct`: it answers without error beside
 /// batch, and the counts of its own socket, which it wrote as it exited
 /// (`GINZA_NET_STATS`), show every answered request in and out there while
-/// iokerneld's NIC saw none of them.
+/// iokerneld's NIC saw none of them. The library's cost is measured on the
+/// direct path too (the bench fails a direct series whose frames went
+/// through iokerneld).
 #[test]
 fn memcached_under_ginza_run_reports_its_own_sockets_frames() {
     let Some(_one) = bench_may_run() else {
@@ -238,7 +240,7 @@ fn memcached_under_ginza_run_reports_its_own_sockets_frames() {
         "2k",
         "200ms",
         "memcached-ginza-direct",
-        &[],
+        &["--library-rounds", "1", "--library-duration", "300ms"],
         |c| {
             c.env("GINZA_PRELOAD", &library);
         },
@@ -260,6 +262,28 @@ fn memcached_under_ginza_run_reports_its_own_sockets_frames() {
         "{run}"
     );
     assert!(count("iokernel_nic_rx") < answered / 10, "{run}");
+    let cost = &v["library_cost"];
+    let rounds = cost["rounds"].as_array().unwrap_or_else(|| panic!("{v}"));
+    let direct: Vec<&str> = rounds
+        .iter()
+        .filter(|r| r["direct"] == true)
+        .map(|r| r["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        direct,
+        ["native-api", "c-under-ginza-run", "c-epoll-under-ginza-run"],
+        "{cost}"
+    );
+    let d = &cost["direct_path"];
+    let (native, c) = (
+        d["native_api_p50_us"].as_f64().unwrap(),
+        d["c_under_ginza_run_p50_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < native && 0.0 < c, "{d}");
+    assert!(
+        (c - native - d["added_p50_us"].as_f64().unwrap()).abs() < 1e-6,
+        "{d}"
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
