@@ -16,7 +16,7 @@
 //!   (`batch_process.rs`), as deployed, unless `--batch-in-process`.
 //! * **ginza-direct**: the same kv-server and batch, kv-server on the
 //!   direct path (docs/direct-path.md): its own AF_XDP socket on a queue
-//!   (1 to 15 in turn) of a 16-queue veth, iokerneld on
+//!   (1 to 63 in turn) of a 64-queue veth, iokerneld on
 //!   `af_xdp:IF,direct`, the namespace transmitting on that queue (XPS)
 //!   during its points (`harness::direct`).
 //!   Its points fail unless most of kv-server's frames crossed its own
@@ -1614,19 +1614,9 @@ fn row(r: &PointResult) -> String {
         },
         r.server
     ) + &r.direct_frames.map_or(String::new(), |f| {
-        // memcached under `ginza run` keeps its own socket's counts in its
-        // process: they are not read (0 in the JSON).
-        let own = if r.system == System::MemcachedGinzaDirect {
-            "own socket's counts not read".to_string()
-        } else {
-            format!(
-                "own socket {} in, {} out in {} kicks",
-                f.own_rx, f.own_tx, f.own_tx_kicks
-            )
-        };
         format!(
-            "  {own}; iokerneld's NIC {} in, {} out",
-            f.iokernel_nic_rx, f.iokernel_nic_tx
+            "  own socket {} in, {} out in {} kicks; iokerneld's NIC {} in, {} out",
+            f.own_rx, f.own_tx, f.own_tx_kicks, f.iokernel_nic_rx, f.iokernel_nic_tx
         )
     })
 }
