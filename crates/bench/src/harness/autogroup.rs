@@ -8,7 +8,8 @@
 //! session's compiler got as much of the server CPU as kv-server's kthread
 //! (docs/results.md, "Session 20: memcached on the direct path"). So the
 //! benches that mean to run ahead of whatever else the machine runs set
-//! their autogroup's nice as well, and put the old value back when done.
+//! their autogroup's nice as well, and put the old value back when done
+//! (a bench killed by a signal leaves it set until its session ends).
 //! Both systems of a comparison run in the same session, so this favours
 //! neither.
 
