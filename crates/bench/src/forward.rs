@@ -36,7 +36,7 @@
 //!   each figure is the median of the rounds'; `ginza_direct` (after
 //!   `ginza` in each round, unless `--rtt-no-direct`): the first Ginza
 //!   server on the direct path, its own AF_XDP socket on a queue of its own
-//!   of a 16-queue veth ([`direct`], docs/direct-path.md). The client is pinned as
+//!   of a 64-queue veth ([`direct`], docs/direct-path.md). The client is pinned as
 //!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a third CPU for
 //!   every server, and on two CPUs beside the thread that sends the
 //!   replies: iokerneld for Ginza, the server thread for Linux and for
@@ -633,7 +633,7 @@ struct RttSet {
     /// its core and polls between requests instead of parking.
     ginza_spin: Rtt,
     /// The first as configured, on the direct path (docs/direct-path.md):
-    /// its own AF_XDP socket on a queue (1 to 15) of the veth's host end, which
+    /// its own AF_XDP socket on a queue (1 to 63) of the veth's host end, which
     /// iokerneld opens with `,direct`; null with `--rtt-no-direct`.
     ginza_direct: Option<Rtt>,
     /// Frames `ginza_direct`'s servers received and sent on their own

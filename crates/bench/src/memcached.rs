@@ -16,7 +16,7 @@
 //!   (`batch_process.rs`), as deployed, unless `--batch-in-process`.
 //! * **ginza-direct**: the same kv-server and batch, kv-server on the
 //!   direct path (docs/direct-path.md): its own AF_XDP socket on a queue
-//!   (1 to 15 in turn) of a 16-queue veth, iokerneld on
+//!   (1 to 63 in turn) of a 64-queue veth, iokerneld on
 //!   `af_xdp:IF,direct`, the namespace transmitting on that queue (XPS)
 //!   during its points (`harness::direct`).
 //!   Its points fail unless most of kv-server's frames crossed its own
@@ -24,9 +24,11 @@
 //!   default `--systems`): the same with a `sendto` per frame sent, as
 //!   before the runtime batched its kicks, to compare.
 //!   **memcached-ginza-direct** (not in the default `--systems`): the
-//!   memcached of memcached-ginza under `ginza run --direct IF:1`; its
-//!   points fail if iokerneld's NIC saw a tenth as many frames as there
-//!   were requests.
+//!   memcached of memcached-ginza under `ginza run --direct IF:QUEUE`;
+//!   asked to exit (SIGTERM) at the end of each point, it writes its own
+//!   socket's counts to a file (`GINZA_NET_STATS`), and its points fail
+//!   unless that socket carried every request and reply and iokerneld's
+//!   NIC saw under a tenth as many frames as there were requests.
 //! * **ginza-protected** (not in the default `--systems`; DLibOS Fig. 7):
 //!   the same kv-server in protected mode, its TCP/IP stack in the
 //!   netstack daemon (`netstackd`, docs/protected.md) registered under the
@@ -62,7 +64,9 @@
 //! (loadgen's `spin` 0) at SCHED_FIFO, so its sends go ahead of
 //! iokerneld's polling loop and it leaves the rest of that CPU; the bench
 //! itself (iokerneld, the runtimes' kthreads, memcached) runs at nice -10,
-//! ahead of whatever else the machine runs. The load points are swept with systems
+//! and its session (autogroup) too (`--session-nice`,
+//! `harness/autogroup.rs`): without that, under autogroups, another
+//! session's compiler got as much of the server CPU as kv-server did. The load points are swept with systems
 //! interleaved (ginza, linux, memcached-ginza, ginza, …), each point `--rounds`
 //! times; a point's figures are medians over its rounds. A round whose
 //! generator fell behind its schedule (`generator_saturated`) reports no
@@ -109,6 +113,7 @@ use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
+use crate::harness::autogroup::AutogroupNice;
 use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
@@ -185,6 +190,14 @@ pub struct MemcachedArgs {
     /// docs/idle-poll.md), for a before/after comparison.
     #[arg(long)]
     kv_park: bool,
+    /// The nice of this bench's session (its autogroup), for its life:
+    /// with autogroups on, Linux shares a CPU between sessions before it
+    /// looks at a thread's own nice, so the bench's nice -10 counts against
+    /// another session's programs only through this
+    /// (`harness/autogroup.rs`); 0 leaves it as it is.
+    #[arg(long, default_value_t = -10, allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(-20..=19))]
+    session_nice: i32,
     /// Ginza: run batch on a thread of this bench, beside the in-process
     /// iokerneld and kv-server, instead of as a process of its own (the
     /// default, as deployed); for a before/after comparison (docs/results.md,
@@ -342,8 +355,9 @@ pub struct PointResult {
     pub cpu_threads: BTreeMap<String, usize>,
     /// The direct path: frames kv-server received and sent on its own
     /// socket, its tx ring's kicks, and iokerneld's NIC's frames, over the
-    /// point (setup and preload included). memcached-ginza-direct: only
-    /// iokerneld's (its own socket's counts, in its process, are left 0).
+    /// point (setup and preload included). memcached-ginza-direct: its own
+    /// socket's counts are those its process wrote as it exited
+    /// (`GINZA_NET_STATS`).
     pub direct_frames: Option<DirectFrames>,
 }
 
@@ -429,6 +443,9 @@ struct Report {
     /// The bench's niceness (servers, iokerneld, kthreads), if it could be
     /// set.
     bench_nice: Option<String>,
+    /// The nice of the bench's autogroup (session) during the sweep, if
+    /// it was set (`--session-nice`).
+    session_nice: Option<i32>,
     /// The generator's scheduling policy (chrt's arguments).
     generator_policy: String,
 }
@@ -476,6 +493,9 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     memcached_available()?;
     let loadavg_before = crate::harness::figures::loadavg();
     let reniced = renice_self(BENCH_NICE);
+    let session = (args.session_nice != 0)
+        .then(|| AutogroupNice::set(args.session_nice))
+        .flatten();
     // Rounds outermost, systems innermost (ginza, linux, ginza, …), through
     // the experiments' sweep loop (docs/experiments.md).
     let mut plan = Vec::new();
@@ -522,11 +542,12 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 iokernel: cpus.iokernel,
                 app: cpus.server,
             };
+            let direct = systems.contains(&System::MemcachedGinzaDirect);
             let measured = library_cost::measure(
                 &ns,
                 iok_cpus,
                 run,
-                args.library_rounds,
+                (args.library_rounds, direct),
                 args.library_duration,
             );
             Some(measured.map_err(|e| format!("{e:#}")))
@@ -559,6 +580,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         loadavg_before,
         loadavg_after: crate::harness::figures::loadavg(),
         bench_nice: reniced.then(|| BENCH_NICE.to_string()),
+        session_nice: session.as_ref().map(|s| s.now),
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
     };
     emit(args.json, &render(&report), &report)
@@ -1129,13 +1151,23 @@ fn memcached_ginza_serving(
     )?;
     let addr = SocketAddrV4::new(ns.peer_ip, PORT);
     let direct = direct.map(|queue| format!("{}:{queue}", ns.host_if));
+    // On the direct path its own socket's counts are in the child: it
+    // writes them here as it exits (`GINZA_NET_STATS`).
+    let net_stats = direct
+        .as_ref()
+        .map(|_| crate::harness::iokerneld::socket_dir("memcached-net-stats"));
     let nic_before = iokerneld.stats()?;
+    let at = ginza_run::Placement {
+        mac: KV_MAC,
+        ip: ns.peer_ip,
+        direct: direct.as_deref(),
+        net_stats: net_stats.as_deref(),
+    };
     let mut server = ginza_run::start(
         run,
         iokerneld,
-        (KV_MAC, ns.peer_ip),
+        at,
         ginza_run::MEMCACHED,
-        direct.as_deref(),
         (Path::new("memcached"), &memcached_args(addr)),
     )?;
     let batch = GinzaBatch::start(iokerneld, cfg);
@@ -1185,32 +1217,66 @@ fn memcached_ginza_serving(
             Err(e) => Err(e.into()),
         };
         // The server goes first: batch sees its stop once it has the core.
-        server.stop();
+        // On the direct path it is asked to exit (SIGTERM), so that it
+        // writes its counters.
+        let exited = match &net_stats {
+            Some(_) => server.terminate(MEMCACHED_EXIT),
+            None => {
+                server.stop();
+                Ok(())
+            }
+        };
         check_price(batch.finish()?)?;
         alive?;
+        exited?;
         m
     });
     server.stop();
     let mut measured = measured?;
-    if direct.is_some() {
-        // Its own socket's counts are in the child; iokerneld's NIC tells
-        // whether the requests went around it.
-        let after = iokerneld.stats()?;
-        let nic_rx = after.dataplane.nic_rx_frames - nic_before.dataplane.nic_rx_frames;
-        let nic_tx = after.dataplane.nic_tx_frames - nic_before.dataplane.nic_tx_frames;
+    if let Some(path) = net_stats {
+        let counters = ginza_run::read_net_stats(&path);
+        let _ = std::fs::remove_file(&path);
+        let frames = memcached_direct_frames(&counters?, &nic_before, &iokerneld.stats()?);
         let requests = (measured.achieved_krps * 1e3 * cfg.duration.as_secs_f64()) as u64;
+        // Its requests and replies crossed its own socket, and iokerneld's
+        // NIC saw (almost) none of them.
         anyhow::ensure!(
-            nic_rx < requests / 10,
-            "memcached on the direct path: iokerneld's NIC received {nic_rx} frames \
-             (sent {nic_tx}) for {requests} requests: they went through iokerneld"
+            frames.own_rx >= requests
+                && frames.own_tx >= requests
+                && frames.iokernel_nic_rx < requests / 10,
+            "memcached on the direct path: {frames:?} for {requests} requests: \
+             they did not take its own socket"
         );
-        measured.direct_frames = Some(DirectFrames {
-            iokernel_nic_rx: nic_rx,
-            iokernel_nic_tx: nic_tx,
-            ..DirectFrames::default()
-        });
+        measured.direct_frames = Some(frames);
     }
     Ok(measured)
+}
+
+/// How long memcached under `ginza run` may take to exit after SIGTERM
+/// (its main loop looks at the signal's flag at least once a second).
+const MEMCACHED_EXIT: Duration = Duration::from_secs(5);
+
+/// memcached's own socket's counts (`GINZA_NET_STATS`, written as it
+/// exited) and iokerneld's NIC's over its life.
+fn memcached_direct_frames(
+    counters: &BTreeMap<String, u64>,
+    before: &ginza_proto::StatsReport,
+    after: &ginza_proto::StatsReport,
+) -> DirectFrames {
+    let get = |name: &str| counters.get(name).copied().unwrap_or(0);
+    DirectFrames {
+        own_rx: get("direct_rx_packets"),
+        own_tx: get("direct_tx_packets"),
+        own_tx_kicks: get("direct_tx_kicks"),
+        iokernel_nic_rx: after
+            .dataplane
+            .nic_rx_frames
+            .saturating_sub(before.dataplane.nic_rx_frames),
+        iokernel_nic_tx: after
+            .dataplane
+            .nic_tx_frames
+            .saturating_sub(before.dataplane.nic_tx_frames),
+    }
 }
 
 /// The components every system has: the generator's threads and, under
@@ -1276,6 +1342,31 @@ impl Started {
     fn stop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+
+    /// Asks it to exit (SIGTERM) and waits for it up to `within`; killed
+    /// and an error if it is still running then, or if it exited with a
+    /// failure.
+    fn terminate(&mut self, within: Duration) -> anyhow::Result<()> {
+        let pid = rustix::process::Pid::from_child(&self.0);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+            .context("SIGTERM to the server")?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                anyhow::ensure!(
+                    status.success(),
+                    "the server exited with {status} after SIGTERM: {}",
+                    self.stderr()
+                );
+                return Ok(());
+            }
+            if t0.elapsed() > within {
+                self.stop();
+                bail!("the server was still running {within:?} after SIGTERM: killed");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// What it wrote on stderr (once it has exited).
@@ -1523,19 +1614,9 @@ fn row(r: &PointResult) -> String {
         },
         r.server
     ) + &r.direct_frames.map_or(String::new(), |f| {
-        // memcached under `ginza run` keeps its own socket's counts in its
-        // process: they are not read (0 in the JSON).
-        let own = if r.system == System::MemcachedGinzaDirect {
-            "own socket's counts not read".to_string()
-        } else {
-            format!(
-                "own socket {} in, {} out in {} kicks",
-                f.own_rx, f.own_tx, f.own_tx_kicks
-            )
-        };
         format!(
-            "  {own}; iokerneld's NIC {} in, {} out",
-            f.iokernel_nic_rx, f.iokernel_nic_tx
+            "  own socket {} in, {} out in {} kicks; iokerneld's NIC {} in, {} out",
+            f.own_rx, f.own_tx, f.own_tx_kicks, f.iokernel_nic_rx, f.iokernel_nic_tx
         )
     })
 }
@@ -1715,7 +1796,7 @@ fn render(r: &Report) -> String {
              C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
              C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
             c.payload_bytes,
-            c.rounds.len() / 3,
+            c.rounds.iter().filter(|r| !r.direct).count() / 3,
             c.native_api_p50_us,
             c.native_api_p99_us,
             c.c_under_ginza_run_p50_us,
@@ -1725,15 +1806,34 @@ fn render(r: &Report) -> String {
             c.c_epoll_under_ginza_run_p99_us,
             c.added_with_epoll_p50_us
         );
+        if let Some(d) = &c.direct_path {
+            let _ = writeln!(
+                s,
+                "  the same on the direct path (each server its own AF_XDP socket):\n  \
+                 native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
+                 C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
+                 C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
+                d.native_api_p50_us,
+                d.native_api_p99_us,
+                d.c_under_ginza_run_p50_us,
+                d.c_under_ginza_run_p99_us,
+                d.added_p50_us,
+                d.c_epoll_under_ginza_run_p50_us,
+                d.c_epoll_under_ginza_run_p99_us,
+                d.added_with_epoll_p50_us
+            );
+        }
     }
     if let Some(e) = &r.library_cost_error {
         let _ = writeln!(s, "the library's cost was not measured: {e}");
     }
     let _ = writeln!(
         s,
-        "load average before {} after {}",
+        "load average before {} after {}; the bench's session nice {}",
         r.loadavg_before.as_deref().unwrap_or("?"),
-        r.loadavg_after.as_deref().unwrap_or("?")
+        r.loadavg_after.as_deref().unwrap_or("?"),
+        r.session_nice
+            .map_or_else(|| "unchanged".to_string(), |n| n.to_string())
     );
     let _ = writeln!(s, "CSV: {} (PNGs beside it)", r.csv);
     s

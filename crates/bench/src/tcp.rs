@@ -28,7 +28,7 @@
 //!   every segment as it comes instead of once per receive burst.
 //! * `rtt_us.ginza_direct`, `stream_mbps.ginza_direct`: the same to
 //!   Ginza's servers on the direct path (unless `--no-direct`): their own
-//!   AF_XDP socket on a queue (1 to 15) of a 16-queue veth, iokerneld on
+//!   AF_XDP socket on a queue (1 to 63) of a 64-queue veth, iokerneld on
 //!   `af_xdp:IF,direct` (`harness::direct`, docs/direct-path.md); each
 //!   round checks that their own socket carried the round trips.
 //!

@@ -223,6 +223,70 @@ fn memcached_bench_runs_kv_server_on_the_direct_path() {
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
+/// memcached under `ginza run --direct`: it answers without error beside
+/// batch, and the counts of its own socket, which it wrote as it exited
+/// (`GINZA_NET_STATS`), show every answered request in and out there while
+/// iokerneld's NIC saw none of them. The library's cost is measured on the
+/// direct path too (the bench fails a direct series whose frames went
+/// through iokerneld).
+#[test]
+fn memcached_under_ginza_run_reports_its_own_sockets_frames() {
+    let Some(_one) = bench_may_run() else {
+        return;
+    };
+    let library = common::preload_library();
+    let (v, stderr, out_dir) = short_bench(
+        "bench-memcached-ginza-direct-test",
+        "2k",
+        "200ms",
+        "memcached-ginza-direct",
+        &["--library-rounds", "1", "--library-duration", "300ms"],
+        |c| {
+            c.env("GINZA_PRELOAD", &library);
+        },
+    );
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{v}");
+    let run = &runs[0];
+    assert_eq!(run["system"], "memcached-ginza-direct", "{run}");
+    assert_eq!(run["errors"].as_u64(), Some(0), "{run}");
+    let achieved = run["achieved_krps"].as_f64().unwrap();
+    assert!(0.0 < achieved && achieved < 2.4, "{run}\n{stderr}");
+    let f = &run["direct_frames"];
+    let count = |k: &str| f[k].as_u64().unwrap_or_else(|| panic!("{k}: {run}"));
+    let answered = (achieved * 1000.0) as u64;
+    assert!(count("own_rx") >= answered, "{run}");
+    assert!(count("own_tx") >= answered, "{run}");
+    assert!(
+        0 < count("own_tx_kicks") && count("own_tx_kicks") <= count("own_tx"),
+        "{run}"
+    );
+    assert!(count("iokernel_nic_rx") < answered / 10, "{run}");
+    let cost = &v["library_cost"];
+    let rounds = cost["rounds"].as_array().unwrap_or_else(|| panic!("{v}"));
+    let direct: Vec<&str> = rounds
+        .iter()
+        .filter(|r| r["direct"] == true)
+        .map(|r| r["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        direct,
+        ["native-api", "c-under-ginza-run", "c-epoll-under-ginza-run"],
+        "{cost}"
+    );
+    let d = &cost["direct_path"];
+    let (native, c) = (
+        d["native_api_p50_us"].as_f64().unwrap(),
+        d["c_under_ginza_run_p50_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < native && 0.0 < c, "{d}");
+    assert!(
+        (c - native - d["added_p50_us"].as_f64().unwrap()).abs() < 1e-6,
+        "{d}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
 /// The batch application's grants in a run's `iokerneld` summary
 /// ("batch: N grants, …").
 fn batch_grants(run: &serde_json::Value) -> Option<u64> {

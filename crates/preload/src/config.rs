@@ -11,6 +11,7 @@
 //! | `GINZA_DIRECT` | `IF:QUEUE`: the direct path, the program's own AF_XDP socket on receive queue `QUEUE` of iokerneld's interface `IF` (docs/direct-path.md); needs `GINZA_IP` | unset |
 //! | `GINZA_PROTECTED` | TCP through the netstack at this socket (empty: its default) | unset |
 //! | `GINZA_TIME_SLICE` | preempt a thread that ran this long while others wait (`0`: never) | `1ms` |
+//! | `GINZA_NET_STATS` | a file the program's network counters are written to when it exits (`net_stats_file.rs`) | unset |
 //! | `GINZA_STACK_SIZE` | bytes of a thread's stack when its attributes name none | the stack rlimit (8 MiB usually), 2 MiB if unlimited |
 
 use std::path::PathBuf;

@@ -16,7 +16,7 @@
 //! once), `mutex.rs`, `cond.rs`, `rwlock.rs`, `barrier.rs`, `spin.rs`,
 //! `sem.rs`, `preempt_at.rs` (where a program thread may be preempted), `setxid.rs` (setuid and kin), `time.rs` (sleeps and yield), `signal.rs` (the program's
 //! signal handlers), `process.rs` (fork), `start.rs` (the runtime and
-//! `main`), `running.rs` (whether it runs), `capi.rs` (`include/ginza.h`), `config.rs` (the environment
+//! `main`), `running.rs` (whether it runs), `capi.rs` (`include/ginza.h`), `net_stats_file.rs` (the network counters written at exit, `GINZA_NET_STATS`), `config.rs` (the environment
 //! `ginza run` sets) and `say.rs` (one line per unsupported call).
 //!
 //! Sockets: `gsock.rs` (the Ginza socket object), `socket.rs` (AF_INET
@@ -47,6 +47,7 @@ mod kwatch;
 mod lot;
 mod mode;
 mod mutex;
+mod net_stats_file;
 mod pollset;
 mod preempt_at;
 mod process;

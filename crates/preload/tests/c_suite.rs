@@ -470,6 +470,62 @@ fn the_exit_status_passes_through() {
     );
 }
 
+/// `GINZA_NET_STATS` names a file the library writes the program's network
+/// counters to when it exits (its return from `main` or `exit`), and only
+/// then; a program with no network (standalone here) says so in it. The
+/// counts themselves are checked where a program has a network:
+/// `ginza bench memcached`'s memcached-ginza-direct
+/// (crates/cli/tests/bench_memcached.rs).
+#[test]
+fn the_network_counters_are_written_at_exit() {
+    if !have_cc() {
+        return;
+    }
+    let src = "#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n\
+               int main(int argc, char **argv) {\n\
+               \tconst char *path = argv[1];\n\
+               \tif (access(path, F_OK) == 0) { fprintf(stderr, \"written before exit\\n\"); return 9; }\n\
+               \tif (argc > 2) exit(5);\n\
+               \treturn 4;\n\
+               }\n";
+    let bin = program_from_source("net_stats_at_exit", src, &[]).unwrap_or_else(|e| panic!("{e}"));
+    let bins = bins();
+    let _g = lock();
+    let dir = tempfile::tempdir().unwrap();
+    for (how, extra, code) in [
+        ("returns from main", None, 4),
+        ("calls exit", Some("exit"), 5),
+    ] {
+        let path = dir.path().join(format!("stats-{code}"));
+        let mut cmd = Command::new(&bins.ginza);
+        cmd.args(["run", "--kthreads", "1", "--"])
+            .arg(&bin)
+            .arg(&path)
+            .args(extra)
+            .env("GINZA_NET_STATS", &path);
+        let what = format!("ginza run on a program that {how}, GINZA_NET_STATS set");
+        let o = run_captured(cmd, &what, false);
+        assert_eq!(o.status.code(), Some(code), "{}", o.describe(&what));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{what}: no {}: {e}", path.display()));
+        assert_eq!(text, "unavailable 1\n", "{what}");
+    }
+    // Unset: nothing written.
+    let path = dir.path().join("unset");
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "1", "--"])
+        .arg(&bin)
+        .arg(&path);
+    let o = run_captured(cmd, "ginza run without GINZA_NET_STATS", false);
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        o.describe("without GINZA_NET_STATS")
+    );
+    assert!(!path.exists());
+}
+
 /// A program killed by a signal: `ginza run`'s status shows that signal,
 /// both for a SIGKILL it sends itself and for a SIGTERM from outside that
 /// it does not handle.

@@ -2,7 +2,7 @@
 //! [`QUEUES`] queues; iokerneld opens its host end for applications' own
 //! sockets (`af_xdp:IF,direct`, driver mode); the Ginza server binds an
 //! AF_XDP socket of its own to queue 1, 2, … in turn (after a TCP server's
-//! round the kernel refused to bind its queue again for over 10 s,
+//! round the kernel refused to bind its queue again for minutes,
 //! `EBUSY`: docs/direct-path.md, "Left"); and while it serves,
 //! every CPU of the namespace transmits on that queue (XPS), which a veth
 //! delivers on the receive queue of the same number. Between direct rounds the namespace transmits on queue 0, so
@@ -20,10 +20,15 @@ use serde::Serialize;
 
 use super::iokerneld::{start_on, Cpus};
 
-/// The veth's queues in a bench with a direct-path server.
-pub(crate) const QUEUES: u32 = 16;
+/// The veth's queues in a bench with a direct-path server: one direct-path
+/// point per queue but 0 before a queue is used again, since a queue an
+/// in-process server's own socket was bound to stayed busy (`EBUSY`) for
+/// minutes after it, well past 15 points (`ginza bench memcached`'s
+/// default sweep has 18 direct points, a run with memcached-ginza-direct
+/// and the library's cost more).
+pub(crate) const QUEUES: u32 = 64;
 
-/// The queue of the next direct-path server's own socket: 1 to 15 in turn.
+/// The queue of the next direct-path server's own socket: 1 to 63 in turn.
 fn next_queue() -> u32 {
     static N: AtomicU32 = AtomicU32::new(0);
     1 + N.fetch_add(1, Relaxed) % (QUEUES - 1)

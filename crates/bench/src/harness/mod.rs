@@ -2,11 +2,13 @@
 //! internals: one way to start iokerneld ([`iokerneld`]), one handle on a
 //! Ginza application ([`app`]), the direct path's veth setup
 //! ([`direct`]), the round trips' shape and quantiles ([`rtt`]), figures
-//! and their printing ([`figures`]), the Shinjuku-mode work and CPUs
+//! and their printing ([`figures`]), the bench's weight against other
+//! sessions ([`autogroup`]), the Shinjuku-mode work and CPUs
 //! ([`work`]), Linux's batch peer ([`linux_batch`]) and the loop every
 //! load sweep runs through ([`sweep`]).
 
 pub(crate) mod app;
+pub(crate) mod autogroup;
 pub(crate) mod cpu_split;
 pub(crate) mod direct;
 pub(crate) mod figures;

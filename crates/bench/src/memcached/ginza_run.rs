@@ -4,6 +4,7 @@
 //! library, docs/preload.md), registered with the bench's iokerneld as a
 //! latency-critical application with one kthread.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -66,6 +67,18 @@ pub fn locate() -> anyhow::Result<GinzaRun> {
     })
 }
 
+/// How a program under `ginza run` is reached: its address, and on the
+/// direct path its own socket's `IF:QUEUE`, with the file its network
+/// counters go to when it exits (`GINZA_NET_STATS`, read by
+/// [`Started::net_stats`](super::Started)).
+#[derive(Clone, Copy)]
+pub(super) struct Placement<'a> {
+    pub(super) mac: MacAddr,
+    pub(super) ip: Ipv4Addr,
+    pub(super) direct: Option<&'a str>,
+    pub(super) net_stats: Option<&'a Path>,
+}
+
 /// `ginza run --iokernel=SOCKET --ip IP --mac MAC -- PROGRAM ARGS`, named
 /// `name` at iokerneld, with one kthread and no guaranteed core (kv-server's terms
 /// under the shenango allocator), its stderr kept for a failure's message;
@@ -73,11 +86,16 @@ pub fn locate() -> anyhow::Result<GinzaRun> {
 pub(super) fn command(
     run: &GinzaRun,
     socket: &Path,
-    (mac, ip): (MacAddr, Ipv4Addr),
+    at: Placement<'_>,
     name: &str,
-    direct: Option<&str>,
     (program, args): (&Path, &[String]),
 ) -> Command {
+    let Placement {
+        mac,
+        ip,
+        direct,
+        net_stats,
+    } = at;
     let mut cmd = Command::new(&run.ginza);
     cmd.arg("run")
         .arg(format!("--iokernel={}", socket.display()))
@@ -96,11 +114,45 @@ pub(super) fn command(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    if let Some(path) = net_stats {
+        cmd.env("GINZA_NET_STATS", path);
+    }
     cmd
 }
 
-/// Starts `program` under `ginza run` as application `name` at `(mac,
-/// ip)` (on the direct path with `direct`, `IF:QUEUE`); returns once
+/// The counters a program under `ginza run` wrote at exit
+/// (`GINZA_NET_STATS`: one `name value` line each).
+pub(super) fn read_net_stats(path: &Path) -> anyhow::Result<BTreeMap<String, u64>> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading {} (the network counters the program under ginza run writes at exit)",
+            path.display()
+        )
+    })?;
+    let mut counters = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let parsed = line
+            .split_once(' ')
+            .and_then(|(name, value)| Some((name.to_string(), value.parse::<u64>().ok()?)));
+        let (name, value) = parsed.with_context(|| {
+            format!(
+                "{} line {}: {line:?} is not `name value`",
+                path.display(),
+                i + 1
+            )
+        })?;
+        counters.insert(name, value);
+    }
+    anyhow::ensure!(
+        !counters.contains_key("unavailable"),
+        "{}: the program's runtime had no network counters at exit",
+        path.display()
+    );
+    Ok(counters)
+}
+
+/// Starts `program` under `ginza run` as application `name` placed as
+/// `at` says; returns once
 /// iokerneld lists it (it listens shortly after: a
 /// client's first connection retries a refusal). The address is the one
 /// its native peer in the same run has, MAC included: the namespace's
@@ -108,22 +160,14 @@ pub(super) fn command(
 pub(super) fn start(
     run: &GinzaRun,
     iokerneld: &ginza_iokernel::InProcess,
-    address: (MacAddr, Ipv4Addr),
+    at: Placement<'_>,
     name: &str,
-    direct: Option<&str>,
     (program, args): (&Path, &[String]),
 ) -> anyhow::Result<Started> {
     let mut child = Started(
-        command(
-            run,
-            iokerneld.socket(),
-            address,
-            name,
-            direct,
-            (program, args),
-        )
-        .spawn()
-        .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
+        command(run, iokerneld.socket(), at, name, (program, args))
+            .spawn()
+            .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
     );
     let t0 = std::time::Instant::now();
     while !iokerneld

@@ -12,6 +12,14 @@
 //! round trips on one connection, the servers interleaved round by round.
 //! The difference of the p50s is the library's cost per request (one read
 //! and one write through it; and one `epoll_wait`).
+//!
+//! With a direct-path system in the sweep (memcached-ginza-direct), the same
+//! three servers are measured again on the direct path (each its own AF_XDP
+//! socket, `harness::direct`), interleaved with the others: what the library
+//! adds where iokerneld is off the request's path. A direct series fails
+//! unless the server's frames went around iokerneld (the native server's
+//! own-socket counts cover every round trip; for the C servers iokerneld's
+//! NIC saw under a tenth as many frames as there were round trips).
 
 use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
@@ -31,6 +39,7 @@ use serde::Serialize;
 use super::ginza_run::{self, GinzaRun};
 use super::START_TIMEOUT;
 use crate::harness::app::App;
+use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::median;
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
 use crate::harness::rtt::{IO_TIMEOUT, PAYLOAD, WARMUP};
@@ -69,6 +78,8 @@ impl EchoServer {
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct EchoRound {
     pub(super) server: EchoServer,
+    /// On the direct path (the server's own socket).
+    pub(super) direct: bool,
     pub(super) round: u32,
     pub(super) round_trips: u64,
     pub(super) p50_us: f64,
@@ -93,67 +104,114 @@ pub(super) struct LibraryCost {
     /// c-epoll-under-ginza-run p50 − native-api p50: the same with an
     /// `epoll_wait` through the library before each read.
     pub(super) added_with_epoll_p50_us: f64,
+    /// The same three servers on the direct path, when measured.
+    pub(super) direct_path: Option<PathCost>,
     pub(super) rounds: Vec<EchoRound>,
 }
 
-/// `rounds` interleaved rounds (native, C, native, …) of `duration` each.
+/// The library's cost on one path: medians over the rounds, µs.
+#[derive(Clone, Debug, Serialize)]
+pub(super) struct PathCost {
+    pub(super) native_api_p50_us: f64,
+    pub(super) native_api_p99_us: f64,
+    pub(super) c_under_ginza_run_p50_us: f64,
+    pub(super) c_under_ginza_run_p99_us: f64,
+    pub(super) added_p50_us: f64,
+    pub(super) c_epoll_under_ginza_run_p50_us: f64,
+    pub(super) c_epoll_under_ginza_run_p99_us: f64,
+    pub(super) added_with_epoll_p50_us: f64,
+}
+
+impl PathCost {
+    /// The medians of `series`' rounds on the direct path or not.
+    fn of(series: &[EchoRound], direct: bool) -> anyhow::Result<PathCost> {
+        let med = |server: EchoServer, f: fn(&EchoRound) -> f64| {
+            let v: Vec<f64> = series
+                .iter()
+                .filter(|r| r.server == server && r.direct == direct)
+                .map(f)
+                .collect();
+            median(&v).context("no round measured")
+        };
+        let native_p50 = med(EchoServer::NativeApi, |r| r.p50_us)?;
+        let c_p50 = med(EchoServer::CUnderGinzaRun, |r| r.p50_us)?;
+        let epoll_p50 = med(EchoServer::CEpollUnderGinzaRun, |r| r.p50_us)?;
+        Ok(PathCost {
+            native_api_p50_us: native_p50,
+            native_api_p99_us: med(EchoServer::NativeApi, |r| r.p99_us)?,
+            c_under_ginza_run_p50_us: c_p50,
+            c_under_ginza_run_p99_us: med(EchoServer::CUnderGinzaRun, |r| r.p99_us)?,
+            added_p50_us: c_p50 - native_p50,
+            c_epoll_under_ginza_run_p50_us: epoll_p50,
+            c_epoll_under_ginza_run_p99_us: med(EchoServer::CEpollUnderGinzaRun, |r| r.p99_us)?,
+            added_with_epoll_p50_us: epoll_p50 - native_p50,
+        })
+    }
+}
+
+/// `rounds` interleaved rounds (native, C, native, …) of `duration` each;
+/// with `direct`, each round measures the three on the direct path too (the
+/// namespace's veth then has the direct path's queues).
 pub(super) fn measure(
     ns: &NetNs,
     cpus: Cpus,
     run: &GinzaRun,
-    rounds: u32,
+    (rounds, direct): (u32, bool),
     duration: Duration,
 ) -> anyhow::Result<LibraryCost> {
     let dir = tempdir_for_c()?;
     let program = compile(&dir)?;
+    let paths: &[bool] = if direct { &[false, true] } else { &[false] };
     let mut series = Vec::new();
     for round in 0..rounds {
-        for server in [
-            EchoServer::NativeApi,
-            EchoServer::CUnderGinzaRun,
-            EchoServer::CEpollUnderGinzaRun,
-        ] {
-            let r = one_series(ns, cpus, run, &program, server, duration)
-                .with_context(|| format!("library cost, round {round}: {}", server.name()))?;
-            eprintln!(
-                "library cost, round {round}: {:<18} p50 {:>7.1} µs  p99 {:>7.1} µs  ({} round trips)",
-                server.name(),
-                r.0,
-                r.1,
-                r.2
-            );
-            series.push(EchoRound {
-                server,
-                round,
-                p50_us: r.0,
-                p99_us: r.1,
-                round_trips: r.2,
-                backend: r.3,
-            });
+        for &direct in paths {
+            for server in [
+                EchoServer::NativeApi,
+                EchoServer::CUnderGinzaRun,
+                EchoServer::CEpollUnderGinzaRun,
+            ] {
+                let path = if direct { ", direct path" } else { "" };
+                let r = one_series(ns, cpus, run, &program, (server, direct), duration)
+                    .with_context(|| {
+                        format!("library cost, round {round}: {}{path}", server.name())
+                    })?;
+                eprintln!(
+                    "library cost, round {round}: {:<24} p50 {:>7.1} µs  p99 {:>7.1} µs  ({} round trips)",
+                    format!("{}{path}", server.name()),
+                    r.0,
+                    r.1,
+                    r.2
+                );
+                series.push(EchoRound {
+                    server,
+                    direct,
+                    round,
+                    p50_us: r.0,
+                    p99_us: r.1,
+                    round_trips: r.2,
+                    backend: r.3,
+                });
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let med = |server: EchoServer, f: fn(&EchoRound) -> f64| {
-        let v: Vec<f64> = series
-            .iter()
-            .filter(|r| r.server == server)
-            .map(f)
-            .collect();
-        median(&v).context("no round measured")
+    let switch = PathCost::of(&series, false)?;
+    let direct_path = if direct {
+        Some(PathCost::of(&series, true)?)
+    } else {
+        None
     };
-    let native_p50 = med(EchoServer::NativeApi, |r| r.p50_us)?;
-    let c_p50 = med(EchoServer::CUnderGinzaRun, |r| r.p50_us)?;
-    let epoll_p50 = med(EchoServer::CEpollUnderGinzaRun, |r| r.p50_us)?;
     Ok(LibraryCost {
         payload_bytes: PAYLOAD,
-        native_api_p50_us: native_p50,
-        native_api_p99_us: med(EchoServer::NativeApi, |r| r.p99_us)?,
-        c_under_ginza_run_p50_us: c_p50,
-        c_under_ginza_run_p99_us: med(EchoServer::CUnderGinzaRun, |r| r.p99_us)?,
-        added_p50_us: c_p50 - native_p50,
-        c_epoll_under_ginza_run_p50_us: epoll_p50,
-        c_epoll_under_ginza_run_p99_us: med(EchoServer::CEpollUnderGinzaRun, |r| r.p99_us)?,
-        added_with_epoll_p50_us: epoll_p50 - native_p50,
+        native_api_p50_us: switch.native_api_p50_us,
+        native_api_p99_us: switch.native_api_p99_us,
+        c_under_ginza_run_p50_us: switch.c_under_ginza_run_p50_us,
+        c_under_ginza_run_p99_us: switch.c_under_ginza_run_p99_us,
+        added_p50_us: switch.added_p50_us,
+        c_epoll_under_ginza_run_p50_us: switch.c_epoll_under_ginza_run_p50_us,
+        c_epoll_under_ginza_run_p99_us: switch.c_epoll_under_ginza_run_p99_us,
+        added_with_epoll_p50_us: switch.added_with_epoll_p50_us,
+        direct_path,
         rounds: series,
     })
 }
@@ -186,67 +244,112 @@ fn compile(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// One series against `server` under a fresh iokerneld: (p50 µs, p99 µs,
-/// round trips, backend).
+/// One series against `server` under a fresh iokerneld, on the direct path
+/// if `direct`: (p50 µs, p99 µs, round trips, backend).
 fn one_series(
     ns: &NetNs,
     cpus: Cpus,
     run: &GinzaRun,
     program: &Path,
-    server: EchoServer,
+    (server, direct): (EchoServer, bool),
     duration: Duration,
 ) -> anyhow::Result<(f64, f64, u64, String)> {
     let configure = |cfg: &mut IokConfig| {
         cfg.policy = PolicyKind::Shenango;
         Ok(())
     };
-    let (backend, r) = with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
+    let serve = |iokerneld: &InProcess, queue: Option<u32>| {
         let target = SocketAddrV4::new(ns.peer_ip, PORT);
         match server {
-            EchoServer::NativeApi => native(ns, iokerneld, target, duration),
+            EchoServer::NativeApi => native(ns, iokerneld, (target, queue), duration),
             EchoServer::CUnderGinzaRun | EchoServer::CEpollUnderGinzaRun => {
                 let mut args = vec![PORT.to_string()];
                 if server == EchoServer::CEpollUnderGinzaRun {
                     args.push("epoll".into());
                 }
-                let mut child = ginza_run::start(
-                    run,
-                    iokerneld,
-                    (MAC, ns.peer_ip),
-                    server.name(),
-                    None,
-                    (program, &args),
-                )?;
+                let own = queue.map(|q| format!("{}:{q}", ns.host_if));
+                let at = ginza_run::Placement {
+                    mac: MAC,
+                    ip: ns.peer_ip,
+                    direct: own.as_deref(),
+                    net_stats: None,
+                };
+                let before = iokerneld.stats()?;
+                let mut child =
+                    ginza_run::start(run, iokerneld, at, server.name(), (program, &args))?;
                 let r = probe(ns, target, duration);
                 let alive = child.0.try_wait()?.is_none();
                 child.stop();
                 anyhow::ensure!(alive, "the C echo server exited: {}", child.stderr());
-                r
+                let r = r?;
+                if queue.is_some() {
+                    // Its own socket's counts stay in the child (it is
+                    // killed): iokerneld's NIC tells whether the round trips
+                    // went around it.
+                    let nic_rx =
+                        iokerneld.stats()?.dataplane.nic_rx_frames - before.dataplane.nic_rx_frames;
+                    anyhow::ensure!(
+                        nic_rx < r.2 / 10,
+                        "the C echo server on the direct path: iokerneld's NIC received \
+                         {nic_rx} frames for {} round trips",
+                        r.2
+                    );
+                }
+                Ok(r)
             }
         }
-    })?;
+    };
+    if direct {
+        let r = direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
+            serve(iokerneld, Some(queue))
+        })?;
+        return Ok((r.0, r.1, r.2, "af_xdp,direct".into()));
+    }
+    let (backend, r) =
+        with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| serve(iokerneld, None))?;
     Ok((r.0, r.1, r.2, backend))
 }
 
-/// The native server as a runtime application of this process.
+/// The native server as a runtime application of this process; on the
+/// direct path with its own socket on `queue`, if given.
 fn native(
     ns: &NetNs,
     iokerneld: &InProcess,
-    target: SocketAddrV4,
+    (target, queue): (SocketAddrV4, Option<u32>),
     duration: Duration,
 ) -> anyhow::Result<(f64, f64, u64)> {
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
-    let mut app = App::start(iokerneld, "echo-native", (MAC, ns.peer_ip), move || {
-        echo_server::serve_tcp(PORT, s2, Arc::new(EchoStats::default()))
-    })?;
+    let tune = |cfg: &mut ginza_runtime::Config| {
+        if let Some(q) = queue {
+            direct::enable(cfg, ns, q, false);
+        }
+    };
+    let nic_before = iokerneld.stats()?;
+    let mut app = App::start_tuned(
+        iokerneld,
+        "echo-native",
+        (MAC, ns.peer_ip),
+        tune,
+        move || {
+            let served = echo_server::serve_tcp(PORT, s2, Arc::new(EchoStats::default()));
+            (served, ginza_runtime::net::stats())
+        },
+    )?;
     let r = probe(ns, target, duration);
     stop.store(true, Relaxed);
-    let served = app.join().and_then(|r| r.context("the native echo server"));
-    match (r, served) {
-        (Ok(r), Ok(())) => Ok(r),
-        (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+    let served = app
+        .join()
+        .and_then(|(r, net)| r.context("the native echo server").map(|()| net));
+    let (r, net) = match (r, served) {
+        (Ok(r), Ok(net)) => (r, net),
+        (Err(e), _) | (Ok(_), Err(e)) => return Err(e),
+    };
+    if queue.is_some() {
+        let frames = DirectFrames::of(net.as_ref(), &nic_before, &iokerneld.stats()?)?;
+        frames.check(r.2)?;
     }
+    Ok(r)
 }
 
 /// Waits (from the namespace) until `target` accepts, then one

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""Where a `ginza bench memcached` point's requests wait, from a system-wide
+perf trace of one point (docs/results.md, "Session 20: memcached on the
+direct path").
+
+Record one point (as root), then read it:
+
+    perf record -m 64M -a -o point.data \
+        -e sched:sched_switch,sched:sched_waking,xdp:xdp_redirect \
+        -e syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg -- \
+        ginza bench memcached --json --loads 40k --rounds 1 --duration 2s \
+        --systems ginza-direct --library-rounds 0
+    perf script -i point.data -F comm,pid,tid,cpu,time,event,trace \
+        | python3 bench/perf/request_phases.py
+
+Threads are told apart by name: the generator (`loadgen-*`), iokerneld's
+loop (`iokerneld`), the server (kv-server's kthreads `ginza-k*` in the
+bench's process, or memcached's threads, under `ginza run` or not), batch
+(`ginza-k*` of another process, or Linux's `linux-batch`), everything else
+("other", its largest names listed). It prints:
+
+* each CPU's time by role over the trace;
+* wake-up latency (sched_waking to running) by role;
+* who wakes the server;
+* phases, each a distribution: a generator send (its `sendto`) while no
+  server thread runs → the server running; the same from the frame's XDP
+  redirect (direct path); from such a frame to iokerneld's wake of the
+  server, and what CPU 0 ran meanwhile; the server's first send system
+  call after it ran → the generator running.
+
+The trace covers the whole point (set-up and the keys' preload too, a
+small part of it); perf itself shows up as "other".
+"""
+import collections
+import re
+import sys
+
+LINE = re.compile(r'^\s*(.+?)\s+(\d+)/(\d+)\s+\[(\d+)\]\s+([\d.]+):\s+([\w:]+):\s*(.*)$')
+
+
+def fields(rest):
+    return dict(re.findall(r'(\w+)=(\S+)', rest))
+
+
+def quantile(v, q):
+    if not v:
+        return float('nan')
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def main():
+    events = []
+    tgid, main_comm, comms = {}, {}, {}
+    for line in sys.stdin:
+        m = LINE.match(line)
+        if not m:
+            continue
+        comm, pid, tid, cpu, t, name, rest = m.groups()
+        pid, tid, cpu, t = int(pid), int(tid), int(cpu), float(t)
+        tgid[tid] = pid
+        comms[tid] = comm
+        if pid == tid:
+            main_comm[pid] = comm
+        events.append((t, cpu, tid, comm, name, rest))
+    if not events:
+        sys.exit("no events: was the trace recorded with the events above?")
+    bench = next((tgid[e[2]] for e in events if e[3].startswith('loadgen')), None)
+
+    def role(tid):
+        c, g = comms.get(tid, '?'), tgid.get(tid)
+        if tid == 0:
+            return 'idle'
+        if c.startswith('loadgen'):
+            return 'generator'
+        if c.startswith('iokerneld'):
+            return 'iokerneld'
+        if c == 'linux-batch':
+            return 'batch'
+        memcached = main_comm.get(g, '').startswith('memcached')
+        if c.startswith('ginza-k'):
+            return 'server' if g == bench or memcached else 'batch'
+        if memcached or c.startswith('memcached') or c.startswith('mc-'):
+            return 'server'
+        if g == bench:
+            return 'bench, other threads'
+        return 'other'
+
+    span = events[-1][0] - events[0][0]
+    running = {}  # cpu -> (tid, since)
+    by_role = collections.defaultdict(float)
+    by_name = collections.defaultdict(float)
+    waking = {}
+    wake_latency = collections.defaultdict(list)
+    wakers = collections.Counter()
+    server_on = set()
+    sends, frames = [], []
+    send_to_run, frame_to_run, reply_to_generator = [], [], []
+    notice, notice_cpu0 = [], collections.defaultdict(float)
+    first_frame = None
+    reply = None
+    for t, cpu, tid, comm, name, rest in events:
+        if name == 'sched:sched_switch':
+            f = fields(rest)
+            prev, nxt = int(f['prev_pid']), int(f['next_pid'])
+            comms.setdefault(nxt, f.get('next_comm', '?'))
+            if cpu in running:
+                ptid, since = running[cpu]
+                by_role[(cpu, role(ptid))] += t - since
+                if role(ptid) in ('other', 'bench, other threads'):
+                    by_name[(cpu, comms.get(ptid, '?'))] += t - since
+                if cpu == 0 and first_frame is not None:
+                    notice_cpu0[role(ptid)] += t - max(since, first_frame)
+            running[cpu] = (nxt, t)
+            server_on.discard(prev)
+            if role(nxt) == 'server':
+                server_on.add(nxt)
+                send_to_run += [t - s for s in sends]
+                frame_to_run += [t - s for s in frames]
+                sends, frames = [], []
+            if nxt in waking:
+                wake_latency[role(nxt)].append(t - waking.pop(nxt))
+            if role(nxt) == 'generator' and reply is not None:
+                reply_to_generator.append(t - reply)
+                reply = None
+        elif name == 'sched:sched_waking':
+            woken = int(fields(rest)['pid'])
+            waking.setdefault(woken, t)
+            if role(woken) == 'server':
+                wakers[role(tid)] += 1
+                if role(tid) == 'iokerneld' and first_frame is not None:
+                    if 0 in running:
+                        ptid, since = running[0]
+                        notice_cpu0[role(ptid)] += t - max(since, first_frame)
+                    notice.append(t - first_frame)
+                    first_frame = None
+        elif name == 'xdp:xdp_redirect':
+            if not server_on:
+                frames.append(t)
+                if first_frame is None:
+                    first_frame = t
+        elif name.startswith('syscalls:sys_enter_'):
+            r = role(tid)
+            if r == 'generator' and not server_on:
+                sends.append(t)
+            elif r == 'server' and reply is None:
+                reply = t
+
+    print(f"trace of {span:.3f} s, {len(events)} events")
+    print("each CPU's time by role, % of the trace:")
+    for c in sorted({c for c, _ in by_role}):
+        row = sorted(((r, v) for (cc, r), v in by_role.items() if cc == c), key=lambda x: -x[1])
+        print(f"  cpu{c}: " + ", ".join(f"{r} {100 * v / span:.1f}" for r, v in row))
+        names = sorted(((n, v) for (cc, n), v in by_name.items() if cc == c), key=lambda x: -x[1])
+        if names:
+            print("    of which: " + ", ".join(f"{n} {100 * v / span:.1f}" for n, v in names[:6]))
+    print("wake-up latency (waking -> running), µs: role, wakes, p50, p99, p99.9")
+    for r, v in sorted(wake_latency.items()):
+        print(f"  {r}: {len(v)}, {1e6 * quantile(v, .5):.1f}, {1e6 * quantile(v, .99):.1f}, "
+              f"{1e6 * quantile(v, .999):.1f}")
+    print("who wakes the server:", dict(wakers))
+    print("phases, µs: n, p50, p90, p99, p99.9")
+    for label, v in [
+        ("generator send, no server thread running -> server running", send_to_run),
+        ("frame redirected (XDP), no server thread running -> server running", frame_to_run),
+        ("first such frame -> iokerneld wakes the server", notice),
+        ("server's first send system call -> generator running", reply_to_generator),
+    ]:
+        print(f"  {label}: {len(v)}, {1e6 * quantile(v, .5):.1f}, {1e6 * quantile(v, .9):.1f}, "
+              f"{1e6 * quantile(v, .99):.1f}, {1e6 * quantile(v, .999):.1f}")
+    total = sum(notice_cpu0.values())
+    if total > 0:
+        print("CPU 0 between a frame and iokerneld's wake of the server, %: " + ", ".join(
+            f"{r} {100 * v / total:.1f}" for r, v in sorted(notice_cpu0.items(), key=lambda x: -x[1])))
+
+
+if __name__ == '__main__':
+    main()
