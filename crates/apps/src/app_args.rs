@@ -37,7 +37,7 @@ pub struct AppArgs {
     pub guaranteed: u32,
     /// Out of work, one kthread keeps its core and polls this long with no
     /// arrival while no other application wants the core; 0: park at once
-    /// (docs/idle-poll.md) [default: 0, for now; 2s is the bound to try].
+    /// (docs/idle-poll.md) [default: 2s].
     #[arg(long, value_parser = parse_duration)]
     pub poll_while_idle: Option<Duration>,
     /// Name at iokerneld [default: the program's name].
@@ -195,7 +195,7 @@ mod tests {
                 .unwrap()
                 .poll_while_idle
         };
-        assert_eq!(io(&["x"]), Duration::ZERO);
+        assert_eq!(io(&["x"]), ginza_runtime::POLL_WHILE_IDLE);
         assert_eq!(
             io(&["x", "--poll-while-idle", "2s"]),
             ginza_runtime::POLL_WHILE_IDLE

@@ -645,6 +645,12 @@ pub fn run_shinjuku(
     stop: Arc<AtomicBool>,
     stats: Arc<ScanStats>,
 ) -> anyhow::Result<ShinjukuSummary> {
+    let mut front = front;
+    if let Some(io) = front.iokernel.as_mut() {
+        // The workers are threads iokerneld does not see: a front polling
+        // while idle (docs/idle-poll.md) would hold the CPU they need.
+        io.poll_while_idle = Duration::ZERO;
+    }
     let (to_workers, requests) = mpsc::channel::<Inbound>();
     let (to_front, responses) = mpsc::channel::<Outbound>();
     let front_thread = {

@@ -344,6 +344,8 @@ fn app(socket: &std::path::Path, name: &str, class: Class, linger: Duration) -> 
     let mut cfg = app_config(socket, name, class, 1);
     if let Some(io) = cfg.iokernel.as_mut() {
         io.linger_after_park = linger;
+        // Every gap must end in a park, or there is no grant to measure.
+        io.poll_while_idle = Duration::ZERO;
     }
     cfg
 }

@@ -18,6 +18,11 @@ pub struct RunArgs {
     /// Cores iokerneld never takes away (with --iokernel).
     #[arg(long)]
     guaranteed: Option<u32>,
+    /// Out of work, one kthread keeps its core and polls this long with no
+    /// arrival while no other application wants it; 0: park at once
+    /// (docs/idle-poll.md) [default: 2s for class lc, 0 for batch].
+    #[arg(long, value_name = "DURATION")]
+    poll_while_idle: Option<String>,
     /// The program's class at iokerneld.
     #[arg(long, value_parser = ["lc", "batch"])]
     class: Option<String>,
@@ -80,6 +85,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     set("GINZA_KTHREADS", args.kthreads.map(|k| k.to_string()));
     set("GINZA_GUARANTEED", args.guaranteed.map(|g| g.to_string()));
     set("GINZA_CLASS", args.class.clone());
+    set("GINZA_POLL_WHILE_IDLE", args.poll_while_idle.clone());
     set("GINZA_IP", args.ip.clone());
     set("GINZA_MAC", args.mac.clone());
     set("GINZA_DIRECT", args.direct.clone());

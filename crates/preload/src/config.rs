@@ -10,12 +10,14 @@
 //! | `GINZA_IP`, `GINZA_MAC` | the application's address on iokerneld's switch | none |
 //! | `GINZA_DIRECT` | `IF:QUEUE`: the direct path, the program's own AF_XDP socket on receive queue `QUEUE` of iokerneld's interface `IF` (docs/direct-path.md); needs `GINZA_IP` | unset |
 //! | `GINZA_PROTECTED` | TCP through the netstack at this socket (empty: its default) | unset |
+//! | `GINZA_POLL_WHILE_IDLE` | out of work, one kthread polls this long with no arrival while no other application wants its core (`0`: park at once; docs/idle-poll.md) | `2s` (`lc`), `0` (`batch`) |
 //! | `GINZA_TIME_SLICE` | preempt a thread that ran this long while others wait (`0`: never) | `1ms` |
 //! | `GINZA_NET_STATS` | a file the program's network counters are written to when it exits (`net_stats_file.rs`) | unset |
 //! | `GINZA_STACK_SIZE` | bytes of a thread's stack when its attributes name none | the stack rlimit (8 MiB usually), 2 MiB if unlimited |
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use ginza_runtime::net::protected::ProtectedConfig;
 use ginza_runtime::net::{Interface, Ipv4Addr, MacAddr, NetConfig};
@@ -88,6 +90,13 @@ fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// Variable `name`'s `value` as a duration (`2s`, `500us`, `0`), if set.
+fn duration(name: &str, value: Option<String>) -> Result<Option<Duration>, String> {
+    value
+        .map(|v| ginza_proto::parse_duration(&v).map_err(|e| format!("{name}={v:?}: {e}")))
+        .transpose()
+}
+
 /// `GINZA_DIRECT`'s `IF:QUEUE`.
 fn direct_path(value: &str) -> Result<(&str, u32), String> {
     let bad = |why: &str| format!("GINZA_DIRECT={value:?}: {why} (IF:QUEUE, e.g. eth0:1)");
@@ -109,13 +118,9 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
     // SAFETY: before main, on the only thread that runs the program's code.
     unsafe { libc::setenv(c"GINZA_DESCENDANT".as_ptr(), c"1".as_ptr(), 1) };
     let stack_size = number("GINZA_STACK_SIZE")?.unwrap_or_else(default_stack);
-    let time_slice = match var("GINZA_TIME_SLICE") {
-        None => Some(std::time::Duration::from_millis(1)),
-        Some(v) => {
-            let d = ginza_proto::parse_duration(&v)
-                .map_err(|e| format!("GINZA_TIME_SLICE={v:?}: {e}"))?;
-            (!d.is_zero()).then_some(d)
-        }
+    let time_slice = match duration("GINZA_TIME_SLICE", var("GINZA_TIME_SLICE"))? {
+        None => Some(Duration::from_millis(1)),
+        Some(d) => (!d.is_zero()).then_some(d),
     };
     let mut config = Config {
         stack_size,
@@ -144,6 +149,8 @@ pub(crate) fn from_env(program: &str) -> Result<Config, String> {
         let mut io = IokernelConfig::new(name.as_str(), class);
         io.socket = (!socket.is_empty()).then(|| PathBuf::from(socket));
         io.guaranteed = number("GINZA_GUARANTEED")?.unwrap_or(0) as u32;
+        let poll = duration("GINZA_POLL_WHILE_IDLE", var("GINZA_POLL_WHILE_IDLE"))?;
+        io.poll_while_idle = poll.unwrap_or(io.poll_while_idle);
         if var("GINZA_PROTECTED").is_none() {
             io.net = interface.map(|i| NetConfig::new(i.mac, i.ip));
         }
@@ -203,7 +210,18 @@ pub(crate) fn network() -> Option<Network> {
 
 #[cfg(test)]
 mod tests {
-    use super::direct_path;
+    use super::{direct_path, duration};
+    use std::time::Duration;
+
+    #[test]
+    fn a_duration_variable_is_read_or_refused_by_name() {
+        let d = |v: &str| duration("GINZA_POLL_WHILE_IDLE", Some(v.into()));
+        assert_eq!(d("2s"), Ok(Some(Duration::from_secs(2))));
+        assert_eq!(d("0"), Ok(Some(Duration::ZERO)));
+        assert_eq!(duration("GINZA_POLL_WHILE_IDLE", None), Ok(None));
+        let e = d("soon").unwrap_err();
+        assert!(e.starts_with("GINZA_POLL_WHILE_IDLE=\"soon\""), "{e}");
+    }
 
     #[test]
     fn the_direct_path_is_an_interface_and_a_queue() {

@@ -193,7 +193,11 @@ fn cpu_ticks(pid: u32) -> u64 {
 #[test]
 fn idle_workers_waiting_on_a_pipe_and_sockets_use_no_cpu() {
     let Some(veth) = Veth::start() else { return };
-    let mut server = veth.server("echo_workers", &["7000", "4"]);
+    let mut cmd = veth.ginza_run("echo_workers", &["7000".into(), "4".into()]);
+    // Out of work, a kthread polls for a while by design (docs/idle-poll.md),
+    // which would hide a wait that spins: here every wait must park.
+    cmd.env("GINZA_POLL_WHILE_IDLE", "0");
+    let mut server = veth.server_from(cmd, "echo_workers");
     let to = veth.addr(7000);
     // Two connections per worker, each echoed once (so every worker has
     // added its own to its set), then left open and idle.

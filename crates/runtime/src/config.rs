@@ -220,9 +220,8 @@ pub struct IokernelConfig {
     /// rather than park, while no other application wants the core: iokerneld
     /// takes it back at once for anyone who does (docs/idle-poll.md). It
     /// parks after this long with no arrival (packets, work pushed from
-    /// outside); zero: never polls. `new` gives zero: beside batch it
-    /// costs batch throughput (docs/idle-poll.md, "Left");
-    /// [`POLL_WHILE_IDLE`] is the bound to opt in with.
+    /// outside); zero: never polls. `new` gives latency-critical
+    /// applications [`POLL_WHILE_IDLE`], batch zero.
     pub poll_while_idle: Duration,
     /// Send and receive packets (`crate::net`): iokerneld steers frames
     /// for this MAC/IP to the kthreads' ingress rings.
@@ -257,11 +256,13 @@ impl IokernelConfig {
             },
             sched_idle: class == Class::Batch,
             keep_cores_when_idle: false,
-            // Off by default: beside a SCHED_IDLE batch application it
-            // holds the CPU until iokerneld takes it back, where a parked
-            // kthread gives it to batch at once; measured, batch lost
-            // 20-37 % of its throughput (docs/idle-poll.md, "Left").
-            poll_while_idle: Duration::ZERO,
+            // A latency-critical application polls while nobody wants its
+            // core (docs/idle-poll.md, "The default").
+            poll_while_idle: if class == Class::LatencyCritical {
+                POLL_WHILE_IDLE
+            } else {
+                Duration::ZERO
+            },
             net: None,
             steering: None,
             dispatch: None,

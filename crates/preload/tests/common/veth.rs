@@ -158,7 +158,9 @@ impl Veth {
         self.server_from(with, program)
     }
 
-    fn server_from(&self, mut cmd: Command, program: &str) -> Server {
+    /// The server `cmd` starts (a `ginza_run` command, changed), once it
+    /// printed `ready`.
+    pub fn server_from(&self, mut cmd: Command, program: &str) -> Server {
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
