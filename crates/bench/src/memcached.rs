@@ -171,8 +171,8 @@ pub struct MemcachedArgs {
     out: PathBuf,
     /// Ginza: local wakes (iokerneld's `--local-wake`): batch's kthread on
     /// the server CPU wakes kv-server there, no inter-processor interrupt;
-    /// iokerneld wakes it itself after this wait, e.g. 5us (default: off,
-    /// as iokerneld's) (docs/runtime.md, "Local wakes").
+    /// iokerneld wakes it itself after this wait [default: iokerneld's,
+    /// 5us; 0: off] (docs/runtime.md, "Local wakes").
     #[arg(long, value_parser = parse_duration)]
     local_wake: Option<Duration>,
     /// Ginza: iokerneld busy-polls even while idle (`--spin`). By default
@@ -296,7 +296,8 @@ pub struct PointConfig {
     /// and keeps it while idle; under `slow` both applications keep the
     /// cores they hold while idle (as `ginza demo` runs them).
     pub allocator: PolicyKind,
-    /// Ginza: iokerneld's `local_wake_wait` (None: off).
+    /// Ginza: iokerneld's `local_wake_wait` (None: iokerneld's default;
+    /// zero: off).
     pub local_wake: Option<Duration>,
     /// memcached-ginza: `ginza` and the preload library.
     pub ginza_run: Option<GinzaRun>,
@@ -833,7 +834,9 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     };
     let configure = |icfg: &mut IokConfig| {
         icfg.policy = cfg.allocator;
-        icfg.local_wake_wait = cfg.local_wake;
+        if let Some(w) = cfg.local_wake {
+            icfg.local_wake_wait = (!w.is_zero()).then_some(w);
+        }
         icfg.spin = cfg.iokernel_spin;
         icfg.wake_alongside = cfg.wake_alongside;
         Ok(())

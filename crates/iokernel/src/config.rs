@@ -25,7 +25,7 @@
 //! flow_warm_up = "0s"      # flow-affinity: round-robin for every other new
 //!                          # flow during this long after registration
 //! steering_buckets = 512   # indirection: buckets per application
-//! local_wake = "5us"       # local wakes, iokerneld's wait (default off)
+//! local_wake = "5us"       # local wakes, iokerneld's wait ("0": off)
 //! metrics = "127.0.0.1:9464" # Prometheus metrics at http://ADDR/metrics
 //!                          # (docs/metrics.md; default: not served)
 //!
@@ -127,15 +127,15 @@ pub struct Config {
     /// signal follows the receiver's wake at once (docs/runtime.md,
     /// "Preemptions withdrawn").
     pub idle_victim_grace: Duration,
-    /// Off by default (docs/runtime.md, "Local wakes"): with
+    /// [`LOCAL_WAKE_WAIT`] by default (docs/runtime.md, "Local wakes"): with
     /// `handover_from_idle_at_once`, a kthread sleeping on the wake page,
     /// woken onto a core that a `SCHED_IDLE` kthread of an application
     /// mapping the page holds, is woken by that kthread (its queue line's
     /// doorbell, taken at its preemption points: a wake on the same CPU, no
     /// inter-processor interrupt), in any process; iokerneld wakes it
-    /// itself if nobody took the doorbell within this wait. Off by default
-    /// because a victim that seldom reaches a preemption point delays each
-    /// such wake by the whole wait.
+    /// itself if nobody took the doorbell within this wait, so a victim
+    /// that seldom reaches a preemption point delays each such wake by the
+    /// whole wait. `None`: off.
     pub local_wake_wait: Option<Duration>,
     /// Seed of the allocator's random victim choice.
     pub seed: u64,
@@ -169,6 +169,13 @@ pub const MAX_FLOW_TABLE: usize = 1 << 22;
 pub const MAX_STEERING_BUCKETS: usize = 1 << 16;
 
 /// Bounds that make an interval sensible.
+/// How long iokerneld leaves a local-wake doorbell to the `SCHED_IDLE`
+/// kthread on the CPU before it wakes the slot itself: a Rust batch
+/// application reaches a preemption point every few hundred ns; measured
+/// on the development VM, it took 3.5-48 µs off kv-server's p50 beside
+/// batch and gave batch 3-17 % more (docs/results.md, "Session 20:
+/// memcached on the direct path").
+pub const LOCAL_WAKE_WAIT: Duration = Duration::from_micros(5);
 pub const MIN_INTERVAL: Duration = Duration::from_micros(1);
 pub const MAX_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_SLOW_PERIOD: Duration = Duration::from_secs(60);
@@ -405,8 +412,7 @@ pub struct Cli {
     /// Local wakes (docs/runtime.md, "Local wakes"): a kthread sleeping on
     /// the wake page, given the core of a `SCHED_IDLE` kthread, is woken by
     /// that kthread from the core's CPU (no inter-processor interrupt);
-    /// iokerneld wakes it itself after this wait, e.g. 5us (default: off;
-    /// 0: off).
+    /// iokerneld wakes it itself after this wait [default: 5us; 0: off].
     #[arg(long, value_parser = parse_duration)]
     pub local_wake: Option<Duration>,
     /// Fault injection in the software switch, e.g.
@@ -469,7 +475,7 @@ impl Config {
             min_residency: DEFAULT_MIN_RESIDENCY,
             handover_from_idle_at_once: true,
             idle_victim_grace: DEFAULT_IDLE_VICTIM_GRACE,
-            local_wake_wait: None,
+            local_wake_wait: Some(LOCAL_WAKE_WAIT),
             seed: 0x5eed,
             nic: "software".into(),
             yield_after_nic_tx: true,
@@ -559,10 +565,12 @@ impl Config {
             .idle_sleep
             .or(dur("idle_sleep", file.idle_sleep.as_ref())?);
         c.run_for = cli.run_for.or(dur("run_for", file.run_for.as_ref())?);
-        c.local_wake_wait = cli
+        if let Some(w) = cli
             .local_wake
             .or(dur("local_wake", file.local_wake.as_ref())?)
-            .filter(|w| !w.is_zero());
+        {
+            c.local_wake_wait = (!w.is_zero()).then_some(w);
+        }
         if let Some(ci) = dur("control_interval", file.control_interval.as_ref())? {
             c.control_interval = ci;
         }
@@ -870,7 +878,11 @@ mod tests {
         assert_eq!(c.socket, PathBuf::from("/tmp/x.sock"));
         assert_eq!(c.idle_sleep, Some(Duration::from_millis(1)));
         assert_eq!(c.steering, SteeringKind::FlowAffinity);
-        assert_eq!(c.local_wake_wait, None, "off unless asked");
+        assert_eq!(
+            c.local_wake_wait,
+            Some(LOCAL_WAKE_WAIT),
+            "on unless turned off"
+        );
         let cli = Cli::try_parse_from([
             "iokerneld",
             "-c",
