@@ -224,6 +224,15 @@ pub struct IokernelConfig {
     /// costs batch throughput (docs/idle-poll.md, "Left");
     /// [`POLL_WHILE_IDLE`] is the bound to opt in with.
     pub poll_while_idle: Duration,
+    /// On the direct path (`NetConfig::direct`), once `poll_while_idle` is
+    /// over (at once where it is zero), the idle kthread that would park
+    /// keeps its core and blocks in `poll` on the application's own AF_XDP
+    /// socket instead: a frame wakes it through the kernel, with no grant
+    /// and no iokerneld on the way, and it costs no CPU while it waits
+    /// (docs/idle-poll.md, "Blocked on the own socket"). iokerneld takes
+    /// the core back as a poller's. Without an own socket it changes
+    /// nothing.
+    pub block_while_idle: bool,
     /// Send and receive packets (`crate::net`): iokerneld steers frames
     /// for this MAC/IP to the kthreads' ingress rings.
     pub net: Option<NetConfig>,
@@ -262,6 +271,7 @@ impl IokernelConfig {
             // kthread gives it to batch at once; measured, batch lost
             // 20-37 % of its throughput (docs/idle-poll.md, "Left").
             poll_while_idle: Duration::ZERO,
+            block_while_idle: false,
             net: None,
             steering: None,
             dispatch: None,
