@@ -267,14 +267,19 @@ impl<'a> IdlePoll<'a> {
         // An error is a signal (iokerneld's preemption backstop): the loop
         // looks at its flags next.
         let _ = ginza_sys::poll::poll_raw(&mut fds, timeout);
-        line.remove_flags(LineFlags::IDLE_BLOCKED);
+        let still = line
+            .remove_flags(LineFlags::IDLE_BLOCKED)
+            .contains(LineFlags::IDLE_BLOCKED);
         if fds[0].revents != 0 {
             bump(&k.stats.idle_block_frames);
             ginza_sys::hops::stamp(ginza_sys::hops::Hop::KthreadRuns);
         }
-        if fds[1].revents & libc::POLLIN != 0 {
-            // A waker's write (or one that came late, after a frame had
-            // woken us): reset, so the next wait blocks.
+        if !still || fds[1].revents & libc::POLLIN != 0 {
+            // A waker cleared the flag: its write comes (if it has not yet,
+            // this blocking read waits the moment until it does). Or a
+            // write without the flag (shutdown). Either way consumed here,
+            // so no later wait on the eventfd (a grant's, without the wake
+            // page) takes it for one.
             let _ = ginza_sys::eventfd::read(k.eventfd());
         }
         // Time blocked is not time lost to other tasks.
