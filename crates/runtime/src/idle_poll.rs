@@ -104,6 +104,8 @@ pub(crate) struct IdlePoll<'a> {
     /// The application's own socket, where the kthread blocks once
     /// `bound` is over (`block_while_idle` on the direct path).
     own: Option<&'a OwnSocket>,
+    /// On the direct path (an own socket): the bell is held (module doc).
+    direct: bool,
     on: bool,
     last_turn: Instant,
 }
@@ -115,11 +117,8 @@ impl<'a> IdlePoll<'a> {
         let rt = k.rt();
         let io = k.io.as_ref()?;
         let cfg = &rt.link.as_ref()?.cfg;
-        let own = cfg
-            .block_while_idle
-            .then(|| k.knet().and_then(|n| n.own_socket.get()))
-            .flatten()
-            .map(|o| &**o);
+        let socket = k.knet().and_then(|n| n.own_socket.get()).map(|o| &**o);
+        let own = socket.filter(|_| cfg.block_while_idle);
         if !rt.managed()
             || (cfg.poll_while_idle.is_zero() && own.is_none())
             || cfg.keep_cores_when_idle
@@ -132,6 +131,7 @@ impl<'a> IdlePoll<'a> {
             pollers: &rt.idle_pollers,
             bound: cfg.poll_while_idle,
             own,
+            direct: socket.is_some(),
             on: false,
             last_turn: Instant::now(),
         })
@@ -204,7 +204,7 @@ impl<'a> IdlePoll<'a> {
         }
         self.on = true;
         bump(&self.k.stats.idle_polls);
-        if self.own.is_some() {
+        if self.direct {
             // The bell held (module doc): what it ran since it left the
             // idle state needed nothing of iokerneld.
             self.k.bell_held.set(true);
