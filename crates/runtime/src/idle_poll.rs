@@ -54,7 +54,7 @@
 //! clears `IDLE_BLOCKED` and, if it was set, writes the eventfd: iokerneld
 //! taking the core back (with `PREEMPT_PENDING`, decided on the same
 //! word), iokerneld delivering to its ingress ring, work injected from
-//! outside the runtime ([`wake_blocked`]). The kthread sets the flag, then
+//! outside the runtime (`KThread::wake_if_blocked`). The kthread sets the flag, then
 //! looks for work once more; its wakers publish, then read the flag: one
 //! of the two sees the other.
 //!
@@ -232,7 +232,7 @@ impl<'a> IdlePoll<'a> {
     }
 
     /// Blocks in `poll` on the own socket and the kthread's eventfd until
-    /// a frame, a waker ([`wake_blocked`], iokerneld) or the earliest timer
+    /// a frame, a waker (`KThread::wake_if_blocked`, iokerneld) or the earliest timer
     /// of any kthread (a busy one cannot fire its own), holding the core.
     fn block(&mut self, own: &OwnSocket) {
         let (k, line) = (self.k, &self.io.line);
@@ -352,22 +352,5 @@ impl<'a> IdlePoll<'a> {
 impl Drop for IdlePoll<'_> {
     fn drop(&mut self) {
         self.leave();
-    }
-}
-
-/// Wakes `k` if it is blocked on its own socket while idle: after work for
-/// it was published (injected from outside the runtime). One eventfd
-/// write, by whoever clears the flag first.
-pub(crate) fn wake_blocked(k: &KThread) {
-    let Some(io) = &k.io else { return };
-    // Against `IdlePoll::block`: the work is published, then the flag read.
-    fence(SeqCst);
-    if io.line.flags().contains(LineFlags::IDLE_BLOCKED)
-        && io
-            .line
-            .remove_flags(LineFlags::IDLE_BLOCKED)
-            .contains(LineFlags::IDLE_BLOCKED)
-    {
-        let _ = ginza_sys::eventfd::write(k.eventfd(), 1);
     }
 }

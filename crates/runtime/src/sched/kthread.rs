@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::CachePadded;
+use ginza_shm::LineFlags;
 use ginza_sys::eventfd;
 
 use super::{Waiter, TIMER_WAITER};
@@ -524,6 +525,25 @@ impl KThread {
         }
     }
 
+    /// Wakes the kthread if it is blocked on its own socket while idle
+    /// (`idle_poll.rs`), after work for it was published (injected from
+    /// outside the runtime): one eventfd write, by whoever clears
+    /// `IDLE_BLOCKED` first.
+    fn wake_if_blocked(&self) {
+        let Some(io) = &self.io else { return };
+        // Against `IdlePoll::block`: the work is published, then the flag
+        // read.
+        fence(SeqCst);
+        if io.line.flags().contains(LineFlags::IDLE_BLOCKED)
+            && io
+                .line
+                .remove_flags(LineFlags::IDLE_BLOCKED)
+                .contains(LineFlags::IDLE_BLOCKED)
+        {
+            eventfd_signal(self);
+        }
+    }
+
     /// Ends the bell held back since the idle state: rings it if a push
     /// meanwhile would have (the kthread is busy now: iokerneld must see
     /// its queues). Owner only.
@@ -771,7 +791,7 @@ impl Shared {
         // An idle kthread blocked on its own socket does not see the
         // queue: wake it (idle_poll.rs).
         for k in self.kthreads.iter() {
-            crate::idle_poll::wake_blocked(k);
+            k.wake_if_blocked();
         }
     }
 
