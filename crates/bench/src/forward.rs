@@ -36,7 +36,10 @@
 //!   each figure is the median of the rounds'; `ginza_direct` (after
 //!   `ginza` in each round, unless `--rtt-no-direct`): the first Ginza
 //!   server on the direct path, its own AF_XDP socket on a queue of its own
-//!   of a 64-queue veth ([`direct`], docs/direct-path.md). The client is pinned as
+//!   of a 64-queue veth ([`direct`], docs/direct-path.md), and
+//!   `ginza_direct_blocked` (after it): the same with its idle kthread
+//!   blocked on that socket at once instead of polling or parking
+//!   (`block_while_idle`, docs/idle-poll.md). The client is pinned as
 //!   `--rtt-client-cpu` says ([`ClientCpu`]; by default a third CPU for
 //!   every server, and on two CPUs beside the thread that sends the
 //!   replies: iokerneld for Ginza, the server thread for Linux and for
@@ -530,6 +533,11 @@ fn render(r: &Report) -> String {
                     &p.ginza_direct_p50s,
                 ),
                 (
+                    "ginza direct blocked".to_string(),
+                    p.ginza_direct_blocked.unwrap_or(Rtt::NONE),
+                    &p.ginza_direct_blocked_p50s,
+                ),
+                (
                     "linux blocking".to_string(),
                     p.linux_blocking,
                     &p.linux_blocking_p50s,
@@ -639,6 +647,11 @@ struct RttSet {
     /// Frames `ginza_direct`'s servers received and sent on their own
     /// sockets, and iokerneld's NIC meanwhile, over all rounds.
     ginza_direct_frames: Option<DirectFrames>,
+    /// `ginza_direct` with `poll_while_idle` zero and `block_while_idle`:
+    /// out of work, the kthread blocks in `poll` on its own socket at once,
+    /// keeping its core; null with `--rtt-no-direct`.
+    ginza_direct_blocked: Option<Rtt>,
+    ginza_direct_blocked_frames: Option<DirectFrames>,
     /// The kernel's UDP echo: a thread blocked in `recv_from`, unpinned.
     linux_blocking: Rtt,
     /// The kernel's UDP echo, busy-polling: a non-blocking socket spinning
@@ -648,6 +661,7 @@ struct RttSet {
     ginza_p50s: Vec<f64>,
     ginza_spin_p50s: Vec<f64>,
     ginza_direct_p50s: Vec<f64>,
+    ginza_direct_blocked_p50s: Vec<f64>,
     linux_blocking_p50s: Vec<f64>,
     linux_busy_poll_p50s: Vec<f64>,
     /// Where `ginza`'s round trips spent their time, hop by hop (TSC
@@ -763,6 +777,7 @@ fn rtt_rounds(
     let (mut ginza, mut blocking, mut busy) = (Vec::new(), Vec::new(), Vec::new());
     let mut ginza_spin = Vec::new();
     let (mut direct, mut direct_frames) = (Vec::new(), DirectFrames::default());
+    let (mut blocked, mut blocked_frames) = (Vec::new(), DirectFrames::default());
     let server_cpus = Cpus {
         iokernel: iok_cpu,
         app: app_cpu,
@@ -784,11 +799,19 @@ fn rtt_rounds(
                 // Placed as Linux's client: on the direct path the server's
                 // kthread puts its replies on the link itself, as Linux's
                 // server thread does (`ClientCpu`).
-                let ((rtt, trips), frames) = ginza_direct_rtt(ns, args, server_cpus, linux_client)
-                    .context("the Ginza UDP echo on the direct path over veth")?;
+                let ((rtt, trips), frames) =
+                    ginza_direct_rtt(ns, args, server_cpus, linux_client, false)
+                        .context("the Ginza UDP echo on the direct path over veth")?;
                 dump.round("ginza_direct", round, &trips)?;
                 direct.push(rtt);
                 direct_frames = direct_frames.add(frames);
+                let ((rtt, trips), frames) =
+                    ginza_direct_rtt(ns, args, server_cpus, linux_client, true).context(
+                        "the Ginza UDP echo on the direct path over veth, blocked while idle",
+                    )?;
+                dump.round("ginza_direct_blocked", round, &trips)?;
+                blocked.push(rtt);
+                blocked_frames = blocked_frames.add(frames);
             }
             let (rtt, trips) = linux_rtt(
                 ns,
@@ -843,11 +866,14 @@ fn rtt_rounds(
             ginza_spin: combine(&ginza_spin),
             ginza_direct: (!direct.is_empty()).then(|| combine(&direct)),
             ginza_direct_frames: (!direct.is_empty()).then_some(direct_frames),
+            ginza_direct_blocked: (!blocked.is_empty()).then(|| combine(&blocked)),
+            ginza_direct_blocked_frames: (!blocked.is_empty()).then_some(blocked_frames),
             linux_blocking: combine(&blocking),
             linux_busy_poll: combine(&busy),
             ginza_p50s: p50s(&ginza),
             ginza_spin_p50s: p50s(&ginza_spin),
             ginza_direct_p50s: p50s(&direct),
+            ginza_direct_blocked_p50s: p50s(&blocked),
             linux_blocking_p50s: p50s(&blocking),
             linux_busy_poll_p50s: p50s(&busy),
             ginza_spans: Spans::median_of(&ginza_spans),
@@ -1107,30 +1133,42 @@ fn ginza_rtt(
 /// AF_XDP socket on a queue of its own, iokerneld on `af_xdp:IF,direct`. An error
 /// unless its own socket carried the measured round trips. No stamped
 /// series: iokerneld sees none of the frames, so most hops have no stamp.
+/// `blocked`: its idle kthread blocks on its own socket at once
+/// (`block_while_idle`, `poll_while_idle` zero).
 fn ginza_direct_rtt(
     ns: &NetNs,
     args: &ForwardArgs,
     cpus: Cpus,
     client_cpu: usize,
+    blocked: bool,
 ) -> anyhow::Result<(Probed, DirectFrames)> {
     let configure = |cfg: &mut IokConfig| configure_iokerneld(args, cfg);
     direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
-        let (probed, frames) = serve_and_probe(iokerneld, ns, args, client_cpu, None, Some(queue))?;
+        let direct = Some(DirectServer { queue, blocked });
+        let (probed, frames) = serve_and_probe(iokerneld, ns, args, client_cpu, None, direct)?;
         let frames = frames.context("the direct-path server's counts")?;
         frames.check(RTT_PINGS as u64)?;
         Ok((probed, frames))
     })
 }
 
-/// The echo server on `iokerneld` (on its own socket on queue `direct`, if
-/// given), probed from the namespace; with `direct`, where its frames went.
+/// A server on the direct path: its own socket's queue, and whether its
+/// idle kthread blocks on it at once.
+#[derive(Clone, Copy)]
+struct DirectServer {
+    queue: u32,
+    blocked: bool,
+}
+
+/// The echo server on `iokerneld` (on its own socket, if `direct`),
+/// probed from the namespace; with `direct`, where its frames went.
 fn serve_and_probe(
     iokerneld: &InProcess,
     ns: &NetNs,
     args: &ForwardArgs,
     client_cpu: usize,
     spin: Option<Duration>,
-    direct: Option<u32>,
+    direct: Option<DirectServer>,
 ) -> anyhow::Result<(Probed, Option<DirectFrames>)> {
     let client = args.rtt_client;
     let tune = |config: &mut RtConfig| {
@@ -1144,8 +1182,12 @@ fn serve_and_probe(
                 ginza_runtime::POLL_WHILE_IDLE
             };
         }
-        if let Some(queue) = direct {
-            direct::enable(config, ns, queue, false);
+        if let Some(d) = direct {
+            direct::enable(config, ns, d.queue, false);
+            if let (true, Some(io)) = (d.blocked, config.iokernel.as_mut()) {
+                io.poll_while_idle = Duration::ZERO;
+                io.block_while_idle = true;
+            }
         }
     };
     let stop = Arc::new(AtomicBool::new(false));

@@ -2,10 +2,12 @@
 //! its sleep and the server's idle state cost the first request after a
 //! quiet spell (docs/iokernel-idle.md, docs/idle-poll.md), beside Linux's.
 //!
-//! Each round runs five setups, in an order that turns from round to
-//! round: four start iokerneld on a veth's host end (AF_XDP, else
+//! Each round runs eight setups, in an order that turns from round to
+//! round: seven start iokerneld on a veth's host end (AF_XDP, else
 //! AF_PACKET) with a UDP echo server on a Ginza runtime registered, the
-//! fifth runs the kernel's echo on the same veth end:
+//! eighth runs the kernel's echo on the same veth end (a 16-queue veth,
+//! [`direct::namespace`], transmitting on queue 0 but in the direct-path
+//! setups):
 //!
 //! * `sleeping`: iokerneld sleeps while idle, and the server's kthread
 //!   polls while idle (`poll_while_idle` = `POLL_WHILE_IDLE`);
@@ -14,6 +16,13 @@
 //! * `sleeping_parked_alongside`: the same with iokerneld's
 //!   `wake_alongside` on (a frame wakes the parked kthread's CPU too);
 //! * `spinning`: iokerneld with `--spin`, the server polling while idle;
+//! * `direct_parked`, `direct_polling`, `direct_blocked`: iokerneld sleeps
+//!   while idle, on `af_xdp:IF,direct`, and the server receives and sends
+//!   on an AF_XDP socket of its own (docs/direct-path.md); its idle kthread
+//!   parks, polls (`POLL_WHILE_IDLE`), or keeps its core blocked in `poll`
+//!   on that socket (`block_while_idle`, docs/idle-poll.md): a frame wakes
+//!   it through the kernel, iokerneld off the way. Each checks that the
+//!   round trips crossed the own socket;
 //! * `linux_blocking`: no iokerneld; a Linux UDP echo server, one thread
 //!   blocked in `recvfrom` on a socket bound to an address of the veth's
 //!   host end, pinned to the CPU the Ginza server gets.
@@ -60,6 +69,7 @@ use ginza_sys::hops::{self, Hop, Stamps};
 
 use crate::first_spans::{self, HopSpan};
 use crate::harness::app::App;
+use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median, round3};
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
 
@@ -135,17 +145,36 @@ enum Setup {
     SleepingParked,
     SleepingParkedAlongside,
     Spinning,
+    DirectParked,
+    DirectPolling,
+    DirectBlocked,
     LinuxBlocking,
 }
 
 impl Setup {
-    const ALL: [Setup; 5] = [
+    const ALL: [Setup; 8] = [
         Setup::Sleeping,
         Setup::SleepingParked,
         Setup::SleepingParkedAlongside,
         Setup::Spinning,
+        Setup::DirectParked,
+        Setup::DirectPolling,
+        Setup::DirectBlocked,
         Setup::LinuxBlocking,
     ];
+
+    /// The server's own AF_XDP socket (docs/direct-path.md).
+    fn direct(self) -> bool {
+        matches!(
+            self,
+            Setup::DirectParked | Setup::DirectPolling | Setup::DirectBlocked
+        )
+    }
+
+    /// The server's `block_while_idle`.
+    fn block_while_idle(self) -> bool {
+        self == Setup::DirectBlocked
+    }
 
     fn spin(self) -> bool {
         self == Setup::Spinning
@@ -158,7 +187,13 @@ impl Setup {
 
     /// The server's `poll_while_idle`.
     fn poll_while_idle(self) -> Duration {
-        if matches!(self, Setup::SleepingParked | Setup::SleepingParkedAlongside) {
+        if matches!(
+            self,
+            Setup::SleepingParked
+                | Setup::SleepingParkedAlongside
+                | Setup::DirectParked
+                | Setup::DirectBlocked
+        ) {
             Duration::ZERO
         } else {
             ginza_runtime::POLL_WHILE_IDLE
@@ -171,6 +206,9 @@ impl Setup {
             Setup::SleepingParked => "sleeping, server parks",
             Setup::SleepingParkedAlongside => "…, woken alongside",
             Setup::Spinning => "spinning, server polls",
+            Setup::DirectParked => "direct, server parks",
+            Setup::DirectPolling => "direct, server polls",
+            Setup::DirectBlocked => "direct, server blocked",
             Setup::LinuxBlocking => "Linux, blocking",
         }
     }
@@ -206,6 +244,13 @@ struct Round {
     /// after them in all, µs; none without iokerneld.
     alongside_wakes: Option<u64>,
     alongside_spin_us: Option<f64>,
+    /// During the measured round trips: iokerneld's wakes by cause (as
+    /// `wakes`), and the grants to the server; none without iokerneld.
+    probe_wakes: Option<[u64; 5]>,
+    probe_grants: Option<u64>,
+    /// The direct-path setups: the frames on the server's own socket and
+    /// on iokerneld's NIC over the server's life.
+    direct_frames: Option<DirectFrames>,
     /// Each measured round trip, µs (null: unanswered within 1 s).
     first_rtt_us: Vec<Option<f64>>,
     /// Each measured round trip's hop stamps (TSC ticks, 0: not passed;
@@ -234,6 +279,9 @@ struct Report {
     /// `sleeping_parked` with iokerneld's `wake_alongside` on.
     sleeping_parked_alongside: Mode,
     spinning: Mode,
+    direct_parked: Mode,
+    direct_polling: Mode,
+    direct_blocked: Mode,
     linux_blocking: Mode,
     /// Which of `sleeping` and `sleeping_parked` a user gets by default,
     /// and its figures again.
@@ -267,7 +315,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             ClientCpu::Any => None,
         },
     };
-    let ns = NetNs::create().context("the round trips run over a veth pair")?;
+    let ns = direct::namespace().context("the round trips run over a veth pair")?;
     // Every party stamps its hops (a relaxed load and a store on a shared
     // line each: tens of nanoseconds against the 100 µs measured).
     hops::enable(true);
@@ -280,9 +328,15 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             let round = measure(&ns, cpus, setup, client, &args)?;
             let iokerneld = match (round.loop_cpu_pct, round.sleeps, round.wakes) {
                 (Some(cpu), Some(sleeps), Some(wakes)) => format!(
-                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}, woken alongside {:?} ({:?} µs spun), ",
+                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}, woken alongside {:?} ({:?} µs spun); during the probes wakes {:?}, grants {:?}{}, ",
                     round.alongside_wakes.unwrap_or(0),
-                    round.alongside_spin_us.unwrap_or(0.0)
+                    round.alongside_spin_us.unwrap_or(0.0),
+                    round.probe_wakes.unwrap_or_default(),
+                    round.probe_grants.unwrap_or(0),
+                    round.direct_frames.map_or(String::new(), |f| format!(
+                        ", own socket {} in / {} out, iokerneld's NIC {} in / {} out",
+                        f.own_rx, f.own_tx, f.iokernel_nic_rx, f.iokernel_nic_tx
+                    ))
                 ),
                 _ => "no iokerneld, ".to_string(),
             };
@@ -324,6 +378,9 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
         sleeping_parked: mode(Setup::SleepingParked)?,
         sleeping_parked_alongside: mode(Setup::SleepingParkedAlongside)?,
         spinning: mode(Setup::Spinning)?,
+        direct_parked: mode(Setup::DirectParked)?,
+        direct_polling: mode(Setup::DirectPolling)?,
+        direct_blocked: mode(Setup::DirectBlocked)?,
         linux_blocking: mode(Setup::LinuxBlocking)?,
         default_setup,
         default: mode(default_setup)?,
@@ -350,6 +407,9 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             &report.sleeping_parked_alongside,
         ),
         (Setup::Spinning, &report.spinning),
+        (Setup::DirectParked, &report.direct_parked),
+        (Setup::DirectPolling, &report.direct_polling),
+        (Setup::DirectBlocked, &report.direct_blocked),
         (Setup::LinuxBlocking, &report.linux_blocking),
     ] {
         let loop_cpu = m
@@ -394,6 +454,9 @@ fn measure(
             wakes: None,
             alongside_wakes: None,
             alongside_spin_us: None,
+            probe_wakes: None,
+            probe_grants: None,
+            direct_frames: None,
             first_rtt_us,
             stamps,
         });
@@ -404,10 +467,21 @@ fn measure(
         cfg.idle_sleep = None;
         Ok(())
     };
-    let (backend, ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), (alongside, first))) =
-        with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
-            serve(ns, iokerneld, setup, client, args)
+    let (backend, (measured, probed, direct_frames)) = if setup.direct() {
+        let served = direct::with_iokerneld_direct(ns, cpus, configure, |iokerneld, queue| {
+            serve(ns, iokerneld, setup, client, args, Some(queue))
         })?;
+        ("af_xdp,direct".to_string(), served)
+    } else {
+        with_iokerneld_on_veth(ns, cpus, configure, |iokerneld, _| {
+            serve(ns, iokerneld, setup, client, args, None)
+        })?
+    };
+    let ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), (alongside, first)) = measured;
+    let (probe_wakes, probe_grants) = probed;
+    if let Some(f) = &direct_frames {
+        f.check(args.probes)?;
+    }
     let (first_rtt_us, stamps) = first.into_iter().unzip();
     Ok(Round {
         setup,
@@ -418,6 +492,9 @@ fn measure(
         wakes: Some(wakes),
         alongside_wakes: Some(alongside.0),
         alongside_spin_us: Some(round3(alongside.1 as f64 / 1e3)),
+        probe_wakes: Some(probe_wakes),
+        probe_grants: Some(probe_grants),
+        direct_frames,
         first_rtt_us,
         stamps,
     })
@@ -433,18 +510,29 @@ type Trip = (Option<f64>, Stamps);
 /// Linux's `USER_HZ`: the unit of `/proc/self/stat`'s CPU times.
 const NS_PER_TICK: f64 = 10_000_000.0;
 
+/// iokerneld's wakes by cause during the probes, and the grants to the
+/// server then.
+type Probed = ([u64; 5], u64);
+
+/// The server (on its own socket on queue `direct`, if given) and its
+/// measurements; with `direct`, where its frames went.
 fn serve(
     ns: &NetNs,
     iokerneld: &InProcess,
     setup: Setup,
     client: Client,
     args: &IdleArgs,
-) -> anyhow::Result<Measured> {
+    direct: Option<u32>,
+) -> anyhow::Result<(Measured, Probed, Option<DirectFrames>)> {
     let stop = Arc::new(AtomicBool::new(false));
     let (s2, stats) = (stop.clone(), Arc::new(EchoStats::default()));
     let tune = |config: &mut ginza_runtime::Config| {
         if let Some(io) = config.iokernel.as_mut() {
             io.poll_while_idle = setup.poll_while_idle();
+            io.block_while_idle = setup.block_while_idle();
+        }
+        if let Some(queue) = direct {
+            direct::enable(config, ns, queue, false);
         }
     };
     let mut server = App::start_tuned(
@@ -452,22 +540,56 @@ fn serve(
         "idle-echo",
         (ECHO_MAC, ns.peer_ip),
         tune,
-        move || echo_server::serve_udp(ECHO_PORT, s2, stats),
+        move || {
+            let served = echo_server::serve_udp(ECHO_PORT, s2, stats);
+            (served, ginza_runtime::net::stats())
+        },
     )?;
+    let before = iokerneld.stats();
     let result = probe_idle(ns, iokerneld, client, args);
+    let after = iokerneld.stats();
     stop.store(true, Ordering::Relaxed);
     // The server returns at its next request or timer.
     let _ = trips(ns, ns.peer_ip, 1, client);
-    let _ = server.join();
-    result
+    let joined = server.join();
+    let (measured, probe_start) = result?;
+    let (before, after) = (before?, after?);
+    let grants = |s: &ginza_proto::StatsReport| {
+        s.apps
+            .iter()
+            .filter(|a| a.name == "idle-echo")
+            .map(|a| a.grants)
+            .sum::<u64>()
+    };
+    let (a, b) = (&probe_start.idle, &after.idle);
+    let probed = (
+        [
+            b.wakes_nic.saturating_sub(a.wakes_nic),
+            b.wakes_app.saturating_sub(a.wakes_app),
+            b.wakes_control.saturating_sub(a.wakes_control),
+            b.wakes_timer.saturating_sub(a.wakes_timer),
+            b.wakes_handle.saturating_sub(a.wakes_handle),
+        ],
+        grants(&after).saturating_sub(grants(&probe_start)),
+    );
+    let frames = match direct {
+        Some(_) => {
+            let (served, net) = joined?;
+            served.context("the Ginza echo server")?;
+            Some(DirectFrames::of(net.as_ref(), &before, &after)?)
+        }
+        None => None,
+    };
+    Ok((measured, probed, frames))
 }
 
+/// The measurements, and iokerneld's stats as the probes began.
 fn probe_idle(
     ns: &NetNs,
     iokerneld: &InProcess,
     client: Client,
     args: &IdleArgs,
-) -> anyhow::Result<Measured> {
+) -> anyhow::Result<(Measured, ginza_proto::StatsReport)> {
     let target = ns.peer_ip;
     warm_up(ns, target, client)?;
     let s0 = iokerneld.stats()?;
@@ -496,9 +618,12 @@ fn probe_idle(
             .saturating_sub(b.alongside_spin_ns),
     );
     Ok((
-        (cpu / wall * 100.0, rest / wall * 100.0),
-        (sleeps, wakes),
-        (alongside, first),
+        (
+            (cpu / wall * 100.0, rest / wall * 100.0),
+            (sleeps, wakes),
+            (alongside, first),
+        ),
+        s1,
     ))
 }
 

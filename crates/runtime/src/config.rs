@@ -223,6 +223,15 @@ pub struct IokernelConfig {
     /// outside); zero: never polls. `new` gives latency-critical
     /// applications [`POLL_WHILE_IDLE`], batch zero.
     pub poll_while_idle: Duration,
+    /// On the direct path (`NetConfig::direct`), once `poll_while_idle` is
+    /// over (at once where it is zero), the idle kthread that would park
+    /// keeps its core and blocks in `poll` on the application's own AF_XDP
+    /// socket instead: a frame wakes it through the kernel, with no grant
+    /// and no iokerneld on the way, and it costs no CPU while it waits
+    /// (docs/idle-poll.md, "Blocked on the own socket"). iokerneld takes
+    /// the core back as a poller's. Without an own socket it changes
+    /// nothing.
+    pub block_while_idle: bool,
     /// Send and receive packets (`crate::net`): iokerneld steers frames
     /// for this MAC/IP to the kthreads' ingress rings.
     pub net: Option<NetConfig>,
@@ -263,6 +272,7 @@ impl IokernelConfig {
             } else {
                 Duration::ZERO
             },
+            block_while_idle: false,
             net: None,
             steering: None,
             dispatch: None,

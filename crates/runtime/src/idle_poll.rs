@@ -43,13 +43,39 @@
 //! flag is followed by the bell's check: iokerneld announces its sleep,
 //! fences, then reads the flags; the runtime changes the flag, fences, then
 //! reads the announcement. One of the two sees the other.
+//!
+//! **Blocked on the own socket** (`IokernelConfig::block_while_idle`, the
+//! direct path only): once its polling bound is over, the idle kthread
+//! keeps its core and blocks in `poll` on the application's own AF_XDP
+//! socket and its eventfd, until its next timer, instead of parking. It
+//! says so with `IDLE_BLOCKED` beside `IDLE_POLLING`. A frame wakes it
+//! through the kernel, as Linux's blocked server thread is woken: no
+//! iokerneld, no grant on the way. Whoever else has something for it
+//! clears `IDLE_BLOCKED` and, if it was set, writes the eventfd: iokerneld
+//! taking the core back (with `PREEMPT_PENDING`, decided on the same
+//! word), iokerneld delivering to its ingress ring, work injected from
+//! outside the runtime (`KThread::wake_if_blocked`). The kthread sets the flag, then
+//! looks for work once more; its wakers publish, then read the flag: one
+//! of the two sees the other.
+//!
+//! **The bell held.** On the direct path the kthread's frames never use
+//! the egress ring, so while a sleeping iokerneld believes it idle it owes
+//! iokerneld nothing for a short request: from its idle state until it has
+//! run what the arrival brought, its own runqueue pushes do not ring the
+//! bell (`KThread::bell_held`), nor does leaving the state. If it then goes
+//! back to idle, iokerneld's belief is true again and nothing was missed;
+//! if it finds more work without going idle, it is busy, and rings
+//! (`KThread::release_bell`). Commands (`Parked`, `Yielded`) always ring.
+//! A frame after a quiet spell thus wakes one CPU, the kthread's, not
+//! iokerneld's as well.
 
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{fence, AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use ginza_shm::LineFlags;
 
 use crate::link::KLink;
+use crate::own_socket::OwnSocket;
 use crate::sched::{bump, KThread, PollShare};
 
 /// A gap between two turns of the polling loop that counts as time off
@@ -75,6 +101,11 @@ pub(crate) struct IdlePoll<'a> {
     io: &'a KLink,
     pollers: &'a AtomicUsize,
     bound: Duration,
+    /// The application's own socket, where the kthread blocks once
+    /// `bound` is over (`block_while_idle` on the direct path).
+    own: Option<&'a OwnSocket>,
+    /// On the direct path (an own socket): the bell is held (module doc).
+    direct: bool,
     on: bool,
     last_turn: Instant,
 }
@@ -86,7 +117,12 @@ impl<'a> IdlePoll<'a> {
         let rt = k.rt();
         let io = k.io.as_ref()?;
         let cfg = &rt.link.as_ref()?.cfg;
-        if !rt.managed() || cfg.poll_while_idle.is_zero() || cfg.keep_cores_when_idle {
+        let socket = k.knet().and_then(|n| n.own_socket.get()).map(|o| &**o);
+        let own = socket.filter(|_| cfg.block_while_idle);
+        if !rt.managed()
+            || (cfg.poll_while_idle.is_zero() && own.is_none())
+            || cfg.keep_cores_when_idle
+        {
             return None;
         }
         Some(IdlePoll {
@@ -94,9 +130,16 @@ impl<'a> IdlePoll<'a> {
             io,
             pollers: &rt.idle_pollers,
             bound: cfg.poll_while_idle,
+            own,
+            direct: socket.is_some(),
             on: false,
             last_turn: Instant::now(),
         })
+    }
+
+    /// Whether the kthread is in the idle state now.
+    pub(crate) fn is_on(&self) -> bool {
+        self.on
     }
 
     /// The kthread found an arrival: the bound counts from now.
@@ -107,17 +150,37 @@ impl<'a> IdlePoll<'a> {
     /// Called when the spin before parking is over with no work found:
     /// whether to keep polling (entering the state if needed) rather than
     /// park.
+    /// Past the polling bound, with an own socket to block on, it blocks
+    /// once (until an arrival, its timer, or a waker) and says true.
     pub(crate) fn keep_polling(&mut self) -> bool {
         let now = Instant::now();
         let quiet_since = self.k.quiet_since.get().unwrap_or(now);
         self.k.quiet_since.set(Some(quiet_since));
-        if now.duration_since(quiet_since) >= self.bound {
+        let block = self
+            .own
+            .filter(|_| now.duration_since(quiet_since) >= self.bound);
+        if block.is_none() && now.duration_since(quiet_since) >= self.bound {
             return false;
         }
         if self.on {
-            return !self.switched_out(now);
+            // Blocked, it takes no CPU from anyone: only a spinning
+            // poller counts its share.
+            if block.is_none() && self.switched_out(now) {
+                return false;
+            }
+        } else if !self.enter(now, block.is_some()) {
+            return false;
         }
-        if self.k.poll_yielded_until.get().is_some_and(|t| now < t) {
+        if let Some(own) = block {
+            self.block(own);
+        }
+        true
+    }
+
+    /// Enters the idle state (polling, or about to block): false where it
+    /// is to park instead.
+    fn enter(&mut self, now: Instant, blocking: bool) -> bool {
+        if !blocking && self.k.poll_yielded_until.get().is_some_and(|t| now < t) {
             return false;
         }
         // Another application waits for this core (iokerneld's mark):
@@ -141,7 +204,13 @@ impl<'a> IdlePoll<'a> {
         }
         self.on = true;
         bump(&self.k.stats.idle_polls);
-        self.io.wake_iokernel();
+        if self.direct {
+            // The bell held (module doc): what it ran since it left the
+            // idle state needed nothing of iokerneld.
+            self.k.bell_held.set(true);
+            self.k.bell_owed.set(false);
+        }
+        self.ring();
         // The time it ran work since its last spell is not time lost.
         self.last_turn = now;
         if self.k.poll_share.get().window_start.is_none() {
@@ -152,6 +221,69 @@ impl<'a> IdlePoll<'a> {
         // the flag goes unread and the batch kthread that is to get the
         // core, under SCHED_IDLE, cannot run either (docs/idle-poll.md).
         true
+    }
+
+    /// The bell's check after a change of the flag, unless the bell is
+    /// held (module doc).
+    fn ring(&self) {
+        if !self.k.bell_held.get() {
+            self.io.wake_iokernel();
+        }
+    }
+
+    /// Blocks in `poll` on the own socket and the kthread's eventfd until
+    /// a frame, a waker (`KThread::wake_if_blocked`, iokerneld) or the earliest timer
+    /// of any kthread (a busy one cannot fire its own), holding the core.
+    fn block(&mut self, own: &OwnSocket) {
+        let (k, line) = (self.k, &self.io.line);
+        let rt = k.rt();
+        let was = line.insert_flags(LineFlags::IDLE_BLOCKED);
+        // Against the wakers: they publish, fence, then read the flag.
+        fence(SeqCst);
+        if was.contains(LineFlags::PREEMPT_PENDING)
+            || rt.work_visible(k)
+            || rt.shutdown.load(SeqCst)
+            || k.revoke_requested.load(SeqCst)
+        {
+            line.remove_flags(LineFlags::IDLE_BLOCKED);
+            return;
+        }
+        let deadline = rt.earliest_deadline();
+        let timeout = (deadline != u64::MAX)
+            .then(|| Duration::from_nanos(deadline.saturating_sub(rt.now_ns())));
+        bump(&k.stats.idle_blocks);
+        let mut fds = [
+            libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&own.fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&k.eventfd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // An error is a signal (iokerneld's preemption backstop): the loop
+        // looks at its flags next.
+        let _ = ginza_sys::poll::poll_raw(&mut fds, timeout);
+        let still = line
+            .remove_flags(LineFlags::IDLE_BLOCKED)
+            .contains(LineFlags::IDLE_BLOCKED);
+        if fds[0].revents != 0 {
+            bump(&k.stats.idle_block_frames);
+            ginza_sys::hops::stamp(ginza_sys::hops::Hop::KthreadRuns);
+        }
+        if !still || fds[1].revents & libc::POLLIN != 0 {
+            // A waker cleared the flag: its write comes (if it has not yet,
+            // this blocking read waits the moment until it does). Or a
+            // write without the flag (shutdown). Either way consumed here,
+            // so no later wait on the eventfd (a grant's, without the wake
+            // page) takes it for one.
+            let _ = ginza_sys::eventfd::read(k.eventfd());
+        }
+        // Time blocked is not time lost to other tasks.
+        self.last_turn = Instant::now();
     }
 
     /// Whether, over the window that ends now, another task took
@@ -204,8 +336,9 @@ impl<'a> IdlePoll<'a> {
         self.on = false;
         let was = self.io.line.remove_flags(LineFlags::IDLE_POLLING);
         // Running work (or parking) needs iokerneld awake: its egress
-        // ring, its `Parked`.
-        self.io.wake_iokernel();
+        // ring, its `Parked` (which rings by itself). On the direct path
+        // the bell is held until the kthread proves busy (module doc).
+        self.ring();
         self.pollers.fetch_sub(1, SeqCst);
         let taken = was.contains(LineFlags::PREEMPT_PENDING);
         if taken {

@@ -277,6 +277,11 @@ pub struct KthreadStats {
     /// Of those, the times it parked because another task (of any
     /// program) waited for its CPU.
     pub idle_poll_yields: u64,
+    /// Times it blocked on the application's own AF_XDP socket while idle,
+    /// keeping its core (`IokernelConfig::block_while_idle`).
+    pub idle_blocks: u64,
+    /// Of those, the times a frame on the socket woke it.
+    pub idle_block_frames: u64,
 }
 
 /// Decision → running latencies of iokerneld's grants, in ns, as the
@@ -395,6 +400,8 @@ impl Handle {
                 idle_polls: k.stats.idle_polls.load(Relaxed),
                 idle_poll_takebacks: k.stats.idle_poll_takebacks.load(Relaxed),
                 idle_poll_yields: k.stats.idle_poll_yields.load(Relaxed),
+                idle_blocks: k.stats.idle_blocks.load(Relaxed),
+                idle_block_frames: k.stats.idle_block_frames.load(Relaxed),
             })
             .collect()
     }

@@ -67,6 +67,8 @@ pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
 fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     let k = owner.kthread();
     if let Some(u) = owner.pop() {
+        // More than the arrival brought: busy (idle_poll.rs, the bell held).
+        k.release_bell();
         return Some(u);
     }
     let rt = k.rt();
@@ -134,6 +136,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     // Out of the polling state before anything runs or parks. Taken back
     // while it still polled, it runs nothing it found (idle_poll.rs): that
     // waits on the runqueue, counted, for its next grant.
+    let idled = idle_poll.as_ref().is_some_and(IdlePoll::is_on);
     let found = match found {
         Some(u) if idle_poll.as_mut().is_some_and(IdlePoll::leave) => {
             owner.push(u);
@@ -142,6 +145,17 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         found => found,
     };
     drop(idle_poll);
+    match (&found, idled) {
+        // Parking or giving the core back: its command rings the bell.
+        (None, _) => {
+            k.bell_held.set(false);
+            k.bell_owed.set(false);
+        }
+        // Work found without going idle first: busy, iokerneld must see it.
+        (Some(_), false) => k.release_bell(),
+        // What the arrival brought: the bell stays held (idle_poll.rs).
+        (Some(_), true) => {}
+    }
     rt.n_spinning.fetch_sub(1, SeqCst);
     k.state.store(RUNNING, Relaxed);
     if found.is_some() && !owner.runqueue().is_empty() {

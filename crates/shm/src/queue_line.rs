@@ -34,6 +34,14 @@ impl LineFlags {
     /// sleeps (a kthread that polls does not keep iokerneld awake, one that
     /// runs does).
     pub const IDLE_POLLING: LineFlags = LineFlags(1 << 3);
+    /// With [`LineFlags::IDLE_POLLING`]: the idle kthread is blocked in
+    /// `poll` on its application's own AF_XDP socket and its eventfd
+    /// (docs/idle-poll.md, "Blocked on the own socket"), not spinning. A
+    /// frame on the socket wakes it through the kernel; whoever else gives
+    /// it work or takes its core back (iokerneld) clears this flag and,
+    /// if it was set, writes the kthread's eventfd. Set by the runtime,
+    /// cleared by either side.
+    pub const IDLE_BLOCKED: LineFlags = LineFlags(1 << 4);
     /// iokerneld asks the kthread to give its core back at its next
     /// preemption point. Set by iokerneld, cleared by the runtime.
     pub const PREEMPT_PENDING: LineFlags = LineFlags(1 << 8);

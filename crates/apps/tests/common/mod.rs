@@ -89,9 +89,27 @@ impl Daemon {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
+        self.start_app_tuned(name, Some(net), kthreads, |_| {}, main)
+    }
+
+    /// [`Daemon::start_app_with`] with `tune` adjusting the registration
+    /// first (class, idle behaviour); `net` may be `None` (no network).
+    pub fn start_app_tuned<T, F>(
+        &self,
+        name: &str,
+        net: Option<NetConfig>,
+        kthreads: usize,
+        tune: impl FnOnce(&mut IokernelConfig),
+        main: F,
+    ) -> App<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
         let mut io = IokernelConfig::new(name, Class::LatencyCritical);
         io.socket = Some(self.get().socket().to_path_buf());
-        io.net = Some(net);
+        io.net = net;
+        tune(&mut io);
         let config = Config {
             iokernel: Some(io),
             ..Config::with_kthreads(kthreads)

@@ -264,7 +264,15 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
             // An own socket (the direct path) is readable while frames
             // wait on its rx ring: work for the application, like a bell.
-            if let Some(own) = a.net.as_ref().and_then(|n| n.own_socket.as_ref()) {
+            // Not while a kthread of the application holds a core: only a
+            // poller can while iokerneld sleeps, and it takes the frames
+            // itself, spinning or blocked on that very socket
+            // (docs/idle-poll.md); waking here too would cost the CPU
+            // iokerneld shares a wake for nothing. When the poller parks,
+            // its `Parked` rings the bell and the next sleep waits on the
+            // socket again (readable at once if a frame came meanwhile).
+            let held = a.kt.iter().any(|k| k.core.is_some());
+            if let (Some(own), false) = (a.net.as_ref().and_then(|n| n.own_socket.as_ref()), held) {
                 idle.push(own.fd(), Source::Bell);
             }
         }

@@ -7,10 +7,11 @@
 //! loop turn, as for frames delivered to its rings), and a sleeping
 //! iokerneld wakes when that ring fills (`idle.rs`).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use ginza_policy::alloc::QueueCounters;
 use ginza_proto::messages::Response;
+use ginza_shm::{LineFlags, QueueLine};
 use log::info;
 
 use super::{App, Iokerneld};
@@ -81,4 +82,22 @@ pub(super) fn fold(indices: Option<(u32, u32)>, k: usize, counters: &mut QueueCo
         counters.in_head = counters.in_head.wrapping_add(consumed);
         counters.in_tail = counters.in_tail.wrapping_add(produced);
     }
+}
+
+/// Wakes a kthread blocked on its own socket while idle (the runtime's
+/// `idle_poll.rs`, `LineFlags::IDLE_BLOCKED`): clears the flag and, if it
+/// was set, writes the kthread's eventfd. Called after the caller asked
+/// for the core (`PREEMPT_PENDING`) or delivered to its ingress ring: the
+/// kthread then looks at its line and rings. Whether it wrote.
+pub(super) fn wake_blocked(line: &QueueLine, eventfd: BorrowedFd<'_>) -> bool {
+    if !line
+        .remove_flags(LineFlags::IDLE_BLOCKED)
+        .contains(LineFlags::IDLE_BLOCKED)
+    {
+        return false;
+    }
+    if let Err(e) = ginza_sys::eventfd::write(eventfd, 1) {
+        log::warn!("waking a kthread blocked on its own socket: {e}");
+    }
+    true
 }

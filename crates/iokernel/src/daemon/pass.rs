@@ -275,6 +275,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             netstack: None,
         });
         self.snaps.truncate(self.apps.len());
+        // Frames delivered before this pass, then the kthreads' flags read
+        // (a kthread blocked while idle, below).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         for (app, snap) in self.apps.iter_mut().zip(self.snaps.iter_mut()) {
             snap.key = app.id;
             snap.class = app.class.into();
@@ -327,6 +330,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                 let waiting = ring.free().map_or(0, |free| ring.capacity() - free);
                 ks.counters.in_tail = ring.next_seq();
                 ks.counters.in_head = ks.counters.in_tail.wrapping_sub(waiting);
+                // Blocked on its own socket while idle, it does not see
+                // its ingress ring (a frame the switch path delivered):
+                // woken (the fence before the loop orders the delivery
+                // before this read of its flag).
+                if waiting > 0 && ks.idle_polling && line.flags.contains(LineFlags::IDLE_BLOCKED) {
+                    super::own_socket::wake_blocked(&app.ends[k].line, app.eventfds[k].as_fd());
+                }
                 // The direct path: frames on the application's own socket.
                 super::own_socket::fold(own_rx, k, &mut ks.counters);
                 // Protected mode: channel rings are queued work too.
@@ -1030,11 +1040,13 @@ impl<A: CoreActuator> Iokerneld<A> {
         // sees the request in its own clearing step and runs nothing
         // (runtime's `IdlePoll::leave`); one that cleared it before runs
         // work and is preempted as any kthread (docs/idle-poll.md).
-        let polled = app.ends[k]
-            .line
-            .insert_flags(LineFlags::PREEMPT_PENDING)
-            .contains(LineFlags::IDLE_POLLING);
+        let was = app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
+        let polled = was.contains(LineFlags::IDLE_POLLING);
         app.kt[k].preempted_polling = polled;
+        if polled && was.contains(LineFlags::IDLE_BLOCKED) {
+            // Blocked on its own socket, it reads no flag until woken.
+            super::own_socket::wake_blocked(&app.ends[k].line, app.eventfds[k].as_fd());
+        }
         match app.ends[k].to_kthread.send(ToKthread::Preempt { reason }) {
             Ok(()) => {}
             Err(SendError::Full) => app.ring_full += 1,

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_deque::{Injector, Steal, Stealer, Worker};
 use crossbeam_utils::CachePadded;
+use ginza_shm::LineFlags;
 use ginza_sys::eventfd;
 
 use super::{Waiter, TIMER_WAITER};
@@ -59,6 +60,11 @@ pub(crate) struct KStats {
     /// Of those, the times it stopped because another task waited for its
     /// CPU (Linux switched it out while it polled).
     pub(crate) idle_poll_yields: AtomicU64,
+    /// Times it blocked on the application's own socket while idle,
+    /// holding its core (`idle_poll.rs`), and of those the times a frame
+    /// on the socket ended the wait.
+    pub(crate) idle_blocks: AtomicU64,
+    pub(crate) idle_block_frames: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere):
@@ -250,11 +256,18 @@ pub(crate) struct KThread {
     pub(crate) poll_yielded_until: Cell<Option<Instant>>,
     /// The CPU time it lost while polling, by window (`idle_poll.rs`).
     pub(crate) poll_share: Cell<PollShare>,
+    /// The bell held back (`idle_poll.rs`, "the bell held"): on the direct
+    /// path, from its idle state until it has run what the arrival that
+    /// ended it brought, the kthread's own runqueue pushes do not wake a
+    /// sleeping iokerneld; `bell_owed` says one would have.
+    pub(crate) bell_held: Cell<bool>,
+    pub(crate) bell_owed: Cell<bool>,
     pub(crate) stats: KStats,
 }
 
 // SAFETY: the Cell/UnsafeCell fields (local, sched, current, exited,
-// free_uthreads, tick, rng, quiet_since, poll_yielded_until, poll_share) are touched only by the kthread's own pthread;
+// free_uthreads, tick, rng, quiet_since, poll_yielded_until, poll_share,
+// bell_held, bell_owed) are touched only by the kthread's own pthread;
 // everything other threads touch is atomic or behind a lock.
 unsafe impl Sync for KThread {}
 // SAFETY: see Sync; the struct is created on one thread and then shared.
@@ -488,11 +501,57 @@ impl KThread {
     // counted before the item is visible and takes after it is gone, so
     // iokerneld never sees fewer items than are queued.
 
+    /// Owner kthread only (its `bell_held`): see [`KThread::count_injected`]
+    /// for pushes by anyone.
     #[inline]
     pub(crate) fn count_pushed(&self, n: u32) {
         if let Some(io) = &self.io {
             io.line.add_rq_tail(n);
+            if self.bell_held.get() {
+                self.bell_owed.set(true);
+            } else {
+                io.wake_iokernel();
+            }
+        }
+    }
+
+    /// [`KThread::count_pushed`] from any thread (work injected from
+    /// outside): always followed by the bell's check.
+    #[inline]
+    fn count_injected(&self, n: u32) {
+        if let Some(io) = &self.io {
+            io.line.add_rq_tail(n);
             io.wake_iokernel();
+        }
+    }
+
+    /// Wakes the kthread if it is blocked on its own socket while idle
+    /// (`idle_poll.rs`), after work for it was published (injected from
+    /// outside the runtime): one eventfd write, by whoever clears
+    /// `IDLE_BLOCKED` first.
+    fn wake_if_blocked(&self) {
+        let Some(io) = &self.io else { return };
+        // Against `IdlePoll::block`: the work is published, then the flag
+        // read.
+        fence(SeqCst);
+        if io.line.flags().contains(LineFlags::IDLE_BLOCKED)
+            && io
+                .line
+                .remove_flags(LineFlags::IDLE_BLOCKED)
+                .contains(LineFlags::IDLE_BLOCKED)
+        {
+            eventfd_signal(self);
+        }
+    }
+
+    /// Ends the bell held back since the idle state: rings it if a push
+    /// meanwhile would have (the kthread is busy now: iokerneld must see
+    /// its queues). Owner only.
+    pub(crate) fn release_bell(&self) {
+        if self.bell_held.replace(false) && self.bell_owed.replace(false) {
+            if let Some(io) = &self.io {
+                io.wake_iokernel();
+            }
         }
     }
 
@@ -647,6 +706,8 @@ impl Shared {
                         quiet_since: Cell::new(None),
                         poll_yielded_until: Cell::new(None),
                         poll_share: Cell::new(Default::default()),
+                        bell_held: Cell::new(false),
+                        bell_owed: Cell::new(false),
                         stats: KStats::default(),
                     }
                 })
@@ -725,8 +786,13 @@ impl Shared {
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
     /// it wait there whether or not kthread 0 holds a core.
     pub(crate) fn push_injector(&self, u: URef) {
-        self.kthreads[0].count_pushed(1);
+        self.kthreads[0].count_injected(1);
         self.injector.push(u);
+        // An idle kthread blocked on its own socket does not see the
+        // queue: wake it (idle_poll.rs).
+        for k in self.kthreads.iter() {
+            k.wake_if_blocked();
+        }
     }
 
     /// iokerneld went away: run standalone on whatever cores the kthreads
