@@ -85,8 +85,8 @@ enum Experiment {
     /// iokerneld while nothing happens: its loop's CPU with an application
     /// registered and no traffic, and the UDP round trip of the first
     /// request after a quiet second over veth: sleeping while idle with the
-    /// server polling while idle, the same with the server parking (the
-    /// default), and `--spin`; on the direct path, the server parking,
+    /// server polling while idle (the default), the same with the server
+    /// parking, and `--spin`; on the direct path, the server parking,
     /// polling or blocked on its own socket; Linux's blocking echo; rounds
     /// interleaved.
     Idle(idle::IdleArgs),
