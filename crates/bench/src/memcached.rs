@@ -1282,6 +1282,23 @@ fn memcached_direct_frames(
     }
 }
 
+/// The library's cost on one path, three lines of the report.
+fn path_cost_lines(c: &library_cost::PathCost) -> String {
+    format!(
+        "  native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
+         C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
+         C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
+        c.native_api_p50_us,
+        c.native_api_p99_us,
+        c.c_under_ginza_run_p50_us,
+        c.c_under_ginza_run_p99_us,
+        c.added_p50_us,
+        c.c_epoll_under_ginza_run_p50_us,
+        c.c_epoll_under_ginza_run_p99_us,
+        c.added_with_epoll_p50_us
+    )
+}
+
 /// The components every system has: the generator's threads and, under
 /// Ginza, iokerneld's loop (both threads of this process).
 fn common_meter(cfg: &PointConfig) -> Meter {
@@ -1794,36 +1811,16 @@ fn render(r: &Report) -> String {
     if let Some(c) = &r.library_cost {
         let _ = writeln!(
             s,
-            "preload library alone, {}-byte echo round trips from the namespace, medians of {} round(s):\n  \
-             native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
-             C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
-             C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
+            "preload library alone, {}-byte echo round trips from the namespace, medians of {} round(s):\n{}",
             c.payload_bytes,
             c.rounds.iter().filter(|r| !r.direct).count() / 3,
-            c.native_api_p50_us,
-            c.native_api_p99_us,
-            c.c_under_ginza_run_p50_us,
-            c.c_under_ginza_run_p99_us,
-            c.added_p50_us,
-            c.c_epoll_under_ginza_run_p50_us,
-            c.c_epoll_under_ginza_run_p99_us,
-            c.added_with_epoll_p50_us
+            path_cost_lines(&c.switch_path)
         );
         if let Some(d) = &c.direct_path {
             let _ = writeln!(
                 s,
-                "  the same on the direct path (each server its own AF_XDP socket):\n  \
-                 native API                     p50 {:>7.1} µs  p99 {:>8.1} µs\n  \
-                 C, blocking, under ginza run   p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)\n  \
-                 C, epoll, under ginza run      p50 {:>7.1} µs  p99 {:>8.1} µs  (the library adds {:+.1} µs)",
-                d.native_api_p50_us,
-                d.native_api_p99_us,
-                d.c_under_ginza_run_p50_us,
-                d.c_under_ginza_run_p99_us,
-                d.added_p50_us,
-                d.c_epoll_under_ginza_run_p50_us,
-                d.c_epoll_under_ginza_run_p99_us,
-                d.added_with_epoll_p50_us
+                "  the same on the direct path (each server its own AF_XDP socket):\n{}",
+                path_cost_lines(d)
             );
         }
     }

@@ -92,18 +92,9 @@ pub(super) struct EchoRound {
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct LibraryCost {
     pub(super) payload_bytes: usize,
-    pub(super) native_api_p50_us: f64,
-    pub(super) native_api_p99_us: f64,
-    pub(super) c_under_ginza_run_p50_us: f64,
-    pub(super) c_under_ginza_run_p99_us: f64,
-    /// c-under-ginza-run p50 − native-api p50: what the preload library
-    /// adds to one request and its response.
-    pub(super) added_p50_us: f64,
-    pub(super) c_epoll_under_ginza_run_p50_us: f64,
-    pub(super) c_epoll_under_ginza_run_p99_us: f64,
-    /// c-epoll-under-ginza-run p50 − native-api p50: the same with an
-    /// `epoll_wait` through the library before each read.
-    pub(super) added_with_epoll_p50_us: f64,
+    /// On the switch path (the JSON keeps its fields at the top level).
+    #[serde(flatten)]
+    pub(super) switch_path: PathCost,
     /// The same three servers on the direct path, when measured.
     pub(super) direct_path: Option<PathCost>,
     pub(super) rounds: Vec<EchoRound>,
@@ -116,9 +107,13 @@ pub(super) struct PathCost {
     pub(super) native_api_p99_us: f64,
     pub(super) c_under_ginza_run_p50_us: f64,
     pub(super) c_under_ginza_run_p99_us: f64,
+    /// c-under-ginza-run p50 − native-api p50: what the preload library
+    /// adds to one request and its response.
     pub(super) added_p50_us: f64,
     pub(super) c_epoll_under_ginza_run_p50_us: f64,
     pub(super) c_epoll_under_ginza_run_p99_us: f64,
+    /// c-epoll-under-ginza-run p50 − native-api p50: the same with an
+    /// `epoll_wait` through the library before each read.
     pub(super) added_with_epoll_p50_us: f64,
 }
 
@@ -195,7 +190,6 @@ pub(super) fn measure(
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let switch = PathCost::of(&series, false)?;
     let direct_path = if direct {
         Some(PathCost::of(&series, true)?)
     } else {
@@ -203,14 +197,7 @@ pub(super) fn measure(
     };
     Ok(LibraryCost {
         payload_bytes: PAYLOAD,
-        native_api_p50_us: switch.native_api_p50_us,
-        native_api_p99_us: switch.native_api_p99_us,
-        c_under_ginza_run_p50_us: switch.c_under_ginza_run_p50_us,
-        c_under_ginza_run_p99_us: switch.c_under_ginza_run_p99_us,
-        added_p50_us: switch.added_p50_us,
-        c_epoll_under_ginza_run_p50_us: switch.c_epoll_under_ginza_run_p50_us,
-        c_epoll_under_ginza_run_p99_us: switch.c_epoll_under_ginza_run_p99_us,
-        added_with_epoll_p50_us: switch.added_with_epoll_p50_us,
+        switch_path: PathCost::of(&series, false)?,
         direct_path,
         rounds: series,
     })
