@@ -1267,19 +1267,8 @@ fn memcached_direct_frames(
     after: &ginza_proto::StatsReport,
 ) -> DirectFrames {
     let get = |name: &str| counters.get(name).copied().unwrap_or(0);
-    DirectFrames {
-        own_rx: get("direct_rx_packets"),
-        own_tx: get("direct_tx_packets"),
-        own_tx_kicks: get("direct_tx_kicks"),
-        iokernel_nic_rx: after
-            .dataplane
-            .nic_rx_frames
-            .saturating_sub(before.dataplane.nic_rx_frames),
-        iokernel_nic_tx: after
-            .dataplane
-            .nic_tx_frames
-            .saturating_sub(before.dataplane.nic_tx_frames),
-    }
+    let own = ["direct_rx_packets", "direct_tx_packets", "direct_tx_kicks"].map(get);
+    DirectFrames::with_nic(own, before, after)
 }
 
 /// The library's cost on one path, three lines of the report.

@@ -107,19 +107,25 @@ impl DirectFrames {
         after: &StatsReport,
     ) -> anyhow::Result<DirectFrames> {
         let net = net.ok_or_else(|| anyhow!("the direct-path server has no network stats"))?;
-        Ok(DirectFrames {
-            own_rx: net.direct_rx_packets,
-            own_tx: net.direct_tx_packets,
-            own_tx_kicks: net.direct_tx_kicks,
-            iokernel_nic_rx: after
-                .dataplane
-                .nic_rx_frames
-                .saturating_sub(before.dataplane.nic_rx_frames),
-            iokernel_nic_tx: after
-                .dataplane
-                .nic_tx_frames
-                .saturating_sub(before.dataplane.nic_tx_frames),
-        })
+        let own = [
+            net.direct_rx_packets,
+            net.direct_tx_packets,
+            net.direct_tx_kicks,
+        ];
+        Ok(DirectFrames::with_nic(own, before, after))
+    }
+
+    /// The own socket's `[received, sent, kicks]` beside iokerneld's NIC
+    /// counters at the server's start and now.
+    pub(crate) fn with_nic(own: [u64; 3], before: &StatsReport, after: &StatsReport) -> Self {
+        let nic = |f: fn(&StatsReport) -> u64| f(after).saturating_sub(f(before));
+        DirectFrames {
+            own_rx: own[0],
+            own_tx: own[1],
+            own_tx_kicks: own[2],
+            iokernel_nic_rx: nic(|s| s.dataplane.nic_rx_frames),
+            iokernel_nic_tx: nic(|s| s.dataplane.nic_tx_frames),
+        }
     }
 
     /// An error unless the server's own socket carried at least `trips`
