@@ -107,6 +107,10 @@ pub struct TcpArgs {
     /// docs/idle-poll.md), as `ginza bench forward --rtt-park`.
     #[arg(long)]
     park: bool,
+    /// Pin the client (in the namespace) to this CPU for every server's
+    /// round trips; by default the kernel places it.
+    #[arg(long)]
+    client_cpu: Option<usize>,
     /// No round trips and stream to Ginza's servers on the direct path
     /// (their own AF_XDP socket; `rtt_us.ginza_direct`,
     /// `stream_mbps.ginza_direct`; docs/direct-path.md).
@@ -558,8 +562,16 @@ const REFUSED_FOR: Duration = Duration::from_secs(5);
 
 /// Round trips from the namespace to `target` for `--duration`: their
 /// quantiles and how many were measured.
-fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<(Quantiles, u64)> {
+fn probe(
+    ns: &NetNs,
+    target: SocketAddrV4,
+    duration: Duration,
+    client_cpu: Option<usize>,
+) -> anyhow::Result<(Quantiles, u64)> {
     let report = ns.run_in(move || {
+        if let Some(cpu) = client_cpu {
+            ginza_sys::affinity::pin_current_thread(cpu)?;
+        }
         retry_refused(REFUSED_FOR, std::thread::sleep, || {
             linux::rtt_probe_for(
                 target,
@@ -589,9 +601,10 @@ fn stamped_probe(
     ns: &NetNs,
     target: SocketAddrV4,
     duration: Duration,
+    client_cpu: Option<usize>,
 ) -> anyhow::Result<Vec<Stamps>> {
     hops::enable(true);
-    let probed = probe(ns, target, duration / 2);
+    let probed = probe(ns, target, duration / 2, client_cpu);
     hops::enable(false);
     let stamps = hops::take();
     probed?;
@@ -639,8 +652,8 @@ fn ginza_round(ns: &NetNs, cpus: Cpus, args: &TcpArgs, direct: bool) -> anyhow::
     let (backend, ((rtt, trips, stamps, mbps, nic), net)) =
         with_ginza_on_veth(ns, cpus, None, options, direct, |iokerneld| {
             let before = iokerneld.stats()?;
-            let (rtt, trips) = probe(ns, echo, args.duration)?;
-            let stamps = stamped_probe(ns, echo, args.duration)?;
+            let (rtt, trips) = probe(ns, echo, args.duration, args.client_cpu)?;
+            let stamps = stamped_probe(ns, echo, args.duration, args.client_cpu)?;
             let t = stream(ns, sink, args.stream_mb)?;
             let nic = (before, iokerneld.stats()?);
             Ok((rtt, trips, stamps, Some(t.mbps()), nic))
@@ -670,8 +683,9 @@ fn linux_round(
     let _ = cpus;
     let host = ns.add_host_address(LINUX_HOST_OCTET)?;
     let echo: LinuxServer = linux::echo_server(SocketAddrV4::new(host.ip, ECHO_PORT), mode)?;
-    let rtt = probe(ns, echo.addr(), args.duration)
-        .and_then(|(rtt, _)| Ok((rtt, stamped_probe(ns, echo.addr(), args.duration)?)));
+    let (addr, cpu) = (echo.addr(), args.client_cpu);
+    let rtt = probe(ns, addr, args.duration, cpu)
+        .and_then(|(rtt, _)| Ok((rtt, stamped_probe(ns, addr, args.duration, cpu)?)));
     echo.stop()?;
     let (rtt, stamps) = rtt?;
     if mode != EchoMode::Blocking {
