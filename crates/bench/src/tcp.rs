@@ -239,6 +239,11 @@ struct Phases {
 struct ServerPhases {
     /// The stamped round trips' median, µs.
     round_trip_p50: Option<f64>,
+    /// The transmit kick's call (`kick` → `kicked`), median µs, over the
+    /// round trips where it returned before the client had the answer
+    /// (on a veth the call runs the peer's receive and the client's
+    /// wake-up); `None` where no kick was stamped (Linux).
+    kick_call: Option<f64>,
     all: Vec<HopSpan>,
     slower_half: Vec<HopSpan>,
 }
@@ -259,8 +264,20 @@ impl ServerPhases {
             .iter()
             .filter_map(|s| Some(total(s)? as f64 / ticks_per_us))
             .collect();
+        let calls: Vec<f64> = trips
+            .iter()
+            .filter_map(|s| {
+                let (k, kd, r) = (
+                    s[Hop::Kick as usize],
+                    s[Hop::Kicked as usize],
+                    s[Hop::ClientRecv as usize],
+                );
+                (k != 0 && kd >= k && kd <= r).then(|| (kd - k) as f64 / ticks_per_us)
+            })
+            .collect();
         ServerPhases {
             round_trip_p50: median(&totals),
+            kick_call: median(&calls),
             all: hop_spans::median_spans(&Hop::TCP_ECHO, trips, ticks_per_us),
             slower_half: hop_spans::median_spans(
                 &Hop::TCP_ECHO,
@@ -918,9 +935,12 @@ fn render(r: &Report, args: &TcpArgs) -> String {
             ("linux, busy-polling", &p.linux_busy_poll),
         ] {
             if let Some(p50) = spans.round_trip_p50 {
+                let kick = spans
+                    .kick_call
+                    .map_or(String::new(), |k| format!(" (the kick call {k:.1})"));
                 let _ = writeln!(
                     s,
-                    "  {name:<20} (p50 {p50:.1}) {}",
+                    "  {name:<20} (p50 {p50:.1}) {}{kick}",
                     hop_spans::line(&spans.all)
                 );
                 let _ = writeln!(

@@ -320,7 +320,9 @@ impl OwnSocket {
             }
             bump(&self.counters.tx_kicks);
             hops::stamp(Hop::Kick);
-            let Err(e) = xsk::kick(side.socket.as_fd()) else {
+            let kicked = xsk::kick(side.socket.as_fd());
+            hops::stamp(Hop::Kicked);
+            let Err(e) = kicked else {
                 return;
             };
             match e.raw_os_error() {
