@@ -143,6 +143,9 @@ mod tcp {
             match (&stream).read(&mut buf) {
                 Ok(0) => return stream.shutdown(Shutdown::Write),
                 Ok(n) => {
+                    // Hop stamps, when `ginza bench tcp` turned them on.
+                    ginza_sys::hops::stamp(ginza_sys::hops::Hop::AppRead);
+                    ginza_sys::hops::stamp(ginza_sys::hops::Hop::ServerWrite);
                     (&stream).write_all(&buf[..n])?;
                     stats.tcp_bytes.fetch_add(n as u64, Relaxed);
                 }

@@ -260,3 +260,112 @@ fn round_trips_direct_and_switched_interleaved() {
         );
     }
 }
+
+/// The AF_XDP sockets this process has open.
+fn own_xsk_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&fd| {
+            // SAFETY: only borrowed for the `getsockopt` below; a descriptor
+            // closed meanwhile (the directory's own) just fails it.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            ginza_sys::xsk::is_xsk(fd)
+        })
+        .count()
+}
+
+/// A TCP echo server on the direct path serves a Linux client, then
+/// exits; at once another socket binds to its queue. (After `ginza bench
+/// tcp`'s direct rounds the queue stayed bound, `EBUSY`, for over 10 s:
+/// docs/direct-path.md.)
+#[test]
+fn a_tcp_servers_queue_is_bound_again_right_after_it_exits() {
+    let _lock = common::lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    steer_peer_to_queue(&ns, 2, QUEUE);
+    let host_if = ns.host_if.clone();
+    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
+        cfg.nic = format!("af_xdp:{host_if},direct");
+    });
+    let xsks_before = own_xsk_count();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(EchoStats::default());
+    let (s2, st2) = (stop.clone(), stats.clone());
+    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
+    let app = daemon.start_app_with("tcp-direct", net, 1, move || {
+        echo_server::serve_tcp(PORT, s2, st2).map_err(|e| e.to_string())
+    });
+    let target = SocketAddrV4::new(ns.peer_ip, PORT);
+    // The runtime listens once it has registered: retry a refused connect.
+    let t0 = Instant::now();
+    let trips = loop {
+        let probed = ns
+            .run_in(move || netns::tcp::rtt_probe(target, 10, 200, 64, Duration::from_secs(5)))
+            .unwrap();
+        match probed {
+            Ok(report) => break report.histogram.len(),
+            Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("the TCP round trips: {e}"),
+        }
+    };
+    assert_eq!(trips, 200);
+    stop.store(true, Relaxed);
+    app.join(Duration::from_secs(10))
+        .expect("the TCP echo server");
+    let exited = Instant::now();
+
+    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = exited + Duration::from_secs(3);
+    let bound = loop {
+        let umem = ginza_sys::xsk::Umem::private(64, 2048).unwrap();
+        let open = ginza_sys::xsk::Xsk::open(
+            ifindex,
+            QUEUE,
+            umem,
+            ginza_sys::xsk::UmemOwner::Own,
+            32,
+            ginza_sys::xsk::BindMode::Copy,
+        );
+        match open {
+            Ok(xsk) => break Ok(xsk),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    let waited = exited.elapsed();
+    let registered = daemon
+        .get()
+        .stats()
+        .unwrap()
+        .apps
+        .iter()
+        .any(|a| a.name == "tcp-direct");
+    let xsks_after = own_xsk_count();
+    println!(
+        "rebound queue {QUEUE} after {waited:?}: {}; AF_XDP sockets open: {xsks_before} before \
+         the server, {xsks_after} after (the new one included if bound); still registered: \
+         {registered}",
+        bound
+            .as_ref()
+            .map_or_else(|e| e.to_string(), |_| "ok".into())
+    );
+    bound.unwrap_or_else(|e| {
+        panic!(
+            "queue {QUEUE} not free {waited:?} after the TCP server exited: {e} \
+             (AF_XDP sockets of this process: {xsks_before} before it, {xsks_after} now; \
+             iokerneld still lists it: {registered})"
+        )
+    });
+}

@@ -1060,6 +1060,7 @@ fn hop_name(i: usize) -> &'static str {
         .iter()
         .chain(Hop::PROTECTED.iter())
         .chain(Hop::FIRST_REQUEST.iter())
+        .chain(Hop::TCP_ECHO.iter())
         .find(|h| **h as usize == i)
         .map_or("?", |h| h.name())
 }

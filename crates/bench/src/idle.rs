@@ -45,7 +45,7 @@
 //!   parked, Linux's thread is blocked; the median of `--probes`.
 //!
 //! Each measured round trip is stamped hop by hop (`Hop::FIRST_REQUEST`,
-//! [`crate::first_spans`]): where its time went. The probe client is
+//! [`crate::hop_spans`]): where its time went. The probe client is
 //! `--client` (polling by default) on `--client-cpu`.
 //!
 //! A figure is the median over rounds. Needs root, `ip` and `ethtool`.
@@ -67,11 +67,11 @@ use ginza_net::MacAddr;
 use ginza_proto::parse_duration;
 use ginza_sys::hops::{self, Hop, Stamps};
 
-use crate::first_spans::{self, HopSpan};
 use crate::harness::app::App;
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median, round3};
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
+use crate::hop_spans::{self, HopSpan};
 
 const ECHO_PORT: u16 = 7;
 const ECHO_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x1d, 0x02]);
@@ -345,7 +345,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
                 setup.name(),
                 round.server_cpu_pct,
                 round.first_rtt_us,
-                first_spans::line(&first_spans::median_spans(&round.stamps, ticks_per_us))
+                hop_spans::line(&hop_spans::median_spans(&Hop::FIRST_REQUEST, &round.stamps, ticks_per_us))
             );
             rounds.push(round);
         }
@@ -367,7 +367,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             loop_cpu_pct: median(&cpu).map(round3),
             server_cpu_pct: round3(median(&server).context("no round")?),
             first_rtt_us_p50: round3(median(&rtt).context("no round")?),
-            spans: first_spans::median_spans(&stamps, ticks_per_us),
+            spans: hop_spans::median_spans(&Hop::FIRST_REQUEST, &stamps, ticks_per_us),
             iokernel_woke: passed(Hop::IokernelWoke),
             kthread_woke: passed(Hop::KthreadRuns),
         })
@@ -428,7 +428,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             "    iokerneld woke in {}, a parked kthread in {}; spans µs (trips): {}",
             m.iokernel_woke,
             m.kthread_woke,
-            first_spans::line(&m.spans)
+            hop_spans::line(&m.spans)
         )?;
     }
     emit(args.json, &table, &report)

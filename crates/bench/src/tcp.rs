@@ -32,6 +32,19 @@
 //!   `af_xdp:IF,direct` (`harness::direct`, docs/direct-path.md); each
 //!   round checks that their own socket carried the round trips.
 //!
+//! * The Ginza servers over veth poll while idle (`poll_while_idle` =
+//!   `POLL_WHILE_IDLE`, docs/idle-poll.md: out of work, the kthread keeps
+//!   its core while nobody else wants it), as `ginza bench forward`'s;
+//!   `--park` makes them park at once (each request then waits for a
+//!   grant and the kthread's wake).
+//! * `phases`: where each server's round trip goes, hop by hop
+//!   ([`Hop::TCP_ECHO`], [`crate::hop_spans`]): after each measured series
+//!   a second one of half its length with hop stamps on (the client's send
+//!   and receive, the runtime taking the frame, the server's read and
+//!   write, the runtime's segment out, the transmit kick; a Linux server
+//!   stamps its read and write only), medians over every round's stamped
+//!   round trips.
+//!
 //! Rounds are interleaved (Ginza, Ginza direct, Linux, Linux busy-poll,
 //! switch; again…) so that drifts of the machine hit every server alike;
 //! each figure is the median over `--rounds` rounds of that round's value (p50 and p99 are
@@ -54,6 +67,7 @@ use ginza_net::{Ipv4Addr, MacAddr};
 use ginza_proto::content::Transfer;
 use ginza_proto::parse_duration;
 use ginza_runtime::net::NetStats;
+use ginza_sys::hops::{self, Hop, Stamps};
 use serde::Serialize;
 
 use crate::harness::app::App;
@@ -61,6 +75,7 @@ use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{set_faults, start_on, with_iokerneld_on_veth, Cpus};
 use crate::harness::rtt::{quantiles, retry_refused, Quantiles, IO_TIMEOUT, PAYLOAD, WARMUP};
+use crate::hop_spans::{self, HopSpan};
 
 /// Arguments of `ginza bench tcp`.
 #[derive(clap::Args, Debug)]
@@ -87,6 +102,15 @@ pub struct TcpArgs {
     /// receive burst (on by default), to compare.
     #[arg(long)]
     no_burst_answer: bool,
+    /// The Ginza servers' kthread parks when idle instead of polling
+    /// (`poll_while_idle` = 0: the behaviour before idle polling,
+    /// docs/idle-poll.md), as `ginza bench forward --rtt-park`.
+    #[arg(long)]
+    park: bool,
+    /// Pin the client (in the namespace) to this CPU for every server's
+    /// round trips; by default the kernel places it.
+    #[arg(long)]
+    client_cpu: Option<usize>,
     /// No round trips and stream to Ginza's servers on the direct path
     /// (their own AF_XDP socket; `rtt_us.ginza_direct`,
     /// `stream_mbps.ginza_direct`; docs/direct-path.md).
@@ -183,6 +207,85 @@ struct Round {
     /// Frames the direct-path servers received and sent on their own
     /// socket, and iokerneld's NIC meanwhile.
     ginza_direct_frames: Option<DirectFrames>,
+    /// The stamped round trips of each server (for `phases`).
+    #[serde(skip)]
+    stamps: Stamped,
+}
+
+/// The stamped series' round trips, per server.
+#[derive(Debug, Default)]
+struct Stamped {
+    ginza: Vec<Stamps>,
+    ginza_direct: Vec<Stamps>,
+    linux: Vec<Stamps>,
+    linux_busy_poll: Vec<Stamps>,
+}
+
+/// Where each server's round trip goes, over every round's stamped
+/// series.
+#[derive(Serialize, Debug)]
+struct Phases {
+    ginza: ServerPhases,
+    ginza_direct: ServerPhases,
+    linux: ServerPhases,
+    linux_busy_poll: ServerPhases,
+}
+
+/// One server's phases: each hop's span from the hop before it that the
+/// round trips passed ([`Hop::TCP_ECHO`]), medians, µs; over all the
+/// stamped round trips and over their slower half (the spans' medians
+/// need not add up to the round trip's when its times have two modes).
+#[derive(Serialize, Debug, Default)]
+struct ServerPhases {
+    /// The stamped round trips' median, µs.
+    round_trip_p50: Option<f64>,
+    /// The transmit kick's call (`kick` → `kicked`), median µs, over the
+    /// round trips where it returned before the client had the answer
+    /// (on a veth the call runs the peer's receive and the client's
+    /// wake-up); `None` where no kick was stamped (Linux).
+    kick_call: Option<f64>,
+    all: Vec<HopSpan>,
+    slower_half: Vec<HopSpan>,
+}
+
+impl ServerPhases {
+    fn of(trips: &[Stamps], ticks_per_us: f64) -> ServerPhases {
+        let total = |s: &Stamps| {
+            let (a, b) = (s[Hop::ClientSend as usize], s[Hop::ClientRecv as usize]);
+            (a != 0 && b >= a).then(|| b - a)
+        };
+        let mut answered: Vec<Stamps> = trips
+            .iter()
+            .filter(|s| total(s).is_some())
+            .copied()
+            .collect();
+        answered.sort_by_key(total);
+        let totals: Vec<f64> = answered
+            .iter()
+            .filter_map(|s| Some(total(s)? as f64 / ticks_per_us))
+            .collect();
+        let calls: Vec<f64> = trips
+            .iter()
+            .filter_map(|s| {
+                let (k, kd, r) = (
+                    s[Hop::Kick as usize],
+                    s[Hop::Kicked as usize],
+                    s[Hop::ClientRecv as usize],
+                );
+                (k != 0 && kd >= k && kd <= r).then(|| (kd - k) as f64 / ticks_per_us)
+            })
+            .collect();
+        ServerPhases {
+            round_trip_p50: median(&totals),
+            kick_call: median(&calls),
+            all: hop_spans::median_spans(&Hop::TCP_ECHO, trips, ticks_per_us),
+            slower_half: hop_spans::median_spans(
+                &Hop::TCP_ECHO,
+                &answered[answered.len() / 2..],
+                ticks_per_us,
+            ),
+        }
+    }
 }
 
 #[derive(Serialize, Debug)]
@@ -190,6 +293,8 @@ struct Report {
     rtt_us: Option<RttSet>,
     stream_mbps: Option<StreamSet>,
     switch_rtt_us: Option<Quantiles>,
+    /// Null without the veth.
+    phases: Option<Phases>,
     lossy: Option<Lossy>,
     lossy_reverse: Option<Lossy>,
     /// The NIC backend Ginza's veth figures went through.
@@ -219,30 +324,33 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         direct::namespace()
     };
     let veth_skipped = ns.as_ref().err().map(|e| e.to_string());
+    let ticks_per_us = hops::ticks_per_us(Duration::from_millis(20));
     let mut rounds = Vec::new();
     let mut backend = None;
     for round in 0..args.rounds {
         let mut r = Round::default();
         if let Ok(ns) = &ns {
-            let (used, rtt, mbps, _) = ginza_round(ns, cpus, &args, false)
+            let g = ginza_round(ns, cpus, &args, false)
                 .with_context(|| format!("round {round}: Ginza over veth"))?;
-            backend = Some(used);
-            r.ginza = Some(rtt);
-            r.stream_ginza_mbps = mbps;
+            backend = Some(g.backend);
+            r.ginza = Some(g.rtt);
+            r.stream_ginza_mbps = g.mbps;
+            r.stamps.ginza = g.stamps;
             if !args.no_direct {
-                let (_, rtt, mbps, frames) =
-                    ginza_round(ns, cpus, &args, true).with_context(|| {
-                        format!("round {round}: Ginza on the direct path over veth")
-                    })?;
-                r.ginza_direct = Some(rtt);
-                r.stream_ginza_direct_mbps = mbps;
-                r.ginza_direct_frames = frames;
+                let g = ginza_round(ns, cpus, &args, true).with_context(|| {
+                    format!("round {round}: Ginza on the direct path over veth")
+                })?;
+                r.ginza_direct = Some(g.rtt);
+                r.stream_ginza_direct_mbps = g.mbps;
+                r.ginza_direct_frames = g.frames;
+                r.stamps.ginza_direct = g.stamps;
             }
-            let (rtt, mbps) = linux_round(ns, cpus, &args, EchoMode::Blocking)
+            let (rtt, mbps, stamps) = linux_round(ns, cpus, &args, EchoMode::Blocking)
                 .with_context(|| format!("round {round}: Linux over veth"))?;
             r.linux = Some(rtt);
             r.stream_linux_mbps = mbps;
-            let (rtt, _) = linux_round(
+            r.stamps.linux = stamps;
+            let (rtt, _, stamps) = linux_round(
                 ns,
                 cpus,
                 &args,
@@ -252,6 +360,7 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
             )
             .with_context(|| format!("round {round}: Linux busy-polling over veth"))?;
             r.linux_busy_poll = Some(rtt);
+            r.stamps.linux_busy_poll = stamps;
         }
         r.switch = Some(
             switch_round(cpus, &args)
@@ -301,10 +410,23 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         }),
         _ => None,
     };
+    let phases = ns.is_ok().then(|| {
+        let spans = |f: fn(&Stamped) -> &Vec<Stamps>| {
+            let all: Vec<Stamps> = rounds.iter().flat_map(|r| f(&r.stamps)).copied().collect();
+            ServerPhases::of(&all, ticks_per_us)
+        };
+        Phases {
+            ginza: spans(|s| &s.ginza),
+            ginza_direct: spans(|s| &s.ginza_direct),
+            linux: spans(|s| &s.linux),
+            linux_busy_poll: spans(|s| &s.linux_busy_poll),
+        }
+    });
     let report = Report {
         rtt_us,
         stream_mbps,
         switch_rtt_us: med(&|r| r.switch),
+        phases,
         lossy,
         lossy_reverse,
         backend,
@@ -331,6 +453,7 @@ fn split(r: anyhow::Result<Lossy>) -> (Option<Lossy>, Option<String>) {
 struct GinzaTcpOptions {
     sack: bool,
     answer_after_burst: bool,
+    poll_while_idle: bool,
 }
 
 impl GinzaTcpOptions {
@@ -338,12 +461,20 @@ impl GinzaTcpOptions {
         GinzaTcpOptions {
             sack: !args.no_sack,
             answer_after_burst: !args.no_burst_answer,
+            poll_while_idle: !args.park,
         }
     }
 
     /// These options, in an application's configuration.
     fn apply(self) -> impl FnOnce(&mut ginza_runtime::Config) {
         move |config| {
+            if let Some(io) = config.iokernel.as_mut() {
+                io.poll_while_idle = if self.poll_while_idle {
+                    ginza_runtime::POLL_WHILE_IDLE
+                } else {
+                    Duration::ZERO
+                };
+            }
             if let Some(net) = config.iokernel.as_mut().and_then(|io| io.net.as_mut()) {
                 net.tcp.sack = self.sack;
                 net.tcp.answer_after_burst = self.answer_after_burst;
@@ -448,8 +579,16 @@ const REFUSED_FOR: Duration = Duration::from_secs(5);
 
 /// Round trips from the namespace to `target` for `--duration`: their
 /// quantiles and how many were measured.
-fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result<(Quantiles, u64)> {
+fn probe(
+    ns: &NetNs,
+    target: SocketAddrV4,
+    duration: Duration,
+    client_cpu: Option<usize>,
+) -> anyhow::Result<(Quantiles, u64)> {
     let report = ns.run_in(move || {
+        if let Some(cpu) = client_cpu {
+            ginza_sys::affinity::pin_current_thread(cpu)?;
+        }
         retry_refused(REFUSED_FOR, std::thread::sleep, || {
             linux::rtt_probe_for(
                 target,
@@ -473,6 +612,22 @@ fn probe(ns: &NetNs, target: SocketAddrV4, duration: Duration) -> anyhow::Result
     Ok((quantiles, h.len()))
 }
 
+/// A series of half `duration` to `target` with hop stamps on: its round
+/// trips' stamps (for `phases`; its times are not the measured ones).
+fn stamped_probe(
+    ns: &NetNs,
+    target: SocketAddrV4,
+    duration: Duration,
+    client_cpu: Option<usize>,
+) -> anyhow::Result<Vec<Stamps>> {
+    hops::enable(true);
+    let probed = probe(ns, target, duration / 2, client_cpu);
+    hops::enable(false);
+    let stamps = hops::take();
+    probed?;
+    Ok(stamps)
+}
+
 /// One way from the namespace to the sink at `target`; checks the receipt.
 fn stream(ns: &NetNs, target: SocketAddrV4, mib: u64) -> anyhow::Result<Transfer> {
     let bytes = mib << 20;
@@ -492,26 +647,33 @@ fn stream(ns: &NetNs, target: SocketAddrV4, mib: u64) -> anyhow::Result<Transfer
     Ok(t)
 }
 
-/// Round trips and a stream to Ginza's servers (on the direct path if
-/// `direct`: then also where their frames went, an error unless their own
-/// socket carried the round trips).
-fn ginza_round(
-    ns: &NetNs,
-    cpus: Cpus,
-    args: &TcpArgs,
-    direct: bool,
-) -> anyhow::Result<(String, Quantiles, Option<f64>, Option<DirectFrames>)> {
+/// One round of Ginza's servers.
+struct GinzaRound {
+    backend: String,
+    rtt: Quantiles,
+    mbps: Option<f64>,
+    /// On the direct path: where the frames went.
+    frames: Option<DirectFrames>,
+    stamps: Vec<Stamps>,
+}
+
+/// Round trips, a stamped series and a stream to Ginza's servers (on the
+/// direct path if `direct`: then also where their frames went, an error
+/// unless their own socket carried the round trips).
+fn ginza_round(ns: &NetNs, cpus: Cpus, args: &TcpArgs, direct: bool) -> anyhow::Result<GinzaRound> {
     let (echo, sink) = (
         SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
         SocketAddrV4::new(ns.peer_ip, SINK_PORT),
     );
     let options = GinzaTcpOptions::of(args);
-    let (backend, ((rtt, trips, mbps, nic), net)) =
+    let (backend, ((rtt, trips, stamps, mbps, nic), net)) =
         with_ginza_on_veth(ns, cpus, None, options, direct, |iokerneld| {
             let before = iokerneld.stats()?;
-            let (rtt, trips) = probe(ns, echo, args.duration)?;
+            let (rtt, trips) = probe(ns, echo, args.duration, args.client_cpu)?;
+            let stamps = stamped_probe(ns, echo, args.duration, args.client_cpu)?;
             let t = stream(ns, sink, args.stream_mb)?;
-            Ok((rtt, trips, Some(t.mbps()), (before, iokerneld.stats()?)))
+            let nic = (before, iokerneld.stats()?);
+            Ok((rtt, trips, stamps, Some(t.mbps()), nic))
         })?;
     let frames = if direct {
         let frames = DirectFrames::of(net.as_ref(), &nic.0, &nic.1)?;
@@ -520,7 +682,13 @@ fn ginza_round(
     } else {
         None
     };
-    Ok((backend, rtt, mbps, frames))
+    Ok(GinzaRound {
+        backend,
+        rtt,
+        mbps,
+        frames,
+        stamps,
+    })
 }
 
 fn linux_round(
@@ -528,20 +696,22 @@ fn linux_round(
     cpus: Cpus,
     args: &TcpArgs,
     mode: EchoMode,
-) -> anyhow::Result<(Quantiles, Option<f64>)> {
+) -> anyhow::Result<(Quantiles, Option<f64>, Vec<Stamps>)> {
     let _ = cpus;
     let host = ns.add_host_address(LINUX_HOST_OCTET)?;
     let echo: LinuxServer = linux::echo_server(SocketAddrV4::new(host.ip, ECHO_PORT), mode)?;
-    let rtt = probe(ns, echo.addr(), args.duration);
+    let (addr, cpu) = (echo.addr(), args.client_cpu);
+    let rtt = probe(ns, addr, args.duration, cpu)
+        .and_then(|(rtt, _)| Ok((rtt, stamped_probe(ns, addr, args.duration, cpu)?)));
     echo.stop()?;
-    let (rtt, _) = rtt?;
+    let (rtt, stamps) = rtt?;
     if mode != EchoMode::Blocking {
-        return Ok((rtt, None));
+        return Ok((rtt, None, stamps));
     }
     let sink = linux::sink_server(SocketAddrV4::new(host.ip, SINK_PORT))?;
     let t = stream(ns, sink.addr(), args.stream_mb);
     sink.stop()?;
-    Ok((rtt, Some(t?.mbps())))
+    Ok((rtt, Some(t?.mbps()), stamps))
 }
 
 /// Two Ginza runtimes on an iokerneld without a NIC: echo-server and a
@@ -752,6 +922,35 @@ fn render(r: &Report, args: &TcpArgs) -> String {
             "one-way stream, {} MiB from the namespace to a sink, Mbit/s:  ginza {:.0}{direct}  linux {:.0}",
             args.stream_mb, st.ginza, st.linux
         );
+    }
+    if let Some(p) = &r.phases {
+        let _ = writeln!(
+            s,
+            "where the round trip goes, each hop from the last one passed, medians, µs:"
+        );
+        for (name, spans) in [
+            ("ginza", &p.ginza),
+            ("ginza direct path", &p.ginza_direct),
+            ("linux, blocking", &p.linux),
+            ("linux, busy-polling", &p.linux_busy_poll),
+        ] {
+            if let Some(p50) = spans.round_trip_p50 {
+                let kick = spans
+                    .kick_call
+                    .map_or(String::new(), |k| format!(" (the kick call {k:.1})"));
+                let _ = writeln!(
+                    s,
+                    "  {name:<20} (p50 {p50:.1}) {}{kick}",
+                    hop_spans::line(&spans.all)
+                );
+                let _ = writeln!(
+                    s,
+                    "  {:<20} slower half: {}",
+                    "",
+                    hop_spans::line(&spans.slower_half)
+                );
+            }
+        }
     }
     if let Some(q) = &r.switch_rtt_us {
         let _ = writeln!(

@@ -817,6 +817,87 @@ fn reading_sends_a_window_update() {
     assert_eq!(ack.header.window, 1999, "the old edge, not 2099");
 }
 
+/// A request/response exchange (the echo of `ginza bench tcp`): each
+/// 64-byte request is read and answered at once, and the answer carries
+/// the ACK and any window update. One segment out per request: no lone
+/// ACK, not even when the reads have opened the window by an MSS.
+#[test]
+fn an_answered_request_costs_one_segment_even_when_the_window_opens() {
+    let config = TcpConfig::default(); // delayed ACK on
+    let mut conn = passive(&config);
+    let (mut rcv, mut snd) = (PEER + 1, ISS + 1);
+    let mut buf = [0u8; 64];
+    let mut lone_acks = 0;
+    for i in 0..200u64 {
+        let now = Instant::from_nanos(1_000_000 + i * 20_000);
+        conn.on_segment(&seg(rcv).ack(snd).data(&[7; 64]), now);
+        rcv += 64;
+        assert_eq!(conn.recv(&mut buf).unwrap(), 64);
+        lone_acks += drain(&mut conn, now).len();
+        conn.send(&buf).unwrap();
+        let out = drain(&mut conn, now);
+        assert_eq!(out.len(), 1, "request {i}: {out:#?}");
+        assert_eq!(out[0].payload.len(), 64);
+        assert_eq!(out[0].header.ack, Some(Seq(rcv)));
+        snd += 64;
+    }
+    assert_eq!(
+        lone_acks, 0,
+        "lone ACKs (window updates) before the answers"
+    );
+    // The answers moved the window's edge as the reads freed the buffer.
+    conn.on_segment(&seg(rcv).ack(snd).data(&[7; 64]), t(100));
+    assert_eq!(conn.recv(&mut buf).unwrap(), 64);
+    conn.send(&buf).unwrap();
+    let out = drain(&mut conn, t(100));
+    assert!(
+        out[0].header.window >= u16::MAX - 1460,
+        "{:?}",
+        out[0].header
+    );
+}
+
+/// A window update while the advertised window is still more than half
+/// open waits as a delayed ACK (the next answer would carry it); with
+/// nothing written it goes out when the delayed ACK is due. Under half it
+/// goes at once.
+#[test]
+fn a_window_update_waits_as_a_delayed_ack_while_the_window_is_roomy() {
+    let config = TcpConfig {
+        recv_buffer: 8000,
+        ..TcpConfig::default()
+    };
+    let delay = config.delayed_ack.unwrap();
+    let mut conn = passive(&config);
+    // Two segments: ACKed at once (every second segment).
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).data(&[1; 1000]), t(1));
+    conn.on_segment(&seg(PEER + 1001).ack(ISS + 1).data(&[1; 1000]), t(1));
+    assert_eq!(one(&mut conn, t(1)).header.window, 6000);
+    let mut buf = [0; 2000];
+    assert_eq!(conn.recv(&mut buf).unwrap(), 2000);
+    // 6000 of 8000 still advertised: the update waits.
+    nothing(&mut conn, t(1));
+    let due = conn.next_deadline().expect("the delayed ACK is armed");
+    assert_eq!(due, t(1) + delay);
+    conn.on_timer(due);
+    let update = one(&mut conn, due);
+    assert!(is_ack(&update, ISS + 1, PEER + 2001));
+    assert_eq!(update.header.window, 8000);
+    // Five more KB in: 3000 advertised, under half; reading them sends the
+    // update at once.
+    for i in 0..5u32 {
+        conn.on_segment(
+            &seg(PEER + 2001 + i * 1000).ack(ISS + 1).data(&[1; 1000]),
+            t(2),
+        );
+    }
+    let _ = drain(&mut conn, t(2));
+    let mut big = [0; 5000];
+    assert_eq!(conn.recv(&mut big).unwrap(), 5000);
+    let update = one(&mut conn, t(2));
+    assert_eq!(update.header.window, 8000);
+}
+
 /// `Connection` crosses kthreads inside the runtime's lock.
 #[test]
 fn connection_is_send() {

@@ -240,10 +240,14 @@ impl<'a> IdlePoll<'a> {
         let was = line.insert_flags(LineFlags::IDLE_BLOCKED);
         // Against the wakers: they publish, fence, then read the flag.
         fence(SeqCst);
+        // The socket is retired only once no kthread runs (the runtime's
+        // stop), so its number stays its own while we block on it.
+        let own_fd = own.with_fd(|fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
         if was.contains(LineFlags::PREEMPT_PENDING)
             || rt.work_visible(k)
             || rt.shutdown.load(SeqCst)
             || k.revoke_requested.load(SeqCst)
+            || own_fd.is_none()
         {
             line.remove_flags(LineFlags::IDLE_BLOCKED);
             return;
@@ -254,7 +258,7 @@ impl<'a> IdlePoll<'a> {
         bump(&k.stats.idle_blocks);
         let mut fds = [
             libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&own.fd()),
+                fd: own_fd.unwrap_or(-1),
                 events: libc::POLLIN,
                 revents: 0,
             },

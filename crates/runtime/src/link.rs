@@ -415,7 +415,8 @@ impl Link {
                 None => None,
                 Some(direct) => {
                     let own = OwnSocket::open(direct)?;
-                    conn.attach_direct_socket(direct.queue, own.fd())
+                    own.with_fd(|fd| conn.attach_direct_socket(direct.queue, fd))
+                        .expect("a socket just opened")
                         .map_err(|e| format!("direct path: {e}"))?;
                     let own = Arc::new(own);
                     // Set once: `register` runs once per runtime.
@@ -450,9 +451,15 @@ impl Link {
             .map(|c| c.socket_clone())
     }
 
-    /// Deregisters (closing the socket gives the cores back).
+    /// Deregisters (closing the socket gives the cores back) and closes
+    /// the own socket, which frees its queue for the next application
+    /// even if a uthread left blocked keeps this runtime alive. Once no
+    /// kthread runs.
     pub(crate) fn deregister(&self) {
         self.conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(own) = self.own_socket.get() {
+            own.retire();
+        }
     }
 
     /// A deadline relative to the epoch, in iokerneld's clock.

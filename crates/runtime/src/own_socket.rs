@@ -19,6 +19,11 @@
 //!   receive batch, and at once every [`KICK_BATCH`] frames or when a
 //!   transmission finds no room (`DirectPathConfig::kick_per_frame` kicks
 //!   every frame, for comparison).
+//! * [`OwnSocket::retire`] closes the socket and unmaps its rings when the
+//!   runtime stops, whoever still holds the `OwnSocket`: a uthread left
+//!   blocked at the end (an acceptor in `accept`) keeps the runtime's
+//!   memory, and so this, alive, and a socket left open keeps its queue
+//!   bound (`EBUSY` for the next application; docs/direct-path.md).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -27,6 +32,7 @@ use std::sync::atomic::{
     Ordering::{AcqRel, Relaxed},
 };
 
+use ginza_sys::hops::{self, Hop};
 use ginza_sys::xsk::{self, BindMode, Desc, Rings, Umem, UmemOwner, Xsk};
 
 use crate::config::DirectPathConfig;
@@ -55,6 +61,8 @@ struct RxSide {
 }
 
 struct TxSide {
+    /// Kicked under this lock.
+    socket: OwnedFd,
     tx: xsk::Ring<Desc>,
     completion: xsk::Ring<u64>,
     /// Chunks free for transmission.
@@ -72,11 +80,11 @@ pub(crate) struct OwnCounters {
     pub(crate) tx_kicks: AtomicU64,
 }
 
-/// The application's own AF_XDP socket.
+/// The application's own AF_XDP socket. Its rings and the socket itself
+/// are gone (`None`) once [`retired`](OwnSocket::retire).
 pub(crate) struct OwnSocket {
-    socket: OwnedFd,
-    rx: SpinLock<RxSide>,
-    tx: SpinLock<TxSide>,
+    rx: SpinLock<Option<RxSide>>,
+    tx: SpinLock<Option<TxSide>>,
     umem: Umem,
     /// Frames put on the tx ring since the last kick.
     unkicked: AtomicU32,
@@ -126,17 +134,17 @@ impl OwnSocket {
             .map(|c| umem.chunk_addr(c))
             .collect();
         Ok(OwnSocket {
-            socket,
-            rx: SpinLock::new(RxSide {
+            rx: SpinLock::new(Some(RxSide {
                 rx,
                 fill,
                 backlog: Vec::new(),
-            }),
-            tx: SpinLock::new(TxSide {
+            })),
+            tx: SpinLock::new(Some(TxSide {
+                socket,
                 tx,
                 completion,
                 free,
-            }),
+            })),
             umem,
             unkicked: AtomicU32::new(0),
             kick_per_frame: cfg.kick_per_frame,
@@ -144,15 +152,26 @@ impl OwnSocket {
         })
     }
 
-    /// The socket, to hand to iokerneld.
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
-        self.socket.as_fd()
+    /// Runs `f` on the socket (to hand it to iokerneld); `None` once
+    /// retired.
+    pub(crate) fn with_fd<R>(&self, f: impl FnOnce(BorrowedFd<'_>) -> R) -> Option<R> {
+        self.tx.lock().as_ref().map(|side| f(side.socket.as_fd()))
+    }
+
+    /// Closes the socket and unmaps its rings, so the kernel frees its
+    /// queue for another socket, even while something still holds this
+    /// `OwnSocket` (frames received stay readable: the UMEM stays). For
+    /// the runtime's stop, once no kthread runs: nothing is received or
+    /// sent after it, and what waited on the tx ring unkicked is dropped.
+    pub(crate) fn retire(&self) {
+        drop(self.rx.lock().take());
+        drop(self.tx.lock().take());
     }
 
     /// Whether frames wait on the rx ring (a look before parking).
     pub(crate) fn rx_pending(&self) -> bool {
         match self.rx.try_lock() {
-            Some(side) => side.rx.available() > 0,
+            Some(side) => side.as_ref().is_some_and(|s| s.rx.available() > 0),
             None => true,
         }
     }
@@ -161,11 +180,14 @@ impl OwnSocket {
     /// another kthread is taking them now); each is the application's
     /// until [`give_back`](Self::give_back).
     pub(crate) fn take_received(&self, out: &mut [Desc]) -> usize {
-        let Some(mut side) = self.rx.try_lock() else {
+        let Some(mut guard) = self.rx.try_lock() else {
+            return 0;
+        };
+        let Some(side) = guard.as_mut() else {
             return 0;
         };
         if !side.backlog.is_empty() {
-            let RxSide { fill, backlog, .. } = &mut *side;
+            let RxSide { fill, backlog, .. } = side;
             let returned = fill.produce(backlog.iter().copied());
             backlog.drain(..returned);
         }
@@ -201,7 +223,10 @@ impl OwnSocket {
     /// Lends chunk `buf` (an [`OWN_CHUNK`] index) to the kernel again.
     pub(crate) fn give_back(&self, buf: u32) {
         let chunk = self.umem.chunk_addr((buf & !OWN_CHUNK) as usize);
-        let mut side = self.rx.lock();
+        let mut guard = self.rx.lock();
+        let Some(side) = guard.as_mut() else {
+            return;
+        };
         if !side.backlog.is_empty() || side.fill.produce(std::iter::once(chunk)) == 0 {
             side.backlog.push(chunk);
         }
@@ -214,13 +239,16 @@ impl OwnSocket {
         &self,
         build: impl FnOnce(&mut [u8]) -> Result<usize, E>,
     ) -> Result<(), OwnTxFail<E>> {
-        let mut side = self.tx.lock();
-        let mut chunk = self.reserve(&mut side);
+        let mut guard = self.tx.lock();
+        let Some(side) = guard.as_mut() else {
+            return Err(OwnTxFail::Full);
+        };
+        let mut chunk = self.reserve(side);
         if chunk.is_none() && self.unkicked.load(Relaxed) > 0 {
             // No room until the kernel sends what waits (copy mode
             // completes frames inside the kick).
-            self.kick(&mut side);
-            chunk = self.reserve(&mut side);
+            self.kick(side);
+            chunk = self.reserve(side);
         }
         let Some(chunk) = chunk else {
             bump(&self.counters.tx_full);
@@ -247,7 +275,7 @@ impl OwnSocket {
         bump(&self.counters.tx_frames);
         let queued = self.unkicked.fetch_add(1, AcqRel) + 1;
         if self.kick_per_frame || queued >= KICK_BATCH {
-            self.kick(&mut side);
+            self.kick(side);
         }
         Ok(())
     }
@@ -259,6 +287,7 @@ impl OwnSocket {
             tx,
             completion,
             free,
+            ..
         } = side;
         completion.consume(usize::MAX, |addr| free.push(self.umem.chunk_of(addr)));
         if tx.free_slots() == 0 {
@@ -273,8 +302,9 @@ impl OwnSocket {
         if self.unkicked.load(Relaxed) == 0 {
             return;
         }
-        let mut side = self.tx.lock();
-        self.kick(&mut side);
+        if let Some(side) = self.tx.lock().as_mut() {
+            self.kick(side);
+        }
     }
 
     /// Makes the kernel send what waits on the tx ring: copy mode sends
@@ -289,7 +319,10 @@ impl OwnSocket {
                 return;
             }
             bump(&self.counters.tx_kicks);
-            let Err(e) = xsk::kick(self.socket.as_fd()) else {
+            hops::stamp(Hop::Kick);
+            let kicked = xsk::kick(side.socket.as_fd());
+            hops::stamp(Hop::Kicked);
+            let Err(e) = kicked else {
                 return;
             };
             match e.raw_os_error() {

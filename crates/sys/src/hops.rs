@@ -35,7 +35,8 @@ pub enum Hop {
     Replied,
     /// iokerneld took the reply off the egress ring.
     Egress,
-    /// iokerneld calls the NIC's transmit (AF_XDP: the `sendto` kick).
+    /// iokerneld calls the NIC's transmit (AF_XDP: the `sendto` kick);
+    /// on the direct path the runtime kicks its own socket's tx ring.
     Kick,
     /// That call returned (on a veth it runs the peer's receive, and the
     /// client's wake, inside it).
@@ -46,7 +47,8 @@ pub enum Hop {
     NetstackEventOut,
     /// The server's runtime took that event off the ring.
     AppEventIn,
-    /// The server's `read` returned the bytes.
+    /// The server's `read` returned the bytes (a protected server's, or
+    /// the TCP echo servers' of `ginza bench tcp`, Ginza's and Linux's).
     AppRead,
     /// The server pushed its `send` command.
     AppSendOut,
@@ -61,6 +63,9 @@ pub enum Hop {
     Granted,
     /// A parked kthread runs again after its grant (its wait returned).
     KthreadRuns,
+    /// A TCP echo server (Ginza's or Linux's) calls `write` with the
+    /// answer.
+    ServerWrite,
     /// The client has the answer.
     ClientRecv,
 }
@@ -100,6 +105,29 @@ impl Hop {
         Hop::ClientRecv,
     ];
 
+    /// A TCP echo over a NIC, in path order, every path's hops together:
+    /// through iokerneld (`NicRx` … `Egress`, `Kick`), on the direct path
+    /// (the runtime takes the frame off its own socket and kicks it out
+    /// itself: no `NicRx`, `Delivered` or `Egress`), or to a Linux server
+    /// (`AppRead` and `ServerWrite` only). A parked kthread's wake
+    /// (`Granted`, `KthreadRuns`) comes in when it happened. `Replied`: the
+    /// runtime's TCP put the answer's segment on its egress ring or its
+    /// own socket's tx ring.
+    pub const TCP_ECHO: [Hop; 12] = [
+        Hop::ClientSend,
+        Hop::NicRx,
+        Hop::Delivered,
+        Hop::Granted,
+        Hop::KthreadRuns,
+        Hop::Picked,
+        Hop::AppRead,
+        Hop::ServerWrite,
+        Hop::Replied,
+        Hop::Egress,
+        Hop::Kick,
+        Hop::ClientRecv,
+    ];
+
     /// A TCP echo through a protected server's netstack, in path order.
     pub const PROTECTED: [Hop; 9] = [
         Hop::ClientSend,
@@ -134,6 +162,7 @@ impl Hop {
             Hop::IokernelWoke => "iokernel_woke",
             Hop::Granted => "granted",
             Hop::KthreadRuns => "kthread_runs",
+            Hop::ServerWrite => "server_write",
             Hop::ClientRecv => "client_recv",
         }
     }

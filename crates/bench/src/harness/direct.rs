@@ -1,9 +1,10 @@
 //! The direct path in the benches (docs/direct-path.md): the veth has
 //! [`QUEUES`] queues; iokerneld opens its host end for applications' own
 //! sockets (`af_xdp:IF,direct`, driver mode); the Ginza server binds an
-//! AF_XDP socket of its own to queue 1, 2, … in turn (after a TCP server's
-//! round the kernel refused to bind its queue again for minutes,
-//! `EBUSY`: docs/direct-path.md, "Left"); and while it serves,
+//! AF_XDP socket of its own to queue 1, 2, … in turn (a queue just closed
+//! is freed by the kernel in a work item, tens of ms, which a reused queue
+//! would wait for in `bind`'s retry; docs/direct-path.md); and while it
+//! serves,
 //! every CPU of the namespace transmits on that queue (XPS), which a veth
 //! delivers on the receive queue of the same number. Between direct rounds the namespace transmits on queue 0, so
 //! the other servers (iokerneld's switch path in generic mode, Linux's)

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ginza_sys::hops::{self, Hop};
 use hdrhistogram::Histogram;
 
 use super::NetNs;
@@ -198,6 +199,9 @@ fn echo_blocking(mut stream: TcpStream, stop: &AtomicBool, bytes: &AtomicU64) ->
             }
             Ok(n) => {
                 bytes.fetch_add(n as u64, Relaxed);
+                // Hop stamps, when `ginza bench tcp` turned them on.
+                hops::stamp(Hop::AppRead);
+                hops::stamp(Hop::ServerWrite);
                 write_all_until_stopped(&mut stream, &buf[..n], stop)?;
             }
             Err(e) if is_timeout(&e) => {}
@@ -318,6 +322,8 @@ fn echo_busy_poll(listener: &TcpListener, stop: &AtomicBool, bytes: &AtomicU64) 
                 }
                 Ok(n) => {
                     bytes.fetch_add(n as u64, Relaxed);
+                    hops::stamp(Hop::AppRead);
+                    hops::stamp(Hop::ServerWrite);
                     match c.stream.write(&buf[..n]) {
                         Ok(w) => c.pending.extend_from_slice(&buf[w..n]),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -524,12 +530,15 @@ fn rtt_series(
         }
         request[..8].copy_from_slice(&sequence.to_le_bytes());
         let start = Instant::now();
+        // Hop stamps, when a benchmark turned them on (`ginza bench tcp`).
+        hops::begin();
         stream.write_all(&request)?;
         match wait {
             ClientWait::Blocking => stream.read_exact(&mut reply),
             ClientWait::Spinning => read_exact_spinning(&mut stream, &mut reply, timeout),
         }
         .map_err(|e| io::Error::new(e.kind(), format!("round trip {sequence} to {target}: {e}")))?;
+        hops::end();
         let rtt = start.elapsed();
         if reply != request {
             return Err(io::Error::new(

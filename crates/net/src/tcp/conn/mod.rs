@@ -296,6 +296,9 @@ pub struct Connection {
     persist_backoff: u32,
     probes_unanswered: u32,
     ack_at: Option<Instant>,
+    /// A read opened the window enough for an update that need not go at
+    /// once: the next `poll_transmit` arms the delayed ACK for it.
+    window_update_later: bool,
     time_wait_at: Option<Instant>,
     keepalive: KeepAliveTimer,
     keepalive_at: Option<Instant>,
@@ -374,6 +377,7 @@ impl Connection {
             persist_backoff: 0,
             probes_unanswered: 0,
             ack_at: None,
+            window_update_later: false,
             time_wait_at: None,
             keepalive: KeepAliveTimer::default(),
             keepalive_at: None,
@@ -716,7 +720,17 @@ impl Connection {
                 .advertisable_window()
                 .saturating_sub(self.advertised_window());
             if self.is_synchronized() && grown >= self.window_update_threshold() {
-                self.ack_now = true;
+                // While what we advertised is still at least half of what
+                // we could, the peer is not held back: the update waits as
+                // a delayed ACK, so that the answer the application writes
+                // next carries it (an RPC's reply) rather than a lone ACK
+                // going out before it. A window under half goes at once.
+                let roomy = self.advertised_window() >= self.advertisable_window() / 2;
+                if roomy && self.config.delayed_ack.is_some() {
+                    self.window_update_later = true;
+                } else {
+                    self.ack_now = true;
+                }
             }
             return Ok(n);
         }

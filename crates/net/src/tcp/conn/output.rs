@@ -68,6 +68,11 @@ impl Connection {
             self.stats.segments_out += 1;
             return Some(rst);
         }
+        if std::mem::take(&mut self.window_update_later) {
+            if let Some(delay) = self.config.delayed_ack {
+                self.ack_at.get_or_insert(now + delay);
+            }
+        }
         let Some(plan) = self.plan().map(|p| p.limited(&limit)) else {
             // Data queued since the last call may need the persist timer.
             self.update_timers(now);

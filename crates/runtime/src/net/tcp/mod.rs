@@ -42,6 +42,7 @@ use ginza_net::tcp::{
     SynAnswer, SynCookies, Table, TcpConfig, TcpError,
 };
 use ginza_net::{tx, Endpoint, Interface, MacAddr, TcpFrame};
+use ginza_sys::hops::{self, Hop};
 
 use super::egress::{self, transmit};
 use super::readiness::SocketWaiters;
@@ -629,7 +630,7 @@ impl Tcp {
             let Some(seg) = inner.tcb.poll_transmit(now) else {
                 return;
             };
-            let rst = seg.flags.rst;
+            let (rst, data) = (seg.flags.rst, !seg.payload.is_empty());
             let iface = &self.iface;
             let r = transmit(me, |b| {
                 tx::tcp_segment(b, iface, mac, key.local.port, key.remote, &seg)
@@ -639,6 +640,9 @@ impl Tcp {
                     count(&self.counters.segments_out);
                     if rst {
                         count(&self.counters.resets_sent);
+                    }
+                    if data {
+                        hops::stamp(Hop::Replied);
                     }
                 }
                 Err(e) => egress::failed(me, e, "TCP segment"),

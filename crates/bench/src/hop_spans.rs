@@ -1,12 +1,16 @@
-//! Where the first request after a quiet spell spends its time, hop by
-//! hop ([`Hop::FIRST_REQUEST`]): the client's send, iokerneld's wake from
-//! its sleep, the frame taken and delivered, the grant, the parked
-//! kthread's wake, the reply's way back (`ginza bench idle`).
+//! Where a round trip spends its time, hop by hop along a path of
+//! [`Hop`]s: the first request after a quiet spell
+//! ([`Hop::FIRST_REQUEST`]: the client's send, iokerneld's wake from its
+//! sleep, the frame taken and delivered, the grant, the parked kthread's
+//! wake, the reply's way back; `ginza bench idle`), or a TCP echo
+//! ([`Hop::TCP_ECHO`]: through iokerneld, on the direct path, or to a
+//! Linux server; `ginza bench tcp`).
 //!
 //! A setup passes only some of the hops (iokerneld that spins never wakes,
-//! a server that polls is never granted), so each hop's span is the time
-//! since the last hop before it *that the round trip passed*. A figure is
-//! the median over the round trips that passed the hop.
+//! a server that polls is never granted, a Linux server has no runtime),
+//! so each hop's span is the time since the last hop before it *that the
+//! round trip passed*. A figure is the median over the round trips that
+//! passed the hop.
 
 use ginza_sys::hops::{Hop, Stamps};
 use serde::Serialize;
@@ -24,13 +28,12 @@ pub(crate) struct HopSpan {
     pub trips: usize,
 }
 
-/// Each stamped hop's span in one round trip, µs, path order; `None`
+/// Each stamped hop's span in one round trip along `path`, µs, path order; `None`
 /// for a hop not passed, or stamped before the hop preceding it (a stamp
 /// left from another event, e.g. a kthread's timer grant).
-pub(crate) fn trip_spans(stamps: &Stamps, ticks_per_us: f64) -> Vec<Option<f64>> {
+pub(crate) fn trip_spans(path: &[Hop], stamps: &Stamps, ticks_per_us: f64) -> Vec<Option<f64>> {
     let mut last = None;
-    Hop::FIRST_REQUEST
-        .iter()
+    path.iter()
         .map(|&hop| {
             let at = stamps[hop as usize];
             if at == 0 {
@@ -49,11 +52,12 @@ pub(crate) fn trip_spans(stamps: &Stamps, ticks_per_us: f64) -> Vec<Option<f64>>
 
 /// The medians of each hop's span over `trips` (hops no trip passed are
 /// left out; the client's send, the first, has no span).
-pub(crate) fn median_spans(trips: &[Stamps], ticks_per_us: f64) -> Vec<HopSpan> {
-    let per_trip: Vec<Vec<Option<f64>>> =
-        trips.iter().map(|s| trip_spans(s, ticks_per_us)).collect();
-    Hop::FIRST_REQUEST
+pub(crate) fn median_spans(path: &[Hop], trips: &[Stamps], ticks_per_us: f64) -> Vec<HopSpan> {
+    let per_trip: Vec<Vec<Option<f64>>> = trips
         .iter()
+        .map(|s| trip_spans(path, s, ticks_per_us))
+        .collect();
+    path.iter()
         .enumerate()
         .filter_map(|(i, hop)| {
             let spans: Vec<f64> = per_trip.iter().filter_map(|t| t[i]).collect();
@@ -96,7 +100,7 @@ mod tests {
             (Hop::Picked, 4000),
             (Hop::ClientRecv, 9000),
         ]);
-        let spans = trip_spans(&s, 1000.0);
+        let spans = trip_spans(&Hop::FIRST_REQUEST, &s, 1000.0);
         let at = |h: Hop| spans[Hop::FIRST_REQUEST.iter().position(|&x| x == h).unwrap()];
         assert_eq!(at(Hop::ClientSend), None);
         assert_eq!(at(Hop::IokernelWoke), None);
@@ -114,11 +118,29 @@ mod tests {
             (Hop::Granted, 2000),
             (Hop::KthreadRuns, 5000),
         ]);
-        let spans = trip_spans(&s, 1000.0);
+        let spans = trip_spans(&Hop::FIRST_REQUEST, &s, 1000.0);
         let at = |h: Hop| spans[Hop::FIRST_REQUEST.iter().position(|&x| x == h).unwrap()];
         assert_eq!(at(Hop::Granted), None);
         // The run counts from the frame, the last hop in order.
         assert_eq!(at(Hop::KthreadRuns), Some(2.0));
+    }
+
+    #[test]
+    fn a_linux_echo_passes_its_read_and_write_only() {
+        // `ginza bench tcp`'s Linux servers stamp their read and write; the
+        // runtime's hops are not on their path.
+        let s = stamped(&[
+            (Hop::ClientSend, 1000),
+            (Hop::AppRead, 9000),
+            (Hop::ServerWrite, 9500),
+            (Hop::ClientRecv, 16_000),
+        ]);
+        let spans = trip_spans(&Hop::TCP_ECHO, &s, 1000.0);
+        let at = |h: Hop| spans[Hop::TCP_ECHO.iter().position(|&x| x == h).unwrap()];
+        assert_eq!(at(Hop::Picked), None);
+        assert_eq!(at(Hop::AppRead), Some(8.0));
+        assert_eq!(at(Hop::ServerWrite), Some(0.5));
+        assert_eq!(at(Hop::ClientRecv), Some(6.5));
     }
 
     #[test]
@@ -131,7 +153,11 @@ mod tests {
             ])
         };
         let awake = stamped(&[(Hop::ClientSend, 1000), (Hop::NicRx, 1500)]);
-        let spans = median_spans(&[woke(10_000), woke(30_000), woke(20_000), awake], 1000.0);
+        let spans = median_spans(
+            &Hop::FIRST_REQUEST,
+            &[woke(10_000), woke(30_000), woke(20_000), awake],
+            1000.0,
+        );
         assert_eq!(
             spans,
             vec![
