@@ -40,10 +40,7 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
         return;
     };
     steer_peer_to_queue(&ns, 2, QUEUE);
-    let host_if = ns.host_if.clone();
-    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
-        cfg.nic = format!("af_xdp:{host_if},direct");
-    });
+    let daemon = Daemon::direct(&ns);
     let stop = Arc::new(AtomicBool::new(false));
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(EchoStats::default());
@@ -181,10 +178,7 @@ fn round_trips_direct_and_switched_interleaved() {
     let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
         return;
     };
-    let host_if = ns.host_if.clone();
-    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
-        cfg.nic = format!("af_xdp:{host_if},direct");
-    });
+    let daemon = Daemon::direct(&ns);
     let [a, b, c, _] = ns.ns_ip.octets();
     let switched_ip = ginza_net::Ipv4Addr::new(a, b, c, 4);
     let stop = Arc::new(AtomicBool::new(false));
@@ -286,10 +280,7 @@ fn a_tcp_servers_queue_is_bound_again_right_after_it_exits() {
         return;
     };
     steer_peer_to_queue(&ns, 2, QUEUE);
-    let host_if = ns.host_if.clone();
-    let daemon = Daemon::on(&ns, "af_xdp", |cfg| {
-        cfg.nic = format!("af_xdp:{host_if},direct");
-    });
+    let daemon = Daemon::direct(&ns);
     let xsks_before = own_xsk_count();
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(EchoStats::default());

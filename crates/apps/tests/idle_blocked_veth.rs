@@ -142,10 +142,7 @@ fn probe(ns: &NetNs, n: usize) -> Vec<Option<Duration>> {
 
 fn direct_daemon(ns: &NetNs) -> Daemon {
     ns.steer_transmit_to_queue(2, QUEUE).unwrap();
-    let host_if = ns.host_if.clone();
-    Daemon::on(ns, "af_xdp", |cfg| {
-        cfg.nic = format!("af_xdp:{host_if},direct");
-    })
+    Daemon::direct(ns)
 }
 
 #[test]

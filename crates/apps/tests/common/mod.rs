@@ -55,6 +55,15 @@ impl Daemon {
         }
     }
 
+    /// iokerneld open for applications' own sockets on the namespace's
+    /// host end (`af_xdp:IF,direct`, docs/direct-path.md).
+    pub fn direct(ns: &NetNs) -> Daemon {
+        let host_if = ns.host_if.clone();
+        Daemon::on(ns, "af_xdp", |cfg| {
+            cfg.nic = format!("af_xdp:{host_if},direct");
+        })
+    }
+
     pub fn get(&self) -> &InProcess {
         self.iokerneld.as_ref().expect("running")
     }
