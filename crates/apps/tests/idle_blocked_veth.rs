@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use common::Daemon;
 use ginza_apps::echo_server::{self, EchoStats};
 use ginza_iokernel::netns::{self, NetNs};
+use ginza_iokernel::testing::wait_for;
 use ginza_net::MacAddr;
 use ginza_proto::{AppStats, StatsReport};
 use ginza_runtime::net::{NetConfig, NetStats};
@@ -32,21 +33,6 @@ const QUEUE: u32 = 1;
 /// Datagrams sent one at a time, each to a blocked kthread and a sleeping
 /// iokerneld.
 const PROBES: usize = 5;
-
-/// Polls `f` every millisecond until it holds; fails after 10 s.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 fn app<'a>(s: &'a StatsReport, name: &str) -> &'a AppStats {
     s.apps

@@ -19,6 +19,23 @@ use std::time::Duration;
 
 use crate::{Config, InProcess};
 
+/// Polls `f` every millisecond until it gives a value; fails the test
+/// after 10 s, naming `what` (tests wait for conditions, never a fixed
+/// time).
+pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Skips the calling test: prints `skipped: <reason>`, or panics with the
 /// reason when [`skips_are_failures`] (CI as root). The caller returns.
 #[track_caller]

@@ -149,19 +149,20 @@ impl<'a> IdlePoll<'a> {
 
     /// Called when the spin before parking is over with no work found:
     /// whether to keep polling (entering the state if needed) rather than
-    /// park.
-    /// Past the polling bound, with an own socket to block on, it blocks
-    /// once (until an arrival, its timer, or a waker) and says true.
+    /// park. Past the polling bound, with an own socket to block on, it
+    /// blocks once (until an arrival, its timer, or a waker) and says true.
     pub(crate) fn keep_polling(&mut self) -> bool {
         let now = Instant::now();
         let quiet_since = self.k.quiet_since.get().unwrap_or(now);
         self.k.quiet_since.set(Some(quiet_since));
-        let block = self
-            .own
-            .filter(|_| now.duration_since(quiet_since) >= self.bound);
-        if block.is_none() && now.duration_since(quiet_since) >= self.bound {
-            return false;
-        }
+        let block = if now.duration_since(quiet_since) >= self.bound {
+            match self.own {
+                Some(own) => Some(own),
+                None => return false,
+            }
+        } else {
+            None
+        };
         if self.on {
             // Blocked, it takes no CPU from anyone: only a spinning
             // poller counts its share.
@@ -242,23 +243,22 @@ impl<'a> IdlePoll<'a> {
         fence(SeqCst);
         // The socket is retired only once no kthread runs (the runtime's
         // stop), so its number stays its own while we block on it.
-        let own_fd = own.with_fd(|fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
-        if was.contains(LineFlags::PREEMPT_PENDING)
+        let wanted = was.contains(LineFlags::PREEMPT_PENDING)
             || rt.work_visible(k)
             || rt.shutdown.load(SeqCst)
-            || k.revoke_requested.load(SeqCst)
-            || own_fd.is_none()
-        {
+            || k.revoke_requested.load(SeqCst);
+        let own_fd = own.with_fd(|fd| std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let Some(own_fd) = own_fd.filter(|_| !wanted) else {
             line.remove_flags(LineFlags::IDLE_BLOCKED);
             return;
-        }
+        };
         let deadline = rt.earliest_deadline();
         let timeout = (deadline != u64::MAX)
             .then(|| Duration::from_nanos(deadline.saturating_sub(rt.now_ns())));
         bump(&k.stats.idle_blocks);
         let mut fds = [
             libc::pollfd {
-                fd: own_fd.unwrap_or(-1),
+                fd: own_fd,
                 events: libc::POLLIN,
                 revents: 0,
             },

@@ -11,27 +11,13 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use ginza_iokernel::testing::wait_for;
 use ginza_proto::StatsReport;
 use ginza_runtime::{Class, Handle, KthreadStats};
 
 use common::{cores, lock, Daemon};
-
-/// Polls `f` every millisecond until it holds; fails after 10 s.
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 fn app<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_proto::AppStats> {
     s.apps.iter().find(|a| a.name == name)
