@@ -75,6 +75,7 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::Serialize;
 
+use crate::harness::autogroup::AutogroupNice;
 use crate::harness::figures::emit;
 use crate::harness::figures::{loadavg, median, percentile, round3};
 use crate::harness::work::{chunked, makespan_ns, Cores};
@@ -679,42 +680,23 @@ struct Meta {
 /// it runs: their niceness, and their autogroup's (put back on drop).
 struct Priority {
     thread_nice: Option<i32>,
-    autogroup_nice: Option<i32>,
-    autogroup_before: Option<i32>,
+    autogroup: Option<AutogroupNice>,
 }
 
 impl Priority {
     /// Sets `nice` on the calling thread (runtime threads started later
     /// inherit it) and on its autogroup.
     fn raise(nice: i32) -> Priority {
-        use ginza_sys::sched_class::{autogroup_nice, set_autogroup_nice, set_nice};
-        let thread_nice = match set_nice(0, nice) {
+        let thread_nice = match ginza_sys::sched_class::set_nice(0, nice) {
             Ok(()) => Some(nice),
             Err(e) => {
                 eprintln!("warning: cannot set niceness {nice} ({e}): running at the caller's");
                 None
             }
         };
-        let autogroup_before = autogroup_nice();
-        let autogroup_nice = autogroup_before.and_then(|_| match set_autogroup_nice(nice) {
-            Ok(()) => Some(nice),
-            Err(e) => {
-                eprintln!("warning: cannot set the autogroup's niceness to {nice} ({e})");
-                None
-            }
-        });
         Priority {
             thread_nice,
-            autogroup_nice,
-            autogroup_before,
-        }
-    }
-}
-
-impl Drop for Priority {
-    fn drop(&mut self) {
-        if let (Some(_), Some(before)) = (self.autogroup_nice, self.autogroup_before) {
-            let _ = ginza_sys::sched_class::set_autogroup_nice(before);
+            autogroup: AutogroupNice::set(nice),
         }
     }
 }
@@ -914,7 +896,7 @@ pub fn run(args: ShinjukuArgs) -> anyhow::Result<()> {
             loadavg_before,
             loadavg_after: loadavg(),
             bench_nice: priority.thread_nice,
-            autogroup_nice: priority.autogroup_nice,
+            autogroup_nice: priority.autogroup.as_ref().map(|g| g.now),
             autogroups_enabled: ginza_sys::sched_class::autogroups_enabled(),
         },
     };

@@ -94,8 +94,13 @@ pub fn nice_of(tid: i32) -> io::Result<i32> {
 /// one by their niceness: a thread's niceness does not put it ahead of
 /// another session's work, its autogroup's niceness does.
 pub fn autogroup_nice() -> Option<i32> {
-    let text = std::fs::read_to_string("/proc/self/autogroup").ok()?;
-    text.split_ascii_whitespace().last()?.parse().ok()
+    autogroup_line_nice(&std::fs::read_to_string("/proc/self/autogroup").ok()?)
+}
+
+fn autogroup_line_nice(line: &str) -> Option<i32> {
+    let mut words = line.split_ascii_whitespace().skip_while(|w| *w != "nice");
+    words.next()?;
+    words.next()?.parse().ok()
 }
 
 /// Sets the niceness of the calling process's autogroup (every process of
@@ -132,6 +137,14 @@ pub fn policy_of(tid: i32) -> io::Result<Policy> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_autogroup_nice_is_read_from_its_line() {
+        assert_eq!(autogroup_line_nice("/autogroup-286 nice -10\n"), Some(-10));
+        assert_eq!(autogroup_line_nice("/autogroup-1 nice 0\n"), Some(0));
+        assert_eq!(autogroup_line_nice("/autogroup-1\n"), None);
+        assert_eq!(autogroup_line_nice("/autogroup-1 nice x\n"), None);
+    }
 
     #[test]
     fn a_thread_lowered_to_idle_reads_back_idle_and_others_do_not_change() {
