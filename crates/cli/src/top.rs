@@ -681,6 +681,7 @@ mod tests {
             steals: grants * 2,
             net: None,
             dispatch: None,
+            self_wake: None,
         }
     }
 

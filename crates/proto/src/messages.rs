@@ -594,6 +594,20 @@ pub struct AppStats {
     /// Its requests, when iokerneld dispatches them (docs/colocate.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatch: Option<DispatchStats>,
+    /// Its kthreads' self-wakes, for an application with its own socket
+    /// (docs/direct-path.md, "The self-woken kthread").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_wake: Option<SelfWakeStats>,
+}
+
+/// Self-wakes of one application's kthreads (totals since it registered).
+/// Short names: 256 applications' worth must fit in one stats reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelfWakeStats {
+    /// `SelfWoken`s taken as grants of the core the kthread woke on.
+    pub sg: u64,
+    /// Of those, revoked: iokerneld would not have granted that core.
+    pub rv: u64,
 }
 
 /// What iokerneld's dispatch step did with one application's requests
@@ -914,6 +928,10 @@ pub fn largest_stats_report() -> StatsReport {
                     qu: u64::MAX,
                     pq: u64::MAX,
                     pa: u64::MAX,
+                }),
+                self_wake: Some(SelfWakeStats {
+                    sg: u64::MAX,
+                    rv: u64::MAX,
                 }),
             })
             .collect(),

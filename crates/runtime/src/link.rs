@@ -205,6 +205,15 @@ impl KLink {
         ring.free().map_or(true, |free| free == capacity)
     }
 
+    /// The number of the last `Wake` read.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn last_grant(&self) -> u16 {
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.grant.get() }
+    }
+
     /// The kthread is about to give its core back (`Parked`/`Yielded`):
     /// `Run`s it has read and not started, and those it reads until its
     /// next `Wake`, are stale (iokerneld queues them again when it reads

@@ -281,6 +281,12 @@ impl<A: CoreActuator> Iokerneld<A> {
                     steals: a.steals(),
                     net: a.net.as_ref().map(AppNet::report),
                     dispatch: a.dispatch.as_ref().map(|d| d.stats()),
+                    self_wake: (a.net.as_ref().is_some_and(|n| n.own_socket.is_some())
+                        || a.self_grants > 0)
+                        .then_some(ginza_proto::messages::SelfWakeStats {
+                            sg: a.self_grants,
+                            rv: a.self_wakes_revoked,
+                        }),
                 })
                 .collect(),
             recent_removals: self.removals.iter().cloned().collect(),
