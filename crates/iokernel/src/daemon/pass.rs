@@ -169,8 +169,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                     // Taken as a grant of the core it runs on, accounted
                     // after the drains (`self_wake.rs`); its next park
                     // answers it. Not where a grant of iokerneld's crossed
-                    // it (that grant is the one it runs on), nor from a
-                    // kthread not parked.
+                    // it (the kthread woke itself, ran and parked again
+                    // before this read, and iokerneld granted it since:
+                    // that grant is the one it runs on, and this park
+                    // is stale too), nor from a kthread not parked.
                     let answers_last = grant == UNNUMBERED_GRANT || grant == kt.grants.last();
                     if !kt.parked || kt.grants.is_open() || !answers_last {
                         debug!(
