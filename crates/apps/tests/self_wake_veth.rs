@@ -21,7 +21,6 @@ use common::Daemon;
 use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::testing::wait_for;
 use ginza_net::MacAddr;
-use ginza_proto::messages::SelfWakeStats;
 use ginza_proto::{AppStats, StatsReport};
 use ginza_runtime::net::{NetConfig, UdpSocket};
 use ginza_runtime::{Handle, KthreadStats};
@@ -38,10 +37,6 @@ fn app<'a>(s: &'a StatsReport, name: &str) -> &'a AppStats {
         .iter()
         .find(|a| a.name == name)
         .unwrap_or_else(|| panic!("{name} is registered"))
-}
-
-fn self_wakes(a: &AppStats) -> SelfWakeStats {
-    a.self_wake.expect("an application with an own socket")
 }
 
 /// Whether every thread of this process named `name` sleeps in a system
@@ -180,13 +175,17 @@ fn a_parked_server_wakes_itself_for_a_datagram_and_iokerneld_books_its_core() {
         release.store(true, SeqCst);
         let answered = echoed(&client, b"hold");
         let (a0, a) = (app(&before, "self-waker"), app(&during, "self-waker"));
+        let (w0, w) = (
+            (before.alloc.self_wakes, before.alloc.self_wakes_revoked),
+            (during.alloc.self_wakes, during.alloc.self_wakes_revoked),
+        );
         println!(
-            "datagram {i}: answered {answered}; grants {} → {}, self-wakes {:?} → {:?}, cores {} → {}; \
+            "datagram {i}: answered {answered}; grants {} → {}, self-wakes (booked, revoked) {:?} → {:?}, cores {} → {}; \
              the kthread's grants {} → {}, self-wakes {} → {}",
             a0.grants,
             a.grants,
-            a0.self_wake,
-            a.self_wake,
+            w0,
+            w,
             a0.cores_now,
             a.cores_now,
             k0.grants,
@@ -195,12 +194,12 @@ fn a_parked_server_wakes_itself_for_a_datagram_and_iokerneld_books_its_core() {
             k.self_wakes
         );
         assert!(answered, "datagram {i} echoed");
-        assert_eq!(self_wakes(a).rv, 0, "never revoked: {a:?}");
+        assert_eq!(w.1, 0, "never revoked");
         assert_eq!(a.cores_now, 1, "the core is the server's while it runs");
         if a.grants == a0.grants {
             // iokerneld granted nothing: the kthread woke itself, and
             // iokerneld booked the core from its word.
-            assert_eq!(self_wakes(a).sg, self_wakes(a0).sg + 1, "{a0:?} then {a:?}");
+            assert_eq!(w.0, w0.0 + 1, "booked from its word");
             assert_eq!(k.self_wakes, k0.self_wakes + 1, "{k0:?} then {k:?}");
             assert_eq!(k.grants, k0.grants, "{k0:?} then {k:?}");
             assert_eq!(a.preempt_overdue, 0);
@@ -208,7 +207,7 @@ fn a_parked_server_wakes_itself_for_a_datagram_and_iokerneld_books_its_core() {
         } else {
             // iokerneld's grant came first (its loop saw the frame before
             // the kernel ran the kthread): then the kthread stood back.
-            assert_eq!(self_wakes(a).sg, self_wakes(a0).sg, "{a0:?} then {a:?}");
+            assert_eq!(w.0, w0.0, "no self-wake booked");
             assert_eq!(k.self_wakes, k0.self_wakes, "{k0:?} then {k:?}");
         }
     }

@@ -681,7 +681,6 @@ mod tests {
             steals: grants * 2,
             net: None,
             dispatch: None,
-            self_wake: None,
         }
     }
 

@@ -214,10 +214,6 @@ struct App {
     preempt_overdue: u64,
     /// `Parked`/`Yielded` that answered a grant already answered: ignored.
     stale_parks: u64,
-    /// Self-wakes of its kthreads counted as grants, and those revoked
-    /// (docs/direct-path.md, "The self-woken kthread").
-    self_grants: u64,
-    self_wakes_revoked: u64,
     /// Set when the application must be removed, with the reason.
     doomed: Option<String>,
     /// Its address, port and ingress pool, if it registered one.

@@ -594,20 +594,6 @@ pub struct AppStats {
     /// Its requests, when iokerneld dispatches them (docs/colocate.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatch: Option<DispatchStats>,
-    /// Its kthreads' self-wakes, for an application with its own socket
-    /// (docs/direct-path.md, "The self-woken kthread").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub self_wake: Option<SelfWakeStats>,
-}
-
-/// Self-wakes of one application's kthreads (totals since it registered).
-/// Short names: 256 applications' worth must fit in one stats reply.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SelfWakeStats {
-    /// `SelfWoken`s taken as grants of the core the kthread woke on.
-    pub sg: u64,
-    /// Of those, revoked: iokerneld would not have granted that core.
-    pub rv: u64,
 }
 
 /// What iokerneld's dispatch step did with one application's requests
@@ -702,6 +688,14 @@ pub struct AllocStats {
     pub local_wakes: u64,
     #[serde(default)]
     pub local_wakes_by_iokernel: u64,
+    /// Self-wakes (`Config::self_wake` of iokerneld, docs/direct-path.md):
+    /// parked kthreads that woke themselves for a frame on their own
+    /// socket, taken as grants of the core they woke on, and of those the
+    /// ones revoked (iokerneld would not have granted that core).
+    #[serde(default)]
+    pub self_wakes: u64,
+    #[serde(default)]
+    pub self_wakes_revoked: u64,
     /// iokerneld's time per wake of a kthread on its granted core: for a
     /// grant carried out at once, its bookkeeping + the `Wake` on the
     /// command ring + `CoreActuator::grant` (`LinuxActuator`:
@@ -929,10 +923,6 @@ pub fn largest_stats_report() -> StatsReport {
                     pq: u64::MAX,
                     pa: u64::MAX,
                 }),
-                self_wake: Some(SelfWakeStats {
-                    sg: u64::MAX,
-                    rv: u64::MAX,
-                }),
             })
             .collect(),
         recent_removals: (0..16)
@@ -953,6 +943,8 @@ pub fn largest_stats_report() -> StatsReport {
             preemptions_withdrawn: u64::MAX,
             local_wakes: u64::MAX,
             local_wakes_by_iokernel: u64::MAX,
+            self_wakes: u64::MAX,
+            self_wakes_revoked: u64::MAX,
             grant_cost: big,
             grant_cost_by_word: big,
             grant_cost_by_eventfd: big,

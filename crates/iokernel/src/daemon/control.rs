@@ -362,8 +362,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                     ring_full: 0,
                     preempt_overdue: 0,
                     stale_parks: 0,
-                    self_grants: 0,
-                    self_wakes_revoked: 0,
                     doomed: None,
                     net,
                     protects: Vec::new(),

@@ -184,7 +184,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                     kt.grants.granted(None);
                     kt.parked = false;
                     kt.self_woke = true;
-                    app.self_grants += 1;
                 }
                 ToIokernel::Parked {
                     next_deadline_ns,

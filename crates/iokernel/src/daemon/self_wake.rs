@@ -91,6 +91,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 if self.apps[a].doomed.is_some() {
                     continue;
                 }
+                self.meter.self_wakes += 1;
                 match self.self_wake_verdict(a, k) {
                     Verdict::Free(core) => self.take_core(a, k, core),
                     Verdict::FromIdle(i, j, core) => {
@@ -132,8 +133,8 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// to give the CPU back at once (the flag, the command and the signal),
     /// and moved off it if it does not within the preemption deadline.
     fn revoke_self_wake(&mut self, a: usize, k: usize, core: Option<usize>, now: u64) {
+        self.meter.self_wakes_revoked += 1;
         let app = &mut self.apps[a];
-        app.self_wakes_revoked += 1;
         app.preemptions += 1;
         self.meter.preemptions += 1;
         self.meter.actions += 1;
