@@ -149,7 +149,7 @@ fn wait_for_grant_or_frame(owner: &Owner<'_>, io: &KLink, armed: Option<&OwnSock
     let mut watch_socket = true;
     while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
         if let Some(own) = armed {
-            match crate::self_wake::sleep(k, io, own, &mut watch_socket) {
+            match crate::self_wake::sleep(owner, io, own, &mut watch_socket) {
                 Woken::Granted => (granted, by_eventfd) = (true, true),
                 Woken::ByFrame => (granted, self_woken) = (true, true),
                 Woken::Nothing => {}

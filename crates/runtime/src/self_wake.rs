@@ -21,7 +21,7 @@ use ginza_shm::LineFlags;
 
 use crate::link::KLink;
 use crate::own_socket::OwnSocket;
-use crate::sched::KThread;
+use crate::sched::{KThread, Owner};
 
 /// The kthread that sleeps on the own socket: the one whose queued work
 /// iokerneld counts the socket's frames as.
@@ -65,7 +65,13 @@ pub(crate) fn arm<'a>(k: &'a KThread, io: &KLink) -> Option<&'a OwnSocket> {
 
 /// Sleeps for a grant, or for a frame on `own` while `watch_socket` (set
 /// false here once iokerneld's grant is under way or no longer allowed).
-pub(crate) fn sleep(k: &KThread, io: &KLink, own: &OwnSocket, watch_socket: &mut bool) -> Woken {
+pub(crate) fn sleep(
+    owner: &Owner<'_>,
+    io: &KLink,
+    own: &OwnSocket,
+    watch_socket: &mut bool,
+) -> Woken {
+    let k = owner.kthread();
     let rt = k.rt();
     let word = io.line.wake();
     if word.take_grant() {
@@ -99,6 +105,13 @@ pub(crate) fn sleep(k: &KThread, io: &KLink, own: &OwnSocket, watch_socket: &mut
         return Woken::Granted;
     }
     if socket_fd.is_none() || fds[1].revents & libc::POLLIN == 0 {
+        return Woken::Nothing;
+    }
+    if !owner.commands_half_free() {
+        // iokerneld has not read its commands for a while (its loop
+        // shares its CPU with a busier thread): a wake and a park more
+        // each time would fill the ring. Its grant comes for the frame.
+        *watch_socket = false;
         return Woken::Nothing;
     }
     let was = io.line.insert_flags(LineFlags::SELF_WOKEN);

@@ -445,6 +445,16 @@ impl<'a> Owner<'a> {
         self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
     }
 
+    /// Whether the command ring to iokerneld is at least half free
+    /// (`KLink::commands_half_free`); false without iokerneld.
+    pub(crate) fn commands_half_free(&self) -> bool {
+        // SAFETY: the token proves we are the owner kthread.
+        self.k
+            .io
+            .as_ref()
+            .is_some_and(|io| unsafe { io.commands_half_free() })
+    }
+
     /// The number of the last `Wake` read from iokerneld (unnumbered
     /// without iokerneld).
     pub(crate) fn last_grant_from_iokernel(&self) -> u16 {
