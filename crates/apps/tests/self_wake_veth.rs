@@ -8,7 +8,7 @@
 //! until it parks again.
 //!
 //! Needs root, `ip` and `ethtool`; skipped otherwise (failed under CI as
-//! root). Run under `flock /tmp/ginza-heavy.lock`.
+//! root). Run under the lock of the heavy tests (its iokerneld busy-polls).
 
 mod common;
 
