@@ -780,9 +780,12 @@ impl<A: CoreActuator> Iokerneld<A> {
         let Some(kt) = app.kt.get_mut(k) else {
             return false;
         };
+        // Only an armed kthread can wake itself (it armed before the
+        // `Parked` that made it parked here): no other line is written.
+        let line = &app.ends[k].line;
         if kt.parked
-            && app.ends[k]
-                .line
+            && line.flags().contains(LineFlags::SELF_WAKE_ARMED)
+            && line
                 .insert_flags(LineFlags::GRANTING)
                 .contains(LineFlags::SELF_WOKEN)
         {
