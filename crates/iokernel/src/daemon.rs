@@ -61,12 +61,14 @@ mod pass;
 mod protected;
 mod publish;
 mod stats;
+mod idle_yield;
 mod tx_yield;
 mod wake_alongside;
 
 use pass::{Handover, PassKind};
 use stats::Meter;
 pub use stats::{summarize, HIST_MAX_NS};
+use idle_yield::IdleYield;
 use tx_yield::TxYield;
 
 /// Most kthreads per application (the region's limit).
@@ -329,6 +331,7 @@ pub struct Iokerneld<A: CoreActuator> {
     clock: TscClock,
     /// When to hand the CPU over after a NIC transmit.
     tx_yield: TxYield,
+    idle_yield: IdleYield,
     /// The metrics endpoint (`--metrics`), if served.
     metrics: Option<crate::metrics::Endpoint>,
     /// Sleeping while idle, and its counts.
@@ -427,6 +430,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
             tx_yield: TxYield::new(cfg.yield_after_nic_tx),
+            idle_yield: IdleYield::new(cfg.yield_while_idle),
             idle: idle::Idle::new(!cfg.spin, cfg.idle_after),
             stop: StopHandle(Arc::default(), dp.waker().clone()),
             cfg,
@@ -593,7 +597,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 _ => {
                     let (rx, tx) = self.dp.nic_frames();
-                    if self.tx_yield.after_turn(rx, tx) {
+                    let after_tx = self.tx_yield.after_turn(rx, tx);
+                    let idle = self.idle_yield.after_turn(self.frames_moved(), self.pending());
+                    if after_tx || idle {
                         ginza_sys::sched_class::yield_cpu();
                     } else {
                         std::hint::spin_loop();
