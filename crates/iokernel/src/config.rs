@@ -971,7 +971,10 @@ mod tests {
         .unwrap();
         assert!(!Config::from_cli(&cli).unwrap().yield_after_nic_tx);
         let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap();
-        assert!(Config::from_cli(&cli).unwrap().yield_while_idle, "on by default");
+        assert!(
+            Config::from_cli(&cli).unwrap().yield_while_idle,
+            "on by default"
+        );
         std::fs::write(&p, format!("cores = [{core}]\nyield_while_idle = false\n")).unwrap();
         let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
         assert!(!Config::from_cli(&cli).unwrap().yield_while_idle);

@@ -55,20 +55,20 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 mod control;
 mod dispatch;
 mod idle;
+mod idle_yield;
 mod own_socket;
 mod packets;
 mod pass;
 mod protected;
 mod publish;
 mod stats;
-mod idle_yield;
 mod tx_yield;
 mod wake_alongside;
 
+use idle_yield::IdleYield;
 use pass::{Handover, PassKind};
 use stats::Meter;
 pub use stats::{summarize, HIST_MAX_NS};
-use idle_yield::IdleYield;
 use tx_yield::TxYield;
 
 /// Most kthreads per application (the region's limit).
@@ -598,7 +598,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 _ => {
                     let (rx, tx) = self.dp.nic_frames();
                     let after_tx = self.tx_yield.after_turn(rx, tx);
-                    let idle = self.idle_yield.after_turn(self.frames_moved(), self.pending());
+                    let idle = self
+                        .idle_yield
+                        .after_turn(self.frames_moved(), self.pending(), now);
                     if after_tx || idle {
                         ginza_sys::sched_class::yield_cpu();
                     } else {
