@@ -430,7 +430,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
             tx_yield: TxYield::new(cfg.yield_after_nic_tx),
-            idle_yield: IdleYield::new(cfg.yield_while_idle),
+            // Only on a core of its own: a kthread granted iokerneld's CPU
+            // would take it for a time slice while waiting for frames that
+            // only the loop moves (daemon::idle_yield).
+            idle_yield: IdleYield::new(cfg.yield_while_idle && cfg.own_core.is_some()),
             idle: idle::Idle::new(!cfg.spin, cfg.idle_after),
             stop: StopHandle(Arc::default(), dp.waker().clone()),
             cfg,

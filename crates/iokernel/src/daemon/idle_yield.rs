@@ -7,11 +7,17 @@
 //! through iokerneld, yet the loop stays awake while the application's
 //! kthread works, and a Linux sender beside it got half of the CPU
 //! (docs/results.md, "Session 21: TCP stream"). So once the loop's turns
-//! have moved no frame and left nothing pending for [`GAP_NS`], it calls
-//! `sched_yield` (again after each further gap): a thread waiting for the
-//! CPU runs now; with none, the call returns at once and the loop goes
-//! on. A turn that moves frames never yields, so a busy dataplane keeps
-//! its CPU.
+//! have moved no frame and left nothing pending for [`QUIET_NS`], it
+//! calls `sched_yield`, again after each further [`GAP_NS`] of such turns:
+//! a thread waiting for the CPU runs now; with none, the call returns at
+//! once and the loop goes on. Frames through the loop, however sparse
+//! (round trips tens of µs apart), keep it from yielding: a frame that
+//! arrived while the thread it yielded to ran would wait for that
+//! thread's time slice. And only a loop pinned to a core of its own
+//! (`Config::own_core`, never a managed core) yields: unpinned, it shares
+//! CPUs with the applications' kthreads, which spin waiting for the frames
+//! it moves, and each yield to one cost a time slice (round trips through
+//! the software switch of 4 ms instead of 11 µs, `ginza bench tcp`).
 
 use super::Iokerneld;
 use crate::actuator::CoreActuator;
@@ -46,14 +52,21 @@ pub(super) struct IdleYield {
     enabled: bool,
     /// Frames moved (NIC and applications' rings) as of the last turn.
     moved_seen: u64,
-    /// When the loop last yielded (or last moved a frame), ns.
-    last: u64,
+    /// The last turn that moved a frame or left something pending, ns.
+    active_at: u64,
+    /// The last yield, ns.
+    yielded_at: u64,
 }
 
-/// Idle turns spin this long before a yield, and between yields: a turn
-/// is well under a µs, a `sched_yield` 0.8 µs on the 2-vCPU VM; at most one
-/// call per gap keeps a frame that arrives during the call rare, and a
-/// thread waiting for the CPU waits at most this long.
+/// No frame moved and nothing pending for this long before the first
+/// yield: a loop that moves frames now and then (round trips through it,
+/// tens of µs apart) must not yield between them, or a frame arriving
+/// while the thread it yielded to runs waits for that thread's time slice
+/// (4 ms measured through the software switch, a scheduler tick).
+const QUIET_NS: u64 = 1_000_000;
+
+/// Then idle turns spin this long between yields: a turn is well under a
+/// µs, a `sched_yield` 0.8 µs on the 2-vCPU VM.
 const GAP_NS: u64 = 5_000;
 
 impl IdleYield {
@@ -61,22 +74,25 @@ impl IdleYield {
         IdleYield {
             enabled,
             moved_seen: 0,
-            last: 0,
+            active_at: 0,
+            yielded_at: 0,
         }
     }
 
     /// After a loop turn at `now` (ns), the frames moved so far and whether
     /// anything is left for the next turn: `true` when neither frames nor
-    /// pending work nor a yield came for [`GAP_NS`] (yield now).
+    /// pending work came for [`QUIET_NS`] and no yield for [`GAP_NS`]
+    /// (yield now).
     pub(super) fn after_turn(&mut self, moved: u64, pending: bool, now: u64) -> bool {
         let idle = moved == self.moved_seen;
         self.moved_seen = moved;
         if !idle || pending {
-            self.last = now;
+            self.active_at = now;
             return false;
         }
-        if self.enabled && now.saturating_sub(self.last) >= GAP_NS {
-            self.last = now;
+        let quiet = now.saturating_sub(self.active_at) >= QUIET_NS;
+        if self.enabled && quiet && now.saturating_sub(self.yielded_at) >= GAP_NS {
+            self.yielded_at = now;
             return true;
         }
         false
@@ -88,23 +104,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn yields_at_idle_turns_at_most_once_per_gap() {
+    fn yields_after_a_quiet_spell_at_most_once_per_gap() {
         let mut y = IdleYield::new(true);
-        assert!(y.after_turn(0, false, GAP_NS), "nothing moved for a gap");
-        assert!(!y.after_turn(0, false, GAP_NS + 1), "yielded a moment ago");
-        assert!(y.after_turn(0, false, 2 * GAP_NS), "a gap since the yield");
-        assert!(!y.after_turn(3, false, 4 * GAP_NS), "frames moved");
-        assert!(
-            !y.after_turn(3, false, 5 * GAP_NS - 1),
-            "within a gap of them"
-        );
-        assert!(y.after_turn(3, false, 5 * GAP_NS), "none for a gap");
-        assert!(!y.after_turn(3, true, 7 * GAP_NS), "work pending");
-        assert!(
-            !y.after_turn(3, false, 8 * GAP_NS - 1),
-            "within a gap of it"
-        );
+        assert!(!y.after_turn(0, false, QUIET_NS - 1), "quiet for less");
+        assert!(y.after_turn(0, false, QUIET_NS), "nothing moved for a spell");
+        assert!(!y.after_turn(0, false, QUIET_NS + 1), "yielded a moment ago");
+        assert!(y.after_turn(0, false, QUIET_NS + GAP_NS), "a gap since");
+        let t = 2 * QUIET_NS;
+        assert!(!y.after_turn(3, false, t), "frames moved");
+        assert!(!y.after_turn(3, false, t + GAP_NS), "a gap, but no spell");
+        assert!(y.after_turn(3, false, t + QUIET_NS), "quiet for a spell");
+        assert!(!y.after_turn(3, true, 4 * QUIET_NS), "work pending");
+        assert!(!y.after_turn(3, false, 5 * QUIET_NS - 1), "within a spell");
+        assert!(y.after_turn(3, false, 5 * QUIET_NS));
         let mut off = IdleYield::new(false);
-        assert!(!off.after_turn(0, false, 10 * GAP_NS), "turned off");
+        assert!(!off.after_turn(0, false, 10 * QUIET_NS), "turned off");
     }
 }
