@@ -19,8 +19,9 @@
 //!                          # "af_xdp:IFNAME,direct" (docs/direct-path.md)
 //! yield_after_nic_tx = true # sched_yield at the first idle turn after a
 //!                          # NIC transmit (a thread it woke on this CPU runs)
-//! yield_while_idle = true  # sched_yield at every turn that moved no frame
-//!                          # (a thread waiting for this CPU runs)
+//! yield_while_idle = true  # on its own core, sched_yield after 1 ms of
+//!                          # turns that moved no frame (a thread waiting
+//!                          # for this CPU runs)
 //! steering = "rss-mod"     # rss-mod | flow-affinity | indirection
 //! flow_table = 8192        # flow-affinity: flows per application's table
 //! flow_prepopulate = false # flow-affinity: hash ranges assigned in advance
@@ -150,9 +151,10 @@ pub struct Config {
     /// veth peer's receiver) runs now instead of at the scheduler's next
     /// tick (`daemon::tx_yield`).
     pub yield_after_nic_tx: bool,
-    /// At every loop turn that moved no frame, `sched_yield`: a thread
-    /// waiting for iokerneld's CPU (a veth peer's sender beside it) runs
-    /// instead of the spin (`daemon::idle_yield`).
+    /// Pinned to `own_core`, after 1 ms of loop turns that moved no frame,
+    /// `sched_yield` once per 5 µs of them: a thread waiting for
+    /// iokerneld's CPU (a veth peer's sender beside it) runs instead of
+    /// the spin (`daemon::idle_yield`).
     pub yield_while_idle: bool,
     /// Packet steering of an application whose registration asks for none.
     pub steering: SteeringKind,
@@ -400,7 +402,7 @@ pub struct Cli {
     #[arg(long)]
     pub no_yield_after_nic_tx: bool,
     /// Spin through loop turns that move no frame instead of yielding the
-    /// CPU at each (`yield_while_idle = false`).
+    /// CPU after 1 ms of them (`yield_while_idle = false`).
     #[arg(long)]
     pub no_yield_while_idle: bool,
     /// Packet steering of applications that do not ask for one: rss-mod

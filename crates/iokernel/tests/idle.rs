@@ -413,10 +413,10 @@ fn share_beside_the_loop(loop_cpu: usize, managed: usize, yield_while_idle: bool
     share
 }
 
-/// A loop turn that moves no frame yields the CPU
-/// (docs/iokernel-idle.md, "Yielding at idle turns"): a thread pinned to
-/// the loop's CPU gets nearly all of it, where beside the spinning loop it
-/// got half. Shares of CPU time are measured, and other programs on the
+/// A loop on a core of its own whose turns move no frame yields that CPU
+/// once quiet for a millisecond (docs/iokernel-idle.md, "Yielding at idle
+/// turns"): a thread pinned to the loop's CPU gets nearly all of it, where
+/// beside the spinning loop it got half. Shares of CPU time are measured, and other programs on the
 /// machine take from both alike, so the test compares the two and tries
 /// three times before failing.
 #[test]

@@ -62,7 +62,7 @@ pub(super) struct IdleYield {
 /// yield: a loop that moves frames now and then (round trips through it,
 /// tens of µs apart) must not yield between them, or a frame arriving
 /// while the thread it yielded to runs waits for that thread's time slice
-/// (4 ms measured through the software switch, a scheduler tick).
+/// (up to a scheduler tick, 4 ms here).
 const QUIET_NS: u64 = 1_000_000;
 
 /// Then idle turns spin this long between yields: a turn is well under a
@@ -107,8 +107,14 @@ mod tests {
     fn yields_after_a_quiet_spell_at_most_once_per_gap() {
         let mut y = IdleYield::new(true);
         assert!(!y.after_turn(0, false, QUIET_NS - 1), "quiet for less");
-        assert!(y.after_turn(0, false, QUIET_NS), "nothing moved for a spell");
-        assert!(!y.after_turn(0, false, QUIET_NS + 1), "yielded a moment ago");
+        assert!(
+            y.after_turn(0, false, QUIET_NS),
+            "nothing moved for a spell"
+        );
+        assert!(
+            !y.after_turn(0, false, QUIET_NS + 1),
+            "yielded a moment ago"
+        );
         assert!(y.after_turn(0, false, QUIET_NS + GAP_NS), "a gap since");
         let t = 2 * QUIET_NS;
         assert!(!y.after_turn(3, false, t), "frames moved");
