@@ -35,9 +35,16 @@ impl<A: CoreActuator> Iokerneld<A> {
 
     /// Something the next turns must carry forward: work arrived for
     /// parked kthreads, doorbells, handovers, wakes and signals, or a
-    /// dataplane that must keep polling (a load run, held frames).
+    /// dataplane that must keep polling (a load run, held frames); or a
+    /// duty whose traffic these counts do not see: a protected-mode
+    /// netstack's channels, requests iokerneld dispatches.
     pub(super) fn pending(&self) -> bool {
-        !self.work_arrived.is_empty()
+        !self.protected_pids.is_empty()
+            || self
+                .apps
+                .iter()
+                .any(|a| !a.protects.is_empty() || a.dispatch.is_some())
+            || !self.work_arrived.is_empty()
             || self.handover_waiting
             || !self.doorbells.is_empty()
             || !self.ready.is_empty()
