@@ -81,7 +81,14 @@ impl Echo {
             "echo-blocked",
             Some(net),
             1,
-            |io| io.block_while_idle = true,
+            // Blocks at once: polling first (2 s by default) would make
+            // every probe wait the bound out, and a poller that loses a
+            // quarter of its CPU to other processes parks instead of
+            // blocking (seen once in CI's run under a loaded machine).
+            |io| {
+                io.block_while_idle = true;
+                io.poll_while_idle = Duration::ZERO;
+            },
             move || {
                 // The stack is there once iokerneld has taken the own socket.
                 while ginza_runtime::net::stats().is_none() {

@@ -138,6 +138,12 @@ pub struct ForwardArgs {
     /// AF_XDP socket, `rtt_us.ginza_direct`; docs/direct-path.md).
     #[arg(long)]
     rtt_no_direct: bool,
+    /// iokerneld's `self_wake` (`--self-wake`): a parked direct-path echo
+    /// server (with `--rtt-park`) wakes itself for a frame on its own
+    /// socket (docs/direct-path.md, "The self-woken kthread") [default:
+    /// iokerneld's].
+    #[arg(long)]
+    self_wake: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -1110,6 +1116,9 @@ fn linux_rtt(
 fn configure_iokerneld(args: &ForwardArgs, cfg: &mut IokConfig) -> anyhow::Result<()> {
     cfg.yield_after_nic_tx = !args.rtt_no_yield;
     cfg.spin = !args.rtt_iokernel_sleep;
+    if let Some(w) = args.self_wake {
+        cfg.self_wake = w;
+    }
     Ok(())
 }
 

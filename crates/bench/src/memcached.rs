@@ -185,6 +185,12 @@ pub struct MemcachedArgs {
     /// acts only when a frame ends a sleep).
     #[arg(long)]
     iokernel_wake_alongside: bool,
+    /// Ginza: iokerneld's `self_wake` (`--self-wake`): a parked direct-path
+    /// server wakes itself for a frame on its own socket
+    /// (docs/direct-path.md, "The self-woken kthread") [default:
+    /// iokerneld's].
+    #[arg(long)]
+    self_wake: Option<bool>,
     /// Ginza: kv-server's kthread parks when idle instead of polling
     /// (`poll_while_idle` = 0: the behaviour before idle polling,
     /// docs/idle-poll.md), for a before/after comparison.
@@ -305,6 +311,8 @@ pub struct PointConfig {
     pub iokernel_spin: bool,
     /// Ginza: iokerneld's `wake_alongside`.
     pub wake_alongside: bool,
+    /// Ginza: iokerneld's `self_wake` (None: its default).
+    pub self_wake: Option<bool>,
     /// Ginza: kv-server parks when idle (`poll_while_idle` = 0).
     pub kv_park: bool,
     /// Ginza: batch on a thread of the bench, not a process of its own.
@@ -529,6 +537,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 ginza_run: ginza_run.clone(),
                 iokernel_spin: args.iokernel_spin,
                 wake_alongside: args.iokernel_wake_alongside,
+                self_wake: args.self_wake,
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
             };
@@ -839,6 +848,9 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         }
         icfg.spin = cfg.iokernel_spin;
         icfg.wake_alongside = cfg.wake_alongside;
+        if let Some(w) = cfg.self_wake {
+            icfg.self_wake = w;
+        }
         Ok(())
     };
     if cfg.system.direct() {

@@ -10,6 +10,8 @@
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
 //! spin = false             # true: busy-poll even while idle (benchmarks)
 //! wake_alongside = false   # true: a frame wakes a parked kthread's core too
+//! self_wake = false        # true: a parked direct-path kthread may wake
+//!                          # itself for a frame on its own socket
 //! idle_after = "2ms"       # idle this long, then sleep until an event
 //! idle_sleep = "1ms"       # where it cannot sleep until an event: nap
 //! preempt_deadline = "1ms" # then a preempted kthread is moved off its core
@@ -95,6 +97,13 @@ pub struct Config {
     /// granted, so that a frame wakes both CPUs at once
     /// (docs/iokernel-idle.md, "The first request after a quiet spell").
     pub wake_alongside: bool,
+    /// A parked kthread of an application with its own AF_XDP socket may
+    /// wake itself for a frame there and take the core of the CPU it is
+    /// pinned to, where that core is free or lent to a `SCHED_IDLE`
+    /// kthread and its application is under its maximum; iokerneld counts
+    /// it granted at its next pass, or revokes it (docs/direct-path.md,
+    /// "The self-woken kthread"). Off by default.
+    pub self_wake: bool,
     /// Where the loop cannot sleep until an event (`spin`, or an
     /// application registered without a bell): nap this long in `ppoll`
     /// (woken early by the control socket) when nothing is runnable;
@@ -310,6 +319,7 @@ struct FileConfig {
     socket: Option<PathBuf>,
     spin: Option<bool>,
     wake_alongside: Option<bool>,
+    self_wake: Option<bool>,
     idle_after: Option<String>,
     idle_sleep: Option<String>,
     run_for: Option<String>,
@@ -374,6 +384,10 @@ pub struct Cli {
     /// false).
     #[arg(long)]
     pub wake_alongside: Option<bool>,
+    /// A parked kthread with its own AF_XDP socket may wake itself for a
+    /// frame there (default false; docs/direct-path.md).
+    #[arg(long)]
+    pub self_wake: Option<bool>,
     /// Where it cannot sleep until an event (`--spin`, an application
     /// without a bell): nap this long instead of spinning while idle.
     #[arg(long, value_parser = parse_duration)]
@@ -481,6 +495,7 @@ impl Config {
             idle_after: DEFAULT_IDLE_AFTER,
             // Off until measured on an idle machine (docs/iokernel-idle.md).
             wake_alongside: false,
+            self_wake: false,
             idle_sleep: None,
             run_for: None,
             control_interval: Duration::from_micros(50),
@@ -568,6 +583,9 @@ impl Config {
         c.spin = cli.spin || file.spin.unwrap_or(false);
         if let Some(w) = cli.wake_alongside.or(file.wake_alongside) {
             c.wake_alongside = w;
+        }
+        if let Some(w) = cli.self_wake.or(file.self_wake) {
+            c.self_wake = w;
         }
         if let Some(a) = cli
             .idle_after

@@ -61,6 +61,7 @@ mod packets;
 mod pass;
 mod protected;
 mod publish;
+mod self_wake;
 mod stats;
 mod tx_yield;
 mod wake_alongside;
@@ -158,6 +159,11 @@ struct Kthread {
     preempted_polling: bool,
     /// `LineFlags::CORE_WANTED` as last written on its line.
     core_wanted: bool,
+    /// `LineFlags::SELF_WAKE_ALLOWED` as last written on its line.
+    self_wake_allowed: bool,
+    /// Its `SelfWoken` was read this pass and not yet accounted (granted
+    /// the core of the CPU it runs on, or revoked: `self_wake.rs`).
+    self_woke: bool,
     /// The grant that waits for this kthread to give its core back.
     handover: Option<Handover>,
     /// A `SCHED_IDLE` victim not signalled yet: when it will be, unless

@@ -688,6 +688,14 @@ pub struct AllocStats {
     pub local_wakes: u64,
     #[serde(default)]
     pub local_wakes_by_iokernel: u64,
+    /// Self-wakes (`Config::self_wake` of iokerneld, docs/direct-path.md):
+    /// parked kthreads that woke themselves for a frame on their own
+    /// socket, taken as grants of the core they woke on, and of those the
+    /// ones revoked (iokerneld would not have granted that core).
+    #[serde(default)]
+    pub self_wakes: u64,
+    #[serde(default)]
+    pub self_wakes_revoked: u64,
     /// iokerneld's time per wake of a kthread on its granted core: for a
     /// grant carried out at once, its bookkeeping + the `Wake` on the
     /// command ring + `CoreActuator::grant` (`LinuxActuator`:
@@ -935,6 +943,8 @@ pub fn largest_stats_report() -> StatsReport {
             preemptions_withdrawn: u64::MAX,
             local_wakes: u64::MAX,
             local_wakes_by_iokernel: u64::MAX,
+            self_wakes: u64::MAX,
+            self_wakes_revoked: u64::MAX,
             grant_cost: big,
             grant_cost_by_word: big,
             grant_cost_by_eventfd: big,

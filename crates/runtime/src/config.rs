@@ -232,6 +232,16 @@ pub struct IokernelConfig {
     /// the core back as a poller's. Without an own socket it changes
     /// nothing.
     pub block_while_idle: bool,
+    /// On the direct path, a parked kthread 0 sleeps in `poll` on its
+    /// eventfd and the application's own AF_XDP socket, and a frame there
+    /// wakes it through the kernel: it runs at once on the CPU iokerneld
+    /// last pinned it to and tells iokerneld, which counts the core
+    /// granted or revokes it (docs/direct-path.md, "The self-woken
+    /// kthread"). Only where iokerneld allows it (its `Config::self_wake`,
+    /// and the CPU free or lent to a `SCHED_IDLE` kthread); on by default,
+    /// so iokerneld's setting decides. Without an own socket it changes
+    /// nothing.
+    pub self_wake: bool,
     /// Send and receive packets (`crate::net`): iokerneld steers frames
     /// for this MAC/IP to the kthreads' ingress rings.
     pub net: Option<NetConfig>,
@@ -273,6 +283,7 @@ impl IokernelConfig {
                 Duration::ZERO
             },
             block_while_idle: false,
+            self_wake: true,
             net: None,
             steering: None,
             dispatch: None,

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use ginza_shm::{BeforeSleep, ToIokernel};
 
 use crate::link::KLink;
+use crate::own_socket::OwnSocket;
 use crate::sched::{bump, eventfd_wait, Owner, PARKED, REVOKED, RUNNING};
+use crate::self_wake::Woken;
 
 // ---- parking and grants under iokerneld --------------------------------------
 
@@ -75,6 +77,9 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
             return;
         }
     }
+    // Before iokerneld can read the `Parked`/`Yielded` below: it then
+    // delivers a grant by the eventfd, which the armed sleep polls.
+    let armed = crate::self_wake::arm(k, io);
     // Before iokerneld can read the `Parked`/`Yielded` below: its grant
     // may come in the word from then on.
     io.line.wake().begin_park();
@@ -97,13 +102,20 @@ pub(crate) fn park_with_iokernel(owner: &Owner<'_>, io: &KLink, preempted: bool)
             grant,
         }
     });
-    wait_for_grant(owner, io);
+    wait_for_grant_or_frame(owner, io, armed);
 }
 
 /// Blocks until iokerneld grants this kthread a core (the grant word, after
 /// a wake on the wake page or the eventfd), the runtime shuts down, or
 /// iokerneld is lost.
 pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
+    wait_for_grant_or_frame(owner, io, None)
+}
+
+/// [`wait_for_grant`], or, `armed` with the application's own socket, for
+/// a frame there too (`self_wake.rs`): then the kthread takes its core
+/// itself and tells iokerneld before it runs anything.
+fn wait_for_grant_or_frame(owner: &Owner<'_>, io: &KLink, armed: Option<&OwnSocket>) {
     let k = owner.kthread();
     let rt = k.rt();
     let linger = rt
@@ -133,7 +145,17 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     }
     let link = rt.link.as_ref().expect("managed runtime without a link");
     let mut by_eventfd = false;
+    let mut self_woken = false;
+    let mut watch_socket = true;
     while !granted && !rt.shutdown.load(Acquire) && rt.managed() {
+        if let Some(own) = armed {
+            match crate::self_wake::sleep(owner, io, own, &mut watch_socket) {
+                Woken::Granted => (granted, by_eventfd) = (true, true),
+                Woken::ByFrame => (granted, self_woken) = (true, true),
+                Woken::Nothing => {}
+            }
+            continue;
+        }
         granted = match link.wake_slot(k.id) {
             Some((page, slot)) => sleep_on_wake_page(io, rt, page, slot),
             // Before registration ends (the kthreads start first), or an
@@ -151,8 +173,17 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
     if granted {
         ginza_sys::hops::stamp(ginza_sys::hops::Hop::KthreadRuns);
     }
+    if self_woken {
+        // Before anything runs: iokerneld counts the core of this CPU as
+        // granted by this wake (its next pass), and the next park answers
+        // it as it answers a grant.
+        owner.send_to_iokernel(ginza_shm::ToIokernel::SelfWoken {
+            grant: owner.last_grant_from_iokernel(),
+        });
+        bump(&k.stats.self_wakes);
+    }
     let decided = owner.drain_from_iokernel();
-    if granted {
+    if granted && !self_woken {
         bump(&k.stats.grants);
         if by_eventfd {
             bump(&k.stats.grants_by_eventfd);
@@ -164,7 +195,8 @@ pub(crate) fn wait_for_grant(owner: &Owner<'_>, io: &KLink) {
             io.last_wake[1].store(running, Relaxed);
         }
     }
-    io.line.remove_flags(ginza_shm::LineFlags::PARKED);
+    io.line
+        .remove_flags(ginza_shm::LineFlags::PARKED | ginza_shm::LineFlags::SELF_WAKE_ARMED);
     // A late signal may have set this while we were parked; iokerneld
     // clears the flag when it reads our Parked/Yielded, so after a grant
     // the flag is set only by a new preemption.

@@ -37,6 +37,7 @@ pub mod park;
 mod preempt;
 mod runtime;
 mod sched;
+mod self_wake;
 mod shenango;
 pub mod shinjuku;
 mod signals;

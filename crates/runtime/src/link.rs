@@ -129,6 +129,20 @@ impl KLink {
         self.wake_iokernel();
     }
 
+    /// Whether the command ring to iokerneld has at least half its
+    /// capacity free (`self_wake.rs`: a kthread that wakes itself sends a
+    /// command per wake and per park, and iokerneld's loop may not run for
+    /// a while; past half, it waits for iokerneld's grants instead).
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn commands_half_free(&self) -> bool {
+        // SAFETY: owner-only (caller's contract).
+        let tx = unsafe { &mut *self.tx.get() }.raw();
+        let capacity = tx.capacity();
+        tx.free().is_ok_and(|free| free >= capacity / 2)
+    }
+
     /// After making work visible to iokerneld (a command sent, a runqueue
     /// push counted on the line): wakes it if it said it sleeps. While it
     /// is awake, a fence and one load of this kthread's own line.
@@ -203,6 +217,15 @@ impl KLink {
         let ring = unsafe { &mut *self.tx.get() }.raw();
         let capacity = ring.capacity();
         ring.free().map_or(true, |free| free == capacity)
+    }
+
+    /// The number of the last `Wake` read.
+    ///
+    /// # Safety
+    /// Owner kthread only.
+    pub(crate) unsafe fn last_grant(&self) -> u16 {
+        // SAFETY: owner-only (caller's contract).
+        unsafe { *self.grant.get() }
     }
 
     /// The kthread is about to give its core back (`Parked`/`Yielded`):

@@ -83,6 +83,13 @@ pub enum ToIokernel {
         next_deadline_ns: Option<u64>,
         grant: u16,
     },
+    /// The parked kthread woke itself for a frame on its application's
+    /// own socket (`LineFlags::SELF_WOKEN`, docs/direct-path.md, "The
+    /// self-woken kthread") and runs on the CPU iokerneld last pinned it
+    /// to. `grant`: the number of the last [`ToKthread::Wake`] it read, as
+    /// in its park before; iokerneld takes the wake as a grant of that
+    /// CPU's core (its next `Parked`/`Yielded` answers it), or revokes it.
+    SelfWoken { grant: u16 },
     /// Dispatch by iokerneld (docs/colocate.md): the request iokerneld ran
     /// on this kthread ([`ToKthread::Run`]) completed, or was preempted
     /// (its context stays in the application, resumable by `request`).
@@ -179,6 +186,7 @@ mod tag {
     pub const PARKED: u32 = 2;
     pub const YIELDED: u32 = 3;
     pub const HAND_BACK: u32 = 4;
+    pub const SELF_WOKEN: u32 = 5;
 
     pub const WAKE: u32 = 1;
     pub const PREEMPT: u32 = 2;
@@ -215,6 +223,11 @@ impl Message for ToIokernel {
                 arg32: grant.into(),
                 arg64: next_deadline_ns.unwrap_or(NO_DEADLINE),
             },
+            ToIokernel::SelfWoken { grant } => RawMsg {
+                tag: tag::SELF_WOKEN,
+                arg32: grant.into(),
+                arg64: 0,
+            },
             ToIokernel::HandBack { request, completed } => RawMsg {
                 tag: tag::HAND_BACK,
                 arg32: if completed {
@@ -241,6 +254,9 @@ impl Message for ToIokernel {
             },
             tag::YIELDED => ToIokernel::Yielded {
                 next_deadline_ns: Some(raw.arg64).filter(|&d| d != NO_DEADLINE),
+                grant: u16::try_from(raw.arg32).map_err(|_| DecodeError::BadGrant(raw.arg32))?,
+            },
+            tag::SELF_WOKEN => ToIokernel::SelfWoken {
                 grant: u16::try_from(raw.arg32).map_err(|_| DecodeError::BadGrant(raw.arg32))?,
             },
             tag::HAND_BACK => match raw.arg32 {
@@ -411,6 +427,7 @@ mod tests {
     fn round_trip() {
         let ups = [
             ToIokernel::Started { tid: 1234 },
+            ToIokernel::SelfWoken { grant: 7 },
             ToIokernel::Parked {
                 next_deadline_ns: None,
                 grant: 0,

@@ -42,6 +42,22 @@ impl LineFlags {
     /// if it was set, writes the kthread's eventfd. Set by the runtime,
     /// cleared by either side.
     pub const IDLE_BLOCKED: LineFlags = LineFlags(1 << 4);
+    /// The parked kthread sleeps in `poll` on its eventfd and its
+    /// application's own AF_XDP socket, not on the wake page, and may wake
+    /// itself for a frame there (docs/direct-path.md, "The self-woken
+    /// kthread"): iokerneld delivers its grants by the eventfd. Set by the
+    /// runtime before its `Parked`/`Yielded`, cleared when it runs.
+    pub const SELF_WAKE_ARMED: LineFlags = LineFlags(1 << 5);
+    /// The parked kthread woke itself for a frame on its own socket and
+    /// runs on the CPU it is pinned to; its `SelfWoken` follows on the
+    /// command ring. Set by the runtime in the atomic step that reads
+    /// [`LineFlags::GRANTING`]; cleared by it before its next park.
+    pub const SELF_WOKEN: LineFlags = LineFlags(1 << 6);
+    /// iokerneld is granting the parked kthread a core: set in the atomic
+    /// step that reads [`LineFlags::SELF_WOKEN`], so exactly one of a grant
+    /// and a self-wake goes ahead. Set by iokerneld, cleared by the runtime
+    /// before its next park.
+    pub const GRANTING: LineFlags = LineFlags(1 << 7);
     /// iokerneld asks the kthread to give its core back at its next
     /// preemption point. Set by iokerneld, cleared by the runtime.
     pub const PREEMPT_PENDING: LineFlags = LineFlags(1 << 8);
@@ -62,6 +78,14 @@ impl LineFlags {
     /// each allocation pass, on the kthreads that hold a core; a runtime
     /// that does not know it polls and is taken back as before.
     pub const CORE_WANTED: LineFlags = LineFlags(1 << 11);
+
+    /// iokerneld allows the kthread to wake itself for a frame on its own
+    /// socket now (docs/direct-path.md, "The self-woken kthread"): the
+    /// CPU it is pinned to is free or lent to a `SCHED_IDLE` kthread, and
+    /// its application holds fewer cores than its maximum. Set and cleared
+    /// by iokerneld after each allocation pass; advisory only (iokerneld
+    /// checks again, and revokes, when it reads the `SelfWoken`).
+    pub const SELF_WAKE_ALLOWED: LineFlags = LineFlags(1 << 12);
 
     pub fn contains(self, other: LineFlags) -> bool {
         self.0 & other.0 == other.0
@@ -405,6 +429,33 @@ mod tests {
                 .remove_flags(LineFlags::IDLE_POLLING)
                 .contains(LineFlags::PREEMPT_PENDING);
             assert_eq!(iokerneld.join().unwrap(), taken);
+        }
+    }
+
+    /// iokerneld's grant of a parked kthread against the kthread waking
+    /// itself for a frame on its own socket (docs/direct-path.md, "The
+    /// self-woken kthread"): each side's one atomic step tells it whether
+    /// the other came first, and exactly one goes ahead.
+    #[test]
+    fn a_grant_and_a_self_wake_never_both_go_ahead() {
+        for _ in 0..2000 {
+            let l = std::sync::Arc::new(QueueLine::new());
+            l.insert_flags(LineFlags::SELF_WAKE_ARMED | LineFlags::SELF_WAKE_ALLOWED);
+            let iokerneld = {
+                let l = std::sync::Arc::clone(&l);
+                std::thread::spawn(move || {
+                    !l.insert_flags(LineFlags::GRANTING)
+                        .contains(LineFlags::SELF_WOKEN)
+                })
+            };
+            let self_woken = !l
+                .insert_flags(LineFlags::SELF_WOKEN)
+                .contains(LineFlags::GRANTING);
+            let granted = iokerneld.join().unwrap();
+            assert!(
+                granted != self_woken,
+                "granted {granted}, self-woken {self_woken}"
+            );
         }
     }
 

@@ -1119,6 +1119,8 @@ fn memcached_point(
         // As `bench memcached` by default: iokerneld may sleep while idle.
         iokernel_spin: false,
         wake_alongside: false,
+        // As iokerneld runs by default.
+        self_wake: None,
         // As the runtime runs by default: kv-server polls while idle.
         kv_park: false,
         // As deployed: batch a process of its own.

@@ -271,7 +271,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             // iokerneld shares a wake for nothing. When the poller parks,
             // its `Parked` rings the bell and the next sleep waits on the
             // socket again (readable at once if a frame came meanwhile).
-            let held = a.kt.iter().any(|k| k.core.is_some());
+            // Nor while its parked kthread sleeps on the socket itself and
+            // may wake for it (`self_wake.rs`): the kernel wakes it, and its
+            // runqueue's bell or its next park wakes iokerneld.
+            let held = a.kt.iter().any(|k| k.core.is_some()) || Self::left_to_self_wake(a);
             if let (Some(own), false) = (a.net.as_ref().and_then(|n| n.own_socket.as_ref()), held) {
                 idle.push(own.fd(), Source::Bell);
             }

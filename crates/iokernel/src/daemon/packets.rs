@@ -30,6 +30,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     }
                 }
             }
+            let self_waking = Self::left_to_self_wake(app);
             let Some(net) = &mut app.net else { continue };
             if app.doomed.is_some() {
                 continue;
@@ -52,6 +53,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             // interval pass).
             if super::own_socket::frames_waiting(net)
                 && app.kt.iter().all(|k| k.core.is_none())
+                && !self_waking
                 && !self.work_arrived.contains(&app.id)
             {
                 self.work_arrived.push(app.id);

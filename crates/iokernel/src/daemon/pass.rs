@@ -165,6 +165,26 @@ impl<A: CoreActuator> Iokerneld<A> {
                         return app.doom(reason);
                     }
                 }
+                ToIokernel::SelfWoken { grant } => {
+                    // Taken as a grant of the core it runs on, accounted
+                    // after the drains (`self_wake.rs`); its next park
+                    // answers it. Not where a grant of iokerneld's crossed
+                    // it (the kthread woke itself, ran and parked again
+                    // before this read, and iokerneld granted it since:
+                    // that grant is the one it runs on, and this park
+                    // is stale too), nor from a kthread not parked.
+                    let answers_last = grant == UNNUMBERED_GRANT || grant == kt.grants.last();
+                    if !kt.parked || kt.grants.is_open() || !answers_last {
+                        debug!(
+                            "app {:?} kthread {k}: a self-wake answering grant {grant} ignored",
+                            app.name
+                        );
+                        continue;
+                    }
+                    kt.grants.granted(None);
+                    kt.parked = false;
+                    kt.self_woke = true;
+                }
                 ToIokernel::Parked {
                     next_deadline_ns,
                     grant,
@@ -200,6 +220,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         app.last_yielded_core = Some(c);
                     }
                     kt.parked = true;
+                    kt.self_woke = false;
                     kt.preempting = false;
                     kt.evicted = false;
                     kt.parked_since = now;
@@ -240,6 +261,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
         self.reap();
+        self.account_self_wakes(now);
         self.check_overdue(now);
         self.complete_handovers();
         self.withdraw_or_signal(now);
@@ -254,6 +276,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         );
         self.carry_out(now);
         self.mark_wanted_cores();
+        self.mark_self_wake();
         self.reap();
         self.complete_handovers();
         self.send_deferred_signals();
@@ -757,6 +780,17 @@ impl<A: CoreActuator> Iokerneld<A> {
         let Some(kt) = app.kt.get_mut(k) else {
             return false;
         };
+        if kt.parked
+            && app.ends[k]
+                .line
+                .insert_flags(LineFlags::GRANTING)
+                .contains(LineFlags::SELF_WOKEN)
+        {
+            // It woke itself for a frame on its own socket first: it runs
+            // already, and its `SelfWoken` is accounted at the next pass
+            // (docs/direct-path.md, "The self-woken kthread").
+            return false;
+        }
         kt.core = Some(core);
         kt.parked = false;
         kt.preempting = false;
@@ -941,6 +975,17 @@ impl<A: CoreActuator> Iokerneld<A> {
             let mut t = Self::target(app, k);
             let waker = waker.filter(|&(va, _)| va != a && va < self.apps.len());
             t.doorbell = waker.and_then(|(va, vk)| self.apps[va].ends.get(vk).map(|e| &*e.line));
+            if app.ends[k]
+                .line
+                .flags()
+                .contains(LineFlags::SELF_WAKE_ARMED)
+            {
+                // It sleeps in `poll` on its eventfd and its own socket,
+                // not on the wake page (a runtime that lies here only gets
+                // its own grants by the eventfd).
+                t.wake_slot = None;
+                t.doorbell = None;
+            }
             self.actuator.grant(&t, cpu)
         };
         let app = &mut self.apps[a];
@@ -974,7 +1019,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// was granted the core but not woken yet (its hand-over pending) — the
     /// preempted kthread it was waiting for; that one's hand-over now goes
     /// to whoever is granted the core next.
-    fn preempt(
+    pub(super) fn preempt(
         &mut self,
         a: usize,
         k: usize,

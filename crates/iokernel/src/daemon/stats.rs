@@ -108,6 +108,8 @@ pub(super) struct Meter {
     /// Doorbells taken by the kthread asked, and by iokerneld after the wait.
     pub(super) local_wakes: u64,
     pub(super) local_wakes_by_iokernel: u64,
+    pub(super) self_wakes: u64,
+    pub(super) self_wakes_revoked: u64,
     /// Wakes, preemptions and evictions carried out (never reset): a pass
     /// that changed it acted.
     pub(super) actions: u64,
@@ -136,6 +138,8 @@ impl Meter {
             withdrawn: 0,
             local_wakes: 0,
             local_wakes_by_iokernel: 0,
+            self_wakes: 0,
+            self_wakes_revoked: 0,
             actions: 0,
             grant_cost: histogram(),
             grant_cost_word: histogram(),
@@ -160,6 +164,8 @@ impl Meter {
         self.withdrawn = 0;
         self.local_wakes = 0;
         self.local_wakes_by_iokernel = 0;
+        self.self_wakes = 0;
+        self.self_wakes_revoked = 0;
         self.grant_cost.reset();
         self.grant_cost_word.reset();
         self.grant_cost_eventfd.reset();
@@ -237,6 +243,8 @@ impl Meter {
             preemptions_withdrawn: self.withdrawn,
             local_wakes: self.local_wakes,
             local_wakes_by_iokernel: self.local_wakes_by_iokernel,
+            self_wakes: self.self_wakes,
+            self_wakes_revoked: self.self_wakes_revoked,
             grant_cost: summarize(&self.grant_cost),
             grant_cost_by_word: summarize(&self.grant_cost_word),
             grant_cost_by_eventfd: summarize(&self.grant_cost_eventfd),

@@ -65,6 +65,9 @@ pub(crate) struct KStats {
     /// on the socket ended the wait.
     pub(crate) idle_blocks: AtomicU64,
     pub(crate) idle_block_frames: AtomicU64,
+    /// Times a frame on the application's own socket woke it while parked
+    /// and it took its core itself (`self_wake.rs`).
+    pub(crate) self_wakes: AtomicU64,
 }
 
 /// Owner-only increment of a statistics counter (readers may be elsewhere):
@@ -440,6 +443,26 @@ impl<'a> Owner<'a> {
     pub(crate) fn drain_from_iokernel(&self) -> Option<u64> {
         // SAFETY: the token proves we are the owner kthread.
         self.k.io.as_ref().and_then(|io| unsafe { io.drain() })
+    }
+
+    /// Whether the command ring to iokerneld is at least half free
+    /// (`KLink::commands_half_free`); false without iokerneld.
+    pub(crate) fn commands_half_free(&self) -> bool {
+        // SAFETY: the token proves we are the owner kthread.
+        self.k
+            .io
+            .as_ref()
+            .is_some_and(|io| unsafe { io.commands_half_free() })
+    }
+
+    /// The number of the last `Wake` read from iokerneld (unnumbered
+    /// without iokerneld).
+    pub(crate) fn last_grant_from_iokernel(&self) -> u16 {
+        match &self.k.io {
+            // SAFETY: the token proves we are the owner kthread.
+            Some(io) => unsafe { io.last_grant() },
+            None => ginza_shm::UNNUMBERED_GRANT,
+        }
     }
 
     /// About to give the core back to iokerneld: `Run`s read until the
