@@ -21,6 +21,9 @@
 //!                          # "af_xdp:IFNAME,direct" (docs/direct-path.md)
 //! yield_after_nic_tx = true # sched_yield at the first idle turn after a
 //!                          # NIC transmit (a thread it woke on this CPU runs)
+//! yield_while_idle = true  # on its own core, sched_yield after 1 ms of
+//!                          # turns that moved no frame (a thread waiting
+//!                          # for this CPU runs)
 //! steering = "rss-mod"     # rss-mod | flow-affinity | indirection
 //! flow_table = 8192        # flow-affinity: flows per application's table
 //! flow_prepopulate = false # flow-affinity: hash ranges assigned in advance
@@ -157,6 +160,11 @@ pub struct Config {
     /// veth peer's receiver) runs now instead of at the scheduler's next
     /// tick (`daemon::tx_yield`).
     pub yield_after_nic_tx: bool,
+    /// Pinned to `own_core`, after 1 ms of loop turns that moved no frame,
+    /// `sched_yield` once per 5 µs of them: a thread waiting for
+    /// iokerneld's CPU (a veth peer's sender beside it) runs instead of
+    /// the spin (`daemon::idle_yield`).
+    pub yield_while_idle: bool,
     /// Packet steering of an application whose registration asks for none.
     pub steering: SteeringKind,
     /// Sizes of every application's steering policy (`warm_up_until` is
@@ -321,6 +329,7 @@ struct FileConfig {
     seed: Option<u64>,
     nic: Option<String>,
     yield_after_nic_tx: Option<bool>,
+    yield_while_idle: Option<bool>,
     steering: Option<String>,
     flow_table: Option<usize>,
     flow_prepopulate: Option<bool>,
@@ -406,6 +415,10 @@ pub struct Cli {
     /// at the next idle turn (`yield_after_nic_tx = false`).
     #[arg(long)]
     pub no_yield_after_nic_tx: bool,
+    /// Spin through loop turns that move no frame instead of yielding the
+    /// CPU after 1 ms of them (`yield_while_idle = false`).
+    #[arg(long)]
+    pub no_yield_while_idle: bool,
     /// Packet steering of applications that do not ask for one: rss-mod
     /// (default), flow-affinity or indirection.
     #[arg(long)]
@@ -494,6 +507,7 @@ impl Config {
             seed: 0x5eed,
             nic: "software".into(),
             yield_after_nic_tx: true,
+            yield_while_idle: true,
             steering: SteeringKind::RssMod,
             steering_options: SteeringOptions::default(),
             flow_warm_up: Duration::ZERO,
@@ -612,6 +626,7 @@ impl Config {
         }
         c.yield_after_nic_tx =
             !cli.no_yield_after_nic_tx && file.yield_after_nic_tx.unwrap_or(true);
+        c.yield_while_idle = !cli.no_yield_while_idle && file.yield_while_idle.unwrap_or(true);
         if let Some(kind) = cli.steering {
             c.steering = kind;
         } else if let Some(name) = &file.steering {
@@ -975,6 +990,22 @@ mod tests {
         ])
         .unwrap();
         assert!(!Config::from_cli(&cli).unwrap().yield_after_nic_tx);
+        let cli = Cli::try_parse_from(["iokerneld", "--cores", &core.to_string()]).unwrap();
+        assert!(
+            Config::from_cli(&cli).unwrap().yield_while_idle,
+            "on by default"
+        );
+        std::fs::write(&p, format!("cores = [{core}]\nyield_while_idle = false\n")).unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        assert!(!Config::from_cli(&cli).unwrap().yield_while_idle);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "--cores",
+            &core.to_string(),
+            "--no-yield-while-idle",
+        ])
+        .unwrap();
+        assert!(!Config::from_cli(&cli).unwrap().yield_while_idle);
 
         // Sleeping while idle is the default; `--spin` or `spin = true`
         // turn it off; `idle_after` is bounded.

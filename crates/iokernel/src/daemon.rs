@@ -55,6 +55,7 @@ use ginza_sys::{affinity, clock, cpulist, signal, topology};
 mod control;
 mod dispatch;
 mod idle;
+mod idle_yield;
 mod own_socket;
 mod packets;
 mod pass;
@@ -65,6 +66,7 @@ mod stats;
 mod tx_yield;
 mod wake_alongside;
 
+use idle_yield::IdleYield;
 use pass::{Handover, PassKind};
 use stats::Meter;
 pub use stats::{summarize, HIST_MAX_NS};
@@ -335,6 +337,7 @@ pub struct Iokerneld<A: CoreActuator> {
     clock: TscClock,
     /// When to hand the CPU over after a NIC transmit.
     tx_yield: TxYield,
+    idle_yield: IdleYield,
     /// The metrics endpoint (`--metrics`), if served.
     metrics: Option<crate::metrics::Endpoint>,
     /// Sleeping while idle, and its counts.
@@ -433,6 +436,10 @@ impl<A: CoreActuator> Iokerneld<A> {
             meter: Meter::new(start_ns, 0),
             alloc: make_policy(&cfg),
             tx_yield: TxYield::new(cfg.yield_after_nic_tx),
+            // Only on a core of its own: a kthread granted iokerneld's CPU
+            // would take it for a time slice while waiting for frames that
+            // only the loop moves (daemon::idle_yield).
+            idle_yield: IdleYield::new(cfg.yield_while_idle && cfg.own_core.is_some()),
             idle: idle::Idle::new(!cfg.spin, cfg.idle_after),
             stop: StopHandle(Arc::default(), dp.waker().clone()),
             cfg,
@@ -599,7 +606,11 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 _ => {
                     let (rx, tx) = self.dp.nic_frames();
-                    if self.tx_yield.after_turn(rx, tx) {
+                    let after_tx = self.tx_yield.after_turn(rx, tx);
+                    let idle = self
+                        .idle_yield
+                        .after_turn(self.frames_moved(), self.pending(), now);
+                    if after_tx || idle {
                         ginza_sys::sched_class::yield_cpu();
                     } else {
                         std::hint::spin_loop();

@@ -384,3 +384,60 @@ fn a_frame_wakes_the_parked_kthreads_core_alongside_iokerneld() {
 fn without_wake_alongside_a_frame_wakes_iokerneld_alone() {
     a_frame_on_the_nic_with_a_parked_kthread(false);
 }
+
+/// The share of its CPU a thread pinned beside iokerneld's loop gets over
+/// `window` of busy work, with `yield_while_idle` as given; the loop
+/// spins (no sleep, no nap) and moves no frame.
+fn share_beside_the_loop(loop_cpu: usize, managed: usize, yield_while_idle: bool) -> f64 {
+    const WINDOW: Duration = Duration::from_millis(300);
+    let d = Daemon::start_with(RecordingActuator::new(), |c| {
+        c.cores = vec![managed];
+        c.own_core = Some(loop_cpu);
+        c.spin = true;
+        c.idle_sleep = None;
+        c.yield_while_idle = yield_while_idle;
+    });
+    d.wait_passes(100);
+    let share = std::thread::spawn(move || {
+        ginza_sys::affinity::pin_current_thread(loop_cpu).unwrap();
+        let (wall, cpu) = (Instant::now(), ginza_sys::clock::thread_cpu_ns());
+        while wall.elapsed() < WINDOW {
+            std::hint::spin_loop();
+        }
+        let used = ginza_sys::clock::thread_cpu_ns() - cpu;
+        used as f64 / wall.elapsed().as_nanos() as f64
+    })
+    .join()
+    .unwrap();
+    drop(d);
+    share
+}
+
+/// A loop on a core of its own whose turns move no frame yields that CPU
+/// once quiet for a millisecond (docs/iokernel-idle.md, "Yielding at idle
+/// turns"): a thread pinned to the loop's CPU gets nearly all of it, where
+/// beside the spinning loop it got half. Shares of CPU time are measured, and other programs on the
+/// machine take from both alike, so the test compares the two and tries
+/// three times before failing.
+#[test]
+fn a_thread_beside_the_loop_gets_the_cpu_its_idle_turns_leave() {
+    let _g = lock();
+    let cpus = ginza_sys::affinity::allowed_cpus().unwrap();
+    let [loop_cpu, managed, ..] = cpus[..] else {
+        ginza_iokernel::testing::skip(format!(
+            "needs two CPUs (the loop's and a managed one), this process may use {cpus:?}"
+        ));
+        return;
+    };
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let spun = share_beside_the_loop(loop_cpu, managed, false);
+        let yielded = share_beside_the_loop(loop_cpu, managed, true);
+        seen.push((spun, yielded));
+        if yielded >= 0.8 && yielded >= spun * 1.3 {
+            println!("beside the loop: {spun:.2} of the CPU spinning, {yielded:.2} yielding");
+            return;
+        }
+    }
+    panic!("a thread beside the loop got (spinning, yielding) {seen:.2?} of its CPU");
+}
