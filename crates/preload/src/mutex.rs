@@ -7,16 +7,24 @@
 //! recursion count (4), glibc's kind (16: type in the low bits, bit 7
 //! process-shared), and the owner's thread pointer (24, a 64-bit field of
 //! ours where glibc keeps a robust-list link).
+//!
+//! Only a program thread in C code parks in the lot. Every other caller —
+//! the runtime's own code (a program's `malloc`, e.g. jemalloc, called
+//! from Rust or from glibc on a kthread's thread pointer, whose per-thread
+//! state is that kthread's), a thread that is not the runtime's — waits
+//! for the word in the kernel, as glibc does: it neither moves to another
+//! kthread in the middle of the caller's code nor allocates while it waits
+//! (docs/preload.md, "The program's allocator").
 
 use std::sync::atomic::{
-    AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+    AtomicU32, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::SeqCst,
 };
 use std::time::Instant;
 
 use libc::{c_int, clockid_t, pthread_mutex_t, pthread_mutexattr_t, timespec};
 
 use crate::lot::{wait_word, wake_word, Waited};
-use crate::mode::{real, serve};
+use crate::mode::{caller, real, serve, Caller};
 use crate::say::unsupported_once;
 use crate::time::deadline;
 
@@ -25,6 +33,12 @@ const KIND_ROBUST: i32 = 0x10;
 const KIND_PSHARED: i32 = 0x80;
 const RECURSIVE: i32 = libc::PTHREAD_MUTEX_RECURSIVE;
 const ERRORCHECK: i32 = libc::PTHREAD_MUTEX_ERRORCHECK;
+
+/// Callers waiting in the kernel for a process-private mutex now (any
+/// mutex): while there are some, a contended unlock also wakes the word's
+/// kernel waiters. Rare (a kthread's own allocation meeting a program
+/// thread in the program's allocator), so one count serves every mutex.
+static KERNEL_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
 /// The views of one `pthread_mutex_t`.
 pub(crate) struct Mutex<'a> {
@@ -115,15 +129,40 @@ impl Mutex<'_> {
                 return Ok(());
             }
         }
-        let shared = self.shared();
+        if self.shared() || caller() != Caller::Uthread {
+            return self.lock_in_kernel(deadline);
+        }
         serve(|| {
             while self.word.swap(2, Acquire) != 0 {
-                if wait_word(self.word, 2, shared, deadline) == Waited::TimedOut {
+                if wait_word(self.word, 2, false, deadline) == Waited::TimedOut {
                     return Err(libc::ETIMEDOUT);
                 }
             }
             Ok(())
         })
+    }
+
+    /// Waits for the word with `FUTEX_WAIT` (see the module's docs): for a
+    /// process-shared mutex, and for any caller but a program thread.
+    fn lock_in_kernel(&self, deadline: Option<Instant>) -> Result<(), c_int> {
+        let counted = !self.shared();
+        if counted {
+            // Before the swap below: an unlock that does not see the count
+            // released the word before it, and the swap takes the lock.
+            KERNEL_WAITERS.fetch_add(1, SeqCst);
+        }
+        let got = loop {
+            if self.word.swap(2, SeqCst) == 0 {
+                break Ok(());
+            }
+            if wait_word(self.word, 2, true, deadline) == Waited::TimedOut {
+                break Err(libc::ETIMEDOUT);
+            }
+        };
+        if counted {
+            KERNEL_WAITERS.fetch_sub(1, SeqCst);
+        }
+        got
     }
 
     pub(crate) fn unlock(&self, me: usize) -> c_int {
@@ -142,9 +181,15 @@ impl Mutex<'_> {
         }
         self.owner.store(0, Relaxed);
         self.count.store(0, Relaxed);
-        if self.word.swap(0, Release) == 2 {
-            let shared = self.shared();
-            serve(|| wake_word(self.word, 1, shared));
+        if self.word.swap(0, SeqCst) == 2 {
+            if self.shared() {
+                wake_word(self.word, 1, true);
+            } else {
+                serve(|| wake_word(self.word, 1, false));
+                if KERNEL_WAITERS.load(SeqCst) != 0 {
+                    wake_word(self.word, 1, true);
+                }
+            }
         }
         0
     }

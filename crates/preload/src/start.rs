@@ -75,7 +75,7 @@ extern "C" fn ginza_main(argc: c_int, argv: *mut *mut c_char, envp: *mut *mut c_
     let result = ginza_runtime::run(config, move || {
         crate::running::started(ginza_runtime::Handle::current().expect("inside the runtime"));
         crate::setxid::wrap_glibc_handler();
-        let Some(g) = ginza_runtime::without_preemption(|| GThread::new(false)) else {
+        let Some(g) = ginza_runtime::without_preemption(|| GThread::new(false, None)) else {
             fail("cannot allocate main's thread control block");
         };
         let (ret, exited) = g.run_c(program_main, argc as usize, argv, envp, false);

@@ -62,17 +62,42 @@ fn lookup(t: pthread_t) -> Option<Arc<GThread>> {
     ginza_runtime::without_preemption(|| threads().get(&(t as usize)).cloned())
 }
 
-fn forget(g: &GThread) {
+/// Forgets a finished thread and frees its block, as C code of `by`
+/// (see [`as_c_of`]).
+fn forget(g: &GThread, by: Option<usize>) {
     ginza_runtime::without_preemption(|| threads().remove(&g.tcb));
     // SAFETY: the thread has finished; nothing runs on its block.
-    unsafe { tcb::free(g.tcb) };
+    as_c_of(by, || unsafe { tcb::free(g.tcb) });
+}
+
+/// The calling program thread's own block, for [`as_c_of`]: `Some` for a
+/// program thread in C code. Call before `serve`.
+fn own_block() -> Option<usize> {
+    (caller() == Caller::Uthread).then(crate::mutex::me)
+}
+
+/// Runs `f` — glibc's TLS allocator, which calls the program's `malloc` —
+/// from runtime code as C code of the program thread whose block is `by`,
+/// as glibc's `pthread_create` and `join` run it on the calling thread.
+/// On the kthread's own block, a wait inside a program's allocator (its
+/// pthread mutex) could move the caller to another kthread, where it would
+/// go on with the first kthread's allocator state (docs/preload.md, "The
+/// program's allocator"); on its own block, the thread takes its state
+/// along. `None` (no program thread calls: `main`'s block, a detached
+/// thread's freed at its exit) runs `f` where it is.
+fn as_c_of<R>(by: Option<usize>, f: impl FnOnce() -> R) -> R {
+    match by {
+        // SAFETY: the calling uthread's own block (`own_block`).
+        Some(tp) => unsafe { on_thread_pointer(tp, f) },
+        None => f(),
+    }
 }
 
 impl GThread {
-    /// A new program thread's record, with its thread control block;
-    /// runtime code.
-    pub(crate) fn new(detached: bool) -> Option<Arc<GThread>> {
-        let tcb = tcb::allocate()?;
+    /// A new program thread's record, with its thread control block made
+    /// as C code of the creating thread `by` ([`as_c_of`]); runtime code.
+    pub(crate) fn new(detached: bool, by: Option<usize>) -> Option<Arc<GThread>> {
+        let tcb = as_c_of(by, tcb::allocate)?;
         let g = Arc::new(GThread {
             tcb,
             exit_point: AtomicUsize::new(0),
@@ -132,7 +157,7 @@ impl GThread {
         LIVE.fetch_sub(1, AcqRel);
         wake_word(&LIVE, usize::MAX, false);
         if self.flags.fetch_or(FINISHED, AcqRel) & DETACHED != 0 {
-            forget(self);
+            forget(self, None);
         }
     }
 }
@@ -241,8 +266,9 @@ pub unsafe extern "C" fn pthread_create(
     }
     let (stack, detached) = attributes(attr);
     let (start, arg) = (start as usize, arg as usize);
+    let by = own_block();
     let made = serve(|| {
-        let g = GThread::new(detached).ok_or(libc::EAGAIN)?;
+        let g = GThread::new(detached, by).ok_or(libc::EAGAIN)?;
         let tcb = g.tcb;
         let body = move || {
             let (ret, _) = g.run_c(start, arg, 0, 0, true);
@@ -261,7 +287,7 @@ pub unsafe extern "C" fn pthread_create(
             Err(_) => {
                 if let Some(g) = lookup(tcb as pthread_t) {
                     LIVE.fetch_sub(1, Relaxed);
-                    forget(&g);
+                    forget(&g, by);
                 }
                 Err(libc::EAGAIN)
             }
@@ -347,7 +373,8 @@ fn join(
                 // SAFETY: C's contract: a writable pointer.
                 unsafe { *retval = v as *mut c_void };
             }
-            serve(|| forget(&g));
+            let by = own_block();
+            serve(|| forget(&g, by));
             Some(0)
         }
         Err(e) => Some(e),
@@ -403,7 +430,8 @@ pub unsafe extern "C" fn pthread_detach(t: pthread_t) -> c_int {
         return libc::EINVAL;
     }
     if before & FINISHED != 0 {
-        serve(|| forget(&g));
+        let by = own_block();
+        serve(|| forget(&g, by));
     }
     0
 }

@@ -382,6 +382,7 @@ suite! {
     preempt_spin => BASE;
     preempt_libc => BASE;
     malloc_storm => BASE;
+    malloc_own => BASE;
     sleep_accuracy => BASE;
     fork_child => BASE;
     fork_exec => Spec { marker: "ok fork_exec (after exec)", ..BASE };
