@@ -144,6 +144,10 @@ pub struct ForwardArgs {
     /// iokerneld's].
     #[arg(long)]
     self_wake: Option<bool>,
+    /// iokerneld's `yield_while_idle` (docs/iokernel-idle.md, "Yielding
+    /// at idle turns") for the round trips [default: iokerneld's].
+    #[arg(long)]
+    idle_yield: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -1118,6 +1122,9 @@ fn configure_iokerneld(args: &ForwardArgs, cfg: &mut IokConfig) -> anyhow::Resul
     cfg.spin = !args.rtt_iokernel_sleep;
     if let Some(w) = args.self_wake {
         cfg.self_wake = w;
+    }
+    if let Some(y) = args.idle_yield {
+        cfg.yield_while_idle = y;
     }
     Ok(())
 }

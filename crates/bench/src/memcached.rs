@@ -191,6 +191,10 @@ pub struct MemcachedArgs {
     /// iokerneld's].
     #[arg(long)]
     self_wake: Option<bool>,
+    /// Ginza: iokerneld's `yield_while_idle` (docs/iokernel-idle.md,
+    /// "Yielding at idle turns") [default: iokerneld's].
+    #[arg(long)]
+    idle_yield: Option<bool>,
     /// Ginza: kv-server's kthread parks when idle instead of polling
     /// (`poll_while_idle` = 0: the behaviour before idle polling,
     /// docs/idle-poll.md), for a before/after comparison.
@@ -313,6 +317,8 @@ pub struct PointConfig {
     pub wake_alongside: bool,
     /// Ginza: iokerneld's `self_wake` (None: its default).
     pub self_wake: Option<bool>,
+    /// Ginza: iokerneld's `yield_while_idle` (None: its default).
+    pub idle_yield: Option<bool>,
     /// Ginza: kv-server parks when idle (`poll_while_idle` = 0).
     pub kv_park: bool,
     /// Ginza: batch on a thread of the bench, not a process of its own.
@@ -538,6 +544,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 iokernel_spin: args.iokernel_spin,
                 wake_alongside: args.iokernel_wake_alongside,
                 self_wake: args.self_wake,
+                idle_yield: args.idle_yield,
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
             };
@@ -850,6 +857,9 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         icfg.wake_alongside = cfg.wake_alongside;
         if let Some(w) = cfg.self_wake {
             icfg.self_wake = w;
+        }
+        if let Some(y) = cfg.idle_yield {
+            icfg.yield_while_idle = y;
         }
         Ok(())
     };
