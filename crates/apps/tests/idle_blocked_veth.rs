@@ -17,12 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{app_stats, asleep, Daemon};
 use ginza_apps::echo_server::{self, EchoStats};
 use ginza_iokernel::netns::{self, NetNs};
 use ginza_iokernel::testing::wait_for;
 use ginza_net::MacAddr;
-use ginza_proto::{AppStats, StatsReport};
 use ginza_runtime::net::{NetConfig, NetStats};
 use ginza_runtime::{Class, Handle, KthreadStats};
 
@@ -33,35 +32,6 @@ const QUEUE: u32 = 1;
 /// Datagrams sent one at a time, each to a blocked kthread and a sleeping
 /// iokerneld.
 const PROBES: usize = 5;
-
-fn app<'a>(s: &'a StatsReport, name: &str) -> &'a AppStats {
-    s.apps
-        .iter()
-        .find(|a| a.name == name)
-        .unwrap_or_else(|| panic!("{name} is registered"))
-}
-
-/// Whether every thread of this process named `name` sleeps in a system
-/// call (`S` in `/proc/self/task/*/stat`), and there is one.
-fn asleep(name: &str) -> bool {
-    let mut seen = false;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != name {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // The state follows the parenthesised name.
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next());
-        if state != Some('S') {
-            return false;
-        }
-        seen = true;
-    }
-    seen
-}
 
 /// The echo server with its own socket, blocking while idle; its
 /// runtime's handle (for its kthread's counts) comes back on the channel.
@@ -171,7 +141,10 @@ fn a_blocked_idle_kthread_answers_a_datagram_without_a_grant_or_iokerneld() {
         let rtt = probe(&ns, 1);
         let after = daemon.get().stats().unwrap();
         let k = echo.kthread();
-        let (a0, a) = (app(&before, "echo-blocked"), app(&after, "echo-blocked"));
+        let (a0, a) = (
+            app_stats(&before, "echo-blocked"),
+            app_stats(&after, "echo-blocked"),
+        );
         println!(
             "datagram {i}: {rtt:?}; iokerneld's sleeps {} → {}, wakes nic {} → {}, app {} → {}; \
              grants {} → {}; the kthread's blocks {} → {}, woken by a frame {} → {}",
@@ -258,7 +231,7 @@ fn iokerneld_takes_the_blocked_core_back_for_another_application() {
     );
     let taken = wait_for("batch on every managed core", || {
         let s = daemon.get().stats().unwrap();
-        let (b, e) = (app(&s, "batch"), app(&s, "echo-blocked"));
+        let (b, e) = (app_stats(&s, "batch"), app_stats(&s, "echo-blocked"));
         (b.cores_now as usize == managed && e.cores_now == 0).then_some(s)
     });
     let took = t0.elapsed();
@@ -268,14 +241,14 @@ fn iokerneld_takes_the_blocked_core_back_for_another_application() {
     });
     println!("batch on every core {took:?} after it started; the kthread {k0:?} then {k:?}");
     assert_eq!(
-        app(&taken, "echo-blocked").preempt_overdue,
+        app_stats(&taken, "echo-blocked").preempt_overdue,
         0,
         "the blocked kthread yielded in time"
     );
     // The echo server still answers: granted a core for its datagram.
-    let e0 = app(&daemon.get().stats().unwrap(), "echo-blocked").grants;
+    let e0 = app_stats(&daemon.get().stats().unwrap(), "echo-blocked").grants;
     assert!(probe(&ns, 3).iter().all(Option::is_some), "echoed after");
-    let e1 = app(&daemon.get().stats().unwrap(), "echo-blocked").grants;
+    let e1 = app_stats(&daemon.get().stats().unwrap(), "echo-blocked").grants;
     assert!(e1 > e0, "granted a core again: {e0} then {e1}");
     stop.store(true, Relaxed);
     batch.join(Duration::from_secs(10));

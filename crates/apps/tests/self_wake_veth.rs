@@ -17,11 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use common::Daemon;
+use common::{app_stats, asleep, Daemon};
 use ginza_iokernel::netns::NetNs;
 use ginza_iokernel::testing::wait_for;
 use ginza_net::MacAddr;
-use ginza_proto::{AppStats, StatsReport};
 use ginza_runtime::net::{NetConfig, UdpSocket};
 use ginza_runtime::{Handle, KthreadStats};
 
@@ -31,34 +30,6 @@ const PORT: u16 = 9;
 const QUEUE: u32 = 1;
 /// Datagrams that must each be answered by a self-woken kthread.
 const CLEAN: usize = 3;
-
-fn app<'a>(s: &'a StatsReport, name: &str) -> &'a AppStats {
-    s.apps
-        .iter()
-        .find(|a| a.name == name)
-        .unwrap_or_else(|| panic!("{name} is registered"))
-}
-
-/// Whether every thread of this process named `name` sleeps in a system
-/// call (`S` in `/proc/self/task/*/stat`), and there is one.
-fn asleep(name: &str) -> bool {
-    let mut seen = false;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != name {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next());
-        if state != Some('S') {
-            return false;
-        }
-        seen = true;
-    }
-    seen
-}
 
 /// The server: echoes each datagram; after one that says `hold` it keeps
 /// its core busy until the test lets it go, so that the test can read
@@ -160,7 +131,7 @@ fn a_parked_server_wakes_itself_for_a_datagram_and_iokerneld_books_its_core() {
         // Parked in iokerneld's books, armed, allowed, asleep.
         let before = wait_for("the server parked and asleep", || {
             let s = daemon.get().stats().ok()?;
-            let a = app(&s, "self-waker");
+            let a = app_stats(&s, "self-waker");
             (a.parked_kthreads == 1 && a.cores_now == 0 && asleep("ginza-k0")).then_some(s)
         });
         let k0 = kthread();
@@ -169,12 +140,15 @@ fn a_parked_server_wakes_itself_for_a_datagram_and_iokerneld_books_its_core() {
         // at the first pass after it read the kthread's `SelfWoken`).
         let during = wait_for("iokerneld to book the server's core", || {
             let s = daemon.get().stats().ok()?;
-            (app(&s, "self-waker").cores_now == 1).then_some(s)
+            (app_stats(&s, "self-waker").cores_now == 1).then_some(s)
         });
         let k = kthread();
         release.store(true, SeqCst);
         let answered = echoed(&client, b"hold");
-        let (a0, a) = (app(&before, "self-waker"), app(&during, "self-waker"));
+        let (a0, a) = (
+            app_stats(&before, "self-waker"),
+            app_stats(&during, "self-waker"),
+        );
         let (w0, w) = (
             (before.alloc.self_wakes, before.alloc.self_wakes_revoked),
             (during.alloc.self_wakes, during.alloc.self_wakes_revoked),

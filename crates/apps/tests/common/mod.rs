@@ -23,6 +23,36 @@ pub fn lock() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Application `name`'s entry in iokerneld's stats.
+pub fn app_stats<'a>(s: &'a ginza_proto::StatsReport, name: &str) -> &'a ginza_proto::AppStats {
+    s.apps
+        .iter()
+        .find(|a| a.name == name)
+        .unwrap_or_else(|| panic!("{name} is registered"))
+}
+
+/// Whether every thread of this process named `name` sleeps in a system
+/// call (`S` in `/proc/self/task/*/stat`), and there is one.
+pub fn asleep(name: &str) -> bool {
+    let mut seen = false;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // The state follows the parenthesised name.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if state != Some('S') {
+            return false;
+        }
+        seen = true;
+    }
+    seen
+}
+
 /// iokerneld on `backend:host_if` (af_xdp, af_packet); `tweak` adjusts its
 /// configuration first (fault injection). Removes its directory on drop.
 pub struct Daemon {
