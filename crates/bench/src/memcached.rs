@@ -1147,10 +1147,13 @@ fn measure_beside(
     Ok(m)
 }
 
-/// iokerneld's grants and preemptions per application, one line.
+/// iokerneld's grants and preemptions per application, one line, and its
+/// self-wakes where there were any (`--self-wake`: the evidence that they
+/// happened at this point).
 fn grants_summary(iokerneld: &InProcess) -> Option<String> {
     iokerneld.stats().ok().map(|s| {
-        s.apps
+        let mut parts: Vec<String> = s
+            .apps
             .iter()
             .map(|a| {
                 format!(
@@ -1158,8 +1161,14 @@ fn grants_summary(iokerneld: &InProcess) -> Option<String> {
                     a.name, a.grants, a.preemptions, a.preempt_overdue
                 )
             })
-            .collect::<Vec<_>>()
-            .join("; ")
+            .collect();
+        if s.alloc.self_wakes > 0 {
+            parts.push(format!(
+                "self-wakes: {} ({} revoked)",
+                s.alloc.self_wakes, s.alloc.self_wakes_revoked
+            ));
+        }
+        parts.join("; ")
     })
 }
 

@@ -223,6 +223,37 @@ fn memcached_bench_runs_kv_server_on_the_direct_path() {
     let _ = std::fs::remove_dir_all(&out_dir);
 }
 
+/// `--self-wake true`: kv-server on the direct path answers beside batch
+/// with its parked kthread waking itself (docs/direct-path.md, "The
+/// self-woken kthread"), and the run's iokerneld summary counts the
+/// self-wakes it booked.
+#[test]
+fn memcached_bench_reports_self_wakes_on_the_direct_path() {
+    let Some(_one) = bench_may_run() else {
+        return;
+    };
+    let (v, stderr, out_dir) = short_bench(
+        "bench-memcached-self-wake-test",
+        "2k",
+        "200ms",
+        "ginza-direct",
+        &["--self-wake", "true"],
+        |_| {},
+    );
+    let run = &v["runs"][0];
+    assert_eq!(run["errors"].as_u64(), Some(0), "{run}");
+    let achieved = run["achieved_krps"].as_f64().unwrap();
+    assert!(0.0 < achieved && achieved < 2.4, "{run}\n{stderr}");
+    let self_wakes: u64 = run["iokerneld"]
+        .as_str()
+        .and_then(|s| s.split("self-wakes: ").nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no self-wakes counted: {run}"));
+    assert!(self_wakes > 0, "{run}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
 /// memcached under `ginza run --direct`: it answers without error beside
 /// batch, and the counts of its own socket, which it wrote as it exited
 /// (`GINZA_NET_STATS`), show every answered request in and out there while
