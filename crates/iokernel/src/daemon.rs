@@ -607,10 +607,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 _ => {
                     let (rx, tx) = self.dp.nic_frames();
                     let after_tx = self.tx_yield.after_turn(rx, tx);
-                    let idle = self
-                        .idle_yield
-                        .after_turn(self.frames_moved(), self.pending(), now);
-                    if after_tx || idle {
+                    if after_tx || self.yield_after_idle_turn((rx, tx), now) {
                         ginza_sys::sched_class::yield_cpu();
                     } else {
                         std::hint::spin_loop();

@@ -23,10 +23,22 @@ use super::Iokerneld;
 use crate::actuator::CoreActuator;
 
 impl<A: CoreActuator> Iokerneld<A> {
-    /// Frames moved so far: the NIC's, received and sent, and those put on
-    /// and taken from every application's rings.
-    pub(super) fn frames_moved(&self) -> u64 {
-        let (rx, tx) = self.dp.nic_frames();
+    /// Whether the loop yields its CPU after this turn (`nic`: the NIC's
+    /// frames received and sent so far). Nothing is counted where the
+    /// option is off or the loop has no core of its own.
+    pub(super) fn yield_after_idle_turn(&mut self, nic: (u64, u64), now: u64) -> bool {
+        if !self.idle_yield.enabled {
+            return false;
+        }
+        let moved = self.frames_moved(nic);
+        // Pending work matters only on a turn that moved nothing.
+        let pending = moved == self.idle_yield.moved_seen && self.pending();
+        self.idle_yield.after_turn(moved, pending, now)
+    }
+
+    /// Frames moved so far: the NIC's (`nic`), received and sent, and
+    /// those put on and taken from every application's rings.
+    fn frames_moved(&self, (rx, tx): (u64, u64)) -> u64 {
         let apps = self.apps.iter().filter_map(|a| a.net.as_ref());
         apps.fold(rx.wrapping_add(tx), |sum, net| {
             sum.wrapping_add(net.stats.rx).wrapping_add(net.stats.tx)
@@ -38,7 +50,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// dataplane that must keep polling (a load run, held frames); or a
     /// duty whose traffic these counts do not see: a protected-mode
     /// netstack's channels, requests iokerneld dispatches.
-    pub(super) fn pending(&self) -> bool {
+    fn pending(&self) -> bool {
         !self.protected_pids.is_empty()
             || self
                 .apps
