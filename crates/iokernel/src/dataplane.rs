@@ -519,25 +519,16 @@ impl Dataplane {
         }
         self.poll_load(now);
         if let Some((nic, trunk)) = &mut self.nic {
-            // NIC → switch.
-            let n = nic.rx_burst(&mut self.frames, BURST);
+            // NIC → switch: each frame copied once, from where the NIC
+            // holds it straight to its receiver's port (the switch counts
+            // what it drops there).
+            let switch = &mut self.switch;
+            let trunk = *trunk;
+            let n = nic.rx_burst_with(&mut self.frames, BURST, &mut |bytes| {
+                let sent = switch.send_copy(trunk, bytes);
+                debug_assert!(sent, "the trunk is never removed");
+            });
             self.stats.nic_rx_frames += n as u64;
-            let mut port = self
-                .switch
-                .port(*trunk)
-                .expect("the trunk is never removed");
-            for frame in self.frames.drain(..) {
-                match port.pool_mut().alloc_copy(nic.pool().bytes(&frame)) {
-                    Some(copy) => self.out.push(copy),
-                    None => self.stats.nic_drops += 1,
-                }
-                nic.pool_mut()
-                    .free(frame)
-                    .expect("a received frame is of the NIC's pool");
-            }
-            port.tx_burst(&mut self.out);
-            // Frames of the trunk's pool are always accepted by its port.
-            debug_assert!(self.out.is_empty());
         }
         self.flush_to_nic();
     }

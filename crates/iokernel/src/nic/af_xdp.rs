@@ -105,6 +105,7 @@ pub struct AfXdp {
     direct_path: bool,
     /// Applications' own sockets: address → (slot, queue).
     own_sockets: HashMap<Ipv4Addr, (u32, u32)>,
+    xdp_mode: XdpMode,
 }
 
 impl std::fmt::Debug for AfXdp {
@@ -165,17 +166,26 @@ impl AfXdp {
             .collect();
 
         let step_error = |e: StepError| io_error(e.step, e.error);
-        let (queues, mode) = if direct_path {
+        let (steering, link, xdp_mode) = if direct_path {
             let queues = receive_queues(ifname).map_err(|e| io_error("receive queues", e))?;
-            (queues, XdpMode::Driver)
+            let steering = XdpSteering::load(queues).map_err(step_error)?;
+            steering
+                .set_socket(QUEUE, xsk.fd().as_raw_fd())
+                .map_err(step_error)?;
+            let link = steering
+                .attach(ifindex, XdpMode::Driver)
+                .map_err(step_error)?;
+            (steering, link, XdpMode::Driver)
         } else {
-            (QUEUE + 1, XdpMode::Generic)
+            let steering = XdpSteering::load(QUEUE + 1).map_err(step_error)?;
+            steering
+                .set_socket(QUEUE, xsk.fd().as_raw_fd())
+                .map_err(step_error)?;
+            let (link, mode) =
+                attach_switch_path(&steering, ifname, ifindex, receive_queues(ifname))
+                    .map_err(step_error)?;
+            (steering, link, mode)
         };
-        let steering = XdpSteering::load(queues).map_err(step_error)?;
-        steering
-            .set_socket(QUEUE, xsk.fd().as_raw_fd())
-            .map_err(step_error)?;
-        let link = steering.attach(ifindex, mode).map_err(step_error)?;
 
         Ok(AfXdp {
             _link: link,
@@ -192,7 +202,15 @@ impl AfXdp {
             stats: LinkStats::default(),
             direct_path,
             own_sockets: HashMap::new(),
+            xdp_mode,
         })
+    }
+
+    /// The mode the XDP program was attached in: driver where the
+    /// interface allows it with one receive queue, generic otherwise
+    /// ([`attach_switch_path`]); driver always with the direct path.
+    pub fn xdp_mode(&self) -> XdpMode {
+        self.xdp_mode
     }
 
     pub fn ifname(&self) -> &str {
@@ -239,6 +257,50 @@ impl AfXdp {
             .fill
             .produce(self.fill_backlog.iter().copied());
         self.fill_backlog.drain(..returned);
+    }
+
+    /// Takes up to `max` frames off the rx ring and hands each one's bytes,
+    /// in the UMEM, to `take` with the pool; counts them, drops those longer
+    /// than a pool buffer or outside the UMEM, and gives every chunk back to
+    /// the fill ring. Frames left on the tx ring by the last burst are
+    /// kicked out first, even if the caller has nothing more to send.
+    fn receive(&mut self, max: usize, mut take: impl FnMut(&mut BufferPool, &[u8])) -> usize {
+        self.kick();
+        self.return_fill_backlog();
+        let mut descriptors = std::mem::take(&mut self.scratch);
+        descriptors.clear();
+        let want = max.min(RING_SIZE as usize);
+        if self
+            .xsk
+            .rings()
+            .rx
+            .consume(want, |descriptor| descriptors.push(descriptor))
+            > 0
+        {
+            hops::stamp(Hop::NicRx);
+        }
+        let mut delivered = 0;
+        for descriptor in &descriptors {
+            let len = descriptor.len as usize;
+            if len > self.pool.buffer_size() {
+                self.stats.drops.rx_oversized += 1;
+                continue;
+            }
+            let Some(bytes) = self.xsk.umem().bytes(descriptor.addr, descriptor.len) else {
+                self.stats.drops.rx_errors += 1;
+                continue;
+            };
+            take(&mut self.pool, bytes);
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += len as u64;
+            delivered += 1;
+        }
+        let umem = self.xsk.umem();
+        self.fill_backlog
+            .extend(descriptors.iter().map(|d| umem.chunk_of(d.addr)));
+        self.return_fill_backlog();
+        self.scratch = descriptors;
+        delivered
     }
 
     /// Makes the kernel transmit what is on the tx ring. Copy mode sends
@@ -342,48 +404,25 @@ impl Nic for AfXdp {
     /// back to the fill ring at once. Stops when the pool is empty (frames
     /// wait on the rx ring, and the kernel drops when it is full).
     fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize {
-        // Frames left on the tx ring by the last burst go out now, even if
-        // the caller has nothing more to send.
-        self.kick();
-        self.return_fill_backlog();
-        let mut descriptors = std::mem::take(&mut self.scratch);
-        descriptors.clear();
-        let want = max.min(self.pool.available()).min(RING_SIZE as usize);
-        if self
-            .xsk
-            .rings()
-            .rx
-            .consume(want, |descriptor| descriptors.push(descriptor))
-            > 0
-        {
-            hops::stamp(Hop::NicRx);
-        }
-        let mut delivered = 0;
-        for descriptor in &descriptors {
-            let len = descriptor.len as usize;
-            if len > self.pool.buffer_size() {
-                self.stats.drops.rx_oversized += 1;
-                continue;
-            }
-            let Some(bytes) = self.xsk.umem().bytes(descriptor.addr, descriptor.len) else {
-                self.stats.drops.rx_errors += 1;
-                continue;
-            };
-            let frame = self
-                .pool
+        let want = max.min(self.pool.available());
+        self.receive(want, |pool, bytes| {
+            let frame = pool
                 .alloc_copy(bytes)
                 .expect("`want` is at most the pool's free buffers");
-            self.stats.rx_frames += 1;
-            self.stats.rx_bytes += len as u64;
             out.push(frame);
-            delivered += 1;
-        }
-        let umem = self.xsk.umem();
-        self.fill_backlog
-            .extend(descriptors.iter().map(|d| umem.chunk_of(d.addr)));
-        self.return_fill_backlog();
-        self.scratch = descriptors;
-        delivered
+        })
+    }
+
+    /// Hands up to `max` received frames to `take` where they lie, in the
+    /// UMEM (no copy into the pool); each chunk goes back to the fill ring
+    /// after.
+    fn rx_burst_with(
+        &mut self,
+        _scratch: &mut Vec<Frame>,
+        max: usize,
+        take: &mut dyn FnMut(&[u8]),
+    ) -> usize {
+        self.receive(max, |_, bytes| take(bytes))
     }
 
     /// Copies frames from the front of `frames` into free UMEM chunks on the
@@ -447,6 +486,47 @@ pub fn probe_attach(ifname: &str, mode: XdpMode) -> Result<(), NicError> {
     let steering = XdpSteering::load(QUEUE + 1).map_err(step_error)?;
     drop(steering.attach(ifindex, mode).map_err(step_error)?);
     Ok(())
+}
+
+/// Attaches the switch path's program (iokerneld's socket on queue 0 only)
+/// in driver mode if `ifname` has a single receive queue and its driver
+/// takes the program, else in generic mode, saying why in the log.
+///
+/// Driver mode spares every received frame generic XDP's socket buffer
+/// work (on a veth, its copy of a cloned or short-headroom buffer: a TCP
+/// stream's segments are both; docs/xdp.md). With more than one receive
+/// queue driver mode would pass the frames of queues other than 0 to
+/// Linux, where a veth in generic mode shows most of them on queue 0.
+fn attach_switch_path(
+    steering: &XdpSteering,
+    ifname: &str,
+    ifindex: u32,
+    receive_queues: io::Result<u32>,
+) -> Result<(OwnedFd, XdpMode), StepError> {
+    if let Err(e) = &receive_queues {
+        log::info!(
+            "af_xdp on {ifname}: XDP in generic mode: its receive queues are unknown \
+             (/sys/class/net/{ifname}/queues: {e})"
+        );
+    } else if let Ok(receive_queues @ 2..) = receive_queues {
+        log::info!(
+            "af_xdp on {ifname}: XDP in generic mode: {receive_queues} receive queues, \
+             and iokerneld serves queue {QUEUE} only (driver mode would pass the other \
+             queues' frames to Linux)"
+        );
+    } else {
+        match steering.attach(ifindex, XdpMode::Driver) {
+            Ok(link) => return Ok((link, XdpMode::Driver)),
+            Err(refused) => log::info!(
+                "af_xdp on {ifname}: XDP in generic mode: the driver refused driver \
+                 mode ({refused})"
+            ),
+        }
+    }
+    Ok((
+        steering.attach(ifindex, XdpMode::Generic)?,
+        XdpMode::Generic,
+    ))
 }
 
 /// How many receive queues `ifname` has (its `queues/rx-N` in sysfs).

@@ -83,6 +83,30 @@ pub trait Nic {
     /// [`pool_mut`](Nic::pool_mut) when done.
     fn rx_burst(&mut self, out: &mut Vec<Frame>, max: usize) -> usize;
 
+    /// Hands the bytes of up to `max` received frames to `take`, oldest
+    /// first, and returns how many: for a caller that copies each frame on
+    /// anyway (iokerneld, into its switch). A backend whose frames arrive
+    /// in memory of its own (`af_xdp`'s UMEM) hands them from there, which
+    /// spares the copy into the [`pool`](Nic::pool); the default receives
+    /// into the pool with [`rx_burst`](Nic::rx_burst), using `scratch`
+    /// (left empty), and frees each frame after `take`.
+    fn rx_burst_with(
+        &mut self,
+        scratch: &mut Vec<Frame>,
+        max: usize,
+        take: &mut dyn FnMut(&[u8]),
+    ) -> usize {
+        scratch.clear();
+        let n = self.rx_burst(scratch, max);
+        for frame in scratch.drain(..) {
+            take(self.pool().bytes(&frame));
+            self.pool_mut()
+                .free(frame)
+                .expect("a received frame is of the NIC's pool");
+        }
+        n
+    }
+
     /// Takes frames from the front of `frames` for transmission and returns
     /// how many it took; the ones it did not accept stay in `frames`, in
     /// order, still owned by the caller. A frame taken may still be dropped
