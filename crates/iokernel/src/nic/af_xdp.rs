@@ -7,9 +7,12 @@
 //!   stack, so the host keeps using the interface. [`AfXdp::claim_address`]
 //!   and [`AfXdp::release_address`] (the [`Nic`] calls the dataplane makes
 //!   as applications attach and leave) fill the map. The program is
-//!   attached in generic (SKB) mode with `BPF_LINK_CREATE`; the link is a
-//!   file descriptor, so the program is detached when the backend is dropped
-//!   or the process dies, never left behind on the interface.
+//!   attached with `BPF_LINK_CREATE`, in driver mode where the interface
+//!   has one receive queue and takes it, else in generic (SKB) mode
+//!   ([`attach_switch_path`]; always driver mode with the direct path);
+//!   the link is a file descriptor, so the program is detached when the
+//!   backend is dropped or the process dies, never left behind on the
+//!   interface.
 //! * **Socket.** Bound to queue 0 in copy mode (`XDP_COPY`): zero copy is
 //!   refused on veth, and copy mode works on any driver. Only queue 0 is
 //!   served: on a multi-queue NIC, frames of other queues go to the Linux
@@ -19,7 +22,9 @@
 //!   kernel on the fill ring for reception, half kept for transmission.
 //!   Frames are *copied* between the UMEM and the [`BufferPool`]: received
 //!   frames into pool buffers (the chunk goes straight back to the fill
-//!   ring), frames to send from pool buffers into a free chunk. A copy of a
+//!   ring), frames to send from pool buffers into a free chunk. iokerneld's
+//!   dataplane receives with [`Nic::rx_burst_with`] instead, which hands it
+//!   the frame in the UMEM to copy into its switch once. A copy of a
 //!   frame costs far less than the system call copy mode needs anyway, and
 //!   it keeps the pool the one owner of the frames iokerneld handles.
 //! * **Socket, UMEM and rings** are `ginza_sys::xsk`'s, shared with the

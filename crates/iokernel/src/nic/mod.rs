@@ -44,7 +44,7 @@
 //!
 //! * [`af_packet`] and [`af_xdp`] (opened by [`linux::open`]) work on a real
 //!   interface; left: a UMEM that *is* the [`BufferPool`] (today frames are
-//!   copied between them), native XDP mode, queues other than 0; `dpdk`
+//!   copied between them), queues other than 0 on the switch path; `dpdk`
 //!   behind a feature.
 //! * Steering measurements in iokerneld itself (in [`crate::dataplane`]):
 //!   packets out of order per flow and ns per steering decision (the
