@@ -7,12 +7,11 @@
 //!   stack, so the host keeps using the interface. [`AfXdp::claim_address`]
 //!   and [`AfXdp::release_address`] (the [`Nic`] calls the dataplane makes
 //!   as applications attach and leave) fill the map. The program is
-//!   attached with `BPF_LINK_CREATE`, in driver mode where the interface
-//!   has one receive queue and takes it, else in generic (SKB) mode
-//!   ([`attach_switch_path`]; always driver mode with the direct path);
-//!   the link is a file descriptor, so the program is detached when the
-//!   backend is dropped or the process dies, never left behind on the
-//!   interface.
+//!   attached in generic (SKB) mode with `BPF_LINK_CREATE` (driver mode
+//!   with the direct path; on a veth, driver mode measured slower for
+//!   the switch path's TCP stream, docs/xdp.md); the link is a
+//!   file descriptor, so the program is detached when the backend is dropped
+//!   or the process dies, never left behind on the interface.
 //! * **Socket.** Bound to queue 0 in copy mode (`XDP_COPY`): zero copy is
 //!   refused on veth, and copy mode works on any driver. Only queue 0 is
 //!   served: on a multi-queue NIC, frames of other queues go to the Linux
@@ -110,7 +109,6 @@ pub struct AfXdp {
     direct_path: bool,
     /// Applications' own sockets: address → (slot, queue).
     own_sockets: HashMap<Ipv4Addr, (u32, u32)>,
-    xdp_mode: XdpMode,
 }
 
 impl std::fmt::Debug for AfXdp {
@@ -171,26 +169,17 @@ impl AfXdp {
             .collect();
 
         let step_error = |e: StepError| io_error(e.step, e.error);
-        let (steering, link, xdp_mode) = if direct_path {
+        let (queues, mode) = if direct_path {
             let queues = receive_queues(ifname).map_err(|e| io_error("receive queues", e))?;
-            let steering = XdpSteering::load(queues).map_err(step_error)?;
-            steering
-                .set_socket(QUEUE, xsk.fd().as_raw_fd())
-                .map_err(step_error)?;
-            let link = steering
-                .attach(ifindex, XdpMode::Driver)
-                .map_err(step_error)?;
-            (steering, link, XdpMode::Driver)
+            (queues, XdpMode::Driver)
         } else {
-            let steering = XdpSteering::load(QUEUE + 1).map_err(step_error)?;
-            steering
-                .set_socket(QUEUE, xsk.fd().as_raw_fd())
-                .map_err(step_error)?;
-            let (link, mode) =
-                attach_switch_path(&steering, ifname, ifindex, receive_queues(ifname))
-                    .map_err(step_error)?;
-            (steering, link, mode)
+            (QUEUE + 1, XdpMode::Generic)
         };
+        let steering = XdpSteering::load(queues).map_err(step_error)?;
+        steering
+            .set_socket(QUEUE, xsk.fd().as_raw_fd())
+            .map_err(step_error)?;
+        let link = steering.attach(ifindex, mode).map_err(step_error)?;
 
         Ok(AfXdp {
             _link: link,
@@ -207,15 +196,7 @@ impl AfXdp {
             stats: LinkStats::default(),
             direct_path,
             own_sockets: HashMap::new(),
-            xdp_mode,
         })
-    }
-
-    /// The mode the XDP program was attached in: driver where the
-    /// interface allows it with one receive queue, generic otherwise
-    /// ([`attach_switch_path`]); driver always with the direct path.
-    pub fn xdp_mode(&self) -> XdpMode {
-        self.xdp_mode
     }
 
     pub fn ifname(&self) -> &str {
@@ -491,47 +472,6 @@ pub fn probe_attach(ifname: &str, mode: XdpMode) -> Result<(), NicError> {
     let steering = XdpSteering::load(QUEUE + 1).map_err(step_error)?;
     drop(steering.attach(ifindex, mode).map_err(step_error)?);
     Ok(())
-}
-
-/// Attaches the switch path's program (iokerneld's socket on queue 0 only)
-/// in driver mode if `ifname` has a single receive queue and its driver
-/// takes the program, else in generic mode, saying why in the log.
-///
-/// Driver mode spares every received frame generic XDP's socket buffer
-/// work (on a veth, its copy of a cloned or short-headroom buffer: a TCP
-/// stream's segments are both; docs/xdp.md). With more than one receive
-/// queue driver mode would pass the frames of queues other than 0 to
-/// Linux, where a veth in generic mode shows most of them on queue 0.
-fn attach_switch_path(
-    steering: &XdpSteering,
-    ifname: &str,
-    ifindex: u32,
-    receive_queues: io::Result<u32>,
-) -> Result<(OwnedFd, XdpMode), StepError> {
-    if let Err(e) = &receive_queues {
-        log::info!(
-            "af_xdp on {ifname}: XDP in generic mode: its receive queues are unknown \
-             (/sys/class/net/{ifname}/queues: {e})"
-        );
-    } else if let Ok(receive_queues @ 2..) = receive_queues {
-        log::info!(
-            "af_xdp on {ifname}: XDP in generic mode: {receive_queues} receive queues, \
-             and iokerneld serves queue {QUEUE} only (driver mode would pass the other \
-             queues' frames to Linux)"
-        );
-    } else {
-        match steering.attach(ifindex, XdpMode::Driver) {
-            Ok(link) => return Ok((link, XdpMode::Driver)),
-            Err(refused) => log::info!(
-                "af_xdp on {ifname}: XDP in generic mode: the driver refused driver \
-                 mode ({refused})"
-            ),
-        }
-    }
-    Ok((
-        steering.attach(ifindex, XdpMode::Generic)?,
-        XdpMode::Generic,
-    ))
 }
 
 /// How many receive queues `ifname` has (its `queues/rx-N` in sysfs).

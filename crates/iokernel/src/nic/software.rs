@@ -822,6 +822,28 @@ mod tests {
             .collect()
     }
 
+    /// `Nic::rx_burst_with`'s default: each received frame's bytes handed
+    /// over in order, at most `max`, and its buffer back in the pool.
+    #[test]
+    fn rx_burst_with_hands_over_the_bytes_and_frees_the_buffers() {
+        let mut switch = SoftwareSwitch::new();
+        let a = switch.add_port(PortConfig::new(mac(1))).unwrap();
+        let b = switch.add_port(PortConfig::new(mac(2))).unwrap();
+        for fill in 1..=3 {
+            send(&mut switch, a, &ethernet(mac(2), mac(1), fill));
+        }
+        let mut port = switch.port(b).unwrap();
+        let free = port.pool().available();
+        let mut scratch = Vec::new();
+        let mut seen = Vec::new();
+        let n = port.rx_burst_with(&mut scratch, 2, &mut |bytes| seen.push(bytes[14]));
+        assert_eq!((n, seen.as_slice()), (2, &[1, 2][..]));
+        assert!(scratch.is_empty());
+        assert_eq!(port.pool().available(), free + 2, "buffers freed");
+        let n = port.rx_burst_with(&mut scratch, 8, &mut |bytes| seen.push(bytes[14]));
+        assert_eq!((n, seen.as_slice()), (1, &[1, 2, 3][..]));
+    }
+
     #[test]
     fn duplicate_and_group_macs_are_refused() {
         let mut switch = SoftwareSwitch::new();
