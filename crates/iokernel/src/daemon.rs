@@ -64,7 +64,6 @@ mod publish;
 mod self_wake;
 mod stats;
 mod tx_yield;
-mod wake_alongside;
 
 use idle_yield::IdleYield;
 use pass::{Handover, PassKind};

@@ -244,7 +244,6 @@ impl<A: CoreActuator> Iokerneld<A> {
         // A kthread granted now gets its request at once, not one loop
         // later: it looks for one only briefly before it parks again.
         self.dispatch_step(now);
-        self.idle.alongside.after_pass();
         let t1 = self.clock.now_ns();
         let acted = !self.decisions.is_empty() || self.meter.actions != actions;
         self.meter.record_pass(t1.saturating_sub(t0), acted);
