@@ -674,7 +674,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 app.preempt_overdue += 1;
                 self.meter.actions += 1;
                 warn!(
-                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off",
+                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off (or lowering it to SCHED_IDLE where no core is shared)",
                     app.name, kt.tid, self.cfg.preempt_deadline
                 );
                 if let Some(cpu) = cpu {
