@@ -58,6 +58,13 @@ pub trait CoreActuator {
     /// The kthread did not give `cpu` back in time: move it off the core,
     /// or at least behind the kthread the core goes to.
     fn evict(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
+    /// The kthread holds a core again without a grant (it woke itself,
+    /// docs/direct-path.md): give back what an eviction took from it, as
+    /// a grant does.
+    fn reinstate(&mut self, t: &Target<'_>) -> io::Result<()> {
+        let _ = t;
+        Ok(())
+    }
     /// The request iokerneld dispatched to the kthread was asked to yield
     /// and has not (docs/colocate.md, the backstop): interrupt it. The
     /// kthread keeps its core. Does nothing unless the actuator acts on
@@ -114,9 +121,9 @@ impl LinuxActuator {
         Ok(())
     }
 
-    /// Gives a kthread lowered by an eviction its policy back (it is
-    /// granted a core again).
-    fn reinstate(&mut self, t: &Target<'_>, tid: i32) -> io::Result<()> {
+    /// Gives a kthread lowered by an eviction its policy back (it holds a
+    /// core again).
+    fn give_policy_back(&mut self, t: &Target<'_>, tid: i32) -> io::Result<()> {
         let Some(i) = self
             .demoted
             .iter()
@@ -148,7 +155,7 @@ impl CoreActuator for LinuxActuator {
             Some(_) if t.pinned == Some(cpu) => Ok(()),
             Some(tid) => {
                 if !self.demoted.is_empty() {
-                    if let Err(e) = self.reinstate(t, tid) {
+                    if let Err(e) = self.give_policy_back(t, tid) {
                         log::warn!(
                             "app {:?} kthread {}: its policy before an eviction not given back: {e}",
                             t.app_name,
@@ -225,6 +232,13 @@ impl CoreActuator for LinuxActuator {
             return self.demote(t, tid);
         }
         affinity::set_thread_affinity(tid, &self.shared)
+    }
+
+    fn reinstate(&mut self, t: &Target<'_>) -> io::Result<()> {
+        match t.tid {
+            Some(tid) if !self.demoted.is_empty() => self.give_policy_back(t, tid),
+            _ => Ok(()),
+        }
     }
 
     fn app_removed(&mut self, app_id: u64, _name: &str) {
@@ -433,7 +447,7 @@ mod tests {
 
     /// With no shared core to move it to, an evicted kthread is lowered to
     /// `SCHED_IDLE` (whoever gets its core runs ahead of it) until its next
-    /// grant gives its policy back; with one, it is moved there and its
+    /// grant (or self-wake) gives its policy back; with one, it is moved there and its
     /// policy is left alone; a batch kthread, already idle, stays so.
     #[test]
     fn an_eviction_lowers_the_kthread_where_no_core_is_shared_until_its_next_grant() {
@@ -449,6 +463,11 @@ mod tests {
         assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Normal);
         // Given back once: a later grant does not touch it.
         assert!(act.demoted.is_empty());
+        // A core taken without a grant (a self-wake) gives it back too.
+        act.evict(&t, all[0]).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Idle);
+        act.reinstate(&t).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Normal);
         // An application removed: what it left lowered is forgotten.
         act.evict(&t, all[0]).unwrap();
         act.app_removed(t.app_id, t.app_name);
