@@ -261,10 +261,17 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
         self.reap();
-        self.account_self_wakes(now);
         self.check_overdue(now);
         self.complete_handovers();
+        // Before the self-wakes read are booked: a self-woken kthread whose
+        // park and next self-wake came in one drain gave its core back in
+        // between, and the `SCHED_IDLE` victim ran there meanwhile; its
+        // preemption is withdrawn first, and the new self-wake preempts it
+        // afresh, with a grace of its own. Booked the other way round, the
+        // grace ran from the first of a train of short stays, and the victim
+        // was signalled (docs/direct-path.md, "The self-woken server's cost").
         self.withdraw_or_signal(now);
+        self.account_self_wakes(now);
 
         self.snapshot(now);
         self.decide(now, kind);
