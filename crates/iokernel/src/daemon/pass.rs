@@ -322,6 +322,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             let has_egress = app.net.is_some() && app.doomed.is_none();
             let on_page = app.wake.is_some();
             let own_rx = super::own_socket::rx_indices(app);
+            let left_to_self_wake = Self::left_to_self_wake(app);
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
@@ -368,6 +369,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                     super::own_socket::wake_blocked(&app.ends[k].line, app.eventfds[k].as_fd());
                 }
                 // The direct path: frames on the application's own socket.
+                let own_rx = super::own_socket::counted(
+                    own_rx,
+                    k,
+                    left_to_self_wake,
+                    &mut kt.own_rx_waiting,
+                    now,
+                );
                 super::own_socket::fold(own_rx, k, &mut ks.counters);
                 // Protected mode: channel rings are queued work too.
                 if !app.protects.is_empty() || !self.protected_pids.is_empty() {
