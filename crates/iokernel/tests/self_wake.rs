@@ -138,6 +138,29 @@ fn idle_class_thread() -> (i32, std::sync::mpsc::Sender<()>) {
     (tid_rx.recv().unwrap(), stop_tx)
 }
 
+/// What a runtime's kthread 0 says as a frame wakes it (`SelfWoken`).
+fn self_wake(app: &mut RawApp) {
+    app.ends[0].line.insert_flags(LineFlags::SELF_WOKEN);
+    app.ends[0]
+        .to_iokernel
+        .send(ToIokernel::SelfWoken {
+            grant: UNNUMBERED_GRANT,
+        })
+        .unwrap();
+}
+
+/// What it says as it parks again (`Parked`).
+fn park(app: &mut RawApp) {
+    app.ends[0].line.remove_flags(LineFlags::SELF_WOKEN);
+    app.ends[0]
+        .to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+            grant: UNNUMBERED_GRANT,
+        })
+        .unwrap();
+}
+
 /// A train of short self-woken stays on a core lent to a `SCHED_IDLE`
 /// kthread, each park read together with the next self-wake (as when
 /// iokerneld's loop reads the ring after several requests): the victim's
@@ -148,8 +171,8 @@ fn idle_class_thread() -> (i32, std::sync::mpsc::Sender<()>) {
 /// docs/direct-path.md, "The self-woken server's cost".)
 #[test]
 fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grace() {
-    use ginza_iokernel::Action;
     use ginza_iokernel::netns::NetNs;
+    use ginza_iokernel::Action;
     use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
     use std::time::{Duration, Instant};
 
@@ -188,8 +211,7 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
     };
     let mut server = RawApp::register(&d.socket, "server", server_if, 1).unwrap();
     server.conn.attach_direct_socket(1, own.fd()).unwrap();
-    let server_end = &server.ends[0];
-    server_end
+    server.ends[0]
         .to_iokernel
         .send(ToIokernel::Started {
             tid: ginza_sys::process::gettid() as u32,
@@ -201,10 +223,12 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
     d.wait_for("the server granted", |s| app(s, "server").cores_now == 1);
     server.ends[0].line.set_rq_head(1);
     server.report_parked(0);
-    d.wait_for("the server parked", |s| app(s, "server").parked_kthreads == 1);
+    d.wait_for("the server parked", |s| {
+        app(s, "server").parked_kthreads == 1
+    });
 
     let (batch_tid, _keep) = idle_class_thread();
-    let batch = RawApp::register_batch(&d.socket, "batch", iface(32), 1).unwrap();
+    let mut batch = RawApp::register_batch(&d.socket, "batch", iface(32), 1).unwrap();
     batch.ends[0]
         .to_iokernel
         .send(ToIokernel::Started {
@@ -213,9 +237,12 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
         .unwrap();
     batch.stay_busy(0);
     d.wait_for("batch holds the core", |s| app(s, "batch").cores_now == 1);
-    let line = &server.ends[0].line;
     let t0 = Instant::now();
-    while !line.flags().contains(LineFlags::SELF_WAKE_ALLOWED) {
+    while !server.ends[0]
+        .line
+        .flags()
+        .contains(LineFlags::SELF_WAKE_ALLOWED)
+    {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
             "the server is never allowed to wake itself onto batch's core"
@@ -224,43 +251,25 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
     }
     let withdrawn_before = d.stats().alloc.preemptions_withdrawn;
 
-    let to_iokernel = &server.ends[0].to_iokernel;
-    let wake = || {
-        line.insert_flags(LineFlags::SELF_WOKEN);
-        to_iokernel
-            .send(ToIokernel::SelfWoken {
-                grant: UNNUMBERED_GRANT,
-            })
-            .unwrap();
-    };
-    let park = || {
-        line.remove_flags(LineFlags::SELF_WOKEN);
-        to_iokernel
-            .send(ToIokernel::Parked {
-                next_deadline_ns: None,
-                grant: UNNUMBERED_GRANT,
-            })
-            .unwrap();
-    };
     // Stays of GRACE / 8, for 4 graces: a park and the next wake back to
     // back each time. A train where this thread was descheduled for a
     // grace (a stay that long: a signal is then right) is run again.
     let stay = GRACE / 8;
     for attempt in 1..=5 {
         let mut longest = Duration::ZERO;
-        wake();
+        self_wake(&mut server);
         let train = Instant::now();
         let mut last = Instant::now();
         while train.elapsed() < GRACE * 4 {
             while last.elapsed() < stay {
                 std::hint::spin_loop();
             }
-            park();
-            wake();
+            park(&mut server);
+            self_wake(&mut server);
             longest = longest.max(last.elapsed());
             last = Instant::now();
         }
-        park();
+        park(&mut server);
         let s = d.wait_for("the server parked after the train", |s| {
             app(s, "server").parked_kthreads == 1 && app(s, "batch").cores_now == 1
         });

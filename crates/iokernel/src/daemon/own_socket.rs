@@ -173,7 +173,10 @@ mod tests {
         );
         assert_eq!(w, Some((4, head + 2_000)));
         // Nothing waiting: forgotten.
-        assert_eq!(counted(Some((6, 6)), 0, true, &mut w, head * 3), Some((6, 6)));
+        assert_eq!(
+            counted(Some((6, 6)), 0, true, &mut w, head * 3),
+            Some((6, 6))
+        );
         assert_eq!(w, None);
         // Another kthread: as before.
         assert_eq!(counted(Some((5, 3)), 1, true, &mut w, 0), Some((5, 3)));
