@@ -1160,6 +1160,12 @@ fn grants_summary(iokerneld: &InProcess) -> Option<String> {
                 s.alloc.self_wakes, s.alloc.self_wakes_revoked
             ));
         }
+        // Preemptions of a `SCHED_IDLE` kthread that did not reach it:
+        // the rest of batch's preemptions were signals it yielded to.
+        parts.push(format!(
+            "preemptions withdrawn: {}",
+            s.alloc.preemptions_withdrawn
+        ));
         parts.join("; ")
     })
 }
@@ -1650,7 +1656,10 @@ fn row(r: &PointResult) -> String {
             "  own socket {} in, {} out in {} kicks; iokerneld's NIC {} in, {} out",
             f.own_rx, f.own_tx, f.own_tx_kicks, f.iokernel_nic_rx, f.iokernel_nic_tx
         )
-    })
+    }) + &r
+        .iokerneld
+        .as_ref()
+        .map_or(String::new(), |l| format!("  iokerneld: {l}"))
 }
 
 fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Result<()> {
