@@ -2,10 +2,10 @@
 //! its sleep and the server's idle state cost the first request after a
 //! quiet spell (docs/iokernel-idle.md, docs/idle-poll.md), beside Linux's.
 //!
-//! Each round runs eight setups, in an order that turns from round to
-//! round: seven start iokerneld on a veth's host end (AF_XDP, else
+//! Each round runs seven setups, in an order that turns from round to
+//! round: six start iokerneld on a veth's host end (AF_XDP, else
 //! AF_PACKET) with a UDP echo server on a Ginza runtime registered, the
-//! eighth runs the kernel's echo on the same veth end (a 16-queue veth,
+//! seventh runs the kernel's echo on the same veth end (a 16-queue veth,
 //! [`direct::namespace`], transmitting on queue 0 but in the direct-path
 //! setups):
 //!
@@ -13,8 +13,6 @@
 //!   polls while idle (`poll_while_idle` = `POLL_WHILE_IDLE`);
 //! * `sleeping_parked`: the same with the server's kthread parking when
 //!   idle (`poll_while_idle` = 0: the behaviour before idle polling);
-//! * `sleeping_parked_alongside`: the same with iokerneld's
-//!   `wake_alongside` on (a frame wakes the parked kthread's CPU too);
 //! * `spinning`: iokerneld with `--spin`, the server polling while idle;
 //! * `direct_parked`, `direct_polling`, `direct_blocked`: iokerneld sleeps
 //!   while idle, on `af_xdp:IF,direct`, and the server receives and sends
@@ -143,7 +141,6 @@ struct Client {
 enum Setup {
     Sleeping,
     SleepingParked,
-    SleepingParkedAlongside,
     Spinning,
     DirectParked,
     DirectPolling,
@@ -152,10 +149,9 @@ enum Setup {
 }
 
 impl Setup {
-    const ALL: [Setup; 8] = [
+    const ALL: [Setup; 7] = [
         Setup::Sleeping,
         Setup::SleepingParked,
-        Setup::SleepingParkedAlongside,
         Setup::Spinning,
         Setup::DirectParked,
         Setup::DirectPolling,
@@ -180,19 +176,11 @@ impl Setup {
         self == Setup::Spinning
     }
 
-    /// iokerneld's `wake_alongside` (off by default).
-    fn wake_alongside(self) -> bool {
-        self == Setup::SleepingParkedAlongside
-    }
-
     /// The server's `poll_while_idle`.
     fn poll_while_idle(self) -> Duration {
         if matches!(
             self,
-            Setup::SleepingParked
-                | Setup::SleepingParkedAlongside
-                | Setup::DirectParked
-                | Setup::DirectBlocked
+            Setup::SleepingParked | Setup::DirectParked | Setup::DirectBlocked
         ) {
             Duration::ZERO
         } else {
@@ -204,7 +192,6 @@ impl Setup {
         match self {
             Setup::Sleeping => "sleeping, server polls",
             Setup::SleepingParked => "sleeping, server parks",
-            Setup::SleepingParkedAlongside => "…, woken alongside",
             Setup::Spinning => "spinning, server polls",
             Setup::DirectParked => "direct, server parks",
             Setup::DirectPolling => "direct, server polls",
@@ -239,11 +226,6 @@ struct Round {
     /// none without iokerneld.
     sleeps: Option<u64>,
     wakes: Option<[u64; 5]>,
-    /// During the measured round trips: frames that woke iokerneld's
-    /// companion on the server's core (`wake_alongside`), and its spin
-    /// after them in all, µs; none without iokerneld.
-    alongside_wakes: Option<u64>,
-    alongside_spin_us: Option<f64>,
     /// During the measured round trips: iokerneld's wakes by cause (as
     /// `wakes`), and the grants to the server; none without iokerneld.
     probe_wakes: Option<[u64; 5]>,
@@ -276,8 +258,6 @@ struct Mode {
 struct Report {
     sleeping: Mode,
     sleeping_parked: Mode,
-    /// `sleeping_parked` with iokerneld's `wake_alongside` on.
-    sleeping_parked_alongside: Mode,
     spinning: Mode,
     direct_parked: Mode,
     direct_polling: Mode,
@@ -328,9 +308,7 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
             let round = measure(&ns, cpus, setup, client, &args)?;
             let iokerneld = match (round.loop_cpu_pct, round.sleeps, round.wakes) {
                 (Some(cpu), Some(sleeps), Some(wakes)) => format!(
-                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}, woken alongside {:?} ({:?} µs spun); during the probes wakes {:?}, grants {:?}{}, ",
-                    round.alongside_wakes.unwrap_or(0),
-                    round.alongside_spin_us.unwrap_or(0.0),
+                    "loop {cpu:.2} % of a core, {sleeps} sleeps, wakes (nic, app, control, timer, handle) {wakes:?}; during the probes wakes {:?}, grants {:?}{}, ",
                     round.probe_wakes.unwrap_or_default(),
                     round.probe_grants.unwrap_or(0),
                     round.direct_frames.map_or(String::new(), |f| format!(
@@ -376,7 +354,6 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     let report = Report {
         sleeping: mode(Setup::Sleeping)?,
         sleeping_parked: mode(Setup::SleepingParked)?,
-        sleeping_parked_alongside: mode(Setup::SleepingParkedAlongside)?,
         spinning: mode(Setup::Spinning)?,
         direct_parked: mode(Setup::DirectParked)?,
         direct_polling: mode(Setup::DirectPolling)?,
@@ -402,10 +379,6 @@ pub(crate) fn run(args: IdleArgs) -> anyhow::Result<()> {
     for (setup, m) in [
         (Setup::Sleeping, &report.sleeping),
         (Setup::SleepingParked, &report.sleeping_parked),
-        (
-            Setup::SleepingParkedAlongside,
-            &report.sleeping_parked_alongside,
-        ),
         (Setup::Spinning, &report.spinning),
         (Setup::DirectParked, &report.direct_parked),
         (Setup::DirectPolling, &report.direct_polling),
@@ -452,8 +425,6 @@ fn measure(
             server_cpu_pct: round3(server_cpu_pct),
             sleeps: None,
             wakes: None,
-            alongside_wakes: None,
-            alongside_spin_us: None,
             probe_wakes: None,
             probe_grants: None,
             direct_frames: None,
@@ -463,7 +434,6 @@ fn measure(
     }
     let configure = |cfg: &mut ginza_iokernel::Config| {
         cfg.spin = setup.spin();
-        cfg.wake_alongside = setup.wake_alongside();
         cfg.idle_sleep = None;
         Ok(())
     };
@@ -477,7 +447,7 @@ fn measure(
             serve(ns, iokerneld, setup, client, args, None)
         })?
     };
-    let ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), (alongside, first)) = measured;
+    let ((loop_cpu_pct, server_cpu_pct), (sleeps, wakes), first) = measured;
     let (probe_wakes, probe_grants) = probed;
     if let Some(f) = &direct_frames {
         f.check(args.probes)?;
@@ -490,8 +460,6 @@ fn measure(
         server_cpu_pct: round3(server_cpu_pct),
         sleeps: Some(sleeps),
         wakes: Some(wakes),
-        alongside_wakes: Some(alongside.0),
-        alongside_spin_us: Some(round3(alongside.1 as f64 / 1e3)),
         probe_wakes: Some(probe_wakes),
         probe_grants: Some(probe_grants),
         direct_frames,
@@ -502,7 +470,7 @@ fn measure(
 
 /// (loop, rest of the process) CPU %, sleeps and wakes, the companion's
 /// wakes and spin (ns) during the round trips, and the round trips.
-type Measured = ((f64, f64), (u64, [u64; 5]), ((u64, u64), Vec<Trip>));
+type Measured = ((f64, f64), (u64, [u64; 5]), Vec<Trip>);
 
 /// One round trip: µs if answered within 1 s, and its hop stamps.
 type Trip = (Option<f64>, Stamps);
@@ -610,18 +578,11 @@ fn probe_idle(
         b.wakes_handle.saturating_sub(a.wakes_handle),
     ];
     let first = first_trips(ns, target, client, args)?;
-    let s2 = iokerneld.stats()?;
-    let alongside = (
-        s2.idle.alongside_wakes.saturating_sub(b.alongside_wakes),
-        s2.idle
-            .alongside_spin_ns
-            .saturating_sub(b.alongside_spin_ns),
-    );
     Ok((
         (
             (cpu / wall * 100.0, rest / wall * 100.0),
             (sleeps, wakes),
-            (alongside, first),
+            first,
         ),
         s1,
     ))

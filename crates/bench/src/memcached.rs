@@ -181,10 +181,6 @@ pub struct MemcachedArgs {
     /// batch holds the server core whenever kv-server does not.
     #[arg(long)]
     iokernel_spin: bool,
-    /// Ginza: iokerneld's `wake_alongside` on (docs/iokernel-idle.md; it
-    /// acts only when a frame ends a sleep).
-    #[arg(long)]
-    iokernel_wake_alongside: bool,
     /// Ginza: iokerneld's `self_wake` (`--self-wake`): a parked direct-path
     /// server wakes itself for a frame on its own socket
     /// (docs/direct-path.md, "The self-woken kthread") [default:
@@ -313,8 +309,6 @@ pub struct PointConfig {
     pub ginza_run: Option<GinzaRun>,
     /// Ginza: iokerneld's `spin` (never sleep while idle).
     pub iokernel_spin: bool,
-    /// Ginza: iokerneld's `wake_alongside`.
-    pub wake_alongside: bool,
     /// Ginza: iokerneld's `self_wake` (None: its default).
     pub self_wake: Option<bool>,
     /// Ginza: iokerneld's `yield_while_idle` (None: its default).
@@ -542,7 +536,6 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 local_wake: args.local_wake.filter(|w| !w.is_zero()),
                 ginza_run: ginza_run.clone(),
                 iokernel_spin: args.iokernel_spin,
-                wake_alongside: args.iokernel_wake_alongside,
                 self_wake: args.self_wake,
                 idle_yield: args.idle_yield,
                 kv_park: args.kv_park,
@@ -854,7 +847,6 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
             icfg.local_wake_wait = (!w.is_zero()).then_some(w);
         }
         icfg.spin = cfg.iokernel_spin;
-        icfg.wake_alongside = cfg.wake_alongside;
         if let Some(w) = cfg.self_wake {
             icfg.self_wake = w;
         }
@@ -1168,6 +1160,12 @@ fn grants_summary(iokerneld: &InProcess) -> Option<String> {
                 s.alloc.self_wakes, s.alloc.self_wakes_revoked
             ));
         }
+        // Preemptions of a `SCHED_IDLE` kthread that did not reach it:
+        // the rest of batch's preemptions were signals it yielded to.
+        parts.push(format!(
+            "preemptions withdrawn: {}",
+            s.alloc.preemptions_withdrawn
+        ));
         parts.join("; ")
     })
 }
@@ -1658,7 +1656,10 @@ fn row(r: &PointResult) -> String {
             "  own socket {} in, {} out in {} kicks; iokerneld's NIC {} in, {} out",
             f.own_rx, f.own_tx, f.own_tx_kicks, f.iokernel_nic_rx, f.iokernel_nic_tx
         )
-    })
+    }) + &r
+        .iokerneld
+        .as_ref()
+        .map_or(String::new(), |l| format!("  iokerneld: {l}"))
 }
 
 fn write_outputs(dir: &Path, csv: &Path, points: &[MedianPoint]) -> anyhow::Result<()> {

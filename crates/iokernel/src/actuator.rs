@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use ginza_shm::{GrantDelivery, PreemptReason, QueueLine, WakePage, WakeWord};
 
 use ginza_sys::hops::{self, Hop};
+use ginza_sys::sched_class::{self, Policy};
 use ginza_sys::{affinity, eventfd, signal};
 
 /// The signal that asks a kthread to give its core back.
@@ -54,8 +55,16 @@ pub trait CoreActuator {
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery>;
     /// The kthread must give `cpu` back.
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
-    /// The kthread did not give `cpu` back in time: move it off the core.
+    /// The kthread did not give `cpu` back in time: move it off the core,
+    /// or at least behind the kthread the core goes to.
     fn evict(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
+    /// The kthread holds a core again without a grant (it woke itself,
+    /// docs/direct-path.md): give back what an eviction took from it, as
+    /// a grant does.
+    fn reinstate(&mut self, t: &Target<'_>) -> io::Result<()> {
+        let _ = t;
+        Ok(())
+    }
     /// The request iokerneld dispatched to the kthread was asked to yield
     /// and has not (docs/colocate.md, the backstop): interrupt it. The
     /// kthread keeps its core. Does nothing unless the actuator acts on
@@ -76,16 +85,54 @@ pub trait CoreActuator {
 /// write only to a kthread that sleeps (waking a sleeping thread is most of
 /// a grant's cost); revokes by [`PREEMPT_SIGNAL`]
 /// through `tgkill` (so a tid reused by another process is never hit);
-/// evicts by moving the thread's affinity to the shared (unmanaged) cores.
+/// evicts by moving the thread's affinity to the shared (unmanaged) cores,
+/// or, where there are none, by lowering it to `SCHED_IDLE` until its next
+/// grant, so that whoever got its core runs ahead of it.
 #[derive(Debug, Default)]
 pub struct LinuxActuator {
     shared: Vec<usize>,
+    /// Kthreads lowered to `SCHED_IDLE` by an eviction: (application,
+    /// tid, the policy to give back at its next grant).
+    demoted: Vec<(u64, i32, Policy)>,
 }
 
 impl LinuxActuator {
     /// `shared`: the cores an evicted kthread is moved to.
     pub fn new(shared: Vec<usize>) -> Self {
-        LinuxActuator { shared }
+        LinuxActuator {
+            shared,
+            demoted: Vec::new(),
+        }
+    }
+
+    /// An evicted kthread with no shared core to go to: lowered to
+    /// `SCHED_IDLE` (from a time-sharing class; one under a real-time
+    /// policy, or already idle, is left as it is).
+    fn demote(&mut self, t: &Target<'_>, tid: i32) -> io::Result<()> {
+        let policy = sched_class::policy_of(tid)?;
+        if !matches!(policy, Policy::Normal | Policy::Batch) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("no shared core to move it to, and its policy ({policy:?}) is not lowered"),
+            ));
+        }
+        sched_class::set_policy(tid, Policy::Idle)?;
+        self.demoted.push((t.app_id, tid, policy));
+        Ok(())
+    }
+
+    /// Gives a kthread lowered by an eviction its policy back (it holds a
+    /// core again).
+    fn give_policy_back(&mut self, t: &Target<'_>, tid: i32) -> io::Result<()> {
+        let Some(i) = self
+            .demoted
+            .iter()
+            .position(|&(app, d, _)| app == t.app_id && d == tid)
+        else {
+            return Ok(());
+        };
+        let (_, _, policy) = self.demoted.swap_remove(i);
+        sched_class::set_policy(tid, policy)
     }
 
     /// Shared cores = the ones this process may use, minus the managed cores
@@ -106,7 +153,18 @@ impl CoreActuator for LinuxActuator {
         // (docs/runtime.md), so one still pinned to `cpu` needs no call.
         let pinned = match t.tid {
             Some(_) if t.pinned == Some(cpu) => Ok(()),
-            Some(tid) => affinity::pin_thread(tid, cpu),
+            Some(tid) => {
+                if !self.demoted.is_empty() {
+                    if let Err(e) = self.give_policy_back(t, tid) {
+                        log::warn!(
+                            "app {:?} kthread {}: its policy before an eviction not given back: {e}",
+                            t.app_name,
+                            t.kthread
+                        );
+                    }
+                }
+                affinity::pin_thread(tid, cpu)
+            }
             None => Ok(()),
         };
         // The word after the affinity: a lingering kthread that sees it
@@ -170,12 +228,21 @@ impl CoreActuator for LinuxActuator {
             ));
         };
         if self.shared.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                "no shared core to move it to (every usable core is managed or iokerneld's)",
-            ));
+            // Every usable core is managed or iokerneld's.
+            return self.demote(t, tid);
         }
         affinity::set_thread_affinity(tid, &self.shared)
+    }
+
+    fn reinstate(&mut self, t: &Target<'_>) -> io::Result<()> {
+        match t.tid {
+            Some(tid) if !self.demoted.is_empty() => self.give_policy_back(t, tid),
+            _ => Ok(()),
+        }
+    }
+
+    fn app_removed(&mut self, app_id: u64, _name: &str) {
+        self.demoted.retain(|&(app, _, _)| app != app_id);
     }
 }
 
@@ -355,6 +422,79 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A thread that plays an evicted kthread: its tid, and a sender whose
+    /// drop ends it.
+    fn kthread_thread(
+        idle: bool,
+    ) -> (
+        i32,
+        std::sync::mpsc::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            if idle {
+                sched_class::set_current_idle().unwrap();
+            }
+            tx.send(process::gettid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        (rx.recv().unwrap(), done_tx, h)
+    }
+
+    /// With no shared core to move it to, an evicted kthread is lowered to
+    /// `SCHED_IDLE` (whoever gets its core runs ahead of it) until its next
+    /// grant (or self-wake) gives its policy back; with one, it is moved there and its
+    /// policy is left alone; a batch kthread, already idle, stays so.
+    #[test]
+    fn an_eviction_lowers_the_kthread_where_no_core_is_shared_until_its_next_grant() {
+        let efd = eventfd::new().unwrap();
+        let word = WakeWord::new();
+        let all = affinity::allowed_cpus().unwrap();
+        let (tid, done, h) = kthread_thread(false);
+        let t = test_target(&efd, &word, Some(tid));
+        let mut act = LinuxActuator::new(Vec::new());
+        act.evict(&t, all[0]).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Idle);
+        act.grant(&t, all[0]).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Normal);
+        // Given back once: a later grant does not touch it.
+        assert!(act.demoted.is_empty());
+        // A core taken without a grant (a self-wake) gives it back too.
+        act.evict(&t, all[0]).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Idle);
+        act.reinstate(&t).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Normal);
+        // An application removed: what it left lowered is forgotten.
+        act.evict(&t, all[0]).unwrap();
+        act.app_removed(t.app_id, t.app_name);
+        assert!(act.demoted.is_empty());
+        sched_class::set_policy(tid, Policy::Normal).unwrap();
+        // A shared core: moved there, its policy untouched.
+        let mut act = LinuxActuator::new(vec![*all.last().unwrap()]);
+        act.evict(&t, all[0]).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Normal);
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|l| ginza_sys::cpulist::parse(l.trim()).unwrap());
+        assert_eq!(cpus, Some(vec![*all.last().unwrap()]));
+        drop(done);
+        h.join().unwrap();
+        // A kthread already under SCHED_IDLE is not lowered, and says why.
+        let (tid, done, h) = kthread_thread(true);
+        let t = test_target(&efd, &word, Some(tid));
+        let mut act = LinuxActuator::new(Vec::new());
+        let e = act.evict(&t, all[0]).unwrap_err();
+        assert!(e.to_string().contains("not lowered"), "{e}");
+        act.grant(&t, all[0]).unwrap();
+        assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Idle);
+        drop(done);
+        h.join().unwrap();
     }
 
     #[test]

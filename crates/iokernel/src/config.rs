@@ -9,7 +9,6 @@
 //! slow_period = "1ms"      # period of the `slow` policy
 //! socket = "/run/user/1000/ginza/iokerneld.sock"
 //! spin = false             # true: busy-poll even while idle (benchmarks)
-//! wake_alongside = false   # true: a frame wakes a parked kthread's core too
 //! self_wake = false        # true: a parked direct-path kthread may wake
 //!                          # itself for a frame on its own socket
 //! idle_after = "2ms"       # idle this long, then sleep until an event
@@ -92,11 +91,6 @@ pub struct Config {
     /// traffic, the loop sleeps until an event (a frame on the NIC, an
     /// application's bell, the control socket, a deadline it owes).
     pub idle_after: Duration,
-    /// While it sleeps with a latency-critical kthread parked, a companion
-    /// thread waits on the NIC's socket on the core that kthread would be
-    /// granted, so that a frame wakes both CPUs at once
-    /// (docs/iokernel-idle.md, "The first request after a quiet spell").
-    pub wake_alongside: bool,
     /// A parked kthread of an application with its own AF_XDP socket may
     /// wake itself for a frame there and take the core of the CPU it is
     /// pinned to, where that core is free or lent to a `SCHED_IDLE`
@@ -318,7 +312,6 @@ struct FileConfig {
     slow_period: Option<String>,
     socket: Option<PathBuf>,
     spin: Option<bool>,
-    wake_alongside: Option<bool>,
     self_wake: Option<bool>,
     idle_after: Option<String>,
     idle_sleep: Option<String>,
@@ -379,11 +372,6 @@ pub struct Cli {
     /// Idle this long before sleeping until an event (default 2ms).
     #[arg(long, value_parser = parse_duration)]
     pub idle_after: Option<Duration>,
-    /// While asleep with a latency-critical kthread parked, wake that
-    /// kthread's core alongside iokerneld when a frame comes (default
-    /// false).
-    #[arg(long)]
-    pub wake_alongside: Option<bool>,
     /// A parked kthread with its own AF_XDP socket may wake itself for a
     /// frame there (default false; docs/direct-path.md).
     #[arg(long)]
@@ -493,8 +481,6 @@ impl Config {
             socket: user_socket_path(),
             spin: false,
             idle_after: DEFAULT_IDLE_AFTER,
-            // Off until measured on an idle machine (docs/iokernel-idle.md).
-            wake_alongside: false,
             self_wake: false,
             idle_sleep: None,
             run_for: None,
@@ -581,9 +567,6 @@ impl Config {
             c.socket = s;
         }
         c.spin = cli.spin || file.spin.unwrap_or(false);
-        if let Some(w) = cli.wake_alongside.or(file.wake_alongside) {
-            c.wake_alongside = w;
-        }
         if let Some(w) = cli.self_wake.or(file.self_wake) {
             c.self_wake = w;
         }
@@ -879,6 +862,25 @@ mod tests {
         }
         let e = with("metrics = 9464\n").unwrap_err().to_string();
         assert!(e.contains("metrics"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A key no longer known (`wake_alongside`, removed in session 22) is
+    /// refused with its name and the file's path, not ignored.
+    #[test]
+    fn a_removed_key_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("ginza-iok-cfg-r-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("iok.toml");
+        std::fs::write(&p, "wake_alongside = true\n").unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p.to_str().unwrap()]).unwrap();
+        let e = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(e.contains("wake_alongside"), "{e}");
+        assert!(e.contains(p.to_str().unwrap()), "{e}");
+        assert!(
+            Cli::try_parse_from(["iokerneld", "--wake-alongside", "true"]).is_err(),
+            "the flag is gone too"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

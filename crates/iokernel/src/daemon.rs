@@ -64,7 +64,6 @@ mod publish;
 mod self_wake;
 mod stats;
 mod tx_yield;
-mod wake_alongside;
 
 use idle_yield::IdleYield;
 use pass::{Handover, PassKind};
@@ -161,6 +160,10 @@ struct Kthread {
     core_wanted: bool,
     /// `LineFlags::SELF_WAKE_ALLOWED` as last written on its line.
     self_wake_allowed: bool,
+    /// Frames on the own socket while it is left to wake itself: the rx
+    /// ring's consumer index and when a pass first saw them wait there
+    /// (`own_socket::counted`).
+    own_rx_waiting: Option<(u32, u64)>,
     /// Its `SelfWoken` was read this pass and not yet accounted (granted
     /// the core of the CPU it runs on, or revoked: `self_wake.rs`).
     self_woke: bool,

@@ -48,6 +48,16 @@ impl RawApp {
         Self::register_with(socket, name, interface, kthreads, steering, None)
     }
 
+    /// [`RawApp::register`] as a batch application (`Class::Batch`).
+    pub fn register_batch(
+        socket: &Path,
+        name: &str,
+        interface: Interface,
+        kthreads: u32,
+    ) -> Result<RawApp, ClientError> {
+        Self::register_class(socket, name, interface, kthreads, None, None, Class::Batch)
+    }
+
     /// [`RawApp::register`] for an application whose requests iokerneld
     /// dispatches (docs/colocate.md): the test plays its workers.
     pub fn register_dispatched(
@@ -68,6 +78,19 @@ impl RawApp {
         steering: Option<&str>,
         dispatch: Option<DispatchSpec>,
     ) -> Result<RawApp, ClientError> {
+        let class = Class::LatencyCritical;
+        Self::register_class(socket, name, interface, kthreads, steering, dispatch, class)
+    }
+
+    fn register_class(
+        socket: &Path,
+        name: &str,
+        interface: Interface,
+        kthreads: u32,
+        steering: Option<&str>,
+        dispatch: Option<DispatchSpec>,
+        class: Class,
+    ) -> Result<RawApp, ClientError> {
         let region = Region::create(name, &RegionConfig::new(kthreads))
             .map_err(|e| ClientError::Local(format!("cannot create the shared region: {e}")))?;
         let eventfds = (0..kthreads)
@@ -76,7 +99,7 @@ impl RawApp {
             .map_err(|e| ClientError::Local(format!("cannot create an eventfd: {e}")))?;
         let reg = Registration {
             name: name.into(),
-            class: Class::LatencyCritical,
+            class,
             guaranteed: 0,
             max_cores: kthreads,
             kthreads,

@@ -123,3 +123,192 @@ fn a_self_wake_of_a_running_kthread_is_ignored() {
         "{a:?}"
     );
 }
+
+/// A thread of this process under `SCHED_IDLE`, alive until the returned
+/// sender is dropped: the tid a test's batch kthread reports in `Started`,
+/// so that iokerneld reads its class as a runtime's `SCHED_IDLE` kthread.
+fn idle_class_thread() -> (i32, std::sync::mpsc::Sender<()>) {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        ginza_sys::sched_class::set_current_idle().expect("SCHED_IDLE for the batch thread");
+        tid_tx.send(ginza_sys::process::gettid()).unwrap();
+        let _ = stop_rx.recv();
+    });
+    (tid_rx.recv().unwrap(), stop_tx)
+}
+
+/// What a runtime's kthread 0 says as a frame wakes it (`SelfWoken`).
+fn self_wake(app: &mut RawApp) {
+    app.ends[0].line.insert_flags(LineFlags::SELF_WOKEN);
+    app.ends[0]
+        .to_iokernel
+        .send(ToIokernel::SelfWoken {
+            grant: UNNUMBERED_GRANT,
+        })
+        .unwrap();
+}
+
+/// What it says as it parks again (`Parked`).
+fn park(app: &mut RawApp) {
+    app.ends[0].line.remove_flags(LineFlags::SELF_WOKEN);
+    app.ends[0]
+        .to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: None,
+            grant: UNNUMBERED_GRANT,
+        })
+        .unwrap();
+}
+
+/// A train of short self-woken stays on a core lent to a `SCHED_IDLE`
+/// kthread, each park read together with the next self-wake (as when
+/// iokerneld's loop reads the ring after several requests): the victim's
+/// preemption is withdrawn at each park and made afresh at each self-wake,
+/// so it is never signalled while every stay is shorter than its grace —
+/// though the train lasts many graces. (Booked before the withdrawal, the
+/// grace ran from the train's first wake and the victim was signalled:
+/// docs/direct-path.md, "The self-woken server's cost".)
+#[test]
+fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grace() {
+    use ginza_iokernel::netns::NetNs;
+    use ginza_iokernel::Action;
+    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
+    use std::time::{Duration, Instant};
+
+    // Long against the kernel's time slices (a few ms): the test's own
+    // thread, spinning beside iokerneld's on a loaded machine, is
+    // descheduled for that long now and then.
+    const GRACE: Duration = Duration::from_millis(25);
+    let _l = lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let own = Xsk::open(
+        ifindex,
+        1,
+        Umem::private(64, 2048).unwrap(),
+        UmemOwner::Own,
+        64,
+        BindMode::Copy,
+    )
+    .unwrap();
+    let recorder = RecordingActuator::new();
+    let direct = format!("af_xdp:{},direct", ns.host_if);
+    let d = Daemon::start_with(recorder.clone(), |c| {
+        c.nic = direct;
+        c.self_wake = true;
+        c.idle_victim_grace = GRACE;
+        // One core: the batch kthread holds the one the server is pinned to.
+        c.cores.truncate(1);
+        c.idle_sleep = None;
+    });
+    let server_if = Interface {
+        mac: MacAddr([0x02, 0, 0, 0, 0, 0x31]),
+        ip: ns.peer_ip,
+    };
+    let mut server = RawApp::register(&d.socket, "server", server_if, 1).unwrap();
+    server.conn.attach_direct_socket(1, own.fd()).unwrap();
+    server.ends[0]
+        .to_iokernel
+        .send(ToIokernel::Started {
+            tid: ginza_sys::process::gettid() as u32,
+        })
+        .unwrap();
+    // Granted once, so that iokerneld knows the CPU it is pinned to; then
+    // parked.
+    server.stay_busy(0);
+    d.wait_for("the server granted", |s| app(s, "server").cores_now == 1);
+    server.ends[0].line.set_rq_head(1);
+    server.report_parked(0);
+    d.wait_for("the server parked", |s| {
+        app(s, "server").parked_kthreads == 1
+    });
+
+    let (batch_tid, _keep) = idle_class_thread();
+    let mut batch = RawApp::register_batch(&d.socket, "batch", iface(32), 1).unwrap();
+    batch.ends[0]
+        .to_iokernel
+        .send(ToIokernel::Started {
+            tid: batch_tid as u32,
+        })
+        .unwrap();
+    batch.stay_busy(0);
+    d.wait_for("batch holds the core", |s| app(s, "batch").cores_now == 1);
+    let t0 = Instant::now();
+    while !server.ends[0]
+        .line
+        .flags()
+        .contains(LineFlags::SELF_WAKE_ALLOWED)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the server is never allowed to wake itself onto batch's core"
+        );
+        std::hint::spin_loop();
+    }
+    let withdrawn_before = d.stats().alloc.preemptions_withdrawn;
+
+    // Stays of GRACE / 10, for 4 graces: a park and the next wake back to
+    // back each time. A train where this thread was descheduled for a
+    // grace (a stay that long: a signal is then right) is run again.
+    let stay = GRACE / 10;
+    for attempt in 1..=5 {
+        let mut longest = Duration::ZERO;
+        self_wake(&mut server);
+        let train = Instant::now();
+        let mut last = Instant::now();
+        while train.elapsed() < GRACE * 4 {
+            while last.elapsed() < stay {
+                std::hint::spin_loop();
+            }
+            park(&mut server);
+            self_wake(&mut server);
+            longest = longest.max(last.elapsed());
+            last = Instant::now();
+        }
+        park(&mut server);
+        let s = d.wait_for("the server parked after the train", |s| {
+            app(s, "server").parked_kthreads == 1
+        });
+        assert_eq!(s.alloc.self_wakes_revoked, 0, "{:?}", s.alloc);
+        let signals: Vec<_> = recorder
+            .actions()
+            .into_iter()
+            .filter(|a| matches!(a, Action::Preempt { app, .. } if app == "batch"))
+            .collect();
+        if longest >= GRACE {
+            eprintln!("attempt {attempt}: a stay of {longest:?} (the grace: {GRACE:?}); again");
+            if !signals.is_empty() {
+                // Rightly signalled: batch's runtime would yield, and be
+                // granted the core again.
+                batch.ends[0]
+                    .to_iokernel
+                    .send(ToIokernel::Yielded {
+                        next_deadline_ns: None,
+                        grant: UNNUMBERED_GRANT,
+                    })
+                    .unwrap();
+                d.wait_for("batch granted again", |s| app(s, "batch").cores_now == 1);
+            }
+            recorder.log.lock().unwrap().clear();
+            continue;
+        }
+        assert!(
+            s.alloc.preemptions_withdrawn > withdrawn_before,
+            "batch's preemptions were withdrawn: {:?}",
+            s.alloc
+        );
+        assert!(
+            signals.is_empty(),
+            "batch was signalled though no stay reached the grace ({longest:?} at most): {signals:?}"
+        );
+        return;
+    }
+    panic!("every train had a stay as long as the grace: this machine is too busy to tell");
+}

@@ -787,14 +787,6 @@ pub struct IdleStats {
     pub kept_awake_no_bell: u64,
     pub kept_awake_protected: u64,
     pub kept_awake_dataplane: u64,
-    /// Frames that ended a sleep and woke the companion on a parked
-    /// latency-critical kthread's core too (`wake_alongside`), and the
-    /// time it kept that CPU awake after them, until iokerneld's first
-    /// pass.
-    #[serde(default)]
-    pub alongside_wakes: u64,
-    #[serde(default)]
-    pub alongside_spin_ns: u64,
 }
 
 /// An application iokerneld removed, and why.
@@ -877,8 +869,6 @@ pub fn largest_stats_report() -> StatsReport {
             kept_awake_no_bell: u64::MAX,
             kept_awake_protected: u64::MAX,
             kept_awake_dataplane: u64::MAX,
-            alongside_wakes: u64::MAX,
-            alongside_spin_ns: u64::MAX,
         },
         apps: (0..MAX_APPS)
             .map(|_| AppStats {

@@ -40,6 +40,31 @@ pub(crate) enum Woken {
     Nothing,
 }
 
+/// How long kthread `k` spins for work before it parks (`rt_spin`, the
+/// runtime's `spin_before_park`), or zero where it would sleep armed on its
+/// own socket: parked so, the kernel wakes it for the next frame as it wakes
+/// a blocked Linux server, so a spin saves a wake only for a frame that comes
+/// within the spin, and costs the core's other kthread (a `SCHED_IDLE` batch
+/// kthread, which the kernel runs the moment this one sleeps) the whole spin
+/// after every request (docs/direct-path.md, "The self-woken server's cost").
+pub(crate) fn spin_before_park(k: &KThread, rt_spin: std::time::Duration) -> std::time::Duration {
+    if rt_spin.is_zero() || !would_arm(k) {
+        return rt_spin;
+    }
+    std::time::Duration::ZERO
+}
+
+/// Whether `k` would arm if it parked now (`arm`'s rule, read-only).
+fn would_arm(k: &KThread) -> bool {
+    let Some(io) = k.io.as_ref() else {
+        return false;
+    };
+    k.id == SELF_WAKING_KTHREAD
+        && k.rt().link.as_ref().is_some_and(|l| l.cfg.self_wake)
+        && k.knet().is_some_and(|n| n.own_socket.get().is_some())
+        && io.line.flags().contains(LineFlags::SELF_WAKE_ALLOWED)
+}
+
 /// The own socket kthread `k` sleeps on while parked, if it may: called
 /// as it parks, before its `Parked`/`Yielded` goes out, so that iokerneld
 /// reads `SELF_WAKE_ARMED` before it can grant (and delivers the grant by

@@ -74,6 +74,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     let rt = k.rt();
     let mut start = Instant::now();
     let mut idle_poll = IdlePoll::new(k);
+    let spin = crate::self_wake::spin_before_park(k, rt.spin);
     k.state.store(SPINNING, Relaxed);
     rt.n_spinning.fetch_add(1, SeqCst);
     let found = loop {
@@ -128,7 +129,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         if let Some(u) = owner.pop() {
             break Some(u);
         }
-        if start.elapsed() >= rt.spin && !idle_poll.as_mut().is_some_and(IdlePoll::keep_polling) {
+        if start.elapsed() >= spin && !idle_poll.as_mut().is_some_and(IdlePoll::keep_polling) {
             break None;
         }
         std::hint::spin_loop();

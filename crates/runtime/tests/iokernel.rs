@@ -332,17 +332,28 @@ fn guaranteed_cores_are_never_taken() {
     );
 }
 
-#[test]
-fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
+/// A kthread that holds its core past iokerneld's deadline is evicted
+/// and the other application is served: with a core iokerneld does not
+/// manage (`shared`), the culprit is moved there, its class untouched;
+/// with none (iokerneld on a core of its own, every other one managed),
+/// it is lowered to `SCHED_IDLE`, behind the kthread its core went to.
+fn a_kthread_that_refuses_to_park_is_evicted(shared: bool) {
+    use ginza_sys::sched_class::{policy_of, Policy};
     let _g = lock();
     let all = cores();
     if all.len() < 2 {
-        ginza_iokernel::testing::skip("needs two CPUs (one managed, one to move the culprit to)");
+        ginza_iokernel::testing::skip(
+            "needs two CPUs (one managed, one to move the culprit to or for iokerneld)",
+        );
         return;
     }
-    // One managed core; the other is where an evicted kthread goes.
+    // One managed core; the other is where an evicted kthread goes, or
+    // iokerneld's own.
     let d = Daemon::start(|c| {
         c.cores = vec![all[1]];
+        if !shared {
+            c.own_core = Some(all[0]);
+        }
         c.preempt_deadline = Duration::from_millis(2);
     });
     let started = Arc::new(AtomicBool::new(false));
@@ -353,11 +364,13 @@ fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
     cfg.iokernel.as_mut().unwrap().sched_idle = false;
     let stubborn = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
-            // Preemption deferred for 300 ms: the signal is ignored.
+            // Preemption deferred for 300 ms: the signal is ignored. Its
+            // class, read at the end, is what the eviction left it.
             ginza_runtime::without_preemption(|| {
                 s2.store(true, Ordering::Relaxed);
                 spin_for(Duration::from_millis(300));
-            });
+                policy_of(0).unwrap()
+            })
         })
         .unwrap()
     });
@@ -377,7 +390,22 @@ fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
         lc_time < Duration::from_millis(250),
         "lc waited for the stubborn kthread: {lc_time:?}"
     );
-    stubborn.join().unwrap();
+    let class = stubborn.join().unwrap();
+    let expected = if shared { Policy::Normal } else { Policy::Idle };
+    assert_eq!(
+        class, expected,
+        "the stubborn kthread's class after its eviction"
+    );
+}
+
+#[test]
+fn a_kthread_that_refuses_to_park_is_moved_off_and_the_other_app_is_served() {
+    a_kthread_that_refuses_to_park_is_evicted(true);
+}
+
+#[test]
+fn with_no_core_to_move_it_to_a_kthread_that_refuses_to_park_is_lowered_to_idle() {
+    a_kthread_that_refuses_to_park_is_evicted(false);
 }
 
 #[test]

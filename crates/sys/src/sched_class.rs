@@ -47,6 +47,33 @@ pub fn set_current_idle() -> io::Result<()> {
     }
 }
 
+/// Puts thread `tid` (0: the calling thread) under `policy`, one of the
+/// classes without a priority (`Normal`, `Batch`, `Idle`); its niceness is
+/// kept. Lowering to `Idle` needs no privilege; going back from it needs
+/// `CAP_SYS_NICE` (or an `RLIMIT_NICE`).
+pub fn set_policy(tid: i32, policy: Policy) -> io::Result<()> {
+    let raw = match policy {
+        Policy::Normal => libc::SCHED_OTHER,
+        Policy::Batch => libc::SCHED_BATCH,
+        Policy::Idle => libc::SCHED_IDLE,
+        Policy::Other(p) => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("policy {p} has a priority: not set here"),
+            ))
+        }
+    };
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid `sched_param` that lives across the call;
+    // only thread `tid`'s policy changes.
+    let r = unsafe { libc::sched_setscheduler(tid, raw, &param) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Sets the niceness of thread `tid` (0: the calling thread) to `nice`
 /// (absolute, -20..=19); threads it creates afterwards inherit it. Below 0
 /// needs `CAP_SYS_NICE`.
@@ -173,6 +200,31 @@ mod tests {
         .unwrap();
         assert_eq!(seen, (before + 10).min(19));
         assert_eq!(nice_of(0).unwrap(), before);
+    }
+
+    #[test]
+    fn another_thread_lowered_to_idle_and_back_keeps_its_niceness() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::spawn(move || {
+            set_nice(0, 5).unwrap();
+            tx.send(crate::process::gettid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        set_policy(tid, Policy::Idle).unwrap();
+        assert_eq!(policy_of(tid).unwrap(), Policy::Idle);
+        match set_policy(tid, Policy::Normal) {
+            Ok(()) => {
+                assert_eq!(policy_of(tid).unwrap(), Policy::Normal);
+                assert_eq!(nice_of(tid).unwrap(), 5);
+            }
+            // Back from SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE.
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}"),
+        }
+        assert!(set_policy(tid, Policy::Other(libc::SCHED_FIFO)).is_err());
+        done_tx.send(()).unwrap();
+        h.join().unwrap();
     }
 
     #[test]

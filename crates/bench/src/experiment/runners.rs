@@ -1118,7 +1118,6 @@ fn memcached_point(
         ginza_run: None,
         // As `bench memcached` by default: iokerneld may sleep while idle.
         iokernel_spin: false,
-        wake_alongside: false,
         // As iokerneld runs by default.
         self_wake: None,
         idle_yield: None,

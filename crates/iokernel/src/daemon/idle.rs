@@ -26,11 +26,10 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Duration;
 
-use ginza_proto::messages::{Class, IdleStats};
+use ginza_proto::messages::IdleStats;
 use ginza_shm::iokernel_bell::announce_asleep;
 use ginza_sys::hops::{self, Hop};
 
-use super::wake_alongside::WakeAlongside;
 use super::{DaemonError, Iokerneld, PassKind, PENDING_TIMEOUT};
 use crate::actuator::CoreActuator;
 
@@ -75,8 +74,6 @@ pub(super) struct Idle {
     stats: IdleStats,
     fds: Vec<libc::pollfd>,
     sources: Vec<Source>,
-    /// The companion that wakes a parked kthread's core with iokerneld.
-    pub(super) alongside: WakeAlongside,
 }
 
 impl Idle {
@@ -92,17 +89,11 @@ impl Idle {
             },
             fds: Vec::new(),
             sources: Vec::new(),
-            alongside: WakeAlongside::new(),
         }
     }
 
     pub(super) fn report(&self) -> IdleStats {
-        let (wakes, spin_ns) = self.alongside.counts();
-        IdleStats {
-            alongside_wakes: wakes,
-            alongside_spin_ns: spin_ns,
-            ..self.stats.clone()
-        }
+        self.stats.clone()
     }
 
     fn push(&mut self, fd: BorrowedFd<'_>, source: Source) {
@@ -199,36 +190,11 @@ impl<A: CoreActuator> Iokerneld<A> {
             return Ok(false);
         }
         let timeout = self.sleep_timeout(now, end);
-        let alongside = self.wake_alongside_cpu();
-        self.idle.alongside.before_sleep(alongside);
         self.sleep(timeout)?;
         self.announce(false);
         self.idle.since = None;
         self.idle.woke_at_frames = Some(self.dp.nic_frames());
         Ok(true)
-    }
-
-    /// The CPU to wake alongside iokerneld when a frame ends its sleep
-    /// (`Config::wake_alongside`): the core of the latency-critical kthread
-    /// that parked last, if nobody holds it now.
-    fn wake_alongside_cpu(&self) -> Option<usize> {
-        if !self.cfg.wake_alongside {
-            return None;
-        }
-        let held = |core: usize| {
-            self.apps
-                .iter()
-                .any(|a| a.kt.iter().any(|k| k.core == Some(core)))
-        };
-        self.apps
-            .iter()
-            .filter(|a| a.class == Class::LatencyCritical)
-            .flat_map(|a| a.kt.iter())
-            .filter(|k| k.parked && k.core.is_none())
-            .filter_map(|k| k.last_core.map(|core| (k.parked_since, core)))
-            .filter(|&(_, core)| !held(core))
-            .max_by_key(|&(since, _)| since)
-            .and_then(|(_, core)| self.cfg.cores.get(core).copied())
     }
 
     /// Until the earliest deadline iokerneld owes (`None`: none).
@@ -311,7 +277,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                 s.wakes_nic += u64::from(nic);
                 s.wakes_app += u64::from(bell);
                 s.wakes_control += u64::from(control);
-                idle.alongside.after_sleep(nic);
                 // Nothing ready and the time-out over (not a signal, which
                 // the loop reads next).
                 let timed_out =
@@ -331,10 +296,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 }
                 Ok(())
             }
-            Err(e) => {
-                idle.alongside.after_sleep(false);
-                Err(DaemonError::Poll(e))
-            }
+            Err(e) => Err(DaemonError::Poll(e)),
         };
         self.idle = idle;
         result

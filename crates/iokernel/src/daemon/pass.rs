@@ -244,7 +244,6 @@ impl<A: CoreActuator> Iokerneld<A> {
         // A kthread granted now gets its request at once, not one loop
         // later: it looks for one only briefly before it parks again.
         self.dispatch_step(now);
-        self.idle.alongside.after_pass();
         let t1 = self.clock.now_ns();
         let acted = !self.decisions.is_empty() || self.meter.actions != actions;
         self.meter.record_pass(t1.saturating_sub(t0), acted);
@@ -261,10 +260,17 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
         self.reap();
-        self.account_self_wakes(now);
         self.check_overdue(now);
         self.complete_handovers();
+        // Before the self-wakes read are booked: a self-woken kthread whose
+        // park and next self-wake came in one drain gave its core back in
+        // between, and the `SCHED_IDLE` victim ran there meanwhile; its
+        // preemption is withdrawn first, and the new self-wake preempts it
+        // afresh, with a grace of its own. Booked the other way round, the
+        // grace ran from the first of a train of short stays, and the victim
+        // was signalled (docs/direct-path.md, "The self-woken server's cost").
         self.withdraw_or_signal(now);
+        self.account_self_wakes(now);
 
         self.snapshot(now);
         self.decide(now, kind);
@@ -315,6 +321,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             let has_egress = app.net.is_some() && app.doomed.is_none();
             let on_page = app.wake.is_some();
             let own_rx = super::own_socket::rx_indices(app);
+            let left_to_self_wake = Self::left_to_self_wake(app);
             for (k, kt) in app.kt.iter_mut().enumerate() {
                 let line = app.ends[k].line.snapshot();
                 kt.steals.observe(line.steals, now);
@@ -361,6 +368,13 @@ impl<A: CoreActuator> Iokerneld<A> {
                     super::own_socket::wake_blocked(&app.ends[k].line, app.eventfds[k].as_fd());
                 }
                 // The direct path: frames on the application's own socket.
+                let own_rx = super::own_socket::counted(
+                    own_rx,
+                    k,
+                    left_to_self_wake,
+                    &mut kt.own_rx_waiting,
+                    now,
+                );
                 super::own_socket::fold(own_rx, k, &mut ks.counters);
                 // Protected mode: channel rings are queued work too.
                 if !app.protects.is_empty() || !self.protected_pids.is_empty() {
@@ -675,7 +689,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 app.preempt_overdue += 1;
                 self.meter.actions += 1;
                 warn!(
-                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off",
+                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off (or lowering it to SCHED_IDLE where no core is shared)",
                     app.name, kt.tid, self.cfg.preempt_deadline
                 );
                 if let Some(cpu) = cpu {

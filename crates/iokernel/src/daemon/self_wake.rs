@@ -123,6 +123,12 @@ impl<A: CoreActuator> Iokerneld<A> {
         if prev.is_some_and(|p| p != app.id) {
             self.meter.reallocations += 1;
         }
+        if let Err(e) = self.actuator.reinstate(&Self::target(app, k)) {
+            warn!(
+                "app {:?} kthread {k}: its policy before an eviction not given back: {e}",
+                app.name
+            );
+        }
         debug!(
             "self-wake: app {:?} kthread {k} holds core {core}",
             app.name
