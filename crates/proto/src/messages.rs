@@ -496,8 +496,9 @@ pub struct DataplaneStats {
     pub nic: String,
     pub nic_rx_frames: u64,
     pub nic_tx_frames: u64,
-    /// Frames from the NIC the trunk port could not take, or frames for the
-    /// NIC it did not accept (its ring or pool full).
+    /// Frames for the NIC it did not accept (its ring or pool full). A frame
+    /// from the NIC is copied straight to its receiver's port, whose own
+    /// counters show a drop there.
     pub nic_drops: u64,
     /// Generator runs completed.
     pub generator_runs: u64,

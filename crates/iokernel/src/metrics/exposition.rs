@@ -208,7 +208,7 @@ fn nic(s: &Snapshot, w: &mut Writer) -> fmt::Result {
     )?;
     w.counters(
         "ginza_nic_dropped_frames",
-        "Frames from the NIC the switch could not take, or for the NIC it did not accept",
+        "Frames for the NIC it did not accept",
         None,
         [(nic, s.nic_drops)],
     )
