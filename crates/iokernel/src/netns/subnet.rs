@@ -10,7 +10,7 @@
 //! by an exclusive `flock` on its own file for as long as the fixture
 //! lives; the kernel lets go of it when the process dies, however it dies.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -42,14 +42,15 @@ pub(super) fn reserve(dir: &Path, start: u32) -> io::Result<Subnet> {
             .write(true)
             .open(&path)
             .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?;
-        match file.try_lock() {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => return Ok(Subnet { octet, _lock: file }),
-            Err(TryLockError::WouldBlock) => continue,
-            Err(TryLockError::Error(e)) => {
+            Err(rustix::io::Errno::WOULDBLOCK) => continue,
+            Err(e) => {
+                let e = io::Error::from(e);
                 return Err(io::Error::new(
                     e.kind(),
                     format!("locking {}: {e}", path.display()),
-                ))
+                ));
             }
         }
     }
