@@ -543,7 +543,7 @@ fn syn_flood_against_echo_epoll(clients_during: bool) {
         .expect("the flood thread")
         .expect("a raw socket");
     stop.store(true, Ordering::SeqCst);
-    let answered = counter
+    let (answered, others) = counter
         .join()
         .expect("the counting thread")
         .expect("a packet socket");
@@ -567,8 +567,9 @@ fn syn_flood_against_echo_epoll(clients_during: bool) {
     );
     if answered < 1000 {
         panic!(
-            "only {answered} SYN-ACKs to the {sent} spoofed SYNs (sent over {took:?}): the flood \
-             did not reach the server\niokerneld's view: {}\nthe server's threads:\n{}stderr: {}",
+            "only {answered} SYN-ACKs to the {sent} spoofed SYNs (sent over {took:?}; {others} \
+             other segments from the server to them): the flood did not reach the server\n\
+             iokerneld's view: {}\nthe server's threads:\n{}stderr: {}",
             daemon_view(&veth),
             threads_view(server.pid()),
             server.stop()
