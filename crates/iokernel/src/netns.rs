@@ -9,7 +9,9 @@
 //! ```
 //!
 //! `peer_ip` (10.77.N.2) belongs to nobody: the test answers ARP for it.
-//! These addresses exist only inside the namespace this fixture creates.
+//! These addresses exist only inside the namespace this fixture creates,
+//! except a Linux peer's on the host end ([`NetNs::add_host_address`]): so
+//! N is held across processes for the fixture's life (`subnet.rs`).
 //!
 //! Names carry the pid and a counter, so concurrent test processes never
 //! collide; namespaces left by a killed test process (its pid gone) are
@@ -32,6 +34,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod subnet;
 pub mod tcp;
 
 const PREFIX: &str = "gzt";
@@ -50,6 +53,8 @@ pub struct NetNs {
     pub ns_ip: Ipv4Addr,
     /// An address on the namespace's subnet that nobody there owns.
     pub peer_ip: Ipv4Addr,
+    /// The subnet, held until the fixture is dropped.
+    _subnet: subnet::Subnet,
 }
 
 impl NetNs {
@@ -95,14 +100,17 @@ impl NetNs {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         // IFNAMSIZ: 3 + 7 (pid_max is 2^22) + 1 + at most 4 digits = 15.
         let n = n % 10_000;
-        let subnet = (n % 250) as u8;
+        // Processes start their search at different subnets (fewer tries).
+        let subnet = subnet::reserve(std::path::Path::new(subnet::DIR), pid.wrapping_add(n))?;
+        let octet = subnet.octet;
         let mut ns = NetNs {
             name: format!("{PREFIX}{pid}n{n}"),
             host_if: format!("{PREFIX}{pid}h{n}"),
             ns_if: format!("{PREFIX}{pid}p{n}"),
             ns_mac: [0; 6],
-            ns_ip: Ipv4Addr::new(10, 77, subnet, 1),
-            peer_ip: Ipv4Addr::new(10, 77, subnet, 2),
+            ns_ip: Ipv4Addr::new(10, 77, octet, 1),
+            peer_ip: Ipv4Addr::new(10, 77, octet, 2),
+            _subnet: subnet,
         };
         // From here on, Drop cleans up whatever was made.
         ip(&["netns", "add", &ns.name])?;

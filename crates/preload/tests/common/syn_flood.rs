@@ -126,12 +126,13 @@ fn spoofed(ip: Ipv4Addr) -> bool {
 
 /// Counts the SYN-ACKs `server` sends to spoofed addresses, seen on the
 /// namespace's interface `ifname`, until `stop`: the proof that the flood's
-/// SYNs reached the server and each opened a half-open connection.
+/// SYNs reached the server and each opened a half-open connection. Also
+/// the other segments it sent them (a reset, say), for a failure's message.
 pub fn count_syn_acks(
     ifname: &str,
     server: SocketAddrV4,
     stop: Arc<AtomicBool>,
-) -> io::Result<usize> {
+) -> io::Result<(usize, usize)> {
     let proto = (libc::ETH_P_IP as u16).to_be();
     // SAFETY: a new packet socket; no pointers.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(proto)) };
@@ -171,7 +172,7 @@ pub fn count_syn_acks(
         unsafe { libc::close(fd) };
         return Err(e);
     }
-    let mut seen = 0;
+    let (mut seen, mut others) = (0, 0);
     let mut buf = [0u8; 2048];
     while !stop.load(Ordering::Relaxed) {
         // SAFETY: our socket and buffer.
@@ -189,11 +190,15 @@ pub fn count_syn_acks(
         let t = &p[ihl..];
         let port = u16::from_be_bytes([t[0], t[1]]);
         let syn_ack = t[13] & 0x12 == 0x12;
-        if src == *server.ip() && port == server.port() && syn_ack && spoofed(dst) {
-            seen += 1;
+        if src == *server.ip() && port == server.port() && spoofed(dst) {
+            if syn_ack {
+                seen += 1;
+            } else {
+                others += 1;
+            }
         }
     }
     // SAFETY: our socket.
     unsafe { libc::close(fd) };
-    Ok(seen)
+    Ok((seen, others))
 }
