@@ -311,27 +311,11 @@ fn a_tcp_servers_queue_is_bound_again_right_after_it_exits() {
         .expect("the TCP echo server");
     let exited = Instant::now();
 
-    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
     let deadline = exited + Duration::from_secs(3);
     let bound = loop {
-        let umem = ginza_sys::xsk::Umem::private(64, 2048).unwrap();
-        let open = ginza_sys::xsk::Xsk::open(
-            ifindex,
-            QUEUE,
-            umem,
-            ginza_sys::xsk::UmemOwner::Own,
-            32,
-            ginza_sys::xsk::BindMode::Copy,
-        );
-        match open {
+        match ns.own_socket(QUEUE, 32) {
             Ok(xsk) => break Ok(xsk),
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-            }
+            Err(_) if Instant::now() < deadline => {}
             Err(e) => break Err(e),
         }
     };

@@ -181,6 +181,32 @@ impl NetNs {
         Ok(())
     }
 
+    /// The host end's interface index.
+    pub fn host_ifindex(&self) -> io::Result<u32> {
+        let path = format!("/sys/class/net/{}/ifindex", self.host_if);
+        let text = std::fs::read_to_string(&path)?;
+        text.trim()
+            .parse()
+            .map_err(|e| io::Error::other(format!("{path}: {text:?}: {e}")))
+    }
+
+    /// An AF_XDP socket on `queue` of the host end, as an application on
+    /// the direct path holds one (docs/direct-path.md): copy mode, a UMEM
+    /// of its own of 64 chunks of 2 KiB, rings of `ring` entries.
+    pub fn own_socket(&self, queue: u32, ring: u32) -> io::Result<ginza_sys::xsk::Xsk> {
+        use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
+        let umem = Umem::private(64, 2048)?;
+        Xsk::open(
+            self.host_ifindex()?,
+            queue,
+            umem,
+            UmemOwner::Own,
+            ring,
+            BindMode::Copy,
+        )
+        .map_err(|e| io::Error::new(e.error.kind(), e.to_string()))
+    }
+
     /// Runs `f` on a new thread that has joined the namespace (sockets it
     /// opens live there) and returns its handle.
     pub fn spawn_in<F, R>(&self, f: F) -> io::Result<JoinHandle<R>>

@@ -45,7 +45,8 @@ impl RawApp {
         kthreads: u32,
         steering: Option<&str>,
     ) -> Result<RawApp, ClientError> {
-        Self::register_with(socket, name, interface, kthreads, steering, None)
+        let class = Class::LatencyCritical;
+        Self::register_class(socket, name, interface, kthreads, steering, None, class)
     }
 
     /// [`RawApp::register`] as a batch application (`Class::Batch`).
@@ -67,19 +68,8 @@ impl RawApp {
         kthreads: u32,
         dispatch: DispatchSpec,
     ) -> Result<RawApp, ClientError> {
-        Self::register_with(socket, name, interface, kthreads, None, Some(dispatch))
-    }
-
-    fn register_with(
-        socket: &Path,
-        name: &str,
-        interface: Interface,
-        kthreads: u32,
-        steering: Option<&str>,
-        dispatch: Option<DispatchSpec>,
-    ) -> Result<RawApp, ClientError> {
-        let class = Class::LatencyCritical;
-        Self::register_class(socket, name, interface, kthreads, steering, dispatch, class)
+        let (dispatch, class) = (Some(dispatch), Class::LatencyCritical);
+        Self::register_class(socket, name, interface, kthreads, None, dispatch, class)
     }
 
     fn register_class(

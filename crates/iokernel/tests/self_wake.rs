@@ -173,7 +173,6 @@ fn park(app: &mut RawApp) {
 fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grace() {
     use ginza_iokernel::netns::NetNs;
     use ginza_iokernel::Action;
-    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
     use std::time::{Duration, Instant};
 
     // Long against the kernel's time slices (a few ms): the test's own
@@ -184,20 +183,7 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
     let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
         return;
     };
-    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let own = Xsk::open(
-        ifindex,
-        1,
-        Umem::private(64, 2048).unwrap(),
-        UmemOwner::Own,
-        64,
-        BindMode::Copy,
-    )
-    .unwrap();
+    let own = ns.own_socket(1, 64).unwrap();
     let recorder = RecordingActuator::new();
     let direct = format!("af_xdp:{},direct", ns.host_if);
     let d = Daemon::start_with(recorder.clone(), |c| {

@@ -189,20 +189,13 @@ fn verdicts_on_crafted_frames() {
 /// iokerneld's (none here: passed). Refusals name what was wrong.
 #[test]
 fn an_own_socket_in_the_map_takes_its_address() {
-    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
     use std::os::fd::AsRawFd;
 
     let _g = lock();
     let Some(ns) = NetNs::create_or_skip() else {
         return;
     };
-    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let umem = Umem::private(64, 2048).unwrap();
-    let own = Xsk::open(ifindex, 0, umem, UmemOwner::Own, 64, BindMode::Copy).unwrap();
+    let own = ns.own_socket(0, 64).unwrap();
     let fd = own.fd().as_raw_fd();
     let mut steering = XdpSteering::load(1).unwrap();
     let unclaimed = steering.set_own_socket(OURS, 3, 0, fd).unwrap_err();
@@ -224,27 +217,13 @@ fn an_own_socket_in_the_map_takes_its_address() {
 /// time; and accepted otherwise.
 #[test]
 fn own_sockets_are_refused_with_the_reason() {
-    use ginza_sys::xsk::{BindMode, Umem, UmemOwner, Xsk};
     use std::os::fd::AsFd;
 
     let _g = lock();
     let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
         return;
     };
-    let ifindex: u32 = std::fs::read_to_string(format!("/sys/class/net/{}/ifindex", ns.host_if))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let own = Xsk::open(
-        ifindex,
-        1,
-        Umem::private(64, 2048).unwrap(),
-        UmemOwner::Own,
-        64,
-        BindMode::Copy,
-    )
-    .unwrap();
+    let own = ns.own_socket(1, 64).unwrap();
     let iface = Interface {
         mac: APP_MAC,
         ip: ns.peer_ip,
