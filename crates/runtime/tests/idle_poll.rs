@@ -187,6 +187,11 @@ fn an_idle_latency_critical_kthread_with_no_competitor_polls_and_never_parks() {
     assert_eq!(k.idle_poll_takebacks, 0, "{k:?}");
 }
 
+/// A thread of no Ginza application, pinned to the poller's CPU: iokerneld
+/// does not see it, so no mark tells the poller to park. Linux switches
+/// the poller out for it within a time slice; the poller notices (its
+/// involuntary switches) and parks, and then parks after each of its timer
+/// wakes instead of polling for the backoff (docs/idle-poll.md).
 #[test]
 fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
     let _g = lock();
