@@ -17,7 +17,7 @@ use ginza_iokernel::{LoadRun, GENERATOR_IP, GENERATOR_MAC};
 use ginza_net::{tx, ArpOperation, DropKind, Endpoint, Interface, Ipv4Addr, MacAddr, Packet};
 use ginza_proto::{client, RequestHeader};
 use ginza_runtime::net::testing::{Harness, SendOutcome};
-use ginza_runtime::net::{NetConfig, UdpSocket};
+use ginza_runtime::net::{NetConfig, NetStats, UdpSocket};
 use ginza_runtime::{Class, Config, Handle, IokernelConfig};
 use ginza_shm::{
     BufferLedger, IngressPool, IokernelEnd, PacketDesc, Region, RegionConfig, PKT_BUFFER_SIZE,
@@ -652,18 +652,17 @@ fn load(target: Interface, rate: f64, service_ns: u64, ms: u64) -> LoadRun {
     )
 }
 
-#[test]
-fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
-    let _g = lock();
-    let d = Daemon::start(|_| {});
-    let me = iface(1);
+/// One run of the generator's echo load against a fresh two-kthread echo
+/// application `name` at `me`; every reply and frame count checked; the
+/// runtime's net stats.
+fn generator_echo_run(d: &Daemon, name: &str, me: Interface) -> NetStats {
     let net = NetConfig::new(me.mac, me.ip).with_static_arp(GENERATOR_IP, GENERATOR_MAC);
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let (s2, v2) = (Arc::clone(&stop), Arc::clone(&served));
     let bound = Arc::new(AtomicBool::new(false));
     let b2 = Arc::clone(&bound);
-    let cfg = d.net_app("echo", 2, net);
+    let cfg = d.net_app(name, 2, net);
     let server = std::thread::spawn(move || {
         ginza_runtime::run(cfg, move || {
             echo_server(4, s2, v2, &b2);
@@ -674,16 +673,16 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
     // Wait until the socket is bound (the first request would be no-socket)
     // and the application has settled: both kthreads parked, start-up over,
     // so the load meets an idle application, as it would in service.
-    wait_bound(&bound, "echo", &server);
+    wait_bound(&bound, name, &server);
     let t0 = Instant::now();
     while !client::stats(&d.socket).is_ok_and(|s| {
         s.apps
             .iter()
-            .any(|a| a.name == "echo" && a.parked_kthreads == 2)
+            .any(|a| a.name == name && a.parked_kthreads == 2)
     }) {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
-            "echo never went idle"
+            "{name} never went idle"
         );
         std::thread::sleep(Duration::from_micros(200));
     }
@@ -705,7 +704,7 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
     let iok = client::stats(&d.socket).unwrap();
     stop.store(true, Ordering::Relaxed);
     let stats = server.join().unwrap();
-    let app = iok.apps.iter().find(|a| a.name == "echo").unwrap();
+    let app = iok.apps.iter().find(|a| a.name == name).unwrap();
     eprintln!(
         "generator: {:?}\niokerneld: {app:?}\nruntime: {stats:?}",
         report.stats
@@ -736,7 +735,27 @@ fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
         let delivered = app.net.expect("the application's net stats").rx;
         assert_eq!(taken, delivered, "{stats:#?}");
     }
-    assert!(stats.kthreads.iter().any(|k| k.rx_stolen > 0), "{stats:#?}");
+    stats
+}
+
+/// Whether the idle kthread is running while the busy one's ring holds
+/// frames is the allocator's and Linux's timing: a clean-clone CI run saw
+/// one run in which kthread 1 was never granted while kthread 0 worked
+/// (0 frames stolen, every other count right). So up to three runs, each
+/// checked in full; frames must be stolen in one of them.
+#[test]
+fn the_generator_load_is_echoed_and_stolen_packet_processing_shows() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let mut runs = Vec::new();
+    for attempt in 0..3u8 {
+        let stats = generator_echo_run(&d, &format!("echo{attempt}"), iface(1 + attempt));
+        if stats.kthreads.iter().any(|k| k.rx_stolen > 0) {
+            return;
+        }
+        runs.push(stats);
+    }
+    panic!("no frame stolen in {} runs: {runs:#?}", runs.len());
 }
 
 /// Runs the echo server app `name` on `me` (2 kthreads, 2 uthreads) on a
