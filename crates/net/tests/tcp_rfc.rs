@@ -380,6 +380,50 @@ fn orphaned_fin_wait_2_times_out() {
     );
 }
 
+/// What a driver about to stop waits for: from the close until the peer
+/// acknowledged the FIN (the data before it too), and a reset until it
+/// went out; never for a connection the application left open.
+#[test]
+fn the_end_is_owed_from_the_close_until_the_fin_is_acknowledged() {
+    let mut conn = passive(&config());
+    assert!(
+        !conn.owes_peer_its_end(),
+        "open: the application did not end it"
+    );
+    conn.send(b"last").unwrap();
+    conn.close();
+    assert!(conn.owes_peer_its_end(), "data and FIN queued");
+    let out = one(&mut conn, t(1));
+    assert!(out.header.flags.fin && out.payload == b"last");
+    assert!(conn.owes_peer_its_end(), "sent, not acknowledged");
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 5), t(2));
+    assert!(
+        conn.owes_peer_its_end(),
+        "the data acknowledged, not the FIN"
+    );
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 6), t(3));
+    assert_eq!(conn.state(), State::FinWait2);
+    assert!(!conn.owes_peer_its_end());
+    // The passive side: from its close in CLOSE-WAIT until the last ACK.
+    let mut conn = passive(&config());
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).fin(), t(1));
+    one(&mut conn, t(1));
+    assert!(!conn.owes_peer_its_end());
+    conn.close();
+    assert!(conn.owes_peer_its_end());
+    one(&mut conn, t(2));
+    conn.on_segment(&seg(PEER + 2).ack(ISS + 2), t(3));
+    assert!(conn.is_finished() && !conn.owes_peer_its_end());
+    // A reset is owed until it is sent.
+    let mut conn = passive(&config());
+    conn.on_segment(&seg(PEER + 1).ack(ISS + 1).data(b"unread"), t(1));
+    one(&mut conn, t(1));
+    conn.close();
+    assert!(conn.owes_peer_its_end());
+    assert!(one(&mut conn, t(2)).header.flags.rst);
+    assert!(!conn.owes_peer_its_end());
+}
+
 #[test]
 fn close_with_unread_data_resets() {
     let mut conn = passive(&config());

@@ -50,6 +50,7 @@ where
     }
     // The caller's thread waits on the main uthread's handle like any joiner.
     let result = spawn_on(Arc::as_ptr(&shared.rt), main).join();
+    crate::net::linger_at_exit(&shared.rt);
     shared.stop();
     result.map_err(|JoinError::Panicked { message, .. }| RuntimeError::MainPanicked(message))
 }

@@ -835,3 +835,48 @@ mod flood {
         assert_eq!(listening.backlog_len(), 1);
     }
 }
+
+/// A client that writes, closes and returns from `main` at once, over a
+/// switch that drops a third of its TCP frames: its runtime lingers until
+/// the server has acknowledged everything up to the FIN (docs/runtime.md,
+/// "Lingering at exit"), so the server reads every byte and the end of the
+/// stream, although the FIN was still unacknowledged when `main` returned.
+#[test]
+fn a_client_that_exits_right_after_closing_still_delivers_its_last_bytes() {
+    const LEN: usize = 200_000;
+    let _g = lock();
+    let d = Daemon::start(|cfg| {
+        cfg.faults = vec!["drop=30%,port=app:client,dir=out,proto=tcp,seed=7"
+            .parse()
+            .expect("a valid fault rule")];
+    });
+    let received = Arc::new(std::sync::Mutex::new(None::<std::io::Result<usize>>));
+    let r2 = Arc::clone(&received);
+    let server = Server::start(&d, 1, net(SERVER), move |mut s| {
+        let mut all = Vec::new();
+        let got = s.read_to_end(&mut all).map(|_| {
+            let pattern = (0..LEN).map(|i| (i % 251) as u8);
+            all.len() * usize::from(all.iter().copied().eq(pattern))
+        });
+        *r2.lock().unwrap() = Some(got);
+    });
+    let open_at_return = client(&d, 1, || {
+        let mut s = TcpStream::connect(server_addr()).unwrap();
+        let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        s.write_all(&data).unwrap();
+        drop(s);
+        ginza_runtime::net::stats().unwrap().tcp.connections_open
+    });
+    assert_eq!(
+        open_at_return, 1,
+        "the connection was still in the table as main returned"
+    );
+    wait_for(
+        "the server to read to the end of the stream",
+        Duration::from_secs(10),
+        || received.lock().unwrap().is_some(),
+    );
+    let got = received.lock().unwrap().take().unwrap();
+    assert_eq!(got.unwrap(), LEN, "every byte, in order, then the end");
+    server.stop();
+}

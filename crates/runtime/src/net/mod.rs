@@ -126,6 +126,32 @@ pub(crate) fn tcp_of(rt: &Shared) -> Option<&Arc<Tcp>> {
     stack_of(rt).map(|s| &s.tcp)
 }
 
+/// The longest a runtime that ends waits for the connections its
+/// application closed to finish (docs/runtime.md, "Lingering at exit").
+pub(crate) const EXIT_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Called on the thread that waited for `main`, with every kthread still
+/// running: waits until no connection the application closed owes its peer
+/// the end of its stream (the FIN, or the data before it, unacknowledged: a
+/// segment lost now could never be sent again once the kthreads stop), or
+/// [`EXIT_LINGER`] has passed. Connections the application left open are
+/// not waited for.
+pub(crate) fn linger_at_exit(rt: &Shared) {
+    let Some(tcp) = tcp_of(rt) else {
+        return;
+    };
+    let t0 = Instant::now();
+    while tcp.owes_peers() {
+        if t0.elapsed() >= EXIT_LINGER {
+            log::warn!(
+                "exiting with connections whose peer has not acknowledged their end after {EXIT_LINGER:?}"
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+}
+
 /// The MAC a TCP `connect` from `rt` to `remote` sends to, asking ARP and
 /// waiting until `deadline` if needed.
 pub(crate) fn resolve_mac(

@@ -878,6 +878,19 @@ impl Connection {
         self.config.nodelay
     }
 
+    /// The sending side was shut down and the peer has not acknowledged
+    /// the FIN yet (or a RST waits to go): a driver that is about to stop
+    /// keeps running this connection's timers until it has, so the peer
+    /// gets the end of the stream (docs/runtime.md, "Lingering at exit").
+    pub fn owes_peer_its_end(&self) -> bool {
+        self.pending_rst.is_some()
+            || matches!(
+                self.state,
+                State::FinWait1 | State::Closing | State::LastAck
+            )
+            || (self.state == State::SynReceived && self.fin_queued)
+    }
+
     /// CLOSED with nothing left to transmit: the driver may forget it.
     pub fn is_finished(&self) -> bool {
         self.state == State::Closed && self.pending_rst.is_none()

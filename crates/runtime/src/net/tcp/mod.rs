@@ -762,6 +762,14 @@ impl Tcp {
         }));
     }
 
+    /// Whether a connection the application ended still owes its peer the
+    /// end of its stream: its FIN (and the data before it) not acknowledged
+    /// yet, or its reset not sent (`runtime.rs` lingers at exit for it).
+    pub(crate) fn owes_peers(&self) -> bool {
+        let conns: Vec<Arc<Conn>> = self.table.lock().conns().cloned().collect();
+        conns.iter().any(|c| c.inner.lock().tcb.owes_peer_its_end())
+    }
+
     pub(crate) fn stats(&self) -> TcpStats {
         let (conns, open): (Vec<Arc<Conn>>, usize) = {
             let table = self.table.lock();
