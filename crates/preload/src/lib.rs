@@ -40,6 +40,7 @@ mod config;
 mod epoll;
 mod epoll_calls;
 mod epoll_watch;
+mod exit_linger;
 mod fdtable;
 mod gsock;
 mod key;

@@ -71,6 +71,7 @@ extern "C" fn ginza_main(argc: c_int, argv: *mut *mut c_char, envp: *mut *mut c_
     ginza_runtime::foreign_tls::mark_runtime_thread();
     crate::signal::start_signal_thread();
     crate::net_stats_file::arm();
+    crate::exit_linger::arm();
     let (argv, envp) = (argv as usize, envp as usize);
     let result = ginza_runtime::run(config, move || {
         crate::running::started(ginza_runtime::Handle::current().expect("inside the runtime"));

@@ -798,3 +798,53 @@ fn descriptors_and_memory_stay_bounded_over_100000_connections() {
         "resident memory grew by {grown} KiB over 90,000 connections (from {rss} KiB)"
     );
 }
+
+/// A Linux sink in the namespace on `port`: accepts one connection and
+/// reads it to the end; the bytes, whether they were the pattern
+/// `send_close_exit` writes, and whether the end came (not the timeout).
+fn sink(veth: &Veth, port: u16) -> std::thread::JoinHandle<(usize, bool, bool)> {
+    let ip = veth.ns.ns_ip;
+    let l = veth
+        .in_ns(move || std::net::TcpListener::bind((ip, port)))
+        .expect("a listener in the namespace");
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut all = Vec::new();
+        let ended = s.read_to_end(&mut all).is_ok();
+        let pattern = all.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8);
+        (all.len(), pattern, ended)
+    })
+}
+
+fn send_close_exit(on: On) {
+    const LEN: usize = 4 << 20;
+    let Some(veth) = Veth::start() else { return };
+    let got = sink(&veth, 7400);
+    let args = [
+        veth.ns.ns_ip.to_string(),
+        "7400".to_string(),
+        LEN.to_string(),
+    ];
+    let (ok, report) = client(&veth, on, "send_close_exit", &args);
+    assert!(ok, "{report}");
+    let (len, pattern, ended) = got.join().expect("the sink thread");
+    assert_eq!(
+        (len, pattern, ended),
+        (LEN, true, true),
+        "(bytes, in order, then the end) the sink read; {report}"
+    );
+}
+
+/// A client that writes 4 MiB, closes and returns from `main` at once: the
+/// server still reads every byte and the end of the stream (`exit` lingers
+/// for the closed connection: docs/preload.md, "Exit").
+#[test]
+fn a_client_that_closes_and_exits_at_once_delivers_everything() {
+    send_close_exit(On::Ginza);
+}
+
+#[test]
+fn the_send_close_exit_program_passes_on_linux_itself() {
+    send_close_exit(On::Linux);
+}

@@ -130,12 +130,13 @@ pub(crate) fn tcp_of(rt: &Shared) -> Option<&Arc<Tcp>> {
 /// application closed to finish (docs/runtime.md, "Lingering at exit").
 pub(crate) const EXIT_LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Called on the thread that waited for `main`, with every kthread still
-/// running: waits until no connection the application closed owes its peer
-/// the end of its stream (the FIN, or the data before it, unacknowledged: a
-/// segment lost now could never be sent again once the kthreads stop), or
-/// [`EXIT_LINGER`] has passed. Connections the application left open are
-/// not waited for.
+/// Called as the application ends, with every kthread still running (from
+/// the thread that waited for `main`, or from a uthread calling
+/// [`linger_for_closed_connections`]): waits until no connection the
+/// application closed owes its peer the end of its stream (the FIN, or the
+/// data before it, unacknowledged: a segment lost once the kthreads stop
+/// could never be sent again), or [`EXIT_LINGER`] has passed. Connections
+/// the application left open are not waited for.
 pub(crate) fn linger_at_exit(rt: &Shared) {
     let Some(tcp) = tcp_of(rt) else {
         return;
@@ -148,7 +149,28 @@ pub(crate) fn linger_at_exit(rt: &Shared) {
             );
             return;
         }
-        std::thread::sleep(std::time::Duration::from_micros(100));
+        // A uthread sleeps on the runtime's timers, leaving its kthread to
+        // the stack; the thread that waits for `main` is an OS thread.
+        let pause = std::time::Duration::from_micros(100);
+        if crate::current_kthread_id().is_some() {
+            crate::sleep(pause);
+        } else {
+            std::thread::sleep(pause);
+        }
+    }
+}
+
+/// What `run` does when `main` returns, for a program that ends otherwise
+/// (the preload library's `exit`): waits, at most 2 s, until every
+/// connection the application closed has had its FIN acknowledged or its
+/// reset sent (docs/runtime.md, "Lingering at exit"). Call it on a uthread
+/// of the runtime; elsewhere it returns at once.
+pub fn linger_for_closed_connections() {
+    if crate::current_kthread_id().is_none() {
+        return;
+    }
+    if let Some(rt) = crate::sched::current_shared() {
+        linger_at_exit(&rt);
     }
 }
 
