@@ -165,18 +165,23 @@ fn a_blocked_idle_kthread_answers_a_datagram_without_a_grant_or_iokerneld() {
         assert_eq!(a0.cores_now, 1, "it held its core while idle: {a0:?}");
         assert_eq!(a.grants, a0.grants, "answered with no grant");
         assert_eq!(k.grants, k0.grants, "answered with no grant: {k:?}");
-        assert!(
-            k.idle_block_frames > k0.idle_block_frames,
-            "a frame on its socket woke it: {k0:?} then {k:?}"
-        );
         // iokerneld slept meanwhile and the frame did not wake it: not
         // its NIC socket, nor the application's own (counted as an
         // application's wake, with the bell, below).
         assert!(after.idle.sleeps > before.idle.sleeps, "iokerneld slept");
         assert_eq!(after.idle.wakes_nic, before.idle.wakes_nic, "NIC wakes");
-        if after.idle.wakes_app == before.idle.wakes_app {
-            clean += 1;
+        if after.idle.wakes_app != before.idle.wakes_app {
+            // The time-out's timer rang the bell: it may have woken the
+            // kthread just before the datagram came, which then found it
+            // polling (a fresh machine's CI run saw it), so the frame
+            // need not have woken it.
+            continue;
         }
+        assert!(
+            k.idle_block_frames > k0.idle_block_frames,
+            "a frame on its socket woke it: {k0:?} then {k:?}"
+        );
+        clean += 1;
     }
     let net = echo.finish();
     assert!(net.direct_rx_packets >= 20 + PROBES as u64, "{net:?}");

@@ -281,9 +281,10 @@ fn a_thousand_concurrent_connections_each_echo() {
 /// known failure on a 2-vCPU machine (5 runs in 6 on an EPYC VM in session
 /// 23; the client on two kthreads and the server on one, 2 in 6; one each,
 /// none in 18): some connections see no segment from their peer for
-/// seconds, every retransmission lost, and time out or are reset
-/// (docs/results.md, "Session 23: a thousand connections on two server
-/// kthreads"). Not understood yet; run it with `--ignored`.
+/// seconds, every retransmission lost, and time out or are reset: the
+/// client's ingress ring is full for long stretches (docs/results.md,
+/// "Session 23", "A thousand connections"). Not understood yet; run it
+/// with `--ignored`.
 #[test]
 #[ignore = "known failure on a 2-vCPU machine, see its doc comment"]
 fn a_thousand_concurrent_connections_each_echo_on_two_server_kthreads() {
@@ -859,7 +860,8 @@ mod flood {
 /// switch that drops a third of its TCP frames: its runtime lingers until
 /// the server has acknowledged everything up to the FIN (docs/runtime.md,
 /// "Lingering at exit"), so the server reads every byte and the end of the
-/// stream, although the FIN was still unacknowledged when `main` returned.
+/// stream, although the connection was still in the table when `main`
+/// returned (without the linger it never did, in 3 runs of 3).
 #[test]
 fn a_client_that_exits_right_after_closing_still_delivers_its_last_bytes() {
     const LEN: usize = 200_000;
