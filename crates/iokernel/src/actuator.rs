@@ -30,6 +30,9 @@ pub struct Target<'a> {
     pub pid: i32,
     /// The kthread's Linux thread id, once it reported `Started`.
     pub tid: Option<i32>,
+    /// Its application is batch: an eviction with no shared core lowers it
+    /// to `SCHED_IDLE` (a latency-critical one is left as it is).
+    pub batch: bool,
     /// The CPU iokerneld last pinned this thread to, if nothing has moved
     /// it since (an eviction or a failed grant forgets it): a grant to that
     /// CPU needs no `sched_setaffinity` (docs/results.md, "Core allocation").
@@ -228,7 +231,20 @@ impl CoreActuator for LinuxActuator {
             ));
         };
         if self.shared.is_empty() {
-            // Every usable core is managed or iokerneld's.
+            // Every usable core is managed or iokerneld's. A latency-critical
+            // kthread is not lowered: overdue, it is most often one the
+            // kernel has not run since its signal (the kthread that got its
+            // core runs there), or one in a deferred section holding its
+            // application's locks; under `SCHED_IDLE` beside a spinning
+            // kthread it would not run again to yield or release them, and
+            // its application stalled for seconds (docs/results.md,
+            // "Session 23"). At Linux's class it gets its share and yields.
+            if !t.batch {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "no shared core to move it to, and a latency-critical kthread is not lowered",
+                ));
+            }
             return self.demote(t, tid);
         }
         affinity::set_thread_affinity(tid, &self.shared)
@@ -367,6 +383,7 @@ mod tests {
             kthread: 0,
             pid: std::process::id() as i32,
             tid,
+            batch: true,
             pinned: None,
             eventfd: efd.as_fd(),
             wake: word,
@@ -445,10 +462,11 @@ mod tests {
         (rx.recv().unwrap(), done_tx, h)
     }
 
-    /// With no shared core to move it to, an evicted kthread is lowered to
-    /// `SCHED_IDLE` (whoever gets its core runs ahead of it) until its next
-    /// grant (or self-wake) gives its policy back; with one, it is moved there and its
-    /// policy is left alone; a batch kthread, already idle, stays so.
+    /// With no shared core to move it to, an evicted batch kthread is
+    /// lowered to `SCHED_IDLE` (whoever gets its core runs ahead of it)
+    /// until its next grant (or self-wake) gives its policy back; with one,
+    /// it is moved there and its policy is left alone; a kthread already
+    /// idle stays so; a latency-critical one is not lowered.
     #[test]
     fn an_eviction_lowers_the_kthread_where_no_core_is_shared_until_its_next_grant() {
         let efd = eventfd::new().unwrap();
@@ -491,6 +509,17 @@ mod tests {
         let mut act = LinuxActuator::new(Vec::new());
         let e = act.evict(&t, all[0]).unwrap_err();
         assert!(e.to_string().contains("not lowered"), "{e}");
+        // A latency-critical kthread is not lowered either, and says why.
+        let (lc_tid, lc_done, lc_h) = kthread_thread(false);
+        let lc = Target {
+            batch: false,
+            ..test_target(&efd, &word, Some(lc_tid))
+        };
+        let e = act.evict(&lc, all[0]).unwrap_err();
+        assert!(e.to_string().contains("latency-critical"), "{e}");
+        assert_eq!(sched_class::policy_of(lc_tid).unwrap(), Policy::Normal);
+        drop(lc_done);
+        lc_h.join().unwrap();
         act.grant(&t, all[0]).unwrap();
         assert_eq!(sched_class::policy_of(tid).unwrap(), Policy::Idle);
         drop(done);

@@ -270,35 +270,15 @@ fn half_close_lets_the_client_read_the_reply_after_its_fin() {
     server.stop();
 }
 
-/// One kthread on each side: the sides share the one managed core of a
-/// 2-vCPU machine, where iokerneld moves it between them.
 #[test]
 fn a_thousand_concurrent_connections_each_echo() {
-    thousand_connections(1, 1);
-}
-
-/// The server on two kthreads, sharing that one core with the client: a
-/// known failure on a 2-vCPU machine (5 runs in 6 on an EPYC VM in session
-/// 23; the client on two kthreads and the server on one, 2 in 6; one each,
-/// none in 18): some connections see no segment from their peer for
-/// seconds, every retransmission lost, and time out or are reset: the
-/// client's ingress ring is full for long stretches (docs/results.md,
-/// "Session 23", "A thousand connections"). Not understood yet; run it
-/// with `--ignored`.
-#[test]
-#[ignore = "known failure on a 2-vCPU machine, see its doc comment"]
-fn a_thousand_concurrent_connections_each_echo_on_two_server_kthreads() {
-    thousand_connections(2, 1);
-}
-
-fn thousand_connections(server_kthreads: usize, client_kthreads: usize) {
     let _g = lock();
     let d = Daemon::start(|_| {});
-    let server = Server::start(&d, server_kthreads, net(SERVER), |s| {
+    let server = Server::start(&d, 2, net(SERVER), |s| {
         echo(s);
     });
     const N: usize = 1000;
-    let (ok, stats) = client(&d, client_kthreads, || {
+    let (ok, stats) = client(&d, 2, || {
         let handles: Vec<_> = (0..N)
             .map(|i| {
                 ginza_runtime::spawn(move || {

@@ -771,6 +771,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             kthread: k,
             pid: app.pid,
             tid: app.kt[k].tid,
+            batch: app.class == ginza_proto::messages::Class::Batch,
             pinned: app.kt[k].pinned,
             eventfd: app.eventfds[k].as_fd(),
             wake: app.ends[k].line.wake(),
