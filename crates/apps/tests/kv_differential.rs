@@ -102,11 +102,25 @@ fn kv() -> Kv {
     Kv::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)))
 }
 
+/// A port free now and not handed to another test of this binary: the
+/// kernel may give a port out again as soon as its probe listener closes,
+/// and then two tests' memcacheds race for one port: the loser's test
+/// connects to the winner's, which its own test stops under it (the
+/// likely cause of a clean-clone CI run's "connection refused" in the
+/// middle of the binary script, session 23).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 fn connect_std(addr: SocketAddrV4) -> TcpStream {
