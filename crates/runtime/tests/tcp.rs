@@ -841,7 +841,8 @@ mod flood {
 /// the server has acknowledged everything up to the FIN (docs/runtime.md,
 /// "Lingering at exit"), so the server reads every byte and the end of the
 /// stream, although the connection was still in the table when `main`
-/// returned (without the linger it never did, in 3 runs of 3).
+/// returned (without the linger the server never saw the end, in 3 runs
+/// of 3).
 #[test]
 fn a_client_that_exits_right_after_closing_still_delivers_its_last_bytes() {
     const LEN: usize = 200_000;

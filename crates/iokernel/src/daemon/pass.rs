@@ -689,7 +689,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 app.preempt_overdue += 1;
                 self.meter.actions += 1;
                 warn!(
-                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off (or lowering it to SCHED_IDLE where no core is shared)",
+                    "app {:?} kthread {k} (tid {:?}) did not give cpu {cpu:?} back within {:?} of its preemption; moving it off (where no core is shared, a batch kthread is lowered to SCHED_IDLE, a latency-critical one left as it is)",
                     app.name, kt.tid, self.cfg.preempt_deadline
                 );
                 if let Some(cpu) = cpu {
