@@ -62,7 +62,11 @@
 //! iokerneld also sits on the first (Shenango dedicates a core to it; here
 //! it shares the generator's). The generator sleeps until each send
 //! (loadgen's `spin` 0) at SCHED_FIFO, so its sends go ahead of
-//! iokerneld's polling loop and it leaves the rest of that CPU; the bench
+//! iokerneld's polling loop and it leaves the rest of that CPU. In
+//! Linux's points nothing else runs there, and on a VM a wake of a thread
+//! on a halted vCPU can take milliseconds, so a SCHED_IDLE spinner keeps
+//! that CPU awake (`--keep-generator-cpu-busy`, `harness/cpu_keeper.rs`);
+//! in Ginza's iokerneld's loop does. The bench
 //! itself (iokerneld, the runtimes' kthreads, memcached) runs at nice -10,
 //! and its session (autogroup) too (`--session-nice`,
 //! `harness/autogroup.rs`): without that, under autogroups, another
@@ -114,6 +118,7 @@ use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
 use crate::harness::autogroup::AutogroupNice;
+use crate::harness::cpu_keeper::CpuKeeper;
 use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
@@ -210,6 +215,13 @@ pub struct MemcachedArgs {
     /// "Session 18: batch's work per CPU-second").
     #[arg(long)]
     batch_in_process: bool,
+    /// Linux: keep the generator's CPU from halting with a spinning
+    /// SCHED_IDLE thread (`harness/cpu_keeper.rs`): on a VM a generator
+    /// asleep on a halted vCPU wakes milliseconds late. Ginza's systems
+    /// need none: iokerneld's loop shares that CPU and keeps it awake (a
+    /// spinner beside it would take the turns its idle yields give away).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    keep_generator_cpu_busy: bool,
 }
 
 /// The servers compared.
@@ -317,6 +329,9 @@ pub struct PointConfig {
     pub kv_park: bool,
     /// Ginza: batch on a thread of the bench, not a process of its own.
     pub batch_in_process: bool,
+    /// Linux: a spinning SCHED_IDLE thread on the generator's CPU during
+    /// the load (see `--keep-generator-cpu-busy`).
+    pub keep_generator_cpu_busy: bool,
 }
 
 /// What one point measured.
@@ -457,6 +472,9 @@ struct Report {
     session_nice: Option<i32>,
     /// The generator's scheduling policy (chrt's arguments).
     generator_policy: String,
+    /// Whether a SCHED_IDLE spinner kept the generator's CPU busy in
+    /// Linux's points.
+    generator_cpu_kept_busy: bool,
 }
 
 /// The p99 bound of `max_krps_at_p99_200us`.
@@ -540,6 +558,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 idle_yield: args.idle_yield,
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
+                keep_generator_cpu_busy: args.keep_generator_cpu_busy,
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -592,6 +611,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         bench_nice: reniced.then(|| BENCH_NICE.to_string()),
         session_nice: session.as_ref().map(|s| s.now),
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
+        generator_cpu_kept_busy: args.keep_generator_cpu_busy,
     };
     emit(args.json, &render(&report), &report)
 }
@@ -753,6 +773,10 @@ fn measure(
         let s = socket.as_deref()?;
         ginza_proto::client::stats(s).ok().map(|r| r.loop_cpu_ns)
     };
+    let keeper = (cfg.keep_generator_cpu_busy && iokerneld.is_none())
+        .then(|| CpuKeeper::start(cfg.cpus.generator))
+        .transpose()
+        .context("--keep-generator-cpu-busy (false runs without it)")?;
     let start = Instant::now();
     let counter = std::thread::spawn(move || {
         std::thread::sleep(warmup);
@@ -779,6 +803,7 @@ fn measure(
         );
         ginza_loadgen::kernel::run(&load)
     })??;
+    drop(keeper);
     let (batch, cpu_ms, cpu_pct, split) = counter
         .join()
         .map_err(|_| anyhow!("the batch counter panicked"))?;

@@ -1125,6 +1125,8 @@ fn memcached_point(
         kv_park: false,
         // As deployed: batch a process of its own.
         batch_in_process: false,
+        // As `ginza bench memcached` runs by default.
+        keep_generator_cpu_busy: true,
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
