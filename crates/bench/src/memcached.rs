@@ -196,6 +196,12 @@ pub struct MemcachedArgs {
     /// "Yielding at idle turns") [default: iokerneld's].
     #[arg(long)]
     idle_yield: Option<bool>,
+    /// Ginza: iokerneld's `idle_victim_grace`: how long a `SCHED_IDLE`
+    /// batch kthread whose core went to kv-server stays unsignalled, and
+    /// keeps the core if kv-server gives it back first (docs/runtime.md,
+    /// "Preemptions withdrawn") [default: iokerneld's, 100us].
+    #[arg(long, value_parser = parse_duration)]
+    idle_victim_grace: Option<Duration>,
     /// Ginza: kv-server's kthread parks when idle instead of polling
     /// (`poll_while_idle` = 0: the behaviour before idle polling,
     /// docs/idle-poll.md), for a before/after comparison.
@@ -325,6 +331,8 @@ pub struct PointConfig {
     pub self_wake: Option<bool>,
     /// Ginza: iokerneld's `yield_while_idle` (None: its default).
     pub idle_yield: Option<bool>,
+    /// Ginza: iokerneld's `idle_victim_grace` (None: its default).
+    pub idle_victim_grace: Option<Duration>,
     /// Ginza: kv-server parks when idle (`poll_while_idle` = 0).
     pub kv_park: bool,
     /// Ginza: batch on a thread of the bench, not a process of its own.
@@ -556,6 +564,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 iokernel_spin: args.iokernel_spin,
                 self_wake: args.self_wake,
                 idle_yield: args.idle_yield,
+                idle_victim_grace: args.idle_victim_grace,
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
                 keep_generator_cpu_busy: args.keep_generator_cpu_busy,
@@ -877,6 +886,9 @@ fn ginza_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
         }
         if let Some(y) = cfg.idle_yield {
             icfg.yield_while_idle = y;
+        }
+        if let Some(g) = cfg.idle_victim_grace {
+            icfg.idle_victim_grace = g;
         }
         Ok(())
     };

@@ -199,12 +199,17 @@ pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_millis(2);
 /// Bounds of `Config::idle_after`.
 pub const MIN_IDLE_AFTER: Duration = Duration::from_micros(10);
 pub const MAX_IDLE_AFTER: Duration = Duration::from_secs(10);
-/// `Config::idle_victim_grace` by default: several times the time a
-/// latency-critical kthread holds a core for one short request here
-/// (docs/results.md, "Where a request's time goes"), so that at low load
-/// nearly every hand-over is withdrawn, while a receiver that keeps the
-/// core lets the victim yield soon.
-pub const DEFAULT_IDLE_VICTIM_GRACE: Duration = Duration::from_micros(100);
+/// `Config::idle_victim_grace` by default: longer than a latency-critical
+/// kthread's stay on a core for a few requests, including the wait for
+/// iokerneld to ask an idle poller back (which on a 2-vCPU VM whose
+/// iokerneld shares its CPU with the load generator took up to
+/// milliseconds), so that nearly every hand-over is withdrawn; a receiver
+/// that keeps the core still lets the victim yield within a scheduler
+/// tick or two. It was 100 µs until session 24: then at 10k–20k
+/// memcached requests/s most victims were signalled, parked and waited
+/// for a wake, and batch got 0.5–0.8× what it got with 2 or 10 ms
+/// (docs/results.md, "Session 24").
+pub const DEFAULT_IDLE_VICTIM_GRACE: Duration = Duration::from_millis(10);
 /// `Config::min_residency` by default: about five hand-overs' cost here
 /// (a preemption signal, the holder's `Yielded` and a wake: some 20 µs at
 /// p50), so that a contested core spends at most a sixth of its time

@@ -253,7 +253,12 @@ fn wait_until(what: &str, d: &Daemon, f: impl Fn(&StatsReport) -> bool) -> Stats
 #[test]
 fn batch_takes_free_cores_and_loses_bursting_ones_to_latency_critical_work() {
     let _g = lock();
-    let d = Daemon::start(|_| {});
+    // A grace shorter than the bursts: batch's kthreads are signalled and
+    // yield (the revocation path this test checks). Under the default
+    // (10 ms) the preemptions are withdrawn before any signal, as
+    // `a_preemption_of_an_idle_class_kthread_is_withdrawn_when_the_core_comes_back_first`
+    // in crates/iokernel/tests/iokerneld.rs checks.
+    let d = Daemon::start(|c| c.idle_victim_grace = Duration::from_micros(100));
     let n = cores().len();
     let stop = Arc::new(AtomicBool::new(false));
     let batch = spinning_batch(&d, "batch", 0, n, Arc::clone(&stop));

@@ -1121,6 +1121,7 @@ fn memcached_point(
         // As iokerneld runs by default.
         self_wake: None,
         idle_yield: None,
+        idle_victim_grace: None,
         // As the runtime runs by default: kv-server polls while idle.
         kv_park: false,
         // As deployed: batch a process of its own.
