@@ -6,8 +6,9 @@
 //! and Linux alike. Interrupt and softirq work is charged to whatever
 //! thread the CPU was running (the veth's receive runs inside the sender's
 //! `sendto`), so it is inside these figures, not beside them; the per-CPU
-//! softirq time of `/proc/stat` is read too, for the two CPUs, but it is
-//! the whole machine's on that CPU.
+//! softirq and idle time of `/proc/stat` is read too, for the two CPUs,
+//! but it is the whole machine's on that CPU. Idle time is what no thread
+//! used: on a VM, spans in which the vCPU halted.
 
 use std::collections::BTreeMap;
 
@@ -30,11 +31,13 @@ pub(crate) struct Meter {
     cpus: Vec<usize>,
 }
 
-/// One reading: ns run per component, and the softirq ns of each CPU.
+/// One reading: ns run per component, and the softirq and idle ns of
+/// each CPU.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Reading {
     run_ns: Vec<u64>,
     softirq_ns: Vec<u64>,
+    idle_ns: Vec<u64>,
 }
 
 impl Meter {
@@ -62,13 +65,14 @@ impl Meter {
                 .iter()
                 .map(|ts| ts.iter().filter_map(|&(p, t)| run_ns(p, t)).sum())
                 .collect(),
-            softirq_ns: softirq_ns(&self.cpus),
+            softirq_ns: cpu_stat_ns(&self.cpus, CpuStat::Softirq),
+            idle_ns: cpu_stat_ns(&self.cpus, CpuStat::Idle),
         }
     }
 
     /// Per component, µs of CPU per request between two readings
-    /// (`requests` answered in between); then each CPU's softirq µs per
-    /// request. [`Meter::threads`] says how many threads each had.
+    /// (`requests` answered in between); then each CPU's softirq and idle
+    /// µs per request. [`Meter::threads`] says how many threads each had.
     pub(crate) fn per_request(
         &self,
         from: &Reading,
@@ -86,11 +90,16 @@ impl Meter {
             out.insert(name.clone(), b.saturating_sub(*a) as f64 / 1e3 / requests);
         }
         for (i, cpu) in self.cpus.iter().enumerate() {
-            if let (Some(a), Some(b)) = (from.softirq_ns.get(i), to.softirq_ns.get(i)) {
-                out.insert(
-                    format!("softirq on CPU {cpu}, whole machine"),
-                    b.saturating_sub(*a) as f64 / 1e3 / requests,
-                );
+            for (what, from, to) in [
+                ("softirq", &from.softirq_ns, &to.softirq_ns),
+                ("idle", &from.idle_ns, &to.idle_ns),
+            ] {
+                if let (Some(a), Some(b)) = (from.get(i), to.get(i)) {
+                    out.insert(
+                        format!("{what} on CPU {cpu}, whole machine"),
+                        b.saturating_sub(*a) as f64 / 1e3 / requests,
+                    );
+                }
             }
         }
         out
@@ -141,19 +150,30 @@ fn run_ns(pid: i32, tid: i32) -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-/// The softirq time of each CPU in `cpus`, ns (`/proc/stat` counts ticks
-/// of USER_HZ, 100 a second on Linux: 10 ms each).
-fn softirq_ns(cpus: &[usize]) -> Vec<u64> {
+/// A column of a CPU's line in `/proc/stat`.
+#[derive(Clone, Copy)]
+enum CpuStat {
+    Idle,
+    Softirq,
+}
+
+/// Column `what` of each CPU in `cpus`, ns (`/proc/stat` counts ticks of
+/// USER_HZ, 100 a second on Linux: 10 ms each).
+fn cpu_stat_ns(cpus: &[usize], what: CpuStat) -> Vec<u64> {
     let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
         return Vec::new();
+    };
+    // cpuN user nice system idle iowait irq softirq ...
+    let column = match what {
+        CpuStat::Idle => 4,
+        CpuStat::Softirq => 7,
     };
     cpus.iter()
         .filter_map(|cpu| {
             let line = stat
                 .lines()
                 .find(|l| l.split_whitespace().next() == Some(&format!("cpu{cpu}")))?;
-            // cpuN user nice system idle iowait irq softirq ...
-            let ticks: u64 = line.split_whitespace().nth(7)?.parse().ok()?;
+            let ticks: u64 = line.split_whitespace().nth(column)?.parse().ok()?;
             Some(ticks * 10_000_000)
         })
         .collect()
@@ -216,6 +236,7 @@ mod tests {
         );
         assert!(split["idle"] < 1.0, "{split:?}");
         assert!(split.contains_key("softirq on CPU 0, whole machine"));
+        assert!(split.contains_key("idle on CPU 0, whole machine"));
         assert_eq!(m.threads()["spinner"], 1);
     }
 }
