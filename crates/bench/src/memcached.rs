@@ -66,7 +66,7 @@
 //! Linux's points nothing else runs there, and on a VM a wake of a thread
 //! on a halted vCPU can take milliseconds, so a SCHED_IDLE spinner keeps
 //! that CPU awake (`--keep-generator-cpu-busy`, `harness/cpu_keeper.rs`);
-//! in Ginza's iokerneld's loop does. The bench
+//! in Ginza's points iokerneld's loop does. The bench
 //! itself (iokerneld, the runtimes' kthreads, memcached) runs at nice -10,
 //! and its session (autogroup) too (`--session-nice`,
 //! `harness/autogroup.rs`): without that, under autogroups, another
@@ -199,7 +199,7 @@ pub struct MemcachedArgs {
     /// Ginza: iokerneld's `idle_victim_grace`: how long a `SCHED_IDLE`
     /// batch kthread whose core went to kv-server stays unsignalled, and
     /// keeps the core if kv-server gives it back first (docs/runtime.md,
-    /// "Preemptions withdrawn") [default: iokerneld's, 100us].
+    /// "Preemptions withdrawn") [default: iokerneld's, 10ms].
     #[arg(long, value_parser = parse_duration)]
     idle_victim_grace: Option<Duration>,
     /// Ginza: kv-server's kthread parks when idle instead of polling
@@ -1786,13 +1786,18 @@ fn render(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "memcached USR over veth, {} connections, {} keys; medians of {} round(s) of {:.1} s (+{:.1} s warm-up); generator on CPU {}, iokerneld on CPU {}, servers and batch on CPU {}{}:",
+        "memcached USR over veth, {} connections, {} keys; medians of {} round(s) of {:.1} s (+{:.1} s warm-up); generator on CPU {}{}, iokerneld on CPU {}, servers and batch on CPU {}{}:",
         r.connections,
         r.keys,
         r.points.first().map_or(0, |p| p.rounds),
         r.duration_s,
         r.warmup_s,
         r.cpus.generator,
+        if r.generator_cpu_kept_busy {
+            " (kept busy at SCHED_IDLE in Linux's points)"
+        } else {
+            ""
+        },
         r.cpus.iokernel,
         r.cpus.server,
         if r.debug_build { " (DEBUG build)" } else { "" }

@@ -5,14 +5,15 @@
 //! Why: on a VM a wake of a thread whose vCPU has halted waits for the
 //! hypervisor to run that vCPU again. On the project's nested 2-vCPU VM
 //! an eventfd wake of a thread on an idle vCPU from the other took p50
-//! 170 µs, p99 0.94 ms, max 16 ms, against 30 µs, 97 µs and 3.3 ms with
-//! the vCPU kept busy (docs/results.md, "Session 24"). A generator that
-//! sleeps between sends on an idle CPU then misses its schedule by
-//! milliseconds and the point is thrown away as generator-saturated,
-//! while the same generator beside iokerneld's spinning loop does not:
-//! the figures would compare the generator's CPU, not the systems. The
-//! keeper runs for every system alike; where iokerneld shares the CPU it
-//! gets only what iokerneld's idle sleeps leave.
+//! 45–170 µs and up to 16 ms, against 20–31 µs and 0.5–3.3 ms with the
+//! vCPU kept busy (`bench/perf/vcpu_wake.c`; docs/results.md, "Session
+//! 24"). A generator that sleeps between sends on an idle CPU then misses
+//! its schedule by milliseconds and the point is thrown away as
+//! generator-saturated, while the same generator beside iokerneld's
+//! spinning loop does not: the figures would compare the generator's CPU,
+//! not the systems. So Linux's points get a keeper; Ginza's need none
+//! (iokerneld's loop keeps that CPU awake, and a keeper there took the
+//! turns its idle yields gave away).
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;

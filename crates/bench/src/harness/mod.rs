@@ -4,9 +4,9 @@
 //! ([`direct`]), the round trips' shape and quantiles ([`rtt`]), figures
 //! and their printing ([`figures`]), the bench's weight against other
 //! sessions ([`autogroup`]), the Shinjuku-mode work and CPUs
-//! ([`work`]), Linux's batch peer ([`linux_batch`]), the generator's CPU kept
-//! awake ([`cpu_keeper`]) and the loop every
-//! load sweep runs through ([`sweep`]).
+//! ([`work`]), Linux's batch peer ([`linux_batch`]), the generator's CPU
+//! kept awake ([`cpu_keeper`]) and the loop every load sweep runs through
+//! ([`sweep`]).
 
 pub(crate) mod app;
 pub(crate) mod autogroup;
