@@ -30,6 +30,8 @@
 //!                          # flow during this long after registration
 //! steering_buckets = 512   # indirection: buckets per application
 //! local_wake = "5us"       # local wakes, iokerneld's wait ("0": off)
+//! idle_victim_grace = "10ms" # a SCHED_IDLE kthread whose core went to
+//!                          # another is signalled only after this
 //! metrics = "127.0.0.1:9464" # Prometheus metrics at http://ADDR/metrics
 //!                          # (docs/metrics.md; default: not served)
 //!
@@ -334,6 +336,7 @@ struct FileConfig {
     flow_warm_up: Option<String>,
     steering_buckets: Option<usize>,
     local_wake: Option<String>,
+    idle_victim_grace: Option<String>,
     metrics: Option<String>,
     #[serde(default)]
     faults: Vec<toml::Table>,
@@ -435,6 +438,12 @@ pub struct Cli {
     /// iokerneld wakes it itself after this wait [default: 5us; 0: off].
     #[arg(long, value_parser = parse_duration)]
     pub local_wake: Option<Duration>,
+    /// How long a `SCHED_IDLE` (batch) kthread whose core went to another
+    /// application's kthread keeps running behind it unsignalled; if the
+    /// core comes back first the preemption is withdrawn
+    /// (docs/runtime.md, "Preemptions withdrawn") [default: 10ms].
+    #[arg(long, value_parser = parse_duration)]
+    pub idle_victim_grace: Option<Duration>,
     /// Fault injection in the software switch, e.g.
     /// `drop=5%,reorder=2%,port=trunk` (repeatable, at most 4; replaces the
     /// file's `[[faults]]`). Keys: drop, duplicate, reorder, corrupt
@@ -590,6 +599,12 @@ impl Config {
             .or(dur("local_wake", file.local_wake.as_ref())?)
         {
             c.local_wake_wait = (!w.is_zero()).then_some(w);
+        }
+        if let Some(g) = cli
+            .idle_victim_grace
+            .or(dur("idle_victim_grace", file.idle_victim_grace.as_ref())?)
+        {
+            c.idle_victim_grace = g;
         }
         if let Some(ci) = dur("control_interval", file.control_interval.as_ref())? {
             c.control_interval = ci;
@@ -943,6 +958,31 @@ mod tests {
                 "--local-wake {flag}"
             );
         }
+        assert_eq!(c.idle_victim_grace, DEFAULT_IDLE_VICTIM_GRACE);
+        let cli = Cli::try_parse_from([
+            "iokerneld",
+            "-c",
+            p.to_str().unwrap(),
+            "--idle-victim-grace",
+            "2ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            Config::from_cli(&cli).unwrap().idle_victim_grace,
+            Duration::from_millis(2)
+        );
+        let p2 = dir.join("iok-grace.toml");
+        std::fs::write(
+            &p2,
+            format!("cores = \"{core}\"\nidle_victim_grace = \"3ms\"\n"),
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["iokerneld", "-c", p2.to_str().unwrap()]).unwrap();
+        assert_eq!(
+            Config::from_cli(&cli).unwrap().idle_victim_grace,
+            Duration::from_millis(3),
+            "from the file"
+        );
         assert!(Cli::try_parse_from(["iokerneld", "--steering", "random"]).is_err());
         assert_eq!(c.steering_options, SteeringOptions::default());
         let cli = Cli::try_parse_from([
