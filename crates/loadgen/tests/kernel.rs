@@ -18,6 +18,51 @@ use ginza_loadgen::report::Report;
 use ginza_loadgen::schedule::{Arrivals, Process};
 use ginza_loadgen::{kernel, RunConfig};
 
+/// Keeps every CPU this process may use from halting while a latency
+/// check runs: one spinning `SCHED_IDLE` thread per CPU, which runs only
+/// when nothing else there wants to. On a VM a wake onto a halted vCPU
+/// took up to milliseconds (docs/results.md, "Session 24"; a CI run saw a
+/// median send lag of 655 µs in all five tries), which these checks would
+/// read as a generator late on its schedule. A CPU whose thread cannot be
+/// pinned or put at `SCHED_IDLE` is left as it is.
+struct CpusAwake {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpusAwake {
+    fn start() -> CpusAwake {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cpus = ginza_sys::affinity::allowed_cpus().unwrap_or_default();
+        let threads = cpus
+            .into_iter()
+            .map(|cpu| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    if ginza_sys::affinity::pin_current_thread(cpu).is_err()
+                        || ginza_sys::sched_class::set_current_idle().is_err()
+                    {
+                        return;
+                    }
+                    while !stop.load(Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        CpusAwake { stop, threads }
+    }
+}
+
+impl Drop for CpusAwake {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// The tests measure latency and the generator's lag: one at a time.
 fn lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -109,6 +154,7 @@ fn on_time(r: &Report) {
 #[test]
 fn udp_latency_at_low_load_agrees_with_a_ping_pong() {
     let _serial = lock();
+    let _awake = CpusAwake::start();
     let server = UdpEcho::start(false);
     let pp = common::udp_ping_pong_p50(server.addr, 32, 1000, Duration::from_micros(500));
     eprintln!("ping-pong p50 {pp:?}");
@@ -133,6 +179,7 @@ fn udp_latency_at_low_load_agrees_with_a_ping_pong() {
 #[test]
 fn tcp_latency_at_low_load_agrees_with_a_ping_pong() {
     let _serial = lock();
+    let _awake = CpusAwake::start();
     let server = TcpServer::echo();
     let pp = common::tcp_ping_pong_p50(server.addr, 32, 1000, Duration::from_micros(500));
     // One connection, as the ping-pong's (a thread per connection on the
