@@ -21,8 +21,6 @@ use std::thread::JoinHandle;
 
 use anyhow::Context as _;
 
-use super::linux_batch::set_policy;
-
 /// The keeper thread's name (never one the CPU split counts).
 const KEEPER_THREAD: &str = "cpu-keeper";
 
@@ -38,19 +36,22 @@ impl CpuKeeper {
     /// would take CPU time from what is measured.
     pub(crate) fn start(cpu: usize) -> anyhow::Result<CpuKeeper> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let (go_tx, go_rx) = std::sync::mpsc::channel::<bool>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let spin_until = stop.clone();
         let thread = std::thread::Builder::new()
             .name(KEEPER_THREAD.into())
             .spawn(move || {
-                let pinned = ginza_sys::affinity::pin_current_thread(cpu);
-                let _ = tid_tx.send(pinned.map(|()| ginza_sys::process::gettid()));
-                // Spin only once the policy is known to be SCHED_IDLE.
-                if go_rx.recv() != Ok(true) {
-                    return;
-                }
-                while !spin_until.load(Relaxed) {
+                let ready = ginza_sys::affinity::pin_current_thread(cpu)
+                    .map_err(|e| anyhow::anyhow!("pinning the CPU keeper to CPU {cpu}: {e}"))
+                    .and_then(|()| {
+                        ginza_sys::sched_class::set_current_idle().map_err(|e| {
+                            anyhow::anyhow!("putting the CPU keeper at SCHED_IDLE: {e}")
+                        })
+                    });
+                let spin = ready.is_ok();
+                let _ = ready_tx.send(ready);
+                // Spin only at SCHED_IDLE.
+                while spin && !spin_until.load(Relaxed) {
                     std::hint::spin_loop();
                 }
             })
@@ -59,18 +60,10 @@ impl CpuKeeper {
             stop,
             thread: Some(thread),
         };
-        let tid = tid_rx
-            .recv()
-            .context("the CPU keeper thread")?
-            .with_context(|| format!("pinning the CPU keeper to CPU {cpu}"));
-        let idle = tid
-            .as_ref()
-            .is_ok_and(|&tid| set_policy(tid, ("--idle", "0")));
-        let _ = go_tx.send(idle);
-        if !idle {
+        let ready = ready_rx.recv().context("the CPU keeper thread");
+        if let Err(e) = ready.and_then(|r| r) {
             keeper.stop_and_join();
-            tid?;
-            anyhow::bail!("chrt could not put the CPU keeper at SCHED_IDLE (not root?)");
+            return Err(e);
         }
         Ok(keeper)
     }
