@@ -16,9 +16,9 @@ use std::sync::atomic::AtomicBool;
 /// Suspends the running context and resumes another.
 ///
 /// Pushes the callee-saved registers on the current stack, stores the stack
-/// pointer in `*from_sp`, then clears `*from_on_cpu` — only after the stack is
-/// fully written, so another core that sees `false` may resume it — and
-/// finally continues on `to_sp`.
+/// pointer in `*from_sp`, moves to `to_sp`, and only then clears
+/// `*from_on_cpu` — the old stack fully written and no longer in use, so
+/// another core that sees `false` may resume it — and continues there.
 ///
 /// # Safety
 /// `to_sp` must be a stack pointer produced by this function or by
@@ -38,10 +38,14 @@ pub(crate) unsafe extern "C" fn switch(
         "push r14",
         "push r15",
         "mov [rdi], rsp",
+        // Onto the new stack before the flag drops: once it is down another
+        // core may resume the old context, and a signal taken here before
+        // the move would push its frame onto that context's stack, in use
+        // there (the handler runs on the interrupted stack).
+        "mov rsp, rsi",
         // x86 stores are not reordered with older stores: everything above is
         // visible before the flag drops.
         "mov byte ptr [rdx], 0",
-        "mov rsp, rsi",
         "pop r15",
         "pop r14",
         "pop r13",

@@ -158,6 +158,8 @@ fn preempt_from_signal() {
     // count never drops to zero). Allocation is a deferred section, so the
     // runqueue push below cannot re-enter an interrupted allocator.
     st.count.store(1, Relaxed);
+    // Deferred: a signal from here on only leaves a note (`pending`).
+    signals::unblock_preempt();
     sched::bump(&k.stats.preemptions);
     // Answered: the slicer need not ask again (slicer.rs).
     k.slice_asked.store(false, Relaxed);

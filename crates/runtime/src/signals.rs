@@ -47,9 +47,13 @@ pub(crate) fn install(
                 PREEMPT_SIGNAL,
                 on_preempt as *const () as usize,
                 // The handler re-enters the scheduler: it must run on the
-                // interrupted uthread's stack (no SA_ONSTACK), and a nested
-                // request is filtered by the deferral count (SA_NODEFER).
-                libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER,
+                // interrupted uthread's stack (no SA_ONSTACK). The signal is
+                // blocked while it runs (no SA_NODEFER) until it has deferred
+                // the uthread and unblocks it ([`unblock_preempt`]): a signal
+                // nested before that would preempt the uthread from inside
+                // the handler, leaving the outer one's view of the kthread
+                // stale after a move, and a storm of them overflows a stack.
+                libc::SA_SIGINFO | libc::SA_RESTART,
                 None,
             )
             .and_then(|_| {
@@ -195,6 +199,22 @@ pub(crate) fn ensure_altstack() {
             ss_size: size,
         };
         libc::sigaltstack(&stack, std::ptr::null_mut());
+    }
+}
+
+/// Unblocks the preemption signal on the calling thread. The handler calls
+/// it once its uthread is deferred, before switching away: the kthread goes
+/// on with the signal blocked otherwise, until the uthread returns from the
+/// handler, maybe elsewhere. A signal that comes after it finds the uthread
+/// deferred and leaves only a note (`pending`).
+pub(crate) fn unblock_preempt() {
+    // SAFETY: sigset_t is plain data, filled by sigemptyset/sigaddset;
+    // pthread_sigmask is async-signal-safe and only reads the set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, PREEMPT_SIGNAL);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
 }
 

@@ -149,3 +149,115 @@ fn results_stay_exact_under_a_storm_of_revocations() {
     }
     assert!(preemptions > 0, "the storm never preempted anything");
 }
+
+/// The thread ids of this process's `count` kthreads (named `ginza-k<N>`
+/// by themselves once they start, so looked for until all are).
+fn kthread_tids(count: usize) -> Vec<libc::pid_t> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tids: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| {
+                let task = task.ok()?;
+                let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+                let id = comm.trim_end().strip_prefix("ginza-k")?;
+                id.parse::<usize>().ok()?;
+                task.file_name().to_str()?.parse().ok()
+            })
+            .collect();
+        if tids.len() == count {
+            return tids;
+        }
+        assert!(Instant::now() < deadline, "kthreads found: {tids:?}");
+        std::thread::yield_now();
+    }
+}
+
+/// Preemption signals sent to both kthreads without pause, as fast as one
+/// thread can, while contexts hand tokens back and forth across them. A
+/// signal that arrives while the handler of the last one runs must wait
+/// for it to defer the uthread (else handlers nest until the stack
+/// overflows, or an inner one moves the uthread under the outer), and one
+/// that reaches a kthread just as a uthread it leaves is resumed elsewhere
+/// must not land on that uthread's stack. Every context's running result
+/// and a canary on its stack stay exact.
+#[test]
+fn contexts_stay_intact_under_a_flood_of_preemption_signals() {
+    const PAIRS: u64 = 3;
+    const ROUNDS: u64 = 100_000;
+    let (finished, signals, preemptions) = run(Config::with_kthreads(2), || {
+        let handle = Handle::current().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let sender = {
+            let (stop, sent) = (stop.clone(), sent.clone());
+            // Named: an unnamed thread would inherit its creator's name.
+            std::thread::Builder::new()
+                .name("signaller".into())
+                .spawn(move || {
+                    let tids = kthread_tids(2);
+                    while !stop.load(SeqCst) {
+                        for &tid in &tids {
+                            // SAFETY: tgkill has no memory arguments; SIGURG
+                            // is the runtime's preemption signal.
+                            unsafe {
+                                libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGURG)
+                            };
+                            sent.fetch_add(1, SeqCst);
+                        }
+                    }
+                })
+                .unwrap()
+        };
+        let players: Vec<_> = (0..PAIRS)
+            .flat_map(|_| {
+                // Whose turn it is: player 0 moves on even counts.
+                let token = Arc::new((
+                    ginza_runtime::Mutex::new(0u64),
+                    ginza_runtime::Condvar::new(),
+                ));
+                (0..2u64).map(move |me| {
+                    let token = token.clone();
+                    spawn(move || {
+                        let canary = [me.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1; 64];
+                        let mut x = me;
+                        let (turns, moved) = &*token;
+                        for round in 0..ROUNDS {
+                            let mut turn = turns.lock();
+                            while *turn % 2 != me {
+                                turn = moved.wait(turn);
+                            }
+                            *turn += 1;
+                            moved.notify_one();
+                            drop(turn);
+                            x = mix(x, round);
+                            let canary = std::hint::black_box(&canary);
+                            assert!(
+                                canary.iter().all(|&c| c == canary[0]),
+                                "a stack canary changed in round {round}"
+                            );
+                        }
+                        x
+                    })
+                })
+            })
+            .collect();
+        let mut finished = 0;
+        for (i, player) in players.into_iter().enumerate() {
+            let x = player.join().expect("a player died");
+            assert_eq!(x, (0..ROUNDS).fold((i % 2) as u64, mix), "player {i}");
+            finished += 1;
+        }
+        stop.store(true, SeqCst);
+        sender.join().unwrap();
+        let preemptions: u64 = handle.stats().iter().map(|s| s.preemptions).sum();
+        (finished, sent.load(SeqCst), preemptions)
+    })
+    .unwrap();
+    assert_eq!(finished, 2 * PAIRS);
+    assert!(
+        preemptions > 0,
+        "{signals} signals sent, none preempted a uthread"
+    );
+    eprintln!("{signals} signals sent, {preemptions} preemptions");
+}
