@@ -75,6 +75,7 @@ use serde::Serialize;
 
 use super::rtt_spans::Spans;
 use crate::harness::app::App;
+use crate::harness::client_cpu::ClientCpu;
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median, percentile};
 use crate::harness::iokerneld::{socket_dir, with_iokerneld_on_veth, Cpus, Recording};
@@ -716,52 +717,6 @@ enum LinuxServer {
     BusyPoll { cpu: usize },
 }
 
-/// Where the round-trip client runs (`--rtt-client-cpu`). On two CPUs
-/// Ginza's server side holds both (iokerneld spins on one, the server's
-/// kthread runs on the other), so the client must share one of them;
-/// which one decides whether the reply's wake-up of the client crosses
-/// CPUs, and on this VM that is most of a round trip (docs/results.md,
-/// "Dataplane").
-#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
-pub enum ClientCpu {
-    /// A CPU no server side uses, the same for every server, where there
-    /// is a third CPU; else `beside-sender`.
-    Auto,
-    /// Like with like on two CPUs: the client shares the CPU of the
-    /// thread that polls for the requests and puts the replies on the
-    /// link — iokerneld's for Ginza, the server thread's for Linux and
-    /// for Ginza on the direct path (its kthread sends its own replies).
-    BesideSender,
-    /// The earlier placement (docs/results.md, "Dataplane"): the server kthread's CPU for
-    /// Ginza, the other one (which the kernel's servers leave free) for
-    /// Linux.
-    Split,
-    /// The server's CPU (Ginza's kthread, the busy-polling Linux thread)
-    /// for every server.
-    Server,
-    /// iokerneld's CPU for every server.
-    Iokernel,
-}
-
-/// The client's CPU against Ginza's servers and against the kernel's.
-fn client_cpus(
-    choice: ClientCpu,
-    cpus: &[usize],
-    iok_cpu: usize,
-    app_cpu: usize,
-) -> (usize, usize) {
-    match choice {
-        ClientCpu::Auto => match cpus.get(2) {
-            Some(&third) => (third, third),
-            None => (iok_cpu, app_cpu),
-        },
-        ClientCpu::BesideSender => (iok_cpu, app_cpu),
-        ClientCpu::Split => (app_cpu, iok_cpu),
-        ClientCpu::Server => (app_cpu, app_cpu),
-        ClientCpu::Iokernel => (iok_cpu, iok_cpu),
-    }
-}
-
 /// Rounds of (Ginza, Linux blocking, Linux busy-polling, Ginza spinning),
 /// medians of the rounds' p50 and p99, and Ginza's spans.
 fn rtt_rounds(
@@ -777,7 +732,7 @@ fn rtt_rounds(
         .add_host_address(3)
         .with_context(|| format!("a Linux address on {}", ns.host_if))?;
     let linux_ip = host.ip;
-    let (ginza_client, linux_client) = client_cpus(args.rtt_client_cpu, cpus, iok_cpu, app_cpu);
+    let (ginza_client, linux_client) = args.rtt_client_cpu.of(cpus, iok_cpu, app_cpu);
     let ticks_per_us = hops::ticks_per_us(Duration::from_millis(20));
     hops::enable(true);
     let spans = |stamps: &[Stamps]| Spans::of_round(stamps, ticks_per_us);

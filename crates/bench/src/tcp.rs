@@ -45,6 +45,14 @@
 //!   stamps its read and write only), medians over every round's stamped
 //!   round trips.
 //!
+//! * The round-trip client is pinned as `--client-cpu` says (the choice
+//!   of `ginza bench forward --rtt-client-cpu`): on two CPUs by default
+//!   beside the thread that puts the replies on the link, iokerneld for
+//!   Ginza, the server thread for Linux and for Ginza's direct path. Left
+//!   to the kernel, the client of the busy-polling Linux server ran on the
+//!   other CPU and every reply woke it there (p50 36 against 22 µs,
+//!   docs/results.md, "Session 25").
+//!
 //! Rounds are interleaved (Ginza, Ginza direct, Linux, Linux busy-poll,
 //! switch; again…) so that drifts of the machine hit every server alike;
 //! each figure is the median over `--rounds` rounds of that round's value (p50 and p99 are
@@ -71,6 +79,7 @@ use ginza_sys::hops::{self, Hop, Stamps};
 use serde::Serialize;
 
 use crate::harness::app::App;
+use crate::harness::client_cpu::ClientCpu;
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
 use crate::harness::iokerneld::{set_faults, start_on, with_iokerneld_on_veth, Cpus};
@@ -107,10 +116,12 @@ pub struct TcpArgs {
     /// docs/idle-poll.md), as `ginza bench forward --rtt-park`.
     #[arg(long)]
     park: bool,
-    /// Pin the client (in the namespace) to this CPU for every server's
-    /// round trips; by default the kernel places it.
-    #[arg(long)]
-    client_cpu: Option<usize>,
+    /// Where the round-trip client (in the namespace) runs, as `ginza
+    /// bench forward --rtt-client-cpu`: by default, on two CPUs, beside
+    /// the thread that puts the replies on the link (iokerneld for Ginza,
+    /// the server thread for Linux and for Ginza's direct path).
+    #[arg(long, value_enum, default_value_t = ClientCpu::Auto)]
+    client_cpu: ClientCpu,
     /// No round trips and stream to Ginza's servers on the direct path
     /// (their own AF_XDP socket; `rtt_us.ginza_direct`,
     /// `stream_mbps.ginza_direct`; docs/direct-path.md).
@@ -297,6 +308,12 @@ struct Report {
     phases: Option<Phases>,
     lossy: Option<Lossy>,
     lossy_reverse: Option<Lossy>,
+    /// `--client-cpu`, and the CPUs the round-trip client got against
+    /// Ginza's switch path and against the kernel's servers and Ginza's
+    /// direct path.
+    client_cpu: String,
+    client_cpu_ginza: usize,
+    client_cpu_linux: usize,
     /// The NIC backend Ginza's veth figures went through.
     backend: Option<String>,
     payload_bytes: usize,
@@ -309,15 +326,16 @@ struct Report {
 }
 
 pub fn run(args: TcpArgs) -> anyhow::Result<()> {
-    let cpus = allowed_cpus()?;
+    let allowed = allowed_cpus()?;
     anyhow::ensure!(
-        cpus.len() >= 2,
-        "ginza bench tcp needs two CPUs (iokerneld and the applications), this process may use {cpus:?}"
+        allowed.len() >= 2,
+        "ginza bench tcp needs two CPUs (iokerneld and the applications), this process may use {allowed:?}"
     );
     let cpus = Cpus {
-        iokernel: cpus[0],
-        app: cpus[1],
+        iokernel: allowed[0],
+        app: allowed[1],
     };
+    let (ginza_client, linux_client) = args.client_cpu.of(&allowed, cpus.iokernel, cpus.app);
     let ns = if args.no_direct {
         NetNs::create()
     } else {
@@ -330,14 +348,14 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
     for round in 0..args.rounds {
         let mut r = Round::default();
         if let Ok(ns) = &ns {
-            let g = ginza_round(ns, cpus, &args, false)
+            let g = ginza_round(ns, cpus, &args, false, ginza_client)
                 .with_context(|| format!("round {round}: Ginza over veth"))?;
             backend = Some(g.backend);
             r.ginza = Some(g.rtt);
             r.stream_ginza_mbps = g.mbps;
             r.stamps.ginza = g.stamps;
             if !args.no_direct {
-                let g = ginza_round(ns, cpus, &args, true).with_context(|| {
+                let g = ginza_round(ns, cpus, &args, true, linux_client).with_context(|| {
                     format!("round {round}: Ginza on the direct path over veth")
                 })?;
                 r.ginza_direct = Some(g.rtt);
@@ -345,18 +363,18 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
                 r.ginza_direct_frames = g.frames;
                 r.stamps.ginza_direct = g.stamps;
             }
-            let (rtt, mbps, stamps) = linux_round(ns, cpus, &args, EchoMode::Blocking)
+            let (rtt, mbps, stamps) = linux_round(ns, &args, EchoMode::Blocking, linux_client)
                 .with_context(|| format!("round {round}: Linux over veth"))?;
             r.linux = Some(rtt);
             r.stream_linux_mbps = mbps;
             r.stamps.linux = stamps;
             let (rtt, _, stamps) = linux_round(
                 ns,
-                cpus,
                 &args,
                 EchoMode::BusyPoll {
                     cpu: Some(cpus.app),
                 },
+                linux_client,
             )
             .with_context(|| format!("round {round}: Linux busy-polling over veth"))?;
             r.linux_busy_poll = Some(rtt);
@@ -429,6 +447,9 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         phases,
         lossy,
         lossy_reverse,
+        client_cpu: format!("{:?}", args.client_cpu),
+        client_cpu_ginza: ginza_client,
+        client_cpu_linux: linux_client,
         backend,
         payload_bytes: PAYLOAD,
         rounds,
@@ -583,12 +604,10 @@ fn probe(
     ns: &NetNs,
     target: SocketAddrV4,
     duration: Duration,
-    client_cpu: Option<usize>,
+    client_cpu: usize,
 ) -> anyhow::Result<(Quantiles, u64)> {
     let report = ns.run_in(move || {
-        if let Some(cpu) = client_cpu {
-            ginza_sys::affinity::pin_current_thread(cpu)?;
-        }
+        ginza_sys::affinity::pin_current_thread(client_cpu)?;
         retry_refused(REFUSED_FOR, std::thread::sleep, || {
             linux::rtt_probe_for(
                 target,
@@ -618,7 +637,7 @@ fn stamped_probe(
     ns: &NetNs,
     target: SocketAddrV4,
     duration: Duration,
-    client_cpu: Option<usize>,
+    client_cpu: usize,
 ) -> anyhow::Result<Vec<Stamps>> {
     hops::enable(true);
     let probed = probe(ns, target, duration / 2, client_cpu);
@@ -659,8 +678,15 @@ struct GinzaRound {
 
 /// Round trips, a stamped series and a stream to Ginza's servers (on the
 /// direct path if `direct`: then also where their frames went, an error
-/// unless their own socket carried the round trips).
-fn ginza_round(ns: &NetNs, cpus: Cpus, args: &TcpArgs, direct: bool) -> anyhow::Result<GinzaRound> {
+/// unless their own socket carried the round trips), the round-trip client
+/// on `client_cpu`.
+fn ginza_round(
+    ns: &NetNs,
+    cpus: Cpus,
+    args: &TcpArgs,
+    direct: bool,
+    client_cpu: usize,
+) -> anyhow::Result<GinzaRound> {
     let (echo, sink) = (
         SocketAddrV4::new(ns.peer_ip, ECHO_PORT),
         SocketAddrV4::new(ns.peer_ip, SINK_PORT),
@@ -669,8 +695,8 @@ fn ginza_round(ns: &NetNs, cpus: Cpus, args: &TcpArgs, direct: bool) -> anyhow::
     let (backend, ((rtt, trips, stamps, mbps, nic), net)) =
         with_ginza_on_veth(ns, cpus, None, options, direct, |iokerneld| {
             let before = iokerneld.stats()?;
-            let (rtt, trips) = probe(ns, echo, args.duration, args.client_cpu)?;
-            let stamps = stamped_probe(ns, echo, args.duration, args.client_cpu)?;
+            let (rtt, trips) = probe(ns, echo, args.duration, client_cpu)?;
+            let stamps = stamped_probe(ns, echo, args.duration, client_cpu)?;
             let t = stream(ns, sink, args.stream_mb)?;
             let nic = (before, iokerneld.stats()?);
             Ok((rtt, trips, stamps, Some(t.mbps()), nic))
@@ -691,16 +717,17 @@ fn ginza_round(ns: &NetNs, cpus: Cpus, args: &TcpArgs, direct: bool) -> anyhow::
     })
 }
 
+/// Round trips to a kernel echo server waiting as `mode` says, the client
+/// on `client_cpu`, and (for the blocking one) a stream to a kernel sink.
 fn linux_round(
     ns: &NetNs,
-    cpus: Cpus,
     args: &TcpArgs,
     mode: EchoMode,
+    client_cpu: usize,
 ) -> anyhow::Result<(Quantiles, Option<f64>, Vec<Stamps>)> {
-    let _ = cpus;
     let host = ns.add_host_address(LINUX_HOST_OCTET)?;
     let echo: LinuxServer = linux::echo_server(SocketAddrV4::new(host.ip, ECHO_PORT), mode)?;
-    let (addr, cpu) = (echo.addr(), args.client_cpu);
+    let (addr, cpu) = (echo.addr(), client_cpu);
     let rtt = probe(ns, addr, args.duration, cpu)
         .and_then(|(rtt, _)| Ok((rtt, stamped_probe(ns, addr, args.duration, cpu)?)));
     echo.stop()?;
@@ -904,6 +931,11 @@ fn render(r: &Report, args: &TcpArgs) -> String {
             }
             row(&mut s, "linux, blocking thread", &rtt.linux);
             row(&mut s, "linux, busy-polling (pinned)", &rtt.linux_busy_poll);
+            let _ = writeln!(
+                s,
+                "  client on CPU {} (Ginza) / {} (Linux, Ginza's direct path): --client-cpu {}",
+                r.client_cpu_ginza, r.client_cpu_linux, r.client_cpu
+            );
         }
         None => {
             let _ = writeln!(

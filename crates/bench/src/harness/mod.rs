@@ -5,11 +5,13 @@
 //! and their printing ([`figures`]), the bench's weight against other
 //! sessions ([`autogroup`]), the Shinjuku-mode work and CPUs
 //! ([`work`]), Linux's batch peer ([`linux_batch`]), the generator's CPU
-//! kept awake ([`cpu_keeper`]) and the loop every load sweep runs through
+//! kept awake ([`cpu_keeper`]), where a round-trip client runs
+//! ([`client_cpu`]) and the loop every load sweep runs through
 //! ([`sweep`]).
 
 pub(crate) mod app;
 pub(crate) mod autogroup;
+pub(crate) mod client_cpu;
 pub(crate) mod cpu_keeper;
 pub(crate) mod cpu_split;
 pub(crate) mod direct;
