@@ -129,6 +129,20 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// `dlsym(handle, name)` (`name` NUL-terminated), with preemption deferred:
+/// the dynamic linker holds its recursive lock meanwhile, whose owner is
+/// the thread pointer's tid, and runtime code runs on its kthread's. A
+/// uthread preempted inside and resumed on another kthread could not
+/// release it (EPERM), and the next `dlsym`, `dlopen` or `exit` waited for
+/// it forever (seen: `exit` blocked in `_dl_fini`).
+pub(crate) fn lookup(handle: *mut libc::c_void, name: &[u8]) -> usize {
+    debug_assert_eq!(name.last(), Some(&0));
+    ginza_runtime::without_preemption(|| {
+        // SAFETY: a NUL-terminated name; dlsym only reads it.
+        unsafe { libc::dlsym(handle, name.as_ptr().cast()) as usize }
+    })
+}
+
 /// The glibc definition of an interposed function, found once with
 /// `dlsym(RTLD_NEXT)`.
 macro_rules! real {
@@ -136,13 +150,11 @@ macro_rules! real {
         static ADDR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let mut a = ADDR.load(std::sync::atomic::Ordering::Relaxed);
         if a == 0 {
-            // SAFETY: a NUL-terminated name; RTLD_NEXT skips this library.
-            a = unsafe {
-                libc::dlsym(
-                    libc::RTLD_NEXT,
-                    concat!(stringify!($name), "\0").as_ptr().cast(),
-                )
-            } as usize;
+            // RTLD_NEXT skips this library.
+            a = $crate::mode::lookup(
+                libc::RTLD_NEXT,
+                concat!(stringify!($name), "\0").as_bytes(),
+            );
             if a == 0 {
                 $crate::say::line(stringify!($name), "not found in the C library");
                 // SAFETY: abort is always safe to call.

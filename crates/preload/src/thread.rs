@@ -169,8 +169,7 @@ fn call_tls_dtors() {
     static ADDR: AtomicUsize = AtomicUsize::new(0);
     let mut a = ADDR.load(Relaxed);
     if a == 0 {
-        // SAFETY: a NUL-terminated name.
-        a = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__call_tls_dtors".as_ptr()) } as usize;
+        a = crate::mode::lookup(libc::RTLD_DEFAULT, b"__call_tls_dtors\0");
         ADDR.store(a.max(1), Relaxed);
     }
     if a > 1 {

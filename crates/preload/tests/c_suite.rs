@@ -571,6 +571,92 @@ fn a_fatal_signal_passes_through() {
     );
 }
 
+/// The threads of process `pid` named `ginza-k<N>` (its kthreads).
+fn kthreads_of(pid: u32) -> Vec<libc::pid_t> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| {
+            let task = task.ok()?;
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            comm.trim_end().strip_prefix("ginza-k")?.parse::<u32>().ok()?;
+            task.file_name().to_str()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Sends the runtime's preemption signal (SIGURG) to every kthread of
+/// `pid` without pause until `stop` or the process is gone; how many.
+fn flood_kthreads(pid: u32, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tgid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    let mut sent = 0;
+    while !stop.load(Relaxed) {
+        // Looked for again and again: the kthreads start after the exec.
+        let tids = kthreads_of(pid);
+        for _ in 0..1000 {
+            for &tid in &tids {
+                // SAFETY: tgkill takes plain integers; the kernel checks that
+                // `tid` is a thread of `tgid`, our child not yet reaped.
+                if unsafe { libc::syscall(libc::SYS_tgkill, tgid, tid, libc::SIGURG) } == 0 {
+                    sent += 1;
+                }
+            }
+        }
+        if tids.is_empty() {
+            std::thread::yield_now();
+        }
+    }
+    sent
+}
+
+/// Preemption signals sent to a program's kthreads without pause, far
+/// faster than iokerneld or the time slicer would, while it runs: spinning
+/// threads that must be preempted (`preempt_spin`) and threads waiting on
+/// one another (`cond_prodcons`), three runs each. Each must still get to
+/// its end and exit 0. Before session 25 a handler nested in another
+/// (`SA_NODEFER`) overflowed a stack or moved a uthread under its outer
+/// handler (SIGSEGV), and a uthread preempted inside `dlsym` (the first
+/// call of an interposed function's glibc definition) left the dynamic
+/// linker's lock held by a kthread's tid, so `exit` waited for it forever.
+#[test]
+fn programs_run_to_their_end_under_a_flood_of_preemption_signals() {
+    if !have_cc() {
+        return;
+    }
+    let bins = bins();
+    for name in ["preempt_spin", "cond_prodcons"] {
+        let bin = program(name);
+        for run in 0..3 {
+            let what = format!("{name} under a flood of SIGURG, run {run}");
+            let _g = lock();
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut flood = None;
+            let raw = run_raw(ginza_run(bins, None, name, &bin), &what, |pid, _| {
+                if flood.is_none() {
+                    let stop = stop.clone();
+                    flood = Some(std::thread::spawn(move || flood_kthreads(pid, &stop)));
+                }
+            });
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let sent = flood.map_or(0, |f| f.join().expect("the flooding thread"));
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            let (stdout, stderr) = (text(&raw.stdout), text(&raw.stderr));
+            let status = raw.status.map_or_else(
+                || format!("killed after {} s", TIMEOUT.as_secs()),
+                |s| s.to_string(),
+            );
+            assert!(
+                raw.status.is_some_and(|s| s.success()) && stdout.contains(&format!("ok {name}")),
+                "{what}: {status} ({sent} signals sent)\n--- stdout ---\n{}\n--- stderr ---\n{}",
+                stdout.trim_end(),
+                stderr.trim_end()
+            );
+        }
+    }
+}
+
 /// 20 MB that compress, but not trivially: words of a small vocabulary in
 /// an order from a fixed-seed generator, with some random bytes.
 fn compressible_data(len: usize) -> Vec<u8> {
