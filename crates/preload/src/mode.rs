@@ -151,10 +151,7 @@ macro_rules! real {
         let mut a = ADDR.load(std::sync::atomic::Ordering::Relaxed);
         if a == 0 {
             // RTLD_NEXT skips this library.
-            a = $crate::mode::lookup(
-                libc::RTLD_NEXT,
-                concat!(stringify!($name), "\0").as_bytes(),
-            );
+            a = $crate::mode::lookup(libc::RTLD_NEXT, concat!(stringify!($name), "\0").as_bytes());
             if a == 0 {
                 $crate::say::line(stringify!($name), "not found in the C library");
                 // SAFETY: abort is always safe to call.

@@ -580,7 +580,10 @@ fn kthreads_of(pid: u32) -> Vec<libc::pid_t> {
         .filter_map(|task| {
             let task = task.ok()?;
             let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
-            comm.trim_end().strip_prefix("ginza-k")?.parse::<u32>().ok()?;
+            comm.trim_end()
+                .strip_prefix("ginza-k")?
+                .parse::<u32>()
+                .ok()?;
             task.file_name().to_str()?.parse().ok()
         })
         .collect()

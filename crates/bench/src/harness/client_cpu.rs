@@ -33,14 +33,14 @@ impl ClientCpu {
     /// of the CPUs `cpus` this process may use.
     pub(crate) fn of(self, cpus: &[usize], iok_cpu: usize, app_cpu: usize) -> (usize, usize) {
         match self {
-        ClientCpu::Auto => match cpus.get(2) {
-            Some(&third) => (third, third),
-            None => (iok_cpu, app_cpu),
-        },
-        ClientCpu::BesideSender => (iok_cpu, app_cpu),
-        ClientCpu::Split => (app_cpu, iok_cpu),
-        ClientCpu::Server => (app_cpu, app_cpu),
-        ClientCpu::Iokernel => (iok_cpu, iok_cpu),
+            ClientCpu::Auto => match cpus.get(2) {
+                Some(&third) => (third, third),
+                None => (iok_cpu, app_cpu),
+            },
+            ClientCpu::BesideSender => (iok_cpu, app_cpu),
+            ClientCpu::Split => (app_cpu, iok_cpu),
+            ClientCpu::Server => (app_cpu, app_cpu),
+            ClientCpu::Iokernel => (iok_cpu, iok_cpu),
+        }
     }
-}
 }
