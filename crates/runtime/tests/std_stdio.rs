@@ -23,14 +23,14 @@ fn lines_written_with_preemption_deferred_survive_time_slices() {
         .write(true)
         .open("/dev/null")
         .unwrap();
-    // SAFETY: dup and dup2 on open descriptors: stdout goes to /dev/null
-    // while the writers run (this binary runs no other test), then back.
+    // Stdout goes to /dev/null while the writers run (this binary runs no
+    // other test), then back.
+    // SAFETY: dup of an open descriptor.
     let saved = unsafe { libc::dup(1) };
     assert!(saved >= 0);
-    assert_eq!(
-        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 1) },
-        1
-    );
+    let null_fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+    // SAFETY: dup2 of two open descriptors.
+    assert_eq!(unsafe { libc::dup2(null_fd, 1) }, 1);
     let mut config = Config::with_kthreads(2);
     config.time_slice = Some(Duration::from_micros(50));
     let (written, preemptions) = run(config, || {
@@ -58,7 +58,7 @@ fn lines_written_with_preemption_deferred_survive_time_slices() {
         (written, preemptions)
     })
     .unwrap();
-    // SAFETY: as above.
+    // SAFETY: dup2 of two open descriptors.
     assert_eq!(unsafe { libc::dup2(saved, 1) }, 1);
     assert_eq!(written, UTHREADS * LINES);
     assert!(preemptions > 0, "no time slice preempted a writer");
