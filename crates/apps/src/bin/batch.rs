@@ -36,7 +36,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    ginza_apps::app_args::init_logging("info");
     let args = Args::parse();
     let mut config = Config::with_kthreads(args.kthreads);
     if args.iokernel {

@@ -29,7 +29,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    ginza_apps::app_args::init_logging("info");
     // Its own default address, so that it and spin-server started with
     // defaults do not share one.
     let command = AppArgs::with_defaults(Args::command(), "02:47:5a:00:07:01", "10.47.7.1");

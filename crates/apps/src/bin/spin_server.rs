@@ -63,7 +63,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    ginza_apps::app_args::init_logging("info");
     let args = Args::parse();
     if args.app.serve_udp(true).is_err() {
         anyhow::bail!("--protected: spin-server speaks UDP only, the netstack TCP only");

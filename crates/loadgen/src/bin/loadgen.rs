@@ -15,6 +15,10 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // Each log call with preemption deferred: see `ginza_runtime::PreemptSafeLog`.
+    let logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).build();
+    let max_level = logger.filter();
+    ginza_runtime::install_logger(logger, max_level).expect("the process's first logger");
     ginza_loadgen::args::run(Cli::parse().args)
 }
