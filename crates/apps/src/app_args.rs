@@ -162,18 +162,6 @@ pub fn parse_arp(s: &str) -> Result<(Ipv4Addr, MacAddr), String> {
     Ok((ip, mac))
 }
 
-/// Logs to stderr as `RUST_LOG` says (else at `default_filter`), every
-/// call with preemption deferred ([`ginza_runtime::PreemptSafeLog`]): a
-/// uthread preempted inside a log line would leave std's stderr lock held
-/// in its kthread's name. Once per process; later calls change nothing.
-pub fn init_logging(default_filter: &str) {
-    let logger =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter))
-            .build();
-    let max_level = logger.filter();
-    let _ = ginza_runtime::install_logger(logger, max_level);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -72,11 +72,8 @@ fn main() -> anyhow::Result<()> {
         Command::Fuzz(_) => "error",
         _ => "warn",
     };
-    // Each log call with preemption deferred: see `ginza_runtime::PreemptSafeLog`.
-    let logger =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).build();
-    let max_level = logger.filter();
-    ginza_runtime::install_logger(logger, max_level).expect("the process's first logger");
+    // Each log call with preemption deferred (`ginza_runtime::PreemptSafeLog`).
+    ginza_runtime::init_logging(level).expect("the process's first logger");
     match cli.command {
         #[cfg(feature = "bench")]
         Command::Demo(args) => demo::run(args),

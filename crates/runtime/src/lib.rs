@@ -55,6 +55,8 @@ pub use config::{Class, IokernelConfig, BATCH_LINGER, POLL_WHILE_IDLE};
 pub use deferral::without_preemption;
 pub use error::{ConfigError, JoinError, PanicPayload, RuntimeError};
 pub use iokernel::{last_wake, WakeStamps};
+#[cfg(feature = "env-logger")]
+pub use log_safe::init_logging;
 pub use log_safe::{install_logger, PreemptSafeLog};
 pub use net::NetConfig;
 pub use preempt::preempt_point;

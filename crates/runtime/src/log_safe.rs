@@ -37,3 +37,14 @@ pub fn install_logger(
     log::set_max_level(max_level);
     Ok(())
 }
+
+/// env_logger as `RUST_LOG` says (else at `default_filter`), installed
+/// with [`install_logger`]. An error if a logger is set already.
+#[cfg(feature = "env-logger")]
+pub fn init_logging(default_filter: &str) -> Result<(), log::SetLoggerError> {
+    let logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter))
+            .build();
+    let max_level = logger.filter();
+    install_logger(logger, max_level)
+}

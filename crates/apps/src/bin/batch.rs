@@ -36,7 +36,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    ginza_apps::app_args::init_logging("info");
+    ginza_runtime::init_logging("info").expect("the process's first logger");
     let args = Args::parse();
     let mut config = Config::with_kthreads(args.kthreads);
     if args.iokernel {

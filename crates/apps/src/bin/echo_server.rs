@@ -29,7 +29,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    ginza_apps::app_args::init_logging("info");
+    ginza_runtime::init_logging("info").expect("the process's first logger");
     // Its own default address, so that it and spin-server started with
     // defaults do not share one.
     let command = AppArgs::with_defaults(Args::command(), "02:47:5a:00:07:01", "10.47.7.1");

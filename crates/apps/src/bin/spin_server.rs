@@ -63,7 +63,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    ginza_apps::app_args::init_logging("info");
+    ginza_runtime::init_logging("info").expect("the process's first logger");
     let args = Args::parse();
     if args.app.serve_udp(true).is_err() {
         anyhow::bail!("--protected: spin-server speaks UDP only, the netstack TCP only");

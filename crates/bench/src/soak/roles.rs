@@ -128,7 +128,7 @@ pub fn role_main(args: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
 /// Runs a role parsed as a subcommand of `ginza bench`.
 pub fn run_role(args: RoleArgs) -> anyhow::Result<()> {
     // The ginza command set its logger up already; a test binary has none.
-    ginza_apps::app_args::init_logging("warn");
+    let _ = ginza_runtime::init_logging("warn");
     match args.role {
         Role::Kv(kv) => run_kv(kv),
         Role::Netstack(ns) => ginza_netstack::cli::run(ns),

@@ -15,10 +15,7 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Each log call with preemption deferred: see `ginza_runtime::PreemptSafeLog`.
-    let logger =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).build();
-    let max_level = logger.filter();
-    ginza_runtime::install_logger(logger, max_level).expect("the process's first logger");
+    // Each log call with preemption deferred (`ginza_runtime::PreemptSafeLog`).
+    ginza_runtime::init_logging("warn").expect("the process's first logger");
     ginza_loadgen::args::run(Cli::parse().args)
 }
