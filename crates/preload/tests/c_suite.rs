@@ -653,32 +653,30 @@ fn run_under_a_flood(name: &str, runs: usize) {
 }
 
 /// Spinning threads that must be preempted (`preempt_spin`), ten runs
-/// under the flood. The faults such a flood found (session 25, release
-/// builds, by hand): a handler nested in another (`SA_NODEFER`) killed the
-/// program (SIGSEGV, about one run in three;
+/// under the flood. The faults such a flood found (release and debug
+/// builds): a handler nested in another (`SA_NODEFER`) killed the program
+/// (SIGSEGV, about one run in three;
 /// `contexts_stay_intact_under_a_flood_of_preemption_signals` in the
-/// runtime's tests catches it every time), and a uthread preempted inside
+/// runtime's tests catches it every time); a uthread preempted inside
 /// `dlsym` (the first call of an interposed function's glibc definition)
 /// left the dynamic linker's lock held by a kthread's tid, so that `exit`
-/// waited for it for good (about one run in twenty; with that fix
-/// reverted, the condvar test below hung on its fourth run). Ignored: with
-/// both fixed, one run of about 150 on the debug build still outlived its
-/// 60 s (not reproduced in 80 runs by hand after; not found yet). Run it
-/// with `--ignored`.
+/// waited for it for good (about one run in twenty); and a uthread
+/// preempted between finding a thread-local and reading it
+/// (`runtime/src/thread_word.rs`) read the other kthread's context and
+/// raised its deferral count from the wrong thread (runs hung, about one
+/// in 150).
 #[test]
-#[ignore = "about one run in 150 hangs under a SIGURG flood: not found yet"]
 fn spinning_threads_run_to_their_end_under_a_flood_of_preemption_signals() {
     run_under_a_flood("preempt_spin", 10);
 }
 
 /// Threads waiting on one another through condvars (`cond_prodcons`),
-/// twenty runs under the flood. Ignored: one run of about 140 panicked in
-/// the debug build with the deferral count of a uthread at zero where
-/// `mode::serve`'s section ends (`deferral::enable`, subtract with
-/// overflow, inside `pthread_cond_signal`): a count lowered twice, not
-/// found yet (docs/results.md, "Session 25"). Run it with `--ignored`.
+/// twenty runs under the flood. Before the thread-local read became one
+/// instruction (`runtime/src/thread_word.rs`), about one run in 140
+/// panicked with a deferral count lowered twice (`deferral::enable`,
+/// subtract with overflow): the count of a context of the other kthread,
+/// raised from this one.
 #[test]
-#[ignore = "a deferral count lowered twice under a SIGURG flood, about one run in 140: not found yet"]
 fn condvar_waiters_run_to_their_end_under_a_flood_of_preemption_signals() {
     run_under_a_flood("cond_prodcons", 20);
 }

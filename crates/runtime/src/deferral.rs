@@ -1,6 +1,7 @@
 //! The per-context preemption-deferral count: the lowest piece of the
-//! runtime (it imports nothing of the crate), used by the allocator, the
-//! spinlock, the timers and the scheduler. What preempts a uthread (the
+//! runtime (it imports nothing of the crate but `thread_word`), used by
+//! the allocator, the spinlock, the timers and the scheduler. What
+//! preempts a uthread (the
 //! signal handler's body, a preemption applied at the end of its deferred
 //! section, `preempt_point`) is in `preempt.rs`, above the scheduler; a
 //! section's end reaches it through the hook that `preempt::install` sets.
@@ -25,6 +26,8 @@ use std::sync::atomic::{
 };
 use std::sync::OnceLock;
 
+use crate::thread_word::ThreadWord;
+
 #[derive(Default)]
 pub(crate) struct PreemptState {
     pub(crate) count: AtomicU32,
@@ -42,14 +45,18 @@ impl PreemptState {
 
 thread_local! {
     /// The running context's preemption state; null on threads that are not
-    /// kthreads. Read with a single thread-pointer-relative load, so the read
-    /// itself cannot straddle a migration.
+    /// kthreads. Read only through [`current_state`].
     static CURRENT: Cell<*const PreemptState> = const { Cell::new(std::ptr::null()) };
 }
 
+static CURRENT_WORD: ThreadWord = ThreadWord::new();
+
+/// The running context's state, read in one instruction (`thread_word.rs`:
+/// a uthread moved between finding CURRENT and reading it would get the
+/// first kthread's context).
 #[inline(always)]
 pub(crate) fn current_state() -> *const PreemptState {
-    CURRENT.with(|c| c.get())
+    CURRENT_WORD.read(|| CURRENT.with(|c| c.get()) as usize) as *const PreemptState
 }
 
 /// Makes `state` the running context's; called only with preemption deferred
@@ -57,6 +64,13 @@ pub(crate) fn current_state() -> *const PreemptState {
 #[inline(always)]
 pub(crate) fn set_current_state(state: *const PreemptState) {
     CURRENT.with(|c| c.set(state));
+}
+
+/// A kthread starts in its scheduler context, whose state is `sched`.
+pub(crate) fn start_kthread(sched: *const PreemptState) -> Result<(), &'static str> {
+    CURRENT_WORD.locate(CURRENT.with(|c| c as *const Cell<_> as usize))?;
+    set_current_state(sched);
+    Ok(())
 }
 
 /// Raises the running context's count; returns the state to pass to

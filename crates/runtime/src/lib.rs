@@ -46,6 +46,7 @@ mod slicer;
 mod spinlock;
 pub mod sync;
 mod task;
+mod thread_word;
 mod timer;
 mod uthread_stack;
 

@@ -865,15 +865,16 @@ fn runtime_modules_form_layers() {
     for (l, modules) in &by_layer {
         println!("layer {l}: {}", modules.join(", "));
     }
-    // The lowest pieces stay low: the count every deferred section raises,
-    // the spinlock, the signal plumbing (and the program threads' own
+    // The lowest pieces stay low: the count every deferred section raises
+    // (and the one-instruction thread-local read it stands on), the spinlock, the signal plumbing (and the program threads' own
     // thread pointers, which a handler restores first), the configuration,
     // the timer heap, the shared region with iokerneld (below the
     // scheduler, which holds each kthread's end of it) and the
     // application's own AF_XDP socket (the direct path: a kthread's packet
     // rings hold it beside their ends of the region).
     for (leaf, may_use) in [
-        ("deferral", &[][..]),
+        ("deferral", &["thread_word"][..]),
+        ("thread_word", &[][..]),
         ("spinlock", &["deferral"][..]),
         ("signals", &["foreign_tls"][..]),
         ("foreign_tls", &[][..]),

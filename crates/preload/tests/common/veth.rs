@@ -317,8 +317,16 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let alive = matches!(self.child.try_wait(), Ok(None));
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A test that failed against it: what the server said, and whether
+        // it was still running, are the first clues.
+        if std::thread::panicking() {
+            let state = if alive { "still running" } else { "had exited" };
+            let err = self.stderr();
+            eprintln!("--- {} ({state}) stderr ---\n{err}", self.name);
+        }
     }
 }
 

@@ -26,6 +26,7 @@ use super::{Waiter, TIMER_WAITER};
 use crate::config::{IokernelConfig, Plan};
 use crate::deferral::{self, PreemptState};
 use crate::link::{EventSource, KLink, KNet, Link, PacketStack, TxSide};
+use crate::thread_word::ThreadWord;
 use crate::timer::Timers;
 use crate::uthread_stack::Stack;
 
@@ -1010,12 +1011,15 @@ thread_local! {
     static KTHREAD: Cell<*const KThread> = const { Cell::new(null()) };
 }
 
+static KTHREAD_WORD: ThreadWord = ThreadWord::new();
+
 /// The kthread running the caller. Never inlined, so no caller can keep a
 /// thread-local address from before a migration (docs/design.md, "Per-kthread
-/// state and TLS"). Stable only while preemption is deferred.
+/// state and TLS"), and read in one instruction (`thread_word.rs`). Stable
+/// only while preemption is deferred.
 #[inline(never)]
 pub(crate) fn current_kthread() -> *const KThread {
-    KTHREAD.with(|k| k.get())
+    KTHREAD_WORD.read(|| KTHREAD.with(|k| k.get()) as usize) as *const KThread
 }
 
 /// Runs `f` on the transmit side of the calling kthread's packet rings,
@@ -1081,7 +1085,12 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     crate::foreign_tls::on_kthread_start();
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
-    deferral::set_current_state(&k.sched.preempt);
+    let located = KTHREAD_WORD
+        .locate(KTHREAD.with(|c| c as *const Cell<_> as usize))
+        .and_then(|()| deferral::start_kthread(&k.sched.preempt));
+    if let Err(why) = located {
+        crate::signals::fatal(&format!("kthread {id}: {why}"));
+    }
     // SAFETY: this is `k`'s own thread, in its scheduler context.
     let mut owner = unsafe { Owner::for_scheduler(k) };
     // Under iokerneld the body starts by waiting for the first grant
