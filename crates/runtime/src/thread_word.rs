@@ -85,3 +85,43 @@ fn thread_pointer() -> usize {
     };
     tp
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        static WORD: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn word_addr() -> usize {
+        WORD.with(|c| c as *const Cell<usize> as usize)
+    }
+
+    #[test]
+    fn reads_each_threads_own_value_once_located() {
+        let tw = ThreadWord::new();
+        WORD.with(|c| c.set(7));
+        assert_eq!(tw.read(|| 1), 1, "unlocated: the compiler's access");
+        tw.locate(word_addr()).expect("first location");
+        assert_eq!(tw.read(|| 1), 7);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                tw.locate(word_addr())
+                    .expect("the same offset in another thread");
+                WORD.with(|c| c.set(42));
+                assert_eq!(tw.read(|| 1), 42);
+            });
+        });
+        assert_eq!(tw.read(|| 1), 7, "this thread's value is untouched");
+    }
+
+    #[test]
+    fn refuses_a_thread_local_found_elsewhere() {
+        let tw = ThreadWord::new();
+        tw.locate(word_addr()).expect("first location");
+        let err = tw.locate(word_addr() + 8).expect_err("another offset");
+        assert!(err.contains("different places"), "{err}");
+    }
+}
