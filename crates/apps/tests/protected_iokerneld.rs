@@ -238,15 +238,24 @@ fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
     // Both busy applications trade the core (and the server's 10 ms timer
     // gets its grants in between) for a while before the netstack goes.
     let t0 = Instant::now();
+    // Grants of busy-a, busy-b and the server about once a second: a
+    // failure then shows whether one of them stopped being granted or was
+    // granted slowly all along.
+    let mut history = Vec::new();
     loop {
         let apps = io.stats().unwrap().apps;
         let grants = |n: &str| apps.iter().find(|a| a.name == n).map_or(0, |a| a.grants);
-        if grants("busy-a") > 200 && grants("busy-b") > 200 && grants("protected-server") > 20 {
+        let now = (grants("busy-a"), grants("busy-b"), grants("protected-server"));
+        if now.0 > 200 && now.1 > 200 && now.2 > 20 {
             break;
+        }
+        let second = t0.elapsed().as_secs();
+        if history.last().is_none_or(|&(s, _)| s < second) {
+            history.push((second, now));
         }
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the busy applications never traded the core: {apps:#?}"
+            "the busy applications never traded the core; grants (busy-a, busy-b, server) by second: {history:?}; {apps:#?}"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
