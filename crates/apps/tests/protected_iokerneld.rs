@@ -245,7 +245,11 @@ fn a_protected_server_exits_after_its_netstack_stops_beside_busy_apps() {
     loop {
         let apps = io.stats().unwrap().apps;
         let grants = |n: &str| apps.iter().find(|a| a.name == n).map_or(0, |a| a.grants);
-        let now = (grants("busy-a"), grants("busy-b"), grants("protected-server"));
+        let now = (
+            grants("busy-a"),
+            grants("busy-b"),
+            grants("protected-server"),
+        );
         if now.0 > 200 && now.1 > 200 && now.2 > 20 {
             break;
         }

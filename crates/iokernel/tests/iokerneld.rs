@@ -817,6 +817,14 @@ fn a_kthread_that_ignores_preemption_is_evicted_and_its_core_handed_over() {
         "{:?}",
         s.alloc.handover
     );
+    // Still not given back: asked again a deadline later, so that a signal
+    // that went astray cannot leave it running without a core for good.
+    ginza_iokernel::testing::wait_for("the evicted victim asked again", || {
+        rec.actions()[e + 1..]
+            .iter()
+            .any(|a| matches!(a, Action::Preempt { app, kthread, .. } if app == "batch" && *kthread == x.victim as usize))
+            .then_some(())
+    });
 }
 
 #[test]

@@ -13,7 +13,7 @@
 //! (congestion detection) and grants cores.
 
 use std::sync::atomic::{
-    fence,
+    fence, AtomicBool,
     Ordering::{Acquire, Relaxed, SeqCst},
 };
 use std::time::{Duration, Instant};
@@ -197,12 +197,50 @@ fn wait_for_grant_or_frame(owner: &Owner<'_>, io: &KLink, armed: Option<&OwnSock
     }
     io.line
         .remove_flags(ginza_shm::LineFlags::PARKED | ginza_shm::LineFlags::SELF_WAKE_ARMED);
-    // A late signal may have set this while we were parked; iokerneld
-    // clears the flag when it reads our Parked/Yielded, so after a grant
-    // the flag is set only by a new preemption.
-    k.revoke_requested
-        .store(rt.managed() && io.preempt_pending(), SeqCst);
+    settle_revocation(&k.revoke_requested, || rt.managed() && io.preempt_pending());
     k.state.store(RUNNING, SeqCst);
+}
+
+/// After a wait: `revoke_requested` says whether a preemption is pending
+/// (`preempt_pending`, read from the queue line). A late signal may have
+/// set it while the kthread was parked; iokerneld clears the line's flag
+/// when it reads our Parked/Yielded, so after a grant the flag is set only
+/// by a new preemption. Cleared first and the flag read after: stored as
+/// one read's result, a preemption signalled between the read and the
+/// store had its mark overwritten, the kthread never gave the core back,
+/// and iokerneld, which signals once, waited for it for good (session 26:
+/// an application left with no core and no parked kthread).
+fn settle_revocation(revoke_requested: &AtomicBool, preempt_pending: impl FnOnce() -> bool) {
+    revoke_requested.store(false, SeqCst);
+    if preempt_pending() {
+        revoke_requested.store(true, SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preemption_signalled_while_the_flag_is_read_is_kept() {
+        let revoke = AtomicBool::new(true); // a late signal, while parked
+                                            // The handler runs while the flag is read: the line said nothing
+                                            // yet, then iokerneld set it and signalled.
+        settle_revocation(&revoke, || {
+            revoke.store(true, SeqCst);
+            false
+        });
+        assert!(revoke.load(SeqCst), "the signal's mark was overwritten");
+    }
+
+    #[test]
+    fn a_late_signal_from_the_park_is_forgotten_and_a_pending_flag_is_not() {
+        let revoke = AtomicBool::new(true);
+        settle_revocation(&revoke, || false);
+        assert!(!revoke.load(SeqCst));
+        settle_revocation(&revoke, || true);
+        assert!(revoke.load(SeqCst));
+    }
 }
 
 /// Sleeps on kthread `io`'s slot of the wake page until its grant word

@@ -654,7 +654,23 @@ impl<A: CoreActuator> Iokerneld<A> {
         for app in &mut self.apps {
             for k in 0..app.kt.len() {
                 let kt = &mut app.kt[k];
-                if !kt.preempting || kt.evicted {
+                if !kt.preempting {
+                    continue;
+                }
+                if kt.evicted {
+                    // Still not given back: asked again once a deadline. A
+                    // signal, or the mark it leaves, that went astray would
+                    // otherwise leave it running without a core for good,
+                    // and its application never granted again (it needs a
+                    // parked kthread; session 26).
+                    if now.saturating_sub(kt.preempt_since) >= deadline {
+                        kt.preempt_since = now;
+                        let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
+                        debug!("app {:?} kthread {k}: still preempting after its eviction; signalled again", app.name);
+                        if let Some(cpu) = cpu {
+                            Self::signal_core_needed(&mut self.actuator, app, k, cpu);
+                        }
+                    }
                     continue;
                 }
                 if kt.preempted_polling
@@ -682,6 +698,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                     continue;
                 }
                 kt.evicted = true;
+                // Its next ask, if it still holds on, a deadline from now.
+                kt.preempt_since = now;
                 // Moved (or maybe moved) off the CPU it was pinned to.
                 kt.pinned = None;
                 let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
