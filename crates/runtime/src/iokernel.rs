@@ -223,9 +223,10 @@ mod tests {
 
     #[test]
     fn a_preemption_signalled_while_the_flag_is_read_is_kept() {
-        let revoke = AtomicBool::new(true); // a late signal, while parked
-                                            // The handler runs while the flag is read: the line said nothing
-                                            // yet, then iokerneld set it and signalled.
+        // A late signal left its mark while the kthread was parked. Then
+        // the handler runs while the flag is read: the line said nothing
+        // yet, then iokerneld set it and signalled.
+        let revoke = AtomicBool::new(true);
         settle_revocation(&revoke, || {
             revoke.store(true, SeqCst);
             false
