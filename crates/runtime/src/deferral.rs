@@ -1,10 +1,10 @@
 //! The per-context preemption-deferral count: the lowest piece of the
 //! runtime (it imports nothing of the crate but `thread_word`), used by
-//! the allocator, the spinlock, the timers and the scheduler. What
-//! preempts a uthread (the
-//! signal handler's body, a preemption applied at the end of its deferred
-//! section, `preempt_point`) is in `preempt.rs`, above the scheduler; a
-//! section's end reaches it through the hook that `preempt::install` sets.
+//! the allocator, the spinlock, the timers and the scheduler. What preempts
+//! a uthread (the signal handler's body, a preemption applied at the end of
+//! its deferred section, `preempt_point`) is in `preempt.rs`, above the
+//! scheduler; a section's end reaches it through the hook that
+//! `preempt::install` sets.
 //!
 //! Every execution context (each uthread, and each kthread's scheduler) owns a
 //! [`PreemptState`]. Its `count` is raised around sections that must not be
@@ -56,7 +56,7 @@ static CURRENT_WORD: ThreadWord = ThreadWord::new();
 /// first kthread's context).
 #[inline(always)]
 pub(crate) fn current_state() -> *const PreemptState {
-    CURRENT_WORD.read(|| CURRENT.with(|c| c.get()) as usize) as *const PreemptState
+    CURRENT_WORD.read(&CURRENT)
 }
 
 /// Makes `state` the running context's; called only with preemption deferred
@@ -68,7 +68,7 @@ pub(crate) fn set_current_state(state: *const PreemptState) {
 
 /// A kthread starts in its scheduler context, whose state is `sched`.
 pub(crate) fn start_kthread(sched: *const PreemptState) -> Result<(), &'static str> {
-    CURRENT_WORD.locate(CURRENT.with(|c| c as *const Cell<_> as usize))?;
+    CURRENT_WORD.locate(&CURRENT)?;
     set_current_state(sched);
     Ok(())
 }

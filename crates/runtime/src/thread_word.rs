@@ -15,7 +15,12 @@
 //! offset is the same in every thread, because the runtime's thread-locals
 //! live in the static TLS block; each kthread checks it at its start.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::thread::LocalKey;
+
+/// A pointer-sized thread-local of the runtime.
+pub(crate) type PtrKey<T> = LocalKey<Cell<*const T>>;
 
 /// Where a pointer-sized thread-local lies relative to the thread pointer;
 /// unknown (0) until the first kthread starts. Before then no uthread can
@@ -31,11 +36,15 @@ impl ThreadWord {
         }
     }
 
-    /// Records that the thread-local at `addr`, in the calling thread's
-    /// block, is this word; an error if another thread found it elsewhere
-    /// (the runtime in a library loaded with `dlopen`, whose thread-locals
-    /// each thread allocates apart). Called at each kthread's start.
-    pub(crate) fn locate(&self, addr: usize) -> Result<(), &'static str> {
+    /// Records where `key` lies in the calling thread's block; an error if
+    /// another thread found it elsewhere (the runtime in a library loaded
+    /// with `dlopen`, whose thread-locals each thread allocates apart).
+    /// Called at each kthread's start.
+    pub(crate) fn locate<T>(&self, key: &'static PtrKey<T>) -> Result<(), &'static str> {
+        self.locate_at(key.with(|c| c as *const Cell<*const T> as usize))
+    }
+
+    fn locate_at(&self, addr: usize) -> Result<(), &'static str> {
         let offset = addr.wrapping_sub(thread_pointer());
         match self.offset.compare_exchange(0, offset, Relaxed, Relaxed) {
             Ok(_) => Ok(()),
@@ -47,15 +56,15 @@ impl ThreadWord {
         }
     }
 
-    /// The calling thread's value; `compiler_access` (the thread-local's
-    /// ordinary read) before any kthread has started.
+    /// The calling thread's value of `key` (the one located); the
+    /// compiler's own access before any kthread has started.
     #[inline(always)]
-    pub(crate) fn read(&self, compiler_access: impl FnOnce() -> usize) -> usize {
+    pub(crate) fn read<T>(&self, key: &'static PtrKey<T>) -> *const T {
         let offset = self.offset.load(Relaxed);
         if offset == 0 {
-            return compiler_access();
+            return key.with(|c| c.get());
         }
-        let value: usize;
+        let value: *const T;
         // SAFETY: `offset` is the thread-local's place from the thread
         // pointer in every thread (`locate`): this reads the caller's own
         // copy. Not `pure`, so never merged with another read.
@@ -89,39 +98,37 @@ fn thread_pointer() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::Cell;
 
     thread_local! {
-        static WORD: Cell<usize> = const { Cell::new(0) };
+        static WORD: Cell<*const u8> = const { Cell::new(std::ptr::null()) };
     }
 
-    fn word_addr() -> usize {
-        WORD.with(|c| c as *const Cell<usize> as usize)
+    fn value(v: usize) -> *const u8 {
+        v as *const u8
     }
 
     #[test]
     fn reads_each_threads_own_value_once_located() {
-        let tw = ThreadWord::new();
-        WORD.with(|c| c.set(7));
-        assert_eq!(tw.read(|| 1), 1, "unlocated: the compiler's access");
-        tw.locate(word_addr()).expect("first location");
-        assert_eq!(tw.read(|| 1), 7);
+        static TW: ThreadWord = ThreadWord::new();
+        WORD.with(|c| c.set(value(7)));
+        TW.locate(&WORD).expect("first location");
+        assert_eq!(TW.read(&WORD), value(7));
         std::thread::scope(|s| {
             s.spawn(|| {
-                tw.locate(word_addr())
-                    .expect("the same offset in another thread");
-                WORD.with(|c| c.set(42));
-                assert_eq!(tw.read(|| 1), 42);
+                TW.locate(&WORD).expect("the same offset in another thread");
+                WORD.with(|c| c.set(value(42)));
+                assert_eq!(TW.read(&WORD), value(42));
             });
         });
-        assert_eq!(tw.read(|| 1), 7, "this thread's value is untouched");
+        assert_eq!(TW.read(&WORD), value(7), "this thread's value is untouched");
     }
 
     #[test]
     fn refuses_a_thread_local_found_elsewhere() {
         let tw = ThreadWord::new();
-        tw.locate(word_addr()).expect("first location");
-        let err = tw.locate(word_addr() + 8).expect_err("another offset");
+        let addr = WORD.with(|c| c as *const Cell<*const u8> as usize);
+        tw.locate_at(addr).expect("first location");
+        let err = tw.locate_at(addr + 8).expect_err("another offset");
         assert!(err.contains("different places"), "{err}");
     }
 }

@@ -866,7 +866,8 @@ fn runtime_modules_form_layers() {
         println!("layer {l}: {}", modules.join(", "));
     }
     // The lowest pieces stay low: the count every deferred section raises
-    // (and the one-instruction thread-local read it stands on), the spinlock, the signal plumbing (and the program threads' own
+    // (and the one-instruction thread-local read it stands on), the
+    // spinlock, the signal plumbing (and the program threads' own
     // thread pointers, which a handler restores first), the configuration,
     // the timer heap, the shared region with iokerneld (below the
     // scheduler, which holds each kthread's end of it) and the

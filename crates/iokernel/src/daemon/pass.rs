@@ -657,6 +657,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 if !kt.preempting {
                     continue;
                 }
+                let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
                 if kt.evicted {
                     // Still not given back: asked again once a deadline. A
                     // signal, or the mark it leaves, that went astray would
@@ -665,7 +666,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                     // parked kthread; session 26).
                     if now.saturating_sub(kt.preempt_since) >= deadline {
                         kt.preempt_since = now;
-                        let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
                         debug!("app {:?} kthread {k}: still preempting after its eviction; signalled again", app.name);
                         if let Some(cpu) = cpu {
                             Self::signal_core_needed(&mut self.actuator, app, k, cpu);
@@ -702,7 +702,6 @@ impl<A: CoreActuator> Iokerneld<A> {
                 kt.preempt_since = now;
                 // Moved (or maybe moved) off the CPU it was pinned to.
                 kt.pinned = None;
-                let cpu = kt.last_core.and_then(|c| self.cfg.cores.get(c).copied());
                 self.ready.extend(kt.handover.take());
                 app.preempt_overdue += 1;
                 self.meter.actions += 1;

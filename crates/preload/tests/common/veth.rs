@@ -317,7 +317,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let alive = matches!(self.child.try_wait(), Ok(None));
+        let alive = std::thread::panicking() && matches!(self.child.try_wait(), Ok(None));
         let _ = self.child.kill();
         let _ = self.child.wait();
         // A test that failed against it: what the server said, and whether

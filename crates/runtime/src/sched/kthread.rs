@@ -1019,7 +1019,7 @@ static KTHREAD_WORD: ThreadWord = ThreadWord::new();
 /// only while preemption is deferred.
 #[inline(never)]
 pub(crate) fn current_kthread() -> *const KThread {
-    KTHREAD_WORD.read(|| KTHREAD.with(|k| k.get()) as usize) as *const KThread
+    KTHREAD_WORD.read(&KTHREAD)
 }
 
 /// Runs `f` on the transmit side of the calling kthread's packet rings,
@@ -1086,7 +1086,7 @@ pub(crate) fn kthread_main(rt: Arc<Shared>, id: usize, body: KthreadBody) {
     KTHREAD.with(|c| c.set(k));
     k.current.set(k.sched_ptr());
     let located = KTHREAD_WORD
-        .locate(KTHREAD.with(|c| c as *const Cell<_> as usize))
+        .locate(&KTHREAD)
         .and_then(|()| deferral::start_kthread(&k.sched.preempt));
     if let Err(why) = located {
         crate::signals::fatal(&format!("kthread {id}: {why}"));
