@@ -56,6 +56,9 @@ pub trait CoreActuator {
     /// known tid the thread is pinned to `cpu` (the caller remembers it as
     /// [`Target::pinned`]). Says how the grant was delivered.
     fn grant(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<GrantDelivery>;
+    /// The kthread, granted `cpu` before it reported its tid (so the grant
+    /// pinned nothing), has reported it: pin it there now.
+    fn pin(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()>;
     /// The kthread must give `cpu` back.
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()>;
     /// The kthread did not give `cpu` back in time: move it off the core,
@@ -201,6 +204,13 @@ impl CoreActuator for LinuxActuator {
         pinned.map(|()| delivery)
     }
 
+    fn pin(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+        match t.tid {
+            Some(tid) => affinity::pin_thread(tid, cpu),
+            None => Ok(()),
+        }
+    }
+
     fn preempt(&mut self, t: &Target<'_>, _cpu: usize, _reason: PreemptReason) -> io::Result<()> {
         match t.tid {
             Some(tid) => signal::tgkill(t.pid, tid, PREEMPT_SIGNAL),
@@ -271,6 +281,13 @@ pub enum Action {
         kthread: usize,
         cpu: usize,
     },
+    /// Pinned to the CPU granted before its tid was known.
+    Pin {
+        app_id: u64,
+        app: String,
+        kthread: usize,
+        cpu: usize,
+    },
     Preempt {
         app_id: u64,
         app: String,
@@ -334,6 +351,16 @@ impl CoreActuator for RecordingActuator {
             }
         }
         Ok(GrantDelivery::Eventfd)
+    }
+
+    fn pin(&mut self, t: &Target<'_>, cpu: usize) -> io::Result<()> {
+        self.push(Action::Pin {
+            app_id: t.app_id,
+            app: t.app_name.to_string(),
+            kthread: t.kthread,
+            cpu,
+        });
+        Ok(())
     }
 
     fn preempt(&mut self, t: &Target<'_>, cpu: usize, reason: PreemptReason) -> io::Result<()> {
@@ -403,6 +430,21 @@ mod tests {
             LinuxActuator::default().grant(&t, cpu).unwrap();
             assert_eq!(affinity::allowed_cpus().unwrap(), vec![cpu]);
             assert_eq!(eventfd::read(efd.as_fd()).unwrap(), Some(1));
+            assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn pin_pins_and_wakes_nothing() {
+        std::thread::spawn(|| {
+            let efd = eventfd::new().unwrap();
+            let word = WakeWord::new();
+            let cpu = *affinity::allowed_cpus().unwrap().last().unwrap();
+            let t = test_target(&efd, &word, Some(process::gettid()));
+            LinuxActuator::default().pin(&t, cpu).unwrap();
+            assert_eq!(affinity::allowed_cpus().unwrap(), vec![cpu]);
             assert_eq!(eventfd::read(efd.as_fd()).unwrap(), None);
         })
         .join()

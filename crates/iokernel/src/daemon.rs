@@ -137,6 +137,10 @@ struct Kthread {
     /// The CPU its thread was last pinned to by a grant, while nothing can
     /// have moved it ([`crate::actuator::Target::pinned`]).
     pinned: Option<usize>,
+    /// Its `Started` came while it held a core granted before its tid was
+    /// known (so not pinned): pinned after the drains
+    /// (`Iokerneld::pin_started`).
+    started_unpinned: bool,
     /// Deadline it reported when it parked.
     timer: Option<u64>,
     /// Asked to give its core back; neither active nor parked.

@@ -522,6 +522,69 @@ fn congestion_is_granted_and_parking_gives_cores_back() {
     drop(conn);
 }
 
+/// A kthread granted a core before it reported its tid (the grant had
+/// nothing to pin) is pinned to that core's CPU when its `Started` comes;
+/// a kthread that starts holding no core is not pinned (its next grant
+/// pins it).
+#[test]
+fn a_kthread_granted_before_its_start_is_pinned_when_it_starts() {
+    let _g = lock();
+    let rec = RecordingActuator::new();
+    let d = Daemon::start(rec.clone());
+    let a = app(2);
+    let _conn = register(&d, &a, &reg("early", Class::LatencyCritical, 0, 1, 2)).unwrap();
+    let mut k0 = a.region.runtime_end(0).unwrap();
+    let mut k1 = a.region.runtime_end(1).unwrap();
+    k0.line.set_rq_tail(1);
+    d.wait_for("kthread 0 granted", |s| {
+        app_named(s, "early").is_some_and(|a| a.cores_now == 1)
+    });
+    let granted = rec
+        .actions()
+        .iter()
+        .find_map(|act| match act {
+            Action::Grant {
+                app,
+                kthread: 0,
+                cpu,
+                ..
+            } if app == "early" => Some(*cpu),
+            _ => None,
+        })
+        .expect("a grant recorded");
+    let pins = |rec: &RecordingActuator| -> Vec<(usize, usize)> {
+        rec.actions()
+            .iter()
+            .filter_map(|act| match act {
+                Action::Pin { kthread, cpu, .. } => Some((*kthread, *cpu)),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(pins(&rec).is_empty(), "nothing to pin before a tid");
+
+    let tid = ginza_sys::process::gettid() as u32;
+    for end in [&mut k0, &mut k1] {
+        end.to_iokernel.send(ToIokernel::Started { tid }).unwrap();
+    }
+    let t0 = Instant::now();
+    while pins(&rec).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "kthread 0 never pinned after its start: {:?}",
+            rec.actions()
+        );
+        d.wait_passes(1);
+    }
+    // Both `Started` read by now (one drain takes every ring's messages).
+    d.wait_passes(2);
+    assert_eq!(
+        pins(&rec),
+        vec![(0, granted)],
+        "only the kthread holding a core, to its CPU"
+    );
+}
+
 #[test]
 fn grants_are_timed_reallocations_counted_and_reset_stats_starts_a_window() {
     let _g = lock();

@@ -206,11 +206,11 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
             tid: ginza_sys::process::gettid() as u32,
         })
         .unwrap();
-    // `Started` read before the work shows: a grant made in the pass that
+    // No wait for `Started` to be read: a grant made in the pass that
     // drained the ring just before it pins nothing (no tid yet), and
-    // without a pinned CPU the server is never allowed to wake itself
-    // (about one run in 40 here).
-    d.wait_passes(2);
+    // iokerneld pins the server when it reads `Started` (without that, the
+    // unpinned server was never allowed to wake itself: about one run in
+    // 40 here).
     // Granted once, so that iokerneld knows the CPU it is pinned to; then
     // parked.
     server.stay_busy(0);

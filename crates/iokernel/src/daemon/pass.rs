@@ -138,6 +138,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         ));
                     }
                     kt.tid = Some(tid as i32);
+                    kt.started_unpinned = kt.core.is_some() && kt.pinned.is_none();
                     kt.idle_class = matches!(
                         ginza_sys::sched_class::policy_of(tid as i32),
                         Ok(ginza_sys::sched_class::Policy::Idle)
@@ -260,6 +261,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
         self.reap();
+        self.pin_started();
         self.check_overdue(now);
         self.complete_handovers();
         // Before the self-wakes read are booked: a self-woken kthread whose
@@ -645,6 +647,31 @@ impl<A: CoreActuator> Iokerneld<A> {
         app.kt[k].core.is_some()
             && !app.kt[k].preempting
             && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
+    }
+
+    /// Pins the kthreads that reported their tid while holding a core
+    /// granted before it (the grant had nothing to pin): until their next
+    /// grant they would run wherever Linux put them, and an unpinned
+    /// kthread is never allowed to wake itself (session 26).
+    fn pin_started(&mut self) {
+        for app in &mut self.apps {
+            for k in 0..app.kt.len() {
+                let kt = &mut app.kt[k];
+                if !std::mem::take(&mut kt.started_unpinned) || kt.preempting || kt.evicted {
+                    continue;
+                }
+                let Some(cpu) = kt.core.and_then(|c| self.cfg.cores.get(c).copied()) else {
+                    continue;
+                };
+                match self.actuator.pin(&Self::target(app, k), cpu) {
+                    Ok(()) => app.kt[k].pinned = Some(cpu),
+                    Err(e) => warn!(
+                        "pinning app {:?} kthread {k} to cpu {cpu} after its start: {e}",
+                        app.name
+                    ),
+                }
+            }
+        }
     }
 
     /// Preempted kthreads that missed the deadline are moved off their core
