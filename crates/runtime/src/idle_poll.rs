@@ -270,7 +270,10 @@ impl<'a> IdlePoll<'a> {
         ];
         // An error is a signal (iokerneld's preemption backstop): the loop
         // looks at its flags next.
-        let _ = ginza_sys::poll::poll_raw(&mut fds, timeout);
+        let woken = ginza_sys::poll::poll_raw(&mut fds, timeout);
+        if matches!(woken, Ok(0)) {
+            bump(&k.stats.idle_block_timeouts);
+        }
         let still = line
             .remove_flags(LineFlags::IDLE_BLOCKED)
             .contains(LineFlags::IDLE_BLOCKED);

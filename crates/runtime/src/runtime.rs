@@ -283,6 +283,9 @@ pub struct KthreadStats {
     pub idle_blocks: u64,
     /// Of those, the times a frame on the socket woke it.
     pub idle_block_frames: u64,
+    /// Of those, the times the earliest timer ended the wait (nothing
+    /// else did).
+    pub idle_block_timeouts: u64,
     /// Times a frame on the application's own socket woke it while parked
     /// and it ran without iokerneld's grant (`IokernelConfig::self_wake`).
     pub self_wakes: u64,
@@ -406,6 +409,7 @@ impl Handle {
                 idle_poll_yields: k.stats.idle_poll_yields.load(Relaxed),
                 idle_blocks: k.stats.idle_blocks.load(Relaxed),
                 idle_block_frames: k.stats.idle_block_frames.load(Relaxed),
+                idle_block_timeouts: k.stats.idle_block_timeouts.load(Relaxed),
                 self_wakes: k.stats.self_wakes.load(Relaxed),
             })
             .collect()

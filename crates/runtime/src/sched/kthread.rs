@@ -63,9 +63,10 @@ pub(crate) struct KStats {
     pub(crate) idle_poll_yields: AtomicU64,
     /// Times it blocked on the application's own socket while idle,
     /// holding its core (`idle_poll.rs`), and of those the times a frame
-    /// on the socket ended the wait.
+    /// on the socket ended the wait, and the times the earliest timer did.
     pub(crate) idle_blocks: AtomicU64,
     pub(crate) idle_block_frames: AtomicU64,
+    pub(crate) idle_block_timeouts: AtomicU64,
     /// Times a frame on the application's own socket woke it while parked
     /// and it took its core itself (`self_wake.rs`).
     pub(crate) self_wakes: AtomicU64,
