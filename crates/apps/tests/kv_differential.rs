@@ -20,7 +20,7 @@ mod kv_script;
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,22 +102,26 @@ fn kv() -> Kv {
     Kv::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)))
 }
 
-/// A port free now and not handed to another test of this binary: the
-/// kernel may give a port out again as soon as its probe listener closes,
-/// and then two tests' memcacheds race for one port: the loser's test
-/// connects to the winner's, which its own test stops under it (the
-/// likely cause of a clean-clone CI run's "connection refused" in the
-/// middle of the binary script, session 23).
+/// A port for one of this binary's memcacheds: below the kernel's
+/// ephemeral range (32768 up here), where no port-0 bind lands, each call
+/// the next of a run of ports the process id picks. Ports that were free a
+/// moment ago under a port-0 bind were handed out before (session 27):
+/// another test's probe for its own port could then bind and listen on the
+/// very port a memcached was still starting on, and a readiness check
+/// that connected to that momentary listener was followed by "connection
+/// refused" (1 run of the binary in 30 here); or memcached's own bind
+/// could fail under it.
 fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    const FIRST: u16 = 20_000;
+    const RUN: u16 = 40;
+    let start = FIRST + (std::process::id() % 300) as u16 * RUN;
     loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
+        let n = NEXT.fetch_add(1, Relaxed);
+        assert!(n < RUN, "no free port among {start}..{}", start + RUN);
+        let port = start + n;
+        // Taken by some other program: the next one.
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
             return port;
         }
     }
