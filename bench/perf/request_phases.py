@@ -7,7 +7,8 @@ Record one point (as root), then read it:
 
     perf record -m 64M -a -o point.data \
         -e sched:sched_switch,sched:sched_waking,xdp:xdp_redirect \
-        -e syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg -- \
+        -e syscalls:sys_enter_sendto,syscalls:sys_exit_sendto \
+        -e syscalls:sys_enter_sendmsg -- \
         ginza bench memcached --json --loads 40k --rounds 1 --duration 2s \
         --systems ginza-direct --library-rounds 0
     perf script -i point.data -F comm,pid,tid,cpu,time,event,trace \
@@ -24,9 +25,16 @@ bench's process, or memcached's threads, under `ginza run` or not), batch
 * who wakes the server;
 * phases, each a distribution: a generator send (its `sendto`) while no
   server thread runs → the server running; the same from the frame's XDP
-  redirect (direct path); from such a frame to iokerneld's wake of the
-  server, and what CPU 0 ran meanwhile; the server's first send system
-  call after it ran → the generator running.
+  redirect; from the first such frame to the generator leaving the CPU
+  it sent from (the frame waits for that on the switch path: iokerneld
+  shares that CPU), and from there to the server's wake, by who woke it
+  (iokerneld, batch's kthread answering a local wake, or the generator's
+  own send on the direct path); what CPU 0 ran between the frame and the
+  wake; the server's first send system call after it ran → the generator
+  running;
+* with `syscalls:sys_exit_sendto` recorded too, how long each role's
+  `sendto` calls took (iokerneld's are the NIC's transmit kicks, in which
+  the kernel also runs the generator's receive of the reply).
 
 The trace covers the whole point (set-up and the keys' preload too, a
 small part of it); perf itself shows up as "other".
@@ -96,8 +104,10 @@ def main():
     server_on = set()
     sends, frames = [], []
     send_to_run, frame_to_run, reply_to_generator = [], [], []
-    notice, notice_cpu0 = [], collections.defaultdict(float)
-    first_frame = None
+    notice, notice_cpu0 = collections.defaultdict(list), collections.defaultdict(float)
+    frame_to_generator_off, generator_off_to_wake = [], collections.defaultdict(list)
+    first_frame = generator_off = None
+    sendto_since, sendto_time = {}, collections.defaultdict(list)
     reply = None
     into_idle = out_of_idle = 0
     for t, cpu, tid, comm, name, rest in events:
@@ -114,6 +124,10 @@ def main():
                     by_name[(cpu, comms.get(ptid, '?'))] += t - since
                 if cpu == 0 and first_frame is not None:
                     notice_cpu0[role(ptid)] += t - max(since, first_frame)
+            if (first_frame is not None and generator_off is None
+                    and role(prev) == 'generator' and cpu == frame_cpu):
+                generator_off = t
+                frame_to_generator_off.append(t - first_frame)
             running[cpu] = (nxt, t)
             server_on.discard(prev)
             if role(nxt) == 'server':
@@ -121,6 +135,8 @@ def main():
                 send_to_run += [t - s for s in sends]
                 frame_to_run += [t - s for s in frames]
                 sends, frames = [], []
+                # Woken or not (a poller), the frames are the server's now.
+                first_frame = generator_off = None
             if nxt in waking:
                 wake_latency[role(nxt)].append(t - waking.pop(nxt))
             if role(nxt) == 'generator' and reply is not None:
@@ -131,18 +147,28 @@ def main():
             waking.setdefault(woken, t)
             if role(woken) == 'server':
                 wakers[role(tid)] += 1
-                if role(tid) == 'iokerneld' and first_frame is not None:
+                if first_frame is not None:
                     if 0 in running:
                         ptid, since = running[0]
                         notice_cpu0[role(ptid)] += t - max(since, first_frame)
-                    notice.append(t - first_frame)
-                    first_frame = None
+                    notice[role(tid)].append(t - first_frame)
+                    if generator_off is not None:
+                        generator_off_to_wake[role(tid)].append(t - generator_off)
+                    first_frame = generator_off = None
         elif name == 'xdp:xdp_redirect':
             if not server_on:
                 frames.append(t)
-                if first_frame is None:
-                    first_frame = t
+                # Only the generator's sends: a frame redirected inside
+                # iokerneld's transmit kick is the generator's ACK of a
+                # reply, which needs no server.
+                if first_frame is None and role(tid) == 'generator':
+                    first_frame, frame_cpu = t, cpu
+        elif name == 'syscalls:sys_exit_sendto':
+            if tid in sendto_since:
+                sendto_time[role(tid)].append(t - sendto_since.pop(tid))
         elif name.startswith('syscalls:sys_enter_'):
+            if name == 'syscalls:sys_enter_sendto':
+                sendto_since[tid] = t
             r = role(tid)
             if r == 'generator' and not server_on:
                 sends.append(t)
@@ -170,17 +196,22 @@ def main():
               f"{1e6 * quantile(v, .999):.1f}")
     print("who wakes the server:", dict(wakers))
     print("phases, µs: n, p50, p90, p99, p99.9")
-    for label, v in [
+    phases = [
         ("generator send, no server thread running -> server running", send_to_run),
         ("frame redirected (XDP), no server thread running -> server running", frame_to_run),
-        ("first such frame -> iokerneld wakes the server", notice),
-        ("server's first send system call -> generator running", reply_to_generator),
-    ]:
+        ("first such frame -> the generator leaves its CPU", frame_to_generator_off),
+    ]
+    phases += [(f"first such frame -> {w} wakes the server", v) for w, v in sorted(notice.items())]
+    phases += [(f"the generator left its CPU -> {w} wakes the server", v)
+               for w, v in sorted(generator_off_to_wake.items())]
+    phases += [("server's first send system call -> generator running", reply_to_generator)]
+    phases += [(f"{r}'s sendto calls, enter -> exit", v) for r, v in sorted(sendto_time.items())]
+    for label, v in phases:
         print(f"  {label}: {len(v)}, {1e6 * quantile(v, .5):.1f}, {1e6 * quantile(v, .9):.1f}, "
               f"{1e6 * quantile(v, .99):.1f}, {1e6 * quantile(v, .999):.1f}")
     total = sum(notice_cpu0.values())
     if total > 0:
-        print("CPU 0 between a frame and iokerneld's wake of the server, %: " + ", ".join(
+        print("CPU 0 between a frame and the server's wake, %: " + ", ".join(
             f"{r} {100 * v / total:.1f}" for r, v in sorted(notice_cpu0.items(), key=lambda x: -x[1])))
 
 
