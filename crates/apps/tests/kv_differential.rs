@@ -102,15 +102,13 @@ fn kv() -> Kv {
     Kv::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)))
 }
 
-/// A port for one of this binary's memcacheds: below the kernel's
-/// ephemeral range (32768 up here), where no port-0 bind lands, each call
-/// the next of a run of ports the process id picks. Ports that were free a
-/// moment ago under a port-0 bind were handed out before (session 27):
-/// another test's probe for its own port could then bind and listen on the
-/// very port a memcached was still starting on, and a readiness check
-/// that connected to that momentary listener was followed by "connection
-/// refused" (1 run of the binary in 30 here); or memcached's own bind
-/// could fail under it.
+/// A port for one of this binary's memcacheds: the next of a run of ports
+/// below the kernel's ephemeral range (32768 up here), the run picked by
+/// the process id. Not a port-0 probe's (session 27): the kernel could
+/// hand the port one test was starting its memcached on to another test's
+/// probe, which listened on it for a moment; the first test's readiness
+/// check connected to that listener, and its next connect was refused (3
+/// runs of the binary in 150 here).
 fn free_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     const FIRST: u16 = 20_000;
