@@ -114,13 +114,11 @@ fn daemon(tweak: impl FnOnce(&mut ginza_iokernel::Config)) -> Daemon {
     })
 }
 
-/// The stats, once iokerneld is asleep again after answering them.
 /// Sends a datagram from the namespace to an address on the veth's subnet
 /// (the namespace's ARP request for it crosses the veth to iokerneld's
 /// socket), again every 500 ms, and waits until one has woken iokerneld:
-/// the stats then. The
-/// frame may arrive after a stats request woke iokerneld: then it goes to
-/// sleep again and the frame wakes it.
+/// the stats then. The frame may arrive after a stats request woke
+/// iokerneld: then it goes to sleep again and the frame wakes it.
 fn woken_by_a_datagram(
     d: &Daemon,
     ns: &ginza_iokernel::netns::NetNs,
@@ -154,6 +152,7 @@ fn woken_by_a_datagram(
     s1
 }
 
+/// The stats, once iokerneld is asleep again after answering them.
 fn stats_then_asleep(d: &Daemon, app: &BellApp) -> StatsReport {
     let s = d.stats();
     app.wait_asleep();

@@ -206,12 +206,8 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
             tid: ginza_sys::process::gettid() as u32,
         })
         .unwrap();
-    // No wait for `Started` to be read: a grant made in the pass that
-    // drained the ring just before it pins nothing (no tid yet), and
-    // iokerneld pins the server when it reads `Started` (without that, the
-    // unpinned server was never allowed to wake itself: about one run in
-    // 40 here).
-    // Granted once, so that iokerneld knows the CPU it is pinned to; then
+    // Granted once, so that iokerneld knows the CPU it is pinned to (a
+    // grant made before it read `Started` is pinned when it does); then
     // parked.
     server.stay_busy(0);
     d.wait_for("the server granted", |s| app(s, "server").cores_now == 1);
