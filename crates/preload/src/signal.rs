@@ -5,7 +5,10 @@
 //! C code, or a thread that is not the runtime's, runs the handler there
 //! and then, as on Linux; one that lands on runtime code is passed, with
 //! its `siginfo` (`si_code` then reads SI_QUEUE), to a signal thread of
-//! the library, which runs it.
+//! the library, which runs it. A program's SIGSEGV or SIGBUS handler
+//! takes the runtime's place, so the trampoline does the runtime's part
+//! first: a uthread stack overflow is named and aborts, and a fault in the
+//! runtime's own code is reported before the program's handler runs.
 
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
 
@@ -55,6 +58,12 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         }
         return;
     }
+    if is_fault(sig) {
+        ginza_runtime::abort_if_stack_overflow(info);
+        if caller() == Caller::Runtime {
+            ginza_runtime::report_fault_in_runtime(sig, info, ctx);
+        }
+    }
     let h = HANDLER.get(i).map_or(0, |h| h.load(Relaxed));
     if h <= 1 {
         return;
@@ -75,6 +84,12 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         // Waits whose signal mask lets `sig` in end with EINTR.
         crate::mode::serve(|| crate::wait_mask::signal_taken(sig));
     }
+}
+
+/// The signals a memory fault raises, which the runtime's own handler
+/// took before the program installed one of its own.
+fn is_fault(sig: c_int) -> bool {
+    sig == libc::SIGSEGV || sig == libc::SIGBUS
 }
 
 /// Starts the signal thread: a thread with every signal open that only
@@ -147,6 +162,12 @@ pub unsafe extern "C" fn sigaction(sig: c_int, act: *const Action, old: *mut Act
         FLAGS[i].store(new.sa_flags, Relaxed);
         new.sa_sigaction = trampoline as *const () as usize;
         new.sa_flags |= libc::SA_SIGINFO;
+        if is_fault(sig) {
+            // The runtime's check for a uthread stack overflow runs in
+            // the trampoline first, and needs a stack that is not the
+            // exhausted one; the program's handler runs there too.
+            new.sa_flags |= libc::SA_ONSTACK;
+        }
     } else {
         HANDLER[i].store(0, Relaxed);
     }

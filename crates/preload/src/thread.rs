@@ -243,7 +243,9 @@ fn attributes(attr: *const pthread_attr_t) -> (usize, bool) {
         getdetach(attr, &mut detach);
         getstack(attr, &mut addr, &mut len);
     }
-    if !addr.is_null() {
+    // glibc reports the stack's lowest address as the one set minus the
+    // size, so an attribute with no stack memory set gives 0 - size.
+    if (addr as usize).wrapping_add(len) != 0 {
         unsupported_once!(
             "pthread_attr_setstack",
             "the program's own stack memory is not used: the thread gets a stack of the same size from Ginza"

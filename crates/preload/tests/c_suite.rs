@@ -392,6 +392,7 @@ suite! {
     pipe_burst => BASE;
     glibc_thread => BASE;
     ginza_api => BASE;
+    fault_handler => BASE;
 }
 
 /// A new `tests/c/*.c` is not forgotten: every one is in [`SUITE`].
@@ -568,6 +569,55 @@ fn a_fatal_signal_passes_through() {
         Some(libc::SIGTERM),
         "{}",
         o.describe("ginza run on a program sent SIGTERM")
+    );
+}
+
+/// A program with a SIGSEGV handler of its own (Redis's kind, no
+/// alternate stack) whose thread overflows its stack: on Linux the handler
+/// cannot run and the kernel kills the process with SIGSEGV, saying
+/// nothing; under `ginza run` the runtime's check, kept in front of the
+/// program's handler, names the overflow and aborts. A stack size alone
+/// is not reported as stack memory the library does not use.
+#[test]
+fn a_stack_overflow_is_named_though_the_program_handles_sigsegv() {
+    if !have_cc() {
+        return;
+    }
+    let bin = program("fault_handler");
+    let bins = bins();
+    let _g = lock();
+    let mut cmd = Command::new(&bin);
+    cmd.arg("overflow");
+    let plain = run_captured(cmd, "fault_handler overflow on Linux", false);
+    assert_eq!(
+        plain.status.signal(),
+        Some(libc::SIGSEGV),
+        "{}",
+        plain.describe("fault_handler overflow on Linux")
+    );
+    let mut cmd = Command::new(&bins.ginza);
+    cmd.args(["run", "--kthreads", "2", "--"])
+        .arg(&bin)
+        .arg("overflow");
+    let what = "fault_handler overflow under ginza run";
+    let o = run_captured(cmd, what, false);
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGABRT),
+        "{}",
+        o.describe(what)
+    );
+    assert!(
+        o.stderr
+            .contains("ginza: uthread stack overflow on kthread"),
+        "{}",
+        o.describe(what)
+    );
+    assert!(
+        !o.stderr.contains("the program's handler ran")
+            && !o.stderr.contains("pthread_attr_setstack"),
+        "{}",
+        o.describe(what)
     );
 }
 

@@ -128,21 +128,7 @@ extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *m
 }
 
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    if let Some((kthread, size)) = HOOKS.get().and_then(|hooks| (hooks.guard_page_hit)(addr)) {
-        let mut msg = Buf::new();
-        msg.push(b"ginza: uthread stack overflow on kthread ");
-        msg.push_num(kthread as u64);
-        msg.push(b" (stack of ");
-        msg.push_num(size as u64);
-        msg.push(b" bytes, fault at 0x");
-        msg.push_hex(addr as u64);
-        msg.push(b"); raise Config::stack_size\n");
-        msg.write_stderr();
-        // SAFETY: abort is async-signal-safe.
-        unsafe { libc::abort() };
-    }
+    abort_if_stack_overflow(info);
     // Not ours: hand the fault to whoever had the handler before us.
     let previous = if sig == libc::SIGSEGV {
         &raw const PREVIOUS_SEGV
@@ -169,6 +155,77 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
     }
 }
 
+/// Names a uthread stack overflow and aborts if the fault `info` reports
+/// hit the guard page of the running uthread's stack; returns otherwise.
+/// Async-signal-safe. For a library that puts a program's own fault
+/// handler in front of the runtime's (`ginza run`'s `sigaction`), so that
+/// an overflow is still named rather than handled on the stack it
+/// exhausted.
+pub fn abort_if_stack_overflow(info: *const libc::siginfo_t) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    // C code of a preload uthread runs on its own thread pointer: the
+    // running uthread is found on the kthread's.
+    let (gs, fs) = (crate::foreign_tls::gs_base(), crate::foreign_tls::fs_base());
+    let c_code = crate::foreign_tls::enabled() && gs != 0 && fs != gs;
+    if c_code {
+        // SAFETY: GS holds this kthread's own thread pointer.
+        unsafe { crate::foreign_tls::set_fs_base(gs) };
+    }
+    let hit = HOOKS.get().and_then(|hooks| (hooks.guard_page_hit)(addr));
+    if c_code {
+        // SAFETY: the interrupted code's own thread pointer, as it was.
+        unsafe { crate::foreign_tls::set_fs_base(fs) };
+    }
+    if let Some((kthread, size)) = hit {
+        let mut msg = Buf::new();
+        msg.push(b"ginza: uthread stack overflow on kthread ");
+        msg.push_num(kthread as u64);
+        msg.push(b" (stack of ");
+        msg.push_num(size as u64);
+        msg.push(b" bytes, fault at 0x");
+        msg.push_hex(addr as u64);
+        msg.push(b"); raise the stack size (Config::stack_size; under ginza run GINZA_STACK_SIZE or the thread's attribute)\n");
+        msg.write_stderr();
+        // SAFETY: abort is async-signal-safe.
+        unsafe { libc::abort() };
+    }
+}
+
+/// Writes one line naming a fault taken in the runtime's own code: the
+/// signal, the address and the instruction, and the thread. Async-signal-
+/// safe. A fault there is Ginza's bug whatever the program's handler then
+/// makes of it (it may not survive running on top of the runtime).
+pub fn report_fault_in_runtime(
+    sig: libc::c_int,
+    info: *const libc::siginfo_t,
+    ctx: *const libc::c_void,
+) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext to SA_SIGINFO handlers.
+    let (addr, ip) = unsafe {
+        let uc = ctx.cast::<libc::ucontext_t>();
+        (
+            (*info).si_addr() as u64,
+            (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as u64,
+        )
+    };
+    let mut msg = Buf::new();
+    msg.push(if sig == libc::SIGBUS {
+        b"ginza: SIGBUS"
+    } else {
+        b"ginza: SIGSEGV"
+    });
+    msg.push(b" in the runtime's code: address 0x");
+    msg.push_hex(addr);
+    msg.push(b", instruction 0x");
+    msg.push_hex(ip);
+    msg.push(b", thread ");
+    // SAFETY: gettid has no preconditions.
+    msg.push_num(unsafe { libc::gettid() } as u64);
+    msg.push(b"; a bug of Ginza's, please report it\n");
+    msg.write_stderr();
+}
+
 /// Gives the calling thread an alternate signal stack if it has none, so
 /// the fault handler can run when a stack is exhausted.
 pub(crate) fn ensure_altstack() {
@@ -180,7 +237,9 @@ pub(crate) fn ensure_altstack() {
         {
             return;
         }
-        let size = 64 * 1024;
+        // Room for a program's own fault handler too (`ginza run` runs it
+        // here); pages are touched only as used.
+        let size = 256 * 1024;
         let mem = libc::mmap(
             std::ptr::null_mut(),
             size,
