@@ -59,9 +59,13 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
         return;
     }
     if is_fault(sig) {
-        ginza_runtime::abort_if_stack_overflow(info);
-        if caller() == Caller::Runtime {
-            ginza_runtime::report_fault_in_runtime(sig, info, ctx);
+        // SAFETY: the kernel's siginfo and ucontext for this handler,
+        // installed with SA_SIGINFO.
+        unsafe {
+            ginza_runtime::abort_if_stack_overflow(info);
+            if caller() == Caller::Runtime {
+                ginza_runtime::report_fault_in_runtime(sig, info, ctx);
+            }
         }
     }
     let h = HANDLER.get(i).map_or(0, |h| h.load(Relaxed));

@@ -128,7 +128,8 @@ extern "C" fn on_preempt(_sig: libc::c_int, _info: *mut libc::siginfo_t, ctx: *m
 }
 
 extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
-    abort_if_stack_overflow(info);
+    // SAFETY: the kernel's siginfo for this SA_SIGINFO handler.
+    unsafe { abort_if_stack_overflow(info) };
     // Not ours: hand the fault to whoever had the handler before us.
     let previous = if sig == libc::SIGSEGV {
         &raw const PREVIOUS_SEGV
@@ -161,8 +162,11 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
 /// handler in front of the runtime's (`ginza run`'s `sigaction`), so that
 /// an overflow is still named rather than handled on the stack it
 /// exhausted.
-pub fn abort_if_stack_overflow(info: *const libc::siginfo_t) {
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+///
+/// # Safety
+/// `info` is the siginfo the kernel passed to a SA_SIGINFO handler.
+pub unsafe fn abort_if_stack_overflow(info: *const libc::siginfo_t) {
+    // SAFETY: the caller's contract.
     let addr = unsafe { (*info).si_addr() } as usize;
     // C code of a preload uthread runs on its own thread pointer: the
     // running uthread is found on the kthread's.
@@ -196,12 +200,16 @@ pub fn abort_if_stack_overflow(info: *const libc::siginfo_t) {
 /// signal, the address and the instruction, and the thread. Async-signal-
 /// safe. A fault there is Ginza's bug whatever the program's handler then
 /// makes of it (it may not survive running on top of the runtime).
-pub fn report_fault_in_runtime(
+///
+/// # Safety
+/// `info` and `ctx` are the siginfo and ucontext the kernel passed to a
+/// SA_SIGINFO handler.
+pub unsafe fn report_fault_in_runtime(
     sig: libc::c_int,
     info: *const libc::siginfo_t,
     ctx: *const libc::c_void,
 ) {
-    // SAFETY: the kernel passes a valid siginfo and ucontext to SA_SIGINFO handlers.
+    // SAFETY: the caller's contract.
     let (addr, ip) = unsafe {
         let uc = ctx.cast::<libc::ucontext_t>();
         (
