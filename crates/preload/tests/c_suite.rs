@@ -1016,6 +1016,9 @@ fn field(json: &str, name: &str) -> f64 {
 /// Issue 30's check under iokerneld: a C program whose threads alternate
 /// 1 ms of work and 4 ms of sleep gives its cores back at each sleep (its
 /// kthreads park), and batch, registered beside it, gets them meanwhile.
+/// Batch runs at the kernel's lowest priority, so any other load on the
+/// machine (a build) takes its CPU: its rate beside the program is
+/// compared with the lower of its rates alone just before and just after.
 #[test]
 fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
     if !have_cc() {
@@ -1026,7 +1029,7 @@ fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
     let source = repo_root().join("bench/c/work_sleep.c");
     let work_sleep = compile(&source, "work_sleep", &[]).unwrap_or_else(|e| panic!("{e}"));
     let mut daemon = Daemon::start(&bins.ginza, "software");
-    let alone = batch_rate(start_batch(&daemon.socket, 2));
+    let alone_before = batch_rate(start_batch(&daemon.socket, 2));
     let batch = start_batch(&daemon.socket, 3);
     let rounds = 300;
     let mut cmd = ginza_run(bins, Some(&daemon.socket), "c-work-sleep", &work_sleep);
@@ -1034,12 +1037,15 @@ fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
     let run = run_captured(cmd, "work_sleep under iokerneld beside batch", false);
     assert!(run.status.success(), "{}", run.describe("work_sleep"));
     let beside = batch_rate(batch);
+    let alone_after = batch_rate(start_batch(&daemon.socket, 2));
     daemon.check_alive("work_sleep beside batch");
+    let alone = alone_before.min(alone_after);
     let json = run.stdout.trim();
     let parks = field(json, "parks");
     let grants = field(json, "grants");
     println!(
-        "work_sleep: {json}; batch alone {alone:.0} paths/s, beside {beside:.0} ({:.2} of alone)",
+        "work_sleep: {json}; batch alone {alone_before:.0} and {alone_after:.0} paths/s, \
+         beside {beside:.0} ({:.2} of the lower)",
         beside / alone
     );
     assert!(
@@ -1052,7 +1058,8 @@ fn a_c_program_that_sleeps_gives_its_cores_to_batch() {
     );
     assert!(
         beside >= 0.25 * alone,
-        "batch got {beside:.0} paths/s beside the sleeping C program, {alone:.0} alone: it did not get the spare cores"
+        "batch got {beside:.0} paths/s beside the sleeping C program, {alone_before:.0} and \
+         {alone_after:.0} alone: it did not get the spare cores"
     );
 }
 
