@@ -572,8 +572,7 @@ fn a_fatal_signal_passes_through() {
     );
 }
 
-/// A program with a SIGSEGV handler of its own (Redis's kind, no
-/// alternate stack) whose thread overflows its stack: on Linux the handler
+/// A program with a SIGSEGV handler of its own (no alternate stack) whose thread overflows its stack: on Linux the handler
 /// cannot run and the kernel kills the process with SIGSEGV, saying
 /// nothing; under `ginza run` the runtime's check, kept in front of the
 /// program's handler, names the overflow and aborts. A stack size alone

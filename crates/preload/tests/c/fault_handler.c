@@ -1,6 +1,6 @@
 /*
- * A program's own SIGSEGV handler, as Redis installs one
- * (SA_SIGINFO | SA_NODEFER | SA_RESETHAND, no SA_ONSTACK).
+ * A program's own SIGSEGV handler of a common kind
+ * (SA_SIGINFO | SA_NODEFER | SA_RESETHAND, no alternate stack).
  *
  * Without arguments: a thread writes to a page it made inaccessible; the
  * handler sees the fault's address, makes the page writable and returns,
