@@ -572,9 +572,9 @@ fn a_fatal_signal_passes_through() {
     );
 }
 
-/// A program with a SIGSEGV handler of its own (no alternate stack) whose thread overflows its stack: on Linux the handler
-/// cannot run and the kernel kills the process with SIGSEGV, saying
-/// nothing; under `ginza run` the runtime's check, kept in front of the
+/// A program with a SIGSEGV handler of its own (no alternate stack)
+/// whose thread overflows its stack: on Linux the handler cannot run and
+/// the kernel kills the process with SIGSEGV, saying nothing; under `ginza run` the runtime's check, kept in front of the
 /// program's handler, names the overflow and aborts. A stack size alone
 /// is not reported as stack memory the library does not use.
 #[test]
