@@ -140,6 +140,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     let idled = idle_poll.as_ref().is_some_and(IdlePoll::is_on);
     let found = match found {
         Some(u) if idle_poll.as_mut().is_some_and(IdlePoll::leave) => {
+            u.note_taken();
             owner.push(u);
             None
         }

@@ -298,6 +298,10 @@ pub(crate) struct UThread {
     /// Worker mode: the identity the dispatcher gave this context (0: none
     /// yet). Unlike the address, never reused.
     pub(super) serial: AtomicU64,
+    /// Debug builds: made runnable and not yet taken to run
+    /// ([`URef::note_queued`]).
+    #[cfg(debug_assertions)]
+    pub(super) queued: AtomicBool,
 }
 
 impl UThread {
@@ -311,6 +315,8 @@ impl UThread {
             entry: UnsafeCell::new(None),
             rt,
             serial: AtomicU64::new(0),
+            #[cfg(debug_assertions)]
+            queued: AtomicBool::new(false),
         }
     }
 }
@@ -413,6 +419,7 @@ impl<'a> Owner<'a> {
 
     /// Pushes to the kthread's runqueue, counted on its queue line.
     pub(crate) fn push(&self, u: URef) {
+        u.note_queued();
         self.count_pushed(1);
         self.runqueue().push(u);
     }
@@ -811,6 +818,7 @@ impl Shared {
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
     /// it wait there whether or not kthread 0 holds a core.
     pub(crate) fn push_injector(&self, u: URef) {
+        u.note_queued();
         self.kthreads[0].count_injected(1);
         self.injector.push(u);
         // An idle kthread blocked on its own socket does not see the

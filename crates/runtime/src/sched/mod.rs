@@ -79,6 +79,7 @@ pub(super) fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
         // may be waiting just so for ours (each switching to the uthread
         // the other is leaving). The scheduler context waits for it instead.
         Some(u) if u.ptr() != k.current.get() && u.still_switching_out() => {
+            u.note_taken();
             owner.push(u);
             k.sched_ptr()
         }
@@ -95,6 +96,9 @@ fn schedule_away(mut k: Owner<'_>) {
     let cur = k.current.get();
     let next = pick_next(&mut k);
     if next == cur {
+        // Woken before it could leave: it took itself off the queue.
+        // SAFETY: `cur` is the running uthread, so not null.
+        URef(unsafe { NonNull::new_unchecked(cur) }).note_taken();
         return;
     }
     // SAFETY: `cur` is the context running on `k`; `next` was dequeued.
@@ -154,6 +158,7 @@ pub(crate) fn wake(u: URef) {
     let rt = unsafe { &*rt_ptr };
     if rt.mode == Mode::Worker {
         // Only the dispatcher decides where a request runs.
+        u.note_queued();
         rt.injector.push(u);
         return;
     }
@@ -395,7 +400,10 @@ fn run_until_stopped(
 /// busy worker cannot), and every 32nd pass through a worker's `pick_next`.
 pub(crate) fn fire_timers_to_dispatcher(k: &KThread) {
     let rt = k.rt();
-    fire_timers(k, |u| rt.injector.push(u));
+    fire_timers(k, |u| {
+        u.note_queued();
+        rt.injector.push(u)
+    });
 }
 
 /// Test hook: the calling kthread's next pass through `pick_next` takes

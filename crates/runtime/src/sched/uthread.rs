@@ -6,7 +6,10 @@
 
 use std::cell::UnsafeCell;
 use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release,
+};
 
 use crossbeam_deque::Steal;
 
@@ -43,6 +46,8 @@ impl UThread {
             entry: UnsafeCell::new(Some(entry)),
             rt,
             serial: AtomicU64::new(0),
+            #[cfg(debug_assertions)]
+            queued: AtomicBool::new(false),
         });
         URef(NonNull::from(Box::leak(u)))
     }
@@ -109,6 +114,36 @@ impl URef {
         unsafe { (*self.ptr()).on_cpu.load(Acquire) }
     }
 
+    /// Debug builds: notes that it was made runnable (put on a runqueue).
+    /// A second time before a kthread took it to run is the runtime's bug:
+    /// two kthreads could then run it at once, on one stack.
+    #[inline]
+    pub(crate) fn note_queued(self) {
+        #[cfg(debug_assertions)]
+        {
+            // SAFETY: a URef names a live uthread; the field is atomic.
+            let twice = unsafe { (*self.ptr()).queued.swap(true, AcqRel) };
+            if twice {
+                crate::signals::fatal(&format!(
+                    "uthread {:p} made runnable a second time before it ran\n{}",
+                    self.ptr(),
+                    std::backtrace::Backtrace::force_capture()
+                ));
+            }
+        }
+    }
+
+    /// Debug builds: notes that a kthread took it off a queue to run it
+    /// (or to queue it again).
+    #[inline]
+    pub(crate) fn note_taken(self) {
+        #[cfg(debug_assertions)]
+        // SAFETY: a URef names a live uthread; the field is atomic.
+        unsafe {
+            (*self.ptr()).queued.store(false, Release)
+        };
+    }
+
     /// The identity the Shinjuku dispatcher gave it (0: none yet).
     pub(crate) fn serial(self) -> u64 {
         // SAFETY: a URef names a live uthread; the field is atomic.
@@ -157,6 +192,8 @@ pub(crate) unsafe fn switch_to(k: &Owner<'_>, from: *mut UThread, to: *mut UThre
         while target.on_cpu.load(Acquire) {
             std::hint::spin_loop();
         }
+        // SAFETY: `to` is a live uthread (the caller's contract).
+        URef(unsafe { NonNull::new_unchecked(to) }).note_taken();
         // SAFETY: the target is not running anywhere, so we own its fields.
         if unsafe { (*target.sp.get()).is_null() } {
             // SAFETY: as above: a uthread that has never run.
