@@ -823,6 +823,14 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
         };
         let w = Waiter::new(me);
         if !tcp.deadlines.sleep(&w, until) {
+            // An earlier deadline came meanwhile, and its `arm` may have
+            // taken `w` to wake this uthread. Withdrawn, it wakes nobody;
+            // if it was claimed, the wake-up is taken here. Left live, it
+            // woke the uthread later while it was already queued, and two
+            // kthreads ran it at once (redis-server's SIGSEGV, session 28).
+            if !w.cancel() {
+                sched::park_current(&deferred);
+            }
             continue;
         }
         if until == u64::MAX {

@@ -159,7 +159,8 @@ impl<T: Item> Deadlines<T> {
 
     /// The timer uthread is about to park as `w` until `until` (`u64::MAX`:
     /// no deadline): false if a deadline before it was armed meanwhile (look
-    /// again instead).
+    /// again instead; an `arm` may have taken `w` to wake it in between, so
+    /// the caller withdraws `w` first, `Waiter::cancel`).
     pub(crate) fn sleep(&self, w: &Arc<Waiter>, until: u64) -> bool {
         *self.sleeper.lock() = Some(Arc::clone(w));
         self.sleeping_until.store(until, SeqCst);
