@@ -408,6 +408,49 @@ fn tcp_child_client_body() {
     .unwrap();
 }
 
+/// Many connections' round trips at once, on two kthreads each side:
+/// every segment re-arms its connection's deadlines while the stack's
+/// timer uthread parks and wakes around them, and debug builds abort on a
+/// uthread queued twice (`URef::note_queued`). A refused sleep of that
+/// uthread (an earlier deadline armed as it was about to park) once left
+/// a waiter an `arm` could wake later, when the uthread was queued
+/// already, and two kthreads ran it at once. The window is narrow: this
+/// test did not hit it in five runs without the fix (on a loaded
+/// machine); redis-server under `ginza run` did, about once in twenty
+/// runs of its test beside CPU hogs.
+#[test]
+fn many_connections_arming_deadlines_at_once_keep_the_timer_uthread_whole() {
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let server = Server::start(&d, 2, net(SERVER), |s| {
+        echo(s);
+    });
+    let rounds = client(&d, 2, || {
+        let until = Instant::now() + Duration::from_secs(3);
+        let workers: Vec<_> = (0..16u8)
+            .map(|id| {
+                ginza_runtime::spawn(move || {
+                    let mut s = TcpStream::connect(server_addr()).unwrap();
+                    let mut rounds = 0u64;
+                    while Instant::now() < until {
+                        let msg = [id; 32];
+                        s.write_all(&msg).unwrap();
+                        let mut back = [0u8; 32];
+                        s.read_exact(&mut back).unwrap();
+                        assert_eq!(back, msg);
+                        rounds += 1;
+                    }
+                    rounds
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum::<u64>()
+    });
+    let stats = server.stop();
+    eprintln!("{rounds} round trips; server: {:?}", stats.tcp);
+    assert!(rounds > 1_000, "{rounds} round trips in 3 s");
+}
+
 #[test]
 fn a_client_killed_mid_transfer_ends_its_connection_and_nothing_else() {
     let _g = lock();
