@@ -6,10 +6,7 @@
 
 use std::cell::UnsafeCell;
 use std::ptr::{null_mut, NonNull};
-use std::sync::atomic::{
-    AtomicBool, AtomicU64, Ordering::AcqRel, Ordering::Acquire, Ordering::Relaxed,
-    Ordering::Release,
-};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
 
 use crossbeam_deque::Steal;
 
@@ -122,7 +119,11 @@ impl URef {
         #[cfg(debug_assertions)]
         {
             // SAFETY: a URef names a live uthread; the field is atomic.
-            let twice = unsafe { (*self.ptr()).queued.swap(true, AcqRel) };
+            let twice = unsafe {
+                (*self.ptr())
+                    .queued
+                    .swap(true, std::sync::atomic::Ordering::AcqRel)
+            };
             if twice {
                 crate::signals::fatal(&format!(
                     "uthread {:p} made runnable a second time before it ran\n{}",
@@ -140,7 +141,9 @@ impl URef {
         #[cfg(debug_assertions)]
         // SAFETY: a URef names a live uthread; the field is atomic.
         unsafe {
-            (*self.ptr()).queued.store(false, Release)
+            (*self.ptr())
+                .queued
+                .store(false, std::sync::atomic::Ordering::Release)
         };
     }
 
