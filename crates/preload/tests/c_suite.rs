@@ -552,31 +552,33 @@ fn a_fatal_signal_passes_through() {
     let _g = lock();
     let mut cmd = Command::new(&bins.ginza);
     cmd.args(["run", "--kthreads", "2", "--"]).arg(&bin);
-    let o = run_captured(cmd, "ginza run on a program that SIGKILLs itself", false);
-    assert_eq!(
-        o.status.signal(),
-        Some(libc::SIGKILL),
-        "{}",
-        o.describe("ginza run on a program that SIGKILLs itself")
-    );
+    let what = "ginza run on a program that SIGKILLs itself";
+    run_dying_of(cmd, what, libc::SIGKILL, false);
     let mut cmd = Command::new(&bins.ginza);
     cmd.args(["run", "--kthreads", "2", "--"])
         .arg(&bin)
         .arg("wait");
-    let o = run_captured(cmd, "ginza run on a program sent SIGTERM", true);
-    assert_eq!(
-        o.status.signal(),
-        Some(libc::SIGTERM),
-        "{}",
-        o.describe("ginza run on a program sent SIGTERM")
+    run_dying_of(
+        cmd,
+        "ginza run on a program sent SIGTERM",
+        libc::SIGTERM,
+        true,
     );
+}
+
+/// Runs `cmd` as [`run_captured`] does and checks that it died of `sig`.
+fn run_dying_of(cmd: Command, what: &str, sig: libc::c_int, sigterm_when_ready: bool) -> Outcome {
+    let o = run_captured(cmd, what, sigterm_when_ready);
+    assert_eq!(o.status.signal(), Some(sig), "{}", o.describe(what));
+    o
 }
 
 /// A program with a SIGSEGV handler of its own (no alternate stack)
 /// whose thread overflows its stack: on Linux the handler cannot run and
-/// the kernel kills the process with SIGSEGV, saying nothing; under `ginza run` the runtime's check, kept in front of the
-/// program's handler, names the overflow and aborts. A stack size alone
-/// is not reported as stack memory the library does not use.
+/// the kernel kills the process with SIGSEGV, saying nothing; under
+/// `ginza run` the runtime's check, kept in front of the program's
+/// handler, names the overflow and aborts. A stack size alone is not
+/// reported as stack memory the library does not use.
 #[test]
 fn a_stack_overflow_is_named_though_the_program_handles_sigsegv() {
     if !have_cc() {
@@ -587,25 +589,13 @@ fn a_stack_overflow_is_named_though_the_program_handles_sigsegv() {
     let _g = lock();
     let mut cmd = Command::new(&bin);
     cmd.arg("overflow");
-    let plain = run_captured(cmd, "fault_handler overflow on Linux", false);
-    assert_eq!(
-        plain.status.signal(),
-        Some(libc::SIGSEGV),
-        "{}",
-        plain.describe("fault_handler overflow on Linux")
-    );
+    run_dying_of(cmd, "fault_handler overflow on Linux", libc::SIGSEGV, false);
     let mut cmd = Command::new(&bins.ginza);
     cmd.args(["run", "--kthreads", "2", "--"])
         .arg(&bin)
         .arg("overflow");
     let what = "fault_handler overflow under ginza run";
-    let o = run_captured(cmd, what, false);
-    assert_eq!(
-        o.status.signal(),
-        Some(libc::SIGABRT),
-        "{}",
-        o.describe(what)
-    );
+    let o = run_dying_of(cmd, what, libc::SIGABRT, false);
     assert!(
         o.stderr
             .contains("ginza: uthread stack overflow on kthread"),
