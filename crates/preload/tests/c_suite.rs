@@ -566,6 +566,25 @@ fn a_fatal_signal_passes_through() {
     );
 }
 
+/// A run meant to crash leaves no core file behind, whatever the shell's
+/// limit.
+fn no_core_dump(cmd: &mut Command) {
+    // SAFETY: setrlimit is async-signal-safe, as a pre_exec hook must be.
+    unsafe {
+        cmd.pre_exec(|| {
+            let none = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if libc::setrlimit(libc::RLIMIT_CORE, &none) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
 /// Runs `cmd` as [`run_captured`] does and checks that it died of `sig`.
 fn run_dying_of(cmd: Command, what: &str, sig: libc::c_int, sigterm_when_ready: bool) -> Outcome {
     let o = run_captured(cmd, what, sigterm_when_ready);
@@ -589,11 +608,13 @@ fn a_stack_overflow_is_named_though_the_program_handles_sigsegv() {
     let _g = lock();
     let mut cmd = Command::new(&bin);
     cmd.arg("overflow");
+    no_core_dump(&mut cmd);
     run_dying_of(cmd, "fault_handler overflow on Linux", libc::SIGSEGV, false);
     let mut cmd = Command::new(&bins.ginza);
     cmd.args(["run", "--kthreads", "2", "--"])
         .arg(&bin)
         .arg("overflow");
+    no_core_dump(&mut cmd);
     let what = "fault_handler overflow under ginza run";
     let o = run_dying_of(cmd, what, libc::SIGABRT, false);
     assert!(
