@@ -127,6 +127,25 @@ fn arch_prctl_set(code: libc::c_int, v: usize) {
     unsafe { libc::syscall(libc::SYS_arch_prctl, code, v) };
 }
 
+/// Runs `f` on this kthread's own thread pointer when C code of a uthread
+/// was interrupted (FS is the uthread's block), and puts FS back after:
+/// for a signal handler that reads the runtime's per-kthread state but
+/// never switches. Async-signal-safe. `f` runs as it is elsewhere.
+#[inline(never)]
+pub(crate) fn on_kthread_pointer_in_handler<R>(f: impl FnOnce() -> R) -> R {
+    let (gs, fs) = (gs_base(), fs_base());
+    if !enabled() || gs == 0 || fs == gs {
+        return f();
+    }
+    // SAFETY: GS holds this kthread's own thread pointer.
+    unsafe { set_fs_base(gs) };
+    let r = f();
+    // SAFETY: the interrupted code's own thread pointer, as it was; `f`
+    // did not switch, so this is the same kernel thread.
+    unsafe { set_fs_base(fs) };
+    r
+}
+
 /// Marks the calling thread as runtime code (GS = its own FS). Kthreads do
 /// it at start; the library does it on its own service threads.
 pub fn mark_runtime_thread() {

@@ -170,17 +170,9 @@ pub unsafe fn abort_if_stack_overflow(info: *const libc::siginfo_t) {
     let addr = unsafe { (*info).si_addr() } as usize;
     // C code of a preload uthread runs on its own thread pointer: the
     // running uthread is found on the kthread's.
-    let (gs, fs) = (crate::foreign_tls::gs_base(), crate::foreign_tls::fs_base());
-    let c_code = crate::foreign_tls::enabled() && gs != 0 && fs != gs;
-    if c_code {
-        // SAFETY: GS holds this kthread's own thread pointer.
-        unsafe { crate::foreign_tls::set_fs_base(gs) };
-    }
-    let hit = HOOKS.get().and_then(|hooks| (hooks.guard_page_hit)(addr));
-    if c_code {
-        // SAFETY: the interrupted code's own thread pointer, as it was.
-        unsafe { crate::foreign_tls::set_fs_base(fs) };
-    }
+    let hit = crate::foreign_tls::on_kthread_pointer_in_handler(|| {
+        HOOKS.get().and_then(|hooks| (hooks.guard_page_hit)(addr))
+    });
     if let Some((kthread, size)) = hit {
         let mut msg = Buf::new();
         msg.push(b"ginza: uthread stack overflow on kthread ");

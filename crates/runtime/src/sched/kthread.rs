@@ -815,6 +815,14 @@ impl Shared {
                 .all(|k| !matches!(k.state.load(SeqCst), RUNNING | SPINNING | WAKING))
     }
 
+    /// Worker mode: a request made runnable goes to the shared queue the
+    /// dispatcher takes from (no counting, no kthread to wake: the
+    /// dispatcher decides where it runs).
+    pub(crate) fn queue_for_dispatcher(&self, u: URef) {
+        u.note_queued();
+        self.injector.push(u);
+    }
+
     /// Injected work is counted on kthread 0's queue line: iokerneld sees
     /// it wait there whether or not kthread 0 holds a core.
     pub(crate) fn push_injector(&self, u: URef) {

@@ -158,8 +158,7 @@ pub(crate) fn wake(u: URef) {
     let rt = unsafe { &*rt_ptr };
     if rt.mode == Mode::Worker {
         // Only the dispatcher decides where a request runs.
-        u.note_queued();
-        rt.injector.push(u);
+        rt.queue_for_dispatcher(u);
         return;
     }
     match Owner::current(&deferred).filter(|k| k.rt == rt_ptr) {
@@ -411,10 +410,7 @@ fn run_until_stopped(
 /// busy worker cannot), and every 32nd pass through a worker's `pick_next`.
 pub(crate) fn fire_timers_to_dispatcher(k: &KThread) {
     let rt = k.rt();
-    fire_timers(k, |u| {
-        u.note_queued();
-        rt.injector.push(u)
-    });
+    fire_timers(k, |u| rt.queue_for_dispatcher(u));
 }
 
 /// Test hook: the calling kthread's next pass through `pick_next` takes
