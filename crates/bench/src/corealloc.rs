@@ -235,10 +235,24 @@ pub fn run(args: CoreallocArgs) -> anyhow::Result<()> {
 
     eprintln!("corealloc: grants to a blocked kthread");
     client::reset_stats(&socket)?;
-    let (blocked, _) = sleeper(&socket, "grant", n, BLOCKED_GAP_US, Duration::ZERO)?;
+    let (blocked, _) = sleeper(
+        &socket,
+        "grant",
+        n,
+        GrantKind::Blocked,
+        BLOCKED_GAP_US,
+        Duration::ZERO,
+    )?;
     // Not a reset: the lingering run adds to this window.
     eprintln!("corealloc: grants to a lingering kthread");
-    let (_, lingering) = sleeper(&socket, "grant-linger", n, LINGER_GAP_US, LINGER)?;
+    let (_, lingering) = sleeper(
+        &socket,
+        "grant-linger",
+        n,
+        GrantKind::Lingering,
+        LINGER_GAP_US,
+        LINGER,
+    )?;
     // iokerneld's cost per grant over both grant runs.
     let st_grants = daemon.stats()?;
 
@@ -350,12 +364,22 @@ fn app(socket: &std::path::Path, name: &str, class: Class, linger: Duration) -> 
     cfg
 }
 
-/// An application whose one uthread sleeps `n` random gaps; the grant
-/// latencies its kthread measured (blocked, lingering).
+/// Which grants a [`sleeper`] run counts toward its `n`.
+#[derive(Clone, Copy)]
+enum GrantKind {
+    Blocked,
+    Lingering,
+}
+
+/// An application whose one uthread sleeps random gaps until its kthread
+/// measured `n` grants of `kind` (a gap can end without one: the timer
+/// expired before the kthread blocked, or after it stopped lingering), at
+/// most `4 n` gaps; the grant latencies of both kinds.
 fn sleeper(
     socket: &std::path::Path,
     name: &str,
     n: usize,
+    kind: GrantKind,
     gaps: (u64, u64),
     linger: Duration,
 ) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
@@ -369,10 +393,21 @@ fn sleeper(
                 ginza_runtime::sleep(gap(&mut rng, gaps));
             }
             h.take_grant_latencies();
-            for _ in 0..n {
+            let mut all = ginza_runtime::GrantLatencies::default();
+            for _ in 0..4 * n {
                 ginza_runtime::sleep(gap(&mut rng, gaps));
+                let mut l = h.take_grant_latencies();
+                all.from_blocked_ns.append(&mut l.from_blocked_ns);
+                all.while_lingering_ns.append(&mut l.while_lingering_ns);
+                let counted = match kind {
+                    GrantKind::Blocked => all.from_blocked_ns.len(),
+                    GrantKind::Lingering => all.while_lingering_ns.len(),
+                };
+                if counted >= n {
+                    break;
+                }
             }
-            h.take_grant_latencies()
+            all
         },
     )?;
     let widen = |v: Vec<u32>| v.into_iter().map(u64::from).collect::<Vec<_>>();

@@ -8,7 +8,7 @@
 //! `pthread_self` returns `self`), `multiple_threads`, the stack and
 //! pointer guards (copied from a running thread, as glibc does), the
 //! descriptor's list link (self-linked, so `fork`'s child can unlink it),
-//! its `tid`, and the rseq area's `cpu_id` (-1: `sched_getcpu` asks the
+//! its `tid` (one of its own, no kernel thread's: [`own_tid`]), and the rseq area's `cpu_id` (-1: `sched_getcpu` asks the
 //! kernel instead of reading a stale CPU). The list and tid offsets are
 //! private to glibc; they are found at start by looking for the initial
 //! thread's tid in its own descriptor.
@@ -18,7 +18,7 @@
 //! the library's back, which inherits its creator's GS, is not taken for
 //! a program thread (`mode.rs`).
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 use ginza_runtime::foreign_tls::fs_base;
 
@@ -103,8 +103,7 @@ pub(crate) fn allocate() -> Option<usize> {
             let list = tcb + tid_off - 16;
             put(tid_off - 16, list);
             put(tid_off - 8, list);
-            // The creating kthread's tid, as its own descriptor has it.
-            ((tcb + tid_off) as *mut i32).write(((running + tid_off) as *const i32).read());
+            ((tcb + tid_off) as *mut i32).write(own_tid());
         }
         let rseq = RSEQ_OFF.load(Relaxed);
         if rseq != 0 {
@@ -112,6 +111,20 @@ pub(crate) fn allocate() -> Option<usize> {
         }
     }
     Some(tcb)
+}
+
+/// A tid no kernel thread has, for a new block: glibc's recursive locks
+/// (the dynamic linker's among them) name their holder by the tid in the
+/// holder's descriptor, so two program threads with one tid would both
+/// enter, and a thread moved to another kthread while holding one must
+/// still unlock it. Kernel tids stay below `PID_MAX_LIMIT` (2^22); these
+/// count up from there and stay under glibc's tid mask (2^30), wrapping
+/// after about a billion threads.
+fn own_tid() -> i32 {
+    const FIRST: u32 = 1 << 22;
+    const END: u32 = 1 << 30;
+    static COUNT: AtomicU32 = AtomicU32::new(0);
+    (FIRST + COUNT.fetch_add(1, Relaxed) % (END - FIRST)) as i32
 }
 
 /// Whether the thread pointer `tp` of a running thread is a block made by

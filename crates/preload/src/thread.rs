@@ -497,6 +497,42 @@ pub unsafe extern "C" fn pthread_setaffinity_np(
     0
 }
 
+/// A program thread's descriptor carries a tid of its own (`tcb.rs`), which
+/// glibc would ask the kernel about: it gets the CPUs of the kthread it
+/// runs on now, as `sched_getaffinity(0)` does.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getaffinity_np(
+    t: pthread_t,
+    size: usize,
+    set: *mut libc::cpu_set_t,
+) -> c_int {
+    if lookup(t).is_none() {
+        let f = real!(pthread_getaffinity_np: unsafe extern "C" fn(pthread_t, usize, *mut libc::cpu_set_t) -> c_int);
+        // SAFETY: a thread glibc made.
+        return unsafe { f(t, size, set) };
+    }
+    // SAFETY: the caller's buffer of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, set) } == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL)
+    }
+}
+
+/// A program thread has no kernel thread of its own to clock: `ENOENT`,
+/// the answer for a system without per-thread CPU clocks.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getcpuclockid(t: pthread_t, clock: *mut libc::clockid_t) -> c_int {
+    if lookup(t).is_none() {
+        let f = real!(pthread_getcpuclockid: unsafe extern "C" fn(pthread_t, *mut libc::clockid_t) -> c_int);
+        // SAFETY: a thread glibc made.
+        return unsafe { f(t, clock) };
+    }
+    libc::ENOENT
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn pthread_kill(t: pthread_t, sig: c_int) -> c_int {
     if lookup(t).is_none() {

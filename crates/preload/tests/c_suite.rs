@@ -376,6 +376,7 @@ suite! {
     cond_broadcast => BASE;
     rwlock => BASE;
     barrier => BASE;
+    dl_lock => BASE;
     spinlock => BASE;
     sem => BASE;
     tls_errno => BASE;
