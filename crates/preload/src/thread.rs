@@ -34,6 +34,9 @@ pub(crate) struct GThread {
     done: AtomicU32,
     flags: AtomicU8,
     result: AtomicUsize,
+    /// The uthread's stack, lowest usable address and size: set when it
+    /// starts, for `pthread_getattr_np`.
+    stack: [AtomicUsize; 2],
 }
 
 const DETACHED: u8 = 1;
@@ -104,6 +107,7 @@ impl GThread {
             done: AtomicU32::new(0),
             flags: AtomicU8::new(if detached { DETACHED } else { 0 }),
             result: AtomicUsize::new(0),
+            stack: [const { AtomicUsize::new(0) }; 2],
         });
         ginza_runtime::without_preemption(|| threads().insert(tcb, g.clone()));
         LIVE.fetch_add(1, Relaxed);
@@ -128,6 +132,10 @@ impl GThread {
     ) -> (usize, bool) {
         let mut exited = false;
         let mut sp = 0usize;
+        if let Some((low, size)) = ginza_runtime::current_uthread_stack() {
+            self.stack[0].store(low, Relaxed);
+            self.stack[1].store(size, Release);
+        }
         // SAFETY: this uthread's own block, made for it.
         let ret = unsafe {
             on_thread_pointer(self.tcb, || {
@@ -519,6 +527,85 @@ pub unsafe extern "C" fn pthread_getaffinity_np(
             .raw_os_error()
             .unwrap_or(libc::EINVAL)
     }
+}
+
+/// A program thread's attributes, from what Ginza gave it: glibc's own
+/// would read its stack from fields of the descriptor nobody set (and then
+/// report the initial thread's) and ask the kernel for the affinity of its
+/// tid, which no kernel thread has (`tcb.rs`).
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getattr_np(t: pthread_t, attr: *mut pthread_attr_t) -> c_int {
+    let Some(g) = lookup(t) else {
+        let f = real!(pthread_getattr_np: unsafe extern "C" fn(pthread_t, *mut pthread_attr_t) -> c_int);
+        // SAFETY: a thread glibc made.
+        return unsafe { f(t, attr) };
+    };
+    let size = g.stack[1].load(Acquire);
+    let low = g.stack[0].load(Relaxed);
+    let detached = g.flags.load(Acquire) & DETACHED != 0;
+    // SAFETY: cpu_set_t is plain bits; all zero is the empty set.
+    let mut cpus: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a cpu_set_t of the size given.
+    let affinity =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&cpus), &mut cpus) } == 0;
+    // SAFETY: the caller's attribute object, which pthread_attr_init
+    // initializes as pthread_getattr_np does.
+    unsafe {
+        let rc = libc::pthread_attr_init(attr);
+        if rc != 0 {
+            return rc;
+        }
+        if size != 0 {
+            libc::pthread_attr_setstack(attr, low as *mut c_void, size);
+            libc::pthread_attr_setguardsize(attr, libc::sysconf(libc::_SC_PAGESIZE) as usize);
+        }
+        if detached {
+            libc::pthread_attr_setdetachstate(attr, libc::PTHREAD_CREATE_DETACHED);
+        }
+        if affinity {
+            libc::pthread_attr_setaffinity_np(attr, std::mem::size_of_val(&cpus), &cpus);
+        }
+    }
+    0
+}
+
+/// A program thread runs under Ginza's scheduling: the kernel's policy of
+/// its own is the default one.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_getschedparam(
+    t: pthread_t,
+    policy: *mut c_int,
+    param: *mut libc::sched_param,
+) -> c_int {
+    if lookup(t).is_none() {
+        let f = real!(pthread_getschedparam: unsafe extern "C" fn(pthread_t, *mut c_int, *mut libc::sched_param) -> c_int);
+        // SAFETY: a thread glibc made.
+        return unsafe { f(t, policy, param) };
+    }
+    // SAFETY: C's contract: writable outputs.
+    unsafe {
+        *policy = libc::SCHED_OTHER;
+        (*param).sched_priority = 0;
+    }
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pthread_setschedparam(
+    t: pthread_t,
+    policy: c_int,
+    param: *const libc::sched_param,
+) -> c_int {
+    if lookup(t).is_none() {
+        let f = real!(pthread_setschedparam: unsafe extern "C" fn(pthread_t, c_int, *const libc::sched_param) -> c_int);
+        // SAFETY: a thread glibc made.
+        return unsafe { f(t, policy, param) };
+    }
+    unsupported_once!(
+        "pthread_setschedparam",
+        "ignored: Ginza schedules the program's threads"
+    );
+    0
 }
 
 /// A program thread has no kernel thread of its own to clock: `ENOENT`,

@@ -62,7 +62,7 @@ pub use log_safe::{install_logger, PreemptSafeLog};
 pub use net::NetConfig;
 pub use preempt::preempt_point;
 pub use runtime::{run, GrantLatencies, Handle, KthreadStats};
-pub use sched::{current_kthread_id, sleep, sleep_until, yield_now};
+pub use sched::{current_kthread_id, current_uthread_stack, sleep, sleep_until, yield_now};
 pub use signals::{abort_if_stack_overflow, report_fault_in_runtime};
 pub use sync::{Condvar, Mutex, MutexGuard, WaitGroup};
 pub use task::{spawn, spawn_with_stack_size, JoinHandle};

@@ -6,8 +6,9 @@
  * name their holder by the tid in the thread's descriptor: threads that
  * share one would both enter, and the lock's count could be left held by
  * nobody, hanging the next dlsym or exit. Under Ginza that tid is one no
- * kernel thread has, so the calls that ask the kernel about a thread by
- * its tid are served: pthread_getaffinity_np gives at least one CPU.
+ * kernel thread has, so the calls that would ask the kernel about a thread
+ * by its tid must answer otherwise: each thread first asks them about
+ * itself (its affinity, its scheduling, its CPU clock).
  */
 #include "check.h"
 #include <dlfcn.h>
@@ -41,6 +42,20 @@ static void *body(void *arg)
 	cpu_set_t cpus;
 	PT(pthread_getaffinity_np(pthread_self(), sizeof cpus, &cpus));
 	CHECK(CPU_COUNT(&cpus) >= 1, "no CPU in the thread's affinity");
+	int policy = -1;
+	struct sched_param param = { .sched_priority = -1 };
+	PT(pthread_getschedparam(pthread_self(), &policy, &param));
+	CHECK(policy == SCHED_OTHER && param.sched_priority == 0,
+	      "policy %d priority %d", policy, param.sched_priority);
+	PT(pthread_setschedparam(pthread_self(), SCHED_OTHER, &param));
+	/* No CPU clock per thread (ENOENT) is an answer too; one given works. */
+	clockid_t clock;
+	int rc = pthread_getcpuclockid(pthread_self(), &clock);
+	CHECK(rc == 0 || rc == ENOENT, "pthread_getcpuclockid: %s",
+	      strerror(rc));
+	struct timespec ts;
+	CHECK(rc != 0 || clock_gettime(clock, &ts) == 0,
+	      "clock_gettime on the thread's CPU clock: %s", strerror(errno));
 	for (int r = 0; r < ROUNDS; r++) {
 		dl_iterate_phdr(visit, NULL);
 		void *f = dlsym(RTLD_DEFAULT, "strlen");

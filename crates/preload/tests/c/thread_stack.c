@@ -2,7 +2,8 @@
  * A thread created with a 1 MiB stack size attribute uses ~900 KiB of
  * stack (a frame that is written through). With a smaller stack than
  * asked, this crashes. The attribute's getters return what was set, and
- * the thread sees its own stack size through pthread_getattr_np.
+ * the thread sees its own stack, its size and where it lies, through
+ * pthread_getattr_np.
  */
 #include "check.h"
 #include <pthread.h>
@@ -37,12 +38,18 @@ static void *body(void *arg)
 	/* After the stack was used, so a failure here is told apart. */
 	pthread_attr_t a;
 	size_t size = 0;
+	void *low = NULL;
 	PT(pthread_getattr_np(pthread_self(), &a));
-	PT(pthread_attr_getstacksize(&a, &size));
+	PT(pthread_attr_getstack(&a, &low, &size));
 	PT(pthread_attr_destroy(&a));
 	CHECK(size >= STACK,
 	      "pthread_getattr_np: the thread's stack is %zu bytes, asked %d",
 	      size, STACK);
+	char here;
+	CHECK((char *)low <= &here && &here < (char *)low + size,
+	      "pthread_getattr_np: the stack %p + %zu does not hold the "
+	      "thread's own frame at %p",
+	      low, size, (void *)&here);
 	return (void *)(uintptr_t)sum;
 }
 

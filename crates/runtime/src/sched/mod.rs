@@ -31,6 +31,7 @@ mod uthread;
 
 pub use kthread::current_kthread_id;
 pub(crate) use kthread::*;
+pub use uthread::current_uthread_stack;
 pub(crate) use uthread::*;
 
 use std::ptr::{null_mut, NonNull};

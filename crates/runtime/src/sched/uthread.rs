@@ -405,6 +405,19 @@ impl Shared {
     }
 }
 
+/// The running uthread's stack: its lowest usable address and its usable
+/// size (a guard page lies below); `None` on a kthread's own stack.
+pub fn current_uthread_stack() -> Option<(usize, usize)> {
+    let k = current_kthread_ref()?;
+    let cur = k.current.get();
+    if cur.is_null() || cur == k.sched_ptr() {
+        return None;
+    }
+    // SAFETY: the running uthread's stack is not modified while it runs.
+    let stack = unsafe { (*(*cur).stack.get()).as_ref() }?;
+    Some((stack.guard_range().1, stack.usable_size()))
+}
+
 /// If `addr` is in the guard page of the running uthread's stack: the
 /// kthread id and the stack's usable size.
 pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
