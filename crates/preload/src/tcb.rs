@@ -8,8 +8,9 @@
 //! `pthread_self` returns `self`), `multiple_threads`, the stack and
 //! pointer guards (copied from a running thread, as glibc does), the
 //! descriptor's list link (self-linked, so `fork`'s child can unlink it),
-//! its `tid` (one of its own, no kernel thread's: [`own_tid`]), and the rseq area's `cpu_id` (-1: `sched_getcpu` asks the
-//! kernel instead of reading a stale CPU). The list and tid offsets are
+//! its `tid` (one of its own, no kernel thread's: [`own_tid`]), and the
+//! rseq area's `cpu_id` (-1: `sched_getcpu` asks the kernel instead of
+//! reading a stale CPU). The list and tid offsets are
 //! private to glibc; they are found at start by looking for the initial
 //! thread's tid in its own descriptor.
 //!
