@@ -178,11 +178,20 @@ fn a_parked_server_wakes_itself_for_a_datagram_and_iokerneld_books_its_core() {
             assert_eq!(k.grants, k0.grants, "{k0:?} then {k:?}");
             assert_eq!(a.preempt_overdue, 0);
             clean += 1;
-        } else {
+        } else if k.self_wakes == k0.self_wakes {
             // iokerneld's grant came first (its loop saw the frame before
             // the kernel ran the kthread): then the kthread stood back.
             assert_eq!(w.0, w0.0, "no self-wake booked");
-            assert_eq!(k.self_wakes, k0.self_wakes, "{k0:?} then {k:?}");
+        } else {
+            // Both (seen once in a CI run; the likely order, not traced):
+            // the kthread woke itself and disarmed, and iokerneld, which
+            // had not read its `SelfWoken` yet and no longer saw it armed,
+            // granted it the core it was already running on. The core is
+            // the server's by that grant; the `SelfWoken` is not booked
+            // besides it.
+            assert_eq!(k.self_wakes, k0.self_wakes + 1, "{k0:?} then {k:?}");
+            assert_eq!(a.grants, a0.grants + 1, "one grant");
+            assert_eq!(w.0, w0.0, "the self-wake not booked besides the grant");
         }
     }
     assert!(ask(&ns, b"stop"), "stop echoed");
