@@ -545,9 +545,10 @@ pub unsafe extern "C" fn pthread_getattr_np(t: pthread_t, attr: *mut pthread_att
     let detached = g.flags.load(Acquire) & DETACHED != 0;
     // SAFETY: cpu_set_t is plain bits; all zero is the empty set.
     let mut cpus: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: a cpu_set_t of the size given.
+    // SAFETY: a program thread (looked up above) and a cpu_set_t of the
+    // size given.
     let affinity =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&cpus), &mut cpus) } == 0;
+        unsafe { pthread_getaffinity_np(t, std::mem::size_of_val(&cpus), &mut cpus) } == 0;
     // SAFETY: the caller's attribute object, which pthread_attr_init
     // initializes as pthread_getattr_np does.
     unsafe {

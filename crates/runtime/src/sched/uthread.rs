@@ -405,9 +405,9 @@ impl Shared {
     }
 }
 
-/// The running uthread's stack: its lowest usable address and its usable
-/// size (a guard page lies below); `None` on a kthread's own stack.
-pub fn current_uthread_stack() -> Option<(usize, usize)> {
+/// `f` of the running uthread's stack and its kthread's id; `None` on a
+/// kthread's own stack. Async-signal-safe (the fault handler calls it).
+fn with_running_stack<R>(f: impl FnOnce(usize, &Stack) -> R) -> Option<R> {
     let k = current_kthread_ref()?;
     let cur = k.current.get();
     if cur.is_null() || cur == k.sched_ptr() {
@@ -415,21 +415,21 @@ pub fn current_uthread_stack() -> Option<(usize, usize)> {
     }
     // SAFETY: the running uthread's stack is not modified while it runs.
     let stack = unsafe { (*(*cur).stack.get()).as_ref() }?;
-    Some((stack.guard_range().1, stack.usable_size()))
+    Some(f(k.id, stack))
+}
+
+/// The running uthread's stack: its lowest usable address and its usable
+/// size (a guard page lies below); `None` on a kthread's own stack.
+pub fn current_uthread_stack() -> Option<(usize, usize)> {
+    with_running_stack(|_, stack| (stack.guard_range().1, stack.usable_size()))
 }
 
 /// If `addr` is in the guard page of the running uthread's stack: the
 /// kthread id and the stack's usable size.
 pub(crate) fn guard_page_hit(addr: usize) -> Option<(usize, usize)> {
-    let k = current_kthread_ref()?;
-    let cur = k.current.get();
-    if cur.is_null() || cur == k.sched_ptr() {
-        return None;
-    }
-    // SAFETY: the running uthread's stack is not modified while it runs.
-    let stack = unsafe { (*(*cur).stack.get()).as_ref() }?;
-    let (lo, hi) = stack.guard_range();
-    (lo..hi)
-        .contains(&addr)
-        .then(|| (k.id, stack.usable_size()))
+    with_running_stack(|id, stack| {
+        let (lo, hi) = stack.guard_range();
+        (lo..hi).contains(&addr).then(|| (id, stack.usable_size()))
+    })
+    .flatten()
 }
