@@ -12,6 +12,11 @@
 //!   answered with an ACK (RFC 5961's challenge ACK, RFC 9293's ACK of an
 //!   unacceptable segment) and change nothing. The connection is unharmed.
 //!
+//! * A peer that holds its ACKs as a delayed-ACK client does (the ACK of a
+//!   reply rides on the next request): no loss probe for the lone reply,
+//!   and one grant of the parked server per request (a stale deadline of
+//!   the request's once woke it a second time).
+//!
 //! No root needed: the switch is iokerneld's own. For the flood the server
 //! is the `echo-server` binary in a process of its own, so that its
 //! resident memory is its own.
@@ -31,7 +36,7 @@ use ginza_net::tcp::{Flags, Segment};
 use ginza_net::{
     DropKind, Endpoint, Interface, Ipv4Addr, MacAddr, ETHERNET_HEADER_LEN, IPV4_HEADER_LEN,
 };
-use ginza_runtime::net::{NetConfig, NetStats};
+use ginza_runtime::net::{NetConfig, NetStats, TcpListener};
 use ginza_runtime::{Class, Config, IokernelConfig};
 use rand::{Rng, SeedableRng};
 
@@ -51,6 +56,41 @@ const TCP: usize = ETHERNET_HEADER_LEN + IPV4_HEADER_LEN;
 /// at [`PEER`]; `check` runs with the peer; the server's counters are
 /// returned once it stopped.
 fn with_server_and_raw_peer(check: impl FnOnce(&mut RawTcpPeer)) -> (NetStats, Arc<EchoStats>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(EchoStats::default());
+    let (s2, st2) = (stop.clone(), stats.clone());
+    let (served, net) = with_iokerneld_server_and_raw_peer(
+        |_| {},
+        move || {
+            echo_server::serve(
+                PORT,
+                Protocols {
+                    udp: false,
+                    tcp: true,
+                },
+                s2,
+                st2,
+            )
+        },
+        |peer, _| {
+            check(peer);
+            stop.store(true, Relaxed);
+        },
+    );
+    served.expect("echo-server");
+    (net, stats)
+}
+
+/// iokerneld (software switch), a server application at [`SERVER`] (its
+/// runtime's configuration adjusted by `tune`, its main `serve`, which
+/// must return once `check` returned) and the raw peer at [`PEER`];
+/// `check` runs with the peer and iokerneld. Returns what `serve` returned
+/// and the server's network counters.
+fn with_iokerneld_server_and_raw_peer<T: Send + 'static>(
+    tune: impl FnOnce(&mut IokernelConfig),
+    serve: impl FnOnce() -> T + Send + 'static,
+    check: impl FnOnce(&mut RawTcpPeer, &InProcess),
+) -> (T, NetStats) {
     let _lock = common::lock();
     let dir = std::env::temp_dir().join(format!("ginza-apps-adv-{}", std::process::id()));
     let mut cores = ginza_sys::affinity::allowed_cpus().unwrap();
@@ -63,25 +103,12 @@ fn with_server_and_raw_peer(check: impl FnOnce(&mut RawTcpPeer)) -> (NetStats, A
     io.socket = Some(iokerneld.socket().to_path_buf());
     // The raw peer does not answer ARP.
     io.net = Some(NetConfig::new(SERVER.mac, SERVER.ip).with_static_arp(PEER.ip, PEER.mac));
+    tune(&mut io);
     let config = Config {
         iokernel: Some(io),
         ..Config::with_kthreads(1)
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(EchoStats::default());
-    let (s2, st2) = (stop.clone(), stats.clone());
-    let server = App::spawn(config, move || {
-        let served = echo_server::serve(
-            PORT,
-            Protocols {
-                udp: false,
-                tcp: true,
-            },
-            s2,
-            st2,
-        );
-        (served, ginza_runtime::net::stats())
-    });
+    let server = App::spawn(config, move || (serve(), ginza_runtime::net::stats()));
     let t0 = Instant::now();
     while !iokerneld
         .stats()
@@ -89,7 +116,7 @@ fn with_server_and_raw_peer(check: impl FnOnce(&mut RawTcpPeer)) -> (NetStats, A
     {
         assert!(
             t0.elapsed() < WAIT && !server.is_finished(),
-            "echo-server did not register"
+            "the server did not register"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -103,14 +130,12 @@ fn with_server_and_raw_peer(check: impl FnOnce(&mut RawTcpPeer)) -> (NetStats, A
             port: PORT,
         },
     );
-    check(&mut peer);
-    stop.store(true, Relaxed);
+    check(&mut peer, &iokerneld);
     let (served, net) = server.join(WAIT);
-    served.expect("echo-server");
     drop(peer);
     drop(iokerneld);
     let _ = std::fs::remove_dir_all(&dir);
-    (net.expect("the server has networking"), stats)
+    (served, net.expect("the server has networking"))
 }
 
 /// Resident memory of process `pid`, in KiB.
@@ -419,4 +444,82 @@ fn malformed_and_out_of_window_segments_are_dropped_or_answered_and_harm_nothing
     // Only the good bytes were echoed: "hello" and "still here".
     assert_eq!(stats.tcp_bytes.load(Relaxed), 15);
     assert_eq!(stats.tcp_errors.load(Relaxed), 0);
+}
+
+#[test]
+fn a_peer_that_holds_its_acks_costs_a_parked_server_one_wake_per_request_and_no_probes() {
+    // An RPC client as Linux's kernel is one: it acknowledges a reply only
+    // with its next request (its delayed ACK). The server's reply is a lone
+    // segment in flight: no loss probe goes out for it (RFC 8985 §7.2 adds
+    // the peer's delayed ACK to its timeout), and the deadline its request
+    // armed (our own delayed ACK, which the reply carried) is not left to
+    // wake the parked server: one grant per request.
+    const REQUESTS: u64 = 20;
+    const QUIET: Duration = Duration::from_millis(5);
+    let (echoed, net) = with_iokerneld_server_and_raw_peer(
+        // Parks at once when out of work, so every wake is a grant.
+        |io| io.poll_while_idle = Duration::ZERO,
+        // One connection echoed with blocking reads, no time-outs: no
+        // timer of its own wakes it (echo-server's loops look at their
+        // stop flag every few ms).
+        || -> std::io::Result<u64> {
+            use std::io::{Read, Write};
+            let listener = TcpListener::bind((SERVER.ip, PORT))?;
+            let (mut stream, _) = listener.accept()?;
+            let mut buf = [0u8; 256];
+            let mut echoed = 0;
+            loop {
+                let n = stream.read(&mut buf)?;
+                if n == 0 {
+                    return Ok(echoed);
+                }
+                stream.write_all(&buf[..n])?;
+                echoed += n as u64;
+            }
+        },
+        |peer, iokerneld| {
+            peer.offer_sack = true;
+            let mut conn = peer.connect(40_000, 7_000);
+            // A first round trip with its ACK: a round-trip time measured.
+            assert_eq!(peer.echo(&mut conn, b"hello"), b"hello");
+            let grants = || {
+                let s = iokerneld.stats().expect("iokerneld's stats");
+                common::app_stats(&s, "adv-echo").grants
+            };
+            let before = grants();
+            let mut unexpected = Vec::new();
+            for i in 0..REQUESTS {
+                let request = format!("request {i:02}");
+                peer.data(&conn, request.as_bytes());
+                conn.snd_nxt = conn.snd_nxt.wrapping_add(request.len() as u32);
+                let reply = peer
+                    .recv_for(conn.port, Instant::now() + WAIT)
+                    .expect("the echo of a request");
+                assert_eq!(reply.payload, request.as_bytes(), "{reply:?}");
+                conn.rcv_nxt = conn.rcv_nxt.wrapping_add(reply.payload.len() as u32);
+                // No ACK: the next request carries it. Anything the server
+                // sends meanwhile is a probe or a retransmission.
+                let quiet_until = Instant::now() + QUIET;
+                while let Some(r) = peer.recv_for(conn.port, quiet_until) {
+                    unexpected.push(r);
+                }
+            }
+            let woken = grants() - before;
+            println!("{woken} grants for {REQUESTS} requests");
+            peer.fin(&mut conn);
+            assert!(
+                unexpected.is_empty(),
+                "sent while the reply waited for its ACK: {unexpected:?}"
+            );
+            // A request's frame wakes it; a few more for other reasons (a
+            // preemption while it answered) are allowed, one per request
+            // is not (that was the stale deadline's).
+            assert!(
+                woken <= REQUESTS + REQUESTS / 4,
+                "{woken} grants for {REQUESTS} requests"
+            );
+        },
+    );
+    assert!(echoed.expect("the echo server") > 0);
+    assert_eq!(net.tcp.retransmissions, 0, "{:?}", net.tcp);
 }

@@ -275,6 +275,36 @@ fn a_lost_tail_is_found_by_a_loss_probe_not_the_timer() {
 }
 
 #[test]
+fn a_lone_reply_whose_ack_the_peer_delays_is_not_probed() {
+    // An RPC: the peer sends a request, we answer with one segment, and
+    // the peer holds its ACK for its next request (its delayed ACK), a few
+    // ms on. RFC 8985 §7.2 adds the peer's worst-case delayed ACK to the
+    // probe timeout of a lone segment: no probe (and no timer wake-up of
+    // ours) before that ACK, however many round trips pass.
+    let (mut conn, _) = passive(&config(), true);
+    assert!(conn.sack_enabled());
+    let mut peer_seq = PEER + 1;
+    let mut t = 1;
+    for _ in 0..20 {
+        let ack = conn.sequence_state().1 .0;
+        conn.on_segment(&seg(peer_seq).ack(ack).data(b"get k\r\n"), at_ms(t));
+        peer_seq += 7;
+        assert_eq!(conn.send(b"VALUE k 0 1\r\nv\r\nEND\r\n"), Ok(21));
+        let out = drain(&mut conn, at_ms(t));
+        assert_eq!(out.len(), 1, "the reply, carrying the ACK");
+        let deadline = conn.next_deadline().expect("the reply is unacknowledged");
+        assert!(
+            deadline >= at_ms(t) + conn.rto(),
+            "next timer {deadline:?} before the retransmission timer ({:?} after {:?})",
+            conn.rto(),
+            at_ms(t)
+        );
+        t += 5;
+    }
+    assert_eq!(conn.stats().loss_probes, 0);
+}
+
+#[test]
 fn a_retransmission_lost_again_is_resent_before_the_timer() {
     let mut conn = active(&config(), true);
     let data = vec![5u8; 60 * MSS as usize];

@@ -28,6 +28,9 @@ pub struct RawTcpPeer {
     /// The Ginza server's MAC and address.
     pub server_mac: MacAddr,
     pub server: Endpoint,
+    /// Its SYNs offer SACK (as Linux's do), which lets the server send
+    /// loss probes (RFC 8985). Off unless a test sets it.
+    pub offer_sack: bool,
 }
 
 /// One connection the peer established by hand.
@@ -60,6 +63,7 @@ impl RawTcpPeer {
             app,
             server_mac,
             server,
+            offer_sack: false,
         }
     }
 
@@ -146,6 +150,7 @@ impl RawTcpPeer {
                 },
                 window: 65535,
                 mss: Some(1460),
+                sack_permitted: self.offer_sack,
                 payload,
                 ..Segment::new(Seq(iss))
             },
@@ -189,6 +194,26 @@ impl RawTcpPeer {
     /// A bare ACK of everything received on `conn`.
     pub fn ack(&mut self, conn: &RawConn) {
         self.data(conn, &[]);
+    }
+
+    /// Closes `conn` from our side (FIN), waits for the server's FIN and
+    /// acknowledges it.
+    pub fn fin(&mut self, conn: &mut RawConn) {
+        let mut fin = conn.segment(conn.snd_nxt, &[]);
+        fin.flags.fin = true;
+        self.send(conn.port, &fin);
+        conn.snd_nxt = conn.snd_nxt.wrapping_add(1);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let r = self
+                .recv_for(conn.port, deadline)
+                .expect("the server's FIN");
+            if r.flags.fin {
+                conn.rcv_nxt = r.seq.wrapping_add(r.payload.len() as u32 + 1);
+                self.ack(conn);
+                return;
+            }
+        }
     }
 
     /// A segment carrying `payload` at `snd_nxt`, acknowledging `rcv_nxt`.

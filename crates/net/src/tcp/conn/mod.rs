@@ -204,6 +204,9 @@ impl Default for TcpConfig {
 /// (RFC 8985 sends one; a lost probe or a lost answer to it would then cost
 /// a 200 ms timeout where a few more milliseconds of probing do).
 const MAX_LOSS_PROBES: u32 = 3;
+/// RFC 8985 §7.2's WCDelAckT: how long a peer may hold the ACK of a lone
+/// segment (its delayed-ACK timer; Linux's is at most 200 ms).
+const PEER_DELAYED_ACK_MAX: Duration = Duration::from_millis(200);
 
 /// RFC 9293 §3.7.1: the MSS to assume when the peer's SYN carries none.
 const DEFAULT_PEER_MSS: u16 = 536;
@@ -485,14 +488,20 @@ impl Connection {
     }
 
     /// RFC 8985 §7.2's PTO: two smoothed round trips (at least 1 ms, so a
-    /// peer's ACK scheduling is not taken for a loss), no later than the
-    /// retransmission timer would fire. Unlike RFC 8985 it runs in
-    /// recovery too: there a lost ACK of the last segments sent leaves
-    /// nothing to clock the sender but the 200 ms timer.
+    /// peer's ACK scheduling is not taken for a loss), plus the peer's
+    /// worst-case delayed ACK when a single segment is in flight (an RPC's
+    /// reply, whose ACK the peer may hold until its next request), no
+    /// later than the retransmission timer would fire. Unlike RFC 8985 it
+    /// runs in recovery too: there a lost ACK of the last segments sent
+    /// leaves nothing to clock the sender but the 200 ms timer.
     fn probe_timeout(&self, now: Instant) -> Instant {
         let srtt = self.rtt.srtt().unwrap_or(self.rtt.rto());
-        let pto =
+        let mut pto =
             (srtt * 2).max(Duration::from_millis(1)) * (1 << self.loss_probes_unanswered.min(8));
+        let flight = self.snd_max.distance_from(self.snd_una) as usize;
+        if flight <= self.full_payload_mss() {
+            pto += PEER_DELAYED_ACK_MAX;
+        }
         let at = now + pto;
         self.rto_at.map_or(at, |rto| at.min(rto))
     }

@@ -54,6 +54,10 @@ use crate::spinlock::SpinLock;
 pub(crate) use listener::ListenerCore;
 use timers::Deadlines;
 
+/// How much later a connection's deadline must move for its armed entry to
+/// be replaced rather than left to fire and find nothing due.
+const RE_ARM_LATER_NS: u64 = 1_000_000;
+
 /// The stack's TCP counters (sums over connections and kthreads).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TcpStats {
@@ -587,12 +591,30 @@ impl Tcp {
             }
         }
         if inner.in_table {
-            if let Some(d) = inner.tcb.next_deadline() {
-                let d = d.as_nanos();
-                if inner.armed.is_none_or(|armed| d < armed) {
+            let next = inner.tcb.next_deadline().map(|d| d.as_nanos());
+            match (inner.armed, next) {
+                (_, Some(d)) if inner.armed.is_none_or(|armed| d < armed) => {
                     inner.armed = Some(d);
                     wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
                 }
+                // Its deadline moved well later (a delayed ACK that the
+                // reply carried, now the retransmission timer) or went: the
+                // entry armed is stale. Left armed, it would wake a parked
+                // runtime for nothing (an iokerneld grant per request);
+                // re-armed, the timer uthread sleeping until the stale one
+                // plans again. A small move (the retransmission timer
+                // restarted by each ACK of a stream) stays lazy: its entry
+                // fires once, finds nothing due and arms the new one.
+                (Some(armed), next) if next.is_none_or(|d| d - armed >= RE_ARM_LATER_NS) => {
+                    inner.armed = next;
+                    if let Some(d) = next {
+                        wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
+                    }
+                    if wake.timer.is_none() {
+                        wake.timer = self.deadlines.sleeper_until(armed);
+                    }
+                }
+                _ => {}
             }
             // One waiting to be accepted stays findable until it is.
             if inner.tcb.is_finished() && !inner.in_backlog {
@@ -816,6 +838,14 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
             let now = tcp.now();
             sched::with_current_knet(&rt, |me| tcp.fire(me, now));
         }
+        // Not until a stale entry: it would wake a parked runtime for
+        // nothing.
+        tcp.deadlines.drop_stale(|deadline, conn| {
+            conn.upgrade().is_some_and(|c| {
+                let inner = c.inner.lock();
+                inner.in_table && inner.armed == Some(deadline)
+            })
+        });
         let until = tcp.deadlines.earliest();
         let deferred = deferral::Guard::new();
         let Some(me) = sched::current_uthread(&deferred) else {

@@ -151,6 +151,47 @@ impl<T: Item> Deadlines<T> {
         self.earliest.store(next, SeqCst);
     }
 
+    /// The timer uthread, if it sleeps until `deadline`, for the caller to
+    /// wake once its locks are released (the entry it sleeps for went
+    /// stale: it plans again).
+    #[must_use]
+    pub(crate) fn sleeper_until(&self, deadline: u64) -> Option<Arc<Waiter>> {
+        if self.sleeping_until.load(SeqCst) == deadline {
+            return self.sleeper.lock().take();
+        }
+        None
+    }
+
+    /// Pops the earliest entries while `live` says they are stale, so that
+    /// `earliest` is a deadline someone still needs. `live` runs without
+    /// the heap's lock (it may take an item's own lock, which comes before
+    /// the heap's).
+    pub(crate) fn drop_stale(&self, live: impl Fn(u64, &T) -> bool)
+    where
+        T: Clone,
+    {
+        loop {
+            let Some((deadline, seq, item)) = self
+                .heap
+                .lock()
+                .heap
+                .peek()
+                .map(|Reverse(e)| (e.deadline, e.seq, e.item.clone()))
+            else {
+                return;
+            };
+            if live(deadline, &item) {
+                return;
+            }
+            let mut h = self.heap.lock();
+            if h.heap.peek().is_some_and(|Reverse(e)| e.seq == seq) {
+                h.heap.pop();
+            }
+            let next = h.heap.peek().map_or(u64::MAX, |Reverse(e)| e.deadline);
+            self.earliest.store(next, SeqCst);
+        }
+    }
+
     /// Entries in the heap, stale ones included.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -199,6 +240,20 @@ mod tests {
         let mut out = Vec::new();
         d.take_due(10, &mut out);
         assert!(out.contains(&(5, "live")));
+    }
+
+    #[test]
+    fn stale_entries_at_the_top_are_dropped_and_live_ones_kept() {
+        let d = Deadlines::new();
+        for (deadline, item) in [(10, "stale"), (20, "stale2"), (30, "live"), (40, "stale3")] {
+            assert!(d.arm(deadline, item).is_none());
+        }
+        d.drop_stale(|_, item| !item.starts_with("stale"));
+        assert_eq!(d.earliest(), 30, "up to the first live entry");
+        assert_eq!(d.len(), 2, "entries behind it stay until they come up");
+        d.drop_stale(|_, _| false);
+        assert_eq!(d.earliest(), u64::MAX);
+        assert_eq!(d.len(), 0);
     }
 
     #[test]
