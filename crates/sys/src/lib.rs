@@ -18,6 +18,8 @@
 //! * [`process`]: thread, process and user ids; what a descriptor is.
 //! * [`sched_class`]: a thread's Linux scheduling policy (`SCHED_IDLE`),
 //!   niceness, `sched_yield`.
+//! * [`autogroup`]: the session's niceness put back when a signal ends the
+//!   process.
 //! * [`sched_stat`]: how much CPU a thread got, and how long it waited for one.
 //! * [`terminal`]: the size of the terminal behind a descriptor.
 //! * [`xsk`]: AF_XDP sockets, their UMEM and rings (iokerneld's switch
@@ -30,6 +32,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod affinity;
+pub mod autogroup;
 pub mod clock;
 pub mod cpulist;
 pub mod eventfd;

@@ -8,12 +8,15 @@
 //! session's compiler got as much of the server CPU as kv-server's kthread
 //! (docs/results.md, "Session 20: memcached on the direct path"). So the
 //! benches that mean to run ahead of whatever else the machine runs set
-//! their autogroup's nice as well, and put the old value back when done
-//! (a bench killed by a signal leaves it set until its session ends).
+//! their autogroup's nice as well, and put the old value back when done,
+//! also when SIGINT, SIGTERM or SIGHUP ends them (`ginza_sys::autogroup`;
+//! before session 30 a bench ended so left its shell's session at -10).
+//! SIGKILL still leaves it set until the session ends.
 //! Both systems of a comparison run in the same session, so this favours
 //! neither. A kernel built without autogroups shares CPUs by the threads'
 //! own nice alone; there is nothing to set.
 
+use ginza_sys::autogroup::OnSignal;
 use ginza_sys::sched_class::{autogroup_nice, set_autogroup_nice};
 
 /// The autogroup's nice, set for this guard's life.
@@ -21,6 +24,8 @@ pub(crate) struct AutogroupNice {
     before: i32,
     /// What was set, for the report.
     pub(crate) now: i32,
+    /// Puts `before` back if a signal ends the process first.
+    _on_signal: Option<OnSignal>,
 }
 
 impl AutogroupNice {
@@ -29,12 +34,24 @@ impl AutogroupNice {
     /// set (below 0 needs root).
     pub(crate) fn set(nice: i32) -> Option<AutogroupNice> {
         let before = autogroup_nice()?;
+        let on_signal = OnSignal::install(before)
+            .map_err(|e| {
+                eprintln!(
+                    "warning: a signal that ends the bench will leave the session's \
+                     niceness at {nice}, not {before} ({e})"
+                )
+            })
+            .ok();
         if let Err(e) = set_autogroup_nice(nice) {
             eprintln!("warning: cannot set the autogroup's niceness to {nice} ({e})");
             return None;
         }
         let now = autogroup_nice()?;
-        (now == nice).then_some(AutogroupNice { before, now })
+        (now == nice).then_some(AutogroupNice {
+            before,
+            now,
+            _on_signal: on_signal,
+        })
     }
 }
 
