@@ -17,12 +17,12 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering::SeqCst};
-use std::sync::Mutex;
 
 /// The signals that put the niceness back.
 const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
-/// `/proc/self/autogroup`, open for writing while a guard lives (-1: none).
+/// `/proc/self/autogroup`, open for writing while a guard lives (-1: none;
+/// taken by a compare-and-swap, so one guard at a time).
 static FD: AtomicI32 = AtomicI32::new(-1);
 /// The niceness to write back, as text.
 static TEXT: [AtomicU8; 8] = [const { AtomicU8::new(0) }; 8];
@@ -31,8 +31,6 @@ static TEXT_LEN: AtomicUsize = AtomicUsize::new(0);
 /// and `sa_flags`), for the handler to hand over to.
 static PREVIOUS: [(AtomicUsize, AtomicI32); 3] =
     [const { (AtomicUsize::new(libc::SIG_DFL), AtomicI32::new(0)) }; 3];
-/// One guard at a time.
-static HELD: Mutex<bool> = Mutex::new(false);
 
 /// While it lives, SIGINT, SIGTERM and SIGHUP put the autogroup's niceness
 /// back to the value given to [`OnSignal::install`] before they act.
@@ -47,17 +45,19 @@ impl OnSignal {
     /// or while another guard lives. A signal the process ignores stays
     /// ignored.
     pub fn install(nice: i32) -> io::Result<OnSignal> {
-        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
-        if *held {
+        let file: OwnedFd = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/proc/self/autogroup")?
+            .into();
+        if FD
+            .compare_exchange(-1, file.as_raw_fd(), SeqCst, SeqCst)
+            .is_err()
+        {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "the autogroup's niceness is already put back on signals",
             ));
         }
-        let file: OwnedFd = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/proc/self/autogroup")?
-            .into();
         let text = nice.to_string();
         assert!(
             text.len() <= TEXT.len(),
@@ -67,7 +67,9 @@ impl OnSignal {
             slot.store(b, SeqCst);
         }
         TEXT_LEN.store(text.len(), SeqCst);
-        FD.store(file.as_raw_fd(), SeqCst);
+        // From here a failure drops the guard, which puts back the actions
+        // already replaced, then lets the descriptor close.
+        let guard = OnSignal { _file: file };
         for (i, &sig) in SIGNALS.iter().enumerate() {
             let old = query(sig)?;
             if old.sa_sigaction == libc::SIG_IGN {
@@ -82,14 +84,12 @@ impl OnSignal {
             sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
             set(sig, &sa)?;
         }
-        *held = true;
-        Ok(OnSignal { _file: file })
+        Ok(guard)
     }
 }
 
 impl Drop for OnSignal {
     fn drop(&mut self) {
-        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
         for (i, &sig) in SIGNALS.iter().enumerate() {
             // Only where the action is still ours: one installed after us
             // (a stop flag's) stays.
@@ -105,7 +105,6 @@ impl Drop for OnSignal {
         }
         // Before the descriptor closes with `_file`.
         FD.store(-1, SeqCst);
-        *held = false;
     }
 }
 
@@ -193,6 +192,23 @@ mod tests {
         loop {
             std::thread::park();
         }
+    }
+
+    #[test]
+    fn one_guard_at_a_time_and_its_drop_puts_the_actions_back() {
+        let Some(before) = autogroup_nice() else {
+            println!("skipped: no autogroups on this kernel");
+            return;
+        };
+        let action = || query(libc::SIGHUP).unwrap().sa_sigaction;
+        let original = action();
+        let guard = OnSignal::install(before).expect("the first guard");
+        assert_eq!(action(), on_signal as *const () as usize);
+        let second = OnSignal::install(before).expect_err("a second guard");
+        assert_eq!(second.kind(), io::ErrorKind::AlreadyExists, "{second}");
+        drop(guard);
+        assert_eq!(action(), original, "SIGHUP's action as it was");
+        drop(OnSignal::install(before).expect("a guard again once the first is gone"));
     }
 
     #[test]

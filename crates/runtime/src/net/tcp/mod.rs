@@ -178,6 +178,14 @@ struct ConnInner {
     awaiting_arp: bool,
 }
 
+impl ConnInner {
+    /// Whether the heap entry at `deadline` is this connection's live one
+    /// (not stale: the connection is in the table and armed for it).
+    fn armed_for(&self, deadline: u64) -> bool {
+        self.in_table && self.armed == Some(deadline)
+    }
+}
+
 impl Conn {
     fn new(
         key: FourTuple,
@@ -593,7 +601,7 @@ impl Tcp {
         if inner.in_table {
             let next = inner.tcb.next_deadline().map(|d| d.as_nanos());
             match (inner.armed, next) {
-                (_, Some(d)) if inner.armed.is_none_or(|armed| d < armed) => {
+                (armed, Some(d)) if armed.is_none_or(|armed| d < armed) => {
                     inner.armed = Some(d);
                     wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
                 }
@@ -760,8 +768,8 @@ impl Tcp {
             };
             let wake = {
                 let mut inner = conn.inner.lock();
-                if !inner.in_table || inner.armed != Some(deadline) {
-                    continue; // stale: gone, or re-armed earlier
+                if !inner.armed_for(deadline) {
+                    continue; // stale: gone, or re-armed
                 }
                 inner.armed = None;
                 inner.tcb.on_timer(now);
@@ -841,10 +849,8 @@ fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
         // Not until a stale entry: it would wake a parked runtime for
         // nothing.
         tcp.deadlines.drop_stale(|deadline, conn| {
-            conn.upgrade().is_some_and(|c| {
-                let inner = c.inner.lock();
-                inner.in_table && inner.armed == Some(deadline)
-            })
+            conn.upgrade()
+                .is_some_and(|c| c.inner.lock().armed_for(deadline))
         });
         let until = tcp.deadlines.earliest();
         let deferred = deferral::Guard::new();
