@@ -278,7 +278,7 @@ fn park_revoked(owner: &Owner<'_>) {
         rt.notify_one();
     }
     while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
-        eventfd_wait(k, k.timers.next_deadline());
+        eventfd_wait(k, k.live_next_deadline());
         if fire_timers(k, |u| rt.push_injector(u)) > 0 {
             rt.notify_one();
         }

@@ -98,6 +98,35 @@ impl Timers {
         fired
     }
 
+    /// Takes the earliest entries off while `stale` says they wake nobody
+    /// any more (a timed wait that ended before its deadline), handing
+    /// each to `release`, so that [`Timers::next_deadline`] is a deadline
+    /// someone still waits for. A parked kthread reports that deadline to
+    /// iokerneld, which wakes it then: a stale one cost a wake for
+    /// nothing. Nothing if another kthread is firing the timers (it sets
+    /// the deadline afresh).
+    pub(crate) fn drop_stale(&self, stale: impl Fn(usize) -> bool, mut release: impl FnMut(usize)) {
+        if self.next_deadline.load(Relaxed) == u64::MAX {
+            return;
+        }
+        let Some(mut timers) = self.heap.try_lock() else {
+            return;
+        };
+        let mut dropped = false;
+        while let Some(&Reverse((_, _, entry))) = timers.heap.peek() {
+            if !stale(entry) {
+                break;
+            }
+            timers.heap.pop();
+            release(entry);
+            dropped = true;
+        }
+        if dropped {
+            let next = timers.heap.peek().map_or(u64::MAX, |Reverse((d, _, _))| *d);
+            self.next_deadline.store(next, Release);
+        }
+    }
+
     /// Takes every entry, due or not (the runtime has stopped).
     pub(crate) fn drain(&self, mut each: impl FnMut(usize)) {
         let mut timers = self.heap.lock();
@@ -105,5 +134,40 @@ impl Timers {
             each(entry);
         }
         self.next_deadline.store(u64::MAX, Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timers;
+
+    #[test]
+    fn drop_stale_drops_the_stale_entries_at_the_top_and_no_live_one() {
+        let timers = Timers::new();
+        // Entries are opaque words: here, odd ones are stale.
+        for (deadline, entry) in [(10, 1), (20, 3), (30, 4), (40, 5), (50, 6)] {
+            timers.add(deadline, entry);
+        }
+        let mut released = Vec::new();
+        timers.drop_stale(|e| e % 2 == 1, |e| released.push(e));
+        assert_eq!(released, [1, 3], "stale until the first live entry");
+        assert_eq!(timers.next_deadline(), 30);
+        // The stale entry behind a live one stays until it comes to the top.
+        let mut fired = Vec::new();
+        timers.fire_due(
+            || 30,
+            |e| {
+                fired.push(e);
+                true
+            },
+        );
+        assert_eq!(fired, [4]);
+        timers.drop_stale(|e| e % 2 == 1, |e| released.push(e));
+        assert_eq!(released, [1, 3, 5]);
+        assert_eq!(timers.next_deadline(), 50);
+        // All stale: no deadline left.
+        timers.drop_stale(|_| true, |e| released.push(e));
+        assert_eq!(released, [1, 3, 5, 6]);
+        assert_eq!(timers.next_deadline(), u64::MAX);
     }
 }

@@ -906,3 +906,57 @@ fn a_runtime_without_the_wake_page_is_woken_by_its_eventfd() {
         k.grants
     );
 }
+
+/// A timed wait that ends early (its waker comes first) leaves no deadline
+/// behind: the parked kthread is not woken for it (docs/runtime.md,
+/// "Timers"). Each round a uthread waits with a 20 ms time-out and is woken
+/// at once; the application then sleeps 40 ms, a timer it does want. The
+/// ended wait's entry stays in the timer heap until its deadline, and
+/// before it was dropped at park time the kthread reported it to
+/// iokerneld as its next deadline: two grants per round instead of one.
+#[test]
+fn a_timed_wait_that_ended_early_does_not_wake_the_parked_kthread() {
+    use ginza_runtime::park::{park_until, Parked, Unparker};
+    const ROUNDS: u64 = 10;
+    let _g = lock();
+    let d = Daemon::start(|_| {});
+    let mut cfg = d.app("early-waker", Class::LatencyCritical, 0, 1);
+    if let Some(io) = cfg.iokernel.as_mut() {
+        // Parks at once when out of work: every wake is a grant.
+        io.poll_while_idle = Duration::ZERO;
+    }
+    let (grants, ended) = ginza_runtime::run(cfg, || {
+        let grants = || Handle::current().unwrap().stats()[0].grants;
+        let before = grants();
+        let mut ended = Vec::new();
+        for _ in 0..ROUNDS {
+            let slot: Arc<std::sync::Mutex<Option<Unparker>>> = Arc::default();
+            let queued = Arc::clone(&slot);
+            let waiter = ginza_runtime::spawn(move || {
+                park_until(Some(Instant::now() + Duration::from_millis(20)), |u| {
+                    *queued.lock().unwrap() = Some(u);
+                    true
+                })
+            });
+            let unparker = loop {
+                if let Some(u) = slot.lock().unwrap().take() {
+                    break u;
+                }
+                ginza_runtime::yield_now();
+            };
+            unparker.unpark();
+            ended.push(waiter.join().unwrap());
+            ginza_runtime::sleep(Duration::from_millis(40));
+        }
+        (grants() - before, ended)
+    })
+    .unwrap();
+    println!("{grants} grants for {ROUNDS} sleeps");
+    assert!(ended.iter().all(|p| *p == Parked::Woken), "{ended:?}");
+    // One grant per sleep; a few more for other reasons are allowed, one
+    // per round is not (that was the ended wait's deadline).
+    assert!(
+        grants <= ROUNDS + ROUNDS / 4,
+        "{grants} grants for {ROUNDS} sleeps"
+    );
+}

@@ -516,6 +516,14 @@ impl std::ops::Deref for Owner<'_> {
 }
 
 impl KThread {
+    /// The earliest deadline a uthread still waits for on this kthread's
+    /// timers (`u64::MAX`: none), stale entries dropped first: what a
+    /// kthread about to sleep waits for, or reports to iokerneld.
+    pub(crate) fn live_next_deadline(&self) -> u64 {
+        super::drop_stale_timers(self);
+        self.timers.next_deadline()
+    }
+
     pub(crate) fn eventfd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.eventfd)
     }
@@ -951,7 +959,7 @@ impl Shared {
     pub(crate) fn earliest_deadline(&self) -> u64 {
         self.kthreads
             .iter()
-            .map(|k| k.timers.next_deadline())
+            .map(KThread::live_next_deadline)
             .min()
             .unwrap_or(u64::MAX)
     }
@@ -1132,7 +1140,7 @@ pub(crate) fn park_worker(k: &KThread, still_idle: impl Fn() -> bool) {
     fence(SeqCst);
     if still_idle() && !k.rt().shutdown.load(SeqCst) {
         bump(&k.stats.parks);
-        eventfd_wait(k, k.timers.next_deadline());
+        eventfd_wait(k, k.live_next_deadline());
     }
     k.state.store(RUNNING, SeqCst);
 }
