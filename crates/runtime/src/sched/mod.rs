@@ -143,13 +143,17 @@ pub(crate) fn current_uthread(deferred: &deferral::Guard) -> Option<URef> {
 
 /// Whether a timer entry wakes nobody any more: a timed wait whose waiter
 /// was woken or withdrawn before its deadline (a waiter never waits again).
-fn timer_entry_stale(entry: usize) -> bool {
+///
+/// # Safety
+/// `entry` is in a timer heap, looked at under that heap's lock (so it is
+/// not taken off and released meanwhile).
+unsafe fn timer_entry_stale(entry: usize) -> bool {
     if entry & TIMER_WAITER == 0 {
         return false;
     }
     // SAFETY: a tagged entry holds a strong count of its `Waiter` while it
     // is in the heap (`Arc::into_raw` in `park_current_until`), and the
-    // caller looks at it there, under the heap's lock.
+    // caller's lock keeps it there.
     let w = unsafe { &*((entry & !TIMER_WAITER) as *const Waiter) };
     w.state.load(Acquire) != WAITER_WAITING
 }
@@ -157,12 +161,17 @@ fn timer_entry_stale(entry: usize) -> bool {
 /// Drops `k`'s earliest timers while they are stale, so that its next
 /// deadline is one a uthread still waits for.
 pub(crate) fn drop_stale_timers(k: &KThread) {
-    k.timers.drop_stale(timer_entry_stale, |entry| {
-        // SAFETY: taken off the heap, once. Stale, it wakes nobody: this
-        // only drops the waiter's count.
-        let woke = unsafe { timer_target(entry) };
-        debug_assert!(woke.is_none(), "a stale timer entry woke a uthread");
-    });
+    k.timers.drop_stale(
+        // SAFETY: `drop_stale` asks about entries still in the heap, under
+        // its lock.
+        |entry| unsafe { timer_entry_stale(entry) },
+        |entry| {
+            // SAFETY: taken off the heap, once. Stale, it wakes nobody: this
+            // only drops the waiter's count.
+            let woke = unsafe { timer_target(entry) };
+            debug_assert!(woke.is_none(), "a stale timer entry woke a uthread");
+        },
+    );
 }
 
 /// Suspends the running uthread, which the caller has put on a wait queue
