@@ -177,8 +177,21 @@ fn an_idle_iokerneld_sleeps_and_a_bell_wakes_it_for_queued_work() {
     );
     app.wait_grant();
     let s1 = d.stats();
-    let [nic, bell, _control, timer, handle] = wakes_since(&s0.idle, &s1.idle);
-    assert!(bell >= 1, "woken by the bell: {:?}", s1.idle);
+    let [nic, bell, control, timer, handle] = wakes_since(&s0.idle, &s1.idle);
+    // The ring can meet an iokerneld that the stats client's closing
+    // connection is waking at that moment (its line still says asleep):
+    // it finds the work awake and leaves the ring unread (it reads the
+    // bell only for a wake it counts). Either the bell woke it, or the
+    // control socket did and the ring is still there.
+    let ring_unread = matches!(
+        ginza_sys::eventfd::read(std::os::fd::AsFd::as_fd(&app.bell)),
+        Ok(Some(n)) if n > 0
+    );
+    assert!(
+        bell >= 1 || (control >= 1 && ring_unread),
+        "woken by the bell: {:?}",
+        s1.idle
+    );
     assert_eq!((nic, timer, handle), (0, 0, 0), "{:?}", s1.idle);
     assert_eq!(s1.apps[0].grants, 1);
     assert!(!app.asleep(), "awake while the kthread holds a core");
