@@ -42,9 +42,17 @@ pub struct OnSignal {
 impl OnSignal {
     /// Arms the handlers for `nice`, the niceness to put back. Fails where
     /// `/proc/self/autogroup` cannot be opened for writing (no autogroups),
-    /// or while another guard lives. A signal the process ignores stays
-    /// ignored.
+    /// for a niceness outside -20..=19, or while another guard lives. A
+    /// signal the process ignores stays ignored.
     pub fn install(nice: i32) -> io::Result<OnSignal> {
+        // Checked before the descriptor is published: a panic after it
+        // would leave `FD` naming a closed descriptor.
+        if !(-20..=19).contains(&nice) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("niceness {nice} is outside Linux's -20..=19"),
+            ));
+        }
         let file: OwnedFd = std::fs::OpenOptions::new()
             .write(true)
             .open("/proc/self/autogroup")?
@@ -59,10 +67,6 @@ impl OnSignal {
             ));
         }
         let text = nice.to_string();
-        assert!(
-            text.len() <= TEXT.len(),
-            "a niceness is at most 3 characters"
-        );
         for (slot, b) in TEXT.iter().zip(text.bytes()) {
             slot.store(b, SeqCst);
         }
