@@ -175,6 +175,14 @@ fn preempt_from_signal() {
             // runqueue before it looks at timers, and a time slice is asked
             // for them as much as for queued uthreads (slicer.rs).
             sched::fire_timers_locally(&k, &k);
+            // So does what waits on the shared queue (made runnable outside
+            // the kthreads): the scheduler steals from it only once the
+            // runqueue is empty, which a time-sliced spinner never lets
+            // it be.
+            if let Some(u) = k.take_injected() {
+                u.note_taken();
+                k.push(u);
+            }
             // SAFETY: `cur` is the interrupted uthread, so not null; it is
             // stealable by others once its registers are saved.
             k.push(URef::from_nonnull(unsafe { NonNull::new_unchecked(cur) }));

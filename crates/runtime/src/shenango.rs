@@ -14,13 +14,11 @@ use std::sync::atomic::{
 };
 use std::time::Instant;
 
-use crossbeam_deque::Steal;
-
 use crate::idle_poll::IdlePoll;
 use crate::iokernel::park_with_iokernel;
 use crate::sched::{
     bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, flush_own_tx, poll_events,
-    poll_net, switch_to, KThread, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
+    poll_net, switch_to, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
 };
 
 /// The Shenango scheduler: find work, run it, park when there is none.
@@ -169,29 +167,13 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
 
 fn steal_once(owner: &Owner<'_>) -> Option<URef> {
     let k = owner.kthread();
-    let local = owner.runqueue();
     let rt = k.rt();
-    // `counted`: whose queue line the items were counted on.
-    let attempt = |src: &dyn Fn() -> Steal<URef>, counted: &KThread| loop {
-        let before = local.len();
-        match src() {
-            Steal::Success(u) => {
-                // One popped for us, the rest of the batch now ours.
-                let moved = local.len().saturating_sub(before) as u32;
-                k.count_pushed(moved);
-                counted.count_taken(moved + 1);
-                return Some(u);
-            }
-            Steal::Empty => return None,
-            Steal::Retry => std::hint::spin_loop(),
-        }
-    };
-    if let Some(u) = attempt(&|| rt.injector.steal_batch_and_pop(local), &rt.kthreads[0]) {
+    if let Some(u) = owner.take_injected() {
         return Some(u);
     }
     for &s in &k.siblings {
         let v = &rt.kthreads[s];
-        if let Some(u) = attempt(&|| v.stealer.steal_batch_and_pop(local), v) {
+        if let Some(u) = owner.steal_batch(|local| v.stealer.steal_batch_and_pop(local), v) {
             return Some(u);
         }
     }
@@ -205,7 +187,7 @@ fn steal_once(owner: &Owner<'_>) -> Option<URef> {
         .filter(|&v| v != k.id)
         .find_map(|v| {
             let v = &rt.kthreads[v];
-            attempt(&|| v.stealer.steal_batch_and_pop(local), v)
+            owner.steal_batch(|local| v.stealer.steal_batch_and_pop(local), v)
         })
 }
 

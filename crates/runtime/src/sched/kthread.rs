@@ -422,6 +422,7 @@ impl<'a> Owner<'a> {
         u.note_queued();
         self.count_pushed(1);
         self.runqueue().push(u);
+        self.rt().slicer_doze.end();
     }
 
     /// Pops from the kthread's runqueue, counted on its queue line.
@@ -437,6 +438,41 @@ impl<'a> Owner<'a> {
         // SAFETY: the token proves we are the owner kthread's thread; a
         // `Worker` is used through `&` only (its push/pop take `&self`).
         unsafe { &*self.k.local.get() }
+    }
+
+    /// Steals a batch into the runqueue from `src` (a `steal_batch_and_pop`
+    /// of a queue whose items were counted on `counted`'s line) and pops
+    /// one of it.
+    pub(crate) fn steal_batch(
+        &self,
+        src: impl Fn(&Worker<URef>) -> Steal<URef>,
+        counted: &KThread,
+    ) -> Option<URef> {
+        let local = self.runqueue();
+        loop {
+            let before = local.len();
+            match src(local) {
+                Steal::Success(u) => {
+                    // One popped for us, the rest of the batch now ours.
+                    let moved = local.len().saturating_sub(before) as u32;
+                    self.count_pushed(moved);
+                    counted.count_taken(moved + 1);
+                    return Some(u);
+                }
+                Steal::Empty => return None,
+                Steal::Retry => std::hint::spin_loop(),
+            }
+        }
+    }
+
+    /// Work from the runtime's shared queue (what was made runnable
+    /// outside its kthreads), stolen as [`Owner::steal_batch`] does.
+    pub(crate) fn take_injected(&self) -> Option<URef> {
+        let rt = self.rt();
+        self.steal_batch(
+            |local| rt.injector.steal_batch_and_pop(local),
+            &rt.kthreads[0],
+        )
     }
 
     /// Sends a command to iokerneld on this kthread's ring.
@@ -644,6 +680,50 @@ impl KThread {
     }
 }
 
+/// The time slicer's doze while nothing runs (`slicer.rs`), ended by
+/// whoever makes a uthread runnable.
+#[derive(Default)]
+pub(crate) struct SlicerDoze {
+    /// On a line of its own: read on every push.
+    dozing: CachePadded<AtomicBool>,
+    slicer: OnceLock<std::thread::Thread>,
+}
+
+impl SlicerDoze {
+    /// A uthread was made runnable: the slicer must look again. One
+    /// relaxed load while it is awake.
+    #[inline]
+    pub(crate) fn end(&self) {
+        if self.dozing.load(Relaxed) {
+            self.wake();
+        }
+    }
+
+    #[cold]
+    fn wake(&self) {
+        if self.dozing.swap(false, SeqCst) {
+            if let Some(t) = self.slicer.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The slicer's thread, which [`SlicerDoze::end`] unparks.
+    pub(crate) fn set_slicer(&self, slicer: std::thread::Thread) {
+        let _ = self.slicer.set(slicer);
+    }
+
+    /// The slicer starts dozing: from here a push ends the doze.
+    pub(crate) fn begin(&self) {
+        self.dozing.store(true, SeqCst);
+    }
+
+    /// The slicer is awake again.
+    pub(crate) fn over(&self) {
+        self.dozing.store(false, SeqCst);
+    }
+}
+
 /// State shared by all kthreads of one runtime.
 pub(crate) struct Shared {
     pub(crate) kthreads: Box<[KThread]>,
@@ -667,6 +747,9 @@ pub(crate) struct Shared {
     /// most one.
     pub(crate) idle_pollers: AtomicUsize,
     pub(crate) shutdown: AtomicBool,
+    /// The time slicer's sleep while nothing runs (`slicer.rs`), ended by
+    /// any push.
+    pub(crate) slicer_doze: SlicerDoze,
     pub(super) epoch: Instant,
     pub(super) stack_size: usize,
     pub(crate) spin: Duration,
@@ -763,6 +846,7 @@ impl Shared {
                 n_spinning: AtomicUsize::new(0),
                 n_parked: AtomicUsize::new(0),
                 idle_pollers: AtomicUsize::new(0),
+                slicer_doze: SlicerDoze::default(),
                 shutdown: AtomicBool::new(false),
                 epoch,
                 stack_size: plan.stack_size,
@@ -837,6 +921,7 @@ impl Shared {
         u.note_queued();
         self.kthreads[0].count_injected(1);
         self.injector.push(u);
+        self.slicer_doze.end();
         // An idle kthread blocked on its own socket does not see the
         // queue: wake it (idle_poll.rs).
         for k in self.kthreads.iter() {
@@ -904,6 +989,7 @@ impl Shared {
         for k in self.kthreads.iter() {
             eventfd_signal(k);
         }
+        self.slicer_doze.end();
         self.wake_page_sleepers();
     }
 

@@ -72,6 +72,14 @@ pub(super) fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
             poll_net(owner, k);
         }
         poll_events(k);
+        // Nor work made runnable outside the kthreads, on the shared
+        // queue: behind a runqueue that never drains (a time-sliced
+        // uthread that spins) it would wait for ever. It queues behind
+        // what is here.
+        if let Some(u) = owner.take_injected() {
+            u.note_taken();
+            owner.push(u);
+        }
         k.publish_busy(true);
     }
     match owner.pop() {
