@@ -1,7 +1,8 @@
-//! The time slicer (`Config::time_slice`): it dozes while the runtime is
+//! The time slicer (`Config::time_slice`) dozes while the runtime is
 //! idle, and still slices a uthread that never yields once work waits
-//! behind it. One runtime in this binary, so that its slicer is the only
-//! thread of that name.
+//! behind it; work queued from outside the kthreads runs behind a uthread
+//! that spins or yields for ever. One runtime of this binary has time
+//! slices, so that its slicer is the only thread of that name.
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
@@ -43,6 +44,45 @@ fn until_the_slicer_dozes() {
     }
 }
 
+/// From a thread outside the runtime (after `first`), queues a uthread
+/// that runs `wait_for` until a second uthread, queued behind it, sets
+/// the flag; returns what `wait_for` returned and the time from the
+/// queueing to its return. Called from the runtime's main uthread, which
+/// waits meanwhile on the runtime's only kthread. A second uthread that
+/// never runs would hang the test: it ends the test binary after 10 s.
+fn behind_one_queued_from_outside<T: Send + 'static>(
+    first: fn(),
+    wait_for: fn(&AtomicBool) -> T,
+) -> (T, Duration) {
+    let handle = Handle::current().unwrap();
+    let finished = Arc::new(WaitGroup::new());
+    finished.add(1);
+    let outside = {
+        let finished = Arc::clone(&finished);
+        std::thread::spawn(move || {
+            first();
+            let start = Instant::now();
+            let done = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&done);
+            let (returned, waited) = std::sync::mpsc::channel();
+            handle.spawn(move || {
+                let _ = returned.send(wait_for(&flag));
+                finished.done();
+            });
+            handle.spawn(move || done.store(true, SeqCst));
+            match waited.recv_timeout(Duration::from_secs(10)) {
+                Ok(t) => (t, start.elapsed()),
+                Err(_) => {
+                    eprintln!("the uthread queued second did not run within 10 s");
+                    std::process::exit(1);
+                }
+            }
+        })
+    };
+    finished.wait();
+    outside.join().unwrap()
+}
+
 #[test]
 fn the_slicer_dozes_while_idle_and_still_slices_a_uthread_that_never_yields() {
     const IDLE: Duration = Duration::from_millis(300);
@@ -55,42 +95,15 @@ fn the_slicer_dozes_while_idle_and_still_slices_a_uthread_that_never_yields() {
         let before = slicer_wakes();
         sleep(IDLE);
         let idle_wakes = slicer_wakes() - before;
-
-        // While it dozes with no timer due, a thread outside the runtime
-        // queues a uthread that spins until a second one, queued behind
-        // it on the only kthread, runs: only a time slice lets that one
-        // run, and the push must end the doze.
-        let handle = Handle::current().unwrap();
-        let finished = Arc::new(WaitGroup::new());
-        finished.add(1);
-        let outside = {
-            let finished = Arc::clone(&finished);
-            std::thread::spawn(move || {
-                until_the_slicer_dozes();
-                let start = Instant::now();
-                let done = Arc::new(AtomicBool::new(false));
-                let spinning = Arc::clone(&done);
-                let (made_way, sliced) = std::sync::mpsc::channel();
-                handle.spawn(move || {
-                    while !spinning.load(SeqCst) {
-                        std::hint::spin_loop();
-                    }
-                    let _ = made_way.send(());
-                    finished.done();
-                });
-                handle.spawn(move || done.store(true, SeqCst));
-                // The runtime's main uthread waits for the spinner: a
-                // spinner never sliced would hang the test, so it ends here.
-                if sliced.recv_timeout(Duration::from_secs(10)).is_err() {
-                    eprintln!("the spinning uthread was not sliced within 10 s");
-                    std::process::exit(1);
-                }
-                start
-            })
-        };
-        finished.wait();
-        let start = outside.join().unwrap();
-        (idle_wakes, start.elapsed())
+        // While it dozes with no timer due, a uthread that spins: only a
+        // time slice lets the second one run, and the push must end the
+        // doze.
+        let ((), sliced_after) = behind_one_queued_from_outside(until_the_slicer_dozes, |flag| {
+            while !flag.load(SeqCst) {
+                std::hint::spin_loop();
+            }
+        });
+        (idle_wakes, sliced_after)
     })
     .unwrap();
     println!(
@@ -109,38 +122,17 @@ fn the_slicer_dozes_while_idle_and_still_slices_a_uthread_that_never_yields() {
 #[test]
 fn a_uthread_that_yields_in_a_loop_lets_work_queued_from_outside_run() {
     let (yields, _) = run(Config::with_kthreads(1), || {
-        let handle = Handle::current().unwrap();
-        let finished = Arc::new(WaitGroup::new());
-        finished.add(1);
-        let outside = {
-            let finished = Arc::clone(&finished);
-            std::thread::spawn(move || {
-                let done = Arc::new(AtomicBool::new(false));
-                let waiting = Arc::clone(&done);
-                let (made_way, yielded) = std::sync::mpsc::channel();
-                handle.spawn(move || {
-                    let mut yields = 0u64;
-                    while !waiting.load(SeqCst) {
-                        ginza_runtime::yield_now();
-                        yields += 1;
-                    }
-                    let _ = made_way.send(yields);
-                    finished.done();
-                });
-                handle.spawn(move || done.store(true, SeqCst));
-                // As above: a yielder that never lets the other run would
-                // hang the test.
-                match yielded.recv_timeout(Duration::from_secs(10)) {
-                    Ok(yields) => yields,
-                    Err(_) => {
-                        eprintln!("the queued uthread did not run within 10 s of yields");
-                        std::process::exit(1);
-                    }
+        behind_one_queued_from_outside(
+            || {},
+            |flag| {
+                let mut yields = 0u64;
+                while !flag.load(SeqCst) {
+                    ginza_runtime::yield_now();
+                    yields += 1;
                 }
-            })
-        };
-        finished.wait();
-        (outside.join().unwrap(), ())
+                yields
+            },
+        )
     })
     .unwrap();
     println!("the yielding uthread yielded {yields} times before the other ran");
