@@ -446,12 +446,26 @@ pub fn assert_same(script: &[Vec<Step>], ours: &[Vec<Vec<u8>>], theirs: &[Vec<Ve
 pub struct Memcached {
     pub child: Child,
     pub port: u16,
+    /// Where its standard error goes, removed on drop.
+    stderr: std::path::PathBuf,
 }
 
 impl Drop for Memcached {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A test that failed against memcached (a refused connection
+            // after it accepted once, in one CI run of many) says whether
+            // memcached was still running and what it wrote.
+            let status = self.child.try_wait();
+            let said = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+            eprintln!(
+                "memcached on port {}: exit status {status:?} (None: still running); its stderr: {said:?}",
+                self.port
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stderr);
     }
 }
 
@@ -487,14 +501,24 @@ pub fn start_memcached(
     addr: std::net::SocketAddrV4,
     connect: impl Fn() -> bool,
 ) -> Memcached {
-    command.stdout(Stdio::null()).stderr(Stdio::null());
+    let stderr = std::env::temp_dir().join(format!(
+        "ginza-test-memcached-{}-{}.stderr",
+        std::process::id(),
+        addr.port()
+    ));
+    let file = std::fs::File::create(&stderr).expect("memcached's stderr file");
+    command.stdout(Stdio::null()).stderr(file);
     let child = command.spawn().expect("starting memcached");
-    let m = Memcached {
+    let mut m = Memcached {
         child,
         port: addr.port(),
+        stderr,
     };
     let t0 = Instant::now();
     while !connect() {
+        if let Ok(Some(status)) = m.child.try_wait() {
+            panic!("memcached exited ({status}) before it accepted on {addr}");
+        }
         assert!(
             t0.elapsed() < REPLY_WAIT,
             "memcached does not accept on {addr}"
