@@ -446,6 +446,69 @@ fn malformed_and_out_of_window_segments_are_dropped_or_answered_and_harm_nothing
     assert_eq!(stats.tcp_errors.load(Relaxed), 0);
 }
 
+/// An echo server of one connection, with blocking reads and no time-outs:
+/// no timer of its own wakes it (echo-server's loops look at their stop
+/// flag every few ms).
+fn echo_one_connection() -> std::io::Result<u64> {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind((SERVER.ip, PORT))?;
+    let (mut stream, _) = listener.accept()?;
+    let mut buf = [0u8; 256];
+    let mut echoed = 0;
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(echoed);
+        }
+        stream.write_all(&buf[..n])?;
+        echoed += n as u64;
+    }
+}
+
+fn grants_of_the_server(iokerneld: &InProcess) -> u64 {
+    let s = iokerneld.stats().expect("iokerneld's stats");
+    common::app_stats(&s, "adv-echo").grants
+}
+
+#[test]
+fn a_parked_server_wakes_to_send_again_a_reply_its_peer_never_acknowledged() {
+    // The runtime has no timer thread: its kthread parks with the stack's
+    // earliest deadline (here the reply's retransmission timer) counted
+    // among its timers, and iokerneld wakes it then.
+    let (echoed, net) = with_iokerneld_server_and_raw_peer(
+        // Parks at once when out of work, so nothing polls meanwhile.
+        |io| io.poll_while_idle = Duration::ZERO,
+        echo_one_connection,
+        |peer, iokerneld| {
+            let mut conn = peer.connect(40_001, 9_000);
+            // A round-trip time measured: the timeout is then `rto_min`
+            // (200 ms) or so, not the initial 1 s.
+            assert_eq!(peer.echo(&mut conn, b"hello"), b"hello");
+            let before = grants_of_the_server(iokerneld);
+            let request = b"never acknowledged";
+            peer.data(&conn, request);
+            conn.snd_nxt = conn.snd_nxt.wrapping_add(request.len() as u32);
+            let reply = peer
+                .recv_for(conn.port, Instant::now() + WAIT)
+                .expect("the echo");
+            assert_eq!(reply.payload, request, "{reply:?}");
+            let again = peer
+                .recv_for(conn.port, Instant::now() + WAIT)
+                .expect("the echo sent again");
+            assert_eq!((again.seq, &again.payload), (reply.seq, &reply.payload));
+            let woken = grants_of_the_server(iokerneld) - before;
+            assert!(
+                woken >= 2,
+                "{woken} grants: the request's, then the timer's expected"
+            );
+            conn.rcv_nxt = conn.rcv_nxt.wrapping_add(reply.payload.len() as u32);
+            peer.fin(&mut conn);
+        },
+    );
+    assert!(echoed.expect("the echo server") > 0);
+    assert!(net.tcp.retransmissions >= 1, "{:?}", net.tcp);
+}
+
 #[test]
 fn a_peer_that_holds_its_acks_costs_a_parked_server_one_wake_per_request_and_no_probes() {
     // An RPC client as Linux's kernel is one: it acknowledges a reply only
@@ -459,33 +522,13 @@ fn a_peer_that_holds_its_acks_costs_a_parked_server_one_wake_per_request_and_no_
     let (echoed, net) = with_iokerneld_server_and_raw_peer(
         // Parks at once when out of work, so every wake is a grant.
         |io| io.poll_while_idle = Duration::ZERO,
-        // One connection echoed with blocking reads, no time-outs: no
-        // timer of its own wakes it (echo-server's loops look at their
-        // stop flag every few ms).
-        || -> std::io::Result<u64> {
-            use std::io::{Read, Write};
-            let listener = TcpListener::bind((SERVER.ip, PORT))?;
-            let (mut stream, _) = listener.accept()?;
-            let mut buf = [0u8; 256];
-            let mut echoed = 0;
-            loop {
-                let n = stream.read(&mut buf)?;
-                if n == 0 {
-                    return Ok(echoed);
-                }
-                stream.write_all(&buf[..n])?;
-                echoed += n as u64;
-            }
-        },
+        echo_one_connection,
         |peer, iokerneld| {
             peer.offer_sack = true;
             let mut conn = peer.connect(40_000, 7_000);
             // A first round trip with its ACK: a round-trip time measured.
             assert_eq!(peer.echo(&mut conn, b"hello"), b"hello");
-            let grants = || {
-                let s = iokerneld.stats().expect("iokerneld's stats");
-                common::app_stats(&s, "adv-echo").grants
-            };
+            let grants = || grants_of_the_server(iokerneld);
             let before = grants();
             let mut unexpected = Vec::new();
             for i in 0..REQUESTS {

@@ -39,6 +39,9 @@ pub(crate) trait PacketStack: Any + Send + Sync {
     /// kthread whose transmit side is `me` (nothing if another kthread is
     /// processing it); the frames taken.
     fn poll(&self, me: &mut TxSide<'_>, ring: &KNet, budget: usize) -> usize;
+    /// The earliest deadline the stack's polls must keep (TCP's timers),
+    /// if any: a kthread about to sleep wakes for it.
+    fn next_deadline(&self) -> Option<std::time::Instant>;
 }
 
 /// The protected backend's event rings as the scheduler sees them

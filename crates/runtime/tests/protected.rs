@@ -142,16 +142,26 @@ fn a_writer_starved_of_tx_chunks_wakes_when_another_connection_frees_some() {
     // Two chunks: one connection's 4 KiB takes the whole pool.
     cfg.protected.as_mut().unwrap().tx_chunks = 2;
     net.hold_acks(true);
+    let (writer_waits, waiting) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let app = s.spawn(|| {
-            ginza_runtime::run(cfg, || {
+            ginza_runtime::run(cfg, move || {
                 let mut a = TcpStream::connect("10.47.0.5:80").unwrap();
                 let mut b = TcpStream::connect("10.47.0.6:80").unwrap();
                 a.write_all(&[1u8; 4096]).unwrap();
+                // Tells the test once `b`'s writer waits, so the ACKs are
+                // let through only then.
+                let watcher = ginza_runtime::spawn(move || {
+                    while protected::stats().unwrap().tx_waits == 0 {
+                        ginza_runtime::yield_now();
+                    }
+                    writer_waits.send(()).unwrap();
+                });
                 // Blocks: no chunk is free until `a`'s are acknowledged (a
                 // lost wake-up fails the test at the timeout, not a hang).
                 b.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
                 b.write_all(b"after a").unwrap();
+                watcher.join().unwrap();
                 protected::stats().unwrap()
             })
             .unwrap()
@@ -159,6 +169,9 @@ fn a_writer_starved_of_tx_chunks_wakes_when_another_connection_frees_some() {
         let (pa, _) = net.accept_out();
         let (pb, _) = net.accept_out();
         assert_eq!(pa.expect_bytes(4096), vec![1u8; 4096]);
+        waiting
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the second writer waits for a free chunk");
         net.hold_acks(false);
         assert_eq!(pb.expect_bytes(7), b"after a");
         let stats = app.join().unwrap();

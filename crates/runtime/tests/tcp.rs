@@ -409,17 +409,13 @@ fn tcp_child_client_body() {
 }
 
 /// Many connections' round trips at once, on two kthreads each side:
-/// every segment re-arms its connection's deadlines while the stack's
-/// timer uthread parks and wakes around them, and debug builds abort on a
-/// uthread queued twice (`URef::note_queued`). A refused sleep of that
-/// uthread (an earlier deadline armed as it was about to park) once left
-/// a waiter an `arm` could wake later, when the uthread was queued
-/// already, and two kthreads ran it at once. The window is narrow: this
-/// test did not hit it in five runs without the fix (on a loaded
-/// machine); redis-server under `ginza run` did, about once in twenty
-/// runs of its test beside CPU hogs.
+/// every segment re-arms its connection's deadlines on whichever kthread
+/// runs it, while kthreads sleep and wake for the earliest one, and debug
+/// builds abort on a uthread queued twice (`URef::note_queued`). (A timer
+/// uthread the stack once had was run on two kthreads at once here, about
+/// once in twenty runs of redis-server's test beside CPU hogs.)
 #[test]
-fn many_connections_arming_deadlines_at_once_keep_the_timer_uthread_whole() {
+fn many_connections_arming_deadlines_at_once_echo_every_round_trip() {
     let _g = lock();
     let d = Daemon::start(|_| {});
     let server = Server::start(&d, 2, net(SERVER), |s| {

@@ -61,6 +61,10 @@ impl PacketStack for Stack {
     fn poll(&self, me: &mut TxSide<'_>, ring: &KNet, budget: usize) -> usize {
         Stack::poll(self, me, ring, budget)
     }
+
+    fn next_deadline(&self) -> Option<std::time::Instant> {
+        self.tcp.next_deadline()
+    }
 }
 
 /// A received datagram waiting in a socket's queue: its ingress buffer and

@@ -1033,7 +1033,7 @@ impl Shared {
     pub(crate) fn work_visible(&self, me: &KThread) -> bool {
         !self.injector.is_empty()
             || self.kthreads.iter().any(|k| !k.stealer.is_empty())
-            || me.timers.next_deadline() <= self.now_ns()
+            || me.timers.next_deadline().min(self.stack_deadline()) <= self.now_ns()
             || (self.link.is_some()
                 && self
                     .kthreads
@@ -1042,12 +1042,27 @@ impl Shared {
             || self.events.get().is_some_and(|e| e.pending())
     }
 
+    /// The earliest deadline a kthread about to sleep must wake for: any
+    /// kthread's timers (a busy one cannot fire its own), and the network
+    /// stack's (TCP's retransmission and delayed-ACK timers, fired by
+    /// whoever polls it).
     pub(crate) fn earliest_deadline(&self) -> u64 {
         self.kthreads
             .iter()
             .map(KThread::live_next_deadline)
             .min()
             .unwrap_or(u64::MAX)
+            .min(self.stack_deadline())
+    }
+
+    /// The network stack's earliest deadline on this runtime's clock
+    /// (`u64::MAX`: none).
+    fn stack_deadline(&self) -> u64 {
+        self.packet_stack()
+            .and_then(|s| s.next_deadline())
+            .map_or(u64::MAX, |at| {
+                at.saturating_duration_since(self.epoch).as_nanos() as u64
+            })
     }
 
     /// `k` is about to be busy while it has timers pending: make sure an

@@ -319,17 +319,6 @@ impl Waiter {
         won
     }
 
-    /// Withdraws a waiter its uthread published but did not park on:
-    /// true if no waker had claimed it (none ever will now). False if one
-    /// had: its wake-up is on its way, or made already, and the uthread
-    /// must park to take it, or it would be queued twice (once by that
-    /// wake, once by its next real one).
-    pub(crate) fn cancel(&self) -> bool {
-        self.state
-            .compare_exchange(WAITER_WAITING, WAITER_TIMED_OUT, AcqRel, Acquire)
-            .is_ok()
-    }
-
     /// The timer fired first.
     pub(crate) fn timed_out(&self) -> bool {
         self.state.load(Acquire) == WAITER_TIMED_OUT

@@ -147,7 +147,6 @@ impl InProcessListener {
                 ),
             ));
         }
-        tcp.start_timer(&rt);
         let core = tcp.listen(addr, backlog)?;
         Ok(InProcessListener {
             rt,

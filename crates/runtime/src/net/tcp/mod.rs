@@ -4,8 +4,8 @@
 //! * `ginza_net::tcp`'s [`Table`] (connections by 4-tuple, listeners,
 //!   ephemeral ports, where a segment goes), `Listener::admit_syn` and
 //!   `Listener::step`: the driver's part it shares with the netstack.
-//! * [`timers`]: the stack's heap of connection deadlines, and the timer
-//!   uthread that sleeps until the earliest one.
+//! * [`timers`]: the stack's connection deadlines, the earliest of which
+//!   a kthread about to sleep counts with its own timers.
 //! * [`sockets`]: the public `TcpListener` and `TcpStream`, each over one
 //!   of two backends: this in-process stack or the protected netstack
 //!   (`net/protected/`), chosen by configuration.
@@ -22,7 +22,7 @@
 //!   says it is finished, out of the table.
 //!
 //! Locks, always taken in this order: a waiter queue, a connection, a
-//! listener's state, the table, the deadline heap. Waiters are woken after
+//! listener's state, the table, the deadlines. Waiters are woken after
 //! every lock is released.
 
 mod listener;
@@ -33,7 +33,7 @@ mod timers;
 pub use sockets::{Incoming, KeepAlive, TcpListener, TcpStream};
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -47,12 +47,11 @@ use ginza_sys::hops::{self, Hop};
 use super::egress::{self, transmit};
 use super::readiness::SocketWaiters;
 use super::wait::{os_error, wait_until, wake_all, WakeLater};
-use crate::deferral;
 use crate::link::TxSide;
-use crate::sched::{self, Shared, Waiter};
+use crate::sched::{self, Shared};
 use crate::spinlock::SpinLock;
 pub(crate) use listener::ListenerCore;
-use timers::Deadlines;
+use timers::{Armed, Deadlines};
 
 /// How much later a connection's deadline must move for its armed entry to
 /// be replaced rather than left to fire and find nothing due.
@@ -168,8 +167,8 @@ struct ConnInner {
     listener: Option<Arc<ListenerCore>>,
     /// In the listener's backlog (rather than half-open).
     in_backlog: bool,
-    /// The deadline armed in the heap, if any.
-    armed: Option<u64>,
+    /// Its entry in the stack's deadlines, if any.
+    armed: Option<Armed>,
     /// On the stack's list of connections with segments to send.
     tx_pending: bool,
     in_table: bool,
@@ -179,10 +178,10 @@ struct ConnInner {
 }
 
 impl ConnInner {
-    /// Whether the heap entry at `deadline` is this connection's live one
-    /// (not stale: the connection is in the table and armed for it).
-    fn armed_for(&self, deadline: u64) -> bool {
-        self.in_table && self.armed == Some(deadline)
+    /// Whether `entry` is this connection's live one (the connection is
+    /// in the table and armed for it).
+    fn armed_for(&self, entry: Armed) -> bool {
+        self.in_table && self.armed == Some(entry)
     }
 }
 
@@ -216,9 +215,6 @@ impl Conn {
 pub(crate) struct Wake {
     conn: Option<Arc<Conn>>,
     listener: Option<Arc<ListenerCore>>,
-    /// The timer uthread, to sleep until an earlier deadline: last, so the
-    /// uthreads above run before it.
-    timer: Option<Arc<Waiter>>,
 }
 
 impl WakeLater for Wake {
@@ -228,9 +224,6 @@ impl WakeLater for Wake {
         }
         if let Some(l) = self.listener {
             wake_all(&l.waiters);
-        }
-        if let Some(t) = self.timer {
-            t.wake();
         }
     }
 }
@@ -275,7 +268,6 @@ pub(crate) struct Tcp {
     /// Connections whose segments found the egress ring full.
     tx_pending: SpinLock<Vec<Arc<Conn>>>,
     tx_pending_count: AtomicUsize,
-    timer_started: AtomicBool,
     counters: Counters,
 }
 
@@ -296,7 +288,6 @@ impl Tcp {
             deadlines: Deadlines::new(),
             tx_pending: SpinLock::new(Vec::new()),
             tx_pending_count: AtomicUsize::new(0),
-            timer_started: AtomicBool::new(false),
             counters: Counters::default(),
         }
     }
@@ -599,33 +590,31 @@ impl Tcp {
             }
         }
         if inner.in_table {
-            let next = inner.tcb.next_deadline().map(|d| d.as_nanos());
-            match (inner.armed, next) {
-                (armed, Some(d)) if armed.is_none_or(|armed| d < armed) => {
-                    inner.armed = Some(d);
-                    wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
-                }
-                // Its deadline moved well later (a delayed ACK that the
-                // reply carried, now the retransmission timer) or went: the
-                // entry armed is stale. Left armed, it would wake a parked
-                // runtime for nothing (an iokerneld grant per request);
-                // re-armed, the timer uthread sleeping until the stale one
-                // plans again. A small move (the retransmission timer
-                // restarted by each ACK of a stream) stays lazy: its entry
-                // fires once, finds nothing due and arms the new one.
-                (Some(armed), next) if next.is_none_or(|d| d - armed >= RE_ARM_LATER_NS) => {
-                    inner.armed = next;
-                    if let Some(d) = next {
-                        wake.timer = self.deadlines.arm(d, Arc::downgrade(conn));
-                    }
-                    if wake.timer.is_none() {
-                        wake.timer = self.deadlines.sleeper_until(armed);
-                    }
-                }
-                _ => {}
-            }
             // One waiting to be accepted stays findable until it is.
-            if inner.tcb.is_finished() && !inner.in_backlog {
+            let leaving = inner.tcb.is_finished() && !inner.in_backlog;
+            let next = inner
+                .tcb
+                .next_deadline()
+                .map(|d| d.as_nanos())
+                .filter(|_| !leaving);
+            let rearm = match (inner.armed, next) {
+                (None, next) => next.is_some(),
+                // Its deadline went, or moved well later (a delayed ACK
+                // that the reply carried, now the retransmission timer):
+                // left armed, the entry would wake a sleeping runtime for
+                // nothing (an iokerneld grant per request). A small move
+                // later (the retransmission timer restarted by each ACK of
+                // a stream) stays lazy: its entry fires once, finds nothing
+                // due and arms the new one.
+                (Some(_), None) => true,
+                (Some(a), Some(d)) => d < a.deadline || d - a.deadline >= RE_ARM_LATER_NS,
+            };
+            if rearm {
+                inner.armed = self
+                    .deadlines
+                    .rearm(inner.armed, next, || Arc::downgrade(conn));
+            }
+            if leaving {
                 inner.in_table = false;
                 self.table.lock().remove(&conn.key);
                 self.counters.gone.add(&inner.tcb.stats());
@@ -736,7 +725,7 @@ impl Tcp {
         })
     }
 
-    // ---- polled by kthreads, and the timer uthread ---------------------------
+    // ---- polled by kthreads ---------------------------------------------------
 
     /// Sends what waited for egress room and fires due deadlines, as the
     /// kthread `me` polling its rings.
@@ -762,13 +751,13 @@ impl Tcp {
     fn fire(&self, me: &mut TxSide<'_>, now: ginza_net::tcp::Instant) {
         let mut due = Vec::new();
         self.deadlines.take_due(now.as_nanos(), &mut due);
-        for (deadline, conn) in due {
+        for (entry, conn) in due {
             let Some(conn) = conn.upgrade() else {
                 continue;
             };
             let wake = {
                 let mut inner = conn.inner.lock();
-                if !inner.armed_for(deadline) {
+                if !inner.armed_for(entry) {
                     continue; // stale: gone, or re-armed
                 }
                 inner.armed = None;
@@ -779,17 +768,11 @@ impl Tcp {
         }
     }
 
-    /// Starts the timer uthread once per stack (on the first socket).
-    fn start_timer(self: &Arc<Self>, rt: &Arc<Shared>) {
-        if self.timer_started.swap(true, Relaxed) {
-            return;
-        }
-        let (tcp, weak_rt) = (Arc::clone(self), Arc::downgrade(rt));
-        // Detached: it ends with the runtime (or is freed or leaked with the
-        // uthreads still parked at its end).
-        drop(crate::task::spawn_on(Arc::as_ptr(rt), move || {
-            timer_loop(&tcp, &weak_rt)
-        }));
+    /// The earliest connection deadline, if any: a kthread about to sleep
+    /// wakes for it (`Shared::earliest_deadline`).
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let earliest = self.deadlines.earliest();
+        (earliest != u64::MAX).then(|| self.instant_of(earliest))
     }
 
     /// Whether a connection the application ended still owes its peer the
@@ -828,51 +811,6 @@ impl Tcp {
             sack_retransmissions: sums.sack_retransmissions.load(Relaxed),
             keepalive_probes: sums.keepalive_probes.load(Relaxed),
             paws_drops: sums.paws_drops.load(Relaxed),
-        }
-    }
-}
-
-/// The timer uthread: fires due deadlines, then sleeps until the earliest
-/// (or until an earlier one is armed). Holds no strong reference to the
-/// runtime while it sleeps, so a runtime that ends with it parked is freed.
-fn timer_loop(tcp: &Tcp, rt: &Weak<Shared>) {
-    loop {
-        {
-            let Some(rt) = rt.upgrade() else { return };
-            if rt.shutdown.load(Relaxed) {
-                return;
-            }
-            tcp.deadlines.awake();
-            let now = tcp.now();
-            sched::with_current_knet(&rt, |me| tcp.fire(me, now));
-        }
-        // Not until a stale entry: it would wake a parked runtime for
-        // nothing.
-        tcp.deadlines.drop_stale(|deadline, conn| {
-            conn.upgrade()
-                .is_some_and(|c| c.inner.lock().armed_for(deadline))
-        });
-        let until = tcp.deadlines.earliest();
-        let deferred = deferral::Guard::new();
-        let Some(me) = sched::current_uthread(&deferred) else {
-            return;
-        };
-        let w = Waiter::new(me);
-        if !tcp.deadlines.sleep(&w, until) {
-            // An earlier deadline came meanwhile, and its `arm` may have
-            // taken `w` to wake this uthread. Withdrawn, it wakes nobody;
-            // if it was claimed, the wake-up is taken here. Left live, it
-            // woke the uthread later while it was already queued, and two
-            // kthreads ran it at once (redis-server's SIGSEGV, session 28).
-            if !w.cancel() {
-                sched::park_current(&deferred);
-            }
-            continue;
-        }
-        if until == u64::MAX {
-            sched::park_current(&deferred);
-        } else {
-            sched::park_current_until(&deferred, &w, tcp.instant_of(until));
         }
     }
 }

@@ -326,7 +326,6 @@ fn start_connect(
     mac: Option<MacAddr>,
 ) -> io::Result<Arc<Conn>> {
     let tcp = super::super::tcp_of(rt).expect("the caller checked");
-    tcp.start_timer(rt);
     let remote = Endpoint::from(addr);
     let conn = {
         let mut table = tcp.table.lock();

@@ -1,31 +1,32 @@
 //! Connection deadlines (retransmission, persist, delayed ACK, TIME-WAIT):
-//! one heap per stack, fired by whoever looks first (docs/runtime.md, "TCP
-//! sockets" → Timers):
+//! one ordered set per stack, fired by whoever looks first (docs/runtime.md,
+//! "TCP sockets" → Timers):
 //! * a kthread polling its packet rings (`Stack::poll`: idle kthreads in
 //!   their steal loop, busy ones every 32 switches) fires what is due, at
 //!   the cost of one atomic load when nothing is;
-//! * a timer uthread, started with the first TCP socket, sleeps on the
-//!   runtime's own timers until the earliest deadline, so a runtime whose
-//!   kthreads all parked (with iokerneld, or on their eventfds) wakes for
-//!   it. An arming that moves the earliest deadline before the one it
-//!   sleeps until wakes it.
+//! * a kthread about to sleep (its park under iokerneld, the idle block on
+//!   its own socket) counts the earliest deadline with its timers
+//!   (`Shared::earliest_deadline`), so a runtime whose kthreads all sleep
+//!   wakes for it.
 //!
-//! Entries are lazy: a connection remembers the one deadline it armed, and
-//! an entry that no longer matches it when popped is stale and dropped.
+//! So the earliest deadline must be one somebody needs: an entry whose
+//! connection's deadline went, or moved at least `RE_ARM_LATER_NS` later,
+//! is taken out at once ([`Deadlines::rearm`]), and a sleeping runtime is
+//! never woken for a delayed ACK that the reply carried. Smaller moves (the
+//! retransmission timer restarted by each ACK of a stream) leave the entry:
+//! it fires once, finds nothing due, and arms the new deadline.
+//!
 //! Entries of items that are gone (a connection evicted under a SYN flood
-//! leaves its retransmission entry behind) are swept whenever the heap has
-//! doubled since the last sweep, so the heap stays within a constant factor
-//! of the live items however fast they come and go.
+//! leaves its entry behind) are swept whenever the set has doubled since
+//! the last sweep, so it stays within a constant factor of the live items
+//! however fast they come and go.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
 
-use crate::sched::Waiter;
 use crate::spinlock::SpinLock;
 
-/// What the heap needs to know of an item: whether it is gone.
+/// What the set needs to know of an item: whether it is gone.
 pub(crate) trait Item {
     fn gone(&self) -> bool;
 }
@@ -39,58 +40,37 @@ impl<T> Item for std::sync::Weak<T> {
 /// Entries below which no sweep is worth it.
 const SWEEP_FLOOR: usize = 1024;
 
-struct Heap<T> {
-    heap: BinaryHeap<Reverse<Entry<T>>>,
+/// An armed entry: its deadline (ns) and the arming's sequence number,
+/// which tells two entries of one deadline apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Armed {
+    pub(crate) deadline: u64,
+    seq: u64,
+}
+
+struct Entries<T> {
+    by_deadline: BTreeMap<Armed, T>,
     seq: u64,
     /// Entries after the last sweep.
     swept_len: usize,
 }
 
-struct Entry<T> {
-    deadline: u64,
-    seq: u64,
-    item: T,
-}
-
-impl<T> PartialEq for Entry<T> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.deadline, self.seq) == (other.deadline, other.seq)
-    }
-}
-impl<T> Eq for Entry<T> {}
-impl<T> PartialOrd for Entry<T> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<T> Ord for Entry<T> {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.deadline, self.seq).cmp(&(other.deadline, other.seq))
-    }
-}
-
-/// A heap of (deadline in ns, item), with its earliest deadline readable
-/// without the lock.
+/// Items by deadline (ns), with the earliest deadline readable without the
+/// lock.
 pub(crate) struct Deadlines<T> {
-    heap: SpinLock<Heap<T>>,
+    entries: SpinLock<Entries<T>>,
     earliest: AtomicU64,
-    /// The timer uthread parked until this deadline (`u64::MAX`: without
-    /// one; 0: it is awake and will look at the heap before parking).
-    sleeping_until: AtomicU64,
-    sleeper: SpinLock<Option<Arc<Waiter>>>,
 }
 
 impl<T: Item> Deadlines<T> {
     pub(crate) fn new() -> Self {
         Deadlines {
-            heap: SpinLock::new(Heap {
-                heap: BinaryHeap::new(),
+            entries: SpinLock::new(Entries {
+                by_deadline: BTreeMap::new(),
                 seq: 0,
                 swept_len: 0,
             }),
             earliest: AtomicU64::new(u64::MAX),
-            sleeping_until: AtomicU64::new(0),
-            sleeper: SpinLock::new(None),
         }
     }
 
@@ -99,123 +79,65 @@ impl<T: Item> Deadlines<T> {
         self.earliest.load(SeqCst)
     }
 
-    /// Arms `item` at `deadline`; returns the timer uthread if it sleeps
-    /// past it: the caller wakes it ([`Waiter::wake`]) once its locks are
-    /// released, after the uthreads its own change made runnable, so they
-    /// run first.
-    #[must_use]
-    pub(crate) fn arm(&self, deadline: u64, item: T) -> Option<Arc<Waiter>> {
-        {
-            let mut h = self.heap.lock();
-            if h.heap.len() >= SWEEP_FLOOR.max(2 * h.swept_len) {
-                h.heap.retain(|Reverse(e)| !e.item.gone());
-                h.swept_len = h.heap.len();
-                let next = h.heap.peek().map_or(u64::MAX, |Reverse(e)| e.deadline);
-                self.earliest.store(next, SeqCst);
-            }
-            h.seq += 1;
-            let seq = h.seq;
-            h.heap.push(Reverse(Entry {
+    /// Takes `old` out (if armed) and arms `item` at `deadline` (if any);
+    /// the new entry.
+    pub(crate) fn rearm(
+        &self,
+        old: Option<Armed>,
+        deadline: Option<u64>,
+        item: impl FnOnce() -> T,
+    ) -> Option<Armed> {
+        let mut e = self.entries.lock();
+        if let Some(old) = old {
+            e.by_deadline.remove(&old);
+        }
+        if e.by_deadline.len() >= SWEEP_FLOOR.max(2 * e.swept_len) {
+            e.by_deadline.retain(|_, item| !item.gone());
+            e.swept_len = e.by_deadline.len();
+        }
+        let armed = deadline.map(|deadline| {
+            e.seq += 1;
+            let armed = Armed {
                 deadline,
-                seq,
-                item,
-            }));
-            if deadline < self.earliest.load(SeqCst) {
-                self.earliest.store(deadline, SeqCst);
-            }
-        }
-        // Pairs with `sleep`: it publishes `sleeping_until`, then reads
-        // `earliest`; we published `earliest`, then read `sleeping_until`.
-        if deadline < self.sleeping_until.load(SeqCst) {
-            return self.sleeper.lock().take();
-        }
-        None
+                seq: e.seq,
+            };
+            e.by_deadline.insert(armed, item());
+            armed
+        });
+        self.publish_earliest(&e);
+        armed
     }
 
     /// Takes every item due by `now`; nothing if another context is taking
     /// them.
-    pub(crate) fn take_due(&self, now: u64, out: &mut Vec<(u64, T)>) {
+    pub(crate) fn take_due(&self, now: u64, out: &mut Vec<(Armed, T)>) {
         if self.earliest.load(SeqCst) > now {
             return;
         }
-        let Some(mut guard) = self.heap.try_lock() else {
+        let Some(mut e) = self.entries.try_lock() else {
             return;
         };
-        let heap = &mut guard.heap;
-        while heap.peek().is_some_and(|Reverse(e)| e.deadline <= now) {
-            if let Some(Reverse(e)) = heap.pop() {
-                out.push((e.deadline, e.item));
+        while let Some(entry) = e.by_deadline.first_entry() {
+            if entry.key().deadline > now {
+                break;
             }
+            out.push(entry.remove_entry());
         }
-        let next = heap.peek().map_or(u64::MAX, |Reverse(e)| e.deadline);
+        self.publish_earliest(&e);
+    }
+
+    fn publish_earliest(&self, e: &Entries<T>) {
+        let next = e
+            .by_deadline
+            .first_key_value()
+            .map_or(u64::MAX, |(a, _)| a.deadline);
         self.earliest.store(next, SeqCst);
     }
 
-    /// The timer uthread, if it sleeps until `deadline`, for the caller to
-    /// wake once its locks are released (the entry it sleeps for went
-    /// stale: it plans again).
-    #[must_use]
-    pub(crate) fn sleeper_until(&self, deadline: u64) -> Option<Arc<Waiter>> {
-        if self.sleeping_until.load(SeqCst) == deadline {
-            return self.sleeper.lock().take();
-        }
-        None
-    }
-
-    /// Pops the earliest entries while `live` says they are stale, so that
-    /// `earliest` is a deadline someone still needs. `live` runs without
-    /// the heap's lock (it may take an item's own lock, which comes before
-    /// the heap's).
-    pub(crate) fn drop_stale(&self, live: impl Fn(u64, &T) -> bool)
-    where
-        T: Clone,
-    {
-        loop {
-            let Some((deadline, seq, item)) = self
-                .heap
-                .lock()
-                .heap
-                .peek()
-                .map(|Reverse(e)| (e.deadline, e.seq, e.item.clone()))
-            else {
-                return;
-            };
-            if live(deadline, &item) {
-                return;
-            }
-            let mut h = self.heap.lock();
-            if h.heap.peek().is_some_and(|Reverse(e)| e.seq == seq) {
-                h.heap.pop();
-            }
-            let next = h.heap.peek().map_or(u64::MAX, |Reverse(e)| e.deadline);
-            self.earliest.store(next, SeqCst);
-        }
-    }
-
-    /// Entries in the heap, stale ones included.
+    /// Entries in the set, those of gone items included.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.heap.lock().heap.len()
-    }
-
-    /// The timer uthread is about to park as `w` until `until` (`u64::MAX`:
-    /// no deadline): false if a deadline before it was armed meanwhile (look
-    /// again instead; an `arm` may have taken `w` to wake it in between, so
-    /// the caller withdraws `w` first, `Waiter::cancel`).
-    pub(crate) fn sleep(&self, w: &Arc<Waiter>, until: u64) -> bool {
-        *self.sleeper.lock() = Some(Arc::clone(w));
-        self.sleeping_until.store(until, SeqCst);
-        if self.earliest.load(SeqCst) < until {
-            self.awake();
-            return false;
-        }
-        true
-    }
-
-    /// The timer uthread runs again.
-    pub(crate) fn awake(&self) {
-        self.sleeping_until.store(0, SeqCst);
-        self.sleeper.lock().take();
+        self.entries.lock().by_deadline.len()
     }
 }
 
@@ -230,28 +152,32 @@ mod tests {
     }
 
     #[test]
-    fn entries_of_gone_items_are_swept_as_the_heap_doubles() {
+    fn entries_of_gone_items_are_swept_as_the_set_doubles() {
         let d = Deadlines::new();
         for _ in 0..10 * SWEEP_FLOOR {
-            assert!(d.arm(1, "gone").is_none(), "nobody sleeps");
+            d.rearm(None, Some(1), || "gone");
             assert!(d.len() <= SWEEP_FLOOR + 1, "{}", d.len());
         }
-        let _ = d.arm(5, "live");
+        d.rearm(None, Some(5), || "live");
         let mut out = Vec::new();
         d.take_due(10, &mut out);
-        assert!(out.contains(&(5, "live")));
+        assert!(out
+            .iter()
+            .any(|(a, item)| a.deadline == 5 && *item == "live"));
     }
 
     #[test]
-    fn stale_entries_at_the_top_are_dropped_and_live_ones_kept() {
+    fn a_rearmed_entry_leaves_the_set_and_the_earliest_deadline() {
         let d = Deadlines::new();
-        for (deadline, item) in [(10, "stale"), (20, "stale2"), (30, "live"), (40, "stale3")] {
-            assert!(d.arm(deadline, item).is_none());
-        }
-        d.drop_stale(|_, item| !item.starts_with("stale"));
-        assert_eq!(d.earliest(), 30, "up to the first live entry");
-        assert_eq!(d.len(), 2, "entries behind it stay until they come up");
-        d.drop_stale(|_, _| false);
+        let ack = d.rearm(None, Some(10), || "delayed ack");
+        let other = d.rearm(None, Some(30), || "other");
+        assert_eq!(d.earliest(), 10);
+        // The reply carried the ACK: its retransmission timer comes later.
+        let rto = d.rearm(ack, Some(40), || "retransmission");
+        assert_eq!(d.earliest(), 30, "nobody sleeps until the delayed ACK");
+        assert_eq!(d.len(), 2);
+        d.rearm(other, None, || unreachable!("no deadline, no item"));
+        d.rearm(rto, None, || unreachable!());
         assert_eq!(d.earliest(), u64::MAX);
         assert_eq!(d.len(), 0);
     }
@@ -260,14 +186,15 @@ mod tests {
     fn due_items_come_out_in_deadline_order() {
         let d = Deadlines::new();
         for (deadline, item) in [(30, "c"), (10, "a"), (20, "b"), (10, "a2")] {
-            assert!(d.arm(deadline, item).is_none());
+            d.rearm(None, Some(deadline), || item);
         }
         assert_eq!(d.earliest(), 10);
         let mut out = Vec::new();
         d.take_due(5, &mut out);
         assert!(out.is_empty());
         d.take_due(20, &mut out);
-        assert_eq!(out, vec![(10, "a"), (10, "a2"), (20, "b")]);
+        let items: Vec<_> = out.iter().map(|(a, item)| (a.deadline, *item)).collect();
+        assert_eq!(items, vec![(10, "a"), (10, "a2"), (20, "b")]);
         assert_eq!(d.earliest(), 30);
         assert_eq!(d.len(), 1);
     }
