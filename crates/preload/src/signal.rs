@@ -26,6 +26,11 @@ static FLAGS: [AtomicI32; NSIG] = [const { AtomicI32::new(0) }; NSIG];
 thread_local! {
     /// Program signal handlers running on this thread pointer.
     static IN_HANDLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// The alternate signal stack this program thread asked for
+    /// (`sigaltstack`): base, size and flags, reported back, never
+    /// installed.
+    static ALT_STACK: std::cell::Cell<(usize, usize, c_int)> =
+        const { std::cell::Cell::new((0, 0, libc::SS_DISABLE)) };
 }
 
 /// Whether the thread whose pointer is current runs a handler of the
@@ -199,4 +204,77 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
         return libc::SIG_ERR;
     }
     old.sa_sigaction
+}
+
+/// The auxiliary vector's entry for the kernel's smallest signal stack
+/// (`<linux/auxvec.h>`), and the flag that disarms an alternate stack
+/// while a handler runs on it (`<linux/signal.h>`): not in the `libc`
+/// crate.
+const AT_MINSIGSTKSZ: libc::c_ulong = 51;
+const SS_AUTODISARM: c_int = 1 << 31;
+
+/// A program thread's `sigaltstack` is its own: recorded per thread and
+/// reported back, with Linux's checks and errors, but never installed. The
+/// kthread's real alternate stack stays the runtime's, for two reasons:
+/// * a kthread runs many program threads, so a stack one thread installed
+///   there would serve the others' handlers too, and could be freed
+///   under them;
+/// * a thread that disabled it would leave the runtime's check for a
+///   uthread stack overflow (the trampoline above) no stack to run on.
+///
+/// So a handler installed with `SA_ONSTACK` runs on the kthread's
+/// alternate stack (256 KiB), never on the thread's own, which is never
+/// reported as in use (`SS_ONSTACK`). Threads that are not the runtime's
+/// get the kernel's call.
+#[no_mangle]
+pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::stack_t) -> c_int {
+    if caller() != Caller::Uthread {
+        let real = real!(sigaltstack: unsafe extern "C" fn(*const libc::stack_t, *mut libc::stack_t) -> c_int);
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { real(ss, old) };
+    }
+    let new = if ss.is_null() {
+        None
+    } else {
+        // SAFETY: C's contract: a valid stack_t.
+        let ss = unsafe { *ss };
+        let mode = ss.ss_flags & !SS_AUTODISARM;
+        if mode == libc::SS_DISABLE {
+            Some((0, 0, libc::SS_DISABLE))
+        } else if mode != 0 && mode != libc::SS_ONSTACK {
+            return fail(libc::EINVAL);
+        } else if ss.ss_size < smallest_signal_stack() {
+            return fail(libc::ENOMEM);
+        } else {
+            Some((ss.ss_sp as usize, ss.ss_size, ss.ss_flags & SS_AUTODISARM))
+        }
+    };
+    let (sp, size, flags) = ALT_STACK.with(std::cell::Cell::get);
+    if !old.is_null() {
+        // SAFETY: C's contract: writable.
+        unsafe {
+            *old = libc::stack_t {
+                ss_sp: sp as *mut c_void,
+                ss_flags: flags,
+                ss_size: size,
+            };
+        }
+    }
+    if let Some(new) = new {
+        ALT_STACK.with(|a| a.set(new));
+    }
+    0
+}
+
+/// The smallest alternate stack the kernel accepts.
+fn smallest_signal_stack() -> usize {
+    // SAFETY: getauxval has no preconditions (0 for an absent entry).
+    let kernel = unsafe { libc::getauxval(AT_MINSIGSTKSZ) } as usize;
+    kernel.max(libc::MINSIGSTKSZ)
+}
+
+/// -1 with `errno` set, as a libc call fails.
+fn fail(errno: c_int) -> c_int {
+    crate::mode::set_errno(errno);
+    -1
 }

@@ -394,6 +394,7 @@ suite! {
     glibc_thread => BASE;
     ginza_api => BASE;
     fault_handler => BASE;
+    altstack => BASE;
 }
 
 /// A new `tests/c/*.c` is not forgotten: every one is in [`SUITE`].
