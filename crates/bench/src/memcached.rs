@@ -228,6 +228,10 @@ pub struct MemcachedArgs {
     /// spinner beside it would take the turns its idle yields give away).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     keep_generator_cpu_busy: bool,
+    /// Options added to memcached's own, the same on Linux and under
+    /// `ginza run` (split at spaces), e.g. "-o no_lru_maintainer".
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
+    memcached_args: Vec<String>,
 }
 
 /// The servers compared.
@@ -340,6 +344,8 @@ pub struct PointConfig {
     /// Linux: a spinning SCHED_IDLE thread on the generator's CPU during
     /// the load (see `--keep-generator-cpu-busy`).
     pub keep_generator_cpu_busy: bool,
+    /// linux, memcached-ginza(-direct): options added to memcached's own.
+    pub memcached_args: Vec<String>,
 }
 
 /// What one point measured.
@@ -417,18 +423,14 @@ pub struct MedianPoint {
     pub rounds: usize,
 }
 
-#[derive(Serialize, Debug, Default)]
-struct MaxKrps {
-    ginza: Option<f64>,
-    linux: Option<f64>,
-    /// Only when `--systems` ran it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ginza_direct: Option<f64>,
-    /// Only when `--systems` ran it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ginza_protected: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    memcached_ginza: Option<f64>,
+/// Per system the sweep ran, by its name with `_` for `-` (`ginza`,
+/// `memcached_ginza_direct`, …): the highest achieved rate among its points
+/// whose p99 stayed within the bound, or none (null) if no point did.
+type MaxKrps = BTreeMap<String, Option<f64>>;
+
+/// `System::name` as a JSON key.
+fn json_key(system: System) -> String {
+    system.name().replace('-', "_")
 }
 
 /// At one load, memcached-ginza's p50 less kv-server's (both under the
@@ -483,6 +485,10 @@ struct Report {
     /// Whether a SCHED_IDLE spinner kept the generator's CPU busy in
     /// Linux's points.
     generator_cpu_kept_busy: bool,
+    /// `--memcached-args`: options memcached got beyond its own, on both
+    /// systems.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    memcached_args: Vec<String>,
 }
 
 /// The p99 bound of `max_krps_at_p99_200us`.
@@ -568,6 +574,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
                 kv_park: args.kv_park,
                 batch_in_process: args.batch_in_process,
                 keep_generator_cpu_busy: args.keep_generator_cpu_busy,
+                memcached_args: args.memcached_args.clone(),
             };
             let r = run_point(&ns, &cfg)?;
             eprintln!("{}", row(&r));
@@ -596,13 +603,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
     let csv = args.out.join("memcached.csv");
     write_outputs(&args.out, &csv, &points)?;
     let report = Report {
-        max_krps_at_p99_200us: MaxKrps {
-            ginza: max_krps(&points, System::Ginza),
-            linux: max_krps(&points, System::Linux),
-            ginza_direct: max_krps(&points, System::GinzaDirect),
-            ginza_protected: max_krps(&points, System::GinzaProtected),
-            memcached_ginza: max_krps(&points, System::MemcachedGinza),
-        },
+        max_krps_at_p99_200us: max_krps_by_system(&points, &systems),
         library_and_protocol_us: library_and_protocol(&points),
         library_cost: library_cost.as_ref().and_then(|r| r.as_ref().ok().cloned()),
         library_cost_error: library_cost.and_then(Result::err),
@@ -621,6 +622,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         session_nice: session.as_ref().map(|s| s.now),
         generator_policy: format!("{} {}", GENERATOR_POLICY.0, GENERATOR_POLICY.1),
         generator_cpu_kept_busy: args.keep_generator_cpu_busy,
+        memcached_args: args.memcached_args.clone(),
     };
     emit(args.json, &render(&report), &report)
 }
@@ -1237,7 +1239,10 @@ fn memcached_ginza_serving(
         iokerneld,
         at,
         ginza_run::MEMCACHED,
-        (Path::new("memcached"), &memcached_args(addr)),
+        (
+            Path::new("memcached"),
+            &memcached_args(addr, &cfg.memcached_args),
+        ),
     )?;
     let batch = GinzaBatch::start(iokerneld, cfg);
     let measured = batch.and_then(|mut batch| {
@@ -1464,7 +1469,7 @@ impl Drop for Started {
 /// for the one server CPU (more would only time-share it); 4096
 /// connections; room for the keys; as root, a user to become (memcached
 /// refuses to run as root without one).
-fn memcached_args(addr: SocketAddrV4) -> Vec<String> {
+fn memcached_args(addr: SocketAddrV4, extra: &[String]) -> Vec<String> {
     let mut args: Vec<String> = [
         "-l",
         &addr.ip().to_string(),
@@ -1485,15 +1490,16 @@ fn memcached_args(addr: SocketAddrV4) -> Vec<String> {
     if ginza_sys::process::geteuid() == 0 {
         args.extend(["-u".to_string(), "root".to_string()]);
     }
+    args.extend(extra.iter().cloned());
     args
 }
 
 /// Debian's memcached, one worker thread, pinned to the server CPU.
-fn start_memcached(addr: SocketAddrV4, cpu: usize) -> anyhow::Result<Started> {
+fn start_memcached(addr: SocketAddrV4, cpu: usize, extra: &[String]) -> anyhow::Result<Started> {
     let mut command = Command::new("taskset");
     command
         .args(["-c", &cpu.to_string(), "memcached"])
-        .args(memcached_args(addr))
+        .args(memcached_args(addr, extra))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -1525,7 +1531,7 @@ fn start_memcached(addr: SocketAddrV4, cpu: usize) -> anyhow::Result<Started> {
 fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     let host = ns.add_host_address(LINUX_HOST_OCTET)?;
     let addr = SocketAddrV4::new(host.ip, PORT);
-    let server = start_memcached(addr, cfg.cpus.server)?;
+    let server = start_memcached(addr, cfg.cpus.server, &cfg.memcached_args)?;
     let paths = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (batch, priority) = linux_batch(cfg.cpus.server, paths.clone(), stop.clone(), cfg.seed)?;
@@ -1639,6 +1645,14 @@ pub fn max_krps(points: &[MedianPoint], system: System) -> Option<f64> {
         .filter(|p| p.system == system && p.p99_us.is_some_and(|v| v <= P99_BOUND_US))
         .map(|p| p.achieved_krps)
         .max_by(f64::total_cmp)
+}
+
+/// [`max_krps`] of each of `systems`, by [`json_key`].
+fn max_krps_by_system(points: &[MedianPoint], systems: &[System]) -> MaxKrps {
+    systems
+        .iter()
+        .map(|&system| (json_key(system), max_krps(points, system)))
+        .collect()
 }
 
 /// Per load where kv-server and memcached-ginza both have a p50, the
@@ -1802,6 +1816,9 @@ fn render(r: &Report) -> String {
         r.cpus.server,
         if r.debug_build { " (DEBUG build)" } else { "" }
     );
+    if !r.memcached_args.is_empty() {
+        let _ = writeln!(s, "memcached also ran with: {}", r.memcached_args.join(" "));
+    }
     let _ = writeln!(
         s,
         "  system           offered  achieved   p50 µs   p99 µs  p99.9 µs  batch Mops/s  per CPU-s  iokerneld CPU %"
@@ -1844,19 +1861,12 @@ fn render(r: &Report) -> String {
             parts.join("; ")
         );
     }
-    let m = &r.max_krps_at_p99_200us;
-    let _ = writeln!(
-        s,
-        "max krps at p99 ≤ {P99_BOUND_US} µs: ginza {}  linux {}{}{}{}",
-        opt(m.ginza),
-        opt(m.linux),
-        m.ginza_direct
-            .map_or(String::new(), |v| format!("  ginza-direct {v:.1}")),
-        m.memcached_ginza
-            .map_or(String::new(), |v| format!("  memcached-ginza {v:.1}")),
-        m.ginza_protected
-            .map_or(String::new(), |v| format!("  ginza-protected {v:.1}"))
-    );
+    let max: Vec<String> = r
+        .max_krps_at_p99_200us
+        .iter()
+        .map(|(system, krps)| format!("{} {}", system.replace('_', "-"), opt(*krps)))
+        .collect();
+    let _ = writeln!(s, "max krps at p99 ≤ {P99_BOUND_US} µs: {}", max.join("  "));
     if !r.library_and_protocol_us.is_empty() {
         let _ = writeln!(
             s,
@@ -1954,6 +1964,50 @@ mod tests {
         assert_eq!(l.p99_us, None);
         assert_eq!(max_krps(&points, System::Ginza), Some(9.5));
         assert_eq!(max_krps(&points, System::Linux), None);
+    }
+
+    #[test]
+    fn the_highest_load_within_the_bound_is_named_for_every_system_that_ran() {
+        let runs = [
+            result(System::Linux, Some(100.0), 10.0, false),
+            result(System::MemcachedGinzaDirect, Some(150.0), 10.0, false),
+            result(System::GinzaDirect, Some(900.0), 10.0, false),
+        ];
+        let points = medians(&runs, &[10_000.0]);
+        let systems = [
+            System::Linux,
+            System::GinzaDirect,
+            System::MemcachedGinzaDirect,
+        ];
+        let max = max_krps_by_system(&points, &systems);
+        assert_eq!(max.len(), 3, "{max:?}");
+        assert_eq!(max["linux"], Some(10.0));
+        assert_eq!(max["memcached_ginza_direct"], Some(10.0));
+        // Ran, but never within the bound: null, not left out.
+        assert_eq!(max["ginza_direct"], None);
+        assert!(!max.contains_key("ginza"), "{max:?}");
+    }
+
+    #[test]
+    fn memcached_gets_the_extra_options_after_its_own_on_both_systems() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: MemcachedArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "bench",
+            "--memcached-args",
+            "-o no_lru_maintainer,no_lru_crawler",
+        ])
+        .unwrap();
+        let extra = cli.args.memcached_args;
+        assert_eq!(extra, ["-o", "no_lru_maintainer,no_lru_crawler"]);
+        let args = memcached_args(SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 11211), &extra);
+        assert_eq!(args[..2], ["-l", "10.0.0.1"]);
+        assert_eq!(args[args.len() - 2..], extra[..]);
+        let none = <Cli as clap::Parser>::try_parse_from(["bench"]).unwrap();
+        assert!(none.args.memcached_args.is_empty());
     }
 
     #[test]

@@ -1128,6 +1128,7 @@ fn memcached_point(
         batch_in_process: false,
         // As `ginza bench memcached` runs by default.
         keep_generator_cpu_busy: true,
+        memcached_args: Vec::new(),
     };
     let r = memcached::run_point(ns, &cfg)?;
     row.achieved = Some(r.achieved_krps * 1e3);
