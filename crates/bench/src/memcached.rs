@@ -1468,7 +1468,7 @@ impl Drop for Started {
 /// memcached's flags in both systems: `addr`, no UDP; one worker thread
 /// for the one server CPU (more would only time-share it); 4096
 /// connections; room for the keys; as root, a user to become (memcached
-/// refuses to run as root without one).
+/// refuses to run as root without one); then `extra` (`--memcached-args`).
 fn memcached_args(addr: SocketAddrV4, extra: &[String]) -> Vec<String> {
     let mut args: Vec<String> = [
         "-l",
