@@ -159,6 +159,65 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
     );
 }
 
+/// A reply sent while nothing else waits to run on the kthread leaves at
+/// once (`sched::flush_own_tx_if_alone`): its kick is made inside the
+/// uthread's `send_to`, not when the uthread next blocks or yields, so a
+/// program's work after its send (an event loop's bookkeeping) does not
+/// delay the answer. The second of two exchanges is checked (the first
+/// may wait for ARP).
+#[test]
+fn a_lone_reply_on_the_own_socket_is_kicked_inside_its_send() {
+    let _lock = common::lock();
+    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+        return;
+    };
+    steer_peer_to_queue(&ns, 2, QUEUE);
+    let daemon = Daemon::direct(&ns);
+    let ready = Arc::new(AtomicBool::new(false));
+    let r2 = ready.clone();
+    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
+    let app = daemon.start_app_with("lone-reply", net, 1, move || {
+        while ginza_runtime::net::stats().is_none() {
+            ginza_runtime::sleep(Duration::from_millis(1));
+        }
+        let socket = ginza_runtime::net::UdpSocket::bind(PORT).map_err(|e| e.to_string())?;
+        r2.store(true, Relaxed);
+        let kicks = || ginza_runtime::net::stats().map_or(0, |s| s.direct_tx_kicks);
+        let mut buf = [0u8; 256];
+        let mut last = (0, 0);
+        for _ in 0..2 {
+            let (n, from) = socket.recv_from(&mut buf).map_err(|e| e.to_string())?;
+            let before = kicks();
+            socket.send_to(&buf[..n], from).map_err(|e| e.to_string())?;
+            // No yield in between: only a kick inside `send_to` counts.
+            last = (before, kicks());
+        }
+        Ok::<_, String>(last)
+    });
+    let t0 = Instant::now();
+    while !ready.load(Relaxed) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
+            "the application's stack did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (bind, target) = (
+        SocketAddrV4::new(ns.ns_ip, 0),
+        SocketAddrV4::new(ns.peer_ip, PORT),
+    );
+    let rtts = ns
+        .run_in(move || netns::udp_rtt_probe(bind, target, 2, 64, Duration::from_secs(2)))
+        .unwrap()
+        .unwrap();
+    let (before, after) = app.join(Duration::from_secs(10)).expect("the server");
+    assert!(rtts.iter().all(Option::is_some), "both echoed: {rtts:?}");
+    assert!(
+        after > before,
+        "the reply was still on the tx ring when `send_to` returned ({before} kicks before, {after} after)"
+    );
+}
+
 /// Rounds of the comparison below, and round trips per server and round.
 const ROUNDS: usize = 5;
 const PER_ROUND: usize = 2000;

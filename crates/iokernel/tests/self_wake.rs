@@ -299,3 +299,65 @@ fn a_victim_is_not_signalled_while_each_self_woken_stay_is_shorter_than_its_grac
     }
     panic!("every train had a stay as long as the grace: this machine is too busy to tell");
 }
+
+/// A kthread that a frame woke runs before its `SelfWoken` is on the ring,
+/// its line no longer armed. iokerneld, which still books it parked, must
+/// not grant it a core meanwhile (here for the timer it parked with): such
+/// a `Wake` reached a running kthread, whose next park answered the grant
+/// before it and was ignored as stale, so iokerneld booked the kthread
+/// running while it slept and served none of its timers (a `ginza bench
+/// memcached` point that never ended, docs/results.md, "Session 35").
+#[test]
+fn a_kthread_that_woke_itself_is_not_granted_before_its_self_woken_is_read() {
+    use std::time::{Duration, Instant};
+
+    let _l = lock();
+    let recorder = RecordingActuator::new();
+    let d = Daemon::start_with(recorder.clone(), |c| c.self_wake = true);
+    let mut server = RawApp::register(&d.socket, "server", iface(9), 1).unwrap();
+    d.wait_for("the server registered and parked", |s| {
+        app(s, "server").parked_kthreads == 1
+    });
+    // Parked, armed, with a timer 50 ms out.
+    let due = ginza_sys::clock::monotonic_ns() + 50_000_000;
+    server.ends[0]
+        .line
+        .insert_flags(LineFlags::SELF_WAKE_ARMED | LineFlags::PARKED);
+    server.ends[0]
+        .to_iokernel
+        .send(ToIokernel::Parked {
+            next_deadline_ns: Some(due),
+            grant: UNNUMBERED_GRANT,
+        })
+        .unwrap();
+    let passes = d.stats().passes;
+    d.wait_for("the park read", |s| s.passes > passes + 10);
+    // A frame wakes it: the runtime's steps up to its `SelfWoken`.
+    let line = &server.ends[0].line;
+    line.insert_flags(LineFlags::SELF_WOKEN);
+    line.remove_flags(LineFlags::PARKED | LineFlags::SELF_WAKE_ARMED);
+    // Past the timer, and a few passes more.
+    while ginza_sys::clock::monotonic_ns() < due {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let passes = d.stats().passes;
+    let s = d.wait_for("passes after the timer", |s| s.passes > passes + 10);
+    let a = app(&s, "server");
+    assert_eq!(a.grants, 0, "granted while it ran on its own wake: {a:?}");
+    let wakes = std::iter::from_fn(|| server.ends[0].from_iokernel.recv().ok().flatten())
+        .filter(|m| matches!(m, ToKthread::Wake { .. }))
+        .count();
+    assert_eq!(wakes, 0, "a Wake went to a kthread that runs");
+    // Its `SelfWoken` comes: iokerneld reads it as the wake it is (no own
+    // socket here, so it is revoked; the books never show a grant).
+    server.ends[0]
+        .to_iokernel
+        .send(ToIokernel::SelfWoken {
+            grant: UNNUMBERED_GRANT,
+        })
+        .unwrap();
+    let t0 = Instant::now();
+    let s = d.wait_for("the self-wake read", |s| s.alloc.self_wakes == 1);
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert_eq!(app(&s, "server").grants, 0, "{:?}", app(&s, "server"));
+}

@@ -141,7 +141,12 @@ pub(crate) fn sleep(
     }
     let was = io.line.insert_flags(LineFlags::SELF_WOKEN);
     if was.contains(LineFlags::GRANTING) {
-        // iokerneld grants it now: the grant comes by the eventfd.
+        // iokerneld grants it now: the grant comes by the eventfd. The
+        // claim is taken back: should that grant be undone before it runs
+        // (the core given to another), a `SELF_WOKEN` left here would make
+        // iokerneld believe every later grant crossed a self-wake, and
+        // the kthread would wait for a grant that never comes.
+        io.line.remove_flags(LineFlags::SELF_WOKEN);
         *watch_socket = false;
         return Woken::Nothing;
     }

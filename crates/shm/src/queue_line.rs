@@ -51,7 +51,10 @@ impl LineFlags {
     /// The parked kthread woke itself for a frame on its own socket and
     /// runs on the CPU it is pinned to; its `SelfWoken` follows on the
     /// command ring. Set by the runtime in the atomic step that reads
-    /// [`LineFlags::GRANTING`]; cleared by it before its next park.
+    /// [`LineFlags::GRANTING`] (and taken back at once if that was set);
+    /// cleared by it before its next park. iokerneld reads it, not
+    /// [`LineFlags::SELF_WAKE_ARMED`] (gone as soon as the kthread runs),
+    /// to tell that a kthread it books parked woke itself.
     pub const SELF_WOKEN: LineFlags = LineFlags(1 << 6);
     /// iokerneld is granting the parked kthread a core: set in the atomic
     /// step that reads [`LineFlags::SELF_WOKEN`], so exactly one of a grant

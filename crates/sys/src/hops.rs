@@ -222,8 +222,12 @@ pub fn begin() {
     STAMPS[Hop::ClientSend as usize].store(now().max(1), Relaxed);
 }
 
-/// This round trip's stamps so far (0 for a hop not passed).
+/// This round trip's stamps so far (0 for a hop not passed; all 0 while
+/// stamping is off, rather than the last stamped round trip's).
 pub fn current() -> Stamps {
+    if !ON.load(Relaxed) {
+        return [0; HOPS];
+    }
     std::array::from_fn(|i| STAMPS[i].load(Relaxed))
 }
 
@@ -271,6 +275,11 @@ mod tests {
         end();
         let kept = take();
         enable(false);
+        assert_eq!(
+            current(),
+            [0; HOPS],
+            "off, the last round trip's stamps are not handed out again"
+        );
         assert_eq!(kept.len(), 1);
         let s = kept[0];
         assert!(s[Hop::ClientSend as usize] > 0);

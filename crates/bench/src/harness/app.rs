@@ -149,6 +149,19 @@ impl<T: Send + 'static> App<T> {
         }
     }
 
+    /// As [`join`](Self::join), but an application that has not returned
+    /// `within` is an error, not a wait for good (its thread is left
+    /// behind, to end with the process).
+    pub(crate) fn join_within(&mut self, within: Duration) -> anyhow::Result<T> {
+        if !self.wait_until(Instant::now() + within) {
+            anyhow::bail!(
+                "{} did not return within {within:?} of being asked to stop",
+                self.name
+            );
+        }
+        self.join()
+    }
+
     /// Waits for `main` to return; what it returned.
     pub(crate) fn join(&mut self) -> anyhow::Result<T> {
         if self.outcome.is_none() {

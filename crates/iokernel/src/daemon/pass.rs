@@ -841,9 +841,15 @@ impl<A: CoreActuator> Iokerneld<A> {
         };
         // Only an armed kthread can wake itself (it armed before the
         // `Parked` that made it parked here): no other line is written.
+        // One that did clears `SELF_WAKE_ARMED` as it runs, maybe before
+        // its `SelfWoken` is read here; `SELF_WOKEN` stays until it parks
+        // again. A grant to it then would reach a running kthread, whose
+        // next park answers the grant before and is ignored as stale: it
+        // would sleep booked as running, its timers never served.
         let line = &app.ends[k].line;
+        let flags = line.flags();
         if kt.parked
-            && line.flags().contains(LineFlags::SELF_WAKE_ARMED)
+            && (flags.contains(LineFlags::SELF_WAKE_ARMED) || flags.contains(LineFlags::SELF_WOKEN))
             && line
                 .insert_flags(LineFlags::GRANTING)
                 .contains(LineFlags::SELF_WOKEN)

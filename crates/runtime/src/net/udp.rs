@@ -211,6 +211,7 @@ impl UdpSocket {
             match r {
                 Sent::Now | Sent::Queued => {
                     hops::stamp(Hop::Replied);
+                    sched::flush_own_tx_if_alone();
                     return Ok(buf.len());
                 }
                 Sent::Dropped => return Ok(buf.len()),

@@ -484,6 +484,21 @@ pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
     n
 }
 
+/// The direct path (docs/direct-path.md, "Kicks"): what the calling
+/// uthread sent on the own socket leaves now if nothing else waits to run
+/// on its kthread (a lone reply), not when the uthread next blocks or
+/// yields: the work a program does between its send and its next wait
+/// (memcached's event loop) no longer delays the answer. With uthreads
+/// queued, their sends share the kick the scheduler makes after them.
+pub(crate) fn flush_own_tx_if_alone() {
+    let deferred = deferral::Guard::new();
+    if let Some(k) = Owner::current(&deferred) {
+        if k.runqueue().is_empty() {
+            flush_own_tx(k.kthread());
+        }
+    }
+}
+
 /// The direct path (docs/direct-path.md): frames sent on the application's
 /// own socket since its last kick leave now, one `sendto` for the burst.
 /// Called where a burst ends: the scheduler context regains control (the

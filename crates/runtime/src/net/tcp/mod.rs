@@ -698,6 +698,7 @@ impl Tcp {
             (r, wake)
         };
         wake.run();
+        sched::flush_own_tx_if_alone();
         r
     }
 
@@ -711,7 +712,7 @@ impl Tcp {
         deadline: Option<Instant>,
         mut attempt: impl FnMut(&mut ConnInner) -> Option<R>,
     ) -> Option<R> {
-        wait_until(&conn.waiters, deadline, || {
+        let r = wait_until(&conn.waiters, deadline, || {
             let mut inner = conn.inner.lock();
             let r = attempt(&mut inner)?;
             let now = self.now();
@@ -722,7 +723,9 @@ impl Tcp {
                 None => self.settle(None, conn, &mut inner, now),
             };
             Some((r, wake))
-        })
+        });
+        sched::flush_own_tx_if_alone();
+        r
     }
 
     // ---- polled by kthreads ---------------------------------------------------
