@@ -33,19 +33,41 @@ fn steer_peer_to_queue(ns: &NetNs, queues: u32, queue: u32) {
     ns.steer_transmit_to_queue(queues, queue).unwrap();
 }
 
+/// A veth with two queues whose namespace end transmits on [`QUEUE`],
+/// iokerneld on its host end with `,direct`, and the network of an
+/// application with its own socket on that queue; `None` (the test
+/// skipped) where the veth cannot be made.
+fn direct_setup() -> Option<(NetNs, Daemon, NetConfig)> {
+    let ns = NetNs::create_with_queues_or_skip(2)?;
+    steer_peer_to_queue(&ns, 2, QUEUE);
+    let daemon = Daemon::direct(&ns);
+    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
+    Some((ns, daemon, net))
+}
+
+/// Waits until `app` says its stack is up (`ready`); fails the test if it
+/// returns first or takes 10 s.
+fn wait_for_stack<T>(ready: &AtomicBool, app: &common::App<T>) {
+    let t0 = Instant::now();
+    while !ready.load(Relaxed) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
+            "the application's stack did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
     let _lock = common::lock();
-    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+    let Some((ns, daemon, net)) = direct_setup() else {
         return;
     };
-    steer_peer_to_queue(&ns, 2, QUEUE);
-    let daemon = Daemon::direct(&ns);
     let stop = Arc::new(AtomicBool::new(false));
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(EchoStats::default());
     let (s2, st2, r2) = (stop.clone(), stats.clone(), ready.clone());
-    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
     let app = daemon.start_app_with("echo-direct", net, 1, move || {
         // The stack is there once iokerneld has taken the own socket.
         while ginza_runtime::net::stats().is_none() {
@@ -58,14 +80,7 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
             ginza_runtime::net::stats(),
         )
     });
-    let t0 = Instant::now();
-    while !ready.load(Relaxed) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
-            "the application's stack did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_stack(&ready, &app);
     let before = daemon.get().stats().unwrap().dataplane;
 
     let (bind, target) = (
@@ -168,14 +183,11 @@ fn a_linux_udp_client_is_echoed_through_the_applications_own_socket() {
 #[test]
 fn a_lone_reply_on_the_own_socket_is_kicked_inside_its_send() {
     let _lock = common::lock();
-    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+    let Some((ns, daemon, net)) = direct_setup() else {
         return;
     };
-    steer_peer_to_queue(&ns, 2, QUEUE);
-    let daemon = Daemon::direct(&ns);
     let ready = Arc::new(AtomicBool::new(false));
     let r2 = ready.clone();
-    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
     let app = daemon.start_app_with("lone-reply", net, 1, move || {
         while ginza_runtime::net::stats().is_none() {
             ginza_runtime::sleep(Duration::from_millis(1));
@@ -194,14 +206,7 @@ fn a_lone_reply_on_the_own_socket_is_kicked_inside_its_send() {
         }
         Ok::<_, String>(last)
     });
-    let t0 = Instant::now();
-    while !ready.load(Relaxed) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10) && !app.is_finished(),
-            "the application's stack did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_stack(&ready, &app);
     let (bind, target) = (
         SocketAddrV4::new(ns.ns_ip, 0),
         SocketAddrV4::new(ns.peer_ip, PORT),
@@ -335,16 +340,13 @@ fn own_xsk_count() -> usize {
 #[test]
 fn a_tcp_servers_queue_is_bound_again_right_after_it_exits() {
     let _lock = common::lock();
-    let Some(ns) = NetNs::create_with_queues_or_skip(2) else {
+    let Some((ns, daemon, net)) = direct_setup() else {
         return;
     };
-    steer_peer_to_queue(&ns, 2, QUEUE);
-    let daemon = Daemon::direct(&ns);
     let xsks_before = own_xsk_count();
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(EchoStats::default());
     let (s2, st2) = (stop.clone(), stats.clone());
-    let net = NetConfig::new(ECHO_MAC, ns.peer_ip).with_direct_path(&ns.host_if, QUEUE);
     let app = daemon.start_app_with("tcp-direct", net, 1, move || {
         echo_server::serve_tcp(PORT, s2, st2).map_err(|e| e.to_string())
     });
