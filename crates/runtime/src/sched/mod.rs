@@ -484,14 +484,15 @@ pub(crate) fn poll_net(owner: &mut Owner<'_>, ring: &KThread) -> usize {
     let to_egress =
         me.own_socket.get().is_none() && me.counters.tx_packets.load(Relaxed) != sent_before;
     flush_own_tx(owner.kthread());
-    if to_egress {
-        // What the batch sent (an ACK, a SYN-ACK, a retransmission its
-        // timers fired) waits on the egress ring for iokerneld, which may
-        // sleep: a kthread polling while idle does not keep it awake and
-        // rings only as it leaves that state, so frames sent from the
-        // polling loop itself rang nothing and waited for iokerneld's next
-        // wake (1.3 s in the poller test's failing runs, session 35).
-        if let Some(io) = &owner.kthread().io {
+    // What the batch sent (an ACK, a SYN-ACK, a retransmission its timers
+    // fired) waits on the egress ring for iokerneld, which may sleep: a
+    // kthread polling while idle does not keep it awake and rings only as
+    // it leaves that state, so frames sent from the polling loop itself
+    // rang nothing and waited for iokerneld's next wake (1.3 s in the
+    // poller test's failing runs, session 35). A kthread that is not idle
+    // keeps iokerneld awake: no bell's check (its fence) for it.
+    if let (true, Some(io)) = (to_egress, &owner.kthread().io) {
+        if io.line.flags().contains(ginza_shm::LineFlags::IDLE_POLLING) {
             io.wake_iokernel();
         }
     }
