@@ -17,7 +17,7 @@
 
 use std::os::fd::AsRawFd;
 
-use ginza_shm::LineFlags;
+use ginza_shm::{LineFlags, QueueLine};
 
 use crate::link::KLink;
 use crate::own_socket::OwnSocket;
@@ -139,23 +139,53 @@ pub(crate) fn sleep(
         *watch_socket = false;
         return Woken::Nothing;
     }
-    let was = io.line.insert_flags(LineFlags::SELF_WOKEN);
-    if was.contains(LineFlags::GRANTING) {
-        // iokerneld grants it now: the grant comes by the eventfd. The
-        // claim is taken back: should that grant be undone before it runs
-        // (the core given to another), a `SELF_WOKEN` left here would make
-        // iokerneld believe every later grant crossed a self-wake, and
-        // the kthread would wait for a grant that never comes.
-        io.line.remove_flags(LineFlags::SELF_WOKEN);
-        *watch_socket = false;
-        return Woken::Nothing;
-    }
-    if !was.contains(LineFlags::SELF_WAKE_ALLOWED) {
-        // The CPU was given to someone iokerneld will not take it from:
-        // stay parked until iokerneld grants a core for the frame.
-        io.line.remove_flags(LineFlags::SELF_WOKEN);
+    if !claim_core(&io.line) {
         *watch_socket = false;
         return Woken::Nothing;
     }
     Woken::ByFrame
+}
+
+/// The kthread's half of the exclusion with a grant (module doc): sets
+/// `SELF_WOKEN` and reads `GRANTING`. True: the core is the kthread's.
+/// False, with `SELF_WOKEN` taken back: iokerneld grants it now (the grant
+/// comes by the eventfd), or the CPU was given to someone iokerneld will
+/// not take it from (it stays parked until iokerneld grants a core for the
+/// frame). A `SELF_WOKEN` left after a lost claim would make iokerneld
+/// believe every later grant crossed a self-wake (should this one be
+/// undone before the kthread runs, the core given to another), and the
+/// kthread would wait for a grant that never comes.
+fn claim_core(line: &QueueLine) -> bool {
+    let was = line.insert_flags(LineFlags::SELF_WOKEN);
+    if was.contains(LineFlags::GRANTING) || !was.contains(LineFlags::SELF_WAKE_ALLOWED) {
+        line.remove_flags(LineFlags::SELF_WOKEN);
+        return false;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_takes_the_core_only_where_allowed_and_no_grant_is_under_way() {
+        let line = QueueLine::new();
+        line.insert_flags(LineFlags::SELF_WAKE_ARMED | LineFlags::SELF_WAKE_ALLOWED);
+        assert!(claim_core(&line));
+        assert!(line.flags().contains(LineFlags::SELF_WOKEN));
+    }
+
+    #[test]
+    fn a_claim_that_loses_to_a_grant_or_is_not_allowed_leaves_no_self_woken() {
+        let granting =
+            LineFlags::SELF_WAKE_ARMED | LineFlags::SELF_WAKE_ALLOWED | LineFlags::GRANTING;
+        let not_allowed = LineFlags::SELF_WAKE_ARMED;
+        for flags in [granting, not_allowed] {
+            let line = QueueLine::new();
+            line.insert_flags(flags);
+            assert!(!claim_core(&line), "{flags:?}");
+            assert_eq!(line.flags(), flags, "the claim was not taken back");
+        }
+    }
 }

@@ -15,9 +15,13 @@ use std::time::{Duration, Instant};
 
 use ginza_iokernel::testing::wait_for;
 use ginza_proto::StatsReport;
+use ginza_runtime::net::{TcpListener, TcpStream};
 use ginza_runtime::{Class, Handle, KthreadStats};
 
-use common::{cores, lock, Daemon};
+use common::{cores, iface, lock, quick_net, server_addr, Daemon, CLIENT, SERVER};
+
+/// The port the last test's client connects to.
+const PORT: u16 = 7;
 
 fn app<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_proto::AppStats> {
     s.apps.iter().find(|a| a.name == name)
@@ -384,4 +388,56 @@ fn a_congested_batch_application_gets_the_polled_core_at_once() {
         h.max_ns / 1000,
         h.count
     );
+}
+
+/// A frame a kthread sends from its polling loop while idle (here a SYN
+/// its retransmission timer sends again) rings iokerneld's bell: a poller
+/// does not keep iokerneld awake, and without the bell the frame waited on
+/// the egress ring for iokerneld's next wake (the poller test's connect
+/// timed out so, docs/results.md "Session 35"). The client's first SYN
+/// goes to an address nobody holds yet and the switch drops it; the server
+/// registers after that, and iokerneld goes to sleep long before the next
+/// retransmission (100–200 ms later), which nothing but the bell can then
+/// deliver. The test thread leaves iokerneld alone meanwhile (a stats
+/// request would wake it).
+#[test]
+fn a_segment_sent_again_from_the_idle_polling_loop_wakes_a_sleeping_iokerneld() {
+    let _g = lock();
+    let d = Daemon::start(|c| c.idle_sleep = None);
+    // The server's MAC known: the first frame is the SYN, not an ARP
+    // request (which the switch would broadcast rather than drop).
+    let server_host = iface(SERVER);
+    let net = quick_net(CLIENT).with_static_arp(server_host.ip, server_host.mac);
+    let mut cfg = d.net_app("client", 1, net);
+    cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::from_secs(60);
+    let client = std::thread::spawn(move || {
+        ginza_runtime::run(cfg, || TcpStream::connect(server_addr(PORT)).map(drop)).unwrap()
+    });
+    wait_for("the switch to drop the client's first SYN", || {
+        let s = d.stats();
+        let n = app(&s, "client")?.net.as_ref()?;
+        (n.drop_egress >= 1).then_some(())
+    });
+    let mut cfg = d.net_app("server", 1, quick_net(SERVER));
+    cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::from_secs(60);
+    let server = std::thread::spawn(move || {
+        ginza_runtime::run(cfg, || {
+            // Bound before the kthread first polls its ring: the main
+            // uthread runs first, so no SYN finds the port closed.
+            let l = TcpListener::bind(("0.0.0.0", PORT)).unwrap();
+            l.accept().map(drop)
+        })
+        .unwrap()
+    });
+    let connected = client.join().unwrap();
+    let s = d.stats();
+    connected.unwrap_or_else(|e| {
+        panic!(
+            "connect: {e}: the SYNs the client's polling loop sent again did not \
+             reach the server; iokerneld: {:?}",
+            s.idle
+        )
+    });
+    server.join().unwrap().unwrap();
+    assert!(s.idle.sleeps >= 1, "iokerneld never slept: {:?}", s.idle);
 }
