@@ -8,6 +8,7 @@
 //! benchmark's internals; the experiment engine runs them through their
 //! public entry points.
 
+mod batch_work;
 mod colocate;
 mod corealloc;
 pub mod demo;
@@ -40,6 +41,10 @@ enum Experiment {
     /// Thread operations (spawn+join, yield and condvar ping-pong, uncontended
     /// mutex) for Ginza uthreads, pthreads, Tokio tasks and Go goroutines.
     Threadops(threadops::ThreadopsArgs),
+    /// Batch's work per CPU-second on a Ginza uthread (preemption points, a
+    /// yield every chunk) next to a pthread on the same CPU, the same
+    /// pricing function on both, rounds interleaved.
+    Batch(batch_work::BatchWorkArgs),
     /// Shinjuku mode: the cost of one preemption (cooperative flag, signal),
     /// the worker's throughput loss at 5/10/15 us quanta, and the
     /// dispatcher's request rate.
@@ -125,6 +130,7 @@ impl BenchArgs {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.experiment {
         Experiment::Threadops(args) => threadops::run(args),
+        Experiment::Batch(args) => batch_work::run(args),
         Experiment::Preempt(args) => preempt::run(args),
         Experiment::Shinjuku(args) => shinjuku::run(args),
         Experiment::Corealloc(args) => corealloc::run(args),

@@ -20,6 +20,23 @@ pub(crate) fn set_policy(tid: i32, (policy, priority): (&str, &str)) -> bool {
 /// The Linux batch thread's name (for its CPU time, `cpu_split.rs`).
 pub(crate) const LINUX_BATCH_THREAD: &str = "linux-batch";
 
+/// The Linux batch thread's loop: chunks of `batch::PATHS_PER_CHUNK`
+/// paths, nothing between them, until `stop`; paths done are added to
+/// `paths` as chunks complete. Returns the price (a check that the work
+/// was real).
+pub(crate) fn price_chunks(seed: u64, paths: &AtomicU64, stop: &AtomicBool) -> f64 {
+    use ginza_apps::batch::{payoff_sum, price, PATHS_PER_CHUNK};
+    use rand::SeedableRng as _;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let (mut sum, mut n) = (0.0, 0u64);
+    while !stop.load(Relaxed) {
+        sum += std::hint::black_box(payoff_sum(&mut rng, PATHS_PER_CHUNK));
+        n += PATHS_PER_CHUNK;
+        paths.fetch_add(PATHS_PER_CHUNK, Relaxed);
+    }
+    price(sum, n)
+}
+
 /// Linux's batch: the same pricing loop on a thread pinned to `cpu` at
 /// SCHED_IDLE (nice 19 when that cannot be set); says which it got.
 pub(crate) fn linux_batch(
@@ -28,22 +45,13 @@ pub(crate) fn linux_batch(
     stop: Arc<AtomicBool>,
     seed: u64,
 ) -> anyhow::Result<(std::thread::JoinHandle<f64>, &'static str)> {
-    use rand::SeedableRng as _;
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(LINUX_BATCH_THREAD.into())
         .spawn(move || {
             let pinned = ginza_sys::affinity::pin_current_thread(cpu);
             let _ = tid_tx.send(pinned.map(|()| ginza_sys::process::gettid()));
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-            let (mut sum, mut n) = (0.0, 0u64);
-            while !stop.load(Relaxed) {
-                let chunk = ginza_apps::batch::PATHS_PER_CHUNK;
-                sum += std::hint::black_box(ginza_apps::batch::payoff_sum(&mut rng, chunk));
-                n += chunk;
-                paths.fetch_add(chunk, Relaxed);
-            }
-            ginza_apps::batch::price(sum, n)
+            price_chunks(seed, &paths, &stop)
         })
         .context("starting the batch thread")?;
     let tid = tid_rx
