@@ -240,6 +240,29 @@ impl App {
         }
     }
 
+    /// A call on kthread `k`'s thread (a signal, its affinity) failed with
+    /// `e`; true if that says the thread no longer exists (`ESRCH`): the
+    /// kthread can neither give its core back nor run again, so the
+    /// application is removed at the next reap, once, rather than asked
+    /// again every deadline. A SIGKILLed process whose connection had not
+    /// closed yet was signalled once a millisecond for minutes, a warning
+    /// each time (docs/results.md, "Session 36").
+    fn doom_if_thread_gone(&mut self, k: usize, e: &std::io::Error) -> bool {
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            return false;
+        }
+        let tid = self.kt.get(k).and_then(|kt| kt.tid);
+        let reason = format!(
+            "kthread {k}'s thread (tid {}) no longer exists",
+            tid.map_or_else(|| "?".to_string(), |t| t.to_string())
+        );
+        if self.doomed.is_none() {
+            log::warn!("app {:?}: {reason}; removing it", self.name);
+        }
+        self.doom(reason);
+        true
+    }
+
     fn cores(&self) -> Vec<usize> {
         self.kt.iter().filter_map(|k| k.core).collect()
     }

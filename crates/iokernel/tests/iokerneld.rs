@@ -952,6 +952,62 @@ impl FakeKthread {
     }
 }
 
+/// Waits until thread `tid` of this process has exited.
+fn wait_thread_gone(tid: i32) {
+    let task = format!("/proc/self/task/{tid}");
+    let t0 = Instant::now();
+    while Path::new(&task).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "thread {tid} still runs"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A kthread whose thread no longer exists (a SIGKILLed process whose
+/// connection has not closed yet, a runtime that lost a thread): the first
+/// call on it that says so (`ESRCH`, here the signal of its preemption)
+/// removes its application, with the reason, and the core goes to the
+/// application that wanted it. Before, iokerneld signalled it again once a
+/// deadline, with a warning each time, for as long as the connection stayed
+/// open (the soak in session 36: once a millisecond for minutes).
+#[test]
+fn an_application_whose_kthread_thread_is_gone_is_removed_at_its_preemption() {
+    let _g = lock();
+    let cpu = test_cores()[0];
+    let d = Daemon::start_with(LinuxActuator::default(), |c| c.cores = vec![cpu]);
+    let b = app(1);
+    let _cb = register(&d, &b, &reg("gone", Class::Batch, 0, 1, 1)).unwrap();
+    let mut kb = b.region.runtime_end(0).unwrap();
+    let t = FakeKthread::spawn();
+    let tid = t.tid;
+    kb.to_iokernel
+        .send(ToIokernel::Started { tid: tid as u32 })
+        .unwrap();
+    d.wait_passes(2);
+    b.region.line(0).unwrap().set_rq_tail(100);
+    assert_eq!(wait_eventfd(&b.efds[0], "the batch kthread's grant"), 1);
+    assert_eq!(t.cpus(None), vec![cpu]);
+    // Its thread ends; the process (this one) and its connection stay.
+    drop(t);
+    wait_thread_gone(tid);
+    let a = app(1);
+    let _ca = register(&d, &a, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
+    a.region.line(0).unwrap().set_rq_tail(1);
+    let s = d.wait_for("gone removed", |s| app_named(s, "gone").is_none());
+    let r = s.recent_removals.iter().find(|r| r.name == "gone").unwrap();
+    assert_eq!(
+        r.reason,
+        format!("kthread 0's thread (tid {tid}) no longer exists"),
+        "{s:#?}"
+    );
+    assert_eq!(wait_eventfd(&a.efds[0], "lc's grant"), 1);
+    d.wait_for("lc holds the core", |s| {
+        app_named(s, "lc").is_some_and(|l| l.cores_now == 1)
+    });
+}
+
 fn wait_eventfd(efd: &OwnedFd, what: &str) -> u64 {
     let t0 = Instant::now();
     loop {

@@ -170,6 +170,15 @@ fn run_kv(args: KvRole) -> anyhow::Result<()> {
 fn run_batch(args: BatchRole) -> anyhow::Result<()> {
     let mut io = IokernelConfig::new(args.name.clone(), Class::Batch);
     io.socket = Some(args.socket);
+    // Not SCHED_IDLE, unlike a batch deployment's: on the soak's one
+    // managed core, beside four latency-critical applications that keep it
+    // busy, a SCHED_IDLE kthread starved while it held a kernel lock that
+    // the exit and the start of other processes of this executable wait
+    // for (they sat in D state in `unlink_file_vma_batch_process`): the
+    // schedule stalled for 25 s after a kill and loadgen lost two thirds
+    // of its windows, in 3 of 4 runs; at SCHED_OTHER, 0 of 5
+    // (docs/soak.md, "Findings", session 36).
+    io.sched_idle = false;
     let config = Config {
         iokernel: Some(io),
         ..Config::with_kthreads(args.kthreads)

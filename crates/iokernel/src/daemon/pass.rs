@@ -560,7 +560,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// The preemption signals held back until the receivers were woken.
     fn send_deferred_signals(&mut self) {
         for (app_id, k, cpu) in std::mem::take(&mut self.signal_after_wakes) {
-            let Some(app) = self.apps.iter().find(|a| a.id == app_id) else {
+            let Some(app) = self.apps.iter_mut().find(|a| a.id == app_id) else {
                 continue;
             };
             if k >= app.kt.len() || !app.kt[k].preempting {
@@ -738,7 +738,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 );
                 if let Some(cpu) = cpu {
                     if let Err(e) = self.actuator.evict(&Self::target(app, k), cpu) {
-                        warn!("moving app {:?} kthread {k} off cpu {cpu}: {e}", app.name);
+                        if !app.doom_if_thread_gone(k, &e) {
+                            warn!("moving app {:?} kthread {k} off cpu {cpu}: {e}", app.name);
+                        }
                     }
                 }
             }
@@ -798,13 +800,16 @@ impl<A: CoreActuator> Iokerneld<A> {
     }
 
     /// The preemption signal for a core another kthread needs (held back
-    /// until now); a failure is logged.
-    fn signal_core_needed(actuator: &mut A, app: &App, k: usize, cpu: usize) {
+    /// until now); a failure is logged, or removes the application if the
+    /// kthread's thread is gone.
+    fn signal_core_needed(actuator: &mut A, app: &mut App, k: usize, cpu: usize) {
         if let Err(e) = actuator.preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded) {
-            warn!(
-                "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
-                app.name
-            );
+            if !app.doom_if_thread_gone(k, &e) {
+                warn!(
+                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                    app.name
+                );
+            }
         }
     }
 
@@ -1063,7 +1068,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Some(d)
             }
             Err(e) => {
-                warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
+                if !app.doom_if_thread_gone(k, &e) {
+                    warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
+                }
                 app.kt[k].pinned = None;
                 None
             }
@@ -1196,10 +1203,12 @@ impl<A: CoreActuator> Iokerneld<A> {
             return (a, k);
         }
         if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {
-            warn!(
-                "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
-                app.name
-            );
+            if !app.doom_if_thread_gone(k, &e) {
+                warn!(
+                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
+                    app.name
+                );
+            }
         }
         (a, k)
     }
