@@ -172,9 +172,10 @@ fn run_batch(args: BatchRole) -> anyhow::Result<()> {
     io.socket = Some(args.socket);
     // Not SCHED_IDLE, unlike a batch deployment's: on the soak's one
     // managed core, beside four latency-critical applications that keep it
-    // busy, a SCHED_IDLE kthread starved while it held a kernel lock that
-    // the exit and the start of other processes of this executable wait
-    // for (they sat in D state in `unlink_file_vma_batch_process`): the
+    // busy, a starved SCHED_IDLE kthread, by the evidence, held a kernel
+    // lock that the exit and the start of other processes of this
+    // executable waited for (they sat in D state in
+    // `unlink_file_vma_batch_process`): the
     // schedule stalled for 25 s after a kill and loadgen lost two thirds
     // of its windows, in 3 of 4 runs; at SCHED_OTHER, 0 of 5
     // (docs/soak.md, "Findings", session 36).
