@@ -170,15 +170,13 @@ fn run_kv(args: KvRole) -> anyhow::Result<()> {
 fn run_batch(args: BatchRole) -> anyhow::Result<()> {
     let mut io = IokernelConfig::new(args.name.clone(), Class::Batch);
     io.socket = Some(args.socket);
-    // Not SCHED_IDLE, unlike a batch deployment's: on the soak's one
-    // managed core, beside four latency-critical applications that keep it
-    // busy, a starved SCHED_IDLE kthread, by the evidence, held a kernel
-    // lock that the exit and the start of other processes of this
-    // executable waited for (they sat in D state in
-    // `unlink_file_vma_batch_process`): the
-    // schedule stalled for 25 s after a kill and loadgen lost two thirds
-    // of its windows, in 3 of 4 runs; at SCHED_OTHER, 0 of 5
-    // (docs/soak.md, "Findings", session 36).
+    // Not SCHED_IDLE, unlike a batch deployment's: with it, on the soak's
+    // one busy managed core, kernel threads went without CPU for a minute
+    // (the DAMON monitor among them, holding a mapping lock that the
+    // exit and the start of other processes waited for in D state): the
+    // schedule stalled for 25 s or more after a kill and loadgen lost two
+    // thirds of its windows, in 3 of 4 runs; at SCHED_OTHER, 0 of 5
+    // (docs/soak.md, "Findings", session 36; the cause is open).
     io.sched_idle = false;
     let config = Config {
         iokernel: Some(io),
