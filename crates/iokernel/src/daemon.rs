@@ -241,15 +241,17 @@ impl App {
     }
 
     /// A call on kthread `k`'s thread (a signal, its affinity) failed with
-    /// `e`; true if that says the thread no longer exists (`ESRCH`): the
-    /// kthread can neither give its core back nor run again, so the
-    /// application is removed at the next reap, once, rather than asked
-    /// again every deadline. A SIGKILLed process whose connection had not
-    /// closed yet was signalled once a millisecond for minutes, a warning
-    /// each time (docs/results.md, "Session 36").
-    fn doom_if_thread_gone(&mut self, k: usize, e: &std::io::Error) -> bool {
+    /// `e`. `ESRCH` says the thread no longer exists: the kthread can
+    /// neither give its core back nor run again, so the application is
+    /// removed at the next reap, once, rather than asked again every
+    /// deadline (a SIGKILLed process whose connection had not closed yet
+    /// was signalled once a millisecond for minutes, a warning each time;
+    /// docs/results.md, "Session 36"). Any other failure is logged as
+    /// `what` (made only then) says.
+    fn thread_call_failed(&mut self, k: usize, e: &std::io::Error, what: impl FnOnce() -> String) {
         if e.raw_os_error() != Some(libc::ESRCH) {
-            return false;
+            log::warn!("{}: {e}", what());
+            return;
         }
         let tid = self.kt.get(k).and_then(|kt| kt.tid);
         let reason = format!(
@@ -260,7 +262,6 @@ impl App {
             log::warn!("app {:?}: {reason}; removing it", self.name);
         }
         self.doom(reason);
-        true
     }
 
     fn cores(&self) -> Vec<usize> {

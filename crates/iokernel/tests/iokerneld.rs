@@ -952,19 +952,6 @@ impl FakeKthread {
     }
 }
 
-/// Waits until thread `tid` of this process has exited.
-fn wait_thread_gone(tid: i32) {
-    let task = format!("/proc/self/task/{tid}");
-    let t0 = Instant::now();
-    while Path::new(&task).exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "thread {tid} still runs"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// A kthread whose thread no longer exists (a SIGKILLed process whose
 /// connection has not closed yet, a runtime that lost a thread): the first
 /// call on it that says so (`ESRCH`, here the signal of its preemption)
@@ -991,7 +978,10 @@ fn an_application_whose_kthread_thread_is_gone_is_removed_at_its_preemption() {
     assert_eq!(t.cpus(None), vec![cpu]);
     // Its thread ends; the process (this one) and its connection stay.
     drop(t);
-    wait_thread_gone(tid);
+    let task = format!("/proc/self/task/{tid}");
+    ginza_iokernel::testing::wait_for("the kthread's thread to end", || {
+        (!Path::new(&task).exists()).then_some(())
+    });
     let a = app(1);
     let _ca = register(&d, &a, &reg("lc", Class::LatencyCritical, 0, 1, 1)).unwrap();
     a.region.line(0).unwrap().set_rq_tail(1);

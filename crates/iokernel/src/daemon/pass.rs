@@ -738,9 +738,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                 );
                 if let Some(cpu) = cpu {
                     if let Err(e) = self.actuator.evict(&Self::target(app, k), cpu) {
-                        if !app.doom_if_thread_gone(k, &e) {
-                            warn!("moving app {:?} kthread {k} off cpu {cpu}: {e}", app.name);
-                        }
+                        let name = app.name.clone();
+                        app.thread_call_failed(k, &e, || {
+                            format!("moving app {name:?} kthread {k} off cpu {cpu}")
+                        });
                     }
                 }
             }
@@ -804,13 +805,16 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// kthread's thread is gone.
     fn signal_core_needed(actuator: &mut A, app: &mut App, k: usize, cpu: usize) {
         if let Err(e) = actuator.preempt(&Self::target(app, k), cpu, PreemptReason::CoreNeeded) {
-            if !app.doom_if_thread_gone(k, &e) {
-                warn!(
-                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
-                    app.name
-                );
-            }
+            Self::preempt_failed(app, k, cpu, &e);
         }
+    }
+
+    /// A preemption signal that could not be sent.
+    fn preempt_failed(app: &mut App, k: usize, cpu: usize, e: &std::io::Error) {
+        let name = app.name.clone();
+        app.thread_call_failed(k, e, || {
+            format!("preempting app {name:?} kthread {k} on cpu {cpu}")
+        });
     }
 
     pub(super) fn target<'a>(app: &'a App, k: usize) -> Target<'a> {
@@ -1068,9 +1072,10 @@ impl<A: CoreActuator> Iokerneld<A> {
                 Some(d)
             }
             Err(e) => {
-                if !app.doom_if_thread_gone(k, &e) {
-                    warn!("grant of cpu {cpu} to app {:?} kthread {k}: {e}", app.name);
-                }
+                let name = app.name.clone();
+                app.thread_call_failed(k, &e, || {
+                    format!("grant of cpu {cpu} to app {name:?} kthread {k}")
+                });
                 app.kt[k].pinned = None;
                 None
             }
@@ -1203,12 +1208,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             return (a, k);
         }
         if let Err(e) = self.actuator.preempt(&Self::target(app, k), cpu, reason) {
-            if !app.doom_if_thread_gone(k, &e) {
-                warn!(
-                    "preempting app {:?} kthread {k} on cpu {cpu}: {e}",
-                    app.name
-                );
-            }
+            Self::preempt_failed(app, k, cpu, &e);
         }
         (a, k)
     }
