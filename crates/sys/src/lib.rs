@@ -46,6 +46,7 @@ pub mod sched_class;
 pub mod sched_stat;
 pub mod signal;
 pub mod socket;
+pub mod task_group;
 pub mod terminal;
 pub mod topology;
 pub mod tsc_clock;

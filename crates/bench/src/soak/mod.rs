@@ -49,6 +49,7 @@ use ginza_loadgen::protocol::{Transport, Workload};
 use ginza_loadgen::schedule::{parse_rate, Arrivals, Process};
 use ginza_loadgen::RunConfig;
 use ginza_proto::parse_duration;
+use ginza_sys::task_group::start_own_session;
 
 use crate::harness::figures::allowed_cpus;
 use crate::harness::iokerneld::{with_iokerneld_on_veth, Cpus};
@@ -430,7 +431,7 @@ impl<'a> Soak<'a> {
                         continue;
                     }
                     let mut child = std::process::Command::new(&program);
-                    child.args(&args).args([
+                    start_own_session(&mut child).args(&args).args([
                         "load".to_string(),
                         format!("--target={target}"),
                         format!("--rate={rate}"),

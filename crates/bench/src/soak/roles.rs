@@ -19,6 +19,7 @@ use ginza_apps::kv::server::serve;
 use ginza_apps::kv::store::{Store, StoreConfig, SystemClock};
 use ginza_apps::kv::Kv;
 use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_sys::task_group::start_own_session;
 
 /// How the soak starts a child: this program with these first arguments.
 #[derive(Clone, Debug)]
@@ -45,9 +46,12 @@ impl Launcher {
         })
     }
 
+    /// A child in a session of its own: one session's task group busy on
+    /// iokerneld's core and parking and running on the managed one starved
+    /// the kernel's threads there (`ginza_sys::task_group`).
     pub(crate) fn command(&self, role_args: &[String]) -> Command {
         let mut c = Command::new(&self.program);
-        c.args(&self.prefix).args(role_args);
+        start_own_session(&mut c).args(&self.prefix).args(role_args);
         c
     }
 }
@@ -170,14 +174,6 @@ fn run_kv(args: KvRole) -> anyhow::Result<()> {
 fn run_batch(args: BatchRole) -> anyhow::Result<()> {
     let mut io = IokernelConfig::new(args.name.clone(), Class::Batch);
     io.socket = Some(args.socket);
-    // Not SCHED_IDLE, unlike a batch deployment's: with it, on the soak's
-    // one busy managed core, kernel threads went without CPU for a minute
-    // (the DAMON monitor among them, holding a mapping lock that the
-    // exit and the start of other processes waited for in D state): the
-    // schedule stalled for 25 s or more after a kill and loadgen lost two
-    // thirds of its windows, in 3 of 4 runs; at SCHED_OTHER, 0 of 5
-    // (docs/soak.md, "Findings", session 36; the cause is open).
-    io.sched_idle = false;
     let config = Config {
         iokernel: Some(io),
         ..Config::with_kthreads(args.kthreads)

@@ -21,6 +21,7 @@ use ginza_proto::messages::{
     decode_request, encode, Registration, Removal, Request, Response, MAX_APPS, MAX_NAME,
     MAX_REQUEST, REPLY_LIMIT,
 };
+use ginza_sys::task_group::{task_group_of, TaskGroup};
 use ginza_sys::{clock, cpulist, eventfd, poll, process, socket};
 
 /// What [`Iokerneld::admit`] accepted: the region, iokerneld's ends of
@@ -330,6 +331,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         "app {:?} registered: id {id}, pid {}, {:?}, {} kthreads, guaranteed {}, max {}, steering {steering}",
                         reg.name, p.pid, reg.class, reg.kthreads, reg.guaranteed, reg.max_cores
                     );
+                warn_if_sharing_task_group(&reg.name, p.pid);
                 let n = reg.kthreads as usize;
                 self.apps.push(App {
                     id,
@@ -624,6 +626,29 @@ impl<A: CoreActuator> Iokerneld<A> {
         });
         // Dropping `app` closes its socket and eventfds, unmaps the region
         // and frees its block of the wake page.
+    }
+}
+
+/// Warns when an application of another process is in iokerneld's own
+/// task group (a session's autogroup, or a cgroup): with iokerneld busy on
+/// its core, that group's threads running and parking on a managed core
+/// can starve everything else there, the kernel's threads included
+/// (`ginza_sys::task_group`). An application in iokerneld's process (tests,
+/// the demo) is left alone.
+fn warn_if_sharing_task_group(name: &str, pid: i32) {
+    let ours = std::process::id();
+    if u32::try_from(pid).map_or(true, |pid| pid == ours) {
+        return;
+    }
+    let (Ok(group), Ok(theirs)) = (task_group_of(ours), task_group_of(pid as u32)) else {
+        return;
+    };
+    if group == theirs && group != TaskGroup::Root {
+        warn!(
+            "app {name:?} (pid {pid}) shares {group} with iokerneld: Linux may starve other \
+             threads, the kernel's included, on the cores they share; start it in a session \
+             (setsid) or cgroup of its own (docs/runtime.md, \"Task groups\")"
+        );
     }
 }
 

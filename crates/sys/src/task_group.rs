@@ -1,0 +1,160 @@
+//! Which of Linux's task groups a process's threads are scheduled in, and
+//! starting a child in a group of its own.
+//!
+//! Linux shares a CPU between task groups first and between the threads
+//! of one group after. A process's group is its `cpu` cgroup, or, in the
+//! root cgroup with `kernel.sched_autogroup_enabled`, its session's
+//! autogroup: everything started from one shell shares one.
+//!
+//! Measured on this project's kernel (6.18, docs/soak.md "Findings",
+//! session 37): when one group has a thread busy on one CPU and, on a
+//! second CPU, a thread that stays runnable beside another that sleeps
+//! and wakes every few tens of microseconds, every other group's thread
+//! on the second CPU — kernel threads included — can wait for seconds
+//! with no end in sight. iokerneld busy-polling on its core, a batch
+//! kthread and a parking latency-critical kthread on a managed core is
+//! that pattern exactly, if all three share a session. So the processes
+//! Ginza's harnesses start get sessions of their own
+//! ([`start_own_session`]), and iokerneld warns about an application that
+//! shares its group ([`task_group_of`]).
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// A process's task group for the fair scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskGroup {
+    /// The root group, where the kernel's own threads are.
+    Root,
+    /// A `cpu` cgroup, by its path.
+    Cgroup(String),
+    /// A session's autogroup, by its number.
+    Autogroup(u64),
+}
+
+impl std::fmt::Display for TaskGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TaskGroup::Root => write!(f, "the root task group"),
+            TaskGroup::Cgroup(path) => write!(f, "cgroup {path}"),
+            TaskGroup::Autogroup(n) => write!(f, "autogroup-{n}"),
+        }
+    }
+}
+
+/// The task group of process `pid`, from `/proc/PID/cgroup` and
+/// `/proc/PID/autogroup`.
+pub fn task_group_of(pid: u32) -> io::Result<TaskGroup> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let autogroup = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok();
+    let enabled = crate::sched_class::autogroups_enabled();
+    Ok(task_group_from(
+        &cgroups,
+        autogroup.as_deref().filter(|_| enabled),
+    ))
+}
+
+/// The group named by a `/proc/PID/cgroup` text and, where autogroups are
+/// on, a `/proc/PID/autogroup` line ("/autogroup-N nice K").
+fn task_group_from(cgroups: &str, autogroup: Option<&str>) -> TaskGroup {
+    let cpu_cgroup = cgroups
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let is_cpu = controllers.split(',').any(|c| c == "cpu");
+            // v1 names the `cpu` controller; v2's one line names none.
+            (is_cpu || controllers.is_empty()).then_some((is_cpu, path))
+        })
+        .max_by_key(|(is_cpu, _)| *is_cpu)
+        .map(|(_, path)| path.trim());
+    match cpu_cgroup {
+        Some(path) if path != "/" => TaskGroup::Cgroup(path.to_string()),
+        _ => autogroup
+            .and_then(|line| {
+                line.trim()
+                    .strip_prefix("/autogroup-")?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .map_or(TaskGroup::Root, TaskGroup::Autogroup),
+    }
+}
+
+/// Makes the child begin a session of its own (`setsid` between fork and
+/// exec), hence an autogroup of its own. It then has no controlling
+/// terminal: a Ctrl-C there no longer reaches it, so its parent must end
+/// it.
+pub fn start_own_session(cmd: &mut Command) -> &mut Command {
+    // SAFETY: the hook runs in the child between fork and exec and only
+    // calls setsid(2), which is async-signal-safe and touches no memory of
+    // the parent's.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::setsid()?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_group_is_the_cpu_cgroup_else_the_autogroup() {
+        let v1_root = "9:name=systemd:/\n4:memory:/x/y\n1:cpu:/\n0::/\n";
+        assert_eq!(
+            task_group_from(v1_root, Some("/autogroup-119 nice 0\n")),
+            TaskGroup::Autogroup(119)
+        );
+        assert_eq!(task_group_from(v1_root, None), TaskGroup::Root);
+        let v1_cgroup = "2:cpu,cpuacct:/batch\n0::/\n";
+        assert_eq!(
+            task_group_from(v1_cgroup, Some("/autogroup-7 nice 0\n")),
+            TaskGroup::Cgroup("/batch".into())
+        );
+        let v2 = "0::/system.slice/ginza.service\n";
+        assert_eq!(
+            task_group_from(v2, Some("/autogroup-7 nice 0\n")),
+            TaskGroup::Cgroup("/system.slice/ginza.service".into())
+        );
+        assert_eq!(
+            task_group_from("0::/\n", Some("/autogroup-7 nice -10\n")),
+            TaskGroup::Autogroup(7)
+        );
+        assert_eq!(task_group_from("0::/\n", Some("garbage")), TaskGroup::Root);
+    }
+
+    #[test]
+    fn a_child_in_its_own_session_is_in_a_group_of_its_own() {
+        let me = task_group_of(std::process::id()).expect("our task group");
+        let spawn = |own: bool| {
+            let mut cmd = Command::new("sleep");
+            cmd.arg("30");
+            if own {
+                start_own_session(&mut cmd);
+            }
+            cmd.spawn().expect("starting sleep")
+        };
+        let (mut plain, mut own) = (spawn(false), spawn(true));
+        let groups = (task_group_of(plain.id()), task_group_of(own.id()));
+        let sessions = (
+            rustix::process::getsid(None).ok(),
+            rustix::process::getsid(rustix::process::Pid::from_raw(own.id() as i32)).ok(),
+        );
+        for child in [&mut plain, &mut own] {
+            child.kill().ok();
+            child.wait().ok();
+        }
+        assert_ne!(sessions.0, sessions.1, "the child began a session");
+        assert_eq!(groups.0.expect("the plain child's group"), me);
+        let own_group = groups.1.expect("the own-session child's group");
+        if matches!(me, TaskGroup::Autogroup(_)) {
+            assert_ne!(own_group, me, "a new session is a new autogroup");
+        }
+    }
+}
