@@ -37,8 +37,13 @@
 //! * **linux**: Debian's `memcached` (`-t 1`, pinned to the server CPU,
 //!   listening on an address of the veth's host end) with the same batch
 //!   work (`ginza_apps::batch`) on a thread pinned to the same CPU at
-//!   `SCHED_IDLE` (nice 19 if that fails): Linux's best way to run
-//!   background work under a latency-critical server.
+//!   `SCHED_IDLE` (nice 19 if that fails) in the idle cgroup
+//!   `ginza-batch` where there is one: Linux's best way to run background
+//!   work under a latency-critical server. Ginza's batch process starts in
+//!   the same cgroup (`harness::linux_batch::BATCH_CGROUP`: in the bench's
+//!   own task group, batch beside the busy generator or iokerneld starved
+//!   the kernel's threads on the server CPU; Linux's p99 fell from
+//!   114–268 µs to 83–105 µs without it, docs/results.md, session 37).
 //! * **memcached-ginza**: the same memcached binary with the same flags
 //!   under `ginza run` (its pthreads uthreads, its sockets Ginza sockets
 //!   through the preload library), one kthread under the same iokerneld,

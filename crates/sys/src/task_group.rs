@@ -20,6 +20,7 @@
 
 use std::io;
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A process's task group for the fair scheduler.
@@ -100,6 +101,109 @@ pub fn start_own_session(cmd: &mut Command) -> &mut Command {
     }
 }
 
+/// A `cpu` cgroup marked idle (`cpu.idle` = 1): its threads run on a CPU
+/// only when no other group's want it, as `SCHED_IDLE` threads do within
+/// one group. Across task groups a thread's own `SCHED_IDLE` does not put
+/// it behind another group's threads, and an always-runnable batch thread
+/// in the group of a busy server is the starving pattern above; a group
+/// of its own that is idle is where batch belongs (systemd's
+/// `CPUWeight=idle` makes the same).
+#[derive(Debug)]
+pub struct IdleGroup {
+    dir: PathBuf,
+    /// cgroup v1, where single threads may be moved.
+    per_thread: bool,
+}
+
+impl IdleGroup {
+    /// Makes (or reuses) cgroup `name` under the `cpu` controller's root
+    /// and marks it idle. Needs root, and a kernel with `cpu.idle` (5.15).
+    pub fn open(name: &str) -> io::Result<IdleGroup> {
+        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+        let (root, per_thread) = cpu_controller_root(&mounts).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no cgroup with the cpu controller is mounted",
+            )
+        })?;
+        let dir = root.join(name);
+        match std::fs::create_dir(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("making {}: {e}", dir.display()),
+                ))
+            }
+            _ => {}
+        }
+        std::fs::write(dir.join("cpu.idle"), "1").map_err(|e| {
+            io::Error::new(e.kind(), format!("marking {} idle: {e}", dir.display()))
+        })?;
+        Ok(IdleGroup { dir, per_thread })
+    }
+
+    /// Moves thread `tid` into the group; cgroup v2 moves only whole
+    /// processes (outside threaded subtrees) and refuses.
+    pub fn add_thread(&self, tid: i32) -> io::Result<()> {
+        if !self.per_thread {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "cgroup v2 moves whole processes only",
+            ));
+        }
+        std::fs::write(self.dir.join("tasks"), tid.to_string())
+    }
+
+    /// Moves every thread of process `pid` into the group.
+    pub fn add_process(&self, pid: u32) -> io::Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+    }
+
+    /// Makes the child of `cmd` join the group between fork and exec, so
+    /// that none of its own code runs outside it.
+    pub fn start_child_in(&self, cmd: &mut Command) -> io::Result<()> {
+        let procs: std::os::fd::OwnedFd = std::fs::File::options()
+            .write(true)
+            .open(self.dir.join("cgroup.procs"))?
+            .into();
+        // SAFETY: the hook runs in the child between fork and exec and
+        // only calls write(2), async-signal-safe, on a descriptor opened
+        // before the fork ("0": the writing process itself).
+        unsafe {
+            cmd.pre_exec(move || {
+                rustix::io::write(&procs, b"0")?;
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
+    /// The group's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Where the `cpu` controller's hierarchy is mounted, from
+/// `/proc/self/mounts`, and whether it is cgroup v1 (per-thread moves).
+fn cpu_controller_root(mounts: &str) -> Option<(PathBuf, bool)> {
+    let mut v2 = None;
+    for line in mounts.lines() {
+        let fields: Vec<&str> = line.split_ascii_whitespace().collect();
+        let [_, path, kind, options, ..] = fields[..] else {
+            continue;
+        };
+        match kind {
+            "cgroup" if options.split(',').any(|o| o == "cpu") => {
+                return Some((PathBuf::from(path), true))
+            }
+            "cgroup2" => v2 = Some((PathBuf::from(path), false)),
+            _ => {}
+        }
+    }
+    v2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,6 +231,73 @@ mod tests {
             TaskGroup::Autogroup(7)
         );
         assert_eq!(task_group_from("0::/\n", Some("garbage")), TaskGroup::Root);
+    }
+
+    #[test]
+    fn the_cpu_controller_is_found_in_v1_or_v2_mounts() {
+        let v1 = "tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/cpuacct cgroup rw,cpuacct 0 0\ncgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,cpu,cpuacct 0 0\n";
+        assert_eq!(
+            cpu_controller_root(v1),
+            Some((PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"), true))
+        );
+        let v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
+        assert_eq!(
+            cpu_controller_root(v2),
+            Some((PathBuf::from("/sys/fs/cgroup"), false))
+        );
+        assert_eq!(cpu_controller_root("proc /proc proc rw 0 0\n"), None);
+    }
+
+    #[test]
+    fn a_thread_or_a_child_moved_into_an_idle_group_is_in_it() {
+        let group = match IdleGroup::open("ginza-test-idle") {
+            Ok(group) => group,
+            Err(e) => {
+                assert!(
+                    !(rustix::process::geteuid().is_root()
+                        && std::env::var("CI").is_ok_and(|v| v == "true")),
+                    "CI as root must be able to make an idle cgroup: {e}"
+                );
+                eprintln!("skipped: no idle cgroup here ({e})");
+                return;
+            }
+        };
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            tid_tx.send(crate::process::gettid()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let moved = group.per_thread.then(|| {
+            group.add_thread(tid).expect("moving the thread");
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/cgroup")).unwrap()
+        });
+        done_tx.send(()).unwrap();
+        thread.join().unwrap();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        group
+            .start_child_in(&mut cmd)
+            .expect("opening cgroup.procs");
+        let mut child = cmd.spawn().expect("starting sleep");
+        let child_group = task_group_of(child.id());
+        child.kill().ok();
+        child.wait().ok();
+        let idle = std::fs::read_to_string(group.dir().join("cpu.idle")).unwrap();
+        let _ = std::fs::remove_dir(group.dir());
+        assert_eq!(idle.trim(), "1");
+        assert_eq!(
+            child_group.expect("the child's group"),
+            TaskGroup::Cgroup("/ginza-test-idle".into()),
+            "the child started in the group"
+        );
+        if let Some(cgroups) = moved {
+            assert!(
+                cgroups.contains(":/ginza-test-idle"),
+                "the thread's groups: {cgroups}"
+            );
+        }
     }
 
     #[test]

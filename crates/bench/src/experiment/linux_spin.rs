@@ -82,7 +82,7 @@ pub fn run_point(
     let paths = Arc::new(AtomicU64::new(0));
     let mut servers = Vec::new();
     let mut batches = Vec::new();
-    let mut priority = "";
+    let mut priority = String::new();
     let started = (|| -> anyhow::Result<()> {
         for (i, &cpu) in server_cpus.iter().enumerate() {
             let (sock, s2, stats) = (socket.try_clone()?, stop.clone(), stats.clone());

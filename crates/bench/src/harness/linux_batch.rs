@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use ginza_sys::task_group::IdleGroup;
 
 /// Sets thread `tid`'s scheduling policy and priority with `chrt`; false
 /// if it failed.
@@ -37,14 +38,22 @@ pub(crate) fn price_chunks(seed: u64, paths: &AtomicU64, stop: &AtomicBool) -> f
     price(sum, n)
 }
 
+/// The idle cgroup both systems' batch goes into where it can
+/// (`ginza_sys::task_group::IdleGroup`): Linux's best users run batch so,
+/// and in the bench's own task group an always-runnable batch thread
+/// beside the busy generator or iokerneld starves the kernel's threads on
+/// the server CPU (docs/runtime.md, "Task groups").
+pub(crate) const BATCH_CGROUP: &str = "ginza-batch";
+
 /// Linux's batch: the same pricing loop on a thread pinned to `cpu` at
-/// SCHED_IDLE (nice 19 when that cannot be set); says which it got.
+/// SCHED_IDLE (nice 19 when that cannot be set), in the idle cgroup
+/// [`BATCH_CGROUP`] where there is one; says which it got.
 pub(crate) fn linux_batch(
     cpu: usize,
     paths: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     seed: u64,
-) -> anyhow::Result<(std::thread::JoinHandle<f64>, &'static str)> {
+) -> anyhow::Result<(std::thread::JoinHandle<f64>, String)> {
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(LINUX_BATCH_THREAD.into())
@@ -58,8 +67,12 @@ pub(crate) fn linux_batch(
         .recv()
         .context("the batch thread")?
         .with_context(|| format!("pinning the batch thread to CPU {cpu}"))?;
+    let grouped = IdleGroup::open(BATCH_CGROUP)
+        .and_then(|group| group.add_thread(tid))
+        .is_ok();
+    let in_group = if grouped { " in an idle cgroup" } else { "" };
     if set_policy(tid, ("--idle", "0")) {
-        return Ok((thread, "SCHED_IDLE"));
+        return Ok((thread, format!("SCHED_IDLE{in_group}")));
     }
     let niced = Command::new("renice")
         .args(["-n", "19", "-p", &tid.to_string()])
@@ -69,5 +82,5 @@ pub(crate) fn linux_batch(
         niced,
         "neither SCHED_IDLE (chrt) nor nice 19 (renice) could be set on the batch thread"
     );
-    Ok((thread, "nice 19"))
+    Ok((thread, format!("nice 19{in_group}")))
 }

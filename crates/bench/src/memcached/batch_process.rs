@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use ginza_iokernel::InProcess;
 use ginza_runtime::{Class, Config, IokernelConfig};
+use ginza_sys::task_group::IdleGroup;
+
+use crate::harness::linux_batch::BATCH_CGROUP;
 
 /// The child's flags (`ginza bench batch-role --help`).
 #[derive(clap::Args, Debug)]
@@ -102,6 +105,12 @@ impl BatchProcess {
         let mut cmd = command(&exe, iokerneld.socket(), name, seed);
         if keep_cores_when_idle {
             cmd.arg("--keep-cores-when-idle");
+        }
+        // As Linux's batch thread (`linux_batch::BATCH_CGROUP`); said once
+        // where it cannot be.
+        if let Err(e) = IdleGroup::open(BATCH_CGROUP).and_then(|g| g.start_child_in(&mut cmd)) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("warning: batch stays in the bench's task group ({e})"));
         }
         let mut child = cmd
             .spawn()

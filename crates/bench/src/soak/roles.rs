@@ -19,7 +19,9 @@ use ginza_apps::kv::server::serve;
 use ginza_apps::kv::store::{Store, StoreConfig, SystemClock};
 use ginza_apps::kv::Kv;
 use ginza_runtime::{Class, Config, IokernelConfig};
-use ginza_sys::task_group::start_own_session;
+use ginza_sys::task_group::{start_own_session, IdleGroup};
+
+use crate::harness::linux_batch::BATCH_CGROUP;
 
 /// How the soak starts a child: this program with these first arguments.
 #[derive(Clone, Debug)]
@@ -172,6 +174,16 @@ fn run_kv(args: KvRole) -> anyhow::Result<()> {
 }
 
 fn run_batch(args: BatchRole) -> anyhow::Result<()> {
+    // Idle against every other task group where the kernel allows, as
+    // the memcached bench's batch (`linux_batch::BATCH_CGROUP`): in a
+    // session of its own its SCHED_IDLE would not put it behind the
+    // latency-critical applications' groups.
+    if let Err(e) = IdleGroup::open(BATCH_CGROUP).and_then(|g| g.add_process(std::process::id())) {
+        log::warn!(
+            "{}: staying in its own session's task group ({e})",
+            args.name
+        );
+    }
     let mut io = IokernelConfig::new(args.name.clone(), Class::Batch);
     io.socket = Some(args.socket);
     let config = Config {
