@@ -76,9 +76,18 @@ mod tests {
         assert!(seen >= own && own >= 10_000_000, "seen {seen}, own {own}");
         assert!(thread_cpu_ns_of(i32::MAX).is_err());
         assert!(thread_cpu_ns_of(0).is_err());
-        // A thread that has exited has no clock.
+        // A thread that has exited has no clock, once the kernel has
+        // released it: `join` returns when the thread clears its tid,
+        // which is before that, so the release is waited for.
         let gone = std::thread::spawn(crate::process::gettid).join().unwrap();
-        assert!(thread_cpu_ns_of(gone).is_err());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while thread_cpu_ns_of(gone).is_ok() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tid {gone} still has a clock after 10 s"
+            );
+            std::thread::yield_now();
+        }
     }
 
     #[test]

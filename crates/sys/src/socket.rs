@@ -287,10 +287,22 @@ mod tests {
         assert!(r.truncated && r.fds_truncated, "{r:?}");
         assert_eq!(r.fds.len(), 1);
 
+        // A child forked by another test of this binary holds a copy of
+        // `client` until its exec: the hang-up comes when the last copy
+        // closes, so it is waited for.
         drop(client);
-        let r = recv_with_fds(server.as_fd(), &mut buf, 1, false)
-            .unwrap()
+        let r = loop {
+            if let Some(r) = recv_with_fds(server.as_fd(), &mut buf, 1, false).unwrap() {
+                break r;
+            }
+            let ready = crate::poll::poll_one(
+                server.as_fd(),
+                rustix::event::PollFlags::IN,
+                Some(std::time::Duration::from_secs(10)),
+            )
             .unwrap();
+            assert!(!ready.is_empty(), "no hang-up within 10 s");
+        };
         assert!(r.closed);
     }
 

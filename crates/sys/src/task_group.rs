@@ -13,10 +13,10 @@
 //! on the second CPU — kernel threads included — can wait for seconds
 //! with no end in sight. iokerneld busy-polling on its core, a batch
 //! kthread and a parking latency-critical kthread on a managed core is
-//! that pattern exactly, if all three share a session. So the processes
-//! Ginza's harnesses start get sessions of their own
-//! ([`start_own_session`]), and iokerneld warns about an application that
-//! shares its group ([`task_group_of`]).
+//! that pattern exactly, if all three share a session. So the soak starts
+//! its processes in sessions of their own ([`start_own_session`]), batch
+//! goes into an idle cgroup where it can ([`IdleGroup`]), and iokerneld
+//! warns about an application that shares its group ([`task_group_of`]).
 
 use std::io;
 use std::os::unix::process::CommandExt;
