@@ -122,7 +122,7 @@ use ginza_sim::plot::{line_chart, write_csv, Chart, Series};
 use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
-use crate::harness::autogroup::AutogroupNice;
+use crate::harness::autogroup::{spawn_in_own_session, AutogroupNice};
 use crate::harness::cpu_keeper::CpuKeeper;
 use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::direct::{self, DirectFrames};
@@ -1518,8 +1518,7 @@ fn start_memcached(addr: SocketAddrV4, cpu: usize, extra: &[String]) -> anyhow::
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = Started(
-        command
-            .spawn()
+        spawn_in_own_session(&mut command)
             .context("starting `taskset … memcached` (Debian packages util-linux, memcached)")?,
     );
     let t0 = Instant::now();

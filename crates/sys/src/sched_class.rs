@@ -136,6 +136,12 @@ pub fn set_autogroup_nice(nice: i32) -> io::Result<()> {
     std::fs::write("/proc/self/autogroup", nice.to_string())
 }
 
+/// Sets the niceness of process `pid`'s autogroup (its whole session);
+/// below 0 needs `CAP_SYS_NICE`.
+pub fn set_autogroup_nice_of(pid: u32, nice: i32) -> io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/autogroup"), nice.to_string())
+}
+
 /// Whether Linux shares CPUs between sessions first
 /// (`kernel.sched_autogroup_enabled`).
 pub fn autogroups_enabled() -> bool {

@@ -16,8 +16,11 @@
 //! neither. A kernel built without autogroups shares CPUs by the threads'
 //! own nice alone; there is nothing to set.
 
+use std::process::{Child, Command};
+
 use ginza_sys::autogroup::OnSignal;
-use ginza_sys::sched_class::{autogroup_nice, set_autogroup_nice};
+use ginza_sys::sched_class::{autogroup_nice, set_autogroup_nice, set_autogroup_nice_of};
+use ginza_sys::task_group::start_own_session;
 
 /// The autogroup's nice, set for this guard's life.
 pub(crate) struct AutogroupNice {
@@ -59,6 +62,22 @@ impl Drop for AutogroupNice {
     fn drop(&mut self) {
         let _ = set_autogroup_nice(self.before);
     }
+}
+
+/// Spawns `cmd` in a session of its own whose autogroup gets this
+/// session's niceness: a server out of the bench's task group, where
+/// beside the busy generator or iokerneld it could starve the kernel's
+/// threads on its CPU (docs/runtime.md, "Task groups"), and still as far
+/// ahead of other sessions' programs as the bench.
+pub(crate) fn spawn_in_own_session(cmd: &mut Command) -> std::io::Result<Child> {
+    start_own_session(cmd);
+    let child = cmd.spawn()?;
+    if let Some(nice) = autogroup_nice() {
+        if let Err(e) = set_autogroup_nice_of(child.id(), nice) {
+            eprintln!("warning: the server's session stays at niceness 0, not {nice} ({e})");
+        }
+    }
+    Ok(child)
 }
 
 #[cfg(test)]

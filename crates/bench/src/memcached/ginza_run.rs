@@ -13,6 +13,7 @@ use anyhow::Context as _;
 use ginza_net::MacAddr;
 
 use super::Started;
+use crate::harness::autogroup::spawn_in_own_session;
 
 /// memcached's name at iokerneld.
 pub(super) const MEMCACHED: &str = "memcached";
@@ -165,9 +166,14 @@ pub(super) fn start(
     (program, args): (&Path, &[String]),
 ) -> anyhow::Result<Started> {
     let mut child = Started(
-        command(run, iokerneld.socket(), at, name, (program, args))
-            .spawn()
-            .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
+        spawn_in_own_session(&mut command(
+            run,
+            iokerneld.socket(),
+            at,
+            name,
+            (program, args),
+        ))
+        .with_context(|| format!("starting {} run … {name}", run.ginza.display()))?,
     );
     let t0 = std::time::Instant::now();
     while !iokerneld
