@@ -20,7 +20,7 @@
 
 use std::io;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 /// A process's task group for the fair scheduler.
@@ -136,10 +136,9 @@ impl IdleGroup {
             }
             _ => {}
         }
-        std::fs::write(dir.join("cpu.idle"), "1").map_err(|e| {
-            io::Error::new(e.kind(), format!("marking {} idle: {e}", dir.display()))
-        })?;
-        Ok(IdleGroup { dir, per_thread })
+        let group = IdleGroup { dir, per_thread };
+        group.write("cpu.idle", "1")?;
+        Ok(group)
     }
 
     /// Moves thread `tid` into the group; cgroup v2 moves only whole
@@ -151,20 +150,22 @@ impl IdleGroup {
                 "cgroup v2 moves whole processes only",
             ));
         }
-        std::fs::write(self.dir.join("tasks"), tid.to_string())
+        self.write("tasks", &tid.to_string())
     }
 
     /// Moves every thread of process `pid` into the group.
     pub fn add_process(&self, pid: u32) -> io::Result<()> {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+        self.write("cgroup.procs", &pid.to_string())
     }
 
     /// Makes the child of `cmd` join the group between fork and exec, so
     /// that none of its own code runs outside it.
     pub fn start_child_in(&self, cmd: &mut Command) -> io::Result<()> {
+        let path = self.dir.join("cgroup.procs");
         let procs: std::os::fd::OwnedFd = std::fs::File::options()
             .write(true)
-            .open(self.dir.join("cgroup.procs"))?
+            .open(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("opening {}: {e}", path.display())))?
             .into();
         // SAFETY: the hook runs in the child between fork and exec and
         // only calls write(2), async-signal-safe, on a descriptor opened
@@ -178,9 +179,15 @@ impl IdleGroup {
         Ok(())
     }
 
-    /// The group's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// Writes `text` to the group's file `name`; an error names the file.
+    fn write(&self, name: &str, text: &str) -> io::Result<()> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, text).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("writing {text} to {}: {e}", path.display()),
+            )
+        })
     }
 }
 
@@ -284,8 +291,8 @@ mod tests {
         let child_group = task_group_of(child.id());
         child.kill().ok();
         child.wait().ok();
-        let idle = std::fs::read_to_string(group.dir().join("cpu.idle")).unwrap();
-        let _ = std::fs::remove_dir(group.dir());
+        let idle = std::fs::read_to_string(group.dir.join("cpu.idle")).unwrap();
+        let _ = std::fs::remove_dir(&group.dir);
         assert_eq!(idle.trim(), "1");
         assert_eq!(
             child_group.expect("the child's group"),
