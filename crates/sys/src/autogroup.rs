@@ -182,17 +182,35 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched_class::{autogroup_nice, set_autogroup_nice};
+    use crate::sched_class::{autogroup_nice, autogroups_enabled, set_autogroup_nice};
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
 
-    /// The child of the test below: sets its session's niceness, arms the
-    /// guard for the old one, says so and waits to be killed.
+    /// The niceness of `pid`'s autogroup.
+    fn nice_of(pid: u32) -> Option<i32> {
+        let line = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
+        let mut words = line.split_ascii_whitespace().skip_while(|w| *w != "nice");
+        words.next()?;
+        words.next()?.parse().ok()
+    }
+
+    /// The child of the test below, in a session of its own: starts a
+    /// witness that shares its autogroup and outlives it, sets the
+    /// session's niceness, arms the guard for the old one, says so with
+    /// the witness's pid and waits to be killed.
     fn child() {
-        let before = autogroup_nice().expect("autogroups");
+        let before = autogroup_nice().expect("a session of its own has an autogroup");
+        // This process never returns: it ends by the test's SIGTERM, and
+        // the witness, orphaned, is killed by the test and reaped by init.
+        #[expect(clippy::zombie_processes)]
+        let witness = Command::new("sleep")
+            .arg("60")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("starting the witness");
         set_autogroup_nice(before + 1).expect("raising the niceness");
         let _guard = OnSignal::install(before).expect("arming the guard");
-        println!("armed");
+        println!("armed {} {before}", witness.id());
         loop {
             std::thread::park();
         }
@@ -200,10 +218,12 @@ mod tests {
 
     #[test]
     fn one_guard_at_a_time_and_its_drop_puts_the_actions_back() {
-        let Some(before) = autogroup_nice() else {
-            println!("skipped: no autogroups on this kernel");
-            return;
-        };
+        if std::fs::metadata("/proc/self/autogroup").is_err() {
+            return crate::testing::cannot_run("no /proc/self/autogroup on this kernel");
+        }
+        // A process in no session (under a runner that is pid 1) has no
+        // autogroup's niceness to read; the guard only opens the file.
+        let before = autogroup_nice().unwrap_or(0);
         let action = || query(libc::SIGHUP).unwrap().sa_sigaction;
         let original = action();
         let guard = OnSignal::install(before).expect("the first guard");
@@ -220,20 +240,15 @@ mod tests {
         if std::env::var_os("GINZA_AUTOGROUP_CHILD").is_some() {
             return child();
         }
-        let Some(before) = autogroup_nice() else {
-            println!("skipped: no autogroups on this kernel");
-            return;
-        };
-        // If this test fails, the session is not left reniced by it.
-        struct PutBack(i32);
-        impl Drop for PutBack {
-            fn drop(&mut self) {
-                let _ = set_autogroup_nice(self.0);
-            }
+        if !autogroups_enabled() {
+            return crate::testing::cannot_run(
+                "autogroups are off (kernel.sched_autogroup_enabled)",
+            );
         }
-        let _put_back = PutBack(before);
-        // The child stays in this session (its autogroup is ours).
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        // The child begins a session of its own, so the test does not
+        // depend on (or renice) the session it runs in.
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
             .args([
                 "--exact",
                 "autogroup::tests::a_process_ended_by_sigterm_puts_its_sessions_niceness_back",
@@ -241,31 +256,37 @@ mod tests {
                 "--test-threads=1",
             ])
             .env("GINZA_AUTOGROUP_CHILD", "1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stdout(Stdio::piped());
+        crate::task_group::start_own_session(&mut command);
+        let mut child = command.spawn().unwrap();
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        while !line.contains("armed") {
+        // libtest may have begun the line ("test NAME ... ").
+        while !line.contains("armed ") {
             line.clear();
             assert!(
                 out.read_line(&mut line).unwrap() > 0,
                 "the child ended before it armed the guard"
             );
         }
-        assert_eq!(
-            autogroup_nice(),
-            Some(before + 1),
-            "the child's niceness is ours"
-        );
+        let mut words = line
+            .split_ascii_whitespace()
+            .skip_while(|w| *w != "armed")
+            .skip(1);
+        let witness: u32 = words.next().unwrap().parse().unwrap();
+        let before: i32 = words.next().unwrap().parse().unwrap();
+        let during = nice_of(witness);
         crate::signal::tgkill(child.id() as i32, child.id() as i32, libc::SIGTERM).unwrap();
         let status = child.wait().unwrap();
+        let after = nice_of(witness);
+        crate::signal::tgkill(witness as i32, witness as i32, libc::SIGKILL).unwrap();
         use std::os::unix::process::ExitStatusExt;
+        assert_eq!(during, Some(before + 1), "the session's niceness, raised");
         assert_eq!(
             status.signal(),
             Some(libc::SIGTERM),
             "ended by the signal, as before"
         );
-        assert_eq!(autogroup_nice(), Some(before), "the niceness put back");
+        assert_eq!(after, Some(before), "the niceness put back");
     }
 }

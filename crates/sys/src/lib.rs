@@ -48,6 +48,8 @@ pub mod signal;
 pub mod socket;
 pub mod task_group;
 pub mod terminal;
+#[cfg(test)]
+mod testing;
 pub mod topology;
 pub mod tsc_clock;
 pub mod xsk;
