@@ -643,18 +643,69 @@ fn warn_if_sharing_task_group(name: &str, pid: i32) {
     let (Ok(group), Ok(theirs)) = (task_group_of(ours), task_group_of(pid as u32)) else {
         return;
     };
-    if group == theirs && group != TaskGroup::Root {
-        warn!(
-            "app {name:?} (pid {pid}) shares {group} with iokerneld: Linux may starve other \
+    if let Some(warning) = sharing_warning(name, pid, &group, &theirs) {
+        warn!("{warning}");
+    }
+}
+
+/// The warning for an application in task group `theirs` when iokerneld
+/// is in `ours`; none for different groups, or for the root group, which
+/// the kernel's threads share and no session or cgroup setting changes.
+fn sharing_warning(name: &str, pid: i32, ours: &TaskGroup, theirs: &TaskGroup) -> Option<String> {
+    (ours == theirs && *ours != TaskGroup::Root).then(|| {
+        format!(
+            "app {name:?} (pid {pid}) shares {ours} with iokerneld: Linux may starve other \
              threads, the kernel's included, on the cores they share; start it in a session \
              (setsid) or cgroup of its own (docs/runtime.md, \"Task groups\")"
-        );
-    }
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_application_in_iokernelds_task_group_is_warned_of_and_one_elsewhere_is_not() {
+        let spawn = |own_session: bool| {
+            let mut command = std::process::Command::new("sleep");
+            command.arg("30");
+            if own_session {
+                ginza_sys::task_group::start_own_session(&mut command);
+            }
+            command.spawn().expect("starting sleep")
+        };
+        let ours = task_group_of(std::process::id()).unwrap();
+        let (mut beside, mut apart) = (spawn(false), spawn(true));
+        let groups = [beside.id(), apart.id()].map(|pid| task_group_of(pid).unwrap());
+        for child in [&mut beside, &mut apart] {
+            child.kill().ok();
+            child.wait().ok();
+        }
+        assert_eq!(groups[0], ours, "a child stays in its parent's group");
+        let warning = sharing_warning("kv", 42, &ours, &groups[0]);
+        if ours == TaskGroup::Root {
+            // Under a runner in no session (pid 1's): nothing to change.
+            assert_eq!(warning, None);
+        } else {
+            let warning = warning.expect("a warning for the group shared");
+            assert!(
+                warning.contains("\"kv\" (pid 42)")
+                    && warning.contains(&ours.to_string())
+                    && warning.contains("Task groups"),
+                "{warning}"
+            );
+        }
+        if ginza_sys::sched_class::autogroups_enabled() && !matches!(ours, TaskGroup::Cgroup(_)) {
+            assert_ne!(
+                groups[1], ours,
+                "a session of its own is a group of its own"
+            );
+            assert_eq!(sharing_warning("kv", 42, &ours, &groups[1]), None);
+        }
+        let root = TaskGroup::Root;
+        assert_eq!(sharing_warning("kv", 42, &root, &root), None);
+    }
     use ginza_proto::messages::{largest_stats_report, StatsReport, MAX_REPLY};
 
     /// The largest stats reply iokerneld can send (every application slot
