@@ -2,7 +2,7 @@
 //! Ginza round trips through the switch always, and (as root, with `ip`
 //! and `ethtool`) the veth figures (the direct path's too) from answered
 //! round trips, streams whose receipts matched, and an intact transfer
-//! through 5 % loss.
+//! through 5 % loss, and the runtime's hops of a round trip stamped.
 
 mod common;
 
@@ -53,6 +53,25 @@ fn tcp_reports_round_trips_streams_and_a_lossy_transfer() {
             let frames = &v["rounds"][0]["ginza_direct_frames"];
             assert!(frames["own_rx"].as_u64().unwrap() > 0, "{frames}");
             assert!(frames["own_tx"].as_u64().unwrap() > 0, "{frames}");
+            // Where a request's time goes inside the runtime: every hop
+            // from the frame's pick-up to the reply was stamped.
+            for side in ["ginza", "ginza_direct"] {
+                let hops = v["phases"][side]["all"].as_array().unwrap();
+                for hop in [
+                    "picked",
+                    "frame_processed",
+                    "settled",
+                    "waiter_runs",
+                    "app_read",
+                    "replied",
+                ] {
+                    let seen = hops.iter().find(|h| h["hop"] == hop);
+                    assert!(
+                        seen.is_some_and(|h| h["trips"].as_u64().unwrap() > 0),
+                        "{side}: hop {hop} never stamped: {hops:?}"
+                    );
+                }
+            }
             let lossy = &v["lossy"];
             assert_eq!(lossy["loss_pct"], 5, "{v}");
             assert_eq!(lossy["bytes"], 1 << 20, "{v}");

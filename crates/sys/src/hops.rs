@@ -31,6 +31,14 @@ pub enum Hop {
     Delivered,
     /// A kthread of the runtime took it off its ingress ring.
     Picked,
+    /// The runtime's stack processed that frame (for TCP: the segment went
+    /// through its connection's input, the data queued for the reader).
+    FrameProcessed,
+    /// The runtime's TCP settled the connections the poll's frames touched
+    /// (segments owed now, timers re-armed) and woke their waiters.
+    Settled,
+    /// A uthread that waited on a socket runs again.
+    WaiterRuns,
     /// The application's reply is on its egress ring.
     Replied,
     /// iokerneld took the reply off the egress ring.
@@ -112,14 +120,20 @@ impl Hop {
     /// (`AppRead` and `ServerWrite` only). A parked kthread's wake
     /// (`Granted`, `KthreadRuns`) comes in when it happened. `Replied`: the
     /// runtime's TCP put the answer's segment on its egress ring or its
-    /// own socket's tx ring.
-    pub const TCP_ECHO: [Hop; 12] = [
+    /// own socket's tx ring. Between `Picked` and `AppRead`, the runtime's
+    /// share of a request: its TCP input (`FrameProcessed`), the settling
+    /// and the reader's wake (`Settled`), the switch to the reader
+    /// (`WaiterRuns`).
+    pub const TCP_ECHO: [Hop; 15] = [
         Hop::ClientSend,
         Hop::NicRx,
         Hop::Delivered,
         Hop::Granted,
         Hop::KthreadRuns,
         Hop::Picked,
+        Hop::FrameProcessed,
+        Hop::Settled,
+        Hop::WaiterRuns,
         Hop::AppRead,
         Hop::ServerWrite,
         Hop::Replied,
@@ -148,6 +162,9 @@ impl Hop {
             Hop::NicRx => "nic_rx",
             Hop::Delivered => "delivered",
             Hop::Picked => "picked",
+            Hop::FrameProcessed => "frame_processed",
+            Hop::Settled => "settled",
+            Hop::WaiterRuns => "waiter_runs",
             Hop::Replied => "replied",
             Hop::Egress => "egress",
             Hop::Kick => "kick",

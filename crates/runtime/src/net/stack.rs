@@ -307,12 +307,16 @@ impl Stack {
             n += 1;
             hops::stamp(Hop::Picked);
             self.process(me, desc, &mut deferred);
+            hops::stamp(Hop::FrameProcessed);
         }
         drop(ingress);
         if let Some(own) = &self.own {
             n += self.poll_own(me, own, budget - n, &mut deferred);
         }
         self.tcp.answer_deferred(me, &mut deferred);
+        if n > 0 {
+            hops::stamp(Hop::Settled);
+        }
         if n > 0 {
             add(&me.counters.rx_packets, n as u64);
             if !std::ptr::eq(&**me, ring) {
@@ -341,7 +345,10 @@ impl Stack {
         for d in &batch[..n] {
             hops::stamp(Hop::Picked);
             match own.frame(d) {
-                Some((frame, buf, off)) => self.process_frame(me, buf, off, frame, deferred),
+                Some((frame, buf, off)) => {
+                    self.process_frame(me, buf, off, frame, deferred);
+                    hops::stamp(Hop::FrameProcessed);
+                }
                 None => {
                     bump(&me.counters.bad_descriptors);
                     log::warn!(

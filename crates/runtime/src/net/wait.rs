@@ -79,6 +79,7 @@ pub(in crate::net) fn wait_until<R, W: WakeLater>(
             None => sched::park_current(&deferred),
             Some(d) => sched::park_current_until(&deferred, &w, d),
         }
+        ginza_sys::hops::stamp(ginza_sys::hops::Hop::WaiterRuns);
         if w.timed_out() {
             waiters.lock().uthreads.retain(|x| !Arc::ptr_eq(x, &w));
             timed_out = true; // one more look, then give up
