@@ -188,10 +188,9 @@ mod tests {
 
     /// The niceness of `pid`'s autogroup.
     fn nice_of(pid: u32) -> Option<i32> {
-        let line = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
-        let mut words = line.split_ascii_whitespace().skip_while(|w| *w != "nice");
-        words.next()?;
-        words.next()?.parse().ok()
+        crate::sched_class::autogroup_line_nice(
+            &std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?,
+        )
     }
 
     /// The child of the test below, in a session of its own: starts a

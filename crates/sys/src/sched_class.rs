@@ -114,7 +114,8 @@ pub fn nice_of(tid: i32) -> io::Result<i32> {
 }
 
 /// The niceness of the calling process's autogroup (`/proc/self/autogroup`,
-/// "/autogroup-N nice K"); `None` where the kernel has no autogroups.
+/// "/autogroup-N nice K"); `None` where the kernel has no autogroups, and
+/// for a process in no session (the root task group: the file is empty).
 ///
 /// With `kernel.sched_autogroup_enabled`, Linux first shares a CPU fairly
 /// between sessions (autogroups), and only then between the threads of
@@ -124,7 +125,8 @@ pub fn autogroup_nice() -> Option<i32> {
     autogroup_line_nice(&std::fs::read_to_string("/proc/self/autogroup").ok()?)
 }
 
-fn autogroup_line_nice(line: &str) -> Option<i32> {
+/// The niceness in a `/proc/PID/autogroup` line ("/autogroup-N nice K").
+pub(crate) fn autogroup_line_nice(line: &str) -> Option<i32> {
     let mut words = line.split_ascii_whitespace().skip_while(|w| *w != "nice");
     words.next()?;
     words.next()?.parse().ok()

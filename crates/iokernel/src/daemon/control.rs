@@ -664,6 +664,7 @@ fn sharing_warning(name: &str, pid: i32, ours: &TaskGroup, theirs: &TaskGroup) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ginza_proto::messages::{largest_stats_report, StatsReport, MAX_REPLY};
 
     #[test]
     fn an_application_in_iokernelds_task_group_is_warned_of_and_one_elsewhere_is_not() {
@@ -706,7 +707,6 @@ mod tests {
         let root = TaskGroup::Root;
         assert_eq!(sharing_warning("kv", 42, &root, &root), None);
     }
-    use ginza_proto::messages::{largest_stats_report, StatsReport, MAX_REPLY};
 
     /// The largest stats reply iokerneld can send (every application slot
     /// taken, the largest numbers) goes through a connection sized as

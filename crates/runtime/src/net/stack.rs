@@ -316,8 +316,6 @@ impl Stack {
         self.tcp.answer_deferred(me, &mut deferred);
         if n > 0 {
             hops::stamp(Hop::Settled);
-        }
-        if n > 0 {
             add(&me.counters.rx_packets, n as u64);
             if !std::ptr::eq(&**me, ring) {
                 add(&me.counters.rx_stolen, n as u64);
