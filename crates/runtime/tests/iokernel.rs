@@ -8,7 +8,7 @@ mod common;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -115,14 +115,27 @@ impl Drop for Sampler {
     }
 }
 
-/// Spawns `n` uthreads that each spin for `each` and waits for them.
-fn burst(n: usize, each: Duration) {
+/// Spawns `n` uthreads that each spin for `each` and waits for them;
+/// returns the most that were spinning at once: where nothing preempts
+/// them (no other application wants a core, and a latency-critical
+/// runtime has no time slices), as many kthreads ran at once.
+fn burst(n: usize, each: Duration) -> usize {
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
     let hs: Vec<_> = (0..n)
-        .map(|_| ginza_runtime::spawn(move || spin_for(each)))
+        .map(|_| {
+            let (running, peak) = (Arc::clone(&running), Arc::clone(&peak));
+            ginza_runtime::spawn(move || {
+                peak.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                spin_for(each);
+                running.fetch_sub(1, Ordering::SeqCst);
+            })
+        })
         .collect();
     for h in hs {
         h.join().unwrap();
     }
+    peak.load(Ordering::SeqCst)
 }
 
 #[test]
@@ -136,9 +149,10 @@ fn bursts_get_extra_cores_which_go_back_when_idle() {
     // Parking is what this test is about: no kthread polls while idle
     // (docs/idle-poll.md; tests/idle_poll.rs for that).
     cfg.iokernel.as_mut().unwrap().poll_while_idle = Duration::ZERO;
-    let idle_cores = ginza_runtime::run(cfg, move || {
+    let (most_at_once, idle_cores) = ginza_runtime::run(cfg, move || {
+        let mut most_at_once = 0;
         for _ in 0..3 {
-            burst(40, Duration::from_micros(300));
+            most_at_once = most_at_once.max(burst(40, Duration::from_micros(300)));
             ginza_runtime::sleep(Duration::from_millis(20));
         }
         // While the application sleeps every kthread parks, so it holds no
@@ -157,19 +171,24 @@ fn bursts_get_extra_cores_which_go_back_when_idle() {
         });
         ginza_runtime::sleep(Duration::from_millis(200));
         awake.store(true, Ordering::Release);
-        probe.join().unwrap()
+        (most_at_once, probe.join().unwrap())
     })
     .unwrap();
     let samples = sampler.finish();
-    let most = samples
+    // Either iokerneld's books showed every core granted at once (the
+    // sampler, an OS thread polling its stats every 0.5 ms, competes for
+    // the same two CPUs and may miss those moments: CI saw it see only
+    // one, once), or the uthreads counted as many of them spinning at once.
+    let sampled = samples
         .iter()
         .filter_map(|s| app_stats(s, "bursty"))
         .map(|a| a.cores_now)
         .max()
         .unwrap_or(0);
-    assert_eq!(
-        most as usize, n,
-        "a burst should spread over every managed core"
+    assert!(
+        sampled as usize == n || most_at_once == n,
+        "a burst should spread over all {n} managed cores: iokerneld's stats showed at most \
+         {sampled} granted, and at most {most_at_once} uthreads spun at once"
     );
     assert_eq!(idle_cores, 0, "an idle application holds no core");
     let last = samples
