@@ -1,11 +1,9 @@
 //! Skipping a test that cannot run on this host, visibly.
 //!
 //! Some tests need what an ordinary developer machine may lack: root, `ip`,
-//! `ethtool`, `ping`, AF_XDP, two CPUs. Elsewhere they call [`skip`], which
-//! prints `skipped: <reason>` and lets the test return. CI (`.ci/run`) runs
-//! as root with `CI=true` and installs every prerequisite, so there a skip
-//! would only hide a test that stopped checking anything: [`skip`] panics
-//! with the reason instead.
+//! `ethtool`, `ping`, AF_XDP, two CPUs. Elsewhere they call [`skip`]
+//! (`ginza_sys::testing`, passed on here): `skipped: <reason>`, or under
+//! CI as root a failure.
 //!
 //! The tests' other shared fixtures: [`test_cores`], an in-process
 //! iokerneld in a directory of the test's ([`in_process`]), [`scrape`]
@@ -13,7 +11,6 @@
 //! (the packet steering harness of the end-to-end test and `ginza bench
 //! steering`).
 
-use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -36,22 +33,7 @@ pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-/// Skips the calling test: prints `skipped: <reason>`, or panics with the
-/// reason when [`skips_are_failures`] (CI as root). The caller returns.
-#[track_caller]
-pub fn skip(reason: impl Display) {
-    if skips_are_failures() {
-        panic!("this test cannot run, and under CI=true as root it must: {reason}");
-    }
-    println!("skipped: {reason}");
-}
-
-/// True under CI as root (`CI=true` and effective uid 0): every
-/// prerequisite should be installed, so a test that cannot run fails.
-pub fn skips_are_failures() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    ci && running_as_root()
-}
+pub use ginza_sys::testing::{skip, skips_are_failures};
 
 /// True when the effective uid is 0.
 pub fn running_as_root() -> bool {

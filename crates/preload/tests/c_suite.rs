@@ -429,7 +429,7 @@ fn a_statically_linked_program_is_refused() {
         Err(e) => {
             // glibc's static libraries come with libc6-dev, which `cc`
             // needs anyway: under CI this is a failure.
-            skip(&format!("cannot link a static program here: {e}"));
+            skip(format!("cannot link a static program here: {e}"));
             return;
         }
     };

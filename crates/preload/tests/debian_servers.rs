@@ -38,7 +38,7 @@ fn installed(path: &str, package: &str) -> bool {
     if Path::new(path).exists() {
         return true;
     }
-    skip(&format!(
+    skip(format!(
         "{path} is not installed (apt-get install {package})"
     ));
     false

@@ -182,16 +182,11 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched_class::{autogroup_nice, autogroups_enabled, set_autogroup_nice};
+    use crate::sched_class::{
+        autogroup_nice, autogroup_nice_of, autogroups_enabled, set_autogroup_nice,
+    };
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
-
-    /// The niceness of `pid`'s autogroup.
-    fn nice_of(pid: u32) -> Option<i32> {
-        crate::sched_class::autogroup_line_nice(
-            &std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?,
-        )
-    }
 
     /// The child of the test below, in a session of its own: starts a
     /// witness that shares its autogroup and outlives it, sets the
@@ -218,7 +213,7 @@ mod tests {
     #[test]
     fn one_guard_at_a_time_and_its_drop_puts_the_actions_back() {
         if std::fs::metadata("/proc/self/autogroup").is_err() {
-            return crate::testing::cannot_run("no /proc/self/autogroup on this kernel");
+            return crate::testing::skip("no /proc/self/autogroup on this kernel");
         }
         // A process in no session (under a runner that is pid 1) has no
         // autogroup's niceness to read; the guard only opens the file.
@@ -240,9 +235,7 @@ mod tests {
             return child();
         }
         if !autogroups_enabled() {
-            return crate::testing::cannot_run(
-                "autogroups are off (kernel.sched_autogroup_enabled)",
-            );
+            return crate::testing::skip("autogroups are off (kernel.sched_autogroup_enabled)");
         }
         // The child begins a session of its own, so the test does not
         // depend on (or renice) the session it runs in.
@@ -274,10 +267,10 @@ mod tests {
             .skip(1);
         let witness: u32 = words.next().unwrap().parse().unwrap();
         let before: i32 = words.next().unwrap().parse().unwrap();
-        let during = nice_of(witness);
+        let during = autogroup_nice_of(witness);
         crate::signal::tgkill(child.id() as i32, child.id() as i32, libc::SIGTERM).unwrap();
         let status = child.wait().unwrap();
-        let after = nice_of(witness);
+        let after = autogroup_nice_of(witness);
         crate::signal::tgkill(witness as i32, witness as i32, libc::SIGKILL).unwrap();
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(during, Some(before + 1), "the session's niceness, raised");

@@ -125,8 +125,12 @@ pub fn autogroup_nice() -> Option<i32> {
     autogroup_line_nice(&std::fs::read_to_string("/proc/self/autogroup").ok()?)
 }
 
-/// The niceness in a `/proc/PID/autogroup` line ("/autogroup-N nice K").
-pub(crate) fn autogroup_line_nice(line: &str) -> Option<i32> {
+/// The niceness of process `pid`'s autogroup, as [`autogroup_nice`].
+pub fn autogroup_nice_of(pid: u32) -> Option<i32> {
+    autogroup_line_nice(&std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?)
+}
+
+fn autogroup_line_nice(line: &str) -> Option<i32> {
     let mut words = line.split_ascii_whitespace().skip_while(|w| *w != "nice");
     words.next()?;
     words.next()?.parse().ok()

@@ -666,44 +666,25 @@ mod tests {
     use super::*;
     use ginza_proto::messages::{largest_stats_report, StatsReport, MAX_REPLY};
 
+    /// Which groups get the warning; whose group a process is in (a
+    /// child in its parent's, one in a session of its own in another) is
+    /// `ginza_sys::task_group`'s tests'.
     #[test]
     fn an_application_in_iokernelds_task_group_is_warned_of_and_one_elsewhere_is_not() {
-        let spawn = |own_session: bool| {
-            let mut command = std::process::Command::new("sleep");
-            command.arg("30");
-            if own_session {
-                ginza_sys::task_group::start_own_session(&mut command);
-            }
-            command.spawn().expect("starting sleep")
-        };
-        let ours = task_group_of(std::process::id()).unwrap();
-        let (mut beside, mut apart) = (spawn(false), spawn(true));
-        let groups = [beside.id(), apart.id()].map(|pid| task_group_of(pid).unwrap());
-        for child in [&mut beside, &mut apart] {
-            child.kill().ok();
-            child.wait().ok();
-        }
-        assert_eq!(groups[0], ours, "a child stays in its parent's group");
-        let warning = sharing_warning("kv", 42, &ours, &groups[0]);
-        if ours == TaskGroup::Root {
-            // Under a runner in no session (pid 1's): nothing to change.
-            assert_eq!(warning, None);
-        } else {
-            let warning = warning.expect("a warning for the group shared");
-            assert!(
-                warning.contains("\"kv\" (pid 42)")
-                    && warning.contains(&ours.to_string())
-                    && warning.contains("Task groups"),
-                "{warning}"
-            );
-        }
-        if ginza_sys::sched_class::autogroups_enabled() && !matches!(ours, TaskGroup::Cgroup(_)) {
-            assert_ne!(
-                groups[1], ours,
-                "a session of its own is a group of its own"
-            );
-            assert_eq!(sharing_warning("kv", 42, &ours, &groups[1]), None);
-        }
+        let (ours, theirs) = (TaskGroup::Autogroup(7), TaskGroup::Autogroup(8));
+        let warning =
+            sharing_warning("kv", 42, &ours, &ours).expect("a warning for the group shared");
+        assert!(
+            warning.contains("\"kv\" (pid 42)")
+                && warning.contains("autogroup-7")
+                && warning.contains("Task groups"),
+            "{warning}"
+        );
+        let cgroup = TaskGroup::Cgroup("/lc".into());
+        assert!(sharing_warning("kv", 42, &cgroup, &cgroup).is_some());
+        assert_eq!(sharing_warning("kv", 42, &ours, &theirs), None);
+        assert_eq!(sharing_warning("kv", 42, &cgroup, &ours), None);
+        // The root group (a runner in no session, as CI's): nothing to change.
         let root = TaskGroup::Root;
         assert_eq!(sharing_warning("kv", 42, &root, &root), None);
     }

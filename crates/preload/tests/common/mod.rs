@@ -46,29 +46,7 @@ pub fn profile() -> &'static str {
     }
 }
 
-/// True under CI as root (`CI=true` and uid 0): every prerequisite should
-/// be installed there, so a test that cannot run fails.
-pub fn skips_are_failures() -> bool {
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    ci && euid() == Some(0)
-}
-
-/// The effective uid, from /proc (the second field of `Uid:`).
-pub fn euid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
-
-/// Says why the calling test cannot run, or panics with it under CI as
-/// root. The caller returns.
-#[track_caller]
-pub fn skip(reason: &str) {
-    if skips_are_failures() {
-        panic!("this test cannot run, and under CI=true as root it must: {reason}");
-    }
-    println!("skipped: {reason}");
-}
+pub use ginza_iokernel::testing::skip;
 
 /// Whether the system C compiler runs; if not, skips.
 pub fn have_cc() -> bool {
