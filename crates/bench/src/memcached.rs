@@ -56,7 +56,9 @@
 //! Each point also says where a request's CPU goes: every component's
 //! thread run time (iokerneld's loop, the server's threads, batch, the
 //! generator) over the measured part, per answered request, for Ginza and
-//! Linux alike (`harness/cpu_split.rs`).
+//! Linux alike (`harness/cpu_split.rs`); the server's and iokerneld's also
+//! in user space and in the kernel, which tells Linux's TCP in the kernel
+//! from Ginza's in the runtime.
 //!
 //! After the sweep, with memcached-ginza, [`library_cost`] measures the
 //! preload library apart from memcached: a C echo server under `ginza run`
@@ -392,7 +394,8 @@ pub struct PointResult {
     pub iokerneld_cpu_pct: Option<f64>,
     /// µs of CPU per answered request over the measured part, per
     /// component (iokerneld's loop, the server's threads, batch, the
-    /// generator; `harness/cpu_split.rs`).
+    /// generator; `harness/cpu_split.rs`); the server's and iokerneld's
+    /// also split into "…: in user space" and "…: in the kernel".
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// How many threads each of those components had.
     pub cpu_threads: BTreeMap<String, usize>,
@@ -1007,7 +1010,7 @@ fn ginza_serving(
         let label = format!("{server_name} ({backend}){}", batch.label());
         let mut meter = common_meter(cfg);
         meter.add("batch kthreads", batch.kthreads(&server_kthreads));
-        meter.add("server: kv-server kthreads", Select::Tids(server_kthreads));
+        meter.add_split("server: kv-server kthreads", Select::Tids(server_kthreads));
         let m = measure_beside(ns, cfg, target, &batch, iokerneld, label, meter);
         batch.stop();
         // The server first: under `static` it keeps the one managed core
@@ -1266,7 +1269,7 @@ fn memcached_ginza_serving(
         );
         let pid = server.0.id() as i32;
         let mut meter = common_meter(cfg);
-        meter.add(
+        meter.add_split(
             "server: memcached, all threads",
             Select::Named { pid, name: "*" },
         );
@@ -1386,7 +1389,7 @@ fn common_meter(cfg: &PointConfig) -> Meter {
         },
     );
     if cfg.system != System::Linux {
-        m.add(
+        m.add_split(
             "iokerneld loop",
             Select::Named {
                 pid: me,
@@ -1550,7 +1553,7 @@ fn linux_point(ns: &NetNs, cfg: &PointConfig) -> anyhow::Result<PointResult> {
     let (batch, priority) = linux_batch(cfg.cpus.server, paths.clone(), stop.clone(), cfg.seed)?;
     let mut meter = common_meter(cfg);
     let pid = server.0.id() as i32;
-    meter.add(
+    meter.add_split(
         "server: memcached, all threads",
         Select::Named { pid, name: "*" },
     );

@@ -119,6 +119,27 @@ fn memcached_bench_reports_both_systems_at_each_load() {
                 "{system}: batch {batch} paths/s, per CPU-second {per_cpu:?}: {p}"
             );
         }
+        // The server's and iokerneld's CPU, split into user space and
+        // the kernel where their threads were ticked at all: the parts
+        // make the whole. iokerneld's loop ran all through the round.
+        let cpu = &run["cpu_us_per_request"];
+        for (whole, must) in [
+            ("server: kv-server kthreads", false),
+            ("server: memcached, all threads", false),
+            ("iokerneld loop", system == "ginza"),
+        ] {
+            let part = |p: &str| cpu[format!("{whole}: {p}")].as_f64();
+            match (
+                cpu[whole].as_f64(),
+                part("in user space"),
+                part("in the kernel"),
+            ) {
+                (Some(w), Some(u), Some(k)) => {
+                    assert!((u + k - w).abs() <= 1e-6 * w.max(1.0), "{whole}: {cpu}")
+                }
+                _ => assert!(!must, "{whole} not split: {cpu}"),
+            }
+        }
         if system == "ginza" {
             // The batch application held cores beside kv-server: iokerneld
             // granted it some ("batch: N grants, …").
