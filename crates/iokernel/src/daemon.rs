@@ -157,9 +157,12 @@ struct Kthread {
     /// Preempted while it polled while idle (docs/idle-poll.md): its queue
     /// line said so in the atomic step that set `PREEMPT_PENDING`, so it
     /// runs nothing before it gives the core back; the core goes to the
-    /// receiver at once, and `preempt_deadline` counts from the last pass
-    /// that saw its line still say it polls.
+    /// receiver at once, and `preempt_deadline` counts from the first pass
+    /// that saw its line no longer say it polls (`left_polling_seen`).
     preempted_polling: bool,
+    /// A pass has seen the kthread preempted while it polled out of the
+    /// polling state (`check_overdue`).
+    left_polling_seen: bool,
     /// `LineFlags::CORE_WANTED` as last written on its line.
     core_wanted: bool,
     /// `LineFlags::SELF_WAKE_ALLOWED` as last written on its line.

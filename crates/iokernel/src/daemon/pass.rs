@@ -701,19 +701,25 @@ impl<A: CoreActuator> Iokerneld<A> {
                     continue;
                 }
                 if kt.preempted_polling
-                    && app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING)
+                    && poller_deadline_held(
+                        app.ends[k].line.flags().contains(LineFlags::IDLE_POLLING),
+                        &mut kt.left_polling_seen,
+                    )
                 {
                     // Its core went on at once, and it has not even left
                     // the polling state: Linux has not run it (a thread of
                     // another process on that CPU; seen for up to 53 ms on
                     // the loaded 2-vCPU VM). Moving it off would not free
-                    // the core any sooner. Its deadline counts from the
-                    // last pass that saw it poll: once it runs, it leaves
-                    // the state and gives the core back within a few
+                    // the core any sooner. Once it runs, it leaves the
+                    // state and gives the core back within a few
                     // microseconds, running nothing in between (the
-                    // take-back's atomic step, `preempt`). Counted from the
-                    // preemption, a deadline long past caught it on that
-                    // way out (docs/idle-poll.md).
+                    // take-back's atomic step, `preempt`), so its deadline
+                    // counts from the first pass that saw it leave.
+                    // Counted from the preemption, a deadline long past
+                    // caught it on that way out; counted from the last pass
+                    // that saw it poll, a gap between two of iokerneld's
+                    // own passes did (iokerneld descheduled on a loaded
+                    // machine; docs/idle-poll.md).
                     kt.preempt_since = now;
                     continue;
                 }
@@ -1168,6 +1174,7 @@ impl<A: CoreActuator> Iokerneld<A> {
         let was = app.ends[k].line.insert_flags(LineFlags::PREEMPT_PENDING);
         let polled = was.contains(LineFlags::IDLE_POLLING);
         app.kt[k].preempted_polling = polled;
+        app.kt[k].left_polling_seen = false;
         if polled && was.contains(LineFlags::IDLE_BLOCKED) {
             // Blocked on its own socket, it reads no flag until woken.
             super::own_socket::wake_blocked(&app.ends[k].line, app.eventfds[k].as_fd());
@@ -1219,5 +1226,38 @@ fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// For a kthread preempted while it polled, at a pass that sees its line
+/// say it still polls (`polling`) or not: whether its preemption deadline
+/// is still held back (restarted at this pass). It is while it polls, and
+/// at the first pass that sees it out of the polling state
+/// (`left_seen`, set then); from the next pass on it runs.
+fn poller_deadline_held(polling: bool, left_seen: &mut bool) -> bool {
+    if polling {
+        return true;
+    }
+    !std::mem::replace(left_seen, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poller_deadline_held;
+
+    #[test]
+    fn a_pollers_deadline_runs_from_the_first_pass_that_sees_it_stop_polling() {
+        let mut left_seen = false;
+        // Passes that see it poll (Linux has not run it yet) hold it back.
+        assert!(poller_deadline_held(true, &mut left_seen));
+        assert!(poller_deadline_held(true, &mut left_seen));
+        // The first pass that sees it out of the state holds it back once
+        // more, however long since the last pass (iokerneld may have been
+        // descheduled meanwhile): its way out has a whole deadline.
+        assert!(poller_deadline_held(false, &mut left_seen));
+        assert!(left_seen);
+        // From then on the deadline runs.
+        assert!(!poller_deadline_held(false, &mut left_seen));
+        assert!(!poller_deadline_held(false, &mut left_seen));
     }
 }
