@@ -707,7 +707,8 @@ impl<A: CoreActuator> Iokerneld<A> {
                     )
                 {
                     // Its core went on at once, and it has not even left
-                    // the polling state: Linux has not run it (a thread of
+                    // the polling state (or this is the first pass to see
+                    // it leave): Linux had not run it (a thread of
                     // another process on that CPU; seen for up to 53 ms on
                     // the loaded 2-vCPU VM). Moving it off would not free
                     // the core any sooner. Once it runs, it leaves the
