@@ -682,7 +682,12 @@ fn generator_echo_run(d: &Daemon, name: &str, me: Interface) -> NetStats {
     }) {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
-            "{name} never went idle"
+            "{name} never went idle: {:#?}",
+            client::stats(&d.socket).map(|s| s
+                .apps
+                .into_iter()
+                .filter(|a| a.name == name)
+                .collect::<Vec<_>>())
         );
         std::thread::sleep(Duration::from_micros(200));
     }
