@@ -130,50 +130,43 @@ fn sweep_caches(sweep: &mut [u8], round: u8) {
     black_box(sweep);
 }
 
+impl Pair {
+    /// `iters` cycles with `between(i)` run after each request is sent and
+    /// before the server takes it; the time the server's side took.
+    fn cycles(&mut self, iters: u64, mut between: impl FnMut(u64)) -> Duration {
+        let mut spent = Duration::ZERO;
+        for i in 0..iters {
+            let (header, payload) = self.request();
+            between(i);
+            let t0 = WallClock::now();
+            let reply = self.serve(&Segment {
+                payload: &payload,
+                ..header
+            });
+            spent += t0.elapsed();
+            self.answer(reply);
+        }
+        spent
+    }
+}
+
 fn request_cycle(c: &mut Criterion) {
     let mut group = c.benchmark_group("tcp_server_request");
     group.bench_function("hot", |b| {
         let mut pair = Pair::established();
-        b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for _ in 0..iters {
-                let (header, payload) = pair.request();
-                let t0 = WallClock::now();
-                let reply = pair.serve(&Segment {
-                    payload: &payload,
-                    ..header
-                });
-                spent += t0.elapsed();
-                pair.answer(reply);
-            }
-            spent
-        })
+        b.iter_custom(|iters| pair.cycles(iters, |_| {}))
     });
     // The buffers: twice this VM's L2 (1 MiB for its two cores' 512 KiB
     // each), four times its L3 (8 MiB).
+    group.sample_size(20);
     for (name, bytes) in [
         ("after_l2_sweep", 2usize << 20),
         ("after_l3_sweep", 32 << 20),
     ] {
         let mut sweep = vec![0u8; bytes];
-        group.sample_size(20);
         group.bench_function(name, |b| {
             let mut pair = Pair::established();
-            b.iter_custom(|iters| {
-                let mut spent = Duration::ZERO;
-                for i in 0..iters {
-                    let (header, payload) = pair.request();
-                    sweep_caches(&mut sweep, i as u8);
-                    let t0 = WallClock::now();
-                    let reply = pair.serve(&Segment {
-                        payload: &payload,
-                        ..header
-                    });
-                    spent += t0.elapsed();
-                    pair.answer(reply);
-                }
-                spent
-            })
+            b.iter_custom(|iters| pair.cycles(iters, |i| sweep_caches(&mut sweep, i as u8)))
         });
     }
     // The code warm, the data cold: after the sweep another connection
@@ -182,22 +175,10 @@ fn request_cycle(c: &mut Criterion) {
     group.bench_function("after_l3_sweep_code_warm", |b| {
         let (mut pair, mut other) = (Pair::established(), Pair::established());
         b.iter_custom(|iters| {
-            let mut spent = Duration::ZERO;
-            for i in 0..iters {
-                let (header, payload) = pair.request();
+            pair.cycles(iters, |i| {
                 sweep_caches(&mut sweep, i as u8);
-                let (h, p) = other.request();
-                let reply = other.serve(&Segment { payload: &p, ..h });
-                other.answer(reply);
-                let t0 = WallClock::now();
-                let reply = pair.serve(&Segment {
-                    payload: &payload,
-                    ..header
-                });
-                spent += t0.elapsed();
-                pair.answer(reply);
-            }
-            spent
+                other.cycles(1, |_| {});
+            })
         })
     });
     group.finish();
