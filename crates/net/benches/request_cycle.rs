@@ -120,17 +120,7 @@ impl Pair {
         let n = self.client.recv(&mut self.read).expect("the client's read");
         assert_eq!(&self.read[..n], REPLY);
     }
-}
 
-/// Writes a line of every 64 bytes of `sweep`: evicts what the caches held.
-fn sweep_caches(sweep: &mut [u8], round: u8) {
-    for line in sweep.chunks_mut(64) {
-        line[0] = round;
-    }
-    black_box(sweep);
-}
-
-impl Pair {
     /// `iters` cycles with `between(i)` run after each request is sent and
     /// before the server takes it; the time the server's side took.
     fn cycles(&mut self, iters: u64, mut between: impl FnMut(u64)) -> Duration {
@@ -148,6 +138,14 @@ impl Pair {
         }
         spent
     }
+}
+
+/// Writes a line of every 64 bytes of `sweep`: evicts what the caches held.
+fn sweep_caches(sweep: &mut [u8], round: u8) {
+    for line in sweep.chunks_mut(64) {
+        line[0] = round;
+    }
+    black_box(sweep);
 }
 
 fn request_cycle(c: &mut Criterion) {
