@@ -30,6 +30,15 @@ const REPLY: &[u8] =
 /// one connection of ten).
 const GAP: Duration = Duration::from_micros(1_000);
 
+/// A segment as it leaves a connection: its header and a copy of its
+/// payload (the connection's buffer is borrowed only until the next call).
+type Owned = (Segment<'static>, Vec<u8>);
+
+/// The segment `owned` holds, to hand to `on_segment`.
+fn view((header, payload): &Owned) -> Segment<'_> {
+    Segment { payload, ..*header }
+}
+
 struct Pair {
     client: Connection,
     server: Connection,
@@ -41,14 +50,8 @@ struct Pair {
 fn deliver(from: &mut Connection, to: &mut Connection, now: Instant) -> usize {
     let mut n = 0;
     while let Some(segment) = from.poll_transmit(now) {
-        let (header, payload) = segment.to_owned_payload();
-        to.on_segment(
-            &Segment {
-                payload: &payload,
-                ..header
-            },
-            now,
-        );
+        let owned = segment.to_owned_payload();
+        to.on_segment(&view(&owned), now);
         n += 1;
     }
     n
@@ -79,7 +82,7 @@ impl Pair {
     }
 
     /// The next request's segment, as the client sends it (not timed).
-    fn request(&mut self) -> (Segment<'static>, Vec<u8>) {
+    fn request(&mut self) -> Owned {
         self.now = Instant::from_nanos(self.now.as_nanos() + GAP.as_nanos() as u64);
         self.client.send(REQUEST).expect("the client's send");
         let segment = self
@@ -91,7 +94,7 @@ impl Pair {
 
     /// The server's side of one request: what is timed. The reply's
     /// segment is copied out, as the runtime copies it into its frame.
-    fn serve(&mut self, request: &Segment<'_>) -> (Segment<'static>, Vec<u8>) {
+    fn serve(&mut self, request: &Segment<'_>) -> Owned {
         let now = self.now;
         self.server.on_segment(request, now);
         black_box(self.server.take_events());
@@ -109,14 +112,8 @@ impl Pair {
 
     /// The client takes the reply (not timed); its ACK rides on the next
     /// request, as memcached's clients' do.
-    fn answer(&mut self, (header, payload): (Segment<'static>, Vec<u8>)) {
-        self.client.on_segment(
-            &Segment {
-                payload: &payload,
-                ..header
-            },
-            self.now,
-        );
+    fn answer(&mut self, reply: Owned) {
+        self.client.on_segment(&view(&reply), self.now);
         let n = self.client.recv(&mut self.read).expect("the client's read");
         assert_eq!(&self.read[..n], REPLY);
     }
@@ -126,13 +123,10 @@ impl Pair {
     fn cycles(&mut self, iters: u64, mut between: impl FnMut(u64)) -> Duration {
         let mut spent = Duration::ZERO;
         for i in 0..iters {
-            let (header, payload) = self.request();
+            let request = self.request();
             between(i);
             let t0 = WallClock::now();
-            let reply = self.serve(&Segment {
-                payload: &payload,
-                ..header
-            });
+            let reply = self.serve(&view(&request));
             spent += t0.elapsed();
             self.answer(reply);
         }
