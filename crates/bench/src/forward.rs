@@ -75,6 +75,7 @@ use serde::Serialize;
 
 use super::rtt_spans::Spans;
 use crate::harness::app::App;
+use crate::harness::build_kind;
 use crate::harness::client_cpu::ClientCpu;
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median, percentile};
@@ -191,6 +192,8 @@ struct Report {
     rtt_skipped: Option<String>,
     /// The spin window of `rtt_us.ginza_spin`'s server, µs.
     rtt_spin_us: u64,
+    /// How this binary was built ([`build_kind`]).
+    build: &'static str,
 }
 
 const SENDER: u8 = 1;
@@ -297,6 +300,7 @@ fn measure(args: &ForwardArgs, iok_cpu: usize, app_cpu: usize) -> anyhow::Result
         rtt_backend: None,
         rtt_skipped: None,
         rtt_spin_us: args.rtt_spin_us,
+        build: build_kind(),
     })
 }
 
@@ -621,6 +625,7 @@ fn render(r: &Report) -> String {
             );
         }
     }
+    let _ = writeln!(s, "build: {}", r.build);
     s
 }
 

@@ -125,6 +125,7 @@ use serde::Serialize;
 
 use crate::harness::app::{runtime_config, App};
 use crate::harness::autogroup::{spawn_in_own_session, AutogroupNice};
+use crate::harness::build_kind;
 use crate::harness::cpu_keeper::CpuKeeper;
 use crate::harness::cpu_split::{Meter, Select};
 use crate::harness::direct::{self, DirectFrames};
@@ -478,6 +479,8 @@ struct Report {
     csv: String,
     /// Whether this binary was built without optimisations.
     debug_build: bool,
+    /// How: debug, release or profile-guided release ([`build_kind`]).
+    build: &'static str,
     /// The machine's load averages (1, 5, 15 min) before and after the
     /// sweep: anything else running shares the CPUs of both systems.
     loadavg_before: Option<String>,
@@ -627,6 +630,7 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         runs,
         csv: csv.display().to_string(),
         debug_build: cfg!(debug_assertions),
+        build: build_kind(),
         loadavg_before,
         loadavg_after: crate::harness::figures::loadavg(),
         bench_nice: reniced.then(|| BENCH_NICE.to_string()),
@@ -1918,11 +1922,12 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "load average before {} after {}; the bench's session nice {}",
+        "load average before {} after {}; the bench's session nice {}; build: {}",
         r.loadavg_before.as_deref().unwrap_or("?"),
         r.loadavg_after.as_deref().unwrap_or("?"),
         r.session_nice
-            .map_or_else(|| "unchanged".to_string(), |n| n.to_string())
+            .map_or_else(|| "unchanged".to_string(), |n| n.to_string()),
+        r.build
     );
     let _ = writeln!(s, "CSV: {} (PNGs beside it)", r.csv);
     s

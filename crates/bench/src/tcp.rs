@@ -79,6 +79,7 @@ use ginza_sys::hops::{self, Hop, Stamps};
 use serde::Serialize;
 
 use crate::harness::app::App;
+use crate::harness::build_kind;
 use crate::harness::client_cpu::ClientCpu;
 use crate::harness::direct::{self, DirectFrames};
 use crate::harness::figures::{allowed_cpus, emit, median};
@@ -323,6 +324,8 @@ struct Report {
     /// Why `lossy` is null (its transfer failed).
     lossy_error: Option<String>,
     lossy_reverse_error: Option<String>,
+    /// How this binary was built ([`build_kind`]).
+    build: &'static str,
 }
 
 pub fn run(args: TcpArgs) -> anyhow::Result<()> {
@@ -456,6 +459,7 @@ pub fn run(args: TcpArgs) -> anyhow::Result<()> {
         veth_skipped,
         lossy_error,
         lossy_reverse_error,
+        build: build_kind(),
     };
     emit(args.json, &render(&report, &args), &report)
 }
@@ -1016,5 +1020,6 @@ fn render(r: &Report, args: &TcpArgs) -> String {
             (None, None) => {}
         }
     }
+    let _ = writeln!(s, "build: {}", r.build);
     s
 }

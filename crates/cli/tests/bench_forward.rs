@@ -28,6 +28,7 @@ fn forward_reports_packets_per_second_and_round_trips() {
         .output()
         .unwrap();
     let (v, stderr) = common::json_report(&out);
+    common::assert_names_its_build(&v, &stderr);
     assert!(v["forward_mpps"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["copy_floor_mpps"].as_f64().unwrap() > 0.0, "{v}");
     assert!(v["forward_per_floor"].as_f64().unwrap() > 0.0, "{v}");

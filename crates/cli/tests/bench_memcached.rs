@@ -72,6 +72,7 @@ fn short_bench(
     prepare(&mut command);
     let out = command.output().unwrap();
     let (v, stderr) = common::json_report(&out);
+    common::assert_names_its_build(&v, &stderr);
     (v, stderr, out_dir)
 }
 

@@ -28,6 +28,7 @@ fn tcp_reports_round_trips_streams_and_a_lossy_transfer() {
         .output()
         .unwrap();
     let (v, stderr) = common::json_report(&out);
+    common::assert_names_its_build(&v, &stderr);
     let positive_quantiles = |q: &serde_json::Value, what: &str| {
         let (p50, p99) = (q["p50"].as_f64().unwrap(), q["p99"].as_f64().unwrap());
         assert!(0.0 < p50 && p50 <= p99, "{what}: {q}");

@@ -6,8 +6,8 @@
 //! sessions ([`autogroup`]), the Shinjuku-mode work and CPUs
 //! ([`work`]), Linux's batch peer ([`linux_batch`]), the generator's CPU
 //! kept awake ([`cpu_keeper`]), where a round-trip client runs
-//! ([`client_cpu`]) and the loop every load sweep runs through
-//! ([`sweep`]).
+//! ([`client_cpu`]), the loop every load sweep runs through
+//! ([`sweep`]) and how the binary was built ([`build_kind`]).
 
 pub(crate) mod app;
 pub(crate) mod autogroup;
@@ -21,3 +21,16 @@ pub(crate) mod linux_batch;
 pub(crate) mod rtt;
 pub(crate) mod sweep;
 pub(crate) mod work;
+
+/// How this binary was built, for the reports: a debug build's figures, or
+/// a profile-guided build's (`packaging/build-pgo` sets `GINZA_PGO`), are
+/// not those of the plain release build.
+pub(crate) fn build_kind() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else if option_env!("GINZA_PGO").is_some() {
+        "release, profile-guided (packaging/build-pgo)"
+    } else {
+        "release"
+    }
+}

@@ -52,6 +52,21 @@ pub fn json_report(out: &Output) -> (serde_json::Value, String) {
     (v, stderr)
 }
 
+/// Checks that a bench's report names the build that made it, in its JSON
+/// and in its text: figures of a debug or a profile-guided build are not
+/// those of the plain release build.
+pub fn assert_names_its_build(v: &serde_json::Value, stderr: &str) {
+    let build = v["build"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no build in the report: {v}"));
+    if cfg!(debug_assertions) {
+        assert_eq!(build, "debug");
+    } else {
+        assert!(build.starts_with("release"), "{build}");
+    }
+    assert!(stderr.contains(&format!("build: {build}")), "{stderr}");
+}
+
 /// A directory for a test's output files, `ginza-NAME-PID` in the temp
 /// directory (test binaries run in parallel).
 pub fn out_dir(name: &str) -> PathBuf {
