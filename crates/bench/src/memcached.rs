@@ -477,9 +477,8 @@ struct Report {
     /// Every round of every point, in the order they ran.
     runs: Vec<PointResult>,
     csv: String,
-    /// Whether this binary was built without optimisations.
-    debug_build: bool,
-    /// How: debug, release or profile-guided release ([`build_kind`]).
+    /// How this binary was built: debug, release or profile-guided
+    /// release ([`build_kind`]).
     build: &'static str,
     /// The machine's load averages (1, 5, 15 min) before and after the
     /// sweep: anything else running shares the CPUs of both systems.
@@ -629,7 +628,6 @@ pub fn run(args: MemcachedArgs) -> anyhow::Result<()> {
         keys: args.keys,
         runs,
         csv: csv.display().to_string(),
-        debug_build: cfg!(debug_assertions),
         build: build_kind(),
         loadavg_before,
         loadavg_after: crate::harness::figures::loadavg(),
@@ -1834,7 +1832,7 @@ fn render(r: &Report) -> String {
         },
         r.cpus.iokernel,
         r.cpus.server,
-        if r.debug_build { " (DEBUG build)" } else { "" }
+        if r.build == "debug" { " (DEBUG build)" } else { "" }
     );
     if !r.memcached_args.is_empty() {
         let _ = writeln!(s, "memcached also ran with: {}", r.memcached_args.join(" "));
