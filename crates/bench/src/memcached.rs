@@ -1832,7 +1832,7 @@ fn render(r: &Report) -> String {
         },
         r.cpus.iokernel,
         r.cpus.server,
-        if r.build == "debug" { " (DEBUG build)" } else { "" }
+        if r.build == crate::harness::DEBUG_BUILD { " (DEBUG build)" } else { "" }
     );
     if !r.memcached_args.is_empty() {
         let _ = writeln!(s, "memcached also ran with: {}", r.memcached_args.join(" "));

@@ -22,12 +22,15 @@ pub(crate) mod rtt;
 pub(crate) mod sweep;
 pub(crate) mod work;
 
+/// [`build_kind`] of a build without optimisations.
+pub(crate) const DEBUG_BUILD: &str = "debug";
+
 /// How this binary was built, for the reports: a debug build's figures, or
 /// a profile-guided build's (`packaging/build-pgo` sets `GINZA_PGO`), are
 /// not those of the plain release build.
 pub(crate) fn build_kind() -> &'static str {
     if cfg!(debug_assertions) {
-        "debug"
+        DEBUG_BUILD
     } else if option_env!("GINZA_PGO").is_some() {
         "release, profile-guided (packaging/build-pgo)"
     } else {
