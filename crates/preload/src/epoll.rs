@@ -166,11 +166,22 @@ impl EpollSet {
         Ok(())
     }
 
-    /// Ginza events ready now or, with `deadline`, the first by then.
+    /// Ginza events ready now.
+    fn ginza_ready(&self, out: &mut [epoll_event]) -> usize {
+        let mut events: Vec<PollEvent> = Vec::new();
+        let _ = self.poller.ready(&mut events, out.len());
+        Self::fill(out, &events)
+    }
+
+    /// The first Ginza events by `deadline` (`None`: however long).
     fn ginza_events(&self, out: &mut [epoll_event], deadline: Option<Instant>) -> usize {
         let mut events: Vec<PollEvent> = Vec::new();
         let _ = self.poller.wait(&mut events, out.len(), deadline);
-        for (slot, e) in out.iter_mut().zip(&events) {
+        Self::fill(out, &events)
+    }
+
+    fn fill(out: &mut [epoll_event], events: &[PollEvent]) -> usize {
+        for (slot, e) in out.iter_mut().zip(events) {
             *slot = epoll_event {
                 events: epoll_bits(e.readiness),
                 u64: e.token,
@@ -193,7 +204,9 @@ impl EpollSet {
     ) -> Result<usize, c_int> {
         let kernel_wait =
             real!(epoll_wait: unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // Taken at the first park, not before the first look: a wait that
+        // finds events at once (most of a busy event loop's) reads no clock.
+        let mut deadline = None;
         let masked = if mask.is_null() {
             MaskedWait::none()
         } else {
@@ -201,7 +214,7 @@ impl EpollSet {
             serve(|| unsafe { MaskedWait::apply(mask, self.poller.waker()) })
         };
         loop {
-            let mut n = serve(|| self.ginza_events(out, Some(Instant::now())));
+            let mut n = serve(|| self.ginza_ready(out));
             if n < out.len() && self.kernel_members.load(Relaxed) > 0 && self.kernel_may_be_ready()
             {
                 let rest = &mut out[n..];
@@ -213,17 +226,22 @@ impl EpollSet {
                 }
                 n += k as usize;
             }
-            if n > 0 || deadline.is_some_and(|d| d <= Instant::now()) {
+            if n > 0 || timeout.is_some_and(|t| t.is_zero()) {
                 return Ok(n);
             }
+            let until = match deadline {
+                None => *deadline.insert(timeout.map(|t| Instant::now() + t)),
+                Some(until) if until.is_some_and(|d| d <= Instant::now()) => return Ok(0),
+                Some(until) => until,
+            };
             if masked.interrupted() {
                 return Err(libc::EINTR);
             }
             let n = serve(|| {
                 let watch = (self.kernel_members.load(Relaxed) > 0)
-                    .then(|| self.watch_kernel(epfd, deadline))
+                    .then(|| self.watch_kernel(epfd, until))
                     .flatten();
-                let n = self.ginza_events(out, deadline);
+                let n = self.ginza_events(out, until);
                 drop(watch);
                 n
             });

@@ -107,7 +107,9 @@ pub(crate) struct IdlePoll<'a> {
     /// On the direct path (an own socket): the bell is held (module doc).
     direct: bool,
     on: bool,
-    last_turn: Instant,
+    /// When it last ran as the poller (entered, or back from a block):
+    /// set before `switched_out` reads it.
+    last_turn: Option<Instant>,
 }
 
 impl<'a> IdlePoll<'a> {
@@ -133,7 +135,7 @@ impl<'a> IdlePoll<'a> {
             own,
             direct: socket.is_some(),
             on: false,
-            last_turn: Instant::now(),
+            last_turn: None,
         })
     }
 
@@ -213,7 +215,7 @@ impl<'a> IdlePoll<'a> {
         }
         self.ring();
         // The time it ran work since its last spell is not time lost.
-        self.last_turn = now;
+        self.last_turn = Some(now);
         if self.k.poll_share.get().window_start.is_none() {
             self.k.poll_share.set(PollShare::started(now));
         }
@@ -290,15 +292,17 @@ impl<'a> IdlePoll<'a> {
             let _ = ginza_sys::eventfd::read(k.eventfd());
         }
         // Time blocked is not time lost to other tasks.
-        self.last_turn = Instant::now();
+        self.last_turn = Some(Instant::now());
     }
 
     /// Whether, over the window that ends now, another task took
     /// [`SHARE_LOST`] of the CPU from the poller: then it is to park, and
     /// not poll for [`YIELD_BACKOFF`].
     fn switched_out(&mut self, now: Instant) -> bool {
-        let gap = now.duration_since(self.last_turn);
-        self.last_turn = now;
+        let gap = self
+            .last_turn
+            .map_or(Duration::ZERO, |t| now.duration_since(t));
+        self.last_turn = Some(now);
         let mut share = self.k.poll_share.get();
         if gap >= OFF_CPU_GAP {
             share.off_cpu += gap;

@@ -12,7 +12,7 @@ use std::sync::atomic::{
     fence,
     Ordering::{Acquire, Relaxed, SeqCst},
 };
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::idle_poll::IdlePoll;
 use crate::iokernel::park_with_iokernel;
@@ -70,9 +70,8 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         return Some(u);
     }
     let rt = k.rt();
-    let mut start = Instant::now();
     let mut idle_poll = IdlePoll::new(k);
-    let spin = crate::self_wake::spin_before_park(k, rt.spin);
+    let mut spin = Spin::new(crate::self_wake::spin_before_park(k, rt.spin));
     k.state.store(SPINNING, Relaxed);
     rt.n_spinning.fetch_add(1, SeqCst);
     let found = loop {
@@ -90,7 +89,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         // Packets on our own ingress ring first.
         if k.io.is_some() && poll_net(owner, k) > 0 {
             // More are likely: keep looking.
-            start = Instant::now();
+            spin.restart();
             IdlePoll::arrival(k);
             if let Some(u) = owner.pop() {
                 break Some(u);
@@ -98,7 +97,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         }
         // The netstack's events (protected mode).
         if poll_events(k) > 0 {
-            start = Instant::now();
+            spin.restart();
             IdlePoll::arrival(k);
             if let Some(u) = owner.pop() {
                 break Some(u);
@@ -113,7 +112,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         if k.io.is_some() {
             let (processed, u) = steal_packets(owner);
             if processed > 0 {
-                start = Instant::now();
+                spin.restart();
                 IdlePoll::arrival(k);
             }
             if u.is_some() {
@@ -127,7 +126,7 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         if let Some(u) = owner.pop() {
             break Some(u);
         }
-        if start.elapsed() >= spin && !idle_poll.as_mut().is_some_and(IdlePoll::keep_polling) {
+        if spin.over() && !idle_poll.as_mut().is_some_and(IdlePoll::keep_polling) {
             break None;
         }
         std::hint::spin_loop();
@@ -163,6 +162,36 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         rt.notify_one();
     }
     found
+}
+
+/// The spin before parking: how long the kthread has looked for work
+/// since it last found some. No clock read where the spin is zero (a
+/// kthread that sleeps on its own socket, `self_wake.rs`): there each
+/// request's look for work read it.
+struct Spin {
+    length: Duration,
+    since: Option<Instant>,
+}
+
+impl Spin {
+    fn new(length: Duration) -> Spin {
+        let mut spin = Spin {
+            length,
+            since: None,
+        };
+        spin.restart();
+        spin
+    }
+
+    fn restart(&mut self) {
+        if !self.length.is_zero() {
+            self.since = Some(Instant::now());
+        }
+    }
+
+    fn over(&self) -> bool {
+        self.since.is_none_or(|s| s.elapsed() >= self.length)
+    }
 }
 
 fn steal_once(owner: &Owner<'_>) -> Option<URef> {

@@ -320,6 +320,11 @@ fn nonblocking_server(step: &AtomicU32, written: &AtomicU64) {
     let ev = wait_events(&p, "the connection in the backlog");
     assert_eq!(ev[0].token, 10);
     assert!(ev[0].readiness.readable);
+    // Level-triggered: reported again while the backlog holds it, by a
+    // look that never waits too.
+    let mut again = Vec::new();
+    assert_eq!(p.ready(&mut again, 8).unwrap(), 1);
+    assert_eq!((again[0].token, again[0].readiness.readable), (10, true));
     let (s, from) = l.try_accept().unwrap();
     assert_eq!(from.ip(), std::net::IpAddr::V4(iface(CLIENT).ip));
     assert!(!l.readiness().readable, "the backlog is empty again");
@@ -684,7 +689,9 @@ fn a_poll_waker_wakes_a_waiting_poller_from_a_plain_os_thread() {
         let p = Poller::new();
         let mut ev = Vec::new();
         assert_eq!(p.wait(&mut ev, 8, Some(Instant::now())).unwrap(), 0);
+        assert_eq!(p.ready(&mut ev, 8).unwrap(), 0, "nothing registered");
         assert!(p.wait(&mut ev, 0, None).unwrap_err().raw_os_error() == Some(libc::EINVAL));
+        assert!(p.ready(&mut ev, 0).unwrap_err().raw_os_error() == Some(libc::EINVAL));
         // Woken before the wait: the next wait returns at once.
         p.waker().wake();
         let t0 = Instant::now();

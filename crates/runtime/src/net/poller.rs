@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::readiness::{
     ListLook, PollEvent, PollMode, Readiness, ReadyList, Settings, Watch, Watched,
 };
-use super::wait::os_error;
+use super::wait::{os_error, Wait};
 use crate::deferral;
 use crate::sched::{self, Waiter};
 
@@ -123,8 +123,8 @@ impl Poller {
 
     /// Appends up to `max` events to `events`; returns when at least one is
     /// ready, when `deadline` passes (`Some(Instant::now())` or earlier:
-    /// look, never park), or when a [`PollWaker`] woke it (then possibly
-    /// with 0 events). Level-triggered registrations still ready are
+    /// look, never park, as [`Poller::ready`] does), or when a
+    /// [`PollWaker`] woke it (then possibly with 0 events). Level-triggered registrations still ready are
     /// reported again by the next wait; edge-triggered ones after a new
     /// notification only; oneshot ones once, until
     /// [`Registration::modify`]. `max` of 0 is `EINVAL`, as for
@@ -135,6 +135,17 @@ impl Poller {
         max: usize,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
+        self.wait_as(events, max, Wait::until(deadline))
+    }
+
+    /// The events ready now (up to `max`, appended to `events`), as `wait`
+    /// with a deadline passed, without reading the clock: an event loop
+    /// looks so before each wait.
+    pub fn ready(&self, events: &mut Vec<PollEvent>, max: usize) -> io::Result<usize> {
+        self.wait_as(events, max, Wait::Once)
+    }
+
+    fn wait_as(&self, events: &mut Vec<PollEvent>, max: usize, wait: Wait) -> io::Result<usize> {
         if max == 0 {
             return Err(os_error(
                 libc::EINVAL,
@@ -146,10 +157,14 @@ impl Poller {
             if n > 0 {
                 return Ok(n);
             }
-            if deadline.is_some_and(|d| d <= Instant::now()) {
-                self.list.take_woken();
-                return Ok(0);
-            }
+            let deadline = match wait {
+                Wait::Forever => None,
+                Wait::Until(d) if d > Instant::now() => Some(d),
+                Wait::Once | Wait::Until(_) => {
+                    self.list.take_woken();
+                    return Ok(0);
+                }
+            };
             if self.park(deadline) == ListLook::Woken {
                 return Ok(self.list.collect(events, max));
             }

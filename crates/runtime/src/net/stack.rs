@@ -27,7 +27,7 @@ use ginza_sys::hops::{self, Hop};
 
 use super::egress::{failed, transmit, TxFail};
 use super::readiness::{Readiness, SocketWaiters, Watched};
-use super::tcp::{Deferred, Tcp};
+use super::tcp::{Burst, Tcp};
 use super::wait::no_runtime;
 use super::{no_arp_reply, KthreadNetStats, NetStats, ARP_GIVE_UP, ARP_POLL};
 use crate::config::NetConfig;
@@ -285,14 +285,14 @@ impl Stack {
         if self.orphan_count.load(Relaxed) > 0 {
             self.flush_orphans(me);
         }
-        self.tcp.poll(me);
+        let mut burst = Burst::default();
+        self.tcp.poll(me, &mut burst);
         let Some(mut ingress) = ring.ingress.try_lock() else {
             return 0;
         };
         // The ring stays locked while its batch is processed, so frames of
         // one ring (and so of one flow) are handled in order.
         let mut n = 0;
-        let mut deferred = Deferred::default();
         while n < budget {
             let desc = match ingress.pop() {
                 Ok(Some(d)) => d,
@@ -306,14 +306,14 @@ impl Stack {
             };
             n += 1;
             hops::stamp(Hop::Picked);
-            self.process(me, desc, &mut deferred);
+            self.process(me, desc, &mut burst);
             hops::stamp(Hop::FrameProcessed);
         }
         drop(ingress);
         if let Some(own) = &self.own {
-            n += self.poll_own(me, own, budget - n, &mut deferred);
+            n += self.poll_own(me, own, budget - n, &mut burst);
         }
-        self.tcp.answer_deferred(me, &mut deferred);
+        self.tcp.answer_deferred(me, &mut burst);
         if n > 0 {
             hops::stamp(Hop::Settled);
             add(&me.counters.rx_packets, n as u64);
@@ -331,7 +331,7 @@ impl Stack {
         me: &mut TxSide<'_>,
         own: &OwnSocket,
         budget: usize,
-        deferred: &mut Deferred,
+        burst: &mut Burst,
     ) -> usize {
         let empty = ginza_sys::xsk::Desc {
             addr: 0,
@@ -344,7 +344,7 @@ impl Stack {
             hops::stamp(Hop::Picked);
             match own.frame(d) {
                 Some((frame, buf, off)) => {
-                    self.process_frame(me, buf, off, frame, deferred);
+                    self.process_frame(me, buf, off, frame, burst);
                     hops::stamp(Hop::FrameProcessed);
                 }
                 None => {
@@ -360,7 +360,7 @@ impl Stack {
         n
     }
 
-    fn process(&self, me: &mut TxSide<'_>, desc: PacketDesc, deferred: &mut Deferred) {
+    fn process(&self, me: &mut TxSide<'_>, desc: PacketDesc, burst: &mut Burst) {
         let Some(frame) = self.pool.frame(desc) else {
             bump(&me.counters.bad_descriptors);
             log::warn!(
@@ -374,7 +374,7 @@ impl Stack {
             }
             return;
         };
-        self.process_frame(me, desc.buf, 0, frame, deferred);
+        self.process_frame(me, desc.buf, 0, frame, burst);
     }
 
     /// Processes one received frame, `frame_off` bytes into buffer `buf`
@@ -385,7 +385,7 @@ impl Stack {
         buf: u32,
         frame_off: u16,
         frame: &[u8],
-        deferred: &mut Deferred,
+        burst: &mut Burst,
     ) {
         match parse(frame, &self.iface) {
             Err(why) => {
@@ -433,7 +433,7 @@ impl Stack {
                 return self.on_udp(me, buf, frame_off, frame, &d);
             }
             // The state machine copies the payload: the buffer goes back.
-            Ok(Packet::Tcp(t)) => self.tcp.input(me, &t, deferred),
+            Ok(Packet::Tcp(t)) => self.tcp.input(me, &t, burst),
         }
         self.give_back(me, buf);
     }

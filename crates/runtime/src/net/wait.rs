@@ -3,7 +3,7 @@
 //! (`protected/`), so neither imports the other for it.
 //!
 //! * [`wait_until`]: an attempt under a waiter queue's lock, parking until
-//!   a waker empties the queue or a deadline passes;
+//!   a waker empties the queue or the [`Wait`] is over;
 //! * [`wake_all`]: the wakers' side, which also notifies the pollers
 //!   watching the socket (`readiness.rs`);
 //! * [`would_block`] and [`os_error`]: errors carrying the `errno` Linux
@@ -38,13 +38,46 @@ pub(in crate::net) fn wake_all(waiters: &SpinLock<SocketWaiters>) {
     woken.run();
 }
 
+/// How long a socket call waits for its attempt to succeed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::net) enum Wait {
+    /// One attempt (a non-blocking socket, a `try_` call). It reads no
+    /// clock: an event loop's every read and write is such a call.
+    Once,
+    /// Until the attempt succeeds.
+    Forever,
+    /// Until then (then `EAGAIN`, or the caller's timeout error).
+    Until(Instant),
+}
+
+impl Wait {
+    /// For a call on a socket: once if `once` (non-blocking, or a `try_`
+    /// call), else for the socket's timeout (`timeout_ns`), if it has one.
+    pub(in crate::net) fn for_call(once: bool, timeout: &AtomicU64) -> Wait {
+        if once {
+            return Wait::Once;
+        }
+        Wait::within(timeout_of(timeout))
+    }
+
+    /// For at most `timeout` from now (`None`: forever).
+    pub(in crate::net) fn within(timeout: Option<Duration>) -> Wait {
+        Wait::until(timeout.map(|t| Instant::now() + t))
+    }
+
+    /// Until `deadline` (`None`: forever).
+    pub(in crate::net) fn until(deadline: Option<Instant>) -> Wait {
+        deadline.map_or(Wait::Forever, Wait::Until)
+    }
+}
+
 /// Waits until `attempt` gives `Some((result, wake))` (`wake` runs once the
-/// queue's lock is released) or `deadline` passes (`None`). The attempt and
+/// queue's lock is released) or `wait` is over (`None`). The attempt and
 /// the queueing happen under the waiters' lock, which wakers take after
 /// changing what the attempt looks at, so no wake-up is lost.
 pub(in crate::net) fn wait_until<R, W: WakeLater>(
     waiters: &SpinLock<SocketWaiters>,
-    deadline: Option<Instant>,
+    wait: Wait,
     mut attempt: impl FnMut() -> Option<(R, W)>,
 ) -> Option<R> {
     let mut timed_out = false;
@@ -60,7 +93,12 @@ pub(in crate::net) fn wait_until<R, W: WakeLater>(
                 wake.run();
                 return Some(r);
             }
-            if timed_out || deadline.is_some_and(|d| d <= Instant::now()) {
+            let over = match wait {
+                Wait::Once => true,
+                Wait::Forever => false,
+                Wait::Until(d) => timed_out || d <= Instant::now(),
+            };
+            if over {
                 return None;
             }
             me.map(|me| {
@@ -75,9 +113,9 @@ pub(in crate::net) fn wait_until<R, W: WakeLater>(
             std::thread::sleep(Duration::from_micros(20));
             continue;
         };
-        match deadline {
-            None => sched::park_current(&deferred),
-            Some(d) => sched::park_current_until(&deferred, &w, d),
+        match wait {
+            Wait::Until(d) => sched::park_current_until(&deferred, &w, d),
+            Wait::Once | Wait::Forever => sched::park_current(&deferred),
         }
         ginza_sys::hops::stamp(ginza_sys::hops::Hop::WaiterRuns);
         if w.timed_out() {

@@ -12,12 +12,12 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::socket::send_ranges;
 use super::tx_pool::TxPool;
 use super::{ack, of, Command, ConnId, ConnState, Event, Protected, Range};
-use crate::net::wait::wait_until;
+use crate::net::wait::{wait_until, Wait};
 use crate::sched::{self, Shared};
 use crate::spinlock::SpinLock;
 
@@ -125,8 +125,7 @@ impl Channel {
     /// it is returned; `Cleanup` frees what the connection still held.
     pub fn next_event(&self, timeout: Option<Duration>) -> io::Result<Option<ChannelEvent>> {
         let p = self.p();
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let r = wait_until(&p.raw.waiters, deadline, || {
+        let r = wait_until(&p.raw.waiters, Wait::within(timeout), || {
             if let Some(e) = self.scratch.lock().pop_front() {
                 return Some((Ok(e), ()));
             }

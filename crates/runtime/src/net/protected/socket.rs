@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqC
 
 use ginza_proto::netstack::ListenId;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::tx_pool::{TxPool, TX_CHUNK};
 use super::{
@@ -17,7 +17,7 @@ use super::{
     Protected, Range, Ranges, SendFlags, MAX_RANGES,
 };
 use crate::net::readiness::{Readiness, SocketWaiters, Watched};
-use crate::net::wait::{os_error, timeout_ns, timeout_of, wait_until, wake_all, would_block};
+use crate::net::wait::{os_error, timeout_ns, timeout_of, wait_until, wake_all, would_block, Wait};
 use crate::sched::Shared;
 use crate::spinlock::SpinLock;
 use ginza_sys::hops::{self, Hop};
@@ -172,7 +172,7 @@ impl ProtectedListener {
             backlog,
         };
         p.command(0, &listen)?;
-        wait_until(&l.waiters, None, || {
+        wait_until(&l.waiters, Wait::Forever, || {
             if let Some(why) = p.gone() {
                 return Some((Err(p.gone_error(why)), ()));
             }
@@ -208,20 +208,21 @@ impl ProtectedListener {
     }
 
     pub(crate) fn accept(&self) -> io::Result<(ProtectedStream, SocketAddr)> {
-        self.accept_within(self.nonblocking.load(Relaxed).then(Instant::now))
+        self.accept_within(if self.nonblocking.load(Relaxed) {
+            Wait::Once
+        } else {
+            Wait::Forever
+        })
     }
 
     /// `accept` that never waits: `EAGAIN` when nobody waits.
     pub(crate) fn try_accept(&self) -> io::Result<(ProtectedStream, SocketAddr)> {
-        self.accept_within(Some(Instant::now()))
+        self.accept_within(Wait::Once)
     }
 
-    fn accept_within(
-        &self,
-        deadline: Option<Instant>,
-    ) -> io::Result<(ProtectedStream, SocketAddr)> {
+    fn accept_within(&self, wait: Wait) -> io::Result<(ProtectedStream, SocketAddr)> {
         let p = p_of(&self.rt);
-        let conn = wait_until(&self.l.waiters, deadline, || {
+        let conn = wait_until(&self.l.waiters, wait, || {
             if let Some(c) = self.l.state.lock().backlog.pop_front() {
                 return Some((Ok(c), ()));
             }
@@ -426,13 +427,10 @@ impl ProtectedStream {
         st.rx.iter().map(|i| (i.range.len - i.used) as usize).sum()
     }
 
-    /// Until when a call may wait: now if non-blocking (or `try_only`),
-    /// else the timeout's end, if any.
-    fn deadline(&self, timeout: &AtomicU64, try_only: bool) -> Option<Instant> {
-        if try_only || self.h.nonblocking.load(Relaxed) {
-            return Some(Instant::now());
-        }
-        timeout_of(timeout).map(|t| Instant::now() + t)
+    /// How long a call may wait: once if non-blocking (or `try_only`),
+    /// else for the timeout, if any.
+    fn wait(&self, timeout: &AtomicU64, try_only: bool) -> Wait {
+        Wait::for_call(try_only || self.h.nonblocking.load(Relaxed), timeout)
     }
 
     pub(crate) fn connect(
@@ -453,8 +451,7 @@ impl ProtectedStream {
             p.connects.lock().remove(&cookie);
             return Err(e);
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let r = wait_until(&pending.waiters, deadline, || {
+        let r = wait_until(&pending.waiters, Wait::within(timeout), || {
             if let Some(r) = pending.result.lock().take() {
                 return Some((Ok(r), ()));
             }
@@ -628,10 +625,10 @@ impl ProtectedStream {
     ) -> io::Result<R> {
         let p = self.p();
         let c = &self.h.conn;
-        let deadline = self.deadline(&self.h.read_timeout, try_only);
+        let wait = self.wait(&self.h.read_timeout, try_only);
         let shut = &self.h.read_shut;
         let mut done = Vec::new();
-        let r = wait_until(&c.waiters, deadline, || {
+        let r = wait_until(&c.waiters, wait, || {
             let mut st = c.state.lock();
             let readable = !st.rx.is_empty()
                 || shut.load(SeqCst)
@@ -718,9 +715,9 @@ impl ProtectedStream {
         }
         let p = self.p();
         let c = &self.h.conn;
-        let deadline = self.deadline(&self.h.write_timeout, try_only);
+        let wait = self.wait(&self.h.write_timeout, try_only);
         let mut waited = false;
-        let r = wait_until(&c.waiters, deadline, || {
+        let r = wait_until(&c.waiters, wait, || {
             let mut st = c.state.lock();
             if let Some(e) = state_error(&st, c, true) {
                 return Some((Err(e), ()));

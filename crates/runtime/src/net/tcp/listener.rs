@@ -6,13 +6,12 @@ use std::io;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Instant;
 
 use ginza_net::tcp::Listener;
 use ginza_net::Endpoint;
 
 use super::super::readiness::{Readiness, SocketWaiters, Watched};
-use super::super::wait::{os_error, wait_until, wake_all, would_block};
+use super::super::wait::{os_error, wait_until, wake_all, would_block, Wait};
 use super::stream::InProcessStream;
 use super::{FourTuple, Tcp};
 use crate::sched::Shared;
@@ -177,22 +176,23 @@ impl InProcessListener {
     /// not the public `TcpStream` (sockets.rs wraps it), so that this file
     /// stays below the sockets that choose a backend.
     pub(crate) fn accept(&self) -> io::Result<(InProcessStream, SocketAddr)> {
-        self.accept_within(self.nonblocking.load(Relaxed).then(Instant::now))
+        self.accept_within(if self.nonblocking.load(Relaxed) {
+            Wait::Once
+        } else {
+            Wait::Forever
+        })
     }
 
     /// `accept` that never waits: `EAGAIN` when nobody is in the backlog.
     pub(crate) fn try_accept(&self) -> io::Result<(InProcessStream, SocketAddr)> {
-        self.accept_within(Some(Instant::now()))
+        self.accept_within(Wait::Once)
     }
 
-    /// Accepts, waiting until `deadline` (then `EAGAIN`).
-    fn accept_within(
-        &self,
-        deadline: Option<Instant>,
-    ) -> io::Result<(InProcessStream, SocketAddr)> {
+    /// Accepts, waiting as `wait` says (then `EAGAIN`).
+    fn accept_within(&self, wait: Wait) -> io::Result<(InProcessStream, SocketAddr)> {
         let tcp = self.tcp();
         loop {
-            let remote = wait_until(&self.core.waiters, deadline, || {
+            let remote = wait_until(&self.core.waiters, wait, || {
                 let remote = self.core.state.lock().backlog.accept()?;
                 Some((remote, ()))
             })

@@ -46,7 +46,7 @@ use ginza_sys::hops::{self, Hop};
 
 use super::egress::{self, transmit};
 use super::readiness::SocketWaiters;
-use super::wait::{os_error, wait_until, wake_all, WakeLater};
+use super::wait::{os_error, wait_until, wake_all, Wait, WakeLater};
 use crate::link::TxSide;
 use crate::sched::{self, Shared};
 use crate::spinlock::SpinLock;
@@ -228,25 +228,39 @@ impl WakeLater for Wake {
     }
 }
 
-/// The connection of a receive burst whose answer waits for the burst's
-/// end. One slot: a bulk stream fills a burst with one connection, and a
-/// burst of many connections answers each as the next one arrives.
+/// One poll of a kthread's rings: the time its segments and deadlines
+/// share (read once, at the first need: a clock read per segment and per
+/// answer was a large part of the runtime's own time per request), and
+/// the connection whose answer waits for the burst's end. One slot: a
+/// bulk stream fills a burst with one connection, and a burst of many
+/// connections answers each as the next one arrives.
 #[derive(Default)]
-pub(crate) struct Deferred(Option<Arc<Conn>>);
+pub(crate) struct Burst {
+    now: Option<ginza_net::tcp::Instant>,
+    deferred: Option<Arc<Conn>>,
+}
 
-impl Deferred {
+impl Burst {
+    fn now(&mut self, tcp: &Tcp) -> ginza_net::tcp::Instant {
+        *self.now.get_or_insert_with(|| tcp.now())
+    }
+
     /// Keeps `conn`, returning an earlier other connection to answer now.
-    fn replace(&mut self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
-        match &self.0 {
+    fn defer(&mut self, conn: Arc<Conn>) -> Option<Arc<Conn>> {
+        match &self.deferred {
             Some(held) if Arc::ptr_eq(held, &conn) => None,
-            _ => self.0.replace(conn),
+            _ => self.deferred.replace(conn),
         }
     }
 
     /// `conn` was just answered: nothing of it waits any more.
     fn forget(&mut self, conn: &Arc<Conn>) {
-        if self.0.as_ref().is_some_and(|held| Arc::ptr_eq(held, conn)) {
-            self.0 = None;
+        if self
+            .deferred
+            .as_ref()
+            .is_some_and(|held| Arc::ptr_eq(held, conn))
+        {
+            self.deferred = None;
         }
     }
 }
@@ -313,14 +327,14 @@ impl Tcp {
     /// A segment for us, in the scheduler context of the kthread `me`.
     /// A segment whose answer may wait for the end of its burst
     /// ([`Connection::may_answer_after_burst`]) leaves its connection in
-    /// `deferred`, answered by [`Tcp::answer_deferred`].
-    pub(crate) fn input(&self, me: &mut TxSide<'_>, f: &TcpFrame<'_>, deferred: &mut Deferred) {
+    /// `burst`, answered by [`Tcp::answer_deferred`].
+    pub(crate) fn input(&self, me: &mut TxSide<'_>, f: &TcpFrame<'_>, burst: &mut Burst) {
         count(&self.counters.segments_in);
         let key = FourTuple::of(f);
-        let now = self.now();
+        let now = burst.now(self);
         let target = self.table.lock().demux(&key, &f.segment).cloned();
         match target {
-            Demux::Connection(conn) => self.to_connection(me, conn, f, now, deferred),
+            Demux::Connection(conn) => self.to_connection(me, conn, f, now, burst),
             Demux::Listener(l) => self.on_syn(me, &l, key, f, now),
             Demux::ListenerAck(l) => {
                 if self.on_listener_ack(me, &l, key, f, now) {
@@ -329,7 +343,7 @@ impl Tcp {
                     // its; if not yet, it is dropped (and sent again).
                     let made = self.table.lock().get(&key).cloned();
                     if let Some(conn) = made {
-                        self.to_connection(me, conn, f, now, deferred);
+                        self.to_connection(me, conn, f, now, burst);
                     }
                 }
             }
@@ -347,7 +361,7 @@ impl Tcp {
         conn: Arc<Conn>,
         f: &TcpFrame<'_>,
         now: ginza_net::tcp::Instant,
-        deferred: &mut Deferred,
+        burst: &mut Burst,
     ) {
         let wake = {
             let mut inner = conn.inner.lock();
@@ -356,29 +370,30 @@ impl Tcp {
             inner.tcb.on_segment(&f.segment, now);
             if later {
                 drop(inner);
-                if let Some(earlier) = deferred.replace(conn) {
-                    self.answer(me, &earlier);
+                if let Some(earlier) = burst.defer(conn) {
+                    self.answer(me, &earlier, now);
                 }
                 return;
             }
             self.settle(Some(me), &conn, &mut inner, now)
         };
-        deferred.forget(&conn);
+        burst.forget(&conn);
         wake.run();
     }
 
     /// Answers the connection whose segments waited for the end of their
     /// burst: one ACK and one wake-up for all of them.
-    pub(crate) fn answer_deferred(&self, me: &mut TxSide<'_>, deferred: &mut Deferred) {
-        if let Some(conn) = deferred.0.take() {
-            self.answer(me, &conn);
+    pub(crate) fn answer_deferred(&self, me: &mut TxSide<'_>, burst: &mut Burst) {
+        if let Some(conn) = burst.deferred.take() {
+            let now = burst.now(self);
+            self.answer(me, &conn, now);
         }
     }
 
-    fn answer(&self, me: &mut TxSide<'_>, conn: &Arc<Conn>) {
+    fn answer(&self, me: &mut TxSide<'_>, conn: &Arc<Conn>, now: ginza_net::tcp::Instant) {
         let wake = {
             let mut inner = conn.inner.lock();
-            self.settle(Some(me), conn, &mut inner, self.now())
+            self.settle(Some(me), conn, &mut inner, now)
         };
         wake.run();
     }
@@ -704,15 +719,15 @@ impl Tcp {
 
     /// Waits (parking the uthread; an OS thread polls) until `attempt`,
     /// run on the connection and settled after, gives `Some`, or until
-    /// `deadline` (then `None`).
+    /// `wait` is over (then `None`).
     fn wait_on<R>(
         &self,
         rt: &Shared,
         conn: &Arc<Conn>,
-        deadline: Option<Instant>,
+        wait: Wait,
         mut attempt: impl FnMut(&mut ConnInner) -> Option<R>,
     ) -> Option<R> {
-        let r = wait_until(&conn.waiters, deadline, || {
+        let r = wait_until(&conn.waiters, wait, || {
             let mut inner = conn.inner.lock();
             let r = attempt(&mut inner)?;
             let now = self.now();
@@ -732,11 +747,11 @@ impl Tcp {
 
     /// Sends what waited for egress room and fires due deadlines, as the
     /// kthread `me` polling its rings.
-    pub(crate) fn poll(&self, me: &mut TxSide<'_>) {
+    pub(crate) fn poll(&self, me: &mut TxSide<'_>, burst: &mut Burst) {
         if self.tx_pending_count.load(Relaxed) > 0 {
             let pending = std::mem::take(&mut *self.tx_pending.lock());
             self.tx_pending_count.fetch_sub(pending.len(), Relaxed);
-            let now = self.now();
+            let now = burst.now(self);
             for conn in pending {
                 let wake = {
                     let mut inner = conn.inner.lock();
@@ -747,7 +762,8 @@ impl Tcp {
             }
         }
         if self.deadlines.earliest() != u64::MAX {
-            self.fire(me, self.now());
+            let now = burst.now(self);
+            self.fire(me, now);
         }
     }
 

@@ -12,7 +12,7 @@ use ginza_net::tcp::{Connection, FourTuple, State, TcpError};
 use ginza_net::{Endpoint, MacAddr};
 
 use super::super::readiness::{Readiness, SocketWaiters, Watched};
-use super::super::wait::{os_error, timeout_ns, timeout_of, wake_all, would_block};
+use super::super::wait::{os_error, timeout_ns, timeout_of, wake_all, would_block, Wait};
 use super::{io_error, pending_error, Conn, ConnInner, Tcp};
 use crate::sched::Shared;
 use crate::spinlock::SpinLock;
@@ -218,13 +218,10 @@ impl InProcessStream {
         Ok(timeout_of(&self.handle.write_timeout))
     }
 
-    /// Until when a call may wait: now if non-blocking (or `try_only`),
-    /// else the timeout's end, if any.
-    fn deadline(&self, timeout: &AtomicU64, try_only: bool) -> Option<Instant> {
-        if try_only || self.handle.nonblocking.load(Relaxed) {
-            return Some(Instant::now());
-        }
-        timeout_of(timeout).map(|t| Instant::now() + t)
+    /// How long a call may wait: once if non-blocking (or `try_only`),
+    /// else for the timeout, if any.
+    fn wait(&self, timeout: &AtomicU64, try_only: bool) -> Wait {
+        Wait::for_call(try_only || self.handle.nonblocking.load(Relaxed), timeout)
     }
 
     pub(crate) fn read_bytes(&self, buf: &mut [u8]) -> io::Result<usize> {
@@ -252,9 +249,9 @@ impl InProcessStream {
             return Ok(0);
         }
         let (rt, tcp, conn) = self.parts();
-        let deadline = self.deadline(&self.handle.read_timeout, try_only);
+        let wait = self.wait(&self.handle.read_timeout, try_only);
         let shut = &self.handle.read_shut;
-        let r = tcp.wait_on(rt, conn, deadline, |inner| {
+        let r = tcp.wait_on(rt, conn, wait, |inner| {
             if shut.load(SeqCst) {
                 return Some(Ok(0));
             }
@@ -292,8 +289,8 @@ impl InProcessStream {
             return Ok(0);
         }
         let (rt, tcp, conn) = self.parts();
-        let deadline = self.deadline(&self.handle.write_timeout, try_only);
-        let r = tcp.wait_on(rt, conn, deadline, |inner| match inner.tcb.send(buf) {
+        let wait = self.wait(&self.handle.write_timeout, try_only);
+        let r = tcp.wait_on(rt, conn, wait, |inner| match inner.tcb.send(buf) {
             Err(TcpError::WouldBlock) => None,
             Err(TcpError::NotConnected) if connecting(inner) => None,
             r => Some(r),
@@ -405,7 +402,7 @@ pub(crate) fn connect(
     let mac = super::super::resolve_mac(&rt, Endpoint::from(addr), deadline)?;
     let conn = start_connect(&rt, addr, local_port, Some(mac))?;
     let tcp = super::super::tcp_of(&rt).expect("the caller checked");
-    let r = tcp.wait_on(&rt, &conn, deadline, |inner| {
+    let r = tcp.wait_on(&rt, &conn, Wait::until(deadline), |inner| {
         match (inner.tcb.error(), inner.tcb.state()) {
             (Some(e), _) => Some(Err(e)),
             (None, State::SynSent) => None,
