@@ -124,11 +124,11 @@ impl Poller {
     /// Appends up to `max` events to `events`; returns when at least one is
     /// ready, when `deadline` passes (`Some(Instant::now())` or earlier:
     /// look, never park, as [`Poller::ready`] does), or when a
-    /// [`PollWaker`] woke it (then possibly with 0 events). Level-triggered registrations still ready are
-    /// reported again by the next wait; edge-triggered ones after a new
-    /// notification only; oneshot ones once, until
-    /// [`Registration::modify`]. `max` of 0 is `EINVAL`, as for
-    /// `epoll_wait`.
+    /// [`PollWaker`] woke it (then possibly with 0 events).
+    /// Level-triggered registrations still ready are reported again by the
+    /// next wait; edge-triggered ones after a new notification only;
+    /// oneshot ones once, until [`Registration::modify`]. `max` of 0 is
+    /// `EINVAL`, as for `epoll_wait`.
     pub fn wait(
         &self,
         events: &mut Vec<PollEvent>,

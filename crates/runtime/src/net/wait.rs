@@ -60,6 +60,16 @@ impl Wait {
         Wait::within(timeout_of(timeout))
     }
 
+    /// Once if `nonblocking`, else until the attempt succeeds (a call with
+    /// no timeout: `accept`).
+    pub(in crate::net) fn forever_unless(nonblocking: bool) -> Wait {
+        if nonblocking {
+            Wait::Once
+        } else {
+            Wait::Forever
+        }
+    }
+
     /// For at most `timeout` from now (`None`: forever).
     pub(in crate::net) fn within(timeout: Option<Duration>) -> Wait {
         Wait::until(timeout.map(|t| Instant::now() + t))

@@ -208,11 +208,7 @@ impl ProtectedListener {
     }
 
     pub(crate) fn accept(&self) -> io::Result<(ProtectedStream, SocketAddr)> {
-        self.accept_within(if self.nonblocking.load(Relaxed) {
-            Wait::Once
-        } else {
-            Wait::Forever
-        })
+        self.accept_within(Wait::forever_unless(self.nonblocking.load(Relaxed)))
     }
 
     /// `accept` that never waits: `EAGAIN` when nobody waits.

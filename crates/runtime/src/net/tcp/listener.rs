@@ -176,11 +176,7 @@ impl InProcessListener {
     /// not the public `TcpStream` (sockets.rs wraps it), so that this file
     /// stays below the sockets that choose a backend.
     pub(crate) fn accept(&self) -> io::Result<(InProcessStream, SocketAddr)> {
-        self.accept_within(if self.nonblocking.load(Relaxed) {
-            Wait::Once
-        } else {
-            Wait::Forever
-        })
+        self.accept_within(Wait::forever_unless(self.nonblocking.load(Relaxed)))
     }
 
     /// `accept` that never waits: `EAGAIN` when nobody is in the backlog.
