@@ -229,8 +229,9 @@ impl WakeLater for Wake {
 }
 
 /// One poll of a kthread's rings: the time its segments and deadlines
-/// share (read once, at the first need: a clock read per segment and per
-/// answer was a large part of the runtime's own time per request), and
+/// share (read once, at the first need: `clock_gettime`, read per segment
+/// and per answer, was the largest single user-space item of a served
+/// request, docs/results.md "Session 43"), and
 /// the connection whose answer waits for the burst's end. One slot: a
 /// bulk stream fills a burst with one connection, and a burst of many
 /// connections answers each as the next one arrives.
