@@ -196,6 +196,14 @@ pub trait CoreAllocator {
     /// How often the caller should run [`CoreAllocator::pass`].
     fn interval(&self) -> Time;
 
+    /// Whether its passes read the kthreads' busy time
+    /// ([`KthreadSnap::busy_time`]). Where none does, runtimes are told not
+    /// to keep it: two clock reads and a write to the shared line around
+    /// every run of a uthread, for nobody.
+    fn reads_busy_time(&self) -> bool {
+        false
+    }
+
     /// One allocation pass; decisions are appended to `out`. Returns the
     /// applications (indices into `apps`, ascending) this pass found
     /// congested (see [`Congestion`]), whatever it decided for them.
@@ -778,6 +786,10 @@ impl Slow {
 impl CoreAllocator for Slow {
     fn interval(&self) -> Time {
         self.period
+    }
+
+    fn reads_busy_time(&self) -> bool {
+        true
     }
 
     fn pass(
@@ -1806,6 +1818,15 @@ mod tests {
             .filter(|d| matches!(d, Decision::Grant { app: 1, .. }))
             .count();
         assert_eq!((lc, batch), (2, 2));
+    }
+
+    /// Only the utilization-based allocator reads busy time, so only its
+    /// runtimes are asked to keep it.
+    #[test]
+    fn only_the_slow_allocator_reads_busy_time() {
+        assert!(Slow::new(1000, 0.5, 1).reads_busy_time());
+        assert!(!Shenango::new(5, 1).reads_busy_time());
+        assert!(!Static::new(5).reads_busy_time());
     }
 
     #[test]

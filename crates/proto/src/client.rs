@@ -104,6 +104,7 @@ pub struct Connection {
     app_id: u64,
     ingress: Option<IngressPool>,
     wake: Option<(WakePage, u32)>,
+    busy_time: bool,
 }
 
 impl Connection {
@@ -116,6 +117,12 @@ impl Connection {
     /// read-only; `None` after the first call or without networking.
     pub fn take_ingress_pool(&mut self) -> Option<IngressPool> {
         self.ingress.take()
+    }
+
+    /// Whether iokerneld's allocator reads the kthreads' busy time (so the
+    /// runtime keeps it); true where iokerneld did not say.
+    pub fn reads_busy_time(&self) -> bool {
+        self.busy_time
     }
 
     /// The wake page iokerneld sent (registered with `wake_page`), mapped
@@ -310,6 +317,7 @@ pub fn register_with(
             app_id,
             ingress_buffers,
             wake_slots,
+            busy_time,
         } => {
             let want = usize::from(ingress_buffers > 0) + usize::from(wake_slots.is_some());
             if fds.len() != want {
@@ -344,6 +352,7 @@ pub fn register_with(
                 app_id,
                 ingress,
                 wake,
+                busy_time: busy_time.unwrap_or(true),
             })
         }
         Response::Refused { reason } => Err(ClientError::Refused { reason }),

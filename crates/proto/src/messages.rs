@@ -321,6 +321,12 @@ pub enum Response {
         ingress_buffers: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wake_slots: Option<u32>,
+        /// To a registration: whether iokerneld's allocator reads the
+        /// kthreads' busy time (`QueueLine::add_busy_ns`), which a runtime
+        /// otherwise need not keep. `None` (an iokerneld from before it
+        /// said so, or the answer to another request): keep it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        busy_time: Option<bool>,
     },
     Refused {
         reason: String,
@@ -362,6 +368,10 @@ pub struct KthreadView {
     /// The timer it reported when it last parked, from now (ns; negative:
     /// overdue).
     pub timer_in_ns: Option<i64>,
+    /// The busy time its runtime has published on its line (ns): 0 where
+    /// the allocator does not read it (`Response::Accepted::busy_time`).
+    #[serde(default)]
+    pub busy_ns: u64,
 }
 
 /// The completed requests of a dispatched application whose sojourn in
@@ -1041,6 +1051,30 @@ mod tests {
         assert!(len < REPLY_LIMIT * 3 / 4, "{len} bytes");
     }
 
+    /// An acceptance from an iokerneld that does not say whether it reads
+    /// busy time decodes with `None` (the runtime then keeps it), and a
+    /// `false` is written out.
+    #[test]
+    fn busy_time_in_an_acceptance_is_optional() {
+        let old: Response = serde_json::from_str(r#"{"accepted":{"app_id":7}}"#).unwrap();
+        assert!(matches!(
+            old,
+            Response::Accepted {
+                app_id: 7,
+                busy_time: None,
+                ..
+            }
+        ));
+        let said = Response::Accepted {
+            app_id: 7,
+            ingress_buffers: 0,
+            wake_slots: None,
+            busy_time: Some(false),
+        };
+        let back: Response = serde_json::from_slice(&encode(&said)).unwrap();
+        assert_eq!(back, said);
+    }
+
     /// The kthreads of the largest application (256, as many as a region
     /// holds), every field at its longest, fit in one reply too.
     #[test]
@@ -1056,6 +1090,7 @@ mod tests {
             queued: u32::MAX,
             flags: u32::MAX,
             timer_in_ns: Some(i64::MIN),
+            busy_ns: u64::MAX,
         };
         let len = encode(&Response::Kthreads {
             kthreads: vec![view; 256],

@@ -74,6 +74,7 @@ fn accepted(wake_slots: Option<u32>) -> Response {
         app_id: 1,
         ingress_buffers: 0,
         wake_slots,
+        busy_time: None,
     }
 }
 

@@ -76,7 +76,7 @@ use ginza_shm::LineFlags;
 
 use crate::link::KLink;
 use crate::own_socket::OwnSocket;
-use crate::sched::{bump, KThread, PollShare};
+use crate::sched::{bump, KThread, PollShare, TurnClock};
 
 /// A gap between two turns of the polling loop that counts as time off
 /// the CPU (a turn takes a few microseconds).
@@ -153,8 +153,14 @@ impl<'a> IdlePoll<'a> {
     /// whether to keep polling (entering the state if needed) rather than
     /// park. Past the polling bound, with an own socket to block on, it
     /// blocks once (until an arrival, its timer, or a waker) and says true.
-    pub(crate) fn keep_polling(&mut self) -> bool {
-        let now = Instant::now();
+    pub(crate) fn keep_polling(&mut self, clock: &mut TurnClock) -> bool {
+        // Another application waits for this core: parked at once, with no
+        // clock read (the self-woken server beside batch looks here after
+        // every request).
+        if !self.on && self.core_wanted() {
+            return false;
+        }
+        let now = clock.now();
         let quiet_since = self.k.quiet_since.get().unwrap_or(now);
         self.k.quiet_since.set(Some(quiet_since));
         let block = if now.duration_since(quiet_since) >= self.bound {
@@ -186,10 +192,7 @@ impl<'a> IdlePoll<'a> {
         if !blocking && self.k.poll_yielded_until.get().is_some_and(|t| now < t) {
             return false;
         }
-        // Another application waits for this core (iokerneld's mark):
-        // it is theirs now, not at the pass that would take it back.
-        // Once polling, iokerneld's take-back answers that instead.
-        if self.io.line.flags().contains(LineFlags::CORE_WANTED) {
+        if self.core_wanted() {
             return false;
         }
         // One poller per application: the others park.
@@ -224,6 +227,13 @@ impl<'a> IdlePoll<'a> {
         // the flag goes unread and the batch kthread that is to get the
         // core, under SCHED_IDLE, cannot run either (docs/idle-poll.md).
         true
+    }
+
+    /// Another application waits for this core (iokerneld's mark): it is
+    /// theirs now, not at the pass that would take it back. Once polling,
+    /// iokerneld's take-back answers that instead.
+    fn core_wanted(&self) -> bool {
+        self.io.line.flags().contains(LineFlags::CORE_WANTED)
     }
 
     /// The bell's check after a change of the flag, unless the bell is

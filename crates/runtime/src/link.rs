@@ -10,7 +10,7 @@ use std::any::Any;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -325,6 +325,9 @@ pub(crate) struct Link {
     wake: OnceLock<(WakePage, u32)>,
     /// The bell every kthread's link rings (sent at registration).
     bell: Arc<IokernelBell>,
+    /// Whether iokerneld's allocator reads the kthreads' busy time
+    /// (`KThread::publish_busy`); kept until registration says otherwise.
+    pub(crate) busy_time: AtomicBool,
 }
 
 impl Link {
@@ -390,6 +393,7 @@ impl Link {
                 own_socket: OnceLock::new(),
                 wake: OnceLock::new(),
                 bell,
+                busy_time: AtomicBool::new(true),
             },
             ends,
         ))
@@ -426,6 +430,7 @@ impl Link {
         let mut conn = client::register_region(&socket, &reg, &self.region, &fds)
             .map_err(|e| e.to_string())?;
         let id = conn.app_id();
+        self.busy_time.store(conn.reads_busy_time(), Relaxed);
         if let Some(net) = &self.cfg.net {
             let pool = conn.take_ingress_pool().ok_or_else(|| {
                 format!(

@@ -174,7 +174,7 @@ fn preempt_from_signal() {
             // Sleepers whose time has come go first: the scheduler pops the
             // runqueue before it looks at timers, and a time slice is asked
             // for them as much as for queued uthreads (slicer.rs).
-            sched::fire_timers_locally(&k, &k);
+            sched::fire_timers_locally(&k, &k, || k.rt().now_ns());
             // So does what waits on the shared queue (made runnable outside
             // the kthreads): the scheduler steals from it only once the
             // runqueue is empty, which a time-sliced spinner never lets

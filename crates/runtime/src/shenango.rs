@@ -18,7 +18,7 @@ use crate::idle_poll::IdlePoll;
 use crate::iokernel::park_with_iokernel;
 use crate::sched::{
     bump, eventfd_wait, finish_switch, fire_timers, fire_timers_locally, flush_own_tx, poll_events,
-    poll_net, switch_to, Owner, URef, PARKED, REVOKED, RUNNING, SPINNING,
+    poll_net, switch_to, Owner, TurnClock, URef, PARKED, REVOKED, RUNNING, SPINNING,
 };
 
 /// The Shenango scheduler: find work, run it, park when there is none.
@@ -41,9 +41,7 @@ pub(crate) fn scheduler_loop(owner: &mut Owner<'_>) {
         match find_work(owner) {
             Some(u) => {
                 rt.watch_timers_of(k);
-                if k.io.is_some() {
-                    k.busy_since.set(rt.now_ns().max(1));
-                }
+                k.start_busy();
                 let from = k.sched_ptr();
                 // SAFETY: `u` was dequeued; we are in the scheduler context,
                 // which resumes on this kthread.
@@ -75,13 +73,14 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
     k.state.store(SPINNING, Relaxed);
     rt.n_spinning.fetch_add(1, SeqCst);
     let found = loop {
+        let mut clock = TurnClock::default();
         if rt.shutdown.load(Relaxed) || k.revoke_requested.load(Relaxed) {
             break None;
         }
         if idle_poll.as_ref().is_some_and(IdlePoll::taken_back) {
             break None;
         }
-        if fire_timers_locally(owner, k) > 0 {
+        if fire_timers_locally(owner, k, || clock.ns(rt)) > 0 {
             if let Some(u) = owner.pop() {
                 break Some(u);
             }
@@ -121,12 +120,16 @@ fn find_work(owner: &mut Owner<'_>) -> Option<URef> {
         }
         // Timers of kthreads that are revoked or busy.
         for other in rt.kthreads.iter().filter(|o| o.id != k.id) {
-            fire_timers_locally(owner, other);
+            fire_timers_locally(owner, other, || clock.ns(rt));
         }
         if let Some(u) = owner.pop() {
             break Some(u);
         }
-        if spin.over() && !idle_poll.as_mut().is_some_and(IdlePoll::keep_polling) {
+        if spin.over(&mut clock)
+            && !idle_poll
+                .as_mut()
+                .is_some_and(|p| p.keep_polling(&mut clock))
+        {
             break None;
         }
         std::hint::spin_loop();
@@ -189,8 +192,9 @@ impl Spin {
         }
     }
 
-    fn over(&self) -> bool {
-        self.since.is_none_or(|s| s.elapsed() >= self.length)
+    fn over(&self, clock: &mut TurnClock) -> bool {
+        self.since
+            .is_none_or(|s| clock.now().saturating_duration_since(s) >= self.length)
     }
 }
 
@@ -290,7 +294,7 @@ fn park_revoked(owner: &Owner<'_>) {
     }
     while k.revoke_requested.load(Acquire) && !rt.shutdown.load(Acquire) {
         eventfd_wait(k, k.live_next_deadline());
-        if fire_timers(k, |u| rt.push_injector(u)) > 0 {
+        if fire_timers(k, || rt.now_ns(), |u| rt.push_injector(u)) > 0 {
             rt.notify_one();
         }
     }

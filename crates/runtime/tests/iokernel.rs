@@ -64,6 +64,49 @@ fn a_registered_runtime_runs_its_uthreads_on_granted_cores() {
     assert!(st.apps.iter().all(|a| a.name != "sum"), "{st:?}");
 }
 
+/// Busy time goes on the queue lines only for an allocator that reads it
+/// (the utilization-based one): under Shenango's a run of a uthread reads
+/// no clock and writes nothing to the line for it.
+#[test]
+fn kthreads_keep_busy_time_only_for_an_allocator_that_reads_it() {
+    use ginza_iokernel::PolicyKind;
+    for (policy, read) in [
+        (
+            PolicyKind::Slow {
+                period: Duration::from_millis(1),
+            },
+            true,
+        ),
+        (PolicyKind::Shenango, false),
+    ] {
+        let _g = lock();
+        let d = Daemon::start(|c| c.policy = policy);
+        let cfg = d.app("busy", Class::LatencyCritical, 0, 1);
+        let socket = d.socket.clone();
+        let busy_ns: u64 = ginza_runtime::run(cfg, move || {
+            for _ in 0..20 {
+                ginza_runtime::spawn(|| spin_for(Duration::from_millis(1)))
+                    .join()
+                    .unwrap();
+            }
+            client::kthreads(&socket, "busy")
+                .unwrap()
+                .iter()
+                .map(|k| k.busy_ns)
+                .sum()
+        })
+        .unwrap();
+        if read {
+            assert!(
+                busy_ns >= 15_000_000,
+                "{policy:?}: 20 runs of 1 ms published {busy_ns} ns"
+            );
+        } else {
+            assert_eq!(busy_ns, 0, "{policy:?}: nobody reads it");
+        }
+    }
+}
+
 fn app_stats<'a>(s: &'a StatsReport, name: &str) -> Option<&'a ginza_proto::AppStats> {
     s.apps.iter().find(|a| a.name == name)
 }

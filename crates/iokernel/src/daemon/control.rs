@@ -312,6 +312,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     app_id: id,
                     ingress_buffers: net.as_ref().map_or(0, |n| n.pool().count()),
                     wake_slots: wake.as_ref().map(|w| w.1),
+                    busy_time: Some(self.alloc.reads_busy_time()),
                 };
                 let mut fds: Vec<_> = net.iter().map(|n| n.pool().fd()).collect();
                 fds.extend(wake.as_ref().map(|w| w.0.fd()));

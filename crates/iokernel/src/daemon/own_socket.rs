@@ -52,6 +52,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     app_id: app.id,
                     ingress_buffers: 0,
                     wake_slots: None,
+                    busy_time: None,
                 }
             }
             Err(why) => refuse(why),

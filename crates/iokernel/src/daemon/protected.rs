@@ -133,6 +133,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             app_id: id,
             ingress_buffers: 0,
             wake_slots: None,
+            busy_time: None,
         }
     }
 

@@ -360,6 +360,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 queued: queued(k),
                 flags: app.ends[k].line.flags().0,
                 timer_in_ns: kt.timer.map(|t| t.wrapping_sub(now) as i64),
+                busy_ns: app.ends[k].line.snapshot().busy_ns,
             })
             .collect();
         Response::Kthreads { kthreads }

@@ -248,8 +248,9 @@ pub(crate) struct KThread {
     pub(crate) tid: AtomicI32,
     /// Shared state with iokerneld, when the runtime is registered.
     pub(crate) io: Option<KLink>,
-    /// Managed runtimes: when the kthread left its scheduler context for
-    /// uthreads (ns since the epoch), for the busy time on the queue line.
+    /// Managed runtimes whose iokerneld reads busy time: when the kthread
+    /// left its scheduler context for uthreads (ns since the epoch), for
+    /// the busy time on the queue line (`publish_busy`).
     pub(crate) busy_since: Cell<u64>,
     pub(super) tick: Cell<u32>,
     rng: Cell<u64>,
@@ -651,10 +652,30 @@ impl KThread {
         }
     }
 
+    /// Whether this kthread keeps busy time on its queue line: managed, and
+    /// iokerneld's allocator reads it (utilization-based). Elsewhere each
+    /// run of a uthread skips two clock reads and a write to the line that
+    /// iokerneld reads every pass.
+    pub(crate) fn keeps_busy_time(&self) -> bool {
+        self.io.is_some()
+            && self
+                .rt()
+                .link
+                .as_ref()
+                .is_some_and(|l| l.busy_time.load(Relaxed))
+    }
+
+    /// Marks the start of a run of uthreads, for [`KThread::publish_busy`].
+    pub(crate) fn start_busy(&self) {
+        if self.keeps_busy_time() {
+            self.busy_since.set(self.rt().now_ns().max(1));
+        }
+    }
+
     /// Adds the busy time since `busy_since` to the queue line (for
     /// utilization-based allocators) and restarts the count.
     pub(crate) fn publish_busy(&self, running_on: bool) {
-        if let Some(io) = &self.io {
+        if let (true, Some(io)) = (self.keeps_busy_time(), &self.io) {
             let now = self.rt().now_ns();
             let since = self.busy_since.replace(if running_on { now } else { 0 });
             if since != 0 {
@@ -946,6 +967,11 @@ impl Shared {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// `at` on this runtime's clock (ns since its epoch).
+    pub(crate) fn ns_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
     pub(crate) fn arc(&self) -> Option<Arc<Shared>> {
         self.self_ref.upgrade()
     }
@@ -1060,9 +1086,7 @@ impl Shared {
     fn stack_deadline(&self) -> u64 {
         self.packet_stack()
             .and_then(|s| s.next_deadline())
-            .map_or(u64::MAX, |at| {
-                at.saturating_duration_since(self.epoch).as_nanos() as u64
-            })
+            .map_or(u64::MAX, |at| self.ns_at(at))
     }
 
     /// `k` is about to be busy while it has timers pending: make sure an

@@ -66,7 +66,7 @@ pub(super) fn pick_next(owner: &mut Owner<'_>) -> *mut UThread {
         return k.sched_ptr();
     }
     if tick.is_multiple_of(32) {
-        fire_timers_locally(owner, k);
+        fire_timers_locally(owner, k, || rt.now_ns());
         // Nor its packets (a kthread that never runs dry would not poll).
         if k.io.is_some() {
             poll_net(owner, k);
@@ -114,16 +114,42 @@ fn schedule_away(mut k: Owner<'_>) {
     unsafe { switch_away(k, cur, next) };
 }
 
-/// Moves due timers of `owner` into the runqueue of `k`.
-pub(crate) fn fire_timers_locally(k: &Owner<'_>, owner: &KThread) -> usize {
-    fire_timers(owner, |u| k.push(u))
+/// The time of one turn of a scheduler loop, read at its first need and
+/// then shared by what the turn looks at (the timers of every kthread, the
+/// spin, the idle poller): one clock read a turn, not one for each.
+#[derive(Default)]
+pub(crate) struct TurnClock(Option<Instant>);
+
+impl TurnClock {
+    pub(crate) fn now(&mut self) -> Instant {
+        *self.0.get_or_insert_with(Instant::now)
+    }
+
+    /// The turn's time on `rt`'s clock (ns since its epoch).
+    pub(crate) fn ns(&mut self, rt: &Shared) -> u64 {
+        rt.ns_at(self.now())
+    }
 }
 
-/// Makes the uthreads whose timers on `owner` are due runnable through
-/// `sink`; how many.
-pub(crate) fn fire_timers(owner: &KThread, mut sink: impl FnMut(URef)) -> usize {
+/// Moves due timers of `owner` into the runqueue of `k`, as of `now` (ns
+/// since the runtime's epoch, read only if a timer is pending).
+pub(crate) fn fire_timers_locally(
+    k: &Owner<'_>,
+    owner: &KThread,
+    now: impl FnOnce() -> u64,
+) -> usize {
+    fire_timers(owner, now, |u| k.push(u))
+}
+
+/// Makes the uthreads whose timers on `owner` are due as of `now` (read
+/// only if a timer is pending) runnable through `sink`; how many.
+pub(crate) fn fire_timers(
+    owner: &KThread,
+    now: impl FnOnce() -> u64,
+    mut sink: impl FnMut(URef),
+) -> usize {
     owner.timers.fire_due(
-        || owner.rt().now_ns(),
+        now,
         // SAFETY: taken off the heap, so exactly once.
         |entry| match unsafe { timer_target(entry) } {
             Some(u) => {
@@ -441,7 +467,7 @@ fn run_until_stopped(
 /// busy worker cannot), and every 32nd pass through a worker's `pick_next`.
 pub(crate) fn fire_timers_to_dispatcher(k: &KThread) {
     let rt = k.rt();
-    fire_timers(k, |u| rt.queue_for_dispatcher(u));
+    fire_timers(k, || rt.now_ns(), |u| rt.queue_for_dispatcher(u));
 }
 
 /// Test hook: the calling kthread's next pass through `pick_next` takes
