@@ -675,12 +675,13 @@ impl KThread {
     /// Adds the busy time since `busy_since` to the queue line (for
     /// utilization-based allocators) and restarts the count.
     pub(crate) fn publish_busy(&self, running_on: bool) {
-        if let (true, Some(io)) = (self.keeps_busy_time(), &self.io) {
-            let now = self.rt().now_ns();
-            let since = self.busy_since.replace(if running_on { now } else { 0 });
-            if since != 0 {
-                io.line.add_busy_ns(now.saturating_sub(since));
-            }
+        let Some(io) = self.io.as_ref().filter(|_| self.keeps_busy_time()) else {
+            return;
+        };
+        let now = self.rt().now_ns();
+        let since = self.busy_since.replace(if running_on { now } else { 0 });
+        if since != 0 {
+            io.line.add_busy_ns(now.saturating_sub(since));
         }
     }
 
