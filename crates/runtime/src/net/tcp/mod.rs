@@ -48,7 +48,7 @@ use super::egress::{self, transmit};
 use super::readiness::SocketWaiters;
 use super::wait::{os_error, wait_until, wake_all, Wait, WakeLater};
 use crate::link::TxSide;
-use crate::sched::{self, Shared};
+use crate::sched::{self, Shared, TurnClock};
 use crate::spinlock::SpinLock;
 pub(crate) use listener::ListenerCore;
 use timers::{Armed, Deadlines};
@@ -229,7 +229,7 @@ impl WakeLater for Wake {
 }
 
 /// One poll of a kthread's rings: the time its segments and deadlines
-/// share (read once, at the first need: `clock_gettime`, read per segment
+/// share (a [`TurnClock`], read at the first need: `clock_gettime`, read per segment
 /// and per answer, was the largest single user-space item of a served
 /// request, docs/results.md "Session 43"), and
 /// the connection whose answer waits for the burst's end. One slot: a
@@ -237,13 +237,13 @@ impl WakeLater for Wake {
 /// connections answers each as the next one arrives.
 #[derive(Default)]
 pub(crate) struct Burst {
-    now: Option<ginza_net::tcp::Instant>,
+    clock: TurnClock,
     deferred: Option<Arc<Conn>>,
 }
 
 impl Burst {
     fn now(&mut self, tcp: &Tcp) -> ginza_net::tcp::Instant {
-        *self.now.get_or_insert_with(|| tcp.now())
+        tcp.at(self.clock.now())
     }
 
     /// Keeps `conn`, returning an earlier other connection to answer now.
@@ -308,7 +308,14 @@ impl Tcp {
     }
 
     fn now(&self) -> ginza_net::tcp::Instant {
-        ginza_net::tcp::Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        self.at(Instant::now())
+    }
+
+    /// `at` on the state machines' clock.
+    fn at(&self, at: Instant) -> ginza_net::tcp::Instant {
+        ginza_net::tcp::Instant::from_nanos(
+            at.saturating_duration_since(self.epoch).as_nanos() as u64
+        )
     }
 
     fn instant_of(&self, nanos: u64) -> Instant {
