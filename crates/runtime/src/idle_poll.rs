@@ -29,14 +29,18 @@
 //!
 //! iokerneld sees only Ginza applications; a client, a build or a kernel
 //! worker on the same CPU would wait behind the poller until Linux's time
-//! slice ran out, for every request it makes. So the poller counts the
-//! time it was off its CPU (gaps between turns of its loop of
-//! [`OFF_CPU_GAP`] or more) over windows of [`SHARE_WINDOW`]; when it lost
-//! [`SHARE_LOST`] of a window or more and Linux says it switched the thread
-//! out for another task meanwhile (its involuntary context switches: a
-//! hypervisor that stole the vCPU does not count), the CPU has another
-//! taker, not a kernel thread's moment: the kthread parks, and does not
-//! poll again for [`YIELD_BACKOFF`] (it parks as without the option).
+//! slice ran out, for every request it makes. So the poller reads how long
+//! Linux kept it waiting, runnable, for its CPU (the kernel's run-queue
+//! wait: a hypervisor that stole the vCPU does not count) and how often
+//! Linux switched it out, over windows of [`SHARE_WINDOW`]. When it waited
+//! [`SHARE_LOST`] of a window or more, [`SLICE_WAIT`] or more per switch
+//! (time slices, not a woken client's moment), the CPU has another taker:
+//! the kthread parks, and does not poll again for [`YIELD_BACKOFF`] (it
+//! parks as without the option). The wait counts wherever it fell, also
+//! where the taker is what brings the poller its work: there each time
+//! Linux gives the poller its CPU back its first turn finds work, and the
+//! gaps between idle turns that the poller counted before never showed
+//! the loss (docs/results.md, "Session 45").
 //!
 //! A kthread that polls does not keep a sleeping iokerneld awake
 //! (docs/iokernel-idle.md); one that runs work does. So each change of the
@@ -78,16 +82,18 @@ use crate::link::KLink;
 use crate::own_socket::OwnSocket;
 use crate::sched::{bump, KThread, PollShare, TurnClock};
 
-/// A gap between two turns of the polling loop that counts as time off
-/// the CPU (a turn takes a few microseconds).
-const OFF_CPU_GAP: Duration = Duration::from_micros(50);
-
-/// The window over which a poller counts its time off the CPU.
+/// The window over which a poller counts the time it waited for its CPU.
 const SHARE_WINDOW: Duration = Duration::from_millis(100);
 
 /// The share of a window lost to other tasks that makes a poller park:
 /// a task that contends for the CPU gets about half of it from Linux.
 const SHARE_LOST: f64 = 0.25;
+
+/// A wait for the CPU, per switch, long enough to be another task's time
+/// slice rather than a woken task's moment: a blocking client beside its
+/// server, woken, preempts the poller for the few microseconds of its send
+/// and loses nothing to it.
+const SLICE_WAIT: Duration = Duration::from_micros(50);
 
 /// How long a poller that was switched out for another task parks
 /// instead of polling: long enough that a task contending for the CPU
@@ -107,9 +113,6 @@ pub(crate) struct IdlePoll<'a> {
     /// On the direct path (an own socket): the bell is held (module doc).
     direct: bool,
     on: bool,
-    /// When it last ran as the poller (entered, or back from a block):
-    /// set before `switched_out` reads it.
-    last_turn: Option<Instant>,
 }
 
 impl<'a> IdlePoll<'a> {
@@ -135,7 +138,6 @@ impl<'a> IdlePoll<'a> {
             own,
             direct: socket.is_some(),
             on: false,
-            last_turn: None,
         })
     }
 
@@ -217,8 +219,6 @@ impl<'a> IdlePoll<'a> {
             self.k.bell_owed.set(false);
         }
         self.ring();
-        // The time it ran work since its last spell is not time lost.
-        self.last_turn = Some(now);
         if self.k.poll_share.get().window_start.is_none() {
             self.k.poll_share.set(PollShare::started(now));
         }
@@ -301,36 +301,35 @@ impl<'a> IdlePoll<'a> {
             // page) takes it for one.
             let _ = ginza_sys::eventfd::read(k.eventfd());
         }
-        // Time blocked is not time lost to other tasks.
-        self.last_turn = Some(Instant::now());
     }
 
     /// Whether, over the window that ends now, another task took
-    /// [`SHARE_LOST`] of the CPU from the poller: then it is to park, and
-    /// not poll for [`YIELD_BACKOFF`].
-    fn switched_out(&mut self, now: Instant) -> bool {
-        let gap = self
-            .last_turn
-            .map_or(Duration::ZERO, |t| now.duration_since(t));
-        self.last_turn = Some(now);
-        let mut share = self.k.poll_share.get();
-        if gap >= OFF_CPU_GAP {
-            share.off_cpu += gap;
-        }
-        let start = *share.window_start.get_or_insert(now);
-        let window = now.duration_since(start);
+    /// [`SHARE_LOST`] of the CPU from the poller in time slices: then it is
+    /// to park, and not poll for [`YIELD_BACKOFF`].
+    fn switched_out(&self, now: Instant) -> bool {
+        let share = self.k.poll_share.get();
+        let Some(start) = share.window_start else {
+            self.k.poll_share.set(PollShare::started(now));
+            return false;
+        };
+        let window = now.saturating_duration_since(start);
         if window < SHARE_WINDOW {
-            self.k.poll_share.set(share);
             return false;
         }
-        let lost = share.off_cpu.as_secs_f64() >= window.as_secs_f64() * SHARE_LOST;
         let next = PollShare::started(now);
         self.k.poll_share.set(next);
-        if !lost
-            || share.switches == u64::MAX
-            || next.switches == u64::MAX
-            || next.switches == share.switches
-        {
+        let (Some(w0), Some(w1), Some(s0), Some(s1)) = (
+            share.waited_ns,
+            next.waited_ns,
+            share.switches,
+            next.switches,
+        ) else {
+            return false;
+        };
+        let waited_ns = w1.saturating_sub(w0);
+        let lost = waited_ns as f64 >= window.as_nanos() as f64 * SHARE_LOST
+            && waited_ns / s1.saturating_sub(s0).max(1) >= SLICE_WAIT.as_nanos() as u64;
+        if !lost {
             return false;
         }
         bump(&self.k.stats.idle_poll_yields);

@@ -47,9 +47,7 @@ impl SchedStat {
 }
 
 /// Times Linux took the CPU from the calling thread while it could still
-/// run (`getrusage(RUSAGE_THREAD)`'s `ru_nivcsw`): one system call, cheap
-/// enough for a polling loop to ask every few dozen microseconds whether
-/// another task wanted its CPU.
+/// run (`getrusage(RUSAGE_THREAD)`'s `ru_nivcsw`): one system call.
 pub fn involuntary_switches_of_current() -> io::Result<u64> {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
     // SAFETY: `usage` is valid for writes of a `rusage`, which the call
@@ -61,6 +59,30 @@ pub fn involuntary_switches_of_current() -> io::Result<u64> {
     // SAFETY: the call succeeded, so it initialised `usage`.
     let usage = unsafe { usage.assume_init() };
     Ok(usage.ru_nivcsw as u64)
+}
+
+/// How long the calling thread has waited, runnable, on a run queue for
+/// its CPU since it started, ns (`/proc/thread-self/schedstat`'s second
+/// field): time another task of this machine held the CPU it could have
+/// run on. A vCPU the hypervisor took is not in it (the thread counts as
+/// running then). Read into a buffer on the stack: no allocation, so a
+/// scheduler may ask it between its turns.
+pub fn runnable_waiting_ns_of_current() -> io::Result<u64> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::open("/proc/thread-self/schedstat")?;
+    let mut text = [0u8; 96];
+    let mut len = 0;
+    while len < text.len() {
+        match file.read(&mut text[len..])? {
+            0 => break,
+            n => len += n,
+        }
+    }
+    let text = std::str::from_utf8(&text[..len]).map_err(|_| bad("schedstat"))?;
+    match text.split_ascii_whitespace().nth(1).map(str::parse::<u64>) {
+        Some(Ok(waiting)) => Ok(waiting),
+        _ => Err(bad("schedstat")),
+    }
 }
 
 /// The counters of this process's threads whose name starts with
@@ -119,7 +141,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_that_shares_its_cpu_with_a_busy_one_counts_involuntary_switches() {
+    fn a_thread_that_shares_its_cpu_with_a_busy_one_is_switched_out_and_waits() {
         let cpu = crate::affinity::allowed_cpus().expect("allowed CPUs")[0];
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s = stop.clone();
@@ -130,18 +152,32 @@ mod tests {
             }
         });
         crate::affinity::pin_current_thread(cpu).expect("pinning the test thread");
-        let before = involuntary_switches_of_current().unwrap();
+        let switches = involuntary_switches_of_current().unwrap();
+        let waited = runnable_waiting_ns_of_current().unwrap();
         let t0 = std::time::Instant::now();
-        let mut after = before;
-        while after == before && t0.elapsed() < std::time::Duration::from_secs(10) {
-            after = involuntary_switches_of_current().unwrap();
+        let (mut s1, mut w1) = (switches, waited);
+        // A millisecond of waiting: more than a wake's, less than a time
+        // slice of the rival's.
+        while (s1 == switches || w1 < waited + 1_000_000)
+            && t0.elapsed() < std::time::Duration::from_secs(10)
+        {
+            s1 = involuntary_switches_of_current().unwrap();
+            w1 = runnable_waiting_ns_of_current().unwrap();
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         rival.join().unwrap();
         assert!(
-            after > before,
+            s1 > switches,
             "no involuntary switch in 10 s beside a busy thread"
         );
+        assert!(
+            w1 >= waited + 1_000_000,
+            "waited {} ns in 10 s beside a busy thread",
+            w1 - waited
+        );
+        // The same counter as the whole record's.
+        let whole = SchedStat::of_current().unwrap();
+        assert!(whole.runnable_waiting_ns >= w1, "{whole:?}, {w1}");
     }
 
     #[test]

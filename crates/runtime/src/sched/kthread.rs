@@ -260,7 +260,7 @@ pub(crate) struct KThread {
     /// Until when it may not poll while idle: Linux gave its CPU to
     /// another task while it polled (`idle_poll.rs`).
     pub(crate) poll_yielded_until: Cell<Option<Instant>>,
-    /// The CPU time it lost while polling, by window (`idle_poll.rs`).
+    /// The CPU time other tasks took from it, by window (`idle_poll.rs`).
     pub(crate) poll_share: Cell<PollShare>,
     /// The bell held back (`idle_poll.rs`, "the bell held"): on the direct
     /// path, from its idle state until it has run what the arrival that
@@ -1310,25 +1310,28 @@ pub(crate) fn kthread_state_name(rt: &Shared, id: usize) -> &'static str {
     }
 }
 
-/// A kthread's count of the CPU time it lost while polling, over a window
-/// that spans its polling spells (a spell ends at each request;
-/// `idle_poll.rs`).
+/// A kthread's window for the CPU time other tasks took from it, which
+/// spans its polling spells (a spell ends at each request; `idle_poll.rs`).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct PollShare {
     pub(crate) window_start: Option<Instant>,
-    pub(crate) off_cpu: Duration,
-    /// Its involuntary switches when the window began (`u64::MAX`:
-    /// unknown).
-    pub(crate) switches: u64,
+    /// How long it had waited for its CPU (ns,
+    /// `runnable_waiting_ns_of_current`) and how often Linux had switched
+    /// it out (`involuntary_switches_of_current`) when the window began;
+    /// `None`: unknown, the window never counts as lost.
+    pub(crate) waited_ns: Option<u64>,
+    pub(crate) switches: Option<u64>,
 }
 
 impl PollShare {
     pub(crate) fn started(now: Instant) -> PollShare {
+        use ginza_sys::sched_stat::{
+            involuntary_switches_of_current, runnable_waiting_ns_of_current,
+        };
         PollShare {
             window_start: Some(now),
-            off_cpu: Duration::ZERO,
-            // Unknown (an error): never counts as switched out.
-            switches: ginza_sys::sched_stat::involuntary_switches_of_current().unwrap_or(u64::MAX),
+            waited_ns: runnable_waiting_ns_of_current().ok(),
+            switches: involuntary_switches_of_current().ok(),
         }
     }
 }
