@@ -191,15 +191,10 @@ fn an_idle_latency_critical_kthread_with_no_competitor_polls_and_never_parks() {
     assert_eq!(k.idle_poll_takebacks, 0, "{k:?}");
 }
 
-/// A thread of no Ginza application, pinned to the poller's CPU: iokerneld
-/// does not see it, so no mark tells the poller to park. Linux switches
-/// the poller out for it within a time slice; the poller notices (its
-/// involuntary switches) and parks, and then parks after each of its timer
-/// wakes instead of polling for the backoff (docs/idle-poll.md).
-#[test]
-fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
-    let _g = lock();
-    let cpu = cores()[0];
+/// iokerneld managing one core, `cpu`, and the idler on it, iokerneld's
+/// daemon first (it must outlive the idler); the idler's stats once it
+/// polls while idle.
+fn idler_polling_alone_on(cpu: usize) -> (Daemon, Idler, KthreadStats) {
     let d = Daemon::start(|c| {
         c.cores = vec![cpu];
         c.idle_sleep = None;
@@ -209,6 +204,28 @@ fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
         let k = lc.kthread();
         (k.idle_polls >= 1).then_some(k)
     });
+    (d, lc, k0)
+}
+
+/// Waits for the poller to park for another task on its CPU (a yield,
+/// then a park, since `k0`); its stats then.
+fn parked_for_another_task(lc: &Idler, k0: &KthreadStats) -> KthreadStats {
+    wait_for("the poller to park for another task on its CPU", || {
+        let k = lc.kthread();
+        (k.idle_poll_yields >= 1 && k.parks > k0.parks).then_some(k)
+    })
+}
+
+/// A thread of no Ginza application, pinned to the poller's CPU: iokerneld
+/// does not see it, so no mark tells the poller to park. Linux switches
+/// the poller out for it within a time slice; the poller notices (its
+/// wait for the CPU) and parks, and then parks after each of its timer
+/// wakes instead of polling for the backoff (docs/idle-poll.md).
+#[test]
+fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
+    let _g = lock();
+    let cpu = cores()[0];
+    let (_d, lc, k0) = idler_polling_alone_on(cpu);
     let stop = Arc::new(AtomicBool::new(false));
     let spins = Arc::new(AtomicU64::new(0));
     let (s, n) = (Arc::clone(&stop), Arc::clone(&spins));
@@ -218,10 +235,7 @@ fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
             n.fetch_add(1, Ordering::Relaxed);
         }
     });
-    let yielded = wait_for("the poller to park for the other program's thread", || {
-        let k = lc.kthread();
-        (k.idle_poll_yields >= 1 && k.parks > k0.parks).then_some(k)
-    });
+    let yielded = parked_for_another_task(&lc, &k0);
     // Within the backoff (1 s) its timer wakes end in a park, not a poll.
     let w0 = lc.wakes.load(Ordering::Relaxed);
     wait_for("five timer wakes of lc", || {
@@ -262,15 +276,7 @@ fn a_poller_parks_for_a_task_of_another_program_on_its_cpu() {
 fn a_poller_parks_for_a_task_on_its_cpu_that_brings_its_work() {
     let _g = lock();
     let cpu = cores()[0];
-    let d = Daemon::start(|c| {
-        c.cores = vec![cpu];
-        c.idle_sleep = None;
-    });
-    let lc = Idler::start(&d);
-    let k0 = wait_for("the kthread to poll while idle", || {
-        let k = lc.kthread();
-        (k.idle_polls >= 1).then_some(k)
-    });
+    let (_d, lc, k0) = idler_polling_alone_on(cpu);
     let stop = Arc::new(AtomicBool::new(false));
     let ran = Arc::new(AtomicU64::new(0));
     let (s, r, handle) = (Arc::clone(&stop), Arc::clone(&ran), lc.handle.clone());
@@ -285,13 +291,7 @@ fn a_poller_parks_for_a_task_on_its_cpu_that_brings_its_work() {
             }
         }
     });
-    let yielded = wait_for(
-        "the poller to park for the thread that brings its work",
-        || {
-            let k = lc.kthread();
-            (k.idle_poll_yields >= 1 && k.parks > k0.parks).then_some(k)
-        },
-    );
+    let yielded = parked_for_another_task(&lc, &k0);
     stop.store(true, Ordering::Relaxed);
     rival.join().unwrap();
     let k = lc.finish();
