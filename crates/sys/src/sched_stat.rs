@@ -68,14 +68,21 @@ pub fn involuntary_switches_of_current() -> io::Result<u64> {
 /// running then). Read into a buffer on the stack: no allocation, so a
 /// scheduler may ask it between its turns.
 pub fn runnable_waiting_ns_of_current() -> io::Result<u64> {
-    use std::io::Read as _;
-    let mut file = std::fs::File::open("/proc/thread-self/schedstat")?;
+    use rustix::fs::{Mode, OFlags};
+    let file = rustix::fs::open(
+        "/proc/thread-self/schedstat",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
     let mut text = [0u8; 96];
     let mut len = 0;
     while len < text.len() {
-        match file.read(&mut text[len..])? {
-            0 => break,
-            n => len += n,
+        match rustix::io::read(&file, &mut text[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            // A signal (a preemption's) is no error of the file's.
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
     let text = std::str::from_utf8(&text[..len]).map_err(|_| bad("schedstat"))?;
