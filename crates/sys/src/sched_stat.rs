@@ -86,10 +86,7 @@ pub fn runnable_waiting_ns_of_current() -> io::Result<u64> {
         }
     }
     let text = std::str::from_utf8(&text[..len]).map_err(|_| bad("schedstat"))?;
-    match text.split_ascii_whitespace().nth(1).map(str::parse::<u64>) {
-        Some(Ok(waiting)) => Ok(waiting),
-        _ => Err(bad("schedstat")),
-    }
+    parse_schedstat(text).map(|(_, runnable_waiting_ns)| runnable_waiting_ns)
 }
 
 /// The counters of this process's threads whose name starts with
@@ -126,11 +123,7 @@ fn bad(what: &str) -> io::Error {
 /// `schedstat` is `on_cpu_ns waiting_ns timeslices`; `status` has a line
 /// `nonvoluntary_ctxt_switches:\tN`.
 fn parse(schedstat: &str, status: &str) -> io::Result<SchedStat> {
-    let mut fields = schedstat.split_ascii_whitespace().map(str::parse::<u64>);
-    let (Some(Ok(on_cpu_ns)), Some(Ok(runnable_waiting_ns))) = (fields.next(), fields.next())
-    else {
-        return Err(bad("schedstat"));
-    };
+    let (on_cpu_ns, runnable_waiting_ns) = parse_schedstat(schedstat)?;
     let involuntary_switches = status
         .lines()
         .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
@@ -141,6 +134,17 @@ fn parse(schedstat: &str, status: &str) -> io::Result<SchedStat> {
         runnable_waiting_ns,
         involuntary_switches,
     })
+}
+
+/// `schedstat`'s first two fields: ns on a CPU, ns waiting for one.
+fn parse_schedstat(schedstat: &str) -> io::Result<(u64, u64)> {
+    let mut fields = schedstat.split_ascii_whitespace().map(str::parse::<u64>);
+    match (fields.next(), fields.next()) {
+        (Some(Ok(on_cpu_ns)), Some(Ok(runnable_waiting_ns))) => {
+            Ok((on_cpu_ns, runnable_waiting_ns))
+        }
+        _ => Err(bad("schedstat")),
+    }
 }
 
 #[cfg(test)]
