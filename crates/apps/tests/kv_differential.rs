@@ -19,8 +19,8 @@ mod common;
 mod kv_script;
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
+use std::net::{SocketAddrV4, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,7 @@ use ginza_net::Ipv4Addr;
 use ginza_net::MacAddr;
 use kv_script::{
     assert_same, memcached_args, memcached_binary, run_script, script, start_memcached,
+    start_memcached_on_loopback,
 };
 
 const KV_MAC: MacAddr = MacAddr([0x02, 0x47, 0x5a, 0x00, 0x0b, 0x09]);
@@ -102,29 +103,6 @@ fn kv() -> Kv {
     Kv::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)))
 }
 
-/// A port for one of this binary's memcacheds: the next of a run of ports
-/// below the kernel's ephemeral range (32768 up here), the run picked by
-/// the process id. Not a port-0 probe's (session 27): the kernel could
-/// hand the port one test was starting its memcached on to another test's
-/// probe, which listened on it for a moment; the first test's readiness
-/// check connected to that listener, and its next connect was refused (3
-/// runs of the binary in 150 here).
-fn free_port() -> u16 {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    const FIRST: u16 = 20_000;
-    const RUN: u16 = 40;
-    let start = FIRST + (std::process::id() % 300) as u16 * RUN;
-    loop {
-        let n = NEXT.fetch_add(1, Relaxed);
-        assert!(n < RUN, "no free port among {start}..{}", start + RUN);
-        let port = start + n;
-        // Taken by some other program: the next one.
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-            return port;
-        }
-    }
-}
-
 fn connect_std(addr: SocketAddrV4) -> TcpStream {
     let s = TcpStream::connect_timeout(&addr.into(), Duration::from_secs(10))
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
@@ -138,11 +116,7 @@ fn kv_servers_engine_answers_the_script_as_memcached_does() {
         skip("memcached is not installed (apt-get install memcached)");
         return;
     };
-    let port = free_port();
-    let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
-    let mut command = std::process::Command::new(binary);
-    command.args(memcached_args("127.0.0.1", port));
-    let _memcached = start_memcached(command, addr, || std::net::TcpStream::connect(addr).is_ok());
+    let (_memcached, addr) = start_memcached_on_loopback(binary);
     let script = script();
     let theirs = run_script(&script, || connect_std(addr));
     // The script reaches memcached (a comparison of nothing proves nothing).
@@ -359,11 +333,7 @@ fn kv_servers_binary_protocol_answers_as_memcached_does() {
         skip("memcached is not installed (apt-get install memcached)");
         return;
     };
-    let port = free_port();
-    let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
-    let mut command = std::process::Command::new(binary);
-    command.args(memcached_args("127.0.0.1", port));
-    let _memcached = start_memcached(command, addr, || std::net::TcpStream::connect(addr).is_ok());
+    let (_memcached, addr) = start_memcached_on_loopback(binary);
     let steps = binary_script();
     let theirs = run_binary(&steps, || connect_std(addr));
     let kv = kv();

@@ -6,7 +6,10 @@
 #![allow(dead_code)] // each test binary uses a part
 
 use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// How one step's reply ends.
@@ -445,27 +448,78 @@ pub fn assert_same(script: &[Vec<Step>], ours: &[Vec<Vec<u8>>], theirs: &[Vec<Ve
 /// Debian's memcached as a child process; killed on drop.
 pub struct Memcached {
     pub child: Child,
-    pub port: u16,
+    /// Where it was told to listen, for messages.
+    listen: String,
     /// Where its standard error goes, removed on drop.
-    stderr: std::path::PathBuf,
+    stderr: PathBuf,
+    /// The file it names its port in, if told to (and its `.lck` draft);
+    /// removed on drop.
+    port_file: Option<PathBuf>,
 }
 
 impl Drop for Memcached {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            // A test that failed against memcached (a refused connection
-            // after it accepted once, in one CI run of many) says whether
-            // memcached was still running and what it wrote.
+            // A test that failed against memcached says whether memcached
+            // was still running and what it wrote.
             let status = self.child.try_wait();
             let said = std::fs::read_to_string(&self.stderr).unwrap_or_default();
             eprintln!(
-                "memcached on port {}: exit status {status:?} (None: still running); its stderr: {said:?}",
-                self.port
+                "memcached on {}: exit status {status:?} (None: still running); its stderr: {said:?}",
+                self.listen
             );
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.stderr);
+        if let Some(file) = &self.port_file {
+            let _ = std::fs::remove_file(file);
+            let _ = std::fs::remove_file(file.with_extension("ports.lck"));
+        }
+    }
+}
+
+impl Memcached {
+    /// Starts `command` (memcached), its standard error going to a file.
+    fn spawn(mut command: Command, listen: String, port_file: Option<PathBuf>) -> Memcached {
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let stderr = std::env::temp_dir().join(format!(
+            "ginza-test-memcached-{}-{}.stderr",
+            std::process::id(),
+            STARTED.fetch_add(1, Relaxed)
+        ));
+        let file = std::fs::File::create(&stderr).expect("memcached's stderr file");
+        command.stdout(Stdio::null()).stderr(file);
+        let child = command.spawn().expect("starting memcached");
+        Memcached {
+            child,
+            listen,
+            stderr,
+            port_file,
+        }
+    }
+
+    /// Waits until `ready` gives a value; fails the test if memcached
+    /// exits first or `REPLY_WAIT` passes.
+    fn wait_for<T>(&mut self, what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
+        let t0 = Instant::now();
+        loop {
+            if let Some(value) = ready() {
+                return value;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "memcached on {} exited ({status}) before it {what}",
+                    self.listen
+                );
+            }
+            assert!(
+                t0.elapsed() < REPLY_WAIT,
+                "memcached on {} did not {what} within {REPLY_WAIT:?}",
+                self.listen
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -476,9 +530,10 @@ pub fn memcached_binary() -> Option<&'static str> {
         .find(|p| std::path::Path::new(p).exists())
 }
 
-/// The arguments that start memcached in the foreground on `listen:port`,
-/// TCP only (as root it must be told a user to run as).
-pub fn memcached_args(listen: &str, port: u16) -> Vec<String> {
+/// The arguments that start memcached in the foreground on `listen:port`
+/// (`-1`: a port the kernel picks), TCP only (as root it must be told a
+/// user to run as).
+pub fn memcached_args(listen: &str, port: impl std::fmt::Display) -> Vec<String> {
     let mut args = vec![
         "-l".to_string(),
         listen.to_string(),
@@ -497,33 +552,41 @@ pub fn memcached_args(listen: &str, port: u16) -> Vec<String> {
 
 /// Starts `command` (memcached) and waits until `addr` accepts.
 pub fn start_memcached(
-    mut command: Command,
-    addr: std::net::SocketAddrV4,
+    command: Command,
+    addr: SocketAddrV4,
     connect: impl Fn() -> bool,
 ) -> Memcached {
-    let stderr = std::env::temp_dir().join(format!(
-        "ginza-test-memcached-{}-{}.stderr",
-        std::process::id(),
-        addr.port()
-    ));
-    let file = std::fs::File::create(&stderr).expect("memcached's stderr file");
-    command.stdout(Stdio::null()).stderr(file);
-    let child = command.spawn().expect("starting memcached");
-    let mut m = Memcached {
-        child,
-        port: addr.port(),
-        stderr,
-    };
-    let t0 = Instant::now();
-    while !connect() {
-        if let Ok(Some(status)) = m.child.try_wait() {
-            panic!("memcached exited ({status}) before it accepted on {addr}");
-        }
-        assert!(
-            t0.elapsed() < REPLY_WAIT,
-            "memcached does not accept on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut m = Memcached::spawn(command, addr.to_string(), None);
+    m.wait_for("accepted", || connect().then_some(()));
     m
+}
+
+/// Starts memcached on loopback, on a port the kernel picks: memcached
+/// writes the port to `MEMCACHED_PORT_FILENAME`'s `.lck` draft and renames
+/// it into place once it listens, so the file's arrival is the readiness
+/// check and no other program can hold the port. (A port chosen here and
+/// a connect as the check raced twice in CI: the check connected, the
+/// test's next connect was refused with memcached running.)
+pub fn start_memcached_on_loopback(binary: &str) -> (Memcached, SocketAddrV4) {
+    static STARTED: AtomicUsize = AtomicUsize::new(0);
+    let port_file = std::env::temp_dir().join(format!(
+        "ginza-test-memcached-{}-{}.ports",
+        std::process::id(),
+        STARTED.fetch_add(1, Relaxed)
+    ));
+    let mut command = Command::new(binary);
+    command
+        .args(memcached_args("127.0.0.1", -1))
+        .env("MEMCACHED_PORT_FILENAME", &port_file);
+    let mut m = Memcached::spawn(command, "127.0.0.1".to_string(), Some(port_file.clone()));
+    let port = m.wait_for("named its port", || {
+        let named = std::fs::read_to_string(&port_file).ok()?;
+        named
+            .lines()
+            .find_map(|line| line.strip_prefix("TCP INET: "))
+            .map(|port| port.trim().parse::<u16>().expect("memcached's port file"))
+    });
+    let addr = SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
+    m.listen = addr.to_string();
+    (m, addr)
 }
