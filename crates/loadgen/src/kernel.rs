@@ -67,7 +67,27 @@ struct Conn {
 
 /// Opens the connections (TCP: connected, no Nagle; UDP: a socket
 /// connected to the target each), non-blocking.
+/// Raises this process's soft limit on open descriptors to its hard one,
+/// as Go's runtime does at start: the usual soft default (1,024) is below
+/// what a run of thousands of connections needs, and the hard one is what
+/// the administrator allows.
+fn allow_all_descriptors() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    // `None` is unlimited, and the soft limit is never above the hard.
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            log::warn!(
+                "raising the open-descriptor limit to {:?}: {e}",
+                limit.maximum
+            );
+        }
+    }
+}
+
 fn open(cfg: &RunConfig) -> anyhow::Result<Vec<Sock>> {
+    allow_all_descriptors();
     let mut socks = Vec::with_capacity(cfg.connections);
     for i in 0..cfg.connections {
         let s = match cfg.transport {
