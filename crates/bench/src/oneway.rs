@@ -128,6 +128,11 @@ pub struct OnewayArgs {
     /// latency-first user does with `--app-cpus 3` or more.
     #[arg(long, value_parser = parse_duration)]
     spin_before_park: Option<Duration>,
+    /// The client's and the server's idle kthreads park instead of
+    /// polling (`poll_while_idle` = 0: the behaviour before idle polling,
+    /// docs/idle-poll.md), as `ginza bench tcp --park`.
+    #[arg(long)]
+    park: bool,
 }
 
 /// What [`measure`] runs.
@@ -143,6 +148,9 @@ pub struct OnewayConfig {
     pub app_cpus: usize,
     /// The parties' spin before parking; `None`: their defaults.
     pub spin_before_park: Option<Duration>,
+    /// The client's and the server's kthreads park when idle instead of
+    /// polling.
+    pub park: bool,
 }
 
 /// Where iokerneld and the applications run, and how they wait.
@@ -158,6 +166,9 @@ pub struct Setup {
     /// The client's, the server's and netstackd's spin before parking;
     /// `None`: their defaults.
     pub spin_before_park: Option<Duration>,
+    /// The client's and the server's kthreads park when idle instead of
+    /// polling (`poll_while_idle` = 0).
+    pub park: bool,
 }
 
 impl Setup {
@@ -167,11 +178,13 @@ impl Setup {
             cpus,
             more_app_cpus: Vec::new(),
             spin_before_park: None,
+            park: false,
         }
     }
 
     /// iokerneld on the first allowed CPU, `app_cpus` managed ones after it.
-    fn from_allowed(app_cpus: usize, spin_before_park: Option<Duration>) -> anyhow::Result<Setup> {
+    fn from_allowed(cfg: &OnewayConfig) -> anyhow::Result<Setup> {
+        let app_cpus = cfg.app_cpus;
         let allowed = allowed_cpus()?;
         anyhow::ensure!(
             app_cpus >= 1 && allowed.len() > app_cpus,
@@ -184,15 +197,19 @@ impl Setup {
                 app: allowed[1],
             },
             more_app_cpus: allowed[2..=app_cpus].to_vec(),
-            spin_before_park,
+            spin_before_park: cfg.spin_before_park,
+            park: cfg.park,
         })
     }
 
     fn describe(&self) -> String {
-        let spin = match self.spin_before_park {
+        let mut spin = match self.spin_before_park {
             Some(d) => format!(", idle kthreads spin {d:?} before parking"),
             None => String::new(),
         };
+        if self.park {
+            spin += ", the client and the server park when idle";
+        }
         let cpus = if self.more_app_cpus.is_empty() {
             format!(
                 "iokerneld manages CPUs {} and {} (its loop unpinned)",
@@ -208,10 +225,14 @@ impl Setup {
         cpus + &spin
     }
 
-    /// Its spin, on a runtime's configuration.
+    /// Its spin and whether to poll while idle, on a runtime's
+    /// configuration.
     fn tune(&self, config: &mut RtConfig) {
         if let Some(spin) = self.spin_before_park {
             config.spin_before_park = spin;
+        }
+        if let (true, Some(io)) = (self.park, config.iokernel.as_mut()) {
+            io.poll_while_idle = Duration::ZERO;
         }
     }
 
@@ -295,6 +316,7 @@ impl OnewayArgs {
             }),
             app_cpus: self.app_cpus as usize,
             spin_before_park: self.spin_before_park,
+            park: self.park,
         }
     }
 }
@@ -545,7 +567,7 @@ pub fn run(args: OnewayArgs) -> anyhow::Result<()> {
 /// throughput sweep) and returns its report.
 pub fn measure(cfg: &OnewayConfig) -> anyhow::Result<OnewayReport> {
     anyhow::ensure!(cfg.rounds >= 1, "at least one latency round is needed");
-    let setup = Setup::from_allowed(cfg.app_cpus, cfg.spin_before_park)?;
+    let setup = Setup::from_allowed(cfg)?;
     let cpus = setup.cpus;
     let loadavg_before = crate::harness::figures::loadavg();
     let mut rounds = Vec::new();

@@ -354,6 +354,10 @@ pub struct Iokerneld<A: CoreActuator> {
     pollfds: Vec<libc::pollfd>,
     /// From the last pass: something holds a core or is queued.
     busy: bool,
+    /// From the last pass: a kthread holds a core and polls while idle. It
+    /// rings the bell of a loop that announced its sleep, never of one that
+    /// naps (`idle_sleep`), so the loop does not nap while one polls.
+    polled: bool,
     /// From the last pass: earliest timer of a parked kthread.
     next_timer: Option<u64>,
     /// Per policy core index: the application that was last granted it.
@@ -499,6 +503,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             wake_page,
             pollfds: Vec::new(),
             busy: false,
+            polled: false,
             next_timer: None,
             dp,
             work_arrived: Vec::new(),
@@ -615,7 +620,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                 continue;
             }
             match self.cfg.idle_sleep {
-                Some(sleep) if !self.busy && !self.dp.busy() => {
+                Some(sleep) if !self.busy && !self.polled && !self.dp.busy() => {
                     // A load run asked for while idle is seen here, or
                     // after at most one sleep.
                     self.dp.poll_links(now, true);

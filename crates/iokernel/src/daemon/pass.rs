@@ -293,7 +293,7 @@ impl<A: CoreActuator> Iokerneld<A> {
     /// The core allocator's view of every application now (`snaps`), and
     /// whether iokerneld is busy and when its next timer is due.
     fn snapshot(&mut self, now: u64) {
-        let mut busy = false;
+        let (mut busy, mut polled) = (false, false);
         let mut next_timer: Option<u64> = None;
         self.snaps.resize_with(self.apps.len(), || AppSnap {
             key: 0,
@@ -396,6 +396,9 @@ impl<A: CoreActuator> Iokerneld<A> {
                 // `idle_sleep` (docs/protected.md, "Benchmark").
                 // A kthread polling while idle is no reason to stay awake
                 // (docs/idle-poll.md): it rings the bell when it runs work.
+                // A nap (`idle_sleep`) has no bell, so it keeps the loop
+                // from napping (`polled`).
+                polled |= kt.core.is_some() && ks.idle_polling;
                 busy |= (kt.core.is_some() && !ks.idle_polling)
                     || (kt.preempting && !kt.evicted)
                     || (has_egress && kt.drain_egress)
@@ -414,6 +417,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             }
         }
         self.busy = busy;
+        self.polled = polled;
         self.next_timer = next_timer;
     }
 
