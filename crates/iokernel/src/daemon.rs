@@ -217,6 +217,8 @@ struct App {
     wake: Option<(Arc<WakePage>, u32)>,
     kt: Vec<Kthread>,
     last_yielded_core: Option<usize>,
+    /// When a pass last granted it a core (`AppSnap::granted_lately`).
+    last_granted_ns: Option<u64>,
     grants: u64,
     preemptions: u64,
     congestion: u64,

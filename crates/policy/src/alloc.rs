@@ -33,6 +33,7 @@
 //!     next_timer: None,
 //!     last_yielded_core: None,
 //!     netstack: None,
+//!     granted_lately: false,
 //! };
 //! let mut out = Vec::new();
 //! alloc.pass(0, &topo, std::slice::from_ref(&app), &mut out);
@@ -142,6 +143,11 @@ pub struct AppSnap {
     /// its netstack's core, as any latency-critical one takes a bursting
     /// one's.
     pub netstack: Option<u64>,
+    /// It was granted a core lately (iokerneld: within `RECENT_GRANT`). A
+    /// latency-critical application that was will likely want one again
+    /// soon: its requests come and go, each needing a grant
+    /// ([`wanted_elsewhere`]).
+    pub granted_lately: bool,
 }
 
 impl AppSnap {
@@ -885,6 +891,7 @@ mod tests {
             next_timer: None,
             last_yielded_core: None,
             netstack: None,
+            granted_lately: false,
         }
     }
 

@@ -51,6 +51,7 @@ fn app(key: u64, class: AppClass, guaranteed: usize, kthreads: Vec<KthreadSnap>)
         next_timer: None,
         last_yielded_core: None,
         netstack: None,
+        granted_lately: false,
     }
 }
 

@@ -210,6 +210,7 @@ fn snapshot(i: usize, a: &App, report_pending: bool) -> AppSnap {
         next_timer,
         last_yielded_core: None,
         netstack: None,
+        granted_lately: false,
     }
 }
 

@@ -632,6 +632,9 @@ impl<'a> Engine<'a> {
                 next_timer: None,
                 last_yielded_core: self.last_yielded[app],
                 netstack: None,
+                // Its one latency-critical application's grants never count
+                // against itself, and batch never polls.
+                granted_lately: false,
             });
         }
         self.snaps = snaps;

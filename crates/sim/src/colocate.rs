@@ -157,6 +157,7 @@ impl ColocateSim {
             next_timer: None,
             last_yielded_core: None,
             netstack: None,
+            granted_lately: false,
         });
         snaps.push(AppSnap {
             key: 2,
@@ -184,6 +185,7 @@ impl ColocateSim {
             next_timer: None,
             last_yielded_core: None,
             netstack: None,
+            granted_lately: false,
         });
     }
 

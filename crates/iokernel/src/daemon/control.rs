@@ -358,6 +358,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                         n
                     ],
                     last_yielded_core: None,
+                    last_granted_ns: None,
                     grants: 0,
                     preemptions: 0,
                     congestion: 0,

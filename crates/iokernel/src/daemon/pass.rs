@@ -23,6 +23,13 @@ use ginza_sys::clock;
 /// Linux runs another thread on its CPU.
 const POLLER_GRACE: Duration = Duration::from_micros(20);
 
+/// A latency-critical application granted a core this recently is taken
+/// to want one again (`AppSnap::granted_lately`, docs/idle-poll.md,
+/// "Wanted again soon"): other applications' kthreads park rather than
+/// poll. A millisecond: requests 1,000 a second or more apart that each
+/// need a grant.
+const RECENT_GRANT_NS: u64 = 1_000_000;
+
 /// What an allocation pass asks of the policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum PassKind {
@@ -304,6 +311,7 @@ impl<A: CoreActuator> Iokerneld<A> {
             next_timer: None,
             last_yielded_core: None,
             netstack: None,
+            granted_lately: false,
         });
         self.snaps.truncate(self.apps.len());
         // Frames delivered before this pass, then the kthreads' flags read
@@ -315,6 +323,9 @@ impl<A: CoreActuator> Iokerneld<A> {
             snap.guaranteed = app.guaranteed as usize;
             snap.max_cores = app.max_cores as usize;
             snap.last_yielded_core = app.last_yielded_core;
+            snap.granted_lately = app
+                .last_granted_ns
+                .is_some_and(|t| now.saturating_sub(t) < RECENT_GRANT_NS);
             snap.netstack = super::protected::netstack_of(&self.protected_pids, app);
             snap.kthreads.clear();
             let mut app_timer: Option<u64> = None;
@@ -495,6 +506,7 @@ impl<A: CoreActuator> Iokerneld<A> {
                     if !self.assign(app, kthread, core) {
                         continue;
                     }
+                    self.apps[app].last_granted_ns = Some(now);
                     // The application is awake now: whichever kthread runs
                     // fires every due timer of the runtime, so due timers
                     // other parked kthreads reported must not wake it again.

@@ -3,13 +3,21 @@
 //! left wanting. A kthread of such an application that runs out of work
 //! parks at once rather than polling while idle: polling there would only
 //! keep the core from its next owner until a later pass took it back.
+//!
+//! A latency-critical application granted a core lately counts as wanting
+//! one too, though it may hold one or be parked at this pass: a netstack
+//! and the protected server behind it are granted a core for every
+//! request, and a poller on each managed core made every one of those
+//! grants take a core back from a poller (docs/idle-poll.md, "Wanted
+//! again soon").
 
-use super::{serves, AppSnap, Decision, Topology};
+use super::{serves, AppClass, AppSnap, Decision, Topology};
 
 /// For each application (an index into `apps`): once `decisions` are
 /// carried out, no managed core is free and another application wants one
 /// — a kthread of it displaced (being preempted, by this pass or an
-/// earlier one) or work queued while it holds no core. An application's
+/// earlier one), work queued while it holds no core, or, latency-critical,
+/// granted one lately (`AppSnap::granted_lately`). An application's
 /// own netstack does not count against it: it never takes a protected
 /// application's core (`AppSnap::netstack`). `out` is resized to
 /// `apps.len()`.
@@ -57,7 +65,9 @@ pub fn wanted_elsewhere(
     let holds = |a: usize| owner.contains(&Some(a));
     let wanting: Vec<bool> = (0..apps.len())
         .map(|b| {
-            displaced[b] || (!holds(b) && apps[b].kthreads.iter().any(|k| k.counters.has_items()))
+            displaced[b]
+                || (!holds(b) && apps[b].kthreads.iter().any(|k| k.counters.has_items()))
+                || (apps[b].class == AppClass::LatencyCritical && apps[b].granted_lately)
         })
         .collect();
     for (a, w) in out.iter_mut().enumerate() {
@@ -80,6 +90,7 @@ mod tests {
             next_timer: None,
             last_yielded_core: None,
             netstack: None,
+            granted_lately: false,
         }
     }
 
@@ -182,5 +193,37 @@ mod tests {
         protected.netstack = Some(2);
         let netstack = app(2, AppClass::LatencyCritical, vec![on(0)]);
         assert_eq!(run(1, &[protected, netstack], &[]), [false, true]);
+    }
+
+    #[test]
+    fn a_latency_critical_application_granted_lately_wants_a_core_again() {
+        // A client polls on core 0 and a protected server on core 1; the
+        // server's netstack, parked with nothing queued, was granted a core
+        // for the last request and will be for the next.
+        let client = app(1, AppClass::LatencyCritical, vec![on(0)]);
+        let mut netstack = app(2, AppClass::LatencyCritical, vec![parked(false)]);
+        netstack.granted_lately = true;
+        let mut server = app(3, AppClass::LatencyCritical, vec![on(1)]);
+        server.netstack = Some(2);
+        // The client parks rather than poll; its own netstack still does
+        // not count against the server.
+        let apps = [client, netstack, server];
+        assert_eq!(run(2, &apps, &[]), [true, false, false]);
+        // Not granted lately: nobody waits.
+        let mut quiet = apps.clone();
+        quiet[1].granted_lately = false;
+        assert_eq!(run(2, &quiet, &[]), [false, false, false]);
+        // A core free: nobody waits either.
+        assert_eq!(run(3, &apps, &[]), [false, false, false]);
+    }
+
+    #[test]
+    fn batch_granted_lately_is_no_want() {
+        // Batch takes whatever core is left, and is granted one whenever a
+        // core frees up: that says nothing of a request to come.
+        let mut batch = app(2, AppClass::Batch, vec![parked(false)]);
+        batch.granted_lately = true;
+        let apps = [app(1, AppClass::LatencyCritical, vec![on(0)]), batch];
+        assert_eq!(run(1, &apps, &[]), [false, false]);
     }
 }
