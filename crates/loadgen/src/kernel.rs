@@ -65,8 +65,6 @@ struct Conn {
     want_write: bool,
 }
 
-/// Opens the connections (TCP: connected, no Nagle; UDP: a socket
-/// connected to the target each), non-blocking.
 /// Raises this process's soft limit on open descriptors to its hard one,
 /// as Go's runtime does at start: the usual soft default (1,024) is below
 /// what a run of thousands of connections needs, and the hard one is what
@@ -86,6 +84,8 @@ fn allow_all_descriptors() {
     }
 }
 
+/// Opens the connections (TCP: connected, no Nagle; UDP: a socket
+/// connected to the target each), non-blocking.
 fn open(cfg: &RunConfig) -> anyhow::Result<Vec<Sock>> {
     allow_all_descriptors();
     let mut socks = Vec::with_capacity(cfg.connections);

@@ -143,7 +143,7 @@ pub struct AppSnap {
     /// its netstack's core, as any latency-critical one takes a bursting
     /// one's.
     pub netstack: Option<u64>,
-    /// It was granted a core lately (iokerneld: within `RECENT_GRANT`). A
+    /// It was granted a core lately (iokerneld: within `RECENT_GRANT_NS`, a millisecond). A
     /// latency-critical application that was will likely want one again
     /// soon: its requests come and go, each needing a grant
     /// ([`wanted_elsewhere`]).
